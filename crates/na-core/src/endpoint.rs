@@ -1,0 +1,309 @@
+//! The endpoint: a set of plugin instances driven by one poll set.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use crate::addr::{split_uri, Addr, PluginId};
+use crate::error::{NaError, Result};
+use crate::mem::{MemHandle, RemoteMem};
+use crate::op::{Completion, OpId, Tag};
+use crate::plugin::{Plugin, PluginRegistry};
+use crate::progress::ProgressMode;
+use crate::sys::epoll::Epoll;
+
+/// Any number of plugin instances (several of one scheme allowed) and one
+/// epoll set that holds all their poll fds.
+///
+/// # Call order
+/// 1. [`Endpoint::new`], then [`add_plugin`](Self::add_plugin) (or
+///    [`add_from_spec`](Self::add_from_spec)) once per transport.
+/// 2. Look up peers, post operations: each call is routed to the plugin the
+///    address (or the explicit [`PluginId`]) belongs to.
+/// 3. Call [`progress`](Self::progress) and drain
+///    [`pop_completion`](Self::pop_completion); or register
+///    [`as_fd`](AsFd::as_fd) with your own event loop (tokio `AsyncFd`,
+///    `poll(2)`), call [`try_wait`](Self::try_wait) before sleeping on it and
+///    [`progress_now`](Self::progress_now) when it is readable.
+pub struct Endpoint {
+    plugins: Vec<Box<dyn Plugin>>,
+    poll: Epoll,
+    mode: ProgressMode,
+    completions: VecDeque<Completion>,
+    tokens: Vec<u64>,
+    last_activity: Option<Instant>,
+}
+
+impl Endpoint {
+    /// An endpoint with no plugins yet.
+    pub fn new(mode: ProgressMode) -> Result<Self> {
+        Ok(Endpoint {
+            plugins: Vec::new(),
+            poll: Epoll::new().map_err(|e| NaError::sys("epoll_create1", e))?,
+            mode,
+            completions: VecDeque::new(),
+            tokens: Vec::with_capacity(32),
+            last_activity: None,
+        })
+    }
+
+    /// Adds a plugin built by `make` with the id it is given.
+    pub fn add_plugin(&mut self, make: impl FnOnce(PluginId) -> Result<Box<dyn Plugin>>) -> Result<PluginId> {
+        let id = PluginId(self.plugins.len() as u32);
+        let plugin = make(id)?;
+        if plugin.id() != id {
+            return Err(NaError::Plugin {
+                plugin: plugin.scheme(),
+                message: format!("plugin reports id {:?}, was given {id:?}", plugin.id()),
+            });
+        }
+        if let Some(fd) = plugin.poll_fd() {
+            self.poll
+                .add(fd, u64::from(id.0))
+                .map_err(|e| NaError::sys("epoll_ctl add plugin fd", e))?;
+        }
+        tracing::debug!(plugin = plugin.scheme(), id = id.0, addr = %plugin.self_addr(), "plugin added");
+        self.plugins.push(plugin);
+        Ok(id)
+    }
+
+    /// Adds a plugin from a spec string such as `"sm://"`, using the factory
+    /// of its scheme in `registry`.
+    pub fn add_from_spec(&mut self, registry: &PluginRegistry, spec: &str, listen: bool) -> Result<PluginId> {
+        let (scheme, _) = split_uri(spec)?;
+        let factory = registry.get(scheme)?;
+        self.add_plugin(|id| factory.create(id, spec, listen))
+    }
+
+    /// The progress mode.
+    pub fn mode(&self) -> ProgressMode {
+        self.mode
+    }
+
+    /// Changes the progress mode.
+    pub fn set_mode(&mut self, mode: ProgressMode) {
+        self.mode = mode;
+    }
+
+    /// The plugin with id `id`.
+    pub fn plugin(&self, id: PluginId) -> Result<&dyn Plugin> {
+        self.plugins
+            .get(id.0 as usize)
+            .map(|p| p.as_ref())
+            .ok_or_else(|| no_such(id))
+    }
+
+    /// The plugin with id `id`, mutably.
+    pub fn plugin_mut(&mut self, id: PluginId) -> Result<&mut (dyn Plugin + 'static)> {
+        self.plugins
+            .get_mut(id.0 as usize)
+            .map(|p| p.as_mut())
+            .ok_or_else(|| no_such(id))
+    }
+
+    /// Ids of all plugins, in the order they were added.
+    pub fn plugin_ids(&self) -> impl Iterator<Item = PluginId> + '_ {
+        (0..self.plugins.len()).map(|i| PluginId(i as u32))
+    }
+
+    fn route(&mut self, addr: &Addr) -> Result<&mut (dyn Plugin + 'static)> {
+        self.plugin_mut(addr.plugin())
+    }
+
+    /// Our address on plugin `id`.
+    pub fn self_addr(&self, id: PluginId) -> Result<Addr> {
+        Ok(self.plugin(id)?.self_addr())
+    }
+
+    /// Looks up `uri` on the first plugin of its scheme.
+    pub fn lookup(&mut self, uri: &str) -> Result<Addr> {
+        let (scheme, _) = split_uri(uri)?;
+        let available = self
+            .plugins
+            .iter()
+            .map(|p| p.scheme())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let plugin = self
+            .plugins
+            .iter_mut()
+            .find(|p| p.scheme() == scheme)
+            .ok_or_else(|| NaError::NoPlugin {
+                scheme: scheme.to_owned(),
+                available,
+            })?;
+        plugin.lookup(uri)
+    }
+
+    /// Decodes an address that travelled as bytes ([`Addr::to_bytes`]).
+    pub fn addr_from_bytes(&mut self, bytes: &[u8]) -> Result<Addr> {
+        let uri = std::str::from_utf8(bytes).map_err(|_| NaError::Malformed {
+            what: "address",
+            reason: "not UTF-8".into(),
+        })?;
+        self.lookup(uri)
+    }
+
+    /// See [`Plugin::send_unexpected`].
+    pub fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
+        self.route(dest)?.send_unexpected(dest, tag, data, op)
+    }
+
+    /// See [`Plugin::send_expected`].
+    pub fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
+        self.route(dest)?.send_expected(dest, tag, data, op)
+    }
+
+    /// See [`Plugin::post_recv_unexpected`]; the plugin is named explicitly.
+    pub fn post_recv_unexpected(&mut self, plugin: PluginId, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.plugin_mut(plugin)?.post_recv_unexpected(buf, op)
+    }
+
+    /// See [`Plugin::post_recv_expected`].
+    pub fn post_recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.route(source)?.post_recv_expected(source, tag, buf, op)
+    }
+
+    /// See [`Plugin::put`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn put(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()> {
+        self.route(dest)?
+            .put(local, local_offset, remote, remote_offset, len, dest, op)
+    }
+
+    /// See [`Plugin::get`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn get(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()> {
+        self.route(dest)?
+            .get(local, local_offset, remote, remote_offset, len, dest, op)
+    }
+
+    /// Cancels `op` on plugin `plugin`.
+    pub fn cancel(&mut self, plugin: PluginId, op: OpId) -> Result<()> {
+        self.plugin_mut(plugin)?.cancel(op)
+    }
+
+    /// Polls every plugin once without blocking and moves their completions
+    /// into the endpoint's queue. Returns how many completions are queued.
+    pub fn progress_now(&mut self) -> Result<usize> {
+        let mut first_err = None;
+        for p in &mut self.plugins {
+            if let Err(e) = p.progress() {
+                tracing::warn!(plugin = p.scheme(), error = %e, "plugin progress failed");
+                first_err.get_or_insert(e);
+            }
+            while let Some(c) = p.pop_completion() {
+                self.completions.push_back(c);
+            }
+        }
+        if !self.completions.is_empty() {
+            self.last_activity = Some(Instant::now());
+        }
+        match first_err {
+            Some(e) if self.completions.is_empty() => Err(e),
+            _ => Ok(self.completions.len()),
+        }
+    }
+
+    /// True if every plugin agrees that the caller may sleep on the poll fd
+    /// now (see [`Plugin::try_wait`]). Call it right before sleeping.
+    pub fn try_wait(&mut self) -> bool {
+        if !self.completions.is_empty() {
+            return false;
+        }
+        // Every plugin must be asked (each arms its wake-up), and each must
+        // be able to sleep.
+        let mut ok = true;
+        for p in &mut self.plugins {
+            ok &= p.poll_fd().is_some() && p.try_wait();
+        }
+        ok
+    }
+
+    /// Waits, as the mode says, until at least one completion is queued or
+    /// `timeout` passes (`None`: no limit). Returns the number queued.
+    pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        loop {
+            let n = self.progress_now()?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(0);
+            }
+            let spin = match self.mode {
+                ProgressMode::Busy => true,
+                ProgressMode::Adaptive { spin } => {
+                    self.last_activity.is_some_and(|t| now.duration_since(t) < spin)
+                }
+                ProgressMode::Blocking => false,
+            };
+            if spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !self.try_wait() {
+                continue;
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            self.tokens.clear();
+            self.poll
+                .wait(&mut self.tokens, left)
+                .map_err(|e| NaError::sys("epoll_wait", e))?;
+            // Whatever woke us (or the timeout), loop: progress_now drains.
+            self.last_activity = None;
+        }
+    }
+
+    /// Takes the oldest completion.
+    pub fn pop_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// Number of completions waiting to be popped.
+    pub fn pending_completions(&self) -> usize {
+        self.completions.len()
+    }
+}
+
+impl AsFd for Endpoint {
+    /// The endpoint's epoll fd: readable when any plugin has work. Call
+    /// [`Endpoint::try_wait`] before sleeping on it.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.poll.as_fd()
+    }
+}
+
+impl AsRawFd for Endpoint {
+    fn as_raw_fd(&self) -> RawFd {
+        self.poll.as_raw_fd()
+    }
+}
+
+fn no_such(id: PluginId) -> NaError {
+    NaError::Plugin {
+        plugin: "endpoint",
+        message: format!("no plugin with id {}", id.0),
+    }
+}

@@ -1,0 +1,39 @@
+//! # na-core: Quicksilver's network abstraction
+//!
+//! The NA layer moves two kinds of data between processes:
+//!
+//! * **messages**: small (a few KiB), two-sided. *Unexpected* messages are
+//!   received by any posted unexpected receive (how a server learns about a
+//!   new request); *expected* messages are matched on (source address, tag)
+//!   against a posted expected receive (how a reply finds its caller).
+//! * **RMA**: one-sided `put`/`get` between a local [`MemHandle`] and a
+//!   peer's [`RemoteMem`], across any number of segments on either side.
+//!
+//! A transport is a [`Plugin`]. An [`Endpoint`] owns any number of plugin
+//! instances, routes each operation by address, and drives them all through
+//! one epoll set: every plugin exposes a pollable fd and a "may I block?"
+//! check ([`Plugin::try_wait`]), so one thread sleeps on all transports at
+//! once without busy waiting, in one of three [`ProgressMode`]s.
+//!
+//! Every operation completes exactly once with a [`Completion`]: success,
+//! error, or [`NaError::Canceled`].
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod addr;
+pub mod endpoint;
+pub mod error;
+pub mod mem;
+pub mod op;
+pub mod plugin;
+pub mod progress;
+#[allow(unsafe_code)]
+pub mod sys;
+
+pub use addr::{scheme_of, split_uri, Addr, PluginId};
+pub use endpoint::Endpoint;
+pub use error::{NaError, Result};
+pub use mem::{Access, MemHandle, RemoteMem, RemoteSegment, MAX_REMOTE_SEGMENTS};
+pub use op::{Completion, OpId, OpKind, Tag};
+pub use plugin::{Plugin, PluginFactory, PluginRegistry, PluginStats};
+pub use progress::{ProgressMode, DEFAULT_ADAPTIVE_SPIN};

@@ -1,0 +1,97 @@
+//! Operations and their completions.
+//!
+//! Every operation a plugin accepts is named by an [`OpId`] that the caller
+//! chooses (it must be unique among the caller's operations in flight on
+//! that plugin). When a post call returns `Ok`, the operation completes
+//! exactly once, later, with a [`Completion`] carrying that id: success,
+//! error or [`NaError::Canceled`]. When a post call returns `Err`, nothing
+//! was started and no completion follows.
+
+use crate::addr::Addr;
+use crate::error::NaError;
+
+/// Caller-chosen identifier of an operation in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub u64);
+
+/// Message tag: matches expected messages and is reported with unexpected ones.
+pub type Tag = u32;
+
+/// What kind of operation completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// An unexpected message was sent.
+    SendUnexpected,
+    /// An expected message was sent.
+    SendExpected,
+    /// An unexpected message was received into a posted buffer.
+    RecvUnexpected,
+    /// An expected message (matched on source and tag) was received.
+    RecvExpected,
+    /// A put (local to remote) finished.
+    Put,
+    /// A get (remote to local) finished.
+    Get,
+}
+
+/// The outcome of one operation.
+#[derive(Debug)]
+pub struct Completion {
+    /// The id given when the operation was posted.
+    pub op: OpId,
+    /// The kind of operation.
+    pub kind: OpKind,
+    /// `Ok` on success; the error (or [`NaError::Canceled`]) otherwise.
+    pub status: Result<(), NaError>,
+    /// For receives: the buffer that was posted, given back whatever the
+    /// status. On success its length is the received length.
+    pub buf: Option<Vec<u8>>,
+    /// For receives: the sender. For unexpected receives this is how a
+    /// server learns whom to answer.
+    pub source: Option<Addr>,
+    /// For receives: the tag the message carried.
+    pub tag: Tag,
+}
+
+impl Completion {
+    /// A successful completion without buffer (sends and RMA).
+    pub fn done(op: OpId, kind: OpKind) -> Self {
+        Completion {
+            op,
+            kind,
+            status: Ok(()),
+            buf: None,
+            source: None,
+            tag: 0,
+        }
+    }
+
+    /// A failed (or canceled) completion, giving back the receive buffer if any.
+    pub fn failed(op: OpId, kind: OpKind, err: NaError, buf: Option<Vec<u8>>) -> Self {
+        Completion {
+            op,
+            kind,
+            status: Err(err),
+            buf,
+            source: None,
+            tag: 0,
+        }
+    }
+
+    /// A successful receive.
+    pub fn received(op: OpId, kind: OpKind, buf: Vec<u8>, source: Addr, tag: Tag) -> Self {
+        Completion {
+            op,
+            kind,
+            status: Ok(()),
+            buf: Some(buf),
+            source: Some(source),
+            tag,
+        }
+    }
+
+    /// True if the operation was canceled.
+    pub fn is_canceled(&self) -> bool {
+        matches!(self.status, Err(NaError::Canceled))
+    }
+}

@@ -1,0 +1,220 @@
+//! The trait every transport plugin implements.
+
+use std::os::fd::RawFd;
+
+use crate::addr::{Addr, PluginId};
+use crate::error::{NaError, Result};
+use crate::mem::{MemHandle, RemoteMem, RemoteSegment};
+use crate::op::{Completion, OpId, Tag};
+
+/// Counters every plugin keeps; read them with [`Plugin::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PluginStats {
+    /// Messages sent (both kinds).
+    pub msgs_sent: u64,
+    /// Messages received (both kinds).
+    pub msgs_received: u64,
+    /// Payload bytes sent in messages.
+    pub msg_bytes_sent: u64,
+    /// Payload bytes received in messages.
+    pub msg_bytes_received: u64,
+    /// Bytes moved by put.
+    pub put_bytes: u64,
+    /// Bytes moved by get.
+    pub get_bytes: u64,
+    /// Operations posted and not yet completed.
+    pub in_flight: u64,
+    /// Sends that had to wait for buffer space (backpressure).
+    pub sends_queued: u64,
+    /// Wake-up signals sent to peers (eventfd writes and the like).
+    pub signals_sent: u64,
+    /// Peers currently connected.
+    pub peers: u64,
+    /// Protocol violations detected (invalid data from peers).
+    pub protocol_errors: u64,
+}
+
+/// A network-abstraction plugin instance: one transport endpoint (listening
+/// or client-only) that sends messages and moves memory.
+///
+/// # Call order
+/// 1. Create the plugin (its constructor takes the [`PluginId`] the
+///    [`Endpoint`](crate::Endpoint) gives it) and add it to an endpoint.
+/// 2. [`lookup`](Self::lookup) peers; post receives; send; put/get. A post
+///    that returns `Ok` completes exactly once later; one that returns `Err`
+///    started nothing.
+/// 3. Drive it: [`progress`](Self::progress) does all work that is ready
+///    without blocking and queues completions, which
+///    [`pop_completion`](Self::pop_completion) hands out in order.
+/// 4. To sleep, call [`try_wait`](Self::try_wait): if it returns `true` the
+///    plugin has armed its wake-up and the caller may block on
+///    [`poll_fd`](Self::poll_fd) until it is readable (then call `progress`
+///    again); if it returns `false` there is work to do now.
+///
+/// Plugins never block inside any of these calls (connection set-up in
+/// `lookup` may wait for a local handshake, bounded by a timeout) and start
+/// no threads.
+pub trait Plugin: Send {
+    /// The address scheme this plugin serves (`"sm"`, `"verbs"`).
+    fn scheme(&self) -> &'static str;
+
+    /// This instance's id inside its endpoint.
+    fn id(&self) -> PluginId;
+
+    /// Our own address (what peers look up to reach us).
+    fn self_addr(&self) -> Addr;
+
+    /// Resolves a peer address string of this plugin's scheme.
+    fn lookup(&mut self, uri: &str) -> Result<Addr>;
+
+    /// Largest unexpected message, in bytes.
+    fn max_unexpected_size(&self) -> usize;
+
+    /// Largest expected message, in bytes.
+    fn max_expected_size(&self) -> usize;
+
+    /// Largest tag value.
+    fn max_tag(&self) -> Tag;
+
+    /// Sends an unexpected message. `data` is copied before the call returns
+    /// (into the transport, or into a backlog if the transport is full).
+    fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()>;
+
+    /// Sends an expected message (the peer matches it on our address and `tag`).
+    fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()>;
+
+    /// Posts a buffer for the next unexpected message from any peer. The
+    /// message replaces the buffer's contents (its capacity is reused, and
+    /// grown if needed).
+    fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()>;
+
+    /// Posts a buffer for the message from `source` with `tag`.
+    fn post_recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()>;
+
+    /// Registers memory for RMA with this plugin. The default does nothing
+    /// (plugins that can address any memory, like shared memory).
+    fn mem_register(&mut self, mem: &MemHandle) -> Result<()> {
+        let _ = mem;
+        Ok(())
+    }
+
+    /// Undoes [`mem_register`](Self::mem_register).
+    fn mem_deregister(&mut self, mem: &MemHandle) -> Result<()> {
+        mem.detach_registration(self.id());
+        Ok(())
+    }
+
+    /// Describes a local handle for a peer. The default gives each segment's
+    /// address and length with key 0.
+    fn mem_describe(&self, mem: &MemHandle) -> Result<RemoteMem> {
+        let segs = mem
+            .segments_raw()
+            .map(|(addr, len)| RemoteSegment {
+                addr: addr as u64,
+                len: len as u64,
+                key: 0,
+            })
+            .collect();
+        RemoteMem::new(segs, mem.access())
+    }
+
+    /// Copies `len` bytes from `local` at `local_offset` into `remote` at
+    /// `remote_offset` on peer `dest`.
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()>;
+
+    /// Copies `len` bytes from `remote` at `remote_offset` on peer `dest`
+    /// into `local` at `local_offset`.
+    #[allow(clippy::too_many_arguments)]
+    fn get(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()>;
+
+    /// Cancels a posted operation. It then completes with
+    /// [`NaError::Canceled`] (unless it completed first, in which case its
+    /// real completion stands). Unknown ids give [`NaError::UnknownOp`].
+    fn cancel(&mut self, op: OpId) -> Result<()>;
+
+    /// The file descriptor that becomes readable when the plugin has work.
+    /// Valid for the plugin's lifetime; `None` if the plugin cannot sleep
+    /// (then callers must poll it).
+    fn poll_fd(&self) -> Option<RawFd>;
+
+    /// Asks whether the caller may block on [`poll_fd`](Self::poll_fd) now.
+    /// Returning `true` means the plugin armed its wake-up (peers will signal
+    /// the fd) and found nothing pending after arming.
+    fn try_wait(&mut self) -> bool;
+
+    /// Does all work that is ready without blocking; returns the number of
+    /// completions it queued.
+    fn progress(&mut self) -> Result<usize>;
+
+    /// Takes the oldest queued completion.
+    fn pop_completion(&mut self) -> Option<Completion>;
+
+    /// Counters.
+    fn stats(&self) -> PluginStats;
+}
+
+/// Builds a plugin instance from a listen specification (e.g. `"sm://"` or
+/// `"verbs://rxe0/10.77.0.1:0"`). Registered in a [`crate::PluginRegistry`]
+/// so that endpoints can be created from strings.
+pub trait PluginFactory: Send + Sync {
+    /// The scheme served.
+    fn scheme(&self) -> &'static str;
+
+    /// Creates an instance. `listen` says whether peers may connect to it.
+    fn create(&self, id: PluginId, spec: &str, listen: bool) -> Result<Box<dyn Plugin>>;
+}
+
+/// A set of plugin factories, looked up by scheme.
+#[derive(Default)]
+pub struct PluginRegistry {
+    factories: Vec<Box<dyn PluginFactory>>,
+}
+
+impl PluginRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a factory (replacing one of the same scheme).
+    pub fn register(&mut self, factory: Box<dyn PluginFactory>) {
+        self.factories.retain(|f| f.scheme() != factory.scheme());
+        self.factories.push(factory);
+    }
+
+    /// The factory for `scheme`.
+    pub fn get(&self, scheme: &str) -> Result<&dyn PluginFactory> {
+        self.factories
+            .iter()
+            .find(|f| f.scheme() == scheme)
+            .map(|f| f.as_ref())
+            .ok_or_else(|| NaError::NoPlugin {
+                scheme: scheme.to_owned(),
+                available: self.schemes().join(", "),
+            })
+    }
+
+    /// Every registered scheme.
+    pub fn schemes(&self) -> Vec<&'static str> {
+        self.factories.iter().map(|f| f.scheme()).collect()
+    }
+}

@@ -1,0 +1,123 @@
+//! Progress modes and their configuration.
+
+use std::time::Duration;
+
+use crate::error::{NaError, Result};
+
+/// How [`Endpoint::progress`](crate::Endpoint::progress) waits for work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// Never sleep: poll every plugin in a loop until a completion arrives
+    /// or the timeout passes. Lowest latency; burns a core while waiting.
+    Busy,
+    /// Poll in a loop for up to `spin` after the last activity, then sleep
+    /// on the poll fd. Low latency while traffic flows; no CPU when idle.
+    Adaptive {
+        /// How long to keep polling after the last completion.
+        spin: Duration,
+    },
+    /// Always sleep on the poll fd when nothing is ready. Lowest CPU; pays a
+    /// kernel wake-up per message.
+    Blocking,
+}
+
+/// Default spin window of [`ProgressMode::Adaptive`].
+pub const DEFAULT_ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
+
+impl Default for ProgressMode {
+    fn default() -> Self {
+        ProgressMode::Adaptive {
+            spin: DEFAULT_ADAPTIVE_SPIN,
+        }
+    }
+}
+
+impl ProgressMode {
+    /// Parses `busy`, `adaptive`, `adaptive:<micros>` or `blocking`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = |reason: &str| NaError::Config {
+            name: "progress mode".into(),
+            value: s.into(),
+            reason: reason.into(),
+        };
+        match s {
+            "busy" => Ok(ProgressMode::Busy),
+            "blocking" => Ok(ProgressMode::Blocking),
+            "adaptive" => Ok(ProgressMode::default()),
+            _ => {
+                let us = s
+                    .strip_prefix("adaptive:")
+                    .ok_or_else(|| bad("expected busy, adaptive, adaptive:<micros> or blocking"))?;
+                let us: u64 = us
+                    .parse()
+                    .map_err(|_| bad("spin must be a whole number of microseconds"))?;
+                Ok(ProgressMode::Adaptive {
+                    spin: Duration::from_micros(us),
+                })
+            }
+        }
+    }
+
+    /// Reads the mode from environment variable `var` (e.g.
+    /// `QS_PROGRESS_MODE`); unset gives `default`, an invalid or non-UTF-8
+    /// value is an error naming the variable.
+    pub fn from_env(var: &str, default: ProgressMode) -> Result<Self> {
+        match std::env::var(var) {
+            Ok(v) => Self::parse(&v).map_err(|e| match e {
+                NaError::Config { value, reason, .. } => NaError::Config {
+                    name: var.into(),
+                    value,
+                    reason,
+                },
+                other => other,
+            }),
+            Err(std::env::VarError::NotPresent) => Ok(default),
+            Err(std::env::VarError::NotUnicode(v)) => Err(NaError::Config {
+                name: var.into(),
+                value: v.to_string_lossy().into_owned(),
+                reason: "not valid UTF-8".into(),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for ProgressMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProgressMode::Busy => f.write_str("busy"),
+            ProgressMode::Adaptive { .. } => f.write_str("adaptive"),
+            ProgressMode::Blocking => f.write_str("blocking"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_modes() {
+        assert_eq!(ProgressMode::parse("busy").unwrap(), ProgressMode::Busy);
+        assert_eq!(ProgressMode::parse("blocking").unwrap(), ProgressMode::Blocking);
+        assert_eq!(
+            ProgressMode::parse("adaptive:5").unwrap(),
+            ProgressMode::Adaptive {
+                spin: Duration::from_micros(5)
+            }
+        );
+        assert!(ProgressMode::parse("fast").is_err());
+        assert!(ProgressMode::parse("adaptive:x").is_err());
+    }
+
+    #[test]
+    fn env_errors_name_the_variable() {
+        std::env::set_var("QS_TEST_MODE_VAR", "sideways");
+        let e = ProgressMode::from_env("QS_TEST_MODE_VAR", ProgressMode::Busy).unwrap_err();
+        assert!(e.to_string().contains("QS_TEST_MODE_VAR"), "{e}");
+        std::env::remove_var("QS_TEST_MODE_VAR");
+        assert_eq!(
+            ProgressMode::from_env("QS_TEST_MODE_VAR", ProgressMode::Busy).unwrap(),
+            ProgressMode::Busy
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! A thin owner of an epoll instance ([epoll(7)]).
+//!
+//! [epoll(7)]: https://man7.org/linux/man-pages/man7/epoll.7.html
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// An epoll set. Level-triggered, close-on-exec.
+#[derive(Debug)]
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    /// [epoll_create1(2)](https://man7.org/linux/man-pages/man2/epoll_create1.2.html)
+    /// with `EPOLL_CLOEXEC`.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: epoll_create1 takes no pointers; on success it returns a new
+        // descriptor that nothing else owns, so OwnedFd may take it.
+        #[allow(unsafe_code)]
+        let fd = unsafe {
+            let fd = crate::syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
+            OwnedFd::from_raw_fd(fd)
+        };
+        Ok(Epoll { fd })
+    }
+
+    /// Adds `fd` for readability, tagging its events with `token`.
+    /// [epoll_ctl(2)](https://man7.org/linux/man-pages/man2/epoll_ctl.2.html)
+    pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token)
+    }
+
+    /// Removes `fd` from the set.
+    pub fn delete(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd, 0)
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: token,
+        };
+        // SAFETY: `ev` is a valid epoll_event for the duration of the call;
+        // the kernel validates `fd` and reports EBADF for a bad one.
+        #[allow(unsafe_code)]
+        unsafe {
+            crate::syscall!(epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev))?;
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` (`None`: forever) for events and appends their
+    /// tokens to `tokens`. Returns the number of events; 0 on timeout or
+    /// when interrupted by a signal.
+    /// [epoll_wait(2)](https://man7.org/linux/man-pages/man2/epoll_wait.2.html)
+    pub fn wait(&self, tokens: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<usize> {
+        const MAX: usize = 32;
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; MAX];
+        let ms = match timeout {
+            None => -1,
+            // Round up so that a sub-millisecond wait still sleeps.
+            Some(t) => t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
+        };
+        // SAFETY: `evs` is a writable array of MAX epoll_event structs and we
+        // pass MAX as its length.
+        #[allow(unsafe_code)]
+        let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), MAX as i32, ms) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(err);
+        }
+        tokens.extend(evs[..n as usize].iter().map(|e| e.u64));
+        Ok(n as usize)
+    }
+}
+
+impl AsFd for Epoll {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl AsRawFd for Epoll {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
