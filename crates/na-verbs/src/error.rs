@@ -1,0 +1,163 @@
+//! The error type of the verbs plugin: one variant per failing operation.
+
+use std::io;
+
+/// Result alias of this crate.
+pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
+
+/// Everything that can fail in the verbs plugin and its `sys` layer.
+///
+/// Each variant names the failing operation, carries the OS error (libibverbs
+/// and librdmacm report through `errno` or a returned errno value) and a
+/// context string that says which object was involved.
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsError {
+    /// libibverbs lists no RDMA device at all on this host.
+    #[error(
+        "no RDMA device found ({reason}). To use RDMA verbs: install rdma-core's user-space \
+         providers (Debian/Ubuntu: `apt-get install ibverbs-providers libibverbs1 librdmacm1`), \
+         load the kernel driver of your NIC, or for software RoCE load `rdma_rxe` and create a \
+         device (`modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <netdev>`), and check \
+         that /dev/infiniband/uverbs* exists. Without kernel RDMA support, run the tests inside \
+         the soft-RoCE VM: tools/rxe-vm/run-in-rxe-vm.sh"
+    )]
+    NoDevice {
+        /// What the probe of sysfs and libibverbs found.
+        reason: String,
+    },
+    /// A device was requested by name but does not exist.
+    #[error("RDMA device `{name}` not found; available devices: {available}")]
+    DeviceNotFound {
+        /// The requested device name.
+        name: String,
+        /// Comma-separated names of the devices that exist.
+        available: String,
+    },
+    /// `ibv_get_device_list` failed.
+    #[error("ibv_get_device_list failed: {source}")]
+    DeviceList {
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `ibv_open_device` failed.
+    #[error("ibv_open_device({device}) failed: {source}")]
+    OpenDevice {
+        /// Device name.
+        device: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `ibv_query_device`, `ibv_query_port` or `ibv_query_gid` failed.
+    #[error("{op}({context}) failed: {source}")]
+    Query {
+        /// The query function.
+        op: &'static str,
+        /// Device/port/index that was queried.
+        context: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Allocating a verbs resource (PD, completion channel, CQ, SRQ, QP) failed.
+    #[error("{op} failed ({context}): {source}")]
+    Create {
+        /// The verbs function (`ibv_alloc_pd`, `ibv_create_cq`, ...).
+        op: &'static str,
+        /// Sizes or parent objects involved.
+        context: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `ibv_reg_mr` failed.
+    #[error("ibv_reg_mr(addr {addr:#x}, len {len}) failed: {source}")]
+    RegisterMemory {
+        /// Start of the region.
+        addr: usize,
+        /// Length of the region in bytes.
+        len: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Allocating the memory behind an owned memory region failed.
+    #[error("mmap of {len} bytes for a memory region failed: {source}")]
+    AllocateMemory {
+        /// Requested length.
+        len: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `ibv_modify_qp` (a QP state transition) failed.
+    #[error("ibv_modify_qp(qpn {qpn}, to {to}) failed: {source}")]
+    ModifyQp {
+        /// QP number.
+        qpn: u32,
+        /// Target state.
+        to: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `ibv_post_send`, `ibv_post_recv` or `ibv_post_srq_recv` failed.
+    #[error("{op}(qpn {qpn}, wr_id {wr_id}) failed: {source}")]
+    Post {
+        /// The post function.
+        op: &'static str,
+        /// QP number (0 for an SRQ).
+        qpn: u32,
+        /// Work request id.
+        wr_id: u64,
+        /// The OS error (`ENOMEM`: the queue is full).
+        source: io::Error,
+    },
+    /// Polling, arming or reading events of a completion queue failed.
+    #[error("{op} failed: {source}")]
+    Completion {
+        /// `ibv_poll_cq`, `ibv_req_notify_cq` or `ibv_get_cq_event`.
+        op: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// An RDMA CM call failed.
+    #[error("{op}({context}) failed: {source}")]
+    Cm {
+        /// The librdmacm function.
+        op: &'static str,
+        /// Address or id involved.
+        context: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// An argument was out of range (offset/length outside a region, too many SGEs, ...).
+    #[error("invalid argument to {op}: {reason}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+impl VerbsError {
+    /// The underlying OS error, if this error carries one.
+    pub fn io_error(&self) -> Option<&io::Error> {
+        match self {
+            VerbsError::DeviceList { source }
+            | VerbsError::OpenDevice { source, .. }
+            | VerbsError::Query { source, .. }
+            | VerbsError::Create { source, .. }
+            | VerbsError::RegisterMemory { source, .. }
+            | VerbsError::AllocateMemory { source, .. }
+            | VerbsError::ModifyQp { source, .. }
+            | VerbsError::Post { source, .. }
+            | VerbsError::Completion { source, .. }
+            | VerbsError::Cm { source, .. } => Some(source),
+            VerbsError::NoDevice { .. }
+            | VerbsError::DeviceNotFound { .. }
+            | VerbsError::InvalidArgument { .. } => None,
+        }
+    }
+
+    /// True if the operation would block (a nonblocking fd had nothing to read).
+    pub fn is_would_block(&self) -> bool {
+        self.io_error()
+            .is_some_and(|e| e.kind() == io::ErrorKind::WouldBlock)
+    }
+}

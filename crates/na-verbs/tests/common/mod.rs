@@ -1,0 +1,191 @@
+//! Helpers shared by the verbs integration tests: environment detection,
+//! bounded waits on the CM and completion channels, and test patterns.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use na_verbs::sys::{
+    poll_readable, CmEvent, CmEventKind, CompletionChannel, CompletionQueue, Context, EventChannel,
+    WorkCompletion,
+};
+use na_verbs::VerbsError;
+
+/// Upper bound for any single wait: TCG emulation is slow, but nothing
+/// legitimate takes this long.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Where the RDMA part of a test can run.
+pub struct RdmaEnv {
+    /// Device name (`rxe0`).
+    pub device: String,
+    /// IPv4 address of the device's netdev, for RDMA CM.
+    pub ip: Ipv4Addr,
+}
+
+/// Decides whether the RDMA part can run here. Returns `None` after printing
+/// loudly why not, and after asserting that opening a device fails with the
+/// clear "no RDMA device" error when there is none.
+pub fn rdma_env(test: &str) -> Option<RdmaEnv> {
+    let in_vm = std::env::var_os("RXE_VM").is_some();
+    match na_verbs::sys::devices() {
+        Err(VerbsError::NoDevice { reason }) => {
+            assert!(
+                !in_vm,
+                "{test}: inside the rxe VM but libibverbs sees no device: {reason}"
+            );
+            // The real assertion of the host run: the error is the clear one.
+            let err = Context::open(None).expect_err("no device is listed, so opening one must fail");
+            let msg = err.to_string();
+            assert!(
+                matches!(err, VerbsError::NoDevice { .. }),
+                "{test}: wrong error: {err:?}"
+            );
+            for needle in [
+                "no RDMA device found",
+                "ibverbs-providers",
+                "rdma_rxe",
+                "rdma link add",
+                "rxe-vm",
+            ] {
+                assert!(
+                    msg.contains(needle),
+                    "{test}: the no-device error does not mention `{needle}`: {msg}"
+                );
+            }
+            let err = Context::open(Some("rxe0")).expect_err("opening rxe0 must fail without devices");
+            assert!(
+                matches!(err, VerbsError::NoDevice { .. }),
+                "{test}: wrong error for rxe0: {err:?}"
+            );
+            eprintln!(
+                "\n*** {test}: RDMA PART NOT RUN: this host has no RDMA device ({reason}).\n\
+                 *** Checked instead that opening a device fails with: {msg}\n\
+                 *** Run the RDMA part in the soft-RoCE VM: scripts/test-verbs.sh\n"
+            );
+            None
+        }
+        Err(e) => panic!("{test}: listing RDMA devices failed unexpectedly: {e}"),
+        Ok(devs) => {
+            let ip = std::env::var("RXE_VM_IP")
+                .ok()
+                .or_else(|| std::env::var("QS_VERBS_TEST_IP").ok())
+                .map(|v| v.split('/').next().unwrap_or_default().to_owned());
+            let Some(ip) = ip else {
+                assert!(!in_vm, "{test}: inside the rxe VM but RXE_VM_IP is not set");
+                eprintln!(
+                    "\n*** {test}: RDMA PART NOT RUN: devices {devs:?} exist but no IPv4 address for \
+                     RDMA CM is configured. Set QS_VERBS_TEST_IP=<IPv4 of the RDMA netdev> (never \
+                     127.0.0.1), or run scripts/test-verbs.sh (soft-RoCE VM).\n"
+                );
+                return None;
+            };
+            let ip: Ipv4Addr = ip
+                .parse()
+                .unwrap_or_else(|e| panic!("{test}: bad RXE_VM_IP `{ip}`: {e}"));
+            assert!(
+                !ip.is_loopback(),
+                "{test}: RDMA CM needs the device's address, not loopback"
+            );
+            let device = std::env::var("RXE_VM_DEV").unwrap_or_else(|_| devs[0].name.clone());
+            eprintln!("{test}: running on {device} at {ip} (devices: {devs:?})");
+            Some(RdmaEnv { device, ip })
+        }
+    }
+}
+
+/// Waits for the next CM event on `ch` and checks it is `want` with status 0.
+pub fn wait_cm(ch: &Arc<EventChannel>, want: CmEventKind, who: &str) -> CmEvent {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(ev) = ch
+            .get_event()
+            .unwrap_or_else(|e| panic!("{who}: rdma_get_cm_event: {e}"))
+        {
+            assert!(
+                ev.kind == want && ev.status == 0,
+                "{who}: expected {want:?}, got {} ({:?}) status {}",
+                ev.kind.name(),
+                ev.kind,
+                ev.status
+            );
+            return ev;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{who}: timed out after {WAIT:?} waiting for {want:?}"
+        );
+        poll_readable(ch.as_fd(), Some(left)).expect("poll on the CM channel");
+    }
+}
+
+/// Collects `n` completions from `cq` using arm-and-drain on `ch`.
+pub fn wait_wc(cq: &CompletionQueue, ch: &CompletionChannel, n: usize, who: &str) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + WAIT;
+    let mut out = Vec::new();
+    cq.arm_and_drain(&mut out).expect("arm_and_drain");
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{who}: timed out waiting for {n} completions, got {out:?}"
+        );
+        if poll_readable(ch.as_fd(), Some(left)).expect("poll on the completion channel") {
+            ch.consume_events().expect("consume_events");
+        }
+        cq.arm_and_drain(&mut out).expect("arm_and_drain");
+    }
+    assert_eq!(out.len(), n, "{who}: more completions than expected: {out:?}");
+    out
+}
+
+/// Asserts that every completion succeeded.
+pub fn assert_ok(wcs: &[WorkCompletion], who: &str) {
+    for wc in wcs {
+        assert!(
+            wc.is_ok(),
+            "{who}: work request {} failed: {} ({wc:?})",
+            wc.wr_id,
+            wc.status_str()
+        );
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), different for each `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Encodes a remote region for private data: addr, len, rkey (little endian).
+pub fn encode_remote(r: &na_verbs::sys::RemoteRegion) -> Vec<u8> {
+    let mut v = Vec::with_capacity(20);
+    v.extend_from_slice(&r.addr.to_le_bytes());
+    v.extend_from_slice(&r.len.to_le_bytes());
+    v.extend_from_slice(&r.rkey.to_le_bytes());
+    v
+}
+
+/// Decodes [`encode_remote`]; the bytes come from the peer, so they are checked.
+pub fn decode_remote(b: &[u8]) -> na_verbs::sys::RemoteRegion {
+    assert!(
+        b.len() >= 20,
+        "private data too short for a remote region: {} bytes",
+        b.len()
+    );
+    na_verbs::sys::RemoteRegion {
+        addr: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+        len: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        rkey: u32::from_le_bytes(b[16..20].try_into().expect("4 bytes")),
+    }
+}
