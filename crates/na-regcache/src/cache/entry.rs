@@ -1,0 +1,201 @@
+//! One registration and the handle users hold on it.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::monitor::{Monitor, Watch};
+use crate::registrar::{Access, Registrar};
+use crate::stats::Stats;
+use crate::sys::mem::ForkGuard;
+
+/// What every entry needs to deregister itself: the registrar, the counters,
+/// the monitor (to unsubscribe) and the fork guard.
+pub(crate) struct Backend<R: Registrar> {
+    pub registrar: R,
+    pub stats: Stats,
+    pub monitor: Option<Arc<dyn Monitor>>,
+    pub fork_guard: Option<ForkGuard>,
+}
+
+impl<R: Registrar> Backend<R> {
+    /// False in a forked child of the process that built the cache.
+    #[inline]
+    pub fn in_owner(&self) -> bool {
+        self.fork_guard.as_ref().map_or(true, ForkGuard::in_creator)
+    }
+}
+
+/// Slot number of an entry that is not in the cache.
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+
+/// A registration of `[start, end)`. Deregistered when the last `Arc` drops,
+/// which the cache arranges to happen outside its lock.
+pub(crate) struct Entry<R: Registrar> {
+    pub start: usize,
+    pub end: usize,
+    pub access: Access,
+    /// Cleared by invalidation (and when the cache is dropped).
+    pub valid: AtomicBool,
+    /// Live handles.
+    pub users: AtomicUsize,
+    /// CLOCK second-chance bit, set by hits.
+    pub referenced: AtomicBool,
+    /// True while the entry is in the cache index (changed under the lock).
+    pub cached: AtomicBool,
+    /// Slot in the cache's table (set on insertion), `NO_SLOT` when never cached.
+    pub slot: AtomicU32,
+    /// The monitor's subscription, if any.
+    pub watch: Option<Watch>,
+    region: Option<R::Region>,
+    pub backend: Arc<Backend<R>>,
+}
+
+impl<R: Registrar> Entry<R> {
+    pub fn new(
+        backend: &Arc<Backend<R>>,
+        (start, end, access): (usize, usize, Access),
+        region: R::Region,
+        watch: Option<Watch>,
+    ) -> Entry<R> {
+        backend
+            .stats
+            .bytes_registered
+            .fetch_add((end - start) as u64, Ordering::Relaxed);
+        Entry {
+            start,
+            end,
+            access,
+            valid: AtomicBool::new(true),
+            users: AtomicUsize::new(0),
+            referenced: AtomicBool::new(false),
+            cached: AtomicBool::new(false),
+            slot: AtomicU32::new(NO_SLOT),
+            watch,
+            region: Some(region),
+            backend: Arc::clone(backend),
+        }
+    }
+
+    pub fn region(&self) -> &R::Region {
+        // Present from construction until drop.
+        self.region.as_ref().expect("entry region present until drop")
+    }
+}
+
+impl<R: Registrar> Drop for Entry<R> {
+    fn drop(&mut self) {
+        let Some(region) = self.region.take() else { return };
+        let b = &self.backend;
+        if !b.in_owner() {
+            // A forked child must not touch the parent's registrations (for
+            // io_uring and verbs the device context is shared with the parent).
+            std::mem::forget(region);
+            return;
+        }
+        if let (Some(m), Some(w)) = (&b.monitor, &self.watch) {
+            m.unsubscribe(w);
+        }
+        b.stats
+            .bytes_registered
+            .fetch_sub((self.end - self.start) as u64, Ordering::Relaxed);
+        if let Err(e) = b.registrar.deregister(region) {
+            Stats::bump(&b.stats.deregister_failures);
+            tracing::warn!(start = self.start, len = self.end - self.start, error = %e, "deregistration failed");
+        }
+    }
+}
+
+/// A reference-counted handle on a registration covering at least the
+/// requested range. Dropping the last handle of a cached registration makes
+/// it idle (evictable); of an uncached one, deregisters it.
+pub struct Registration<R: Registrar> {
+    pub(crate) entry: Arc<Entry<R>>,
+}
+
+impl<R: Registrar> Registration<R> {
+    /// The registrar's value (for verbs: the MR with lkey/rkey).
+    pub fn region(&self) -> &R::Region {
+        self.entry.region()
+    }
+
+    /// Start of the registered range (may be below the requested address).
+    pub fn addr(&self) -> usize {
+        self.entry.start
+    }
+
+    /// Length of the registered range.
+    pub fn len(&self) -> usize {
+        self.entry.end - self.entry.start
+    }
+
+    /// Never true (ranges are non-empty); provided for API symmetry.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The registration's access rights.
+    pub fn access(&self) -> Access {
+        self.entry.access
+    }
+
+    /// One atomic load: false once a monitor saw the mapping change (or the
+    /// cache was dropped). With userfaultfd, the flag is cleared by the reader
+    /// thread a few microseconds after the kernel released the unmapping
+    /// thread; use [`Registration::is_valid_now`] to close that window.
+    #[inline]
+    pub fn is_valid(&self) -> bool {
+        self.entry.valid.load(Ordering::Acquire)
+    }
+
+    /// Like [`Registration::is_valid`] after waiting for the monitor's
+    /// in-flight events, so a change that completed before this call counts.
+    pub fn is_valid_now(&self) -> bool {
+        if let Some(m) = &self.entry.backend.monitor {
+            m.sync();
+            if let Some(w) = &self.entry.watch {
+                if m.changed(w) {
+                    return false;
+                }
+            }
+        }
+        self.is_valid()
+    }
+
+    /// True while the registration is in the cache (false: uncached
+    /// fallback, or evicted/invalidated since). An uncached fallback is not
+    /// watched by the monitor: use it for the operation at hand and drop it.
+    pub fn is_cached(&self) -> bool {
+        self.entry.cached.load(Ordering::Acquire)
+    }
+}
+
+impl<R: Registrar> Clone for Registration<R> {
+    fn clone(&self) -> Self {
+        self.entry.users.fetch_add(1, Ordering::AcqRel);
+        Registration {
+            entry: Arc::clone(&self.entry),
+        }
+    }
+}
+
+impl<R: Registrar> Drop for Registration<R> {
+    fn drop(&mut self) {
+        // Idle cached entries stay in the table (the CLOCK hand finds them);
+        // the last Arc of an uncached or detached entry deregisters it.
+        if self.entry.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.entry.backend.stats.in_use.add(-1);
+        }
+    }
+}
+
+impl<R: Registrar> std::fmt::Debug for Registration<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("access", &self.access())
+            .field("valid", &self.is_valid())
+            .field("cached", &self.is_cached())
+            .finish()
+    }
+}

@@ -1,0 +1,366 @@
+//! The registration cache.
+//!
+//! # Call order of [`Cache::get`]
+//!
+//! 1. refuse in a forked child (one load of a `MADV_WIPEONFORK` page);
+//! 2. `monitor.sync()`: wait for in-flight monitor events (no lock held);
+//! 3. reap invalidated entries (deregistered outside the lock);
+//! 4. read-lock, look up; a hit takes a reference, sets the entry's CLOCK
+//!    bit and returns (releasing a handle takes no lock);
+//! 5. miss: write-lock, compute the span (request ∪ overlapping entries),
+//!    widen the monitor pre-filter, note the invalidation generation, unlock;
+//! 6. subscribe the span with the monitor, *then* register it (so an unmap
+//!    between the two is seen), retrying once after evicting idle entries;
+//! 7. lock; if an invalidation since step 5 overlaps the span, discard and
+//!    retry (at most three times); else insert, evicting idle entries with
+//!    the CLOCK (second-chance) approximation of LRU;
+//!    unlock and deregister superseded/evicted entries.
+//!
+//! No registrar call, no memory free and no tracing happens under the lock.
+
+mod entry;
+mod shared;
+mod table;
+
+pub use entry::Registration;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use entry::{Backend, Entry};
+use shared::Shared;
+use table::{Insert, Table};
+
+use crate::config::{CacheConfig, MonitorChoice};
+use crate::error::{Error, Result};
+use crate::monitor::{alloc::AllocMonitor, uffd::UffdMonitor, InvalidationSink, Monitor, SinkId};
+use crate::registrar::{Access, Registrar};
+use crate::stats::{CacheStats, Stats};
+use crate::sys::brlock::BrLock;
+use crate::sys::mem::ForkGuard;
+
+/// A memory registration cache over registrar `R`. See the module docs for
+/// the call order of [`Cache::get`]; share it between threads by reference
+/// or in an `Arc`.
+pub struct Cache<R: Registrar> {
+    shared: Arc<Shared<R>>,
+    sink: Option<SinkId>,
+    monitor_name: &'static str,
+}
+
+impl<R: Registrar> Cache<R> {
+    /// Builds a cache; the monitor is created from `config.monitor`
+    /// (process-global userfaultfd monitor or allocator hook).
+    pub fn new(registrar: R, config: CacheConfig) -> Result<Cache<R>> {
+        config.validate()?;
+        let monitor: Option<Arc<dyn Monitor>> = match config.monitor {
+            MonitorChoice::Uffd | MonitorChoice::Auto => match UffdMonitor::global() {
+                Ok(m) => Some(m),
+                Err(source) if config.monitor == MonitorChoice::Uffd => {
+                    return Err(Error::MonitorInit {
+                        monitor: "uffd",
+                        source,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "userfaultfd unavailable: registration cache disabled");
+                    return Self::build(registrar, config, None, false);
+                }
+            },
+            MonitorChoice::Alloc if !AllocMonitor::installed() => return Err(Error::AllocHookNotInstalled),
+            MonitorChoice::Alloc => Some(AllocMonitor::global()),
+            MonitorChoice::None => None,
+            MonitorChoice::Disabled => return Self::build(registrar, config, None, false),
+        };
+        Self::build(registrar, config, monitor, true)
+    }
+
+    /// Builds a cache configured from `QS_MR_CACHE_*` (see [`crate::config`]);
+    /// an invalid variable is an [`Error::Config`] naming it.
+    pub fn from_env(registrar: R) -> Result<Cache<R>> {
+        Self::new(registrar, CacheConfig::from_env()?)
+    }
+
+    /// Builds a cache watched by a caller-supplied monitor (e.g. a kdreg2 backend).
+    pub fn with_monitor(registrar: R, config: CacheConfig, monitor: Arc<dyn Monitor>) -> Result<Cache<R>> {
+        config.validate()?;
+        Self::build(registrar, config, Some(monitor), true)
+    }
+
+    fn build(
+        registrar: R,
+        config: CacheConfig,
+        monitor: Option<Arc<dyn Monitor>>,
+        caching: bool,
+    ) -> Result<Self> {
+        let fork_guard = if config.fork_guard {
+            Some(ForkGuard::new().map_err(|source| Error::MonitorInit {
+                monitor: "fork-guard",
+                source,
+            })?)
+        } else {
+            None
+        };
+        let monitor_name = monitor
+            .as_ref()
+            .map_or(if caching { "none" } else { "disabled" }, |m| m.name());
+        let backend = Arc::new(Backend {
+            registrar,
+            stats: Stats::default(),
+            monitor,
+            fork_guard,
+        });
+        let shared = Arc::new(Shared {
+            backend,
+            table: BrLock::new(Table::new(config.max_count, config.max_bytes)),
+            caching,
+            lo: AtomicUsize::new(usize::MAX),
+            hi: AtomicUsize::new(0),
+            zombies: AtomicUsize::new(0),
+        });
+        let sink = match &shared.backend.monitor {
+            Some(m) => Some(
+                m.attach(Arc::clone(&shared) as Arc<dyn InvalidationSink>)
+                    .map_err(|source| Error::MonitorInit {
+                        monitor: m.name(),
+                        source,
+                    })?,
+            ),
+            None => None,
+        };
+        tracing::debug!(
+            monitor = monitor_name,
+            max_count = config.max_count,
+            max_bytes = config.max_bytes,
+            "registration cache created"
+        );
+        Ok(Cache {
+            shared,
+            sink,
+            monitor_name,
+        })
+    }
+
+    /// The registrar.
+    pub fn registrar(&self) -> &R {
+        &self.shared.backend.registrar
+    }
+
+    /// Which monitor watches this cache (`uffd`, `alloc`, `none`, `disabled`).
+    pub fn monitor_name(&self) -> &'static str {
+        self.monitor_name
+    }
+
+    /// A registration covering `[addr, addr+len)` with at least `access`.
+    pub fn get(&self, addr: usize, len: usize, access: Access) -> Result<Registration<R>> {
+        let end = addr
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(Error::InvalidRange { addr, len })?;
+        let sh = &self.shared;
+        if !sh.backend.in_owner() {
+            return Err(Error::ForkedChild);
+        }
+        if !sh.caching {
+            return self.uncached(addr, end, access);
+        }
+        if let Some(m) = &sh.backend.monitor {
+            m.sync();
+        }
+        if sh.zombies.load(Ordering::SeqCst) > 0 {
+            self.reap();
+        }
+        let stats = &sh.backend.stats;
+        let (mut span, mut gen0) = {
+            let mut t = sh.table.read();
+            if let Some(e) = t.lookup(addr, end, access) {
+                let stale = match (&sh.backend.monitor, &e.watch) {
+                    (Some(m), Some(w)) => m.changed(w),
+                    _ => false,
+                };
+                if !stale {
+                    // Take the user reference under the read lock so that
+                    // eviction (write lock) never sees this entry idle.
+                    let first = Table::acquire(e);
+                    let e = Arc::clone(e);
+                    drop(t);
+                    if first {
+                        stats.in_use.add(1);
+                    }
+                    stats.hits.add(1);
+                    return Ok(Registration { entry: e });
+                }
+                // The monitor reported a changed mapping.
+                let (s, en) = (e.start, e.end);
+                drop(t);
+                let n = sh.lock().invalidate(s, en);
+                sh.zombies.fetch_add(n, Ordering::SeqCst);
+                stats.invalidations.fetch_add(n as u64, Ordering::Relaxed);
+                t = sh.table.read();
+            }
+            let span = t.span(addr, end, access);
+            // Widen the pre-filter before noting the generation and before
+            // registering: an invalidation that skips us saw the old bounds,
+            // so its unmap happened before our pin.
+            sh.widen(span.0, span.1);
+            (span, t.generation())
+        };
+        Stats::bump(&stats.misses);
+        for _attempt in 0..3 {
+            let (s, e, a) = span;
+            let watch = match &sh.backend.monitor {
+                Some(m) => match m.subscribe(s, e - s, s as u64) {
+                    Ok(w) => Some(w),
+                    Err(err) => {
+                        tracing::debug!(addr = s, len = e - s, error = %err, "monitor refused range: uncached");
+                        return self.uncached(addr, end, access);
+                    }
+                },
+                None => None,
+            };
+            let region = match self.register(s, e - s, a) {
+                Ok(r) => r,
+                // The merged span may be unregistrable where the request is not.
+                Err(_) if span != (addr, end, access) => return self.uncached(addr, end, access),
+                Err(err) => return Err(err),
+            };
+            let entry = Arc::new(Entry::new(&sh.backend, (s, e, a), region, watch));
+            let mut t = sh.lock();
+            if t.changed_since(gen0, s, e) {
+                // The mapping changed while we registered: retry with fresh state.
+                span = t.span(addr, end, access);
+                gen0 = t.generation();
+                sh.widen(span.0, span.1);
+                drop(t);
+                drop(entry);
+                continue;
+            }
+            let (cached, doomed, evicted) = match t.insert(Arc::clone(&entry)) {
+                Insert::Done { doomed, evicted } => (true, doomed, evicted),
+                Insert::NoRoom { doomed, evicted } => (false, doomed, evicted),
+            };
+            drop(t);
+            if !cached {
+                entry.users.fetch_add(1, Ordering::AcqRel);
+                Stats::bump(&stats.uncached);
+            }
+            stats.in_use.add(1);
+            if evicted > 0 {
+                stats.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+                tracing::debug!(evicted, "registration cache evicted idle entries");
+            }
+            drop(doomed);
+            return Ok(Registration { entry });
+        }
+        Err(Error::Unstable { addr })
+    }
+
+    /// Registers `[addr, addr+len)`; on failure evicts every idle entry and
+    /// retries once.
+    fn register(&self, addr: usize, len: usize, access: Access) -> Result<R::Region> {
+        let b = &self.shared.backend;
+        match b.registrar.register(addr, len, access) {
+            Ok(r) => Ok(r),
+            Err(first) => {
+                Stats::bump(&b.stats.register_failures);
+                let evicted = self.evict_idle();
+                if evicted == 0 {
+                    return Err(Error::Register {
+                        addr,
+                        len,
+                        source: Box::new(first),
+                    });
+                }
+                tracing::debug!(evicted, error = %first, "registration failed: evicted idle entries, retrying");
+                b.registrar.register(addr, len, access).map_err(|e| {
+                    Stats::bump(&b.stats.register_failures);
+                    Error::Register {
+                        addr,
+                        len,
+                        source: Box::new(e),
+                    }
+                })
+            }
+        }
+    }
+
+    fn uncached(&self, addr: usize, end: usize, access: Access) -> Result<Registration<R>> {
+        let region = self.register(addr, end - addr, access)?;
+        let sh = &self.shared;
+        let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, None));
+        entry.users.fetch_add(1, Ordering::AcqRel);
+        sh.backend.stats.in_use.add(1);
+        Stats::bump(&sh.backend.stats.uncached);
+        Ok(Registration { entry })
+    }
+
+    /// Deregisters invalidated entries nobody uses any more.
+    fn reap(&self) {
+        let zombies = {
+            let mut t = self.shared.lock();
+            self.shared.zombies.store(0, Ordering::SeqCst);
+            t.take_zombies()
+        };
+        drop(zombies);
+    }
+
+    /// Deregisters every idle entry; returns how many were evicted.
+    pub fn evict_idle(&self) -> usize {
+        let sh = &self.shared;
+        let idle = sh.lock().take_idle();
+        let n = idle.len();
+        sh.backend.stats.evictions.fetch_add(n as u64, Ordering::Relaxed);
+        drop(idle);
+        self.reap();
+        n
+    }
+
+    /// Invalidates `[addr, addr+len)` by hand (an application that knows it
+    /// is about to remap memory).
+    pub fn invalidate(&self, addr: usize, len: usize) {
+        self.shared.invalidate(addr, addr.saturating_add(len));
+        self.reap();
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> CacheStats {
+        let mut s = self.shared.backend.stats.snapshot();
+        s.entries = self.shared.table.read().live() as u64;
+        s
+    }
+
+    /// Emits the counters as a tracing event (target `na_regcache`).
+    pub fn log_stats(&self) {
+        let s = self.stats();
+        tracing::info!(
+            monitor = self.monitor_name,
+            hits = s.hits,
+            misses = s.misses,
+            evictions = s.evictions,
+            invalidations = s.invalidations,
+            uncached = s.uncached,
+            entries = s.entries,
+            bytes_registered = s.bytes_registered,
+            in_use = s.in_use,
+            "registration cache stats"
+        );
+    }
+}
+
+impl<R: Registrar> Drop for Cache<R> {
+    fn drop(&mut self) {
+        let sh = &self.shared;
+        let sink = match (&sh.backend.monitor, self.sink) {
+            (Some(m), Some(id)) => m.detach(id),
+            _ => None,
+        };
+        drop(sink);
+        if sh.backend.in_owner() {
+            self.log_stats();
+        }
+        // Handles still alive keep their registration but are no longer
+        // monitored: they are marked invalid.
+        let all = sh.lock().take_all();
+        drop(all);
+    }
+}

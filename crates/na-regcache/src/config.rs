@@ -1,0 +1,195 @@
+//! Cache configuration, by API and from the environment.
+//!
+//! | variable | values | default |
+//! |---|---|---|
+//! | `QS_MR_CACHE_MAX_COUNT` | 1 ..= 1048576 entries | 1024 |
+//! | `QS_MR_CACHE_MAX_SIZE` | bytes, optional `K`/`M`/`G` (binary) suffix | 1G |
+//! | `QS_MR_CACHE_MONITOR` | `uffd`, `alloc`, `none`, `disabled` | uffd, else disabled |
+//!
+//! An invalid value is an [`Error::Config`] naming the variable, never a
+//! silent default.
+
+use crate::error::{Error, Result};
+
+/// Environment variable: maximum number of cached registrations.
+pub const ENV_MAX_COUNT: &str = "QS_MR_CACHE_MAX_COUNT";
+/// Environment variable: maximum bytes held by cached registrations.
+pub const ENV_MAX_SIZE: &str = "QS_MR_CACHE_MAX_SIZE";
+/// Environment variable: which monitor keeps the cache correct.
+pub const ENV_MONITOR: &str = "QS_MR_CACHE_MONITOR";
+
+/// Upper bound of `max_count` (index and slot table are reserved up front).
+pub const MAX_COUNT_LIMIT: usize = 1 << 20;
+
+/// Which monitor keeps the cache coherent with the address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MonitorChoice {
+    /// userfaultfd, falling back to `Disabled` (with a warning) if the kernel
+    /// refuses it. The default when `QS_MR_CACHE_MONITOR` is unset.
+    Auto,
+    /// userfaultfd UNMAP/REMOVE/REMAP events; an error if unavailable.
+    Uffd,
+    /// The `InvalidatingAlloc` global-allocator hook.
+    Alloc,
+    /// Cache without any monitor: the application promises never to unmap,
+    /// remap or madvise registered memory. Unsafe in general.
+    None,
+    /// No caching: every `get` registers, every release deregisters.
+    Disabled,
+}
+
+impl MonitorChoice {
+    /// Parses `uffd|alloc|none|disabled`.
+    pub fn parse(s: &str) -> Option<MonitorChoice> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "uffd" | "userfaultfd" => Some(MonitorChoice::Uffd),
+            "alloc" => Some(MonitorChoice::Alloc),
+            "none" => Some(MonitorChoice::None),
+            "disabled" => Some(MonitorChoice::Disabled),
+            _ => None,
+        }
+    }
+}
+
+/// Cache limits and monitor choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Maximum number of cached (live or idle) registrations.
+    pub max_count: usize,
+    /// Maximum bytes covered by cached registrations.
+    pub max_bytes: usize,
+    /// The monitor.
+    pub monitor: MonitorChoice,
+    /// Refuse use in a forked child (default true). Turning it off exists
+    /// only to demonstrate the corruption it prevents.
+    pub fork_guard: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            max_count: 1024,
+            max_bytes: 1 << 30,
+            monitor: MonitorChoice::Auto,
+            fork_guard: true,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// The defaults overridden by `QS_MR_CACHE_*` variables that are set.
+    pub fn from_env() -> Result<CacheConfig> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Like [`CacheConfig::from_env`] with a custom variable lookup.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<CacheConfig> {
+        let mut cfg = CacheConfig::default();
+        if let Some(v) = get(ENV_MAX_COUNT) {
+            let n = parse_size(&v).map_err(|reason| config_err(ENV_MAX_COUNT, &v, reason))?;
+            if n == 0 || n > MAX_COUNT_LIMIT {
+                return Err(config_err(
+                    ENV_MAX_COUNT,
+                    &v,
+                    format!("must be 1..={MAX_COUNT_LIMIT}"),
+                ));
+            }
+            cfg.max_count = n;
+        }
+        if let Some(v) = get(ENV_MAX_SIZE) {
+            let n = parse_size(&v).map_err(|reason| config_err(ENV_MAX_SIZE, &v, reason))?;
+            if n < crate::sys::mem::page_size() {
+                return Err(config_err(ENV_MAX_SIZE, &v, "must be at least one page".into()));
+            }
+            cfg.max_bytes = n;
+        }
+        if let Some(v) = get(ENV_MONITOR) {
+            cfg.monitor = MonitorChoice::parse(&v).ok_or_else(|| {
+                config_err(ENV_MONITOR, &v, "expected uffd, alloc, none or disabled".into())
+            })?;
+        }
+        Ok(cfg)
+    }
+
+    /// Checks the limits.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_count == 0 || self.max_count > MAX_COUNT_LIMIT {
+            return Err(Error::InvalidConfig(format!(
+                "max_count {} not in 1..={MAX_COUNT_LIMIT}",
+                self.max_count
+            )));
+        }
+        if self.max_bytes == 0 {
+            return Err(Error::InvalidConfig("max_bytes is 0".into()));
+        }
+        Ok(())
+    }
+}
+
+fn config_err(var: &'static str, value: &str, reason: String) -> Error {
+    Error::Config {
+        var,
+        value: value.to_string(),
+        reason,
+    }
+}
+
+/// Parses `123`, `64K`, `16M`, `2G` (also `KiB`/`MiB`/`GiB`), binary multiples.
+pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    if digits == 0 {
+        return Err("expected a number".into());
+    }
+    let n: usize = t[..digits].parse().map_err(|e| format!("{e}"))?;
+    let mult: usize = match t[digits..].trim().to_ascii_lowercase().as_str() {
+        "" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown suffix {other:?}")),
+    };
+    n.checked_mul(mult).ok_or_else(|| "value overflows".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn parses_env_values() {
+        let cfg = CacheConfig::from_lookup(env(&[
+            (ENV_MAX_COUNT, "64"),
+            (ENV_MAX_SIZE, "16M"),
+            (ENV_MONITOR, "none"),
+        ]))
+        .unwrap();
+        assert_eq!(cfg.max_count, 64);
+        assert_eq!(cfg.max_bytes, 16 << 20);
+        assert_eq!(cfg.monitor, MonitorChoice::None);
+        assert_eq!(
+            CacheConfig::from_lookup(env(&[])).unwrap(),
+            CacheConfig::default()
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable() {
+        for (var, val) in [
+            (ENV_MAX_COUNT, "lots"),
+            (ENV_MAX_COUNT, "0"),
+            (ENV_MAX_COUNT, "99999999"),
+            (ENV_MAX_SIZE, "12Q"),
+            (ENV_MAX_SIZE, "1"),
+            (ENV_MONITOR, "kdreg2"),
+        ] {
+            let err = CacheConfig::from_lookup(env(&[(var, val)])).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(var) && msg.contains(val), "{msg}");
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The crate's error type.
+
+use std::io;
+
+/// Errors of `na-regcache`, one variant per failing operation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An environment variable holds a value the cache cannot use.
+    #[error("invalid {var}={value:?}: {reason}")]
+    Config {
+        /// The variable, e.g. `QS_MR_CACHE_MAX_COUNT`.
+        var: &'static str,
+        /// The offending value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A configuration passed through the API is out of range.
+    #[error("invalid cache configuration: {0}")]
+    InvalidConfig(String),
+    /// `get` was called with an empty or overflowing range.
+    #[error("invalid range: address {addr:#x}, length {len}")]
+    InvalidRange {
+        /// Start address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+    },
+    /// The registrar failed, also after evicting idle entries and retrying.
+    #[error("registration of {len} bytes at {addr:#x} failed")]
+    Register {
+        /// Start address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+        /// The registrar's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The memory monitor could not be started.
+    #[error("memory monitor {monitor} unavailable")]
+    MonitorInit {
+        /// Which monitor.
+        monitor: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The allocator monitor was requested but the binary does not use
+    /// `InvalidatingAlloc` as its `#[global_allocator]`.
+    #[error("QS_MR_CACHE_MONITOR=alloc needs `#[global_allocator] static A: na_regcache::InvalidatingAlloc<System>`")]
+    AllocHookNotInstalled,
+    /// The cache was created in another process: this is a forked child,
+    /// which must build its own registrar and cache.
+    #[error("registration cache used in a forked child; create a new cache in the child")]
+    ForkedChild,
+    /// The mapping kept changing under a miss (concurrent unmap of the very
+    /// range being registered); the caller raced with itself.
+    #[error("mapping at {addr:#x} changed during every registration attempt")]
+    Unstable {
+        /// Start address.
+        addr: usize,
+    },
+}
+
+/// Result alias of the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

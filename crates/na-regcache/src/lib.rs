@@ -1,0 +1,77 @@
+//! `na-regcache`: a memory registration cache with memory-map monitors.
+//!
+//! RDMA needs memory registered (pinned, translated) before a NIC may touch
+//! it, and registering is expensive, so registrations are cached. A cached
+//! registration is only correct while the virtual range still maps the
+//! pages that were pinned; a monitor tells the cache when that stops being
+//! true, *before* any later lookup can return the stale registration.
+//!
+//! * [`Cache`] is generic over a [`Registrar`] (the verbs plugin plugs in
+//!   `ibv_reg_mr`; [`UringRegistrar`] pins pages with io_uring fixed buffers);
+//!   [`Cache::get`] returns a reference-counted [`Registration`] carrying a
+//!   validity flag ([`Registration::is_valid`], one atomic load).
+//! * Monitors implement [`Monitor`]: [`UffdMonitor`] (userfaultfd, made
+//!   synchronous; see [`monitor::uffd`] for the argument) and [`AllocMonitor`]
+//!   fed by the opt-in [`InvalidatingAlloc`] global allocator.
+//! * Configuration: [`CacheConfig`] by API or `QS_MR_CACHE_MAX_COUNT`,
+//!   `QS_MR_CACHE_MAX_SIZE`, `QS_MR_CACHE_MONITOR=uffd|alloc|none|disabled`.
+//!
+//! # What each monitor catches
+//!
+//! Filled from `tests/corruption.rs` (io_uring pins + pagemap frames, run as
+//! root on Linux 6.18). ✔ = zero stale data and frames; ✘ = the scenario
+//! corrupts data; "n/a" = nothing to catch (the kernel keeps pinned pages).
+//! The `none` column proves every other scenario really corrupts without a
+//! monitor.
+//!
+#![doc = include_str!("coverage.md")]
+//!
+//! # userfaultfd on this kernel (6.18), as found
+//!
+//! * `vm.unprivileged_userfaultfd=0` only restricts non-root callers
+//!   (without `CAP_SYS_PTRACE`); as root the syscall works. Root or the
+//!   sysctl at 1 (or `/dev/userfaultfd` access) is needed in production.
+//! * Features granted: `EVENT_UNMAP|EVENT_REMOVE|EVENT_REMAP` and `WP_ASYNC`.
+//! * Registration uses write-protect mode without ever write-protecting a
+//!   page, so no fault ever blocks on the monitor (`MISSING` mode would
+//!   block faults, and with `UFFD_USER_MODE_ONLY` kernel-mode faults such as
+//!   `read(2)` into a dropped page would fail with `EFAULT`); with
+//!   `WP_ASYNC` the kernel accepts this on anonymous, shmem/memfd, THP and
+//!   brk memory alike (the suite covers each).
+//! * A range belongs to one userfaultfd only, so all caches share
+//!   [`UffdMonitor::global`]; memory registered by another userfaultfd user
+//!   is refused (`EBUSY`) and handed out uncached.
+//!
+//! See [`monitor::uffd`] for why a lookup can never return a registration
+//! of pages unmapped before it started, and `docs/REGCACHE.md` for the
+//! benchmark figures.
+//!
+//! # Locking rules
+//!
+//! The cache lock is never held across a registrar call, a memory free or a
+//! tracing event; monitor threads and the allocator hook only take that
+//! lock, and never free memory themselves. This is what rules out the
+//! deadlocks libfabric hit (#5554, #5687, #9594).
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod cache;
+pub mod config;
+mod error;
+pub mod monitor;
+mod registrar;
+mod stats;
+#[allow(unsafe_code)]
+mod sys;
+mod uring;
+
+pub use cache::{Cache, Registration};
+pub use config::{CacheConfig, MonitorChoice};
+pub use error::{Error, Result};
+pub use monitor::alloc::AllocMonitor;
+pub use monitor::uffd::{UffdCounters, UffdMonitor};
+pub use monitor::{InvalidationSink, Monitor, SinkId, Watch};
+pub use registrar::{Access, Registrar};
+pub use stats::CacheStats;
+pub use sys::alloc::InvalidatingAlloc;
+pub use uring::{FixedBuffer, UringRegistrar};

@@ -1,0 +1,108 @@
+//! The allocator-hook monitor: the Rust analogue of libfabric's memhooks
+//! without patching code. A binary opts in with
+//!
+//! ```
+//! #[global_allocator]
+//! static A: na_regcache::InvalidatingAlloc<std::alloc::System> =
+//!     na_regcache::InvalidatingAlloc::new(std::alloc::System);
+//!
+//! fn main() {
+//!     drop(vec![0u8; 16]);
+//!     assert!(na_regcache::AllocMonitor::installed());
+//! }
+//! ```
+//!
+//! Every `dealloc` and `realloc` of a block of at least
+//! [`AllocMonitor::threshold`] bytes invalidates the registrations that
+//! overlap the block *before* the block goes back to the inner allocator, so
+//! the hook is synchronous: once `free` returned, no lookup can hit the old
+//! registration. The hook is allocation-free: it takes a read lock on a
+//! fixed array of sinks and each cache's lock, whose holders never free
+//! memory.
+//!
+//! It sees only Rust heap blocks: not the stack, statics, `mmap`,
+//! `madvise`, `mremap` or foreign (C) allocations, and not the allocator
+//! trimming small freed blocks back to the kernel. Use `uffd` for those.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
+
+static SINKS: SinkSet = SinkSet::new();
+static THRESHOLD: AtomicUsize = AtomicUsize::new(4096);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Called by `InvalidatingAlloc` on every allocation (marks the hook installed).
+#[inline]
+pub(crate) fn on_alloc() {
+    if !INSTALLED.load(Relaxed) {
+        INSTALLED.store(true, Relaxed);
+    }
+}
+
+/// Called by `InvalidatingAlloc` before a block is released or resized.
+#[inline]
+pub(crate) fn on_release(addr: usize, size: usize) {
+    if size < THRESHOLD.load(Relaxed) || SINKS.is_empty() {
+        return;
+    }
+    SINKS.dispatch(addr, addr.saturating_add(size));
+}
+
+/// Handle on the process-global allocator hook.
+#[derive(Debug, Default)]
+pub struct AllocMonitor {
+    _private: (),
+}
+
+impl AllocMonitor {
+    /// The monitor (all handles share the process-global hook state).
+    pub fn global() -> Arc<AllocMonitor> {
+        Arc::new(AllocMonitor { _private: () })
+    }
+
+    /// True once the binary's `#[global_allocator]` is an `InvalidatingAlloc`
+    /// (set by its first allocation).
+    pub fn installed() -> bool {
+        INSTALLED.load(Relaxed)
+    }
+
+    /// Blocks smaller than this are released without a look at the caches.
+    pub fn threshold() -> usize {
+        THRESHOLD.load(Relaxed)
+    }
+
+    /// Sets the size threshold (default 4096: one page).
+    pub fn set_threshold(bytes: usize) {
+        THRESHOLD.store(bytes, Relaxed);
+    }
+}
+
+impl Monitor for AllocMonitor {
+    fn name(&self) -> &'static str {
+        "alloc"
+    }
+
+    fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
+        SINKS.attach(sink)
+    }
+
+    fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>> {
+        SINKS.detach(id)
+    }
+
+    fn subscribe(&self, _start: usize, _len: usize, cookie: u64) -> io::Result<Watch> {
+        Ok(Watch {
+            cookie,
+            token: [0; 2],
+        })
+    }
+
+    fn unsubscribe(&self, _watch: &Watch) {}
+
+    fn sync(&self) {
+        // The hook runs inside dealloc, before the memory is released.
+    }
+}

@@ -1,0 +1,141 @@
+//! Memory-map monitors: they tell caches that the pages behind an address
+//! range changed, so registrations of the old pages are never reused.
+//!
+//! A monitor serves several caches ([`InvalidationSink`]s) because a page
+//! range can belong to one userfaultfd context only and the allocator hook
+//! is process-global. The [`Monitor`] trait is shaped so that a kdreg2
+//! backend fits without change:
+//!
+//! * [`Monitor::subscribe`] is `KDREG2_IOCTL_MONITOR` (the cookie is the
+//!   cache's, the returned [`Watch`] keeps kdreg2's `monitoring_params`);
+//! * [`Monitor::changed`] is `kdreg2_mapping_changed()`: one load of a
+//!   generation counter in the kernel-shared page;
+//! * [`Monitor::sync`] reads `pending_events` and drains the kdreg2
+//!   descriptor, calling the sinks in the caller's thread (kdreg2 is
+//!   synchronous, so no reader thread is needed);
+//! * [`Monitor::unsubscribe`] is `KDREG2_IOCTL_UNMONITOR`.
+//!
+//! No kdreg2 backend ships: it could not be tested here (no module).
+
+pub mod alloc;
+pub mod uffd;
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// Receives invalidations. Implemented by the cache.
+///
+/// Called from a monitor's reader thread or from inside the global
+/// allocator, so an implementation must not allocate, free or block on
+/// anything but a lock whose holders never free memory or unmap pages.
+pub trait InvalidationSink: Send + Sync {
+    /// The pages of `[start, end)` changed: drop every registration overlapping it.
+    fn invalidate(&self, start: usize, end: usize);
+
+    /// Cheap lock-free pre-filter: false when no registration can overlap.
+    fn may_overlap(&self, start: usize, end: usize) -> bool {
+        let _ = (start, end);
+        true
+    }
+}
+
+/// What a monitor keeps per subscribed range (kdreg2: cookie + location +
+/// generation). Opaque to the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Watch {
+    /// The cookie the cache passed to `subscribe`.
+    pub cookie: u64,
+    /// Monitor-private data.
+    pub token: [u64; 2],
+}
+
+/// Identifies an attached sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkId(usize);
+
+/// A memory-map monitor.
+pub trait Monitor: Send + Sync + 'static {
+    /// Short name (`uffd`, `alloc`).
+    fn name(&self) -> &'static str;
+
+    /// Starts delivering invalidations to `sink`.
+    fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId>;
+
+    /// Stops delivering to `id`; returns the sink so the caller drops it
+    /// outside any monitor lock.
+    fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>>;
+
+    /// Starts watching `[start, start+len)` before it is registered.
+    fn subscribe(&self, start: usize, len: usize, cookie: u64) -> io::Result<Watch>;
+
+    /// Stops watching a range whose entry left the cache for another reason.
+    fn unsubscribe(&self, watch: &Watch);
+
+    /// Returns once every change that completed (its `munmap`, `madvise`,
+    /// `mremap`, `free` returned) before this call has reached the sinks.
+    fn sync(&self);
+
+    /// True when the mapping under `watch` is known to have changed (kdreg2
+    /// style generation check). Monitors that push to sinks return false.
+    fn changed(&self, watch: &Watch) -> bool {
+        let _ = watch;
+        false
+    }
+}
+
+/// Maximum number of caches attached to one monitor.
+pub const MAX_SINKS: usize = 64;
+
+/// A fixed-capacity set of sinks: dispatch never allocates or frees.
+pub(crate) struct SinkSet {
+    slots: RwLock<[Option<Arc<dyn InvalidationSink>>; MAX_SINKS]>,
+    count: AtomicUsize,
+}
+
+impl SinkSet {
+    pub const fn new() -> SinkSet {
+        SinkSet {
+            slots: RwLock::new([const { None }; MAX_SINKS]),
+            count: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let free = slots.iter().position(Option::is_none).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("more than {MAX_SINKS} caches on one monitor"),
+            )
+        })?;
+        slots[free] = Some(sink);
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Ok(SinkId(free))
+    }
+
+    pub fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>> {
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let sink = slots.get_mut(id.0)?.take();
+        if sink.is_some() {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+        }
+        sink
+    }
+
+    /// True when no sink is attached (one load).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.count.load(Ordering::SeqCst) == 0
+    }
+
+    /// Calls every sink that may overlap `[start, end)`. Allocation-free.
+    pub fn dispatch(&self, start: usize, end: usize) {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        for sink in slots.iter().flatten() {
+            if sink.may_overlap(start, end) {
+                sink.invalidate(start, end);
+            }
+        }
+    }
+}

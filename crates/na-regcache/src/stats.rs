@@ -1,0 +1,101 @@
+//! Counters a user can read ([`CacheStats`]) and that are emitted via tracing.
+
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+use crate::sys::brlock::{stripe, Padded, STRIPES};
+
+/// A snapshot of the cache counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups served by a cached registration.
+    pub hits: u64,
+    /// Lookups that registered memory for the cache.
+    pub misses: u64,
+    /// Idle entries deregistered to respect a limit or after a failed registration.
+    pub evictions: u64,
+    /// Entries dropped because a monitor saw their mapping change.
+    pub invalidations: u64,
+    /// Registrations handed out without caching them.
+    pub uncached: u64,
+    /// Registrations the registrar refused (before or after retrying).
+    pub register_failures: u64,
+    /// Deregistrations the registrar reported as failed.
+    pub deregister_failures: u64,
+    /// Entries currently in the cache index.
+    pub entries: u64,
+    /// Bytes currently registered through this cache (cached, uncached and
+    /// invalidated-but-still-held).
+    pub bytes_registered: u64,
+    /// Registrations currently referenced by at least one handle.
+    pub in_use: u64,
+}
+
+impl fmt::Display for CacheStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "hits={} misses={} evictions={} invalidations={} uncached={} entries={} bytes_registered={} in_use={}",
+            self.hits,
+            self.misses,
+            self.evictions,
+            self.invalidations,
+            self.uncached,
+            self.entries,
+            self.bytes_registered,
+            self.in_use
+        )
+    }
+}
+
+/// A counter updated on hot paths by many threads: one padded atomic per
+/// stripe, summed on read.
+#[derive(Default)]
+pub(crate) struct StripedCounter([Padded<AtomicI64>; STRIPES]);
+
+impl StripedCounter {
+    #[inline]
+    pub fn add(&self, n: i64) {
+        self.0[stripe()].0.fetch_add(n, Relaxed);
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.0.iter().map(|c| c.0.load(Relaxed)).sum::<i64>().max(0) as u64
+    }
+}
+
+/// The live counters (relaxed atomics; a snapshot is not a transaction).
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub hits: StripedCounter,
+    pub misses: AtomicU64,
+    pub evictions: AtomicU64,
+    pub invalidations: AtomicU64,
+    pub uncached: AtomicU64,
+    pub register_failures: AtomicU64,
+    pub deregister_failures: AtomicU64,
+    pub entries: AtomicU64,
+    pub bytes_registered: AtomicU64,
+    pub in_use: StripedCounter,
+}
+
+impl Stats {
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.sum(),
+            misses: self.misses.load(Relaxed),
+            evictions: self.evictions.load(Relaxed),
+            invalidations: self.invalidations.load(Relaxed),
+            uncached: self.uncached.load(Relaxed),
+            register_failures: self.register_failures.load(Relaxed),
+            deregister_failures: self.deregister_failures.load(Relaxed),
+            entries: self.entries.load(Relaxed),
+            bytes_registered: self.bytes_registered.load(Relaxed),
+            in_use: self.in_use.sum(),
+        }
+    }
+}

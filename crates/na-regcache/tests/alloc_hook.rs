@@ -1,0 +1,96 @@
+//! The allocator hook invalidates on dealloc/realloc of large blocks and
+//! never allocates while doing so: an outer global allocator flags any
+//! allocation made from inside a deallocation.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use na_regcache::{
+    Access, AllocMonitor, Cache, CacheConfig, InvalidatingAlloc, MonitorChoice, UringRegistrar,
+};
+
+thread_local! {
+    static IN_DEALLOC: Cell<bool> = const { Cell::new(false) };
+}
+static ALLOCS_INSIDE_DEALLOC: AtomicUsize = AtomicUsize::new(0);
+
+/// Forwards to `InvalidatingAlloc<System>`, counting allocations that happen
+/// while a deallocation (and so the invalidation hook) is running.
+struct Watchdog(InvalidatingAlloc<System>);
+
+// SAFETY: every method forwards its arguments unchanged to the inner
+// allocator; the thread-local flag is const-initialized and has no destructor,
+// so touching it never allocates.
+unsafe impl GlobalAlloc for Watchdog {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if IN_DEALLOC.with(Cell::get) {
+            ALLOCS_INSIDE_DEALLOC.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.0.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let outer = IN_DEALLOC.with(|f| f.replace(true));
+        // SAFETY: forwarded contract.
+        unsafe { self.0.dealloc(ptr, layout) };
+        IN_DEALLOC.with(|f| f.set(outer));
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let outer = IN_DEALLOC.with(|f| f.replace(true));
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.0.realloc(ptr, layout, new_size) };
+        IN_DEALLOC.with(|f| f.set(outer));
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Watchdog = Watchdog(InvalidatingAlloc::new(System));
+
+#[test]
+fn hook_invalidates_on_free_and_realloc_without_allocating() {
+    common::require_io_uring();
+    assert!(AllocMonitor::installed());
+    let reg = UringRegistrar::new(64, false).unwrap();
+    let cfg = CacheConfig {
+        max_count: 64,
+        max_bytes: 1 << 30,
+        monitor: MonitorChoice::Alloc,
+        fork_guard: true,
+    };
+    let cache = Cache::new(reg, cfg).unwrap();
+    for round in 0..50 {
+        let mut v = vec![1u8; 256 << 10];
+        let h = cache
+            .get(v.as_ptr() as usize, v.len(), Access::LOCAL_WRITE)
+            .unwrap();
+        assert!(h.is_valid());
+        if round % 2 == 0 {
+            drop(v); // dealloc
+        } else {
+            v.reserve_exact(1 << 20); // realloc
+        }
+        assert!(
+            !h.is_valid(),
+            "round {round}: the hook must invalidate before the block is released"
+        );
+    }
+    // Small blocks (below the threshold) do not invalidate.
+    let small = vec![1u8; 512];
+    let h = cache
+        .get(small.as_ptr() as usize, small.len(), Access::LOCAL_WRITE)
+        .unwrap();
+    drop(small);
+    assert!(h.is_valid(), "{} byte threshold", AllocMonitor::threshold());
+    let s = cache.stats();
+    assert_eq!(s.invalidations, 50, "{s}");
+    assert_eq!(
+        ALLOCS_INSIDE_DEALLOC.load(Ordering::Relaxed),
+        0,
+        "the hook allocated"
+    );
+}

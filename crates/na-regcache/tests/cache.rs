@@ -1,0 +1,249 @@
+//! Cache behaviour with a real pinning registrar (io_uring fixed buffers):
+//! hits, access compatibility, LRU eviction, limits, uncached fallback,
+//! retry after eviction, validity flags, disabled mode, lock discipline.
+
+mod common;
+
+use std::io;
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+
+use common::sys::{self, PAGE};
+use na_regcache::{Access, Cache, CacheConfig, Error, MonitorChoice, Registrar, UringRegistrar};
+
+const LEN: usize = 4 * PAGE;
+const W: Access = Access::LOCAL_WRITE;
+
+fn cache(monitor: MonitorChoice, max_count: usize, max_bytes: usize, slots: u16) -> Cache<UringRegistrar> {
+    common::require_io_uring();
+    let reg = UringRegistrar::new(slots, false).unwrap();
+    Cache::new(
+        reg,
+        CacheConfig {
+            max_count,
+            max_bytes,
+            monitor,
+            fork_guard: true,
+        },
+    )
+    .unwrap()
+}
+
+fn buffers(n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|_| {
+            let a = sys::map_anon(None, LEN).unwrap();
+            sys::touch(a, LEN, 1);
+            a
+        })
+        .collect()
+}
+
+#[test]
+fn hit_inside_cached_range_and_access_compatibility() {
+    let c = cache(MonitorChoice::None, 16, 1 << 30, 16);
+    let a = buffers(1)[0];
+    let h1 = c.get(a, LEN, W).unwrap();
+    let h2 = c.get(a + PAGE, PAGE, W).unwrap();
+    assert_eq!(h2.region().slot, h1.region().slot, "sub-range is a hit");
+    assert_eq!(c.stats().hits, 1);
+    // Stronger access: a miss that registers the union of rights.
+    let h3 = c.get(a, LEN, W | Access::REMOTE_READ).unwrap();
+    assert_ne!(h3.region().slot, h1.region().slot);
+    assert!(h3.access().contains(W | Access::REMOTE_READ));
+    assert!(!h1.is_cached(), "superseded entry left the cache");
+    assert!(h1.is_valid(), "superseded but still correct");
+    let h4 = c.get(a, PAGE, W).unwrap();
+    assert_eq!(h4.region().slot, h3.region().slot, "weaker access is a hit");
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.entries, s.in_use), (2, 2, 1, 2));
+}
+
+#[test]
+fn overlapping_requests_merge() {
+    let c = cache(MonitorChoice::None, 16, 1 << 30, 16);
+    let a = sys::map_anon(None, 2 * LEN).unwrap();
+    sys::touch(a, 2 * LEN, 1);
+    drop(c.get(a, LEN, W).unwrap());
+    let h = c.get(a + PAGE, LEN, W).unwrap();
+    assert_eq!((h.addr(), h.len()), (a, LEN + PAGE), "union of both ranges");
+    assert_eq!(c.stats().entries, 1);
+}
+
+#[test]
+fn lazy_deregistration_and_lru_eviction() {
+    let c = cache(MonitorChoice::None, 2, 1 << 30, 16);
+    let b = buffers(3);
+    drop(c.get(b[0], LEN, W).unwrap());
+    drop(c.get(b[1], LEN, W).unwrap());
+    assert_eq!(c.stats().entries, 2, "released entries stay cached");
+    drop(c.get(b[0], LEN, W).unwrap()); // b0 most recently used
+    drop(c.get(b[2], LEN, W).unwrap()); // evicts b1
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.evictions, s.entries), (1, 3, 1, 2));
+    drop(c.get(b[0], LEN, W).unwrap());
+    assert_eq!(c.stats().hits, 2, "b0 survived");
+    drop(c.get(b[1], LEN, W).unwrap());
+    assert_eq!(c.stats().misses, 4, "b1 was evicted");
+}
+
+#[test]
+fn byte_limit_and_uncached_fallback() {
+    let c = cache(MonitorChoice::None, 16, 2 * LEN, 16);
+    let b = buffers(3);
+    let h0 = c.get(b[0], LEN, W).unwrap();
+    let h1 = c.get(b[1], LEN, W).unwrap();
+    // Both in use: no room, but still a working registration.
+    let h2 = c.get(b[2], LEN, W).unwrap();
+    assert!(!h2.is_cached());
+    assert!(h0.is_cached() && h1.is_cached());
+    let s = c.stats();
+    assert_eq!((s.uncached, s.entries, s.in_use), (1, 2, 3));
+    assert_eq!(s.bytes_registered, 3 * LEN as u64);
+    drop(h2);
+    assert_eq!(
+        c.stats().bytes_registered,
+        2 * LEN as u64,
+        "uncached registration released"
+    );
+    let big = sys::map_anon(None, 4 * LEN).unwrap();
+    sys::touch(big, 4 * LEN, 1);
+    assert!(
+        !c.get(big, 4 * LEN, W).unwrap().is_cached(),
+        "larger than max_bytes"
+    );
+    drop((h0, h1));
+    assert_eq!(c.stats().in_use, 0);
+}
+
+#[test]
+fn registration_failure_evicts_and_retries_once() {
+    // Two device slots: the third registration fails until idle entries go.
+    let c = cache(MonitorChoice::None, 16, 1 << 30, 2);
+    let b = buffers(3);
+    drop(c.get(b[0], LEN, W).unwrap());
+    drop(c.get(b[1], LEN, W).unwrap());
+    let h = c.get(b[2], LEN, W).unwrap();
+    assert!(h.is_cached());
+    let s = c.stats();
+    assert_eq!((s.register_failures, s.evictions, s.entries), (1, 2, 1));
+    let h2 = c.get(b[0], LEN, W).unwrap();
+    // All slots busy and nothing idle: a clear error.
+    let err = c.get(b[1], LEN, W).unwrap_err();
+    assert!(matches!(err, Error::Register { .. }), "{err}");
+    assert!(err.to_string().contains("registration of"), "{err}");
+    drop((h, h2));
+}
+
+#[test]
+fn invalid_range_is_an_error() {
+    let c = cache(MonitorChoice::None, 4, 1 << 30, 4);
+    assert!(matches!(c.get(0x1000, 0, W), Err(Error::InvalidRange { .. })));
+    assert!(matches!(
+        c.get(usize::MAX - 10, 100, W),
+        Err(Error::InvalidRange { .. })
+    ));
+}
+
+#[test]
+fn disabled_cache_registers_every_time() {
+    let c = cache(MonitorChoice::Disabled, 4, 1 << 30, 4);
+    let a = buffers(1)[0];
+    for _ in 0..3 {
+        assert!(!c.get(a, LEN, W).unwrap().is_cached());
+    }
+    let s = c.stats();
+    assert_eq!((s.uncached, s.hits, s.entries, s.bytes_registered), (3, 0, 0, 0));
+    assert_eq!(c.monitor_name(), "disabled");
+}
+
+#[test]
+fn alloc_monitor_requires_the_global_allocator_hook() {
+    common::require_io_uring();
+    let reg = UringRegistrar::new(1, false).unwrap();
+    let cfg = CacheConfig {
+        monitor: MonitorChoice::Alloc,
+        ..CacheConfig::default()
+    };
+    let err = Cache::new(reg, cfg)
+        .err()
+        .expect("no hook installed in this binary");
+    assert!(matches!(err, Error::AllocHookNotInstalled), "{err}");
+}
+
+#[test]
+fn validity_flag_cleared_by_unmap_and_manual_invalidation() {
+    let c = cache(MonitorChoice::Uffd, 8, 1 << 30, 8);
+    let b = buffers(2);
+    let h = c.get(b[0], LEN, W).unwrap();
+    assert!(h.is_valid() && h.is_valid_now());
+    sys::unmap(b[0], LEN).unwrap();
+    // munmap returned: the synchronous check must already see it.
+    assert!(!h.is_valid_now(), "handle still valid after munmap returned");
+    assert!(!h.is_valid());
+    assert_eq!(c.stats().invalidations, 1);
+    let h2 = c.get(b[1], LEN, W).unwrap();
+    c.invalidate(b[1] + PAGE, 1);
+    assert!(!h2.is_valid());
+    drop(h);
+    drop(h2);
+    assert_eq!(
+        c.stats().bytes_registered,
+        0,
+        "invalidated entries deregistered once released"
+    );
+}
+
+/// A registrar whose deregistration unmaps memory the uffd monitor watches
+/// (as a driver freeing its own buffers might). If the cache deregistered
+/// under its lock, the munmap would wait for the monitor thread, which would
+/// wait for the lock: deadlock.
+struct UnmapOnDeregister {
+    inner: UringRegistrar,
+    victim: Mutex<Option<(usize, usize)>>,
+}
+
+impl Registrar for UnmapOnDeregister {
+    type Region = na_regcache::FixedBuffer;
+    type Error = io::Error;
+    fn register(&self, addr: usize, len: usize, access: Access) -> io::Result<Self::Region> {
+        self.inner.register(addr, len, access)
+    }
+    fn deregister(&self, region: Self::Region) -> io::Result<()> {
+        if let Some((a, l)) = self.victim.lock().unwrap().take() {
+            sys::unmap(a, l)?;
+        }
+        self.inner.deregister(region)
+    }
+}
+
+#[test]
+fn deregistration_never_runs_under_the_monitor_lock() {
+    common::require_io_uring();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let reg = UnmapOnDeregister {
+            inner: UringRegistrar::new(8, false).unwrap(),
+            victim: Mutex::new(None),
+        };
+        let cfg = CacheConfig {
+            max_count: 2,
+            max_bytes: 1 << 30,
+            monitor: MonitorChoice::Uffd,
+            fork_guard: true,
+        };
+        let c = Cache::new(reg, cfg).unwrap();
+        let b = buffers(3);
+        drop(c.get(b[0], LEN, W).unwrap());
+        let keep = c.get(b[1], LEN, W).unwrap();
+        *c.registrar().victim.lock().unwrap() = Some((b[1], LEN));
+        // Evicts b0; its deregistration unmaps b1, which is cached and watched.
+        drop(c.get(b[2], LEN, W).unwrap());
+        tx.send((keep.is_valid_now(), c.stats())).unwrap();
+    });
+    let (valid, stats) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("deadlock: eviction under the lock");
+    assert!(!valid, "unmapped during deregistration: invalid");
+    assert_eq!(stats.evictions, 1, "{stats}");
+}

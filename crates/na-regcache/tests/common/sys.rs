@@ -1,0 +1,237 @@
+//! Raw memory operations the scenarios perform on purpose (all the test
+//! suite's `unsafe` lives here).
+#![allow(unsafe_code, dead_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+pub const PAGE: usize = 4096;
+
+fn check(ptr: *mut libc::c_void) -> io::Result<usize> {
+    if ptr == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ptr as usize)
+    }
+}
+
+/// Anonymous private mapping of `len` bytes, at `at` if given
+/// (`MAP_FIXED_NOREPLACE`: fails instead of clobbering).
+pub fn map_anon(at: Option<usize>, len: usize) -> io::Result<usize> {
+    let (hint, extra) = match at {
+        Some(a) => (a as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; a null
+    // hint lets the kernel choose. No Rust object is affected.
+    let p = unsafe {
+        libc::mmap(
+            hint,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra,
+            -1,
+            0,
+        )
+    };
+    let got = check(p).inspect_err(|_| {
+        if let Some(a) = at {
+            dump_maps_near(a);
+        }
+    })?;
+    if at.is_some_and(|a| a != got) {
+        unmap(got, len)?;
+        return Err(io::Error::from(io::ErrorKind::AddrInUse));
+    }
+    Ok(got)
+}
+
+/// Prints the /proc/self/maps lines around `addr` (diagnostics for EEXIST).
+pub fn dump_maps_near(addr: usize) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    for line in maps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        let mut it = range
+            .split('-')
+            .map(|h| usize::from_str_radix(h, 16).unwrap_or(0));
+        let (s, e) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        if s < addr + (1 << 20) && e + (1 << 20) > addr {
+            eprintln!("maps near {addr:#x}: {line}");
+        }
+    }
+}
+
+/// Anonymous 2 MiB hugetlbfs mapping, at `at` if given (`MAP_FIXED_NOREPLACE`).
+pub fn map_hugetlb(at: Option<usize>, len: usize) -> io::Result<usize> {
+    let (hint, extra) = match at {
+        Some(a) => (a as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE),
+        None => (std::ptr::null_mut(), 0),
+    };
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB | extra;
+    // SAFETY: as map_anon; huge pages come from the reserved pool.
+    let p = unsafe { libc::mmap(hint, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+    let got = check(p)?;
+    if at.is_some_and(|a| a != got) {
+        unmap(got, len)?;
+        return Err(io::Error::from(io::ErrorKind::AddrInUse));
+    }
+    Ok(got)
+}
+
+/// `MAP_FIXED` anonymous mapping over whatever is at `at` (the overlay scenario).
+pub fn map_anon_overlay(at: usize, len: usize) -> io::Result<usize> {
+    // SAFETY: `at` is a mapping the scenario owns; no Rust reference points into it.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut _,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    check(p)
+}
+
+/// Shared mapping of `fd` (a memfd), at `at` if given (`MAP_FIXED_NOREPLACE`).
+pub fn map_shared_fd(at: Option<usize>, len: usize, fd: &OwnedFd) -> io::Result<usize> {
+    let (hint, extra) = match at {
+        Some(a) => (a as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: as map_anon; the descriptor is valid for the call.
+    let p = unsafe {
+        libc::mmap(
+            hint,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | extra,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    let got = check(p)?;
+    if at.is_some_and(|a| a != got) {
+        unmap(got, len)?;
+        return Err(io::Error::from(io::ErrorKind::AddrInUse));
+    }
+    Ok(got)
+}
+
+/// munmap(2) of a range the scenario owns.
+pub fn unmap(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the scenario owns the range and holds no Rust reference into it.
+    if unsafe { libc::munmap(addr as *mut _, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// mremap(2) moving `[from, from+len)` to `to` (MREMAP_MAYMOVE|MREMAP_FIXED).
+pub fn remap_to(from: usize, len: usize, to: usize) -> io::Result<usize> {
+    // SAFETY: both ranges belong to the scenario; `to` is replaced on purpose.
+    let p = unsafe {
+        libc::mremap(
+            from as *mut _,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    check(p)
+}
+
+/// madvise(2) on a range the scenario owns.
+pub fn advise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: the scenario owns the range; the advice may drop its contents,
+    // which no Rust reference observes.
+    if unsafe { libc::madvise(addr as *mut _, len, advice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Writes `byte` to every page of the range (faults pages in).
+pub fn touch(addr: usize, len: usize, byte: u8) {
+    // SAFETY: the range is mapped read-write by the scenario.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, byte, len) };
+}
+
+/// True when every byte of the range equals `byte`.
+pub fn all_equal(addr: usize, len: usize, byte: u8) -> bool {
+    // SAFETY: the range is mapped and readable; read with volatile loads so
+    // the compiler does not assume it unchanged by the kernel's DMA-like write.
+    (0..len).all(|i| unsafe { std::ptr::read_volatile((addr + i) as *const u8) } == byte)
+}
+
+/// A memfd of `len` bytes.
+pub fn memfd(len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"qs-regcache-test".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: new descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain ftruncate on our descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// sbrk(2); returns the previous break.
+pub fn sbrk(delta: isize) -> io::Result<usize> {
+    // SAFETY: the brk scenario runs in its own process and coordinates with
+    // malloc through mallopt (no trimming, large top pad).
+    let p = unsafe { libc::sbrk(delta) };
+    if p as isize == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p as usize)
+}
+
+/// mallopt(3).
+pub fn mallopt(param: libc::c_int, value: libc::c_int) {
+    // SAFETY: plain integer parameters.
+    unsafe { libc::mallopt(param, value) };
+}
+
+/// fork(2); the child runs `child` and `_exit`s with its return value.
+pub fn fork_run(child: impl FnOnce() -> i32) -> io::Result<i32> {
+    // SAFETY: the child only runs `child`, which the scenarios keep to
+    // allocation-free work on state no other thread held, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = child();
+        // SAFETY: _exit skips destructors on purpose (they belong to the parent).
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if libc::WIFEXITED(status) {
+        Ok(libc::WEXITSTATUS(status))
+    } else {
+        Err(io::Error::other(format!("child died: status {status:#x}")))
+    }
+}
+
+/// A page-aligned static buffer (the "static memory" scenario).
+#[repr(C, align(4096))]
+pub struct StaticPages(pub [u8; 4 * PAGE]);
+
+static mut STATIC_PAGES: StaticPages = StaticPages([0; 4 * PAGE]);
+
+/// Address of the static buffer.
+pub fn static_pages() -> usize {
+    // Only the address is taken; no reference to the static mut is created.
+    std::ptr::addr_of_mut!(STATIC_PAGES) as usize
+}
