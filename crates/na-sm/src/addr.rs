@@ -1,0 +1,225 @@
+//! `sm://<pid>-<instance>` addresses and the table of known peers.
+//!
+//! `<pid>` is the owner's process id; `<instance>` is either the name given
+//! in [`SmConfig::name`](crate::SmConfig::name) or a per-process counter
+//! (`0`, `1`, ...). A listening instance's socket is
+//! `<dir>/<pid>-<instance>.sock`, next to `<pid>-<instance>.owner` which
+//! records the owner's pid and start time for [`crate::cleanup_stale`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use na_core::{Addr, PluginId};
+
+use crate::config::check_name;
+use crate::conn::Conn;
+use crate::error::SmError;
+
+/// The parsed form of an `sm://` address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SmName {
+    /// Owner's pid.
+    pub pid: u32,
+    /// Instance part.
+    pub instance: String,
+}
+
+impl SmName {
+    /// Parses `sm://<pid>-<instance>`.
+    pub fn parse(uri: &str) -> Result<Self, SmError> {
+        let bad = |reason: &str| SmError::InvalidAddress {
+            uri: uri.to_owned(),
+            reason: reason.into(),
+        };
+        let rest = uri
+            .strip_prefix("sm://")
+            .ok_or_else(|| bad("expected sm://<pid>-<instance>"))?;
+        Self::parse_key(rest).map_err(|r| bad(&r))
+    }
+
+    /// Parses the `<pid>-<instance>` part.
+    pub fn parse_key(key: &str) -> Result<Self, String> {
+        let (pid, instance) = key
+            .split_once('-')
+            .ok_or_else(|| "expected <pid>-<instance>".to_string())?;
+        let pid: u32 = pid
+            .parse()
+            .ok()
+            .filter(|p| *p > 0 && pid.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| format!("{pid:?} is not a process id"))?;
+        check_name(instance)?;
+        Ok(SmName {
+            pid,
+            instance: instance.to_owned(),
+        })
+    }
+
+    /// `<pid>-<instance>`.
+    pub fn key(&self) -> String {
+        format!("{}-{}", self.pid, self.instance)
+    }
+
+    /// `sm://<pid>-<instance>`.
+    pub fn uri(&self) -> String {
+        format!("sm://{}", self.key())
+    }
+
+    /// The listening socket file in `dir`.
+    pub fn socket_path(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("{}.sock", self.key()))
+    }
+
+    /// The owner file in `dir`.
+    pub fn owner_path(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("{}.owner", self.key()))
+    }
+}
+
+/// A connected (or connecting) peer.
+pub(crate) struct Peer {
+    pub name: SmName,
+    pub addr: Addr,
+    /// Kernel-reported pid (SO_PEERCRED), used for CMA.
+    pub pid: u32,
+    /// Connections to this peer: sends use the first, receives poll all
+    /// (two exist when both sides looked each other up at once, or for self).
+    pub conns: Vec<Conn>,
+}
+
+struct Slot {
+    generation: u32,
+    peer: Option<Peer>,
+}
+
+/// Peers by token: a slot index (low 32 bits) plus a generation (high 32
+/// bits), so an address of a departed peer never reaches its successor.
+#[derive(Default)]
+pub(crate) struct PeerTable {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    by_name: HashMap<String, u64>,
+    /// Connection serial (epoll token) to peer token.
+    by_serial: HashMap<u64, u64>,
+}
+
+fn token(idx: usize, generation: u32) -> u64 {
+    u64::from(generation) << 32 | idx as u64
+}
+
+impl PeerTable {
+    /// Reserves a token and inserts the peer built by `make(token)`.
+    pub fn insert(&mut self, plugin: PluginId, name: SmName, pid: u32, is_self: bool) -> u64 {
+        let idx = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(Slot {
+                generation: 0,
+                peer: None,
+            });
+            self.slots.len() - 1
+        });
+        let slot = &mut self.slots[idx];
+        let tok = token(idx, slot.generation);
+        let addr = Addr::new(name.uri(), plugin, tok, is_self);
+        self.by_name.insert(name.key(), tok);
+        slot.peer = Some(Peer {
+            name,
+            addr,
+            pid,
+            conns: Vec::new(),
+        });
+        tok
+    }
+
+    /// Adds a connection to peer `tok`.
+    pub fn attach(&mut self, tok: u64, conn: Conn) {
+        let serial = conn.serial;
+        if let Some(p) = self.get_mut(tok) {
+            p.conns.push(conn);
+            self.by_serial.insert(serial, tok);
+        }
+    }
+
+    /// The peer with token `tok`, if still present.
+    pub fn get(&self, tok: u64) -> Option<&Peer> {
+        let s = self.slots.get((tok & 0xffff_ffff) as usize)?;
+        if u64::from(s.generation) != tok >> 32 {
+            return None;
+        }
+        s.peer.as_ref()
+    }
+
+    /// Mutable [`get`](Self::get).
+    pub fn get_mut(&mut self, tok: u64) -> Option<&mut Peer> {
+        let s = self.slots.get_mut((tok & 0xffff_ffff) as usize)?;
+        if u64::from(s.generation) != tok >> 32 {
+            return None;
+        }
+        s.peer.as_mut()
+    }
+
+    /// Token of the peer named `key` (`<pid>-<instance>`).
+    pub fn by_name(&self, key: &str) -> Option<u64> {
+        self.by_name.get(key).copied()
+    }
+
+    /// Token of the peer owning connection `serial`.
+    pub fn by_serial(&self, serial: u64) -> Option<u64> {
+        self.by_serial.get(&serial).copied()
+    }
+
+    /// Removes the peer; its slot gets a new generation.
+    pub fn remove(&mut self, tok: u64) -> Option<Peer> {
+        self.get(tok)?;
+        let idx = (tok & 0xffff_ffff) as usize;
+        let slot = &mut self.slots[idx];
+        let peer = slot.peer.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(idx);
+        self.by_name.remove(&peer.name.key());
+        for c in &peer.conns {
+            self.by_serial.remove(&c.serial);
+        }
+        Some(peer)
+    }
+
+    /// Takes the connections of a peer that stays (our self entry).
+    pub fn take_conns(&mut self, tok: u64) -> Option<Vec<Conn>> {
+        let conns = std::mem::take(&mut self.get_mut(tok)?.conns);
+        for c in &conns {
+            self.by_serial.remove(&c.serial);
+        }
+        Some(conns)
+    }
+
+    /// All peers, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Peer> {
+        self.slots.iter_mut().filter_map(|s| s.peer.as_mut())
+    }
+
+    /// All peers.
+    pub fn iter(&self) -> impl Iterator<Item = &Peer> {
+        self.slots.iter().filter_map(|s| s.peer.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_addresses() {
+        let n = SmName::parse("sm://123-srv-a").unwrap();
+        assert_eq!((n.pid, n.instance.as_str()), (123, "srv-a"));
+        assert_eq!(n.uri(), "sm://123-srv-a");
+        for bad in [
+            "sm://",
+            "sm://x-1",
+            "sm://12",
+            "sm://0-1",
+            "sm://+1-a",
+            "tcp://1-a",
+            "sm://1-a/b",
+        ] {
+            assert!(SmName::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The shared-memory layout of one connection and the lock-free protocol on
+//! it. No system calls here: callers decide when to signal.
+//!
+//! # Region layout (one sealed memfd per connection, [`REGION_LEN`] bytes)
+//!
+//! | offset              | contents                                              |
+//! |---------------------|-------------------------------------------------------|
+//! | 0                   | header: magic, version, buffer count and size, pid    |
+//! | 4 KiB × (1 + c)     | control page of channel `c` (0: connector → acceptor, 1: back) |
+//! | 12 KiB + c × 256 KiB| 64 buffers of 4 KiB of channel `c`                    |
+//!
+//! A control page holds, each on its own cache line: the 64-bit **free mask**
+//! (bit set = buffer free; the sender clears, the receiver sets), the
+//! receiver's **rx_waiting** flag (receiver asleep, wants an eventfd write),
+//! the sender's **tx_waiting** flag (sender has a backlog, wants a write when
+//! a buffer is freed); then the **ring**: 64 `AtomicU64` slots.
+//!
+//! A slot is 0 when empty, else `marker:11 | kind:2 | index:6 | len:13 |
+//! tag:32` (high to low). Message `p` (counted privately by both sides) goes
+//! to slot `p % 64` with marker `(p / 64) % 2047 + 1`, so a stale or
+//! replayed slot never looks fresh. The receiver zeroes the slot, then frees
+//! the buffer (release); since every message holds one buffer, a sender that
+//! reserved a buffer always finds its slot empty: no separate ring credits.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::sys::shm::SharedRegion;
+
+/// Buffers per channel (bits of the free mask).
+pub const NUM_BUFS: usize = 64;
+/// Bytes per buffer: the largest message.
+pub const BUF_SIZE: usize = 4096;
+/// Slots per ring.
+pub const RING_SLOTS: usize = 64;
+const PAGE: usize = 4096;
+const CTL_FREE: usize = 0;
+const CTL_RX_WAITING: usize = 64;
+const CTL_TX_WAITING: usize = 128;
+const CTL_RING: usize = 512;
+const BUFS_BASE: usize = 3 * PAGE;
+/// Total region size.
+pub const REGION_LEN: usize = BUFS_BASE + 2 * NUM_BUFS * BUF_SIZE;
+/// First word of the header.
+pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"QSSMRGN1");
+/// Layout version.
+pub const REGION_VERSION: u64 = 1;
+
+/// Kind of a message in a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MsgKind {
+    /// Unexpected message.
+    Unexpected = 1,
+    /// Expected message.
+    Expected = 2,
+}
+
+/// A decoded, validated ring slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Message kind.
+    pub kind: MsgKind,
+    /// Buffer index (< 64).
+    pub index: usize,
+    /// Payload length (<= 4096).
+    pub len: usize,
+    /// Tag.
+    pub tag: u32,
+}
+
+fn marker(pos: u64) -> u64 {
+    (pos / RING_SLOTS as u64) % 2047 + 1
+}
+
+/// Packs a slot for message number `pos`.
+pub fn encode_slot(pos: u64, s: &Slot) -> u64 {
+    marker(pos) << 53
+        | (s.kind as u64) << 51
+        | (s.index as u64) << 45
+        | (s.len as u64) << 32
+        | u64::from(s.tag)
+}
+
+/// Unpacks and validates the slot value `v` read for message number `pos`.
+pub fn decode_slot(pos: u64, v: u64) -> Result<Slot, String> {
+    let m = v >> 53;
+    if m != marker(pos) {
+        return Err(format!(
+            "ring slot {v:#018x} has sequence marker {m}, expected {}",
+            marker(pos)
+        ));
+    }
+    let kind = match (v >> 51) & 3 {
+        1 => MsgKind::Unexpected,
+        2 => MsgKind::Expected,
+        k => return Err(format!("ring slot {v:#018x} has invalid kind {k}")),
+    };
+    let index = ((v >> 45) & 63) as usize;
+    let len = ((v >> 32) & 0x1fff) as usize;
+    if len > BUF_SIZE {
+        return Err(format!("ring slot claims {len} bytes (max {BUF_SIZE})"));
+    }
+    Ok(Slot {
+        kind,
+        index,
+        len,
+        tag: v as u32,
+    })
+}
+
+/// Writes the header and initial free masks of a fresh region.
+pub fn init_region(region: &SharedRegion, creator_pid: u32) {
+    region.atomic(0).store(REGION_MAGIC, Ordering::Relaxed);
+    region.atomic(8).store(REGION_VERSION, Ordering::Relaxed);
+    region.atomic(16).store(NUM_BUFS as u64, Ordering::Relaxed);
+    region.atomic(24).store(BUF_SIZE as u64, Ordering::Relaxed);
+    region.atomic(32).store(u64::from(creator_pid), Ordering::Relaxed);
+    for c in 0..2 {
+        region
+            .atomic(ctl(c) + CTL_FREE)
+            .store(u64::MAX, Ordering::Release);
+    }
+}
+
+/// Checks the header of a region received from a peer.
+pub fn check_region(region: &SharedRegion) -> Result<(), String> {
+    let w = |o| region.atomic(o).load(Ordering::Acquire);
+    if w(0) != REGION_MAGIC {
+        return Err(format!("bad region magic {:#x}", w(0)));
+    }
+    if w(8) != REGION_VERSION || w(16) != NUM_BUFS as u64 || w(24) != BUF_SIZE as u64 {
+        return Err(format!("unsupported region layout v{} {}x{}", w(8), w(16), w(24)));
+    }
+    Ok(())
+}
+
+fn ctl(channel: usize) -> usize {
+    PAGE * (1 + channel)
+}
+
+/// One direction of a connection, seen through the mapping.
+#[derive(Clone, Copy)]
+pub struct Channel<'a> {
+    region: &'a SharedRegion,
+    ctl: usize,
+    bufs: usize,
+}
+
+impl<'a> Channel<'a> {
+    /// Channel `c` (0 or 1) of `region`.
+    pub fn new(region: &'a SharedRegion, c: usize) -> Self {
+        assert!(c < 2);
+        Channel {
+            region,
+            ctl: ctl(c),
+            bufs: BUFS_BASE + c * NUM_BUFS * BUF_SIZE,
+        }
+    }
+
+    fn free(&self) -> &'a AtomicU64 {
+        self.region.atomic(self.ctl + CTL_FREE)
+    }
+
+    fn slot(&self, pos: u64) -> &'a AtomicU64 {
+        self.region
+            .atomic(self.ctl + CTL_RING + (pos as usize % RING_SLOTS) * 8)
+    }
+
+    /// The receiver's sleep flag.
+    pub fn rx_waiting(&self) -> &'a AtomicU64 {
+        self.region.atomic(self.ctl + CTL_RX_WAITING)
+    }
+
+    /// The sender's backlog flag.
+    pub fn tx_waiting(&self) -> &'a AtomicU64 {
+        self.region.atomic(self.ctl + CTL_TX_WAITING)
+    }
+
+    /// Sender: true if a buffer is free.
+    pub fn has_free_buffer(&self) -> bool {
+        self.free().load(Ordering::Acquire) != 0
+    }
+
+    /// Sender: publishes message number `*pos` if a buffer is free; false if
+    /// none is (the caller queues it). `data.len()` must be <= BUF_SIZE.
+    pub fn try_send(&self, pos: &mut u64, kind: MsgKind, tag: u32, data: &[u8]) -> bool {
+        debug_assert!(data.len() <= BUF_SIZE);
+        let free = self.free();
+        let mask = free.load(Ordering::Acquire);
+        if mask == 0 {
+            return false;
+        }
+        let index = mask.trailing_zeros() as usize;
+        // Only we clear bits, so the bit is still set; Acquire pairs with the
+        // receiver's release of this buffer (its reads and slot reset).
+        free.fetch_and(!(1u64 << index), Ordering::Acquire);
+        self.region.write(self.bufs + index * BUF_SIZE, data);
+        let slot = Slot {
+            kind,
+            index,
+            len: data.len(),
+            tag,
+        };
+        // SeqCst: with the receiver's SeqCst store of rx_waiting and load of
+        // this slot in `arm_receiver`, and our SeqCst load of rx_waiting,
+        // one side must see the other's write (store-buffering litmus).
+        self.slot(*pos).store(encode_slot(*pos, &slot), Ordering::SeqCst);
+        *pos += 1;
+        true
+    }
+
+    /// Sender, after publishing: true if the receiver is asleep and must be
+    /// woken (consumes its flag, so one wake-up per sleep).
+    pub fn receiver_needs_wake(&self) -> bool {
+        let w = self.rx_waiting();
+        w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::Relaxed) != 0
+    }
+
+    /// Receiver: the message at `pos`, if one is published. Errors describe a
+    /// protocol violation by the sender.
+    pub fn peek(&self, pos: u64) -> Result<Option<Slot>, String> {
+        let v = self.slot(pos).load(Ordering::Acquire);
+        if v == 0 {
+            return Ok(None);
+        }
+        decode_slot(pos, v).map(Some)
+    }
+
+    /// Receiver: copies the payload of `s` into `dst` (replacing it).
+    pub fn read_payload(&self, s: &Slot, dst: &mut Vec<u8>) {
+        dst.clear();
+        dst.resize(s.len, 0);
+        self.region.read(self.bufs + s.index * BUF_SIZE, dst);
+    }
+
+    /// Receiver: retires message `*pos` and frees its buffer. Fails if the
+    /// buffer was not reserved (its free bit was already set): the sender
+    /// broke the protocol. One atomic RMW both frees and validates, so the
+    /// contended mask line moves once per message.
+    pub fn release(&self, pos: &mut u64, s: &Slot) -> Result<(), String> {
+        self.slot(*pos).store(0, Ordering::Relaxed);
+        let old = self.free().fetch_or(1 << s.index, Ordering::SeqCst);
+        *pos += 1;
+        if old & (1 << s.index) != 0 {
+            return Err(format!(
+                "message {} used buffer {} that the sender had not reserved",
+                *pos - 1,
+                s.index
+            ));
+        }
+        Ok(())
+    }
+
+    /// Receiver, after releasing buffers: true if the sender waits for a
+    /// free buffer and must be woken (consumes its flag).
+    pub fn sender_needs_wake(&self) -> bool {
+        let w = self.tx_waiting();
+        w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::Relaxed) != 0
+    }
+
+    /// Receiver going to sleep: raises rx_waiting, then re-checks the ring.
+    /// Returns false (and lowers the flag) if a message is already there.
+    /// Pairs with [`receiver_needs_wake`](Self::receiver_needs_wake): the
+    /// flag store, the slot load, the sender's slot store and its flag load
+    /// are all SeqCst, so either we see the slot or the sender sees the flag.
+    /// (The free-mask RMW, `tx_waiting` and `arm_sender` pair the same way.)
+    pub fn arm_receiver(&self, pos: u64) -> bool {
+        self.rx_waiting().store(1, Ordering::SeqCst);
+        if self.slot(pos).load(Ordering::SeqCst) != 0 {
+            self.rx_waiting().store(0, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Sender with a backlog going to sleep: raises tx_waiting, re-checks
+    /// the free mask; false if a buffer is already free.
+    pub fn arm_sender(&self) -> bool {
+        self.tx_waiting().store(1, Ordering::SeqCst);
+        if self.free().load(Ordering::SeqCst) != 0 {
+            self.tx_waiting().store(0, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+}
+
+/// Test hook: overwrites both channels' control pages and buffers with
+/// pseudo-random bytes from `seed` (header left intact).
+pub fn scribble(region: &SharedRegion, seed: u64) {
+    let mut x = seed | 1;
+    let mut page = vec![0u8; PAGE];
+    let mut off = PAGE;
+    while off < region.len() {
+        for chunk in page.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes());
+        }
+        region.write(off, &page);
+        off += PAGE;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! Plugin configuration and the socket directory.
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{SmError, SmResult};
+
+/// Environment variable that overrides the default socket directory.
+pub const SOCKET_DIR_ENV: &str = "QS_SM_DIR";
+
+/// Longest instance name accepted in `sm://<name>` and in addresses.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// How an [`SmPlugin`](crate::SmPlugin) is set up. Start from
+/// [`SmConfig::default`] (client-only, default directory) and change fields.
+#[derive(Clone, Debug)]
+pub struct SmConfig {
+    /// Create a listening socket so that peers can look us up.
+    pub listen: bool,
+    /// Socket directory; `None`: `$QS_SM_DIR`, else `/tmp/qs-sm-<uid>`.
+    pub dir: Option<PathBuf>,
+    /// Instance name (`sm://<pid>-<name>`); `None`: a per-process counter.
+    pub name: Option<String>,
+    /// Remove stale files of dead processes from the directory when a
+    /// listening instance starts (see [`crate::cleanup_stale`]).
+    pub cleanup_on_start: bool,
+    /// Let same-uid processes use CMA on us under Yama `ptrace_scope` 1
+    /// (`prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`).
+    pub allow_any_ptracer: bool,
+    /// How long an accepted connection may take to send its hello.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for SmConfig {
+    fn default() -> Self {
+        SmConfig {
+            listen: false,
+            dir: None,
+            name: None,
+            cleanup_on_start: true,
+            allow_any_ptracer: true,
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl SmConfig {
+    /// A listening configuration with defaults otherwise.
+    pub fn listening() -> Self {
+        SmConfig {
+            listen: true,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the socket directory.
+    pub fn with_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// Sets the instance name.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The socket directory this configuration uses (not created).
+    pub fn resolve_dir(&self) -> SmResult<PathBuf> {
+        if let Some(d) = &self.dir {
+            return Ok(d.clone());
+        }
+        default_dir()
+    }
+}
+
+/// `$QS_SM_DIR` if set (must be valid UTF-8, non-empty and absolute), else
+/// `/tmp/qs-sm-<uid>`.
+pub fn default_dir() -> SmResult<PathBuf> {
+    let bad = |value: String, reason: &str| SmError::Config {
+        name: SOCKET_DIR_ENV.into(),
+        value,
+        reason: reason.into(),
+    };
+    match std::env::var(SOCKET_DIR_ENV) {
+        Ok(v) if v.is_empty() => Err(bad(v, "empty; unset it or give an absolute directory")),
+        Ok(v) if !Path::new(&v).is_absolute() => Err(bad(v, "must be an absolute path")),
+        Ok(v) => Ok(PathBuf::from(v)),
+        Err(std::env::VarError::NotPresent) => {
+            Ok(PathBuf::from(format!("/tmp/qs-sm-{}", crate::sys::proc::uid())))
+        }
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8"))
+        }
+    }
+}
+
+/// Checks an instance name: 1 to 64 of `[A-Za-z0-9_.-]`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!("instance name must have 1 to {MAX_NAME_LEN} characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+    {
+        return Err("instance name may only contain A-Z a-z 0-9 _ . -".into());
+    }
+    Ok(())
+}
+
+/// Creates `dir` with mode 0700 if missing (parents as needed), and checks
+/// that it is a directory owned by us that nobody else can enter.
+pub fn ensure_dir(dir: &Path) -> SmResult<()> {
+    let err = |source| SmError::SocketDir {
+        path: dir.to_owned(),
+        source,
+    };
+    if let Some(parent) = dir.parent() {
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            std::fs::create_dir_all(parent).map_err(err)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(e)),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(err)?;
+    let insecure = |reason: String| SmError::InsecureDir {
+        path: dir.to_owned(),
+        reason,
+    };
+    if !meta.is_dir() {
+        return Err(insecure("not a directory (or a symlink)".into()));
+    }
+    if meta.uid() != crate::sys::proc::uid() {
+        return Err(insecure(format!(
+            "owned by uid {}, we are uid {}",
+            meta.uid(),
+            crate::sys::proc::uid()
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(insecure(format!(
+            "mode {mode:o} lets others in; expected 700 (chmod 700 it)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(check_name("srv-1.a_b").is_ok());
+        assert!(check_name("").is_err());
+        assert!(check_name("a/b").is_err());
+        assert!(check_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn dir_checks() {
+        let base = std::env::temp_dir().join(format!("qs-sm-cfg-test-{}", std::process::id()));
+        let d = base.join("sock");
+        ensure_dir(&d).unwrap();
+        ensure_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = ensure_dir(&d).unwrap_err();
+        assert!(e.to_string().contains("chmod 700"), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

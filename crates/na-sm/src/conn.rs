@@ -1,0 +1,173 @@
+//! One connection: its socket, shared region, wake-up eventfds and send
+//! backlog; and the connection handshake.
+//!
+//! # Handshake
+//! 1. The connector connects to the listener's socket and checks the
+//!    listener with `SO_PEERCRED` (same uid, pid of the address).
+//! 2. It creates the region (a sealed memfd), initializes it, creates the
+//!    eventfd on which *it* will be woken for this connection, and sends
+//!    [`Hello`] with both descriptors (`SCM_RIGHTS`). It may start sending
+//!    into the region at once.
+//! 3. The acceptor checks `SO_PEERCRED` (same uid; the pid in the hello's
+//!    name must be the kernel's), the hello bytes, the region's seals, size
+//!    and header, and that the second descriptor is an eventfd; then it
+//!    answers [`ACK_MAGIC`] with its own eventfd for this connection.
+//! 4. The socket stays open: end-of-file on it means the peer is gone.
+
+use std::collections::VecDeque;
+use std::os::unix::net::UnixStream;
+
+use na_core::{OpId, Tag};
+
+use crate::channel::{Channel, MsgKind};
+use crate::sys::eventfd::EventFd;
+use crate::sys::shm::SharedRegion;
+
+/// First bytes of a hello.
+pub const HELLO_MAGIC: [u8; 8] = *b"QSSMHELO";
+/// First bytes of the acknowledgement.
+pub const ACK_MAGIC: [u8; 8] = *b"QSSMACK1";
+/// Handshake protocol version.
+pub const PROTO_VERSION: u32 = 1;
+/// Bytes of an acknowledgement.
+pub const ACK_LEN: usize = 16;
+/// Largest hello.
+pub const MAX_HELLO: usize = 16 + crate::config::MAX_NAME_LEN + 16;
+
+/// Which end of the connection we are: decides the channel we send on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// We connected and created the region: we send on channel 0.
+    Connector,
+    /// We accepted: we send on channel 1.
+    Acceptor,
+}
+
+/// A send waiting for a free buffer.
+pub(crate) struct QueuedSend {
+    pub op: OpId,
+    pub kind: MsgKind,
+    pub tag: Tag,
+    pub data: Vec<u8>,
+}
+
+/// An established (or, for the connector, awaiting-ack) connection.
+pub(crate) struct Conn {
+    /// Never reused; epoll token of the socket (and, with WAKE_BIT, of the
+    /// eventfd).
+    pub serial: u64,
+    pub sock: UnixStream,
+    pub region: SharedRegion,
+    pub role: Role,
+    /// Number of the next message we send / expect.
+    pub tx_pos: u64,
+    pub rx_pos: u64,
+    /// The eventfd the peer writes to wake us (in our epoll).
+    pub my_wake: EventFd,
+    /// The eventfd we write to wake the peer (connector: after the ack).
+    pub peer_wake: Option<EventFd>,
+    /// A wake-up was due before the ack brought `peer_wake`.
+    pub wake_owed: bool,
+    /// We raised the tx_waiting / rx_waiting flags in `try_wait`.
+    pub armed: bool,
+    pub backlog: VecDeque<QueuedSend>,
+}
+
+impl Conn {
+    /// The channel we send on.
+    pub fn tx(&self) -> Channel<'_> {
+        Channel::new(&self.region, if self.role == Role::Connector { 0 } else { 1 })
+    }
+
+    /// The channel we receive on.
+    pub fn rx(&self) -> Channel<'_> {
+        Channel::new(&self.region, if self.role == Role::Connector { 1 } else { 0 })
+    }
+
+    /// Wakes the peer; `Ok(true)` if an eventfd write was made.
+    pub fn wake_peer(&mut self) -> std::io::Result<bool> {
+        match &self.peer_wake {
+            Some(e) => e.signal().map(|()| true),
+            None => {
+                self.wake_owed = true;
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// The connector's first message.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// `<pid>-<instance>` of the connector.
+    pub name: String,
+}
+
+/// Encodes a hello: magic, version (u32 LE), name length (u16 LE), name.
+pub fn encode_hello(name: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(14 + name.len());
+    v.extend_from_slice(&HELLO_MAGIC);
+    v.extend_from_slice(&PROTO_VERSION.to_le_bytes());
+    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    v.extend_from_slice(name.as_bytes());
+    v
+}
+
+/// Decodes and checks a hello.
+pub fn decode_hello(b: &[u8]) -> Result<Hello, String> {
+    if b.len() < 14 || b[..8] != HELLO_MAGIC {
+        return Err(format!("not an sm hello ({} bytes)", b.len()));
+    }
+    let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if version != PROTO_VERSION {
+        return Err(format!("protocol version {version}, we speak {PROTO_VERSION}"));
+    }
+    let n = u16::from_le_bytes([b[12], b[13]]) as usize;
+    if b.len() != 14 + n {
+        return Err(format!("hello of {} bytes announces a {n}-byte name", b.len()));
+    }
+    let name = std::str::from_utf8(&b[14..]).map_err(|_| "name is not UTF-8".to_string())?;
+    crate::addr::SmName::parse_key(name)?;
+    Ok(Hello {
+        name: name.to_owned(),
+    })
+}
+
+/// Encodes the acknowledgement: magic, version, status 0.
+pub fn encode_ack() -> [u8; ACK_LEN] {
+    let mut a = [0u8; ACK_LEN];
+    a[..8].copy_from_slice(&ACK_MAGIC);
+    a[8..12].copy_from_slice(&PROTO_VERSION.to_le_bytes());
+    a
+}
+
+/// Checks an acknowledgement.
+pub fn check_ack(b: &[u8]) -> Result<(), String> {
+    if b.len() != ACK_LEN || b[..8] != ACK_MAGIC {
+        return Err(format!("not an sm acknowledgement ({} bytes)", b.len()));
+    }
+    if b[8..12] != PROTO_VERSION.to_le_bytes() || b[12..16] != [0; 4] {
+        return Err("acknowledgement with another version or a refusal".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_and_ack() {
+        let h = encode_hello("12-a");
+        assert_eq!(decode_hello(&h).unwrap().name, "12-a");
+        for cut in 0..h.len() {
+            assert!(decode_hello(&h[..cut]).is_err());
+        }
+        let mut bad = h.clone();
+        bad[8] = 9;
+        assert!(decode_hello(&bad).is_err());
+        assert!(decode_hello(&encode_hello("x-a")).is_err());
+        check_ack(&encode_ack()).unwrap();
+        assert!(check_ack(&encode_ack()[..15]).is_err());
+    }
+}

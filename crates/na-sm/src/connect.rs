@@ -1,0 +1,303 @@
+//! Lookup, connection set-up and the accept side of the handshake (see
+//! [`crate::conn`] for the protocol).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Instant;
+
+use na_core::{Addr, NaError, Result};
+
+use crate::addr::SmName;
+use crate::channel::{check_region, init_region, REGION_LEN};
+use crate::conn::{check_ack, decode_hello, encode_ack, encode_hello, Conn, Role, ACK_LEN, MAX_HELLO};
+use crate::error::{SmError, SmResult};
+use crate::plugin::{PendingAccept, SmPlugin, WAKE_BIT};
+use crate::sys::eventfd::EventFd;
+use crate::sys::shm::SharedRegion;
+use crate::sys::socket::{peer_cred, recv_with_fds, send_with_fds};
+
+fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
+    let why = match e.raw_os_error() {
+        Some(libc::ENOENT) => format!(
+            "no socket {}: is the peer running and listening, with the same socket directory ({})?",
+            path.display(),
+            crate::config::SOCKET_DIR_ENV
+        ),
+        Some(libc::ECONNREFUSED) => {
+            format!(
+                "{} exists but nobody listens (stale file; run qs-sm-cleanup)",
+                path.display()
+            )
+        }
+        _ => format!("connecting to {}: {e}", path.display()),
+    };
+    io::Error::new(e.kind(), why)
+}
+
+impl SmPlugin {
+    /// Resolves `uri`, connecting if it names a peer we have no connection
+    /// to. Returns as soon as the hello is sent: the acknowledgement is
+    /// processed by `progress`, and sends may start at once.
+    pub(crate) fn lookup_uri(&mut self, uri: &str) -> SmResult<Addr> {
+        let name = SmName::parse(uri)?;
+        if let Some(tok) = self.peers.by_name(&name.key()) {
+            if let Some(p) = self.peers.get(tok) {
+                if tok != self.self_tok || !p.conns.is_empty() || self.listener.is_none() {
+                    return Ok(p.addr.clone());
+                }
+            }
+        }
+        self.connect(&name)
+    }
+
+    /// Connects to the self address on first use (a listening instance
+    /// talks to itself through a connection to its own socket).
+    pub(crate) fn ensure_connected(&mut self, dest: &Addr) -> Result<()> {
+        if dest.token() == self.self_tok && self.peers.get(self.self_tok).is_some_and(|p| p.conns.is_empty())
+        {
+            if self.listener.is_none() {
+                return Err(NaError::Unsupported {
+                    plugin: "sm",
+                    op: "messages to self on a non-listening instance",
+                });
+            }
+            let name = self.name.clone();
+            self.connect(&name)?;
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self, name: &SmName) -> SmResult<Addr> {
+        let uri = name.uri();
+        let path = name.socket_path(&self.dir);
+        let lookup_err = |source| SmError::Lookup {
+            uri: uri.clone(),
+            source,
+        };
+        let sock = UnixStream::connect(&path).map_err(|e| lookup_err(hint(e, &path)))?;
+        let handshake = |reason: String| SmError::Handshake {
+            peer: uri.clone(),
+            reason,
+        };
+        let cred = peer_cred(sock.as_fd()).map_err(|e| SmError::sys("getsockopt(SO_PEERCRED)", e))?;
+        if cred.uid != self.uid {
+            return Err(handshake(format!(
+                "listener runs as uid {}, we are uid {}",
+                cred.uid, self.uid
+            )));
+        }
+        if cred.pid != name.pid {
+            return Err(handshake(format!(
+                "listener is pid {}, the address says {}",
+                cred.pid, name.pid
+            )));
+        }
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let region = SharedRegion::create(&format!("qs-sm-{}-{serial}", self.name.key()), REGION_LEN)
+            .map_err(|e| SmError::sys("memfd_create/mmap of the connection region", e))?;
+        init_region(&region, self.name.pid);
+        let my_wake = EventFd::new().map_err(|e| SmError::sys("eventfd", e))?;
+        let hello = encode_hello(&self.name.key());
+        let fds = [region.as_fd().as_raw_fd(), my_wake.as_raw_fd()];
+        let n = send_with_fds(sock.as_fd(), &hello, &fds)
+            .map_err(|e| handshake(format!("sending hello: {e}")))?;
+        if n != hello.len() {
+            return Err(handshake(format!(
+                "hello cut short ({n} of {} bytes)",
+                hello.len()
+            )));
+        }
+        sock.set_nonblocking(true)
+            .map_err(|e| SmError::sys("fcntl(O_NONBLOCK)", e))?;
+        self.poll_add(sock.as_raw_fd(), serial)?;
+        self.poll_add(my_wake.as_raw_fd(), serial | WAKE_BIT)?;
+        let conn = Conn {
+            serial,
+            sock,
+            region,
+            role: Role::Connector,
+            tx_pos: 0,
+            rx_pos: 0,
+            my_wake,
+            peer_wake: None,
+            wake_owed: false,
+            armed: false,
+            backlog: VecDeque::new(),
+        };
+        let tok = match self.peers.by_name(&name.key()) {
+            Some(t) => t,
+            None => self.peers.insert(self.id, name.clone(), cred.pid, false),
+        };
+        self.peers.attach(tok, conn);
+        self.awaiting_ack += 1;
+        tracing::info!(peer = %uri, pid = cred.pid, serial, "sm connect");
+        self.peers
+            .get(tok)
+            .map(|p| p.addr.clone())
+            .ok_or_else(|| handshake("peer entry vanished during connect".into()))
+    }
+
+    fn poll_add(&self, fd: i32, token: u64) -> SmResult<()> {
+        self.poll
+            .add(fd, token)
+            .map_err(|e| SmError::sys("epoll_ctl add", e))
+    }
+
+    /// Accepts every waiting connection (listener readable).
+    pub(crate) fn accept_ready(&mut self) {
+        let Some(listener) = &self.listener else { return };
+        loop {
+            let sock = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "sm accept failed");
+                    return;
+                }
+            };
+            let cred = match peer_cred(sock.as_fd()) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "SO_PEERCRED failed; dropping connection");
+                    continue;
+                }
+            };
+            if cred.uid != self.uid {
+                self.stats.protocol_errors += 1;
+                tracing::warn!(
+                    uid = cred.uid,
+                    pid = cred.pid,
+                    "refusing sm connection from another uid"
+                );
+                continue;
+            }
+            let serial = self.next_serial;
+            self.next_serial += 1;
+            if sock.set_nonblocking(true).is_err() || self.poll_add(sock.as_raw_fd(), serial).is_err() {
+                continue;
+            }
+            let deadline = Instant::now() + self.cfg.handshake_timeout;
+            self.pending
+                .insert(serial, PendingAccept { sock, cred, deadline });
+        }
+    }
+
+    /// An accepted socket is readable: take the hello, or drop the socket.
+    pub(crate) fn handle_hello(&mut self, serial: u64) {
+        let Some(p) = self.pending.get(&serial) else {
+            return;
+        };
+        let mut buf = [0u8; MAX_HELLO];
+        let r = match recv_with_fds(p.sock.as_fd(), &mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            r => r,
+        };
+        let Some(p) = self.pending.remove(&serial) else {
+            return;
+        };
+        let _ = self.poll.delete(p.sock.as_raw_fd());
+        let peer = format!("pid {}", p.cred.pid);
+        match self.accept_hello(serial, p, r, &buf) {
+            Ok(uri) => tracing::info!(peer = %uri, serial, "sm accept"),
+            Err(reason) => {
+                self.stats.protocol_errors += 1;
+                tracing::warn!(peer = %peer, %reason, "sm handshake refused");
+            }
+        }
+    }
+
+    fn accept_hello(
+        &mut self,
+        serial: u64,
+        p: PendingAccept,
+        r: io::Result<crate::sys::socket::Received>,
+        buf: &[u8],
+    ) -> std::result::Result<String, String> {
+        let mut r = r.map_err(|e| format!("reading hello: {e}"))?;
+        if r.len == 0 {
+            return Err("closed before its hello".into());
+        }
+        if r.fds_truncated || r.fds.len() != 2 {
+            return Err(format!("hello carries {} descriptors, expected 2", r.fds.len()));
+        }
+        let hello = decode_hello(&buf[..r.len.min(buf.len())])?;
+        let name = SmName::parse_key(&hello.name)?;
+        if name.pid != p.cred.pid {
+            return Err(format!(
+                "hello claims pid {}, kernel says {}",
+                name.pid, p.cred.pid
+            ));
+        }
+        let wake_fd = r.fds.pop().ok_or("missing eventfd")?;
+        let region_fd = r.fds.pop().ok_or("missing region")?;
+        let region = SharedRegion::from_peer(region_fd, REGION_LEN).map_err(|e| format!("region: {e}"))?;
+        check_region(&region)?;
+        let peer_wake = EventFd::from_peer(wake_fd).map_err(|e| format!("wake-up fd: {e}"))?;
+        let my_wake = EventFd::new().map_err(|e| format!("eventfd: {e}"))?;
+        let ack = encode_ack();
+        match send_with_fds(p.sock.as_fd(), &ack, &[my_wake.as_raw_fd()]) {
+            Ok(n) if n == ACK_LEN => {}
+            Ok(n) => return Err(format!("acknowledgement cut short ({n} bytes)")),
+            Err(e) => return Err(format!("sending acknowledgement: {e}")),
+        }
+        self.poll_add(p.sock.as_raw_fd(), serial)
+            .map_err(|e| e.to_string())?;
+        self.poll_add(my_wake.as_raw_fd(), serial | WAKE_BIT)
+            .map_err(|e| e.to_string())?;
+        let conn = Conn {
+            serial,
+            sock: p.sock,
+            region,
+            role: Role::Acceptor,
+            tx_pos: 0,
+            rx_pos: 0,
+            my_wake,
+            peer_wake: Some(peer_wake),
+            wake_owed: false,
+            armed: false,
+            backlog: VecDeque::new(),
+        };
+        let tok = match self.peers.by_name(&name.key()) {
+            Some(t) => t,
+            None => self.peers.insert(self.id, name.clone(), p.cred.pid, false),
+        };
+        self.peers.attach(tok, conn);
+        Ok(name.uri())
+    }
+
+    /// A connector-side socket is readable before the acknowledgement.
+    /// Returns an error reason if the handshake failed.
+    pub(crate) fn handle_ack(&mut self, tok: u64, ci: usize) -> std::result::Result<(), String> {
+        let Some(conn) = self.peers.get_mut(tok).and_then(|p| p.conns.get_mut(ci)) else {
+            return Ok(());
+        };
+        let mut buf = [0u8; ACK_LEN + 16];
+        let mut r = match recv_with_fds(conn.sock.as_fd(), &mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(format!("reading acknowledgement: {e}")),
+            Ok(r) => r,
+        };
+        self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
+        if r.len == 0 {
+            return Err("closed the connection instead of acknowledging".into());
+        }
+        check_ack(&buf[..r.len])?;
+        if r.fds_truncated || r.fds.len() != 1 {
+            return Err(format!(
+                "acknowledgement carries {} descriptors, expected 1",
+                r.fds.len()
+            ));
+        }
+        let fd = r.fds.pop().ok_or("missing eventfd")?;
+        let wake = EventFd::from_peer(fd).map_err(|e| format!("wake-up fd: {e}"))?;
+        conn.peer_wake = Some(wake);
+        if std::mem::take(&mut conn.wake_owed) {
+            conn.wake_peer().map_err(|e| format!("waking: {e}"))?;
+            self.stats.signals_sent += 1;
+        }
+        Ok(())
+    }
+}

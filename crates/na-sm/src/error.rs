@@ -1,0 +1,160 @@
+//! The one error type of `na-sm`, and its mapping onto [`NaError`].
+
+use std::io;
+use std::path::PathBuf;
+
+use na_core::NaError;
+
+/// Everything that can go wrong in the shared-memory plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum SmError {
+    /// A configuration value (field or environment variable) is invalid.
+    #[error("invalid configuration {name}={value:?}: {reason}")]
+    Config {
+        /// The field or environment variable.
+        name: String,
+        /// The value given.
+        value: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The socket directory could not be created or inspected.
+    #[error("socket directory {path}: {source}")]
+    SocketDir {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The socket directory exists but others could use it.
+    #[error("socket directory {path} is unsafe: {reason}")]
+    InsecureDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong (owner, mode).
+        reason: String,
+    },
+    /// Creating the listening socket (or its owner file) failed.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A system call the plugin needs failed.
+    #[error("{op} failed: {source}")]
+    Sys {
+        /// The operation.
+        op: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+    /// An address string is not `sm://<pid>-<instance>`.
+    #[error("invalid sm address {uri:?}: {reason}")]
+    InvalidAddress {
+        /// The string.
+        uri: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Connecting to a peer failed.
+    #[error("lookup of {uri} failed: {source}")]
+    Lookup {
+        /// The address.
+        uri: String,
+        /// The underlying error, with a hint in its message.
+        #[source]
+        source: io::Error,
+    },
+    /// The connection handshake was refused or malformed.
+    #[error("handshake with {peer} failed: {reason}")]
+    Handshake {
+        /// The peer (address or socket credentials).
+        peer: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A peer wrote invalid data into shared memory or onto its socket.
+    #[error("protocol violation by {peer}: {reason}")]
+    Protocol {
+        /// The peer.
+        peer: String,
+        /// What it did.
+        reason: String,
+    },
+    /// The peer is gone.
+    #[error("peer {peer} disconnected: {reason}")]
+    PeerGone {
+        /// The peer.
+        peer: String,
+        /// How we found out.
+        reason: String,
+    },
+    /// A cross-memory-attach transfer failed.
+    #[error("RMA {op} of {len} bytes to {peer} failed: {source}")]
+    Rma {
+        /// `put` or `get`.
+        op: &'static str,
+        /// Transfer length.
+        len: u64,
+        /// The peer.
+        peer: String,
+        /// The kernel's error (with a hint for EPERM).
+        #[source]
+        source: io::Error,
+    },
+    /// Removing a stale file failed.
+    #[error("cleanup of {path} failed: {source}")]
+    Cleanup {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SmError {
+    pub(crate) fn sys(op: &'static str, source: io::Error) -> Self {
+        SmError::Sys { op, source }
+    }
+}
+
+impl From<SmError> for NaError {
+    fn from(e: SmError) -> Self {
+        match e {
+            SmError::Config { name, value, reason } => NaError::Config { name, value, reason },
+            SmError::InvalidAddress { uri, reason } => NaError::InvalidAddress { uri, reason },
+            SmError::Lookup { uri, source } => NaError::Lookup { uri, source },
+            SmError::Handshake { peer, reason } => NaError::Handshake { uri: peer, reason },
+            SmError::Protocol { peer, reason } => NaError::Protocol { peer, reason },
+            SmError::PeerGone { peer, reason } => NaError::PeerGone { peer, reason },
+            SmError::Rma {
+                op,
+                len,
+                peer,
+                source,
+            } => NaError::Rma {
+                op,
+                len,
+                peer,
+                source,
+            },
+            SmError::Sys { op, source } => NaError::Sys { op, source },
+            e @ (SmError::SocketDir { .. }
+            | SmError::InsecureDir { .. }
+            | SmError::Listen { .. }
+            | SmError::Cleanup { .. }) => NaError::Plugin {
+                plugin: "sm",
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type SmResult<T> = std::result::Result<T, SmError>;

@@ -1,0 +1,112 @@
+//! # na-sm: the shared-memory NA plugin
+//!
+//! Moves messages between processes of one host through shared memory and
+//! RMA data through cross-memory attach (`process_vm_readv`/`writev`),
+//! sleeping on file descriptors so that one [`na_core::Endpoint`] poll set
+//! drives it with other transports. No internal threads.
+//!
+//! ## Addresses
+//! `sm://<pid>-<instance>`: the owner's pid and an instance part, either a
+//! per-process counter (`sm://4242-0`) or a name (`sm://4242-srv`, from
+//! [`SmConfig::name`] or the factory spec `sm://srv`). A listening instance
+//! binds `<dir>/<pid>-<instance>.sock`, where `<dir>` is
+//! [`SmConfig::dir`], else `$QS_SM_DIR`, else `/tmp/qs-sm-<uid>` (created
+//! 0700; refused if others can enter it). Client-only instances have an
+//! address too (peers see it as the source of messages) but no socket.
+//!
+//! ## Connections and the handshake
+//! Each (connector, acceptor) pair has its **own** shared region, so a
+//! hostile or buggy peer can only corrupt its own connection. The connector
+//! creates the region as a **sealed memfd** (no name: a crash leaves nothing
+//! to clean; size-sealed: the creator cannot truncate it under the
+//! acceptor's mapping to raise `SIGBUS`; this replaces named
+//! `shm_open` objects). It passes the memfd and its eventfd over the UNIX
+//! socket with `SCM_RIGHTS`; the acceptor checks `SO_PEERCRED` (same uid,
+//! and the kernel's pid is the one in the hello's address), the region's
+//! seals, size and header, and that the fd is an eventfd, then answers with
+//! its own eventfd. Lookup does not wait for the answer: sends may start at
+//! once, so two instances in one thread (or a self-lookup) cannot deadlock.
+//! The socket stays open; end of file on it means the peer died. See
+//! [`conn`] for the bytes.
+//!
+//! ## Region layout
+//! A header page, one control page per direction, then 64 buffers of 4 KiB
+//! per direction (see [`channel`]). A control page has, each on its own
+//! cache line: the free-buffer mask (one `AtomicU64`; the sender reserves
+//! with `fetch_and`, the receiver frees with `fetch_or`), the receiver's
+//! `rx_waiting` flag, the sender's `tx_waiting` flag; then a ring of 64
+//! `AtomicU64` slots each packing a sequence marker, kind, buffer index,
+//! length and tag. The receiver polls the slot itself (no shared tail), and
+//! since every message holds a buffer, a reserved buffer implies a free slot.
+//!
+//! ## Signaling without missed wake-ups, and without a syscall per message
+//! Senders write the receiver's eventfd only when it sleeps. The receiver,
+//! in `try_wait`, stores `rx_waiting = 1` (SeqCst) in every inbound channel
+//! and re-checks each ring slot (SeqCst load); the sender publishes the slot
+//! with a SeqCst store and then reads `rx_waiting` (SeqCst); if set, it swaps
+//! it to 0 and writes the eventfd (one write per sleep, not per message).
+//! With all four accesses SeqCst (no separate fences: on x86 the store is an
+//! `xchg`, the loads plain moves), either the receiver sees the message or
+//! the sender sees the flag. The same
+//! protocol runs the other way for backpressure: a sender with a backlog
+//! raises `tx_waiting`, and the receiver wakes it after freeing buffers.
+//! Each connection has its own eventfd per direction, created by the side
+//! that sleeps on it, so a peer can only steal or spoil its own wake-ups;
+//! before writing a peer-held eventfd we check it is still non-blocking.
+//! The plugin's [`poll_fd`](na_core::Plugin::poll_fd) is an internal epoll
+//! set holding the listener, every connection socket and every eventfd.
+//! `progress` makes no system call on its fast path: it polls the internal
+//! epoll only after `try_wait` armed, while a handshake is in flight, or
+//! every [`progress::EVENT_POLL_INTERVAL`] calls.
+//!
+//! ## Messages
+//! Sends complete once the data is in shared memory. A send that finds no
+//! free buffer is copied into the peer's FIFO backlog and retried, in order,
+//! by `progress` (never dropped, never failed for lack of space). Messages
+//! that arrive before their receive is posted are copied out and kept.
+//!
+//! ## RMA
+//! One `process_vm_readv`/`writev` per transfer with iovecs built from both
+//! handles' pieces (split only at `IOV_MAX`), continued after partial
+//! transfers. Access and bounds are checked first (errors returned); kernel
+//! failures complete the operation with an error (EPERM with advice, ESRCH
+//! as peer gone). The pid comes from `SO_PEERCRED`, never from the peer.
+//! RMA completes inside `put`/`get`; its completion is still queued.
+//!
+//! ## Trust
+//! Everything a peer can write is validated: ring slots (marker, kind,
+//! index, length), buffer ownership, handshake bytes and descriptors. A
+//! violation counts in [`PluginStats::protocol_errors`](na_core::PluginStats),
+//! fails that peer's operations with `NaError::Protocol` and drops the
+//! connection; other peers are unaffected. Shared memory is only touched by
+//! atomics and volatile copies into private memory.
+//!
+//! ## Cleanup
+//! See [`cleanup`]: files removed on drop; stale files of dead owners (pid
+//! and start time) removed by [`cleanup_stale`], at listener start and by
+//! the `qs-sm-cleanup` command; live owners' files are kept.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod addr;
+pub mod channel;
+pub mod cleanup;
+pub mod config;
+pub mod conn;
+mod connect;
+pub mod error;
+pub mod factory;
+mod matching;
+mod plugin;
+pub mod progress;
+mod rma;
+#[allow(unsafe_code)]
+pub mod sys;
+
+pub use addr::SmName;
+pub use cleanup::{cleanup_stale, CleanupReport};
+pub use config::{SmConfig, SOCKET_DIR_ENV};
+pub use error::SmError;
+pub use factory::SmFactory;
+pub use plugin::SmPlugin;
+pub use rma::EPERM_HINT;

@@ -1,0 +1,231 @@
+//! Matching of arrived messages with posted receives. No I/O.
+//!
+//! Unexpected messages go to the oldest posted unexpected receive, or wait
+//! in arrival order for the next one. Expected messages are matched on
+//! (source, tag): they go to the oldest receive posted for that pair, or
+//! wait (copied out of shared memory, so the sender's buffer is free again)
+//! until one is posted. Nothing is ever dropped.
+
+use std::collections::{HashMap, VecDeque};
+
+use na_core::{Addr, Completion, NaError, OpId, OpKind, Tag};
+
+/// Where a posted (not yet completed) operation waits; used by cancel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpPlace {
+    /// In the posted unexpected receives.
+    RecvUnexpected,
+    /// In the posted expected receives under (peer token, tag).
+    RecvExpected(u64, Tag),
+    /// In the send backlog of the peer with this token.
+    Send(u64),
+}
+
+type Key = (u64, Tag);
+
+/// Posted receives and early arrivals.
+#[derive(Default)]
+pub(crate) struct Matcher {
+    posted_unexpected: VecDeque<(OpId, Vec<u8>)>,
+    arrived_unexpected: VecDeque<(Addr, Tag, Vec<u8>)>,
+    posted_expected: HashMap<Key, VecDeque<(OpId, Vec<u8>)>>,
+    arrived_expected: HashMap<Key, VecDeque<(Addr, Vec<u8>)>>,
+    /// Messages waiting for a receive (both kinds).
+    pub queued_arrivals: usize,
+}
+
+impl Matcher {
+    /// A message arrived from `source`; `fill` copies its payload into a
+    /// buffer (replacing its contents). Returns true if it completed a
+    /// posted receive (pushed onto `out`).
+    pub fn deliver(
+        &mut self,
+        source: &Addr,
+        expected: bool,
+        tag: Tag,
+        fill: impl FnOnce(&mut Vec<u8>),
+        out: &mut VecDeque<Completion>,
+    ) -> Option<OpId> {
+        if !expected {
+            if let Some((op, mut buf)) = self.posted_unexpected.pop_front() {
+                fill(&mut buf);
+                out.push_back(Completion::received(
+                    op,
+                    OpKind::RecvUnexpected,
+                    buf,
+                    source.clone(),
+                    tag,
+                ));
+                return Some(op);
+            }
+            let mut v = Vec::new();
+            fill(&mut v);
+            self.arrived_unexpected.push_back((source.clone(), tag, v));
+        } else {
+            let key = (source.token(), tag);
+            if let Some(q) = self.posted_expected.get_mut(&key) {
+                if let Some((op, mut buf)) = q.pop_front() {
+                    if q.is_empty() {
+                        self.posted_expected.remove(&key);
+                    }
+                    fill(&mut buf);
+                    out.push_back(Completion::received(
+                        op,
+                        OpKind::RecvExpected,
+                        buf,
+                        source.clone(),
+                        tag,
+                    ));
+                    return Some(op);
+                }
+            }
+            let mut v = Vec::new();
+            fill(&mut v);
+            self.arrived_expected
+                .entry(key)
+                .or_default()
+                .push_back((source.clone(), v));
+        }
+        self.queued_arrivals += 1;
+        None
+    }
+
+    /// Posts an unexpected receive; completes it at once (into `out`) if a
+    /// message is waiting. Returns true if it was posted (not completed).
+    pub fn post_unexpected(&mut self, op: OpId, mut buf: Vec<u8>, out: &mut VecDeque<Completion>) -> bool {
+        if let Some((src, tag, data)) = self.arrived_unexpected.pop_front() {
+            self.queued_arrivals -= 1;
+            replace(&mut buf, &data);
+            out.push_back(Completion::received(op, OpKind::RecvUnexpected, buf, src, tag));
+            return false;
+        }
+        self.posted_unexpected.push_back((op, buf));
+        true
+    }
+
+    /// Posts an expected receive for (source, tag); see
+    /// [`post_unexpected`](Self::post_unexpected).
+    pub fn post_expected(
+        &mut self,
+        source: &Addr,
+        tag: Tag,
+        op: OpId,
+        mut buf: Vec<u8>,
+        out: &mut VecDeque<Completion>,
+    ) -> bool {
+        let key = (source.token(), tag);
+        if let Some(q) = self.arrived_expected.get_mut(&key) {
+            if let Some((src, data)) = q.pop_front() {
+                if q.is_empty() {
+                    self.arrived_expected.remove(&key);
+                }
+                self.queued_arrivals -= 1;
+                replace(&mut buf, &data);
+                out.push_back(Completion::received(op, OpKind::RecvExpected, buf, src, tag));
+                return false;
+            }
+        }
+        self.posted_expected.entry(key).or_default().push_back((op, buf));
+        true
+    }
+
+    /// True if a message from `token` waits for an expected receive with `tag`.
+    pub fn has_arrived_expected(&self, token: u64, tag: Tag) -> bool {
+        self.arrived_expected.contains_key(&(token, tag))
+    }
+
+    /// Removes a posted receive (cancel); gives its buffer back.
+    pub fn take_posted(&mut self, op: OpId, place: OpPlace) -> Option<Vec<u8>> {
+        match place {
+            OpPlace::RecvUnexpected => {
+                let i = self.posted_unexpected.iter().position(|(o, _)| *o == op)?;
+                self.posted_unexpected.remove(i).map(|(_, b)| b)
+            }
+            OpPlace::RecvExpected(tok, tag) => {
+                let q = self.posted_expected.get_mut(&(tok, tag))?;
+                let i = q.iter().position(|(o, _)| *o == op)?;
+                let b = q.remove(i).map(|(_, b)| b);
+                if q.is_empty() {
+                    self.posted_expected.remove(&(tok, tag));
+                }
+                b
+            }
+            OpPlace::Send(_) => None,
+        }
+    }
+
+    /// Fails every expected receive posted for peer `token` with `err()`.
+    /// Returns the failed op ids.
+    pub fn fail_peer(
+        &mut self,
+        token: u64,
+        err: impl Fn() -> NaError,
+        out: &mut VecDeque<Completion>,
+    ) -> Vec<OpId> {
+        let keys: Vec<Key> = self
+            .posted_expected
+            .keys()
+            .filter(|k| k.0 == token)
+            .copied()
+            .collect();
+        let mut failed = Vec::new();
+        for k in keys {
+            for (op, buf) in self.posted_expected.remove(&k).unwrap_or_default() {
+                out.push_back(Completion::failed(op, OpKind::RecvExpected, err(), Some(buf)));
+                failed.push(op);
+            }
+        }
+        failed
+    }
+}
+
+fn replace(buf: &mut Vec<u8>, data: &[u8]) {
+    buf.clear();
+    buf.extend_from_slice(data);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use na_core::PluginId;
+
+    #[test]
+    fn early_expected_and_out_of_order_tags() {
+        let a = Addr::new("sm://1-a", PluginId(0), 1, false);
+        let b = Addr::new("sm://2-a", PluginId(0), 2, false);
+        let mut m = Matcher::default();
+        let mut out = VecDeque::new();
+        // Arrives before its receive: kept.
+        assert!(m
+            .deliver(&a, true, 7, |v| v.extend_from_slice(b"x"), &mut out)
+            .is_none());
+        assert!(
+            m.post_expected(&b, 7, OpId(1), Vec::new(), &mut out),
+            "other source must not match"
+        );
+        assert!(!m.post_expected(&a, 7, OpId(2), Vec::new(), &mut out));
+        assert_eq!(out.pop_front().unwrap().buf.unwrap(), b"x");
+        assert!(m.post_expected(&a, 9, OpId(3), Vec::new(), &mut out));
+        assert!(m.post_expected(&a, 8, OpId(4), Vec::new(), &mut out));
+        assert_eq!(m.deliver(&a, true, 8, |_| {}, &mut out), Some(OpId(4)));
+        assert_eq!(m.deliver(&a, true, 9, |_| {}, &mut out), Some(OpId(3)));
+        assert_eq!(
+            m.take_posted(OpId(1), OpPlace::RecvExpected(2, 7)),
+            Some(Vec::new())
+        );
+        assert_eq!(m.queued_arrivals, 0);
+        // Unexpected without receive waits, in order.
+        m.deliver(&a, false, 1, |v| v.push(1), &mut out);
+        m.deliver(&b, false, 2, |v| v.push(2), &mut out);
+        out.clear();
+        assert!(!m.post_unexpected(OpId(5), vec![9; 100], &mut out));
+        let c = out.pop_front().unwrap();
+        assert_eq!(
+            (c.buf.unwrap(), c.source.unwrap(), c.tag),
+            (vec![1], a.clone(), 1)
+        );
+        assert!(m.post_expected(&b, 3, OpId(6), Vec::new(), &mut out));
+        let failed = m.fail_peer(2, || NaError::Canceled, &mut out);
+        assert_eq!(failed, vec![OpId(6)]);
+    }
+}

@@ -1,0 +1,385 @@
+//! The plugin instance: construction, teardown and the [`Plugin`] trait.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+use na_core::sys::epoll::Epoll;
+use na_core::{
+    Addr, Completion, MemHandle, NaError, OpId, Plugin, PluginId, PluginStats, RemoteMem, Result, Tag,
+};
+
+use crate::addr::{PeerTable, SmName};
+use crate::channel::{MsgKind, BUF_SIZE};
+use crate::config::{check_name, ensure_dir, SmConfig};
+use crate::error::{SmError, SmResult};
+use crate::matching::{Matcher, OpPlace};
+use crate::sys::cma::Direction;
+use crate::sys::proc;
+use crate::sys::socket::PeerCred;
+
+/// Per-process counter for unnamed instances.
+static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+/// Internal epoll token of the listening socket.
+pub(crate) const LISTENER_TOKEN: u64 = 0;
+/// Set in the internal epoll token of a connection's eventfd.
+pub(crate) const WAKE_BIT: u64 = 1 << 62;
+
+/// An accepted socket whose hello has not arrived yet.
+pub(crate) struct PendingAccept {
+    pub sock: std::os::unix::net::UnixStream,
+    pub cred: PeerCred,
+    pub deadline: Instant,
+}
+
+/// The shared-memory plugin. See the [crate docs](crate) for the design and
+/// [`Plugin`] for the call order.
+pub struct SmPlugin {
+    pub(crate) id: PluginId,
+    pub(crate) cfg: SmConfig,
+    pub(crate) dir: PathBuf,
+    pub(crate) name: SmName,
+    pub(crate) self_tok: u64,
+    pub(crate) uid: u32,
+    pub(crate) listener: Option<UnixListener>,
+    pub(crate) poll: Epoll,
+    pub(crate) peers: PeerTable,
+    pub(crate) pending: HashMap<u64, PendingAccept>,
+    /// Connector-side connections still waiting for the acknowledgement.
+    pub(crate) awaiting_ack: usize,
+    pub(crate) next_serial: u64,
+    pub(crate) matcher: Matcher,
+    pub(crate) ops: HashMap<OpId, OpPlace>,
+    pub(crate) completions: VecDeque<Completion>,
+    pub(crate) stats: PluginStats,
+    /// try_wait raised flags that progress must lower (and drain events).
+    pub(crate) armed: bool,
+    pub(crate) tick: u32,
+    pub(crate) tokens: Vec<u64>,
+}
+
+impl SmPlugin {
+    /// Creates an instance: with `config.listen`, binds
+    /// `<dir>/<pid>-<instance>.sock` (dir created 0700, socket 0600).
+    pub fn new(id: PluginId, config: SmConfig) -> SmResult<SmPlugin> {
+        let dir = config.resolve_dir()?;
+        let instance = match &config.name {
+            Some(n) => {
+                check_name(n).map_err(|reason| SmError::Config {
+                    name: "sm instance name".into(),
+                    value: n.clone(),
+                    reason,
+                })?;
+                n.clone()
+            }
+            None => NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed).to_string(),
+        };
+        let name = SmName {
+            pid: proc::pid(),
+            instance,
+        };
+        if config.allow_any_ptracer {
+            proc::allow_any_ptracer().map_err(|e| SmError::sys("prctl(PR_SET_PTRACER)", e))?;
+        }
+        let poll = Epoll::new().map_err(|e| SmError::sys("epoll_create1", e))?;
+        let mut peers = PeerTable::default();
+        let self_tok = peers.insert(id, name.clone(), proc::pid(), true);
+        let mut plugin = SmPlugin {
+            id,
+            cfg: config,
+            dir,
+            name,
+            self_tok,
+            uid: proc::uid(),
+            listener: None,
+            poll,
+            peers,
+            pending: HashMap::new(),
+            awaiting_ack: 0,
+            next_serial: 16,
+            matcher: Matcher::default(),
+            ops: HashMap::new(),
+            completions: VecDeque::new(),
+            stats: PluginStats::default(),
+            armed: false,
+            tick: 0,
+            tokens: Vec::with_capacity(32),
+        };
+        if plugin.cfg.listen {
+            plugin.listen()?;
+        }
+        tracing::info!(addr = %plugin.name.uri(), listen = plugin.cfg.listen, "sm plugin created");
+        Ok(plugin)
+    }
+
+    fn listen(&mut self) -> SmResult<()> {
+        ensure_dir(&self.dir)?;
+        if self.cfg.cleanup_on_start {
+            match crate::cleanup::cleanup_stale(&self.dir) {
+                Ok(r) if !r.removed.is_empty() => {
+                    tracing::info!(removed = r.removed.len(), dir = %self.dir.display(), "removed stale sm files")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "stale-file cleanup failed"),
+            }
+        }
+        let path = self.name.socket_path(&self.dir);
+        let err = |source| SmError::Listen {
+            path: path.clone(),
+            source,
+        };
+        crate::cleanup::write_owner_file(&self.dir, &self.name).map_err(err)?;
+        let listener = match UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                // Our pid is in the name, so an existing file is either a
+                // live instance of this process (connectable) or left by a
+                // dead process that had our pid.
+                if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                    let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
+                    return Err(err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!(
+                            "instance name {:?} is already used in this process",
+                            self.name.instance
+                        ),
+                    )));
+                }
+                std::fs::remove_file(&path).map_err(err)?;
+                UnixListener::bind(&path).map_err(err)?
+            }
+            Err(e) => return Err(err(e)),
+        };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        self.poll
+            .add(listener.as_raw_fd(), LISTENER_TOKEN)
+            .map_err(|e| SmError::sys("epoll_ctl add listener", e))?;
+        self.listener = Some(listener);
+        Ok(())
+    }
+
+    /// The socket directory in use.
+    pub fn socket_dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Test hook for hostile-peer tests: overwrites the control pages, rings
+    /// and buffers of our connection to `peer` (the real shared mapping the
+    /// peer reads) with pseudo-random bytes from `seed`, then wakes the peer.
+    /// Never use outside tests: it destroys the connection.
+    #[doc(hidden)]
+    pub fn debug_scribble(&mut self, peer: &Addr, seed: u64) -> Result<()> {
+        let p = self
+            .peers
+            .get_mut(peer.token())
+            .ok_or_else(|| NaError::PeerGone {
+                peer: peer.uri().into(),
+                reason: "not connected".into(),
+            })?;
+        let conn = p.conns.first_mut().ok_or_else(|| NaError::PeerGone {
+            peer: peer.uri().into(),
+            reason: "no connection".into(),
+        })?;
+        crate::channel::scribble(&conn.region, seed);
+        conn.wake_peer().map_err(|e| NaError::sys("eventfd write", e))?;
+        Ok(())
+    }
+
+    pub(crate) fn gone(&self, dest: &Addr, reason: &str) -> NaError {
+        NaError::PeerGone {
+            peer: dest.uri().to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    fn check_dest(&self, dest: &Addr) -> Result<()> {
+        if dest.plugin() != self.id || dest.scheme() != "sm" {
+            return Err(NaError::InvalidAddress {
+                uri: dest.uri().into(),
+                reason: format!(
+                    "belongs to plugin {:?}, not to sm plugin {:?}",
+                    dest.plugin(),
+                    self.id
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, dest: &Addr, kind: MsgKind, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
+        if data.len() > BUF_SIZE {
+            return Err(NaError::MessageTooLarge {
+                len: data.len(),
+                max: BUF_SIZE,
+                kind: if kind == MsgKind::Unexpected {
+                    "unexpected"
+                } else {
+                    "expected"
+                },
+            });
+        }
+        self.check_dest(dest)?;
+        self.ensure_connected(dest)?;
+        self.send_on(dest.token(), kind, tag, data, op)
+            .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?
+    }
+}
+
+impl Drop for SmPlugin {
+    fn drop(&mut self) {
+        if self.listener.take().is_some() {
+            let _ = std::fs::remove_file(self.name.socket_path(&self.dir));
+            let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
+        }
+        tracing::info!(addr = %self.name.uri(), "sm plugin closed");
+    }
+}
+
+impl Plugin for SmPlugin {
+    fn scheme(&self) -> &'static str {
+        "sm"
+    }
+
+    fn id(&self) -> PluginId {
+        self.id
+    }
+
+    fn self_addr(&self) -> Addr {
+        self.peers
+            .get(self.self_tok)
+            .map(|p| p.addr.clone())
+            .unwrap_or_else(|| Addr::new(self.name.uri(), self.id, self.self_tok, true))
+    }
+
+    fn lookup(&mut self, uri: &str) -> Result<Addr> {
+        Ok(self.lookup_uri(uri)?)
+    }
+
+    fn max_unexpected_size(&self) -> usize {
+        BUF_SIZE
+    }
+
+    fn max_expected_size(&self) -> usize {
+        BUF_SIZE
+    }
+
+    fn max_tag(&self) -> Tag {
+        Tag::MAX
+    }
+
+    fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
+        self.send(dest, MsgKind::Unexpected, tag, data, op)
+    }
+
+    fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
+        self.send(dest, MsgKind::Expected, tag, data, op)
+    }
+
+    fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.check_new_op(op)?;
+        if self.matcher.post_unexpected(op, buf, &mut self.completions) {
+            self.ops.insert(op, OpPlace::RecvUnexpected);
+        }
+        Ok(())
+    }
+
+    fn post_recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.check_dest(source)?;
+        self.check_new_op(op)?;
+        let tok = source.token();
+        if self.peers.get(tok).is_none() && !self.matcher.has_arrived_expected(tok, tag) {
+            return Err(self.gone(source, "not connected (it disconnected earlier)"));
+        }
+        if self
+            .matcher
+            .post_expected(source, tag, op, buf, &mut self.completions)
+        {
+            self.ops.insert(op, OpPlace::RecvExpected(tok, tag));
+        }
+        Ok(())
+    }
+
+    fn put(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()> {
+        self.check_dest(dest)?;
+        self.rma(
+            Direction::Write,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+            dest,
+            op,
+        )
+    }
+
+    fn get(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()> {
+        self.check_dest(dest)?;
+        self.rma(
+            Direction::Read,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+            dest,
+            op,
+        )
+    }
+
+    fn cancel(&mut self, op: OpId) -> Result<()> {
+        self.cancel_op(op)
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.poll.as_raw_fd())
+    }
+
+    fn try_wait(&mut self) -> bool {
+        self.arm()
+    }
+
+    fn progress(&mut self) -> Result<usize> {
+        self.make_progress()
+    }
+
+    fn pop_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    fn stats(&self) -> PluginStats {
+        PluginStats {
+            in_flight: self.ops.len() as u64,
+            peers: self
+                .peers
+                .iter()
+                .filter(|p| p.addr.token() != self.self_tok)
+                .count() as u64,
+            ..self.stats
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Progress: socket and eventfd events, ring polling, backlog retries,
+//! sleeping (`try_wait`), cancel, and peer failure.
+//!
+//! The fast path of `progress` makes no system call: it polls the rings and
+//! retries backlogs. The internal epoll set (listener, connection sockets,
+//! eventfds) is polled only after `try_wait` armed the wake-ups, while a
+//! handshake is in flight, or every [`EVENT_POLL_INTERVAL`] calls.
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use na_core::{Completion, NaError, OpId, OpKind, Result, Tag};
+
+use crate::channel::{Channel, MsgKind, RING_SLOTS};
+use crate::conn::{QueuedSend, Role};
+use crate::matching::OpPlace;
+use crate::plugin::{SmPlugin, LISTENER_TOKEN, WAKE_BIT};
+
+/// Progress calls between two non-blocking polls of the socket events when
+/// nothing asked for one (busy mode).
+pub const EVENT_POLL_INTERVAL: u32 = 1024;
+
+/// Why a peer is being dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// It closed its socket, exited or was killed.
+    Gone,
+    /// It broke the protocol.
+    Protocol,
+}
+
+fn kind_of(k: MsgKind) -> OpKind {
+    match k {
+        MsgKind::Unexpected => OpKind::SendUnexpected,
+        MsgKind::Expected => OpKind::SendExpected,
+    }
+}
+
+impl SmPlugin {
+    pub(crate) fn make_progress(&mut self) -> Result<usize> {
+        let before = self.completions.len();
+        self.tick = self.tick.wrapping_add(1);
+        if self.armed
+            || self.awaiting_ack > 0
+            || !self.pending.is_empty()
+            || self.tick % EVENT_POLL_INTERVAL == 0
+        {
+            self.disarm();
+            self.poll_events()?;
+        }
+        self.poll_rings();
+        self.flush_backlogs();
+        Ok(self.completions.len() - before)
+    }
+
+    fn disarm(&mut self) {
+        if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        for peer in self.peers.iter_mut() {
+            for c in peer.conns.iter_mut().filter(|c| c.armed) {
+                c.armed = false;
+                c.rx().rx_waiting().store(0, std::sync::atomic::Ordering::Relaxed);
+                c.tx().tx_waiting().store(0, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Raises the wake-up flags of every connection and re-checks for work.
+    pub(crate) fn arm(&mut self) -> bool {
+        if !self.completions.is_empty() {
+            return false;
+        }
+        self.armed = true;
+        for peer in self.peers.iter_mut() {
+            for c in peer.conns.iter_mut() {
+                c.armed = true;
+                let rx_pos = c.rx_pos;
+                if !c.rx().arm_receiver(rx_pos) {
+                    return false;
+                }
+                if !c.backlog.is_empty() && !c.tx().arm_sender() {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn poll_events(&mut self) -> Result<()> {
+        loop {
+            self.tokens.clear();
+            let n = self
+                .poll
+                .wait(&mut self.tokens, Some(Duration::ZERO))
+                .map_err(|e| NaError::sys("epoll_wait (sm)", e))?;
+            let tokens = std::mem::take(&mut self.tokens);
+            for &t in &tokens {
+                self.handle_event(t);
+            }
+            self.tokens = tokens;
+            if n < 32 {
+                break;
+            }
+        }
+        if !self.pending.is_empty() {
+            let now = Instant::now();
+            let late: Vec<u64> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| p.deadline <= now)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in late {
+                if let Some(p) = self.pending.remove(&s) {
+                    let _ = self.poll.delete(p.sock.as_raw_fd());
+                    tracing::warn!(pid = p.cred.pid, "sm handshake timed out");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_event(&mut self, token: u64) {
+        if token == LISTENER_TOKEN {
+            self.accept_ready();
+            return;
+        }
+        let serial = token & !WAKE_BIT;
+        if self.pending.contains_key(&serial) {
+            self.handle_hello(serial);
+            return;
+        }
+        let Some(tok) = self.peers.by_serial(serial) else {
+            return;
+        };
+        let Some(peer) = self.peers.get_mut(tok) else {
+            return;
+        };
+        let Some(ci) = peer.conns.iter().position(|c| c.serial == serial) else {
+            return;
+        };
+        let conn = &mut peer.conns[ci];
+        if token & WAKE_BIT != 0 {
+            let _ = conn.my_wake.drain();
+            return;
+        }
+        let failure = if conn.role == Role::Connector && conn.peer_wake.is_none() {
+            self.handle_ack(tok, ci).err().map(|r| (Failure::Protocol, r))
+        } else {
+            let mut b = [0u8; 64];
+            match std::io::Read::read(&mut conn.sock, &mut b) {
+                Ok(0) => Some((
+                    Failure::Gone,
+                    "connection closed (process exited or was killed)".into(),
+                )),
+                Ok(n) => Some((Failure::Protocol, format!("{n} unexpected bytes on its socket"))),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+                Err(e) => Some((Failure::Gone, format!("socket error: {e}"))),
+            }
+        };
+        if let Some((f, reason)) = failure {
+            self.fail_peer(tok, f, &reason);
+        }
+    }
+
+    /// Takes every published message (at most one ring's worth per
+    /// connection per call, so a flooding peer cannot starve the caller).
+    pub(crate) fn poll_rings(&mut self) {
+        let mut violations = Vec::new();
+        let Self {
+            peers,
+            matcher,
+            completions,
+            ops,
+            stats,
+            ..
+        } = self;
+        for peer in peers.iter_mut() {
+            for conn in peer.conns.iter_mut() {
+                let rx = if conn.role == Role::Connector { 1 } else { 0 };
+                let ch = Channel::new(&conn.region, rx);
+                let mut released = false;
+                for _ in 0..RING_SLOTS {
+                    let s = match ch.peek(conn.rx_pos) {
+                        Ok(None) => break,
+                        Ok(Some(s)) => s,
+                        Err(reason) => {
+                            violations.push((peer.addr.token(), reason));
+                            break;
+                        }
+                    };
+                    let expected = s.kind == MsgKind::Expected;
+                    if let Some(op) = matcher.deliver(
+                        &peer.addr,
+                        expected,
+                        s.tag,
+                        |b| ch.read_payload(&s, b),
+                        completions,
+                    ) {
+                        ops.remove(&op);
+                    }
+                    let freed = ch.release(&mut conn.rx_pos, &s);
+                    stats.msgs_received += 1;
+                    stats.msg_bytes_received += s.len as u64;
+                    released = true;
+                    if let Err(reason) = freed {
+                        violations.push((peer.addr.token(), reason));
+                        break;
+                    }
+                }
+                if released && ch.sender_needs_wake() {
+                    match conn.peer_wake.as_ref().map(|w| w.signal()) {
+                        Some(Err(e)) => violations.push((peer.addr.token(), format!("waking it: {e}"))),
+                        Some(Ok(())) => stats.signals_sent += 1,
+                        None => {}
+                    }
+                }
+            }
+        }
+        for (tok, reason) in violations {
+            self.fail_peer(tok, Failure::Protocol, &reason);
+        }
+    }
+
+    /// Retries queued sends in order.
+    fn flush_backlogs(&mut self) {
+        let mut violations = Vec::new();
+        let Self {
+            peers,
+            completions,
+            ops,
+            stats,
+            ..
+        } = self;
+        for peer in peers.iter_mut() {
+            let Some(conn) = peer.conns.first_mut() else {
+                continue;
+            };
+            if conn.backlog.is_empty() {
+                continue;
+            }
+            let tx = if conn.role == Role::Connector { 0 } else { 1 };
+            let ch = Channel::new(&conn.region, tx);
+            let mut sent = false;
+            while let Some(q) = conn.backlog.front() {
+                if !ch.try_send(&mut conn.tx_pos, q.kind, q.tag, &q.data) {
+                    break;
+                }
+                stats.msgs_sent += 1;
+                stats.msg_bytes_sent += q.data.len() as u64;
+                ops.remove(&q.op);
+                completions.push_back(Completion::done(q.op, kind_of(q.kind)));
+                conn.backlog.pop_front();
+                sent = true;
+            }
+            if sent && ch.receiver_needs_wake() {
+                match conn.wake_peer() {
+                    Ok(true) => stats.signals_sent += 1,
+                    Ok(false) => {}
+                    Err(e) => violations.push((peer.addr.token(), format!("waking it: {e}"))),
+                }
+            }
+        }
+        for (tok, reason) in violations {
+            self.fail_peer(tok, Failure::Protocol, &reason);
+        }
+    }
+
+    /// Sends on the peer's first connection, or queues; `None` if the peer
+    /// is gone.
+    pub(crate) fn send_on(
+        &mut self,
+        tok: u64,
+        kind: MsgKind,
+        tag: Tag,
+        data: &[u8],
+        op: OpId,
+    ) -> Option<Result<()>> {
+        let peer = self.peers.get_mut(tok)?;
+        let conn = peer.conns.first_mut()?;
+        let tx = if conn.role == Role::Connector { 0 } else { 1 };
+        let ch = Channel::new(&conn.region, tx);
+        if conn.backlog.is_empty() && ch.try_send(&mut conn.tx_pos, kind, tag, data) {
+            self.stats.msgs_sent += 1;
+            self.stats.msg_bytes_sent += data.len() as u64;
+            self.completions.push_back(Completion::done(op, kind_of(kind)));
+            if ch.receiver_needs_wake() {
+                match conn.wake_peer() {
+                    Ok(true) => self.stats.signals_sent += 1,
+                    Ok(false) => {}
+                    Err(e) => self.fail_peer(tok, Failure::Protocol, &format!("waking it: {e}")),
+                }
+            }
+            return Some(Ok(()));
+        }
+        if self.ops.contains_key(&op) {
+            return Some(Err(dup(op)));
+        }
+        conn.backlog.push_back(QueuedSend {
+            op,
+            kind,
+            tag,
+            data: data.to_vec(),
+        });
+        self.ops.insert(op, OpPlace::Send(tok));
+        self.stats.sends_queued += 1;
+        Some(Ok(()))
+    }
+
+    pub(crate) fn check_new_op(&self, op: OpId) -> Result<()> {
+        if self.ops.contains_key(&op) {
+            return Err(dup(op));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn cancel_op(&mut self, op: OpId) -> Result<()> {
+        let place = self.ops.remove(&op).ok_or(NaError::UnknownOp(op.0))?;
+        let c = match place {
+            OpPlace::Send(tok) => {
+                let q = self.peers.get_mut(tok).and_then(|p| {
+                    let conn = p.conns.first_mut()?;
+                    let i = conn.backlog.iter().position(|q| q.op == op)?;
+                    conn.backlog.remove(i)
+                });
+                let kind = q.map_or(OpKind::SendUnexpected, |q| kind_of(q.kind));
+                Completion::failed(op, kind, NaError::Canceled, None)
+            }
+            OpPlace::RecvUnexpected | OpPlace::RecvExpected(..) => {
+                let kind = if place == OpPlace::RecvUnexpected {
+                    OpKind::RecvUnexpected
+                } else {
+                    OpKind::RecvExpected
+                };
+                let buf = self.matcher.take_posted(op, place);
+                Completion::failed(op, kind, NaError::Canceled, buf)
+            }
+        };
+        self.completions.push_back(c);
+        Ok(())
+    }
+
+    /// Drops a peer: delivers what it already published (if it merely
+    /// left), then fails every operation involving it.
+    pub(crate) fn fail_peer(&mut self, tok: u64, failure: Failure, reason: &str) {
+        if failure == Failure::Gone {
+            self.poll_rings();
+        }
+        let (uri, conns) = if tok == self.self_tok {
+            match self.peers.take_conns(tok) {
+                Some(c) => (self.name.uri(), c),
+                None => return,
+            }
+        } else {
+            match self.peers.remove(tok) {
+                Some(mut p) => (p.addr.uri().to_owned(), std::mem::take(&mut p.conns)),
+                None => return,
+            }
+        };
+        let err = || match failure {
+            Failure::Gone => NaError::PeerGone {
+                peer: uri.clone(),
+                reason: reason.to_owned(),
+            },
+            Failure::Protocol => NaError::Protocol {
+                peer: uri.clone(),
+                reason: reason.to_owned(),
+            },
+        };
+        match failure {
+            Failure::Gone => tracing::info!(peer = %uri, %reason, "sm disconnect"),
+            Failure::Protocol => {
+                self.stats.protocol_errors += 1;
+                tracing::warn!(peer = %uri, %reason, "sm protocol violation; disconnecting")
+            }
+        }
+        for conn in conns {
+            let _ = self.poll.delete(conn.sock.as_raw_fd());
+            let _ = self.poll.delete(conn.my_wake.as_raw_fd());
+            if conn.role == Role::Connector && conn.peer_wake.is_none() {
+                self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
+            }
+            let _ = conn.sock.shutdown(std::net::Shutdown::Both);
+            for q in conn.backlog {
+                self.ops.remove(&q.op);
+                self.completions
+                    .push_back(Completion::failed(q.op, kind_of(q.kind), err(), None));
+            }
+        }
+        for op in self.matcher.fail_peer(tok, err, &mut self.completions) {
+            self.ops.remove(&op);
+        }
+    }
+}
+
+fn dup(op: OpId) -> NaError {
+    NaError::Plugin {
+        plugin: "sm",
+        message: format!("operation id {} is already in flight", op.0),
+    }
+}

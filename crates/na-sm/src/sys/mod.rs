@@ -1,0 +1,11 @@
+//! All OS-facing code of `na-sm`: every `unsafe` block of the crate lives
+//! under this module, one file per facility. Each wrapper is safe to call and
+//! links to the man page of the system call it wraps.
+
+pub mod cma;
+pub mod eventfd;
+pub mod proc;
+pub mod shm;
+pub mod socket;
+
+pub use na_core::syscall;

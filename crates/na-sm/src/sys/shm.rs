@@ -1,0 +1,213 @@
+//! Sealed anonymous shared memory: [memfd_create(2)] + [ftruncate(2)] +
+//! `F_ADD_SEALS` ([fcntl(2)]) + [mmap(2)].
+//!
+//! The region of a connection is a sealed memfd: it has no name, so a crash
+//! leaves nothing behind, and its size is sealed (`F_SEAL_SHRINK |
+//! F_SEAL_GROW`), so the peer that created it cannot truncate it under our
+//! mapping and kill us with `SIGBUS`.
+//!
+//! A peer writes the mapping concurrently, so this type never hands out a
+//! `&[u8]` into it: bytes move by volatile copies, words by atomics.
+//!
+//! [memfd_create(2)]: https://man7.org/linux/man-pages/man2/memfd_create.2.html
+//! [ftruncate(2)]: https://man7.org/linux/man-pages/man2/ftruncate.2.html
+//! [fcntl(2)]: https://man7.org/linux/man-pages/man2/fcntl.2.html
+//! [mmap(2)]: https://man7.org/linux/man-pages/man2/mmap.2.html
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A shared mapping of a sealed memfd.
+#[derive(Debug)]
+pub struct SharedRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; every access goes
+// through atomics or volatile copies, which are valid from any thread.
+unsafe impl Send for SharedRegion {}
+
+impl SharedRegion {
+    /// Creates a zero-filled, sealed region of `len` bytes (a multiple of the
+    /// page size) and maps it read-write.
+    pub fn create(name: &str, len: usize) -> io::Result<Self> {
+        let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `cname` is a valid NUL-terminated string for the call; a
+        // successful return is a fresh descriptor that OwnedFd may own.
+        let fd = unsafe {
+            let fd = super::syscall!(memfd_create(
+                cname.as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING
+            ))?;
+            OwnedFd::from_raw_fd(fd)
+        };
+        let size = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: integer arguments only; the kernel checks the descriptor.
+        unsafe {
+            super::syscall!(ftruncate(fd.as_raw_fd(), size))?;
+            super::syscall!(fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS))?;
+        }
+        Self::map(fd, len)
+    }
+
+    /// Maps a region received from a peer, after checking that its size is
+    /// sealed and is exactly `len` bytes.
+    pub fn from_peer(fd: OwnedFd, len: usize) -> io::Result<Self> {
+        // SAFETY: F_GET_SEALS takes no pointer argument.
+        let seals = unsafe { super::syscall!(fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))? };
+        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if seals & need != need {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("shared region is not size-sealed (seals {seals:#x})"),
+            ));
+        }
+        let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
+        if size != len as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("shared region has {size} bytes, expected {len}"),
+            ));
+        }
+        Self::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> io::Result<Self> {
+        // SAFETY: a fresh shared mapping chosen by the kernel (addr NULL) of
+        // `len` bytes of a file at least that long (sized or checked above).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?;
+        Ok(SharedRegion { ptr, len, fd })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if the region is empty (never, for a mapped region).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The 64-bit atomic at `offset`.
+    ///
+    /// # Panics
+    /// If `offset` is not 8-aligned or out of bounds (offsets are layout
+    /// constants, never peer data).
+    pub fn atomic(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.len,
+            "bad atomic offset {offset}"
+        );
+        // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the
+        // memory lives as long as &self, and AtomicU64 permits concurrent
+        // access from the peer process.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Copies `dst.len()` bytes out of the region at `offset` (8-aligned).
+    ///
+    /// # Panics
+    /// If the range is out of bounds (callers validate peer lengths first).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset % 8 == 0 && offset <= self.len && dst.len() <= self.len - offset);
+        let words = dst.len() / 8;
+        // SAFETY: source range is inside the mapping (checked above) and
+        // 8-aligned; volatile reads tolerate concurrent writes by the peer;
+        // destination writes stay inside `dst`.
+        unsafe {
+            let src = self.ptr.as_ptr().add(offset);
+            for i in 0..words {
+                let w = std::ptr::read_volatile(src.cast::<u64>().add(i));
+                std::ptr::write_unaligned(dst.as_mut_ptr().cast::<u64>().add(i), w);
+            }
+            for (i, b) in dst.iter_mut().enumerate().skip(words * 8) {
+                *b = std::ptr::read_volatile(src.add(i));
+            }
+        }
+    }
+
+    /// Copies `src` into the region at `offset` (8-aligned).
+    ///
+    /// # Panics
+    /// If the range is out of bounds.
+    pub fn write(&self, offset: usize, src: &[u8]) {
+        assert!(offset % 8 == 0 && offset <= self.len && src.len() <= self.len - offset);
+        let words = src.len() / 8;
+        // SAFETY: destination range is inside the mapping (checked above) and
+        // 8-aligned; volatile writes never create references into memory the
+        // peer writes.
+        unsafe {
+            let dst = self.ptr.as_ptr().add(offset);
+            for i in 0..words {
+                let w = std::ptr::read_unaligned(src.as_ptr().cast::<u64>().add(i));
+                std::ptr::write_volatile(dst.cast::<u64>().add(i), w);
+            }
+            for (i, b) in src.iter().enumerate().skip(words * 8) {
+                std::ptr::write_volatile(dst.add(i), *b);
+            }
+        }
+    }
+}
+
+impl AsFd for SharedRegion {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly the mapping created in `map`, and no
+        // reference into it outlives &self.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn create_share_and_reject_bad_size() {
+        let a = SharedRegion::create("qs-test", 8192).unwrap();
+        a.atomic(8).store(42, Ordering::Relaxed);
+        a.write(4096, b"hello world");
+        let b = SharedRegion::from_peer(a.fd.try_clone().unwrap(), 8192).unwrap();
+        assert_eq!(b.atomic(8).load(Ordering::Relaxed), 42);
+        let mut out = [0u8; 11];
+        b.read(4096, &mut out);
+        assert_eq!(&out, b"hello world");
+        assert!(SharedRegion::from_peer(a.fd.try_clone().unwrap(), 4096).is_err());
+        // An unsealed memfd is refused.
+        // SAFETY (test): valid NUL-terminated name.
+        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY (test): fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert!(SharedRegion::from_peer(fd, 0).is_err());
+    }
+}

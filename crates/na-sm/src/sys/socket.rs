@@ -1,0 +1,178 @@
+//! UNIX-socket extras that `std` lacks: descriptor passing with
+//! `SCM_RIGHTS` ([unix(7)], [sendmsg(2)], [recvmsg(2)]) and peer credentials
+//! with `SO_PEERCRED` ([getsockopt(2)]).
+//!
+//! [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
+//! [sendmsg(2)]: https://man7.org/linux/man-pages/man2/sendmsg.2.html
+//! [recvmsg(2)]: https://man7.org/linux/man-pages/man2/recvmsg.2.html
+//! [getsockopt(2)]: https://man7.org/linux/man-pages/man2/getsockopt.2.html
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// Most descriptors one message may carry.
+pub const MAX_FDS: usize = 4;
+
+/// Credentials of the process at the other end of a socket, as the kernel
+/// recorded them at `connect`/`listen` time (nothing the peer says).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id.
+    pub pid: u32,
+    /// User id.
+    pub uid: u32,
+}
+
+/// `getsockopt(SOL_SOCKET, SO_PEERCRED)`.
+pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` holds the size
+    // of `cred`, as getsockopt requires.
+    unsafe {
+        super::syscall!(getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len
+        ))?;
+    }
+    let pid = u32::try_from(cred.pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    Ok(PeerCred { pid, uid: cred.uid })
+}
+
+/// Control-message buffer big enough for MAX_FDS descriptors, aligned for
+/// `cmsghdr`.
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 64]);
+
+/// Sends `data` with `fds` attached, without blocking and without SIGPIPE.
+/// Returns the bytes sent.
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut cbuf = CmsgBuf([0; 64]);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let fd_bytes = std::mem::size_of_val(fds);
+    // SAFETY: msghdr is plain data; all-zero is a valid empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+        assert!(space <= cbuf.0.len());
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `space` aligned bytes, enough for one
+        // header plus `fd_bytes` of data, so CMSG_FIRSTHDR is non-null and
+        // CMSG_DATA has room for the descriptors.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), fd_bytes);
+        }
+    }
+    // SAFETY: msg points at `iov` (valid for data.len() bytes) and at `cbuf`,
+    // both alive across the call; the kernel only reads them.
+    let n = unsafe {
+        super::syscall!(sendmsg(
+            sock.as_raw_fd(),
+            &msg,
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT
+        ))?
+    };
+    Ok(n as usize)
+}
+
+/// What [`recv_with_fds`] got.
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes written into the buffer (0 means end of stream).
+    pub len: usize,
+    /// Descriptors that came with them (close-on-exec).
+    pub fds: Vec<OwnedFd>,
+    /// The kernel dropped descriptors that did not fit (`MSG_CTRUNC`).
+    pub fds_truncated: bool,
+}
+
+/// Receives into `buf` without blocking, taking up to MAX_FDS descriptors.
+pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
+    let mut cbuf = CmsgBuf([0; 64]);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; all-zero is a valid empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.0.as_mut_ptr().cast();
+    msg.msg_controllen = cbuf.0.len();
+    // SAFETY: msg points at `iov` (valid for buf.len() writable bytes) and at
+    // `cbuf`, both alive across the call.
+    let n = unsafe {
+        super::syscall!(recvmsg(
+            sock.as_raw_fd(),
+            &mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC
+        ))?
+    };
+    let mut fds = Vec::new();
+    // SAFETY: after recvmsg, msg_control/msg_controllen describe the control
+    // messages the kernel wrote into `cbuf`; the CMSG_* walkers stay inside
+    // it, and each SCM_RIGHTS payload holds whole descriptors that are now
+    // ours to own.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg);
+                let bytes = (*cmsg).cmsg_len - (data as usize - cmsg as usize);
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok(Received {
+        len: n as usize,
+        fds,
+        fds_truncated: msg.msg_flags & libc::MSG_CTRUNC != 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn pass_fds_and_creds() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let c = peer_cred(a.as_fd()).unwrap();
+        assert_eq!(c.pid, std::process::id());
+        let e = super::super::eventfd::EventFd::new().unwrap();
+        send_with_fds(a.as_fd(), b"hi", &[e.as_raw_fd(), e.as_raw_fd()]).unwrap();
+        let mut buf = [0u8; 16];
+        let r = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..r.len], b"hi");
+        assert_eq!(r.fds.len(), 2);
+        assert!(!r.fds_truncated);
+        assert!(recv_with_fds(b.as_fd(), &mut buf).is_err()); // EAGAIN
+        drop(a);
+        assert_eq!(recv_with_fds(b.as_fd(), &mut buf).unwrap().len, 0);
+    }
+}
