@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace: formatting, lint, unit and multi-process
+# integration tests on the host, then the RDMA tests inside a soft-RoCE VM.
+# Called by `./x test` (the README's test command) and so by CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "workspace tests on the host (real processes over shared memory)"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+  cargo test --workspace --doc --quiet
+else
+  echo "cargo-nextest is not installed: falling back to cargo test"
+  cargo test --workspace --no-fail-fast
+fi
+
+step "RDMA verbs tests inside a soft-RoCE VM"
+bash scripts/test-verbs.sh
