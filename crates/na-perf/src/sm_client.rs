@@ -1,0 +1,185 @@
+//! The measuring side of the NA benchmarks: a client-only endpoint talking
+//! to the serving peer with the [`crate::sm_proto`] protocol. Every timed
+//! operation reuses its buffers, so nothing is allocated per operation.
+
+use std::time::Duration;
+
+use na_core::{Addr, Endpoint, MemHandle, NaError, OpId, PluginId, ProgressMode, RemoteMem};
+
+use crate::cli::{MsgKind, RmaOp};
+use crate::error::{PerfError, Result};
+use crate::sm_proto::{REPLY_OK, TAG_CTRL, TAG_PING, TAG_PONG, TAG_REPLY};
+use crate::sm_server::sm_endpoint;
+
+/// How long any single operation may take before the peer is declared stuck.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A connected benchmark client.
+pub struct Session {
+    ep: Endpoint,
+    plugin: PluginId,
+    server: Addr,
+    next_op: u64,
+    /// Receive buffer, handed to the plugin and back on every ping.
+    recv_buf: Vec<u8>,
+}
+
+impl Session {
+    /// Creates a client endpoint in `mode` and looks up `uri`.
+    pub fn connect(uri: &str, mode: ProgressMode) -> Result<Session> {
+        let (mut ep, plugin) = sm_endpoint(mode, false)?;
+        let server = ep.lookup(uri)?;
+        let p = ep.plugin(plugin)?;
+        let cap = p.max_unexpected_size().max(p.max_expected_size());
+        Ok(Session {
+            ep,
+            plugin,
+            server,
+            next_op: 0,
+            recv_buf: Vec::with_capacity(cap),
+        })
+    }
+
+    /// Largest message of `kind`.
+    pub fn max_size(&self, kind: MsgKind) -> Result<usize> {
+        let p = self.ep.plugin(self.plugin)?;
+        Ok(match kind {
+            MsgKind::Expected => p.max_expected_size(),
+            MsgKind::Unexpected => p.max_unexpected_size(),
+        })
+    }
+
+    fn op(&mut self) -> OpId {
+        self.next_op += 1;
+        OpId(self.next_op)
+    }
+
+    /// Waits for `recv` and `send` to complete (either may be `None`); keeps
+    /// the received buffer. Any failed completion is an error.
+    fn wait(&mut self, recv: Option<OpId>, send: Option<OpId>) -> Result<()> {
+        let (mut recv_left, mut send_left) = (recv.is_some(), send.is_some());
+        while recv_left || send_left {
+            while let Some(c) = self.ep.pop_completion() {
+                if Some(c.op) == recv {
+                    if let Some(b) = c.buf {
+                        self.recv_buf = b;
+                    }
+                    recv_left = false;
+                } else if Some(c.op) == send {
+                    send_left = false;
+                } else {
+                    return Err(PerfError::Na(NaError::Plugin {
+                        plugin: "na-perf",
+                        message: format!("stray completion {:?} {:?}", c.op, c.kind),
+                    }));
+                }
+                c.status?;
+            }
+            if (recv_left || send_left) && self.ep.progress(Some(PATIENCE))? == 0 {
+                return Err(PerfError::Timeout {
+                    what: "a completion from the peer",
+                    secs: PATIENCE.as_secs(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a control command, returns the answer's data.
+    pub fn control(&mut self, cmd: &str) -> Result<Vec<u8>> {
+        let (r, s) = (self.op(), self.op());
+        let buf = std::mem::take(&mut self.recv_buf);
+        self.ep.post_recv_expected(&self.server, TAG_REPLY, buf, r)?;
+        self.ep
+            .send_unexpected(&self.server, TAG_CTRL, cmd.as_bytes(), s)?;
+        self.wait(Some(r), Some(s))?;
+        match self.recv_buf.split_first() {
+            Some((&REPLY_OK, data)) => Ok(data.to_vec()),
+            _ => Err(PerfError::PeerReply {
+                command: cmd.into(),
+                reply: String::from_utf8_lossy(self.recv_buf.get(1..).unwrap_or_default()).into_owned(),
+            }),
+        }
+    }
+
+    /// Switches both sides to `mode`.
+    pub fn set_mode(&mut self, mode: ProgressMode) -> Result<()> {
+        let text = match mode {
+            ProgressMode::Adaptive { spin } => format!("adaptive:{}", spin.as_micros()),
+            m => m.to_string(),
+        };
+        self.control(&format!("mode {text}"))?;
+        self.ep.set_mode(mode);
+        Ok(())
+    }
+
+    /// Prepares the server for pings of `kind`.
+    pub fn start_pings(&mut self, kind: MsgKind) -> Result<()> {
+        if kind == MsgKind::Expected {
+            self.control("expect-pings")?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`start_pings`](Self::start_pings).
+    pub fn stop_pings(&mut self, kind: MsgKind) -> Result<()> {
+        if kind == MsgKind::Expected {
+            self.control("stop-pings")?;
+        }
+        Ok(())
+    }
+
+    /// One round trip: sends `data` as a ping of `kind`, waits for the pong.
+    pub fn ping(&mut self, kind: MsgKind, data: &[u8]) -> Result<()> {
+        let (r, s) = (self.op(), self.op());
+        let buf = std::mem::take(&mut self.recv_buf);
+        match kind {
+            MsgKind::Expected => {
+                self.ep.post_recv_expected(&self.server, TAG_PONG, buf, r)?;
+                self.ep.send_expected(&self.server, TAG_PING, data, s)?;
+            }
+            MsgKind::Unexpected => {
+                self.ep.post_recv_unexpected(self.plugin, buf, r)?;
+                self.ep.send_unexpected(&self.server, TAG_PING, data, s)?;
+            }
+        }
+        self.wait(Some(r), Some(s))?;
+        if self.recv_buf.len() != data.len() {
+            return Err(PerfError::Na(NaError::Plugin {
+                plugin: "na-perf",
+                message: format!(
+                    "pong of {} bytes for a ping of {}",
+                    self.recv_buf.len(),
+                    data.len()
+                ),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Asks the server for a read-write handle of `size` bytes in `segments`.
+    pub fn remote_mem(&mut self, size: usize, segments: usize) -> Result<RemoteMem> {
+        let bytes = self.control(&format!("mem {size} {segments}"))?;
+        Ok(RemoteMem::from_bytes(&bytes)?)
+    }
+
+    /// Registers a local handle with the plugin.
+    pub fn register(&mut self, mem: &MemHandle) -> Result<()> {
+        Ok(self.ep.plugin_mut(self.plugin)?.mem_register(mem)?)
+    }
+
+    /// One whole-handle transfer of `len` bytes.
+    pub fn rma(&mut self, op: RmaOp, local: &MemHandle, remote: &RemoteMem, len: u64) -> Result<()> {
+        let id = self.op();
+        match op {
+            RmaOp::Put => self.ep.put(local, 0, remote, 0, len, &self.server, id)?,
+            RmaOp::Get => self.ep.get(local, 0, remote, 0, len, &self.server, id)?,
+        }
+        self.wait(None, Some(id))
+    }
+
+    /// Ends the session (the spawned peer then answers its `sm` command).
+    pub fn bye(mut self) -> Result<()> {
+        self.control("bye").map(drop)
+    }
+}

@@ -1,0 +1,250 @@
+//! The serving side of the NA benchmarks: an endpoint with one listening
+//! shared-memory plugin that answers the [`crate::sm_proto`] protocol.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, Plugin, PluginId};
+use na_core::{ProgressMode, Tag};
+use na_sm::{SmConfig, SmPlugin};
+
+use crate::error::{PerfError, Result};
+use crate::floors::alloc_segments;
+use crate::sm_proto::{REPLY_ERR, REPLY_OK, TAG_CTRL, TAG_PING, TAG_PONG, TAG_REPLY};
+
+/// A spawned peer gives up on a session this long without any completion.
+const IDLE_LIMIT: Duration = Duration::from_secs(60);
+/// Unexpected receives kept posted.
+const UNEXPECTED_POSTED: usize = 4;
+
+#[derive(Default)]
+struct ClientState {
+    /// The posted expected receive for pings, if any.
+    ping_recv: Option<OpId>,
+    /// The handle of the last `mem` command, kept alive for the client's RMA.
+    mem: Option<MemHandle>,
+}
+
+struct Server {
+    ep: Endpoint,
+    plugin: PluginId,
+    next_op: u64,
+    msg_size: usize,
+    clients: HashMap<Addr, ClientState>,
+    /// The answer to `bye`: the session ends when its send completes.
+    bye_op: Option<OpId>,
+    done: bool,
+}
+
+/// Creates an endpoint with one shared-memory plugin; `listen` says whether
+/// peers may connect to it.
+pub fn sm_endpoint(mode: ProgressMode, listen: bool) -> Result<(Endpoint, PluginId)> {
+    let mut ep = Endpoint::new(mode)?;
+    let id = ep.add_plugin(|id| {
+        let cfg = SmConfig {
+            listen,
+            ..Default::default()
+        };
+        let plugin = SmPlugin::new(id, cfg).map_err(NaError::from)?;
+        Ok(Box::new(plugin) as Box<dyn Plugin>)
+    })?;
+    Ok((ep, id))
+}
+
+impl Server {
+    fn new() -> Result<Self> {
+        let (ep, plugin) = sm_endpoint(ProgressMode::Busy, true)?;
+        let p = ep.plugin(plugin)?;
+        let msg_size = p.max_unexpected_size().max(p.max_expected_size());
+        let mut s = Server {
+            ep,
+            plugin,
+            next_op: 0,
+            msg_size,
+            clients: HashMap::new(),
+            bye_op: None,
+            done: false,
+        };
+        for _ in 0..UNEXPECTED_POSTED {
+            s.post_unexpected(Vec::with_capacity(msg_size))?;
+        }
+        Ok(s)
+    }
+
+    fn op(&mut self) -> OpId {
+        self.next_op += 1;
+        OpId(self.next_op)
+    }
+
+    fn post_unexpected(&mut self, buf: Vec<u8>) -> Result<()> {
+        let op = self.op();
+        Ok(self.ep.post_recv_unexpected(self.plugin, buf, op)?)
+    }
+
+    fn post_ping_recv(&mut self, src: &Addr, buf: Vec<u8>) -> Result<()> {
+        let op = self.op();
+        self.ep.post_recv_expected(src, TAG_PING, buf, op)?;
+        self.clients.entry(src.clone()).or_default().ping_recv = Some(op);
+        Ok(())
+    }
+
+    fn send(&mut self, dest: &Addr, tag: Tag, data: &[u8], expected: bool) -> Result<OpId> {
+        let op = self.op();
+        if expected {
+            self.ep.send_expected(dest, tag, data, op)?;
+        } else {
+            self.ep.send_unexpected(dest, tag, data, op)?;
+        }
+        Ok(op)
+    }
+
+    fn handle(&mut self, c: Completion) -> Result<()> {
+        let buf = c.buf.unwrap_or_default();
+        match (c.kind, c.status) {
+            (OpKind::RecvUnexpected, Err(NaError::Canceled)) => Ok(()),
+            (OpKind::RecvUnexpected, Err(e)) => {
+                eprintln!("na-perf serve: unexpected receive failed: {e}");
+                self.post_unexpected(buf)
+            }
+            (OpKind::RecvUnexpected, Ok(())) => {
+                if let Some(src) = c.source {
+                    match c.tag {
+                        TAG_PING => drop(self.send(&src, TAG_PONG, &buf, false)?),
+                        TAG_CTRL => self.control(&src, &buf)?,
+                        t => eprintln!("na-perf serve: ignoring unexpected message with tag {t} from {src}"),
+                    }
+                }
+                self.post_unexpected(buf)
+            }
+            (OpKind::RecvExpected, status) => {
+                let src = c.source;
+                let state = src.as_ref().and_then(|s| self.clients.get_mut(s));
+                match (status, src, state) {
+                    (Ok(()), Some(src), Some(st)) if st.ping_recv == Some(c.op) => {
+                        // Re-post first, so that the client's next ping finds it.
+                        self.post_ping_recv(&src, Vec::with_capacity(self.msg_size))?;
+                        self.send(&src, TAG_PONG, &buf, true).map(drop)
+                    }
+                    (Err(NaError::Canceled), _, _) => Ok(()),
+                    (Err(e), _, _) => Err(e.into()),
+                    (Ok(()), src, _) => {
+                        eprintln!("na-perf serve: stray expected message from {src:?}");
+                        Ok(())
+                    }
+                }
+            }
+            (_, Err(e)) => {
+                eprintln!("na-perf serve: {:?} failed: {e}", c.kind);
+                Ok(())
+            }
+            (_, Ok(())) => {
+                if self.bye_op == Some(c.op) {
+                    self.done = true;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn control(&mut self, src: &Addr, cmd: &[u8]) -> Result<()> {
+        let mut reply = vec![REPLY_OK];
+        let is_bye = cmd == b"bye";
+        match self.command(src, cmd) {
+            Ok(data) => reply.extend_from_slice(&data),
+            Err(e) => {
+                reply[0] = REPLY_ERR;
+                reply.extend_from_slice(e.to_string().as_bytes());
+            }
+        }
+        let op = self.send(src, TAG_REPLY, &reply, true)?;
+        if is_bye {
+            self.bye_op = Some(op);
+        }
+        Ok(())
+    }
+
+    fn command(&mut self, src: &Addr, cmd: &[u8]) -> Result<Vec<u8>> {
+        let text = std::str::from_utf8(cmd).map_err(|_| bad("command is not UTF-8".into()))?;
+        let words: Vec<&str> = text.split_whitespace().collect();
+        match words[..] {
+            ["mode", m] => self.ep.set_mode(ProgressMode::parse(m)?),
+            ["expect-pings"] => self.post_ping_recv(src, Vec::with_capacity(self.msg_size))?,
+            ["stop-pings"] | ["bye"] => {
+                let st = self.clients.remove(src).unwrap_or_default();
+                if let Some(op) = st.ping_recv {
+                    self.ep.cancel(self.plugin, op)?;
+                }
+            }
+            ["mem", size, segs] => {
+                let (size, segs) = (num(size)?, num(segs)?);
+                if segs == 0 || segs > 1024 || size > 1 << 30 {
+                    return Err(bad(format!(
+                        "mem {size} {segs}: want 1..=1024 segments, at most 1 GiB"
+                    )));
+                }
+                let st = self.clients.entry(src.clone()).or_default();
+                if let Some(old) = st.mem.take() {
+                    self.ep.plugin_mut(self.plugin)?.mem_deregister(&old)?;
+                }
+                let mem = MemHandle::new(alloc_segments(size, segs, 0x5a), Access::ReadWrite);
+                let p = self.ep.plugin_mut(self.plugin)?;
+                p.mem_register(&mem)?;
+                let desc = p.mem_describe(&mem)?;
+                self.clients.entry(src.clone()).or_default().mem = Some(mem);
+                return Ok(desc.to_bytes());
+            }
+            _ => return Err(bad(format!("unknown command {text:?}"))),
+        }
+        Ok(Vec::new())
+    }
+
+    /// Runs until `bye` (or forever if `forever`).
+    fn run(&mut self, forever: bool) -> Result<()> {
+        let mut last = Instant::now();
+        while forever || !self.done {
+            let n = self.ep.progress(Some(Duration::from_secs(1)))?;
+            if n == 0 && !forever && last.elapsed() > IDLE_LIMIT {
+                return Err(PerfError::Timeout {
+                    what: "the benchmark client",
+                    secs: IDLE_LIMIT.as_secs(),
+                });
+            }
+            while let Some(c) = self.ep.pop_completion() {
+                last = Instant::now();
+                if let Err(e) = self.handle(c) {
+                    if !forever {
+                        return Err(e);
+                    }
+                    eprintln!("na-perf serve: {e}");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn num(w: &str) -> Result<usize> {
+    w.parse().map_err(|_| bad(format!("{w:?} is not a number")))
+}
+
+fn bad(reason: String) -> PerfError {
+    PerfError::Arg {
+        name: "control command",
+        reason,
+    }
+}
+
+/// Serves one client session: calls `announce` with our address once the
+/// plugin listens, and returns when the client says `bye`.
+pub fn serve_session(announce: impl FnOnce(&str) -> Result<()>) -> Result<()> {
+    let mut server = Server::new()?;
+    announce(&server.ep.self_addr(server.plugin)?.to_string())?;
+    server.run(false)
+}
+
+/// Serves any number of clients until killed (`na-perf serve --standalone`).
+pub fn serve_forever() -> Result<()> {
+    let mut server = Server::new()?;
+    println!("{}", server.ep.self_addr(server.plugin)?);
+    server.run(true)
+}

@@ -1,0 +1,119 @@
+//! Smoke test of the `na-perf` binary: runs the quick presets against a real
+//! peer process and checks that every JSON line parses and carries the
+//! required fields with positive values. A functional check only: no speed
+//! threshold is asserted (speed is judged from the benchmark's own output).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_na-perf"))
+        .args(args)
+        .output()
+        .expect("na-perf runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "na-perf {args:?} failed: {}\n{stderr}",
+        out.status
+    );
+    let stdout = String::from_utf8(out.stdout).expect("UTF-8 output");
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    assert!(
+        !lines.is_empty(),
+        "na-perf {args:?} printed no result; stderr:\n{stderr}"
+    );
+    lines
+}
+
+fn check_fields(v: &Value) {
+    for key in ["test", "op", "mode", "unit"] {
+        assert!(
+            v[key].as_str().is_some_and(|s| !s.is_empty()),
+            "{key} missing in {v}"
+        );
+    }
+    for key in ["size", "segments"] {
+        assert!(v[key].as_u64().is_some(), "{key} missing in {v}");
+    }
+    assert!(v["segments"].as_u64().unwrap() >= 1, "{v}");
+    for key in ["median", "p99"] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} not positive in {v}");
+    }
+}
+
+#[test]
+fn lat_quick_json() {
+    let lines = run(&["lat", "--quick", "--json"]);
+    for v in &lines {
+        check_fields(v);
+        assert_eq!(v["test"], "lat", "{v}");
+        assert_eq!(v["unit"], "ns", "{v}");
+        assert!(v.get("floor").is_none(), "no floors were asked for: {v}");
+    }
+    for mode in ["busy", "adaptive", "blocking"] {
+        for op in ["expected", "unexpected"] {
+            let sizes: Vec<u64> = lines
+                .iter()
+                .filter(|v| v["mode"] == mode && v["op"] == op)
+                .filter_map(|v| v["size"].as_u64())
+                .collect();
+            assert!(
+                sizes.contains(&8),
+                "no 8-byte {op} result in {mode} mode: {sizes:?}"
+            );
+            assert!(sizes.len() >= 2, "{op}/{mode}: only sizes {sizes:?}");
+        }
+    }
+}
+
+#[test]
+fn bw_quick_json_with_floors() {
+    let lines = run(&["bw", "--quick", "--json", "--floors"]);
+    for v in &lines {
+        check_fields(v);
+        assert_eq!(v["unit"], "MiB/s", "{v}");
+    }
+    for segs in [1u64, 16] {
+        let floor = lines
+            .iter()
+            .filter(|v| v["test"] == "floor_cma_read_bw" && v["segments"] == segs)
+            .count();
+        assert_eq!(floor, 7, "CMA floor at 7 sizes for {segs} segment(s)");
+        for op in ["put", "get"] {
+            let figures: Vec<&Value> = lines
+                .iter()
+                .filter(|v| v["test"] == "bw" && v["op"] == op && v["segments"] == segs)
+                .collect();
+            assert_eq!(figures.len(), 7, "{op} with {segs} segment(s) at 7 sizes");
+            for v in figures {
+                let floor = v["floor"].as_f64().unwrap_or_else(|| panic!("no floor in {v}"));
+                let ratio = v["ratio_to_floor"]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("no ratio in {v}"));
+                assert!(floor > 0.0 && ratio > 0.0, "{v}");
+                let expect = v["median"].as_f64().unwrap() / floor;
+                assert!(
+                    (ratio - expect).abs() <= 1e-9 * expect.max(1.0),
+                    "ratio inconsistent in {v}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let out = Command::new(env!("CARGO_BIN_EXE_na-perf"))
+        .args(["lat", "--quick", "--cpu", "0,1,2"])
+        .output()
+        .expect("na-perf runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--cpu"), "{stderr}");
+}
