@@ -3,24 +3,32 @@
 //!
 //! # Region layout (one sealed memfd per connection, [`REGION_LEN`] bytes)
 //!
-//! | offset              | contents                                              |
-//! |---------------------|-------------------------------------------------------|
-//! | 0                   | header: magic, version, buffer count and size, pid    |
-//! | 4 KiB × (1 + c)     | control page of channel `c` (0: connector → acceptor, 1: back) |
-//! | 12 KiB + c × 256 KiB| 64 buffers of 4 KiB of channel `c`                    |
+//! | offset               | contents                                              |
+//! |----------------------|-------------------------------------------------------|
+//! | 0                    | header: magic, version, buffer count and size, pid    |
+//! | 4 KiB × (1 + c)      | control page of channel `c` (0: connector → acceptor, 1: back) |
+//! | 4 KiB × (3 + c)      | ring page of channel `c`: 64 slots of 64 bytes        |
+//! | 20 KiB + c × 256 KiB | 64 buffers of 4 KiB of channel `c`                    |
 //!
 //! A control page holds, each on its own cache line: the 64-bit **free mask**
 //! (bit set = buffer free; the sender clears, the receiver sets), the
-//! receiver's **rx_waiting** flag (receiver asleep, wants an eventfd write),
-//! the sender's **tx_waiting** flag (sender has a backlog, wants a write when
-//! a buffer is freed); then the **ring**: 64 `AtomicU64` slots.
+//! receiver's **rx_waiting** flag (receiver asleep, wants an eventfd write)
+//! and the sender's **tx_waiting** flag (sender has a backlog, wants a write
+//! when a slot or buffer is freed).
 //!
-//! A slot is 0 when empty, else `marker:11 | kind:2 | index:6 | len:13 |
-//! tag:32` (high to low). Message `p` (counted privately by both sides) goes
-//! to slot `p % 64` with marker `(p / 64) % 2047 + 1`, so a stale or
-//! replayed slot never looks fresh. The receiver zeroes the slot, then frees
-//! the buffer (release); since every message holds one buffer, a sender that
-//! reserved a buffer always finds its slot empty: no separate ring credits.
+//! A ring **slot** is one cache line: a header word, then up to
+//! [`INLINE_MAX`] bytes of inline payload. The header is 0 when the slot is
+//! empty, else `marker:10 | inline:1 | kind:2 | index:6 | len:13 | tag:32`
+//! (high to low). Message `p` (counted privately by both sides) goes to
+//! slot `p % 64` with marker `(p / 64) % 1023 + 1`, so a stale or replayed
+//! slot never looks fresh. Messages of up to [`INLINE_MAX`] bytes travel
+//! inside the slot: one cache line moves from sender to receiver, which is
+//! what makes small-message latency close to the raw shared-flag floor.
+//! Larger messages reserve a 4 KiB buffer and the slot names it.
+//!
+//! The sender writes a slot only when its header is 0; the receiver zeroes
+//! the header after copying the payload out (and frees the buffer, if any).
+//! So the ring itself is the credit: no shared head or tail index.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -32,18 +40,21 @@ pub const NUM_BUFS: usize = 64;
 pub const BUF_SIZE: usize = 4096;
 /// Slots per ring.
 pub const RING_SLOTS: usize = 64;
+/// Bytes per ring slot (one cache line).
+pub const SLOT_SIZE: usize = 64;
+/// Largest payload carried inside a ring slot.
+pub const INLINE_MAX: usize = SLOT_SIZE - 8;
 const PAGE: usize = 4096;
 const CTL_FREE: usize = 0;
 const CTL_RX_WAITING: usize = 64;
 const CTL_TX_WAITING: usize = 128;
-const CTL_RING: usize = 512;
-const BUFS_BASE: usize = 3 * PAGE;
+const BUFS_BASE: usize = 5 * PAGE;
 /// Total region size.
 pub const REGION_LEN: usize = BUFS_BASE + 2 * NUM_BUFS * BUF_SIZE;
 /// First word of the header.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"QSSMRGN1");
 /// Layout version.
-pub const REGION_VERSION: u64 = 1;
+pub const REGION_VERSION: u64 = 2;
 
 /// Kind of a message in a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +70,8 @@ pub enum MsgKind {
 pub struct Slot {
     /// Message kind.
     pub kind: MsgKind,
+    /// True if the payload is inside the slot (then `index` is 0).
+    pub inline: bool,
     /// Buffer index (< 64).
     pub index: usize,
     /// Payload length (<= 4096).
@@ -68,12 +81,13 @@ pub struct Slot {
 }
 
 fn marker(pos: u64) -> u64 {
-    (pos / RING_SLOTS as u64) % 2047 + 1
+    (pos / RING_SLOTS as u64) % 1023 + 1
 }
 
 /// Packs a slot for message number `pos`.
 pub fn encode_slot(pos: u64, s: &Slot) -> u64 {
-    marker(pos) << 53
+    marker(pos) << 54
+        | u64::from(s.inline) << 53
         | (s.kind as u64) << 51
         | (s.index as u64) << 45
         | (s.len as u64) << 32
@@ -82,7 +96,7 @@ pub fn encode_slot(pos: u64, s: &Slot) -> u64 {
 
 /// Unpacks and validates the slot value `v` read for message number `pos`.
 pub fn decode_slot(pos: u64, v: u64) -> Result<Slot, String> {
-    let m = v >> 53;
+    let m = v >> 54;
     if m != marker(pos) {
         return Err(format!(
             "ring slot {v:#018x} has sequence marker {m}, expected {}",
@@ -96,11 +110,16 @@ pub fn decode_slot(pos: u64, v: u64) -> Result<Slot, String> {
     };
     let index = ((v >> 45) & 63) as usize;
     let len = ((v >> 32) & 0x1fff) as usize;
+    let inline = (v >> 53) & 1 == 1;
     if len > BUF_SIZE {
         return Err(format!("ring slot claims {len} bytes (max {BUF_SIZE})"));
     }
+    if inline && (len > INLINE_MAX || index != 0) {
+        return Err(format!("inline ring slot claims {len} bytes in buffer {index}"));
+    }
     Ok(Slot {
         kind,
+        inline,
         index,
         len,
         tag: v as u32,
@@ -142,6 +161,7 @@ fn ctl(channel: usize) -> usize {
 pub struct Channel<'a> {
     region: &'a SharedRegion,
     ctl: usize,
+    ring: usize,
     bufs: usize,
 }
 
@@ -152,6 +172,7 @@ impl<'a> Channel<'a> {
         Channel {
             region,
             ctl: ctl(c),
+            ring: PAGE * (3 + c),
             bufs: BUFS_BASE + c * NUM_BUFS * BUF_SIZE,
         }
     }
@@ -160,9 +181,12 @@ impl<'a> Channel<'a> {
         self.region.atomic(self.ctl + CTL_FREE)
     }
 
+    fn slot_offset(&self, pos: u64) -> usize {
+        self.ring + (pos as usize % RING_SLOTS) * SLOT_SIZE
+    }
+
     fn slot(&self, pos: u64) -> &'a AtomicU64 {
-        self.region
-            .atomic(self.ctl + CTL_RING + (pos as usize % RING_SLOTS) * 8)
+        self.region.atomic(self.slot_offset(pos))
     }
 
     /// The receiver's sleep flag.
@@ -175,35 +199,53 @@ impl<'a> Channel<'a> {
         self.region.atomic(self.ctl + CTL_TX_WAITING)
     }
 
-    /// Sender: true if a buffer is free.
-    pub fn has_free_buffer(&self) -> bool {
-        self.free().load(Ordering::Acquire) != 0
+    /// Sender: true if message number `pos` of `len` bytes could be
+    /// published now (its slot is empty, and a buffer is free if it needs one).
+    pub fn can_send(&self, pos: u64, len: usize) -> bool {
+        self.slot(pos).load(Ordering::SeqCst) == 0
+            && (len <= INLINE_MAX || self.free().load(Ordering::SeqCst) != 0)
     }
 
-    /// Sender: publishes message number `*pos` if a buffer is free; false if
-    /// none is (the caller queues it). `data.len()` must be <= BUF_SIZE.
+    /// Sender: publishes message number `*pos` if its slot is empty and (for
+    /// payloads over [`INLINE_MAX`]) a buffer is free; false otherwise (the
+    /// caller queues it). `data.len()` must be <= BUF_SIZE.
     pub fn try_send(&self, pos: &mut u64, kind: MsgKind, tag: u32, data: &[u8]) -> bool {
         debug_assert!(data.len() <= BUF_SIZE);
-        let free = self.free();
-        let mask = free.load(Ordering::Acquire);
-        if mask == 0 {
+        let slot = self.slot(*pos);
+        // Acquire pairs with the receiver's zeroing of the slot after it
+        // copied the previous payload out, so we never overwrite it early.
+        if slot.load(Ordering::Acquire) != 0 {
             return false;
         }
-        let index = mask.trailing_zeros() as usize;
-        // Only we clear bits, so the bit is still set; Acquire pairs with the
-        // receiver's release of this buffer (its reads and slot reset).
-        free.fetch_and(!(1u64 << index), Ordering::Acquire);
-        self.region.write(self.bufs + index * BUF_SIZE, data);
-        let slot = Slot {
+        let inline = data.len() <= INLINE_MAX;
+        let index = if inline {
+            self.region.write(self.slot_offset(*pos) + 8, data);
+            0
+        } else {
+            let free = self.free();
+            let mask = free.load(Ordering::Acquire);
+            if mask == 0 {
+                return false;
+            }
+            let index = mask.trailing_zeros() as usize;
+            // Only we clear bits, so the bit is still set; Acquire pairs with
+            // the receiver's release of this buffer (its reads are done).
+            free.fetch_and(!(1u64 << index), Ordering::Acquire);
+            self.region.write(self.bufs + index * BUF_SIZE, data);
+            index
+        };
+        let header = Slot {
             kind,
+            inline,
             index,
             len: data.len(),
             tag,
         };
         // SeqCst: with the receiver's SeqCst store of rx_waiting and load of
         // this slot in `arm_receiver`, and our SeqCst load of rx_waiting,
-        // one side must see the other's write (store-buffering litmus).
-        self.slot(*pos).store(encode_slot(*pos, &slot), Ordering::SeqCst);
+        // one side must see the other's write (store-buffering litmus). It
+        // also releases the payload written above.
+        slot.store(encode_slot(*pos, &header), Ordering::SeqCst);
         *pos += 1;
         true
     }
@@ -225,11 +267,17 @@ impl<'a> Channel<'a> {
         decode_slot(pos, v).map(Some)
     }
 
-    /// Receiver: copies the payload of `s` into `dst` (replacing it).
-    pub fn read_payload(&self, s: &Slot, dst: &mut Vec<u8>) {
+    /// Receiver: copies the payload of message `pos` (slot `s`) into `dst`
+    /// (replacing its contents).
+    pub fn read_payload(&self, pos: u64, s: &Slot, dst: &mut Vec<u8>) {
         dst.clear();
         dst.resize(s.len, 0);
-        self.region.read(self.bufs + s.index * BUF_SIZE, dst);
+        let at = if s.inline {
+            self.slot_offset(pos) + 8
+        } else {
+            self.bufs + s.index * BUF_SIZE
+        };
+        self.region.read(at, dst);
     }
 
     /// Receiver: retires message `*pos` and frees its buffer. Fails if the
@@ -237,9 +285,15 @@ impl<'a> Channel<'a> {
     /// broke the protocol. One atomic RMW both frees and validates, so the
     /// contended mask line moves once per message.
     pub fn release(&self, pos: &mut u64, s: &Slot) -> Result<(), String> {
-        self.slot(*pos).store(0, Ordering::Relaxed);
-        let old = self.free().fetch_or(1 << s.index, Ordering::SeqCst);
+        // SeqCst: releases our payload reads to the sender's next write of
+        // this slot, and pairs with `arm_sender` (a sender waiting for this
+        // slot either sees it empty or we see its tx_waiting flag).
+        self.slot(*pos).store(0, Ordering::SeqCst);
         *pos += 1;
+        if s.inline {
+            return Ok(());
+        }
+        let old = self.free().fetch_or(1 << s.index, Ordering::SeqCst);
         if old & (1 << s.index) != 0 {
             return Err(format!(
                 "message {} used buffer {} that the sender had not reserved",
@@ -272,11 +326,12 @@ impl<'a> Channel<'a> {
         true
     }
 
-    /// Sender with a backlog going to sleep: raises tx_waiting, re-checks
-    /// the free mask; false if a buffer is already free.
-    pub fn arm_sender(&self) -> bool {
+    /// Sender with a backlog going to sleep: raises tx_waiting, then
+    /// re-checks whether message `pos` of `len` bytes could go now; false
+    /// (flag lowered) if it could.
+    pub fn arm_sender(&self, pos: u64, len: usize) -> bool {
         self.tx_waiting().store(1, Ordering::SeqCst);
-        if self.free().load(Ordering::SeqCst) != 0 {
+        if self.can_send(pos, len) {
             self.tx_waiting().store(0, Ordering::Relaxed);
             return false;
         }

@@ -30,14 +30,17 @@
 //! [`conn`] for the bytes.
 //!
 //! ## Region layout
-//! A header page, one control page per direction, then 64 buffers of 4 KiB
-//! per direction (see [`channel`]). A control page has, each on its own
-//! cache line: the free-buffer mask (one `AtomicU64`; the sender reserves
-//! with `fetch_and`, the receiver frees with `fetch_or`), the receiver's
-//! `rx_waiting` flag, the sender's `tx_waiting` flag; then a ring of 64
-//! `AtomicU64` slots each packing a sequence marker, kind, buffer index,
-//! length and tag. The receiver polls the slot itself (no shared tail), and
-//! since every message holds a buffer, a reserved buffer implies a free slot.
+//! A header page, one control page and one ring page per direction, then 64
+//! buffers of 4 KiB per direction (see [`channel`]). A control page has,
+//! each on its own cache line: the free-buffer mask (one `AtomicU64`; the
+//! sender reserves with `fetch_and`, the receiver frees with `fetch_or`),
+//! the receiver's `rx_waiting` flag and the sender's `tx_waiting` flag. A
+//! ring page has 64 slots of one cache line each: a header word (sequence
+//! marker, inline flag, kind, buffer index, length, tag) and up to 56 bytes
+//! of inline payload. Messages of up to 56 bytes travel inside their slot,
+//! so one cache line crosses between the cores; larger ones take a buffer.
+//! The receiver polls the slot itself (no shared head or tail), and the
+//! sender writes a slot only after the receiver zeroed it.
 //!
 //! ## Signaling without missed wake-ups, and without a syscall per message
 //! Senders write the receiver's eventfd only when it sleeps. The receiver,
@@ -96,6 +99,7 @@ pub mod conn;
 mod connect;
 pub mod error;
 pub mod factory;
+mod fasthash;
 mod matching;
 mod plugin;
 pub mod progress;

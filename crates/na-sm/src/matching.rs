@@ -6,7 +6,9 @@
 //! wait (copied out of shared memory, so the sender's buffer is free again)
 //! until one is posted. Nothing is ever dropped.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::fasthash::FastMap;
 
 use na_core::{Addr, Completion, NaError, OpId, OpKind, Tag};
 
@@ -28,8 +30,11 @@ type Key = (u64, Tag);
 pub(crate) struct Matcher {
     posted_unexpected: VecDeque<(OpId, Vec<u8>)>,
     arrived_unexpected: VecDeque<(Addr, Tag, Vec<u8>)>,
-    posted_expected: HashMap<Key, VecDeque<(OpId, Vec<u8>)>>,
-    arrived_expected: HashMap<Key, VecDeque<(Addr, Vec<u8>)>>,
+    posted_expected: FastMap<Key, VecDeque<(OpId, Vec<u8>)>>,
+    arrived_expected: FastMap<Key, VecDeque<(Addr, Vec<u8>)>>,
+    /// Emptied queues of `posted_expected`, kept so that posting an
+    /// expected receive allocates nothing in steady state.
+    spare: Vec<VecDeque<(OpId, Vec<u8>)>>,
     /// Messages waiting for a receive (both kinds).
     pub queued_arrivals: usize,
 }
@@ -66,7 +71,7 @@ impl Matcher {
             if let Some(q) = self.posted_expected.get_mut(&key) {
                 if let Some((op, mut buf)) = q.pop_front() {
                     if q.is_empty() {
-                        self.posted_expected.remove(&key);
+                        self.retire_posted(key);
                     }
                     fill(&mut buf);
                     out.push_back(Completion::received(
@@ -125,8 +130,22 @@ impl Matcher {
                 return false;
             }
         }
-        self.posted_expected.entry(key).or_default().push_back((op, buf));
+        let spare = &mut self.spare;
+        self.posted_expected
+            .entry(key)
+            .or_insert_with(|| spare.pop().unwrap_or_default())
+            .push_back((op, buf));
         true
+    }
+
+    /// Removes the (empty) queue of `key`, keeping its allocation for reuse.
+    fn retire_posted(&mut self, key: Key) {
+        const MAX_SPARE: usize = 64;
+        if let Some(q) = self.posted_expected.remove(&key) {
+            if self.spare.len() < MAX_SPARE && q.capacity() <= 16 {
+                self.spare.push(q);
+            }
+        }
     }
 
     /// True if a message from `token` waits for an expected receive with `tag`.
@@ -146,7 +165,7 @@ impl Matcher {
                 let i = q.iter().position(|(o, _)| *o == op)?;
                 let b = q.remove(i).map(|(_, b)| b);
                 if q.is_empty() {
-                    self.posted_expected.remove(&(tok, tag));
+                    self.retire_posted((tok, tag));
                 }
                 b
             }

@@ -1,6 +1,8 @@
 //! The plugin instance: construction, teardown and the [`Plugin`] trait.
 
 use std::collections::{HashMap, VecDeque};
+
+use crate::fasthash::FastMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
@@ -54,7 +56,7 @@ pub struct SmPlugin {
     pub(crate) awaiting_ack: usize,
     pub(crate) next_serial: u64,
     pub(crate) matcher: Matcher,
-    pub(crate) ops: HashMap<OpId, OpPlace>,
+    pub(crate) ops: FastMap<OpId, OpPlace>,
     pub(crate) completions: VecDeque<Completion>,
     pub(crate) stats: PluginStats,
     /// try_wait raised flags that progress must lower (and drain events).
@@ -103,7 +105,7 @@ impl SmPlugin {
             awaiting_ack: 0,
             next_serial: 16,
             matcher: Matcher::default(),
-            ops: HashMap::new(),
+            ops: FastMap::default(),
             completions: VecDeque::new(),
             stats: PluginStats::default(),
             armed: false,
@@ -199,7 +201,7 @@ impl SmPlugin {
     }
 
     fn check_dest(&self, dest: &Addr) -> Result<()> {
-        if dest.plugin() != self.id || dest.scheme() != "sm" {
+        if dest.plugin() != self.id || !dest.uri().starts_with("sm://") {
             return Err(NaError::InvalidAddress {
                 uri: dest.uri().into(),
                 reason: format!(

@@ -79,8 +79,10 @@ impl SmPlugin {
                 if !c.rx().arm_receiver(rx_pos) {
                     return false;
                 }
-                if !c.backlog.is_empty() && !c.tx().arm_sender() {
-                    return false;
+                if let Some(next) = c.backlog.front() {
+                    if !c.tx().arm_sender(c.tx_pos, next.data.len()) {
+                        return false;
+                    }
                 }
             }
         }
@@ -195,7 +197,7 @@ impl SmPlugin {
                         &peer.addr,
                         expected,
                         s.tag,
-                        |b| ch.read_payload(&s, b),
+                        |b| ch.read_payload(conn.rx_pos, &s, b),
                         completions,
                     ) {
                         ops.remove(&op);

@@ -65,6 +65,15 @@ pub fn server() {
             let reply: Option<Vec<u8>> = match msg.first() {
                 None => Some(Vec::new()),
                 Some(b'e') => Some(msg.clone()),
+                Some(b'z') => {
+                    // Stall without progress, so that the client's sends
+                    // pile up in its backlog deterministically.
+                    let ms = msg
+                        .get(1..5)
+                        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    std::thread::sleep(Duration::from_millis(u64::from(ms)));
+                    None
+                }
                 Some(b'u') => {
                     ep.send_unexpected(&src, tag, &msg, OpId(op)).expect("send");
                     None
