@@ -113,7 +113,7 @@ impl SmPlugin {
         sock.set_nonblocking(true)
             .map_err(|e| SmError::sys("fcntl(O_NONBLOCK)", e))?;
         self.poll_add(sock.as_raw_fd(), serial)?;
-        self.poll_add(my_wake.as_raw_fd(), serial | WAKE_BIT)?;
+        self.poll_add_wake(my_wake.as_raw_fd(), serial | WAKE_BIT)?;
         let conn = Conn {
             serial,
             sock,
@@ -144,6 +144,15 @@ impl SmPlugin {
         self.poll
             .add(fd, token)
             .map_err(|e| SmError::sys("epoll_ctl add", e))
+    }
+
+    /// Our wake-up eventfd goes in edge-triggered: each peer write is one
+    /// event and the fd is never read (no syscall beyond the wait). Its
+    /// counter grows by one per wake-up, far from the 2^64 - 2 limit.
+    fn poll_add_wake(&self, fd: i32, token: u64) -> SmResult<()> {
+        self.poll
+            .add_edge_triggered(fd, token)
+            .map_err(|e| SmError::sys("epoll_ctl add (eventfd)", e))
     }
 
     /// Accepts every waiting connection (listener readable).
@@ -245,7 +254,7 @@ impl SmPlugin {
         }
         self.poll_add(p.sock.as_raw_fd(), serial)
             .map_err(|e| e.to_string())?;
-        self.poll_add(my_wake.as_raw_fd(), serial | WAKE_BIT)
+        self.poll_add_wake(my_wake.as_raw_fd(), serial | WAKE_BIT)
             .map_err(|e| e.to_string())?;
         let conn = Conn {
             serial,

@@ -144,7 +144,8 @@ impl SmPlugin {
         };
         let conn = &mut peer.conns[ci];
         if token & WAKE_BIT != 0 {
-            let _ = conn.my_wake.drain();
+            // Edge-triggered: the event itself was the wake-up; the rings
+            // are polled next. Nothing to read.
             return;
         }
         let failure = if conn.role == Role::Connector && conn.peer_wake.is_none() {

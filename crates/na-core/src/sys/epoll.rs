@@ -29,19 +29,28 @@ impl Epoll {
     /// Adds `fd` for readability, tagging its events with `token`.
     /// [epoll_ctl(2)](https://man7.org/linux/man-pages/man2/epoll_ctl.2.html)
     pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_ADD, fd, token)
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, libc::EPOLLIN as u32)
+    }
+
+    /// Adds `fd` for readability, edge-triggered (`EPOLLET`): one event per
+    /// change, so the caller need not drain the fd. For an eventfd every
+    /// write is such a change, which lets a wake-up cost no `read(2)`.
+    pub fn add_edge_triggered(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        self.ctl(
+            libc::EPOLL_CTL_ADD,
+            fd,
+            token,
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+        )
     }
 
     /// Removes `fd` from the set.
     pub fn delete(&self, fd: RawFd) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_DEL, fd, 0)
+        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
     }
 
-    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: token,
-        };
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
         // SAFETY: `ev` is a valid epoll_event for the duration of the call;
         // the kernel validates `fd` and reports EBADF for a bad one.
         #[allow(unsafe_code)]
