@@ -32,6 +32,11 @@ pub struct PluginStats {
     pub peers: u64,
     /// Protocol violations detected (invalid data from peers).
     pub protocol_errors: u64,
+    /// Messages received and held until a matching receive is posted.
+    pub queued_arrivals: u64,
+    /// Times a peer's messages were left in the transport because its
+    /// held messages reached the per-peer bound (flow control).
+    pub flow_blocked: u64,
 }
 
 /// A network-abstraction plugin instance: one transport endpoint (listening

@@ -30,7 +30,15 @@ pub struct SmConfig {
     pub allow_any_ptracer: bool,
     /// How long an accepted connection may take to send its hello.
     pub handshake_timeout: Duration,
+    /// Most messages from one peer kept while no receive is posted for
+    /// them (each at most 4 KiB). Past it we stop draining that peer's ring:
+    /// its messages wait in shared memory and its sends back up, so a peer
+    /// that floods us cannot grow our memory.
+    pub max_queued_per_peer: usize,
 }
+
+/// Default of [`SmConfig::max_queued_per_peer`].
+pub const DEFAULT_MAX_QUEUED_PER_PEER: usize = 256;
 
 impl Default for SmConfig {
     fn default() -> Self {
@@ -41,6 +49,7 @@ impl Default for SmConfig {
             cleanup_on_start: true,
             allow_any_ptracer: true,
             handshake_timeout: Duration::from_secs(5),
+            max_queued_per_peer: DEFAULT_MAX_QUEUED_PER_PEER,
         }
     }
 }

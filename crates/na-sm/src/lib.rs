@@ -66,7 +66,10 @@
 //! Sends complete once the data is in shared memory. A send that finds no
 //! free buffer is copied into the peer's FIFO backlog and retried, in order,
 //! by `progress` (never dropped, never failed for lack of space). Messages
-//! that arrive before their receive is posted are copied out and kept.
+//! that arrive before their receive is posted are copied out and kept, up
+//! to [`SmConfig::max_queued_per_peer`] per peer; past that the peer's ring
+//! is left undrained until a receive is posted, so a flooding peer backs up
+//! in its own shared memory instead of growing ours.
 //!
 //! ## RMA
 //! One `process_vm_readv`/`writev` per transfer with iovecs built from both

@@ -37,6 +37,8 @@ pub(crate) struct Matcher {
     spare: Vec<VecDeque<(OpId, Vec<u8>)>>,
     /// Messages waiting for a receive (both kinds).
     pub queued_arrivals: usize,
+    /// The same, per sending peer (token), for the flood bound.
+    queued_by_peer: FastMap<u64, usize>,
 }
 
 impl Matcher {
@@ -92,14 +94,40 @@ impl Matcher {
                 .push_back((source.clone(), v));
         }
         self.queued_arrivals += 1;
+        *self.queued_by_peer.entry(source.token()).or_insert(0) += 1;
         None
+    }
+
+    /// True if a message of this kind and tag from `token` would find no
+    /// posted receive (and so be queued).
+    pub fn would_queue(&self, token: u64, expected: bool, tag: Tag) -> bool {
+        if expected {
+            !self.posted_expected.contains_key(&(token, tag))
+        } else {
+            self.posted_unexpected.is_empty()
+        }
+    }
+
+    /// Messages from `token` waiting for a receive.
+    pub fn queued_from(&self, token: u64) -> usize {
+        self.queued_by_peer.get(&token).copied().unwrap_or(0)
+    }
+
+    fn dequeued(&mut self, token: u64) {
+        self.queued_arrivals -= 1;
+        if let Some(n) = self.queued_by_peer.get_mut(&token) {
+            *n -= 1;
+            if *n == 0 {
+                self.queued_by_peer.remove(&token);
+            }
+        }
     }
 
     /// Posts an unexpected receive; completes it at once (into `out`) if a
     /// message is waiting. Returns true if it was posted (not completed).
     pub fn post_unexpected(&mut self, op: OpId, mut buf: Vec<u8>, out: &mut VecDeque<Completion>) -> bool {
         if let Some((src, tag, data)) = self.arrived_unexpected.pop_front() {
-            self.queued_arrivals -= 1;
+            self.dequeued(src.token());
             replace(&mut buf, &data);
             out.push_back(Completion::received(op, OpKind::RecvUnexpected, buf, src, tag));
             return false;
@@ -124,7 +152,7 @@ impl Matcher {
                 if q.is_empty() {
                     self.arrived_expected.remove(&key);
                 }
-                self.queued_arrivals -= 1;
+                self.dequeued(src.token());
                 replace(&mut buf, &data);
                 out.push_back(Completion::received(op, OpKind::RecvExpected, buf, src, tag));
                 return false;

@@ -376,6 +376,7 @@ impl Plugin for SmPlugin {
     fn stats(&self) -> PluginStats {
         PluginStats {
             in_flight: self.ops.len() as u64,
+            queued_arrivals: self.matcher.queued_arrivals as u64,
             peers: self
                 .peers
                 .iter()

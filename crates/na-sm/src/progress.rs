@@ -72,12 +72,22 @@ impl SmPlugin {
             return false;
         }
         self.armed = true;
+        let max_queued = self.cfg.max_queued_per_peer;
         for peer in self.peers.iter_mut() {
+            let tok = peer.addr.token();
             for c in peer.conns.iter_mut() {
                 c.armed = true;
                 let rx_pos = c.rx_pos;
                 if !c.rx().arm_receiver(rx_pos) {
-                    return false;
+                    // A message waits; it is work unless the flood bound
+                    // holds it back (then only posting a receive, in this
+                    // thread, can release it: nothing to wait for).
+                    let held = matches!(c.rx().peek(rx_pos), Ok(Some(s))
+                        if self.matcher.queued_from(tok) >= max_queued
+                            && self.matcher.would_queue(tok, s.kind == MsgKind::Expected, s.tag));
+                    if !held {
+                        return false;
+                    }
                 }
                 if let Some(next) = c.backlog.front() {
                     if !c.tx().arm_sender(c.tx_pos, next.data.len()) {
@@ -177,8 +187,10 @@ impl SmPlugin {
             completions,
             ops,
             stats,
+            cfg,
             ..
         } = self;
+        let max_queued = cfg.max_queued_per_peer;
         for peer in peers.iter_mut() {
             for conn in peer.conns.iter_mut() {
                 let rx = if conn.role == Role::Connector { 1 } else { 0 };
@@ -194,6 +206,13 @@ impl SmPlugin {
                         }
                     };
                     let expected = s.kind == MsgKind::Expected;
+                    let tok = peer.addr.token();
+                    if matcher.queued_from(tok) >= max_queued && matcher.would_queue(tok, expected, s.tag) {
+                        // Flood bound: leave it in shared memory until the
+                        // user posts receives; the sender backs up.
+                        stats.flow_blocked += 1;
+                        break;
+                    }
                     if let Some(op) = matcher.deliver(
                         &peer.addr,
                         expected,

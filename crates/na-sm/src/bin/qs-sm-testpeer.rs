@@ -3,7 +3,8 @@
 //! `qs-sm-testpeer server` listens (socket dir from `QS_SM_DIR`), prints
 //! `ADDR <uri>` and serves the command protocol of [`serve`] until told to
 //! quit or idle for 60 s. `client <uri> <n>` sends n echo requests with up to
-//! 50 in flight and exits 0 if every echo came back intact. `hostile <uri>`
+//! 50 in flight and exits 0 if every echo came back intact. `flood <uri> <n>` sends n
+//! unexpected messages without waiting for any answer. `hostile <uri>`
 //! connects, scribbles random bytes over its connection's shared memory and
 //! exits 0 once it observed an error completion. `envcheck` creates a plugin
 //! with the environment as given and prints the result.
@@ -79,6 +80,36 @@ fn client(uri: &str, n: u64) {
     println!("CLIENT OK {n}");
 }
 
+/// Payload of flood message `i`: 100 bytes (so it takes a shared buffer).
+pub fn flood_payload(i: u32) -> Vec<u8> {
+    (0..100u32).map(|j| (i.wrapping_mul(31) ^ j) as u8).collect()
+}
+
+/// Sends `n` unexpected messages (tag = index) as fast as the target takes
+/// them, then waits until every send completed.
+fn flood(uri: &str, n: u32) {
+    let (mut ep, _) = endpoint(false);
+    let target = ep.lookup(uri).expect("lookup");
+    for i in 0..n {
+        ep.send_unexpected(&target, i, &flood_payload(i), OpId(u64::from(i)))
+            .expect("send");
+    }
+    let mut done = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done < n {
+        assert!(
+            Instant::now() < deadline,
+            "flood: only {done} of {n} sends completed"
+        );
+        ep.progress(Some(Duration::from_millis(100))).expect("progress");
+        while let Some(c) = ep.pop_completion() {
+            c.status.expect("flood send");
+            done += 1;
+        }
+    }
+    println!("FLOOD DONE {n}");
+}
+
 fn hostile(uri: &str) {
     let mut plugin = SmPlugin::new(PluginId(0), SmConfig::default()).expect("plugin");
     let target: Addr = plugin.lookup(uri).expect("lookup");
@@ -134,6 +165,7 @@ fn main() {
         Some("server") => serve::server(),
         Some("client") => client(&args[1], args[2].parse().expect("count")),
         Some("hostile") => hostile(&args[1]),
+        Some("flood") => flood(&args[1], args[2].parse().expect("count")),
         Some("envcheck") => match SmPlugin::new(PluginId(0), SmConfig::listening()) {
             Ok(p) => println!("OK {}", p.self_addr()),
             Err(e) => println!("ERR {e}"),

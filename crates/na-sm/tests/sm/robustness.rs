@@ -190,3 +190,79 @@ fn idle_progress_in_adaptive_and_blocking_mode_uses_no_cpu() {
         eprintln!("{mode}: {cpu:?} CPU over {wall:?} idle");
     }
 }
+
+/// A peer that floods us while we post no receive: we hold at most the
+/// configured number of its messages, the rest wait in shared memory and in
+/// its backlog, and once we post receives every message arrives, in order.
+#[test]
+fn flooding_peer_is_bounded_and_nothing_is_lost() {
+    use na_core::{Endpoint, OpId, Plugin, ProgressMode};
+    use na_sm::{SmConfig, SmPlugin};
+    const BOUND: usize = 32;
+    const N: u32 = 2000;
+    let dir = test_dir("flood");
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let cfg = SmConfig {
+        listen: true,
+        max_queued_per_peer: BOUND,
+        ..SmConfig::default()
+    }
+    .with_dir(&*dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let me = ep.self_addr(id).unwrap();
+    let mut flooder = PeerProc::spawn(&dir, &["flood", me.uri(), &N.to_string()]);
+    // No receive posted: progress for a while; the held queue must stay bounded.
+    let until = std::time::Instant::now() + Duration::from_millis(700);
+    while std::time::Instant::now() < until {
+        ep.progress(Some(Duration::from_millis(20))).unwrap();
+        assert!(
+            ep.pop_completion().is_none(),
+            "nothing was posted, nothing may complete"
+        );
+    }
+    let st = ep.plugin(id).unwrap().stats();
+    assert!(st.queued_arrivals >= 1, "the flooder never reached us: {st:?}");
+    assert!(
+        st.queued_arrivals <= BOUND as u64,
+        "held {} > bound {BOUND}",
+        st.queued_arrivals
+    );
+    assert!(st.flow_blocked > 0, "{st:?}");
+    // Now receive everything, in order, intact.
+    let mut got = 0u32;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut posted = 0u32;
+    while got < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {got} of {N} messages arrived"
+        );
+        while posted < N && posted - got < 100 {
+            ep.post_recv_unexpected(id, Vec::new(), OpId(u64::from(posted)))
+                .unwrap();
+            posted += 1;
+        }
+        ep.progress(Some(Duration::from_millis(100))).unwrap();
+        while let Some(c) = ep.pop_completion() {
+            c.status.as_ref().unwrap();
+            assert_eq!(c.tag, got, "messages out of order");
+            assert_eq!(
+                c.buf.as_deref(),
+                Some(&flood_payload(got)[..]),
+                "message {got} corrupted"
+            );
+            got += 1;
+            let held = ep.plugin(id).unwrap().stats().queued_arrivals;
+            assert!(held <= BOUND as u64, "held {held} > bound {BOUND}");
+        }
+    }
+    assert!(flooder.wait(Duration::from_secs(30)), "flooder failed");
+    assert_eq!(flooder.line(Duration::from_secs(5)), format!("FLOOD DONE {N}"));
+}
+
+/// Same payload as the testpeer's `flood` role.
+fn flood_payload(i: u32) -> Vec<u8> {
+    (0..100u32).map(|j| (i.wrapping_mul(31) ^ j) as u8).collect()
+}
