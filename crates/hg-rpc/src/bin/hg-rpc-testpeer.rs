@@ -1,0 +1,68 @@
+//! Server process for hg-rpc's multi-process tests (not a user tool).
+//!
+//! Listens on shared memory (socket dir from `QS_SM_DIR`), prints
+//! `ADDR <uri>`, and serves the RPCs of `testpeer_rpcs` until `Quit` or 60 s
+//! without a request.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hg_rpc::Engine;
+use na_core::{Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+#[path = "testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod testpeer_rpcs;
+use testpeer_rpcs::*;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut ep = Endpoint::new(ProgressMode::default())?;
+    let cfg = SmConfig {
+        listen: true,
+        ..SmConfig::default()
+    };
+    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
+    let mut engine = Engine::new(ep, id)?;
+    let quit = Arc::new(AtomicBool::new(false));
+    let (records, sum) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    engine.register::<Add>(|(a, b)| a.checked_add(b).ok_or_else(|| "overflow".to_string()))?;
+    engine.register::<Echo>(Ok)?;
+    engine.register::<Fail>(Err)?;
+    engine.register::<Sleep>(|ms| {
+        std::thread::sleep(Duration::from_millis(ms));
+        Ok(())
+    })?;
+    let (r, s) = (records.clone(), sum.clone());
+    engine.register::<Record>(move |v| {
+        r.fetch_add(1, Ordering::Relaxed);
+        s.fetch_add(v, Ordering::Relaxed);
+        Ok(())
+    })?;
+    engine.register::<Count>(move |()| Ok((records.load(Ordering::Relaxed), sum.load(Ordering::Relaxed))))?;
+    let q = quit.clone();
+    engine.register::<Quit>(move |()| {
+        q.store(true, Ordering::Relaxed);
+        Ok(())
+    })?;
+    println!("ADDR {}", engine.self_addr());
+    let mut last = Instant::now();
+    while !quit.load(Ordering::Relaxed) {
+        engine.progress(Some(Duration::from_millis(200)))?;
+        if engine.trigger()? > 0 {
+            last = Instant::now();
+        }
+        if last.elapsed() > Duration::from_secs(60) {
+            eprintln!("hg-rpc-testpeer: idle for 60 s, exiting");
+            std::process::exit(3);
+        }
+    }
+    // Let the Quit response go out.
+    let end = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < end {
+        engine.progress(Some(Duration::from_millis(20)))?;
+        engine.trigger()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! RPC definitions shared by `hg-rpc-testpeer` and the integration tests.
+
+use hg_rpc::Rpc;
+
+/// Adds two numbers.
+pub struct Add;
+impl Rpc for Add {
+    const NAME: &'static str = "test.add";
+    type Input = (u64, u64);
+    type Output = u64;
+}
+
+/// Returns its input.
+pub struct Echo;
+impl Rpc for Echo {
+    const NAME: &'static str = "test.echo";
+    type Input = Vec<u8>;
+    type Output = Vec<u8>;
+}
+
+/// Always fails with the given message.
+pub struct Fail;
+impl Rpc for Fail {
+    const NAME: &'static str = "test.fail";
+    type Input = String;
+    type Output = ();
+}
+
+/// Sleeps for the given milliseconds, then answers.
+pub struct Sleep;
+impl Rpc for Sleep {
+    const NAME: &'static str = "test.sleep";
+    type Input = u64;
+    type Output = ();
+}
+
+/// One-way: records a number.
+pub struct Record;
+impl Rpc for Record {
+    const NAME: &'static str = "test.record";
+    type Input = u64;
+    type Output = ();
+}
+
+/// Returns how many `Record`s arrived and their sum.
+pub struct Count;
+impl Rpc for Count {
+    const NAME: &'static str = "test.count";
+    type Input = ();
+    type Output = (u64, u64);
+}
+
+/// Makes the server exit.
+pub struct Quit;
+impl Rpc for Quit {
+    const NAME: &'static str = "test.quit";
+    type Input = ();
+    type Output = ();
+}

@@ -1,0 +1,59 @@
+//! Serialization behind a small trait, with postcard as the default.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Turns serde values into bytes and back. Errors are strings: the RPC
+/// layer wraps them with the RPC name and direction.
+pub trait Codec: Clone + Send + Sync + 'static {
+    /// Appends the encoding of `value` to `out`.
+    fn encode<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), String>;
+    /// Decodes a value from exactly `bytes` (trailing bytes are an error).
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String>;
+}
+
+/// [postcard](https://docs.rs/postcard): compact varint encoding, no
+/// schema on the wire, maintained, `no_std`-capable; the default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Postcard;
+
+impl Codec for Postcard {
+    fn encode<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), String> {
+        let taken = std::mem::take(out);
+        match postcard::to_extend(value, taken) {
+            Ok(v) => {
+                *out = v;
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String> {
+        let (v, rest) = postcard::take_from_bytes(bytes).map_err(|e| e.to_string())?;
+        if !rest.is_empty() {
+            return Err(format!("{} trailing bytes", rest.len()));
+        }
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_garbage() {
+        let c = Postcard;
+        let mut out = vec![9];
+        c.encode(&("x".to_string(), 5u64), &mut out).unwrap();
+        assert_eq!(out[0], 9, "encode appends");
+        let v: (String, u64) = c.decode(&out[1..]).unwrap();
+        assert_eq!(v, ("x".into(), 5));
+        assert!(c.decode::<(String, u64)>(&out[1..out.len() - 1]).is_err());
+        assert!(c
+            .decode::<(String, u64)>(&[&out[1..], &[0][..]].concat())
+            .is_err());
+        assert!(c.decode::<String>(&[0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
+    }
+}

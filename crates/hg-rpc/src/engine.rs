@@ -1,0 +1,501 @@
+//! The RPC engine: registry, calls in flight, and the blocking progress API.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use na_core::{Addr, Completion, Endpoint, OpId, PluginId};
+
+use crate::codec::{Codec, Postcard};
+use crate::error::{Result, RpcError};
+use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_RESPONSE, HEADER_LEN};
+use crate::rpc::{rpc_id, Rpc};
+
+/// Unexpected receives the engine keeps posted for incoming requests.
+pub const POSTED_REQUEST_BUFFERS: usize = 64;
+
+type HandlerFn = Box<dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, (Status, String)> + Send>;
+
+struct Handler {
+    name: &'static str,
+    run: HandlerFn,
+}
+
+/// Identifies a call made with [`Engine::forward`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallId(u64);
+
+enum OpRole {
+    /// A posted unexpected receive for requests.
+    Request,
+    /// The posted receive for the response of a call (its cookie).
+    Response(u64),
+    /// A send; nothing to do on success.
+    Send,
+}
+
+struct Call {
+    rpc: &'static str,
+    recv_op: OpId,
+    /// The response payload or error, once it arrived.
+    outcome: Option<Result<Vec<u8>>>,
+    /// The caller gave up (timeout); discard the response when it comes.
+    abandoned: bool,
+}
+
+/// Counters of an engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RpcStats {
+    /// Calls forwarded (including self-forwards and one-way).
+    pub calls: u64,
+    /// Requests handled as target.
+    pub handled: u64,
+    /// Calls that ended in an error at the origin.
+    pub errors: u64,
+    /// Malformed messages received and dropped.
+    pub malformed: u64,
+    /// Request and response bytes sent (headers included).
+    pub bytes_sent: u64,
+    /// Calls waiting for their response.
+    pub in_flight: u64,
+}
+
+/// An RPC engine over one NA plugin of an [`Endpoint`].
+///
+/// # Call order
+/// 1. [`Engine::new`] with an endpoint and the plugin to use (it posts
+///    receives for incoming requests at once).
+/// 2. [`register`](Self::register) handlers (targets); both sides use the
+///    same [`Rpc`] definitions.
+/// 3. Origin: [`call`](Self::call) (blocking, with a timeout) or
+///    [`forward`](Self::forward) + [`take_response`](Self::take_response).
+/// 4. Drive it: [`progress`](Self::progress) waits for network work,
+///    [`trigger`](Self::trigger) runs handlers and files responses. `call`
+///    does both itself while it waits.
+pub struct Engine<C: Codec = Postcard> {
+    ep: Endpoint,
+    plugin: PluginId,
+    me: Addr,
+    codec: C,
+    handlers: HashMap<u64, Handler>,
+    ops: HashMap<OpId, OpRole>,
+    calls: HashMap<u64, Call>,
+    next_op: u64,
+    next_cookie: u64,
+    max_msg: usize,
+    scratch: Vec<u8>,
+    stats: RpcStats,
+    finished_self: VecDeque<u64>,
+}
+
+impl Engine<Postcard> {
+    /// An engine with the default codec.
+    pub fn new(ep: Endpoint, plugin: PluginId) -> Result<Self> {
+        Self::with_codec(ep, plugin, Postcard)
+    }
+}
+
+impl<C: Codec> Engine<C> {
+    /// An engine with codec `codec`.
+    pub fn with_codec(ep: Endpoint, plugin: PluginId, codec: C) -> Result<Self> {
+        let p = ep.plugin(plugin)?;
+        let max_msg = p.max_unexpected_size().min(p.max_expected_size());
+        let me = p.self_addr();
+        let mut e = Engine {
+            ep,
+            plugin,
+            me,
+            codec,
+            handlers: HashMap::new(),
+            ops: HashMap::new(),
+            calls: HashMap::new(),
+            next_op: 1,
+            next_cookie: 1,
+            max_msg,
+            scratch: Vec::new(),
+            stats: RpcStats::default(),
+            finished_self: VecDeque::new(),
+        };
+        for _ in 0..POSTED_REQUEST_BUFFERS {
+            e.post_request_buffer(Vec::with_capacity(max_msg))?;
+        }
+        Ok(e)
+    }
+
+    /// Our own address.
+    pub fn self_addr(&self) -> &Addr {
+        &self.me
+    }
+
+    /// The endpoint (for lookups and plugin access).
+    pub fn endpoint(&mut self) -> &mut Endpoint {
+        &mut self.ep
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RpcStats {
+        RpcStats {
+            in_flight: self
+                .calls
+                .values()
+                .filter(|c| !c.abandoned && c.outcome.is_none())
+                .count() as u64,
+            ..self.stats
+        }
+    }
+
+    fn op(&mut self) -> OpId {
+        self.next_op += 1;
+        OpId(self.next_op)
+    }
+
+    fn post_request_buffer(&mut self, buf: Vec<u8>) -> Result<()> {
+        let op = self.op();
+        self.ep.post_recv_unexpected(self.plugin, buf, op)?;
+        self.ops.insert(op, OpRole::Request);
+        Ok(())
+    }
+
+    /// Registers `handler` for RPC `R`. A second registration of the same
+    /// name, or a different name with the same id, is an error.
+    pub fn register<R: Rpc>(
+        &mut self,
+        mut handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
+    ) -> Result<()> {
+        let id = rpc_id(R::NAME);
+        if let Some(h) = self.handlers.get(&id) {
+            let reason = if h.name == R::NAME {
+                "already registered".to_string()
+            } else {
+                format!("its id {id:#018x} collides with {}", h.name)
+            };
+            return Err(RpcError::Registration {
+                name: R::NAME.into(),
+                reason,
+            });
+        }
+        let codec = self.codec.clone();
+        let run: HandlerFn = Box::new(move |payload| {
+            let input: R::Input = codec
+                .decode(payload)
+                .map_err(|e| (Status::DecodeError, format!("input of {}: {e}", R::NAME)))?;
+            let output = handler(input).map_err(|m| (Status::HandlerError, m))?;
+            let mut out = Vec::new();
+            codec.encode(&output, &mut out).map_err(|e| {
+                (
+                    Status::HandlerError,
+                    format!("encoding output of {}: {e}", R::NAME),
+                )
+            })?;
+            Ok(out)
+        });
+        self.handlers.insert(id, Handler { name: R::NAME, run });
+        Ok(())
+    }
+
+    fn encode_request<R: Rpc>(&mut self, input: &R::Input, flags: u8, cookie: u64) -> Result<Vec<u8>> {
+        let mut payload = std::mem::take(&mut self.scratch);
+        payload.clear();
+        self.codec
+            .encode(input, &mut payload)
+            .map_err(|reason| RpcError::Encode {
+                rpc: R::NAME.into(),
+                what: "input",
+                reason,
+            })?;
+        let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
+        header(flags, Status::Ok, rpc_id(R::NAME), cookie).encode_with(&payload, &mut msg);
+        self.scratch = payload;
+        if msg.len() > self.max_msg {
+            return Err(RpcError::TooLarge {
+                rpc: R::NAME.into(),
+                what: "input",
+                len: msg.len(),
+                max: self.max_msg,
+            });
+        }
+        Ok(msg)
+    }
+
+    /// Starts a call of `R` on `dest`; see [`take_response`](Self::take_response).
+    pub fn forward<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<CallId> {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let msg = self.encode_request::<R>(input, FLAG_CHECKSUM, cookie)?;
+        self.stats.calls += 1;
+        let _span = tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered();
+        if *dest == self.me {
+            // Self-forward: run the handler here, no network.
+            let outcome = self
+                .run_handler(&msg)
+                .and_then(|(h, p)| response_outcome(R::NAME, rpc_id(R::NAME), h, p));
+            self.calls.insert(
+                cookie,
+                Call {
+                    rpc: R::NAME,
+                    recv_op: OpId(0),
+                    outcome: Some(outcome),
+                    abandoned: false,
+                },
+            );
+            self.finished_self.push_back(cookie);
+            return Ok(CallId(cookie));
+        }
+        let recv_op = self.op();
+        self.ep
+            .post_recv_expected(dest, cookie as u32, Vec::with_capacity(self.max_msg), recv_op)?;
+        self.ops.insert(recv_op, OpRole::Response(cookie));
+        let send_op = self.op();
+        if let Err(e) = self.ep.send_unexpected(dest, 0, &msg, send_op) {
+            // Nothing was sent: withdraw the receive (it completes canceled).
+            let _ = self.ep.cancel(self.plugin, recv_op);
+            return Err(e.into());
+        }
+        self.ops.insert(send_op, OpRole::Send);
+        self.stats.bytes_sent += msg.len() as u64;
+        self.calls.insert(
+            cookie,
+            Call {
+                rpc: R::NAME,
+                recv_op,
+                outcome: None,
+                abandoned: false,
+            },
+        );
+        Ok(CallId(cookie))
+    }
+
+    /// Sends a one-way request: no response, no completion to wait for.
+    pub fn forward_one_way<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<()> {
+        let msg = self.encode_request::<R>(input, FLAG_CHECKSUM | FLAG_ONE_WAY, 0)?;
+        self.stats.calls += 1;
+        if *dest == self.me {
+            let _ = self.run_handler(&msg);
+            return Ok(());
+        }
+        let op = self.op();
+        self.ep.send_unexpected(dest, 0, &msg, op)?;
+        self.ops.insert(op, OpRole::Send);
+        self.stats.bytes_sent += msg.len() as u64;
+        Ok(())
+    }
+
+    /// The result of call `id` if its response arrived (then the call is
+    /// finished and forgotten), `None` if it is still in flight.
+    pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
+        let call = self.calls.get_mut(&id.0)?;
+        let outcome = call.outcome.take()?;
+        self.calls.remove(&id.0);
+        let r = outcome.and_then(|payload| {
+            self.codec
+                .decode::<R::Output>(&payload)
+                .map_err(|reason| RpcError::Decode {
+                    rpc: R::NAME.into(),
+                    what: "output",
+                    reason,
+                })
+        });
+        if r.is_err() {
+            self.stats.errors += 1;
+        }
+        Some(r)
+    }
+
+    /// Calls `R` on `dest` and waits (driving progress) for the result, at
+    /// most `timeout`. On timeout the call is abandoned: a late response is
+    /// discarded.
+    pub fn call<R: Rpc>(&mut self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
+        let id = match self.forward::<R>(dest, input) {
+            Ok(id) => id,
+            Err(e) => {
+                self.stats.errors += 1;
+                return Err(e);
+            }
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.take_response::<R>(id) {
+                return r;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                if let Some(c) = self.calls.get_mut(&id.0) {
+                    c.abandoned = true;
+                }
+                self.stats.errors += 1;
+                return Err(RpcError::Timeout {
+                    rpc: R::NAME.into(),
+                    millis: timeout.as_millis(),
+                });
+            }
+            self.progress(Some(left))?;
+            self.trigger()?;
+        }
+    }
+
+    /// Waits (per the endpoint's progress mode) until network work is
+    /// ready or `timeout` passes.
+    pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() {
+            return Ok(self.ep.pending_completions());
+        }
+        Ok(self.ep.progress(timeout)?)
+    }
+
+    /// Handles every completion that is ready: runs handlers for requests
+    /// and sends their responses; files responses for their calls. Returns
+    /// how many completions it handled.
+    pub fn trigger(&mut self) -> Result<usize> {
+        let mut n = 0;
+        self.finished_self.clear();
+        while let Some(c) = self.ep.pop_completion() {
+            n += 1;
+            self.handle(c)?;
+        }
+        Ok(n)
+    }
+
+    fn handle(&mut self, c: Completion) -> Result<()> {
+        let Some(role) = self.ops.remove(&c.op) else {
+            return Ok(());
+        };
+        match role {
+            OpRole::Send => {
+                if let Err(e) = c.status {
+                    tracing::debug!(error = %e, "rpc send failed");
+                }
+            }
+            OpRole::Request => {
+                let canceled = c.is_canceled();
+                let buf = c.buf.unwrap_or_default();
+                if c.status.is_ok() {
+                    if let Some(src) = c.source {
+                        self.serve(&src, &buf)?;
+                    }
+                }
+                if !canceled {
+                    self.post_request_buffer(buf)?;
+                }
+            }
+            OpRole::Response(cookie) => {
+                let outcome = match c.status {
+                    Err(e) => Err(RpcError::Transport(e)),
+                    Ok(()) => {
+                        let buf = c.buf.unwrap_or_default();
+                        let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
+                        match Header::decode(&buf) {
+                            Ok((h, p)) if h.is_response() && h.cookie == cookie => {
+                                response_outcome(rpc, h.rpc_id, h, p)
+                            }
+                            Ok(_) => Err(RpcError::Malformed {
+                                reason: "response does not match its call".into(),
+                            }),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                if let Some(call) = self.calls.get_mut(&cookie) {
+                    if call.abandoned {
+                        self.calls.remove(&cookie);
+                    } else {
+                        debug_assert_eq!(call.recv_op, c.op);
+                        call.outcome = Some(outcome);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the handler for request `msg`; returns the response header and
+    /// payload.
+    fn run_handler(&mut self, msg: &[u8]) -> Result<(Header, Vec<u8>)> {
+        let (h, payload) = Header::decode(msg)?;
+        self.stats.handled += 1;
+        let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
+            None => (Status::UnknownRpc, Vec::new()),
+            Some(handler) => {
+                let _span =
+                    tracing::debug_span!("rpc handle", rpc = handler.name, cookie = h.cookie).entered();
+                match (handler.run)(payload) {
+                    Ok(out) => (Status::Ok, out),
+                    Err((status, message)) => (status, message.into_bytes()),
+                }
+            }
+        };
+        Ok((
+            header(FLAG_RESPONSE | FLAG_CHECKSUM, status, h.rpc_id, h.cookie),
+            out,
+        ))
+    }
+
+    fn serve(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
+        let one_way = Header::decode(msg).map(|(h, _)| h.is_one_way());
+        let (h, out) = match (self.run_handler(msg), one_way) {
+            (Ok(r), Ok(false)) => r,
+            (Ok(_), _) => return Ok(()),
+            (Err(e), _) => {
+                // Garbage is not answered (we cannot trust its cookie); count it.
+                self.stats.malformed += 1;
+                tracing::warn!(peer = %src, error = %e, "dropping malformed RPC request");
+                return Ok(());
+            }
+        };
+        let mut msg = Vec::with_capacity(HEADER_LEN + out.len());
+        let (h, out) = if HEADER_LEN + out.len() > self.max_msg {
+            let m = format!(
+                "output is {} bytes; the eager limit is {}",
+                out.len(),
+                self.max_msg
+            );
+            (
+                Header {
+                    status: Status::HandlerError,
+                    ..h
+                },
+                m.into_bytes(),
+            )
+        } else {
+            (h, out)
+        };
+        h.encode_with(&out, &mut msg);
+        let op = self.op();
+        match self.ep.send_expected(src, h.cookie as u32, &msg, op) {
+            Ok(()) => {
+                self.ops.insert(op, OpRole::Send);
+                self.stats.bytes_sent += msg.len() as u64;
+            }
+            Err(e) => tracing::warn!(peer = %src, error = %e, "cannot send RPC response"),
+        }
+        Ok(())
+    }
+}
+
+fn header(flags: u8, status: Status, rpc_id: u64, cookie: u64) -> Header {
+    Header {
+        flags,
+        status,
+        rpc_id,
+        cookie,
+        payload_len: 0,
+        checksum: 0,
+    }
+}
+
+/// Turns a response header and payload into the call's outcome.
+fn response_outcome(rpc: &str, id: u64, h: Header, payload: impl Into<Vec<u8>>) -> Result<Vec<u8>> {
+    let payload = payload.into();
+    let text = || String::from_utf8_lossy(&payload).into_owned();
+    match h.status {
+        Status::Ok => Ok(payload),
+        Status::HandlerError => Err(RpcError::Handler {
+            rpc: rpc.into(),
+            message: text(),
+        }),
+        Status::UnknownRpc => Err(RpcError::UnknownRpc { rpc: rpc.into(), id }),
+        Status::DecodeError => Err(RpcError::Decode {
+            rpc: rpc.into(),
+            what: "input",
+            reason: text(),
+        }),
+    }
+}

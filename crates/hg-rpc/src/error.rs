@@ -1,0 +1,86 @@
+//! The one error type of `hg-rpc`.
+
+use na_core::NaError;
+
+/// Everything an RPC can fail with. At the origin, each failure has its
+/// own variant: the handler's error, a decode error, an unknown RPC, a
+/// timeout, or a transport error.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// The target's handler returned an error.
+    #[error("handler of {rpc} failed: {message}")]
+    Handler {
+        /// The RPC name.
+        rpc: String,
+        /// The handler's message.
+        message: String,
+    },
+    /// The target has no handler for this RPC.
+    #[error("target has no RPC with id {id:#018x} ({rpc})")]
+    UnknownRpc {
+        /// The RPC name as known at the origin.
+        rpc: String,
+        /// Its id.
+        id: u64,
+    },
+    /// Arguments or results could not be decoded (at either end).
+    #[error("decoding {what} of {rpc} failed: {reason}")]
+    Decode {
+        /// The RPC name.
+        rpc: String,
+        /// `input` or `output`.
+        what: &'static str,
+        /// The codec's message.
+        reason: String,
+    },
+    /// Arguments or results could not be encoded.
+    #[error("encoding {what} of {rpc} failed: {reason}")]
+    Encode {
+        /// The RPC name.
+        rpc: String,
+        /// `input` or `output`.
+        what: &'static str,
+        /// The codec's message.
+        reason: String,
+    },
+    /// The encoded message does not fit an eager message.
+    #[error("{what} of {rpc} is {len} bytes encoded; the eager limit is {max} (bulk spill is not implemented yet)")]
+    TooLarge {
+        /// The RPC name.
+        rpc: String,
+        /// `input` or `output`.
+        what: &'static str,
+        /// Encoded size with header.
+        len: usize,
+        /// The transport's limit.
+        max: usize,
+    },
+    /// No response within the call's timeout.
+    #[error("{rpc} timed out after {millis} ms")]
+    Timeout {
+        /// The RPC name.
+        rpc: String,
+        /// The timeout.
+        millis: u128,
+    },
+    /// The NA layer failed (peer gone, bad address, ...).
+    #[error("transport: {0}")]
+    Transport(#[from] NaError),
+    /// A message from a peer was not a valid RPC message.
+    #[error("malformed RPC message: {reason}")]
+    Malformed {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Registering an RPC failed.
+    #[error("cannot register {name}: {reason}")]
+    Registration {
+        /// The RPC name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Result alias of `hg-rpc`.
+pub type Result<T, E = RpcError> = std::result::Result<T, E>;

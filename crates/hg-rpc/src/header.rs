@@ -1,0 +1,225 @@
+//! The RPC wire header (see `docs/PROTOCOL.md`). Pure data: no I/O.
+//!
+//! Every RPC message is a 32-byte header followed by `payload_len` bytes of
+//! encoded arguments (request) or results (response). All integers are
+//! little-endian.
+//!
+//! | offset | size | field                                               |
+//! |--------|------|-----------------------------------------------------|
+//! | 0      | 4    | magic `"QSRP"`                                      |
+//! | 4      | 1    | version (1)                                         |
+//! | 5      | 1    | flags: bit 0 response, bit 1 one-way, bit 2 checksum |
+//! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error |
+//! | 7      | 1    | reserved, 0                                         |
+//! | 8      | 8    | RPC id (FNV-1a 64 of the name)                      |
+//! | 16     | 8    | cookie: the origin's call number; the response carries it back |
+//! | 24     | 4    | payload length                                      |
+//! | 28     | 4    | CRC-32C of the payload if flag bit 2, else 0        |
+
+use crate::error::RpcError;
+
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 32;
+/// The magic bytes.
+pub const MAGIC: [u8; 4] = *b"QSRP";
+/// The protocol version this crate speaks.
+pub const VERSION: u8 = 1;
+
+/// Flag: this message is a response.
+pub const FLAG_RESPONSE: u8 = 1;
+/// Flag: the request expects no response.
+pub const FLAG_ONE_WAY: u8 = 2;
+/// Flag: the checksum field is set.
+pub const FLAG_CHECKSUM: u8 = 4;
+const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_ONE_WAY | FLAG_CHECKSUM;
+
+/// Outcome carried by a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// The handler ran; the payload is its encoded output.
+    Ok = 0,
+    /// The handler failed; the payload is its UTF-8 error message.
+    HandlerError = 1,
+    /// The target has no handler for the RPC id.
+    UnknownRpc = 2,
+    /// The target could not decode the request's arguments.
+    DecodeError = 3,
+}
+
+impl Status {
+    fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Status::Ok),
+            1 => Some(Status::HandlerError),
+            2 => Some(Status::UnknownRpc),
+            3 => Some(Status::DecodeError),
+            _ => None,
+        }
+    }
+}
+
+/// A decoded header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Flag bits (`FLAG_*`).
+    pub flags: u8,
+    /// Response status (requests: `Ok`).
+    pub status: Status,
+    /// RPC id.
+    pub rpc_id: u64,
+    /// Call cookie.
+    pub cookie: u64,
+    /// Payload length.
+    pub payload_len: u32,
+    /// CRC-32C of the payload (if `FLAG_CHECKSUM`).
+    pub checksum: u32,
+}
+
+impl Header {
+    /// True for responses.
+    pub fn is_response(&self) -> bool {
+        self.flags & FLAG_RESPONSE != 0
+    }
+
+    /// True for one-way requests.
+    pub fn is_one_way(&self) -> bool {
+        self.flags & FLAG_ONE_WAY != 0
+    }
+
+    /// Appends the header and `payload` to `out`, computing the checksum if
+    /// `FLAG_CHECKSUM` is set.
+    pub fn encode_with(mut self, payload: &[u8], out: &mut Vec<u8>) {
+        self.payload_len = payload.len() as u32;
+        self.checksum = if self.flags & FLAG_CHECKSUM != 0 {
+            crc32c(payload)
+        } else {
+            0
+        };
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&[VERSION, self.flags, self.status as u8, 0]);
+        out.extend_from_slice(&self.rpc_id.to_le_bytes());
+        out.extend_from_slice(&self.cookie.to_le_bytes());
+        out.extend_from_slice(&self.payload_len.to_le_bytes());
+        out.extend_from_slice(&self.checksum.to_le_bytes());
+        out.extend_from_slice(payload);
+    }
+
+    /// Decodes a whole message: checks magic, version, flags, status,
+    /// length (exactly the bytes present) and checksum. Returns the header
+    /// and the payload. Never panics, whatever the bytes.
+    pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), RpcError> {
+        let bad = |reason: String| RpcError::Malformed { reason };
+        if msg.len() < HEADER_LEN {
+            return Err(bad(format!(
+                "{} bytes is shorter than the {HEADER_LEN}-byte header",
+                msg.len()
+            )));
+        }
+        if msg[0..4] != MAGIC {
+            return Err(bad("bad magic".into()));
+        }
+        if msg[4] != VERSION {
+            return Err(bad(format!("unsupported version {}", msg[4])));
+        }
+        let flags = msg[5];
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(bad(format!("unknown flags {flags:#x}")));
+        }
+        let status = Status::from_u8(msg[6]).ok_or_else(|| bad(format!("unknown status {}", msg[6])))?;
+        if msg[7] != 0 {
+            return Err(bad(format!("reserved byte is {}", msg[7])));
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(msg[o..o + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |o: usize| u32::from_le_bytes(msg[o..o + 4].try_into().unwrap_or([0; 4]));
+        let h = Header {
+            flags,
+            status,
+            rpc_id: u64_at(8),
+            cookie: u64_at(16),
+            payload_len: u32_at(24),
+            checksum: u32_at(28),
+        };
+        let payload = &msg[HEADER_LEN..];
+        if payload.len() != h.payload_len as usize {
+            return Err(bad(format!(
+                "header says {} payload bytes, message has {}",
+                h.payload_len,
+                payload.len()
+            )));
+        }
+        if flags & FLAG_CHECKSUM != 0 && crc32c(payload) != h.checksum {
+            return Err(bad("payload checksum mismatch".into()));
+        }
+        Ok((h, payload))
+    }
+}
+
+/// CRC-32C (Castagnoli), bitwise table-free; payloads here are eager
+/// messages of a few KiB at most.
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            let mask = (crc & 1).wrapping_neg();
+            crc = (crc >> 1) ^ (0x82f6_3b78 & mask);
+        }
+    }
+    !crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(flags: u8) -> Vec<u8> {
+        let mut v = Vec::new();
+        Header {
+            flags,
+            status: Status::Ok,
+            rpc_id: 0x1122_3344_5566_7788,
+            cookie: 42,
+            payload_len: 0,
+            checksum: 0,
+        }
+        .encode_with(b"payload", &mut v);
+        v
+    }
+
+    #[test]
+    fn roundtrip() {
+        let v = sample(FLAG_CHECKSUM);
+        let (h, p) = Header::decode(&v).unwrap();
+        assert_eq!(
+            (h.rpc_id, h.cookie, h.payload_len, p),
+            (0x1122_3344_5566_7788, 42, 7, &b"payload"[..])
+        );
+        assert!(!h.is_response() && !h.is_one_way());
+    }
+
+    #[test]
+    fn every_truncation_and_corruption_is_an_error() {
+        let v = sample(FLAG_CHECKSUM);
+        for cut in 0..v.len() {
+            assert!(Header::decode(&v[..cut]).is_err(), "cut at {cut}");
+        }
+        for i in 0..v.len() {
+            let mut c = v.clone();
+            c[i] ^= 0x40;
+            // Cookie and rpc id bytes may change freely; everything else is checked.
+            if !(8..24).contains(&i) {
+                assert!(Header::decode(&c).is_err(), "flip at byte {i} accepted");
+            }
+        }
+        let mut huge = v.clone();
+        huge[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Header::decode(&huge).is_err());
+    }
+
+    #[test]
+    fn crc32c_known_value() {
+        // RFC 3720 test vector: 32 bytes of zeros.
+        assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+    }
+}

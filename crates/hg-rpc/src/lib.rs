@@ -1,0 +1,27 @@
+//! # hg-rpc: typed RPCs over the NA layer
+//!
+//! Define an RPC once ([`Rpc`]: name, input and output serde types),
+//! register a handler for it by name on the target ([`Engine::register`]),
+//! and call it from the origin ([`Engine::call`], or [`Engine::forward`] and
+//! [`Engine::take_response`]). Requests travel as NA unexpected messages,
+//! responses as expected messages tagged with the call's cookie; both carry
+//! the versioned header of [`header`] (see `docs/PROTOCOL.md`). Arguments
+//! are encoded by a [`Codec`] ([`Postcard`] by default).
+//!
+//! This first version is driven by the blocking API ([`Engine::progress`] +
+//! [`Engine::trigger`]) over one plugin. Not yet here (see the issue
+//! tracker): the tokio front end, bulk spill of large arguments, several
+//! contexts.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod codec;
+pub mod engine;
+pub mod error;
+pub mod header;
+pub mod rpc;
+
+pub use codec::{Codec, Postcard};
+pub use engine::{CallId, Engine, RpcStats, POSTED_REQUEST_BUFFERS};
+pub use error::{Result, RpcError};
+pub use rpc::{rpc_id, Rpc};

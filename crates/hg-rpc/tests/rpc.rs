@@ -1,0 +1,264 @@
+//! hg-rpc over na-sm with a separate server process (`hg-rpc-testpeer`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hg_rpc::{Engine, Rpc, RpcError};
+use na_core::{Endpoint, OpId, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+
+const T: Duration = Duration::from_secs(10);
+
+/// The server process; killed when dropped.
+struct Server {
+    child: Child,
+    uri: String,
+}
+
+impl Server {
+    fn start(dir: &std::path::Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+            .env("QS_SM_DIR", dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn hg-rpc-testpeer");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
+        Server { child, uri }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dir(tag: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = std::env::temp_dir().join(format!("hg-rpc-it-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+fn client(dir: &std::path::Path) -> Engine {
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig::default().with_dir(dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    Engine::new(ep, id).unwrap()
+}
+
+/// Same name as `test.add` with another input type: the server cannot decode it.
+struct AddWrongType;
+impl Rpc for AddWrongType {
+    const NAME: &'static str = "test.add";
+    type Input = String;
+    type Output = u64;
+}
+
+/// Registered nowhere.
+struct Missing;
+impl Rpc for Missing {
+    const NAME: &'static str = "test.missing";
+    type Input = ();
+    type Output = ();
+}
+
+#[test]
+fn typed_calls_and_each_kind_of_error() {
+    let d = dir("typed");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    assert_eq!(c.call::<Add>(&s, &(40, 2), T).unwrap(), 42);
+    assert_eq!(c.call::<Echo>(&s, &b"hello".to_vec(), T).unwrap(), b"hello");
+    match c.call::<Fail>(&s, &"boom".to_string(), T) {
+        Err(RpcError::Handler { message, .. }) => assert_eq!(message, "boom"),
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    match c.call::<Add>(&s, &(u64::MAX, 1), T) {
+        Err(RpcError::Handler { message, .. }) => assert_eq!(message, "overflow"),
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    assert!(matches!(
+        c.call::<Missing>(&s, &(), T),
+        Err(RpcError::UnknownRpc { .. })
+    ));
+    assert!(matches!(
+        c.call::<AddWrongType>(&s, &"x".repeat(40), T),
+        Err(RpcError::Decode { what: "input", .. })
+    ));
+    // Too large for an eager message (bulk spill is not implemented yet).
+    assert!(matches!(
+        c.call::<Echo>(&s, &vec![0; 5000], T),
+        Err(RpcError::TooLarge { what: "input", .. })
+    ));
+    // The server still serves after all of that.
+    assert_eq!(c.call::<Add>(&s, &(1, 2), T).unwrap(), 3);
+    let st = c.stats();
+    assert_eq!(st.in_flight, 0);
+    assert!(st.errors >= 5, "{st:?}");
+}
+
+#[test]
+fn timeout_then_late_response_is_discarded() {
+    let d = dir("timeout");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let t0 = Instant::now();
+    match c.call::<Sleep>(&s, &600, Duration::from_millis(100)) {
+        Err(RpcError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "timeout took {:?}",
+        t0.elapsed()
+    );
+    // The next call gets its own answer, not the late one.
+    assert_eq!(c.call::<Add>(&s, &(5, 6), T).unwrap(), 11);
+}
+
+#[test]
+fn one_way_calls_arrive() {
+    let d = dir("oneway");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    for i in 1..=100u64 {
+        c.forward_one_way::<Record>(&s, &i).unwrap();
+    }
+    // Requests from one origin are served in order, so Count sees all 100.
+    assert_eq!(c.call::<Count>(&s, &(), T).unwrap(), (100, 5050));
+}
+
+#[test]
+fn ten_thousand_calls_with_a_thousand_in_flight() {
+    let d = dir("many");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let (total, window) = (10_000u64, 1_000usize);
+    let mut inflight = std::collections::VecDeque::new();
+    let (mut next, mut done) = (0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done < total {
+        while next < total && inflight.len() < window {
+            inflight.push_back((next, c.forward::<Add>(&s, &(next, 1)).unwrap()));
+            next += 1;
+        }
+        assert!(Instant::now() < deadline, "only {done} of {total} calls finished");
+        c.progress(Some(Duration::from_millis(100))).unwrap();
+        c.trigger().unwrap();
+        while let Some(&(i, id)) = inflight.front() {
+            match c.take_response::<Add>(id) {
+                Some(r) => {
+                    assert_eq!(r.unwrap(), i + 1);
+                    inflight.pop_front();
+                    done += 1;
+                }
+                None => break,
+            }
+        }
+    }
+    assert_eq!(c.stats().in_flight, 0);
+}
+
+#[test]
+fn self_forward_runs_the_handler_without_the_network() {
+    let d = dir("self");
+    let mut c = client(&d);
+    c.register::<Add>(|(a, b)| Ok(a * 10 + b)).unwrap();
+    let me = c.self_addr().clone();
+    assert_eq!(c.call::<Add>(&me, &(4, 2), T).unwrap(), 42);
+    assert!(matches!(
+        c.call::<Missing>(&me, &(), T),
+        Err(RpcError::UnknownRpc { .. })
+    ));
+    // Registration errors.
+    assert!(matches!(
+        c.register::<Add>(|_| Ok(0)),
+        Err(RpcError::Registration { .. })
+    ));
+    assert!(matches!(
+        c.register::<AddWrongType>(|_| Ok(0)),
+        Err(RpcError::Registration { .. })
+    ));
+}
+
+#[test]
+fn server_killed_mid_call_fails_the_call_before_its_timeout() {
+    let d = dir("kill");
+    let mut srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
+    let id = c.forward::<Sleep>(&s, &10_000).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    srv.child.kill().unwrap();
+    let t0 = Instant::now();
+    let r = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no error within 5 s of the kill"
+        );
+        c.progress(Some(Duration::from_millis(100))).unwrap();
+        c.trigger().unwrap();
+        if let Some(r) = c.take_response::<Sleep>(id) {
+            break r;
+        }
+    };
+    assert!(matches!(r, Err(RpcError::Transport(_))), "{r:?}");
+}
+
+#[test]
+fn hostile_input_gets_no_crash_and_the_server_keeps_serving() {
+    let d = dir("hostile");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let mut good = Vec::new();
+    hg_rpc::header::Header {
+        flags: hg_rpc::header::FLAG_CHECKSUM,
+        status: hg_rpc::header::Status::Ok,
+        rpc_id: hg_rpc::rpc_id(Add::NAME),
+        cookie: 7,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(&[1, 2], &mut good);
+    let mut huge_len = good.clone();
+    huge_len[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+    let mut bad_sum = good.clone();
+    *bad_sum.last_mut().unwrap() ^= 1;
+    let garbage: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        b"garbage".to_vec(),
+        good[..20].to_vec(),
+        huge_len,
+        bad_sum,
+        (0..4000u32).map(|i| (i * 7) as u8).collect(),
+    ];
+    for (i, g) in garbage.iter().enumerate() {
+        c.endpoint()
+            .send_unexpected(&s, 0, g, OpId(1 << 50 | i as u64))
+            .unwrap();
+    }
+    assert_eq!(c.call::<Add>(&s, &(20, 22), T).unwrap(), 42);
+    assert_eq!(c.call::<Echo>(&s, &vec![9; 1000], T).unwrap(), vec![9; 1000]);
+}
