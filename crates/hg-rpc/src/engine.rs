@@ -300,6 +300,34 @@ impl<C: Codec> Engine<C> {
         Some(r)
     }
 
+    /// True if call `id` has its outcome (its response arrived, or it failed).
+    pub fn is_finished(&self, id: CallId) -> bool {
+        self.calls.get(&id.0).is_some_and(|c| c.outcome.is_some())
+    }
+
+    /// Gives up on call `id`: its response, if it ever comes, is discarded.
+    pub fn abandon(&mut self, id: CallId) {
+        if let Some(c) = self.calls.get_mut(&id.0) {
+            if c.outcome.is_some() || c.recv_op == OpId(0) {
+                self.calls.remove(&id.0);
+            } else {
+                c.abandoned = true;
+            }
+        }
+    }
+
+    /// Polls the transports once without blocking (see
+    /// [`Endpoint::progress_now`]).
+    pub fn progress_now(&mut self) -> Result<usize> {
+        Ok(self.ep.progress_now()?)
+    }
+
+    /// True if the caller may sleep on the endpoint's fd now (see
+    /// [`Endpoint::try_wait`]).
+    pub fn try_wait(&mut self) -> bool {
+        self.finished_self.is_empty() && self.ep.try_wait()
+    }
+
     /// Calls `R` on `dest` and waits (driving progress) for the result, at
     /// most `timeout`. On timeout the call is abandoned: a late response is
     /// discarded.

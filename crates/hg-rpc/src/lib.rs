@@ -8,10 +8,11 @@
 //! the versioned header of [`header`] (see `docs/PROTOCOL.md`). Arguments
 //! are encoded by a [`Codec`] ([`Postcard`] by default).
 //!
-//! This first version is driven by the blocking API ([`Engine::progress`] +
-//! [`Engine::trigger`]) over one plugin. Not yet here (see the issue
-//! tracker): the tokio front end, bulk spill of large arguments, several
-//! contexts.
+//! Two ways to drive it: the blocking API ([`Engine::progress`] +
+//! [`Engine::trigger`]) for code that owns its loop, or tokio
+//! ([`AsyncEngine`]: calls are futures, one driver task waits on the
+//! endpoint's fd). Not yet here (see the issue tracker): async handlers,
+//! bulk spill of large arguments, several contexts.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -20,8 +21,12 @@ pub mod engine;
 pub mod error;
 pub mod header;
 pub mod rpc;
+pub mod runtime;
+#[allow(unsafe_code)]
+mod sys;
 
 pub use codec::{Codec, Postcard};
 pub use engine::{CallId, Engine, RpcStats, POSTED_REQUEST_BUFFERS};
 pub use error::{Result, RpcError};
 pub use rpc::{rpc_id, Rpc};
+pub use runtime::AsyncEngine;

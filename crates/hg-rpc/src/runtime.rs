@@ -1,0 +1,189 @@
+//! The tokio front end: `.await` on calls, one driver task per engine.
+//!
+//! The driver waits on the endpoint's epoll fd through tokio's `AsyncFd`:
+//! no thread spins, and an idle engine uses no CPU. Each wake-up it polls
+//! the transports, runs handlers, files responses and wakes the tasks whose
+//! calls finished, then sleeps again once every plugin agreed (`try_wait`).
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use na_core::Addr;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::engine::{CallId, Engine};
+use crate::error::{Result, RpcError};
+use crate::rpc::Rpc;
+use crate::sys::async_fd::OwnedByArc;
+
+struct Shared {
+    engine: Mutex<Engine>,
+    waiters: Mutex<HashMap<CallId, oneshot::Sender<()>>>,
+}
+
+impl Shared {
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, HashMap<CallId, oneshot::Sender<()>>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An [`Engine`] driven by a tokio task; calls are futures.
+///
+/// Create it inside a tokio runtime with [`AsyncEngine::spawn`]. Dropping a
+/// call's future abandons the call cleanly (a late response is discarded).
+/// Dropping the `AsyncEngine` stops the driver.
+pub struct AsyncEngine {
+    shared: Arc<Shared>,
+    driver: JoinHandle<()>,
+}
+
+impl AsyncEngine {
+    /// Moves `engine` behind a driver task on the current tokio runtime.
+    pub fn spawn(mut engine: Engine) -> io::Result<Self> {
+        let fd = engine.endpoint().as_raw_fd();
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(engine),
+            waiters: Mutex::new(HashMap::new()),
+        });
+        // Shared never gives out `&mut Engine` (so the endpoint and its fd
+        // cannot be replaced): that is what `sys::async_fd::register` needs.
+        let afd = crate::sys::async_fd::register(fd, shared.clone())?;
+        let driver = tokio::spawn(drive(shared.clone(), afd));
+        Ok(AsyncEngine { shared, driver })
+    }
+
+    /// Registers a handler (see [`Engine::register`]).
+    pub fn register<R: Rpc>(
+        &self,
+        handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
+    ) -> Result<()> {
+        self.shared.engine().register::<R>(handler)
+    }
+
+    /// Looks up a peer address (see [`na_core::Endpoint::lookup`]).
+    pub fn lookup(&self, uri: &str) -> Result<Addr> {
+        Ok(self.shared.engine().endpoint().lookup(uri)?)
+    }
+
+    /// Our own address.
+    pub fn self_addr(&self) -> Addr {
+        self.shared.engine().self_addr().clone()
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> crate::RpcStats {
+        self.shared.engine().stats()
+    }
+
+    /// Calls `R` on `dest`; fails with [`RpcError::Timeout`] after `timeout`.
+    pub async fn call<R: Rpc>(&self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut e = self.shared.engine();
+            let id = e.forward::<R>(dest, input)?;
+            if let Some(r) = e.take_response::<R>(id) {
+                return r;
+            }
+            // Registered under the engine lock, which the driver holds while
+            // it files responses: it cannot miss this call.
+            self.shared.waiters().insert(id, tx);
+            id
+        };
+        let mut guard = Abandon {
+            shared: &self.shared,
+            id,
+            armed: true,
+        };
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(())) => {
+                guard.armed = false;
+                let r = self.shared.engine().take_response::<R>(id);
+                r.unwrap_or_else(|| Err(lost(R::NAME)))
+            }
+            Ok(Err(_)) => Err(lost(R::NAME)),
+            Err(_) => Err(RpcError::Timeout {
+                rpc: R::NAME.into(),
+                millis: timeout.as_millis(),
+            }),
+        }
+    }
+
+    /// Sends a one-way request.
+    pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
+        self.shared.engine().forward_one_way::<R>(dest, input)
+    }
+}
+
+impl Drop for AsyncEngine {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+fn lost(rpc: &str) -> RpcError {
+    RpcError::Transport(na_core::NaError::Plugin {
+        plugin: "hg-rpc",
+        message: format!("the engine driver stopped before {rpc} finished"),
+    })
+}
+
+/// Abandons the call when its future is dropped before it finished.
+struct Abandon<'a> {
+    shared: &'a Shared,
+    id: CallId,
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut e = self.shared.engine();
+            self.shared.waiters().remove(&self.id);
+            e.abandon(self.id);
+        }
+    }
+}
+
+async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
+    loop {
+        let mut ready = match afd.readable().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "hg-rpc driver: waiting on the endpoint fd failed");
+                return;
+            }
+        };
+        // Clear first, then work until the plugins agree to sleep: an event
+        // after the clear sets readiness again, so none is lost.
+        ready.clear_ready();
+        loop {
+            let sleep = {
+                let mut e = shared.engine();
+                if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
+                    tracing::warn!(error = %err, "hg-rpc driver: progress failed");
+                }
+                let mut w = shared.waiters();
+                let done: Vec<CallId> = w.keys().copied().filter(|id| e.is_finished(*id)).collect();
+                for id in done {
+                    if let Some(tx) = w.remove(&id) {
+                        let _ = tx.send(());
+                    }
+                }
+                e.try_wait()
+            };
+            if sleep {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}

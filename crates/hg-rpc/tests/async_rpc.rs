@@ -1,0 +1,126 @@
+//! The tokio front end over na-sm with a separate server process.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hg_rpc::{AsyncEngine, Engine, RpcError};
+use na_core::{Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+
+const T: Duration = Duration::from_secs(10);
+
+struct Server(Child, String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("hg-rpc-async-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+        .env("QS_SM_DIR", &dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let uri = line.trim().strip_prefix("ADDR ").unwrap().to_owned();
+    let mut ep = Endpoint::new(mode).unwrap();
+    let cfg = SmConfig::default().with_dir(&dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let engine = AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap();
+    (Server(child, uri), engine)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_timeouts_and_cancel_by_drop() {
+    let (srv, engine) = setup("calls", ProgressMode::default());
+    let engine = Arc::new(engine);
+    let s = engine.lookup(&srv.1).unwrap();
+    assert_eq!(engine.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
+
+    // 1,000 calls in flight at once, one task each.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..1000u64 {
+        let (e, s) = (engine.clone(), s.clone());
+        tasks.spawn(async move { (e.call::<Add>(&s, &(i, 1000), T).await.unwrap(), i + 1000) });
+    }
+    let mut total = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (got, want) = r.unwrap();
+        assert_eq!(got, want);
+        total += 1;
+    }
+    assert_eq!(total, 1000);
+
+    // Timeout, then the engine still works.
+    match engine.call::<Sleep>(&s, &500, Duration::from_millis(100)).await {
+        Err(RpcError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // Cancel by drop: the future is dropped before the response.
+    tokio::select! {
+        _ = engine.call::<Sleep>(&s, &300, T) => panic!("the sleep cannot win"),
+        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+    }
+    assert_eq!(engine.call::<Add>(&s, &(7, 8), T).await.unwrap(), 15);
+    // Both abandoned calls leave nothing in flight once their late
+    // responses were discarded.
+    let end = Instant::now() + T;
+    while engine.stats().in_flight != 0 {
+        assert!(
+            Instant::now() < end,
+            "calls stayed in flight: {:?}",
+            engine.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Handler errors come through as their own kind.
+    assert!(matches!(
+        engine.call::<Fail>(&s, &"no".into(), T).await,
+        Err(RpcError::Handler { .. })
+    ));
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: rusage is plain old data (all-zero is valid), and getrusage
+    // writes only into the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_driver_uses_no_cpu() {
+    let (srv, engine) = setup("idle", ProgressMode::default());
+    let s = engine.lookup(&srv.1).unwrap();
+    assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (c0, t0) = (cpu_time(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_time() - c0;
+    let share = used.as_secs_f64() / t0.elapsed().as_secs_f64();
+    assert!(share < 0.05, "idle engine used {:.1}% of a CPU", share * 100.0);
+    // And it still answers afterwards.
+    assert_eq!(engine.call::<Add>(&s, &(2, 2), T).await.unwrap(), 4);
+}
