@@ -3,15 +3,19 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, Completion, Endpoint, OpId, PluginId};
+use na_core::{Access, Addr, Completion, Endpoint, MemHandle, OpId, PluginId, RemoteMem};
 
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
-use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_RESPONSE, HEADER_LEN};
+use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::{rpc_id, Rpc};
 
 /// Unexpected receives the engine keeps posted for incoming requests.
 pub const POSTED_REQUEST_BUFFERS: usize = 64;
+
+/// Default largest spilled input a target accepts (see
+/// [`Engine::set_max_spill`]).
+pub const DEFAULT_MAX_SPILL: u64 = 64 << 20;
 
 type HandlerFn = Box<dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, (Status, String)> + Send>;
 
@@ -31,6 +35,15 @@ enum OpRole {
     Response(u64),
     /// A send; nothing to do on success.
     Send,
+    /// The pull of a spilled request's input (key into `pulls`).
+    Pull(u64),
+}
+
+/// A request whose spilled input is being pulled from its origin.
+struct PendingPull {
+    src: Addr,
+    header: Header,
+    mem: MemHandle,
 }
 
 struct Call {
@@ -40,6 +53,8 @@ struct Call {
     outcome: Option<Result<Vec<u8>>>,
     /// The caller gave up (timeout); discard the response when it comes.
     abandoned: bool,
+    /// The exposed input of a spilled request, kept until the response.
+    spill: Option<MemHandle>,
 }
 
 /// Counters of an engine.
@@ -85,6 +100,8 @@ pub struct Engine<C: Codec = Postcard> {
     scratch: Vec<u8>,
     stats: RpcStats,
     finished_self: VecDeque<u64>,
+    pulls: HashMap<u64, PendingPull>,
+    max_spill: u64,
 }
 
 impl Engine<Postcard> {
@@ -114,6 +131,8 @@ impl<C: Codec> Engine<C> {
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
+            pulls: HashMap::new(),
+            max_spill: DEFAULT_MAX_SPILL,
         };
         for _ in 0..POSTED_REQUEST_BUFFERS {
             e.post_request_buffer(Vec::with_capacity(max_msg))?;
@@ -192,7 +211,22 @@ impl<C: Codec> Engine<C> {
         Ok(())
     }
 
-    fn encode_request<R: Rpc>(&mut self, input: &R::Input, flags: u8, cookie: u64) -> Result<Vec<u8>> {
+    /// Largest spilled input this engine pulls as a target; bigger ones are
+    /// refused with a decode error (a peer cannot make us allocate more).
+    pub fn set_max_spill(&mut self, bytes: u64) {
+        self.max_spill = bytes;
+    }
+
+    /// Encodes a request. An input too large for an eager message (and not
+    /// for ourselves) is exposed read-only and described instead: the
+    /// returned handle must live until the target answered.
+    fn encode_request<R: Rpc>(
+        &mut self,
+        input: &R::Input,
+        flags: u8,
+        cookie: u64,
+        to_self: bool,
+    ) -> Result<(Vec<u8>, Option<MemHandle>)> {
         let mut payload = std::mem::take(&mut self.scratch);
         payload.clear();
         self.codec
@@ -202,28 +236,41 @@ impl<C: Codec> Engine<C> {
                 what: "input",
                 reason,
             })?;
-        let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
-        header(flags, Status::Ok, rpc_id(R::NAME), cookie).encode_with(&payload, &mut msg);
-        self.scratch = payload;
+        let id = rpc_id(R::NAME);
+        let mut msg = Vec::with_capacity(HEADER_LEN + payload.len().min(self.max_msg));
+        if to_self || HEADER_LEN + payload.len() <= self.max_msg {
+            header(flags, Status::Ok, id, cookie).encode_with(&payload, &mut msg);
+            self.scratch = payload;
+            return Ok((msg, None));
+        }
+        let mem = MemHandle::new(vec![payload], Access::ReadOnly);
+        let plugin = self.ep.plugin_mut(self.plugin)?;
+        plugin.mem_register(&mem)?;
+        let desc = plugin.mem_describe(&mem)?;
+        let mut spill = Vec::with_capacity(8 + desc.encoded_len());
+        spill.extend_from_slice(&mem.size().to_le_bytes());
+        desc.encode_into(&mut spill);
+        header(flags | FLAG_SPILL, Status::Ok, id, cookie).encode_with(&spill, &mut msg);
         if msg.len() > self.max_msg {
             return Err(RpcError::TooLarge {
                 rpc: R::NAME.into(),
-                what: "input",
+                what: "input descriptor",
                 len: msg.len(),
                 max: self.max_msg,
             });
         }
-        Ok(msg)
+        Ok((msg, Some(mem)))
     }
 
     /// Starts a call of `R` on `dest`; see [`take_response`](Self::take_response).
     pub fn forward<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<CallId> {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        let msg = self.encode_request::<R>(input, FLAG_CHECKSUM, cookie)?;
+        let to_self = *dest == self.me;
+        let (msg, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM, cookie, to_self)?;
         self.stats.calls += 1;
         let _span = tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered();
-        if *dest == self.me {
+        if to_self {
             // Self-forward: run the handler here, no network.
             let outcome = self
                 .run_handler(&msg)
@@ -235,17 +282,33 @@ impl<C: Codec> Engine<C> {
                     recv_op: OpId(0),
                     outcome: Some(outcome),
                     abandoned: false,
+                    spill: None,
                 },
             );
             self.finished_self.push_back(cookie);
             return Ok(CallId(cookie));
         }
+        self.send_request(dest, R::NAME, cookie, &msg, spill, false)?;
+        Ok(CallId(cookie))
+    }
+
+    /// Posts the receive for the response, sends the request and records
+    /// the call.
+    fn send_request(
+        &mut self,
+        dest: &Addr,
+        rpc: &'static str,
+        cookie: u64,
+        msg: &[u8],
+        spill: Option<MemHandle>,
+        abandoned: bool,
+    ) -> Result<()> {
         let recv_op = self.op();
         self.ep
             .post_recv_expected(dest, cookie as u32, Vec::with_capacity(self.max_msg), recv_op)?;
         self.ops.insert(recv_op, OpRole::Response(cookie));
         let send_op = self.op();
-        if let Err(e) = self.ep.send_unexpected(dest, 0, &msg, send_op) {
+        if let Err(e) = self.ep.send_unexpected(dest, 0, msg, send_op) {
             // Nothing was sent: withdraw the receive (it completes canceled).
             let _ = self.ep.cancel(self.plugin, recv_op);
             return Err(e.into());
@@ -255,22 +318,31 @@ impl<C: Codec> Engine<C> {
         self.calls.insert(
             cookie,
             Call {
-                rpc: R::NAME,
+                rpc,
                 recv_op,
                 outcome: None,
-                abandoned: false,
+                abandoned,
+                spill,
             },
         );
-        Ok(CallId(cookie))
+        Ok(())
     }
 
     /// Sends a one-way request: no response, no completion to wait for.
     pub fn forward_one_way<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<()> {
-        let msg = self.encode_request::<R>(input, FLAG_CHECKSUM | FLAG_ONE_WAY, 0)?;
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let to_self = *dest == self.me;
+        let (msg, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
         self.stats.calls += 1;
-        if *dest == self.me {
+        if to_self {
             let _ = self.run_handler(&msg);
             return Ok(());
+        }
+        if spill.is_some() {
+            // The target acknowledges a spilled one-way request once it has
+            // pulled the input; until then the input must stay exposed.
+            return self.send_request(dest, R::NAME, cookie, &msg, spill, true);
         }
         let op = self.op();
         self.ep.send_unexpected(dest, 0, &msg, op)?;
@@ -404,6 +476,21 @@ impl<C: Codec> Engine<C> {
                     self.post_request_buffer(buf)?;
                 }
             }
+            OpRole::Pull(key) => {
+                if let Some(p) = self.pulls.remove(&key) {
+                    let (h, out) = match c.status {
+                        Ok(()) => {
+                            let data = p.mem.to_vec();
+                            self.run_decoded(&p.header, &data)
+                        }
+                        Err(e) => (
+                            response_header(&p.header, Status::DecodeError),
+                            format!("pulling the spilled input failed: {e}").into_bytes(),
+                        ),
+                    };
+                    self.respond(&p.src, h, out);
+                }
+            }
             OpRole::Response(cookie) => {
                 let outcome = match c.status {
                     Err(e) => Err(RpcError::Transport(e)),
@@ -422,6 +509,7 @@ impl<C: Codec> Engine<C> {
                     }
                 };
                 if let Some(call) = self.calls.get_mut(&cookie) {
+                    call.spill = None;
                     if call.abandoned {
                         self.calls.remove(&cookie);
                     } else {
@@ -434,10 +522,15 @@ impl<C: Codec> Engine<C> {
         Ok(())
     }
 
-    /// Runs the handler for request `msg`; returns the response header and
-    /// payload.
+    /// Decodes request `msg` and runs its handler; returns the response
+    /// header and payload.
     fn run_handler(&mut self, msg: &[u8]) -> Result<(Header, Vec<u8>)> {
         let (h, payload) = Header::decode(msg)?;
+        Ok(self.run_decoded(&h, payload))
+    }
+
+    /// Runs the handler of request `h` on its input `payload`.
+    fn run_decoded(&mut self, h: &Header, payload: &[u8]) -> (Header, Vec<u8>) {
         self.stats.handled += 1;
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => (Status::UnknownRpc, Vec::new()),
@@ -450,25 +543,80 @@ impl<C: Codec> Engine<C> {
                 }
             }
         };
-        Ok((
-            header(FLAG_RESPONSE | FLAG_CHECKSUM, status, h.rpc_id, h.cookie),
-            out,
-        ))
+        (response_header(h, status), out)
     }
 
     fn serve(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
-        let one_way = Header::decode(msg).map(|(h, _)| h.is_one_way());
-        let (h, out) = match (self.run_handler(msg), one_way) {
-            (Ok(r), Ok(false)) => r,
-            (Ok(_), _) => return Ok(()),
-            (Err(e), _) => {
+        let (h, payload) = match Header::decode(msg) {
+            Ok(r) => r,
+            Err(e) => {
                 // Garbage is not answered (we cannot trust its cookie); count it.
                 self.stats.malformed += 1;
                 tracing::warn!(peer = %src, error = %e, "dropping malformed RPC request");
                 return Ok(());
             }
         };
-        let mut msg = Vec::with_capacity(HEADER_LEN + out.len());
+        if h.is_response() {
+            self.stats.malformed += 1;
+            tracing::warn!(peer = %src, "dropping a response sent as a request");
+            return Ok(());
+        }
+        if h.flags & FLAG_SPILL != 0 {
+            if let Err(reason) = self.start_pull(src, &h, payload) {
+                self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());
+            }
+            return Ok(());
+        }
+        let (rh, out) = self.run_decoded(&h, payload);
+        if !h.is_one_way() {
+            self.respond(src, rh, out);
+        }
+        Ok(())
+    }
+
+    /// Starts pulling a spilled input described by `payload` (length, then
+    /// the origin's memory descriptor). Everything in it is checked first.
+    fn start_pull(&mut self, src: &Addr, h: &Header, payload: &[u8]) -> std::result::Result<(), String> {
+        let len_bytes: [u8; 8] = payload
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("spilled request shorter than its length field")?;
+        let len = u64::from_le_bytes(len_bytes);
+        let remote = RemoteMem::from_bytes(&payload[8..]).map_err(|e| format!("spilled input: {e}"))?;
+        if len != remote.size() {
+            return Err(format!(
+                "spilled input says {len} bytes, its handle has {}",
+                remote.size()
+            ));
+        }
+        if len > self.max_spill {
+            return Err(format!(
+                "spilled input of {len} bytes exceeds this target's limit of {}",
+                self.max_spill
+            ));
+        }
+        let mem = MemHandle::zeroed(len as usize, Access::ReadWrite);
+        let op = self.op();
+        self.ep
+            .plugin_mut(self.plugin)
+            .and_then(|p| p.mem_register(&mem))
+            .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len, src, op))
+            .map_err(|e| format!("pulling the spilled input failed: {e}"))?;
+        self.ops.insert(op, OpRole::Pull(op.0));
+        self.pulls.insert(
+            op.0,
+            PendingPull {
+                src: src.clone(),
+                header: *h,
+                mem,
+            },
+        );
+        Ok(())
+    }
+
+    /// Sends a response (an output over the eager limit becomes a handler
+    /// error: spilling outputs is not implemented yet).
+    fn respond(&mut self, src: &Addr, h: Header, out: Vec<u8>) {
         let (h, out) = if HEADER_LEN + out.len() > self.max_msg {
             let m = format!(
                 "output is {} bytes; the eager limit is {}",
@@ -485,6 +633,7 @@ impl<C: Codec> Engine<C> {
         } else {
             (h, out)
         };
+        let mut msg = Vec::with_capacity(HEADER_LEN + out.len());
         h.encode_with(&out, &mut msg);
         let op = self.op();
         match self.ep.send_expected(src, h.cookie as u32, &msg, op) {
@@ -494,8 +643,16 @@ impl<C: Codec> Engine<C> {
             }
             Err(e) => tracing::warn!(peer = %src, error = %e, "cannot send RPC response"),
         }
-        Ok(())
     }
+}
+
+fn response_header(request: &Header, status: Status) -> Header {
+    header(
+        FLAG_RESPONSE | FLAG_CHECKSUM,
+        status,
+        request.rpc_id,
+        request.cookie,
+    )
 }
 
 fn header(flags: u8, status: Status, rpc_id: u64, cookie: u64) -> Header {

@@ -8,7 +8,7 @@
 //! |--------|------|-----------------------------------------------------|
 //! | 0      | 4    | magic `"QSRP"`                                      |
 //! | 4      | 1    | version (1)                                         |
-//! | 5      | 1    | flags: bit 0 response, bit 1 one-way, bit 2 checksum |
+//! | 5      | 1    | flags: bit 0 response, bit 1 one-way, bit 2 checksum, bit 3 spilled |
 //! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error |
 //! | 7      | 1    | reserved, 0                                         |
 //! | 8      | 8    | RPC id (FNV-1a 64 of the name)                      |
@@ -31,7 +31,10 @@ pub const FLAG_RESPONSE: u8 = 1;
 pub const FLAG_ONE_WAY: u8 = 2;
 /// Flag: the checksum field is set.
 pub const FLAG_CHECKSUM: u8 = 4;
-const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_ONE_WAY | FLAG_CHECKSUM;
+/// Flag: the arguments did not fit an eager message; the payload is their
+/// length (u64 LE) and a memory descriptor to pull them from.
+pub const FLAG_SPILL: u8 = 8;
+const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_ONE_WAY | FLAG_CHECKSUM | FLAG_SPILL;
 
 /// Outcome carried by a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

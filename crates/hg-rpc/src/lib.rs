@@ -11,8 +11,10 @@
 //! Two ways to drive it: the blocking API ([`Engine::progress`] +
 //! [`Engine::trigger`]) for code that owns its loop, or tokio
 //! ([`AsyncEngine`]: calls are futures, one driver task waits on the
-//! endpoint's fd). Not yet here (see the issue tracker): async handlers,
-//! bulk spill of large arguments, several contexts.
+//! endpoint's fd). Inputs too large for one eager message spill into a
+//! one-sided pull by the target (see `docs/PROTOCOL.md`). Not yet here (see
+//! the issue tracker): async handlers, output spill, the bulk layer, several
+//! contexts.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -102,11 +102,12 @@ fn typed_calls_and_each_kind_of_error() {
         c.call::<AddWrongType>(&s, &"x".repeat(40), T),
         Err(RpcError::Decode { what: "input", .. })
     ));
-    // Too large for an eager message (bulk spill is not implemented yet).
-    assert!(matches!(
-        c.call::<Echo>(&s, &vec![0; 5000], T),
-        Err(RpcError::TooLarge { what: "input", .. })
-    ));
+    // An output too large for an eager message (output spill is not
+    // implemented yet) comes back as a handler error naming the limit.
+    match c.call::<Echo>(&s, &vec![0; 5000], T) {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains("eager limit"), "{message}"),
+        other => panic!("expected a handler error, got {other:?}"),
+    }
     // The server still serves after all of that.
     assert_eq!(c.call::<Add>(&s, &(1, 2), T).unwrap(), 3);
     let st = c.stats();
@@ -261,4 +262,126 @@ fn hostile_input_gets_no_crash_and_the_server_keeps_serving() {
     }
     assert_eq!(c.call::<Add>(&s, &(20, 22), T).unwrap(), 42);
     assert_eq!(c.call::<Echo>(&s, &vec![9; 1000], T).unwrap(), vec![9; 1000]);
+}
+
+#[test]
+fn one_mib_inputs_spill_into_bulk_both_two_way_and_one_way() {
+    let d = dir("spill");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let blob: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 13 + i / 4096) as u8).collect();
+    assert_eq!(
+        c.call::<Digest>(&s, &blob, T).unwrap(),
+        (blob.len() as u64, fnv(&blob))
+    );
+    for _ in 0..3 {
+        c.forward_one_way::<RecordBlob>(&s, &blob).unwrap();
+    }
+    // One-way spills are acknowledged internally; Count sees all three.
+    let end = Instant::now() + T;
+    loop {
+        let (n, sum) = c.call::<Count>(&s, &(), T).unwrap();
+        if n == 3 {
+            assert_eq!(sum, 3 * blob.len() as u64);
+            break;
+        }
+        assert!(Instant::now() < end, "one-way spilled requests lost: {n} arrived");
+    }
+    // Small calls still work, and nothing is left in flight.
+    assert_eq!(c.call::<Add>(&s, &(1, 2), T).unwrap(), 3);
+    let end = Instant::now() + T;
+    while c.stats().in_flight > 0 {
+        assert!(Instant::now() < end);
+        c.progress(Some(Duration::from_millis(20))).unwrap();
+        c.trigger().unwrap();
+    }
+}
+
+#[test]
+fn forged_spill_descriptor_gets_an_error_reply() {
+    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL};
+    use na_core::{Access, RemoteMem, RemoteSegment};
+    let d = dir("forged");
+    let srv = Server::start(&d);
+    // A raw endpoint, so that we see the reply ourselves.
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig::default().with_dir(&d);
+    ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let s = ep.lookup(&srv.uri).unwrap();
+    let bogus = RemoteMem::new(
+        vec![RemoteSegment {
+            addr: 0x1000,
+            len: 100,
+            key: 0,
+        }],
+        Access::ReadOnly,
+    )
+    .unwrap();
+    let cases: Vec<(u64, Vec<u8>)> = vec![
+        // Unmapped address in our address space: the pull fails.
+        (100, bogus.to_bytes()),
+        // Length disagrees with the handle.
+        (99, bogus.to_bytes()),
+        // Way over the target's limit.
+        (
+            1 << 40,
+            RemoteMem::new(
+                vec![RemoteSegment {
+                    addr: 0x1000,
+                    len: 1 << 40,
+                    key: 0,
+                }],
+                Access::ReadOnly,
+            )
+            .unwrap()
+            .to_bytes(),
+        ),
+        // Garbage descriptor.
+        (100, b"not a descriptor".to_vec()),
+    ];
+    for (i, (len, desc)) in cases.into_iter().enumerate() {
+        let cookie = 1000 + i as u64;
+        let mut payload = len.to_le_bytes().to_vec();
+        payload.extend_from_slice(&desc);
+        let mut msg = Vec::new();
+        Header {
+            flags: FLAG_CHECKSUM | FLAG_SPILL,
+            status: Status::Ok,
+            rpc_id: hg_rpc::rpc_id(Digest::NAME),
+            cookie,
+            payload_len: 0,
+            checksum: 0,
+        }
+        .encode_with(&payload, &mut msg);
+        ep.post_recv_expected(&s, cookie as u32, Vec::new(), OpId(cookie))
+            .unwrap();
+        ep.send_unexpected(&s, 0, &msg, OpId(1 << 40 | cookie)).unwrap();
+        let end = Instant::now() + T;
+        let reply = loop {
+            assert!(Instant::now() < end, "case {i}: no reply");
+            ep.progress(Some(Duration::from_millis(50))).unwrap();
+            let mut got = None;
+            while let Some(c) = ep.pop_completion() {
+                if c.op == OpId(cookie) {
+                    got = c.buf;
+                }
+            }
+            if let Some(b) = got {
+                break b;
+            }
+        };
+        let (h, text) = Header::decode(&reply).unwrap();
+        assert_eq!(
+            h.status,
+            Status::DecodeError,
+            "case {i}: {}",
+            String::from_utf8_lossy(text)
+        );
+    }
+    // The server keeps serving honest clients.
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    assert_eq!(c.call::<Add>(&s, &(2, 2), T).unwrap(), 4);
 }

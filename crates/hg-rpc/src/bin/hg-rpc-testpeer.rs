@@ -40,6 +40,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         s.fetch_add(v, Ordering::Relaxed);
         Ok(())
     })?;
+    let (r, s) = (records.clone(), sum.clone());
+    engine.register::<RecordBlob>(move |blob| {
+        r.fetch_add(1, Ordering::Relaxed);
+        s.fetch_add(blob.len() as u64, Ordering::Relaxed);
+        Ok(())
+    })?;
+    engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
     engine.register::<Count>(move |()| Ok((records.load(Ordering::Relaxed), sum.load(Ordering::Relaxed))))?;
     let q = quit.clone();
     engine.register::<Quit>(move |()| {

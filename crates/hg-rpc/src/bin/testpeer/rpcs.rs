@@ -57,3 +57,26 @@ impl Rpc for Quit {
     type Input = ();
     type Output = ();
 }
+
+/// Returns the length and FNV-1a hash of its input (for spilled inputs).
+pub struct Digest;
+impl Rpc for Digest {
+    const NAME: &'static str = "test.digest";
+    type Input = Vec<u8>;
+    type Output = (u64, u64);
+}
+
+/// One-way: records a blob's length into the `Record` counters.
+pub struct RecordBlob;
+impl Rpc for RecordBlob {
+    const NAME: &'static str = "test.record_blob";
+    type Input = Vec<u8>;
+    type Output = ();
+}
+
+/// FNV-1a 64 of `data`.
+pub fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
