@@ -3,12 +3,17 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use na_core::{Access, Addr, Completion, Endpoint, MemHandle, OpId, PluginId, RemoteMem};
+use na_core::{Access, Addr, Completion, Endpoint, MemHandle, OpId, PluginId};
 
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::{rpc_id, Rpc};
+use crate::spill::{self, RELEASE_RPC};
+
+/// How long a target keeps a spilled output exposed for an origin that
+/// never confirms it pulled it (it died, or broke the protocol).
+pub const SPILLED_OUTPUT_TTL: Duration = Duration::from_secs(60);
 
 /// Unexpected receives the engine keeps posted for incoming requests.
 pub const POSTED_REQUEST_BUFFERS: usize = 64;
@@ -37,6 +42,8 @@ enum OpRole {
     Send,
     /// The pull of a spilled request's input (key into `pulls`).
     Pull(u64),
+    /// The pull of a spilled response's output (key into `pulls`; cookie).
+    PullOutput(u64, u64),
 }
 
 /// A request whose spilled input is being pulled from its origin.
@@ -102,6 +109,10 @@ pub struct Engine<C: Codec = Postcard> {
     finished_self: VecDeque<u64>,
     pulls: HashMap<u64, PendingPull>,
     max_spill: u64,
+    /// Spilled outputs waiting for their origin to pull them, by (origin
+    /// token, cookie), with the time they were exposed.
+    exposed: HashMap<(u64, u64), (MemHandle, Instant)>,
+    last_sweep: Instant,
 }
 
 impl Engine<Postcard> {
@@ -133,6 +144,8 @@ impl<C: Codec> Engine<C> {
             finished_self: VecDeque::new(),
             pulls: HashMap::new(),
             max_spill: DEFAULT_MAX_SPILL,
+            exposed: HashMap::new(),
+            last_sweep: Instant::now(),
         };
         for _ in 0..POSTED_REQUEST_BUFFERS {
             e.post_request_buffer(Vec::with_capacity(max_msg))?;
@@ -243,14 +256,8 @@ impl<C: Codec> Engine<C> {
             self.scratch = payload;
             return Ok((msg, None));
         }
-        let mem = MemHandle::new(vec![payload], Access::ReadOnly);
-        let plugin = self.ep.plugin_mut(self.plugin)?;
-        plugin.mem_register(&mem)?;
-        let desc = plugin.mem_describe(&mem)?;
-        let mut spill = Vec::with_capacity(8 + desc.encoded_len());
-        spill.extend_from_slice(&mem.size().to_le_bytes());
-        desc.encode_into(&mut spill);
-        header(flags | FLAG_SPILL, Status::Ok, id, cookie).encode_with(&spill, &mut msg);
+        let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload)?;
+        header(flags | FLAG_SPILL, Status::Ok, id, cookie).encode_with(&spilled, &mut msg);
         if msg.len() > self.max_msg {
             return Err(RpcError::TooLarge {
                 rpc: R::NAME.into(),
@@ -451,6 +458,17 @@ impl<C: Codec> Engine<C> {
             n += 1;
             self.handle(c)?;
         }
+        if !self.exposed.is_empty() && self.last_sweep.elapsed() > Duration::from_secs(1) {
+            self.last_sweep = Instant::now();
+            let before = self.exposed.len();
+            self.exposed.retain(|_, (_, t)| t.elapsed() < SPILLED_OUTPUT_TTL);
+            if self.exposed.len() < before {
+                tracing::warn!(
+                    expired = before - self.exposed.len(),
+                    "released spilled outputs never pulled"
+                );
+            }
+        }
         Ok(n)
     }
 
@@ -492,12 +510,32 @@ impl<C: Codec> Engine<C> {
                 }
             }
             OpRole::Response(cookie) => {
+                let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
                 let outcome = match c.status {
                     Err(e) => Err(RpcError::Transport(e)),
                     Ok(()) => {
                         let buf = c.buf.unwrap_or_default();
-                        let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
                         match Header::decode(&buf) {
+                            Ok((h, p))
+                                if h.is_response()
+                                    && h.cookie == cookie
+                                    && h.flags & FLAG_SPILL != 0
+                                    && h.status == Status::Ok =>
+                            {
+                                let src = c.source.clone().unwrap_or_else(|| self.me.clone());
+                                match self.start_output_pull(&src, &h, p) {
+                                    // The outcome is filed when the pull completes.
+                                    Ok(()) => return Ok(()),
+                                    Err(reason) => {
+                                        self.release_output(&src, cookie);
+                                        Err(RpcError::Decode {
+                                            rpc: rpc.into(),
+                                            what: "output",
+                                            reason,
+                                        })
+                                    }
+                                }
+                            }
                             Ok((h, p)) if h.is_response() && h.cookie == cookie => {
                                 response_outcome(rpc, h.rpc_id, h, p)
                             }
@@ -508,18 +546,83 @@ impl<C: Codec> Engine<C> {
                         }
                     }
                 };
-                if let Some(call) = self.calls.get_mut(&cookie) {
-                    call.spill = None;
-                    if call.abandoned {
-                        self.calls.remove(&cookie);
-                    } else {
-                        debug_assert_eq!(call.recv_op, c.op);
-                        call.outcome = Some(outcome);
-                    }
+                self.file_outcome(cookie, outcome);
+            }
+            OpRole::PullOutput(key, cookie) => {
+                if let Some(p) = self.pulls.remove(&key) {
+                    self.release_output(&p.src, cookie);
+                    let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
+                    let outcome = match c.status {
+                        Ok(()) => Ok(p.mem.to_vec()),
+                        Err(e) => Err(RpcError::Decode {
+                            rpc: rpc.into(),
+                            what: "output",
+                            reason: format!("pulling the spilled output failed: {e}"),
+                        }),
+                    };
+                    self.file_outcome(cookie, outcome);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
+    fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
+        if let Some(call) = self.calls.get_mut(&cookie) {
+            call.spill = None;
+            if call.abandoned {
+                self.calls.remove(&cookie);
+            } else {
+                call.outcome = Some(outcome);
+            }
+        }
+    }
+
+    /// Starts pulling the spilled output of a response from its target.
+    fn start_output_pull(
+        &mut self,
+        src: &Addr,
+        h: &Header,
+        payload: &[u8],
+    ) -> std::result::Result<(), String> {
+        let (len, remote) = spill::parse(payload, self.max_spill)?;
+        let mem = MemHandle::zeroed(len as usize, Access::ReadWrite);
+        let op = self.op();
+        self.ep
+            .plugin_mut(self.plugin)
+            .and_then(|p| p.mem_register(&mem))
+            .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len, src, op))
+            .map_err(|e| format!("pulling the spilled output failed: {e}"))?;
+        self.ops.insert(op, OpRole::PullOutput(op.0, h.cookie));
+        self.pulls.insert(
+            op.0,
+            PendingPull {
+                src: src.clone(),
+                header: *h,
+                mem,
+            },
+        );
+        Ok(())
+    }
+
+    /// Tells a target it may release the spilled output of call `cookie`.
+    fn release_output(&mut self, target: &Addr, cookie: u64) {
+        let mut msg = Vec::with_capacity(HEADER_LEN + 8);
+        header(
+            FLAG_CHECKSUM | FLAG_ONE_WAY,
+            Status::Ok,
+            rpc_id(RELEASE_RPC),
+            cookie,
+        )
+        .encode_with(&cookie.to_le_bytes(), &mut msg);
+        let op = self.op();
+        match self.ep.send_unexpected(target, 0, &msg, op) {
+            Ok(()) => {
+                self.ops.insert(op, OpRole::Send);
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot release a spilled output (target gone?)"),
+        }
     }
 
     /// Decodes request `msg` and runs its handler; returns the response
@@ -561,6 +664,12 @@ impl<C: Codec> Engine<C> {
             tracing::warn!(peer = %src, "dropping a response sent as a request");
             return Ok(());
         }
+        if h.rpc_id == rpc_id(RELEASE_RPC) {
+            if let Ok(c) = <[u8; 8]>::try_from(payload) {
+                self.exposed.remove(&(src.token(), u64::from_le_bytes(c)));
+            }
+            return Ok(());
+        }
         if h.flags & FLAG_SPILL != 0 {
             if let Err(reason) = self.start_pull(src, &h, payload) {
                 self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());
@@ -577,24 +686,7 @@ impl<C: Codec> Engine<C> {
     /// Starts pulling a spilled input described by `payload` (length, then
     /// the origin's memory descriptor). Everything in it is checked first.
     fn start_pull(&mut self, src: &Addr, h: &Header, payload: &[u8]) -> std::result::Result<(), String> {
-        let len_bytes: [u8; 8] = payload
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or("spilled request shorter than its length field")?;
-        let len = u64::from_le_bytes(len_bytes);
-        let remote = RemoteMem::from_bytes(&payload[8..]).map_err(|e| format!("spilled input: {e}"))?;
-        if len != remote.size() {
-            return Err(format!(
-                "spilled input says {len} bytes, its handle has {}",
-                remote.size()
-            ));
-        }
-        if len > self.max_spill {
-            return Err(format!(
-                "spilled input of {len} bytes exceeds this target's limit of {}",
-                self.max_spill
-            ));
-        }
+        let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("input: {e}"))?;
         let mem = MemHandle::zeroed(len as usize, Access::ReadWrite);
         let op = self.op();
         self.ep
@@ -614,24 +706,32 @@ impl<C: Codec> Engine<C> {
         Ok(())
     }
 
-    /// Sends a response (an output over the eager limit becomes a handler
-    /// error: spilling outputs is not implemented yet).
+    /// Sends a response. An output over the eager limit is exposed and
+    /// described instead (the origin pulls it, then releases it).
     fn respond(&mut self, src: &Addr, h: Header, out: Vec<u8>) {
-        let (h, out) = if HEADER_LEN + out.len() > self.max_msg {
-            let m = format!(
-                "output is {} bytes; the eager limit is {}",
-                out.len(),
-                self.max_msg
-            );
-            (
-                Header {
-                    status: Status::HandlerError,
-                    ..h
-                },
-                m.into_bytes(),
-            )
-        } else {
+        let (h, out) = if HEADER_LEN + out.len() <= self.max_msg {
             (h, out)
+        } else {
+            match spill::expose(&mut self.ep, self.plugin, out) {
+                Ok((mem, payload)) => {
+                    self.exposed
+                        .insert((src.token(), h.cookie), (mem, Instant::now()));
+                    (
+                        Header {
+                            flags: h.flags | FLAG_SPILL,
+                            ..h
+                        },
+                        payload,
+                    )
+                }
+                Err(e) => (
+                    Header {
+                        status: Status::HandlerError,
+                        ..h
+                    },
+                    format!("cannot expose the large output: {e}").into_bytes(),
+                ),
+            }
         };
         let mut msg = Vec::with_capacity(HEADER_LEN + out.len());
         h.encode_with(&out, &mut msg);

@@ -24,6 +24,7 @@ pub mod error;
 pub mod header;
 pub mod rpc;
 pub mod runtime;
+mod spill;
 #[allow(unsafe_code)]
 mod sys;
 
