@@ -1,0 +1,212 @@
+//! The main job: a small key-value store served over shared memory.
+//!
+//! The client starts the server (this binary with `serve`), then: makes
+//! 20,000 small RPCs (`add`) one at a time and reports the round trip;
+//! stores 16 blobs of 4 MiB (`put`: the input spills, the server pulls it
+//! with one-sided RMA), reads them back (`get`: the output spills, the
+//! client pulls it), verifies checksums, and reports bandwidth.
+//!
+//! Run: `./x demo`, or `cargo run --release -p hg-rpc --example demo`.
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hg_rpc::{Engine, Rpc};
+use na_core::{Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+use serde_bytes::ByteBuf;
+
+type Res<T> = Result<T, Box<dyn Error>>;
+const T: Duration = Duration::from_secs(20);
+
+struct Add;
+impl Rpc for Add {
+    const NAME: &'static str = "demo.add";
+    type Input = (u64, u64);
+    type Output = u64;
+}
+
+struct Put;
+impl Rpc for Put {
+    const NAME: &'static str = "demo.put";
+    type Input = (String, ByteBuf);
+    type Output = u64;
+}
+
+struct Get;
+impl Rpc for Get {
+    const NAME: &'static str = "demo.get";
+    type Input = String;
+    type Output = ByteBuf;
+}
+
+struct Stat;
+impl Rpc for Stat {
+    const NAME: &'static str = "demo.stat";
+    type Input = ();
+    type Output = (u64, u64);
+}
+
+struct Quit;
+impl Rpc for Quit {
+    const NAME: &'static str = "demo.quit";
+    type Input = ();
+    type Output = ();
+}
+
+fn engine(listen: bool) -> Res<Engine> {
+    let mut ep = Endpoint::new(ProgressMode::default())?;
+    let cfg = SmConfig {
+        listen,
+        ..SmConfig::default()
+    };
+    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
+    Ok(Engine::new(ep, id)?)
+}
+
+fn checksum(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn serve() -> Res<()> {
+    use std::sync::{Arc, Mutex};
+    let mut e = engine(true)?;
+    e.set_max_spill(256 << 20);
+    // Blobs are `ByteBuf`s: serde then encodes them as one byte string
+    // (a memcpy) instead of a sequence of single bytes.
+    let store: Arc<Mutex<HashMap<String, ByteBuf>>> = Arc::default();
+    let quit = Arc::new(Mutex::new(false));
+    e.register::<Add>(|(a, b)| Ok(a.wrapping_add(b)))?;
+    let s = store.clone();
+    e.register::<Put>(move |(key, data)| {
+        let len = data.len() as u64;
+        s.lock().map_err(|_| "store poisoned")?.insert(key, data);
+        Ok(len)
+    })?;
+    let s = store.clone();
+    e.register::<Get>(move |key| {
+        let s = s.lock().map_err(|_| "store poisoned")?;
+        s.get(&key).cloned().ok_or_else(|| format!("no key {key:?}"))
+    })?;
+    let s = store.clone();
+    e.register::<Stat>(move |()| {
+        let s = s.lock().map_err(|_| "store poisoned")?;
+        Ok((s.len() as u64, s.values().map(|v| v.len() as u64).sum()))
+    })?;
+    let q = quit.clone();
+    e.register::<Quit>(move |()| {
+        *q.lock().map_err(|_| "poisoned")? = true;
+        Ok(())
+    })?;
+    println!("ADDR {}", e.self_addr());
+    while !*quit.lock().map_err(|_| "poisoned")? {
+        e.progress(Some(Duration::from_millis(500)))?;
+        e.trigger()?;
+    }
+    let end = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < end {
+        e.progress(Some(Duration::from_millis(20)))?;
+        e.trigger()?;
+    }
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    if std::env::args().nth(1).as_deref() == Some("serve") {
+        return serve();
+    }
+    let mut server = Command::new(std::env::current_exe()?)
+        .arg("serve")
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let uri = line
+        .trim()
+        .strip_prefix("ADDR ")
+        .ok_or("server printed no address")?
+        .to_owned();
+    let mut c = engine(false)?;
+    c.set_max_spill(256 << 20);
+    let srv = c.endpoint().lookup(&uri)?;
+    println!("server {uri} (pid {}), client {}", server.id(), c.self_addr());
+
+    let n = 20_000u64;
+    let mut rtts = Vec::with_capacity(n as usize);
+    let t = Instant::now();
+    for i in 0..n {
+        let t0 = Instant::now();
+        let r = c.call::<Add>(&srv, &(i, 1), T)?;
+        if r != i + 1 {
+            return Err(format!("add({i}, 1) returned {r}").into());
+        }
+        rtts.push(t0.elapsed().as_nanos() as u64);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    rtts.sort_unstable();
+    println!(
+        "rpc add: {n} calls, {:.0} calls/s, median round trip {:.2} us, p99 {:.2} us",
+        n as f64 / secs,
+        rtts[rtts.len() / 2] as f64 / 1e3,
+        rtts[rtts.len() * 99 / 100] as f64 / 1e3
+    );
+
+    let (blobs, size) = (16usize, 4usize << 20);
+    let data: Vec<Vec<u8>> = (0..blobs)
+        .map(|b| (0..size).map(|i| (i * 31 + b * 7 + i / 4096) as u8).collect())
+        .collect();
+    let sums: Vec<u64> = data.iter().map(|d| checksum(d)).collect();
+    let inputs: Vec<(String, ByteBuf)> = data
+        .into_iter()
+        .enumerate()
+        .map(|(b, d)| (format!("blob-{b}"), ByteBuf::from(d)))
+        .collect();
+    let t = Instant::now();
+    for input in &inputs {
+        let len = c.call::<Put>(&srv, input, T)?;
+        if len != size as u64 {
+            return Err(format!("server stored {} with {len} bytes", input.0).into());
+        }
+    }
+    let put_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut back = Vec::with_capacity(blobs);
+    for (key, _) in &inputs {
+        back.push(c.call::<Get>(&srv, key, T)?);
+    }
+    let get_secs = t.elapsed().as_secs_f64();
+    // Verified outside the timed loops: every byte, by checksum.
+    for (b, (got, sum)) in back.iter().zip(&sums).enumerate() {
+        if got.len() != size || checksum(got) != *sum {
+            return Err(format!("blob-{b} read back corrupted").into());
+        }
+    }
+    let mib = (blobs * size) as f64 / f64::from(1 << 20);
+    println!(
+        "put: {blobs} blobs of {} MiB (input spilled, server pulls): {:.0} MiB/s",
+        size >> 20,
+        mib / put_secs
+    );
+    println!(
+        "get: {blobs} blobs (output spilled, client pulls): {:.0} MiB/s; every checksum verified",
+        mib / get_secs
+    );
+    let (keys, bytes) = c.call::<Stat>(&srv, &(), T)?;
+    println!("stat: {keys} keys, {} MiB stored", bytes >> 20);
+    match c.call::<Get>(&srv, &"missing".to_string(), T) {
+        Err(e) => println!("get of a missing key: error as expected: {e}"),
+        Ok(_) => return Err("a missing key returned data".into()),
+    }
+    c.call::<Quit>(&srv, &(), T)?;
+    let status = server.wait()?;
+    println!("server exited: {status}; client stats: {:?}", c.stats());
+    if !status.success() {
+        return Err("server failed".into());
+    }
+    Ok(())
+}
