@@ -523,7 +523,7 @@ impl<C: Codec> Engine<C> {
                                     && h.status == Status::Ok =>
                             {
                                 let src = c.source.clone().unwrap_or_else(|| self.me.clone());
-                                match self.start_output_pull(&src, &h, p) {
+                                match self.start_pull(&src, &h, p, true) {
                                     // The outcome is filed when the pull completes.
                                     Ok(()) => return Ok(()),
                                     Err(reason) => {
@@ -577,33 +577,6 @@ impl<C: Codec> Engine<C> {
                 call.outcome = Some(outcome);
             }
         }
-    }
-
-    /// Starts pulling the spilled output of a response from its target.
-    fn start_output_pull(
-        &mut self,
-        src: &Addr,
-        h: &Header,
-        payload: &[u8],
-    ) -> std::result::Result<(), String> {
-        let (len, remote) = spill::parse(payload, self.max_spill)?;
-        let mem = MemHandle::zeroed(len as usize, Access::ReadWrite);
-        let op = self.op();
-        self.ep
-            .plugin_mut(self.plugin)
-            .and_then(|p| p.mem_register(&mem))
-            .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len, src, op))
-            .map_err(|e| format!("pulling the spilled output failed: {e}"))?;
-        self.ops.insert(op, OpRole::PullOutput(op.0, h.cookie));
-        self.pulls.insert(
-            op.0,
-            PendingPull {
-                src: src.clone(),
-                header: *h,
-                mem,
-            },
-        );
-        Ok(())
     }
 
     /// Tells a target it may release the spilled output of call `cookie`.
@@ -671,7 +644,7 @@ impl<C: Codec> Engine<C> {
             return Ok(());
         }
         if h.flags & FLAG_SPILL != 0 {
-            if let Err(reason) = self.start_pull(src, &h, payload) {
+            if let Err(reason) = self.start_pull(src, &h, payload, false) {
                 self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());
             }
             return Ok(());
@@ -683,18 +656,31 @@ impl<C: Codec> Engine<C> {
         Ok(())
     }
 
-    /// Starts pulling a spilled input described by `payload` (length, then
-    /// the origin's memory descriptor). Everything in it is checked first.
-    fn start_pull(&mut self, src: &Addr, h: &Header, payload: &[u8]) -> std::result::Result<(), String> {
-        let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("input: {e}"))?;
+    /// Starts pulling spilled data described by `payload` (length, then
+    /// the peer's memory descriptor) from `src`: a request's input, or (with
+    /// `output`) a response's output. Everything in it is checked first.
+    fn start_pull(
+        &mut self,
+        src: &Addr,
+        h: &Header,
+        payload: &[u8],
+        output: bool,
+    ) -> std::result::Result<(), String> {
+        let what = if output { "output" } else { "input" };
+        let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("{what}: {e}"))?;
         let mem = MemHandle::zeroed(len as usize, Access::ReadWrite);
         let op = self.op();
         self.ep
             .plugin_mut(self.plugin)
             .and_then(|p| p.mem_register(&mem))
             .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len, src, op))
-            .map_err(|e| format!("pulling the spilled input failed: {e}"))?;
-        self.ops.insert(op, OpRole::Pull(op.0));
+            .map_err(|e| format!("pulling the spilled {what} failed: {e}"))?;
+        let role = if output {
+            OpRole::PullOutput(op.0, h.cookie)
+        } else {
+            OpRole::Pull(op.0)
+        };
+        self.ops.insert(op, role);
         self.pulls.insert(
             op.0,
             PendingPull {
