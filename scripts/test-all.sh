@@ -13,6 +13,17 @@ cargo fmt --all --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+# The registration-cache suite has a hugetlbfs scenario; it needs a few
+# reserved huge pages (root only; restored afterwards). Without them that
+# scenario says NOT RUN and why.
+if [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
+  old_huge=$(cat /proc/sys/vm/nr_hugepages)
+  if [ "$old_huge" -lt 4 ]; then
+    echo 4 > /proc/sys/vm/nr_hugepages || true
+    trap 'echo "$old_huge" > /proc/sys/vm/nr_hugepages' EXIT
+  fi
+fi
+
 step "workspace tests on the host (real processes over shared memory)"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
