@@ -7,8 +7,8 @@
 //! |----------------------|-------------------------------------------------------|
 //! | 0                    | header: magic, version, buffer count and size, pid    |
 //! | 4 KiB × (1 + c)      | control page of channel `c` (0: connector → acceptor, 1: back) |
-//! | 4 KiB × (3 + c)      | ring page of channel `c`: 64 slots of 64 bytes        |
-//! | 20 KiB + c × 256 KiB | 64 buffers of 4 KiB of channel `c`                    |
+//! | 4 KiB × (3 + 2c)     | two ring pages of channel `c`: 64 slots of 128 bytes  |
+//! | 28 KiB + c × 256 KiB | 64 buffers of 4 KiB of channel `c`                    |
 //!
 //! A control page holds, each on its own cache line: the 64-bit **free mask**
 //! (bit set = buffer free; the sender clears, the receiver sets), the
@@ -16,14 +16,16 @@
 //! and the sender's **tx_waiting** flag (sender has a backlog, wants a write
 //! when a slot or buffer is freed).
 //!
-//! A ring **slot** is one cache line: a header word, then up to
+//! A ring **slot** is two cache lines: a header word, then up to
 //! [`INLINE_MAX`] bytes of inline payload. The header is 0 when the slot is
 //! empty, else `marker:10 | inline:1 | kind:2 | index:6 | len:13 | tag:32`
 //! (high to low). Message `p` (counted privately by both sides) goes to
 //! slot `p % 64` with marker `(p / 64) % 1023 + 1`, so a stale or replayed
 //! slot never looks fresh. Messages of up to [`INLINE_MAX`] bytes travel
-//! inside the slot: one cache line moves from sender to receiver, which is
-//! what makes small-message latency close to the raw shared-flag floor.
+//! inside the slot: one or two cache lines move from sender to receiver
+//! (one up to 56 bytes), which is what makes small-message latency close to
+//! the raw shared-flag floor; an RPC request with its 32-byte header and a
+//! small argument fits.
 //! Larger messages reserve a 4 KiB buffer and the slot names it.
 //!
 //! The sender writes a slot only when its header is 0; the receiver zeroes
@@ -40,21 +42,22 @@ pub const NUM_BUFS: usize = 64;
 pub const BUF_SIZE: usize = 4096;
 /// Slots per ring.
 pub const RING_SLOTS: usize = 64;
-/// Bytes per ring slot (one cache line).
-pub const SLOT_SIZE: usize = 64;
+/// Bytes per ring slot (two cache lines).
+pub const SLOT_SIZE: usize = 128;
 /// Largest payload carried inside a ring slot.
 pub const INLINE_MAX: usize = SLOT_SIZE - 8;
 const PAGE: usize = 4096;
 const CTL_FREE: usize = 0;
 const CTL_RX_WAITING: usize = 64;
 const CTL_TX_WAITING: usize = 128;
-const BUFS_BASE: usize = 5 * PAGE;
+const RING_PAGES: usize = RING_SLOTS * SLOT_SIZE / PAGE;
+const BUFS_BASE: usize = (3 + 2 * RING_PAGES) * PAGE;
 /// Total region size.
 pub const REGION_LEN: usize = BUFS_BASE + 2 * NUM_BUFS * BUF_SIZE;
 /// First word of the header.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"QSSMRGN1");
 /// Layout version.
-pub const REGION_VERSION: u64 = 2;
+pub const REGION_VERSION: u64 = 3;
 
 /// Kind of a message in a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,7 +175,7 @@ impl<'a> Channel<'a> {
         Channel {
             region,
             ctl: ctl(c),
-            ring: PAGE * (3 + c),
+            ring: PAGE * (3 + c * RING_PAGES),
             bufs: BUFS_BASE + c * NUM_BUFS * BUF_SIZE,
         }
     }

@@ -30,15 +30,16 @@
 //! [`conn`] for the bytes.
 //!
 //! ## Region layout
-//! A header page, one control page and one ring page per direction, then 64
+//! A header page, one control page and two ring pages per direction, then 64
 //! buffers of 4 KiB per direction (see [`channel`]). A control page has,
 //! each on its own cache line: the free-buffer mask (one `AtomicU64`; the
 //! sender reserves with `fetch_and`, the receiver frees with `fetch_or`),
 //! the receiver's `rx_waiting` flag and the sender's `tx_waiting` flag. A
-//! ring page has 64 slots of one cache line each: a header word (sequence
-//! marker, inline flag, kind, buffer index, length, tag) and up to 56 bytes
-//! of inline payload. Messages of up to 56 bytes travel inside their slot,
-//! so one cache line crosses between the cores; larger ones take a buffer.
+//! ring has 64 slots of two cache lines each: a header word (sequence
+//! marker, inline flag, kind, buffer index, length, tag) and up to 120
+//! bytes of inline payload. Messages of up to 120 bytes travel inside their
+//! slot, so one or two cache lines cross between the cores; larger ones
+//! take a buffer.
 //! The receiver polls the slot itself (no shared head or tail), and the
 //! sender writes a slot only after the receiver zeroed it.
 //!
