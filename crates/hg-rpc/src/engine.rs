@@ -22,7 +22,12 @@ pub const POSTED_REQUEST_BUFFERS: usize = 64;
 /// [`Engine::set_max_spill`]).
 pub const DEFAULT_MAX_SPILL: u64 = 64 << 20;
 
-type HandlerFn = Box<dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, (Status, String)> + Send>;
+type HandlerFn =
+    Box<dyn FnMut(&mut BulkCtx<'_>, &[u8]) -> std::result::Result<Vec<u8>, (Status, String)> + Send>;
+
+#[path = "bulk_ops.rs"]
+mod bulk_ops;
+pub use bulk_ops::{BulkCtx, BulkId};
 
 struct Handler {
     name: &'static str,
@@ -44,6 +49,8 @@ enum OpRole {
     Pull(u64),
     /// The pull of a spilled response's output (key into `pulls`; cookie).
     PullOutput(u64, u64),
+    /// A transfer started with `bulk_start` (its id).
+    Bulk(u64),
 }
 
 /// A request whose spilled input is being pulled from its origin.
@@ -113,6 +120,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// token, cookie), with the time they were exposed.
     exposed: HashMap<(u64, u64), (MemHandle, Instant)>,
     last_sweep: Instant,
+    /// Completions that arrived while a handler waited for its bulk
+    /// transfer; handled by the next `trigger`.
+    deferred: VecDeque<Completion>,
+    /// Outcomes of bulk transfers started with `bulk_start`.
+    bulk_done: HashMap<u64, Result<()>>,
 }
 
 impl Engine<Postcard> {
@@ -146,6 +158,8 @@ impl<C: Codec> Engine<C> {
             max_spill: DEFAULT_MAX_SPILL,
             exposed: HashMap::new(),
             last_sweep: Instant::now(),
+            deferred: VecDeque::new(),
+            bulk_done: HashMap::new(),
         };
         for _ in 0..POSTED_REQUEST_BUFFERS {
             e.post_request_buffer(Vec::with_capacity(max_msg))?;
@@ -193,6 +207,17 @@ impl<C: Codec> Engine<C> {
         &mut self,
         mut handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
     ) -> Result<()> {
+        self.register_with_bulk::<R>(move |_, input| handler(input))
+    }
+
+    /// Registers a handler that may move bulk data while it runs (through
+    /// the [`BulkCtx`] it is given: pull a client's buffer, push into one).
+    pub fn register_with_bulk<R: Rpc>(
+        &mut self,
+        mut handler: impl FnMut(&mut BulkCtx<'_>, R::Input) -> std::result::Result<R::Output, String>
+            + Send
+            + 'static,
+    ) -> Result<()> {
         let id = rpc_id(R::NAME);
         if let Some(h) = self.handlers.get(&id) {
             let reason = if h.name == R::NAME {
@@ -206,11 +231,11 @@ impl<C: Codec> Engine<C> {
             });
         }
         let codec = self.codec.clone();
-        let run: HandlerFn = Box::new(move |payload| {
+        let run: HandlerFn = Box::new(move |ctx, payload| {
             let input: R::Input = codec
                 .decode(payload)
                 .map_err(|e| (Status::DecodeError, format!("input of {}: {e}", R::NAME)))?;
-            let output = handler(input).map_err(|m| (Status::HandlerError, m))?;
+            let output = handler(ctx, input).map_err(|m| (Status::HandlerError, m))?;
             let mut out = Vec::new();
             codec.encode(&output, &mut out).map_err(|e| {
                 (
@@ -404,7 +429,7 @@ impl<C: Codec> Engine<C> {
     /// True if the caller may sleep on the endpoint's fd now (see
     /// [`Endpoint::try_wait`]).
     pub fn try_wait(&mut self) -> bool {
-        self.finished_self.is_empty() && self.ep.try_wait()
+        self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()
     }
 
     /// Calls `R` on `dest` and waits (driving progress) for the result, at
@@ -442,7 +467,7 @@ impl<C: Codec> Engine<C> {
     /// Waits (per the endpoint's progress mode) until network work is
     /// ready or `timeout` passes.
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
-        if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() {
+        if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() || !self.deferred.is_empty() {
             return Ok(self.ep.pending_completions());
         }
         Ok(self.ep.progress(timeout)?)
@@ -454,7 +479,7 @@ impl<C: Codec> Engine<C> {
     pub fn trigger(&mut self) -> Result<usize> {
         let mut n = 0;
         self.finished_self.clear();
-        while let Some(c) = self.ep.pop_completion() {
+        while let Some(c) = self.deferred.pop_front().or_else(|| self.ep.pop_completion()) {
             n += 1;
             self.handle(c)?;
         }
@@ -493,6 +518,9 @@ impl<C: Codec> Engine<C> {
                 if !canceled {
                     self.post_request_buffer(buf)?;
                 }
+            }
+            OpRole::Bulk(id) => {
+                self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
             }
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {
@@ -608,12 +636,18 @@ impl<C: Codec> Engine<C> {
     /// Runs the handler of request `h` on its input `payload`.
     fn run_decoded(&mut self, h: &Header, payload: &[u8]) -> (Header, Vec<u8>) {
         self.stats.handled += 1;
+        let mut ctx = BulkCtx {
+            ep: &mut self.ep,
+            plugin: self.plugin,
+            next_op: &mut self.next_op,
+            deferred: &mut self.deferred,
+        };
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => (Status::UnknownRpc, Vec::new()),
             Some(handler) => {
                 let _span =
                     tracing::debug_span!("rpc handle", rpc = handler.name, cookie = h.cookie).entered();
-                match (handler.run)(payload) {
+                match (handler.run)(&mut ctx, payload) {
                     Ok(out) => (Status::Ok, out),
                     Err((status, message)) => (status, message.into_bytes()),
                 }

@@ -29,7 +29,8 @@ mod spill;
 mod sys;
 
 pub use codec::{Codec, Postcard};
-pub use engine::{CallId, Engine, RpcStats, POSTED_REQUEST_BUFFERS};
+pub use engine::{BulkCtx, BulkId, CallId, Engine, RpcStats, POSTED_REQUEST_BUFFERS};
 pub use error::{Result, RpcError};
+pub use hg_bulk::{Bulk, BulkDesc, BulkOp};
 pub use rpc::{rpc_id, Rpc};
 pub use runtime::AsyncEngine;

@@ -47,6 +47,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
+    let blobs: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>> = Arc::default();
+    let b = blobs.clone();
+    engine.register_with_bulk::<BlobPut>(move |ctx, (key, data)| {
+        let local = ctx.expose(vec![vec![0; data.size() as usize]], na_core::Access::ReadWrite)?;
+        ctx.transfer(hg_rpc::BulkOp::Pull, &data, 0, &local, 0, data.size())?;
+        let bytes = local.local().ok_or("not local")?.to_vec();
+        let sum = fnv(&bytes);
+        b.lock().map_err(|_| "poisoned")?.insert(key, bytes);
+        Ok(sum)
+    })?;
+    let b = blobs.clone();
+    engine.register_with_bulk::<BlobGet>(move |ctx, (key, into, offset)| {
+        let bytes = b
+            .lock()
+            .map_err(|_| "poisoned")?
+            .get(&key)
+            .cloned()
+            .ok_or("no such blob")?;
+        let len = bytes.len() as u64;
+        let local = ctx.expose(vec![bytes], na_core::Access::ReadOnly)?;
+        ctx.transfer(hg_rpc::BulkOp::Push, &into, offset, &local, 0, len)?;
+        Ok(len)
+    })?;
     engine.register::<Count>(move |()| Ok((records.load(Ordering::Relaxed), sum.load(Ordering::Relaxed))))?;
     let q = quit.clone();
     engine.register::<Quit>(move |()| {

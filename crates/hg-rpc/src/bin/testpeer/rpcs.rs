@@ -80,3 +80,21 @@ pub fn fnv(data: &[u8]) -> u64 {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     })
 }
+
+/// Stores a blob: the server pulls it from the client's bulk handle and
+/// answers its FNV-1a hash.
+pub struct BlobPut;
+impl Rpc for BlobPut {
+    const NAME: &'static str = "test.blob_put";
+    type Input = (String, hg_rpc::Bulk);
+    type Output = u64;
+}
+
+/// Reads a blob: the server pushes it into the client's handle at the given
+/// offset and answers its length.
+pub struct BlobGet;
+impl Rpc for BlobGet {
+    const NAME: &'static str = "test.blob_get";
+    type Input = (String, hg_rpc::Bulk, u64);
+    type Output = u64;
+}

@@ -1,0 +1,256 @@
+//! # hg-bulk: bulk handles and one-sided transfers
+//!
+//! A [`Bulk`] names memory for one-sided transfers. Created locally with
+//! [`Bulk::expose`] it owns its segments (scatter/gather) and keeps them
+//! exposed exactly as long as it lives; serialized inside RPC arguments
+//! (`#[derive(Serialize)]` on a struct holding one) it travels as a
+//! [`BulkDesc`]: the owner's address, the plugin's memory descriptor and,
+//! for small read-only handles, the data itself, so a pull needs no RMA.
+//! Deserialized on the peer it is a remote handle, the target of
+//! [`start`]: `Push` (local to remote) or `Pull` (remote to local) over any
+//! NA plugin, with no plugin-specific code in the caller.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+use na_core::{Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem};
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+/// Read-only handles up to this size carry their data inline.
+pub const INLINE_MAX: usize = 1024;
+
+/// Errors of bulk handles and transfers.
+#[derive(Debug, thiserror::Error)]
+pub enum BulkError {
+    /// The NA layer refused or failed.
+    #[error("bulk transfer: {0}")]
+    Na(#[from] NaError),
+    /// A remote handle was given where a local one is needed.
+    #[error("the local side of a transfer must be a handle created here")]
+    NotLocal,
+    /// A received descriptor is inconsistent.
+    #[error("malformed bulk descriptor: {0}")]
+    Malformed(String),
+}
+
+/// The serialized form of a [`Bulk`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkDesc {
+    /// The owner's address (URI).
+    pub owner: String,
+    /// The owner plugin's memory descriptor ([`RemoteMem`] bytes).
+    pub mem: ByteBuf,
+    /// The contents, for small read-only handles.
+    pub inline: Option<ByteBuf>,
+}
+
+/// A bulk handle: local (owns exposed memory) or remote (a peer's).
+#[derive(Clone, Debug)]
+pub struct Bulk {
+    local: Option<MemHandle>,
+    desc: BulkDesc,
+    remote: RemoteMem,
+}
+
+impl Bulk {
+    /// Exposes `buffers` (in order, as one handle) through `plugin` of
+    /// `ep`: registers them and builds the descriptor peers will use.
+    pub fn expose(
+        ep: &mut Endpoint,
+        plugin: PluginId,
+        buffers: Vec<Vec<u8>>,
+        access: Access,
+    ) -> Result<Bulk, BulkError> {
+        let mem = MemHandle::new(buffers, access);
+        let p = ep.plugin_mut(plugin)?;
+        p.mem_register(&mem)?;
+        let remote = p.mem_describe(&mem)?;
+        let inline = (access == Access::ReadOnly && mem.size() as usize <= INLINE_MAX)
+            .then(|| ByteBuf::from(mem.to_vec()));
+        let desc = BulkDesc {
+            owner: p.self_addr().uri().to_owned(),
+            mem: ByteBuf::from(remote.to_bytes()),
+            inline,
+        };
+        Ok(Bulk {
+            local: Some(mem),
+            desc,
+            remote,
+        })
+    }
+
+    /// A remote handle from a received descriptor; checks it.
+    pub fn from_desc(desc: BulkDesc) -> Result<Bulk, BulkError> {
+        let remote = RemoteMem::from_bytes(&desc.mem).map_err(|e| BulkError::Malformed(e.to_string()))?;
+        if let Some(data) = &desc.inline {
+            if data.len() as u64 != remote.size() || remote.access() != Access::ReadOnly {
+                return Err(BulkError::Malformed(format!(
+                    "{} inline bytes for a {:?} handle of {} bytes",
+                    data.len(),
+                    remote.access(),
+                    remote.size()
+                )));
+            }
+        }
+        Ok(Bulk {
+            local: None,
+            desc,
+            remote,
+        })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.remote.size()
+    }
+
+    /// Access mode.
+    pub fn access(&self) -> Access {
+        self.remote.access()
+    }
+
+    /// The owner's address.
+    pub fn owner(&self) -> &str {
+        &self.desc.owner
+    }
+
+    /// The local memory, for handles created here.
+    pub fn local(&self) -> Option<&MemHandle> {
+        self.local.as_ref()
+    }
+
+    /// The descriptor peers receive.
+    pub fn desc(&self) -> &BulkDesc {
+        &self.desc
+    }
+
+    /// Gives the buffers back once no transfer holds the memory; a remote
+    /// handle, or one still in use, is returned unchanged.
+    pub fn into_buffers(self) -> Result<Vec<Vec<u8>>, Box<Bulk>> {
+        let Bulk { local, desc, remote } = self;
+        let back = |local| Box::new(Bulk { local, desc, remote });
+        match local.map(MemHandle::into_buffers) {
+            Some(Ok(bufs)) => Ok(bufs),
+            Some(Err(mem)) => Err(back(Some(mem))),
+            None => Err(back(None)),
+        }
+    }
+}
+
+impl Serialize for Bulk {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.desc.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bulk {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let desc = BulkDesc::deserialize(d)?;
+        Bulk::from_desc(desc).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Direction of a transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkOp {
+    /// Local memory to the remote handle (NA put).
+    Push,
+    /// The remote handle to local memory (NA get).
+    Pull,
+}
+
+/// What [`start`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Started {
+    /// Finished already (a pull served from inline data): no completion follows.
+    Done,
+    /// Posted: the endpoint delivers a completion for the op id.
+    Posted,
+}
+
+/// Starts a transfer of `len` bytes between `remote` at `remote_offset`
+/// and the local handle `local` at `local_offset`. Bounds and access are
+/// checked on both sides before anything moves.
+#[allow(clippy::too_many_arguments)]
+pub fn start(
+    ep: &mut Endpoint,
+    op: BulkOp,
+    remote: &Bulk,
+    remote_offset: u64,
+    local: &Bulk,
+    local_offset: u64,
+    len: u64,
+    id: OpId,
+) -> Result<Started, BulkError> {
+    let mem = local.local.as_ref().ok_or(BulkError::NotLocal)?;
+    mem.check_range(local_offset, len)?;
+    remote.remote.check_range(remote_offset, len)?;
+    if op == BulkOp::Pull {
+        if let Some(data) = &remote.desc.inline {
+            if !mem.access().can_write() {
+                return Err(NaError::AccessDenied {
+                    what: "local",
+                    has: mem.access(),
+                    needs: "write",
+                }
+                .into());
+            }
+            let (a, b) = (remote_offset as usize, (remote_offset + len) as usize);
+            mem.write_at(local_offset, &data[a..b])?;
+            return Ok(Started::Done);
+        }
+    }
+    let dest = ep.lookup(&remote.desc.owner)?;
+    match op {
+        BulkOp::Push => ep.put(mem, local_offset, &remote.remote, remote_offset, len, &dest, id)?,
+        BulkOp::Pull => ep.get(mem, local_offset, &remote.remote, remote_offset, len, &dest, id)?,
+    }
+    Ok(Started::Posted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use na_core::RemoteSegment;
+
+    fn desc(size: u64, access: Access, inline: Option<Vec<u8>>) -> BulkDesc {
+        let r = RemoteMem::new(
+            vec![RemoteSegment {
+                addr: 4096,
+                len: size,
+                key: 0,
+            }],
+            access,
+        )
+        .unwrap();
+        BulkDesc {
+            owner: "sm://1-0".into(),
+            mem: ByteBuf::from(r.to_bytes()),
+            inline: inline.map(ByteBuf::from),
+        }
+    }
+
+    #[test]
+    fn descriptors_are_checked_on_the_way_in() {
+        let ok = Bulk::from_desc(desc(3, Access::ReadOnly, Some(vec![1, 2, 3]))).unwrap();
+        assert_eq!(ok.size(), 3);
+        assert!(Bulk::from_desc(desc(4, Access::ReadOnly, Some(vec![1, 2, 3]))).is_err());
+        assert!(Bulk::from_desc(desc(3, Access::ReadWrite, Some(vec![1, 2, 3]))).is_err());
+        let mut bad = desc(3, Access::ReadOnly, None);
+        bad.mem = ByteBuf::from(b"junk".to_vec());
+        assert!(Bulk::from_desc(bad).is_err());
+        // Through serde as well.
+        let bytes = postcard::to_allocvec(&ok).unwrap();
+        let back: Bulk = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back.desc(), ok.desc());
+        assert!(back.local().is_none());
+        assert!(
+            back.into_buffers().is_err(),
+            "a remote handle has no buffers to give back"
+        );
+        let mut junk = bytes.clone();
+        let n = junk.len();
+        junk[n - 1] ^= 0xff;
+        let _ = postcard::from_bytes::<Bulk>(&junk); // may or may not decode; never panics
+    }
+}
