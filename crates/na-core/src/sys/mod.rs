@@ -1,6 +1,7 @@
 //! All OS-facing code of `na-core`: every `unsafe` block of the crate lives
 //! under this module, one file per facility.
 
+pub mod affinity;
 pub mod epoll;
 pub mod segment;
 

@@ -3,7 +3,7 @@
 //! call; system calls go through [`na_core::syscall!`], which turns `-1` into
 //! `io::Error`.
 
-pub mod affinity;
+pub use na_core::sys::affinity;
 pub mod cma;
 pub mod eventfd;
 pub mod fd;

@@ -13,7 +13,7 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a writable cpu_set_t and we pass its exact size.
     unsafe {
-        na_core::syscall!(sched_getaffinity(
+        crate::syscall!(sched_getaffinity(
             0,
             std::mem::size_of::<libc::cpu_set_t>(),
             &mut set
@@ -40,6 +40,6 @@ pub fn pin_to(cpu: usize) -> io::Result<()> {
     // SAFETY: `cpu` is below the set's capacity (checked above).
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: `set` is a valid cpu_set_t and we pass its exact size.
-    unsafe { na_core::syscall!(sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set))? };
+    unsafe { crate::syscall!(sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set))? };
     Ok(())
 }

@@ -1,0 +1,375 @@
+//! hg-perf: RPC rate, latency and bulk bandwidth of hg-rpc (a benchmark,
+//! not a test). Starts its own server process unless `--addr` is given.
+//!
+//! ```text
+//! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking]
+//! hg-perf lat  [--sizes 8]
+//! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M]
+//! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
+//! ```
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use hg_rpc::{BulkCtx, BulkOp, Engine};
+use na_core::sys::affinity;
+use na_core::{Access, Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+use serde_bytes::ByteBuf;
+
+#[path = "hgperf/rpcs.rs"]
+mod rpcs;
+use rpcs::*;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+const T: Duration = Duration::from_secs(30);
+
+#[derive(Parser)]
+#[command(about = "hg-rpc benchmark: RPC rate, latency and bulk bandwidth over shared memory")]
+struct Cli {
+    #[command(subcommand)]
+    test: Test,
+    /// Progress modes (comma-separated: busy, adaptive, blocking).
+    #[arg(long, global = true, default_value = "busy,adaptive,blocking")]
+    mode: String,
+    /// One JSON object per result line instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Pin the client to CPU A and the server to CPU B (`--cpu 0,1`).
+    #[arg(long, global = true)]
+    cpu: Option<String>,
+    /// Address of a running `hg-perf serve` (otherwise one is started).
+    #[arg(long, global = true)]
+    addr: Option<String>,
+    /// Length of one timed batch, in milliseconds.
+    #[arg(long, global = true, default_value_t = 200)]
+    batch_ms: u64,
+    /// Timed batches per figure (the median is reported).
+    #[arg(long, global = true, default_value_t = 7)]
+    batches: usize,
+}
+
+#[derive(Subcommand)]
+enum Test {
+    /// RPCs per second with a payload of each size, N in flight.
+    Rate {
+        #[arg(long, default_value = "0,8,1K,4K,64K")]
+        sizes: String,
+        #[arg(long, default_value = "1,16")]
+        inflight: String,
+    },
+    /// Round-trip latency percentiles, one call in flight.
+    Lat {
+        #[arg(long, default_value = "0,8,1K")]
+        sizes: String,
+    },
+    /// Bulk bandwidth: `write` (server pulls) and `read` (server pushes).
+    Bw {
+        #[arg(long, default_value = "read,write")]
+        op: String,
+        #[arg(long, default_value = "4K,64K,1M,16M")]
+        sizes: String,
+    },
+    /// Run the server side (started automatically; hidden from users).
+    #[command(hide = true)]
+    Serve {
+        #[arg(long)]
+        server_cpu: Option<usize>,
+    },
+}
+
+fn parse_size(s: &str) -> Res<u64> {
+    let s = s.trim();
+    let (n, mul) = match s.chars().last() {
+        Some('K') => (&s[..s.len() - 1], 1 << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    Ok(n.parse::<u64>().map_err(|e| format!("bad size {s:?}: {e}"))? * mul)
+}
+
+fn list<T>(s: &str, f: impl Fn(&str) -> Res<T>) -> Res<Vec<T>> {
+    s.split(',').map(f).collect()
+}
+
+fn engine(mode: ProgressMode, listen: bool) -> Res<Engine> {
+    let mut ep = Endpoint::new(mode)?;
+    let cfg = SmConfig {
+        listen,
+        ..SmConfig::default()
+    };
+    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
+    let mut e = Engine::new(ep, id)?;
+    e.set_max_spill(64 << 20);
+    Ok(e)
+}
+
+fn serve(cpu: Option<usize>) -> Res<()> {
+    if let Some(c) = cpu {
+        affinity::pin_to(c)?;
+    }
+    let mode = ProgressMode::from_env("HG_PERF_MODE", ProgressMode::Busy)?;
+    let mut e = engine(mode, true)?;
+    let quit = Arc::new(AtomicBool::new(false));
+    e.register::<Noop>(|_| Ok(()))?;
+    let scratch = |ctx: &mut BulkCtx<'_>, len: u64, access| ctx.expose(vec![vec![0; len as usize]], access);
+    let mut buf = None;
+    e.register_with_bulk::<BulkWrite>(move |ctx, (remote, len)| {
+        let b = match buf.take() {
+            Some(b) => b,
+            None => scratch(ctx, 16 << 20, Access::ReadWrite)?,
+        };
+        let r = ctx.transfer(BulkOp::Pull, &remote, 0, &b, 0, len);
+        buf = Some(b);
+        r
+    })?;
+    let mut buf = None;
+    e.register_with_bulk::<BulkRead>(move |ctx, (remote, len)| {
+        let b = match buf.take() {
+            Some(b) => b,
+            None => scratch(ctx, 16 << 20, Access::ReadWrite)?,
+        };
+        let r = ctx.transfer(BulkOp::Push, &remote, 0, &b, 0, len);
+        buf = Some(b);
+        r
+    })?;
+    let q = quit.clone();
+    e.register::<Quit>(move |()| {
+        q.store(true, Ordering::Relaxed);
+        Ok(())
+    })?;
+    println!("ADDR {}", e.self_addr());
+    while !quit.load(Ordering::Relaxed) {
+        e.progress(Some(Duration::from_millis(100)))?;
+        e.trigger()?;
+    }
+    let end = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < end {
+        e.progress(Some(Duration::from_millis(10)))?;
+        e.trigger()?;
+    }
+    Ok(())
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(mode: ProgressMode, cpu: Option<usize>) -> Res<(Server, String)> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("serve")
+        .env("HG_PERF_MODE", mode_name(mode))
+        .stdout(Stdio::piped());
+    if let Some(c) = cpu {
+        cmd.args(["--server-cpu", &c.to_string()]);
+    }
+    let mut child = cmd.spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let uri = line
+        .trim()
+        .strip_prefix("ADDR ")
+        .ok_or("server printed no address")?
+        .to_owned();
+    Ok((Server(child), uri))
+}
+
+fn mode_name(m: ProgressMode) -> &'static str {
+    match m {
+        ProgressMode::Busy => "busy",
+        ProgressMode::Adaptive { .. } => "adaptive",
+        ProgressMode::Blocking => "blocking",
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)] as f64
+}
+
+/// One result: a JSON object per line with `--json`, else a table row.
+/// `p99` is the worst batch for rate and bw (medians of batches), the
+/// 99th percentile for lat, which also reports `p999`.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    cli: &Cli,
+    test: &str,
+    mode: &str,
+    op: &str,
+    size: u64,
+    inflight: usize,
+    median: f64,
+    p99: f64,
+    p999: Option<f64>,
+    unit: &str,
+) {
+    if cli.json {
+        let mut v = serde_json::json!({
+            "test": test, "transport": "sm", "mode": mode, "op": op, "size": size,
+            "inflight": inflight, "median": median, "p99": p99, "unit": unit,
+        });
+        if let Some(p) = p999 {
+            v["p999"] = serde_json::json!(p);
+        }
+        println!("{v}");
+    } else {
+        let extra = p999.map(|p| format!(" p999 {p:.1}")).unwrap_or_default();
+        println!(
+            "{test:<5} {mode:<9} {op:<6} {size:>9} {inflight:>4} {median:>14.1} {p99:>14.1} {unit}{extra}"
+        );
+    }
+}
+
+fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>)) -> Res<()> {
+    let (_server, uri) = match &cli.addr {
+        Some(a) => (None, a.clone()),
+        None => {
+            let (s, u) = start_server(mode, cpus.1)?;
+            (Some(s), u)
+        }
+    };
+    let mut c = engine(mode, false)?;
+    c.set_max_spill(64 << 20);
+    let s = c.endpoint().lookup(&uri)?;
+    let m = mode_name(mode);
+    let batch = Duration::from_millis(cli.batch_ms);
+    match &cli.test {
+        Test::Rate { sizes, inflight } => {
+            for size in list(sizes, parse_size)? {
+                for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
+                    let input = ByteBuf::from(vec![7u8; size as usize]);
+                    let mut rates = Vec::new();
+                    for b in 0..=cli.batches {
+                        let (mut done, mut q) = (0u64, VecDeque::new());
+                        let t0 = Instant::now();
+                        while t0.elapsed() < batch {
+                            while q.len() < n {
+                                q.push_back(c.forward::<Noop>(&s, &input)?);
+                            }
+                            c.progress(Some(T))?;
+                            c.trigger()?;
+                            while let Some(&id) = q.front() {
+                                match c.take_response::<Noop>(id) {
+                                    Some(r) => {
+                                        r?;
+                                        q.pop_front();
+                                        done += 1;
+                                    }
+                                    None => break,
+                                }
+                            }
+                        }
+                        while let Some(id) = q.pop_front() {
+                            while c.take_response::<Noop>(id).is_none() {
+                                c.progress(Some(T))?;
+                                c.trigger()?;
+                            }
+                        }
+                        if b > 0 {
+                            rates.push(done as f64 / t0.elapsed().as_secs_f64());
+                        }
+                    }
+                    let p = rates.iter().copied().fold(f64::INFINITY, f64::min);
+                    report(cli, "rate", m, "call", size, n, median(rates), p, None, "ops/s");
+                }
+            }
+        }
+        Test::Lat { sizes } => {
+            for size in list(sizes, parse_size)? {
+                let input = ByteBuf::from(vec![7u8; size as usize]);
+                let mut samples = Vec::new();
+                let end = Instant::now() + batch * cli.batches as u32;
+                for _ in 0..1000 {
+                    c.call::<Noop>(&s, &input, T)?;
+                }
+                while Instant::now() < end {
+                    let t0 = Instant::now();
+                    c.call::<Noop>(&s, &input, T)?;
+                    samples.push(t0.elapsed().as_nanos() as u64);
+                }
+                samples.sort_unstable();
+                let (p50, p99, p999) = (pct(&samples, 0.5), pct(&samples, 0.99), pct(&samples, 0.999));
+                report(cli, "lat", m, "call", size, 1, p50, p99, Some(p999), "ns");
+            }
+        }
+        Test::Bw { op, sizes } => {
+            let local = c.expose(vec![vec![1u8; 16 << 20]], Access::ReadWrite)?;
+            for op in op.split(',') {
+                for size in list(sizes, parse_size)? {
+                    if size > 16 << 20 {
+                        return Err("bw sizes are limited to 16M".into());
+                    }
+                    let mut rates = Vec::new();
+                    for b in 0..=cli.batches {
+                        let (mut bytes, t0) = (0u64, Instant::now());
+                        while t0.elapsed() < batch {
+                            match op.trim() {
+                                "write" => c.call::<BulkWrite>(&s, &(local.clone(), size), T)?,
+                                "read" => c.call::<BulkRead>(&s, &(local.clone(), size), T)?,
+                                other => return Err(format!("unknown op {other:?} (read, write)").into()),
+                            }
+                            bytes += size;
+                        }
+                        if b > 0 {
+                            rates.push(bytes as f64 / f64::from(1 << 20) / t0.elapsed().as_secs_f64());
+                        }
+                    }
+                    let p = rates.iter().copied().fold(f64::INFINITY, f64::min);
+                    report(cli, "bw", m, op.trim(), size, 1, median(rates), p, None, "MiB/s");
+                }
+            }
+        }
+        Test::Serve { .. } => unreachable!("handled in main"),
+    }
+    if cli.addr.is_none() {
+        c.call::<Quit>(&s, &(), T)?;
+    }
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    let cli = Cli::parse();
+    if let Test::Serve { server_cpu } = cli.test {
+        return serve(server_cpu);
+    }
+    let cpus = match &cli.cpu {
+        Some(s) => {
+            let v = list(s, |x| Ok(x.trim().parse::<usize>()?))?;
+            match v[..] {
+                [a, b] => (Some(a), Some(b)),
+                _ => return Err("--cpu takes two CPUs: A,B".into()),
+            }
+        }
+        None => {
+            let cpus = affinity::allowed_cpus()?;
+            (cpus.first().copied(), cpus.get(1).copied())
+        }
+    };
+    if let Some(c) = cpus.0 {
+        affinity::pin_to(c)?;
+    }
+    if !cli.json {
+        println!(
+            "{:<5} {:<9} {:<6} {:>9} {:>4} {:>14} {:>14} unit",
+            "test", "mode", "op", "size", "infl", "median", "p99/worst"
+        );
+    }
+    for m in cli.mode.split(',') {
+        run_mode(&cli, ProgressMode::parse(m.trim())?, cpus)?;
+    }
+    Ok(())
+}

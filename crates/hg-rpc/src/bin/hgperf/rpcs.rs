@@ -1,0 +1,36 @@
+//! The RPCs hg-perf measures.
+
+use hg_rpc::{Bulk, Rpc};
+use serde_bytes::ByteBuf;
+
+/// Takes a payload, answers nothing: the RPC rate test.
+pub struct Noop;
+impl Rpc for Noop {
+    const NAME: &'static str = "hgperf.noop";
+    type Input = ByteBuf;
+    type Output = ();
+}
+
+/// The server pulls `len` bytes from the client's handle (a bulk write).
+pub struct BulkWrite;
+impl Rpc for BulkWrite {
+    const NAME: &'static str = "hgperf.bulk_write";
+    type Input = (Bulk, u64);
+    type Output = ();
+}
+
+/// The server pushes `len` bytes into the client's handle (a bulk read).
+pub struct BulkRead;
+impl Rpc for BulkRead {
+    const NAME: &'static str = "hgperf.bulk_read";
+    type Input = (Bulk, u64);
+    type Output = ();
+}
+
+/// Stops the server.
+pub struct Quit;
+impl Rpc for Quit {
+    const NAME: &'static str = "hgperf.quit";
+    type Input = ();
+    type Output = ();
+}

@@ -1,0 +1,72 @@
+//! hg-perf runs and reports well-formed results (a functional check; no
+//! speed is asserted: speed is measured by running hg-perf itself).
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
+        .args(args)
+        .args(["--json", "--batch-ms", "20", "--batches", "2"])
+        .output()
+        .expect("run hg-perf");
+    assert!(
+        out.status.success(),
+        "hg-perf {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+fn check(v: &serde_json::Value, unit: &str) {
+    for k in [
+        "test",
+        "transport",
+        "mode",
+        "op",
+        "size",
+        "inflight",
+        "median",
+        "p99",
+        "unit",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k} in {v}");
+    }
+    assert_eq!(v["unit"], unit);
+    assert!(v["median"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
+fn rate_lat_and_bw_report_json() {
+    let rate = run(&[
+        "rate",
+        "--mode",
+        "adaptive",
+        "--sizes",
+        "0,8K",
+        "--inflight",
+        "1,4",
+    ]);
+    assert_eq!(rate.len(), 4);
+    rate.iter().for_each(|v| check(v, "ops/s"));
+    let lat = run(&["lat", "--mode", "blocking", "--sizes", "8"]);
+    assert_eq!(lat.len(), 1);
+    check(&lat[0], "ns");
+    assert!(lat[0]["p999"].as_f64().unwrap() >= lat[0]["p99"].as_f64().unwrap());
+    let bw = run(&["bw", "--mode", "busy", "--sizes", "4K,1M"]);
+    assert_eq!(bw.len(), 4);
+    bw.iter().for_each(|v| check(v, "MiB/s"));
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
+        .args(["rate", "--mode", "sideways"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sideways"));
+}
