@@ -1,6 +1,8 @@
 //! The RPC engine: registry, calls in flight, and the blocking progress API.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use na_core::fasthash::FastMap;
 use std::time::{Duration, Instant};
 
 use na_core::{Access, Addr, Completion, Endpoint, MemHandle, OpId, PluginId};
@@ -105,26 +107,26 @@ pub struct Engine<C: Codec = Postcard> {
     plugin: PluginId,
     me: Addr,
     codec: C,
-    handlers: HashMap<u64, Handler>,
-    ops: HashMap<OpId, OpRole>,
-    calls: HashMap<u64, Call>,
+    handlers: FastMap<u64, Handler>,
+    ops: FastMap<OpId, OpRole>,
+    calls: FastMap<u64, Call>,
     next_op: u64,
     next_cookie: u64,
     max_msg: usize,
     scratch: Vec<u8>,
     stats: RpcStats,
     finished_self: VecDeque<u64>,
-    pulls: HashMap<u64, PendingPull>,
+    pulls: FastMap<u64, PendingPull>,
     max_spill: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
     /// token, cookie), with the time they were exposed.
-    exposed: HashMap<(u64, u64), (MemHandle, Instant)>,
+    exposed: FastMap<(u64, u64), (MemHandle, Instant)>,
     last_sweep: Instant,
     /// Completions that arrived while a handler waited for its bulk
     /// transfer; handled by the next `trigger`.
     deferred: VecDeque<Completion>,
     /// Outcomes of bulk transfers started with `bulk_start`.
-    bulk_done: HashMap<u64, Result<()>>,
+    bulk_done: FastMap<u64, Result<()>>,
 }
 
 impl Engine<Postcard> {
@@ -145,21 +147,21 @@ impl<C: Codec> Engine<C> {
             plugin,
             me,
             codec,
-            handlers: HashMap::new(),
-            ops: HashMap::new(),
-            calls: HashMap::new(),
+            handlers: FastMap::default(),
+            ops: FastMap::default(),
+            calls: FastMap::default(),
             next_op: 1,
             next_cookie: 1,
             max_msg,
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
-            pulls: HashMap::new(),
+            pulls: FastMap::default(),
             max_spill: DEFAULT_MAX_SPILL,
-            exposed: HashMap::new(),
+            exposed: FastMap::default(),
             last_sweep: Instant::now(),
             deferred: VecDeque::new(),
-            bulk_done: HashMap::new(),
+            bulk_done: FastMap::default(),
         };
         for _ in 0..POSTED_REQUEST_BUFFERS {
             e.post_request_buffer(Vec::with_capacity(max_msg))?;

@@ -23,6 +23,7 @@
 pub mod addr;
 pub mod endpoint;
 pub mod error;
+pub mod fasthash;
 pub mod mem;
 pub mod op;
 pub mod plugin;

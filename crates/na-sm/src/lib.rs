@@ -103,7 +103,7 @@ pub mod conn;
 mod connect;
 pub mod error;
 pub mod factory;
-mod fasthash;
+
 mod matching;
 mod plugin;
 pub mod progress;

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use crate::fasthash::FastMap;
+use na_core::fasthash::FastMap;
 
 use na_core::{Addr, Completion, NaError, OpId, OpKind, Tag};
 

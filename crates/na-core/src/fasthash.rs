@@ -1,9 +1,9 @@
-//! A fast hasher for the plugin's small integer keys (operation ids, peer
-//! tokens and tags), seeded per process so a peer cannot precompute
-//! colliding tags.
+//! A fast hasher for small integer keys (operation ids, peer tokens, tags,
+//! call cookies), seeded per process so a peer cannot precompute colliding
+//! keys.
 //!
-//! The per-message path looks keys up in a few maps; SipHash (std's default)
-//! costs more there than the rest of the lookup. Keys are at most a few
+//! Per-message paths (plugins, the RPC engine) look keys up in a few maps;
+//! SipHash (std's default) costs more there than the rest of the lookup. Keys are at most a few
 //! integers, so a seeded multiply-xorshift mix per word is enough.
 
 use std::collections::hash_map::RandomState;
