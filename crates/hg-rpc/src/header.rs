@@ -153,6 +153,9 @@ impl Header {
         if flags & FLAG_CHECKSUM != 0 && crc32c(payload) != h.checksum {
             return Err(bad("payload checksum mismatch".into()));
         }
+        if flags & FLAG_CHECKSUM == 0 && h.checksum != 0 {
+            return Err(bad("checksum field set without the checksum flag".into()));
+        }
         Ok((h, payload))
     }
 }
