@@ -33,5 +33,11 @@ else
   cargo test --workspace --no-fail-fast
 fi
 
+step "examples (each verifies what it does and fails loudly otherwise)"
+cargo run --quiet -p hg-rpc --example hello
+cargo run --quiet -p hg-rpc --example blobstore
+cargo run --quiet -p hg-rpc --example demo
+cargo run --quiet -p na-sm --example na_demo
+
 step "RDMA verbs tests inside a soft-RoCE VM"
 bash scripts/test-verbs.sh

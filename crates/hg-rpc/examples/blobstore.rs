@@ -1,0 +1,180 @@
+//! A small storage service on hg-rpc + hg-bulk.
+//!
+//! * `put(key, bulk)`: the server **pulls** the blob from the client's
+//!   memory (one-sided), stores it, and answers its checksum;
+//! * `get(key, bulk)`: the server **pushes** the blob into the client's
+//!   buffer and answers its length;
+//! * `stat(key)`: length and checksum; `delete(key)`.
+//!
+//! The client stores blobs made of several segments, reads them back into
+//! differently split buffers, and verifies every checksum.
+//! Run: `cargo run --release -p hg-rpc --example blobstore`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hg_rpc::{Bulk, BulkOp, Engine, Rpc};
+use na_core::{Access, Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+const T: Duration = Duration::from_secs(20);
+
+struct Put;
+impl Rpc for Put {
+    const NAME: &'static str = "blob.put";
+    type Input = (String, Bulk);
+    type Output = u64;
+}
+
+struct Get;
+impl Rpc for Get {
+    const NAME: &'static str = "blob.get";
+    type Input = (String, Bulk);
+    type Output = u64;
+}
+
+struct Stat;
+impl Rpc for Stat {
+    const NAME: &'static str = "blob.stat";
+    type Input = String;
+    type Output = Option<(u64, u64)>;
+}
+
+struct Delete;
+impl Rpc for Delete {
+    const NAME: &'static str = "blob.delete";
+    type Input = String;
+    type Output = bool;
+}
+
+struct Quit;
+impl Rpc for Quit {
+    const NAME: &'static str = "blob.quit";
+    type Input = ();
+    type Output = ();
+}
+
+fn checksum(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn engine(listen: bool) -> Res<Engine> {
+    let mut ep = Endpoint::new(ProgressMode::default())?;
+    let cfg = SmConfig {
+        listen,
+        ..SmConfig::default()
+    };
+    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
+    Ok(Engine::new(ep, id)?)
+}
+
+type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+
+fn serve() -> Res<()> {
+    let mut e = engine(true)?;
+    let store: Store = Arc::default();
+    let quit = Arc::new(Mutex::new(false));
+    let s = store.clone();
+    e.register_with_bulk::<Put>(move |ctx, (key, blob)| {
+        let local = ctx.expose(vec![vec![0; blob.size() as usize]], Access::WriteOnly)?;
+        ctx.transfer(BulkOp::Pull, &blob, 0, &local, 0, blob.size())?;
+        let data = local.into_buffers().map_err(|_| "buffer still in use")?.concat();
+        let sum = checksum(&data);
+        s.lock().map_err(|_| "store poisoned")?.insert(key, data);
+        Ok(sum)
+    })?;
+    let s = store.clone();
+    e.register_with_bulk::<Get>(move |ctx, (key, into)| {
+        let data = s.lock().map_err(|_| "store poisoned")?.get(&key).cloned();
+        let data = data.ok_or_else(|| format!("no blob {key:?}"))?;
+        let len = data.len() as u64;
+        let local = ctx.expose(vec![data], Access::ReadOnly)?;
+        ctx.transfer(BulkOp::Push, &into, 0, &local, 0, len)?;
+        Ok(len)
+    })?;
+    let s = store.clone();
+    e.register::<Stat>(move |key| {
+        let s = s.lock().map_err(|_| "store poisoned")?;
+        Ok(s.get(&key).map(|d| (d.len() as u64, checksum(d))))
+    })?;
+    let s = store.clone();
+    e.register::<Delete>(move |key| Ok(s.lock().map_err(|_| "store poisoned")?.remove(&key).is_some()))?;
+    let q = quit.clone();
+    e.register::<Quit>(move |()| {
+        *q.lock().map_err(|_| "poisoned")? = true;
+        Ok(())
+    })?;
+    println!("ADDR {}", e.self_addr());
+    while !*quit.lock().map_err(|_| "poisoned")? {
+        e.progress(Some(Duration::from_millis(500)))?;
+        e.trigger()?;
+    }
+    e.progress(Some(Duration::from_millis(100)))?;
+    e.trigger()?;
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    if std::env::args().nth(1).as_deref() == Some("serve") {
+        return serve();
+    }
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("serve")
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let uri = line.trim().strip_prefix("ADDR ").ok_or("no address")?.to_owned();
+    let mut c = engine(false)?;
+    let srv = c.endpoint().lookup(&uri)?;
+    for (i, parts) in [vec![3usize << 20], vec![1000, 250_000, 17, 2 << 20], vec![100]]
+        .iter()
+        .enumerate()
+    {
+        let key = format!("blob-{i}");
+        let segs: Vec<Vec<u8>> = parts
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (0..n).map(|j| (j * 31 + s * 7 + i) as u8).collect())
+            .collect();
+        let whole = segs.concat();
+        let blob = c.expose(segs, Access::ReadOnly)?;
+        let sum = c.call::<Put>(&srv, &(key.clone(), blob), T)?;
+        assert_eq!(sum, checksum(&whole), "server stored {key} with another checksum");
+        // Read it back into two uneven buffers.
+        let half = whole.len() / 3;
+        let into = c.expose(
+            vec![vec![0; half], vec![0; whole.len() - half]],
+            Access::WriteOnly,
+        )?;
+        let len = c.call::<Get>(&srv, &(key.clone(), into.clone()), T)?;
+        let back = into.into_buffers().map_err(|_| "buffer still in use")?.concat();
+        let ok = len as usize == whole.len() && checksum(&back) == sum;
+        println!(
+            "{key}: {} bytes in {} segment(s), put + get, checksum {sum:#018x} {}",
+            whole.len(),
+            parts.len(),
+            if ok { "verified" } else { "MISMATCH" }
+        );
+        if !ok {
+            return Err(format!("{key} read back corrupted").into());
+        }
+        assert_eq!(c.call::<Stat>(&srv, &key, T)?, Some((whole.len() as u64, sum)));
+    }
+    assert!(c.call::<Delete>(&srv, &"blob-1".to_string(), T)?);
+    assert_eq!(c.call::<Stat>(&srv, &"blob-1".to_string(), T)?, None);
+    let missing = c.expose(vec![vec![0; 10]], Access::WriteOnly)?;
+    match c.call::<Get>(&srv, &("blob-1".to_string(), missing), T) {
+        Err(e) => println!("get of a deleted blob: {e}"),
+        Ok(_) => return Err("a deleted blob was returned".into()),
+    }
+    c.call::<Quit>(&srv, &(), T)?;
+    child.wait()?;
+    Ok(())
+}
