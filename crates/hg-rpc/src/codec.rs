@@ -14,6 +14,15 @@ pub trait Codec: Clone + Send + Sync + 'static {
 
 /// [postcard](https://docs.rs/postcard): compact varint encoding, no
 /// schema on the wire, maintained, `no_std`-capable; the default.
+///
+/// Chosen by measurement (`cargo run --release -p hg-rpc --example
+/// codec_compare`, this machine, encode+decode, median): `(u64, u64)` 2
+/// bytes in 28 ns (MessagePack 3 B / 32 ns, JSON 6 B / 36 ns); a typical
+/// metadata struct 87 B / 225 ns (MessagePack 94 B / 292 ns, JSON 192 B /
+/// 598 ns); 4 KiB of bytes 131 ns (MessagePack 119 ns, JSON 52 us). It is
+/// the smallest and, for the small arguments RPCs mostly carry, the
+/// fastest. bincode is not a candidate: 3.0.0 is a compile error and 2.x is
+/// unmaintained.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Postcard;
 
