@@ -33,7 +33,25 @@ pub use bulk_ops::{BulkCtx, BulkId};
 
 struct Handler {
     name: &'static str,
-    run: HandlerFn,
+    /// `None`: a deferred handler; requests wait in `deferred_requests` for
+    /// an executor (the tokio front end) to answer them.
+    run: Option<HandlerFn>,
+}
+
+/// A request for a deferred (asynchronous) handler, waiting to be answered
+/// with [`Engine::respond_deferred`].
+pub struct DeferredRequest {
+    src: Addr,
+    header: Header,
+    /// The encoded input.
+    pub payload: Vec<u8>,
+}
+
+impl DeferredRequest {
+    /// The RPC id.
+    pub fn rpc_id(&self) -> u64 {
+        self.header.rpc_id
+    }
 }
 
 /// Identifies a call made with [`Engine::forward`].
@@ -127,6 +145,8 @@ pub struct Engine<C: Codec = Postcard> {
     deferred: VecDeque<Completion>,
     /// Outcomes of bulk transfers started with `bulk_start`.
     bulk_done: FastMap<u64, Result<()>>,
+    /// Requests for deferred handlers, oldest first.
+    deferred_requests: VecDeque<DeferredRequest>,
 }
 
 impl Engine<Postcard> {
@@ -162,6 +182,7 @@ impl<C: Codec> Engine<C> {
             last_sweep: Instant::now(),
             deferred: VecDeque::new(),
             bulk_done: FastMap::default(),
+            deferred_requests: VecDeque::new(),
         };
         for _ in 0..POSTED_REQUEST_BUFFERS {
             e.post_request_buffer(Vec::with_capacity(max_msg))?;
@@ -220,18 +241,7 @@ impl<C: Codec> Engine<C> {
             + Send
             + 'static,
     ) -> Result<()> {
-        let id = rpc_id(R::NAME);
-        if let Some(h) = self.handlers.get(&id) {
-            let reason = if h.name == R::NAME {
-                "already registered".to_string()
-            } else {
-                format!("its id {id:#018x} collides with {}", h.name)
-            };
-            return Err(RpcError::Registration {
-                name: R::NAME.into(),
-                reason,
-            });
-        }
+        let id = self.check_free(R::NAME)?;
         let codec = self.codec.clone();
         let run: HandlerFn = Box::new(move |ctx, payload| {
             let input: R::Input = codec
@@ -247,8 +257,64 @@ impl<C: Codec> Engine<C> {
             })?;
             Ok(out)
         });
-        self.handlers.insert(id, Handler { name: R::NAME, run });
+        self.handlers.insert(
+            id,
+            Handler {
+                name: R::NAME,
+                run: Some(run),
+            },
+        );
         Ok(())
+    }
+
+    fn check_free(&self, name: &'static str) -> Result<u64> {
+        let id = rpc_id(name);
+        if let Some(h) = self.handlers.get(&id) {
+            let reason = if h.name == name {
+                "already registered".to_string()
+            } else {
+                format!("its id {id:#018x} collides with {}", h.name)
+            };
+            return Err(RpcError::Registration {
+                name: name.into(),
+                reason,
+            });
+        }
+        Ok(id)
+    }
+
+    /// Registers `R` as deferred: its requests are queued for
+    /// [`take_deferred`](Self::take_deferred) and answered later with
+    /// [`respond_deferred`](Self::respond_deferred) (how the tokio front end
+    /// runs async handlers).
+    pub fn register_deferred<R: Rpc>(&mut self) -> Result<()> {
+        let id = self.check_free(R::NAME)?;
+        self.handlers.insert(
+            id,
+            Handler {
+                name: R::NAME,
+                run: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// The oldest request waiting for a deferred handler.
+    pub fn take_deferred(&mut self) -> Option<DeferredRequest> {
+        self.deferred_requests.pop_front()
+    }
+
+    /// Answers a deferred request: `Ok(encoded output)` or `Err(message)`
+    /// (a handler error). One-way requests get no answer.
+    pub fn respond_deferred(&mut self, req: DeferredRequest, result: std::result::Result<Vec<u8>, String>) {
+        let (status, out) = match result {
+            Ok(out) => (Status::Ok, out),
+            Err(m) => (Status::HandlerError, m.into_bytes()),
+        };
+        let needs_answer = !req.header.is_one_way() || req.header.flags & FLAG_SPILL != 0;
+        if needs_answer {
+            self.answer(&req.src, response_header(&req.header, status), out);
+        }
     }
 
     /// Largest spilled input this engine pulls as a target; bigger ones are
@@ -305,21 +371,29 @@ impl<C: Codec> Engine<C> {
         self.stats.calls += 1;
         let _span = tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered();
         if to_self {
-            // Self-forward: run the handler here, no network.
-            let outcome = self
-                .run_handler(&msg)
-                .and_then(|(h, p)| response_outcome(R::NAME, rpc_id(R::NAME), h, p));
+            // Self-forward: run the handler here, no network (a deferred
+            // handler answers later, through `answer`).
             self.calls.insert(
                 cookie,
                 Call {
                     rpc: R::NAME,
                     recv_op: OpId(0),
-                    outcome: Some(outcome),
+                    outcome: None,
                     abandoned: false,
                     spill: None,
                 },
             );
-            self.finished_self.push_back(cookie);
+            match self.run_handler(&msg) {
+                Ok(None) => {}
+                Ok(Some((h, p))) => {
+                    self.file_outcome(cookie, response_outcome(R::NAME, rpc_id(R::NAME), h, p));
+                    self.finished_self.push_back(cookie);
+                }
+                Err(e) => {
+                    self.file_outcome(cookie, Err(e));
+                    self.finished_self.push_back(cookie);
+                }
+            }
             return Ok(CallId(cookie));
         }
         self.send_request(dest, R::NAME, cookie, &msg, spill, false)?;
@@ -526,17 +600,19 @@ impl<C: Codec> Engine<C> {
             }
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {
-                    let (h, out) = match c.status {
+                    let answer = match c.status {
                         Ok(()) => {
                             let data = p.mem.to_vec();
-                            self.run_decoded(&p.header, &data)
+                            self.run_decoded(&p.src, &p.header, &data)
                         }
-                        Err(e) => (
+                        Err(e) => Some((
                             response_header(&p.header, Status::DecodeError),
                             format!("pulling the spilled input failed: {e}").into_bytes(),
-                        ),
+                        )),
                     };
-                    self.respond(&p.src, h, out);
+                    if let Some((h, out)) = answer {
+                        self.respond(&p.src, h, out);
+                    }
                 }
             }
             OpRole::Response(cookie) => {
@@ -630,14 +706,38 @@ impl<C: Codec> Engine<C> {
 
     /// Decodes request `msg` and runs its handler; returns the response
     /// header and payload.
-    fn run_handler(&mut self, msg: &[u8]) -> Result<(Header, Vec<u8>)> {
+    /// Self-forwards to a deferred handler answer later, through
+    /// [`answer`](Self::answer); `Ok(None)` then.
+    fn run_handler(&mut self, msg: &[u8]) -> Result<Option<(Header, Vec<u8>)>> {
         let (h, payload) = Header::decode(msg)?;
-        Ok(self.run_decoded(&h, payload))
+        let me = self.me.clone();
+        Ok(self.run_decoded(&me, &h, payload))
     }
 
-    /// Runs the handler of request `h` on its input `payload`.
-    fn run_decoded(&mut self, h: &Header, payload: &[u8]) -> (Header, Vec<u8>) {
+    /// Sends a response to `dest`, or files it directly when `dest` is us
+    /// (a self-forwarded call answered by a deferred handler).
+    fn answer(&mut self, dest: &Addr, h: Header, out: Vec<u8>) {
+        if *dest != self.me {
+            return self.respond(dest, h, out);
+        }
+        let rpc = self.calls.get(&h.cookie).map_or("?", |c| c.rpc);
+        let outcome = response_outcome(rpc, h.rpc_id, h, out);
+        self.file_outcome(h.cookie, outcome);
+        self.finished_self.push_back(h.cookie);
+    }
+
+    /// Runs the handler of request `h` from `src` on its input `payload`;
+    /// `None` if the handler is deferred (the request was queued).
+    fn run_decoded(&mut self, src: &Addr, h: &Header, payload: &[u8]) -> Option<(Header, Vec<u8>)> {
         self.stats.handled += 1;
+        if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
+            self.deferred_requests.push_back(DeferredRequest {
+                src: src.clone(),
+                header: *h,
+                payload: payload.to_vec(),
+            });
+            return None;
+        }
         let mut ctx = BulkCtx {
             ep: &mut self.ep,
             plugin: self.plugin,
@@ -649,13 +749,14 @@ impl<C: Codec> Engine<C> {
             Some(handler) => {
                 let _span =
                     tracing::debug_span!("rpc handle", rpc = handler.name, cookie = h.cookie).entered();
-                match (handler.run)(&mut ctx, payload) {
+                let run = handler.run.as_mut()?;
+                match run(&mut ctx, payload) {
                     Ok(out) => (Status::Ok, out),
                     Err((status, message)) => (status, message.into_bytes()),
                 }
             }
         };
-        (response_header(h, status), out)
+        Some((response_header(h, status), out))
     }
 
     fn serve(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
@@ -685,9 +786,10 @@ impl<C: Codec> Engine<C> {
             }
             return Ok(());
         }
-        let (rh, out) = self.run_decoded(&h, payload);
-        if !h.is_one_way() {
-            self.respond(src, rh, out);
+        if let Some((rh, out)) = self.run_decoded(src, &h, payload) {
+            if !h.is_one_way() {
+                self.respond(src, rh, out);
+            }
         }
         Ok(())
     }

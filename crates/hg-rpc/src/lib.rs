@@ -13,8 +13,8 @@
 //! ([`AsyncEngine`]: calls are futures, one driver task waits on the
 //! endpoint's fd). Inputs too large for one eager message spill into a
 //! one-sided pull by the target (see `docs/PROTOCOL.md`). Not yet here (see
-//! the issue tracker): async handlers, output spill, the bulk layer, several
-//! contexts.
+//! the issue tracker): several contexts in one engine (today: one engine
+//! per context, each with its own plugin instance and address).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -29,7 +29,7 @@ mod spill;
 mod sys;
 
 pub use codec::{Codec, Postcard};
-pub use engine::{BulkCtx, BulkId, CallId, Engine, RpcStats, POSTED_REQUEST_BUFFERS};
+pub use engine::{BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, POSTED_REQUEST_BUFFERS};
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkOp};
 pub use rpc::{rpc_id, Rpc};

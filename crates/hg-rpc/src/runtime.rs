@@ -6,8 +6,10 @@
 //! calls finished, then sleeps again once every plugin agreed (`try_wait`).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -16,14 +18,22 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::codec::{Codec, Postcard};
 use crate::engine::{CallId, Engine};
 use crate::error::{Result, RpcError};
 use crate::rpc::Rpc;
 use crate::sys::async_fd::OwnedByArc;
 
+type AsyncHandler = Arc<
+    dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = std::result::Result<Vec<u8>, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
 struct Shared {
     engine: Mutex<Engine>,
     waiters: Mutex<HashMap<CallId, oneshot::Sender<()>>>,
+    async_handlers: Mutex<HashMap<u64, AsyncHandler>>,
 }
 
 impl Shared {
@@ -33,6 +43,42 @@ impl Shared {
 
     fn waiters(&self) -> MutexGuard<'_, HashMap<CallId, oneshot::Sender<()>>> {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes the tasks whose calls finished. Call with the engine locked.
+    fn notify_finished(&self, e: &Engine) {
+        let mut w = self.waiters();
+        let done: Vec<CallId> = w.keys().copied().filter(|id| e.is_finished(*id)).collect();
+        for id in done {
+            if let Some(tx) = w.remove(&id) {
+                let _ = tx.send(());
+            }
+        }
+    }
+
+    /// Starts a task per request waiting for an async handler. Call with
+    /// the engine locked.
+    fn spawn_deferred(self: &Arc<Self>, e: &mut Engine) {
+        while let Some(req) = e.take_deferred() {
+            let handler = self
+                .async_handlers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&req.rpc_id())
+                .cloned();
+            let Some(handler) = handler else {
+                e.respond_deferred(req, Err("no async handler installed".into()));
+                continue;
+            };
+            let shared = self.clone();
+            tokio::spawn(async move {
+                let input = req.payload.clone();
+                let result = handler(input).await;
+                let mut e = shared.engine();
+                e.respond_deferred(req, result);
+                shared.notify_finished(&e);
+            });
+        }
     }
 }
 
@@ -53,6 +99,7 @@ impl AsyncEngine {
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
             waiters: Mutex::new(HashMap::new()),
+            async_handlers: Mutex::new(HashMap::new()),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
@@ -67,6 +114,38 @@ impl AsyncEngine {
         handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
     ) -> Result<()> {
         self.shared.engine().register::<R>(handler)
+    }
+
+    /// Registers an async handler for `R`: each request runs as its own
+    /// tokio task, so a slow handler does not hold up others.
+    pub fn register_async<R, F, Fut>(&self, handler: F) -> Result<()>
+    where
+        R: Rpc,
+        F: Fn(R::Input) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R::Output, String>> + Send + 'static,
+    {
+        self.shared.engine().register_deferred::<R>()?;
+        let handler = Arc::new(handler);
+        let run: AsyncHandler = Arc::new(move |payload: Vec<u8>| {
+            let handler = handler.clone();
+            Box::pin(async move {
+                let input: R::Input = Postcard
+                    .decode(&payload)
+                    .map_err(|e| format!("decoding input of {}: {e}", R::NAME))?;
+                let output = handler(input).await?;
+                let mut out = Vec::new();
+                Postcard
+                    .encode(&output, &mut out)
+                    .map_err(|e| format!("encoding output of {}: {e}", R::NAME))?;
+                Ok(out)
+            })
+        });
+        self.shared
+            .async_handlers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(crate::rpc_id(R::NAME), run);
+        Ok(())
     }
 
     /// Looks up a peer address (see [`na_core::Endpoint::lookup`]).
@@ -90,6 +169,8 @@ impl AsyncEngine {
         let id = {
             let mut e = self.shared.engine();
             let id = e.forward::<R>(dest, input)?;
+            // A self-forward to an async handler is answered by a task.
+            self.shared.spawn_deferred(&mut e);
             if let Some(r) = e.take_response::<R>(id) {
                 return r;
             }
@@ -171,13 +252,8 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
                 if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
                     tracing::warn!(error = %err, "hg-rpc driver: progress failed");
                 }
-                let mut w = shared.waiters();
-                let done: Vec<CallId> = w.keys().copied().filter(|id| e.is_finished(*id)).collect();
-                for id in done {
-                    if let Some(tx) = w.remove(&id) {
-                        let _ = tx.send(());
-                    }
-                }
+                shared.spawn_deferred(&mut e);
+                shared.notify_finished(&e);
                 e.try_wait()
             };
             if sleep {

@@ -124,3 +124,67 @@ async fn idle_driver_uses_no_cpu() {
     // And it still answers afterwards.
     assert_eq!(engine.call::<Add>(&s, &(2, 2), T).await.unwrap(), 4);
 }
+
+/// Async handlers: each request runs as its own task. Ten requests wait on
+/// a barrier of ten inside the handler, so they can only finish if all ten
+/// handlers run at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_handlers_run_concurrently_and_self_forward_works() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("hg-rpc-async-h-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let make = |listen: bool| {
+        let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+        let cfg = SmConfig {
+            listen,
+            ..SmConfig::default()
+        }
+        .with_dir(&dir);
+        let id = ep
+            .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+            .unwrap();
+        AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
+    };
+    let server = make(true);
+    let barrier = Arc::new(tokio::sync::Barrier::new(10));
+    let b = barrier.clone();
+    server
+        .register_async::<Sleep, _, _>(move |_ms| {
+            let b = b.clone();
+            async move {
+                b.wait().await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    server
+        .register_async::<Add, _, _>(|(a, b)| async move {
+            a.checked_add(b).ok_or_else(|| "overflow".to_string())
+        })
+        .unwrap();
+    let client = Arc::new(make(false));
+    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    // The server is an AsyncEngine too: its driver must notice the new
+    // connection (a regression: na-sm's try_wait once left fd events
+    // unharvested, and an edge-triggered waiter slept through them).
+    assert_eq!(client.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (c, s) = (client.clone(), s.clone());
+        tasks.spawn(async move { c.call::<Sleep>(&s, &0, T).await });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap().expect("all ten handlers must have run at once");
+    }
+    assert_eq!(client.call::<Add>(&s, &(20, 22), T).await.unwrap(), 42);
+    assert!(matches!(
+        client.call::<Add>(&s, &(u64::MAX, 1), T).await,
+        Err(RpcError::Handler { .. })
+    ));
+    // A self-forward to an async handler.
+    let me = server.self_addr();
+    assert_eq!(server.call::<Add>(&me, &(1, 2), T).await.unwrap(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -362,6 +362,12 @@ impl Plugin for SmPlugin {
     }
 
     fn try_wait(&mut self) -> bool {
+        // Harvest fd events first (connections, hang-ups, handshake bytes):
+        // a caller that waits on our fd edge-triggered (tokio's AsyncFd)
+        // would not be told about them again. One epoll_wait(0) per sleep.
+        if self.poll_events().is_err() {
+            return false;
+        }
         self.arm()
     }
 

@@ -99,7 +99,7 @@ impl SmPlugin {
         true
     }
 
-    fn poll_events(&mut self) -> Result<()> {
+    pub(crate) fn poll_events(&mut self) -> Result<()> {
         loop {
             self.tokens.clear();
             let n = self
