@@ -448,3 +448,55 @@ fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
         .is_err());
     assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
 }
+
+/// Several contexts: the server runs three engines (threads, one address
+/// each), the client two (threads); every client context calls every
+/// server context concurrently and each response reaches the context that
+/// made the call.
+#[test]
+fn several_contexts_on_both_sides() {
+    let d = dir("contexts");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+        .env("QS_SM_DIR", &d)
+        .env("HG_TESTPEER_CONTEXTS", "3")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut uris = Vec::new();
+    for _ in 0..3 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let (ctx, uri) = match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["CTX", i, uri] => (i.parse::<u64>().unwrap(), uri.to_owned()),
+            ["ADDR", uri] => (0, uri.to_owned()),
+            _ => panic!("unexpected line {line:?}"),
+        };
+        uris.push((ctx, uri));
+    }
+    let _srv = Server {
+        child,
+        uri: uris[2].1.clone(),
+    };
+    let threads: Vec<_> = (0..2u64)
+        .map(|me| {
+            let (d, uris) = (d.clone(), uris.clone());
+            std::thread::spawn(move || {
+                let mut c = client(&d);
+                for round in 0..200u64 {
+                    for (want, uri) in &uris {
+                        let s = c.endpoint().lookup(uri).unwrap();
+                        let token = me * 1_000_000 + round;
+                        let (ctx, echoed) = c.call::<WhoAmI>(&s, &token, T).unwrap();
+                        assert_eq!(echoed, token, "a response reached the wrong origin context");
+                        assert_eq!(ctx, *want, "the call ran in the wrong target context");
+                    }
+                }
+                c.stats().calls
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 600);
+    }
+}

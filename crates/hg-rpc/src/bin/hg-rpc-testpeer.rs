@@ -17,7 +17,35 @@ use na_sm::{SmConfig, SmPlugin};
 mod testpeer_rpcs;
 use testpeer_rpcs::*;
 
+/// Extra contexts (`HG_TESTPEER_CONTEXTS=n`): each a thread with its own
+/// engine and address, printed as `CTX <i> <uri>`; they serve `WhoAmI`
+/// (answering their index and the caller's token) until the process ends.
+fn extra_contexts() -> Result<(), Box<dyn std::error::Error>> {
+    let n: u64 = std::env::var("HG_TESTPEER_CONTEXTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for ctx in 1..n {
+        let mut ep = Endpoint::new(ProgressMode::default())?;
+        let cfg = SmConfig {
+            listen: true,
+            ..SmConfig::default()
+        };
+        let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
+        let mut engine = Engine::new(ep, id)?;
+        engine.register::<WhoAmI>(move |token| Ok((ctx, token)))?;
+        println!("CTX {ctx} {}", engine.self_addr());
+        std::thread::spawn(move || loop {
+            if engine.progress(Some(Duration::from_millis(200))).is_err() || engine.trigger().is_err() {
+                return;
+            }
+        });
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    extra_contexts()?;
     let mut ep = Endpoint::new(ProgressMode::default())?;
     let cfg = SmConfig {
         listen: true,
@@ -29,6 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (records, sum) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     engine.register::<Add>(|(a, b)| a.checked_add(b).ok_or_else(|| "overflow".to_string()))?;
     engine.register::<Echo>(Ok)?;
+    engine.register::<WhoAmI>(|token| Ok((0, token)))?;
     engine.register::<Fail>(Err)?;
     engine.register::<Sleep>(|ms| {
         std::thread::sleep(Duration::from_millis(ms));

@@ -98,3 +98,11 @@ impl Rpc for BlobGet {
     type Input = (String, hg_rpc::Bulk, u64);
     type Output = u64;
 }
+
+/// Answers the index of the server context that ran it.
+pub struct WhoAmI;
+impl Rpc for WhoAmI {
+    const NAME: &'static str = "test.whoami";
+    type Input = u64;
+    type Output = (u64, u64);
+}
