@@ -292,11 +292,12 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>))
             for size in list(sizes, parse_size)? {
                 let input = ByteBuf::from(vec![7u8; size as usize]);
                 let mut samples = Vec::new();
-                let end = Instant::now() + batch * cli.batches as u32;
                 for _ in 0..1000 {
                     c.call::<Noop>(&s, &input, T)?;
                 }
-                while Instant::now() < end {
+                // Timed after the warm-up, and never fewer than 1,000 samples.
+                let end = Instant::now() + batch * cli.batches as u32;
+                while Instant::now() < end || samples.len() < 1000 {
                     let t0 = Instant::now();
                     c.call::<Noop>(&s, &input, T)?;
                     samples.push(t0.elapsed().as_nanos() as u64);
