@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use na_core::fasthash::FastMap;
 use std::time::{Duration, Instant};
 
-use na_core::{Access, Addr, Completion, Endpoint, MemHandle, OpId, PluginId};
+use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId};
 
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
@@ -29,6 +29,8 @@ type HandlerFn =
 
 #[path = "bulk_ops.rs"]
 mod bulk_ops;
+#[path = "serve_ops.rs"]
+mod serve_ops;
 pub use bulk_ops::{BulkCtx, BulkId};
 
 struct Handler {
@@ -701,171 +703,6 @@ impl<C: Codec> Engine<C> {
                 self.ops.insert(op, OpRole::Send);
             }
             Err(e) => tracing::debug!(error = %e, "cannot release a spilled output (target gone?)"),
-        }
-    }
-
-    /// Decodes request `msg` and runs its handler; returns the response
-    /// header and payload.
-    /// Self-forwards to a deferred handler answer later, through
-    /// [`answer`](Self::answer); `Ok(None)` then.
-    fn run_handler(&mut self, msg: &[u8]) -> Result<Option<(Header, Vec<u8>)>> {
-        let (h, payload) = Header::decode(msg)?;
-        let me = self.me.clone();
-        Ok(self.run_decoded(&me, &h, payload))
-    }
-
-    /// Sends a response to `dest`, or files it directly when `dest` is us
-    /// (a self-forwarded call answered by a deferred handler).
-    fn answer(&mut self, dest: &Addr, h: Header, out: Vec<u8>) {
-        if *dest != self.me {
-            return self.respond(dest, h, out);
-        }
-        let rpc = self.calls.get(&h.cookie).map_or("?", |c| c.rpc);
-        let outcome = response_outcome(rpc, h.rpc_id, h, out);
-        self.file_outcome(h.cookie, outcome);
-        self.finished_self.push_back(h.cookie);
-    }
-
-    /// Runs the handler of request `h` from `src` on its input `payload`;
-    /// `None` if the handler is deferred (the request was queued).
-    fn run_decoded(&mut self, src: &Addr, h: &Header, payload: &[u8]) -> Option<(Header, Vec<u8>)> {
-        self.stats.handled += 1;
-        if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
-            self.deferred_requests.push_back(DeferredRequest {
-                src: src.clone(),
-                header: *h,
-                payload: payload.to_vec(),
-            });
-            return None;
-        }
-        let mut ctx = BulkCtx {
-            ep: &mut self.ep,
-            plugin: self.plugin,
-            next_op: &mut self.next_op,
-            deferred: &mut self.deferred,
-        };
-        let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
-            None => (Status::UnknownRpc, Vec::new()),
-            Some(handler) => {
-                let _span =
-                    tracing::debug_span!("rpc handle", rpc = handler.name, cookie = h.cookie).entered();
-                let run = handler.run.as_mut()?;
-                match run(&mut ctx, payload) {
-                    Ok(out) => (Status::Ok, out),
-                    Err((status, message)) => (status, message.into_bytes()),
-                }
-            }
-        };
-        Some((response_header(h, status), out))
-    }
-
-    fn serve(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
-        let (h, payload) = match Header::decode(msg) {
-            Ok(r) => r,
-            Err(e) => {
-                // Garbage is not answered (we cannot trust its cookie); count it.
-                self.stats.malformed += 1;
-                tracing::warn!(peer = %src, error = %e, "dropping malformed RPC request");
-                return Ok(());
-            }
-        };
-        if h.is_response() {
-            self.stats.malformed += 1;
-            tracing::warn!(peer = %src, "dropping a response sent as a request");
-            return Ok(());
-        }
-        if h.rpc_id == rpc_id(RELEASE_RPC) {
-            if let Ok(c) = <[u8; 8]>::try_from(payload) {
-                self.exposed.remove(&(src.token(), u64::from_le_bytes(c)));
-            }
-            return Ok(());
-        }
-        if h.flags & FLAG_SPILL != 0 {
-            if let Err(reason) = self.start_pull(src, &h, payload, false) {
-                self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());
-            }
-            return Ok(());
-        }
-        if let Some((rh, out)) = self.run_decoded(src, &h, payload) {
-            if !h.is_one_way() {
-                self.respond(src, rh, out);
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts pulling spilled data described by `payload` (length, then
-    /// the peer's memory descriptor) from `src`: a request's input, or (with
-    /// `output`) a response's output. Everything in it is checked first.
-    fn start_pull(
-        &mut self,
-        src: &Addr,
-        h: &Header,
-        payload: &[u8],
-        output: bool,
-    ) -> std::result::Result<(), String> {
-        let what = if output { "output" } else { "input" };
-        let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("{what}: {e}"))?;
-        let mem = MemHandle::zeroed(len as usize, Access::ReadWrite);
-        let op = self.op();
-        self.ep
-            .plugin_mut(self.plugin)
-            .and_then(|p| p.mem_register(&mem))
-            .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len, src, op))
-            .map_err(|e| format!("pulling the spilled {what} failed: {e}"))?;
-        let role = if output {
-            OpRole::PullOutput(op.0, h.cookie)
-        } else {
-            OpRole::Pull(op.0)
-        };
-        self.ops.insert(op, role);
-        self.pulls.insert(
-            op.0,
-            PendingPull {
-                src: src.clone(),
-                header: *h,
-                mem,
-            },
-        );
-        Ok(())
-    }
-
-    /// Sends a response. An output over the eager limit is exposed and
-    /// described instead (the origin pulls it, then releases it).
-    fn respond(&mut self, src: &Addr, h: Header, out: Vec<u8>) {
-        let (h, out) = if HEADER_LEN + out.len() <= self.max_msg {
-            (h, out)
-        } else {
-            match spill::expose(&mut self.ep, self.plugin, out) {
-                Ok((mem, payload)) => {
-                    self.exposed
-                        .insert((src.token(), h.cookie), (mem, Instant::now()));
-                    (
-                        Header {
-                            flags: h.flags | FLAG_SPILL,
-                            ..h
-                        },
-                        payload,
-                    )
-                }
-                Err(e) => (
-                    Header {
-                        status: Status::HandlerError,
-                        ..h
-                    },
-                    format!("cannot expose the large output: {e}").into_bytes(),
-                ),
-            }
-        };
-        let mut msg = Vec::with_capacity(HEADER_LEN + out.len());
-        h.encode_with(&out, &mut msg);
-        let op = self.op();
-        match self.ep.send_expected(src, h.cookie as u32, &msg, op) {
-            Ok(()) => {
-                self.ops.insert(op, OpRole::Send);
-                self.stats.bytes_sent += msg.len() as u64;
-            }
-            Err(e) => tracing::warn!(peer = %src, error = %e, "cannot send RPC response"),
         }
     }
 }
