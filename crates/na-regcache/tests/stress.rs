@@ -131,6 +131,9 @@ fn stress(monitor: MonitorChoice) -> usize {
                     let (addr, len) = b.range();
                     let o = rig.transfer(addr, len).unwrap();
                     if o.corrupt() {
+                        // Which check tripped, and where: the evidence a
+                        // rare failure needs.
+                        eprintln!("corrupt transfer at {addr:#x}+{len}: {o:?}");
                         corrupt.fetch_add(1, Ordering::Relaxed);
                     }
                     transfers.fetch_add(1, Ordering::Relaxed);
