@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hg_rpc::{Bulk, BulkOp, Engine, Rpc};
-use na_core::{Access, Endpoint, Plugin, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::{Access, ProgressMode};
+use na_sm::SmConfig;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 const T: Duration = Duration::from_secs(20);
@@ -65,13 +65,11 @@ fn checksum(data: &[u8]) -> u64 {
 }
 
 fn engine(listen: bool) -> Res<Engine> {
-    let mut ep = Endpoint::new(ProgressMode::default())?;
     let cfg = SmConfig {
         listen,
         ..SmConfig::default()
     };
-    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
-    Ok(Engine::new(ep, id)?)
+    Ok(Engine::shared_memory(cfg, ProgressMode::default())?)
 }
 
 type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;

@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc};
-use na_core::{Endpoint, Plugin, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::ProgressMode;
+use na_sm::SmConfig;
 use serde_bytes::ByteBuf;
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -58,13 +58,11 @@ impl Rpc for Quit {
 }
 
 fn engine(listen: bool) -> Res<Engine> {
-    let mut ep = Endpoint::new(ProgressMode::default())?;
     let cfg = SmConfig {
         listen,
         ..SmConfig::default()
     };
-    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
-    Ok(Engine::new(ep, id)?)
+    Ok(Engine::shared_memory(cfg, ProgressMode::default())?)
 }
 
 fn checksum(data: &[u8]) -> u64 {

@@ -8,8 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hg_rpc::{Engine, Rpc};
-use na_core::{Endpoint, Plugin, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::ProgressMode;
+use na_sm::SmConfig;
 
 /// The RPC: a name in, a greeting out.
 struct Hello;
@@ -20,13 +20,11 @@ impl Rpc for Hello {
 }
 
 fn engine(listen: bool) -> Result<Engine, Box<dyn std::error::Error>> {
-    let mut ep = Endpoint::new(ProgressMode::default())?;
     let cfg = SmConfig {
         listen,
         ..SmConfig::default()
     };
-    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
-    Ok(Engine::new(ep, id)?)
+    Ok(Engine::shared_memory(cfg, ProgressMode::default())?)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

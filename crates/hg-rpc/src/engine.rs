@@ -156,6 +156,17 @@ impl Engine<Postcard> {
     pub fn new(ep: Endpoint, plugin: PluginId) -> Result<Self> {
         Self::with_codec(ep, plugin, Postcard)
     }
+
+    /// An engine on a new endpoint with one shared-memory plugin (the
+    /// default transport), listening if `config.listen`.
+    pub fn shared_memory(config: na_sm::SmConfig, mode: na_core::ProgressMode) -> Result<Self> {
+        let mut ep = Endpoint::new(mode)?;
+        let id = ep.add_plugin(|id| {
+            let p = na_sm::SmPlugin::new(id, config)?;
+            Ok(Box::new(p) as Box<dyn na_core::Plugin>)
+        })?;
+        Self::new(ep, id)
+    }
 }
 
 impl<C: Codec> Engine<C> {

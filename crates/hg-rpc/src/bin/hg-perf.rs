@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use hg_rpc::{BulkCtx, BulkOp, Engine};
 use na_core::sys::affinity;
-use na_core::{Access, Endpoint, Plugin, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::{Access, ProgressMode};
+use na_sm::SmConfig;
 use serde_bytes::ByteBuf;
 
 #[path = "hgperf/rpcs.rs"]
@@ -98,13 +98,11 @@ fn list<T>(s: &str, f: impl Fn(&str) -> Res<T>) -> Res<Vec<T>> {
 }
 
 fn engine(mode: ProgressMode, listen: bool) -> Res<Engine> {
-    let mut ep = Endpoint::new(mode)?;
     let cfg = SmConfig {
         listen,
         ..SmConfig::default()
     };
-    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
-    let mut e = Engine::new(ep, id)?;
+    let mut e = Engine::shared_memory(cfg, mode)?;
     e.set_max_spill(64 << 20);
     Ok(e)
 }
