@@ -1,8 +1,7 @@
 //! The serving side of the NA benchmarks: an endpoint with one listening
 //! shared-memory plugin that answers the [`crate::sm_proto`] protocol.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, Plugin, PluginId};
 use na_core::{ProgressMode, Tag};
@@ -14,6 +13,8 @@ use crate::sm_proto::{REPLY_ERR, REPLY_OK, TAG_CTRL, TAG_PING, TAG_PONG, TAG_REP
 
 /// A spawned peer gives up on a session this long without any completion.
 const IDLE_LIMIT: Duration = Duration::from_secs(60);
+/// Longest single wait in progress.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 /// Unexpected receives kept posted.
 const UNEXPECTED_POSTED: usize = 4;
 
@@ -23,6 +24,35 @@ struct ClientState {
     ping_recv: Option<OpId>,
     /// The handle of the last `mem` command, kept alive for the client's RMA.
     mem: Option<MemHandle>,
+    /// A receive buffer to post next.
+    spare: Vec<u8>,
+}
+
+/// Per-client state, found by linear search: a handful of clients at most,
+/// and comparing addresses is cheaper than hashing them on every ping.
+#[derive(Default)]
+struct Clients(Vec<(Addr, ClientState)>);
+
+impl Clients {
+    fn get_mut(&mut self, addr: &Addr) -> Option<&mut ClientState> {
+        self.0.iter_mut().find(|(a, _)| a == addr).map(|(_, st)| st)
+    }
+
+    fn entry(&mut self, addr: &Addr) -> &mut ClientState {
+        let i = match self.0.iter().position(|(a, _)| a == addr) {
+            Some(i) => i,
+            None => {
+                self.0.push((addr.clone(), ClientState::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    fn remove(&mut self, addr: &Addr) -> Option<ClientState> {
+        let i = self.0.iter().position(|(a, _)| a == addr)?;
+        Some(self.0.swap_remove(i).1)
+    }
 }
 
 struct Server {
@@ -30,7 +60,7 @@ struct Server {
     plugin: PluginId,
     next_op: u64,
     msg_size: usize,
-    clients: HashMap<Addr, ClientState>,
+    clients: Clients,
     /// The answer to `bye`: the session ends when its send completes.
     bye_op: Option<OpId>,
     done: bool,
@@ -61,7 +91,7 @@ impl Server {
             plugin,
             next_op: 0,
             msg_size,
-            clients: HashMap::new(),
+            clients: Clients::default(),
             bye_op: None,
             done: false,
         };
@@ -84,7 +114,7 @@ impl Server {
     fn post_ping_recv(&mut self, src: &Addr, buf: Vec<u8>) -> Result<()> {
         let op = self.op();
         self.ep.post_recv_expected(src, TAG_PING, buf, op)?;
-        self.clients.entry(src.clone()).or_default().ping_recv = Some(op);
+        self.clients.entry(src).ping_recv = Some(op);
         Ok(())
     }
 
@@ -121,9 +151,16 @@ impl Server {
                 let state = src.as_ref().and_then(|s| self.clients.get_mut(s));
                 match (status, src, state) {
                     (Ok(()), Some(src), Some(st)) if st.ping_recv == Some(c.op) => {
-                        // Re-post first, so that the client's next ping finds it.
-                        self.post_ping_recv(&src, Vec::with_capacity(self.msg_size))?;
-                        self.send(&src, TAG_PONG, &buf, true).map(drop)
+                        // Re-post first, so that the client's next ping finds
+                        // it, into the spare buffer; the ping's buffer becomes
+                        // the next spare (no allocation per ping).
+                        let spare = std::mem::take(&mut st.spare);
+                        self.post_ping_recv(&src, spare)?;
+                        self.send(&src, TAG_PONG, &buf, true)?;
+                        if let Some(st) = self.clients.get_mut(&src) {
+                            st.spare = buf;
+                        }
+                        Ok(())
                     }
                     (Err(NaError::Canceled), _, _) => Ok(()),
                     (Err(e), _, _) => Err(e.into()),
@@ -182,7 +219,7 @@ impl Server {
                         "mem {size} {segs}: want 1..=1024 segments, at most 1 GiB"
                     )));
                 }
-                let st = self.clients.entry(src.clone()).or_default();
+                let st = self.clients.entry(src);
                 if let Some(old) = st.mem.take() {
                     self.ep.plugin_mut(self.plugin)?.mem_deregister(&old)?;
                 }
@@ -190,7 +227,7 @@ impl Server {
                 let p = self.ep.plugin_mut(self.plugin)?;
                 p.mem_register(&mem)?;
                 let desc = p.mem_describe(&mem)?;
-                self.clients.entry(src.clone()).or_default().mem = Some(mem);
+                self.clients.entry(src).mem = Some(mem);
                 return Ok(desc.to_bytes());
             }
             _ => return Err(bad(format!("unknown command {text:?}"))),
@@ -200,17 +237,18 @@ impl Server {
 
     /// Runs until `bye` (or forever if `forever`).
     fn run(&mut self, forever: bool) -> Result<()> {
-        let mut last = Instant::now();
+        // Counted in idle progress timeouts (no clock read on the hot path).
+        let mut idle = Duration::ZERO;
         while forever || !self.done {
-            let n = self.ep.progress(Some(Duration::from_secs(1)))?;
-            if n == 0 && !forever && last.elapsed() > IDLE_LIMIT {
+            let n = self.ep.progress(Some(IDLE_TICK))?;
+            idle = if n == 0 { idle + IDLE_TICK } else { Duration::ZERO };
+            if !forever && idle > IDLE_LIMIT {
                 return Err(PerfError::Timeout {
                     what: "the benchmark client",
                     secs: IDLE_LIMIT.as_secs(),
                 });
             }
             while let Some(c) = self.ep.pop_completion() {
-                last = Instant::now();
                 if let Err(e) = self.handle(c) {
                     if !forever {
                         return Err(e);
