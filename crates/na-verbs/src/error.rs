@@ -33,6 +33,47 @@ pub enum VerbsError {
         /// Comma-separated names of the devices that exist.
         available: String,
     },
+    /// The device has no port with the requested number.
+    #[error(
+        "RDMA device `{device}` has no port {port} (it has {count}); use verbs://{device}:<1..={count}>/..."
+    )]
+    NoPort {
+        /// Device name.
+        device: String,
+        /// Requested port.
+        port: u8,
+        /// Ports the device has.
+        count: u8,
+    },
+    /// The requested port is not active (link down), or no device has an active port.
+    #[error("RDMA port {device}:{port} is not active (link down; check `ibv_devinfo -d {device}`)")]
+    PortDown {
+        /// Device name.
+        device: String,
+        /// Port number.
+        port: u8,
+    },
+    /// No IP address to bind was given and the port has no IPv4-mapped GID.
+    #[error(
+        "RDMA port {device}:{port} has no IPv4 address (no IPv4-mapped GID); give one: \
+         verbs://{device}:{port}/<ip>:<port>"
+    )]
+    NoAddress {
+        /// Device name.
+        device: String,
+        /// Port number.
+        port: u8,
+    },
+    /// The bind address belongs to another device than the one requested.
+    #[error("address {addr} belongs to RDMA device `{actual}`, not the requested `{requested}`")]
+    WrongDevice {
+        /// The address.
+        addr: String,
+        /// The device RDMA CM bound it to.
+        actual: String,
+        /// The device that was asked for.
+        requested: String,
+    },
     /// `ibv_get_device_list` failed.
     #[error("ibv_get_device_list failed: {source}")]
     DeviceList {
@@ -151,6 +192,10 @@ impl VerbsError {
             | VerbsError::Cm { source, .. } => Some(source),
             VerbsError::NoDevice { .. }
             | VerbsError::DeviceNotFound { .. }
+            | VerbsError::NoPort { .. }
+            | VerbsError::PortDown { .. }
+            | VerbsError::NoAddress { .. }
+            | VerbsError::WrongDevice { .. }
             | VerbsError::InvalidArgument { .. } => None,
         }
     }
@@ -159,5 +204,24 @@ impl VerbsError {
     pub fn is_would_block(&self) -> bool {
         self.io_error()
             .is_some_and(|e| e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+impl From<VerbsError> for na_core::NaError {
+    /// Verbs failures seen through the NA API: device problems keep their
+    /// full message (what to install, which ports exist); failed calls keep
+    /// their OS error as the source.
+    fn from(e: VerbsError) -> Self {
+        let message = e.to_string();
+        match e.io_error() {
+            Some(io) => na_core::NaError::Sys {
+                op: "verbs",
+                source: io::Error::new(io.kind(), message),
+            },
+            None => na_core::NaError::Plugin {
+                plugin: "verbs",
+                message,
+            },
+        }
     }
 }

@@ -1,20 +1,60 @@
-//! Quicksilver's RDMA verbs plugin (libibverbs + librdmacm through `rdma-sys`).
+//! Quicksilver's RDMA verbs NA plugin (libibverbs + librdmacm through `rdma-sys`).
 //!
-//! This crate currently provides the verbs `sys` layer: safe RAII wrappers over
-//! devices, protection domains, memory regions, completion channels and
-//! queues, RC queue pairs, shared receive queues and RDMA CM ids (see
-//! [`sys`]). The NA plugin on top of it follows once the NA trait of
-//! `na-core` is settled.
+//! [`VerbsPlugin`] implements [`na_core::Plugin`]; [`VerbsFactory`] builds
+//! it from `verbs://` specs (scheme `verbs`, see [`addr`] for the address
+//! format).
+//!
+//! # Design
+//! * **Connections**: RC queue pairs through RDMA CM, one per peer,
+//!   created lazily by the first operation on a peer; the connect and
+//!   accept private data carry a [`wire::Hello`] (who the side is, how many
+//!   receive buffers it posted, its largest message).
+//! * **Messages**: every connection has `recv_depth` receive slots and as
+//!   many send slots in one registered region; a message is a 16-byte
+//!   [`wire::Header`] (kind, returned credits, tag, length) plus payload,
+//!   sent with one SEND. Unexpected and expected messages share the
+//!   buffers; expected ones match on (source peer, tag).
+//! * **Flow control**: credits ([`credits`]): a sender never has more
+//!   messages in flight than the receiver has buffers posted, so QPs run
+//!   with `rnr_retry_count = 0`. Sends beyond the credits queue in order
+//!   (backpressure), never fail.
+//! * **RMA**: RDMA WRITE (put) and READ (get), split by [`rma`] into work
+//!   requests of at most the device's SGE limit, one remote range each.
+//! * **Registration**: through `na-regcache` with the real `ibv_reg_mr`
+//!   registrar ([`sys::IbvRegistrar`]); validity flags checked on describe
+//!   and on every RMA; counters via [`VerbsPlugin::cache_stats`] or a
+//!   [`CacheStatsHandle`].
+//! * **Progress**: no threads; the completion channel and the RDMA CM
+//!   channel sit in the plugin's own epoll fd ([`na_core::Plugin::poll_fd`]);
+//!   busy progress polls the CQ without system calls.
 //!
 //! On a host without any RDMA device the crate builds and its tests run;
-//! opening a device returns [`VerbsError::NoDevice`], whose message says what
-//! to install or load. The RDMA tests run inside the soft-RoCE VM
+//! creating a plugin returns an error that says "no RDMA device found" and
+//! what to install or load. The RDMA tests run inside the soft-RoCE VM
 //! (`scripts/test-verbs.sh`, `tools/rxe-vm/`).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod addr;
+pub mod config;
+mod conn;
+mod connect;
+pub mod credits;
+mod device;
 pub mod error;
+mod factory;
+mod mem;
+mod msg;
+mod plugin;
+mod progress;
+mod rma;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod wire;
 
+pub use addr::{VerbsUri, SCHEME};
+pub use config::VerbsConfig;
 pub use error::{Result, VerbsError};
+pub use factory::VerbsFactory;
+pub use mem::CacheStatsHandle;
+pub use plugin::{VerbsPlugin, CM_POLL_EVERY};

@@ -39,6 +39,7 @@ mod cq;
 mod device;
 mod mr;
 mod qp;
+mod registrar;
 mod srq;
 mod wr;
 
@@ -48,6 +49,7 @@ pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WorkCompletion};
 pub use device::{devices, Context, DeviceAttr, DeviceInfo, Gid, PortAttr};
 pub use mr::{AccessFlags, MemoryRegion, ProtectionDomain, RemoteRegion, Sge};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, RtrAttr, RtsAttr};
+pub use registrar::IbvRegistrar;
 pub use srq::SharedReceiveQueue;
 pub use wr::SendOp;
 

@@ -79,6 +79,12 @@ impl AccessFlags {
     pub fn bits(self) -> u32 {
         self.0
     }
+
+    /// Flags from raw `ibv_access_flags` bits (bits the device does not know
+    /// make `ibv_reg_mr` fail with `EINVAL`, not misbehave).
+    pub fn from_bits(bits: u32) -> AccessFlags {
+        AccessFlags(bits)
+    }
 }
 
 impl BitOr for AccessFlags {

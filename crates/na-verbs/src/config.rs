@@ -1,0 +1,136 @@
+//! Configuration of a verbs plugin instance.
+
+use std::net::SocketAddr;
+
+use na_core::Result;
+use na_regcache::CacheConfig;
+
+use crate::addr::VerbsUri;
+
+/// Settings of one [`VerbsPlugin`](crate::VerbsPlugin). Build it from a
+/// listen spec with [`VerbsConfig::from_spec`] and adjust fields.
+#[derive(Debug, Clone)]
+pub struct VerbsConfig {
+    /// RDMA device; `None`: the first device with an active port.
+    pub device: Option<String>,
+    /// Port on the device (1-based); `None`: 1.
+    pub ib_port: Option<u8>,
+    /// IP (of the device's netdev) and RDMA CM port to bind; `None`: the
+    /// port's first IPv4-mapped GID, port 0 (a free port).
+    pub bind: Option<SocketAddr>,
+    /// Accept connections from peers.
+    pub listen: bool,
+    /// Receive buffers posted per connection (the peer's credits), 4..=4096.
+    pub recv_depth: u16,
+    /// Largest message payload (both kinds), in bytes.
+    pub max_msg_size: usize,
+    /// Most connections at once (sizes the completion queue).
+    pub max_conns: usize,
+    /// Cap on scatter/gather entries per RMA work request (`None`: the
+    /// device's `max_sge` / `max_sge_rd`). Lower it to force splitting.
+    pub max_sge: Option<u32>,
+    /// Send work requests per QP (messages and RMA pieces in flight).
+    pub send_queue_depth: u32,
+    /// Messages held per connection (nobody posted a receive yet) before
+    /// credits are withheld from the sender.
+    pub max_held: u32,
+    /// Registration cache settings; `None`: from `QS_MR_CACHE_*`.
+    pub cache: Option<CacheConfig>,
+    /// RDMA CM address and route resolution timeout, in milliseconds.
+    pub resolve_timeout_ms: i32,
+}
+
+impl Default for VerbsConfig {
+    fn default() -> Self {
+        VerbsConfig {
+            device: None,
+            ib_port: None,
+            bind: None,
+            listen: false,
+            recv_depth: 64,
+            max_msg_size: 4096,
+            max_conns: 64,
+            max_sge: None,
+            send_queue_depth: 256,
+            max_held: 1024,
+            cache: None,
+            resolve_timeout_ms: 5000,
+        }
+    }
+}
+
+impl VerbsConfig {
+    /// The defaults with device, port and bind address taken from a listen
+    /// spec (`verbs://`, `verbs://rxe0`, `verbs://rxe0:1/10.77.0.1:0`).
+    pub fn from_spec(spec: &str, listen: bool) -> Result<VerbsConfig> {
+        let u = VerbsUri::parse(spec)?;
+        Ok(VerbsConfig {
+            device: u.device,
+            ib_port: u.ib_port,
+            bind: u.sock,
+            listen,
+            ..VerbsConfig::default()
+        })
+    }
+
+    /// Checks the sizes; an error names the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &str, value: String, reason: &str| {
+            Err(na_core::NaError::Config {
+                name: name.into(),
+                value,
+                reason: reason.into(),
+            })
+        };
+        let (lo, hi) = crate::wire::DEPTH_RANGE;
+        if self.recv_depth < lo || self.recv_depth > hi {
+            return bad("recv_depth", self.recv_depth.to_string(), "must be 4..=4096");
+        }
+        if self.max_msg_size > crate::wire::MAX_PAYLOAD_LIMIT as usize {
+            return bad(
+                "max_msg_size",
+                self.max_msg_size.to_string(),
+                "must be at most 1 MiB",
+            );
+        }
+        if self.max_conns == 0 || self.max_conns > 4096 {
+            return bad("max_conns", self.max_conns.to_string(), "must be 1..=4096");
+        }
+        if self.send_queue_depth < u32::from(self.recv_depth) + 8 {
+            return bad(
+                "send_queue_depth",
+                self.send_queue_depth.to_string(),
+                "must exceed recv_depth by at least 8",
+            );
+        }
+        if self.max_sge == Some(0) {
+            return bad("max_sge", "0".into(), "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_and_validation() {
+        let c = VerbsConfig::from_spec("verbs://rxe0:1/10.77.0.1:0", true).unwrap();
+        assert_eq!(c.device.as_deref(), Some("rxe0"));
+        assert_eq!(c.ib_port, Some(1));
+        assert!(c.listen);
+        c.validate().unwrap();
+        assert!(VerbsConfig::from_spec("sm://", true).is_err());
+        let c = VerbsConfig {
+            recv_depth: 2,
+            ..VerbsConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("recv_depth"));
+        let c = VerbsConfig {
+            send_queue_depth: 10,
+            ..VerbsConfig::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,257 @@
+//! One RC connection: its CM id, QP, registered message buffers, credits
+//! and the sends waiting for credits or queue space.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use na_core::{OpId, OpKind, Tag};
+
+use crate::credits::Credits;
+use crate::error::Result;
+use crate::rma::WrPlan;
+use crate::sys::{AccessFlags, CmId, MemoryRegion, ProtectionDomain, QueuePair, SendOp};
+use crate::wire::{Header, MsgKind, HEADER_LEN};
+
+/// Names a connection slot and its generation (so a completion of a retired
+/// connection never reaches its successor in the same slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ConnRef {
+    pub idx: u16,
+    pub gen: u16,
+}
+
+/// What a work request was for, encoded in the top bits of its `wr_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WrKind {
+    Recv = 0,
+    Send = 1,
+    Rma = 2,
+}
+
+const GEN_BITS: u32 = 14;
+/// Generations wrap at this value.
+pub(crate) const GEN_MASK: u16 = (1 << GEN_BITS) - 1;
+
+/// `wr_id` = kind (2 bits) | generation (14) | connection slot (16) | index (32).
+pub(crate) fn wr_id(kind: WrKind, conn: ConnRef, index: u32) -> u64 {
+    (kind as u64) << 62 | u64::from(conn.gen & GEN_MASK) << 48 | u64::from(conn.idx) << 32 | u64::from(index)
+}
+
+/// Inverse of [`wr_id`].
+pub(crate) fn split_wr_id(id: u64) -> (WrKind, ConnRef, u32) {
+    let kind = match id >> 62 {
+        0 => WrKind::Recv,
+        1 => WrKind::Send,
+        _ => WrKind::Rma,
+    };
+    let conn = ConnRef {
+        idx: (id >> 32) as u16,
+        gen: (id >> 48) as u16 & GEN_MASK,
+    };
+    (kind, conn, id as u32)
+}
+
+/// Connection life cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnState {
+    /// Active side: resolving address, then route, then connecting.
+    Connecting,
+    /// Passive side: accepted, waiting for `Established`.
+    Accepting,
+    /// Sends may be posted.
+    Established,
+    /// Failed or disconnected: waiting for outstanding work requests to flush.
+    Dead,
+}
+
+/// A message waiting for credits, a send buffer or queue space.
+pub(crate) struct PendingSend {
+    pub op: OpId,
+    pub kind: OpKind,
+    pub tag: Tag,
+    pub data: Vec<u8>,
+}
+
+/// A piece of an RMA operation waiting for send-queue space.
+pub(crate) struct PendingWr {
+    pub rma: u32,
+    pub plan: WrPlan,
+}
+
+/// One connection.
+pub(crate) struct Conn {
+    pub id: Arc<CmId>,
+    pub qp: Option<QueuePair>,
+    /// `depth` receive slots, then `depth` send slots, `slot` bytes each.
+    pub bufs: Option<MemoryRegion>,
+    pub slot: usize,
+    pub depth: u32,
+    /// Peer index (set at creation on the active side, from the hello on the passive side).
+    pub peer: usize,
+    pub primary: bool,
+    pub active: bool,
+    pub state: ConnState,
+    pub dead_reason: String,
+    pub dead_since: Option<Instant>,
+    pub credits: Credits,
+    pub peer_max_msg: usize,
+    pub free_send: Vec<u32>,
+    /// Per send slot: the operation it carries (`None` for credit updates).
+    pub send_ops: Vec<Option<(OpId, OpKind, usize)>>,
+    pub sq_used: u32,
+    pub sq_cap: u32,
+    pub recvs_posted: u32,
+    pub msg_backlog: VecDeque<PendingSend>,
+    pub rma_backlog: VecDeque<PendingWr>,
+    /// Messages of this connection held for the application.
+    pub held: u32,
+    /// RMA work requests posted and not completed, per RMA operation.
+    pub rma_posted: std::collections::HashMap<u32, u32>,
+}
+
+impl Conn {
+    pub fn new(id: Arc<CmId>, peer: usize, active: bool, depth: u32, slot: usize) -> Conn {
+        Conn {
+            id,
+            qp: None,
+            bufs: None,
+            slot,
+            depth,
+            peer,
+            primary: false,
+            active,
+            state: if active {
+                ConnState::Connecting
+            } else {
+                ConnState::Accepting
+            },
+            dead_reason: String::new(),
+            dead_since: None,
+            credits: Credits::new(0, depth),
+            peer_max_msg: 0,
+            free_send: (0..depth).rev().collect(),
+            send_ops: (0..depth).map(|_| None).collect(),
+            sq_used: 0,
+            sq_cap: 0,
+            recvs_posted: 0,
+            msg_backlog: VecDeque::new(),
+            rma_backlog: VecDeque::new(),
+            held: 0,
+            rma_posted: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Registers the message buffers: `depth` receive and `depth` send slots.
+    pub fn alloc_buffers(&mut self, pd: &Arc<ProtectionDomain>) -> Result<()> {
+        let len = self.slot * self.depth as usize * 2;
+        self.bufs = Some(MemoryRegion::allocate(pd, len, AccessFlags::LOCAL_WRITE)?);
+        Ok(())
+    }
+
+    /// Work requests posted and not yet completed.
+    pub fn outstanding(&self) -> u32 {
+        self.recvs_posted + self.sq_used
+    }
+
+    /// Posts receive slot `i`.
+    pub fn post_recv(&mut self, me: ConnRef, i: u32) -> Result<()> {
+        let (Some(qp), Some(bufs)) = (&self.qp, &self.bufs) else {
+            return Ok(());
+        };
+        let sge = bufs.sge(i as usize * self.slot, self.slot)?;
+        qp.post_recv(wr_id(WrKind::Recv, me, i), &[sge])?;
+        self.recvs_posted += 1;
+        Ok(())
+    }
+
+    /// True if a message can be posted now.
+    pub fn can_post_msg(&self, update: bool) -> bool {
+        self.state == ConnState::Established
+            && !self.free_send.is_empty()
+            && self.sq_used < self.sq_cap
+            && if update {
+                self.credits.can_send_update()
+            } else {
+                self.credits.can_send_data()
+            }
+    }
+
+    /// Copies a message into a send slot and posts it. The caller checked
+    /// [`can_post_msg`](Self::can_post_msg).
+    pub fn post_msg(
+        &mut self,
+        me: ConnRef,
+        kind: MsgKind,
+        tag: Tag,
+        data: &[u8],
+        op: Option<(OpId, OpKind)>,
+    ) -> Result<()> {
+        let slot = self.free_send.pop().expect("caller checked a free send slot");
+        let credits = self.credits.spend();
+        let header = Header {
+            kind,
+            credits,
+            tag,
+            len: data.len() as u32,
+        };
+        let off = (self.depth + slot) as usize * self.slot;
+        let res = (|| {
+            let (Some(qp), Some(bufs)) = (&self.qp, &self.bufs) else {
+                unreachable!("established connections have a QP and buffers")
+            };
+            bufs.write_at(off, &header.encode())?;
+            bufs.write_at(off + HEADER_LEN, data)?;
+            let sge = bufs.sge(off, HEADER_LEN + data.len())?;
+            qp.post_send(wr_id(WrKind::Send, me, slot), SendOp::Send, &[sge], true)
+        })();
+        match res {
+            Ok(()) => {
+                self.sq_used += 1;
+                self.send_ops[slot as usize] = op.map(|(o, k)| (o, k, data.len()));
+                Ok(())
+            }
+            Err(e) => {
+                self.free_send.push(slot);
+                self.credits.unspend(credits);
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies `len` payload bytes of receive slot `i` into `out` (replacing its contents).
+    pub fn read_payload(&self, i: u32, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        out.resize(len, 0);
+        match &self.bufs {
+            Some(b) => b.read_at(i as usize * self.slot + HEADER_LEN, out),
+            None => Ok(()),
+        }
+    }
+
+    /// The header bytes of receive slot `i`.
+    pub fn read_header(&self, i: u32) -> Result<[u8; HEADER_LEN]> {
+        let mut h = [0u8; HEADER_LEN];
+        if let Some(b) = &self.bufs {
+            b.read_at(i as usize * self.slot, &mut h)?;
+        }
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_ids_roundtrip() {
+        for (kind, idx, gen, i) in [
+            (WrKind::Recv, 0u16, 0u16, 0u32),
+            (WrKind::Send, 65535, GEN_MASK, u32::MAX),
+            (WrKind::Rma, 7, 1234, 99),
+        ] {
+            let c = ConnRef { idx, gen };
+            assert_eq!(split_wr_id(wr_id(kind, c, i)), (kind, c, i));
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Connections through RDMA CM: started lazily by the first operation on a
+//! peer (active side) or by a peer's connect request (passive side), and
+//! torn down when the peer disconnects, dies, or a work request fails.
+//!
+//! Active: `resolve_addr` → `AddrResolved` → `resolve_route` →
+//! `RouteResolved` → create QP, post receives, `connect(hello)` →
+//! `Established` (the accept carries the peer's hello: its credits).
+//! Passive: `ConnectRequest(hello)` → find or create the peer named by the
+//! hello → create QP, post receives, `accept(hello)` → `Established`.
+//! A dead connection moves its QP to ERROR so every outstanding work
+//! request flushes, and is released once none is left.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use na_core::{NaError, Result};
+
+use crate::conn::{Conn, ConnRef, ConnState, GEN_MASK};
+use crate::plugin::{ConnSlot, VerbsPlugin};
+use crate::sys::{CmEvent, CmEventKind, CmId, ConnParam, PortSpace, QpCaps, QpInitAttr};
+use crate::wire::Hello;
+use crate::VerbsError;
+
+/// How long a dead connection may wait for its flushed work requests.
+const FLUSH_GRACE: Duration = Duration::from_secs(5);
+
+impl VerbsPlugin {
+    fn hello(&self) -> Hello {
+        Hello {
+            addr: self.self_key,
+            depth: self.cfg.recv_depth,
+            max_payload: self.cfg.max_msg_size as u32,
+            device: self.device.clone(),
+        }
+    }
+
+    fn conn_param(&self, initiator: u8, responder: u8) -> ConnParam {
+        ConnParam {
+            private_data: self.hello().encode(),
+            responder_resources: responder,
+            initiator_depth: initiator,
+            retry_count: 7,
+            // Credits make receiver-not-ready impossible; an RNR NAK is a bug
+            // and must fail loudly, not be retried.
+            rnr_retry_count: 0,
+        }
+    }
+
+    /// Adds a connection to the table.
+    fn insert_conn(&mut self, id: Arc<CmId>, peer: usize, active: bool) -> Result<ConnRef> {
+        let live = self.conns.iter().filter(|s| s.conn.is_some()).count();
+        if live >= self.cfg.max_conns {
+            return Err(NaError::Plugin {
+                plugin: "verbs",
+                message: format!(
+                    "connection limit of {} reached (VerbsConfig::max_conns)",
+                    self.cfg.max_conns
+                ),
+            });
+        }
+        let idx = match self.conns.iter().position(|s| s.conn.is_none()) {
+            Some(i) => i,
+            None => {
+                self.conns.push(ConnSlot { gen: 0, conn: None });
+                self.conns.len() - 1
+            }
+        };
+        let slot = &mut self.conns[idx];
+        slot.gen = (slot.gen + 1) & GEN_MASK;
+        let cref = ConnRef {
+            idx: idx as u16,
+            gen: slot.gen,
+        };
+        self.conn_by_cm.insert(id.key(), cref);
+        slot.conn = Some(Conn::new(
+            id,
+            peer,
+            active,
+            u32::from(self.cfg.recv_depth),
+            self.slot_size,
+        ));
+        Ok(cref)
+    }
+
+    /// The connection sends to `peer` go through, starting one if needed.
+    pub(crate) fn ensure_conn(&mut self, peer: usize) -> Result<ConnRef> {
+        if let Some(c) = self.peers[peer].conn {
+            if self.conn(c).is_some_and(|c| c.state != ConnState::Dead) {
+                return Ok(c);
+            }
+        }
+        let id = CmId::new(&self.events, PortSpace::Tcp)?;
+        let dst = self.peers[peer].key;
+        let src = std::net::SocketAddr::new(self.self_key.ip(), 0);
+        id.resolve_addr(Some(src), dst, self.cfg.resolve_timeout_ms)?;
+        let cref = self.insert_conn(id, peer, true)?;
+        self.conn_mut(cref).expect("just inserted").primary = true;
+        self.peers[peer].conn = Some(cref);
+        tracing::debug!(peer = %self.peers[peer].uri, "verbs: connecting");
+        Ok(cref)
+    }
+
+    /// Creates the QP and buffers of a connection and posts all receives.
+    fn setup_qp(&mut self, cref: ConnRef) -> std::result::Result<(), VerbsError> {
+        let caps = QpCaps {
+            max_send_wr: self.cfg.send_queue_depth.min(self.dev_attr.max_qp_wr),
+            max_recv_wr: u32::from(self.cfg.recv_depth),
+            max_send_sge: self.max_sge_write.max(self.max_sge_read) as u32,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let (pd, cq) = (Arc::clone(&self.pd), Arc::clone(&self.cq));
+        let conn = self.conn_mut(cref).expect("caller checked");
+        let attr = QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            caps,
+        };
+        let qp = conn.id.create_qp(&pd, attr)?;
+        conn.sq_cap = qp.caps().max_send_wr;
+        conn.qp = Some(qp);
+        conn.alloc_buffers(&pd)?;
+        for i in 0..conn.depth {
+            conn.post_recv(cref, i)?;
+        }
+        Ok(())
+    }
+
+    /// Handles one RDMA CM event.
+    pub(crate) fn on_cm_event(&mut self, ev: CmEvent) {
+        if ev.kind == CmEventKind::ConnectRequest {
+            self.on_connect_request(ev);
+            return;
+        }
+        let Some(&cref) = self.conn_by_cm.get(&ev.id) else {
+            tracing::debug!(event = %ev.kind.name(), "verbs: CM event for no connection");
+            return;
+        };
+        let step = match ev.kind {
+            CmEventKind::AddrResolved => self
+                .conn(cref)
+                .map_or(Ok(()), |c| c.id.resolve_route(self.cfg.resolve_timeout_ms)),
+            CmEventKind::RouteResolved => self.setup_qp(cref).and_then(|()| {
+                let param = self.conn_param(self.rd_atomic, self.rd_atomic);
+                self.conn(cref).map_or(Ok(()), |c| c.id.connect(&param))
+            }),
+            CmEventKind::Established => {
+                self.on_established(cref, &ev.private_data);
+                Ok(())
+            }
+            CmEventKind::Disconnected => {
+                self.kill_conn(cref, "the peer disconnected".into());
+                Ok(())
+            }
+            CmEventKind::TimewaitExit | CmEventKind::ConnectResponse => Ok(()),
+            kind => {
+                let what = match (kind, ev.status) {
+                    (CmEventKind::Rejected, _) => format!(
+                        "connection rejected (status {}): nobody listens at this address, or it refused us",
+                        ev.status
+                    ),
+                    (CmEventKind::Unreachable, _) => "peer unreachable (connection timed out)".into(),
+                    _ => format!("{} (status {})", kind.name(), ev.status),
+                };
+                self.kill_conn(cref, what);
+                Ok(())
+            }
+        };
+        if let Err(e) = step {
+            self.kill_conn(cref, format!("connection set-up failed: {e}"));
+        }
+    }
+
+    fn on_established(&mut self, cref: ConnRef, private: &[u8]) {
+        let Some(conn) = self.conn_mut(cref) else { return };
+        if conn.active {
+            match Hello::decode(private) {
+                Ok(h) => {
+                    conn.credits = crate::credits::Credits::new(u32::from(h.depth), conn.depth);
+                    conn.peer_max_msg = h.max_payload as usize;
+                }
+                Err(e) => {
+                    self.stats.protocol_errors += 1;
+                    self.kill_conn(cref, format!("bad hello in the accept: {e}"));
+                    return;
+                }
+            }
+        }
+        let conn = self.conn_mut(cref).expect("checked above");
+        conn.state = ConnState::Established;
+        tracing::debug!(peer = %self.peer_uri_of(cref), "verbs: connection established");
+        self.drain_msgs(cref);
+        self.drain_rma(cref);
+    }
+
+    fn on_connect_request(&mut self, ev: CmEvent) {
+        let Some(id) = ev.new_id else { return };
+        let hello = match Hello::decode(&ev.private_data) {
+            Ok(h) if self.cfg.listen => h,
+            Ok(_) => return drop(id.reject(b"not listening")),
+            Err(e) => {
+                self.stats.protocol_errors += 1;
+                tracing::warn!(error = %e, "verbs: rejecting a connection with a bad hello");
+                return drop(id.reject(b"bad hello"));
+            }
+        };
+        let peer = self.peer_for_key(
+            hello.addr,
+            Some(&hello.device).filter(|d| !d.is_empty()).map(|d| d.as_str()),
+        );
+        let cref = match self.insert_conn(Arc::clone(&id), peer, false) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "verbs: rejecting a connection");
+                return drop(id.reject(b"too many connections"));
+            }
+        };
+        let primary = self.peers[peer]
+            .conn
+            .and_then(|c| self.conn(c))
+            .map_or(true, |c| c.state == ConnState::Dead);
+        let conn = self.conn_mut(cref).expect("just inserted");
+        conn.credits = crate::credits::Credits::new(u32::from(hello.depth), conn.depth);
+        conn.peer_max_msg = hello.max_payload as usize;
+        conn.primary = primary;
+        if primary {
+            self.peers[peer].conn = Some(cref);
+        }
+        let initiator = ev.responder_resources.min(self.rd_atomic);
+        let responder = ev.initiator_depth.min(self.rd_atomic);
+        let param = self.conn_param(initiator, responder);
+        let res = self.setup_qp(cref).and_then(|()| id.accept(&param));
+        if let Err(e) = res {
+            self.kill_conn(cref, format!("accepting failed: {e}"));
+        }
+    }
+
+    /// Marks a connection dead: fails what waits on it, flushes its QP; if
+    /// it carried the peer's sends, the peer is gone too.
+    pub(crate) fn kill_conn(&mut self, cref: ConnRef, reason: String) {
+        let Some(conn) = self.conn_mut(cref) else { return };
+        if conn.state == ConnState::Dead {
+            return;
+        }
+        conn.state = ConnState::Dead;
+        conn.dead_since = Some(Instant::now());
+        conn.dead_reason = reason.clone();
+        if let Some(qp) = &conn.qp {
+            let _ = qp.to_error();
+        }
+        let _ = conn.id.disconnect();
+        let backlog: Vec<_> = conn.msg_backlog.drain(..).collect();
+        let (peer, primary) = (conn.peer, conn.primary);
+        let uri = self.peers[peer].uri.clone();
+        tracing::debug!(peer = %uri, %reason, "verbs: connection dead");
+        for m in backlog {
+            self.canceled_sends.remove(&m.op);
+            let e = NaError::PeerGone {
+                peer: uri.clone(),
+                reason: reason.clone(),
+            };
+            self.finish_send(m.op, m.kind, Err(e));
+        }
+        self.fail_rma_backlog(cref, &reason);
+        if primary && self.peers[peer].dead.is_none() {
+            self.peers[peer].dead = Some(reason.clone());
+            self.peer_by_key.remove(&self.peers[peer].key);
+            self.fail_peer_recvs(peer, &reason);
+        }
+        self.retire_if_flushed(cref);
+    }
+
+    /// Releases a dead connection once its work requests have all
+    /// completed (or the grace period is over).
+    pub(crate) fn retire_if_flushed(&mut self, cref: ConnRef) {
+        let Some(conn) = self.conn(cref) else { return };
+        let expired = conn.dead_since.is_some_and(|t| t.elapsed() > FLUSH_GRACE);
+        if conn.state != ConnState::Dead || (conn.outstanding() > 0 && !expired) {
+            return;
+        }
+        let conn = self.conns[cref.idx as usize].conn.take().expect("checked above");
+        self.conn_by_cm.remove(&conn.id.key());
+        // Sends that never completed (grace expired) complete now.
+        for (op, kind, _) in conn.send_ops.iter().flatten() {
+            let e = NaError::PeerGone {
+                peer: self.peers[conn.peer].uri.clone(),
+                reason: conn.dead_reason.clone(),
+            };
+            self.finish_send(*op, *kind, Err(e));
+        }
+        let uri = self.peers[conn.peer].uri.clone();
+        for (&idx, &n) in &conn.rma_posted {
+            for _ in 0..n {
+                let e = NaError::PeerGone {
+                    peer: uri.clone(),
+                    reason: conn.dead_reason.clone(),
+                };
+                self.rma_piece_done(idx, Some(e));
+            }
+        }
+        drop(conn);
+    }
+
+    /// Retires dead connections whose grace period is over.
+    pub(crate) fn reap_dead(&mut self) {
+        let dead: Vec<ConnRef> = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let c = s.conn.as_ref()?;
+                (c.state == ConnState::Dead).then_some(ConnRef {
+                    idx: i as u16,
+                    gen: s.gen,
+                })
+            })
+            .collect();
+        for c in dead {
+            self.retire_if_flushed(c);
+        }
+    }
+}

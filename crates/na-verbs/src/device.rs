@@ -1,0 +1,99 @@
+//! Choosing the local device, port and IP address of a plugin instance.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::config::VerbsConfig;
+use crate::error::{Result, VerbsError};
+use crate::sys::{devices, Context};
+
+/// The local end a plugin binds to.
+#[derive(Debug, Clone)]
+pub(crate) struct LocalPort {
+    /// Device name.
+    pub device: String,
+    /// Port number on the device.
+    pub ib_port: u8,
+    /// IP address to bind RDMA CM to.
+    pub ip: IpAddr,
+}
+
+/// Checks that `ctx` has port `port` and that it is active.
+fn check_port(ctx: &Context, port: u8) -> Result<()> {
+    let count = ctx.query_device()?.phys_port_cnt;
+    if port == 0 || port > count {
+        return Err(VerbsError::NoPort {
+            device: ctx.name().to_owned(),
+            port,
+            count,
+        });
+    }
+    if !ctx.query_port(port)?.active {
+        return Err(VerbsError::PortDown {
+            device: ctx.name().to_owned(),
+            port,
+        });
+    }
+    Ok(())
+}
+
+/// The first IPv4 address among the port's GIDs.
+fn port_ipv4(ctx: &Context, port: u8) -> Result<IpAddr> {
+    let n = ctx.query_port(port)?.gid_tbl_len.min(256);
+    (0..n)
+        .filter_map(|i| ctx.query_gid(port, i).ok())
+        .find_map(|g| g.ipv4())
+        .map(IpAddr::V4)
+        .ok_or_else(|| VerbsError::NoAddress {
+            device: ctx.name().to_owned(),
+            port,
+        })
+}
+
+/// Resolves the configured (or default) device, port and IP. The default
+/// device is the first one whose port is active; with no device at all the
+/// error is [`VerbsError::NoDevice`] (what to install or load).
+pub(crate) fn choose(cfg: &VerbsConfig) -> Result<LocalPort> {
+    let port = cfg.ib_port.unwrap_or(1);
+    let ctx: Arc<Context> = match &cfg.device {
+        Some(name) => {
+            let ctx = Context::open(Some(name))?;
+            check_port(&ctx, port)?;
+            ctx
+        }
+        None => {
+            let mut first_err = None;
+            let mut found = None;
+            for d in devices()? {
+                let attempt = Context::open(Some(&d.name)).and_then(|c| check_port(&c, port).map(|()| c));
+                match attempt {
+                    Ok(c) => {
+                        found = Some(c);
+                        break;
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            match (found, first_err) {
+                (Some(c), _) => c,
+                (None, Some(e)) => return Err(e),
+                (None, None) => {
+                    return Err(VerbsError::NoDevice {
+                        reason: "no device listed".into(),
+                    })
+                }
+            }
+        }
+    };
+    let ip = match cfg.bind {
+        Some(sock) => sock.ip(),
+        None => port_ipv4(&ctx, port)?,
+    };
+    Ok(LocalPort {
+        device: ctx.name().to_owned(),
+        ib_port: port,
+        ip,
+    })
+}

@@ -1,0 +1,347 @@
+//! Messages: sends (straight into a registered send slot, or queued until
+//! the connection exists and has credits), posted receives, and matching
+//! of arrivals against them (unexpected: first posted; expected: source
+//! peer and tag). Arrivals nobody waits for are held, bounded per
+//! connection by credit withholding (see `credits.rs`).
+
+use std::collections::{HashMap, VecDeque};
+
+use na_core::{Addr, Completion, NaError, OpId, OpKind, Result, Tag};
+
+use crate::conn::{ConnRef, ConnState, PendingSend};
+use crate::plugin::{OpLoc, VerbsPlugin};
+use crate::wire::MsgKind;
+
+/// A message that arrived before a receive for it was posted.
+pub(crate) struct Held {
+    pub conn: ConnRef,
+    pub peer: usize,
+    pub tag: Tag,
+    pub data: Vec<u8>,
+}
+
+/// Receives posted for one (peer, tag), oldest first.
+pub(crate) type PostedQueue = VecDeque<(OpId, Vec<u8>)>;
+
+/// Posted receives and held arrivals.
+#[derive(Default)]
+pub(crate) struct Matching {
+    pub posted_unexpected: PostedQueue,
+    pub posted_expected: HashMap<(usize, Tag), PostedQueue>,
+    pub held_unexpected: VecDeque<Held>,
+    pub held_expected: HashMap<(usize, Tag), VecDeque<Held>>,
+}
+
+impl Matching {
+    /// Messages held for the application.
+    pub fn held_count(&self) -> usize {
+        self.held_unexpected.len() + self.held_expected.values().map(VecDeque::len).sum::<usize>()
+    }
+}
+
+impl VerbsPlugin {
+    pub(crate) fn send_msg(
+        &mut self,
+        dest: &Addr,
+        kind: OpKind,
+        tag: Tag,
+        data: &[u8],
+        op: OpId,
+    ) -> Result<()> {
+        let max = self.cfg.max_msg_size;
+        if data.len() > max {
+            return Err(NaError::MessageTooLarge {
+                len: data.len(),
+                max,
+                kind: if kind == OpKind::SendUnexpected {
+                    "unexpected"
+                } else {
+                    "expected"
+                },
+            });
+        }
+        let peer = self.live_peer(dest)?;
+        let cref = self.ensure_conn(peer)?;
+        let conn = self
+            .conn_mut(cref)
+            .expect("ensure_conn returned a live connection");
+        if conn.peer_max_msg != 0 && data.len() > conn.peer_max_msg {
+            return Err(NaError::MessageTooLarge {
+                len: data.len(),
+                max: conn.peer_max_msg,
+                kind: "peer's buffer",
+            });
+        }
+        self.ops.insert(op, OpLoc::Send(cref));
+        self.stats.in_flight += 1;
+        let conn = self.conn_mut(cref).expect("checked above");
+        if conn.msg_backlog.is_empty() && conn.can_post_msg(false) {
+            let wire = msg_kind(kind);
+            if let Err(e) = conn.post_msg(cref, wire, tag, data, Some((op, kind))) {
+                self.ops.remove(&op);
+                self.stats.in_flight -= 1;
+                return Err(e.into());
+            }
+            self.count_sent(data.len());
+        } else {
+            if conn.state == ConnState::Established {
+                self.stats.sends_queued += 1;
+            }
+            let conn = self.conn_mut(cref).expect("checked above");
+            conn.msg_backlog.push_back(PendingSend {
+                op,
+                kind,
+                tag,
+                data: data.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn count_sent(&mut self, len: usize) {
+        self.stats.msgs_sent += 1;
+        self.stats.msg_bytes_sent += len as u64;
+    }
+
+    /// Posts queued messages while credits, send slots and queue space
+    /// last; then sends a credit update if one is due and nothing carried it.
+    pub(crate) fn drain_msgs(&mut self, cref: ConnRef) {
+        loop {
+            let Some(conn) = self.conn_mut(cref) else { return };
+            if conn.msg_backlog.is_empty() || !conn.can_post_msg(false) {
+                break;
+            }
+            let m = conn.msg_backlog.pop_front().expect("checked non-empty");
+            if self.canceled_sends.remove(&m.op) {
+                continue; // canceled while queued: already completed
+            }
+            let conn = self.conn_mut(cref).expect("checked above");
+            match conn.post_msg(cref, msg_kind(m.kind), m.tag, &m.data, Some((m.op, m.kind))) {
+                Ok(()) => self.count_sent(m.data.len()),
+                Err(e) => self.finish_send(m.op, m.kind, Err(e.into())),
+            }
+        }
+        let Some(conn) = self.conn_mut(cref) else { return };
+        if conn.credits.wants_update() && conn.can_post_msg(true) {
+            if let Err(e) = conn.post_msg(cref, MsgKind::Credit, 0, &[], None) {
+                tracing::warn!(error = %e, "posting a credit update failed");
+            }
+        }
+    }
+
+    /// Completes a send operation.
+    pub(crate) fn finish_send(&mut self, op: OpId, kind: OpKind, status: Result<()>) {
+        if self.ops.remove(&op).is_none() {
+            return;
+        }
+        self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+        let status = if self.canceled_sends.remove(&op) {
+            Err(NaError::Canceled)
+        } else {
+            status
+        };
+        self.completions.push_back(match status {
+            Ok(()) => Completion::done(op, kind),
+            Err(e) => Completion::failed(op, kind, e, None),
+        });
+    }
+
+    pub(crate) fn recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
+        if let Some(h) = self.matching.held_unexpected.pop_front() {
+            self.deliver_held(h, buf, op, OpKind::RecvUnexpected);
+            return Ok(());
+        }
+        self.matching.posted_unexpected.push_back((op, buf));
+        self.ops.insert(op, OpLoc::RecvUnexpected);
+        self.stats.in_flight += 1;
+        Ok(())
+    }
+
+    pub(crate) fn recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
+        let peer = self.peer_of(source)?;
+        let key = (peer, tag);
+        if let Some(q) = self.matching.held_expected.get_mut(&key) {
+            let h = q.pop_front().expect("held queues are never left empty");
+            if q.is_empty() {
+                self.matching.held_expected.remove(&key);
+            }
+            self.deliver_held(h, buf, op, OpKind::RecvExpected);
+            return Ok(());
+        }
+        self.live_peer(source)?;
+        self.matching
+            .posted_expected
+            .entry(key)
+            .or_default()
+            .push_back((op, buf));
+        self.ops.insert(op, OpLoc::RecvExpected(peer, tag));
+        self.stats.in_flight += 1;
+        Ok(())
+    }
+
+    fn deliver_held(&mut self, h: Held, mut buf: Vec<u8>, op: OpId, kind: OpKind) {
+        buf.clear();
+        buf.extend_from_slice(&h.data);
+        let source = self.peers[h.peer].addr.clone();
+        self.completions
+            .push_back(Completion::received(op, kind, buf, source, h.tag));
+        if let Some(conn) = self.conn_mut(h.conn) {
+            conn.held = conn.held.saturating_sub(1);
+            conn.credits.release_withheld();
+            self.drain_msgs(h.conn);
+        }
+    }
+
+    /// A message arrived in receive slot `slot` of `cref` (header checked).
+    pub(crate) fn on_message(&mut self, cref: ConnRef, slot: u32, kind: MsgKind, tag: Tag, len: usize) {
+        let Some(conn) = self.conn(cref) else { return };
+        let peer = conn.peer;
+        self.stats.msgs_received += 1;
+        self.stats.msg_bytes_received += len as u64;
+        let posted = match kind {
+            MsgKind::Unexpected => self.matching.posted_unexpected.pop_front(),
+            MsgKind::Expected => {
+                let key = (peer, tag);
+                let q = self.matching.posted_expected.get_mut(&key);
+                let r = q.and_then(|q| q.pop_front());
+                if self
+                    .matching
+                    .posted_expected
+                    .get(&key)
+                    .is_some_and(VecDeque::is_empty)
+                {
+                    self.matching.posted_expected.remove(&key);
+                }
+                r
+            }
+            MsgKind::Credit => return,
+        };
+        let op_kind = if kind == MsgKind::Unexpected {
+            OpKind::RecvUnexpected
+        } else {
+            OpKind::RecvExpected
+        };
+        let conn = self.conn(cref).expect("checked above");
+        match posted {
+            Some((op, mut buf)) => {
+                let res = conn.read_payload(slot, len, &mut buf);
+                self.ops.remove(&op);
+                self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+                let c = match res {
+                    Ok(()) => Completion::received(op, op_kind, buf, self.peers[peer].addr.clone(), tag),
+                    Err(e) => Completion::failed(op, op_kind, e.into(), Some(buf)),
+                };
+                self.completions.push_back(c);
+            }
+            None => {
+                let mut data = Vec::new();
+                if conn.read_payload(slot, len, &mut data).is_err() {
+                    return;
+                }
+                let h = Held {
+                    conn: cref,
+                    peer,
+                    tag,
+                    data,
+                };
+                if kind == MsgKind::Unexpected {
+                    self.matching.held_unexpected.push_back(h);
+                } else {
+                    self.matching
+                        .held_expected
+                        .entry((peer, tag))
+                        .or_default()
+                        .push_back(h);
+                }
+                if let Some(conn) = self.conn_mut(cref) {
+                    conn.held += 1;
+                }
+            }
+        }
+    }
+
+    /// Fails the receives posted for `peer` (it is gone).
+    pub(crate) fn fail_peer_recvs(&mut self, peer: usize, reason: &str) {
+        let keys: Vec<(usize, Tag)> = self
+            .matching
+            .posted_expected
+            .keys()
+            .filter(|k| k.0 == peer)
+            .copied()
+            .collect();
+        for k in keys {
+            for (op, buf) in self.matching.posted_expected.remove(&k).unwrap_or_default() {
+                self.ops.remove(&op);
+                self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+                let e = NaError::PeerGone {
+                    peer: self.peers[peer].uri.clone(),
+                    reason: reason.to_owned(),
+                };
+                self.completions
+                    .push_back(Completion::failed(op, OpKind::RecvExpected, e, Some(buf)));
+            }
+        }
+    }
+
+    /// See [`na_core::Plugin::cancel`].
+    pub(crate) fn cancel_op(&mut self, op: OpId) -> Result<()> {
+        let Some(loc) = self.ops.get(&op) else {
+            return Err(NaError::UnknownOp(op.0));
+        };
+        match *loc {
+            OpLoc::RecvUnexpected => {
+                let q = &mut self.matching.posted_unexpected;
+                if let Some(i) = q.iter().position(|(o, _)| *o == op) {
+                    let (_, buf) = q.remove(i).expect("index from position");
+                    self.cancel_done(op, OpKind::RecvUnexpected, Some(buf));
+                }
+            }
+            OpLoc::RecvExpected(peer, tag) => {
+                let key = (peer, tag);
+                if let Some(q) = self.matching.posted_expected.get_mut(&key) {
+                    if let Some(i) = q.iter().position(|(o, _)| *o == op) {
+                        let (_, buf) = q.remove(i).expect("index from position");
+                        if q.is_empty() {
+                            self.matching.posted_expected.remove(&key);
+                        }
+                        self.cancel_done(op, OpKind::RecvExpected, Some(buf));
+                    }
+                }
+            }
+            OpLoc::Send(cref) => {
+                let queued = self.conn_mut(cref).and_then(|c| {
+                    let i = c.msg_backlog.iter().position(|m| m.op == op)?;
+                    c.msg_backlog.remove(i)
+                });
+                match queued {
+                    Some(m) => self.cancel_done(op, m.kind, None),
+                    // Already on the wire: it completes (as canceled) when the device is done.
+                    None => {
+                        self.canceled_sends.insert(op);
+                    }
+                }
+            }
+            OpLoc::Rma(idx) => {
+                if let Some(Some(r)) = self.rma.get_mut(idx as usize) {
+                    r.canceled = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn cancel_done(&mut self, op: OpId, kind: OpKind, buf: Option<Vec<u8>>) {
+        self.ops.remove(&op);
+        self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+        self.completions
+            .push_back(Completion::failed(op, kind, NaError::Canceled, buf));
+    }
+}
+
+fn msg_kind(k: OpKind) -> MsgKind {
+    if k == OpKind::SendUnexpected {
+        MsgKind::Unexpected
+    } else {
+        MsgKind::Expected
+    }
+}

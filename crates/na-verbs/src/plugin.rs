@@ -1,0 +1,426 @@
+//! [`VerbsPlugin`]: the NA plugin over RDMA verbs.
+//!
+//! # Call order
+//! As for every [`Plugin`]: create ([`VerbsPlugin::new`]), look peers up,
+//! post operations, then drive it with `progress`/`pop_completion`, and
+//! `try_wait` before sleeping on `poll_fd`. Inside:
+//!
+//! * `lookup` only parses the address; the RC connection (RDMA CM: resolve
+//!   address, resolve route, connect with a hello in the private data) is
+//!   started by the first operation on the peer, which waits in the
+//!   connection's backlog until `Established`.
+//! * `progress` polls the completion queue directly (no system call: this
+//!   is all busy mode does) and reads RDMA CM events every
+//!   [`CM_POLL_EVERY`] calls and whenever `try_wait` runs.
+//! * `try_wait` consumes completion-channel events, then arms the CQ and
+//!   polls it once more (arm-and-drain: a completion that raced with the
+//!   arming is found by that poll, and one that comes later raises an
+//!   event), and drains CM events. Only if all of that found nothing does
+//!   it say the caller may sleep on `poll_fd`: an epoll fd holding the
+//!   completion channel fd and the CM event channel fd (level-triggered,
+//!   so nothing unread is ever lost).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::Arc;
+
+use na_core::sys::epoll::Epoll;
+use na_core::{
+    Addr, Completion, MemHandle, NaError, OpId, OpKind, Plugin, PluginId, PluginStats, RemoteMem, Result, Tag,
+};
+use na_regcache::Cache;
+
+use crate::addr::{canonical, VerbsUri, SCHEME};
+use crate::config::VerbsConfig;
+use crate::conn::{Conn, ConnRef};
+use crate::msg::Matching;
+use crate::rma::RmaOp;
+use crate::sys::{
+    CmId, CmIdKey, CompletionChannel, CompletionQueue, DeviceAttr, EventChannel, IbvRegistrar, PortSpace,
+    ProtectionDomain, WorkCompletion,
+};
+use crate::wire::HEADER_LEN;
+
+/// `progress` reads RDMA CM events once every this many calls (and in
+/// every `try_wait`), so busy polling costs no system call per call.
+pub const CM_POLL_EVERY: u32 = 16;
+
+/// Token of our own address.
+const SELF_TOKEN: u64 = u64::MAX;
+
+/// A peer as named by addresses handed out.
+pub(crate) struct Peer {
+    pub uri: String,
+    pub key: SocketAddr,
+    pub addr: Addr,
+    /// The connection sends go through.
+    pub conn: Option<ConnRef>,
+    /// Why the peer is unusable, once it is.
+    pub dead: Option<String>,
+}
+
+/// Where an operation in flight lives (for cancel).
+pub(crate) enum OpLoc {
+    RecvUnexpected,
+    RecvExpected(usize, Tag),
+    Send(ConnRef),
+    Rma(u32),
+}
+
+/// A slot of the connection table.
+pub(crate) struct ConnSlot {
+    pub gen: u16,
+    pub conn: Option<Conn>,
+}
+
+/// The verbs NA plugin. See the module docs for the call order and
+/// `crate` docs for the design.
+pub struct VerbsPlugin {
+    pub(crate) id: PluginId,
+    pub(crate) cfg: VerbsConfig,
+    pub(crate) device: String,
+    pub(crate) self_uri: String,
+    pub(crate) self_key: SocketAddr,
+    pub(crate) slot_size: usize,
+    pub(crate) max_sge_write: usize,
+    pub(crate) max_sge_read: usize,
+    pub(crate) rd_atomic: u8,
+    pub(crate) dev_attr: DeviceAttr,
+    pub(crate) peers: Vec<Peer>,
+    pub(crate) peer_by_key: HashMap<SocketAddr, usize>,
+    pub(crate) conns: Vec<ConnSlot>,
+    pub(crate) conn_by_cm: HashMap<CmIdKey, ConnRef>,
+    pub(crate) matching: Matching,
+    pub(crate) ops: HashMap<OpId, OpLoc>,
+    pub(crate) canceled_sends: HashSet<OpId>,
+    pub(crate) rma: Vec<Option<RmaOp>>,
+    pub(crate) rma_free: Vec<u32>,
+    pub(crate) completions: VecDeque<Completion>,
+    pub(crate) stats: PluginStats,
+    pub(crate) wcs: Vec<WorkCompletion>,
+    pub(crate) calls: u32,
+    pub(crate) cache: Arc<Cache<IbvRegistrar>>,
+    pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) comp: Arc<CompletionChannel>,
+    pub(crate) pd: Arc<ProtectionDomain>,
+    /// The bound (and, when listening, listening) id: our identity. Kept
+    /// alive for the plugin's lifetime; its events arrive on `events`.
+    pub(crate) _local_id: Arc<CmId>,
+    pub(crate) events: Arc<EventChannel>,
+    pub(crate) poll: Epoll,
+}
+
+impl VerbsPlugin {
+    /// Opens the device, binds RDMA CM (listening if `cfg.listen`), and
+    /// creates the PD, CQ, completion channel, registration cache and the
+    /// plugin's epoll set. Without any RDMA device the error says
+    /// "no RDMA device found" and what to install or load.
+    pub fn new(id: PluginId, cfg: VerbsConfig) -> Result<VerbsPlugin> {
+        cfg.validate()?;
+        let local = crate::device::choose(&cfg)?;
+        let events = EventChannel::new()?;
+        let local_id = CmId::new(&events, PortSpace::Tcp)?;
+        let port = cfg.bind.map_or(0, |b| b.port());
+        local_id.bind(SocketAddr::new(local.ip, port))?;
+        if cfg.listen {
+            local_id.listen(128)?;
+        }
+        let ctx = local_id.context()?;
+        if ctx.name() != local.device {
+            return Err(crate::VerbsError::WrongDevice {
+                addr: local.ip.to_string(),
+                actual: ctx.name().to_owned(),
+                requested: local.device,
+            }
+            .into());
+        }
+        let self_key = local_id.local_addr().ok_or_else(|| NaError::Plugin {
+            plugin: SCHEME,
+            message: "rdma_bind_addr gave no local address".into(),
+        })?;
+        let dev_attr = ctx.query_device()?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let comp = CompletionChannel::new(&ctx)?;
+        let per_conn = u32::from(cfg.recv_depth) + cfg.send_queue_depth;
+        let cqe = (per_conn as usize * cfg.max_conns).min(dev_attr.max_cqe.max(1) as usize) as u32;
+        let cq = CompletionQueue::new(&ctx, cqe, Some(&comp))?;
+        let cache_cfg = match &cfg.cache {
+            Some(c) => c.clone(),
+            None => na_regcache::CacheConfig::from_env().map_err(cache_err)?,
+        };
+        let cache = Cache::new(IbvRegistrar::for_mem_handles(&pd), cache_cfg).map_err(cache_err)?;
+        let poll = Epoll::new().map_err(|e| NaError::sys("epoll_create1", e))?;
+        poll.add(comp.as_fd().as_raw_fd(), 0)
+            .map_err(|e| NaError::sys("epoll_ctl add completion channel", e))?;
+        poll.add(events.as_fd().as_raw_fd(), 1)
+            .map_err(|e| NaError::sys("epoll_ctl add RDMA CM channel", e))?;
+        let cap = |v: u32| (v.max(1) as usize).min(cfg.max_sge.map_or(usize::MAX, |m| m as usize));
+        let slot_size = (HEADER_LEN + cfg.max_msg_size).div_ceil(64) * 64;
+        let self_uri = canonical(Some(&local.device), self_key);
+        tracing::info!(uri = %self_uri, ib_port = local.ib_port, listen = cfg.listen, cache = cache.monitor_name(), "verbs plugin up");
+        Ok(VerbsPlugin {
+            id,
+            device: local.device,
+            self_uri,
+            self_key,
+            slot_size,
+            max_sge_write: cap(dev_attr.max_sge),
+            max_sge_read: cap(dev_attr.max_sge_rd.min(dev_attr.max_sge)),
+            rd_atomic: dev_attr.max_qp_rd_atom.clamp(1, 16) as u8,
+            dev_attr,
+            cfg,
+            peers: Vec::new(),
+            peer_by_key: HashMap::new(),
+            conns: Vec::new(),
+            conn_by_cm: HashMap::new(),
+            matching: Matching::default(),
+            ops: HashMap::new(),
+            canceled_sends: HashSet::new(),
+            rma: Vec::new(),
+            rma_free: Vec::new(),
+            completions: VecDeque::new(),
+            stats: PluginStats::default(),
+            wcs: Vec::with_capacity(64),
+            calls: 0,
+            cache: Arc::new(cache),
+            cq,
+            comp,
+            pd,
+            _local_id: local_id,
+            events,
+            poll,
+        })
+    }
+
+    /// The RDMA device in use.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Device limits (max SGEs, queue sizes...).
+    pub fn device_attr(&self) -> &DeviceAttr {
+        &self.dev_attr
+    }
+
+    /// Finds or creates the peer of `key`.
+    pub(crate) fn peer_for_key(&mut self, key: SocketAddr, device: Option<&str>) -> usize {
+        if let Some(&i) = self.peer_by_key.get(&key) {
+            return i;
+        }
+        let i = self.peers.len();
+        let uri = canonical(device, key);
+        self.peers.push(Peer {
+            addr: Addr::new(uri.clone(), self.id, i as u64, false),
+            uri,
+            key,
+            conn: None,
+            dead: None,
+        });
+        self.peer_by_key.insert(key, i);
+        i
+    }
+
+    /// The peer an address names (any state).
+    pub(crate) fn peer_of(&self, a: &Addr) -> Result<usize> {
+        let ok = a.plugin() == self.id && (a.token() as usize) < self.peers.len();
+        if !ok {
+            return Err(NaError::InvalidAddress {
+                uri: a.uri().to_owned(),
+                reason: if a.token() == SELF_TOKEN {
+                    "this is the plugin's own address".into()
+                } else {
+                    "not an address of this verbs plugin instance".into()
+                },
+            });
+        }
+        Ok(a.token() as usize)
+    }
+
+    /// The peer an address names, if it is still usable.
+    pub(crate) fn live_peer(&self, a: &Addr) -> Result<usize> {
+        let p = self.peer_of(a)?;
+        match &self.peers[p].dead {
+            Some(reason) => Err(NaError::PeerGone {
+                peer: self.peers[p].uri.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(p),
+        }
+    }
+
+    pub(crate) fn conn_mut(&mut self, c: ConnRef) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(c.idx as usize)
+            .filter(|s| s.gen == c.gen)
+            .and_then(|s| s.conn.as_mut())
+    }
+
+    pub(crate) fn conn(&self, c: ConnRef) -> Option<&Conn> {
+        self.conns
+            .get(c.idx as usize)
+            .filter(|s| s.gen == c.gen)
+            .and_then(|s| s.conn.as_ref())
+    }
+
+    /// The URI of the peer of a connection (for error messages).
+    pub(crate) fn peer_uri_of(&self, c: ConnRef) -> String {
+        self.conn(c)
+            .and_then(|c| self.peers.get(c.peer))
+            .map_or_else(|| String::from("(unknown peer)"), |p| p.uri.clone())
+    }
+}
+
+pub(crate) fn cache_err(e: na_regcache::Error) -> NaError {
+    NaError::Plugin {
+        plugin: SCHEME,
+        message: format!("registration cache: {e}"),
+    }
+}
+
+impl Plugin for VerbsPlugin {
+    fn scheme(&self) -> &'static str {
+        SCHEME
+    }
+
+    fn id(&self) -> PluginId {
+        self.id
+    }
+
+    fn self_addr(&self) -> Addr {
+        Addr::new(self.self_uri.clone(), self.id, SELF_TOKEN, true)
+    }
+
+    fn lookup(&mut self, uri: &str) -> Result<Addr> {
+        let (key, device) = VerbsUri::parse_peer(uri)?;
+        let p = self.peer_for_key(key, device.as_deref());
+        Ok(self.peers[p].addr.clone())
+    }
+
+    fn max_unexpected_size(&self) -> usize {
+        self.cfg.max_msg_size
+    }
+
+    fn max_expected_size(&self) -> usize {
+        self.cfg.max_msg_size
+    }
+
+    fn max_tag(&self) -> Tag {
+        Tag::MAX
+    }
+
+    fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
+        self.send_msg(dest, OpKind::SendUnexpected, tag, data, op)
+    }
+
+    fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
+        self.send_msg(dest, OpKind::SendExpected, tag, data, op)
+    }
+
+    fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.recv_unexpected(buf, op)
+    }
+
+    fn post_recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.recv_expected(source, tag, buf, op)
+    }
+
+    fn mem_register(&mut self, mem: &MemHandle) -> Result<()> {
+        self.register_mem(mem).map(drop)
+    }
+
+    fn mem_describe(&self, mem: &MemHandle) -> Result<RemoteMem> {
+        self.describe(mem)
+    }
+
+    fn put(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()> {
+        self.start_rma(
+            OpKind::Put,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+            dest,
+            op,
+        )
+    }
+
+    fn get(
+        &mut self,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &Addr,
+        op: OpId,
+    ) -> Result<()> {
+        self.start_rma(
+            OpKind::Get,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+            dest,
+            op,
+        )
+    }
+
+    fn cancel(&mut self, op: OpId) -> Result<()> {
+        self.cancel_op(op)
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.poll.as_raw_fd())
+    }
+
+    fn try_wait(&mut self) -> bool {
+        self.try_wait_inner()
+    }
+
+    fn progress(&mut self) -> Result<usize> {
+        self.progress_inner()
+    }
+
+    fn pop_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    fn stats(&self) -> PluginStats {
+        let mut s = self.stats;
+        s.peers = self
+            .conns
+            .iter()
+            .filter_map(|c| c.conn.as_ref())
+            .filter(|c| c.primary && c.state != crate::conn::ConnState::Dead)
+            .count() as u64;
+        s.queued_arrivals = self.matching.held_count() as u64;
+        s
+    }
+}
+
+impl Drop for VerbsPlugin {
+    fn drop(&mut self) {
+        // Disconnect politely so peers see `Disconnected` at once; QPs,
+        // CQ, PD and ids are then released by their RAII owners.
+        for slot in &self.conns {
+            if let Some(c) = &slot.conn {
+                if c.state == crate::conn::ConnState::Established {
+                    let _ = c.id.disconnect();
+                }
+            }
+        }
+        self.cache.log_stats();
+    }
+}

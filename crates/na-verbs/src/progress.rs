@@ -1,0 +1,261 @@
+//! Progress: completions from the CQ, RDMA CM events, and the "may I
+//! block?" check (see the call order in `plugin.rs`).
+
+use std::io;
+
+use na_core::{NaError, OpKind, Result};
+
+use crate::conn::{split_wr_id, ConnRef, ConnState, WrKind};
+use crate::plugin::{VerbsPlugin, CM_POLL_EVERY};
+use crate::sys::{WcOpcode, WorkCompletion};
+use crate::wire::Header;
+
+/// `IBV_WC_WR_FLUSH_ERR`: the QP went to ERROR before the work request ran.
+const WC_FLUSH: u32 = 5;
+/// `IBV_WC_REM_ACCESS_ERR`: bad rkey or range at the peer.
+const WC_REM_ACCESS: u32 = 10;
+/// `IBV_WC_RETRY_EXC_ERR`: the peer stopped acknowledging.
+const WC_RETRY_EXC: u32 = 12;
+/// `IBV_WC_RNR_RETRY_EXC_ERR`: the peer had no receive posted.
+const WC_RNR: u32 = 13;
+
+impl VerbsPlugin {
+    pub(crate) fn progress_inner(&mut self) -> Result<usize> {
+        let before = self.completions.len();
+        self.calls = self.calls.wrapping_add(1);
+        self.poll_cq()?;
+        if self.calls % CM_POLL_EVERY == 0 {
+            self.poll_cm()?;
+            self.reap_dead();
+        }
+        Ok(self.completions.len().saturating_sub(before))
+    }
+
+    pub(crate) fn try_wait_inner(&mut self) -> bool {
+        if !self.completions.is_empty() {
+            return false;
+        }
+        let found = (|| -> Result<bool> {
+            self.comp.consume_events()?;
+            let mut wcs = std::mem::take(&mut self.wcs);
+            wcs.clear();
+            let n = self.cq.arm_and_drain(&mut wcs)?;
+            self.handle_wcs(&wcs);
+            self.wcs = wcs;
+            let cm = self.poll_cm()?;
+            self.reap_dead();
+            Ok(n > 0 || cm > 0 || !self.completions.is_empty())
+        })();
+        match found {
+            Ok(found) => !found,
+            Err(e) => {
+                tracing::warn!(error = %e, "verbs: arming for sleep failed");
+                false
+            }
+        }
+    }
+
+    /// Polls the CQ until it is empty (bounded per call).
+    fn poll_cq(&mut self) -> Result<()> {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        for _ in 0..16 {
+            wcs.clear();
+            let n = self.cq.poll(&mut wcs, 64)?;
+            self.handle_wcs(&wcs);
+            if n < 64 {
+                break;
+            }
+        }
+        self.wcs = wcs;
+        Ok(())
+    }
+
+    /// Reads and handles every pending RDMA CM event; returns how many.
+    fn poll_cm(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(ev) = self.events.get_event()? {
+            n += 1;
+            self.on_cm_event(ev);
+        }
+        Ok(n)
+    }
+
+    fn handle_wcs(&mut self, wcs: &[WorkCompletion]) {
+        let mut touched: Vec<ConnRef> = Vec::new();
+        for wc in wcs {
+            let (kind, cref, index) = split_wr_id(wc.wr_id);
+            if self.conn(cref).is_none() {
+                continue; // a retired connection's late completion
+            }
+            match kind {
+                WrKind::Recv => self.on_recv_wc(cref, index, wc),
+                WrKind::Send => self.on_send_wc(cref, index, wc),
+                WrKind::Rma => self.on_rma_wc(cref, index, wc),
+            }
+            if !touched.contains(&cref) {
+                touched.push(cref);
+            }
+        }
+        for c in touched {
+            if self.conn(c).is_some_and(|c| c.state == ConnState::Dead) {
+                self.retire_if_flushed(c);
+            } else {
+                self.drain_msgs(c);
+                self.drain_rma(c);
+            }
+        }
+    }
+
+    /// The error a failed work request means.
+    fn wc_error(&self, cref: ConnRef, wc: &WorkCompletion, what: &'static str) -> NaError {
+        let peer = self.peer_uri_of(cref);
+        let dead = self.conn(cref).filter(|c| c.state == ConnState::Dead);
+        match (wc.status, dead) {
+            (WC_FLUSH, Some(c)) => NaError::PeerGone {
+                peer,
+                reason: c.dead_reason.clone(),
+            },
+            (WC_RETRY_EXC | WC_FLUSH | WC_RNR, _) => NaError::PeerGone {
+                peer,
+                reason: format!("{what} failed: {}", wc.status_str()),
+            },
+            (WC_REM_ACCESS, _) => NaError::Rma {
+                op: what,
+                len: 0,
+                peer,
+                source: io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} (wrong rkey, or outside the peer's registration)",
+                        wc.status_str()
+                    ),
+                ),
+            },
+            _ => NaError::Rma {
+                op: what,
+                len: 0,
+                peer,
+                source: io::Error::other(format!("{} (vendor error {:#x})", wc.status_str(), wc.vendor_err)),
+            },
+        }
+    }
+
+    fn on_recv_wc(&mut self, cref: ConnRef, slot: u32, wc: &WorkCompletion) {
+        let max = self.cfg.max_msg_size;
+        let conn = self.conn_mut(cref).expect("caller checked");
+        conn.recvs_posted = conn.recvs_posted.saturating_sub(1);
+        if !wc.is_ok() {
+            if conn.state != ConnState::Dead {
+                let reason = format!("receive failed: {}", wc.status_str());
+                self.kill_conn(cref, reason);
+            }
+            return;
+        }
+        if conn.state == ConnState::Dead || wc.opcode != WcOpcode::Recv || slot >= conn.depth {
+            return;
+        }
+        let header = conn
+            .read_header(slot)
+            .map_err(|e| e.to_string())
+            .and_then(|b| Header::decode(&b, wc.byte_len as usize, max));
+        let header = match header.and_then(|h| conn.credits.grant(h.credits).map(|()| h)) {
+            Ok(h) => h,
+            Err(e) => {
+                self.stats.protocol_errors += 1;
+                tracing::warn!(peer = %self.peer_uri_of(cref), error = %e, "verbs: protocol violation");
+                self.kill_conn(cref, format!("protocol violation: {e}"));
+                return;
+            }
+        };
+        self.on_message(cref, slot, header.kind, header.tag, header.len as usize);
+        let max_held = self.cfg.max_held;
+        let Some(conn) = self.conn_mut(cref) else { return };
+        match conn.post_recv(cref, slot) {
+            Ok(()) => {
+                let ok = conn.held < max_held;
+                conn.credits.reposted(ok);
+                if !ok {
+                    self.stats.flow_blocked += 1;
+                }
+            }
+            Err(e) => self.kill_conn(cref, format!("reposting a receive failed: {e}")),
+        }
+    }
+
+    fn on_send_wc(&mut self, cref: ConnRef, slot: u32, wc: &WorkCompletion) {
+        let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, "send"));
+        let conn = self.conn_mut(cref).expect("caller checked");
+        conn.sq_used = conn.sq_used.saturating_sub(1);
+        let Some(entry) = conn.send_ops.get_mut(slot as usize) else {
+            return;
+        };
+        let op = entry.take();
+        conn.free_send.push(slot);
+        if let Some((op, kind, _len)) = op {
+            let status = match &err {
+                None => Ok(()),
+                Some(e) => Err(clone_err(e)),
+            };
+            self.finish_send(op, kind, status);
+        }
+        if let Some(e) = err {
+            if self.conn(cref).is_some_and(|c| c.state != ConnState::Dead) {
+                self.kill_conn(cref, e.to_string());
+            }
+        }
+    }
+
+    fn on_rma_wc(&mut self, cref: ConnRef, idx: u32, wc: &WorkCompletion) {
+        let what = if wc.opcode == WcOpcode::RdmaRead {
+            "get"
+        } else {
+            "put"
+        };
+        let kind_name = match self.rma.get(idx as usize).and_then(|r| r.as_ref()) {
+            Some(r) if r.kind == OpKind::Get => "get",
+            Some(_) => "put",
+            None => what,
+        };
+        let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, kind_name));
+        let conn = self.conn_mut(cref).expect("caller checked");
+        conn.sq_used = conn.sq_used.saturating_sub(1);
+        if let Some(n) = conn.rma_posted.get_mut(&idx) {
+            *n -= 1;
+            if *n == 0 {
+                conn.rma_posted.remove(&idx);
+            }
+        }
+        let fatal = err.is_some();
+        self.rma_piece_done(idx, err.as_ref().map(clone_err));
+        if fatal && self.conn(cref).is_some_and(|c| c.state != ConnState::Dead) {
+            // The QP is in ERROR after any failed work request.
+            let e = err.map(|e| e.to_string()).unwrap_or_default();
+            self.kill_conn(cref, e);
+        }
+    }
+}
+
+/// `NaError` is not `Clone`; rebuild the variants completions carry.
+fn clone_err(e: &NaError) -> NaError {
+    match e {
+        NaError::PeerGone { peer, reason } => NaError::PeerGone {
+            peer: peer.clone(),
+            reason: reason.clone(),
+        },
+        NaError::Rma {
+            op,
+            len,
+            peer,
+            source,
+        } => NaError::Rma {
+            op,
+            len: *len,
+            peer: peer.clone(),
+            source: io::Error::new(source.kind(), source.to_string()),
+        },
+        other => NaError::Plugin {
+            plugin: "verbs",
+            message: other.to_string(),
+        },
+    }
+}

@@ -1,0 +1,369 @@
+//! RMA: put as RDMA WRITE, get as RDMA READ, between a local memory handle
+//! (lkeys from the registration cache) and a peer's handle (addresses and
+//! rkeys from its descriptor), any number of segments on either side.
+//!
+//! An operation becomes a list of work requests ([`plan`]): each one
+//! targets one contiguous remote range (one rkey) and gathers or scatters
+//! up to the device's SGE limit of local pieces; longer lists and remote
+//! segment boundaries start a new work request, and no work request moves
+//! more than the port's largest message.
+
+use std::sync::Arc;
+
+use na_core::{Completion, MemHandle, NaError, OpId, OpKind, RemoteMem, Result};
+
+use crate::conn::{wr_id, ConnRef, ConnState, PendingWr, WrKind};
+use crate::mem::MemReg;
+use crate::plugin::VerbsPlugin;
+use crate::sys::{RemoteRegion, SendOp, Sge};
+
+/// A contiguous local piece inside registration `reg` of the handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LocalPiece {
+    pub reg: usize,
+    pub addr: u64,
+    pub len: u64,
+}
+
+/// One work request: a remote range and the local pieces it moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WrPlan {
+    pub remote: RemoteRegion,
+    pub local: Vec<LocalPiece>,
+}
+
+/// Splits a transfer into work requests (see the module docs). Both lists
+/// cover the same number of bytes; `max_sge` >= 1.
+pub(crate) fn plan(
+    local: &[LocalPiece],
+    remote: &[RemoteRegion],
+    max_sge: usize,
+    max_bytes: u64,
+) -> Vec<WrPlan> {
+    let mut out = Vec::new();
+    let (mut li, mut loff) = (0usize, 0u64);
+    for r in remote {
+        let mut roff = 0u64;
+        while roff < r.len {
+            let mut wr = WrPlan {
+                remote: RemoteRegion {
+                    addr: r.addr + roff,
+                    len: 0,
+                    rkey: r.rkey,
+                },
+                local: Vec::new(),
+            };
+            while roff < r.len && wr.local.len() < max_sge && wr.remote.len < max_bytes {
+                let Some(l) = local.get(li) else { break };
+                let n = (l.len - loff).min(r.len - roff).min(max_bytes - wr.remote.len);
+                wr.local.push(LocalPiece {
+                    reg: l.reg,
+                    addr: l.addr + loff,
+                    len: n,
+                });
+                loff += n;
+                roff += n;
+                wr.remote.len += n;
+                if loff == l.len {
+                    li += 1;
+                    loff = 0;
+                }
+            }
+            if wr.local.is_empty() {
+                return out; // local side shorter than remote: caller bug, checked before
+            }
+            out.push(wr);
+        }
+    }
+    out
+}
+
+/// An RMA operation in flight.
+pub(crate) struct RmaOp {
+    pub op: OpId,
+    pub kind: OpKind,
+    pub len: u64,
+    pub remaining: u32,
+    pub error: Option<NaError>,
+    pub canceled: bool,
+    /// Keeps the memory and its registrations alive until the device is done.
+    pub _local: MemHandle,
+    pub reg: Arc<MemReg>,
+}
+
+/// Largest transfer of one work request (below every port's max_msg_sz).
+const MAX_WR_BYTES: u64 = 1 << 30;
+
+impl VerbsPlugin {
+    /// Starts a put (`OpKind::Put`) or get (`OpKind::Get`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_rma(
+        &mut self,
+        kind: OpKind,
+        local: &MemHandle,
+        local_offset: u64,
+        remote: &RemoteMem,
+        remote_offset: u64,
+        len: u64,
+        dest: &na_core::Addr,
+        op: OpId,
+    ) -> Result<()> {
+        let put = kind == OpKind::Put;
+        let (l_ok, l_need, r_ok, r_need) = if put {
+            (
+                local.access().can_read(),
+                "read",
+                remote.access().can_write(),
+                "write",
+            )
+        } else {
+            (
+                local.access().can_write(),
+                "write",
+                remote.access().can_read(),
+                "read",
+            )
+        };
+        if !l_ok {
+            return Err(NaError::AccessDenied {
+                what: "local",
+                has: local.access(),
+                needs: l_need,
+            });
+        }
+        if !r_ok {
+            return Err(NaError::AccessDenied {
+                what: "remote",
+                has: remote.access(),
+                needs: r_need,
+            });
+        }
+        local.check_range(local_offset, len)?;
+        remote.check_range(remote_offset, len)?;
+        let peer = self.live_peer(dest)?;
+        if len == 0 {
+            self.completions.push_back(Completion::done(op, kind));
+            return Ok(());
+        }
+        let reg = self.registration(local)?;
+        let mut pieces = Vec::new();
+        let mut unregistered = false;
+        local.for_each_piece(local_offset, len, |a, n| match reg.find(a, n) {
+            Some(i) => pieces.push(LocalPiece {
+                reg: i,
+                addr: a as u64,
+                len: n as u64,
+            }),
+            None => unregistered = true,
+        })?;
+        if unregistered {
+            return Err(NaError::Plugin {
+                plugin: "verbs",
+                message: "a local piece is not covered by the handle's registration".into(),
+            });
+        }
+        let mut rpieces = Vec::new();
+        let mut bad_key = None;
+        remote.for_each_piece(remote_offset, len, |seg, a, n| match u32::try_from(seg.key) {
+            Ok(rkey) => rpieces.push(RemoteRegion {
+                addr: a,
+                len: n,
+                rkey,
+            }),
+            Err(_) => bad_key = Some(seg.key),
+        })?;
+        if let Some(k) = bad_key {
+            return Err(NaError::Malformed {
+                what: "memory handle",
+                reason: format!("remote key {k:#x} is not a verbs rkey (32 bits)"),
+            });
+        }
+        let max_sge = if put {
+            self.max_sge_write
+        } else {
+            self.max_sge_read
+        };
+        let plans = plan(&pieces, &rpieces, max_sge, MAX_WR_BYTES);
+        let cref = self.ensure_conn(peer)?;
+        let idx = self.rma_insert(RmaOp {
+            op,
+            kind,
+            len,
+            remaining: plans.len() as u32,
+            error: None,
+            canceled: false,
+            _local: local.clone(),
+            reg,
+        });
+        self.ops.insert(op, crate::plugin::OpLoc::Rma(idx));
+        self.stats.in_flight += 1;
+        let conn = self
+            .conn_mut(cref)
+            .expect("ensure_conn returned a live connection");
+        for p in plans {
+            conn.rma_backlog.push_back(PendingWr { rma: idx, plan: p });
+        }
+        self.drain_rma(cref);
+        Ok(())
+    }
+
+    fn rma_insert(&mut self, op: RmaOp) -> u32 {
+        match self.rma_free.pop() {
+            Some(i) => {
+                self.rma[i as usize] = Some(op);
+                i
+            }
+            None => {
+                self.rma.push(Some(op));
+                (self.rma.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Posts queued RMA work requests while the send queue has room.
+    pub(crate) fn drain_rma(&mut self, cref: ConnRef) {
+        loop {
+            let Some(conn) = self.conn_mut(cref) else { return };
+            if conn.state != ConnState::Established || conn.sq_used >= conn.sq_cap {
+                return;
+            }
+            let Some(w) = conn.rma_backlog.pop_front() else {
+                return;
+            };
+            let Some(rop) = self.rma.get(w.rma as usize).and_then(|o| o.as_ref()) else {
+                continue;
+            };
+            if rop.canceled || rop.error.is_some() {
+                self.rma_piece_done(w.rma, None);
+                continue;
+            }
+            let sges: std::result::Result<Vec<Sge>, _> = w
+                .plan
+                .local
+                .iter()
+                .map(|p| rop.reg.sge(p.reg, p.addr, p.len))
+                .collect();
+            let send_op = if rop.kind == OpKind::Put {
+                SendOp::RdmaWrite(w.plan.remote)
+            } else {
+                SendOp::RdmaRead(w.plan.remote)
+            };
+            let conn = self.conn_mut(cref).expect("checked above");
+            let posted = sges.and_then(|s| {
+                let qp = conn.qp.as_ref().expect("established connections have a QP");
+                qp.post_send(wr_id(WrKind::Rma, cref, w.rma), send_op, &s, true)
+            });
+            match posted {
+                Ok(()) => {
+                    conn.sq_used += 1;
+                    *conn.rma_posted.entry(w.rma).or_default() += 1;
+                }
+                Err(e) => self.rma_piece_done(w.rma, Some(e.into())),
+            }
+        }
+    }
+
+    /// One work request of RMA op `idx` finished (or will never be posted).
+    pub(crate) fn rma_piece_done(&mut self, idx: u32, err: Option<NaError>) {
+        let Some(slot) = self.rma.get_mut(idx as usize) else {
+            return;
+        };
+        let Some(rop) = slot.as_mut() else { return };
+        if let Some(e) = err {
+            rop.error.get_or_insert(e);
+        }
+        rop.remaining = rop.remaining.saturating_sub(1);
+        if rop.remaining > 0 {
+            return;
+        }
+        let rop = slot.take().expect("checked above");
+        self.rma_free.push(idx);
+        self.ops.remove(&rop.op);
+        self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+        let c = match (rop.error, rop.canceled) {
+            (Some(e), _) => Completion::failed(rop.op, rop.kind, e, None),
+            (None, true) => Completion::failed(rop.op, rop.kind, NaError::Canceled, None),
+            (None, false) => {
+                if rop.kind == OpKind::Put {
+                    self.stats.put_bytes += rop.len;
+                } else {
+                    self.stats.get_bytes += rop.len;
+                }
+                Completion::done(rop.op, rop.kind)
+            }
+        };
+        self.completions.push_back(c);
+    }
+
+    /// Fails every queued piece of RMA ops on a dead connection.
+    pub(crate) fn fail_rma_backlog(&mut self, cref: ConnRef, reason: &str) {
+        let Some(conn) = self.conn_mut(cref) else { return };
+        let pending: Vec<u32> = conn.rma_backlog.drain(..).map(|w| w.rma).collect();
+        let peer = self.peer_uri_of(cref);
+        for idx in pending {
+            self.rma_piece_done(
+                idx,
+                Some(NaError::PeerGone {
+                    peer: peer.clone(),
+                    reason: reason.to_owned(),
+                }),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l(reg: usize, addr: u64, len: u64) -> LocalPiece {
+        LocalPiece { reg, addr, len }
+    }
+    fn r(addr: u64, len: u64, rkey: u32) -> RemoteRegion {
+        RemoteRegion { addr, len, rkey }
+    }
+
+    #[test]
+    fn contiguous_is_one_work_request() {
+        let p = plan(&[l(0, 100, 50)], &[r(1000, 50, 7)], 4, 1 << 30);
+        assert_eq!(
+            p,
+            vec![WrPlan {
+                remote: r(1000, 50, 7),
+                local: vec![l(0, 100, 50)]
+            }]
+        );
+    }
+
+    #[test]
+    fn remote_boundaries_and_sge_limit_split() {
+        // Local: 5 pieces of 10; remote: 20 + 30. max_sge 2.
+        let local: Vec<_> = (0..5).map(|i| l(i, 100 * i as u64, 10)).collect();
+        let p = plan(&local, &[r(1000, 20, 1), r(5000, 30, 2)], 2, 1 << 30);
+        let shape: Vec<_> = p
+            .iter()
+            .map(|w| (w.remote.addr, w.remote.len, w.local.len()))
+            .collect();
+        assert_eq!(shape, vec![(1000, 20, 2), (5000, 20, 2), (5020, 10, 1)]);
+        assert_eq!(p[2].local, vec![l(4, 400, 10)]);
+        // Every byte once, in order.
+        let total: u64 = p.iter().flat_map(|w| &w.local).map(|x| x.len).sum();
+        assert_eq!(total, 50);
+    }
+
+    #[test]
+    fn local_piece_spanning_remote_segments_is_cut() {
+        let p = plan(&[l(0, 0, 100)], &[r(10, 30, 1), r(90, 70, 2)], 8, 1 << 30);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].local, vec![l(0, 0, 30)]);
+        assert_eq!(p[1].local, vec![l(0, 30, 70)]);
+        assert_eq!(p[1].remote, r(90, 70, 2));
+    }
+
+    #[test]
+    fn max_bytes_caps_a_work_request() {
+        let p = plan(&[l(0, 0, 10)], &[r(0, 10, 1)], 8, 4);
+        let lens: Vec<_> = p.iter().map(|w| (w.remote.addr, w.remote.len)).collect();
+        assert_eq!(lens, vec![(0, 4), (4, 4), (8, 2)]);
+    }
+}

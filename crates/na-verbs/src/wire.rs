@@ -1,0 +1,287 @@
+//! What travels between two verbs plugins: the 16-byte header in front of
+//! every message, and the hello exchanged in RDMA CM private data.
+//!
+//! Everything here is decoded from untrusted peer bytes: decoding checks
+//! every field and returns an error string, never panics.
+//!
+//! # Message header (little-endian)
+//! ```text
+//! 0      1      2        4        8        12       16
+//! | 0xA5 | kind | credits| tag    | len    | 0      | payload (len bytes)
+//! ```
+//! `kind`: 1 unexpected, 2 expected, 3 credit update (no payload).
+//! `credits`: receive buffers the sender reposted since its last message,
+//! returned to the receiver of this message (credit-based flow control).
+//!
+//! # Hello (RDMA CM private data, at most 56 bytes)
+//! ```text
+//! 0     4   5      6     8      24      26      30     31
+//! |QSv1 | 1 |family| port| ip[16]| depth | maxmsg| nlen | device name (nlen <= 24)
+//! ```
+//! Sent by the connecting side in `rdma_connect` (its own listen address:
+//! who it is) and by the accepting side in `rdma_accept`. `depth` is the
+//! number of receive buffers posted for the connection: the initial credits
+//! of the other side. `maxmsg` is the largest payload a buffer holds.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Bytes of the message header.
+pub const HEADER_LEN: usize = 16;
+const HEADER_MAGIC: u8 = 0xA5;
+
+/// Kind of a message on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgKind {
+    /// An unexpected message.
+    Unexpected = 1,
+    /// An expected message.
+    Expected = 2,
+    /// Only returns credits.
+    Credit = 3,
+}
+
+/// A decoded message header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Message kind.
+    pub kind: MsgKind,
+    /// Credits returned to the receiver.
+    pub credits: u16,
+    /// Tag.
+    pub tag: u32,
+    /// Payload length.
+    pub len: u32,
+}
+
+impl Header {
+    /// The 16 header bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0] = HEADER_MAGIC;
+        b[1] = self.kind as u8;
+        b[2..4].copy_from_slice(&self.credits.to_le_bytes());
+        b[4..8].copy_from_slice(&self.tag.to_le_bytes());
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes the header of a received message of `byte_len` bytes (the
+    /// length the device reported) whose buffer holds at most `max_payload`.
+    pub fn decode(b: &[u8; HEADER_LEN], byte_len: usize, max_payload: usize) -> Result<Header, String> {
+        if byte_len < HEADER_LEN {
+            return Err(format!("message of {byte_len} bytes is shorter than its header"));
+        }
+        if b[0] != HEADER_MAGIC {
+            return Err(format!("bad header magic {:#04x}", b[0]));
+        }
+        let kind = match b[1] {
+            1 => MsgKind::Unexpected,
+            2 => MsgKind::Expected,
+            3 => MsgKind::Credit,
+            k => return Err(format!("unknown message kind {k}")),
+        };
+        if b[12..16] != [0; 4] {
+            return Err("reserved header bytes are not zero".into());
+        }
+        let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let h = Header {
+            kind,
+            credits: u16::from_le_bytes([b[2], b[3]]),
+            tag: word(4),
+            len: word(8),
+        };
+        let len = h.len as usize;
+        if len != byte_len - HEADER_LEN {
+            return Err(format!(
+                "header says {len} payload bytes, {} arrived",
+                byte_len - HEADER_LEN
+            ));
+        }
+        if len > max_payload || (kind == MsgKind::Credit && len != 0) {
+            return Err(format!(
+                "payload of {len} bytes for a {kind:?} message (max {max_payload})"
+            ));
+        }
+        Ok(h)
+    }
+}
+
+const HELLO_MAGIC: [u8; 4] = *b"QSv1";
+const HELLO_VERSION: u8 = 1;
+const HELLO_FIXED: usize = 31;
+/// Longest device name carried in a hello (longer names are left out).
+pub const HELLO_MAX_NAME: usize = 24;
+/// Smallest and largest receive depth a peer may announce.
+pub const DEPTH_RANGE: (u16, u16) = (4, 4096);
+/// Largest message payload a peer may announce.
+pub const MAX_PAYLOAD_LIMIT: u32 = 1 << 20;
+
+/// Who a side is and what it can receive (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's listen address (its identity; port is unique per plugin).
+    pub addr: SocketAddr,
+    /// Receive buffers posted for this connection (initial credits).
+    pub depth: u16,
+    /// Largest payload one buffer takes.
+    pub max_payload: u32,
+    /// The sender's device name (informational, may be empty).
+    pub device: String,
+}
+
+impl Hello {
+    /// The private-data bytes (at most 55).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HELLO_FIXED + HELLO_MAX_NAME);
+        b.extend_from_slice(&HELLO_MAGIC);
+        b.push(HELLO_VERSION);
+        let mut ip = [0u8; 16];
+        match self.addr.ip() {
+            IpAddr::V4(v4) => {
+                b.push(4);
+                ip[..4].copy_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                b.push(6);
+                ip = v6.octets();
+            }
+        }
+        b.extend_from_slice(&self.addr.port().to_le_bytes());
+        b.extend_from_slice(&ip);
+        b.extend_from_slice(&self.depth.to_le_bytes());
+        b.extend_from_slice(&self.max_payload.to_le_bytes());
+        let name = if self.device.len() <= HELLO_MAX_NAME {
+            self.device.as_bytes()
+        } else {
+            &[]
+        };
+        b.push(name.len() as u8);
+        b.extend_from_slice(name);
+        b
+    }
+
+    /// Decodes and validates a peer's hello. Trailing bytes (the CM may pad
+    /// private data with zeros) are ignored.
+    pub fn decode(b: &[u8]) -> Result<Hello, String> {
+        if b.len() < HELLO_FIXED {
+            return Err(format!("hello of {} bytes is too short", b.len()));
+        }
+        if b[0..4] != HELLO_MAGIC {
+            return Err("not a Quicksilver verbs hello (bad magic)".into());
+        }
+        if b[4] != HELLO_VERSION {
+            return Err(format!("unsupported hello version {}", b[4]));
+        }
+        let port = u16::from_le_bytes([b[6], b[7]]);
+        let mut raw = [0u8; 16];
+        raw.copy_from_slice(&b[8..24]);
+        let ip = match b[5] {
+            4 => IpAddr::V4(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3])),
+            6 => IpAddr::V6(Ipv6Addr::from(raw)),
+            f => return Err(format!("bad address family {f}")),
+        };
+        if port == 0 || ip.is_unspecified() {
+            return Err(format!("hello names no usable address ({ip}:{port})"));
+        }
+        let depth = u16::from_le_bytes([b[24], b[25]]);
+        if depth < DEPTH_RANGE.0 || depth > DEPTH_RANGE.1 {
+            return Err(format!("receive depth {depth} not in {DEPTH_RANGE:?}"));
+        }
+        let max_payload = u32::from_le_bytes([b[26], b[27], b[28], b[29]]);
+        if max_payload > MAX_PAYLOAD_LIMIT {
+            return Err(format!("max payload {max_payload} exceeds {MAX_PAYLOAD_LIMIT}"));
+        }
+        let n = b[30] as usize;
+        if n > HELLO_MAX_NAME || b.len() < HELLO_FIXED + n {
+            return Err(format!("device name of {n} bytes does not fit"));
+        }
+        let device = std::str::from_utf8(&b[HELLO_FIXED..HELLO_FIXED + n])
+            .ok()
+            .filter(|s| s.bytes().all(|c| c.is_ascii_graphic()))
+            .ok_or("device name is not printable ASCII")?
+            .to_owned();
+        Ok(Hello {
+            addr: SocketAddr::new(ip, port),
+            depth,
+            max_payload,
+            device,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_roundtrip_and_validation() {
+        let h = Header {
+            kind: MsgKind::Expected,
+            credits: 31,
+            tag: 0xdead_beef,
+            len: 100,
+        };
+        let b = h.encode();
+        assert_eq!(Header::decode(&b, HEADER_LEN + 100, 4096), Ok(h));
+        assert!(
+            Header::decode(&b, HEADER_LEN + 99, 4096).is_err(),
+            "length mismatch"
+        );
+        assert!(Header::decode(&b, HEADER_LEN + 100, 99).is_err(), "over the max");
+        assert!(Header::decode(&b, 3, 4096).is_err(), "short");
+        let mut bad = b;
+        bad[0] = 0;
+        assert!(Header::decode(&bad, HEADER_LEN + 100, 4096).is_err());
+        let mut bad = b;
+        bad[1] = 9;
+        assert!(Header::decode(&bad, HEADER_LEN + 100, 4096).is_err());
+        let mut bad = b;
+        bad[13] = 1;
+        assert!(Header::decode(&bad, HEADER_LEN + 100, 4096).is_err());
+        let c = Header {
+            kind: MsgKind::Credit,
+            credits: 1,
+            tag: 0,
+            len: 4,
+        };
+        assert!(
+            Header::decode(&c.encode(), HEADER_LEN + 4, 4096).is_err(),
+            "credit with payload"
+        );
+    }
+
+    #[test]
+    fn hello_roundtrip_and_validation() {
+        let h = Hello {
+            addr: "10.77.0.1:4791".parse().unwrap(),
+            depth: 64,
+            max_payload: 4096,
+            device: "rxe0".into(),
+        };
+        let b = h.encode();
+        assert!(b.len() <= 56, "RDMA CM connect private data is at most 56 bytes");
+        assert_eq!(Hello::decode(&b).unwrap(), h);
+        let mut padded = b.clone();
+        padded.resize(56, 0);
+        assert_eq!(Hello::decode(&padded).unwrap(), h, "CM zero padding is ignored");
+        for cut in 0..b.len() {
+            assert!(Hello::decode(&b[..cut]).is_err(), "truncated at {cut}");
+        }
+        let v6 = Hello {
+            addr: "[fe80::1]:9".parse().unwrap(),
+            device: "a-device-name-longer-than-twenty-four".into(),
+            ..h.clone()
+        };
+        let d = Hello::decode(&v6.encode()).unwrap();
+        assert_eq!((d.addr, d.device.as_str()), (v6.addr, ""));
+        let mut bad = b.clone();
+        bad[24..26].copy_from_slice(&1u16.to_le_bytes());
+        assert!(Hello::decode(&bad).unwrap_err().contains("depth"));
+        let mut bad = b.clone();
+        bad[6..8].copy_from_slice(&0u16.to_le_bytes());
+        assert!(Hello::decode(&bad).is_err());
+        let mut bad = b;
+        bad[5] = 5;
+        assert!(Hello::decode(&bad).is_err());
+    }
+}

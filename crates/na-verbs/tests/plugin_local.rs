@@ -1,0 +1,165 @@
+//! The verbs plugin inside one process: a listening and a client plugin on
+//! the same soft-RoCE device, each in its own endpoint, driven in turn.
+//! Messages both ways, backpressure beyond the credits, put/get across
+//! segments, and the error paths that need no second process. The
+//! multi-process suite is in `tests/suite.rs`.
+//!
+//! Without an RDMA device: asserts the clear "no RDMA device found" error
+//! of plugin creation and says loudly that the RDMA part did not run.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode};
+use na_verbs::{VerbsConfig, VerbsPlugin};
+
+const T: Duration = Duration::from_secs(30);
+
+struct Pair {
+    srv: Endpoint,
+    cli: Endpoint,
+    srv_id: PluginId,
+    cli_id: PluginId,
+    srv_addr: Addr,
+}
+
+fn node(env: &common::RdmaEnv, listen: bool) -> (Endpoint, PluginId) {
+    let mut ep = Endpoint::new(ProgressMode::Busy).unwrap();
+    let cfg = VerbsConfig {
+        listen,
+        ..VerbsConfig::from_spec(&format!("verbs://{}/{}:0", env.device, env.ip), listen).unwrap()
+    };
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .expect("verbs plugin");
+    (ep, id)
+}
+
+fn pair(env: &common::RdmaEnv) -> Pair {
+    let (srv, srv_id) = node(env, true);
+    let (mut cli, cli_id) = node(env, false);
+    let uri = srv.self_addr(srv_id).unwrap().uri().to_owned();
+    let srv_addr = cli.lookup(&uri).unwrap();
+    Pair {
+        srv,
+        cli,
+        srv_id,
+        cli_id,
+        srv_addr,
+    }
+}
+
+/// Drives both endpoints until `want` completions arrived on the client
+/// (server completions are returned too).
+fn drive(
+    p: &mut Pair,
+    mut until: impl FnMut(&[Completion], &[Completion]) -> bool,
+) -> (Vec<Completion>, Vec<Completion>) {
+    let (mut c, mut s) = (Vec::new(), Vec::new());
+    let end = Instant::now() + T;
+    while !until(&c, &s) {
+        assert!(Instant::now() < end, "timed out: client {c:?} server {s:?}");
+        p.cli.progress(Some(Duration::ZERO)).unwrap();
+        p.srv.progress(Some(Duration::ZERO)).unwrap();
+        c.extend(std::iter::from_fn(|| p.cli.pop_completion()));
+        s.extend(std::iter::from_fn(|| p.srv.pop_completion()));
+    }
+    (c, s)
+}
+
+#[test]
+fn verbs_plugin_in_one_process() {
+    let Some(env) = common::rdma_env("verbs_plugin_in_one_process") else {
+        let err = VerbsPlugin::new(PluginId(0), VerbsConfig::default())
+            .err()
+            .expect("no device");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("no RDMA device found") && msg.contains("rdma_rxe"),
+            "{msg}"
+        );
+        return;
+    };
+    let mut p = pair(&env);
+    // Unexpected to the server, expected reply back.
+    p.srv.post_recv_unexpected(p.srv_id, Vec::new(), OpId(1)).unwrap();
+    p.cli
+        .post_recv_expected(&p.srv_addr, 7, Vec::new(), OpId(2))
+        .unwrap();
+    p.cli.send_unexpected(&p.srv_addr, 7, b"hello", OpId(3)).unwrap();
+    let (_, s) = drive(&mut p, |_, s| !s.is_empty());
+    let req = &s[0];
+    req.status.as_ref().unwrap();
+    assert_eq!(req.buf.as_deref(), Some(&b"hello"[..]));
+    let src = req.source.clone().unwrap();
+    p.srv.send_expected(&src, req.tag, b"world", OpId(4)).unwrap();
+    let (c, _) = drive(&mut p, |c, s| c.len() == 2 && s.len() == 1);
+    let reply = c.iter().find(|c| c.op == OpId(2)).unwrap();
+    assert_eq!(reply.buf.as_deref(), Some(&b"world"[..]));
+    eprintln!(
+        "ping-pong ok; client stats {:?}",
+        p.cli.plugin(p.cli_id).unwrap().stats()
+    );
+
+    // 1,000 unexpected messages with 1,000 receives posted: beyond the credits.
+    for i in 0..1000u64 {
+        p.srv
+            .post_recv_unexpected(p.srv_id, Vec::new(), OpId(100 + i))
+            .unwrap();
+    }
+    for i in 0..1000u32 {
+        let msg = i.to_le_bytes().repeat(8);
+        p.cli
+            .send_unexpected(&p.srv_addr, i, &msg, OpId(5000 + u64::from(i)))
+            .unwrap();
+    }
+    let (c, s) = drive(&mut p, |c, s| c.len() == 1000 && s.len() == 1000);
+    assert!(c.iter().all(|c| c.status.is_ok()));
+    for (i, r) in s.iter().enumerate() {
+        assert_eq!(r.tag, i as u32, "in order");
+        assert_eq!(r.buf.as_deref().unwrap(), &(i as u32).to_le_bytes().repeat(8)[..]);
+    }
+    let st = p.cli.plugin(p.cli_id).unwrap().stats();
+    assert!(st.sends_queued > 0, "1,000 sends must exceed the credits: {st:?}");
+
+    // Put and get across segments.
+    let remote_mem = MemHandle::new(
+        vec![vec![0u8; 3000], vec![0u8; 5000], vec![0; 100]],
+        Access::ReadWrite,
+    );
+    p.srv
+        .plugin_mut(p.srv_id)
+        .unwrap()
+        .mem_register(&remote_mem)
+        .unwrap();
+    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&remote_mem).unwrap();
+    assert!(desc.segments().iter().all(|s| s.key != 0), "{desc:?}");
+    let data: Vec<u8> = (0..6000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let local = MemHandle::new(
+        vec![data[..1000].to_vec(), data[1000..].to_vec()],
+        Access::ReadWrite,
+    );
+    p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&local).unwrap();
+    p.cli
+        .put(&local, 0, &desc, 1500, 6000, &p.srv_addr, OpId(9001))
+        .unwrap();
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    c[0].status.as_ref().unwrap();
+    let mut got = vec![0u8; 6000];
+    remote_mem.read_at(1500, &mut got).unwrap();
+    assert!(got == data, "put data differs");
+    let back = MemHandle::zeroed(6000, Access::ReadWrite);
+    p.cli
+        .get(&back, 0, &desc, 1500, 6000, &p.srv_addr, OpId(9002))
+        .unwrap();
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    c[0].status.as_ref().unwrap();
+    assert!(back.to_vec() == data, "get data differs");
+    let e = p
+        .cli
+        .put(&local, 0, &desc, 2101, 6000, &p.srv_addr, OpId(9003))
+        .unwrap_err();
+    assert!(matches!(e, NaError::OutOfBounds { .. }), "{e}");
+    eprintln!("put/get ok");
+}
