@@ -196,8 +196,10 @@ impl VerbsPlugin {
     pub(crate) fn on_message(&mut self, cref: ConnRef, slot: u32, kind: MsgKind, tag: Tag, len: usize) {
         let Some(conn) = self.conn(cref) else { return };
         let peer = conn.peer;
-        self.stats.msgs_received += 1;
-        self.stats.msg_bytes_received += len as u64;
+        if kind != MsgKind::Credit {
+            self.stats.msgs_received += 1;
+            self.stats.msg_bytes_received += len as u64;
+        }
         let posted = match kind {
             MsgKind::Unexpected => self.matching.posted_unexpected.pop_front(),
             MsgKind::Expected => {

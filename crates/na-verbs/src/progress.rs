@@ -107,7 +107,7 @@ impl VerbsPlugin {
     }
 
     /// The error a failed work request means.
-    fn wc_error(&self, cref: ConnRef, wc: &WorkCompletion, what: &'static str) -> NaError {
+    fn wc_error(&self, cref: ConnRef, wc: &WorkCompletion, what: &'static str, len: u64) -> NaError {
         let peer = self.peer_uri_of(cref);
         let dead = self.conn(cref).filter(|c| c.state == ConnState::Dead);
         match (wc.status, dead) {
@@ -121,7 +121,7 @@ impl VerbsPlugin {
             },
             (WC_REM_ACCESS, _) => NaError::Rma {
                 op: what,
-                len: 0,
+                len,
                 peer,
                 source: io::Error::new(
                     io::ErrorKind::PermissionDenied,
@@ -133,7 +133,7 @@ impl VerbsPlugin {
             },
             _ => NaError::Rma {
                 op: what,
-                len: 0,
+                len,
                 peer,
                 source: io::Error::other(format!("{} (vendor error {:#x})", wc.status_str(), wc.vendor_err)),
             },
@@ -183,7 +183,7 @@ impl VerbsPlugin {
     }
 
     fn on_send_wc(&mut self, cref: ConnRef, slot: u32, wc: &WorkCompletion) {
-        let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, "send"));
+        let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, "send", u64::from(wc.byte_len)));
         let conn = self.conn_mut(cref).expect("caller checked");
         conn.sq_used = conn.sq_used.saturating_sub(1);
         let Some(entry) = conn.send_ops.get_mut(slot as usize) else {
@@ -211,12 +211,12 @@ impl VerbsPlugin {
         } else {
             "put"
         };
-        let kind_name = match self.rma.get(idx as usize).and_then(|r| r.as_ref()) {
-            Some(r) if r.kind == OpKind::Get => "get",
-            Some(_) => "put",
-            None => what,
+        let (kind_name, len) = match self.rma.get(idx as usize).and_then(|r| r.as_ref()) {
+            Some(r) if r.kind == OpKind::Get => ("get", r.len),
+            Some(r) => ("put", r.len),
+            None => (what, 0),
         };
-        let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, kind_name));
+        let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, kind_name, len));
         let conn = self.conn_mut(cref).expect("caller checked");
         conn.sq_used = conn.sq_used.saturating_sub(1);
         if let Some(n) = conn.rma_posted.get_mut(&idx) {

@@ -122,12 +122,21 @@ pub fn wait_cm(ch: &Arc<EventChannel>, want: CmEventKind, who: &str) -> CmEvent 
     }
 }
 
-/// Collects `n` completions from `cq` using arm-and-drain on `ch`.
+/// Collects exactly `n` completions from `cq`, waiting on `ch`. It never
+/// polls more than it still needs, so a completion that arrived early stays
+/// in the CQ for the next call (after arming, a completion already in the
+/// CQ is found by the first poll of that call).
 pub fn wait_wc(cq: &CompletionQueue, ch: &CompletionChannel, n: usize, who: &str) -> Vec<WorkCompletion> {
     let deadline = Instant::now() + WAIT;
     let mut out = Vec::new();
-    cq.arm_and_drain(&mut out).expect("arm_and_drain");
+    cq.poll(&mut out, n).expect("poll_cq");
     while out.len() < n {
+        cq.req_notify(false).expect("req_notify_cq");
+        let want = n - out.len();
+        cq.poll(&mut out, want).expect("poll_cq");
+        if out.len() == n {
+            break;
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         assert!(
             !left.is_zero(),
@@ -136,7 +145,8 @@ pub fn wait_wc(cq: &CompletionQueue, ch: &CompletionChannel, n: usize, who: &str
         if poll_readable(ch.as_fd(), Some(left)).expect("poll on the completion channel") {
             ch.consume_events().expect("consume_events");
         }
-        cq.arm_and_drain(&mut out).expect("arm_and_drain");
+        let want = n - out.len();
+        cq.poll(&mut out, want).expect("poll_cq");
     }
     assert_eq!(out.len(), n, "{who}: more completions than expected: {out:?}");
     out

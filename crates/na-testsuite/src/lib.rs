@@ -1,0 +1,173 @@
+//! The NA conformance suite: every scenario is written once, here, against
+//! [`na_core::Endpoint`] and run against each NA plugin (na-sm on the host,
+//! na-verbs inside the soft-RoCE VM).
+//!
+//! # How a plugin crate uses it
+//! A test target with `harness = false` whose `main` is one call:
+//!
+//! ```no_run
+//! # use na_testsuite::{Suite, Transport};
+//! fn setup(test: &str) -> Option<Transport> { unimplemented!() }
+//! fn peer() -> Transport { unimplemented!() }
+//! fn main() {
+//!     na_testsuite::run_main(Suite { name: "sm", setup, peer });
+//! }
+//! ```
+//!
+//! The test binary is also the peer process: the harness starts
+//! `current_exe()` with [`PEER_ENV`] set, and [`run_main`] then runs the
+//! peer program ([`peer`]) instead of the tests. The binary speaks libtest's
+//! command line (through `libtest-mimic`), so `cargo test`, `cargo nextest`
+//! and a direct run inside the VM all work, with filters.
+//!
+//! A transport that cannot run here (no RDMA device) returns `None` from
+//! [`Suite::setup`] after printing loudly why and asserting whatever can be
+//! checked instead (the clear "no device" error): the trial then passes on
+//! that assertion, with the reason in its output.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::any::Any;
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::Duration;
+
+use na_core::{Plugin, PluginId};
+
+mod harness;
+pub mod messaging;
+pub mod peer;
+pub mod rma;
+pub mod robustness;
+
+pub use harness::{Node, PeerProc};
+
+/// Environment variable that turns a suite binary into a peer process; its
+/// value is the peer's role and arguments, separated by spaces.
+pub const PEER_ENV: &str = "QS_NA_SUITE_PEER";
+
+/// Builds a plugin instance: `(id, listen)`.
+pub type MakePlugin = Arc<dyn Fn(PluginId, bool) -> na_core::Result<Box<dyn Plugin>> + Send + Sync>;
+
+/// One transport as the scenarios see it.
+pub struct Transport {
+    /// Short name (`sm`, `verbs`), for messages.
+    pub name: &'static str,
+    /// Creates a plugin of this transport in this process.
+    pub make: MakePlugin,
+    /// Environment a peer process needs to build the same transport (its
+    /// [`Suite::peer`] reads it back).
+    pub peer_env: Vec<(OsString, OsString)>,
+    /// A well-formed address nobody listens on: lookup or the first
+    /// operation on it must fail with a clear error, never hang.
+    pub unreachable_uri: String,
+    /// A string that is not an address of this transport.
+    pub malformed_uri: String,
+    /// Bound of every single wait in the scenarios.
+    pub timeout: Duration,
+    /// Client processes of the many-clients scenario.
+    pub clients: usize,
+    /// Whether a failed RMA (a forged remote key or address) leaves the
+    /// connection usable. On RDMA an RC queue pair goes to the error state on
+    /// a remote access error, so the plugin must reconnect; on shared memory
+    /// the failure is local to one system call.
+    pub keeps_connection_after_rma_error: bool,
+    /// Kept alive as long as the transport (a socket directory...).
+    pub guard: Option<Box<dyn Any + Send>>,
+}
+
+/// What a plugin crate provides to [`run_main`].
+pub struct Suite {
+    /// Transport name, used in trial names (`sm::lookup_...`).
+    pub name: &'static str,
+    /// Test side: the environment for test `test`, or `None` (after saying
+    /// why, loudly) when this transport cannot run here.
+    pub setup: fn(test: &str) -> Option<Transport>,
+    /// Peer side: the transport rebuilt from the environment that
+    /// [`Transport::peer_env`] gave the peer process.
+    pub peer: fn() -> Transport,
+}
+
+/// A scenario: the test body, given a transport.
+pub type Scenario = fn(&Transport);
+
+/// Every scenario of the suite, by name.
+pub fn scenarios() -> Vec<(&'static str, Scenario)> {
+    vec![
+        (
+            "lookup_addresses_and_unexpected_ping_pong",
+            messaging::lookup_and_unexpected,
+        ),
+        (
+            "expected_messages_tags_out_of_order_and_early",
+            messaging::expected_and_tags,
+        ),
+        ("zero_byte_max_size_and_oversize_messages", messaging::sizes),
+        (
+            "backpressure_ten_thousand_messages_a_thousand_in_flight",
+            messaging::backpressure,
+        ),
+        ("cancel_posted_operations", messaging::cancel),
+        (
+            "many_client_processes_against_one_server",
+            messaging::many_clients,
+        ),
+        ("put_get_contiguous_and_multi_segment_both_sides", rma::put_get),
+        ("rma_bounds_access_and_forged_descriptor_errors", rma::errors),
+        (
+            "server_killed_mid_traffic_fails_every_op",
+            robustness::server_killed,
+        ),
+        (
+            "client_killed_mid_traffic_server_keeps_serving",
+            robustness::client_killed,
+        ),
+    ]
+}
+
+/// The `main` of a suite binary: runs the peer program when started as a
+/// peer, else the scenarios as libtest-compatible trials. Never returns.
+pub fn run_main(suite: Suite) -> ! {
+    if let Some(role) = std::env::var_os(PEER_ENV) {
+        let role = role.to_string_lossy().into_owned();
+        let args: Vec<&str> = role.split(' ').collect();
+        peer::main(&(suite.peer)(), &args);
+        std::process::exit(0);
+    }
+    let args = libtest_mimic::Arguments::from_args();
+    let trials = scenarios()
+        .into_iter()
+        .map(|(name, run)| {
+            let setup = suite.setup;
+            libtest_mimic::Trial::test(format!("{}::{name}", suite.name), move || {
+                let Some(t) = setup(name) else {
+                    return Ok(());
+                };
+                catch(|| run(&t))
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit()
+}
+
+/// Runs `f`, turning a panic into a trial failure with its message.
+fn catch(f: impl FnOnce()) -> Result<(), libtest_mimic::Failed> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "panicked".into());
+        libtest_mimic::Failed::from(msg)
+    })
+}
+
+/// Byte `i` of memory the peer exposes with its `m` command.
+pub fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(7) + 3) as u8
+}
+
+/// Byte `i` written by a client before the peer's `c` check.
+pub fn pattern2(seed: u8, i: u64) -> u8 {
+    (i.wrapping_mul(13) as u8) ^ seed
+}

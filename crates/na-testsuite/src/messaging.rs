@@ -1,0 +1,227 @@
+//! Lookup, both message kinds, tags, sizes, backpressure, cancel, many
+//! clients.
+
+use std::time::Duration;
+
+use na_core::{NaError, OpId, OpKind, ProgressMode};
+
+use crate::{Node, PeerProc, Transport};
+
+/// Lookup (idempotent, address bytes round trip, unreachable and malformed
+/// addresses fail clearly) and unexpected messages both ways.
+pub fn lookup_and_unexpected(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    assert_eq!(addr.uri(), server.uri);
+    assert_eq!(
+        n.ep.lookup(&server.uri).expect("lookup"),
+        addr,
+        "a second lookup names the same peer"
+    );
+    assert_eq!(n.ep.addr_from_bytes(&addr.to_bytes()).expect("from bytes"), addr);
+    assert_ne!(addr, n.ep.self_addr(n.id).expect("self"));
+    let e = n.ep.lookup(&t.malformed_uri).expect_err("malformed address");
+    assert!(
+        matches!(e, NaError::InvalidAddress { .. } | NaError::NoPlugin { .. }),
+        "{e}"
+    );
+    // Nobody at this address: lookup fails, or the first operation does.
+    match n.ep.lookup(&t.unreachable_uri) {
+        Err(e) => assert!(!e.to_string().is_empty()),
+        Ok(a) => {
+            let op = n.op();
+            match n.ep.send_unexpected(&a, 1, b"anyone?", op) {
+                Err(e) => eprintln!("{}: send to nobody refused at once: {e}", t.name),
+                Ok(()) => {
+                    let e = n.wait(op).status.expect_err("a send to nobody must fail");
+                    eprintln!("{}: send to nobody completed with: {e}", t.name);
+                }
+            }
+        }
+    }
+    // Unexpected both ways: the server echoes `u` messages unexpected.
+    for round in 0..20u32 {
+        let r = n.op();
+        n.ep.post_recv_unexpected(n.id, Vec::new(), r).expect("post");
+        let s = n.op();
+        let msg = [b'u', round as u8, 42];
+        n.ep.send_unexpected(&addr, round, &msg, s).expect("send");
+        let c = n.wait(r);
+        assert_eq!(c.kind, OpKind::RecvUnexpected);
+        c.status.expect("receive");
+        assert_eq!(
+            (c.buf.expect("buf"), c.source.expect("source"), c.tag),
+            (msg.to_vec(), addr.clone(), round)
+        );
+        n.wait(s).status.expect("send");
+    }
+    assert_eq!(n.stats().peers, 1);
+}
+
+/// Expected messages matched on (source, tag): replies in another order
+/// than the receives were posted, and one that arrives before its receive.
+pub fn expected_and_tags(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::Blocking, false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    for i in 0..50u32 {
+        let msg = [b'e', i as u8, 7, 7];
+        assert_eq!(n.request(&addr, i, &msg), msg);
+    }
+    let max_tag = n.ep.plugin(n.id).expect("plugin").max_tag();
+    assert_eq!(n.request(&addr, max_tag, b"emax-tag"), b"emax-tag");
+    let mut recvs = Vec::new();
+    for tag in 1..=5u32 {
+        let r = n.op();
+        n.ep.post_recv_expected(&addr, tag, Vec::new(), r).expect("post");
+        recvs.push((tag, r));
+    }
+    let mut cmd = vec![b'o'];
+    for tag in (1..=5u32).rev() {
+        cmd.extend_from_slice(&tag.to_le_bytes());
+    }
+    let s = n.op();
+    n.ep.send_unexpected(&addr, 0, &cmd, s).expect("send");
+    for (tag, r) in recvs {
+        let c = n.wait(r);
+        assert_eq!((c.tag, c.buf.expect("buf")), (tag, tag.to_le_bytes().to_vec()));
+    }
+    // An expected message that arrives before its receive is kept.
+    let s = n.op();
+    n.ep.send_unexpected(&addr, 900, b"eearly", s).expect("send");
+    n.wait(s).status.expect("send");
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..20 {
+        n.pump(Duration::from_millis(10));
+    }
+    let r = n.op();
+    n.ep.post_recv_expected(&addr, 900, Vec::new(), r).expect("post");
+    assert_eq!(n.wait(r).buf.expect("buf"), b"eearly");
+}
+
+/// Zero-byte and maximum-size messages both ways; one byte more is refused
+/// at once and starts nothing.
+pub fn sizes(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    let plugin = n.ep.plugin(n.id).expect("plugin");
+    let max = plugin.max_unexpected_size();
+    assert!(max >= 4096, "{max}");
+    assert_eq!(plugin.max_expected_size(), max);
+    assert_eq!(n.request(&addr, 1, &[]), Vec::<u8>::new(), "zero bytes both ways");
+    let big: Vec<u8> = std::iter::once(b'e')
+        .chain((1..max).map(|i| (i * 31) as u8))
+        .collect();
+    assert_eq!(n.request(&addr, 2, &big), big, "maximum size both ways");
+    let mut too_big = big.clone();
+    too_big.push(0);
+    let op = n.op();
+    let e =
+        n.ep.send_unexpected(&addr, 3, &too_big, op)
+            .expect_err("oversize");
+    assert!(
+        matches!(e, NaError::MessageTooLarge { len, max: m, .. } if len == max + 1 && m == max),
+        "{e}"
+    );
+    let e = n.ep.send_expected(&addr, 3, &too_big, op).expect_err("oversize");
+    assert!(e.to_string().contains(&(max + 1).to_string()), "{e}");
+    n.pump(Duration::from_millis(50));
+    assert!(!n.stash.contains_key(&op), "a refused send completes nothing");
+}
+
+/// 10,000 echo round trips with 1,000 in flight while the server first
+/// stalls: sends beyond the transport's buffers or credits queue, then all
+/// arrive, intact and in order.
+pub fn backpressure(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    const TOTAL: u32 = 10_000;
+    const WINDOW: u32 = 1_000;
+    let msg = |i: u32| {
+        let mut m = vec![b'e'];
+        m.extend_from_slice(&i.to_le_bytes());
+        m.resize(8 + (i as usize % 120), i as u8);
+        m
+    };
+    let mut stall = vec![b'z'];
+    stall.extend_from_slice(&300u32.to_le_bytes());
+    n.ep.send_unexpected(&addr, u32::MAX, &stall, OpId(1 << 35))
+        .expect("send");
+    n.wait(OpId(1 << 35)).status.expect("stall");
+    let (mut sent, mut done, mut max_in_flight) = (0u32, 0u32, 0);
+    while done < TOTAL {
+        while sent < TOTAL && sent - done < WINDOW {
+            let i = u64::from(sent);
+            n.ep.post_recv_expected(&addr, sent, Vec::new(), OpId(1 << 33 | i))
+                .expect("post");
+            n.ep.send_unexpected(&addr, sent, &msg(sent), OpId(1 << 34 | i))
+                .expect("send");
+            sent += 1;
+        }
+        max_in_flight = max_in_flight.max(n.stats().in_flight);
+        let c = n.wait_for(OpId(1 << 33 | u64::from(done)), n.timeout * 3);
+        assert_eq!(c.buf.expect("buf"), msg(done), "message {done}");
+        n.wait(OpId(1 << 34 | u64::from(done))).status.expect("send");
+        done += 1;
+    }
+    let st = n.stats();
+    assert!(
+        st.sends_queued > 0,
+        "1,000 in flight must exceed the buffers: {st:?}"
+    );
+    assert!(max_in_flight >= u64::from(WINDOW), "{max_in_flight}");
+    assert_eq!(st.msgs_sent, u64::from(TOTAL) + 1);
+    assert_eq!(st.msgs_received, u64::from(TOTAL));
+    assert_eq!(st.in_flight, 0);
+}
+
+/// Cancel of posted receives of both kinds: each completes once, canceled,
+/// with its buffer given back; a second cancel is an error; the canceled
+/// tag matches a new receive.
+pub fn cancel(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    assert_eq!(n.request(&addr, 1, b"econnect"), b"econnect");
+    let r = n.op();
+    n.ep.post_recv_expected(&addr, 77, vec![1, 2, 3], r)
+        .expect("post");
+    let u = n.op();
+    n.ep.post_recv_unexpected(n.id, vec![9], u).expect("post");
+    n.ep.cancel(n.id, r).expect("cancel expected");
+    n.ep.cancel(n.id, u).expect("cancel unexpected");
+    let c = n.wait(r);
+    assert!(c.is_canceled(), "{:?}", c.status);
+    assert_eq!(c.buf.expect("buf"), vec![1, 2, 3], "buffer given back");
+    assert!(n.wait(u).is_canceled());
+    assert!(matches!(n.ep.cancel(n.id, r), Err(NaError::UnknownOp(_))));
+    n.pump(Duration::from_millis(50));
+    assert!(
+        !n.stash.contains_key(&r) && !n.stash.contains_key(&u),
+        "completed exactly once"
+    );
+    assert_eq!(n.request(&addr, 77, b"eafter"), b"eafter");
+    assert_eq!(n.stats().in_flight, 0);
+}
+
+/// `t.clients` client processes at once against one server process; the
+/// server counts every message.
+pub fn many_clients(t: &Transport) {
+    let mut server = PeerProc::spawn(t, &["server"]);
+    let uri = server.uri.clone();
+    let mut clients: Vec<PeerProc> = (0..t.clients)
+        .map(|_| PeerProc::spawn(t, &["client", &uri, "300"]))
+        .collect();
+    for c in &mut clients {
+        assert!(c.wait(t.timeout * 6), "a client failed");
+        assert_eq!(c.line(t.timeout), "CLIENT OK 300");
+    }
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&uri).expect("lookup");
+    n.request(&addr, 0, b"q");
+    assert_eq!(server.line(t.timeout), format!("SERVED {}", t.clients * 300 + 1));
+    assert!(server.wait(t.timeout));
+}
