@@ -200,12 +200,61 @@ pub fn start(
             return Ok(Started::Done);
         }
     }
+    if let Some(theirs) = &remote.local {
+        // The "remote" handle was exposed by this process: copy in memory,
+        // which works on every transport (a client-only verbs plugin cannot
+        // connect to itself).
+        copy_local(op, theirs, remote_offset, mem, local_offset, len)?;
+        return Ok(Started::Done);
+    }
     let dest = ep.lookup(&remote.desc.owner)?;
     match op {
         BulkOp::Push => ep.put(mem, local_offset, &remote.remote, remote_offset, len, &dest, id)?,
         BulkOp::Pull => ep.get(mem, local_offset, &remote.remote, remote_offset, len, &dest, id)?,
     }
     Ok(Started::Posted)
+}
+
+/// A transfer between two handles of this process, with the access checks
+/// an RMA would make, in bounded chunks.
+fn copy_local(
+    op: BulkOp,
+    remote: &MemHandle,
+    remote_offset: u64,
+    local: &MemHandle,
+    local_offset: u64,
+    len: u64,
+) -> Result<(), BulkError> {
+    let deny = |what, h: &MemHandle, needs| NaError::AccessDenied {
+        what,
+        has: h.access(),
+        needs,
+    };
+    let (src, src_off, dst, dst_off) = match op {
+        BulkOp::Pull => (remote, remote_offset, local, local_offset),
+        BulkOp::Push => (local, local_offset, remote, remote_offset),
+    };
+    let (src_name, dst_name) = if op == BulkOp::Pull {
+        ("remote", "local")
+    } else {
+        ("local", "remote")
+    };
+    if !src.access().can_read() {
+        return Err(deny(src_name, src, "read").into());
+    }
+    if !dst.access().can_write() {
+        return Err(deny(dst_name, dst, "write").into());
+    }
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = vec![0u8; len.min(CHUNK) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(CHUNK) as usize;
+        src.read_at(src_off + done, &mut buf[..n])?;
+        dst.write_at(dst_off + done, &buf[..n])?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

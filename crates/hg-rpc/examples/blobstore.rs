@@ -8,7 +8,8 @@
 //!
 //! The client stores blobs made of several segments, reads them back into
 //! differently split buffers, and verifies every checksum.
-//! Run: `cargo run --release -p hg-rpc --example blobstore`.
+//! Run: `cargo run --release -p hg-rpc --example blobstore [-- --transport SPEC]`
+//! (default `sm://`; `verbs://rxe0/10.77.0.1:0` over RDMA).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -18,7 +19,6 @@ use std::time::Duration;
 
 use hg_rpc::{Bulk, BulkOp, Engine, Rpc};
 use na_core::{Access, ProgressMode};
-use na_sm::SmConfig;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 const T: Duration = Duration::from_secs(20);
@@ -64,18 +64,15 @@ fn checksum(data: &[u8]) -> u64 {
     })
 }
 
-fn engine(listen: bool) -> Res<Engine> {
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    };
-    Ok(Engine::shared_memory(cfg, ProgressMode::default())?)
+/// An engine on the transport of `spec` (`sm://` by default).
+fn engine(spec: &str, listen: bool) -> Res<Engine> {
+    Ok(Engine::from_spec(spec, listen, ProgressMode::default())?)
 }
 
 type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
-fn serve() -> Res<()> {
-    let mut e = engine(true)?;
+fn serve(spec: &str) -> Res<()> {
+    let mut e = engine(spec, true)?;
     let store: Store = Arc::default();
     let quit = Arc::new(Mutex::new(false));
     let s = store.clone();
@@ -119,17 +116,26 @@ fn serve() -> Res<()> {
 }
 
 fn main() -> Res<()> {
-    if std::env::args().nth(1).as_deref() == Some("serve") {
-        return serve();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("serve") {
+        return serve(args.get(1).map_or("sm://", String::as_str));
     }
+    let spec = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => "sm://".to_owned(),
+        ["--transport", spec] => spec.to_owned(),
+        _ => {
+            let schemes = hg_rpc::transport::schemes().join(", ");
+            return Err(format!("usage: blobstore [--transport SPEC]  (schemes: {schemes})").into());
+        }
+    };
     let mut child = Command::new(std::env::current_exe()?)
-        .arg("serve")
+        .args(["serve", &spec])
         .stdout(Stdio::piped())
         .spawn()?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
     let uri = line.trim().strip_prefix("ADDR ").ok_or("no address")?.to_owned();
-    let mut c = engine(false)?;
+    let mut c = engine(&spec, false)?;
     let srv = c.endpoint().lookup(&uri)?;
     for (i, parts) in [vec![3usize << 20], vec![1000, 250_000, 17, 2 << 20], vec![100]]
         .iter()

@@ -27,6 +27,7 @@ pub mod runtime;
 mod spill;
 #[allow(unsafe_code)]
 mod sys;
+pub mod transport;
 
 pub use codec::{Codec, Postcard};
 pub use engine::{BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, POSTED_REQUEST_BUFFERS};

@@ -1,11 +1,11 @@
-//! Multi-process tests of the shared-memory plugin: real processes (the
-//! `qs-sm-testpeer` binary), real shm, eventfds, sockets and CMA.
+//! Shared-memory-specific multi-process tests: real processes (the
+//! `qs-sm-testpeer` binary), real shm, eventfds, sockets and CMA. The
+//! transport-independent scenarios (messages, tags, sizes, backpressure,
+//! cancel, RMA, peer death) are the NA conformance suite in `suite.rs`.
 
 #[path = "sm/common.rs"]
 mod common;
 #[path = "sm/messaging.rs"]
 mod messaging;
-#[path = "sm/rma.rs"]
-mod rma;
 #[path = "sm/robustness.rs"]
 mod robustness;

@@ -19,7 +19,6 @@ use clap::{Parser, Subcommand};
 use hg_rpc::{BulkCtx, BulkOp, Engine};
 use na_core::sys::affinity;
 use na_core::{Access, ProgressMode};
-use na_sm::SmConfig;
 use serde_bytes::ByteBuf;
 
 #[path = "hgperf/rpcs.rs"]
@@ -30,7 +29,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 const T: Duration = Duration::from_secs(30);
 
 #[derive(Parser)]
-#[command(about = "hg-rpc benchmark: RPC rate, latency and bulk bandwidth over shared memory")]
+#[command(about = "hg-rpc benchmark: RPC rate, latency and bulk bandwidth over any NA transport")]
 struct Cli {
     #[command(subcommand)]
     test: Test,
@@ -43,6 +42,10 @@ struct Cli {
     /// Pin the client to CPU A and the server to CPU B (`--cpu 0,1`).
     #[arg(long, global = true)]
     cpu: Option<String>,
+    /// Transport spec for both sides: `sm://` (default) or, over RDMA,
+    /// `verbs://DEVICE/IP:0` (e.g. `verbs://rxe0/10.77.0.1:0`).
+    #[arg(long, global = true, default_value = "sm://")]
+    transport: String,
     /// Address of a running `hg-perf serve` (otherwise one is started).
     #[arg(long, global = true)]
     addr: Option<String>,
@@ -97,22 +100,18 @@ fn list<T>(s: &str, f: impl Fn(&str) -> Res<T>) -> Res<Vec<T>> {
     s.split(',').map(f).collect()
 }
 
-fn engine(mode: ProgressMode, listen: bool) -> Res<Engine> {
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    };
-    let mut e = Engine::shared_memory(cfg, mode)?;
+fn engine(spec: &str, mode: ProgressMode, listen: bool) -> Res<Engine> {
+    let mut e = Engine::from_spec(spec, listen, mode)?;
     e.set_max_spill(64 << 20);
     Ok(e)
 }
 
-fn serve(cpu: Option<usize>) -> Res<()> {
+fn serve(spec: &str, cpu: Option<usize>) -> Res<()> {
     if let Some(c) = cpu {
         affinity::pin_to(c)?;
     }
     let mode = ProgressMode::from_env("HG_PERF_MODE", ProgressMode::Busy)?;
-    let mut e = engine(mode, true)?;
+    let mut e = engine(spec, mode, true)?;
     let quit = Arc::new(AtomicBool::new(false));
     e.register::<Noop>(|_| Ok(()))?;
     let scratch = |ctx: &mut BulkCtx<'_>, len: u64, access| ctx.expose(vec![vec![0; len as usize]], access);
@@ -163,9 +162,9 @@ impl Drop for Server {
     }
 }
 
-fn start_server(mode: ProgressMode, cpu: Option<usize>) -> Res<(Server, String)> {
+fn start_server(spec: &str, mode: ProgressMode, cpu: Option<usize>) -> Res<(Server, String)> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.arg("serve")
+    cmd.args(["serve", "--transport", spec])
         .env("HG_PERF_MODE", mode_name(mode))
         .stdout(Stdio::piped());
     if let Some(c) = cpu {
@@ -217,7 +216,7 @@ fn report(
 ) {
     if cli.json {
         let mut v = serde_json::json!({
-            "test": test, "transport": "sm", "mode": mode, "op": op, "size": size,
+            "test": test, "transport": cli.transport.split("://").next().unwrap_or("?"), "mode": mode, "op": op, "size": size,
             "inflight": inflight, "median": median, "p99": p99, "unit": unit,
         });
         if let Some(p) = p999 {
@@ -236,11 +235,11 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>))
     let (_server, uri) = match &cli.addr {
         Some(a) => (None, a.clone()),
         None => {
-            let (s, u) = start_server(mode, cpus.1)?;
+            let (s, u) = start_server(&cli.transport, mode, cpus.1)?;
             (Some(s), u)
         }
     };
-    let mut c = engine(mode, false)?;
+    let mut c = engine(&cli.transport, mode, false)?;
     c.set_max_spill(64 << 20);
     let s = c.endpoint().lookup(&uri)?;
     let m = mode_name(mode);
@@ -343,7 +342,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>))
 fn main() -> Res<()> {
     let cli = Cli::parse();
     if let Test::Serve { server_cpu } = cli.test {
-        return serve(server_cpu);
+        return serve(&cli.transport, server_cpu);
     }
     let cpus = match &cli.cpu {
         Some(s) => {

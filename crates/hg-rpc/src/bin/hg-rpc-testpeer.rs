@@ -1,6 +1,7 @@
 //! Server process for hg-rpc's multi-process tests (not a user tool).
 //!
-//! Listens on shared memory (socket dir from `QS_SM_DIR`), prints
+//! Listens on the transport of `HG_TESTPEER_SPEC` (default `sm://`, socket
+//! dir from `QS_SM_DIR`; `verbs://rxe0/10.77.0.1:0` for RDMA), prints
 //! `ADDR <uri>`, and serves the RPCs of `testpeer_rpcs` until `Quit` or 60 s
 //! without a request.
 
@@ -46,13 +47,8 @@ fn extra_contexts() -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     extra_contexts()?;
-    let mut ep = Endpoint::new(ProgressMode::default())?;
-    let cfg = SmConfig {
-        listen: true,
-        ..SmConfig::default()
-    };
-    let id = ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))?;
-    let mut engine = Engine::new(ep, id)?;
+    let spec = std::env::var("HG_TESTPEER_SPEC").unwrap_or_else(|_| "sm://".into());
+    let mut engine = Engine::from_spec(&spec, true, ProgressMode::default())?;
     let quit = Arc::new(AtomicBool::new(false));
     let (records, sum) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     engine.register::<Add>(|(a, b)| a.checked_add(b).ok_or_else(|| "overflow".to_string()))?;
