@@ -8,7 +8,8 @@
 # boots one throw-away soft-RoCE VM (tools/rxe-vm/run-in-rxe-vm.sh, device
 # rxe0 at $RXE_VM_IP, default 10.77.0.1) and runs in it, one after the
 # other: every test binary (extra arguments go to each), blobstore over
-# verbs, and hg-perf rate/lat/bw over verbs (functional figures only).
+# verbs, and hg-perf rate/lat/bw and na-perf lat/bw over verbs (functional
+# figures only).
 #
 # Exit status: 0 if every job passed; the first failing job's status
 # otherwise; 124 if the VM timed out; 125 if the VM itself failed.
@@ -55,7 +56,7 @@ for sel in "${SELECTORS[@]}"; do
 done
 # Programs run after the tests: the blobstore example and hg-perf over verbs.
 log "building the programs on the host: blobstore example, hg-perf"
-cargo build -p hg-rpc --example blobstore --bin hg-perf --message-format=json-render-diagnostics >> "$JSON" ||
+cargo build -p hg-rpc --example blobstore --bin hg-perf -p na-perf --message-format=json-render-diagnostics >> "$JSON" ||
     die "cargo build of the verbs programs failed"
 # Reads cargo's JSON messages: `tests` prints "executable<TAB>crate dir" of
 # every test binary (profile.test), `exe NAME` the executable of target NAME.
@@ -85,7 +86,8 @@ for t in "${TESTS[@]}"; do BINS+=("${t%%$'\t'*}"); done
 [ ${#BINS[@]} -gt 0 ] || die "cargo produced no test binaries for ${CRATES[*]}"
 BLOBSTORE=$(artifacts exe blobstore)
 HG_PERF=$(artifacts exe hg-perf)
-[ -n "$BLOBSTORE" ] && [ -n "$HG_PERF" ] || die "blobstore or hg-perf was not built"
+NA_PERF=$(artifacts exe na-perf)
+[ -n "$BLOBSTORE" ] && [ -n "$HG_PERF" ] && [ -n "$NA_PERF" ] || die "blobstore, hg-perf or na-perf was not built"
 
 # The guest runs a job file (each job bounded; the status is that of the
 # first failure). It lives under the target directory, which the VM sees.
@@ -118,6 +120,8 @@ SPEC='verbs://rxe0/${RXE_VM_ADDR}:0'
     printf 'job %q hg-perf-rate-over-verbs %q rate --transport "%s" --mode busy,blocking --sizes 0,4K,64K --inflight 1,16 --batch-ms 100 --batches 3\n' "$ROOT" "$HG_PERF" "$SPEC"
     printf 'job %q hg-perf-lat-over-verbs %q lat --transport "%s" --mode busy --sizes 0 --batch-ms 100 --batches 3\n' "$ROOT" "$HG_PERF" "$SPEC"
     printf 'job %q hg-perf-bw-over-verbs %q bw --transport "%s" --mode busy --sizes 64K,1M,16M --batch-ms 100 --batches 3\n' "$ROOT" "$HG_PERF" "$SPEC"
+    printf 'job %q na-perf-lat-over-verbs %q lat --transport "%s" --mode busy,blocking --quick\n' "$ROOT" "$NA_PERF" "$SPEC"
+    printf 'job %q na-perf-bw-over-verbs %q bw --transport "%s" --quick\n' "$ROOT" "$NA_PERF" "$SPEC"
     echo 'exit $rc'
 } > "$JOBS"
 NJOBS=$(grep -c '^job ' "$JOBS")

@@ -15,6 +15,11 @@ pub struct Cli {
     /// What to measure.
     #[command(subcommand)]
     pub command: Command,
+    /// Transport spec for both sides: `sm://` (default) or, over RDMA,
+    /// `verbs://DEVICE/IP:0` (e.g. `verbs://rxe0/10.77.0.1:0`). Floors
+    /// exist for `sm` only.
+    #[arg(long, global = true, default_value = "sm://")]
+    pub transport: String,
 }
 
 /// The subcommands.

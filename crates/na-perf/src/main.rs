@@ -1,5 +1,6 @@
-//! `na-perf`: latency and bandwidth of the Quicksilver NA shared-memory
-//! plugin, each figure next to this machine's raw floor.
+//! `na-perf`: latency and bandwidth of a Quicksilver NA plugin (shared
+//! memory by default, `--transport verbs://...` for RDMA), each shared-memory
+//! figure next to this machine's raw floor.
 //!
 //! * `na-perf lat [--mode busy,adaptive,blocking] [--floors] [--json]`
 //! * `na-perf bw [--segments 1,16] [--op put,get] [--floors] [--json]`
@@ -33,6 +34,7 @@ use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    sm_server::set_transport(&cli.transport);
     let res = match &cli.command {
         Command::Lat(a) => lat::run(a),
         Command::Bw(a) => bw::run(a),

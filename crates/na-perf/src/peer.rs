@@ -68,7 +68,7 @@ impl Peer {
             None
         };
         let mut cmd = Command::new(&exe);
-        cmd.arg("serve")
+        cmd.args(["serve", "--transport", crate::sm_server::transport()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -19,6 +19,13 @@ impl Setup {
     /// processes.
     pub fn start(args: &CommonArgs) -> Result<Setup> {
         let (mine, theirs) = choose_cpus(args)?;
+        let spec = crate::sm_server::transport();
+        if args.floors && !spec.starts_with("sm:") {
+            return Err(PerfError::Arg {
+                name: "--floors",
+                reason: format!("the raw floors are shared-memory floors; they do not apply to {spec}"),
+            });
+        }
         let setup = match &args.peer {
             Some(uri) if args.floors => {
                 return Err(PerfError::Arg {

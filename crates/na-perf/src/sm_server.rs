@@ -1,11 +1,12 @@
 //! The serving side of the NA benchmarks: an endpoint with one listening
-//! shared-memory plugin that answers the [`crate::sm_proto`] protocol.
+//! plugin (shared memory by default, any spec `--transport` names) that
+//! answers the [`crate::sm_proto`] protocol.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, Plugin, PluginId};
-use na_core::{ProgressMode, Tag};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, PluginId};
+use na_core::{PluginRegistry, ProgressMode, Tag};
 
 use crate::error::{PerfError, Result};
 use crate::floors::alloc_segments;
@@ -66,18 +67,27 @@ struct Server {
     done: bool,
 }
 
-/// Creates an endpoint with one shared-memory plugin; `listen` says whether
-/// peers may connect to it.
+/// The transport spec of this process (`--transport`), set once by `main`.
+static TRANSPORT: OnceLock<String> = OnceLock::new();
+
+/// Records the transport spec both sides use (first call wins).
+pub fn set_transport(spec: &str) {
+    let _ = TRANSPORT.set(spec.to_owned());
+}
+
+/// The transport spec (`sm://` unless `--transport` said otherwise).
+pub fn transport() -> &'static str {
+    TRANSPORT.get().map_or("sm://", String::as_str)
+}
+
+/// Creates an endpoint with one plugin of the transport (shared memory or
+/// verbs, see [`transport`]); `listen` says whether peers may connect to it.
 pub fn sm_endpoint(mode: ProgressMode, listen: bool) -> Result<(Endpoint, PluginId)> {
+    let mut registry = PluginRegistry::new();
+    registry.register(Box::new(na_sm::SmFactory::default()));
+    registry.register(Box::new(na_verbs::VerbsFactory::default()));
     let mut ep = Endpoint::new(mode)?;
-    let id = ep.add_plugin(|id| {
-        let cfg = SmConfig {
-            listen,
-            ..Default::default()
-        };
-        let plugin = SmPlugin::new(id, cfg).map_err(NaError::from)?;
-        Ok(Box::new(plugin) as Box<dyn Plugin>)
-    })?;
+    let id = ep.add_from_spec(&registry, transport(), listen)?;
     Ok((ep, id))
 }
 
