@@ -163,3 +163,74 @@ fn verbs_plugin_in_one_process() {
     assert!(matches!(e, NaError::OutOfBounds { .. }), "{e}");
     eprintln!("put/get ok");
 }
+
+#[test]
+fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
+    let Some(env) = common::rdma_env("wrong_device_or_port_and_invalidated_registrations_are_clear_errors")
+    else {
+        return;
+    };
+    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
+    // A port the device does not have, and a device that does not exist.
+    let cfg = VerbsConfig {
+        ib_port: Some(9),
+        ..VerbsConfig::from_spec(&spec, false).unwrap()
+    };
+    let e = VerbsPlugin::new(PluginId(0), cfg)
+        .err()
+        .expect("port 9 does not exist")
+        .to_string();
+    assert!(e.contains("port 9"), "{e}");
+    let cfg = VerbsConfig::from_spec(&format!("verbs://nosuchdev0/{}:0", env.ip), false).unwrap();
+    let e = VerbsPlugin::new(PluginId(0), cfg)
+        .err()
+        .expect("no such device")
+        .to_string();
+    assert!(e.contains("nosuchdev0"), "{e}");
+    eprintln!("wrong port / device errors ok");
+
+    // A registration whose pages were discarded (madvise DONTNEED: the
+    // monitor invalidates it) is refused by describe and by RMA, until the
+    // handle is registered again.
+    let mut p = pair(&env);
+    let h = MemHandle::new(vec![vec![1u8; 256 << 10]], Access::ReadWrite);
+    let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
+    plugin.mem_register(&h).unwrap();
+    plugin.mem_describe(&h).expect("a fresh registration describes");
+    let (addr, len) = h.segments_raw().next().unwrap();
+    let page = 4096;
+    let start = addr.div_ceil(page) * page;
+    assert!(start + 16 * page <= addr + len);
+    // SAFETY: [start, start + 16 pages) lies inside the handle's own heap
+    // buffer, which is only accessed by copies; DONTNEED makes it read as zeros.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, 16 * page, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
+    let e = plugin
+        .mem_describe(&h)
+        .expect_err("an invalidated registration")
+        .to_string();
+    assert!(e.contains("invalidated"), "{e}");
+    let remote_mem = MemHandle::zeroed(4096, Access::ReadWrite);
+    p.srv
+        .plugin_mut(p.srv_id)
+        .unwrap()
+        .mem_register(&remote_mem)
+        .unwrap();
+    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&remote_mem).unwrap();
+    let e = p
+        .cli
+        .put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(1))
+        .expect_err("RMA through it");
+    assert!(e.to_string().contains("invalidated"), "{e}");
+    let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
+    plugin.mem_register(&h).expect("register again");
+    plugin.mem_describe(&h).expect("the new registration describes");
+    h.write_at(0, &[7u8; 4096]).unwrap();
+    p.cli.put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(2)).unwrap();
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    c[0].status.as_ref().unwrap();
+    let mut got = [0u8; 4096];
+    remote_mem.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 7), "put after re-registration");
+}
