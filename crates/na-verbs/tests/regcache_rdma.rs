@@ -237,8 +237,13 @@ fn scenario(r: &Rig, cache: &Cache<IbvRegistrar>, change: Change, round: u8) -> 
     }
 }
 
+/// The scenarios unmap and re-map fixed addresses: one test at a time, or
+/// the other test's mmap may take the address in between.
+static ADDRESS_SPACE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run(test: &str, monitor: MonitorChoice) -> Option<Vec<(Change, Seen)>> {
     let env = rdma_env(test)?;
+    let _one_at_a_time = ADDRESS_SPACE.lock().unwrap_or_else(|p| p.into_inner());
     let r = rig(&env);
     let cfg = CacheConfig {
         monitor,
