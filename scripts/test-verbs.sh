@@ -56,7 +56,7 @@ for sel in "${SELECTORS[@]}"; do
 done
 # Programs run after the tests: the blobstore example and hg-perf over verbs.
 log "building the programs on the host: blobstore example, hg-perf"
-cargo build -p hg-rpc --example blobstore --bin hg-perf -p na-perf --message-format=json-render-diagnostics >> "$JSON" ||
+cargo build -p hg-rpc -p na-perf --example blobstore --bin hg-perf --bin na-perf --message-format=json-render-diagnostics >> "$JSON" ||
     die "cargo build of the verbs programs failed"
 # Reads cargo's JSON messages: `tests` prints "executable<TAB>crate dir" of
 # every test binary (profile.test), `exe NAME` the executable of target NAME.
