@@ -38,13 +38,19 @@
 //!   `read(2)` into a dropped page would fail with `EFAULT`); with
 //!   `WP_ASYNC` the kernel accepts this on anonymous, shmem/memfd, THP and
 //!   brk memory alike (the suite covers each).
+//! * While an UNMAP/REMOVE/REMAP event is prepared but not yet read, a
+//!   zero-length `UFFDIO_ZEROPAGE` fails with `EAGAIN` (`EINVAL` otherwise);
+//!   lookups wait on that, because the old mapping is gone (its address
+//!   reusable) before the event is even queued. [`UffdMonitor::new`]
+//!   checks it against a real in-flight unmap.
 //! * A range belongs to one userfaultfd only, so all caches share
 //!   [`UffdMonitor::global`]; memory registered by another userfaultfd user
 //!   is refused (`EBUSY`) and handed out uncached.
 //!
 //! See [`monitor::uffd`] for why a lookup can never return a registration
-//! of pages unmapped before it started, and `docs/REGCACHE.md` for the
-//! benchmark figures.
+//! of pages unmapped before it started (including by an unmap whose call
+//! has not returned yet but whose address was already reused), and
+//! `docs/REGCACHE.md` for the benchmark figures.
 //!
 //! # Locking rules
 //!

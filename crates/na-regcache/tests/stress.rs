@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::sys::{self, PAGE};
 use common::Rig;
-use na_regcache::{InvalidatingAlloc, MonitorChoice};
+use na_regcache::{InvalidatingAlloc, MonitorChoice, UffdMonitor};
 
 #[global_allocator]
 static ALLOC: InvalidatingAlloc<System> = InvalidatingAlloc::new(System);
@@ -157,6 +157,10 @@ fn stress(monitor: MonitorChoice) -> usize {
         rig.cache.monitor_name(),
         transfers.load(Ordering::Relaxed)
     );
+    if monitor == MonitorChoice::Uffd {
+        // How often a lookup had to wait for a change still in flight.
+        eprintln!("stress/uffd: {:?}", UffdMonitor::global().unwrap().counters());
+    }
     assert_eq!(transfers.load(Ordering::Relaxed), 2 * TRANSFERS);
     assert!(stats.hits > 0, "stress exercised hits: {stats}");
     for b in bufs {

@@ -3,7 +3,9 @@
 //! # Call order of [`Cache::get`]
 //!
 //! 1. refuse in a forked child (one load of a `MADV_WIPEONFORK` page);
-//! 2. `monitor.sync()`: wait for in-flight monitor events (no lock held);
+//! 2. `monitor.sync()`: wait for in-flight monitor events, including (with
+//!    userfaultfd) changes whose event the kernel has not delivered yet
+//!    (no lock held);
 //! 3. reap invalidated entries (deregistered outside the lock);
 //! 4. read-lock, look up; a hit takes a reference, sets the entry's CLOCK
 //!    bit and returns (releasing a handle takes no lock);

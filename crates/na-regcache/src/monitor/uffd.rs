@@ -19,10 +19,10 @@
 //! # Why lookups can never see a stale registration
 //!
 //! The kernel queues an UNMAP/REMOVE/REMAP event and blocks the thread that
-//! called `munmap` (`madvise`, `mremap`, `brk`) until a `read(2)` of the
-//! userfaultfd *dequeues* the event; it then lets that thread return, which
-//! can happen before the reader has looked at the message. To close that
-//! window the reader thread
+//! called `munmap` (`madvise`, `mremap`, `brk`, `mmap(MAP_FIXED)`) until a
+//! `read(2)` of the userfaultfd *dequeues* the event; it then lets that
+//! thread return, which can happen before the reader has looked at the
+//! message. To close that window the reader thread
 //!
 //! 1. sleeps in `poll` until the descriptor is readable,
 //! 2. bumps `started` (SeqCst) **before** calling `read`,
@@ -30,15 +30,42 @@
 //!    every attached cache (under each cache's lock),
 //! 4. stores `finished = started`.
 //!
-//! [`Monitor::sync`], which every cache lookup calls before taking its lock,
-//! loads `started` and waits until `finished` reaches it. If `munmap`
-//! returned in thread A before a lookup starts in thread B (A's return
-//! happens-before B's lookup), the `read` that released A began after step 2
-//! of the same round (the kernel's wait-queue spinlock orders the reader's
-//! store before A's wake-up), so B observes `started` at least that round
-//! and waits for step 4: the entry is gone before B searches the index.
-//! Events read in later rounds belong to unmaps that did not complete before
-//! B started, i.e. that are concurrent with B.
+//! A change can also be observed *before* the call that makes it returns,
+//! and even before its event is queued: `munmap` and `mremap` remove the
+//! old mapping, release the mmap lock and only then queue the event, and
+//! the reader may not run for milliseconds after that. In between, the
+//! range is free: another thread's `mmap` (or `malloc`) can return the same
+//! address with new pages, and a lookup of it would find the old entry and
+//! hand out a registration of the old pages. (This is how the multithreaded
+//! stress test saw 1-2 stale transfers in 1,000 on a loaded machine: one
+//! buffer's address was reused by another while the first buffer's unmap
+//! was still in flight.) The kernel counts such changes per userfaultfd in
+//! `mmap_changing`: raised when the event is *prepared*, under the mmap
+//! lock and before the old mapping disappears, and lowered only after a
+//! `read` dequeued the event and the changing thread woke up.
+//!
+//! [`Monitor::sync`], which every cache lookup calls before taking its
+//! lock, (a) probes `mmap_changing` (a zero-length `UFFDIO_ZEROPAGE`, which
+//! fails with `EAGAIN` while it is non-zero and takes no lock) until it is
+//! zero, yielding meanwhile, then (b) loads `started` and waits until
+//! `finished` reaches it.
+//!
+//! Suppose a lookup in thread B observes anything of a change C of a
+//! watched range (C's call returned, or B maps or touches memory that C
+//! freed: anything that happens after C's mmap-lock section). C's count was
+//! raised in that section, so B's probe in (a) sees it until it is
+//! lowered, and it is lowered only after the `read` that dequeued C's event
+//! released C's thread. That `read` began after step 2 of its round (the
+//! kernel's wait-queue spinlock orders the reader's `started` store before
+//! C's wake-up, and C's decrement after it), so B observes in (b)
+//! `started` at least that round and waits for its step 4: the entry is gone
+//! before B searches the index. Changes C that B observes nothing of are
+//! concurrent with B. Step (a) only waits while some change of a watched
+//! range is between its preparation and its thread's wake-up; the count is
+//! per userfaultfd, so other userfaultfd users do not delay it
+//! ([`UffdCounters::inflight_waits`] counts the waits). [`UffdMonitor::new`]
+//! checks the probe against a real in-flight unmap and refuses to start if
+//! the kernel does not report it.
 //!
 //! The reader never allocates, frees or logs in its loop: freeing memory
 //! could itself unmap a registered page and block the reader on its own
@@ -57,15 +84,19 @@
 //! *before* it invalidates the caches, so a lookup that observes the
 //! invalidation (or waits for it in `sync`) can no longer skip the ioctl
 //! for the new mapping; REMOVE (`madvise`) keeps the VMA registered and
-//! forgets nothing.
+//! forgets nothing. A range is remembered only if no forget ran between
+//! the lookup that found it unknown and the end of its `UFFDIO_REGISTER`:
+//! otherwise an unmap racing the registration could be forgotten before it
+//! is remembered, and the table would claim a later mapping at the same
+//! address is registered when it is not (no event would ever report it).
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
-use crate::sys::mem::page_size;
+use crate::sys::mem::{page_size, Scratch};
 use crate::sys::uffd::{self, EventFd, Uffd, UffdEvent, UffdMsg};
 
 /// Sets (of `WAYS` ranges each) of the table of ranges known to be registered.
@@ -74,7 +105,7 @@ const WAYS: usize = 4;
 
 const REQUIRED: u64 = uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_REMAP;
 
-/// Counters of the userfaultfd reader.
+/// Counters of the userfaultfd reader and of [`Monitor::sync`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UffdCounters {
     /// UNMAP events read.
@@ -87,6 +118,19 @@ pub struct UffdCounters {
     pub unexpected: u64,
     /// Failed reads.
     pub read_errors: u64,
+    /// `sync` calls that found a change of a watched range in flight (its
+    /// event not read yet) and waited for it.
+    pub inflight_waits: u64,
+    /// Failed in-flight probes in `sync` (should stay zero).
+    pub probe_errors: u64,
+}
+
+/// The table of page ranges registered with the kernel and not unmapped since.
+struct Known {
+    sets: [[(usize, usize); WAYS]; SETS],
+    /// Bumped by every `forget`: a range found unknown before a forget is
+    /// not remembered after it (its registration may predate the change).
+    forgets: u64,
 }
 
 struct Shared {
@@ -96,9 +140,8 @@ struct Shared {
     started: AtomicU64,
     finished: AtomicU64,
     sinks: SinkSet,
-    counters: [AtomicU64; 5],
-    /// Page ranges registered with the kernel and not unmapped since.
-    known: Mutex<[[(usize, usize); WAYS]; SETS]>,
+    counters: [AtomicU64; 7],
+    known: Mutex<Known>,
 }
 
 impl Shared {
@@ -106,15 +149,26 @@ impl Shared {
         (first / page_size()).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - SETS.trailing_zeros())
     }
 
-    fn is_known(&self, range: (usize, usize)) -> bool {
+    /// `Ok(())` when `range` is known to be registered; otherwise the
+    /// forget generation to pass to [`Shared::remember`].
+    fn is_known(&self, range: (usize, usize)) -> Result<(), u64> {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        known[Self::known_set(range.0)].contains(&range)
+        if known.sets[Self::known_set(range.0)].contains(&range) {
+            Ok(())
+        } else {
+            Err(known.forgets)
+        }
     }
 
-    /// Remembers `range` (most recent first in its set; the oldest way is dropped).
-    fn remember(&self, range: (usize, usize)) {
+    /// Remembers `range` (most recent first in its set; the oldest way is
+    /// dropped), unless a `forget` ran since generation `forgets` was read:
+    /// that forget may have been for the very mapping just registered.
+    fn remember(&self, range: (usize, usize), forgets: u64) {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        let set = &mut known[Self::known_set(range.0)];
+        if known.forgets != forgets {
+            return;
+        }
+        let set = &mut known.sets[Self::known_set(range.0)];
         set.rotate_right(1);
         set[0] = range;
     }
@@ -122,11 +176,108 @@ impl Shared {
     /// Forgets every remembered range overlapping `[start, end)` (allocation-free).
     fn forget(&self, start: usize, end: usize) {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        for k in known.iter_mut().flatten() {
+        known.forgets = known.forgets.wrapping_add(1);
+        for k in known.sets.iter_mut().flatten() {
             if k.0 < end && k.1 > start {
                 *k = (0, 0);
             }
         }
+    }
+
+    /// Waits until no change of a registered range is in flight in the
+    /// kernel (see the module docs).
+    fn wait_changes_read(&self) {
+        let mut spins = 0u32;
+        loop {
+            match self.uffd.changes_in_flight() {
+                Ok(false) => return,
+                Ok(true) => {
+                    if spins == 0 {
+                        self.counters[5].fetch_add(1, SeqCst);
+                    }
+                    // The reader (and the changing thread, to leave the
+                    // kernel) must run: yield soon, this may take a while.
+                    if spins < 8 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                    spins = spins.saturating_add(1);
+                }
+                Err(_) => {
+                    // Not expected (the probe is checked in `new`): count it
+                    // and fall back to the reader's rounds alone.
+                    self.counters[6].fetch_add(1, SeqCst);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Proves on this kernel that [`Uffd::changes_in_flight`] sees a change
+/// whose event was not read yet: a helper thread unmaps a registered scratch
+/// page, and its `munmap` cannot return before we read the UNMAP event.
+fn check_in_flight_probe(fd: &Uffd) -> io::Result<()> {
+    let unsupported = |what: &str| io::Error::new(io::ErrorKind::Unsupported, format!("userfaultfd: {what}"));
+    let page = page_size();
+    let scratch = Scratch::new(page)?;
+    fd.register(scratch.addr(), page, uffd::MODE_WP)?;
+    if fd.changes_in_flight()? {
+        return Err(unsupported("in-flight change reported while idle"));
+    }
+    let helper = std::thread::Builder::new()
+        .name("qs-uffd-check".into())
+        .spawn(move || scratch.unmap())?;
+    // The event is queued (the descriptor turns readable) only after the
+    // kernel counted the change, and stays counted until it is read.
+    let mut queued = false;
+    for _ in 0..100 {
+        if uffd::poll_readable(fd.as_raw_fd(), -1, 100)?.0 {
+            queued = true;
+            break;
+        }
+    }
+    if !queued {
+        // Not joined: whatever keeps it is released with the descriptor.
+        return Err(unsupported("no UNMAP event for a registered page"));
+    }
+    let during = fd.changes_in_flight();
+    let mut buf = [UffdMsg::default(); 4];
+    let mut released = false;
+    for _ in 0..100 {
+        match fd.read_events(&mut buf) {
+            Ok(n) => {
+                released = buf[..n]
+                    .iter()
+                    .any(|m| matches!(m.decode(), UffdEvent::Unmap { .. }))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // Dropping the descriptor (caller) releases the helper.
+            Err(e) => return Err(e),
+        }
+        if released {
+            break;
+        }
+        uffd::poll_readable(fd.as_raw_fd(), -1, 100)?;
+    }
+    if !released {
+        return Err(unsupported(
+            "the UNMAP event of a registered page could not be read",
+        ));
+    }
+    helper
+        .join()
+        .map_err(|_| io::Error::other("userfaultfd check thread panicked"))??;
+    let after = fd.changes_in_flight()?;
+    match (during?, after) {
+        (true, false) => Ok(()),
+        (false, _) => Err(unsupported(
+            "UFFDIO_ZEROPAGE does not report in-flight changes (EAGAIN)",
+        )),
+        (true, true) => Err(unsupported(
+            "in-flight change still reported after its event was read",
+        )),
     }
 }
 
@@ -152,6 +303,7 @@ impl UffdMonitor {
         let features = REQUIRED | (supported & optional);
         let fd = Uffd::open(true)?;
         let granted = fd.api(features)?;
+        check_in_flight_probe(&fd)?;
         let shared = Arc::new(Shared {
             uffd: fd,
             wake: EventFd::new()?,
@@ -160,7 +312,10 @@ impl UffdMonitor {
             finished: AtomicU64::new(0),
             sinks: SinkSet::new(),
             counters: Default::default(),
-            known: Mutex::new([[(0, 0); WAYS]; SETS]),
+            known: Mutex::new(Known {
+                sets: [[(0, 0); WAYS]; SETS],
+                forgets: 0,
+            }),
         });
         let for_thread = Arc::clone(&shared);
         let started = Arc::new(std::sync::Barrier::new(2));
@@ -215,6 +370,8 @@ impl UffdMonitor {
             remap: c[2].load(SeqCst),
             unexpected: c[3].load(SeqCst),
             read_errors: c[4].load(SeqCst),
+            inflight_waits: c[5].load(SeqCst),
+            probe_errors: c[6].load(SeqCst),
         }
     }
 }
@@ -240,9 +397,9 @@ impl Monitor for UffdMonitor {
             .and_then(|e| e.checked_add(page - 1))
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
             & !(page - 1);
-        if !self.shared.is_known((first, end)) {
+        if let Err(forgets) = self.shared.is_known((first, end)) {
             self.shared.uffd.register(first, end - first, uffd::MODE_WP)?;
-            self.shared.remember((first, end));
+            self.shared.remember((first, end), forgets);
         }
         Ok(Watch {
             cookie,
@@ -256,6 +413,10 @@ impl Monitor for UffdMonitor {
 
     fn sync(&self) {
         let s = &self.shared;
+        s.wait_changes_read();
+        // Pairs with the kernel's ordering of the read that dequeued the
+        // last counted event before the count dropped (module docs).
+        fence(SeqCst);
         let target = s.started.load(SeqCst);
         let mut spins = 0u32;
         while s.finished.load(SeqCst) < target {
@@ -284,7 +445,7 @@ impl Drop for UffdMonitor {
 fn reader_loop(s: &Shared) {
     let mut buf = [UffdMsg::default(); 64];
     while !s.stop.load(SeqCst) {
-        let (ready, _woken) = match uffd::poll_readable(s.uffd.as_raw_fd(), s.wake.as_raw_fd()) {
+        let (ready, _woken) = match uffd::poll_readable(s.uffd.as_raw_fd(), s.wake.as_raw_fd(), -1) {
             Ok(r) => r,
             Err(_) => {
                 s.counters[4].fetch_add(1, SeqCst);

@@ -30,6 +30,58 @@ pub fn page_size() -> usize {
     })
 }
 
+/// A private anonymous mapping owned by this value (unmapped on drop or by
+/// [`Scratch::unmap`]); used by self-tests that need a range to change.
+#[derive(Debug)]
+pub struct Scratch {
+    addr: usize,
+    len: usize,
+}
+
+impl Scratch {
+    /// Maps `len` bytes (rounded up to pages by the kernel) of fresh memory.
+    pub fn new(len: usize) -> io::Result<Scratch> {
+        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Scratch {
+            addr: ptr as usize,
+            len,
+        })
+    }
+
+    /// Start address of the mapping.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Unmaps the range now, reporting failure.
+    pub fn unmap(self) -> io::Result<()> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the mapping was created in `new` and is owned by `self`,
+        // which is consumed (no drop runs afterwards); nothing else refers to it.
+        unsafe { syscall!(munmap(this.addr as *mut libc::c_void, this.len)) }.map(drop)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping created in `new`, owned by `self`.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
 /// Value written into the guard page; a forked child sees zero instead.
 const ALIVE: u64 = 0x5153_5f52_4547_4341; // "QS_REGCA"
 

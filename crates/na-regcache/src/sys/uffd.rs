@@ -19,6 +19,8 @@ pub const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
 /// `_IOWR(0xAA, 0x00, struct uffdio_register)`.
 const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+/// `_IOWR(0xAA, 0x04, struct uffdio_zeropage)`.
+const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 
 /// Registration mode: write-protect tracking (faults only on protected pages).
 pub const MODE_WP: u64 = 2;
@@ -60,6 +62,15 @@ struct UffdioRegister {
     mode: u64,
     ioctls: u64,
 }
+
+#[repr(C)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+
+const _: () = assert!(std::mem::size_of::<UffdioZeropage>() == 32);
 
 /// One `struct uffd_msg` as read from the descriptor (32 bytes).
 #[repr(C)]
@@ -174,6 +185,40 @@ impl Uffd {
         Ok(())
     }
 
+    /// True while a change of a range registered with this descriptor is
+    /// in flight: the kernel counts such changes in the context's
+    /// `mmap_changing` from the moment it prepares the event (under the
+    /// mmap lock, *before* the old mapping disappears) until the changing
+    /// thread saw its event read. The count is probed with a zero-length
+    /// `UFFDIO_ZEROPAGE`, which fails with `EAGAIN` while it is non-zero
+    /// (the kernel checks that before it even reads the arguments) and with
+    /// `EINVAL` (empty range) otherwise; it never maps anything and takes no
+    /// lock. `UffdMonitor::new` verifies this on the running kernel.
+    /// Allocation-free.
+    pub fn changes_in_flight(&self) -> io::Result<bool> {
+        let mut zp = UffdioZeropage {
+            range: UffdioRange { start: 0, len: 0 },
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: UFFDIO_ZEROPAGE reads one `struct uffdio_zeropage` and may
+        // write its last field; `zp` has that layout (size asserted) and
+        // outlives the call. A zero-length range is rejected before any
+        // memory is touched.
+        match unsafe {
+            syscall!(ioctl(
+                self.fd.as_raw_fd(),
+                UFFDIO_ZEROPAGE,
+                &mut zp as *mut UffdioZeropage
+            ))
+        } {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+            Err(e) => Err(e),
+            Ok(_) => Err(io::Error::other("zero-length UFFDIO_ZEROPAGE succeeded")),
+        }
+    }
+
     /// Reads as many pending messages as fit into `buf` without blocking;
     /// `Ok(0)` when none is pending. Allocation-free.
     pub fn read_events(&self, buf: &mut [UffdMsg]) -> io::Result<usize> {
@@ -230,11 +275,12 @@ impl EventFd {
     }
 }
 
-/// Blocks in [poll(2)] until `a` or `b` is readable; returns `(a_ready, b_ready)`.
-/// `EINTR` is reported as `(false, false)`.
+/// Blocks in [poll(2)] until `a` or `b` is readable, at most `timeout_ms`
+/// milliseconds (-1: no limit); returns `(a_ready, b_ready)`. `EINTR` and
+/// the timeout are reported as `(false, false)`.
 ///
 /// [poll(2)]: https://man7.org/linux/man-pages/man2/poll.2.html
-pub fn poll_readable(a: RawFd, b: RawFd) -> io::Result<(bool, bool)> {
+pub fn poll_readable(a: RawFd, b: RawFd, timeout_ms: libc::c_int) -> io::Result<(bool, bool)> {
     let mut fds = [
         libc::pollfd {
             fd: a,
@@ -248,7 +294,7 @@ pub fn poll_readable(a: RawFd, b: RawFd) -> io::Result<(bool, bool)> {
         },
     ];
     // SAFETY: `fds` is a live array of two pollfd structs, its length is passed.
-    match unsafe { syscall!(poll(fds.as_mut_ptr(), 2, -1)) } {
+    match unsafe { syscall!(poll(fds.as_mut_ptr(), 2, timeout_ms)) } {
         Ok(_) => Ok((fds[0].revents != 0, fds[1].revents != 0)),
         Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok((false, false)),
         Err(e) => Err(e),
