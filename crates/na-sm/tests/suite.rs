@@ -1,12 +1,19 @@
-//! The NA conformance suite (`na-testsuite`) over shared memory: every
-//! scenario in its own 0700 socket directory, peers as real processes.
+//! The NA conformance suite (`na-testsuite`) over shared memory, and the
+//! shared-memory-only trials (`suite/sm_only.rs`): every trial in its own
+//! 0700 socket directory, peers as real processes (this binary in peer
+//! mode, with the extra roles `hostile` and `envcheck`).
+
+#[path = "suite/sm_only.rs"]
+mod sm_only;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use na_core::Plugin;
+use std::time::Instant;
+
+use na_core::{Addr, OpId, Plugin, PluginId};
 use na_sm::{SmConfig, SmPlugin, SOCKET_DIR_ENV};
 use na_testsuite::{Suite, Transport};
 
@@ -54,10 +61,74 @@ fn peer() -> Transport {
     transport(dir.into(), None)
 }
 
+/// `hostile URI`: connects, makes one honest round trip, then scribbles
+/// random bytes over its connection's shared memory until the target
+/// reports an error to it (prints `HOSTILE ...`). `envcheck`: creates a
+/// plugin with the environment as given and prints `OK <addr>` or `ERR <e>`.
+fn extra_roles(args: &[&str]) -> bool {
+    match args {
+        ["hostile", uri] => hostile(uri),
+        ["envcheck"] => match SmPlugin::new(PluginId(0), SmConfig::listening()) {
+            Ok(p) => println!("OK {}", p.self_addr()),
+            Err(e) => println!("ERR {e}"),
+        },
+        _ => return false,
+    }
+    true
+}
+
+fn hostile(uri: &str) {
+    let mut plugin = SmPlugin::new(PluginId(0), SmConfig::default()).expect("plugin");
+    let target: Addr = plugin.lookup(uri).expect("lookup");
+    plugin
+        .post_recv_expected(&target, 1, Vec::new(), OpId(1))
+        .expect("post");
+    plugin
+        .send_unexpected(&target, 1, b"ehello", OpId(2))
+        .expect("send");
+    let (deadline, mut got) = (Instant::now() + Duration::from_secs(20), 0);
+    while got < 2 {
+        assert!(Instant::now() < deadline, "no echo from the target");
+        plugin.progress().expect("progress");
+        while let Some(c) = plugin.pop_completion() {
+            c.status.expect("honest round trip");
+            got += 1;
+        }
+    }
+    plugin
+        .post_recv_expected(&target, 2, Vec::new(), OpId(3))
+        .expect("post");
+    let mut seed = u64::from(std::process::id());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the target never reported an error to the hostile peer"
+        );
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        if plugin.debug_scribble(&target, seed).is_err() {
+            println!("HOSTILE disconnected (scribble refused)");
+            return;
+        }
+        let _ = plugin.send_unexpected(&target, 3, b"junk", OpId(100 + (seed % 1000)));
+        std::thread::sleep(Duration::from_millis(5));
+        let _ = plugin.progress();
+        while let Some(c) = plugin.pop_completion() {
+            if c.op == OpId(3) {
+                let e = c.status.expect_err("a hostile peer must get an error");
+                println!("HOSTILE got error: {e}");
+                return;
+            }
+        }
+    }
+}
+
 fn main() {
     na_testsuite::run_main(Suite {
         name: "sm",
         setup,
         peer,
+        extra_roles,
+        extra_trials: sm_only::trials(),
     });
 }

@@ -10,7 +10,13 @@
 //! fn setup(test: &str) -> Option<Transport> { unimplemented!() }
 //! fn peer() -> Transport { unimplemented!() }
 //! fn main() {
-//!     na_testsuite::run_main(Suite { name: "sm", setup, peer });
+//!     na_testsuite::run_main(Suite {
+//!         name: "sm",
+//!         setup,
+//!         peer,
+//!         extra_roles: |_| false,
+//!         extra_trials: Vec::new(),
+//!     });
 //! }
 //! ```
 //!
@@ -86,6 +92,13 @@ pub struct Suite {
     /// Peer side: the transport rebuilt from the environment that
     /// [`Transport::peer_env`] gave the peer process.
     pub peer: fn() -> Transport,
+    /// Peer side: roles of this transport's own (`args[0]` names the role);
+    /// returns false for a role it does not know, which the suite's peer
+    /// program then runs. Called before [`Suite::peer`].
+    pub extra_roles: fn(args: &[&str]) -> bool,
+    /// Trials of this transport's own, run beside the suite's and named
+    /// `<name>_only::<trial>`.
+    pub extra_trials: Vec<(&'static str, Scenario)>,
 }
 
 /// A scenario: the test body, given a transport.
@@ -131,15 +144,19 @@ pub fn run_main(suite: Suite) -> ! {
     if let Some(role) = std::env::var_os(PEER_ENV) {
         let role = role.to_string_lossy().into_owned();
         let args: Vec<&str> = role.split(' ').collect();
-        peer::main(&(suite.peer)(), &args);
+        if !(suite.extra_roles)(&args) {
+            peer::main(&(suite.peer)(), &args);
+        }
         std::process::exit(0);
     }
     let args = libtest_mimic::Arguments::from_args();
-    let trials = scenarios()
-        .into_iter()
-        .map(|(name, run)| {
+    let own = format!("{}_only", suite.name);
+    let named = scenarios().into_iter().map(|(n, run)| (suite.name, n, run));
+    let trials = named
+        .chain(suite.extra_trials.iter().map(|&(n, run)| (own.as_str(), n, run)))
+        .map(|(group, name, run)| {
             let setup = suite.setup;
-            libtest_mimic::Trial::test(format!("{}::{name}", suite.name), move || {
+            libtest_mimic::Trial::test(format!("{group}::{name}"), move || {
                 let Some(t) = setup(name) else {
                     return Ok(());
                 };
@@ -165,6 +182,11 @@ fn catch(f: impl FnOnce()) -> Result<(), libtest_mimic::Failed> {
 /// Byte `i` of memory the peer exposes with its `m` command.
 pub fn pattern(i: u64) -> u8 {
     (i.wrapping_mul(7) + 3) as u8
+}
+
+/// Payload of message `i` of the peer's `flood` role: 100 bytes.
+pub fn flood_payload(i: u32) -> Vec<u8> {
+    (0..100u32).map(|j| (i.wrapping_mul(31) ^ j) as u8).collect()
 }
 
 /// Byte `i` written by a client before the peer's `c` check.

@@ -22,6 +22,10 @@
 //!   - `q`: reply, print `SERVED <n>`, exit.
 //! * `client URI N`: N echo round trips with up to 50 in flight; prints
 //!   `CLIENT OK N` and exits 0 if every echo came back intact.
+//! * `flood URI N`: N unexpected messages (tag = index, payload
+//!   [`flood_payload`](crate::flood_payload)) as fast as the target takes
+//!   them, without waiting for any answer; prints `FLOOD DONE N` once every
+//!   send completed.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -30,7 +34,7 @@ use na_core::{
     Access, Addr, Completion, Endpoint, MemHandle, OpId, OpKind, PluginId, ProgressMode, RemoteMem,
 };
 
-use crate::{pattern, pattern2, Transport};
+use crate::{flood_payload, pattern, pattern2, Transport};
 
 /// Runs role `args[0]` with its arguments.
 pub fn main(t: &Transport, args: &[&str]) {
@@ -42,6 +46,7 @@ pub fn main(t: &Transport, args: &[&str]) {
     match args.first().copied() {
         Some("server") => server(t),
         Some("client") => client(t, arg(1), arg(2).parse().expect("client count")),
+        Some("flood") => flood(t, arg(1), arg(2).parse().expect("flood count")),
         other => panic!("unknown peer role {other:?}"),
     }
 }
@@ -261,4 +266,23 @@ fn client(t: &Transport, uri: &str, n: u64) {
         done += 1;
     }
     println!("CLIENT OK {n}");
+}
+
+fn flood(t: &Transport, uri: &str, n: u32) {
+    let (mut ep, _) = endpoint(t, false);
+    let target = ep.lookup(uri).expect("lookup");
+    for i in 0..n {
+        ep.send_unexpected(&target, i, &flood_payload(i), OpId(u64::from(i)))
+            .expect("send");
+    }
+    let (mut done, end) = (0, Instant::now() + Duration::from_secs(60));
+    while done < n {
+        assert!(Instant::now() < end, "flood: only {done} of {n} sends completed");
+        ep.progress(Some(Duration::from_millis(100))).expect("progress");
+        while let Some(c) = ep.pop_completion() {
+            c.status.expect("flood send");
+            done += 1;
+        }
+    }
+    println!("FLOOD DONE {n}");
 }

@@ -60,5 +60,7 @@ fn main() {
         name: "verbs",
         setup,
         peer,
+        extra_roles: |_| false,
+        extra_trials: Vec::new(),
     });
 }
