@@ -8,7 +8,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use na_regcache::{Access, Cache, CacheConfig, MonitorChoice, Registrar, UffdMonitor, UringRegistrar};
+use na_regcache::{
+    Access, Cache, CacheConfig, Consistency, MonitorChoice, Registrar, UffdMonitor, UringRegistrar,
+};
 
 const PAGE: usize = 4096;
 const SAMPLES: usize = 9;
@@ -35,7 +37,18 @@ fn buffers(n: usize, len: usize) -> Vec<usize> {
         .collect()
 }
 
+/// The cache set-ups compared: userfaultfd with each consistency, no monitor.
+const VARIANTS: [(MonitorChoice, Consistency, &str); 3] = [
+    (MonitorChoice::Uffd, Consistency::InFlight, "uffd, in-flight"),
+    (MonitorChoice::Uffd, Consistency::Returned, "uffd, returned"),
+    (MonitorChoice::None, Consistency::InFlight, "none"),
+];
+
 fn cache(monitor: MonitorChoice, max_count: usize) -> Cache<UringRegistrar> {
+    cache_with(monitor, Consistency::InFlight, max_count)
+}
+
+fn cache_with(monitor: MonitorChoice, consistency: Consistency, max_count: usize) -> Cache<UringRegistrar> {
     let reg = UringRegistrar::new(4096, false).expect("io_uring fixed buffers");
     Cache::new(
         reg,
@@ -44,6 +57,7 @@ fn cache(monitor: MonitorChoice, max_count: usize) -> Cache<UringRegistrar> {
             max_bytes: 1 << 34,
             monitor,
             fork_guard: true,
+            consistency,
         },
     )
     .expect("cache")
@@ -114,20 +128,14 @@ fn main() {
 
     // 1. Hit cost with 1024 cached one-page entries.
     let bufs = buffers(1024, PAGE);
-    for monitor in [MonitorChoice::Uffd, MonitorChoice::None]
-        .into_iter()
-        .filter(|_| run("hit"))
-    {
-        let c = cache(monitor, 2048);
+    for (monitor, consistency, label) in VARIANTS.into_iter().filter(|_| run("hit")) {
+        let c = cache_with(monitor, consistency, 2048);
         for &a in &bufs {
             drop(c.get(a, PAGE, W).expect("fill"));
         }
         let h1 = hit_cost(&c, &bufs, 1);
         let h2 = hit_cost(&c, &bufs, 2);
-        println!(
-            "hit (get+release, 1024 entries, {}): 1 thread {h1:.0} ns, 2 threads {h2:.0} ns",
-            c.monitor_name()
-        );
+        println!("hit (get+release, 1024 entries, {label}): 1 thread {h1:.0} ns, 2 threads {h2:.0} ns");
     }
 
     // 2. Miss cost vs raw registration (64 KiB buffers).
@@ -155,15 +163,11 @@ fn main() {
         t0.elapsed().as_nanos() as f64 / bufs.len() as f64
     });
     println!("raw registration (64 KiB): register {raw:.0} ns, register+deregister {raw_pair:.0} ns");
-    for monitor in [MonitorChoice::Uffd, MonitorChoice::None]
-        .into_iter()
-        .filter(|_| run("miss"))
-    {
-        let c = cache(monitor, 1024);
+    for (monitor, consistency, label) in VARIANTS.into_iter().filter(|_| run("miss")) {
+        let c = cache_with(monitor, consistency, 1024);
         let miss = workload(&c, &bufs, LEN, bufs.len());
         println!(
-            "miss (64 KiB, {}): {miss:.0} ns = {:.2}x raw register",
-            c.monitor_name(),
+            "miss (64 KiB, {label}): {miss:.0} ns = {:.2}x raw register",
             miss / raw
         );
     }
@@ -172,15 +176,11 @@ fn main() {
     let reuse = &bufs[..16];
     let disabled = cache(MonitorChoice::Disabled, 16);
     let base = workload(&disabled, reuse, LEN, 20_000);
-    for monitor in [MonitorChoice::Uffd, MonitorChoice::None]
-        .into_iter()
-        .filter(|_| run("reuse"))
-    {
-        let c = cache(monitor, 64);
+    for (monitor, consistency, label) in VARIANTS.into_iter().filter(|_| run("reuse")) {
+        let c = cache_with(monitor, consistency, 64);
         let t = workload(&c, reuse, LEN, 20_000);
         println!(
-            "reuse 16 buffers ({}): {t:.0} ns vs no cache {base:.0} ns: {:.1}x faster",
-            c.monitor_name(),
+            "reuse 16 buffers ({label}): {t:.0} ns vs no cache {base:.0} ns: {:.1}x faster",
             base / t
         );
     }
@@ -192,12 +192,11 @@ fn main() {
         .into_iter()
         .filter(|_| run("noreuse"))
     {
-        for monitor in [MonitorChoice::Uffd, MonitorChoice::None] {
-            let c = cache(monitor, max);
+        for (monitor, consistency, mlabel) in VARIANTS {
+            let c = cache_with(monitor, consistency, max);
             let t = workload(&c, &bufs[..if max == 256 { 512 } else { bufs.len() }], LEN, 2048);
             println!(
-                "{label} ({}): {t:.0} ns vs no cache {base:.0} ns: {:.2}x",
-                c.monitor_name(),
+                "{label} ({mlabel}): {t:.0} ns vs no cache {base:.0} ns: {:.2}x",
                 t / base
             );
         }

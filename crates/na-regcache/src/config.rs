@@ -5,6 +5,7 @@
 //! | `QS_MR_CACHE_MAX_COUNT` | 1 ..= 1048576 entries | 1024 |
 //! | `QS_MR_CACHE_MAX_SIZE` | bytes, optional `K`/`M`/`G` (binary) suffix | 1G |
 //! | `QS_MR_CACHE_MONITOR` | `uffd`, `alloc`, `none`, `disabled` | uffd, else disabled |
+//! | `QS_MR_CACHE_CONSISTENCY` | `in-flight`, `returned` (see [`Consistency`]) | in-flight |
 //!
 //! An invalid value is an [`Error::Config`] naming the variable, never a
 //! silent default.
@@ -17,6 +18,8 @@ pub const ENV_MAX_COUNT: &str = "QS_MR_CACHE_MAX_COUNT";
 pub const ENV_MAX_SIZE: &str = "QS_MR_CACHE_MAX_SIZE";
 /// Environment variable: which monitor keeps the cache correct.
 pub const ENV_MONITOR: &str = "QS_MR_CACHE_MONITOR";
+/// Environment variable: `in-flight` or `returned`.
+pub const ENV_CONSISTENCY: &str = "QS_MR_CACHE_CONSISTENCY";
 
 /// Upper bound of `max_count` (index and slot table are reserved up front).
 pub const MAX_COUNT_LIMIT: usize = 1 << 20;
@@ -51,6 +54,36 @@ impl MonitorChoice {
     }
 }
 
+/// Which changes of the address space a lookup is guaranteed to see.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Consistency {
+    /// A lookup never returns a registration of pages that any change has
+    /// already taken away, even one whose `munmap`/`mremap` has not
+    /// returned yet while another thread already got the freed address
+    /// from `mmap`/`malloc`. With userfaultfd this costs one `ioctl` per
+    /// lookup (a hit costs ~0.6 µs instead of ~0.06 µs on the dev VM).
+    #[default]
+    InFlight,
+    /// A lookup sees every change whose call returned before the lookup
+    /// began (in any thread) and nothing is ever stale after that; a lookup
+    /// racing a change still in flight may return the old registration.
+    /// Hits take no system call. Choose it when no thread reuses freed
+    /// address ranges for registration while another may still be
+    /// unmapping them, or when lookups and unmaps are otherwise ordered.
+    Returned,
+}
+
+impl Consistency {
+    /// Parses `in-flight` (or `strict`) and `returned`, case-insensitively.
+    pub fn parse(s: &str) -> Option<Consistency> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "in-flight" | "inflight" | "strict" => Some(Consistency::InFlight),
+            "returned" => Some(Consistency::Returned),
+            _ => None,
+        }
+    }
+}
+
 /// Cache limits and monitor choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheConfig {
@@ -63,6 +96,9 @@ pub struct CacheConfig {
     /// Refuse use in a forked child (default true). Turning it off exists
     /// only to demonstrate the corruption it prevents.
     pub fork_guard: bool,
+    /// Which changes a lookup must see (userfaultfd only; the allocator
+    /// hook is synchronous anyway).
+    pub consistency: Consistency,
 }
 
 impl Default for CacheConfig {
@@ -72,6 +108,7 @@ impl Default for CacheConfig {
             max_bytes: 1 << 30,
             monitor: MonitorChoice::Auto,
             fork_guard: true,
+            consistency: Consistency::InFlight,
         }
     }
 }
@@ -107,6 +144,10 @@ impl CacheConfig {
             cfg.monitor = MonitorChoice::parse(&v).ok_or_else(|| {
                 config_err(ENV_MONITOR, &v, "expected uffd, alloc, none or disabled".into())
             })?;
+        }
+        if let Some(v) = get(ENV_CONSISTENCY) {
+            cfg.consistency = Consistency::parse(&v)
+                .ok_or_else(|| config_err(ENV_CONSISTENCY, &v, "expected in-flight or returned".into()))?;
         }
         Ok(cfg)
     }
@@ -166,8 +207,10 @@ mod tests {
             (ENV_MAX_COUNT, "64"),
             (ENV_MAX_SIZE, "16M"),
             (ENV_MONITOR, "none"),
+            (ENV_CONSISTENCY, "Returned"),
         ]))
         .unwrap();
+        assert_eq!(cfg.consistency, Consistency::Returned);
         assert_eq!(cfg.max_count, 64);
         assert_eq!(cfg.max_bytes, 16 << 20);
         assert_eq!(cfg.monitor, MonitorChoice::None);
@@ -186,6 +229,7 @@ mod tests {
             (ENV_MAX_SIZE, "12Q"),
             (ENV_MAX_SIZE, "1"),
             (ENV_MONITOR, "kdreg2"),
+            (ENV_CONSISTENCY, "eventual"),
         ] {
             let err = CacheConfig::from_lookup(env(&[(var, val)])).unwrap_err();
             let msg = err.to_string();

@@ -72,10 +72,10 @@ mod sys;
 mod uring;
 
 pub use cache::{Cache, Registration};
-pub use config::{CacheConfig, MonitorChoice};
+pub use config::{CacheConfig, Consistency, MonitorChoice};
 pub use error::{Error, Result};
 pub use monitor::alloc::AllocMonitor;
-pub use monitor::uffd::{UffdCounters, UffdMonitor};
+pub use monitor::uffd::{UffdCounters, UffdMonitor, REMOVE_SETTLE};
 pub use monitor::{InvalidationSink, Monitor, SinkId, Watch};
 pub use registrar::{Access, Registrar};
 pub use stats::CacheStats;

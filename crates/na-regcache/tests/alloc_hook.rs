@@ -61,6 +61,7 @@ fn hook_invalidates_on_free_and_realloc_without_allocating() {
         max_bytes: 1 << 30,
         monitor: MonitorChoice::Alloc,
         fork_guard: true,
+        consistency: Default::default(),
     };
     let cache = Cache::new(reg, cfg).unwrap();
     for round in 0..50 {

@@ -24,6 +24,7 @@ fn cache(monitor: MonitorChoice, max_count: usize, max_bytes: usize, slots: u16)
             max_bytes,
             monitor,
             fork_guard: true,
+            consistency: Default::default(),
         },
     )
     .unwrap()
@@ -231,6 +232,7 @@ fn deregistration_never_runs_under_the_monitor_lock() {
             max_bytes: 1 << 30,
             monitor: MonitorChoice::Uffd,
             fork_guard: true,
+            consistency: Default::default(),
         };
         let c = Cache::new(reg, cfg).unwrap();
         let b = buffers(3);

@@ -1,7 +1,7 @@
 //! The corruption suite: every scenario runs in its own process (clean
 //! allocator state, no other test threads touching the address space) with
-//! monitor `none` (which must corrupt: proof the test can fail), `uffd` and
-//! `alloc`. Registrations are io_uring fixed buffers (long-term pins, like
+//! monitor `none` (which must corrupt: proof the test can fail), `uffd`
+//! (with both consistency levels) and `alloc`. Registrations are io_uring fixed buffers (long-term pins, like
 //! `ibv_reg_mr`); checks are the data a READ_FIXED delivers and the page
 //! frames in /proc/self/pagemap.
 
@@ -11,7 +11,7 @@ use std::alloc::System;
 use std::process::Command;
 
 use common::{scenarios, Outcome, Rig};
-use na_regcache::{InvalidatingAlloc, MonitorChoice};
+use na_regcache::{Consistency, InvalidatingAlloc, MonitorChoice};
 
 #[global_allocator]
 static ALLOC: InvalidatingAlloc<System> = InvalidatingAlloc::new(System);
@@ -100,7 +100,13 @@ fn classify(o: Outcome) -> Expect {
 fn check_scenario(scenario: &str) {
     common::require_io_uring();
     let want = expected(scenario);
-    for (i, monitor) in MONITORS.iter().enumerate() {
+    // `uffd-returned` (Consistency::Returned) must match `uffd` here: each
+    // scenario's change returns before the lookup that follows it.
+    let runs = MONITORS
+        .iter()
+        .enumerate()
+        .chain(std::iter::once((1, &"uffd-returned")));
+    for (i, monitor) in runs {
         let got = run_isolated(scenario, monitor);
         eprintln!("{scenario:>14} / {monitor:<5}: {got:?}");
         let ok = match want[i] {
@@ -124,6 +130,7 @@ fn scenario_child() {
     let rig = match monitor.as_str() {
         // The unprotected baseline: no monitor and no fork guard.
         "none" => Rig::with_guard(MonitorChoice::None, false),
+        "uffd-returned" => Rig::with_consistency(MonitorChoice::Uffd, Consistency::Returned),
         m => Rig::new(MonitorChoice::parse(m).expect("monitor name")),
     };
     let o = scenarios::run(&scenario, &rig).unwrap_or_else(|e| panic!("{scenario}/{monitor}: {e}"));

@@ -11,12 +11,13 @@
 mod common;
 
 use std::io;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::sys::{self, PAGE};
 use common::{Outcome, Rig};
-use na_regcache::{MonitorChoice, UffdMonitor};
+use na_regcache::{MonitorChoice, UffdMonitor, REMOVE_SETTLE};
 
 const LEN: usize = 4 * PAGE;
 const FILL: u8 = 0xEE;
@@ -90,4 +91,164 @@ fn lookup_of_address_reused_during_inflight_mremap() {
         sys::remap_to(a, len, to)?;
         sys::unmap(to, len)
     });
+}
+
+fn wait_for(what: &str, max: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < max, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A lookup of a range whose `madvise(MADV_DONTNEED)` was read by the
+/// monitor but whose advising thread has not run since (so the pages are
+/// not dropped yet) waits for it; once it proceeds, its registration is not
+/// cached (the pages may be dropped right after it pinned them), and a
+/// lookup after `madvise` returned sees the new pages.
+///
+/// The advising thread is held off its CPU by a `SCHED_FIFO` thread pinned
+/// to the same CPU (needs CAP_SYS_NICE and two CPUs).
+#[test]
+fn lookup_racing_madvise_dontneed_waits_and_is_not_cached() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    common::require_io_uring();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs to starve one thread (found {cpus})"
+    );
+    let rig = Arc::new(Rig::new(MonitorChoice::Uffd));
+    let monitor = UffdMonitor::global().unwrap();
+    let a = sys::map_anon(None, LEN).unwrap();
+    sys::touch(a, LEN, FILL);
+    rig.prime(a, LEN);
+    // Everything but the advising thread and the CPU hog runs on CPU 0.
+    let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
+    sys::pin_thread(reader, Some(0)).unwrap();
+    sys::pin_thread(0, Some(0)).unwrap();
+    let before = monitor.counters();
+    assert!(
+        sys::stall_thread(reader, Duration::from_secs(3)),
+        "reader stalled"
+    );
+
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let adviser = std::thread::spawn(move || {
+        sys::pin_thread(0, Some(1))?;
+        tid_tx.send(sys::gettid()).ok();
+        sys::advise(a, LEN, libc::MADV_DONTNEED)
+    });
+    let adviser_tid = tid_rx.recv().unwrap();
+    // Asleep in the kernel until its REMOVE event is read (TASK_KILLABLE: 'D').
+    wait_for(
+        "the adviser to sleep on its event",
+        Duration::from_secs(2),
+        || sys::thread_state(adviser_tid) == Some('D'),
+    );
+
+    let hold = Arc::new(AtomicBool::new(true));
+    let hogging = Arc::new(AtomicBool::new(false));
+    let hog = {
+        let (hold, hogging) = (Arc::clone(&hold), Arc::clone(&hogging));
+        std::thread::spawn(move || -> io::Result<()> {
+            sys::pin_thread(0, Some(1))?;
+            sys::make_current_fifo()?;
+            hogging.store(true, SeqCst);
+            let t0 = Instant::now();
+            while hold.load(SeqCst) && t0.elapsed() < Duration::from_secs(3) {
+                std::hint::spin_loop();
+            }
+            Ok(())
+        })
+    };
+    wait_for("the CPU hog", Duration::from_secs(2), || {
+        hogging.load(SeqCst) || hog.is_finished()
+    });
+    if hog.is_finished() {
+        sys::stall_release();
+        let err = hog.join().unwrap().unwrap_err();
+        panic!("cannot run a SCHED_FIFO thread ({err}): this test needs root or CAP_SYS_NICE");
+    }
+    // The reader reads REMOVE and wakes the adviser, which cannot run.
+    sys::stall_release();
+    wait_for("the REMOVE event to be read", Duration::from_secs(2), || {
+        monitor.counters().remove > before.remove
+    });
+    let uncached_before = rig.cache.stats().uncached;
+    let looked_up = Arc::new(AtomicBool::new(false));
+    let looker = {
+        let (rig, looked_up) = (Arc::clone(&rig), Arc::clone(&looked_up));
+        std::thread::spawn(move || {
+            // Racing a discard: whatever this transfer sees is undefined.
+            let r = rig.transfer(a, LEN);
+            looked_up.store(true, SeqCst);
+            r
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let waited = !looked_up.load(SeqCst);
+    let adviser_ran = adviser.is_finished();
+    hold.store(false, SeqCst);
+    hog.join().unwrap().unwrap();
+    adviser.join().unwrap().unwrap();
+    looker.join().unwrap().unwrap();
+    sys::pin_thread(0, None).unwrap();
+    sys::pin_thread(reader, None).unwrap();
+
+    let after_counters = monitor.counters();
+    let stats = rig.cache.stats();
+    eprintln!("madvise race: waited={waited} {stats} {after_counters:?}");
+    assert!(!adviser_ran, "the adviser was held off its CPU");
+    assert!(waited, "the lookup waited while the adviser had not run");
+    assert!(after_counters.inflight_waits > before.inflight_waits);
+    assert!(
+        stats.uncached > uncached_before && after_counters.settling_uncached > before.settling_uncached,
+        "the registration made while the pages were being dropped was not cached"
+    );
+    // madvise returned: new pages (the racing transfer may have filled
+    // them); fill them and transfer.
+    sys::touch(a, LEN, FILL);
+    let outcome = rig.transfer(a, LEN).unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::CLEAN,
+        "stale registration after madvise returned"
+    );
+    sys::unmap(a, LEN).unwrap();
+}
+
+/// A range stays settling for `REMOVE_SETTLE` after its REMOVE event:
+/// misses inside it are uncached meanwhile and cached again afterwards.
+#[test]
+fn range_settles_after_madvise() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    common::require_io_uring();
+    let rig = Rig::new(MonitorChoice::Uffd);
+    let a = sys::map_anon(None, LEN).unwrap();
+    sys::touch(a, LEN, FILL);
+    rig.prime(a, LEN);
+    sys::advise(a, LEN, libc::MADV_DONTNEED).unwrap();
+    let advised = Instant::now();
+    sys::touch(a, LEN, FILL);
+    let s0 = rig.cache.stats();
+    assert_eq!(rig.transfer(a, LEN).unwrap(), Outcome::CLEAN);
+    let s1 = rig.cache.stats();
+    let settling = advised.elapsed() < REMOVE_SETTLE;
+    std::thread::sleep(REMOVE_SETTLE);
+    assert_eq!(rig.transfer(a, LEN).unwrap(), Outcome::CLEAN);
+    let s2 = rig.cache.stats();
+    assert_eq!(rig.transfer(a, LEN).unwrap(), Outcome::CLEAN);
+    let s3 = rig.cache.stats();
+    eprintln!("settle: {s0} -> {s1} -> {s2} -> {s3}");
+    if settling {
+        assert_eq!(
+            s1.uncached,
+            s0.uncached + 1,
+            "a miss right after madvise is uncached"
+        );
+    }
+    assert_eq!(s2.uncached, s1.uncached, "cached again once settled");
+    assert_eq!((s3.hits, s3.misses), (s2.hits + 1, s2.misses), "and then hit");
+    sys::unmap(a, LEN).unwrap();
 }

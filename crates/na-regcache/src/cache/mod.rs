@@ -3,9 +3,10 @@
 //! # Call order of [`Cache::get`]
 //!
 //! 1. refuse in a forked child (one load of a `MADV_WIPEONFORK` page);
-//! 2. `monitor.sync()`: wait for in-flight monitor events, including (with
-//!    userfaultfd) changes whose event the kernel has not delivered yet
-//!    (no lock held);
+//! 2. `monitor.sync_in_flight()` (or `sync()` with
+//!    [`Consistency::Returned`]): wait for in-flight monitor events,
+//!    including (with userfaultfd) changes whose event the kernel has not
+//!    delivered yet (no lock held);
 //! 3. reap invalidated entries (deregistered outside the lock);
 //! 4. read-lock, look up; a hit takes a reference, sets the entry's CLOCK
 //!    bit and returns (releasing a handle takes no lock);
@@ -14,7 +15,9 @@
 //! 6. subscribe the span with the monitor, *then* register it (so an unmap
 //!    between the two is seen), retrying once after evicting idle entries;
 //! 7. lock; if an invalidation since step 5 overlaps the span, discard and
-//!    retry (at most three times); else insert, evicting idle entries with
+//!    retry (at most three times); if the monitor says a change of the span
+//!    is still settling (`madvise` drops pages after its event), hand the
+//!    registration out uncached; else insert, evicting idle entries with
 //!    the CLOCK (second-chance) approximation of LRU;
 //!    unlock and deregister superseded/evicted entries.
 //!
@@ -33,7 +36,7 @@ use entry::{Backend, Entry};
 use shared::Shared;
 use table::{Insert, Table};
 
-use crate::config::{CacheConfig, MonitorChoice};
+use crate::config::{CacheConfig, Consistency, MonitorChoice};
 use crate::error::{Error, Result};
 use crate::monitor::{alloc::AllocMonitor, uffd::UffdMonitor, InvalidationSink, Monitor, SinkId};
 use crate::registrar::{Access, Registrar};
@@ -116,6 +119,7 @@ impl<R: Registrar> Cache<R> {
             backend,
             table: BrLock::new(Table::new(config.max_count, config.max_bytes)),
             caching,
+            in_flight: config.consistency == Consistency::InFlight,
             lo: AtomicUsize::new(usize::MAX),
             hi: AtomicUsize::new(0),
             zombies: AtomicUsize::new(0),
@@ -166,8 +170,10 @@ impl<R: Registrar> Cache<R> {
         if !sh.caching {
             return self.uncached(addr, end, access);
         }
-        if let Some(m) = &sh.backend.monitor {
-            m.sync();
+        match &sh.backend.monitor {
+            Some(m) if sh.in_flight => m.sync_in_flight(),
+            Some(m) => m.sync(),
+            None => {}
         }
         if sh.zombies.load(Ordering::SeqCst) > 0 {
             self.reap();
@@ -237,9 +243,15 @@ impl<R: Registrar> Cache<R> {
                 drop(entry);
                 continue;
             }
-            let (cached, doomed, evicted) = match t.insert(Arc::clone(&entry)) {
-                Insert::Done { doomed, evicted } => (true, doomed, evicted),
-                Insert::NoRoom { doomed, evicted } => (false, doomed, evicted),
+            let settling = sh.backend.monitor.as_ref().is_some_and(|m| m.settling(s, e));
+            let (cached, doomed, evicted) = if settling {
+                // Its pages may be dropped right after we pinned them.
+                (false, Vec::new(), 0)
+            } else {
+                match t.insert(Arc::clone(&entry)) {
+                    Insert::Done { doomed, evicted } => (true, doomed, evicted),
+                    Insert::NoRoom { doomed, evicted } => (false, doomed, evicted),
+                }
             };
             drop(t);
             if !cached {

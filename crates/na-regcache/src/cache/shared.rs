@@ -15,6 +15,8 @@ pub(crate) struct Shared<R: Registrar> {
     pub backend: Arc<Backend<R>>,
     pub table: BrLock<Table<R>>,
     pub caching: bool,
+    /// Lookups wait for in-flight changes too ([`crate::Consistency::InFlight`]).
+    pub in_flight: bool,
     /// Lower/upper bound of every range ever cached or being registered
     /// (lock-free pre-filter for monitors).
     pub lo: AtomicUsize,

@@ -76,6 +76,25 @@ pub trait Monitor: Send + Sync + 'static {
     /// `mremap`, `free` returned) before this call has reached the sinks.
     fn sync(&self);
 
+    /// Like [`Monitor::sync`], and also waits for changes still in flight
+    /// (their call has not returned) that may already have freed the old
+    /// pages ([`crate::Consistency::InFlight`]). Defaults to `sync`.
+    fn sync_in_flight(&self) {
+        self.sync();
+    }
+
+    /// True while a change of `[start, end)` that already reached the sinks
+    /// may still be replacing its pages, so a registration made now may pin
+    /// pages that are about to be dropped: the cache then hands the
+    /// registration out uncached. (userfaultfd delivers `madvise`'s REMOVE
+    /// *before* the kernel drops the pages.) Called on a miss under the
+    /// cache's lock: must not block, allocate or take a lock the monitor
+    /// holds while it calls sinks.
+    fn settling(&self, start: usize, end: usize) -> bool {
+        let _ = (start, end);
+        false
+    }
+
     /// True when the mapping under `watch` is known to have changed (kdreg2
     /// style generation check). Monitors that push to sinks return false.
     fn changed(&self, watch: &Watch) -> bool {

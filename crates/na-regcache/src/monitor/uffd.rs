@@ -44,8 +44,8 @@
 //! lock and before the old mapping disappears, and lowered only after a
 //! `read` dequeued the event and the changing thread woke up.
 //!
-//! [`Monitor::sync`], which every cache lookup calls before taking its
-//! lock, (a) probes `mmap_changing` (a zero-length `UFFDIO_ZEROPAGE`, which
+//! [`Monitor::sync_in_flight`], which every cache lookup calls before
+//! taking its lock (with the default [`crate::Consistency::InFlight`]), (a) probes `mmap_changing` (a zero-length `UFFDIO_ZEROPAGE`, which
 //! fails with `EAGAIN` while it is non-zero and takes no lock) until it is
 //! zero, yielding meanwhile, then (b) loads `started` and waits until
 //! `finished` reaches it.
@@ -63,9 +63,34 @@
 //! concurrent with B. Step (a) only waits while some change of a watched
 //! range is between its preparation and its thread's wake-up; the count is
 //! per userfaultfd, so other userfaultfd users do not delay it
-//! ([`UffdCounters::inflight_waits`] counts the waits). [`UffdMonitor::new`]
+//! ([`UffdCounters::inflight_waits`] counts the waits). With
+//! [`crate::Consistency::Returned`] lookups call [`Monitor::sync`], which
+//! skips (a): it sees every change whose call returned, since the call
+//! returns only after the read. [`UffdMonitor::new`]
 //! checks the probe against a real in-flight unmap and refuses to start if
 //! the kernel does not report it.
+//!
+//! # `madvise`: the event comes before the change
+//!
+//! UNMAP and REMAP are queued after the old pages are gone. REMOVE
+//! (`MADV_DONTNEED`, `MADV_REMOVE`, `MADV_FREE`) is queued *before*: the
+//! advising thread raises `mmap_changing`, queues REMOVE, sleeps until it is
+//! read, lowers the count, and only then retakes the mmap lock and drops the
+//! pages. While it sleeps, (a) above holds every lookup back. Between its
+//! wake-up and the zap, though, a lookup could register (pin) pages that are
+//! about to be dropped, and a cached entry would hand them to every later
+//! lookup. So the reader marks each REMOVE range as *settling* (before it
+//! invalidates the caches), until [`REMOVE_SETTLE`] after the first `sync`
+//! whose probe found the count lowered (the advising thread awake), and a
+//! miss whose span
+//! overlaps a settling range is handed out uncached
+//! ([`Monitor::settling`]; [`UffdCounters::settling_uncached`] counts them).
+//! The cache checks under the lock the reader's invalidation takes, so a
+//! miss either inserts before the invalidation (which then drops it) or
+//! sees the mark. The advising thread is running in the kernel by the time
+//! the count is lowered and drops the pages right after taking the mmap
+//! lock; the settle time is a bound on that, the one timing assumption of
+//! this monitor. Userspace cannot observe the end of the zap.
 //!
 //! The reader never allocates, frees or logs in its loop: freeing memory
 //! could itself unmap a registered page and block the reader on its own
@@ -94,6 +119,7 @@ use std::io;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
 use crate::sys::mem::{page_size, Scratch};
@@ -102,6 +128,13 @@ use crate::sys::uffd::{self, EventFd, Uffd, UffdEvent, UffdMsg};
 /// Sets (of `WAYS` ranges each) of the table of ranges known to be registered.
 const SETS: usize = 512;
 const WAYS: usize = 4;
+
+/// How long a REMOVE range stays settling after its event was read (see
+/// the module docs): misses overlapping it are not cached meanwhile.
+pub const REMOVE_SETTLE: Duration = Duration::from_millis(100);
+
+/// Ranges remembered as settling; more at once widen to "everything".
+const SETTLING_SLOTS: usize = 32;
 
 const REQUIRED: u64 = uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_REMAP;
 
@@ -123,6 +156,17 @@ pub struct UffdCounters {
     pub inflight_waits: u64,
     /// Failed in-flight probes in `sync` (should stay zero).
     pub probe_errors: u64,
+    /// Misses handed out uncached because their range was settling after
+    /// a REMOVE (`madvise`) event.
+    pub settling_uncached: u64,
+}
+
+/// Ranges whose REMOVE event was read recently (`madvise` drops the pages
+/// after the event): `(start, end, deadline)`, deadlines in ns since `epoch`.
+struct Settling {
+    ranges: [(usize, usize, u64); SETTLING_SLOTS],
+    /// Everything is settling until then (the table overflowed).
+    all_until: u64,
 }
 
 /// The table of page ranges registered with the kernel and not unmapped since.
@@ -140,8 +184,15 @@ struct Shared {
     started: AtomicU64,
     finished: AtomicU64,
     sinks: SinkSet,
-    counters: [AtomicU64; 7],
+    counters: [AtomicU64; 8],
     known: Mutex<Known>,
+    epoch: Instant,
+    /// The latest settling deadline (ns since `epoch`): a lock-free "nothing
+    /// is settling" check.
+    settle_until: AtomicU64,
+    /// Some settling range's settle time has not started yet.
+    settle_unarmed: AtomicBool,
+    settling: Mutex<Settling>,
 }
 
 impl Shared {
@@ -180,6 +231,74 @@ impl Shared {
         for k in known.sets.iter_mut().flatten() {
             if k.0 < end && k.1 > start {
                 *k = (0, 0);
+            }
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Marks `[start, end)` settling (allocation-free; called by the reader
+    /// before it invalidates). The settle time starts at the first `sync`
+    /// that finds no change in flight after this: only then is the advising
+    /// thread known to be awake (it lowers the count when it wakes).
+    fn mark_settling(&self, start: usize, end: usize) {
+        let mut st = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.now_ns();
+        match st.ranges.iter_mut().find(|r| r.2 <= now) {
+            Some(slot) => *slot = (start, end, u64::MAX),
+            None => st.all_until = u64::MAX,
+        }
+        self.settle_until.store(u64::MAX, SeqCst);
+        self.settle_unarmed.store(true, SeqCst);
+    }
+
+    /// Starts the settle time of ranges marked since the last call. The
+    /// caller saw `settle_unarmed` set and then found no change in flight.
+    fn arm_settling(&self) {
+        let mut guard = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *guard;
+        self.settle_unarmed.store(false, SeqCst);
+        let deadline = self.now_ns() + REMOVE_SETTLE.as_nanos() as u64;
+        let mut latest = 0;
+        for d in st
+            .ranges
+            .iter_mut()
+            .map(|r| &mut r.2)
+            .chain(std::iter::once(&mut st.all_until))
+        {
+            if *d == u64::MAX {
+                *d = deadline;
+            }
+            latest = latest.max(*d);
+        }
+        self.settle_until.store(latest, SeqCst);
+    }
+
+    fn is_settling(&self, start: usize, end: usize) -> bool {
+        let now = self.now_ns();
+        if self.settle_until.load(SeqCst) <= now {
+            return false;
+        }
+        let st = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+        st.all_until > now || st.ranges.iter().any(|&(s, e, d)| d > now && s < end && e > start)
+    }
+
+    /// Waits for the reader round that was running (or the last one started)
+    /// to finish.
+    fn wait_rounds(&self) {
+        // Pairs with the kernel's ordering of the read that dequeued the
+        // last counted event before the count dropped (module docs).
+        fence(SeqCst);
+        let target = self.started.load(SeqCst);
+        let mut spins = 0u32;
+        while self.finished.load(SeqCst) < target {
+            if spins < 64 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
             }
         }
     }
@@ -316,6 +435,13 @@ impl UffdMonitor {
                 sets: [[(0, 0); WAYS]; SETS],
                 forgets: 0,
             }),
+            epoch: Instant::now(),
+            settle_until: AtomicU64::new(0),
+            settle_unarmed: AtomicBool::new(false),
+            settling: Mutex::new(Settling {
+                ranges: [(0, 0, 0); SETTLING_SLOTS],
+                all_until: 0,
+            }),
         });
         let for_thread = Arc::clone(&shared);
         let started = Arc::new(std::sync::Barrier::new(2));
@@ -372,6 +498,7 @@ impl UffdMonitor {
             read_errors: c[4].load(SeqCst),
             inflight_waits: c[5].load(SeqCst),
             probe_errors: c[6].load(SeqCst),
+            settling_uncached: c[7].load(SeqCst),
         }
     }
 }
@@ -411,22 +538,34 @@ impl Monitor for UffdMonitor {
         // Deliberately a no-op: see the module docs.
     }
 
+    fn settling(&self, start: usize, end: usize) -> bool {
+        let settling = self.shared.is_settling(start, end);
+        if settling {
+            self.shared.counters[7].fetch_add(1, SeqCst);
+        }
+        settling
+    }
+
     fn sync(&self) {
         let s = &self.shared;
-        s.wait_changes_read();
-        // Pairs with the kernel's ordering of the read that dequeued the
-        // last counted event before the count dropped (module docs).
-        fence(SeqCst);
-        let target = s.started.load(SeqCst);
-        let mut spins = 0u32;
-        while s.finished.load(SeqCst) < target {
-            if spins < 64 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::yield_now();
-            }
+        // A REMOVE range's settle time starts only after a quiet probe.
+        if s.settle_unarmed.load(SeqCst) {
+            s.wait_changes_read();
+            s.arm_settling();
         }
+        s.wait_rounds();
+    }
+
+    fn sync_in_flight(&self) {
+        let s = &self.shared;
+        // Loaded before the probe: a quiet probe after a mark proves the
+        // advising thread awake.
+        let unarmed = s.settle_unarmed.load(SeqCst);
+        s.wait_changes_read();
+        if unarmed {
+            s.arm_settling();
+        }
+        s.wait_rounds();
     }
 }
 
@@ -480,6 +619,8 @@ fn handle(s: &Shared, ev: UffdEvent) {
         }
         UffdEvent::Remove { start, end } => {
             s.counters[1].fetch_add(1, SeqCst);
+            // Before the invalidation: a miss that inserts after it must see the mark.
+            s.mark_settling(start as usize, end as usize);
             s.sinks.dispatch(start as usize, end as usize);
         }
         UffdEvent::Remap { from, len, .. } => {

@@ -12,7 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use na_regcache::{Access, Cache, CacheConfig, MonitorChoice, UringRegistrar};
+use na_regcache::{Access, Cache, CacheConfig, Consistency, MonitorChoice, UringRegistrar};
 
 /// What a transfer through the cache observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,12 +49,21 @@ impl Rig {
     }
 
     pub fn with_guard(monitor: MonitorChoice, fork_guard: bool) -> Rig {
+        Rig::build(monitor, fork_guard, Consistency::InFlight)
+    }
+
+    pub fn with_consistency(monitor: MonitorChoice, consistency: Consistency) -> Rig {
+        Rig::build(monitor, true, consistency)
+    }
+
+    fn build(monitor: MonitorChoice, fork_guard: bool, consistency: Consistency) -> Rig {
         let reg = UringRegistrar::new(64, true).expect("io_uring fixed buffers (kernel.io_uring_disabled?)");
         let cfg = CacheConfig {
             max_count: 32,
             max_bytes: 256 << 20,
             monitor,
             fork_guard,
+            consistency,
         };
         let cache = Cache::new(reg, cfg).expect("cache");
         let src: OwnedFd = sys::memfd(8 << 20).expect("memfd");
