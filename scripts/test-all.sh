@@ -33,6 +33,9 @@ else
   cargo test --workspace --no-fail-fast
 fi
 
+step "the na-sm conformance suite again, woken through pipes (QS_SM_WAKE=pipe)"
+QS_SM_WAKE=pipe cargo test --quiet -p na-sm --test suite
+
 step "examples (each verifies what it does and fails loudly otherwise)"
 cargo run --quiet -p hg-rpc --example hello
 cargo run --quiet -p hg-rpc --example blobstore

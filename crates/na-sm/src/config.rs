@@ -5,9 +5,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{SmError, SmResult};
+pub use crate::sys::wake::WakeKind;
 
 /// Environment variable that overrides the default socket directory.
 pub const SOCKET_DIR_ENV: &str = "QS_SM_DIR";
+
+/// Environment variable choosing the wake-up primitive: `eventfd` or `pipe`.
+pub const WAKE_ENV: &str = "QS_SM_WAKE";
 
 /// Longest instance name accepted in `sm://<name>` and in addresses.
 pub const MAX_NAME_LEN: usize = 64;
@@ -35,6 +39,9 @@ pub struct SmConfig {
     /// its messages wait in shared memory and its sends back up, so a peer
     /// that floods us cannot grow our memory.
     pub max_queued_per_peer: usize,
+    /// The descriptor peers write to wake us: `None` means `$QS_SM_WAKE`,
+    /// else an eventfd (a pipe where the kernel has none).
+    pub wake: Option<WakeKind>,
 }
 
 /// Default of [`SmConfig::max_queued_per_peer`].
@@ -50,6 +57,7 @@ impl Default for SmConfig {
             allow_any_ptracer: true,
             handshake_timeout: Duration::from_secs(5),
             max_queued_per_peer: DEFAULT_MAX_QUEUED_PER_PEER,
+            wake: None,
         }
     }
 }
@@ -73,6 +81,26 @@ impl SmConfig {
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
+    }
+
+    /// The wake-up primitive this configuration uses.
+    pub fn resolve_wake(&self) -> SmResult<WakeKind> {
+        if let Some(k) = self.wake {
+            return Ok(k);
+        }
+        match std::env::var(WAKE_ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(WakeKind::EventFd),
+            Ok(v) => WakeKind::parse(&v).ok_or(SmError::Config {
+                name: WAKE_ENV.into(),
+                value: v,
+                reason: "expected eventfd or pipe".into(),
+            }),
+            Err(std::env::VarError::NotUnicode(v)) => Err(SmError::Config {
+                name: WAKE_ENV.into(),
+                value: v.to_string_lossy().into_owned(),
+                reason: "not valid UTF-8".into(),
+            }),
+        }
     }
 
     /// The socket directory this configuration uses (not created).

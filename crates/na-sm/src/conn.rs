@@ -20,8 +20,8 @@ use std::os::unix::net::UnixStream;
 use na_core::{OpId, Tag};
 
 use crate::channel::{Channel, MsgKind};
-use crate::sys::eventfd::EventFd;
 use crate::sys::shm::SharedRegion;
+use crate::sys::wake::{OwnWake, PeerWake};
 
 /// First bytes of a hello.
 pub const HELLO_MAGIC: [u8; 8] = *b"QSSMHELO";
@@ -62,10 +62,10 @@ pub(crate) struct Conn {
     /// Number of the next message we send / expect.
     pub tx_pos: u64,
     pub rx_pos: u64,
-    /// The eventfd the peer writes to wake us (in our epoll).
-    pub my_wake: EventFd,
-    /// The eventfd we write to wake the peer (connector: after the ack).
-    pub peer_wake: Option<EventFd>,
+    /// The eventfd (or pipe) the peer writes to wake us (in our epoll).
+    pub my_wake: OwnWake,
+    /// The eventfd (or pipe) we write to wake the peer (connector: after the ack).
+    pub peer_wake: Option<PeerWake>,
     /// A wake-up was due before the ack brought `peer_wake`.
     pub wake_owed: bool,
     /// We raised the tx_waiting / rx_waiting flags in `try_wait`.

@@ -14,9 +14,9 @@ use crate::channel::{check_region, init_region, REGION_LEN};
 use crate::conn::{check_ack, decode_hello, encode_ack, encode_hello, Conn, Role, ACK_LEN, MAX_HELLO};
 use crate::error::{SmError, SmResult};
 use crate::plugin::{PendingAccept, SmPlugin, WAKE_BIT};
-use crate::sys::eventfd::EventFd;
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{peer_cred, recv_with_fds, send_with_fds};
+use crate::sys::wake::{OwnWake, PeerWake};
 
 fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
     let why = match e.raw_os_error() {
@@ -99,9 +99,9 @@ impl SmPlugin {
         let region = SharedRegion::create(&format!("qs-sm-{}-{serial}", self.name.key()), REGION_LEN)
             .map_err(|e| SmError::sys("memfd_create/mmap of the connection region", e))?;
         init_region(&region, self.name.pid);
-        let my_wake = EventFd::new().map_err(|e| SmError::sys("eventfd", e))?;
+        let my_wake = OwnWake::new(self.wake_kind).map_err(|e| SmError::sys(self.wake_kind.name(), e))?;
         let hello = encode_hello(&self.name.key());
-        let fds = [region.as_fd().as_raw_fd(), my_wake.as_raw_fd()];
+        let fds = [region.as_fd().as_raw_fd(), my_wake.fd_for_peer()];
         let n = send_with_fds(sock.as_fd(), &hello, &fds)
             .map_err(|e| handshake(format!("sending hello: {e}")))?;
         if n != hello.len() {
@@ -113,7 +113,7 @@ impl SmPlugin {
         sock.set_nonblocking(true)
             .map_err(|e| SmError::sys("fcntl(O_NONBLOCK)", e))?;
         self.poll_add(sock.as_raw_fd(), serial)?;
-        self.poll_add_wake(my_wake.as_raw_fd(), serial | WAKE_BIT)?;
+        self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)?;
         let conn = Conn {
             serial,
             sock,
@@ -148,7 +148,8 @@ impl SmPlugin {
 
     /// Our wake-up eventfd goes in edge-triggered: each peer write is one
     /// event and the fd is never read (no syscall beyond the wait). Its
-    /// counter grows by one per wake-up, far from the 2^64 - 2 limit.
+    /// counter grows by one per wake-up, far from the 2^64 - 2 limit. A
+    /// pipe is edge-triggered too and drained on each event.
     fn poll_add_wake(&self, fd: i32, token: u64) -> SmResult<()> {
         self.poll
             .add_edge_triggered(fd, token)
@@ -244,17 +245,17 @@ impl SmPlugin {
         let region_fd = r.fds.pop().ok_or("missing region")?;
         let region = SharedRegion::from_peer(region_fd, REGION_LEN).map_err(|e| format!("region: {e}"))?;
         check_region(&region)?;
-        let peer_wake = EventFd::from_peer(wake_fd).map_err(|e| format!("wake-up fd: {e}"))?;
-        let my_wake = EventFd::new().map_err(|e| format!("eventfd: {e}"))?;
+        let peer_wake = PeerWake::from_peer(wake_fd).map_err(|e| format!("wake-up fd: {e}"))?;
+        let my_wake = OwnWake::new(self.wake_kind).map_err(|e| format!("{}: {e}", self.wake_kind.name()))?;
         let ack = encode_ack();
-        match send_with_fds(p.sock.as_fd(), &ack, &[my_wake.as_raw_fd()]) {
+        match send_with_fds(p.sock.as_fd(), &ack, &[my_wake.fd_for_peer()]) {
             Ok(n) if n == ACK_LEN => {}
             Ok(n) => return Err(format!("acknowledgement cut short ({n} bytes)")),
             Err(e) => return Err(format!("sending acknowledgement: {e}")),
         }
         self.poll_add(p.sock.as_raw_fd(), serial)
             .map_err(|e| e.to_string())?;
-        self.poll_add_wake(my_wake.as_raw_fd(), serial | WAKE_BIT)
+        self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)
             .map_err(|e| e.to_string())?;
         let conn = Conn {
             serial,
@@ -301,7 +302,7 @@ impl SmPlugin {
             ));
         }
         let fd = r.fds.pop().ok_or("missing eventfd")?;
-        let wake = EventFd::from_peer(fd).map_err(|e| format!("wake-up fd: {e}"))?;
+        let wake = PeerWake::from_peer(fd).map_err(|e| format!("wake-up fd: {e}"))?;
         conn.peer_wake = Some(wake);
         if std::mem::take(&mut conn.wake_owed) {
             conn.wake_peer().map_err(|e| format!("waking: {e}"))?;

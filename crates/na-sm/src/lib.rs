@@ -57,6 +57,12 @@
 //! Each connection has its own eventfd per direction, created by the side
 //! that sleeps on it, so a peer can only steal or spoil its own wake-ups;
 //! before writing a peer-held eventfd we check it is still non-blocking.
+//! Where the kernel has no eventfd, or with `QS_SM_WAKE=pipe` /
+//! [`SmConfig::wake`], a side is woken through a pipe instead: it keeps
+//! both ends, polls and drains the read end and hands the peer the write
+//! end (checked to be a write-only pipe end). Pipe writes are made with
+//! `SIGPIPE` blocked, so a dead reader is an error (`EPIPE`: peer gone),
+//! never a killed process. The two sides may use different kinds.
 //! The plugin's [`poll_fd`](na_core::Plugin::poll_fd) is an internal epoll
 //! set holding the listener, every connection socket and every eventfd.
 //! `progress` makes no system call on its fast path: it polls the internal
@@ -113,7 +119,7 @@ pub mod sys;
 
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
-pub use config::{SmConfig, SOCKET_DIR_ENV};
+pub use config::{SmConfig, WakeKind, SOCKET_DIR_ENV, WAKE_ENV};
 pub use error::SmError;
 pub use factory::SmFactory;
 pub use plugin::SmPlugin;

@@ -23,6 +23,7 @@ use crate::matching::{Matcher, OpPlace};
 use crate::sys::cma::Direction;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
+use crate::sys::wake::WakeKind;
 
 /// Per-process counter for unnamed instances.
 static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
@@ -63,6 +64,8 @@ pub struct SmPlugin {
     pub(crate) armed: bool,
     pub(crate) tick: u32,
     pub(crate) tokens: Vec<u64>,
+    /// What we create to be woken on.
+    pub(crate) wake_kind: WakeKind,
 }
 
 impl SmPlugin {
@@ -70,6 +73,7 @@ impl SmPlugin {
     /// `<dir>/<pid>-<instance>.sock` (dir created 0700, socket 0600).
     pub fn new(id: PluginId, config: SmConfig) -> SmResult<SmPlugin> {
         let dir = config.resolve_dir()?;
+        let wake_kind = config.resolve_wake()?;
         let instance = match &config.name {
             Some(n) => {
                 check_name(n).map_err(|reason| SmError::Config {
@@ -111,11 +115,12 @@ impl SmPlugin {
             armed: false,
             tick: 0,
             tokens: Vec::with_capacity(32),
+            wake_kind,
         };
         if plugin.cfg.listen {
             plugin.listen()?;
         }
-        tracing::info!(addr = %plugin.name.uri(), listen = plugin.cfg.listen, "sm plugin created");
+        tracing::info!(addr = %plugin.name.uri(), listen = plugin.cfg.listen, wake = wake_kind.name(), "sm plugin created");
         Ok(plugin)
     }
 

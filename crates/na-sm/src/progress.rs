@@ -36,6 +36,19 @@ fn kind_of(k: MsgKind) -> OpKind {
     }
 }
 
+/// How a failed wake-up write fails the peer: a closed pipe means it is
+/// gone; anything else (a descriptor it tampered with) is a violation.
+fn wake_failure(e: &std::io::Error) -> (Failure, String) {
+    if e.raw_os_error() == Some(libc::EPIPE) {
+        (
+            Failure::Gone,
+            "its wake-up pipe is closed (process exited or was killed)".into(),
+        )
+    } else {
+        (Failure::Protocol, format!("waking it: {e}"))
+    }
+}
+
 impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
@@ -155,7 +168,11 @@ impl SmPlugin {
         let conn = &mut peer.conns[ci];
         if token & WAKE_BIT != 0 {
             // Edge-triggered: the event itself was the wake-up; the rings
-            // are polled next. Nothing to read.
+            // are polled next. An eventfd is not read; a pipe is emptied
+            // so that it never fills up.
+            if let Err(e) = conn.my_wake.drain() {
+                tracing::warn!(error = %e, "draining the sm wake-up pipe");
+            }
             return;
         }
         let failure = if conn.role == Role::Connector && conn.peer_wake.is_none() {
@@ -201,7 +218,7 @@ impl SmPlugin {
                         Ok(None) => break,
                         Ok(Some(s)) => s,
                         Err(reason) => {
-                            violations.push((peer.addr.token(), reason));
+                            violations.push((peer.addr.token(), Failure::Protocol, reason));
                             break;
                         }
                     };
@@ -227,21 +244,24 @@ impl SmPlugin {
                     stats.msg_bytes_received += s.len as u64;
                     released = true;
                     if let Err(reason) = freed {
-                        violations.push((peer.addr.token(), reason));
+                        violations.push((peer.addr.token(), Failure::Protocol, reason));
                         break;
                     }
                 }
                 if released && ch.sender_needs_wake() {
                     match conn.peer_wake.as_ref().map(|w| w.signal()) {
-                        Some(Err(e)) => violations.push((peer.addr.token(), format!("waking it: {e}"))),
+                        Some(Err(e)) => {
+                            let (f, reason) = wake_failure(&e);
+                            violations.push((peer.addr.token(), f, reason));
+                        }
                         Some(Ok(())) => stats.signals_sent += 1,
                         None => {}
                     }
                 }
             }
         }
-        for (tok, reason) in violations {
-            self.fail_peer(tok, Failure::Protocol, &reason);
+        for (tok, f, reason) in violations {
+            self.fail_peer(tok, f, &reason);
         }
     }
 
@@ -280,12 +300,15 @@ impl SmPlugin {
                 match conn.wake_peer() {
                     Ok(true) => stats.signals_sent += 1,
                     Ok(false) => {}
-                    Err(e) => violations.push((peer.addr.token(), format!("waking it: {e}"))),
+                    Err(e) => {
+                        let (f, reason) = wake_failure(&e);
+                        violations.push((peer.addr.token(), f, reason));
+                    }
                 }
             }
         }
-        for (tok, reason) in violations {
-            self.fail_peer(tok, Failure::Protocol, &reason);
+        for (tok, f, reason) in violations {
+            self.fail_peer(tok, f, &reason);
         }
     }
 
@@ -311,7 +334,10 @@ impl SmPlugin {
                 match conn.wake_peer() {
                     Ok(true) => self.stats.signals_sent += 1,
                     Ok(false) => {}
-                    Err(e) => self.fail_peer(tok, Failure::Protocol, &format!("waking it: {e}")),
+                    Err(e) => {
+                        let (f, reason) = wake_failure(&e);
+                        self.fail_peer(tok, f, &reason);
+                    }
                 }
             }
             return Some(Ok(()));
@@ -399,7 +425,7 @@ impl SmPlugin {
         }
         for conn in conns {
             let _ = self.poll.delete(conn.sock.as_raw_fd());
-            let _ = self.poll.delete(conn.my_wake.as_raw_fd());
+            let _ = self.poll.delete(conn.my_wake.poll_fd());
             if conn.role == Role::Connector && conn.peer_wake.is_none() {
                 self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
             }

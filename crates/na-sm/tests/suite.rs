@@ -14,7 +14,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use na_core::{Addr, OpId, Plugin, PluginId};
-use na_sm::{SmConfig, SmPlugin, SOCKET_DIR_ENV};
+use na_sm::{SmConfig, SmPlugin, WakeKind, SOCKET_DIR_ENV, WAKE_ENV};
 use na_testsuite::{Suite, Transport};
 
 /// A socket directory, removed when the transport is dropped.
@@ -27,18 +27,29 @@ impl Drop for Dir {
 }
 
 fn transport(dir: PathBuf, guard: Option<Dir>) -> Transport {
+    transport_with_wake(dir, guard, None)
+}
+
+/// `wake`: what this process and its peers are woken by (`None`: the
+/// default, or `$QS_SM_WAKE`).
+fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>) -> Transport {
     let d = dir.clone();
+    let mut peer_env = vec![(SOCKET_DIR_ENV.into(), dir.into_os_string())];
+    if let Some(k) = wake {
+        peer_env.push((WAKE_ENV.into(), k.name().into()));
+    }
     Transport {
         name: "sm",
         make: Arc::new(move |id, listen| {
             let cfg = SmConfig {
                 listen,
+                wake,
                 ..SmConfig::default()
             }
             .with_dir(d.clone());
             Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>)
         }),
-        peer_env: vec![(SOCKET_DIR_ENV.into(), dir.into_os_string())],
+        peer_env,
         unreachable_uri: "sm://999999-nobody".into(),
         malformed_uri: "sm://abc".into(),
         timeout: Duration::from_secs(10),

@@ -28,6 +28,10 @@ pub fn trials() -> Vec<(&'static str, Scenario)> {
             invalid_socket_dir_env_is_a_clear_error,
         ),
         (
+            "pipe_wake_ups_between_processes_in_blocking_mode",
+            pipe_wake_ups_between_processes_in_blocking_mode,
+        ),
+        (
             "hostile_scribbler_gets_errors_and_honest_client_is_served",
             hostile_scribbler_gets_errors_and_honest_client_is_served,
         ),
@@ -151,7 +155,7 @@ pub fn two_instances_driven_by_one_poll_set(t: &Transport) {
     assert_eq!((sb.msgs_sent, sb.msgs_received), (150, 150), "{sb:?}");
 }
 
-pub fn invalid_socket_dir_env_is_a_clear_error(_: &Transport) {
+pub fn invalid_socket_dir_env_is_a_clear_error(t: &Transport) {
     use std::os::unix::ffi::OsStrExt;
     let envcheck = |dir: &std::ffi::OsStr| {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
@@ -170,6 +174,80 @@ pub fn invalid_socket_dir_env_is_a_clear_error(_: &Transport) {
     assert!(
         s.starts_with("ERR") && s.contains("QS_SM_DIR") && s.contains("UTF-8"),
         "{s}"
+    );
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(na_testsuite::PEER_ENV, "envcheck")
+        .env("QS_SM_DIR", dir_of(t))
+        .env(na_sm::WAKE_ENV, "futex")
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.starts_with("ERR") && s.contains("QS_SM_WAKE") && s.contains("eventfd or pipe"),
+        "{s}"
+    );
+}
+
+/// `(inode, descriptors)` of every pipe process `pid` holds.
+fn pipes_of(pid: u32) -> Vec<(String, usize)> {
+    let mut v: Vec<(String, usize)> = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(link) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let link = link.to_string_lossy().into_owned();
+        if let Some(ino) = link.strip_prefix("pipe:") {
+            match v.iter_mut().find(|(i, _)| i == ino) {
+                Some(x) => x.1 += 1,
+                None => v.push((ino.to_owned(), 1)),
+            }
+        }
+    }
+    v
+}
+
+/// Both sides woken through pipes (`SmConfig::wake`, `QS_SM_WAKE=pipe` for
+/// the peer), this side in blocking mode, the client adaptive: 2,000 echoes
+/// arrive, wake-ups were written, and each side really holds the write end
+/// of a pipe whose both ends the other holds.
+pub fn pipe_wake_ups_between_processes_in_blocking_mode(t: &Transport) {
+    let tp = crate::transport_with_wake(dir_of(t), None, Some(na_sm::WakeKind::Pipe));
+    let mut n = Node::new(&tp, ProgressMode::Blocking, true);
+    let me = n.ep.self_addr(n.id).unwrap().uri().to_owned();
+    let mut client = PeerProc::spawn(&tp, &["client", &me, "2000"]);
+    let client_pid = client.child.id();
+    let (mut ours_to_client, mut clients_to_us, mut done) = (false, false, false);
+    n.serve_echo(Duration::from_secs(60), || {
+        done = done || client.child.try_wait().unwrap().is_some();
+        let found = ours_to_client && clients_to_us;
+        if !done && !found {
+            let (mine, theirs) = (pipes_of(std::process::id()), pipes_of(client_pid));
+            let shared = |a: &[(String, usize)], b: &[(String, usize)]| {
+                a.iter().any(|(i, k)| *k >= 2 && b.iter().any(|(j, _)| j == i))
+            };
+            ours_to_client |= shared(&mine, &theirs);
+            clients_to_us |= shared(&theirs, &mine);
+        }
+        done
+    });
+    assert!(client.wait(T), "client failed");
+    assert_eq!(client.line(T), "CLIENT OK 2000");
+    assert!(
+        ours_to_client,
+        "the client holds the write end of our wake-up pipe"
+    );
+    assert!(
+        clients_to_us,
+        "we hold the write end of the client's wake-up pipe"
+    );
+    let st = n.stats();
+    assert!(
+        st.signals_sent > 0,
+        "the client was woken through its pipe: {st:?}"
     );
 }
 

@@ -1,0 +1,356 @@
+//! Wake-up descriptors: an eventfd, or a pipe where eventfd is missing
+//! (or where the user asks for one, `QS_SM_WAKE=pipe`).
+//!
+//! Each side of a connection creates the descriptor it is woken on
+//! ([`OwnWake`]), polls it, and hands the peer the end to write
+//! ([`OwnWake::fd_for_peer`]). The peer wraps what it received in a
+//! [`PeerWake`] after checking what it is. The two sides need not use the
+//! same kind.
+//!
+//! A pipe's write end is shared with the peer, so as with an eventfd its
+//! `O_NONBLOCK` is checked before every write. Writing to a pipe whose
+//! reader is gone raises `SIGPIPE`; the write is made with `SIGPIPE`
+//! blocked in the calling thread and a signal it raised is consumed, so a
+//! peer's death is an `EPIPE` error, never a killed process (the embedding
+//! program may not ignore `SIGPIPE`, as Rust binaries do).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use super::eventfd::EventFd;
+
+/// Which primitive wakes a sleeping process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeKind {
+    /// [eventfd(2)]: one descriptor, an 8-byte counter.
+    ///
+    /// [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
+    EventFd,
+    /// [pipe(2)]: the peer writes one byte per wake-up, we read them.
+    ///
+    /// [pipe(2)]: https://man7.org/linux/man-pages/man2/pipe.2.html
+    Pipe,
+}
+
+impl WakeKind {
+    /// Parses `eventfd` or `pipe`.
+    pub fn parse(s: &str) -> Option<WakeKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "eventfd" => Some(WakeKind::EventFd),
+            "pipe" => Some(WakeKind::Pipe),
+            _ => None,
+        }
+    }
+
+    /// The name [`WakeKind::parse`] accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            WakeKind::EventFd => "eventfd",
+            WakeKind::Pipe => "pipe",
+        }
+    }
+}
+
+/// The descriptor we are woken on.
+#[derive(Debug)]
+pub enum OwnWake {
+    /// Polled, and written by the peer through its copy.
+    EventFd(EventFd),
+    /// We poll and drain `read`; the peer writes `write`, which we keep so
+    /// the read end never turns into a permanent end-of-file.
+    Pipe {
+        /// Our end.
+        read: OwnedFd,
+        /// The end the peer gets.
+        write: OwnedFd,
+    },
+}
+
+impl OwnWake {
+    /// Creates one of `kind`; an eventfd falls back to a pipe when the
+    /// kernel has no eventfd (`ENOSYS`).
+    pub fn new(kind: WakeKind) -> io::Result<OwnWake> {
+        match kind {
+            WakeKind::EventFd => match EventFd::new() {
+                Ok(e) => Ok(OwnWake::EventFd(e)),
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                    tracing::warn!("eventfd unavailable: sm wake-ups use pipes");
+                    Self::new(WakeKind::Pipe)
+                }
+                Err(e) => Err(e),
+            },
+            WakeKind::Pipe => {
+                let (read, write) = pipe()?;
+                Ok(OwnWake::Pipe { read, write })
+            }
+        }
+    }
+
+    /// What this is.
+    pub fn kind(&self) -> WakeKind {
+        match self {
+            OwnWake::EventFd(_) => WakeKind::EventFd,
+            OwnWake::Pipe { .. } => WakeKind::Pipe,
+        }
+    }
+
+    /// The descriptor to put in the poll set.
+    pub fn poll_fd(&self) -> RawFd {
+        match self {
+            OwnWake::EventFd(e) => e.as_raw_fd(),
+            OwnWake::Pipe { read, .. } => read.as_raw_fd(),
+        }
+    }
+
+    /// The descriptor to send to the peer.
+    pub fn fd_for_peer(&self) -> RawFd {
+        match self {
+            OwnWake::EventFd(e) => e.as_raw_fd(),
+            OwnWake::Pipe { write, .. } => write.as_raw_fd(),
+        }
+    }
+
+    /// Empties a pipe after a wake-up (an eventfd is left alone: it is
+    /// polled edge-triggered and its counter cannot fill up in practice).
+    /// Returns whether anything was read.
+    pub fn drain(&self) -> io::Result<bool> {
+        let OwnWake::Pipe { read, .. } = self else {
+            return Ok(false);
+        };
+        let mut any = false;
+        let mut buf = [0u8; 256];
+        loop {
+            // SAFETY: `buf` is writable for its full length during the call.
+            let r = unsafe { libc::read(read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            match r {
+                n if n > 0 => {
+                    any = true;
+                    if (n as usize) < buf.len() {
+                        return Ok(true);
+                    }
+                }
+                0 => return Ok(any),
+                _ => {
+                    let e = io::Error::last_os_error();
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => return Ok(any),
+                        io::ErrorKind::Interrupted => continue,
+                        _ => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The descriptor we write to wake the peer.
+#[derive(Debug)]
+pub enum PeerWake {
+    /// The peer's eventfd.
+    EventFd(EventFd),
+    /// The write end of the peer's pipe.
+    Pipe(OwnedFd),
+}
+
+impl PeerWake {
+    /// Wraps a descriptor received from a peer after checking what it is
+    /// (`/proc/self/fd/N`): an eventfd, or the write-only end of a pipe. A
+    /// peer cannot make us write into a file, a socket or a pipe's read end.
+    pub fn from_peer(fd: OwnedFd) -> io::Result<PeerWake> {
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        let name = link.to_string_lossy();
+        if name == "anon_inode:[eventfd]" {
+            return EventFd::from_peer(fd).map(PeerWake::EventFd);
+        }
+        if name.starts_with("pipe:[") {
+            let flags = getfl(fd.as_fd())?;
+            if flags & libc::O_ACCMODE != libc::O_WRONLY {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "descriptor is a pipe but not its write-only end",
+                ));
+            }
+            return Ok(PeerWake::Pipe(fd));
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("descriptor is {name} (expected an eventfd or a pipe's write end)"),
+        ))
+    }
+
+    /// What this is.
+    pub fn kind(&self) -> WakeKind {
+        match self {
+            PeerWake::EventFd(_) => WakeKind::EventFd,
+            PeerWake::Pipe(_) => WakeKind::Pipe,
+        }
+    }
+
+    /// Wakes the peer. A full pipe already holds a wake-up: success.
+    pub fn signal(&self) -> io::Result<()> {
+        match self {
+            PeerWake::EventFd(e) => e.signal(),
+            PeerWake::Pipe(fd) => {
+                if getfl(fd.as_fd())? & libc::O_NONBLOCK == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "peer cleared O_NONBLOCK on the wake-up pipe",
+                    ));
+                }
+                match write_without_sigpipe(fd.as_fd(), &[1]) {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// [pipe2(2)] with `O_NONBLOCK | O_CLOEXEC`: (read end, write end).
+///
+/// [pipe2(2)]: https://man7.org/linux/man-pages/man2/pipe2.2.html
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we pass; on
+    // success both are fresh and owned by nobody else.
+    unsafe {
+        super::syscall!(pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC))?;
+        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
+}
+
+/// [fcntl(2)] `F_GETFL`.
+///
+/// [fcntl(2)]: https://man7.org/linux/man-pages/man2/fcntl.2.html
+fn getfl(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    // SAFETY: F_GETFL takes no pointer argument.
+    unsafe { super::syscall!(fcntl(fd.as_raw_fd(), libc::F_GETFL)) }
+}
+
+/// [write(2)] with `SIGPIPE` blocked in this thread; a `SIGPIPE` the write
+/// raised is consumed ([sigtimedwait(2)] with a zero timeout), one that was
+/// pending before is left alone.
+///
+/// [write(2)]: https://man7.org/linux/man-pages/man2/write.2.html
+/// [sigtimedwait(2)]: https://man7.org/linux/man-pages/man2/sigtimedwait.2.html
+fn write_without_sigpipe(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: every sigset_t is initialised by sigemptyset before use; the
+    // mask calls read/write sigset_t values we own; write reads `buf` for
+    // its length; sigtimedwait reads the set and a zero timespec we own.
+    unsafe {
+        let mut pipe_set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe_set);
+        libc::sigaddset(&mut pipe_set, libc::SIGPIPE);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut old);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &pipe_set, &mut old);
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pending);
+        let was_pending =
+            libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGPIPE) == 1;
+        let r = libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len());
+        let result = if r >= 0 {
+            Ok(r as usize)
+        } else {
+            Err(io::Error::last_os_error())
+        };
+        if matches!(&result, Err(e) if e.raw_os_error() == Some(libc::EPIPE)) && !was_pending {
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::sigtimedwait(&pipe_set, std::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        result
+    }
+}
+
+impl AsFd for PeerWake {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            PeerWake::EventFd(e) => e.as_fd(),
+            PeerWake::Pipe(fd) => fd.as_fd(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dup(fd: RawFd) -> OwnedFd {
+        // SAFETY: `fd` is open for the duration of the call; F_DUPFD_CLOEXEC
+        // returns a fresh descriptor we then own.
+        unsafe { OwnedFd::from_raw_fd(libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0)) }
+    }
+
+    #[test]
+    fn pipe_wake_round_trip() {
+        let own = OwnWake::new(WakeKind::Pipe).unwrap();
+        let peer = PeerWake::from_peer(dup(own.fd_for_peer())).unwrap();
+        assert_eq!(peer.kind(), WakeKind::Pipe);
+        assert!(!own.drain().unwrap());
+        peer.signal().unwrap();
+        peer.signal().unwrap();
+        assert!(own.drain().unwrap());
+        assert!(!own.drain().unwrap());
+        // A full pipe already holds a wake-up.
+        for _ in 0..70_000 {
+            peer.signal().unwrap();
+        }
+        assert!(own.drain().unwrap());
+        assert!(!own.drain().unwrap());
+    }
+
+    #[test]
+    fn eventfd_wake_round_trip() {
+        let own = OwnWake::new(WakeKind::EventFd).unwrap();
+        let peer = PeerWake::from_peer(dup(own.fd_for_peer())).unwrap();
+        assert_eq!(peer.kind(), WakeKind::EventFd);
+        peer.signal().unwrap();
+    }
+
+    #[test]
+    fn from_peer_refuses_other_descriptors() {
+        let own = OwnWake::new(WakeKind::Pipe).unwrap();
+        // The read end of a pipe.
+        let err = PeerWake::from_peer(dup(own.poll_fd())).unwrap_err();
+        assert!(err.to_string().contains("write-only end"), "{err}");
+        let file = OwnedFd::from(std::fs::File::open("/proc/self/stat").unwrap());
+        let err = PeerWake::from_peer(file).unwrap_err();
+        assert!(err.to_string().contains("expected an eventfd"), "{err}");
+    }
+
+    #[test]
+    fn blocking_pipe_is_refused() {
+        let own = OwnWake::new(WakeKind::Pipe).unwrap();
+        let peer = PeerWake::from_peer(dup(own.fd_for_peer())).unwrap();
+        // The peer clears O_NONBLOCK on the shared file description.
+        // SAFETY: F_SETFL on a descriptor we own, no pointers.
+        unsafe { libc::fcntl(own.fd_for_peer(), libc::F_SETFL, 0) };
+        let err = peer.signal().unwrap_err();
+        assert!(err.to_string().contains("O_NONBLOCK"), "{err}");
+    }
+
+    #[test]
+    fn dead_reader_is_epipe_not_a_signal() {
+        let own = OwnWake::new(WakeKind::Pipe).unwrap();
+        let peer = PeerWake::from_peer(dup(own.fd_for_peer())).unwrap();
+        drop(own);
+        // Rust's runtime ignores SIGPIPE; a C program embedding us may not.
+        // Restore the default action (kill the process) so that only the
+        // mask can save this test.
+        // SAFETY: setting a signal's disposition to SIG_DFL is always valid.
+        let prev = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let r = peer.signal();
+        // SAFETY: restores the previous disposition returned above.
+        unsafe { libc::signal(libc::SIGPIPE, prev) };
+        let err = r.unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EPIPE), "{err}");
+    }
+}
