@@ -40,7 +40,10 @@ impl MemReg {
     }
 
     fn check_valid(&self) -> Result<()> {
-        match self.regs.iter().flatten().find(|r| !r.is_valid()) {
+        // `is_valid_now`: an unmap that returned before this call may still
+        // be being applied by the monitor's reader; wait for it (no system
+        // call: a fence and two loads when nothing is in flight).
+        match self.regs.iter().flatten().find(|r| !r.is_valid_now()) {
             None => Ok(()),
             Some(r) => Err(NaError::Plugin {
                 plugin: "verbs",

@@ -151,7 +151,8 @@ impl<R: Registrar> Registration<R> {
     /// in-flight events, so a change that completed before this call counts.
     pub fn is_valid_now(&self) -> bool {
         if let Some(m) = &self.entry.backend.monitor {
-            m.sync_in_flight();
+            // No system call: the changes that returned are the ones to see.
+            m.sync();
             if let Some(w) = &self.entry.watch {
                 if m.changed(w) {
                     return false;
