@@ -45,7 +45,8 @@
 //! `read` dequeued the event and the changing thread woke up.
 //!
 //! [`Monitor::sync_in_flight`], which every cache lookup calls before
-//! taking its lock (with the default [`crate::Consistency::InFlight`]), (a) probes `mmap_changing` (a zero-length `UFFDIO_ZEROPAGE`, which
+//! taking its lock (with the default [`crate::Consistency::InFlight`]),
+//! (a) probes `mmap_changing` (a zero-length `UFFDIO_ZEROPAGE`, which
 //! fails with `EAGAIN` while it is non-zero and takes no lock) until it is
 //! zero, yielding meanwhile, then (b) loads `started` and waits until
 //! `finished` reaches it.
@@ -82,8 +83,7 @@
 //! lookup. So the reader marks each REMOVE range as *settling* (before it
 //! invalidates the caches), until [`REMOVE_SETTLE`] after the first `sync`
 //! whose probe found the count lowered (the advising thread awake), and a
-//! miss whose span
-//! overlaps a settling range is handed out uncached
+//! miss whose span overlaps a settling range is handed out uncached
 //! ([`Monitor::settling`]; [`UffdCounters::settling_uncached`] counts them).
 //! The cache checks under the lock the reader's invalidation takes, so a
 //! miss either inserts before the invalidation (which then drops it) or
@@ -129,8 +129,9 @@ use crate::sys::uffd::{self, EventFd, Uffd, UffdEvent, UffdMsg};
 const SETS: usize = 512;
 const WAYS: usize = 4;
 
-/// How long a REMOVE range stays settling after its event was read (see
-/// the module docs): misses overlapping it are not cached meanwhile.
+/// How long a REMOVE range stays settling once its advising thread is known
+/// to be awake (the first quiet probe after the event was read; see the
+/// module docs): misses overlapping it are not cached meanwhile.
 pub const REMOVE_SETTLE: Duration = Duration::from_millis(100);
 
 /// Ranges remembered as settling; more at once widen to "everything".
@@ -283,6 +284,22 @@ impl Shared {
         }
         let st = self.settling.lock().unwrap_or_else(|p| p.into_inner());
         st.all_until > now || st.ranges.iter().any(|&(s, e, d)| d > now && s < end && e > start)
+    }
+
+    /// [`Monitor::sync`] (`in_flight` false) or [`Monitor::sync_in_flight`].
+    /// Afterwards, if a REMOVE range (perhaps marked in the round just
+    /// waited for) waits for its settle time to start, probes and starts it:
+    /// the flag is loaded before the probe, so a quiet probe proves the
+    /// advising thread awake.
+    fn sync(&self, in_flight: bool) {
+        if in_flight {
+            self.wait_changes_read();
+        }
+        self.wait_rounds();
+        if self.settle_unarmed.load(SeqCst) {
+            self.wait_changes_read();
+            self.arm_settling();
+        }
     }
 
     /// Waits for the reader round that was running (or the last one started)
@@ -547,25 +564,11 @@ impl Monitor for UffdMonitor {
     }
 
     fn sync(&self) {
-        let s = &self.shared;
-        // A REMOVE range's settle time starts only after a quiet probe.
-        if s.settle_unarmed.load(SeqCst) {
-            s.wait_changes_read();
-            s.arm_settling();
-        }
-        s.wait_rounds();
+        self.shared.sync(false);
     }
 
     fn sync_in_flight(&self) {
-        let s = &self.shared;
-        // Loaded before the probe: a quiet probe after a mark proves the
-        // advising thread awake.
-        let unarmed = s.settle_unarmed.load(SeqCst);
-        s.wait_changes_read();
-        if unarmed {
-            s.arm_settling();
-        }
-        s.wait_rounds();
+        self.shared.sync(true);
     }
 }
 
