@@ -24,6 +24,14 @@ const FILL: u8 = 0xEE;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// A fresh filled buffer of `LEN` bytes with a registration cached by `rig`.
+fn primed_buffer(rig: &Rig) -> usize {
+    let a = sys::map_anon(None, LEN).unwrap();
+    sys::touch(a, LEN, FILL);
+    rig.prime(a, LEN);
+    a
+}
+
 /// Caches a registration of a fresh buffer, stalls the reader, lets another
 /// thread `change` the buffer's mapping (which then waits for the stalled
 /// reader), maps new pages at the same address and transfers through the
@@ -32,9 +40,7 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     common::require_io_uring();
     let rig = Rig::new(MonitorChoice::Uffd);
-    let a = sys::map_anon(None, LEN).unwrap();
-    sys::touch(a, LEN, FILL);
-    rig.prime(a, LEN);
+    let a = primed_buffer(&rig);
     let waits_before = UffdMonitor::global().unwrap().counters().inflight_waits;
     // The reader thread is spawned with the monitor, now idle in poll(2).
     let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
@@ -120,9 +126,7 @@ fn lookup_racing_madvise_dontneed_waits_and_is_not_cached() {
     );
     let rig = Arc::new(Rig::new(MonitorChoice::Uffd));
     let monitor = UffdMonitor::global().unwrap();
-    let a = sys::map_anon(None, LEN).unwrap();
-    sys::touch(a, LEN, FILL);
-    rig.prime(a, LEN);
+    let a = primed_buffer(&rig);
     // Everything but the advising thread and the CPU hog runs on CPU 0.
     let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
     sys::pin_thread(reader, Some(0)).unwrap();
@@ -225,9 +229,7 @@ fn range_settles_after_madvise() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     common::require_io_uring();
     let rig = Rig::new(MonitorChoice::Uffd);
-    let a = sys::map_anon(None, LEN).unwrap();
-    sys::touch(a, LEN, FILL);
-    rig.prime(a, LEN);
+    let a = primed_buffer(&rig);
     sys::advise(a, LEN, libc::MADV_DONTNEED).unwrap();
     let advised = Instant::now();
     sys::touch(a, LEN, FILL);
@@ -247,6 +249,8 @@ fn range_settles_after_madvise() {
             s0.uncached + 1,
             "a miss right after madvise is uncached"
         );
+    } else {
+        eprintln!("settle: NOT CHECKED that a miss right after madvise is uncached (the lookup came after {REMOVE_SETTLE:?})");
     }
     assert_eq!(s2.uncached, s1.uncached, "cached again once settled");
     assert_eq!((s3.hits, s3.misses), (s2.hits + 1, s2.misses), "and then hit");
