@@ -88,18 +88,11 @@ impl SmConfig {
         if let Some(k) = self.wake {
             return Ok(k);
         }
-        match std::env::var(WAKE_ENV) {
-            Err(std::env::VarError::NotPresent) => Ok(WakeKind::EventFd),
-            Ok(v) => WakeKind::parse(&v).ok_or(SmError::Config {
-                name: WAKE_ENV.into(),
-                value: v,
-                reason: "expected eventfd or pipe".into(),
-            }),
-            Err(std::env::VarError::NotUnicode(v)) => Err(SmError::Config {
-                name: WAKE_ENV.into(),
-                value: v.to_string_lossy().into_owned(),
-                reason: "not valid UTF-8".into(),
-            }),
+        match env_string(WAKE_ENV)? {
+            None => Ok(WakeKind::EventFd),
+            Some(v) => {
+                WakeKind::parse(&v).ok_or_else(|| config_error(WAKE_ENV, v, "expected eventfd or pipe"))
+            }
         }
     }
 
@@ -115,21 +108,38 @@ impl SmConfig {
 /// `$QS_SM_DIR` if set (must be valid UTF-8, non-empty and absolute), else
 /// `/tmp/qs-sm-<uid>`.
 pub fn default_dir() -> SmResult<PathBuf> {
-    let bad = |value: String, reason: &str| SmError::Config {
-        name: SOCKET_DIR_ENV.into(),
+    match env_string(SOCKET_DIR_ENV)? {
+        Some(v) if v.is_empty() => Err(config_error(
+            SOCKET_DIR_ENV,
+            v,
+            "empty; unset it or give an absolute directory",
+        )),
+        Some(v) if !Path::new(&v).is_absolute() => {
+            Err(config_error(SOCKET_DIR_ENV, v, "must be an absolute path"))
+        }
+        Some(v) => Ok(PathBuf::from(v)),
+        None => Ok(PathBuf::from(format!("/tmp/qs-sm-{}", crate::sys::proc::uid()))),
+    }
+}
+
+/// The value of environment variable `name`, if set; not UTF-8 is an error.
+fn env_string(name: &str) -> SmResult<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(config_error(
+            name,
+            v.to_string_lossy().into_owned(),
+            "not valid UTF-8",
+        )),
+    }
+}
+
+fn config_error(name: &str, value: String, reason: &str) -> SmError {
+    SmError::Config {
+        name: name.into(),
         value,
         reason: reason.into(),
-    };
-    match std::env::var(SOCKET_DIR_ENV) {
-        Ok(v) if v.is_empty() => Err(bad(v, "empty; unset it or give an absolute directory")),
-        Ok(v) if !Path::new(&v).is_absolute() => Err(bad(v, "must be an absolute path")),
-        Ok(v) => Ok(PathBuf::from(v)),
-        Err(std::env::VarError::NotPresent) => {
-            Ok(PathBuf::from(format!("/tmp/qs-sm-{}", crate::sys::proc::uid())))
-        }
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8"))
-        }
     }
 }
 

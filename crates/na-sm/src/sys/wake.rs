@@ -86,14 +86,6 @@ impl OwnWake {
         }
     }
 
-    /// What this is.
-    pub fn kind(&self) -> WakeKind {
-        match self {
-            OwnWake::EventFd(_) => WakeKind::EventFd,
-            OwnWake::Pipe { .. } => WakeKind::Pipe,
-        }
-    }
-
     /// The descriptor to put in the poll set.
     pub fn poll_fd(&self) -> RawFd {
         match self {
@@ -267,15 +259,6 @@ fn write_without_sigpipe(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         result
-    }
-}
-
-impl AsFd for PeerWake {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            PeerWake::EventFd(e) => e.as_fd(),
-            PeerWake::Pipe(fd) => fd.as_fd(),
-        }
     }
 }
 
