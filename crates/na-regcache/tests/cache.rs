@@ -195,6 +195,58 @@ fn validity_flag_cleared_by_unmap_and_manual_invalidation() {
     );
 }
 
+/// Handles outside the index (an uncached fallback made because the cache
+/// was full, and an entry superseded by a wider registration) still lose
+/// their validity when their range changes, and only then.
+#[test]
+fn validity_of_uncached_and_superseded_handles() {
+    let c = cache(MonitorChoice::Uffd, 1, 1 << 30, 8);
+    let b = buffers(3);
+    let h0 = c.get(b[0], LEN, W).unwrap();
+    let h1 = c.get(b[1], LEN, W).unwrap();
+    assert!(
+        h0.is_cached() && !h1.is_cached(),
+        "one entry allowed: second is uncached"
+    );
+    assert_eq!(c.stats().uncached, 1);
+    assert!(h1.is_valid() && h1.is_valid_now());
+    c.invalidate(b[0], LEN);
+    assert!(!h0.is_valid());
+    assert!(h1.is_valid(), "another range's invalidation leaves it valid");
+    sys::unmap(b[1], LEN).unwrap();
+    assert!(
+        !h1.is_valid_now(),
+        "uncached handle still valid after munmap returned"
+    );
+    assert!(!h1.is_valid());
+    drop((h0, h1));
+
+    let c = cache(MonitorChoice::Uffd, 16, 1 << 30, 8);
+    let narrow = c.get(b[2], PAGE, W).unwrap();
+    let wide = c.get(b[2], LEN, W | Access::REMOTE_READ).unwrap();
+    assert!(!narrow.is_cached() && wide.is_cached(), "narrow entry superseded");
+    assert!(narrow.is_valid_now());
+    sys::unmap(b[2], LEN).unwrap();
+    assert!(!wide.is_valid_now());
+    assert!(
+        !narrow.is_valid_now(),
+        "superseded handle still valid after munmap returned"
+    );
+    drop((narrow, wide));
+
+    // A cache that goes away marks every handle still alive invalid.
+    let c = cache(MonitorChoice::Uffd, 1, 1 << 30, 8);
+    let d = buffers(2);
+    let keep = c.get(d[0], LEN, W).unwrap();
+    let spare = c.get(d[1], LEN, W).unwrap();
+    assert!(!spare.is_cached() && spare.is_valid());
+    drop(c);
+    assert!(
+        !keep.is_valid() && !spare.is_valid(),
+        "handles valid after their cache was dropped"
+    );
+}
+
 /// A registrar whose deregistration unmaps memory the uffd monitor watches
 /// (as a driver freeing its own buffers might). If the cache deregistered
 /// under its lock, the munmap would wait for the monitor thread, which would

@@ -1,8 +1,9 @@
 //! One registration and the handle users hold on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use super::shared::Shared;
 use crate::monitor::{Monitor, Watch};
 use crate::registrar::{Access, Registrar};
 use crate::stats::Stats;
@@ -46,6 +47,9 @@ pub(crate) struct Entry<R: Registrar> {
     pub slot: AtomicU32,
     /// The monitor's subscription, if any.
     pub watch: Option<Watch>,
+    /// For a watched registration handed out uncached: the cache state and
+    /// the invalidation generation it was made at (see [`Entry::track_since`]).
+    tracker: OnceLock<(Arc<Shared<R>>, u64)>,
     region: Option<R::Region>,
     pub backend: Arc<Backend<R>>,
 }
@@ -71,8 +75,32 @@ impl<R: Registrar> Entry<R> {
             cached: AtomicBool::new(false),
             slot: AtomicU32::new(NO_SLOT),
             watch,
+            tracker: OnceLock::new(),
             region: Some(region),
             backend: Arc::clone(backend),
+        }
+    }
+
+    /// Makes an entry that stays out of the index answer validity checks
+    /// from the cache's invalidations of its range after generation `gen`.
+    pub fn track_since(&self, shared: Arc<Shared<R>>, gen: u64) {
+        // Set once, right after the entry was made: cannot be set already.
+        let _ = self.tracker.set((shared, gen));
+    }
+
+    /// The validity flag, and for a tracked uncached entry the absence of
+    /// invalidations of its range (which then clears the flag for good).
+    #[inline]
+    pub fn is_valid(&self) -> bool {
+        if !self.valid.load(Ordering::Acquire) {
+            return false;
+        }
+        match self.tracker.get() {
+            Some((shared, gen)) if !shared.unchanged_since(*gen, self.start, self.end) => {
+                self.valid.store(false, Ordering::Release);
+                false
+            }
+            _ => true,
         }
     }
 
@@ -139,12 +167,15 @@ impl<R: Registrar> Registration<R> {
     }
 
     /// One atomic load: false once a monitor saw the mapping change (or the
-    /// cache was dropped). With userfaultfd, the flag is cleared by the reader
+    /// cache was dropped). For a watched registration handed out uncached
+    /// (cache full, or a range still settling after `madvise`), one more
+    /// load of the cache's invalidation generation, and a read-locked look
+    /// at its recent invalidations when that moved. With userfaultfd, the flag is cleared by the reader
     /// thread a few microseconds after the kernel released the unmapping
     /// thread; use [`Registration::is_valid_now`] to close that window.
     #[inline]
     pub fn is_valid(&self) -> bool {
-        self.entry.valid.load(Ordering::Acquire)
+        self.entry.is_valid()
     }
 
     /// Like [`Registration::is_valid`] after waiting for the monitor's
@@ -163,8 +194,11 @@ impl<R: Registrar> Registration<R> {
     }
 
     /// True while the registration is in the cache (false: uncached
-    /// fallback, or evicted/invalidated since). An uncached fallback is not
-    /// watched by the monitor: use it for the operation at hand and drop it.
+    /// fallback, or evicted/invalidated since). An uncached fallback made
+    /// because the cache was full or its range was settling is watched: its
+    /// validity flag clears when its range changes. One made because the
+    /// monitor refused the range, or with caching disabled, is not watched:
+    /// use it for the operation at hand and drop it.
     pub fn is_cached(&self) -> bool {
         self.entry.cached.load(Ordering::Acquire)
     }

@@ -29,7 +29,7 @@ mod table;
 
 pub use entry::Registration;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use entry::{Backend, Entry};
@@ -123,6 +123,7 @@ impl<R: Registrar> Cache<R> {
             lo: AtomicUsize::new(usize::MAX),
             hi: AtomicUsize::new(0),
             zombies: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
         });
         let sink = match &shared.backend.monitor {
             Some(m) => Some(
@@ -201,9 +202,7 @@ impl<R: Registrar> Cache<R> {
                 // The monitor reported a changed mapping.
                 let (s, en) = (e.start, e.end);
                 drop(t);
-                let n = sh.lock().invalidate(s, en);
-                sh.zombies.fetch_add(n, Ordering::SeqCst);
-                stats.invalidations.fetch_add(n as u64, Ordering::Relaxed);
+                sh.invalidate_range(s, en);
                 t = sh.table.read();
             }
             let span = t.span(addr, end, access);
@@ -253,8 +252,16 @@ impl<R: Registrar> Cache<R> {
                     Insert::NoRoom { doomed, evicted } => (false, doomed, evicted),
                 }
             };
+            let gen_now = t.generation();
             drop(t);
+            // A watched entry in use outside the index (handed out uncached,
+            // or superseded by the wider one just inserted) keeps an honest
+            // validity flag: the absence of invalidations of its range since now.
+            for d in doomed.iter().filter(|d| d.users.load(Ordering::Acquire) > 0) {
+                d.track_since(Arc::clone(sh), gen_now);
+            }
             if !cached {
+                entry.track_since(Arc::clone(sh), gen_now);
                 entry.users.fetch_add(1, Ordering::AcqRel);
                 Stats::bump(&stats.uncached);
             }
@@ -373,7 +380,9 @@ impl<R: Registrar> Drop for Cache<R> {
             self.log_stats();
         }
         // Handles still alive keep their registration but are no longer
-        // monitored: they are marked invalid.
+        // monitored: they are marked invalid (uncached ones through the
+        // generation, by one invalidation of everything).
+        sh.invalidate_range(0, usize::MAX);
         let all = sh.lock().take_all();
         drop(all);
     }

@@ -1,7 +1,7 @@
 //! The state shared by a cache and its monitor: the table behind a
 //! big-reader lock, the backend, and the lock-free monitor pre-filter.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::entry::Backend;
@@ -23,11 +23,38 @@ pub(crate) struct Shared<R: Registrar> {
     pub hi: AtomicUsize,
     /// Invalidated entries waiting to be deregistered (a hint).
     pub zombies: AtomicUsize,
+    /// The table's invalidation generation, readable without the lock
+    /// (uncached registrations compare it with the one they were made at).
+    pub generation: AtomicU64,
 }
 
 impl<R: Registrar> Shared<R> {
     pub fn lock(&self) -> WriteGuard<'_, Table<R>> {
         self.table.write()
+    }
+
+    /// Invalidates `[start, end)` under the write lock, publishes the new
+    /// generation and returns how many entries became zombies. Allocation-
+    /// and free-free (it runs inside the allocator hook).
+    pub fn invalidate_range(&self, start: usize, end: usize) -> usize {
+        let mut t = self.lock();
+        let n = t.invalidate(start, end);
+        self.generation.store(t.generation(), Ordering::Release);
+        drop(t);
+        if n > 0 {
+            self.zombies.fetch_add(n, Ordering::SeqCst);
+            let s = &self.backend.stats;
+            s.invalidations.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// False once an invalidation since generation `gen0` may have covered
+    /// `[start, end)` (an uncached registration made at `gen0`). One load
+    /// while nothing was invalidated; else a read-locked look at the
+    /// table's ring of recent invalidations (conservative when it wrapped).
+    pub fn unchanged_since(&self, gen0: u64, start: usize, end: usize) -> bool {
+        self.generation.load(Ordering::Acquire) == gen0 || !self.table.read().changed_since(gen0, start, end)
     }
 
     /// Widens the monitor pre-filter to cover `[start, end)`.
@@ -43,12 +70,7 @@ impl<R: Registrar> Shared<R> {
 
 impl<R: Registrar> InvalidationSink for Shared<R> {
     fn invalidate(&self, start: usize, end: usize) {
-        let n = self.lock().invalidate(start, end);
-        if n > 0 {
-            self.zombies.fetch_add(n, Ordering::SeqCst);
-            let s = &self.backend.stats;
-            s.invalidations.fetch_add(n as u64, Ordering::Relaxed);
-        }
+        self.invalidate_range(start, end);
     }
 
     fn may_overlap(&self, start: usize, end: usize) -> bool {
