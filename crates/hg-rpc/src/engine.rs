@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use na_core::fasthash::FastMap;
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId};
+use na_core::{Addr, Completion, Endpoint, MemHandle, MsgBuf, OpId, PluginId};
 
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
@@ -339,13 +339,17 @@ impl<C: Codec> Engine<C> {
     /// Encodes a request. An input too large for an eager message (and not
     /// for ourselves) is exposed read-only and described instead: the
     /// returned handle must live until the target answered.
+    /// Encodes a request for `dest` into a transport message buffer (built
+    /// in place: no intermediate copy; a registered buffer on RDMA), its
+    /// input spilled into an exposed handle if it does not fit a message.
     fn encode_request<R: Rpc>(
         &mut self,
+        dest: &Addr,
         input: &R::Input,
         flags: u8,
         cookie: u64,
         to_self: bool,
-    ) -> Result<(Vec<u8>, Option<MemHandle>)> {
+    ) -> Result<(MsgBuf, Option<MemHandle>)> {
         let mut payload = std::mem::take(&mut self.scratch);
         payload.clear();
         self.codec
@@ -356,22 +360,30 @@ impl<C: Codec> Engine<C> {
                 reason,
             })?;
         let id = rpc_id(R::NAME);
-        let mut msg = Vec::with_capacity(HEADER_LEN + payload.len().min(self.max_msg));
         if to_self || HEADER_LEN + payload.len() <= self.max_msg {
-            header(flags, Status::Ok, id, cookie).encode_with(&payload, &mut msg);
+            // A self-forward never leaves the process: any size goes.
+            let mut msg = if to_self {
+                MsgBuf::heap(HEADER_LEN + payload.len())
+            } else {
+                self.ep.alloc_msg_buf(dest, HEADER_LEN + payload.len())?
+            };
+            let r = header(flags, Status::Ok, id, cookie).encode_into(&payload, &mut msg);
             self.scratch = payload;
+            r?;
             return Ok((msg, None));
         }
         let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload)?;
-        header(flags | FLAG_SPILL, Status::Ok, id, cookie).encode_with(&spilled, &mut msg);
-        if msg.len() > self.max_msg {
+        let len = HEADER_LEN + spilled.len();
+        if len > self.max_msg {
             return Err(RpcError::TooLarge {
                 rpc: R::NAME.into(),
                 what: "input descriptor",
-                len: msg.len(),
+                len,
                 max: self.max_msg,
             });
         }
+        let mut msg = self.ep.alloc_msg_buf(dest, len)?;
+        header(flags | FLAG_SPILL, Status::Ok, id, cookie).encode_into(&spilled, &mut msg)?;
         Ok((msg, Some(mem)))
     }
 
@@ -380,7 +392,7 @@ impl<C: Codec> Engine<C> {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let to_self = *dest == self.me;
-        let (msg, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM, cookie, to_self)?;
+        let (msg, spill) = self.encode_request::<R>(dest, input, FLAG_CHECKSUM, cookie, to_self)?;
         self.stats.calls += 1;
         let _span = tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered();
         if to_self {
@@ -396,7 +408,7 @@ impl<C: Codec> Engine<C> {
                     spill: None,
                 },
             );
-            match self.run_handler(&msg) {
+            match self.run_handler(msg.as_slice()) {
                 Ok(None) => {}
                 Ok(Some((h, p))) => {
                     self.file_outcome(cookie, response_outcome(R::NAME, rpc_id(R::NAME), h, p));
@@ -409,7 +421,7 @@ impl<C: Codec> Engine<C> {
             }
             return Ok(CallId(cookie));
         }
-        self.send_request(dest, R::NAME, cookie, &msg, spill, false)?;
+        self.send_request(dest, R::NAME, cookie, msg, spill, false)?;
         Ok(CallId(cookie))
     }
 
@@ -420,7 +432,7 @@ impl<C: Codec> Engine<C> {
         dest: &Addr,
         rpc: &'static str,
         cookie: u64,
-        msg: &[u8],
+        msg: MsgBuf,
         spill: Option<MemHandle>,
         abandoned: bool,
     ) -> Result<()> {
@@ -429,13 +441,14 @@ impl<C: Codec> Engine<C> {
             .post_recv_expected(dest, cookie as u32, Vec::with_capacity(self.max_msg), recv_op)?;
         self.ops.insert(recv_op, OpRole::Response(cookie));
         let send_op = self.op();
-        if let Err(e) = self.ep.send_unexpected(dest, 0, msg, send_op) {
+        let len = msg.len();
+        if let Err(e) = self.ep.send_unexpected_buf(dest, 0, msg, send_op) {
             // Nothing was sent: withdraw the receive (it completes canceled).
             let _ = self.ep.cancel(self.plugin, recv_op);
             return Err(e.into());
         }
         self.ops.insert(send_op, OpRole::Send);
-        self.stats.bytes_sent += msg.len() as u64;
+        self.stats.bytes_sent += len as u64;
         self.calls.insert(
             cookie,
             Call {
@@ -454,21 +467,23 @@ impl<C: Codec> Engine<C> {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let to_self = *dest == self.me;
-        let (msg, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
+        let (msg, spill) =
+            self.encode_request::<R>(dest, input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
         self.stats.calls += 1;
         if to_self {
-            let _ = self.run_handler(&msg);
+            let _ = self.run_handler(msg.as_slice());
             return Ok(());
         }
         if spill.is_some() {
             // The target acknowledges a spilled one-way request once it has
             // pulled the input; until then the input must stay exposed.
-            return self.send_request(dest, R::NAME, cookie, &msg, spill, true);
+            return self.send_request(dest, R::NAME, cookie, msg, spill, true);
         }
         let op = self.op();
-        self.ep.send_unexpected(dest, 0, &msg, op)?;
+        let len = msg.len();
+        self.ep.send_unexpected_buf(dest, 0, msg, op)?;
         self.ops.insert(op, OpRole::Send);
-        self.stats.bytes_sent += msg.len() as u64;
+        self.stats.bytes_sent += len as u64;
         Ok(())
     }
 

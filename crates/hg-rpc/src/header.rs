@@ -16,6 +16,8 @@
 //! | 24     | 4    | payload length                                      |
 //! | 28     | 4    | CRC-32C of the payload if flag bit 2, else 0        |
 
+use na_core::{MsgBuf, NaError};
+
 use crate::error::RpcError;
 
 /// Header length in bytes.
@@ -89,22 +91,37 @@ impl Header {
         self.flags & FLAG_ONE_WAY != 0
     }
 
-    /// Appends the header and `payload` to `out`, computing the checksum if
+    /// The header bytes for `payload`: its length, and its checksum if
     /// `FLAG_CHECKSUM` is set.
-    pub fn encode_with(mut self, payload: &[u8], out: &mut Vec<u8>) {
+    pub fn encode_head(mut self, payload: &[u8]) -> [u8; HEADER_LEN] {
         self.payload_len = payload.len() as u32;
         self.checksum = if self.flags & FLAG_CHECKSUM != 0 {
             crc32c(payload)
         } else {
             0
         };
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&[VERSION, self.flags, self.status as u8, 0]);
-        out.extend_from_slice(&self.rpc_id.to_le_bytes());
-        out.extend_from_slice(&self.cookie.to_le_bytes());
-        out.extend_from_slice(&self.payload_len.to_le_bytes());
-        out.extend_from_slice(&self.checksum.to_le_bytes());
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(&MAGIC);
+        h[4..8].copy_from_slice(&[VERSION, self.flags, self.status as u8, 0]);
+        h[8..16].copy_from_slice(&self.rpc_id.to_le_bytes());
+        h[16..24].copy_from_slice(&self.cookie.to_le_bytes());
+        h[24..28].copy_from_slice(&self.payload_len.to_le_bytes());
+        h[28..32].copy_from_slice(&self.checksum.to_le_bytes());
+        h
+    }
+
+    /// Appends the header and `payload` to `out` (see [`Header::encode_head`]).
+    pub fn encode_with(self, payload: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.encode_head(payload));
         out.extend_from_slice(payload);
+    }
+
+    /// Writes the header and `payload` into a transport message buffer
+    /// (replacing its contents); an error if they do not fit.
+    pub fn encode_into(self, payload: &[u8], out: &mut MsgBuf) -> Result<(), NaError> {
+        out.clear();
+        out.extend_from_slice(&self.encode_head(payload))?;
+        out.extend_from_slice(payload)
     }
 
     /// Decodes a whole message: checks magic, version, flags, status,

@@ -172,13 +172,22 @@ impl<C: Codec> Engine<C> {
                 ),
             }
         };
-        let mut msg = Vec::with_capacity(HEADER_LEN + out.len());
-        h.encode_with(&out, &mut msg);
+        // Built in place in a transport buffer (registered on RDMA: no copy).
+        let built = self
+            .ep
+            .alloc_msg_buf(src, HEADER_LEN + out.len())
+            .and_then(|mut msg| h.encode_into(&out, &mut msg).map(|()| msg));
         let op = self.op();
-        match self.ep.send_expected(src, h.cookie as u32, &msg, op) {
-            Ok(()) => {
+        let sent = built.and_then(|msg| {
+            let len = msg.len();
+            self.ep
+                .send_expected_buf(src, h.cookie as u32, msg, op)
+                .map(|()| len)
+        });
+        match sent {
+            Ok(len) => {
                 self.ops.insert(op, OpRole::Send);
-                self.stats.bytes_sent += msg.len() as u64;
+                self.stats.bytes_sent += len as u64;
             }
             Err(e) => tracing::warn!(peer = %src, error = %e, "cannot send RPC response"),
         }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::addr::{split_uri, Addr, PluginId};
 use crate::error::{NaError, Result};
 use crate::mem::{MemHandle, RemoteMem};
+use crate::msgbuf::MsgBuf;
 use crate::op::{Completion, OpId, Tag};
 use crate::plugin::{Plugin, PluginRegistry};
 use crate::progress::ProgressMode;
@@ -156,6 +157,21 @@ impl Endpoint {
     /// See [`Plugin::send_expected`].
     pub fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
         self.route(dest)?.send_expected(dest, tag, data, op)
+    }
+
+    /// See [`Plugin::alloc_msg_buf`]: a buffer for messages to `dest`.
+    pub fn alloc_msg_buf(&mut self, dest: &Addr, size: usize) -> Result<MsgBuf> {
+        self.route(dest)?.alloc_msg_buf(size)
+    }
+
+    /// See [`Plugin::send_unexpected_buf`].
+    pub fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        self.route(dest)?.send_unexpected_buf(dest, tag, buf, op)
+    }
+
+    /// See [`Plugin::send_expected_buf`].
+    pub fn send_expected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        self.route(dest)?.send_expected_buf(dest, tag, buf, op)
     }
 
     /// See [`Plugin::post_recv_unexpected`]; the plugin is named explicitly.

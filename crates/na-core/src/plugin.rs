@@ -5,6 +5,7 @@ use std::os::fd::RawFd;
 use crate::addr::{Addr, PluginId};
 use crate::error::{NaError, Result};
 use crate::mem::{MemHandle, RemoteMem, RemoteSegment};
+use crate::msgbuf::MsgBuf;
 use crate::op::{Completion, OpId, Tag};
 
 /// Counters every plugin keeps; read them with [`Plugin::stats`].
@@ -26,6 +27,9 @@ pub struct PluginStats {
     pub in_flight: u64,
     /// Sends that had to wait for buffer space (backpressure).
     pub sends_queued: u64,
+    /// Messages sent straight from a plugin-provided buffer, without a
+    /// copy ([`Plugin::send_unexpected_buf`] with registered buffers).
+    pub sends_zero_copy: u64,
     /// Wake-up signals sent to peers (eventfd writes and the like).
     pub signals_sent: u64,
     /// Peers currently connected.
@@ -87,6 +91,38 @@ pub trait Plugin: Send {
 
     /// Sends an expected message (the peer matches it on our address and `tag`).
     fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()>;
+
+    /// A buffer of at least `size` bytes to build a message in, for
+    /// [`send_unexpected_buf`](Self::send_unexpected_buf) and
+    /// [`send_expected_buf`](Self::send_expected_buf) (see
+    /// [`crate::msgbuf`]). Plugins with device-registered buffers hand those
+    /// out, so the send needs no copy. The default is a heap buffer; an
+    /// error if `size` exceeds the larger message limit.
+    fn alloc_msg_buf(&mut self, size: usize) -> Result<MsgBuf> {
+        let max = self.max_unexpected_size().max(self.max_expected_size());
+        if size > max {
+            return Err(NaError::MessageTooLarge {
+                len: size,
+                max,
+                kind: "message buffer",
+            });
+        }
+        Ok(MsgBuf::heap(size))
+    }
+
+    /// Sends the message in `buf` (its first `len()` bytes) as an
+    /// unexpected message. The plugin keeps the buffer until the send
+    /// completes and then reuses it; on `Err` nothing was sent and the
+    /// buffer is dropped. The default copies, like
+    /// [`send_unexpected`](Self::send_unexpected).
+    fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        self.send_unexpected(dest, tag, buf.as_slice(), op)
+    }
+
+    /// Like [`send_unexpected_buf`](Self::send_unexpected_buf), as an expected message.
+    fn send_expected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        self.send_expected(dest, tag, buf.as_slice(), op)
+    }
 
     /// Posts a buffer for the next unexpected message from any peer. The
     /// message replaces the buffer's contents (its capacity is reused, and

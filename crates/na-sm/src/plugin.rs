@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use na_core::sys::epoll::Epoll;
 use na_core::{
-    Addr, Completion, MemHandle, NaError, OpId, Plugin, PluginId, PluginStats, RemoteMem, Result, Tag,
+    Addr, Completion, MemHandle, MsgBuf, MsgBufPool, NaError, OpId, Plugin, PluginId, PluginStats, RemoteMem,
+    Result, Tag,
 };
 
 use crate::addr::{PeerTable, SmName};
@@ -66,6 +67,8 @@ pub struct SmPlugin {
     pub(crate) tokens: Vec<u64>,
     /// What we create to be woken on.
     pub(crate) wake_kind: WakeKind,
+    /// Message buffers handed back by sends (they are copied into the ring).
+    pub(crate) msg_bufs: MsgBufPool,
 }
 
 impl SmPlugin {
@@ -116,6 +119,7 @@ impl SmPlugin {
             tick: 0,
             tokens: Vec::with_capacity(32),
             wake_kind,
+            msg_bufs: MsgBufPool::default(),
         };
         if plugin.cfg.listen {
             plugin.listen()?;
@@ -286,6 +290,31 @@ impl Plugin for SmPlugin {
 
     fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
         self.send(dest, MsgKind::Expected, tag, data, op)
+    }
+
+    /// Heap buffers from a free list: the ring lives in memory the peer
+    /// can write, so a message is built privately and copied in either way.
+    fn alloc_msg_buf(&mut self, size: usize) -> Result<MsgBuf> {
+        if size > BUF_SIZE {
+            return Err(NaError::MessageTooLarge {
+                len: size,
+                max: BUF_SIZE,
+                kind: "message buffer",
+            });
+        }
+        Ok(self.msg_bufs.alloc(BUF_SIZE))
+    }
+
+    fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        let r = self.send(dest, MsgKind::Unexpected, tag, buf.as_slice(), op);
+        self.msg_bufs.recycle(buf);
+        r
+    }
+
+    fn send_expected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        let r = self.send(dest, MsgKind::Expected, tag, buf.as_slice(), op);
+        self.msg_bufs.recycle(buf);
+        r
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {

@@ -55,6 +55,7 @@ fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>)
         timeout: Duration::from_secs(10),
         clients: 16,
         keeps_connection_after_rma_error: true,
+        zero_copy_msg_bufs: false,
         guard: guard.map(|g| Box::new(g) as Box<dyn std::any::Any + Send>),
     }
 }

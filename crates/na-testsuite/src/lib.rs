@@ -78,6 +78,9 @@ pub struct Transport {
     /// a remote access error, so the plugin must reconnect; on shared memory
     /// the failure is local to one system call.
     pub keeps_connection_after_rma_error: bool,
+    /// Whether the plugin's message buffers are sent without a copy
+    /// (registered memory): then `PluginStats::sends_zero_copy` counts them.
+    pub zero_copy_msg_bufs: bool,
     /// Kept alive as long as the transport (a socket directory...).
     pub guard: Option<Box<dyn Any + Send>>,
 }
@@ -120,6 +123,7 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
             "backpressure_ten_thousand_messages_a_thousand_in_flight",
             messaging::backpressure,
         ),
+        ("plugin_message_buffers_both_kinds_reused", messaging::msg_bufs),
         ("cancel_posted_operations", messaging::cancel),
         (
             "many_client_processes_against_one_server",

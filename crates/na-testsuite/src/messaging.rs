@@ -1,6 +1,8 @@
-//! Lookup, both message kinds, tags, sizes, backpressure, cancel, many
-//! clients.
+//! Lookup, both message kinds, tags, sizes, backpressure, plugin-provided
+//! message buffers, cancel, many clients.
 
+use std::collections::HashSet;
+use std::io::Write;
 use std::time::Duration;
 
 use na_core::{NaError, OpId, OpKind, ProgressMode};
@@ -176,6 +178,86 @@ pub fn backpressure(t: &Transport) {
     assert_eq!(st.msgs_sent, u64::from(TOTAL) + 1);
     assert_eq!(st.msgs_received, u64::from(TOTAL));
     assert_eq!(st.in_flight, 0);
+}
+
+/// Plugin-provided message buffers: 2,000 requests of up to the maximum
+/// size built in them and sent with `send_unexpected_buf`, 200 in flight
+/// (beyond the transport's buffers or credits, so some wait queued), each
+/// echoed intact from a buffer of the server's; an expected message sent
+/// from one; buffers are reused (the stream touches a bounded set); an
+/// oversize buffer is refused; a plugin with registered buffers sends every
+/// one of them without a copy, the others copy.
+pub fn msg_bufs(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    let max = n.ep.plugin(n.id).expect("plugin").max_unexpected_size();
+    let e = n.ep.alloc_msg_buf(&addr, max + 1).expect_err("oversize buffer");
+    assert!(
+        matches!(e, NaError::MessageTooLarge { len, .. } if len == max + 1),
+        "{e}"
+    );
+    let msg = |i: u32| {
+        let len = match i % 4 {
+            0 => max,
+            1 => 5,
+            2 => 200,
+            _ => 1000 + (i as usize * 37) % 3000,
+        };
+        let mut m = vec![b'b'];
+        m.extend_from_slice(&i.to_le_bytes());
+        m.resize(len.min(max), (i * 7) as u8);
+        m
+    };
+    const TOTAL: u32 = 2_000;
+    const WINDOW: u32 = 200;
+    let mut seen = HashSet::new();
+    let (mut sent, mut done) = (0u32, 0u32);
+    while done < TOTAL {
+        while sent < TOTAL && sent - done < WINDOW {
+            let i = u64::from(sent);
+            n.ep.post_recv_expected(&addr, sent, Vec::new(), OpId(1 << 33 | i))
+                .expect("post");
+            let mut b = n.ep.alloc_msg_buf(&addr, max).expect("alloc");
+            assert!(b.is_empty() && b.capacity() >= max, "{b:?}");
+            seen.insert(b.memory().bytes().as_ptr() as usize);
+            b.write_all(&msg(sent)).expect("a message fits its buffer");
+            n.ep.send_unexpected_buf(&addr, sent, b, OpId(1 << 34 | i))
+                .expect("send");
+            sent += 1;
+        }
+        let c = n.wait_for(OpId(1 << 33 | u64::from(done)), n.timeout * 3);
+        assert_eq!(c.buf.expect("buf"), msg(done), "message {done}");
+        n.wait(OpId(1 << 34 | u64::from(done))).status.expect("send");
+        done += 1;
+    }
+    assert!(
+        seen.len() <= 2 * WINDOW as usize,
+        "{} distinct buffers for {TOTAL} messages: buffers are not reused",
+        seen.len()
+    );
+    let st = n.stats();
+    let want = if t.zero_copy_msg_bufs { u64::from(TOTAL) } else { 0 };
+    assert_eq!(st.sends_zero_copy, want, "sends without a copy: {st:?}");
+    assert_eq!(st.in_flight, 0);
+    // An expected message from a buffer: the server posts the receive,
+    // then echoes what arrives in it as an unexpected message.
+    let tag: u32 = 0x5eed;
+    let mut p = vec![b'p'];
+    p.extend_from_slice(&tag.to_le_bytes());
+    assert_eq!(n.request(&addr, 1, &p), b"p");
+    let r = n.op();
+    n.ep.post_recv_unexpected(n.id, Vec::new(), r).expect("post");
+    let mut b = n.ep.alloc_msg_buf(&addr, 64).expect("alloc");
+    b.extend_from_slice(b"expected, from a buffer").expect("fits");
+    let s = n.op();
+    n.ep.send_expected_buf(&addr, tag, b, s).expect("send expected");
+    n.wait(s).status.expect("expected send");
+    let c = n.wait(r);
+    assert_eq!(
+        (c.tag, c.buf.expect("buf")),
+        (tag, b"expected, from a buffer".to_vec())
+    );
 }
 
 /// Cancel of posted receives of both kinds: each completes once, canceled,

@@ -19,6 +19,10 @@
 //!   - `x` + dir (0 get, 1 put) + local offset + remote offset + len (u64
 //!     each) + descriptor: RMA between the exposed handle and the client's
 //!     memory; reply `[1]` on success, `[0]` on error;
+//!   - `b`: like `e`, the reply built in a plugin-provided message buffer
+//!     and sent with `send_expected_buf`;
+//!   - `p` + tag (u32): post an expected receive for that tag from the
+//!     sender, reply `p`; what arrives in it goes back unexpected, same tag;
 //!   - `q`: reply, print `SERVED <n>`, exit.
 //! * `client URI N`: N echo round trips with up to 50 in flight; prints
 //!   `CLIENT OK N` and exits 0 if every echo came back intact.
@@ -139,6 +143,23 @@ impl Server {
                 Some(vec![u8::from(ok)])
             }
             Some(b'x') => Some(vec![u8::from(self.rma(msg, src))]),
+            Some(b'b') => {
+                let mut buf = self.ep.alloc_msg_buf(src, msg.len()).expect("message buffer");
+                buf.extend_from_slice(msg).expect("fits the buffer");
+                let op = self.next_op();
+                self.ep
+                    .send_expected_buf(src, tag, buf, op)
+                    .expect("send from buffer");
+                None
+            }
+            Some(b'p') => {
+                let want = u32s(&msg[1..]).next().expect("p + tag");
+                let op = self.next_op();
+                self.ep
+                    .post_recv_expected(src, want, Vec::new(), op)
+                    .expect("post expected");
+                Some(b"p".to_vec())
+            }
             Some(_) => None,
         }
     }
@@ -202,6 +223,14 @@ fn server(t: &Transport) {
             if Some(c.op) == quit_op {
                 println!("SERVED {served}");
                 std::process::exit(0);
+            }
+            if c.kind == OpKind::RecvExpected {
+                // Posted by `p`: echo what arrived, unexpected, same tag.
+                if let (Ok(()), Some(msg), Some(src)) = (&c.status, &c.buf, &c.source) {
+                    let op = s.next_op();
+                    s.ep.send_unexpected(src, c.tag, msg, op).expect("echo");
+                }
+                continue;
             }
             if c.kind != OpKind::RecvUnexpected {
                 continue;

@@ -5,12 +5,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use na_core::{OpId, OpKind, Tag};
+use na_core::{MsgBuf, OpId, OpKind, Tag};
 
 use crate::credits::Credits;
 use crate::error::Result;
 use crate::rma::WrPlan;
-use crate::sys::{AccessFlags, CmId, MemoryRegion, ProtectionDomain, QueuePair, SendOp};
+use crate::sys::{AccessFlags, CmId, MemoryRegion, ProtectionDomain, QueuePair, SendOp, Sge};
 use crate::wire::{Header, MsgKind, HEADER_LEN};
 
 /// Names a connection slot and its generation (so a completion of a retired
@@ -65,12 +65,31 @@ pub(crate) enum ConnState {
     Dead,
 }
 
-/// A message waiting for credits, a send buffer or queue space.
+/// A message waiting for credits, a send buffer or queue space: a copy of
+/// the caller's bytes, or the caller's message buffer itself.
 pub(crate) struct PendingSend {
     pub op: OpId,
     pub kind: OpKind,
     pub tag: Tag,
-    pub data: Vec<u8>,
+    pub body: Queued,
+}
+
+/// The payload of a queued message.
+pub(crate) enum Queued {
+    /// Copied from a slice.
+    Bytes(Vec<u8>),
+    /// A plugin-provided message buffer (sent without a copy if registered).
+    Buf(MsgBuf),
+}
+
+impl Queued {
+    /// The payload.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Queued::Bytes(v) => v,
+            Queued::Buf(b) => b.as_slice(),
+        }
+    }
 }
 
 /// A piece of an RMA operation waiting for send-queue space.
@@ -99,6 +118,9 @@ pub(crate) struct Conn {
     pub free_send: Vec<u32>,
     /// Per send slot: the operation it carries (`None` for credit updates).
     pub send_ops: Vec<Option<(OpId, OpKind, usize)>>,
+    /// Per send slot: the message buffer the device gathers the payload
+    /// from, held until the send's work completion.
+    pub send_bufs: Vec<Option<MsgBuf>>,
     pub sq_used: u32,
     pub sq_cap: u32,
     pub recvs_posted: u32,
@@ -132,6 +154,7 @@ impl Conn {
             peer_max_msg: 0,
             free_send: (0..depth).rev().collect(),
             send_ops: (0..depth).map(|_| None).collect(),
+            send_bufs: (0..depth).map(|_| None).collect(),
             sq_used: 0,
             sq_cap: 0,
             recvs_posted: 0,
@@ -177,16 +200,19 @@ impl Conn {
             }
     }
 
-    /// Copies a message into a send slot and posts it. The caller checked
-    /// [`can_post_msg`](Self::can_post_msg).
+    /// Posts a message from a send slot: the header and `data` copied into
+    /// it, or, with `gather` (the registered bytes of `data`), only the
+    /// header, the payload gathered from `gather`. Returns the slot. The
+    /// caller checked [`can_post_msg`](Self::can_post_msg).
     pub fn post_msg(
         &mut self,
         me: ConnRef,
         kind: MsgKind,
         tag: Tag,
         data: &[u8],
+        gather: Option<Sge>,
         op: Option<(OpId, OpKind)>,
-    ) -> Result<()> {
+    ) -> Result<u32> {
         let slot = self.free_send.pop().expect("caller checked a free send slot");
         let credits = self.credits.spend();
         let header = Header {
@@ -201,15 +227,24 @@ impl Conn {
                 unreachable!("established connections have a QP and buffers")
             };
             bufs.write_at(off, &header.encode())?;
-            bufs.write_at(off + HEADER_LEN, data)?;
-            let sge = bufs.sge(off, HEADER_LEN + data.len())?;
-            qp.post_send(wr_id(WrKind::Send, me, slot), SendOp::Send, &[sge], true)
+            let id = wr_id(WrKind::Send, me, slot);
+            match gather {
+                Some(payload) => {
+                    let head = bufs.sge(off, HEADER_LEN)?;
+                    qp.post_send(id, SendOp::Send, &[head, payload], true)
+                }
+                None => {
+                    bufs.write_at(off + HEADER_LEN, data)?;
+                    let sge = bufs.sge(off, HEADER_LEN + data.len())?;
+                    qp.post_send(id, SendOp::Send, &[sge], true)
+                }
+            }
         })();
         match res {
             Ok(()) => {
                 self.sq_used += 1;
                 self.send_ops[slot as usize] = op.map(|(o, k)| (o, k, data.len()));
-                Ok(())
+                Ok(slot)
             }
             Err(e) => {
                 self.free_send.push(slot);

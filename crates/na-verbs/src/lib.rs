@@ -45,6 +45,7 @@ pub mod error;
 mod factory;
 mod mem;
 mod msg;
+mod msgbuf;
 mod plugin;
 mod progress;
 mod rma;

@@ -6,9 +6,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use na_core::{Addr, Completion, NaError, OpId, OpKind, Result, Tag};
+use na_core::{Addr, Completion, MsgBuf, NaError, OpId, OpKind, Result, Tag};
 
-use crate::conn::{ConnRef, ConnState, PendingSend};
+use crate::conn::{ConnRef, ConnState, PendingSend, Queued};
 use crate::plugin::{OpLoc, VerbsPlugin};
 use crate::wire::MsgKind;
 
@@ -39,19 +39,36 @@ impl Matching {
     }
 }
 
+/// What a send carries: the caller's bytes (copied), or a message buffer
+/// (sent from in place when it is registered, see `msgbuf.rs`).
+pub(crate) enum Outgoing<'a> {
+    Slice(&'a [u8]),
+    Buf(MsgBuf),
+}
+
+impl Outgoing<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Outgoing::Slice(d) => d,
+            Outgoing::Buf(b) => b.as_slice(),
+        }
+    }
+}
+
 impl VerbsPlugin {
     pub(crate) fn send_msg(
         &mut self,
         dest: &Addr,
         kind: OpKind,
         tag: Tag,
-        data: &[u8],
+        msg: Outgoing<'_>,
         op: OpId,
     ) -> Result<()> {
+        let len = msg.bytes().len();
         let max = self.cfg.max_msg_size;
-        if data.len() > max {
+        if len > max {
             return Err(NaError::MessageTooLarge {
-                len: data.len(),
+                len,
                 max,
                 kind: if kind == OpKind::SendUnexpected {
                     "unexpected"
@@ -65,37 +82,73 @@ impl VerbsPlugin {
         let conn = self
             .conn_mut(cref)
             .expect("ensure_conn returned a live connection");
-        if conn.peer_max_msg != 0 && data.len() > conn.peer_max_msg {
+        if conn.peer_max_msg != 0 && len > conn.peer_max_msg {
             return Err(NaError::MessageTooLarge {
-                len: data.len(),
+                len,
                 max: conn.peer_max_msg,
                 kind: "peer's buffer",
             });
         }
         self.ops.insert(op, OpLoc::Send(cref));
         self.stats.in_flight += 1;
-        let conn = self.conn_mut(cref).expect("checked above");
+        let conn = self.conn(cref).expect("checked above");
         if conn.msg_backlog.is_empty() && conn.can_post_msg(false) {
-            let wire = msg_kind(kind);
-            if let Err(e) = conn.post_msg(cref, wire, tag, data, Some((op, kind))) {
-                self.ops.remove(&op);
-                self.stats.in_flight -= 1;
-                return Err(e.into());
+            let gather = match &msg {
+                Outgoing::Buf(b) => self.registered_sge(b),
+                Outgoing::Slice(_) => None,
+            };
+            let conn = self.conn_mut(cref).expect("checked above");
+            match conn.post_msg(cref, msg_kind(kind), tag, msg.bytes(), gather, Some((op, kind))) {
+                Ok(slot) => {
+                    self.count_sent(len);
+                    if let Outgoing::Buf(b) = msg {
+                        self.hold_or_recycle(cref, slot, b, gather.is_some());
+                    }
+                }
+                Err(e) => {
+                    self.ops.remove(&op);
+                    self.stats.in_flight -= 1;
+                    if let Outgoing::Buf(b) = msg {
+                        self.recycle_buf(b);
+                    }
+                    return Err(e.into());
+                }
             }
-            self.count_sent(data.len());
         } else {
             if conn.state == ConnState::Established {
                 self.stats.sends_queued += 1;
             }
+            let body = match msg {
+                Outgoing::Slice(d) => Queued::Bytes(d.to_vec()),
+                Outgoing::Buf(b) => Queued::Buf(b),
+            };
             let conn = self.conn_mut(cref).expect("checked above");
-            conn.msg_backlog.push_back(PendingSend {
-                op,
-                kind,
-                tag,
-                data: data.to_vec(),
-            });
+            conn.msg_backlog.push_back(PendingSend { op, kind, tag, body });
         }
         Ok(())
+    }
+
+    /// After posting from send slot `slot`: a buffer the device gathers
+    /// from stays with the slot until its completion; a copied one goes back.
+    fn hold_or_recycle(&mut self, cref: ConnRef, slot: u32, buf: MsgBuf, gathered: bool) {
+        if gathered {
+            self.stats.sends_zero_copy += 1;
+            if let Some(s) = self
+                .conn_mut(cref)
+                .and_then(|c| c.send_bufs.get_mut(slot as usize))
+            {
+                *s = Some(buf);
+                return;
+            }
+        }
+        self.recycle_buf(buf);
+    }
+
+    /// A queued message that will not be sent: its buffer goes back.
+    pub(crate) fn drop_queued(&mut self, body: Queued) {
+        if let Queued::Buf(b) = body {
+            self.recycle_buf(b);
+        }
     }
 
     fn count_sent(&mut self, len: usize) {
@@ -113,17 +166,38 @@ impl VerbsPlugin {
             }
             let m = conn.msg_backlog.pop_front().expect("checked non-empty");
             if self.canceled_sends.remove(&m.op) {
+                self.drop_queued(m.body);
                 continue; // canceled while queued: already completed
             }
+            let gather = match &m.body {
+                Queued::Buf(b) => self.registered_sge(b),
+                Queued::Bytes(_) => None,
+            };
             let conn = self.conn_mut(cref).expect("checked above");
-            match conn.post_msg(cref, msg_kind(m.kind), m.tag, &m.data, Some((m.op, m.kind))) {
-                Ok(()) => self.count_sent(m.data.len()),
-                Err(e) => self.finish_send(m.op, m.kind, Err(e.into())),
+            let len = m.body.bytes().len();
+            match conn.post_msg(
+                cref,
+                msg_kind(m.kind),
+                m.tag,
+                m.body.bytes(),
+                gather,
+                Some((m.op, m.kind)),
+            ) {
+                Ok(slot) => {
+                    self.count_sent(len);
+                    if let Queued::Buf(b) = m.body {
+                        self.hold_or_recycle(cref, slot, b, gather.is_some());
+                    }
+                }
+                Err(e) => {
+                    self.finish_send(m.op, m.kind, Err(e.into()));
+                    self.drop_queued(m.body);
+                }
             }
         }
         let Some(conn) = self.conn_mut(cref) else { return };
         if conn.credits.wants_update() && conn.can_post_msg(true) {
-            if let Err(e) = conn.post_msg(cref, MsgKind::Credit, 0, &[], None) {
+            if let Err(e) = conn.post_msg(cref, MsgKind::Credit, 0, &[], None, None) {
                 tracing::warn!(error = %e, "posting a credit update failed");
             }
         }
@@ -316,7 +390,10 @@ impl VerbsPlugin {
                     c.msg_backlog.remove(i)
                 });
                 match queued {
-                    Some(m) => self.cancel_done(op, m.kind, None),
+                    Some(m) => {
+                        self.cancel_done(op, m.kind, None);
+                        self.drop_queued(m.body);
+                    }
                     // Already on the wire: it completes (as canceled) when the device is done.
                     None => {
                         self.canceled_sends.insert(op);

@@ -27,14 +27,16 @@ use std::sync::Arc;
 
 use na_core::sys::epoll::Epoll;
 use na_core::{
-    Addr, Completion, MemHandle, NaError, OpId, OpKind, Plugin, PluginId, PluginStats, RemoteMem, Result, Tag,
+    Addr, Completion, MemHandle, MsgBuf, NaError, OpId, OpKind, Plugin, PluginId, PluginStats, RemoteMem,
+    Result, Tag,
 };
 use na_regcache::Cache;
 
 use crate::addr::{canonical, VerbsUri, SCHEME};
 use crate::config::VerbsConfig;
 use crate::conn::{Conn, ConnRef};
-use crate::msg::Matching;
+use crate::msg::{Matching, Outgoing};
+use crate::msgbuf::BufPool;
 use crate::rma::RmaOp;
 use crate::sys::{
     CmId, CmIdKey, CompletionChannel, CompletionQueue, DeviceAttr, EventChannel, IbvRegistrar, PortSpace,
@@ -109,6 +111,8 @@ pub struct VerbsPlugin {
     pub(crate) _local_id: Arc<CmId>,
     pub(crate) events: Arc<EventChannel>,
     pub(crate) poll: Epoll,
+    /// Registered message buffers not in use.
+    pub(crate) bufs: BufPool,
 }
 
 impl VerbsPlugin {
@@ -190,6 +194,7 @@ impl VerbsPlugin {
             _local_id: local_id,
             events,
             poll,
+            bufs: BufPool::default(),
         })
     }
 
@@ -310,11 +315,24 @@ impl Plugin for VerbsPlugin {
     }
 
     fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
-        self.send_msg(dest, OpKind::SendUnexpected, tag, data, op)
+        self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Slice(data), op)
     }
 
     fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
-        self.send_msg(dest, OpKind::SendExpected, tag, data, op)
+        self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Slice(data), op)
+    }
+
+    /// Registered buffers: sends from them need no copy (see `msgbuf.rs`).
+    fn alloc_msg_buf(&mut self, size: usize) -> Result<MsgBuf> {
+        self.alloc_buf(size)
+    }
+
+    fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Buf(buf), op)
+    }
+
+    fn send_expected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Buf(buf), op)
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {

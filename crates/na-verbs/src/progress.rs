@@ -190,7 +190,11 @@ impl VerbsPlugin {
             return;
         };
         let op = entry.take();
+        let buf = conn.send_bufs.get_mut(slot as usize).and_then(Option::take);
         conn.free_send.push(slot);
+        if let Some(b) = buf {
+            self.recycle_buf(b);
+        }
         if let Some((op, kind, _len)) = op {
             let status = match &err {
                 None => Ok(()),

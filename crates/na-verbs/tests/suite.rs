@@ -42,6 +42,7 @@ fn transport(spec: String) -> Transport {
         timeout: Duration::from_secs(30),
         clients: 8,
         keeps_connection_after_rma_error: false,
+        zero_copy_msg_bufs: true,
         guard: None,
     }
 }

@@ -40,6 +40,7 @@ mod device;
 mod mr;
 mod qp;
 mod registrar;
+mod send_buf;
 mod srq;
 mod wr;
 
@@ -50,6 +51,7 @@ pub use device::{devices, Context, DeviceAttr, DeviceInfo, Gid, PortAttr};
 pub use mr::{AccessFlags, MemoryRegion, ProtectionDomain, RemoteRegion, Sge};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, RtrAttr, RtsAttr};
 pub use registrar::IbvRegistrar;
+pub use send_buf::SendBuffer;
 pub use srq::SharedReceiveQueue;
 pub use wr::SendOp;
 

@@ -1,0 +1,232 @@
+//! Plugin-provided message buffers.
+//!
+//! [`Plugin::send_unexpected`](crate::Plugin::send_unexpected) copies the
+//! caller's bytes into the transport. A caller that builds each message
+//! anyway (an RPC layer serializing a request) can instead build it in a
+//! [`MsgBuf`] from [`Plugin::alloc_msg_buf`](crate::Plugin::alloc_msg_buf)
+//! and hand the buffer over with
+//! [`Plugin::send_unexpected_buf`](crate::Plugin::send_unexpected_buf):
+//! a plugin whose buffers are registered with its device (verbs) sends
+//! straight from it, without the copy; others copy as usual and recycle the
+//! buffer. The buffer belongs to the plugin from the send until the send
+//! completes; [`Plugin::alloc_msg_buf`](crate::Plugin::alloc_msg_buf) hands
+//! it out again afterwards, so a steady stream of messages allocates nothing.
+//!
+//! A [`MsgBuf`] has a fixed capacity (memory registered with a device must
+//! not move), and a length: the message is its first `len()` bytes.
+
+use std::any::Any;
+use std::io;
+
+use crate::error::{NaError, Result};
+
+/// The memory behind a [`MsgBuf`]: plain heap bytes, or memory a plugin
+/// prepared (registered) for sending. Implemented by plugins.
+pub trait MsgMemory: Send + 'static {
+    /// All bytes of the buffer (its capacity).
+    fn bytes(&self) -> &[u8];
+
+    /// All bytes of the buffer, writable.
+    fn bytes_mut(&mut self) -> &mut [u8];
+
+    /// For the plugin that made it: recognize its own memory.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Heap memory: what plugins without registered buffers hand out.
+struct HeapMemory(Box<[u8]>);
+
+impl MsgMemory for HeapMemory {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A message buffer of fixed capacity; the message is its first
+/// [`len`](Self::len) bytes. Fill it through [`std::io::Write`],
+/// [`extend_from_slice`](Self::extend_from_slice), or
+/// [`spare_mut`](Self::spare_mut) plus [`set_len`](Self::set_len).
+pub struct MsgBuf {
+    mem: Box<dyn MsgMemory>,
+    len: usize,
+}
+
+impl MsgBuf {
+    /// An empty heap buffer of `capacity` bytes.
+    pub fn heap(capacity: usize) -> MsgBuf {
+        MsgBuf::from_memory(Box::new(HeapMemory(vec![0u8; capacity].into_boxed_slice())))
+    }
+
+    /// An empty buffer over plugin-prepared memory.
+    pub fn from_memory(mem: Box<dyn MsgMemory>) -> MsgBuf {
+        MsgBuf { mem, len: 0 }
+    }
+
+    /// The memory (for the plugin that made it).
+    pub fn memory(&self) -> &dyn MsgMemory {
+        self.mem.as_ref()
+    }
+
+    /// Bytes the buffer can hold.
+    pub fn capacity(&self) -> usize {
+        self.mem.bytes().len()
+    }
+
+    /// Length of the message in it.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The message.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.mem.bytes()[..self.len]
+    }
+
+    /// The message, writable in place.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.mem.bytes_mut()[..len]
+    }
+
+    /// The bytes after the message, to write into before [`set_len`](Self::set_len)
+    /// (for encoders that fill a slice, like `postcard::to_slice`).
+    pub fn spare_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.mem.bytes_mut()[len..]
+    }
+
+    /// Sets the message length; an error if it exceeds the capacity.
+    pub fn set_len(&mut self, len: usize) -> Result<()> {
+        let max = self.capacity();
+        if len > max {
+            return Err(NaError::MessageTooLarge {
+                len,
+                max,
+                kind: "message buffer",
+            });
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Empties the message (the capacity stays).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Appends `data`; an error (and nothing appended) if it does not fit.
+    pub fn extend_from_slice(&mut self, data: &[u8]) -> Result<()> {
+        let start = self.len;
+        self.set_len(start + data.len())?;
+        self.mem.bytes_mut()[start..start + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+impl io::Write for MsgBuf {
+    /// Appends what fits; `Ok(0)` once full, so `write_all` of a message
+    /// larger than the buffer fails with [`io::ErrorKind::WriteZero`].
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(self.capacity() - self.len);
+        let start = self.len;
+        self.mem.bytes_mut()[start..start + n].copy_from_slice(&data[..n]);
+        self.len += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for MsgBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MsgBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+/// A small free list of buffers for plugins that copy: sends give their
+/// buffer back here, `alloc` takes one, so a stream allocates nothing.
+#[derive(Debug, Default)]
+pub struct MsgBufPool {
+    free: Vec<MsgBuf>,
+}
+
+impl MsgBufPool {
+    /// Buffers kept at most (more are dropped).
+    pub const KEEP: usize = 64;
+
+    /// An empty buffer of at least `capacity` bytes (recycled if one is free).
+    pub fn alloc(&mut self, capacity: usize) -> MsgBuf {
+        match self.free.iter().rposition(|b| b.capacity() >= capacity) {
+            Some(i) => self.free.swap_remove(i),
+            None => MsgBuf::heap(capacity),
+        }
+    }
+
+    /// Takes a buffer back for reuse.
+    pub fn recycle(&mut self, mut buf: MsgBuf) {
+        if self.free.len() < Self::KEEP {
+            buf.clear();
+            self.free.push(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn fills_up_to_capacity_and_no_further() {
+        let mut b = MsgBuf::heap(8);
+        assert_eq!((b.len(), b.capacity()), (0, 8));
+        b.extend_from_slice(b"abc").unwrap();
+        b.write_all(b"defgh").unwrap();
+        assert_eq!(b.as_slice(), b"abcdefgh");
+        let err = b.write_all(b"i").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WriteZero);
+        assert!(b.extend_from_slice(b"i").is_err());
+        assert!(matches!(
+            b.set_len(9),
+            Err(NaError::MessageTooLarge { len: 9, max: 8, .. })
+        ));
+        assert_eq!(b.len(), 8, "failed appends leave the message alone");
+        b.clear();
+        b.spare_mut()[..2].copy_from_slice(b"xy");
+        b.set_len(2).unwrap();
+        b.as_mut_slice()[1] = b'z';
+        assert_eq!(b.as_slice(), b"xz");
+    }
+
+    #[test]
+    fn pool_recycles_big_enough_buffers() {
+        let mut p = MsgBufPool::default();
+        let mut b = p.alloc(16);
+        b.extend_from_slice(b"data").unwrap();
+        let ptr = b.memory().bytes().as_ptr();
+        p.recycle(b);
+        let again = p.alloc(10);
+        assert_eq!(again.memory().bytes().as_ptr(), ptr, "reused");
+        assert!(again.is_empty(), "recycled buffers come back empty");
+        assert_eq!(p.alloc(32).capacity(), 32, "too small ones are not handed out");
+    }
+}
