@@ -20,6 +20,20 @@ use std::io;
 
 use crate::error::{NaError, Result};
 
+/// For plugins: `Ok` if a message buffer of `size` bytes is allowed where
+/// messages hold at most `max`, else the [`NaError::MessageTooLarge`] that
+/// `alloc_msg_buf` returns.
+pub fn check_buf_size(size: usize, max: usize) -> Result<()> {
+    if size > max {
+        return Err(NaError::MessageTooLarge {
+            len: size,
+            max,
+            kind: "message buffer",
+        });
+    }
+    Ok(())
+}
+
 /// The memory behind a [`MsgBuf`]: plain heap bytes, or memory a plugin
 /// prepared (registered) for sending. Implemented by plugins.
 pub trait MsgMemory: Send + 'static {

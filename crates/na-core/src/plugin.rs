@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 use crate::addr::{Addr, PluginId};
 use crate::error::{NaError, Result};
 use crate::mem::{MemHandle, RemoteMem, RemoteSegment};
-use crate::msgbuf::MsgBuf;
+use crate::msgbuf::{check_buf_size, MsgBuf};
 use crate::op::{Completion, OpId, Tag};
 
 /// Counters every plugin keeps; read them with [`Plugin::stats`].
@@ -99,14 +99,7 @@ pub trait Plugin: Send {
     /// out, so the send needs no copy. The default is a heap buffer; an
     /// error if `size` exceeds the larger message limit.
     fn alloc_msg_buf(&mut self, size: usize) -> Result<MsgBuf> {
-        let max = self.max_unexpected_size().max(self.max_expected_size());
-        if size > max {
-            return Err(NaError::MessageTooLarge {
-                len: size,
-                max,
-                kind: "message buffer",
-            });
-        }
+        check_buf_size(size, self.max_unexpected_size().max(self.max_expected_size()))?;
         Ok(MsgBuf::heap(size))
     }
 

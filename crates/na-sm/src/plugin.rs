@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
+use na_core::msgbuf::check_buf_size;
 use na_core::sys::epoll::Epoll;
 use na_core::{
     Addr, Completion, MemHandle, MsgBuf, MsgBufPool, NaError, OpId, Plugin, PluginId, PluginStats, RemoteMem,
@@ -223,6 +224,14 @@ impl SmPlugin {
         Ok(())
     }
 
+    /// Sends a message buffer's bytes (copied into the ring or backlog)
+    /// and keeps the buffer for the next `alloc_msg_buf`.
+    fn send_from_buf(&mut self, dest: &Addr, kind: MsgKind, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
+        let r = self.send(dest, kind, tag, buf.as_slice(), op);
+        self.msg_bufs.recycle(buf);
+        r
+    }
+
     fn send(&mut self, dest: &Addr, kind: MsgKind, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
         if data.len() > BUF_SIZE {
             return Err(NaError::MessageTooLarge {
@@ -295,26 +304,16 @@ impl Plugin for SmPlugin {
     /// Heap buffers from a free list: the ring lives in memory the peer
     /// can write, so a message is built privately and copied in either way.
     fn alloc_msg_buf(&mut self, size: usize) -> Result<MsgBuf> {
-        if size > BUF_SIZE {
-            return Err(NaError::MessageTooLarge {
-                len: size,
-                max: BUF_SIZE,
-                kind: "message buffer",
-            });
-        }
+        check_buf_size(size, BUF_SIZE)?;
         Ok(self.msg_bufs.alloc(BUF_SIZE))
     }
 
     fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
-        let r = self.send(dest, MsgKind::Unexpected, tag, buf.as_slice(), op);
-        self.msg_bufs.recycle(buf);
-        r
+        self.send_from_buf(dest, MsgKind::Unexpected, tag, buf, op)
     }
 
     fn send_expected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
-        let r = self.send(dest, MsgKind::Expected, tag, buf.as_slice(), op);
-        self.msg_bufs.recycle(buf);
-        r
+        self.send_from_buf(dest, MsgKind::Expected, tag, buf, op)
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {

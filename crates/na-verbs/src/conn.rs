@@ -65,29 +65,43 @@ pub(crate) enum ConnState {
     Dead,
 }
 
-/// A message waiting for credits, a send buffer or queue space: a copy of
-/// the caller's bytes, or the caller's message buffer itself.
+/// A message waiting for credits, a send buffer or queue space.
 pub(crate) struct PendingSend {
     pub op: OpId,
     pub kind: OpKind,
     pub tag: Tag,
-    pub body: Queued,
+    /// Never [`Outgoing::Slice`]: a queued slice is copied into `Owned`.
+    pub body: Outgoing<'static>,
 }
 
-/// The payload of a queued message.
-pub(crate) enum Queued {
-    /// Copied from a slice.
-    Bytes(Vec<u8>),
-    /// A plugin-provided message buffer (sent without a copy if registered).
+/// What a send carries: the caller's bytes (copied into the send slot), or
+/// a message buffer (sent from in place when it is registered, see
+/// `msgbuf.rs`).
+pub(crate) enum Outgoing<'a> {
+    /// Borrowed from the caller (only until the send call returns).
+    Slice(&'a [u8]),
+    /// A copy of the caller's bytes, for the backlog.
+    Owned(Vec<u8>),
+    /// A plugin-provided message buffer.
     Buf(MsgBuf),
 }
 
-impl Queued {
+impl Outgoing<'_> {
     /// The payload.
     pub fn bytes(&self) -> &[u8] {
         match self {
-            Queued::Bytes(v) => v,
-            Queued::Buf(b) => b.as_slice(),
+            Outgoing::Slice(d) => d,
+            Outgoing::Owned(v) => v,
+            Outgoing::Buf(b) => b.as_slice(),
+        }
+    }
+
+    /// The same payload, owned (a slice is copied), for the backlog.
+    pub fn into_owned(self) -> Outgoing<'static> {
+        match self {
+            Outgoing::Slice(d) => Outgoing::Owned(d.to_vec()),
+            Outgoing::Owned(v) => Outgoing::Owned(v),
+            Outgoing::Buf(b) => Outgoing::Buf(b),
         }
     }
 }

@@ -261,7 +261,7 @@ impl VerbsPlugin {
                 reason: reason.clone(),
             };
             self.finish_send(m.op, m.kind, Err(e));
-            self.drop_queued(m.body);
+            self.drop_outgoing(m.body);
         }
         self.fail_rma_backlog(cref, &reason);
         if primary && self.peers[peer].dead.is_none() {

@@ -8,7 +8,8 @@ use std::collections::{HashMap, VecDeque};
 
 use na_core::{Addr, Completion, MsgBuf, NaError, OpId, OpKind, Result, Tag};
 
-use crate::conn::{ConnRef, ConnState, PendingSend, Queued};
+use crate::conn::{ConnRef, ConnState, Outgoing, PendingSend};
+use crate::error::VerbsError;
 use crate::plugin::{OpLoc, VerbsPlugin};
 use crate::wire::MsgKind;
 
@@ -36,22 +37,6 @@ impl Matching {
     /// Messages held for the application.
     pub fn held_count(&self) -> usize {
         self.held_unexpected.len() + self.held_expected.values().map(VecDeque::len).sum::<usize>()
-    }
-}
-
-/// What a send carries: the caller's bytes (copied), or a message buffer
-/// (sent from in place when it is registered, see `msgbuf.rs`).
-pub(crate) enum Outgoing<'a> {
-    Slice(&'a [u8]),
-    Buf(MsgBuf),
-}
-
-impl Outgoing<'_> {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Outgoing::Slice(d) => d,
-            Outgoing::Buf(b) => b.as_slice(),
-        }
     }
 }
 
@@ -93,39 +78,56 @@ impl VerbsPlugin {
         self.stats.in_flight += 1;
         let conn = self.conn(cref).expect("checked above");
         if conn.msg_backlog.is_empty() && conn.can_post_msg(false) {
-            let gather = match &msg {
-                Outgoing::Buf(b) => self.registered_sge(b),
-                Outgoing::Slice(_) => None,
-            };
-            let conn = self.conn_mut(cref).expect("checked above");
-            match conn.post_msg(cref, msg_kind(kind), tag, msg.bytes(), gather, Some((op, kind))) {
-                Ok(slot) => {
-                    self.count_sent(len);
-                    if let Outgoing::Buf(b) = msg {
-                        self.hold_or_recycle(cref, slot, b, gather.is_some());
-                    }
-                }
-                Err(e) => {
-                    self.ops.remove(&op);
-                    self.stats.in_flight -= 1;
-                    if let Outgoing::Buf(b) = msg {
-                        self.recycle_buf(b);
-                    }
-                    return Err(e.into());
-                }
+            if let Err(e) = self.post_outgoing(cref, kind, tag, msg, op) {
+                self.ops.remove(&op);
+                self.stats.in_flight -= 1;
+                return Err(e.into());
             }
         } else {
             if conn.state == ConnState::Established {
                 self.stats.sends_queued += 1;
             }
-            let body = match msg {
-                Outgoing::Slice(d) => Queued::Bytes(d.to_vec()),
-                Outgoing::Buf(b) => Queued::Buf(b),
-            };
+            let body = msg.into_owned();
             let conn = self.conn_mut(cref).expect("checked above");
             conn.msg_backlog.push_back(PendingSend { op, kind, tag, body });
         }
         Ok(())
+    }
+
+    /// Posts `msg` as operation `op` on `cref` (the caller checked
+    /// `can_post_msg`), from a registered buffer without a copy where it
+    /// can. A buffer the device gathers from stays with its send slot; any
+    /// other goes back to the pool, on error too.
+    fn post_outgoing(
+        &mut self,
+        cref: ConnRef,
+        kind: OpKind,
+        tag: Tag,
+        msg: Outgoing<'_>,
+        op: OpId,
+    ) -> std::result::Result<(), VerbsError> {
+        let gather = match &msg {
+            Outgoing::Buf(b) => self.registered_sge(b),
+            _ => None,
+        };
+        let len = msg.bytes().len();
+        let conn = self.conn_mut(cref).expect("caller checked the connection");
+        let posted = conn.post_msg(cref, msg_kind(kind), tag, msg.bytes(), gather, Some((op, kind)));
+        match (posted, msg) {
+            (Ok(slot), Outgoing::Buf(b)) => {
+                self.count_sent(len);
+                self.hold_or_recycle(cref, slot, b, gather.is_some());
+                Ok(())
+            }
+            (Ok(_), _) => {
+                self.count_sent(len);
+                Ok(())
+            }
+            (Err(e), msg) => {
+                self.drop_outgoing(msg);
+                Err(e)
+            }
+        }
     }
 
     /// After posting from send slot `slot`: a buffer the device gathers
@@ -144,9 +146,9 @@ impl VerbsPlugin {
         self.recycle_buf(buf);
     }
 
-    /// A queued message that will not be sent: its buffer goes back.
-    pub(crate) fn drop_queued(&mut self, body: Queued) {
-        if let Queued::Buf(b) = body {
+    /// A message that will not be sent: its buffer goes back.
+    pub(crate) fn drop_outgoing(&mut self, msg: Outgoing<'_>) {
+        if let Outgoing::Buf(b) = msg {
             self.recycle_buf(b);
         }
     }
@@ -166,33 +168,11 @@ impl VerbsPlugin {
             }
             let m = conn.msg_backlog.pop_front().expect("checked non-empty");
             if self.canceled_sends.remove(&m.op) {
-                self.drop_queued(m.body);
+                self.drop_outgoing(m.body);
                 continue; // canceled while queued: already completed
             }
-            let gather = match &m.body {
-                Queued::Buf(b) => self.registered_sge(b),
-                Queued::Bytes(_) => None,
-            };
-            let conn = self.conn_mut(cref).expect("checked above");
-            let len = m.body.bytes().len();
-            match conn.post_msg(
-                cref,
-                msg_kind(m.kind),
-                m.tag,
-                m.body.bytes(),
-                gather,
-                Some((m.op, m.kind)),
-            ) {
-                Ok(slot) => {
-                    self.count_sent(len);
-                    if let Queued::Buf(b) = m.body {
-                        self.hold_or_recycle(cref, slot, b, gather.is_some());
-                    }
-                }
-                Err(e) => {
-                    self.finish_send(m.op, m.kind, Err(e.into()));
-                    self.drop_queued(m.body);
-                }
+            if let Err(e) = self.post_outgoing(cref, m.kind, m.tag, m.body, m.op) {
+                self.finish_send(m.op, m.kind, Err(e.into()));
             }
         }
         let Some(conn) = self.conn_mut(cref) else { return };
@@ -392,7 +372,7 @@ impl VerbsPlugin {
                 match queued {
                     Some(m) => {
                         self.cancel_done(op, m.kind, None);
-                        self.drop_queued(m.body);
+                        self.drop_outgoing(m.body);
                     }
                     // Already on the wire: it completes (as canceled) when the device is done.
                     None => {

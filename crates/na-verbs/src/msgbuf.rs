@@ -8,7 +8,8 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use na_core::{MsgBuf, MsgMemory, NaError, Result};
+use na_core::msgbuf::check_buf_size;
+use na_core::{MsgBuf, MsgMemory, Result};
 
 use crate::plugin::VerbsPlugin;
 use crate::sys::{SendBuffer, Sge};
@@ -45,13 +46,7 @@ impl VerbsPlugin {
     /// its sends are copied, as with a slice.
     pub(crate) fn alloc_buf(&mut self, size: usize) -> Result<MsgBuf> {
         let max = self.cfg.max_msg_size;
-        if size > max {
-            return Err(NaError::MessageTooLarge {
-                len: size,
-                max,
-                kind: "message buffer",
-            });
-        }
+        check_buf_size(size, max)?;
         if let Some(b) = self.bufs.free.pop() {
             return Ok(b);
         }

@@ -34,8 +34,8 @@ use na_regcache::Cache;
 
 use crate::addr::{canonical, VerbsUri, SCHEME};
 use crate::config::VerbsConfig;
-use crate::conn::{Conn, ConnRef};
-use crate::msg::{Matching, Outgoing};
+use crate::conn::{Conn, ConnRef, Outgoing};
+use crate::msg::Matching;
 use crate::msgbuf::BufPool;
 use crate::rma::RmaOp;
 use crate::sys::{

@@ -167,12 +167,13 @@ impl<R: Registrar> Registration<R> {
     }
 
     /// One atomic load: false once a monitor saw the mapping change (or the
-    /// cache was dropped). For a watched registration handed out uncached
-    /// (cache full, or a range still settling after `madvise`), one more
-    /// load of the cache's invalidation generation, and a read-locked look
-    /// at its recent invalidations when that moved. With userfaultfd, the flag is cleared by the reader
-    /// thread a few microseconds after the kernel released the unmapping
-    /// thread; use [`Registration::is_valid_now`] to close that window.
+    /// cache was dropped). A watched registration outside the index (handed
+    /// out uncached, or superseded by a wider one) adds one load of the
+    /// cache's invalidation generation, and a read-locked look at its
+    /// recent invalidations when that moved. With userfaultfd, the flag is
+    /// cleared by the reader thread a few microseconds after the kernel
+    /// released the unmapping thread; use [`Registration::is_valid_now`] to
+    /// close that window.
     #[inline]
     pub fn is_valid(&self) -> bool {
         self.entry.is_valid()
