@@ -8,11 +8,13 @@
 //! for small read-only handles, the data itself, so a pull needs no RMA.
 //! Deserialized on the peer it is a remote handle, the target of
 //! [`start`]: `Push` (local to remote) or `Pull` (remote to local) over any
-//! NA plugin, with no plugin-specific code in the caller.
+//! NA plugin, with no plugin-specific code in the caller. [`start_batch`]
+//! starts many spans of the same two handles at once, which a plugin may
+//! merge (na-sm moves them with one system call).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-use na_core::{Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem};
+use na_core::{Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
@@ -168,6 +170,18 @@ pub enum Started {
     Posted,
 }
 
+/// One piece of a batched transfer: `len` bytes at `remote_offset` of the
+/// remote handle and `local_offset` of the local one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Offset into the remote handle.
+    pub remote_offset: u64,
+    /// Offset into the local handle.
+    pub local_offset: u64,
+    /// Bytes to move.
+    pub len: u64,
+}
+
 /// Starts a transfer of `len` bytes between `remote` at `remote_offset`
 /// and the local handle `local` at `local_offset`. Bounds and access are
 /// checked on both sides before anything moves.
@@ -182,9 +196,33 @@ pub fn start(
     len: u64,
     id: OpId,
 ) -> Result<Started, BulkError> {
+    let span = Span {
+        remote_offset,
+        local_offset,
+        len,
+    };
+    start_batch(ep, op, remote, local, &[(span, id)])
+}
+
+/// Starts one transfer per span between `remote` and `local`, all in the
+/// same direction, each completing under its own id. Every span is checked
+/// (bounds and access, both sides) before anything moves; the plugin gets
+/// them as one batch, which it may move with fewer system calls or work
+/// request posts than one transfer at a time. Either every span is
+/// [`Started::Done`] (served from inline data or from this process's own
+/// memory) or every span is [`Started::Posted`].
+pub fn start_batch(
+    ep: &mut Endpoint,
+    op: BulkOp,
+    remote: &Bulk,
+    local: &Bulk,
+    spans: &[(Span, OpId)],
+) -> Result<Started, BulkError> {
     let mem = local.local.as_ref().ok_or(BulkError::NotLocal)?;
-    mem.check_range(local_offset, len)?;
-    remote.remote.check_range(remote_offset, len)?;
+    for (s, _) in spans {
+        mem.check_range(s.local_offset, s.len)?;
+        remote.remote.check_range(s.remote_offset, s.len)?;
+    }
     if op == BulkOp::Pull {
         if let Some(data) = &remote.desc.inline {
             if !mem.access().can_write() {
@@ -195,8 +233,10 @@ pub fn start(
                 }
                 .into());
             }
-            let (a, b) = (remote_offset as usize, (remote_offset + len) as usize);
-            mem.write_at(local_offset, &data[a..b])?;
+            for (s, _) in spans {
+                let (a, b) = (s.remote_offset as usize, (s.remote_offset + s.len) as usize);
+                mem.write_at(s.local_offset, &data[a..b])?;
+            }
             return Ok(Started::Done);
         }
     }
@@ -204,14 +244,18 @@ pub fn start(
         // The "remote" handle was exposed by this process: copy in memory,
         // which works on every transport (a client-only verbs plugin cannot
         // connect to itself).
-        copy_local(op, theirs, remote_offset, mem, local_offset, len)?;
+        for (s, _) in spans {
+            copy_local(op, theirs, s.remote_offset, mem, s.local_offset, s.len)?;
+        }
         return Ok(Started::Done);
     }
     let dest = ep.lookup(&remote.desc.owner)?;
-    match op {
-        BulkOp::Push => ep.put(mem, local_offset, &remote.remote, remote_offset, len, &dest, id)?,
-        BulkOp::Pull => ep.get(mem, local_offset, &remote.remote, remote_offset, len, &dest, id)?,
-    }
+    let rma = |&(s, id): &(Span, OpId)| match op {
+        BulkOp::Push => Rma::put(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),
+        BulkOp::Pull => Rma::get(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),
+    };
+    let ops: Vec<Rma> = spans.iter().map(rma).collect();
+    ep.rma(&dest, &ops)?;
     Ok(Started::Posted)
 }
 

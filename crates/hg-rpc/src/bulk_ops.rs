@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use hg_bulk::{Bulk, BulkOp, Started};
+use hg_bulk::{Bulk, BulkOp, Span, Started};
 use na_core::{Access, Completion, Endpoint, OpId, PluginId};
 
 use super::{Engine, OpRole};
@@ -45,30 +45,69 @@ impl BulkCtx<'_> {
         local_offset: u64,
         len: u64,
     ) -> std::result::Result<(), String> {
-        *self.next_op += 1;
-        let id = OpId(*self.next_op);
-        match hg_bulk::start(self.ep, op, remote, remote_offset, local, local_offset, len, id) {
+        let span = Span {
+            remote_offset,
+            local_offset,
+            len,
+        };
+        self.transfer_batch(op, remote, local, &[span])
+    }
+
+    /// Moves every span between `remote` and `local` (all in direction
+    /// `op`, started together as one batch, see [`hg_bulk::start_batch`])
+    /// and waits for all of them. The first failure is returned, after
+    /// every span finished.
+    pub fn transfer_batch(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+    ) -> std::result::Result<(), String> {
+        let ids: Vec<(Span, OpId)> = spans
+            .iter()
+            .map(|s| {
+                *self.next_op += 1;
+                (*s, OpId(*self.next_op))
+            })
+            .collect();
+        match hg_bulk::start_batch(self.ep, op, remote, local, &ids) {
             Err(e) => return Err(e.to_string()),
             Ok(Started::Done) => return Ok(()),
             Ok(Started::Posted) => {}
         }
+        let (first, last) = (
+            ids.first().map_or(0, |i| i.1 .0),
+            ids.last().map_or(0, |i| i.1 .0),
+        );
+        let mut left = ids.len();
+        let mut failure = None;
         let deadline = Instant::now() + HANDLER_TRANSFER_TIMEOUT;
-        loop {
+        while left > 0 {
             while let Some(c) = self.ep.pop_completion() {
-                if c.op == id {
-                    return c.status.map_err(|e| e.to_string());
+                if (first..=last).contains(&c.op.0) {
+                    left -= 1;
+                    if let (Err(e), None) = (c.status, &failure) {
+                        failure = Some(e.to_string());
+                    }
+                } else {
+                    self.deferred.push_back(c);
                 }
-                self.deferred.push_back(c);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                // The operation stays posted; its late completion is ignored.
+            if left == 0 {
+                break;
+            }
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                // The operations stay posted; their late completions are ignored.
                 return Err(format!(
-                    "bulk transfer did not finish within {HANDLER_TRANSFER_TIMEOUT:?}"
+                    "{left} of {} bulk transfers did not finish within {HANDLER_TRANSFER_TIMEOUT:?}",
+                    ids.len()
                 ));
             }
-            self.ep.progress(Some(left)).map_err(|e| e.to_string())?;
+            self.ep.progress(Some(wait)).map_err(|e| e.to_string())?;
         }
+        failure.map_or(Ok(()), Err)
     }
 }
 
@@ -90,27 +129,38 @@ impl<C: Codec> Engine<C> {
         local_offset: u64,
         len: u64,
     ) -> Result<BulkId> {
-        let id = self.op();
-        match hg_bulk::start(
-            &mut self.ep,
-            op,
-            remote,
+        let span = Span {
             remote_offset,
-            local,
             local_offset,
             len,
-            id,
-        ) {
-            Err(e) => Err(bulk_err(e)),
-            Ok(Started::Done) => {
-                self.bulk_done.insert(id.0, Ok(()));
-                Ok(BulkId(id.0))
-            }
-            Ok(Started::Posted) => {
+        };
+        let ids = self.bulk_start_batch(op, remote, local, &[span])?;
+        Ok(ids[0])
+    }
+
+    /// Starts one transfer per span, all as one batch (see
+    /// [`hg_bulk::start_batch`]); each has its own id for
+    /// [`take_bulk`](Self::take_bulk). If any span is refused, none starts.
+    pub fn bulk_start_batch(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+    ) -> Result<Vec<BulkId>> {
+        let ids: Vec<(Span, OpId)> = spans.iter().map(|s| (*s, self.op())).collect();
+        let posted = match hg_bulk::start_batch(&mut self.ep, op, remote, local, &ids) {
+            Err(e) => return Err(bulk_err(e)),
+            Ok(started) => started == Started::Posted,
+        };
+        for &(_, id) in &ids {
+            if posted {
                 self.ops.insert(id, OpRole::Bulk(id.0));
-                Ok(BulkId(id.0))
+            } else {
+                self.bulk_done.insert(id.0, Ok(()));
             }
         }
+        Ok(ids.into_iter().map(|(_, id)| BulkId(id.0)).collect())
     }
 
     /// The outcome of transfer `id` once it finished.

@@ -382,6 +382,20 @@ fn forged_spill_descriptor_gets_an_error_reply() {
     assert_eq!(c.call::<Add>(&s, &(2, 2), T).unwrap(), 4);
 }
 
+/// 384,346 bytes of `byte(i)`, and the same split into five segments of
+/// very different sizes (one of a single byte).
+fn five_segments(byte: impl Fn(usize) -> u8) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let sizes = [1000usize, 70_000, 1, 300_000, 12_345];
+    let data: Vec<u8> = (0..sizes.iter().sum::<usize>()).map(byte).collect();
+    let mut segs = Vec::new();
+    let mut at = 0;
+    for n in sizes {
+        segs.push(data[at..at + n].to_vec());
+        at += n;
+    }
+    (data, segs)
+}
+
 #[test]
 fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
     use hg_rpc::{Bulk, BulkOp};
@@ -390,16 +404,7 @@ fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
     let srv = Server::start(&d);
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
-    let sizes = [1000usize, 70_000, 1, 300_000, 12_345];
-    let data: Vec<u8> = (0..sizes.iter().sum::<usize>())
-        .map(|i| (i * 7 + i / 1000) as u8)
-        .collect();
-    let mut segs = Vec::new();
-    let mut at = 0;
-    for n in sizes {
-        segs.push(data[at..at + n].to_vec());
-        at += n;
-    }
+    let (data, segs) = five_segments(|i| (i * 7 + i / 1000) as u8);
     // Put: the server pulls from our five segments.
     let put = c.expose(segs, Access::ReadOnly).unwrap();
     assert_eq!(
@@ -446,6 +451,90 @@ fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
     assert!(c
         .bulk(BulkOp::Pull, &me_src, data.len() as u64 - 10, &dst, 0, 11, T)
         .is_err());
+    assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
+}
+
+/// Batches of spans: the server pulls a five-segment handle in 4 KiB (and
+/// odd-sized) chunks started as one batch, last chunk first; the client
+/// starts a batch of spans with offsets into its own handle; a batch with
+/// one span out of bounds starts nothing.
+#[test]
+fn bulk_batches_of_spans_on_both_sides() {
+    use hg_rpc::{Bulk, BulkOp, Span};
+    use na_core::Access;
+    let d = dir("batch");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let (data, segs) = five_segments(|i| (i * 11 + i / 4096) as u8);
+    let put = c.expose(segs, Access::ReadOnly).unwrap();
+    let na_stats = |c: &mut Engine| {
+        let ep = c.endpoint();
+        let id = ep.plugin_ids().next().expect("one plugin");
+        ep.plugin(id).expect("plugin").stats()
+    };
+    let before = na_stats(&mut c);
+    for chunk in [4096u64, 777, 1 << 20] {
+        let key = format!("c{chunk}");
+        let got = c
+            .call::<BlobPutChunked>(&s, &(key, put.clone(), chunk), T)
+            .unwrap();
+        assert_eq!(got, fnv(&data), "chunk {chunk}");
+    }
+    match c.call::<BlobPutChunked>(&s, &("z".into(), put.clone(), 0), T) {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains("chunk size 0"), "{message}"),
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    // The server read our memory; we moved nothing ourselves.
+    let after = na_stats(&mut c);
+    assert_eq!(after.get_bytes, before.get_bytes);
+
+    // Client side: spans of a handle of ours, reversed into another.
+    let src: Bulk = postcard::from_bytes(&postcard::to_allocvec(&put).unwrap()).unwrap();
+    let dst = c
+        .expose(vec![vec![0; 50_000], vec![0; 50_000]], Access::ReadWrite)
+        .unwrap();
+    let spans: Vec<Span> = (0..10u64)
+        .map(|i| Span {
+            remote_offset: 900 + i * 9000,
+            local_offset: 90_000 - i * 10_000,
+            len: 9000,
+        })
+        .collect();
+    let ids = c.bulk_start_batch(BulkOp::Pull, &src, &dst, &spans).unwrap();
+    assert_eq!(ids.len(), 10);
+    // `src` came back through serde, so it is a remote handle (our own
+    // address): real RMA, through the plugin's connection to itself.
+    let end = Instant::now() + T;
+    for id in &ids {
+        let r = loop {
+            if let Some(r) = c.take_bulk(*id) {
+                break r;
+            }
+            assert!(Instant::now() < end, "batch did not finish");
+            c.progress(Some(Duration::from_millis(10))).unwrap();
+            c.trigger().unwrap();
+        };
+        r.unwrap();
+    }
+    assert_eq!(na_stats(&mut c).get_bytes - after.get_bytes, 90_000);
+    for sp in &spans {
+        let mut got = vec![0; sp.len as usize];
+        dst.local().unwrap().read_at(sp.local_offset, &mut got).unwrap();
+        let r = sp.remote_offset as usize;
+        assert_eq!(got, data[r..r + sp.len as usize]);
+    }
+    let moved = na_stats(&mut c).get_bytes;
+    let beyond = Span {
+        remote_offset: data.len() as u64 - 5000,
+        ..spans[9]
+    };
+    assert!(c
+        .bulk_start_batch(BulkOp::Pull, &src, &dst, &[spans[0], beyond])
+        .is_err());
+    c.progress(Some(Duration::from_millis(20))).unwrap();
+    c.trigger().unwrap();
+    assert_eq!(na_stats(&mut c).get_bytes, moved, "a refused batch moves nothing");
     assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
 }
 

@@ -11,6 +11,7 @@ use crate::msgbuf::MsgBuf;
 use crate::op::{Completion, OpId, Tag};
 use crate::plugin::{Plugin, PluginRegistry};
 use crate::progress::ProgressMode;
+use crate::rma::Rma;
 use crate::sys::epoll::Epoll;
 
 /// How many polls the spin phase of [`Endpoint::progress`] makes between
@@ -184,7 +185,8 @@ impl Endpoint {
         self.route(source)?.post_recv_expected(source, tag, buf, op)
     }
 
-    /// See [`Plugin::put`].
+    /// Copies `len` bytes from `local` at `local_offset` into `remote` at
+    /// `remote_offset` on peer `dest` (a batch of one, see [`Plugin::rma`]).
     #[allow(clippy::too_many_arguments)]
     pub fn put(
         &mut self,
@@ -196,11 +198,12 @@ impl Endpoint {
         dest: &Addr,
         op: OpId,
     ) -> Result<()> {
-        self.route(dest)?
-            .put(local, local_offset, remote, remote_offset, len, dest, op)
+        let r = Rma::put(local, local_offset, remote, remote_offset, len, op);
+        self.route(dest)?.rma(dest, &[r])
     }
 
-    /// See [`Plugin::get`].
+    /// Copies `len` bytes from `remote` at `remote_offset` on peer `dest`
+    /// into `local` at `local_offset` (a batch of one, see [`Plugin::rma`]).
     #[allow(clippy::too_many_arguments)]
     pub fn get(
         &mut self,
@@ -212,8 +215,13 @@ impl Endpoint {
         dest: &Addr,
         op: OpId,
     ) -> Result<()> {
-        self.route(dest)?
-            .get(local, local_offset, remote, remote_offset, len, dest, op)
+        let r = Rma::get(local, local_offset, remote, remote_offset, len, op);
+        self.route(dest)?.rma(dest, &[r])
+    }
+
+    /// See [`Plugin::rma`].
+    pub fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
+        self.route(dest)?.rma(dest, ops)
     }
 
     /// Cancels `op` on plugin `plugin`.

@@ -29,6 +29,7 @@ pub mod msgbuf;
 pub mod op;
 pub mod plugin;
 pub mod progress;
+pub mod rma;
 #[allow(unsafe_code)]
 pub mod sys;
 
@@ -40,3 +41,4 @@ pub use msgbuf::{MsgBuf, MsgBufPool, MsgMemory};
 pub use op::{Completion, OpId, OpKind, Tag};
 pub use plugin::{Plugin, PluginFactory, PluginRegistry, PluginStats};
 pub use progress::{ProgressMode, DEFAULT_ADAPTIVE_SPIN};
+pub use rma::{Rma, RmaDir};

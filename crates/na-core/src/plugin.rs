@@ -7,6 +7,7 @@ use crate::error::{NaError, Result};
 use crate::mem::{MemHandle, RemoteMem, RemoteSegment};
 use crate::msgbuf::{check_buf_size, MsgBuf};
 use crate::op::{Completion, OpId, Tag};
+use crate::rma::Rma;
 
 /// Counters every plugin keeps; read them with [`Plugin::stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -23,6 +24,9 @@ pub struct PluginStats {
     pub put_bytes: u64,
     /// Bytes moved by get.
     pub get_bytes: u64,
+    /// System calls (na-sm) or work-request posts (na-verbs) that moved RMA
+    /// data: fewer than the transfers when a plugin merged a batch.
+    pub rma_calls: u64,
     /// Operations posted and not yet completed.
     pub in_flight: u64,
     /// Sends that had to wait for buffer space (backpressure).
@@ -152,33 +156,17 @@ pub trait Plugin: Send {
         RemoteMem::new(segs, mem.access())
     }
 
-    /// Copies `len` bytes from `local` at `local_offset` into `remote` at
-    /// `remote_offset` on peer `dest`.
-    #[allow(clippy::too_many_arguments)]
-    fn put(
-        &mut self,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &Addr,
-        op: OpId,
-    ) -> Result<()>;
-
-    /// Copies `len` bytes from `remote` at `remote_offset` on peer `dest`
-    /// into `local` at `local_offset`.
-    #[allow(clippy::too_many_arguments)]
-    fn get(
-        &mut self,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &Addr,
-        op: OpId,
-    ) -> Result<()>;
+    /// Starts a batch of one-sided transfers with peer `dest`.
+    ///
+    /// Every transfer is checked first ([`Rma::check`](crate::Rma::check):
+    /// access, bounds) and so is the peer: if anything is wrong the call
+    /// returns the error and starts none of them. Otherwise each transfer
+    /// completes exactly once under its own id, whatever happens to the
+    /// others; the order of their completions is unspecified. Plugins may
+    /// merge the transfers of a batch (na-sm makes one system call for a
+    /// run of gets or of puts), so a batch of many small transfers costs
+    /// far less than as many single posts.
+    fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()>;
 
     /// Cancels a posted operation. It then completes with
     /// [`NaError::Canceled`] (unless it completed first, in which case its

@@ -79,12 +79,13 @@
 //! in its own shared memory instead of growing ours.
 //!
 //! ## RMA
-//! One `process_vm_readv`/`writev` per transfer with iovecs built from both
-//! handles' pieces (split only at `IOV_MAX`), continued after partial
-//! transfers. Access and bounds are checked first (errors returned); kernel
+//! One `process_vm_readv`/`writev` per run of same-direction transfers of
+//! a batch ([`Plugin::rma`](na_core::Plugin::rma)), with iovecs built from
+//! all their handles' pieces (split only at `IOV_MAX`), continued after
+//! partial transfers; a transfer that fails fails alone. Access and bounds are checked first (errors returned); kernel
 //! failures complete the operation with an error (EPERM with advice, ESRCH
 //! as peer gone). The pid comes from `SO_PEERCRED`, never from the peer.
-//! RMA completes inside `put`/`get`; its completion is still queued.
+//! RMA completes inside the `rma` call; its completions are still queued.
 //!
 //! ## Trust
 //! Everything a peer can write is validated: ring slots (marker, kind,

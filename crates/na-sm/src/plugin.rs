@@ -13,8 +13,7 @@ use std::time::Instant;
 use na_core::msgbuf::check_buf_size;
 use na_core::sys::epoll::Epoll;
 use na_core::{
-    Addr, Completion, MemHandle, MsgBuf, MsgBufPool, NaError, OpId, Plugin, PluginId, PluginStats, RemoteMem,
-    Result, Tag,
+    Addr, Completion, MsgBuf, MsgBufPool, NaError, OpId, Plugin, PluginId, PluginStats, Result, Rma, Tag,
 };
 
 use crate::addr::{PeerTable, SmName};
@@ -22,7 +21,6 @@ use crate::channel::{MsgKind, BUF_SIZE};
 use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::error::{SmError, SmResult};
 use crate::matching::{Matcher, OpPlace};
-use crate::sys::cma::Direction;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
 use crate::sys::wake::WakeKind;
@@ -340,50 +338,9 @@ impl Plugin for SmPlugin {
         Ok(())
     }
 
-    fn put(
-        &mut self,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &Addr,
-        op: OpId,
-    ) -> Result<()> {
+    fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         self.check_dest(dest)?;
-        self.rma(
-            Direction::Write,
-            local,
-            local_offset,
-            remote,
-            remote_offset,
-            len,
-            dest,
-            op,
-        )
-    }
-
-    fn get(
-        &mut self,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &Addr,
-        op: OpId,
-    ) -> Result<()> {
-        self.check_dest(dest)?;
-        self.rma(
-            Direction::Read,
-            local,
-            local_offset,
-            remote,
-            remote_offset,
-            len,
-            dest,
-            op,
-        )
+        self.rma_batch(dest, ops)
     }
 
     fn cancel(&mut self, op: OpId) -> Result<()> {

@@ -1,12 +1,13 @@
-//! RMA: put and get by cross-memory attach, completed inside the call and
-//! reported through the completion queue.
+//! RMA: batches of puts and gets by cross-memory attach, completed inside
+//! the call and reported through the completion queue.
 
 use std::io;
 
-use na_core::{Access, Addr, Completion, MemHandle, NaError, OpId, OpKind, RemoteMem, Result};
+use na_core::rma::check_batch;
+use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
 use crate::plugin::SmPlugin;
-use crate::sys::cma::{transfer, Direction};
+use crate::sys::cma::{transfer_batch, Direction, Piece};
 
 /// What to change when the kernel refuses cross-memory attach.
 pub const EPERM_HINT: &str = "the kernel refused process_vm_readv/writev (EPERM): both processes must run \
@@ -14,94 +15,95 @@ pub const EPERM_HINT: &str = "the kernel refused process_vm_readv/writev (EPERM)
      (na-sm does so unless SmConfig::allow_any_ptracer is false) or the caller needs CAP_SYS_PTRACE; \
      ptrace_scope 3 forbids it entirely (set it to 0 or 1 with sysctl)";
 
-fn denied(what: &'static str, has: Access, needs: &'static str) -> NaError {
-    NaError::AccessDenied { what, has, needs }
-}
-
 impl SmPlugin {
-    /// Checks access and bounds, then moves the bytes.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn rma(
-        &mut self,
-        dir: Direction,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &Addr,
-        op: OpId,
-    ) -> Result<()> {
-        let (name, kind) = match dir {
-            Direction::Write => ("put", OpKind::Put),
-            Direction::Read => ("get", OpKind::Get),
-        };
-        match dir {
-            Direction::Write => {
-                if !local.access().can_read() {
-                    return Err(denied("local", local.access(), "read"));
-                }
-                if !remote.access().can_write() {
-                    return Err(denied("remote", remote.access(), "write"));
-                }
-            }
-            Direction::Read => {
-                if !local.access().can_write() {
-                    return Err(denied("local", local.access(), "write"));
-                }
-                if !remote.access().can_read() {
-                    return Err(denied("remote", remote.access(), "read"));
-                }
-            }
-        }
-        local.check_range(local_offset, len)?;
-        remote.check_range(remote_offset, len)?;
+    /// Checks the whole batch and the peer, then moves each run of
+    /// same-direction transfers with one system call (per `IOV_MAX` pieces).
+    pub(crate) fn rma_batch(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
+        check_batch(ops)?;
         let pid = self
             .peers
             .get(dest.token())
             .map(|p| p.pid)
             .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?;
-        let c = match transfer(dir, pid, local, local_offset, remote, remote_offset, len) {
-            Ok(_) => {
-                match dir {
-                    Direction::Write => self.stats.put_bytes += len,
-                    Direction::Read => self.stats.get_bytes += len,
-                }
-                Completion::done(op, kind)
-            }
-            Err(e) => {
-                let err = match e.raw_os_error() {
-                    Some(libc::ESRCH) => {
-                        self.gone(dest, &format!("process {pid} no longer exists ({name} failed)"))
-                    }
-                    Some(libc::EPERM) => NaError::Rma {
-                        op: name,
-                        len,
-                        peer: dest.uri().into(),
-                        source: io::Error::new(e.kind(), EPERM_HINT),
-                    },
-                    Some(libc::EFAULT) => NaError::Rma {
-                        op: name,
-                        len,
-                        peer: dest.uri().into(),
-                        source: io::Error::new(
-                            e.kind(),
-                            "EFAULT: an address of the remote handle is not mapped in the peer \
-                             (stale or forged memory handle)",
-                        ),
-                    },
-                    _ => NaError::Rma {
-                        op: name,
-                        len,
-                        peer: dest.uri().into(),
-                        source: e,
-                    },
-                };
-                tracing::debug!(peer = %dest, error = %err, "sm {name} failed");
-                Completion::failed(op, kind, err, None)
-            }
-        };
-        self.completions.push_back(c);
+        let _span = tracing::trace_span!("sm rma", peer = %dest, ops = ops.len()).entered();
+        let mut rest = ops;
+        while let Some(first) = rest.first() {
+            let run = rest.iter().take_while(|o| o.dir == first.dir).count();
+            self.rma_run(pid, dest, &rest[..run]);
+            rest = &rest[run..];
+        }
         Ok(())
+    }
+
+    /// Moves a run of transfers in one direction; each completes, and one
+    /// that fails does not hold back the others.
+    fn rma_run(&mut self, pid: u32, dest: &Addr, mut ops: &[Rma<'_>]) {
+        let dir = ops[0].dir;
+        let sys_dir = match dir {
+            RmaDir::Put => Direction::Write,
+            RmaDir::Get => Direction::Read,
+        };
+        while !ops.is_empty() {
+            let pieces: Vec<Piece> = ops
+                .iter()
+                .map(|o| Piece {
+                    local: o.local,
+                    local_offset: o.local_offset,
+                    remote: o.remote,
+                    remote_offset: o.remote_offset,
+                    len: o.len,
+                })
+                .collect();
+            let moved = transfer_batch(sys_dir, pid, &pieces);
+            // Transfers wholly inside the bytes moved are done; the next one
+            // failed (if the batch stopped), and the ones after it go again.
+            let mut covered = 0u64;
+            let mut done = 0;
+            for o in ops {
+                if covered + o.len > moved.bytes {
+                    break;
+                }
+                covered += o.len;
+                done += 1;
+            }
+            self.stats.rma_calls += moved.calls as u64;
+            match dir {
+                RmaDir::Put => self.stats.put_bytes += covered,
+                RmaDir::Get => self.stats.get_bytes += covered,
+            }
+            for o in &ops[..done] {
+                self.completions.push_back(Completion::done(o.op, dir.kind()));
+            }
+            ops = &ops[done..];
+            let (Some(e), Some(failed)) = (moved.error, ops.first()) else {
+                return;
+            };
+            let err = self.rma_error(e, dir, failed.len, pid, dest);
+            tracing::debug!(peer = %dest, error = %err, "sm {} failed", dir.name());
+            self.completions
+                .push_back(Completion::failed(failed.op, dir.kind(), err, None));
+            ops = &ops[1..];
+        }
+    }
+
+    /// The error a failed transfer completes with.
+    fn rma_error(&self, e: io::Error, dir: RmaDir, len: u64, pid: u32, dest: &Addr) -> NaError {
+        let op = dir.name();
+        let rma = |source| NaError::Rma {
+            op,
+            len,
+            peer: dest.uri().into(),
+            source,
+        };
+        match e.raw_os_error() {
+            Some(libc::ESRCH) => self.gone(dest, &format!("process {pid} no longer exists ({op} failed)")),
+            Some(libc::EPERM) => rma(io::Error::new(e.kind(), EPERM_HINT)),
+            Some(libc::EFAULT) => rma(io::Error::new(
+                e.kind(),
+                "EFAULT: an address of the remote handle is not mapped in the peer \
+                 (stale or forged memory handle)",
+            )),
+            _ => rma(e),
+        }
     }
 }

@@ -56,6 +56,7 @@ fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>)
         clients: 16,
         keeps_connection_after_rma_error: true,
         zero_copy_msg_bufs: false,
+        merges_rma_batches: true,
         guard: guard.map(|g| Box::new(g) as Box<dyn std::any::Any + Send>),
     }
 }

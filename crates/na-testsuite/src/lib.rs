@@ -78,6 +78,10 @@ pub struct Transport {
     /// a remote access error, so the plugin must reconnect; on shared memory
     /// the failure is local to one system call.
     pub keeps_connection_after_rma_error: bool,
+    /// Whether the plugin merges a batch of RMA transfers into one call
+    /// (na-sm: one `process_vm_readv` for a run of gets); then
+    /// `PluginStats::rma_calls` must show it.
+    pub merges_rma_batches: bool,
     /// Whether the plugin's message buffers are sent without a copy
     /// (registered memory): then `PluginStats::sends_zero_copy` counts them.
     pub zero_copy_msg_bufs: bool,
@@ -131,6 +135,10 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
         ),
         ("put_get_contiguous_and_multi_segment_both_sides", rma::put_get),
         ("rma_bounds_access_and_forged_descriptor_errors", rma::errors),
+        (
+            "rma_batches_merged_mixed_refused_and_partly_failing",
+            rma::batches,
+        ),
         (
             "server_killed_mid_traffic_fails_every_op",
             robustness::server_killed,

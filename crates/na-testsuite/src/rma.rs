@@ -58,6 +58,17 @@ fn rma(n: &mut Node, put: bool, r: &Rma<'_>, dest: &Addr) {
     c.status.expect("RMA");
 }
 
+/// A descriptor of memory the peer never exposed (an address below
+/// `vm.mmap_min_addr`, a key it never issued).
+fn forged() -> RemoteMem {
+    let seg = RemoteSegment {
+        addr: 0x10,
+        len: 4096,
+        key: 0x5eed,
+    };
+    RemoteMem::new(vec![seg], Access::ReadWrite).expect("descriptor")
+}
+
 fn segmented(lens: impl Iterator<Item = usize>) -> MemHandle {
     MemHandle::new(lens.map(|l| vec![0u8; l]).collect(), Access::ReadWrite)
 }
@@ -212,15 +223,7 @@ pub fn errors(t: &Transport) {
     assert!(!n.stash.contains_key(&op), "refused posts complete nothing");
     // A forged descriptor (an address the peer never exposed, a key it
     // never issued) fails remotely: an error completion, never a hang.
-    let forged = RemoteMem::new(
-        vec![RemoteSegment {
-            addr: 0x10,
-            len: 4096,
-            key: 0x5eed,
-        }],
-        Access::ReadWrite,
-    )
-    .expect("descriptor");
+    let forged = forged();
     n.ep.get(&local, 0, &forged, 0, 4096, &addr, op)
         .expect("post forged get");
     let e = n.wait(op).status.expect_err("a forged descriptor must fail");
@@ -231,6 +234,141 @@ pub fn errors(t: &Transport) {
     } else {
         // The connection is gone with the failed RMA; a new lookup of the
         // same peer reconnects.
+        let addr = n.ep.lookup(&server.uri).expect("lookup again");
+        assert_eq!(n.request(&addr, 5, b"estill-there"), b"estill-there");
+    }
+}
+
+/// Waits for every op of a batch; each must complete exactly once, with
+/// the batch's kind for its direction. Returns the statuses in batch order.
+fn wait_batch(n: &mut Node, batch: &[na_core::Rma<'_>]) -> Vec<Result<(), NaError>> {
+    let out: Vec<_> = batch
+        .iter()
+        .map(|r| {
+            let c = n.wait(r.op);
+            assert_eq!(c.kind, r.dir.kind(), "op {:?}", r.op);
+            c.status
+        })
+        .collect();
+    n.pump(Duration::from_millis(20));
+    for r in batch {
+        assert!(!n.stash.contains_key(&r.op), "op {:?} completed twice", r.op);
+    }
+    out
+}
+
+/// Batches ([`Plugin::rma`](na_core::Plugin::rma)): 64 gets of different
+/// sizes across a 16-segment remote handle and a 16-segment local one in
+/// one call, then puts and gets interleaved in one batch; every transfer
+/// completes once with the right bytes. A batch with one out-of-bounds
+/// transfer is refused whole. A forged transfer in the middle of a batch
+/// fails; on a transport whose connections survive a failed RMA the others
+/// succeed around it.
+pub fn batches(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    let remote_segs: Vec<u32> = (0..16).map(|i| 3000 + i * 517).collect();
+    let remote = expose(&mut n, &addr, &remote_segs);
+    let local = segmented((0..16).map(|i| 7001 + i * 123));
+    let plugin = n.ep.plugin_mut(n.id).expect("plugin");
+    plugin.mem_register(&local).expect("register");
+    let before = n.stats();
+
+    // 64 gets; transfer 5 is empty.
+    let len_of = |k: u64| if k == 5 { 0 } else { 1 + (k * 389) % 1699 };
+    let gets: Vec<na_core::Rma> = (0..64u64)
+        .map(|k| na_core::Rma::get(&local, k * 1900, &remote, k * 1700, len_of(k), n.op()))
+        .collect();
+    n.ep.rma(&addr, &gets).expect("post 64 gets");
+    for (k, s) in wait_batch(&mut n, &gets).into_iter().enumerate() {
+        s.unwrap_or_else(|e| panic!("get {k}: {e}"));
+        let k = k as u64;
+        let mut got = vec![0u8; len_of(k) as usize];
+        local.read_at(k * 1900, &mut got).expect("read back");
+        let bad = (0..got.len()).position(|i| got[i] != pattern(k * 1700 + i as u64));
+        assert!(bad.is_none(), "get {k}: first wrong byte at {bad:?}");
+    }
+    let after = n.stats();
+    let moved: u64 = (0..64).map(len_of).sum();
+    assert_eq!(after.get_bytes - before.get_bytes, moved, "{after:?}");
+    let calls = after.rma_calls - before.rma_calls;
+    assert!(calls >= 1, "{after:?}");
+    if t.merges_rma_batches {
+        assert_eq!(calls, 1, "64 gets in one batch are one system call");
+    }
+
+    // Puts and gets interleaved: puts to even regions, gets from odd ones.
+    let mut batch = Vec::new();
+    for i in 0..32u64 {
+        let (lo, ro, len) = (i * 3900, i * 3400, 1000 + i * 23);
+        if i % 2 == 0 {
+            let data: Vec<u8> = (0..len).map(|j| pattern2(i as u8, j)).collect();
+            local.write_at(lo, &data).expect("fill");
+            batch.push(na_core::Rma::put(&local, lo, &remote, ro, len, n.op()));
+        } else {
+            batch.push(na_core::Rma::get(&local, lo, &remote, ro, len, n.op()));
+        }
+    }
+    n.ep.rma(&addr, &batch).expect("post a mixed batch");
+    for (i, s) in wait_batch(&mut n, &batch).into_iter().enumerate() {
+        s.unwrap_or_else(|e| panic!("transfer {i}: {e}"));
+    }
+    for i in 0..32u64 {
+        let (lo, ro, len) = (i * 3900, i * 3400, 1000 + i * 23);
+        if i % 2 == 0 {
+            assert!(check_remote(&mut n, &addr, ro, len, i as u8), "put {i}");
+        } else {
+            let mut got = vec![0u8; len as usize];
+            local.read_at(lo, &mut got).expect("read back");
+            assert!(
+                (0..got.len()).all(|j| got[j] == pattern(ro + j as u64)),
+                "get {i}"
+            );
+        }
+    }
+
+    // One transfer out of bounds: nothing starts.
+    let refused = [
+        na_core::Rma::get(&local, 0, &remote, 0, 100, n.op()),
+        na_core::Rma::put(&local, 0, &remote, 110_000, 100, n.op()),
+    ];
+    let e = n.ep.rma(&addr, &refused).expect_err("out of bounds");
+    assert!(matches!(e, NaError::OutOfBounds { what: "remote", .. }), "{e}");
+    n.pump(Duration::from_millis(20));
+    assert!(
+        refused.iter().all(|r| !n.stash.contains_key(&r.op)),
+        "a refused batch starts nothing"
+    );
+
+    // A forged transfer between two honest ones.
+    let forged = forged();
+    // (Remote 3500.. and 10300.. lie in regions no put above touched.)
+    local.write_at(0, &[0u8; 3000]).expect("clear");
+    let mixed = [
+        na_core::Rma::get(&local, 0, &remote, 3500, 1000, n.op()),
+        na_core::Rma::get(&local, 1000, &forged, 0, 1000, n.op()),
+        na_core::Rma::get(&local, 2000, &remote, 10_300, 1000, n.op()),
+    ];
+    n.ep.rma(&addr, &mixed).expect("post");
+    let st = wait_batch(&mut n, &mixed);
+    assert!(st[1].is_err(), "the forged transfer must fail");
+    if t.keeps_connection_after_rma_error {
+        for (k, ro) in [(0usize, 3500u64), (2, 10_300)] {
+            assert!(
+                st[k].is_ok(),
+                "transfer {k} must not fail with its neighbour: {:?}",
+                st[k]
+            );
+            let mut got = vec![0u8; 1000];
+            local.read_at(k as u64 * 1000, &mut got).expect("read back");
+            assert!(
+                (0..1000).all(|j| got[j] == pattern(ro + j as u64)),
+                "transfer {k}"
+            );
+        }
+        assert_eq!(n.request(&addr, 5, b"estill-there"), b"estill-there");
+    } else {
         let addr = n.ep.lookup(&server.uri).expect("lookup again");
         assert_eq!(n.request(&addr, 5, b"estill-there"), b"estill-there");
     }

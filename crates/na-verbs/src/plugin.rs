@@ -28,7 +28,7 @@ use std::sync::Arc;
 use na_core::sys::epoll::Epoll;
 use na_core::{
     Addr, Completion, MemHandle, MsgBuf, NaError, OpId, OpKind, Plugin, PluginId, PluginStats, RemoteMem,
-    Result, Tag,
+    Result, Rma, Tag,
 };
 use na_regcache::Cache;
 
@@ -351,48 +351,8 @@ impl Plugin for VerbsPlugin {
         self.describe(mem)
     }
 
-    fn put(
-        &mut self,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &Addr,
-        op: OpId,
-    ) -> Result<()> {
-        self.start_rma(
-            OpKind::Put,
-            local,
-            local_offset,
-            remote,
-            remote_offset,
-            len,
-            dest,
-            op,
-        )
-    }
-
-    fn get(
-        &mut self,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &Addr,
-        op: OpId,
-    ) -> Result<()> {
-        self.start_rma(
-            OpKind::Get,
-            local,
-            local_offset,
-            remote,
-            remote_offset,
-            len,
-            dest,
-            op,
-        )
+    fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
+        self.rma_batch(dest, ops)
     }
 
     fn cancel(&mut self, op: OpId) -> Result<()> {

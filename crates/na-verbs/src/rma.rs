@@ -10,7 +10,8 @@
 
 use std::sync::Arc;
 
-use na_core::{Completion, MemHandle, NaError, OpId, OpKind, RemoteMem, Result};
+use na_core::rma::check_batch;
+use na_core::{Completion, MemHandle, NaError, OpId, OpKind, Result, Rma, RmaDir};
 
 use crate::conn::{wr_id, ConnRef, ConnState, PendingWr, WrKind};
 use crate::mem::MemReg;
@@ -94,68 +95,85 @@ pub(crate) struct RmaOp {
 /// Largest transfer of one work request (below every port's max_msg_sz).
 const MAX_WR_BYTES: u64 = 1 << 30;
 
+/// A checked transfer of a batch, ready to queue.
+struct Planned {
+    op: OpId,
+    kind: OpKind,
+    len: u64,
+    local: MemHandle,
+    reg: Option<Arc<MemReg>>,
+    plans: Vec<WrPlan>,
+}
+
 impl VerbsPlugin {
-    /// Starts a put (`OpKind::Put`) or get (`OpKind::Get`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn start_rma(
-        &mut self,
-        kind: OpKind,
-        local: &MemHandle,
-        local_offset: u64,
-        remote: &RemoteMem,
-        remote_offset: u64,
-        len: u64,
-        dest: &na_core::Addr,
-        op: OpId,
-    ) -> Result<()> {
-        let put = kind == OpKind::Put;
-        let (l_ok, l_need, r_ok, r_need) = if put {
-            (
-                local.access().can_read(),
-                "read",
-                remote.access().can_write(),
-                "write",
-            )
-        } else {
-            (
-                local.access().can_write(),
-                "write",
-                remote.access().can_read(),
-                "read",
-            )
-        };
-        if !l_ok {
-            return Err(NaError::AccessDenied {
-                what: "local",
-                has: local.access(),
-                needs: l_need,
-            });
-        }
-        if !r_ok {
-            return Err(NaError::AccessDenied {
-                what: "remote",
-                has: remote.access(),
-                needs: r_need,
-            });
-        }
-        local.check_range(local_offset, len)?;
-        remote.check_range(remote_offset, len)?;
+    /// Starts a batch of puts and gets to `dest`: checks and plans every
+    /// transfer (registering local memory through the cache) before it
+    /// queues any, then posts their work requests in one pass.
+    pub(crate) fn rma_batch(&mut self, dest: &na_core::Addr, ops: &[Rma<'_>]) -> Result<()> {
+        check_batch(ops)?;
         let peer = self.live_peer(dest)?;
-        if len == 0 {
-            self.completions.push_back(Completion::done(op, kind));
-            return Ok(());
+        let planned = ops.iter().map(|r| self.plan_rma(r)).collect::<Result<Vec<_>>>()?;
+        let cref = if planned.iter().any(|p| p.len > 0) {
+            Some(self.ensure_conn(peer)?)
+        } else {
+            None
+        };
+        for p in planned {
+            let (Some(cref), Some(reg)) = (cref, p.reg) else {
+                self.completions.push_back(Completion::done(p.op, p.kind));
+                continue;
+            };
+            let idx = self.rma_insert(RmaOp {
+                op: p.op,
+                kind: p.kind,
+                len: p.len,
+                remaining: p.plans.len() as u32,
+                error: None,
+                canceled: false,
+                _local: p.local,
+                reg,
+            });
+            self.ops.insert(p.op, crate::plugin::OpLoc::Rma(idx));
+            self.stats.in_flight += 1;
+            let conn = self
+                .conn_mut(cref)
+                .expect("ensure_conn returned a live connection");
+            for plan in p.plans {
+                conn.rma_backlog.push_back(PendingWr { rma: idx, plan });
+            }
         }
-        let reg = self.registration(local)?;
+        if let Some(cref) = cref {
+            self.drain_rma(cref);
+        }
+        Ok(())
+    }
+
+    /// Turns one checked transfer into work requests; a zero-length one
+    /// needs none (and no registration).
+    fn plan_rma(&mut self, r: &Rma<'_>) -> Result<Planned> {
+        let mut planned = Planned {
+            op: r.op,
+            kind: r.dir.kind(),
+            len: r.len,
+            local: r.local.clone(),
+            reg: None,
+            plans: Vec::new(),
+        };
+        if r.len == 0 {
+            return Ok(planned);
+        }
+        let reg = self.registration(r.local)?;
         let mut pieces = Vec::new();
         let mut unregistered = false;
-        local.for_each_piece(local_offset, len, |a, n| match reg.find(a, n) {
-            Some(i) => pieces.push(LocalPiece {
-                reg: i,
-                addr: a as u64,
-                len: n as u64,
-            }),
-            None => unregistered = true,
-        })?;
+        r.local
+            .for_each_piece(r.local_offset, r.len, |a, n| match reg.find(a, n) {
+                Some(i) => pieces.push(LocalPiece {
+                    reg: i,
+                    addr: a as u64,
+                    len: n as u64,
+                }),
+                None => unregistered = true,
+            })?;
         if unregistered {
             return Err(NaError::Plugin {
                 plugin: "verbs",
@@ -164,47 +182,28 @@ impl VerbsPlugin {
         }
         let mut rpieces = Vec::new();
         let mut bad_key = None;
-        remote.for_each_piece(remote_offset, len, |seg, a, n| match u32::try_from(seg.key) {
-            Ok(rkey) => rpieces.push(RemoteRegion {
-                addr: a,
-                len: n,
-                rkey,
-            }),
-            Err(_) => bad_key = Some(seg.key),
-        })?;
+        r.remote
+            .for_each_piece(r.remote_offset, r.len, |seg, a, n| match u32::try_from(seg.key) {
+                Ok(rkey) => rpieces.push(RemoteRegion {
+                    addr: a,
+                    len: n,
+                    rkey,
+                }),
+                Err(_) => bad_key = Some(seg.key),
+            })?;
         if let Some(k) = bad_key {
             return Err(NaError::Malformed {
                 what: "memory handle",
                 reason: format!("remote key {k:#x} is not a verbs rkey (32 bits)"),
             });
         }
-        let max_sge = if put {
-            self.max_sge_write
-        } else {
-            self.max_sge_read
+        let max_sge = match r.dir {
+            RmaDir::Put => self.max_sge_write,
+            RmaDir::Get => self.max_sge_read,
         };
-        let plans = plan(&pieces, &rpieces, max_sge, MAX_WR_BYTES);
-        let cref = self.ensure_conn(peer)?;
-        let idx = self.rma_insert(RmaOp {
-            op,
-            kind,
-            len,
-            remaining: plans.len() as u32,
-            error: None,
-            canceled: false,
-            _local: local.clone(),
-            reg,
-        });
-        self.ops.insert(op, crate::plugin::OpLoc::Rma(idx));
-        self.stats.in_flight += 1;
-        let conn = self
-            .conn_mut(cref)
-            .expect("ensure_conn returned a live connection");
-        for p in plans {
-            conn.rma_backlog.push_back(PendingWr { rma: idx, plan: p });
-        }
-        self.drain_rma(cref);
-        Ok(())
+        planned.plans = plan(&pieces, &rpieces, max_sge, MAX_WR_BYTES);
+        planned.reg = Some(reg);
+        Ok(planned)
     }
 
     fn rma_insert(&mut self, op: RmaOp) -> u32 {
@@ -257,6 +256,7 @@ impl VerbsPlugin {
                 Ok(()) => {
                     conn.sq_used += 1;
                     *conn.rma_posted.entry(w.rma).or_default() += 1;
+                    self.stats.rma_calls += 1;
                 }
                 Err(e) => self.rma_piece_done(w.rma, Some(e.into())),
             }

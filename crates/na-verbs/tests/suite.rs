@@ -43,6 +43,7 @@ fn transport(spec: String) -> Transport {
         clients: 8,
         keeps_connection_after_rma_error: false,
         zero_copy_msg_bufs: true,
+        merges_rma_batches: false,
         guard: None,
     }
 }

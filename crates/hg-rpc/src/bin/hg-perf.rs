@@ -4,7 +4,7 @@
 //! ```text
 //! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking]
 //! hg-perf lat  [--sizes 8]
-//! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M]
+//! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64]
 //! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
 //! ```
 
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use hg_rpc::{BulkCtx, BulkOp, Engine};
+use hg_rpc::{Bulk, BulkCtx, BulkOp, Engine, Span};
 use na_core::sys::affinity;
 use na_core::{Access, ProgressMode};
 use serde_bytes::ByteBuf;
@@ -27,6 +27,15 @@ use rpcs::*;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 const T: Duration = Duration::from_secs(30);
+/// Bytes of the client's and the server's bw buffers: one RPC's transfers
+/// never reach beyond them.
+const BW_SPAN: u64 = 16 << 20;
+/// Most bytes one bw RPC moves when it carries several transfers, so that
+/// the memory touched stays about the size of one transfer of 1 MiB (the
+/// size of na-perf's raw `process_vm_readv` floor buffer at that size):
+/// batching then changes the number of calls, not which cache level the
+/// copy runs from.
+const BW_BATCH_BYTES: u64 = 1 << 20;
 
 #[derive(Parser)]
 #[command(about = "hg-rpc benchmark: RPC rate, latency and bulk bandwidth over any NA transport")]
@@ -72,11 +81,18 @@ enum Test {
         sizes: String,
     },
     /// Bulk bandwidth: `write` (server pulls) and `read` (server pushes).
+    /// Each RPC makes the server move `count` transfers of one size (to
+    /// consecutive regions of the client's buffer) as one batch, as
+    /// Mercury's hg_bw_read/hg_bw_write do with their default of 64; the
+    /// count shrinks so that size x count stays within 1 MiB.
     Bw {
         #[arg(long, default_value = "read,write")]
         op: String,
         #[arg(long, default_value = "4K,64K,1M,16M")]
         sizes: String,
+        /// Transfers per RPC (1 measures one RPC per transfer).
+        #[arg(long, default_value_t = 64)]
+        count: u64,
     },
     /// Run the server side (started automatically; hidden from users).
     #[command(hide = true)]
@@ -115,26 +131,34 @@ fn serve(spec: &str, cpu: Option<usize>) -> Res<()> {
     let quit = Arc::new(AtomicBool::new(false));
     e.register::<Noop>(|_| Ok(()))?;
     let scratch = |ctx: &mut BulkCtx<'_>, len: u64, access| ctx.expose(vec![vec![0; len as usize]], access);
-    let mut buf = None;
-    e.register_with_bulk::<BulkWrite>(move |ctx, (remote, len)| {
-        let b = match buf.take() {
-            Some(b) => b,
-            None => scratch(ctx, 16 << 20, Access::ReadWrite)?,
+    for (name, op) in [("write", BulkOp::Pull), ("read", BulkOp::Push)] {
+        let mut buf = None;
+        let handler = move |ctx: &mut BulkCtx<'_>, (remote, len, count): (Bulk, u64, u64)| {
+            if count == 0 || len.saturating_mul(count) > BW_SPAN {
+                return Err(format!(
+                    "bw {name}: {count} x {len} bytes exceeds the {BW_SPAN}-byte buffer"
+                ));
+            }
+            let b = match buf.take() {
+                Some(b) => b,
+                None => scratch(ctx, BW_SPAN, Access::ReadWrite)?,
+            };
+            let spans: Vec<Span> = (0..count)
+                .map(|i| Span {
+                    remote_offset: i * len,
+                    local_offset: i * len,
+                    len,
+                })
+                .collect();
+            let r = ctx.transfer_batch(op, &remote, &b, &spans);
+            buf = Some(b);
+            r
         };
-        let r = ctx.transfer(BulkOp::Pull, &remote, 0, &b, 0, len);
-        buf = Some(b);
-        r
-    })?;
-    let mut buf = None;
-    e.register_with_bulk::<BulkRead>(move |ctx, (remote, len)| {
-        let b = match buf.take() {
-            Some(b) => b,
-            None => scratch(ctx, 16 << 20, Access::ReadWrite)?,
-        };
-        let r = ctx.transfer(BulkOp::Push, &remote, 0, &b, 0, len);
-        buf = Some(b);
-        r
-    })?;
+        match op {
+            BulkOp::Pull => e.register_with_bulk::<BulkWrite>(handler)?,
+            BulkOp::Push => e.register_with_bulk::<BulkRead>(handler)?,
+        }
+    }
     let q = quit.clone();
     e.register::<Quit>(move |()| {
         q.store(true, Ordering::Relaxed);
@@ -304,30 +328,42 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>))
                 report(cli, "lat", m, "call", size, 1, p50, p99, Some(p999), "ns");
             }
         }
-        Test::Bw { op, sizes } => {
-            let local = c.expose(vec![vec![1u8; 16 << 20]], Access::ReadWrite)?;
+        Test::Bw { op, sizes, count } => {
+            let local = c.expose(vec![vec![1u8; BW_SPAN as usize]], Access::ReadWrite)?;
             for op in op.split(',') {
                 for size in list(sizes, parse_size)? {
-                    if size > 16 << 20 {
-                        return Err("bw sizes are limited to 16M".into());
+                    if size == 0 || size > 16 << 20 {
+                        return Err("bw sizes are 1 byte to 16M".into());
                     }
+                    let count = (*count).clamp(1, (BW_BATCH_BYTES / size).max(1));
                     let mut rates = Vec::new();
                     for b in 0..=cli.batches {
                         let (mut bytes, t0) = (0u64, Instant::now());
                         while t0.elapsed() < batch {
                             match op.trim() {
-                                "write" => c.call::<BulkWrite>(&s, &(local.clone(), size), T)?,
-                                "read" => c.call::<BulkRead>(&s, &(local.clone(), size), T)?,
+                                "write" => c.call::<BulkWrite>(&s, &(local.clone(), size, count), T)?,
+                                "read" => c.call::<BulkRead>(&s, &(local.clone(), size, count), T)?,
                                 other => return Err(format!("unknown op {other:?} (read, write)").into()),
                             }
-                            bytes += size;
+                            bytes += size * count;
                         }
                         if b > 0 {
                             rates.push(bytes as f64 / f64::from(1 << 20) / t0.elapsed().as_secs_f64());
                         }
                     }
                     let p = rates.iter().copied().fold(f64::INFINITY, f64::min);
-                    report(cli, "bw", m, op.trim(), size, 1, median(rates), p, None, "MiB/s");
+                    report(
+                        cli,
+                        "bw",
+                        m,
+                        op.trim(),
+                        size,
+                        count as usize,
+                        median(rates),
+                        p,
+                        None,
+                        "MiB/s",
+                    );
                 }
             }
         }

@@ -72,15 +72,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
-    let blobs: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>> = Arc::default();
+    let blobs: Arc<Blobs> = Arc::default();
     let b = blobs.clone();
     engine.register_with_bulk::<BlobPut>(move |ctx, (key, data)| {
-        let local = ctx.expose(vec![vec![0; data.size() as usize]], na_core::Access::ReadWrite)?;
-        ctx.transfer(hg_rpc::BulkOp::Pull, &data, 0, &local, 0, data.size())?;
-        let bytes = local.local().ok_or("not local")?.to_vec();
-        let sum = fnv(&bytes);
-        b.lock().map_err(|_| "poisoned")?.insert(key, bytes);
-        Ok(sum)
+        let whole = data.size().max(1);
+        store_blob(ctx, &b, key, &data, whole)
+    })?;
+    let b = blobs.clone();
+    engine.register_with_bulk::<BlobPutChunked>(move |ctx, (key, data, chunk)| {
+        store_blob(ctx, &b, key, &data, chunk)
     })?;
     let b = blobs.clone();
     engine.register_with_bulk::<BlobGet>(move |ctx, (key, into, offset)| {
@@ -120,4 +120,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         engine.trigger()?;
     }
     Ok(())
+}
+
+type Blobs = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
+
+/// Pulls `data` in chunks of `chunk` bytes, started as one batch, last
+/// chunk first; stores it under `key` and answers its hash.
+fn store_blob(
+    ctx: &mut hg_rpc::BulkCtx<'_>,
+    blobs: &Blobs,
+    key: String,
+    data: &hg_rpc::Bulk,
+    chunk: u64,
+) -> Result<u64, String> {
+    if chunk == 0 {
+        return Err("chunk size 0".into());
+    }
+    let size = data.size();
+    let local = ctx.expose(vec![vec![0; size as usize]], na_core::Access::ReadWrite)?;
+    let spans: Vec<hg_rpc::Span> = (0..size.div_ceil(chunk))
+        .rev()
+        .map(|i| hg_rpc::Span {
+            remote_offset: i * chunk,
+            local_offset: i * chunk,
+            len: chunk.min(size - i * chunk),
+        })
+        .collect();
+    ctx.transfer_batch(hg_rpc::BulkOp::Pull, data, &local, &spans)?;
+    let bytes = local.local().ok_or("not local")?.to_vec();
+    let sum = fnv(&bytes);
+    blobs.lock().map_err(|_| "poisoned")?.insert(key, bytes);
+    Ok(sum)
 }

@@ -1,10 +1,14 @@
 //! Cross-memory attach: [process_vm_readv(2)] and [process_vm_writev(2)]
 //! between a local [`MemHandle`] and a peer's [`RemoteMem`].
 //!
-//! One transfer is one system call per `IOV_MAX` (1024) pieces on either
-//! side, whatever the two handles' segmentations; a partial transfer (the
-//! kernel stops at a page it cannot access, or at `IOV_MAX`) is continued
-//! from where it stopped, and one that makes no progress is an error.
+//! A batch of transfers in one direction is one system call per `IOV_MAX`
+//! (1024) pieces on either side, whatever the handles' segmentations: the
+//! pieces of all transfers are listed in order on both sides (pieces that
+//! touch in memory are merged), so the two byte streams line up transfer
+//! by transfer. A partial transfer (the kernel stops at a page it cannot
+//! access, or at `IOV_MAX`) is continued from where it stopped; the caller
+//! learns how many bytes moved before an error, and so which transfer
+//! failed.
 //!
 //! [process_vm_readv(2)]: https://man7.org/linux/man-pages/man2/process_vm_readv.2.html
 //! [process_vm_writev(2)]: https://man7.org/linux/man-pages/man2/process_vm_writev.2.html
@@ -25,14 +29,40 @@ pub enum Direction {
     Write,
 }
 
-/// Moves `len` bytes between `local` at `local_offset` and `remote` at
-/// `remote_offset` in process `pid`. Returns the number of system calls made.
-///
-/// Fails with `InvalidInput` if a range is out of bounds or the local handle
-/// does not allow the access (a `Read` writes local memory), with
-/// `UnexpectedEof` if the kernel makes no progress, and with the kernel's
-/// error otherwise (`ESRCH`: the process is gone, `EPERM`: not allowed to
-/// access it, `EFAULT`: a remote address is not mapped).
+/// One transfer of a batch: `len` bytes between `local` at `local_offset`
+/// and `remote` at `remote_offset`.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece<'a> {
+    /// The local side.
+    pub local: &'a MemHandle,
+    /// Offset into `local`.
+    pub local_offset: u64,
+    /// The remote side, in the peer's address space.
+    pub remote: &'a RemoteMem,
+    /// Offset into `remote`.
+    pub remote_offset: u64,
+    /// Bytes to move.
+    pub len: u64,
+}
+
+/// What a batch did: bytes moved (from the start of the batch, in order)
+/// and the system calls made, then the error that stopped it, if any.
+#[derive(Debug)]
+pub struct Moved {
+    /// Bytes moved before the batch finished or failed.
+    pub bytes: u64,
+    /// System calls made.
+    pub calls: usize,
+    /// Why the batch stopped short: `InvalidInput` if a range is out of
+    /// bounds or the local handle does not allow the access (a `Read`
+    /// writes local memory), `UnexpectedEof` if the kernel makes no
+    /// progress, the kernel's error otherwise (`ESRCH`: the process is
+    /// gone, `EPERM`: not allowed to access it, `EFAULT`: a remote address
+    /// is not mapped).
+    pub error: Option<io::Error>,
+}
+
+/// Moves one transfer; see [`transfer_batch`].
 pub fn transfer(
     dir: Direction,
     pid: u32,
@@ -41,48 +71,90 @@ pub fn transfer(
     remote: &RemoteMem,
     remote_offset: u64,
     len: u64,
-) -> io::Result<usize> {
-    let invalid = |e: na_core::NaError| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
-    if dir == Direction::Read && !local.access().can_write() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "local handle is read-only",
-        ));
-    }
-    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+) -> Moved {
+    let p = Piece {
+        local,
+        local_offset,
+        remote,
+        remote_offset,
+        len,
+    };
+    transfer_batch(dir, pid, &[p])
+}
+
+/// Appends a piece to an iovec list, merging it into the last one when they
+/// touch.
+fn push(iov: &mut Vec<libc::iovec>, addr: usize, len: usize) {
     if len == 0 {
-        return Ok(0);
+        return;
     }
-    let mut liov = Vec::new();
-    local
-        .for_each_piece(local_offset, len, |addr, n| {
-            liov.push(libc::iovec {
-                iov_base: addr as *mut libc::c_void,
-                iov_len: n,
-            })
-        })
-        .map_err(invalid)?;
-    let mut riov = Vec::new();
-    remote
-        .for_each_piece(remote_offset, len, |_, addr, n| {
-            riov.push(libc::iovec {
-                iov_base: addr as usize as *mut libc::c_void,
-                iov_len: n as usize,
-            })
-        })
-        .map_err(invalid)?;
+    if let Some(last) = iov.last_mut() {
+        if last.iov_base as usize + last.iov_len == addr {
+            last.iov_len += len;
+            return;
+        }
+    }
+    iov.push(libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    });
+}
+
+/// Moves the transfers of `batch`, in order, between this process and
+/// process `pid`, with as few system calls as `IOV_MAX` allows.
+pub fn transfer_batch(dir: Direction, pid: u32, batch: &[Piece<'_>]) -> Moved {
+    let mut moved = Moved {
+        bytes: 0,
+        calls: 0,
+        error: None,
+    };
+    let invalid = |e: na_core::NaError| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        moved.error = Some(io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"));
+        return moved;
+    };
+    let (mut liov, mut riov) = (Vec::new(), Vec::new());
+    let mut total = 0u64;
+    for p in batch {
+        if dir == Direction::Read && !p.local.access().can_write() {
+            moved.error = Some(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "local handle is read-only",
+            ));
+            break;
+        }
+        let listed = p
+            .local
+            .for_each_piece(p.local_offset, p.len, |a, n| push(&mut liov, a, n))
+            .and_then(|()| {
+                p.remote.for_each_piece(p.remote_offset, p.len, |_, a, n| {
+                    push(&mut riov, a as usize, n as usize)
+                })
+            });
+        if let Err(e) = listed {
+            moved.error = Some(invalid(e));
+            break;
+        }
+        total += p.len;
+    }
+    // Pieces of a transfer that failed its checks were listed on one side
+    // only: move what came before it, then report the error.
+    let stop = moved.error.take();
+    if stop.is_some() {
+        truncate(&mut liov, total);
+        truncate(&mut riov, total);
+    }
     let (mut li, mut ri) = (0usize, 0usize);
-    let mut left = len as usize;
-    let mut calls = 0;
-    while left > 0 {
+    while moved.bytes < total {
         let l = &liov[li..(li + IOV_MAX).min(liov.len())];
         let r = &riov[ri..(ri + IOV_MAX).min(riov.len())];
-        // SAFETY: every local iovec describes a piece of `local`, which is
-        // borrowed (so alive) for the whole call; its memory is only ever
-        // accessed through raw copies (never a Rust reference while writable,
-        // and we checked it is writable before letting the kernel write it).
-        // Remote iovecs name another process's memory and are validated by
-        // the kernel. Both arrays stay alive across the call.
+        // SAFETY: every local iovec describes a piece of a handle in
+        // `batch`, borrowed (so alive) for the whole call; handle memory is
+        // only ever accessed through raw copies (never a Rust reference
+        // while writable), and we checked each handle is writable before
+        // letting the kernel write it. Remote iovecs name another
+        // process's memory and are validated by the kernel. Both arrays
+        // stay alive across the call.
         let n = unsafe {
             match dir {
                 Direction::Read => {
@@ -93,22 +165,43 @@ pub fn transfer(
                 }
             }
         };
-        calls += 1;
+        moved.calls += 1;
         if n < 0 {
-            return Err(io::Error::last_os_error());
+            moved.error = Some(io::Error::last_os_error());
+            return moved;
         }
         let n = n as usize;
         if n == 0 {
-            return Err(io::Error::new(
+            moved.error = Some(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!("kernel transferred 0 of the remaining {left} bytes"),
+                format!(
+                    "kernel transferred 0 of the remaining {} bytes",
+                    total - moved.bytes
+                ),
             ));
+            return moved;
         }
-        left -= n.min(left);
+        moved.bytes += (n as u64).min(total - moved.bytes);
         advance(&mut liov, &mut li, n);
         advance(&mut riov, &mut ri, n);
     }
-    Ok(calls)
+    moved.error = stop;
+    moved
+}
+
+/// Cuts an iovec list down to its first `len` bytes.
+fn truncate(iov: &mut Vec<libc::iovec>, len: u64) {
+    let mut left = len as usize;
+    let mut keep = 0;
+    for v in iov.iter_mut() {
+        if left == 0 {
+            break;
+        }
+        v.iov_len = v.iov_len.min(left);
+        left -= v.iov_len;
+        keep += 1;
+    }
+    iov.truncate(keep);
 }
 
 /// Consumes `n` bytes from the iovec list starting at `*at`.
@@ -151,12 +244,76 @@ mod tests {
         let src = MemHandle::new((0..3000).map(|i| vec![i as u8]).collect(), Access::ReadOnly);
         let dst = MemHandle::zeroed(3100, Access::ReadWrite);
         let remote = describe(&src);
-        let calls = transfer(Direction::Read, std::process::id(), &dst, 50, &remote, 0, 3000).unwrap();
-        assert!(calls >= 3, "{calls}");
+        let m = transfer(Direction::Read, std::process::id(), &dst, 50, &remote, 0, 3000);
+        assert!(m.error.is_none(), "{m:?}");
+        assert_eq!(m.bytes, 3000);
+        assert!(m.calls >= 3, "{m:?}");
         let v = dst.to_vec();
         assert!((0..3000).all(|i| v[50 + i] == i as u8));
         let ro = MemHandle::zeroed(8, Access::ReadOnly);
-        assert!(transfer(Direction::Read, std::process::id(), &ro, 0, &remote, 0, 8).is_err());
-        assert!(transfer(Direction::Write, std::process::id(), &dst, 0, &remote, 2999, 2).is_err());
+        assert!(
+            transfer(Direction::Read, std::process::id(), &ro, 0, &remote, 0, 8)
+                .error
+                .is_some()
+        );
+        let m = transfer(Direction::Write, std::process::id(), &dst, 0, &remote, 2999, 2);
+        assert_eq!(
+            (m.bytes, m.error.map(|e| e.kind())),
+            (0, Some(io::ErrorKind::InvalidInput))
+        );
+    }
+
+    #[test]
+    fn batch_is_one_call_and_stops_at_the_failing_transfer() {
+        let src = MemHandle::new(
+            vec![(0..=255u8).cycle().take(64 * 1024).collect()],
+            Access::ReadOnly,
+        );
+        let dst = MemHandle::zeroed(64 * 1024, Access::ReadWrite);
+        let remote = describe(&src);
+        // 16 transfers of 4 KiB, written in reverse order of their sources.
+        let batch: Vec<Piece> = (0..16u64)
+            .map(|i| Piece {
+                local: &dst,
+                local_offset: i * 4096,
+                remote: &remote,
+                remote_offset: (15 - i) * 4096,
+                len: 4096,
+            })
+            .collect();
+        let m = transfer_batch(Direction::Read, std::process::id(), &batch);
+        assert!(m.error.is_none(), "{m:?}");
+        assert_eq!((m.bytes, m.calls), (16 * 4096, 1));
+        let (s, d) = (src.to_vec(), dst.to_vec());
+        for i in 0..16 {
+            assert_eq!(
+                d[i * 4096..][..4096],
+                s[(15 - i) * 4096..][..4096],
+                "transfer {i}"
+            );
+        }
+        // A remote range that is not mapped (address 4096 is below
+        // vm.mmap_min_addr, so never mapped) stops the batch at its transfer.
+        let hole = RemoteMem::new(
+            vec![RemoteSegment {
+                addr: 4096,
+                len: 4096,
+                key: 0,
+            }],
+            Access::ReadOnly,
+        )
+        .unwrap();
+        let mut bad = batch.clone();
+        bad[5].remote = &hole;
+        bad[5].remote_offset = 0;
+        let m = transfer_batch(Direction::Read, std::process::id(), &bad);
+        assert_eq!(m.bytes, 5 * 4096, "{m:?}");
+        assert_eq!(m.error.and_then(|e| e.raw_os_error()), Some(libc::EFAULT));
+        // A transfer that fails its own checks moves the ones before it.
+        let mut oob = batch.clone();
+        oob[3].len = 1 << 20;
+        let m = transfer_batch(Direction::Read, std::process::id(), &oob);
+        assert_eq!(m.bytes, 3 * 4096, "{m:?}");
+        assert_eq!(m.error.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
     }
 }

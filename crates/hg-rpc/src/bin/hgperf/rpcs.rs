@@ -11,19 +11,21 @@ impl Rpc for Noop {
     type Output = ();
 }
 
-/// The server pulls `len` bytes from the client's handle (a bulk write).
+/// The server pulls `count` transfers of `len` bytes from consecutive
+/// regions of the client's handle (a bulk write).
 pub struct BulkWrite;
 impl Rpc for BulkWrite {
     const NAME: &'static str = "hgperf.bulk_write";
-    type Input = (Bulk, u64);
+    type Input = (Bulk, u64, u64);
     type Output = ();
 }
 
-/// The server pushes `len` bytes into the client's handle (a bulk read).
+/// The server pushes `count` transfers of `len` bytes into consecutive
+/// regions of the client's handle (a bulk read).
 pub struct BulkRead;
 impl Rpc for BulkRead {
     const NAME: &'static str = "hgperf.bulk_read";
-    type Input = (Bulk, u64);
+    type Input = (Bulk, u64, u64);
     type Output = ();
 }
 

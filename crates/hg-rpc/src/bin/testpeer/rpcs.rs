@@ -90,6 +90,15 @@ impl Rpc for BlobPut {
     type Output = u64;
 }
 
+/// Stores a blob like [`BlobPut`], pulled in chunks of the given size that
+/// the server starts as one batch, last chunk first; answers the hash.
+pub struct BlobPutChunked;
+impl Rpc for BlobPutChunked {
+    const NAME: &'static str = "test.blob_put_chunked";
+    type Input = (String, hg_rpc::Bulk, u64);
+    type Output = u64;
+}
+
 /// Reads a blob: the server pushes it into the client's handle at the given
 /// offset and answers its length.
 pub struct BlobGet;
