@@ -82,8 +82,9 @@ fn owner_is_dead(dir: &Path, name: &SmName) -> bool {
 }
 
 /// Removes the socket and owner files in `dir` whose owner process is dead
-/// (see [`owner_is_dead`]), keeping those of live processes. Files that do
-/// not look like ours are left alone and not reported.
+/// (its pid gone, or reused by a process that started later), keeping
+/// those of live processes. Files that do not look like ours are left alone
+/// and not reported.
 pub fn cleanup_stale(dir: &Path) -> SmResult<CleanupReport> {
     let err = |path: &Path, source| SmError::Cleanup {
         path: path.to_owned(),
