@@ -12,9 +12,9 @@
 //!     client's sends pile up in its backlog), no reply;
 //!   - `m` + segment lengths (u32 each): expose (register and describe) a
 //!     read-write handle of those segments filled with
-//!     [`pattern`](crate::pattern); reply with its descriptor;
+//!     [`pattern`]; reply with its descriptor;
 //!   - `c` + offset (u64) + len (u64) + seed (u8): reply `[1]` if the
-//!     exposed handle holds [`pattern2`](crate::pattern2)`(seed, i)` over
+//!     exposed handle holds [`pattern2`]`(seed, i)` over
 //!     the range, else `[0]`;
 //!   - `x` + dir (0 get, 1 put) + local offset + remote offset + len (u64
 //!     each) + descriptor: RMA between the exposed handle and the client's
@@ -27,7 +27,7 @@
 //! * `client URI N`: N echo round trips with up to 50 in flight; prints
 //!   `CLIENT OK N` and exits 0 if every echo came back intact.
 //! * `flood URI N`: N unexpected messages (tag = index, payload
-//!   [`flood_payload`](crate::flood_payload)) as fast as the target takes
+//!   [`flood_payload`]) as fast as the target takes
 //!   them, without waiting for any answer; prints `FLOOD DONE N` once every
 //!   send completed.
 

@@ -18,7 +18,7 @@
 //!   messages in flight than the receiver has buffers posted, so QPs run
 //!   with `rnr_retry_count = 0`. Sends beyond the credits queue in order
 //!   (backpressure), never fail.
-//! * **RMA**: RDMA WRITE (put) and READ (get), split by [`rma`] into work
+//! * **RMA**: RDMA WRITE (put) and READ (get), split (module `rma`) into work
 //!   requests of at most the device's SGE limit, one remote range each.
 //! * **Registration**: through `na-regcache` with the real `ibv_reg_mr`
 //!   registrar ([`sys::IbvRegistrar`]); validity flags checked on describe
