@@ -13,6 +13,9 @@ cargo fmt --all --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+step "cargo doc (rustdoc warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
 # The registration-cache suite has a hugetlbfs scenario; it needs a few
 # reserved huge pages (root only; restored afterwards). Without them that
 # scenario says NOT RUN and why.
