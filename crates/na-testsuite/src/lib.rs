@@ -78,9 +78,10 @@ pub struct Transport {
     /// a remote access error, so the plugin must reconnect; on shared memory
     /// the failure is local to one system call.
     pub keeps_connection_after_rma_error: bool,
-    /// Whether the plugin merges a batch of RMA transfers into one call
-    /// (na-sm: one `process_vm_readv` for a run of gets); then
-    /// `PluginStats::rma_calls` must show it.
+    /// Whether the plugin merges a batch of RMA transfers into few calls
+    /// (na-sm: one `process_vm_readv` for a run of gets; na-verbs: linked
+    /// work requests, one `ibv_post_send`); then `PluginStats::rma_calls`
+    /// must show it.
     pub merges_rma_batches: bool,
     /// Whether the plugin's message buffers are sent without a copy
     /// (registered memory): then `PluginStats::sends_zero_copy` counts them.

@@ -295,7 +295,9 @@ pub fn batches(t: &Transport) {
     let calls = after.rma_calls - before.rma_calls;
     assert!(calls >= 1, "{after:?}");
     if t.merges_rma_batches {
-        assert_eq!(calls, 1, "64 gets in one batch are one system call");
+        // na-sm: one system call; na-verbs: linked work requests, one
+        // ibv_post_send per up to 64 (a get may need several).
+        assert!(calls <= 4, "64 gets in one batch took {calls} calls");
     }
 
     // Puts and gets interleaved: puts to even regions, gets from odd ones.

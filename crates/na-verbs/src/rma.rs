@@ -16,7 +16,7 @@ use na_core::{Completion, MemHandle, NaError, OpId, OpKind, Result, Rma, RmaDir}
 use crate::conn::{wr_id, ConnRef, ConnState, PendingWr, WrKind};
 use crate::mem::MemReg;
 use crate::plugin::VerbsPlugin;
-use crate::sys::{RemoteRegion, SendOp, Sge};
+use crate::sys::{RemoteRegion, SendOp, SendWr, Sge};
 
 /// A contiguous local piece inside registration `reg` of the handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +91,9 @@ pub(crate) struct RmaOp {
     pub _local: MemHandle,
     pub reg: Arc<MemReg>,
 }
+
+/// Most work requests linked into one `ibv_post_send`.
+const CHAIN_MAX: usize = 64;
 
 /// Largest transfer of one work request (below every port's max_msg_sz).
 const MAX_WR_BYTES: u64 = 1 << 30;
@@ -219,47 +222,79 @@ impl VerbsPlugin {
         }
     }
 
-    /// Posts queued RMA work requests while the send queue has room.
+    /// Posts queued RMA work requests while the send queue has room, up
+    /// to [`CHAIN_MAX`] per `ibv_post_send` (one doorbell for a batch).
     pub(crate) fn drain_rma(&mut self, cref: ConnRef) {
         loop {
             let Some(conn) = self.conn_mut(cref) else { return };
-            if conn.state != ConnState::Established || conn.sq_used >= conn.sq_cap {
+            let room = conn.sq_cap.saturating_sub(conn.sq_used) as usize;
+            if conn.state != ConnState::Established || room == 0 || conn.rma_backlog.is_empty() {
                 return;
             }
-            let Some(w) = conn.rma_backlog.pop_front() else {
-                return;
-            };
-            let Some(rop) = self.rma.get(w.rma as usize).and_then(|o| o.as_ref()) else {
-                continue;
-            };
-            if rop.canceled || rop.error.is_some() {
-                self.rma_piece_done(w.rma, None);
-                continue;
-            }
-            let sges: std::result::Result<Vec<Sge>, _> = w
-                .plan
-                .local
-                .iter()
-                .map(|p| rop.reg.sge(p.reg, p.addr, p.len))
-                .collect();
-            let send_op = if rop.kind == OpKind::Put {
-                SendOp::RdmaWrite(w.plan.remote)
-            } else {
-                SendOp::RdmaRead(w.plan.remote)
-            };
-            let conn = self.conn_mut(cref).expect("checked above");
-            let posted = sges.and_then(|s| {
-                let qp = conn.qp.as_ref().expect("established connections have a QP");
-                qp.post_send(wr_id(WrKind::Rma, cref, w.rma), send_op, &s, true)
-            });
-            match posted {
-                Ok(()) => {
-                    conn.sq_used += 1;
-                    *conn.rma_posted.entry(w.rma).or_default() += 1;
-                    self.stats.rma_calls += 1;
+            let take = room.min(conn.rma_backlog.len()).min(CHAIN_MAX);
+            let taken: Vec<PendingWr> = conn.rma_backlog.drain(..take).collect();
+            // Work requests of finished operations are dropped; SGEs are
+            // looked up now (a registration may have become invalid).
+            let mut ready = Vec::with_capacity(taken.len());
+            for w in taken {
+                let Some(rop) = self.rma.get(w.rma as usize).and_then(|o| o.as_ref()) else {
+                    continue;
+                };
+                if rop.canceled || rop.error.is_some() {
+                    self.rma_piece_done(w.rma, None);
+                    continue;
                 }
-                Err(e) => self.rma_piece_done(w.rma, Some(e.into())),
+                let sges: std::result::Result<Vec<Sge>, _> = w
+                    .plan
+                    .local
+                    .iter()
+                    .map(|p| rop.reg.sge(p.reg, p.addr, p.len))
+                    .collect();
+                match sges {
+                    Ok(sges) => ready.push((w, sges)),
+                    Err(e) => self.rma_piece_done(w.rma, Some(e.into())),
+                }
             }
+            if ready.is_empty() {
+                continue;
+            }
+            let chain: Vec<SendWr> = ready
+                .iter()
+                .map(|(w, sges)| SendWr {
+                    wr_id: wr_id(WrKind::Rma, cref, w.rma),
+                    op: if self.rma[w.rma as usize]
+                        .as_ref()
+                        .is_some_and(|r| r.kind == OpKind::Put)
+                    {
+                        SendOp::RdmaWrite(w.plan.remote)
+                    } else {
+                        SendOp::RdmaRead(w.plan.remote)
+                    },
+                    sges,
+                    signaled: true,
+                })
+                .collect();
+            self.stats.rma_calls += 1;
+            let conn = self.conn_mut(cref).expect("checked above");
+            let qp = conn.qp.as_ref().expect("established connections have a QP");
+            let (posted, failed) = match qp.post_send_chain(&chain) {
+                Ok(()) => (ready.len(), None),
+                Err((at, e)) => (at, Some(e)),
+            };
+            drop(chain);
+            let mut ready = ready.into_iter();
+            for (w, _) in ready.by_ref().take(posted) {
+                conn.sq_used += 1;
+                *conn.rma_posted.entry(w.rma).or_default() += 1;
+            }
+            let Some(e) = failed else { continue };
+            // The failed work request fails its operation; the ones after
+            // it were not posted and go back, in order, to the backlog.
+            let (bad, _) = ready.next().expect("the failed work request is in the chain");
+            for (w, _) in ready.rev() {
+                conn.rma_backlog.push_front(w);
+            }
+            self.rma_piece_done(bad.rma, Some(e.into()));
         }
     }
 

@@ -43,7 +43,7 @@ fn transport(spec: String) -> Transport {
         clients: 8,
         keeps_connection_after_rma_error: false,
         zero_copy_msg_bufs: true,
-        merges_rma_batches: false,
+        merges_rma_batches: true,
         guard: None,
     }
 }

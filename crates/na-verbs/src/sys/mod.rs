@@ -53,7 +53,7 @@ pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, RtrAttr, RtsAttr};
 pub use registrar::IbvRegistrar;
 pub use send_buf::SendBuffer;
 pub use srq::SharedReceiveQueue;
-pub use wr::SendOp;
+pub use wr::{SendOp, SendWr};
 
 /// Turns a libibverbs/librdmacm "-1 and errno" return value into `io::Result`.
 macro_rules! syscall {

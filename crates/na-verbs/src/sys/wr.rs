@@ -1,4 +1,5 @@
-//! Work requests on an RC queue pair: `ibv_post_send(3)`, `ibv_post_recv(3)`.
+//! Work requests on an RC queue pair: `ibv_post_send(3)` (one or a linked
+//! list, one doorbell), `ibv_post_recv(3)`.
 //!
 //! SGEs are passed to the provider as they are: [`Sge`] has the layout of
 //! `struct ibv_sge`, and providers only read the array during the call.
@@ -27,6 +28,19 @@ pub enum SendOp {
     RdmaRead(RemoteRegion),
 }
 
+/// One send work request of [`QueuePair::post_send_chain`].
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the work completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local memory (registered), gathered or scattered in order.
+    pub sges: &'a [Sge],
+    /// Ask for a completion on success (errors always complete).
+    pub signaled: bool,
+}
+
 impl QueuePair {
     fn check_sges(&self, op: &'static str, sges: &[Sge], max: u32) -> Result<()> {
         if sges.len() > max as usize {
@@ -41,6 +55,57 @@ impl QueuePair {
     /// Posts one send work request (`ibv_post_send`); `signaled` asks for a
     /// completion on success (errors always complete).
     pub fn post_send(&self, wr_id: u64, op: SendOp, sges: &[Sge], signaled: bool) -> Result<()> {
+        let wr = SendWr {
+            wr_id,
+            op,
+            sges,
+            signaled,
+        };
+        self.post_send_chain(&[wr]).map_err(|(_, e)| e)
+    }
+
+    /// Posts a list of send work requests with one `ibv_post_send` (one
+    /// doorbell). On failure the provider stopped at work request `i` of the
+    /// error: those before it were posted (and will complete), `i` and those
+    /// after it were not.
+    pub fn post_send_chain(&self, list: &[SendWr<'_>]) -> std::result::Result<(), (usize, VerbsError)> {
+        let mut wrs = Vec::with_capacity(list.len());
+        for (i, w) in list.iter().enumerate() {
+            wrs.push(self.send_wr(w).map_err(|e| (i, e))?);
+        }
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let base = wrs.as_mut_ptr();
+        for i in 1..wrs.len() {
+            // SAFETY: `i - 1` and `i` are in bounds of `wrs`, which is not
+            // resized while `base` is in use; only raw pointers touch it here.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is live; the linked work requests and their SGE
+        // arrays outlive the call (the provider copies them); SGEs name
+        // registered memory (see the module docs of `sys` for why device
+        // access to it is sound).
+        let rc = unsafe { ibv_post_send(self.as_ptr(), base, &mut bad) };
+        errno_rc(rc).map_err(|source| {
+            let at = (bad as usize)
+                .checked_sub(base as usize)
+                .map_or(0, |d| d / std::mem::size_of::<ibv_send_wr>())
+                .min(list.len() - 1);
+            let e = VerbsError::Post {
+                op: "ibv_post_send",
+                qpn: self.qp_num(),
+                wr_id: list[at].wr_id,
+                source,
+            };
+            (at, e)
+        })
+    }
+
+    /// Builds the `ibv_send_wr` of one work request (unlinked).
+    fn send_wr(&self, w: &SendWr<'_>) -> Result<ibv_send_wr> {
+        let (wr_id, op, sges, signaled) = (w.wr_id, w.op, w.sges, w.signaled);
         self.check_sges("post_send", sges, self.caps().max_send_sge)?;
         let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
         // SAFETY: ibv_send_wr is plain old data (pointers and integers); zero is valid.
@@ -90,18 +155,7 @@ impl QueuePair {
                 wr.wr.rdma = remote(r)?;
             }
         }
-        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the QP is live; `wr` and the SGE array outlive the call (the
-        // provider copies them); SGEs name registered memory (see the module
-        // docs of `sys` for why device access to it is sound).
-        errno_rc(unsafe { ibv_post_send(self.as_ptr(), &mut wr, &mut bad) }).map_err(|source| {
-            VerbsError::Post {
-                op: "ibv_post_send",
-                qpn: self.qp_num(),
-                wr_id,
-                source,
-            }
-        })
+        Ok(wr)
     }
 
     /// Posts one receive work request (`ibv_post_recv`).
