@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use super::shared::Shared;
 use crate::monitor::{Monitor, Watch};
@@ -49,9 +50,18 @@ pub(crate) struct Entry<R: Registrar> {
     pub watch: Option<Watch>,
     /// For a watched registration handed out uncached: the cache state and
     /// the invalidation generation it was made at (see [`Entry::track_since`]).
-    tracker: OnceLock<(Arc<Shared<R>>, u64)>,
+    tracker: OnceLock<Tracker<R>>,
     region: Option<R::Region>,
     pub backend: Arc<Backend<R>>,
+}
+
+/// What an entry outside the index checks its validity against.
+struct Tracker<R: Registrar> {
+    shared: Arc<Shared<R>>,
+    /// The cache's invalidation generation when the entry was made.
+    gen: u64,
+    /// Made while its range was settling: stale from then on.
+    stale_at: Option<Instant>,
 }
 
 impl<R: Registrar> Entry<R> {
@@ -82,21 +92,30 @@ impl<R: Registrar> Entry<R> {
     }
 
     /// Makes an entry that stays out of the index answer validity checks
-    /// from the cache's invalidations of its range after generation `gen`.
-    pub fn track_since(&self, shared: Arc<Shared<R>>, gen: u64) {
+    /// from the cache's invalidations of its range after generation `gen`,
+    /// and (if given) from the clock: stale from `stale_at` on.
+    pub fn track_since(&self, shared: Arc<Shared<R>>, gen: u64, stale_at: Option<Instant>) {
         // Set once, right after the entry was made: cannot be set already.
-        let _ = self.tracker.set((shared, gen));
+        let _ = self.tracker.set(Tracker {
+            shared,
+            gen,
+            stale_at,
+        });
     }
 
     /// The validity flag, and for a tracked uncached entry the absence of
-    /// invalidations of its range (which then clears the flag for good).
+    /// invalidations of its range and of its stale time (either clears the
+    /// flag for good).
     #[inline]
     pub fn is_valid(&self) -> bool {
         if !self.valid.load(Ordering::Acquire) {
             return false;
         }
         match self.tracker.get() {
-            Some((shared, gen)) if !shared.unchanged_since(*gen, self.start, self.end) => {
+            Some(t)
+                if t.stale_at.is_some_and(|at| Instant::now() >= at)
+                    || !t.shared.unchanged_since(t.gen, self.start, self.end) =>
+            {
                 self.valid.store(false, Ordering::Release);
                 false
             }
@@ -197,7 +216,8 @@ impl<R: Registrar> Registration<R> {
     /// True while the registration is in the cache (false: uncached
     /// fallback, or evicted/invalidated since). An uncached fallback made
     /// because the cache was full or its range was settling is watched: its
-    /// validity flag clears when its range changes. One made because the
+    /// validity flag clears when its range changes (and, for one made while
+    /// settling, when the settle time ends). One made because the
     /// monitor refused the range, or with caching disabled, is not watched:
     /// use it for the operation at hand and drop it.
     pub fn is_cached(&self) -> bool {

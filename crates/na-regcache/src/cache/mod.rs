@@ -31,6 +31,7 @@ pub use entry::Registration;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use entry::{Backend, Entry};
 use shared::Shared;
@@ -242,8 +243,8 @@ impl<R: Registrar> Cache<R> {
                 drop(entry);
                 continue;
             }
-            let settling = sh.backend.monitor.as_ref().is_some_and(|m| m.settling(s, e));
-            let (cached, doomed, evicted) = if settling {
+            let settling = sh.backend.monitor.as_ref().and_then(|m| m.settling(s, e));
+            let (cached, doomed, evicted) = if settling.is_some() {
                 // Its pages may be dropped right after we pinned them.
                 (false, Vec::new(), 0)
             } else {
@@ -258,10 +259,13 @@ impl<R: Registrar> Cache<R> {
             // or superseded by the wider one just inserted) keeps an honest
             // validity flag: the absence of invalidations of its range since now.
             for d in doomed.iter().filter(|d| d.users.load(Ordering::Acquire) > 0) {
-                d.track_since(Arc::clone(sh), gen_now);
+                d.track_since(Arc::clone(sh), gen_now, None);
             }
             if !cached {
-                entry.track_since(Arc::clone(sh), gen_now);
+                // One made while its range was settling may have pinned
+                // pages the discard drops: stale once the settle time ends.
+                let stale_at = settling.map(|left| Instant::now() + left);
+                entry.track_since(Arc::clone(sh), gen_now, stale_at);
                 entry.users.fetch_add(1, Ordering::AcqRel);
                 Stats::bump(&stats.uncached);
             }

@@ -23,6 +23,7 @@ pub mod uffd;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 /// Receives invalidations. Implemented by the cache.
 ///
@@ -83,16 +84,17 @@ pub trait Monitor: Send + Sync + 'static {
         self.sync();
     }
 
-    /// True while a change of `[start, end)` that already reached the sinks
-    /// may still be replacing its pages, so a registration made now may pin
-    /// pages that are about to be dropped: the cache then hands the
-    /// registration out uncached. (userfaultfd delivers `madvise`'s REMOVE
-    /// *before* the kernel drops the pages.) Called on a miss under the
-    /// cache's lock: must not block, allocate or take a lock the monitor
-    /// holds while it calls sinks.
-    fn settling(&self, start: usize, end: usize) -> bool {
+    /// `Some(left)` while a change of `[start, end)` that already reached
+    /// the sinks may still be replacing its pages (for at most `left` more),
+    /// so a registration made now may pin pages that are about to be
+    /// dropped: the cache then hands the registration out uncached, and its
+    /// validity flag clears once `left` has passed. (userfaultfd delivers
+    /// `madvise`'s REMOVE *before* the kernel drops the pages.) Called on a
+    /// miss under the cache's lock: must not block, allocate or take a lock
+    /// the monitor holds while it calls sinks.
+    fn settling(&self, start: usize, end: usize) -> Option<Duration> {
         let _ = (start, end);
-        false
+        None
     }
 
     /// True when the mapping under `watch` is known to have changed (kdreg2

@@ -277,13 +277,28 @@ impl Shared {
         self.settle_until.store(latest, SeqCst);
     }
 
-    fn is_settling(&self, start: usize, end: usize) -> bool {
+    /// How long `[start, end)` stays settling, if it is: the latest settle
+    /// deadline among the ranges it overlaps. A range whose settle time has
+    /// not started (its advising thread may still be asleep, the zap still
+    /// to come) gives zero: a registration made now is stale at once.
+    fn is_settling(&self, start: usize, end: usize) -> Option<Duration> {
         let now = self.now_ns();
         if self.settle_until.load(SeqCst) <= now {
-            return false;
+            return None;
         }
         let st = self.settling.lock().unwrap_or_else(|p| p.into_inner());
-        st.all_until > now || st.ranges.iter().any(|&(s, e, d)| d > now && s < end && e > start)
+        let latest = st
+            .ranges
+            .iter()
+            .filter(|&&(s, e, _)| s < end && e > start)
+            .map(|r| r.2)
+            .chain(std::iter::once(st.all_until))
+            .filter(|&d| d > now)
+            .max()?;
+        Some(match latest {
+            u64::MAX => Duration::ZERO,
+            d => Duration::from_nanos(d - now),
+        })
     }
 
     /// [`Monitor::sync`] (`in_flight` false) or [`Monitor::sync_in_flight`].
@@ -555,9 +570,9 @@ impl Monitor for UffdMonitor {
         // Deliberately a no-op: see the module docs.
     }
 
-    fn settling(&self, start: usize, end: usize) -> bool {
+    fn settling(&self, start: usize, end: usize) -> Option<Duration> {
         let settling = self.shared.is_settling(start, end);
-        if settling {
+        if settling.is_some() {
             self.shared.counters[7].fetch_add(1, SeqCst);
         }
         settling
