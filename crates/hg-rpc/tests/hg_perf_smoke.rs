@@ -70,3 +70,52 @@ fn bad_arguments_are_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sideways"));
 }
+
+/// `lat --floors` measures the eventfd round trip with na-perf before and
+/// after the RPC round trips and reports the blocking figure's ratio to it.
+/// A workspace build has na-perf next to hg-perf; without it the flag must
+/// fail with a message that says how to build it.
+#[test]
+fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
+    let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
+    let na = hg.with_file_name("na-perf");
+    let args = ["lat", "--mode", "busy,blocking", "--sizes", "8", "--floors"];
+    if !na.exists() {
+        eprintln!(
+            "{} is not built: checking the error instead of the figures",
+            na.display()
+        );
+        let out = Command::new(hg).args(args).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cargo build --release -p na-perf"), "{err}");
+        return;
+    }
+    let lines = run(&args);
+    let tests: Vec<&str> = lines.iter().map(|v| v["test"].as_str().unwrap()).collect();
+    assert_eq!(
+        tests,
+        [
+            "floor_eventfd_rtt",
+            "lat",
+            "lat",
+            "lat_vs_eventfd_rtt",
+            "floor_eventfd_rtt"
+        ],
+        "{lines:?}"
+    );
+    check(&lines[0], "ns");
+    check(&lines[4], "ns");
+    assert_eq!(
+        (lines[0]["op"].as_str(), lines[4]["op"].as_str()),
+        (Some("before"), Some("after"))
+    );
+    let (floor, blocking, ratio) = (&lines[0], &lines[2], &lines[3]);
+    assert_eq!(blocking["mode"], "blocking");
+    check(ratio, "x");
+    let expect = blocking["median"].as_f64().unwrap() / floor["median"].as_f64().unwrap();
+    assert!(
+        (ratio["median"].as_f64().unwrap() - expect).abs() < 1e-9 * expect.max(1.0),
+        "{ratio} vs {expect}"
+    );
+}

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking]
-//! hg-perf lat  [--sizes 8]
+//! hg-perf lat  [--sizes 8] [--floors]   (--floors: ratio to the eventfd round trip, via na-perf)
 //! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64]
 //! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
 //! ```
@@ -21,6 +21,8 @@ use na_core::sys::affinity;
 use na_core::{Access, ProgressMode};
 use serde_bytes::ByteBuf;
 
+#[path = "hgperf/floor.rs"]
+mod floor;
 #[path = "hgperf/rpcs.rs"]
 mod rpcs;
 use rpcs::*;
@@ -79,6 +81,11 @@ enum Test {
     Lat {
         #[arg(long, default_value = "0,8,1K")]
         sizes: String,
+        /// Also measure the raw eventfd round trip (na-perf's
+        /// `floor_eventfd_lat` x 2, before and after) and print each
+        /// figure's ratio to it. Needs the na-perf binary next to hg-perf.
+        #[arg(long)]
+        floors: bool,
     },
     /// Bulk bandwidth: `write` (server pulls) and `read` (server pushes).
     /// Each RPC makes the server move `count` transfers of one size (to
@@ -249,13 +256,19 @@ fn report(
         println!("{v}");
     } else {
         let extra = p999.map(|p| format!(" p999 {p:.1}")).unwrap_or_default();
+        let digits = if unit == "x" { 2 } else { 1 };
         println!(
-            "{test:<5} {mode:<9} {op:<6} {size:>9} {inflight:>4} {median:>14.1} {p99:>14.1} {unit}{extra}"
+            "{test:<5} {mode:<9} {op:<6} {size:>9} {inflight:>4} {median:>14.digits$} {p99:>14.digits$} {unit}{extra}"
         );
     }
 }
 
-fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>)) -> Res<()> {
+fn run_mode(
+    cli: &Cli,
+    mode: ProgressMode,
+    cpus: (Option<usize>, Option<usize>),
+    floor_rtt: Option<f64>,
+) -> Res<()> {
     let (_server, uri) = match &cli.addr {
         Some(a) => (None, a.clone()),
         None => {
@@ -309,7 +322,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>))
                 }
             }
         }
-        Test::Lat { sizes } => {
+        Test::Lat { sizes, .. } => {
             for size in list(sizes, parse_size)? {
                 let input = ByteBuf::from(vec![7u8; size as usize]);
                 let mut samples = Vec::new();
@@ -326,6 +339,21 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>))
                 samples.sort_unstable();
                 let (p50, p99, p999) = (pct(&samples, 0.5), pct(&samples, 0.99), pct(&samples, 0.999));
                 report(cli, "lat", m, "call", size, 1, p50, p99, Some(p999), "ns");
+                // The floor is a sleeping round trip: only blocking compares.
+                if let (Some(f), ProgressMode::Blocking) = (floor_rtt, mode) {
+                    report(
+                        cli,
+                        "lat_vs_eventfd_rtt",
+                        m,
+                        "call",
+                        size,
+                        1,
+                        p50 / f,
+                        p99 / f,
+                        None,
+                        "x",
+                    );
+                }
             }
         }
         Test::Bw { op, sizes, count } => {
@@ -402,8 +430,43 @@ fn main() -> Res<()> {
             "test", "mode", "op", "size", "infl", "median", "p99/worst"
         );
     }
+    let with_floors = matches!(cli.test, Test::Lat { floors: true, .. });
+    let floor_before = if with_floors {
+        let f = floor::eventfd_round_trip(cpus, cli.batches, cli.batch_ms)?;
+        report(
+            &cli,
+            "floor_eventfd_rtt",
+            "blocking",
+            "before",
+            8,
+            1,
+            f,
+            f,
+            None,
+            "ns",
+        );
+        Some(f)
+    } else {
+        None
+    };
     for m in cli.mode.split(',') {
-        run_mode(&cli, ProgressMode::parse(m.trim())?, cpus)?;
+        run_mode(&cli, ProgressMode::parse(m.trim())?, cpus, floor_before)?;
+    }
+    if with_floors {
+        // The machine may have drifted: show the floor again.
+        let f = floor::eventfd_round_trip(cpus, cli.batches, cli.batch_ms)?;
+        report(
+            &cli,
+            "floor_eventfd_rtt",
+            "blocking",
+            "after",
+            8,
+            1,
+            f,
+            f,
+            None,
+            "ns",
+        );
     }
     Ok(())
 }
