@@ -3,8 +3,10 @@
 //!
 //! The fast path of `progress` makes no system call: it polls the rings and
 //! retries backlogs. The internal epoll set (listener, connection sockets,
-//! eventfds) is polled only after `try_wait` armed the wake-ups, while a
-//! handshake is in flight, or every [`EVENT_POLL_INTERVAL`] calls.
+//! eventfds) is polled by `try_wait` before it arms the wake-ups, while a
+//! handshake is in flight, every [`EVENT_POLL_INTERVAL`] calls, and after a
+//! wake-up that brought no message (one that brought a message leaves the
+//! events to the next `try_wait`).
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -53,15 +55,23 @@ impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
         self.tick = self.tick.wrapping_add(1);
-        if self.armed
-            || self.awaiting_ack > 0
-            || !self.pending.is_empty()
-            || self.tick % EVENT_POLL_INTERVAL == 0
-        {
-            self.disarm();
+        let woken = self.armed;
+        self.disarm();
+        let events_due =
+            self.awaiting_ack > 0 || !self.pending.is_empty() || self.tick % EVENT_POLL_INTERVAL == 0;
+        if events_due {
             self.poll_events()?;
         }
         self.poll_rings();
+        // Woken from a sleep: a message is the usual reason, and then the
+        // fd events (the wake-up's own edge, or a connection or hang-up
+        // that came meanwhile) can wait for the next `try_wait`, which
+        // harvests them before it arms. That keeps a system call off the
+        // path of the reply. Only a wake-up with no message polls them now.
+        if woken && !events_due && self.completions.len() == before {
+            self.poll_events()?;
+            self.poll_rings();
+        }
         self.flush_backlogs();
         Ok(self.completions.len() - before)
     }
