@@ -66,8 +66,11 @@
 //! The plugin's [`poll_fd`](na_core::Plugin::poll_fd) is an internal epoll
 //! set holding the listener, every connection socket and every eventfd.
 //! `progress` makes no system call on its fast path: it polls the internal
-//! epoll only after `try_wait` armed, while a handshake is in flight, or
-//! every [`progress::EVENT_POLL_INTERVAL`] calls.
+//! epoll in `try_wait` (before arming), after a wake-up that brought no
+//! message, while a handshake is in flight, or every
+//! [`progress::EVENT_POLL_INTERVAL`] calls. A wake-up that brought a
+//! message leaves the events to the next `try_wait`, keeping that system
+//! call off the reply's path.
 //!
 //! ## Messages
 //! Sends complete once the data is in shared memory. A send that finds no
