@@ -204,6 +204,21 @@ pub fn start(
     start_batch(ep, op, remote, local, &[(span, id)])
 }
 
+/// Checks that `local` is a handle of this process and that every span is
+/// within both handles; returns the local memory.
+pub fn check_spans<'a, 's>(
+    remote: &Bulk,
+    local: &'a Bulk,
+    spans: impl IntoIterator<Item = &'s Span>,
+) -> Result<&'a MemHandle, BulkError> {
+    let mem = local.local.as_ref().ok_or(BulkError::NotLocal)?;
+    for s in spans {
+        mem.check_range(s.local_offset, s.len)?;
+        remote.remote.check_range(s.remote_offset, s.len)?;
+    }
+    Ok(mem)
+}
+
 /// Starts one transfer per span between `remote` and `local`, all in the
 /// same direction, each completing under its own id. Every span is checked
 /// (bounds and access, both sides) before anything moves; the plugin gets
@@ -218,11 +233,7 @@ pub fn start_batch(
     local: &Bulk,
     spans: &[(Span, OpId)],
 ) -> Result<Started, BulkError> {
-    let mem = local.local.as_ref().ok_or(BulkError::NotLocal)?;
-    for (s, _) in spans {
-        mem.check_range(s.local_offset, s.len)?;
-        remote.remote.check_range(s.remote_offset, s.len)?;
-    }
+    let mem = check_spans(remote, local, spans.iter().map(|(s, _)| s))?;
     if op == BulkOp::Pull {
         if let Some(data) = &remote.desc.inline {
             if !mem.access().can_write() {

@@ -19,6 +19,10 @@ pub struct BulkId(u64);
 /// How long a handler's transfer may take before it fails.
 const HANDLER_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most spans [`BulkCtx::transfer_batch`] has in flight at once (na-sm's
+/// `IOV_MAX`: a window of single-piece spans is one system call).
+pub const BATCH_WINDOW: usize = 1024;
+
 /// What a handler registered with [`Engine::register_with_bulk`] may do
 /// while it runs: expose memory and move data to or from a client's handle.
 pub struct BulkCtx<'a> {
@@ -54,15 +58,38 @@ impl BulkCtx<'_> {
     }
 
     /// Moves every span between `remote` and `local` (all in direction
-    /// `op`, started together as one batch, see [`hg_bulk::start_batch`])
-    /// and waits for all of them. The first failure is returned, after
-    /// every span finished.
+    /// `op`) and waits for all of them. Every span is checked first: if one
+    /// is out of bounds, nothing moves. They are then started as NA batches
+    /// ([`hg_bulk::start_batch`]) of at most [`BATCH_WINDOW`] spans, each
+    /// waited for before the next starts, so memory stays bounded whatever
+    /// the number of spans (na-sm still makes one system call per
+    /// window). The first failure is returned, after every span finished.
     pub fn transfer_batch(
         &mut self,
         op: BulkOp,
         remote: &Bulk,
         local: &Bulk,
         spans: &[Span],
+    ) -> std::result::Result<(), String> {
+        hg_bulk::check_spans(remote, local, spans).map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + HANDLER_TRANSFER_TIMEOUT;
+        let mut failure = None;
+        for window in spans.chunks(BATCH_WINDOW) {
+            if let Err(e) = self.transfer_window(op, remote, local, window, deadline) {
+                failure.get_or_insert(e);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Starts one window of spans and waits for every one of them.
+    fn transfer_window(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        deadline: Instant,
     ) -> std::result::Result<(), String> {
         let ids: Vec<(Span, OpId)> = spans
             .iter()
@@ -82,7 +109,6 @@ impl BulkCtx<'_> {
         );
         let mut left = ids.len();
         let mut failure = None;
-        let deadline = Instant::now() + HANDLER_TRANSFER_TIMEOUT;
         while left > 0 {
             while let Some(c) = self.ep.pop_completion() {
                 if (first..=last).contains(&c.op.0) {
@@ -141,6 +167,9 @@ impl<C: Codec> Engine<C> {
     /// Starts one transfer per span, all as one batch (see
     /// [`hg_bulk::start_batch`]); each has its own id for
     /// [`take_bulk`](Self::take_bulk). If any span is refused, none starts.
+    /// Everything is in flight at once: memory is proportional to the
+    /// number of spans (a few hundred bytes each), so split very large
+    /// batches (for example into [`BATCH_WINDOW`] spans).
     pub fn bulk_start_batch(
         &mut self,
         op: BulkOp,

@@ -31,7 +31,7 @@ type HandlerFn =
 mod bulk_ops;
 #[path = "serve_ops.rs"]
 mod serve_ops;
-pub use bulk_ops::{BulkCtx, BulkId};
+pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW};
 
 struct Handler {
     name: &'static str,

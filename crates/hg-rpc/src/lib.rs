@@ -30,7 +30,9 @@ mod sys;
 pub mod transport;
 
 pub use codec::{Codec, Postcard};
-pub use engine::{BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, POSTED_REQUEST_BUFFERS};
+pub use engine::{
+    BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, BATCH_WINDOW, POSTED_REQUEST_BUFFERS,
+};
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkOp, Span};
 pub use rpc::{rpc_id, Rpc};

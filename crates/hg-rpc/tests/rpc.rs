@@ -455,7 +455,7 @@ fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
 }
 
 /// Batches of spans: the server pulls a five-segment handle in 4 KiB (and
-/// odd-sized) chunks started as one batch, last chunk first; the client
+/// odd-sized, and 100-byte: several windows) chunks, last chunk first; the client
 /// starts a batch of spans with offsets into its own handle; a batch with
 /// one span out of bounds starts nothing.
 #[test]
@@ -474,7 +474,8 @@ fn bulk_batches_of_spans_on_both_sides() {
         ep.plugin(id).expect("plugin").stats()
     };
     let before = na_stats(&mut c);
-    for chunk in [4096u64, 777, 1 << 20] {
+    // 100-byte chunks: 3,844 spans, more than one window (BATCH_WINDOW).
+    for chunk in [4096u64, 777, 1 << 20, 100] {
         let key = format!("c{chunk}");
         let got = c
             .call::<BlobPutChunked>(&s, &(key, put.clone(), chunk), T)

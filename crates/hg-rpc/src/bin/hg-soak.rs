@@ -35,6 +35,8 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Bound of every call: a call that takes longer is a hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the server's descriptors and memory are printed.
+const REPORT_EVERY: Duration = Duration::from_secs(10);
 /// Blob keys per client: the server's store stays bounded.
 const KEYS: u64 = 4;
 /// Largest blob and echo.
@@ -238,6 +240,11 @@ fn main() -> Res<()> {
         .to_string();
     let spid = server.id();
     let result = soak(&cli, &uri, spid, &dir);
+    if let Ok(Some(status)) = server.try_wait() {
+        eprintln!("hg-soak: the server exited during the soak: {status}");
+        result.as_ref().map_err(|e| eprintln!("hg-soak: {e}")).ok();
+        return Err(format!("the server exited during the soak: {status}").into());
+    }
     let _ = server.kill();
     let _ = server.wait();
     let _ = std::fs::remove_dir_all(&dir);
@@ -263,8 +270,18 @@ fn soak(cli: &Cli, uri: &str, spid: u32, dir: &Path) -> Res<()> {
         .collect::<Res<_>>()?;
     let (mut kills, mut finished, mut ops) = (0u64, 0u64, 0u64);
     let mut next_kill = Instant::now() + Duration::from_millis(cli.kill_every_ms);
+    let (start, mut next_report) = (Instant::now(), Instant::now() + REPORT_EVERY);
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() >= next_report {
+            eprintln!(
+                "hg-soak: {:>5}s server fds {} rss {} kB, {kills} killed",
+                start.elapsed().as_secs(),
+                fd_count(spid)?,
+                rss_kb(spid)?
+            );
+            next_report += REPORT_EVERY;
+        }
         if Instant::now() >= next_kill && Instant::now() + Duration::from_secs(2) < end {
             let victim = (next_seed() % running.len() as u64) as usize;
             let (slot, mut c) = running.swap_remove(victim);
