@@ -7,7 +7,7 @@ use na_core::rma::check_batch;
 use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
 use crate::plugin::SmPlugin;
-use crate::sys::cma::{transfer_batch, Direction, Piece};
+use crate::sys::cma::{transfer_batch, Direction, Piece, IOV_MAX};
 
 /// What to change when the kernel refuses cross-memory attach.
 pub const EPERM_HINT: &str = "the kernel refused process_vm_readv/writev (EPERM): both processes must run \
@@ -29,7 +29,11 @@ impl SmPlugin {
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let run = rest.iter().take_while(|o| o.dir == first.dir).count();
-            self.rma_run(pid, dest, &rest[..run]);
+            // Windows of IOV_MAX transfers: a failure re-lists at most one
+            // window's worth of the transfers after it.
+            for window in rest[..run].chunks(IOV_MAX) {
+                self.rma_run(pid, dest, window);
+            }
             rest = &rest[run..];
         }
         Ok(())
@@ -75,14 +79,26 @@ impl SmPlugin {
                 self.completions.push_back(Completion::done(o.op, dir.kind()));
             }
             ops = &ops[done..];
-            let (Some(e), Some(failed)) = (moved.error, ops.first()) else {
+            let (Some(e), Some(_)) = (moved.error, ops.first()) else {
                 return;
             };
-            let err = self.rma_error(e, dir, failed.len, pid, dest);
-            tracing::debug!(peer = %dest, error = %err, "sm {} failed", dir.name());
-            self.completions
-                .push_back(Completion::failed(failed.op, dir.kind(), err, None));
-            ops = &ops[1..];
+            // A process that is gone (or that we may not access) fails the
+            // rest too; any other error (an unmapped address) only its transfer.
+            let failing = match e.raw_os_error() {
+                Some(libc::ESRCH | libc::EPERM) => ops.len(),
+                _ => 1,
+            };
+            let code = e.raw_os_error();
+            let mut first = Some(e);
+            for o in &ops[..failing] {
+                let e = first.take().or_else(|| code.map(io::Error::from_raw_os_error));
+                let e = e.unwrap_or_else(|| io::Error::other("transfer failed"));
+                let err = self.rma_error(e, dir, o.len, pid, dest);
+                tracing::debug!(peer = %dest, error = %err, "sm {} failed", dir.name());
+                self.completions
+                    .push_back(Completion::failed(o.op, dir.kind(), err, None));
+            }
+            ops = &ops[failing..];
         }
     }
 

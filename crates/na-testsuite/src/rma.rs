@@ -374,4 +374,29 @@ pub fn batches(t: &Transport) {
         let addr = n.ep.lookup(&server.uri).expect("lookup again");
         assert_eq!(n.request(&addr, 5, b"estill-there"), b"estill-there");
     }
+
+    // The server is killed: a batch larger than one window (IOV_MAX) is
+    // refused at once, or every transfer in it completes, exactly once,
+    // with an error (never a hang, never a success).
+    let mut server = server;
+    server.kill();
+    let big: Vec<na_core::Rma> = (0..3000u64)
+        .map(|k| na_core::Rma::get(&local, k * 40, &remote, k * 30, 20, n.op()))
+        .collect();
+    let addr = n.ep.lookup(&server.uri).unwrap_or(addr);
+    match n.ep.rma(&addr, &big) {
+        Err(e) => eprintln!("{}: batch to a killed peer refused: {e}", t.name),
+        Ok(()) => {
+            let st = wait_batch(&mut n, &big);
+            assert!(
+                st.iter().all(|s| s.is_err()),
+                "a transfer from a killed peer succeeded"
+            );
+            eprintln!(
+                "{}: batch to a killed peer: {}",
+                t.name,
+                st[0].as_ref().unwrap_err()
+            );
+        }
+    }
 }
