@@ -7,7 +7,7 @@ use na_core::rma::check_batch;
 use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
 use crate::plugin::SmPlugin;
-use crate::sys::cma::{transfer_batch, Direction, Piece, IOV_MAX};
+use crate::sys::cma::{transfer_batch, IOV_MAX};
 
 /// What to change when the kernel refuses cross-memory attach.
 pub const EPERM_HINT: &str = "the kernel refused process_vm_readv/writev (EPERM): both processes must run \
@@ -43,22 +43,8 @@ impl SmPlugin {
     /// that fails does not hold back the others.
     fn rma_run(&mut self, pid: u32, dest: &Addr, mut ops: &[Rma<'_>]) {
         let dir = ops[0].dir;
-        let sys_dir = match dir {
-            RmaDir::Put => Direction::Write,
-            RmaDir::Get => Direction::Read,
-        };
         while !ops.is_empty() {
-            let pieces: Vec<Piece> = ops
-                .iter()
-                .map(|o| Piece {
-                    local: o.local,
-                    local_offset: o.local_offset,
-                    remote: o.remote,
-                    remote_offset: o.remote_offset,
-                    len: o.len,
-                })
-                .collect();
-            let moved = transfer_batch(sys_dir, pid, &pieces);
+            let moved = transfer_batch(pid, ops);
             // Transfers wholly inside the bytes moved are done; the next one
             // failed (if the batch stopped), and the ones after it go again.
             let mut covered = 0u64;

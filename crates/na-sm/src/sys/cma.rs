@@ -15,35 +15,10 @@
 
 use std::io;
 
-use na_core::{MemHandle, RemoteMem};
+use na_core::{Rma, RmaDir};
 
 /// Most iovecs the kernel accepts per call (`UIO_MAXIOV`).
 pub const IOV_MAX: usize = 1024;
-
-/// Which way the bytes go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// Remote to local (`get`), with `process_vm_readv`.
-    Read,
-    /// Local to remote (`put`), with `process_vm_writev`.
-    Write,
-}
-
-/// One transfer of a batch: `len` bytes between `local` at `local_offset`
-/// and `remote` at `remote_offset`.
-#[derive(Clone, Copy, Debug)]
-pub struct Piece<'a> {
-    /// The local side.
-    pub local: &'a MemHandle,
-    /// Offset into `local`.
-    pub local_offset: u64,
-    /// The remote side, in the peer's address space.
-    pub remote: &'a RemoteMem,
-    /// Offset into `remote`.
-    pub remote_offset: u64,
-    /// Bytes to move.
-    pub len: u64,
-}
 
 /// What a batch did: bytes moved (from the start of the batch, in order)
 /// and the system calls made, then the error that stopped it, if any.
@@ -60,26 +35,6 @@ pub struct Moved {
     /// gone, `EPERM`: not allowed to access it, `EFAULT`: a remote address
     /// is not mapped).
     pub error: Option<io::Error>,
-}
-
-/// Moves one transfer; see [`transfer_batch`].
-pub fn transfer(
-    dir: Direction,
-    pid: u32,
-    local: &MemHandle,
-    local_offset: u64,
-    remote: &RemoteMem,
-    remote_offset: u64,
-    len: u64,
-) -> Moved {
-    let p = Piece {
-        local,
-        local_offset,
-        remote,
-        remote_offset,
-        len,
-    };
-    transfer_batch(dir, pid, &[p])
 }
 
 /// Appends a piece to an iovec list, merging it into the last one when they
@@ -101,8 +56,10 @@ fn push(iov: &mut Vec<libc::iovec>, addr: usize, len: usize) {
 }
 
 /// Moves the transfers of `batch`, in order, between this process and
-/// process `pid`, with as few system calls as `IOV_MAX` allows.
-pub fn transfer_batch(dir: Direction, pid: u32, batch: &[Piece<'_>]) -> Moved {
+/// process `pid`, with as few system calls as `IOV_MAX` allows. They all go
+/// the way the first one does; one that goes the other way stops the batch
+/// (`InvalidInput`), as a range out of bounds does.
+pub fn transfer_batch(pid: u32, batch: &[Rma<'_>]) -> Moved {
     let mut moved = Moved {
         bytes: 0,
         calls: 0,
@@ -113,14 +70,21 @@ pub fn transfer_batch(dir: Direction, pid: u32, batch: &[Piece<'_>]) -> Moved {
         moved.error = Some(io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"));
         return moved;
     };
+    let Some(dir) = batch.first().map(|p| p.dir) else {
+        return moved;
+    };
     let (mut liov, mut riov) = (Vec::new(), Vec::new());
     let mut total = 0u64;
     for p in batch {
-        if dir == Direction::Read && !p.local.access().can_write() {
-            moved.error = Some(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "local handle is read-only",
-            ));
+        let refused = if p.dir != dir {
+            Some("a batch goes one way only")
+        } else if dir == RmaDir::Get && !p.local.access().can_write() {
+            Some("local handle is read-only")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            moved.error = Some(io::Error::new(io::ErrorKind::InvalidInput, why));
             break;
         }
         let listed = p
@@ -157,10 +121,10 @@ pub fn transfer_batch(dir: Direction, pid: u32, batch: &[Piece<'_>]) -> Moved {
         // stay alive across the call.
         let n = unsafe {
             match dir {
-                Direction::Read => {
+                RmaDir::Get => {
                     libc::process_vm_readv(pid, l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
                 }
-                Direction::Write => {
+                RmaDir::Put => {
                     libc::process_vm_writev(pid, l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
                 }
             }
@@ -224,7 +188,9 @@ fn advance(iov: &mut [libc::iovec], at: &mut usize, mut n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use na_core::{Access, RemoteSegment};
+    use na_core::{Access, MemHandle, OpId, RemoteMem, RemoteSegment};
+
+    const ME: fn() -> u32 = std::process::id;
 
     fn describe(h: &MemHandle) -> RemoteMem {
         let segs = h
@@ -244,19 +210,16 @@ mod tests {
         let src = MemHandle::new((0..3000).map(|i| vec![i as u8]).collect(), Access::ReadOnly);
         let dst = MemHandle::zeroed(3100, Access::ReadWrite);
         let remote = describe(&src);
-        let m = transfer(Direction::Read, std::process::id(), &dst, 50, &remote, 0, 3000);
+        let m = transfer_batch(ME(), &[Rma::get(&dst, 50, &remote, 0, 3000, OpId(1))]);
         assert!(m.error.is_none(), "{m:?}");
         assert_eq!(m.bytes, 3000);
         assert!(m.calls >= 3, "{m:?}");
         let v = dst.to_vec();
         assert!((0..3000).all(|i| v[50 + i] == i as u8));
         let ro = MemHandle::zeroed(8, Access::ReadOnly);
-        assert!(
-            transfer(Direction::Read, std::process::id(), &ro, 0, &remote, 0, 8)
-                .error
-                .is_some()
-        );
-        let m = transfer(Direction::Write, std::process::id(), &dst, 0, &remote, 2999, 2);
+        let m = transfer_batch(ME(), &[Rma::get(&ro, 0, &remote, 0, 8, OpId(1))]);
+        assert!(m.error.is_some());
+        let m = transfer_batch(ME(), &[Rma::put(&dst, 0, &remote, 2999, 2, OpId(1))]);
         assert_eq!(
             (m.bytes, m.error.map(|e| e.kind())),
             (0, Some(io::ErrorKind::InvalidInput))
@@ -272,16 +235,10 @@ mod tests {
         let dst = MemHandle::zeroed(64 * 1024, Access::ReadWrite);
         let remote = describe(&src);
         // 16 transfers of 4 KiB, written in reverse order of their sources.
-        let batch: Vec<Piece> = (0..16u64)
-            .map(|i| Piece {
-                local: &dst,
-                local_offset: i * 4096,
-                remote: &remote,
-                remote_offset: (15 - i) * 4096,
-                len: 4096,
-            })
+        let batch: Vec<Rma> = (0..16u64)
+            .map(|i| Rma::get(&dst, i * 4096, &remote, (15 - i) * 4096, 4096, OpId(i)))
             .collect();
-        let m = transfer_batch(Direction::Read, std::process::id(), &batch);
+        let m = transfer_batch(ME(), &batch);
         assert!(m.error.is_none(), "{m:?}");
         assert_eq!((m.bytes, m.calls), (16 * 4096, 1));
         let (s, d) = (src.to_vec(), dst.to_vec());
@@ -306,14 +263,20 @@ mod tests {
         let mut bad = batch.clone();
         bad[5].remote = &hole;
         bad[5].remote_offset = 0;
-        let m = transfer_batch(Direction::Read, std::process::id(), &bad);
+        let m = transfer_batch(ME(), &bad);
         assert_eq!(m.bytes, 5 * 4096, "{m:?}");
         assert_eq!(m.error.and_then(|e| e.raw_os_error()), Some(libc::EFAULT));
         // A transfer that fails its own checks moves the ones before it.
         let mut oob = batch.clone();
         oob[3].len = 1 << 20;
-        let m = transfer_batch(Direction::Read, std::process::id(), &oob);
+        let m = transfer_batch(ME(), &oob);
         assert_eq!(m.bytes, 3 * 4096, "{m:?}");
+        assert_eq!(m.error.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
+        // So does one that goes the other way.
+        let mut mixed = batch.clone();
+        mixed[7].dir = RmaDir::Put;
+        let m = transfer_batch(ME(), &mixed);
+        assert_eq!(m.bytes, 7 * 4096, "{m:?}");
         assert_eq!(m.error.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
     }
 }
