@@ -8,7 +8,7 @@
 //! own completion.
 
 use crate::error::{NaError, Result};
-use crate::mem::{Access, MemHandle, RemoteMem};
+use crate::mem::{MemHandle, RemoteMem};
 use crate::op::{OpId, OpKind};
 
 /// Which way an RMA transfer moves the bytes.
@@ -102,28 +102,22 @@ impl<'a> Rma<'a> {
     /// bounds. A plugin still relies on the kernel or the NIC for whether
     /// the remote addresses are really mapped.
     pub fn check(&self) -> Result<()> {
-        let (local_needs, remote_needs) = match self.dir {
-            RmaDir::Put => ("read", "write"),
-            RmaDir::Get => ("write", "read"),
+        let (l, r) = (self.local.access(), self.remote.access());
+        let (local_ok, local_needs, remote_ok, remote_needs) = match self.dir {
+            RmaDir::Put => (l.can_read(), "read", r.can_write(), "write"),
+            RmaDir::Get => (l.can_write(), "write", r.can_read(), "read"),
         };
-        let allows = |a: Access, needs| {
-            if needs == "read" {
-                a.can_read()
-            } else {
-                a.can_write()
-            }
-        };
-        if !allows(self.local.access(), local_needs) {
+        if !local_ok {
             return Err(NaError::AccessDenied {
                 what: "local",
-                has: self.local.access(),
+                has: l,
                 needs: local_needs,
             });
         }
-        if !allows(self.remote.access(), remote_needs) {
+        if !remote_ok {
             return Err(NaError::AccessDenied {
                 what: "remote",
-                has: self.remote.access(),
+                has: r,
                 needs: remote_needs,
             });
         }
@@ -143,7 +137,7 @@ pub fn check_batch(ops: &[Rma<'_>]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem::RemoteSegment;
+    use crate::mem::{Access, RemoteSegment};
 
     fn remote(len: u64, access: Access) -> RemoteMem {
         RemoteMem::new(
@@ -158,7 +152,7 @@ mod tests {
     }
 
     #[test]
-    fn checks_access_bounds_and_ids() {
+    fn checks_access_and_bounds() {
         let rw = MemHandle::zeroed(64, Access::ReadWrite);
         let ro = MemHandle::zeroed(64, Access::ReadOnly);
         let r_rw = remote(64, Access::ReadWrite);
