@@ -250,8 +250,12 @@ impl VerbsPlugin {
                     .iter()
                     .map(|p| rop.reg.sge(p.reg, p.addr, p.len))
                     .collect();
+                let op = match rop.kind {
+                    OpKind::Put => SendOp::RdmaWrite(w.plan.remote),
+                    _ => SendOp::RdmaRead(w.plan.remote),
+                };
                 match sges {
-                    Ok(sges) => ready.push((w, sges)),
+                    Ok(sges) => ready.push((w, sges, op)),
                     Err(e) => self.rma_piece_done(w.rma, Some(e.into())),
                 }
             }
@@ -260,16 +264,9 @@ impl VerbsPlugin {
             }
             let chain: Vec<SendWr> = ready
                 .iter()
-                .map(|(w, sges)| SendWr {
+                .map(|(w, sges, op)| SendWr {
                     wr_id: wr_id(WrKind::Rma, cref, w.rma),
-                    op: if self.rma[w.rma as usize]
-                        .as_ref()
-                        .is_some_and(|r| r.kind == OpKind::Put)
-                    {
-                        SendOp::RdmaWrite(w.plan.remote)
-                    } else {
-                        SendOp::RdmaRead(w.plan.remote)
-                    },
+                    op: *op,
                     sges,
                     signaled: true,
                 })
@@ -283,15 +280,15 @@ impl VerbsPlugin {
             };
             drop(chain);
             let mut ready = ready.into_iter();
-            for (w, _) in ready.by_ref().take(posted) {
+            for (w, ..) in ready.by_ref().take(posted) {
                 conn.sq_used += 1;
                 *conn.rma_posted.entry(w.rma).or_default() += 1;
             }
             let Some(e) = failed else { continue };
             // The failed work request fails its operation; the ones after
             // it were not posted and go back, in order, to the backlog.
-            let (bad, _) = ready.next().expect("the failed work request is in the chain");
-            for (w, _) in ready.rev() {
+            let (bad, ..) = ready.next().expect("the failed work request is in the chain");
+            for (w, ..) in ready.rev() {
                 conn.rma_backlog.push_front(w);
             }
             self.rma_piece_done(bad.rma, Some(e.into()));
