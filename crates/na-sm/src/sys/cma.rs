@@ -1,5 +1,5 @@
 //! Cross-memory attach: [process_vm_readv(2)] and [process_vm_writev(2)]
-//! between a local [`MemHandle`] and a peer's [`RemoteMem`].
+//! between a local [`na_core::MemHandle`] and a peer's [`na_core::RemoteMem`].
 //!
 //! A batch of transfers in one direction is one system call per `IOV_MAX`
 //! (1024) pieces on either side, whatever the handles' segmentations: the
