@@ -58,6 +58,10 @@ fn cache_with(monitor: MonitorChoice, consistency: Consistency, max_count: usize
             monitor,
             fork_guard: true,
             consistency,
+            // QS_MR_CACHE_MAP_WATCH=off measures in-flight lookups without it.
+            map_watch: CacheConfig::from_env()
+                .expect("QS_MR_CACHE_* variables")
+                .map_watch,
         },
     )
     .expect("cache")
@@ -125,6 +129,16 @@ fn main() {
         .collect();
     let run = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     println!("na-regcache benchmark: medians of {SAMPLES} samples, ns per operation");
+    if let Ok(m) = UffdMonitor::global_with(
+        CacheConfig::from_env()
+            .expect("QS_MR_CACHE_* variables")
+            .map_watch,
+    ) {
+        match m.map_watch_rings() {
+            Some(n) => println!("userfaultfd map watch: on ({n} CPU rings)"),
+            None => println!("userfaultfd map watch: off (every in-flight lookup probes)"),
+        }
+    }
 
     // 1. Hit cost with 1024 cached one-page entries.
     let bufs = buffers(1024, PAGE);

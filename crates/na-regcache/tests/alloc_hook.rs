@@ -62,6 +62,7 @@ fn hook_invalidates_on_free_and_realloc_without_allocating() {
         monitor: MonitorChoice::Alloc,
         fork_guard: true,
         consistency: Default::default(),
+        map_watch: true,
     };
     let cache = Cache::new(reg, cfg).unwrap();
     for round in 0..50 {

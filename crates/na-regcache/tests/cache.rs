@@ -25,6 +25,7 @@ fn cache(monitor: MonitorChoice, max_count: usize, max_bytes: usize, slots: u16)
             monitor,
             fork_guard: true,
             consistency: Default::default(),
+            map_watch: true,
         },
     )
     .unwrap()
@@ -285,6 +286,7 @@ fn deregistration_never_runs_under_the_monitor_lock() {
             monitor: MonitorChoice::Uffd,
             fork_guard: true,
             consistency: Default::default(),
+            map_watch: true,
         };
         let c = Cache::new(reg, cfg).unwrap();
         let b = buffers(3);

@@ -279,3 +279,55 @@ fn settle_scenario(rig: &Rig) -> bool {
     sys::unmap(a, LEN).unwrap();
     settling
 }
+
+/// With the map watch (perf side-band records), an in-flight lookup makes
+/// its system call only when something was mapped since the last quiet
+/// probe: hits of a steady working set make none, and the first lookup
+/// after a new mapping probes again.
+#[test]
+fn hits_probe_only_after_something_was_mapped() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    common::require_io_uring();
+    let rig = Rig::new(MonitorChoice::Uffd);
+    let monitor = UffdMonitor::global().unwrap();
+    let a = primed_buffer(&rig);
+    let lookups = || {
+        for _ in 0..1000 {
+            drop(rig.cache.get(a, LEN, Access::LOCAL_WRITE).expect("hit"));
+        }
+    };
+    if !na_regcache::CacheConfig::from_env().unwrap().map_watch {
+        // Turned off: every lookup makes its system call.
+        let before = monitor.counters().probes;
+        lookups();
+        assert!(monitor.counters().probes - before >= 1000);
+        assert!(monitor.map_watch_rings().is_none());
+        return;
+    }
+    if monitor.map_watch_rings().is_none() {
+        let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+        panic!(
+            "perf side-band events refused (kernel.perf_event_paranoid={}; needs <= 2): \
+             every in-flight lookup probes, nothing to test here",
+            paranoid.trim()
+        );
+    }
+    lookups();
+    let before = monitor.counters().probes;
+    lookups();
+    let steady = monitor.counters().probes - before;
+    // Other threads of this process (the harness) may map a little meanwhile.
+    assert!(
+        steady <= 5,
+        "{steady} probes for 1000 hits of an unchanged address space"
+    );
+    let fresh = sys::map_anon(None, PAGE).unwrap();
+    let before = monitor.counters().probes;
+    drop(rig.cache.get(a, LEN, Access::LOCAL_WRITE).expect("hit"));
+    assert!(
+        monitor.counters().probes > before,
+        "the first lookup after an mmap probed"
+    );
+    sys::unmap(fresh, PAGE).unwrap();
+    sys::unmap(a, LEN).unwrap();
+}

@@ -60,7 +60,7 @@ impl<R: Registrar> Cache<R> {
     pub fn new(registrar: R, config: CacheConfig) -> Result<Cache<R>> {
         config.validate()?;
         let monitor: Option<Arc<dyn Monitor>> = match config.monitor {
-            MonitorChoice::Uffd | MonitorChoice::Auto => match UffdMonitor::global() {
+            MonitorChoice::Uffd | MonitorChoice::Auto => match UffdMonitor::global_with(config.map_watch) {
                 Ok(m) => Some(m),
                 Err(source) if config.monitor == MonitorChoice::Uffd => {
                     return Err(Error::MonitorInit {

@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod brlock;
 pub mod io_uring;
 pub mod mem;
+pub mod perf;
 pub mod uffd;
 
 /// Calls a libc function and turns a `-1` return into `io::Error::last_os_error()`.

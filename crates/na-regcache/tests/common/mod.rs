@@ -64,6 +64,10 @@ impl Rig {
             monitor,
             fork_guard,
             consistency,
+            // The suite runs once more with QS_MR_CACHE_MAP_WATCH=off.
+            map_watch: CacheConfig::from_env()
+                .expect("QS_MR_CACHE_* variables")
+                .map_watch,
         };
         let cache = Cache::new(reg, cfg).expect("cache");
         let src: OwnedFd = sys::memfd(8 << 20).expect("memfd");
