@@ -333,6 +333,13 @@ mod tests {
             let q = anon(4096, libc::PROT_READ);
             g.wait();
             unmap(q, 4096);
+            // A thread created by a thread that was attached, not inherited.
+            g.wait();
+            g.wait();
+            std::thread::spawn(|| unmap(anon(4096, libc::PROT_READ), 4096))
+                .join()
+                .unwrap();
+            g.wait();
         });
         go.wait();
         let w2 = MapWatch::open().unwrap();
@@ -341,6 +348,8 @@ mod tests {
             go.wait();
         };
         assert!(moved(&w2, both), "a thread that existed before open is watched");
+        go.wait();
+        assert!(moved(&w2, both), "a thread created by such a thread is watched");
         early.join().unwrap();
         let late = || {
             std::thread::spawn(|| unmap(anon(4096, libc::PROT_READ), 4096))
