@@ -309,11 +309,16 @@ impl Endpoint {
             }
         }
         loop {
-            if self.try_wait() {
-                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let left = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // A lone plugin sleeps on its own primitive (Plugin::sleep).
+            let slept = match self.plugins.as_mut_slice() {
+                [only] if self.completions.is_empty() => only.sleep(left())?,
+                _ => false,
+            };
+            if !slept && self.try_wait() {
                 self.tokens.clear();
                 self.poll
-                    .wait(&mut self.tokens, left)
+                    .wait(&mut self.tokens, left())
                     .map_err(|e| NaError::sys("epoll_wait", e))?;
             }
             let n = self.progress_now()?;

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use na_core::msgbuf::check_buf_size;
 use na_core::sys::epoll::Epoll;
@@ -359,6 +359,15 @@ impl Plugin for SmPlugin {
             return false;
         }
         self.arm()
+    }
+
+    /// Arms without the harvest `try_wait` makes (the wait below returns
+    /// pending events at once) and waits on the internal epoll set itself.
+    fn sleep(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        if self.arm() {
+            self.wait_events(timeout)?;
+        }
+        Ok(true)
     }
 
     fn progress(&mut self) -> Result<usize> {

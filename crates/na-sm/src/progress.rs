@@ -123,12 +123,19 @@ impl SmPlugin {
     }
 
     pub(crate) fn poll_events(&mut self) -> Result<()> {
+        self.wait_events(Some(Duration::ZERO))
+    }
+
+    /// Handles the internal epoll set's events, waiting up to `timeout` for
+    /// the first (`None`: no limit).
+    pub(crate) fn wait_events(&mut self, mut timeout: Option<Duration>) -> Result<()> {
         loop {
             self.tokens.clear();
             let n = self
                 .poll
-                .wait(&mut self.tokens, Some(Duration::ZERO))
+                .wait(&mut self.tokens, timeout)
                 .map_err(|e| NaError::sys("epoll_wait (sm)", e))?;
+            timeout = Some(Duration::ZERO);
             let tokens = std::mem::take(&mut self.tokens);
             for &t in &tokens {
                 self.handle_event(t);
