@@ -331,3 +331,44 @@ fn hits_probe_only_after_something_was_mapped() {
     sys::unmap(fresh, PAGE).unwrap();
     sys::unmap(a, LEN).unwrap();
 }
+
+/// A forked child that builds its own cache gets its own monitor (the
+/// parent's has no reader thread in the child and its perf rings are not
+/// copied), which sees the child's unmaps: an address reused in the child
+/// is never served from a stale registration.
+#[test]
+fn forked_child_gets_its_own_monitor() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    common::require_io_uring();
+    let rig = Rig::new(MonitorChoice::Uffd);
+    let a = primed_buffer(&rig);
+    let parent_monitor = Arc::as_ptr(&UffdMonitor::global().unwrap()) as usize;
+    let code = sys::fork_run(|| {
+        let child = Rig::new(MonitorChoice::Uffd);
+        let m = UffdMonitor::global().unwrap();
+        if Arc::as_ptr(&m) as usize == parent_monitor {
+            return 3;
+        }
+        let b = primed_buffer(&child);
+        if sys::unmap(b, LEN).is_err() || sys::map_anon(Some(b), LEN).is_err() {
+            return 4;
+        }
+        sys::touch(b, LEN, FILL);
+        match child.transfer(b, LEN) {
+            Ok(o) if o == Outcome::CLEAN && m.counters().unmap >= 1 => 0,
+            Ok(_) => 1,
+            Err(_) => 2,
+        }
+    })
+    .unwrap();
+    assert_eq!(
+        code, 0,
+        "child: 1 = stale registration, 2 = transfer failed, 3 = parent's monitor reused, 4 = remap failed"
+    );
+    assert_eq!(
+        rig.transfer(a, LEN).unwrap(),
+        Outcome::CLEAN,
+        "the parent's cache still works"
+    );
+    sys::unmap(a, LEN).unwrap();
+}

@@ -597,14 +597,26 @@ impl UffdMonitor {
 
     /// [`UffdMonitor::global`]; the call that creates it decides whether it
     /// opens the map watch ([`crate::CacheConfig::map_watch`]).
+    ///
+    /// A process forked from one that had a monitor gets its own: the
+    /// parent's has no reader thread in the child, its userfaultfd watches
+    /// the parent's address space, and its perf rings are not copied by
+    /// `fork` (`VM_DONTCOPY`). The parent's copy is leaked in the child
+    /// (dropping it would join a thread that does not exist there).
     pub fn global_with(map_watch: bool) -> io::Result<Arc<UffdMonitor>> {
-        static GLOBAL: Mutex<Option<Arc<UffdMonitor>>> = Mutex::new(None);
+        static GLOBAL: Mutex<Option<(u32, Arc<UffdMonitor>)>> = Mutex::new(None);
         let mut g = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = g.as_ref() {
-            return Ok(Arc::clone(m));
+        let pid = std::process::id();
+        match g.take() {
+            Some((owner, m)) if owner == pid => {
+                *g = Some((owner, Arc::clone(&m)));
+                return Ok(m);
+            }
+            Some((_, inherited)) => std::mem::forget(inherited),
+            None => {}
         }
         let m = Arc::new(UffdMonitor::with_map_watch(map_watch)?);
-        *g = Some(Arc::clone(&m));
+        *g = Some((pid, Arc::clone(&m)));
         Ok(m)
     }
 

@@ -201,8 +201,9 @@ pub fn mallopt(param: libc::c_int, value: libc::c_int) {
 
 /// fork(2); the child runs `child` and `_exit`s with its return value.
 pub fn fork_run(child: impl FnOnce() -> i32) -> io::Result<i32> {
-    // SAFETY: the child only runs `child`, which the scenarios keep to
-    // allocation-free work on state no other thread held, then _exits.
+    // SAFETY: the child only runs `child`, then _exits. `child` touches no
+    // state another thread may have held at the fork except the allocator,
+    // which glibc's fork handlers leave consistent in the child.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
