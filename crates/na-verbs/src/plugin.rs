@@ -24,6 +24,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
+use std::time::Duration;
 
 use na_core::sys::epoll::Epoll;
 use na_core::{
@@ -365,6 +366,19 @@ impl Plugin for VerbsPlugin {
 
     fn try_wait(&mut self) -> bool {
         self.try_wait_inner()
+    }
+
+    /// Arms like `try_wait` and waits on the internal epoll set (completion
+    /// channel and RDMA CM channel) itself; the next `progress` handles
+    /// what woke it.
+    fn sleep(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        if self.try_wait_inner() {
+            let mut ready = Vec::new();
+            self.poll
+                .wait(&mut ready, timeout)
+                .map_err(|e| NaError::sys("epoll_wait (verbs)", e))?;
+        }
+        Ok(true)
     }
 
     fn progress(&mut self) -> Result<usize> {
