@@ -60,13 +60,12 @@ impl DeferredRequest {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallId(u64);
 
+/// What a posted operation is for, kept in `Engine::ops` by its id.
+/// Sends and the posted request buffers, one or two per message, keep their
+/// role in the id instead ([`SEND_OP`], [`REQUEST_OP`]) and have no entry.
 enum OpRole {
-    /// A posted unexpected receive for requests.
-    Request,
     /// The posted receive for the response of a call (its cookie).
     Response(u64),
-    /// A send; nothing to do on success.
-    Send,
     /// The pull of a spilled request's input (key into `pulls`).
     Pull(u64),
     /// The pull of a spilled response's output (key into `pulls`; cookie).
@@ -74,6 +73,11 @@ enum OpRole {
     /// A transfer started with `bulk_start` (its id).
     Bulk(u64),
 }
+
+/// Bit of an [`OpId`] that marks a send (nothing to do on success).
+const SEND_OP: u64 = 1 << 63;
+/// Bit of an [`OpId`] that marks a posted unexpected receive for requests.
+const REQUEST_OP: u64 = 1 << 62;
 
 /// A request whose spilled input is being pulled from its origin.
 struct PendingPull {
@@ -208,7 +212,10 @@ impl<C: Codec> Engine<C> {
         &self.me
     }
 
-    /// The endpoint (for lookups and plugin access).
+    /// The endpoint (for lookups and plugin access). [`Engine::trigger`]
+    /// takes every completion the endpoint queues: operations posted on it
+    /// directly complete unseen (and ids with bit 62 or 63 set are the
+    /// engine's own: sends and request receives).
     pub fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.ep
     }
@@ -230,10 +237,15 @@ impl<C: Codec> Engine<C> {
         OpId(self.next_op)
     }
 
+    /// An id for a send: its role is in the id, so it needs no entry in
+    /// `ops` (two hash-map operations fewer per message).
+    fn send_op(&mut self) -> OpId {
+        OpId(self.op().0 | SEND_OP)
+    }
+
     fn post_request_buffer(&mut self, buf: Vec<u8>) -> Result<()> {
-        let op = self.op();
+        let op = OpId(self.op().0 | REQUEST_OP);
         self.ep.post_recv_unexpected(self.plugin, buf, op)?;
-        self.ops.insert(op, OpRole::Request);
         Ok(())
     }
 
@@ -440,14 +452,13 @@ impl<C: Codec> Engine<C> {
         self.ep
             .post_recv_expected(dest, cookie as u32, Vec::with_capacity(self.max_msg), recv_op)?;
         self.ops.insert(recv_op, OpRole::Response(cookie));
-        let send_op = self.op();
+        let send_op = self.send_op();
         let len = msg.len();
         if let Err(e) = self.ep.send_unexpected_buf(dest, 0, msg, send_op) {
             // Nothing was sent: withdraw the receive (it completes canceled).
             let _ = self.ep.cancel(self.plugin, recv_op);
             return Err(e.into());
         }
-        self.ops.insert(send_op, OpRole::Send);
         self.stats.bytes_sent += len as u64;
         self.calls.insert(
             cookie,
@@ -479,10 +490,9 @@ impl<C: Codec> Engine<C> {
             // pulled the input; until then the input must stay exposed.
             return self.send_request(dest, R::NAME, cookie, msg, spill, true);
         }
-        let op = self.op();
+        let op = self.send_op();
         let len = msg.len();
         self.ep.send_unexpected_buf(dest, 0, msg, op)?;
-        self.ops.insert(op, OpRole::Send);
         self.stats.bytes_sent += len as u64;
         Ok(())
     }
@@ -602,27 +612,29 @@ impl<C: Codec> Engine<C> {
     }
 
     fn handle(&mut self, c: Completion) -> Result<()> {
+        if c.op.0 & SEND_OP != 0 {
+            if let Err(e) = c.status {
+                tracing::debug!(error = %e, "rpc send failed");
+            }
+            return Ok(());
+        }
+        if c.op.0 & REQUEST_OP != 0 {
+            let canceled = c.is_canceled();
+            let buf = c.buf.unwrap_or_default();
+            if c.status.is_ok() {
+                if let Some(src) = c.source {
+                    self.serve(&src, &buf)?;
+                }
+            }
+            if !canceled {
+                self.post_request_buffer(buf)?;
+            }
+            return Ok(());
+        }
         let Some(role) = self.ops.remove(&c.op) else {
             return Ok(());
         };
         match role {
-            OpRole::Send => {
-                if let Err(e) = c.status {
-                    tracing::debug!(error = %e, "rpc send failed");
-                }
-            }
-            OpRole::Request => {
-                let canceled = c.is_canceled();
-                let buf = c.buf.unwrap_or_default();
-                if c.status.is_ok() {
-                    if let Some(src) = c.source {
-                        self.serve(&src, &buf)?;
-                    }
-                }
-                if !canceled {
-                    self.post_request_buffer(buf)?;
-                }
-            }
             OpRole::Bulk(id) => {
                 self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
             }
@@ -723,12 +735,9 @@ impl<C: Codec> Engine<C> {
             cookie,
         )
         .encode_with(&cookie.to_le_bytes(), &mut msg);
-        let op = self.op();
-        match self.ep.send_unexpected(target, 0, &msg, op) {
-            Ok(()) => {
-                self.ops.insert(op, OpRole::Send);
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot release a spilled output (target gone?)"),
+        let op = self.send_op();
+        if let Err(e) = self.ep.send_unexpected(target, 0, &msg, op) {
+            tracing::debug!(error = %e, "cannot release a spilled output (target gone?)");
         }
     }
 }

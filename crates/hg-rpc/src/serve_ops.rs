@@ -177,7 +177,7 @@ impl<C: Codec> Engine<C> {
             .ep
             .alloc_msg_buf(src, HEADER_LEN + out.len())
             .and_then(|mut msg| h.encode_into(&out, &mut msg).map(|()| msg));
-        let op = self.op();
+        let op = self.send_op();
         let sent = built.and_then(|msg| {
             let len = msg.len();
             self.ep
@@ -185,10 +185,7 @@ impl<C: Codec> Engine<C> {
                 .map(|()| len)
         });
         match sent {
-            Ok(len) => {
-                self.ops.insert(op, OpRole::Send);
-                self.stats.bytes_sent += len as u64;
-            }
+            Ok(len) => self.stats.bytes_sent += len as u64,
             Err(e) => tracing::warn!(peer = %src, error = %e, "cannot send RPC response"),
         }
     }
