@@ -238,9 +238,7 @@ impl Endpoint {
                 tracing::warn!(plugin = p.scheme(), error = %e, "plugin progress failed");
                 first_err.get_or_insert(e);
             }
-            while let Some(c) = p.pop_completion() {
-                self.completions.push_back(c);
-            }
+            p.take_completions(&mut self.completions);
         }
         match first_err {
             Some(e) if self.completions.is_empty() => Err(e),

@@ -1,5 +1,6 @@
 //! The trait every transport plugin implements.
 
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
@@ -205,6 +206,15 @@ pub trait Plugin: Send {
 
     /// Takes the oldest queued completion.
     fn pop_completion(&mut self) -> Option<Completion>;
+
+    /// Moves every queued completion, oldest first, to the back of `out`.
+    /// The default pops them one by one; a plugin that queues them in a
+    /// `VecDeque` can hand them over in one move (`VecDeque::append`).
+    fn take_completions(&mut self, out: &mut VecDeque<Completion>) {
+        while let Some(c) = self.pop_completion() {
+            out.push_back(c);
+        }
+    }
 
     /// Counters.
     fn stats(&self) -> PluginStats;

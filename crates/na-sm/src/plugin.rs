@@ -378,6 +378,10 @@ impl Plugin for SmPlugin {
         self.completions.pop_front()
     }
 
+    fn take_completions(&mut self, out: &mut VecDeque<Completion>) {
+        out.append(&mut self.completions);
+    }
+
     fn stats(&self) -> PluginStats {
         PluginStats {
             in_flight: self.ops.len() as u64,

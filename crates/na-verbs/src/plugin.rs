@@ -389,6 +389,10 @@ impl Plugin for VerbsPlugin {
         self.completions.pop_front()
     }
 
+    fn take_completions(&mut self, out: &mut VecDeque<Completion>) {
+        out.append(&mut self.completions);
+    }
+
     fn stats(&self) -> PluginStats {
         let mut s = self.stats;
         s.peers = self
