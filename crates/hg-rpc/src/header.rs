@@ -120,8 +120,7 @@ impl Header {
     /// (replacing its contents); an error if they do not fit.
     pub fn encode_into(self, payload: &[u8], out: &mut MsgBuf) -> Result<(), NaError> {
         out.clear();
-        out.extend_from_slice(&self.encode_head(payload))?;
-        out.extend_from_slice(payload)
+        out.extend_from_slices(&[&self.encode_head(payload), payload])
     }
 
     /// Decodes a whole message: checks magic, version, flags, status,

@@ -45,14 +45,6 @@ impl<C: Codec> Engine<C> {
         payload: &[u8],
     ) -> Option<(Header, Vec<u8>)> {
         self.stats.handled += 1;
-        if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
-            self.deferred_requests.push_back(DeferredRequest {
-                src: src.clone(),
-                header: *h,
-                payload: payload.to_vec(),
-            });
-            return None;
-        }
         let mut ctx = BulkCtx {
             ep: &mut self.ep,
             plugin: self.plugin,
@@ -61,10 +53,18 @@ impl<C: Codec> Engine<C> {
         };
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => (Status::UnknownRpc, Vec::new()),
-            Some(handler) => {
-                let _span =
-                    tracing::debug_span!("rpc handle", rpc = handler.name, cookie = h.cookie).entered();
-                let run = handler.run.as_mut()?;
+            Some(Handler { run: None, .. }) => {
+                self.deferred_requests.push_back(DeferredRequest {
+                    src: src.clone(),
+                    header: *h,
+                    payload: payload.to_vec(),
+                });
+                return None;
+            }
+            Some(Handler {
+                run: Some(run), name, ..
+            }) => {
+                let _span = tracing::debug_span!("rpc handle", rpc = *name, cookie = h.cookie).entered();
                 match run(&mut ctx, payload) {
                     Ok(out) => (Status::Ok, out),
                     Err((status, message)) => (status, message.into_bytes()),

@@ -143,9 +143,22 @@ impl MsgBuf {
 
     /// Appends `data`; an error (and nothing appended) if it does not fit.
     pub fn extend_from_slice(&mut self, data: &[u8]) -> Result<()> {
+        self.extend_from_slices(&[data])
+    }
+
+    /// Appends each of `parts` in order (a header and a payload, say) with
+    /// one capacity check; an error (and nothing appended) if they do not
+    /// all fit.
+    pub fn extend_from_slices(&mut self, parts: &[&[u8]]) -> Result<()> {
         let start = self.len;
-        self.set_len(start + data.len())?;
-        self.mem.bytes_mut()[start..start + data.len()].copy_from_slice(data);
+        let total = parts.iter().map(|p| p.len()).sum::<usize>();
+        self.set_len(start.saturating_add(total))?;
+        let mut at = start;
+        let bytes = self.mem.bytes_mut();
+        for p in parts {
+            bytes[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
         Ok(())
     }
 }
@@ -229,6 +242,14 @@ mod tests {
         b.set_len(2).unwrap();
         b.as_mut_slice()[1] = b'z';
         assert_eq!(b.as_slice(), b"xz");
+        b.extend_from_slices(&[b"12", b"", b"345"]).unwrap();
+        assert_eq!(b.as_slice(), b"xz12345");
+        assert!(b.extend_from_slices(&[b"6", b"78"]).is_err());
+        assert_eq!(
+            b.as_slice(),
+            b"xz12345",
+            "parts that do not all fit append nothing"
+        );
     }
 
     #[test]
