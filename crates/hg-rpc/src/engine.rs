@@ -61,11 +61,10 @@ impl DeferredRequest {
 pub struct CallId(u64);
 
 /// What a posted operation is for, kept in `Engine::ops` by its id.
-/// Sends and the posted request buffers, one or two per message, keep their
-/// role in the id instead ([`SEND_OP`], [`REQUEST_OP`]) and have no entry.
+/// Sends, posted request buffers and response receives, one or two per
+/// message, keep their role in the id instead ([`SEND_OP`], [`REQUEST_OP`],
+/// [`RESPONSE_OP`] with the call's cookie) and have no entry.
 enum OpRole {
-    /// The posted receive for the response of a call (its cookie).
-    Response(u64),
     /// The pull of a spilled request's input (key into `pulls`).
     Pull(u64),
     /// The pull of a spilled response's output (key into `pulls`; cookie).
@@ -81,6 +80,9 @@ const RESPONSE_BUF_POOL: usize = 256;
 const SEND_OP: u64 = 1 << 63;
 /// Bit of an [`OpId`] that marks a posted unexpected receive for requests.
 const REQUEST_OP: u64 = 1 << 62;
+/// Bit of an [`OpId`] that marks the receive of a call's response; the
+/// other bits are the call's cookie (a counter, far below 2^61).
+const RESPONSE_OP: u64 = 1 << 61;
 
 /// A request whose spilled input is being pulled from its origin.
 struct PendingPull {
@@ -220,8 +222,8 @@ impl<C: Codec> Engine<C> {
 
     /// The endpoint (for lookups and plugin access). [`Engine::trigger`]
     /// takes every completion the endpoint queues: operations posted on it
-    /// directly complete unseen (and ids with bit 62 or 63 set are the
-    /// engine's own: sends and request receives).
+    /// directly complete unseen (and ids with bit 61, 62 or 63 set are the
+    /// engine's own: response receives, request receives and sends).
     pub fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.ep
     }
@@ -463,13 +465,12 @@ impl<C: Codec> Engine<C> {
         spill: Option<MemHandle>,
         abandoned: bool,
     ) -> Result<()> {
-        let recv_op = self.op();
+        let recv_op = OpId(cookie | RESPONSE_OP);
         let buf = self
             .response_bufs
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(self.max_msg));
         self.ep.post_recv_expected(dest, cookie as u32, buf, recv_op)?;
-        self.ops.insert(recv_op, OpRole::Response(cookie));
         let send_op = self.send_op();
         let len = msg.len();
         if let Err(e) = self.ep.send_unexpected_buf(dest, 0, msg, send_op) {
@@ -629,12 +630,58 @@ impl<C: Codec> Engine<C> {
         Ok(n)
     }
 
+    /// The response of call `cookie` arrived (or its receive failed).
+    fn handle_response(&mut self, cookie: u64, c: Completion) -> Result<()> {
+        let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
+        let buf = c.buf.unwrap_or_default();
+        let outcome = match c.status {
+            Err(e) => Err(RpcError::Transport(e)),
+            Ok(()) => {
+                match Header::decode(&buf) {
+                    Ok((h, p))
+                        if h.is_response()
+                            && h.cookie == cookie
+                            && h.flags & FLAG_SPILL != 0
+                            && h.status == Status::Ok =>
+                    {
+                        let src = c.source.clone().unwrap_or_else(|| self.me.clone());
+                        match self.start_pull(&src, &h, p, true) {
+                            // The outcome is filed when the pull completes.
+                            Ok(()) => return Ok(()),
+                            Err(reason) => {
+                                self.release_output(&src, cookie);
+                                Err(RpcError::Decode {
+                                    rpc: rpc.into(),
+                                    what: "output",
+                                    reason,
+                                })
+                            }
+                        }
+                    }
+                    Ok((h, p)) if h.is_response() && h.cookie == cookie => {
+                        response_outcome(rpc, h.rpc_id, h, p)
+                    }
+                    Ok(_) => Err(RpcError::Malformed {
+                        reason: "response does not match its call".into(),
+                    }),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        self.recycle_response_buf(buf);
+        self.file_outcome(cookie, outcome);
+        Ok(())
+    }
+
     fn handle(&mut self, c: Completion) -> Result<()> {
         if c.op.0 & SEND_OP != 0 {
             if let Err(e) = c.status {
                 tracing::debug!(error = %e, "rpc send failed");
             }
             return Ok(());
+        }
+        if c.op.0 & RESPONSE_OP != 0 {
+            return self.handle_response(c.op.0 & !RESPONSE_OP, c);
         }
         if c.op.0 & REQUEST_OP != 0 {
             let canceled = c.is_canceled();
@@ -672,46 +719,6 @@ impl<C: Codec> Engine<C> {
                         self.respond(&p.src, h, out);
                     }
                 }
-            }
-            OpRole::Response(cookie) => {
-                let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
-                let buf = c.buf.unwrap_or_default();
-                let outcome = match c.status {
-                    Err(e) => Err(RpcError::Transport(e)),
-                    Ok(()) => {
-                        match Header::decode(&buf) {
-                            Ok((h, p))
-                                if h.is_response()
-                                    && h.cookie == cookie
-                                    && h.flags & FLAG_SPILL != 0
-                                    && h.status == Status::Ok =>
-                            {
-                                let src = c.source.clone().unwrap_or_else(|| self.me.clone());
-                                match self.start_pull(&src, &h, p, true) {
-                                    // The outcome is filed when the pull completes.
-                                    Ok(()) => return Ok(()),
-                                    Err(reason) => {
-                                        self.release_output(&src, cookie);
-                                        Err(RpcError::Decode {
-                                            rpc: rpc.into(),
-                                            what: "output",
-                                            reason,
-                                        })
-                                    }
-                                }
-                            }
-                            Ok((h, p)) if h.is_response() && h.cookie == cookie => {
-                                response_outcome(rpc, h.rpc_id, h, p)
-                            }
-                            Ok(_) => Err(RpcError::Malformed {
-                                reason: "response does not match its call".into(),
-                            }),
-                            Err(e) => Err(e),
-                        }
-                    }
-                };
-                self.recycle_response_buf(buf);
-                self.file_outcome(cookie, outcome);
             }
             OpRole::PullOutput(key, cookie) => {
                 if let Some(p) = self.pulls.remove(&key) {
