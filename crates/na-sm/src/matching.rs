@@ -147,7 +147,13 @@ impl Matcher {
         out: &mut VecDeque<Completion>,
     ) -> bool {
         let key = (source.token(), tag);
-        if let Some(q) = self.arrived_expected.get_mut(&key) {
+        // Usually nothing waits: skip the lookup then.
+        let waiting = if self.arrived_expected.is_empty() {
+            None
+        } else {
+            self.arrived_expected.get_mut(&key)
+        };
+        if let Some(q) = waiting {
             if let Some((src, data)) = q.pop_front() {
                 if q.is_empty() {
                     self.arrived_expected.remove(&key);

@@ -1,5 +1,6 @@
 //! The plugin instance: construction, teardown and the [`Plugin`] trait.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use na_core::fasthash::FastMap;
@@ -21,6 +22,7 @@ use crate::channel::{MsgKind, BUF_SIZE};
 use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::error::{SmError, SmResult};
 use crate::matching::{Matcher, OpPlace};
+use crate::progress::dup;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
 use crate::sys::wake::WakeKind;
@@ -315,25 +317,30 @@ impl Plugin for SmPlugin {
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
-        self.check_new_op(op)?;
+        // One hash lookup both refuses a duplicate id and records the op.
+        let Entry::Vacant(slot) = self.ops.entry(op) else {
+            return Err(dup(op));
+        };
         if self.matcher.post_unexpected(op, buf, &mut self.completions) {
-            self.ops.insert(op, OpPlace::RecvUnexpected);
+            slot.insert(OpPlace::RecvUnexpected);
         }
         Ok(())
     }
 
     fn post_recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
         self.check_dest(source)?;
-        self.check_new_op(op)?;
         let tok = source.token();
         if self.peers.get(tok).is_none() && !self.matcher.has_arrived_expected(tok, tag) {
             return Err(self.gone(source, "not connected (it disconnected earlier)"));
         }
+        let Entry::Vacant(slot) = self.ops.entry(op) else {
+            return Err(dup(op));
+        };
         if self
             .matcher
             .post_expected(source, tag, op, buf, &mut self.completions)
         {
-            self.ops.insert(op, OpPlace::RecvExpected(tok, tag));
+            slot.insert(OpPlace::RecvExpected(tok, tag));
         }
         Ok(())
     }

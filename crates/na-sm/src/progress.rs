@@ -373,13 +373,6 @@ impl SmPlugin {
         Some(Ok(()))
     }
 
-    pub(crate) fn check_new_op(&self, op: OpId) -> Result<()> {
-        if self.ops.contains_key(&op) {
-            return Err(dup(op));
-        }
-        Ok(())
-    }
-
     pub(crate) fn cancel_op(&mut self, op: OpId) -> Result<()> {
         let place = self.ops.remove(&op).ok_or(NaError::UnknownOp(op.0))?;
         let c = match place {
@@ -459,7 +452,7 @@ impl SmPlugin {
     }
 }
 
-fn dup(op: OpId) -> NaError {
+pub(crate) fn dup(op: OpId) -> NaError {
     NaError::Plugin {
         plugin: "sm",
         message: format!("operation id {} is already in flight", op.0),
