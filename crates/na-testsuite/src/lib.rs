@@ -47,6 +47,7 @@ pub mod rma;
 pub mod robustness;
 
 pub use harness::{Node, PeerProc};
+pub use peer::PEER_MODE_ENV;
 
 /// Environment variable that turns a suite binary into a peer process; its
 /// value is the peer's role and arguments, separated by spaces.

@@ -55,11 +55,15 @@ pub fn main(t: &Transport, args: &[&str]) {
     }
 }
 
+/// Progress mode of peer processes (default: adaptive, 50 µs spin).
+pub const PEER_MODE_ENV: &str = "QS_TEST_PEER_MODE";
+
 fn endpoint(t: &Transport, listen: bool) -> (Endpoint, PluginId) {
-    let mut ep = Endpoint::new(ProgressMode::Adaptive {
+    let default = ProgressMode::Adaptive {
         spin: Duration::from_micros(50),
-    })
-    .expect("endpoint");
+    };
+    let mode = ProgressMode::from_env(PEER_MODE_ENV, default).expect(PEER_MODE_ENV);
+    let mut ep = Endpoint::new(mode).expect("endpoint");
     let make = t.make.clone();
     let id = ep.add_plugin(|id| make(id, listen)).expect("plugin");
     (ep, id)

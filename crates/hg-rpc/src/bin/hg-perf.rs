@@ -44,7 +44,8 @@ const BW_BATCH_BYTES: u64 = 1 << 20;
 struct Cli {
     #[command(subcommand)]
     test: Test,
-    /// Progress modes (comma-separated: busy, adaptive, blocking).
+    /// Progress modes (comma-separated: busy, adaptive, blocking; `lat`
+    /// also takes tokio: calls awaited through `AsyncEngine`).
     #[arg(long, global = true, default_value = "busy,adaptive,blocking")]
     mode: String,
     /// One JSON object per result line instead of a table.
@@ -263,6 +264,64 @@ fn report(
     }
 }
 
+/// `lat` through [`AsyncEngine`]: each call is awaited on a current-thread
+/// tokio runtime, whose driver task sleeps on the endpoint's wait fd (the
+/// server runs in blocking mode).
+fn tokio_lat(
+    cli: &Cli,
+    sizes: &str,
+    cpus: (Option<usize>, Option<usize>),
+    floor_rtt: Option<f64>,
+) -> Res<()> {
+    let (_server, uri) = match &cli.addr {
+        Some(a) => (None, a.clone()),
+        None => {
+            let (s, u) = start_server(&cli.transport, ProgressMode::Blocking, cpus.1)?;
+            (Some(s), u)
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
+        let s = c.endpoint().lookup(&uri)?;
+        let ae = hg_rpc::AsyncEngine::spawn(c)?;
+        let batch = Duration::from_millis(cli.batch_ms);
+        for size in list(sizes, parse_size)? {
+            let input = ByteBuf::from(vec![7u8; size as usize]);
+            for _ in 0..1000 {
+                ae.call::<Noop>(&s, &input, T).await?;
+            }
+            let mut samples = Vec::new();
+            let end = Instant::now() + batch * cli.batches as u32;
+            while Instant::now() < end || samples.len() < 1000 {
+                let t0 = Instant::now();
+                ae.call::<Noop>(&s, &input, T).await?;
+                samples.push(t0.elapsed().as_nanos() as u64);
+            }
+            samples.sort_unstable();
+            let (p50, p99, p999) = (pct(&samples, 0.5), pct(&samples, 0.99), pct(&samples, 0.999));
+            report(cli, "lat", "tokio", "call", size, 1, p50, p99, Some(p999), "ns");
+            if let Some(f) = floor_rtt {
+                report(
+                    cli,
+                    "lat_vs_eventfd_rtt",
+                    "tokio",
+                    "call",
+                    size,
+                    1,
+                    p50 / f,
+                    p99 / f,
+                    None,
+                    "x",
+                );
+            }
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+}
+
 fn run_mode(
     cli: &Cli,
     mode: ProgressMode,
@@ -450,7 +509,11 @@ fn main() -> Res<()> {
         None
     };
     for m in cli.mode.split(',') {
-        run_mode(&cli, ProgressMode::parse(m.trim())?, cpus, floor_before)?;
+        match (m.trim(), &cli.test) {
+            ("tokio", Test::Lat { sizes, .. }) => tokio_lat(&cli, sizes, cpus, floor_before)?,
+            ("tokio", _) => return Err("mode tokio exists for lat only".into()),
+            (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, floor_before)?,
+        }
     }
     if with_floors {
         // The machine may have drifted: show the floor again.

@@ -132,7 +132,10 @@ pub fn two_instances_driven_by_one_poll_set(t: &Transport) {
     )));
     let mut ep = na_core::Endpoint::new(ProgressMode::Blocking).unwrap();
     let a = ep.add_from_spec(&reg, "sm://alpha", true).unwrap();
+    // One plugin: event loops wait on its own fd; two: on the endpoint's set.
+    assert_eq!(Some(ep.wait_fd()), ep.plugin(a).unwrap().poll_fd());
     let b = ep.add_from_spec(&reg, "sm://beta", true).unwrap();
+    assert_eq!(ep.wait_fd(), std::os::fd::AsRawFd::as_raw_fd(&ep));
     let b_uri = ep.self_addr(b).unwrap().uri().to_owned();
     assert_eq!(b_uri, format!("sm://{}-beta", std::process::id()));
     let b_from_a = ep.plugin_mut(a).unwrap().lookup(&b_uri).unwrap();
@@ -246,17 +249,27 @@ fn pipes_of(pid: u32) -> Vec<(String, usize)> {
 }
 
 /// Both sides woken through pipes (`SmConfig::wake`, `QS_SM_WAKE=pipe` for
-/// the peer), this side in blocking mode, the client adaptive: 2,000 echoes
-/// arrive, wake-ups were written, and each side really holds the write end
-/// of a pipe whose both ends the other holds.
+/// the peer), both in blocking mode (so each echo must wake the client):
+/// 2,000 echoes arrive, wake-ups were written, and each side really holds
+/// the write end of a pipe whose both ends the other holds.
 pub fn pipe_wake_ups_between_processes_in_blocking_mode(t: &Transport) {
-    let tp = crate::transport_with_wake(dir_of(t), None, Some(na_sm::WakeKind::Pipe));
+    let mut tp = crate::transport_with_wake(dir_of(t), None, Some(na_sm::WakeKind::Pipe));
+    tp.peer_env
+        .push((na_testsuite::PEER_MODE_ENV.into(), "blocking".into()));
     let mut n = Node::new(&tp, ProgressMode::Blocking, true);
     let me = n.ep.self_addr(n.id).unwrap().uri().to_owned();
     let mut client = PeerProc::spawn(&tp, &["client", &me, "2000"]);
     let client_pid = client.child.id();
     let (mut ours_to_client, mut clients_to_us, mut done) = (false, false, false);
+    let mut rounds = 0u32;
     n.serve_echo(Duration::from_secs(60), || {
+        // Now and then answer late: the client, blocking, runs out of
+        // replies and sleeps, so the next reply must wake it (on a fast
+        // machine a pipelining client could otherwise always find one).
+        rounds += 1;
+        if rounds % 50 == 0 {
+            std::thread::sleep(Duration::from_millis(3));
+        }
         done = done || client.child.try_wait().unwrap().is_some();
         let found = ours_to_client && clients_to_us;
         if !done && !found {
