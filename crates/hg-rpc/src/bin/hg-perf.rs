@@ -264,7 +264,7 @@ fn report(
     }
 }
 
-/// `lat` through [`AsyncEngine`]: each call is awaited on a current-thread
+/// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
 /// tokio runtime, whose driver task sleeps on the endpoint's wait fd (the
 /// server runs in blocking mode).
 fn tokio_lat(
