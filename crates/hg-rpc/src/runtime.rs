@@ -1,7 +1,6 @@
 //! The tokio front end: `.await` on calls, one driver task per engine.
 //!
-//! The driver waits through tokio's `AsyncFd` on the endpoint's wait fd (the lone
-//! plugin's own poll fd, or the endpoint's epoll fd with several plugins):
+//! The driver waits on the endpoint's epoll fd through tokio's `AsyncFd`:
 //! no thread spins, and an idle engine uses no CPU. Each wake-up it polls
 //! the transports, runs handlers, files responses and wakes the tasks whose
 //! calls finished, then sleeps again once every plugin agreed (`try_wait`).
@@ -9,6 +8,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -95,18 +95,14 @@ pub struct AsyncEngine {
 impl AsyncEngine {
     /// Moves `engine` behind a driver task on the current tokio runtime.
     pub fn spawn(mut engine: Engine) -> io::Result<Self> {
-        // The lone plugin's own fd when there is one plugin (one epoll
-        // level less per wake-up), else the endpoint's epoll fd.
-        let fd = engine.endpoint().wait_fd();
+        let fd = engine.endpoint().as_raw_fd();
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
             waiters: Mutex::new(HashMap::new()),
             async_handlers: Mutex::new(HashMap::new()),
         });
-        // Shared never gives out `&mut Engine` (so the endpoint cannot be
-        // replaced, nor plugins added), plugins are never removed and a
-        // plugin's poll fd lives as long as the plugin: the fd stays open and
-        // the same, which is what `sys::async_fd::register` needs.
+        // Shared never gives out `&mut Engine` (so the endpoint and its fd
+        // cannot be replaced): that is what `sys::async_fd::register` needs.
         let afd = crate::sys::async_fd::register(fd, shared.clone())?;
         let driver = tokio::spawn(drive(shared.clone(), afd));
         Ok(AsyncEngine { shared, driver })

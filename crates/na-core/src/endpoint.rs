@@ -341,21 +341,6 @@ impl Endpoint {
     }
 }
 
-impl Endpoint {
-    /// The descriptor an event loop should wait on: the lone plugin's own
-    /// poll fd when the endpoint has exactly one plugin and it has one (a
-    /// level of epoll nesting less on every wake-up), else the endpoint's
-    /// epoll fd ([`AsFd`]). Either way, call [`Endpoint::try_wait`] right
-    /// before sleeping on it. Valid as long as the endpoint (plugins are
-    /// never removed); ask again after adding a plugin.
-    pub fn wait_fd(&self) -> RawFd {
-        match self.plugins.as_slice() {
-            [only] => only.poll_fd().unwrap_or_else(|| self.poll.as_raw_fd()),
-            _ => self.poll.as_raw_fd(),
-        }
-    }
-}
-
 impl AsFd for Endpoint {
     /// The endpoint's epoll fd: readable when any plugin has work. Call
     /// [`Endpoint::try_wait`] before sleeping on it.

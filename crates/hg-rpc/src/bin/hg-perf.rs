@@ -265,8 +265,8 @@ fn report(
 }
 
 /// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
-/// tokio runtime, whose driver task sleeps on the endpoint's wait fd (the
-/// server runs in blocking mode).
+/// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
+/// runs in blocking mode).
 fn tokio_lat(
     cli: &Cli,
     sizes: &str,
