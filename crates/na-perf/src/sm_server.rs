@@ -161,12 +161,15 @@ impl Server {
                 let state = src.as_ref().and_then(|s| self.clients.get_mut(s));
                 match (status, src, state) {
                     (Ok(()), Some(src), Some(st)) if st.ping_recv == Some(c.op) => {
-                        // Re-post first, so that the client's next ping finds
-                        // it, into the spare buffer; the ping's buffer becomes
-                        // the next spare (no allocation per ping).
+                        // Answer first (the re-post is off the round trip:
+                        // the client needs a one-way trip to ping again, and
+                        // a ping that came earlier would wait, copied, for
+                        // the receive). Re-post into the spare buffer; the
+                        // ping's buffer becomes the next spare (no
+                        // allocation per ping).
                         let spare = std::mem::take(&mut st.spare);
-                        self.post_ping_recv(&src, spare)?;
                         self.send(&src, TAG_PONG, &buf, true)?;
+                        self.post_ping_recv(&src, spare)?;
                         if let Some(st) = self.clients.get_mut(&src) {
                             st.spare = buf;
                         }
