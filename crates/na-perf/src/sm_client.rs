@@ -133,14 +133,16 @@ impl Session {
     pub fn ping(&mut self, kind: MsgKind, data: &[u8]) -> Result<()> {
         let (r, s) = (self.op(), self.op());
         let buf = std::mem::take(&mut self.recv_buf);
+        // Send first: posting the receive then overlaps the trip (a pong
+        // that came earlier would wait, copied, for the receive).
         match kind {
             MsgKind::Expected => {
-                self.ep.post_recv_expected(&self.server, TAG_PONG, buf, r)?;
                 self.ep.send_expected(&self.server, TAG_PING, data, s)?;
+                self.ep.post_recv_expected(&self.server, TAG_PONG, buf, r)?;
             }
             MsgKind::Unexpected => {
-                self.ep.post_recv_unexpected(self.plugin, buf, r)?;
                 self.ep.send_unexpected(&self.server, TAG_PING, data, s)?;
+                self.ep.post_recv_unexpected(self.plugin, buf, r)?;
             }
         }
         self.wait(Some(r), Some(s))?;
