@@ -264,6 +264,43 @@ fn report(
     }
 }
 
+/// The server's address: `--addr`, or a server started in `mode`.
+fn server_for(
+    cli: &Cli,
+    mode: ProgressMode,
+    cpus: (Option<usize>, Option<usize>),
+) -> Res<(Option<Server>, String)> {
+    match &cli.addr {
+        Some(a) => Ok((None, a.clone())),
+        None => {
+            let (s, u) = start_server(&cli.transport, mode, cpus.1)?;
+            Ok((Some(s), u))
+        }
+    }
+}
+
+/// Reports the percentiles of round-trip `samples` (ns) and, with a floor,
+/// the median's and p99's ratios to it.
+fn report_lat(cli: &Cli, mode: &str, size: u64, mut samples: Vec<u64>, floor: Option<f64>) {
+    samples.sort_unstable();
+    let (p50, p99, p999) = (pct(&samples, 0.5), pct(&samples, 0.99), pct(&samples, 0.999));
+    report(cli, "lat", mode, "call", size, 1, p50, p99, Some(p999), "ns");
+    if let Some(f) = floor {
+        report(
+            cli,
+            "lat_vs_eventfd_rtt",
+            mode,
+            "call",
+            size,
+            1,
+            p50 / f,
+            p99 / f,
+            None,
+            "x",
+        );
+    }
+}
+
 /// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
 /// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
 /// runs in blocking mode).
@@ -273,13 +310,7 @@ fn tokio_lat(
     cpus: (Option<usize>, Option<usize>),
     floor_rtt: Option<f64>,
 ) -> Res<()> {
-    let (_server, uri) = match &cli.addr {
-        Some(a) => (None, a.clone()),
-        None => {
-            let (s, u) = start_server(&cli.transport, ProgressMode::Blocking, cpus.1)?;
-            (Some(s), u)
-        }
-    };
+    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -300,23 +331,7 @@ fn tokio_lat(
                 ae.call::<Noop>(&s, &input, T).await?;
                 samples.push(t0.elapsed().as_nanos() as u64);
             }
-            samples.sort_unstable();
-            let (p50, p99, p999) = (pct(&samples, 0.5), pct(&samples, 0.99), pct(&samples, 0.999));
-            report(cli, "lat", "tokio", "call", size, 1, p50, p99, Some(p999), "ns");
-            if let Some(f) = floor_rtt {
-                report(
-                    cli,
-                    "lat_vs_eventfd_rtt",
-                    "tokio",
-                    "call",
-                    size,
-                    1,
-                    p50 / f,
-                    p99 / f,
-                    None,
-                    "x",
-                );
-            }
+            report_lat(cli, "tokio", size, samples, floor_rtt);
         }
         Ok::<(), Box<dyn std::error::Error>>(())
     })
@@ -328,13 +343,7 @@ fn run_mode(
     cpus: (Option<usize>, Option<usize>),
     floor_rtt: Option<f64>,
 ) -> Res<()> {
-    let (_server, uri) = match &cli.addr {
-        Some(a) => (None, a.clone()),
-        None => {
-            let (s, u) = start_server(&cli.transport, mode, cpus.1)?;
-            (Some(s), u)
-        }
-    };
+    let (_server, uri) = server_for(cli, mode, cpus)?;
     let mut c = engine(&cli.transport, mode, false)?;
     c.set_max_spill(64 << 20);
     let s = c.endpoint().lookup(&uri)?;
@@ -395,24 +404,9 @@ fn run_mode(
                     c.call::<Noop>(&s, &input, T)?;
                     samples.push(t0.elapsed().as_nanos() as u64);
                 }
-                samples.sort_unstable();
-                let (p50, p99, p999) = (pct(&samples, 0.5), pct(&samples, 0.99), pct(&samples, 0.999));
-                report(cli, "lat", m, "call", size, 1, p50, p99, Some(p999), "ns");
                 // The floor is a sleeping round trip: only blocking compares.
-                if let (Some(f), ProgressMode::Blocking) = (floor_rtt, mode) {
-                    report(
-                        cli,
-                        "lat_vs_eventfd_rtt",
-                        m,
-                        "call",
-                        size,
-                        1,
-                        p50 / f,
-                        p99 / f,
-                        None,
-                        "x",
-                    );
-                }
+                let floor = floor_rtt.filter(|_| mode == ProgressMode::Blocking);
+                report_lat(cli, m, size, samples, floor);
             }
         }
         Test::Bw { op, sizes, count } => {
