@@ -56,6 +56,11 @@ fn rate_lat_and_bw_report_json() {
     assert_eq!(lat.len(), 1);
     check(&lat[0], "ns");
     assert!(lat[0]["p999"].as_f64().unwrap() >= lat[0]["p99"].as_f64().unwrap());
+    // Calls awaited through AsyncEngine; the mode exists for lat only.
+    let lat = run(&["lat", "--mode", "tokio", "--sizes", "0,1K"]);
+    assert_eq!(lat.len(), 2);
+    lat.iter().for_each(|v| check(v, "ns"));
+    assert!(lat.iter().all(|v| v["mode"] == "tokio"), "{lat:?}");
     let bw = run(&["bw", "--mode", "busy", "--sizes", "4K,1M"]);
     assert_eq!(bw.len(), 4);
     bw.iter().for_each(|v| check(v, "MiB/s"));
@@ -69,6 +74,12 @@ fn bad_arguments_are_clear_errors() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sideways"));
+    let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
+        .args(["rate", "--mode", "tokio"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lat only"));
 }
 
 /// `lat --floors` measures the eventfd round trip with na-perf before and
