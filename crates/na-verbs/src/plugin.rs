@@ -112,6 +112,8 @@ pub struct VerbsPlugin {
     pub(crate) _local_id: Arc<CmId>,
     pub(crate) events: Arc<EventChannel>,
     pub(crate) poll: Epoll,
+    /// Tokens `sleep` reads from `poll` (kept: no allocation per sleep).
+    pub(crate) ready: Vec<u64>,
     /// Registered message buffers not in use.
     pub(crate) bufs: BufPool,
 }
@@ -195,6 +197,7 @@ impl VerbsPlugin {
             _local_id: local_id,
             events,
             poll,
+            ready: Vec::with_capacity(32),
             bufs: BufPool::default(),
         })
     }
@@ -373,9 +376,9 @@ impl Plugin for VerbsPlugin {
     /// what woke it.
     fn sleep(&mut self, timeout: Option<Duration>) -> Result<bool> {
         if self.try_wait_inner() {
-            let mut ready = Vec::new();
+            self.ready.clear();
             self.poll
-                .wait(&mut ready, timeout)
+                .wait(&mut self.ready, timeout)
                 .map_err(|e| NaError::sys("epoll_wait (verbs)", e))?;
         }
         Ok(true)
