@@ -30,16 +30,16 @@ pub fn page_size() -> usize {
     })
 }
 
-/// [mmap(2)] of `len` fresh private anonymous read-write bytes.
+/// [mmap(2)] of `len` fresh private anonymous bytes with protection `prot`.
 ///
 /// [mmap(2)]: https://man7.org/linux/man-pages/man2/mmap.2.html
-fn map_private_anon(len: usize) -> io::Result<*mut libc::c_void> {
+pub(crate) fn map_private_anon(len: usize, prot: libc::c_int) -> io::Result<*mut libc::c_void> {
     // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
     let ptr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
-            libc::PROT_READ | libc::PROT_WRITE,
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
@@ -62,7 +62,7 @@ pub struct Scratch {
 impl Scratch {
     /// Maps `len` bytes (rounded up to pages by the kernel) of fresh memory.
     pub fn new(len: usize) -> io::Result<Scratch> {
-        let ptr = map_private_anon(len)?;
+        let ptr = map_private_anon(len, libc::PROT_READ | libc::PROT_WRITE)?;
         Ok(Scratch {
             addr: ptr as usize,
             len,
@@ -110,7 +110,7 @@ impl ForkGuard {
     /// Maps the guard page.
     pub fn new() -> io::Result<ForkGuard> {
         let len = page_size();
-        let ptr = map_private_anon(len)?;
+        let ptr = map_private_anon(len, libc::PROT_READ | libc::PROT_WRITE)?;
         // SAFETY: `ptr` is the page-aligned, writable mapping created above.
         if let Err(e) = unsafe { syscall!(madvise(ptr, len, libc::MADV_WIPEONFORK)) } {
             // SAFETY: unmapping the mapping we just created and nobody else uses.

@@ -284,19 +284,7 @@ mod tests {
 
     /// A fresh private anonymous mapping of `len` bytes.
     fn anon(len: usize, prot: libc::c_int) -> usize {
-        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        p as usize
+        crate::sys::mem::map_private_anon(len, prot).expect("mmap") as usize
     }
 
     fn unmap(p: usize, len: usize) {
