@@ -209,7 +209,9 @@ pub fn fork_run(child: impl FnOnce() -> i32) -> io::Result<i32> {
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
-        let code = child();
+        // A panic must not unwind into the parent's code (the test
+        // harness) running on in the child: it becomes exit code 101.
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
         // SAFETY: _exit skips destructors on purpose (they belong to the parent).
         unsafe { libc::_exit(code) };
     }
