@@ -636,37 +636,33 @@ impl<C: Codec> Engine<C> {
         let buf = c.buf.unwrap_or_default();
         let outcome = match c.status {
             Err(e) => Err(RpcError::Transport(e)),
-            Ok(()) => {
-                match Header::decode(&buf) {
-                    Ok((h, p))
-                        if h.is_response()
-                            && h.cookie == cookie
-                            && h.flags & FLAG_SPILL != 0
-                            && h.status == Status::Ok =>
-                    {
-                        let src = c.source.clone().unwrap_or_else(|| self.me.clone());
-                        match self.start_pull(&src, &h, p, true) {
-                            // The outcome is filed when the pull completes.
-                            Ok(()) => return Ok(()),
-                            Err(reason) => {
-                                self.release_output(&src, cookie);
-                                Err(RpcError::Decode {
-                                    rpc: rpc.into(),
-                                    what: "output",
-                                    reason,
-                                })
-                            }
+            Ok(()) => match Header::decode(&buf) {
+                Ok((h, p))
+                    if h.is_response()
+                        && h.cookie == cookie
+                        && h.flags & FLAG_SPILL != 0
+                        && h.status == Status::Ok =>
+                {
+                    let src = c.source.clone().unwrap_or_else(|| self.me.clone());
+                    match self.start_pull(&src, &h, p, true) {
+                        // The outcome is filed when the pull completes.
+                        Ok(()) => return Ok(()),
+                        Err(reason) => {
+                            self.release_output(&src, cookie);
+                            Err(RpcError::Decode {
+                                rpc: rpc.into(),
+                                what: "output",
+                                reason,
+                            })
                         }
                     }
-                    Ok((h, p)) if h.is_response() && h.cookie == cookie => {
-                        response_outcome(rpc, h.rpc_id, h, p)
-                    }
-                    Ok(_) => Err(RpcError::Malformed {
-                        reason: "response does not match its call".into(),
-                    }),
-                    Err(e) => Err(e),
                 }
-            }
+                Ok((h, p)) if h.is_response() && h.cookie == cookie => response_outcome(rpc, h.rpc_id, h, p),
+                Ok(_) => Err(RpcError::Malformed {
+                    reason: "response does not match its call".into(),
+                }),
+                Err(e) => Err(e),
+            },
         };
         self.recycle_response_buf(buf);
         self.file_outcome(cookie, outcome);

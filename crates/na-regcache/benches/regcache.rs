@@ -44,6 +44,14 @@ const VARIANTS: [(MonitorChoice, Consistency, &str); 3] = [
     (MonitorChoice::None, Consistency::InFlight, "none"),
 ];
 
+/// Whether the userfaultfd monitor opens its map watch:
+/// `QS_MR_CACHE_MAP_WATCH=off` measures in-flight lookups without it.
+fn map_watch() -> bool {
+    CacheConfig::from_env()
+        .expect("QS_MR_CACHE_* variables")
+        .map_watch
+}
+
 fn cache(monitor: MonitorChoice, max_count: usize) -> Cache<UringRegistrar> {
     cache_with(monitor, Consistency::InFlight, max_count)
 }
@@ -58,10 +66,7 @@ fn cache_with(monitor: MonitorChoice, consistency: Consistency, max_count: usize
             monitor,
             fork_guard: true,
             consistency,
-            // QS_MR_CACHE_MAP_WATCH=off measures in-flight lookups without it.
-            map_watch: CacheConfig::from_env()
-                .expect("QS_MR_CACHE_* variables")
-                .map_watch,
+            map_watch: map_watch(),
         },
     )
     .expect("cache")
@@ -129,11 +134,7 @@ fn main() {
         .collect();
     let run = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     println!("na-regcache benchmark: medians of {SAMPLES} samples, ns per operation");
-    if let Ok(m) = UffdMonitor::global_with(
-        CacheConfig::from_env()
-            .expect("QS_MR_CACHE_* variables")
-            .map_watch,
-    ) {
+    if let Ok(m) = UffdMonitor::global_with(map_watch()) {
         match m.map_watch_rings() {
             Some(n) => println!("userfaultfd map watch: on ({n} CPU rings)"),
             None => println!("userfaultfd map watch: off (every in-flight lookup probes)"),

@@ -55,8 +55,8 @@ pub fn trials() -> Vec<(&'static str, Scenario)> {
 }
 
 /// Posting a receive under an id that is still in flight (a posted
-/// receive of either kind, or a queued send) is an error that changes
-/// nothing: the first operation completes once, as posted.
+/// receive of either kind) is an error that changes nothing: the first
+/// operation completes once, as posted.
 pub fn duplicate_op_ids_are_refused_and_the_first_op_stands(t: &Transport) {
     let server = PeerProc::spawn(t, &["server"]);
     let mut n = Node::new(t, ProgressMode::default(), false);
