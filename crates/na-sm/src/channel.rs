@@ -12,25 +12,41 @@
 //!
 //! A control page holds, each on its own cache line: the 64-bit **free mask**
 //! (bit set = buffer free; the sender clears, the receiver sets), the
-//! receiver's **rx_waiting** flag (receiver asleep, wants an eventfd write)
-//! and the sender's **tx_waiting** flag (sender has a backlog, wants a write
-//! when a slot or buffer is freed).
+//! receiver's **rx_waiting** flag (receiver asleep, wants an eventfd write),
+//! the sender's **tx_waiting** flag (sender has a backlog, wants a write
+//! when a slot or buffer is freed) and the receiver's **consumed** count
+//! (messages it has read out of the ring).
 //!
 //! A ring **slot** is two cache lines: a header word, then up to
-//! [`INLINE_MAX`] bytes of inline payload. The header is 0 when the slot is
-//! empty, else `marker:10 | inline:1 | kind:2 | index:6 | len:13 | tag:32`
-//! (high to low). Message `p` (counted privately by both sides) goes to
-//! slot `p % 64` with marker `(p / 64) % 1023 + 1`, so a stale or replayed
-//! slot never looks fresh. Messages of up to [`INLINE_MAX`] bytes travel
-//! inside the slot: one or two cache lines move from sender to receiver
-//! (one up to 56 bytes), which is what makes small-message latency close to
-//! the raw shared-flag floor; an RPC request with its 32-byte header and a
-//! small argument fits.
+//! [`INLINE_MAX`] bytes of inline payload. The header is
+//! `marker:10 | inline:1 | kind:2 | index:6 | len:13 | tag:32` (high to
+//! low), or 0 before the slot's first use. Message `p` (counted privately by
+//! both sides) goes to slot `p % 64` with marker `(p / 64) % 1023 + 1`: the
+//! receiver waiting for message `p` sees the previous lap's marker (or 0)
+//! until the sender writes the header, so a stale or replayed slot never
+//! looks fresh, and any other marker is a protocol violation.
+//! Messages of up to [`INLINE_MAX`] bytes travel inside the slot: one or
+//! two cache lines move from sender to receiver (one up to 56 bytes), which
+//! is what makes small-message latency close to the raw shared-flag floor;
+//! an RPC request with its 32-byte header and a small argument fits.
 //! Larger messages reserve a 4 KiB buffer and the slot names it.
 //!
-//! The sender writes a slot only when its header is 0; the receiver zeroes
-//! the header after copying the payload out (and frees the buffer, if any).
-//! So the ring itself is the credit: no shared head or tail index.
+//! # Credit without write-back
+//!
+//! The receiver never writes to a slot. It publishes how many messages it
+//! has consumed (once per poll of the ring, not per message), and the
+//! sender may write message `p` once `consumed + 64 > p`; it caches that
+//! limit ([`TxCursor`]) and reads `consumed` again only when the cached
+//! credit runs out, about once per 64 messages. So a slot's cache line
+//! moves from the sender to the receiver once per message and never back:
+//! the sender's next write to it (64 messages later) only invalidates the
+//! receiver's read-only copy. An earlier layout had the receiver zero each
+//! slot, which cost two more cross-core transfers per message, one of them
+//! (the sender's check that the slot was empty) on the reply's path.
+//!
+//! Nothing the peer writes is trusted: a `consumed` beyond what we sent is
+//! clamped (it can only make a lying receiver lose its own messages), and a
+//! slot header is validated before any field is used.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -50,6 +66,7 @@ const PAGE: usize = 4096;
 const CTL_FREE: usize = 0;
 const CTL_RX_WAITING: usize = 64;
 const CTL_TX_WAITING: usize = 128;
+const CTL_CONSUMED: usize = 192;
 const RING_PAGES: usize = RING_SLOTS * SLOT_SIZE / PAGE;
 const BUFS_BASE: usize = (3 + 2 * RING_PAGES) * PAGE;
 /// Total region size.
@@ -57,7 +74,7 @@ pub const REGION_LEN: usize = BUFS_BASE + 2 * NUM_BUFS * BUF_SIZE;
 /// First word of the header.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"QSSMRGN1");
 /// Layout version.
-pub const REGION_VERSION: u64 = 3;
+pub const REGION_VERSION: u64 = 4;
 
 /// Kind of a message in a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +98,25 @@ pub struct Slot {
     pub len: usize,
     /// Tag.
     pub tag: u32,
+}
+
+/// The sender's private position on a channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxCursor {
+    /// Number of the next message to send.
+    pub pos: u64,
+    /// Messages below this number fit in the ring (from the receiver's
+    /// last `consumed` we read, plus [`RING_SLOTS`]).
+    limit: u64,
+}
+
+/// The receiver's private position on a channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxCursor {
+    /// Number of the next message to read.
+    pub pos: u64,
+    /// The `consumed` count last published to the sender.
+    published: u64,
 }
 
 fn marker(pos: u64) -> u64 {
@@ -202,27 +238,44 @@ impl<'a> Channel<'a> {
         self.region.atomic(self.ctl + CTL_TX_WAITING)
     }
 
-    /// Sender: true if message number `pos` of `len` bytes could be
-    /// published now (its slot is empty, and a buffer is free if it needs one).
-    pub fn can_send(&self, pos: u64, len: usize) -> bool {
-        self.slot(pos).load(Ordering::SeqCst) == 0
-            && (len <= INLINE_MAX || self.free().load(Ordering::SeqCst) != 0)
+    fn consumed(&self) -> &'a AtomicU64 {
+        self.region.atomic(self.ctl + CTL_CONSUMED)
     }
 
-    /// Sender: publishes message number `*pos` if its slot is empty and (for
+    /// Sender: true if the ring has a slot for message `tx.pos`, reading
+    /// the receiver's `consumed` count (with `order`) only when the cached
+    /// credit is used up.
+    fn has_slot(&self, tx: &mut TxCursor, order: Ordering) -> bool {
+        if tx.pos < tx.limit {
+            return true;
+        }
+        // The peer may write anything here: a count beyond what we sent is
+        // clamped, one that goes back is ignored (we keep the credit it gave).
+        let consumed = self.consumed().load(order).min(tx.pos);
+        tx.limit = tx.limit.max(consumed + RING_SLOTS as u64);
+        tx.pos < tx.limit
+    }
+
+    /// Sender: true if message `tx.pos` of `len` bytes could be published
+    /// now (its slot is free, and a buffer is free if it needs one).
+    pub fn can_send(&self, tx: &mut TxCursor, len: usize) -> bool {
+        self.has_slot(tx, Ordering::SeqCst) && (len <= INLINE_MAX || self.free().load(Ordering::SeqCst) != 0)
+    }
+
+    /// Sender: publishes message `tx.pos` if its slot is free and (for
     /// payloads over [`INLINE_MAX`]) a buffer is free; false otherwise (the
     /// caller queues it). `data.len()` must be <= BUF_SIZE.
-    pub fn try_send(&self, pos: &mut u64, kind: MsgKind, tag: u32, data: &[u8]) -> bool {
+    pub fn try_send(&self, tx: &mut TxCursor, kind: MsgKind, tag: u32, data: &[u8]) -> bool {
         debug_assert!(data.len() <= BUF_SIZE);
-        let slot = self.slot(*pos);
-        // Acquire pairs with the receiver's zeroing of the slot after it
-        // copied the previous payload out, so we never overwrite it early.
-        if slot.load(Ordering::Acquire) != 0 {
+        // Acquire pairs with the receiver's release of `consumed` after it
+        // copied the previous lap's payload out, so we never overwrite it early.
+        if !self.has_slot(tx, Ordering::Acquire) {
             return false;
         }
+        let pos = tx.pos;
         let inline = data.len() <= INLINE_MAX;
         let index = if inline {
-            self.region.write(self.slot_offset(*pos) + 8, data);
+            self.region.write(self.slot_offset(pos) + 8, data);
             0
         } else {
             let free = self.free();
@@ -248,8 +301,8 @@ impl<'a> Channel<'a> {
         // this slot in `arm_receiver`, and our SeqCst load of rx_waiting,
         // one side must see the other's write (store-buffering litmus). It
         // also releases the payload written above.
-        slot.store(encode_slot(*pos, &header), Ordering::SeqCst);
-        *pos += 1;
+        self.slot(pos).store(encode_slot(pos, &header), Ordering::SeqCst);
+        tx.pos += 1;
         true
     }
 
@@ -263,11 +316,31 @@ impl<'a> Channel<'a> {
     /// Receiver: the message at `pos`, if one is published. Errors describe a
     /// protocol violation by the sender.
     pub fn peek(&self, pos: u64) -> Result<Option<Slot>, String> {
-        let v = self.slot(pos).load(Ordering::Acquire);
-        if v == 0 {
-            return Ok(None);
+        self.peek_with(pos, Ordering::Acquire)
+    }
+
+    fn peek_with(&self, pos: u64, order: Ordering) -> Result<Option<Slot>, String> {
+        let v = self.slot(pos).load(order);
+        let m = v >> 54;
+        let lap = (pos / RING_SLOTS as u64) % 1023;
+        if m == lap + 1 {
+            return decode_slot(pos, v).map(Some);
         }
-        decode_slot(pos, v).map(Some)
+        // Not written yet: never used (lap 0), or still holding the
+        // previous lap's message, whose marker is one less (1023 before 1).
+        let stale = match (pos < RING_SLOTS as u64, lap) {
+            (true, _) => v == 0,
+            (false, 0) => m == 1023,
+            (false, _) => m == lap,
+        };
+        if stale {
+            Ok(None)
+        } else {
+            Err(format!(
+                "ring slot {v:#018x} for message {pos} has sequence marker {m}, expected {}",
+                lap + 1
+            ))
+        }
     }
 
     /// Receiver: copies the payload of message `pos` (slot `s`) into `dst`
@@ -283,16 +356,13 @@ impl<'a> Channel<'a> {
         self.region.read(at, dst);
     }
 
-    /// Receiver: retires message `*pos` and frees its buffer. Fails if the
-    /// buffer was not reserved (its free bit was already set): the sender
-    /// broke the protocol. One atomic RMW both frees and validates, so the
-    /// contended mask line moves once per message.
-    pub fn release(&self, pos: &mut u64, s: &Slot) -> Result<(), String> {
-        // SeqCst: releases our payload reads to the sender's next write of
-        // this slot, and pairs with `arm_sender` (a sender waiting for this
-        // slot either sees it empty or we see its tx_waiting flag).
-        self.slot(*pos).store(0, Ordering::SeqCst);
-        *pos += 1;
+    /// Receiver: retires message `rx.pos` and frees its buffer. Fails if
+    /// the buffer was not reserved (its free bit was already set): the
+    /// sender broke the protocol. One atomic RMW both frees and validates,
+    /// so the contended mask line moves once per buffered message. The slot
+    /// itself is handed back in bulk by [`publish`](Self::publish).
+    pub fn release(&self, rx: &mut RxCursor, s: &Slot) -> Result<(), String> {
+        rx.pos += 1;
         if s.inline {
             return Ok(());
         }
@@ -300,15 +370,31 @@ impl<'a> Channel<'a> {
         if old & (1 << s.index) != 0 {
             return Err(format!(
                 "message {} used buffer {} that the sender had not reserved",
-                *pos - 1,
+                rx.pos - 1,
                 s.index
             ));
         }
         Ok(())
     }
 
-    /// Receiver, after releasing buffers: true if the sender waits for a
-    /// free buffer and must be woken (consumes its flag).
+    /// Receiver: tells the sender how far it has read (every slot before
+    /// `rx.pos` may be reused). Returns true if the count moved; then call
+    /// [`sender_needs_wake`](Self::sender_needs_wake). Call it after each
+    /// batch of releases and always before sleeping.
+    pub fn publish(&self, rx: &mut RxCursor) -> bool {
+        if rx.published == rx.pos {
+            return false;
+        }
+        // SeqCst: releases our payload reads to the sender's next write of
+        // these slots, and pairs with `arm_sender` (a sender waiting for a
+        // slot either sees the new count or we see its tx_waiting flag).
+        self.consumed().store(rx.pos, Ordering::SeqCst);
+        rx.published = rx.pos;
+        true
+    }
+
+    /// Receiver, after publishing or releasing buffers: true if the sender
+    /// waits for a free slot or buffer and must be woken (consumes its flag).
     pub fn sender_needs_wake(&self) -> bool {
         let w = self.tx_waiting();
         w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::Relaxed) != 0
@@ -319,10 +405,12 @@ impl<'a> Channel<'a> {
     /// Pairs with [`receiver_needs_wake`](Self::receiver_needs_wake): the
     /// flag store, the slot load, the sender's slot store and its flag load
     /// are all SeqCst, so either we see the slot or the sender sees the flag.
-    /// (The free-mask RMW, `tx_waiting` and `arm_sender` pair the same way.)
+    /// (The `consumed` store or free-mask RMW, `tx_waiting` and `arm_sender`
+    /// pair the same way.)
     pub fn arm_receiver(&self, pos: u64) -> bool {
         self.rx_waiting().store(1, Ordering::SeqCst);
-        if self.slot(pos).load(Ordering::SeqCst) != 0 {
+        // A violation is work too: progress reports it.
+        if self.peek_with(pos, Ordering::SeqCst) != Ok(None) {
             self.rx_waiting().store(0, Ordering::Relaxed);
             return false;
         }
@@ -330,11 +418,11 @@ impl<'a> Channel<'a> {
     }
 
     /// Sender with a backlog going to sleep: raises tx_waiting, then
-    /// re-checks whether message `pos` of `len` bytes could go now; false
+    /// re-checks whether message `tx.pos` of `len` bytes could go now; false
     /// (flag lowered) if it could.
-    pub fn arm_sender(&self, pos: u64, len: usize) -> bool {
+    pub fn arm_sender(&self, tx: &mut TxCursor, len: usize) -> bool {
         self.tx_waiting().store(1, Ordering::SeqCst);
-        if self.can_send(pos, len) {
+        if self.can_send(tx, len) {
             self.tx_waiting().store(0, Ordering::Relaxed);
             return false;
         }

@@ -19,7 +19,7 @@ use std::os::unix::net::UnixStream;
 
 use na_core::{OpId, Tag};
 
-use crate::channel::{Channel, MsgKind};
+use crate::channel::{Channel, MsgKind, RxCursor, TxCursor};
 use crate::sys::shm::SharedRegion;
 use crate::sys::wake::{OwnWake, PeerWake};
 
@@ -59,9 +59,9 @@ pub(crate) struct Conn {
     pub sock: UnixStream,
     pub region: SharedRegion,
     pub role: Role,
-    /// Number of the next message we send / expect.
-    pub tx_pos: u64,
-    pub rx_pos: u64,
+    /// Where we are in the channel we send on / receive on.
+    pub tx_cur: TxCursor,
+    pub rx_cur: RxCursor,
     /// The eventfd (or pipe) the peer writes to wake us (in our epoll).
     pub my_wake: OwnWake,
     /// The eventfd (or pipe) we write to wake the peer (connector: after the ack).

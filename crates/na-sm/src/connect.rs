@@ -10,7 +10,7 @@ use std::time::Instant;
 use na_core::{Addr, NaError, Result};
 
 use crate::addr::SmName;
-use crate::channel::{check_region, init_region, REGION_LEN};
+use crate::channel::{check_region, init_region, RxCursor, TxCursor, REGION_LEN};
 use crate::conn::{check_ack, decode_hello, encode_ack, encode_hello, Conn, Role, ACK_LEN, MAX_HELLO};
 use crate::error::{SmError, SmResult};
 use crate::plugin::{PendingAccept, SmPlugin, WAKE_BIT};
@@ -119,8 +119,8 @@ impl SmPlugin {
             sock,
             region,
             role: Role::Connector,
-            tx_pos: 0,
-            rx_pos: 0,
+            tx_cur: TxCursor::default(),
+            rx_cur: RxCursor::default(),
             my_wake,
             peer_wake: None,
             wake_owed: false,
@@ -262,8 +262,8 @@ impl SmPlugin {
             sock: p.sock,
             region,
             role: Role::Acceptor,
-            tx_pos: 0,
-            rx_pos: 0,
+            tx_cur: TxCursor::default(),
+            rx_cur: RxCursor::default(),
             my_wake,
             peer_wake: Some(peer_wake),
             wake_owed: false,

@@ -65,6 +65,10 @@ pub struct SmPlugin {
     /// try_wait raised flags that progress must lower (and drain events).
     pub(crate) armed: bool,
     pub(crate) tick: u32,
+    /// Some connection may have queued sends (set when one is queued,
+    /// cleared by a flush that finds every backlog empty), so the busy
+    /// loop skips the walk over all peers when nothing is queued.
+    pub(crate) maybe_backlog: bool,
     pub(crate) tokens: Vec<u64>,
     /// What we create to be woken on.
     pub(crate) wake_kind: WakeKind,
@@ -118,6 +122,7 @@ impl SmPlugin {
             stats: PluginStats::default(),
             armed: false,
             tick: 0,
+            maybe_backlog: false,
             tokens: Vec::with_capacity(32),
             wake_kind,
             msg_bufs: MsgBufPool::default(),
@@ -386,7 +391,11 @@ impl Plugin for SmPlugin {
     }
 
     fn take_completions(&mut self, out: &mut VecDeque<Completion>) {
-        out.append(&mut self.completions);
+        // Called on every turn of a busy loop: skip append's reserve and
+        // copy calls when there is nothing to move.
+        if !self.completions.is_empty() {
+            out.append(&mut self.completions);
+        }
     }
 
     fn stats(&self) -> PluginStats {

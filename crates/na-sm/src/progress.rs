@@ -72,7 +72,9 @@ impl SmPlugin {
             self.poll_events()?;
             self.poll_rings();
         }
-        self.flush_backlogs();
+        if self.maybe_backlog {
+            self.flush_backlogs();
+        }
         Ok(self.completions.len() - before)
     }
 
@@ -100,7 +102,7 @@ impl SmPlugin {
             let tok = peer.addr.token();
             for c in peer.conns.iter_mut() {
                 c.armed = true;
-                let rx_pos = c.rx_pos;
+                let rx_pos = c.rx_cur.pos;
                 if !c.rx().arm_receiver(rx_pos) {
                     // A message waits; it is work unless the flood bound
                     // holds it back (then only posting a receive, in this
@@ -113,7 +115,10 @@ impl SmPlugin {
                     }
                 }
                 if let Some(next) = c.backlog.front() {
-                    if !c.tx().arm_sender(c.tx_pos, next.data.len()) {
+                    let mut tx_cur = c.tx_cur;
+                    let armed = c.tx().arm_sender(&mut tx_cur, next.data.len());
+                    c.tx_cur = tx_cur;
+                    if !armed {
                         return false;
                     }
                 }
@@ -229,9 +234,8 @@ impl SmPlugin {
             for conn in peer.conns.iter_mut() {
                 let rx = if conn.role == Role::Connector { 1 } else { 0 };
                 let ch = Channel::new(&conn.region, rx);
-                let mut released = false;
                 for _ in 0..RING_SLOTS {
-                    let s = match ch.peek(conn.rx_pos) {
+                    let s = match ch.peek(conn.rx_cur.pos) {
                         Ok(None) => break,
                         Ok(Some(s)) => s,
                         Err(reason) => {
@@ -251,21 +255,22 @@ impl SmPlugin {
                         &peer.addr,
                         expected,
                         s.tag,
-                        |b| ch.read_payload(conn.rx_pos, &s, b),
+                        |b| ch.read_payload(conn.rx_cur.pos, &s, b),
                         completions,
                     ) {
                         ops.remove(&op);
                     }
-                    let freed = ch.release(&mut conn.rx_pos, &s);
+                    let freed = ch.release(&mut conn.rx_cur, &s);
                     stats.msgs_received += 1;
                     stats.msg_bytes_received += s.len as u64;
-                    released = true;
                     if let Err(reason) = freed {
                         violations.push((peer.addr.token(), Failure::Protocol, reason));
                         break;
                     }
                 }
-                if released && ch.sender_needs_wake() {
+                // Hands the read slots back (and, with the buffer releases
+                // above, may unblock a sender waiting for room).
+                if ch.publish(&mut conn.rx_cur) && ch.sender_needs_wake() {
                     match conn.peer_wake.as_ref().map(|w| w.signal()) {
                         Some(Err(e)) => {
                             let (f, reason) = wake_failure(&e);
@@ -285,6 +290,7 @@ impl SmPlugin {
     /// Retries queued sends in order.
     fn flush_backlogs(&mut self) {
         let mut violations = Vec::new();
+        let mut left = false;
         let Self {
             peers,
             completions,
@@ -303,7 +309,7 @@ impl SmPlugin {
             let ch = Channel::new(&conn.region, tx);
             let mut sent = false;
             while let Some(q) = conn.backlog.front() {
-                if !ch.try_send(&mut conn.tx_pos, q.kind, q.tag, &q.data) {
+                if !ch.try_send(&mut conn.tx_cur, q.kind, q.tag, &q.data) {
                     break;
                 }
                 stats.msgs_sent += 1;
@@ -313,6 +319,7 @@ impl SmPlugin {
                 conn.backlog.pop_front();
                 sent = true;
             }
+            left |= !conn.backlog.is_empty();
             if sent && ch.receiver_needs_wake() {
                 match conn.wake_peer() {
                     Ok(true) => stats.signals_sent += 1,
@@ -324,6 +331,7 @@ impl SmPlugin {
                 }
             }
         }
+        self.maybe_backlog = left;
         for (tok, f, reason) in violations {
             self.fail_peer(tok, f, &reason);
         }
@@ -343,7 +351,7 @@ impl SmPlugin {
         let conn = peer.conns.first_mut()?;
         let tx = if conn.role == Role::Connector { 0 } else { 1 };
         let ch = Channel::new(&conn.region, tx);
-        if conn.backlog.is_empty() && ch.try_send(&mut conn.tx_pos, kind, tag, data) {
+        if conn.backlog.is_empty() && ch.try_send(&mut conn.tx_cur, kind, tag, data) {
             self.stats.msgs_sent += 1;
             self.stats.msg_bytes_sent += data.len() as u64;
             self.completions.push_back(Completion::done(op, kind_of(kind)));
@@ -362,6 +370,7 @@ impl SmPlugin {
         if self.ops.contains_key(&op) {
             return Some(Err(dup(op)));
         }
+        self.maybe_backlog = true;
         conn.backlog.push_back(QueuedSend {
             op,
             kind,

@@ -28,12 +28,13 @@ fn slot_roundtrip_and_validation() {
 }
 
 /// Fills the ring with `len`-byte messages until a send does not fit, then
-/// drains it, checking payloads, wake-up flags and that sending resumes.
+/// drains it, checking payloads, wake-up flags and that sending resumes only
+/// once the receiver publishes what it consumed.
 fn fill_and_drain(len: usize) {
     let r = region();
     check_region(&r).unwrap();
     let ch = Channel::new(&r, 0);
-    let (mut tx, mut rx) = (0u64, 0u64);
+    let (mut tx, mut rx) = (TxCursor::default(), RxCursor::default());
     for i in 0..NUM_BUFS {
         assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i as u32, &vec![i as u8; len]));
     }
@@ -41,26 +42,39 @@ fn fill_and_drain(len: usize) {
         !ch.try_send(&mut tx, MsgKind::Unexpected, 0, &vec![0; len]),
         "65th send must not fit"
     );
-    assert!(!ch.can_send(tx, len));
-    assert!(ch.arm_sender(tx, len), "nothing fits: the sender may sleep");
+    assert!(!ch.can_send(&mut tx, len));
+    assert!(ch.arm_sender(&mut tx, len), "nothing fits: the sender may sleep");
     let mut buf = Vec::new();
     for i in 0..NUM_BUFS {
-        let s = ch.peek(rx).unwrap().unwrap();
+        let s = ch.peek(rx.pos).unwrap().unwrap();
         assert_eq!((s.tag, s.len, s.inline), (i as u32, len, len <= INLINE_MAX));
-        ch.read_payload(rx, &s, &mut buf);
+        ch.read_payload(rx.pos, &s, &mut buf);
         assert_eq!(buf, vec![i as u8; len]);
         ch.release(&mut rx, &s).unwrap();
     }
+    assert!(!ch.can_send(&mut tx, len), "slots are reused only after publish");
+    assert!(ch.publish(&mut rx));
+    assert!(!ch.publish(&mut rx), "nothing new to publish");
     assert!(ch.sender_needs_wake());
     assert!(!ch.sender_needs_wake(), "flag is consumed");
-    assert!(!ch.arm_sender(tx, len), "room again: the sender must not sleep");
-    assert_eq!(ch.peek(rx).unwrap(), None);
-    assert!(ch.arm_receiver(rx));
+    assert!(
+        !ch.arm_sender(&mut tx, len),
+        "room again: the sender must not sleep"
+    );
+    assert_eq!(
+        ch.peek(rx.pos).unwrap(),
+        None,
+        "the previous lap's slot is not a message"
+    );
+    assert!(ch.arm_receiver(rx.pos));
     assert!(ch.try_send(&mut tx, MsgKind::Expected, 5, &vec![7; len]));
     assert!(ch.receiver_needs_wake());
-    assert!(!ch.arm_receiver(rx), "a published message must prevent sleeping");
-    let s = ch.peek(rx).unwrap().unwrap();
-    ch.read_payload(rx, &s, &mut buf);
+    assert!(
+        !ch.arm_receiver(rx.pos),
+        "a published message must prevent sleeping"
+    );
+    let s = ch.peek(rx.pos).unwrap().unwrap();
+    ch.read_payload(rx.pos, &s, &mut buf);
     assert_eq!(buf, vec![7; len]);
     let mut again = rx;
     ch.release(&mut rx, &s).unwrap();
@@ -68,6 +82,63 @@ fn fill_and_drain(len: usize) {
         // Releasing a buffer the sender never reserved is a violation.
         assert!(ch.release(&mut again, &s).is_err());
     }
+}
+
+/// Several laps around the ring with a receiver that publishes rarely: the
+/// sender's cached credit and the lap markers keep every message in order.
+#[test]
+fn many_laps_with_lazy_publish() {
+    let r = region();
+    let ch = Channel::new(&r, 1);
+    let (mut tx, mut rx) = (TxCursor::default(), RxCursor::default());
+    let mut buf = Vec::new();
+    let mut next_expected = 0u32;
+    for i in 0..10_000u32 {
+        while !ch.try_send(&mut tx, MsgKind::Expected, i, &i.to_le_bytes()) {
+            // Drain up to 10 messages, publish, retry.
+            for _ in 0..10 {
+                let Some(s) = ch.peek(rx.pos).unwrap() else { break };
+                ch.read_payload(rx.pos, &s, &mut buf);
+                assert_eq!(
+                    (s.tag, buf.as_slice()),
+                    (next_expected, &next_expected.to_le_bytes()[..])
+                );
+                next_expected += 1;
+                ch.release(&mut rx, &s).unwrap();
+            }
+            ch.publish(&mut rx);
+        }
+    }
+    while let Some(s) = ch.peek(rx.pos).unwrap() {
+        assert_eq!(s.tag, next_expected);
+        next_expected += 1;
+        ch.release(&mut rx, &s).unwrap();
+    }
+    assert_eq!(next_expected, 10_000);
+}
+
+/// A receiver that claims to have consumed more than was sent cannot make
+/// the sender run ahead of its own count; one that goes back keeps the
+/// credit it already gave.
+#[test]
+fn consumed_count_from_the_peer_is_clamped() {
+    let r = region();
+    let ch = Channel::new(&r, 0);
+    let mut tx = TxCursor::default();
+    r.atomic(PAGE + CTL_CONSUMED)
+        .store(u64::MAX / 2, Ordering::SeqCst);
+    for i in 0..RING_SLOTS as u32 {
+        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[]));
+    }
+    // consumed (clamped to 0 when first read) + 64: the ring is full.
+    r.atomic(PAGE + CTL_CONSUMED).store(10, Ordering::SeqCst);
+    for i in 0..10 {
+        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[]));
+    }
+    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[]));
+    r.atomic(PAGE + CTL_CONSUMED).store(3, Ordering::SeqCst);
+    assert!(!ch.can_send(&mut tx, 0), "a count that goes back gives nothing");
+    assert_eq!(tx.pos, 74);
 }
 
 #[test]
@@ -115,10 +186,57 @@ fn scribbled_ring_is_detected_not_trusted() {
         let ch = Channel::new(&r, 1);
         // Whatever the bytes, peek either reports a violation or a slot whose
         // fields are in range; it never panics.
-        match ch.peek(0) {
+        match ch.peek(seed) {
             Err(_) => {}
             Ok(None) => {}
             Ok(Some(s)) => assert!(s.index < NUM_BUFS && s.len <= BUF_SIZE),
         }
+    }
+}
+
+#[test]
+fn only_this_lap_or_the_previous_one_is_valid() {
+    let r = region();
+    let ch = Channel::new(&r, 0);
+    let mut tx = TxCursor::default();
+    assert_eq!(ch.peek(0).unwrap(), None, "a never-used slot is empty");
+    assert!(ch.try_send(&mut tx, MsgKind::Unexpected, 1, &[]));
+    assert_eq!(ch.peek(0).unwrap().map(|s| s.tag), Some(1));
+    assert_eq!(
+        ch.peek(64).unwrap(),
+        None,
+        "the previous lap's message is not the next one"
+    );
+    assert!(ch.peek(128).is_err(), "a marker two laps old is a violation");
+}
+
+/// The previous-lap rule holds where the marker wraps (1023 → 1).
+#[test]
+fn previous_lap_marker_wraps() {
+    let r = region();
+    let ch = Channel::new(&r, 0);
+    let s = Slot {
+        kind: MsgKind::Unexpected,
+        inline: true,
+        index: 0,
+        len: 0,
+        tag: 9,
+    };
+    let wrap = 1023 * RING_SLOTS as u64; // marker 1 again, after marker 1023
+    for pos in [wrap - 1, wrap, wrap + 1, 5 * wrap + 7] {
+        let prev = pos - RING_SLOTS as u64;
+        r.atomic(ch.slot_offset(pos))
+            .store(encode_slot(prev, &s), Ordering::SeqCst);
+        assert_eq!(
+            ch.peek(pos).unwrap(),
+            None,
+            "message {pos}: previous lap is empty"
+        );
+        r.atomic(ch.slot_offset(pos))
+            .store(encode_slot(pos, &s), Ordering::SeqCst);
+        assert_eq!(ch.peek(pos).unwrap(), Some(s));
+        r.atomic(ch.slot_offset(pos))
+            .store(encode_slot(pos - 2 * RING_SLOTS as u64, &s), Ordering::SeqCst);
+        assert!(ch.peek(pos).is_err(), "message {pos}: two laps back");
     }
 }
