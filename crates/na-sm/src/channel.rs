@@ -346,14 +346,12 @@ impl<'a> Channel<'a> {
     /// Receiver: copies the payload of message `pos` (slot `s`) into `dst`
     /// (replacing its contents).
     pub fn read_payload(&self, pos: u64, s: &Slot, dst: &mut Vec<u8>) {
-        dst.clear();
-        dst.resize(s.len, 0);
         let at = if s.inline {
             self.slot_offset(pos) + 8
         } else {
             self.bufs + s.index * BUF_SIZE
         };
-        self.region.read(at, dst);
+        self.region.read_to_vec(at, s.len, dst);
     }
 
     /// Receiver: retires message `rx.pos` and frees its buffer. Fails if

@@ -6,6 +6,7 @@
 //! wait (copied out of shared memory, so the sender's buffer is free again)
 //! until one is posted. Nothing is ever dropped.
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use na_core::fasthash::FastMap;
@@ -25,6 +26,11 @@ pub(crate) enum OpPlace {
 
 type Key = (u64, Tag);
 
+/// Empty posted-receive queues tolerated before a sweep.
+const MAX_EMPTY: usize = 64;
+/// Queues kept for reuse after a sweep.
+const MAX_SPARE: usize = 64;
+
 /// Posted receives and early arrivals.
 #[derive(Default)]
 pub(crate) struct Matcher {
@@ -32,8 +38,12 @@ pub(crate) struct Matcher {
     arrived_unexpected: VecDeque<(Addr, Tag, Vec<u8>)>,
     posted_expected: FastMap<Key, VecDeque<(OpId, Vec<u8>)>>,
     arrived_expected: FastMap<Key, VecDeque<(Addr, Vec<u8>)>>,
-    /// Emptied queues of `posted_expected`, kept so that posting an
-    /// expected receive allocates nothing in steady state.
+    /// Keys of `posted_expected` whose queue is empty. They stay in place
+    /// (a key used again, like a ping tag, costs no removal and insertion)
+    /// until there are more than [`MAX_EMPTY`], then one sweep drops them.
+    empty_posted: usize,
+    /// Queues dropped by the sweep, kept so that posting an expected
+    /// receive under a new key allocates nothing in steady state.
     spare: Vec<VecDeque<(OpId, Vec<u8>)>>,
     /// Messages waiting for a receive (both kinds).
     pub queued_arrivals: usize,
@@ -73,7 +83,7 @@ impl Matcher {
             if let Some(q) = self.posted_expected.get_mut(&key) {
                 if let Some((op, mut buf)) = q.pop_front() {
                     if q.is_empty() {
-                        self.retire_posted(key);
+                        self.emptied();
                     }
                     fill(&mut buf);
                     out.push_back(Completion::received(
@@ -102,7 +112,10 @@ impl Matcher {
     /// posted receive (and so be queued).
     pub fn would_queue(&self, token: u64, expected: bool, tag: Tag) -> bool {
         if expected {
-            !self.posted_expected.contains_key(&(token, tag))
+            !self
+                .posted_expected
+                .get(&(token, tag))
+                .is_some_and(|q| !q.is_empty())
         } else {
             self.posted_unexpected.is_empty()
         }
@@ -164,21 +177,36 @@ impl Matcher {
                 return false;
             }
         }
-        let spare = &mut self.spare;
-        self.posted_expected
-            .entry(key)
-            .or_insert_with(|| spare.pop().unwrap_or_default())
-            .push_back((op, buf));
+        match self.posted_expected.entry(key) {
+            Entry::Occupied(o) => {
+                let q = o.into_mut();
+                if q.is_empty() {
+                    self.empty_posted -= 1;
+                }
+                q.push_back((op, buf));
+            }
+            Entry::Vacant(v) => v
+                .insert(self.spare.pop().unwrap_or_default())
+                .push_back((op, buf)),
+        }
         true
     }
 
-    /// Removes the (empty) queue of `key`, keeping its allocation for reuse.
-    fn retire_posted(&mut self, key: Key) {
-        const MAX_SPARE: usize = 64;
-        if let Some(q) = self.posted_expected.remove(&key) {
-            if self.spare.len() < MAX_SPARE && q.capacity() <= 16 {
-                self.spare.push(q);
-            }
+    /// A queue of `posted_expected` became empty; sweeps when too many are.
+    fn emptied(&mut self) {
+        self.empty_posted += 1;
+        if self.empty_posted > MAX_EMPTY {
+            let spare = &mut self.spare;
+            self.posted_expected.retain(|_, q| {
+                if !q.is_empty() {
+                    return true;
+                }
+                if spare.len() < MAX_SPARE && q.capacity() <= 16 {
+                    spare.push(std::mem::take(q));
+                }
+                false
+            });
+            self.empty_posted = 0;
         }
     }
 
@@ -199,7 +227,7 @@ impl Matcher {
                 let i = q.iter().position(|(o, _)| *o == op)?;
                 let b = q.remove(i).map(|(_, b)| b);
                 if q.is_empty() {
-                    self.retire_posted((tok, tag));
+                    self.emptied();
                 }
                 b
             }
@@ -223,7 +251,11 @@ impl Matcher {
             .collect();
         let mut failed = Vec::new();
         for k in keys {
-            for (op, buf) in self.posted_expected.remove(&k).unwrap_or_default() {
+            let q = self.posted_expected.remove(&k).unwrap_or_default();
+            if q.is_empty() {
+                self.empty_posted -= 1;
+            }
+            for (op, buf) in q {
                 out.push_back(Completion::failed(op, OpKind::RecvExpected, err(), Some(buf)));
                 failed.push(op);
             }
@@ -280,5 +312,42 @@ mod tests {
         assert!(m.post_expected(&b, 3, OpId(6), Vec::new(), &mut out));
         let failed = m.fail_peer(2, || NaError::Canceled, &mut out);
         assert_eq!(failed, vec![OpId(6)]);
+    }
+
+    /// Emptied queues stay for reuse but are swept: a tag per call (as the
+    /// RPC layer uses) does not grow the map, and an empty queue never
+    /// counts as a posted receive.
+    #[test]
+    fn emptied_queues_are_reused_and_swept() {
+        let a = Addr::new("sm://1-a", PluginId(0), 1, false);
+        let mut m = Matcher::default();
+        let mut out = VecDeque::new();
+        for round in 0..3 {
+            assert!(m.post_expected(&a, 7, OpId(round), Vec::new(), &mut out));
+            assert!(!m.would_queue(1, true, 7));
+            assert_eq!(m.deliver(&a, true, 7, |_| {}, &mut out), Some(OpId(round)));
+            assert!(m.would_queue(1, true, 7), "an empty queue is no receive");
+        }
+        assert_eq!((m.posted_expected.len(), m.empty_posted), (1, 1));
+        for tag in 0..1000u32 {
+            assert!(m.post_expected(&a, 100 + tag, OpId(u64::from(tag)), Vec::new(), &mut out));
+            assert_eq!(
+                m.deliver(&a, true, 100 + tag, |_| {}, &mut out),
+                Some(OpId(u64::from(tag)))
+            );
+            assert!(m.posted_expected.len() <= MAX_EMPTY + 1);
+            assert_eq!(
+                m.empty_posted,
+                m.posted_expected.values().filter(|q| q.is_empty()).count()
+            );
+        }
+        assert!(m.post_expected(&a, 5, OpId(1), Vec::new(), &mut out));
+        assert_eq!(
+            m.take_posted(OpId(1), OpPlace::RecvExpected(1, 5)),
+            Some(Vec::new())
+        );
+        assert!(m.post_expected(&a, 6, OpId(2), Vec::new(), &mut out));
+        assert_eq!(m.fail_peer(1, || NaError::Canceled, &mut out), vec![OpId(2)]);
+        assert_eq!((m.posted_expected.len(), m.empty_posted), (0, 0));
     }
 }

@@ -125,25 +125,32 @@ impl SharedRegion {
         unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 
-    /// Copies `dst.len()` bytes out of the region at `offset` (8-aligned).
+    /// Replaces the contents of `dst` with `len` bytes of the region at
+    /// `offset` (8-aligned), without first zero-filling `dst` as
+    /// `resize` and a copy would.
     ///
     /// # Panics
     /// If the range is out of bounds (callers validate peer lengths first).
-    pub fn read(&self, offset: usize, dst: &mut [u8]) {
-        assert!(offset % 8 == 0 && offset <= self.len && dst.len() <= self.len - offset);
-        let words = dst.len() / 8;
-        // SAFETY: source range is inside the mapping (checked above) and
-        // 8-aligned; volatile reads tolerate concurrent writes by the peer;
-        // destination writes stay inside `dst`.
+    pub fn read_to_vec(&self, offset: usize, len: usize, dst: &mut Vec<u8>) {
+        assert!(offset % 8 == 0 && offset <= self.len && len <= self.len - offset);
+        dst.clear();
+        dst.reserve(len);
+        let words = len / 8;
+        // SAFETY: the source range is inside the mapping (checked above) and
+        // 8-aligned, and volatile reads tolerate concurrent writes by the
+        // peer. `reserve` made room for `len` bytes, every one of which is
+        // written below before `set_len` exposes them.
         unsafe {
             let src = self.ptr.as_ptr().add(offset);
+            let out = dst.as_mut_ptr();
             for i in 0..words {
                 let w = std::ptr::read_volatile(src.cast::<u64>().add(i));
-                std::ptr::write_unaligned(dst.as_mut_ptr().cast::<u64>().add(i), w);
+                std::ptr::write_unaligned(out.cast::<u64>().add(i), w);
             }
-            for (i, b) in dst.iter_mut().enumerate().skip(words * 8) {
-                *b = std::ptr::read_volatile(src.add(i));
+            for i in words * 8..len {
+                *out.add(i) = std::ptr::read_volatile(src.add(i));
             }
+            dst.set_len(len);
         }
     }
 
@@ -198,9 +205,13 @@ mod tests {
         a.write(4096, b"hello world");
         let b = SharedRegion::from_peer(a.fd.try_clone().unwrap(), 8192).unwrap();
         assert_eq!(b.atomic(8).load(Ordering::Relaxed), 42);
-        let mut out = [0u8; 11];
-        b.read(4096, &mut out);
-        assert_eq!(&out, b"hello world");
+        let mut out = vec![7u8; 100];
+        b.read_to_vec(4096, 11, &mut out);
+        assert_eq!(out, b"hello world");
+        for len in 0..=11 {
+            b.read_to_vec(4096, len, &mut out);
+            assert_eq!(out, b"hello world"[..len]);
+        }
         assert!(SharedRegion::from_peer(a.fd.try_clone().unwrap(), 4096).is_err());
         // An unsealed memfd is refused.
         // SAFETY (test): valid NUL-terminated name.
