@@ -1,5 +1,6 @@
 //! The RPC engine: registry, calls in flight, and the blocking progress API.
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use na_core::fasthash::FastMap;
@@ -519,9 +520,12 @@ impl<C: Codec> Engine<C> {
     /// The result of call `id` if its response arrived (then the call is
     /// finished and forgotten), `None` if it is still in flight.
     pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
-        let call = self.calls.get_mut(&id.0)?;
-        let outcome = call.outcome.take()?;
-        self.calls.remove(&id.0);
+        // One hash lookup whether or not the response is there yet.
+        let Entry::Occupied(call) = self.calls.entry(id.0) else {
+            return None;
+        };
+        call.get().outcome.as_ref()?;
+        let outcome = call.remove().outcome?;
         let r = outcome.and_then(|payload| {
             self.codec
                 .decode::<R::Output>(&payload)
@@ -632,11 +636,19 @@ impl<C: Codec> Engine<C> {
 
     /// The response of call `cookie` arrived (or its receive failed).
     fn handle_response(&mut self, cookie: u64, c: Completion) -> Result<()> {
-        let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
         let buf = c.buf.unwrap_or_default();
         let outcome = match c.status {
             Err(e) => Err(RpcError::Transport(e)),
             Ok(()) => match Header::decode(&buf) {
+                // The common case first: it needs no call name.
+                Ok((h, p))
+                    if h.is_response()
+                        && h.cookie == cookie
+                        && h.flags & FLAG_SPILL == 0
+                        && h.status == Status::Ok =>
+                {
+                    Ok(p.to_vec())
+                }
                 Ok((h, p))
                     if h.is_response()
                         && h.cookie == cookie
@@ -650,14 +662,16 @@ impl<C: Codec> Engine<C> {
                         Err(reason) => {
                             self.release_output(&src, cookie);
                             Err(RpcError::Decode {
-                                rpc: rpc.into(),
+                                rpc: self.call_name(cookie).into(),
                                 what: "output",
                                 reason,
                             })
                         }
                     }
                 }
-                Ok((h, p)) if h.is_response() && h.cookie == cookie => response_outcome(rpc, h.rpc_id, h, p),
+                Ok((h, p)) if h.is_response() && h.cookie == cookie => {
+                    response_outcome(self.call_name(cookie), h.rpc_id, h, p)
+                }
                 Ok(_) => Err(RpcError::Malformed {
                     reason: "response does not match its call".into(),
                 }),
@@ -736,6 +750,11 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
+    /// The registered name of call `cookie`'s RPC, for error messages.
+    fn call_name(&self, cookie: u64) -> &'static str {
+        self.calls.get(&cookie).map_or("?", |k| k.rpc)
+    }
+
     fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
         if let Some(call) = self.calls.get_mut(&cookie) {
             call.spill = None;

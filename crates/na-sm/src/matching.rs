@@ -26,9 +26,9 @@ pub(crate) enum OpPlace {
 
 type Key = (u64, Tag);
 
-/// Empty posted-receive queues tolerated before a sweep.
-const MAX_EMPTY: usize = 64;
-/// Queues kept for reuse after a sweep.
+/// Emptied posted-receive queues left in place (most recent first out last).
+const PARKED: usize = 4;
+/// Queues kept for reuse after their key was removed.
 const MAX_SPARE: usize = 64;
 
 /// Posted receives and early arrivals.
@@ -38,11 +38,13 @@ pub(crate) struct Matcher {
     arrived_unexpected: VecDeque<(Addr, Tag, Vec<u8>)>,
     posted_expected: FastMap<Key, VecDeque<(OpId, Vec<u8>)>>,
     arrived_expected: FastMap<Key, VecDeque<(Addr, Vec<u8>)>>,
-    /// Keys of `posted_expected` whose queue is empty. They stay in place
-    /// (a key used again, like a ping tag, costs no removal and insertion)
-    /// until there are more than [`MAX_EMPTY`], then one sweep drops them.
-    empty_posted: usize,
-    /// Queues dropped by the sweep, kept so that posting an expected
+    /// The last [`PARKED`] keys whose queue in `posted_expected` became
+    /// empty, oldest first. Every empty queue in the map is parked: a key
+    /// used again soon (a ping tag) costs no removal and insertion, and one
+    /// used once (an RPC cookie) is removed when it falls out of here, so
+    /// the map holds at most `PARKED` empty queues.
+    parked: VecDeque<Key>,
+    /// Queues whose key was removed, kept so that posting an expected
     /// receive under a new key allocates nothing in steady state.
     spare: Vec<VecDeque<(OpId, Vec<u8>)>>,
     /// Messages waiting for a receive (both kinds).
@@ -83,7 +85,7 @@ impl Matcher {
             if let Some(q) = self.posted_expected.get_mut(&key) {
                 if let Some((op, mut buf)) = q.pop_front() {
                     if q.is_empty() {
-                        self.emptied();
+                        self.park(key);
                     }
                     fill(&mut buf);
                     out.push_back(Completion::received(
@@ -181,7 +183,7 @@ impl Matcher {
             Entry::Occupied(o) => {
                 let q = o.into_mut();
                 if q.is_empty() {
-                    self.empty_posted -= 1;
+                    self.parked.retain(|k| *k != key);
                 }
                 q.push_back((op, buf));
             }
@@ -192,22 +194,20 @@ impl Matcher {
         true
     }
 
-    /// A queue of `posted_expected` became empty; sweeps when too many are.
-    fn emptied(&mut self) {
-        self.empty_posted += 1;
-        if self.empty_posted > MAX_EMPTY {
-            let spare = &mut self.spare;
-            self.posted_expected.retain(|_, q| {
-                if !q.is_empty() {
-                    return true;
+    /// The queue of `key` became empty: park it, and remove the oldest
+    /// parked key's queue if that makes more than [`PARKED`].
+    fn park(&mut self, key: Key) {
+        if self.parked.len() == PARKED {
+            if let Some(old) = self.parked.pop_front() {
+                if let Some(q) = self.posted_expected.remove(&old) {
+                    debug_assert!(q.is_empty(), "a parked queue is empty");
+                    if self.spare.len() < MAX_SPARE && q.capacity() <= 16 {
+                        self.spare.push(q);
+                    }
                 }
-                if spare.len() < MAX_SPARE && q.capacity() <= 16 {
-                    spare.push(std::mem::take(q));
-                }
-                false
-            });
-            self.empty_posted = 0;
+            }
         }
+        self.parked.push_back(key);
     }
 
     /// True if a message from `token` waits for an expected receive with `tag`.
@@ -227,7 +227,7 @@ impl Matcher {
                 let i = q.iter().position(|(o, _)| *o == op)?;
                 let b = q.remove(i).map(|(_, b)| b);
                 if q.is_empty() {
-                    self.emptied();
+                    self.park((tok, tag));
                 }
                 b
             }
@@ -249,13 +249,10 @@ impl Matcher {
             .filter(|k| k.0 == token)
             .copied()
             .collect();
+        self.parked.retain(|k| k.0 != token);
         let mut failed = Vec::new();
         for k in keys {
-            let q = self.posted_expected.remove(&k).unwrap_or_default();
-            if q.is_empty() {
-                self.empty_posted -= 1;
-            }
-            for (op, buf) in q {
+            for (op, buf) in self.posted_expected.remove(&k).unwrap_or_default() {
                 out.push_back(Completion::failed(op, OpKind::RecvExpected, err(), Some(buf)));
                 failed.push(op);
             }
@@ -314,40 +311,39 @@ mod tests {
         assert_eq!(failed, vec![OpId(6)]);
     }
 
-    /// Emptied queues stay for reuse but are swept: a tag per call (as the
-    /// RPC layer uses) does not grow the map, and an empty queue never
-    /// counts as a posted receive.
+    /// Emptied queues stay for reuse, a few at most: a tag per call (as
+    /// the RPC layer uses) does not grow the map, a ping tag is not removed
+    /// and inserted per message, and an empty queue never counts as a
+    /// posted receive.
     #[test]
-    fn emptied_queues_are_reused_and_swept() {
+    fn emptied_queues_are_parked_then_removed() {
         let a = Addr::new("sm://1-a", PluginId(0), 1, false);
         let mut m = Matcher::default();
         let mut out = VecDeque::new();
+        let empties = |m: &Matcher| m.posted_expected.values().filter(|q| q.is_empty()).count();
         for round in 0..3 {
             assert!(m.post_expected(&a, 7, OpId(round), Vec::new(), &mut out));
             assert!(!m.would_queue(1, true, 7));
             assert_eq!(m.deliver(&a, true, 7, |_| {}, &mut out), Some(OpId(round)));
             assert!(m.would_queue(1, true, 7), "an empty queue is no receive");
+            assert_eq!((m.posted_expected.len(), m.parked.len()), (1, 1));
         }
-        assert_eq!((m.posted_expected.len(), m.empty_posted), (1, 1));
         for tag in 0..1000u32 {
-            assert!(m.post_expected(&a, 100 + tag, OpId(u64::from(tag)), Vec::new(), &mut out));
-            assert_eq!(
-                m.deliver(&a, true, 100 + tag, |_| {}, &mut out),
-                Some(OpId(u64::from(tag)))
-            );
-            assert!(m.posted_expected.len() <= MAX_EMPTY + 1);
-            assert_eq!(
-                m.empty_posted,
-                m.posted_expected.values().filter(|q| q.is_empty()).count()
-            );
+            let op = OpId(u64::from(tag));
+            assert!(m.post_expected(&a, 100 + tag, op, Vec::new(), &mut out));
+            assert_eq!(m.deliver(&a, true, 100 + tag, |_| {}, &mut out), Some(op));
+            assert_eq!(empties(&m), m.parked.len());
+            assert!(m.posted_expected.len() <= PARKED);
         }
+        assert!(m.spare.len() <= MAX_SPARE && !m.spare.is_empty());
         assert!(m.post_expected(&a, 5, OpId(1), Vec::new(), &mut out));
         assert_eq!(
             m.take_posted(OpId(1), OpPlace::RecvExpected(1, 5)),
             Some(Vec::new())
         );
+        assert_eq!(empties(&m), m.parked.len());
         assert!(m.post_expected(&a, 6, OpId(2), Vec::new(), &mut out));
         assert_eq!(m.fail_peer(1, || NaError::Canceled, &mut out), vec![OpId(2)]);
-        assert_eq!((m.posted_expected.len(), m.empty_posted), (0, 0));
+        assert_eq!((m.posted_expected.len(), m.parked.len()), (0, 0));
     }
 }
