@@ -105,6 +105,11 @@ pub struct Node {
     pub timeout: Duration,
     next: u64,
     echo_posted: bool,
+    /// Longest single progress wait of [`serve_echo`](Self::serve_echo)
+    /// (default 20 ms).
+    pub echo_tick: Duration,
+    /// Progress waits of `serve_echo` that ended with nothing to do.
+    pub echo_idle_ticks: u64,
 }
 
 impl Node {
@@ -120,6 +125,8 @@ impl Node {
             timeout: t.timeout,
             next: 1,
             echo_posted: false,
+            echo_tick: Duration::from_millis(20),
+            echo_idle_ticks: 0,
         }
     }
 
@@ -193,9 +200,9 @@ impl Node {
         let (mut served, mut last) = (0, None);
         while !done() {
             assert!(Instant::now() < end, "echo server timed out");
-            self.ep
-                .progress(Some(Duration::from_millis(20)))
-                .expect("progress");
+            if self.ep.progress(Some(self.echo_tick)).expect("progress") == 0 {
+                self.echo_idle_ticks += 1;
+            }
             while let Some(c) = self.ep.pop_completion() {
                 if c.op.0 >> 40 != 1 {
                     continue;

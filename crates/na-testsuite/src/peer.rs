@@ -49,7 +49,13 @@ pub fn main(t: &Transport, args: &[&str]) {
     };
     match args.first().copied() {
         Some("server") => server(t),
-        Some("client") => client(t, arg(1), arg(2).parse().expect("client count")),
+        Some("client") => {
+            // Optional: echoes in flight (default 50), longest progress
+            // wait in ms (default 100).
+            let window = args.get(3).map_or(50, |w| w.parse().expect("client window"));
+            let tick = args.get(4).map_or(100, |w| w.parse().expect("client tick"));
+            client(t, arg(1), arg(2).parse().expect("client count"), window, tick)
+        }
         Some("flood") => flood(t, arg(1), arg(2).parse().expect("flood count")),
         other => panic!("unknown peer role {other:?}"),
     }
@@ -258,10 +264,14 @@ fn server(t: &Transport) {
     }
 }
 
-fn client(t: &Transport, uri: &str, n: u64) {
+/// Echoes `n` messages, `window` in flight, through `uri`; prints
+/// `CLIENT OK <n>`, then `CLIENT IDLE <k>`: how many progress waits of
+/// `tick_ms` ended with nothing to do.
+fn client(t: &Transport, uri: &str, n: u64, window: usize, tick_ms: u64) {
     let (mut ep, _) = endpoint(t, false);
     let server = ep.lookup(uri).expect("lookup");
     let mut stash = HashMap::new();
+    let mut idle = 0u64;
     let mut wait = |ep: &mut Endpoint, op: OpId| -> Completion {
         let end = Instant::now() + Duration::from_secs(60);
         loop {
@@ -269,7 +279,13 @@ fn client(t: &Transport, uri: &str, n: u64) {
                 return c;
             }
             assert!(Instant::now() < end, "client: timed out waiting for {op:?}");
-            ep.progress(Some(Duration::from_millis(100))).expect("progress");
+            if ep
+                .progress(Some(Duration::from_millis(tick_ms)))
+                .expect("progress")
+                == 0
+            {
+                idle += 1;
+            }
             while let Some(c) = ep.pop_completion() {
                 stash.insert(c.op, c);
             }
@@ -278,7 +294,7 @@ fn client(t: &Transport, uri: &str, n: u64) {
     let (mut next, mut done) = (0u64, 0u64);
     let mut inflight = std::collections::VecDeque::new();
     while done < n {
-        while next < n && inflight.len() < 50 {
+        while next < n && inflight.len() < window.max(1) {
             let mut msg = vec![b'e'];
             msg.extend_from_slice(&std::process::id().to_le_bytes());
             msg.extend_from_slice(&next.to_le_bytes());
@@ -299,6 +315,7 @@ fn client(t: &Transport, uri: &str, n: u64) {
         done += 1;
     }
     println!("CLIENT OK {n}");
+    println!("CLIENT IDLE {idle}");
 }
 
 fn flood(t: &Transport, uri: &str, n: u32) {

@@ -32,6 +32,10 @@ pub fn trials() -> Vec<(&'static str, Scenario)> {
             pipe_wake_ups_between_processes_in_blocking_mode,
         ),
         (
+            "spin_to_sleep_transitions_lose_no_wake_up",
+            spin_to_sleep_transitions_lose_no_wake_up,
+        ),
+        (
             "hostile_scribbler_gets_errors_and_honest_client_is_served",
             hostile_scribbler_gets_errors_and_honest_client_is_served,
         ),
@@ -293,6 +297,54 @@ pub fn pipe_wake_ups_between_processes_in_blocking_mode(t: &Transport) {
     assert!(
         st.signals_sent > 0,
         "the client was woken through its pipe: {st:?}"
+    );
+}
+
+/// Both sides in adaptive mode with short spin windows, the server
+/// answering after stalls of varied length: each side keeps going from
+/// spinning to sleeping while the other sends, which is where a wake-up
+/// gets lost if the flag protocol is wrong. Both wait in 2 s steps, and no
+/// stall here lasts a millisecond, so a wait that ends with nothing to do
+/// before the client is done means a lost wake-up. (Checked: with the
+/// receiver's flag left unraised the trial fails.)
+pub fn spin_to_sleep_transitions_lose_no_wake_up(t: &Transport) {
+    let mut tp = crate::transport_with_wake(dir_of(t), None, None);
+    tp.peer_env
+        .push((na_testsuite::PEER_MODE_ENV.into(), "adaptive:20".into()));
+    let spin = ProgressMode::Adaptive {
+        spin: Duration::from_micros(5),
+    };
+    let mut n = Node::new(&tp, spin, true);
+    n.echo_tick = Duration::from_secs(2);
+    let me = n.ep.self_addr(n.id).unwrap().uri().to_owned();
+    // One echo in flight: every reply finds the client spinning, or just
+    // going to sleep, or asleep.
+    let mut client = PeerProc::spawn(&tp, &["client", &me, "3000", "1", "2000"]);
+    // Stall lengths around both spin windows, and past them.
+    let stalls_us = [0u64, 0, 3, 8, 15, 25, 40, 0, 90, 300];
+    let (mut round, mut done) = (0usize, false);
+    n.serve_echo(Duration::from_secs(60), || {
+        round += 1;
+        let us = stalls_us[round % stalls_us.len()];
+        if us > 0 {
+            std::thread::sleep(Duration::from_micros(us));
+        }
+        done = done || client.child.try_wait().unwrap().is_some();
+        done
+    });
+    assert!(client.wait(T), "client failed");
+    assert_eq!(client.line(T), "CLIENT OK 3000");
+    assert_eq!(client.line(T), "CLIENT IDLE 0", "the client missed a wake-up");
+    // The last wait may end idle: the client exits after its last echo.
+    assert!(
+        n.echo_idle_ticks <= 1,
+        "the server missed a wake-up ({} idle waits)",
+        n.echo_idle_ticks
+    );
+    let st = n.stats();
+    assert!(
+        st.signals_sent > 0,
+        "the client was never asleep when a reply came: {st:?}"
     );
 }
 
