@@ -424,7 +424,11 @@ impl<C: Codec> Engine<C> {
         let to_self = *dest == self.me;
         let (msg, spill) = self.encode_request::<R>(dest, input, FLAG_CHECKSUM, cookie, to_self)?;
         self.stats.calls += 1;
-        let _span = tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered();
+        // Built only when a subscriber wants debug spans: tracing's `log`
+        // feature (which any crate in a build can switch on) would
+        // otherwise format a disabled span for `log` on every call.
+        let _span = tracing::level_enabled!(tracing::Level::DEBUG)
+            .then(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered());
         if to_self {
             // Self-forward: run the handler here, no network (a deferred
             // handler answers later, through `answer`).

@@ -64,7 +64,9 @@ impl<C: Codec> Engine<C> {
             Some(Handler {
                 run: Some(run), name, ..
             }) => {
-                let _span = tracing::debug_span!("rpc handle", rpc = *name, cookie = h.cookie).entered();
+                // Only for a subscriber that wants it (see `forward`).
+                let _span = tracing::level_enabled!(tracing::Level::DEBUG)
+                    .then(|| tracing::debug_span!("rpc handle", rpc = *name, cookie = h.cookie).entered());
                 match run(&mut ctx, payload) {
                     Ok(out) => (Status::Ok, out),
                     Err((status, message)) => (status, message.into_bytes()),

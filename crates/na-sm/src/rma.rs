@@ -25,7 +25,10 @@ impl SmPlugin {
             .get(dest.token())
             .map(|p| p.pid)
             .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?;
-        let _span = tracing::trace_span!("sm rma", peer = %dest, ops = ops.len()).entered();
+        // Only for a subscriber that wants it: tracing's `log` feature would
+        // otherwise format the disabled span on every batch.
+        let _span = tracing::level_enabled!(tracing::Level::TRACE)
+            .then(|| tracing::trace_span!("sm rma", peer = %dest, ops = ops.len()).entered());
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let run = rest.iter().take_while(|o| o.dir == first.dir).count();

@@ -1,0 +1,77 @@
+//! Per-call tracing spans: a subscriber that wants debug spans sees one
+//! `rpc forward` and one `rpc handle` span per call; one that wants less
+//! sees none.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hg_rpc::{Engine, Rpc};
+use na_core::{Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+use tracing::span::{Attributes, Id};
+use tracing::Subscriber;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+struct Double;
+impl Rpc for Double {
+    const NAME: &'static str = "spans.double";
+    type Input = u64;
+    type Output = u64;
+}
+
+/// Records the name of every span created.
+#[derive(Clone, Default)]
+struct Names(Arc<Mutex<Vec<&'static str>>>);
+
+impl<S: Subscriber> Layer<S> for Names {
+    fn on_new_span(&self, attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {
+        self.0.lock().unwrap().push(attrs.metadata().name());
+    }
+}
+
+fn engine() -> Engine {
+    let dir = std::env::temp_dir().join(format!("qs-spans-{}", std::process::id()));
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig::listening().with_dir(&dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let mut e = Engine::new(ep, id).unwrap();
+    e.register::<Double>(|x| Ok(2 * x)).unwrap();
+    e
+}
+
+/// Makes `n` self-forwarded calls under a subscriber at `level`; returns
+/// the span names it saw.
+fn calls_under(level: LevelFilter, n: u64) -> Vec<&'static str> {
+    let names = Names::default();
+    let subscriber = tracing_subscriber::registry().with(names.clone().with_filter(level));
+    tracing::subscriber::with_default(subscriber, || {
+        let mut e = engine();
+        let me = e.self_addr().clone();
+        for i in 0..n {
+            assert_eq!(e.call::<Double>(&me, &i, Duration::from_secs(10)).unwrap(), 2 * i);
+        }
+    });
+    let v = names.0.lock().unwrap().clone();
+    v
+}
+
+#[test]
+fn debug_subscriber_sees_a_forward_and_a_handle_span_per_call() {
+    let names = calls_under(LevelFilter::DEBUG, 5);
+    let count = |n: &str| names.iter().filter(|x| **x == n).count();
+    assert_eq!(count("rpc forward"), 5, "{names:?}");
+    assert_eq!(count("rpc handle"), 5, "{names:?}");
+}
+
+#[test]
+fn info_subscriber_gets_no_per_call_spans() {
+    let names = calls_under(LevelFilter::INFO, 5);
+    assert!(
+        !names.iter().any(|n| n.starts_with("rpc ")),
+        "per-call spans built for an info subscriber: {names:?}"
+    );
+}
