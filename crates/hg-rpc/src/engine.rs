@@ -577,6 +577,10 @@ impl<C: Codec> Engine<C> {
     /// most `timeout`. On timeout the call is abandoned: a late response is
     /// discarded.
     pub fn call<R: Rpc>(&mut self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
+        // The timeout covers the whole call, sending included, and a response
+        // counts only if it is taken before the deadline: a caller that was
+        // descheduled past it gets the timeout, not a late answer.
+        let deadline = Instant::now() + timeout;
         let id = match self.forward::<R>(dest, input) {
             Ok(id) => id,
             Err(e) => {
@@ -584,21 +588,20 @@ impl<C: Codec> Engine<C> {
                 return Err(e);
             }
         };
-        let deadline = Instant::now() + timeout;
         loop {
-            if let Some(r) = self.take_response::<R>(id) {
-                return r;
-            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                if let Some(c) = self.calls.get_mut(&id.0) {
-                    c.abandoned = true;
-                }
+                // Forgets the call, or marks it so that a late response is
+                // discarded when it comes.
+                self.abandon(id);
                 self.stats.errors += 1;
                 return Err(RpcError::Timeout {
                     rpc: R::NAME.into(),
                     millis: timeout.as_millis(),
                 });
+            }
+            if let Some(r) = self.take_response::<R>(id) {
+                return r;
             }
             self.progress(Some(left))?;
             self.trigger()?;
