@@ -14,6 +14,7 @@ use crate::channel::{check_region, init_region, RxCursor, TxCursor, REGION_LEN};
 use crate::conn::{check_ack, decode_hello, encode_ack, encode_hello, Conn, Role, ACK_LEN, MAX_HELLO};
 use crate::error::{SmError, SmResult};
 use crate::plugin::{PendingAccept, SmPlugin, WAKE_BIT};
+use crate::progress::{wake_failure, Failure};
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{peer_cred, recv_with_fds, send_with_fds};
 use crate::sys::wake::{OwnWake, PeerWake};
@@ -279,33 +280,41 @@ impl SmPlugin {
     }
 
     /// A connector-side socket is readable before the acknowledgement.
-    /// Returns an error reason if the handshake failed.
-    pub(crate) fn handle_ack(&mut self, tok: u64, ci: usize) -> std::result::Result<(), String> {
+    /// Returns why the handshake failed, if it did: the peer dying (its
+    /// socket closed or reset, its wake-up pipe closed) is `Gone`, bytes or
+    /// descriptors that break the handshake are a protocol violation.
+    pub(crate) fn handle_ack(&mut self, tok: u64, ci: usize) -> std::result::Result<(), (Failure, String)> {
+        let bad = |reason: String| (Failure::Protocol, reason);
         let Some(conn) = self.peers.get_mut(tok).and_then(|p| p.conns.get_mut(ci)) else {
             return Ok(());
         };
         let mut buf = [0u8; ACK_LEN + 16];
         let mut r = match recv_with_fds(conn.sock.as_fd(), &mut buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e) => return Err(format!("reading acknowledgement: {e}")),
+            Err(e) => return Err((Failure::Gone, format!("reading acknowledgement: {e}"))),
             Ok(r) => r,
         };
         self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
         if r.len == 0 {
-            return Err("closed the connection instead of acknowledging".into());
-        }
-        check_ack(&buf[..r.len])?;
-        if r.fds_truncated || r.fds.len() != 1 {
-            return Err(format!(
-                "acknowledgement carries {} descriptors, expected 1",
-                r.fds.len()
+            return Err((
+                Failure::Gone,
+                "closed the connection instead of acknowledging".into(),
             ));
         }
-        let fd = r.fds.pop().ok_or("missing eventfd")?;
-        let wake = PeerWake::from_peer(fd).map_err(|e| format!("wake-up fd: {e}"))?;
+        check_ack(&buf[..r.len]).map_err(bad)?;
+        if r.fds_truncated || r.fds.len() != 1 {
+            return Err(bad(format!(
+                "acknowledgement carries {} descriptors, expected 1",
+                r.fds.len()
+            )));
+        }
+        let fd = r.fds.pop().ok_or_else(|| bad("missing eventfd".into()))?;
+        let wake = PeerWake::from_peer(fd).map_err(|e| bad(format!("wake-up fd: {e}")))?;
         conn.peer_wake = Some(wake);
         if std::mem::take(&mut conn.wake_owed) {
-            conn.wake_peer().map_err(|e| format!("waking: {e}"))?;
+            // It may have died since it acknowledged: a closed pipe is
+            // that, not a violation.
+            conn.wake_peer().map_err(|e| wake_failure(&e))?;
             self.stats.signals_sent += 1;
         }
         Ok(())

@@ -40,7 +40,7 @@ fn kind_of(k: MsgKind) -> OpKind {
 
 /// How a failed wake-up write fails the peer: a closed pipe means it is
 /// gone; anything else (a descriptor it tampered with) is a violation.
-fn wake_failure(e: &std::io::Error) -> (Failure, String) {
+pub(crate) fn wake_failure(e: &std::io::Error) -> (Failure, String) {
     if e.raw_os_error() == Some(libc::EPIPE) {
         (
             Failure::Gone,
@@ -198,7 +198,7 @@ impl SmPlugin {
             return;
         }
         let failure = if conn.role == Role::Connector && conn.peer_wake.is_none() {
-            self.handle_ack(tok, ci).err().map(|r| (Failure::Protocol, r))
+            self.handle_ack(tok, ci).err()
         } else {
             let mut b = [0u8; 64];
             match std::io::Read::read(&mut conn.sock, &mut b) {
