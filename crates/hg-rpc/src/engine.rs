@@ -756,12 +756,12 @@ impl<C: Codec> Engine<C> {
         Ok(())
     }
 
-    /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
     /// The registered name of call `cookie`'s RPC, for error messages.
     fn call_name(&self, cookie: u64) -> &'static str {
         self.calls.get(&cookie).map_or("?", |k| k.rpc)
     }
 
+    /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
     fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
         if let Some(call) = self.calls.get_mut(&cookie) {
             call.spill = None;

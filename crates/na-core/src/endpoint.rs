@@ -267,8 +267,8 @@ impl Endpoint {
     /// The spin phase reads the clock only every [`CLOCK_EVERY`] polls (and
     /// first after that many), so a busy or adaptive loop spends its time
     /// polling the transports, not timing itself; the timeout and the spin
-    /// window count from that first read. Adaptive mode spins only if the previous call found
-    /// work: an idle endpoint goes straight to sleep.
+    /// window count from that first read. Adaptive mode spins only if the
+    /// previous call found work: an idle endpoint goes straight to sleep.
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
         let n = self.progress_now()?;
         if n > 0 {

@@ -26,7 +26,7 @@ pub(crate) enum OpPlace {
 
 type Key = (u64, Tag);
 
-/// Emptied posted-receive queues left in place (most recent first out last).
+/// How many emptied posted-receive queues stay in the map (see `parked`).
 const PARKED: usize = 4;
 /// Queues kept for reuse after their key was removed.
 const MAX_SPARE: usize = 64;
