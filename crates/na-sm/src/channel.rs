@@ -321,24 +321,22 @@ impl<'a> Channel<'a> {
 
     fn peek_with(&self, pos: u64, order: Ordering) -> Result<Option<Slot>, String> {
         let v = self.slot(pos).load(order);
-        let m = v >> 54;
-        let lap = (pos / RING_SLOTS as u64) % 1023;
-        if m == lap + 1 {
+        let (m, expected) = (v >> 54, marker(pos));
+        if m == expected {
             return decode_slot(pos, v).map(Some);
         }
         // Not written yet: never used (lap 0), or still holding the
         // previous lap's message, whose marker is one less (1023 before 1).
-        let stale = match (pos < RING_SLOTS as u64, lap) {
-            (true, _) => v == 0,
-            (false, 0) => m == 1023,
-            (false, _) => m == lap,
+        let stale = if pos < RING_SLOTS as u64 {
+            v == 0
+        } else {
+            m == if expected == 1 { 1023 } else { expected - 1 }
         };
         if stale {
             Ok(None)
         } else {
             Err(format!(
-                "ring slot {v:#018x} for message {pos} has sequence marker {m}, expected {}",
-                lap + 1
+                "ring slot {v:#018x} for message {pos} has sequence marker {m}, expected {expected}"
             ))
         }
     }
