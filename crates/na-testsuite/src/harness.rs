@@ -108,7 +108,8 @@ pub struct Node {
     /// Longest single progress wait of [`serve_echo`](Self::serve_echo)
     /// (default 20 ms).
     pub echo_tick: Duration,
-    /// Progress waits of `serve_echo` that ended with nothing to do.
+    /// Progress waits of `serve_echo` that ended with nothing to do, once
+    /// it has served a first echo (a slow peer start is not counted).
     pub echo_idle_ticks: u64,
 }
 
@@ -200,7 +201,7 @@ impl Node {
         let (mut served, mut last) = (0, None);
         while !done() {
             assert!(Instant::now() < end, "echo server timed out");
-            if self.ep.progress(Some(self.echo_tick)).expect("progress") == 0 {
+            if self.ep.progress(Some(self.echo_tick)).expect("progress") == 0 && served > 0 {
                 self.echo_idle_ticks += 1;
             }
             while let Some(c) = self.ep.pop_completion() {
