@@ -68,18 +68,15 @@ fn rate_lat_and_bw_report_json() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
-        .args(["rate", "--mode", "sideways"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("sideways"));
-    let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
-        .args(["rate", "--mode", "tokio"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lat only"));
+    for (mode, says) in [("sideways", "sideways"), ("tokio", "lat only")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
+            .args(["rate", "--mode", mode])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "rate --mode {mode} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "rate --mode {mode}: {err}");
+    }
 }
 
 /// `lat --floors` measures the eventfd round trip with na-perf before and
