@@ -197,8 +197,8 @@ impl MapWatch {
     /// Opens a ring per online CPU and attaches every thread of the process.
     pub fn open() -> io::Result<MapWatch> {
         let cpus = online_cpus()?;
-        // SAFETY: getpid has no arguments and cannot fail.
-        let pid = unsafe { libc::getpid() };
+        // Pids fit in pid_t (the kernel's limit is 2^22).
+        let pid = std::process::id() as libc::pid_t;
         let mut flags = INHERIT | INHERIT_THREAD;
         let mut rings = Vec::with_capacity(cpus.len());
         for &cpu in &cpus {
