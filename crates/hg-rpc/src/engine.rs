@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use na_core::fasthash::FastMap;
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, Completion, Endpoint, MemHandle, MsgBuf, OpId, PluginId};
+use na_core::{Addr, Completion, Endpoint, MemHandle, MsgBuf, NaError, OpId, PluginId, Tag};
 
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
@@ -18,7 +18,8 @@ use crate::spill::{self, RELEASE_RPC};
 /// never confirms it pulled it (it died, or broke the protocol).
 pub const SPILLED_OUTPUT_TTL: Duration = Duration::from_secs(60);
 
-/// Unexpected receives the engine keeps posted for incoming requests.
+/// Unexpected receives the engine keeps posted for incoming requests and
+/// the responses to its calls.
 pub const POSTED_REQUEST_BUFFERS: usize = 64;
 
 /// Default largest spilled input a target accepts (see
@@ -62,9 +63,8 @@ impl DeferredRequest {
 pub struct CallId(u64);
 
 /// What a posted operation is for, kept in `Engine::ops` by its id.
-/// Sends, posted request buffers and response receives, one or two per
-/// message, keep their role in the id instead ([`SEND_OP`], [`REQUEST_OP`],
-/// [`RESPONSE_OP`] with the call's cookie) and have no entry.
+/// Sends and posted message receives, one or two per message, keep their
+/// role in the id instead ([`SEND_OP`], [`REQUEST_OP`]) and have no entry.
 enum OpRole {
     /// The pull of a spilled request's input (key into `pulls`).
     Pull(u64),
@@ -72,18 +72,26 @@ enum OpRole {
     PullOutput(u64, u64),
     /// A transfer started with `bulk_start` (its id).
     Bulk(u64),
+    /// The watch on a peer we call (its token; see `Engine::watches`).
+    Watch(u64),
 }
-
-/// Response receive buffers kept for reuse, at most.
-const RESPONSE_BUF_POOL: usize = 256;
 
 /// Bit of an [`OpId`] that marks a send (nothing to do on success).
 const SEND_OP: u64 = 1 << 63;
-/// Bit of an [`OpId`] that marks a posted unexpected receive for requests.
+/// Bit of an [`OpId`] that marks a posted unexpected receive (requests
+/// for us, and responses to our calls).
 const REQUEST_OP: u64 = 1 << 62;
-/// Bit of an [`OpId`] that marks the receive of a call's response; the
-/// other bits are the call's cookie (a counter, far below 2^61).
-const RESPONSE_OP: u64 = 1 << 61;
+/// Bit of an [`OpId`] that marks the watch receive on a called peer.
+const WATCH_OP: u64 = 1 << 61;
+
+/// Tag of request messages (unexpected messages; receivers route on the
+/// header's response flag, the tag only helps a reader of traces).
+const REQUEST_TAG: Tag = 0;
+/// Tag of response messages (unexpected messages too).
+const RESPONSE_TAG: Tag = 1;
+/// Tag of the watch receive: an expected receive that no message ever
+/// matches; it exists to fail when its peer goes away.
+const WATCH_TAG: Tag = 0;
 
 /// A request whose spilled input is being pulled from its origin.
 struct PendingPull {
@@ -94,10 +102,14 @@ struct PendingPull {
 
 struct Call {
     rpc: &'static str,
-    recv_op: OpId,
+    /// Token of the target; `None` for a self-forward. A response counts
+    /// only if it comes from this peer.
+    peer: Option<u64>,
     /// The response payload or error, once it arrived.
     outcome: Option<Result<Vec<u8>>>,
-    /// The caller gave up (timeout); discard the response when it comes.
+    /// The caller gave up, but the call must stay until its response
+    /// comes: its spilled input is still exposed to the target. The
+    /// response is then discarded.
     abandoned: bool,
     /// The exposed input of a spilled request, kept until the response.
     spill: Option<MemHandle>,
@@ -118,6 +130,9 @@ pub struct RpcStats {
     pub bytes_sent: u64,
     /// Calls waiting for their response.
     pub in_flight: u64,
+    /// Responses that matched no call in flight (late, after a timeout or
+    /// a dropped future) and were discarded.
+    pub stray_responses: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
@@ -141,8 +156,16 @@ pub struct Engine<C: Codec = Postcard> {
     ops: FastMap<OpId, OpRole>,
     calls: FastMap<u64, Call>,
     next_op: u64,
-    /// Receive buffers of finished calls' responses, for the next calls.
-    response_bufs: Vec<Vec<u8>>,
+    /// Peers we have calls to, by token: each has one watch, an expected
+    /// receive that no message matches. The plugin fails it when the peer
+    /// goes away (exit, crash, broken connection), and that fails the
+    /// peer's calls. Responses themselves arrive in the unexpected
+    /// receives we keep posted anyway, so a call posts no receive of its
+    /// own.
+    watches: FastMap<u64, Addr>,
+    /// The token of the peer watched last (skips the lookup for a run of
+    /// calls to one peer).
+    last_watched: Option<u64>,
     next_cookie: u64,
     max_msg: usize,
     scratch: Vec<u8>,
@@ -196,7 +219,8 @@ impl<C: Codec> Engine<C> {
             ops: FastMap::default(),
             calls: FastMap::default(),
             next_op: 1,
-            response_bufs: Vec::new(),
+            watches: FastMap::default(),
+            last_watched: None,
             next_cookie: 1,
             max_msg,
             scratch: Vec::new(),
@@ -224,7 +248,7 @@ impl<C: Codec> Engine<C> {
     /// The endpoint (for lookups and plugin access). [`Engine::trigger`]
     /// takes every completion the endpoint queues: operations posted on it
     /// directly complete unseen (and ids with bit 61, 62 or 63 set are the
-    /// engine's own: response receives, request receives and sends).
+    /// engine's own: peer watches, message receives and sends).
     pub fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.ep
     }
@@ -250,15 +274,6 @@ impl<C: Codec> Engine<C> {
     /// `ops` (two hash-map operations fewer per message).
     fn send_op(&mut self) -> OpId {
         OpId(self.op().0 | SEND_OP)
-    }
-
-    /// Keeps a response's receive buffer for the next call (a 4 KiB
-    /// allocation and free less per call).
-    fn recycle_response_buf(&mut self, mut buf: Vec<u8>) {
-        if buf.capacity() >= self.max_msg && self.response_bufs.len() < RESPONSE_BUF_POOL {
-            buf.clear();
-            self.response_bufs.push(buf);
-        }
     }
 
     fn post_request_buffer(&mut self, buf: Vec<u8>) -> Result<()> {
@@ -436,7 +451,7 @@ impl<C: Codec> Engine<C> {
                 cookie,
                 Call {
                     rpc: R::NAME,
-                    recv_op: OpId(0),
+                    peer: None,
                     outcome: None,
                     abandoned: false,
                     spill: None,
@@ -459,8 +474,7 @@ impl<C: Codec> Engine<C> {
         Ok(CallId(cookie))
     }
 
-    /// Posts the receive for the response, sends the request and records
-    /// the call.
+    /// Watches `dest` (if not yet), sends the request and records the call.
     fn send_request(
         &mut self,
         dest: &Addr,
@@ -470,31 +484,83 @@ impl<C: Codec> Engine<C> {
         spill: Option<MemHandle>,
         abandoned: bool,
     ) -> Result<()> {
-        let recv_op = OpId(cookie | RESPONSE_OP);
-        let buf = self
-            .response_bufs
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(self.max_msg));
-        self.ep.post_recv_expected(dest, cookie as u32, buf, recv_op)?;
+        let peer = dest.token();
+        if self.last_watched != Some(peer) {
+            self.watch(dest)?;
+        }
         let send_op = self.send_op();
         let len = msg.len();
-        if let Err(e) = self.ep.send_unexpected_buf(dest, 0, msg, send_op) {
-            // Nothing was sent: withdraw the receive (it completes canceled).
-            let _ = self.ep.cancel(self.plugin, recv_op);
-            return Err(e.into());
-        }
+        self.ep.send_unexpected_buf(dest, REQUEST_TAG, msg, send_op)?;
         self.stats.bytes_sent += len as u64;
         self.calls.insert(
             cookie,
             Call {
                 rpc,
-                recv_op,
+                peer: Some(peer),
                 outcome: None,
                 abandoned,
                 spill,
             },
         );
         Ok(())
+    }
+
+    /// Posts the watch on `dest` unless it has one (see `watches`).
+    fn watch(&mut self, dest: &Addr) -> Result<()> {
+        let peer = dest.token();
+        if !self.watches.contains_key(&peer) {
+            let op = OpId(self.op().0 | WATCH_OP);
+            self.ep.post_recv_expected(dest, WATCH_TAG, Vec::new(), op)?;
+            self.ops.insert(op, OpRole::Watch(peer));
+            self.watches.insert(peer, dest.clone());
+        }
+        self.last_watched = Some(peer);
+        Ok(())
+    }
+
+    /// The watch on peer `token` completed. A failure means the peer is
+    /// gone: every call to it fails with that error. A message matching it
+    /// is a protocol violation (we never announced the tag): the watch is
+    /// posted again.
+    fn watch_ended(&mut self, token: u64, status: std::result::Result<(), NaError>) {
+        let Some(addr) = self.watches.remove(&token) else {
+            return;
+        };
+        if self.last_watched == Some(token) {
+            self.last_watched = None;
+        }
+        let err = match status {
+            Ok(()) => {
+                self.stats.malformed += 1;
+                tracing::warn!(peer = %addr, "peer sent a message matching no call; ignored");
+                match self.watch(&addr) {
+                    Ok(()) => return,
+                    Err(e) => NaError::PeerGone {
+                        peer: addr.to_string(),
+                        reason: format!("cannot watch it again: {e}"),
+                    },
+                }
+            }
+            Err(e) => e,
+        };
+        let (peer, reason) = match err {
+            NaError::PeerGone { peer, reason } => (peer, reason),
+            other => (addr.to_string(), other.to_string()),
+        };
+        let failed: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.peer == Some(token) && c.outcome.is_none())
+            .map(|(cookie, _)| *cookie)
+            .collect();
+        tracing::debug!(%peer, %reason, calls = failed.len(), "peer gone; failing its calls");
+        for cookie in failed {
+            let e = NaError::PeerGone {
+                peer: peer.clone(),
+                reason: reason.clone(),
+            };
+            self.file_outcome(cookie, Err(RpcError::Transport(e)));
+        }
     }
 
     /// Sends a one-way request: no response, no completion to wait for.
@@ -516,7 +582,7 @@ impl<C: Codec> Engine<C> {
         }
         let op = self.send_op();
         let len = msg.len();
-        self.ep.send_unexpected_buf(dest, 0, msg, op)?;
+        self.ep.send_unexpected_buf(dest, REQUEST_TAG, msg, op)?;
         self.stats.bytes_sent += len as u64;
         Ok(())
     }
@@ -551,9 +617,12 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Gives up on call `id`: its response, if it ever comes, is discarded.
+    /// The call is forgotten at once, unless the target may still be
+    /// pulling its spilled input (then it stays, marked, until the
+    /// response or the target's end says the input is no longer needed).
     pub fn abandon(&mut self, id: CallId) {
         if let Some(c) = self.calls.get_mut(&id.0) {
-            if c.outcome.is_some() || c.recv_op == OpId(0) {
+            if c.outcome.is_some() || c.spill.is_none() {
                 self.calls.remove(&id.0);
             } else {
                 c.abandoned = true;
@@ -641,53 +710,48 @@ impl<C: Codec> Engine<C> {
         Ok(n)
     }
 
-    /// The response of call `cookie` arrived (or its receive failed).
-    fn handle_response(&mut self, cookie: u64, c: Completion) -> Result<()> {
-        let buf = c.buf.unwrap_or_default();
-        let outcome = match c.status {
-            Err(e) => Err(RpcError::Transport(e)),
-            Ok(()) => match Header::decode(&buf) {
-                // The common case first: it needs no call name.
-                Ok((h, p))
-                    if h.is_response()
-                        && h.cookie == cookie
-                        && h.flags & FLAG_SPILL == 0
-                        && h.status == Status::Ok =>
-                {
-                    Ok(p.to_vec())
-                }
-                Ok((h, p))
-                    if h.is_response()
-                        && h.cookie == cookie
-                        && h.flags & FLAG_SPILL != 0
-                        && h.status == Status::Ok =>
-                {
-                    let src = c.source.clone().unwrap_or_else(|| self.me.clone());
-                    match self.start_pull(&src, &h, p, true) {
-                        // The outcome is filed when the pull completes.
-                        Ok(()) => return Ok(()),
-                        Err(reason) => {
-                            self.release_output(&src, cookie);
-                            Err(RpcError::Decode {
-                                rpc: self.call_name(cookie).into(),
-                                what: "output",
-                                reason,
-                            })
-                        }
-                    }
-                }
-                Ok((h, p)) if h.is_response() && h.cookie == cookie => {
-                    response_outcome(self.call_name(cookie), h.rpc_id, h, p)
-                }
-                Ok(_) => Err(RpcError::Malformed {
-                    reason: "response does not match its call".into(),
-                }),
-                Err(e) => Err(e),
-            },
+    /// A response (header `h`, payload `p`) arrived from `src`. It counts
+    /// only for a call in flight to that same peer: a late one (the call
+    /// timed out or its future was dropped) is discarded, and one from
+    /// another peer (forged, or a confused peer) is malformed.
+    fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
+        let cookie = h.cookie;
+        let Some(call) = self.calls.get(&cookie) else {
+            self.stats.stray_responses += 1;
+            tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
+            return;
         };
-        self.recycle_response_buf(buf);
+        if call.peer != Some(src.token()) || call.outcome.is_some() {
+            self.stats.malformed += 1;
+            tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
+            return;
+        }
+        let outcome = if h.flags & FLAG_SPILL == 0 {
+            // The common case first: it needs no call name.
+            if h.status == Status::Ok {
+                Ok(p.to_vec())
+            } else {
+                response_outcome(call.rpc, h.rpc_id, *h, p)
+            }
+        } else if h.status != Status::Ok {
+            Err(RpcError::Malformed {
+                reason: "a spilled response must have status ok".into(),
+            })
+        } else {
+            match self.start_pull(src, h, p, true) {
+                // The outcome is filed when the pull completes.
+                Ok(()) => return,
+                Err(reason) => {
+                    self.release_output(src, cookie);
+                    Err(RpcError::Decode {
+                        rpc: self.call_name(cookie).into(),
+                        what: "output",
+                        reason,
+                    })
+                }
+            }
+        };
         self.file_outcome(cookie, outcome);
-        Ok(())
     }
 
     fn handle(&mut self, c: Completion) -> Result<()> {
@@ -697,15 +761,12 @@ impl<C: Codec> Engine<C> {
             }
             return Ok(());
         }
-        if c.op.0 & RESPONSE_OP != 0 {
-            return self.handle_response(c.op.0 & !RESPONSE_OP, c);
-        }
         if c.op.0 & REQUEST_OP != 0 {
             let canceled = c.is_canceled();
             let buf = c.buf.unwrap_or_default();
             if c.status.is_ok() {
                 if let Some(src) = c.source {
-                    self.serve(&src, &buf)?;
+                    self.on_message(&src, &buf)?;
                 }
             }
             if !canceled {
@@ -717,6 +778,7 @@ impl<C: Codec> Engine<C> {
             return Ok(());
         };
         match role {
+            OpRole::Watch(token) => self.watch_ended(token, c.status),
             OpRole::Bulk(id) => {
                 self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
             }

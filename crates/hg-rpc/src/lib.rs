@@ -3,9 +3,11 @@
 //! Define an RPC once ([`Rpc`]: name, input and output serde types),
 //! register a handler for it by name on the target ([`Engine::register`]),
 //! and call it from the origin ([`Engine::call`], or [`Engine::forward`] and
-//! [`Engine::take_response`]). Requests travel as NA unexpected messages,
-//! responses as expected messages tagged with the call's cookie; both carry
-//! the versioned header of [`header`] (see `docs/PROTOCOL.md`). Arguments
+//! [`Engine::take_response`]). Requests and responses both travel as NA
+//! unexpected messages with the versioned header of [`header`]; a response
+//! is filed by its cookie, for a call to the peer it came from, and one
+//! watch receive per called peer fails its calls when it goes away (see
+//! `docs/PROTOCOL.md`). Arguments
 //! are encoded by a [`Codec`] ([`Postcard`] by default).
 //!
 //! Two ways to drive it: the blocking API ([`Engine::progress`] +

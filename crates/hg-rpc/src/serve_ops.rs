@@ -7,6 +7,7 @@ use na_core::{Access, Addr, MemHandle};
 
 use super::{
     response_header, response_outcome, BulkCtx, DeferredRequest, Engine, Handler, OpRole, PendingPull,
+    RESPONSE_TAG,
 };
 use crate::codec::Codec;
 use crate::error::Result;
@@ -76,19 +77,20 @@ impl<C: Codec> Engine<C> {
         Some((response_header(h, status), out))
     }
 
-    pub(super) fn serve(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
+    /// A message arrived in one of our posted unexpected receives: a
+    /// request to serve, or the response to one of our calls.
+    pub(super) fn on_message(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
         let (h, payload) = match Header::decode(msg) {
             Ok(r) => r,
             Err(e) => {
                 // Garbage is not answered (we cannot trust its cookie); count it.
                 self.stats.malformed += 1;
-                tracing::warn!(peer = %src, error = %e, "dropping malformed RPC request");
+                tracing::warn!(peer = %src, error = %e, "dropping malformed RPC message");
                 return Ok(());
             }
         };
         if h.is_response() {
-            self.stats.malformed += 1;
-            tracing::warn!(peer = %src, "dropping a response sent as a request");
+            self.on_response(src, &h, payload);
             return Ok(());
         }
         if h.rpc_id == rpc_id(RELEASE_RPC) {
@@ -183,7 +185,7 @@ impl<C: Codec> Engine<C> {
         let sent = built.and_then(|msg| {
             let len = msg.len();
             self.ep
-                .send_expected_buf(src, h.cookie as u32, msg, op)
+                .send_unexpected_buf(src, RESPONSE_TAG, msg, op)
                 .map(|()| len)
         });
         match sent {

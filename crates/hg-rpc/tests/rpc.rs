@@ -1,7 +1,7 @@
 //! hg-rpc over na-sm with a separate server process (`hg-rpc-testpeer`).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc, RpcError};
@@ -12,55 +12,10 @@ use na_sm::{SmConfig, SmPlugin};
 #[allow(dead_code)]
 mod rpcs;
 use rpcs::*;
+mod common;
+use common::{client, dir, Server};
 
 const T: Duration = Duration::from_secs(10);
-
-/// The server process; killed when dropped.
-struct Server {
-    child: Child,
-    uri: String,
-}
-
-impl Server {
-    fn start(dir: &std::path::Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env("QS_SM_DIR", dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hg-rpc-testpeer");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
-        Server { child, uri }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn dir(tag: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let d = std::env::temp_dir().join(format!("hg-rpc-it-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
-    d
-}
-
-fn client(dir: &std::path::Path) -> Engine {
-    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig::default().with_dir(dir);
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    Engine::new(ep, id).unwrap()
-}
 
 /// Same name as `test.add` with another input type: the server cannot decode it.
 struct AddWrongType;
@@ -205,22 +160,27 @@ fn server_killed_mid_call_fails_the_call_before_its_timeout() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
     assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
-    let id = c.forward::<Sleep>(&s, &10_000).unwrap();
+    // Several calls in flight (the server runs them one after another):
+    // the peer's end must fail every one of them.
+    let ids: Vec<_> = (0..3).map(|_| c.forward::<Sleep>(&s, &10_000).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(200));
     srv.child.kill().unwrap();
     let t0 = Instant::now();
-    let r = loop {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no error within 5 s of the kill"
-        );
-        c.progress(Some(Duration::from_millis(100))).unwrap();
-        c.trigger().unwrap();
-        if let Some(r) = c.take_response::<Sleep>(id) {
-            break r;
-        }
-    };
-    assert!(matches!(r, Err(RpcError::Transport(_))), "{r:?}");
+    for id in ids {
+        let r = loop {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "no error within 5 s of the kill"
+            );
+            if let Some(r) = c.take_response::<Sleep>(id) {
+                break r;
+            }
+            c.progress(Some(Duration::from_millis(100))).unwrap();
+            c.trigger().unwrap();
+        };
+        assert!(matches!(r, Err(RpcError::Transport(_))), "{r:?}");
+    }
+    assert_eq!(c.stats().in_flight, 0);
 }
 
 #[test]
@@ -303,7 +263,8 @@ fn forged_spill_descriptor_gets_an_error_reply() {
     // A raw endpoint, so that we see the reply ourselves.
     let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
     let cfg = SmConfig::default().with_dir(&d);
-    ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+    let sm = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
         .unwrap();
     let s = ep.lookup(&srv.uri).unwrap();
     let bogus = RemoteMem::new(
@@ -351,8 +312,8 @@ fn forged_spill_descriptor_gets_an_error_reply() {
             checksum: 0,
         }
         .encode_with(&payload, &mut msg);
-        ep.post_recv_expected(&s, cookie as u32, Vec::new(), OpId(cookie))
-            .unwrap();
+        // Responses come as unexpected messages (protocol version 2).
+        ep.post_recv_unexpected(sm, Vec::new(), OpId(cookie)).unwrap();
         ep.send_unexpected(&s, 0, &msg, OpId(1 << 40 | cookie)).unwrap();
         let end = Instant::now() + T;
         let reply = loop {
@@ -369,6 +330,7 @@ fn forged_spill_descriptor_gets_an_error_reply() {
             }
         };
         let (h, text) = Header::decode(&reply).unwrap();
+        assert!(h.is_response() && h.cookie == cookie, "case {i}: {h:?}");
         assert_eq!(
             h.status,
             Status::DecodeError,

@@ -1,0 +1,60 @@
+//! Helpers shared by the integration tests that run `hg-rpc-testpeer`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use hg_rpc::Engine;
+use na_core::{Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+/// The server process; killed when dropped.
+pub struct Server {
+    /// The process.
+    pub child: Child,
+    /// Its NA address.
+    pub uri: String,
+}
+
+impl Server {
+    /// Starts the server with sockets in `dir` and waits for its address.
+    pub fn start(dir: &std::path::Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+            .env("QS_SM_DIR", dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn hg-rpc-testpeer");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
+        Server { child, uri }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh private (0700) socket directory for one test.
+pub fn dir(tag: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = std::env::temp_dir().join(format!("hg-rpc-it-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+/// A client engine over a new sm plugin in `dir`.
+pub fn client(dir: &std::path::Path) -> Engine {
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig::default().with_dir(dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    Engine::new(ep, id).unwrap()
+}

@@ -1,0 +1,175 @@
+//! How an origin files responses (protocol version 2): responses arrive as
+//! unexpected messages and count only for a call in flight to the peer
+//! they come from; a late one is discarded; one watch per peer fails the
+//! peer's calls when it goes away. Real processes and real sm plugins.
+
+use std::time::{Duration, Instant};
+
+use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
+use hg_rpc::{CallId, Engine, Rpc, RpcError};
+use na_core::{Addr, Endpoint, OpId, Plugin, PluginId, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+mod common;
+use common::{client, dir, Server};
+
+const T: Duration = Duration::from_secs(10);
+
+/// A raw NA endpoint (no RPC engine) in `dir`, to forge messages with;
+/// others can look it up if it `listen`s.
+fn raw_endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig {
+        listen,
+        ..SmConfig::default()
+    }
+    .with_dir(dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    (ep, id)
+}
+
+/// A response header for `cookie` with an empty payload (the encoding of `()`).
+fn response(rpc: &str, cookie: u64) -> Vec<u8> {
+    let mut msg = Vec::new();
+    Header {
+        flags: FLAG_RESPONSE | FLAG_CHECKSUM,
+        status: Status::Ok,
+        rpc_id: hg_rpc::rpc_id(rpc),
+        cookie,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(&[], &mut msg);
+    msg
+}
+
+/// Drives `c` for `d`.
+fn pump(c: &mut Engine, d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    }
+}
+
+/// Drives `c` until call `id` of `R` has its result.
+fn wait<R: Rpc>(c: &mut Engine, id: CallId) -> hg_rpc::Result<R::Output> {
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "no result within {T:?}");
+        if let Some(r) = c.take_response::<R>(id) {
+            return r;
+        }
+        c.progress(Some(Duration::from_millis(20))).unwrap();
+        c.trigger().unwrap();
+    }
+}
+
+/// Sends `msg` from `ep` to `to` (unexpected, or expected with `tag`) and
+/// waits for the send to complete.
+fn send_raw(ep: &mut Endpoint, to: &Addr, expected: Option<u32>, msg: &[u8], op: OpId) {
+    match expected {
+        Some(tag) => ep.send_expected(to, tag, msg, op).unwrap(),
+        None => ep.send_unexpected(to, 0, msg, op).unwrap(),
+    }
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "send did not complete");
+        ep.progress(Some(Duration::from_millis(10))).unwrap();
+        if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == op) {
+            c.status.unwrap();
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_late_response_is_discarded_and_counted_and_the_call_forgotten_at_once() {
+    let d = dir("late");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let r = c.call::<Sleep>(&s, &300, Duration::from_millis(30));
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!(c.stats().in_flight, 0, "a timed-out call is forgotten at once");
+    let end = Instant::now() + T;
+    while c.stats().stray_responses == 0 {
+        assert!(Instant::now() < end, "the late response never came");
+        pump(&mut c, Duration::from_millis(20));
+    }
+    assert_eq!((c.stats().stray_responses, c.stats().malformed), (1, 0));
+    assert_eq!(c.call::<Add>(&s, &(4, 5), T).unwrap(), 9);
+}
+
+#[test]
+fn responses_from_another_peer_are_dropped_and_the_real_one_counts() {
+    let d = dir("forged-resp");
+    let srv = Server::start(&d);
+    // The client listens, so that a third party can reach it.
+    let (ep, id) = raw_endpoint(&d, true);
+    let mut c = Engine::new(ep, id).unwrap();
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let id = c.forward::<Sleep>(&s, &300).unwrap();
+    // A third process-local plugin forges a response for every cookie the
+    // client may have used: exactly one matches the call in flight.
+    let (mut x, _) = raw_endpoint(&d, false);
+    let to_c = x.lookup(c.self_addr().uri()).unwrap();
+    for cookie in 1..=8u64 {
+        send_raw(&mut x, &to_c, None, &response(Sleep::NAME, cookie), OpId(cookie));
+    }
+    pump(&mut c, Duration::from_millis(100));
+    assert!(!c.is_finished(id), "a forged response was filed");
+    let st = c.stats();
+    assert_eq!(
+        (st.malformed, st.stray_responses, st.in_flight),
+        (1, 7, 1),
+        "{st:?}"
+    );
+    wait::<Sleep>(&mut c, id).unwrap();
+    assert_eq!(c.stats().in_flight, 0);
+}
+
+/// A raw endpoint plays the server: it sends a message on the watch's tag
+/// (a protocol violation), then answers properly; then it goes away with
+/// a call in flight, which must fail: the watch was posted again.
+#[test]
+fn a_message_on_the_watch_tag_is_malformed_and_the_peer_stays_watched() {
+    let d = dir("watch");
+    let (mut x, xid) = raw_endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let serve_one = |x: &mut Endpoint, c: &mut Engine, op: u64| {
+        x.post_recv_unexpected(xid, Vec::new(), OpId(op)).unwrap();
+        let end = Instant::now() + T;
+        loop {
+            assert!(Instant::now() < end, "no request");
+            c.progress_now().unwrap();
+            x.progress(Some(Duration::from_millis(5))).unwrap();
+            if let Some(done) = std::iter::from_fn(|| x.pop_completion()).find(|k| k.op == OpId(op)) {
+                let (h, _) = Header::decode(done.buf.as_ref().unwrap()).unwrap();
+                return (done.source.unwrap(), h.cookie);
+            }
+        }
+    };
+    // Call `b` is in flight throughout: it must fail when `x` goes, which
+    // takes a watch posted again after the violation.
+    let a = c.forward::<Sleep>(&s, &0).unwrap();
+    let b = c.forward::<Sleep>(&s, &0).unwrap();
+    let (origin, cookie) = serve_one(&mut x, &mut c, 1);
+    send_raw(&mut x, &origin, Some(0), b"not for you", OpId(2));
+    pump(&mut c, Duration::from_millis(50));
+    assert_eq!(c.stats().malformed, 1);
+    assert!(!c.is_finished(a));
+    send_raw(&mut x, &origin, None, &response(Sleep::NAME, cookie), OpId(3));
+    wait::<Sleep>(&mut c, a).unwrap();
+    drop(x);
+    let r = wait::<Sleep>(&mut c, b);
+    assert!(matches!(r, Err(RpcError::Transport(_))), "{r:?}");
+}
