@@ -1,6 +1,5 @@
 //! The RPC engine: registry, calls in flight, and the blocking progress API.
 
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use na_core::fasthash::FastMap;
@@ -8,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use na_core::{Addr, Completion, Endpoint, MemHandle, MsgBuf, NaError, OpId, PluginId, Tag};
 
+use crate::call_table::{CallTable, NO_CALL};
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_SPILL, HEADER_LEN};
@@ -154,7 +154,7 @@ pub struct Engine<C: Codec = Postcard> {
     codec: C,
     handlers: FastMap<u64, Handler>,
     ops: FastMap<OpId, OpRole>,
-    calls: FastMap<u64, Call>,
+    calls: CallTable<Call>,
     next_op: u64,
     /// Peers we have calls to, by token: each has one watch, an expected
     /// receive that no message matches. The plugin fails it when the peer
@@ -166,7 +166,6 @@ pub struct Engine<C: Codec = Postcard> {
     /// The token of the peer watched last (skips the lookup for a run of
     /// calls to one peer).
     last_watched: Option<u64>,
-    next_cookie: u64,
     max_msg: usize,
     scratch: Vec<u8>,
     stats: RpcStats,
@@ -217,11 +216,10 @@ impl<C: Codec> Engine<C> {
             codec,
             handlers: FastMap::default(),
             ops: FastMap::default(),
-            calls: FastMap::default(),
+            calls: CallTable::default(),
             next_op: 1,
             watches: FastMap::default(),
             last_watched: None,
-            next_cookie: 1,
             max_msg,
             scratch: Vec::new(),
             stats: RpcStats::default(),
@@ -258,8 +256,8 @@ impl<C: Codec> Engine<C> {
         RpcStats {
             in_flight: self
                 .calls
-                .values()
-                .filter(|c| !c.abandoned && c.outcome.is_none())
+                .iter()
+                .filter(|(_, c)| !c.abandoned && c.outcome.is_none())
                 .count() as u64,
             ..self.stats
         }
@@ -412,6 +410,13 @@ impl<C: Codec> Engine<C> {
             } else {
                 self.ep.alloc_msg_buf(dest, HEADER_LEN + payload.len())?
             };
+            // A one-way request that fits never becomes a call: its cookie
+            // must not be one a later call will have.
+            let cookie = if flags & FLAG_ONE_WAY != 0 {
+                NO_CALL
+            } else {
+                cookie
+            };
             let r = header(flags, Status::Ok, id, cookie).encode_into(&payload, &mut msg);
             self.scratch = payload;
             r?;
@@ -434,8 +439,8 @@ impl<C: Codec> Engine<C> {
 
     /// Starts a call of `R` on `dest`; see [`take_response`](Self::take_response).
     pub fn forward<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<CallId> {
-        let cookie = self.next_cookie;
-        self.next_cookie += 1;
+        // The call is stored (under this cookie) once its request is out.
+        let cookie = self.calls.next_cookie();
         let to_self = *dest == self.me;
         let (msg, spill) = self.encode_request::<R>(dest, input, FLAG_CHECKSUM, cookie, to_self)?;
         self.stats.calls += 1;
@@ -447,16 +452,14 @@ impl<C: Codec> Engine<C> {
         if to_self {
             // Self-forward: run the handler here, no network (a deferred
             // handler answers later, through `answer`).
-            self.calls.insert(
-                cookie,
-                Call {
-                    rpc: R::NAME,
-                    peer: None,
-                    outcome: None,
-                    abandoned: false,
-                    spill: None,
-                },
-            );
+            let stored = self.calls.insert(Call {
+                rpc: R::NAME,
+                peer: None,
+                outcome: None,
+                abandoned: false,
+                spill: None,
+            });
+            debug_assert_eq!(stored, cookie);
             match self.run_handler(msg.as_slice()) {
                 Ok(None) => {}
                 Ok(Some((h, p))) => {
@@ -492,16 +495,14 @@ impl<C: Codec> Engine<C> {
         let len = msg.len();
         self.ep.send_unexpected_buf(dest, REQUEST_TAG, msg, send_op)?;
         self.stats.bytes_sent += len as u64;
-        self.calls.insert(
-            cookie,
-            Call {
-                rpc,
-                peer: Some(peer),
-                outcome: None,
-                abandoned,
-                spill,
-            },
-        );
+        let stored = self.calls.insert(Call {
+            rpc,
+            peer: Some(peer),
+            outcome: None,
+            abandoned,
+            spill,
+        });
+        debug_assert_eq!(stored, cookie, "cookie announced in the request");
         Ok(())
     }
 
@@ -551,7 +552,7 @@ impl<C: Codec> Engine<C> {
             .calls
             .iter()
             .filter(|(_, c)| c.peer == Some(token) && c.outcome.is_none())
-            .map(|(cookie, _)| *cookie)
+            .map(|(cookie, _)| cookie)
             .collect();
         tracing::debug!(%peer, %reason, calls = failed.len(), "peer gone; failing its calls");
         for cookie in failed {
@@ -565,9 +566,11 @@ impl<C: Codec> Engine<C> {
 
     /// Sends a one-way request: no response, no completion to wait for.
     pub fn forward_one_way<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<()> {
-        let cookie = self.next_cookie;
-        self.next_cookie += 1;
         let to_self = *dest == self.me;
+        // Only a spilled one-way request becomes a call (it waits for the
+        // target's acknowledgement, under this cookie); one that fits
+        // carries NO_CALL (see `encode_request`).
+        let cookie = self.calls.next_cookie();
         let (msg, spill) =
             self.encode_request::<R>(dest, input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
         self.stats.calls += 1;
@@ -590,12 +593,8 @@ impl<C: Codec> Engine<C> {
     /// The result of call `id` if its response arrived (then the call is
     /// finished and forgotten), `None` if it is still in flight.
     pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
-        // One hash lookup whether or not the response is there yet.
-        let Entry::Occupied(call) = self.calls.entry(id.0) else {
-            return None;
-        };
-        call.get().outcome.as_ref()?;
-        let outcome = call.remove().outcome?;
+        self.calls.get(id.0)?.outcome.as_ref()?;
+        let outcome = self.calls.remove(id.0)?.outcome?;
         let r = outcome.and_then(|payload| {
             self.codec
                 .decode::<R::Output>(&payload)
@@ -613,7 +612,7 @@ impl<C: Codec> Engine<C> {
 
     /// True if call `id` has its outcome (its response arrived, or it failed).
     pub fn is_finished(&self, id: CallId) -> bool {
-        self.calls.get(&id.0).is_some_and(|c| c.outcome.is_some())
+        self.calls.get(id.0).is_some_and(|c| c.outcome.is_some())
     }
 
     /// Gives up on call `id`: its response, if it ever comes, is discarded.
@@ -621,9 +620,9 @@ impl<C: Codec> Engine<C> {
     /// pulling its spilled input (then it stays, marked, until the
     /// response or the target's end says the input is no longer needed).
     pub fn abandon(&mut self, id: CallId) {
-        if let Some(c) = self.calls.get_mut(&id.0) {
+        if let Some(c) = self.calls.get_mut(id.0) {
             if c.outcome.is_some() || c.spill.is_none() {
-                self.calls.remove(&id.0);
+                self.calls.remove(id.0);
             } else {
                 c.abandoned = true;
             }
@@ -716,7 +715,7 @@ impl<C: Codec> Engine<C> {
     /// another peer (forged, or a confused peer) is malformed.
     fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
-        let Some(call) = self.calls.get(&cookie) else {
+        let Some(call) = self.calls.get(cookie) else {
             self.stats.stray_responses += 1;
             tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
             return;
@@ -802,7 +801,7 @@ impl<C: Codec> Engine<C> {
             OpRole::PullOutput(key, cookie) => {
                 if let Some(p) = self.pulls.remove(&key) {
                     self.release_output(&p.src, cookie);
-                    let rpc = self.calls.get(&cookie).map_or("?", |k| k.rpc);
+                    let rpc = self.calls.get(cookie).map_or("?", |k| k.rpc);
                     let outcome = match c.status {
                         Ok(()) => Ok(p.mem.to_vec()),
                         Err(e) => Err(RpcError::Decode {
@@ -820,15 +819,15 @@ impl<C: Codec> Engine<C> {
 
     /// The registered name of call `cookie`'s RPC, for error messages.
     fn call_name(&self, cookie: u64) -> &'static str {
-        self.calls.get(&cookie).map_or("?", |k| k.rpc)
+        self.calls.get(cookie).map_or("?", |k| k.rpc)
     }
 
     /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
     fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
-        if let Some(call) = self.calls.get_mut(&cookie) {
+        if let Some(call) = self.calls.get_mut(cookie) {
             call.spill = None;
             if call.abandoned {
-                self.calls.remove(&cookie);
+                self.calls.remove(cookie);
             } else {
                 call.outcome = Some(outcome);
             }

@@ -20,6 +20,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod call_table;
 pub mod codec;
 pub mod engine;
 pub mod error;

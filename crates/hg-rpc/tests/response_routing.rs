@@ -110,29 +110,53 @@ fn a_late_response_is_discarded_and_counted_and_the_call_forgotten_at_once() {
 #[test]
 fn responses_from_another_peer_are_dropped_and_the_real_one_counts() {
     let d = dir("forged-resp");
-    let srv = Server::start(&d);
+    let (mut x, xid) = raw_endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
     // The client listens, so that a third party can reach it.
-    let (ep, id) = raw_endpoint(&d, true);
-    let mut c = Engine::new(ep, id).unwrap();
-    let s = c.endpoint().lookup(&srv.uri).unwrap();
-    let id = c.forward::<Sleep>(&s, &300).unwrap();
-    // A third process-local plugin forges a response for every cookie the
-    // client may have used: exactly one matches the call in flight.
-    let (mut x, _) = raw_endpoint(&d, false);
-    let to_c = x.lookup(c.self_addr().uri()).unwrap();
-    for cookie in 1..=8u64 {
-        send_raw(&mut x, &to_c, None, &response(Sleep::NAME, cookie), OpId(cookie));
-    }
+    let (ep, cid) = raw_endpoint(&d, true);
+    let mut c = Engine::new(ep, cid).unwrap();
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let id = c.forward::<Sleep>(&s, &0).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    // A third plugin forges the response (right cookie, wrong peer), and
+    // one for a cookie of no call.
+    let (mut y, _) = raw_endpoint(&d, false);
+    let to_c = y.lookup(c.self_addr().uri()).unwrap();
+    send_raw(&mut y, &to_c, None, &response(Sleep::NAME, cookie), OpId(1));
+    send_raw(
+        &mut y,
+        &to_c,
+        None,
+        &response(Sleep::NAME, cookie ^ 1 << 40),
+        OpId(2),
+    );
     pump(&mut c, Duration::from_millis(100));
     assert!(!c.is_finished(id), "a forged response was filed");
     let st = c.stats();
     assert_eq!(
         (st.malformed, st.stray_responses, st.in_flight),
-        (1, 7, 1),
+        (1, 1, 1),
         "{st:?}"
     );
+    send_raw(&mut x, &origin, None, &response(Sleep::NAME, cookie), OpId(2));
     wait::<Sleep>(&mut c, id).unwrap();
     assert_eq!(c.stats().in_flight, 0);
+}
+
+/// Posts one unexpected receive on `x` and drives `c` and `x` until a
+/// request arrives in it: returns the origin and the request's cookie.
+fn take_request(x: &mut Endpoint, xid: PluginId, c: &mut Engine, op: u64) -> (Addr, u64) {
+    x.post_recv_unexpected(xid, Vec::new(), OpId(op)).unwrap();
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "no request");
+        c.progress_now().unwrap();
+        x.progress(Some(Duration::from_millis(5))).unwrap();
+        if let Some(done) = std::iter::from_fn(|| x.pop_completion()).find(|k| k.op == OpId(op)) {
+            let (h, _) = Header::decode(done.buf.as_ref().unwrap()).unwrap();
+            return (done.source.unwrap(), h.cookie);
+        }
+    }
 }
 
 /// A raw endpoint plays the server: it sends a message on the watch's tag
@@ -145,24 +169,11 @@ fn a_message_on_the_watch_tag_is_malformed_and_the_peer_stays_watched() {
     let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
     let mut c = client(&d);
     let s = c.endpoint().lookup(&x_uri).unwrap();
-    let serve_one = |x: &mut Endpoint, c: &mut Engine, op: u64| {
-        x.post_recv_unexpected(xid, Vec::new(), OpId(op)).unwrap();
-        let end = Instant::now() + T;
-        loop {
-            assert!(Instant::now() < end, "no request");
-            c.progress_now().unwrap();
-            x.progress(Some(Duration::from_millis(5))).unwrap();
-            if let Some(done) = std::iter::from_fn(|| x.pop_completion()).find(|k| k.op == OpId(op)) {
-                let (h, _) = Header::decode(done.buf.as_ref().unwrap()).unwrap();
-                return (done.source.unwrap(), h.cookie);
-            }
-        }
-    };
     // Call `b` is in flight throughout: it must fail when `x` goes, which
     // takes a watch posted again after the violation.
     let a = c.forward::<Sleep>(&s, &0).unwrap();
     let b = c.forward::<Sleep>(&s, &0).unwrap();
-    let (origin, cookie) = serve_one(&mut x, &mut c, 1);
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     send_raw(&mut x, &origin, Some(0), b"not for you", OpId(2));
     pump(&mut c, Duration::from_millis(50));
     assert_eq!(c.stats().malformed, 1);
