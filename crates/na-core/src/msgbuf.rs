@@ -69,24 +69,58 @@ impl MsgMemory for HeapMemory {
 /// [`extend_from_slice`](Self::extend_from_slice), or
 /// [`spare_mut`](Self::spare_mut) plus [`set_len`](Self::set_len).
 pub struct MsgBuf {
-    mem: Box<dyn MsgMemory>,
+    mem: Memory,
     len: usize,
+}
+
+/// Heap memory is kept inline (no virtual call per access on the common
+/// path of plugins that copy); plugin memory behind the trait.
+enum Memory {
+    Heap(HeapMemory),
+    Plugin(Box<dyn MsgMemory>),
+}
+
+impl Memory {
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Memory::Heap(h) => &h.0,
+            Memory::Plugin(m) => m.bytes(),
+        }
+    }
+
+    #[inline]
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Memory::Heap(h) => &mut h.0,
+            Memory::Plugin(m) => m.bytes_mut(),
+        }
+    }
 }
 
 impl MsgBuf {
     /// An empty heap buffer of `capacity` bytes.
     pub fn heap(capacity: usize) -> MsgBuf {
-        MsgBuf::from_memory(Box::new(HeapMemory(vec![0u8; capacity].into_boxed_slice())))
+        MsgBuf {
+            mem: Memory::Heap(HeapMemory(vec![0u8; capacity].into_boxed_slice())),
+            len: 0,
+        }
     }
 
     /// An empty buffer over plugin-prepared memory.
     pub fn from_memory(mem: Box<dyn MsgMemory>) -> MsgBuf {
-        MsgBuf { mem, len: 0 }
+        MsgBuf {
+            mem: Memory::Plugin(mem),
+            len: 0,
+        }
     }
 
     /// The memory (for the plugin that made it).
     pub fn memory(&self) -> &dyn MsgMemory {
-        self.mem.as_ref()
+        match &self.mem {
+            Memory::Heap(h) => h,
+            Memory::Plugin(m) => m.as_ref(),
+        }
     }
 
     /// Bytes the buffer can hold.

@@ -217,16 +217,10 @@ impl SmPlugin {
 
     /// The address must be ours (its token is then checked against the
     /// peer table by every use: a forged one finds no peer).
+    #[inline]
     fn check_dest(&self, dest: &Addr) -> Result<()> {
         if dest.plugin() != self.id {
-            return Err(NaError::InvalidAddress {
-                uri: dest.uri().into(),
-                reason: format!(
-                    "belongs to plugin {:?}, not to sm plugin {:?}",
-                    dest.plugin(),
-                    self.id
-                ),
-            });
+            return Err(foreign_addr(dest, self.id));
         }
         Ok(())
     }
@@ -255,6 +249,16 @@ impl SmPlugin {
         self.ensure_connected(dest)?;
         self.send_on(dest.token(), kind, tag, data, op)
             .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?
+    }
+}
+
+/// The error for an address of another plugin (out of line: the check
+/// itself is on every operation's path).
+#[cold]
+fn foreign_addr(dest: &Addr, id: PluginId) -> NaError {
+    NaError::InvalidAddress {
+        uri: dest.uri().into(),
+        reason: format!("belongs to plugin {:?}, not to sm plugin {:?}", dest.plugin(), id),
     }
 }
 
