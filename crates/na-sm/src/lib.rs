@@ -114,6 +114,7 @@ mod connect;
 pub mod error;
 pub mod factory;
 
+mod id_filter;
 mod matching;
 mod plugin;
 pub mod progress;

@@ -13,10 +13,14 @@ use na_core::fasthash::FastMap;
 
 use na_core::{Addr, Completion, NaError, OpId, OpKind, Tag};
 
+use crate::id_filter::IdFilter;
+
 /// Where a posted (not yet completed) operation waits; used by cancel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OpPlace {
-    /// In the posted unexpected receives.
+    /// In the posted unexpected receives. Not kept in the plugin's table
+    /// of ops (see `Matcher::posted_ids`): cancel looks there for an id
+    /// the table lacks.
     RecvUnexpected,
     /// In the posted expected receives under (peer token, tag).
     RecvExpected(u64, Tag),
@@ -35,6 +39,10 @@ const MAX_SPARE: usize = 64;
 #[derive(Default)]
 pub(crate) struct Matcher {
     posted_unexpected: VecDeque<(OpId, Vec<u8>)>,
+    /// The ids in `posted_unexpected`, for duplicate checks: an RPC layer
+    /// posts and completes one unexpected receive per message, and a
+    /// hash-table entry for each cost two table operations per message.
+    posted_ids: IdFilter,
     arrived_unexpected: VecDeque<(Addr, Tag, Vec<u8>)>,
     posted_expected: FastMap<Key, VecDeque<(OpId, Vec<u8>)>>,
     arrived_expected: FastMap<Key, VecDeque<(Addr, Vec<u8>)>>,
@@ -55,8 +63,10 @@ pub(crate) struct Matcher {
 
 impl Matcher {
     /// A message arrived from `source`; `fill` copies its payload into a
-    /// buffer (replacing its contents). Returns true if it completed a
-    /// posted receive (pushed onto `out`).
+    /// buffer (replacing its contents). Returns the id of the posted
+    /// expected receive it completed (pushed onto `out`), if any: that id
+    /// leaves the plugin's table of ops. (A completed unexpected receive is
+    /// pushed onto `out` too, but those are not in that table.)
     pub fn deliver(
         &mut self,
         source: &Addr,
@@ -67,6 +77,7 @@ impl Matcher {
     ) -> Option<OpId> {
         if !expected {
             if let Some((op, mut buf)) = self.posted_unexpected.pop_front() {
+                self.posted_ids.remove(op);
                 fill(&mut buf);
                 out.push_back(Completion::received(
                     op,
@@ -75,7 +86,7 @@ impl Matcher {
                     source.clone(),
                     tag,
                 ));
-                return Some(op);
+                return None;
             }
             let mut v = Vec::new();
             fill(&mut v);
@@ -123,6 +134,16 @@ impl Matcher {
         }
     }
 
+    /// True if `op` names a posted unexpected receive.
+    pub fn has_posted_unexpected(&self, op: OpId) -> bool {
+        self.posted_ids.may_contain(op) && self.posted_unexpected.iter().any(|(o, _)| *o == op)
+    }
+
+    /// Unexpected receives posted and not yet completed.
+    pub fn posted_unexpected(&self) -> usize {
+        self.posted_unexpected.len()
+    }
+
     /// Messages from `token` waiting for a receive.
     pub fn queued_from(&self, token: u64) -> usize {
         self.queued_by_peer.get(&token).copied().unwrap_or(0)
@@ -148,6 +169,7 @@ impl Matcher {
             return false;
         }
         self.posted_unexpected.push_back((op, buf));
+        self.posted_ids.insert(op);
         true
     }
 
@@ -219,7 +241,11 @@ impl Matcher {
     pub fn take_posted(&mut self, op: OpId, place: OpPlace) -> Option<Vec<u8>> {
         match place {
             OpPlace::RecvUnexpected => {
+                if !self.posted_ids.may_contain(op) {
+                    return None;
+                }
                 let i = self.posted_unexpected.iter().position(|(o, _)| *o == op)?;
+                self.posted_ids.remove(op);
                 self.posted_unexpected.remove(i).map(|(_, b)| b)
             }
             OpPlace::RecvExpected(tok, tag) => {

@@ -335,13 +335,13 @@ impl Plugin for SmPlugin {
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
-        // One hash lookup both refuses a duplicate id and records the op.
-        let Entry::Vacant(slot) = self.ops.entry(op) else {
+        // Posted unexpected receives are kept out of `ops` (the matcher
+        // tracks their ids): one lookup here instead of an insert here and
+        // a removal on delivery.
+        if self.in_flight(op) {
             return Err(dup(op));
-        };
-        if self.matcher.post_unexpected(op, buf, &mut self.completions) {
-            slot.insert(OpPlace::RecvUnexpected);
         }
+        self.matcher.post_unexpected(op, buf, &mut self.completions);
         Ok(())
     }
 
@@ -354,6 +354,9 @@ impl Plugin for SmPlugin {
         let Entry::Vacant(slot) = self.ops.entry(op) else {
             return Err(dup(op));
         };
+        if self.matcher.has_posted_unexpected(op) {
+            return Err(dup(op));
+        }
         if self
             .matcher
             .post_expected(source, tag, op, buf, &mut self.completions)
@@ -413,7 +416,7 @@ impl Plugin for SmPlugin {
 
     fn stats(&self) -> PluginStats {
         PluginStats {
-            in_flight: self.ops.len() as u64,
+            in_flight: (self.ops.len() + self.matcher.posted_unexpected()) as u64,
             queued_arrivals: self.matcher.queued_arrivals as u64,
             peers: self
                 .peers

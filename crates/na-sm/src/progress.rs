@@ -367,7 +367,7 @@ impl SmPlugin {
             }
             return Some(Ok(()));
         }
-        if self.ops.contains_key(&op) {
+        if self.ops.contains_key(&op) || self.matcher.has_posted_unexpected(op) {
             return Some(Err(dup(op)));
         }
         self.maybe_backlog = true;
@@ -383,7 +383,9 @@ impl SmPlugin {
     }
 
     pub(crate) fn cancel_op(&mut self, op: OpId) -> Result<()> {
-        let place = self.ops.remove(&op).ok_or(NaError::UnknownOp(op.0))?;
+        // Posted unexpected receives are not in `ops` (see
+        // `post_recv_unexpected`): an id not there may be one of them.
+        let place = self.ops.remove(&op).unwrap_or(OpPlace::RecvUnexpected);
         let c = match place {
             OpPlace::Send(tok) => {
                 let q = self.peers.get_mut(tok).and_then(|p| {
@@ -401,6 +403,9 @@ impl SmPlugin {
                     OpKind::RecvExpected
                 };
                 let buf = self.matcher.take_posted(op, place);
+                if place == OpPlace::RecvUnexpected && buf.is_none() {
+                    return Err(NaError::UnknownOp(op.0));
+                }
                 Completion::failed(op, kind, NaError::Canceled, buf)
             }
         };
@@ -458,6 +463,13 @@ impl SmPlugin {
         for op in self.matcher.fail_peer(tok, err, &mut self.completions) {
             self.ops.remove(&op);
         }
+    }
+}
+
+impl SmPlugin {
+    /// True if `op` names an operation in flight (refused as a new id).
+    pub(crate) fn in_flight(&self, op: OpId) -> bool {
+        self.ops.contains_key(&op) || self.matcher.has_posted_unexpected(op)
     }
 }
 
