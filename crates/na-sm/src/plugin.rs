@@ -23,6 +23,7 @@ use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::error::{SmError, SmResult};
 use crate::matching::{Matcher, OpPlace};
 use crate::progress::dup;
+use crate::sys::cma::IovLists;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
 use crate::sys::wake::WakeKind;
@@ -74,6 +75,8 @@ pub struct SmPlugin {
     pub(crate) wake_kind: WakeKind,
     /// Message buffers handed back by sends (they are copied into the ring).
     pub(crate) msg_bufs: MsgBufPool,
+    /// Scratch iovec lists of RMA transfers (kept for their capacity).
+    pub(crate) iov_lists: IovLists,
 }
 
 impl SmPlugin {
@@ -126,6 +129,7 @@ impl SmPlugin {
             tokens: Vec::with_capacity(32),
             wake_kind,
             msg_bufs: MsgBufPool::default(),
+            iov_lists: IovLists::default(),
         };
         if plugin.cfg.listen {
             plugin.listen()?;

@@ -47,7 +47,7 @@ impl SmPlugin {
     fn rma_run(&mut self, pid: u32, dest: &Addr, mut ops: &[Rma<'_>]) {
         let dir = ops[0].dir;
         while !ops.is_empty() {
-            let moved = transfer_batch(pid, ops);
+            let moved = transfer_batch(pid, ops, &mut self.iov_lists);
             // Transfers wholly inside the bytes moved are done; the next one
             // failed (if the batch stopped), and the ones after it go again.
             let mut covered = 0u64;

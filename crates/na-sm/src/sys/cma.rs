@@ -37,6 +37,23 @@ pub struct Moved {
     pub error: Option<io::Error>,
 }
 
+/// The iovec lists [`transfer_batch`] builds, kept between calls so that
+/// their capacity stays: a steady stream of transfers allocates nothing
+/// (growing two lists per transfer cost more than the rest of a 16-segment
+/// transfer's bookkeeping).
+#[derive(Default)]
+pub struct IovLists {
+    local: Vec<libc::iovec>,
+    remote: Vec<libc::iovec>,
+}
+
+// SAFETY: the lists hold addresses only while `transfer_batch` runs (it
+// clears them before it returns); between calls they are empty vectors of
+// plain data, and the addresses they held were never dereferenced by us,
+// only passed to the kernel. Moving them to another thread moves nothing
+// that anyone can reach through.
+unsafe impl Send for IovLists {}
+
 /// Appends a piece to an iovec list, merging it into the last one when they
 /// touch.
 fn push(iov: &mut Vec<libc::iovec>, addr: usize, len: usize) {
@@ -59,7 +76,19 @@ fn push(iov: &mut Vec<libc::iovec>, addr: usize, len: usize) {
 /// process `pid`, with as few system calls as `IOV_MAX` allows. They all go
 /// the way the first one does; one that goes the other way stops the batch
 /// (`InvalidInput`), as a range out of bounds does.
-pub fn transfer_batch(pid: u32, batch: &[Rma<'_>]) -> Moved {
+pub fn transfer_batch(pid: u32, batch: &[Rma<'_>], lists: &mut IovLists) -> Moved {
+    let moved = transfer_listed(pid, batch, &mut lists.local, &mut lists.remote);
+    lists.local.clear();
+    lists.remote.clear();
+    moved
+}
+
+fn transfer_listed(
+    pid: u32,
+    batch: &[Rma<'_>],
+    liov: &mut Vec<libc::iovec>,
+    riov: &mut Vec<libc::iovec>,
+) -> Moved {
     let mut moved = Moved {
         bytes: 0,
         calls: 0,
@@ -73,7 +102,8 @@ pub fn transfer_batch(pid: u32, batch: &[Rma<'_>]) -> Moved {
     let Some(dir) = batch.first().map(|p| p.dir) else {
         return moved;
     };
-    let (mut liov, mut riov) = (Vec::new(), Vec::new());
+    liov.clear();
+    riov.clear();
     let mut total = 0u64;
     for p in batch {
         let refused = if p.dir != dir {
@@ -89,10 +119,10 @@ pub fn transfer_batch(pid: u32, batch: &[Rma<'_>]) -> Moved {
         }
         let listed = p
             .local
-            .for_each_piece(p.local_offset, p.len, |a, n| push(&mut liov, a, n))
+            .for_each_piece(p.local_offset, p.len, |a, n| push(liov, a, n))
             .and_then(|()| {
                 p.remote.for_each_piece(p.remote_offset, p.len, |_, a, n| {
-                    push(&mut riov, a as usize, n as usize)
+                    push(riov, a as usize, n as usize)
                 })
             });
         if let Err(e) = listed {
@@ -105,8 +135,8 @@ pub fn transfer_batch(pid: u32, batch: &[Rma<'_>]) -> Moved {
     // only: move what came before it, then report the error.
     let stop = moved.error.take();
     if stop.is_some() {
-        truncate(&mut liov, total);
-        truncate(&mut riov, total);
+        truncate(liov, total);
+        truncate(riov, total);
     }
     let (mut li, mut ri) = (0usize, 0usize);
     while moved.bytes < total {
@@ -146,8 +176,8 @@ pub fn transfer_batch(pid: u32, batch: &[Rma<'_>]) -> Moved {
             return moved;
         }
         moved.bytes += (n as u64).min(total - moved.bytes);
-        advance(&mut liov, &mut li, n);
-        advance(&mut riov, &mut ri, n);
+        advance(liov, &mut li, n);
+        advance(riov, &mut ri, n);
     }
     moved.error = stop;
     moved
@@ -210,16 +240,28 @@ mod tests {
         let src = MemHandle::new((0..3000).map(|i| vec![i as u8]).collect(), Access::ReadOnly);
         let dst = MemHandle::zeroed(3100, Access::ReadWrite);
         let remote = describe(&src);
-        let m = transfer_batch(ME(), &[Rma::get(&dst, 50, &remote, 0, 3000, OpId(1))]);
+        let m = transfer_batch(
+            ME(),
+            &[Rma::get(&dst, 50, &remote, 0, 3000, OpId(1))],
+            &mut IovLists::default(),
+        );
         assert!(m.error.is_none(), "{m:?}");
         assert_eq!(m.bytes, 3000);
         assert!(m.calls >= 3, "{m:?}");
         let v = dst.to_vec();
         assert!((0..3000).all(|i| v[50 + i] == i as u8));
         let ro = MemHandle::zeroed(8, Access::ReadOnly);
-        let m = transfer_batch(ME(), &[Rma::get(&ro, 0, &remote, 0, 8, OpId(1))]);
+        let m = transfer_batch(
+            ME(),
+            &[Rma::get(&ro, 0, &remote, 0, 8, OpId(1))],
+            &mut IovLists::default(),
+        );
         assert!(m.error.is_some());
-        let m = transfer_batch(ME(), &[Rma::put(&dst, 0, &remote, 2999, 2, OpId(1))]);
+        let m = transfer_batch(
+            ME(),
+            &[Rma::put(&dst, 0, &remote, 2999, 2, OpId(1))],
+            &mut IovLists::default(),
+        );
         assert_eq!(
             (m.bytes, m.error.map(|e| e.kind())),
             (0, Some(io::ErrorKind::InvalidInput))
@@ -238,7 +280,7 @@ mod tests {
         let batch: Vec<Rma> = (0..16u64)
             .map(|i| Rma::get(&dst, i * 4096, &remote, (15 - i) * 4096, 4096, OpId(i)))
             .collect();
-        let m = transfer_batch(ME(), &batch);
+        let m = transfer_batch(ME(), &batch, &mut IovLists::default());
         assert!(m.error.is_none(), "{m:?}");
         assert_eq!((m.bytes, m.calls), (16 * 4096, 1));
         let (s, d) = (src.to_vec(), dst.to_vec());
@@ -263,19 +305,19 @@ mod tests {
         let mut bad = batch.clone();
         bad[5].remote = &hole;
         bad[5].remote_offset = 0;
-        let m = transfer_batch(ME(), &bad);
+        let m = transfer_batch(ME(), &bad, &mut IovLists::default());
         assert_eq!(m.bytes, 5 * 4096, "{m:?}");
         assert_eq!(m.error.and_then(|e| e.raw_os_error()), Some(libc::EFAULT));
         // A transfer that fails its own checks moves the ones before it.
         let mut oob = batch.clone();
         oob[3].len = 1 << 20;
-        let m = transfer_batch(ME(), &oob);
+        let m = transfer_batch(ME(), &oob, &mut IovLists::default());
         assert_eq!(m.bytes, 3 * 4096, "{m:?}");
         assert_eq!(m.error.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
         // So does one that goes the other way.
         let mut mixed = batch.clone();
         mixed[7].dir = RmaDir::Put;
-        let m = transfer_batch(ME(), &mixed);
+        let m = transfer_batch(ME(), &mixed, &mut IovLists::default());
         assert_eq!(m.bytes, 7 * 4096, "{m:?}");
         assert_eq!(m.error.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
     }
