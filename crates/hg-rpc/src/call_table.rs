@@ -11,7 +11,6 @@ pub(crate) struct CallTable<T> {
     slots: Vec<Slot<T>>,
     /// Indices of empty slots; the last is reused first.
     free: Vec<u32>,
-    len: usize,
 }
 
 struct Slot<T> {
@@ -36,7 +35,6 @@ impl<T> Default for CallTable<T> {
         CallTable {
             slots: Vec::new(),
             free: Vec::new(),
-            len: 0,
         }
     }
 }
@@ -59,7 +57,6 @@ impl<T> CallTable<T> {
         let slot = &mut self.slots[index as usize];
         slot.gen = next_gen(slot.gen);
         slot.value = Some(value);
-        self.len += 1;
         cookie(index, slot.gen)
     }
 
@@ -85,7 +82,6 @@ impl<T> CallTable<T> {
         let i = self.slot_of(cookie)?;
         let value = self.slots[i].value.take()?;
         self.free.push(i as u32);
-        self.len -= 1;
         Some(value)
     }
 
@@ -100,7 +96,7 @@ impl<T> CallTable<T> {
     /// Number of values stored.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.len
+        self.slots.len() - self.free.len()
     }
 }
 

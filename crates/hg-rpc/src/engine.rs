@@ -801,7 +801,7 @@ impl<C: Codec> Engine<C> {
             OpRole::PullOutput(key, cookie) => {
                 if let Some(p) = self.pulls.remove(&key) {
                     self.release_output(&p.src, cookie);
-                    let rpc = self.calls.get(cookie).map_or("?", |k| k.rpc);
+                    let rpc = self.call_name(cookie);
                     let outcome = match c.status {
                         Ok(()) => Ok(p.mem.to_vec()),
                         Err(e) => Err(RpcError::Decode {

@@ -31,8 +31,7 @@ impl<C: Codec> Engine<C> {
         if *dest != self.me {
             return self.respond(dest, h, out);
         }
-        let rpc = self.calls.get(h.cookie).map_or("?", |c| c.rpc);
-        let outcome = response_outcome(rpc, h.rpc_id, h, out);
+        let outcome = response_outcome(self.call_name(h.cookie), h.rpc_id, h, out);
         self.file_outcome(h.cookie, outcome);
         self.finished_self.push_back(h.cookie);
     }
