@@ -22,7 +22,7 @@ use crate::channel::{MsgKind, BUF_SIZE};
 use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::error::{SmError, SmResult};
 use crate::matching::{Matcher, OpPlace};
-use crate::progress::dup;
+use crate::progress::{dup, op_in_flight};
 use crate::sys::cma::IovLists;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
@@ -342,7 +342,7 @@ impl Plugin for SmPlugin {
         // Posted unexpected receives are kept out of `ops` (the matcher
         // tracks their ids): one lookup here instead of an insert here and
         // a removal on delivery.
-        if self.in_flight(op) {
+        if op_in_flight(&self.ops, &self.matcher, op) {
             return Err(dup(op));
         }
         self.matcher.post_unexpected(op, buf, &mut self.completions);
@@ -355,6 +355,8 @@ impl Plugin for SmPlugin {
         if self.peers.get(tok).is_none() && !self.matcher.has_arrived_expected(tok, tag) {
             return Err(self.gone(source, "not connected (it disconnected earlier)"));
         }
+        // The entry refuses an id in `ops`; the matcher one of a posted
+        // unexpected receive (what `op_in_flight` checks, in one lookup).
         let Entry::Vacant(slot) = self.ops.entry(op) else {
             return Err(dup(op));
         };

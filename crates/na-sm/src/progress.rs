@@ -11,11 +11,12 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use na_core::fasthash::FastMap;
 use na_core::{Completion, NaError, OpId, OpKind, Result, Tag};
 
 use crate::channel::{Channel, MsgKind, RING_SLOTS};
 use crate::conn::{QueuedSend, Role};
-use crate::matching::OpPlace;
+use crate::matching::{Matcher, OpPlace};
 use crate::plugin::{SmPlugin, LISTENER_TOKEN, WAKE_BIT};
 
 /// Progress calls between two non-blocking polls of the socket events when
@@ -367,7 +368,7 @@ impl SmPlugin {
             }
             return Some(Ok(()));
         }
-        if self.ops.contains_key(&op) || self.matcher.has_posted_unexpected(op) {
+        if op_in_flight(&self.ops, &self.matcher, op) {
             return Some(Err(dup(op)));
         }
         self.maybe_backlog = true;
@@ -466,11 +467,11 @@ impl SmPlugin {
     }
 }
 
-impl SmPlugin {
-    /// True if `op` names an operation in flight (refused as a new id).
-    pub(crate) fn in_flight(&self, op: OpId) -> bool {
-        self.ops.contains_key(&op) || self.matcher.has_posted_unexpected(op)
-    }
+/// True if `op` names an operation in flight, so a new one may not take
+/// the id: one in `ops`, or a posted unexpected receive (those are kept
+/// out of `ops`; see `post_recv_unexpected`).
+pub(crate) fn op_in_flight(ops: &FastMap<OpId, OpPlace>, matcher: &Matcher, op: OpId) -> bool {
+    ops.contains_key(&op) || matcher.has_posted_unexpected(op)
 }
 
 pub(crate) fn dup(op: OpId) -> NaError {
