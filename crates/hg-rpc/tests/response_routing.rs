@@ -7,32 +7,16 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
 use hg_rpc::{CallId, Engine, Rpc, RpcError};
-use na_core::{Addr, Endpoint, OpId, Plugin, PluginId, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::{Addr, Endpoint, OpId, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, Server};
+use common::{client, dir, endpoint, Server};
 
 const T: Duration = Duration::from_secs(10);
-
-/// A raw NA endpoint (no RPC engine) in `dir`, to forge messages with;
-/// others can look it up if it `listen`s.
-fn raw_endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
-    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    }
-    .with_dir(dir);
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    (ep, id)
-}
 
 /// A response header for `cookie` with an empty payload (the encoding of `()`).
 fn response(rpc: &str, cookie: u64) -> Vec<u8> {
@@ -110,17 +94,17 @@ fn a_late_response_is_discarded_and_counted_and_the_call_forgotten_at_once() {
 #[test]
 fn responses_from_another_peer_are_dropped_and_the_real_one_counts() {
     let d = dir("forged-resp");
-    let (mut x, xid) = raw_endpoint(&d, true);
+    let (mut x, xid) = endpoint(&d, true);
     let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
     // The client listens, so that a third party can reach it.
-    let (ep, cid) = raw_endpoint(&d, true);
+    let (ep, cid) = endpoint(&d, true);
     let mut c = Engine::new(ep, cid).unwrap();
     let s = c.endpoint().lookup(&x_uri).unwrap();
     let id = c.forward::<Sleep>(&s, &0).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     // A third plugin forges the response (right cookie, wrong peer), and
     // one for a cookie of no call.
-    let (mut y, _) = raw_endpoint(&d, false);
+    let (mut y, _) = endpoint(&d, false);
     let to_c = y.lookup(c.self_addr().uri()).unwrap();
     send_raw(&mut y, &to_c, None, &response(Sleep::NAME, cookie), OpId(1));
     send_raw(
@@ -165,7 +149,7 @@ fn take_request(x: &mut Endpoint, xid: PluginId, c: &mut Engine, op: u64) -> (Ad
 #[test]
 fn a_message_on_the_watch_tag_is_malformed_and_the_peer_stays_watched() {
     let d = dir("watch");
-    let (mut x, xid) = raw_endpoint(&d, true);
+    let (mut x, xid) = endpoint(&d, true);
     let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
     let mut c = client(&d);
     let s = c.endpoint().lookup(&x_uri).unwrap();

@@ -5,15 +5,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc, RpcError};
-use na_core::{Endpoint, OpId, Plugin, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::OpId;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, Server};
+use common::{client, dir, endpoint, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -261,11 +260,7 @@ fn forged_spill_descriptor_gets_an_error_reply() {
     let d = dir("forged");
     let srv = Server::start(&d);
     // A raw endpoint, so that we see the reply ourselves.
-    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig::default().with_dir(&d);
-    let sm = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
+    let (mut ep, sm) = endpoint(&d, false);
     let s = ep.lookup(&srv.uri).unwrap();
     let bogus = RemoteMem::new(
         vec![RemoteSegment {

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use hg_rpc::Engine;
-use na_core::{Endpoint, Plugin, ProgressMode};
+use na_core::{Endpoint, Plugin, PluginId, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
 /// The server process; killed when dropped.
@@ -49,12 +49,23 @@ pub fn dir(tag: &str) -> std::path::PathBuf {
     d
 }
 
-/// A client engine over a new sm plugin in `dir`.
-pub fn client(dir: &std::path::Path) -> Engine {
+/// An endpoint with one sm plugin in `dir` (others can look it up if it
+/// `listen`s), for tests that drive NA directly or build an engine on it.
+pub fn endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
     let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig::default().with_dir(dir);
+    let cfg = SmConfig {
+        listen,
+        ..SmConfig::default()
+    }
+    .with_dir(dir);
     let id = ep
         .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
         .unwrap();
+    (ep, id)
+}
+
+/// A client engine over a new (not listening) sm plugin in `dir`.
+pub fn client(dir: &std::path::Path) -> Engine {
+    let (ep, id) = endpoint(dir, false);
     Engine::new(ep, id).unwrap()
 }
