@@ -106,13 +106,27 @@ struct Call {
     /// only if it comes from this peer.
     peer: Option<u64>,
     /// The response payload or error, once it arrived.
-    outcome: Option<Result<Vec<u8>>>,
+    outcome: Option<Result<Payload>>,
     /// The caller gave up, but the call must stay until its response
     /// comes: its spilled input is still exposed to the target. The
     /// response is then discarded.
     abandoned: bool,
     /// The exposed input of a spilled request, kept until the response.
     spill: Option<MemHandle>,
+}
+
+/// A response payload: `buf[start..]`. A response that arrived in one
+/// message keeps its receive buffer (`start` is then the header length)
+/// rather than a copy, and [`Engine::take_response`] recycles the buffer.
+struct Payload {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Payload {
+    fn bytes(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
 }
 
 /// Counters of an engine.
@@ -170,6 +184,12 @@ pub struct Engine<C: Codec = Postcard> {
     scratch: Vec<u8>,
     stats: RpcStats,
     finished_self: VecDeque<u64>,
+    /// Receive buffers that completed and must be posted again, at the
+    /// next progress call (see [`Engine::repost_buffers`]).
+    unposted: usize,
+    /// Receive buffers free for those posts (at most
+    /// [`POSTED_REQUEST_BUFFERS`]; a new one is allocated when none is).
+    spare_bufs: Vec<Vec<u8>>,
     pulls: FastMap<u64, PendingPull>,
     max_spill: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
@@ -224,6 +244,8 @@ impl<C: Codec> Engine<C> {
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
+            unposted: 0,
+            spare_bufs: Vec::new(),
             pulls: FastMap::default(),
             max_spill: DEFAULT_MAX_SPILL,
             exposed: FastMap::default(),
@@ -278,6 +300,32 @@ impl<C: Codec> Engine<C> {
         let op = OpId(self.op().0 | REQUEST_OP);
         self.ep.post_recv_unexpected(self.plugin, buf, op)?;
         Ok(())
+    }
+
+    /// Posts again the receive buffers `trigger` handled. Deferred to the
+    /// next progress call so that it is off the critical path of a call: a
+    /// caller that got its response sends the next request first, and a
+    /// server has already sent its response. A message that comes while
+    /// buffers wait here is matched by the other posted ones, or queued by
+    /// the plugin until one is posted; nothing is lost.
+    fn repost_buffers(&mut self) -> Result<()> {
+        while self.unposted > 0 {
+            self.unposted -= 1;
+            let buf = self
+                .spare_bufs
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(self.max_msg));
+            self.post_request_buffer(buf)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps a receive buffer no longer in use for the next post.
+    fn recycle_buffer(&mut self, mut buf: Vec<u8>) {
+        if self.spare_bufs.len() < POSTED_REQUEST_BUFFERS {
+            buf.clear();
+            self.spare_bufs.push(buf);
+        }
     }
 
     /// Registers `handler` for RPC `R`. A second registration of the same
@@ -596,13 +644,18 @@ impl<C: Codec> Engine<C> {
         self.calls.get(id.0)?.outcome.as_ref()?;
         let outcome = self.calls.remove(id.0)?.outcome?;
         let r = outcome.and_then(|payload| {
-            self.codec
-                .decode::<R::Output>(&payload)
+            let r = self
+                .codec
+                .decode::<R::Output>(payload.bytes())
                 .map_err(|reason| RpcError::Decode {
                     rpc: R::NAME.into(),
                     what: "output",
                     reason,
-                })
+                });
+            if payload.start > 0 {
+                self.recycle_buffer(payload.buf);
+            }
+            r
         });
         if r.is_err() {
             self.stats.errors += 1;
@@ -632,12 +685,16 @@ impl<C: Codec> Engine<C> {
     /// Polls the transports once without blocking (see
     /// [`Endpoint::progress_now`]).
     pub fn progress_now(&mut self) -> Result<usize> {
+        self.repost_buffers()?;
         Ok(self.ep.progress_now()?)
     }
 
     /// True if the caller may sleep on the endpoint's fd now (see
     /// [`Endpoint::try_wait`]).
     pub fn try_wait(&mut self) -> bool {
+        if self.repost_buffers().is_err() {
+            return false;
+        }
         self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()
     }
 
@@ -679,6 +736,7 @@ impl<C: Codec> Engine<C> {
     /// Waits (per the endpoint's progress mode) until network work is
     /// ready or `timeout` passes.
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        self.repost_buffers()?;
         if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() || !self.deferred.is_empty() {
             return Ok(self.ep.pending_completions());
         }
@@ -713,25 +771,42 @@ impl<C: Codec> Engine<C> {
     /// only for a call in flight to that same peer: a late one (the call
     /// timed out or its future was dropped) is discarded, and one from
     /// another peer (forged, or a confused peer) is malformed.
-    fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
+    ///
+    /// `msg` is the whole message, already decoded into `h` (its payload is
+    /// `msg[HEADER_LEN..]`). Returns the buffer unless the call kept it.
+    fn on_response(&mut self, src: &Addr, h: &Header, msg: Vec<u8>) -> Option<Vec<u8>> {
         let cookie = h.cookie;
+        let p = msg.get(HEADER_LEN..).unwrap_or_default();
         let Some(call) = self.calls.get(cookie) else {
             self.stats.stray_responses += 1;
             tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
-            return;
+            return Some(msg);
         };
         if call.peer != Some(src.token()) || call.outcome.is_some() {
             self.stats.malformed += 1;
             tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
-            return;
+            return Some(msg);
         }
         let outcome = if h.flags & FLAG_SPILL == 0 {
-            // The common case first: it needs no call name.
-            if h.status == Status::Ok {
-                Ok(p.to_vec())
-            } else {
-                response_outcome(call.rpc, h.rpc_id, *h, p)
+            // The common case first: it needs no call name. A payload of a
+            // quarter of its buffer or more is read in place (no copy); a
+            // smaller one is copied, so that a call whose response waits to
+            // be taken holds at most 4x its payload.
+            if h.status == Status::Ok && p.len() < msg.capacity() / 4 {
+                self.file_outcome(cookie, Ok(p.to_vec()));
+                return Some(msg);
             }
+            if h.status == Status::Ok {
+                self.file_payload(
+                    cookie,
+                    Ok(Payload {
+                        buf: msg,
+                        start: HEADER_LEN,
+                    }),
+                );
+                return None;
+            }
+            response_outcome(call.rpc, h.rpc_id, *h, p)
         } else if h.status != Status::Ok {
             Err(RpcError::Malformed {
                 reason: "a spilled response must have status ok".into(),
@@ -739,7 +814,7 @@ impl<C: Codec> Engine<C> {
         } else {
             match self.start_pull(src, h, p, true) {
                 // The outcome is filed when the pull completes.
-                Ok(()) => return,
+                Ok(()) => return Some(msg),
                 Err(reason) => {
                     self.release_output(src, cookie);
                     Err(RpcError::Decode {
@@ -751,6 +826,7 @@ impl<C: Codec> Engine<C> {
             }
         };
         self.file_outcome(cookie, outcome);
+        Some(msg)
     }
 
     fn handle(&mut self, c: Completion) -> Result<()> {
@@ -761,15 +837,16 @@ impl<C: Codec> Engine<C> {
             return Ok(());
         }
         if c.op.0 & REQUEST_OP != 0 {
-            let canceled = c.is_canceled();
-            let buf = c.buf.unwrap_or_default();
-            if c.status.is_ok() {
-                if let Some(src) = c.source {
-                    self.on_message(&src, &buf)?;
-                }
+            if !c.is_canceled() {
+                self.unposted += 1;
             }
-            if !canceled {
-                self.post_request_buffer(buf)?;
+            let buf = c.buf.unwrap_or_default();
+            let buf = match (c.status.is_ok(), c.source) {
+                (true, Some(src)) => self.on_message(&src, buf)?,
+                _ => Some(buf),
+            };
+            if let Some(buf) = buf {
+                self.recycle_buffer(buf);
             }
             return Ok(());
         }
@@ -824,6 +901,10 @@ impl<C: Codec> Engine<C> {
 
     /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
     fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
+        self.file_payload(cookie, outcome.map(|buf| Payload { buf, start: 0 }));
+    }
+
+    fn file_payload(&mut self, cookie: u64, outcome: Result<Payload>) {
         if let Some(call) = self.calls.get_mut(cookie) {
             call.spill = None;
             if call.abandoned {

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hg_rpc::{Engine, Rpc, RpcError};
+use hg_rpc::{Engine, Rpc, RpcError, POSTED_REQUEST_BUFFERS};
 use na_core::OpId;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -12,7 +12,7 @@ use na_core::OpId;
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, Server};
+use common::{client, dir, endpoint, posted_ops, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -128,6 +128,51 @@ fn ten_thousand_calls_with_a_thousand_in_flight() {
         }
     }
     assert_eq!(c.stats().in_flight, 0);
+    // The responses were read in place, in their receive buffers; all 64
+    // are posted again (plus the watch on the server).
+    assert_eq!(posted_ops(&mut c), POSTED_REQUEST_BUFFERS as u64 + 1);
+}
+
+#[test]
+fn responses_read_in_place_or_copied_stay_intact_and_their_buffers_return() {
+    let d = dir("in-place");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let pattern = |i: usize, len: usize| (0..len).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>();
+    // Around the in-place threshold (a quarter of a 4 KiB buffer) and up
+    // to the eager limit (a Vec's length prefix and the header take the rest).
+    for (i, len) in [0, 1, 100, 1000, 1017, 1018, 1019, 1024, 2000, 4000, 4058]
+        .into_iter()
+        .enumerate()
+    {
+        let v = pattern(i, len);
+        assert_eq!(c.call::<Echo>(&s, &v, T).unwrap(), v, "{len} bytes");
+    }
+    // 200 responses held at once, most in their receive buffers: none is
+    // reused for another message while its call holds it. Half are taken,
+    // half abandoned after they finished (their buffers are replaced).
+    let ids: Vec<_> = (0..200)
+        .map(|i| c.forward::<Echo>(&s, &pattern(i, 500 + i * 15)).unwrap())
+        .collect();
+    let end = Instant::now() + T;
+    while !ids.iter().all(|&id| c.is_finished(id)) {
+        assert!(Instant::now() < end, "echo calls did not finish");
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    }
+    for (i, &id) in ids.iter().enumerate() {
+        if i % 2 == 0 {
+            let r = c.take_response::<Echo>(id).expect("finished").unwrap();
+            assert!(r == pattern(i, 500 + i * 15), "response {i} corrupted");
+        } else {
+            c.abandon(id);
+        }
+    }
+    assert_eq!(c.stats().in_flight, 0);
+    assert_eq!(posted_ops(&mut c), POSTED_REQUEST_BUFFERS as u64 + 1);
+    let v = pattern(7, 3000);
+    assert_eq!(c.call::<Echo>(&s, &v, T).unwrap(), v);
 }
 
 #[test]

@@ -69,3 +69,14 @@ pub fn client(dir: &std::path::Path) -> Engine {
     let (ep, id) = endpoint(dir, false);
     Engine::new(ep, id).unwrap()
 }
+
+/// Operations the engine's transport has posted after a progress call:
+/// its receive buffers (every one a response or request used is posted
+/// again, or replaced) plus one watch per peer it has called.
+#[allow(dead_code)] // not every test binary uses it
+pub fn posted_ops(c: &mut Engine) -> u64 {
+    c.progress_now().unwrap();
+    let ep = c.endpoint();
+    let id = ep.plugin_ids().next().unwrap();
+    ep.plugin(id).unwrap().stats().in_flight
+}
