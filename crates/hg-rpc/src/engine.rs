@@ -5,14 +5,13 @@ use std::collections::VecDeque;
 use na_core::fasthash::FastMap;
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, Completion, Endpoint, MemHandle, MsgBuf, NaError, OpId, PluginId, Tag};
+use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId, Tag};
 
-use crate::call_table::{CallTable, NO_CALL};
+use crate::call_table::CallTable;
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
-use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_SPILL, HEADER_LEN};
+use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE, FLAG_SPILL};
 use crate::rpc::{rpc_id, Rpc};
-use crate::spill::{self, RELEASE_RPC};
 
 /// How long a target keeps a spilled output exposed for an origin that
 /// never confirms it pulled it (it died, or broke the protocol).
@@ -31,9 +30,12 @@ type HandlerFn =
 
 #[path = "bulk_ops.rs"]
 mod bulk_ops;
+#[path = "call_ops.rs"]
+mod call_ops;
 #[path = "serve_ops.rs"]
 mod serve_ops;
 pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW};
+use call_ops::Payload;
 
 struct Handler {
     name: &'static str,
@@ -113,20 +115,6 @@ struct Call {
     abandoned: bool,
     /// The exposed input of a spilled request, kept until the response.
     spill: Option<MemHandle>,
-}
-
-/// A response payload: `buf[start..]`. A response that arrived in one
-/// message keeps its receive buffer (`start` is then the header length)
-/// rather than a copy, and [`Engine::take_response`] recycles the buffer.
-struct Payload {
-    buf: Vec<u8>,
-    start: usize,
-}
-
-impl Payload {
-    fn bytes(&self) -> &[u8] {
-        self.buf.get(self.start..).unwrap_or_default()
-    }
 }
 
 /// Counters of an engine.
@@ -427,261 +415,6 @@ impl<C: Codec> Engine<C> {
         self.max_spill = bytes;
     }
 
-    /// Encodes a request. An input too large for an eager message (and not
-    /// for ourselves) is exposed read-only and described instead: the
-    /// returned handle must live until the target answered.
-    /// Encodes a request for `dest` into a transport message buffer (built
-    /// in place: no intermediate copy; a registered buffer on RDMA), its
-    /// input spilled into an exposed handle if it does not fit a message.
-    fn encode_request<R: Rpc>(
-        &mut self,
-        dest: &Addr,
-        input: &R::Input,
-        flags: u8,
-        cookie: u64,
-        to_self: bool,
-    ) -> Result<(MsgBuf, Option<MemHandle>)> {
-        let mut payload = std::mem::take(&mut self.scratch);
-        payload.clear();
-        self.codec
-            .encode(input, &mut payload)
-            .map_err(|reason| RpcError::Encode {
-                rpc: R::NAME.into(),
-                what: "input",
-                reason,
-            })?;
-        let id = rpc_id(R::NAME);
-        if to_self || HEADER_LEN + payload.len() <= self.max_msg {
-            // A self-forward never leaves the process: any size goes.
-            let mut msg = if to_self {
-                MsgBuf::heap(HEADER_LEN + payload.len())
-            } else {
-                self.ep.alloc_msg_buf(dest, HEADER_LEN + payload.len())?
-            };
-            // A one-way request that fits never becomes a call: its cookie
-            // must not be one a later call will have.
-            let cookie = if flags & FLAG_ONE_WAY != 0 {
-                NO_CALL
-            } else {
-                cookie
-            };
-            let r = header(flags, Status::Ok, id, cookie).encode_into(&payload, &mut msg);
-            self.scratch = payload;
-            r?;
-            return Ok((msg, None));
-        }
-        let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload)?;
-        let len = HEADER_LEN + spilled.len();
-        if len > self.max_msg {
-            return Err(RpcError::TooLarge {
-                rpc: R::NAME.into(),
-                what: "input descriptor",
-                len,
-                max: self.max_msg,
-            });
-        }
-        let mut msg = self.ep.alloc_msg_buf(dest, len)?;
-        header(flags | FLAG_SPILL, Status::Ok, id, cookie).encode_into(&spilled, &mut msg)?;
-        Ok((msg, Some(mem)))
-    }
-
-    /// Starts a call of `R` on `dest`; see [`take_response`](Self::take_response).
-    pub fn forward<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<CallId> {
-        // The call is stored (under this cookie) once its request is out.
-        let cookie = self.calls.next_cookie();
-        let to_self = *dest == self.me;
-        let (msg, spill) = self.encode_request::<R>(dest, input, FLAG_CHECKSUM, cookie, to_self)?;
-        self.stats.calls += 1;
-        // Built only when a subscriber wants debug spans: tracing's `log`
-        // feature (which any crate in a build can switch on) would
-        // otherwise format a disabled span for `log` on every call.
-        let _span = tracing::level_enabled!(tracing::Level::DEBUG)
-            .then(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered());
-        if to_self {
-            // Self-forward: run the handler here, no network (a deferred
-            // handler answers later, through `answer`).
-            let stored = self.calls.insert(Call {
-                rpc: R::NAME,
-                peer: None,
-                outcome: None,
-                abandoned: false,
-                spill: None,
-            });
-            debug_assert_eq!(stored, cookie);
-            match self.run_handler(msg.as_slice()) {
-                Ok(None) => {}
-                Ok(Some((h, p))) => {
-                    self.file_outcome(cookie, response_outcome(R::NAME, rpc_id(R::NAME), h, p));
-                    self.finished_self.push_back(cookie);
-                }
-                Err(e) => {
-                    self.file_outcome(cookie, Err(e));
-                    self.finished_self.push_back(cookie);
-                }
-            }
-            return Ok(CallId(cookie));
-        }
-        self.send_request(dest, R::NAME, cookie, msg, spill, false)?;
-        Ok(CallId(cookie))
-    }
-
-    /// Watches `dest` (if not yet), sends the request and records the call.
-    fn send_request(
-        &mut self,
-        dest: &Addr,
-        rpc: &'static str,
-        cookie: u64,
-        msg: MsgBuf,
-        spill: Option<MemHandle>,
-        abandoned: bool,
-    ) -> Result<()> {
-        let peer = dest.token();
-        if self.last_watched != Some(peer) {
-            self.watch(dest)?;
-        }
-        let send_op = self.send_op();
-        let len = msg.len();
-        self.ep.send_unexpected_buf(dest, REQUEST_TAG, msg, send_op)?;
-        self.stats.bytes_sent += len as u64;
-        let stored = self.calls.insert(Call {
-            rpc,
-            peer: Some(peer),
-            outcome: None,
-            abandoned,
-            spill,
-        });
-        debug_assert_eq!(stored, cookie, "cookie announced in the request");
-        Ok(())
-    }
-
-    /// Posts the watch on `dest` unless it has one (see `watches`).
-    fn watch(&mut self, dest: &Addr) -> Result<()> {
-        let peer = dest.token();
-        if !self.watches.contains_key(&peer) {
-            let op = OpId(self.op().0 | WATCH_OP);
-            self.ep.post_recv_expected(dest, WATCH_TAG, Vec::new(), op)?;
-            self.ops.insert(op, OpRole::Watch(peer));
-            self.watches.insert(peer, dest.clone());
-        }
-        self.last_watched = Some(peer);
-        Ok(())
-    }
-
-    /// The watch on peer `token` completed. A failure means the peer is
-    /// gone: every call to it fails with that error. A message matching it
-    /// is a protocol violation (we never announced the tag): the watch is
-    /// posted again.
-    fn watch_ended(&mut self, token: u64, status: std::result::Result<(), NaError>) {
-        let Some(addr) = self.watches.remove(&token) else {
-            return;
-        };
-        if self.last_watched == Some(token) {
-            self.last_watched = None;
-        }
-        let err = match status {
-            Ok(()) => {
-                self.stats.malformed += 1;
-                tracing::warn!(peer = %addr, "peer sent a message matching no call; ignored");
-                match self.watch(&addr) {
-                    Ok(()) => return,
-                    Err(e) => NaError::PeerGone {
-                        peer: addr.to_string(),
-                        reason: format!("cannot watch it again: {e}"),
-                    },
-                }
-            }
-            Err(e) => e,
-        };
-        let (peer, reason) = match err {
-            NaError::PeerGone { peer, reason } => (peer, reason),
-            other => (addr.to_string(), other.to_string()),
-        };
-        let failed: Vec<u64> = self
-            .calls
-            .iter()
-            .filter(|(_, c)| c.peer == Some(token) && c.outcome.is_none())
-            .map(|(cookie, _)| cookie)
-            .collect();
-        tracing::debug!(%peer, %reason, calls = failed.len(), "peer gone; failing its calls");
-        for cookie in failed {
-            let e = NaError::PeerGone {
-                peer: peer.clone(),
-                reason: reason.clone(),
-            };
-            self.file_outcome(cookie, Err(RpcError::Transport(e)));
-        }
-    }
-
-    /// Sends a one-way request: no response, no completion to wait for.
-    pub fn forward_one_way<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<()> {
-        let to_self = *dest == self.me;
-        // Only a spilled one-way request becomes a call (it waits for the
-        // target's acknowledgement, under this cookie); one that fits
-        // carries NO_CALL (see `encode_request`).
-        let cookie = self.calls.next_cookie();
-        let (msg, spill) =
-            self.encode_request::<R>(dest, input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
-        self.stats.calls += 1;
-        if to_self {
-            let _ = self.run_handler(msg.as_slice());
-            return Ok(());
-        }
-        if spill.is_some() {
-            // The target acknowledges a spilled one-way request once it has
-            // pulled the input; until then the input must stay exposed.
-            return self.send_request(dest, R::NAME, cookie, msg, spill, true);
-        }
-        let op = self.send_op();
-        let len = msg.len();
-        self.ep.send_unexpected_buf(dest, REQUEST_TAG, msg, op)?;
-        self.stats.bytes_sent += len as u64;
-        Ok(())
-    }
-
-    /// The result of call `id` if its response arrived (then the call is
-    /// finished and forgotten), `None` if it is still in flight.
-    pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
-        self.calls.get(id.0)?.outcome.as_ref()?;
-        let outcome = self.calls.remove(id.0)?.outcome?;
-        let r = outcome.and_then(|payload| {
-            let r = self
-                .codec
-                .decode::<R::Output>(payload.bytes())
-                .map_err(|reason| RpcError::Decode {
-                    rpc: R::NAME.into(),
-                    what: "output",
-                    reason,
-                });
-            if payload.start > 0 {
-                self.recycle_buffer(payload.buf);
-            }
-            r
-        });
-        if r.is_err() {
-            self.stats.errors += 1;
-        }
-        Some(r)
-    }
-
-    /// True if call `id` has its outcome (its response arrived, or it failed).
-    pub fn is_finished(&self, id: CallId) -> bool {
-        self.calls.get(id.0).is_some_and(|c| c.outcome.is_some())
-    }
-
-    /// Gives up on call `id`: its response, if it ever comes, is discarded.
-    /// The call is forgotten at once, unless the target may still be
-    /// pulling its spilled input (then it stays, marked, until the
-    /// response or the target's end says the input is no longer needed).
-    pub fn abandon(&mut self, id: CallId) {
-        if let Some(c) = self.calls.get_mut(id.0) {
-            if c.outcome.is_some() || c.spill.is_none() {
-                self.calls.remove(id.0);
-            } else {
-                c.abandoned = true;
-            }
-        }
-    }
-
     /// Polls the transports once without blocking (see
     /// [`Endpoint::progress_now`]).
     pub fn progress_now(&mut self) -> Result<usize> {
@@ -696,41 +429,6 @@ impl<C: Codec> Engine<C> {
             return false;
         }
         self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()
-    }
-
-    /// Calls `R` on `dest` and waits (driving progress) for the result, at
-    /// most `timeout`. On timeout the call is abandoned: a late response is
-    /// discarded.
-    pub fn call<R: Rpc>(&mut self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
-        // The timeout covers the whole call, sending included, and a response
-        // counts only if it is taken before the deadline: a caller that was
-        // descheduled past it gets the timeout, not a late answer.
-        let deadline = Instant::now() + timeout;
-        let id = match self.forward::<R>(dest, input) {
-            Ok(id) => id,
-            Err(e) => {
-                self.stats.errors += 1;
-                return Err(e);
-            }
-        };
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                // Forgets the call, or marks it so that a late response is
-                // discarded when it comes.
-                self.abandon(id);
-                self.stats.errors += 1;
-                return Err(RpcError::Timeout {
-                    rpc: R::NAME.into(),
-                    millis: timeout.as_millis(),
-                });
-            }
-            if let Some(r) = self.take_response::<R>(id) {
-                return r;
-            }
-            self.progress(Some(left))?;
-            self.trigger()?;
-        }
     }
 
     /// Waits (per the endpoint's progress mode) until network work is
@@ -765,68 +463,6 @@ impl<C: Codec> Engine<C> {
             }
         }
         Ok(n)
-    }
-
-    /// A response (header `h`, payload `p`) arrived from `src`. It counts
-    /// only for a call in flight to that same peer: a late one (the call
-    /// timed out or its future was dropped) is discarded, and one from
-    /// another peer (forged, or a confused peer) is malformed.
-    ///
-    /// `msg` is the whole message, already decoded into `h` (its payload is
-    /// `msg[HEADER_LEN..]`). Returns the buffer unless the call kept it.
-    fn on_response(&mut self, src: &Addr, h: &Header, msg: Vec<u8>) -> Option<Vec<u8>> {
-        let cookie = h.cookie;
-        let p = msg.get(HEADER_LEN..).unwrap_or_default();
-        let Some(call) = self.calls.get(cookie) else {
-            self.stats.stray_responses += 1;
-            tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
-            return Some(msg);
-        };
-        if call.peer != Some(src.token()) || call.outcome.is_some() {
-            self.stats.malformed += 1;
-            tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
-            return Some(msg);
-        }
-        let outcome = if h.flags & FLAG_SPILL == 0 {
-            // The common case first: it needs no call name. A payload of a
-            // quarter of its buffer or more is read in place (no copy); a
-            // smaller one is copied, so that a call whose response waits to
-            // be taken holds at most 4x its payload.
-            if h.status == Status::Ok && p.len() < msg.capacity() / 4 {
-                self.file_outcome(cookie, Ok(p.to_vec()));
-                return Some(msg);
-            }
-            if h.status == Status::Ok {
-                self.file_payload(
-                    cookie,
-                    Ok(Payload {
-                        buf: msg,
-                        start: HEADER_LEN,
-                    }),
-                );
-                return None;
-            }
-            response_outcome(call.rpc, h.rpc_id, *h, p)
-        } else if h.status != Status::Ok {
-            Err(RpcError::Malformed {
-                reason: "a spilled response must have status ok".into(),
-            })
-        } else {
-            match self.start_pull(src, h, p, true) {
-                // The outcome is filed when the pull completes.
-                Ok(()) => return Some(msg),
-                Err(reason) => {
-                    self.release_output(src, cookie);
-                    Err(RpcError::Decode {
-                        rpc: self.call_name(cookie).into(),
-                        what: "output",
-                        reason,
-                    })
-                }
-            }
-        };
-        self.file_outcome(cookie, outcome);
-        Some(msg)
     }
 
     fn handle(&mut self, c: Completion) -> Result<()> {
@@ -892,43 +528,6 @@ impl<C: Codec> Engine<C> {
             }
         }
         Ok(())
-    }
-
-    /// The registered name of call `cookie`'s RPC, for error messages.
-    fn call_name(&self, cookie: u64) -> &'static str {
-        self.calls.get(cookie).map_or("?", |k| k.rpc)
-    }
-
-    /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
-    fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
-        self.file_payload(cookie, outcome.map(|buf| Payload { buf, start: 0 }));
-    }
-
-    fn file_payload(&mut self, cookie: u64, outcome: Result<Payload>) {
-        if let Some(call) = self.calls.get_mut(cookie) {
-            call.spill = None;
-            if call.abandoned {
-                self.calls.remove(cookie);
-            } else {
-                call.outcome = Some(outcome);
-            }
-        }
-    }
-
-    /// Tells a target it may release the spilled output of call `cookie`.
-    fn release_output(&mut self, target: &Addr, cookie: u64) {
-        let mut msg = Vec::with_capacity(HEADER_LEN + 8);
-        header(
-            FLAG_CHECKSUM | FLAG_ONE_WAY,
-            Status::Ok,
-            rpc_id(RELEASE_RPC),
-            cookie,
-        )
-        .encode_with(&cookie.to_le_bytes(), &mut msg);
-        let op = self.send_op();
-        if let Err(e) = self.ep.send_unexpected(target, 0, &msg, op) {
-            tracing::debug!(error = %e, "cannot release a spilled output (target gone?)");
-        }
     }
 }
 
