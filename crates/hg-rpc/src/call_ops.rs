@@ -14,20 +14,6 @@ use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_SPILL, HEA
 use crate::rpc::{rpc_id, Rpc};
 use crate::spill::{self, RELEASE_RPC};
 
-/// A response payload: `buf[start..]`. A response that arrived in one
-/// message keeps its receive buffer (`start` is then the header length)
-/// rather than a copy, and [`Engine::take_response`] recycles the buffer.
-pub(super) struct Payload {
-    pub(super) buf: Vec<u8>,
-    pub(super) start: usize,
-}
-
-impl Payload {
-    fn bytes(&self) -> &[u8] {
-        self.buf.get(self.start..).unwrap_or_default()
-    }
-}
-
 impl<C: Codec> Engine<C> {
     /// Encodes a request. An input too large for an eager message (and not
     /// for ourselves) is exposed read-only and described instead: the
@@ -246,18 +232,13 @@ impl<C: Codec> Engine<C> {
         self.calls.get(id.0)?.outcome.as_ref()?;
         let outcome = self.calls.remove(id.0)?.outcome?;
         let r = outcome.and_then(|payload| {
-            let r = self
-                .codec
-                .decode::<R::Output>(payload.bytes())
+            self.codec
+                .decode::<R::Output>(&payload)
                 .map_err(|reason| RpcError::Decode {
                     rpc: R::NAME.into(),
                     what: "output",
                     reason,
-                });
-            if payload.start > 0 {
-                self.recycle_buffer(payload.buf);
-            }
-            r
+                })
         });
         if r.is_err() {
             self.stats.errors += 1;
@@ -323,42 +304,25 @@ impl<C: Codec> Engine<C> {
     /// only for a call in flight to that same peer: a late one (the call
     /// timed out or its future was dropped) is discarded, and one from
     /// another peer (forged, or a confused peer) is malformed.
-    ///
-    /// `msg` is the whole message, already decoded into `h` (its payload is
-    /// `msg[HEADER_LEN..]`). Returns the buffer unless the call kept it.
-    pub(super) fn on_response(&mut self, src: &Addr, h: &Header, msg: Vec<u8>) -> Option<Vec<u8>> {
+    pub(super) fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
-        let p = msg.get(HEADER_LEN..).unwrap_or_default();
         let Some(call) = self.calls.get(cookie) else {
             self.stats.stray_responses += 1;
             tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
-            return Some(msg);
+            return;
         };
         if call.peer != Some(src.token()) || call.outcome.is_some() {
             self.stats.malformed += 1;
             tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
-            return Some(msg);
+            return;
         }
         let outcome = if h.flags & FLAG_SPILL == 0 {
-            // The common case first: it needs no call name. A payload of a
-            // quarter of its buffer or more is read in place (no copy); a
-            // smaller one is copied, so that a call whose response waits to
-            // be taken holds at most 4x its payload.
-            if h.status == Status::Ok && p.len() < msg.capacity() / 4 {
-                self.file_outcome(cookie, Ok(p.to_vec()));
-                return Some(msg);
-            }
+            // The common case first: it needs no call name.
             if h.status == Status::Ok {
-                self.file_payload(
-                    cookie,
-                    Ok(Payload {
-                        buf: msg,
-                        start: HEADER_LEN,
-                    }),
-                );
-                return None;
+                Ok(p.to_vec())
+            } else {
+                response_outcome(call.rpc, h.rpc_id, *h, p)
             }
-            response_outcome(call.rpc, h.rpc_id, *h, p)
         } else if h.status != Status::Ok {
             Err(RpcError::Malformed {
                 reason: "a spilled response must have status ok".into(),
@@ -366,7 +330,7 @@ impl<C: Codec> Engine<C> {
         } else {
             match self.start_pull(src, h, p, true) {
                 // The outcome is filed when the pull completes.
-                Ok(()) => return Some(msg),
+                Ok(()) => return,
                 Err(reason) => {
                     self.release_output(src, cookie);
                     Err(RpcError::Decode {
@@ -378,7 +342,6 @@ impl<C: Codec> Engine<C> {
             }
         };
         self.file_outcome(cookie, outcome);
-        Some(msg)
     }
 
     /// The registered name of call `cookie`'s RPC, for error messages.
@@ -388,10 +351,6 @@ impl<C: Codec> Engine<C> {
 
     /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
     pub(super) fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
-        self.file_payload(cookie, outcome.map(|buf| Payload { buf, start: 0 }));
-    }
-
-    fn file_payload(&mut self, cookie: u64, outcome: Result<Payload>) {
         if let Some(call) = self.calls.get_mut(cookie) {
             call.spill = None;
             if call.abandoned {

@@ -35,7 +35,6 @@ mod call_ops;
 #[path = "serve_ops.rs"]
 mod serve_ops;
 pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW};
-use call_ops::Payload;
 
 struct Handler {
     name: &'static str,
@@ -108,7 +107,7 @@ struct Call {
     /// only if it comes from this peer.
     peer: Option<u64>,
     /// The response payload or error, once it arrived.
-    outcome: Option<Result<Payload>>,
+    outcome: Option<Result<Vec<u8>>>,
     /// The caller gave up, but the call must stay until its response
     /// comes: its spilled input is still exposed to the target. The
     /// response is then discarded.
@@ -172,12 +171,9 @@ pub struct Engine<C: Codec = Postcard> {
     scratch: Vec<u8>,
     stats: RpcStats,
     finished_self: VecDeque<u64>,
-    /// Receive buffers that completed and must be posted again, at the
-    /// next progress call (see [`Engine::repost_buffers`]).
-    unposted: usize,
-    /// Receive buffers free for those posts (at most
-    /// [`POSTED_REQUEST_BUFFERS`]; a new one is allocated when none is).
-    spare_bufs: Vec<Vec<u8>>,
+    /// Receive buffers of handled messages, posted again at the next
+    /// progress call (see [`Engine::repost_buffers`]).
+    repost: Vec<Vec<u8>>,
     pulls: FastMap<u64, PendingPull>,
     max_spill: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
@@ -232,8 +228,7 @@ impl<C: Codec> Engine<C> {
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
-            unposted: 0,
-            spare_bufs: Vec::new(),
+            repost: Vec::new(),
             pulls: FastMap::default(),
             max_spill: DEFAULT_MAX_SPILL,
             exposed: FastMap::default(),
@@ -297,23 +292,10 @@ impl<C: Codec> Engine<C> {
     /// buffers wait here is matched by the other posted ones, or queued by
     /// the plugin until one is posted; nothing is lost.
     fn repost_buffers(&mut self) -> Result<()> {
-        while self.unposted > 0 {
-            self.unposted -= 1;
-            let buf = self
-                .spare_bufs
-                .pop()
-                .unwrap_or_else(|| Vec::with_capacity(self.max_msg));
+        while let Some(buf) = self.repost.pop() {
             self.post_request_buffer(buf)?;
         }
         Ok(())
-    }
-
-    /// Keeps a receive buffer no longer in use for the next post.
-    fn recycle_buffer(&mut self, mut buf: Vec<u8>) {
-        if self.spare_bufs.len() < POSTED_REQUEST_BUFFERS {
-            buf.clear();
-            self.spare_bufs.push(buf);
-        }
     }
 
     /// Registers `handler` for RPC `R`. A second registration of the same
@@ -473,16 +455,15 @@ impl<C: Codec> Engine<C> {
             return Ok(());
         }
         if c.op.0 & REQUEST_OP != 0 {
-            if !c.is_canceled() {
-                self.unposted += 1;
-            }
+            let canceled = c.is_canceled();
             let buf = c.buf.unwrap_or_default();
-            let buf = match (c.status.is_ok(), c.source) {
-                (true, Some(src)) => self.on_message(&src, buf)?,
-                _ => Some(buf),
-            };
-            if let Some(buf) = buf {
-                self.recycle_buffer(buf);
+            if c.status.is_ok() {
+                if let Some(src) = c.source {
+                    self.on_message(&src, &buf)?;
+                }
+            }
+            if !canceled {
+                self.repost.push(buf);
             }
             return Ok(());
         }

@@ -77,26 +77,21 @@ impl<C: Codec> Engine<C> {
     }
 
     /// A message arrived in one of our posted unexpected receives: a
-    /// request to serve, or the response to one of our calls. Returns the
-    /// buffer unless a call kept it (a response's payload is read in place).
-    pub(super) fn on_message(&mut self, src: &Addr, msg: Vec<u8>) -> Result<Option<Vec<u8>>> {
-        let (h, payload) = match Header::decode(&msg) {
+    /// request to serve, or the response to one of our calls.
+    pub(super) fn on_message(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
+        let (h, payload) = match Header::decode(msg) {
             Ok(r) => r,
             Err(e) => {
                 // Garbage is not answered (we cannot trust its cookie); count it.
                 self.stats.malformed += 1;
                 tracing::warn!(peer = %src, error = %e, "dropping malformed RPC message");
-                return Ok(Some(msg));
+                return Ok(());
             }
         };
         if h.is_response() {
-            return Ok(self.on_response(src, &h, msg));
+            self.on_response(src, &h, payload);
+            return Ok(());
         }
-        self.on_request(src, h, payload)?;
-        Ok(Some(msg))
-    }
-
-    fn on_request(&mut self, src: &Addr, h: Header, payload: &[u8]) -> Result<()> {
         if h.rpc_id == rpc_id(RELEASE_RPC) {
             if let Ok(c) = <[u8; 8]>::try_from(payload) {
                 self.exposed.remove(&(src.token(), u64::from_le_bytes(c)));

@@ -128,20 +128,20 @@ fn ten_thousand_calls_with_a_thousand_in_flight() {
         }
     }
     assert_eq!(c.stats().in_flight, 0);
-    // The responses were read in place, in their receive buffers; all 64
-    // are posted again (plus the watch on the server).
+    // Every receive buffer a response used is posted again: all 64 (plus
+    // the watch on the server).
     assert_eq!(posted_ops(&mut c), POSTED_REQUEST_BUFFERS as u64 + 1);
 }
 
 #[test]
-fn responses_read_in_place_or_copied_stay_intact_and_their_buffers_return() {
-    let d = dir("in-place");
+fn echo_responses_of_every_eager_size_stay_intact_and_their_buffers_return() {
+    let d = dir("echo-sizes");
     let srv = Server::start(&d);
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
     let pattern = |i: usize, len: usize| (0..len).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>();
-    // Around the in-place threshold (a quarter of a 4 KiB buffer) and up
-    // to the eager limit (a Vec's length prefix and the header take the rest).
+    // Up to the eager limit (a Vec's length prefix and the header take the
+    // rest of a 4 KiB message).
     for (i, len) in [0, 1, 100, 1000, 1017, 1018, 1019, 1024, 2000, 4000, 4058]
         .into_iter()
         .enumerate()
@@ -149,9 +149,9 @@ fn responses_read_in_place_or_copied_stay_intact_and_their_buffers_return() {
         let v = pattern(i, len);
         assert_eq!(c.call::<Echo>(&s, &v, T).unwrap(), v, "{len} bytes");
     }
-    // 200 responses held at once, most in their receive buffers: none is
-    // reused for another message while its call holds it. Half are taken,
-    // half abandoned after they finished (their buffers are replaced).
+    // 200 responses held at once (more than the 64 receive buffers): none
+    // is overwritten by a later message. Half are taken, half abandoned
+    // after they finished; every receive buffer is posted again.
     let ids: Vec<_> = (0..200)
         .map(|i| c.forward::<Echo>(&s, &pattern(i, 500 + i * 15)).unwrap())
         .collect();
