@@ -8,8 +8,6 @@
 //! and says loudly that the RDMA part did not run.
 #![cfg(feature = "verbs")]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hg_rpc::{BulkOp, Engine, Rpc, RpcError};
@@ -19,6 +17,8 @@ use na_core::{Access, ProgressMode};
 #[allow(dead_code)]
 mod rpcs;
 use rpcs::*;
+mod common;
+use common::Server;
 
 /// TCG emulation is slow; nothing legitimate takes this long.
 const T: Duration = Duration::from_secs(60);
@@ -69,34 +69,11 @@ fn rdma_spec(test: &str) -> Option<String> {
     }
 }
 
-/// The server process; killed when dropped.
-struct Server {
-    child: Child,
-    uri: String,
-}
-
-impl Server {
-    fn start(spec: &str) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env("HG_TESTPEER_SPEC", spec)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hg-rpc-testpeer");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read the server's address");
-        let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
-        assert!(uri.starts_with("verbs://"), "{uri}");
-        Server { child, uri }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The test peer serving `spec`.
+fn server(spec: &str) -> Server {
+    let srv = Server::with_env("HG_TESTPEER_SPEC", spec);
+    assert!(srv.uri.starts_with("verbs://"), "{}", srv.uri);
+    srv
 }
 
 #[test]
@@ -104,7 +81,7 @@ fn typed_calls_error_kinds_and_1mib_spill_over_verbs() {
     let Some(spec) = rdma_spec("typed_calls_error_kinds_and_1mib_spill_over_verbs") else {
         return;
     };
-    let srv = Server::start(&spec);
+    let srv = server(&spec);
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
     let s = c.endpoint().lookup(&srv.uri).expect("lookup");
     for i in 0..200u64 {
@@ -152,7 +129,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     let Some(spec) = rdma_spec("bulk_push_and_pull_across_segments_over_verbs") else {
         return;
     };
-    let srv = Server::start(&spec);
+    let srv = server(&spec);
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
     let s = c.endpoint().lookup(&srv.uri).expect("lookup");
     let data: Vec<u8> = (0..3_000_017usize).map(|i| (i * 13 + 5) as u8).collect();

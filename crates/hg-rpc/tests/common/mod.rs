@@ -1,4 +1,6 @@
 //! Helpers shared by the integration tests that run `hg-rpc-testpeer`.
+// Each test binary uses a subset of them.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -16,17 +18,23 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts the server with sockets in `dir` and waits for its address.
+    /// Starts the server over sm with sockets in `dir` and waits for its address.
     pub fn start(dir: &std::path::Path) -> Server {
+        Server::with_env("QS_SM_DIR", dir)
+    }
+
+    /// Starts the server with `key=value` in its environment (which picks
+    /// its transport) and waits for its address.
+    pub fn with_env(key: &str, value: impl AsRef<std::ffi::OsStr>) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env("QS_SM_DIR", dir)
+            .env(key, value)
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn hg-rpc-testpeer");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
+        BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
-            .unwrap();
+            .expect("read the server's address");
         let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
         Server { child, uri }
     }
@@ -72,8 +80,7 @@ pub fn client(dir: &std::path::Path) -> Engine {
 
 /// Operations the engine's transport has posted after a progress call:
 /// its receive buffers (every one a response or request used is posted
-/// again, or replaced) plus one watch per peer it has called.
-#[allow(dead_code)] // not every test binary uses it
+/// again) plus one watch per peer it has called.
 pub fn posted_ops(c: &mut Engine) -> u64 {
     c.progress_now().unwrap();
     let ep = c.endpoint();
