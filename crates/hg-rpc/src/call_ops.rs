@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, MemHandle, MsgBuf, NaError, OpId};
+use na_core::{Addr, MemHandle, NaError, OpId, Report, Tag};
 
 use super::{header, response_outcome, Call, CallId, Engine, OpRole, REQUEST_TAG, WATCH_OP, WATCH_TAG};
 use crate::call_table::NO_CALL;
@@ -15,37 +15,30 @@ use crate::rpc::{rpc_id, Rpc};
 use crate::spill::{self, RELEASE_RPC};
 
 impl<C: Codec> Engine<C> {
-    /// Encodes a request. An input too large for an eager message (and not
-    /// for ourselves) is exposed read-only and described instead: the
-    /// returned handle must live until the target answered.
-    /// Encodes a request for `dest` into a transport message buffer (built
-    /// in place: no intermediate copy; a registered buffer on RDMA), its
-    /// input spilled into an exposed handle if it does not fit a message.
+    /// Encodes a request's input into `self.scratch` and returns its
+    /// header. An input too large for an eager message (and not for
+    /// ourselves) is exposed read-only and its descriptor takes its place
+    /// in `scratch`: the returned handle must live until the target
+    /// answered. The message is the header, encoded when it is sent, and
+    /// `scratch` (see [`send_scratch`](Self::send_scratch)).
     fn encode_request<R: Rpc>(
         &mut self,
-        dest: &Addr,
         input: &R::Input,
         flags: u8,
         cookie: u64,
         to_self: bool,
-    ) -> Result<(MsgBuf, Option<MemHandle>)> {
-        let mut payload = std::mem::take(&mut self.scratch);
-        payload.clear();
+    ) -> Result<(Header, Option<MemHandle>)> {
+        self.scratch.clear();
         self.codec
-            .encode(input, &mut payload)
+            .encode(input, &mut self.scratch)
             .map_err(|reason| RpcError::Encode {
                 rpc: R::NAME.into(),
                 what: "input",
                 reason,
             })?;
         let id = rpc_id(R::NAME);
-        if to_self || HEADER_LEN + payload.len() <= self.max_msg {
+        if to_self || HEADER_LEN + self.scratch.len() <= self.max_msg {
             // A self-forward never leaves the process: any size goes.
-            let mut msg = if to_self {
-                MsgBuf::heap(HEADER_LEN + payload.len())
-            } else {
-                self.ep.alloc_msg_buf(dest, HEADER_LEN + payload.len())?
-            };
             // A one-way request that fits never becomes a call: its cookie
             // must not be one a later call will have.
             let cookie = if flags & FLAG_ONE_WAY != 0 {
@@ -53,11 +46,9 @@ impl<C: Codec> Engine<C> {
             } else {
                 cookie
             };
-            let r = header(flags, Status::Ok, id, cookie).encode_into(&payload, &mut msg);
-            self.scratch = payload;
-            r?;
-            return Ok((msg, None));
+            return Ok((header(flags, Status::Ok, id, cookie), None));
         }
+        let payload = std::mem::take(&mut self.scratch);
         let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload)?;
         let len = HEADER_LEN + spilled.len();
         if len > self.max_msg {
@@ -68,9 +59,29 @@ impl<C: Codec> Engine<C> {
                 max: self.max_msg,
             });
         }
-        let mut msg = self.ep.alloc_msg_buf(dest, len)?;
-        header(flags | FLAG_SPILL, Status::Ok, id, cookie).encode_into(&spilled, &mut msg)?;
-        Ok((msg, Some(mem)))
+        self.scratch = spilled;
+        Ok((header(flags | FLAG_SPILL, Status::Ok, id, cookie), Some(mem)))
+    }
+
+    /// Sends header `h` and the payload in `self.scratch` to `dest` as one
+    /// unexpected message, written by the transport straight into place.
+    pub(super) fn send_scratch(&mut self, dest: &Addr, tag: Tag, h: Header) -> Result<()> {
+        let head = h.encode_head(&self.scratch);
+        let op = self.send_op();
+        self.ep
+            .send_unexpected_parts(dest, tag, &[&head, &self.scratch], op, Report::FailuresOnly)?;
+        self.stats.bytes_sent += (HEADER_LEN + self.scratch.len()) as u64;
+        Ok(())
+    }
+
+    /// Runs a self-forwarded request (header `h`, input in `self.scratch`)
+    /// here, without the network; `None` if its handler is deferred.
+    fn run_self(&mut self, h: &Header) -> Option<(Header, Vec<u8>)> {
+        let input = std::mem::take(&mut self.scratch);
+        let me = self.me.clone();
+        let r = self.run_decoded(&me, h, &input);
+        self.scratch = input;
+        r
     }
 
     /// Starts a call of `R` on `dest`; see [`take_response`](Self::take_response).
@@ -78,7 +89,7 @@ impl<C: Codec> Engine<C> {
         // The call is stored (under this cookie) once its request is out.
         let cookie = self.calls.next_cookie();
         let to_self = *dest == self.me;
-        let (msg, spill) = self.encode_request::<R>(dest, input, FLAG_CHECKSUM, cookie, to_self)?;
+        let (h, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM, cookie, to_self)?;
         self.stats.calls += 1;
         // Built only when a subscriber wants debug spans: tracing's `log`
         // feature (which any crate in a build can switch on) would
@@ -96,30 +107,24 @@ impl<C: Codec> Engine<C> {
                 spill: None,
             });
             debug_assert_eq!(stored, cookie);
-            match self.run_handler(msg.as_slice()) {
-                Ok(None) => {}
-                Ok(Some((h, p))) => {
-                    self.file_outcome(cookie, response_outcome(R::NAME, rpc_id(R::NAME), h, p));
-                    self.finished_self.push_back(cookie);
-                }
-                Err(e) => {
-                    self.file_outcome(cookie, Err(e));
-                    self.finished_self.push_back(cookie);
-                }
+            if let Some((h, p)) = self.run_self(&h) {
+                self.file_outcome(cookie, response_outcome(R::NAME, rpc_id(R::NAME), h, p));
+                self.finished_self.push_back(cookie);
             }
             return Ok(CallId(cookie));
         }
-        self.send_request(dest, R::NAME, cookie, msg, spill, false)?;
+        self.send_request(dest, R::NAME, cookie, h, spill, false)?;
         Ok(CallId(cookie))
     }
 
-    /// Watches `dest` (if not yet), sends the request and records the call.
+    /// Watches `dest` (if not yet), sends the request (header `h`, payload
+    /// in `self.scratch`) and records the call.
     fn send_request(
         &mut self,
         dest: &Addr,
         rpc: &'static str,
         cookie: u64,
-        msg: MsgBuf,
+        h: Header,
         spill: Option<MemHandle>,
         abandoned: bool,
     ) -> Result<()> {
@@ -127,10 +132,7 @@ impl<C: Codec> Engine<C> {
         if self.last_watched != Some(peer) {
             self.watch(dest)?;
         }
-        let send_op = self.send_op();
-        let len = msg.len();
-        self.ep.send_unexpected_buf(dest, REQUEST_TAG, msg, send_op)?;
-        self.stats.bytes_sent += len as u64;
+        self.send_scratch(dest, REQUEST_TAG, h)?;
         let stored = self.calls.insert(Call {
             rpc,
             peer: Some(peer),
@@ -207,23 +209,18 @@ impl<C: Codec> Engine<C> {
         // target's acknowledgement, under this cookie); one that fits
         // carries NO_CALL (see `encode_request`).
         let cookie = self.calls.next_cookie();
-        let (msg, spill) =
-            self.encode_request::<R>(dest, input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
+        let (h, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
         self.stats.calls += 1;
         if to_self {
-            let _ = self.run_handler(msg.as_slice());
+            let _ = self.run_self(&h);
             return Ok(());
         }
         if spill.is_some() {
             // The target acknowledges a spilled one-way request once it has
             // pulled the input; until then the input must stay exposed.
-            return self.send_request(dest, R::NAME, cookie, msg, spill, true);
+            return self.send_request(dest, R::NAME, cookie, h, spill, true);
         }
-        let op = self.send_op();
-        let len = msg.len();
-        self.ep.send_unexpected_buf(dest, REQUEST_TAG, msg, op)?;
-        self.stats.bytes_sent += len as u64;
-        Ok(())
+        self.send_scratch(dest, REQUEST_TAG, h)
     }
 
     /// The result of call `id` if its response arrived (then the call is

@@ -16,8 +16,6 @@
 //! | 24     | 4    | payload length                                      |
 //! | 28     | 4    | CRC-32C of the payload if flag bit 2, else 0        |
 
-use na_core::{MsgBuf, NaError};
-
 use crate::error::RpcError;
 
 /// Header length in bytes.
@@ -114,13 +112,6 @@ impl Header {
     pub fn encode_with(self, payload: &[u8], out: &mut Vec<u8>) {
         out.extend_from_slice(&self.encode_head(payload));
         out.extend_from_slice(payload);
-    }
-
-    /// Writes the header and `payload` into a transport message buffer
-    /// (replacing its contents); an error if they do not fit.
-    pub fn encode_into(self, payload: &[u8], out: &mut MsgBuf) -> Result<(), NaError> {
-        out.clear();
-        out.extend_from_slices(&[&self.encode_head(payload), payload])
     }
 
     /// Decodes a whole message: checks magic, version, flags, status,

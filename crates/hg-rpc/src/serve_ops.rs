@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use na_core::{Access, Addr, MemHandle};
+use na_core::{Access, Addr, MemHandle, Report};
 
 use super::{
     response_header, response_outcome, BulkCtx, DeferredRequest, Engine, Handler, OpRole, PendingPull,
@@ -16,15 +16,6 @@ use crate::rpc::rpc_id;
 use crate::spill::{self, RELEASE_RPC};
 
 impl<C: Codec> Engine<C> {
-    /// Decodes request `msg` and runs its handler; returns the response
-    /// header and payload. Self-forwards to a deferred handler answer later, through
-    /// [`answer`](Self::answer); `Ok(None)` then.
-    pub(super) fn run_handler(&mut self, msg: &[u8]) -> Result<Option<(Header, Vec<u8>)>> {
-        let (h, payload) = Header::decode(msg)?;
-        let me = self.me.clone();
-        Ok(self.run_decoded(&me, &h, payload))
-    }
-
     /// Sends a response to `dest`, or files it directly when `dest` is us
     /// (a self-forwarded call answered by a deferred handler).
     pub(super) fn answer(&mut self, dest: &Addr, h: Header, out: Vec<u8>) {
@@ -175,20 +166,15 @@ impl<C: Codec> Engine<C> {
                 ),
             }
         };
-        // Built in place in a transport buffer (registered on RDMA: no copy).
-        let built = self
-            .ep
-            .alloc_msg_buf(src, HEADER_LEN + out.len())
-            .and_then(|mut msg| h.encode_into(&out, &mut msg).map(|()| msg));
+        // The transport writes header and output straight into place (na-sm:
+        // the ring slot; a registered buffer on RDMA).
+        let head = h.encode_head(&out);
         let op = self.send_op();
-        let sent = built.and_then(|msg| {
-            let len = msg.len();
-            self.ep
-                .send_unexpected_buf(src, RESPONSE_TAG, msg, op)
-                .map(|()| len)
-        });
-        match sent {
-            Ok(len) => self.stats.bytes_sent += len as u64,
+        match self
+            .ep
+            .send_unexpected_parts(src, RESPONSE_TAG, &[&head, &out], op, Report::FailuresOnly)
+        {
+            Ok(()) => self.stats.bytes_sent += (HEADER_LEN + out.len()) as u64,
             Err(e) => tracing::warn!(peer = %src, error = %e, "cannot send RPC response"),
         }
     }

@@ -8,7 +8,7 @@ use crate::addr::{split_uri, Addr, PluginId};
 use crate::error::{NaError, Result};
 use crate::mem::{MemHandle, RemoteMem};
 use crate::msgbuf::MsgBuf;
-use crate::op::{Completion, OpId, Tag};
+use crate::op::{Completion, OpId, Report, Tag};
 use crate::plugin::{Plugin, PluginRegistry};
 use crate::progress::ProgressMode;
 use crate::rma::Rma;
@@ -168,6 +168,19 @@ impl Endpoint {
     /// See [`Plugin::send_unexpected_buf`].
     pub fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
         self.route(dest)?.send_unexpected_buf(dest, tag, buf, op)
+    }
+
+    /// See [`Plugin::send_unexpected_parts`].
+    pub fn send_unexpected_parts(
+        &mut self,
+        dest: &Addr,
+        tag: Tag,
+        parts: &[&[u8]],
+        op: OpId,
+        report: Report,
+    ) -> Result<()> {
+        self.route(dest)?
+            .send_unexpected_parts(dest, tag, parts, op, report)
     }
 
     /// See [`Plugin::send_expected_buf`].

@@ -17,6 +17,20 @@ pub struct OpId(pub u64);
 /// Message tag: matches expected messages and is reported with unexpected ones.
 pub type Tag = u32;
 
+/// Which outcomes of a send become completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Report {
+    /// Every outcome: the send completes exactly once, like any operation.
+    All,
+    /// Failures (and cancellations) for certain; a success may be left
+    /// out. For callers with nothing to do when a send succeeds (an RPC
+    /// layer, which learns of a lost peer another way): a plugin that
+    /// finishes a send inside the call (na-sm, when the ring has room)
+    /// then queues no completion, which saves the caller a progress turn
+    /// per message. Such a caller must not wait for the completion.
+    FailuresOnly,
+}
+
 /// What kind of operation completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {

@@ -8,7 +8,7 @@ use crate::addr::{Addr, PluginId};
 use crate::error::{NaError, Result};
 use crate::mem::{MemHandle, RemoteMem, RemoteSegment};
 use crate::msgbuf::{check_buf_size, MsgBuf};
-use crate::op::{Completion, OpId, Tag};
+use crate::op::{Completion, OpId, Report, Tag};
 use crate::rma::Rma;
 
 /// Counters every plugin keeps; read them with [`Plugin::stats`].
@@ -116,6 +116,31 @@ pub trait Plugin: Send {
     /// [`send_unexpected`](Self::send_unexpected).
     fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
         self.send_unexpected(dest, tag, buf.as_slice(), op)
+    }
+
+    /// Sends the concatenation of `parts` (a header and a payload, say) as
+    /// one unexpected message, completing like
+    /// [`send_unexpected`](Self::send_unexpected) but as `report` says (a
+    /// plugin may leave out a success with [`Report::FailuresOnly`]). A
+    /// plugin that copies into shared memory writes each part straight
+    /// into place (na-sm); the default builds the message in a buffer from
+    /// [`alloc_msg_buf`](Self::alloc_msg_buf) and sends it with
+    /// [`send_unexpected_buf`](Self::send_unexpected_buf), which is the
+    /// zero-copy path of plugins with registered buffers, and reports
+    /// every outcome.
+    fn send_unexpected_parts(
+        &mut self,
+        dest: &Addr,
+        tag: Tag,
+        parts: &[&[u8]],
+        op: OpId,
+        report: Report,
+    ) -> Result<()> {
+        let _ = report;
+        let len = parts.iter().map(|p| p.len()).sum();
+        let mut buf = self.alloc_msg_buf(len)?;
+        buf.extend_from_slices(parts)?;
+        self.send_unexpected_buf(dest, tag, buf, op)
     }
 
     /// Like [`send_unexpected_buf`](Self::send_unexpected_buf), as an expected message.

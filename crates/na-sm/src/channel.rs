@@ -262,21 +262,23 @@ impl<'a> Channel<'a> {
         self.has_slot(tx, Ordering::SeqCst) && (len <= INLINE_MAX || self.free().load(Ordering::SeqCst) != 0)
     }
 
-    /// Sender: publishes message `tx.pos` if its slot is free and (for
-    /// payloads over [`INLINE_MAX`]) a buffer is free; false otherwise (the
-    /// caller queues it). `data.len()` must be <= BUF_SIZE.
-    pub fn try_send(&self, tx: &mut TxCursor, kind: MsgKind, tag: u32, data: &[u8]) -> bool {
-        debug_assert!(data.len() <= BUF_SIZE);
+    /// Sender: publishes message `tx.pos`, the concatenation of `parts`
+    /// (a header and a payload, say, written in place without joining
+    /// them first), if its slot is free and (for more than [`INLINE_MAX`]
+    /// bytes) a buffer is free; false otherwise (the caller queues it).
+    /// The parts must add up to at most [`BUF_SIZE`] bytes.
+    pub fn try_send(&self, tx: &mut TxCursor, kind: MsgKind, tag: u32, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        debug_assert!(len <= BUF_SIZE);
         // Acquire pairs with the receiver's release of `consumed` after it
         // copied the previous lap's payload out, so we never overwrite it early.
         if !self.has_slot(tx, Ordering::Acquire) {
             return false;
         }
         let pos = tx.pos;
-        let inline = data.len() <= INLINE_MAX;
-        let index = if inline {
-            self.region.write(self.slot_offset(pos) + 8, data);
-            0
+        let inline = len <= INLINE_MAX;
+        let (index, mut at) = if inline {
+            (0, self.slot_offset(pos) + 8)
         } else {
             let free = self.free();
             let mask = free.load(Ordering::Acquire);
@@ -287,14 +289,17 @@ impl<'a> Channel<'a> {
             // Only we clear bits, so the bit is still set; Acquire pairs with
             // the receiver's release of this buffer (its reads are done).
             free.fetch_and(!(1u64 << index), Ordering::Acquire);
-            self.region.write(self.bufs + index * BUF_SIZE, data);
-            index
+            (index, self.bufs + index * BUF_SIZE)
         };
+        for p in parts {
+            self.region.write(at, p);
+            at += p.len();
+        }
         let header = Slot {
             kind,
             inline,
             index,
-            len: data.len(),
+            len,
             tag,
         };
         // SeqCst: with the receiver's SeqCst store of rx_waiting and load of

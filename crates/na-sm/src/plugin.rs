@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use na_core::msgbuf::check_buf_size;
 use na_core::sys::epoll::Epoll;
 use na_core::{
-    Addr, Completion, MsgBuf, MsgBufPool, NaError, OpId, Plugin, PluginId, PluginStats, Result, Rma, Tag,
+    Addr, Completion, MsgBuf, MsgBufPool, NaError, OpId, Plugin, PluginId, PluginStats, Report, Result, Rma,
+    Tag,
 };
 
 use crate::addr::{PeerTable, SmName};
@@ -232,15 +233,26 @@ impl SmPlugin {
     /// Sends a message buffer's bytes (copied into the ring or backlog)
     /// and keeps the buffer for the next `alloc_msg_buf`.
     fn send_from_buf(&mut self, dest: &Addr, kind: MsgKind, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
-        let r = self.send(dest, kind, tag, buf.as_slice(), op);
+        let r = self.send(dest, kind, tag, &[buf.as_slice()], op, Report::All);
         self.msg_bufs.recycle(buf);
         r
     }
 
-    fn send(&mut self, dest: &Addr, kind: MsgKind, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
-        if data.len() > BUF_SIZE {
+    /// Sends the concatenation of `parts`, written straight into the ring
+    /// slot (or reserved buffer): no message buffer, no joining copy.
+    fn send(
+        &mut self,
+        dest: &Addr,
+        kind: MsgKind,
+        tag: Tag,
+        parts: &[&[u8]],
+        op: OpId,
+        report: Report,
+    ) -> Result<()> {
+        let len = parts.iter().map(|p| p.len()).sum();
+        if len > BUF_SIZE {
             return Err(NaError::MessageTooLarge {
-                len: data.len(),
+                len,
                 max: BUF_SIZE,
                 kind: if kind == MsgKind::Unexpected {
                     "unexpected"
@@ -251,7 +263,7 @@ impl SmPlugin {
         }
         self.check_dest(dest)?;
         self.ensure_connected(dest)?;
-        self.send_on(dest.token(), kind, tag, data, op)
+        self.send_on(dest.token(), kind, tag, parts, op, report)
             .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?
     }
 }
@@ -316,11 +328,22 @@ impl Plugin for SmPlugin {
     }
 
     fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
-        self.send(dest, MsgKind::Unexpected, tag, data, op)
+        self.send(dest, MsgKind::Unexpected, tag, &[data], op, Report::All)
+    }
+
+    fn send_unexpected_parts(
+        &mut self,
+        dest: &Addr,
+        tag: Tag,
+        parts: &[&[u8]],
+        op: OpId,
+        report: Report,
+    ) -> Result<()> {
+        self.send(dest, MsgKind::Unexpected, tag, parts, op, report)
     }
 
     fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
-        self.send(dest, MsgKind::Expected, tag, data, op)
+        self.send(dest, MsgKind::Expected, tag, &[data], op, Report::All)
     }
 
     /// Heap buffers from a free list: the ring lives in memory the peer

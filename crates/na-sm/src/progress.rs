@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
-use na_core::{Completion, NaError, OpId, OpKind, Result, Tag};
+use na_core::{Completion, NaError, OpId, OpKind, Report, Result, Tag};
 
 use crate::channel::{Channel, MsgKind, RING_SLOTS};
 use crate::conn::{QueuedSend, Role};
@@ -310,7 +310,7 @@ impl SmPlugin {
             let ch = Channel::new(&conn.region, tx);
             let mut sent = false;
             while let Some(q) = conn.backlog.front() {
-                if !ch.try_send(&mut conn.tx_cur, q.kind, q.tag, &q.data) {
+                if !ch.try_send(&mut conn.tx_cur, q.kind, q.tag, &[&q.data]) {
                     break;
                 }
                 stats.msgs_sent += 1;
@@ -338,24 +338,29 @@ impl SmPlugin {
         }
     }
 
-    /// Sends on the peer's first connection, or queues; `None` if the peer
-    /// is gone.
+    /// Sends the concatenation of `parts` on the peer's first
+    /// connection, or queues it; `None` if the peer is gone. A send that
+    /// goes out at once completes only if `report` asks for successes; a
+    /// queued one always completes.
     pub(crate) fn send_on(
         &mut self,
         tok: u64,
         kind: MsgKind,
         tag: Tag,
-        data: &[u8],
+        parts: &[&[u8]],
         op: OpId,
+        report: Report,
     ) -> Option<Result<()>> {
         let peer = self.peers.get_mut(tok)?;
         let conn = peer.conns.first_mut()?;
         let tx = if conn.role == Role::Connector { 0 } else { 1 };
         let ch = Channel::new(&conn.region, tx);
-        if conn.backlog.is_empty() && ch.try_send(&mut conn.tx_cur, kind, tag, data) {
+        if conn.backlog.is_empty() && ch.try_send(&mut conn.tx_cur, kind, tag, parts) {
             self.stats.msgs_sent += 1;
-            self.stats.msg_bytes_sent += data.len() as u64;
-            self.completions.push_back(Completion::done(op, kind_of(kind)));
+            self.stats.msg_bytes_sent += parts.iter().map(|p| p.len() as u64).sum::<u64>();
+            if report == Report::All {
+                self.completions.push_back(Completion::done(op, kind_of(kind)));
+            }
             if ch.receiver_needs_wake() {
                 match conn.wake_peer() {
                     Ok(true) => self.stats.signals_sent += 1,
@@ -376,7 +381,7 @@ impl SmPlugin {
             op,
             kind,
             tag,
-            data: data.to_vec(),
+            data: parts.concat(),
         });
         self.ops.insert(op, OpPlace::Send(tok));
         self.stats.sends_queued += 1;

@@ -130,6 +130,7 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
             messaging::backpressure,
         ),
         ("plugin_message_buffers_both_kinds_reused", messaging::msg_bufs),
+        ("gathered_sends_odd_parts_both_reports", messaging::gathered_sends),
         ("cancel_posted_operations", messaging::cancel),
         (
             "many_client_processes_against_one_server",

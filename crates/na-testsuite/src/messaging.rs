@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::time::Duration;
 
-use na_core::{NaError, OpId, OpKind, ProgressMode};
+use na_core::{NaError, OpId, OpKind, ProgressMode, Report};
 
 use crate::{Node, PeerProc, Transport};
 
@@ -258,6 +258,123 @@ pub fn msg_bufs(t: &Transport) {
         (c.tag, c.buf.expect("buf")),
         (tag, b"expected, from a buffer".to_vec())
     );
+}
+
+/// Gathered sends (`send_unexpected_parts`): messages whose parts have odd
+/// lengths (so a transport that writes each part in place writes at
+/// unaligned offsets), around the sizes where a transport changes how it
+/// carries a message, up to the maximum, arrive as the exact
+/// concatenation. With `Report::All` each send completes once; with
+/// `Report::FailuresOnly` a success may go unreported, and whatever is
+/// reported is a success. 600 quiet sends, 150 in flight (beyond the
+/// transport's buffers, so some queue), all arrive intact and in order.
+/// Parts over the maximum are refused at once and start nothing.
+pub fn gathered_sends(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    let max = n.ep.plugin(n.id).expect("plugin").max_unexpected_size();
+    // The first part starts with 'e': the server echoes the whole message
+    // as an expected message under the same tag.
+    let layout = |i: u32| -> Vec<usize> {
+        match i % 8 {
+            0 => vec![1, 0],
+            1 => vec![3, 5, 17],
+            2 => vec![32, 1],
+            3 => vec![7, 113],
+            4 => vec![7, 114],
+            5 => vec![1, 0, 55, 0, 9],
+            6 => vec![1000, 3000, max - 4000],
+            _ => vec![13, 200 + i as usize % 900],
+        }
+    };
+    let parts_of = |i: u32| -> Vec<Vec<u8>> {
+        let sizes = layout(i);
+        let total: usize = sizes.iter().sum();
+        let whole: Vec<u8> = std::iter::once(b'e')
+            .chain((1..total as u64).map(|k| crate::pattern2(i as u8, k)))
+            .collect();
+        let mut at = 0;
+        sizes
+            .into_iter()
+            .map(|len| {
+                at += len;
+                whole[at - len..at].to_vec()
+            })
+            .collect()
+    };
+    let send = |n: &mut Node, i: u32, report: Report, op: OpId| {
+        let parts = parts_of(i);
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        n.ep.send_unexpected_parts(&addr, i, &refs, op, report)
+            .expect("send parts");
+        parts.concat()
+    };
+    for i in 0..16u32 {
+        let r = n.op();
+        n.ep.post_recv_expected(&addr, i, Vec::new(), r).expect("post");
+        let s = n.op();
+        let report = if i % 2 == 0 {
+            Report::All
+        } else {
+            Report::FailuresOnly
+        };
+        let whole = send(&mut n, i, report, s);
+        assert_eq!(whole.len(), layout(i).iter().sum::<usize>());
+        assert_eq!(
+            n.wait(r).buf.expect("buf"),
+            whole,
+            "message {i} ({:?})",
+            layout(i)
+        );
+        if report == Report::All {
+            n.wait(s).status.expect("send");
+        }
+    }
+    const TOTAL: u32 = 600;
+    const WINDOW: u32 = 150;
+    let (mut sent, mut done) = (0u32, 0u32);
+    let mut wanted = std::collections::VecDeque::new();
+    while done < TOTAL {
+        while sent < TOTAL && sent - done < WINDOW {
+            let tag = 1000 + sent;
+            n.ep.post_recv_expected(&addr, tag, Vec::new(), OpId(1 << 33 | u64::from(sent)))
+                .expect("post");
+            let parts = parts_of(sent);
+            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            n.ep.send_unexpected_parts(
+                &addr,
+                tag,
+                &refs,
+                OpId(1 << 34 | u64::from(sent)),
+                Report::FailuresOnly,
+            )
+            .expect("send parts");
+            wanted.push_back(parts.concat());
+            sent += 1;
+        }
+        let c = n.wait_for(OpId(1 << 33 | u64::from(done)), n.timeout * 3);
+        assert_eq!(Some(c.buf.expect("buf")), wanted.pop_front(), "message {done}");
+        done += 1;
+    }
+    n.pump(Duration::from_millis(50));
+    for (op, c) in &n.stash {
+        if op.0 & 1 << 34 != 0 {
+            assert!(c.status.is_ok(), "a quiet send reported {:?}", c.status);
+        }
+    }
+    let st = n.stats();
+    assert_eq!(st.in_flight, 0, "{st:?}");
+    let op = n.op();
+    let e =
+        n.ep.send_unexpected_parts(&addr, 1, &[&vec![b'e'; max], &[0]], op, Report::All)
+            .expect_err("oversize");
+    assert!(
+        matches!(e, NaError::MessageTooLarge { len, .. } if len == max + 1),
+        "{e}"
+    );
+    n.pump(Duration::from_millis(50));
+    assert!(!n.stash.contains_key(&op), "a refused send completes nothing");
 }
 
 /// Cancel of posted receives of both kinds: each completes once, canceled,

@@ -36,10 +36,10 @@ fn fill_and_drain(len: usize) {
     let ch = Channel::new(&r, 0);
     let (mut tx, mut rx) = (TxCursor::default(), RxCursor::default());
     for i in 0..NUM_BUFS {
-        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i as u32, &vec![i as u8; len]));
+        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i as u32, &[&vec![i as u8; len]]));
     }
     assert!(
-        !ch.try_send(&mut tx, MsgKind::Unexpected, 0, &vec![0; len]),
+        !ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![0; len]]),
         "65th send must not fit"
     );
     assert!(!ch.can_send(&mut tx, len));
@@ -67,7 +67,7 @@ fn fill_and_drain(len: usize) {
         "the previous lap's slot is not a message"
     );
     assert!(ch.arm_receiver(rx.pos));
-    assert!(ch.try_send(&mut tx, MsgKind::Expected, 5, &vec![7; len]));
+    assert!(ch.try_send(&mut tx, MsgKind::Expected, 5, &[&vec![7; len]]));
     assert!(ch.receiver_needs_wake());
     assert!(
         !ch.arm_receiver(rx.pos),
@@ -94,7 +94,7 @@ fn many_laps_with_lazy_publish() {
     let mut buf = Vec::new();
     let mut next_expected = 0u32;
     for i in 0..10_000u32 {
-        while !ch.try_send(&mut tx, MsgKind::Expected, i, &i.to_le_bytes()) {
+        while !ch.try_send(&mut tx, MsgKind::Expected, i, &[&i.to_le_bytes()]) {
             // Drain up to 10 messages, publish, retry.
             for _ in 0..10 {
                 let Some(s) = ch.peek(rx.pos).unwrap() else { break };
@@ -128,14 +128,14 @@ fn consumed_count_from_the_peer_is_clamped() {
     r.atomic(PAGE + CTL_CONSUMED)
         .store(u64::MAX / 2, Ordering::SeqCst);
     for i in 0..RING_SLOTS as u32 {
-        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[]));
+        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[&[]]));
     }
     // consumed (clamped to 0 when first read) + 64: the ring is full.
     r.atomic(PAGE + CTL_CONSUMED).store(10, Ordering::SeqCst);
     for i in 0..10 {
-        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[]));
+        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[&[]]));
     }
-    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[]));
+    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&[]]));
     r.atomic(PAGE + CTL_CONSUMED).store(3, Ordering::SeqCst);
     assert!(!ch.can_send(&mut tx, 0), "a count that goes back gives nothing");
     assert_eq!(tx.pos, 74);
@@ -200,7 +200,7 @@ fn only_this_lap_or_the_previous_one_is_valid() {
     let ch = Channel::new(&r, 0);
     let mut tx = TxCursor::default();
     assert_eq!(ch.peek(0).unwrap(), None, "a never-used slot is empty");
-    assert!(ch.try_send(&mut tx, MsgKind::Unexpected, 1, &[]));
+    assert!(ch.try_send(&mut tx, MsgKind::Unexpected, 1, &[&[]]));
     assert_eq!(ch.peek(0).unwrap().map(|s| s.tag), Some(1));
     assert_eq!(
         ch.peek(64).unwrap(),

@@ -154,23 +154,30 @@ impl SharedRegion {
         }
     }
 
-    /// Copies `src` into the region at `offset` (8-aligned).
+    /// Copies `src` into the region at `offset` (any alignment: bytes up
+    /// to the first 8-aligned offset go one by one, then whole words).
     ///
     /// # Panics
     /// If the range is out of bounds.
     pub fn write(&self, offset: usize, src: &[u8]) {
-        assert!(offset % 8 == 0 && offset <= self.len && src.len() <= self.len - offset);
-        let words = src.len() / 8;
-        // SAFETY: destination range is inside the mapping (checked above) and
-        // 8-aligned; volatile writes never create references into memory the
-        // peer writes.
+        assert!(offset <= self.len && src.len() <= self.len - offset);
+        let head = offset.next_multiple_of(8).saturating_sub(offset).min(src.len());
+        let words = (src.len() - head) / 8;
+        // SAFETY: the destination range is inside the mapping (checked
+        // above), and `offset + head` is 8-aligned (the mapping is
+        // page-aligned), so the word writes are aligned; volatile writes
+        // never create references into memory the peer writes.
         unsafe {
             let dst = self.ptr.as_ptr().add(offset);
-            for i in 0..words {
-                let w = std::ptr::read_unaligned(src.as_ptr().cast::<u64>().add(i));
-                std::ptr::write_volatile(dst.cast::<u64>().add(i), w);
+            for (i, b) in src[..head].iter().enumerate() {
+                std::ptr::write_volatile(dst.add(i), *b);
             }
-            for (i, b) in src.iter().enumerate().skip(words * 8) {
+            let (wsrc, wdst) = (src.as_ptr().add(head), dst.add(head));
+            for i in 0..words {
+                let w = std::ptr::read_unaligned(wsrc.cast::<u64>().add(i));
+                std::ptr::write_volatile(wdst.cast::<u64>().add(i), w);
+            }
+            for (i, b) in src.iter().enumerate().skip(head + words * 8) {
                 std::ptr::write_volatile(dst.add(i), *b);
             }
         }
@@ -220,5 +227,26 @@ mod tests {
         // SAFETY (test): fresh descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         assert!(SharedRegion::from_peer(fd, 0).is_err());
+    }
+
+    #[test]
+    fn writes_at_any_offset_touch_exactly_their_bytes() {
+        let r = SharedRegion::create("qs-test-write", 4096).unwrap();
+        let src: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) | 1).collect();
+        let mut out = Vec::new();
+        for start in 0..8 {
+            for len in 0..=src.len() {
+                // Clear a window around the write, write, and read it all back.
+                r.write(64, &[0; 64]);
+                r.write(64 + start, &src[..len]);
+                r.read_to_vec(64, 64, &mut out);
+                let mut want = vec![0u8; 64];
+                want[start..start + len].copy_from_slice(&src[..len]);
+                assert_eq!(out, want, "write of {len} bytes at offset 64+{start}");
+            }
+        }
+        r.write(4096 - 3, b"end");
+        r.read_to_vec(4088, 8, &mut out);
+        assert_eq!(&out[5..], b"end");
     }
 }
