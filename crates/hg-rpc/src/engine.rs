@@ -18,8 +18,16 @@ use crate::rpc::{rpc_id, Rpc};
 pub const SPILLED_OUTPUT_TTL: Duration = Duration::from_secs(60);
 
 /// Unexpected receives the engine keeps posted for incoming requests and
-/// the responses to its calls.
+/// the responses to its calls, on a transport without pull mode; with it,
+/// the most messages one [`Engine::trigger`] takes.
 pub const POSTED_REQUEST_BUFFERS: usize = 64;
+
+/// Environment variable that chooses how the engine receives requests and
+/// responses: `pull` (the default: the transport's pull mode where it has
+/// one, see [`na_core::Plugin::pull_unexpected`]) or `posted` (posted
+/// unexpected receives and their completions, as on a transport without
+/// pull mode).
+pub const RECV_MODE_ENV: &str = "QS_RPC_RECV";
 
 /// Default largest spilled input a target accepts (see
 /// [`Engine::set_max_spill`]).
@@ -174,6 +182,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// Receive buffers of handled messages, posted again at the next
     /// progress call (see [`Engine::repost_buffers`]).
     repost: Vec<Vec<u8>>,
+    /// The transport is in pull mode: messages are taken from it by
+    /// `trigger` into `rx_buf`, and no receives are posted.
+    pull: bool,
+    /// Where a pulled message is copied (kept for its capacity).
+    rx_buf: Vec<u8>,
     pulls: FastMap<u64, PendingPull>,
     max_spill: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
@@ -209,10 +222,11 @@ impl Engine<Postcard> {
 
 impl<C: Codec> Engine<C> {
     /// An engine with codec `codec`.
-    pub fn with_codec(ep: Endpoint, plugin: PluginId, codec: C) -> Result<Self> {
+    pub fn with_codec(mut ep: Endpoint, plugin: PluginId, codec: C) -> Result<Self> {
         let p = ep.plugin(plugin)?;
         let max_msg = p.max_unexpected_size().min(p.max_expected_size());
         let me = p.self_addr();
+        let pull = recv_pull_from_env()? && ep.pull_unexpected(plugin)?;
         let mut e = Engine {
             ep,
             plugin,
@@ -229,6 +243,8 @@ impl<C: Codec> Engine<C> {
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
             repost: Vec::new(),
+            pull,
+            rx_buf: Vec::with_capacity(max_msg),
             pulls: FastMap::default(),
             max_spill: DEFAULT_MAX_SPILL,
             exposed: FastMap::default(),
@@ -237,10 +253,24 @@ impl<C: Codec> Engine<C> {
             bulk_done: FastMap::default(),
             deferred_requests: VecDeque::new(),
         };
-        for _ in 0..POSTED_REQUEST_BUFFERS {
-            e.post_request_buffer(Vec::with_capacity(max_msg))?;
+        if !pull {
+            for _ in 0..POSTED_REQUEST_BUFFERS {
+                e.post_request_buffer(Vec::with_capacity(max_msg))?;
+            }
         }
+        tracing::debug!(addr = %e.me, pull, "rpc engine created");
         Ok(e)
+    }
+
+    /// Unexpected receives the engine keeps posted on its transport:
+    /// [`POSTED_REQUEST_BUFFERS`], or none when the transport is in pull
+    /// mode (see [`RECV_MODE_ENV`]).
+    pub fn posted_receives(&self) -> usize {
+        if self.pull {
+            0
+        } else {
+            POSTED_REQUEST_BUFFERS
+        }
     }
 
     /// Our own address.
@@ -433,6 +463,9 @@ impl<C: Codec> Engine<C> {
             n += 1;
             self.handle(c)?;
         }
+        if self.pull {
+            n += self.take_pulled()?;
+        }
         if !self.exposed.is_empty() && self.last_sweep.elapsed() > Duration::from_secs(1) {
             self.last_sweep = Instant::now();
             let before = self.exposed.len();
@@ -445,6 +478,31 @@ impl<C: Codec> Engine<C> {
             }
         }
         Ok(n)
+    }
+
+    /// Pull mode: takes the messages waiting in the transport (at most
+    /// [`POSTED_REQUEST_BUFFERS`], so that other work gets its turn) and
+    /// handles each at once, from one buffer.
+    fn take_pulled(&mut self) -> Result<usize> {
+        let mut buf = std::mem::take(&mut self.rx_buf);
+        let mut n = 0;
+        let r = loop {
+            if n == POSTED_REQUEST_BUFFERS {
+                break Ok(n);
+            }
+            match self.ep.take_unexpected(self.plugin, &mut buf) {
+                Ok(Some((src, _tag))) => {
+                    n += 1;
+                    if let Err(e) = self.on_message(&src, &buf) {
+                        break Err(e);
+                    }
+                }
+                Ok(None) => break Ok(n),
+                Err(e) => break Err(e.into()),
+            }
+        };
+        self.rx_buf = buf;
+        r
     }
 
     fn handle(&mut self, c: Completion) -> Result<()> {
@@ -509,6 +567,28 @@ impl<C: Codec> Engine<C> {
             }
         }
         Ok(())
+    }
+}
+
+/// Reads [`RECV_MODE_ENV`]: true for pull mode (the default).
+fn recv_pull_from_env() -> Result<bool> {
+    let bad = |value: String, reason: &str| {
+        RpcError::Transport(na_core::NaError::Config {
+            name: RECV_MODE_ENV.into(),
+            value,
+            reason: reason.into(),
+        })
+    };
+    match std::env::var(RECV_MODE_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8"))
+        }
+        Ok(v) => match v.trim() {
+            "pull" => Ok(true),
+            "posted" => Ok(false),
+            _ => Err(bad(v, "expected pull or posted")),
+        },
     }
 }
 

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
-use hg_rpc::{CallId, Engine, Rpc, RpcError, POSTED_REQUEST_BUFFERS};
+use hg_rpc::{CallId, Engine, Rpc, RpcError};
 use na_core::{Addr, Endpoint, OpId, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -90,7 +90,7 @@ fn a_late_response_is_discarded_and_counted_and_the_call_forgotten_at_once() {
     assert_eq!((c.stats().stray_responses, c.stats().malformed), (1, 0));
     assert_eq!(c.call::<Add>(&s, &(4, 5), T).unwrap(), 9);
     // The discarded response's buffer, and the answered one's, were posted again.
-    assert_eq!(posted_ops(&mut c), POSTED_REQUEST_BUFFERS as u64 + 1);
+    assert_eq!(posted_ops(&mut c), c.posted_receives() as u64 + 1);
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn responses_from_another_peer_are_dropped_and_the_real_one_counts() {
     wait::<Sleep>(&mut c, id).unwrap();
     assert_eq!(c.stats().in_flight, 0);
     // Dropped (forged, stray) and filed responses all gave their buffers back.
-    assert_eq!(posted_ops(&mut c), POSTED_REQUEST_BUFFERS as u64 + 1);
+    assert_eq!(posted_ops(&mut c), c.posted_receives() as u64 + 1);
 }
 
 /// Posts one unexpected receive on `x` and drives `c` and `x` until a

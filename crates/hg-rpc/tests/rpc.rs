@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hg_rpc::{Engine, Rpc, RpcError, POSTED_REQUEST_BUFFERS};
+use hg_rpc::{Engine, Rpc, RpcError};
 use na_core::OpId;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -130,7 +130,7 @@ fn ten_thousand_calls_with_a_thousand_in_flight() {
     assert_eq!(c.stats().in_flight, 0);
     // Every receive buffer a response used is posted again: all 64 (plus
     // the watch on the server).
-    assert_eq!(posted_ops(&mut c), POSTED_REQUEST_BUFFERS as u64 + 1);
+    assert_eq!(posted_ops(&mut c), c.posted_receives() as u64 + 1);
 }
 
 #[test]
@@ -170,7 +170,7 @@ fn echo_responses_of_every_eager_size_stay_intact_and_their_buffers_return() {
         }
     }
     assert_eq!(c.stats().in_flight, 0);
-    assert_eq!(posted_ops(&mut c), POSTED_REQUEST_BUFFERS as u64 + 1);
+    assert_eq!(posted_ops(&mut c), c.posted_receives() as u64 + 1);
     let v = pattern(7, 3000);
     assert_eq!(c.call::<Echo>(&s, &v, T).unwrap(), v);
 }

@@ -38,6 +38,9 @@ pub struct Endpoint {
     completions: VecDeque<Completion>,
     tokens: Vec<u64>,
     recently_active: bool,
+    /// Plugins in pull mode (indices), whose waiting unexpected messages
+    /// count as work.
+    pulling: Vec<usize>,
 }
 
 impl Endpoint {
@@ -50,6 +53,7 @@ impl Endpoint {
             completions: VecDeque::new(),
             tokens: Vec::with_capacity(32),
             recently_active: false,
+            pulling: Vec::new(),
         })
     }
 
@@ -237,13 +241,44 @@ impl Endpoint {
         self.route(dest)?.rma(dest, ops)
     }
 
+    /// Switches plugin `plugin` to pull mode (see
+    /// [`Plugin::pull_unexpected`]); `Ok(false)` if it has none. From then
+    /// on [`progress`](Self::progress) and
+    /// [`progress_now`](Self::progress_now) count a waiting unexpected
+    /// message as work, and [`try_wait`](Self::try_wait) refuses to sleep
+    /// while one waits: take them with
+    /// [`take_unexpected`](Self::take_unexpected).
+    pub fn pull_unexpected(&mut self, plugin: PluginId) -> Result<bool> {
+        let on = self.plugin_mut(plugin)?.pull_unexpected()?;
+        let i = plugin.0 as usize;
+        if on && !self.pulling.contains(&i) {
+            self.pulling.push(i);
+        }
+        Ok(on)
+    }
+
+    /// See [`Plugin::take_unexpected`].
+    pub fn take_unexpected(&mut self, plugin: PluginId, buf: &mut Vec<u8>) -> Result<Option<(Addr, Tag)>> {
+        self.plugin_mut(plugin)?.take_unexpected(buf)
+    }
+
+    /// Plugins in pull mode with an unexpected message waiting.
+    fn pull_ready(&self) -> usize {
+        self.pulling
+            .iter()
+            .filter(|&&i| self.plugins[i].unexpected_ready())
+            .count()
+    }
+
     /// Cancels `op` on plugin `plugin`.
     pub fn cancel(&mut self, plugin: PluginId, op: OpId) -> Result<()> {
         self.plugin_mut(plugin)?.cancel(op)
     }
 
     /// Polls every plugin once without blocking and moves their completions
-    /// into the endpoint's queue. Returns how many completions are queued.
+    /// into the endpoint's queue. Returns how many completions are queued,
+    /// plus the number of plugins in pull mode with an unexpected message
+    /// waiting (see [`pull_unexpected`](Self::pull_unexpected)).
     pub fn progress_now(&mut self) -> Result<usize> {
         let mut first_err = None;
         for p in &mut self.plugins {
@@ -253,16 +288,17 @@ impl Endpoint {
             }
             p.take_completions(&mut self.completions);
         }
+        let ready = self.completions.len() + self.pull_ready();
         match first_err {
-            Some(e) if self.completions.is_empty() => Err(e),
-            _ => Ok(self.completions.len()),
+            Some(e) if ready == 0 => Err(e),
+            _ => Ok(ready),
         }
     }
 
     /// True if every plugin agrees that the caller may sleep on the poll fd
     /// now (see [`Plugin::try_wait`]). Call it right before sleeping.
     pub fn try_wait(&mut self) -> bool {
-        if !self.completions.is_empty() {
+        if !self.completions.is_empty() || self.pull_ready() > 0 {
             return false;
         }
         // Every plugin must be asked (each arms its wake-up), and each must
@@ -274,8 +310,10 @@ impl Endpoint {
         ok
     }
 
-    /// Waits, as the mode says, until at least one completion is queued or
-    /// `timeout` passes (`None`: no limit). Returns the number queued.
+    /// Waits, as the mode says, until at least one completion is queued (or
+    /// an unexpected message waits to be pulled) or `timeout` passes
+    /// (`None`: no limit). Returns the number queued (see
+    /// [`progress_now`](Self::progress_now)).
     ///
     /// The spin phase reads the clock only every [`CLOCK_EVERY`] polls (and
     /// first after that many), so a busy or adaptive loop spends its time

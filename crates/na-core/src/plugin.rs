@@ -195,6 +195,37 @@ pub trait Plugin: Send {
     /// far less than as many single posts.
     fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()>;
 
+    /// Switches unexpected messages to pull mode, for a consumer that
+    /// handles each message as it takes it (an RPC layer): a message is
+    /// then not copied into a posted receive and reported by a completion,
+    /// but waits in the transport until
+    /// [`take_unexpected`](Self::take_unexpected) copies it out; meanwhile
+    /// [`unexpected_ready`](Self::unexpected_ready) is true, and the
+    /// endpoint counts it as work (its progress returns, it does not
+    /// sleep). That spares, per message, the posted receive, the
+    /// completion and its trip through the queues. Choose it before posting
+    /// any unexpected receive (an error otherwise); posting one afterwards
+    /// is an error too. Returns `Ok(false)`, changing nothing, if the plugin
+    /// has no pull mode (the default).
+    fn pull_unexpected(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Pull mode: copies the oldest waiting unexpected message of some peer
+    /// into `buf` (replacing its contents) and returns its source and tag;
+    /// `None` once none waits. A peer's messages come in order, and peers
+    /// take turns.
+    fn take_unexpected(&mut self, buf: &mut Vec<u8>) -> Result<Option<(Addr, Tag)>> {
+        let _ = buf;
+        Ok(None)
+    }
+
+    /// Pull mode: true if progress saw an unexpected message that
+    /// [`take_unexpected`](Self::take_unexpected) has not taken yet.
+    fn unexpected_ready(&self) -> bool {
+        false
+    }
+
     /// Cancels a posted operation. It then completes with
     /// [`NaError::Canceled`] (unless it completed first, in which case its
     /// real completion stands). Unknown ids give [`NaError::UnknownOp`].

@@ -190,6 +190,17 @@ impl PeerTable {
         Some(conns)
     }
 
+    /// Number of peer slots (some may be empty): the range of
+    /// [`slot_mut`](Self::slot_mut).
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The peer in slot `idx`, if any.
+    pub fn slot_mut(&mut self, idx: usize) -> Option<&mut Peer> {
+        self.slots.get_mut(idx)?.peer.as_mut()
+    }
+
     /// All peers, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Peer> {
         self.slots.iter_mut().filter_map(|s| s.peer.as_mut())

@@ -249,15 +249,22 @@ impl SmPlugin {
         let peer_wake = PeerWake::from_peer(wake_fd).map_err(|e| format!("wake-up fd: {e}"))?;
         let my_wake = OwnWake::new(self.wake_kind).map_err(|e| format!("{}: {e}", self.wake_kind.name()))?;
         let ack = encode_ack();
-        match send_with_fds(p.sock.as_fd(), &ack, &[my_wake.fd_for_peer()]) {
-            Ok(n) if n == ACK_LEN => {}
+        // A peer may send into the region it made and exit before we get
+        // here (its sends complete without the acknowledgement): then the
+        // connection is set up all the same, only to be failed as gone at
+        // once, which takes what it sent first.
+        let exited = match send_with_fds(p.sock.as_fd(), &ack, &[my_wake.fd_for_peer()]) {
+            Ok(n) if n == ACK_LEN => false,
             Ok(n) => return Err(format!("acknowledgement cut short ({n} bytes)")),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => true,
             Err(e) => return Err(format!("sending acknowledgement: {e}")),
+        };
+        if !exited {
+            self.poll_add(p.sock.as_raw_fd(), serial)
+                .map_err(|e| e.to_string())?;
+            self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)
+                .map_err(|e| e.to_string())?;
         }
-        self.poll_add(p.sock.as_raw_fd(), serial)
-            .map_err(|e| e.to_string())?;
-        self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)
-            .map_err(|e| e.to_string())?;
         let conn = Conn {
             serial,
             sock: p.sock,
@@ -276,6 +283,9 @@ impl SmPlugin {
             None => self.peers.insert(self.id, name.clone(), p.cred.pid, false),
         };
         self.peers.attach(tok, conn);
+        if exited {
+            self.fail_peer(tok, Failure::Gone, "exited during the handshake");
+        }
         Ok(name.uri())
     }
 

@@ -118,6 +118,7 @@ mod id_filter;
 mod matching;
 mod plugin;
 pub mod progress;
+mod pull;
 mod rma;
 #[allow(unsafe_code)]
 pub mod sys;

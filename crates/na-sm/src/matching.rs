@@ -139,6 +139,11 @@ impl Matcher {
         self.posted_ids.may_contain(op) && self.posted_unexpected.iter().any(|(o, _)| *o == op)
     }
 
+    /// True if unexpected messages wait for a receive.
+    pub fn has_arrived_unexpected(&self) -> bool {
+        !self.arrived_unexpected.is_empty()
+    }
+
     /// Unexpected receives posted and not yet completed.
     pub fn posted_unexpected(&self) -> usize {
         self.posted_unexpected.len()

@@ -78,6 +78,17 @@ pub struct SmPlugin {
     pub(crate) msg_bufs: MsgBufPool,
     /// Scratch iovec lists of RMA transfers (kept for their capacity).
     pub(crate) iov_lists: IovLists,
+    /// Pull mode (`Plugin::pull_unexpected`): unexpected messages wait in
+    /// their ring until `take_unexpected` copies them out.
+    pub(crate) pull: bool,
+    /// Pull mode: a poll stopped at an unexpected message not taken yet.
+    pub(crate) pull_ready: bool,
+    /// Pull mode: the peer slot `take_unexpected` looks at first (peers
+    /// take turns).
+    pub(crate) pull_next: usize,
+    /// Pull mode: unexpected messages of peers that went away, copied out
+    /// of their rings before the rings were dropped; taken first.
+    pub(crate) pulled_late: VecDeque<(Addr, Tag, Vec<u8>)>,
 }
 
 impl SmPlugin {
@@ -131,6 +142,10 @@ impl SmPlugin {
             wake_kind,
             msg_bufs: MsgBufPool::default(),
             iov_lists: IovLists::default(),
+            pull: false,
+            pull_ready: false,
+            pull_next: 0,
+            pulled_late: VecDeque::new(),
         };
         if plugin.cfg.listen {
             plugin.listen()?;
@@ -362,6 +377,12 @@ impl Plugin for SmPlugin {
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
+        if self.pull {
+            return Err(NaError::Unsupported {
+                plugin: "sm",
+                op: "posting unexpected receives in pull mode",
+            });
+        }
         // Posted unexpected receives are kept out of `ops` (the matcher
         // tracks their ids): one lookup here instead of an insert here and
         // a removal on delivery.
@@ -398,6 +419,26 @@ impl Plugin for SmPlugin {
     fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         self.check_dest(dest)?;
         self.rma_batch(dest, ops)
+    }
+
+    fn pull_unexpected(&mut self) -> Result<bool> {
+        if self.matcher.posted_unexpected() > 0 || self.matcher.has_arrived_unexpected() {
+            return Err(NaError::Plugin {
+                plugin: "sm",
+                message: "pull mode must be chosen before unexpected receives are posted or messages arrive"
+                    .into(),
+            });
+        }
+        self.pull = true;
+        Ok(true)
+    }
+
+    fn take_unexpected(&mut self, buf: &mut Vec<u8>) -> Result<Option<(Addr, Tag)>> {
+        Ok(self.take_pulled(buf))
+    }
+
+    fn unexpected_ready(&self) -> bool {
+        self.pull_ready
     }
 
     fn cancel(&mut self, op: OpId) -> Result<()> {

@@ -12,12 +12,13 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
-use na_core::{Completion, NaError, OpId, OpKind, Report, Result, Tag};
+use na_core::{Completion, NaError, OpId, OpKind, PluginStats, Report, Result, Tag};
 
-use crate::channel::{Channel, MsgKind, RING_SLOTS};
+use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
 use crate::conn::{QueuedSend, Role};
 use crate::matching::{Matcher, OpPlace};
 use crate::plugin::{SmPlugin, LISTENER_TOKEN, WAKE_BIT};
+use crate::sys::wake::PeerWake;
 
 /// Progress calls between two non-blocking polls of the socket events when
 /// nothing asked for one (busy mode).
@@ -94,7 +95,7 @@ impl SmPlugin {
 
     /// Raises the wake-up flags of every connection and re-checks for work.
     pub(crate) fn arm(&mut self) -> bool {
-        if !self.completions.is_empty() {
+        if !self.completions.is_empty() || self.pull_ready {
             return false;
         }
         self.armed = true;
@@ -109,7 +110,8 @@ impl SmPlugin {
                     // holds it back (then only posting a receive, in this
                     // thread, can release it: nothing to wait for).
                     let held = matches!(c.rx().peek(rx_pos), Ok(Some(s))
-                        if self.matcher.queued_from(tok) >= max_queued
+                        if !(self.pull && s.kind == MsgKind::Unexpected)
+                            && self.matcher.queued_from(tok) >= max_queued
                             && self.matcher.would_queue(tok, s.kind == MsgKind::Expected, s.tag));
                     if !held {
                         return false;
@@ -219,7 +221,16 @@ impl SmPlugin {
 
     /// Takes every published message (at most one ring's worth per
     /// connection per call, so a flooding peer cannot starve the caller).
+    /// In pull mode a connection's poll stops at an unexpected message: it
+    /// waits in the ring for `take_pulled`.
     pub(crate) fn poll_rings(&mut self) {
+        self.poll_rings_as(false);
+    }
+
+    /// [`poll_rings`](Self::poll_rings); with `drain` (a peer is going
+    /// away, and its connection with it), unexpected messages of pull mode
+    /// are copied out to `pulled_late` instead of waiting in the ring.
+    fn poll_rings_as(&mut self, drain: bool) {
         let mut violations = Vec::new();
         let Self {
             peers,
@@ -228,6 +239,9 @@ impl SmPlugin {
             ops,
             stats,
             cfg,
+            pull,
+            pull_ready,
+            pulled_late,
             ..
         } = self;
         let max_queued = cfg.max_queued_per_peer;
@@ -245,6 +259,25 @@ impl SmPlugin {
                         }
                     };
                     let expected = s.kind == MsgKind::Expected;
+                    if *pull && !expected {
+                        *pull_ready = true;
+                        if !drain {
+                            // It waits here for `take_pulled` (and holds
+                            // back what follows it).
+                            break;
+                        }
+                        let mut data = Vec::new();
+                        ch.read_payload(conn.rx_cur.pos, &s, &mut data);
+                        pulled_late.push_back((peer.addr.clone(), s.tag, data));
+                        let freed = ch.release(&mut conn.rx_cur, &s);
+                        stats.msgs_received += 1;
+                        stats.msg_bytes_received += s.len as u64;
+                        if let Err(reason) = freed {
+                            violations.push((peer.addr.token(), Failure::Protocol, reason));
+                            break;
+                        }
+                        continue;
+                    }
                     let tok = peer.addr.token();
                     if matcher.queued_from(tok) >= max_queued && matcher.would_queue(tok, expected, s.tag) {
                         // Flood bound: leave it in shared memory until the
@@ -271,15 +304,9 @@ impl SmPlugin {
                 }
                 // Hands the read slots back (and, with the buffer releases
                 // above, may unblock a sender waiting for room).
-                if ch.publish(&mut conn.rx_cur) && ch.sender_needs_wake() {
-                    match conn.peer_wake.as_ref().map(|w| w.signal()) {
-                        Some(Err(e)) => {
-                            let (f, reason) = wake_failure(&e);
-                            violations.push((peer.addr.token(), f, reason));
-                        }
-                        Some(Ok(())) => stats.signals_sent += 1,
-                        None => {}
-                    }
+                if let Some((f, reason)) = publish_read(&ch, &mut conn.rx_cur, conn.peer_wake.as_ref(), stats)
+                {
+                    violations.push((peer.addr.token(), f, reason));
                 }
             }
         }
@@ -423,7 +450,8 @@ impl SmPlugin {
     /// left), then fails every operation involving it.
     pub(crate) fn fail_peer(&mut self, tok: u64, failure: Failure, reason: &str) {
         if failure == Failure::Gone {
-            self.poll_rings();
+            // What the peer sent before it went still counts.
+            self.poll_rings_as(true);
         }
         let (uri, conns) = if tok == self.self_tok {
             match self.peers.take_conns(tok) {
@@ -469,6 +497,28 @@ impl SmPlugin {
         for op in self.matcher.fail_peer(tok, err, &mut self.completions) {
             self.ops.remove(&op);
         }
+    }
+}
+
+/// Receiver: tells the sender of channel `ch` how far `rx` has read (if
+/// that moved) and wakes it if it waits for room; the peer's failure if
+/// the wake-up fails.
+pub(crate) fn publish_read(
+    ch: &Channel<'_>,
+    rx: &mut RxCursor,
+    peer_wake: Option<&PeerWake>,
+    stats: &mut PluginStats,
+) -> Option<(Failure, String)> {
+    if !(ch.publish(rx) && ch.sender_needs_wake()) {
+        return None;
+    }
+    match peer_wake.map(|w| w.signal()) {
+        Some(Err(e)) => Some(wake_failure(&e)),
+        Some(Ok(())) => {
+            stats.signals_sent += 1;
+            None
+        }
+        None => None,
     }
 }
 

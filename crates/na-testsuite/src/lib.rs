@@ -43,6 +43,7 @@ use na_core::{Plugin, PluginId};
 mod harness;
 pub mod messaging;
 pub mod peer;
+pub mod pull;
 pub mod rma;
 pub mod robustness;
 
@@ -132,6 +133,14 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("plugin_message_buffers_both_kinds_reused", messaging::msg_bufs),
         ("gathered_sends_odd_parts_both_reports", messaging::gathered_sends),
         ("cancel_posted_operations", messaging::cancel),
+        (
+            "pull_mode_messages_in_order_while_sleeping",
+            pull::pull_mode_messages,
+        ),
+        (
+            "pull_mode_keeps_messages_of_an_exited_peer",
+            pull::pull_mode_keeps_messages_of_an_exited_peer,
+        ),
         (
             "many_client_processes_against_one_server",
             messaging::many_clients,

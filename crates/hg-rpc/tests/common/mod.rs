@@ -79,8 +79,9 @@ pub fn client(dir: &std::path::Path) -> Engine {
 }
 
 /// Operations the engine's transport has posted after a progress call:
-/// its receive buffers (every one a response or request used is posted
-/// again) plus one watch per peer it has called.
+/// its receive buffers (`Engine::posted_receives`: every one a response or
+/// request used is posted again; none in pull mode) plus one watch per
+/// peer it has called.
 pub fn posted_ops(c: &mut Engine) -> u64 {
     c.progress_now().unwrap();
     let ep = c.endpoint();
