@@ -257,6 +257,19 @@ pub trait Plugin: Send {
         Ok(false)
     }
 
+    /// Busy waiting, for an endpoint whose only plugin this is: checks up
+    /// to `max` times, as cheaply as it can (a load per connection, say),
+    /// whether new work may have arrived, and returns how many checks it
+    /// made: fewer than `max` once something may be ready for
+    /// [`progress`](Self::progress) (a false alarm is allowed, a missed
+    /// message is not, and periodic work such as polling sockets counts as
+    /// ready when due). The default makes no check and returns 0: the
+    /// endpoint then calls `progress` every turn.
+    fn spin_wait(&mut self, max: u32) -> u32 {
+        let _ = max;
+        0
+    }
+
     /// Does all work that is ready without blocking; returns the number of
     /// completions it queued.
     fn progress(&mut self) -> Result<usize>;

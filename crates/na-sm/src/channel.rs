@@ -123,6 +123,18 @@ fn marker(pos: u64) -> u64 {
     (pos / RING_SLOTS as u64) % 1023 + 1
 }
 
+/// True if slot value `v` holds no message `pos`: the slot was never used
+/// (lap 0), or still holds the previous lap's message, whose marker is one
+/// less (1023 before 1).
+fn is_stale(pos: u64, v: u64) -> bool {
+    if pos < RING_SLOTS as u64 {
+        v == 0
+    } else {
+        let expected = marker(pos);
+        v >> 54 == if expected == 1 { 1023 } else { expected - 1 }
+    }
+}
+
 /// Packs a slot for message number `pos`.
 pub fn encode_slot(pos: u64, s: &Slot) -> u64 {
     marker(pos) << 54
@@ -133,28 +145,79 @@ pub fn encode_slot(pos: u64, s: &Slot) -> u64 {
         | u64::from(s.tag)
 }
 
+/// Why a ring slot is invalid: the sender broke the protocol. Small and
+/// `Copy`, so that the hot path of a poll carries no string; the text is
+/// made only when a violation is reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotError {
+    /// The sequence marker is neither this lap's nor the previous one's.
+    Marker {
+        /// Message number polled for.
+        pos: u64,
+        /// The slot's value.
+        value: u64,
+    },
+    /// The kind field holds no known kind.
+    Kind {
+        /// The slot's value.
+        value: u64,
+    },
+    /// The length exceeds a buffer.
+    Len {
+        /// The length claimed.
+        len: usize,
+    },
+    /// An inline slot claims more than fits inline, or names a buffer.
+    Inline {
+        /// The length claimed.
+        len: usize,
+        /// The buffer index claimed.
+        index: usize,
+    },
+}
+
+impl std::fmt::Display for SlotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            SlotError::Marker { pos, value } => write!(
+                f,
+                "ring slot {value:#018x} for message {pos} has sequence marker {}, expected {}",
+                value >> 54,
+                marker(pos)
+            ),
+            SlotError::Kind { value } => {
+                write!(
+                    f,
+                    "ring slot {value:#018x} has invalid kind {}",
+                    (value >> 51) & 3
+                )
+            }
+            SlotError::Len { len } => write!(f, "ring slot claims {len} bytes (max {BUF_SIZE})"),
+            SlotError::Inline { len, index } => {
+                write!(f, "inline ring slot claims {len} bytes in buffer {index}")
+            }
+        }
+    }
+}
+
 /// Unpacks and validates the slot value `v` read for message number `pos`.
-pub fn decode_slot(pos: u64, v: u64) -> Result<Slot, String> {
-    let m = v >> 54;
-    if m != marker(pos) {
-        return Err(format!(
-            "ring slot {v:#018x} has sequence marker {m}, expected {}",
-            marker(pos)
-        ));
+pub fn decode_slot(pos: u64, v: u64) -> Result<Slot, SlotError> {
+    if v >> 54 != marker(pos) {
+        return Err(SlotError::Marker { pos, value: v });
     }
     let kind = match (v >> 51) & 3 {
         1 => MsgKind::Unexpected,
         2 => MsgKind::Expected,
-        k => return Err(format!("ring slot {v:#018x} has invalid kind {k}")),
+        _ => return Err(SlotError::Kind { value: v }),
     };
     let index = ((v >> 45) & 63) as usize;
     let len = ((v >> 32) & 0x1fff) as usize;
     let inline = (v >> 53) & 1 == 1;
     if len > BUF_SIZE {
-        return Err(format!("ring slot claims {len} bytes (max {BUF_SIZE})"));
+        return Err(SlotError::Len { len });
     }
     if inline && (len > INLINE_MAX || index != 0) {
-        return Err(format!("inline ring slot claims {len} bytes in buffer {index}"));
+        return Err(SlotError::Inline { len, index });
     }
     Ok(Slot {
         kind,
@@ -320,30 +383,31 @@ impl<'a> Channel<'a> {
 
     /// Receiver: the message at `pos`, if one is published. Errors describe a
     /// protocol violation by the sender.
-    pub fn peek(&self, pos: u64) -> Result<Option<Slot>, String> {
+    #[inline]
+    pub fn peek(&self, pos: u64) -> Result<Option<Slot>, SlotError> {
         self.peek_with(pos, Ordering::Acquire)
     }
 
-    fn peek_with(&self, pos: u64, order: Ordering) -> Result<Option<Slot>, String> {
+    #[inline]
+    fn peek_with(&self, pos: u64, order: Ordering) -> Result<Option<Slot>, SlotError> {
         let v = self.slot(pos).load(order);
-        let (m, expected) = (v >> 54, marker(pos));
-        if m == expected {
+        if v >> 54 == marker(pos) {
             return decode_slot(pos, v).map(Some);
         }
-        // Not written yet: never used (lap 0), or still holding the
-        // previous lap's message, whose marker is one less (1023 before 1).
-        let stale = if pos < RING_SLOTS as u64 {
-            v == 0
-        } else {
-            m == if expected == 1 { 1023 } else { expected - 1 }
-        };
-        if stale {
+        if is_stale(pos, v) {
             Ok(None)
         } else {
-            Err(format!(
-                "ring slot {v:#018x} for message {pos} has sequence marker {m}, expected {expected}"
-            ))
+            Err(SlotError::Marker { pos, value: v })
         }
+    }
+
+    /// Receiver, busy waiting: the header word of message `pos`'s slot, if
+    /// that slot holds nothing new (the word changes when the sender
+    /// publishes; anything else at that moment is for `peek`).
+    pub fn idle_head(&self, pos: u64) -> Option<(&'a AtomicU64, u64)> {
+        let head = self.slot(pos);
+        let v = head.load(Ordering::Acquire);
+        is_stale(pos, v).then_some((head, v))
     }
 
     /// Receiver: copies the payload of message `pos` (slot `s`) into `dst`

@@ -67,6 +67,8 @@ pub struct SmPlugin {
     /// try_wait raised flags that progress must lower (and drain events).
     pub(crate) armed: bool,
     pub(crate) tick: u32,
+    /// `spin_wait` passed the tick at which socket events are due.
+    pub(crate) events_owed: bool,
     /// Some connection may have queued sends (set when one is queued,
     /// cleared by a flush that finds every backlog empty), so the busy
     /// loop skips the walk over all peers when nothing is queued.
@@ -137,6 +139,7 @@ impl SmPlugin {
             stats: PluginStats::default(),
             armed: false,
             tick: 0,
+            events_owed: false,
             maybe_backlog: false,
             tokens: Vec::with_capacity(32),
             wake_kind,
@@ -419,6 +422,10 @@ impl Plugin for SmPlugin {
     fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         self.check_dest(dest)?;
         self.rma_batch(dest, ops)
+    }
+
+    fn spin_wait(&mut self, max: u32) -> u32 {
+        self.spin_for_work(max)
     }
 
     fn pull_unexpected(&mut self) -> Result<bool> {

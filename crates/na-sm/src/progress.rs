@@ -9,6 +9,7 @@
 //! events to the next `try_wait`).
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
@@ -59,8 +60,10 @@ impl SmPlugin {
         self.tick = self.tick.wrapping_add(1);
         let woken = self.armed;
         self.disarm();
-        let events_due =
-            self.awaiting_ack > 0 || !self.pending.is_empty() || self.tick % EVENT_POLL_INTERVAL == 0;
+        let events_due = std::mem::take(&mut self.events_owed)
+            || self.awaiting_ack > 0
+            || !self.pending.is_empty()
+            || self.tick % EVENT_POLL_INTERVAL == 0;
         if events_due {
             self.poll_events()?;
         }
@@ -78,6 +81,53 @@ impl SmPlugin {
             self.flush_backlogs();
         }
         Ok(self.completions.len() - before)
+    }
+
+    /// See `Plugin::spin_wait`: watches the head slot of every connection's
+    /// receive ring (a load each per check) until one changes or the
+    /// socket events are due; returns the checks made. Anything else that
+    /// progress would do now (queued sends, completions, a handshake,
+    /// taken messages, more connections than it watches) ends it at once.
+    pub(crate) fn spin_for_work(&mut self, max: u32) -> u32 {
+        const WATCHED: usize = 4;
+        if self.armed
+            || self.pull_ready
+            || self.maybe_backlog
+            || self.awaiting_ack > 0
+            || !self.pending.is_empty()
+            || !self.completions.is_empty()
+        {
+            return 0;
+        }
+        let mut heads = [None; WATCHED];
+        let mut n = 0;
+        for conn in self.peers.iter().flat_map(|p| &p.conns) {
+            let rx = if conn.role == Role::Connector { 1 } else { 0 };
+            match Channel::new(&conn.region, rx).idle_head(conn.rx_cur.pos) {
+                Some(h) if n < WATCHED => {
+                    heads[n] = Some(h);
+                    n += 1;
+                }
+                _ => return 0,
+            }
+        }
+        let heads = &heads[..n];
+        for i in 0..max {
+            self.tick = self.tick.wrapping_add(1);
+            if self.tick % EVENT_POLL_INTERVAL == 0 {
+                self.events_owed = true;
+                return i;
+            }
+            let changed = heads
+                .iter()
+                .flatten()
+                .any(|(head, v)| head.load(Ordering::Acquire) != *v);
+            if changed {
+                return i;
+            }
+            std::hint::spin_loop();
+        }
+        max
     }
 
     fn disarm(&mut self) {
@@ -253,8 +303,8 @@ impl SmPlugin {
                     let s = match ch.peek(conn.rx_cur.pos) {
                         Ok(None) => break,
                         Ok(Some(s)) => s,
-                        Err(reason) => {
-                            violations.push((peer.addr.token(), Failure::Protocol, reason));
+                        Err(e) => {
+                            violations.push((peer.addr.token(), Failure::Protocol, e.to_string()));
                             break;
                         }
                     };

@@ -51,8 +51,8 @@ impl SmPlugin {
                         }
                         continue;
                     }
-                    Err(reason) => {
-                        violation = Some((tok, Failure::Protocol, reason));
+                    Err(e) => {
+                        violation = Some((tok, Failure::Protocol, e.to_string()));
                         break 'peers;
                     }
                 };

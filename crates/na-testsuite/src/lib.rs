@@ -156,6 +156,10 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
             robustness::server_killed,
         ),
         (
+            "server_killed_under_a_busy_poller_fails_every_op",
+            robustness::server_killed_busy,
+        ),
+        (
             "client_killed_mid_traffic_server_keeps_serving",
             robustness::client_killed,
         ),

@@ -11,8 +11,18 @@ use crate::{Node, PeerProc, Transport};
 /// will never answer: each completes once, with `PeerGone` for the
 /// receives, within the timeout; new sends are refused.
 pub fn server_killed(t: &Transport) {
+    server_killed_under(t, ProgressMode::Blocking);
+}
+
+/// [`server_killed`] with a busy-polling client, which never sleeps: it must
+/// notice the death while it spins.
+pub fn server_killed_busy(t: &Transport) {
+    server_killed_under(t, ProgressMode::Busy);
+}
+
+fn server_killed_under(t: &Transport, mode: ProgressMode) {
     let mut server = PeerProc::spawn(t, &["server"]);
-    let mut n = Node::new(t, ProgressMode::Blocking, false);
+    let mut n = Node::new(t, mode, false);
     let addr = n.ep.lookup(&server.uri).expect("lookup");
     let never: Vec<OpId> = (0..100)
         .map(|i| {
@@ -41,7 +51,7 @@ pub fn server_killed(t: &Transport) {
         let _ = n.wait(s);
     }
     eprintln!(
-        "{}: every operation completed {:?} after the kill",
+        "{} ({mode}): every operation completed {:?} after the kill",
         t.name,
         start.elapsed()
     );
