@@ -592,3 +592,48 @@ fn several_contexts_on_both_sides() {
         assert_eq!(t.join().unwrap(), 600);
     }
 }
+
+#[test]
+fn a_bad_receive_mode_variable_is_a_clear_error_at_start() {
+    for (value, why) in [
+        ("pulled", "expected pull or posted"),
+        ("", "expected pull or posted"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+            .env("QS_SM_DIR", dir("bad-recv-mode"))
+            .env(hg_rpc::engine::RECV_MODE_ENV, value)
+            .output()
+            .expect("run hg-rpc-testpeer");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with {value:?}");
+        assert!(out.stdout.is_empty(), "announced an address with {value:?}");
+        assert!(
+            stderr.contains("QS_RPC_RECV") && stderr.contains(why),
+            "{value:?}: {stderr}"
+        );
+    }
+    // Both valid values start a server that answers.
+    for value in ["pull", "posted"] {
+        let d = dir(&format!("recv-mode-{value}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+            .env("QS_SM_DIR", &d)
+            .env(hg_rpc::engine::RECV_MODE_ENV, value)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn hg-rpc-testpeer");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the address");
+        let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
+        let mut c = client(&d);
+        let s = c.endpoint().lookup(&uri).unwrap();
+        assert_eq!(
+            c.call::<Add>(&s, &(2, 3), T).unwrap(),
+            5,
+            "server in {value} mode"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -40,8 +40,9 @@
 //! bytes of inline payload. Messages of up to 120 bytes travel inside their
 //! slot, so one or two cache lines cross between the cores; larger ones
 //! take a buffer.
-//! The receiver polls the slot itself (no shared head or tail), and the
-//! sender writes a slot only after the receiver zeroed it.
+//! The receiver polls the slot itself (no shared head or tail) and never
+//! writes it: it publishes how many messages it consumed, which the
+//! sender caches as credit (see [`channel`]).
 //!
 //! ## Signaling without missed wake-ups, and without a syscall per message
 //! Senders write the receiver's eventfd only when it sleeps. The receiver,
@@ -79,7 +80,13 @@
 //! that arrive before their receive is posted are copied out and kept, up
 //! to [`SmConfig::max_queued_per_peer`] per peer; past that the peer's ring
 //! is left undrained until a receive is posted, so a flooding peer backs up
-//! in its own shared memory instead of growing ours.
+//! in its own shared memory instead of growing ours. A gathered send
+//! (`send_unexpected_parts`) writes each part straight into the slot; with
+//! `Report::FailuresOnly` one that goes out at once queues no completion.
+//! In pull mode (`pull_unexpected`) an unexpected message is not copied
+//! into a posted receive: a poll stops at it, and `take_unexpected` copies
+//! it out of the slot (the message stays in the sender's ring meanwhile, so
+//! it counts against the sender's credit, not our memory).
 //!
 //! ## RMA
 //! One `process_vm_readv`/`writev` per run of same-direction transfers of

@@ -319,30 +319,24 @@ impl SmPlugin {
                         let mut data = Vec::new();
                         ch.read_payload(conn.rx_cur.pos, &s, &mut data);
                         pulled_late.push_back((peer.addr.clone(), s.tag, data));
-                        let freed = ch.release(&mut conn.rx_cur, &s);
-                        stats.msgs_received += 1;
-                        stats.msg_bytes_received += s.len as u64;
-                        if let Err(reason) = freed {
-                            violations.push((peer.addr.token(), Failure::Protocol, reason));
+                    } else {
+                        let tok = peer.addr.token();
+                        if matcher.queued_from(tok) >= max_queued && matcher.would_queue(tok, expected, s.tag)
+                        {
+                            // Flood bound: leave it in shared memory until the
+                            // user posts receives; the sender backs up.
+                            stats.flow_blocked += 1;
                             break;
                         }
-                        continue;
-                    }
-                    let tok = peer.addr.token();
-                    if matcher.queued_from(tok) >= max_queued && matcher.would_queue(tok, expected, s.tag) {
-                        // Flood bound: leave it in shared memory until the
-                        // user posts receives; the sender backs up.
-                        stats.flow_blocked += 1;
-                        break;
-                    }
-                    if let Some(op) = matcher.deliver(
-                        &peer.addr,
-                        expected,
-                        s.tag,
-                        |b| ch.read_payload(conn.rx_cur.pos, &s, b),
-                        completions,
-                    ) {
-                        ops.remove(&op);
+                        if let Some(op) = matcher.deliver(
+                            &peer.addr,
+                            expected,
+                            s.tag,
+                            |b| ch.read_payload(conn.rx_cur.pos, &s, b),
+                            completions,
+                        ) {
+                            ops.remove(&op);
+                        }
                     }
                     let freed = ch.release(&mut conn.rx_cur, &s);
                     stats.msgs_received += 1;
