@@ -72,8 +72,9 @@ impl SmPlugin {
         // fd events (the wake-up's own edge, or a connection or hang-up
         // that came meanwhile) can wait for the next `try_wait`, which
         // harvests them before it arms. That keeps a system call off the
-        // path of the reply. Only a wake-up with no message polls them now.
-        if woken && !events_due && self.completions.len() == before {
+        // path of the reply. Only a wake-up with no message (none
+        // completed, none waiting to be taken in pull mode) polls them now.
+        if woken && !events_due && self.completions.len() == before && !self.pull_ready {
             self.poll_events()?;
             self.poll_rings();
         }
