@@ -615,25 +615,16 @@ fn a_bad_receive_mode_variable_is_a_clear_error_at_start() {
     // Both valid values start a server that answers.
     for value in ["pull", "posted"] {
         let d = dir(&format!("recv-mode-{value}"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env("QS_SM_DIR", &d)
-            .env(hg_rpc::engine::RECV_MODE_ENV, value)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hg-rpc-testpeer");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read the address");
-        let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
+        let server = Server::with_envs(&[
+            ("QS_SM_DIR", d.as_os_str()),
+            (hg_rpc::engine::RECV_MODE_ENV, value.as_ref()),
+        ]);
         let mut c = client(&d);
-        let s = c.endpoint().lookup(&uri).unwrap();
+        let s = c.endpoint().lookup(&server.uri).unwrap();
         assert_eq!(
             c.call::<Add>(&s, &(2, 3), T).unwrap(),
             5,
             "server in {value} mode"
         );
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }

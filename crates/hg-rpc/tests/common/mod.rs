@@ -26,8 +26,13 @@ impl Server {
     /// Starts the server with `key=value` in its environment (which picks
     /// its transport) and waits for its address.
     pub fn with_env(key: &str, value: impl AsRef<std::ffi::OsStr>) -> Server {
+        Server::with_envs(&[(key, value.as_ref())])
+    }
+
+    /// [`Server::with_env`] with several variables.
+    pub fn with_envs(vars: &[(&str, &std::ffi::OsStr)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env(key, value)
+            .envs(vars.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn hg-rpc-testpeer");
