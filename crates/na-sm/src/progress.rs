@@ -275,13 +275,14 @@ impl SmPlugin {
     /// In pull mode a connection's poll stops at an unexpected message: it
     /// waits in the ring for `take_pulled`.
     pub(crate) fn poll_rings(&mut self) {
-        self.poll_rings_as(false);
+        self.poll_rings_as(None);
     }
 
-    /// [`poll_rings`](Self::poll_rings); with `drain` (a peer is going
-    /// away, and its connection with it), unexpected messages of pull mode
-    /// are copied out to `pulled_late` instead of waiting in the ring.
-    fn poll_rings_as(&mut self, drain: bool) {
+    /// [`poll_rings`](Self::poll_rings); with `departing` (the token of a
+    /// peer going away, and its rings with it), that peer's unexpected
+    /// messages of pull mode are copied out to `pulled_late` instead of
+    /// waiting in its ring. Other peers' messages stay where they are.
+    fn poll_rings_as(&mut self, departing: Option<u64>) {
         let mut violations = Vec::new();
         let Self {
             peers,
@@ -312,7 +313,7 @@ impl SmPlugin {
                     let expected = s.kind == MsgKind::Expected;
                     if *pull && !expected {
                         *pull_ready = true;
-                        if !drain {
+                        if departing != Some(peer.addr.token()) {
                             // It waits here for `take_pulled` (and holds
                             // back what follows it).
                             break;
@@ -496,7 +497,7 @@ impl SmPlugin {
     pub(crate) fn fail_peer(&mut self, tok: u64, failure: Failure, reason: &str) {
         if failure == Failure::Gone {
             // What the peer sent before it went still counts.
-            self.poll_rings_as(true);
+            self.poll_rings_as(Some(tok));
         }
         let (uri, conns) = if tok == self.self_tok {
             match self.peers.take_conns(tok) {
