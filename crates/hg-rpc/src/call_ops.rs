@@ -28,6 +28,13 @@ impl<C: Codec> Engine<C> {
         cookie: u64,
         to_self: bool,
     ) -> Result<(Header, Option<MemHandle>)> {
+        // After a spilled input the scratch is the small descriptor: take
+        // a large spare buffer instead of growing it again step by step.
+        if self.scratch.capacity() < self.max_msg {
+            if let Some(buf) = self.spare_bufs.pop() {
+                self.scratch = buf;
+            }
+        }
         self.scratch.clear();
         self.codec
             .encode(input, &mut self.scratch)
@@ -348,12 +355,20 @@ impl<C: Codec> Engine<C> {
 
     /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
     pub(super) fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
-        if let Some(call) = self.calls.get_mut(cookie) {
-            call.spill = None;
-            if call.abandoned {
-                self.calls.remove(cookie);
-            } else {
-                call.outcome = Some(outcome);
+        let Some(call) = self.calls.get_mut(cookie) else {
+            return;
+        };
+        // The target is done with a spilled input: its buffer serves the
+        // next large input (or pull) instead of being freed.
+        let spill = call.spill.take();
+        if call.abandoned {
+            self.calls.remove(cookie);
+        } else {
+            call.outcome = Some(outcome);
+        }
+        if let Some(Ok(mut bufs)) = spill.map(MemHandle::into_buffers) {
+            if let (Some(buf), true) = (bufs.pop(), bufs.is_empty()) {
+                self.keep_spare_buffer(buf);
             }
         }
     }

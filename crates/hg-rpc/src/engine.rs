@@ -188,6 +188,10 @@ pub struct Engine<C: Codec = Postcard> {
     /// Where a pulled message is copied (kept for its capacity).
     rx_buf: Vec<u8>,
     pulls: FastMap<u64, PendingPull>,
+    /// Large byte buffers kept for reuse: those spilled data was pulled
+    /// into, and the exposed inputs of finished spilled requests (see
+    /// `pull_buffer` and `keep_spare_buffer`).
+    spare_bufs: Vec<Vec<u8>>,
     max_spill: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
     /// token, cookie), with the time they were exposed.
@@ -246,6 +250,7 @@ impl<C: Codec> Engine<C> {
             pull,
             rx_buf: Vec::with_capacity(max_msg),
             pulls: FastMap::default(),
+            spare_bufs: Vec::new(),
             max_spill: DEFAULT_MAX_SPILL,
             exposed: FastMap::default(),
             last_sweep: Instant::now(),
@@ -537,8 +542,10 @@ impl<C: Codec> Engine<C> {
                 if let Some(p) = self.pulls.remove(&key) {
                     let answer = match c.status {
                         Ok(()) => {
-                            let data = p.mem.to_vec();
-                            self.run_decoded(&p.src, &p.header, &data)
+                            let data = serve_ops::pulled_bytes(p.mem);
+                            let answer = self.run_decoded(&p.src, &p.header, &data);
+                            self.keep_spare_buffer(data);
+                            answer
                         }
                         Err(e) => Some((
                             response_header(&p.header, Status::DecodeError),
@@ -555,7 +562,7 @@ impl<C: Codec> Engine<C> {
                     self.release_output(&p.src, cookie);
                     let rpc = self.call_name(cookie);
                     let outcome = match c.status {
-                        Ok(()) => Ok(p.mem.to_vec()),
+                        Ok(()) => Ok(serve_ops::pulled_bytes(p.mem)),
                         Err(e) => Err(RpcError::Decode {
                             rpc: rpc.into(),
                             what: "output",

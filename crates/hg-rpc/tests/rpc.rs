@@ -134,6 +134,63 @@ fn ten_thousand_calls_with_a_thousand_in_flight() {
 }
 
 #[test]
+fn spilled_data_of_changing_sizes_stays_intact_while_buffers_are_reused() {
+    // Both engines keep the buffers of finished spills and pulls for the
+    // next ones (a large one, then smaller, then larger again, some at
+    // once): no call may see another's bytes or a stale tail.
+    let d = dir("spill-reuse");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let pattern = |i: usize, len: usize| {
+        (0..len)
+            .map(|j| (i * 131 + j * 7 + j / 251) as u8)
+            .collect::<Vec<u8>>()
+    };
+    let sizes = [
+        5000,
+        1 << 20,
+        4059,
+        70_000,
+        4100,
+        (1 << 20) - 1,
+        9000,
+        300_000,
+        4059,
+    ];
+    for (i, len) in sizes.into_iter().enumerate() {
+        let v = pattern(i, len);
+        assert!(
+            c.call::<Echo>(&s, &v, T).unwrap() == v,
+            "call {i}: {len} bytes corrupted"
+        );
+    }
+    // 24 spilled calls in flight at once, of mixed sizes, then again.
+    for round in 0..2 {
+        let calls: Vec<_> = (0..24)
+            .map(|i| {
+                let v = pattern(
+                    round * 100 + i,
+                    [70_000, 4059, 9000, 130_000, 4100][(i + round) % 5] - i,
+                );
+                (c.forward::<Echo>(&s, &v).unwrap(), v)
+            })
+            .collect();
+        let end = Instant::now() + T;
+        while !calls.iter().all(|(id, _)| c.is_finished(*id)) {
+            assert!(Instant::now() < end, "spilled echo calls did not finish");
+            c.progress(Some(Duration::from_millis(10))).unwrap();
+            c.trigger().unwrap();
+        }
+        for (i, (id, v)) in calls.into_iter().enumerate() {
+            let r = c.take_response::<Echo>(id).expect("finished").unwrap();
+            assert!(r == v, "round {round} call {i}: {} bytes corrupted", v.len());
+        }
+    }
+    assert_eq!(c.stats().in_flight, 0);
+}
+
+#[test]
 fn echo_responses_of_every_eager_size_stay_intact_and_their_buffers_return() {
     let d = dir("echo-sizes");
     let srv = Server::start(&d);
