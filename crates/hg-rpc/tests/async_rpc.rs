@@ -14,9 +14,14 @@ use na_sm::{SmConfig, SmPlugin};
 mod rpcs;
 use rpcs::*;
 
+mod common;
+use common::TestDir;
+
 const T: Duration = Duration::from_secs(10);
 
-struct Server(Child, String);
+/// The server process (killed when dropped), its address, and the socket
+/// directory (removed after it).
+struct Server(Child, String, #[allow(dead_code)] TestDir);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -26,11 +31,7 @@ impl Drop for Server {
 }
 
 fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("hg-rpc-async-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let dir = common::dir(&format!("async-{tag}"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
         .env("QS_SM_DIR", &dir)
         .stdout(Stdio::piped())
@@ -42,12 +43,12 @@ fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
         .unwrap();
     let uri = line.trim().strip_prefix("ADDR ").unwrap().to_owned();
     let mut ep = Endpoint::new(mode).unwrap();
-    let cfg = SmConfig::default().with_dir(&dir);
+    let cfg = SmConfig::default().with_dir(&*dir);
     let id = ep
         .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
         .unwrap();
     let engine = AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap();
-    (Server(child, uri), engine)
+    (Server(child, uri, dir), engine)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,18 +131,14 @@ async fn idle_driver_uses_no_cpu() {
 /// handlers run at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_handlers_run_concurrently_and_self_forward_works() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("hg-rpc-async-h-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let dir = common::dir("async-handlers");
     let make = |listen: bool| {
         let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
         let cfg = SmConfig {
             listen,
             ..SmConfig::default()
         }
-        .with_dir(&dir);
+        .with_dir(&*dir);
         let id = ep
             .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
             .unwrap();
@@ -186,5 +183,4 @@ async fn async_handlers_run_concurrently_and_self_forward_works() {
     // A self-forward to an async handler.
     let me = server.self_addr();
     assert_eq!(server.call::<Add>(&me, &(1, 2), T).await.unwrap(), 3);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -629,7 +629,7 @@ fn several_contexts_on_both_sides() {
     };
     let threads: Vec<_> = (0..2u64)
         .map(|me| {
-            let (d, uris) = (d.clone(), uris.clone());
+            let (d, uris) = (d.to_path_buf(), uris.clone());
             std::thread::spawn(move || {
                 let mut c = client(&d);
                 for round in 0..200u64 {
@@ -656,8 +656,9 @@ fn a_bad_receive_mode_variable_is_a_clear_error_at_start() {
         ("pulled", "expected pull or posted"),
         ("", "expected pull or posted"),
     ] {
+        let d = dir("bad-recv-mode");
         let out = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env("QS_SM_DIR", dir("bad-recv-mode"))
+            .env("QS_SM_DIR", &d)
             .env(hg_rpc::engine::RECV_MODE_ENV, value)
             .output()
             .expect("run hg-rpc-testpeer");

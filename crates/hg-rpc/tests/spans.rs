@@ -14,6 +14,8 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
+mod common;
+
 struct Double;
 impl Rpc for Double {
     const NAME: &'static str = "spans.double";
@@ -31,10 +33,9 @@ impl<S: Subscriber> Layer<S> for Names {
     }
 }
 
-fn engine() -> Engine {
-    let dir = std::env::temp_dir().join(format!("qs-spans-{}", std::process::id()));
+fn engine(dir: &std::path::Path) -> Engine {
     let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig::listening().with_dir(&dir);
+    let cfg = SmConfig::listening().with_dir(dir);
     let id = ep
         .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
         .unwrap();
@@ -48,8 +49,9 @@ fn engine() -> Engine {
 fn calls_under(level: LevelFilter, n: u64) -> Vec<&'static str> {
     let names = Names::default();
     let subscriber = tracing_subscriber::registry().with(names.clone().with_filter(level));
+    let dir = common::dir(&format!("spans-{level}"));
     tracing::subscriber::with_default(subscriber, || {
-        let mut e = engine();
+        let mut e = engine(&dir);
         let me = e.self_addr().clone();
         for i in 0..n {
             assert_eq!(e.call::<Double>(&me, &i, Duration::from_secs(10)).unwrap(), 2 * i);

@@ -52,14 +52,38 @@ impl Drop for Server {
     }
 }
 
-/// A fresh private (0700) socket directory for one test.
-pub fn dir(tag: &str) -> std::path::PathBuf {
+/// A test's private (0700) socket directory, removed with everything in
+/// it when dropped (declare it before the servers that use it, so that
+/// they are stopped first).
+pub struct TestDir(std::path::PathBuf);
+
+impl std::ops::Deref for TestDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TestDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh [`TestDir`] named after the process and `tag` (unique per test).
+pub fn dir(tag: &str) -> TestDir {
     use std::os::unix::fs::PermissionsExt;
     let d = std::env::temp_dir().join(format!("hg-rpc-it-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
-    d
+    TestDir(d)
 }
 
 /// An endpoint with one sm plugin in `dir` (others can look it up if it
