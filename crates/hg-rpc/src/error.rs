@@ -44,7 +44,7 @@ pub enum RpcError {
         reason: String,
     },
     /// The encoded message does not fit an eager message.
-    #[error("{what} of {rpc} is {len} bytes encoded; the eager limit is {max} (bulk spill is not implemented yet)")]
+    #[error("{what} of {rpc} is {len} bytes encoded; the eager limit is {max}")]
     TooLarge {
         /// The RPC name.
         rpc: String,

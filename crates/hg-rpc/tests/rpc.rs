@@ -197,11 +197,13 @@ fn echo_responses_of_every_eager_size_stay_intact_and_their_buffers_return() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
     let pattern = |i: usize, len: usize| (0..len).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>();
-    // Up to the eager limit (a Vec's length prefix and the header take the
-    // rest of a 4 KiB message).
-    for (i, len) in [0, 1, 100, 1000, 1017, 1018, 1019, 1024, 2000, 4000, 4058]
-        .into_iter()
-        .enumerate()
+    // Up to the eager limit over sm (a Vec's length prefix and the header
+    // take the rest of an 8 KiB message), a 4 KiB block among them.
+    for (i, len) in [
+        0, 1, 100, 1000, 1017, 1018, 1019, 1024, 2000, 4000, 4096, 8000, 8158,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let v = pattern(i, len);
         assert_eq!(c.call::<Echo>(&s, &v, T).unwrap(), v, "{len} bytes");

@@ -8,10 +8,11 @@
 //! | 0                    | header: magic, version, buffer count and size, pid    |
 //! | 4 KiB × (1 + c)      | control page of channel `c` (0: connector → acceptor, 1: back) |
 //! | 4 KiB × (3 + 2c)     | two ring pages of channel `c`: 64 slots of 128 bytes  |
-//! | 28 KiB + c × 256 KiB | 64 buffers of 4 KiB of channel `c`                    |
+//! | 28 KiB + c × 256 KiB | 32 buffers of 8 KiB of channel `c`                    |
 //!
-//! A control page holds, each on its own cache line: the 64-bit **free mask**
-//! (bit set = buffer free; the sender clears, the receiver sets), the
+//! A control page holds, each on its own cache line: the **free mask** (low
+//! 32 bits of a word; bit set = buffer free; the sender clears, the
+//! receiver sets, and the sender ignores any higher bit a peer sets), the
 //! receiver's **rx_waiting** flag (receiver asleep, wants an eventfd write),
 //! the sender's **tx_waiting** flag (sender has a backlog, wants a write
 //! when a slot or buffer is freed) and the receiver's **consumed** count
@@ -19,7 +20,7 @@
 //!
 //! A ring **slot** is two cache lines: a header word, then up to
 //! [`INLINE_MAX`] bytes of inline payload. The header is
-//! `marker:10 | inline:1 | kind:2 | index:6 | len:13 | tag:32` (high to
+//! `marker:10 | inline:1 | kind:2 | index:5 | len:14 | tag:32` (high to
 //! low), or 0 before the slot's first use. Message `p` (counted privately by
 //! both sides) goes to slot `p % 64` with marker `(p / 64) % 1023 + 1`: the
 //! receiver waiting for message `p` sees the previous lap's marker (or 0)
@@ -29,7 +30,10 @@
 //! two cache lines move from sender to receiver (one up to 56 bytes), which
 //! is what makes small-message latency close to the raw shared-flag floor;
 //! an RPC request with its 32-byte header and a small argument fits.
-//! Larger messages reserve a 4 KiB buffer and the slot names it.
+//! Larger messages reserve an 8 KiB buffer and the slot names it: an RPC
+//! with a 4 KiB argument (a storage block, say) and its header still goes
+//! eagerly, without a spill into a one-sided pull (layout version 5; it
+//! was 64 buffers of 4 KiB, the same memory).
 //!
 //! # Credit without write-back
 //!
@@ -52,10 +56,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::sys::shm::SharedRegion;
 
-/// Buffers per channel (bits of the free mask).
-pub const NUM_BUFS: usize = 64;
+/// Buffers per channel (the low bits of the free mask).
+pub const NUM_BUFS: usize = 32;
 /// Bytes per buffer: the largest message.
-pub const BUF_SIZE: usize = 4096;
+pub const BUF_SIZE: usize = 8192;
+/// The free mask's bits that name buffers.
+const ALL_BUFS: u64 = (1 << NUM_BUFS) - 1;
 /// Slots per ring.
 pub const RING_SLOTS: usize = 64;
 /// Bytes per ring slot (two cache lines).
@@ -74,7 +80,7 @@ pub const REGION_LEN: usize = BUFS_BASE + 2 * NUM_BUFS * BUF_SIZE;
 /// First word of the header.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"QSSMRGN1");
 /// Layout version.
-pub const REGION_VERSION: u64 = 4;
+pub const REGION_VERSION: u64 = 5;
 
 /// Kind of a message in a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,9 +98,9 @@ pub struct Slot {
     pub kind: MsgKind,
     /// True if the payload is inside the slot (then `index` is 0).
     pub inline: bool,
-    /// Buffer index (< 64).
+    /// Buffer index (< [`NUM_BUFS`]).
     pub index: usize,
-    /// Payload length (<= 4096).
+    /// Payload length (<= [`BUF_SIZE`]).
     pub len: usize,
     /// Tag.
     pub tag: u32,
@@ -140,7 +146,7 @@ pub fn encode_slot(pos: u64, s: &Slot) -> u64 {
     marker(pos) << 54
         | u64::from(s.inline) << 53
         | (s.kind as u64) << 51
-        | (s.index as u64) << 45
+        | (s.index as u64) << 46
         | (s.len as u64) << 32
         | u64::from(s.tag)
 }
@@ -210,8 +216,8 @@ pub fn decode_slot(pos: u64, v: u64) -> Result<Slot, SlotError> {
         2 => MsgKind::Expected,
         _ => return Err(SlotError::Kind { value: v }),
     };
-    let index = ((v >> 45) & 63) as usize;
-    let len = ((v >> 32) & 0x1fff) as usize;
+    let index = ((v >> 46) & 31) as usize;
+    let len = ((v >> 32) & 0x3fff) as usize;
     let inline = (v >> 53) & 1 == 1;
     if len > BUF_SIZE {
         return Err(SlotError::Len { len });
@@ -238,7 +244,7 @@ pub fn init_region(region: &SharedRegion, creator_pid: u32) {
     for c in 0..2 {
         region
             .atomic(ctl(c) + CTL_FREE)
-            .store(u64::MAX, Ordering::Release);
+            .store(ALL_BUFS, Ordering::Release);
     }
 }
 
@@ -322,7 +328,8 @@ impl<'a> Channel<'a> {
     /// Sender: true if message `tx.pos` of `len` bytes could be published
     /// now (its slot is free, and a buffer is free if it needs one).
     pub fn can_send(&self, tx: &mut TxCursor, len: usize) -> bool {
-        self.has_slot(tx, Ordering::SeqCst) && (len <= INLINE_MAX || self.free().load(Ordering::SeqCst) != 0)
+        self.has_slot(tx, Ordering::SeqCst)
+            && (len <= INLINE_MAX || self.free().load(Ordering::SeqCst) & ALL_BUFS != 0)
     }
 
     /// Sender: publishes message `tx.pos`, the concatenation of `parts`
@@ -344,7 +351,8 @@ impl<'a> Channel<'a> {
             (0, self.slot_offset(pos) + 8)
         } else {
             let free = self.free();
-            let mask = free.load(Ordering::Acquire);
+            // Bits above the buffers are the peer's doing: never ours to use.
+            let mask = free.load(Ordering::Acquire) & ALL_BUFS;
             if mask == 0 {
                 return false;
             }

@@ -35,7 +35,7 @@ pub struct SmConfig {
     /// How long an accepted connection may take to send its hello.
     pub handshake_timeout: Duration,
     /// Most messages from one peer kept while no receive is posted for
-    /// them (each at most 4 KiB). Past it we stop draining that peer's ring:
+    /// them (each at most 8 KiB). Past it we stop draining that peer's ring:
     /// its messages wait in shared memory and its sends back up, so a peer
     /// that floods us cannot grow our memory.
     pub max_queued_per_peer: usize,

@@ -30,10 +30,11 @@
 //! [`conn`] for the bytes.
 //!
 //! ## Region layout
-//! A header page, one control page and two ring pages per direction, then 64
-//! buffers of 4 KiB per direction (see [`channel`]). A control page has,
-//! each on its own cache line: the free-buffer mask (one `AtomicU64`; the
-//! sender reserves with `fetch_and`, the receiver frees with `fetch_or`),
+//! A header page, one control page and two ring pages per direction, then 32
+//! buffers of 8 KiB per direction (see [`channel`]). A control page has,
+//! each on its own cache line: the free-buffer mask (the low 32 bits of an
+//! `AtomicU64`; the sender reserves with `fetch_and`, the receiver frees
+//! with `fetch_or`),
 //! the receiver's `rx_waiting` flag and the sender's `tx_waiting` flag. A
 //! ring has 64 slots of two cache lines each: a header word (sequence
 //! marker, inline flag, kind, buffer index, length, tag) and up to 120

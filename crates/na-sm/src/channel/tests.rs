@@ -11,8 +11,8 @@ fn slot_roundtrip_and_validation() {
     let s = Slot {
         kind: MsgKind::Expected,
         inline: false,
-        index: 63,
-        len: 4096,
+        index: NUM_BUFS - 1,
+        len: BUF_SIZE,
         tag: u32::MAX,
     };
     for pos in [0u64, 63, 64, 2047 * 64, u64::MAX / 2] {
@@ -22,9 +22,19 @@ fn slot_roundtrip_and_validation() {
     assert!(decode_slot(0, encode_slot(0, &s) | 3 << 51).is_err());
     assert!(
         decode_slot(0, encode_slot(0, &s) | 1 << 53).is_err(),
-        "inline with a 4 KiB length"
+        "inline with a buffer's length"
     );
-    assert!(decode_slot(0, encode_slot(0, &Slot { len: 4097, ..s })).is_err());
+    assert!(decode_slot(
+        0,
+        encode_slot(
+            0,
+            &Slot {
+                len: BUF_SIZE + 1,
+                ..s
+            }
+        )
+    )
+    .is_err());
 }
 
 /// Fills the ring with `len`-byte messages until a send does not fit, then
@@ -35,24 +45,34 @@ fn fill_and_drain(len: usize) {
     check_region(&r).unwrap();
     let ch = Channel::new(&r, 0);
     let (mut tx, mut rx) = (TxCursor::default(), RxCursor::default());
-    for i in 0..NUM_BUFS {
+    // Inline messages need only a slot; larger ones a buffer too.
+    let room = if len <= INLINE_MAX { RING_SLOTS } else { NUM_BUFS };
+    for i in 0..room {
         assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i as u32, &[&vec![i as u8; len]]));
     }
     assert!(
         !ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![0; len]]),
-        "65th send must not fit"
+        "send {} must not fit",
+        room + 1
     );
     assert!(!ch.can_send(&mut tx, len));
     assert!(ch.arm_sender(&mut tx, len), "nothing fits: the sender may sleep");
     let mut buf = Vec::new();
-    for i in 0..NUM_BUFS {
+    for i in 0..room {
         let s = ch.peek(rx.pos).unwrap().unwrap();
         assert_eq!((s.tag, s.len, s.inline), (i as u32, len, len <= INLINE_MAX));
         ch.read_payload(rx.pos, &s, &mut buf);
         assert_eq!(buf, vec![i as u8; len]);
         ch.release(&mut rx, &s).unwrap();
     }
-    assert!(!ch.can_send(&mut tx, len), "slots are reused only after publish");
+    if room == RING_SLOTS {
+        assert!(!ch.can_send(&mut tx, len), "slots are reused only after publish");
+    } else {
+        assert!(
+            ch.can_send(&mut tx, len),
+            "released buffers are free again at once"
+        );
+    }
     assert!(ch.publish(&mut rx));
     assert!(!ch.publish(&mut rx), "nothing new to publish");
     assert!(ch.sender_needs_wake());
@@ -239,4 +259,32 @@ fn previous_lap_marker_wraps() {
             .store(encode_slot(pos - 2 * RING_SLOTS as u64, &s), Ordering::SeqCst);
         assert!(ch.peek(pos).is_err(), "message {pos}: two laps back");
     }
+}
+
+/// The free mask is in memory the peer writes: bits above the buffers
+/// never make the sender write past its buffers, and a mask with only such
+/// bits means no buffer is free.
+#[test]
+fn free_mask_bits_above_the_buffers_are_ignored() {
+    let r = region();
+    let ch = Channel::new(&r, 0);
+    let mut tx = TxCursor::default();
+    let free = r.atomic(PAGE + CTL_FREE);
+    free.store(!ALL_BUFS, Ordering::SeqCst);
+    assert!(!ch.can_send(&mut tx, BUF_SIZE), "no buffer is free");
+    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![1; BUF_SIZE]]));
+    free.store(u64::MAX, Ordering::SeqCst);
+    let mut rx = RxCursor::default();
+    for i in 0..NUM_BUFS {
+        assert!(ch.try_send(
+            &mut tx,
+            MsgKind::Unexpected,
+            i as u32,
+            &[&vec![i as u8; BUF_SIZE]]
+        ));
+        let s = ch.peek(rx.pos).unwrap().unwrap();
+        assert_eq!(s.index, i, "buffers are taken lowest first, none past the last");
+        rx.pos += 1;
+    }
+    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![0; BUF_SIZE]]));
 }

@@ -16,8 +16,8 @@ const T: Duration = Duration::from_secs(10);
 pub fn trials() -> Vec<(&'static str, Scenario)> {
     vec![
         (
-            "lookup_errors_name_the_cause_and_sizes_are_4_kib",
-            lookup_errors_name_the_cause_and_sizes_are_4_kib,
+            "lookup_errors_name_the_cause_and_sizes_are_8_kib",
+            lookup_errors_name_the_cause_and_sizes_are_8_kib,
         ),
         (
             "two_instances_driven_by_one_poll_set",
@@ -98,7 +98,7 @@ fn dir_of(t: &Transport) -> PathBuf {
         .expect("the sm transport names its socket directory")
 }
 
-pub fn lookup_errors_name_the_cause_and_sizes_are_4_kib(t: &Transport) {
+pub fn lookup_errors_name_the_cause_and_sizes_are_8_kib(t: &Transport) {
     let mut server = PeerProc::spawn(t, &["server"]);
     let mut n = Node::new(t, ProgressMode::default(), false);
     let e = n.ep.lookup("sm://999999-nope").unwrap_err();
@@ -112,7 +112,7 @@ pub fn lookup_errors_name_the_cause_and_sizes_are_4_kib(t: &Transport) {
     ));
     let addr = n.ep.lookup(&server.uri).unwrap();
     let p = n.ep.plugin(n.id).unwrap();
-    assert_eq!((p.max_unexpected_size(), p.max_expected_size()), (4096, 4096));
+    assert_eq!((p.max_unexpected_size(), p.max_expected_size()), (8192, 8192));
     assert_eq!(n.request(&addr, 1, b"eping"), b"eping");
     // The dead server's socket file is left behind: lookup says it is stale.
     server.kill();
