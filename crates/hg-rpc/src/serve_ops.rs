@@ -16,9 +16,7 @@ use crate::rpc::rpc_id;
 use crate::spill::{self, RELEASE_RPC};
 
 /// Spare buffers an engine keeps for reuse.
-const SPARE_BUFFERS_KEPT: usize = 4;
-/// The largest spare buffer an engine keeps (larger ones are freed).
-const SPARE_BUFFER_KEEP_MAX: usize = 1 << 20;
+const SPARE_BUFFERS_KEPT: usize = 16;
 
 /// The bytes a finished pull wrote into `mem` (one of `pull_buffer`'s),
 /// taken back without a copy when no other clone of the handle is left.
@@ -169,10 +167,12 @@ impl<C: Codec> Engine<C> {
         buf
     }
 
-    /// Keeps a buffer for the next pull or spilled input (a few, none
-    /// over [`SPARE_BUFFER_KEEP_MAX`] bytes).
+    /// Keeps a buffer for the next pull or spilled input: at most
+    /// [`SPARE_BUFFERS_KEPT`], holding at most `spare_bytes` together
+    /// (see [`Engine::set_spare_bytes`]).
     pub(super) fn keep_spare_buffer(&mut self, buf: Vec<u8>) {
-        if self.spare_bufs.len() < SPARE_BUFFERS_KEPT && buf.capacity() <= SPARE_BUFFER_KEEP_MAX {
+        let kept: usize = self.spare_bufs.iter().map(Vec::capacity).sum();
+        if self.spare_bufs.len() < SPARE_BUFFERS_KEPT && kept + buf.capacity() <= self.spare_bytes {
             self.spare_bufs.push(buf);
         }
     }

@@ -188,6 +188,15 @@ fn spilled_data_of_changing_sizes_stays_intact_while_buffers_are_reused() {
         }
     }
     assert_eq!(c.stats().in_flight, 0);
+    // Keeping none works the same.
+    c.set_spare_bytes(0);
+    for (i, len) in [9000, 300_000, 9000].into_iter().enumerate() {
+        let v = pattern(500 + i, len);
+        assert!(
+            c.call::<Echo>(&s, &v, T).unwrap() == v,
+            "without spares, call {i} corrupted"
+        );
+    }
 }
 
 #[test]
