@@ -127,3 +127,45 @@ fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
         "{ratio} vs {expect}"
     );
 }
+
+/// A busy hg-perf server must not outlive the run that started it (killed
+/// by `timeout`, say): it would spin on a core forever.
+#[test]
+fn a_killed_run_takes_its_busy_server_with_it() {
+    use std::time::{Duration, Instant};
+    let mut run = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
+        .args(["rate", "--mode", "busy", "--sizes", "0", "--inflight", "1"])
+        .args(["--batches", "1000", "--batch-ms", "1000"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("hg-perf starts");
+    let pid = run.id();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let server: u32 = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(p) = kids.split_whitespace().find_map(|c| c.parse().ok()) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "hg-perf started no server in 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    run.kill().expect("SIGKILL to hg-perf");
+    run.wait().expect("reaped");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{server}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for its new parent to reap it.
+        if stat
+            .rsplit_once(')')
+            .map_or(true, |(_, r)| r.trim_start().starts_with('Z'))
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = Command::new("kill").args(["-9", &server.to_string()]).status();
+            panic!("server {server} still runs 10 s after its hg-perf was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

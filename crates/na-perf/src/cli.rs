@@ -167,6 +167,10 @@ pub struct ServeArgs {
     /// Serve `--peer` clients forever instead of reading commands on stdin.
     #[arg(long)]
     pub standalone: bool,
+    /// Process id of the `na-perf` that started us: we are killed when it
+    /// exits, so a peer spinning in a floor never outlives a killed run.
+    #[arg(long)]
+    pub parent: Option<u32>,
 }
 
 /// A progress mode on the command line.

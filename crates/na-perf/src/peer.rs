@@ -69,6 +69,8 @@ impl Peer {
         };
         let mut cmd = Command::new(&exe);
         cmd.args(["serve", "--transport", crate::sm_server::transport()])
+            .arg("--parent")
+            .arg(std::process::id().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -57,6 +57,9 @@ fn take_links(fds: &[i32]) -> Result<Option<FloorLinks>> {
 
 /// Runs the peer.
 pub fn run(args: &ServeArgs) -> Result<()> {
+    if let Some(parent) = args.parent {
+        na_core::sys::process::exit_with_parent(parent).map_err(PerfError::sys("prctl(PR_SET_PDEATHSIG)"))?;
+    }
     crate::peer::pin_self(args.pin)?;
     let links = take_links(&args.floor_fds)?;
     if args.standalone {

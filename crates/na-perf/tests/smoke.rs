@@ -117,3 +117,56 @@ fn bad_arguments_are_clear_errors() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--cpu"), "{stderr}");
 }
+
+/// Children started by the main thread of `pid` (proc(5), `children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
+/// A run killed while its peer spins in the shared-flag floor must not
+/// leave the peer behind: before `--parent`, it burned a core forever.
+#[test]
+fn a_killed_run_takes_its_spinning_peer_with_it() {
+    let mut run = Command::new(env!("CARGO_BIN_EXE_na-perf"))
+        .args(["lat", "--floors", "--mode", "busy", "--sizes", "8"])
+        .args(["--batches", "1000", "--batch-ms", "1000"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("na-perf starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let peer = loop {
+        if let Some(&p) = children_of(run.id()).first() {
+            break p;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "na-perf started no peer in 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Let it get into the floor's busy loop.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    run.kill().expect("SIGKILL to na-perf");
+    run.wait().expect("reaped");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{peer}")).exists() {
+        // A zombie waiting for its (new) parent to reap it is gone enough.
+        let state = std::fs::read_to_string(format!("/proc/{peer}/stat")).unwrap_or_default();
+        if state
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            // Do not leave it spinning for the tests after us.
+            let _ = Command::new("kill").args(["-9", &peer.to_string()]).status();
+            panic!("peer {peer} still runs 10 s after its na-perf was killed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -107,6 +107,10 @@ enum Test {
     Serve {
         #[arg(long)]
         server_cpu: Option<usize>,
+        /// Process id of the `hg-perf` that started us: we are killed when
+        /// it exits, so a busy server never outlives a killed run.
+        #[arg(long)]
+        parent: Option<u32>,
     },
 }
 
@@ -130,7 +134,10 @@ fn engine(spec: &str, mode: ProgressMode, listen: bool) -> Res<Engine> {
     Ok(e)
 }
 
-fn serve(spec: &str, cpu: Option<usize>) -> Res<()> {
+fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
+    if let Some(p) = parent {
+        na_core::sys::process::exit_with_parent(p)?;
+    }
     if let Some(c) = cpu {
         affinity::pin_to(c)?;
     }
@@ -197,6 +204,7 @@ impl Drop for Server {
 fn start_server(spec: &str, mode: ProgressMode, cpu: Option<usize>) -> Res<(Server, String)> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["serve", "--transport", spec])
+        .args(["--parent", &std::process::id().to_string()])
         .env("HG_PERF_MODE", mode_name(mode))
         .stdout(Stdio::piped());
     if let Some(c) = cpu {
@@ -464,8 +472,8 @@ fn run_mode(
 
 fn main() -> Res<()> {
     let cli = Cli::parse();
-    if let Test::Serve { server_cpu } = cli.test {
-        return serve(&cli.transport, server_cpu);
+    if let Test::Serve { server_cpu, parent } = cli.test {
+        return serve(&cli.transport, server_cpu, parent);
     }
     let cpus = match &cli.cpu {
         Some(s) => {

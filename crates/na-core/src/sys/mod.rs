@@ -3,6 +3,7 @@
 
 pub mod affinity;
 pub mod epoll;
+pub mod process;
 pub mod segment;
 
 /// Calls a libc function and turns a `-1` return into `io::Error::last_os_error()`.
