@@ -48,7 +48,7 @@ QS_MR_CACHE_MAP_WATCH=off cargo test --quiet -p na-regcache --test inflight --te
 step "examples (each verifies what it does and fails loudly otherwise)"
 cargo run --quiet -p hg-rpc --example hello
 cargo run --quiet -p hg-rpc --example blobstore
-cargo run --quiet -p hg-rpc --example demo
+cargo run --quiet -p hg-rpc --example demo -- --passes 2
 cargo run --quiet -p na-sm --example na_demo
 
 step "RDMA verbs tests inside a soft-RoCE VM"
