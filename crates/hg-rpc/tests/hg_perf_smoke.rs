@@ -128,6 +128,74 @@ fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
     );
 }
 
+/// `rate --floors` measures the busy one-in-flight ceilings (shared-flag
+/// and NA ping-pongs) with na-perf before and after, and reports each busy
+/// one-in-flight rate's ratio to their mean; other rates get no ratio.
+#[test]
+fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
+    let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
+    let args = [
+        "rate",
+        "--mode",
+        "busy,adaptive",
+        "--sizes",
+        "0",
+        "--inflight",
+        "1,4",
+        "--floors",
+    ];
+    if !hg.with_file_name("na-perf").exists() {
+        eprintln!("na-perf is not built: checking the error instead of the figures");
+        let out = Command::new(hg).args(args).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cargo build --release -p na-perf"), "{err}");
+        return;
+    }
+    let lines = run(&args);
+    let tests: Vec<&str> = lines.iter().map(|v| v["test"].as_str().unwrap()).collect();
+    assert_eq!(
+        tests,
+        [
+            "rate_ceiling_flag",
+            "rate_ceiling_na",
+            "rate",
+            "rate",
+            "rate",
+            "rate",
+            "rate_ceiling_flag",
+            "rate_ceiling_na",
+            "rate_vs_flag_ceiling",
+            "rate_vs_na_ceiling"
+        ],
+        "{lines:?}"
+    );
+    for v in &lines[..8] {
+        check(v, "ops/s");
+    }
+    let busy_single = &lines[2];
+    assert_eq!(
+        (busy_single["mode"].as_str(), busy_single["inflight"].as_u64()),
+        (Some("busy"), Some(1))
+    );
+    let m = |v: &serde_json::Value| v["median"].as_f64().unwrap();
+    for (ratio, before, after) in [
+        (&lines[8], &lines[0], &lines[6]),
+        (&lines[9], &lines[1], &lines[7]),
+    ] {
+        check(ratio, "x");
+        assert_eq!(
+            (before["op"].as_str(), after["op"].as_str()),
+            (Some("before"), Some("after"))
+        );
+        let expect = m(busy_single) / ((m(before) + m(after)) / 2.0);
+        assert!(
+            (m(ratio) - expect).abs() < 1e-9 * expect.max(1.0),
+            "{ratio} vs {expect}"
+        );
+    }
+}
+
 /// A busy hg-perf server must not outlive the run that started it (killed
 /// by `timeout`, say): it would spin on a core forever.
 #[test]

@@ -77,6 +77,13 @@ enum Test {
         sizes: String,
         #[arg(long, default_value = "1,16")]
         inflight: String,
+        /// Also measure, before and after, the ceilings of a busy rate with
+        /// one call in flight (na-perf's shared-flag and NA 8-byte
+        /// ping-pongs: `rate_ceiling_flag`, `rate_ceiling_na`) and print each
+        /// busy one-in-flight rate's ratio to them (`rate_vs_*`, against
+        /// the mean of before and after). Needs na-perf next to hg-perf.
+        #[arg(long)]
+        floors: bool,
     },
     /// Round-trip latency percentiles, one call in flight.
     Lat {
@@ -221,6 +228,27 @@ fn start_server(spec: &str, mode: ProgressMode, cpu: Option<usize>) -> Res<(Serv
     Ok((Server(child), uri))
 }
 
+/// Measures and reports the busy one-in-flight ceilings (ops/s): the raw
+/// shared-flag ping-pong and the NA ping-pong. Returns them in that order.
+fn report_ceilings(cli: &Cli, cpus: (Option<usize>, Option<usize>), when: &str) -> Res<(f64, f64)> {
+    let (flag_rtt, na_rtt) = floor::busy_round_trips(cpus, cli.batches, cli.batch_ms)?;
+    let (flag, na) = (1e9 / flag_rtt, 1e9 / na_rtt);
+    report(
+        cli,
+        "rate_ceiling_flag",
+        "busy",
+        when,
+        8,
+        1,
+        flag,
+        flag,
+        None,
+        "ops/s",
+    );
+    report(cli, "rate_ceiling_na", "busy", when, 8, 1, na, na, None, "ops/s");
+    Ok((flag, na))
+}
+
 fn mode_name(m: ProgressMode) -> &'static str {
     match m {
         ProgressMode::Busy => "busy",
@@ -345,11 +373,14 @@ fn tokio_lat(
     })
 }
 
+/// Runs `cli.test` in `mode`; busy rates with one call in flight are also
+/// pushed to `busy_single` as (size, ops/s) for `rate --floors`.
 fn run_mode(
     cli: &Cli,
     mode: ProgressMode,
     cpus: (Option<usize>, Option<usize>),
     floor_rtt: Option<f64>,
+    busy_single: &mut Vec<(u64, f64)>,
 ) -> Res<()> {
     let (_server, uri) = server_for(cli, mode, cpus)?;
     let mut c = engine(&cli.transport, mode, false)?;
@@ -358,7 +389,7 @@ fn run_mode(
     let m = mode_name(mode);
     let batch = Duration::from_millis(cli.batch_ms);
     match &cli.test {
-        Test::Rate { sizes, inflight } => {
+        Test::Rate { sizes, inflight, .. } => {
             for size in list(sizes, parse_size)? {
                 for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
                     let input = ByteBuf::from(vec![7u8; size as usize]);
@@ -400,7 +431,11 @@ fn run_mode(
                         }
                     }
                     let p = rates.iter().copied().fold(f64::INFINITY, f64::min);
-                    report(cli, "rate", m, "call", size, n, median(rates), p, None, "ops/s");
+                    let med = median(rates);
+                    if n == 1 && mode == ProgressMode::Busy {
+                        busy_single.push((size, med));
+                    }
+                    report(cli, "rate", m, "call", size, n, med, p, None, "ops/s");
                 }
             }
         }
@@ -516,11 +551,36 @@ fn main() -> Res<()> {
     } else {
         None
     };
+    let rate_floors = matches!(cli.test, Test::Rate { floors: true, .. });
+    let ceilings_before = if rate_floors {
+        Some(report_ceilings(&cli, cpus, "before")?)
+    } else {
+        None
+    };
+    let mut busy_single = Vec::new();
     for m in cli.mode.split(',') {
         match (m.trim(), &cli.test) {
             ("tokio", Test::Lat { sizes, .. }) => tokio_lat(&cli, sizes, cpus, floor_before)?,
             ("tokio", _) => return Err("mode tokio exists for lat only".into()),
-            (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, floor_before)?,
+            (m, _) => run_mode(
+                &cli,
+                ProgressMode::parse(m)?,
+                cpus,
+                floor_before,
+                &mut busy_single,
+            )?,
+        }
+    }
+    if let Some((flag0, na0)) = ceilings_before {
+        let (flag1, na1) = report_ceilings(&cli, cpus, "after")?;
+        for (size, rate) in busy_single {
+            for (test, before, after) in [
+                ("rate_vs_flag_ceiling", flag0, flag1),
+                ("rate_vs_na_ceiling", na0, na1),
+            ] {
+                let ratio = rate / ((before + after) / 2.0);
+                report(&cli, test, "busy", "call", size, 1, ratio, ratio, None, "x");
+            }
         }
     }
     if with_floors {

@@ -2,6 +2,8 @@
 //! measured by na-perf (its `floor_eventfd_lat`, two processes ping-ponging
 //! eventfds through epoll, one-way) right before and after the RPC round
 //! trips, so the blocking figure is judged against a floor of the same run.
+//! `hg-perf rate --floors`: likewise the busy ceilings of one call in
+//! flight (the shared-flag and NA ping-pongs), before and after the rates.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,9 +24,14 @@ fn na_perf() -> Res<PathBuf> {
     Ok(exe)
 }
 
-/// Median raw eventfd round trip in nanoseconds (twice na-perf's one-way
-/// floor), between two processes on `cpus` when given.
-pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, batch_ms: u64) -> Res<f64> {
+/// Runs `na-perf lat --floors` for 8-byte unexpected messages in `mode`
+/// and returns its JSON results.
+fn na_perf_lat(
+    mode: &str,
+    cpus: (Option<usize>, Option<usize>),
+    batches: usize,
+    batch_ms: u64,
+) -> Res<Vec<serde_json::Value>> {
     let mut cmd = Command::new(na_perf()?);
     cmd.args([
         "lat",
@@ -33,10 +40,9 @@ pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, 
         "unexpected",
         "--sizes",
         "8",
-        "--mode",
-        "blocking",
         "--json",
     ]);
+    cmd.arg("--mode").arg(mode);
     cmd.arg("--batches").arg(batches.to_string());
     cmd.arg("--batch-ms").arg(batch_ms.to_string());
     if let (Some(a), Some(b)) = cpus {
@@ -45,22 +51,49 @@ pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, 
     let out = cmd.output()?;
     if !out.status.success() {
         return Err(format!(
-            "na-perf (eventfd floor) failed with {}: {}",
+            "na-perf (floors, {mode}) failed with {}: {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         )
         .into());
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    for line in stdout.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if v["test"] == "floor_eventfd_lat" {
-            if let Some(one_way) = v["median"].as_f64().filter(|m| *m > 0.0) {
-                return Ok(2.0 * one_way);
-            }
-        }
-    }
-    Err(format!("na-perf printed no floor_eventfd_lat result:\n{stdout}").into())
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// Twice the positive median of the result named `test` (a one-way
+/// latency), in `results` of na-perf.
+fn round_trip(results: &[serde_json::Value], test: &str) -> Res<f64> {
+    results
+        .iter()
+        .filter(|v| v["test"] == test)
+        .find_map(|v| v["median"].as_f64().filter(|m| *m > 0.0))
+        .map(|one_way| 2.0 * one_way)
+        .ok_or_else(|| format!("na-perf printed no {test} result: {results:?}").into())
+}
+
+/// Median raw eventfd round trip in nanoseconds (twice na-perf's one-way
+/// floor), between two processes on `cpus` when given.
+pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, batch_ms: u64) -> Res<f64> {
+    round_trip(
+        &na_perf_lat("blocking", cpus, batches, batch_ms)?,
+        "floor_eventfd_lat",
+    )
+}
+
+/// The two ceilings of a busy RPC rate with one call in flight, as round
+/// trips in nanoseconds: the raw shared-flag ping-pong (`floor_shm_flag_lat`:
+/// what two processes spinning on one cache line can do with no software at
+/// all) and the NA ping-pong of 8-byte unexpected messages over na-sm
+/// (everything below hg-rpc). An RPC needs one of each per call, so one in
+/// flight cannot beat 1 / round trip.
+pub fn busy_round_trips(
+    cpus: (Option<usize>, Option<usize>),
+    batches: usize,
+    batch_ms: u64,
+) -> Res<(f64, f64)> {
+    let r = na_perf_lat("busy", cpus, batches, batch_ms)?;
+    Ok((round_trip(&r, "floor_shm_flag_lat")?, round_trip(&r, "lat")?))
 }
