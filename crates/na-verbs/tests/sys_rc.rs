@@ -160,6 +160,77 @@ fn query_device(env: &RdmaEnv) {
     );
 }
 
+/// `post_send_chain` keeps its promise that exactly the work requests
+/// before the failing one were posted, whichever side refused: our own
+/// argument check of a work request in the middle (the valid ones before
+/// it must still go out, or the caller waits forever for their
+/// completions), and the provider running out of send-queue room.
+fn post_chains(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    comp: &CompletionChannel,
+    mr: &MemoryRegion,
+    remote: &RemoteRegion,
+) {
+    let who = "client chains";
+    // Remote bytes 3100.. are free: the server checks only 0..1040, and
+    // the READ source at 2048.. was read already.
+    let write = |k: usize| SendOp::RdmaWrite(remote.slice(3100 + 8 * k as u64, 8).unwrap());
+    let one = [mr.sge(0, 8).unwrap()];
+    let many = vec![mr.sge(0, 1).unwrap(); qp.caps().max_send_sge as usize + 1];
+
+    // 1. Work request 2 of 4 has more SGEs than the QP allows.
+    let wr = |id, k, sges| SendWr {
+        wr_id: id,
+        op: write(k),
+        sges,
+        signaled: true,
+    };
+    let chain = [
+        wr(10, 0, &one[..]),
+        wr(11, 1, &one[..]),
+        wr(12, 2, &many[..]),
+        wr(13, 3, &one[..]),
+    ];
+    match qp.post_send_chain(&chain) {
+        Err((2, VerbsError::InvalidArgument { .. })) => {}
+        other => panic!("{who}: expected our check to stop the chain at 2: {other:?}"),
+    }
+    let mut wc = wait_wc(cq, comp, 2, who);
+    assert_ok(&wc, who);
+    wc.sort_by_key(|w| w.wr_id);
+    assert_eq!((wc[0].wr_id, wc[1].wr_id), (10, 11), "{who}: {wc:?}");
+
+    // 2. A chain longer than the send queue: the provider stops it.
+    let n = 40usize;
+    let chain: Vec<SendWr> = (0..n).map(|k| wr(100 + k as u64, k, &one[..])).collect();
+    let posted = match qp.post_send_chain(&chain) {
+        Err((at, VerbsError::Post { wr_id, .. })) => {
+            assert_eq!(
+                wr_id,
+                100 + at as u64,
+                "{who}: the error names the first work request not posted"
+            );
+            at
+        }
+        other => panic!(
+            "{who}: a chain of {n} on a send queue of {} must stop early: {other:?}",
+            qp.caps().max_send_wr
+        ),
+    };
+    assert!(posted >= 1 && posted < n, "{who}: stopped at {posted}");
+    let mut wc = wait_wc(cq, comp, posted, who);
+    assert_ok(&wc, who);
+    wc.sort_by_key(|w| w.wr_id);
+    let ids: Vec<u64> = wc.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (100..100 + posted as u64).collect::<Vec<_>>(), "{who}");
+    eprintln!(
+        "{who}: an invalid work request at 2 of 4 posted the 2 before it; a chain of {n} on a \
+         send queue of {} stopped at {posted}, and exactly those completed",
+        qp.caps().max_send_wr
+    );
+}
+
 #[test]
 fn sys_rc_over_rdma_cm() {
     let Some(env) = rdma_env("sys_rc_over_rdma_cm") else {
@@ -257,6 +328,8 @@ fn sys_rc_over_rdma_cm() {
         .expect("post WRITE_WITH_IMM");
     assert_ok(&wait_wc(&cq, &comp, 1, who), who);
     eprintln!("{who}: SEND, RDMA WRITE, RDMA READ (multi-SGE) and WRITE_WITH_IMM completed");
+
+    post_chains(&qp, &cq, &comp, &mr1, &remote);
 
     // Local argument checks: nothing is posted.
     let too_long = qp.post_send(

@@ -65,17 +65,37 @@ impl QueuePair {
     }
 
     /// Posts a list of send work requests with one `ibv_post_send` (one
-    /// doorbell). On failure the provider stopped at work request `i` of the
+    /// doorbell). On failure the chain stopped at work request `i` of the
     /// error: those before it were posted (and will complete), `i` and those
-    /// after it were not.
+    /// after it were not. That holds for both kinds of failure: the provider
+    /// refusing work request `i`, and our own check of `i`'s arguments (the
+    /// valid ones before it are still posted, so the caller's count of what
+    /// will complete is right either way).
     pub fn post_send_chain(&self, list: &[SendWr<'_>]) -> std::result::Result<(), (usize, VerbsError)> {
         let mut wrs = Vec::with_capacity(list.len());
+        let mut invalid = None;
         for (i, w) in list.iter().enumerate() {
-            wrs.push(self.send_wr(w).map_err(|e| (i, e))?);
+            match self.send_wr(w) {
+                Ok(wr) => wrs.push(wr),
+                Err(e) => {
+                    invalid = Some((i, e));
+                    break;
+                }
+            }
         }
-        if wrs.is_empty() {
-            return Ok(());
+        if !wrs.is_empty() {
+            self.post_linked(&mut wrs, list)?;
         }
+        invalid.map_or(Ok(()), Err)
+    }
+
+    /// Links `wrs` (built from the first `wrs.len()` entries of `list`) and
+    /// posts them; on failure, the index of the first one not posted.
+    fn post_linked(
+        &self,
+        wrs: &mut [ibv_send_wr],
+        list: &[SendWr<'_>],
+    ) -> std::result::Result<(), (usize, VerbsError)> {
         let base = wrs.as_mut_ptr();
         for i in 1..wrs.len() {
             // SAFETY: `i - 1` and `i` are in bounds of `wrs`, which is not
@@ -92,7 +112,7 @@ impl QueuePair {
             let at = (bad as usize)
                 .checked_sub(base as usize)
                 .map_or(0, |d| d / std::mem::size_of::<ibv_send_wr>())
-                .min(list.len() - 1);
+                .min(wrs.len() - 1);
             let e = VerbsError::Post {
                 op: "ibv_post_send",
                 qpn: self.qp_num(),
