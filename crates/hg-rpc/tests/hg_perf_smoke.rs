@@ -130,16 +130,17 @@ fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
 
 /// `rate --floors` measures the busy one-in-flight ceilings (shared-flag
 /// and NA ping-pongs) with na-perf before and after, and reports each busy
-/// one-in-flight rate's ratio to their mean; other rates get no ratio.
+/// one-in-flight rate's ratio to their mean; other rates (more in flight, a
+/// payload larger than the ceilings' 8 bytes) get no ratio.
 #[test]
 fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
     let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
     let args = [
         "rate",
         "--mode",
-        "busy,adaptive",
+        "busy",
         "--sizes",
-        "0",
+        "0,1K",
         "--inflight",
         "1,4",
         "--floors",
@@ -174,6 +175,10 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
         check(v, "ops/s");
     }
     let busy_single = &lines[2];
+    assert_eq!(
+        (lines[4]["size"].as_u64(), lines[4]["inflight"].as_u64()),
+        (Some(1024), Some(1))
+    );
     assert_eq!(
         (busy_single["mode"].as_str(), busy_single["inflight"].as_u64()),
         (Some("busy"), Some(1))

@@ -81,7 +81,8 @@ enum Test {
         /// one call in flight (na-perf's shared-flag and NA 8-byte
         /// ping-pongs: `rate_ceiling_flag`, `rate_ceiling_na`) and print each
         /// busy one-in-flight rate's ratio to them (`rate_vs_*`, against
-        /// the mean of before and after). Needs na-perf next to hg-perf.
+        /// the mean of before and after), for payloads of at most 8 bytes
+        /// (what the ceilings carry). Needs na-perf next to hg-perf.
         #[arg(long)]
         floors: bool,
     },
@@ -373,8 +374,9 @@ fn tokio_lat(
     })
 }
 
-/// Runs `cli.test` in `mode`; busy rates with one call in flight are also
-/// pushed to `busy_single` as (size, ops/s) for `rate --floors`.
+/// Runs `cli.test` in `mode`; busy rates with one call in flight and at
+/// most 8 bytes of payload are also pushed to `busy_single` as (size,
+/// ops/s) for `rate --floors`.
 fn run_mode(
     cli: &Cli,
     mode: ProgressMode,
@@ -432,7 +434,9 @@ fn run_mode(
                     }
                     let p = rates.iter().copied().fold(f64::INFINITY, f64::min);
                     let med = median(rates);
-                    if n == 1 && mode == ProgressMode::Busy {
+                    // The ceilings are 8-byte ping-pongs: larger payloads
+                    // move more data than they do and get no ratio.
+                    if n == 1 && mode == ProgressMode::Busy && size <= 8 {
                         busy_single.push((size, med));
                     }
                     report(cli, "rate", m, "call", size, n, med, p, None, "ops/s");
