@@ -201,6 +201,70 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
     }
 }
 
+/// `bw --floors` measures the raw `process_vm_readv` bandwidth of one
+/// transfer with na-perf before and after, and reports the ratio of every
+/// figure moved one transfer per RPC (1M here; 4K goes 64 per RPC and gets
+/// none). Sizes that all go many per RPC are refused with a clear error.
+#[test]
+fn bw_floors_report_the_cma_floor_and_the_ratios() {
+    let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
+    if !hg.with_file_name("na-perf").exists() {
+        eprintln!("na-perf is not built: checking the error instead of the figures");
+        let out = Command::new(hg)
+            .args(["bw", "--floors", "--sizes", "1M"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cargo build --release -p na-perf"), "{err}");
+        return;
+    }
+    let out = Command::new(hg)
+        .args(["bw", "--floors", "--sizes", "4K"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("one per RPC"), "{err}");
+
+    let lines = run(&["bw", "--mode", "adaptive", "--sizes", "4K,1M", "--floors"]);
+    let tests: Vec<&str> = lines.iter().map(|v| v["test"].as_str().unwrap()).collect();
+    assert_eq!(
+        tests,
+        [
+            "floor_cma_read_bw",
+            "bw",
+            "bw",
+            "bw",
+            "bw",
+            "floor_cma_read_bw",
+            "bw_vs_cma_floor",
+            "bw_vs_cma_floor"
+        ],
+        "{lines:?}"
+    );
+    let m = |v: &serde_json::Value| v["median"].as_f64().unwrap();
+    let (before, after) = (&lines[0], &lines[5]);
+    check(before, "MiB/s");
+    check(after, "MiB/s");
+    assert_eq!(
+        (before["op"].as_str(), after["op"].as_str()),
+        (Some("before"), Some("after"))
+    );
+    for (ratio, bw) in [(&lines[6], &lines[2]), (&lines[7], &lines[4])] {
+        check(ratio, "x");
+        assert_eq!(
+            (bw["size"].as_u64(), bw["op"].as_str()),
+            (Some(1 << 20), ratio["op"].as_str())
+        );
+        let expect = m(bw) / ((m(before) + m(after)) / 2.0);
+        assert!(
+            (m(ratio) - expect).abs() < 1e-9 * expect.max(1.0),
+            "{ratio} vs {expect}"
+        );
+    }
+}
+
 /// A busy hg-perf server must not outlive the run that started it (killed
 /// by `timeout`, say): it would spin on a core forever.
 #[test]

@@ -109,6 +109,14 @@ enum Test {
         /// Transfers per RPC (1 measures one RPC per transfer).
         #[arg(long, default_value_t = 64)]
         count: u64,
+        /// Also measure, before and after, the raw `process_vm_readv`
+        /// bandwidth of one transfer (na-perf's `floor_cma_read_bw`) for
+        /// every size moved one transfer per RPC (1M and up, or all with
+        /// `--count 1`), and print each such figure's ratio to it
+        /// (`bw_vs_cma_floor`, against the mean of before and after).
+        /// Needs na-perf next to hg-perf.
+        #[arg(long)]
+        floors: bool,
     },
     /// Run the server side (started automatically; hidden from users).
     #[command(hide = true)]
@@ -250,6 +258,38 @@ fn report_ceilings(cli: &Cli, cpus: (Option<usize>, Option<usize>), when: &str) 
     Ok((flag, na))
 }
 
+/// Transfers each `bw` RPC makes for `size`: `count`, shrunk so that size
+/// x count stays within [`BW_BATCH_BYTES`] (at least 1).
+fn transfers_per_rpc(count: u64, size: u64) -> u64 {
+    count.clamp(1, (BW_BATCH_BYTES / size.max(1)).max(1))
+}
+
+/// Measures and reports the raw `process_vm_readv` bandwidth of one
+/// transfer of each of `sizes` (MiB/s); returns (size, MiB/s).
+fn report_cma_floors(
+    cli: &Cli,
+    cpus: (Option<usize>, Option<usize>),
+    sizes: &[u64],
+    when: &str,
+) -> Res<Vec<(u64, f64)>> {
+    let floors = floor::cma_read_floors(cpus, sizes, cli.batches, cli.batch_ms)?;
+    for &(size, f) in &floors {
+        report(
+            cli,
+            "floor_cma_read_bw",
+            "n/a",
+            when,
+            size,
+            1,
+            f,
+            f,
+            None,
+            "MiB/s",
+        );
+    }
+    Ok(floors)
+}
+
 fn mode_name(m: ProgressMode) -> &'static str {
     match m {
         ProgressMode::Busy => "busy",
@@ -374,15 +414,25 @@ fn tokio_lat(
     })
 }
 
-/// Runs `cli.test` in `mode`; busy rates with one call in flight and at
-/// most 8 bytes of payload are also pushed to `busy_single` as (size,
-/// ops/s) for `rate --floors`.
+/// Figures that `--floors` compares with a floor measured after the runs.
+#[derive(Default)]
+struct Seen {
+    /// Busy rates with one call in flight and at most 8 bytes of payload:
+    /// (size, ops/s), for `rate --floors`.
+    busy_single: Vec<(u64, f64)>,
+    /// Bandwidths of one transfer per RPC: (mode, op, size, MiB/s), for
+    /// `bw --floors`.
+    bw_single: Vec<(&'static str, String, u64, f64)>,
+}
+
+/// Runs `cli.test` in `mode`, noting in `seen` the figures `--floors`
+/// compares.
 fn run_mode(
     cli: &Cli,
     mode: ProgressMode,
     cpus: (Option<usize>, Option<usize>),
     floor_rtt: Option<f64>,
-    busy_single: &mut Vec<(u64, f64)>,
+    seen: &mut Seen,
 ) -> Res<()> {
     let (_server, uri) = server_for(cli, mode, cpus)?;
     let mut c = engine(&cli.transport, mode, false)?;
@@ -437,7 +487,7 @@ fn run_mode(
                     // The ceilings are 8-byte ping-pongs: larger payloads
                     // move more data than they do and get no ratio.
                     if n == 1 && mode == ProgressMode::Busy && size <= 8 {
-                        busy_single.push((size, med));
+                        seen.busy_single.push((size, med));
                     }
                     report(cli, "rate", m, "call", size, n, med, p, None, "ops/s");
                 }
@@ -462,14 +512,14 @@ fn run_mode(
                 report_lat(cli, m, size, samples, floor);
             }
         }
-        Test::Bw { op, sizes, count } => {
+        Test::Bw { op, sizes, count, .. } => {
             let local = c.expose(vec![vec![1u8; BW_SPAN as usize]], Access::ReadWrite)?;
             for op in op.split(',') {
                 for size in list(sizes, parse_size)? {
                     if size == 0 || size > 16 << 20 {
                         return Err("bw sizes are 1 byte to 16M".into());
                     }
-                    let count = (*count).clamp(1, (BW_BATCH_BYTES / size).max(1));
+                    let count = transfers_per_rpc(*count, size);
                     let mut rates = Vec::new();
                     for b in 0..=cli.batches {
                         let (mut bytes, t0) = (0u64, Instant::now());
@@ -486,6 +536,10 @@ fn run_mode(
                         }
                     }
                     let p = rates.iter().copied().fold(f64::INFINITY, f64::min);
+                    let med = median(rates);
+                    if count == 1 {
+                        seen.bw_single.push((m, op.trim().to_owned(), size, med));
+                    }
                     report(
                         cli,
                         "bw",
@@ -493,7 +547,7 @@ fn run_mode(
                         op.trim(),
                         size,
                         count as usize,
-                        median(rates),
+                        med,
                         p,
                         None,
                         "MiB/s",
@@ -561,29 +615,66 @@ fn main() -> Res<()> {
     } else {
         None
     };
-    let mut busy_single = Vec::new();
+    let cma_floors_before = match &cli.test {
+        Test::Bw {
+            floors: true,
+            sizes,
+            count,
+            ..
+        } => {
+            let single: Vec<u64> = list(sizes, parse_size)?
+                .into_iter()
+                .filter(|&s| s > 0 && transfers_per_rpc(*count, s) == 1)
+                .collect();
+            if single.is_empty() {
+                return Err(
+                    "bw --floors compares transfers made one per RPC: give sizes of 1M or more, or --count 1"
+                        .into(),
+                );
+            }
+            Some(report_cma_floors(&cli, cpus, &single, "before")?)
+        }
+        _ => None,
+    };
+    let mut seen = Seen::default();
     for m in cli.mode.split(',') {
         match (m.trim(), &cli.test) {
             ("tokio", Test::Lat { sizes, .. }) => tokio_lat(&cli, sizes, cpus, floor_before)?,
             ("tokio", _) => return Err("mode tokio exists for lat only".into()),
-            (m, _) => run_mode(
-                &cli,
-                ProgressMode::parse(m)?,
-                cpus,
-                floor_before,
-                &mut busy_single,
-            )?,
+            (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, floor_before, &mut seen)?,
         }
     }
     if let Some((flag0, na0)) = ceilings_before {
         let (flag1, na1) = report_ceilings(&cli, cpus, "after")?;
-        for (size, rate) in busy_single {
+        for (size, rate) in seen.busy_single {
             for (test, before, after) in [
                 ("rate_vs_flag_ceiling", flag0, flag1),
                 ("rate_vs_na_ceiling", na0, na1),
             ] {
                 let ratio = rate / ((before + after) / 2.0);
                 report(&cli, test, "busy", "call", size, 1, ratio, ratio, None, "x");
+            }
+        }
+    }
+    if let Some(before) = cma_floors_before {
+        let sizes: Vec<u64> = before.iter().map(|&(s, _)| s).collect();
+        let after = report_cma_floors(&cli, cpus, &sizes, "after")?;
+        for (mode, op, size, bw) in seen.bw_single {
+            let floor = |v: &[(u64, f64)]| v.iter().find(|&&(s, _)| s == size).map(|&(_, f)| f);
+            if let (Some(f0), Some(f1)) = (floor(&before), floor(&after)) {
+                let ratio = bw / ((f0 + f1) / 2.0);
+                report(
+                    &cli,
+                    "bw_vs_cma_floor",
+                    mode,
+                    &op,
+                    size,
+                    1,
+                    ratio,
+                    ratio,
+                    None,
+                    "x",
+                );
             }
         }
     }

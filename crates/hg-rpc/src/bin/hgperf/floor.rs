@@ -4,6 +4,8 @@
 //! trips, so the blocking figure is judged against a floor of the same run.
 //! `hg-perf rate --floors`: likewise the busy ceilings of one call in
 //! flight (the shared-flag and NA ping-pongs), before and after the rates.
+//! `hg-perf bw --floors`: likewise the raw `process_vm_readv` bandwidth of
+//! one transfer (`floor_cma_read_bw`), before and after the bandwidths.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -48,10 +50,15 @@ fn na_perf_lat(
     if let (Some(a), Some(b)) = cpus {
         cmd.arg("--cpu").arg(format!("{a},{b}"));
     }
+    run_json(cmd, mode)
+}
+
+/// Runs an na-perf command and returns its JSON result lines.
+fn run_json(mut cmd: Command, what: &str) -> Res<Vec<serde_json::Value>> {
     let out = cmd.output()?;
     if !out.status.success() {
         return Err(format!(
-            "na-perf (floors, {mode}) failed with {}: {}",
+            "na-perf ({what}) failed with {}: {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         )
@@ -96,4 +103,38 @@ pub fn busy_round_trips(
 ) -> Res<(f64, f64)> {
     let r = na_perf_lat("busy", cpus, batches, batch_ms)?;
     Ok((round_trip(&r, "floor_shm_flag_lat")?, round_trip(&r, "lat")?))
+}
+
+/// The raw `process_vm_readv` bandwidth (MiB/s) of one transfer of each of
+/// `sizes` between two processes (na-perf's `floor_cma_read_bw`, one
+/// segment), as (size, MiB/s) in the order of `sizes`.
+pub fn cma_read_floors(
+    cpus: (Option<usize>, Option<usize>),
+    sizes: &[u64],
+    batches: usize,
+    batch_ms: u64,
+) -> Res<Vec<(u64, f64)>> {
+    let mut cmd = Command::new(na_perf()?);
+    let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    cmd.args(["bw", "--floors", "--segments", "1", "--op", "get", "--json"]);
+    cmd.arg("--sizes").arg(list.join(","));
+    cmd.arg("--batches").arg(batches.to_string());
+    cmd.arg("--batch-ms").arg(batch_ms.to_string());
+    if let (Some(a), Some(b)) = cpus {
+        cmd.arg("--cpu").arg(format!("{a},{b}"));
+    }
+    let results = run_json(cmd, "cma floor")?;
+    sizes
+        .iter()
+        .map(|&size| {
+            results
+                .iter()
+                .filter(|v| v["test"] == "floor_cma_read_bw" && v["size"].as_u64() == Some(size))
+                .find_map(|v| v["median"].as_f64().filter(|m| *m > 0.0))
+                .map(|m| (size, m))
+                .ok_or_else(|| {
+                    format!("na-perf printed no floor_cma_read_bw for {size} bytes: {results:?}").into()
+                })
+        })
+        .collect()
 }
