@@ -39,6 +39,54 @@ fn check(v: &serde_json::Value, unit: &str) {
     assert!(v["median"].as_f64().unwrap() > 0.0, "{v}");
 }
 
+/// `--floors` runs na-perf: a workspace build has it next to hg-perf.
+/// Without it, checks that `args` fail with a message that says how to
+/// build it, and returns true (the figures cannot be checked).
+fn na_perf_missing(args: &[&str]) -> bool {
+    let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
+    let na = hg.with_file_name("na-perf");
+    if na.exists() {
+        return false;
+    }
+    eprintln!(
+        "{} is not built: checking the error instead of the figures",
+        na.display()
+    );
+    let out = Command::new(hg).args(args).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cargo build --release -p na-perf"), "{err}");
+    true
+}
+
+/// Checks a floor measured `before` and `after` the figures, and that
+/// `ratio` is `figure` over the floor: over their mean with `mean`, else
+/// over `before` alone.
+fn check_ratio(
+    ratio: &serde_json::Value,
+    figure: &serde_json::Value,
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    mean: bool,
+) {
+    let m = |v: &serde_json::Value| v["median"].as_f64().unwrap();
+    check(ratio, "x");
+    assert_eq!(
+        (before["op"].as_str(), after["op"].as_str()),
+        (Some("before"), Some("after"))
+    );
+    let floor = if mean {
+        (m(before) + m(after)) / 2.0
+    } else {
+        m(before)
+    };
+    let expect = m(figure) / floor;
+    assert!(
+        (m(ratio) - expect).abs() < 1e-9 * expect.max(1.0),
+        "{ratio} vs {expect}"
+    );
+}
+
 #[test]
 fn rate_lat_and_bw_report_json() {
     let rate = run(&[
@@ -85,18 +133,8 @@ fn bad_arguments_are_clear_errors() {
 /// fail with a message that says how to build it.
 #[test]
 fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
-    let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
-    let na = hg.with_file_name("na-perf");
     let args = ["lat", "--mode", "busy,blocking", "--sizes", "8", "--floors"];
-    if !na.exists() {
-        eprintln!(
-            "{} is not built: checking the error instead of the figures",
-            na.display()
-        );
-        let out = Command::new(hg).args(args).output().unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("cargo build --release -p na-perf"), "{err}");
+    if na_perf_missing(&args) {
         return;
     }
     let lines = run(&args);
@@ -114,18 +152,8 @@ fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
     );
     check(&lines[0], "ns");
     check(&lines[4], "ns");
-    assert_eq!(
-        (lines[0]["op"].as_str(), lines[4]["op"].as_str()),
-        (Some("before"), Some("after"))
-    );
-    let (floor, blocking, ratio) = (&lines[0], &lines[2], &lines[3]);
-    assert_eq!(blocking["mode"], "blocking");
-    check(ratio, "x");
-    let expect = blocking["median"].as_f64().unwrap() / floor["median"].as_f64().unwrap();
-    assert!(
-        (ratio["median"].as_f64().unwrap() - expect).abs() < 1e-9 * expect.max(1.0),
-        "{ratio} vs {expect}"
-    );
+    assert_eq!(lines[2]["mode"], "blocking");
+    check_ratio(&lines[3], &lines[2], &lines[0], &lines[4], false);
 }
 
 /// `rate --floors` measures the busy one-in-flight ceilings (shared-flag
@@ -134,7 +162,6 @@ fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
 /// payload larger than the ceilings' 8 bytes) get no ratio.
 #[test]
 fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
-    let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
     let args = [
         "rate",
         "--mode",
@@ -145,12 +172,7 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
         "1,4",
         "--floors",
     ];
-    if !hg.with_file_name("na-perf").exists() {
-        eprintln!("na-perf is not built: checking the error instead of the figures");
-        let out = Command::new(hg).args(args).output().unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("cargo build --release -p na-perf"), "{err}");
+    if na_perf_missing(&args) {
         return;
     }
     let lines = run(&args);
@@ -183,21 +205,11 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
         (busy_single["mode"].as_str(), busy_single["inflight"].as_u64()),
         (Some("busy"), Some(1))
     );
-    let m = |v: &serde_json::Value| v["median"].as_f64().unwrap();
     for (ratio, before, after) in [
         (&lines[8], &lines[0], &lines[6]),
         (&lines[9], &lines[1], &lines[7]),
     ] {
-        check(ratio, "x");
-        assert_eq!(
-            (before["op"].as_str(), after["op"].as_str()),
-            (Some("before"), Some("after"))
-        );
-        let expect = m(busy_single) / ((m(before) + m(after)) / 2.0);
-        assert!(
-            (m(ratio) - expect).abs() < 1e-9 * expect.max(1.0),
-            "{ratio} vs {expect}"
-        );
+        check_ratio(ratio, busy_single, before, after, true);
     }
 }
 
@@ -207,16 +219,8 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
 /// none). Sizes that all go many per RPC are refused with a clear error.
 #[test]
 fn bw_floors_report_the_cma_floor_and_the_ratios() {
-    let hg = std::path::Path::new(env!("CARGO_BIN_EXE_hg-perf"));
-    if !hg.with_file_name("na-perf").exists() {
-        eprintln!("na-perf is not built: checking the error instead of the figures");
-        let out = Command::new(hg)
-            .args(["bw", "--floors", "--sizes", "1M"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("cargo build --release -p na-perf"), "{err}");
+    let hg = env!("CARGO_BIN_EXE_hg-perf");
+    if na_perf_missing(&["bw", "--floors", "--sizes", "1M"]) {
         return;
     }
     let out = Command::new(hg)
@@ -243,25 +247,15 @@ fn bw_floors_report_the_cma_floor_and_the_ratios() {
         ],
         "{lines:?}"
     );
-    let m = |v: &serde_json::Value| v["median"].as_f64().unwrap();
     let (before, after) = (&lines[0], &lines[5]);
     check(before, "MiB/s");
     check(after, "MiB/s");
-    assert_eq!(
-        (before["op"].as_str(), after["op"].as_str()),
-        (Some("before"), Some("after"))
-    );
     for (ratio, bw) in [(&lines[6], &lines[2]), (&lines[7], &lines[4])] {
-        check(ratio, "x");
         assert_eq!(
             (bw["size"].as_u64(), bw["op"].as_str()),
             (Some(1 << 20), ratio["op"].as_str())
         );
-        let expect = m(bw) / ((m(before) + m(after)) / 2.0);
-        assert!(
-            (m(ratio) - expect).abs() < 1e-9 * expect.max(1.0),
-            "{ratio} vs {expect}"
-        );
+        check_ratio(ratio, bw, before, after, true);
     }
 }
 
