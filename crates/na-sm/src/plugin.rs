@@ -83,8 +83,23 @@ pub struct SmPlugin {
     /// Pull mode (`Plugin::pull_unexpected`): unexpected messages wait in
     /// their ring until `take_unexpected` copies them out.
     pub(crate) pull: bool,
-    /// Pull mode: a poll stopped at an unexpected message not taken yet.
+    /// Pull mode: a poll stopped at an unexpected message not taken yet
+    /// (or `pulled_late` holds one).
     pub(crate) pull_ready: bool,
+    /// Pull mode: how many connections' heads hold an unexpected message,
+    /// as the last poll (or the spin loop) counted them, less those
+    /// `take_pulled` has since seen emptied. It lets the take after the
+    /// last such message lower `pull_ready` without a scan of every ring.
+    /// A hint: too high costs one empty scan (which resets it), too low
+    /// only leaves a message to the next poll (which recounts).
+    pub(crate) pull_heads: u32,
+    /// Pull mode: the (peer slot, connection) the last message was taken
+    /// from; the next take looks at its new head first.
+    pub(crate) pull_last: Option<(usize, usize)>,
+    /// Pull mode: the spin loop saw an unexpected message arrive at a head
+    /// (and counted it), so the progress call right after it need not scan
+    /// every ring to find it.
+    pub(crate) spin_found: bool,
     /// Pull mode: the peer slot `take_unexpected` looks at first (peers
     /// take turns).
     pub(crate) pull_next: usize,
@@ -147,6 +162,9 @@ impl SmPlugin {
             iov_lists: IovLists::default(),
             pull: false,
             pull_ready: false,
+            pull_heads: 0,
+            pull_last: None,
+            spin_found: false,
             pull_next: 0,
             pulled_late: VecDeque::new(),
         };

@@ -58,6 +58,7 @@ impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
         self.tick = self.tick.wrapping_add(1);
+        let found = std::mem::take(&mut self.spin_found);
         let woken = self.armed;
         self.disarm();
         let events_due = std::mem::take(&mut self.events_owed)
@@ -67,7 +68,13 @@ impl SmPlugin {
         if events_due {
             self.poll_events()?;
         }
-        self.poll_rings();
+        // The spin loop just saw an unexpected message arrive: it waits for
+        // `take_pulled`, and the other rings are polled by the caller's
+        // next progress call (before it spins again). Not scanning them
+        // here keeps that scan off the path from request to reply.
+        if !found || events_due {
+            self.poll_rings();
+        }
         // Woken from a sleep: a message is the usual reason, and then the
         // fd events (the wake-up's own edge, or a connection or hang-up
         // that came meanwhile) can wait for the next `try_wait`, which
@@ -104,9 +111,10 @@ impl SmPlugin {
         let mut n = 0;
         for conn in self.peers.iter().flat_map(|p| &p.conns) {
             let rx = if conn.role == Role::Connector { 1 } else { 0 };
-            match Channel::new(&conn.region, rx).idle_head(conn.rx_cur.pos) {
-                Some(h) if n < WATCHED => {
-                    heads[n] = Some(h);
+            let ch = Channel::new(&conn.region, rx);
+            match ch.idle_head(conn.rx_cur.pos) {
+                Some((head, v)) if n < WATCHED => {
+                    heads[n] = Some((head, v, ch, conn.rx_cur.pos));
                     n += 1;
                 }
                 _ => return 0,
@@ -122,8 +130,15 @@ impl SmPlugin {
             let changed = heads
                 .iter()
                 .flatten()
-                .any(|(head, v)| head.load(Ordering::Acquire) != *v);
-            if changed {
+                .find(|(head, v, ..)| head.load(Ordering::Acquire) != *v);
+            if let Some(&(_, _, ch, pos)) = changed {
+                // Pull mode: an unexpected message waits at that head for
+                // `take_pulled`; say so now (see `make_progress`).
+                if self.pull && matches!(ch.peek(pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected) {
+                    self.pull_ready = true;
+                    self.pull_heads = 1;
+                    self.spin_found = true;
+                }
                 return i;
             }
             std::hint::spin_loop();
@@ -144,9 +159,31 @@ impl SmPlugin {
         }
     }
 
-    /// Raises the wake-up flags of every connection and re-checks for work.
+    /// Hands back every slot read so far (takes in pull mode leave that to
+    /// the next poll), raises the wake-up flags of every connection and
+    /// re-checks for work. A sender waiting for room must not wait on a
+    /// receiver that sleeps without having said how far it read.
     pub(crate) fn arm(&mut self) -> bool {
         if !self.completions.is_empty() || self.pull_ready {
+            return false;
+        }
+        let mut violations = Vec::new();
+        for peer in self.peers.iter_mut() {
+            for c in peer.conns.iter_mut() {
+                let rx = if c.role == Role::Connector { 1 } else { 0 };
+                let ch = Channel::new(&c.region, rx);
+                if let Some((f, reason)) =
+                    publish_read(&ch, &mut c.rx_cur, c.peer_wake.as_ref(), &mut self.stats)
+                {
+                    violations.push((peer.addr.token(), f, reason));
+                }
+            }
+        }
+        if !violations.is_empty() {
+            for (tok, f, reason) in violations {
+                self.fail_peer(tok, f, &reason);
+            }
+            // Failing a peer is work to report: no sleep now.
             return false;
         }
         self.armed = true;
@@ -293,10 +330,15 @@ impl SmPlugin {
             cfg,
             pull,
             pull_ready,
+            pull_heads,
+            pull_last,
             pulled_late,
             ..
         } = self;
         let max_queued = cfg.max_queued_per_peer;
+        // Counted afresh below.
+        *pull_heads = 0;
+        *pull_last = None;
         for peer in peers.iter_mut() {
             for conn in peer.conns.iter_mut() {
                 let rx = if conn.role == Role::Connector { 1 } else { 0 };
@@ -316,6 +358,7 @@ impl SmPlugin {
                         if departing != Some(peer.addr.token()) {
                             // It waits here for `take_pulled` (and holds
                             // back what follows it).
+                            *pull_heads += 1;
                             break;
                         }
                         let mut data = Vec::new();

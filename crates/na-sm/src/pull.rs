@@ -1,7 +1,8 @@
 //! Pull mode (`Plugin::pull_unexpected`): an unexpected message is not
 //! matched with a posted receive but waits at the head of its ring, where
-//! `poll_rings` stops, until `take_pulled` copies it out, retires it, and
-//! hands it to the caller with no completion. A peer's messages keep their
+//! `poll_rings` stops (or where the spin loop sees it arrive), until
+//! `take_pulled` copies it out, retires it, and hands it to the caller
+//! with no completion. A peer's messages keep their
 //! order across kinds: an expected message behind a waiting unexpected one
 //! is delivered once that one is taken. Messages of a peer that goes away
 //! are copied out before its ring is dropped (`pulled_late`) and taken
@@ -9,7 +10,7 @@
 
 use na_core::{Addr, Tag};
 
-use crate::channel::{Channel, MsgKind};
+use crate::channel::{Channel, MsgKind, Slot};
 use crate::conn::Role;
 use crate::plugin::SmPlugin;
 use crate::progress::{publish_read, Failure};
@@ -17,9 +18,11 @@ use crate::progress::{publish_read, Failure};
 impl SmPlugin {
     /// Copies the unexpected message at the head of some peer's ring into
     /// `buf` (peers take turns, from `pull_next`) and retires it; `None`,
-    /// and `pull_ready` lowered, once no head holds one. How far a ring was
-    /// read is published when its head no longer holds a message to take
-    /// (or by the next poll), not per message.
+    /// and `pull_ready` lowered, once no head holds one (known from
+    /// `pull_heads` and the ring taken from last, or from a scan). How far
+    /// a ring was read is published by the next poll (or a scan that
+    /// passes it), not per message: the fenced store stays off the path
+    /// from a request to its reply.
     pub(crate) fn take_pulled(&mut self, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
         if let Some((src, tag, data)) = self.pulled_late.pop_front() {
             *buf = data;
@@ -28,19 +31,51 @@ impl SmPlugin {
         if !self.pull_ready {
             return None;
         }
+        // The ring taken from last, when it is the only one counted: its
+        // new head either is the next message to take (taking turns needs
+        // no one else) or holds none, and then nothing does, known without
+        // a scan of every ring (the usual case when each peer has one
+        // request or response in flight).
+        if let Some((idx, ci)) = self.pull_last.take().filter(|_| self.pull_heads == 1) {
+            let head = self
+                .peers
+                .slot_mut(idx)
+                .and_then(|p| p.conns.get(ci))
+                .map(|conn| {
+                    let rx = if conn.role == Role::Connector { 1 } else { 0 };
+                    Channel::new(&conn.region, rx).peek(conn.rx_cur.pos)
+                });
+            match head {
+                Some(Ok(Some(s))) if s.kind == MsgKind::Unexpected => {
+                    return self.take_at(idx, ci, s, buf);
+                }
+                // A violation is for the scan below (it reports it).
+                Some(Err(_)) => {}
+                _ => {
+                    // `pulled_late` is empty: it is taken from first, above.
+                    self.pull_heads = 0;
+                    self.pull_ready = false;
+                    return None;
+                }
+            }
+        }
         let n = self.peers.slot_count();
-        let (mut taken, mut violation) = (None, None);
+        let mut violation = None;
+        let mut found = None;
         'peers: for k in 0..n {
             let idx = (self.pull_next + k) % n;
             let Some(peer) = self.peers.slot_mut(idx) else {
                 continue;
             };
             let tok = peer.addr.token();
-            for conn in peer.conns.iter_mut() {
+            for (ci, conn) in peer.conns.iter_mut().enumerate() {
                 let rx = if conn.role == Role::Connector { 1 } else { 0 };
                 let ch = Channel::new(&conn.region, rx);
-                let s = match ch.peek(conn.rx_cur.pos) {
-                    Ok(Some(s)) if s.kind == MsgKind::Unexpected => s,
+                match ch.peek(conn.rx_cur.pos) {
+                    Ok(Some(s)) if s.kind == MsgKind::Unexpected => {
+                        found = Some((idx, ci, s));
+                        break 'peers;
+                    }
                     // Empty, or an expected message for the next poll.
                     Ok(_) => {
                         let failed =
@@ -49,32 +84,49 @@ impl SmPlugin {
                             violation = Some((tok, f, reason));
                             break 'peers;
                         }
-                        continue;
                     }
                     Err(e) => {
                         violation = Some((tok, Failure::Protocol, e.to_string()));
                         break 'peers;
                     }
-                };
-                ch.read_payload(conn.rx_cur.pos, &s, buf);
-                let freed = ch.release(&mut conn.rx_cur, &s);
-                self.stats.msgs_received += 1;
-                self.stats.msg_bytes_received += s.len as u64;
-                if let Err(reason) = freed {
-                    violation = Some((tok, Failure::Protocol, reason));
-                    break 'peers;
                 }
-                self.pull_next = idx + 1;
-                taken = Some((peer.addr.clone(), s.tag));
-                break 'peers;
             }
         }
         if let Some((tok, f, reason)) = violation {
             self.fail_peer(tok, f, &reason);
         }
-        if taken.is_none() {
-            self.pull_ready = !self.pulled_late.is_empty();
+        match found {
+            Some((idx, ci, s)) => self.take_at(idx, ci, s, buf),
+            None => {
+                self.pull_heads = 0;
+                self.pull_ready = !self.pulled_late.is_empty();
+                None
+            }
         }
-        taken
+    }
+
+    /// Copies out and retires the unexpected message `s` at the head of
+    /// connection `ci` of peer slot `idx` (just peeked there), and makes
+    /// that ring the one the next take looks at first.
+    fn take_at(&mut self, idx: usize, ci: usize, s: Slot, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
+        let peer = self.peers.slot_mut(idx)?;
+        let conn = peer.conns.get_mut(ci)?;
+        let rx = if conn.role == Role::Connector { 1 } else { 0 };
+        let ch = Channel::new(&conn.region, rx);
+        ch.read_payload(conn.rx_cur.pos, &s, buf);
+        let freed = ch.release(&mut conn.rx_cur, &s);
+        self.stats.msgs_received += 1;
+        self.stats.msg_bytes_received += s.len as u64;
+        if let Err(reason) = freed {
+            // The sender broke the protocol: the message is not delivered.
+            let tok = peer.addr.token();
+            self.fail_peer(tok, Failure::Protocol, &reason);
+            self.pull_heads = 0;
+            self.pull_ready = !self.pulled_late.is_empty();
+            return None;
+        }
+        self.pull_next = idx + 1;
+        self.pull_last = Some((idx, ci));
+        Some((peer.addr.clone(), s.tag))
     }
 }

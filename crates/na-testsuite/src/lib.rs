@@ -142,6 +142,14 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
             pull::pull_mode_keeps_messages_of_an_exited_peer,
         ),
         (
+            "pull_mode_two_senders_interleave_and_lose_nothing",
+            pull::pull_mode_two_senders_interleave_and_lose_nothing,
+        ),
+        (
+            "pull_mode_sleeping_after_takes_returns_room",
+            pull::pull_mode_sleeping_after_takes_returns_room,
+        ),
+        (
             "many_client_processes_against_one_server",
             messaging::many_clients,
         ),

@@ -191,3 +191,115 @@ pub fn pull_mode_keeps_messages_of_an_exited_peer(t: &Transport) {
     }
     assert!(n.ep.take_unexpected(n.id, &mut buf).expect("take").is_none());
 }
+
+/// Two peers flood a busy node in pull mode at once: peers take turns and
+/// the transport may skip scans it knows are empty (na-sm keeps a count of
+/// waiting heads), yet every message must come, from the right sender, in
+/// that sender's order, and the senders must interleave.
+pub fn pull_mode_two_senders_interleave_and_lose_nothing(t: &Transport) {
+    let mut n = Node::new(t, ProgressMode::Busy, true);
+    if !enter_pull_mode(t, &mut n, None) {
+        return;
+    }
+    let me = n.ep.self_addr(n.id).expect("self addr");
+    const N: u32 = 200;
+    let floods: Vec<PeerProc> = (0..2)
+        .map(|_| PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]))
+        .collect();
+    // Both connected, then a moment without taking: each fills its ring,
+    // so the takes below must take turns between two waiting senders.
+    let end = Instant::now() + n.timeout;
+    while n.stats().peers < 2 {
+        assert!(
+            Instant::now() < end,
+            "the flooding peers did not connect: {:?}",
+            n.stats()
+        );
+        n.pump(Duration::from_millis(10));
+    }
+    let settle = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < settle {
+        n.pump(Duration::from_millis(10));
+    }
+    let mut buf = Vec::new();
+    let mut by_source: Vec<(String, Vec<Tag>)> = Vec::new();
+    let (mut switches, mut last) = (0, None::<String>);
+    let end = Instant::now() + n.timeout * 4;
+    while by_source.iter().map(|(_, v)| v.len()).sum::<usize>() < 2 * N as usize {
+        let Some((src, tag)) = n.ep.take_unexpected(n.id, &mut buf).expect("take") else {
+            assert!(Instant::now() < end, "only {by_source:?} taken");
+            n.pump(Duration::from_millis(10));
+            continue;
+        };
+        let from = src.uri().to_owned();
+        assert_eq!(buf, flood_payload(tag), "message {tag} from {from}");
+        if last.as_ref() != Some(&from) {
+            switches += 1;
+            last = Some(from.clone());
+        }
+        match by_source.iter_mut().find(|(u, _)| *u == from) {
+            Some((_, tags)) => tags.push(tag),
+            None => by_source.push((from, vec![tag])),
+        }
+    }
+    assert_eq!(by_source.len(), 2, "two senders: {by_source:?}");
+    for (uri, tags) in &by_source {
+        assert!(
+            tags.iter().copied().eq(0..N),
+            "{uri}: tags out of order or missing: {tags:?}"
+        );
+    }
+    assert!(
+        switches > 2,
+        "the senders never interleaved ({switches} switches)"
+    );
+    eprintln!(
+        "{}: 2 x {N} messages, the sender changed {switches} times",
+        t.name
+    );
+    drop(floods);
+}
+
+/// A node driven the way an async runtime drives it in pull mode: progress,
+/// take everything waiting, then `try_wait` and sleep on the endpoint's fd
+/// (no progress call between the takes and the sleep). A peer floods far
+/// more messages than a ring holds, and the node dawdles after each
+/// wake-up, so the sender fills the ring and runs out of room again and
+/// again: the node must hand back what it read before it sleeps, or the
+/// sender waits for room while the node waits for messages.
+pub fn pull_mode_sleeping_after_takes_returns_room(t: &Transport) {
+    use std::os::fd::AsRawFd;
+    let mut n = Node::new(t, ProgressMode::Blocking, true);
+    if !enter_pull_mode(t, &mut n, None) {
+        return;
+    }
+    let me = n.ep.self_addr(n.id).expect("self addr");
+    const N: u32 = 1000;
+    let flood = PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]);
+    let poll = na_core::sys::epoll::Epoll::new().expect("epoll");
+    // Edge-triggered, as tokio waits: readiness left over from earlier
+    // events does not wake it again.
+    poll.add_edge_triggered(n.ep.as_raw_fd(), 0)
+        .expect("watch the endpoint fd");
+    let (mut buf, mut tokens, mut next) = (Vec::new(), Vec::new(), 0u32);
+    while next < N {
+        n.ep.progress_now().expect("progress_now");
+        while let Some((_, tag)) = n.ep.take_unexpected(n.id, &mut buf).expect("take") {
+            assert_eq!(tag, next, "in order");
+            assert_eq!(buf, flood_payload(tag));
+            next += 1;
+        }
+        if next < N && n.ep.try_wait() {
+            tokens.clear();
+            let woke = poll.wait(&mut tokens, Some(n.timeout)).expect("epoll_wait");
+            assert!(
+                woke > 0,
+                "stalled after {next} of {N} messages: the sender waits for room ({:?})",
+                n.stats()
+            );
+            // A runtime thread busy elsewhere: the sender fills the ring.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    drop(flood);
+}
