@@ -83,15 +83,13 @@ pub struct SmPlugin {
     /// Pull mode (`Plugin::pull_unexpected`): unexpected messages wait in
     /// their ring until `take_unexpected` copies them out.
     pub(crate) pull: bool,
-    /// Pull mode: a poll stopped at an unexpected message not taken yet
-    /// (or `pulled_late` holds one).
-    pub(crate) pull_ready: bool,
     /// Pull mode: how many connections' heads hold an unexpected message,
     /// as the last poll (or the spin loop) counted them, less those
-    /// `take_pulled` has since seen emptied. It lets the take after the
-    /// last such message lower `pull_ready` without a scan of every ring.
-    /// A hint: too high costs one empty scan (which resets it), too low
-    /// only leaves a message to the next poll (which recounts).
+    /// `take_pulled` has since seen emptied (see [`SmPlugin::pull_ready`]).
+    /// It lets the take after the last such message answer "none" without
+    /// a scan of every ring. A hint: too high costs one empty scan (which
+    /// resets it), too low only leaves a message to the next poll (which
+    /// recounts).
     pub(crate) pull_heads: u32,
     /// Pull mode: the (peer slot, connection) the last message was taken
     /// from; the next take looks at its new head first.
@@ -109,6 +107,12 @@ pub struct SmPlugin {
 }
 
 impl SmPlugin {
+    /// Pull mode: some head holds an unexpected message not taken yet (as
+    /// counted), or a departed peer's message waits in `pulled_late`.
+    pub(crate) fn pull_ready(&self) -> bool {
+        self.pull_heads > 0 || !self.pulled_late.is_empty()
+    }
+
     /// Creates an instance: with `config.listen`, binds
     /// `<dir>/<pid>-<instance>.sock` (dir created 0700, socket 0600).
     pub fn new(id: PluginId, config: SmConfig) -> SmResult<SmPlugin> {
@@ -161,7 +165,6 @@ impl SmPlugin {
             msg_bufs: MsgBufPool::default(),
             iov_lists: IovLists::default(),
             pull: false,
-            pull_ready: false,
             pull_heads: 0,
             pull_last: None,
             spin_found: false,
@@ -463,7 +466,7 @@ impl Plugin for SmPlugin {
     }
 
     fn unexpected_ready(&self) -> bool {
-        self.pull_ready
+        self.pull_ready()
     }
 
     fn cancel(&mut self, op: OpId) -> Result<()> {

@@ -81,7 +81,7 @@ impl SmPlugin {
         // harvests them before it arms. That keeps a system call off the
         // path of the reply. Only a wake-up with no message (none
         // completed, none waiting to be taken in pull mode) polls them now.
-        if woken && !events_due && self.completions.len() == before && !self.pull_ready {
+        if woken && !events_due && self.completions.len() == before && !self.pull_ready() {
             self.poll_events()?;
             self.poll_rings();
         }
@@ -99,7 +99,7 @@ impl SmPlugin {
     pub(crate) fn spin_for_work(&mut self, max: u32) -> u32 {
         const WATCHED: usize = 4;
         if self.armed
-            || self.pull_ready
+            || self.pull_ready()
             || self.maybe_backlog
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
@@ -135,7 +135,6 @@ impl SmPlugin {
                 // Pull mode: an unexpected message waits at that head for
                 // `take_pulled`; say so now (see `make_progress`).
                 if self.pull && matches!(ch.peek(pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected) {
-                    self.pull_ready = true;
                     self.pull_heads = 1;
                     self.spin_found = true;
                 }
@@ -164,7 +163,7 @@ impl SmPlugin {
     /// re-checks for work. A sender waiting for room must not wait on a
     /// receiver that sleeps without having said how far it read.
     pub(crate) fn arm(&mut self) -> bool {
-        if !self.completions.is_empty() || self.pull_ready {
+        if !self.completions.is_empty() || self.pull_ready() {
             return false;
         }
         let mut violations = Vec::new();
@@ -329,7 +328,6 @@ impl SmPlugin {
             stats,
             cfg,
             pull,
-            pull_ready,
             pull_heads,
             pull_last,
             pulled_late,
@@ -354,7 +352,6 @@ impl SmPlugin {
                     };
                     let expected = s.kind == MsgKind::Expected;
                     if *pull && !expected {
-                        *pull_ready = true;
                         if departing != Some(peer.addr.token()) {
                             // It waits here for `take_pulled` (and holds
                             // back what follows it).

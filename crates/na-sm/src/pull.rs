@@ -17,9 +17,9 @@ use crate::progress::{publish_read, Failure};
 
 impl SmPlugin {
     /// Copies the unexpected message at the head of some peer's ring into
-    /// `buf` (peers take turns, from `pull_next`) and retires it; `None`,
-    /// and `pull_ready` lowered, once no head holds one (known from
-    /// `pull_heads` and the ring taken from last, or from a scan). How far
+    /// `buf` (peers take turns, from `pull_next`) and retires it; `None`
+    /// once no head holds one (known from `pull_heads` and the ring taken
+    /// from last, or from a scan, which then zeroes the count). How far
     /// a ring was read is published by the next poll (or a scan that
     /// passes it), not per message: the fenced store stays off the path
     /// from a request to its reply.
@@ -28,7 +28,8 @@ impl SmPlugin {
             *buf = data;
             return Some((src, tag));
         }
-        if !self.pull_ready {
+        // `pulled_late` is empty: it is taken from first, above.
+        if self.pull_heads == 0 {
             return None;
         }
         // The ring taken from last, when it is the only one counted: its
@@ -52,9 +53,7 @@ impl SmPlugin {
                 // A violation is for the scan below (it reports it).
                 Some(Err(_)) => {}
                 _ => {
-                    // `pulled_late` is empty: it is taken from first, above.
                     self.pull_heads = 0;
-                    self.pull_ready = false;
                     return None;
                 }
             }
@@ -99,7 +98,6 @@ impl SmPlugin {
             Some((idx, ci, s)) => self.take_at(idx, ci, s, buf),
             None => {
                 self.pull_heads = 0;
-                self.pull_ready = !self.pulled_late.is_empty();
                 None
             }
         }
@@ -122,7 +120,6 @@ impl SmPlugin {
             let tok = peer.addr.token();
             self.fail_peer(tok, Failure::Protocol, &reason);
             self.pull_heads = 0;
-            self.pull_ready = !self.pulled_late.is_empty();
             return None;
         }
         self.pull_next = idx + 1;
