@@ -30,6 +30,26 @@ fn enter_pull_mode(t: &Transport, n: &mut Node, server: Option<&Addr>) -> bool {
     false
 }
 
+/// A node in pull mode (progressing as `mode` says) and `senders` peer
+/// processes flooding it with `count` messages each; `None` if the
+/// transport has no pull mode (its refusal checked).
+fn flooded_pull_node(
+    t: &Transport,
+    mode: ProgressMode,
+    senders: usize,
+    count: u32,
+) -> Option<(Node, Vec<PeerProc>)> {
+    let mut n = Node::new(t, mode, true);
+    if !enter_pull_mode(t, &mut n, None) {
+        return None;
+    }
+    let me = n.ep.self_addr(n.id).expect("self addr");
+    let floods = (0..senders)
+        .map(|_| PeerProc::spawn(t, &["flood", me.uri(), &count.to_string()]))
+        .collect();
+    Some((n, floods))
+}
+
 /// Takes one message, progressing (as the node's mode says: a blocking
 /// node sleeps and must be woken) until one waits.
 fn take(n: &mut Node, buf: &mut Vec<u8>) -> (Addr, Tag) {
@@ -156,13 +176,12 @@ pub fn pull_mode_messages(t: &Transport) {
 /// after the transport noticed it is gone (they must not go down with its
 /// connection).
 pub fn pull_mode_keeps_messages_of_an_exited_peer(t: &Transport) {
-    let mut n = Node::new(t, ProgressMode::Busy, true);
-    if !enter_pull_mode(t, &mut n, None) {
-        return;
-    }
-    let me = n.ep.self_addr(n.id).expect("self addr");
     const N: u32 = 40;
-    let mut flood = PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]);
+    let Some((mut n, mut floods)) = flooded_pull_node(t, ProgressMode::Busy, 1, N) else {
+        return;
+    };
+    let flood = &mut floods[0];
+    let me = n.ep.self_addr(n.id).expect("self addr");
     // Progress (accepting the peer, perhaps after it exited) without
     // taking, until it exited, its connection is gone, and its messages
     // wait to be taken.
@@ -197,15 +216,10 @@ pub fn pull_mode_keeps_messages_of_an_exited_peer(t: &Transport) {
 /// waiting heads), yet every message must come, from the right sender, in
 /// that sender's order, and the senders must interleave.
 pub fn pull_mode_two_senders_interleave_and_lose_nothing(t: &Transport) {
-    let mut n = Node::new(t, ProgressMode::Busy, true);
-    if !enter_pull_mode(t, &mut n, None) {
-        return;
-    }
-    let me = n.ep.self_addr(n.id).expect("self addr");
     const N: u32 = 200;
-    let floods: Vec<PeerProc> = (0..2)
-        .map(|_| PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]))
-        .collect();
+    let Some((mut n, floods)) = flooded_pull_node(t, ProgressMode::Busy, 2, N) else {
+        return;
+    };
     // Both connected, then a moment without taking: each fills its ring,
     // so the takes below must take turns between two waiting senders.
     let end = Instant::now() + n.timeout;
@@ -269,13 +283,10 @@ pub fn pull_mode_two_senders_interleave_and_lose_nothing(t: &Transport) {
 /// sender waits for room while the node waits for messages.
 pub fn pull_mode_sleeping_after_takes_returns_room(t: &Transport) {
     use std::os::fd::AsRawFd;
-    let mut n = Node::new(t, ProgressMode::Blocking, true);
-    if !enter_pull_mode(t, &mut n, None) {
-        return;
-    }
-    let me = n.ep.self_addr(n.id).expect("self addr");
     const N: u32 = 1000;
-    let flood = PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]);
+    let Some((mut n, floods)) = flooded_pull_node(t, ProgressMode::Blocking, 1, N) else {
+        return;
+    };
     let poll = na_core::sys::epoll::Epoll::new().expect("epoll");
     // Edge-triggered, as tokio waits: readiness left over from earlier
     // events does not wake it again.
@@ -301,5 +312,5 @@ pub fn pull_mode_sleeping_after_takes_returns_room(t: &Transport) {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-    drop(flood);
+    drop(floods);
 }
