@@ -366,8 +366,10 @@ impl<C: Codec> Engine<C> {
         } else {
             call.outcome = Some(outcome);
         }
-        if let Some(Ok(mut bufs)) = spill.map(MemHandle::into_buffers) {
-            if let (Some(buf), true) = (bufs.pop(), bufs.is_empty()) {
+        // `encode_request` exposed one buffer; a handle with more (or
+        // still shared) is simply dropped.
+        if let Some(Ok(bufs)) = spill.map(MemHandle::into_buffers) {
+            if let Ok([buf]) = <[Vec<u8>; 1]>::try_from(bufs) {
                 self.keep_spare_buffer(buf);
             }
         }
