@@ -210,6 +210,14 @@ impl PeerTable {
     pub fn iter(&self) -> impl Iterator<Item = &Peer> {
         self.slots.iter().filter_map(|s| s.peer.as_ref())
     }
+
+    /// All peers with their slot index (see [`slot_mut`](Self::slot_mut)).
+    pub fn iter_slots(&self) -> impl Iterator<Item = (usize, &Peer)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, s.peer.as_ref()?)))
+    }
 }
 
 #[cfg(test)]

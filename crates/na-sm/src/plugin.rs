@@ -92,7 +92,8 @@ pub struct SmPlugin {
     /// recounts).
     pub(crate) pull_heads: u32,
     /// Pull mode: the (peer slot, connection) the last message was taken
-    /// from; the next take looks at its new head first.
+    /// from, or the spin loop saw one arrive at; the next take looks at its
+    /// head first.
     pub(crate) pull_last: Option<(usize, usize)>,
     /// Pull mode: the spin loop saw an unexpected message arrive at a head
     /// (and counted it), so the progress call right after it need not scan

@@ -109,12 +109,16 @@ impl SmPlugin {
         }
         let mut heads = [None; WATCHED];
         let mut n = 0;
-        for conn in self.peers.iter().flat_map(|p| &p.conns) {
+        let conns = self
+            .peers
+            .iter_slots()
+            .flat_map(|(idx, p)| p.conns.iter().enumerate().map(move |(ci, c)| (idx, ci, c)));
+        for (idx, ci, conn) in conns {
             let rx = if conn.role == Role::Connector { 1 } else { 0 };
             let ch = Channel::new(&conn.region, rx);
             match ch.idle_head(conn.rx_cur.pos) {
                 Some((head, v)) if n < WATCHED => {
-                    heads[n] = Some((head, v, ch, conn.rx_cur.pos));
+                    heads[n] = Some((head, v, ch, conn.rx_cur.pos, (idx, ci)));
                     n += 1;
                 }
                 _ => return 0,
@@ -131,11 +135,14 @@ impl SmPlugin {
                 .iter()
                 .flatten()
                 .find(|(head, v, ..)| head.load(Ordering::Acquire) != *v);
-            if let Some(&(_, _, ch, pos)) = changed {
+            if let Some(&(_, _, ch, pos, ring)) = changed {
                 // Pull mode: an unexpected message waits at that head for
-                // `take_pulled`; say so now (see `make_progress`).
+                // `take_pulled`; say so now (see `make_progress`), and
+                // name the ring, so that the take goes straight to it
+                // instead of looking through every peer's.
                 if self.pull && matches!(ch.peek(pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected) {
                     self.pull_heads = 1;
+                    self.pull_last = Some(ring);
                     self.spin_found = true;
                 }
                 return i;

@@ -32,11 +32,12 @@ impl SmPlugin {
         if self.pull_heads == 0 {
             return None;
         }
-        // The ring taken from last, when it is the only one counted: its
-        // new head either is the next message to take (taking turns needs
-        // no one else) or holds none, and then nothing does, known without
-        // a scan of every ring (the usual case when each peer has one
-        // request or response in flight).
+        // The ring taken from last (or the one the spin loop saw a message
+        // arrive at), when it is the only one counted: its head either is
+        // the next message to take (taking turns needs no one else) or
+        // holds none, and then nothing does, known without a scan of every
+        // ring (the usual case when each peer has one request or response
+        // in flight).
         if let Some((idx, ci)) = self.pull_last.take().filter(|_| self.pull_heads == 1) {
             let head = self
                 .peers
