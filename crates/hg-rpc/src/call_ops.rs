@@ -255,6 +255,25 @@ impl<C: Codec> Engine<C> {
         self.calls.get(id.0).is_some_and(|c| c.outcome.is_some())
     }
 
+    /// From now on, keeps the id of every call whose outcome is filed (its
+    /// response came, or it failed) for [`take_finished`](Self::take_finished),
+    /// so that a caller with many calls in flight learns which finished
+    /// without asking [`is_finished`](Self::is_finished) of each. Whoever
+    /// turns it on must drain it, or it grows with every call.
+    pub fn log_finished(&mut self) {
+        self.finished_log.get_or_insert_with(Vec::new);
+    }
+
+    /// Moves the calls finished since the last call into `out` (oldest
+    /// first), when [`log_finished`](Self::log_finished) is on. An id may
+    /// name a call whose response was taken meanwhile, or that was
+    /// abandoned: [`take_response`](Self::take_response) then says `None`.
+    pub fn take_finished(&mut self, out: &mut Vec<CallId>) {
+        if let Some(log) = &mut self.finished_log {
+            out.append(log);
+        }
+    }
+
     /// Gives up on call `id`: its response, if it ever comes, is discarded.
     /// The call is forgotten at once, unless the target may still be
     /// pulling its spilled input (then it stays, marked, until the
@@ -365,6 +384,9 @@ impl<C: Codec> Engine<C> {
             self.calls.remove(cookie);
         } else {
             call.outcome = Some(outcome);
+            if let Some(log) = &mut self.finished_log {
+                log.push(CallId(cookie));
+            }
         }
         // `encode_request` exposed one buffer; a handle with more (or
         // still shared) is simply dropped.

@@ -182,6 +182,10 @@ pub struct Engine<C: Codec = Postcard> {
     scratch: Vec<u8>,
     stats: RpcStats,
     finished_self: VecDeque<u64>,
+    /// Calls whose outcome was filed since the last
+    /// [`take_finished`](Self::take_finished), kept only once
+    /// [`log_finished`](Self::log_finished) asked for them.
+    finished_log: Option<Vec<CallId>>,
     /// Receive buffers of handled messages, posted again at the next
     /// progress call (see [`Engine::repost_buffers`]).
     repost: Vec<Vec<u8>>,
@@ -251,6 +255,7 @@ impl<C: Codec> Engine<C> {
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
+            finished_log: None,
             repost: Vec::new(),
             pull,
             rx_buf: Vec::with_capacity(max_msg),

@@ -34,6 +34,8 @@ struct Shared {
     engine: Mutex<Engine>,
     waiters: Mutex<HashMap<CallId, oneshot::Sender<()>>>,
     async_handlers: Mutex<HashMap<u64, AsyncHandler>>,
+    /// Scratch for the engine's finished calls (see `notify_finished`).
+    finished: Mutex<Vec<CallId>>,
 }
 
 impl Shared {
@@ -45,11 +47,19 @@ impl Shared {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wakes the tasks whose calls finished. Call with the engine locked.
-    fn notify_finished(&self, e: &Engine) {
+    /// Wakes the tasks whose calls finished since the last time, as the
+    /// engine logged them: the cost follows the calls that finished, not
+    /// the calls in flight. Call with the engine locked.
+    fn notify_finished(&self, e: &mut Engine) {
+        let mut done = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+        e.take_finished(&mut done);
+        if done.is_empty() {
+            return;
+        }
         let mut w = self.waiters();
-        let done: Vec<CallId> = w.keys().copied().filter(|id| e.is_finished(*id)).collect();
-        for id in done {
+        // A call without a waiter finished before its caller waited (a
+        // self-forward), or its caller gave up: nobody to wake.
+        for id in done.drain(..) {
             if let Some(tx) = w.remove(&id) {
                 let _ = tx.send(());
             }
@@ -76,7 +86,7 @@ impl Shared {
                 let result = handler(input).await;
                 let mut e = shared.engine();
                 e.respond_deferred(req, result);
-                shared.notify_finished(&e);
+                shared.notify_finished(&mut e);
             });
         }
     }
@@ -96,10 +106,12 @@ impl AsyncEngine {
     /// Moves `engine` behind a driver task on the current tokio runtime.
     pub fn spawn(mut engine: Engine) -> io::Result<Self> {
         let fd = engine.endpoint().as_raw_fd();
+        engine.log_finished();
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
             waiters: Mutex::new(HashMap::new()),
             async_handlers: Mutex::new(HashMap::new()),
+            finished: Mutex::new(Vec::new()),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
@@ -171,6 +183,10 @@ impl AsyncEngine {
             let id = e.forward::<R>(dest, input)?;
             // A self-forward to an async handler is answered by a task.
             self.shared.spawn_deferred(&mut e);
+            // A self-forward to a plain handler finished right here: its id
+            // leaves the engine's log now, not at the driver's next wake-up
+            // (which only network work brings).
+            self.shared.notify_finished(&mut e);
             if let Some(r) = e.take_response::<R>(id) {
                 return r;
             }
@@ -253,7 +269,7 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
                     tracing::warn!(error = %err, "hg-rpc driver: progress failed");
                 }
                 shared.spawn_deferred(&mut e);
-                shared.notify_finished(&e);
+                shared.notify_finished(&mut e);
                 e.try_wait()
             };
             if sleep {

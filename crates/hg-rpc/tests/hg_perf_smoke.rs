@@ -104,11 +104,16 @@ fn rate_lat_and_bw_report_json() {
     assert_eq!(lat.len(), 1);
     check(&lat[0], "ns");
     assert!(lat[0]["p999"].as_f64().unwrap() >= lat[0]["p99"].as_f64().unwrap());
-    // Calls awaited through AsyncEngine; the mode exists for lat only.
+    // Calls awaited through AsyncEngine: one at a time, and from many tasks.
     let lat = run(&["lat", "--mode", "tokio", "--sizes", "0,1K"]);
     assert_eq!(lat.len(), 2);
     lat.iter().for_each(|v| check(v, "ns"));
     assert!(lat.iter().all(|v| v["mode"] == "tokio"), "{lat:?}");
+    let rate = run(&["rate", "--mode", "tokio", "--sizes", "0", "--inflight", "1,64"]);
+    assert_eq!(rate.len(), 2);
+    rate.iter().for_each(|v| check(v, "ops/s"));
+    assert!(rate.iter().all(|v| v["mode"] == "tokio"), "{rate:?}");
+    assert_eq!(rate[1]["inflight"], 64);
     let bw = run(&["bw", "--mode", "busy", "--sizes", "4K,1M"]);
     assert_eq!(bw.len(), 4);
     bw.iter().for_each(|v| check(v, "MiB/s"));
@@ -116,14 +121,17 @@ fn rate_lat_and_bw_report_json() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    for (mode, says) in [("sideways", "sideways"), ("tokio", "lat only")] {
+    for (test, mode, says) in [
+        ("rate", "sideways", "sideways"),
+        ("bw", "tokio", "rate and lat only"),
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
-            .args(["rate", "--mode", mode])
+            .args([test, "--mode", mode])
             .output()
             .unwrap();
-        assert!(!out.status.success(), "rate --mode {mode} must fail");
+        assert!(!out.status.success(), "{test} --mode {mode} must fail");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "rate --mode {mode}: {err}");
+        assert!(err.contains(says), "{test} --mode {mode}: {err}");
     }
 }
 

@@ -2,7 +2,7 @@
 //! not a test). Starts its own server process unless `--addr` is given.
 //!
 //! ```text
-//! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking]
+//! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking,tokio]
 //! hg-perf lat  [--sizes 8] [--floors]   (--floors: ratio to the eventfd round trip, via na-perf)
 //! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64]
 //! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
@@ -25,6 +25,8 @@ use serde_bytes::ByteBuf;
 mod floor;
 #[path = "hgperf/rpcs.rs"]
 mod rpcs;
+#[path = "hgperf/tokio_runs.rs"]
+mod tokio_runs;
 use rpcs::*;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -44,8 +46,8 @@ const BW_BATCH_BYTES: u64 = 1 << 20;
 struct Cli {
     #[command(subcommand)]
     test: Test,
-    /// Progress modes (comma-separated: busy, adaptive, blocking; `lat`
-    /// also takes tokio: calls awaited through `AsyncEngine`).
+    /// Progress modes (comma-separated: busy, adaptive, blocking; `rate`
+    /// and `lat` also take tokio: calls awaited through `AsyncEngine`).
     #[arg(long, global = true, default_value = "busy,adaptive,blocking")]
     mode: String,
     /// One JSON object per result line instead of a table.
@@ -378,42 +380,6 @@ fn report_lat(cli: &Cli, mode: &str, size: u64, mut samples: Vec<u64>, floor: Op
     }
 }
 
-/// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
-/// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
-/// runs in blocking mode).
-fn tokio_lat(
-    cli: &Cli,
-    sizes: &str,
-    cpus: (Option<usize>, Option<usize>),
-    floor_rtt: Option<f64>,
-) -> Res<()> {
-    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
-        let s = c.endpoint().lookup(&uri)?;
-        let ae = hg_rpc::AsyncEngine::spawn(c)?;
-        let batch = Duration::from_millis(cli.batch_ms);
-        for size in list(sizes, parse_size)? {
-            let input = ByteBuf::from(vec![7u8; size as usize]);
-            for _ in 0..1000 {
-                ae.call::<Noop>(&s, &input, T).await?;
-            }
-            let mut samples = Vec::new();
-            let end = Instant::now() + batch * cli.batches as u32;
-            while Instant::now() < end || samples.len() < 1000 {
-                let t0 = Instant::now();
-                ae.call::<Noop>(&s, &input, T).await?;
-                samples.push(t0.elapsed().as_nanos() as u64);
-            }
-            report_lat(cli, "tokio", size, samples, floor_rtt);
-        }
-        Ok::<(), Box<dyn std::error::Error>>(())
-    })
-}
-
 /// Figures that `--floors` compares with a floor measured after the runs.
 #[derive(Default)]
 struct Seen {
@@ -639,8 +605,9 @@ fn main() -> Res<()> {
     let mut seen = Seen::default();
     for m in cli.mode.split(',') {
         match (m.trim(), &cli.test) {
-            ("tokio", Test::Lat { sizes, .. }) => tokio_lat(&cli, sizes, cpus, floor_before)?,
-            ("tokio", _) => return Err("mode tokio exists for lat only".into()),
+            ("tokio", Test::Lat { sizes, .. }) => tokio_runs::lat(&cli, sizes, cpus, floor_before)?,
+            ("tokio", Test::Rate { sizes, inflight, .. }) => tokio_runs::rate(&cli, sizes, inflight, cpus)?,
+            ("tokio", _) => return Err("mode tokio exists for rate and lat only".into()),
             (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, floor_before, &mut seen)?,
         }
     }
