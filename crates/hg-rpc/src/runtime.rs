@@ -5,7 +5,6 @@
 //! the transports, runs handlers, files responses and wakes the tasks whose
 //! calls finished, then sleeps again once every plugin agreed (`try_wait`).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -13,6 +12,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use na_core::fasthash::FastMap;
 use na_core::Addr;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
@@ -32,8 +32,8 @@ type AsyncHandler = Arc<
 
 struct Shared {
     engine: Mutex<Engine>,
-    waiters: Mutex<HashMap<CallId, oneshot::Sender<()>>>,
-    async_handlers: Mutex<HashMap<u64, AsyncHandler>>,
+    waiters: Mutex<FastMap<CallId, oneshot::Sender<()>>>,
+    async_handlers: Mutex<FastMap<u64, AsyncHandler>>,
     /// Scratch for the engine's finished calls (see `notify_finished`).
     finished: Mutex<Vec<CallId>>,
 }
@@ -43,7 +43,7 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn waiters(&self) -> MutexGuard<'_, HashMap<CallId, oneshot::Sender<()>>> {
+    fn waiters(&self) -> MutexGuard<'_, FastMap<CallId, oneshot::Sender<()>>> {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -109,8 +109,8 @@ impl AsyncEngine {
         engine.log_finished();
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
-            waiters: Mutex::new(HashMap::new()),
-            async_handlers: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(FastMap::default()),
+            async_handlers: Mutex::new(FastMap::default()),
             finished: Mutex::new(Vec::new()),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
