@@ -211,6 +211,14 @@ impl PeerTable {
         self.slots.iter().filter_map(|s| s.peer.as_ref())
     }
 
+    /// All peers with their slot index, mutably.
+    pub fn iter_slots_mut(&mut self) -> impl Iterator<Item = (usize, &mut Peer)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, s.peer.as_mut()?)))
+    }
+
     /// All peers with their slot index (see [`slot_mut`](Self::slot_mut)).
     pub fn iter_slots(&self) -> impl Iterator<Item = (usize, &Peer)> {
         self.slots

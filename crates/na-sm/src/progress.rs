@@ -9,7 +9,7 @@
 //! events to the next `try_wait`).
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
@@ -24,6 +24,21 @@ use crate::sys::wake::PeerWake;
 /// Progress calls between two non-blocking polls of the socket events when
 /// nothing asked for one (busy mode).
 pub const EVENT_POLL_INTERVAL: u32 = 1024;
+
+/// Rings the spin loop lists on the stack; beyond this it allocates.
+const SPIN_ON_STACK: usize = 4;
+
+/// A ring head the spin loop watches: its slot word and the value it held
+/// while idle, the channel and message number to peek at when it changes,
+/// and the ring's (peer slot, connection) for `pull_last`.
+#[derive(Clone, Copy)]
+struct HeadWatch<'a> {
+    head: &'a AtomicU64,
+    idle: u64,
+    ch: Channel<'a>,
+    pos: u64,
+    ring: (usize, usize),
+}
 
 /// Why a peer is being dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,9 +110,11 @@ impl SmPlugin {
     /// receive ring (a load each per check) until one changes or the
     /// socket events are due; returns the checks made. Anything else that
     /// progress would do now (queued sends, completions, a handshake,
-    /// taken messages, more connections than it watches) ends it at once.
+    /// taken messages) ends it at once. Up to [`SPIN_ON_STACK`] rings are
+    /// listed on the stack; more (a server with many clients) in a vector
+    /// made for this call, which is still far cheaper than a poll of every
+    /// ring per check.
     pub(crate) fn spin_for_work(&mut self, max: u32) -> u32 {
-        const WATCHED: usize = 4;
         if self.armed
             || self.pull_ready()
             || self.maybe_backlog
@@ -107,24 +124,36 @@ impl SmPlugin {
         {
             return 0;
         }
-        let mut heads = [None; WATCHED];
-        let mut n = 0;
+        let rings: usize = self.peers.iter().map(|p| p.conns.len()).sum();
+        let mut few = [None; SPIN_ON_STACK];
+        let mut many = Vec::new();
+        let heads: &mut [Option<HeadWatch<'_>>] = if rings <= SPIN_ON_STACK {
+            &mut few[..rings]
+        } else {
+            many.resize(rings, None);
+            &mut many
+        };
         let conns = self
             .peers
             .iter_slots()
             .flat_map(|(idx, p)| p.conns.iter().enumerate().map(move |(ci, c)| (idx, ci, c)));
-        for (idx, ci, conn) in conns {
+        for (watch, (idx, ci, conn)) in heads.iter_mut().zip(conns) {
             let rx = if conn.role == Role::Connector { 1 } else { 0 };
             let ch = Channel::new(&conn.region, rx);
-            match ch.idle_head(conn.rx_cur.pos) {
-                Some((head, v)) if n < WATCHED => {
-                    heads[n] = Some((head, v, ch, conn.rx_cur.pos, (idx, ci)));
-                    n += 1;
-                }
-                _ => return 0,
-            }
+            // A head that holds something already is for progress now.
+            let (head, v) = match ch.idle_head(conn.rx_cur.pos) {
+                Some(idle) => idle,
+                None => return 0,
+            };
+            *watch = Some(HeadWatch {
+                head,
+                idle: v,
+                ch,
+                pos: conn.rx_cur.pos,
+                ring: (idx, ci),
+            });
         }
-        let heads = &heads[..n];
+        let heads = &*heads;
         for i in 0..max {
             self.tick = self.tick.wrapping_add(1);
             if self.tick % EVENT_POLL_INTERVAL == 0 {
@@ -134,15 +163,15 @@ impl SmPlugin {
             let changed = heads
                 .iter()
                 .flatten()
-                .find(|(head, v, ..)| head.load(Ordering::Acquire) != *v);
-            if let Some(&(_, _, ch, pos, ring)) = changed {
+                .find(|w| w.head.load(Ordering::Acquire) != w.idle);
+            if let Some(w) = changed {
                 // Pull mode: an unexpected message waits at that head for
                 // `take_pulled`; say so now (see `make_progress`), and
                 // name the ring, so that the take goes straight to it
                 // instead of looking through every peer's.
-                if self.pull && matches!(ch.peek(pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected) {
+                if self.pull && matches!(w.ch.peek(w.pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected) {
                     self.pull_heads = 1;
-                    self.pull_last = Some(ring);
+                    self.pull_last = Some(w.ring);
                     self.spin_found = true;
                 }
                 return i;
@@ -344,8 +373,9 @@ impl SmPlugin {
         // Counted afresh below.
         *pull_heads = 0;
         *pull_last = None;
-        for peer in peers.iter_mut() {
-            for conn in peer.conns.iter_mut() {
+        let mut head_at = None;
+        for (idx, peer) in peers.iter_slots_mut() {
+            for (ci, conn) in peer.conns.iter_mut().enumerate() {
                 let rx = if conn.role == Role::Connector { 1 } else { 0 };
                 let ch = Channel::new(&conn.region, rx);
                 for _ in 0..RING_SLOTS {
@@ -363,6 +393,7 @@ impl SmPlugin {
                             // It waits here for `take_pulled` (and holds
                             // back what follows it).
                             *pull_heads += 1;
+                            head_at = Some((idx, ci));
                             break;
                         }
                         let mut data = Vec::new();
@@ -402,6 +433,10 @@ impl SmPlugin {
                     violations.push((peer.addr.token(), f, reason));
                 }
             }
+        }
+        // A lone head is where the next take goes, without a scan.
+        if *pull_heads == 1 {
+            *pull_last = head_at;
         }
         for (tok, f, reason) in violations {
             self.fail_peer(tok, f, &reason);

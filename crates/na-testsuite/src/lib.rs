@@ -146,6 +146,10 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
             pull::pull_mode_two_senders_interleave_and_lose_nothing,
         ),
         (
+            "pull_mode_spin_over_many_peers_finds_each_reply",
+            pull::pull_mode_spin_over_many_peers_finds_each_reply,
+        ),
+        (
             "pull_mode_sleeping_after_takes_returns_room",
             pull::pull_mode_sleeping_after_takes_returns_room,
         ),

@@ -274,6 +274,68 @@ pub fn pull_mode_two_senders_interleave_and_lose_nothing(t: &Transport) {
     drop(floods);
 }
 
+/// A busy node in pull mode with more peers than na-sm's spin loop lists
+/// on the stack (it watches every ring head while it waits): each peer in
+/// turn, out of order, answers a request a few milliseconds late, so the
+/// reply arrives while the node spins on every head. The progress call
+/// that reports the reply must leave it ready to take at once (the spin
+/// loop names the ring it saw change), from the right peer, intact.
+pub fn pull_mode_spin_over_many_peers_finds_each_reply(t: &Transport) {
+    const PEERS: usize = 6;
+    let servers: Vec<PeerProc> = (0..PEERS).map(|_| PeerProc::spawn(t, &["server"])).collect();
+    let mut n = Node::new(t, ProgressMode::Busy, false);
+    let addrs: Vec<Addr> = servers
+        .iter()
+        .map(|s| n.ep.lookup(&s.uri).expect("lookup"))
+        .collect();
+    if !enter_pull_mode(t, &mut n, Some(&addrs[0])) {
+        return;
+    }
+    let mut buf = Vec::new();
+    for round in 0..4 * PEERS {
+        // 5 is coprime with 6: every peer, in a scrambled order.
+        let k = (round * 5 + 3) % PEERS;
+        let tag = 1000 + round as u32;
+        let mut late = vec![b'z'];
+        late.extend_from_slice(&3u32.to_le_bytes());
+        let mut echo = vec![b'u'];
+        echo.extend_from_slice(&tag.to_le_bytes());
+        echo.resize(40 + round * 7, round as u8);
+        for m in [&late, &echo] {
+            let op = n.op();
+            n.ep.send_unexpected(&addrs[k], tag, m, op).expect("send");
+            n.wait(op);
+        }
+        let end = Instant::now() + n.timeout;
+        let (src, got) = loop {
+            assert!(
+                Instant::now() < end,
+                "round {round}: no reply from peer {k} within {:?}",
+                n.timeout
+            );
+            if n.ep.progress(Some(Duration::from_millis(100))).expect("progress") == 0 {
+                continue;
+            }
+            while let Some(c) = n.ep.pop_completion() {
+                n.stash.insert(c.op, c);
+            }
+            // Reported: it must be there to take now.
+            break n
+                .ep
+                .take_unexpected(n.id, &mut buf)
+                .expect("take")
+                .unwrap_or_else(|| panic!("round {round}: progress reported work, but nothing to take"));
+        };
+        assert_eq!(
+            src.uri(),
+            servers[k].uri,
+            "round {round}: reply from the wrong peer"
+        );
+        assert_eq!((got, &buf), (tag, &echo), "round {round}");
+    }
+    assert!(n.ep.take_unexpected(n.id, &mut buf).expect("take").is_none());
+}
+
 /// A node driven the way an async runtime drives it in pull mode: progress,
 /// take everything waiting, then `try_wait` and sleep on the endpoint's fd
 /// (no progress call between the takes and the sleep). A peer floods far
