@@ -87,6 +87,11 @@ enum Test {
         /// (what the ceilings carry). Needs na-perf next to hg-perf.
         #[arg(long)]
         floors: bool,
+        /// Connect this many more clients to the server first (each makes
+        /// one call, then stays connected and idle): what a server with
+        /// many clients pays for the ones that are quiet.
+        #[arg(long, default_value_t = 0)]
+        idle_clients: usize,
     },
     /// Round-trip latency percentiles, one call in flight.
     Lat {
@@ -150,6 +155,19 @@ fn engine(spec: &str, mode: ProgressMode, listen: bool) -> Res<Engine> {
     let mut e = Engine::from_spec(spec, listen, mode)?;
     e.set_max_spill(64 << 20);
     Ok(e)
+}
+
+/// `n` more clients of the server at `uri`, connected (one call each) and
+/// left idle while they live.
+fn idle_clients_of(spec: &str, uri: &str, n: usize) -> Res<Vec<Engine>> {
+    (0..n)
+        .map(|_| {
+            let mut e = engine(spec, ProgressMode::Blocking, false)?;
+            let s = e.endpoint().lookup(uri)?;
+            e.call::<Noop>(&s, &ByteBuf::new(), T)?;
+            Ok(e)
+        })
+        .collect()
 }
 
 fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
@@ -407,7 +425,13 @@ fn run_mode(
     let m = mode_name(mode);
     let batch = Duration::from_millis(cli.batch_ms);
     match &cli.test {
-        Test::Rate { sizes, inflight, .. } => {
+        Test::Rate {
+            sizes,
+            inflight,
+            idle_clients,
+            ..
+        } => {
+            let _idle = idle_clients_of(&cli.transport, &uri, *idle_clients)?;
             for size in list(sizes, parse_size)? {
                 for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
                     let input = ByteBuf::from(vec![7u8; size as usize]);
@@ -606,7 +630,15 @@ fn main() -> Res<()> {
     for m in cli.mode.split(',') {
         match (m.trim(), &cli.test) {
             ("tokio", Test::Lat { sizes, .. }) => tokio_runs::lat(&cli, sizes, cpus, floor_before)?,
-            ("tokio", Test::Rate { sizes, inflight, .. }) => tokio_runs::rate(&cli, sizes, inflight, cpus)?,
+            (
+                "tokio",
+                Test::Rate {
+                    sizes,
+                    inflight,
+                    idle_clients,
+                    ..
+                },
+            ) => tokio_runs::rate(&cli, sizes, inflight, *idle_clients, cpus)?,
             ("tokio", _) => return Err("mode tokio exists for rate and lat only".into()),
             (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, floor_before, &mut seen)?,
         }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use na_core::ProgressMode;
 use serde_bytes::ByteBuf;
 
-use super::{engine, list, median, parse_size, report, report_lat, server_for, Cli, Noop, Res, T};
+use super::{
+    engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for, Cli, Noop, Res, T,
+};
 
 /// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
 /// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
@@ -50,8 +52,15 @@ pub(crate) fn lat(
 /// `rate` through [`hg_rpc::AsyncEngine`]: `n` tasks each make calls one
 /// after another until the batch ends, so `n` calls are in flight; the
 /// driver task wakes each caller whose response came.
-pub(crate) fn rate(cli: &Cli, sizes: &str, inflight: &str, cpus: (Option<usize>, Option<usize>)) -> Res<()> {
+pub(crate) fn rate(
+    cli: &Cli,
+    sizes: &str,
+    inflight: &str,
+    idle_clients: usize,
+    cpus: (Option<usize>, Option<usize>),
+) -> Res<()> {
     let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
+    let _idle = idle_clients_of(&cli.transport, &uri, idle_clients)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
