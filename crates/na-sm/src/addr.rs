@@ -97,6 +97,8 @@ struct Slot {
 pub(crate) struct PeerTable {
     slots: Vec<Slot>,
     free: Vec<usize>,
+    /// Moves whenever a connection is attached or removed (see `epoch`).
+    epoch: u64,
     by_name: HashMap<String, u64>,
     /// Connection serial (epoll token) to peer token.
     by_serial: HashMap<u64, u64>,
@@ -129,9 +131,16 @@ impl PeerTable {
         tok
     }
 
+    /// A number that moves whenever the set of connections changes
+    /// (lists built from the table compare it to know they are current).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Adds a connection to peer `tok`.
     pub fn attach(&mut self, tok: u64, conn: Conn) {
         let serial = conn.serial;
+        self.epoch += 1;
         if let Some(p) = self.get_mut(tok) {
             p.conns.push(conn);
             self.by_serial.insert(serial, tok);
@@ -169,6 +178,7 @@ impl PeerTable {
     /// Removes the peer; its slot gets a new generation.
     pub fn remove(&mut self, tok: u64) -> Option<Peer> {
         self.get(tok)?;
+        self.epoch += 1;
         let idx = (tok & 0xffff_ffff) as usize;
         let slot = &mut self.slots[idx];
         let peer = slot.peer.take()?;
@@ -183,6 +193,7 @@ impl PeerTable {
 
     /// Takes the connections of a peer that stays (our self entry).
     pub fn take_conns(&mut self, tok: u64) -> Option<Vec<Conn>> {
+        self.epoch += 1;
         let conns = std::mem::take(&mut self.get_mut(tok)?.conns);
         for c in &conns {
             self.by_serial.remove(&c.serial);
@@ -197,6 +208,11 @@ impl PeerTable {
     }
 
     /// The peer in slot `idx`, if any.
+    pub fn slot(&self, idx: usize) -> Option<&Peer> {
+        self.slots.get(idx)?.peer.as_ref()
+    }
+
+    /// The peer in slot `idx`, if any, mutably.
     pub fn slot_mut(&mut self, idx: usize) -> Option<&mut Peer> {
         self.slots.get_mut(idx)?.peer.as_mut()
     }
@@ -217,14 +233,6 @@ impl PeerTable {
             .iter_mut()
             .enumerate()
             .filter_map(|(i, s)| Some((i, s.peer.as_mut()?)))
-    }
-
-    /// All peers with their slot index (see [`slot_mut`](Self::slot_mut)).
-    pub fn iter_slots(&self) -> impl Iterator<Item = (usize, &Peer)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| Some((i, s.peer.as_ref()?)))
     }
 }
 

@@ -409,6 +409,21 @@ impl<'a> Channel<'a> {
         }
     }
 
+    /// The region this channel lives in.
+    pub fn region(&self) -> &'a SharedRegion {
+        self.region
+    }
+
+    /// Receiver: the offset in the region of message `pos`'s slot header,
+    /// and a value that the header holds exactly while no message `pos`
+    /// has arrived: what it holds now if that is a previous lap's (or 0),
+    /// or else its complement, so that a message already there reads as
+    /// a change.
+    pub fn head_word(&self, pos: u64) -> (usize, u64) {
+        let v = self.slot(pos).load(Ordering::Acquire);
+        (self.slot_offset(pos), if is_stale(pos, v) { v } else { !v })
+    }
+
     /// Receiver, busy waiting: the header word of message `pos`'s slot, if
     /// that slot holds nothing new (the word changes when the sender
     /// publishes; anything else at that moment is for `peek`).

@@ -58,6 +58,9 @@ pub(crate) struct Conn {
     pub serial: u64,
     pub sock: UnixStream,
     pub region: SharedRegion,
+    /// Index of this connection's entry in the plugin's head list (see
+    /// `heads`); set when the list is built.
+    pub head: usize,
     pub role: Role,
     /// Where we are in the channel we send on / receive on.
     pub tx_cur: TxCursor,

@@ -122,6 +122,7 @@ mod connect;
 pub mod error;
 pub mod factory;
 
+mod heads;
 mod id_filter;
 mod matching;
 mod plugin;

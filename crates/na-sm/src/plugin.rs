@@ -22,6 +22,7 @@ use crate::addr::{PeerTable, SmName};
 use crate::channel::{MsgKind, BUF_SIZE};
 use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::error::{SmError, SmResult};
+use crate::heads::HeadList;
 use crate::matching::{Matcher, OpPlace};
 use crate::progress::{dup, op_in_flight};
 use crate::sys::cma::IovLists;
@@ -105,6 +106,9 @@ pub struct SmPlugin {
     /// Pull mode: unexpected messages of peers that went away, copied out
     /// of their rings before the rings were dropped; taken first.
     pub(crate) pulled_late: VecDeque<(Addr, Tag, Vec<u8>)>,
+    /// Every receive ring's head, for cheap "anything new?" checks (see
+    /// [`crate::heads`]).
+    pub(crate) heads: HeadList,
 }
 
 impl SmPlugin {
@@ -171,6 +175,7 @@ impl SmPlugin {
             spin_found: false,
             pull_next: 0,
             pulled_late: VecDeque::new(),
+            heads: HeadList::default(),
         };
         if plugin.cfg.listen {
             plugin.listen()?;

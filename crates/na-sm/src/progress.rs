@@ -9,7 +9,6 @@
 //! events to the next `try_wait`).
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
@@ -24,21 +23,6 @@ use crate::sys::wake::PeerWake;
 /// Progress calls between two non-blocking polls of the socket events when
 /// nothing asked for one (busy mode).
 pub const EVENT_POLL_INTERVAL: u32 = 1024;
-
-/// Rings the spin loop lists on the stack; beyond this it allocates.
-const SPIN_ON_STACK: usize = 4;
-
-/// A ring head the spin loop watches: its slot word and the value it held
-/// while idle, the channel and message number to peek at when it changes,
-/// and the ring's (peer slot, connection) for `pull_last`.
-#[derive(Clone, Copy)]
-struct HeadWatch<'a> {
-    head: &'a AtomicU64,
-    idle: u64,
-    ch: Channel<'a>,
-    pos: u64,
-    ring: (usize, usize),
-}
 
 /// Why a peer is being dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,8 +71,21 @@ impl SmPlugin {
         // `take_pulled`, and the other rings are polled by the caller's
         // next progress call (before it spins again). Not scanning them
         // here keeps that scan off the path from request to reply.
+        // Otherwise the rings are polled when some head changed (or the
+        // socket events were due: a full poll now and then, whatever the
+        // heads say). If none did, no head holds a message (one left at a
+        // head reads as a change), so none waits to be taken: the count
+        // a take leaves behind is cleared as a poll would, and only the
+        // rings takes read from are published (see `heads`).
         if !found || events_due {
-            self.poll_rings();
+            self.settle_taken();
+            let heads = self.heads.current(&mut self.peers);
+            if events_due || heads.iter().any(|e| e.changed()) {
+                self.poll_rings();
+            } else {
+                self.pull_heads = 0;
+                self.pull_last = None;
+            }
         }
         // Woken from a sleep: a message is the usual reason, and then the
         // fd events (the wake-up's own edge, or a connection or hang-up
@@ -107,13 +104,11 @@ impl SmPlugin {
     }
 
     /// See `Plugin::spin_wait`: watches the head slot of every connection's
-    /// receive ring (a load each per check) until one changes or the
-    /// socket events are due; returns the checks made. Anything else that
-    /// progress would do now (queued sends, completions, a handshake,
-    /// taken messages) ends it at once. Up to [`SPIN_ON_STACK`] rings are
-    /// listed on the stack; more (a server with many clients) in a vector
-    /// made for this call, which is still far cheaper than a poll of every
-    /// ring per check.
+    /// receive ring (one load each per check, from the head list) until
+    /// one changes or the socket events are due; returns the checks made.
+    /// Anything else that progress would do now (queued sends,
+    /// completions, a handshake, taken messages, reads to publish) ends it
+    /// at once.
     pub(crate) fn spin_for_work(&mut self, max: u32) -> u32 {
         if self.armed
             || self.pull_ready()
@@ -124,54 +119,32 @@ impl SmPlugin {
         {
             return 0;
         }
-        let rings: usize = self.peers.iter().map(|p| p.conns.len()).sum();
-        let mut few = [None; SPIN_ON_STACK];
-        let mut many = Vec::new();
-        let heads: &mut [Option<HeadWatch<'_>>] = if rings <= SPIN_ON_STACK {
-            &mut few[..rings]
-        } else {
-            many.resize(rings, None);
-            &mut many
-        };
-        let conns = self
-            .peers
-            .iter_slots()
-            .flat_map(|(idx, p)| p.conns.iter().enumerate().map(move |(ci, c)| (idx, ci, c)));
-        for (watch, (idx, ci, conn)) in heads.iter_mut().zip(conns) {
-            let rx = if conn.role == Role::Connector { 1 } else { 0 };
-            let ch = Channel::new(&conn.region, rx);
-            // A head that holds something already is for progress now.
-            let (head, v) = match ch.idle_head(conn.rx_cur.pos) {
-                Some(idle) => idle,
-                None => return 0,
-            };
-            *watch = Some(HeadWatch {
-                head,
-                idle: v,
-                ch,
-                pos: conn.rx_cur.pos,
-                ring: (idx, ci),
-            });
+        let heads = self.heads.current(&mut self.peers);
+        if heads.iter().any(|e| e.taken || e.changed()) {
+            return 0;
         }
-        let heads = &*heads;
         for i in 0..max {
             self.tick = self.tick.wrapping_add(1);
             if self.tick % EVENT_POLL_INTERVAL == 0 {
                 self.events_owed = true;
                 return i;
             }
-            let changed = heads
-                .iter()
-                .flatten()
-                .find(|w| w.head.load(Ordering::Acquire) != w.idle);
-            if let Some(w) = changed {
+            if let Some(e) = heads.iter().find(|e| e.changed()) {
                 // Pull mode: an unexpected message waits at that head for
                 // `take_pulled`; say so now (see `make_progress`), and
                 // name the ring, so that the take goes straight to it
                 // instead of looking through every peer's.
-                if self.pull && matches!(w.ch.peek(w.pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected) {
+                let ring = e.ring;
+                let unexpected_waits = self
+                    .peers
+                    .slot(ring.0)
+                    .and_then(|p| p.conns.get(ring.1))
+                    .is_some_and(
+                        |c| matches!(c.rx().peek(c.rx_cur.pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected),
+                    );
+                if self.pull && unexpected_waits {
                     self.pull_heads = 1;
-                    self.pull_last = Some(w.ring);
+                    self.pull_last = Some(ring);
                     self.spin_found = true;
                 }
                 return i;
@@ -179,6 +152,36 @@ impl SmPlugin {
             std::hint::spin_loop();
         }
         max
+    }
+
+    /// For each ring a take read from (and only those): moves its head
+    /// list entry to the slot it reads next, and tells its sender how far
+    /// it read (a poll of every ring does both for all of them).
+    fn settle_taken(&mut self) {
+        let mut violations = Vec::new();
+        let Self {
+            peers, heads, stats, ..
+        } = self;
+        for e in heads.current(peers).iter_mut().filter(|e| e.taken) {
+            e.taken = false;
+            let ring = e.ring;
+            let Some(peer) = peers.slot_mut(ring.0) else {
+                continue;
+            };
+            let tok = peer.addr.token();
+            let Some(conn) = peer.conns.get_mut(ring.1) else {
+                continue;
+            };
+            let rx = if conn.role == Role::Connector { 1 } else { 0 };
+            let ch = Channel::new(&conn.region, rx);
+            if let Some((f, reason)) = publish_read(&ch, &mut conn.rx_cur, conn.peer_wake.as_ref(), stats) {
+                violations.push((tok, f, reason));
+            }
+            e.watch(&ch, conn.rx_cur.pos);
+        }
+        for (tok, f, reason) in violations {
+            self.fail_peer(tok, f, &reason);
+        }
     }
 
     fn disarm(&mut self) {
@@ -367,6 +370,7 @@ impl SmPlugin {
             pull_heads,
             pull_last,
             pulled_late,
+            heads,
             ..
         } = self;
         let max_queued = cfg.max_queued_per_peer;
@@ -432,6 +436,7 @@ impl SmPlugin {
                 {
                     violations.push((peer.addr.token(), f, reason));
                 }
+                heads.refresh(conn.head, (idx, ci), &ch, conn.rx_cur.pos);
             }
         }
         // A lone head is where the next take goes, without a scan.

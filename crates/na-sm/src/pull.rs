@@ -114,6 +114,7 @@ impl SmPlugin {
         let ch = Channel::new(&conn.region, rx);
         ch.read_payload(conn.rx_cur.pos, &s, buf);
         let freed = ch.release(&mut conn.rx_cur, &s);
+        self.heads.mark_taken(conn.head);
         self.stats.msgs_received += 1;
         self.stats.msg_bytes_received += s.len as u64;
         if let Err(reason) = freed {

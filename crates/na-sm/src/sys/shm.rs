@@ -18,7 +18,8 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
@@ -28,11 +29,72 @@ pub struct SharedRegion {
     ptr: NonNull<u8>,
     len: usize,
     fd: OwnedFd,
+    /// Unmaps the region once neither it nor any [`SharedWord`] of it is left.
+    mapping: Arc<Mapping>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; every access goes
 // through atomics or volatile copies, which are valid from any thread.
 unsafe impl Send for SharedRegion {}
+
+/// Ownership of a mapping: unmaps it when dropped. It offers no access.
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping only remembers an address range, to unmap it once in
+// `drop`; it gives no access to the memory, so sharing or sending it
+// between threads cannot race on anything.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly the mapping made in `SharedRegion::map`,
+        // and this is its only owner: every region and word of it is gone.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// One 64-bit word of a region that keeps the mapping alive on its own:
+/// what a watcher of many rings holds to load their heads directly,
+/// without going through each connection to find its region.
+#[derive(Debug)]
+pub struct SharedWord {
+    word: NonNull<AtomicU64>,
+    mapping: Arc<Mapping>,
+}
+
+// SAFETY: the word is only ever loaded atomically, which is valid from any
+// thread, and the mapping it points into lives as long as `mapping`.
+unsafe impl Send for SharedWord {}
+
+impl SharedWord {
+    /// Loads the word.
+    #[inline]
+    pub fn load(&self, order: Ordering) -> u64 {
+        // SAFETY: `word` was checked to be in bounds and 8-aligned when it
+        // was set (`SharedRegion::word`, `point_at`), and `mapping` keeps
+        // the memory mapped.
+        unsafe { self.word.as_ref() }.load(order)
+    }
+
+    /// Points this handle at the word at `offset` of `region` instead.
+    ///
+    /// # Panics
+    /// As [`SharedRegion::atomic`].
+    pub fn point_at(&mut self, region: &SharedRegion, offset: usize) {
+        self.word = NonNull::from(region.atomic(offset));
+        if !Arc::ptr_eq(&self.mapping, &region.mapping) {
+            self.mapping = region.mapping.clone();
+        }
+    }
+}
 
 impl SharedRegion {
     /// Creates a zero-filled, sealed region of `len` bytes (a multiple of the
@@ -96,7 +158,12 @@ impl SharedRegion {
             return Err(io::Error::last_os_error());
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?;
-        Ok(SharedRegion { ptr, len, fd })
+        Ok(SharedRegion {
+            ptr,
+            len,
+            fd,
+            mapping: Arc::new(Mapping { ptr, len }),
+        })
     }
 
     /// Size in bytes.
@@ -107,6 +174,18 @@ impl SharedRegion {
     /// True if the region is empty (never, for a mapped region).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// A handle on the 64-bit word at `offset` that keeps the mapping
+    /// alive by itself (see [`SharedWord`]).
+    ///
+    /// # Panics
+    /// As [`atomic`](Self::atomic).
+    pub fn word(&self, offset: usize) -> SharedWord {
+        SharedWord {
+            word: NonNull::from(self.atomic(offset)),
+            mapping: self.mapping.clone(),
+        }
     }
 
     /// The 64-bit atomic at `offset`.
@@ -190,20 +269,9 @@ impl AsFd for SharedRegion {
     }
 }
 
-impl Drop for SharedRegion {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len are exactly the mapping created in `map`, and no
-        // reference into it outlives &self.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     #[test]
     fn create_share_and_reject_bad_size() {
@@ -227,6 +295,32 @@ mod tests {
         // SAFETY (test): fresh descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         assert!(SharedRegion::from_peer(fd, 0).is_err());
+    }
+
+    #[test]
+    fn a_word_keeps_its_mapping_alive_and_can_move() {
+        let a = SharedRegion::create("qs-test-word-a", 4096).unwrap();
+        let b = SharedRegion::create("qs-test-word-b", 4096).unwrap();
+        a.atomic(64).store(7, Ordering::Relaxed);
+        b.atomic(128).store(9, Ordering::Relaxed);
+        let mut w = a.word(64);
+        assert_eq!(w.load(Ordering::Acquire), 7);
+        a.atomic(64).store(8, Ordering::Release);
+        assert_eq!(
+            w.load(Ordering::Acquire),
+            8,
+            "the word is the region's, not a copy"
+        );
+        drop(a);
+        // Still mapped: the word holds the mapping.
+        assert_eq!(w.load(Ordering::Acquire), 8);
+        w.point_at(&b, 128);
+        assert_eq!(w.load(Ordering::Acquire), 9);
+        // Out of bounds or unaligned offsets are refused, as for `atomic`.
+        for bad in [4096, 4090, 12] {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.word(bad)));
+            assert!(r.is_err(), "offset {bad}");
+        }
     }
 
     #[test]
