@@ -100,6 +100,20 @@ fn rate_lat_and_bw_report_json() {
     ]);
     assert_eq!(rate.len(), 4);
     rate.iter().for_each(|v| check(v, "ops/s"));
+    // With quiet clients connected to the same server.
+    let rate = run(&[
+        "rate",
+        "--mode",
+        "busy",
+        "--sizes",
+        "0",
+        "--inflight",
+        "1",
+        "--idle-clients",
+        "8",
+    ]);
+    assert_eq!(rate.len(), 1);
+    check(&rate[0], "ops/s");
     let lat = run(&["lat", "--mode", "blocking", "--sizes", "8"]);
     assert_eq!(lat.len(), 1);
     check(&lat[0], "ns");
