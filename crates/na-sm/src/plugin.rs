@@ -109,6 +109,8 @@ pub struct SmPlugin {
     /// Every receive ring's head, for cheap "anything new?" checks (see
     /// [`crate::heads`]).
     pub(crate) heads: HeadList,
+    /// The rings a poll visits (kept for its capacity).
+    pub(crate) ring_scratch: Vec<(usize, usize)>,
 }
 
 impl SmPlugin {
@@ -176,6 +178,7 @@ impl SmPlugin {
             pull_next: 0,
             pulled_late: VecDeque::new(),
             heads: HeadList::default(),
+            ring_scratch: Vec::new(),
         };
         if plugin.cfg.listen {
             plugin.listen()?;

@@ -71,20 +71,16 @@ impl SmPlugin {
         // `take_pulled`, and the other rings are polled by the caller's
         // next progress call (before it spins again). Not scanning them
         // here keeps that scan off the path from request to reply.
-        // Otherwise the rings are polled when some head changed (or the
-        // socket events were due: a full poll now and then, whatever the
-        // heads say). If none did, no head holds a message (one left at a
-        // head reads as a change), so none waits to be taken: the count
-        // a take leaves behind is cleared as a poll would, and only the
-        // rings takes read from are published (see `heads`).
+        // Otherwise the rings whose head changed are polled (all of them
+        // when the socket events were due: a full poll now and then,
+        // whatever the heads say), after the rings takes read from were
+        // published (see `heads`).
         if !found || events_due {
             self.settle_taken();
-            let heads = self.heads.current(&mut self.peers);
-            if events_due || heads.iter().any(|e| e.changed()) {
+            if events_due {
                 self.poll_rings();
             } else {
-                self.pull_heads = 0;
-                self.pull_last = None;
+                self.poll_changed_rings();
             }
         }
         // Woken from a sleep: a message is the usual reason, and then the
@@ -350,14 +346,39 @@ impl SmPlugin {
     /// In pull mode a connection's poll stops at an unexpected message: it
     /// waits in the ring for `take_pulled`.
     pub(crate) fn poll_rings(&mut self) {
-        self.poll_rings_as(None);
+        self.poll_all_rings_as(None);
     }
 
-    /// [`poll_rings`](Self::poll_rings); with `departing` (the token of a
-    /// peer going away, and its rings with it), that peer's unexpected
-    /// messages of pull mode are copied out to `pulled_late` instead of
-    /// waiting in its ring. Other peers' messages stay where they are.
-    fn poll_rings_as(&mut self, departing: Option<u64>) {
+    /// [`poll_rings_as`](Self::poll_rings_as) of every ring.
+    fn poll_all_rings_as(&mut self, departing: Option<u64>) {
+        let mut rings = std::mem::take(&mut self.ring_scratch);
+        rings.clear();
+        for (idx, peer) in self.peers.iter_slots_mut() {
+            rings.extend((0..peer.conns.len()).map(|ci| (idx, ci)));
+        }
+        self.poll_rings_as(departing, &rings);
+        self.ring_scratch = rings;
+    }
+
+    /// [`poll_rings`](Self::poll_rings) of the rings whose head changed,
+    /// as the head list tells; the others hold nothing new (see `heads`).
+    fn poll_changed_rings(&mut self) {
+        let mut rings = std::mem::take(&mut self.ring_scratch);
+        rings.clear();
+        let heads = self.heads.current(&mut self.peers);
+        rings.extend(heads.iter().filter(|e| e.changed()).map(|e| e.ring));
+        self.poll_rings_as(None, &rings);
+        self.ring_scratch = rings;
+    }
+
+    /// Polls `rings` ((peer slot, connection) pairs; the unexpected
+    /// messages waiting at their heads are counted afresh, so they must
+    /// include every ring that may hold one). With `departing` (the token
+    /// of a peer going away, and its rings with it), that peer's
+    /// unexpected messages of pull mode are copied out to `pulled_late`
+    /// instead of waiting in its ring. Other peers' messages stay where
+    /// they are.
+    fn poll_rings_as(&mut self, departing: Option<u64>, rings: &[(usize, usize)]) {
         let mut violations = Vec::new();
         let Self {
             peers,
@@ -378,8 +399,11 @@ impl SmPlugin {
         *pull_heads = 0;
         *pull_last = None;
         let mut head_at = None;
-        for (idx, peer) in peers.iter_slots_mut() {
-            for (ci, conn) in peer.conns.iter_mut().enumerate() {
+        for &(idx, ci) in rings {
+            let Some(peer) = peers.slot_mut(idx) else {
+                continue;
+            };
+            if let Some(conn) = peer.conns.get_mut(ci) {
                 let rx = if conn.role == Role::Connector { 1 } else { 0 };
                 let ch = Channel::new(&conn.region, rx);
                 for _ in 0..RING_SLOTS {
@@ -584,7 +608,7 @@ impl SmPlugin {
     pub(crate) fn fail_peer(&mut self, tok: u64, failure: Failure, reason: &str) {
         if failure == Failure::Gone {
             // What the peer sent before it went still counts.
-            self.poll_rings_as(Some(tok));
+            self.poll_all_rings_as(Some(tok));
         }
         let (uri, conns) = if tok == self.self_tok {
             match self.peers.take_conns(tok) {
