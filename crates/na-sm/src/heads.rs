@@ -6,8 +6,8 @@
 //! A server with a hundred connected but quiet clients once paid a full
 //! poll of every ring on each progress call (about 70 instructions a ring)
 //! and built its spin loop's list on each wait. With this list a progress
-//! call polls the rings only when some head changed, publishes only the
-//! rings a take read from, and the spin loop watches the list as it is.
+//! call polls only the rings whose head changed, publishes only the rings
+//! a take read from, and the spin loop watches the list as it is.
 //!
 //! # Keeping it true
 //! * Built from the peer table, and built again whenever the table's
@@ -19,7 +19,8 @@
 //!   a take are the only places that retire messages.
 //! * A stale entry (one not moved along) never hides a message: the slot
 //!   it watches already held a message since it was read as idle, so it
-//!   reads as changed, and only costs a full poll.
+//!   reads as changed, and only costs a poll of its ring (which moves it
+//!   along).
 //!
 //! Nothing here is trusted more than the ring itself: a peer that writes
 //! its ring's head back to the idle value only hides its own messages,
