@@ -104,7 +104,7 @@ impl SmPlugin {
     /// one changes or the socket events are due; returns the checks made.
     /// Anything else that progress would do now (queued sends,
     /// completions, a handshake, taken messages, reads to publish) ends it
-    /// at once.
+    /// at once or at the first check.
     pub(crate) fn spin_for_work(&mut self, max: u32) -> u32 {
         if self.armed
             || self.pull_ready()
@@ -115,10 +115,10 @@ impl SmPlugin {
         {
             return 0;
         }
+        // No check before the first turn: a head that changed since the
+        // progress call before this one (or a ring a take read from, whose
+        // entry still watches the old slot) ends the first turn at once.
         let heads = self.heads.current(&mut self.peers);
-        if heads.iter().any(|e| e.taken || e.changed()) {
-            return 0;
-        }
         for i in 0..max {
             self.tick = self.tick.wrapping_add(1);
             if self.tick % EVENT_POLL_INTERVAL == 0 {
