@@ -1,7 +1,7 @@
 //! The tokio front end over na-sm with a separate server process.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ impl Drop for Server {
 
 fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
     let dir = common::dir(&format!("async-{tag}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+    let mut child = common::testpeer()
         .env("QS_SM_DIR", &dir)
         .stdout(Stdio::piped())
         .spawn()

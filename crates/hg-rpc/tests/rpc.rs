@@ -616,7 +616,7 @@ fn bulk_batches_of_spans_on_both_sides() {
 #[test]
 fn several_contexts_on_both_sides() {
     let d = dir("contexts");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+    let mut child = common::testpeer()
         .env("QS_SM_DIR", &d)
         .env("HG_TESTPEER_CONTEXTS", "3")
         .stdout(Stdio::piped())

@@ -2,8 +2,9 @@
 //!
 //! Listens on the transport of `HG_TESTPEER_SPEC` (default `sm://`, socket
 //! dir from `QS_SM_DIR`; `verbs://rxe0/10.77.0.1:0` for RDMA), prints
-//! `ADDR <uri>`, and serves the RPCs of `testpeer_rpcs` until `Quit` or 60 s
-//! without a request.
+//! `ADDR <uri>`, and serves the RPCs of `testpeer_rpcs` until `Quit`, 60 s
+//! without a request, or (with `HG_TESTPEER_EXIT_WITH_STDIN=1`) the end of
+//! its standard input.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,7 +46,22 @@ fn extra_contexts() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// With `HG_TESTPEER_EXIT_WITH_STDIN=1`, exits once its standard input
+/// reaches end-of-file: a test that spawns it with a pipe there takes it
+/// along when it dies, from whatever thread it was spawned (unlike
+/// `PR_SET_PDEATHSIG`, which follows the spawning thread).
+fn exit_with_stdin() {
+    if std::env::var_os("HG_TESTPEER_EXIT_WITH_STDIN").is_some_and(|v| v == "1") {
+        std::thread::spawn(|| {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            eprintln!("hg-rpc-testpeer: standard input closed (the test is gone), exiting");
+            std::process::exit(4);
+        });
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    exit_with_stdin();
     extra_contexts()?;
     let spec = std::env::var("HG_TESTPEER_SPEC").unwrap_or_else(|_| "sm://".into());
     let mut engine = Engine::from_spec(&spec, true, ProgressMode::default())?;

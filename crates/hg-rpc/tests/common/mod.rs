@@ -9,6 +9,16 @@ use hg_rpc::Engine;
 use na_core::{Endpoint, Plugin, PluginId, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
+/// A command that runs `hg-rpc-testpeer` tied to this test process: its
+/// standard input is a pipe from us (kept open by the `Child`), and it
+/// exits when the pipe closes, so a test killed mid-run (a timeout)
+/// leaves no server behind.
+pub fn testpeer() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"));
+    c.env("HG_TESTPEER_EXIT_WITH_STDIN", "1").stdin(Stdio::piped());
+    c
+}
+
 /// The server process; killed when dropped.
 pub struct Server {
     /// The process.
@@ -31,7 +41,7 @@ impl Server {
 
     /// [`Server::with_env`] with several variables.
     pub fn with_envs(vars: &[(&str, &std::ffi::OsStr)]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+        let mut child = testpeer()
             .envs(vars.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
