@@ -82,7 +82,10 @@ impl Shared {
             };
             let shared = self.clone();
             tokio::spawn(async move {
-                let input = req.payload.clone();
+                let mut req = req;
+                // The handler owns the input; answering needs only the
+                // request's header and source.
+                let input = std::mem::take(&mut req.payload);
                 let result = handler(input).await;
                 let mut e = shared.engine();
                 e.respond_deferred(req, result);

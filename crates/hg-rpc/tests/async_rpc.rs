@@ -183,4 +183,13 @@ async fn async_handlers_run_concurrently_and_self_forward_works() {
     // A self-forward to an async handler.
     let me = server.self_addr();
     assert_eq!(server.call::<Add>(&me, &(1, 2), T).await.unwrap(), 3);
+    // An async handler gets a spilled 1 MiB input whole, and its 1 MiB
+    // output spills back.
+    server
+        .register_async::<Echo, _, _>(|data| async move { Ok(data.into_iter().rev().collect()) })
+        .unwrap();
+    let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let back = client.call::<Echo>(&s, &big, T).await.unwrap();
+    assert_eq!(back.len(), big.len());
+    assert!(back.iter().rev().eq(big.iter()), "echoed data differs");
 }
