@@ -568,9 +568,7 @@ impl<C: Codec> Engine<C> {
                     let answer = match c.status {
                         Ok(()) => {
                             let data = serve_ops::pulled_bytes(p.mem);
-                            let answer = self.run_decoded(&p.src, &p.header, &data);
-                            self.keep_spare_buffer(data);
-                            answer
+                            self.run_decoded_owned(&p.src, &p.header, data)
                         }
                         Err(e) => Some((
                             response_header(&p.header, Status::DecodeError),

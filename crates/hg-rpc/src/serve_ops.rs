@@ -40,6 +40,29 @@ impl<C: Codec> Engine<C> {
         self.finished_self.push_back(h.cookie);
     }
 
+    /// [`run_decoded`](Self::run_decoded) on an input the engine owns (a
+    /// pulled spill): a deferred handler's request takes it as it is,
+    /// otherwise its buffer serves the next spill.
+    pub(super) fn run_decoded_owned(
+        &mut self,
+        src: &Addr,
+        h: &Header,
+        data: Vec<u8>,
+    ) -> Option<(Header, Vec<u8>)> {
+        if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
+            self.stats.handled += 1;
+            self.deferred_requests.push_back(DeferredRequest {
+                src: src.clone(),
+                header: *h,
+                payload: data,
+            });
+            return None;
+        }
+        let answer = self.run_decoded(src, h, &data);
+        self.keep_spare_buffer(data);
+        answer
+    }
+
     /// Runs the handler of request `h` from `src` on its input `payload`;
     /// `None` if the handler is deferred (the request was queued).
     pub(super) fn run_decoded(
