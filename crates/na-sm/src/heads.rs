@@ -22,9 +22,12 @@
 //!   reads as changed, and only costs a poll of its ring (which moves it
 //!   along).
 //!
-//! Nothing here is trusted more than the ring itself: a peer that writes
-//! its ring's head back to the idle value only hides its own messages,
-//! and the next full poll (every [`EVENT_POLL_INTERVAL`] calls) finds them.
+//! Nothing here is trusted more than the ring itself. A peer that writes
+//! its ring's head back to the idle value withdraws its own message, as it
+//! always could (the head word is the message's existence); any other value
+//! reads as a change, and the poll of that ring judges it (a malformed one
+//! fails the peer, as before). Every ring is polled every
+//! [`EVENT_POLL_INTERVAL`] calls all the same.
 //! An entry holds its head's word directly (a [`SharedWord`], which keeps
 //! the region mapped even after the connection is gone), so a check is one
 //! load, not a walk through the peer table to the connection.
