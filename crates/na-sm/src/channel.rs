@@ -424,15 +424,6 @@ impl<'a> Channel<'a> {
         (self.slot_offset(pos), if is_stale(pos, v) { v } else { !v })
     }
 
-    /// Receiver, busy waiting: the header word of message `pos`'s slot, if
-    /// that slot holds nothing new (the word changes when the sender
-    /// publishes; anything else at that moment is for `peek`).
-    pub fn idle_head(&self, pos: u64) -> Option<(&'a AtomicU64, u64)> {
-        let head = self.slot(pos);
-        let v = head.load(Ordering::Acquire);
-        is_stale(pos, v).then_some((head, v))
-    }
-
     /// Receiver: copies the payload of message `pos` (slot `s`) into `dst`
     /// (replacing its contents).
     pub fn read_payload(&self, pos: u64, s: &Slot, dst: &mut Vec<u8>) {

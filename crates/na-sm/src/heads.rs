@@ -38,7 +38,6 @@ use std::sync::atomic::Ordering;
 
 use crate::addr::PeerTable;
 use crate::channel::Channel;
-use crate::conn::Role;
 use crate::sys::shm::SharedWord;
 
 /// One ring head.
@@ -94,8 +93,7 @@ impl HeadList {
         self.epoch = Some(peers.epoch());
         for (idx, peer) in peers.iter_slots_mut() {
             for (ci, conn) in peer.conns.iter_mut().enumerate() {
-                let rx = if conn.role == Role::Connector { 1 } else { 0 };
-                let (off, idle) = Channel::new(&conn.region, rx).head_word(conn.rx_cur.pos);
+                let (off, idle) = conn.rx().head_word(conn.rx_cur.pos);
                 conn.head = self.entries.len();
                 self.entries.push(HeadEntry {
                     ring: (idx, ci),

@@ -131,14 +131,15 @@ impl SmPlugin {
                 // name the ring, so that the take goes straight to it
                 // instead of looking through every peer's.
                 let ring = e.ring;
-                let unexpected_waits = self
-                    .peers
-                    .slot(ring.0)
-                    .and_then(|p| p.conns.get(ring.1))
-                    .is_some_and(
-                        |c| matches!(c.rx().peek(c.rx_cur.pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected),
-                    );
-                if self.pull && unexpected_waits {
+                let unexpected_waits = self.pull
+                    && self
+                        .peers
+                        .slot(ring.0)
+                        .and_then(|p| p.conns.get(ring.1))
+                        .is_some_and(
+                            |c| matches!(c.rx().peek(c.rx_cur.pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected),
+                        );
+                if unexpected_waits {
                     self.pull_heads = 1;
                     self.pull_last = Some(ring);
                     self.spin_found = true;
@@ -168,6 +169,8 @@ impl SmPlugin {
             let Some(conn) = peer.conns.get_mut(ring.1) else {
                 continue;
             };
+            // Not `conn.rx()`: the channel borrows only the region, so that
+            // the cursor can be updated through it.
             let rx = if conn.role == Role::Connector { 1 } else { 0 };
             let ch = Channel::new(&conn.region, rx);
             if let Some((f, reason)) = publish_read(&ch, &mut conn.rx_cur, conn.peer_wake.as_ref(), stats) {

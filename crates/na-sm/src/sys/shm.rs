@@ -26,6 +26,8 @@ const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEA
 /// A shared mapping of a sealed memfd.
 #[derive(Debug)]
 pub struct SharedRegion {
+    /// The mapping's address and size, copied from `mapping` so that an
+    /// access costs no extra indirection.
     ptr: NonNull<u8>,
     len: usize,
     fd: OwnedFd,
