@@ -64,6 +64,14 @@ pub struct DeferredRequest {
 }
 
 impl DeferredRequest {
+    fn new(src: &Addr, header: &Header, payload: Vec<u8>) -> Self {
+        DeferredRequest {
+            src: src.clone(),
+            header: *header,
+            payload,
+        }
+    }
+
     /// The RPC id.
     pub fn rpc_id(&self) -> u64 {
         self.header.rpc_id

@@ -51,11 +51,8 @@ impl<C: Codec> Engine<C> {
     ) -> Option<(Header, Vec<u8>)> {
         if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
             self.stats.handled += 1;
-            self.deferred_requests.push_back(DeferredRequest {
-                src: src.clone(),
-                header: *h,
-                payload: data,
-            });
+            self.deferred_requests
+                .push_back(DeferredRequest::new(src, h, data));
             return None;
         }
         let answer = self.run_decoded(src, h, &data);
@@ -81,11 +78,8 @@ impl<C: Codec> Engine<C> {
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => (Status::UnknownRpc, Vec::new()),
             Some(Handler { run: None, .. }) => {
-                self.deferred_requests.push_back(DeferredRequest {
-                    src: src.clone(),
-                    header: *h,
-                    payload: payload.to_vec(),
-                });
+                self.deferred_requests
+                    .push_back(DeferredRequest::new(src, h, payload.to_vec()));
                 return None;
             }
             Some(Handler {
