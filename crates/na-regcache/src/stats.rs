@@ -18,6 +18,9 @@ pub struct CacheStats {
     pub invalidations: u64,
     /// Registrations handed out without caching them.
     pub uncached: u64,
+    /// Registrations made by [`Cache::get_unshared`](crate::Cache::get_unshared)
+    /// (exposed memory: never cached, deregistered with their last handle).
+    pub unshared: u64,
     /// Registrations the registrar refused (before or after retrying).
     pub register_failures: u64,
     /// Deregistrations the registrar reported as failed.
@@ -35,12 +38,13 @@ impl fmt::Display for CacheStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "hits={} misses={} evictions={} invalidations={} uncached={} entries={} bytes_registered={} in_use={}",
+            "hits={} misses={} evictions={} invalidations={} uncached={} unshared={} entries={} bytes_registered={} in_use={}",
             self.hits,
             self.misses,
             self.evictions,
             self.invalidations,
             self.uncached,
+            self.unshared,
             self.entries,
             self.bytes_registered,
             self.in_use
@@ -72,6 +76,7 @@ pub(crate) struct Stats {
     pub evictions: AtomicU64,
     pub invalidations: AtomicU64,
     pub uncached: AtomicU64,
+    pub unshared: AtomicU64,
     pub register_failures: AtomicU64,
     pub deregister_failures: AtomicU64,
     pub entries: AtomicU64,
@@ -91,6 +96,7 @@ impl Stats {
             evictions: self.evictions.load(Relaxed),
             invalidations: self.invalidations.load(Relaxed),
             uncached: self.uncached.load(Relaxed),
+            unshared: self.unshared.load(Relaxed),
             register_failures: self.register_failures.load(Relaxed),
             deregister_failures: self.deregister_failures.load(Relaxed),
             entries: self.entries.load(Relaxed),

@@ -118,6 +118,65 @@ fn byte_limit_and_uncached_fallback() {
     assert_eq!(c.stats().in_use, 0);
 }
 
+/// `get_unshared` (memory exposed to peers): never served from the cache,
+/// never put in it, never shared, deregistered with its last handle, and
+/// watched like a cached registration.
+#[test]
+fn unshared_registrations_are_never_cached_and_end_with_their_handle() {
+    // Two device slots: a third live registration has no room.
+    let c = cache(MonitorChoice::Uffd, 16, 1 << 30, 2);
+    let b = buffers(2);
+    let cached = c.get(b[0], LEN, W).unwrap();
+    let u1 = c.get_unshared(b[0], LEN, W).unwrap();
+    assert_ne!(
+        u1.region().slot,
+        cached.region().slot,
+        "not served from the cache"
+    );
+    assert!(!u1.is_cached());
+    assert_eq!((u1.addr(), u1.len()), (b[0], LEN), "exactly the range asked for");
+    let s = c.stats();
+    assert_eq!(
+        (s.hits, s.misses, s.unshared, s.entries, s.in_use),
+        (0, 1, 1, 1, 2)
+    );
+    drop(cached);
+    // Both slots held (one by an idle cached entry, which a failed
+    // registration evicts): the second unshared one takes the idle slot.
+    let u2 = c.get_unshared(b[0], LEN, W).unwrap();
+    assert_ne!(u2.region().slot, u1.region().slot, "not shared with u1");
+    assert_eq!(c.stats().evictions, 1);
+    let err = c.get_unshared(b[1], LEN, W).unwrap_err();
+    assert!(matches!(err, Error::Register { .. }), "both slots in use: {err}");
+    drop(u1);
+    // u1 was deregistered at once, not kept idle: its slot is free.
+    let u3 = c
+        .get_unshared(b[1], LEN, W)
+        .expect("the slot of the dropped registration is free again");
+    assert_eq!(
+        c.stats().entries,
+        0,
+        "unshared registrations never enter the index"
+    );
+    // A cached lookup of the same range misses: nothing unshared serves it.
+    drop(u2);
+    let again = c.get(b[1], LEN, W).unwrap();
+    assert_ne!(again.region().slot, u3.region().slot);
+    assert_eq!(c.stats().hits, 0);
+    // The monitor watches unshared registrations too.
+    assert!(u3.is_valid_now());
+    sys::unmap(b[1], LEN).unwrap();
+    assert!(!u3.is_valid_now(), "still valid after munmap returned");
+    let before = c.stats().bytes_registered;
+    drop(u3);
+    assert_eq!(
+        c.stats().bytes_registered,
+        before - LEN as u64,
+        "deregistered with its handle"
+    );
+    drop(again);
+}
+
 #[test]
 fn registration_failure_evicts_and_retries_once() {
     // Two device slots: the third registration fails until idle entries go.

@@ -1,13 +1,28 @@
-//! Memory registration through the registration cache (`na-regcache` with
-//! the `ibv_reg_mr` registrar), and descriptors with per-segment rkeys.
+//! Memory registration and descriptors with per-segment rkeys.
 //!
-//! `mem_register` registers every segment of a handle through the cache
-//! (a hit costs no verbs call) and attaches the registrations to the
-//! handle. Describing a handle and every RMA check each registration's
-//! validity flag (one atomic load): a registration the cache's monitor
-//! invalidated (its pages were unmapped or remapped) is never used.
+//! A handle gets two kinds of registration, because they must live for
+//! different times:
+//!
+//! * **Local** ones, for the RMA operations this process starts: through
+//!   the registration cache (`na-regcache` with the `ibv_reg_mr`
+//!   registrar), so a hit costs no verbs call, and with local rights only
+//!   (no rkey grants a peer anything). The cache keeps them after the
+//!   handle is gone, which is harmless: only our own work requests use
+//!   their lkeys.
+//! * **Exposed** ones, made when the handle is first described to a peer:
+//!   with the remote rights of its access mode, never cached or shared
+//!   ([`Cache::get_unshared`]), and deregistered when the handle (and
+//!   every transfer of ours still using it) is gone. A cached registration
+//!   with remote rights would outlive the handle: a peer that kept the
+//!   descriptor could go on writing into the freed buffer's next owner.
+//!   So memory is exposed exactly as long as its handle lives; a handle
+//!   kept and described again costs nothing more.
+//!
+//! Describing a handle and every RMA check each registration's validity
+//! flag (one atomic load): a registration the cache's monitor invalidated
+//! (its pages were unmapped or remapped) is never used.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use na_core::{Access, MemHandle, NaError, RemoteMem, RemoteSegment, Result};
 use na_regcache::{Access as RegAccess, Cache, CacheStats, Registration};
@@ -16,9 +31,15 @@ use crate::error::VerbsError;
 use crate::plugin::VerbsPlugin;
 use crate::sys::{IbvRegistrar, Sge};
 
-/// The registrations of one memory handle, one per non-empty segment.
+/// One registration per segment of a handle (`None` for an empty one).
+type SegmentRegs = Vec<Option<Registration<IbvRegistrar>>>;
+
+/// The registrations of one memory handle.
 pub(crate) struct MemReg {
-    regs: Vec<Option<Registration<IbvRegistrar>>>,
+    /// Local rights, through the cache: the lkeys of our own transfers.
+    regs: SegmentRegs,
+    /// Remote rights, made on the first describe (see the module docs).
+    exposed: Mutex<Option<Arc<SegmentRegs>>>,
 }
 
 impl MemReg {
@@ -39,27 +60,49 @@ impl MemReg {
         mr.sge((addr - mr.addr()) as usize, len as usize)
     }
 
+    /// The exposed registrations, if the handle was described.
+    fn exposed(&self) -> Option<Arc<SegmentRegs>> {
+        self.exposed.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     fn check_valid(&self) -> Result<()> {
-        // `is_valid_now`: an unmap that returned before this call may still
-        // be being applied by the monitor's reader; wait for it (no system
-        // call: a fence and two loads when nothing is in flight).
-        match self.regs.iter().flatten().find(|r| !r.is_valid_now()) {
-            None => Ok(()),
-            Some(r) => Err(NaError::Plugin {
-                plugin: "verbs",
-                message: format!(
-                    "the registration of {:#x}+{} was invalidated (its memory was unmapped or \
-                     remapped since it was registered); register the handle again",
-                    r.addr(),
-                    r.len()
-                ),
-            }),
-        }
+        let exposed = self.exposed();
+        let all = self.regs.iter().chain(exposed.iter().flat_map(|e| e.iter()));
+        check_valid(all.flatten())
     }
 }
 
-/// Registration access rights for a handle's access mode.
-fn reg_access(a: Access) -> RegAccess {
+/// An error naming the first registration the monitor invalidated.
+fn check_valid<'a>(mut regs: impl Iterator<Item = &'a Registration<IbvRegistrar>>) -> Result<()> {
+    // `is_valid_now`: an unmap that returned before this call may still
+    // be being applied by the monitor's reader; wait for it (no system
+    // call: a fence and two loads when nothing is in flight).
+    match regs.find(|r| !r.is_valid_now()) {
+        None => Ok(()),
+        Some(r) => Err(NaError::Plugin {
+            plugin: "verbs",
+            message: format!(
+                "the registration of {:#x}+{} was invalidated (its memory was unmapped or \
+                 remapped since it was registered); register the handle again",
+                r.addr(),
+                r.len()
+            ),
+        }),
+    }
+}
+
+/// Rights of a handle's local registration: the device writes into it for
+/// a get (RDMA READ) unless the handle is read-only.
+fn local_access(a: Access) -> RegAccess {
+    match a {
+        Access::ReadOnly => RegAccess::LOCAL_READ,
+        Access::WriteOnly | Access::ReadWrite => RegAccess::LOCAL_WRITE,
+    }
+}
+
+/// Rights of a handle's exposed registration: what its access mode grants
+/// a peer (remote write needs local write too).
+fn remote_access(a: Access) -> RegAccess {
     match a {
         Access::ReadOnly => RegAccess::REMOTE_READ,
         Access::WriteOnly => RegAccess::LOCAL_WRITE | RegAccess::REMOTE_WRITE,
@@ -85,25 +128,55 @@ impl CacheStatsHandle {
 }
 
 impl VerbsPlugin {
-    /// Registers every segment of `mem` through the cache and attaches the result.
+    /// Registers every segment of `mem` through the cache (local rights)
+    /// and attaches the result.
     pub(crate) fn register_mem(&self, mem: &MemHandle) -> Result<Arc<MemReg>> {
-        let access = reg_access(mem.access());
-        let mut regs = Vec::with_capacity(mem.segment_count());
-        for (addr, len) in mem.segments_raw() {
-            if len == 0 {
-                regs.push(None);
-                continue;
-            }
-            let r = self.cache.get(addr, len, access).map_err(|e| NaError::Plugin {
-                plugin: "verbs",
-                message: format!("registering {len} bytes at {addr:#x}: {e}: {}", error_chain(&e)),
-            })?;
-            regs.push(Some(r));
-        }
-        let reg = Arc::new(MemReg { regs });
+        let regs = self.register_segments(mem, local_access(mem.access()), |addr, len, a| {
+            self.cache.get(addr, len, a)
+        })?;
+        let reg = Arc::new(MemReg {
+            regs,
+            exposed: Mutex::new(None),
+        });
         reg.check_valid()?;
         mem.attach_registration(self.id, Arc::clone(&reg) as Arc<dyn std::any::Any + Send + Sync>);
         Ok(reg)
+    }
+
+    /// One registration per non-empty segment of `mem`, made by `get`.
+    fn register_segments(
+        &self,
+        mem: &MemHandle,
+        access: RegAccess,
+        get: impl Fn(usize, usize, RegAccess) -> na_regcache::Result<Registration<IbvRegistrar>>,
+    ) -> Result<SegmentRegs> {
+        mem.segments_raw()
+            .map(|(addr, len)| {
+                if len == 0 {
+                    return Ok(None);
+                }
+                get(addr, len, access).map(Some).map_err(|e| NaError::Plugin {
+                    plugin: "verbs",
+                    message: format!("registering {len} bytes at {addr:#x}: {e}: {}", error_chain(&e)),
+                })
+            })
+            .collect()
+    }
+
+    /// The exposed registrations of `mem` (registration `reg`), made now
+    /// if it was never described.
+    fn exposed_regs(&self, mem: &MemHandle, reg: &MemReg) -> Result<Arc<SegmentRegs>> {
+        let mut slot = reg.exposed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = slot.as_ref() {
+            return Ok(Arc::clone(e));
+        }
+        let regs = self.register_segments(mem, remote_access(mem.access()), |addr, len, a| {
+            self.cache.get_unshared(addr, len, a)
+        })?;
+        check_valid(regs.iter().flatten())?;
+        let regs = Arc::new(regs);
+        *slot = Some(Arc::clone(&regs));
+        Ok(regs)
     }
 
     /// The handle's registration with this plugin (registering it now if
@@ -121,12 +194,14 @@ impl VerbsPlugin {
         }
     }
 
-    /// The descriptor of `mem`: each segment with the rkey of its registration.
+    /// The descriptor of `mem`: each segment with the rkey of its exposed
+    /// registration (see the module docs).
     pub(crate) fn describe(&self, mem: &MemHandle) -> Result<RemoteMem> {
         let reg = self.registration(mem)?;
+        let exposed = self.exposed_regs(mem, &reg)?;
         let segs = mem
             .segments_raw()
-            .zip(&reg.regs)
+            .zip(exposed.iter())
             .map(|((addr, len), r)| RemoteSegment {
                 addr: addr as u64,
                 len: len as u64,

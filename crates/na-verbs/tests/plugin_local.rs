@@ -234,3 +234,45 @@ fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
     remote_mem.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 7), "put after re-registration");
 }
+
+/// A described handle grants its rkeys exactly as long as it lives: the
+/// exposed registration is not cached, so once the handle is dropped a
+/// peer that kept the old descriptor gets a remote access error instead of
+/// writing into freed (and perhaps reused) memory. Describing a kept
+/// handle again reuses its registration.
+#[test]
+fn a_handle_is_exposed_exactly_as_long_as_it_lives() {
+    let Some(env) = common::rdma_env("a_handle_is_exposed_exactly_as_long_as_it_lives") else {
+        return;
+    };
+    let mut p = pair(&env);
+    let exposed = MemHandle::zeroed(8192, Access::ReadWrite);
+    let srv = p.srv.plugin_mut(p.srv_id).unwrap();
+    srv.mem_register(&exposed).unwrap();
+    let desc = srv.mem_describe(&exposed).unwrap();
+    let again = srv.mem_describe(&exposed).unwrap();
+    assert_eq!(
+        desc.segments()[0].key,
+        again.segments()[0].key,
+        "a kept handle is exposed once"
+    );
+    let before = srv.stats();
+    let data = MemHandle::new(vec![vec![0x5a; 8192]], Access::ReadOnly);
+    p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&data).unwrap();
+    p.cli.put(&data, 0, &desc, 0, 8192, &p.srv_addr, OpId(1)).unwrap();
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    c[0].status.as_ref().expect("a put into a live handle");
+    assert!(exposed.to_vec().iter().all(|&b| b == 0x5a), "put data arrived");
+    eprintln!("exposed handle: put ok; server stats {before:?}");
+
+    // The handle goes; its descriptor must grant nothing any more.
+    drop(exposed);
+    p.cli.put(&data, 0, &desc, 0, 8192, &p.srv_addr, OpId(2)).unwrap();
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    let e = c[0]
+        .status
+        .as_ref()
+        .expect_err("a put through the descriptor of a dropped handle must fail");
+    assert!(e.to_string().contains("wrong rkey"), "{e}");
+    eprintln!("put through a dropped handle's descriptor: {e}");
+}

@@ -280,6 +280,56 @@ impl<R: Registrar> Cache<R> {
         Err(Error::Unstable { addr })
     }
 
+    /// A registration of exactly `[addr, addr+len)` that is neither kept in
+    /// the cache nor shared with any other caller: it is deregistered when
+    /// its last handle drops, never left idle. For memory exposed to peers
+    /// with remote access rights, whose exposure must end with its user: a
+    /// cached registration outlives it, and a peer that kept its key could
+    /// go on reading and writing whatever the memory holds next (a freed
+    /// heap buffer's next owner, say). Watched like the uncached fallback
+    /// of [`get`](Self::get): its validity flag clears when the monitor
+    /// sees its mapping change (where the monitor accepts the range).
+    pub fn get_unshared(&self, addr: usize, len: usize, access: Access) -> Result<Registration<R>> {
+        let end = addr
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(Error::InvalidRange { addr, len })?;
+        let sh = &self.shared;
+        if !sh.backend.in_owner() {
+            return Err(Error::ForkedChild);
+        }
+        let Some(m) = sh.backend.monitor.as_ref().filter(|_| sh.caching) else {
+            // Nothing watches mappings: a plain registration, as `get` gives.
+            return self.uncached(addr, end, access);
+        };
+        // As in `get`: changes that completed before this call are applied
+        // first (so they cannot count against the new registration), then
+        // the pre-filter is widened and the generation noted before the
+        // subscription and the pin, so a change after them is seen.
+        if sh.in_flight {
+            m.sync_in_flight();
+        } else {
+            m.sync();
+        }
+        sh.widen(addr, end);
+        let gen = sh.table.read().generation();
+        let watch = match m.subscribe(addr, len, addr as u64) {
+            Ok(w) => Some(w),
+            Err(err) => {
+                tracing::debug!(addr, len, error = %err, "monitor refused range: unwatched");
+                None
+            }
+        };
+        let region = self.register(addr, len, access)?;
+        let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
+        let stale_at = m.settling(addr, end).map(|left| Instant::now() + left);
+        entry.track_since(Arc::clone(sh), gen, stale_at);
+        entry.users.fetch_add(1, Ordering::AcqRel);
+        sh.backend.stats.in_use.add(1);
+        Stats::bump(&sh.backend.stats.unshared);
+        Ok(Registration { entry })
+    }
+
     /// Registers `[addr, addr+len)`; on failure evicts every idle entry and
     /// retries once.
     fn register(&self, addr: usize, len: usize, access: Access) -> Result<R::Region> {
