@@ -106,6 +106,16 @@
 //! connection; other peers are unaffected. Shared memory is only touched by
 //! atomics and volatile copies into private memory.
 //!
+//! What CMA cannot do is revoke: `process_vm_readv`/`writev` need the
+//! same permission as `ptrace` attach (`PTRACE_MODE_ATTACH_REALCREDS`), so
+//! a peer that may do RMA here may read and write all of this process's
+//! memory, handle or no handle. A memory handle's descriptor is therefore
+//! a promise between well-behaved peers: a peer that goes on using one
+//! after the handle is dropped writes wherever the address now points.
+//! The verbs plugin, whose rkeys the NIC checks, does revoke (see
+//! `na-verbs`'s `mem` module); over sm, only run peers you would let
+//! attach a debugger.
+//!
 //! ## Cleanup
 //! See [`cleanup`]: files removed on drop; stale files of dead owners (pid
 //! and start time) removed by [`cleanup_stale`], at listener start and by
