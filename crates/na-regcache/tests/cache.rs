@@ -175,6 +175,14 @@ fn unshared_registrations_are_never_cached_and_end_with_their_handle() {
         "deregistered with its handle"
     );
     drop(again);
+    // Without a monitor it is a plain registration, still counted as unshared.
+    let plain = cache(MonitorChoice::None, 16, 1 << 30, 2);
+    let b = buffers(1);
+    let u = plain.get_unshared(b[0], LEN, W).unwrap();
+    let s = plain.stats();
+    assert_eq!((s.unshared, s.uncached, s.entries, s.in_use), (1, 0, 0, 1));
+    drop(u);
+    assert_eq!(plain.stats().bytes_registered, 0, "deregistered with its handle");
 }
 
 #[test]

@@ -300,7 +300,7 @@ impl<R: Registrar> Cache<R> {
         }
         let Some(m) = sh.backend.monitor.as_ref().filter(|_| sh.caching) else {
             // Nothing watches mappings: a plain registration, as `get` gives.
-            return self.uncached(addr, end, access);
+            return self.plain(addr, end, access, &sh.backend.stats.unshared);
         };
         // As in `get`: changes that completed before this call are applied
         // first (so they cannot count against the new registration), then
@@ -360,12 +360,17 @@ impl<R: Registrar> Cache<R> {
     }
 
     fn uncached(&self, addr: usize, end: usize, access: Access) -> Result<Registration<R>> {
+        self.plain(addr, end, access, &self.shared.backend.stats.uncached)
+    }
+
+    /// An unwatched registration outside the index, counted in `counter`.
+    fn plain(&self, addr: usize, end: usize, access: Access, counter: &AtomicU64) -> Result<Registration<R>> {
         let region = self.register(addr, end - addr, access)?;
         let sh = &self.shared;
         let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, None));
         entry.users.fetch_add(1, Ordering::AcqRel);
         sh.backend.stats.in_use.add(1);
-        Stats::bump(&sh.backend.stats.uncached);
+        Stats::bump(counter);
         Ok(Registration { entry })
     }
 
