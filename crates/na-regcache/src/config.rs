@@ -11,6 +11,8 @@
 //! An invalid value is an [`Error::Config`] naming the variable, never a
 //! silent default.
 
+use std::ffi::OsString;
+
 use crate::error::{Error, Result};
 
 /// Environment variable: maximum number of cached registrations.
@@ -25,6 +27,15 @@ pub const ENV_CONSISTENCY: &str = "QS_MR_CACHE_CONSISTENCY";
 /// nothing was mapped, when perf side-band events are allowed) or `off`
 /// (probe on every lookup).
 pub const ENV_MAP_WATCH: &str = "QS_MR_CACHE_MAP_WATCH";
+
+/// Every variable [`CacheConfig::from_env`] reads.
+pub const ENV_VARS: [&str; 5] = [
+    ENV_MAX_COUNT,
+    ENV_MAX_SIZE,
+    ENV_MONITOR,
+    ENV_CONSISTENCY,
+    ENV_MAP_WATCH,
+];
 
 /// Upper bound of `max_count` (index and slot table are reserved up front).
 pub const MAX_COUNT_LIMIT: usize = 1 << 20;
@@ -129,8 +140,20 @@ impl Default for CacheConfig {
 
 impl CacheConfig {
     /// The defaults overridden by `QS_MR_CACHE_*` variables that are set.
+    /// An invalid value, or one that is not UTF-8, is an error naming its
+    /// variable.
     pub fn from_env() -> Result<CacheConfig> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_os_lookup(|k| std::env::var_os(k))
+    }
+
+    /// Like [`CacheConfig::from_env`] with a custom lookup of raw values.
+    pub fn from_os_lookup(get: impl Fn(&str) -> Option<OsString>) -> Result<CacheConfig> {
+        for var in ENV_VARS {
+            if let Some(v) = get(var).filter(|v| v.to_str().is_none()) {
+                return Err(config_err(var, &v.to_string_lossy(), "not valid UTF-8".into()));
+            }
+        }
+        Self::from_lookup(|k| get(k).and_then(|v| v.into_string().ok()))
     }
 
     /// Like [`CacheConfig::from_env`] with a custom variable lookup.
@@ -259,5 +282,17 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(var) && msg.contains(val), "{msg}");
         }
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_an_error_not_unset() {
+        use std::os::unix::ffi::OsStringExt;
+        for var in ENV_VARS {
+            let raw = |k: &str| (k == var).then(|| OsString::from_vec(b"16\xffM".to_vec()));
+            let msg = CacheConfig::from_os_lookup(raw).unwrap_err().to_string();
+            assert!(msg.contains(var) && msg.contains("not valid UTF-8"), "{msg}");
+        }
+        let ok = |k: &str| (k == ENV_MAX_SIZE).then(|| OsString::from("16M"));
+        assert_eq!(CacheConfig::from_os_lookup(ok).unwrap().max_bytes, 16 << 20);
     }
 }
