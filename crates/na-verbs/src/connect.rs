@@ -177,7 +177,7 @@ impl VerbsPlugin {
         if conn.active {
             match Hello::decode(private) {
                 Ok(h) => {
-                    conn.credits = crate::credits::Credits::new(u32::from(h.depth), conn.depth);
+                    conn.credits.peer_ready(u32::from(h.depth));
                     conn.peer_max_msg = h.max_payload as usize;
                 }
                 Err(e) => {
@@ -266,6 +266,8 @@ impl VerbsPlugin {
         self.fail_rma_backlog(cref, &reason);
         if primary && self.peers[peer].dead.is_none() {
             self.peers[peer].dead = Some(reason.clone());
+            self.peers[peer].dead_since = Some(Instant::now());
+            self.schedule_held_sweep();
             self.peer_by_key.remove(&self.peers[peer].key);
             self.fail_peer_recvs(peer, &reason);
         }
@@ -305,6 +307,7 @@ impl VerbsPlugin {
 
     /// Retires dead connections whose grace period is over.
     pub(crate) fn reap_dead(&mut self) {
+        self.sweep_dead_held();
         let dead: Vec<ConnRef> = self
             .conns
             .iter()

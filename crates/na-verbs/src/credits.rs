@@ -25,6 +25,14 @@
 //! credits for further reposted buffers are *withheld* until the
 //! application takes held messages: the sender then queues instead of
 //! flooding this process's memory.
+//!
+//! # A peer that ignores its credits
+//! The receiver keeps its own count of the credits the peer holds (our
+//! depth at first, one less per message that arrives, plus those we
+//! return). A message that arrives when that count is zero is a protocol
+//! violation and ends the connection: a peer that sets its own RNR retries
+//! and sends regardless could otherwise make us hold without limit, since
+//! buffers are reposted even while their credits are withheld.
 
 /// Flow-control state of one connection.
 #[derive(Debug, Clone)]
@@ -39,6 +47,8 @@ pub struct Credits {
     withheld: u32,
     /// Owed credits that trigger an explicit update.
     threshold: u32,
+    /// Messages the peer may still send us, as we count them.
+    peer_avail: u32,
 }
 
 impl Credits {
@@ -50,7 +60,17 @@ impl Credits {
             owed: 0,
             withheld: 0,
             threshold: (own_depth / 2).max(1),
+            peer_avail: own_depth,
         }
+    }
+
+    /// The peer's depth became known (its hello arrived in the accept):
+    /// our credits are now `peer_depth`. What we owe or withhold, and the
+    /// peer's credits, are kept: messages may have arrived before the
+    /// connection's established event was read.
+    pub fn peer_ready(&mut self, peer_depth: u32) {
+        self.avail = peer_depth;
+        self.peer_depth = peer_depth;
     }
 
     /// Messages we may send now.
@@ -75,6 +95,7 @@ impl Credits {
         self.avail -= 1;
         let n = self.owed.min(u32::from(u16::MAX));
         self.owed -= n;
+        self.peer_avail += n;
         n as u16
     }
 
@@ -82,6 +103,22 @@ impl Credits {
     pub fn unspend(&mut self, returned: u16) {
         self.avail += 1;
         self.owed += u32::from(returned);
+        self.peer_avail = self.peer_avail.saturating_sub(u32::from(returned));
+    }
+
+    /// A message from the peer arrived: it spent one of its credits. None
+    /// left is a protocol violation (see the module docs).
+    pub fn arrived(&mut self) -> Result<(), String> {
+        match self.peer_avail.checked_sub(1) {
+            Some(n) => {
+                self.peer_avail = n;
+                Ok(())
+            }
+            None => Err(format!(
+                "peer sent a message without a credit ({} owed, {} withheld)",
+                self.owed, self.withheld
+            )),
+        }
     }
 
     /// Adds credits the peer returned; more than its depth is a protocol violation.
@@ -174,6 +211,62 @@ mod tests {
         assert_eq!(c.owed(), 2);
     }
 
+    #[test]
+    fn a_message_beyond_the_credits_given_is_a_violation() {
+        let mut c = Credits::new(4, 4);
+        for _ in 0..4 {
+            c.arrived().unwrap();
+            c.reposted(true);
+        }
+        assert!(c.arrived().is_err(), "the peer had no credit left");
+        // Returning credits gives the peer room again, exactly that much.
+        assert_eq!(c.spend(), 4);
+        for _ in 0..4 {
+            c.arrived().unwrap();
+        }
+        assert!(c.arrived().is_err());
+        // Withheld credits are not the peer's to spend.
+        let mut w = Credits::new(4, 4);
+        for _ in 0..4 {
+            w.arrived().unwrap();
+            w.reposted(false);
+        }
+        w.spend();
+        assert!(w.arrived().is_err(), "withheld credits were never given");
+        w.release_withheld();
+        w.spend();
+        w.arrived().expect("a released credit was returned");
+        // A send that could not be posted returns nothing.
+        let mut u = Credits::new(4, 4);
+        u.arrived().unwrap();
+        u.reposted(true);
+        let n = u.spend();
+        u.unspend(n);
+        for _ in 0..3 {
+            u.arrived().unwrap();
+        }
+        assert!(u.arrived().is_err(), "the unposted send's credit never left");
+    }
+
+    #[test]
+    fn the_peers_depth_arriving_late_keeps_what_is_owed() {
+        // Active side: its peer's depth is known only at establishment.
+        let mut c = Credits::new(0, 8);
+        assert!(!c.can_send_update());
+        // Two messages arrived before the established event was read.
+        for _ in 0..2 {
+            c.arrived().unwrap();
+            c.reposted(true);
+        }
+        c.peer_ready(8);
+        assert_eq!((c.available(), c.owed()), (8, 2), "owed credits survive");
+        assert_eq!(c.spend(), 2);
+        for _ in 0..8 {
+            c.arrived().unwrap();
+        }
+        assert!(c.arrived().is_err());
+    }
+
     /// Two sides exchanging messages in lock-step with random patterns never
     /// end up both unable to send while credits are owed.
     #[test]
@@ -192,6 +285,7 @@ mod tests {
                 1 if b.can_send_data() => b_to_a.push(b.spend()),
                 2 if !a_to_b.is_empty() => {
                     let n = a_to_b.remove(0);
+                    b.arrived().unwrap();
                     b.grant(n).unwrap();
                     b.reposted(true);
                     if b.wants_update() && b.can_send_update() {
@@ -200,6 +294,7 @@ mod tests {
                 }
                 _ if !b_to_a.is_empty() => {
                     let n = b_to_a.remove(0);
+                    a.arrived().unwrap();
                     a.grant(n).unwrap();
                     a.reposted(true);
                     if a.wants_update() && a.can_send_update() {

@@ -2,9 +2,12 @@
 //! the connection exists and has credits), posted receives, and matching
 //! of arrivals against them (unexpected: first posted; expected: source
 //! peer and tag). Arrivals nobody waits for are held, bounded per
-//! connection by credit withholding (see `credits.rs`).
+//! connection by credit withholding (see `credits.rs`). Expected
+//! arrivals of a peer that died stay takeable for [`DEAD_HELD_GRACE`],
+//! then go.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use na_core::{Addr, Completion, MsgBuf, NaError, OpId, OpKind, Result, Tag};
 
@@ -12,6 +15,10 @@ use crate::conn::{ConnRef, ConnState, Outgoing, PendingSend};
 use crate::error::VerbsError;
 use crate::plugin::{OpLoc, VerbsPlugin};
 use crate::wire::MsgKind;
+
+/// How long expected messages of a dead peer stay held for a receive
+/// naming that peer (what it sent before it went is not lost at once).
+pub const DEAD_HELD_GRACE: Duration = Duration::from_secs(10);
 
 /// A message that arrived before a receive for it was posted.
 pub(crate) struct Held {
@@ -31,6 +38,8 @@ pub(crate) struct Matching {
     pub posted_expected: HashMap<(usize, Tag), PostedQueue>,
     pub held_unexpected: VecDeque<Held>,
     pub held_expected: HashMap<(usize, Tag), VecDeque<Held>>,
+    /// When held expected messages of dead peers are next looked at.
+    pub held_sweep_at: Option<Instant>,
 }
 
 impl Matching {
@@ -313,6 +322,56 @@ impl VerbsPlugin {
                     conn.held += 1;
                 }
             }
+        }
+    }
+
+    /// Plans a sweep of held expected messages once a dead peer's grace ends.
+    pub(crate) fn schedule_held_sweep(&mut self) {
+        if self.matching.held_expected.is_empty() {
+            return;
+        }
+        let at = Instant::now() + DEAD_HELD_GRACE;
+        let next = self.matching.held_sweep_at.map_or(at, |t| t.min(at));
+        self.matching.held_sweep_at = Some(next);
+    }
+
+    /// Drops expected messages held for peers dead longer than
+    /// [`DEAD_HELD_GRACE`]: only a receive naming the peer could take them,
+    /// and a peer that reconnects and dies again and again would otherwise
+    /// grow them without bound.
+    pub(crate) fn sweep_dead_held(&mut self) {
+        let Some(at) = self.matching.held_sweep_at else {
+            return;
+        };
+        let now = Instant::now();
+        if now < at {
+            return;
+        }
+        let peers = &self.peers;
+        let expired = |peer: usize| {
+            peers[peer]
+                .dead_since
+                .is_some_and(|t| now.duration_since(t) >= DEAD_HELD_GRACE)
+        };
+        let (mut dropped, mut next) = (0usize, None::<Instant>);
+        self.matching.held_expected.retain(|&(peer, _), q| {
+            if expired(peer) {
+                dropped += q.len();
+                return false;
+            }
+            if let Some(t) = peers[peer].dead_since {
+                let due = t + DEAD_HELD_GRACE;
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+            true
+        });
+        self.matching.held_sweep_at = next;
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                grace = ?DEAD_HELD_GRACE,
+                "verbs: dropped expected messages of dead peers that no receive took"
+            );
         }
     }
 

@@ -61,6 +61,8 @@ pub(crate) struct Peer {
     pub conn: Option<ConnRef>,
     /// Why the peer is unusable, once it is.
     pub dead: Option<String>,
+    /// When it became unusable.
+    pub dead_since: Option<std::time::Instant>,
 }
 
 /// Where an operation in flight lives (for cancel).
@@ -225,6 +227,7 @@ impl VerbsPlugin {
             key,
             conn: None,
             dead: None,
+            dead_since: None,
         });
         self.peer_by_key.insert(key, i);
         i

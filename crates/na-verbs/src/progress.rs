@@ -158,7 +158,11 @@ impl VerbsPlugin {
             .read_header(slot)
             .map_err(|e| e.to_string())
             .and_then(|b| Header::decode(&b, wc.byte_len as usize, max));
-        let header = match header.and_then(|h| conn.credits.grant(h.credits).map(|()| h)) {
+        let header = header.and_then(|h| {
+            conn.credits.arrived()?;
+            conn.credits.grant(h.credits).map(|()| h)
+        });
+        let header = match header {
             Ok(h) => h,
             Err(e) => {
                 self.stats.protocol_errors += 1;

@@ -276,3 +276,75 @@ fn a_handle_is_exposed_exactly_as_long_as_it_lives() {
     assert!(e.to_string().contains("wrong rkey"), "{e}");
     eprintln!("put through a dropped handle's descriptor: {e}");
 }
+
+/// Expected messages of a peer that died stay takeable for a while (what
+/// it sent before it went is not lost), then go: a peer that sends and
+/// dies again and again cannot make the listener hold them forever.
+#[test]
+fn expected_messages_of_a_dead_peer_are_kept_for_a_grace_then_dropped() {
+    let Some(env) = common::rdma_env("expected_messages_of_a_dead_peer_are_kept_for_a_grace_then_dropped")
+    else {
+        return;
+    };
+    let mut p = pair(&env);
+    // An unexpected message gives the server the client's address.
+    p.srv.post_recv_unexpected(p.srv_id, Vec::new(), OpId(1)).unwrap();
+    p.cli.send_unexpected(&p.srv_addr, 1, b"hi", OpId(2)).unwrap();
+    for i in 0..5u32 {
+        p.cli
+            .send_expected(&p.srv_addr, 9, &i.to_le_bytes(), OpId(10 + u64::from(i)))
+            .unwrap();
+    }
+    let (_, s) = drive(&mut p, |c, s| c.len() == 6 && s.len() == 1);
+    let client = s[0].source.clone().expect("source of the unexpected message");
+    let held = |p: &Pair| p.srv.plugin(p.srv_id).unwrap().stats().queued_arrivals;
+    let end = Instant::now() + T;
+    while held(&p) < 5 {
+        assert!(Instant::now() < end, "the expected messages never arrived");
+        p.srv.progress(Some(Duration::ZERO)).unwrap();
+    }
+    // The client goes away; a receive posted for it fails when the server
+    // sees that.
+    let Pair {
+        mut srv, cli, srv_id, ..
+    } = p;
+    srv.post_recv_expected(&client, 77, Vec::new(), OpId(50)).unwrap();
+    drop(cli);
+    let end = Instant::now() + T;
+    let gone = loop {
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        if let Some(c) = std::iter::from_fn(|| srv.pop_completion()).find(|c| c.op == OpId(50)) {
+            break c;
+        }
+        assert!(Instant::now() < end, "the server never saw the client go");
+    };
+    assert!(matches!(gone.status, Err(NaError::PeerGone { .. })), "{gone:?}");
+    // Within the grace, a receive naming the dead peer still gets its message.
+    srv.post_recv_expected(&client, 9, Vec::new(), OpId(60)).unwrap();
+    let end = Instant::now() + T;
+    let got = loop {
+        if let Some(c) = std::iter::from_fn(|| srv.pop_completion()).find(|c| c.op == OpId(60)) {
+            break c;
+        }
+        assert!(Instant::now() < end, "the held message was not delivered");
+        srv.progress(Some(Duration::ZERO)).unwrap();
+    };
+    got.status
+        .as_ref()
+        .expect("a held message of a dead peer is still delivered");
+    assert_eq!(got.buf.as_deref(), Some(&0u32.to_le_bytes()[..]));
+    assert_eq!(srv.plugin(srv_id).unwrap().stats().queued_arrivals, 4);
+    // After it, the rest go.
+    let end = Instant::now() + 3 * T;
+    while srv.plugin(srv_id).unwrap().stats().queued_arrivals > 0 {
+        assert!(
+            Instant::now() < end,
+            "held messages of a dead peer are kept forever"
+        );
+        srv.progress(Some(Duration::from_millis(10))).unwrap();
+    }
+    let e = srv
+        .post_recv_expected(&client, 9, Vec::new(), OpId(61))
+        .expect_err("nothing held, and the peer is gone");
+    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+}

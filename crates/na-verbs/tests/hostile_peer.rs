@@ -1,0 +1,216 @@
+//! A peer that breaks the verbs plugin's protocol on purpose, built from
+//! the sys layer and the wire format (no plugin on its side): it connects
+//! with a valid hello, then sends without waiting for credits, paced so
+//! the listener's reposts keep up. The listening plugin must count
+//! the credits it gave, cut the connection at the first message beyond
+//! them, and hold no more than its bound.
+//!
+//! Without an RDMA device the RDMA part cannot run: the test says so loudly
+//! (and checks the clear "no RDMA device" error).
+
+mod common;
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use na_core::{Endpoint, Plugin, ProgressMode};
+use na_verbs::sys::*;
+use na_verbs::wire::{Header, Hello, MsgKind, HEADER_LEN};
+use na_verbs::{VerbsConfig, VerbsPlugin};
+
+/// Receive depth of the listening plugin (the flooder's initial credits).
+const DEPTH: u16 = 16;
+/// Messages the listening plugin holds before it withholds credits.
+const MAX_HELD: u32 = 32;
+/// Messages the flooder tries to send.
+const FLOOD: u32 = 2000;
+/// Send slots of the flooder (one message in flight at a time).
+const WINDOW: u32 = 32;
+/// Pause between the flooder's messages. The listener grants RNR retries
+/// of 0, so a flooder that outruns its reposts fails on its own; pacing is
+/// how a real one gets through, since buffers are reposted even while
+/// their credits are withheld.
+const PACE: Duration = Duration::from_millis(2);
+const PAYLOAD: usize = 8;
+
+/// What the flooder saw: messages the device delivered, and the first error.
+struct Flood {
+    delivered: u32,
+    stopped_by: Option<String>,
+}
+
+/// Connects to `dst` with a valid hello and sends `FLOOD` unexpected
+/// messages, never returning or waiting for credits.
+fn flood(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
+    let who = "flooder";
+    let ch = EventChannel::new().expect("event channel");
+    let id = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
+    id.resolve_addr(None, dst, 5000).expect("resolve_addr");
+    wait_cm(&ch, CmEventKind::AddrResolved, who);
+    id.resolve_route(5000).expect("resolve_route");
+    wait_cm(&ch, CmEventKind::RouteResolved, who);
+    let ctx: Arc<Context> = id.context().expect("resolved id has a device");
+    let pd = ProtectionDomain::new(&ctx).expect("pd");
+    let comp = CompletionChannel::new(&ctx).expect("completion channel");
+    let send_cq = CompletionQueue::new(&ctx, 256, Some(&comp)).expect("send cq");
+    // Credit updates from the plugin land here and are never looked at.
+    let recv_cq = CompletionQueue::new(&ctx, 256, None).expect("recv cq");
+    let slot = HEADER_LEN + 4096;
+    let recv =
+        MemoryRegion::allocate(&pd, slot * usize::from(DEPTH), AccessFlags::LOCAL_WRITE).expect("recv mr");
+    let send = MemoryRegion::allocate(
+        &pd,
+        (HEADER_LEN + PAYLOAD) * WINDOW as usize,
+        AccessFlags::LOCAL_WRITE,
+    )
+    .expect("send mr");
+    let attr = QpInitAttr {
+        send_cq: &send_cq,
+        recv_cq: &recv_cq,
+        srq: None,
+        caps: QpCaps {
+            max_send_wr: WINDOW,
+            max_recv_wr: u32::from(DEPTH),
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+    };
+    let qp = id.create_qp(&pd, attr).expect("rdma_create_qp");
+    for i in 0..usize::from(DEPTH) {
+        qp.post_recv(i as u64, &[recv.sge(i * slot, slot).unwrap()])
+            .expect("post_recv");
+    }
+    let hello = Hello {
+        addr: SocketAddr::V4(SocketAddrV4::new(ip, 1)),
+        depth: DEPTH,
+        max_payload: 4096,
+        device: String::new(),
+    };
+    let param = ConnParam {
+        private_data: hello.encode(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 2,
+        // RNR retries of the listener's sends to us (it never sends data).
+        rnr_retry_count: 7,
+    };
+    id.connect(&param).expect("connect");
+    wait_cm(&ch, CmEventKind::Established, who);
+
+    let (mut posted, mut delivered, mut wcs) = (0u32, 0u32, Vec::new());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        while posted < FLOOD && posted == delivered {
+            let at = (posted % WINDOW) as usize * (HEADER_LEN + PAYLOAD);
+            let header = Header {
+                kind: MsgKind::Unexpected,
+                credits: 0,
+                tag: posted,
+                len: PAYLOAD as u32,
+            };
+            send.write_at(at, &header.encode()).unwrap();
+            send.write_at(at + HEADER_LEN, &posted.to_le_bytes().repeat(2))
+                .unwrap();
+            let sge = send.sge(at, HEADER_LEN + PAYLOAD).unwrap();
+            if let Err(e) = qp.post_send(u64::from(posted), SendOp::Send, &[sge], true) {
+                return Flood {
+                    delivered,
+                    stopped_by: Some(format!("post_send: {e}")),
+                };
+            }
+            posted += 1;
+        }
+        if delivered == FLOOD {
+            return Flood {
+                delivered,
+                stopped_by: None,
+            };
+        }
+        wcs.clear();
+        send_cq.poll(&mut wcs, WINDOW as usize).expect("poll_cq");
+        for wc in &wcs {
+            if !wc.is_ok() {
+                return Flood {
+                    delivered,
+                    stopped_by: Some(wc.status_str().to_string()),
+                };
+            }
+            delivered += 1;
+            std::thread::sleep(PACE);
+        }
+        if let Some(ev) = ch.get_event().expect("rdma_get_cm_event") {
+            return Flood {
+                delivered,
+                stopped_by: Some(format!("CM event {}", ev.kind.name())),
+            };
+        }
+        if Instant::now() > deadline {
+            return Flood {
+                delivered,
+                stopped_by: Some(format!("nothing happened for {WAIT:?}")),
+            };
+        }
+        if wcs.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded() {
+    let Some(env) = rdma_env("a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded") else {
+        return;
+    };
+    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
+    let cfg = VerbsConfig {
+        listen: true,
+        recv_depth: DEPTH,
+        max_held: MAX_HELD,
+        ..VerbsConfig::from_spec(&spec, true).unwrap()
+    };
+    let mut ep = Endpoint::new(ProgressMode::Busy).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .expect("verbs plugin");
+    let uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let port: u16 = uri
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port in the uri");
+    let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
+    let ip = env.ip;
+    // The listener posts no receive: every message that gets in is held.
+    let flooder = std::thread::spawn(move || flood(ip, dst));
+    let end = Instant::now() + 2 * WAIT;
+    while !flooder.is_finished() {
+        assert!(Instant::now() < end, "the flooder never stopped");
+        ep.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    let seen = flooder.join().expect("flooder thread");
+    // Let the listener take in whatever the device already delivered.
+    let settle = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < settle {
+        ep.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    let st = ep.plugin(id).unwrap().stats();
+    eprintln!(
+        "flooder: {} of {FLOOD} delivered, stopped by {:?}; listener: protocol_errors {} queued_arrivals {}",
+        seen.delivered, seen.stopped_by, st.protocol_errors, st.queued_arrivals
+    );
+    assert!(st.protocol_errors >= 1, "the violation was not noticed: {st:?}");
+    assert!(
+        seen.stopped_by.is_some() && seen.delivered < FLOOD,
+        "the flooder was never cut off ({} delivered)",
+        seen.delivered
+    );
+    let bound = u64::from(MAX_HELD) + 2 * u64::from(DEPTH);
+    assert!(
+        st.queued_arrivals <= bound,
+        "{} messages held, bound {bound}",
+        st.queued_arrivals
+    );
+}
