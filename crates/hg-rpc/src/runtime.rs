@@ -86,13 +86,45 @@ impl Shared {
                 // The handler owns the input; answering needs only the
                 // request's header and source.
                 let input = std::mem::take(&mut req.payload);
-                let result = handler(input).await;
+                let result = answer_even_if_it_panics(&handler, input).await;
                 let mut e = shared.engine();
                 e.respond_deferred(req, result);
                 shared.notify_finished(&mut e);
             });
         }
     }
+}
+
+/// Runs an async handler to its result; a panic (while making the future
+/// or polling it) becomes a handler error, so the caller is answered
+/// instead of waiting for its timeout.
+async fn answer_even_if_it_panics(
+    handler: &AsyncHandler,
+    input: Vec<u8>,
+) -> std::result::Result<Vec<u8>, String> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::task::Poll;
+    let panicked = |payload: Box<dyn std::any::Any + Send>| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".into());
+        format!("the handler panicked: {what}")
+    };
+    // AssertUnwindSafe: after a panic the future is never polled again and
+    // the handler's state is dropped; only the error leaves.
+    let mut fut = match catch_unwind(AssertUnwindSafe(|| handler(input))) {
+        Ok(f) => f,
+        Err(p) => return Err(panicked(p)),
+    };
+    std::future::poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(poll) => poll,
+            Err(p) => Poll::Ready(Err(panicked(p))),
+        },
+    )
+    .await
 }
 
 /// An [`Engine`] driven by a tokio task; calls are futures.

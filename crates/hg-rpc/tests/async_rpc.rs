@@ -180,6 +180,37 @@ async fn async_handlers_run_concurrently_and_self_forward_works() {
         client.call::<Add>(&s, &(u64::MAX, 1), T).await,
         Err(RpcError::Handler { .. })
     ));
+    // A handler that panics, in its future or before it makes one: the
+    // caller gets a handler error at once, not a timeout, and the server
+    // keeps serving.
+    server
+        .register_async::<Fail, _, _>(|msg: String| {
+            if msg == "early" {
+                panic!("before the future: {msg}");
+            }
+            async move {
+                tokio::task::yield_now().await;
+                panic!("inside the future: {msg}")
+            }
+        })
+        .unwrap();
+    for (msg, said) in [
+        ("late", "inside the future: late"),
+        ("early", "before the future: early"),
+    ] {
+        let t0 = Instant::now();
+        match client.call::<Fail>(&s, &msg.to_string(), T).await {
+            Err(RpcError::Handler { message, .. }) => {
+                assert!(
+                    message.contains("panicked") && message.contains(said),
+                    "{message}"
+                )
+            }
+            other => panic!("a panicking handler answered {other:?}"),
+        }
+        assert!(t0.elapsed() < T / 2, "answered only after {:?}", t0.elapsed());
+    }
+    assert_eq!(client.call::<Add>(&s, &(2, 2), T).await.unwrap(), 4);
     // A self-forward to an async handler.
     let me = server.self_addr();
     assert_eq!(server.call::<Add>(&me, &(1, 2), T).await.unwrap(), 3);
