@@ -326,17 +326,36 @@ impl<C: Codec> Engine<C> {
     /// A response (header `h`, payload `p`) arrived from `src`. It counts
     /// only for a call in flight to that same peer: a late one (the call
     /// timed out or its future was dropped) is discarded, and one from
-    /// another peer (forged, or a confused peer) is malformed.
+    /// another peer (forged, or a confused peer) is malformed. A discarded
+    /// spilled output is released at once (nobody will pull it), so the
+    /// target need not keep it for [`SPILLED_OUTPUT_TTL`](super::SPILLED_OUTPUT_TTL).
     pub(super) fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
+        let spilled = h.flags & FLAG_SPILL != 0;
         let Some(call) = self.calls.get(cookie) else {
             self.stats.stray_responses += 1;
             tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
+            if spilled {
+                // Keyed by our address on the target: it can only let go
+                // of an output it keeps for us.
+                self.release_output(src, cookie);
+            }
             return;
         };
         if call.peer != Some(src.token()) || call.outcome.is_some() {
             self.stats.malformed += 1;
             tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
+            return;
+        }
+        if call.abandoned {
+            // Kept only because the target might still pull its input; the
+            // response says it is done. Nobody wants the output.
+            self.stats.stray_responses += 1;
+            if spilled {
+                self.release_output(src, cookie);
+            }
+            // An abandoned call's outcome is dropped, not filed.
+            self.file_outcome(cookie, Ok(Vec::new()));
             return;
         }
         let outcome = if h.flags & FLAG_SPILL == 0 {

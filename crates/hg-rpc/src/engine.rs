@@ -153,6 +153,9 @@ pub struct RpcStats {
     /// Responses that matched no call in flight (late, after a timeout or
     /// a dropped future) and were discarded.
     pub stray_responses: u64,
+    /// Spilled outputs this target keeps exposed until their origin pulled
+    /// them or let them go (at most [`SPILLED_OUTPUT_TTL`] each).
+    pub exposed_outputs: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
@@ -318,6 +321,7 @@ impl<C: Codec> Engine<C> {
                 .iter()
                 .filter(|(_, c)| !c.abandoned && c.outcome.is_none())
                 .count() as u64,
+            exposed_outputs: self.exposed.len() as u64,
             ..self.stats
         }
     }

@@ -172,3 +172,74 @@ fn a_message_on_the_watch_tag_is_malformed_and_the_peer_stays_watched() {
     let r = wait::<Sleep>(&mut c, b);
     assert!(matches!(r, Err(RpcError::Transport(_))), "{r:?}");
 }
+
+/// Small input, large output: only the response spills.
+struct Big;
+impl Rpc for Big {
+    const NAME: &'static str = "test.routing.big";
+    type Input = u32;
+    type Output = Vec<u8>;
+}
+
+/// Drives two engines in turn until `done` says so.
+fn pump_both(a: &mut Engine, b: &mut Engine, what: &str, mut done: impl FnMut(&Engine, &Engine) -> bool) {
+    let end = Instant::now() + T;
+    while !done(a, b) {
+        assert!(Instant::now() < end, "{what}: not within {T:?}");
+        for e in [&mut *a, &mut *b] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+    }
+}
+
+/// A spilled output nobody will pull (its call was abandoned) is released
+/// when the response comes, instead of staying exposed on the target for
+/// SPILLED_OUTPUT_TTL; and an abandoned call with a spilled input does
+/// not pull the output of its late response.
+#[test]
+fn spilled_outputs_of_abandoned_calls_are_released_not_kept() {
+    let d = dir("abandoned-spill");
+    let (ep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    srv.register::<Big>(|n| Ok(vec![7u8; n as usize])).unwrap();
+    srv.register::<Echo>(Ok).unwrap();
+    let (ep, cid) = endpoint(&d, false);
+    let mut c = Engine::new(ep, cid).unwrap();
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    // Warm up both ways (connection set up, a spilled output pulled and released).
+    let id = c.forward::<Big>(&s, &(1 << 20)).unwrap();
+    pump_both(&mut c, &mut srv, "first call", |c, _| c.is_finished(id));
+    assert_eq!(c.take_response::<Big>(id).unwrap().unwrap().len(), 1 << 20);
+    pump_both(&mut c, &mut srv, "release after a pull", |_, s| {
+        s.stats().exposed_outputs == 0
+    });
+
+    // Small input: the call is forgotten at once; its spilled output is
+    // released when the stray response comes.
+    let id = c.forward::<Big>(&s, &(1 << 20)).unwrap();
+    c.abandon(id);
+    pump_both(&mut c, &mut srv, "stray response", |c, _| {
+        c.stats().stray_responses == 1
+    });
+    pump_both(&mut c, &mut srv, "release of a stray output", |_, s| {
+        s.stats().exposed_outputs == 0
+    });
+
+    // Spilled input: the call stays until the response; the output is
+    // released, not pulled.
+    let got_before = c.endpoint().plugin(cid).unwrap().stats().get_bytes;
+    let id = c.forward::<Echo>(&s, &vec![3u8; 1 << 20]).unwrap();
+    c.abandon(id);
+    pump_both(&mut c, &mut srv, "late response", |c, _| {
+        c.stats().stray_responses == 2
+    });
+    pump_both(
+        &mut c,
+        &mut srv,
+        "release of an abandoned call's output",
+        |_, s| s.stats().exposed_outputs == 0,
+    );
+    let got = c.endpoint().plugin(cid).unwrap().stats().get_bytes - got_before;
+    assert!(got < 1 << 20, "pulled {got} bytes of an output nobody wanted");
+}
