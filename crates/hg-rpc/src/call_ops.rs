@@ -110,7 +110,7 @@ impl<C: Codec> Engine<C> {
                 rpc: R::NAME,
                 peer: None,
                 outcome: None,
-                abandoned: false,
+                abandoned: None,
                 spill: None,
             });
             debug_assert_eq!(stored, cookie);
@@ -140,11 +140,14 @@ impl<C: Codec> Engine<C> {
             self.watch(dest)?;
         }
         self.send_scratch(dest, REQUEST_TAG, h)?;
+        if abandoned {
+            self.abandoned_hint += 1;
+        }
         let stored = self.calls.insert(Call {
             rpc,
             peer: Some(peer),
             outcome: None,
-            abandoned,
+            abandoned: abandoned.then(Instant::now),
             spill,
         });
         debug_assert_eq!(stored, cookie, "cookie announced in the request");
@@ -283,7 +286,8 @@ impl<C: Codec> Engine<C> {
             if c.outcome.is_some() || c.spill.is_none() {
                 self.calls.remove(id.0);
             } else {
-                c.abandoned = true;
+                c.abandoned = Some(Instant::now());
+                self.abandoned_hint += 1;
             }
         }
     }
@@ -347,7 +351,7 @@ impl<C: Codec> Engine<C> {
             tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
             return;
         }
-        if call.abandoned {
+        if call.abandoned.is_some() {
             // Kept only because the target might still pull its input; the
             // response says it is done. Nobody wants the output.
             self.stats.stray_responses += 1;
@@ -399,7 +403,7 @@ impl<C: Codec> Engine<C> {
         // The target is done with a spilled input: its buffer serves the
         // next large input (or pull) instead of being freed.
         let spill = call.spill.take();
-        if call.abandoned {
+        if call.abandoned.is_some() {
             self.calls.remove(cookie);
         } else {
             call.outcome = Some(outcome);

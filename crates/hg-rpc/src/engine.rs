@@ -17,6 +17,14 @@ use crate::rpc::{rpc_id, Rpc};
 /// never confirms it pulled it (it died, or broke the protocol).
 pub const SPILLED_OUTPUT_TTL: Duration = Duration::from_secs(60);
 
+/// How long, by default, an origin keeps the spilled input of a call it
+/// gave up on (or of a one-way call) for a target that neither answers nor
+/// goes away (see [`Engine::set_abandoned_input_ttl`]).
+pub const ABANDONED_INPUT_TTL: Duration = Duration::from_secs(60);
+
+/// How often `trigger` looks for expired outputs and abandoned inputs.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// Unexpected receives the engine keeps posted for incoming requests and
 /// the responses to its calls, on a transport without pull mode; with it,
 /// the most messages one [`Engine::trigger`] takes.
@@ -127,10 +135,11 @@ struct Call {
     peer: Option<u64>,
     /// The response payload or error, once it arrived.
     outcome: Option<Result<Vec<u8>>>,
-    /// The caller gave up, but the call must stay until its response
-    /// comes: its spilled input is still exposed to the target. The
+    /// When the caller gave up (or sent it one-way), if it did. The call
+    /// stays until its response comes, since its spilled input is still
+    /// exposed to the target, but at most the abandoned-input TTL. The
     /// response is then discarded.
-    abandoned: bool,
+    abandoned: Option<Instant>,
     /// The exposed input of a spilled request, kept until the response.
     spill: Option<MemHandle>,
 }
@@ -156,6 +165,10 @@ pub struct RpcStats {
     /// Spilled outputs this target keeps exposed until their origin pulled
     /// them or let them go (at most [`SPILLED_OUTPUT_TTL`] each).
     pub exposed_outputs: u64,
+    /// Spilled inputs this origin keeps exposed for calls it gave up on
+    /// (and one-way calls) until their target is done with them (at most
+    /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]).
+    pub abandoned_inputs: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
@@ -217,6 +230,10 @@ pub struct Engine<C: Codec = Postcard> {
     /// token, cookie), with the time they were exposed.
     exposed: FastMap<(u64, u64), (MemHandle, Instant)>,
     last_sweep: Instant,
+    /// Calls marked abandoned since the last sweep counted them (a hint:
+    /// the sweep recounts), so a trigger with none reads no clock.
+    abandoned_hint: usize,
+    abandoned_ttl: Duration,
     /// Completions that arrived while a handler waited for its bulk
     /// transfer; handled by the next `trigger`.
     deferred: VecDeque<Completion>,
@@ -276,6 +293,8 @@ impl<C: Codec> Engine<C> {
             max_spill: DEFAULT_MAX_SPILL,
             exposed: FastMap::default(),
             last_sweep: Instant::now(),
+            abandoned_hint: 0,
+            abandoned_ttl: ABANDONED_INPUT_TTL,
             deferred: VecDeque::new(),
             bulk_done: FastMap::default(),
             deferred_requests: VecDeque::new(),
@@ -319,9 +338,10 @@ impl<C: Codec> Engine<C> {
             in_flight: self
                 .calls
                 .iter()
-                .filter(|(_, c)| !c.abandoned && c.outcome.is_none())
+                .filter(|(_, c)| c.abandoned.is_none() && c.outcome.is_none())
                 .count() as u64,
             exposed_outputs: self.exposed.len() as u64,
+            abandoned_inputs: self.calls.iter().filter(|(_, c)| c.abandoned.is_some()).count() as u64,
             ..self.stats
         }
     }
@@ -469,6 +489,16 @@ impl<C: Codec> Engine<C> {
         self.max_spill = bytes;
     }
 
+    /// How long a spilled input stays exposed for a call this origin gave
+    /// up on (a timeout, a dropped future) or sent one-way, when its target
+    /// neither answers nor goes away; default [`ABANDONED_INPUT_TTL`].
+    /// After it the call is forgotten and the input dropped: a target that
+    /// pulls it later gets an error (verbs) or whatever the memory then
+    /// holds (sm, whose peers may read this process's memory anyway).
+    pub fn set_abandoned_input_ttl(&mut self, ttl: Duration) {
+        self.abandoned_ttl = ttl;
+    }
+
     /// Polls the transports once without blocking (see
     /// [`Endpoint::progress_now`]).
     pub fn progress_now(&mut self) -> Result<usize> {
@@ -508,18 +538,48 @@ impl<C: Codec> Engine<C> {
         if self.pull {
             n += self.take_pulled()?;
         }
-        if !self.exposed.is_empty() && self.last_sweep.elapsed() > Duration::from_secs(1) {
-            self.last_sweep = Instant::now();
-            let before = self.exposed.len();
-            self.exposed.retain(|_, (_, t)| t.elapsed() < SPILLED_OUTPUT_TTL);
-            if self.exposed.len() < before {
-                tracing::warn!(
-                    expired = before - self.exposed.len(),
-                    "released spilled outputs never pulled"
-                );
-            }
+        if (!self.exposed.is_empty() || self.abandoned_hint > 0) && self.last_sweep.elapsed() > SWEEP_EVERY {
+            self.sweep_expired();
         }
         Ok(n)
+    }
+
+    /// Drops spilled outputs never pulled and abandoned calls whose target
+    /// never answered, each after its TTL.
+    fn sweep_expired(&mut self) {
+        self.last_sweep = Instant::now();
+        let before = self.exposed.len();
+        self.exposed.retain(|_, (_, t)| t.elapsed() < SPILLED_OUTPUT_TTL);
+        if self.exposed.len() < before {
+            tracing::warn!(
+                expired = before - self.exposed.len(),
+                "released spilled outputs never pulled"
+            );
+        }
+        if self.abandoned_hint == 0 {
+            return;
+        }
+        let ttl = self.abandoned_ttl;
+        let (mut expired, mut left) = (Vec::new(), 0);
+        for (cookie, c) in self.calls.iter() {
+            match c.abandoned {
+                Some(t) if t.elapsed() >= ttl => expired.push(cookie),
+                Some(_) => left += 1,
+                None => {}
+            }
+        }
+        for &cookie in &expired {
+            // Dropped, not kept as a spare: the target may still read it.
+            self.calls.remove(cookie);
+        }
+        self.abandoned_hint = left;
+        if !expired.is_empty() {
+            tracing::warn!(
+                expired = expired.len(),
+                ttl = ?ttl,
+                "dropped the spilled inputs of abandoned calls whose target never answered"
+            );
+        }
     }
 
     /// Pull mode: takes the messages waiting in the transport (at most

@@ -34,7 +34,8 @@ pub mod transport;
 
 pub use codec::{Codec, Postcard};
 pub use engine::{
-    BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, BATCH_WINDOW, POSTED_REQUEST_BUFFERS,
+    BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, ABANDONED_INPUT_TTL, BATCH_WINDOW,
+    POSTED_REQUEST_BUFFERS, SPILLED_OUTPUT_TTL,
 };
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkOp, Span};

@@ -243,3 +243,32 @@ fn spilled_outputs_of_abandoned_calls_are_released_not_kept() {
     let got = c.endpoint().plugin(cid).unwrap().stats().get_bytes - got_before;
     assert!(got < 1 << 20, "pulled {got} bytes of an output nobody wanted");
 }
+
+/// A target that takes spilled requests and never answers nor goes away:
+/// the origin keeps the inputs of the calls it gave up on (and of one-way
+/// calls) exposed only for the abandoned-input TTL, then drops them.
+#[test]
+fn a_silent_target_does_not_keep_abandoned_inputs_forever() {
+    let d = dir("silent");
+    let (mut x, xid) = endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(&d);
+    c.set_abandoned_input_ttl(Duration::from_millis(300));
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let big = vec![5u8; 64 << 10];
+    let id = c.forward::<Echo>(&s, &big).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    c.abandon(id);
+    c.forward_one_way::<Echo>(&s, &big).unwrap();
+    take_request(&mut x, xid, &mut c, 2);
+    assert_eq!(c.stats().abandoned_inputs, 2, "{:?}", c.stats());
+    // Half the TTL: still kept (the target may be pulling).
+    pump(&mut c, Duration::from_millis(100));
+    assert_eq!(c.stats().abandoned_inputs, 2);
+    let end = Instant::now() + T;
+    while c.stats().abandoned_inputs > 0 {
+        assert!(Instant::now() < end, "abandoned inputs kept: {:?}", c.stats());
+        pump(&mut c, Duration::from_millis(50));
+    }
+    assert_eq!(c.stats().in_flight, 0);
+}
