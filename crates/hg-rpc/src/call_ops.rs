@@ -346,7 +346,15 @@ impl<C: Codec> Engine<C> {
             }
             return;
         };
-        if call.peer != Some(src.token()) || call.outcome.is_some() {
+        // A second response while the output of the first is being pulled
+        // (a confused or hostile target) would start another pull, or
+        // file an outcome the pull then overwrites.
+        let pulling = !self.pulls.is_empty()
+            && self
+                .pulls
+                .values()
+                .any(|p| p.header.cookie == cookie && p.header.is_response());
+        if call.peer != Some(src.token()) || call.outcome.is_some() || pulling {
             self.stats.malformed += 1;
             tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
             return;

@@ -44,6 +44,10 @@ pub const DEFAULT_SPARE_BYTES: usize = 16 << 20;
 /// [`Engine::set_max_spill`]).
 pub const DEFAULT_MAX_SPILL: u64 = 64 << 20;
 
+/// Default of [`Engine::set_max_pull_bytes`]: 16 pulls of the largest
+/// spill at once.
+pub const DEFAULT_MAX_PULL_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
+
 type HandlerFn =
     Box<dyn FnMut(&mut BulkCtx<'_>, &[u8]) -> std::result::Result<Vec<u8>, (Status, String)> + Send>;
 
@@ -226,6 +230,9 @@ pub struct Engine<C: Codec = Postcard> {
     /// Most bytes `spare_bufs` may hold together.
     spare_bytes: usize,
     max_spill: u64,
+    /// Bytes of the pulls in flight (`pulls`), and their limit.
+    pull_bytes: u64,
+    max_pull_bytes: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
     /// token, cookie), with the time they were exposed.
     exposed: FastMap<(u64, u64), (MemHandle, Instant)>,
@@ -291,6 +298,8 @@ impl<C: Codec> Engine<C> {
             spare_bufs: Vec::new(),
             spare_bytes: DEFAULT_SPARE_BYTES,
             max_spill: DEFAULT_MAX_SPILL,
+            pull_bytes: 0,
+            max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
             exposed: FastMap::default(),
             last_sweep: Instant::now(),
             abandoned_hint: 0,
@@ -489,6 +498,16 @@ impl<C: Codec> Engine<C> {
         self.max_spill = bytes;
     }
 
+    /// Most bytes of spilled data this engine pulls at once (inputs as a
+    /// target, outputs as an origin; default [`DEFAULT_MAX_PULL_BYTES`]).
+    /// Each pull's buffer is allocated when it starts, so without a limit
+    /// peers could make the engine commit `max_spill` per message they
+    /// send. A spilled request beyond it is answered with a decode error
+    /// that says so; a spilled output beyond it fails its call the same way.
+    pub fn set_max_pull_bytes(&mut self, bytes: u64) {
+        self.max_pull_bytes = bytes;
+    }
+
     /// How long a spilled input stays exposed for a call this origin gave
     /// up on (a timeout, a dropped future) or sent one-way, when its target
     /// neither answers nor goes away; default [`ABANDONED_INPUT_TTL`].
@@ -637,6 +656,7 @@ impl<C: Codec> Engine<C> {
             }
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {
+                    self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
                     let answer = match c.status {
                         Ok(()) => {
                             let data = serve_ops::pulled_bytes(p.mem);
@@ -654,6 +674,7 @@ impl<C: Codec> Engine<C> {
             }
             OpRole::PullOutput(key, cookie) => {
                 if let Some(p) = self.pulls.remove(&key) {
+                    self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
                     self.release_output(&p.src, cookie);
                     let rpc = self.call_name(cookie);
                     let outcome = match c.status {

@@ -145,6 +145,13 @@ impl<C: Codec> Engine<C> {
     ) -> std::result::Result<(), String> {
         let what = if output { "output" } else { "input" };
         let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("{what}: {e}"))?;
+        if self.pull_bytes.saturating_add(len) > self.max_pull_bytes {
+            return Err(format!(
+                "{what}: {len} more bytes would exceed the {} bytes of spilled data this engine \
+                 pulls at once ({} in flight); try again later",
+                self.max_pull_bytes, self.pull_bytes
+            ));
+        }
         let mem = MemHandle::new(vec![self.pull_buffer(len as usize)], Access::ReadWrite);
         let op = self.op();
         self.ep
@@ -158,6 +165,7 @@ impl<C: Codec> Engine<C> {
             OpRole::Pull(op.0)
         };
         self.ops.insert(op, role);
+        self.pull_bytes += len;
         self.pulls.insert(
             op.0,
             PendingPull {

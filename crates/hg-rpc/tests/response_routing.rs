@@ -272,3 +272,50 @@ fn a_silent_target_does_not_keep_abandoned_inputs_forever() {
     }
     assert_eq!(c.stats().in_flight, 0);
 }
+
+/// A target that sends a spilled response twice for one call: the second
+/// arrives while the first's output is being pulled, and must be dropped
+/// as malformed, not start a second pull (or overwrite the outcome).
+#[test]
+fn a_second_spilled_response_during_the_pull_is_malformed() {
+    use hg_rpc::header::FLAG_SPILL;
+    use na_core::{Access, MemHandle};
+    let d = dir("dup-spill");
+    let (mut x, xid) = endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let (ep, cid) = endpoint(&d, true);
+    let mut c = Engine::new(ep, cid).unwrap();
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
+    let mem = MemHandle::new(vec![output.clone()], Access::ReadOnly);
+    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
+    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
+    let mut payload = (output.len() as u64).to_le_bytes().to_vec();
+    payload.extend_from_slice(&desc);
+    let mut msg = Vec::new();
+    Header {
+        flags: FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
+        status: Status::Ok,
+        rpc_id: hg_rpc::rpc_id(Echo::NAME),
+        cookie,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(&payload, &mut msg);
+    // Both are in the origin's queue before it looks.
+    send_raw(&mut x, &origin, None, &msg, OpId(2));
+    send_raw(&mut x, &origin, None, &msg, OpId(3));
+    let before = c.endpoint().plugin(cid).unwrap().stats().get_bytes;
+    let out = wait::<Echo>(&mut c, id).unwrap();
+    assert_eq!(out, vec![9u8; 64 << 10]);
+    pump(&mut c, Duration::from_millis(50));
+    let pulled = c.endpoint().plugin(cid).unwrap().stats().get_bytes - before;
+    assert_eq!(
+        pulled,
+        output.len() as u64,
+        "the output was pulled more than once"
+    );
+    assert_eq!(c.stats().malformed, 1, "{:?}", c.stats());
+}

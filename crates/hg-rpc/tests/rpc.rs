@@ -697,3 +697,77 @@ fn a_bad_receive_mode_variable_is_a_clear_error_at_start() {
         );
     }
 }
+
+/// Spilled requests arriving together may not make the target commit more
+/// than its pull budget: beyond it, a request is answered with a decode
+/// error that says so, and once the pulls in flight are done the next one
+/// is served.
+#[test]
+fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
+    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL};
+    use na_core::{Access, MemHandle};
+    let d = dir("pull-budget");
+    let (sep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(sep, sid).unwrap();
+    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
+        .unwrap();
+    const LEN: u64 = 64 << 10;
+    srv.set_max_pull_bytes(LEN + LEN / 2);
+    // A raw client whose memory holds the spilled inputs (real pulls).
+    let (mut ep, cid) = endpoint(&d, false);
+    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    let input = postcard::to_allocvec(&vec![1u8; LEN as usize - 8]).unwrap();
+    let mem = MemHandle::new(vec![input.clone()], Access::ReadOnly);
+    ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
+    let desc = ep.plugin(cid).unwrap().mem_describe(&mem).unwrap().to_bytes();
+    let request = |cookie: u64| {
+        let mut payload = (input.len() as u64).to_le_bytes().to_vec();
+        payload.extend_from_slice(&desc);
+        let mut msg = Vec::new();
+        Header {
+            flags: FLAG_CHECKSUM | FLAG_SPILL,
+            status: Status::Ok,
+            rpc_id: hg_rpc::rpc_id(Digest::NAME),
+            cookie,
+            payload_len: 0,
+            checksum: 0,
+        }
+        .encode_with(&payload, &mut msg);
+        msg
+    };
+    // Three requests in the target's queue before it looks: one fits.
+    for cookie in 1..=3u64 {
+        ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
+        ep.send_unexpected(&s, 0, &request(cookie), OpId(100 + cookie))
+            .unwrap();
+    }
+    let replies = |ep: &mut na_core::Endpoint, srv: &mut Engine, n: usize| {
+        let mut got = Vec::new();
+        let end = Instant::now() + T;
+        while got.len() < n {
+            assert!(Instant::now() < end, "{} of {n} replies", got.len());
+            ep.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.trigger().unwrap();
+            while let Some(c) = ep.pop_completion() {
+                if let Some(buf) = c.buf.filter(|_| c.op.0 < 100) {
+                    let (h, p) = Header::decode(&buf).unwrap();
+                    got.push((h.status, String::from_utf8_lossy(p).into_owned()));
+                }
+            }
+        }
+        got
+    };
+    let got = replies(&mut ep, &mut srv, 3);
+    let ok = got.iter().filter(|(st, _)| *st == Status::Ok).count();
+    let refused: Vec<_> = got.iter().filter(|(st, _)| *st == Status::DecodeError).collect();
+    assert_eq!((ok, refused.len()), (1, 2), "{got:?}");
+    for (_, why) in refused {
+        assert!(why.contains("at once"), "{why}");
+    }
+    // The budget is free again: the next one is served.
+    ep.post_recv_unexpected(cid, Vec::new(), OpId(4)).unwrap();
+    ep.send_unexpected(&s, 0, &request(4), OpId(104)).unwrap();
+    let got = replies(&mut ep, &mut srv, 1);
+    assert_eq!(got[0].0, Status::Ok, "{got:?}");
+}
