@@ -224,3 +224,47 @@ async fn async_handlers_run_concurrently_and_self_forward_works() {
     assert_eq!(back.len(), big.len());
     assert!(back.iter().rev().eq(big.iter()), "echoed data differs");
 }
+
+/// Responses sent by handler tasks, and calls made by caller tasks, while
+/// the drivers sleep: when the ring is full they wait in the plugin's
+/// backlog, and the sleeping driver must still be woken to send them
+/// (200 calls whose 6 KiB answers come at about the same time, far more
+/// than a ring holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_queued_while_the_driver_sleeps_still_go() {
+    let dir = common::dir("async-backlog");
+    let make = |listen: bool| {
+        let ep = Endpoint::new(ProgressMode::default()).unwrap();
+        let cfg = SmConfig {
+            listen,
+            ..SmConfig::default()
+        }
+        .with_dir(&*dir);
+        let mut ep = ep;
+        let id = ep
+            .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+            .unwrap();
+        AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
+    };
+    let server = make(true);
+    server
+        .register_async::<Echo, _, _>(|data| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok(data.repeat(6 << 10))
+        })
+        .unwrap();
+    let client = Arc::new(make(false));
+    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    for round in 0..3 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..200u32 {
+            let (c, s) = (client.clone(), s.clone());
+            tasks.spawn(async move { (i, c.call::<Echo>(&s, &vec![i as u8], T).await) });
+        }
+        while let Some(r) = tasks.join_next().await {
+            let (i, r) = r.unwrap();
+            let out = r.unwrap_or_else(|e| panic!("round {round}, call {i}: {e}"));
+            assert_eq!(out, vec![i as u8; 6 << 10]);
+        }
+    }
+}

@@ -572,6 +572,21 @@ impl SmPlugin {
         });
         self.ops.insert(op, OpPlace::Send(tok));
         self.stats.sends_queued += 1;
+        // Armed: the owner may be asleep, and this send came from another
+        // thread (a task answering, a caller) after `arm` looked at the
+        // backlogs. Do for this one what `arm` does for those it finds:
+        // ask the receiver to signal when room frees; or, if there is room
+        // already, send it now. Otherwise it waits for an unrelated wake-up.
+        if self.armed && conn.backlog.len() == 1 {
+            let len = conn.backlog[0].data.len();
+            let mut tx_cur = conn.tx_cur;
+            let waiting = ch.arm_sender(&mut tx_cur, len);
+            conn.tx_cur = tx_cur;
+            conn.armed = true;
+            if !waiting {
+                self.flush_backlogs();
+            }
+        }
         Some(Ok(()))
     }
 
