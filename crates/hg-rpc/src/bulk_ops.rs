@@ -216,15 +216,32 @@ impl<C: Codec> Engine<C> {
                 return r;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(RpcError::Timeout {
+            let failed = if left.is_zero() {
+                Some(RpcError::Timeout {
                     rpc: "bulk transfer".into(),
                     millis: timeout.as_millis(),
-                });
+                })
+            } else {
+                self.progress(Some(left)).and_then(|_| self.trigger()).err()
+            };
+            if let Some(e) = failed {
+                self.forget_bulk(id);
+                return Err(e);
             }
-            self.progress(Some(left))?;
-            self.trigger()?;
         }
+    }
+
+    /// Gives up on transfer `id`: it is canceled if the transport can, and
+    /// its outcome, whenever it comes, is dropped instead of kept for
+    /// [`take_bulk`](Self::take_bulk). The memory stays valid until then
+    /// (the transfer holds its handles).
+    pub fn forget_bulk(&mut self, id: BulkId) {
+        let op = OpId(id.0);
+        if self.ops.remove(&op).is_some() {
+            // Best effort: a transfer that already finished cannot be.
+            let _ = self.ep.cancel(self.plugin, op);
+        }
+        self.bulk_done.remove(&id.0);
     }
 }
 

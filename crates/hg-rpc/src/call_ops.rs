@@ -322,8 +322,12 @@ impl<C: Codec> Engine<C> {
             if let Some(r) = self.take_response::<R>(id) {
                 return r;
             }
-            self.progress(Some(left))?;
-            self.trigger()?;
+            if let Err(e) = self.progress(Some(left)).and_then(|_| self.trigger()) {
+                // The caller gets the error and never this call's result.
+                self.abandon(id);
+                self.stats.errors += 1;
+                return Err(e);
+            }
         }
     }
 
@@ -360,9 +364,9 @@ impl<C: Codec> Engine<C> {
             return;
         }
         if call.abandoned.is_some() {
-            // Kept only because the target might still pull its input; the
-            // response says it is done. Nobody wants the output.
-            self.stats.stray_responses += 1;
+            // Kept only because the target might still pull its input (or
+            // a one-way call's acknowledgement): the response says it is
+            // done. Nobody wants the output.
             if spilled {
                 self.release_output(src, cookie);
             }

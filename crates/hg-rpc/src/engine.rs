@@ -10,7 +10,7 @@ use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId, Tag};
 use crate::call_table::CallTable;
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
-use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE, FLAG_SPILL};
+use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
 use crate::rpc::{rpc_id, Rpc};
 
 /// How long a target keeps a spilled output exposed for an origin that
@@ -472,8 +472,8 @@ impl<C: Codec> Engine<C> {
             Ok(out) => (Status::Ok, out),
             Err(m) => (Status::HandlerError, m.into_bytes()),
         };
-        let needs_answer = !req.header.is_one_way() || req.header.flags & FLAG_SPILL != 0;
-        if needs_answer {
+        // A spilled one-way request was acknowledged when its input arrived.
+        if !req.header.is_one_way() {
             self.answer(&req.src, response_header(&req.header, status), out);
         }
     }
@@ -657,6 +657,17 @@ impl<C: Codec> Engine<C> {
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
+                    let one_way = p.header.is_one_way();
+                    if one_way {
+                        // The origin may release the input now, before the
+                        // handler runs; the acknowledgement carries nothing.
+                        let status = if c.status.is_ok() {
+                            Status::Ok
+                        } else {
+                            Status::DecodeError
+                        };
+                        self.respond(&p.src, response_header(&p.header, status), Vec::new());
+                    }
                     let answer = match c.status {
                         Ok(()) => {
                             let data = serve_ops::pulled_bytes(p.mem);
@@ -667,7 +678,7 @@ impl<C: Codec> Engine<C> {
                             format!("pulling the spilled input failed: {e}").into_bytes(),
                         )),
                     };
-                    if let Some((h, out)) = answer {
+                    if let Some((h, out)) = answer.filter(|_| !one_way) {
                         self.respond(&p.src, h, out);
                     }
                 }

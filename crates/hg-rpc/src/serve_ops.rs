@@ -238,7 +238,13 @@ impl<C: Codec> Engine<C> {
             .send_unexpected_parts(src, RESPONSE_TAG, &[&head, &out], op, Report::FailuresOnly)
         {
             Ok(()) => self.stats.bytes_sent += (HEADER_LEN + out.len()) as u64,
-            Err(e) => tracing::warn!(peer = %src, error = %e, "cannot send RPC response"),
+            Err(e) => {
+                tracing::warn!(peer = %src, error = %e, "cannot send RPC response");
+                // Nobody learns of a spilled output that was not sent.
+                if h.flags & FLAG_SPILL != 0 {
+                    self.exposed.remove(&(src.token(), h.cookie));
+                }
+            }
         }
     }
 }

@@ -232,7 +232,7 @@ fn spilled_outputs_of_abandoned_calls_are_released_not_kept() {
     let id = c.forward::<Echo>(&s, &vec![3u8; 1 << 20]).unwrap();
     c.abandon(id);
     pump_both(&mut c, &mut srv, "late response", |c, _| {
-        c.stats().stray_responses == 2
+        c.stats().abandoned_inputs == 0
     });
     pump_both(
         &mut c,
@@ -318,4 +318,81 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
         "the output was pulled more than once"
     );
     assert_eq!(c.stats().malformed, 1, "{:?}", c.stats());
+}
+
+/// Large input, large output, sent one-way.
+struct OneWayBig;
+impl Rpc for OneWayBig {
+    const NAME: &'static str = "test.routing.one_way_big";
+    type Input = Vec<u8>;
+    type Output = Vec<u8>;
+}
+
+/// A spilled one-way request is acknowledged as soon as its input is
+/// pulled, with an empty acknowledgement: the handler's output is neither
+/// exposed nor pulled (Mercury #542 without the waste).
+#[test]
+fn a_spilled_one_way_ack_is_empty_and_precedes_the_handler() {
+    let d = dir("one-way-ack");
+    let (ep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    srv.register::<OneWayBig>(|v| Ok(vec![1u8; v.len() * 16]))
+        .unwrap();
+    let (ep, cid) = endpoint(&d, false);
+    let mut c = Engine::new(ep, cid).unwrap();
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let before = c.endpoint().plugin(cid).unwrap().stats().get_bytes;
+    c.forward_one_way::<OneWayBig>(&s, &vec![2u8; 64 << 10]).unwrap();
+    assert_eq!(c.stats().abandoned_inputs, 1, "kept until acknowledged");
+    pump_both(&mut c, &mut srv, "acknowledgement", |c, s| {
+        c.stats().abandoned_inputs == 0 && s.stats().handled == 1
+    });
+    pump_both(&mut c, &mut srv, "settle", |_, _| true);
+    let pulled = c.endpoint().plugin(cid).unwrap().stats().get_bytes - before;
+    assert_eq!(pulled, 0, "the origin pulled an output of a one-way call");
+    let st = srv.stats();
+    assert_eq!((st.exposed_outputs, st.malformed), (0, 0), "{st:?}");
+    assert_eq!(
+        st.bytes_sent,
+        hg_rpc::header::HEADER_LEN as u64,
+        "the target sent more than an empty acknowledgement"
+    );
+    assert_eq!(
+        (c.stats().stray_responses, c.stats().malformed),
+        (0, 0),
+        "{:?}",
+        c.stats()
+    );
+}
+
+/// A transfer given up on (`forget_bulk`, or `bulk` timing out) leaves no
+/// outcome behind; the engine's next transfers work.
+#[test]
+fn a_forgotten_transfer_leaves_no_outcome() {
+    use hg_rpc::{Bulk, BulkOp};
+    use na_core::Access;
+    let d = dir("forget-bulk");
+    let (ep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    let (ep, cid) = endpoint(&d, false);
+    let mut c = Engine::new(ep, cid).unwrap();
+    let data: Vec<u8> = (0..50_000u32).map(|i| i as u8).collect();
+    let remote: Bulk = srv.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    let remote: Bulk = postcard::from_bytes(&postcard::to_allocvec(&remote).unwrap()).unwrap();
+    c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let dst = c.expose(vec![vec![0; 50_000]], Access::ReadWrite).unwrap();
+    let id = c.bulk_start(BulkOp::Pull, &remote, 0, &dst, 0, 50_000).unwrap();
+    c.forget_bulk(id);
+    pump_both(&mut c, &mut srv, "settle", |_, _| true);
+    pump(&mut c, Duration::from_millis(20));
+    assert!(
+        c.take_bulk(id).is_none(),
+        "a forgotten transfer's outcome was kept"
+    );
+    let r = c.bulk(BulkOp::Pull, &remote, 0, &dst, 0, 50_000, Duration::ZERO);
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    c.bulk(BulkOp::Pull, &remote, 100, &dst, 0, 1000, T).unwrap();
+    let mut got = vec![0; 1000];
+    dst.local().unwrap().read_at(0, &mut got).unwrap();
+    assert_eq!(got, data[100..1100]);
 }
