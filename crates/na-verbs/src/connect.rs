@@ -205,6 +205,21 @@ impl VerbsPlugin {
                 return drop(id.reject(b"bad hello"));
             }
         };
+        // The hello names the peer's identity (its listen address); our
+        // active side connects from that very IP, so a connection from
+        // elsewhere claims someone else's identity: it would receive that
+        // peer's replies, and its end would look like that peer's death.
+        let from = id.peer_addr().map(|a| a.ip().to_canonical());
+        if from != Some(hello.addr.ip().to_canonical()) {
+            self.stats.protocol_errors += 1;
+            tracing::warn!(
+                claimed = %hello.addr,
+                from = ?from,
+                "verbs: rejecting a connection whose hello names another address"
+            );
+            return drop(id.reject(b"hello address does not match the connection"));
+        }
+        let known = self.peers.len();
         let peer = self.peer_for_key(
             hello.addr,
             Some(&hello.device).filter(|d| !d.is_empty()).map(|d| d.as_str()),
@@ -212,6 +227,12 @@ impl VerbsPlugin {
         let cref = match self.insert_conn(Arc::clone(&id), peer, false) {
             Ok(c) => c,
             Err(e) => {
+                // A peer made just now for this request goes with it (no
+                // address of it was handed out yet).
+                if peer == known && self.peers.len() == known + 1 {
+                    self.peer_by_key.remove(&hello.addr);
+                    self.peers.pop();
+                }
                 tracing::warn!(error = %e, "verbs: rejecting a connection");
                 return drop(id.reject(b"too many connections"));
             }

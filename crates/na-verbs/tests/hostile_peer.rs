@@ -11,6 +11,7 @@
 mod common;
 
 use std::net::{SocketAddr, SocketAddrV4};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,9 +42,23 @@ struct Flood {
     stopped_by: Option<String>,
 }
 
-/// Connects to `dst` with a valid hello and sends `FLOOD` unexpected
-/// messages, never returning or waiting for credits.
-fn flood(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
+/// The next CM event on `ch`, waiting at most `WAIT`.
+fn next_cm(ch: &Arc<EventChannel>) -> CmEvent {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(ev) = ch.get_event().expect("rdma_get_cm_event") {
+            return ev;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no CM event within {WAIT:?}");
+        poll_readable(ch.as_fd(), Some(left)).expect("poll on the CM channel");
+    }
+}
+
+/// Connects to `dst` with a hello naming `hello_ip` as its address and
+/// sends `FLOOD` unexpected messages, never returning or waiting for
+/// credits.
+fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
     let who = "flooder";
     let ch = EventChannel::new().expect("event channel");
     let id = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
@@ -84,7 +99,7 @@ fn flood(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
             .expect("post_recv");
     }
     let hello = Hello {
-        addr: SocketAddr::V4(SocketAddrV4::new(ip, 1)),
+        addr: SocketAddr::V4(SocketAddrV4::new(hello_ip, 1)),
         depth: DEPTH,
         max_payload: 4096,
         device: String::new(),
@@ -98,7 +113,13 @@ fn flood(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
         rnr_retry_count: 7,
     };
     id.connect(&param).expect("connect");
-    wait_cm(&ch, CmEventKind::Established, who);
+    let ev = next_cm(&ch);
+    if ev.kind != CmEventKind::Established {
+        return Flood {
+            delivered: 0,
+            stopped_by: Some(format!("connect: {} (status {})", ev.kind.name(), ev.status)),
+        };
+    }
 
     let (mut posted, mut delivered, mut wcs) = (0u32, 0u32, Vec::new());
     let deadline = Instant::now() + WAIT;
@@ -159,11 +180,9 @@ fn flood(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
     }
 }
 
-#[test]
-fn a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded() {
-    let Some(env) = rdma_env("a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded") else {
-        return;
-    };
+/// Runs the flooder (its hello naming `hello_ip`) against a listening
+/// plugin that posts no receive; returns what each side saw.
+fn against_listener(env: &RdmaEnv, hello_ip: std::net::Ipv4Addr) -> (Flood, na_core::PluginStats) {
     let spec = format!("verbs://{}/{}:0", env.device, env.ip);
     let cfg = VerbsConfig {
         listen: true,
@@ -182,9 +201,7 @@ fn a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded() {
         .and_then(|p| p.parse().ok())
         .expect("port in the uri");
     let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
-    let ip = env.ip;
-    // The listener posts no receive: every message that gets in is held.
-    let flooder = std::thread::spawn(move || flood(ip, dst));
+    let flooder = std::thread::spawn(move || flood(hello_ip, dst));
     let end = Instant::now() + 2 * WAIT;
     while !flooder.is_finished() {
         assert!(Instant::now() < end, "the flooder never stopped");
@@ -201,6 +218,15 @@ fn a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded() {
         "flooder: {} of {FLOOD} delivered, stopped by {:?}; listener: protocol_errors {} queued_arrivals {}",
         seen.delivered, seen.stopped_by, st.protocol_errors, st.queued_arrivals
     );
+    (seen, st)
+}
+
+#[test]
+fn a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded() {
+    let Some(env) = rdma_env("a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded") else {
+        return;
+    };
+    let (seen, st) = against_listener(&env, env.ip);
     assert!(st.protocol_errors >= 1, "the violation was not noticed: {st:?}");
     assert!(
         seen.stopped_by.is_some() && seen.delivered < FLOOD,
@@ -213,4 +239,25 @@ fn a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded() {
         "{} messages held, bound {bound}",
         st.queued_arrivals
     );
+}
+
+/// A hello is a claim of identity: the address it names must be the one
+/// the connection comes from, or a peer could pass for another (take its
+/// replies, or make it look dead by disconnecting).
+#[test]
+fn a_hello_naming_another_address_is_rejected() {
+    let Some(env) = rdma_env("a_hello_naming_another_address_is_rejected") else {
+        return;
+    };
+    let other = std::net::Ipv4Addr::new(10, 77, 0, 99);
+    assert_ne!(other, env.ip);
+    let (seen, st) = against_listener(&env, other);
+    let why = seen.stopped_by.unwrap_or_default();
+    assert!(
+        seen.delivered == 0 && why.contains("REJECTED"),
+        "a spoofed hello was accepted: {why:?}, {} delivered",
+        seen.delivered
+    );
+    assert!(st.protocol_errors >= 1, "{st:?}");
+    assert_eq!(st.peers, 0, "a peer was recorded for a refused hello: {st:?}");
 }
