@@ -151,7 +151,16 @@ impl VerbsPlugin {
             }
             return;
         }
-        if conn.state == ConnState::Dead || wc.opcode != WcOpcode::Recv || slot >= conn.depth {
+        if conn.state == ConnState::Dead {
+            return;
+        }
+        if wc.opcode != WcOpcode::Recv || slot >= conn.depth {
+            // An RDMA WRITE with immediate (we never send one) used up a
+            // receive: a protocol violation, and the buffer would be lost.
+            self.stats.protocol_errors += 1;
+            let reason = format!("protocol violation: a {:?} consumed a receive", wc.opcode);
+            tracing::warn!(peer = %self.peer_uri_of(cref), %reason, "verbs: protocol violation");
+            self.kill_conn(cref, reason);
             return;
         }
         let header = conn

@@ -55,10 +55,18 @@ fn next_cm(ch: &Arc<EventChannel>) -> CmEvent {
     }
 }
 
+/// What the raw peer does once connected.
+#[derive(Clone, Copy, PartialEq)]
+enum Attack {
+    /// `FLOOD` unexpected messages, never returning or waiting for credits.
+    Flood,
+    /// One zero-length RDMA WRITE with immediate (it consumes a receive).
+    WriteWithImm,
+}
+
 /// Connects to `dst` with a hello naming `hello_ip` as its address and
-/// sends `FLOOD` unexpected messages, never returning or waiting for
-/// credits.
-fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
+/// carries out `attack`.
+fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr, attack: Attack) -> Flood {
     let who = "flooder";
     let ch = EventChannel::new().expect("event channel");
     let id = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
@@ -121,6 +129,23 @@ fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
         };
     }
 
+    if attack == Attack::WriteWithImm {
+        let nowhere = RemoteRegion {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        qp.post_send(1, SendOp::RdmaWriteWithImm(nowhere, 7), &[], true)
+            .expect("post write with immediate");
+        let wc = wait_wc(&send_cq, &comp, 1, who);
+        assert_ok(&wc, who);
+        // The listener ends the connection.
+        let ev = next_cm(&ch);
+        return Flood {
+            delivered: 1,
+            stopped_by: Some(format!("CM event {}", ev.kind.name())),
+        };
+    }
     let (mut posted, mut delivered, mut wcs) = (0u32, 0u32, Vec::new());
     let deadline = Instant::now() + WAIT;
     loop {
@@ -182,7 +207,11 @@ fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr) -> Flood {
 
 /// Runs the flooder (its hello naming `hello_ip`) against a listening
 /// plugin that posts no receive; returns what each side saw.
-fn against_listener(env: &RdmaEnv, hello_ip: std::net::Ipv4Addr) -> (Flood, na_core::PluginStats) {
+fn against_listener(
+    env: &RdmaEnv,
+    hello_ip: std::net::Ipv4Addr,
+    attack: Attack,
+) -> (Flood, na_core::PluginStats) {
     let spec = format!("verbs://{}/{}:0", env.device, env.ip);
     let cfg = VerbsConfig {
         listen: true,
@@ -201,7 +230,7 @@ fn against_listener(env: &RdmaEnv, hello_ip: std::net::Ipv4Addr) -> (Flood, na_c
         .and_then(|p| p.parse().ok())
         .expect("port in the uri");
     let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
-    let flooder = std::thread::spawn(move || flood(hello_ip, dst));
+    let flooder = std::thread::spawn(move || flood(hello_ip, dst, attack));
     let end = Instant::now() + 2 * WAIT;
     while !flooder.is_finished() {
         assert!(Instant::now() < end, "the flooder never stopped");
@@ -226,7 +255,7 @@ fn a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded() {
     let Some(env) = rdma_env("a_peer_that_ignores_its_credits_is_cut_off_and_holds_are_bounded") else {
         return;
     };
-    let (seen, st) = against_listener(&env, env.ip);
+    let (seen, st) = against_listener(&env, env.ip, Attack::Flood);
     assert!(st.protocol_errors >= 1, "the violation was not noticed: {st:?}");
     assert!(
         seen.stopped_by.is_some() && seen.delivered < FLOOD,
@@ -251,7 +280,7 @@ fn a_hello_naming_another_address_is_rejected() {
     };
     let other = std::net::Ipv4Addr::new(10, 77, 0, 99);
     assert_ne!(other, env.ip);
-    let (seen, st) = against_listener(&env, other);
+    let (seen, st) = against_listener(&env, other, Attack::Flood);
     let why = seen.stopped_by.unwrap_or_default();
     assert!(
         seen.delivered == 0 && why.contains("REJECTED"),
@@ -260,4 +289,21 @@ fn a_hello_naming_another_address_is_rejected() {
     );
     assert!(st.protocol_errors >= 1, "{st:?}");
     assert_eq!(st.peers, 0, "a peer was recorded for a refused hello: {st:?}");
+}
+
+/// We never send RDMA WRITE with immediate; one from a peer consumes a
+/// receive buffer: a protocol violation that ends the connection (the
+/// buffer was silently lost before).
+#[test]
+fn a_write_with_immediate_is_a_protocol_violation() {
+    let Some(env) = rdma_env("a_write_with_immediate_is_a_protocol_violation") else {
+        return;
+    };
+    let (seen, st) = against_listener(&env, env.ip, Attack::WriteWithImm);
+    assert!(st.protocol_errors >= 1, "not noticed: {st:?}");
+    let why = seen.stopped_by.unwrap_or_default();
+    assert!(
+        why.contains("DISCONNECTED"),
+        "the connection was not ended: {why}"
+    );
 }
