@@ -82,12 +82,7 @@ impl VerbsUri {
                 }
                 None => (dev_part, None),
             };
-            let ok = !name.is_empty()
-                && name.len() <= 64
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
-            if !ok {
+            if !is_device_name(name) {
                 return Err(invalid(uri, format!("`{name}` is not a device name")));
             }
             out.device = Some(name.to_owned());
@@ -110,6 +105,16 @@ impl VerbsUri {
             )),
         }
     }
+}
+
+/// True if `name` can be a device name in an address: 1 to 64 of
+/// `[A-Za-z0-9_.-]` (so that the address it goes into parses back).
+pub fn is_device_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
 
 /// The canonical string of an address: `verbs://<device>/<ip>:<port>`

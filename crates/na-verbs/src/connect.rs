@@ -174,6 +174,11 @@ impl VerbsPlugin {
 
     fn on_established(&mut self, cref: ConnRef, private: &[u8]) {
         let Some(conn) = self.conn_mut(cref) else { return };
+        if conn.state == ConnState::Dead {
+            // Killed while connecting (a violation, a failed receive): an
+            // establishment arriving after that must not revive it.
+            return;
+        }
         if conn.active {
             match Hello::decode(private) {
                 Ok(h) => {

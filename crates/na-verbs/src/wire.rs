@@ -197,8 +197,8 @@ impl Hello {
         }
         let device = std::str::from_utf8(&b[HELLO_FIXED..HELLO_FIXED + n])
             .ok()
-            .filter(|s| s.bytes().all(|c| c.is_ascii_graphic()))
-            .ok_or("device name is not printable ASCII")?
+            .filter(|s| s.is_empty() || crate::addr::is_device_name(s))
+            .ok_or("device name is not [A-Za-z0-9_.-]")?
             .to_owned();
         Ok(Hello {
             addr: SocketAddr::new(ip, port),
@@ -280,8 +280,15 @@ mod tests {
         let mut bad = b.clone();
         bad[6..8].copy_from_slice(&0u16.to_le_bytes());
         assert!(Hello::decode(&bad).is_err());
-        let mut bad = b;
+        let mut bad = b.clone();
         bad[5] = 5;
         assert!(Hello::decode(&bad).is_err());
+        // A device name that would not parse back in an address.
+        let slash = Hello {
+            device: "rx/e0".into(),
+            ..Hello::decode(&b).unwrap()
+        };
+        let e = Hello::decode(&slash.encode()).unwrap_err();
+        assert!(e.contains("device name"), "{e}");
     }
 }
