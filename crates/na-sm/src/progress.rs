@@ -432,7 +432,12 @@ impl SmPlugin {
                         pulled_late.push_back((peer.addr.clone(), s.tag, data));
                     } else {
                         let tok = peer.addr.token();
-                        if matcher.queued_from(tok) >= max_queued && matcher.would_queue(tok, expected, s.tag)
+                        // A departing peer's ring goes away with it: what it
+                        // holds (at most a ring's worth) is taken out whole,
+                        // or sends that completed would be lost.
+                        if departing != Some(tok)
+                            && matcher.queued_from(tok) >= max_queued
+                            && matcher.would_queue(tok, expected, s.tag)
                         {
                             // Flood bound: leave it in shared memory until the
                             // user posts receives; the sender backs up.

@@ -55,6 +55,10 @@ pub fn trials() -> Vec<(&'static str, Scenario)> {
             "duplicate_op_ids_are_refused_and_the_first_op_stands",
             duplicate_op_ids_are_refused_and_the_first_op_stands,
         ),
+        (
+            "a_departed_flooder_loses_nothing_beyond_the_bound",
+            a_departed_flooder_loses_nothing_beyond_the_bound,
+        ),
     ]
 }
 
@@ -514,4 +518,59 @@ pub fn flooding_peer_is_bounded_and_nothing_is_lost(t: &Transport) {
     }
     assert!(flooder.wait(Duration::from_secs(30)), "flooder failed");
     assert_eq!(flooder.line(Duration::from_secs(5)), format!("FLOOD DONE {N}"));
+}
+
+/// A peer that sends more than the flood bound and exits before we post a
+/// receive: its sends completed, so every message must still arrive (the
+/// ring goes away with the peer; what it held is taken out first, bound
+/// or not).
+pub fn a_departed_flooder_loses_nothing_beyond_the_bound(t: &Transport) {
+    use na_core::{Endpoint, Plugin};
+    use na_sm::{SmConfig, SmPlugin};
+    const BOUND: usize = 4;
+    const N: u32 = 10;
+    let dir = dir_of(t);
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let cfg = SmConfig {
+        listen: true,
+        max_queued_per_peer: BOUND,
+        ..SmConfig::default()
+    }
+    .with_dir(&*dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let me = ep.self_addr(id).unwrap();
+    let mut flooder = PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]);
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    // Its sends all complete (the ring holds them), then it exits.
+    while !flooder.exited() {
+        assert!(std::time::Instant::now() < end, "the flooder did not finish");
+        ep.progress(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert!(flooder.wait(Duration::from_secs(5)), "the flooder failed");
+    assert_eq!(flooder.line(Duration::from_secs(5)), format!("FLOOD DONE {N}"));
+    // We see it go.
+    while ep.plugin(id).unwrap().stats().peers > 0 {
+        assert!(std::time::Instant::now() < end, "the flooder's end was not seen");
+        ep.progress(Some(Duration::from_millis(10))).unwrap();
+    }
+    for i in 0..N {
+        ep.post_recv_unexpected(id, Vec::new(), OpId(u64::from(i)))
+            .unwrap();
+    }
+    let mut got = 0u32;
+    while got < N {
+        assert!(
+            std::time::Instant::now() < end,
+            "only {got} of {N} messages arrived"
+        );
+        ep.progress(Some(Duration::from_millis(10))).unwrap();
+        while let Some(c) = ep.pop_completion() {
+            c.status.as_ref().unwrap();
+            assert_eq!(c.tag, got, "messages out of order");
+            assert_eq!(c.buf.as_deref(), Some(&flood_payload(got)[..]));
+            got += 1;
+        }
+    }
 }
