@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 use na_core::{Addr, NaError, Result};
@@ -16,7 +15,7 @@ use crate::error::{SmError, SmResult};
 use crate::plugin::{PendingAccept, SmPlugin, WAKE_BIT};
 use crate::progress::{wake_failure, Failure};
 use crate::sys::shm::SharedRegion;
-use crate::sys::socket::{peer_cred, recv_with_fds, send_with_fds};
+use crate::sys::socket::{connect_unix, peer_cred, recv_with_fds, send_with_fds};
 use crate::sys::wake::{OwnWake, PeerWake};
 
 fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
@@ -77,7 +76,7 @@ impl SmPlugin {
             uri: uri.clone(),
             source,
         };
-        let sock = UnixStream::connect(&path).map_err(|e| lookup_err(hint(e, &path)))?;
+        let sock = connect_unix(&path, self.cfg.handshake_timeout).map_err(|e| lookup_err(hint(e, &path)))?;
         let handshake = |reason: String| SmError::Handshake {
             peer: uri.clone(),
             reason,

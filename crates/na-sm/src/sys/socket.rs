@@ -1,7 +1,9 @@
 //! UNIX-socket extras that `std` lacks: descriptor passing with
-//! `SCM_RIGHTS` ([unix(7)], [sendmsg(2)], [recvmsg(2)]) and peer credentials
-//! with `SO_PEERCRED` ([getsockopt(2)]).
+//! `SCM_RIGHTS` ([unix(7)], [sendmsg(2)], [recvmsg(2)]), peer credentials
+//! with `SO_PEERCRED` ([getsockopt(2)]), and a connect whose wait for a
+//! full listen queue is bounded ([connect(2)], `SO_SNDTIMEO`).
 //!
+//! [connect(2)]: https://man7.org/linux/man-pages/man2/connect.2.html
 //! [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
 //! [sendmsg(2)]: https://man7.org/linux/man-pages/man2/sendmsg.2.html
 //! [recvmsg(2)]: https://man7.org/linux/man-pages/man2/recvmsg.2.html
@@ -9,6 +11,10 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
 
 /// Most descriptors one message may carry.
 pub const MAX_FDS: usize = 4;
@@ -44,6 +50,79 @@ pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     }
     let pid = u32::try_from(cred.pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
     Ok(PeerCred { pid, uid: cred.uid })
+}
+
+/// Connects a stream socket to `path`, waiting at most `timeout` while the
+/// listener's queue is full (a listener that never accepts would otherwise
+/// hold `connect` forever). The socket keeps no send timeout afterwards.
+pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    // SAFETY: plain socket(2) call; the result is checked and owned at once.
+    let fd = unsafe { super::syscall!(socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))? };
+    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an all-zero sockaddr_un is valid (AF_UNSPEC, empty path).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long or has a NUL byte",
+        ));
+    }
+    for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    set_send_timeout(sock.as_raw_fd(), timeout)?;
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let res = unsafe {
+        super::syscall!(connect(
+            sock.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len
+        ))
+    };
+    match res {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the listener's queue stayed full for {timeout:?} (it is not accepting)"),
+            ))
+        }
+        Err(e) => return Err(e),
+    }
+    set_send_timeout(sock.as_raw_fd(), Duration::ZERO)?;
+    Ok(UnixStream::from(sock))
+}
+
+/// `setsockopt(SO_SNDTIMEO)`; zero means none.
+fn set_send_timeout(fd: RawFd, t: Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_usec: libc::suseconds_t::from(t.subsec_micros()),
+    };
+    // A non-zero timeout shorter than a microsecond would mean "none".
+    let tv = if !t.is_zero() && tv.tv_sec == 0 && tv.tv_usec == 0 {
+        libc::timeval {
+            tv_sec: 0,
+            tv_usec: 1,
+        }
+    } else {
+        tv
+    };
+    // SAFETY: `tv` is a valid timeval and its size is passed.
+    unsafe {
+        super::syscall!(setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t
+        ))?;
+    }
+    Ok(())
 }
 
 /// Control-message buffer big enough for MAX_FDS descriptors, aligned for
