@@ -305,7 +305,6 @@ impl SmPlugin {
             Err(e) => return Err((Failure::Gone, format!("reading acknowledgement: {e}"))),
             Ok(r) => r,
         };
-        self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
         if r.len == 0 {
             return Err((
                 Failure::Gone,
@@ -322,6 +321,9 @@ impl SmPlugin {
         let fd = r.fds.pop().ok_or_else(|| bad("missing eventfd".into()))?;
         let wake = PeerWake::from_peer(fd).map_err(|e| bad(format!("wake-up fd: {e}")))?;
         conn.peer_wake = Some(wake);
+        // Only here: a failed handshake is counted off by `fail_peer`
+        // (the connection still has no wake-up fd), not twice.
+        self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
         if std::mem::take(&mut conn.wake_owed) {
             // It may have died since it acknowledged: a closed pipe is
             // that, not a violation.

@@ -173,7 +173,13 @@ impl SmPlugin {
             // the cursor can be updated through it.
             let rx = if conn.role == Role::Connector { 1 } else { 0 };
             let ch = Channel::new(&conn.region, rx);
-            if let Some((f, reason)) = publish_read(&ch, &mut conn.rx_cur, conn.peer_wake.as_ref(), stats) {
+            if let Some((f, reason)) = publish_read(
+                &ch,
+                &mut conn.rx_cur,
+                conn.peer_wake.as_ref(),
+                &mut conn.wake_owed,
+                stats,
+            ) {
                 violations.push((tok, f, reason));
             }
             e.watch(&ch, conn.rx_cur.pos);
@@ -209,9 +215,13 @@ impl SmPlugin {
             for c in peer.conns.iter_mut() {
                 let rx = if c.role == Role::Connector { 1 } else { 0 };
                 let ch = Channel::new(&c.region, rx);
-                if let Some((f, reason)) =
-                    publish_read(&ch, &mut c.rx_cur, c.peer_wake.as_ref(), &mut self.stats)
-                {
+                if let Some((f, reason)) = publish_read(
+                    &ch,
+                    &mut c.rx_cur,
+                    c.peer_wake.as_ref(),
+                    &mut c.wake_owed,
+                    &mut self.stats,
+                ) {
                     violations.push((peer.addr.token(), f, reason));
                 }
             }
@@ -464,8 +474,13 @@ impl SmPlugin {
                 }
                 // Hands the read slots back (and, with the buffer releases
                 // above, may unblock a sender waiting for room).
-                if let Some((f, reason)) = publish_read(&ch, &mut conn.rx_cur, conn.peer_wake.as_ref(), stats)
-                {
+                if let Some((f, reason)) = publish_read(
+                    &ch,
+                    &mut conn.rx_cur,
+                    conn.peer_wake.as_ref(),
+                    &mut conn.wake_owed,
+                    stats,
+                ) {
                     violations.push((peer.addr.token(), f, reason));
                 }
                 heads.refresh(conn.head, (idx, ci), &ch, conn.rx_cur.pos);
@@ -687,6 +702,7 @@ pub(crate) fn publish_read(
     ch: &Channel<'_>,
     rx: &mut RxCursor,
     peer_wake: Option<&PeerWake>,
+    wake_owed: &mut bool,
     stats: &mut PluginStats,
 ) -> Option<(Failure, String)> {
     if !(ch.publish(rx) && ch.sender_needs_wake()) {
@@ -698,7 +714,13 @@ pub(crate) fn publish_read(
             stats.signals_sent += 1;
             None
         }
-        None => None,
+        // The acknowledgement (with the peer's wake-up fd) has not come
+        // yet; `sender_needs_wake` consumed the peer's flag, so the wake
+        // is owed and sent when it comes (as `Conn::wake_peer` does).
+        None => {
+            *wake_owed = true;
+            None
+        }
     }
 }
 
@@ -713,5 +735,31 @@ pub(crate) fn dup(op: OpId) -> NaError {
     NaError::Plugin {
         plugin: "sm",
         message: format!("operation id {} is already in flight", op.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::{init_region, TxCursor, REGION_LEN};
+    use crate::sys::shm::SharedRegion;
+
+    /// A receiver that hands slots back to a waiting sender before the
+    /// sender's wake-up fd arrived (handshake not acknowledged yet) owes it
+    /// the wake-up: the sender's flag was consumed, so nothing else will.
+    #[test]
+    fn a_wake_up_for_a_sender_without_a_wake_fd_yet_is_owed() {
+        let r = SharedRegion::create("qs-publish-test", REGION_LEN).unwrap();
+        init_region(&r, 1);
+        let ch = Channel::new(&r, 0);
+        let (mut tx, mut rx) = (TxCursor::default(), RxCursor::default());
+        while ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[b"x"]) {}
+        assert!(ch.arm_sender(&mut tx, 1), "the ring is full: the sender waits");
+        let s = ch.peek(rx.pos).unwrap().unwrap();
+        ch.release(&mut rx, &s).unwrap();
+        let (mut owed, mut stats) = (false, PluginStats::default());
+        assert!(publish_read(&ch, &mut rx, None, &mut owed, &mut stats).is_none());
+        assert!(owed, "the consumed wake-up was dropped");
+        assert_eq!(stats.signals_sent, 0);
     }
 }

@@ -78,8 +78,13 @@ impl SmPlugin {
                     }
                     // Empty, or an expected message for the next poll.
                     Ok(_) => {
-                        let failed =
-                            publish_read(&ch, &mut conn.rx_cur, conn.peer_wake.as_ref(), &mut self.stats);
+                        let failed = publish_read(
+                            &ch,
+                            &mut conn.rx_cur,
+                            conn.peer_wake.as_ref(),
+                            &mut conn.wake_owed,
+                            &mut self.stats,
+                        );
                         if let Some((f, reason)) = failed {
                             violation = Some((tok, f, reason));
                             break 'peers;
