@@ -18,6 +18,10 @@ use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{connect_unix, peer_cred, recv_with_fds, send_with_fds};
 use crate::sys::wake::{OwnWake, PeerWake};
 
+/// Accepted connections that may wait for their hello at once (each holds
+/// a descriptor until its hello or the handshake timeout).
+pub const MAX_PENDING_HANDSHAKES: usize = 128;
+
 fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
     let why = match e.raw_os_error() {
         Some(libc::ENOENT) => format!(
@@ -157,7 +161,9 @@ impl SmPlugin {
             .map_err(|e| SmError::sys("epoll_ctl add (eventfd)", e))
     }
 
-    /// Accepts every waiting connection (listener readable).
+    /// Accepts every waiting connection (listener readable); beyond
+    /// [`MAX_PENDING_HANDSHAKES`] waiting for their hello, new ones are
+    /// closed.
     pub(crate) fn accept_ready(&mut self) {
         let Some(listener) = &self.listener else { return };
         loop {
@@ -182,6 +188,18 @@ impl SmPlugin {
                     uid = cred.uid,
                     pid = cred.pid,
                     "refusing sm connection from another uid"
+                );
+                continue;
+            }
+            if self.pending.len() >= MAX_PENDING_HANDSHAKES {
+                // Connections that never say hello would otherwise hold an
+                // fd each until their timeout: enough of them exhaust the
+                // process's descriptors. This one is closed at once.
+                self.stats.flow_blocked += 1;
+                tracing::warn!(
+                    pid = cred.pid,
+                    limit = MAX_PENDING_HANDSHAKES,
+                    "refusing sm connection: too many handshakes in progress"
                 );
                 continue;
             }

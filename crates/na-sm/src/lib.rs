@@ -145,6 +145,7 @@ pub mod sys;
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
 pub use config::{SmConfig, WakeKind, SOCKET_DIR_ENV, WAKE_ENV};
+pub use connect::MAX_PENDING_HANDSHAKES;
 pub use error::SmError;
 pub use factory::SmFactory;
 pub use plugin::SmPlugin;

@@ -48,3 +48,83 @@ fn lookup_of_a_listener_that_never_accepts_fails_within_its_timeout() {
     drop(listener);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Connections that never send their hello hold at most
+/// `MAX_PENDING_HANDSHAKES` descriptors; beyond that they are closed at
+/// once, and an honest client is served once they are gone.
+#[test]
+fn silent_connections_beyond_the_handshake_limit_are_closed() {
+    use na_core::OpId;
+    use std::io::Read;
+    let dir = std::env::temp_dir().join(format!("qs-sm-silent-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let cfg = SmConfig {
+        listen: true,
+        ..SmConfig::default()
+    }
+    .with_dir(&*dir);
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let me = ep.self_addr(id).unwrap();
+    let key = me.uri().strip_prefix("sm://").unwrap().to_owned();
+    let path = dir.join(format!("{key}.sock"));
+    let extra = 20;
+    let mut silent: Vec<UnixStream> = (0..na_sm::MAX_PENDING_HANDSHAKES + extra)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    for s in &silent {
+        s.set_nonblocking(true).unwrap();
+    }
+    // Closed ones read end-of-file; kept ones would block.
+    let end = Instant::now() + Duration::from_secs(10);
+    let closed = loop {
+        ep.progress(Some(Duration::from_millis(10))).unwrap();
+        let closed = silent
+            .iter_mut()
+            .filter(|s| matches!((&**s).read(&mut [0u8; 1]), Ok(0)))
+            .count();
+        if closed >= extra || Instant::now() > end {
+            break closed;
+        }
+    };
+    assert_eq!(closed, extra, "connections beyond the limit were kept");
+    drop(silent);
+    // An honest client gets through.
+    let (tx, rx) = mpsc::channel();
+    let (d, uri) = (dir.clone(), me.uri().to_owned());
+    std::thread::spawn(move || {
+        let cfg = SmConfig::default().with_dir(&*d);
+        let mut c = Endpoint::new(ProgressMode::Blocking).unwrap();
+        let cid = c
+            .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+            .unwrap();
+        let _ = cid;
+        let a = c.lookup(&uri).unwrap();
+        c.send_unexpected(&a, 5, b"hello", OpId(1)).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            c.progress(Some(Duration::from_millis(10))).unwrap();
+            if std::iter::from_fn(|| c.pop_completion()).any(|k| k.op == OpId(1)) {
+                break;
+            }
+        }
+        let _ = tx.send(());
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    ep.post_recv_unexpected(id, Vec::new(), OpId(2)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < end, "the honest client was not served");
+        ep.progress(Some(Duration::from_millis(10))).unwrap();
+        if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(2)) {
+            assert_eq!(c.buf.as_deref(), Some(&b"hello"[..]));
+            break;
+        }
+    }
+    let _ = rx.recv_timeout(Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+}
