@@ -19,6 +19,11 @@ use common::TestDir;
 
 const T: Duration = Duration::from_secs(10);
 
+/// The tests of this file run one at a time: `idle_driver_uses_no_cpu`
+/// measures the whole process's CPU time, which a busy test running
+/// alongside it under `cargo test` (threads, not processes) would count.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The server process (killed when dropped), its address, and the socket
 /// directory (removed after it).
 struct Server(Child, String, #[allow(dead_code)] TestDir);
@@ -53,6 +58,7 @@ fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_timeouts_and_cancel_by_drop() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let (srv, engine) = setup("calls", ProgressMode::default());
     let engine = Arc::new(engine);
     let s = engine.lookup(&srv.1).unwrap();
@@ -113,6 +119,7 @@ fn cpu_time() -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_driver_uses_no_cpu() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let (srv, engine) = setup("idle", ProgressMode::default());
     let s = engine.lookup(&srv.1).unwrap();
     assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
@@ -131,6 +138,7 @@ async fn idle_driver_uses_no_cpu() {
 /// handlers run at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_handlers_run_concurrently_and_self_forward_works() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-handlers");
     let make = |listen: bool| {
         let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
@@ -232,6 +240,7 @@ async fn async_handlers_run_concurrently_and_self_forward_works() {
 /// than a ring holds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sends_queued_while_the_driver_sleeps_still_go() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-backlog");
     let make = |listen: bool| {
         let ep = Endpoint::new(ProgressMode::default()).unwrap();
