@@ -39,6 +39,11 @@ pub struct SmConfig {
     /// its messages wait in shared memory and its sends back up, so a peer
     /// that floods us cannot grow our memory.
     pub max_queued_per_peer: usize,
+    /// How long expected messages of a peer that went away stay queued for
+    /// a receive naming it (what it sent before it went is not lost at
+    /// once); after that they are dropped, so a peer that comes and goes
+    /// cannot pile them up.
+    pub departed_hold: Duration,
     /// The descriptor peers write to wake us: `None` means `$QS_SM_WAKE`,
     /// else an eventfd (a pipe where the kernel has none).
     pub wake: Option<WakeKind>,
@@ -57,6 +62,7 @@ impl Default for SmConfig {
             allow_any_ptracer: true,
             handshake_timeout: Duration::from_secs(5),
             max_queued_per_peer: DEFAULT_MAX_QUEUED_PER_PEER,
+            departed_hold: Duration::from_secs(10),
             wake: None,
         }
     }

@@ -8,6 +8,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
 
@@ -59,6 +60,9 @@ pub(crate) struct Matcher {
     pub queued_arrivals: usize,
     /// The same, per sending peer (token), for the flood bound.
     queued_by_peer: FastMap<u64, usize>,
+    /// Peers that went away with expected messages waiting, oldest first,
+    /// and when (see [`Matcher::drop_departed`]).
+    departed: VecDeque<(u64, Instant)>,
 }
 
 impl Matcher {
@@ -281,6 +285,9 @@ impl Matcher {
             .copied()
             .collect();
         self.parked.retain(|k| k.0 != token);
+        if !self.arrived_expected.is_empty() && self.arrived_expected.keys().any(|k| k.0 == token) {
+            self.departed.push_back((token, Instant::now()));
+        }
         let mut failed = Vec::new();
         for k in keys {
             for (op, buf) in self.posted_expected.remove(&k).unwrap_or_default() {
@@ -289,6 +296,35 @@ impl Matcher {
             }
         }
         failed
+    }
+}
+
+impl Matcher {
+    /// Drops the expected messages of peers that went away more than
+    /// `hold` ago: only a receive naming such a peer could take them, and
+    /// a peer that comes and goes would otherwise pile them up. Returns
+    /// how many went. One comparison when no peer left any.
+    pub fn drop_departed(&mut self, hold: Duration) -> usize {
+        let mut dropped = 0;
+        while let Some(&(token, since)) = self.departed.front() {
+            if since.elapsed() < hold {
+                break;
+            }
+            self.departed.pop_front();
+            let keys: Vec<Key> = self
+                .arrived_expected
+                .keys()
+                .filter(|k| k.0 == token)
+                .copied()
+                .collect();
+            for k in keys {
+                for _ in self.arrived_expected.remove(&k).unwrap_or_default() {
+                    self.dequeued(token);
+                    dropped += 1;
+                }
+            }
+        }
+        dropped
     }
 }
 

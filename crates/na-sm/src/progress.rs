@@ -66,6 +66,14 @@ impl SmPlugin {
             || self.tick % EVENT_POLL_INTERVAL == 0;
         if events_due {
             self.poll_events()?;
+            let dropped = self.matcher.drop_departed(self.cfg.departed_hold);
+            if dropped > 0 {
+                tracing::warn!(
+                    dropped,
+                    hold = ?self.cfg.departed_hold,
+                    "sm: dropped expected messages of departed peers that no receive took"
+                );
+            }
         }
         // The spin loop just saw an unexpected message arrive: it waits for
         // `take_pulled`, and the other rings are polled by the caller's

@@ -1,0 +1,82 @@
+//! Expected messages of a peer that went away stay takeable for
+//! `SmConfig::departed_hold`, then are dropped (a peer that comes and goes
+//! cannot pile them up in a receiver that never asks for them).
+
+use std::time::{Duration, Instant};
+
+use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+fn node(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
+    let cfg = SmConfig {
+        listen,
+        departed_hold: Duration::from_millis(300),
+        ..SmConfig::default()
+    }
+    .with_dir(dir);
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    (ep, id)
+}
+
+#[test]
+fn expected_messages_of_a_departed_peer_are_kept_for_a_while_then_dropped() {
+    let dir = std::env::temp_dir().join(format!("qs-sm-departed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let (mut rx, rid) = node(&dir, true);
+    let (mut tx, _) = node(&dir, false);
+    let to = tx.lookup(rx.self_addr(rid).unwrap().uri()).unwrap();
+    rx.post_recv_unexpected(rid, Vec::new(), OpId(1)).unwrap();
+    tx.send_unexpected(&to, 1, b"hi", OpId(100)).unwrap();
+    for i in 0..5u32 {
+        tx.send_expected(&to, 9, &i.to_le_bytes(), OpId(200 + u64::from(i)))
+            .unwrap();
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut src = None;
+    while src.is_none() || rx.plugin(rid).unwrap().stats().queued_arrivals < 5 {
+        assert!(Instant::now() < end, "the messages never arrived");
+        tx.progress(Some(Duration::ZERO)).unwrap();
+        rx.progress(Some(Duration::from_millis(1))).unwrap();
+        while let Some(c) = rx.pop_completion() {
+            if c.op == OpId(1) {
+                src = c.source;
+            }
+        }
+    }
+    let src = src.unwrap();
+    drop(tx);
+    while rx.plugin(rid).unwrap().stats().peers > 0 {
+        assert!(Instant::now() < end, "the sender's end was not seen");
+        rx.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    // Within the hold: a receive naming the departed peer gets its message.
+    rx.post_recv_expected(&src, 9, Vec::new(), OpId(2)).unwrap();
+    let got = loop {
+        if let Some(c) = std::iter::from_fn(|| rx.pop_completion()).find(|c| c.op == OpId(2)) {
+            break c;
+        }
+        assert!(Instant::now() < end, "the queued message was not delivered");
+        rx.progress(Some(Duration::ZERO)).unwrap();
+    };
+    assert_eq!(got.buf.as_deref(), Some(&0u32.to_le_bytes()[..]));
+    assert_eq!(rx.plugin(rid).unwrap().stats().queued_arrivals, 4);
+    // After it, the rest go.
+    let end = Instant::now() + Duration::from_secs(10);
+    while rx.plugin(rid).unwrap().stats().queued_arrivals > 0 {
+        assert!(
+            Instant::now() < end,
+            "expected messages of a departed peer are kept forever"
+        );
+        rx.progress(Some(Duration::from_millis(5))).unwrap();
+    }
+    let e = rx
+        .post_recv_expected(&src, 9, Vec::new(), OpId(3))
+        .expect_err("nothing queued, and the peer is gone");
+    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
