@@ -161,21 +161,13 @@ impl<R: Registrar> Cache<R> {
 
     /// A registration covering `[addr, addr+len)` with at least `access`.
     pub fn get(&self, addr: usize, len: usize, access: Access) -> Result<Registration<R>> {
-        let end = addr
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or(Error::InvalidRange { addr, len })?;
+        let end = self.checked_end(addr, len)?;
         let sh = &self.shared;
-        if !sh.backend.in_owner() {
-            return Err(Error::ForkedChild);
-        }
         if !sh.caching {
             return self.uncached(addr, end, access);
         }
-        match &sh.backend.monitor {
-            Some(m) if sh.in_flight => m.sync_in_flight(),
-            Some(m) => m.sync(),
-            None => {}
+        if let Some(m) = &sh.backend.monitor {
+            self.sync_monitor(m.as_ref());
         }
         if sh.zombies.load(Ordering::SeqCst) > 0 {
             self.reap();
@@ -290,14 +282,8 @@ impl<R: Registrar> Cache<R> {
     /// of [`get`](Self::get): its validity flag clears when the monitor
     /// sees its mapping change (where the monitor accepts the range).
     pub fn get_unshared(&self, addr: usize, len: usize, access: Access) -> Result<Registration<R>> {
-        let end = addr
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or(Error::InvalidRange { addr, len })?;
+        let end = self.checked_end(addr, len)?;
         let sh = &self.shared;
-        if !sh.backend.in_owner() {
-            return Err(Error::ForkedChild);
-        }
         let Some(m) = sh.backend.monitor.as_ref().filter(|_| sh.caching) else {
             // Nothing watches mappings: a plain registration, as `get` gives.
             return self.plain(addr, end, access, &sh.backend.stats.unshared);
@@ -306,11 +292,7 @@ impl<R: Registrar> Cache<R> {
         // first (so they cannot count against the new registration), then
         // the pre-filter is widened and the generation noted before the
         // subscription and the pin, so a change after them is seen.
-        if sh.in_flight {
-            m.sync_in_flight();
-        } else {
-            m.sync();
-        }
+        self.sync_monitor(m.as_ref());
         sh.widen(addr, end);
         let gen = sh.table.read().generation();
         let watch = match m.subscribe(addr, len, addr as u64) {
@@ -324,10 +306,39 @@ impl<R: Registrar> Cache<R> {
         let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
         let stale_at = m.settling(addr, end).map(|left| Instant::now() + left);
         entry.track_since(Arc::clone(sh), gen, stale_at);
+        Ok(self.hand_out(entry, &sh.backend.stats.unshared))
+    }
+
+    /// `[addr, addr+len)` checked (non-empty, no overflow) and the caller
+    /// checked to be the process that made the cache; returns the end.
+    fn checked_end(&self, addr: usize, len: usize) -> Result<usize> {
+        let end = addr
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(Error::InvalidRange { addr, len })?;
+        if !self.shared.backend.in_owner() {
+            return Err(Error::ForkedChild);
+        }
+        Ok(end)
+    }
+
+    /// Applies the monitor's changes that completed before this call (and,
+    /// with `Consistency::InFlight`, those still in flight).
+    fn sync_monitor(&self, m: &dyn Monitor) {
+        if self.shared.in_flight {
+            m.sync_in_flight();
+        } else {
+            m.sync();
+        }
+    }
+
+    /// The first user handle of an entry outside the index, counted in
+    /// `counter`.
+    fn hand_out(&self, entry: Arc<Entry<R>>, counter: &AtomicU64) -> Registration<R> {
         entry.users.fetch_add(1, Ordering::AcqRel);
-        sh.backend.stats.in_use.add(1);
-        Stats::bump(&sh.backend.stats.unshared);
-        Ok(Registration { entry })
+        self.shared.backend.stats.in_use.add(1);
+        Stats::bump(counter);
+        Registration { entry }
     }
 
     /// Registers `[addr, addr+len)`; on failure evicts every idle entry and
@@ -368,10 +379,7 @@ impl<R: Registrar> Cache<R> {
         let region = self.register(addr, end - addr, access)?;
         let sh = &self.shared;
         let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, None));
-        entry.users.fetch_add(1, Ordering::AcqRel);
-        sh.backend.stats.in_use.add(1);
-        Stats::bump(counter);
-        Ok(Registration { entry })
+        Ok(self.hand_out(entry, counter))
     }
 
     /// Deregisters invalidated entries nobody uses any more.
