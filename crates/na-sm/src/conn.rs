@@ -82,6 +82,19 @@ impl Conn {
         Channel::new(&self.region, if self.role == Role::Connector { 0 } else { 1 })
     }
 
+    /// Before sleeping with a backlog: raises our waiting flag for the
+    /// first queued send (see [`Channel::arm_sender`]). False (flag
+    /// lowered) if it could go now; true with nothing queued.
+    pub fn arm_backlog(&mut self) -> bool {
+        let Some(next) = self.backlog.front() else {
+            return true;
+        };
+        let mut tx_cur = self.tx_cur;
+        let waiting = self.tx().arm_sender(&mut tx_cur, next.data.len());
+        self.tx_cur = tx_cur;
+        waiting
+    }
+
     /// The channel we receive on.
     pub fn rx(&self) -> Channel<'_> {
         Channel::new(&self.region, if self.role == Role::Connector { 1 } else { 0 })

@@ -260,13 +260,8 @@ impl SmPlugin {
                         return false;
                     }
                 }
-                if let Some(next) = c.backlog.front() {
-                    let mut tx_cur = c.tx_cur;
-                    let armed = c.tx().arm_sender(&mut tx_cur, next.data.len());
-                    c.tx_cur = tx_cur;
-                    if !armed {
-                        return false;
-                    }
+                if !c.arm_backlog() {
+                    return false;
                 }
             }
         }
@@ -606,12 +601,8 @@ impl SmPlugin {
         // ask the receiver to signal when room frees; or, if there is room
         // already, send it now. Otherwise it waits for an unrelated wake-up.
         if self.armed && conn.backlog.len() == 1 {
-            let len = conn.backlog[0].data.len();
-            let mut tx_cur = conn.tx_cur;
-            let waiting = ch.arm_sender(&mut tx_cur, len);
-            conn.tx_cur = tx_cur;
             conn.armed = true;
-            if !waiting {
+            if !conn.arm_backlog() {
                 self.flush_backlogs();
             }
         }
