@@ -343,14 +343,18 @@ impl<C: Codec> Engine<C> {
 
     /// Counters.
     pub fn stats(&self) -> RpcStats {
+        let (mut in_flight, mut abandoned_inputs) = (0, 0);
+        for (_, c) in self.calls.iter() {
+            match (&c.abandoned, &c.outcome) {
+                (Some(_), _) => abandoned_inputs += 1,
+                (None, None) => in_flight += 1,
+                (None, Some(_)) => {}
+            }
+        }
         RpcStats {
-            in_flight: self
-                .calls
-                .iter()
-                .filter(|(_, c)| c.abandoned.is_none() && c.outcome.is_none())
-                .count() as u64,
+            in_flight,
             exposed_outputs: self.exposed.len() as u64,
-            abandoned_inputs: self.calls.iter().filter(|(_, c)| c.abandoned.is_some()).count() as u64,
+            abandoned_inputs,
             ..self.stats
         }
     }

@@ -234,7 +234,7 @@ impl VerbsPlugin {
             Err(e) => {
                 // A peer made just now for this request goes with it (no
                 // address of it was handed out yet).
-                if peer == known && self.peers.len() == known + 1 {
+                if peer == known {
                     self.peer_by_key.remove(&hello.addr);
                     self.peers.pop();
                 }
