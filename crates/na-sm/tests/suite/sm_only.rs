@@ -454,23 +454,9 @@ pub fn idle_progress_in_adaptive_and_blocking_mode_uses_no_cpu(t: &Transport) {
 /// configured number of its messages, the rest wait in shared memory and in
 /// its backlog, and once we post receives every message arrives, in order.
 pub fn flooding_peer_is_bounded_and_nothing_is_lost(t: &Transport) {
-    use na_core::{Endpoint, Plugin};
-    use na_sm::{SmConfig, SmPlugin};
     const BOUND: usize = 32;
     const N: u32 = 2000;
-    let dir = dir_of(t);
-    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let cfg = SmConfig {
-        listen: true,
-        max_queued_per_peer: BOUND,
-        ..SmConfig::default()
-    }
-    .with_dir(&*dir);
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let me = ep.self_addr(id).unwrap();
-    let mut flooder = PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]);
+    let (mut ep, id, mut flooder) = flooded_listener(t, BOUND, N);
     // No receive posted: progress for a while; the held queue must stay bounded.
     let until = std::time::Instant::now() + Duration::from_millis(700);
     while std::time::Instant::now() < until {
@@ -525,23 +511,9 @@ pub fn flooding_peer_is_bounded_and_nothing_is_lost(t: &Transport) {
 /// ring goes away with the peer; what it held is taken out first, bound
 /// or not).
 pub fn a_departed_flooder_loses_nothing_beyond_the_bound(t: &Transport) {
-    use na_core::{Endpoint, Plugin};
-    use na_sm::{SmConfig, SmPlugin};
     const BOUND: usize = 4;
     const N: u32 = 10;
-    let dir = dir_of(t);
-    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let cfg = SmConfig {
-        listen: true,
-        max_queued_per_peer: BOUND,
-        ..SmConfig::default()
-    }
-    .with_dir(&*dir);
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let me = ep.self_addr(id).unwrap();
-    let mut flooder = PeerProc::spawn(t, &["flood", me.uri(), &N.to_string()]);
+    let (mut ep, id, mut flooder) = flooded_listener(t, BOUND, N);
     let end = std::time::Instant::now() + Duration::from_secs(30);
     // Its sends all complete (the ring holds them), then it exits.
     while !flooder.exited() {
@@ -573,4 +545,24 @@ pub fn a_departed_flooder_loses_nothing_beyond_the_bound(t: &Transport) {
             got += 1;
         }
     }
+}
+
+/// A listening endpoint holding at most `bound` messages per peer, and a
+/// peer process that sends it `n` unexpected messages.
+fn flooded_listener(t: &Transport, bound: usize, n: u32) -> (na_core::Endpoint, na_core::PluginId, PeerProc) {
+    use na_core::{Endpoint, Plugin};
+    use na_sm::{SmConfig, SmPlugin};
+    let cfg = SmConfig {
+        listen: true,
+        max_queued_per_peer: bound,
+        ..SmConfig::default()
+    }
+    .with_dir(&*dir_of(t));
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let me = ep.self_addr(id).unwrap();
+    let flooder = PeerProc::spawn(t, &["flood", me.uri(), &n.to_string()]);
+    (ep, id, flooder)
 }
