@@ -368,7 +368,7 @@ fn one_mib_arguments_spill_in_both_directions_and_one_way() {
 
 #[test]
 fn forged_spill_descriptor_gets_an_error_reply() {
-    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL};
+    use hg_rpc::header::{Header, Status};
     use na_core::{Access, RemoteMem, RemoteSegment};
     let d = dir("forged");
     let srv = Server::start(&d);
@@ -408,18 +408,7 @@ fn forged_spill_descriptor_gets_an_error_reply() {
     ];
     for (i, (len, desc)) in cases.into_iter().enumerate() {
         let cookie = 1000 + i as u64;
-        let mut payload = len.to_le_bytes().to_vec();
-        payload.extend_from_slice(&desc);
-        let mut msg = Vec::new();
-        Header {
-            flags: FLAG_CHECKSUM | FLAG_SPILL,
-            status: Status::Ok,
-            rpc_id: hg_rpc::rpc_id(Digest::NAME),
-            cookie,
-            payload_len: 0,
-            checksum: 0,
-        }
-        .encode_with(&payload, &mut msg);
+        let msg = spilled_digest_request(cookie, len, &desc);
         // Responses come as unexpected messages (protocol version 2).
         ep.post_recv_unexpected(sm, Vec::new(), OpId(cookie)).unwrap();
         ep.send_unexpected(&s, 0, &msg, OpId(1 << 40 | cookie)).unwrap();
@@ -704,7 +693,7 @@ fn a_bad_receive_mode_variable_is_a_clear_error_at_start() {
 /// is served.
 #[test]
 fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
-    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL};
+    use hg_rpc::header::{Header, Status};
     use na_core::{Access, MemHandle};
     let d = dir("pull-budget");
     let (sep, sid) = endpoint(&d, true);
@@ -720,21 +709,7 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     let mem = MemHandle::new(vec![input.clone()], Access::ReadOnly);
     ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
     let desc = ep.plugin(cid).unwrap().mem_describe(&mem).unwrap().to_bytes();
-    let request = |cookie: u64| {
-        let mut payload = (input.len() as u64).to_le_bytes().to_vec();
-        payload.extend_from_slice(&desc);
-        let mut msg = Vec::new();
-        Header {
-            flags: FLAG_CHECKSUM | FLAG_SPILL,
-            status: Status::Ok,
-            rpc_id: hg_rpc::rpc_id(Digest::NAME),
-            cookie,
-            payload_len: 0,
-            checksum: 0,
-        }
-        .encode_with(&payload, &mut msg);
-        msg
-    };
+    let request = |cookie: u64| spilled_digest_request(cookie, input.len() as u64, &desc);
     // Three requests in the target's queue before it looks: one fits.
     for cookie in 1..=3u64 {
         ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
@@ -770,4 +745,23 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     ep.send_unexpected(&s, 0, &request(4), OpId(104)).unwrap();
     let got = replies(&mut ep, &mut srv, 1);
     assert_eq!(got[0].0, Status::Ok, "{got:?}");
+}
+
+/// A spilled `Digest` request written by hand: the length of the spilled
+/// input and its memory descriptor as the payload.
+fn spilled_digest_request(cookie: u64, len: u64, desc: &[u8]) -> Vec<u8> {
+    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL};
+    let mut payload = len.to_le_bytes().to_vec();
+    payload.extend_from_slice(desc);
+    let mut msg = Vec::new();
+    Header {
+        flags: FLAG_CHECKSUM | FLAG_SPILL,
+        status: Status::Ok,
+        rpc_id: hg_rpc::rpc_id(Digest::NAME),
+        cookie,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(&payload, &mut msg);
+    msg
 }
