@@ -40,6 +40,11 @@ pub struct PluginStats {
     pub signals_sent: u64,
     /// Peers currently connected.
     pub peers: u64,
+    /// Peers the plugin keeps state for: connected, looked up, or gone but
+    /// still referenced (a connection being torn down, messages held for
+    /// it). A peer that went is forgotten once nothing refers to it, so
+    /// this does not grow with every client that ever came and went.
+    pub peer_entries: u64,
     /// Protocol violations detected (invalid data from peers).
     pub protocol_errors: u64,
     /// Messages received and held until a matching receive is posted.

@@ -522,14 +522,16 @@ impl Plugin for SmPlugin {
     }
 
     fn stats(&self) -> PluginStats {
+        let peers = self
+            .peers
+            .iter()
+            .filter(|p| p.addr.token() != self.self_tok)
+            .count() as u64;
         PluginStats {
             in_flight: (self.ops.len() + self.matcher.posted_unexpected()) as u64,
             queued_arrivals: self.matcher.queued_arrivals as u64,
-            peers: self
-                .peers
-                .iter()
-                .filter(|p| p.addr.token() != self.self_tok)
-                .count() as u64,
+            peers,
+            peer_entries: peers,
             ..self.stats
         }
     }

@@ -127,6 +127,10 @@ pub(crate) struct Conn {
     pub state: ConnState,
     pub dead_reason: String,
     pub dead_since: Option<Instant>,
+    /// Killed for breaking the protocol: nothing more it sent is taken
+    /// (after any other death, messages that completed are still
+    /// delivered).
+    pub violated: bool,
     pub credits: Credits,
     pub peer_max_msg: usize,
     pub free_send: Vec<u32>,
@@ -164,6 +168,7 @@ impl Conn {
             },
             dead_reason: String::new(),
             dead_since: None,
+            violated: false,
             credits: Credits::new(0, depth),
             peer_max_msg: 0,
             free_send: (0..depth).rev().collect(),

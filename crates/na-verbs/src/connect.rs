@@ -72,6 +72,7 @@ impl VerbsPlugin {
             gen: slot.gen,
         };
         self.conn_by_cm.insert(id.key(), cref);
+        self.peers.acquire(peer);
         slot.conn = Some(Conn::new(
             id,
             peer,
@@ -150,6 +151,12 @@ impl VerbsPlugin {
                 Ok(())
             }
             CmEventKind::Disconnected => {
+                // What the peer sent before it went may sit in the CQ still:
+                // take it while the connection is live (its receives are
+                // matched as usual), then kill it.
+                if let Err(e) = self.poll_cq() {
+                    tracing::warn!(error = %e, "verbs: polling the CQ before a disconnect failed");
+                }
                 self.kill_conn(cref, "the peer disconnected".into());
                 Ok(())
             }
@@ -185,11 +192,7 @@ impl VerbsPlugin {
                     conn.credits.peer_ready(u32::from(h.depth));
                     conn.peer_max_msg = h.max_payload as usize;
                 }
-                Err(e) => {
-                    self.stats.protocol_errors += 1;
-                    self.kill_conn(cref, format!("bad hello in the accept: {e}"));
-                    return;
-                }
+                Err(e) => return self.violation(cref, format!("bad hello in the accept: {e}")),
             }
         }
         let conn = self.conn_mut(cref).expect("checked above");
@@ -224,19 +227,17 @@ impl VerbsPlugin {
             );
             return drop(id.reject(b"hello address does not match the connection"));
         }
-        let known = self.peers.len();
-        let peer = self.peer_for_key(
-            hello.addr,
-            Some(&hello.device).filter(|d| !d.is_empty()).map(|d| d.as_str()),
-        );
+        let device = Some(&hello.device).filter(|d| !d.is_empty());
+        let (peer, new) = self
+            .peers
+            .find_or_insert(self.id, hello.addr, device.map(|d| d.as_str()));
         let cref = match self.insert_conn(Arc::clone(&id), peer, false) {
             Ok(c) => c,
             Err(e) => {
                 // A peer made just now for this request goes with it (no
                 // address of it was handed out yet).
-                if peer == known {
-                    self.peer_by_key.remove(&hello.addr);
-                    self.peers.pop();
+                if new {
+                    self.peers.remove_new(peer);
                 }
                 tracing::warn!(error = %e, "verbs: rejecting a connection");
                 return drop(id.reject(b"too many connections"));
@@ -291,10 +292,8 @@ impl VerbsPlugin {
         }
         self.fail_rma_backlog(cref, &reason);
         if primary && self.peers[peer].dead.is_none() {
-            self.peers[peer].dead = Some(reason.clone());
-            self.peers[peer].dead_since = Some(Instant::now());
+            self.peers.mark_dead(peer, &reason);
             self.schedule_held_sweep();
-            self.peer_by_key.remove(&self.peers[peer].key);
             self.fail_peer_recvs(peer, &reason);
         }
         self.retire_if_flushed(cref);
@@ -328,6 +327,7 @@ impl VerbsPlugin {
                 self.rma_piece_done(idx, Some(e));
             }
         }
+        self.peers.release(conn.peer);
         drop(conn);
     }
 

@@ -48,6 +48,7 @@ mod factory;
 mod mem;
 mod msg;
 mod msgbuf;
+mod peers;
 mod plugin;
 mod progress;
 mod rma;

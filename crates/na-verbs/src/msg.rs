@@ -246,6 +246,7 @@ impl VerbsPlugin {
         buf.clear();
         buf.extend_from_slice(&h.data);
         let source = self.peers[h.peer].addr.clone();
+        self.peers.release(h.peer);
         self.completions
             .push_back(Completion::received(op, kind, buf, source, h.tag));
         if let Some(conn) = self.conn_mut(h.conn) {
@@ -318,6 +319,7 @@ impl VerbsPlugin {
                         .or_default()
                         .push_back(h);
                 }
+                self.peers.acquire(peer);
                 if let Some(conn) = self.conn_mut(cref) {
                     conn.held += 1;
                 }
@@ -353,10 +355,10 @@ impl VerbsPlugin {
                 .dead_since
                 .is_some_and(|t| now.duration_since(t) >= DEAD_HELD_GRACE)
         };
-        let (mut dropped, mut next) = (0usize, None::<Instant>);
+        let (mut dropped, mut next) = (Vec::new(), None::<Instant>);
         self.matching.held_expected.retain(|&(peer, _), q| {
             if expired(peer) {
-                dropped += q.len();
+                dropped.extend(q.iter().map(|h| h.peer));
                 return false;
             }
             if let Some(t) = peers[peer].dead_since {
@@ -365,6 +367,10 @@ impl VerbsPlugin {
             }
             true
         });
+        for &peer in &dropped {
+            self.peers.release(peer);
+        }
+        let dropped = dropped.len();
         self.matching.held_sweep_at = next;
         if dropped > 0 {
             tracing::warn!(

@@ -38,6 +38,7 @@ use crate::config::VerbsConfig;
 use crate::conn::{Conn, ConnRef, Outgoing};
 use crate::msg::Matching;
 use crate::msgbuf::BufPool;
+use crate::peers::{PeerTable, Resolved};
 use crate::rma::RmaOp;
 use crate::sys::{
     CmId, CmIdKey, CompletionChannel, CompletionQueue, DeviceAttr, EventChannel, IbvRegistrar, PortSpace,
@@ -51,19 +52,6 @@ pub const CM_POLL_EVERY: u32 = 16;
 
 /// Token of our own address.
 const SELF_TOKEN: u64 = u64::MAX;
-
-/// A peer as named by addresses handed out.
-pub(crate) struct Peer {
-    pub uri: String,
-    pub key: SocketAddr,
-    pub addr: Addr,
-    /// The connection sends go through.
-    pub conn: Option<ConnRef>,
-    /// Why the peer is unusable, once it is.
-    pub dead: Option<String>,
-    /// When it became unusable.
-    pub dead_since: Option<std::time::Instant>,
-}
 
 /// Where an operation in flight lives (for cancel).
 pub(crate) enum OpLoc {
@@ -92,8 +80,7 @@ pub struct VerbsPlugin {
     pub(crate) max_sge_read: usize,
     pub(crate) rd_atomic: u8,
     pub(crate) dev_attr: DeviceAttr,
-    pub(crate) peers: Vec<Peer>,
-    pub(crate) peer_by_key: HashMap<SocketAddr, usize>,
+    pub(crate) peers: PeerTable,
     pub(crate) conns: Vec<ConnSlot>,
     pub(crate) conn_by_cm: HashMap<CmIdKey, ConnRef>,
     pub(crate) matching: Matching,
@@ -179,8 +166,7 @@ impl VerbsPlugin {
             rd_atomic: dev_attr.max_qp_rd_atom.clamp(1, 16) as u8,
             dev_attr,
             cfg,
-            peers: Vec::new(),
-            peer_by_key: HashMap::new(),
+            peers: PeerTable::default(),
             conns: Vec::new(),
             conn_by_cm: HashMap::new(),
             matching: Matching::default(),
@@ -214,39 +200,28 @@ impl VerbsPlugin {
         &self.dev_attr
     }
 
-    /// Finds or creates the peer of `key`.
-    pub(crate) fn peer_for_key(&mut self, key: SocketAddr, device: Option<&str>) -> usize {
-        if let Some(&i) = self.peer_by_key.get(&key) {
-            return i;
-        }
-        let i = self.peers.len();
-        let uri = canonical(device, key);
-        self.peers.push(Peer {
-            addr: Addr::new(uri.clone(), self.id, i as u64, false),
-            uri,
-            key,
-            conn: None,
-            dead: None,
-            dead_since: None,
-        });
-        self.peer_by_key.insert(key, i);
-        i
-    }
-
     /// The peer an address names (any state).
     pub(crate) fn peer_of(&self, a: &Addr) -> Result<usize> {
-        let ok = a.plugin() == self.id && (a.token() as usize) < self.peers.len();
-        if !ok {
-            return Err(NaError::InvalidAddress {
+        let resolved = if a.plugin() == self.id {
+            self.peers.resolve(a.token())
+        } else {
+            Resolved::Unknown
+        };
+        match resolved {
+            Resolved::Peer(p) => Ok(p),
+            Resolved::Released => Err(NaError::PeerGone {
+                peer: a.uri().to_owned(),
+                reason: "it went earlier (disconnected or failed); look it up again to reconnect".into(),
+            }),
+            Resolved::Unknown => Err(NaError::InvalidAddress {
                 uri: a.uri().to_owned(),
                 reason: if a.token() == SELF_TOKEN {
                     "this is the plugin's own address".into()
                 } else {
                     "not an address of this verbs plugin instance".into()
                 },
-            });
+            }),
         }
-        Ok(a.token() as usize)
     }
 
     /// The peer an address names, if it is still usable.
@@ -305,7 +280,7 @@ impl Plugin for VerbsPlugin {
 
     fn lookup(&mut self, uri: &str) -> Result<Addr> {
         let (key, device) = VerbsUri::parse_peer(uri)?;
-        let p = self.peer_for_key(key, device.as_deref());
+        let (p, _) = self.peers.find_or_insert(self.id, key, device.as_deref());
         Ok(self.peers[p].addr.clone())
     }
 
@@ -408,6 +383,7 @@ impl Plugin for VerbsPlugin {
             .filter(|c| c.primary && c.state != crate::conn::ConnState::Dead)
             .count() as u64;
         s.queued_arrivals = self.matching.held_count() as u64;
+        s.peer_entries = self.peers.len() as u64;
         s
     }
 }

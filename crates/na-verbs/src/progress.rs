@@ -56,7 +56,7 @@ impl VerbsPlugin {
     }
 
     /// Polls the CQ until it is empty (bounded per call).
-    fn poll_cq(&mut self) -> Result<()> {
+    pub(crate) fn poll_cq(&mut self) -> Result<()> {
         let mut wcs = std::mem::take(&mut self.wcs);
         for _ in 0..16 {
             wcs.clear();
@@ -140,27 +140,31 @@ impl VerbsPlugin {
         }
     }
 
+    /// A receive completed. Messages that arrived whole are delivered even
+    /// when the connection died meanwhile (the peer sent them before it
+    /// went: a disconnect seen in the same progress call must not lose
+    /// them), unless it died for breaking the protocol; only a live
+    /// connection reposts the receive.
     fn on_recv_wc(&mut self, cref: ConnRef, slot: u32, wc: &WorkCompletion) {
         let max = self.cfg.max_msg_size;
         let conn = self.conn_mut(cref).expect("caller checked");
         conn.recvs_posted = conn.recvs_posted.saturating_sub(1);
+        let dead = conn.state == ConnState::Dead;
         if !wc.is_ok() {
-            if conn.state != ConnState::Dead {
+            if !dead {
                 let reason = format!("receive failed: {}", wc.status_str());
                 self.kill_conn(cref, reason);
             }
             return;
         }
-        if conn.state == ConnState::Dead {
+        if conn.violated {
             return;
         }
         if wc.opcode != WcOpcode::Recv || slot >= conn.depth {
             // An RDMA WRITE with immediate (we never send one) used up a
             // receive: a protocol violation, and the buffer would be lost.
-            self.stats.protocol_errors += 1;
-            let reason = format!("protocol violation: a {:?} consumed a receive", wc.opcode);
-            tracing::warn!(peer = %self.peer_uri_of(cref), %reason, "verbs: protocol violation");
-            self.kill_conn(cref, reason);
+            let reason = format!("a {:?} consumed a receive", wc.opcode);
+            self.violation(cref, reason);
             return;
         }
         let header = conn
@@ -173,14 +177,12 @@ impl VerbsPlugin {
         });
         let header = match header {
             Ok(h) => h,
-            Err(e) => {
-                self.stats.protocol_errors += 1;
-                tracing::warn!(peer = %self.peer_uri_of(cref), error = %e, "verbs: protocol violation");
-                self.kill_conn(cref, format!("protocol violation: {e}"));
-                return;
-            }
+            Err(e) => return self.violation(cref, e),
         };
         self.on_message(cref, slot, header.kind, header.tag, header.len as usize);
+        if dead {
+            return;
+        }
         let max_held = self.cfg.max_held;
         let Some(conn) = self.conn_mut(cref) else { return };
         match conn.post_recv(cref, slot) {
@@ -193,6 +195,17 @@ impl VerbsPlugin {
             }
             Err(e) => self.kill_conn(cref, format!("reposting a receive failed: {e}")),
         }
+    }
+
+    /// The peer broke the protocol on `cref`: counted, logged, and the
+    /// connection is killed without taking anything more from it.
+    pub(crate) fn violation(&mut self, cref: ConnRef, what: String) {
+        self.stats.protocol_errors += 1;
+        tracing::warn!(peer = %self.peer_uri_of(cref), violation = %what, "verbs: protocol violation");
+        if let Some(conn) = self.conn_mut(cref) {
+            conn.violated = true;
+        }
+        self.kill_conn(cref, format!("protocol violation: {what}"));
     }
 
     fn on_send_wc(&mut self, cref: ConnRef, slot: u32, wc: &WorkCompletion) {

@@ -347,4 +347,99 @@ fn expected_messages_of_a_dead_peer_are_kept_for_a_grace_then_dropped() {
         .post_recv_expected(&client, 9, Vec::new(), OpId(61))
         .expect_err("nothing held, and the peer is gone");
     assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    assert_eq!(
+        srv.plugin(srv_id).unwrap().stats().peer_entries,
+        0,
+        "nothing refers to the dead peer any more: its entry goes"
+    );
+}
+
+/// Every client that comes and goes is forgotten once nothing refers to it:
+/// the listener's peer table does not grow with the clients it ever had,
+/// an old address of a client that went is a clear "gone" error, and a
+/// message the client left behind keeps its entry only until it is taken.
+#[test]
+fn clients_that_come_and_go_leave_no_peer_entries_behind() {
+    let Some(env) = common::rdma_env("clients_that_come_and_go_leave_no_peer_entries_behind") else {
+        return;
+    };
+    let (mut srv, srv_id) = node(&env, true);
+    let uri = srv.self_addr(srv_id).unwrap().uri().to_owned();
+    let entries = |srv: &Endpoint| srv.plugin(srv_id).unwrap().stats().peer_entries;
+    let wait_entries = |srv: &mut Endpoint, want: u64, what: &str| {
+        let end = Instant::now() + T;
+        while entries(srv) != want {
+            assert!(
+                Instant::now() < end,
+                "{what}: {} peer entries, want {want}",
+                entries(srv)
+            );
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+        }
+    };
+    let mut first_client = None;
+    const CLIENTS: u64 = 12;
+    for i in 0..CLIENTS {
+        let (mut cli, _) = node(&env, false);
+        let srv_addr = cli.lookup(&uri).unwrap();
+        srv.post_recv_unexpected(srv_id, Vec::new(), OpId(i)).unwrap();
+        cli.send_unexpected(&srv_addr, 1, b"hi", OpId(1000 + i)).unwrap();
+        let end = Instant::now() + T;
+        let (mut sent, mut got) = (false, None);
+        while !sent || got.is_none() {
+            assert!(Instant::now() < end, "client {i}: no exchange");
+            cli.progress(Some(Duration::ZERO)).unwrap();
+            srv.progress(Some(Duration::ZERO)).unwrap();
+            sent |= cli.pop_completion().is_some();
+            if let Some(c) = srv.pop_completion() {
+                got = Some(c);
+            }
+        }
+        let got = got.unwrap();
+        got.status.as_ref().unwrap();
+        assert_eq!(entries(&srv), 1, "client {i} is the one peer");
+        first_client.get_or_insert(got.source.clone().unwrap());
+        drop(cli);
+        wait_entries(&mut srv, 0, &format!("after client {i} went"));
+    }
+    // An address of a client long gone names nothing: a clear error, and
+    // it does not reach whichever peer uses its slot now.
+    let old = first_client.unwrap();
+    let e = srv.send_expected(&old, 1, b"late", OpId(5000)).unwrap_err();
+    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    assert!(e.to_string().contains("went earlier"), "{e}");
+
+    // A client that leaves an unexpected message nobody took yet: its
+    // entry stays (the message names it) until the message is taken.
+    let (mut cli, _) = node(&env, false);
+    let srv_addr = cli.lookup(&uri).unwrap();
+    cli.send_unexpected(&srv_addr, 2, b"left behind", OpId(6000))
+        .unwrap();
+    let end = Instant::now() + T;
+    while srv.plugin(srv_id).unwrap().stats().queued_arrivals == 0 {
+        assert!(Instant::now() < end, "the message never arrived");
+        cli.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::ZERO)).unwrap();
+    }
+    drop(cli);
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    assert_eq!(entries(&srv), 1, "the held message still names its sender");
+    srv.post_recv_unexpected(srv_id, Vec::new(), OpId(6001)).unwrap();
+    let end = Instant::now() + T;
+    let got = loop {
+        srv.progress(Some(Duration::ZERO)).unwrap();
+        if let Some(c) = srv.pop_completion() {
+            break c;
+        }
+        assert!(Instant::now() < end, "the held message was not delivered");
+    };
+    assert_eq!(got.buf.as_deref(), Some(&b"left behind"[..]));
+    assert_eq!(entries(&srv), 0, "taken: nothing names the client any more");
+    let e = srv
+        .send_expected(got.source.as_ref().unwrap(), 1, b"x", OpId(6002))
+        .unwrap_err();
+    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
 }

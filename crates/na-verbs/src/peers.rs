@@ -1,0 +1,260 @@
+//! The peers that addresses name, by generational token, and the release
+//! of a dead peer's entry once nothing refers to it any more.
+//!
+//! An address handed out carries a token: the slot index (low 32 bits) and
+//! the slot's generation (high bits). A slot is reused only after its peer
+//! died and every connection and held message naming it is gone, with the
+//! next generation, so an old address never reaches the slot's successor:
+//! it gets [`Resolved::Released`] instead. Without this, every client that
+//! ever connected (and every reconnect after a death) would leave an entry
+//! behind for the plugin's lifetime.
+//!
+//! Inside the plugin peers are named by slot index. An index is valid
+//! exactly as long as something holds a reference ([`PeerTable::acquire`]):
+//! each connection and each held message does; a live peer is never
+//! released (addresses of it may still be in use).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ops::{Index, IndexMut};
+use std::time::Instant;
+
+use na_core::{Addr, PluginId};
+
+use crate::addr::canonical;
+use crate::conn::ConnRef;
+
+/// Generations stay below this, so no token is the plugin's self token
+/// (`u64::MAX`).
+const GEN_LIMIT: u32 = 1 << 31;
+
+/// A peer as named by addresses handed out.
+pub(crate) struct Peer {
+    pub uri: String,
+    pub key: SocketAddr,
+    pub addr: Addr,
+    /// The connection sends go through.
+    pub conn: Option<ConnRef>,
+    /// Why the peer is unusable, once it is.
+    pub dead: Option<String>,
+    /// When it became unusable.
+    pub dead_since: Option<Instant>,
+    /// Connections and held messages naming this peer.
+    refs: u32,
+}
+
+struct Slot {
+    generation: u32,
+    peer: Option<Peer>,
+}
+
+/// What an address token names.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Resolved {
+    /// The peer in this slot.
+    Peer(usize),
+    /// A peer of this table that died and was released since.
+    Released,
+    /// Never a token of this table.
+    Unknown,
+}
+
+/// Peers by slot, with a free list and the index by socket address.
+#[derive(Default)]
+pub(crate) struct PeerTable {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    /// Live peers by their listen address (dead ones are not found: a
+    /// lookup after a death starts afresh).
+    by_key: HashMap<SocketAddr, usize>,
+    /// Occupied slots.
+    entries: usize,
+}
+
+fn token(idx: usize, generation: u32) -> u64 {
+    u64::from(generation) << 32 | idx as u64
+}
+
+impl PeerTable {
+    /// The live peer of `key`, or a new one; `true` when it is new.
+    pub fn find_or_insert(
+        &mut self,
+        plugin: PluginId,
+        key: SocketAddr,
+        device: Option<&str>,
+    ) -> (usize, bool) {
+        if let Some(&i) = self.by_key.get(&key) {
+            return (i, false);
+        }
+        let idx = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(Slot {
+                generation: 0,
+                peer: None,
+            });
+            self.slots.len() - 1
+        });
+        let slot = &mut self.slots[idx];
+        let uri = canonical(device, key);
+        slot.peer = Some(Peer {
+            addr: Addr::new(uri.clone(), plugin, token(idx, slot.generation), false),
+            uri,
+            key,
+            conn: None,
+            dead: None,
+            dead_since: None,
+            refs: 0,
+        });
+        self.by_key.insert(key, idx);
+        self.entries += 1;
+        (idx, true)
+    }
+
+    /// What the token of an address of this plugin names.
+    pub fn resolve(&self, tok: u64) -> Resolved {
+        let (idx, generation) = ((tok & 0xffff_ffff) as usize, (tok >> 32) as u32);
+        let Some(slot) = self.slots.get(idx) else {
+            return Resolved::Unknown;
+        };
+        match &slot.peer {
+            Some(_) if slot.generation == generation => Resolved::Peer(idx),
+            _ if generation <= slot.generation => Resolved::Released,
+            _ => Resolved::Unknown,
+        }
+    }
+
+    /// Marks a peer dead: it is no longer found by its address, and its
+    /// entry goes once nothing refers to it.
+    pub fn mark_dead(&mut self, idx: usize, reason: &str) {
+        let p = &mut self[idx];
+        if p.dead.is_some() {
+            return;
+        }
+        p.dead = Some(reason.to_owned());
+        p.dead_since = Some(Instant::now());
+        let key = p.key;
+        if self.by_key.get(&key) == Some(&idx) {
+            self.by_key.remove(&key);
+        }
+        self.release_if_unused(idx);
+    }
+
+    /// A connection or held message now names peer `idx`.
+    pub fn acquire(&mut self, idx: usize) {
+        self[idx].refs += 1;
+    }
+
+    /// A connection or held message naming peer `idx` is gone; the peer's
+    /// entry goes too if it was the last and the peer is dead.
+    pub fn release(&mut self, idx: usize) {
+        let p = &mut self[idx];
+        p.refs = p.refs.saturating_sub(1);
+        self.release_if_unused(idx);
+    }
+
+    /// Removes a peer made just now whose first connection was refused (no
+    /// address of it was handed out).
+    pub fn remove_new(&mut self, idx: usize) {
+        let reason = "refused before it was used";
+        self.mark_dead(idx, reason);
+    }
+
+    fn release_if_unused(&mut self, idx: usize) {
+        let Some(slot) = self.slots.get_mut(idx) else {
+            return;
+        };
+        let unused = slot
+            .peer
+            .as_ref()
+            .is_some_and(|p| p.refs == 0 && p.dead.is_some());
+        if !unused {
+            return;
+        }
+        if let Some(p) = slot.peer.take() {
+            self.entries -= 1;
+            tracing::trace!(peer = %p.uri, "verbs: released a dead peer's entry");
+        }
+        slot.generation += 1;
+        // A slot whose generations are used up is never reused.
+        if slot.generation < GEN_LIMIT {
+            self.free.push(idx);
+        }
+    }
+
+    /// Peer entries held (live, or dead and still referenced).
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    /// The peer in slot `idx`, if any.
+    pub fn get(&self, idx: usize) -> Option<&Peer> {
+        self.slots.get(idx)?.peer.as_ref()
+    }
+}
+
+impl Index<usize> for PeerTable {
+    type Output = Peer;
+
+    /// The peer in slot `idx`; the caller holds a reference to it (see the
+    /// module docs), so it is there.
+    fn index(&self, idx: usize) -> &Peer {
+        self.get(idx).expect("a peer index is used only while referenced")
+    }
+}
+
+impl IndexMut<usize> for PeerTable {
+    fn index_mut(&mut self, idx: usize) -> &mut Peer {
+        self.slots[idx]
+            .peer
+            .as_mut()
+            .expect("a peer index is used only while referenced")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(port: u16) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, 1], port))
+    }
+
+    #[test]
+    fn a_dead_peer_goes_when_its_last_reference_does_and_its_slot_is_reused() {
+        let mut t = PeerTable::default();
+        let (a, new) = t.find_or_insert(PluginId(1), key(1), None);
+        assert!(new);
+        assert_eq!(t.find_or_insert(PluginId(1), key(1), None), (a, false));
+        let old_tok = t[a].addr.token();
+        t.acquire(a); // its connection
+        t.acquire(a); // a held message
+        t.mark_dead(a, "gone");
+        assert_eq!(t.len(), 1, "still referenced");
+        assert_eq!(t.resolve(old_tok), Resolved::Peer(a));
+        t.release(a);
+        assert_eq!(t.len(), 1);
+        t.release(a);
+        assert_eq!(t.len(), 0, "dead and unreferenced: released");
+        assert_eq!(t.resolve(old_tok), Resolved::Released);
+        // The same address starts afresh in the freed slot, new generation.
+        let (b, new) = t.find_or_insert(PluginId(1), key(1), None);
+        assert!(new);
+        assert_eq!(b, a);
+        assert_ne!(t[b].addr.token(), old_tok);
+        assert_eq!(t.resolve(old_tok), Resolved::Released);
+        assert_eq!(t.resolve(t[b].addr.token()), Resolved::Peer(b));
+        assert_eq!(t.resolve(token(7, 0)), Resolved::Unknown);
+        assert_eq!(t.resolve(token(b, 5)), Resolved::Unknown);
+    }
+
+    #[test]
+    fn a_live_peer_is_never_released() {
+        let mut t = PeerTable::default();
+        let (a, _) = t.find_or_insert(PluginId(1), key(2), None);
+        t.acquire(a);
+        t.release(a);
+        assert_eq!(t.len(), 1);
+        assert!(t.get(a).is_some());
+        t.remove_new(a);
+        assert_eq!(t.len(), 0);
+    }
+}
