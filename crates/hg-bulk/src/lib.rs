@@ -301,19 +301,44 @@ fn copy_local(
         return Err(deny(dst_name, dst, "write").into());
     }
     const CHUNK: u64 = 1 << 20;
+    // Within one handle, a destination ahead of an overlapping source is
+    // copied from the end (as `copy_within` does), or a later chunk would
+    // read bytes an earlier one already overwrote.
+    let backwards = src.same_as(dst) && dst_off > src_off && dst_off - src_off < len;
     let mut buf = vec![0u8; len.min(CHUNK) as usize];
     let mut done = 0;
     while done < len {
-        let n = (len - done).min(CHUNK) as usize;
-        src.read_at(src_off + done, &mut buf[..n])?;
-        dst.write_at(dst_off + done, &buf[..n])?;
-        done += n as u64;
+        let n = (len - done).min(CHUNK);
+        let at = if backwards { len - done - n } else { done };
+        let piece = &mut buf[..n as usize];
+        src.read_at(src_off + at, piece)?;
+        dst.write_at(dst_off + at, piece)?;
+        done += n;
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_overlapping_copy_within_one_handle_is_a_memmove() {
+        const MIB: usize = 1 << 20;
+        let data: Vec<u8> = (0..3 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+        for (from, to, len) in [(0, MIB / 2, 2 * MIB), (MIB / 2, 0, 2 * MIB), (0, 3, MIB + 10)] {
+            let h = MemHandle::new(
+                vec![data[..MIB].to_vec(), data[MIB..].to_vec()],
+                Access::ReadWrite,
+            );
+            copy_local(BulkOp::Pull, &h, from as u64, &h, to as u64, len as u64).unwrap();
+            let mut want = data.clone();
+            want.copy_within(from..from + len, to);
+            assert!(
+                h.to_vec() == want,
+                "copy {from}..+{len} to {to} differs from copy_within"
+            );
+        }
+    }
     use super::*;
     use na_core::RemoteSegment;
 

@@ -210,7 +210,7 @@ impl<C: Codec> Engine<C> {
         timeout: Duration,
     ) -> Result<()> {
         let id = self.bulk_start(op, remote, remote_offset, local, local_offset, len)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = na_core::deadline_after(timeout);
         loop {
             if let Some(r) = self.take_bulk(id) {
                 return r;

@@ -299,7 +299,7 @@ impl<C: Codec> Engine<C> {
         // The timeout covers the whole call, sending included, and a response
         // counts only if it is taken before the deadline: a caller that was
         // descheduled past it gets the timeout, not a late answer.
-        let deadline = Instant::now() + timeout;
+        let deadline = na_core::deadline_after(timeout);
         let id = match self.forward::<R>(dest, input) {
             Ok(id) => id,
             Err(e) => {

@@ -250,6 +250,8 @@ fn self_forward_runs_the_handler_without_the_network() {
     c.register::<Add>(|(a, b)| Ok(a * 10 + b)).unwrap();
     let me = c.self_addr().clone();
     assert_eq!(c.call::<Add>(&me, &(4, 2), T).unwrap(), 42);
+    // "Wait forever" as the largest timeout is a timeout, not an overflow.
+    assert_eq!(c.call::<Add>(&me, &(1, 3), Duration::MAX).unwrap(), 13);
     assert!(matches!(
         c.call::<Missing>(&me, &(), T),
         Err(RpcError::UnknownRpc { .. })

@@ -10,7 +10,7 @@ use crate::mem::{MemHandle, RemoteMem};
 use crate::msgbuf::MsgBuf;
 use crate::op::{Completion, OpId, Report, Tag};
 use crate::plugin::{Plugin, PluginRegistry};
-use crate::progress::ProgressMode;
+use crate::progress::{deadline_after, ProgressMode};
 use crate::rma::Rma;
 use crate::sys::epoll::Epoll;
 
@@ -363,8 +363,8 @@ impl Endpoint {
                     let now = Instant::now();
                     if !started {
                         started = true;
-                        deadline = timeout.map(|t| now + t);
-                        spin_until = spin.map(|s| now + s);
+                        deadline = timeout.map(deadline_after);
+                        spin_until = spin.map(deadline_after);
                     }
                     if deadline.is_some_and(|d| now >= d) {
                         return Ok(0);
@@ -376,7 +376,7 @@ impl Endpoint {
                 std::hint::spin_loop();
             }
         } else {
-            deadline = timeout.map(|t| Instant::now() + t);
+            deadline = timeout.map(deadline_after);
         }
         loop {
             let left = || deadline.map(|d| d.saturating_duration_since(Instant::now()));

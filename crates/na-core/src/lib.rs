@@ -40,5 +40,5 @@ pub use mem::{Access, MemHandle, RemoteMem, RemoteSegment, MAX_REMOTE_SEGMENTS};
 pub use msgbuf::{MsgBuf, MsgBufPool, MsgMemory};
 pub use op::{Completion, OpId, OpKind, Report, Tag};
 pub use plugin::{Plugin, PluginFactory, PluginRegistry, PluginStats};
-pub use progress::{ProgressMode, DEFAULT_ADAPTIVE_SPIN};
+pub use progress::{deadline_after, ProgressMode, DEFAULT_ADAPTIVE_SPIN};
 pub use rma::{Rma, RmaDir};

@@ -59,12 +59,44 @@ impl Access {
 type Registration = Arc<dyn Any + Send + Sync>;
 
 struct MemInner {
+    /// Declared (so dropped) before `segments`, and see the `Drop` impl: a
+    /// registration may let a device or peer write the memory, so it must
+    /// be gone before the memory is freed.
+    registrations: Mutex<Vec<(PluginId, Registration)>>,
     segments: Vec<RawSegment>,
     /// Prefix sums: `starts[i]` is the handle offset of segment `i`.
     starts: Vec<u64>,
     size: u64,
     access: Access,
-    registrations: Mutex<Vec<(PluginId, Registration)>>,
+}
+
+impl MemInner {
+    /// Drops the handle's own references to its registrations; true if
+    /// none lives on elsewhere (then no device or peer can reach the
+    /// memory through them any more).
+    fn drop_registrations(&mut self) -> bool {
+        let regs = std::mem::take(self.registrations.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let unshared = regs.iter().all(|(_, r)| Arc::strong_count(r) == 1);
+        drop(regs);
+        unshared
+    }
+}
+
+impl Drop for MemInner {
+    fn drop(&mut self) {
+        if !self.drop_registrations() {
+            // Someone kept a registration ([`MemHandle::registration`])
+            // past the handle: freeing the memory could let a peer write
+            // into whatever reuses it. Leak it instead.
+            tracing::warn!(
+                bytes = self.size,
+                "memory handle dropped while a registration of it is still held elsewhere: its memory is leaked, not freed"
+            );
+            for s in self.segments.drain(..) {
+                std::mem::forget(s);
+            }
+        }
+    }
 }
 
 /// Local memory exposed for RMA: one or many owned segments.
@@ -105,11 +137,11 @@ impl MemHandle {
             .collect();
         MemHandle {
             inner: Arc::new(MemInner {
+                registrations: Mutex::new(Vec::new()),
                 segments,
                 starts,
                 size,
                 access,
-                registrations: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -199,26 +231,25 @@ impl MemHandle {
         v
     }
 
-    /// Borrows the segments of a read-only handle without copying. Returns
-    /// `None` for handles that peers may write.
-    pub fn as_slices(&self) -> Option<Vec<&[u8]>> {
-        if self.inner.access != Access::ReadOnly {
-            return None;
-        }
-        Some(
-            self.inner
-                .segments
-                .iter()
-                .map(|s| s.as_slice_readonly())
-                .collect(),
-        )
-    }
-
     /// Gives the buffers back if this is the last clone of the handle (no
-    /// operation in flight, no other owner); otherwise returns the handle.
+    /// operation in flight, no other owner, no registration of it held
+    /// elsewhere); otherwise returns the handle. The handle's registrations
+    /// are dropped first, so no device or peer can reach the memory once
+    /// the caller has it.
     pub fn into_buffers(self) -> std::result::Result<Vec<Vec<u8>>, MemHandle> {
+        let shared_reg = {
+            let regs = self.inner.registrations.lock().unwrap_or_else(|e| e.into_inner());
+            regs.iter().any(|(_, r)| Arc::strong_count(r) > 1)
+        };
+        if shared_reg {
+            return Err(self);
+        }
         match Arc::try_unwrap(self.inner) {
-            Ok(inner) => Ok(inner.segments.into_iter().map(RawSegment::into_vec).collect()),
+            Ok(mut inner) => {
+                inner.drop_registrations();
+                let segments = std::mem::take(&mut inner.segments);
+                Ok(segments.into_iter().map(RawSegment::into_vec).collect())
+            }
             Err(inner) => Err(MemHandle { inner }),
         }
     }
@@ -231,7 +262,11 @@ impl MemHandle {
         regs.push((plugin, reg));
     }
 
-    /// The registration a plugin attached, if any.
+    /// The registration a plugin attached, if any. Hold the returned `Arc`
+    /// only together with a clone of the handle: a registration that
+    /// outlives its handle makes the handle's memory leak rather than be
+    /// freed (a peer could still reach it), and blocks
+    /// [`into_buffers`](Self::into_buffers).
     pub fn registration(&self, plugin: PluginId) -> Option<Registration> {
         let regs = self.inner.registrations.lock().unwrap_or_else(|e| e.into_inner());
         regs.iter().find(|(p, _)| *p == plugin).map(|(_, r)| r.clone())
@@ -561,10 +596,5 @@ mod tests {
     fn access_modes() {
         assert!(Access::ReadOnly.can_read() && !Access::ReadOnly.can_write());
         assert!(!Access::WriteOnly.can_read() && Access::WriteOnly.can_write());
-        assert!(MemHandle::zeroed(1, Access::ReadWrite).as_slices().is_none());
-        assert_eq!(
-            MemHandle::zeroed(2, Access::ReadOnly).as_slices().unwrap(),
-            vec![&[0u8, 0][..]]
-        );
     }
 }

@@ -1,8 +1,19 @@
 //! Progress modes and their configuration.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{NaError, Result};
+
+/// `timeout` from now, saturating: a timeout too large for an [`Instant`]
+/// (`Duration::MAX` as "wait forever") gives a deadline a century away
+/// instead of overflowing.
+pub fn deadline_after(timeout: Duration) -> Instant {
+    const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(timeout.min(FOREVER))
+        .or_else(|| now.checked_add(Duration::from_secs(24 * 3600)))
+        .unwrap_or(now)
+}
 
 /// How [`Endpoint::progress`](crate::Endpoint::progress) waits for work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +104,15 @@ impl std::fmt::Display for ProgressMode {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_largest_timeout_is_a_far_deadline_not_an_overflow() {
+        let now = std::time::Instant::now();
+        let d = deadline_after(Duration::MAX);
+        assert!(d >= now + Duration::from_secs(3600));
+        let d = deadline_after(Duration::from_millis(5));
+        assert!(d >= now + Duration::from_millis(5) && d < now + Duration::from_secs(60));
+    }
+
     use super::*;
 
     #[test]

@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
-use std::time::Instant;
 
 use na_core::{Addr, NaError, Result};
 
@@ -208,7 +207,7 @@ impl SmPlugin {
             if sock.set_nonblocking(true).is_err() || self.poll_add(sock.as_raw_fd(), serial).is_err() {
                 continue;
             }
-            let deadline = Instant::now() + self.cfg.handshake_timeout;
+            let deadline = na_core::deadline_after(self.cfg.handshake_timeout);
             self.pending
                 .insert(serial, PendingAccept { sock, cred, deadline });
         }

@@ -87,9 +87,11 @@ pub(crate) struct RmaOp {
     pub remaining: u32,
     pub error: Option<NaError>,
     pub canceled: bool,
+    /// Declared (so dropped) before `_local`: the registration goes before
+    /// the memory it covers can be freed.
+    pub reg: Arc<MemReg>,
     /// Keeps the memory and its registrations alive until the device is done.
     pub _local: MemHandle,
-    pub reg: Arc<MemReg>,
 }
 
 /// Most work requests linked into one `ibv_post_send`.
@@ -103,8 +105,9 @@ struct Planned {
     op: OpId,
     kind: OpKind,
     len: u64,
-    local: MemHandle,
+    /// Before `local`, as in [`RmaOp`].
     reg: Option<Arc<MemReg>>,
+    local: MemHandle,
     plans: Vec<WrPlan>,
 }
 

@@ -81,21 +81,6 @@ impl RawSegment {
         }
     }
 
-    /// Borrows the bytes. Only for segments that no peer may write: the
-    /// caller ([`MemHandle::as_slices`](crate::MemHandle::as_slices))
-    /// guarantees the handle is read-only, so the memory is not changed
-    /// while the borrow lives (by this process; a hostile same-uid peer
-    /// writing through CMA is outside any language guarantee, as with shared
-    /// mappings).
-    pub fn as_slice_readonly(&self) -> &[u8] {
-        // SAFETY: ptr/len describe a live, initialized allocation owned by
-        // self; the caller guarantees no writer for the lifetime of &self.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::slice::from_raw_parts(self.ptr.as_ptr(), self.len)
-        }
-    }
-
     /// Gives the vector back.
     pub fn into_vec(self) -> Vec<u8> {
         let me = std::mem::ManuallyDrop::new(self);
