@@ -71,6 +71,10 @@ pub(crate) struct Conn {
     pub peer_wake: Option<PeerWake>,
     /// A wake-up was due before the ack brought `peer_wake`.
     pub wake_owed: bool,
+    /// Connector: when the peer must have acknowledged by (see
+    /// `SmPlugin::sweep_deadlines`); `None` once it did, and on the
+    /// acceptor side.
+    pub ack_deadline: Option<std::time::Instant>,
     /// We raised the tx_waiting / rx_waiting flags in `try_wait`.
     pub armed: bool,
     pub backlog: VecDeque<QueuedSend>,

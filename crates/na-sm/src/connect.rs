@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::time::{Duration, Instant};
 
 use na_core::{Addr, NaError, Result};
 
@@ -11,15 +12,29 @@ use crate::addr::SmName;
 use crate::channel::{check_region, init_region, RxCursor, TxCursor, REGION_LEN};
 use crate::conn::{check_ack, decode_hello, encode_ack, encode_hello, Conn, Role, ACK_LEN, MAX_HELLO};
 use crate::error::{SmError, SmResult};
-use crate::plugin::{PendingAccept, SmPlugin, WAKE_BIT};
+use crate::plugin::{PendingAccept, SmPlugin, LISTENER_TOKEN, WAKE_BIT};
 use crate::progress::{wake_failure, Failure};
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{connect_unix, peer_cred, recv_with_fds, send_with_fds};
 use crate::sys::wake::{OwnWake, PeerWake};
 
 /// Accepted connections that may wait for their hello at once (each holds
-/// a descriptor until its hello or the handshake timeout).
+/// a descriptor until its hello or the handshake timeout); with this many
+/// waiting, the listener stops accepting until one is done.
 pub const MAX_PENDING_HANDSHAKES: usize = 128;
+
+/// How long accepting pauses after it failed for want of descriptors or
+/// memory.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Why the listener is out of the epoll set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AcceptPause {
+    /// [`MAX_PENDING_HANDSHAKES`] are waiting for their hello.
+    Handshakes,
+    /// Accepting failed (no descriptors, no memory): retry then.
+    Until(Instant),
+}
 
 fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
     let why = match e.raw_os_error() {
@@ -99,14 +114,19 @@ impl SmPlugin {
         }
         let serial = self.next_serial;
         self.next_serial += 1;
-        let region = SharedRegion::create(&format!("qs-sm-{}-{serial}", self.name.key()), REGION_LEN)
+        let mut region = SharedRegion::create(&format!("qs-sm-{}-{serial}", self.name.key()), REGION_LEN)
             .map_err(|e| SmError::sys("memfd_create/mmap of the connection region", e))?;
         init_region(&region, self.name.pid);
         let my_wake = OwnWake::new(self.wake_kind).map_err(|e| SmError::sys(self.wake_kind.name(), e))?;
         let hello = encode_hello(&self.name.key());
-        let fds = [region.as_fd().as_raw_fd(), my_wake.fd_for_peer()];
+        let region_fd = region
+            .fd()
+            .map(|f| f.as_raw_fd())
+            .ok_or_else(|| handshake("region has no descriptor".into()))?;
+        let fds = [region_fd, my_wake.fd_for_peer()];
         let n = send_with_fds(sock.as_fd(), &hello, &fds)
             .map_err(|e| handshake(format!("sending hello: {e}")))?;
+        region.close_fd();
         if n != hello.len() {
             return Err(handshake(format!(
                 "hello cut short ({n} of {} bytes)",
@@ -128,6 +148,9 @@ impl SmPlugin {
             my_wake,
             peer_wake: None,
             wake_owed: false,
+            ack_deadline: Some(na_core::deadline_after(
+                self.cfg.handshake_timeout.saturating_mul(2),
+            )),
             armed: false,
             backlog: VecDeque::new(),
         };
@@ -137,6 +160,7 @@ impl SmPlugin {
         };
         self.peers.attach(tok, conn);
         self.awaiting_ack += 1;
+        self.update_timer();
         tracing::info!(peer = %uri, pid = cred.pid, serial, "sm connect");
         self.peers
             .get(tok)
@@ -160,17 +184,35 @@ impl SmPlugin {
             .map_err(|e| SmError::sys("epoll_ctl add (eventfd)", e))
     }
 
-    /// Accepts every waiting connection (listener readable); beyond
-    /// [`MAX_PENDING_HANDSHAKES`] waiting for their hello, new ones are
-    /// closed.
+    /// Accepts every waiting connection (listener readable) and reads its
+    /// hello at once if it is there (an honest connector sends it right
+    /// after connecting). With [`MAX_PENDING_HANDSHAKES`] still waiting
+    /// for theirs, or out of descriptors, it stops: the listener leaves the
+    /// epoll set and the rest wait in the kernel's queue (nothing is
+    /// refused) until a handshake ends or, for descriptors, a short pause
+    /// is over (see `sweep_deadlines`).
     pub(crate) fn accept_ready(&mut self) {
-        let Some(listener) = &self.listener else { return };
-        loop {
+        while self.accept_pause.is_none() {
+            if self.pending.len() >= MAX_PENDING_HANDSHAKES {
+                self.stats.flow_blocked += 1;
+                tracing::warn!(
+                    limit = MAX_PENDING_HANDSHAKES,
+                    "sm: pausing accepts: too many handshakes in progress"
+                );
+                self.pause_accepts(AcceptPause::Handshakes);
+                return;
+            }
+            let Some(listener) = &self.listener else { return };
             let sock = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::EINTR)) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "sm accept failed");
+                    // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays
+                    // queued and the listener readable; retrying at once
+                    // would spin.
+                    tracing::warn!(error = %e, pause = ?ACCEPT_RETRY, "sm: accept failed; pausing accepts");
+                    self.pause_accepts(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
                     return;
                 }
             };
@@ -190,18 +232,6 @@ impl SmPlugin {
                 );
                 continue;
             }
-            if self.pending.len() >= MAX_PENDING_HANDSHAKES {
-                // Connections that never say hello would otherwise hold an
-                // fd each until their timeout: enough of them exhaust the
-                // process's descriptors. This one is closed at once.
-                self.stats.flow_blocked += 1;
-                tracing::warn!(
-                    pid = cred.pid,
-                    limit = MAX_PENDING_HANDSHAKES,
-                    "refusing sm connection: too many handshakes in progress"
-                );
-                continue;
-            }
             let serial = self.next_serial;
             self.next_serial += 1;
             if sock.set_nonblocking(true).is_err() || self.poll_add(sock.as_raw_fd(), serial).is_err() {
@@ -210,6 +240,95 @@ impl SmPlugin {
             let deadline = na_core::deadline_after(self.cfg.handshake_timeout);
             self.pending
                 .insert(serial, PendingAccept { sock, cred, deadline });
+            self.handle_hello(serial);
+        }
+    }
+
+    /// Takes the listener out of the epoll set until `sweep_deadlines`
+    /// resumes it.
+    fn pause_accepts(&mut self, why: AcceptPause) {
+        if let Some(l) = &self.listener {
+            let _ = self.poll.delete(l.as_raw_fd());
+        }
+        self.accept_pause = Some(why);
+        self.update_timer();
+    }
+
+    /// Puts the listener back and accepts what waited meanwhile.
+    fn resume_accepts(&mut self) {
+        self.accept_pause = None;
+        if let Some(l) = &self.listener {
+            if let Err(e) = self.poll.add(l.as_raw_fd(), LISTENER_TOKEN) {
+                tracing::warn!(error = %e, "sm: re-adding the listener failed; retrying later");
+                self.accept_pause = Some(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
+                return;
+            }
+        }
+        self.accept_ready();
+    }
+
+    /// Ends handshakes past their deadline (both sides) and resumes a
+    /// paused listener when it may go on; then sets the timer to the next
+    /// deadline, so all of this happens on time while the plugin sleeps.
+    pub(crate) fn sweep_deadlines(&mut self) {
+        let now = Instant::now();
+        if !self.pending.is_empty() {
+            let late: Vec<u64> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| p.deadline <= now)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in late {
+                if let Some(p) = self.pending.remove(&s) {
+                    let _ = self.poll.delete(p.sock.as_raw_fd());
+                    tracing::warn!(pid = p.cred.pid, "sm handshake timed out");
+                }
+            }
+        }
+        if self.awaiting_ack > 0 {
+            let late: Vec<u64> = self
+                .peers
+                .iter()
+                .filter(|p| p.conns.iter().any(|c| c.ack_deadline.is_some_and(|d| d <= now)))
+                .map(|p| p.addr.token())
+                .collect();
+            for tok in late {
+                let reason = format!(
+                    "no acknowledgement of the connection within {:?} (the listener is not serving)",
+                    self.cfg.handshake_timeout.saturating_mul(2)
+                );
+                self.fail_peer(tok, Failure::Gone, &reason);
+            }
+        }
+        let resume = match self.accept_pause {
+            Some(AcceptPause::Handshakes) => self.pending.len() < MAX_PENDING_HANDSHAKES,
+            Some(AcceptPause::Until(t)) => t <= now,
+            None => false,
+        };
+        if resume {
+            self.resume_accepts();
+        }
+        self.update_timer();
+    }
+
+    /// Arms the timer for the earliest deadline: a pending handshake, an
+    /// acknowledgement we wait for, the end of an accept pause.
+    pub(crate) fn update_timer(&mut self) {
+        let mut next = self.pending.values().map(|p| p.deadline).min();
+        let mut earliest = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        if let Some(AcceptPause::Until(t)) = self.accept_pause {
+            earliest(t);
+        }
+        if self.awaiting_ack > 0 {
+            for p in self.peers.iter() {
+                for d in p.conns.iter().filter_map(|c| c.ack_deadline) {
+                    earliest(d);
+                }
+            }
+        }
+        if let Err(e) = self.timer.set(next) {
+            tracing::warn!(error = %e, "sm: setting the deadline timer failed");
         }
     }
 
@@ -293,6 +412,7 @@ impl SmPlugin {
             my_wake,
             peer_wake: Some(peer_wake),
             wake_owed: false,
+            ack_deadline: None,
             armed: false,
             backlog: VecDeque::new(),
         };
@@ -338,6 +458,7 @@ impl SmPlugin {
         let fd = r.fds.pop().ok_or_else(|| bad("missing eventfd".into()))?;
         let wake = PeerWake::from_peer(fd).map_err(|e| bad(format!("wake-up fd: {e}")))?;
         conn.peer_wake = Some(wake);
+        conn.ack_deadline = None;
         // Only here: a failed handshake is counted off by `fail_peer`
         // (the connection still has no wake-up fd), not twice.
         self.awaiting_ack = self.awaiting_ack.saturating_sub(1);

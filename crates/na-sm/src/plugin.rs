@@ -4,7 +4,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use na_core::fasthash::FastMap;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
@@ -28,6 +28,7 @@ use crate::progress::{dup, op_in_flight};
 use crate::sys::cma::IovLists;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
+use crate::sys::timer::Timer;
 use crate::sys::wake::WakeKind;
 
 /// Per-process counter for unnamed instances.
@@ -37,6 +38,8 @@ static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
 pub(crate) const LISTENER_TOKEN: u64 = 0;
 /// Set in the internal epoll token of a connection's eventfd.
 pub(crate) const WAKE_BIT: u64 = 1 << 62;
+/// Internal epoll token of the deadline timer.
+pub(crate) const TIMER_TOKEN: u64 = 1 << 61;
 
 /// An accepted socket whose hello has not arrived yet.
 pub(crate) struct PendingAccept {
@@ -58,6 +61,10 @@ pub struct SmPlugin {
     pub(crate) poll: Epoll,
     pub(crate) peers: PeerTable,
     pub(crate) pending: HashMap<u64, PendingAccept>,
+    /// Why the listener is out of the epoll set, while it is.
+    pub(crate) accept_pause: Option<crate::connect::AcceptPause>,
+    /// Fires at the earliest handshake deadline or end of an accept pause.
+    pub(crate) timer: Timer,
     /// Connector-side connections still waiting for the acknowledgement.
     pub(crate) awaiting_ack: usize,
     pub(crate) next_serial: u64,
@@ -144,6 +151,9 @@ impl SmPlugin {
             proc::allow_any_ptracer().map_err(|e| SmError::sys("prctl(PR_SET_PTRACER)", e))?;
         }
         let poll = Epoll::new().map_err(|e| SmError::sys("epoll_create1", e))?;
+        let timer = Timer::new().map_err(|e| SmError::sys("timerfd_create", e))?;
+        poll.add(timer.as_fd().as_raw_fd(), TIMER_TOKEN)
+            .map_err(|e| SmError::sys("epoll_ctl add timer", e))?;
         let mut peers = PeerTable::default();
         let self_tok = peers.insert(id, name.clone(), proc::pid(), true);
         let mut plugin = SmPlugin {
@@ -157,6 +167,8 @@ impl SmPlugin {
             poll,
             peers,
             pending: HashMap::new(),
+            accept_pause: None,
+            timer,
             awaiting_ack: 0,
             next_serial: 16,
             matcher: Matcher::default(),

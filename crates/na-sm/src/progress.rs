@@ -9,7 +9,7 @@
 //! events to the next `try_wait`).
 
 use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use na_core::fasthash::FastMap;
 use na_core::{Completion, NaError, OpId, OpKind, PluginStats, Report, Result, Tag};
@@ -17,7 +17,7 @@ use na_core::{Completion, NaError, OpId, OpKind, PluginStats, Report, Result, Ta
 use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
 use crate::conn::{QueuedSend, Role};
 use crate::matching::{Matcher, OpPlace};
-use crate::plugin::{SmPlugin, LISTENER_TOKEN, WAKE_BIT};
+use crate::plugin::{SmPlugin, LISTENER_TOKEN, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
 
 /// Progress calls between two non-blocking polls of the socket events when
@@ -291,20 +291,11 @@ impl SmPlugin {
                 break;
             }
         }
-        if !self.pending.is_empty() {
-            let now = Instant::now();
-            let late: Vec<u64> = self
-                .pending
-                .iter()
-                .filter(|(_, p)| p.deadline <= now)
-                .map(|(s, _)| *s)
-                .collect();
-            for s in late {
-                if let Some(p) = self.pending.remove(&s) {
-                    let _ = self.poll.delete(p.sock.as_raw_fd());
-                    tracing::warn!(pid = p.cred.pid, "sm handshake timed out");
-                }
-            }
+        let deadlines = !self.pending.is_empty() || self.awaiting_ack > 0 || self.accept_pause.is_some();
+        if deadlines || self.timer.armed().is_some() {
+            // (A timer still armed with nothing due is disarmed here, so
+            // it does not wake an idle process for nothing.)
+            self.sweep_deadlines();
         }
         Ok(())
     }
@@ -312,6 +303,11 @@ impl SmPlugin {
     fn handle_event(&mut self, token: u64) {
         if token == LISTENER_TOKEN {
             self.accept_ready();
+            return;
+        }
+        if token == TIMER_TOKEN {
+            // What is due runs in `sweep_deadlines`, after the events.
+            self.timer.clear();
             return;
         }
         let serial = token & !WAKE_BIT;

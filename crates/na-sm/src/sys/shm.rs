@@ -30,7 +30,9 @@ pub struct SharedRegion {
     /// access costs no extra indirection.
     ptr: NonNull<u8>,
     len: usize,
-    fd: OwnedFd,
+    /// The memfd, until it was sent to the peer (the mapping does not need
+    /// it: closing it saves a descriptor per connection).
+    fd: Option<OwnedFd>,
     /// Unmaps the region once neither it nor any [`SharedWord`] of it is left.
     mapping: Arc<Mapping>,
 }
@@ -140,7 +142,9 @@ impl SharedRegion {
                 format!("shared region has {size} bytes, expected {len}"),
             ));
         }
-        Self::map(fd, len)
+        let mut region = Self::map(fd, len)?;
+        region.fd = None;
+        Ok(region)
     }
 
     fn map(fd: OwnedFd, len: usize) -> io::Result<Self> {
@@ -163,7 +167,7 @@ impl SharedRegion {
         Ok(SharedRegion {
             ptr,
             len,
-            fd,
+            fd: Some(fd),
             mapping: Arc::new(Mapping { ptr, len }),
         })
     }
@@ -265,9 +269,15 @@ impl SharedRegion {
     }
 }
 
-impl AsFd for SharedRegion {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+impl SharedRegion {
+    /// The memfd of a region we created, until [`close_fd`](Self::close_fd).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Closes the memfd (once it was sent to the peer); the mapping stays.
+    pub fn close_fd(&mut self) {
+        self.fd = None;
     }
 }
 
@@ -280,7 +290,7 @@ mod tests {
         let a = SharedRegion::create("qs-test", 8192).unwrap();
         a.atomic(8).store(42, Ordering::Relaxed);
         a.write(4096, b"hello world");
-        let b = SharedRegion::from_peer(a.fd.try_clone().unwrap(), 8192).unwrap();
+        let b = SharedRegion::from_peer(a.fd.as_ref().unwrap().try_clone().unwrap(), 8192).unwrap();
         assert_eq!(b.atomic(8).load(Ordering::Relaxed), 42);
         let mut out = vec![7u8; 100];
         b.read_to_vec(4096, 11, &mut out);
@@ -289,7 +299,7 @@ mod tests {
             b.read_to_vec(4096, len, &mut out);
             assert_eq!(out, b"hello world"[..len]);
         }
-        assert!(SharedRegion::from_peer(a.fd.try_clone().unwrap(), 4096).is_err());
+        assert!(SharedRegion::from_peer(a.fd.as_ref().unwrap().try_clone().unwrap(), 4096).is_err());
         // An unsealed memfd is refused.
         // SAFETY (test): valid NUL-terminated name.
         let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };

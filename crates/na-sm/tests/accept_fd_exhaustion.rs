@@ -1,0 +1,148 @@
+//! A listener out of file descriptors: `accept` fails with `EMFILE` while
+//! the connection stays queued, so the listening socket stays readable. The
+//! plugin must pause accepting (not spin on it, burning a core in blocking
+//! mode) and serve the client once descriptors are back.
+//!
+//! The client is a second process (this test binary again, told its role
+//! by an environment variable), so its descriptors do not count against
+//! the lowered limit. The only test in its binary: it lowers the process's
+//! descriptor limit.
+
+use std::time::{Duration, Instant};
+
+use na_core::{Endpoint, OpId, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+const ROLE_ENV: &str = "QS_SM_FDX_SERVER";
+const TEST: &str = "accepting_without_descriptors_neither_spins_nor_loses_the_client";
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY (test): valid pointer to a timespec.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+        0
+    );
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn set_fd_limit(cur: libc::rlim_t) -> libc::rlimit {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY (test): valid pointers to rlimits.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
+        let new = libc::rlimit {
+            rlim_cur: cur,
+            rlim_max: old.rlim_max,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
+    }
+    old
+}
+
+/// The client: connects (queued at the server), sends, waits for a reply.
+fn client(server: &str, dir: &str) {
+    let cfg = SmConfig::default().with_dir(dir);
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let _ = id;
+    let srv = ep.lookup(server).expect("lookup: the connection is queued");
+    ep.post_recv_expected(&srv, 7, Vec::new(), OpId(1)).unwrap();
+    ep.send_unexpected(&srv, 7, b"queued while you had no fds", OpId(2))
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        assert!(Instant::now() < end, "client: no reply (got {got:?})");
+        ep.progress(Some(Duration::from_millis(100))).unwrap();
+        while let Some(c) = ep.pop_completion() {
+            c.status.as_ref().expect("client operation");
+            got.push(c.op);
+        }
+    }
+    println!("CLIENT OK");
+}
+
+#[test]
+fn accepting_without_descriptors_neither_spins_nor_loses_the_client() {
+    if let Ok(role) = std::env::var(ROLE_ENV) {
+        let (uri, dir) = role.split_once('|').expect("uri|dir");
+        return client(uri, dir);
+    }
+    let dir = std::env::temp_dir().join(format!("qs-sm-fdx-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let cfg = SmConfig {
+        listen: true,
+        ..SmConfig::default()
+    }
+    .with_dir(&dir);
+    let mut srv = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let sid = srv
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", TEST, "--nocapture", "--test-threads", "1"])
+        .env(ROLE_ENV, format!("{uri}|{}", dir.display()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // No descriptor left: the lowest free number becomes the limit.
+    // SAFETY (test): dup/close of our own stderr.
+    let lowest_free = unsafe {
+        let fd = libc::dup(2);
+        assert!(fd >= 0);
+        libc::close(fd);
+        fd
+    };
+    let old = set_fd_limit(lowest_free as libc::rlim_t);
+    // Let the client start and connect into the listener's queue.
+    std::thread::sleep(Duration::from_millis(700));
+    let (cpu0, t0) = (thread_cpu(), Instant::now());
+    while t0.elapsed() < Duration::from_secs(1) {
+        srv.progress(Some(Duration::from_millis(200))).unwrap();
+    }
+    let cpu = thread_cpu() - cpu0;
+    set_fd_limit(old.rlim_cur);
+    assert!(
+        cpu < Duration::from_millis(300),
+        "blocking progress used {cpu:?} of CPU in 1 s while accept failed: it spins"
+    );
+    // Descriptors are back: the queued client is served.
+    let end = Instant::now() + Duration::from_secs(20);
+    let req = loop {
+        assert!(Instant::now() < end, "the queued client's message never arrived");
+        srv.progress(Some(Duration::from_millis(100))).unwrap();
+        if let Some(c) = srv.pop_completion() {
+            break c;
+        }
+    };
+    assert_eq!(req.buf.as_deref(), Some(&b"queued while you had no fds"[..]));
+    srv.send_expected(req.source.as_ref().unwrap(), 7, b"ok", OpId(2))
+        .unwrap();
+    let mut child = child;
+    let end = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "the client did not finish");
+        srv.progress(Some(Duration::from_millis(50))).unwrap();
+        while srv.pop_completion().is_some() {}
+    }
+    let waited = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&waited.stdout);
+    assert!(
+        waited.status.success() && stdout.contains("CLIENT OK"),
+        "client: {stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,164 @@
+//! The listener under connection pressure, and a connector whose listener
+//! never answers: nothing an honest peer sent is lost, and every deadline
+//! is kept while the plugin sleeps.
+//!
+//! * More connections than `MAX_PENDING_HANDSHAKES` that never say hello:
+//!   the listener pauses (the rest wait in the kernel's queue) instead of
+//!   closing honest connections queued behind them, and resumes when the
+//!   silent ones time out.
+//! * A listener that never accepts: the connector's operations fail with
+//!   `PeerGone` after twice the handshake timeout instead of waiting forever.
+
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
+use na_sm::{SmConfig, SmPlugin, MAX_PENDING_HANDSHAKES};
+
+const HANDSHAKE: Duration = Duration::from_millis(500);
+
+fn dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qs-sm-hs-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    d
+}
+
+fn node(d: &Path, listen: bool, mode: ProgressMode) -> (Endpoint, PluginId) {
+    let cfg = SmConfig {
+        listen,
+        handshake_timeout: HANDSHAKE,
+        ..SmConfig::default()
+    }
+    .with_dir(d);
+    let mut ep = Endpoint::new(mode).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    (ep, id)
+}
+
+/// Raises the descriptor limit to the hard limit: this test holds a few
+/// hundred descriptors in one process.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY (test): valid pointer to an rlimit.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
+#[test]
+fn honest_clients_queued_behind_silent_connections_are_served_not_refused() {
+    raise_fd_limit();
+    let d = dir("burst");
+    let (mut srv, sid) = node(&d, true, ProgressMode::Blocking);
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    // More silent connections than may wait for a hello...
+    let silent: Vec<UnixStream> = (0..MAX_PENDING_HANDSHAKES + 10)
+        .map(|_| UnixStream::connect(&sock_path).expect("connect (silent)"))
+        .collect();
+    // ...then honest clients, each sending one message.
+    const HONEST: usize = 20;
+    let mut clients = Vec::new();
+    for i in 0..HONEST {
+        let (mut c, _) = node(&d, false, ProgressMode::Busy);
+        let a = c.lookup(&uri).unwrap();
+        c.send_unexpected(&a, i as u32, b"hi", OpId(1)).unwrap();
+        clients.push(c);
+    }
+    for i in 0..HONEST as u64 {
+        srv.post_recv_unexpected(sid, Vec::new(), OpId(100 + i)).unwrap();
+    }
+    // The server sleeps with long timeouts: the silent connections' end
+    // (and the listener's resumption) must come from its own timer.
+    let t0 = Instant::now();
+    let mut tags = Vec::new();
+    while tags.len() < HONEST {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "only {} of {HONEST} honest clients' messages arrived (stats {:?})",
+            tags.len(),
+            srv.plugin(sid).unwrap().stats()
+        );
+        srv.progress(Some(Duration::from_secs(3))).unwrap();
+        while let Some(c) = srv.pop_completion() {
+            c.status.as_ref().expect("an honest client's message");
+            tags.push(c.tag);
+        }
+        for c in clients.iter_mut() {
+            c.progress(Some(Duration::ZERO)).unwrap();
+            while c.pop_completion().is_some() {}
+        }
+    }
+    let took = t0.elapsed();
+    tags.sort_unstable();
+    assert_eq!(tags, (0..HONEST as u32).collect::<Vec<_>>());
+    assert!(
+        took < Duration::from_millis(2900),
+        "served after {took:?}: the server slept through the handshake deadline"
+    );
+    drop(silent);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_listener_that_never_answers_fails_the_connectors_operations() {
+    let d = dir("mute");
+    // Bound and listening (connects succeed into its queue), never accepting.
+    let name = format!("{}-mute", std::process::id());
+    let _mute = UnixListener::bind(d.join(format!("{name}.sock"))).unwrap();
+    let (mut c, cid) = node(&d, false, ProgressMode::Blocking);
+    let a = c.lookup(&format!("sm://{name}")).unwrap();
+    let big = vec![7u8; 4000];
+    const SENDS: u64 = 300; // beyond the ring: some wait in the backlog
+    for i in 0..SENDS {
+        c.send_unexpected(&a, 0, &big, OpId(i)).unwrap();
+    }
+    let t0 = Instant::now();
+    let (mut done, mut failed) = (0, 0);
+    while done < SENDS {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{done} of {SENDS} sends completed; stats {:?}",
+            c.plugin(cid).unwrap().stats()
+        );
+        // Long sleeps: the deadline must wake the plugin.
+        c.progress(Some(Duration::from_secs(5))).unwrap();
+        while let Some(k) = c.pop_completion() {
+            done += 1;
+            // Those that fit the ring completed when written to it; the
+            // ones waiting behind them fail.
+            if let Err(e) = k.status {
+                assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+                assert!(e.to_string().contains("acknowledgement"), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(failed > SENDS / 2, "only {failed} of {SENDS} sends failed");
+    let took = t0.elapsed();
+    assert!(
+        took >= 2 * HANDSHAKE - Duration::from_millis(50),
+        "failed too early: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(4500),
+        "failed after {took:?}: the deadline did not wake the plugin"
+    );
+    assert_eq!(c.plugin(cid).unwrap().stats().in_flight, 0);
+    let e = c.send_unexpected(&a, 0, b"x", OpId(999)).unwrap_err();
+    assert!(
+        matches!(e, NaError::PeerGone { .. } | NaError::InvalidAddress { .. }),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
