@@ -65,6 +65,8 @@ pub struct SmPlugin {
     pub(crate) accept_pause: Option<crate::connect::AcceptPause>,
     /// Fires at the earliest handshake deadline or end of an accept pause.
     pub(crate) timer: Timer,
+    /// When socket events were last read (see `rma_batch`).
+    pub(crate) events_at: Instant,
     /// Connector-side connections still waiting for the acknowledgement.
     pub(crate) awaiting_ack: usize,
     pub(crate) next_serial: u64,
@@ -169,6 +171,7 @@ impl SmPlugin {
             pending: HashMap::new(),
             accept_pause: None,
             timer,
+            events_at: Instant::now(),
             awaiting_ack: 0,
             next_serial: 16,
             matcher: Matcher::default(),

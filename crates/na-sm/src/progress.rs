@@ -275,6 +275,7 @@ impl SmPlugin {
     /// Handles the internal epoll set's events, waiting up to `timeout` for
     /// the first (`None`: no limit).
     pub(crate) fn wait_events(&mut self, mut timeout: Option<Duration>) -> Result<()> {
+        self.events_at = std::time::Instant::now();
         loop {
             self.tokens.clear();
             let n = self

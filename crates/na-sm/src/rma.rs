@@ -15,11 +15,22 @@ pub const EPERM_HINT: &str = "the kernel refused process_vm_readv/writev (EPERM)
      (na-sm does so unless SmConfig::allow_any_ptracer is false) or the caller needs CAP_SYS_PTRACE; \
      ptrace_scope 3 forbids it entirely (set it to 0 or 1 with sysctl)";
 
+/// How recently socket events must have been read before an RMA trusts
+/// that the peer's pid is still its own.
+const RMA_EVENTS_FRESH: std::time::Duration = std::time::Duration::from_millis(1);
+
 impl SmPlugin {
     /// Checks the whole batch and the peer, then moves each run of
     /// same-direction transfers with one system call (per `IOV_MAX` pieces).
     pub(crate) fn rma_batch(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         check_batch(ops)?;
+        // CMA names the peer by pid. A peer that died is noticed through
+        // its socket's end-of-file; after a long gap without progress,
+        // harvest that first, so a dead peer's pid (which the kernel may
+        // since have given to another process of ours) is never used.
+        if self.events_at.elapsed() > RMA_EVENTS_FRESH {
+            self.poll_events()?;
+        }
         let pid = self
             .peers
             .get(dest.token())
