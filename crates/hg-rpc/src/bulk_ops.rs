@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use hg_bulk::{Bulk, BulkOp, Span, Started};
-use na_core::{Access, Completion, Endpoint, OpId, PluginId};
+use na_core::{Access, Addr, Completion, Endpoint, OpId, PluginId};
 
 use super::{Engine, OpRole};
 use crate::codec::Codec;
@@ -25,14 +25,52 @@ pub const BATCH_WINDOW: usize = 1024;
 
 /// What a handler registered with [`Engine::register_with_bulk`] may do
 /// while it runs: expose memory and move data to or from a client's handle.
+///
+/// A handle in a request names its owner's address, and the owner is whom
+/// a transfer goes to. By default a handler moves data only with its
+/// caller: a client cannot point the server's push or pull at a third
+/// process by sending someone else's descriptor (Mercury's
+/// `HG_Bulk_transfer` likewise takes the origin's address). A handler that
+/// is meant to move data with other processes says so with
+/// [`allow_any_owner`](Self::allow_any_owner).
 pub struct BulkCtx<'a> {
     pub(super) ep: &'a mut Endpoint,
     pub(super) plugin: PluginId,
     pub(super) next_op: &'a mut u64,
     pub(super) deferred: &'a mut VecDeque<Completion>,
+    /// Who sent the request being handled.
+    pub(super) origin: &'a Addr,
+    /// The handler lifted the caller-only rule.
+    pub(super) any_owner: bool,
 }
 
 impl BulkCtx<'_> {
+    /// The address of the caller whose request is being handled.
+    pub fn origin(&self) -> &Addr {
+        self.origin
+    }
+
+    /// Lets this handler's transfers use handles owned by processes other
+    /// than the caller (third-party transfers).
+    pub fn allow_any_owner(&mut self) {
+        self.any_owner = true;
+    }
+
+    /// Refuses a transfer with a handle the caller does not own (unless
+    /// allowed); inline pulls move nothing over the network and pass.
+    fn check_owner(&self, op: BulkOp, remote: &Bulk) -> std::result::Result<(), String> {
+        let inline_pull = op == BulkOp::Pull && remote.desc().inline.is_some();
+        if self.any_owner || inline_pull || remote.local().is_some() || remote.owner() == self.origin.uri() {
+            return Ok(());
+        }
+        Err(format!(
+            "the bulk handle belongs to {}, not to the caller {}: a handler moves data only with its caller \
+             (BulkCtx::allow_any_owner lifts this)",
+            remote.owner(),
+            self.origin.uri()
+        ))
+    }
+
     /// Exposes buffers as a local bulk handle.
     pub fn expose(&mut self, buffers: Vec<Vec<u8>>, access: Access) -> std::result::Result<Bulk, String> {
         Bulk::expose(self.ep, self.plugin, buffers, access).map_err(|e| e.to_string())
@@ -71,6 +109,7 @@ impl BulkCtx<'_> {
         local: &Bulk,
         spans: &[Span],
     ) -> std::result::Result<(), String> {
+        self.check_owner(op, remote)?;
         hg_bulk::check_spans(remote, local, spans).map_err(|e| e.to_string())?;
         let deadline = Instant::now() + HANDLER_TRANSFER_TIMEOUT;
         let mut failure = None;

@@ -74,6 +74,8 @@ impl<C: Codec> Engine<C> {
             plugin: self.plugin,
             next_op: &mut self.next_op,
             deferred: &mut self.deferred,
+            origin: src,
+            any_owner: false,
         };
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => (Status::UnknownRpc, Vec::new()),

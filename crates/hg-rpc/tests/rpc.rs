@@ -515,6 +515,37 @@ fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
     assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
 }
 
+/// A handler moves data only with its caller: a client that sends another
+/// process's handle cannot make the server pull from (or push into) that
+/// process; the owner itself still can.
+#[test]
+fn a_handler_transfers_only_with_the_caller_s_handles() {
+    use hg_rpc::Bulk;
+    use na_core::Access;
+    let d = dir("owner");
+    let srv = Server::start(&d);
+    let mut victim = client(&d);
+    let mut other = client(&d);
+    let s_v = victim.endpoint().lookup(&srv.uri).unwrap();
+    let s_o = other.endpoint().lookup(&srv.uri).unwrap();
+    // Large enough not to travel inline: a pull needs RMA with the owner.
+    let data = vec![0x5au8; 64 * 1024];
+    let theirs = victim.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    let stolen: Bulk = postcard::from_bytes(&postcard::to_allocvec(&theirs).unwrap()).unwrap();
+    match other.call::<BlobPut>(&s_o, &("x".into(), stolen), T) {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.contains("not to the caller"), "{message}")
+        }
+        r => panic!("a third party's handle was used: {r:?}"),
+    }
+    // The owner's own call works, and the server kept serving.
+    assert_eq!(
+        victim.call::<BlobPut>(&s_v, &("x".into(), theirs), T).unwrap(),
+        fnv(&data)
+    );
+    assert_eq!(other.call::<Add>(&s_o, &(2, 3), T).unwrap(), 5);
+}
+
 /// Batches of spans: the server pulls a five-segment handle in 4 KiB (and
 /// odd-sized, and 100-byte: several windows) chunks, last chunk first; the client
 /// starts a batch of spans with offsets into its own handle; a batch with
