@@ -67,12 +67,12 @@ impl Bulk {
         let p = ep.plugin_mut(plugin)?;
         p.mem_register(&mem)?;
         let remote = p.mem_describe(&mem)?;
-        let inline = (access == Access::ReadOnly && mem.size() as usize <= INLINE_MAX)
-            .then(|| ByteBuf::from(mem.to_vec()));
+        // Inline data is read when the handle is serialized (see
+        // `desc`), so it is what the memory holds then.
         let desc = BulkDesc {
             owner: p.self_addr().uri().to_owned(),
             mem: ByteBuf::from(remote.to_bytes()),
-            inline,
+            inline: None,
         };
         Ok(Bulk {
             local: Some(mem),
@@ -121,9 +121,19 @@ impl Bulk {
         self.local.as_ref()
     }
 
-    /// The descriptor peers receive.
-    pub fn desc(&self) -> &BulkDesc {
-        &self.desc
+    /// The descriptor peers receive. For a small read-only handle created
+    /// here it carries the memory's contents as they are now (as when the
+    /// handle is serialized: changes made after exposing travel too).
+    pub fn desc(&self) -> std::borrow::Cow<'_, BulkDesc> {
+        match &self.local {
+            Some(mem) if mem.access() == Access::ReadOnly && mem.size() as usize <= INLINE_MAX => {
+                std::borrow::Cow::Owned(BulkDesc {
+                    inline: Some(ByteBuf::from(mem.to_vec())),
+                    ..self.desc.clone()
+                })
+            }
+            _ => std::borrow::Cow::Borrowed(&self.desc),
+        }
     }
 
     /// Gives the buffers back once no transfer holds the memory; a remote
@@ -141,7 +151,7 @@ impl Bulk {
 
 impl Serialize for Bulk {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.desc.serialize(s)
+        self.desc().serialize(s)
     }
 }
 
@@ -234,6 +244,15 @@ pub fn start_batch(
     spans: &[(Span, OpId)],
 ) -> Result<Started, BulkError> {
     let mem = check_spans(remote, local, spans.iter().map(|(s, _)| s))?;
+    if let Some(theirs) = &remote.local {
+        // The "remote" handle was exposed by this process: copy in memory
+        // (its current contents), which works on every transport (a
+        // client-only verbs plugin cannot connect to itself).
+        for (s, _) in spans {
+            copy_local(op, theirs, s.remote_offset, mem, s.local_offset, s.len)?;
+        }
+        return Ok(Started::Done);
+    }
     if op == BulkOp::Pull {
         if let Some(data) = &remote.desc.inline {
             if !mem.access().can_write() {
@@ -250,15 +269,6 @@ pub fn start_batch(
             }
             return Ok(Started::Done);
         }
-    }
-    if let Some(theirs) = &remote.local {
-        // The "remote" handle was exposed by this process: copy in memory,
-        // which works on every transport (a client-only verbs plugin cannot
-        // connect to itself).
-        for (s, _) in spans {
-            copy_local(op, theirs, s.remote_offset, mem, s.local_offset, s.len)?;
-        }
-        return Ok(Started::Done);
     }
     let dest = ep.lookup(&remote.desc.owner)?;
     let rma = |&(s, id): &(Span, OpId)| match op {

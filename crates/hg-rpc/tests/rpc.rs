@@ -473,12 +473,18 @@ fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
         fnv(&data)
     );
     // A small read-only handle travels inline: no RMA needed to pull it.
+    // Its data is read when it is sent: a change after exposing travels.
     let small = c.expose(vec![b"tiny blob".to_vec()], Access::ReadOnly).unwrap();
+    small.local().unwrap().write_at(0, b"TINY").unwrap();
     assert!(small.desc().inline.is_some());
     assert_eq!(
-        c.call::<BlobPut>(&s, &("t".into(), small), T).unwrap(),
-        fnv(b"tiny blob")
+        c.call::<BlobPut>(&s, &("t".into(), small.clone()), T).unwrap(),
+        fnv(b"TINY blob")
     );
+    // A pull from it inside this process sees the current bytes too.
+    let copy = c.expose(vec![vec![0; 9]], Access::ReadWrite).unwrap();
+    c.bulk(BulkOp::Pull, &small, 0, &copy, 0, 9, T).unwrap();
+    assert_eq!(copy.local().unwrap().to_vec(), b"TINY blob");
     // Get: the server pushes into three segments of ours, at offset 100.
     let into = c
         .expose(
