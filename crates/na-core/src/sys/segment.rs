@@ -3,11 +3,21 @@
 //!
 //! A [`RawSegment`] takes a `Vec<u8>` apart into pointer, length and
 //! capacity and never hands out a reference into it: local access is by
-//! copying through raw pointers, so a concurrent write by a peer can never
-//! alias a live `&[u8]`/`&mut [u8]`. The vector is rebuilt on drop or by
+//! copying, so a concurrent write by a peer can never alias a live
+//! `&[u8]`/`&mut [u8]`. The vector is rebuilt on drop or by
 //! [`RawSegment::into_vec`].
+//!
+//! Clones of a memory handle may be used from several threads at once, so
+//! the copies are atomic (relaxed) accesses, never plain ones: two threads
+//! writing the same bytes race, as they would on any shared memory, but
+//! that is not undefined behaviour. Each byte is always accessed with the
+//! same width (the language forbids racing accesses of different sizes):
+//! as part of its aligned 8-byte word when that word lies wholly inside
+//! the segment, on its own otherwise. Copies of partial words read the
+//! word, or update it with a compare-exchange loop.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// A heap buffer whose contents may change at any time through RMA.
 pub struct RawSegment {
@@ -17,11 +27,12 @@ pub struct RawSegment {
 }
 
 // SAFETY: a RawSegment uniquely owns its allocation (it came from a Vec that
-// was consumed), and all access goes through raw-pointer copies whose races
-// with RMA writers are benign byte copies, as with DMA.
+// was consumed), and every access from this process is atomic (see the
+// module docs), so threads sharing it cannot make a data race; writes by
+// RMA (kernel or device) are outside the language, as with DMA.
 #[allow(unsafe_code)]
 unsafe impl Send for RawSegment {}
-// SAFETY: as above; shared access only reads or writes through raw copies.
+// SAFETY: as above; shared access only reads or writes through atomics.
 #[allow(unsafe_code)]
 unsafe impl Sync for RawSegment {}
 
@@ -51,18 +62,57 @@ impl RawSegment {
         self.len == 0
     }
 
+    /// The segment's whole aligned words: `[first, end)` as offsets from
+    /// its start (empty when it holds none).
+    fn word_span(&self) -> (usize, usize) {
+        word_span(self.addr(), self.len)
+    }
+
     /// Copies `dst.len()` bytes starting at `offset` out of the segment.
     ///
     /// # Panics
     /// If the range is out of bounds (callers check bounds first).
+    #[allow(unsafe_code)]
     pub fn read(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset <= self.len && dst.len() <= self.len - offset);
-        // SAFETY: the range was checked to lie inside the live allocation of
-        // `len` bytes that we own; `dst` is a distinct Rust buffer, so the
-        // regions do not overlap.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len());
+        let (wf, we) = self.word_span();
+        let base = self.ptr.as_ptr();
+        let (mut at, mut i) = (offset, 0usize);
+        while i < dst.len() {
+            let left = dst.len() - i;
+            if at < wf || at >= we {
+                // SAFETY: `at` < len (checked above), inside our live,
+                // initialized allocation; bytes outside whole words are
+                // only ever accessed as `AtomicU8` (see the module docs).
+                dst[i] = unsafe { AtomicU8::from_ptr(base.add(at)) }.load(Relaxed);
+                at += 1;
+                i += 1;
+                continue;
+            }
+            let word = at - (at - wf) % 8;
+            let within = at - word;
+            if within == 0 && left >= 8 {
+                // A run of whole words: the bulk of any large copy.
+                let n = (left.min(we - at)) / 8;
+                for (k, out) in dst[i..i + n * 8].chunks_exact_mut(8).enumerate() {
+                    // SAFETY: as below, for each word of the run (all of
+                    // them lie before `we`).
+                    let v = unsafe { AtomicU64::from_ptr(base.add(at + k * 8).cast::<u64>()) }.load(Relaxed);
+                    out.copy_from_slice(&v.to_ne_bytes());
+                }
+                at += n * 8;
+                i += n * 8;
+                continue;
+            }
+            let take = (8 - within).min(left);
+            // SAFETY: `word` is 8-aligned (relative to an 8-aligned
+            // address, see `word_span`) and `word + 8 <= we <= len`, inside
+            // our live, initialized allocation; bytes of whole words are
+            // only ever accessed as `AtomicU64`.
+            let v = unsafe { AtomicU64::from_ptr(base.add(word).cast::<u64>()) }.load(Relaxed);
+            dst[i..i + take].copy_from_slice(&v.to_ne_bytes()[within..within + take]);
+            at += take;
+            i += take;
         }
     }
 
@@ -70,14 +120,61 @@ impl RawSegment {
     ///
     /// # Panics
     /// If the range is out of bounds (callers check bounds first).
+    #[allow(unsafe_code)]
     pub fn write(&self, offset: usize, src: &[u8]) {
         assert!(offset <= self.len && src.len() <= self.len - offset);
-        // SAFETY: the range lies inside our allocation (checked above); no
-        // Rust reference into the allocation exists (this type never creates
-        // one), so writing through the pointer cannot invalidate a borrow.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len());
+        let (wf, we) = self.word_span();
+        let base = self.ptr.as_ptr();
+        let (mut at, mut i) = (offset, 0usize);
+        while i < src.len() {
+            let left = src.len() - i;
+            if at < wf || at >= we {
+                // SAFETY: as in `read`: inside the allocation, and a byte
+                // outside whole words is only ever accessed as `AtomicU8`.
+                unsafe { AtomicU8::from_ptr(base.add(at)) }.store(src[i], Relaxed);
+                at += 1;
+                i += 1;
+                continue;
+            }
+            let word = at - (at - wf) % 8;
+            let within = at - word;
+            if within == 0 && left >= 8 {
+                let n = (left.min(we - at)) / 8;
+                for (k, b) in src[i..i + n * 8].chunks_exact(8).enumerate() {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(b);
+                    // SAFETY: as below, for each word of the run.
+                    unsafe { AtomicU64::from_ptr(base.add(at + k * 8).cast::<u64>()) }
+                        .store(u64::from_ne_bytes(w), Relaxed);
+                }
+                at += n * 8;
+                i += n * 8;
+                continue;
+            }
+            let take = (8 - within).min(left);
+            // SAFETY: as in `read`: an aligned whole word inside the
+            // allocation, only ever accessed as `AtomicU64`.
+            let cell = unsafe { AtomicU64::from_ptr(base.add(word).cast::<u64>()) };
+            let bytes = &src[i..i + take];
+            if take == 8 {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(bytes);
+                cell.store(u64::from_ne_bytes(b), Relaxed);
+            } else {
+                // Part of a word: the other bytes must stay as they are,
+                // whoever writes them meanwhile.
+                let mut cur = cell.load(Relaxed);
+                loop {
+                    let mut b = cur.to_ne_bytes();
+                    b[within..within + take].copy_from_slice(bytes);
+                    match cell.compare_exchange_weak(cur, u64::from_ne_bytes(b), Relaxed, Relaxed) {
+                        Ok(_) => break,
+                        Err(now) => cur = now,
+                    }
+                }
+            }
+            at += take;
+            i += take;
         }
     }
 
@@ -91,6 +188,18 @@ impl RawSegment {
         unsafe {
             Vec::from_raw_parts(me.ptr.as_ptr(), me.len, me.cap)
         }
+    }
+}
+
+/// The whole aligned 8-byte words of `len` bytes at address `start`, as
+/// offsets `[first, end)` from `start` (`(0, 0)` when there is none).
+fn word_span(start: usize, len: usize) -> (usize, usize) {
+    let first = start.next_multiple_of(8);
+    let end = (start + len) / 8 * 8;
+    if end <= first {
+        (0, 0)
+    } else {
+        (first - start, end - start)
     }
 }
 
@@ -119,5 +228,69 @@ mod tests {
         let empty = RawSegment::from_vec(Vec::new());
         assert!(empty.is_empty());
         assert_eq!(empty.into_vec(), Vec::<u8>::new());
+    }
+
+    /// Every range of segments of every length 0..40, read and written,
+    /// against a plain vector.
+    #[test]
+    fn every_range_matches_a_plain_copy() {
+        for len in 0..40usize {
+            let mut model: Vec<u8> = (0..len as u8).collect();
+            let seg = RawSegment::from_vec(model.clone());
+            for off in 0..=len {
+                for n in 0..=len - off {
+                    let mut got = vec![0xeeu8; n];
+                    seg.read(off, &mut got);
+                    assert_eq!(got, model[off..off + n], "read {off}+{n} of {len}");
+                    let new: Vec<u8> = (0..n).map(|k| (k * 31 + off + n) as u8).collect();
+                    seg.write(off, &new);
+                    model[off..off + n].copy_from_slice(&new);
+                }
+            }
+            assert_eq!(seg.into_vec(), model, "len {len}");
+        }
+    }
+
+    /// Allocations need not start on a word: the bytes before the first
+    /// and after the last whole word go one by one.
+    #[test]
+    fn whole_words_of_any_start_and_length() {
+        assert_eq!(word_span(16, 16), (0, 16));
+        assert_eq!(word_span(13, 2), (0, 0));
+        assert_eq!(word_span(13, 11), (3, 11));
+        assert_eq!(word_span(13, 10), (0, 0), "no whole word in 13..23");
+        assert_eq!(word_span(8, 7), (0, 0));
+        assert_eq!(word_span(9, 40), (7, 39));
+        assert_eq!(word_span(0, 0), (0, 0));
+    }
+
+    /// Threads writing disjoint byte ranges that share words never lose
+    /// each other's bytes (partial words are updated atomically).
+    #[test]
+    fn threads_writing_neighbouring_bytes_keep_each_others_writes() {
+        let seg = std::sync::Arc::new(RawSegment::from_vec(vec![0u8; 64]));
+        let threads: Vec<_> = (0..4u8)
+            .map(|t| {
+                let seg = seg.clone();
+                std::thread::spawn(move || {
+                    for round in 0..2000u32 {
+                        // Thread t owns bytes t, t+4, t+8, ...: every word
+                        // is shared by all four threads.
+                        for i in (t as usize..64).step_by(4) {
+                            seg.write(i, &[(round as u8).wrapping_add(t)]);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        let mut out = [0u8; 64];
+        seg.read(0, &mut out);
+        for (i, b) in out.iter().enumerate() {
+            let t = (i % 4) as u8;
+            assert_eq!(*b, 1999u32.wrapping_add(u32::from(t)) as u8, "byte {i}");
+        }
     }
 }
