@@ -14,7 +14,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-use na_core::{Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
+use na_core::{scheme_of, Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
@@ -50,6 +50,9 @@ pub struct BulkDesc {
 #[derive(Clone, Debug)]
 pub struct Bulk {
     local: Option<MemHandle>,
+    /// The plugin a local handle was exposed through: transfers with it
+    /// go through that plugin (and can be cancelled there).
+    plugin: Option<PluginId>,
     desc: BulkDesc,
     remote: RemoteMem,
 }
@@ -76,6 +79,7 @@ impl Bulk {
         };
         Ok(Bulk {
             local: Some(mem),
+            plugin: Some(plugin),
             desc,
             remote,
         })
@@ -96,6 +100,7 @@ impl Bulk {
         }
         Ok(Bulk {
             local: None,
+            plugin: None,
             desc,
             remote,
         })
@@ -139,8 +144,20 @@ impl Bulk {
     /// Gives the buffers back once no transfer holds the memory; a remote
     /// handle, or one still in use, is returned unchanged.
     pub fn into_buffers(self) -> Result<Vec<Vec<u8>>, Box<Bulk>> {
-        let Bulk { local, desc, remote } = self;
-        let back = |local| Box::new(Bulk { local, desc, remote });
+        let Bulk {
+            local,
+            plugin,
+            desc,
+            remote,
+        } = self;
+        let back = |local| {
+            Box::new(Bulk {
+                local,
+                plugin,
+                desc,
+                remote,
+            })
+        };
         match local.map(MemHandle::into_buffers) {
             Some(Ok(bufs)) => Ok(bufs),
             Some(Err(mem)) => Err(back(Some(mem))),
@@ -270,7 +287,14 @@ pub fn start_batch(
             return Ok(Started::Done);
         }
     }
-    let dest = ep.lookup(&remote.desc.owner)?;
+    // Through the plugin the local handle was exposed on, when it speaks
+    // the owner's scheme (so the caller knows where to cancel); otherwise
+    // the endpoint's first plugin of that scheme.
+    let owner = &remote.desc.owner;
+    let dest = match local.plugin {
+        Some(p) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => ep.plugin_mut(p)?.lookup(owner)?,
+        _ => ep.lookup(owner)?,
+    };
     let rma = |&(s, id): &(Span, OpId)| match op {
         BulkOp::Push => Rma::put(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),
         BulkOp::Pull => Rma::get(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),

@@ -5,7 +5,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc, RpcError};
-use na_core::OpId;
+use na_core::{OpId, Plugin};
+use na_sm::{SmConfig, SmPlugin};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -519,6 +520,41 @@ fn blobstore_bulk_push_pull_multi_segment_with_offsets() {
         .bulk(BulkOp::Pull, &me_src, data.len() as u64 - 10, &dst, 0, 11, T)
         .is_err());
     assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
+}
+
+/// With two plugins of one scheme on the endpoint, an engine's bulk
+/// transfers go through its own plugin (where `forget_bulk` cancels them),
+/// not through whichever plugin of the scheme came first.
+#[test]
+fn bulk_transfers_go_through_the_engine_s_own_plugin() {
+    use hg_rpc::{Bulk, BulkOp};
+    use na_core::Access;
+    let d = dir("twoplugins");
+    let (mut ep, first) = endpoint(&d, true);
+    let cfg = SmConfig {
+        listen: true,
+        ..SmConfig::default()
+    }
+    .with_dir(&*d);
+    let second = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let mut c = Engine::new(ep, second).unwrap();
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let src = c.expose(vec![data.clone()], Access::ReadWrite).unwrap();
+    // As received from a peer: only the descriptor (owner: our plugin).
+    let src: Bulk = postcard::from_bytes(&postcard::to_allocvec(&src).unwrap()).unwrap();
+    let dst = c.expose(vec![vec![0; data.len()]], Access::ReadWrite).unwrap();
+    c.bulk(BulkOp::Pull, &src, 0, &dst, 0, data.len() as u64, T)
+        .unwrap();
+    assert!(dst.local().unwrap().to_vec() == data);
+    let got = |c: &mut Engine, id| c.endpoint().plugin(id).unwrap().stats().get_bytes;
+    assert_eq!(
+        got(&mut c, first),
+        0,
+        "moved through the endpoint's first sm plugin"
+    );
+    assert_eq!(got(&mut c, second), data.len() as u64);
 }
 
 /// A handler moves data only with its caller: a client that sends another
