@@ -270,7 +270,8 @@ impl Endpoint {
             .count()
     }
 
-    /// Cancels `op` on plugin `plugin`.
+    /// Cancels `op` on plugin `plugin` (see [`Plugin::cancel`]: an op that
+    /// already completed gives `UnknownOp`, and its completion stands).
     pub fn cancel(&mut self, plugin: PluginId, op: OpId) -> Result<()> {
         self.plugin_mut(plugin)?.cancel(op)
     }

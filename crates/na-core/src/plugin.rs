@@ -233,7 +233,10 @@ pub trait Plugin: Send {
 
     /// Cancels a posted operation. It then completes with
     /// [`NaError::Canceled`] (unless it completed first, in which case its
-    /// real completion stands). Unknown ids give [`NaError::UnknownOp`].
+    /// real completion stands). Ids the plugin does not hold give
+    /// [`NaError::UnknownOp`]: never posted, or already completed (its
+    /// completion queued or delivered), so that error after a post that
+    /// returned `Ok` means "too late", and the completion tells the rest.
     fn cancel(&mut self, op: OpId) -> Result<()>;
 
     /// The file descriptor that becomes readable when the plugin has work.
