@@ -42,8 +42,8 @@ QS_SM_WAKE=pipe cargo test --quiet -p na-sm --test suite
 step "the RPC tests again with posted receives instead of sm's pull mode (QS_RPC_RECV=posted)"
 QS_RPC_RECV=posted cargo test --quiet -p hg-rpc --test rpc --test response_routing --test async_rpc
 
-step "the registration cache's race and corruption suites again, every lookup probing (QS_MR_CACHE_MAP_WATCH=off)"
-QS_MR_CACHE_MAP_WATCH=off cargo test --quiet -p na-regcache --test inflight --test stress --test corruption
+step "the registration cache's race and corruption suites again with the opt-in map watch (QS_MR_CACHE_MAP_WATCH=on)"
+QS_MR_CACHE_MAP_WATCH=on cargo test --quiet -p na-regcache --test inflight --test stress --test corruption
 
 step "examples (each verifies what it does and fails loudly otherwise)"
 cargo run --quiet -p hg-rpc --example hello

@@ -6,7 +6,7 @@
 //! | `QS_MR_CACHE_MAX_SIZE` | bytes, optional `K`/`M`/`G` (binary) suffix | 1G |
 //! | `QS_MR_CACHE_MONITOR` | `uffd`, `alloc`, `none`, `disabled` | uffd, else disabled |
 //! | `QS_MR_CACHE_CONSISTENCY` | `in-flight`, `returned` (see [`Consistency`]) | in-flight |
-//! | `QS_MR_CACHE_MAP_WATCH` | `auto`, `off` (see [`CacheConfig::map_watch`]) | auto |
+//! | `QS_MR_CACHE_MAP_WATCH` | `off`, `on` (see [`CacheConfig::map_watch`]) | off |
 //!
 //! An invalid value is an [`Error::Config`] naming the variable, never a
 //! silent default.
@@ -77,10 +77,9 @@ pub enum Consistency {
     /// already taken away, even one whose `munmap`/`mremap` has not
     /// returned yet while another thread already got the freed address
     /// from `mmap`/`malloc`. With userfaultfd a lookup makes one `ioctl`
-    /// if anything was mapped since the last such check (seen through perf
-    /// side-band records, see [`CacheConfig::map_watch`]), and a hit costs
-    /// ~0.1 µs instead of ~0.06 µs on the dev VM; where perf events are
-    /// refused, every lookup makes it (a hit costs ~0.5 µs).
+    /// (a hit costs ~0.5-0.65 µs instead of ~0.06 µs on the dev VM), or,
+    /// with the opt-in [`CacheConfig::map_watch`], only if anything was
+    /// mapped since the last such check (~0.1 µs).
     #[default]
     InFlight,
     /// A lookup sees every change whose call returned before the lookup
@@ -120,8 +119,13 @@ pub struct CacheConfig {
     pub consistency: Consistency,
     /// Let in-flight lookups skip their system call while nothing was
     /// mapped (perf side-band records, when the kernel allows them; see
-    /// [`crate::UffdMonitor`]). Default true. Read when the process-wide
-    /// userfaultfd monitor is created, by the first cache that uses it.
+    /// [`crate::UffdMonitor`]). **Default false**: the kernel writes no
+    /// record for `mremap`, so a range freed by an unmap still in flight
+    /// and handed out again by a moving or growing `mremap` (glibc's
+    /// `realloc` of a large block, so Rust's `Vec` growth) would be served
+    /// the old registration. Turn it on only where nothing in the process
+    /// calls `mremap`. Read when the process-wide userfaultfd monitor is
+    /// created, by the first cache that uses it.
     pub map_watch: bool,
 }
 
@@ -133,7 +137,7 @@ impl Default for CacheConfig {
             monitor: MonitorChoice::Auto,
             fork_guard: true,
             consistency: Consistency::InFlight,
-            map_watch: true,
+            map_watch: false,
         }
     }
 }
@@ -188,9 +192,9 @@ impl CacheConfig {
         }
         if let Some(v) = get(ENV_MAP_WATCH) {
             cfg.map_watch = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" | "on" | "perf" => true,
-                "off" => false,
-                _ => return Err(config_err(ENV_MAP_WATCH, &v, "expected auto or off".into())),
+                "on" | "perf" => true,
+                "off" | "auto" => false,
+                _ => return Err(config_err(ENV_MAP_WATCH, &v, "expected off or on".into())),
             };
         }
         Ok(cfg)
@@ -252,10 +256,11 @@ mod tests {
             (ENV_MAX_SIZE, "16M"),
             (ENV_MONITOR, "none"),
             (ENV_CONSISTENCY, "Returned"),
-            (ENV_MAP_WATCH, "Off"),
+            (ENV_MAP_WATCH, "On"),
         ]))
         .unwrap();
-        assert!(!cfg.map_watch);
+        assert!(cfg.map_watch, "opted in");
+        assert!(!CacheConfig::default().map_watch, "off unless asked for");
         assert_eq!(cfg.consistency, Consistency::Returned);
         assert_eq!(cfg.max_count, 64);
         assert_eq!(cfg.max_bytes, 16 << 20);

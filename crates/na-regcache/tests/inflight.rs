@@ -372,3 +372,73 @@ fn forked_child_gets_its_own_monitor() {
     );
     sys::unmap(a, LEN).unwrap();
 }
+
+fn mapped(a: usize) -> bool {
+    let mut v = [0u8; 1];
+    // SAFETY (test): mincore of one page into a one-byte vector.
+    unsafe { libc::mincore(a as *mut libc::c_void, PAGE, v.as_mut_ptr()) == 0 }
+}
+
+/// An address freed by an `munmap` still in flight (its event unread) gets
+/// new pages through `mremap`, which the kernel records in no perf
+/// side-band record (glibc's `realloc` of a large block does this): a
+/// lookup of it must not find the old registration. With the map watch on
+/// (opt-in), the lookup would skip its probe and hand out the old pages.
+#[test]
+fn an_address_freed_in_flight_and_mremapped_is_never_served_stale() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    common::require_io_uring();
+    if na_regcache::CacheConfig::from_env().unwrap().map_watch {
+        eprintln!(
+            "NOT CHECKED: QS_MR_CACHE_MAP_WATCH=on opts into skipping the probe, which cannot see \
+             mremap (documented); this test checks the default"
+        );
+        return;
+    }
+    let rig = Rig::new(MonitorChoice::Uffd);
+    let a = sys::map_anon(None, LEN).unwrap();
+    sys::touch(a, LEN, FILL);
+    rig.prime(a, LEN);
+    let y = sys::map_anon(None, LEN).unwrap();
+    sys::touch(y, LEN, 0x11);
+    let reader = sys::thread_named("qs-uffd-monitor").expect("the monitor's reader thread");
+    let go = Arc::new(std::sync::Barrier::new(2));
+    let g2 = Arc::clone(&go);
+    let owner = std::thread::spawn(move || {
+        g2.wait();
+        g2.wait();
+        sys::unmap(a, LEN)
+    });
+    go.wait(); // the owner thread is up (its start-up mapped what it maps)
+               // Lookups that probe quietly at the current state.
+    drop(rig.cache.get(a, LEN, Access::LOCAL_WRITE).unwrap());
+    drop(rig.cache.get(a, LEN, Access::LOCAL_WRITE).unwrap());
+    assert!(sys::stall_thread(reader, Duration::from_millis(800)));
+    go.wait();
+    let t0 = Instant::now();
+    while mapped(a) {
+        assert!(t0.elapsed() < Duration::from_secs(1), "the unmap never happened");
+        std::hint::spin_loop();
+    }
+    // SAFETY (test): moves our own mapping y onto the freed range a.
+    let p = unsafe {
+        libc::mremap(
+            y as *mut libc::c_void,
+            LEN,
+            LEN,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            a as *mut libc::c_void,
+        )
+    };
+    assert_eq!(p as usize, a);
+    let h = rig.cache.get(a, LEN, Access::LOCAL_WRITE).unwrap();
+    let stale = rig.cache.registrar().stale_pages(h.region(), a, LEN).unwrap();
+    drop(h);
+    sys::stall_release();
+    owner.join().unwrap().unwrap();
+    assert_eq!(
+        stale, 0,
+        "a registration of the unmapped pages was handed out for mremapped memory"
+    );
+    sys::unmap(a, LEN).unwrap();
+}

@@ -72,14 +72,24 @@
 //! checks the probe against a real in-flight unmap and refuses to start if
 //! the kernel does not report it.
 //!
-//! # Skipping the probe: the map watch
+//! # Skipping the probe: the map watch (opt-in, not sound with `mremap`)
+//!
+//! **Off by default.** The argument below assumed that every way of
+//! getting new memory at a freed address makes the kernel write a perf
+//! side-band record; a moving or growing `mremap` writes none (checked on
+//! Linux 6.18: the ring head does not move), and glibc's `realloc` of a
+//! large block is such an `mremap`. A lookup that skipped its probe could
+//! then hit the entry of an unmap still in flight
+//! (`tests/inflight.rs`, `an_address_freed_in_flight_and_mremapped_is_never_served_stale`).
+//! [`crate::CacheConfig::map_watch`] turns it on for processes that never
+//! `mremap`.
 //!
 //! The probe in (a) is a system call on every lookup (~0.45 µs on the dev
 //! VM, where a hit otherwise costs ~0.06 µs). It is only needed when B can
 //! observe a change C *before* C's call returned, and the only way to do
 //! that without racing C on the same memory is to be handed new memory at
-//! an address C freed: by `mmap`, `brk`, a moving `mremap` or `mprotect` of
-//! a reserved range, in some thread. Each of those makes the kernel write a
+//! an address C freed: by `mmap`, `brk`, `mremap` or `mprotect` of a
+//! reserved range, in some thread. Each of those but `mremap` makes the kernel write a
 //! perf side-band record (`PERF_RECORD_MMAP`) into a ring mapped in this
 //! process and advance the ring's head *before the call returns*
 //! (`sys::perf::MapWatch`, one ring per CPU, every thread
@@ -516,10 +526,10 @@ pub struct UffdMonitor {
 
 impl UffdMonitor {
     /// Opens a userfaultfd (`UFFD_USER_MODE_ONLY`), negotiates
-    /// UNMAP|REMOVE|REMAP (+ WP_ASYNC when available), opens the map watch
-    /// when available and starts the reader.
+    /// UNMAP|REMOVE|REMAP (+ WP_ASYNC when available) and starts the
+    /// reader; no map watch (see [`with_map_watch`](Self::with_map_watch)).
     pub fn new() -> io::Result<UffdMonitor> {
-        Self::with_map_watch(true)
+        Self::with_map_watch(false)
     }
 
     /// Like [`UffdMonitor::new`]; `map_watch: false` never opens the map
@@ -592,7 +602,7 @@ impl UffdMonitor {
     /// to one userfaultfd only). Created on first use, with the map watch
     /// when available; a failure is retried on the next call.
     pub fn global() -> io::Result<Arc<UffdMonitor>> {
-        Self::global_with(true)
+        Self::global_with(false)
     }
 
     /// [`UffdMonitor::global`]; the call that creates it decides whether it

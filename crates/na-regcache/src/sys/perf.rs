@@ -4,12 +4,13 @@
 //! A software `PERF_COUNT_SW_DUMMY` event with `mmap` and `mmap_data` set
 //! counts nothing but makes the kernel append a `PERF_RECORD_MMAP` record
 //! to the event's ring buffer whenever a monitored thread creates or
-//! changes a mapping (`mmap`, `brk` growth, `mremap` that moves or grows,
-//! `mprotect`, `shmat`). The record is written, and the ring's
+//! changes a mapping (`mmap`, `brk` growth, `mprotect`, `shmat`; **not**
+//! `mremap`, which writes no record, so the watch is opt-in: see
+//! `monitor::uffd`, "Skipping the probe"). The record is written, and the ring's
 //! `data_head` advanced, by the mapping thread itself before its system
 //! call returns. Summing `data_head` over the rings therefore gives a
 //! stamp that has moved by the time any thread can use memory newly mapped
-//! at a reused address. One ring per online CPU, mapped read-only (the
+//! at a reused address by any of those calls. One ring per online CPU, mapped read-only (the
 //! kernel then overwrites old records, so `data_head` never stalls):
 //!
 //! * the process's main thread gets one event per CPU with `inherit` set
