@@ -370,3 +370,55 @@ fn deregistration_never_runs_under_the_monitor_lock() {
     assert!(!valid, "unmapped during deregistration: invalid");
     assert_eq!(stats.evictions, 1, "{stats}");
 }
+
+/// A registrar that refuses registrations longer than `max`.
+struct RefusesLong {
+    inner: UringRegistrar,
+    max: usize,
+}
+
+impl Registrar for RefusesLong {
+    type Region = na_regcache::FixedBuffer;
+    type Error = io::Error;
+    fn register(&self, addr: usize, len: usize, access: Access) -> io::Result<Self::Region> {
+        if len > self.max {
+            return Err(io::Error::other("too long for this registrar"));
+        }
+        self.inner.register(addr, len, access)
+    }
+    fn deregister(&self, r: Self::Region) -> io::Result<()> {
+        self.inner.deregister(r)
+    }
+}
+
+/// When the span merged with a cached neighbour cannot be registered, the
+/// request alone is, outside the cache, and it is watched like any entry:
+/// once its memory is unmapped its validity flag says so (it was an
+/// unwatched registration whose flag stayed true forever).
+#[test]
+fn the_fallback_for_an_unregistrable_merged_span_is_watched() {
+    common::require_io_uring();
+    let reg = RefusesLong {
+        inner: UringRegistrar::new(8, false).unwrap(),
+        max: LEN,
+    };
+    let cfg = CacheConfig {
+        max_count: 8,
+        monitor: MonitorChoice::Uffd,
+        ..CacheConfig::default()
+    };
+    let c = Cache::new(reg, cfg).unwrap();
+    let a = sys::map_anon(None, 2 * LEN).unwrap();
+    sys::touch(a, 2 * LEN, 1);
+    let h1 = c.get(a, LEN, W).unwrap();
+    // Overlaps h1's entry: the merged span (5 pages) is refused.
+    let h2 = c.get(a + PAGE, LEN, W).unwrap();
+    assert!(h1.is_cached() && !h2.is_cached());
+    assert!(h2.is_valid_now());
+    sys::unmap(a, 2 * LEN).unwrap();
+    assert!(!h1.is_valid_now());
+    assert!(
+        !h2.is_valid_now(),
+        "the fallback registration still claims its unmapped pages"
+    );
+}

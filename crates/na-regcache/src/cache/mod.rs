@@ -220,9 +220,21 @@ impl<R: Registrar> Cache<R> {
             };
             let region = match self.register(s, e - s, a) {
                 Ok(r) => r,
-                // The merged span may be unregistrable where the request is not.
-                Err(_) if span != (addr, end, access) => return self.uncached(addr, end, access),
-                Err(err) => return Err(err),
+                // The merged span may be unregistrable where the request is
+                // not: the request alone, watched like any entry.
+                Err(err) => {
+                    if let (Some(m), Some(w)) = (&sh.backend.monitor, &watch) {
+                        m.unsubscribe(w);
+                    }
+                    if span != (addr, end, access) {
+                        // The request alone, watched like any entry.
+                        if let Some(m) = sh.backend.monitor.as_deref() {
+                            return self.watched_outside(m, addr, end, access, &sh.backend.stats.uncached);
+                        }
+                        return self.uncached(addr, end, access);
+                    }
+                    return Err(err);
+                }
             };
             let entry = Arc::new(Entry::new(&sh.backend, (s, e, a), region, watch));
             let mut t = sh.lock();
@@ -288,11 +300,28 @@ impl<R: Registrar> Cache<R> {
             // Nothing watches mappings: a plain registration, as `get` gives.
             return self.plain(addr, end, access, &sh.backend.stats.unshared);
         };
+        self.watched_outside(m.as_ref(), addr, end, access, &sh.backend.stats.unshared)
+    }
+
+    /// A registration of exactly `[addr, end)` outside the index, watched
+    /// and tracked like a cached entry: its validity flag clears when the
+    /// monitor sees its mapping change (unwatched only where the monitor
+    /// refuses the range). Counted in `counter`.
+    fn watched_outside(
+        &self,
+        m: &dyn crate::monitor::Monitor,
+        addr: usize,
+        end: usize,
+        access: Access,
+        counter: &AtomicU64,
+    ) -> Result<Registration<R>> {
+        let sh = &self.shared;
+        let len = end - addr;
         // As in `get`: changes that completed before this call are applied
         // first (so they cannot count against the new registration), then
         // the pre-filter is widened and the generation noted before the
         // subscription and the pin, so a change after them is seen.
-        self.sync_monitor(m.as_ref());
+        self.sync_monitor(m);
         sh.widen(addr, end);
         let gen = sh.table.read().generation();
         let watch = match m.subscribe(addr, len, addr as u64) {
@@ -302,11 +331,19 @@ impl<R: Registrar> Cache<R> {
                 None
             }
         };
-        let region = self.register(addr, len, access)?;
+        let region = match self.register(addr, len, access) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(w) = &watch {
+                    m.unsubscribe(w);
+                }
+                return Err(e);
+            }
+        };
         let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
         let stale_at = m.settling(addr, end).map(|left| Instant::now() + left);
         entry.track_since(Arc::clone(sh), gen, stale_at);
-        Ok(self.hand_out(entry, &sh.backend.stats.unshared))
+        Ok(self.hand_out(entry, counter))
     }
 
     /// `[addr, addr+len)` checked (non-empty, no overflow) and the caller
