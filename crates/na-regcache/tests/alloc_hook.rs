@@ -96,3 +96,88 @@ fn hook_invalidates_on_free_and_realloc_without_allocating() {
         "the hook allocated"
     );
 }
+
+/// A registrar that registers nothing (the hook and the cache's locks are
+/// what is tested).
+struct NoopRegistrar;
+
+impl na_regcache::Registrar for NoopRegistrar {
+    type Region = ();
+    type Error = std::io::Error;
+    fn register(&self, _: usize, _: usize, _: Access) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn deregister(&self, _: ()) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A forked child that frees a large block in a cache's range, checks a
+/// registration and drops the cache never touches the parent cache's locks
+/// (a parent thread may have held them at the fork: the child would hang).
+#[test]
+fn a_forked_child_never_waits_on_the_parents_cache() {
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+    let cfg = CacheConfig {
+        max_count: 64,
+        monitor: MonitorChoice::Alloc,
+        ..CacheConfig::default()
+    };
+    let cache = Cache::new(NoopRegistrar, cfg).unwrap();
+    let victim = vec![1u8; 64 << 10];
+    let (vp, vl) = (victim.as_ptr() as usize, victim.len());
+    let kept = cache.get(vp, vl, Access::LOCAL_WRITE).unwrap();
+    let other = vec![1u8; 64 << 10];
+    let op = other.as_ptr() as usize;
+    drop(cache.get(op, 4096, Access::LOCAL_WRITE).unwrap());
+    let stop = AtomicBool::new(false);
+    let mut hung = 0;
+    std::thread::scope(|s| {
+        // Holds the cache's lock (invalidate, then reap) most of the time.
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                cache.invalidate(op + 8192, 1);
+            }
+        });
+        for _ in 0..40 {
+            // SAFETY (test): the child only frees, checks and drops, then
+            // leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY (test): frees the victim's block in the child's copy.
+                unsafe { std::alloc::dealloc(vp as *mut u8, Layout::from_size_align(vl, 1).unwrap()) };
+                let valid = kept.is_valid_now();
+                // SAFETY (test): leaves the child at once.
+                unsafe { libc::_exit(if valid { 3 } else { 0 }) };
+            }
+            let t0 = Instant::now();
+            let mut st = 0;
+            loop {
+                // SAFETY (test): reaps our child.
+                if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+                    assert_eq!(
+                        libc::WEXITSTATUS(st),
+                        0,
+                        "a parent's registration claimed valid in the child"
+                    );
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(2) {
+                    hung += 1;
+                    // SAFETY (test): kills and reaps our hung child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut st, 0);
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    drop(kept);
+    drop((victim, other));
+    assert_eq!(hung, 0, "forked children hung on the parent cache's lock");
+}

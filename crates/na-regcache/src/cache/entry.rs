@@ -200,7 +200,13 @@ impl<R: Registrar> Registration<R> {
 
     /// Like [`Registration::is_valid`] after waiting for the monitor's
     /// in-flight events, so a change that completed before this call counts.
+    /// Always false in a forked child of the process that made the cache.
     pub fn is_valid_now(&self) -> bool {
+        if !self.entry.backend.in_owner() {
+            // A forked child: the parent's registration is not the child's,
+            // and the monitor's reader (a parent thread) does not run here.
+            return false;
+        }
         if let Some(m) = &self.entry.backend.monitor {
             // No system call: the changes that returned are the ones to see.
             m.sync();

@@ -475,6 +475,12 @@ impl<R: Registrar> Cache<R> {
 impl<R: Registrar> Drop for Cache<R> {
     fn drop(&mut self) {
         let sh = &self.shared;
+        if !sh.backend.in_owner() {
+            // A forked child: the locks may have been held by parent
+            // threads at the fork, and the registrations are the parent's
+            // (entries skip deregistering in a child). Touch nothing.
+            return;
+        }
         let sink = match (&sh.backend.monitor, self.sink) {
             (Some(m), Some(id)) => m.detach(id),
             _ => None,

@@ -70,6 +70,12 @@ impl<R: Registrar> Shared<R> {
 
 impl<R: Registrar> InvalidationSink for Shared<R> {
     fn invalidate(&self, start: usize, end: usize) {
+        // In a forked child the parent's cache is dead weight (its
+        // registrations are not the child's), and its lock may have been
+        // held by a parent thread at the fork: never take it there.
+        if !self.backend.in_owner() {
+            return;
+        }
         self.invalidate_range(start, end);
     }
 
