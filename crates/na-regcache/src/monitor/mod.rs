@@ -18,6 +18,7 @@
 //! No kdreg2 backend ships: it could not be tested here (no module).
 
 pub mod alloc;
+mod ranges;
 pub mod uffd;
 
 use std::io;

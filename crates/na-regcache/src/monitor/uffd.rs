@@ -150,11 +150,13 @@
 //! lock the reader takes, so the reader cannot deadlock with them (the
 //! libfabric deadlocks #5554, #5687, #9594 were of that kind).
 //!
-//! Ranges are never `UFFDIO_UNREGISTER`ed when an entry is evicted (a page
-//! may be shared with a neighbouring entry); the kernel drops them on unmap.
-//! The cost is one event round trip when formerly cached memory is unmapped.
+//! A range is `UFFDIO_UNREGISTER`ed when the last watch covering it goes
+//! (`ranges.rs` counts watches per page range, so pages shared with a
+//! neighbouring entry stay registered): a registration splits its VMA,
+//! and registrations kept for good would creep towards
+//! `vm.max_map_count` in a process that registers many scattered buffers.
 //!
-//! Because registrations persist, the monitor remembers (in a fixed,
+//! While registrations persist, the monitor remembers (in a fixed,
 //! direct-mapped table) page ranges it registered and skips the
 //! `UFFDIO_REGISTER` ioctl when the same range is subscribed again. The
 //! reader forgets every remembered range an UNMAP or REMAP overlaps
@@ -173,6 +175,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::ranges::RangeCounts;
 use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
 use crate::sys::mem::{page_size, Scratch};
 use crate::sys::perf::MapWatch;
@@ -249,6 +252,10 @@ struct Shared {
     /// followed (0: none yet).
     clean_stamp: AtomicU64,
     known: Mutex<Known>,
+    /// Watches per page range: a range is unregistered when none is left.
+    /// Held across the register/unregister ioctls, so a subscribe and an
+    /// unsubscribe of overlapping ranges never undo each other.
+    subs: Mutex<RangeCounts>,
     epoch: Instant,
     /// The latest settling deadline (ns since `epoch`): a lock-free "nothing
     /// is settling" check.
@@ -566,6 +573,7 @@ impl UffdMonitor {
             counters: Default::default(),
             map_watch,
             clean_stamp: AtomicU64::new(0),
+            subs: Mutex::new(RangeCounts::default()),
             known: Mutex::new(Known {
                 sets: [[(0, 0); WAYS]; SETS],
                 forgets: 0,
@@ -684,18 +692,34 @@ impl Monitor for UffdMonitor {
             .and_then(|e| e.checked_add(page - 1))
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
             & !(page - 1);
+        let mut subs = self.shared.subs.lock().unwrap_or_else(|p| p.into_inner());
+        subs.add(first, end);
         if let Err(forgets) = self.shared.is_known((first, end)) {
-            self.shared.uffd.register(first, end - first, uffd::MODE_WP)?;
+            if let Err(e) = self.shared.uffd.register(first, end - first, uffd::MODE_WP) {
+                subs.remove(first, end);
+                return Err(e);
+            }
             self.shared.remember((first, end), forgets);
         }
+        drop(subs);
         Ok(Watch {
             cookie,
             token: [first as u64, end as u64],
         })
     }
 
-    fn unsubscribe(&self, _watch: &Watch) {
-        // Deliberately a no-op: see the module docs.
+    fn unsubscribe(&self, watch: &Watch) {
+        let (first, end) = (watch.token[0] as usize, watch.token[1] as usize);
+        let mut subs = self.shared.subs.lock().unwrap_or_else(|p| p.into_inner());
+        for (s, e) in subs.remove(first, end) {
+            // No watch covers it any more: the kernel may merge its VMAs
+            // back. (Already unmapped or remapped parts are not ours and
+            // are left alone by the kernel; an error changes nothing.)
+            self.shared.forget(s, e);
+            if let Err(err) = self.shared.uffd.unregister(s, e - s) {
+                tracing::debug!(start = s, len = e - s, error = %err, "UFFDIO_UNREGISTER failed");
+            }
+        }
     }
 
     fn settling(&self, start: usize, end: usize) -> Option<Duration> {

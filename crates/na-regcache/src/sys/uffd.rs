@@ -21,6 +21,8 @@ const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
 const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
 /// `_IOWR(0xAA, 0x04, struct uffdio_zeropage)`.
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
+/// `_IOR(0xAA, 0x01, struct uffdio_range)`.
+const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
 
 /// Registration mode: write-protect tracking (faults only on protected pages).
 pub const MODE_WP: u64 = 2;
@@ -180,6 +182,28 @@ impl Uffd {
                 self.fd.as_raw_fd(),
                 UFFDIO_REGISTER,
                 &mut reg as *mut UffdioRegister
+            ))?
+        };
+        Ok(())
+    }
+
+    /// `UFFDIO_UNREGISTER` of `[start, start+len)` (page-aligned): the
+    /// kernel stops reporting its events and merges its VMAs back with
+    /// their neighbours. Parts not registered with this descriptor are
+    /// left as they are.
+    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut range = UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        };
+        // SAFETY: UFFDIO_UNREGISTER reads one `struct uffdio_range`; `range`
+        // has that layout and outlives the call. The range is only
+        // inspected by the kernel.
+        unsafe {
+            syscall!(ioctl(
+                self.fd.as_raw_fd(),
+                UFFDIO_UNREGISTER,
+                &mut range as *mut UffdioRange
             ))?
         };
         Ok(())
