@@ -49,12 +49,12 @@ impl VerbsPlugin {
     /// Adds a connection to the table.
     fn insert_conn(&mut self, id: Arc<CmId>, peer: usize, active: bool) -> Result<ConnRef> {
         let live = self.conns.iter().filter(|s| s.conn.is_some()).count();
-        if live >= self.cfg.max_conns {
+        if live >= self.conn_limit {
             return Err(NaError::Plugin {
                 plugin: "verbs",
                 message: format!(
-                    "connection limit of {} reached (VerbsConfig::max_conns)",
-                    self.cfg.max_conns
+                    "connection limit of {} reached (VerbsConfig::max_conns, or what the device's CQ holds)",
+                    self.conn_limit
                 ),
             });
         }
@@ -119,7 +119,9 @@ impl VerbsPlugin {
             caps,
         };
         let qp = conn.id.create_qp(&pd, attr)?;
-        conn.sq_cap = qp.caps().max_send_wr;
+        // The provider may round the queue up; the CQ was sized for the
+        // configured depth, so never use more.
+        conn.sq_cap = qp.caps().max_send_wr.min(caps.max_send_wr);
         conn.qp = Some(qp);
         conn.alloc_buffers(&pd)?;
         for i in 0..conn.depth {
@@ -292,11 +294,34 @@ impl VerbsPlugin {
         }
         self.fail_rma_backlog(cref, &reason);
         if primary && self.peers[peer].dead.is_none() {
-            self.peers.mark_dead(peer, &reason);
-            self.schedule_held_sweep();
-            self.fail_peer_recvs(peer, &reason);
+            // Both sides may have connected at once: a second live
+            // connection to the peer carries its sends from now on (its
+            // messages name the peer, which must stay usable).
+            if let Some(other) = self.other_live_conn(peer, cref) {
+                tracing::debug!(peer = %uri, "verbs: another connection to the peer takes over");
+                if let Some(c) = self.conn_mut(other) {
+                    c.primary = true;
+                }
+                self.peers[peer].conn = Some(other);
+            } else {
+                self.peers.mark_dead(peer, &reason);
+                self.schedule_held_sweep();
+                self.fail_peer_recvs(peer, &reason);
+            }
         }
         self.retire_if_flushed(cref);
+    }
+
+    /// A connection to `peer` other than `except` that is not dead.
+    fn other_live_conn(&self, peer: usize, except: ConnRef) -> Option<ConnRef> {
+        self.conns.iter().enumerate().find_map(|(i, s)| {
+            let c = s.conn.as_ref()?;
+            let r = ConnRef {
+                idx: i as u16,
+                gen: s.gen,
+            };
+            (c.peer == peer && c.state != ConnState::Dead && r != except).then_some(r)
+        })
     }
 
     /// Releases a dead connection once its work requests have all
@@ -307,8 +332,12 @@ impl VerbsPlugin {
         if conn.state != ConnState::Dead || (conn.outstanding() > 0 && !expired) {
             return;
         }
-        let conn = self.conns[cref.idx as usize].conn.take().expect("checked above");
+        let mut conn = self.conns[cref.idx as usize].conn.take().expect("checked above");
         self.conn_by_cm.remove(&conn.id.key());
+        // The QP goes before anything completes: an operation completed
+        // here hands its memory back to the application, and a device
+        // still working on a QP whose grace ran out must not reach it.
+        drop(conn.qp.take());
         // Sends that never completed (grace expired) complete now.
         for (op, kind, _) in conn.send_ops.iter().flatten() {
             let e = NaError::PeerGone {

@@ -176,9 +176,24 @@ impl VerbsPlugin {
                 break;
             }
             let m = conn.msg_backlog.pop_front().expect("checked non-empty");
+            let max = conn.peer_max_msg;
             if self.canceled_sends.remove(&m.op) {
                 self.drop_outgoing(m.body);
                 continue; // canceled while queued: already completed
+            }
+            // Queued before the connection told us the peer's buffer size
+            // (`send_msg` could not check it then): too large fails alone,
+            // instead of breaking the peer's receive and the connection.
+            let len = m.body.bytes().len();
+            if max != 0 && len > max {
+                let e = NaError::MessageTooLarge {
+                    len,
+                    max,
+                    kind: "peer's buffer",
+                };
+                self.finish_send(m.op, m.kind, Err(e));
+                self.drop_outgoing(m.body);
+                continue;
             }
             if let Err(e) = self.post_outgoing(cref, m.kind, m.tag, m.body, m.op) {
                 self.finish_send(m.op, m.kind, Err(e.into()));
@@ -318,6 +333,11 @@ impl VerbsPlugin {
                         .entry((peer, tag))
                         .or_default()
                         .push_back(h);
+                    if self.peers[peer].dead.is_some() {
+                        // Arrived after the death (completions drained
+                        // late): it goes with the others after the grace.
+                        self.schedule_held_sweep();
+                    }
                 }
                 self.peers.acquire(peer);
                 if let Some(conn) = self.conn_mut(cref) {

@@ -72,6 +72,9 @@ pub(crate) struct ConnSlot {
 pub struct VerbsPlugin {
     pub(crate) id: PluginId,
     pub(crate) cfg: VerbsConfig,
+    /// Connections the CQ has room for (`cfg.max_conns` unless the device
+    /// caps the CQ lower).
+    pub(crate) conn_limit: usize,
     pub(crate) device: String,
     pub(crate) self_uri: String,
     pub(crate) self_key: SocketAddr,
@@ -140,6 +143,21 @@ impl VerbsPlugin {
         let comp = CompletionChannel::new(&ctx)?;
         let per_conn = u32::from(cfg.recv_depth) + cfg.send_queue_depth;
         let cqe = (per_conn as usize * cfg.max_conns).min(dev_attr.max_cqe.max(1) as usize) as u32;
+        // Every work request of every connection may be outstanding at
+        // once: the CQ must hold them all, or an overflow errors every QP.
+        // A device whose CQ is smaller than asked for takes fewer
+        // connections.
+        let conn_limit = cfg.max_conns.min(cqe as usize / per_conn.max(1) as usize);
+        if conn_limit == 0 {
+            return Err(NaError::Plugin {
+                plugin: SCHEME,
+                message: format!(
+                    "the device's largest completion queue ({} entries) cannot hold one connection's \
+                     {per_conn} work requests: lower recv_depth or send_queue_depth",
+                    dev_attr.max_cqe
+                ),
+            });
+        }
         let cq = CompletionQueue::new(&ctx, cqe, Some(&comp))?;
         let cache_cfg = match &cfg.cache {
             Some(c) => c.clone(),
@@ -165,6 +183,7 @@ impl VerbsPlugin {
             max_sge_read: cap(dev_attr.max_sge_rd.min(dev_attr.max_sge)),
             rd_atomic: dev_attr.max_qp_rd_atom.clamp(1, 16) as u8,
             dev_attr,
+            conn_limit,
             cfg,
             peers: PeerTable::default(),
             conns: Vec::new(),

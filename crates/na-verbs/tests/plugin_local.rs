@@ -443,3 +443,132 @@ fn clients_that_come_and_go_leave_no_peer_entries_behind() {
         .unwrap_err();
     assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
 }
+
+fn node_with(env: &common::RdmaEnv, listen: bool, max_msg_size: usize) -> (Endpoint, PluginId) {
+    let mut ep = Endpoint::new(ProgressMode::Busy).unwrap();
+    let cfg = VerbsConfig {
+        listen,
+        max_msg_size,
+        ..VerbsConfig::from_spec(&format!("verbs://{}/{}:0", env.device, env.ip), listen).unwrap()
+    };
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .expect("verbs plugin");
+    (ep, id)
+}
+
+/// Drives two endpoints until `done` says so (or fails after `T`).
+fn drive_two(
+    a: &mut Endpoint,
+    b: &mut Endpoint,
+    mut done: impl FnMut(&[Completion], &[Completion]) -> bool,
+) -> (Vec<Completion>, Vec<Completion>) {
+    let (mut ca, mut cb) = (Vec::new(), Vec::new());
+    let end = Instant::now() + T;
+    while !done(&ca, &cb) {
+        assert!(Instant::now() < end, "timed out: {ca:?} / {cb:?}");
+        a.progress(Some(Duration::ZERO)).unwrap();
+        b.progress(Some(Duration::ZERO)).unwrap();
+        ca.extend(std::iter::from_fn(|| a.pop_completion()));
+        cb.extend(std::iter::from_fn(|| b.pop_completion()));
+    }
+    (ca, cb)
+}
+
+/// Two listeners that look each other up and send at once connect twice.
+/// When the connection one of them sends on dies (here: a remote access
+/// error of a forged get), the other connection takes over: the peer
+/// stays usable both ways (it was declared gone while its second
+/// connection still delivered its messages).
+#[test]
+fn a_second_connection_takes_over_when_the_first_dies() {
+    let Some(env) = common::rdma_env("a_second_connection_takes_over_when_the_first_dies") else {
+        return;
+    };
+    let (mut a, aid) = node(&env, true);
+    let (mut b, bid) = node(&env, true);
+    let (a_uri, b_uri) = (
+        a.self_addr(aid).unwrap().uri().to_owned(),
+        b.self_addr(bid).unwrap().uri().to_owned(),
+    );
+    let to_b = a.lookup(&b_uri).unwrap();
+    let to_a = b.lookup(&a_uri).unwrap();
+    a.post_recv_unexpected(aid, Vec::new(), OpId(1)).unwrap();
+    b.post_recv_unexpected(bid, Vec::new(), OpId(1)).unwrap();
+    // Both start connecting before either side progresses.
+    a.send_unexpected(&to_b, 1, b"from a", OpId(2)).unwrap();
+    b.send_unexpected(&to_a, 1, b"from b", OpId(2)).unwrap();
+    let (ca, cb) = drive_two(&mut a, &mut b, |ca, cb| ca.len() == 2 && cb.len() == 2);
+    assert!(ca.iter().chain(&cb).all(|c| c.status.is_ok()), "{ca:?} {cb:?}");
+    let peers = |ep: &Endpoint, id| ep.plugin(id).unwrap().stats().peer_entries;
+    assert_eq!((peers(&a, aid), peers(&b, bid)), (1, 1));
+    // A forged get kills the connection a sends on.
+    let forged = na_core::RemoteMem::new(
+        vec![na_core::RemoteSegment {
+            addr: 4096,
+            len: 64,
+            key: 0x1234,
+        }],
+        Access::ReadWrite,
+    )
+    .unwrap();
+    let local = MemHandle::zeroed(64, Access::ReadWrite);
+    a.plugin_mut(aid).unwrap().mem_register(&local).unwrap();
+    a.get(&local, 0, &forged, 0, 64, &to_b, OpId(3)).unwrap();
+    let (ca, _) = drive_two(&mut a, &mut b, |ca, _| ca.iter().any(|c| c.op == OpId(3)));
+    let got = ca.iter().find(|c| c.op == OpId(3)).unwrap();
+    assert!(got.status.is_err(), "a forged rkey must fail: {got:?}");
+    // Let both sides see that connection go.
+    let end = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < end {
+        a.progress(Some(Duration::ZERO)).unwrap();
+        b.progress(Some(Duration::ZERO)).unwrap();
+    }
+    // The peer is still usable, both ways, through the other connection.
+    a.post_recv_unexpected(aid, Vec::new(), OpId(10)).unwrap();
+    b.post_recv_unexpected(bid, Vec::new(), OpId(10)).unwrap();
+    a.send_unexpected(&to_b, 2, b"still here", OpId(11))
+        .expect("the peer must not be gone: another connection is live");
+    b.send_unexpected(&to_a, 2, b"me too", OpId(11)).unwrap();
+    let (ca, cb) = drive_two(&mut a, &mut b, |ca, cb| {
+        ca.iter().filter(|c| c.op.0 >= 10).count() == 2 && cb.iter().filter(|c| c.op.0 >= 10).count() == 2
+    });
+    for c in ca.iter().chain(&cb).filter(|c| c.op.0 >= 10) {
+        c.status.as_ref().expect("through the connection that took over");
+    }
+    assert!(cb.iter().any(|c| c.buf.as_deref() == Some(&b"still here"[..])));
+    assert!(ca.iter().any(|c| c.buf.as_deref() == Some(&b"me too"[..])));
+}
+
+/// The first send to a peer waits for the connection, before the peer's
+/// buffer size is known: one too large for it fails alone with a clear
+/// error once it is, and the connection goes on (it broke the peer's
+/// receive and the connection).
+#[test]
+fn a_first_send_larger_than_the_peer_takes_fails_alone() {
+    let Some(env) = common::rdma_env("a_first_send_larger_than_the_peer_takes_fails_alone") else {
+        return;
+    };
+    let (mut srv, sid) = node_with(&env, true, 4096);
+    let (mut cli, _) = node_with(&env, false, 8192);
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let to = cli.lookup(&uri).unwrap();
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
+    cli.send_unexpected(&to, 1, &[7u8; 6000], OpId(2)).unwrap();
+    cli.send_unexpected(&to, 2, b"small", OpId(3)).unwrap();
+    let (cc, cs) = drive_two(&mut cli, &mut srv, |cc, cs| cc.len() == 2 && cs.len() == 1);
+    let big = cc.iter().find(|c| c.op == OpId(2)).unwrap();
+    match &big.status {
+        Err(NaError::MessageTooLarge {
+            len: 6000, max: 4096, ..
+        }) => {}
+        other => panic!("expected MessageTooLarge for the peer's buffer, got {other:?}"),
+    }
+    cc.iter()
+        .find(|c| c.op == OpId(3))
+        .unwrap()
+        .status
+        .as_ref()
+        .unwrap();
+    assert_eq!(cs[0].buf.as_deref(), Some(&b"small"[..]));
+}
