@@ -34,6 +34,12 @@ pub struct VerbsConfig {
     /// Messages held per connection (nobody posted a receive yet) before
     /// credits are withheld from the sender.
     pub max_held: u32,
+    /// Messages held over all connections, those of peers that went
+    /// included, beyond which new connections are refused until the
+    /// application takes some (the per-connection bound alone does not
+    /// stop a peer that reconnects over and over, each connection
+    /// bringing its initial credits' worth).
+    pub max_held_total: u32,
     /// Registration cache settings; `None`: from `QS_MR_CACHE_*`.
     pub cache: Option<CacheConfig>,
     /// RDMA CM address and route resolution timeout, in milliseconds.
@@ -53,6 +59,7 @@ impl Default for VerbsConfig {
             max_sge: None,
             send_queue_depth: 256,
             max_held: 1024,
+            max_held_total: 8192,
             cache: None,
             resolve_timeout_ms: 5000,
         }
@@ -101,6 +108,13 @@ impl VerbsConfig {
                 "send_queue_depth",
                 self.send_queue_depth.to_string(),
                 "must exceed recv_depth by at least 8",
+            );
+        }
+        if self.max_held_total < u32::from(self.recv_depth) {
+            return bad(
+                "max_held_total",
+                self.max_held_total.to_string(),
+                "must be at least recv_depth",
             );
         }
         if self.max_sge == Some(0) {

@@ -229,6 +229,18 @@ impl VerbsPlugin {
             );
             return drop(id.reject(b"hello address does not match the connection"));
         }
+        let held = self.matching.held_count();
+        if held >= self.cfg.max_held_total as usize {
+            // Whoever it is, its messages would only pile up: the
+            // application is not taking what it holds already.
+            self.stats.flow_blocked += 1;
+            tracing::warn!(
+                held,
+                limit = self.cfg.max_held_total,
+                "verbs: refusing a connection: too many messages held (VerbsConfig::max_held_total)"
+            );
+            return drop(id.reject(b"too many messages held"));
+        }
         let device = Some(&hello.device).filter(|d| !d.is_empty());
         let (peer, new) = self
             .peers

@@ -572,3 +572,84 @@ fn a_first_send_larger_than_the_peer_takes_fails_alone() {
         .unwrap();
     assert_eq!(cs[0].buf.as_deref(), Some(&b"small"[..]));
 }
+
+/// Clients that connect, send their credits' worth of messages nobody
+/// receives, and go, again and again: each connection is within its own
+/// bound, so only a bound over all of them keeps the listener's memory in
+/// check. Beyond `max_held_total` new connections are refused (they were
+/// all accepted, and the held messages grew with every client).
+#[test]
+fn held_messages_stay_bounded_when_clients_keep_coming() {
+    let Some(env) = common::rdma_env("held_messages_stay_bounded_when_clients_keep_coming") else {
+        return;
+    };
+    const DEPTH: u16 = 16;
+    const TOTAL: u32 = 64;
+    let mut srv = Endpoint::new(ProgressMode::Busy).unwrap();
+    let cfg = VerbsConfig {
+        listen: true,
+        recv_depth: DEPTH,
+        max_held_total: TOTAL,
+        ..VerbsConfig::from_spec(&format!("verbs://{}/{}:0", env.device, env.ip), true).unwrap()
+    };
+    let sid = srv
+        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let held = |srv: &Endpoint| srv.plugin(sid).unwrap().stats().queued_arrivals;
+    let (mut refused, mut delivered) = (0, 0);
+    for round in 0..12u64 {
+        let (mut cli, _) = node(&env, false);
+        let to = cli.lookup(&uri).unwrap();
+        for i in 0..u64::from(DEPTH) {
+            cli.send_unexpected(&to, 0, &round.to_le_bytes(), OpId(i))
+                .unwrap();
+        }
+        let mut done = 0;
+        let end = Instant::now() + T;
+        while done < DEPTH {
+            assert!(Instant::now() < end, "round {round}: sends never completed");
+            cli.progress(Some(Duration::ZERO)).unwrap();
+            srv.progress(Some(Duration::ZERO)).unwrap();
+            while let Some(c) = cli.pop_completion() {
+                done += 1;
+                match c.status {
+                    Ok(()) => delivered += 1,
+                    Err(_) => refused += 1,
+                }
+            }
+        }
+        drop(cli);
+        assert!(
+            held(&srv) <= u64::from(TOTAL) + u64::from(DEPTH),
+            "round {round}: {} messages held, bound {TOTAL} + one connection's {DEPTH}",
+            held(&srv)
+        );
+    }
+    assert!(refused > 0, "no client was ever refused ({delivered} delivered)");
+    assert!(delivered >= u64::from(TOTAL), "{delivered} delivered");
+    let st = srv.plugin(sid).unwrap().stats();
+    assert!(st.flow_blocked > 0, "{st:?}");
+    // The application takes them: new clients are welcome again.
+    for i in 0..held(&srv) {
+        srv.post_recv_unexpected(sid, Vec::new(), OpId(1000 + i)).unwrap();
+    }
+    while srv.pop_completion().is_some() {}
+    let (mut cli, _) = node(&env, false);
+    let to = cli.lookup(&uri).unwrap();
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(9999)).unwrap();
+    cli.send_unexpected(&to, 5, b"welcome back", OpId(1)).unwrap();
+    let end = Instant::now() + T;
+    let got = loop {
+        assert!(
+            Instant::now() < end,
+            "a client after the backlog cleared was not served"
+        );
+        cli.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::ZERO)).unwrap();
+        if let Some(c) = std::iter::from_fn(|| srv.pop_completion()).find(|c| c.op == OpId(9999)) {
+            break c;
+        }
+    };
+    assert_eq!(got.buf.as_deref(), Some(&b"welcome back"[..]));
+}
