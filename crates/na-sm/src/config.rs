@@ -41,6 +41,12 @@ pub struct SmConfig {
     /// its messages wait in shared memory and its sends back up, so a peer
     /// that floods us cannot grow our memory.
     pub max_queued_per_peer: usize,
+    /// Most messages queued over all peers, those that went included (a
+    /// departing peer's ring is taken whole): at it the listener stops
+    /// accepting connections (they wait in the kernel's queue) until the
+    /// application takes some, so a peer that reconnects again and again
+    /// cannot grow our memory either.
+    pub max_queued_total: usize,
     /// How long expected messages of a peer that went away stay queued for
     /// a receive naming it (what it sent before it went is not lost at
     /// once); after that they are dropped, so a peer that comes and goes
@@ -64,6 +70,7 @@ impl Default for SmConfig {
             allow_any_ptracer: true,
             handshake_timeout: Duration::from_secs(5),
             max_queued_per_peer: DEFAULT_MAX_QUEUED_PER_PEER,
+            max_queued_total: 32 * DEFAULT_MAX_QUEUED_PER_PEER,
             departed_hold: Duration::from_secs(10),
             wake: None,
         }

@@ -34,6 +34,9 @@ pub(crate) enum AcceptPause {
     Handshakes,
     /// Accepting failed (no descriptors, no memory): retry then.
     Until(Instant),
+    /// [`SmConfig::max_queued_total`](crate::SmConfig::max_queued_total)
+    /// messages are queued: until the application takes some.
+    Queued,
 }
 
 fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
@@ -193,6 +196,16 @@ impl SmPlugin {
     /// is over (see `sweep_deadlines`).
     pub(crate) fn accept_ready(&mut self) {
         while self.accept_pause.is_none() {
+            if self.matcher.queued_arrivals >= self.cfg.max_queued_total {
+                self.stats.flow_blocked += 1;
+                tracing::warn!(
+                    queued = self.matcher.queued_arrivals,
+                    limit = self.cfg.max_queued_total,
+                    "sm: pausing accepts: too many messages queued (SmConfig::max_queued_total)"
+                );
+                self.pause_accepts(AcceptPause::Queued);
+                return;
+            }
             if self.pending.len() >= MAX_PENDING_HANDSHAKES {
                 self.stats.flow_blocked += 1;
                 tracing::warn!(
@@ -303,6 +316,7 @@ impl SmPlugin {
         }
         let resume = match self.accept_pause {
             Some(AcceptPause::Handshakes) => self.pending.len() < MAX_PENDING_HANDSHAKES,
+            Some(AcceptPause::Queued) => self.matcher.queued_arrivals < self.cfg.max_queued_total,
             Some(AcceptPause::Until(t)) => t <= now,
             None => false,
         };

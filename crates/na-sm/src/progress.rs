@@ -63,6 +63,7 @@ impl SmPlugin {
         let events_due = std::mem::take(&mut self.events_owed)
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
+            || self.accept_pause.is_some()
             || self.tick % EVENT_POLL_INTERVAL == 0;
         if events_due {
             self.poll_events()?;
@@ -243,6 +244,7 @@ impl SmPlugin {
         }
         self.armed = true;
         let max_queued = self.cfg.max_queued_per_peer;
+        let over_total = self.matcher.queued_arrivals >= self.cfg.max_queued_total;
         for peer in self.peers.iter_mut() {
             let tok = peer.addr.token();
             for c in peer.conns.iter_mut() {
@@ -254,7 +256,7 @@ impl SmPlugin {
                     // thread, can release it: nothing to wait for).
                     let held = matches!(c.rx().peek(rx_pos), Ok(Some(s))
                         if !(self.pull && s.kind == MsgKind::Unexpected)
-                            && self.matcher.queued_from(tok) >= max_queued
+                            && (over_total || self.matcher.queued_from(tok) >= max_queued)
                             && self.matcher.would_queue(tok, s.kind == MsgKind::Expected, s.tag));
                     if !held {
                         return false;
@@ -407,7 +409,7 @@ impl SmPlugin {
             heads,
             ..
         } = self;
-        let max_queued = cfg.max_queued_per_peer;
+        let (max_queued, max_total) = (cfg.max_queued_per_peer, cfg.max_queued_total);
         // Counted afresh below.
         *pull_heads = 0;
         *pull_last = None;
@@ -446,11 +448,13 @@ impl SmPlugin {
                         // holds (at most a ring's worth) is taken out whole,
                         // or sends that completed would be lost.
                         if departing != Some(tok)
-                            && matcher.queued_from(tok) >= max_queued
+                            && (matcher.queued_arrivals >= max_total
+                                || matcher.queued_from(tok) >= max_queued)
                             && matcher.would_queue(tok, expected, s.tag)
                         {
-                            // Flood bound: leave it in shared memory until the
-                            // user posts receives; the sender backs up.
+                            // Flood bound (this peer's, or all peers'):
+                            // leave it in shared memory until the user
+                            // posts receives; the sender backs up.
                             stats.flow_blocked += 1;
                             break;
                         }

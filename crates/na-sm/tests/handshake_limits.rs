@@ -162,3 +162,91 @@ fn a_listener_that_never_answers_fails_the_connectors_operations() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Clients that connect, send messages nobody receives, and go, again and
+/// again: each peer is within its own bound (and a departing peer's ring
+/// is taken whole), so only a bound over all peers keeps the listener's
+/// memory in check. At `max_queued_total` it stops accepting until the
+/// application takes some; then new clients are served again.
+#[test]
+fn queued_messages_stay_bounded_when_clients_keep_coming() {
+    const PER_PEER: usize = 16;
+    const TOTAL: usize = 48;
+    const RING: u64 = 64;
+    let d = dir("total");
+    let cfg = SmConfig {
+        listen: true,
+        handshake_timeout: HANDSHAKE,
+        max_queued_per_peer: PER_PEER,
+        max_queued_total: TOTAL,
+        ..SmConfig::default()
+    }
+    .with_dir(&d);
+    let mut srv = Endpoint::new(ProgressMode::Busy).unwrap();
+    let sid = srv
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let queued = |srv: &Endpoint| srv.plugin(sid).unwrap().stats().queued_arrivals;
+    let settle = |srv: &mut Endpoint| {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(50) {
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+        }
+    };
+    for round in 0..10u64 {
+        let (mut c, _) = node(&d, false, ProgressMode::Busy);
+        let a = c.lookup(&uri).unwrap();
+        for i in 0..20u64 {
+            c.send_unexpected(&a, round as u32, &i.to_le_bytes(), OpId(i))
+                .unwrap();
+        }
+        settle(&mut srv);
+        c.progress(Some(Duration::ZERO)).unwrap();
+        drop(c);
+        settle(&mut srv);
+        assert!(
+            queued(&srv) <= TOTAL as u64 + RING,
+            "round {round}: {} queued, bound {TOTAL} + a departing ring's {RING}",
+            queued(&srv)
+        );
+    }
+    let st = srv.plugin(sid).unwrap().stats();
+    assert!(
+        st.flow_blocked > 0,
+        "the total bound never held anything back: {st:?}"
+    );
+    // The application takes what is queued: clients are served again.
+    let n = queued(&srv);
+    for i in 0..n {
+        srv.post_recv_unexpected(sid, Vec::new(), OpId(1000 + i)).unwrap();
+    }
+    settle(&mut srv);
+    while srv.pop_completion().is_some() {}
+    let (mut c, _) = node(&d, false, ProgressMode::Busy);
+    let a = c.lookup(&uri).unwrap();
+    c.send_unexpected(&a, 7, b"served again", OpId(1)).unwrap();
+    // Connections that waited in the kernel's queue meanwhile are taken in
+    // too (their rings hold what they sent): receive until ours shows up.
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut next = 2000u64;
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(next)).unwrap();
+    loop {
+        assert!(
+            Instant::now() < end,
+            "a client after the queue drained was not served"
+        );
+        c.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        let mut found = false;
+        while let Some(k) = srv.pop_completion() {
+            found |= k.buf.as_deref() == Some(&b"served again"[..]);
+            next += 1;
+            srv.post_recv_unexpected(sid, Vec::new(), OpId(next)).unwrap();
+        }
+        if found {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
