@@ -97,21 +97,6 @@ fn hook_invalidates_on_free_and_realloc_without_allocating() {
     );
 }
 
-/// A registrar that registers nothing (the hook and the cache's locks are
-/// what is tested).
-struct NoopRegistrar;
-
-impl na_regcache::Registrar for NoopRegistrar {
-    type Region = ();
-    type Error = std::io::Error;
-    fn register(&self, _: usize, _: usize, _: Access) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn deregister(&self, _: ()) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A forked child that frees a large block in a cache's range, checks a
 /// registration and drops the cache never touches the parent cache's locks
 /// (a parent thread may have held them at the fork: the child would hang).
@@ -124,7 +109,7 @@ fn a_forked_child_never_waits_on_the_parents_cache() {
         monitor: MonitorChoice::Alloc,
         ..CacheConfig::default()
     };
-    let cache = Cache::new(NoopRegistrar, cfg).unwrap();
+    let cache = Cache::new(common::NoopRegistrar, cfg).unwrap();
     let victim = vec![1u8; 64 << 10];
     let (vp, vl) = (victim.as_ptr() as usize, victim.len());
     let kept = cache.get(vp, vl, Access::LOCAL_WRITE).unwrap();

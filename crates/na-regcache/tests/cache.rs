@@ -423,20 +423,6 @@ fn the_fallback_for_an_unregistrable_merged_span_is_watched() {
     );
 }
 
-/// A registrar that registers nothing (what is tested is the monitor).
-struct NothingRegistrar;
-
-impl Registrar for NothingRegistrar {
-    type Region = ();
-    type Error = io::Error;
-    fn register(&self, _: usize, _: usize, _: Access) -> io::Result<()> {
-        Ok(())
-    }
-    fn deregister(&self, _: ()) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 fn mappings() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
@@ -456,7 +442,7 @@ fn watched_ranges_are_released_with_their_last_entry() {
         monitor: MonitorChoice::Uffd,
         ..CacheConfig::default()
     };
-    let c = Cache::new(NothingRegistrar, cfg).unwrap();
+    let c = Cache::new(common::NoopRegistrar, cfg).unwrap();
     let n = 20_000;
     let p = sys::map_anon(None, 2 * n * PAGE).unwrap();
     sys::touch(p, 2 * n * PAGE, 1);

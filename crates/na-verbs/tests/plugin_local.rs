@@ -25,15 +25,7 @@ struct Pair {
 }
 
 fn node(env: &common::RdmaEnv, listen: bool) -> (Endpoint, PluginId) {
-    let mut ep = Endpoint::new(ProgressMode::Busy).unwrap();
-    let cfg = VerbsConfig {
-        listen,
-        ..VerbsConfig::from_spec(&format!("verbs://{}/{}:0", env.device, env.ip), listen).unwrap()
-    };
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .expect("verbs plugin");
-    (ep, id)
+    node_with(env, listen, VerbsConfig::default().max_msg_size)
 }
 
 fn pair(env: &common::RdmaEnv) -> Pair {

@@ -62,10 +62,36 @@ impl RawSegment {
         self.len == 0
     }
 
-    /// The segment's whole aligned words: `[first, end)` as offsets from
-    /// its start (empty when it holds none).
-    fn word_span(&self) -> (usize, usize) {
-        word_span(self.addr(), self.len)
+    /// Splits `offset..offset + len` of the segment into the pieces the
+    /// copies make, in order, each with its position in the caller's
+    /// buffer: lone bytes outside whole words, runs of whole words, and
+    /// parts of a word (see the module docs).
+    fn pieces(&self, offset: usize, len: usize) -> impl Iterator<Item = Piece> {
+        let (wf, we) = word_span(self.addr(), self.len);
+        let (mut at, mut i) = (offset, 0usize);
+        std::iter::from_fn(move || {
+            if i >= len {
+                return None;
+            }
+            let left = len - i;
+            let piece = if at < wf || at >= we {
+                Piece::Byte { at, i }
+            } else {
+                let word = at - (at - wf) % 8;
+                let within = at - word;
+                if within == 0 && left >= 8 {
+                    let words = left.min(we - at) / 8;
+                    Piece::Words { at, i, words }
+                } else {
+                    let n = (8 - within).min(left);
+                    Piece::Part { word, within, i, n }
+                }
+            };
+            let n = piece.len();
+            at += n;
+            i += n;
+            Some(piece)
+        })
     }
 
     /// Copies `dst.len()` bytes starting at `offset` out of the segment.
@@ -75,44 +101,33 @@ impl RawSegment {
     #[allow(unsafe_code)]
     pub fn read(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset <= self.len && dst.len() <= self.len - offset);
-        let (wf, we) = self.word_span();
         let base = self.ptr.as_ptr();
-        let (mut at, mut i) = (offset, 0usize);
-        while i < dst.len() {
-            let left = dst.len() - i;
-            if at < wf || at >= we {
-                // SAFETY: `at` < len (checked above), inside our live,
-                // initialized allocation; bytes outside whole words are
-                // only ever accessed as `AtomicU8` (see the module docs).
-                dst[i] = unsafe { AtomicU8::from_ptr(base.add(at)) }.load(Relaxed);
-                at += 1;
-                i += 1;
-                continue;
-            }
-            let word = at - (at - wf) % 8;
-            let within = at - word;
-            if within == 0 && left >= 8 {
-                // A run of whole words: the bulk of any large copy.
-                let n = (left.min(we - at)) / 8;
-                for (k, out) in dst[i..i + n * 8].chunks_exact_mut(8).enumerate() {
-                    // SAFETY: as below, for each word of the run (all of
-                    // them lie before `we`).
-                    let v = unsafe { AtomicU64::from_ptr(base.add(at + k * 8).cast::<u64>()) }.load(Relaxed);
-                    out.copy_from_slice(&v.to_ne_bytes());
+        for p in self.pieces(offset, dst.len()) {
+            match p {
+                Piece::Byte { at, i } => {
+                    // SAFETY: `at` < len (checked above), inside our live,
+                    // initialized allocation; bytes outside whole words are
+                    // only ever accessed as `AtomicU8` (see the module docs).
+                    dst[i] = unsafe { AtomicU8::from_ptr(base.add(at)) }.load(Relaxed);
                 }
-                at += n * 8;
-                i += n * 8;
-                continue;
+                Piece::Words { at, i, words } => {
+                    for (k, out) in dst[i..i + words * 8].chunks_exact_mut(8).enumerate() {
+                        // SAFETY: each word of the run is 8-aligned (offsets
+                        // from an 8-aligned address, see `word_span`) and
+                        // ends before the last whole word's end <= len, in
+                        // our live, initialized allocation; bytes of whole
+                        // words are only ever accessed as `AtomicU64`.
+                        let v =
+                            unsafe { AtomicU64::from_ptr(base.add(at + k * 8).cast::<u64>()) }.load(Relaxed);
+                        out.copy_from_slice(&v.to_ne_bytes());
+                    }
+                }
+                Piece::Part { word, within, i, n } => {
+                    // SAFETY: as for a run of words, for this one word.
+                    let v = unsafe { AtomicU64::from_ptr(base.add(word).cast::<u64>()) }.load(Relaxed);
+                    dst[i..i + n].copy_from_slice(&v.to_ne_bytes()[within..within + n]);
+                }
             }
-            let take = (8 - within).min(left);
-            // SAFETY: `word` is 8-aligned (relative to an 8-aligned
-            // address, see `word_span`) and `word + 8 <= we <= len`, inside
-            // our live, initialized allocation; bytes of whole words are
-            // only ever accessed as `AtomicU64`.
-            let v = unsafe { AtomicU64::from_ptr(base.add(word).cast::<u64>()) }.load(Relaxed);
-            dst[i..i + take].copy_from_slice(&v.to_ne_bytes()[within..within + take]);
-            at += take;
-            i += take;
         }
     }
 
@@ -123,58 +138,38 @@ impl RawSegment {
     #[allow(unsafe_code)]
     pub fn write(&self, offset: usize, src: &[u8]) {
         assert!(offset <= self.len && src.len() <= self.len - offset);
-        let (wf, we) = self.word_span();
         let base = self.ptr.as_ptr();
-        let (mut at, mut i) = (offset, 0usize);
-        while i < src.len() {
-            let left = src.len() - i;
-            if at < wf || at >= we {
-                // SAFETY: as in `read`: inside the allocation, and a byte
-                // outside whole words is only ever accessed as `AtomicU8`.
-                unsafe { AtomicU8::from_ptr(base.add(at)) }.store(src[i], Relaxed);
-                at += 1;
-                i += 1;
-                continue;
-            }
-            let word = at - (at - wf) % 8;
-            let within = at - word;
-            if within == 0 && left >= 8 {
-                let n = (left.min(we - at)) / 8;
-                for (k, b) in src[i..i + n * 8].chunks_exact(8).enumerate() {
-                    let mut w = [0u8; 8];
-                    w.copy_from_slice(b);
-                    // SAFETY: as below, for each word of the run.
-                    unsafe { AtomicU64::from_ptr(base.add(at + k * 8).cast::<u64>()) }
-                        .store(u64::from_ne_bytes(w), Relaxed);
+        for p in self.pieces(offset, src.len()) {
+            match p {
+                Piece::Byte { at, i } => {
+                    // SAFETY: as in `read`.
+                    unsafe { AtomicU8::from_ptr(base.add(at)) }.store(src[i], Relaxed);
                 }
-                at += n * 8;
-                i += n * 8;
-                continue;
-            }
-            let take = (8 - within).min(left);
-            // SAFETY: as in `read`: an aligned whole word inside the
-            // allocation, only ever accessed as `AtomicU64`.
-            let cell = unsafe { AtomicU64::from_ptr(base.add(word).cast::<u64>()) };
-            let bytes = &src[i..i + take];
-            if take == 8 {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(bytes);
-                cell.store(u64::from_ne_bytes(b), Relaxed);
-            } else {
-                // Part of a word: the other bytes must stay as they are,
-                // whoever writes them meanwhile.
-                let mut cur = cell.load(Relaxed);
-                loop {
-                    let mut b = cur.to_ne_bytes();
-                    b[within..within + take].copy_from_slice(bytes);
-                    match cell.compare_exchange_weak(cur, u64::from_ne_bytes(b), Relaxed, Relaxed) {
-                        Ok(_) => break,
-                        Err(now) => cur = now,
+                Piece::Words { at, i, words } => {
+                    for (k, b) in src[i..i + words * 8].chunks_exact(8).enumerate() {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(b);
+                        // SAFETY: as in `read`.
+                        unsafe { AtomicU64::from_ptr(base.add(at + k * 8).cast::<u64>()) }
+                            .store(u64::from_ne_bytes(w), Relaxed);
+                    }
+                }
+                Piece::Part { word, within, i, n } => {
+                    // SAFETY: as in `read`.
+                    let cell = unsafe { AtomicU64::from_ptr(base.add(word).cast::<u64>()) };
+                    // The other bytes of the word stay as they are, whoever
+                    // writes them meanwhile.
+                    let mut cur = cell.load(Relaxed);
+                    loop {
+                        let mut b = cur.to_ne_bytes();
+                        b[within..within + n].copy_from_slice(&src[i..i + n]);
+                        match cell.compare_exchange_weak(cur, u64::from_ne_bytes(b), Relaxed, Relaxed) {
+                            Ok(_) => break,
+                            Err(now) => cur = now,
+                        }
                     }
                 }
             }
-            at += take;
-            i += take;
         }
     }
 
@@ -187,6 +182,33 @@ impl RawSegment {
         #[allow(unsafe_code)]
         unsafe {
             Vec::from_raw_parts(me.ptr.as_ptr(), me.len, me.cap)
+        }
+    }
+}
+
+/// One piece of a copy (see [`RawSegment::pieces`]): `at`/`word` are
+/// segment offsets, `i` the position in the caller's buffer.
+enum Piece {
+    /// One byte outside whole words.
+    Byte { at: usize, i: usize },
+    /// `words` whole aligned words from `at`.
+    Words { at: usize, i: usize, words: usize },
+    /// `n` bytes from byte `within` of the word at `word`.
+    Part {
+        word: usize,
+        within: usize,
+        i: usize,
+        n: usize,
+    },
+}
+
+impl Piece {
+    /// Bytes it covers.
+    fn len(&self) -> usize {
+        match *self {
+            Piece::Byte { .. } => 1,
+            Piece::Words { words, .. } => words * 8,
+            Piece::Part { n, .. } => n,
         }
     }
 }

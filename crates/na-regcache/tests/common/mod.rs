@@ -14,6 +14,21 @@ use std::sync::Mutex;
 
 use na_regcache::{Access, Cache, CacheConfig, Consistency, MonitorChoice, UringRegistrar};
 
+/// A registrar that registers nothing: for tests of the cache and its
+/// monitors themselves.
+pub struct NoopRegistrar;
+
+impl na_regcache::Registrar for NoopRegistrar {
+    type Region = ();
+    type Error = io::Error;
+    fn register(&self, _: usize, _: usize, _: Access) -> io::Result<()> {
+        Ok(())
+    }
+    fn deregister(&self, _: ()) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// What a transfer through the cache observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
