@@ -127,6 +127,10 @@ pub(crate) struct Conn {
     pub state: ConnState,
     pub dead_reason: String,
     pub dead_since: Option<Instant>,
+    /// Unique per plugin for its lifetime: what outlives the connection
+    /// (held messages) names it by this, since a slot's 14-bit generation
+    /// can wrap.
+    pub serial: u64,
     /// Killed for breaking the protocol: nothing more it sent is taken
     /// (after any other death, messages that completed are still
     /// delivered).
@@ -168,6 +172,7 @@ impl Conn {
             },
             dead_reason: String::new(),
             dead_since: None,
+            serial: 0,
             violated: false,
             credits: Credits::new(0, depth),
             peer_max_msg: 0,

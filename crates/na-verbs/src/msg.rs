@@ -23,6 +23,8 @@ pub const DEAD_HELD_GRACE: Duration = Duration::from_secs(10);
 /// A message that arrived before a receive for it was posted.
 pub(crate) struct Held {
     pub conn: ConnRef,
+    /// `Conn::serial` of `conn`: a slot reused since is another connection.
+    pub conn_serial: u64,
     pub peer: usize,
     pub tag: Tag,
     pub data: Vec<u8>,
@@ -264,7 +266,7 @@ impl VerbsPlugin {
         self.peers.release(h.peer);
         self.completions
             .push_back(Completion::received(op, kind, buf, source, h.tag));
-        if let Some(conn) = self.conn_mut(h.conn) {
+        if let Some(conn) = self.conn_mut(h.conn).filter(|c| c.serial == h.conn_serial) {
             conn.held = conn.held.saturating_sub(1);
             conn.credits.release_withheld();
             self.drain_msgs(h.conn);
@@ -321,6 +323,7 @@ impl VerbsPlugin {
                 }
                 let h = Held {
                     conn: cref,
+                    conn_serial: conn.serial,
                     peer,
                     tag,
                     data,

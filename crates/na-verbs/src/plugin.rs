@@ -85,6 +85,8 @@ pub struct VerbsPlugin {
     pub(crate) dev_attr: DeviceAttr,
     pub(crate) peers: PeerTable,
     pub(crate) conns: Vec<ConnSlot>,
+    /// Serial of the last connection made (see `Conn::serial`).
+    pub(crate) next_conn_serial: u64,
     pub(crate) conn_by_cm: HashMap<CmIdKey, ConnRef>,
     pub(crate) matching: Matching,
     pub(crate) ops: HashMap<OpId, OpLoc>,
@@ -187,6 +189,7 @@ impl VerbsPlugin {
             cfg,
             peers: PeerTable::default(),
             conns: Vec::new(),
+            next_conn_serial: 0,
             conn_by_cm: HashMap::new(),
             matching: Matching::default(),
             ops: HashMap::new(),
