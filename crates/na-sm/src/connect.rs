@@ -268,7 +268,7 @@ impl SmPlugin {
     }
 
     /// Puts the listener back and accepts what waited meanwhile.
-    fn resume_accepts(&mut self) {
+    pub(crate) fn resume_accepts(&mut self) {
         self.accept_pause = None;
         if let Some(l) = &self.listener {
             if let Err(e) = self.poll.add(l.as_raw_fd(), LISTENER_TOKEN) {

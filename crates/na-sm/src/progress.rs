@@ -16,6 +16,7 @@ use na_core::{Completion, NaError, OpId, OpKind, PluginStats, Report, Result, Ta
 
 use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
 use crate::conn::{QueuedSend, Role};
+use crate::connect::AcceptPause;
 use crate::matching::{Matcher, OpPlace};
 use crate::plugin::{SmPlugin, LISTENER_TOKEN, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
@@ -63,8 +64,15 @@ impl SmPlugin {
         let events_due = std::mem::take(&mut self.events_owed)
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
-            || self.accept_pause.is_some()
             || self.tick % EVENT_POLL_INTERVAL == 0;
+        // A listener paused for the queued-message bound goes on once the
+        // application took some (no event says so); the other pauses end
+        // with a handshake (its events are due) or at the timer.
+        if self.accept_pause == Some(AcceptPause::Queued)
+            && self.matcher.queued_arrivals < self.cfg.max_queued_total
+        {
+            self.resume_accepts();
+        }
         if events_due {
             self.poll_events()?;
             let dropped = self.matcher.drop_departed(self.cfg.departed_hold);
