@@ -59,8 +59,11 @@ impl BulkCtx<'_> {
     /// Refuses a transfer with a handle the caller does not own (unless
     /// allowed); inline pulls move nothing over the network and pass.
     fn check_owner(&self, op: BulkOp, remote: &Bulk) -> std::result::Result<(), String> {
-        let inline_pull = op == BulkOp::Pull && remote.desc().inline.is_some();
-        if self.any_owner || inline_pull || remote.local().is_some() || remote.owner() == self.origin.uri() {
+        // A handle of this process is copied in memory; a remote one's
+        // inline data is in its descriptor (a borrow: no copy here).
+        let here_or_inline =
+            remote.local().is_some() || (op == BulkOp::Pull && remote.desc().inline.is_some());
+        if self.any_owner || here_or_inline || remote.owner() == self.origin.uri() {
             return Ok(());
         }
         Err(format!(

@@ -220,14 +220,14 @@ impl<R: Registrar> Cache<R> {
             };
             let region = match self.register(s, e - s, a) {
                 Ok(r) => r,
-                // The merged span may be unregistrable where the request is
-                // not: the request alone, watched like any entry.
                 Err(err) => {
                     if let (Some(m), Some(w)) = (&sh.backend.monitor, &watch) {
                         m.unsubscribe(w);
                     }
                     if span != (addr, end, access) {
-                        // The request alone, watched like any entry.
+                        // The merged span may be unregistrable where the
+                        // request is not: the request alone, watched like
+                        // any entry.
                         if let Some(m) = sh.backend.monitor.as_deref() {
                             return self.watched_outside(m, addr, end, access, &sh.backend.stats.uncached);
                         }
