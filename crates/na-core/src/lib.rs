@@ -30,6 +30,7 @@ pub mod op;
 pub mod plugin;
 pub mod progress;
 pub mod rma;
+pub mod slab;
 #[allow(unsafe_code)]
 pub mod sys;
 
@@ -42,3 +43,4 @@ pub use op::{Completion, OpId, OpKind, Report, Tag};
 pub use plugin::{Plugin, PluginFactory, PluginRegistry, PluginStats};
 pub use progress::{deadline_after, ProgressMode, DEFAULT_ADAPTIVE_SPIN};
 pub use rma::{Rma, RmaDir};
+pub use slab::{TokenSlab, TokenState};

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use na_core::{Addr, PluginId};
+use na_core::{Addr, PluginId, TokenSlab};
 
 use crate::config::check_name;
 use crate::conn::Conn;
@@ -86,17 +86,11 @@ pub(crate) struct Peer {
     pub conns: Vec<Conn>,
 }
 
-struct Slot {
-    generation: u32,
-    peer: Option<Peer>,
-}
-
-/// Peers by token: a slot index (low 32 bits) plus a generation (high 32
-/// bits), so an address of a departed peer never reaches its successor.
+/// Peers in a [`TokenSlab`] (slot index plus generation, shared with
+/// na-verbs), so an address of a departed peer never reaches its successor.
 #[derive(Default)]
 pub(crate) struct PeerTable {
-    slots: Vec<Slot>,
-    free: Vec<usize>,
+    slab: TokenSlab<Peer>,
     /// Moves whenever a connection is attached or removed (see `epoch`).
     epoch: u64,
     by_name: HashMap<String, u64>,
@@ -104,30 +98,17 @@ pub(crate) struct PeerTable {
     by_serial: HashMap<u64, u64>,
 }
 
-fn token(idx: usize, generation: u32) -> u64 {
-    u64::from(generation) << 32 | idx as u64
-}
-
 impl PeerTable {
-    /// Reserves a token and inserts the peer built by `make(token)`.
+    /// Inserts a peer with no connection yet and returns its token.
     pub fn insert(&mut self, plugin: PluginId, name: SmName, pid: u32, is_self: bool) -> u64 {
-        let idx = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(Slot {
-                generation: 0,
-                peer: None,
-            });
-            self.slots.len() - 1
-        });
-        let slot = &mut self.slots[idx];
-        let tok = token(idx, slot.generation);
-        let addr = Addr::new(name.uri(), plugin, tok, is_self);
-        self.by_name.insert(name.key(), tok);
-        slot.peer = Some(Peer {
+        let key = name.key();
+        let (_, tok) = self.slab.insert_with(|tok| Peer {
+            addr: Addr::new(name.uri(), plugin, tok, is_self),
             name,
-            addr,
             pid,
             conns: Vec::new(),
         });
+        self.by_name.insert(key, tok);
         tok
     }
 
@@ -149,20 +130,12 @@ impl PeerTable {
 
     /// The peer with token `tok`, if still present.
     pub fn get(&self, tok: u64) -> Option<&Peer> {
-        let s = self.slots.get((tok & 0xffff_ffff) as usize)?;
-        if u64::from(s.generation) != tok >> 32 {
-            return None;
-        }
-        s.peer.as_ref()
+        self.slab.get(tok)
     }
 
     /// Mutable [`get`](Self::get).
     pub fn get_mut(&mut self, tok: u64) -> Option<&mut Peer> {
-        let s = self.slots.get_mut((tok & 0xffff_ffff) as usize)?;
-        if u64::from(s.generation) != tok >> 32 {
-            return None;
-        }
-        s.peer.as_mut()
+        self.slab.get_mut(tok)
     }
 
     /// Token of the peer named `key` (`<pid>-<instance>`).
@@ -177,14 +150,13 @@ impl PeerTable {
 
     /// Removes the peer; its slot gets a new generation.
     pub fn remove(&mut self, tok: u64) -> Option<Peer> {
-        self.get(tok)?;
+        let peer = self.slab.remove(tok)?;
         self.epoch += 1;
-        let idx = (tok & 0xffff_ffff) as usize;
-        let slot = &mut self.slots[idx];
-        let peer = slot.peer.take()?;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.free.push(idx);
-        self.by_name.remove(&peer.name.key());
+        let key = peer.name.key();
+        // A newer peer of the same name may own the name by now.
+        if self.by_name.get(&key) == Some(&tok) {
+            self.by_name.remove(&key);
+        }
         for c in &peer.conns {
             self.by_serial.remove(&c.serial);
         }
@@ -204,35 +176,32 @@ impl PeerTable {
     /// Number of peer slots (some may be empty): the range of
     /// [`slot_mut`](Self::slot_mut).
     pub fn slot_count(&self) -> usize {
-        self.slots.len()
+        self.slab.slot_count()
     }
 
     /// The peer in slot `idx`, if any.
     pub fn slot(&self, idx: usize) -> Option<&Peer> {
-        self.slots.get(idx)?.peer.as_ref()
+        self.slab.at(idx)
     }
 
     /// The peer in slot `idx`, if any, mutably.
     pub fn slot_mut(&mut self, idx: usize) -> Option<&mut Peer> {
-        self.slots.get_mut(idx)?.peer.as_mut()
+        self.slab.at_mut(idx)
     }
 
     /// All peers, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Peer> {
-        self.slots.iter_mut().filter_map(|s| s.peer.as_mut())
+        self.slab.iter_mut().map(|(_, p)| p)
     }
 
     /// All peers.
     pub fn iter(&self) -> impl Iterator<Item = &Peer> {
-        self.slots.iter().filter_map(|s| s.peer.as_ref())
+        self.slab.iter().map(|(_, p)| p)
     }
 
     /// All peers with their slot index, mutably.
     pub fn iter_slots_mut(&mut self) -> impl Iterator<Item = (usize, &mut Peer)> {
-        self.slots
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, s)| Some((i, s.peer.as_mut()?)))
+        self.slab.iter_mut()
     }
 }
 

@@ -1,11 +1,11 @@
 //! The peers that addresses name, by generational token, and the release
 //! of a dead peer's entry once nothing refers to it any more.
 //!
-//! An address handed out carries a token: the slot index (low 32 bits) and
-//! the slot's generation (high bits). A slot is reused only after its peer
+//! An address handed out carries a [`TokenSlab`] token (slot index and
+//! generation). A slot is reused only after its peer
 //! died and every connection and held message naming it is gone, with the
 //! next generation, so an old address never reaches the slot's successor:
-//! it gets [`Resolved::Released`] instead. Without this, every client that
+//! it gets [`TokenState::Released`] instead. Without this, every client that
 //! ever connected (and every reconnect after a death) would leave an entry
 //! behind for the plugin's lifetime.
 //!
@@ -19,14 +19,10 @@ use std::net::SocketAddr;
 use std::ops::{Index, IndexMut};
 use std::time::Instant;
 
-use na_core::{Addr, PluginId};
+use na_core::{Addr, PluginId, TokenSlab, TokenState};
 
 use crate::addr::canonical;
 use crate::conn::ConnRef;
-
-/// Generations stay below this, so no token is the plugin's self token
-/// (`u64::MAX`).
-const GEN_LIMIT: u32 = 1 << 31;
 
 /// A peer as named by addresses handed out.
 pub(crate) struct Peer {
@@ -43,36 +39,14 @@ pub(crate) struct Peer {
     refs: u32,
 }
 
-struct Slot {
-    generation: u32,
-    peer: Option<Peer>,
-}
-
-/// What an address token names.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Resolved {
-    /// The peer in this slot.
-    Peer(usize),
-    /// A peer of this table that died and was released since.
-    Released,
-    /// Never a token of this table.
-    Unknown,
-}
-
-/// Peers by slot, with a free list and the index by socket address.
+/// Peers in a [`TokenSlab`] (slots and generations, shared with na-sm),
+/// with the index by socket address.
 #[derive(Default)]
 pub(crate) struct PeerTable {
-    slots: Vec<Slot>,
-    free: Vec<usize>,
+    slab: TokenSlab<Peer>,
     /// Live peers by their listen address (dead ones are not found: a
     /// lookup after a death starts afresh).
     by_key: HashMap<SocketAddr, usize>,
-    /// Occupied slots.
-    entries: usize,
-}
-
-fn token(idx: usize, generation: u32) -> u64 {
-    u64::from(generation) << 32 | idx as u64
 }
 
 impl PeerTable {
@@ -86,17 +60,9 @@ impl PeerTable {
         if let Some(&i) = self.by_key.get(&key) {
             return (i, false);
         }
-        let idx = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(Slot {
-                generation: 0,
-                peer: None,
-            });
-            self.slots.len() - 1
-        });
-        let slot = &mut self.slots[idx];
         let uri = canonical(device, key);
-        slot.peer = Some(Peer {
-            addr: Addr::new(uri.clone(), plugin, token(idx, slot.generation), false),
+        let (idx, _) = self.slab.insert_with(|tok| Peer {
+            addr: Addr::new(uri.clone(), plugin, tok, false),
             uri,
             key,
             conn: None,
@@ -105,21 +71,12 @@ impl PeerTable {
             refs: 0,
         });
         self.by_key.insert(key, idx);
-        self.entries += 1;
         (idx, true)
     }
 
     /// What the token of an address of this plugin names.
-    pub fn resolve(&self, tok: u64) -> Resolved {
-        let (idx, generation) = ((tok & 0xffff_ffff) as usize, (tok >> 32) as u32);
-        let Some(slot) = self.slots.get(idx) else {
-            return Resolved::Unknown;
-        };
-        match &slot.peer {
-            Some(_) if slot.generation == generation => Resolved::Peer(idx),
-            _ if generation <= slot.generation => Resolved::Released,
-            _ => Resolved::Unknown,
-        }
+    pub fn resolve(&self, tok: u64) -> TokenState {
+        self.slab.resolve(tok)
     }
 
     /// Marks a peer dead: it is no longer found by its address, and its
@@ -159,35 +116,23 @@ impl PeerTable {
     }
 
     fn release_if_unused(&mut self, idx: usize) {
-        let Some(slot) = self.slots.get_mut(idx) else {
-            return;
-        };
-        let unused = slot
-            .peer
-            .as_ref()
-            .is_some_and(|p| p.refs == 0 && p.dead.is_some());
+        let unused = self.slab.at(idx).is_some_and(|p| p.refs == 0 && p.dead.is_some());
         if !unused {
             return;
         }
-        if let Some(p) = slot.peer.take() {
-            self.entries -= 1;
+        if let Some(p) = self.slab.remove_at(idx) {
             tracing::trace!(peer = %p.uri, "verbs: released a dead peer's entry");
-        }
-        slot.generation += 1;
-        // A slot whose generations are used up is never reused.
-        if slot.generation < GEN_LIMIT {
-            self.free.push(idx);
         }
     }
 
     /// Peer entries held (live, or dead and still referenced).
     pub fn len(&self) -> usize {
-        self.entries
+        self.slab.len()
     }
 
     /// The peer in slot `idx`, if any.
     pub fn get(&self, idx: usize) -> Option<&Peer> {
-        self.slots.get(idx)?.peer.as_ref()
+        self.slab.at(idx)
     }
 }
 
@@ -203,9 +148,8 @@ impl Index<usize> for PeerTable {
 
 impl IndexMut<usize> for PeerTable {
     fn index_mut(&mut self, idx: usize) -> &mut Peer {
-        self.slots[idx]
-            .peer
-            .as_mut()
+        self.slab
+            .at_mut(idx)
             .expect("a peer index is used only while referenced")
     }
 }
@@ -229,21 +173,21 @@ mod tests {
         t.acquire(a); // a held message
         t.mark_dead(a, "gone");
         assert_eq!(t.len(), 1, "still referenced");
-        assert_eq!(t.resolve(old_tok), Resolved::Peer(a));
+        assert_eq!(t.resolve(old_tok), TokenState::Live(a));
         t.release(a);
         assert_eq!(t.len(), 1);
         t.release(a);
         assert_eq!(t.len(), 0, "dead and unreferenced: released");
-        assert_eq!(t.resolve(old_tok), Resolved::Released);
+        assert_eq!(t.resolve(old_tok), TokenState::Released);
         // The same address starts afresh in the freed slot, new generation.
         let (b, new) = t.find_or_insert(PluginId(1), key(1), None);
         assert!(new);
         assert_eq!(b, a);
         assert_ne!(t[b].addr.token(), old_tok);
-        assert_eq!(t.resolve(old_tok), Resolved::Released);
-        assert_eq!(t.resolve(t[b].addr.token()), Resolved::Peer(b));
-        assert_eq!(t.resolve(token(7, 0)), Resolved::Unknown);
-        assert_eq!(t.resolve(token(b, 5)), Resolved::Unknown);
+        assert_eq!(t.resolve(old_tok), TokenState::Released);
+        assert_eq!(t.resolve(t[b].addr.token()), TokenState::Live(b));
+        assert_eq!(t.resolve(7), TokenState::Unknown);
+        assert_eq!(t.resolve(5 << 32 | b as u64), TokenState::Unknown);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::Duration;
 use na_core::sys::epoll::Epoll;
 use na_core::{
     Addr, Completion, MemHandle, MsgBuf, NaError, OpId, OpKind, Plugin, PluginId, PluginStats, RemoteMem,
-    Result, Rma, Tag,
+    Result, Rma, Tag, TokenState,
 };
 use na_regcache::Cache;
 
@@ -38,7 +38,7 @@ use crate::config::VerbsConfig;
 use crate::conn::{Conn, ConnRef, Outgoing};
 use crate::msg::Matching;
 use crate::msgbuf::BufPool;
-use crate::peers::{PeerTable, Resolved};
+use crate::peers::PeerTable;
 use crate::rma::RmaOp;
 use crate::sys::{
     CmId, CmIdKey, CompletionChannel, CompletionQueue, DeviceAttr, EventChannel, IbvRegistrar, PortSpace,
@@ -227,15 +227,15 @@ impl VerbsPlugin {
         let resolved = if a.plugin() == self.id {
             self.peers.resolve(a.token())
         } else {
-            Resolved::Unknown
+            TokenState::Unknown
         };
         match resolved {
-            Resolved::Peer(p) => Ok(p),
-            Resolved::Released => Err(NaError::PeerGone {
+            TokenState::Live(p) => Ok(p),
+            TokenState::Released => Err(NaError::PeerGone {
                 peer: a.uri().to_owned(),
                 reason: "it went earlier (disconnected or failed); look it up again to reconnect".into(),
             }),
-            Resolved::Unknown => Err(NaError::InvalidAddress {
+            TokenState::Unknown => Err(NaError::InvalidAddress {
                 uri: a.uri().to_owned(),
                 reason: if a.token() == SELF_TOKEN {
                     "this is the plugin's own address".into()
