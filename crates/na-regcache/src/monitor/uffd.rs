@@ -225,9 +225,16 @@ pub struct UffdCounters {
 /// Ranges whose REMOVE event was read recently (`madvise` drops the pages
 /// after the event): `(start, end, deadline)`, deadlines in ns since `epoch`.
 struct Settling {
-    ranges: [(usize, usize, u64); SETTLING_SLOTS],
+    /// Start, end, settle deadline (`u64::MAX` until armed) and the serial
+    /// of the mark that made it.
+    ranges: [(usize, usize, u64, u64); SETTLING_SLOTS],
     /// Everything is settling until then (the table overflowed).
     all_until: u64,
+    /// The serial of the latest mark that widened to everything.
+    all_mark: u64,
+    /// Marks made so far: a `sync` arms only the ranges marked before its
+    /// probe.
+    marks: u64,
 }
 
 /// The table of page ranges registered with the kernel and not unmapped since.
@@ -316,33 +323,49 @@ impl Shared {
     fn mark_settling(&self, start: usize, end: usize) {
         let mut st = self.settling.lock().unwrap_or_else(|p| p.into_inner());
         let now = self.now_ns();
+        st.marks += 1;
+        let mark = st.marks;
         match st.ranges.iter_mut().find(|r| r.2 <= now) {
-            Some(slot) => *slot = (start, end, u64::MAX),
-            None => st.all_until = u64::MAX,
+            Some(slot) => *slot = (start, end, u64::MAX, mark),
+            None => (st.all_until, st.all_mark) = (u64::MAX, mark),
         }
         self.settle_until.store(u64::MAX, SeqCst);
         self.settle_unarmed.store(true, SeqCst);
     }
 
-    /// Starts the settle time of ranges marked since the last call. The
-    /// caller saw `settle_unarmed` set and then found no change in flight.
-    fn arm_settling(&self) {
+    /// The serial of the latest mark: read before a probe, it bounds what
+    /// a quiet probe proves (see [`arm_settling`](Self::arm_settling)).
+    fn marks(&self) -> u64 {
+        self.settling.lock().unwrap_or_else(|p| p.into_inner()).marks
+    }
+
+    /// Starts the settle time of the ranges marked up to serial `upto`
+    /// (read before a probe that then found no change in flight: their
+    /// advising threads are awake). A range marked after that read stays
+    /// unarmed: its advising thread may still be asleep, and its settle
+    /// time must not start before a later probe shows it awake.
+    fn arm_settling(&self, upto: u64) {
         let mut guard = self.settling.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *guard;
-        self.settle_unarmed.store(false, SeqCst);
         let deadline = self.now_ns() + REMOVE_SETTLE.as_nanos() as u64;
         let mut latest = 0;
-        for d in st
+        let mut unarmed = false;
+        for (d, mark) in st
             .ranges
             .iter_mut()
-            .map(|r| &mut r.2)
-            .chain(std::iter::once(&mut st.all_until))
+            .map(|r| (&mut r.2, r.3))
+            .chain(std::iter::once((&mut st.all_until, st.all_mark)))
         {
             if *d == u64::MAX {
-                *d = deadline;
+                if mark <= upto {
+                    *d = deadline;
+                } else {
+                    unarmed = true;
+                }
             }
             latest = latest.max(*d);
         }
+        self.settle_unarmed.store(unarmed, SeqCst);
         self.settle_until.store(latest, SeqCst);
     }
 
@@ -359,7 +382,7 @@ impl Shared {
         let latest = st
             .ranges
             .iter()
-            .filter(|&&(s, e, _)| s < end && e > start)
+            .filter(|&&(s, e, _, _)| s < end && e > start)
             .map(|r| r.2)
             .chain(std::iter::once(st.all_until))
             .filter(|&d| d > now)
@@ -373,17 +396,20 @@ impl Shared {
     /// [`Monitor::sync`] (`in_flight` false) or [`Monitor::sync_in_flight`].
     /// Afterwards, if a REMOVE range (perhaps marked in the round just
     /// waited for) waits for its settle time to start, probes and starts it:
-    /// the flag is loaded before the probe, so a quiet probe proves the
-    /// advising thread awake.
+    /// the flag and the mark serial are loaded before the probe, so a quiet
+    /// probe proves the advising threads of the ranges marked by then
+    /// awake (and only theirs: a REMOVE read during the probe waits for
+    /// the next sync).
     fn sync(&self, in_flight: bool) {
         if in_flight {
             self.wait_in_flight();
         }
         self.wait_rounds();
         if self.settle_unarmed.load(SeqCst) {
+            let upto = self.marks();
             self.counters[8].fetch_add(1, SeqCst);
             self.wait_changes_read();
-            self.arm_settling();
+            self.arm_settling(upto);
         }
     }
 
@@ -582,8 +608,10 @@ impl UffdMonitor {
             settle_until: AtomicU64::new(0),
             settle_unarmed: AtomicBool::new(false),
             settling: Mutex::new(Settling {
-                ranges: [(0, 0, 0); SETTLING_SLOTS],
+                ranges: [(0, 0, 0, 0); SETTLING_SLOTS],
                 all_until: 0,
+                all_mark: 0,
+                marks: 0,
             }),
         });
         let for_thread = Arc::clone(&shared);
@@ -802,5 +830,59 @@ fn handle(s: &Shared, ev: UffdEvent) {
         UffdEvent::Pagefault { .. } | UffdEvent::Fork | UffdEvent::Unknown(_) => {
             s.counters[3].fetch_add(1, SeqCst);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn monitor() -> UffdMonitor {
+        UffdMonitor::new()
+            .expect("userfaultfd with UNMAP/REMOVE/REMAP events (root, or vm.unprivileged_userfaultfd=1)")
+    }
+
+    fn armed(s: &Shared, start: usize) -> bool {
+        s.is_settling(start, start + 0x1000)
+            .is_some_and(|d| d > Duration::ZERO && d <= REMOVE_SETTLE)
+    }
+
+    #[test]
+    fn a_remove_read_after_a_sync_loaded_its_marks_is_not_armed_by_that_sync() {
+        let m = monitor();
+        let s = &*m.shared;
+        s.mark_settling(0x10000, 0x11000);
+        let upto = s.marks();
+        // The reader reads another REMOVE between the sync's load and its
+        // quiet probe: that probe says nothing about the new advising thread.
+        s.mark_settling(0x50000, 0x51000);
+        s.arm_settling(upto);
+        assert!(armed(s, 0x10000));
+        assert_eq!(
+            s.is_settling(0x50000, 0x51000),
+            Some(Duration::ZERO),
+            "armed too early"
+        );
+        assert!(s.settle_unarmed.load(SeqCst), "the next sync must arm it");
+        s.sync(false);
+        assert!(armed(s, 0x50000));
+        assert!(!s.settle_unarmed.load(SeqCst));
+    }
+
+    #[test]
+    fn an_overflowing_mark_after_the_load_keeps_everything_unarmed() {
+        let m = monitor();
+        let s = &*m.shared;
+        for i in 0..SETTLING_SLOTS {
+            s.mark_settling(0x100000 * (i + 1), 0x100000 * (i + 1) + 0x1000);
+        }
+        let upto = s.marks();
+        s.mark_settling(0x7000_0000, 0x7000_1000); // no slot left: everything
+        s.arm_settling(upto);
+        assert_eq!(s.is_settling(0x7000_0000, 0x7000_1000), Some(Duration::ZERO));
+        assert_eq!(s.is_settling(0x100000, 0x101000), Some(Duration::ZERO));
+        s.sync(false);
+        assert!(armed(s, 0x7000_0000));
+        assert!(armed(s, 0x100000));
     }
 }
