@@ -238,6 +238,13 @@ impl<C: Codec> Engine<C> {
     pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
         self.calls.get(id.0)?.outcome.as_ref()?;
         let outcome = self.calls.remove(id.0)?.outcome?;
+        // A self-forward's cookie marks work for `progress` until `trigger`;
+        // taken here, it is done (the async API never triggers for it).
+        if !self.finished_self.is_empty() {
+            if let Some(i) = self.finished_self.iter().rposition(|&c| c == id.0) {
+                self.finished_self.remove(i);
+            }
+        }
         let r = outcome.and_then(|payload| {
             self.codec
                 .decode::<R::Output>(&payload)
@@ -382,6 +389,9 @@ impl<C: Codec> Engine<C> {
                 response_outcome(call.rpc, h.rpc_id, *h, p)
             }
         } else if h.status != Status::Ok {
+            // Error messages are cut to fit a message (see `respond`); only
+            // a broken target spills one. Its output is not wanted.
+            self.release_output(src, cookie);
             Err(RpcError::Malformed {
                 reason: "a spilled response must have status ok".into(),
             })
@@ -412,6 +422,11 @@ impl<C: Codec> Engine<C> {
         let Some(call) = self.calls.get_mut(cookie) else {
             return;
         };
+        if call.outcome.is_some() {
+            // Filed already (the peer's death, then its pull's failure):
+            // the first outcome stands, and is logged once.
+            return;
+        }
         // The target is done with a spilled input: its buffer serves the
         // next large input (or pull) instead of being freed.
         let spill = call.spill.take();

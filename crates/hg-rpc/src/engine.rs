@@ -40,8 +40,8 @@ pub const RECV_MODE_ENV: &str = "QS_RPC_RECV";
 /// Default for [`Engine::set_spare_bytes`].
 pub const DEFAULT_SPARE_BYTES: usize = 16 << 20;
 
-/// Default largest spilled input a target accepts (see
-/// [`Engine::set_max_spill`]).
+/// Default largest spilled input a target accepts, and spilled output an
+/// origin accepts (see [`Engine::set_max_spill`]).
 pub const DEFAULT_MAX_SPILL: u64 = 64 << 20;
 
 /// Default of [`Engine::set_max_pull_bytes`]: 16 pulls of the largest
@@ -56,7 +56,7 @@ mod bulk_ops;
 #[path = "call_ops.rs"]
 mod call_ops;
 #[path = "serve_ops.rs"]
-mod serve_ops;
+pub(crate) mod serve_ops;
 pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW};
 
 struct Handler {
@@ -390,7 +390,10 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Registers `handler` for RPC `R`. A second registration of the same
-    /// name, or a different name with the same id, is an error.
+    /// name, or a different name with the same id, is an error. An `Err`
+    /// the handler returns reaches the caller as [`RpcError::Handler`]
+    /// (cut to fit one message if it is longer); so does a panic in it,
+    /// and the engine serves on.
     pub fn register<R: Rpc>(
         &mut self,
         mut handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
@@ -496,8 +499,12 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// Largest spilled input this engine pulls as a target; bigger ones are
-    /// refused with a decode error (a peer cannot make us allocate more).
+    /// Largest spilled data this engine pulls: an input as a target (a
+    /// bigger one is answered with a decode error) and an output as an
+    /// origin (a call whose output is bigger fails with
+    /// [`RpcError::Decode`] naming the limit). A peer cannot make us
+    /// allocate more; raise it on the calling side too for RPCs that
+    /// return more than [`DEFAULT_MAX_SPILL`].
     pub fn set_max_spill(&mut self, bytes: u64) {
         self.max_spill = bytes;
     }
@@ -540,12 +547,54 @@ impl<C: Codec> Engine<C> {
 
     /// Waits (per the endpoint's progress mode) until network work is
     /// ready or `timeout` passes.
+    ///
+    /// A spilled output or abandoned input whose TTL ends before `timeout`
+    /// ends the wait early, so that the next [`trigger`](Self::trigger)
+    /// lets it go even when no traffic comes.
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
         self.repost_buffers()?;
         if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() || !self.deferred.is_empty() {
             return Ok(self.ep.pending_completions());
         }
+        let timeout = match self.next_expiry() {
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                Some(timeout.map_or(left, |t| t.min(left)))
+            }
+            None => timeout,
+        };
         Ok(self.ep.progress(timeout)?)
+    }
+
+    /// Counts a call that failed at the origin outside [`Engine::call`] and
+    /// [`Engine::take_response`] (the async API's send failures and timeouts).
+    pub(crate) fn count_error(&mut self) {
+        self.stats.errors += 1;
+    }
+
+    /// When the next spilled output or abandoned input expires (no sooner
+    /// than the next sweep may run), if any is kept: a driver that sleeps
+    /// wakes then and calls [`trigger`](Self::trigger).
+    pub(crate) fn next_expiry(&self) -> Option<Instant> {
+        if self.exposed.is_empty() && self.abandoned_hint == 0 {
+            return None;
+        }
+        let outputs = self
+            .exposed
+            .values()
+            .filter_map(|(_, t)| t.checked_add(SPILLED_OUTPUT_TTL));
+        let ttl = self.abandoned_ttl;
+        let inputs = self
+            .calls
+            .iter()
+            .filter(|_| self.abandoned_hint > 0)
+            .filter_map(|(_, c)| c.abandoned?.checked_add(ttl));
+        let next = outputs.chain(inputs).min()?;
+        // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
+        let sweep = self
+            .last_sweep
+            .checked_add(SWEEP_EVERY + Duration::from_millis(1))?;
+        Some(next.max(sweep))
     }
 
     /// Handles every completion that is ready: runs handlers for requests
@@ -654,7 +703,15 @@ impl<C: Codec> Engine<C> {
             return Ok(());
         };
         match role {
-            OpRole::Watch(token) => self.watch_ended(token, c.status),
+            OpRole::Watch(token) => {
+                // A peer's last messages (a response sent just before it
+                // exited, say) were kept for us to take in pull mode: they
+                // come before its death, or the death would fail their calls.
+                if self.pull && c.status.is_err() {
+                    self.take_pulled()?;
+                }
+                self.watch_ended(token, c.status)
+            }
             OpRole::Bulk(id) => {
                 self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
             }

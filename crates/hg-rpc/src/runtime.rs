@@ -36,6 +36,9 @@ struct Shared {
     async_handlers: Mutex<FastMap<u64, AsyncHandler>>,
     /// Scratch for the engine's finished calls (see `notify_finished`).
     finished: Mutex<Vec<CallId>>,
+    /// Wakes the sleeping driver to look at the engine's expiries again
+    /// (a call abandoned since it went to sleep may keep its input).
+    rearm: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -80,13 +83,19 @@ impl Shared {
                 e.respond_deferred(req, Err("no async handler installed".into()));
                 continue;
             };
-            let shared = self.clone();
+            // Weak: a handler still running when the AsyncEngine is dropped
+            // does not keep the engine (its listener, connections, shared
+            // memory) alive; its answer is dropped.
+            let shared = Arc::downgrade(self);
             tokio::spawn(async move {
                 let mut req = req;
                 // The handler owns the input; answering needs only the
                 // request's header and source.
                 let input = std::mem::take(&mut req.payload);
                 let result = answer_even_if_it_panics(&handler, input).await;
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
                 let mut e = shared.engine();
                 e.respond_deferred(req, result);
                 shared.notify_finished(&mut e);
@@ -105,12 +114,10 @@ async fn answer_even_if_it_panics(
     use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::task::Poll;
     let panicked = |payload: Box<dyn std::any::Any + Send>| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a non-string payload".into());
-        format!("the handler panicked: {what}")
+        format!(
+            "the handler panicked: {}",
+            crate::engine::serve_ops::panic_text(&*payload)
+        )
     };
     // AssertUnwindSafe: after a panic the future is never polled again and
     // the handler's state is dropped; only the error leaves.
@@ -147,6 +154,7 @@ impl AsyncEngine {
             waiters: Mutex::new(FastMap::default()),
             async_handlers: Mutex::new(FastMap::default()),
             finished: Mutex::new(Vec::new()),
+            rearm: tokio::sync::Notify::new(),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
@@ -155,7 +163,11 @@ impl AsyncEngine {
         Ok(AsyncEngine { shared, driver })
     }
 
-    /// Registers a handler (see [`Engine::register`]).
+    /// Registers a handler (see [`Engine::register`]). It runs on the
+    /// driver with the engine locked, so it must not call this
+    /// `AsyncEngine` (that would deadlock); a handler that does, or that
+    /// takes long, belongs in [`register_async`](Self::register_async).
+    /// A panic in it answers the caller with a handler error.
     pub fn register<R: Rpc>(
         &self,
         handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
@@ -171,7 +183,6 @@ impl AsyncEngine {
         F: Fn(R::Input) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<R::Output, String>> + Send + 'static,
     {
-        self.shared.engine().register_deferred::<R>()?;
         let handler = Arc::new(handler);
         let run: AsyncHandler = Arc::new(move |payload: Vec<u8>| {
             let handler = handler.clone();
@@ -187,6 +198,11 @@ impl AsyncEngine {
                 Ok(out)
             })
         });
+        // Both under the engine lock, which the driver holds while it hands
+        // requests to handlers: none sees the RPC registered without its
+        // handler installed.
+        let mut e = self.shared.engine();
+        e.register_deferred::<R>()?;
         self.shared
             .async_handlers
             .lock()
@@ -215,7 +231,7 @@ impl AsyncEngine {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut e = self.shared.engine();
-            let id = e.forward::<R>(dest, input)?;
+            let id = e.forward::<R>(dest, input).inspect_err(|_| e.count_error())?;
             // A self-forward to an async handler is answered by a task.
             self.shared.spawn_deferred(&mut e);
             // A self-forward to a plain handler finished right here: its id
@@ -242,16 +258,24 @@ impl AsyncEngine {
                 r.unwrap_or_else(|| Err(lost(R::NAME)))
             }
             Ok(Err(_)) => Err(lost(R::NAME)),
-            Err(_) => Err(RpcError::Timeout {
-                rpc: R::NAME.into(),
-                millis: timeout.as_millis(),
-            }),
+            Err(_) => {
+                self.shared.engine().count_error();
+                Err(RpcError::Timeout {
+                    rpc: R::NAME.into(),
+                    millis: timeout.as_millis(),
+                })
+            }
         }
     }
 
     /// Sends a one-way request.
     pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
-        self.shared.engine().forward_one_way::<R>(dest, input)
+        let mut e = self.shared.engine();
+        e.forward_one_way::<R>(dest, input)?;
+        // A one-way self-forward to an async handler runs as a task now
+        // (no network event would wake the driver for it).
+        self.shared.spawn_deferred(&mut e);
+        Ok(())
     }
 }
 
@@ -281,22 +305,21 @@ impl Drop for Abandon<'_> {
             let mut e = self.shared.engine();
             self.shared.waiters().remove(&self.id);
             e.abandon(self.id);
+            if e.next_expiry().is_some() {
+                // Kept (its target may still pull the input): the driver
+                // must wake for its TTL.
+                self.shared.rearm.notify_one();
+            }
         }
     }
 }
 
 async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
+    // Work first, then sleep: the engine may have been used before it was
+    // spawned (its plugins disarmed, their messages waiting without a
+    // signal), and only `try_wait` arms them for the fd to wake us.
     loop {
-        let mut ready = match afd.readable().await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(error = %e, "hg-rpc driver: waiting on the endpoint fd failed");
-                return;
-            }
-        };
-        // Clear first, then work until the plugins agree to sleep: an event
-        // after the clear sets readiness again, so none is lost.
-        ready.clear_ready();
+        let expiry;
         loop {
             let sleep = {
                 let mut e = shared.engine();
@@ -305,12 +328,44 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
                 }
                 shared.spawn_deferred(&mut e);
                 shared.notify_finished(&mut e);
-                e.try_wait()
+                if e.try_wait() {
+                    Some(e.next_expiry())
+                } else {
+                    None
+                }
             };
-            if sleep {
+            if let Some(at) = sleep {
+                expiry = at;
                 break;
             }
             tokio::task::yield_now().await;
+        }
+        // Sleeps until the fd is readable, or until a kept spilled output
+        // or abandoned input expires (then `trigger` lets it go: without
+        // this, only the next traffic would).
+        let wake = async {
+            tokio::select! {
+                r = afd.readable() => Some(r),
+                () = shared.rearm.notified() => None,
+            }
+        };
+        let readable = match expiry {
+            None => wake.await,
+            Some(at) => tokio::time::timeout_at(tokio::time::Instant::from_std(at), wake)
+                .await
+                .ok()
+                .flatten(),
+        };
+        if let Some(readable) = readable {
+            match readable {
+                // Clear first, then work until the plugins agree to sleep:
+                // an event after the clear sets readiness again.
+                Ok(mut ready) => ready.clear_ready(),
+                Err(e) => {
+                    tracing::error!(error = %e, "hg-rpc driver: waiting on the endpoint fd failed");
+                    return;
+                }
+            }
         }
     }
 }

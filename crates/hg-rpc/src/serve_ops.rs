@@ -90,9 +90,18 @@ impl<C: Codec> Engine<C> {
                 // Only for a subscriber that wants it (see `forward`).
                 let _span = tracing::level_enabled!(tracing::Level::DEBUG)
                     .then(|| tracing::debug_span!("rpc handle", rpc = *name, cookie = h.cookie).entered());
-                match run(&mut ctx, payload) {
-                    Ok(out) => (Status::Ok, out),
-                    Err((status, message)) => (status, message.into_bytes()),
+                // A panic becomes a handler error: the caller is answered,
+                // and the engine (and a tokio driver running it) lives on.
+                // AssertUnwindSafe: the handler stays registered; state it
+                // left half-updated is its own (as with a std thread pool).
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut ctx, payload)));
+                match ran {
+                    Ok(Ok(out)) => (Status::Ok, out),
+                    Ok(Err((status, message))) => (status, message.into_bytes()),
+                    Err(p) => (
+                        Status::HandlerError,
+                        format!("the handler of {name} panicked: {}", panic_text(&*p)).into_bytes(),
+                    ),
                 }
             }
         };
@@ -122,6 +131,13 @@ impl<C: Codec> Engine<C> {
             return Ok(());
         }
         if h.flags & FLAG_SPILL != 0 {
+            if !self.handlers.contains_key(&h.rpc_id) {
+                // Answered before anything is pulled: an unknown RPC must not
+                // make us allocate and copy its (up to `max_spill`) input.
+                self.stats.handled += 1;
+                self.respond(src, response_header(&h, Status::UnknownRpc), Vec::new());
+                return Ok(());
+            }
             if let Err(reason) = self.start_pull(src, &h, payload, false) {
                 self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());
             }
@@ -206,8 +222,13 @@ impl<C: Codec> Engine<C> {
 
     /// Sends a response. An output over the eager limit is exposed and
     /// described instead (the origin pulls it, then releases it).
-    pub(super) fn respond(&mut self, src: &Addr, h: Header, out: Vec<u8>) {
+    /// An error message over the limit is cut to fit instead (the origin
+    /// takes a spilled response as an output only).
+    pub(super) fn respond(&mut self, src: &Addr, h: Header, mut out: Vec<u8>) {
         let (h, out) = if HEADER_LEN + out.len() <= self.max_msg {
+            (h, out)
+        } else if h.status != Status::Ok {
+            truncate_message(&mut out, self.max_msg.saturating_sub(HEADER_LEN));
             (h, out)
         } else {
             match spill::expose(&mut self.ep, self.plugin, out) {
@@ -246,6 +267,47 @@ impl<C: Codec> Engine<C> {
                 if h.flags & FLAG_SPILL != 0 {
                     self.exposed.remove(&(src.token(), h.cookie));
                 }
+            }
+        }
+    }
+}
+
+/// The text of a panic's payload (what `panic!` was given).
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string payload".into())
+}
+
+/// Cuts the UTF-8 error message `msg` to at most `max` bytes, at a
+/// character boundary, saying how long it was.
+fn truncate_message(msg: &mut Vec<u8>, max: usize) {
+    let note = format!(" [... cut from {} bytes]", msg.len());
+    let mut keep = max.saturating_sub(note.len());
+    while keep > 0 && msg.get(keep).is_some_and(|b| b & 0xc0 == 0x80) {
+        keep -= 1;
+    }
+    msg.truncate(keep);
+    if note.len() <= max {
+        msg.extend_from_slice(note.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate_message;
+
+    #[test]
+    fn a_cut_message_fits_stays_utf8_and_says_how_long_it_was() {
+        for max in [0, 5, 30, 31, 32, 100] {
+            let mut m = "é".repeat(100).into_bytes();
+            truncate_message(&mut m, max);
+            assert!(m.len() <= max, "{max}: {}", m.len());
+            let s = String::from_utf8(m).expect("valid UTF-8");
+            if max >= 40 {
+                assert!(s.starts_with('é') && s.ends_with("cut from 200 bytes]"), "{s}");
             }
         }
     }

@@ -277,3 +277,155 @@ async fn sends_queued_while_the_driver_sleeps_still_go() {
         }
     }
 }
+
+/// An engine over a new sm plugin in `dir`, driven by tokio.
+fn local(dir: &std::path::Path, listen: bool) -> AsyncEngine {
+    let (ep, id) = common::endpoint(dir, listen);
+    AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
+}
+
+/// An engine used with the blocking API before it is spawned: its plugin
+/// was disarmed by that use (a peer writing a response sends no signal),
+/// so the driver must arm it before its first sleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_used_before_it_was_spawned_still_gets_responses() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    for mode in [
+        ProgressMode::Blocking,
+        ProgressMode::Busy,
+        ProgressMode::default(),
+    ] {
+        let (srv, engine) = setup("used-before", mode);
+        drop(engine);
+        let (ep, id) = common::endpoint(&srv.2, false);
+        let mut blocking = Engine::new(ep, id).unwrap();
+        let s = blocking.endpoint().lookup(&srv.1).unwrap();
+        assert_eq!(blocking.call::<Add>(&s, &(1, 2), T).unwrap(), 3);
+        let engine = AsyncEngine::spawn(blocking).unwrap();
+        let r = engine.call::<Add>(&s, &(3, 4), Duration::from_secs(3)).await;
+        assert_eq!(r.unwrap(), 7, "{mode:?}");
+    }
+}
+
+/// Under the tokio driver a panicking plain handler answers its caller
+/// with a handler error, and the driver keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_does_not_stop_the_driver() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-panic");
+    let server = local(&dir, true);
+    server.register::<Sleep>(|_| panic!("handler bug")).unwrap();
+    server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
+    let client = local(&dir, false);
+    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    match client.call::<Sleep>(&s, &1, T).await {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains("handler bug"), "{message}"),
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    assert_eq!(client.call::<Add>(&s, &(5, 6), T).await.unwrap(), 11);
+}
+
+/// A one-way call to our own address with an async handler runs the
+/// handler with no other traffic to wake the driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_way_self_call_to_an_async_handler_runs() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-self-one-way");
+    let engine = local(&dir, false);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    engine
+        .register_async::<Record, _, _>(move |n| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(n);
+                Ok(())
+            }
+        })
+        .unwrap();
+    engine.call_one_way::<Record>(&engine.self_addr(), &42).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await;
+    assert_eq!(got.expect("the handler never ran"), Some(42));
+}
+
+/// The async API counts timeouts and failed sends in `errors`, as the
+/// blocking `call` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_timeouts_count_as_errors() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (srv, engine) = setup("async-errors", ProgressMode::default());
+    let s = engine.lookup(&srv.1).unwrap();
+    let r = engine.call::<Sleep>(&s, &500, Duration::from_millis(50)).await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!(engine.stats().errors, 1, "{:?}", engine.stats());
+}
+
+/// A call with a spilled input to a target that takes it and never
+/// answers: after the call timed out, the input stays exposed only for
+/// the abandoned-input TTL, even with no traffic to wake the driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_driver_still_lets_abandoned_inputs_go() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-idle-sweep");
+    // A silent target: accepts the connection, reads nothing, stays alive.
+    let (mut x, xid) = common::endpoint(&dir, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_x = stop.clone();
+    let target = std::thread::spawn(move || {
+        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
+            x.progress(Some(Duration::from_millis(10))).unwrap();
+        }
+    });
+    let (ep, id) = common::endpoint(&dir, false);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.set_abandoned_input_ttl(Duration::from_millis(300));
+    let engine = AsyncEngine::spawn(e).unwrap();
+    let s = engine.lookup(&x_uri).unwrap();
+    let r = engine
+        .call::<Echo>(&s, &vec![7u8; 64 << 10], Duration::from_millis(100))
+        .await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
+    // TTL 300 ms, sweeps at most once a second: well within 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stats = engine.stats();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    target.join().unwrap();
+    assert_eq!(stats.abandoned_inputs, 0, "kept while idle: {stats:?}");
+}
+
+/// Dropping the AsyncEngine while an async handler still runs releases
+/// the engine (its listening socket goes) instead of keeping it until the
+/// handler ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_engine_does_not_wait_for_running_handlers() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-drop");
+    let server = local(&dir, true);
+    server
+        .register_async::<Sleep, _, _>(|_| std::future::pending())
+        .unwrap();
+    let client = local(&dir, false);
+    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    let r = client.call::<Sleep>(&s, &0, Duration::from_millis(200)).await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    let sockets = || {
+        std::fs::read_dir(&*dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "sock")
+            })
+            .count()
+    };
+    assert_eq!(sockets(), 1, "the server's socket");
+    drop(server);
+    let end = Instant::now() + Duration::from_secs(3);
+    while sockets() > 0 {
+        assert!(Instant::now() < end, "the dropped engine's socket is still there");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

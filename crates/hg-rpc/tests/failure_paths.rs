@@ -1,0 +1,173 @@
+//! How calls end when something goes wrong on the target's side: it exits
+//! right after answering, its handler fails with a long message or
+//! panics, or the RPC it is sent does not exist. Two engines in one test
+//! process over real sm plugins, each driven by hand.
+
+use std::time::{Duration, Instant};
+
+use hg_rpc::{CallId, Engine, Rpc, RpcError};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+mod common;
+use common::{client, dir, endpoint};
+
+const T: Duration = Duration::from_secs(10);
+
+/// A server engine (listening) with `Add`, `Echo` and `Fail` registered.
+fn server(d: &std::path::Path) -> Engine {
+    let (ep, sid) = endpoint(d, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    srv.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
+    srv.register::<Echo>(Ok).unwrap();
+    srv.register::<Fail>(Err).unwrap();
+    srv
+}
+
+/// Drives `c` until call `id` of `R` has its result.
+fn wait<R: Rpc>(c: &mut Engine, id: CallId) -> hg_rpc::Result<R::Output> {
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "no result within {T:?}");
+        if let Some(r) = c.take_response::<R>(id) {
+            return r;
+        }
+        c.progress(Some(Duration::from_millis(20))).unwrap();
+        c.trigger().unwrap();
+    }
+}
+
+/// Drives `srv` alone until it handled `n` requests in all.
+fn serve_until(srv: &mut Engine, n: u64) {
+    let end = Instant::now() + T;
+    while srv.stats().handled < n {
+        assert!(Instant::now() < end, "the server handled {:?}", srv.stats());
+        srv.progress(Some(Duration::from_millis(5))).unwrap();
+        srv.trigger().unwrap();
+    }
+}
+
+/// Calls `R` from `c` on `srv`, driving both, and returns the result.
+fn call<R: Rpc>(c: &mut Engine, srv: &mut Engine, input: &R::Input) -> hg_rpc::Result<R::Output> {
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let id = c.forward::<R>(&s, input).unwrap();
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "no result within {T:?}");
+        if let Some(r) = c.take_response::<R>(id) {
+            return r;
+        }
+        for e in [&mut *c, &mut *srv] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+    }
+}
+
+/// A target answers and exits at once (a "shutdown" RPC, say): the origin
+/// notices the hang-up in the same pass that brings the response, and the
+/// call must still get its answer, not `PeerGone` (pull mode kept the
+/// peer's last messages but filed its death first).
+#[test]
+fn a_response_sent_just_before_the_target_exits_is_the_call_s_result() {
+    for round in 0..3 {
+        let d = dir(&format!("last-words-{round}"));
+        let mut srv = server(&d);
+        let mut c = client(&d);
+        // Connected and watched both ways.
+        assert_eq!(call::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
+        let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+        let id = c.forward::<Add>(&s, &(1, 2)).unwrap();
+        // Only the server runs: the response waits in the client's ring.
+        serve_until(&mut srv, 2);
+        drop(srv);
+        std::thread::sleep(Duration::from_millis(50));
+        // What the tokio driver does before it sleeps: the plugin reads the
+        // hang-up (and keeps the peer's unread response) in this check.
+        assert!(!c.try_wait(), "a response and a hang-up are waiting");
+        let r = wait::<Add>(&mut c, id);
+        assert_eq!(r.unwrap(), 3, "round {round}");
+        assert_eq!(c.stats().malformed, 0, "{:?}", c.stats());
+    }
+}
+
+/// A handler error longer than a message is cut to fit, not spilled: the
+/// caller gets `Handler` with the start of the message and how long it
+/// was, and the target keeps nothing exposed for it.
+#[test]
+fn a_long_handler_error_is_cut_to_fit_and_nothing_stays_exposed() {
+    let d = dir("long-error");
+    let mut srv = server(&d);
+    let mut c = client(&d);
+    let long = "é".repeat(10_000); // 20,000 bytes, more than an sm message
+    match call::<Fail>(&mut c, &mut srv, &long) {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.starts_with("éé"), "{message:.40}");
+            assert!(message.ends_with("cut from 20000 bytes]"), "{message}");
+            assert!(message.len() < 8192, "{}", message.len());
+        }
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    assert_eq!(srv.stats().exposed_outputs, 0, "{:?}", srv.stats());
+    // An error that fits travels whole.
+    match call::<Fail>(&mut c, &mut srv, &"short".to_string()) {
+        Err(RpcError::Handler { message, .. }) => assert_eq!(message, "short"),
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+}
+
+/// A panicking handler answers its caller with a handler error, and the
+/// engine serves the next call.
+#[test]
+fn a_panicking_handler_answers_with_an_error_and_the_engine_lives_on() {
+    let d = dir("panic");
+    let mut srv = server(&d);
+    srv.register::<Sleep>(|ms| {
+        if ms == 0 {
+            panic!("told to panic");
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut c = client(&d);
+    match call::<Sleep>(&mut c, &mut srv, &0) {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.contains("panicked: told to panic"), "{message}")
+        }
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    assert_eq!(call::<Add>(&mut c, &mut srv, &(4, 5)).unwrap(), 9);
+}
+
+/// An RPC the target does not have, with a spilled (1 MiB) input, is
+/// answered `UnknownRpc` without pulling the input first.
+#[test]
+fn an_unknown_rpc_s_spilled_input_is_not_pulled() {
+    struct Missing;
+    impl Rpc for Missing {
+        const NAME: &'static str = "test.failure_paths.missing";
+        type Input = Vec<u8>;
+        type Output = ();
+    }
+    let d = dir("unknown-spill");
+    let mut srv = server(&d);
+    let sid = srv.endpoint().plugin_ids().next().unwrap();
+    let mut c = client(&d);
+    match call::<Missing>(&mut c, &mut srv, &vec![1u8; 1 << 20]) {
+        Err(RpcError::UnknownRpc { .. }) => {}
+        other => panic!("expected UnknownRpc, got {other:?}"),
+    }
+    let pulled = srv.endpoint().plugin(sid).unwrap().stats().get_bytes;
+    assert_eq!(
+        pulled, 0,
+        "the server pulled the input of an RPC it does not have"
+    );
+    assert_eq!(
+        c.stats().abandoned_inputs + c.stats().in_flight,
+        0,
+        "{:?}",
+        c.stats()
+    );
+}
