@@ -40,12 +40,15 @@ BUILD_PKGS=(build-essential pkg-config
 # rdma-core libraries.  The soft-RoCE VM runs the host's userland, so these
 # are also what the guest uses.
 RDMA_RUNTIME_PKGS=(ibverbs-providers libibverbs1 librdmacm1)
-# tools/rxe-vm/run-in-rxe-vm.sh: busybox for the initramfs, kmod for
-# depmod/modprobe, xz to unpack the kernel, iproute2 for `ip`/`rdma`/`ss`,
-# and the standard RDMA tools its --selftest runs.  The script installs these
-# itself when missing; installing them here keeps test runs offline.
-RXE_VM_PKGS=(busybox-static kmod xz-utils iproute2 util-linux coreutils
-             ibverbs-utils rdmacm-utils perftest)
+# tools/rxe-vm/run-in-rxe-vm.sh: kmod for depmod/modprobe, xz to unpack the
+# kernel, iproute2 for `ip`/`rdma`/`ss`, and the standard RDMA tools its
+# --selftest runs.  The script installs these itself when missing;
+# installing them here keeps test runs offline.  (Its static busybox is
+# unpacked privately when /bin/busybox is not static: busybox-static
+# conflicts with the `busybox` package, and this script never removes one.)
+# python3: scripts/test-verbs.sh reads cargo's JSON messages with it.
+RXE_VM_PKGS=(kmod xz-utils iproute2 util-linux coreutils
+             ibverbs-utils rdmacm-utils perftest python3)
 PKGS=("${BUILD_PKGS[@]}" "${RDMA_RUNTIME_PKGS[@]}" "${RXE_VM_PKGS[@]}")
 # Rust toolchain components the test command uses (cargo fmt, cargo clippy).
 RUST_COMPONENTS=(rustfmt clippy)

@@ -114,9 +114,10 @@ CACHE_DIR=$(realpath "$CACHE_DIR")
 
 # ---------------------------------------------------------- host packages --
 # Runtime tools used on the host *and* inside the guest (the guest runs the
-# host's userland): busybox (initramfs), kmod (depmod/modprobe), iproute2
-# (ip, rdma), the rxe verbs provider, and the usual RDMA test tools.
-HOST_PKGS=(busybox-static kmod xz-utils iproute2 ibverbs-providers libibverbs1 librdmacm1
+# host's userland): kmod (depmod/modprobe), iproute2 (ip, rdma), the rxe
+# verbs provider, and the usual RDMA test tools.  The initramfs's static
+# busybox is not among them: see ensure_busybox.
+HOST_PKGS=(kmod xz-utils iproute2 ibverbs-providers libibverbs1 librdmacm1
            ibverbs-utils rdmacm-utils perftest)
 APT_UPDATED=0
 apt_update_once() {
@@ -140,6 +141,33 @@ ensure_host_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         --no-remove "${missing[@]}" > "$CACHE_DIR/apt-install.log" 2>&1 ||
         { cat "$CACHE_DIR/apt-install.log" >&2; die "apt-get install ${missing[*]} failed"; }
+}
+
+# ----------------------------------------------------------------- busybox --
+# The initramfs needs a *static* busybox.  Use /bin/busybox if it is one
+# (Debian's busybox-static); otherwise unpack busybox-static privately into
+# $CACHE_DIR/busybox: installing it would conflict with (and, without
+# --no-remove, remove) the dynamic `busybox` package many images carry.
+BUSYBOX=
+is_static() {
+    [ -x "$1" ] || return 1
+    local out; out=$(LC_ALL=C ldd "$1" 2>&1 || true)   # ldd exits 1 for a static binary
+    [[ $out == *'not a dynamic executable'* ]]
+}
+ensure_busybox() {
+    if is_static /bin/busybox; then BUSYBOX=/bin/busybox; return; fi
+    local b=$CACHE_DIR/busybox
+    if ! is_static "$b/root/bin/busybox"; then
+        apt_update_once
+        log "unpacking a private busybox-static into $b"
+        rm -rf "$b"; mkdir -p "$b/debs"
+        (cd "$b/debs" && apt-get download -qq -o APT::Sandbox::User=root busybox-static >&2) ||
+            die "apt-get download busybox-static failed"
+        dpkg-deb -x "$b"/debs/*.deb "$b/root"
+        rm -rf "$b/debs"
+        is_static "$b/root/bin/busybox" || die "busybox-static did not give a static $b/root/bin/busybox"
+    fi
+    BUSYBOX=$b/root/bin/busybox
 }
 
 # -------------------------------------------------------------------- qemu --
@@ -302,13 +330,13 @@ INITRD=
 BOOT_MODULES=(virtio_pci 9pnet_virtio 9p overlay)
 ensure_initramfs() {
     local h
-    h=$( { printf '%s\n' "$GUEST_INIT" "${BOOT_MODULES[@]}"; cat /bin/busybox; } | sha256sum | cut -c1-12)
+    h=$( { printf '%s\n' "$GUEST_INIT" "${BOOT_MODULES[@]}"; cat "$BUSYBOX"; } | sha256sum | cut -c1-12)
     INITRD=$KDIR/initramfs-$h.cpio
     [ -f "$INITRD" ] && return 0
     log "building initramfs $INITRD"
     local t; t=$(mktemp -d "$CACHE_DIR/initramfs.XXXXXX")
     mkdir -p "$t/bin" "$t/modules" "$t/proc" "$t/sys" "$t/dev" "$t/newroot"
-    cp /bin/busybox "$t/bin/busybox"
+    cp "$BUSYBOX" "$t/bin/busybox"
     printf '%s\n' "$GUEST_INIT" > "$t/init"; chmod 755 "$t/init"
     # Module load order with dependencies, as modprobe would do it.
     local m f seen=" "
@@ -320,7 +348,7 @@ ensure_initramfs() {
             echo "${f##*/}" >> "$t/modules/order"
         done < <(modprobe -d "$KDIR/root" -S "$KVER" --show-depends "$m" | grep '^insmod ')
     done
-    (cd "$t" && find . | busybox cpio -o -H newc 2>/dev/null) > "$t.cpio"
+    (cd "$t" && find . | "$BUSYBOX" cpio -o -H newc 2>/dev/null) > "$t.cpio"
     mv "$t.cpio" "$INITRD"
     rm -rf "$t"
 }
@@ -349,6 +377,7 @@ shq() { # single-quote for sh/bash
 exec 9> "$CACHE_DIR/.lock"
 flock 9
 ensure_host_packages
+ensure_busybox
 ensure_qemu
 ensure_kernel
 ensure_initramfs

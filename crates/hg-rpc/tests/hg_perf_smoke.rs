@@ -48,10 +48,10 @@ fn na_perf_missing(args: &[&str]) -> bool {
     if na.exists() {
         return false;
     }
-    eprintln!(
-        "{} is not built: checking the error instead of the figures",
+    na_core::testing::report_not_run(&format!(
+        "hg-perf --floors figures: {} is not built (cargo build -p na-perf); checked the error instead",
         na.display()
-    );
+    ));
     let out = Command::new(hg).args(args).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

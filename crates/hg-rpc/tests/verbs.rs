@@ -43,10 +43,10 @@ fn rdma_spec(test: &str) -> Option<String> {
         (Ok(devs), Some(ip)) if !devs.is_empty() => Some(format!("verbs://{}/{ip}:0", devs[0].name)),
         (Ok(devs), None) => {
             assert!(!in_vm, "{test}: inside the rxe VM but RXE_VM_IP is not set");
-            eprintln!(
-                "\n*** {test}: RDMA PART NOT RUN: devices {devs:?} but no IPv4 address for RDMA CM; \
-                 set QS_VERBS_TEST_IP.\n"
-            );
+            na_core::testing::report_not_run(&format!(
+                "{test}: RDMA part: devices {devs:?} but no IPv4 address for RDMA CM; \
+                 set QS_VERBS_TEST_IP"
+            ));
             None
         }
         (_, _) => {
@@ -59,11 +59,10 @@ fn rdma_spec(test: &str) -> Option<String> {
                 msg.contains("no RDMA device found"),
                 "{test}: unclear error: {msg}"
             );
-            eprintln!(
-                "\n*** {test}: RDMA PART NOT RUN: this host has no RDMA device.\n\
-                 *** Checked instead that a verbs engine fails with: {msg}\n\
-                 *** Run the RDMA part in the soft-RoCE VM: scripts/test-verbs.sh\n"
-            );
+            na_core::testing::report_not_run(&format!(
+                "{test}: RDMA part on this host (no RDMA device; checked instead that a verbs \
+                 engine fails with: {msg}); scripts/test-verbs.sh runs it in the soft-RoCE VM"
+            ));
             None
         }
     }

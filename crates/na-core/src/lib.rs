@@ -33,6 +33,7 @@ pub mod rma;
 pub mod slab;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod testing;
 
 pub use addr::{scheme_of, split_uri, Addr, PluginId};
 pub use endpoint::Endpoint;

@@ -52,6 +52,9 @@ pub struct PluginStats {
     /// Times a peer's messages were left in the transport because its
     /// held messages reached the per-peer bound (flow control).
     pub flow_blocked: u64,
+    /// Incoming connections the plugin could not accept for lack of
+    /// resources (`EMFILE` and the like): it paused accepting and retried.
+    pub accept_errors: u64,
 }
 
 /// A network-abstraction plugin instance: one transport endpoint (listening

@@ -23,9 +23,10 @@ pub const ENV_MAX_SIZE: &str = "QS_MR_CACHE_MAX_SIZE";
 pub const ENV_MONITOR: &str = "QS_MR_CACHE_MONITOR";
 /// Environment variable: `in-flight` or `returned`.
 pub const ENV_CONSISTENCY: &str = "QS_MR_CACHE_CONSISTENCY";
-/// Environment variable: `auto` (default: skip in-flight probes while
-/// nothing was mapped, when perf side-band events are allowed) or `off`
-/// (probe on every lookup).
+/// Environment variable: `on` (or `perf`) skips in-flight probes while
+/// nothing was mapped, when perf side-band events are allowed; `off` (or
+/// `auto`, the default) probes on every lookup (the watch cannot see
+/// `mremap`; see docs/REGCACHE.md).
 pub const ENV_MAP_WATCH: &str = "QS_MR_CACHE_MAP_WATCH";
 
 /// Every variable [`CacheConfig::from_env`] reads.

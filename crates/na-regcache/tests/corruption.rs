@@ -207,13 +207,10 @@ fn hugetlbfs_where_available() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     if free < 2 {
-        // Straight to the stderr descriptor: libtest would swallow eprintln!
-        // of a passing test.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "hugetlbfs scenario NOT RUN: HugePages_Free={free} (reserve pages with `sysctl vm.nr_hugepages=4`)"
-        );
+        na_core::testing::report_not_run(&format!(
+            "na-regcache hugetlbfs_where_available: HugePages_Free={free} (reserve pages with \
+             `sysctl vm.nr_hugepages=4`; scripts/test-all.sh does as root)"
+        ));
         return;
     }
     common::require_io_uring();

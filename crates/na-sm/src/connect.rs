@@ -224,6 +224,7 @@ impl SmPlugin {
                     // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays
                     // queued and the listener readable; retrying at once
                     // would spin.
+                    self.stats.accept_errors += 1;
                     tracing::warn!(error = %e, pause = ?ACCEPT_RETRY, "sm: accept failed; pausing accepts");
                     self.pause_accepts(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
                     return;

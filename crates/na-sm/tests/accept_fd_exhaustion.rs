@@ -58,6 +58,8 @@ fn client(server: &str, dir: &str) {
     ep.post_recv_expected(&srv, 7, Vec::new(), OpId(1)).unwrap();
     ep.send_unexpected(&srv, 7, b"queued while you had no fds", OpId(2))
         .unwrap();
+    // The connection waits in the server's accept queue now.
+    println!("CONNECTED");
     let end = Instant::now() + Duration::from_secs(20);
     let mut got = Vec::new();
     while got.len() < 2 {
@@ -107,14 +109,28 @@ fn accepting_without_descriptors_neither_spins_nor_loses_the_client() {
         fd
     };
     let old = set_fd_limit(lowest_free as libc::rlim_t);
-    // Let the client start and connect into the listener's queue.
-    std::thread::sleep(Duration::from_millis(700));
+    // Wait until the client is connected into the listener's queue (its
+    // stdout pipe was opened before the limit was lowered).
+    let mut child = child;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    // (libtest may print "test <name> ... " before it on the same line.)
+    while !line.contains("CONNECTED") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert!(n > 0, "the client exited before connecting");
+    }
     let (cpu0, t0) = (thread_cpu(), Instant::now());
     while t0.elapsed() < Duration::from_secs(1) {
         srv.progress(Some(Duration::from_millis(200))).unwrap();
     }
     let cpu = thread_cpu() - cpu0;
+    let accept_errors = srv.plugin(sid).unwrap().stats().accept_errors;
     set_fd_limit(old.rlim_cur);
+    assert!(
+        accept_errors >= 1,
+        "accept never failed: the test did not exhaust descriptors"
+    );
     assert!(
         cpu < Duration::from_millis(300),
         "blocking progress used {cpu:?} of CPU in 1 s while accept failed: it spins"
@@ -131,17 +147,17 @@ fn accepting_without_descriptors_neither_spins_nor_loses_the_client() {
     assert_eq!(req.buf.as_deref(), Some(&b"queued while you had no fds"[..]));
     srv.send_expected(req.source.as_ref().unwrap(), 7, b"ok", OpId(2))
         .unwrap();
-    let mut child = child;
     let end = Instant::now() + Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
         assert!(Instant::now() < end, "the client did not finish");
         srv.progress(Some(Duration::from_millis(50))).unwrap();
         while srv.pop_completion().is_some() {}
     }
-    let waited = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&waited.stdout);
+    let status = child.wait().unwrap();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut out, &mut stdout).unwrap();
     assert!(
-        waited.status.success() && stdout.contains("CLIENT OK"),
+        status.success() && stdout.contains("CLIENT OK"),
         "client: {stdout}"
     );
     let _ = std::fs::remove_dir_all(&dir);

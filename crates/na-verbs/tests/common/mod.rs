@@ -60,11 +60,10 @@ pub fn rdma_env(test: &str) -> Option<RdmaEnv> {
                 matches!(err, VerbsError::NoDevice { .. }),
                 "{test}: wrong error for rxe0: {err:?}"
             );
-            eprintln!(
-                "\n*** {test}: RDMA PART NOT RUN: this host has no RDMA device ({reason}).\n\
-                 *** Checked instead that opening a device fails with: {msg}\n\
-                 *** Run the RDMA part in the soft-RoCE VM: scripts/test-verbs.sh\n"
-            );
+            na_core::testing::report_not_run(&format!(
+                "{test}: RDMA part on this host (no RDMA device: {reason}; checked instead that \
+                 opening a device fails with: {msg}); scripts/test-verbs.sh runs it in the soft-RoCE VM"
+            ));
             None
         }
         Err(e) => panic!("{test}: listing RDMA devices failed unexpectedly: {e}"),
@@ -75,11 +74,11 @@ pub fn rdma_env(test: &str) -> Option<RdmaEnv> {
                 .map(|v| v.split('/').next().unwrap_or_default().to_owned());
             let Some(ip) = ip else {
                 assert!(!in_vm, "{test}: inside the rxe VM but RXE_VM_IP is not set");
-                eprintln!(
-                    "\n*** {test}: RDMA PART NOT RUN: devices {devs:?} exist but no IPv4 address for \
-                     RDMA CM is configured. Set QS_VERBS_TEST_IP=<IPv4 of the RDMA netdev> (never \
-                     127.0.0.1), or run scripts/test-verbs.sh (soft-RoCE VM).\n"
-                );
+                na_core::testing::report_not_run(&format!(
+                    "{test}: RDMA part: devices {devs:?} exist but no IPv4 address for RDMA CM is \
+                     configured. Set QS_VERBS_TEST_IP=<IPv4 of the RDMA netdev> (never 127.0.0.1), \
+                     or run scripts/test-verbs.sh (soft-RoCE VM)"
+                ));
                 return None;
             };
             let ip: Ipv4Addr = ip
