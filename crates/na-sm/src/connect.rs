@@ -308,11 +308,9 @@ impl SmPlugin {
                 .map(|p| p.addr.token())
                 .collect();
             for tok in late {
-                let reason = format!(
-                    "no acknowledgement of the connection within {:?} (the listener is not serving)",
-                    self.cfg.handshake_timeout.saturating_mul(2)
-                );
-                self.fail_peer(tok, Failure::Gone, &reason);
+                if let Some((failure, reason)) = self.ack_overdue(tok, now) {
+                    self.fail_peer(tok, failure, &reason);
+                }
             }
         }
         let resume = match self.accept_pause {
@@ -325,6 +323,35 @@ impl SmPlugin {
             self.resume_accepts();
         }
         self.update_timer();
+    }
+
+    /// Why peer `tok`, with a connection past its acknowledgement deadline,
+    /// fails; `None` if the acknowledgement was there after all. It is read
+    /// first: it may wait unread (for a connection to ourselves it is made
+    /// in the same batch of events whose end runs this sweep).
+    fn ack_overdue(&mut self, tok: u64, now: Instant) -> Option<(Failure, String)> {
+        let overdue = |c: &Conn| c.ack_deadline.is_some_and(|d| d <= now);
+        let late: Vec<usize> = self
+            .peers
+            .get(tok)?
+            .conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| overdue(c))
+            .map(|(i, _)| i)
+            .collect();
+        for ci in late {
+            if let Err(failure) = self.handle_ack(tok, ci) {
+                return Some(failure);
+            }
+        }
+        self.peers.get(tok)?.conns.iter().any(overdue).then(|| {
+            let reason = format!(
+                "no acknowledgement of the connection within {:?} (the listener is not serving)",
+                self.cfg.handshake_timeout.saturating_mul(2)
+            );
+            (Failure::Gone, reason)
+        })
     }
 
     /// Arms the timer for the earliest deadline: a pending handshake, an

@@ -275,6 +275,7 @@ impl Matcher {
     pub fn fail_peer(
         &mut self,
         token: u64,
+        stays: bool,
         err: impl Fn() -> NaError,
         out: &mut VecDeque<Completion>,
     ) -> Vec<OpId> {
@@ -285,7 +286,9 @@ impl Matcher {
             .copied()
             .collect();
         self.parked.retain(|k| k.0 != token);
-        if !self.arrived_expected.is_empty() && self.arrived_expected.keys().any(|k| k.0 == token) {
+        // A token that stays in use (our own: its connection is made again)
+        // never departs: its later messages would be dropped with it.
+        if !stays && !self.arrived_expected.is_empty() && self.arrived_expected.keys().any(|k| k.0 == token) {
             self.departed.push_back((token, Instant::now()));
         }
         let mut failed = Vec::new();
@@ -374,7 +377,7 @@ mod tests {
             (vec![1], a.clone(), 1)
         );
         assert!(m.post_expected(&b, 3, OpId(6), Vec::new(), &mut out));
-        let failed = m.fail_peer(2, || NaError::Canceled, &mut out);
+        let failed = m.fail_peer(2, false, || NaError::Canceled, &mut out);
         assert_eq!(failed, vec![OpId(6)]);
     }
 
@@ -410,7 +413,29 @@ mod tests {
         );
         assert_eq!(empties(&m), m.parked.len());
         assert!(m.post_expected(&a, 6, OpId(2), Vec::new(), &mut out));
-        assert_eq!(m.fail_peer(1, || NaError::Canceled, &mut out), vec![OpId(2)]);
+        assert_eq!(
+            m.fail_peer(1, false, || NaError::Canceled, &mut out),
+            vec![OpId(2)]
+        );
         assert_eq!((m.posted_expected.len(), m.parked.len()), (0, 0));
+    }
+
+    /// A departed peer's early expected messages go after the hold; our own
+    /// token's (whose connection is made again) never do.
+    #[test]
+    fn only_departed_peers_lose_their_early_expected_messages() {
+        let other = Addr::new("sm://1-a", PluginId(0), 1, false);
+        let me = Addr::new("sm://2-a", PluginId(0), 2, true);
+        let mut m = Matcher::default();
+        let mut out = VecDeque::new();
+        m.deliver(&other, true, 7, |v| v.push(1), &mut out);
+        m.deliver(&me, true, 7, |v| v.push(2), &mut out);
+        m.fail_peer(1, false, || NaError::Canceled, &mut out);
+        m.fail_peer(2, true, || NaError::Canceled, &mut out);
+        // A message from ourselves after our connection was made again.
+        m.deliver(&me, true, 8, |v| v.push(3), &mut out);
+        assert_eq!(m.drop_departed(Duration::ZERO), 1);
+        assert!(!m.has_arrived_expected(1, 7));
+        assert!(m.has_arrived_expected(2, 7) && m.has_arrived_expected(2, 8));
     }
 }

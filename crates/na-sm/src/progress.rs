@@ -697,7 +697,8 @@ impl SmPlugin {
                     .push_back(Completion::failed(q.op, kind_of(q.kind), err(), None));
             }
         }
-        for op in self.matcher.fail_peer(tok, err, &mut self.completions) {
+        let stays = tok == self.self_tok;
+        for op in self.matcher.fail_peer(tok, stays, err, &mut self.completions) {
             self.ops.remove(&op);
         }
     }

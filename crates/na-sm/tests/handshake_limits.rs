@@ -250,3 +250,49 @@ fn queued_messages_stay_bounded_when_clients_keep_coming() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A connection to ourselves made and then left without progress for
+/// longer than twice the handshake timeout: the first progress call
+/// accepts it, acknowledges it and reads the acknowledgement, and must
+/// not then declare it unacknowledged (its operations failing with
+/// `PeerGone`, a backlog of sends lost).
+#[test]
+fn a_connection_to_ourselves_survives_a_long_gap_before_progress() {
+    let d = dir("self-gap");
+    let cfg = SmConfig {
+        listen: true,
+        handshake_timeout: Duration::from_millis(50),
+        ..SmConfig::default()
+    }
+    .with_dir(&d);
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let me = ep.lookup(&uri).unwrap();
+    ep.post_recv_expected(&me, 9, Vec::new(), OpId(1)).unwrap();
+    ep.send_expected(&me, 9, b"to myself", OpId(2)).unwrap();
+    // More than the ring holds: some wait in the backlog.
+    for i in 0..70u64 {
+        ep.send_unexpected(&me, 0, b"more", OpId(100 + i)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    let mut done = std::collections::HashMap::new();
+    let end = Instant::now() + Duration::from_secs(10);
+    while done.len() < 72 {
+        assert!(Instant::now() < end, "{} of 72 operations completed", done.len());
+        ep.progress(Some(Duration::from_millis(20))).unwrap();
+        while let Some(c) = ep.pop_completion() {
+            if let Err(e) = &c.status {
+                panic!("operation {:?} failed: {e}", c.op);
+            }
+            done.insert(c.op, c.buf);
+        }
+        // Take the unexpected messages, freeing ring space for the backlog.
+        let mut buf = Vec::new();
+        while ep.take_unexpected(id, &mut buf).unwrap().is_some() {}
+    }
+    assert_eq!(done[&OpId(1)].as_deref(), Some(&b"to myself"[..]));
+    let _ = std::fs::remove_dir_all(&d);
+}
