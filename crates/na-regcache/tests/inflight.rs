@@ -45,7 +45,7 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     // The reader thread is spawned with the monitor, now idle in poll(2).
     let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
     assert!(
-        sys::stall_thread(reader, Duration::from_millis(500)),
+        sys::stall_thread(reader, Duration::from_secs(3)),
         "reader stalled"
     );
     // Another thread (the old buffer's owner) changes the mapping; its call
@@ -412,7 +412,7 @@ fn an_address_freed_in_flight_and_mremapped_is_never_served_stale() {
                // Lookups that probe quietly at the current state.
     drop(rig.cache.get(a, LEN, Access::LOCAL_WRITE).unwrap());
     drop(rig.cache.get(a, LEN, Access::LOCAL_WRITE).unwrap());
-    assert!(sys::stall_thread(reader, Duration::from_millis(800)));
+    assert!(sys::stall_thread(reader, Duration::from_secs(3)));
     go.wait();
     let t0 = Instant::now();
     while mapped(a) {
