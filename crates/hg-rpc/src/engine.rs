@@ -1,6 +1,8 @@
 //! The RPC engine: registry, calls in flight, and the blocking progress API.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use na_core::fasthash::FastMap;
 use std::time::{Duration, Instant};
@@ -73,6 +75,22 @@ pub struct DeferredRequest {
     header: Header,
     /// The encoded input.
     pub payload: Vec<u8>,
+    /// A pulled (spilled) input counts against the engine's pull budget
+    /// until the request is answered or dropped.
+    _charge: Option<PullCharge>,
+}
+
+/// Bytes of a pulled input held by a handler not yet answered, counted in
+/// [`Engine::set_max_pull_bytes`]'s budget until dropped.
+struct PullCharge {
+    bytes: u64,
+    held: Arc<AtomicU64>,
+}
+
+impl Drop for PullCharge {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 impl DeferredRequest {
@@ -81,6 +99,14 @@ impl DeferredRequest {
             src: src.clone(),
             header: *header,
             payload,
+            _charge: None,
+        }
+    }
+
+    fn with_charge(src: &Addr, header: &Header, payload: Vec<u8>, charge: PullCharge) -> Self {
+        DeferredRequest {
+            _charge: Some(charge),
+            ..Self::new(src, header, payload)
         }
     }
 
@@ -232,6 +258,9 @@ pub struct Engine<C: Codec = Postcard> {
     max_spill: u64,
     /// Bytes of the pulls in flight (`pulls`), and their limit.
     pull_bytes: u64,
+    /// Bytes of pulled inputs that deferred requests still hold (see
+    /// `PullCharge`).
+    deferred_bytes: Arc<AtomicU64>,
     max_pull_bytes: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
     /// token, cookie), with the time they were exposed.
@@ -299,6 +328,7 @@ impl<C: Codec> Engine<C> {
             spare_bytes: DEFAULT_SPARE_BYTES,
             max_spill: DEFAULT_MAX_SPILL,
             pull_bytes: 0,
+            deferred_bytes: Arc::default(),
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
             exposed: FastMap::default(),
             last_sweep: Instant::now(),
@@ -472,6 +502,15 @@ impl<C: Codec> Engine<C> {
         self.deferred_requests.pop_front()
     }
 
+    /// Counts `bytes` of a pulled input a deferred request holds.
+    fn charge_deferred(&mut self, bytes: u64) -> PullCharge {
+        self.deferred_bytes.fetch_add(bytes, Ordering::Relaxed);
+        PullCharge {
+            bytes,
+            held: Arc::clone(&self.deferred_bytes),
+        }
+    }
+
     /// Answers a deferred request: `Ok(encoded output)` or `Err(message)`
     /// (a handler error). One-way requests get no answer.
     pub fn respond_deferred(&mut self, req: DeferredRequest, result: std::result::Result<Vec<u8>, String>) {
@@ -510,7 +549,9 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Most bytes of spilled data this engine pulls at once (inputs as a
-    /// target, outputs as an origin; default [`DEFAULT_MAX_PULL_BYTES`]).
+    /// target, outputs as an origin; default [`DEFAULT_MAX_PULL_BYTES`]),
+    /// counting the pulled inputs that deferred (async) handlers still
+    /// hold: a request stays counted until it is answered or dropped.
     /// Each pull's buffer is allocated when it starts, so without a limit
     /// peers could make the engine commit `max_spill` per message they
     /// send. A spilled request beyond it is answered with a decode error

@@ -51,8 +51,9 @@ impl<C: Codec> Engine<C> {
     ) -> Option<(Header, Vec<u8>)> {
         if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
             self.stats.handled += 1;
+            let charge = self.charge_deferred(data.len() as u64);
             self.deferred_requests
-                .push_back(DeferredRequest::new(src, h, data));
+                .push_back(DeferredRequest::with_charge(src, h, data, charge));
             return None;
         }
         let answer = self.run_decoded(src, h, &data);
@@ -163,11 +164,12 @@ impl<C: Codec> Engine<C> {
     ) -> std::result::Result<(), String> {
         let what = if output { "output" } else { "input" };
         let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("{what}: {e}"))?;
-        if self.pull_bytes.saturating_add(len) > self.max_pull_bytes {
+        let held = self.pull_bytes + self.deferred_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        if held.saturating_add(len) > self.max_pull_bytes {
             return Err(format!(
                 "{what}: {len} more bytes would exceed the {} bytes of spilled data this engine \
-                 pulls at once ({} in flight); try again later",
-                self.max_pull_bytes, self.pull_bytes
+                 pulls and holds at once ({held} now); try again later",
+                self.max_pull_bytes
             ));
         }
         let mem = MemHandle::new(vec![self.pull_buffer(len as usize)], Access::ReadWrite);

@@ -429,3 +429,49 @@ async fn dropping_the_engine_does_not_wait_for_running_handlers() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Pulled inputs that async handlers still hold count against the pull
+/// budget until answered: a slow handler cannot make the server hold any
+/// number of large inputs (they were counted only while being pulled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-held-budget");
+    let (ep, id) = common::endpoint(&dir, true);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.set_max_pull_bytes(5 << 19); // room for two 1 MiB inputs, not three
+    let server = AsyncEngine::spawn(e).unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    server
+        .register_async::<Digest, _, _>(move |data| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.map_err(|e| e.to_string())?.forget();
+                Ok((data.len() as u64, fnv(&data)))
+            }
+        })
+        .unwrap();
+    let client = Arc::new(local(&dir, false));
+    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    let call = |i: u8| {
+        let (c, s) = (client.clone(), s.clone());
+        tokio::spawn(async move { c.call::<Digest>(&s, &vec![i; 1 << 20], T).await })
+    };
+    let (a, b) = (call(1), call(2));
+    let end = Instant::now() + T;
+    while server.stats().handled < 2 {
+        assert!(Instant::now() < end, "{:?}", server.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Both inputs are held by waiting handlers: a third does not fit.
+    match call(3).await.unwrap() {
+        Err(RpcError::Decode { reason, .. }) => assert!(reason.contains("would exceed"), "{reason}"),
+        other => panic!("expected the budget's refusal, got {other:?}"),
+    }
+    gate.add_permits(3);
+    assert_eq!(a.await.unwrap().unwrap(), (1 << 20, fnv(&[1; 1 << 20])));
+    assert_eq!(b.await.unwrap().unwrap(), (1 << 20, fnv(&[2; 1 << 20])));
+    // Answered: the budget is free again.
+    assert_eq!(call(4).await.unwrap().unwrap(), (1 << 20, fnv(&[4; 1 << 20])));
+}
