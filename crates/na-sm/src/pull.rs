@@ -6,7 +6,10 @@
 //! order across kinds: an expected message behind a waiting unexpected one
 //! is delivered once that one is taken. Messages of a peer that goes away
 //! are copied out before its ring is dropped (`pulled_late`) and taken
-//! first.
+//! first; its expected messages are delivered (as completions) at that
+//! moment, so across kinds a departed peer's last messages may be seen
+//! out of order (the RPC layer uses expected messages only to watch for
+//! a peer's death, so it is not affected).
 
 use na_core::{Addr, Tag};
 

@@ -47,6 +47,12 @@ impl EventFd {
     /// that would overflow the counter then fails with `EAGAIN` instead of
     /// blocking us). `EAGAIN` means the counter is huge: the reader is
     /// certainly awake-able already, so it counts as success.
+    ///
+    /// The check and the write are two calls: a hostile peer that brought
+    /// its counter to the brink and clears the flag between them blocks
+    /// this write. An eventfd cannot be reopened as our own description
+    /// (as the pipe wake-up is, `QS_SM_WAKE=pipe`); a peer of the same uid
+    /// could stop or ptrace us anyway.
     pub fn signal(&self) -> io::Result<()> {
         let raw = self.fd.as_raw_fd();
         // SAFETY: F_GETFL takes no pointer argument.

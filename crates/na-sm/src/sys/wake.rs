@@ -16,6 +16,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 
 use super::eventfd::EventFd;
 
@@ -162,7 +163,22 @@ impl PeerWake {
                     "descriptor is a pipe but not its write-only end",
                 ));
             }
-            return Ok(PeerWake::Pipe(fd));
+            // Our own open file description of the pipe (opening it through
+            // /proc makes a new one): on the one the peer passed, which it
+            // shares, it could clear O_NONBLOCK between a check and our
+            // write and so block us in `signal`; on ours it cannot.
+            let own = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                .map_err(|e| match e.raw_os_error() {
+                    Some(libc::ENXIO) => io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the peer closed its wake-up pipe's read end",
+                    ),
+                    _ => e,
+                })?;
+            return Ok(PeerWake::Pipe(OwnedFd::from(own)));
         }
         Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -182,19 +198,12 @@ impl PeerWake {
     pub fn signal(&self) -> io::Result<()> {
         match self {
             PeerWake::EventFd(e) => e.signal(),
-            PeerWake::Pipe(fd) => {
-                if getfl(fd.as_fd())? & libc::O_NONBLOCK == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "peer cleared O_NONBLOCK on the wake-up pipe",
-                    ));
-                }
-                match write_without_sigpipe(fd.as_fd(), &[1]) {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
+            // Non-blocking on a description only we hold (see `from_peer`).
+            PeerWake::Pipe(fd) => match write_without_sigpipe(fd.as_fd(), &[1]) {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                Err(e) => Err(e),
+            },
         }
     }
 }
@@ -310,14 +319,22 @@ mod tests {
     }
 
     #[test]
-    fn blocking_pipe_is_refused() {
+    fn a_peer_clearing_o_nonblock_cannot_block_a_pipe_signal() {
         let own = OwnWake::new(WakeKind::Pipe).unwrap();
         let peer = PeerWake::from_peer(dup(own.fd_for_peer())).unwrap();
-        // The peer clears O_NONBLOCK on the shared file description.
+        // The peer clears O_NONBLOCK on the description it passed us.
         // SAFETY: F_SETFL on a descriptor we own, no pointers.
         unsafe { libc::fcntl(own.fd_for_peer(), libc::F_SETFL, 0) };
-        let err = peer.signal().unwrap_err();
-        assert!(err.to_string().contains("O_NONBLOCK"), "{err}");
+        // Filling the pipe and signalling on: a write on a blocking
+        // description would block here, forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = (0..70_000).try_for_each(|_| peer.signal());
+            let _ = tx.send(r.map_err(|e| e.to_string()));
+        });
+        let r = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(r.expect("signal blocked on a full pipe"), Ok(()));
+        assert!(own.drain().unwrap());
     }
 
     #[test]
