@@ -35,7 +35,18 @@ QS_SKIP_LOG=$PWD/target/qs-not-run.txt
 export QS_SKIP_LOG
 not_run_summary() {
   step "what could not run on this host (and why)"
-  if [ -s "$QS_SKIP_LOG" ]; then sort -u "$QS_SKIP_LOG"; else echo "nothing: every test ran in full"; fi
+  if [ -s "$QS_SKIP_LOG" ]; then
+    # One entry per reason, with the tests that gave it ("<test>: <reason>").
+    sort -u "$QS_SKIP_LOG" | awk '{
+        name = $0; sub(/: .*/, "", name); reason = $0; sub(/^[^:]*: /, "", reason)
+        if (!(reason in count)) order[++k] = reason
+        count[reason]++; names[reason] = names[reason] (count[reason] > 1 ? ", " : "") name
+      } END {
+        for (i = 1; i <= k; i++) printf "- %s\n  %d test(s): %s\n", order[i], count[order[i]], names[order[i]]
+      }'
+  else
+    echo "nothing: every test ran in full"
+  fi
 }
 
 step "workspace tests on the host (real processes over shared memory)"
