@@ -60,14 +60,12 @@ fn na_perf_missing(args: &[&str]) -> bool {
 }
 
 /// Checks a floor measured `before` and `after` the figures, and that
-/// `ratio` is `figure` over the floor: over their mean with `mean`, else
-/// over `before` alone.
+/// `ratio` is `figure` over their mean.
 fn check_ratio(
     ratio: &serde_json::Value,
     figure: &serde_json::Value,
     before: &serde_json::Value,
     after: &serde_json::Value,
-    mean: bool,
 ) {
     let m = |v: &serde_json::Value| v["median"].as_f64().unwrap();
     check(ratio, "x");
@@ -75,11 +73,7 @@ fn check_ratio(
         (before["op"].as_str(), after["op"].as_str()),
         (Some("before"), Some("after"))
     );
-    let floor = if mean {
-        (m(before) + m(after)) / 2.0
-    } else {
-        m(before)
-    };
+    let floor = (m(before) + m(after)) / 2.0;
     let expect = m(figure) / floor;
     assert!(
         (m(ratio) - expect).abs() < 1e-9 * expect.max(1.0),
@@ -133,6 +127,27 @@ fn rate_lat_and_bw_report_json() {
     bw.iter().for_each(|v| check(v, "MiB/s"));
 }
 
+/// Floors are this machine's shared-memory floors: a ratio of another
+/// transport's figures, or a remote server's, to them is refused.
+#[test]
+fn floors_only_for_local_shared_memory() {
+    for args in [
+        &["rate", "--floors", "--transport", "verbs://"][..],
+        &["lat", "--floors", "--addr", "sm://1-x"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("needs --transport sm and no --addr"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     for (test, mode, says) in [
@@ -167,15 +182,17 @@ fn lat_floors_report_the_eventfd_round_trip_and_the_ratio() {
             "floor_eventfd_rtt",
             "lat",
             "lat",
-            "lat_vs_eventfd_rtt",
-            "floor_eventfd_rtt"
+            "floor_eventfd_rtt",
+            "lat_vs_eventfd_rtt"
         ],
         "{lines:?}"
     );
     check(&lines[0], "ns");
-    check(&lines[4], "ns");
+    check(&lines[3], "ns");
     assert_eq!(lines[2]["mode"], "blocking");
-    check_ratio(&lines[3], &lines[2], &lines[0], &lines[4], false);
+    assert_eq!(lines[4]["mode"], "blocking");
+    // Against the mean of the floors before and after, as rate and bw.
+    check_ratio(&lines[4], &lines[2], &lines[0], &lines[3]);
 }
 
 /// `rate --floors` measures the busy one-in-flight ceilings (shared-flag
@@ -231,7 +248,7 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
         (&lines[8], &lines[0], &lines[6]),
         (&lines[9], &lines[1], &lines[7]),
     ] {
-        check_ratio(ratio, busy_single, before, after, true);
+        check_ratio(ratio, busy_single, before, after);
     }
 }
 
@@ -277,7 +294,7 @@ fn bw_floors_report_the_cma_floor_and_the_ratios() {
             (bw["size"].as_u64(), bw["op"].as_str()),
             (Some(1 << 20), ratio["op"].as_str())
         );
-        check_ratio(ratio, bw, before, after, true);
+        check_ratio(ratio, bw, before, after);
     }
 }
 

@@ -99,7 +99,8 @@ enum Test {
         sizes: String,
         /// Also measure the raw eventfd round trip (na-perf's
         /// `floor_eventfd_lat` x 2, before and after) and print each
-        /// figure's ratio to it. Needs the na-perf binary next to hg-perf.
+        /// sleeping figure's (blocking, tokio) ratio to their mean. Needs
+        /// the na-perf binary next to hg-perf.
         #[arg(long)]
         floors: bool,
     },
@@ -181,7 +182,10 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
     let mut e = engine(spec, mode, true)?;
     let quit = Arc::new(AtomicBool::new(false));
     e.register::<Noop>(|_| Ok(()))?;
-    let scratch = |ctx: &mut BulkCtx<'_>, len: u64, access| ctx.expose(vec![vec![0; len as usize]], access);
+    // Written, so that a read (a push from here) copies real pages, not the
+    // kernel's zero page that untouched memory would be read from.
+    let scratch =
+        |ctx: &mut BulkCtx<'_>, len: u64, access| ctx.expose(vec![vec![0xa5; len as usize]], access);
     for (name, op) in [("write", BulkOp::Pull), ("read", BulkOp::Push)] {
         let mut buf = None;
         let handler = move |ctx: &mut BulkCtx<'_>, (remote, len, count): (Bulk, u64, u64)| {
@@ -202,8 +206,17 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
                 })
                 .collect();
             let r = ctx.transfer_batch(op, &remote, &b, &spans);
+            // The first and last byte of what moved: the client checks them
+            // against its own buffer once, so a transfer that moved nothing
+            // cannot make a figure.
+            let mut ends = [0u8; 2];
+            if let Some(m) = b.local() {
+                let last = len * count - 1;
+                m.read_at(0, &mut ends[..1]).map_err(|e| e.to_string())?;
+                m.read_at(last, &mut ends[1..]).map_err(|e| e.to_string())?;
+            }
             buf = Some(b);
-            r
+            r.map(|()| (ends[0], ends[1]))
         };
         match op {
             BulkOp::Pull => e.register_with_bulk::<BulkWrite>(handler)?,
@@ -318,9 +331,15 @@ fn mode_name(m: ProgressMode) -> &'static str {
     }
 }
 
+/// The median (the mean of the middle two of an even count, as na-perf
+/// computes it); 0 for no values.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn pct(sorted: &[u64], p: f64) -> f64 {
@@ -376,48 +395,68 @@ fn server_for(
     }
 }
 
-/// Reports the percentiles of round-trip `samples` (ns) and, with a floor,
-/// the median's and p99's ratios to it.
-fn report_lat(cli: &Cli, mode: &str, size: u64, mut samples: Vec<u64>, floor: Option<f64>) {
+/// Reports the percentiles of round-trip `samples` (ns); returns the
+/// median and p99.
+fn report_lat(cli: &Cli, mode: &str, size: u64, mut samples: Vec<u64>) -> (f64, f64) {
     samples.sort_unstable();
     let (p50, p99, p999) = (pct(&samples, 0.5), pct(&samples, 0.99), pct(&samples, 0.999));
     report(cli, "lat", mode, "call", size, 1, p50, p99, Some(p999), "ns");
-    if let Some(f) = floor {
-        report(
-            cli,
-            "lat_vs_eventfd_rtt",
-            mode,
-            "call",
-            size,
-            1,
-            p50 / f,
-            p99 / f,
-            None,
-            "x",
-        );
+    (p50, p99)
+}
+
+/// Checks once that a bw transfer of `count` x `size` bytes moves data:
+/// the client's bytes at both ends of the span are marked first, and after
+/// the call they must be what the server reports holding (and, for a
+/// write, still the marks; for a read, the server's bytes).
+fn check_bw_moves(
+    c: &mut Engine,
+    s: &na_core::Addr,
+    local: &Bulk,
+    op: &str,
+    size: u64,
+    count: u64,
+) -> Res<()> {
+    let mem = local.local().ok_or("the bw buffer has no local memory")?;
+    let last = size * count - 1;
+    let marks = [0x11u8, 0x22];
+    mem.write_at(0, &marks[..1])?;
+    mem.write_at(last, &marks[1..])?;
+    let input = (local.clone(), size, count);
+    let server = match op {
+        "write" => c.call::<BulkWrite>(s, &input, T)?,
+        "read" => c.call::<BulkRead>(s, &input, T)?,
+        other => return Err(format!("unknown op {other:?} (read, write)").into()),
+    };
+    let mut ends = [0u8; 2];
+    mem.read_at(0, &mut ends[..1])?;
+    mem.read_at(last, &mut ends[1..])?;
+    let moved = (server == (ends[0], ends[1])) && ((op == "write") == (ends == marks));
+    if !moved {
+        return Err(format!(
+            "bw {op} of {count} x {size} bytes moved no data: client ends {ends:?}, server ends {server:?}"
+        )
+        .into());
     }
+    Ok(())
 }
 
 /// Figures that `--floors` compares with a floor measured after the runs.
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     /// Busy rates with one call in flight and at most 8 bytes of payload:
     /// (size, ops/s), for `rate --floors`.
     busy_single: Vec<(u64, f64)>,
     /// Bandwidths of one transfer per RPC: (mode, op, size, MiB/s), for
     /// `bw --floors`.
     bw_single: Vec<(&'static str, String, u64, f64)>,
+    /// Sleeping round trips (blocking and tokio): (mode, size, p50, p99),
+    /// for `lat --floors`.
+    pub(crate) lat_sleeping: Vec<(&'static str, u64, f64, f64)>,
 }
 
 /// Runs `cli.test` in `mode`, noting in `seen` the figures `--floors`
 /// compares.
-fn run_mode(
-    cli: &Cli,
-    mode: ProgressMode,
-    cpus: (Option<usize>, Option<usize>),
-    floor_rtt: Option<f64>,
-    seen: &mut Seen,
-) -> Res<()> {
+fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>), seen: &mut Seen) -> Res<()> {
     let (_server, uri) = server_for(cli, mode, cpus)?;
     let mut c = engine(&cli.transport, mode, false)?;
     c.set_max_spill(64 << 20);
@@ -497,9 +536,11 @@ fn run_mode(
                     c.call::<Noop>(&s, &input, T)?;
                     samples.push(t0.elapsed().as_nanos() as u64);
                 }
+                let (p50, p99) = report_lat(cli, m, size, samples);
                 // The floor is a sleeping round trip: only blocking compares.
-                let floor = floor_rtt.filter(|_| mode == ProgressMode::Blocking);
-                report_lat(cli, m, size, samples, floor);
+                if mode == ProgressMode::Blocking {
+                    seen.lat_sleeping.push((m, size, p50, p99));
+                }
             }
         }
         Test::Bw { op, sizes, count, .. } => {
@@ -510,6 +551,7 @@ fn run_mode(
                         return Err("bw sizes are 1 byte to 16M".into());
                     }
                     let count = transfers_per_rpc(*count, size);
+                    check_bw_moves(&mut c, &s, &local, op.trim(), size, count)?;
                     let mut rates = Vec::new();
                     for b in 0..=cli.batches {
                         let (mut bytes, t0) = (0u64, Instant::now());
@@ -518,7 +560,7 @@ fn run_mode(
                                 "write" => c.call::<BulkWrite>(&s, &(local.clone(), size, count), T)?,
                                 "read" => c.call::<BulkRead>(&s, &(local.clone(), size, count), T)?,
                                 other => return Err(format!("unknown op {other:?} (read, write)").into()),
-                            }
+                            };
                             bytes += size * count;
                         }
                         if b > 0 {
@@ -580,6 +622,16 @@ fn main() -> Res<()> {
             "test", "mode", "op", "size", "infl", "median", "p99/worst"
         );
     }
+    let any_floors = matches!(
+        cli.test,
+        Test::Lat { floors: true, .. } | Test::Rate { floors: true, .. } | Test::Bw { floors: true, .. }
+    );
+    if any_floors && (!cli.transport.starts_with("sm") || cli.addr.is_some()) {
+        // na-perf measures shared-memory floors between two processes it
+        // starts: a ratio of another transport's (or a remote server's)
+        // figure to them would compare unlike things.
+        return Err("--floors compares with shared-memory floors of this machine: it needs --transport sm and no --addr".into());
+    }
     let with_floors = matches!(cli.test, Test::Lat { floors: true, .. });
     let floor_before = if with_floors {
         let f = floor::eventfd_round_trip(cpus, cli.batches, cli.batch_ms)?;
@@ -629,7 +681,7 @@ fn main() -> Res<()> {
     let mut seen = Seen::default();
     for m in cli.mode.split(',') {
         match (m.trim(), &cli.test) {
-            ("tokio", Test::Lat { sizes, .. }) => tokio_runs::lat(&cli, sizes, cpus, floor_before)?,
+            ("tokio", Test::Lat { sizes, .. }) => tokio_runs::lat(&cli, sizes, cpus, &mut seen)?,
             (
                 "tokio",
                 Test::Rate {
@@ -640,7 +692,7 @@ fn main() -> Res<()> {
                 },
             ) => tokio_runs::rate(&cli, sizes, inflight, *idle_clients, cpus)?,
             ("tokio", _) => return Err("mode tokio exists for rate and lat only".into()),
-            (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, floor_before, &mut seen)?,
+            (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, &mut seen)?,
         }
     }
     if let Some((flag0, na0)) = ceilings_before {
@@ -677,9 +729,10 @@ fn main() -> Res<()> {
             }
         }
     }
-    if with_floors {
-        // The machine may have drifted: show the floor again.
-        let f = floor::eventfd_round_trip(cpus, cli.batches, cli.batch_ms)?;
+    if let Some(f0) = floor_before {
+        // The machine may have drifted: the floor again, and the ratios to
+        // the mean of both (as for rate and bw).
+        let f1 = floor::eventfd_round_trip(cpus, cli.batches, cli.batch_ms)?;
         report(
             &cli,
             "floor_eventfd_rtt",
@@ -687,11 +740,26 @@ fn main() -> Res<()> {
             "after",
             8,
             1,
-            f,
-            f,
+            f1,
+            f1,
             None,
             "ns",
         );
+        let f = (f0 + f1) / 2.0;
+        for (mode, size, p50, p99) in seen.lat_sleeping {
+            report(
+                &cli,
+                "lat_vs_eventfd_rtt",
+                mode,
+                "call",
+                size,
+                1,
+                p50 / f,
+                p99 / f,
+                None,
+                "x",
+            );
+        }
     }
     Ok(())
 }

@@ -17,7 +17,8 @@ pub struct BulkWrite;
 impl Rpc for BulkWrite {
     const NAME: &'static str = "hgperf.bulk_write";
     type Input = (Bulk, u64, u64);
-    type Output = ();
+    /// The first and last byte the server holds after the transfer.
+    type Output = (u8, u8);
 }
 
 /// The server pushes `count` transfers of `len` bytes into consecutive
@@ -26,7 +27,8 @@ pub struct BulkRead;
 impl Rpc for BulkRead {
     const NAME: &'static str = "hgperf.bulk_read";
     type Input = (Bulk, u64, u64);
-    type Output = ();
+    /// The first and last byte the server holds after the transfer.
+    type Output = (u8, u8);
 }
 
 /// Stops the server.

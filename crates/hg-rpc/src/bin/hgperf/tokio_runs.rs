@@ -10,18 +10,14 @@ use na_core::ProgressMode;
 use serde_bytes::ByteBuf;
 
 use super::{
-    engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for, Cli, Noop, Res, T,
+    engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for, Cli, Noop, Res, Seen,
+    T,
 };
 
 /// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
 /// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
 /// runs in blocking mode).
-pub(crate) fn lat(
-    cli: &Cli,
-    sizes: &str,
-    cpus: (Option<usize>, Option<usize>),
-    floor_rtt: Option<f64>,
-) -> Res<()> {
+pub(crate) fn lat(cli: &Cli, sizes: &str, cpus: (Option<usize>, Option<usize>), seen: &mut Seen) -> Res<()> {
     let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -43,7 +39,8 @@ pub(crate) fn lat(
                 ae.call::<Noop>(&s, &input, T).await?;
                 samples.push(t0.elapsed().as_nanos() as u64);
             }
-            report_lat(cli, "tokio", size, samples, floor_rtt);
+            let (p50, p99) = report_lat(cli, "tokio", size, samples);
+            seen.lat_sleeping.push(("tokio", size, p50, p99));
         }
         Ok::<(), Box<dyn std::error::Error>>(())
     })
