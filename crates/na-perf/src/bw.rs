@@ -79,6 +79,7 @@ fn bw_record(test: &str, op: &str, mode: &str, size: usize, segments: usize, s: 
         segments,
         median: mib_per_s(size, s.median_ns),
         p99: mib_per_s(size, s.p99_ns),
+        p50: mib_per_s(size, s.p50_ns),
         unit: MIB_S,
         floor: None,
         ratio_to_floor: None,

@@ -93,6 +93,7 @@ fn lat_record(test: &str, op: &str, mode: &str, size: usize, s: crate::stats::Su
         segments: 1,
         median: s.median_ns,
         p99: s.p99_ns,
+        p50: s.p50_ns,
         unit: NS,
         floor: None,
         ratio_to_floor: None,

@@ -31,6 +31,8 @@ pub struct Record {
     /// 99th percentile of single operations: the slow tail (ns for latency;
     /// for bandwidth the rate of the 99th-percentile slowest transfer).
     pub p99: f64,
+    /// Median of the individually timed operations (same unit).
+    pub p50: f64,
     /// `ns` or `MiB/s`.
     pub unit: &'static str,
     /// Median of the matching floor, with `--floors`.
@@ -172,6 +174,7 @@ mod tests {
             segments: 1,
             median: 120.0,
             p99: 300.0,
+            p50: 110.0,
             unit: NS,
             floor: None,
             ratio_to_floor: None,

@@ -38,6 +38,10 @@ pub struct Summary {
     pub median_ns: f64,
     /// 99th percentile of the individually timed operations.
     pub p99_ns: f64,
+    /// Median of the individually timed operations (what a caller that
+    /// times single operations, as hg-perf's `lat` does, compares with;
+    /// the batch median above excludes the clock reads).
+    pub p50_ns: f64,
     /// Operations per batch.
     pub iters: usize,
 }
@@ -49,6 +53,7 @@ impl Summary {
         Summary {
             median_ns: self.median_ns / d,
             p99_ns: self.p99_ns / d,
+            p50_ns: self.p50_ns / d,
             iters: self.iters,
         }
     }
@@ -84,6 +89,7 @@ pub fn measure<E>(plan: &Plan, mut op: impl FnMut() -> Result<(), E>) -> Result<
     Ok(Summary {
         median_ns: median(&mut means),
         p99_ns: percentile(&mut samples, 0.99),
+        p50_ns: percentile(&mut samples, 0.5),
         iters,
     })
 }

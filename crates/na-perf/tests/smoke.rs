@@ -41,7 +41,7 @@ fn check_fields(v: &Value) {
         assert!(v[key].as_u64().is_some(), "{key} missing in {v}");
     }
     assert!(v["segments"].as_u64().unwrap() >= 1, "{v}");
-    for key in ["median", "p99"] {
+    for key in ["median", "p50", "p99"] {
         let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
         assert!(x.is_finite() && x > 0.0, "{key} not positive in {v}");
     }

@@ -70,23 +70,27 @@ fn run_json(mut cmd: Command, what: &str) -> Res<Vec<serde_json::Value>> {
         .collect())
 }
 
-/// Twice the positive median of the result named `test` (a one-way
-/// latency), in `results` of na-perf.
-fn round_trip(results: &[serde_json::Value], test: &str) -> Res<f64> {
+/// Twice the positive `field` (`median`: of batch means; `p50`: of single
+/// operations) of the result named `test` (a one-way latency), in
+/// `results` of na-perf.
+fn round_trip(results: &[serde_json::Value], test: &str, field: &str) -> Res<f64> {
     results
         .iter()
         .filter(|v| v["test"] == test)
-        .find_map(|v| v["median"].as_f64().filter(|m| *m > 0.0))
+        .find_map(|v| v[field].as_f64().filter(|m| *m > 0.0))
         .map(|one_way| 2.0 * one_way)
         .ok_or_else(|| format!("na-perf printed no {test} result: {results:?}").into())
 }
 
 /// Median raw eventfd round trip in nanoseconds (twice na-perf's one-way
-/// floor), between two processes on `cpus` when given.
+/// floor), between two processes on `cpus` when given: the median of
+/// single timed round trips, as hg-perf's `lat` times its calls (a batch
+/// mean would carry the sleeping ping-pong's slow tail).
 pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, batch_ms: u64) -> Res<f64> {
     round_trip(
         &na_perf_lat("blocking", cpus, batches, batch_ms)?,
         "floor_eventfd_lat",
+        "p50",
     )
 }
 
@@ -102,7 +106,11 @@ pub fn busy_round_trips(
     batch_ms: u64,
 ) -> Res<(f64, f64)> {
     let r = na_perf_lat("busy", cpus, batches, batch_ms)?;
-    Ok((round_trip(&r, "floor_shm_flag_lat")?, round_trip(&r, "lat")?))
+    // Batch means, as the rates they bound are measured.
+    Ok((
+        round_trip(&r, "floor_shm_flag_lat", "median")?,
+        round_trip(&r, "lat", "median")?,
+    ))
 }
 
 /// The raw `process_vm_readv` bandwidth (MiB/s) of one transfer of each of
