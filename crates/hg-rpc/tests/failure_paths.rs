@@ -5,14 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::{CallId, Engine, Rpc, RpcError};
+use hg_rpc::{Engine, Rpc, RpcError};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint};
+use common::{client, dir, endpoint, wait};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -24,19 +24,6 @@ fn server(d: &std::path::Path) -> Engine {
     srv.register::<Echo>(Ok).unwrap();
     srv.register::<Fail>(Err).unwrap();
     srv
-}
-
-/// Drives `c` until call `id` of `R` has its result.
-fn wait<R: Rpc>(c: &mut Engine, id: CallId) -> hg_rpc::Result<R::Output> {
-    let end = Instant::now() + T;
-    loop {
-        assert!(Instant::now() < end, "no result within {T:?}");
-        if let Some(r) = c.take_response::<R>(id) {
-            return r;
-        }
-        c.progress(Some(Duration::from_millis(20))).unwrap();
-        c.trigger().unwrap();
-    }
 }
 
 /// Drives `srv` alone until it handled `n` requests in all.

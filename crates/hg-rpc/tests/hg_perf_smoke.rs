@@ -328,7 +328,7 @@ fn a_killed_run_takes_its_busy_server_with_it() {
         // Gone, or a zombie waiting for its new parent to reap it.
         if stat
             .rsplit_once(')')
-            .map_or(true, |(_, r)| r.trim_start().starts_with('Z'))
+            .is_none_or(|(_, r)| r.trim_start().starts_with('Z'))
         {
             break;
         }

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
-use hg_rpc::{CallId, Engine, Rpc, RpcError};
+use hg_rpc::{Engine, Rpc, RpcError};
 use na_core::{Addr, Endpoint, OpId, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -14,7 +14,7 @@ use na_core::{Addr, Endpoint, OpId, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, posted_ops, Server};
+use common::{client, dir, endpoint, posted_ops, wait, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -38,19 +38,6 @@ fn pump(c: &mut Engine, d: Duration) {
     let end = Instant::now() + d;
     while Instant::now() < end {
         c.progress(Some(Duration::from_millis(10))).unwrap();
-        c.trigger().unwrap();
-    }
-}
-
-/// Drives `c` until call `id` of `R` has its result.
-fn wait<R: Rpc>(c: &mut Engine, id: CallId) -> hg_rpc::Result<R::Output> {
-    let end = Instant::now() + T;
-    loop {
-        assert!(Instant::now() < end, "no result within {T:?}");
-        if let Some(r) = c.take_response::<R>(id) {
-            return r;
-        }
-        c.progress(Some(Duration::from_millis(20))).unwrap();
         c.trigger().unwrap();
     }
 }

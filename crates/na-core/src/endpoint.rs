@@ -360,7 +360,7 @@ impl Endpoint {
                     return Ok(n);
                 }
                 polls = polls.wrapping_add(1);
-                if polls % CLOCK_EVERY == 0 {
+                if polls.is_multiple_of(CLOCK_EVERY) {
                     let now = Instant::now();
                     if !started {
                         started = true;

@@ -81,7 +81,7 @@ fn spin_until(mut done: impl FnMut() -> bool) -> Result<()> {
     while !done() {
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % (1 << 16) == 0 && start.get_or_insert_with(Instant::now).elapsed() > PATIENCE {
+        if spins.is_multiple_of(1 << 16) && start.get_or_insert_with(Instant::now).elapsed() > PATIENCE {
             return Err(PerfError::Timeout {
                 what: "the peer's shared-memory flag",
                 secs: PATIENCE.as_secs(),

@@ -129,10 +129,9 @@ impl Matcher {
     /// posted receive (and so be queued).
     pub fn would_queue(&self, token: u64, expected: bool, tag: Tag) -> bool {
         if expected {
-            !self
-                .posted_expected
+            self.posted_expected
                 .get(&(token, tag))
-                .is_some_and(|q| !q.is_empty())
+                .is_none_or(|q| q.is_empty())
         } else {
             self.posted_unexpected.is_empty()
         }

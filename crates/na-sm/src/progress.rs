@@ -64,7 +64,7 @@ impl SmPlugin {
         let events_due = std::mem::take(&mut self.events_owed)
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
-            || self.tick % EVENT_POLL_INTERVAL == 0;
+            || self.tick.is_multiple_of(EVENT_POLL_INTERVAL);
         // A listener paused for the queued-message bound goes on once the
         // application took some (no event says so); the other pauses end
         // with a handshake (its events are due) or at the timer.
@@ -138,7 +138,7 @@ impl SmPlugin {
         let heads = self.heads.current(&mut self.peers);
         for i in 0..max {
             self.tick = self.tick.wrapping_add(1);
-            if self.tick % EVENT_POLL_INTERVAL == 0 {
+            if self.tick.is_multiple_of(EVENT_POLL_INTERVAL) {
                 self.events_owed = true;
                 return i;
             }

@@ -257,7 +257,7 @@ impl VerbsPlugin {
         let primary = self.peers[peer]
             .conn
             .and_then(|c| self.conn(c))
-            .map_or(true, |c| c.state == ConnState::Dead);
+            .is_none_or(|c| c.state == ConnState::Dead);
         let conn = self.conn_mut(cref).expect("just inserted");
         conn.credits = crate::credits::Credits::new(u32::from(hello.depth), conn.depth);
         conn.peer_max_msg = hello.max_payload as usize;

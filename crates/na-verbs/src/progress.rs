@@ -24,7 +24,7 @@ impl VerbsPlugin {
         let before = self.completions.len();
         self.calls = self.calls.wrapping_add(1);
         self.poll_cq()?;
-        if self.calls % CM_POLL_EVERY == 0 {
+        if self.calls.is_multiple_of(CM_POLL_EVERY) {
             self.poll_cm()?;
             self.reap_dead();
         }

@@ -483,7 +483,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>),
                         // percent of the figure. The rate divides by the
                         // exact elapsed time below.
                         let mut turns = 0u32;
-                        while turns % 16 != 0 || t0.elapsed() < batch {
+                        while !turns.is_multiple_of(16) || t0.elapsed() < batch {
                             turns = turns.wrapping_add(1);
                             while q.len() < n {
                                 q.push_back(c.forward::<Noop>(&s, &input)?);

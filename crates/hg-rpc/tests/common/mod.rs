@@ -127,3 +127,17 @@ pub fn posted_ops(c: &mut Engine) -> u64 {
     let id = ep.plugin_ids().next().unwrap();
     ep.plugin(id).unwrap().stats().in_flight
 }
+
+/// Drives `c` until call `id` of `R` has its result (at most 10 s).
+pub fn wait<R: hg_rpc::Rpc>(c: &mut Engine, id: hg_rpc::CallId) -> hg_rpc::Result<R::Output> {
+    let limit = std::time::Duration::from_secs(10);
+    let end = std::time::Instant::now() + limit;
+    loop {
+        assert!(std::time::Instant::now() < end, "no result within {limit:?}");
+        if let Some(r) = c.take_response::<R>(id) {
+            return r;
+        }
+        c.progress(Some(std::time::Duration::from_millis(20))).unwrap();
+        c.trigger().unwrap();
+    }
+}

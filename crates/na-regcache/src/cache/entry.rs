@@ -23,7 +23,7 @@ impl<R: Registrar> Backend<R> {
     /// False in a forked child of the process that built the cache.
     #[inline]
     pub fn in_owner(&self) -> bool {
-        self.fork_guard.as_ref().map_or(true, ForkGuard::in_creator)
+        self.fork_guard.as_ref().is_none_or(ForkGuard::in_creator)
     }
 }
 

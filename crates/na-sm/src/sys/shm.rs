@@ -201,7 +201,7 @@ impl SharedRegion {
     /// constants, never peer data).
     pub fn atomic(&self, offset: usize) -> &AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.len,
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
             "bad atomic offset {offset}"
         );
         // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the
@@ -217,7 +217,7 @@ impl SharedRegion {
     /// # Panics
     /// If the range is out of bounds (callers validate peer lengths first).
     pub fn read_to_vec(&self, offset: usize, len: usize, dst: &mut Vec<u8>) {
-        assert!(offset % 8 == 0 && offset <= self.len && len <= self.len - offset);
+        assert!(offset.is_multiple_of(8) && offset <= self.len && len <= self.len - offset);
         dst.clear();
         dst.reserve(len);
         let words = len / 8;

@@ -272,7 +272,7 @@ pub fn pipe_wake_ups_between_processes_in_blocking_mode(t: &Transport) {
         // replies and sleeps, so the next reply must wake it (on a fast
         // machine a pipelining client could otherwise always find one).
         rounds += 1;
-        if rounds % 50 == 0 {
+        if rounds.is_multiple_of(50) {
             std::thread::sleep(Duration::from_millis(3));
         }
         done = done || client.child.try_wait().unwrap().is_some();
