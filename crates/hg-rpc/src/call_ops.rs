@@ -245,15 +245,25 @@ impl<C: Codec> Engine<C> {
                 self.finished_self.remove(i);
             }
         }
-        let r = outcome.and_then(|payload| {
-            self.codec
-                .decode::<R::Output>(&payload)
-                .map_err(|reason| RpcError::Decode {
-                    rpc: R::NAME.into(),
-                    what: "output",
-                    reason,
-                })
-        });
+        let r = match outcome {
+            Ok(payload) => {
+                let r = self
+                    .codec
+                    .decode::<R::Output>(&payload)
+                    .map_err(|reason| RpcError::Decode {
+                        rpc: R::NAME.into(),
+                        what: "output",
+                        reason,
+                    });
+                // A pulled (spilled) output's buffer serves the next pull: a
+                // fresh one costs a page fault per page it is written.
+                if payload.capacity() > self.max_msg {
+                    self.keep_spare_buffer(payload);
+                }
+                r
+            }
+            Err(e) => Err(e),
+        };
         if r.is_err() {
             self.stats.errors += 1;
         }
