@@ -625,11 +625,15 @@ impl<C: Codec> Engine<C> {
             .values()
             .filter_map(|(_, t)| t.checked_add(SPILLED_OUTPUT_TTL));
         let ttl = self.abandoned_ttl;
-        let inputs = self
-            .calls
-            .iter()
-            .filter(|_| self.abandoned_hint > 0)
-            .filter_map(|(_, c)| c.abandoned?.checked_add(ttl));
+        // The calls are scanned only when some were abandoned with inputs.
+        let inputs = (self.abandoned_hint > 0)
+            .then(|| {
+                self.calls
+                    .iter()
+                    .filter_map(move |(_, c)| c.abandoned?.checked_add(ttl))
+            })
+            .into_iter()
+            .flatten();
         let next = outputs.chain(inputs).min()?;
         // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
         let sweep = self

@@ -107,20 +107,25 @@ impl<T> TokenSlab<T> {
         }
     }
 
-    /// The value `tok` names, if it is still there.
+    /// The value `tok` names, if it is still there (one bounds check and
+    /// one compare: plugins call it per operation).
     pub fn get(&self, tok: u64) -> Option<&T> {
-        match self.resolve(tok) {
-            TokenState::Live(idx) => self.at(idx),
-            _ => None,
+        let (idx, generation) = split(tok);
+        let slot = self.slots.get(idx)?;
+        if slot.generation != generation {
+            return None;
         }
+        slot.value.as_ref()
     }
 
     /// Mutable [`get`](Self::get).
     pub fn get_mut(&mut self, tok: u64) -> Option<&mut T> {
-        match self.resolve(tok) {
-            TokenState::Live(idx) => self.at_mut(idx),
-            _ => None,
+        let (idx, generation) = split(tok);
+        let slot = self.slots.get_mut(idx)?;
+        if slot.generation != generation {
+            return None;
         }
+        slot.value.as_mut()
     }
 
     /// The token of the value in slot `idx`, if there is one.
