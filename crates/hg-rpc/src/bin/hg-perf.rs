@@ -189,9 +189,9 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
     for (name, op) in [("write", BulkOp::Pull), ("read", BulkOp::Push)] {
         let mut buf = None;
         let handler = move |ctx: &mut BulkCtx<'_>, (remote, len, count): (Bulk, u64, u64)| {
-            if count == 0 || len.saturating_mul(count) > BW_SPAN {
+            if count == 0 || len == 0 || len.saturating_mul(count) > BW_SPAN {
                 return Err(format!(
-                    "bw {name}: {count} x {len} bytes exceeds the {BW_SPAN}-byte buffer"
+                    "bw {name}: {count} x {len} bytes is empty or exceeds the {BW_SPAN}-byte buffer"
                 ));
             }
             let b = match buf.take() {
@@ -404,6 +404,24 @@ fn report_lat(cli: &Cli, mode: &str, size: u64, mut samples: Vec<u64>) -> (f64, 
     (p50, p99)
 }
 
+/// One bw RPC: `op` (`write`: the server pulls, `read`: it pushes) of
+/// `count` x `size` bytes of `local`; the server's bytes at both ends.
+fn bw_call(
+    c: &mut Engine,
+    s: &na_core::Addr,
+    local: &Bulk,
+    op: &str,
+    size: u64,
+    count: u64,
+) -> Res<(u8, u8)> {
+    let input = (local.clone(), size, count);
+    Ok(match op {
+        "write" => c.call::<BulkWrite>(s, &input, T)?,
+        "read" => c.call::<BulkRead>(s, &input, T)?,
+        other => return Err(format!("unknown op {other:?} (read, write)").into()),
+    })
+}
+
 /// Checks once that a bw transfer of `count` x `size` bytes moves data:
 /// the client's bytes at both ends of the span are marked first, and after
 /// the call they must be what the server reports holding (and, for a
@@ -421,12 +439,7 @@ fn check_bw_moves(
     let marks = [0x11u8, 0x22];
     mem.write_at(0, &marks[..1])?;
     mem.write_at(last, &marks[1..])?;
-    let input = (local.clone(), size, count);
-    let server = match op {
-        "write" => c.call::<BulkWrite>(s, &input, T)?,
-        "read" => c.call::<BulkRead>(s, &input, T)?,
-        other => return Err(format!("unknown op {other:?} (read, write)").into()),
-    };
+    let server = bw_call(c, s, local, op, size, count)?;
     let mut ends = [0u8; 2];
     mem.read_at(0, &mut ends[..1])?;
     mem.read_at(last, &mut ends[1..])?;
@@ -556,11 +569,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>),
                     for b in 0..=cli.batches {
                         let (mut bytes, t0) = (0u64, Instant::now());
                         while t0.elapsed() < batch {
-                            match op.trim() {
-                                "write" => c.call::<BulkWrite>(&s, &(local.clone(), size, count), T)?,
-                                "read" => c.call::<BulkRead>(&s, &(local.clone(), size, count), T)?,
-                                other => return Err(format!("unknown op {other:?} (read, write)").into()),
-                            };
+                            bw_call(&mut c, &s, &local, op.trim(), size, count)?;
                             bytes += size * count;
                         }
                         if b > 0 {
