@@ -50,12 +50,12 @@ impl Drop for Reg {
     }
 }
 
-/// The tests share the watch statics: one test function, in order.
-#[test]
-fn registrations_never_outlive_the_memory_they_cover() {
-    // 1. The last clone dropped: registration first, then the memory.
+/// A handle over one 4 KiB segment of `fill` whose allocation is watched,
+/// with a registration attached under `PluginId(0)`; the registration's
+/// report of whether the memory was freed before it.
+fn watched_registered_handle(fill: u8) -> (MemHandle, Arc<Mutex<Option<bool>>>) {
     let seen = Arc::new(Mutex::new(None));
-    let h = MemHandle::new(vec![vec![7u8; 4096]], Access::ReadWrite);
+    let h = MemHandle::new(vec![vec![fill; 4096]], Access::ReadWrite);
     let (addr, _) = h.segments_raw().next().unwrap();
     WATCHED.store(addr, Ordering::SeqCst);
     FREED.store(false, Ordering::SeqCst);
@@ -65,6 +65,14 @@ fn registrations_never_outlive_the_memory_they_cover() {
             freed_before_me: seen.clone(),
         }),
     );
+    (h, seen)
+}
+
+/// The tests share the watch statics: one test function, in order.
+#[test]
+fn registrations_never_outlive_the_memory_they_cover() {
+    // 1. The last clone dropped: registration first, then the memory.
+    let (h, seen) = watched_registered_handle(7);
     let clone = h.clone();
     drop(h);
     assert_eq!(*seen.lock().unwrap(), None, "a clone still holds it");
@@ -78,17 +86,7 @@ fn registrations_never_outlive_the_memory_they_cover() {
 
     // 2. A registration kept past its handle: into_buffers refuses, and the
     // last drop leaks the memory rather than free it under the registration.
-    let seen = Arc::new(Mutex::new(None));
-    let h = MemHandle::new(vec![vec![9u8; 4096]], Access::ReadWrite);
-    let (addr, _) = h.segments_raw().next().unwrap();
-    WATCHED.store(addr, Ordering::SeqCst);
-    FREED.store(false, Ordering::SeqCst);
-    h.attach_registration(
-        PluginId(0),
-        Arc::new(Reg {
-            freed_before_me: seen.clone(),
-        }),
-    );
+    let (h, seen) = watched_registered_handle(9);
     let kept = h.registration(PluginId(0)).expect("attached");
     let h = h
         .into_buffers()

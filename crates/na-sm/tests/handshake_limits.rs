@@ -27,9 +27,13 @@ fn dir(tag: &str) -> PathBuf {
 }
 
 fn node(d: &Path, listen: bool, mode: ProgressMode) -> (Endpoint, PluginId) {
+    node_with(d, listen, mode, HANDSHAKE)
+}
+
+fn node_with(d: &Path, listen: bool, mode: ProgressMode, handshake: Duration) -> (Endpoint, PluginId) {
     let cfg = SmConfig {
         listen,
-        handshake_timeout: HANDSHAKE,
+        handshake_timeout: handshake,
         ..SmConfig::default()
     }
     .with_dir(d);
@@ -259,16 +263,7 @@ fn queued_messages_stay_bounded_when_clients_keep_coming() {
 #[test]
 fn a_connection_to_ourselves_survives_a_long_gap_before_progress() {
     let d = dir("self-gap");
-    let cfg = SmConfig {
-        listen: true,
-        handshake_timeout: Duration::from_millis(50),
-        ..SmConfig::default()
-    }
-    .with_dir(&d);
-    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
+    let (mut ep, id) = node_with(&d, true, ProgressMode::Blocking, Duration::from_millis(50));
     let uri = ep.self_addr(id).unwrap().uri().to_owned();
     let me = ep.lookup(&uri).unwrap();
     ep.post_recv_expected(&me, 9, Vec::new(), OpId(1)).unwrap();
