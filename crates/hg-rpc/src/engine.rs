@@ -199,6 +199,10 @@ pub struct RpcStats {
     /// (and one-way calls) until their target is done with them (at most
     /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]).
     pub abandoned_inputs: u64,
+    /// Responses this target could not send (the caller is gone, or its
+    /// send backlog is full because it stopped reading): their callers
+    /// see the peer go, or time out.
+    pub responses_dropped: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].

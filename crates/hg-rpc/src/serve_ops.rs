@@ -264,7 +264,15 @@ impl<C: Codec> Engine<C> {
         {
             Ok(()) => self.stats.bytes_sent += (HEADER_LEN + out.len()) as u64,
             Err(e) => {
-                tracing::warn!(peer = %src, error = %e, "cannot send RPC response");
+                self.stats.responses_dropped += 1;
+                // A caller that stopped reading makes every response fail:
+                // warn at 1, 2, 4, 8... of them, not once per request.
+                let dropped = self.stats.responses_dropped;
+                if dropped.is_power_of_two() {
+                    tracing::warn!(peer = %src, error = %e, dropped, "cannot send RPC response");
+                } else {
+                    tracing::debug!(peer = %src, error = %e, dropped, "cannot send RPC response");
+                }
                 // Nobody learns of a spilled output that was not sent.
                 if h.flags & FLAG_SPILL != 0 {
                     self.exposed.remove(&(src.token(), h.cookie));

@@ -158,3 +158,95 @@ fn an_unknown_rpc_s_spilled_input_is_not_pulled() {
         c.stats()
     );
 }
+
+/// A caller that sends requests and never reads the responses (it posts no
+/// receive; its ring to us fills) cannot make the target queue responses
+/// without bound: past the plugin's send-backlog bound each further
+/// response is dropped and counted (`responses_dropped`, the plugin's
+/// `sends_refused`), every request is still handled, the queued bytes stay
+/// under the bound, and an honest caller is served meanwhile.
+#[test]
+fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
+    use hg_rpc::codec::{Codec, Postcard};
+    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM};
+    use na_core::{Endpoint, NaError, OpId, Plugin, ProgressMode};
+    use na_sm::{SmConfig, SmPlugin};
+
+    const BOUND: usize = 1 << 20;
+    const REQUESTS: u64 = 1000;
+    let d = dir("unread");
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig {
+        max_backlog_bytes: BOUND,
+        ..SmConfig::listening()
+    }
+    .with_dir(&*d);
+    let sid = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let mut srv = Engine::new(ep, sid).unwrap();
+    srv.register::<Echo>(Ok).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+
+    // The silent caller: raw requests for `Echo` of 4000 bytes.
+    let (mut raw, _) = endpoint(&d, false);
+    let s = raw.lookup(&uri).unwrap();
+    let mut payload = Vec::new();
+    Postcard.encode(&vec![7u8; 4000], &mut payload).unwrap();
+    let mut req = Vec::new();
+    Header {
+        flags: FLAG_CHECKSUM,
+        status: Status::Ok,
+        rpc_id: hg_rpc::rpc_id(Echo::NAME),
+        cookie: 1,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(&payload, &mut req);
+    let end = Instant::now() + T;
+    for i in 0..REQUESTS {
+        loop {
+            assert!(Instant::now() < end, "request {i} not sent: {:?}", srv.stats());
+            match raw.send_unexpected(&s, 0, &req, OpId(i)) {
+                Ok(()) => break,
+                // Our own bound (the target is slower than us): it reads on.
+                Err(NaError::SendBacklogFull { .. }) => {}
+                Err(e) => panic!("send {i}: {e}"),
+            }
+            raw.progress(Some(Duration::ZERO)).unwrap();
+            srv.progress(Some(Duration::ZERO)).unwrap();
+            srv.trigger().unwrap();
+        }
+        raw.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::ZERO)).unwrap();
+        srv.trigger().unwrap();
+    }
+    let end = Instant::now() + T;
+    while srv.stats().handled < REQUESTS {
+        assert!(Instant::now() < end, "the server handled {:?}", srv.stats());
+        raw.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.trigger().unwrap();
+    }
+    let st = srv.stats();
+    let na = srv.endpoint().plugin(sid).unwrap().stats();
+    // 1000 responses of ~4 KiB are ~4 MiB: the silent caller takes in a
+    // few hundred (its held-message bound and ring), 1 MiB more queue,
+    // and the rest are refused; each response is one of the three.
+    assert!(st.responses_dropped > 0, "{st:?} {na:?}");
+    assert_eq!(na.sends_refused, st.responses_dropped, "{na:?}");
+    assert_eq!(
+        na.msgs_sent + na.sends_queued + na.sends_refused,
+        REQUESTS,
+        "{na:?}"
+    );
+    assert!(na.backlog_bytes > 0 && na.backlog_bytes <= BOUND as u64, "{na:?}");
+
+    // An honest caller is answered while the silent one still holds its share.
+    let mut c = client(&d);
+    assert_eq!(
+        call::<Echo>(&mut c, &mut srv, &vec![1, 2, 3]).unwrap(),
+        vec![1, 2, 3]
+    );
+    drop(raw);
+}

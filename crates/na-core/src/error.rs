@@ -107,6 +107,20 @@ pub enum NaError {
         /// How we found out.
         reason: String,
     },
+    /// The sends queued for a peer that is not reading reached the
+    /// plugin's bound (see [`SendBacklog`](crate::SendBacklog)); this send
+    /// was not queued. Retry once the peer has read, or raise the bound.
+    #[error("send backlog to {peer} is full ({queued} sends, {bytes} of {max} bytes queued): the peer is not reading")]
+    SendBacklogFull {
+        /// The peer.
+        peer: String,
+        /// Sends queued for it.
+        queued: usize,
+        /// Bytes charged for them.
+        bytes: usize,
+        /// The bound.
+        max: usize,
+    },
     /// The operation was canceled before it completed.
     #[error("operation canceled")]
     Canceled,

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod addr;
+pub mod backlog;
 pub mod endpoint;
 pub mod error;
 pub mod fasthash;
@@ -36,6 +37,7 @@ pub mod sys;
 pub mod testing;
 
 pub use addr::{scheme_of, split_uri, Addr, PluginId};
+pub use backlog::{SendBacklog, DEFAULT_MAX_BACKLOG_BYTES};
 pub use endpoint::Endpoint;
 pub use error::{NaError, Result};
 pub use mem::{Access, MemHandle, RemoteMem, RemoteSegment, MAX_REMOTE_SEGMENTS};

@@ -33,6 +33,12 @@ pub struct PluginStats {
     pub in_flight: u64,
     /// Sends that had to wait for buffer space (backpressure).
     pub sends_queued: u64,
+    /// Sends refused because the peer's send backlog was full
+    /// ([`NaError::SendBacklogFull`](crate::NaError::SendBacklogFull)).
+    pub sends_refused: u64,
+    /// Bytes charged for the sends queued now, over all peers (see
+    /// [`SendBacklog`](crate::SendBacklog)).
+    pub backlog_bytes: u64,
     /// Messages sent straight from a plugin-provided buffer, without a
     /// copy ([`Plugin::send_unexpected_buf`] with registered buffers).
     pub sends_zero_copy: u64,

@@ -55,6 +55,12 @@ pub struct SmConfig {
     /// The descriptor peers write to wake us: `None` means `$QS_SM_WAKE`,
     /// else an eventfd (a pipe where the kernel has none).
     pub wake: Option<WakeKind>,
+    /// Most bytes of sends queued for one peer whose ring is full (each
+    /// send charged its payload plus 64). A send past it fails at once
+    /// with `NaError::SendBacklogFull` and is not queued, so a peer that
+    /// never reads cannot grow our memory. Default
+    /// [`na_core::DEFAULT_MAX_BACKLOG_BYTES`] (64 MiB).
+    pub max_backlog_bytes: usize,
 }
 
 /// Default of [`SmConfig::max_queued_per_peer`].
@@ -73,6 +79,7 @@ impl Default for SmConfig {
             max_queued_total: 32 * DEFAULT_MAX_QUEUED_PER_PEER,
             departed_hold: Duration::from_secs(10),
             wake: None,
+            max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
         }
     }
 }

@@ -14,10 +14,9 @@
 //!    answers [`ACK_MAGIC`] with its own eventfd for this connection.
 //! 4. The socket stays open: end-of-file on it means the peer is gone.
 
-use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
 
-use na_core::{OpId, Tag};
+use na_core::{OpId, SendBacklog, Tag};
 
 use crate::channel::{Channel, MsgKind, RxCursor, TxCursor};
 use crate::sys::shm::SharedRegion;
@@ -77,7 +76,7 @@ pub(crate) struct Conn {
     pub ack_deadline: Option<std::time::Instant>,
     /// We raised the tx_waiting / rx_waiting flags in `try_wait`.
     pub armed: bool,
-    pub backlog: VecDeque<QueuedSend>,
+    pub backlog: SendBacklog<QueuedSend>,
 }
 
 impl Conn {

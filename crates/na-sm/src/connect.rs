@@ -1,12 +1,11 @@
 //! Lookup, connection set-up and the accept side of the handshake (see
 //! [`crate::conn`] for the protocol).
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, NaError, Result};
+use na_core::{Addr, NaError, Result, SendBacklog};
 
 use crate::addr::SmName;
 use crate::channel::{check_region, init_region, RxCursor, TxCursor, REGION_LEN};
@@ -155,7 +154,7 @@ impl SmPlugin {
                 self.cfg.handshake_timeout.saturating_mul(2),
             )),
             armed: false,
-            backlog: VecDeque::new(),
+            backlog: SendBacklog::new(),
         };
         let tok = match self.peers.by_name(&name.key()) {
             Some(t) => t,
@@ -456,7 +455,7 @@ impl SmPlugin {
             wake_owed: false,
             ack_deadline: None,
             armed: false,
-            backlog: VecDeque::new(),
+            backlog: SendBacklog::new(),
         };
         let tok = match self.peers.by_name(&name.key()) {
             Some(t) => t,

@@ -547,6 +547,12 @@ impl Plugin for SmPlugin {
             queued_arrivals: self.matcher.queued_arrivals as u64,
             peers,
             peer_entries: peers,
+            backlog_bytes: self
+                .peers
+                .iter()
+                .flat_map(|p| &p.conns)
+                .map(|c| c.backlog.bytes() as u64)
+                .sum(),
             ..self.stats
         }
     }

@@ -595,13 +595,22 @@ impl SmPlugin {
         if op_in_flight(&self.ops, &self.matcher, op) {
             return Some(Err(dup(op)));
         }
+        let len = parts.iter().map(|p| p.len()).sum();
+        if let Err(e) = conn.backlog.admit(len, self.cfg.max_backlog_bytes, &peer.addr) {
+            self.stats.sends_refused += 1;
+            tracing::debug!(peer = %peer.addr, error = %e, "sm: send refused");
+            return Some(Err(e));
+        }
         self.maybe_backlog = true;
-        conn.backlog.push_back(QueuedSend {
-            op,
-            kind,
-            tag,
-            data: parts.concat(),
-        });
+        conn.backlog.push_back(
+            QueuedSend {
+                op,
+                kind,
+                tag,
+                data: parts.concat(),
+            },
+            len,
+        );
         self.ops.insert(op, OpPlace::Send(tok));
         self.stats.sends_queued += 1;
         // Armed: the owner may be asleep, and this send came from another
@@ -626,8 +635,7 @@ impl SmPlugin {
             OpPlace::Send(tok) => {
                 let q = self.peers.get_mut(tok).and_then(|p| {
                     let conn = p.conns.first_mut()?;
-                    let i = conn.backlog.iter().position(|q| q.op == op)?;
-                    conn.backlog.remove(i)
+                    conn.backlog.remove_first(|q| q.op == op)
                 });
                 let kind = q.map_or(OpKind::SendUnexpected, |q| kind_of(q.kind));
                 Completion::failed(op, kind, NaError::Canceled, None)

@@ -34,6 +34,7 @@ fn transport(dir: PathBuf, guard: Option<Dir>) -> Transport {
 /// default, or `$QS_SM_WAKE`).
 fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>) -> Transport {
     let d = dir.clone();
+    let d2 = dir.clone();
     let mut peer_env = vec![(SOCKET_DIR_ENV.into(), dir.into_os_string())];
     if let Some(k) = wake {
         peer_env.push((WAKE_ENV.into(), k.name().into()));
@@ -48,6 +49,18 @@ fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>)
             }
             .with_dir(d.clone());
             Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>)
+        }),
+        make_bounded: Arc::new({
+            let d = d2;
+            move |id, max_backlog_bytes| {
+                let cfg = SmConfig {
+                    wake,
+                    max_backlog_bytes,
+                    ..SmConfig::default()
+                }
+                .with_dir(d.clone());
+                Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>)
+            }
         }),
         peer_env,
         unreachable_uri: "sm://999999-nobody".into(),

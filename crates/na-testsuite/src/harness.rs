@@ -116,9 +116,24 @@ pub struct Node {
 impl Node {
     /// An endpoint in `mode` with one plugin (`listen` or client-only).
     pub fn new(t: &Transport, mode: ProgressMode, listen: bool) -> Node {
-        let mut ep = Endpoint::new(mode).expect("endpoint");
         let make = t.make.clone();
-        let id = ep.add_plugin(|id| make(id, listen)).expect("plugin");
+        Node::with_plugin(t, mode, move |id| make(id, listen))
+    }
+
+    /// A client endpoint in `mode` whose plugin bounds each peer's send
+    /// backlog at `max_backlog_bytes`.
+    pub fn bounded(t: &Transport, mode: ProgressMode, max_backlog_bytes: usize) -> Node {
+        let make = t.make_bounded.clone();
+        Node::with_plugin(t, mode, move |id| make(id, max_backlog_bytes))
+    }
+
+    fn with_plugin(
+        t: &Transport,
+        mode: ProgressMode,
+        make: impl FnOnce(PluginId) -> na_core::Result<Box<dyn na_core::Plugin>>,
+    ) -> Node {
+        let mut ep = Endpoint::new(mode).expect("endpoint");
+        let id = ep.add_plugin(make).expect("plugin");
         Node {
             ep,
             id,

@@ -57,12 +57,19 @@ pub const PEER_ENV: &str = "QS_NA_SUITE_PEER";
 /// Builds a plugin instance: `(id, listen)`.
 pub type MakePlugin = Arc<dyn Fn(PluginId, bool) -> na_core::Result<Box<dyn Plugin>> + Send + Sync>;
 
+/// Builds a client-only plugin instance whose per-peer send backlog is
+/// bounded at the given number of bytes: `(id, max_backlog_bytes)`.
+pub type MakeBoundedPlugin = Arc<dyn Fn(PluginId, usize) -> na_core::Result<Box<dyn Plugin>> + Send + Sync>;
+
 /// One transport as the scenarios see it.
 pub struct Transport {
     /// Short name (`sm`, `verbs`), for messages.
     pub name: &'static str,
     /// Creates a plugin of this transport in this process.
     pub make: MakePlugin,
+    /// Creates a client plugin with a given send-backlog bound (the
+    /// backlog-bound scenario fills a small one).
+    pub make_bounded: MakeBoundedPlugin,
     /// Environment a peer process needs to build the same transport (its
     /// [`Suite::peer`] reads it back).
     pub peer_env: Vec<(OsString, OsString)>,
@@ -129,6 +136,10 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "backpressure_ten_thousand_messages_a_thousand_in_flight",
             messaging::backpressure,
+        ),
+        (
+            "send_backlog_bounded_for_a_peer_that_stops_reading",
+            messaging::send_backlog_bound,
         ),
         ("plugin_message_buffers_both_kinds_reused", messaging::msg_bufs),
         ("gathered_sends_odd_parts_both_reports", messaging::gathered_sends),

@@ -180,6 +180,101 @@ pub fn backpressure(t: &Transport) {
     assert_eq!(st.in_flight, 0);
 }
 
+/// A peer that stops reading cannot grow our memory: while the server
+/// sleeps, sends fill the transport, then queue until the peer's backlog
+/// reaches the plugin's bound (1 MiB here; 64 MiB by default); the next
+/// send fails at once with `SendBacklogFull` (naming the peer, completing
+/// nothing, counted). Once the server reads again, every send
+/// that was accepted arrives intact and in order, the backlog empties, and
+/// sends go again.
+pub fn send_backlog_bound(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let max = 1 << 20;
+    let mut n = Node::bounded(t, ProgressMode::default(), max);
+    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    let size = n.ep.plugin(n.id).expect("plugin").max_unexpected_size().min(4096);
+    let msg = |i: u32| {
+        let mut m = vec![b'e'];
+        m.extend_from_slice(&i.to_le_bytes());
+        m.resize(size, i as u8);
+        m
+    };
+    // Long enough to queue 1 MiB on a slow VM.
+    let stall_ms = 1500u32;
+    let mut stall = vec![b'z'];
+    stall.extend_from_slice(&stall_ms.to_le_bytes());
+    let stalled_at = std::time::Instant::now();
+    n.ep.send_unexpected(&addr, u32::MAX, &stall, OpId(1 << 35))
+        .expect("send");
+    n.wait(OpId(1 << 35)).status.expect("stall");
+    let charge = size + na_core::backlog::QUEUED_SEND_OVERHEAD;
+    let limit = 2 * (max / charge) as u32 + 10_000;
+    let (mut accepted, mut refusal) = (0u32, None);
+    while accepted < limit {
+        let i = u64::from(accepted);
+        match n
+            .ep
+            .send_unexpected(&addr, accepted, &msg(accepted), OpId(1 << 34 | i))
+        {
+            Ok(()) => accepted += 1,
+            Err(e) => {
+                refusal = Some(e);
+                break;
+            }
+        }
+    }
+    let filled_in = stalled_at.elapsed();
+    let Some(NaError::SendBacklogFull {
+        peer,
+        queued,
+        bytes,
+        max: bound,
+    }) = refusal
+    else {
+        panic!("{accepted} sends, no SendBacklogFull: {refusal:?}");
+    };
+    assert!(
+        filled_in < Duration::from_millis(u64::from(stall_ms)),
+        "the backlog took {filled_in:?} to fill, longer than the server's stall: the bound was not tested"
+    );
+    assert_eq!(peer, server.uri);
+    assert_eq!(bound, max);
+    assert_eq!(
+        bytes,
+        queued * charge,
+        "every queued send is charged its payload + overhead"
+    );
+    assert!(bytes <= max && bytes + charge > max, "{bytes} of {max}");
+    assert!(queued < accepted as usize, "some went straight to the transport");
+    let st = n.stats();
+    assert_eq!(st.sends_refused, 1, "{st:?}");
+    assert_eq!(st.backlog_bytes, bytes as u64, "{st:?}");
+    n.pump(Duration::from_millis(20));
+    assert!(
+        !n.stash.contains_key(&OpId(1 << 34 | u64::from(accepted))),
+        "a refused send completes nothing"
+    );
+    // The server reads again: everything accepted is echoed, in order.
+    for i in 0..accepted {
+        n.ep.post_recv_expected(&addr, i, Vec::new(), OpId(1 << 33 | u64::from(i)))
+            .expect("post");
+    }
+    for i in 0..accepted {
+        let c = n.wait_for(OpId(1 << 33 | u64::from(i)), n.timeout * 3);
+        assert_eq!(c.buf.expect("buf"), msg(i), "message {i}");
+        n.wait(OpId(1 << 34 | u64::from(i))).status.expect("send");
+    }
+    let st = n.stats();
+    assert_eq!(st.backlog_bytes, 0, "{st:?}");
+    // Sending goes on (the refused message was never sent: a new one is).
+    n.ep.post_recv_expected(&addr, accepted, Vec::new(), OpId(1 << 36))
+        .expect("post");
+    n.ep.send_unexpected(&addr, accepted, &msg(accepted), OpId(1 << 37))
+        .expect("send after the backlog drained");
+    assert_eq!(n.wait(OpId(1 << 36)).buf.expect("buf"), msg(accepted));
+    assert_eq!(n.stats().msgs_received, u64::from(accepted) + 1);
+}
+
 /// Plugin-provided message buffers: 2,000 requests of up to the maximum
 /// size built in them and sent with `send_unexpected_buf`, 200 in flight
 /// (beyond the transport's buffers or credits, so some wait queued), each

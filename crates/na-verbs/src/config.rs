@@ -44,6 +44,11 @@ pub struct VerbsConfig {
     pub cache: Option<CacheConfig>,
     /// RDMA CM address and route resolution timeout, in milliseconds.
     pub resolve_timeout_ms: i32,
+    /// Most bytes of messages queued for one connection that has no send
+    /// credit (each charged its payload plus 64); a send past it fails
+    /// with `NaError::SendBacklogFull` and is not queued, so a peer that
+    /// never reads cannot grow our memory.
+    pub max_backlog_bytes: usize,
 }
 
 impl Default for VerbsConfig {
@@ -62,6 +67,7 @@ impl Default for VerbsConfig {
             max_held_total: 8192,
             cache: None,
             resolve_timeout_ms: 5000,
+            max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
         }
     }
 }

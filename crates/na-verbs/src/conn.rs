@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use na_core::{MsgBuf, OpId, OpKind, Tag};
+use na_core::{MsgBuf, OpId, OpKind, SendBacklog, Tag};
 
 use crate::credits::Credits;
 use crate::error::Result;
@@ -146,7 +146,7 @@ pub(crate) struct Conn {
     pub sq_used: u32,
     pub sq_cap: u32,
     pub recvs_posted: u32,
-    pub msg_backlog: VecDeque<PendingSend>,
+    pub msg_backlog: SendBacklog<PendingSend>,
     pub rma_backlog: VecDeque<PendingWr>,
     /// Messages of this connection held for the application.
     pub held: u32,
@@ -182,7 +182,7 @@ impl Conn {
             sq_used: 0,
             sq_cap: 0,
             recvs_posted: 0,
-            msg_backlog: VecDeque::new(),
+            msg_backlog: SendBacklog::new(),
             rma_backlog: VecDeque::new(),
             held: 0,
             rma_posted: std::collections::HashMap::new(),

@@ -288,7 +288,7 @@ impl VerbsPlugin {
             let _ = qp.to_error();
         }
         let _ = conn.id.disconnect();
-        let backlog: Vec<_> = conn.msg_backlog.drain(..).collect();
+        let backlog: Vec<_> = conn.msg_backlog.drain().collect();
         let (peer, primary) = (conn.peer, conn.primary);
         let uri = self.peers[peer].uri.clone();
         tracing::debug!(peer = %uri, %reason, "verbs: connection dead");

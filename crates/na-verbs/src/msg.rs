@@ -75,9 +75,7 @@ impl VerbsPlugin {
         }
         let peer = self.live_peer(dest)?;
         let cref = self.ensure_conn(peer)?;
-        let conn = self
-            .conn_mut(cref)
-            .expect("ensure_conn returned a live connection");
+        let conn = self.conn(cref).expect("ensure_conn returned a live connection");
         if conn.peer_max_msg != 0 && len > conn.peer_max_msg {
             return Err(NaError::MessageTooLarge {
                 len,
@@ -85,22 +83,34 @@ impl VerbsPlugin {
                 kind: "peer's buffer",
             });
         }
+        let direct = conn.msg_backlog.is_empty() && conn.can_post_msg(false);
+        let established = conn.state == ConnState::Established;
+        if !direct {
+            let admitted = conn
+                .msg_backlog
+                .admit(len, self.cfg.max_backlog_bytes, &self.peers[peer].uri);
+            if let Err(e) = admitted {
+                self.stats.sends_refused += 1;
+                tracing::debug!(error = %e, "verbs: send refused");
+                return Err(e);
+            }
+        }
         self.ops.insert(op, OpLoc::Send(cref));
         self.stats.in_flight += 1;
-        let conn = self.conn(cref).expect("checked above");
-        if conn.msg_backlog.is_empty() && conn.can_post_msg(false) {
+        if direct {
             if let Err(e) = self.post_outgoing(cref, kind, tag, msg, op) {
                 self.ops.remove(&op);
                 self.stats.in_flight -= 1;
                 return Err(e.into());
             }
         } else {
-            if conn.state == ConnState::Established {
+            if established {
                 self.stats.sends_queued += 1;
             }
             let body = msg.into_owned();
             let conn = self.conn_mut(cref).expect("checked above");
-            conn.msg_backlog.push_back(PendingSend { op, kind, tag, body });
+            conn.msg_backlog
+                .push_back(PendingSend { op, kind, tag, body }, len);
         }
         Ok(())
     }
@@ -453,10 +463,9 @@ impl VerbsPlugin {
                 }
             }
             OpLoc::Send(cref) => {
-                let queued = self.conn_mut(cref).and_then(|c| {
-                    let i = c.msg_backlog.iter().position(|m| m.op == op)?;
-                    c.msg_backlog.remove(i)
-                });
+                let queued = self
+                    .conn_mut(cref)
+                    .and_then(|c| c.msg_backlog.remove_first(|m| m.op == op));
                 match queued {
                     Some(m) => {
                         self.cancel_done(op, m.kind, None);

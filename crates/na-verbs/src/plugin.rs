@@ -406,6 +406,12 @@ impl Plugin for VerbsPlugin {
             .count() as u64;
         s.queued_arrivals = self.matching.held_count() as u64;
         s.peer_entries = self.peers.len() as u64;
+        s.backlog_bytes = self
+            .conns
+            .iter()
+            .filter_map(|c| c.conn.as_ref())
+            .map(|c| c.msg_backlog.bytes() as u64)
+            .sum();
         s
     }
 }

@@ -35,6 +35,16 @@ fn transport(spec: String) -> Transport {
             };
             Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>)
         }),
+        make_bounded: Arc::new({
+            let s = spec.clone();
+            move |id, max_backlog_bytes| {
+                let cfg = VerbsConfig {
+                    max_backlog_bytes,
+                    ..VerbsConfig::from_spec(&s, false)?
+                };
+                Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>)
+            }
+        }),
         peer_env: vec![(SPEC_ENV.into(), spec.into())],
         // RDMA CM port 1 on the device's address: nobody listens there.
         unreachable_uri: format!("verbs://{dev}/{ip}:1"),
