@@ -12,6 +12,8 @@ use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId, Tag};
 use crate::call_table::CallTable;
 use crate::codec::{Codec, Postcard};
 use crate::error::{Result, RpcError};
+use crate::exposed::ExposedOutputs;
+pub use crate::exposed::{DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL};
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
 use crate::rpc::{rpc_id, Rpc};
 
@@ -195,6 +197,13 @@ pub struct RpcStats {
     /// Spilled outputs this target keeps exposed until their origin pulled
     /// them or let them go (at most [`SPILLED_OUTPUT_TTL`] each).
     pub exposed_outputs: u64,
+    /// Bytes of those outputs (bounded, see
+    /// [`Engine::set_max_exposed_bytes`]).
+    pub exposed_bytes: u64,
+    /// Outputs this target did not send because exposing them would pass
+    /// a bound of [`Engine::set_max_exposed_bytes`] (their callers got a
+    /// handler error).
+    pub outputs_refused: u64,
     /// Spilled inputs this origin keeps exposed for calls it gave up on
     /// (and one-way calls) until their target is done with them (at most
     /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]).
@@ -268,7 +277,7 @@ pub struct Engine<C: Codec = Postcard> {
     max_pull_bytes: u64,
     /// Spilled outputs waiting for their origin to pull them, by (origin
     /// token, cookie), with the time they were exposed.
-    exposed: FastMap<(u64, u64), (MemHandle, Instant)>,
+    exposed: ExposedOutputs,
     last_sweep: Instant,
     /// Calls marked abandoned since the last sweep counted them (a hint:
     /// the sweep recounts), so a trigger with none reads no clock.
@@ -334,7 +343,7 @@ impl<C: Codec> Engine<C> {
             pull_bytes: 0,
             deferred_bytes: Arc::default(),
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
-            exposed: FastMap::default(),
+            exposed: ExposedOutputs::default(),
             last_sweep: Instant::now(),
             abandoned_hint: 0,
             abandoned_ttl: ABANDONED_INPUT_TTL,
@@ -388,6 +397,7 @@ impl<C: Codec> Engine<C> {
         RpcStats {
             in_flight,
             exposed_outputs: self.exposed.len() as u64,
+            exposed_bytes: self.exposed.bytes(),
             abandoned_inputs,
             ..self.stats
         }
@@ -564,6 +574,18 @@ impl<C: Codec> Engine<C> {
         self.max_pull_bytes = bytes;
     }
 
+    /// Most bytes of spilled outputs this target keeps exposed for one
+    /// origin that has not pulled them yet (`per_peer`), and for all
+    /// origins (`total`); defaults [`DEFAULT_MAX_EXPOSED_PER_PEER`] (what
+    /// one origin pulls at once by default) and
+    /// [`DEFAULT_MAX_EXPOSED_TOTAL`]. An origin that asks for large outputs
+    /// and never pulls them would otherwise make us hold each for
+    /// [`SPILLED_OUTPUT_TTL`]. A call whose output would pass a bound gets
+    /// a handler error that says so (its handler did run).
+    pub fn set_max_exposed_bytes(&mut self, per_peer: u64, total: u64) {
+        self.exposed.set_limits(per_peer, total);
+    }
+
     /// How long a spilled input stays exposed for a call this origin gave
     /// up on (a timeout, a dropped future) or sent one-way, when its target
     /// neither answers nor goes away; default [`ABANDONED_INPUT_TTL`].
@@ -626,8 +648,8 @@ impl<C: Codec> Engine<C> {
         }
         let outputs = self
             .exposed
-            .values()
-            .filter_map(|(_, t)| t.checked_add(SPILLED_OUTPUT_TTL));
+            .exposed_since()
+            .filter_map(|t| t.checked_add(SPILLED_OUTPUT_TTL));
         let ttl = self.abandoned_ttl;
         // The calls are scanned only when some were abandoned with inputs.
         let inputs = (self.abandoned_hint > 0)
@@ -669,13 +691,9 @@ impl<C: Codec> Engine<C> {
     /// never answered, each after its TTL.
     fn sweep_expired(&mut self) {
         self.last_sweep = Instant::now();
-        let before = self.exposed.len();
-        self.exposed.retain(|_, (_, t)| t.elapsed() < SPILLED_OUTPUT_TTL);
-        if self.exposed.len() < before {
-            tracing::warn!(
-                expired = before - self.exposed.len(),
-                "released spilled outputs never pulled"
-            );
+        let expired = self.exposed.sweep(SPILLED_OUTPUT_TTL);
+        if expired > 0 {
+            tracing::warn!(expired, "released spilled outputs never pulled");
         }
         if self.abandoned_hint == 0 {
             return;

@@ -1,8 +1,6 @@
 //! The target side of the engine: running handlers (now or deferred),
 //! pulling spilled inputs, and sending responses (spilling large outputs).
 
-use std::time::Instant;
-
 use na_core::{Access, Addr, MemHandle, Report};
 
 use super::{
@@ -127,7 +125,7 @@ impl<C: Codec> Engine<C> {
         }
         if h.rpc_id == rpc_id(RELEASE_RPC) {
             if let Ok(c) = <[u8; 8]>::try_from(payload) {
-                self.exposed.remove(&(src.token(), u64::from_le_bytes(c)));
+                self.exposed.remove((src.token(), u64::from_le_bytes(c)));
             }
             return Ok(());
         }
@@ -232,11 +230,24 @@ impl<C: Codec> Engine<C> {
         } else if h.status != Status::Ok {
             truncate_message(&mut out, self.max_msg.saturating_sub(HEADER_LEN));
             (h, out)
+        } else if let Err(why) = self.exposed.admit(src.token(), out.len() as u64) {
+            self.stats.outputs_refused += 1;
+            let refused = self.stats.outputs_refused;
+            if refused.is_power_of_two() {
+                tracing::warn!(peer = %src, %why, refused, "spilled output refused");
+            }
+            let h = Header {
+                status: Status::HandlerError,
+                ..h
+            };
+            let mut msg = why.into_bytes();
+            truncate_message(&mut msg, self.max_msg.saturating_sub(HEADER_LEN));
+            (h, msg)
         } else {
+            let len = out.len() as u64;
             match spill::expose(&mut self.ep, self.plugin, out) {
                 Ok((mem, payload)) => {
-                    self.exposed
-                        .insert((src.token(), h.cookie), (mem, Instant::now()));
+                    self.exposed.insert((src.token(), h.cookie), mem, len);
                     (
                         Header {
                             flags: h.flags | FLAG_SPILL,
@@ -275,7 +286,7 @@ impl<C: Codec> Engine<C> {
                 }
                 // Nobody learns of a spilled output that was not sent.
                 if h.flags & FLAG_SPILL != 0 {
-                    self.exposed.remove(&(src.token(), h.cookie));
+                    self.exposed.remove((src.token(), h.cookie));
                 }
             }
         }

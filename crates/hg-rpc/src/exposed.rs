@@ -1,0 +1,185 @@
+//! The spilled outputs a target keeps exposed until their origin pulled
+//! them, bounded in bytes per origin and in all.
+//!
+//! An output too large for a message is exposed read-only and its
+//! descriptor sent instead; the origin pulls it and says so, and only then
+//! is it dropped (or after [`SPILLED_OUTPUT_TTL`](crate::SPILLED_OUTPUT_TTL)).
+//! An origin that asks for large outputs and never pulls them would make
+//! the target hold every one of them for that long, and a flood of such
+//! calls would exhaust the target's memory. So exposing is admitted only
+//! under two bounds ([`Engine::set_max_exposed_bytes`](crate::Engine::set_max_exposed_bytes)):
+//! what one origin has not yet pulled, and what all have not; a call past
+//! either is answered with a handler error that says so.
+
+use std::time::{Duration, Instant};
+
+use na_core::fasthash::FastMap;
+use na_core::MemHandle;
+
+/// Default bound of the outputs one origin has not pulled yet: what one
+/// origin pulls at once by default (`DEFAULT_MAX_PULL_BYTES`), so an
+/// origin within its own budget never meets it.
+pub const DEFAULT_MAX_EXPOSED_PER_PEER: u64 = crate::engine::DEFAULT_MAX_PULL_BYTES;
+
+/// Default bound of the outputs all origins have not pulled yet.
+pub const DEFAULT_MAX_EXPOSED_TOTAL: u64 = 4 * DEFAULT_MAX_EXPOSED_PER_PEER;
+
+/// One exposed output.
+struct Entry {
+    mem: MemHandle,
+    since: Instant,
+    bytes: u64,
+}
+
+/// Exposed outputs by (origin token, cookie), with their byte counts.
+pub(crate) struct ExposedOutputs {
+    entries: FastMap<(u64, u64), Entry>,
+    by_peer: FastMap<u64, u64>,
+    total: u64,
+    max_per_peer: u64,
+    max_total: u64,
+}
+
+impl Default for ExposedOutputs {
+    fn default() -> Self {
+        ExposedOutputs {
+            entries: FastMap::default(),
+            by_peer: FastMap::default(),
+            total: 0,
+            max_per_peer: DEFAULT_MAX_EXPOSED_PER_PEER,
+            max_total: DEFAULT_MAX_EXPOSED_TOTAL,
+        }
+    }
+}
+
+impl ExposedOutputs {
+    /// Sets both bounds.
+    pub fn set_limits(&mut self, per_peer: u64, total: u64) {
+        self.max_per_peer = per_peer;
+        self.max_total = total;
+    }
+
+    /// Checks that `bytes` more for origin `peer` stay within both bounds;
+    /// the error says which bound and by how much.
+    pub fn admit(&self, peer: u64, bytes: u64) -> Result<(), String> {
+        let held = self.by_peer.get(&peer).copied().unwrap_or(0);
+        if held.saturating_add(bytes) > self.max_per_peer {
+            return Err(format!(
+                "output of {bytes} bytes not sent: this caller has not pulled {held} bytes of earlier \
+                 outputs and the target holds at most {} per caller",
+                self.max_per_peer
+            ));
+        }
+        if self.total.saturating_add(bytes) > self.max_total {
+            return Err(format!(
+                "output of {bytes} bytes not sent: the target holds {} bytes of outputs not yet \
+                 pulled, at most {} in all",
+                self.total, self.max_total
+            ));
+        }
+        Ok(())
+    }
+
+    /// Keeps `mem` (`bytes` long) exposed for origin `key.0`'s call
+    /// `key.1`, replacing (and releasing) any output under the same key.
+    pub fn insert(&mut self, key: (u64, u64), mem: MemHandle, bytes: u64) {
+        self.remove(key);
+        *self.by_peer.entry(key.0).or_insert(0) += bytes;
+        self.total += bytes;
+        self.entries.insert(
+            key,
+            Entry {
+                mem,
+                since: Instant::now(),
+                bytes,
+            },
+        );
+    }
+
+    /// Releases the output under `key`, if any.
+    pub fn remove(&mut self, key: (u64, u64)) {
+        if let Some(e) = self.entries.remove(&key) {
+            self.uncount(key.0, e.bytes);
+            drop(e.mem);
+        }
+    }
+
+    fn uncount(&mut self, peer: u64, bytes: u64) {
+        self.total -= bytes;
+        if let Some(held) = self.by_peer.get_mut(&peer) {
+            *held -= bytes;
+            if *held == 0 {
+                self.by_peer.remove(&peer);
+            }
+        }
+    }
+
+    /// Releases every output exposed for `ttl` or longer; returns how many.
+    pub fn sweep(&mut self, ttl: Duration) -> usize {
+        let expired: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.since.elapsed() >= ttl)
+            .map(|(k, _)| *k)
+            .collect();
+        for &k in &expired {
+            self.remove(k);
+        }
+        expired.len()
+    }
+
+    /// When each output was exposed.
+    pub fn exposed_since(&self) -> impl Iterator<Item = Instant> + '_ {
+        self.entries.values().map(|e| e.since)
+    }
+
+    /// True if none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Outputs kept.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Bytes kept, over all origins.
+    pub fn bytes(&self) -> u64 {
+        self.total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use na_core::Access;
+
+    fn mem(n: usize) -> MemHandle {
+        MemHandle::new(vec![vec![0u8; n]], Access::ReadOnly)
+    }
+
+    #[test]
+    fn bounds_per_origin_and_in_all_with_every_exit_refunded() {
+        let mut x = ExposedOutputs::default();
+        x.set_limits(100, 150);
+        assert!(x.admit(1, 100).is_ok());
+        assert!(x.admit(1, 101).unwrap_err().contains("per caller"));
+        x.insert((1, 10), mem(60), 60);
+        assert!(x.admit(1, 41).unwrap_err().contains("has not pulled 60 bytes"));
+        assert!(x.admit(1, 40).is_ok());
+        x.insert((2, 10), mem(80), 80);
+        // Origin 3 is within its own bound but not the total (140 held).
+        assert!(x.admit(3, 11).unwrap_err().contains("140 bytes"));
+        assert!(x.admit(3, 10).is_ok());
+        // The same key again replaces, and refunds, the old output.
+        x.insert((1, 10), mem(20), 20);
+        assert_eq!((x.len(), x.bytes()), (2, 100));
+        x.remove((2, 10));
+        x.remove((2, 10));
+        assert_eq!((x.len(), x.bytes()), (1, 20));
+        assert!(x.admit(1, 80).is_ok() && x.admit(1, 81).is_err());
+        assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
+        assert_eq!(x.sweep(Duration::ZERO), 1);
+        assert!(x.is_empty() && x.bytes() == 0 && x.by_peer.is_empty());
+    }
+}
