@@ -34,7 +34,7 @@ pub struct PluginStats {
     /// Sends that had to wait for buffer space (backpressure).
     pub sends_queued: u64,
     /// Sends refused because the peer's send backlog was full
-    /// ([`NaError::SendBacklogFull`](crate::NaError::SendBacklogFull)).
+    /// ([`NaError::SendBacklogFull`]).
     pub sends_refused: u64,
     /// Bytes charged for the sends queued now, over all peers (see
     /// [`SendBacklog`](crate::SendBacklog)).
