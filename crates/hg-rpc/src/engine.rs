@@ -11,6 +11,8 @@ use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId, Tag};
 
 use crate::call_table::CallTable;
 use crate::codec::{Codec, Postcard};
+use crate::deferred::{DeferredLedger, DeferredTicket};
+pub use crate::deferred::{DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL};
 use crate::error::{Result, RpcError};
 use crate::exposed::ExposedOutputs;
 pub use crate::exposed::{DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL};
@@ -80,6 +82,8 @@ pub struct DeferredRequest {
     /// A pulled (spilled) input counts against the engine's pull budget
     /// until the request is answered or dropped.
     _charge: Option<PullCharge>,
+    /// Its place under [`Engine::set_max_deferred`]'s bounds, until then.
+    _ticket: DeferredTicket,
 }
 
 /// Bytes of a pulled input held by a handler not yet answered, counted in
@@ -96,19 +100,19 @@ impl Drop for PullCharge {
 }
 
 impl DeferredRequest {
-    fn new(src: &Addr, header: &Header, payload: Vec<u8>) -> Self {
+    fn new(
+        src: &Addr,
+        header: &Header,
+        payload: Vec<u8>,
+        ticket: DeferredTicket,
+        charge: Option<PullCharge>,
+    ) -> Self {
         DeferredRequest {
             src: src.clone(),
             header: *header,
             payload,
-            _charge: None,
-        }
-    }
-
-    fn with_charge(src: &Addr, header: &Header, payload: Vec<u8>, charge: PullCharge) -> Self {
-        DeferredRequest {
-            _charge: Some(charge),
-            ..Self::new(src, header, payload)
+            _charge: charge,
+            _ticket: ticket,
         }
     }
 
@@ -212,6 +216,11 @@ pub struct RpcStats {
     /// send backlog is full because it stopped reading): their callers
     /// see the peer go, or time out.
     pub responses_dropped: u64,
+    /// Requests for asynchronous handlers waiting or running unanswered.
+    pub deferred_in_flight: u64,
+    /// Requests for asynchronous handlers answered "busy" because too many
+    /// were unanswered (see [`Engine::set_max_deferred`]).
+    pub deferred_refused: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
@@ -290,6 +299,10 @@ pub struct Engine<C: Codec = Postcard> {
     bulk_done: FastMap<u64, Result<()>>,
     /// Requests for deferred handlers, oldest first.
     deferred_requests: VecDeque<DeferredRequest>,
+    /// Requests for deferred handlers not yet answered (queued or running),
+    /// per origin; bounded by `max_deferred` (per origin, in all).
+    deferred_ledger: DeferredLedger,
+    max_deferred: (usize, usize),
 }
 
 impl Engine<Postcard> {
@@ -350,6 +363,8 @@ impl<C: Codec> Engine<C> {
             deferred: VecDeque::new(),
             bulk_done: FastMap::default(),
             deferred_requests: VecDeque::new(),
+            deferred_ledger: DeferredLedger::default(),
+            max_deferred: (DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL),
         };
         if !pull {
             for _ in 0..POSTED_REQUEST_BUFFERS {
@@ -398,6 +413,7 @@ impl<C: Codec> Engine<C> {
             in_flight,
             exposed_outputs: self.exposed.len() as u64,
             exposed_bytes: self.exposed.bytes(),
+            deferred_in_flight: self.deferred_ledger.total() as u64,
             abandoned_inputs,
             ..self.stats
         }
@@ -572,6 +588,30 @@ impl<C: Codec> Engine<C> {
     /// that says so; a spilled output beyond it fails its call the same way.
     pub fn set_max_pull_bytes(&mut self, bytes: u64) {
         self.max_pull_bytes = bytes;
+    }
+
+    /// Most requests for asynchronous (deferred) handlers that may wait or
+    /// run unanswered at once: from one origin (`per_peer`) and from all
+    /// (`total`); defaults [`DEFAULT_MAX_DEFERRED_PER_PEER`] and
+    /// [`DEFAULT_MAX_DEFERRED_TOTAL`]. Past either, a request is answered
+    /// at once with a handler error saying the target is busy (a one-way
+    /// request is dropped), never queued: a caller cannot make us queue
+    /// requests, and start tasks for them, faster than handlers finish.
+    /// A spilled input is checked before it is pulled.
+    pub fn set_max_deferred(&mut self, per_peer: usize, total: usize) {
+        self.max_deferred = (per_peer, total);
+    }
+
+    /// A place for one more deferred request from `peer`, or why not
+    /// (counted in `deferred_refused`).
+    pub(crate) fn admit_deferred(&mut self, peer: u64) -> std::result::Result<DeferredTicket, String> {
+        let (per_peer, total) = self.max_deferred;
+        self.deferred_ledger.admit(peer, per_peer, total).inspect_err(|why| {
+            self.stats.deferred_refused += 1;
+            if self.stats.deferred_refused.is_power_of_two() {
+                tracing::warn!(refused = self.stats.deferred_refused, %why, "request for an async handler refused");
+            }
+        })
     }
 
     /// Most bytes of spilled outputs this target keeps exposed for one

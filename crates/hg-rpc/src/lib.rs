@@ -22,6 +22,7 @@
 
 mod call_table;
 pub mod codec;
+mod deferred;
 pub mod engine;
 pub mod error;
 mod exposed;
@@ -36,7 +37,8 @@ pub mod transport;
 pub use codec::{Codec, Postcard};
 pub use engine::{
     BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, ABANDONED_INPUT_TTL, BATCH_WINDOW,
-    DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL, POSTED_REQUEST_BUFFERS, SPILLED_OUTPUT_TTL,
+    DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL, DEFAULT_MAX_EXPOSED_PER_PEER,
+    DEFAULT_MAX_EXPOSED_TOTAL, POSTED_REQUEST_BUFFERS, SPILLED_OUTPUT_TTL,
 };
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkOp, Span};

@@ -49,9 +49,16 @@ impl<C: Codec> Engine<C> {
     ) -> Option<(Header, Vec<u8>)> {
         if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
             self.stats.handled += 1;
+            let ticket = match self.admit_deferred(src.token()) {
+                Ok(t) => t,
+                Err(why) => {
+                    self.keep_spare_buffer(data);
+                    return Some((response_header(h, Status::HandlerError), why.into_bytes()));
+                }
+            };
             let charge = self.charge_deferred(data.len() as u64);
             self.deferred_requests
-                .push_back(DeferredRequest::with_charge(src, h, data, charge));
+                .push_back(DeferredRequest::new(src, h, data, ticket, Some(charge)));
             return None;
         }
         let answer = self.run_decoded(src, h, &data);
@@ -78,11 +85,19 @@ impl<C: Codec> Engine<C> {
         };
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => (Status::UnknownRpc, Vec::new()),
-            Some(Handler { run: None, .. }) => {
-                self.deferred_requests
-                    .push_back(DeferredRequest::new(src, h, payload.to_vec()));
-                return None;
-            }
+            Some(Handler { run: None, .. }) => match self.admit_deferred(src.token()) {
+                Ok(ticket) => {
+                    self.deferred_requests.push_back(DeferredRequest::new(
+                        src,
+                        h,
+                        payload.to_vec(),
+                        ticket,
+                        None,
+                    ));
+                    return None;
+                }
+                Err(why) => (Status::HandlerError, why.into_bytes()),
+            },
             Some(Handler {
                 run: Some(run), name, ..
             }) => {
@@ -136,6 +151,15 @@ impl<C: Codec> Engine<C> {
                 self.stats.handled += 1;
                 self.respond(src, response_header(&h, Status::UnknownRpc), Vec::new());
                 return Ok(());
+            }
+            if matches!(self.handlers.get(&h.rpc_id), Some(Handler { run: None, .. })) {
+                // Busy now: answered before anything is pulled (a one-way
+                // request too: the answer lets its origin drop the input).
+                if let Err(why) = self.admit_deferred(src.token()) {
+                    self.stats.handled += 1;
+                    self.respond(src, response_header(&h, Status::HandlerError), why.into_bytes());
+                    return Ok(());
+                }
             }
             if let Err(reason) = self.start_pull(src, &h, payload, false) {
                 self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());

@@ -475,3 +475,79 @@ async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
     // Answered: the budget is free again.
     assert_eq!(call(4).await.unwrap().unwrap(), (1 << 20, fnv(&[4; 1 << 20])));
 }
+
+/// Requests for async handlers that wait (on a gate here, on I/O in a real
+/// server) are bounded per caller and in all: past a bound a call is
+/// answered "busy" at once (a small call and a spilled one alike), never
+/// queued; once handlers finish, calls go again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-deferred-bound");
+    let (ep, id) = common::endpoint(&dir, true);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.set_max_deferred(3, 5);
+    let server = AsyncEngine::spawn(e).unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    server
+        .register_async::<Echo, _, _>(move |data| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.map_err(|e| e.to_string())?.forget();
+                Ok(data)
+            }
+        })
+        .unwrap();
+    let uri = server.self_addr().to_string();
+    let (c1, c2) = (Arc::new(local(&dir, false)), Arc::new(local(&dir, false)));
+    let call = |c: &Arc<AsyncEngine>, v: Vec<u8>| {
+        let c = c.clone();
+        let s = c.lookup(&uri).unwrap();
+        tokio::spawn(async move { c.call::<Echo>(&s, &v, T).await })
+    };
+    let wait_in_flight = |n: u64| {
+        let server = &server;
+        async move {
+            let end = Instant::now() + T;
+            while server.stats().deferred_in_flight < n {
+                assert!(Instant::now() < end, "{:?}", server.stats());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let busy = |r: hg_rpc::Result<Vec<u8>>, what: &str| match r {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains(what), "{message}"),
+        other => panic!("expected busy ({what}), got {other:?}"),
+    };
+    let mut held = Vec::new();
+    for i in 0..3u8 {
+        held.push((vec![i], call(&c1, vec![i])));
+    }
+    wait_in_flight(3).await;
+    // The first caller has its 3; a 4th, small or spilled, is refused.
+    busy(call(&c1, vec![9]).await.unwrap(), "3 requests from this caller");
+    busy(
+        call(&c1, vec![9; 1 << 20]).await.unwrap(),
+        "3 requests from this caller",
+    );
+    // Another caller gets the 2 left of 5 in all, then is refused too.
+    for i in 3..5u8 {
+        held.push((vec![i; 1 << 20], call(&c2, vec![i; 1 << 20])));
+    }
+    wait_in_flight(5).await;
+    busy(call(&c2, vec![9]).await.unwrap(), "5 requests wait");
+    let st = server.stats();
+    assert_eq!((st.deferred_refused, st.deferred_in_flight), (3, 5), "{st:?}");
+    gate.add_permits(5);
+    for (want, h) in held {
+        assert_eq!(h.await.unwrap().unwrap(), want);
+    }
+    let end = Instant::now() + T;
+    while server.stats().deferred_in_flight > 0 {
+        assert!(Instant::now() < end, "{:?}", server.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gate.add_permits(1);
+    assert_eq!(call(&c1, vec![7]).await.unwrap().unwrap(), vec![7]);
+}
