@@ -5,8 +5,10 @@
 //! peer's ring or receive queue is full) into a backlog and retries it
 //! later. Without a bound that copy is the peer's to grow: a client that
 //! sends requests but never reads the responses makes a server queue every
-//! response, until the server runs out of memory. Each plugin's backlog
-//! is therefore bounded per peer ([`SendBacklog::admit`]); a send past the
+//! response, until the server runs out of memory. Each plugin's backlogs
+//! are therefore bounded per peer and in all ([`SendBacklog::admit`]; the
+//! backlogs of one plugin share a [`BacklogTotal`], so that a process
+//! posing as many peers cannot multiply the per-peer bound); a send past a
 //! bound fails at once with [`NaError::SendBacklogFull`] and nothing is
 //! queued, so the caller learns of it while it still holds the message.
 //!
@@ -14,6 +16,8 @@
 //! so that a flood of empty messages is bounded too.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::NaError;
 
@@ -26,19 +30,31 @@ pub const QUEUED_SEND_OVERHEAD: usize = 64;
 /// KiB, far below what would hurt a server.
 pub const DEFAULT_MAX_BACKLOG_BYTES: usize = 64 << 20;
 
+/// Default bound of all of one plugin's send backlogs together, in bytes.
+pub const DEFAULT_MAX_BACKLOG_TOTAL: usize = 4 * DEFAULT_MAX_BACKLOG_BYTES;
+
+/// The bytes charged in all the backlogs that share it (one per plugin).
+#[derive(Clone, Debug, Default)]
+pub struct BacklogTotal(Arc<AtomicUsize>);
+
+impl BacklogTotal {
+    /// Bytes charged now.
+    pub fn bytes(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// The sends queued for one peer, oldest first, with their charged bytes.
 #[derive(Debug)]
 pub struct SendBacklog<T> {
     items: VecDeque<(T, usize)>,
     bytes: usize,
+    total: BacklogTotal,
 }
 
-impl<T> Default for SendBacklog<T> {
-    fn default() -> Self {
-        SendBacklog {
-            items: VecDeque::new(),
-            bytes: 0,
-        }
+impl<T> Drop for SendBacklog<T> {
+    fn drop(&mut self) {
+        self.total.0.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -48,33 +64,55 @@ fn charge(len: usize) -> usize {
 }
 
 impl<T> SendBacklog<T> {
-    /// An empty backlog.
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty backlog whose charges also count in `total`.
+    pub fn new(total: &BacklogTotal) -> Self {
+        SendBacklog {
+            items: VecDeque::new(),
+            bytes: 0,
+            total: total.clone(),
+        }
     }
 
-    /// Checks that a send of `len` payload bytes fits under `max` bytes
+    /// Checks that a send of `len` payload bytes fits under `max` bytes for
+    /// this peer and `max_total` for all the backlogs sharing its total
     /// (what [`push_back`](Self::push_back) will charge). The error names
-    /// `peer` and says how much is queued: the send must not be queued.
-    /// An empty backlog admits any one send, so that a bound smaller than
-    /// a message never stops a peer that reads.
-    pub fn admit(&self, len: usize, max: usize, peer: &dyn std::fmt::Display) -> Result<(), NaError> {
-        if self.items.is_empty() || self.bytes.saturating_add(charge(len)) <= max {
+    /// `peer`, the bound and how much is queued: the send must not be
+    /// queued. An empty backlog admits any one send, so that no bound (and
+    /// no other peer filling the total) ever stops a peer that reads; the
+    /// total then exceeds its bound by at most one send per peer.
+    pub fn admit(
+        &self,
+        len: usize,
+        max: usize,
+        max_total: usize,
+        peer: &dyn std::fmt::Display,
+    ) -> Result<(), NaError> {
+        if self.items.is_empty() {
             return Ok(());
         }
+        let c = charge(len);
+        let (bytes, bound, scope) = if self.bytes.saturating_add(c) > max {
+            (self.bytes, max, "to this peer")
+        } else if self.total.bytes().saturating_add(c) > max_total {
+            (self.total.bytes(), max_total, "to all peers")
+        } else {
+            return Ok(());
+        };
         Err(NaError::SendBacklogFull {
             peer: peer.to_string(),
             queued: self.items.len(),
-            bytes: self.bytes,
-            max,
+            bytes,
+            max: bound,
+            scope,
         })
     }
 
     /// Queues `item`, a send of `len` payload bytes, last. Call
-    /// [`admit`](Self::admit) first: this one does not check the bound.
+    /// [`admit`](Self::admit) first: this one does not check the bounds.
     pub fn push_back(&mut self, item: T, len: usize) {
         let c = charge(len);
         self.bytes += c;
+        self.total.0.fetch_add(c, Ordering::Relaxed);
         self.items.push_back((item, c));
     }
 
@@ -86,21 +124,27 @@ impl<T> SendBacklog<T> {
     /// Takes the oldest queued send out.
     pub fn pop_front(&mut self) -> Option<T> {
         let (t, c) = self.items.pop_front()?;
-        self.bytes -= c;
+        self.uncharge(c);
         Some(t)
+    }
+
+    fn uncharge(&mut self, c: usize) {
+        self.bytes -= c;
+        self.total.0.fetch_sub(c, Ordering::Relaxed);
     }
 
     /// Takes out the first queued send for which `is` holds (a cancel).
     pub fn remove_first(&mut self, mut is: impl FnMut(&T) -> bool) -> Option<T> {
         let i = self.items.iter().position(|(t, _)| is(t))?;
         let (t, c) = self.items.remove(i)?;
-        self.bytes -= c;
+        self.uncharge(c);
         Some(t)
     }
 
     /// Takes every queued send out, oldest first (a failed peer).
     pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
-        self.bytes = 0;
+        let all = self.bytes;
+        self.uncharge(all);
         self.items.drain(..).map(|(t, _)| t)
     }
 
@@ -125,8 +169,10 @@ impl<T> IntoIterator for SendBacklog<T> {
     type IntoIter = std::iter::Map<std::collections::vec_deque::IntoIter<(T, usize)>, fn((T, usize)) -> T>;
 
     /// Every queued send, oldest first.
-    fn into_iter(self) -> Self::IntoIter {
-        self.items.into_iter().map(|(t, _)| t)
+    fn into_iter(mut self) -> Self::IntoIter {
+        let all = self.bytes;
+        self.uncharge(all);
+        std::mem::take(&mut self.items).into_iter().map(|(t, _)| t)
     }
 }
 
@@ -136,7 +182,8 @@ mod tests {
 
     #[test]
     fn charges_payload_and_overhead_and_refunds_on_every_exit() {
-        let mut b = SendBacklog::new();
+        let total = BacklogTotal::default();
+        let mut b = SendBacklog::new(&total);
         b.push_back(1u32, 100);
         b.push_back(2, 0);
         b.push_back(3, 10);
@@ -149,32 +196,80 @@ mod tests {
         assert_eq!(b.drain().collect::<Vec<_>>(), vec![3]);
         assert_eq!((b.bytes(), b.len()), (0, 0));
         assert!(b.remove_first(|_| true).is_none());
+        assert_eq!(total.bytes(), 0);
+        // Dropping or consuming a backlog refunds the total too.
+        let mut c = SendBacklog::new(&total);
+        c.push_back(4u32, 36);
+        b.push_back(5, 0);
+        assert_eq!(total.bytes(), (36 + QUEUED_SEND_OVERHEAD) + QUEUED_SEND_OVERHEAD);
+        drop(c);
+        assert_eq!(total.bytes(), QUEUED_SEND_OVERHEAD);
+        assert_eq!(b.into_iter().collect::<Vec<_>>(), vec![5]);
+        assert_eq!(total.bytes(), 0);
     }
 
     #[test]
     fn admit_refuses_past_the_bound_but_always_takes_one() {
-        let max = 1000;
-        let mut b = SendBacklog::new();
+        let (max, all) = (1000, usize::MAX);
+        let total = BacklogTotal::default();
+        let mut b = SendBacklog::new(&total);
         // One send larger than the bound still goes when nothing waits.
-        assert!(b.admit(5000, max, &"p").is_ok());
+        assert!(b.admit(5000, max, all, &"p").is_ok());
         b.push_back((), 500);
         // 564 charged; 400 more is charged 464, and 1028 > 1000: refused.
-        let full = b.admit(400, max, &"sm://1-x").unwrap_err();
+        let full = b.admit(400, max, all, &"sm://1-x").unwrap_err();
         match full {
             NaError::SendBacklogFull {
                 peer,
                 queued,
                 bytes,
                 max: m,
+                scope,
             } => {
-                assert_eq!((peer.as_str(), queued, bytes, m), ("sm://1-x", 1, 564, max));
+                assert_eq!(
+                    (peer.as_str(), queued, bytes, m, scope),
+                    ("sm://1-x", 1, 564, max, "to this peer")
+                );
             }
             other => panic!("wrong error {other:?}"),
         }
         // Exactly at the bound is admitted.
-        assert!(b.admit(max - 564 - QUEUED_SEND_OVERHEAD, max, &"p").is_ok());
-        assert!(b.admit(max - 564 - QUEUED_SEND_OVERHEAD + 1, max, &"p").is_err());
+        assert!(b.admit(max - 564 - QUEUED_SEND_OVERHEAD, max, all, &"p").is_ok());
+        assert!(b
+            .admit(max - 564 - QUEUED_SEND_OVERHEAD + 1, max, all, &"p")
+            .is_err());
         b.pop_front();
-        assert!(b.admit(400, max, &"p").is_ok());
+        assert!(b.admit(400, max, all, &"p").is_ok());
+    }
+
+    #[test]
+    fn the_total_bounds_all_backlogs_sharing_it_but_never_an_empty_one() {
+        let total = BacklogTotal::default();
+        let (mut a, mut b, c) = (
+            SendBacklog::new(&total),
+            SendBacklog::new(&total),
+            SendBacklog::<()>::new(&total),
+        );
+        a.push_back((), 436); // 500 charged
+        b.push_back((), 436);
+        // Within b's own bound (1000), past the total of 1200.
+        let e = b.admit(300, 1000, 1200, &"p").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                NaError::SendBacklogFull {
+                    bytes: 1000,
+                    max: 1200,
+                    scope: "to all peers",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("to all peers"), "{e}");
+        // An empty backlog still gets one send.
+        assert!(c.admit(300, 1000, 1200, &"p").is_ok());
+        a.pop_front();
+        assert!(b.admit(300, 1000, 1200, &"p").is_ok());
     }
 }

@@ -110,16 +110,21 @@ pub enum NaError {
     /// The sends queued for a peer that is not reading reached the
     /// plugin's bound (see [`SendBacklog`](crate::SendBacklog)); this send
     /// was not queued. Retry once the peer has read, or raise the bound.
-    #[error("send backlog to {peer} is full ({queued} sends, {bytes} of {max} bytes queued): the peer is not reading")]
+    #[error(
+        "send to {peer} refused: {bytes} of at most {max} bytes already queued {scope} \
+         ({queued} sends to this peer wait for it to read)"
+    )]
     SendBacklogFull {
         /// The peer.
         peer: String,
         /// Sends queued for it.
         queued: usize,
-        /// Bytes charged for them.
+        /// Bytes charged in the backlog that is full (this peer's, or all).
         bytes: usize,
-        /// The bound.
+        /// That backlog's bound.
         max: usize,
+        /// Which bound: `to this peer` or `to all peers`.
+        scope: &'static str,
     },
     /// The operation was canceled before it completed.
     #[error("operation canceled")]

@@ -61,6 +61,10 @@ pub struct SmConfig {
     /// never reads cannot grow our memory. Default
     /// [`na_core::DEFAULT_MAX_BACKLOG_BYTES`] (64 MiB).
     pub max_backlog_bytes: usize,
+    /// Most bytes of sends queued for all peers together (the peer names
+    /// a process claims are its own choice: one process can pose as many
+    /// peers). Default [`na_core::DEFAULT_MAX_BACKLOG_TOTAL`] (256 MiB).
+    pub max_backlog_total: usize,
 }
 
 /// Default of [`SmConfig::max_queued_per_peer`].
@@ -80,6 +84,7 @@ impl Default for SmConfig {
             departed_hold: Duration::from_secs(10),
             wake: None,
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
+            max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
         }
     }
 }

@@ -154,7 +154,7 @@ impl SmPlugin {
                 self.cfg.handshake_timeout.saturating_mul(2),
             )),
             armed: false,
-            backlog: SendBacklog::new(),
+            backlog: SendBacklog::new(&self.backlog_total),
         };
         let tok = match self.peers.by_name(&name.key()) {
             Some(t) => t,
@@ -455,7 +455,7 @@ impl SmPlugin {
             wake_owed: false,
             ack_deadline: None,
             armed: false,
-            backlog: SendBacklog::new(),
+            backlog: SendBacklog::new(&self.backlog_total),
         };
         let tok = match self.peers.by_name(&name.key()) {
             Some(t) => t,

@@ -77,11 +77,13 @@
 //! ## Messages
 //! Sends complete once the data is in shared memory. A send that finds no
 //! free buffer is copied into the peer's FIFO backlog and retried, in order,
-//! by `progress` (never dropped once accepted). The backlog is bounded
-//! ([`SmConfig::max_backlog_bytes`], 64 MiB per peer by default): past it a
-//! send fails at once with `NaError::SendBacklogFull` and is not queued, so
-//! a peer that stops reading (a client that sends requests and never takes
-//! the responses) cannot grow our memory. Messages
+//! by `progress` (never dropped once accepted). The backlogs are bounded
+//! ([`SmConfig::max_backlog_bytes`], 64 MiB per peer, and
+//! [`SmConfig::max_backlog_total`], 256 MiB for all peers, by default):
+//! past either a send fails at once with `NaError::SendBacklogFull` and is
+//! not queued, so a peer that stops reading (a client that sends requests
+//! and never takes the responses), or one process posing as many peers,
+//! cannot grow our memory. Messages
 //! that arrive before their receive is posted are copied out and kept, up
 //! to [`SmConfig::max_queued_per_peer`] per peer; past that the peer's ring
 //! is left undrained until a receive is posted, so a flooding peer backs up

@@ -83,6 +83,8 @@ pub struct SmPlugin {
     /// cleared by a flush that finds every backlog empty), so the busy
     /// loop skips the walk over all peers when nothing is queued.
     pub(crate) maybe_backlog: bool,
+    /// Bytes queued in all connections' send backlogs (their shared total).
+    pub(crate) backlog_total: na_core::BacklogTotal,
     pub(crate) tokens: Vec<u64>,
     /// What we create to be woken on.
     pub(crate) wake_kind: WakeKind,
@@ -182,6 +184,7 @@ impl SmPlugin {
             tick: 0,
             events_owed: false,
             maybe_backlog: false,
+            backlog_total: na_core::BacklogTotal::default(),
             tokens: Vec::with_capacity(32),
             wake_kind,
             msg_bufs: MsgBufPool::default(),
@@ -547,12 +550,7 @@ impl Plugin for SmPlugin {
             queued_arrivals: self.matcher.queued_arrivals as u64,
             peers,
             peer_entries: peers,
-            backlog_bytes: self
-                .peers
-                .iter()
-                .flat_map(|p| &p.conns)
-                .map(|c| c.backlog.bytes() as u64)
-                .sum(),
+            backlog_bytes: self.backlog_total.bytes() as u64,
             ..self.stats
         }
     }

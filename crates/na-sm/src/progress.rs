@@ -596,7 +596,8 @@ impl SmPlugin {
             return Some(Err(dup(op)));
         }
         let len = parts.iter().map(|p| p.len()).sum();
-        if let Err(e) = conn.backlog.admit(len, self.cfg.max_backlog_bytes, &peer.addr) {
+        let (max, max_total) = (self.cfg.max_backlog_bytes, self.cfg.max_backlog_total);
+        if let Err(e) = conn.backlog.admit(len, max, max_total, &peer.addr) {
             self.stats.sends_refused += 1;
             tracing::debug!(peer = %peer.addr, error = %e, "sm: send refused");
             return Some(Err(e));

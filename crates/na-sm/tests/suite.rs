@@ -52,10 +52,11 @@ fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>)
         }),
         make_bounded: Arc::new({
             let d = d2;
-            move |id, max_backlog_bytes| {
+            move |id, max_backlog_bytes, max_backlog_total| {
                 let cfg = SmConfig {
                     wake,
                     max_backlog_bytes,
+                    max_backlog_total,
                     ..SmConfig::default()
                 }
                 .with_dir(d.clone());

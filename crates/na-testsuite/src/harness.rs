@@ -121,10 +121,10 @@ impl Node {
     }
 
     /// A client endpoint in `mode` whose plugin bounds each peer's send
-    /// backlog at `max_backlog_bytes`.
-    pub fn bounded(t: &Transport, mode: ProgressMode, max_backlog_bytes: usize) -> Node {
+    /// backlog at `per_peer` bytes and all of them together at `total`.
+    pub fn bounded(t: &Transport, mode: ProgressMode, per_peer: usize, total: usize) -> Node {
         let make = t.make_bounded.clone();
-        Node::with_plugin(t, mode, move |id| make(id, max_backlog_bytes))
+        Node::with_plugin(t, mode, move |id| make(id, per_peer, total))
     }
 
     fn with_plugin(

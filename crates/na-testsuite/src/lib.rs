@@ -57,9 +57,10 @@ pub const PEER_ENV: &str = "QS_NA_SUITE_PEER";
 /// Builds a plugin instance: `(id, listen)`.
 pub type MakePlugin = Arc<dyn Fn(PluginId, bool) -> na_core::Result<Box<dyn Plugin>> + Send + Sync>;
 
-/// Builds a client-only plugin instance whose per-peer send backlog is
-/// bounded at the given number of bytes: `(id, max_backlog_bytes)`.
-pub type MakeBoundedPlugin = Arc<dyn Fn(PluginId, usize) -> na_core::Result<Box<dyn Plugin>> + Send + Sync>;
+/// Builds a client-only plugin instance whose send backlogs are bounded
+/// at the given numbers of bytes: `(id, per peer, all peers together)`.
+pub type MakeBoundedPlugin =
+    Arc<dyn Fn(PluginId, usize, usize) -> na_core::Result<Box<dyn Plugin>> + Send + Sync>;
 
 /// One transport as the scenarios see it.
 pub struct Transport {
@@ -138,7 +139,7 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
             messaging::backpressure,
         ),
         (
-            "send_backlog_bounded_for_a_peer_that_stops_reading",
+            "send_backlogs_bounded_per_peer_and_in_all_for_peers_that_stop_reading",
             messaging::send_backlog_bound,
         ),
         ("plugin_message_buffers_both_kinds_reused", messaging::msg_bufs),

@@ -180,18 +180,22 @@ pub fn backpressure(t: &Transport) {
     assert_eq!(st.in_flight, 0);
 }
 
-/// A peer that stops reading cannot grow our memory: while the server
-/// sleeps, sends fill the transport, then queue until the peer's backlog
-/// reaches the plugin's bound (1 MiB here; 64 MiB by default); the next
-/// send fails at once with `SendBacklogFull` (naming the peer, completing
-/// nothing, counted). Once the server reads again, every send
-/// that was accepted arrives intact and in order, the backlog empties, and
-/// sends go again.
+/// Peers that stop reading cannot grow our memory: while two servers
+/// sleep, sends fill the transport, then queue until the first server's
+/// backlog reaches the per-peer bound (1 MiB here; 64 MiB by default) and
+/// the second's reaches what is left of the bound of all backlogs together
+/// (1.5 MiB here; 256 MiB by default); each next send fails at once with
+/// `SendBacklogFull` (naming the peer and the bound, completing nothing,
+/// counted). Once the servers read again, every send that was accepted
+/// arrives intact and in order, the backlogs empty, and sends go again.
 pub fn send_backlog_bound(t: &Transport) {
-    let server = PeerProc::spawn(t, &["server"]);
-    let max = 1 << 20;
-    let mut n = Node::bounded(t, ProgressMode::default(), max);
-    let addr = n.ep.lookup(&server.uri).expect("lookup");
+    let servers = [PeerProc::spawn(t, &["server"]), PeerProc::spawn(t, &["server"])];
+    let (max, max_total) = (1 << 20, 3 << 19);
+    let mut n = Node::bounded(t, ProgressMode::default(), max, max_total);
+    let addrs: Vec<_> = servers
+        .iter()
+        .map(|s| n.ep.lookup(&s.uri).expect("lookup"))
+        .collect();
     let size = n.ep.plugin(n.id).expect("plugin").max_unexpected_size().min(4096);
     let msg = |i: u32| {
         let mut m = vec![b'e'];
@@ -199,80 +203,109 @@ pub fn send_backlog_bound(t: &Transport) {
         m.resize(size, i as u8);
         m
     };
-    // Long enough to queue 1 MiB on a slow VM.
-    let stall_ms = 1500u32;
+    // Ids: sends to server k are 1 << (34 + 2k) | i, receives 1 << (35 + 2k) | i.
+    let send_op = |k: usize, i: u32| OpId(1 << (34 + 2 * k) | u64::from(i));
+    let recv_op = |k: usize, i: u32| OpId(1 << (35 + 2 * k) | u64::from(i));
+    // Long enough to queue 1.5 MiB on a slow VM.
+    let stall_ms = 2000u32;
     let mut stall = vec![b'z'];
     stall.extend_from_slice(&stall_ms.to_le_bytes());
     let stalled_at = std::time::Instant::now();
-    n.ep.send_unexpected(&addr, u32::MAX, &stall, OpId(1 << 35))
-        .expect("send");
-    n.wait(OpId(1 << 35)).status.expect("stall");
+    for (k, a) in addrs.iter().enumerate() {
+        n.ep.send_unexpected(a, u32::MAX, &stall, OpId(1 << 42 | k as u64))
+            .expect("send");
+        n.wait(OpId(1 << 42 | k as u64)).status.expect("stall");
+    }
     let charge = size + na_core::backlog::QUEUED_SEND_OVERHEAD;
-    let limit = 2 * (max / charge) as u32 + 10_000;
-    let (mut accepted, mut refusal) = (0u32, None);
-    while accepted < limit {
-        let i = u64::from(accepted);
-        match n
-            .ep
-            .send_unexpected(&addr, accepted, &msg(accepted), OpId(1 << 34 | i))
-        {
-            Ok(()) => accepted += 1,
-            Err(e) => {
-                refusal = Some(e);
-                break;
+    let limit = 2 * (max_total / charge) as u32 + 10_000;
+    let mut accepted = [0u32; 2];
+    let mut refusals = Vec::new();
+    for (k, a) in addrs.iter().enumerate() {
+        let refusal = loop {
+            let i = accepted[k];
+            assert!(i < limit, "{i} sends to server {k}, no SendBacklogFull");
+            match n.ep.send_unexpected(a, i, &msg(i), send_op(k, i)) {
+                Ok(()) => accepted[k] += 1,
+                Err(e) => break e,
             }
-        }
+        };
+        refusals.push(refusal);
     }
     let filled_in = stalled_at.elapsed();
-    let Some(NaError::SendBacklogFull {
-        peer,
-        queued,
-        bytes,
-        max: bound,
-    }) = refusal
-    else {
-        panic!("{accepted} sends, no SendBacklogFull: {refusal:?}");
-    };
     assert!(
         filled_in < Duration::from_millis(u64::from(stall_ms)),
-        "the backlog took {filled_in:?} to fill, longer than the server's stall: the bound was not tested"
+        "the backlogs took {filled_in:?} to fill, longer than the servers' stall: the bounds were not tested"
     );
-    assert_eq!(peer, server.uri);
-    assert_eq!(bound, max);
-    assert_eq!(
-        bytes,
-        queued * charge,
-        "every queued send is charged its payload + overhead"
-    );
-    assert!(bytes <= max && bytes + charge > max, "{bytes} of {max}");
-    assert!(queued < accepted as usize, "some went straight to the transport");
-    let st = n.stats();
-    assert_eq!(st.sends_refused, 1, "{st:?}");
-    assert_eq!(st.backlog_bytes, bytes as u64, "{st:?}");
-    n.pump(Duration::from_millis(20));
-    assert!(
-        !n.stash.contains_key(&OpId(1 << 34 | u64::from(accepted))),
-        "a refused send completes nothing"
-    );
-    // The server reads again: everything accepted is echoed, in order.
-    for i in 0..accepted {
-        n.ep.post_recv_expected(&addr, i, Vec::new(), OpId(1 << 33 | u64::from(i)))
-            .expect("post");
+    let mut queued_bytes = 0;
+    for (k, (e, (srv, bound, scope))) in refusals
+        .into_iter()
+        .zip([(0, max, "to this peer"), (1, max_total, "to all peers")])
+        .enumerate()
+    {
+        let NaError::SendBacklogFull {
+            peer,
+            queued,
+            bytes,
+            max: b,
+            scope: sc,
+        } = e
+        else {
+            panic!("server {k}: {e}");
+        };
+        assert_eq!((peer.as_str(), b, sc), (servers[srv].uri.as_str(), bound, scope));
+        assert!(bytes <= bound && bytes + charge > bound, "{bytes} of {bound}");
+        assert!(
+            queued < accepted[k] as usize,
+            "some went straight to the transport"
+        );
+        queued_bytes += queued * charge;
+        if k == 0 {
+            assert_eq!(
+                bytes,
+                queued * charge,
+                "each queued send is charged payload + overhead"
+            );
+        } else {
+            assert_eq!(bytes, queued_bytes, "the total counts both backlogs");
+        }
     }
-    for i in 0..accepted {
-        let c = n.wait_for(OpId(1 << 33 | u64::from(i)), n.timeout * 3);
-        assert_eq!(c.buf.expect("buf"), msg(i), "message {i}");
-        n.wait(OpId(1 << 34 | u64::from(i))).status.expect("send");
+    let st = n.stats();
+    assert_eq!(st.sends_refused, 2, "{st:?}");
+    assert_eq!(st.backlog_bytes, queued_bytes as u64, "{st:?}");
+    n.pump(Duration::from_millis(20));
+    for (k, &count) in accepted.iter().enumerate() {
+        assert!(
+            !n.stash.contains_key(&send_op(k, count)),
+            "a refused send completes nothing"
+        );
+    }
+    // The servers read again: everything accepted is echoed, in order.
+    for (k, a) in addrs.iter().enumerate() {
+        for i in 0..accepted[k] {
+            n.ep.post_recv_expected(a, i, Vec::new(), recv_op(k, i))
+                .expect("post");
+        }
+    }
+    for (k, &count) in accepted.iter().enumerate() {
+        for i in 0..count {
+            let c = n.wait_for(recv_op(k, i), n.timeout * 3);
+            assert_eq!(c.buf.expect("buf"), msg(i), "server {k} message {i}");
+            n.wait(send_op(k, i)).status.expect("send");
+        }
     }
     let st = n.stats();
     assert_eq!(st.backlog_bytes, 0, "{st:?}");
-    // Sending goes on (the refused message was never sent: a new one is).
-    n.ep.post_recv_expected(&addr, accepted, Vec::new(), OpId(1 << 36))
-        .expect("post");
-    n.ep.send_unexpected(&addr, accepted, &msg(accepted), OpId(1 << 37))
-        .expect("send after the backlog drained");
-    assert_eq!(n.wait(OpId(1 << 36)).buf.expect("buf"), msg(accepted));
-    assert_eq!(n.stats().msgs_received, u64::from(accepted) + 1);
+    // Sending goes on (the refused messages were never sent: new ones are).
+    for (k, a) in addrs.iter().enumerate() {
+        let i = accepted[k];
+        n.ep.post_recv_expected(a, i, Vec::new(), recv_op(k, i))
+            .expect("post");
+        n.ep.send_unexpected(a, i, &msg(i), send_op(k, i))
+            .expect("send after the backlog drained");
+        assert_eq!(n.wait(recv_op(k, i)).buf.expect("buf"), msg(i));
+    }
+    let total: u32 = accepted.iter().sum();
+    assert_eq!(n.stats().msgs_received, u64::from(total) + 2);
 }
 
 /// Plugin-provided message buffers: 2,000 requests of up to the maximum

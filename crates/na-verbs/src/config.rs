@@ -49,6 +49,8 @@ pub struct VerbsConfig {
     /// with `NaError::SendBacklogFull` and is not queued, so a peer that
     /// never reads cannot grow our memory.
     pub max_backlog_bytes: usize,
+    /// Most bytes of messages queued for all connections together.
+    pub max_backlog_total: usize,
 }
 
 impl Default for VerbsConfig {
@@ -68,6 +70,7 @@ impl Default for VerbsConfig {
             cache: None,
             resolve_timeout_ms: 5000,
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
+            max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
         }
     }
 }

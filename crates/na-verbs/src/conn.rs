@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use na_core::{MsgBuf, OpId, OpKind, SendBacklog, Tag};
+use na_core::{BacklogTotal, MsgBuf, OpId, OpKind, SendBacklog, Tag};
 
 use crate::credits::Credits;
 use crate::error::Result;
@@ -155,7 +155,14 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(id: Arc<CmId>, peer: usize, active: bool, depth: u32, slot: usize) -> Conn {
+    pub fn new(
+        id: Arc<CmId>,
+        peer: usize,
+        active: bool,
+        depth: u32,
+        slot: usize,
+        total: &BacklogTotal,
+    ) -> Conn {
         Conn {
             id,
             qp: None,
@@ -182,7 +189,7 @@ impl Conn {
             sq_used: 0,
             sq_cap: 0,
             recvs_posted: 0,
-            msg_backlog: SendBacklog::new(),
+            msg_backlog: SendBacklog::new(total),
             rma_backlog: VecDeque::new(),
             held: 0,
             rma_posted: std::collections::HashMap::new(),

@@ -74,7 +74,14 @@ impl VerbsPlugin {
         self.conn_by_cm.insert(id.key(), cref);
         self.peers.acquire(peer);
         self.next_conn_serial += 1;
-        let mut conn = Conn::new(id, peer, active, u32::from(self.cfg.recv_depth), self.slot_size);
+        let mut conn = Conn::new(
+            id,
+            peer,
+            active,
+            u32::from(self.cfg.recv_depth),
+            self.slot_size,
+            &self.backlog_total,
+        );
         conn.serial = self.next_conn_serial;
         slot.conn = Some(conn);
         Ok(cref)

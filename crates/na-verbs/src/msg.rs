@@ -86,9 +86,12 @@ impl VerbsPlugin {
         let direct = conn.msg_backlog.is_empty() && conn.can_post_msg(false);
         let established = conn.state == ConnState::Established;
         if !direct {
-            let admitted = conn
-                .msg_backlog
-                .admit(len, self.cfg.max_backlog_bytes, &self.peers[peer].uri);
+            let admitted = conn.msg_backlog.admit(
+                len,
+                self.cfg.max_backlog_bytes,
+                self.cfg.max_backlog_total,
+                &self.peers[peer].uri,
+            );
             if let Err(e) = admitted {
                 self.stats.sends_refused += 1;
                 tracing::debug!(error = %e, "verbs: send refused");

@@ -79,6 +79,8 @@ pub struct VerbsPlugin {
     pub(crate) self_uri: String,
     pub(crate) self_key: SocketAddr,
     pub(crate) slot_size: usize,
+    /// Bytes queued in all connections' message backlogs (their shared total).
+    pub(crate) backlog_total: na_core::BacklogTotal,
     pub(crate) max_sge_write: usize,
     pub(crate) max_sge_read: usize,
     pub(crate) rd_atomic: u8,
@@ -181,6 +183,7 @@ impl VerbsPlugin {
             self_uri,
             self_key,
             slot_size,
+            backlog_total: na_core::BacklogTotal::default(),
             max_sge_write: cap(dev_attr.max_sge),
             max_sge_read: cap(dev_attr.max_sge_rd.min(dev_attr.max_sge)),
             rd_atomic: dev_attr.max_qp_rd_atom.clamp(1, 16) as u8,
@@ -406,12 +409,7 @@ impl Plugin for VerbsPlugin {
             .count() as u64;
         s.queued_arrivals = self.matching.held_count() as u64;
         s.peer_entries = self.peers.len() as u64;
-        s.backlog_bytes = self
-            .conns
-            .iter()
-            .filter_map(|c| c.conn.as_ref())
-            .map(|c| c.msg_backlog.bytes() as u64)
-            .sum();
+        s.backlog_bytes = self.backlog_total.bytes() as u64;
         s
     }
 }

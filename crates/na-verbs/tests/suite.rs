@@ -37,9 +37,10 @@ fn transport(spec: String) -> Transport {
         }),
         make_bounded: Arc::new({
             let s = spec.clone();
-            move |id, max_backlog_bytes| {
+            move |id, max_backlog_bytes, max_backlog_total| {
                 let cfg = VerbsConfig {
                     max_backlog_bytes,
+                    max_backlog_total,
                     ..VerbsConfig::from_spec(&s, false)?
                 };
                 Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>)
