@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use na_core::{Addr, MemHandle, NaError, OpId, Report, Tag};
 
-use super::{header, response_outcome, Call, CallId, Engine, OpRole, REQUEST_TAG, WATCH_OP, WATCH_TAG};
+use super::{
+    header, logged_at, response_outcome, Call, CallId, Engine, OpRole, REQUEST_TAG, WATCH_OP, WATCH_TAG,
+};
 use crate::call_table::NO_CALL;
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
@@ -181,7 +183,9 @@ impl<C: Codec> Engine<C> {
         let err = match status {
             Ok(()) => {
                 self.stats.malformed += 1;
-                tracing::warn!(peer = %addr, "peer sent a message matching no call; ignored");
+                if logged_at(self.stats.malformed) {
+                    tracing::warn!(peer = %addr, malformed = self.stats.malformed, "peer sent a message matching no call; ignored");
+                }
                 match self.watch(&addr) {
                     Ok(()) => return,
                     Err(e) => NaError::PeerGone {
@@ -377,7 +381,9 @@ impl<C: Codec> Engine<C> {
                 .any(|p| p.header.cookie == cookie && p.header.is_response());
         if call.peer != Some(src.token()) || call.outcome.is_some() || pulling {
             self.stats.malformed += 1;
-            tracing::warn!(peer = %src, cookie, "dropping a response that does not match its call");
+            if logged_at(self.stats.malformed) {
+                tracing::warn!(peer = %src, cookie, malformed = self.stats.malformed, "dropping a response that does not match its call");
+            }
             return;
         }
         if call.abandoned.is_some() {

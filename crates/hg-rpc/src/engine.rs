@@ -28,6 +28,13 @@ pub const SPILLED_OUTPUT_TTL: Duration = Duration::from_secs(60);
 /// goes away (see [`Engine::set_abandoned_input_ttl`]).
 pub const ABANDONED_INPUT_TTL: Duration = Duration::from_secs(60);
 
+/// True for the counts at which a repeated warning is logged: 1, 2, 4,
+/// 8... A peer that repeats what causes it (at ring speed) cannot flood
+/// the log; the counters in [`RpcStats`] have every one.
+pub(crate) fn logged_at(count: u64) -> bool {
+    count.is_power_of_two()
+}
+
 /// How often `trigger` looks for expired outputs and abandoned inputs.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -608,7 +615,7 @@ impl<C: Codec> Engine<C> {
         let (per_peer, total) = self.max_deferred;
         self.deferred_ledger.admit(peer, per_peer, total).inspect_err(|why| {
             self.stats.deferred_refused += 1;
-            if self.stats.deferred_refused.is_power_of_two() {
+            if logged_at(self.stats.deferred_refused) {
                 tracing::warn!(refused = self.stats.deferred_refused, %why, "request for an async handler refused");
             }
         })

@@ -4,8 +4,8 @@
 use na_core::{Access, Addr, MemHandle, Report};
 
 use super::{
-    response_header, response_outcome, BulkCtx, DeferredRequest, Engine, Handler, OpRole, PendingPull,
-    RESPONSE_TAG,
+    logged_at, response_header, response_outcome, BulkCtx, DeferredRequest, Engine, Handler, OpRole,
+    PendingPull, RESPONSE_TAG,
 };
 use crate::codec::Codec;
 use crate::error::Result;
@@ -130,7 +130,9 @@ impl<C: Codec> Engine<C> {
             Err(e) => {
                 // Garbage is not answered (we cannot trust its cookie); count it.
                 self.stats.malformed += 1;
-                tracing::warn!(peer = %src, error = %e, "dropping malformed RPC message");
+                if logged_at(self.stats.malformed) {
+                    tracing::warn!(peer = %src, error = %e, malformed = self.stats.malformed, "dropping malformed RPC message");
+                }
                 return Ok(());
             }
         };
@@ -257,7 +259,7 @@ impl<C: Codec> Engine<C> {
         } else if let Err(why) = self.exposed.admit(src.token(), out.len() as u64) {
             self.stats.outputs_refused += 1;
             let refused = self.stats.outputs_refused;
-            if refused.is_power_of_two() {
+            if logged_at(refused) {
                 tracing::warn!(peer = %src, %why, refused, "spilled output refused");
             }
             let h = Header {
@@ -303,7 +305,7 @@ impl<C: Codec> Engine<C> {
                 // A caller that stopped reading makes every response fail:
                 // warn at 1, 2, 4, 8... of them, not once per request.
                 let dropped = self.stats.responses_dropped;
-                if dropped.is_power_of_two() {
+                if logged_at(dropped) {
                     tracing::warn!(peer = %src, error = %e, dropped, "cannot send RPC response");
                 } else {
                     tracing::debug!(peer = %src, error = %e, dropped, "cannot send RPC response");

@@ -1,6 +1,7 @@
 //! Per-call tracing spans: a subscriber that wants debug spans sees one
 //! `rpc forward` and one `rpc handle` span per call; one that wants less
-//! sees none.
+//! sees none. Warnings a peer can cause per message are logged at 1, 2, 4,
+//! 8... of them, not once each.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +31,18 @@ struct Names(Arc<Mutex<Vec<&'static str>>>);
 impl<S: Subscriber> Layer<S> for Names {
     fn on_new_span(&self, attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {
         self.0.lock().unwrap().push(attrs.metadata().name());
+    }
+}
+
+/// Counts the warning events.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<usize>>);
+
+impl<S: Subscriber> Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            *self.0.lock().unwrap() += 1;
+        }
     }
 }
 
@@ -76,4 +89,33 @@ fn info_subscriber_gets_no_per_call_spans() {
         !names.iter().any(|n| n.starts_with("rpc ")),
         "per-call spans built for an info subscriber: {names:?}"
     );
+}
+
+/// 100 garbage messages from a peer: each is counted in `malformed`, and
+/// the warning is logged 7 times (at 1, 2, 4, ..., 64), not 100.
+#[test]
+fn a_peer_repeating_garbage_gets_logged_at_powers_of_two_only() {
+    use na_core::OpId;
+    let warnings = Warnings::default();
+    let subscriber = tracing_subscriber::registry().with(warnings.clone().with_filter(LevelFilter::WARN));
+    let dir = common::dir("spans-garbage");
+    tracing::subscriber::with_default(subscriber, || {
+        let mut srv = engine(&dir);
+        let (mut raw, _) = common::endpoint(&dir, false);
+        let s = raw.lookup(srv.self_addr().uri()).unwrap();
+        for i in 0..100 {
+            raw.send_unexpected(&s, 0, b"garbage", OpId(i)).unwrap();
+            raw.progress(Some(Duration::ZERO)).unwrap();
+            srv.progress(Some(Duration::ZERO)).unwrap();
+            srv.trigger().unwrap();
+        }
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while srv.stats().malformed < 100 {
+            assert!(std::time::Instant::now() < end, "{:?}", srv.stats());
+            raw.progress(Some(Duration::ZERO)).unwrap();
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.trigger().unwrap();
+        }
+    });
+    assert_eq!(*warnings.0.lock().unwrap(), 7);
 }
