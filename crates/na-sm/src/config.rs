@@ -65,7 +65,16 @@ pub struct SmConfig {
     /// a process claims are its own choice: one process can pose as many
     /// peers). Default [`na_core::DEFAULT_MAX_BACKLOG_TOTAL`] (256 MiB).
     pub max_backlog_total: usize,
+    /// Most connections one process (by its kernel-reported pid) may hold
+    /// to this listener; its handshakes past it are refused. Each costs 3
+    /// descriptors and a ~540 KiB mapping here, so a client that leaks
+    /// plugin instances (or claims many names) cannot exhaust our
+    /// descriptors. Default [`DEFAULT_MAX_CONNS_PER_PROCESS`].
+    pub max_conns_per_process: usize,
 }
+
+/// Default of [`SmConfig::max_conns_per_process`].
+pub const DEFAULT_MAX_CONNS_PER_PROCESS: usize = 256;
 
 /// Default of [`SmConfig::max_queued_per_peer`].
 pub const DEFAULT_MAX_QUEUED_PER_PEER: usize = 256;
@@ -85,6 +94,7 @@ impl Default for SmConfig {
             wake: None,
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
+            max_conns_per_process: DEFAULT_MAX_CONNS_PER_PROCESS,
         }
     }
 }

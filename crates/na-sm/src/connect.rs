@@ -419,6 +419,20 @@ impl SmPlugin {
                 name.pid, p.cred.pid
             ));
         }
+        // Whatever names it claims, a process gets this many connections.
+        let held: usize = self
+            .peers
+            .iter()
+            .filter(|q| q.pid == p.cred.pid)
+            .map(|q| q.conns.len())
+            .sum();
+        let max = self.cfg.max_conns_per_process;
+        if held >= max {
+            return Err(format!(
+                "process {} already holds {held} connections (at most {max}: SmConfig::max_conns_per_process)",
+                p.cred.pid
+            ));
+        }
         let wake_fd = r.fds.pop().ok_or("missing eventfd")?;
         let region_fd = r.fds.pop().ok_or("missing region")?;
         let region = SharedRegion::from_peer(region_fd, REGION_LEN).map_err(|e| format!("region: {e}"))?;

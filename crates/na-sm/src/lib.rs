@@ -27,7 +27,10 @@
 //! its own eventfd. Lookup does not wait for the answer: sends may start at
 //! once, so two instances in one thread (or a self-lookup) cannot deadlock.
 //! The socket stays open; end of file on it means the peer died. See
-//! [`conn`] for the bytes.
+//! [`conn`] for the bytes. A process gets at most
+//! [`SmConfig::max_conns_per_process`] connections to a listener (counted
+//! by kernel-reported pid, whatever names it claims); past it its
+//! handshakes are refused (closed: its operations fail with `PeerGone`).
 //!
 //! ## Region layout
 //! A header page, one control page and two ring pages per direction, then 32
@@ -150,7 +153,7 @@ pub mod sys;
 
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
-pub use config::{SmConfig, WakeKind, SOCKET_DIR_ENV, WAKE_ENV};
+pub use config::{SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, SOCKET_DIR_ENV, WAKE_ENV};
 pub use connect::MAX_PENDING_HANDSHAKES;
 pub use error::SmError;
 pub use factory::SmFactory;

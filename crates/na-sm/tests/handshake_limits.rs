@@ -8,6 +8,8 @@
 //!   silent ones time out.
 //! * A listener that never accepts: the connector's operations fail with
 //!   `PeerGone` after twice the handshake timeout instead of waiting forever.
+//! * One process past `max_conns_per_process` connections: its next
+//!   handshake is refused.
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -289,5 +291,80 @@ fn a_connection_to_ourselves_survives_a_long_gap_before_progress() {
         while ep.take_unexpected(id, &mut buf).unwrap().is_some() {}
     }
     assert_eq!(done[&OpId(1)].as_deref(), Some(&b"to myself"[..]));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A process holding `max_conns_per_process` connections (a client that
+/// leaks plugin instances, say) has its next handshake refused: that
+/// connection's send fails with a clear error instead of costing the
+/// listener more descriptors, the connections it holds keep working, and
+/// once it closes one a new one is accepted. (The clients here are in the
+/// listener's own process: the bound counts by kernel-reported pid.)
+#[test]
+fn connections_from_one_process_are_bounded() {
+    const MAX: usize = 3;
+    let d = dir("perproc");
+    let cfg = SmConfig {
+        listen: true,
+        handshake_timeout: HANDSHAKE,
+        max_conns_per_process: MAX,
+        ..SmConfig::default()
+    }
+    .with_dir(&d);
+    let mut srv = Endpoint::new(ProgressMode::Busy).unwrap();
+    let sid = srv
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let mut next_recv = 0u64;
+    // Sends one message from a new client; drives both until the server
+    // has it (`Ok`) or the client's send failed (`Err`).
+    let mut try_client = |srv: &mut Endpoint, tag: u32| -> (Endpoint, Result<(), NaError>) {
+        let (mut c, _) = node(&d, false, ProgressMode::Busy);
+        let a = c.lookup(&uri).unwrap();
+        next_recv += 1;
+        srv.post_recv_unexpected(sid, Vec::new(), OpId(1000 + next_recv))
+            .unwrap();
+        // Posted on the server: fails with the connection (as hg-rpc's watch).
+        c.post_recv_expected(&a, u32::MAX, Vec::new(), OpId(2)).unwrap();
+        c.send_unexpected(&a, tag, b"hi", OpId(1)).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < end, "neither delivered nor refused");
+            srv.progress(Some(Duration::ZERO)).unwrap();
+            c.progress(Some(Duration::ZERO)).unwrap();
+            if let Some(done) = srv.pop_completion() {
+                assert_eq!(done.tag, tag);
+                return (c, Ok(()));
+            }
+            while let Some(done) = c.pop_completion() {
+                if let Err(e) = done.status {
+                    return (c, Err(e));
+                }
+            }
+        }
+    };
+    let mut held: Vec<Endpoint> = (0..MAX as u32)
+        .map(|i| {
+            let (c, r) = try_client(&mut srv, i);
+            r.expect("within the bound");
+            c
+        })
+        .collect();
+    let (_refused, r) = try_client(&mut srv, 99);
+    match r {
+        Err(NaError::PeerGone { reason, .. }) => assert!(!reason.is_empty()),
+        other => panic!("the handshake past the bound was not refused: {other:?}"),
+    }
+    assert_eq!(srv.plugin(sid).unwrap().stats().peers, MAX as u64);
+    // One of the three goes away: the server notices, and a new one fits.
+    held.pop();
+    let end = Instant::now() + Duration::from_secs(10);
+    while srv.plugin(sid).unwrap().stats().peers >= MAX as u64 {
+        assert!(Instant::now() < end, "the closed connection was never noticed");
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    let (_c, r) = try_client(&mut srv, 7);
+    r.expect("a connection fits again");
     let _ = std::fs::remove_dir_all(&d);
 }
