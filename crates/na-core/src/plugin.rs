@@ -53,7 +53,9 @@ pub struct PluginStats {
     pub peer_entries: u64,
     /// Protocol violations detected (invalid data from peers).
     pub protocol_errors: u64,
-    /// Messages received and held until a matching receive is posted.
+    /// Messages received and held until a matching receive is posted (or,
+    /// in pull mode, a departed peer's messages copied out of its ring and
+    /// not yet taken).
     pub queued_arrivals: u64,
     /// Times a peer's messages were left in the transport because its
     /// held messages reached the per-peer bound (flow control).

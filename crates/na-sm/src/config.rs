@@ -42,7 +42,7 @@ pub struct SmConfig {
     /// that floods us cannot grow our memory.
     pub max_queued_per_peer: usize,
     /// Most messages queued over all peers, those that went included (a
-    /// departing peer's ring is taken whole): at it the listener stops
+    /// departing peer's ring is taken whole, in pull mode too): at it the listener stops
     /// accepting connections (they wait in the kernel's queue) until the
     /// application takes some, so a peer that reconnects again and again
     /// cannot grow our memory either.

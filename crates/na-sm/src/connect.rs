@@ -195,10 +195,10 @@ impl SmPlugin {
     /// is over (see `sweep_deadlines`).
     pub(crate) fn accept_ready(&mut self) {
         while self.accept_pause.is_none() {
-            if self.matcher.queued_arrivals >= self.cfg.max_queued_total {
+            if self.held_total() >= self.cfg.max_queued_total {
                 self.stats.flow_blocked += 1;
                 tracing::warn!(
-                    queued = self.matcher.queued_arrivals,
+                    queued = self.held_total(),
                     limit = self.cfg.max_queued_total,
                     "sm: pausing accepts: too many messages queued (SmConfig::max_queued_total)"
                 );
@@ -314,7 +314,7 @@ impl SmPlugin {
         }
         let resume = match self.accept_pause {
             Some(AcceptPause::Handshakes) => self.pending.len() < MAX_PENDING_HANDSHAKES,
-            Some(AcceptPause::Queued) => self.matcher.queued_arrivals < self.cfg.max_queued_total,
+            Some(AcceptPause::Queued) => self.held_total() < self.cfg.max_queued_total,
             Some(AcceptPause::Until(t)) => t <= now,
             None => false,
         };

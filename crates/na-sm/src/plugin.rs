@@ -131,6 +131,13 @@ impl SmPlugin {
         self.pull_heads > 0 || !self.pulled_late.is_empty()
     }
 
+    /// Messages received and held for the application: those waiting for
+    /// a receive, and a departed peer's unexpected messages of pull mode
+    /// not yet taken. `SmConfig::max_queued_total` bounds this.
+    pub(crate) fn held_total(&self) -> usize {
+        self.matcher.queued_arrivals + self.pulled_late.len()
+    }
+
     /// Creates an instance: with `config.listen`, binds
     /// `<dir>/<pid>-<instance>.sock` (dir created 0700, socket 0600).
     pub fn new(id: PluginId, config: SmConfig) -> SmResult<SmPlugin> {
@@ -547,7 +554,7 @@ impl Plugin for SmPlugin {
             .count() as u64;
         PluginStats {
             in_flight: (self.ops.len() + self.matcher.posted_unexpected()) as u64,
-            queued_arrivals: self.matcher.queued_arrivals as u64,
+            queued_arrivals: self.held_total() as u64,
             peers,
             peer_entries: peers,
             backlog_bytes: self.backlog_total.bytes() as u64,

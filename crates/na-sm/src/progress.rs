@@ -68,9 +68,7 @@ impl SmPlugin {
         // A listener paused for the queued-message bound goes on once the
         // application took some (no event says so); the other pauses end
         // with a handshake (its events are due) or at the timer.
-        if self.accept_pause == Some(AcceptPause::Queued)
-            && self.matcher.queued_arrivals < self.cfg.max_queued_total
-        {
+        if self.accept_pause == Some(AcceptPause::Queued) && self.held_total() < self.cfg.max_queued_total {
             self.resume_accepts();
         }
         if events_due {
