@@ -46,6 +46,26 @@ fn node_with(d: &Path, listen: bool, mode: ProgressMode, handshake: Duration) ->
     (ep, id)
 }
 
+/// A listening configuration in `d` with this file's handshake timeout.
+fn listening(d: &Path) -> SmConfig {
+    SmConfig {
+        listen: true,
+        handshake_timeout: HANDSHAKE,
+        ..SmConfig::default()
+    }
+    .with_dir(d)
+}
+
+/// A busy-polling endpoint listening with `cfg`, and its address.
+fn busy_listener(cfg: SmConfig) -> (Endpoint, PluginId, String) {
+    let mut srv = Endpoint::new(ProgressMode::Busy).unwrap();
+    let sid = srv
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    (srv, sid, uri)
+}
+
 /// Raises the descriptor limit to the hard limit: this test holds a few
 /// hundred descriptors in one process.
 fn raise_fd_limit() {
@@ -180,19 +200,11 @@ fn queued_messages_stay_bounded_when_clients_keep_coming() {
     const TOTAL: usize = 48;
     const RING: u64 = 64;
     let d = dir("total");
-    let cfg = SmConfig {
-        listen: true,
-        handshake_timeout: HANDSHAKE,
+    let (mut srv, sid, uri) = busy_listener(SmConfig {
         max_queued_per_peer: PER_PEER,
         max_queued_total: TOTAL,
-        ..SmConfig::default()
-    }
-    .with_dir(&d);
-    let mut srv = Endpoint::new(ProgressMode::Busy).unwrap();
-    let sid = srv
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+        ..listening(&d)
+    });
     let queued = |srv: &Endpoint| srv.plugin(sid).unwrap().stats().queued_arrivals;
     let settle = |srv: &mut Endpoint| {
         let t0 = Instant::now();
@@ -304,18 +316,10 @@ fn a_connection_to_ourselves_survives_a_long_gap_before_progress() {
 fn connections_from_one_process_are_bounded() {
     const MAX: usize = 3;
     let d = dir("perproc");
-    let cfg = SmConfig {
-        listen: true,
-        handshake_timeout: HANDSHAKE,
+    let (mut srv, sid, uri) = busy_listener(SmConfig {
         max_conns_per_process: MAX,
-        ..SmConfig::default()
-    }
-    .with_dir(&d);
-    let mut srv = Endpoint::new(ProgressMode::Busy).unwrap();
-    let sid = srv
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+        ..listening(&d)
+    });
     let mut next_recv = 0u64;
     // Sends one message from a new client; drives both until the server
     // has it (`Ok`) or the client's send failed (`Err`).
