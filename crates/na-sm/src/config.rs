@@ -41,11 +41,15 @@ pub struct SmConfig {
     /// its messages wait in shared memory and its sends back up, so a peer
     /// that floods us cannot grow our memory.
     pub max_queued_per_peer: usize,
-    /// Most messages queued over all peers, those that went included (a
-    /// departing peer's ring is taken whole, in pull mode too): at it the listener stops
-    /// accepting connections (they wait in the kernel's queue) until the
-    /// application takes some, so a peer that reconnects again and again
-    /// cannot grow our memory either.
+    /// Most messages queued over all peers, twice over. Connected peers':
+    /// at it we stop draining every ring whose next message would be
+    /// queued (as for one peer above). Departed peers' (a departing peer's
+    /// ring is taken whole, in pull mode too, so that what it sent is not
+    /// lost): at it the listener stops accepting connections (they wait in
+    /// the kernel's queue) until the application takes some, so a peer
+    /// that reconnects again and again cannot grow our memory either.
+    /// Connected peers that hold messages nobody takes therefore never
+    /// stop new clients from connecting.
     pub max_queued_total: usize,
     /// How long expected messages of a peer that went away stay queued for
     /// a receive naming it (what it sent before it went is not lost at

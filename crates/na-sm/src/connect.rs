@@ -34,7 +34,8 @@ pub(crate) enum AcceptPause {
     /// Accepting failed (no descriptors, no memory): retry then.
     Until(Instant),
     /// [`SmConfig::max_queued_total`](crate::SmConfig::max_queued_total)
-    /// messages are queued: until the application takes some.
+    /// messages of departed peers are queued: until the application takes
+    /// some.
     Queued,
 }
 
@@ -195,12 +196,12 @@ impl SmPlugin {
     /// is over (see `sweep_deadlines`).
     pub(crate) fn accept_ready(&mut self) {
         while self.accept_pause.is_none() {
-            if self.held_total() >= self.cfg.max_queued_total {
+            if self.held_by_departed() >= self.cfg.max_queued_total {
                 self.stats.flow_blocked += 1;
                 tracing::warn!(
-                    queued = self.held_total(),
+                    queued = self.held_by_departed(),
                     limit = self.cfg.max_queued_total,
-                    "sm: pausing accepts: too many messages queued (SmConfig::max_queued_total)"
+                    "sm: pausing accepts: too many messages of departed peers queued (SmConfig::max_queued_total)"
                 );
                 self.pause_accepts(AcceptPause::Queued);
                 return;
@@ -314,7 +315,7 @@ impl SmPlugin {
         }
         let resume = match self.accept_pause {
             Some(AcceptPause::Handshakes) => self.pending.len() < MAX_PENDING_HANDSHAKES,
-            Some(AcceptPause::Queued) => self.held_total() < self.cfg.max_queued_total,
+            Some(AcceptPause::Queued) => self.held_by_departed() < self.cfg.max_queued_total,
             Some(AcceptPause::Until(t)) => t <= now,
             None => false,
         };

@@ -157,6 +157,12 @@ impl Matcher {
         self.queued_by_peer.get(&token).copied().unwrap_or(0)
     }
 
+    /// (peer token, messages from it waiting for a receive), for each peer
+    /// with some.
+    pub fn queued_by_peer(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.queued_by_peer.iter().map(|(&t, &n)| (t, n))
+    }
+
     fn dequeued(&mut self, token: u64) {
         self.queued_arrivals -= 1;
         if let Some(n) = self.queued_by_peer.get_mut(&token) {

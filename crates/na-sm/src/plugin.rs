@@ -138,6 +138,21 @@ impl SmPlugin {
         self.matcher.queued_arrivals + self.pulled_late.len()
     }
 
+    /// The part of [`held_total`](Self::held_total) that peers no longer
+    /// connected left (their rings were taken whole, past the flow bound):
+    /// what pauses the listener (see `SmConfig::max_queued_total`).
+    /// Walks the peers holding messages: called per accept and while
+    /// paused, never on the message path.
+    pub(crate) fn held_by_departed(&self) -> usize {
+        let gone: usize = self
+            .matcher
+            .queued_by_peer()
+            .filter(|&(tok, _)| self.peers.get(tok).is_none())
+            .map(|(_, n)| n)
+            .sum();
+        gone + self.pulled_late.len()
+    }
+
     /// Creates an instance: with `config.listen`, binds
     /// `<dir>/<pid>-<instance>.sock` (dir created 0700, socket 0600).
     pub fn new(id: PluginId, config: SmConfig) -> SmResult<SmPlugin> {

@@ -68,7 +68,9 @@ impl SmPlugin {
         // A listener paused for the queued-message bound goes on once the
         // application took some (no event says so); the other pauses end
         // with a handshake (its events are due) or at the timer.
-        if self.accept_pause == Some(AcceptPause::Queued) && self.held_total() < self.cfg.max_queued_total {
+        if self.accept_pause == Some(AcceptPause::Queued)
+            && self.held_by_departed() < self.cfg.max_queued_total
+        {
             self.resume_accepts();
         }
         if events_due {

@@ -372,3 +372,69 @@ fn connections_from_one_process_are_bounded() {
     r.expect("a connection fits again");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Connected peers holding messages nobody takes (expected messages under
+/// a tag never posted) reach the total bound: their rings stop being
+/// drained, so what we hold stays bounded, but new clients still connect
+/// and are served (only departed peers' messages, whose rings are taken
+/// whole, pause the listener). Before, 32 such peers locked every new
+/// client out for as long as they stayed.
+#[test]
+fn connected_peers_at_the_total_bound_do_not_lock_out_new_clients() {
+    const PER_PEER: usize = 4;
+    const TOTAL: usize = 8;
+    let d = dir("lockout");
+    let (mut srv, sid, uri) = busy_listener(SmConfig {
+        max_queued_per_peer: PER_PEER,
+        max_queued_total: TOTAL,
+        ..listening(&d)
+    });
+    let queued = |srv: &Endpoint| srv.plugin(sid).unwrap().stats().queued_arrivals;
+    let mut hoarders: Vec<Endpoint> = (0..3)
+        .map(|_| {
+            let (mut c, _) = node(&d, false, ProgressMode::Busy);
+            let a = c.lookup(&uri).unwrap();
+            for i in 0..6u64 {
+                c.send_expected(&a, 77, b"hoard", OpId(i)).unwrap();
+            }
+            c
+        })
+        .collect();
+    let end = Instant::now() + Duration::from_secs(10);
+    while queued(&srv) < TOTAL as u64 || srv.plugin(sid).unwrap().stats().peers < 3 {
+        assert!(
+            Instant::now() < end,
+            "the hoarders never got in: {:?}",
+            srv.plugin(sid).unwrap().stats()
+        );
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        for h in hoarders.iter_mut() {
+            h.progress(Some(Duration::ZERO)).unwrap();
+        }
+    }
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(500)).unwrap();
+    let (mut c, _) = node(&d, false, ProgressMode::Busy);
+    let a = c.lookup(&uri).unwrap();
+    c.send_unexpected(&a, 5, b"new client", OpId(1)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(
+            Instant::now() < end,
+            "a new client was locked out: {:?}",
+            srv.plugin(sid).unwrap().stats()
+        );
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        c.progress(Some(Duration::ZERO)).unwrap();
+        for h in hoarders.iter_mut() {
+            h.progress(Some(Duration::ZERO)).unwrap();
+        }
+        if let Some(done) = srv.pop_completion() {
+            assert_eq!(done.buf.as_deref(), Some(&b"new client"[..]));
+            break;
+        }
+    }
+    let st = srv.plugin(sid).unwrap().stats();
+    assert_eq!(st.queued_arrivals, TOTAL as u64, "{st:?}");
+    assert!(st.flow_blocked > 0, "{st:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}
