@@ -12,6 +12,9 @@
 //!    name must be the kernel's), the hello bytes, the region's seals, size
 //!    and header, and that the second descriptor is an eventfd; then it
 //!    answers [`ACK_MAGIC`] with its own eventfd for this connection.
+//!    A connection it refuses by policy (not for a broken hello) gets
+//!    [`REFUSAL_MAGIC`] and a short UTF-8 reason instead, then end-of-file,
+//!    so that the connector's error says why.
 //! 4. The socket stays open: end-of-file on it means the peer is gone.
 
 use std::os::unix::net::UnixStream;
@@ -26,6 +29,10 @@ use crate::sys::wake::{OwnWake, PeerWake};
 pub const HELLO_MAGIC: [u8; 8] = *b"QSSMHELO";
 /// First bytes of the acknowledgement.
 pub const ACK_MAGIC: [u8; 8] = *b"QSSMACK1";
+/// First bytes of a refusal (then the reason, at most [`MAX_REFUSAL`] bytes).
+pub const REFUSAL_MAGIC: [u8; 8] = *b"QSSMNAK1";
+/// Most bytes of a refusal's reason.
+pub const MAX_REFUSAL: usize = 240;
 /// Handshake protocol version.
 pub const PROTO_VERSION: u32 = 1;
 /// Bytes of an acknowledgement.
@@ -160,6 +167,30 @@ pub fn encode_ack() -> [u8; ACK_LEN] {
     a
 }
 
+/// A refusal carrying `reason` (cut to [`MAX_REFUSAL`] bytes).
+pub fn encode_refusal(reason: &str) -> Vec<u8> {
+    let mut end = reason.len().min(MAX_REFUSAL);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut b = REFUSAL_MAGIC.to_vec();
+    b.extend_from_slice(&reason.as_bytes()[..end]);
+    b
+}
+
+/// The reason of a refusal, if `b` is one: the peer's text, with control
+/// characters replaced (it goes into our error messages and logs).
+pub fn refusal_reason(b: &[u8]) -> Option<String> {
+    let text = b.strip_prefix(&REFUSAL_MAGIC)?;
+    let text = &text[..text.len().min(MAX_REFUSAL)];
+    Some(
+        String::from_utf8_lossy(text)
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect(),
+    )
+}
+
 /// Checks an acknowledgement.
 pub fn check_ack(b: &[u8]) -> Result<(), String> {
     if b.len() != ACK_LEN || b[..8] != ACK_MAGIC {
@@ -188,5 +219,23 @@ mod tests {
         assert!(decode_hello(&encode_hello("x-a")).is_err());
         check_ack(&encode_ack()).unwrap();
         assert!(check_ack(&encode_ack()[..15]).is_err());
+    }
+
+    #[test]
+    fn refusal_round_trip_is_cut_and_cleaned() {
+        assert_eq!(
+            refusal_reason(&encode_refusal("too many")).as_deref(),
+            Some("too many")
+        );
+        assert_eq!(refusal_reason(&encode_ack()), None);
+        assert!(check_ack(&encode_refusal("x")).is_err());
+        // Cut at a character boundary, never past MAX_REFUSAL bytes.
+        let long = "é".repeat(MAX_REFUSAL);
+        let r = refusal_reason(&encode_refusal(&long)).unwrap();
+        assert!(r.len() <= MAX_REFUSAL && r.chars().all(|c| c == 'é'), "{r}");
+        // A peer's control characters never reach our logs as such.
+        let mut raw = REFUSAL_MAGIC.to_vec();
+        raw.extend_from_slice(b"a\x1b[2Jb\n");
+        assert_eq!(refusal_reason(&raw).as_deref(), Some("a?[2Jb?"));
     }
 }

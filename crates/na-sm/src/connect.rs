@@ -9,7 +9,10 @@ use na_core::{Addr, NaError, Result, SendBacklog};
 
 use crate::addr::SmName;
 use crate::channel::{check_region, init_region, RxCursor, TxCursor, REGION_LEN};
-use crate::conn::{check_ack, decode_hello, encode_ack, encode_hello, Conn, Role, ACK_LEN, MAX_HELLO};
+use crate::conn::{
+    check_ack, decode_hello, encode_ack, encode_hello, encode_refusal, refusal_reason, Conn, Role, ACK_LEN,
+    MAX_HELLO, MAX_REFUSAL, REFUSAL_MAGIC,
+};
 use crate::error::{SmError, SmResult};
 use crate::plugin::{PendingAccept, SmPlugin, LISTENER_TOKEN, WAKE_BIT};
 use crate::progress::{wake_failure, Failure};
@@ -429,10 +432,14 @@ impl SmPlugin {
             .sum();
         let max = self.cfg.max_conns_per_process;
         if held >= max {
-            return Err(format!(
+            let reason = format!(
                 "process {} already holds {held} connections (at most {max}: SmConfig::max_conns_per_process)",
                 p.cred.pid
-            ));
+            );
+            // Told so the connector's error says why (best effort: a
+            // small write on a fresh socket; the close follows anyway).
+            let _ = std::io::Write::write(&mut &p.sock, &encode_refusal(&reason));
+            return Err(reason);
         }
         let wake_fd = r.fds.pop().ok_or("missing eventfd")?;
         let region_fd = r.fds.pop().ok_or("missing region")?;
@@ -492,7 +499,7 @@ impl SmPlugin {
         let Some(conn) = self.peers.get_mut(tok).and_then(|p| p.conns.get_mut(ci)) else {
             return Ok(());
         };
-        let mut buf = [0u8; ACK_LEN + 16];
+        let mut buf = [0u8; REFUSAL_MAGIC.len() + MAX_REFUSAL];
         let mut r = match recv_with_fds(conn.sock.as_fd(), &mut buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) => return Err((Failure::Gone, format!("reading acknowledgement: {e}"))),
@@ -503,6 +510,9 @@ impl SmPlugin {
                 Failure::Gone,
                 "closed the connection instead of acknowledging".into(),
             ));
+        }
+        if let Some(reason) = refusal_reason(&buf[..r.len]) {
+            return Err((Failure::Gone, format!("refused the connection: {reason}")));
         }
         check_ack(&buf[..r.len]).map_err(bad)?;
         if r.fds_truncated || r.fds.len() != 1 {
