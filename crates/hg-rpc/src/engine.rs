@@ -28,12 +28,9 @@ pub const SPILLED_OUTPUT_TTL: Duration = Duration::from_secs(60);
 /// goes away (see [`Engine::set_abandoned_input_ttl`]).
 pub const ABANDONED_INPUT_TTL: Duration = Duration::from_secs(60);
 
-/// True for the counts at which a repeated warning is logged: 1, 2, 4,
-/// 8... A peer that repeats what causes it (at ring speed) cannot flood
-/// the log; the counters in [`RpcStats`] have every one.
-pub(crate) fn logged_at(count: u64) -> bool {
-    count.is_power_of_two()
-}
+/// Repeated warnings are logged at 1, 2, 4, 8... of them; the counters in
+/// [`RpcStats`] have every one.
+pub(crate) use na_core::logged_at;
 
 /// How often `trigger` looks for expired outputs and abandoned inputs.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);

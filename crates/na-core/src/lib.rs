@@ -47,3 +47,10 @@ pub use plugin::{Plugin, PluginFactory, PluginRegistry, PluginStats};
 pub use progress::{deadline_after, ProgressMode, DEFAULT_ADAPTIVE_SPIN};
 pub use rma::{Rma, RmaDir};
 pub use slab::{TokenSlab, TokenState};
+
+/// True for the counts at which a warning that a peer can cause again and
+/// again is logged: 1, 2, 4, 8... A peer repeating it (at ring or connect
+/// speed) cannot flood the log; a counter in the stats keeps every one.
+pub fn logged_at(count: u64) -> bool {
+    count.is_power_of_two()
+}

@@ -60,6 +60,9 @@ pub struct PluginStats {
     /// Times a peer's messages were left in the transport because its
     /// held messages reached the per-peer bound (flow control).
     pub flow_blocked: u64,
+    /// Incoming connections refused at the handshake (a broken hello, a
+    /// claimed identity that does not match, a bound reached).
+    pub handshakes_refused: u64,
     /// Incoming connections the plugin could not accept for lack of
     /// resources (`EMFILE` and the like): it paused accepting and retried.
     pub accept_errors: u64,

@@ -396,7 +396,11 @@ impl SmPlugin {
             Ok(uri) => tracing::info!(peer = %uri, serial, "sm accept"),
             Err(reason) => {
                 self.stats.protocol_errors += 1;
-                tracing::warn!(peer = %peer, %reason, "sm handshake refused");
+                self.stats.handshakes_refused += 1;
+                let refused = self.stats.handshakes_refused;
+                if na_core::logged_at(refused) {
+                    tracing::warn!(peer = %peer, %reason, refused, "sm handshake refused");
+                }
             }
         }
     }

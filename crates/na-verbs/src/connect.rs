@@ -208,6 +208,13 @@ impl VerbsPlugin {
         self.drain_rma(cref);
     }
 
+    /// Counts a refused connection request; true if this one is logged
+    /// (at 1, 2, 4... of them: a peer retrying cannot flood the log).
+    fn refused_handshake(&mut self) -> bool {
+        self.stats.handshakes_refused += 1;
+        na_core::logged_at(self.stats.handshakes_refused)
+    }
+
     fn on_connect_request(&mut self, ev: CmEvent) {
         let Some(id) = ev.new_id else { return };
         let hello = match Hello::decode(&ev.private_data) {
@@ -215,7 +222,9 @@ impl VerbsPlugin {
             Ok(_) => return drop(id.reject(b"not listening")),
             Err(e) => {
                 self.stats.protocol_errors += 1;
-                tracing::warn!(error = %e, "verbs: rejecting a connection with a bad hello");
+                if self.refused_handshake() {
+                    tracing::warn!(error = %e, "verbs: rejecting a connection with a bad hello");
+                }
                 return drop(id.reject(b"bad hello"));
             }
         };
@@ -226,11 +235,13 @@ impl VerbsPlugin {
         let from = id.peer_addr().map(|a| a.ip().to_canonical());
         if from != Some(hello.addr.ip().to_canonical()) {
             self.stats.protocol_errors += 1;
-            tracing::warn!(
-                claimed = %hello.addr,
-                from = ?from,
-                "verbs: rejecting a connection whose hello names another address"
-            );
+            if self.refused_handshake() {
+                tracing::warn!(
+                    claimed = %hello.addr,
+                    from = ?from,
+                    "verbs: rejecting a connection whose hello names another address"
+                );
+            }
             return drop(id.reject(b"hello address does not match the connection"));
         }
         let held = self.matching.held_count();
@@ -238,11 +249,13 @@ impl VerbsPlugin {
             // Whoever it is, its messages would only pile up: the
             // application is not taking what it holds already.
             self.stats.flow_blocked += 1;
-            tracing::warn!(
-                held,
-                limit = self.cfg.max_held_total,
-                "verbs: refusing a connection: too many messages held (VerbsConfig::max_held_total)"
-            );
+            if self.refused_handshake() {
+                tracing::warn!(
+                    held,
+                    limit = self.cfg.max_held_total,
+                    "verbs: refusing a connection: too many messages held (VerbsConfig::max_held_total)"
+                );
+            }
             return drop(id.reject(b"too many messages held"));
         }
         let device = Some(&hello.device).filter(|d| !d.is_empty());
@@ -257,7 +270,9 @@ impl VerbsPlugin {
                 if new {
                     self.peers.remove_new(peer);
                 }
-                tracing::warn!(error = %e, "verbs: rejecting a connection");
+                if self.refused_handshake() {
+                    tracing::warn!(error = %e, "verbs: rejecting a connection");
+                }
                 return drop(id.reject(b"too many connections"));
             }
         };
