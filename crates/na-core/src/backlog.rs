@@ -30,6 +30,13 @@ pub const QUEUED_SEND_OVERHEAD: usize = 64;
 /// KiB, far below what would hurt a server.
 pub const DEFAULT_MAX_BACKLOG_BYTES: usize = 64 << 20;
 
+/// What any peer may queue whatever the other peers hold (capped at a
+/// quarter of the per-peer bound): peers that stopped reading and filled
+/// the total must not make sends to the peers that read fail whenever
+/// their ring is briefly full. The total can thus be passed by at most
+/// this much per peer.
+pub const BACKLOG_FLOOR: usize = 1 << 20;
+
 /// Default bound of all of one plugin's send backlogs together, in bytes.
 pub const DEFAULT_MAX_BACKLOG_TOTAL: usize = 4 * DEFAULT_MAX_BACKLOG_BYTES;
 
@@ -77,9 +84,10 @@ impl<T> SendBacklog<T> {
     /// this peer and `max_total` for all the backlogs sharing its total
     /// (what [`push_back`](Self::push_back) will charge). The error names
     /// `peer`, the bound and how much is queued: the send must not be
-    /// queued. An empty backlog admits any one send, so that no bound (and
-    /// no other peer filling the total) ever stops a peer that reads; the
-    /// total then exceeds its bound by at most one send per peer.
+    /// queued. An empty backlog admits any one send, so that no bound stops
+    /// a peer that reads, and the total is checked only once this backlog
+    /// holds [`BACKLOG_FLOOR`] (or a quarter of `max`, if less): peers that
+    /// stopped reading cannot make sends to the others fail.
     pub fn admit(
         &self,
         len: usize,
@@ -91,9 +99,10 @@ impl<T> SendBacklog<T> {
             return Ok(());
         }
         let c = charge(len);
+        let floor = BACKLOG_FLOOR.min(max / 4);
         let (bytes, bound, scope) = if self.bytes.saturating_add(c) > max {
             (self.bytes, max, "to this peer")
-        } else if self.total.bytes().saturating_add(c) > max_total {
+        } else if self.bytes.saturating_add(c) > floor && self.total.bytes().saturating_add(c) > max_total {
             (self.total.bytes(), max_total, "to all peers")
         } else {
             return Ok(());
@@ -243,9 +252,9 @@ mod tests {
     }
 
     #[test]
-    fn the_total_bounds_all_backlogs_sharing_it_but_never_an_empty_one() {
+    fn the_total_bounds_all_backlogs_sharing_it_but_not_one_below_its_floor() {
         let total = BacklogTotal::default();
-        let (mut a, mut b, c) = (
+        let (mut a, mut b, mut c) = (
             SendBacklog::new(&total),
             SendBacklog::new(&total),
             SendBacklog::<()>::new(&total),
@@ -267,8 +276,12 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().contains("to all peers"), "{e}");
-        // An empty backlog still gets one send.
+        // An empty backlog still gets one send, and one below its floor
+        // (a quarter of 1000 here) more, whatever the total holds.
         assert!(c.admit(300, 1000, 1200, &"p").is_ok());
+        c.push_back((), 100); // 164
+        assert!(c.admit(22, 1000, 1200, &"p").is_ok(), "250 <= floor 250");
+        assert!(c.admit(23, 1000, 1200, &"p").is_err(), "251 > floor, total full");
         a.pop_front();
         assert!(b.admit(300, 1000, 1200, &"p").is_ok());
     }

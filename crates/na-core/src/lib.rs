@@ -37,7 +37,9 @@ pub mod sys;
 pub mod testing;
 
 pub use addr::{scheme_of, split_uri, Addr, PluginId};
-pub use backlog::{BacklogTotal, SendBacklog, DEFAULT_MAX_BACKLOG_BYTES, DEFAULT_MAX_BACKLOG_TOTAL};
+pub use backlog::{
+    BacklogTotal, SendBacklog, BACKLOG_FLOOR, DEFAULT_MAX_BACKLOG_BYTES, DEFAULT_MAX_BACKLOG_TOTAL,
+};
 pub use endpoint::Endpoint;
 pub use error::{NaError, Result};
 pub use mem::{Access, MemHandle, RemoteMem, RemoteSegment, MAX_REMOTE_SEGMENTS};

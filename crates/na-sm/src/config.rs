@@ -69,8 +69,9 @@ pub struct SmConfig {
     /// a process claims are its own choice: one process can pose as many
     /// peers). Default [`na_core::DEFAULT_MAX_BACKLOG_TOTAL`] (256 MiB).
     pub max_backlog_total: usize,
-    /// Most connections one process (by its kernel-reported pid) may hold
-    /// to this listener; its handshakes past it are refused. Each costs 3
+    /// Most connections one process (by its kernel-reported pid) may have
+    /// made to this listener and still hold (ours to it are not counted);
+    /// its handshakes past it are refused, with the reason. Each costs 3
     /// descriptors and a ~540 KiB mapping here, so a client that leaks
     /// plugin instances (or claims many names) cannot exhaust our
     /// descriptors. Default [`DEFAULT_MAX_CONNS_PER_PROCESS`].

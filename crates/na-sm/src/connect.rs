@@ -236,17 +236,21 @@ impl SmPlugin {
             let cred = match peer_cred(sock.as_fd()) {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(error = %e, "SO_PEERCRED failed; dropping connection");
+                    if self.refused_handshake() {
+                        tracing::warn!(error = %e, "SO_PEERCRED failed; dropping connection");
+                    }
                     continue;
                 }
             };
             if cred.uid != self.uid {
                 self.stats.protocol_errors += 1;
-                tracing::warn!(
-                    uid = cred.uid,
-                    pid = cred.pid,
-                    "refusing sm connection from another uid"
-                );
+                if self.refused_handshake() {
+                    tracing::warn!(
+                        uid = cred.uid,
+                        pid = cred.pid,
+                        "refusing sm connection from another uid"
+                    );
+                }
                 continue;
             }
             let serial = self.next_serial;
@@ -299,7 +303,9 @@ impl SmPlugin {
             for s in late {
                 if let Some(p) = self.pending.remove(&s) {
                     let _ = self.poll.delete(p.sock.as_raw_fd());
-                    tracing::warn!(pid = p.cred.pid, "sm handshake timed out");
+                    if self.refused_handshake() {
+                        tracing::warn!(pid = p.cred.pid, "sm handshake timed out");
+                    }
                 }
             }
         }
@@ -392,17 +398,48 @@ impl SmPlugin {
         };
         let _ = self.poll.delete(p.sock.as_raw_fd());
         let peer = format!("pid {}", p.cred.pid);
+        if let Some(reason) = self.over_process_bound(p.cred.pid) {
+            // Told so the connector's error says why (best effort; no
+            // SIGPIPE if it is gone already); the close follows.
+            let _ = send_with_fds(p.sock.as_fd(), &encode_refusal(&reason), &[]);
+            if self.refused_handshake() {
+                tracing::warn!(peer = %peer, %reason, "sm handshake refused");
+            }
+            return;
+        }
         match self.accept_hello(serial, p, r, &buf) {
             Ok(uri) => tracing::info!(peer = %uri, serial, "sm accept"),
             Err(reason) => {
                 self.stats.protocol_errors += 1;
-                self.stats.handshakes_refused += 1;
-                let refused = self.stats.handshakes_refused;
-                if na_core::logged_at(refused) {
-                    tracing::warn!(peer = %peer, %reason, refused, "sm handshake refused");
+                if self.refused_handshake() {
+                    tracing::warn!(peer = %peer, %reason, "sm handshake refused");
                 }
             }
         }
+    }
+
+    /// Why process `pid` may not have another connection, if it may not:
+    /// whatever names it claims, it gets `max_conns_per_process` of the
+    /// connections it made to us (ours to it are not counted).
+    fn over_process_bound(&self, pid: u32) -> Option<String> {
+        let held = self
+            .peers
+            .iter()
+            .filter(|q| q.pid == pid)
+            .flat_map(|q| &q.conns)
+            .filter(|c| c.role == Role::Acceptor)
+            .count();
+        let max = self.cfg.max_conns_per_process;
+        (held >= max).then(|| {
+            format!("process {pid} already holds {held} connections (at most {max}: SmConfig::max_conns_per_process)")
+        })
+    }
+
+    /// Counts a refused connection; true if this one is logged (at 1, 2,
+    /// 4... of them: a peer retrying cannot flood the log).
+    fn refused_handshake(&mut self) -> bool {
+        self.stats.handshakes_refused += 1;
+        na_core::logged_at(self.stats.handshakes_refused)
     }
 
     fn accept_hello(
@@ -426,24 +463,6 @@ impl SmPlugin {
                 "hello claims pid {}, kernel says {}",
                 name.pid, p.cred.pid
             ));
-        }
-        // Whatever names it claims, a process gets this many connections.
-        let held: usize = self
-            .peers
-            .iter()
-            .filter(|q| q.pid == p.cred.pid)
-            .map(|q| q.conns.len())
-            .sum();
-        let max = self.cfg.max_conns_per_process;
-        if held >= max {
-            let reason = format!(
-                "process {} already holds {held} connections (at most {max}: SmConfig::max_conns_per_process)",
-                p.cred.pid
-            );
-            // Told so the connector's error says why (best effort: a
-            // small write on a fresh socket; the close follows anyway).
-            let _ = std::io::Write::write(&mut &p.sock, &encode_refusal(&reason));
-            return Err(reason);
         }
         let wake_fd = r.fds.pop().ok_or("missing eventfd")?;
         let region_fd = r.fds.pop().ok_or("missing region")?;

@@ -30,7 +30,8 @@
 //! [`conn`] for the bytes. A process gets at most
 //! [`SmConfig::max_conns_per_process`] connections to a listener (counted
 //! by kernel-reported pid, whatever names it claims); past it its
-//! handshakes are refused (closed: its operations fail with `PeerGone`).
+//! handshakes are refused with the reason (its operations fail with
+//! `PeerGone` saying why).
 //!
 //! ## Region layout
 //! A header page, one control page and two ring pages per direction, then 32

@@ -141,8 +141,8 @@ impl SmPlugin {
     /// The part of [`held_total`](Self::held_total) that peers no longer
     /// connected left (their rings were taken whole, past the flow bound):
     /// what pauses the listener (see `SmConfig::max_queued_total`).
-    /// Walks the peers holding messages: called per accept and while
-    /// paused, never on the message path.
+    /// Walks the peers holding messages: called per accept, and on each
+    /// progress call only while the listener is paused for it.
     pub(crate) fn held_by_departed(&self) -> usize {
         let gone: usize = self
             .matcher
