@@ -412,7 +412,7 @@ impl<C: Codec> Engine<C> {
                 reason: "a spilled response must have status ok".into(),
             })
         } else {
-            match self.start_pull(src, h, p, true) {
+            match self.start_pull(src, h, p, true, None) {
                 // The outcome is filed when the pull completes.
                 Ok(()) => return,
                 Err(reason) => {

@@ -166,6 +166,9 @@ struct PendingPull {
     src: Addr,
     header: Header,
     mem: MemHandle,
+    /// A request for a deferred handler: its place under
+    /// `set_max_deferred`'s bounds, taken before the pull started.
+    ticket: Option<DeferredTicket>,
 }
 
 struct Call {
@@ -843,7 +846,7 @@ impl<C: Codec> Engine<C> {
                     let answer = match c.status {
                         Ok(()) => {
                             let data = serve_ops::pulled_bytes(p.mem);
-                            self.run_decoded_owned(&p.src, &p.header, data)
+                            self.run_decoded_owned(&p.src, &p.header, data, p.ticket)
                         }
                         Err(e) => Some((
                             response_header(&p.header, Status::DecodeError),

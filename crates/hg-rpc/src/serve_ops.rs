@@ -8,6 +8,7 @@ use super::{
     PendingPull, RESPONSE_TAG,
 };
 use crate::codec::Codec;
+use crate::deferred::DeferredTicket;
 use crate::error::Result;
 use crate::header::{Header, Status, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::rpc_id;
@@ -46,10 +47,13 @@ impl<C: Codec> Engine<C> {
         src: &Addr,
         h: &Header,
         data: Vec<u8>,
+        ticket: Option<DeferredTicket>,
     ) -> Option<(Header, Vec<u8>)> {
         if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
             self.stats.handled += 1;
-            let ticket = match self.admit_deferred(src.token()) {
+            // Taken before the pull (a handler registered deferred since
+            // then has none yet).
+            let ticket = match ticket.map_or_else(|| self.admit_deferred(src.token()), Ok) {
                 Ok(t) => t,
                 Err(why) => {
                     self.keep_spare_buffer(data);
@@ -154,16 +158,21 @@ impl<C: Codec> Engine<C> {
                 self.respond(src, response_header(&h, Status::UnknownRpc), Vec::new());
                 return Ok(());
             }
+            let mut ticket = None;
             if matches!(self.handlers.get(&h.rpc_id), Some(Handler { run: None, .. })) {
-                // Busy now: answered before anything is pulled (a one-way
-                // request too: the answer lets its origin drop the input).
-                if let Err(why) = self.admit_deferred(src.token()) {
-                    self.stats.handled += 1;
-                    self.respond(src, response_header(&h, Status::HandlerError), why.into_bytes());
-                    return Ok(());
+                // Its place is taken now, kept through the pull; busy is
+                // answered before anything is pulled (a one-way request
+                // too: the answer lets its origin drop the input).
+                match self.admit_deferred(src.token()) {
+                    Ok(t) => ticket = Some(t),
+                    Err(why) => {
+                        self.stats.handled += 1;
+                        self.respond(src, response_header(&h, Status::HandlerError), why.into_bytes());
+                        return Ok(());
+                    }
                 }
             }
-            if let Err(reason) = self.start_pull(src, &h, payload, false) {
+            if let Err(reason) = self.start_pull(src, &h, payload, false, ticket) {
                 self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());
             }
             return Ok(());
@@ -185,6 +194,7 @@ impl<C: Codec> Engine<C> {
         h: &Header,
         payload: &[u8],
         output: bool,
+        ticket: Option<DeferredTicket>,
     ) -> std::result::Result<(), String> {
         let what = if output { "output" } else { "input" };
         let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("{what}: {e}"))?;
@@ -216,6 +226,7 @@ impl<C: Codec> Engine<C> {
                 src: src.clone(),
                 header: *h,
                 mem,
+                ticket,
             },
         );
         Ok(())

@@ -361,3 +361,51 @@ fn spilled_outputs_not_yet_pulled_are_bounded_per_caller_and_in_all() {
     assert_eq!(call::<Fill>(&mut c, &mut srv, &K250).unwrap(), filled(K250));
     drop(raw);
 }
+
+/// Spilled requests for a deferred (async) handler take their place under
+/// `set_max_deferred` before their input is pulled, and keep it through
+/// the pull: two arriving together with room for one, the second is
+/// answered busy without its input being pulled (before, both passed the
+/// check, both were pulled, and the second was refused after its pull).
+#[test]
+fn a_spilled_request_past_the_deferred_bound_is_refused_before_its_pull() {
+    use hg_rpc::codec::{Codec, Postcard};
+    const MIB: usize = 1 << 20;
+    let d = dir("deferred-pull");
+    let mut srv = server(&d);
+    srv.register_deferred::<Digest>().unwrap();
+    srv.set_max_deferred(1, 1);
+    let uri = srv.self_addr().uri().to_owned();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&uri).unwrap();
+    let (x, y) = (vec![1u8; MIB], vec![2u8; MIB]);
+    let a = c.forward::<Digest>(&s, &x).unwrap();
+    let b = c.forward::<Digest>(&s, &y).unwrap();
+    serve_until(&mut srv, 2);
+    let sid = srv.endpoint().plugin_ids().next().unwrap();
+    let pulled = srv.endpoint().plugin(sid).unwrap().stats().get_bytes;
+    let mut encoded = Vec::new();
+    Postcard.encode(&x, &mut encoded).unwrap();
+    assert_eq!(pulled, encoded.len() as u64, "only the admitted input is pulled");
+    let req = srv.take_deferred().expect("the admitted request");
+    assert!(srv.take_deferred().is_none());
+    let mut out = Vec::new();
+    Postcard.encode(&(MIB as u64, fnv(&x)), &mut out).unwrap();
+    srv.respond_deferred(req, Ok(out));
+    let end = Instant::now() + T;
+    let (mut ra, mut rb) = (None, None);
+    while ra.is_none() || rb.is_none() {
+        assert!(Instant::now() < end, "no answers");
+        for e in [&mut c, &mut srv] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+        ra = ra.or_else(|| c.take_response::<Digest>(a));
+        rb = rb.or_else(|| c.take_response::<Digest>(b));
+    }
+    assert_eq!(ra.unwrap().unwrap(), (MIB as u64, fnv(&x)));
+    match rb.unwrap() {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains("target busy"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+}
