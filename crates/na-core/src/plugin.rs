@@ -68,6 +68,17 @@ pub struct PluginStats {
     pub accept_errors: u64,
 }
 
+impl PluginStats {
+    /// Counts a refused incoming connection in
+    /// [`handshakes_refused`](Self::handshakes_refused); true if this one
+    /// should be logged (at 1, 2, 4... of them, see [`crate::logged_at`]:
+    /// a peer retrying cannot flood the log).
+    pub fn refuse_handshake(&mut self) -> bool {
+        self.handshakes_refused += 1;
+        crate::logged_at(self.handshakes_refused)
+    }
+}
+
 /// A network-abstraction plugin instance: one transport endpoint (listening
 /// or client-only) that sends messages and moves memory.
 ///

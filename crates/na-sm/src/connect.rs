@@ -236,7 +236,7 @@ impl SmPlugin {
             let cred = match peer_cred(sock.as_fd()) {
                 Ok(c) => c,
                 Err(e) => {
-                    if self.refused_handshake() {
+                    if self.stats.refuse_handshake() {
                         tracing::warn!(error = %e, "SO_PEERCRED failed; dropping connection");
                     }
                     continue;
@@ -244,7 +244,7 @@ impl SmPlugin {
             };
             if cred.uid != self.uid {
                 self.stats.protocol_errors += 1;
-                if self.refused_handshake() {
+                if self.stats.refuse_handshake() {
                     tracing::warn!(
                         uid = cred.uid,
                         pid = cred.pid,
@@ -303,7 +303,7 @@ impl SmPlugin {
             for s in late {
                 if let Some(p) = self.pending.remove(&s) {
                     let _ = self.poll.delete(p.sock.as_raw_fd());
-                    if self.refused_handshake() {
+                    if self.stats.refuse_handshake() {
                         tracing::warn!(pid = p.cred.pid, "sm handshake timed out");
                     }
                 }
@@ -402,7 +402,7 @@ impl SmPlugin {
             // Told so the connector's error says why (best effort; no
             // SIGPIPE if it is gone already); the close follows.
             let _ = send_with_fds(p.sock.as_fd(), &encode_refusal(&reason), &[]);
-            if self.refused_handshake() {
+            if self.stats.refuse_handshake() {
                 tracing::warn!(peer = %peer, %reason, "sm handshake refused");
             }
             return;
@@ -411,7 +411,7 @@ impl SmPlugin {
             Ok(uri) => tracing::info!(peer = %uri, serial, "sm accept"),
             Err(reason) => {
                 self.stats.protocol_errors += 1;
-                if self.refused_handshake() {
+                if self.stats.refuse_handshake() {
                     tracing::warn!(peer = %peer, %reason, "sm handshake refused");
                 }
             }
@@ -433,13 +433,6 @@ impl SmPlugin {
         (held >= max).then(|| {
             format!("process {pid} already holds {held} connections (at most {max}: SmConfig::max_conns_per_process)")
         })
-    }
-
-    /// Counts a refused connection; true if this one is logged (at 1, 2,
-    /// 4... of them: a peer retrying cannot flood the log).
-    fn refused_handshake(&mut self) -> bool {
-        self.stats.handshakes_refused += 1;
-        na_core::logged_at(self.stats.handshakes_refused)
     }
 
     fn accept_hello(

@@ -133,7 +133,9 @@ impl SmPlugin {
 
     /// Messages received and held for the application: those waiting for
     /// a receive, and a departed peer's unexpected messages of pull mode
-    /// not yet taken. `SmConfig::max_queued_total` bounds this.
+    /// not yet taken. At most about twice `SmConfig::max_queued_total`
+    /// (connected peers' share by flow control, departed peers' by
+    /// pausing the listener: see [`held_by_departed`](Self::held_by_departed)).
     pub(crate) fn held_total(&self) -> usize {
         self.matcher.queued_arrivals + self.pulled_late.len()
     }

@@ -208,13 +208,6 @@ impl VerbsPlugin {
         self.drain_rma(cref);
     }
 
-    /// Counts a refused connection request; true if this one is logged
-    /// (at 1, 2, 4... of them: a peer retrying cannot flood the log).
-    fn refused_handshake(&mut self) -> bool {
-        self.stats.handshakes_refused += 1;
-        na_core::logged_at(self.stats.handshakes_refused)
-    }
-
     fn on_connect_request(&mut self, ev: CmEvent) {
         let Some(id) = ev.new_id else { return };
         let hello = match Hello::decode(&ev.private_data) {
@@ -222,7 +215,7 @@ impl VerbsPlugin {
             Ok(_) => return drop(id.reject(b"not listening")),
             Err(e) => {
                 self.stats.protocol_errors += 1;
-                if self.refused_handshake() {
+                if self.stats.refuse_handshake() {
                     tracing::warn!(error = %e, "verbs: rejecting a connection with a bad hello");
                 }
                 return drop(id.reject(b"bad hello"));
@@ -235,7 +228,7 @@ impl VerbsPlugin {
         let from = id.peer_addr().map(|a| a.ip().to_canonical());
         if from != Some(hello.addr.ip().to_canonical()) {
             self.stats.protocol_errors += 1;
-            if self.refused_handshake() {
+            if self.stats.refuse_handshake() {
                 tracing::warn!(
                     claimed = %hello.addr,
                     from = ?from,
@@ -249,7 +242,7 @@ impl VerbsPlugin {
             // Whoever it is, its messages would only pile up: the
             // application is not taking what it holds already.
             self.stats.flow_blocked += 1;
-            if self.refused_handshake() {
+            if self.stats.refuse_handshake() {
                 tracing::warn!(
                     held,
                     limit = self.cfg.max_held_total,
@@ -270,7 +263,7 @@ impl VerbsPlugin {
                 if new {
                     self.peers.remove_new(peer);
                 }
-                if self.refused_handshake() {
+                if self.stats.refuse_handshake() {
                     tracing::warn!(error = %e, "verbs: rejecting a connection");
                 }
                 return drop(id.reject(b"too many connections"));
