@@ -22,12 +22,18 @@ fn node(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
     (ep, id)
 }
 
-#[test]
-fn expected_messages_of_a_departed_peer_are_kept_for_a_while_then_dropped() {
-    let dir = std::env::temp_dir().join(format!("qs-sm-departed-{}", std::process::id()));
+/// A new, empty 0700 directory `<tmp>/<tag>-<pid>`.
+fn fresh_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    dir
+}
+
+#[test]
+fn expected_messages_of_a_departed_peer_are_kept_for_a_while_then_dropped() {
+    let dir = fresh_dir("qs-sm-departed");
     let (mut rx, rid) = node(&dir, true);
     let (mut tx, _) = node(&dir, false);
     let to = tx.lookup(rx.self_addr(rid).unwrap().uri()).unwrap();
@@ -92,10 +98,7 @@ fn expected_messages_of_a_departed_peer_are_kept_for_a_while_then_dropped() {
 fn a_departed_peers_unexpected_messages_count_against_the_total_bound() {
     const TOTAL: usize = 8;
     const SENT: u32 = 12;
-    let dir = std::env::temp_dir().join(format!("qs-sm-departed-pull-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let dir = fresh_dir("qs-sm-departed-pull");
     let cfg = SmConfig {
         listen: true,
         max_queued_total: TOTAL,
