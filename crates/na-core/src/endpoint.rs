@@ -281,6 +281,18 @@ impl Endpoint {
     /// plus the number of plugins in pull mode with an unexpected message
     /// waiting (see [`pull_unexpected`](Self::pull_unexpected)).
     pub fn progress_now(&mut self) -> Result<usize> {
+        // The common case, one plugin that progressed, takes no error
+        // bookkeeping (this runs once per message in busy mode).
+        if let [only] = self.plugins.as_mut_slice() {
+            let r = only.progress();
+            only.take_completions(&mut self.completions);
+            let scheme = only.scheme();
+            let ready = self.completions.len() + self.pull_ready();
+            return match r {
+                Err(e) => progress_failed(scheme, e, ready),
+                Ok(_) => Ok(ready),
+            };
+        }
         let mut first_err = None;
         for p in &mut self.plugins {
             if let Err(e) = p.progress() {
@@ -352,7 +364,15 @@ impl Endpoint {
                 // that finds work starts sooner after the work arrives.
                 if let [only] = self.plugins.as_mut_slice() {
                     let left = CLOCK_EVERY - polls % CLOCK_EVERY;
-                    polls = polls.wrapping_add(only.spin_wait(left).min(left - 1));
+                    let checks = only.spin_wait(left);
+                    // An unexpected message waiting to be taken (pull
+                    // mode) is the work, and no progress call is due
+                    // before its take (see Plugin::spin_wait).
+                    if checks < left && !self.pulling.is_empty() && only.unexpected_ready() {
+                        self.recently_active = true;
+                        return Ok(self.completions.len() + 1);
+                    }
+                    polls = polls.wrapping_add(checks.min(left - 1));
                 }
                 let n = self.progress_now()?;
                 if n > 0 {
@@ -425,6 +445,19 @@ impl AsFd for Endpoint {
 impl AsRawFd for Endpoint {
     fn as_raw_fd(&self) -> RawFd {
         self.poll.as_raw_fd()
+    }
+}
+
+/// A lone plugin's failed progress: logged, and returned only if no work
+/// is ready (as with several plugins).
+#[cold]
+#[inline(never)]
+fn progress_failed(scheme: &str, e: NaError, ready: usize) -> Result<usize> {
+    tracing::warn!(plugin = scheme, error = %e, "plugin progress failed");
+    if ready == 0 {
+        Err(e)
+    } else {
+        Ok(ready)
     }
 }
 

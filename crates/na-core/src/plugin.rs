@@ -298,6 +298,14 @@ pub trait Plugin: Send {
     /// message is not, and periodic work such as polling sockets counts as
     /// ready when due). The default makes no check and returns 0: the
     /// endpoint then calls `progress` every turn.
+    ///
+    /// In pull mode, if the spin ended early and
+    /// [`unexpected_ready`](Self::unexpected_ready) is then true, the
+    /// endpoint reports that message as work at once, without a `progress`
+    /// call between it and [`take_unexpected`](Self::take_unexpected) (it
+    /// is the usual reason a busy server wakes, and the take is on the
+    /// path to the reply). So a plugin may say a message is ready there
+    /// only if nothing else is due that a `progress` call would do first.
     fn spin_wait(&mut self, max: u32) -> u32 {
         let _ = max;
         0

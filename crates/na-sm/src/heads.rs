@@ -81,6 +81,7 @@ pub(crate) struct HeadList {
 
 impl HeadList {
     /// The entries, built again first if the peer table changed since.
+    #[inline]
     pub fn current(&mut self, peers: &mut PeerTable) -> &mut [HeadEntry] {
         if self.epoch != Some(peers.epoch()) {
             self.rebuild(peers);
@@ -88,6 +89,8 @@ impl HeadList {
         &mut self.entries
     }
 
+    #[cold]
+    #[inline(never)]
     fn rebuild(&mut self, peers: &mut PeerTable) {
         self.entries.clear();
         self.epoch = Some(peers.epoch());

@@ -65,24 +65,11 @@ impl SmPlugin {
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
             || self.tick.is_multiple_of(EVENT_POLL_INTERVAL);
-        // A listener paused for the queued-message bound goes on once the
-        // application took some (no event says so); the other pauses end
-        // with a handshake (its events are due) or at the timer.
-        if self.accept_pause == Some(AcceptPause::Queued)
-            && self.held_by_departed() < self.cfg.max_queued_total
-        {
-            self.resume_accepts();
+        if self.accept_pause.is_some() {
+            self.maybe_resume_accepts();
         }
         if events_due {
-            self.poll_events()?;
-            let dropped = self.matcher.drop_departed(self.cfg.departed_hold);
-            if dropped > 0 {
-                tracing::warn!(
-                    dropped,
-                    hold = ?self.cfg.departed_hold,
-                    "sm: dropped expected messages of departed peers that no receive took"
-                );
-            }
+            self.handle_due_events()?;
         }
         // The spin loop just saw an unexpected message arrive: it waits for
         // `take_pulled`, and the other rings are polled by the caller's
@@ -114,6 +101,35 @@ impl SmPlugin {
             self.flush_backlogs();
         }
         Ok(self.completions.len() - before)
+    }
+
+    /// A listener paused for the queued-message bound goes on once the
+    /// application took some (no event says so); the other pauses end
+    /// with a handshake (its events are due) or at the timer.
+    #[cold]
+    #[inline(never)]
+    fn maybe_resume_accepts(&mut self) {
+        if self.accept_pause == Some(AcceptPause::Queued)
+            && self.held_by_departed() < self.cfg.max_queued_total
+        {
+            self.resume_accepts();
+        }
+    }
+
+    /// The socket events' turn (see `make_progress`): handles them and
+    /// drops departed peers' messages held too long.
+    #[inline(never)]
+    fn handle_due_events(&mut self) -> Result<()> {
+        self.poll_events()?;
+        let dropped = self.matcher.drop_departed(self.cfg.departed_hold);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                hold = ?self.cfg.departed_hold,
+                "sm: dropped expected messages of departed peers that no receive took"
+            );
+        }
+        Ok(())
     }
 
     /// See `Plugin::spin_wait`: watches the head slot of every connection's
@@ -206,10 +222,17 @@ impl SmPlugin {
         }
     }
 
+    #[inline]
     fn disarm(&mut self) {
-        if !std::mem::take(&mut self.armed) {
-            return;
+        if self.armed {
+            self.disarm_all();
         }
+    }
+
+    /// Lowers every connection's wake-up flags (after a sleep).
+    #[inline(never)]
+    fn disarm_all(&mut self) {
+        self.armed = false;
         for peer in self.peers.iter_mut() {
             for c in peer.conns.iter_mut().filter(|c| c.armed) {
                 c.armed = false;

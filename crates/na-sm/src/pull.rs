@@ -123,6 +123,9 @@ impl SmPlugin {
         ch.read_payload(conn.rx_cur.pos, &s, buf);
         let freed = ch.release(&mut conn.rx_cur, &s);
         self.heads.mark_taken(conn.head);
+        // What the spin loop saw is taken: the next progress call settles
+        // this ring and polls the others (see `make_progress`).
+        self.spin_found = false;
         self.stats.msgs_received += 1;
         self.stats.msg_bytes_received += s.len as u64;
         if let Err(reason) = freed {
