@@ -338,7 +338,21 @@ impl<'a> Channel<'a> {
     /// bytes) a buffer is free; false otherwise (the caller queues it).
     /// The parts must add up to at most [`BUF_SIZE`] bytes.
     pub fn try_send(&self, tx: &mut TxCursor, kind: MsgKind, tag: u32, parts: &[&[u8]]) -> bool {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.try_send_len(tx, kind, tag, parts, parts.iter().map(|p| p.len()).sum())
+    }
+
+    /// [`try_send`](Self::try_send) of parts whose lengths add up to
+    /// `len` (the caller summed them already).
+    #[inline]
+    pub fn try_send_len(
+        &self,
+        tx: &mut TxCursor,
+        kind: MsgKind,
+        tag: u32,
+        parts: &[&[u8]],
+        len: usize,
+    ) -> bool {
+        debug_assert_eq!(len, parts.iter().map(|p| p.len()).sum::<usize>());
         debug_assert!(len <= BUF_SIZE);
         // Acquire pairs with the receiver's release of `consumed` after it
         // copied the previous lap's payload out, so we never overwrite it early.

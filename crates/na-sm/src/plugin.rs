@@ -353,7 +353,7 @@ impl SmPlugin {
         }
         self.check_dest(dest)?;
         self.ensure_connected(dest)?;
-        self.send_on(dest.token(), kind, tag, parts, op, report)
+        self.send_on(dest.token(), kind, tag, parts, len, op, report)
             .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?
     }
 }

@@ -580,16 +580,18 @@ impl SmPlugin {
         }
     }
 
-    /// Sends the concatenation of `parts` on the peer's first
-    /// connection, or queues it; `None` if the peer is gone. A send that
-    /// goes out at once completes only if `report` asks for successes; a
-    /// queued one always completes.
+    /// Sends the concatenation of `parts` (`len` bytes in all) on the
+    /// peer's first connection, or queues it; `None` if the peer is gone.
+    /// A send that goes out at once completes only if `report` asks for
+    /// successes; a queued one always completes.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn send_on(
         &mut self,
         tok: u64,
         kind: MsgKind,
         tag: Tag,
         parts: &[&[u8]],
+        len: usize,
         op: OpId,
         report: Report,
     ) -> Option<Result<()>> {
@@ -597,9 +599,9 @@ impl SmPlugin {
         let conn = peer.conns.first_mut()?;
         let tx = if conn.role == Role::Connector { 0 } else { 1 };
         let ch = Channel::new(&conn.region, tx);
-        if conn.backlog.is_empty() && ch.try_send(&mut conn.tx_cur, kind, tag, parts) {
+        if conn.backlog.is_empty() && ch.try_send_len(&mut conn.tx_cur, kind, tag, parts, len) {
             self.stats.msgs_sent += 1;
-            self.stats.msg_bytes_sent += parts.iter().map(|p| p.len() as u64).sum::<u64>();
+            self.stats.msg_bytes_sent += len as u64;
             if report == Report::All {
                 self.completions.push_back(Completion::done(op, kind_of(kind)));
             }
@@ -618,7 +620,6 @@ impl SmPlugin {
         if op_in_flight(&self.ops, &self.matcher, op) {
             return Some(Err(dup(op)));
         }
-        let len = parts.iter().map(|p| p.len()).sum();
         let (max, max_total) = (self.cfg.max_backlog_bytes, self.cfg.max_backlog_total);
         if let Err(e) = conn.backlog.admit(len, max, max_total, &peer.addr) {
             self.stats.sends_refused += 1;

@@ -262,8 +262,9 @@ impl SharedRegion {
                 let w = std::ptr::read_unaligned(wsrc.cast::<u64>().add(i));
                 std::ptr::write_volatile(wdst.cast::<u64>().add(i), w);
             }
-            for (i, b) in src.iter().enumerate().skip(head + words * 8) {
-                std::ptr::write_volatile(dst.add(i), *b);
+            let tail = head + words * 8;
+            for (i, b) in src[tail..].iter().enumerate() {
+                std::ptr::write_volatile(dst.add(tail + i), *b);
             }
         }
     }
