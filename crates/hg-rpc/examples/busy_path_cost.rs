@@ -22,8 +22,8 @@
 
 use std::time::Instant;
 
-use hg_rpc::{Engine, Rpc};
-use na_core::{PluginId, ProgressMode};
+use hg_rpc::{CallId, Engine, Rpc};
+use na_core::{Addr, PluginId, ProgressMode};
 use serde_bytes::ByteBuf;
 
 /// hg-perf's rate RPC: a byte string in, nothing out.
@@ -47,6 +47,41 @@ fn wake(e: &mut Engine, p: PluginId) -> Res<()> {
     Ok(())
 }
 
+/// The server's part of a round trip: the request is seen, taken and
+/// answered; then the progress call that finds nothing while the client
+/// works (it settles the ring).
+#[inline(never)]
+fn server_turn(server: &mut Engine, p: PluginId) -> Res<()> {
+    wake(server, p)?;
+    server.progress_now()?;
+    Ok(())
+}
+
+/// The client's part: the response is seen and taken, the next call goes
+/// out, then the progress call that finds nothing while the server works.
+/// The first calls also complete the handshake: the server turns until
+/// the response comes.
+#[inline(never)]
+fn client_turn(client: &mut Engine, server: &mut Engine, p: PluginId, id: CallId, to: &Addr) -> Res<CallId> {
+    let mut turns = 0;
+    loop {
+        wake(client, p)?;
+        if let Some(r) = client.take_response::<Noop>(id) {
+            r?;
+            break;
+        }
+        turns += 1;
+        if turns > 100_000 {
+            return Err("a call got no response".into());
+        }
+        server.progress_now()?;
+        server.trigger()?;
+    }
+    let next = client.forward::<Noop>(to, &ByteBuf::new())?;
+    client.progress_now()?;
+    Ok(next)
+}
+
 fn main() -> Res<()> {
     let calls: u64 = match std::env::args().nth(1) {
         Some(n) => n.parse()?,
@@ -58,32 +93,15 @@ fn main() -> Res<()> {
     let uri = server.self_addr().to_string();
     let to = client.endpoint().lookup(&uri)?;
     let p = PluginId(0);
-    let input = ByteBuf::new();
     let mut start = Instant::now();
     let warm = calls.min(1000);
+    let mut id = client.forward::<Noop>(&to, &ByteBuf::new())?;
     for i in 0..calls {
         if i == warm {
             start = Instant::now();
         }
-        let id = client.forward::<Noop>(&to, &input)?;
-        wake(&mut server, p)?;
-        server.progress_now()?;
-        // The first calls also complete the handshake: turn until done.
-        let mut turns = 0;
-        loop {
-            wake(&mut client, p)?;
-            if let Some(r) = client.take_response::<Noop>(id) {
-                r?;
-                break;
-            }
-            turns += 1;
-            if turns > 100_000 {
-                return Err(format!("call {i} got no response").into());
-            }
-            server.progress_now()?;
-            server.trigger()?;
-        }
-        client.progress_now()?;
+        server_turn(&mut server, p)?;
+        id = client_turn(&mut client, &mut server, p, id, &to)?;
     }
     let timed = calls - warm;
     if timed > 0 {
