@@ -132,6 +132,11 @@ pub enum NaError {
     /// The operation id given to cancel is not known (it already completed).
     #[error("no posted operation with id {0}")]
     UnknownOp(u64),
+    /// An operation was started under an id that names one still in flight
+    /// (ids are the caller's, unique among its operations in flight). The
+    /// new operation was not started; the one in flight is untouched.
+    #[error("operation id {0} is already in flight")]
+    OpInFlight(u64),
     /// Remote memory access failed in the kernel or in the NIC.
     #[error("RMA {op} of {len} bytes to {peer} failed: {source}")]
     Rma {

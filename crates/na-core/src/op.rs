@@ -1,11 +1,14 @@
 //! Operations and their completions.
 //!
 //! Every operation a plugin accepts is named by an [`OpId`] that the caller
-//! chooses (it must be unique among the caller's operations in flight on
-//! that plugin). When a post call returns `Ok`, the operation completes
-//! exactly once, later, with a [`Completion`] carrying that id: success,
-//! error or [`NaError::Canceled`]. When a post call returns `Err`, nothing
-//! was started and no completion follows.
+//! chooses, unique among the caller's operations in flight on that plugin:
+//! a post call under an id in flight fails with [`NaError::OpInFlight`]
+//! and starts nothing (a send with [`Report::FailuresOnly`] that a plugin
+//! finishes inside the call is never tracked, and may go unchecked). When
+//! a post call returns `Ok`, the operation completes exactly once, later,
+//! with a [`Completion`] carrying that id: success, error or
+//! [`NaError::Canceled`] (a `FailuresOnly` send: see there). When a post
+//! call returns `Err`, nothing was started and no completion follows.
 
 use crate::addr::Addr;
 use crate::error::NaError;

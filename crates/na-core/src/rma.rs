@@ -126,12 +126,31 @@ impl<'a> Rma<'a> {
     }
 }
 
-/// Checks every transfer of a batch ([`Rma::check`]), so a plugin can
-/// refuse the whole batch before it starts any. (Ids must be unique among
-/// the caller's operations in flight, as for every post; plugins do not
-/// check that.)
+/// Checks every transfer of a batch ([`Rma::check`]) and that no two of
+/// them share an id ([`NaError::OpInFlight`]), so a plugin can refuse the
+/// whole batch before it starts any. (The plugin checks the ids against
+/// its own operations in flight.)
 pub fn check_batch(ops: &[Rma<'_>]) -> Result<()> {
-    ops.iter().try_for_each(Rma::check)
+    ops.iter().try_for_each(Rma::check)?;
+    match first_repeated_op(ops) {
+        Some(op) => Err(NaError::OpInFlight(op.0)),
+        None => Ok(()),
+    }
+}
+
+/// The first id that two transfers of `ops` share, if any: pairwise for a
+/// small batch (no allocation on the common path), sorted for a large one.
+fn first_repeated_op(ops: &[Rma<'_>]) -> Option<OpId> {
+    if ops.len() <= 32 {
+        return ops
+            .iter()
+            .enumerate()
+            .find(|(i, a)| ops[..*i].iter().any(|b| b.op == a.op))
+            .map(|(_, a)| a.op);
+    }
+    let mut ids: Vec<u64> = ops.iter().map(|o| o.op.0).collect();
+    ids.sort_unstable();
+    ids.windows(2).find(|w| w[0] == w[1]).map(|w| OpId(w[0]))
 }
 
 #[cfg(test)]
@@ -176,5 +195,24 @@ mod tests {
         assert!(check_batch(&[a, b]).is_ok());
         assert!(check_batch(&[a, b, Rma { len: 64, ..b }]).is_err());
         assert_eq!(b.dir.kind(), OpKind::Get);
+    }
+
+    #[test]
+    fn a_batch_that_repeats_an_id_is_refused_whole() {
+        let rw = MemHandle::zeroed(64, Access::ReadWrite);
+        let r_rw = remote(64, Access::ReadWrite);
+        let t = |op| Rma::put(&rw, 0, &r_rw, 0, 8, OpId(op));
+        // Small batches are compared pairwise, large ones sorted.
+        for n in [2u64, 5, 32, 33, 200] {
+            let mut ops: Vec<Rma<'_>> = (0..n).map(|i| t(100 + i)).collect();
+            assert!(check_batch(&ops).is_ok(), "{n} distinct ids");
+            // The last takes the id of one in the middle (the first for 2).
+            let twice = 100 + (n - 1) / 2;
+            ops[n as usize - 1].op = OpId(twice);
+            assert!(
+                matches!(check_batch(&ops), Err(NaError::OpInFlight(id)) if id == twice),
+                "{n} transfers, one id twice"
+            );
+        }
     }
 }

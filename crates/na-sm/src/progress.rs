@@ -595,6 +595,13 @@ impl SmPlugin {
         op: OpId,
         report: Report,
     ) -> Option<Result<()>> {
+        // A send that will complete may not take an id in flight. One that
+        // reports failures only and goes out at once is never tracked (it
+        // completes inside this call and reports nothing), so its id is
+        // checked only if it has to wait (below): no lookup on that path.
+        if report == Report::All && op_in_flight(&self.ops, &self.matcher, op) {
+            return Some(Err(dup(op)));
+        }
         let peer = self.peers.get_mut(tok)?;
         let conn = peer.conns.first_mut()?;
         let tx = if conn.role == Role::Connector { 0 } else { 1 };
@@ -773,11 +780,9 @@ pub(crate) fn op_in_flight(ops: &FastMap<OpId, OpPlace>, matcher: &Matcher, op: 
     ops.contains_key(&op) || matcher.has_posted_unexpected(op)
 }
 
+/// The error for an operation started under an id in flight.
 pub(crate) fn dup(op: OpId) -> NaError {
-    NaError::Plugin {
-        plugin: "sm",
-        message: format!("operation id {} is already in flight", op.0),
-    }
+    NaError::OpInFlight(op.0)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use na_core::rma::check_batch;
 use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
 use crate::plugin::SmPlugin;
+use crate::progress::{dup, op_in_flight};
 use crate::sys::cma::{transfer_batch, IOV_MAX};
 
 /// What to change when the kernel refuses cross-memory attach.
@@ -24,6 +25,10 @@ impl SmPlugin {
     /// same-direction transfers with one system call (per `IOV_MAX` pieces).
     pub(crate) fn rma_batch(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         check_batch(ops)?;
+        // Each transfer completes under its id: none may name one in flight.
+        if let Some(o) = ops.iter().find(|o| op_in_flight(&self.ops, &self.matcher, o.op)) {
+            return Err(dup(o.op));
+        }
         // CMA names the peer by pid. A peer that died is noticed through
         // its socket's end-of-file; after a long gap without progress,
         // harvest that first, so a dead peer's pid (which the kernel may

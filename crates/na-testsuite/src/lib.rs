@@ -146,6 +146,10 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("gathered_sends_odd_parts_both_reports", messaging::gathered_sends),
         ("cancel_posted_operations", messaging::cancel),
         (
+            "duplicate_op_ids_are_refused_and_the_first_op_stands",
+            messaging::duplicate_op_ids,
+        ),
+        (
             "pull_mode_messages_in_order_while_sleeping",
             pull::pull_mode_messages,
         ),

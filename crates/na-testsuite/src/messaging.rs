@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::time::Duration;
 
-use na_core::{NaError, OpId, OpKind, ProgressMode, Report};
+use na_core::{Access, MemHandle, NaError, OpId, OpKind, ProgressMode, Report, Rma};
 
 use crate::{Node, PeerProc, Transport};
 
@@ -551,4 +551,72 @@ pub fn many_clients(t: &Transport) {
     n.request(&addr, 0, b"q");
     assert_eq!(server.line(t.timeout), format!("SERVED {}", t.clients * 300 + 1));
     assert!(server.wait(t.timeout));
+}
+
+/// Starting any operation under an id still in flight (a posted receive
+/// of either kind) is [`NaError::OpInFlight`] and starts nothing: no
+/// receive is posted, no message is sent, no transfer moves; so is a batch
+/// of transfers that uses one id twice. The operations in flight are
+/// untouched and complete once, as posted. (A send that reports failures
+/// only is not checked when it goes out at once: it is never tracked, and
+/// completes with no report.)
+pub fn duplicate_op_ids(t: &Transport) {
+    let server = PeerProc::spawn(t, &["server"]);
+    let mut n = Node::new(t, ProgressMode::default(), false);
+    let addr = n.ep.lookup(&server.uri).unwrap();
+    assert_eq!(n.request(&addr, 1, b"econnect"), b"econnect");
+    let remote = crate::rma::expose(&mut n, &addr, &[64]);
+    let local = MemHandle::zeroed(64, Access::ReadWrite);
+    let (r, u) = (n.op(), n.op());
+    n.ep.post_recv_expected(&addr, 77, vec![1, 2, 3], r).unwrap();
+    n.ep.post_recv_unexpected(n.id, vec![9], u).unwrap();
+    let before = n.stats();
+    for dup in [r, u] {
+        let refused = |what: &str, r: na_core::Result<()>| match r {
+            Err(NaError::OpInFlight(id)) if id == dup.0 => {}
+            other => panic!("{what} under id {} in flight: {other:?}", dup.0),
+        };
+        refused("unexpected receive", n.ep.post_recv_unexpected(n.id, vec![], dup));
+        refused(
+            "expected receive",
+            n.ep.post_recv_expected(&addr, 78, vec![], dup),
+        );
+        refused("unexpected send", n.ep.send_unexpected(&addr, 79, b"edup", dup));
+        refused("expected send", n.ep.send_expected(&addr, 79, b"edup", dup));
+        refused(
+            "gathered send",
+            n.ep.send_unexpected_parts(&addr, 79, &[b"e", b"dup"], dup, Report::All),
+        );
+        refused("put", n.ep.put(&local, 0, &remote, 0, 8, &addr, dup));
+        refused("get", n.ep.get(&local, 0, &remote, 0, 8, &addr, dup));
+    }
+    let twice = n.op();
+    let batch = [
+        Rma::put(&local, 0, &remote, 0, 8, twice),
+        Rma::get(&local, 8, &remote, 8, 8, twice),
+    ];
+    match n.ep.rma(&addr, &batch) {
+        Err(NaError::OpInFlight(id)) if id == twice.0 => {}
+        other => panic!("a batch with one id twice: {other:?}"),
+    }
+    let after = n.stats();
+    assert_eq!(after.msgs_sent, before.msgs_sent, "a refused send sent nothing");
+    assert_eq!(
+        (after.put_bytes, after.get_bytes, after.rma_calls),
+        (before.put_bytes, before.get_bytes, before.rma_calls),
+        "a refused transfer moved nothing"
+    );
+    // The originals are untouched: canceling gives their own buffers back.
+    n.ep.cancel(n.id, r).unwrap();
+    n.ep.cancel(n.id, u).unwrap();
+    assert_eq!(n.wait(r).buf.expect("buf"), vec![1, 2, 3]);
+    assert_eq!(n.wait(u).buf.expect("buf"), vec![9]);
+    n.pump(Duration::from_millis(50));
+    assert!(
+        n.stash.is_empty(),
+        "each completed once, and nothing refused completed: {:?}",
+        n.stash.keys()
+    );
+    assert_eq!(n.stats().in_flight, 0);
+    assert_eq!(n.request(&addr, 78, b"eafter"), b"eafter");
 }

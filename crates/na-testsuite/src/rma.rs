@@ -9,7 +9,7 @@ use na_core::{Access, Addr, MemHandle, NaError, OpKind, ProgressMode, RemoteMem,
 use crate::{pattern, pattern2, Node, PeerProc, Transport};
 
 /// Asks the server to expose a handle of `segs`; its descriptor.
-fn expose(n: &mut Node, server: &Addr, segs: &[u32]) -> RemoteMem {
+pub(crate) fn expose(n: &mut Node, server: &Addr, segs: &[u32]) -> RemoteMem {
     let mut cmd = vec![b'm'];
     for s in segs {
         cmd.extend_from_slice(&s.to_le_bytes());

@@ -60,6 +60,7 @@ impl VerbsPlugin {
         msg: Outgoing<'_>,
         op: OpId,
     ) -> Result<()> {
+        self.check_new_op(op)?;
         let len = msg.bytes().len();
         let max = self.cfg.max_msg_size;
         if len > max {
@@ -239,7 +240,18 @@ impl VerbsPlugin {
         });
     }
 
+    /// Refuses an operation id that names one in flight: its completion
+    /// could not be told from the other's, and the record of the one in
+    /// flight would be lost (it would then never complete).
+    pub(crate) fn check_new_op(&self, op: OpId) -> Result<()> {
+        if self.ops.contains_key(&op) {
+            return Err(NaError::OpInFlight(op.0));
+        }
+        Ok(())
+    }
+
     pub(crate) fn recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.check_new_op(op)?;
         if let Some(h) = self.matching.held_unexpected.pop_front() {
             self.deliver_held(h, buf, op, OpKind::RecvUnexpected);
             return Ok(());
@@ -251,6 +263,7 @@ impl VerbsPlugin {
     }
 
     pub(crate) fn recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.check_new_op(op)?;
         let peer = self.peer_of(source)?;
         let key = (peer, tag);
         if let Some(q) = self.matching.held_expected.get_mut(&key) {

@@ -117,6 +117,7 @@ impl VerbsPlugin {
     /// queues any, then posts their work requests in one pass.
     pub(crate) fn rma_batch(&mut self, dest: &na_core::Addr, ops: &[Rma<'_>]) -> Result<()> {
         check_batch(ops)?;
+        ops.iter().try_for_each(|o| self.check_new_op(o.op))?;
         let peer = self.live_peer(dest)?;
         let planned = ops.iter().map(|r| self.plan_rma(r)).collect::<Result<Vec<_>>>()?;
         let cref = if planned.iter().any(|p| p.len > 0) {

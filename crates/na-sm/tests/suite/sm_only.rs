@@ -52,45 +52,10 @@ pub fn trials() -> Vec<(&'static str, Scenario)> {
             flooding_peer_is_bounded_and_nothing_is_lost,
         ),
         (
-            "duplicate_op_ids_are_refused_and_the_first_op_stands",
-            duplicate_op_ids_are_refused_and_the_first_op_stands,
-        ),
-        (
             "a_departed_flooder_loses_nothing_beyond_the_bound",
             a_departed_flooder_loses_nothing_beyond_the_bound,
         ),
     ]
-}
-
-/// Posting a receive under an id that is still in flight (a posted
-/// receive of either kind) is an error that changes nothing: the first
-/// operation completes once, as posted.
-pub fn duplicate_op_ids_are_refused_and_the_first_op_stands(t: &Transport) {
-    let server = PeerProc::spawn(t, &["server"]);
-    let mut n = Node::new(t, ProgressMode::default(), false);
-    let addr = n.ep.lookup(&server.uri).unwrap();
-    assert_eq!(n.request(&addr, 1, b"econnect"), b"econnect");
-    let (r, u) = (n.op(), n.op());
-    n.ep.post_recv_expected(&addr, 77, vec![1, 2, 3], r).unwrap();
-    n.ep.post_recv_unexpected(n.id, vec![9], u).unwrap();
-    for dup in [r, u] {
-        let e = n.ep.post_recv_unexpected(n.id, vec![], dup).unwrap_err();
-        assert!(e.to_string().contains("already in flight"), "{e}");
-        let e = n.ep.post_recv_expected(&addr, 78, vec![], dup).unwrap_err();
-        assert!(e.to_string().contains("already in flight"), "{e}");
-    }
-    // The originals are untouched: canceling gives their own buffers back.
-    n.ep.cancel(n.id, r).unwrap();
-    n.ep.cancel(n.id, u).unwrap();
-    assert_eq!(n.wait(r).buf.expect("buf"), vec![1, 2, 3]);
-    assert_eq!(n.wait(u).buf.expect("buf"), vec![9]);
-    n.pump(Duration::from_millis(50));
-    assert!(
-        !n.stash.contains_key(&r) && !n.stash.contains_key(&u),
-        "each completed once"
-    );
-    assert_eq!(n.stats().in_flight, 0);
-    assert_eq!(n.request(&addr, 78, b"eafter"), b"eafter");
 }
 
 /// The scenario's socket directory (what peers get as `QS_SM_DIR`).
