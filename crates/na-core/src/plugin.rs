@@ -61,10 +61,14 @@ pub struct PluginStats {
     /// held messages reached the per-peer bound (flow control).
     pub flow_blocked: u64,
     /// Incoming connections refused at the handshake (a broken hello, a
-    /// claimed identity that does not match, a bound reached).
+    /// claimed identity that does not match, a bound reached, or our own
+    /// lack of resources: see `accept_errors`).
     pub handshakes_refused: u64,
-    /// Incoming connections the plugin could not accept for lack of
-    /// resources (`EMFILE` and the like): it paused accepting and retried.
+    /// Incoming connections the plugin could not accept or set up for lack
+    /// of its own resources (`EMFILE` and the like), never counted as the
+    /// peer's protocol error: an `accept` that failed (accepting pauses and
+    /// is retried), or a handshake it could not finish (that connection is
+    /// closed, and the peer may connect again).
     pub accept_errors: u64,
 }
 

@@ -60,6 +60,39 @@ fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
     io::Error::new(e.kind(), why)
 }
 
+/// Why an accepted connection's handshake failed.
+#[derive(Debug)]
+enum HelloFailure {
+    /// The peer broke the handshake (a protocol error).
+    Peer(String),
+    /// We could not set the connection up (our descriptors or memory ran
+    /// out): not the peer's doing.
+    Local(String),
+}
+
+impl HelloFailure {
+    /// A failure to take in what the peer passed (`what`): ours if the
+    /// kernel ran out of descriptors or memory for us, else the peer's.
+    fn of_io(what: &str, e: &io::Error) -> Self {
+        let reason = format!("{what}: {e}");
+        match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => HelloFailure::Local(reason),
+            _ => HelloFailure::Peer(reason),
+        }
+    }
+}
+
+impl From<String> for HelloFailure {
+    fn from(reason: String) -> Self {
+        HelloFailure::Peer(reason)
+    }
+}
+
+impl From<&str> for HelloFailure {
+    fn from(reason: &str) -> Self {
+        HelloFailure::Peer(reason.to_owned())
+    }
+}
 impl SmPlugin {
     /// Resolves `uri`, connecting if it names a peer we have no connection
     /// to. Returns as soon as the hello is sent: the acknowledgement is
@@ -409,10 +442,18 @@ impl SmPlugin {
         }
         match self.accept_hello(serial, p, r, &buf) {
             Ok(uri) => tracing::info!(peer = %uri, serial, "sm accept"),
-            Err(reason) => {
+            Err(HelloFailure::Peer(reason)) => {
                 self.stats.protocol_errors += 1;
                 if self.stats.refuse_handshake() {
                     tracing::warn!(peer = %peer, %reason, "sm handshake refused");
+                }
+            }
+            // Not the peer's doing: no protocol error. The connection is
+            // closed (the connector's error says so); it may connect again.
+            Err(HelloFailure::Local(reason)) => {
+                self.stats.accept_errors += 1;
+                if self.stats.refuse_handshake() {
+                    tracing::warn!(peer = %peer, %reason, "sm: could not accept a connection (out of our own resources)");
                 }
             }
         }
@@ -441,28 +482,37 @@ impl SmPlugin {
         p: PendingAccept,
         r: io::Result<crate::sys::socket::Received>,
         buf: &[u8],
-    ) -> std::result::Result<String, String> {
+    ) -> std::result::Result<String, HelloFailure> {
         let mut r = r.map_err(|e| format!("reading hello: {e}"))?;
         if r.len == 0 {
             return Err("closed before its hello".into());
         }
+        if r.fds_truncated && r.fds.len() < 2 {
+            // Fewer than the two a hello carries, and the kernel says it
+            // dropped some: it could not give them to us (our descriptor
+            // limit). Too many descriptors truncate only past the buffer's
+            // four, and stay the peer's error (below).
+            return Err(HelloFailure::Local(format!(
+                "the kernel passed {} of the hello's descriptors and dropped the rest (out of descriptors?)",
+                r.fds.len()
+            )));
+        }
         if r.fds_truncated || r.fds.len() != 2 {
-            return Err(format!("hello carries {} descriptors, expected 2", r.fds.len()));
+            return Err(format!("hello carries {} descriptors, expected 2", r.fds.len()).into());
         }
         let hello = decode_hello(&buf[..r.len.min(buf.len())])?;
         let name = SmName::parse_key(&hello.name)?;
         if name.pid != p.cred.pid {
-            return Err(format!(
-                "hello claims pid {}, kernel says {}",
-                name.pid, p.cred.pid
-            ));
+            return Err(format!("hello claims pid {}, kernel says {}", name.pid, p.cred.pid).into());
         }
         let wake_fd = r.fds.pop().ok_or("missing eventfd")?;
         let region_fd = r.fds.pop().ok_or("missing region")?;
-        let region = SharedRegion::from_peer(region_fd, REGION_LEN).map_err(|e| format!("region: {e}"))?;
+        let region =
+            SharedRegion::from_peer(region_fd, REGION_LEN).map_err(|e| HelloFailure::of_io("region", &e))?;
         check_region(&region)?;
-        let peer_wake = PeerWake::from_peer(wake_fd).map_err(|e| format!("wake-up fd: {e}"))?;
-        let my_wake = OwnWake::new(self.wake_kind).map_err(|e| format!("{}: {e}", self.wake_kind.name()))?;
+        let peer_wake = PeerWake::from_peer(wake_fd).map_err(|e| HelloFailure::of_io("wake-up fd", &e))?;
+        let my_wake = OwnWake::new(self.wake_kind)
+            .map_err(|e| HelloFailure::Local(format!("creating our {}: {e}", self.wake_kind.name())))?;
         let ack = encode_ack();
         // A peer may send into the region it made and exit before we get
         // here (its sends complete without the acknowledgement): then the
@@ -470,15 +520,15 @@ impl SmPlugin {
         // once, which takes what it sent first.
         let exited = match send_with_fds(p.sock.as_fd(), &ack, &[my_wake.fd_for_peer()]) {
             Ok(n) if n == ACK_LEN => false,
-            Ok(n) => return Err(format!("acknowledgement cut short ({n} bytes)")),
+            Ok(n) => return Err(format!("acknowledgement cut short ({n} bytes)").into()),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => true,
-            Err(e) => return Err(format!("sending acknowledgement: {e}")),
+            Err(e) => return Err(format!("sending acknowledgement: {e}").into()),
         };
         if !exited {
-            self.poll_add(p.sock.as_raw_fd(), serial)
-                .map_err(|e| e.to_string())?;
+            let local = |e: SmError| HelloFailure::Local(e.to_string());
+            self.poll_add(p.sock.as_raw_fd(), serial).map_err(local)?;
             self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)
-                .map_err(|e| e.to_string())?;
+                .map_err(local)?;
         }
         let conn = Conn {
             serial,
