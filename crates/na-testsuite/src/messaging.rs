@@ -314,7 +314,8 @@ pub fn send_backlog_bound(t: &Transport) {
 /// echoed intact from a buffer of the server's; an expected message sent
 /// from one; buffers are reused (the stream touches a bounded set); an
 /// oversize buffer is refused; a plugin with registered buffers sends every
-/// one of them without a copy, the others copy.
+/// one of them without a copy, the others copy; the buffer of a refused
+/// send goes back to the pool.
 pub fn msg_bufs(t: &Transport) {
     let server = PeerProc::spawn(t, &["server"]);
     let mut n = Node::new(t, ProgressMode::default(), false);
@@ -386,6 +387,27 @@ pub fn msg_bufs(t: &Transport) {
         (c.tag, c.buf.expect("buf")),
         (tag, b"expected, from a buffer".to_vec())
     );
+    // A refused send (here: under an id in flight) gives its buffer back
+    // to the plugin's pool, not away with the error: the next one
+    // allocated is that buffer.
+    let held = n.op();
+    n.ep.post_recv_unexpected(n.id, Vec::new(), held).expect("post");
+    let mut b = n.ep.alloc_msg_buf(&addr, max).expect("alloc");
+    b.extend_from_slice(b"refused").expect("fits");
+    let at = b.memory().bytes().as_ptr() as usize;
+    let e =
+        n.ep.send_unexpected_buf(&addr, 1, b, held)
+            .expect_err("an id in flight");
+    assert!(matches!(e, NaError::OpInFlight(_)), "{e}");
+    let again = n.ep.alloc_msg_buf(&addr, max).expect("alloc");
+    assert_eq!(
+        again.memory().bytes().as_ptr() as usize,
+        at,
+        "the refused send's buffer did not go back to the pool"
+    );
+    assert!(again.is_empty(), "a recycled buffer comes back empty");
+    n.ep.cancel(n.id, held).expect("cancel");
+    n.wait(held);
 }
 
 /// Gathered sends (`send_unexpected_parts`): messages whose parts have odd

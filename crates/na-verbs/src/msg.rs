@@ -60,8 +60,50 @@ impl VerbsPlugin {
         msg: Outgoing<'_>,
         op: OpId,
     ) -> Result<()> {
-        self.check_new_op(op)?;
         let len = msg.bytes().len();
+        let (cref, direct, established) = match self.admit_send(dest, kind, len, op) {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                // A plugin buffer goes back to the pool, not away with the
+                // error.
+                if let Outgoing::Buf(b) = msg {
+                    self.recycle_buf(b);
+                }
+                return Err(e);
+            }
+        };
+        self.ops.insert(op, OpLoc::Send(cref));
+        self.stats.in_flight += 1;
+        if direct {
+            if let Err(e) = self.post_outgoing(cref, kind, tag, msg, op) {
+                self.ops.remove(&op);
+                self.stats.in_flight -= 1;
+                return Err(e.into());
+            }
+        } else {
+            if established {
+                self.stats.sends_queued += 1;
+            }
+            let body = msg.into_owned();
+            let conn = self.conn_mut(cref).expect("checked by admit_send");
+            conn.msg_backlog
+                .push_back(PendingSend { op, kind, tag, body }, len);
+        }
+        Ok(())
+    }
+
+    /// Checks a send of `len` bytes as operation `op` and finds its
+    /// connection (connecting if need be): the connection, whether the
+    /// send can be posted now, and whether the connection is established.
+    /// A send that must wait was checked against the backlog bounds.
+    fn admit_send(
+        &mut self,
+        dest: &Addr,
+        kind: OpKind,
+        len: usize,
+        op: OpId,
+    ) -> Result<(ConnRef, bool, bool)> {
+        self.check_new_op(op)?;
         let max = self.cfg.max_msg_size;
         if len > max {
             return Err(NaError::MessageTooLarge {
@@ -99,24 +141,7 @@ impl VerbsPlugin {
                 return Err(e);
             }
         }
-        self.ops.insert(op, OpLoc::Send(cref));
-        self.stats.in_flight += 1;
-        if direct {
-            if let Err(e) = self.post_outgoing(cref, kind, tag, msg, op) {
-                self.ops.remove(&op);
-                self.stats.in_flight -= 1;
-                return Err(e.into());
-            }
-        } else {
-            if established {
-                self.stats.sends_queued += 1;
-            }
-            let body = msg.into_owned();
-            let conn = self.conn_mut(cref).expect("checked above");
-            conn.msg_backlog
-                .push_back(PendingSend { op, kind, tag, body }, len);
-        }
-        Ok(())
+        Ok((cref, direct, established))
     }
 
     /// Posts `msg` as operation `op` on `cref` (the caller checked
