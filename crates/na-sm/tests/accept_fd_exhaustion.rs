@@ -8,10 +8,14 @@
 //! the lowered limit. The only test in its binary: it lowers the process's
 //! descriptor limit.
 
+mod fd_limit;
+
 use std::time::{Duration, Instant};
 
 use na_core::{Endpoint, OpId, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
+
+use fd_limit::{listener, serve_request_until_exit, set_fd_limit};
 
 const ROLE_ENV: &str = "QS_SM_FDX_SERVER";
 const TEST: &str = "accepting_without_descriptors_neither_spins_nor_loses_the_client";
@@ -27,23 +31,6 @@ fn thread_cpu() -> Duration {
         0
     );
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn set_fd_limit(cur: libc::rlim_t) -> libc::rlimit {
-    let mut old = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY (test): valid pointers to rlimits.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
-        let new = libc::rlimit {
-            rlim_cur: cur,
-            rlim_max: old.rlim_max,
-        };
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
-    }
-    old
 }
 
 /// The client: connects (queued at the server), sends, waits for a reply.
@@ -79,20 +66,7 @@ fn accepting_without_descriptors_neither_spins_nor_loses_the_client() {
         let (uri, dir) = role.split_once('|').expect("uri|dir");
         return client(uri, dir);
     }
-    let dir = std::env::temp_dir().join(format!("qs-sm-fdx-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let cfg = SmConfig {
-        listen: true,
-        ..SmConfig::default()
-    }
-    .with_dir(&dir);
-    let mut srv = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let sid = srv
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let (mut srv, sid, uri, dir) = listener("fdx");
     srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", TEST, "--nocapture", "--test-threads", "1"])
@@ -136,29 +110,6 @@ fn accepting_without_descriptors_neither_spins_nor_loses_the_client() {
         "blocking progress used {cpu:?} of CPU in 1 s while accept failed: it spins"
     );
     // Descriptors are back: the queued client is served.
-    let end = Instant::now() + Duration::from_secs(20);
-    let req = loop {
-        assert!(Instant::now() < end, "the queued client's message never arrived");
-        srv.progress(Some(Duration::from_millis(100))).unwrap();
-        if let Some(c) = srv.pop_completion() {
-            break c;
-        }
-    };
-    assert_eq!(req.buf.as_deref(), Some(&b"queued while you had no fds"[..]));
-    srv.send_expected(req.source.as_ref().unwrap(), 7, b"ok", OpId(2))
-        .unwrap();
-    let end = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < end, "the client did not finish");
-        srv.progress(Some(Duration::from_millis(50))).unwrap();
-        while srv.pop_completion().is_some() {}
-    }
-    let status = child.wait().unwrap();
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut out, &mut stdout).unwrap();
-    assert!(
-        status.success() && stdout.contains("CLIENT OK"),
-        "client: {stdout}"
-    );
+    serve_request_until_exit(&mut srv, &mut child, &mut out, b"queued while you had no fds");
     let _ = std::fs::remove_dir_all(&dir);
 }

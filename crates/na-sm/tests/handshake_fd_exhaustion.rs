@@ -11,31 +11,18 @@
 //! lowered limit. The only test in its binary: it lowers the process's
 //! descriptor limit.
 
+mod fd_limit;
+
 use std::io::BufRead;
 use std::time::{Duration, Instant};
 
 use na_core::{Endpoint, NaError, OpId, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
+use fd_limit::{listener, serve_request_until_exit, set_fd_limit};
+
 const ROLE_ENV: &str = "QS_SM_HSFDX_CLIENT";
 const TEST: &str = "running_out_of_descriptors_mid_handshake_is_not_the_peers_fault";
-
-fn set_fd_limit(cur: libc::rlim_t) -> libc::rlimit {
-    let mut old = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY (test): valid pointers to rlimits.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
-        let new = libc::rlimit {
-            rlim_cur: cur,
-            rlim_max: old.rlim_max,
-        };
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
-    }
-    old
-}
 
 /// The three lowest free descriptor numbers, in order.
 fn lowest_free() -> [libc::c_int; 3] {
@@ -116,17 +103,7 @@ fn running_out_of_descriptors_mid_handshake_is_not_the_peers_fault() {
         let (uri, dir) = role.split_once('|').expect("uri|dir");
         return client(uri, dir);
     }
-    let dir = std::env::temp_dir().join(format!("qs-sm-hsfdx-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let cfg = SmConfig {
-        listen: true,
-        ..SmConfig::default()
-    }
-    .with_dir(&dir);
-    let (mut srv, sid) = endpoint(cfg);
-    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let (mut srv, sid, uri, dir) = listener("hsfdx");
     srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", TEST, "--nocapture", "--test-threads", "1"])
@@ -168,27 +145,7 @@ fn running_out_of_descriptors_mid_handshake_is_not_the_peers_fault() {
     }
     // Descriptors are back: the third connection is served.
     line_starting(&mut out, "CONNECTED 2");
-    let end = Instant::now() + Duration::from_secs(20);
-    let req = loop {
-        assert!(Instant::now() < end, "the client's request never arrived");
-        srv.progress(Some(Duration::from_millis(100))).unwrap();
-        if let Some(c) = srv.pop_completion() {
-            break c;
-        }
-    };
-    assert_eq!(req.buf.as_deref(), Some(&b"request"[..]));
-    srv.send_expected(req.source.as_ref().unwrap(), 7, b"ok", OpId(2))
-        .unwrap();
-    let end = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < end, "the client did not finish");
-        srv.progress(Some(Duration::from_millis(50))).unwrap();
-        while srv.pop_completion().is_some() {}
-    }
-    let status = child.wait().unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert!(status.success() && rest.contains("CLIENT OK"), "client: {rest}");
+    serve_request_until_exit(&mut srv, &mut child, &mut out, b"request");
     assert_eq!(srv.plugin(sid).unwrap().stats().protocol_errors, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
