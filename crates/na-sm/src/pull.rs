@@ -27,6 +27,10 @@ impl SmPlugin {
     /// passes it), not per message: the fenced store stays off the path
     /// from a request to its reply.
     pub(crate) fn take_pulled(&mut self, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
+        // A take answers what the spin loop saw, whether or not it finds a
+        // message (a peer may withdraw one it published): the next
+        // progress call settles and polls every changed ring.
+        self.spin_found = false;
         if let Some((src, tag, data)) = self.pulled_late.pop_front() {
             *buf = data;
             return Some((src, tag));
@@ -123,9 +127,6 @@ impl SmPlugin {
         ch.read_payload(conn.rx_cur.pos, &s, buf);
         let freed = ch.release(&mut conn.rx_cur, &s);
         self.heads.mark_taken(conn.head);
-        // What the spin loop saw is taken: the next progress call settles
-        // this ring and polls the others (see `make_progress`).
-        self.spin_found = false;
         self.stats.msgs_received += 1;
         self.stats.msg_bytes_received += s.len as u64;
         if let Err(reason) = freed {
