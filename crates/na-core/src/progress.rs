@@ -69,6 +69,16 @@ impl ProgressMode {
         }
     }
 
+    /// The text [`parse`](Self::parse) reads back as this very mode
+    /// (`adaptive:<micros>` keeps the spin window, which `Display`'s
+    /// `adaptive` does not): for passing a mode to another process.
+    pub fn spec(&self) -> String {
+        match self {
+            ProgressMode::Adaptive { spin } => format!("adaptive:{}", spin.as_micros()),
+            other => other.to_string(),
+        }
+    }
+
     /// Reads the mode from environment variable `var` (e.g.
     /// `QS_PROGRESS_MODE`); unset gives `default`, an invalid or non-UTF-8
     /// value is an error naming the variable.
@@ -104,6 +114,26 @@ impl std::fmt::Display for ProgressMode {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_spec_parses_back_to_the_same_mode() {
+        for m in [
+            ProgressMode::Busy,
+            ProgressMode::Blocking,
+            ProgressMode::default(),
+            ProgressMode::Adaptive {
+                spin: Duration::from_micros(37),
+            },
+            ProgressMode::Adaptive { spin: Duration::ZERO },
+        ] {
+            assert_eq!(
+                ProgressMode::parse(&m.spec()).expect("a spec parses"),
+                m,
+                "{}",
+                m.spec()
+            );
+        }
+    }
+
     #[test]
     fn the_largest_timeout_is_a_far_deadline_not_an_overflow() {
         let now = std::time::Instant::now();

@@ -104,11 +104,7 @@ impl Session {
 
     /// Switches both sides to `mode`.
     pub fn set_mode(&mut self, mode: ProgressMode) -> Result<()> {
-        let text = match mode {
-            ProgressMode::Adaptive { spin } => format!("adaptive:{}", spin.as_micros()),
-            m => m.to_string(),
-        };
-        self.control(&format!("mode {text}"))?;
+        self.control(&format!("mode {}", mode.spec()))?;
         self.ep.set_mode(mode);
         Ok(())
     }

@@ -254,7 +254,8 @@ fn start_server(spec: &str, mode: ProgressMode, cpu: Option<usize>) -> Res<(Serv
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["serve", "--transport", spec])
         .args(["--parent", &std::process::id().to_string()])
-        .env("HG_PERF_MODE", mode_name(mode))
+        // The whole mode: an adaptive server spins as long as the client.
+        .env("HG_PERF_MODE", mode.spec())
         .stdout(Stdio::piped());
     if let Some(c) = cpu {
         cmd.args(["--server-cpu", &c.to_string()]);
