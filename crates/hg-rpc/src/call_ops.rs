@@ -57,6 +57,7 @@ impl<C: Codec> Engine<C> {
             };
             return Ok((header(flags, Status::Ok, id, cookie), None));
         }
+        self.admit_spill::<R>(self.scratch.len() as u64)?;
         let payload = std::mem::take(&mut self.scratch);
         let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload)?;
         let len = HEADER_LEN + spilled.len();
@@ -70,6 +71,32 @@ impl<C: Codec> Engine<C> {
         }
         self.scratch = spilled;
         Ok((header(flags | FLAG_SPILL, Status::Ok, id, cookie), Some(mem)))
+    }
+
+    /// Refuses a spilled input of `len` bytes that would pass the bound of
+    /// inputs held for abandoned calls (see `set_max_abandoned_bytes`):
+    /// any call may become one, and a one-way call is one at once.
+    fn admit_spill<R: Rpc>(&mut self, len: u64) -> Result<()> {
+        let held = self.abandoned_bytes;
+        if held.saturating_add(len) <= self.max_abandoned_bytes {
+            return Ok(());
+        }
+        self.stats.inputs_refused += 1;
+        if logged_at(self.stats.inputs_refused) {
+            tracing::warn!(
+                rpc = R::NAME,
+                len,
+                held,
+                refused = self.stats.inputs_refused,
+                "spilled input refused: too many bytes held for abandoned calls"
+            );
+        }
+        Err(RpcError::InputsHeld {
+            rpc: R::NAME.into(),
+            len,
+            held,
+            max: self.max_abandoned_bytes,
+        })
     }
 
     /// Sends header `h` and the payload in `self.scratch` to `dest` as one
@@ -144,6 +171,7 @@ impl<C: Codec> Engine<C> {
         self.send_scratch(dest, REQUEST_TAG, h)?;
         if abandoned {
             self.abandoned_hint += 1;
+            self.abandoned_bytes += spill.as_ref().map_or(0, MemHandle::size);
         }
         let stored = self.calls.insert(Call {
             rpc,
@@ -306,9 +334,10 @@ impl<C: Codec> Engine<C> {
         if let Some(c) = self.calls.get_mut(id.0) {
             if c.outcome.is_some() || c.spill.is_none() {
                 self.calls.remove(id.0);
-            } else {
+            } else if c.abandoned.is_none() {
                 c.abandoned = Some(Instant::now());
                 self.abandoned_hint += 1;
+                self.abandoned_bytes += c.spill_len();
             }
         }
     }
@@ -447,6 +476,8 @@ impl<C: Codec> Engine<C> {
         // next large input (or pull) instead of being freed.
         let spill = call.spill.take();
         if call.abandoned.is_some() {
+            let len = spill.as_ref().map_or(0, MemHandle::size);
+            self.abandoned_bytes = self.abandoned_bytes.saturating_sub(len);
             self.calls.remove(cookie);
         } else {
             call.outcome = Some(outcome);

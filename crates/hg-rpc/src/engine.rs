@@ -58,6 +58,10 @@ pub const DEFAULT_MAX_SPILL: u64 = 64 << 20;
 /// spill at once.
 pub const DEFAULT_MAX_PULL_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
 
+/// Default of [`Engine::set_max_abandoned_bytes`]: the inputs of 16 calls
+/// of the largest spill given up on.
+pub const DEFAULT_MAX_ABANDONED_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
+
 type HandlerFn =
     Box<dyn FnMut(&mut BulkCtx<'_>, &[u8]) -> std::result::Result<Vec<u8>, (Status, String)> + Send>;
 
@@ -187,6 +191,13 @@ struct Call {
     spill: Option<MemHandle>,
 }
 
+impl Call {
+    /// Bytes of its exposed input (0 if it did not spill).
+    fn spill_len(&self) -> u64 {
+        self.spill.as_ref().map_or(0, MemHandle::size)
+    }
+}
+
 /// Counters of an engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RpcStats {
@@ -219,6 +230,12 @@ pub struct RpcStats {
     /// (and one-way calls) until their target is done with them (at most
     /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]).
     pub abandoned_inputs: u64,
+    /// Bytes of those inputs (bounded, see
+    /// [`Engine::set_max_abandoned_bytes`]).
+    pub abandoned_bytes: u64,
+    /// Calls this origin refused to start because their spilled input
+    /// would pass that bound ([`RpcError::InputsHeld`]).
+    pub inputs_refused: u64,
     /// Responses this target could not send (the caller is gone, or its
     /// send backlog is full because it stopped reading): their callers
     /// see the peer go, or time out.
@@ -299,6 +316,9 @@ pub struct Engine<C: Codec = Postcard> {
     /// the sweep recounts), so a trigger with none reads no clock.
     abandoned_hint: usize,
     abandoned_ttl: Duration,
+    /// Bytes of the spilled inputs of abandoned calls, and their bound.
+    abandoned_bytes: u64,
+    max_abandoned_bytes: u64,
     /// Completions that arrived while a handler waited for its bulk
     /// transfer; handled by the next `trigger`.
     deferred: VecDeque<Completion>,
@@ -367,6 +387,8 @@ impl<C: Codec> Engine<C> {
             last_sweep: Instant::now(),
             abandoned_hint: 0,
             abandoned_ttl: ABANDONED_INPUT_TTL,
+            abandoned_bytes: 0,
+            max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,
             deferred: VecDeque::new(),
             bulk_done: FastMap::default(),
             deferred_requests: VecDeque::new(),
@@ -422,6 +444,7 @@ impl<C: Codec> Engine<C> {
             exposed_bytes: self.exposed.bytes(),
             deferred_in_flight: self.deferred_ledger.total() as u64,
             abandoned_inputs,
+            abandoned_bytes: self.abandoned_bytes,
             ..self.stats
         }
     }
@@ -643,6 +666,21 @@ impl<C: Codec> Engine<C> {
         self.abandoned_ttl = ttl;
     }
 
+    /// Most bytes of spilled inputs this origin keeps exposed for calls it
+    /// gave up on and for one-way calls, until their targets are done with
+    /// them (or their TTL ends); default [`DEFAULT_MAX_ABANDONED_BYTES`].
+    /// A caller that keeps giving up on large calls to a target that
+    /// stopped answering (a short timeout in a retry loop, say) would
+    /// otherwise hold every input for the TTL. A call whose spilled input
+    /// would pass the bound, added to those held, is refused before
+    /// anything is sent, with [`RpcError::InputsHeld`]
+    /// (counted in `inputs_refused`); calls that fit a message are never
+    /// refused. Give at least [`set_max_spill`](Self::set_max_spill)'s
+    /// value, or the largest inputs are always refused.
+    pub fn set_max_abandoned_bytes(&mut self, bytes: u64) {
+        self.max_abandoned_bytes = bytes;
+    }
+
     /// Polls the transports once without blocking (see
     /// [`Endpoint::progress_now`]).
     pub fn progress_now(&mut self) -> Result<usize> {
@@ -756,7 +794,9 @@ impl<C: Codec> Engine<C> {
         }
         for &cookie in &expired {
             // Dropped, not kept as a spare: the target may still read it.
-            self.calls.remove(cookie);
+            if let Some(c) = self.calls.remove(cookie) {
+                self.abandoned_bytes = self.abandoned_bytes.saturating_sub(c.spill_len());
+            }
         }
         self.abandoned_hint = left;
         if !expired.is_empty() {

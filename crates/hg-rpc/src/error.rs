@@ -55,6 +55,25 @@ pub enum RpcError {
         /// The transport's limit.
         max: usize,
     },
+    /// A call was not started: its spilled input, added to the inputs this
+    /// origin still holds for calls it gave up on (and one-way calls),
+    /// would pass the bound of `Engine::set_max_abandoned_bytes`. Their
+    /// targets have not taken them yet; the bytes come back as they answer,
+    /// go away, or the abandoned-input TTL ends.
+    #[error(
+        "{rpc}: a spilled input of {len} bytes was refused: {held} bytes of inputs of calls given up on \
+         still wait for their targets (bound {max}); try again later"
+    )]
+    InputsHeld {
+        /// The RPC name.
+        rpc: String,
+        /// Bytes of the refused input.
+        len: u64,
+        /// Bytes held for abandoned calls.
+        held: u64,
+        /// The bound.
+        max: u64,
+    },
     /// No response within the call's timeout.
     #[error("{rpc} timed out after {millis} ms")]
     Timeout {

@@ -258,6 +258,115 @@ fn a_silent_target_does_not_keep_abandoned_inputs_forever() {
         pump(&mut c, Duration::from_millis(50));
     }
     assert_eq!(c.stats().in_flight, 0);
+    assert_eq!(c.stats().abandoned_bytes, 0, "{:?}", c.stats());
+}
+
+/// A target that takes spilled requests and does not answer (yet): the
+/// inputs its origin holds for calls it gave up on and for one-way calls
+/// stay within `set_max_abandoned_bytes`. A call whose spilled input would
+/// pass the bound is refused with `InputsHeld` before anything is sent; a
+/// call that fits a message still goes; once the target answers, the bytes
+/// come back and large calls go again.
+#[test]
+fn inputs_held_for_abandoned_calls_are_bounded() {
+    let d = dir("held");
+    let (mut x, xid) = endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(&d);
+    let cid = c.endpoint().plugin_ids().next().unwrap();
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let big = vec![5u8; 64 << 10];
+    let len = postcard::to_allocvec(&big).unwrap().len() as u64;
+    c.set_max_abandoned_bytes(3 * len + 1024);
+    let mut cookies = Vec::new();
+    for op in 1..=2 {
+        let id = c.forward::<Echo>(&s, &big).unwrap();
+        cookies.push(take_request(&mut x, xid, &mut c, op).1);
+        c.abandon(id);
+        // Giving up twice holds the input once.
+        c.abandon(id);
+    }
+    c.forward_one_way::<Echo>(&s, &big).unwrap();
+    cookies.push(take_request(&mut x, xid, &mut c, 3).1);
+    let st = c.stats();
+    assert_eq!((st.abandoned_inputs, st.abandoned_bytes), (3, 3 * len), "{st:?}");
+
+    let sent = c.endpoint().plugin(cid).unwrap().stats().msgs_sent;
+    match c.forward::<Echo>(&s, &big) {
+        Err(RpcError::InputsHeld {
+            len: l, held, max, ..
+        }) => {
+            assert_eq!((l, held, max), (len, 3 * len, 3 * len + 1024));
+        }
+        other => panic!("expected InputsHeld, got {other:?}"),
+    }
+    match c.forward_one_way::<Echo>(&s, &big) {
+        Err(RpcError::InputsHeld { .. }) => {}
+        other => panic!("expected InputsHeld, got {other:?}"),
+    }
+    let st = c.stats();
+    assert_eq!(
+        (st.inputs_refused, st.in_flight, st.abandoned_inputs),
+        (2, 0, 3),
+        "{st:?}"
+    );
+    assert_eq!(
+        c.endpoint().plugin(cid).unwrap().stats().msgs_sent,
+        sent,
+        "a refused call sent something"
+    );
+
+    // A call that fits a message is not refused.
+    let small = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 4);
+    send_raw(
+        &mut x,
+        &origin,
+        None,
+        &postcard_echo_response(cookie, &[1u8; 16]),
+        OpId(5),
+    );
+    let end = Instant::now() + T;
+    while !c.is_finished(small) {
+        assert!(Instant::now() < end, "the small call got no response");
+        pump(&mut c, Duration::from_millis(5));
+    }
+    assert_eq!(c.take_response::<Echo>(small).unwrap().unwrap(), vec![1u8; 16]);
+
+    // The target answers the abandoned calls (and acknowledges the one-way
+    // one): their inputs are let go, and a large call goes again.
+    for (i, &cookie) in cookies.iter().enumerate() {
+        send_raw(
+            &mut x,
+            &origin,
+            None,
+            &response(Echo::NAME, cookie),
+            OpId(10 + i as u64),
+        );
+    }
+    let end = Instant::now() + T;
+    while c.stats().abandoned_bytes > 0 {
+        assert!(Instant::now() < end, "inputs still held: {:?}", c.stats());
+        pump(&mut c, Duration::from_millis(5));
+    }
+    assert_eq!(c.stats().abandoned_inputs, 0);
+    c.forward::<Echo>(&s, &big).unwrap();
+    take_request(&mut x, xid, &mut c, 20);
+}
+
+/// An `Echo` response to `cookie` carrying `data`.
+fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::new();
+    Header {
+        flags: FLAG_RESPONSE | FLAG_CHECKSUM,
+        status: Status::Ok,
+        rpc_id: hg_rpc::rpc_id(Echo::NAME),
+        cookie,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(&postcard::to_allocvec(data).unwrap(), &mut msg);
+    msg
 }
 
 /// A target that sends a spilled response twice for one call: the second
