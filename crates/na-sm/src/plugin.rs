@@ -28,8 +28,8 @@ use crate::progress::{dup, op_in_flight};
 use crate::sys::cma::IovLists;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
-use crate::sys::timer::Timer;
 use crate::sys::wake::WakeKind;
+use na_core::sys::timer::Timer;
 
 /// Per-process counter for unnamed instances.
 static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);

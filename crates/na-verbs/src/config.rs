@@ -1,6 +1,7 @@
 //! Configuration of a verbs plugin instance.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use na_core::Result;
 use na_regcache::CacheConfig;
@@ -51,7 +52,19 @@ pub struct VerbsConfig {
     pub max_backlog_bytes: usize,
     /// Most bytes of messages queued for all connections together.
     pub max_backlog_total: usize,
+    /// Longest a connection may take from its start (address and route
+    /// resolution included, on the active side) or its connect request
+    /// (passive side) to `Established`. Past it the connection is torn
+    /// down: what waits on it fails with `PeerGone`, and an incoming one
+    /// counts in `PluginStats::handshakes_refused`. The kernel's own CM
+    /// retries would end a stalled handshake only after a minute or more,
+    /// holding one of `max_conns` all along.
+    pub setup_timeout: Duration,
 }
+
+/// Default of [`VerbsConfig::setup_timeout`]: room for both 5 s
+/// resolutions and the handshake itself.
+pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Default for VerbsConfig {
     fn default() -> Self {
@@ -71,6 +84,7 @@ impl Default for VerbsConfig {
             resolve_timeout_ms: 5000,
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
+            setup_timeout: DEFAULT_SETUP_TIMEOUT,
         }
     }
 }
@@ -129,6 +143,9 @@ impl VerbsConfig {
         if self.max_sge == Some(0) {
             return bad("max_sge", "0".into(), "must be at least 1");
         }
+        if self.setup_timeout.is_zero() {
+            return bad("setup_timeout", "0".into(), "must be more than zero");
+        }
         Ok(())
     }
 }
@@ -155,5 +172,10 @@ mod tests {
             ..VerbsConfig::default()
         };
         assert!(c.validate().is_err());
+        let c = VerbsConfig {
+            setup_timeout: std::time::Duration::ZERO,
+            ..VerbsConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("setup_timeout"));
     }
 }

@@ -127,6 +127,9 @@ pub(crate) struct Conn {
     pub state: ConnState,
     pub dead_reason: String,
     pub dead_since: Option<Instant>,
+    /// When it was started (active) or requested (passive): its set-up
+    /// must end by `started + VerbsConfig::setup_timeout`.
+    pub started: Instant,
     /// Unique per plugin for its lifetime: what outlives the connection
     /// (held messages) names it by this, since a slot's 14-bit generation
     /// can wrap.
@@ -179,6 +182,7 @@ impl Conn {
             },
             dead_reason: String::new(),
             dead_since: None,
+            started: Instant::now(),
             serial: 0,
             violated: false,
             credits: Credits::new(0, depth),

@@ -83,8 +83,63 @@ impl VerbsPlugin {
             &self.backlog_total,
         );
         conn.serial = self.next_conn_serial;
+        let due = conn.started + self.cfg.setup_timeout;
         slot.conn = Some(conn);
+        if self.setup_timer.armed().is_none_or(|t| due < t) {
+            self.set_setup_timer(Some(due));
+        }
         Ok(cref)
+    }
+
+    fn set_setup_timer(&mut self, at: Option<Instant>) {
+        if let Err(e) = self.setup_timer.set(at) {
+            // Deadlines are still checked whenever the plugin is driven.
+            tracing::warn!(error = %e, "verbs: setting the set-up timer failed");
+        }
+    }
+
+    /// Tears down the connections whose set-up outlived
+    /// `VerbsConfig::setup_timeout` (a peer that stopped answering the
+    /// handshake), then arms the timer for the next deadline. Costs a
+    /// clock read until the timer's time has come.
+    pub(crate) fn sweep_setups(&mut self) {
+        let now = Instant::now();
+        if self.setup_timer.armed().is_none_or(|t| t > now) {
+            return;
+        }
+        self.setup_timer.clear();
+        let limit = self.cfg.setup_timeout;
+        let mut next: Option<Instant> = None;
+        let mut late = Vec::new();
+        for (i, s) in self.conns.iter().enumerate() {
+            let Some(c) = s.conn.as_ref() else { continue };
+            if !matches!(c.state, ConnState::Connecting | ConnState::Accepting) {
+                continue;
+            }
+            let due = c.started + limit;
+            if due <= now {
+                let cref = ConnRef {
+                    idx: i as u16,
+                    gen: s.gen,
+                };
+                late.push((cref, c.active));
+            } else {
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+        }
+        for (cref, active) in late {
+            let peer = self.peer_uri_of(cref);
+            if active {
+                tracing::warn!(%peer, timeout = ?limit, "verbs: connection set-up timed out");
+            } else if self.stats.refuse_handshake() {
+                tracing::warn!(%peer, timeout = ?limit, "verbs: an incoming connection's set-up timed out");
+            }
+            self.kill_conn(
+                cref,
+                format!("the connection's set-up did not finish within {limit:?} (the peer stopped answering the handshake)"),
+            );
+        }
+        self.set_setup_timer(next);
     }
 
     /// The connection sends to `peer` go through, starting one if needed.

@@ -17,8 +17,11 @@
 //!   arming is found by that poll, and one that comes later raises an
 //!   event), and drains CM events. Only if all of that found nothing does
 //!   it say the caller may sleep on `poll_fd`: an epoll fd holding the
-//!   completion channel fd and the CM event channel fd (level-triggered,
-//!   so nothing unread is ever lost).
+//!   completion channel fd, the CM event channel fd and a timer for the
+//!   earliest connection set-up deadline (level-triggered, so nothing
+//!   unread is ever lost). A connection not `Established` within
+//!   `VerbsConfig::setup_timeout` is torn down when its deadline comes,
+//!   also while the caller sleeps.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -27,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use na_core::sys::epoll::Epoll;
+use na_core::sys::timer::Timer;
 use na_core::{
     Addr, Completion, MemHandle, MsgBuf, NaError, OpId, OpKind, Plugin, PluginId, PluginStats, RemoteMem,
     Result, Rma, Tag, TokenState,
@@ -108,6 +112,9 @@ pub struct VerbsPlugin {
     pub(crate) _local_id: Arc<CmId>,
     pub(crate) events: Arc<EventChannel>,
     pub(crate) poll: Epoll,
+    /// Readable at the earliest set-up deadline of a connection (see
+    /// `sweep_setups`).
+    pub(crate) setup_timer: Timer,
     /// Tokens `sleep` reads from `poll` (kept: no allocation per sleep).
     pub(crate) ready: Vec<u64>,
     /// Registered message buffers not in use.
@@ -173,6 +180,9 @@ impl VerbsPlugin {
             .map_err(|e| NaError::sys("epoll_ctl add completion channel", e))?;
         poll.add(events.as_fd().as_raw_fd(), 1)
             .map_err(|e| NaError::sys("epoll_ctl add RDMA CM channel", e))?;
+        let setup_timer = Timer::new().map_err(|e| NaError::sys("timerfd_create", e))?;
+        poll.add(setup_timer.as_fd().as_raw_fd(), 2)
+            .map_err(|e| NaError::sys("epoll_ctl add set-up timer", e))?;
         let cap = |v: u32| (v.max(1) as usize).min(cfg.max_sge.map_or(usize::MAX, |m| m as usize));
         let slot_size = (HEADER_LEN + cfg.max_msg_size).div_ceil(64) * 64;
         let self_uri = canonical(Some(&local.device), self_key);
@@ -210,6 +220,7 @@ impl VerbsPlugin {
             _local_id: local_id,
             events,
             poll,
+            setup_timer,
             ready: Vec::with_capacity(32),
             bufs: BufPool::default(),
         })

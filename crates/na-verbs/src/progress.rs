@@ -27,6 +27,7 @@ impl VerbsPlugin {
         if self.calls.is_multiple_of(CM_POLL_EVERY) {
             self.poll_cm()?;
             self.reap_dead();
+            self.sweep_setups();
         }
         Ok(self.completions.len().saturating_sub(before))
     }
@@ -44,6 +45,7 @@ impl VerbsPlugin {
             self.wcs = wcs;
             let cm = self.poll_cm()?;
             self.reap_dead();
+            self.sweep_setups();
             Ok(n > 0 || cm > 0 || !self.completions.is_empty())
         })();
         match found {

@@ -5,6 +5,7 @@ pub mod affinity;
 pub mod epoll;
 pub mod process;
 pub mod segment;
+pub mod timer;
 
 /// Calls a libc function and turns a `-1` return into `io::Error::last_os_error()`.
 ///

@@ -7,7 +7,6 @@ pub mod eventfd;
 pub mod proc;
 pub mod shm;
 pub mod socket;
-pub mod timer;
 pub mod wake;
 
 pub use na_core::syscall;

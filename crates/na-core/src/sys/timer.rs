@@ -24,7 +24,7 @@ impl Timer {
         // SAFETY: integer arguments only; a successful return is a fresh
         // descriptor owned by nobody else, so OwnedFd may take it.
         let fd = unsafe {
-            let fd = super::syscall!(timerfd_create(
+            let fd = crate::syscall!(timerfd_create(
                 libc::CLOCK_MONOTONIC,
                 libc::TFD_NONBLOCK | libc::TFD_CLOEXEC
             ))?;
@@ -59,7 +59,7 @@ impl Timer {
         // SAFETY: `spec` is a valid itimerspec for the call; the old-value
         // pointer may be null.
         unsafe {
-            super::syscall!(timerfd_settime(
+            crate::syscall!(timerfd_settime(
                 self.fd.as_raw_fd(),
                 0,
                 &spec,

@@ -1,0 +1,197 @@
+//! Peers that stop in the middle of the RDMA CM handshake, built from the
+//! sys layer (no plugin on their side): one connects and never completes
+//! the handshake (librdmacm sends the final RTU only when the connecting
+//! side reads its CM event), one listens and never answers a connect
+//! request. The plugin must end either set-up at its own deadline
+//! (`VerbsConfig::setup_timeout`), also while it sleeps, instead of
+//! holding the connection for the kernel's retries (a minute or more).
+//!
+//! Without an RDMA device the RDMA part cannot run: the tests say so loudly
+//! (and check the clear "no RDMA device" error).
+
+mod common;
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::os::fd::AsFd;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
+use na_verbs::sys::*;
+use na_verbs::wire::Hello;
+use na_verbs::{VerbsConfig, VerbsPlugin};
+
+/// The set-up deadline the plugins under test get.
+const SETUP: Duration = Duration::from_secs(1);
+/// How long each blocking progress call may sleep: far beyond `SETUP`, so
+/// only the plugin's own timer ends the sleep on time.
+const SLEEP: Duration = Duration::from_secs(20);
+/// When the deadline must have been acted on (the kernel's own retries
+/// take a minute or more).
+const LATEST: Duration = Duration::from_secs(8);
+
+/// A blocking-mode endpoint with one verbs plugin on `env`'s device.
+fn plugin(env: &RdmaEnv, listen: bool) -> (Endpoint, PluginId) {
+    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
+    let cfg = VerbsConfig {
+        setup_timeout: SETUP,
+        ..VerbsConfig::from_spec(&spec, listen).unwrap()
+    };
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .expect("verbs plugin");
+    (ep, id)
+}
+
+/// The port of a `verbs://dev/ip:port` address.
+fn port_of(uri: &str) -> u16 {
+    uri.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port in the uri")
+}
+
+/// Connects to `dst` with a valid hello and then never reads its CM
+/// channel, so the handshake is never completed; holds everything until
+/// `stop` says so (or is dropped).
+fn stall_connecting(ip: std::net::Ipv4Addr, dst: SocketAddr, stop: mpsc::Receiver<()>) {
+    let who = "staller";
+    let ch = EventChannel::new().expect("event channel");
+    let id = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
+    id.resolve_addr(None, dst, 5000).expect("resolve_addr");
+    wait_cm(&ch, CmEventKind::AddrResolved, who);
+    id.resolve_route(5000).expect("resolve_route");
+    wait_cm(&ch, CmEventKind::RouteResolved, who);
+    let ctx: Arc<Context> = id.context().expect("resolved id has a device");
+    let pd = ProtectionDomain::new(&ctx).expect("pd");
+    let cq = CompletionQueue::new(&ctx, 16, None).expect("cq");
+    let attr = QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+    };
+    let _qp = id.create_qp(&pd, attr).expect("rdma_create_qp");
+    let hello = Hello {
+        addr: SocketAddr::V4(SocketAddrV4::new(ip, 1)),
+        depth: 4,
+        max_payload: 4096,
+        device: String::new(),
+    };
+    let param = ConnParam {
+        private_data: hello.encode(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 2,
+        rnr_retry_count: 7,
+    };
+    id.connect(&param).expect("connect");
+    let _ = stop.recv_timeout(WAIT);
+}
+
+/// A listener that gets a connect request and never accepts nor rejects
+/// it: a plugin connecting to it must give up at its deadline.
+#[test]
+fn an_incoming_connection_that_stalls_is_torn_down_at_the_setup_deadline() {
+    let Some(env) = rdma_env("an_incoming_connection_that_stalls_is_torn_down_at_the_setup_deadline") else {
+        return;
+    };
+    let (mut ep, id) = plugin(&env, true);
+    let port = port_of(ep.self_addr(id).unwrap().uri());
+    let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
+    let (stop, stopped) = mpsc::channel();
+    let ip = env.ip;
+    let staller = std::thread::spawn(move || stall_connecting(ip, dst, stopped));
+    // The connect request arrives: the connection is accepted and waits.
+    let end = Instant::now() + WAIT;
+    while ep.plugin(id).unwrap().stats().peers == 0 {
+        assert!(Instant::now() < end, "the connect request never came");
+        ep.progress(Some(Duration::from_millis(50))).unwrap();
+    }
+    let since = Instant::now();
+    // Sleep on the endpoint's fd as an event loop does, far longer than
+    // the deadline each time: the plugin's timer must wake it. (A
+    // `progress` call would sleep its whole timeout: tearing down an
+    // incoming set-up completes no operation.)
+    while ep.plugin(id).unwrap().stats().handshakes_refused == 0 {
+        assert!(
+            since.elapsed() < LATEST,
+            "the stalled set-up was kept past {LATEST:?}: {:?}",
+            ep.plugin(id).unwrap().stats()
+        );
+        if ep.try_wait() {
+            poll_readable(ep.as_fd(), Some(SLEEP)).expect("poll on the endpoint");
+        }
+        ep.progress(Some(Duration::ZERO)).unwrap();
+    }
+    let took = since.elapsed();
+    eprintln!("stalled incoming set-up ended after {took:?} (deadline {SETUP:?})");
+    assert!(took < LATEST, "the sleeper woke only after {took:?}");
+    let st = ep.plugin(id).unwrap().stats();
+    assert_eq!(st.peers, 0, "the stalled connection still counts: {st:?}");
+    assert_eq!(st.protocol_errors, 0, "a stall is not a protocol error: {st:?}");
+    stop.send(()).ok();
+    staller.join().expect("staller thread");
+}
+
+/// A plugin sends to a listener that never answers the connect request:
+/// the send fails with `PeerGone` at the set-up deadline.
+#[test]
+fn a_connection_to_a_listener_that_never_answers_fails_at_the_setup_deadline() {
+    let Some(env) = rdma_env("a_connection_to_a_listener_that_never_answers_fails_at_the_setup_deadline")
+    else {
+        return;
+    };
+    let ch = EventChannel::new().expect("event channel");
+    let listener = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
+    listener
+        .bind(SocketAddr::V4(SocketAddrV4::new(env.ip, 0)))
+        .expect("bind");
+    listener.listen(4).expect("listen");
+    let port = listener.local_addr().expect("bound address").port();
+    let (mut ep, id) = plugin(&env, false);
+    let uri = format!("verbs://{}/{}:{port}", env.device, env.ip);
+    let to = ep.lookup(&uri).expect("lookup");
+    let start = Instant::now();
+    ep.send_unexpected(&to, 1, b"hello?", OpId(7))
+        .expect("the send is queued");
+    let done = loop {
+        assert!(
+            start.elapsed() < LATEST,
+            "the send still waits after {LATEST:?}: {:?}",
+            ep.plugin(id).unwrap().stats()
+        );
+        ep.progress(Some(SLEEP)).unwrap();
+        if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(7)) {
+            break c;
+        }
+    };
+    let took = start.elapsed();
+    eprintln!(
+        "send to a silent listener failed after {took:?}: {:?}",
+        done.status
+    );
+    match done.status {
+        Err(NaError::PeerGone { reason, .. }) => {
+            assert!(reason.contains("set-up did not finish"), "{reason}")
+        }
+        other => panic!("expected PeerGone, got {other:?}"),
+    }
+    assert!(
+        took >= SETUP && took < LATEST,
+        "failed after {took:?}, deadline {SETUP:?}"
+    );
+    assert_eq!(ep.plugin(id).unwrap().stats().peers, 0);
+    // The connect request did reach the listener (and was left unanswered).
+    let ev = wait_cm(&ch, CmEventKind::ConnectRequest, "listener");
+    drop(ev);
+}
