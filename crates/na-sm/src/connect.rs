@@ -325,6 +325,8 @@ impl SmPlugin {
     /// paused listener when it may go on; then sets the timer to the next
     /// deadline, so all of this happens on time while the plugin sleeps.
     pub(crate) fn sweep_deadlines(&mut self) {
+        // First: what departed peers left may make room for the listener.
+        self.drop_departed_held();
         let now = Instant::now();
         if !self.pending.is_empty() {
             let late: Vec<u64> = self
@@ -397,11 +399,15 @@ impl SmPlugin {
     }
 
     /// Arms the timer for the earliest deadline: a pending handshake, an
-    /// acknowledgement we wait for, the end of an accept pause.
+    /// acknowledgement we wait for, the end of an accept pause, the drop
+    /// of messages a departed peer left.
     pub(crate) fn update_timer(&mut self) {
         let mut next = self.pending.values().map(|p| p.deadline).min();
         let mut earliest = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
         if let Some(AcceptPause::Until(t)) = self.accept_pause {
+            earliest(t);
+        }
+        if let Some(t) = self.matcher.next_departure(self.cfg.departed_hold) {
             earliest(t);
         }
         if self.awaiting_ack > 0 {

@@ -308,6 +308,12 @@ impl Matcher {
 }
 
 impl Matcher {
+    /// When [`drop_departed`](Self::drop_departed) with `hold` has
+    /// something to drop next, if any peer left messages.
+    pub fn next_departure(&self, hold: Duration) -> Option<Instant> {
+        self.departed.front().map(|&(_, since)| since + hold)
+    }
+
     /// Drops the expected messages of peers that went away more than
     /// `hold` ago: only a receive naming such a peer could take them, and
     /// a peer that comes and goes would otherwise pile them up. Returns

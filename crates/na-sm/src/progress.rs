@@ -121,6 +121,15 @@ impl SmPlugin {
     #[inline(never)]
     fn handle_due_events(&mut self) -> Result<()> {
         self.poll_events()?;
+        self.drop_departed_held();
+        Ok(())
+    }
+
+    /// Drops the expected messages departed peers left that were held
+    /// longer than `SmConfig::departed_hold` (also at the timer, so that
+    /// an idle process drops them on time and a listener paused for them
+    /// goes on).
+    pub(crate) fn drop_departed_held(&mut self) {
         let dropped = self.matcher.drop_departed(self.cfg.departed_hold);
         if dropped > 0 {
             tracing::warn!(
@@ -129,7 +138,6 @@ impl SmPlugin {
                 "sm: dropped expected messages of departed peers that no receive took"
             );
         }
-        Ok(())
     }
 
     /// See `Plugin::spin_wait`: watches the head slot of every connection's
@@ -742,6 +750,8 @@ impl SmPlugin {
         for op in self.matcher.fail_peer(tok, stays, err, &mut self.completions) {
             self.ops.remove(&op);
         }
+        // Its held messages (if any) go at the timer, idle or not.
+        self.update_timer();
     }
 }
 

@@ -166,3 +166,96 @@ fn a_departed_peers_unexpected_messages_count_against_the_total_bound() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A listener paused because departed peers left too many expected
+/// messages (`max_queued_total`) goes on when they are dropped at the end
+/// of `departed_hold`, also while the process sleeps with nothing else to
+/// do: the drop is on the plugin's timer. Before, it waited for a
+/// periodic poll that an idle process never makes, and a new client's
+/// handshake timed out.
+#[test]
+fn a_listener_paused_for_departed_peers_messages_goes_on_while_idle() {
+    const TOTAL: usize = 4;
+    let dir = fresh_dir("qs-sm-departed-idle");
+    let cfg = SmConfig {
+        listen: true,
+        max_queued_total: TOTAL,
+        departed_hold: Duration::from_millis(300),
+        ..SmConfig::default()
+    }
+    .with_dir(&dir);
+    let mut rx = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let rid = rx
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = rx.self_addr(rid).unwrap().uri().to_owned();
+    let stats = |rx: &Endpoint| rx.plugin(rid).unwrap().stats();
+    {
+        let (mut tx, _) = node(&dir, false);
+        let to = tx.lookup(&uri).unwrap();
+        for i in 0..=TOTAL as u32 {
+            tx.send_expected(&to, 9, &i.to_le_bytes(), OpId(u64::from(i)))
+                .unwrap();
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        // Flow control leaves the rest in its ring, taken whole when it goes.
+        while stats(&rx).queued_arrivals < TOTAL as u64 {
+            assert!(Instant::now() < end, "the messages never arrived");
+            tx.progress(Some(Duration::ZERO)).unwrap();
+            rx.progress(Some(Duration::from_millis(1))).unwrap();
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while stats(&rx).peers > 0 {
+        assert!(Instant::now() < end, "the sender's end was not seen");
+        rx.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    assert!(stats(&rx).queued_arrivals > TOTAL as u64, "{:?}", stats(&rx));
+    // A new client comes while the messages are still held: the listener
+    // pauses (nothing refused: the client waits in the kernel's queue).
+    let client = std::thread::spawn({
+        let dir = dir.clone();
+        let uri = uri.clone();
+        move || {
+            let (mut tx, _) = node(&dir, false);
+            let to = tx.lookup(&uri).unwrap();
+            tx.send_unexpected(&to, 5, b"let me in", OpId(1)).unwrap();
+            let end = Instant::now() + Duration::from_secs(15);
+            loop {
+                if let Some(c) = std::iter::from_fn(|| tx.pop_completion()).find(|c| c.op == OpId(1)) {
+                    // Kept until the server took it (the ring goes with us).
+                    std::thread::sleep(Duration::from_millis(500));
+                    return c.status;
+                }
+                if Instant::now() > end {
+                    return Err(NaError::Canceled);
+                }
+                tx.progress(Some(Duration::from_millis(5))).unwrap();
+            }
+        }
+    });
+    rx.post_recv_unexpected(rid, Vec::new(), OpId(50)).unwrap();
+    let since = Instant::now();
+    // Idle: each progress call may sleep far past the hold.
+    let got = loop {
+        assert!(
+            since.elapsed() < Duration::from_secs(8),
+            "the new client was not served: {:?}",
+            stats(&rx)
+        );
+        rx.progress(Some(Duration::from_secs(20))).unwrap();
+        if let Some(c) = std::iter::from_fn(|| rx.pop_completion()).find(|c| c.op == OpId(50)) {
+            break c;
+        }
+    };
+    let took = since.elapsed();
+    assert!(took < Duration::from_secs(8), "served only after {took:?}");
+    assert_eq!(got.buf.as_deref(), Some(&b"let me in"[..]));
+    assert_eq!(
+        stats(&rx).queued_arrivals,
+        0,
+        "the departed peer's messages were not dropped"
+    );
+    client.join().unwrap().expect("the client's send");
+    let _ = std::fs::remove_dir_all(&dir);
+}
