@@ -724,6 +724,14 @@ impl<C: Codec> Engine<C> {
         self.stats.errors += 1;
     }
 
+    /// Bytes of spilled data kept for a TTL: outputs exposed as a target,
+    /// inputs of abandoned (and one-way) calls as an origin. A driver
+    /// compares it around work done outside its own turn: more means a new
+    /// deadline it must wake for.
+    pub(crate) fn kept_bytes(&self) -> u64 {
+        self.abandoned_bytes + self.exposed.bytes()
+    }
+
     /// When the next spilled output or abandoned input expires (no sooner
     /// than the next sweep may run), if any is kept: a driver that sleeps
     /// wakes then and calls [`trigger`](Self::trigger).

@@ -39,6 +39,9 @@ struct Shared {
     /// Wakes the sleeping driver to look at the engine's expiries again
     /// (a call abandoned since it went to sleep may keep its input).
     rearm: tokio::sync::Notify,
+    /// The runtime the engine was spawned on: async handlers' tasks start
+    /// there, also when a call is made from a thread outside it.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Shared {
@@ -69,6 +72,16 @@ impl Shared {
         }
     }
 
+    /// Wakes the driver to work out its deadline again when `e` keeps more
+    /// spilled data than `before` (work done outside the driver's turn: a
+    /// spilled one-way call, an async handler's spilled output). A driver
+    /// asleep with no deadline would otherwise keep it past its TTL.
+    fn rearm_if_more_kept(&self, e: &Engine, before: u64) {
+        if e.kept_bytes() > before {
+            self.rearm.notify_one();
+        }
+    }
+
     /// Starts a task per request waiting for an async handler. Call with
     /// the engine locked.
     fn spawn_deferred(self: &Arc<Self>, e: &mut Engine) {
@@ -87,7 +100,7 @@ impl Shared {
             // does not keep the engine (its listener, connections, shared
             // memory) alive; its answer is dropped.
             let shared = Arc::downgrade(self);
-            tokio::spawn(async move {
+            self.runtime.spawn(async move {
                 let mut req = req;
                 // The handler owns the input; answering needs only the
                 // request's header and source.
@@ -97,8 +110,10 @@ impl Shared {
                     return;
                 };
                 let mut e = shared.engine();
+                let kept = e.kept_bytes();
                 e.respond_deferred(req, result);
                 shared.notify_finished(&mut e);
+                shared.rearm_if_more_kept(&e, kept);
             });
         }
     }
@@ -155,6 +170,7 @@ impl AsyncEngine {
             async_handlers: Mutex::new(FastMap::default()),
             finished: Mutex::new(Vec::new()),
             rearm: tokio::sync::Notify::new(),
+            runtime: tokio::runtime::Handle::current(),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
@@ -271,10 +287,13 @@ impl AsyncEngine {
     /// Sends a one-way request.
     pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
         let mut e = self.shared.engine();
+        let kept = e.kept_bytes();
         e.forward_one_way::<R>(dest, input)?;
         // A one-way self-forward to an async handler runs as a task now
         // (no network event would wake the driver for it).
         self.shared.spawn_deferred(&mut e);
+        // A spilled input is kept until acknowledged, at most its TTL.
+        self.shared.rearm_if_more_kept(&e, kept);
         Ok(())
     }
 }

@@ -345,6 +345,16 @@ async fn a_one_way_self_call_to_an_async_handler_runs() {
     engine.call_one_way::<Record>(&engine.self_addr(), &42).unwrap();
     let got = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await;
     assert_eq!(got.expect("the handler never ran"), Some(42));
+    // From a thread outside the runtime (the call is not async): the
+    // handler's task still starts, on the engine's runtime.
+    let engine = Arc::new(engine);
+    let caller = {
+        let engine = engine.clone();
+        std::thread::spawn(move || engine.call_one_way::<Record>(&engine.self_addr(), &43))
+    };
+    caller.join().expect("the call panicked").unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await;
+    assert_eq!(got.expect("the handler never ran"), Some(43));
 }
 
 /// The async API counts timeouts and failed sends in `errors`, as the
@@ -389,9 +399,20 @@ async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     // TTL 300 ms, sweeps at most once a second: well within 3 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let stats = engine.stats();
+    assert_eq!(stats.abandoned_inputs, 0, "kept while idle: {stats:?}");
+    // A spilled one-way call is kept from the start (until acknowledged):
+    // made outside the driver, its TTL must still wake it.
+    engine.call_one_way::<Echo>(&s, &vec![8u8; 64 << 10]).unwrap();
+    assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stats = engine.stats();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     target.join().unwrap();
-    assert_eq!(stats.abandoned_inputs, 0, "kept while idle: {stats:?}");
+    assert_eq!(
+        stats.abandoned_inputs, 0,
+        "one-way input kept while idle: {stats:?}"
+    );
+    assert_eq!(stats.abandoned_bytes, 0, "{stats:?}");
 }
 
 /// Dropping the AsyncEngine while an async handler still runs releases
