@@ -98,6 +98,9 @@ fn exercise(n: &mut Node, server: &Addr, l: Layout<'_>) {
     let plugin = n.ep.plugin_mut(n.id).expect("plugin");
     plugin.mem_register(&local).expect("register");
     let mine = plugin.mem_describe(&local).expect("describe");
+    // Registering again keeps the descriptor handed out valid (a peer may
+    // hold it already).
+    plugin.mem_register(&local).expect("register again");
     let expect_pattern = |local: &MemHandle, what: &str| {
         let mut got = vec![0u8; len as usize];
         local.read_at(lo, &mut got).expect("read back");

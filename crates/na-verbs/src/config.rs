@@ -133,6 +133,13 @@ impl VerbsConfig {
                 "must exceed recv_depth by at least 8",
             );
         }
+        if self.max_held == 0 {
+            return bad(
+                "max_held",
+                "0".into(),
+                "must be at least 1 (0 would withhold every credit from the first message)",
+            );
+        }
         if self.max_held_total < u32::from(self.recv_depth) {
             return bad(
                 "max_held_total",
@@ -177,5 +184,10 @@ mod tests {
             ..VerbsConfig::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("setup_timeout"));
+        let c = VerbsConfig {
+            max_held: 0,
+            ..VerbsConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("max_held"));
     }
 }

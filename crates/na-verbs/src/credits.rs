@@ -24,7 +24,12 @@
 //! and held. Once `max_held` messages of a connection are held, the
 //! credits for further reposted buffers are *withheld* until the
 //! application takes held messages: the sender then queues instead of
-//! flooding this process's memory.
+//! flooding this process's memory. Every repost is withheld in that state,
+//! also those of messages matched at once (and of credit updates), so one
+//! release per held message taken would not give them all back: once the
+//! held messages are under `max_held` again, every withheld credit is
+//! owed at once, or the difference would be lost for good and the
+//! connection would stall in both directions.
 //!
 //! # A peer that ignores its credits
 //! The receiver keeps its own count of the credits the peer holds (our
@@ -152,6 +157,17 @@ impl Credits {
         }
     }
 
+    /// Held messages are under the bound again: every withheld credit is
+    /// owed now.
+    pub fn release_all_withheld(&mut self) {
+        self.owed += std::mem::take(&mut self.withheld);
+    }
+
+    /// Credits held back now.
+    pub fn withheld(&self) -> u32 {
+        self.withheld
+    }
+
     /// True if enough credits are owed to send an explicit update.
     pub fn wants_update(&self) -> bool {
         self.owed >= self.threshold
@@ -181,6 +197,19 @@ mod tests {
         assert!(!c.can_send_update());
         c.grant(4).unwrap();
         assert!(c.grant(1).is_err(), "more than the peer's depth is a violation");
+    }
+
+    #[test]
+    fn all_withheld_credits_come_back_at_once() {
+        let mut c = Credits::new(8, 8);
+        for _ in 0..5 {
+            c.reposted(false);
+        }
+        assert_eq!((c.withheld(), c.owed()), (5, 0));
+        c.release_withheld();
+        assert_eq!((c.withheld(), c.owed()), (4, 1));
+        c.release_all_withheld();
+        assert_eq!((c.withheld(), c.owed()), (0, 5));
     }
 
     #[test]

@@ -317,9 +317,14 @@ impl VerbsPlugin {
         self.peers.release(h.peer);
         self.completions
             .push_back(Completion::received(op, kind, buf, source, h.tag));
+        let max_held = self.cfg.max_held;
         if let Some(conn) = self.conn_mut(h.conn).filter(|c| c.serial == h.conn_serial) {
             conn.held = conn.held.saturating_sub(1);
-            conn.credits.release_withheld();
+            if conn.held < max_held {
+                conn.credits.release_all_withheld();
+            } else {
+                conn.credits.release_withheld();
+            }
             self.drain_msgs(h.conn);
         }
     }

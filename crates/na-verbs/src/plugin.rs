@@ -361,7 +361,14 @@ impl Plugin for VerbsPlugin {
         self.recv_expected(source, tag, buf, op)
     }
 
+    /// A handle registered already keeps its registration while it is
+    /// valid: a new one would drop the exposed registrations, revoking the
+    /// keys of descriptors peers already hold. An invalidated one (its
+    /// memory was remapped) is replaced.
     fn mem_register(&mut self, mem: &MemHandle) -> Result<()> {
+        if self.valid_registration(mem).is_some() {
+            return Ok(());
+        }
         self.register_mem(mem).map(drop)
     }
 

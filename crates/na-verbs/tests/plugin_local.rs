@@ -645,3 +645,111 @@ fn held_messages_stay_bounded_when_clients_keep_coming() {
     };
     assert_eq!(got.buf.as_deref(), Some(&b"welcome back"[..]));
 }
+
+/// Credits withheld while too many messages are held come back once the
+/// application takes them. While `MAX_HELD` messages wait unclaimed, the
+/// credits of every reposted buffer are withheld, those of messages a
+/// posted receive took at once included; giving back only one per held
+/// message taken lost the rest, and the sender stalled for good.
+#[test]
+fn withheld_credits_all_come_back_when_held_messages_are_taken() {
+    let Some(env) = common::rdma_env("withheld_credits_all_come_back_when_held_messages_are_taken") else {
+        return;
+    };
+    const DEPTH: u16 = 16;
+    // One held message is enough: every repost after it is withheld, and
+    // taking it gave back one credit of the sender's whole window.
+    const MAX_HELD: u32 = 1;
+    const FLOW: u64 = 200;
+    let mut srv = Endpoint::new(ProgressMode::Busy).unwrap();
+    let cfg = VerbsConfig {
+        listen: true,
+        recv_depth: DEPTH,
+        max_held: MAX_HELD,
+        ..VerbsConfig::from_spec(&format!("verbs://{}/{}:0", env.device, env.ip), true).unwrap()
+    };
+    let sid = srv
+        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let (mut cli, _) = node(&env, false);
+    let to = cli.lookup(&uri).unwrap();
+    let from = srv_peer(&mut srv, &mut cli, sid);
+    // MAX_HELD messages nobody waits for yet (tag 7), then a flow the
+    // server takes as it comes (tag 8).
+    for i in 0..u64::from(MAX_HELD) {
+        cli.send_expected(&to, 7, &i.to_le_bytes(), OpId(i)).unwrap();
+    }
+    for i in 0..FLOW {
+        cli.send_expected(&to, 8, &i.to_le_bytes(), OpId(100 + i))
+            .unwrap();
+    }
+    for i in 0..FLOW {
+        srv.post_recv_expected(&from, 8, Vec::new(), OpId(1000 + i))
+            .unwrap();
+    }
+    // The flow stops once the sender's credits are withheld.
+    let (mut got, mut quiet) = (0u64, Instant::now());
+    let end = Instant::now() + T;
+    while quiet.elapsed() < Duration::from_millis(300) {
+        assert!(Instant::now() < end, "the flow never settled");
+        cli.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::ZERO)).unwrap();
+        while cli.pop_completion().is_some() {}
+        while srv.pop_completion().is_some() {
+            got += 1;
+            quiet = Instant::now();
+        }
+    }
+    let st = srv.plugin(sid).unwrap().stats();
+    assert!(
+        got < FLOW,
+        "nothing was withheld ({got} of {FLOW} arrived): {st:?}"
+    );
+    assert_eq!(st.queued_arrivals, u64::from(MAX_HELD), "{st:?}");
+    // The application takes the held messages: the rest of the flow comes.
+    for i in 0..u64::from(MAX_HELD) {
+        srv.post_recv_expected(&from, 7, Vec::new(), OpId(5000 + i))
+            .unwrap();
+    }
+    let end = Instant::now() + T;
+    let mut held_taken = 0;
+    while got < FLOW || held_taken < MAX_HELD {
+        assert!(
+            Instant::now() < end,
+            "the sender stalled: {got} of {FLOW} arrived, {held_taken} held taken; {:?}",
+            srv.plugin(sid).unwrap().stats()
+        );
+        cli.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::ZERO)).unwrap();
+        while cli.pop_completion().is_some() {}
+        while let Some(c) = srv.pop_completion() {
+            c.status.expect("receive");
+            if c.op.0 >= 5000 {
+                held_taken += 1;
+            } else {
+                got += 1;
+            }
+        }
+    }
+}
+
+/// The server-side address of the client `cli` connected to `srv` (sid):
+/// an unexpected ping from the client names it.
+fn srv_peer(srv: &mut Endpoint, cli: &mut Endpoint, sid: PluginId) -> Addr {
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(u64::MAX - 1))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let to = cli.lookup(&uri).unwrap();
+    cli.send_unexpected(&to, 0, b"who am I", OpId(u64::MAX - 2))
+        .unwrap();
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "the ping never came");
+        cli.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::ZERO)).unwrap();
+        if let Some(c) = std::iter::from_fn(|| srv.pop_completion()).find(|c| c.op == OpId(u64::MAX - 1)) {
+            return c.source.expect("a received message names its source");
+        }
+    }
+}
