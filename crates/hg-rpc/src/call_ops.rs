@@ -16,6 +16,10 @@ use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_SPILL, HEA
 use crate::rpc::{rpc_id, Rpc};
 use crate::spill::{self, RELEASE_RPC};
 
+/// How long a blocking `call` refused for held inputs drives the engine
+/// before it asks again.
+const INPUTS_HELD_RETRY: Duration = Duration::from_millis(10);
+
 impl<C: Codec> Engine<C> {
     /// Encodes a request's input into `self.scratch` and returns its
     /// header. An input too large for an eager message (and not for
@@ -344,17 +348,37 @@ impl<C: Codec> Engine<C> {
 
     /// Calls `R` on `dest` and waits (driving progress) for the result, at
     /// most `timeout`. On timeout the call is abandoned: a late response is
-    /// discarded.
+    /// discarded. A spilled input refused for the inputs held for abandoned
+    /// calls ([`RpcError::InputsHeld`], see
+    /// [`set_max_abandoned_bytes`](Self::set_max_abandoned_bytes)) waits for
+    /// room within the same timeout, each refused attempt counted in
+    /// `inputs_refused`.
     pub fn call<R: Rpc>(&mut self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
         // The timeout covers the whole call, sending included, and a response
         // counts only if it is taken before the deadline: a caller that was
         // descheduled past it gets the timeout, not a late answer.
         let deadline = na_core::deadline_after(timeout);
-        let id = match self.forward::<R>(dest, input) {
-            Ok(id) => id,
-            Err(e) => {
-                self.stats.errors += 1;
-                return Err(e);
+        let id = loop {
+            match self.forward::<R>(dest, input) {
+                Ok(id) => break id,
+                // Held inputs come back only as the engine is driven (their
+                // targets answer, or their TTL ends in `trigger`): wait for
+                // room within the call's timeout, not refuse at once, or a
+                // caller retrying `call` would never make any.
+                Err(RpcError::InputsHeld { .. }) if Instant::now() < deadline => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if let Err(e) = self
+                        .progress(Some(left.min(INPUTS_HELD_RETRY)))
+                        .and_then(|_| self.trigger())
+                    {
+                        self.stats.errors += 1;
+                        return Err(e);
+                    }
+                }
+                Err(e) => {
+                    self.stats.errors += 1;
+                    return Err(e);
+                }
             }
         };
         loop {

@@ -675,7 +675,11 @@ impl<C: Codec> Engine<C> {
     /// would pass the bound, added to those held, is refused before
     /// anything is sent, with [`RpcError::InputsHeld`]
     /// (counted in `inputs_refused`); calls that fit a message are never
-    /// refused. Give at least [`set_max_spill`](Self::set_max_spill)'s
+    /// refused. The bytes come back as the engine is driven (targets
+    /// answer, TTLs end in [`trigger`](Self::trigger)): a blocking
+    /// [`call`](Self::call) waits for room within its timeout, while
+    /// [`forward`](Self::forward) refuses at once (drive the engine before
+    /// trying again). Give at least [`set_max_spill`](Self::set_max_spill)'s
     /// value, or the largest inputs are always refused.
     pub fn set_max_abandoned_bytes(&mut self, bytes: u64) {
         self.max_abandoned_bytes = bytes;

@@ -492,3 +492,35 @@ fn a_forgotten_transfer_leaves_no_outcome() {
     dst.local().unwrap().read_at(0, &mut got).unwrap();
     assert_eq!(got, data[100..1100]);
 }
+
+/// A blocking `call` whose spilled input is refused for the inputs held
+/// for abandoned calls waits for room within its timeout: it drives the
+/// engine, so the held input's TTL can end, then it sends. (Refused at
+/// once, a caller retrying `call` would never drive the engine, and never
+/// get room.)
+#[test]
+fn a_blocking_call_waits_for_room_for_its_spilled_input() {
+    let d = dir("held-wait");
+    let (mut x, xid) = endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(&d);
+    c.set_abandoned_input_ttl(Duration::from_millis(300));
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let big = vec![5u8; 64 << 10];
+    let len = postcard::to_allocvec(&big).unwrap().len() as u64;
+    c.set_max_abandoned_bytes(len + 1024);
+    c.forward_one_way::<Echo>(&s, &big).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    assert_eq!(c.stats().abandoned_bytes, len);
+    match c.forward::<Echo>(&s, &big) {
+        Err(RpcError::InputsHeld { .. }) => {}
+        other => panic!("expected InputsHeld, got {other:?}"),
+    }
+    // The silent target never answers: the call goes out once the first
+    // input's TTL ends, then times out.
+    let r = c.call::<Echo>(&s, &big, Duration::from_secs(4));
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    let (_, cookie) = take_request(&mut x, xid, &mut c, 2);
+    assert_ne!(cookie, 0, "the call's request reached the target");
+    assert!(c.stats().inputs_refused >= 2, "{:?}", c.stats());
+}

@@ -309,9 +309,12 @@ impl Matcher {
 
 impl Matcher {
     /// When [`drop_departed`](Self::drop_departed) with `hold` has
-    /// something to drop next, if any peer left messages.
+    /// something to drop next, if any peer left messages (`None` too when
+    /// that is beyond the clock's range: a hold meant as "never").
     pub fn next_departure(&self, hold: Duration) -> Option<Instant> {
-        self.departed.front().map(|&(_, since)| since + hold)
+        self.departed
+            .front()
+            .and_then(|&(_, since)| since.checked_add(hold))
     }
 
     /// Drops the expected messages of peers that went away more than

@@ -65,6 +65,9 @@ pub struct SmPlugin {
     pub(crate) accept_pause: Option<crate::connect::AcceptPause>,
     /// Fires at the earliest handshake deadline or end of an accept pause.
     pub(crate) timer: Timer,
+    /// The timer fired since the last deadline sweep (its expiry was read,
+    /// which disarms it): the sweep runs even with no other deadline.
+    pub(crate) timer_fired: bool,
     /// When socket events were last read (see `rma_batch`).
     pub(crate) events_at: Instant,
     /// Connector-side connections still waiting for the acknowledgement.
@@ -197,6 +200,7 @@ impl SmPlugin {
             pending: HashMap::new(),
             accept_pause: None,
             timer,
+            timer_fired: false,
             events_at: Instant::now(),
             awaiting_ack: 0,
             next_serial: 16,

@@ -334,7 +334,8 @@ impl SmPlugin {
             }
         }
         let deadlines = !self.pending.is_empty() || self.awaiting_ack > 0 || self.accept_pause.is_some();
-        if deadlines || self.timer.armed().is_some() {
+        let fired = std::mem::take(&mut self.timer_fired);
+        if deadlines || fired || self.timer.armed().is_some() {
             // (A timer still armed with nothing due is disarmed here, so
             // it does not wake an idle process for nothing.)
             self.sweep_deadlines();
@@ -348,8 +349,10 @@ impl SmPlugin {
             return;
         }
         if token == TIMER_TOKEN {
-            // What is due runs in `sweep_deadlines`, after the events.
+            // What is due runs in `sweep_deadlines`, after the events
+            // (clearing disarms it: remember that it fired).
             self.timer.clear();
+            self.timer_fired = true;
             return;
         }
         let serial = token & !WAKE_BIT;

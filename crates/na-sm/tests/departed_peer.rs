@@ -259,3 +259,55 @@ fn a_listener_paused_for_departed_peers_messages_goes_on_while_idle() {
     client.join().unwrap().expect("the client's send");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Expected messages a departed peer left go at the end of
+/// `departed_hold` while the process sleeps on its fd with nothing else
+/// to do: the plugin's timer wakes it, and its firing alone is reason
+/// enough for the deadline sweep (reading the timer disarms it).
+#[test]
+fn departed_peers_messages_go_at_the_hold_while_the_process_sleeps() {
+    use std::os::fd::AsRawFd;
+    let dir = fresh_dir("qs-sm-departed-sleep");
+    let (mut rx, rid) = node(&dir, true);
+    let uri = rx.self_addr(rid).unwrap().uri().to_owned();
+    let queued = |rx: &Endpoint| rx.plugin(rid).unwrap().stats().queued_arrivals;
+    {
+        let (mut tx, _) = node(&dir, false);
+        let to = tx.lookup(&uri).unwrap();
+        for i in 0..3u32 {
+            tx.send_expected(&to, 9, &i.to_le_bytes(), OpId(u64::from(i)))
+                .unwrap();
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while queued(&rx) < 3 {
+            assert!(Instant::now() < end, "the messages never arrived");
+            tx.progress(Some(Duration::ZERO)).unwrap();
+            rx.progress(Some(Duration::from_millis(1))).unwrap();
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while rx.plugin(rid).unwrap().stats().peers > 0 {
+        assert!(Instant::now() < end, "the sender's end was not seen");
+        rx.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    assert_eq!(queued(&rx), 3);
+    let sleeper = na_core::sys::epoll::Epoll::new().unwrap();
+    sleeper.add(rx.as_raw_fd(), 0).unwrap();
+    let mut tokens = Vec::new();
+    let since = Instant::now();
+    while queued(&rx) > 0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "kept past the hold while asleep: {:?}",
+            rx.plugin(rid).unwrap().stats()
+        );
+        // As an event loop sleeps: far longer than the hold each time.
+        if rx.try_wait() {
+            sleeper.wait(&mut tokens, Some(Duration::from_secs(20))).unwrap();
+        }
+        rx.progress(Some(Duration::ZERO)).unwrap();
+    }
+    let took = since.elapsed();
+    assert!(took < Duration::from_secs(5), "dropped only after {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -150,8 +150,14 @@ impl VerbsConfig {
         if self.max_sge == Some(0) {
             return bad("max_sge", "0".into(), "must be at least 1");
         }
-        if self.setup_timeout.is_zero() {
-            return bad("setup_timeout", "0".into(), "must be more than zero");
+        // The active side's set-up includes both resolutions.
+        let resolutions = Duration::from_millis(2 * u64::from(self.resolve_timeout_ms.max(0).unsigned_abs()));
+        if self.setup_timeout <= resolutions {
+            return bad(
+                "setup_timeout",
+                format!("{:?}", self.setup_timeout),
+                &format!("must exceed twice resolve_timeout_ms ({resolutions:?}): address and route resolution count in it"),
+            );
         }
         Ok(())
     }
@@ -180,10 +186,20 @@ mod tests {
         };
         assert!(c.validate().is_err());
         let c = VerbsConfig {
-            setup_timeout: std::time::Duration::ZERO,
+            setup_timeout: Duration::ZERO,
             ..VerbsConfig::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("setup_timeout"));
+        let c = VerbsConfig {
+            resolve_timeout_ms: 8000,
+            ..VerbsConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("setup_timeout"));
+        let c = VerbsConfig {
+            setup_timeout: Duration::MAX,
+            ..VerbsConfig::default()
+        };
+        c.validate().unwrap();
         let c = VerbsConfig {
             max_held: 0,
             ..VerbsConfig::default()

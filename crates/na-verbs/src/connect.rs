@@ -83,9 +83,10 @@ impl VerbsPlugin {
             &self.backlog_total,
         );
         conn.serial = self.next_conn_serial;
-        let due = conn.started + self.cfg.setup_timeout;
+        // A timeout beyond the clock's range is no deadline.
+        let due = conn.started.checked_add(self.cfg.setup_timeout);
         slot.conn = Some(conn);
-        if self.setup_timer.armed().is_none_or(|t| due < t) {
+        if let Some(due) = due.filter(|&d| self.setup_timer.armed().is_none_or(|t| d < t)) {
             self.set_setup_timer(Some(due));
         }
         Ok(cref)
@@ -116,7 +117,9 @@ impl VerbsPlugin {
             if !matches!(c.state, ConnState::Connecting | ConnState::Accepting) {
                 continue;
             }
-            let due = c.started + limit;
+            let Some(due) = c.started.checked_add(limit) else {
+                continue;
+            };
             if due <= now {
                 let cref = ConnRef {
                     idx: i as u16,

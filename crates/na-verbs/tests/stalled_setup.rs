@@ -37,6 +37,8 @@ fn plugin(env: &RdmaEnv, listen: bool) -> (Endpoint, PluginId) {
     let spec = format!("verbs://{}/{}:0", env.device, env.ip);
     let cfg = VerbsConfig {
         setup_timeout: SETUP,
+        // The deadline must exceed both resolutions' timeouts (local here).
+        resolve_timeout_ms: 200,
         ..VerbsConfig::from_spec(&spec, listen).unwrap()
     };
     let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
