@@ -134,6 +134,32 @@ fn take_request(x: &mut Endpoint, xid: PluginId, c: &mut Engine, op: u64) -> (Ad
     }
 }
 
+/// A raw endpoint playing a target that takes requests and never answers
+/// (driven only by `take_request`), a client engine, and the target's
+/// address as the client knows it. The directory lives as long as needed.
+struct Silent {
+    x: Endpoint,
+    xid: PluginId,
+    c: Engine,
+    s: Addr,
+    _dir: common::TestDir,
+}
+
+fn silent_target(tag: &str) -> Silent {
+    let d = dir(tag);
+    let (x, xid) = endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    Silent {
+        x,
+        xid,
+        c,
+        s,
+        _dir: d,
+    }
+}
+
 /// A raw endpoint plays the server: it sends a message on the watch's tag
 /// (a protocol violation), then answers properly; then it goes away with
 /// a call in flight, which must fail: the watch was posted again.
@@ -236,12 +262,14 @@ fn spilled_outputs_of_abandoned_calls_are_released_not_kept() {
 /// calls) exposed only for the abandoned-input TTL, then drops them.
 #[test]
 fn a_silent_target_does_not_keep_abandoned_inputs_forever() {
-    let d = dir("silent");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let mut c = client(&d);
+    let Silent {
+        mut x,
+        xid,
+        mut c,
+        s,
+        _dir,
+    } = silent_target("silent");
     c.set_abandoned_input_ttl(Duration::from_millis(300));
-    let s = c.endpoint().lookup(&x_uri).unwrap();
     let big = vec![5u8; 64 << 10];
     let id = c.forward::<Echo>(&s, &big).unwrap();
     take_request(&mut x, xid, &mut c, 1);
@@ -269,12 +297,14 @@ fn a_silent_target_does_not_keep_abandoned_inputs_forever() {
 /// come back and large calls go again.
 #[test]
 fn inputs_held_for_abandoned_calls_are_bounded() {
-    let d = dir("held");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let mut c = client(&d);
+    let Silent {
+        mut x,
+        xid,
+        mut c,
+        s,
+        _dir,
+    } = silent_target("held");
     let cid = c.endpoint().plugin_ids().next().unwrap();
-    let s = c.endpoint().lookup(&x_uri).unwrap();
     let big = vec![5u8; 64 << 10];
     let len = postcard::to_allocvec(&big).unwrap().len() as u64;
     c.set_max_abandoned_bytes(3 * len + 1024);
@@ -500,12 +530,14 @@ fn a_forgotten_transfer_leaves_no_outcome() {
 /// get room.)
 #[test]
 fn a_blocking_call_waits_for_room_for_its_spilled_input() {
-    let d = dir("held-wait");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let mut c = client(&d);
+    let Silent {
+        mut x,
+        xid,
+        mut c,
+        s,
+        _dir,
+    } = silent_target("held-wait");
     c.set_abandoned_input_ttl(Duration::from_millis(300));
-    let s = c.endpoint().lookup(&x_uri).unwrap();
     let big = vec![5u8; 64 << 10];
     let len = postcard::to_allocvec(&big).unwrap().len() as u64;
     c.set_max_abandoned_bytes(len + 1024);

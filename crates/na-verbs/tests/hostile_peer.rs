@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use na_core::{Endpoint, Plugin, ProgressMode};
 use na_verbs::sys::*;
-use na_verbs::wire::{Header, Hello, MsgKind, HEADER_LEN};
+use na_verbs::wire::{Header, MsgKind, HEADER_LEN};
 use na_verbs::{VerbsConfig, VerbsPlugin};
 
 /// Receive depth of the listening plugin (the flooder's initial credits).
@@ -68,13 +68,7 @@ enum Attack {
 /// carries out `attack`.
 fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr, attack: Attack) -> Flood {
     let who = "flooder";
-    let ch = EventChannel::new().expect("event channel");
-    let id = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
-    id.resolve_addr(None, dst, 5000).expect("resolve_addr");
-    wait_cm(&ch, CmEventKind::AddrResolved, who);
-    id.resolve_route(5000).expect("resolve_route");
-    wait_cm(&ch, CmEventKind::RouteResolved, who);
-    let ctx: Arc<Context> = id.context().expect("resolved id has a device");
+    let (ch, id, ctx) = raw_resolved(dst, who);
     let pd = ProtectionDomain::new(&ctx).expect("pd");
     let comp = CompletionChannel::new(&ctx).expect("completion channel");
     let send_cq = CompletionQueue::new(&ctx, 256, Some(&comp)).expect("send cq");
@@ -106,20 +100,7 @@ fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr, attack: Attack) -> Flood
         qp.post_recv(i as u64, &[recv.sge(i * slot, slot).unwrap()])
             .expect("post_recv");
     }
-    let hello = Hello {
-        addr: SocketAddr::V4(SocketAddrV4::new(hello_ip, 1)),
-        depth: DEPTH,
-        max_payload: 4096,
-        device: String::new(),
-    };
-    let param = ConnParam {
-        private_data: hello.encode(),
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 2,
-        // RNR retries of the listener's sends to us (it never sends data).
-        rnr_retry_count: 7,
-    };
+    let param = raw_connect_param(hello_ip, DEPTH);
     id.connect(&param).expect("connect");
     let ev = next_cm(&ch);
     if ev.kind != CmEventKind::Established {

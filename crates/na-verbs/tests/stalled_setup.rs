@@ -14,13 +14,11 @@ mod common;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::AsFd;
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
 use na_verbs::sys::*;
-use na_verbs::wire::Hello;
 use na_verbs::{VerbsConfig, VerbsPlugin};
 
 /// The set-up deadline the plugins under test get.
@@ -61,13 +59,7 @@ fn port_of(uri: &str) -> u16 {
 /// `stop` says so (or is dropped).
 fn stall_connecting(ip: std::net::Ipv4Addr, dst: SocketAddr, stop: mpsc::Receiver<()>) {
     let who = "staller";
-    let ch = EventChannel::new().expect("event channel");
-    let id = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
-    id.resolve_addr(None, dst, 5000).expect("resolve_addr");
-    wait_cm(&ch, CmEventKind::AddrResolved, who);
-    id.resolve_route(5000).expect("resolve_route");
-    wait_cm(&ch, CmEventKind::RouteResolved, who);
-    let ctx: Arc<Context> = id.context().expect("resolved id has a device");
+    let (_ch, id, ctx) = raw_resolved(dst, who);
     let pd = ProtectionDomain::new(&ctx).expect("pd");
     let cq = CompletionQueue::new(&ctx, 16, None).expect("cq");
     let attr = QpInitAttr {
@@ -83,19 +75,7 @@ fn stall_connecting(ip: std::net::Ipv4Addr, dst: SocketAddr, stop: mpsc::Receive
         },
     };
     let _qp = id.create_qp(&pd, attr).expect("rdma_create_qp");
-    let hello = Hello {
-        addr: SocketAddr::V4(SocketAddrV4::new(ip, 1)),
-        depth: 4,
-        max_payload: 4096,
-        device: String::new(),
-    };
-    let param = ConnParam {
-        private_data: hello.encode(),
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 2,
-        rnr_retry_count: 7,
-    };
+    let param = raw_connect_param(ip, 4);
     id.connect(&param).expect("connect");
     let _ = stop.recv_timeout(WAIT);
 }

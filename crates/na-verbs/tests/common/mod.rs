@@ -198,3 +198,39 @@ pub fn decode_remote(b: &[u8]) -> na_verbs::sys::RemoteRegion {
         rkey: u32::from_le_bytes(b[16..20].try_into().expect("4 bytes")),
     }
 }
+
+/// The connect parameters of a raw peer (no plugin on its side) whose
+/// hello names `ip` (port 1) and `depth` receive buffers.
+pub fn raw_connect_param(ip: Ipv4Addr, depth: u16) -> na_verbs::sys::ConnParam {
+    let hello = na_verbs::wire::Hello {
+        addr: std::net::SocketAddr::V4(std::net::SocketAddrV4::new(ip, 1)),
+        depth,
+        max_payload: 4096,
+        device: String::new(),
+    };
+    na_verbs::sys::ConnParam {
+        private_data: hello.encode(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 2,
+        // RNR retries of the plugin's sends to the raw peer.
+        rnr_retry_count: 7,
+    }
+}
+
+/// A raw peer's RDMA CM id with its address and route to `dst` resolved:
+/// its event channel, the id, and the device context the route uses.
+pub fn raw_resolved(
+    dst: std::net::SocketAddr,
+    who: &str,
+) -> (Arc<EventChannel>, Arc<na_verbs::sys::CmId>, Arc<Context>) {
+    use na_verbs::sys::{CmId, PortSpace};
+    let ch = EventChannel::new().expect("event channel");
+    let id = CmId::new(&ch, PortSpace::Tcp).expect("cm id");
+    id.resolve_addr(None, dst, 5000).expect("resolve_addr");
+    wait_cm(&ch, CmEventKind::AddrResolved, who);
+    id.resolve_route(5000).expect("resolve_route");
+    wait_cm(&ch, CmEventKind::RouteResolved, who);
+    let ctx = id.context().expect("resolved id has a device");
+    (ch, id, ctx)
+}
