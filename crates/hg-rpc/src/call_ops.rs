@@ -173,17 +173,18 @@ impl<C: Codec> Engine<C> {
             self.watch(dest)?;
         }
         self.send_scratch(dest, REQUEST_TAG, h)?;
-        if abandoned {
-            self.abandoned_hint += 1;
-            self.abandoned_bytes += spill.as_ref().map_or(0, MemHandle::size);
-        }
-        let stored = self.calls.insert(Call {
+        let call = Call {
             rpc,
             peer: Some(peer),
             outcome: None,
             abandoned: abandoned.then(Instant::now),
             spill,
-        });
+        };
+        if abandoned {
+            self.abandoned_hint += 1;
+            self.abandoned_bytes += call.spill_len();
+        }
+        let stored = self.calls.insert(call);
         debug_assert_eq!(stored, cookie, "cookie announced in the request");
         Ok(())
     }
@@ -498,10 +499,10 @@ impl<C: Codec> Engine<C> {
         }
         // The target is done with a spilled input: its buffer serves the
         // next large input (or pull) instead of being freed.
+        let spill_len = call.spill_len();
         let spill = call.spill.take();
         if call.abandoned.is_some() {
-            let len = spill.as_ref().map_or(0, MemHandle::size);
-            self.abandoned_bytes = self.abandoned_bytes.saturating_sub(len);
+            self.abandoned_bytes = self.abandoned_bytes.saturating_sub(spill_len);
             self.calls.remove(cookie);
         } else {
             call.outcome = Some(outcome);

@@ -151,7 +151,7 @@ impl VerbsConfig {
             return bad("max_sge", "0".into(), "must be at least 1");
         }
         // The active side's set-up includes both resolutions.
-        let resolutions = Duration::from_millis(2 * u64::from(self.resolve_timeout_ms.max(0).unsigned_abs()));
+        let resolutions = Duration::from_millis(2 * u64::try_from(self.resolve_timeout_ms).unwrap_or(0));
         if self.setup_timeout <= resolutions {
             return bad(
                 "setup_timeout",

@@ -179,21 +179,22 @@ impl VerbsPlugin {
         Ok(regs)
     }
 
+    /// The registration this plugin attached to the handle, if any.
+    fn attached(&self, mem: &MemHandle) -> Option<Arc<MemReg>> {
+        mem.registration(self.id)
+            .and_then(|r| r.downcast::<MemReg>().ok())
+    }
+
     /// The handle's registration with this plugin, if it has one that is
     /// still valid.
     pub(crate) fn valid_registration(&self, mem: &MemHandle) -> Option<Arc<MemReg>> {
-        mem.registration(self.id)
-            .and_then(|r| r.downcast::<MemReg>().ok())
-            .filter(|r| r.check_valid().is_ok())
+        self.attached(mem).filter(|r| r.check_valid().is_ok())
     }
 
     /// The handle's registration with this plugin (registering it now if
     /// it has none), after checking every validity flag.
     pub(crate) fn registration(&self, mem: &MemHandle) -> Result<Arc<MemReg>> {
-        match mem
-            .registration(self.id)
-            .and_then(|r| r.downcast::<MemReg>().ok())
-        {
+        match self.attached(mem) {
             Some(r) => {
                 r.check_valid()?;
                 Ok(r)
