@@ -469,7 +469,9 @@ impl<C: Codec> Engine<C> {
             match self.start_pull(src, h, p, true, None) {
                 // The outcome is filed when the pull completes.
                 Ok(()) => return,
-                Err(reason) => {
+                // Our own budget, or the target's descriptor: either way
+                // the output cannot be had (the handler did run).
+                Err((_, reason)) => {
                     self.release_output(src, cookie);
                     Err(RpcError::Decode {
                         rpc: self.call_name(cookie).into(),

@@ -989,5 +989,9 @@ fn response_outcome(rpc: &str, id: u64, h: Header, payload: impl Into<Vec<u8>>) 
             what: "input",
             reason: text(),
         }),
+        Status::Busy => Err(RpcError::Busy {
+            rpc: rpc.into(),
+            reason: text(),
+        }),
     }
 }

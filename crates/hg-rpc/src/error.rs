@@ -23,6 +23,17 @@ pub enum RpcError {
         /// Its id.
         id: u64,
     },
+    /// The target refused the call before running its handler, for lack of
+    /// room: too many requests already wait for its async handlers, or
+    /// its spilled inputs being pulled would pass its budget. Nothing ran;
+    /// the same call may succeed later.
+    #[error("target is busy and did not run {rpc}: {reason}")]
+    Busy {
+        /// The RPC name.
+        rpc: String,
+        /// The target's message (which bound).
+        reason: String,
+    },
     /// Arguments or results could not be decoded (at either end).
     #[error("decoding {what} of {rpc} failed: {reason}")]
     Decode {

@@ -23,7 +23,7 @@ pub const HEADER_LEN: usize = 32;
 /// The magic bytes.
 pub const MAGIC: [u8; 4] = *b"QSRP";
 /// The protocol version this crate speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 /// Flag: this message is a response.
 pub const FLAG_RESPONSE: u8 = 1;
@@ -47,6 +47,11 @@ pub enum Status {
     UnknownRpc = 2,
     /// The target could not decode the request's arguments.
     DecodeError = 3,
+    /// The target refused the request before running its handler, for
+    /// lack of room (requests waiting for async handlers, spilled inputs
+    /// being pulled); the payload says which bound. Trying again later
+    /// may succeed.
+    Busy = 4,
 }
 
 impl Status {
@@ -56,6 +61,7 @@ impl Status {
             1 => Some(Status::HandlerError),
             2 => Some(Status::UnknownRpc),
             3 => Some(Status::DecodeError),
+            4 => Some(Status::Busy),
             _ => None,
         }
     }
@@ -258,6 +264,35 @@ mod tests {
             (0x1122_3344_5566_7788, 42, 7, &b"payload"[..])
         );
         assert!(!h.is_response() && !h.is_one_way());
+    }
+
+    #[test]
+    fn every_status_round_trips_and_an_unknown_one_is_refused() {
+        let all = [
+            Status::Ok,
+            Status::HandlerError,
+            Status::UnknownRpc,
+            Status::DecodeError,
+            Status::Busy,
+        ];
+        for status in all {
+            let mut v = Vec::new();
+            let h = Header {
+                flags: FLAG_RESPONSE | FLAG_CHECKSUM,
+                status,
+                rpc_id: 7,
+                cookie: 9,
+                payload_len: 0,
+                checksum: 0,
+            };
+            h.encode_with(b"why", &mut v);
+            assert_eq!(v[6], status as u8);
+            assert_eq!(Header::decode(&v).unwrap().0.status, status);
+        }
+        let mut v = sample(0);
+        v[6] = all.len() as u8;
+        let e = Header::decode(&v).unwrap_err();
+        assert!(e.to_string().contains("unknown status 5"), "{e}");
     }
 
     #[test]

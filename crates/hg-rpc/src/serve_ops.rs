@@ -57,7 +57,7 @@ impl<C: Codec> Engine<C> {
                 Ok(t) => t,
                 Err(why) => {
                     self.keep_spare_buffer(data);
-                    return Some((response_header(h, Status::HandlerError), why.into_bytes()));
+                    return Some((response_header(h, Status::Busy), why.into_bytes()));
                 }
             };
             let charge = self.charge_deferred(data.len() as u64);
@@ -100,7 +100,7 @@ impl<C: Codec> Engine<C> {
                     ));
                     return None;
                 }
-                Err(why) => (Status::HandlerError, why.into_bytes()),
+                Err(why) => (Status::Busy, why.into_bytes()),
             },
             Some(Handler {
                 run: Some(run), name, ..
@@ -167,13 +167,13 @@ impl<C: Codec> Engine<C> {
                     Ok(t) => ticket = Some(t),
                     Err(why) => {
                         self.stats.handled += 1;
-                        self.respond(src, response_header(&h, Status::HandlerError), why.into_bytes());
+                        self.respond(src, response_header(&h, Status::Busy), why.into_bytes());
                         return Ok(());
                     }
                 }
             }
-            if let Err(reason) = self.start_pull(src, &h, payload, false, ticket) {
-                self.respond(src, response_header(&h, Status::DecodeError), reason.into_bytes());
+            if let Err((status, reason)) = self.start_pull(src, &h, payload, false, ticket) {
+                self.respond(src, response_header(&h, status), reason.into_bytes());
             }
             return Ok(());
         }
@@ -188,6 +188,8 @@ impl<C: Codec> Engine<C> {
     /// Starts pulling spilled data described by `payload` (length, then
     /// the peer's memory descriptor) from `src`: a request's input, or (with
     /// `output`) a response's output. Everything in it is checked first.
+    /// A refusal says why, with the status a request gets for it: `Busy`
+    /// when the pull budget has no room now, `DecodeError` otherwise.
     pub(super) fn start_pull(
         &mut self,
         src: &Addr,
@@ -195,15 +197,19 @@ impl<C: Codec> Engine<C> {
         payload: &[u8],
         output: bool,
         ticket: Option<DeferredTicket>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), (Status, String)> {
         let what = if output { "output" } else { "input" };
-        let (len, remote) = spill::parse(payload, self.max_spill).map_err(|e| format!("{what}: {e}"))?;
+        let (len, remote) = spill::parse(payload, self.max_spill)
+            .map_err(|e| (Status::DecodeError, format!("{what}: {e}")))?;
         let held = self.pull_bytes + self.deferred_bytes.load(std::sync::atomic::Ordering::Relaxed);
         if held.saturating_add(len) > self.max_pull_bytes {
-            return Err(format!(
-                "{what}: {len} more bytes would exceed the {} bytes of spilled data this engine \
-                 pulls and holds at once ({held} now); try again later",
-                self.max_pull_bytes
+            return Err((
+                Status::Busy,
+                format!(
+                    "{what}: {len} more bytes would exceed the {} bytes of spilled data this engine \
+                     pulls and holds at once ({held} now); try again later",
+                    self.max_pull_bytes
+                ),
             ));
         }
         let mem = MemHandle::new(vec![self.pull_buffer(len as usize)], Access::ReadWrite);
@@ -212,7 +218,12 @@ impl<C: Codec> Engine<C> {
             .plugin_mut(self.plugin)
             .and_then(|p| p.mem_register(&mem))
             .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len, src, op))
-            .map_err(|e| format!("pulling the spilled {what} failed: {e}"))?;
+            .map_err(|e| {
+                (
+                    Status::DecodeError,
+                    format!("pulling the spilled {what} failed: {e}"),
+                )
+            })?;
         let role = if output {
             OpRole::PullOutput(op.0, h.cookie)
         } else {

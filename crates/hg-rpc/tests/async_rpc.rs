@@ -487,7 +487,7 @@ async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
     }
     // Both inputs are held by waiting handlers: a third does not fit.
     match call(3).await.unwrap() {
-        Err(RpcError::Decode { reason, .. }) => assert!(reason.contains("would exceed"), "{reason}"),
+        Err(RpcError::Busy { reason, .. }) => assert!(reason.contains("would exceed"), "{reason}"),
         other => panic!("expected the budget's refusal, got {other:?}"),
     }
     gate.add_permits(3);
@@ -538,7 +538,7 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
         }
     };
     let busy = |r: hg_rpc::Result<Vec<u8>>, what: &str| match r {
-        Err(RpcError::Handler { message, .. }) => assert!(message.contains(what), "{message}"),
+        Err(RpcError::Busy { reason, .. }) => assert!(reason.contains(what), "{reason}"),
         other => panic!("expected busy ({what}), got {other:?}"),
     };
     let mut held = Vec::new();

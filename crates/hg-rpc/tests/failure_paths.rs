@@ -405,7 +405,7 @@ fn a_spilled_request_past_the_deferred_bound_is_refused_before_its_pull() {
     }
     assert_eq!(ra.unwrap().unwrap(), (MIB as u64, fnv(&x)));
     match rb.unwrap() {
-        Err(RpcError::Handler { message, .. }) => assert!(message.contains("target busy"), "{message}"),
+        Err(RpcError::Busy { reason, .. }) => assert!(reason.contains("target busy"), "{reason}"),
         other => panic!("{other:?}"),
     }
 }
