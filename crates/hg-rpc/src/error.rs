@@ -85,6 +85,16 @@ pub enum RpcError {
         /// The bound.
         max: u64,
     },
+    /// The `AsyncEngine`'s driver task stopped (its tokio runtime shut
+    /// down, or waiting on the endpoint's fd failed): nothing moves calls
+    /// any more, so this call failed at once instead of at its timeout.
+    #[error("{rpc} failed: the engine's driver stopped: {reason}")]
+    DriverStopped {
+        /// The RPC name.
+        rpc: String,
+        /// Why it stopped.
+        reason: String,
+    },
     /// No response within the call's timeout.
     #[error("{rpc} timed out after {millis} ms")]
     Timeout {

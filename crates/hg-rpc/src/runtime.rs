@@ -32,7 +32,9 @@ type AsyncHandler = Arc<
 
 struct Shared {
     engine: Mutex<Engine>,
-    waiters: Mutex<FastMap<CallId, oneshot::Sender<()>>>,
+    /// The tasks waiting for their calls, and why the driver stopped once
+    /// it has (then no call waits: see [`DriverExit`]).
+    waiters: Mutex<Waiters>,
     async_handlers: Mutex<FastMap<u64, AsyncHandler>>,
     /// Scratch for the engine's finished calls (see `notify_finished`).
     finished: Mutex<Vec<CallId>>,
@@ -49,7 +51,7 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn waiters(&self) -> MutexGuard<'_, FastMap<CallId, oneshot::Sender<()>>> {
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -66,7 +68,7 @@ impl Shared {
         // A call without a waiter finished before its caller waited (a
         // self-forward), or its caller gave up: nobody to wake.
         for id in done.drain(..) {
-            if let Some(tx) = w.remove(&id) {
+            if let Some(tx) = w.calls.remove(&id) {
                 let _ = tx.send(());
             }
         }
@@ -166,7 +168,7 @@ impl AsyncEngine {
         engine.log_finished();
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
-            waiters: Mutex::new(FastMap::default()),
+            waiters: Mutex::new(Waiters::default()),
             async_handlers: Mutex::new(FastMap::default()),
             finished: Mutex::new(Vec::new()),
             rearm: tokio::sync::Notify::new(),
@@ -247,6 +249,10 @@ impl AsyncEngine {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut e = self.shared.engine();
+            if let Some(why) = &self.shared.waiters().stopped {
+                e.count_error();
+                return Err(driver_stopped(R::NAME, why));
+            }
             let id = e.forward::<R>(dest, input).inspect_err(|_| e.count_error())?;
             // A self-forward to an async handler is answered by a task.
             self.shared.spawn_deferred(&mut e);
@@ -258,8 +264,18 @@ impl AsyncEngine {
                 return r;
             }
             // Registered under the engine lock, which the driver holds while
-            // it files responses: it cannot miss this call.
-            self.shared.waiters().insert(id, tx);
+            // it files responses: it cannot miss this call. Nor can its
+            // stop (registered under the waiters' lock, which the exit
+            // holds while it fails the waiting calls).
+            let mut w = self.shared.waiters();
+            if let Some(why) = &w.stopped {
+                let err = driver_stopped(R::NAME, why);
+                drop(w);
+                e.abandon(id);
+                e.count_error();
+                return Err(err);
+            }
+            w.calls.insert(id, tx);
             id
         };
         let mut guard = Abandon {
@@ -273,7 +289,13 @@ impl AsyncEngine {
                 let r = self.shared.engine().take_response::<R>(id);
                 r.unwrap_or_else(|| Err(lost(R::NAME)))
             }
-            Ok(Err(_)) => Err(lost(R::NAME)),
+            // The driver stopped: the guard abandons the call (its input
+            // stays exposed for the TTL only if the engine is used again).
+            Ok(Err(_)) => {
+                let why = self.shared.waiters().stopped.clone().unwrap_or_default();
+                self.shared.engine().count_error();
+                Err(driver_stopped(R::NAME, &why))
+            }
             Err(_) => {
                 self.shared.engine().count_error();
                 Err(RpcError::Timeout {
@@ -287,6 +309,10 @@ impl AsyncEngine {
     /// Sends a one-way request.
     pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
         let mut e = self.shared.engine();
+        if let Some(why) = &self.shared.waiters().stopped {
+            e.count_error();
+            return Err(driver_stopped(R::NAME, why));
+        }
         let kept = e.kept_bytes();
         e.forward_one_way::<R>(dest, input)?;
         // A one-way self-forward to an async handler runs as a task now
@@ -300,6 +326,7 @@ impl AsyncEngine {
 
 impl Drop for AsyncEngine {
     fn drop(&mut self) {
+        self.shared.waiters().stopped = Some("the AsyncEngine was dropped".into());
         self.driver.abort();
     }
 }
@@ -309,6 +336,54 @@ fn lost(rpc: &str) -> RpcError {
         plugin: "hg-rpc",
         message: format!("the engine driver stopped before {rpc} finished"),
     })
+}
+
+/// The error of a call the stopped driver (`why`) cannot serve.
+fn driver_stopped(rpc: &str, why: &str) -> RpcError {
+    RpcError::DriverStopped {
+        rpc: rpc.into(),
+        reason: why.into(),
+    }
+}
+
+/// The calls tasks wait for, by id, and why the driver stopped.
+#[derive(Default)]
+struct Waiters {
+    calls: FastMap<CallId, oneshot::Sender<()>>,
+    /// Set once, when the driver task ends: nothing files responses any
+    /// more, so a call fails at once instead of waiting for its timeout.
+    stopped: Option<String>,
+}
+
+/// Lives as long as the driver task's future: when it ends (an error
+/// waiting on the fd, a panic, or the runtime shutting down, which drops
+/// the task), every call waiting fails at once (its sender is dropped)
+/// and later calls are refused.
+struct DriverExit {
+    shared: Arc<Shared>,
+    /// The reason, once the driver knows it (else the task was dropped or
+    /// panicked).
+    reason: Option<String>,
+}
+
+impl Drop for DriverExit {
+    fn drop(&mut self) {
+        let mut w = self.shared.waiters();
+        // Set already when the AsyncEngine was dropped: the usual end.
+        if w.stopped.is_none() {
+            let why = self.reason.take().unwrap_or_else(|| {
+                if std::thread::panicking() {
+                    "the driver task panicked".into()
+                } else {
+                    "the driver task was dropped (its tokio runtime shut down)".into()
+                }
+            });
+            tracing::warn!(reason = %why, calls = w.calls.len(), "hg-rpc driver stopped; calls in flight fail");
+            w.stopped = Some(why);
+        }
+        // Dropping the senders wakes every waiting call with the error.
+        w.calls.clear();
+    }
 }
 
 /// Abandons the call when its future is dropped before it finished.
@@ -322,7 +397,7 @@ impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if self.armed {
             let mut e = self.shared.engine();
-            self.shared.waiters().remove(&self.id);
+            self.shared.waiters().calls.remove(&self.id);
             e.abandon(self.id);
             if e.next_expiry().is_some() {
                 // Kept (its target may still pull the input): the driver
@@ -334,6 +409,10 @@ impl Drop for Abandon<'_> {
 }
 
 async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
+    let mut exit = DriverExit {
+        shared: shared.clone(),
+        reason: None,
+    };
     // Work first, then sleep: the engine may have been used before it was
     // spawned (its plugins disarmed, their messages waiting without a
     // signal), and only `try_wait` arms them for the fd to wake us.
@@ -382,6 +461,7 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
                 Ok(mut ready) => ready.clear_ready(),
                 Err(e) => {
                     tracing::error!(error = %e, "hg-rpc driver: waiting on the endpoint fd failed");
+                    exit.reason = Some(format!("waiting on the endpoint fd failed: {e}"));
                     return;
                 }
             }

@@ -572,3 +572,72 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
     gate.add_permits(1);
     assert_eq!(call(&c1, vec![7]).await.unwrap().unwrap(), vec![7]);
 }
+
+/// The driver task can stop while calls wait (here its tokio runtime shuts
+/// down; an error waiting on the endpoint's fd ends it too): the waiting
+/// call fails at once with `DriverStopped` instead of at its timeout, and
+/// later calls and one-way calls are refused at once.
+#[test]
+fn calls_fail_at_once_when_the_driver_stops() {
+    let _serial = ONE_AT_A_TIME.blocking_lock();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (srv, engine) = {
+        let _in = rt.enter();
+        setup("driver-stops", ProgressMode::default())
+    };
+    let engine = Arc::new(engine);
+    let s = engine.lookup(&srv.1).unwrap();
+    assert_eq!(rt.block_on(engine.call::<Add>(&s, &(2, 3), T)).unwrap(), 5);
+    // A call the target answers only after a minute, from a thread with a
+    // runtime of its own; its timeout is 20 s.
+    let (e, s2) = (engine.clone(), s.clone());
+    let waiting = std::thread::spawn(move || {
+        let own = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        let r = own.block_on(e.call::<Sleep>(&s2, &60_000, Duration::from_secs(20)));
+        (r, t0.elapsed())
+    });
+    // It waits once forwarded (the waiter is registered under the same
+    // lock as the count).
+    let end = Instant::now() + T;
+    while engine.stats().calls < 2 {
+        assert!(Instant::now() < end, "{:?}", engine.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    let (r, took) = waiting.join().unwrap();
+    match r {
+        Err(RpcError::DriverStopped { rpc, reason }) => {
+            assert_eq!(rpc, "test.sleep");
+            assert!(reason.contains("runtime shut down"), "{reason}");
+        }
+        other => panic!("expected DriverStopped, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(5), "failed only after {took:?}");
+    // Later calls fail at once, and say why.
+    let own = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    match own.block_on(engine.call::<Add>(&s, &(1, 1), Duration::from_secs(20))) {
+        Err(RpcError::DriverStopped { reason, .. }) => {
+            assert!(reason.contains("runtime shut down"), "{reason}")
+        }
+        other => panic!("expected DriverStopped, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(matches!(
+        engine.call_one_way::<Record>(&s, &7),
+        Err(RpcError::DriverStopped { .. })
+    ));
+    assert_eq!(engine.stats().errors, 3, "{:?}", engine.stats());
+}
