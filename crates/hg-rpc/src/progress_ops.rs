@@ -1,0 +1,263 @@
+//! Driving the engine: the blocking progress API (`progress_now`,
+//! `progress`, `try_wait`, `trigger`) and what a completion or a pulled
+//! message leads to (`handle`, `take_pulled`), with the sweep of spilled
+//! data kept past its TTL.
+
+use std::time::{Duration, Instant};
+
+use na_core::Completion;
+
+use super::{
+    response_header, serve_ops, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
+    SPILLED_OUTPUT_TTL, SWEEP_EVERY,
+};
+use crate::codec::Codec;
+use crate::error::{Result, RpcError};
+use crate::header::Status;
+
+impl<C: Codec> Engine<C> {
+    /// Polls the transports once without blocking (see
+    /// [`Endpoint::progress_now`](na_core::Endpoint::progress_now)).
+    pub fn progress_now(&mut self) -> Result<usize> {
+        self.repost_buffers()?;
+        Ok(self.ep.progress_now()?)
+    }
+
+    /// True if the caller may sleep on the endpoint's fd now (see
+    /// [`Endpoint::try_wait`](na_core::Endpoint::try_wait)).
+    pub fn try_wait(&mut self) -> bool {
+        if self.repost_buffers().is_err() {
+            return false;
+        }
+        self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()
+    }
+
+    /// Waits (per the endpoint's progress mode) until network work is
+    /// ready or `timeout` passes.
+    ///
+    /// A spilled output or abandoned input whose TTL ends before `timeout`
+    /// ends the wait early, so that the next [`trigger`](Self::trigger)
+    /// lets it go even when no traffic comes.
+    pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        self.repost_buffers()?;
+        if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() || !self.deferred.is_empty() {
+            return Ok(self.ep.pending_completions());
+        }
+        let timeout = match self.next_expiry() {
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                Some(timeout.map_or(left, |t| t.min(left)))
+            }
+            None => timeout,
+        };
+        Ok(self.ep.progress(timeout)?)
+    }
+
+    /// Counts a call that failed at the origin outside [`Engine::call`] and
+    /// [`Engine::take_response`] (the async API's send failures and timeouts).
+    pub(crate) fn count_error(&mut self) {
+        self.stats.errors += 1;
+    }
+
+    /// Bytes of spilled data kept for a TTL: outputs exposed as a target,
+    /// inputs of abandoned (and one-way) calls as an origin. A driver
+    /// compares it around work done outside its own turn: more means a new
+    /// deadline it must wake for.
+    pub(crate) fn kept_bytes(&self) -> u64 {
+        self.abandoned_bytes + self.exposed.bytes()
+    }
+
+    /// When the next spilled output or abandoned input expires (no sooner
+    /// than the next sweep may run), if any is kept: a driver that sleeps
+    /// wakes then and calls [`trigger`](Self::trigger).
+    pub(crate) fn next_expiry(&self) -> Option<Instant> {
+        if self.exposed.is_empty() && self.abandoned_hint == 0 {
+            return None;
+        }
+        let outputs = self
+            .exposed
+            .exposed_since()
+            .filter_map(|t| t.checked_add(SPILLED_OUTPUT_TTL));
+        let ttl = self.abandoned_ttl;
+        // The calls are scanned only when some were abandoned with inputs.
+        let inputs = (self.abandoned_hint > 0)
+            .then(|| {
+                self.calls
+                    .iter()
+                    .filter_map(move |(_, c)| c.abandoned?.checked_add(ttl))
+            })
+            .into_iter()
+            .flatten();
+        let next = outputs.chain(inputs).min()?;
+        // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
+        let sweep = self
+            .last_sweep
+            .checked_add(SWEEP_EVERY + Duration::from_millis(1))?;
+        Some(next.max(sweep))
+    }
+
+    /// Handles every completion that is ready: runs handlers for requests
+    /// and sends their responses; files responses for their calls. Returns
+    /// how many completions it handled.
+    pub fn trigger(&mut self) -> Result<usize> {
+        let mut n = 0;
+        self.finished_self.clear();
+        while let Some(c) = self.deferred.pop_front().or_else(|| self.ep.pop_completion()) {
+            n += 1;
+            self.handle(c)?;
+        }
+        if self.pull {
+            n += self.take_pulled()?;
+        }
+        if (!self.exposed.is_empty() || self.abandoned_hint > 0) && self.last_sweep.elapsed() > SWEEP_EVERY {
+            self.sweep_expired();
+        }
+        Ok(n)
+    }
+
+    /// Drops spilled outputs never pulled and abandoned calls whose target
+    /// never answered, each after its TTL.
+    fn sweep_expired(&mut self) {
+        self.last_sweep = Instant::now();
+        let expired = self.exposed.sweep(SPILLED_OUTPUT_TTL);
+        if expired > 0 {
+            tracing::warn!(expired, "released spilled outputs never pulled");
+        }
+        if self.abandoned_hint == 0 {
+            return;
+        }
+        let ttl = self.abandoned_ttl;
+        let (mut expired, mut left) = (Vec::new(), 0);
+        for (cookie, c) in self.calls.iter() {
+            match c.abandoned {
+                Some(t) if t.elapsed() >= ttl => expired.push(cookie),
+                Some(_) => left += 1,
+                None => {}
+            }
+        }
+        for &cookie in &expired {
+            // Dropped, not kept as a spare: the target may still read it.
+            if let Some(c) = self.calls.remove(cookie) {
+                self.abandoned_bytes = self.abandoned_bytes.saturating_sub(c.spill_len());
+            }
+        }
+        self.abandoned_hint = left;
+        if !expired.is_empty() {
+            tracing::warn!(
+                expired = expired.len(),
+                ttl = ?ttl,
+                "dropped the spilled inputs of abandoned calls whose target never answered"
+            );
+        }
+    }
+
+    /// Pull mode: takes the messages waiting in the transport (at most
+    /// [`POSTED_REQUEST_BUFFERS`], so that other work gets its turn) and
+    /// handles each at once, from one buffer.
+    fn take_pulled(&mut self) -> Result<usize> {
+        let mut buf = std::mem::take(&mut self.rx_buf);
+        let mut n = 0;
+        let r = loop {
+            if n == POSTED_REQUEST_BUFFERS {
+                break Ok(n);
+            }
+            match self.ep.take_unexpected(self.plugin, &mut buf) {
+                Ok(Some((src, _tag))) => {
+                    n += 1;
+                    if let Err(e) = self.on_message(&src, &buf) {
+                        break Err(e);
+                    }
+                }
+                Ok(None) => break Ok(n),
+                Err(e) => break Err(e.into()),
+            }
+        };
+        self.rx_buf = buf;
+        r
+    }
+
+    fn handle(&mut self, c: Completion) -> Result<()> {
+        if c.op.0 & SEND_OP != 0 {
+            if let Err(e) = c.status {
+                tracing::debug!(error = %e, "rpc send failed");
+            }
+            return Ok(());
+        }
+        if c.op.0 & REQUEST_OP != 0 {
+            let canceled = c.is_canceled();
+            let buf = c.buf.unwrap_or_default();
+            if c.status.is_ok() {
+                if let Some(src) = c.source {
+                    self.on_message(&src, &buf)?;
+                }
+            }
+            if !canceled {
+                self.repost.push(buf);
+            }
+            return Ok(());
+        }
+        let Some(role) = self.ops.remove(&c.op) else {
+            return Ok(());
+        };
+        match role {
+            OpRole::Watch(token) => {
+                // A peer's last messages (a response sent just before it
+                // exited, say) were kept for us to take in pull mode: they
+                // come before its death, or the death would fail their calls.
+                if self.pull && c.status.is_err() {
+                    self.take_pulled()?;
+                }
+                self.watch_ended(token, c.status)
+            }
+            OpRole::Bulk(id) => {
+                self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
+            }
+            OpRole::Pull(key) => {
+                if let Some(p) = self.pulls.remove(&key) {
+                    self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
+                    let one_way = p.header.is_one_way();
+                    if one_way {
+                        // The origin may release the input now, before the
+                        // handler runs; the acknowledgement carries nothing.
+                        let status = if c.status.is_ok() {
+                            Status::Ok
+                        } else {
+                            Status::DecodeError
+                        };
+                        self.respond(&p.src, response_header(&p.header, status), Vec::new());
+                    }
+                    let answer = match c.status {
+                        Ok(()) => {
+                            let data = serve_ops::pulled_bytes(p.mem);
+                            self.run_decoded_owned(&p.src, &p.header, data, p.ticket)
+                        }
+                        Err(e) => Some((
+                            response_header(&p.header, Status::DecodeError),
+                            format!("pulling the spilled input failed: {e}").into_bytes(),
+                        )),
+                    };
+                    if let Some((h, out)) = answer.filter(|_| !one_way) {
+                        self.respond(&p.src, h, out);
+                    }
+                }
+            }
+            OpRole::PullOutput(key, cookie) => {
+                if let Some(p) = self.pulls.remove(&key) {
+                    self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
+                    self.release_output(&p.src, cookie);
+                    let rpc = self.call_name(cookie);
+                    let outcome = match c.status {
+                        Ok(()) => Ok(serve_ops::pulled_bytes(p.mem)),
+                        Err(e) => Err(RpcError::Decode {
+                            rpc: rpc.into(),
+                            what: "output",
+                            reason: format!("pulling the spilled output failed: {e}"),
+                        }),
+                    };
+                    self.file_outcome(cookie, outcome);
+                }
+            }
+        }
+        Ok(())
+    }
+}
