@@ -85,6 +85,17 @@ pub enum RpcError {
         /// The bound.
         max: u64,
     },
+    /// A plain handler of an `AsyncEngine` called that engine (`what`). It
+    /// runs with the engine locked, so the call would have waited on
+    /// itself forever; register it with `register_async` instead.
+    #[error(
+        "{what} was called from a plain handler of the same AsyncEngine, which runs with the engine locked; \
+         register the handler with register_async to call its engine"
+    )]
+    HandlerReentry {
+        /// The method called.
+        what: &'static str,
+    },
     /// The `AsyncEngine`'s driver task stopped (its tokio runtime shut
     /// down, or waiting on the endpoint's fd failed): nothing moves calls
     /// any more, so this call failed at once instead of at its timeout.

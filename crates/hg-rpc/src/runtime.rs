@@ -5,8 +5,10 @@
 //! the transports, runs handlers, files responses and wakes the tasks whose
 //! calls finished, then sleeps again once every plugin agreed (`try_wait`).
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
+use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,9 +48,60 @@ struct Shared {
     runtime: tokio::runtime::Handle,
 }
 
+thread_local! {
+    /// The engines this thread holds locked (their `Shared` addresses). A
+    /// plain handler runs with its engine locked: calling that engine from
+    /// it would wait on itself forever, so it gets an error instead.
+    static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The locked engine; while it lives, this thread is known to hold it.
+struct EngineGuard<'a> {
+    engine: MutexGuard<'a, Engine>,
+    key: usize,
+}
+
+impl Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    fn drop(&mut self) {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|&k| k == self.key) {
+                h.remove(i);
+            }
+        });
+    }
+}
+
 impl Shared {
-    fn engine(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    /// Locks the engine for the driver and the API's own work (never
+    /// called from a handler: see [`try_engine`](Self::try_engine)).
+    fn engine(&self) -> EngineGuard<'_> {
+        self.try_engine("the engine").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Locks the engine, or fails if this thread holds it already: `what`
+    /// was called from a plain handler of this engine.
+    fn try_engine(&self, what: &'static str) -> Result<EngineGuard<'_>> {
+        let key = self as *const Shared as usize;
+        if HELD.with(|h| h.borrow().contains(&key)) {
+            return Err(RpcError::HandlerReentry { what });
+        }
+        let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        HELD.with(|h| h.borrow_mut().push(key));
+        Ok(EngineGuard { engine, key })
     }
 
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
@@ -182,15 +235,20 @@ impl AsyncEngine {
     }
 
     /// Registers a handler (see [`Engine::register`]). It runs on the
-    /// driver with the engine locked, so it must not call this
-    /// `AsyncEngine` (that would deadlock); a handler that does, or that
-    /// takes long, belongs in [`register_async`](Self::register_async).
+    /// driver with the engine locked, so it cannot call this
+    /// `AsyncEngine`: a method that returns a `Result` fails with
+    /// [`RpcError::HandlerReentry`] (instead of waiting on itself
+    /// forever), and `stats` and `self_addr` panic, which the caller sees
+    /// as a handler error. A handler that calls the engine, or that takes
+    /// long, belongs in [`register_async`](Self::register_async).
     /// A panic in it answers the caller with a handler error.
     pub fn register<R: Rpc>(
         &self,
         handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
     ) -> Result<()> {
-        self.shared.engine().register::<R>(handler)
+        self.shared
+            .try_engine("AsyncEngine::register")?
+            .register::<R>(handler)
     }
 
     /// Registers an async handler for `R`: each request runs as its own
@@ -219,7 +277,7 @@ impl AsyncEngine {
         // Both under the engine lock, which the driver holds while it hands
         // requests to handlers: none sees the RPC registered without its
         // handler installed.
-        let mut e = self.shared.engine();
+        let mut e = self.shared.try_engine("AsyncEngine::register_async")?;
         e.register_deferred::<R>()?;
         self.shared
             .async_handlers
@@ -231,24 +289,37 @@ impl AsyncEngine {
 
     /// Looks up a peer address (see [`na_core::Endpoint::lookup`]).
     pub fn lookup(&self, uri: &str) -> Result<Addr> {
-        Ok(self.shared.engine().endpoint().lookup(uri)?)
+        Ok(self
+            .shared
+            .try_engine("AsyncEngine::lookup")?
+            .endpoint()
+            .lookup(uri)?)
     }
 
-    /// Our own address.
+    /// Our own address. Panics if called from a plain handler of this
+    /// engine (see [`register`](Self::register)).
     pub fn self_addr(&self) -> Addr {
-        self.shared.engine().self_addr().clone()
+        self.shared
+            .try_engine("AsyncEngine::self_addr")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .self_addr()
+            .clone()
     }
 
-    /// The engine's counters.
+    /// The engine's counters. Panics if called from a plain handler of
+    /// this engine (see [`register`](Self::register)).
     pub fn stats(&self) -> crate::RpcStats {
-        self.shared.engine().stats()
+        self.shared
+            .try_engine("AsyncEngine::stats")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .stats()
     }
 
     /// Calls `R` on `dest`; fails with [`RpcError::Timeout`] after `timeout`.
     pub async fn call<R: Rpc>(&self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
         let (tx, rx) = oneshot::channel();
         let id = {
-            let mut e = self.shared.engine();
+            let mut e = self.shared.try_engine("AsyncEngine::call")?;
             if let Some(why) = &self.shared.waiters().stopped {
                 e.count_error();
                 return Err(driver_stopped(R::NAME, why));
@@ -308,7 +379,7 @@ impl AsyncEngine {
 
     /// Sends a one-way request.
     pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
-        let mut e = self.shared.engine();
+        let mut e = self.shared.try_engine("AsyncEngine::call_one_way")?;
         if let Some(why) = &self.shared.waiters().stopped {
             e.count_error();
             return Err(driver_stopped(R::NAME, why));
