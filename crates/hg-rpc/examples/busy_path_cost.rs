@@ -92,7 +92,8 @@ fn main() -> Res<()> {
     let mut client = Engine::from_spec("sm://", false, ProgressMode::Busy)?;
     let uri = server.self_addr().to_string();
     let to = client.endpoint().lookup(&uri)?;
-    let p = PluginId(0);
+    // Plugin ids are unique in the process: each engine's own.
+    let (sp, cp) = (server.self_addr().plugin(), to.plugin());
     let mut start = Instant::now();
     let warm = calls.min(1000);
     let mut id = client.forward::<Noop>(&to, &ByteBuf::new())?;
@@ -100,8 +101,8 @@ fn main() -> Res<()> {
         if i == warm {
             start = Instant::now();
         }
-        server_turn(&mut server, p)?;
-        id = client_turn(&mut client, &mut server, p, id, &to)?;
+        server_turn(&mut server, sp)?;
+        id = client_turn(&mut client, &mut server, cp, id, &to)?;
     }
     let timed = calls - warm;
     if timed > 0 {

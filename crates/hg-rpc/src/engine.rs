@@ -616,8 +616,10 @@ impl<C: Codec> Engine<C> {
     /// hold: a request stays counted until it is answered or dropped.
     /// Each pull's buffer is allocated when it starts, so without a limit
     /// peers could make the engine commit `max_spill` per message they
-    /// send. A spilled request beyond it is answered with a decode error
-    /// that says so; a spilled output beyond it fails its call the same way.
+    /// send. A spilled request that would pass it now is answered busy
+    /// (status 4, [`RpcError::Busy`] at its origin: it may fit later); one
+    /// larger than the whole budget, with a decode error (it never fits).
+    /// A spilled output beyond it fails its call with a decode error.
     pub fn set_max_pull_bytes(&mut self, bytes: u64) {
         self.max_pull_bytes = bytes;
     }
@@ -626,7 +628,7 @@ impl<C: Codec> Engine<C> {
     /// run unanswered at once: from one origin (`per_peer`) and from all
     /// (`total`); defaults [`DEFAULT_MAX_DEFERRED_PER_PEER`] and
     /// [`DEFAULT_MAX_DEFERRED_TOTAL`]. Past either, a request is answered
-    /// at once with a handler error saying the target is busy (a one-way
+    /// busy at once (status 4, [`RpcError::Busy`] at its origin; a one-way
     /// request is dropped), never queued: a caller cannot make us queue
     /// requests, and start tasks for them, faster than handlers finish.
     /// A spilled input is checked before it is pulled.

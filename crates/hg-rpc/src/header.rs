@@ -7,9 +7,9 @@
 //! | offset | size | field                                               |
 //! |--------|------|-----------------------------------------------------|
 //! | 0      | 4    | magic `"QSRP"`                                      |
-//! | 4      | 1    | version (2)                                         |
+//! | 4      | 1    | version (3)                                         |
 //! | 5      | 1    | flags: bit 0 response, bit 1 one-way, bit 2 checksum, bit 3 spilled |
-//! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error |
+//! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error, 4 busy |
 //! | 7      | 1    | reserved, 0                                         |
 //! | 8      | 8    | RPC id (FNV-1a 64 of the name)                      |
 //! | 16     | 8    | cookie: the origin's call number; the response carries it back |

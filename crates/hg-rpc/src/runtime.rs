@@ -76,7 +76,9 @@ impl DerefMut for EngineGuard<'_> {
 
 impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
-        HELD.with(|h| {
+        // `try_with`: during thread exit (a runtime kept in a thread-local
+        // dropping its tasks) the list may be gone already.
+        let _ = HELD.try_with(|h| {
             let mut h = h.borrow_mut();
             if let Some(i) = h.iter().rposition(|&k| k == self.key) {
                 h.remove(i);
@@ -96,11 +98,12 @@ impl Shared {
     /// was called from a plain handler of this engine.
     fn try_engine(&self, what: &'static str) -> Result<EngineGuard<'_>> {
         let key = self as *const Shared as usize;
-        if HELD.with(|h| h.borrow().contains(&key)) {
+        // A list already gone (thread exit) holds nothing: no handler runs.
+        if HELD.try_with(|h| h.borrow().contains(&key)).unwrap_or(false) {
             return Err(RpcError::HandlerReentry { what });
         }
         let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
-        HELD.with(|h| h.borrow_mut().push(key));
+        let _ = HELD.try_with(|h| h.borrow_mut().push(key));
         Ok(EngineGuard { engine, key })
     }
 
@@ -230,17 +233,27 @@ impl AsyncEngine {
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
         let afd = crate::sys::async_fd::register(fd, shared.clone())?;
-        let driver = tokio::spawn(drive(shared.clone(), afd));
+        // Made here, not in `drive`: a task dropped before its first poll
+        // (its runtime shut down at once) drops its arguments but never
+        // ran its body.
+        let exit = DriverExit {
+            shared: shared.clone(),
+            reason: None,
+        };
+        let driver = tokio::spawn(drive(shared.clone(), afd, exit));
         Ok(AsyncEngine { shared, driver })
     }
 
     /// Registers a handler (see [`Engine::register`]). It runs on the
     /// driver with the engine locked, so it cannot call this
-    /// `AsyncEngine`: a method that returns a `Result` fails with
+    /// `AsyncEngine`: from the handler's own thread, a method that
+    /// returns a `Result` fails with
     /// [`RpcError::HandlerReentry`] (instead of waiting on itself
     /// forever), and `stats` and `self_addr` panic, which the caller sees
-    /// as a handler error. A handler that calls the engine, or that takes
-    /// long, belongs in [`register_async`](Self::register_async).
+    /// as a handler error. (Another thread the handler waits for, which
+    /// calls the engine, still deadlocks: that is not detected.) A handler
+    /// that calls the engine, or that takes long, belongs in
+    /// [`register_async`](Self::register_async).
     /// A panic in it answers the caller with a handler error.
     pub fn register<R: Rpc>(
         &self,
@@ -444,7 +457,7 @@ impl Drop for DriverExit {
         if w.stopped.is_none() {
             let why = self.reason.take().unwrap_or_else(|| {
                 if std::thread::panicking() {
-                    "the driver task panicked".into()
+                    "the driver task panicked (or its runtime was dropped during a panic)".into()
                 } else {
                     "the driver task was dropped (its tokio runtime shut down)".into()
                 }
@@ -479,11 +492,7 @@ impl Drop for Abandon<'_> {
     }
 }
 
-async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>) {
-    let mut exit = DriverExit {
-        shared: shared.clone(),
-        reason: None,
-    };
+async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: DriverExit) {
     // Work first, then sleep: the engine may have been used before it was
     // spawned (its plugins disarmed, their messages waiting without a
     // signal), and only `try_wait` arms them for the fd to wake us.

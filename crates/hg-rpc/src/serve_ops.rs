@@ -189,7 +189,8 @@ impl<C: Codec> Engine<C> {
     /// the peer's memory descriptor) from `src`: a request's input, or (with
     /// `output`) a response's output. Everything in it is checked first.
     /// A refusal says why, with the status a request gets for it: `Busy`
-    /// when the pull budget has no room now, `DecodeError` otherwise.
+    /// when the pull budget has no room now, `DecodeError` otherwise
+    /// (an input larger than the whole budget included: it never fits).
     pub(super) fn start_pull(
         &mut self,
         src: &Addr,
@@ -201,6 +202,16 @@ impl<C: Codec> Engine<C> {
         let what = if output { "output" } else { "input" };
         let (len, remote) = spill::parse(payload, self.max_spill)
             .map_err(|e| (Status::DecodeError, format!("{what}: {e}")))?;
+        if len > self.max_pull_bytes {
+            // Busy would be a lie: no retry can ever fit.
+            return Err((
+                Status::DecodeError,
+                format!(
+                    "{what}: {len} bytes exceed the {} bytes of spilled data this engine pulls at once",
+                    self.max_pull_bytes
+                ),
+            ));
+        }
         let held = self.pull_bytes + self.deferred_bytes.load(std::sync::atomic::Ordering::Relaxed);
         if held.saturating_add(len) > self.max_pull_bytes {
             return Err((

@@ -691,3 +691,34 @@ async fn a_plain_handler_calling_its_own_engine_gets_an_error_not_a_hang() {
     // usable from outside its handlers.
     assert_eq!(server.stats().handled, 4);
 }
+
+/// A driver task dropped before it was ever polled (its runtime shut down
+/// right after the spawn) fails calls at once too: the guard is made at
+/// the spawn, not in the task's body.
+#[test]
+fn a_driver_dropped_before_it_ever_ran_fails_calls_at_once() {
+    let _serial = ONE_AT_A_TIME.blocking_lock();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (srv, engine) = {
+        let _in = rt.enter();
+        setup("driver-never-ran", ProgressMode::default())
+    };
+    // Never `block_on`: the driver task never runs.
+    drop(rt);
+    let s = engine.lookup(&srv.1).unwrap();
+    let own = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    match own.block_on(engine.call::<Add>(&s, &(1, 1), Duration::from_secs(20))) {
+        Err(RpcError::DriverStopped { reason, .. }) => {
+            assert!(reason.contains("runtime shut down"), "{reason}")
+        }
+        other => panic!("expected DriverStopped, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}

@@ -822,6 +822,14 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     ep.send_unexpected(&s, 0, &request(4), OpId(104)).unwrap();
     let got = replies(&mut ep, &mut srv, 1);
     assert_eq!(got[0].0, Status::Ok, "{got:?}");
+    // An input larger than the whole budget never fits: not busy (a caller
+    // would retry it forever) but a decode error that names the limit.
+    srv.set_max_pull_bytes(input.len() as u64 - 1);
+    ep.post_recv_unexpected(cid, Vec::new(), OpId(5)).unwrap();
+    ep.send_unexpected(&s, 0, &request(5), OpId(105)).unwrap();
+    let got = replies(&mut ep, &mut srv, 1);
+    assert_eq!(got[0].0, Status::DecodeError, "{got:?}");
+    assert!(got[0].1.contains("bytes exceed the"), "{got:?}");
 }
 
 /// A spilled `Digest` request written by hand: the length of the spilled
