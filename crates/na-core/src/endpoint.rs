@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::addr::{split_uri, Addr, PluginId};
@@ -57,9 +58,14 @@ impl Endpoint {
         })
     }
 
-    /// Adds a plugin built by `make` with the id it is given.
+    /// Adds a plugin built by `make` with the id it is given. Ids are
+    /// unique in the process, not only in this endpoint: an address or a
+    /// memory registration of another endpoint's plugin names no plugin
+    /// here (an error), instead of the plugin that happens to have the
+    /// same place in this endpoint (which would send to whichever peer
+    /// its token names there).
     pub fn add_plugin(&mut self, make: impl FnOnce(PluginId) -> Result<Box<dyn Plugin>>) -> Result<PluginId> {
-        let id = PluginId(self.plugins.len() as u32);
+        let id = next_plugin_id()?;
         let plugin = make(id)?;
         if plugin.id() != id {
             return Err(NaError::Plugin {
@@ -95,29 +101,35 @@ impl Endpoint {
         self.mode = mode;
     }
 
+    /// Where plugin `id` is in `plugins` (a compare per plugin: there are
+    /// one or two).
+    #[inline]
+    fn index_of(&self, id: PluginId) -> Option<usize> {
+        self.plugins.iter().position(|p| p.id() == id)
+    }
+
     /// The plugin with id `id`.
     pub fn plugin(&self, id: PluginId) -> Result<&dyn Plugin> {
-        self.plugins
-            .get(id.0 as usize)
-            .map(|p| p.as_ref())
-            .ok_or_else(|| no_such(id))
+        let i = self.index_of(id).ok_or_else(|| no_such(id))?;
+        Ok(self.plugins[i].as_ref())
     }
 
     /// The plugin with id `id`, mutably.
     pub fn plugin_mut(&mut self, id: PluginId) -> Result<&mut (dyn Plugin + 'static)> {
-        self.plugins
-            .get_mut(id.0 as usize)
-            .map(|p| p.as_mut())
-            .ok_or_else(|| no_such(id))
+        let i = self.index_of(id).ok_or_else(|| no_such(id))?;
+        Ok(self.plugins[i].as_mut())
     }
 
     /// Ids of all plugins, in the order they were added.
     pub fn plugin_ids(&self) -> impl Iterator<Item = PluginId> + '_ {
-        (0..self.plugins.len()).map(|i| PluginId(i as u32))
+        self.plugins.iter().map(|p| p.id())
     }
 
+    /// The plugin `addr` belongs to; an address of another endpoint (or of
+    /// a plugin since removed) is an error.
     fn route(&mut self, addr: &Addr) -> Result<&mut (dyn Plugin + 'static)> {
-        self.plugin_mut(addr.plugin())
+        let i = self.index_of(addr.plugin()).ok_or_else(|| foreign_addr(addr))?;
+        Ok(self.plugins[i].as_mut())
     }
 
     /// Our address on plugin `id`.
@@ -249,8 +261,8 @@ impl Endpoint {
     /// while one waits: take them with
     /// [`take_unexpected`](Self::take_unexpected).
     pub fn pull_unexpected(&mut self, plugin: PluginId) -> Result<bool> {
-        let on = self.plugin_mut(plugin)?.pull_unexpected()?;
-        let i = plugin.0 as usize;
+        let i = self.index_of(plugin).ok_or_else(|| no_such(plugin))?;
+        let on = self.plugins[i].pull_unexpected()?;
         if on && !self.pulling.contains(&i) {
             self.pulling.push(i);
         }
@@ -461,9 +473,36 @@ fn progress_failed(scheme: &str, e: NaError, ready: usize) -> Result<usize> {
     }
 }
 
+#[cold]
 fn no_such(id: PluginId) -> NaError {
     NaError::Plugin {
         plugin: "endpoint",
-        message: format!("no plugin with id {}", id.0),
+        message: format!(
+            "no plugin with id {} in this endpoint (one of another endpoint?)",
+            id.0
+        ),
     }
+}
+
+#[cold]
+fn foreign_addr(addr: &Addr) -> NaError {
+    NaError::InvalidAddress {
+        uri: addr.uri().into(),
+        reason: format!(
+            "it belongs to plugin {}, which is not in this endpoint (an address of another endpoint?)",
+            addr.plugin().0
+        ),
+    }
+}
+
+/// The next plugin id: unique in the process (see `Endpoint::add_plugin`).
+fn next_plugin_id() -> Result<PluginId> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let id = NEXT
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+        .map_err(|_| NaError::Plugin {
+            plugin: "endpoint",
+            message: "this process has used every plugin id".into(),
+        })?;
+    Ok(PluginId(id))
 }
