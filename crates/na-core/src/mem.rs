@@ -107,6 +107,14 @@ impl Drop for MemInner {
 /// [`write_at`](Self::write_at)) because a peer may write the memory at any
 /// time; [`into_buffers`](Self::into_buffers) gives the vectors back once the
 /// last clone is gone.
+///
+/// What "no peer can reach the memory" below means depends on the plugin.
+/// A plugin that registers memory (na-verbs) gives peers keys that die
+/// with the registrations, so a peer's transfer after that fails. na-sm
+/// registers nothing: its peers run as the same user and copy with
+/// `process_vm_readv/writev`, which reach any address of this process,
+/// exposed or not, for as long as it lives; over sm the guarantee is the
+/// operating system's (same user), not the handle's.
 #[derive(Clone)]
 pub struct MemHandle {
     inner: Arc<MemInner>,
@@ -234,24 +242,26 @@ impl MemHandle {
     /// Gives the buffers back if this is the last clone of the handle (no
     /// operation in flight, no other owner, no registration of it held
     /// elsewhere); otherwise returns the handle. The handle's registrations
-    /// are dropped first, so no device or peer can reach the memory once
-    /// the caller has it.
+    /// are dropped first, so no device or peer can reach the memory through
+    /// them once the caller has it (see the type's notes on na-sm).
     pub fn into_buffers(self) -> std::result::Result<Vec<Vec<u8>>, MemHandle> {
-        let shared_reg = {
-            let regs = self.inner.registrations.lock().unwrap_or_else(|e| e.into_inner());
-            regs.iter().any(|(_, r)| Arc::strong_count(r) > 1)
+        let mut inner = match Arc::try_unwrap(self.inner) {
+            Ok(inner) => inner,
+            Err(inner) => return Err(MemHandle { inner }),
         };
-        if shared_reg {
-            return Err(self);
+        // Checked only now: while another clone existed, it could take a
+        // new reference to a registration (`registration`) after a check.
+        // With the last clone here, a count can only fall.
+        let regs = inner.registrations.get_mut().unwrap_or_else(|e| e.into_inner());
+        if regs.iter().any(|(_, r)| Arc::strong_count(r) > 1) {
+            return Err(MemHandle {
+                inner: Arc::new(inner),
+            });
         }
-        match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                inner.drop_registrations();
-                let segments = std::mem::take(&mut inner.segments);
-                Ok(segments.into_iter().map(RawSegment::into_vec).collect())
-            }
-            Err(inner) => Err(MemHandle { inner }),
-        }
+        let unshared = inner.drop_registrations();
+        debug_assert!(unshared, "no registration was shared a moment ago");
+        let segments = std::mem::take(&mut inner.segments);
+        Ok(segments.into_iter().map(RawSegment::into_vec).collect())
     }
 
     /// Attaches a plugin's registration of this memory (replacing an earlier
