@@ -258,13 +258,17 @@ impl<R: Registrar> Cache<R> {
                 }
             };
             let gen_now = t.generation();
-            drop(t);
             // A watched entry in use outside the index (handed out uncached,
             // or superseded by the wider one just inserted) keeps an honest
             // validity flag: the absence of invalidations of its range since now.
+            // Attached before the lock goes (setting it allocates nothing):
+            // once out of the index an invalidation no longer clears its
+            // flag, and a user checking it in between, after an unmap,
+            // would have seen it valid.
             for d in doomed.iter().filter(|d| d.users.load(Ordering::Acquire) > 0) {
                 d.track_since(Arc::clone(sh), gen_now, None);
             }
+            drop(t);
             if !cached {
                 // One made while its range was settling may have pinned
                 // pages the discard drops: stale once the settle time ends.
