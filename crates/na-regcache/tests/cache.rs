@@ -458,3 +458,35 @@ fn watched_ranges_are_released_with_their_last_entry() {
     drop(c);
     sys::unmap(p, 2 * n * PAGE).unwrap();
 }
+
+/// A registration kept outside the index (memory exposed to peers, an
+/// uncached fallback) stays valid however many invalidations of other
+/// ranges happen meanwhile, and still loses its validity when its own
+/// range changes.
+#[test]
+fn registrations_outside_the_index_survive_unrelated_invalidations() {
+    let c = cache(MonitorChoice::Uffd, 16, 1 << 30, 8);
+    let b = buffers(2);
+    let exposed = c.get_unshared(b[0], LEN, W).unwrap();
+    assert!(exposed.is_valid_now());
+    // Other memory coming and going (each a real unmap the monitor sees),
+    // and invalidations of other ranges by hand: many more than any
+    // history the cache keeps.
+    for i in 0..40 {
+        let other = buffers(1)[0];
+        drop(c.get(other, LEN, W).unwrap());
+        sys::unmap(other, LEN).unwrap();
+        assert!(exposed.is_valid_now(), "invalid after {i} unrelated unmaps");
+    }
+    for i in 0..2000 {
+        c.invalidate(b[1], PAGE);
+        assert!(exposed.is_valid(), "invalid after {i} unrelated invalidations");
+    }
+    assert!(exposed.is_valid_now());
+    // Its own range changing still invalidates it.
+    sys::unmap(b[0], LEN).unwrap();
+    assert!(
+        !exposed.is_valid_now(),
+        "still valid after its memory was unmapped"
+    );
+}

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::shared::Shared;
+use super::table::Table;
 use crate::monitor::{Monitor, Watch};
 use crate::registrar::{Access, Registrar};
 use crate::stats::Stats;
@@ -62,6 +63,9 @@ struct Tracker<R: Registrar> {
     gen: u64,
     /// Made while its range was settling: stale from then on.
     stale_at: Option<Instant>,
+    /// Its slot in `shared.tracked` (exact), or `None`: the table's
+    /// history since `gen` decides (conservative once it wrapped).
+    slot: Option<usize>,
 }
 
 impl<R: Registrar> Entry<R> {
@@ -93,13 +97,20 @@ impl<R: Registrar> Entry<R> {
 
     /// Makes an entry that stays out of the index answer validity checks
     /// from the cache's invalidations of its range after generation `gen`,
-    /// and (if given) from the clock: stale from `stale_at` on.
-    pub fn track_since(&self, shared: Arc<Shared<R>>, gen: u64, stale_at: Option<Instant>) {
-        // Set once, right after the entry was made: cannot be set already.
+    /// and (if given) from the clock: stale from `stale_at` on. `t` is the
+    /// table, write-locked: a later invalidation then finds the entry's
+    /// tracking slot. Allocates nothing.
+    pub fn track_since(&self, shared: Arc<Shared<R>>, t: &Table<R>, gen: u64, stale_at: Option<Instant>) {
+        if self.tracker.get().is_some() {
+            // Set once, when the entry left (or never entered) the index.
+            return;
+        }
+        let slot = shared.track(t, gen, self.start, self.end);
         let _ = self.tracker.set(Tracker {
             shared,
             gen,
             stale_at,
+            slot,
         });
     }
 
@@ -114,7 +125,10 @@ impl<R: Registrar> Entry<R> {
         match self.tracker.get() {
             Some(t)
                 if t.stale_at.is_some_and(|at| Instant::now() >= at)
-                    || !t.shared.unchanged_since(t.gen, self.start, self.end) =>
+                    || match t.slot {
+                        Some(i) => t.shared.tracked.hit(i),
+                        None => !t.shared.unchanged_since(t.gen, self.start, self.end),
+                    } =>
             {
                 self.valid.store(false, Ordering::Release);
                 false
@@ -131,6 +145,14 @@ impl<R: Registrar> Entry<R> {
 
 impl<R: Registrar> Drop for Entry<R> {
     fn drop(&mut self) {
+        if let Some(Tracker {
+            shared,
+            slot: Some(i),
+            ..
+        }) = self.tracker.get()
+        {
+            shared.tracked.release(*i);
+        }
         let Some(region) = self.region.take() else { return };
         let b = &self.backend;
         if !b.in_owner() {

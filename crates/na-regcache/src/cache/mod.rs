@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use entry::{Backend, Entry};
-use shared::Shared;
+use shared::{Shared, TrackedRanges};
 use table::{Insert, Table};
 
 use crate::config::{CacheConfig, Consistency, MonitorChoice};
@@ -125,6 +125,7 @@ impl<R: Registrar> Cache<R> {
             hi: AtomicUsize::new(0),
             zombies: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
+            tracked: TrackedRanges::new(),
         });
         let sink = match &shared.backend.monitor {
             Some(m) => Some(
@@ -266,14 +267,16 @@ impl<R: Registrar> Cache<R> {
             // flag, and a user checking it in between, after an unmap,
             // would have seen it valid.
             for d in doomed.iter().filter(|d| d.users.load(Ordering::Acquire) > 0) {
-                d.track_since(Arc::clone(sh), gen_now, None);
+                d.track_since(Arc::clone(sh), &t, gen_now, None);
             }
-            drop(t);
             if !cached {
                 // One made while its range was settling may have pinned
                 // pages the discard drops: stale once the settle time ends.
                 let stale_at = settling.map(|left| Instant::now() + left);
-                entry.track_since(Arc::clone(sh), gen_now, stale_at);
+                entry.track_since(Arc::clone(sh), &t, gen_now, stale_at);
+            }
+            drop(t);
+            if !cached {
                 entry.users.fetch_add(1, Ordering::AcqRel);
                 Stats::bump(&stats.uncached);
             }
@@ -346,7 +349,12 @@ impl<R: Registrar> Cache<R> {
         };
         let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
         let stale_at = m.settling(addr, end).map(|left| Instant::now() + left);
-        entry.track_since(Arc::clone(sh), gen, stale_at);
+        {
+            // Under the lock: an invalidation since `gen` (the pin) is seen
+            // from the history, a later one marks the slot.
+            let t = sh.lock();
+            entry.track_since(Arc::clone(sh), &t, gen, stale_at);
+        }
         Ok(self.hand_out(entry, counter))
     }
 
