@@ -54,8 +54,11 @@ pub enum Error {
     /// which must build its own registrar and cache.
     #[error("registration cache used in a forked child; create a new cache in the child")]
     ForkedChild,
-    /// The mapping kept changing under a miss (concurrent unmap of the very
-    /// range being registered); the caller raced with itself.
+    /// The mapping looked changed during each of three attempts to
+    /// register it: a concurrent unmap of the very range (the caller raced
+    /// with itself), or more invalidations of other ranges during one
+    /// registration than the cache's history of 64 keeps (it then counts
+    /// the range as changed).
     #[error("mapping at {addr:#x} changed during every registration attempt")]
     Unstable {
         /// Start address.

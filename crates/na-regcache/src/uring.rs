@@ -79,13 +79,34 @@ impl UringRegistrar {
     }
 
     /// Pages of `[addr, addr+len)` whose frame differs from the one `buf`
-    /// pinned (0 when frames are not visible).
+    /// pinned (0 when frames are not visible, and for an empty range). A
+    /// range that starts below the buffer, or whose end overflows, is an
+    /// `InvalidInput` error.
     pub fn stale_pages(&self, buf: &FixedBuffer, addr: usize, len: usize) -> io::Result<usize> {
         let page = page_size();
-        let first = (addr - (buf.addr & !(page - 1))) / page;
-        let last = (addr + len - 1 - (buf.addr & !(page - 1))) / page;
+        if len == 0 {
+            return Ok(0);
+        }
+        let base = buf.addr & !(page - 1);
+        let (Some(from), Some(to)) = (
+            addr.checked_sub(base),
+            addr.checked_add(len - 1).and_then(|e| e.checked_sub(base)),
+        ) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range {addr:#x}+{len} is not within the buffer at {:#x}",
+                    buf.addr
+                ),
+            ));
+        };
+        let (first, last) = (from / page, to / page);
+        // No frames recorded (pagemap not readable): none is known stale.
+        let Some(last_pinned) = buf.pfns.len().checked_sub(1) else {
+            return Ok(0);
+        };
         let mut stale = 0;
-        for i in first..=last.min(buf.pfns.len().saturating_sub(1)) {
+        for i in first..=last.min(last_pinned) {
             let va = (buf.addr & !(page - 1)) + i * page;
             if let (Some(then), now) = (buf.pfns[i], self.current_pfn(va)?) {
                 if now != Some(then) {

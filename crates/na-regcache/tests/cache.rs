@@ -490,3 +490,20 @@ fn registrations_outside_the_index_survive_unrelated_invalidations() {
         "still valid after its memory was unmapped"
     );
 }
+
+/// `UringRegistrar::stale_pages` on an empty range, a range below the
+/// buffer, or one whose end overflows: an answer or an error, never an
+/// arithmetic panic.
+#[test]
+fn stale_pages_checks_its_range() {
+    let c = cache(MonitorChoice::Uffd, 8, 1 << 30, 8);
+    let b = buffers(1);
+    let h = c.get(b[0], LEN, W).unwrap();
+    let reg = c.registrar();
+    assert_eq!(reg.stale_pages(h.region(), b[0], LEN).unwrap(), 0);
+    assert_eq!(reg.stale_pages(h.region(), b[0], 0).unwrap(), 0);
+    for (addr, len) in [(b[0] - 2 * PAGE, PAGE), (b[0], usize::MAX)] {
+        let e = reg.stale_pages(h.region(), addr, len).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    }
+}

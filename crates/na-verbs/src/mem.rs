@@ -231,7 +231,8 @@ impl VerbsPlugin {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// The messages of `e`'s sources, outermost first, joined with ": ".
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = Vec::new();
     let mut cur = e.source();
     while let Some(s) = cur {

@@ -295,9 +295,17 @@ impl VerbsPlugin {
 }
 
 pub(crate) fn cache_err(e: na_regcache::Error) -> NaError {
+    // The chain too: "monitor uffd unavailable" alone hides the EPERM or
+    // ENOSYS that says why.
+    let chain = crate::mem::error_chain(&e);
+    let message = if chain.is_empty() {
+        format!("registration cache: {e}")
+    } else {
+        format!("registration cache: {e}: {chain}")
+    };
     NaError::Plugin {
         plugin: SCHEME,
-        message: format!("registration cache: {e}"),
+        message,
     }
 }
 

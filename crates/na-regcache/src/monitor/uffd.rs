@@ -635,8 +635,9 @@ impl UffdMonitor {
     }
 
     /// The process-wide monitor shared by every cache (a range can belong
-    /// to one userfaultfd only). Created on first use, with the map watch
-    /// when available; a failure is retried on the next call.
+    /// to one userfaultfd only). Created on first use, without the map
+    /// watch (see [`global_with`](Self::global_with)); a failure is retried
+    /// on the next call.
     pub fn global() -> io::Result<Arc<UffdMonitor>> {
         Self::global_with(false)
     }
