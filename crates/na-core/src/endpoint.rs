@@ -34,6 +34,9 @@ pub const CLOCK_EVERY: u32 = 64;
 ///    [`progress_now`](Self::progress_now) when it is readable.
 pub struct Endpoint {
     plugins: Vec<Box<dyn Plugin>>,
+    /// This endpoint's number, unique in the process: the high bits of
+    /// its plugins' ids (the low 8 are the plugin's index).
+    tag: u32,
     poll: Epoll,
     mode: ProgressMode,
     completions: VecDeque<Completion>,
@@ -49,6 +52,7 @@ impl Endpoint {
     pub fn new(mode: ProgressMode) -> Result<Self> {
         Ok(Endpoint {
             plugins: Vec::new(),
+            tag: next_endpoint_tag()?,
             poll: Epoll::new().map_err(|e| NaError::sys("epoll_create1", e))?,
             mode,
             completions: VecDeque::new(),
@@ -65,7 +69,14 @@ impl Endpoint {
     /// same place in this endpoint (which would send to whichever peer
     /// its token names there).
     pub fn add_plugin(&mut self, make: impl FnOnce(PluginId) -> Result<Box<dyn Plugin>>) -> Result<PluginId> {
-        let id = next_plugin_id()?;
+        let index = self.plugins.len();
+        if index >= MAX_PLUGINS {
+            return Err(NaError::Plugin {
+                plugin: "endpoint",
+                message: format!("an endpoint takes at most {MAX_PLUGINS} plugins"),
+            });
+        }
+        let id = PluginId(self.tag << 8 | index as u32);
         let plugin = make(id)?;
         if plugin.id() != id {
             return Err(NaError::Plugin {
@@ -101,11 +112,12 @@ impl Endpoint {
         self.mode = mode;
     }
 
-    /// Where plugin `id` is in `plugins` (a compare per plugin: there are
-    /// one or two).
+    /// Where plugin `id` is in `plugins`: its low bits, if its high bits
+    /// are this endpoint's tag (a shift and two compares).
     #[inline]
     fn index_of(&self, id: PluginId) -> Option<usize> {
-        self.plugins.iter().position(|p| p.id() == id)
+        let i = (id.0 & 0xff) as usize;
+        (id.0 >> 8 == self.tag && i < self.plugins.len()).then_some(i)
     }
 
     /// The plugin with id `id`.
@@ -122,7 +134,7 @@ impl Endpoint {
 
     /// Ids of all plugins, in the order they were added.
     pub fn plugin_ids(&self) -> impl Iterator<Item = PluginId> + '_ {
-        self.plugins.iter().map(|p| p.id())
+        (0..self.plugins.len()).map(|i| PluginId(self.tag << 8 | i as u32))
     }
 
     /// The plugin `addr` belongs to; an address of another endpoint (or of
@@ -495,14 +507,18 @@ fn foreign_addr(addr: &Addr) -> NaError {
     }
 }
 
-/// The next plugin id: unique in the process (see `Endpoint::add_plugin`).
-fn next_plugin_id() -> Result<PluginId> {
+/// Most plugins in one endpoint (the low 8 bits of a plugin id).
+const MAX_PLUGINS: usize = 256;
+
+/// The next endpoint tag: unique in the process, so that plugin ids are
+/// (see `Endpoint::add_plugin`); 2^24 endpoints per process.
+fn next_endpoint_tag() -> Result<u32> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let id = NEXT
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
-        .map_err(|_| NaError::Plugin {
-            plugin: "endpoint",
-            message: "this process has used every plugin id".into(),
-        })?;
-    Ok(PluginId(id))
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+        (n < (1 << 24) - 1).then_some(n + 1)
+    })
+    .map_err(|_| NaError::Plugin {
+        plugin: "endpoint",
+        message: "this process has made 2^24 endpoints: their plugin ids would repeat".into(),
+    })
 }
