@@ -166,3 +166,76 @@ fn a_forked_child_never_waits_on_the_parents_cache() {
     drop((victim, other));
     assert_eq!(hung, 0, "forked children hung on the parent cache's lock");
 }
+
+/// A forked child's large free never waits on the allocator hook's sink
+/// list, which a parent thread attaching and detaching caches may hold
+/// (or queue for) at the fork; and the child cannot attach to it.
+#[test]
+fn a_forked_child_never_waits_on_the_hooks_sink_list() {
+    use na_regcache::{InvalidationSink, Monitor};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    struct Quiet;
+    impl InvalidationSink for Quiet {
+        fn invalidate(&self, _start: usize, _end: usize) {}
+    }
+    let m = AllocMonitor::global();
+    let sink: Arc<dyn InvalidationSink> = Arc::new(Quiet);
+    // One attached all along, so that the hook dispatches.
+    let kept = m.attach(sink.clone()).unwrap();
+    let stop = AtomicBool::new(false);
+    let mut hung = 0;
+    std::thread::scope(|s| {
+        // Takes the list's write lock most of the time.
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let id = m.attach(sink.clone()).unwrap();
+                    m.detach(id);
+                }
+            });
+        }
+        for _ in 0..40 {
+            let block = vec![1u8; 64 << 10];
+            let (bp, bl) = (block.as_ptr() as usize, block.len());
+            // SAFETY (test): the child only frees, tries an attach, and
+            // leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY (test): frees the block in the child's copy.
+                unsafe { std::alloc::dealloc(bp as *mut u8, Layout::from_size_align(bl, 1).unwrap()) };
+                let refused = m.attach(Arc::new(Quiet)).is_err();
+                // SAFETY (test): leaves the child at once.
+                unsafe { libc::_exit(if refused { 0 } else { 3 }) };
+            }
+            drop(block);
+            let t0 = Instant::now();
+            let mut st = 0;
+            loop {
+                // SAFETY (test): reaps our child.
+                if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+                    assert_eq!(
+                        libc::WEXITSTATUS(st),
+                        0,
+                        "the child could attach to the inherited list"
+                    );
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(2) {
+                    hung += 1;
+                    // SAFETY (test): kills and reaps our hung child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut st, 0);
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    m.detach(kept);
+    assert_eq!(hung, 0, "forked children hung on the hook's sink list");
+}

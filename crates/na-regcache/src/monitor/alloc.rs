@@ -26,11 +26,23 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
+use crate::sys::mem::ForkGuard;
 
 static SINKS: SinkSet = SinkSet::new();
+/// Made at the first attach: in a forked child it reads as "not the
+/// creator", and the hook then never takes the sink list's lock, which a
+/// parent thread may have held (or queued for) at the fork: the child's
+/// first large free would wait for it forever.
+static SINKS_GUARD: OnceLock<ForkGuard> = OnceLock::new();
+
+/// False in a forked child of a process whose hook had caches attached.
+#[inline]
+fn sinks_usable() -> bool {
+    SINKS_GUARD.get().is_none_or(ForkGuard::in_creator)
+}
 static THRESHOLD: AtomicUsize = AtomicUsize::new(4096);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
@@ -45,7 +57,7 @@ pub(crate) fn on_alloc() {
 /// Called by `InvalidatingAlloc` before a block is released or resized.
 #[inline]
 pub(crate) fn on_release(addr: usize, size: usize) {
-    if size < THRESHOLD.load(Relaxed) || SINKS.is_empty() {
+    if size < THRESHOLD.load(Relaxed) || SINKS.is_empty() || !sinks_usable() {
         return;
     }
     SINKS.dispatch(addr, addr.saturating_add(size));
@@ -86,10 +98,26 @@ impl Monitor for AllocMonitor {
     }
 
     fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
+        if SINKS_GUARD.get().is_none() {
+            let guard = ForkGuard::new()?;
+            // A racing first attach may have set it: either guard will do.
+            let _ = SINKS_GUARD.set(guard);
+        }
+        if !sinks_usable() {
+            return Err(io::Error::other(
+                "the allocator monitor cannot be used in a forked child of a process that used it \
+                 (its sink list may have been locked at the fork)",
+            ));
+        }
         SINKS.attach(sink)
     }
 
     fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>> {
+        // In a forked child the list's lock may be held for good: the
+        // parent's caches are dead weight there anyway.
+        if !sinks_usable() {
+            return None;
+        }
         SINKS.detach(id)
     }
 
