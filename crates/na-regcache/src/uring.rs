@@ -80,8 +80,9 @@ impl UringRegistrar {
 
     /// Pages of `[addr, addr+len)` whose frame differs from the one `buf`
     /// pinned (0 when frames are not visible, and for an empty range). A
-    /// range that starts below the buffer, or whose end overflows, is an
-    /// `InvalidInput` error.
+    /// range that starts below the page of the buffer's start, or whose end
+    /// overflows, is an `InvalidInput` error; pages past the buffer's last
+    /// one are not counted.
     pub fn stale_pages(&self, buf: &FixedBuffer, addr: usize, len: usize) -> io::Result<usize> {
         let page = page_size();
         if len == 0 {

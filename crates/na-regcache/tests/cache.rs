@@ -507,3 +507,66 @@ fn stale_pages_checks_its_range() {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     }
 }
+
+/// A registration for peers (`get_unshared`) whose `register` is slow
+/// while many other ranges are invalidated meanwhile still comes out
+/// valid: its tracking slot is claimed before the pin, not after (after,
+/// only the history of 64 invalidations could tell, and it had wrapped).
+#[test]
+fn an_unshared_registration_made_during_many_unrelated_invalidations_is_valid() {
+    use std::sync::mpsc::{Receiver, Sender};
+    use std::sync::Arc;
+    /// Registers nothing, but tells the test when a registration starts
+    /// and waits for its go.
+    struct Slow {
+        started: Mutex<Sender<()>>,
+        go: Mutex<Receiver<()>>,
+    }
+    impl Registrar for Slow {
+        type Region = ();
+        type Error = io::Error;
+        fn register(&self, _: usize, _: usize, _: Access) -> io::Result<()> {
+            let _ = self.started.lock().unwrap().send(());
+            let _ = self.go.lock().unwrap().recv_timeout(Duration::from_secs(10));
+            Ok(())
+        }
+        fn deregister(&self, _: ()) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let (started_tx, started) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel();
+    let c = Arc::new(
+        Cache::new(
+            Slow {
+                started: Mutex::new(started_tx),
+                go: Mutex::new(go_rx),
+            },
+            CacheConfig {
+                max_count: 16,
+                monitor: MonitorChoice::Uffd,
+                ..CacheConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let b = buffers(2);
+    let c2 = c.clone();
+    let b0 = b[0];
+    let maker = std::thread::spawn(move || c2.get_unshared(b0, LEN, W).unwrap());
+    started
+        .recv_timeout(Duration::from_secs(10))
+        .expect("register called");
+    for _ in 0..500 {
+        c.invalidate(b[1], PAGE);
+    }
+    go.send(()).unwrap();
+    let exposed = maker.join().unwrap();
+    assert!(
+        exposed.is_valid_now(),
+        "invalid although nothing touched its range"
+    );
+    // An invalidation of its own range still counts.
+    c.invalidate(b[0], PAGE);
+    assert!(!exposed.is_valid());
+}

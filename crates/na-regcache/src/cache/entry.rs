@@ -49,8 +49,9 @@ pub(crate) struct Entry<R: Registrar> {
     pub slot: AtomicU32,
     /// The monitor's subscription, if any.
     pub watch: Option<Watch>,
-    /// For a watched registration handed out uncached: the cache state and
-    /// the invalidation generation it was made at (see [`Entry::track_since`]).
+    /// For a watched registration outside the index (handed out uncached,
+    /// or superseded): its tracking slot, or the invalidation generation it
+    /// was made at when no slot was free (see [`Entry::track_since`]).
     tracker: OnceLock<Tracker<R>>,
     region: Option<R::Region>,
     pub backend: Arc<Backend<R>>,
@@ -106,12 +107,31 @@ impl<R: Registrar> Entry<R> {
             return;
         }
         let slot = shared.track(t, gen, self.start, self.end);
-        let _ = self.tracker.set(Tracker {
+        self.track_with(shared, gen, stale_at, slot);
+    }
+
+    /// Like [`track_since`](Self::track_since) with a slot claimed
+    /// already (live since generation `gen`, under the write lock), or
+    /// `None` (then the history since `gen` decides). No lock needed.
+    pub fn track_with(
+        &self,
+        shared: Arc<Shared<R>>,
+        gen: u64,
+        stale_at: Option<Instant>,
+        slot: Option<usize>,
+    ) {
+        if let Err(t) = self.tracker.set(Tracker {
             shared,
             gen,
             stale_at,
             slot,
-        });
+        }) {
+            // Tracked already (cannot happen for a new entry): give the
+            // new slot back.
+            if let Some(i) = t.slot {
+                t.shared.tracked.release(i);
+            }
+        }
     }
 
     /// The validity flag, and for a tracked uncached entry the absence of
@@ -209,9 +229,11 @@ impl<R: Registrar> Registration<R> {
 
     /// One atomic load: false once a monitor saw the mapping change (or the
     /// cache was dropped). A watched registration outside the index (handed
-    /// out uncached, or superseded by a wider one) adds one load of the
-    /// cache's invalidation generation, and a read-locked look at its
-    /// recent invalidations when that moved. With userfaultfd, the flag is
+    /// out uncached or for peers, or superseded by a wider one) adds one
+    /// load of its tracking slot, which every invalidation of its range
+    /// marks (with every slot in use: of the cache's invalidation
+    /// generation, and a read-locked look at the last 64 invalidations
+    /// when that moved). With userfaultfd, the flag is
     /// cleared by the reader thread a few microseconds after the kernel
     /// released the unmapping thread; use [`Registration::is_valid_now`] to
     /// close that window.

@@ -330,7 +330,18 @@ impl<R: Registrar> Cache<R> {
         // subscription and the pin, so a change after them is seen.
         self.sync_monitor(m);
         sh.widen(addr, end);
-        let gen = sh.table.read().generation();
+        // The tracking slot is claimed with the generation, before the
+        // subscription and the pin: an invalidation while they are made
+        // marks it, however many of other ranges come meanwhile.
+        let (gen, slot) = {
+            let t = sh.lock();
+            (t.generation(), sh.claim_live(&t, addr, end))
+        };
+        let give_back = || {
+            if let Some(i) = slot {
+                sh.tracked.release(i);
+            }
+        };
         let watch = match m.subscribe(addr, len, addr as u64) {
             Ok(w) => Some(w),
             Err(err) => {
@@ -344,17 +355,20 @@ impl<R: Registrar> Cache<R> {
                 if let Some(w) = &watch {
                     m.unsubscribe(w);
                 }
+                give_back();
                 return Err(e);
             }
         };
         let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
         let stale_at = m.settling(addr, end).map(|left| Instant::now() + left);
-        {
-            // Under the lock: an invalidation since `gen` (the pin) is seen
-            // from the history, a later one marks the slot.
-            let t = sh.lock();
-            entry.track_since(Arc::clone(sh), &t, gen, stale_at);
+        if slot.is_none() {
+            tracing::debug!(
+                addr,
+                len,
+                "regcache: every tracking slot in use; tracked by history"
+            );
         }
+        entry.track_with(Arc::clone(sh), gen, stale_at, slot);
         Ok(self.hand_out(entry, counter))
     }
 
@@ -502,8 +516,9 @@ impl<R: Registrar> Drop for Cache<R> {
             self.log_stats();
         }
         // Handles still alive keep their registration but are no longer
-        // monitored: they are marked invalid (uncached ones through the
-        // generation, by one invalidation of everything).
+        // monitored: they are marked invalid (those outside the index
+        // through their tracking slots, or the generation, by one
+        // invalidation of everything).
         sh.invalidate_range(0, usize::MAX);
         let all = sh.lock().take_all();
         drop(all);

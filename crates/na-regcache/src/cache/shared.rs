@@ -24,7 +24,8 @@ pub(crate) struct Shared<R: Registrar> {
     /// Invalidated entries waiting to be deregistered (a hint).
     pub zombies: AtomicUsize,
     /// The table's invalidation generation, readable without the lock
-    /// (uncached registrations compare it with the one they were made at).
+    /// (a registration outside the index that found no tracking slot
+    /// compares it with the one it was made at).
     pub generation: AtomicU64,
     /// The ranges of registrations in use outside the index (see
     /// [`TrackSlot`]), which every invalidation checks exactly.
@@ -150,16 +151,19 @@ impl<R: Registrar> Shared<R> {
     /// since `gen` may have covered it. `t` is the table, write-locked.
     /// `None` when every slot is in use (then the registration checks the
     /// table's history instead).
+    /// Nothing is logged here: the lock is held, and a subscriber that
+    /// freed a large block would re-enter it through the allocator hook.
     pub fn track(&self, t: &Table<R>, gen: u64, start: usize, end: usize) -> Option<usize> {
-        let slot = self.tracked.claim(start, end, t.changed_since(gen, start, end));
-        if slot.is_none() {
-            tracing::debug!(
-                start,
-                len = end - start,
-                "regcache: every tracking slot in use; tracked by history"
-            );
-        }
-        slot
+        self.tracked.claim(start, end, t.changed_since(gen, start, end))
+    }
+
+    /// Claims a tracking slot for `[start, end)` now, live (not hit): for
+    /// a registration about to be made, so that an invalidation while it
+    /// is made marks it exactly, however many come. `t` is the table,
+    /// write-locked. Release it with [`TrackedRanges::release`] if no entry
+    /// takes it.
+    pub fn claim_live(&self, _t: &Table<R>, start: usize, end: usize) -> Option<usize> {
+        self.tracked.claim(start, end, false)
     }
 
     /// Widens the monitor pre-filter to cover `[start, end)`.

@@ -26,22 +26,22 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
-use crate::sys::mem::ForkGuard;
+use crate::sys::mem::StaticForkGuard;
 
 static SINKS: SinkSet = SinkSet::new();
 /// Made at the first attach: in a forked child it reads as "not the
 /// creator", and the hook then never takes the sink list's lock, which a
 /// parent thread may have held (or queued for) at the fork: the child's
 /// first large free would wait for it forever.
-static SINKS_GUARD: OnceLock<ForkGuard> = OnceLock::new();
+static SINKS_GUARD: StaticForkGuard = StaticForkGuard::new();
 
 /// False in a forked child of a process whose hook had caches attached.
 #[inline]
 fn sinks_usable() -> bool {
-    SINKS_GUARD.get().is_none_or(ForkGuard::in_creator)
+    SINKS_GUARD.in_creator().unwrap_or(true)
 }
 static THRESHOLD: AtomicUsize = AtomicUsize::new(4096);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
@@ -98,11 +98,7 @@ impl Monitor for AllocMonitor {
     }
 
     fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
-        if SINKS_GUARD.get().is_none() {
-            let guard = ForkGuard::new()?;
-            // A racing first attach may have set it: either guard will do.
-            let _ = SINKS_GUARD.set(guard);
-        }
+        SINKS_GUARD.init()?;
         if !sinks_usable() {
             return Err(io::Error::other(
                 "the allocator monitor cannot be used in a forked child of a process that used it \

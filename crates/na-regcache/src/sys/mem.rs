@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::syscall;
@@ -106,21 +106,79 @@ unsafe impl Send for ForkGuard {}
 // SAFETY: as above.
 unsafe impl Sync for ForkGuard {}
 
+/// Maps a guard page, marked `MADV_WIPEONFORK` and holding [`ALIVE`]. The
+/// caller owns the mapping (one page).
+fn map_guard_page() -> io::Result<NonNull<AtomicU64>> {
+    let len = page_size();
+    let ptr = map_private_anon(len, libc::PROT_READ | libc::PROT_WRITE)?;
+    // SAFETY: `ptr` is the page-aligned, writable mapping created above.
+    if let Err(e) = unsafe { syscall!(madvise(ptr, len, libc::MADV_WIPEONFORK)) } {
+        // SAFETY: unmapping the mapping we just created and nobody else uses.
+        unsafe { libc::munmap(ptr, len) };
+        return Err(e);
+    }
+    let page = NonNull::new(ptr.cast::<AtomicU64>()).ok_or_else(io::Error::last_os_error)?;
+    // SAFETY: the page is mapped, writable and aligned for u64; the caller
+    // owns it from here.
+    unsafe { page.as_ref() }.store(ALIVE, Ordering::Release);
+    Ok(page)
+}
+
+/// A process-wide [`ForkGuard`] made on first need and never unmapped,
+/// published through an atomic pointer: no lock or `Once` that a forked
+/// child could inherit in the middle of its initialization (and wait on).
+pub struct StaticForkGuard {
+    page: AtomicPtr<AtomicU64>,
+}
+
+impl StaticForkGuard {
+    /// No guard yet.
+    pub const fn new() -> StaticForkGuard {
+        StaticForkGuard {
+            page: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// Makes the guard unless it exists (the loser of a race unmaps its
+    /// page).
+    pub fn init(&self) -> io::Result<()> {
+        if !self.page.load(Ordering::Acquire).is_null() {
+            return Ok(());
+        }
+        let page = map_guard_page()?;
+        if self
+            .page
+            .compare_exchange(
+                std::ptr::null_mut(),
+                page.as_ptr(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // SAFETY: our own page, never published: nothing refers to it.
+            unsafe { libc::munmap(page.as_ptr().cast(), page_size()) };
+        }
+        Ok(())
+    }
+
+    /// `None` before [`init`](Self::init); then true in the process that
+    /// made it, false in a forked child.
+    #[inline]
+    pub fn in_creator(&self) -> Option<bool> {
+        let p = self.page.load(Ordering::Acquire);
+        // SAFETY: a published page is never unmapped (a child inherits the
+        // mapping, zeroed), and it holds an AtomicU64 at its start.
+        (!p.is_null()).then(|| unsafe { &*p }.load(Ordering::Relaxed) == ALIVE)
+    }
+}
+
 impl ForkGuard {
     /// Maps the guard page.
     pub fn new() -> io::Result<ForkGuard> {
-        let len = page_size();
-        let ptr = map_private_anon(len, libc::PROT_READ | libc::PROT_WRITE)?;
-        // SAFETY: `ptr` is the page-aligned, writable mapping created above.
-        if let Err(e) = unsafe { syscall!(madvise(ptr, len, libc::MADV_WIPEONFORK)) } {
-            // SAFETY: unmapping the mapping we just created and nobody else uses.
-            unsafe { libc::munmap(ptr, len) };
-            return Err(e);
-        }
-        let page = NonNull::new(ptr.cast::<AtomicU64>()).ok_or_else(io::Error::last_os_error)?;
-        // SAFETY: the page is mapped, writable, aligned for u64 and lives until drop.
-        unsafe { page.as_ref() }.store(ALIVE, Ordering::Release);
-        Ok(ForkGuard { page })
+        Ok(ForkGuard {
+            page: map_guard_page()?,
+        })
     }
 
     /// True in the process that created the guard, false in a forked child.
