@@ -103,7 +103,7 @@ fn hook_invalidates_on_free_and_realloc_without_allocating() {
 #[test]
 fn a_forked_child_never_waits_on_the_parents_cache() {
     use std::sync::atomic::AtomicBool;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let cfg = CacheConfig {
         max_count: 64,
         monitor: MonitorChoice::Alloc,
@@ -136,28 +136,9 @@ fn a_forked_child_never_waits_on_the_parents_cache() {
                 // SAFETY (test): leaves the child at once.
                 unsafe { libc::_exit(if valid { 3 } else { 0 }) };
             }
-            let t0 = Instant::now();
-            let mut st = 0;
-            loop {
-                // SAFETY (test): reaps our child.
-                if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
-                    assert_eq!(
-                        libc::WEXITSTATUS(st),
-                        0,
-                        "a parent's registration claimed valid in the child"
-                    );
-                    break;
-                }
-                if t0.elapsed() > Duration::from_secs(2) {
-                    hung += 1;
-                    // SAFETY (test): kills and reaps our hung child.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                        libc::waitpid(pid, &mut st, 0);
-                    }
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
+            match exit_status_within(pid, Duration::from_secs(2)) {
+                Some(st) => assert_eq!(st, 0, "a parent's registration claimed valid in the child"),
+                None => hung += 1,
             }
         }
         stop.store(true, Ordering::Relaxed);
@@ -175,7 +156,7 @@ fn a_forked_child_never_waits_on_the_hooks_sink_list() {
     use na_regcache::{InvalidationSink, Monitor};
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     struct Quiet;
     impl InvalidationSink for Quiet {
         fn invalidate(&self, _start: usize, _end: usize) {}
@@ -210,32 +191,35 @@ fn a_forked_child_never_waits_on_the_hooks_sink_list() {
                 unsafe { libc::_exit(if refused { 0 } else { 3 }) };
             }
             drop(block);
-            let t0 = Instant::now();
-            let mut st = 0;
-            loop {
-                // SAFETY (test): reaps our child.
-                if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
-                    assert_eq!(
-                        libc::WEXITSTATUS(st),
-                        0,
-                        "the child could attach to the inherited list"
-                    );
-                    break;
-                }
-                if t0.elapsed() > Duration::from_secs(2) {
-                    hung += 1;
-                    // SAFETY (test): kills and reaps our hung child.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                        libc::waitpid(pid, &mut st, 0);
-                    }
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
+            match exit_status_within(pid, Duration::from_secs(2)) {
+                Some(st) => assert_eq!(st, 0, "the child could attach to the inherited list"),
+                None => hung += 1,
             }
         }
         stop.store(true, Ordering::Relaxed);
     });
     m.detach(kept);
     assert_eq!(hung, 0, "forked children hung on the hook's sink list");
+}
+
+/// The exit status of child `pid` if it exits within `limit`; else kills
+/// and reaps it and returns `None` (it hung).
+fn exit_status_within(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let t0 = std::time::Instant::now();
+    let mut st = 0;
+    loop {
+        // SAFETY (test): reaps our child.
+        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+            return Some(libc::WEXITSTATUS(st));
+        }
+        if t0.elapsed() > limit {
+            // SAFETY (test): kills and reaps our hung child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut st, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
