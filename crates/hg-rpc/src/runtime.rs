@@ -11,6 +11,7 @@ use std::io;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -46,6 +47,9 @@ struct Shared {
     /// The runtime the engine was spawned on: async handlers' tasks start
     /// there, also when a call is made from a thread outside it.
     runtime: tokio::runtime::Handle,
+    /// Set with `Waiters::stopped` (under its lock): a call checks this
+    /// flag, not the lock, before it starts.
+    stopped: AtomicBool,
 }
 
 thread_local! {
@@ -91,7 +95,36 @@ impl Shared {
     /// Locks the engine for the driver and the API's own work (never
     /// called from a handler: see [`try_engine`](Self::try_engine)).
     fn engine(&self) -> EngineGuard<'_> {
-        self.try_engine("the engine").unwrap_or_else(|e| panic!("{e}"))
+        self.engine_for("the engine")
+    }
+
+    /// [`try_engine`](Self::try_engine) for an API that returns no
+    /// `Result`: a call from a plain handler of this engine panics (its
+    /// caller sees a handler error).
+    fn engine_for(&self, what: &'static str) -> EngineGuard<'_> {
+        self.try_engine(what).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Refuses to start a call once the driver stopped (counted as an
+    /// error of `e`); one atomic load while it runs.
+    fn check_running(&self, rpc: &str, e: &mut Engine) -> Result<()> {
+        if !self.stopped.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        e.count_error();
+        let why = self.waiters().stopped.clone().unwrap_or_default();
+        Err(driver_stopped(rpc, &why))
+    }
+
+    /// Records why the driver stopped (the first reason stands) and fails
+    /// every waiting call; `w` is the waiters, locked.
+    fn mark_stopped(&self, w: &mut Waiters, why: impl FnOnce() -> String) {
+        if w.stopped.is_none() {
+            w.stopped = Some(why());
+            self.stopped.store(true, Ordering::Release);
+        }
+        // Dropping the senders wakes every waiting call with the error.
+        w.calls.clear();
     }
 
     /// Locks the engine, or fails if this thread holds it already: `what`
@@ -229,6 +262,7 @@ impl AsyncEngine {
             finished: Mutex::new(Vec::new()),
             rearm: tokio::sync::Notify::new(),
             runtime: tokio::runtime::Handle::current(),
+            stopped: AtomicBool::new(false),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
@@ -313,8 +347,7 @@ impl AsyncEngine {
     /// engine (see [`register`](Self::register)).
     pub fn self_addr(&self) -> Addr {
         self.shared
-            .try_engine("AsyncEngine::self_addr")
-            .unwrap_or_else(|e| panic!("{e}"))
+            .engine_for("AsyncEngine::self_addr")
             .self_addr()
             .clone()
     }
@@ -322,10 +355,7 @@ impl AsyncEngine {
     /// The engine's counters. Panics if called from a plain handler of
     /// this engine (see [`register`](Self::register)).
     pub fn stats(&self) -> crate::RpcStats {
-        self.shared
-            .try_engine("AsyncEngine::stats")
-            .unwrap_or_else(|e| panic!("{e}"))
-            .stats()
+        self.shared.engine_for("AsyncEngine::stats").stats()
     }
 
     /// Calls `R` on `dest`; fails with [`RpcError::Timeout`] after `timeout`.
@@ -333,10 +363,7 @@ impl AsyncEngine {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut e = self.shared.try_engine("AsyncEngine::call")?;
-            if let Some(why) = &self.shared.waiters().stopped {
-                e.count_error();
-                return Err(driver_stopped(R::NAME, why));
-            }
+            self.shared.check_running(R::NAME, &mut e)?;
             let id = e.forward::<R>(dest, input).inspect_err(|_| e.count_error())?;
             // A self-forward to an async handler is answered by a task.
             self.shared.spawn_deferred(&mut e);
@@ -393,10 +420,7 @@ impl AsyncEngine {
     /// Sends a one-way request.
     pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
         let mut e = self.shared.try_engine("AsyncEngine::call_one_way")?;
-        if let Some(why) = &self.shared.waiters().stopped {
-            e.count_error();
-            return Err(driver_stopped(R::NAME, why));
-        }
+        self.shared.check_running(R::NAME, &mut e)?;
         let kept = e.kept_bytes();
         e.forward_one_way::<R>(dest, input)?;
         // A one-way self-forward to an async handler runs as a task now
@@ -410,7 +434,10 @@ impl AsyncEngine {
 
 impl Drop for AsyncEngine {
     fn drop(&mut self) {
-        self.shared.waiters().stopped = Some("the AsyncEngine was dropped".into());
+        let mut w = self.shared.waiters();
+        self.shared
+            .mark_stopped(&mut w, || "the AsyncEngine was dropped".into());
+        drop(w);
         self.driver.abort();
     }
 }
@@ -454,19 +481,19 @@ impl Drop for DriverExit {
     fn drop(&mut self) {
         let mut w = self.shared.waiters();
         // Set already when the AsyncEngine was dropped: the usual end.
-        if w.stopped.is_none() {
-            let why = self.reason.take().unwrap_or_else(|| {
+        let reason = self.reason.take();
+        let calls = w.calls.len();
+        self.shared.mark_stopped(&mut w, || {
+            let why = reason.unwrap_or_else(|| {
                 if std::thread::panicking() {
                     "the driver task panicked (or its runtime was dropped during a panic)".into()
                 } else {
                     "the driver task was dropped (its tokio runtime shut down)".into()
                 }
             });
-            tracing::warn!(reason = %why, calls = w.calls.len(), "hg-rpc driver stopped; calls in flight fail");
-            w.stopped = Some(why);
-        }
-        // Dropping the senders wakes every waiting call with the error.
-        w.calls.clear();
+            tracing::warn!(reason = %why, calls, "hg-rpc driver stopped; calls in flight fail");
+            why
+        });
     }
 }
 
