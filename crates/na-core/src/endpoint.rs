@@ -76,7 +76,7 @@ impl Endpoint {
                 message: format!("an endpoint takes at most {MAX_PLUGINS} plugins"),
             });
         }
-        let id = PluginId(self.tag << 8 | index as u32);
+        let id = self.id_at(index);
         let plugin = make(id)?;
         if plugin.id() != id {
             return Err(NaError::Plugin {
@@ -112,8 +112,14 @@ impl Endpoint {
         self.mode = mode;
     }
 
-    /// Where plugin `id` is in `plugins`: its low bits, if its high bits
-    /// are this endpoint's tag (a shift and two compares).
+    /// The id of the plugin at `index`: this endpoint's tag in the high
+    /// 24 bits, the index in the low 8.
+    fn id_at(&self, index: usize) -> PluginId {
+        PluginId(self.tag << 8 | index as u32)
+    }
+
+    /// Where plugin `id` is in `plugins` (the inverse of `id_at`): a shift
+    /// and two compares.
     #[inline]
     fn index_of(&self, id: PluginId) -> Option<usize> {
         let i = (id.0 & 0xff) as usize;
@@ -134,7 +140,7 @@ impl Endpoint {
 
     /// Ids of all plugins, in the order they were added.
     pub fn plugin_ids(&self) -> impl Iterator<Item = PluginId> + '_ {
-        (0..self.plugins.len()).map(|i| PluginId(self.tag << 8 | i as u32))
+        (0..self.plugins.len()).map(|i| self.id_at(i))
     }
 
     /// The plugin `addr` belongs to; an address of another endpoint (or of

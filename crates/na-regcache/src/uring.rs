@@ -108,7 +108,7 @@ impl UringRegistrar {
         };
         let mut stale = 0;
         for i in first..=last.min(last_pinned) {
-            let va = (buf.addr & !(page - 1)) + i * page;
+            let va = base + i * page;
             if let (Some(then), now) = (buf.pfns[i], self.current_pfn(va)?) {
                 if now != Some(then) {
                     stale += 1;

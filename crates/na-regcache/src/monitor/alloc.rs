@@ -37,14 +37,14 @@ static SINKS: SinkSet = SinkSet::new();
 /// parent thread may have held (or queued for) at the fork: the child's
 /// first large free would wait for it forever.
 static SINKS_GUARD: StaticForkGuard = StaticForkGuard::new();
+static THRESHOLD: AtomicUsize = AtomicUsize::new(4096);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// False in a forked child of a process whose hook had caches attached.
 #[inline]
 fn sinks_usable() -> bool {
     SINKS_GUARD.in_creator().unwrap_or(true)
 }
-static THRESHOLD: AtomicUsize = AtomicUsize::new(4096);
-static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// Called by `InvalidatingAlloc` on every allocation (marks the hook installed).
 #[inline]
