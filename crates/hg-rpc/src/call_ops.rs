@@ -12,7 +12,7 @@ use super::{
 use crate::call_table::NO_CALL;
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
-use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_SPILL, HEADER_LEN};
+use crate::header::{Header, Status, FLAG_ONE_WAY, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::{rpc_id, Rpc};
 use crate::spill::{self, RELEASE_RPC};
 
@@ -129,7 +129,7 @@ impl<C: Codec> Engine<C> {
         // The call is stored (under this cookie) once its request is out.
         let cookie = self.calls.next_cookie();
         let to_self = *dest == self.me;
-        let (h, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM, cookie, to_self)?;
+        let (h, spill) = self.encode_request::<R>(input, self.checksum_flag, cookie, to_self)?;
         self.stats.calls += 1;
         // Built only when a subscriber wants debug spans: tracing's `log`
         // feature (which any crate in a build can switch on) would
@@ -256,7 +256,8 @@ impl<C: Codec> Engine<C> {
         // target's acknowledgement, under this cookie); one that fits
         // carries NO_CALL (see `encode_request`).
         let cookie = self.calls.next_cookie();
-        let (h, spill) = self.encode_request::<R>(input, FLAG_CHECKSUM | FLAG_ONE_WAY, cookie, to_self)?;
+        let (h, spill) =
+            self.encode_request::<R>(input, self.checksum_flag | FLAG_ONE_WAY, cookie, to_self)?;
         self.stats.calls += 1;
         if to_self {
             let _ = self.run_self(&h);
@@ -525,7 +526,7 @@ impl<C: Codec> Engine<C> {
     pub(super) fn release_output(&mut self, target: &Addr, cookie: u64) {
         let mut msg = Vec::with_capacity(HEADER_LEN + 8);
         header(
-            FLAG_CHECKSUM | FLAG_ONE_WAY,
+            self.checksum_flag | FLAG_ONE_WAY,
             Status::Ok,
             rpc_id(RELEASE_RPC),
             cookie,

@@ -47,6 +47,10 @@ pub const POSTED_REQUEST_BUFFERS: usize = 64;
 /// pull mode).
 pub const RECV_MODE_ENV: &str = "QS_RPC_RECV";
 
+/// Environment variable that sets the default of
+/// [`Engine::set_checksums`]: `on` or `off` (the default).
+pub const CHECKSUM_ENV: &str = "QS_RPC_CHECKSUM";
+
 /// Default for [`Engine::set_spare_bytes`].
 pub const DEFAULT_SPARE_BYTES: usize = 16 << 20;
 
@@ -332,6 +336,9 @@ pub struct Engine<C: Codec = Postcard> {
     /// per origin; bounded by `max_deferred` (per origin, in all).
     deferred_ledger: DeferredLedger,
     max_deferred: (usize, usize),
+    /// `FLAG_CHECKSUM` when this origin's requests carry a checksum
+    /// (see [`Engine::set_checksums`]), else 0.
+    checksum_flag: u8,
 }
 
 impl Engine<Postcard> {
@@ -358,6 +365,7 @@ impl<C: Codec> Engine<C> {
         let p = ep.plugin(plugin)?;
         let max_msg = p.max_unexpected_size().min(p.max_expected_size());
         let me = p.self_addr();
+        let checksum_flag = if checksums_from_env()? { FLAG_CHECKSUM } else { 0 };
         let pull = recv_pull_from_env()? && ep.pull_unexpected(plugin)?;
         let mut e = Engine {
             ep,
@@ -396,6 +404,7 @@ impl<C: Codec> Engine<C> {
             deferred_requests: VecDeque::new(),
             deferred_ledger: DeferredLedger::default(),
             max_deferred: (DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL),
+            checksum_flag,
         };
         if !pull {
             for _ in 0..POSTED_REQUEST_BUFFERS {
@@ -688,6 +697,27 @@ impl<C: Codec> Engine<C> {
     pub fn set_max_abandoned_bytes(&mut self, bytes: u64) {
         self.max_abandoned_bytes = bytes;
     }
+
+    /// Whether this origin's requests carry a CRC-32C of their payload
+    /// (header flag bit 2, see `docs/PROTOCOL.md`); off by default, or as
+    /// [`CHECKSUM_ENV`] says. A target verifies the checksum of every
+    /// message that carries one (a mismatch drops it as malformed) and
+    /// answers a request with a checksum by a response with one, whatever
+    /// its own setting: the origin chooses, per engine. The default is off,
+    /// as in Mercury: both transports deliver bytes intact (shared memory;
+    /// RDMA with its link CRC), decoding is bounds-checked either way, and
+    /// the checksum costs about a tenth of a busy round trip's instructions
+    /// at 0 bytes and a pass over the payload at any size. Turn it on to
+    /// catch a peer or a memory fault that corrupts payloads.
+    pub fn set_checksums(&mut self, on: bool) {
+        self.checksum_flag = if on { FLAG_CHECKSUM } else { 0 };
+    }
+
+    /// Whether this origin's requests carry a checksum (see
+    /// [`set_checksums`](Self::set_checksums)).
+    pub fn checksums(&self) -> bool {
+        self.checksum_flag != 0
+    }
 }
 
 /// Reads [`RECV_MODE_ENV`]: true for pull mode (the default).
@@ -712,9 +742,33 @@ fn recv_pull_from_env() -> Result<bool> {
     }
 }
 
+/// Reads [`CHECKSUM_ENV`]: true if requests carry checksums (default off).
+fn checksums_from_env() -> Result<bool> {
+    let bad = |value: String, reason: &str| {
+        RpcError::Transport(na_core::NaError::Config {
+            name: CHECKSUM_ENV.into(),
+            value,
+            reason: reason.into(),
+        })
+    };
+    match std::env::var(CHECKSUM_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8"))
+        }
+        Ok(v) => match v.trim() {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => Err(bad(v, "expected on or off")),
+        },
+    }
+}
+
+/// The header of the response to `request`: it carries a checksum if the
+/// request did (the origin's choice, see [`Engine::set_checksums`]).
 fn response_header(request: &Header, status: Status) -> Header {
     header(
-        FLAG_RESPONSE | FLAG_CHECKSUM,
+        FLAG_RESPONSE | (request.flags & FLAG_CHECKSUM),
         status,
         request.rpc_id,
         request.cookie,
