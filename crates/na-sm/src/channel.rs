@@ -22,9 +22,9 @@
 //! [`INLINE_MAX`] bytes of inline payload. The header is
 //! `marker:10 | inline:1 | kind:2 | index:5 | len:14 | tag:32` (high to
 //! low), or 0 before the slot's first use. Message `p` (counted privately by
-//! both sides) goes to slot `p % 64` with marker `(p / 64) % 1023 + 1`: the
-//! receiver waiting for message `p` sees the previous lap's marker (or 0)
-//! until the sender writes the header, so a stale or replayed slot never
+//! both sides) goes to slot `p % 64` with marker `(p / 64 + 1) % 1024`: the
+//! receiver waiting for message `p` sees the previous lap's marker (or 0,
+//! in the first lap) until the sender writes the header, so a stale or replayed slot never
 //! looks fresh, and any other marker is a protocol violation.
 //! Messages of up to [`INLINE_MAX`] bytes travel inside the slot: one or
 //! two cache lines move from sender to receiver (one up to 56 bytes), which
@@ -33,7 +33,8 @@
 //! Larger messages reserve an 8 KiB buffer and the slot names it: an RPC
 //! with a 4 KiB argument (a storage block, say) and its header still goes
 //! eagerly, without a spill into a one-sided pull (layout version 5; it
-//! was 64 buffers of 4 KiB, the same memory).
+//! was 64 buffers of 4 KiB, the same memory). Version 6 changed the marker
+//! from `(p / 64) % 1023 + 1` to the cheaper form above.
 //!
 //! # Credit without write-back
 //!
@@ -80,7 +81,7 @@ pub const REGION_LEN: usize = BUFS_BASE + 2 * NUM_BUFS * BUF_SIZE;
 /// First word of the header.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"QSSMRGN1");
 /// Layout version.
-pub const REGION_VERSION: u64 = 5;
+pub const REGION_VERSION: u64 = 6;
 
 /// Kind of a message in a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,19 +126,20 @@ pub struct RxCursor {
     published: u64,
 }
 
+/// The sequence marker of message `pos`: its lap plus one, modulo 1024
+/// (a shift, an add and a mask: it is computed on every look at a ring).
 fn marker(pos: u64) -> u64 {
-    (pos / RING_SLOTS as u64) % 1023 + 1
+    ((pos / RING_SLOTS as u64) + 1) & 1023
 }
 
 /// True if slot value `v` holds no message `pos`: the slot was never used
 /// (lap 0), or still holds the previous lap's message, whose marker is one
-/// less (1023 before 1).
+/// less (1023 before 0).
 fn is_stale(pos: u64, v: u64) -> bool {
     if pos < RING_SLOTS as u64 {
         v == 0
     } else {
-        let expected = marker(pos);
-        v >> 54 == if expected == 1 { 1023 } else { expected - 1 }
+        v >> 54 == marker(pos).wrapping_sub(1) & 1023
     }
 }
 
@@ -260,9 +262,15 @@ pub fn check_region(region: &SharedRegion) -> Result<(), String> {
     Ok(())
 }
 
-fn ctl(channel: usize) -> usize {
+const fn ctl(channel: usize) -> usize {
     PAGE * (1 + channel)
 }
+
+/// Offsets of each channel's control page, ring and buffers.
+const LAYOUT: [(usize, usize, usize); 2] = [
+    (ctl(0), PAGE * 3, BUFS_BASE),
+    (ctl(1), PAGE * (3 + RING_PAGES), BUFS_BASE + NUM_BUFS * BUF_SIZE),
+];
 
 /// One direction of a connection, seen through the mapping.
 #[derive(Clone, Copy)]
@@ -275,13 +283,17 @@ pub struct Channel<'a> {
 
 impl<'a> Channel<'a> {
     /// Channel `c` (0 or 1) of `region`.
+    #[inline]
     pub fn new(region: &'a SharedRegion, c: usize) -> Self {
         assert!(c < 2);
+        // Both layouts are constants: the choice is a select, not arithmetic
+        // (a channel is made for every look at a ring).
+        let (ctl, ring, bufs) = if c == 0 { LAYOUT[0] } else { LAYOUT[1] };
         Channel {
             region,
-            ctl: ctl(c),
-            ring: PAGE * (3 + c * RING_PAGES),
-            bufs: BUFS_BASE + c * NUM_BUFS * BUF_SIZE,
+            ctl,
+            ring,
+            bufs,
         }
     }
 
@@ -520,6 +532,24 @@ impl<'a> Channel<'a> {
             return false;
         }
         true
+    }
+}
+
+impl Channel<'_> {
+    /// Test hook: publishes message `tx.pos`, unexpected, tag `tag`, 8
+    /// bytes in buffer 0, without reserving the buffer (its free bit stays
+    /// set): the receiver's release of it is a protocol violation.
+    pub fn forge_unreserved(&self, tx: &mut TxCursor, tag: u32) {
+        let header = Slot {
+            kind: MsgKind::Unexpected,
+            inline: false,
+            index: 0,
+            len: 8,
+            tag,
+        };
+        self.slot(tx.pos)
+            .store(encode_slot(tx.pos, &header), Ordering::SeqCst);
+        tx.pos += 1;
     }
 }
 

@@ -291,6 +291,27 @@ impl SmPlugin {
     /// Never use outside tests: it destroys the connection.
     #[doc(hidden)]
     pub fn debug_scribble(&mut self, peer: &Addr, seed: u64) -> Result<()> {
+        let conn = self.debug_conn(peer)?;
+        crate::channel::scribble(&conn.region, seed);
+        conn.wake_peer().map_err(|e| NaError::sys("eventfd write", e))?;
+        Ok(())
+    }
+
+    /// Test hook for hostile-peer tests: publishes to `peer` an unexpected
+    /// message with tag `tag` that names buffer 0 without reserving it (a
+    /// protocol violation the receiver finds when it frees the buffer),
+    /// then wakes the peer. Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_forge_unreserved(&mut self, peer: &Addr, tag: Tag) -> Result<()> {
+        let conn = self.debug_conn(peer)?;
+        let mut tx_cur = conn.tx_cur;
+        conn.tx().forge_unreserved(&mut tx_cur, tag);
+        conn.tx_cur = tx_cur;
+        conn.wake_peer().map_err(|e| NaError::sys("eventfd write", e))?;
+        Ok(())
+    }
+
+    fn debug_conn(&mut self, peer: &Addr) -> Result<&mut crate::conn::Conn> {
         let p = self
             .peers
             .get_mut(peer.token())
@@ -298,13 +319,10 @@ impl SmPlugin {
                 peer: peer.uri().into(),
                 reason: "not connected".into(),
             })?;
-        let conn = p.conns.first_mut().ok_or_else(|| NaError::PeerGone {
+        p.conns.first_mut().ok_or_else(|| NaError::PeerGone {
             peer: peer.uri().into(),
             reason: "no connection".into(),
-        })?;
-        crate::channel::scribble(&conn.region, seed);
-        conn.wake_peer().map_err(|e| NaError::sys("eventfd write", e))?;
-        Ok(())
+        })
     }
 
     pub(crate) fn gone(&self, dest: &Addr, reason: &str) -> NaError {

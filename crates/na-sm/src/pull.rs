@@ -26,45 +26,73 @@ impl SmPlugin {
     /// a ring was read is published by the next poll (or a scan that
     /// passes it), not per message: the fenced store stays off the path
     /// from a request to its reply.
+    #[inline]
     pub(crate) fn take_pulled(&mut self, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
         // A take answers what the spin loop saw, whether or not it finds a
         // message (a peer may withdraw one it published): the next
         // progress call settles and polls every changed ring.
         self.spin_found = false;
-        if let Some((src, tag, data)) = self.pulled_late.pop_front() {
-            *buf = data;
-            return Some((src, tag));
-        }
-        // `pulled_late` is empty: it is taken from first, above.
-        if self.pull_heads == 0 {
-            return None;
+        // `pulled_late` is taken from first (in `take_slow`).
+        if self.pull_heads != 1 || !self.pulled_late.is_empty() {
+            return self.take_slow(buf);
         }
         // The ring taken from last (or the one the spin loop saw a message
         // arrive at), when it is the only one counted: its head either is
         // the next message to take (taking turns needs no one else) or
         // holds none, and then nothing does, known without a scan of every
         // ring (the usual case when each peer has one request or response
-        // in flight).
-        if let Some((idx, ci)) = self.pull_last.take().filter(|_| self.pull_heads == 1) {
-            let head = self
-                .peers
-                .slot_mut(idx)
-                .and_then(|p| p.conns.get(ci))
-                .map(|conn| {
-                    let rx = if conn.role == Role::Connector { 1 } else { 0 };
-                    Channel::new(&conn.region, rx).peek(conn.rx_cur.pos)
-                });
-            match head {
-                Some(Ok(Some(s))) if s.kind == MsgKind::Unexpected => {
-                    return self.take_at(idx, ci, s, buf);
-                }
-                // A violation is for the scan below (it reports it).
-                Some(Err(_)) => {}
-                _ => {
+        // in flight). This is the path of every busy round trip: one
+        // lookup, and the message taken right where it was seen.
+        let Some((idx, ci)) = self.pull_last else {
+            return self.take_slow(buf);
+        };
+        let Some(peer) = self.peers.slot_mut(idx) else {
+            return self.take_slow(buf);
+        };
+        let Some(conn) = peer.conns.get_mut(ci) else {
+            return self.take_slow(buf);
+        };
+        let rx = if conn.role == Role::Connector { 1 } else { 0 };
+        let ch = Channel::new(&conn.region, rx);
+        let pos = conn.rx_cur.pos;
+        match ch.peek(pos) {
+            Ok(Some(s)) if s.kind == MsgKind::Unexpected => {
+                ch.read_payload(pos, &s, buf);
+                if let Err(reason) = ch.release(&mut conn.rx_cur, &s) {
+                    // The sender broke the protocol: the message is not delivered.
+                    let tok = peer.addr.token();
+                    self.fail_peer(tok, Failure::Protocol, &reason);
+                    self.pull_last = None;
                     self.pull_heads = 0;
                     return None;
                 }
+                self.heads.mark_taken(conn.head);
+                self.stats.msgs_received += 1;
+                self.stats.msg_bytes_received += s.len as u64;
+                self.pull_next = idx + 1;
+                Some((peer.addr.clone(), s.tag))
             }
+            // A violation is for the scan (it reports it).
+            Err(_) => self.take_slow(buf),
+            _ => {
+                self.pull_last = None;
+                self.pull_heads = 0;
+                None
+            }
+        }
+    }
+
+    /// [`take_pulled`](Self::take_pulled) when its single ring is not the
+    /// answer: a departed peer's message, or a scan of every ring.
+    #[inline(never)]
+    fn take_slow(&mut self, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
+        if let Some((src, tag, data)) = self.pulled_late.pop_front() {
+            *buf = data;
+            return Some((src, tag));
+        }
+        self.pull_last = None;
+        if self.pull_heads == 0 {
+            return None;
         }
         let n = self.peers.slot_count();
         let mut violation = None;

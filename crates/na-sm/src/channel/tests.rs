@@ -104,16 +104,18 @@ fn fill_and_drain(len: usize) {
     }
 }
 
-/// Several laps around the ring with a receiver that publishes rarely: the
-/// sender's cached credit and the lap markers keep every message in order.
+/// Over two full cycles of the lap marker (1024 laps each) with a receiver
+/// that publishes rarely: the sender's cached credit and the lap markers
+/// keep every message in order.
 #[test]
 fn many_laps_with_lazy_publish() {
+    const MESSAGES: u32 = 2 * 1024 * RING_SLOTS as u32 + 100;
     let r = region();
     let ch = Channel::new(&r, 1);
     let (mut tx, mut rx) = (TxCursor::default(), RxCursor::default());
     let mut buf = Vec::new();
     let mut next_expected = 0u32;
-    for i in 0..10_000u32 {
+    for i in 0..MESSAGES {
         while !ch.try_send(&mut tx, MsgKind::Expected, i, &[&i.to_le_bytes()]) {
             // Drain up to 10 messages, publish, retry.
             for _ in 0..10 {
@@ -134,7 +136,7 @@ fn many_laps_with_lazy_publish() {
         next_expected += 1;
         ch.release(&mut rx, &s).unwrap();
     }
-    assert_eq!(next_expected, 10_000);
+    assert_eq!(next_expected, MESSAGES);
 }
 
 /// A receiver that claims to have consumed more than was sent cannot make
@@ -230,7 +232,7 @@ fn only_this_lap_or_the_previous_one_is_valid() {
     assert!(ch.peek(128).is_err(), "a marker two laps old is a violation");
 }
 
-/// The previous-lap rule holds where the marker wraps (1023 → 1).
+/// The previous-lap rule holds where the marker wraps (1023 → 0 → 1).
 #[test]
 fn previous_lap_marker_wraps() {
     let r = region();
@@ -242,8 +244,9 @@ fn previous_lap_marker_wraps() {
         len: 0,
         tag: 9,
     };
-    let wrap = 1023 * RING_SLOTS as u64; // marker 1 again, after marker 1023
-    for pos in [wrap - 1, wrap, wrap + 1, 5 * wrap + 7] {
+    let zero = 1023 * RING_SLOTS as u64; // marker 0, after marker 1023
+    let one = 1024 * RING_SLOTS as u64; // marker 1 again, after marker 0
+    for pos in [zero - 1, zero, zero + 1, one - 1, one, one + 1, 5 * one + 7] {
         let prev = pos - RING_SLOTS as u64;
         r.atomic(ch.slot_offset(pos))
             .store(encode_slot(prev, &s), Ordering::SeqCst);
