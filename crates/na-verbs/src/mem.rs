@@ -193,12 +193,25 @@ impl VerbsPlugin {
 
     /// The handle's registration with this plugin (registering it now if
     /// it has none), after checking every validity flag.
+    ///
+    /// One the monitor invalidated (the handle's pages were discarded or
+    /// remapped, or it was made while its range was settling after a
+    /// `madvise` and that time ended) is replaced by a fresh one of the
+    /// pages mapped now, if the handle was never described: then no peer
+    /// holds its keys, and the old one would move the bytes of pages the
+    /// handle no longer has. A described one stays an error, since
+    /// replacing it would revoke the keys peers hold; the caller registers
+    /// it again (`mem_register`) and describes it anew.
     pub(crate) fn registration(&self, mem: &MemHandle) -> Result<Arc<MemReg>> {
         match self.attached(mem) {
-            Some(r) => {
-                r.check_valid()?;
-                Ok(r)
-            }
+            Some(r) => match r.check_valid() {
+                Ok(()) => Ok(r),
+                Err(e) if r.exposed().is_some() => Err(e),
+                Err(e) => {
+                    tracing::debug!(reason = %e, "verbs: registering a never-described handle again");
+                    self.register_mem(mem)
+                }
+            },
             None => self.register_mem(mem),
         }
     }

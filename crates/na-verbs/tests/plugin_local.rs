@@ -227,6 +227,64 @@ fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
     assert!(got.iter().all(|&b| b == 7), "put after re-registration");
 }
 
+/// A handle never described (only this process holds its keys) whose
+/// registration the monitor invalidated is registered again by the next
+/// RMA that uses it, and the transfer moves the bytes the handle holds now,
+/// not those of the pages it lost (the old registration still pins them).
+#[test]
+fn a_never_described_handle_whose_pages_were_discarded_is_registered_again() {
+    let Some(env) =
+        common::rdma_env("a_never_described_handle_whose_pages_were_discarded_is_registered_again")
+    else {
+        return;
+    };
+    let mut p = pair(&env);
+    let h = MemHandle::new(vec![vec![1u8; 256 << 10]], Access::ReadWrite);
+    p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&h).unwrap();
+    let remote_mem = MemHandle::zeroed(4096, Access::ReadWrite);
+    p.srv
+        .plugin_mut(p.srv_id)
+        .unwrap()
+        .mem_register(&remote_mem)
+        .unwrap();
+    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&remote_mem).unwrap();
+    // A put before: the registration works.
+    p.cli.put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(1)).unwrap();
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    c[0].status.as_ref().unwrap();
+    let mut got = [0u8; 4096];
+    remote_mem.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 1), "put before the discard");
+    let (addr, len) = h.segments_raw().next().unwrap();
+    let page = 4096;
+    let start = addr.div_ceil(page) * page;
+    assert!(start + 16 * page <= addr + len);
+    // SAFETY: [start, start + 16 pages) lies inside the handle's own heap
+    // buffer, which is only accessed by copies; DONTNEED makes it read as zeros.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, 16 * page, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    // New bytes, in the new pages; the first page of the put is discarded.
+    let off = (start - addr) as u64;
+    h.write_at(off, &[9u8; 4096]).unwrap();
+    p.cli
+        .put(&h, off, &desc, 0, 4096, &p.srv_addr, OpId(2))
+        .expect("re-registered, not refused");
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    c[0].status.as_ref().unwrap();
+    remote_mem.read_at(0, &mut got).unwrap();
+    assert!(
+        got.iter().all(|&b| b == 9),
+        "the put moved the handle's current bytes (saw {:?}...)",
+        &got[..8]
+    );
+    // And it can be described now, from the fresh registration.
+    p.cli
+        .plugin(p.cli_id)
+        .unwrap()
+        .mem_describe(&h)
+        .expect("a re-registered handle describes");
+}
+
 /// A described handle grants its rkeys exactly as long as it lives: the
 /// exposed registration is not cached, so once the handle is dropped a
 /// peer that kept the old descriptor gets a remote access error instead of
