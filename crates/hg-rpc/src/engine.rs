@@ -706,7 +706,7 @@ impl<C: Codec> Engine<C> {
     /// its own setting: the origin chooses, per engine. The default is off,
     /// as in Mercury: both transports deliver bytes intact (shared memory;
     /// RDMA with its link CRC), decoding is bounds-checked either way, and
-    /// the checksum costs about a tenth of a busy round trip's instructions
+    /// the checksum costs about 3 % of a busy round trip's instructions
     /// at 0 bytes and a pass over the payload at any size. Turn it on to
     /// catch a peer or a memory fault that corrupts payloads.
     pub fn set_checksums(&mut self, on: bool) {

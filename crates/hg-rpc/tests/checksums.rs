@@ -41,7 +41,9 @@ fn requests_carry_a_checksum_only_when_their_origin_asks() {
     let (mut raw, sm) = endpoint(&d, true);
     let uri = raw.plugin(sm).unwrap().self_addr().uri().to_owned();
     let mut c = client(&d);
-    assert!(!c.checksums(), "off by default");
+    if std::env::var_os(hg_rpc::engine::CHECKSUM_ENV).is_none() {
+        assert!(!c.checksums(), "off by default");
+    }
     let s = c.endpoint().lookup(&uri).unwrap();
     for (n, on) in [(1u64, false), (2, true), (3, false)] {
         c.set_checksums(on);
@@ -63,12 +65,23 @@ fn requests_carry_a_checksum_only_when_their_origin_asks() {
     }
 }
 
+/// Whatever the target's own setting: one server with the default (off),
+/// one with `QS_RPC_CHECKSUM=on`.
 #[test]
 fn a_response_carries_a_checksum_when_its_request_did() {
-    let d = dir("checksum-responses");
-    let srv = Server::start(&d);
-    let (mut raw, sm) = endpoint(&d, false);
-    let s = raw.lookup(&srv.uri).unwrap();
+    for server_checksums in ["off", "on"] {
+        let d = dir("checksum-responses");
+        let srv = Server::with_envs(&[
+            ("QS_SM_DIR", d.as_os_str()),
+            (hg_rpc::engine::CHECKSUM_ENV, server_checksums.as_ref()),
+        ]);
+        responses_mirror_requests(&d, &srv.uri);
+    }
+}
+
+fn responses_mirror_requests(d: &std::path::Path, uri: &str) {
+    let (mut raw, sm) = endpoint(d, false);
+    let s = raw.lookup(uri).unwrap();
     let mut input = Vec::new();
     Postcard.encode(&(20u64, 22u64), &mut input).unwrap();
     for (cookie, flags) in [(1u64, FLAG_CHECKSUM), (2, 0), (3, FLAG_CHECKSUM)] {
@@ -98,6 +111,7 @@ fn a_response_carries_a_checksum_when_its_request_did() {
 fn a_bad_checksum_variable_is_a_clear_error_at_start() {
     for value in ["yes", "", "ON "] {
         let d = dir("bad-checksum-var");
+        // Not `testpeer()`: its stdin watcher could exit before the error.
         let out = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
             .env("QS_SM_DIR", &d)
             .env(hg_rpc::engine::CHECKSUM_ENV, value)

@@ -22,9 +22,9 @@
 //! [`INLINE_MAX`] bytes of inline payload. The header is
 //! `marker:10 | inline:1 | kind:2 | index:5 | len:14 | tag:32` (high to
 //! low), or 0 before the slot's first use. Message `p` (counted privately by
-//! both sides) goes to slot `p % 64` with marker `(p / 64 + 1) % 1024`: the
-//! receiver waiting for message `p` sees the previous lap's marker (or 0,
-//! in the first lap) until the sender writes the header, so a stale or replayed slot never
+//! both sides) goes to slot `p % 64` with marker `(p / 64 + 1) % 1024`:
+//! the receiver waiting for message `p` sees the previous lap's marker
+//! (or 0, in the first lap) until the sender writes the header, so a stale or replayed slot never
 //! looks fresh, and any other marker is a protocol violation.
 //! Messages of up to [`INLINE_MAX`] bytes travel inside the slot: one or
 //! two cache lines move from sender to receiver (one up to 56 bytes), which
@@ -538,8 +538,18 @@ impl<'a> Channel<'a> {
 impl Channel<'_> {
     /// Test hook: publishes message `tx.pos`, unexpected, tag `tag`, 8
     /// bytes in buffer 0, without reserving the buffer (its free bit stays
-    /// set): the receiver's release of it is a protocol violation.
+    /// set): the receiver's release of it is a protocol violation. The
+    /// ring must have room and buffer 0 must be free (checked).
+    #[doc(hidden)]
     pub fn forge_unreserved(&self, tx: &mut TxCursor, tag: u32) {
+        assert!(
+            self.has_slot(tx, Ordering::SeqCst),
+            "forge_unreserved: the ring is full"
+        );
+        assert!(
+            self.free().load(Ordering::SeqCst) & 1 != 0,
+            "forge_unreserved: buffer 0 is in use"
+        );
         let header = Slot {
             kind: MsgKind::Unexpected,
             inline: false,

@@ -304,6 +304,10 @@ impl SmPlugin {
     #[doc(hidden)]
     pub fn debug_forge_unreserved(&mut self, peer: &Addr, tag: Tag) -> Result<()> {
         let conn = self.debug_conn(peer)?;
+        assert!(
+            conn.backlog.is_empty(),
+            "debug_forge_unreserved: sends are queued"
+        );
         let mut tx_cur = conn.tx_cur;
         conn.tx().forge_unreserved(&mut tx_cur, tag);
         conn.tx_cur = tx_cur;

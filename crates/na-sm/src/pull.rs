@@ -46,6 +46,8 @@ impl SmPlugin {
         let Some((idx, ci)) = self.pull_last else {
             return self.take_slow(buf);
         };
+        // A peer or connection gone since the ring was seen: the scan
+        // finds whatever else waits.
         let Some(peer) = self.peers.slot_mut(idx) else {
             return self.take_slow(buf);
         };
@@ -58,7 +60,12 @@ impl SmPlugin {
         match ch.peek(pos) {
             Ok(Some(s)) if s.kind == MsgKind::Unexpected => {
                 ch.read_payload(pos, &s, buf);
-                if let Err(reason) = ch.release(&mut conn.rx_cur, &s) {
+                let freed = ch.release(&mut conn.rx_cur, &s);
+                // Counted as `take_at` and a poll count it, delivered or not.
+                self.heads.mark_taken(conn.head);
+                self.stats.msgs_received += 1;
+                self.stats.msg_bytes_received += s.len as u64;
+                if let Err(reason) = freed {
                     // The sender broke the protocol: the message is not delivered.
                     let tok = peer.addr.token();
                     self.fail_peer(tok, Failure::Protocol, &reason);
@@ -66,9 +73,6 @@ impl SmPlugin {
                     self.pull_heads = 0;
                     return None;
                 }
-                self.heads.mark_taken(conn.head);
-                self.stats.msgs_received += 1;
-                self.stats.msg_bytes_received += s.len as u64;
                 self.pull_next = idx + 1;
                 Some((peer.addr.clone(), s.tag))
             }

@@ -73,3 +73,57 @@ fn a_message_naming_an_unreserved_buffer_is_not_delivered_and_cuts_its_sender_of
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The same when two peers' messages wait (the take scans the rings rather
+/// than going straight to the one seen last): the violation is not
+/// delivered, and the honest peer's message still is.
+#[test]
+fn a_violation_found_by_a_scan_is_not_delivered_and_the_other_peer_is_served() {
+    let dir = std::env::temp_dir().join(format!("qs-sm-pull-violation-scan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    assert!(taker.pull_unexpected().unwrap());
+    let mut bad = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let mut good = SmPlugin::new(PluginId(3), SmConfig::default().with_dir(&dir)).unwrap();
+    let (to_bad, to_good) = (
+        bad.lookup(taker.self_addr().uri()).unwrap(),
+        good.lookup(taker.self_addr().uri()).unwrap(),
+    );
+    // Both connected (a first honest message each, taken).
+    bad.send_unexpected(&to_bad, 1, b"hi", OpId(1)).unwrap();
+    good.send_unexpected(&to_good, 2, b"hi", OpId(1)).unwrap();
+    let mut tags = Vec::new();
+    let end = Instant::now() + T;
+    while tags.len() < 2 {
+        assert!(Instant::now() < end, "the first messages never arrived");
+        bad.progress().unwrap();
+        good.progress().unwrap();
+        taker.progress().unwrap();
+        let mut buf = Vec::new();
+        while let Some((_, tag)) = taker.take_unexpected(&mut buf).unwrap() {
+            tags.push(tag);
+        }
+    }
+    tags.sort_unstable();
+    assert_eq!(tags, [1, 2]);
+    // Both rings hold a message when the taker polls: the take scans.
+    bad.debug_forge_unreserved(&to_bad, 9).unwrap();
+    good.send_unexpected(&to_good, 8, b"honest", OpId(2)).unwrap();
+    let end = Instant::now() + T;
+    let mut got = None;
+    while got.is_none() || taker.stats().protocol_errors == 0 {
+        assert!(Instant::now() < end, "got {got:?}, {:?}", taker.stats());
+        good.progress().unwrap();
+        taker.progress().unwrap();
+        let mut buf = Vec::new();
+        while let Some((_, tag)) = taker.take_unexpected(&mut buf).unwrap() {
+            assert_eq!(tag, 8, "a violation was delivered");
+            assert_eq!(buf, b"honest");
+            got = Some(tag);
+        }
+    }
+    assert_eq!(taker.stats().protocol_errors, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
