@@ -365,7 +365,13 @@ impl SmPlugin {
         op: OpId,
         report: Report,
     ) -> Result<()> {
-        let len = parts.iter().map(|p| p.len()).sum();
+        // One or two parts (a header and a payload) are the usual case: a
+        // plain add, not the vectorized sum's set-up.
+        let len = match parts {
+            [a] => a.len(),
+            [a, b] => a.len() + b.len(),
+            _ => parts.iter().map(|p| p.len()).sum(),
+        };
         if len > BUF_SIZE {
             return Err(NaError::MessageTooLarge {
                 len,
