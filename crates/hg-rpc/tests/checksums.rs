@@ -41,8 +41,9 @@ fn requests_carry_a_checksum_only_when_their_origin_asks() {
     let (mut raw, sm) = endpoint(&d, true);
     let uri = raw.plugin(sm).unwrap().self_addr().uri().to_owned();
     let mut c = client(&d);
-    if std::env::var_os(hg_rpc::engine::CHECKSUM_ENV).is_none() {
-        assert!(!c.checksums(), "off by default");
+    match std::env::var(hg_rpc::engine::CHECKSUM_ENV) {
+        Ok(v) => assert_eq!(c.checksums(), v.trim() == "on", "as {v:?} says"),
+        Err(_) => assert!(!c.checksums(), "off by default"),
     }
     let s = c.endpoint().lookup(&uri).unwrap();
     for (n, on) in [(1u64, false), (2, true), (3, false)] {

@@ -45,6 +45,7 @@ fn a_message_naming_an_unreserved_buffer_is_not_delivered_and_cuts_its_sender_of
         assert_eq!((tag, got.as_slice()), (7 + i as Tag, msg));
     }
     assert_eq!(taker.stats().protocol_errors, 0);
+    let received = taker.stats().msgs_received;
 
     // A forged one: seen, not delivered, counted; the sender is cut off.
     sender.debug_forge_unreserved(&to, 9).unwrap();
@@ -53,6 +54,11 @@ fn a_message_naming_an_unreserved_buffer_is_not_delivered_and_cuts_its_sender_of
         "a violation was delivered"
     );
     assert_eq!(taker.stats().protocol_errors, 1);
+    assert_eq!(
+        taker.stats().msgs_received,
+        received + 1,
+        "counted as received, as the scan and the poll count it"
+    );
     let (end, mut op) = (Instant::now() + T, 100);
     let err = loop {
         assert!(Instant::now() < end, "the sender was never cut off");

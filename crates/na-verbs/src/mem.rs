@@ -20,7 +20,12 @@
 //!
 //! Describing a handle and every RMA check each registration's validity
 //! flag (one atomic load): a registration the cache's monitor invalidated
-//! (its pages were unmapped or remapped) is never used.
+//! (its pages were unmapped or remapped) is never used for a new
+//! operation. A handle never described is then registered again (no peer
+//! holds its keys); a described one is an error until the caller
+//! registers and describes it again. Work requests of an operation already
+//! planned keep the registration they were planned with, until they are
+//! posted from the send queue's backlog.
 
 use std::sync::{Arc, Mutex};
 

@@ -237,8 +237,9 @@ impl VerbsPlugin {
             }
             let take = room.min(conn.rma_backlog.len()).min(CHAIN_MAX);
             let taken: Vec<PendingWr> = conn.rma_backlog.drain(..take).collect();
-            // Work requests of finished operations are dropped; SGEs are
-            // looked up now (a registration may have become invalid).
+            // Work requests of finished operations are dropped. SGEs come
+            // from the registration the operation was planned with (its
+            // validity was checked then, not again here).
             let mut ready = Vec::with_capacity(taken.len());
             for w in taken {
                 let Some(rop) = self.rma.get(w.rma as usize).and_then(|o| o.as_ref()) else {
