@@ -23,9 +23,10 @@
 //! (its pages were unmapped or remapped) is never used for a new
 //! operation. A handle never described is then registered again (no peer
 //! holds its keys); a described one is an error until the caller
-//! registers and describes it again. Work requests of an operation already
-//! planned keep the registration they were planned with, until they are
-//! posted from the send queue's backlog.
+//! registers and describes it again. Work requests that wait in the send
+//! queue's backlog are checked again when they are posted: an operation
+//! whose registration was invalidated meanwhile fails rather than move the
+//! bytes of pages its handle no longer has.
 
 use std::sync::{Arc, Mutex};
 
@@ -70,7 +71,9 @@ impl MemReg {
         self.exposed.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn check_valid(&self) -> Result<()> {
+    /// `Ok` if every registration of the handle (local and exposed) is
+    /// still valid; else the error naming the first one invalidated.
+    pub(crate) fn check_valid(&self) -> Result<()> {
         let exposed = self.exposed();
         let all = self.regs.iter().chain(exposed.iter().flat_map(|e| e.iter()));
         check_valid(all.flatten())

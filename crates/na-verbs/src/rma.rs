@@ -238,9 +238,12 @@ impl VerbsPlugin {
             let take = room.min(conn.rma_backlog.len()).min(CHAIN_MAX);
             let taken: Vec<PendingWr> = conn.rma_backlog.drain(..take).collect();
             // Work requests of finished operations are dropped. SGEs come
-            // from the registration the operation was planned with (its
-            // validity was checked then, not again here).
+            // from the registration the operation was planned with, checked
+            // again here (once per operation and drain): a request that
+            // waited in the backlog while its pages were discarded or
+            // remapped fails its operation instead of moving stale bytes.
             let mut ready = Vec::with_capacity(taken.len());
+            let mut checked = None;
             for w in taken {
                 let Some(rop) = self.rma.get(w.rma as usize).and_then(|o| o.as_ref()) else {
                     continue;
@@ -248,6 +251,13 @@ impl VerbsPlugin {
                 if rop.canceled || rop.error.is_some() {
                     self.rma_piece_done(w.rma, None);
                     continue;
+                }
+                if checked != Some(w.rma) {
+                    if let Err(e) = rop.reg.check_valid() {
+                        self.rma_piece_done(w.rma, Some(e));
+                        continue;
+                    }
+                    checked = Some(w.rma);
                 }
                 let sges: std::result::Result<Vec<Sge>, _> = w
                     .plan

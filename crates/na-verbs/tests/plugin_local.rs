@@ -11,7 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode};
+use na_core::{
+    Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode, Rma,
+};
 use na_verbs::{VerbsConfig, VerbsPlugin};
 
 const T: Duration = Duration::from_secs(30);
@@ -283,6 +285,74 @@ fn a_never_described_handle_whose_pages_were_discarded_is_registered_again() {
         .unwrap()
         .mem_describe(&h)
         .expect("a re-registered handle describes");
+}
+
+/// Transfers still waiting in the send queue's backlog when their handle's
+/// pages are discarded fail with the invalidation when their turn comes,
+/// instead of moving the bytes of the pages the handle lost; those posted
+/// before complete.
+#[test]
+fn queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_moving_stale_bytes() {
+    let Some(env) = common::rdma_env(
+        "queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_moving_stale_bytes",
+    ) else {
+        return;
+    };
+    let mut p = pair(&env);
+    // Well past the 256-deep send queue: most of them wait in the backlog.
+    const OPS: u64 = 1000;
+    const LEN: u64 = 4096;
+    let h = MemHandle::new(vec![vec![1u8; 256 * 4096]], Access::ReadWrite);
+    p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&h).unwrap();
+    let remote_mem = MemHandle::zeroed(256 * 4096, Access::ReadWrite);
+    p.srv
+        .plugin_mut(p.srv_id)
+        .unwrap()
+        .mem_register(&remote_mem)
+        .unwrap();
+    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&remote_mem).unwrap();
+    // Connected first (a connection being set up queues everything).
+    p.cli.put(&h, 0, &desc, 0, LEN, &p.srv_addr, OpId(1)).unwrap();
+    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
+    c[0].status.as_ref().unwrap();
+    let ops: Vec<Rma<'_>> = (0..OPS)
+        .map(|i| {
+            let off = (i % 255) * LEN;
+            Rma::put(&h, off, &desc, off, LEN, OpId(1000 + i))
+        })
+        .collect();
+    p.cli.rma(&p.srv_addr, &ops).unwrap();
+    // Nothing was drained since: discard every page the handle covers.
+    let (addr, len) = h.segments_raw().next().unwrap();
+    let page = 4096;
+    let (start, end) = (addr.div_ceil(page) * page, (addr + len) / page * page);
+    // SAFETY: [start, end) lies inside the handle's own heap buffer, which
+    // is only accessed by copies; DONTNEED makes it read as zeros.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    let (c, _) = drive(&mut p, |c, _| c.len() as u64 == OPS);
+    let (mut ok, mut invalidated) = (0, 0);
+    for done in &c {
+        match &done.status {
+            Ok(()) => ok += 1,
+            Err(e) if e.to_string().contains("invalidated") => invalidated += 1,
+            Err(e) => panic!("op {:?}: unexpected error {e}", done.op),
+        }
+    }
+    eprintln!("{ok} posted before the discard completed, {invalidated} queued ones failed");
+    assert!(
+        ok > 0 && ok <= 256,
+        "{ok} completed: at most a send queue's worth was posted"
+    );
+    assert_eq!(ok + invalidated, OPS);
+    // Those that completed were posted first (a prefix of the batch).
+    let mut done_ok: Vec<u64> = c
+        .iter()
+        .filter(|d| d.status.is_ok())
+        .map(|d| d.op.0 - 1000)
+        .collect();
+    done_ok.sort_unstable();
+    assert_eq!(done_ok, (0..ok).collect::<Vec<_>>());
 }
 
 /// A described handle grants its rkeys exactly as long as it lives: the
