@@ -41,41 +41,23 @@ impl SmPlugin {
         // the next message to take (taking turns needs no one else) or
         // holds none, and then nothing does, known without a scan of every
         // ring (the usual case when each peer has one request or response
-        // in flight). This is the path of every busy round trip: one
-        // lookup, and the message taken right where it was seen.
+        // in flight). This is the path of every busy round trip: no scan,
+        // and the message taken right where it was seen (by `take_at`, as
+        // the scan takes it).
         let Some((idx, ci)) = self.pull_last else {
             return self.take_slow(buf);
         };
         // A peer or connection gone since the ring was seen: the scan
         // finds whatever else waits.
-        let Some(peer) = self.peers.slot_mut(idx) else {
+        let Some(peer) = self.peers.slot(idx) else {
             return self.take_slow(buf);
         };
-        let Some(conn) = peer.conns.get_mut(ci) else {
+        let Some(conn) = peer.conns.get(ci) else {
             return self.take_slow(buf);
         };
         let rx = if conn.role == Role::Connector { 1 } else { 0 };
-        let ch = Channel::new(&conn.region, rx);
-        let pos = conn.rx_cur.pos;
-        match ch.peek(pos) {
-            Ok(Some(s)) if s.kind == MsgKind::Unexpected => {
-                ch.read_payload(pos, &s, buf);
-                let freed = ch.release(&mut conn.rx_cur, &s);
-                // Counted as `take_at` and a poll count it, delivered or not.
-                self.heads.mark_taken(conn.head);
-                self.stats.msgs_received += 1;
-                self.stats.msg_bytes_received += s.len as u64;
-                if let Err(reason) = freed {
-                    // The sender broke the protocol: the message is not delivered.
-                    let tok = peer.addr.token();
-                    self.fail_peer(tok, Failure::Protocol, &reason);
-                    self.pull_last = None;
-                    self.pull_heads = 0;
-                    return None;
-                }
-                self.pull_next = idx + 1;
-                Some((peer.addr.clone(), s.tag))
-            }
+        match Channel::new(&conn.region, rx).peek(conn.rx_cur.pos) {
+            Ok(Some(s)) if s.kind == MsgKind::Unexpected => self.take_at(idx, ci, s, buf),
             // A violation is for the scan (it reports it).
             Err(_) => self.take_slow(buf),
             _ => {
@@ -151,6 +133,7 @@ impl SmPlugin {
     /// Copies out and retires the unexpected message `s` at the head of
     /// connection `ci` of peer slot `idx` (just peeked there), and makes
     /// that ring the one the next take looks at first.
+    #[inline]
     fn take_at(&mut self, idx: usize, ci: usize, s: Slot, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
         let peer = self.peers.slot_mut(idx)?;
         let conn = peer.conns.get_mut(ci)?;
@@ -165,6 +148,7 @@ impl SmPlugin {
             // The sender broke the protocol: the message is not delivered.
             let tok = peer.addr.token();
             self.fail_peer(tok, Failure::Protocol, &reason);
+            self.pull_last = None;
             self.pull_heads = 0;
             return None;
         }
