@@ -12,7 +12,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use na_core::{
-    Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode, Rma,
+    Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode, RemoteMem,
+    Rma,
 };
 use na_verbs::{VerbsConfig, VerbsPlugin};
 
@@ -60,6 +61,40 @@ fn drive(
         s.extend(std::iter::from_fn(|| p.srv.pop_completion()));
     }
     (c, s)
+}
+
+/// A zeroed buffer of `len` bytes on the server, registered and described:
+/// the remote side of the client's transfers.
+fn server_target(p: &mut Pair, len: usize) -> (MemHandle, RemoteMem) {
+    let mem = MemHandle::zeroed(len, Access::ReadWrite);
+    p.srv.plugin_mut(p.srv_id).unwrap().mem_register(&mem).unwrap();
+    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&mem).unwrap();
+    (mem, desc)
+}
+
+/// Puts `len` bytes of `h` at `off` to the start of `desc` and waits for
+/// the put to succeed.
+fn put_done(p: &mut Pair, h: &MemHandle, off: u64, desc: &RemoteMem, len: u64, op: OpId) {
+    let to = p.srv_addr.clone();
+    p.cli.put(h, off, desc, 0, len, &to, op).unwrap();
+    let (c, _) = drive(p, |c, _| !c.is_empty());
+    c[0].status.as_ref().unwrap();
+}
+
+/// Discards (madvise DONTNEED: the monitor invalidates their registration)
+/// `pages` whole pages of the handle's first segment, or all of them for
+/// `None`; returns the offset of the first one in the handle.
+fn discard_pages(h: &MemHandle, pages: Option<usize>) -> u64 {
+    let (addr, len) = h.segments_raw().next().unwrap();
+    let page = 4096;
+    let (start, whole) = (addr.div_ceil(page) * page, (addr + len) / page * page);
+    let end = pages.map_or(whole, |n| start + n * page);
+    assert!(start < end && end <= whole, "the segment holds the pages");
+    // SAFETY: [start, end) lies inside the handle's own heap buffer, which
+    // is only accessed by copies; DONTNEED makes it read as zeros.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    (start - addr) as u64
 }
 
 #[test]
@@ -191,27 +226,14 @@ fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
     let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
     plugin.mem_register(&h).unwrap();
     plugin.mem_describe(&h).expect("a fresh registration describes");
-    let (addr, len) = h.segments_raw().next().unwrap();
-    let page = 4096;
-    let start = addr.div_ceil(page) * page;
-    assert!(start + 16 * page <= addr + len);
-    // SAFETY: [start, start + 16 pages) lies inside the handle's own heap
-    // buffer, which is only accessed by copies; DONTNEED makes it read as zeros.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, 16 * page, libc::MADV_DONTNEED) };
-    assert_eq!(rc, 0);
+    discard_pages(&h, Some(16));
     let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
     let e = plugin
         .mem_describe(&h)
         .expect_err("an invalidated registration")
         .to_string();
     assert!(e.contains("invalidated"), "{e}");
-    let remote_mem = MemHandle::zeroed(4096, Access::ReadWrite);
-    p.srv
-        .plugin_mut(p.srv_id)
-        .unwrap()
-        .mem_register(&remote_mem)
-        .unwrap();
-    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&remote_mem).unwrap();
+    let (remote_mem, desc) = server_target(&mut p, 4096);
     let e = p
         .cli
         .put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(1))
@@ -221,9 +243,7 @@ fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
     plugin.mem_register(&h).expect("register again");
     plugin.mem_describe(&h).expect("the new registration describes");
     h.write_at(0, &[7u8; 4096]).unwrap();
-    p.cli.put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(2)).unwrap();
-    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
-    c[0].status.as_ref().unwrap();
+    put_done(&mut p, &h, 0, &desc, 4096, OpId(2));
     let mut got = [0u8; 4096];
     remote_mem.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 7), "put after re-registration");
@@ -243,36 +263,17 @@ fn a_never_described_handle_whose_pages_were_discarded_is_registered_again() {
     let mut p = pair(&env);
     let h = MemHandle::new(vec![vec![1u8; 256 << 10]], Access::ReadWrite);
     p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&h).unwrap();
-    let remote_mem = MemHandle::zeroed(4096, Access::ReadWrite);
-    p.srv
-        .plugin_mut(p.srv_id)
-        .unwrap()
-        .mem_register(&remote_mem)
-        .unwrap();
-    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&remote_mem).unwrap();
+    let (remote_mem, desc) = server_target(&mut p, 4096);
     // A put before: the registration works.
-    p.cli.put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(1)).unwrap();
-    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
-    c[0].status.as_ref().unwrap();
+    put_done(&mut p, &h, 0, &desc, 4096, OpId(1));
     let mut got = [0u8; 4096];
     remote_mem.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 1), "put before the discard");
-    let (addr, len) = h.segments_raw().next().unwrap();
-    let page = 4096;
-    let start = addr.div_ceil(page) * page;
-    assert!(start + 16 * page <= addr + len);
-    // SAFETY: [start, start + 16 pages) lies inside the handle's own heap
-    // buffer, which is only accessed by copies; DONTNEED makes it read as zeros.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, 16 * page, libc::MADV_DONTNEED) };
-    assert_eq!(rc, 0);
     // New bytes, in the new pages; the first page of the put is discarded.
-    let off = (start - addr) as u64;
+    let off = discard_pages(&h, Some(16));
     h.write_at(off, &[9u8; 4096]).unwrap();
-    p.cli
-        .put(&h, off, &desc, 0, 4096, &p.srv_addr, OpId(2))
-        .expect("re-registered, not refused");
-    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
-    c[0].status.as_ref().unwrap();
+    // Re-registered, not refused (a refusal fails the put).
+    put_done(&mut p, &h, off, &desc, 4096, OpId(2));
     remote_mem.read_at(0, &mut got).unwrap();
     assert!(
         got.iter().all(|&b| b == 9),
@@ -304,17 +305,9 @@ fn queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_movin
     const LEN: u64 = 4096;
     let h = MemHandle::new(vec![vec![1u8; 256 * 4096]], Access::ReadWrite);
     p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&h).unwrap();
-    let remote_mem = MemHandle::zeroed(256 * 4096, Access::ReadWrite);
-    p.srv
-        .plugin_mut(p.srv_id)
-        .unwrap()
-        .mem_register(&remote_mem)
-        .unwrap();
-    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&remote_mem).unwrap();
+    let (_remote_mem, desc) = server_target(&mut p, 256 * 4096);
     // Connected first (a connection being set up queues everything).
-    p.cli.put(&h, 0, &desc, 0, LEN, &p.srv_addr, OpId(1)).unwrap();
-    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
-    c[0].status.as_ref().unwrap();
+    put_done(&mut p, &h, 0, &desc, LEN, OpId(1));
     let ops: Vec<Rma<'_>> = (0..OPS)
         .map(|i| {
             let off = (i % 255) * LEN;
@@ -323,13 +316,7 @@ fn queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_movin
         .collect();
     p.cli.rma(&p.srv_addr, &ops).unwrap();
     // Nothing was drained since: discard every page the handle covers.
-    let (addr, len) = h.segments_raw().next().unwrap();
-    let page = 4096;
-    let (start, end) = (addr.div_ceil(page) * page, (addr + len) / page * page);
-    // SAFETY: [start, end) lies inside the handle's own heap buffer, which
-    // is only accessed by copies; DONTNEED makes it read as zeros.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
-    assert_eq!(rc, 0);
+    discard_pages(&h, None);
     let (c, _) = drive(&mut p, |c, _| c.len() as u64 == OPS);
     let (mut ok, mut invalidated) = (0, 0);
     for done in &c {
