@@ -722,44 +722,34 @@ impl<C: Codec> Engine<C> {
 
 /// Reads [`RECV_MODE_ENV`]: true for pull mode (the default).
 fn recv_pull_from_env() -> Result<bool> {
-    let bad = |value: String, reason: &str| {
-        RpcError::Transport(na_core::NaError::Config {
-            name: RECV_MODE_ENV.into(),
-            value,
-            reason: reason.into(),
-        })
-    };
-    match std::env::var(RECV_MODE_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(true),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8"))
-        }
-        Ok(v) => match v.trim() {
-            "pull" => Ok(true),
-            "posted" => Ok(false),
-            _ => Err(bad(v, "expected pull or posted")),
-        },
-    }
+    env_switch(RECV_MODE_ENV, true, ("pull", "posted"))
 }
 
 /// Reads [`CHECKSUM_ENV`]: true if requests carry checksums (default off).
 fn checksums_from_env() -> Result<bool> {
-    let bad = |value: String, reason: &str| {
+    env_switch(CHECKSUM_ENV, false, ("on", "off"))
+}
+
+/// Reads a two-way switch from variable `name`: `words.0` is true,
+/// `words.1` false (blanks around them allowed), unset is `default`, and
+/// anything else a configuration error naming the variable and the words.
+fn env_switch(name: &str, default: bool, words: (&str, &str)) -> Result<bool> {
+    let bad = |value: String, reason: String| {
         RpcError::Transport(na_core::NaError::Config {
-            name: CHECKSUM_ENV.into(),
+            name: name.into(),
             value,
-            reason: reason.into(),
+            reason,
         })
     };
-    match std::env::var(CHECKSUM_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(false),
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => Ok(default),
         Err(std::env::VarError::NotUnicode(v)) => {
-            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8"))
+            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8".into()))
         }
         Ok(v) => match v.trim() {
-            "on" => Ok(true),
-            "off" => Ok(false),
-            _ => Err(bad(v, "expected on or off")),
+            w if w == words.0 => Ok(true),
+            w if w == words.1 => Ok(false),
+            _ => Err(bad(v, format!("expected {} or {}", words.0, words.1))),
         },
     }
 }
