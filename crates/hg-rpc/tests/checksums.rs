@@ -3,7 +3,6 @@
 //! a target answers in kind. Seen on the wire by a raw NA endpoint, with
 //! the target a separate process.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hg_rpc::codec::{Codec, Postcard};
@@ -16,7 +15,7 @@ use na_core::{Endpoint, OpId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, Server};
+use common::{assert_refused_at_start, client, dir, endpoint, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -112,19 +111,7 @@ fn responses_mirror_requests(d: &std::path::Path, uri: &str) {
 fn a_bad_checksum_variable_is_a_clear_error_at_start() {
     for value in ["yes", "", "ON "] {
         let d = dir("bad-checksum-var");
-        // Not `testpeer()`: its stdin watcher could exit before the error.
-        let out = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env("QS_SM_DIR", &d)
-            .env(hg_rpc::engine::CHECKSUM_ENV, value)
-            .output()
-            .expect("run hg-rpc-testpeer");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "started with {value:?}");
-        assert!(out.stdout.is_empty(), "announced an address with {value:?}");
-        assert!(
-            stderr.contains("QS_RPC_CHECKSUM") && stderr.contains("expected on or off"),
-            "{value:?}: {stderr}"
-        );
+        assert_refused_at_start(&d, hg_rpc::engine::CHECKSUM_ENV, value, "expected on or off");
     }
     // Both valid values (blanks around them allowed) start a server that answers.
     for value in ["on", " off"] {

@@ -1,7 +1,7 @@
 //! hg-rpc over na-sm with a separate server process (`hg-rpc-testpeer`).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc, RpcError};
@@ -13,7 +13,7 @@ use na_sm::{SmConfig, SmPlugin};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, posted_ops, Server};
+use common::{assert_refused_at_start, client, dir, endpoint, posted_ops, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -734,18 +734,7 @@ fn a_bad_receive_mode_variable_is_a_clear_error_at_start() {
         ("", "expected pull or posted"),
     ] {
         let d = dir("bad-recv-mode");
-        let out = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
-            .env("QS_SM_DIR", &d)
-            .env(hg_rpc::engine::RECV_MODE_ENV, value)
-            .output()
-            .expect("run hg-rpc-testpeer");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "started with {value:?}");
-        assert!(out.stdout.is_empty(), "announced an address with {value:?}");
-        assert!(
-            stderr.contains("QS_RPC_RECV") && stderr.contains(why),
-            "{value:?}: {stderr}"
-        );
+        assert_refused_at_start(&d, hg_rpc::engine::RECV_MODE_ENV, value, why);
     }
     // Both valid values start a server that answers.
     for value in ["pull", "posted"] {

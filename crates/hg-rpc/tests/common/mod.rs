@@ -19,6 +19,25 @@ pub fn testpeer() -> Command {
     c
 }
 
+/// Runs `hg-rpc-testpeer` with `var=value` and checks that it refuses to
+/// start: it fails, announces no address, and its error names `var` and
+/// says `why`. (Not `testpeer()`: its stdin watcher could exit before the
+/// error is printed.)
+pub fn assert_refused_at_start(dir: &std::path::Path, var: &str, value: &str, why: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+        .env("QS_SM_DIR", dir)
+        .env(var, value)
+        .output()
+        .expect("run hg-rpc-testpeer");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with {var}={value:?}");
+    assert!(out.stdout.is_empty(), "announced an address with {var}={value:?}");
+    assert!(
+        stderr.contains(var) && stderr.contains(why),
+        "{var}={value:?}: {stderr}"
+    );
+}
+
 /// The server process; killed when dropped.
 pub struct Server {
     /// The process.
