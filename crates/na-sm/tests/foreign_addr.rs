@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use na_core::{Endpoint, NaError, OpId, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
+mod common;
+use common::private_dir;
+
 fn endpoint(dir: &std::path::Path, listen: bool) -> Endpoint {
     let base = if listen {
         SmConfig::listening()
@@ -22,10 +25,7 @@ fn endpoint(dir: &std::path::Path, listen: bool) -> Endpoint {
 
 #[test]
 fn an_address_of_another_endpoint_is_refused_not_sent_to_the_peer_it_happens_to_name() {
-    let dir = std::env::temp_dir().join(format!("qs-sm-foreign-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let dir = private_dir("foreign");
     let (mut a, mut b) = (endpoint(&dir, true), endpoint(&dir, true));
     let (mut c1, mut c2) = (endpoint(&dir, false), endpoint(&dir, false));
     let a_uri = a.self_addr(a.plugin_ids().next().unwrap()).unwrap();

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use na_core::{Addr, OpId, Plugin, PluginId, Tag};
 use na_sm::{SmConfig, SmPlugin};
 
+mod common;
+use common::private_dir;
+
 const T: Duration = Duration::from_secs(10);
 
 /// Drives `p` (and `other`, so handshakes finish) until `p` has an
@@ -27,10 +30,7 @@ fn take(p: &mut SmPlugin, other: &mut SmPlugin) -> Option<(Addr, Tag, Vec<u8>)> 
 
 #[test]
 fn a_message_naming_an_unreserved_buffer_is_not_delivered_and_cuts_its_sender_off() {
-    let dir = std::env::temp_dir().join(format!("qs-sm-pull-violation-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let dir = private_dir("pull-violation");
     let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     assert!(taker.pull_unexpected().unwrap(), "sm has a pull mode");
     let mut sender = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
@@ -85,10 +85,7 @@ fn a_message_naming_an_unreserved_buffer_is_not_delivered_and_cuts_its_sender_of
 /// delivered, and the honest peer's message still is.
 #[test]
 fn a_violation_found_by_a_scan_is_not_delivered_and_the_other_peer_is_served() {
-    let dir = std::env::temp_dir().join(format!("qs-sm-pull-violation-scan-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let dir = private_dir("pull-violation-scan");
     let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     assert!(taker.pull_unexpected().unwrap());
     let mut bad = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
