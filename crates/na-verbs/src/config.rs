@@ -60,6 +60,11 @@ pub struct VerbsConfig {
     /// retries would end a stalled handshake only after a minute or more,
     /// holding one of `max_conns` all along.
     pub setup_timeout: Duration,
+    /// Test hook: the passive side ignores RDMA CM's `Established` events,
+    /// as if the peer's ready-to-use message were lost. Never set outside
+    /// tests.
+    #[doc(hidden)]
+    pub debug_ignore_established: bool,
 }
 
 /// Default of [`VerbsConfig::setup_timeout`]: room for both 5 s
@@ -85,6 +90,7 @@ impl Default for VerbsConfig {
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
+            debug_ignore_established: false,
         }
     }
 }

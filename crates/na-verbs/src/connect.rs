@@ -6,7 +6,9 @@
 //! `RouteResolved` → create QP, post receives, `connect(hello)` →
 //! `Established` (the accept carries the peer's hello: its credits).
 //! Passive: `ConnectRequest(hello)` → find or create the peer named by the
-//! hello → create QP, post receives, `accept(hello)` → `Established`.
+//! hello → create QP, post receives, `accept(hello)` → `Established`, or
+//! the first message from the peer, whichever comes first
+//! (`establish_by_message`).
 //! A dead connection moves its QP to ERROR so every outstanding work
 //! request flushes, and is released once none is left.
 
@@ -211,7 +213,10 @@ impl VerbsPlugin {
                 self.conn(cref).map_or(Ok(()), |c| c.id.connect(&param))
             }),
             CmEventKind::Established => {
-                self.on_established(cref, &ev.private_data);
+                let ignored = self.cfg.debug_ignore_established && self.conn(cref).is_some_and(|c| !c.active);
+                if !ignored {
+                    self.on_established(cref, &ev.private_data);
+                }
                 Ok(())
             }
             CmEventKind::Disconnected => {
@@ -264,6 +269,30 @@ impl VerbsPlugin {
         tracing::debug!(peer = %self.peer_uri_of(cref), "verbs: connection established");
         self.drain_msgs(cref);
         self.drain_rma(cref);
+    }
+
+    /// Passive side: a message arrived on `cref` while it waits for
+    /// `Established`. The QP has been ready since `rdma_accept` and the
+    /// peer sends only once its side is established, so the connection is
+    /// in use: it is established now, and RDMA CM is told so
+    /// (`rdma_notify`). Without this, a lost or late ready-to-use message
+    /// (RTU) would hold every reply until the CM's retries brought the
+    /// event (seconds each), or the set-up deadline tore a working
+    /// connection down.
+    pub(crate) fn establish_by_message(&mut self, cref: ConnRef) {
+        let Some(conn) = self.conn(cref) else { return };
+        if conn.active || conn.state != ConnState::Accepting {
+            return;
+        }
+        if let Err(e) = conn.id.notify_established() {
+            // The CM may have seen the RTU meanwhile; our side stands.
+            tracing::debug!(error = %e, "verbs: rdma_notify after an early message");
+        }
+        tracing::debug!(
+            peer = %self.peer_uri_of(cref),
+            "verbs: a message came before the established event: established by it"
+        );
+        self.on_established(cref, &[]);
     }
 
     fn on_connect_request(&mut self, ev: CmEvent) {

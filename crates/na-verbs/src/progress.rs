@@ -181,6 +181,9 @@ impl VerbsPlugin {
             Ok(h) => h,
             Err(e) => return self.violation(cref, e),
         };
+        if conn.state == ConnState::Accepting {
+            self.establish_by_message(cref);
+        }
         self.on_message(cref, slot, header.kind, header.tag, header.len as usize);
         if dead {
             return;

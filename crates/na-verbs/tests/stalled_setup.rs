@@ -6,6 +6,12 @@
 //! (`VerbsConfig::setup_timeout`), also while it sleeps, instead of
 //! holding the connection for the kernel's retries (a minute or more).
 //!
+//! A third case is a handshake that completes for the peer but whose
+//! end never reaches the listener's plugin (a lost ready-to-use message):
+//! the first message the peer sends proves the connection, and the
+//! listener must answer it instead of holding its reply until the
+//! set-up deadline tears the connection down.
+//!
 //! Without an RDMA device the RDMA part cannot run: the tests say so loudly
 //! (and check the clear "no RDMA device" error).
 
@@ -32,11 +38,18 @@ const LATEST: Duration = Duration::from_secs(8);
 
 /// A blocking-mode endpoint with one verbs plugin on `env`'s device.
 fn plugin(env: &RdmaEnv, listen: bool) -> (Endpoint, PluginId) {
+    plugin_with(env, listen, false)
+}
+
+/// [`plugin`], whose passive side ignores `Established` events when
+/// `ignore_established` (the test hook for a lost ready-to-use message).
+fn plugin_with(env: &RdmaEnv, listen: bool, ignore_established: bool) -> (Endpoint, PluginId) {
     let spec = format!("verbs://{}/{}:0", env.device, env.ip);
     let cfg = VerbsConfig {
         setup_timeout: SETUP,
         // The deadline must exceed both resolutions' timeouts (local here).
         resolve_timeout_ms: 200,
+        debug_ignore_established: ignore_established,
         ..VerbsConfig::from_spec(&spec, listen).unwrap()
     };
     let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
@@ -176,4 +189,57 @@ fn a_connection_to_a_listener_that_never_answers_fails_at_the_setup_deadline() {
     // The connect request did reach the listener (and was left unanswered).
     let ev = wait_cm(&ch, CmEventKind::ConnectRequest, "listener");
     drop(ev);
+}
+
+/// The listener never sees `Established` for a connection (as when the
+/// peer's ready-to-use message is lost: RDMA CM would report it only after
+/// resending its reply, seconds later). The client's first message
+/// establishes the connection: the listener's reply, sent after the
+/// set-up deadline has passed, arrives, and nothing was torn down.
+#[test]
+fn a_listener_that_misses_the_established_event_answers_the_first_message() {
+    let Some(env) = rdma_env("a_listener_that_misses_the_established_event_answers_the_first_message") else {
+        return;
+    };
+    let (mut srv, sid) = plugin_with(&env, true, true);
+    let (mut cli, cid) = plugin(&env, false);
+    let to = cli.lookup(srv.self_addr(sid).unwrap().uri()).expect("lookup");
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
+    cli.post_recv_expected(&to, 9, Vec::new(), OpId(2)).unwrap();
+    cli.send_unexpected(&to, 9, b"ping", OpId(3)).unwrap();
+    let drive = |srv: &mut Endpoint, cli: &mut Endpoint, want: OpId, on_srv: bool| {
+        let end = Instant::now() + LATEST;
+        loop {
+            assert!(
+                Instant::now() < end,
+                "{want:?} did not complete within {LATEST:?}"
+            );
+            srv.progress(Some(Duration::ZERO)).unwrap();
+            cli.progress(Some(Duration::ZERO)).unwrap();
+            let ep = if on_srv { &mut *srv } else { &mut *cli };
+            if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == want) {
+                return c;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let req = drive(&mut srv, &mut cli, OpId(1), true);
+    assert_eq!(req.buf.as_deref(), Some(&b"ping"[..]), "{:?}", req.status);
+    let src = req.source.clone().expect("a request has a source");
+    // Past the set-up deadline: a connection still waiting for its
+    // established event would be torn down now.
+    let past = Instant::now() + SETUP + SETUP / 2;
+    while Instant::now() < past {
+        srv.progress(Some(Duration::from_millis(20))).unwrap();
+        cli.progress(Some(Duration::ZERO)).unwrap();
+    }
+    srv.send_expected(&src, 9, b"pong", OpId(4)).unwrap();
+    let sent = drive(&mut srv, &mut cli, OpId(4), true);
+    sent.status.as_ref().expect("the reply was sent");
+    let reply = drive(&mut srv, &mut cli, OpId(2), false);
+    assert_eq!(reply.buf.as_deref(), Some(&b"pong"[..]), "{:?}", reply.status);
+    let st = srv.plugin(sid).unwrap().stats();
+    assert_eq!(st.handshakes_refused, 0, "the connection was torn down: {st:?}");
+    assert_eq!(st.peers, 1, "{st:?}");
+    assert_eq!(cli.plugin(cid).unwrap().stats().peers, 1);
 }

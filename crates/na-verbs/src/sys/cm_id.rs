@@ -1,7 +1,7 @@
 //! RDMA CM identifiers, the RDMA analogue of sockets: `rdma_create_id(3)`,
 //! `rdma_bind_addr(3)`, `rdma_listen(3)`, `rdma_resolve_addr(3)`,
 //! `rdma_resolve_route(3)`, `rdma_create_qp(3)`, `rdma_connect(3)`,
-//! `rdma_accept(3)`, `rdma_reject(3)`, `rdma_disconnect(3)`,
+//! `rdma_accept(3)`, `rdma_reject(3)`, `rdma_notify(3)`, `rdma_disconnect(3)`,
 //! `rdma_destroy_id(3)`. The call order is documented in `cm.rs`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -293,6 +293,16 @@ impl CmId {
         // SAFETY: the id is live; `p` and its private data outlive the call.
         let rc = unsafe { rdma_accept(self.as_ptr(), &mut p) };
         self.cm_call("rdma_accept", || format!("{:?}", self.peer_addr()), rc)
+    }
+
+    /// Tells RDMA CM that the connection is in use (`rdma_notify` with
+    /// `IBV_EVENT_COMM_EST`): the passive side got a message before the
+    /// peer's ready-to-use (RTU) reached its CM, so the CM stops waiting
+    /// (and resending its reply) and reports `Established` now.
+    pub fn notify_established(&self) -> Result<()> {
+        // SAFETY: the id is live; the event is a plain enum value.
+        let rc = unsafe { rdma_notify(self.as_ptr(), ibv_event_type::IBV_EVENT_COMM_EST) };
+        self.cm_call("rdma_notify", || format!("{:?}", self.peer_addr()), rc)
     }
 
     /// Rejects a connection request (`rdma_reject`).
