@@ -102,9 +102,13 @@ impl<C: Codec> Engine<C> {
     pub fn trigger(&mut self) -> Result<usize> {
         let mut n = 0;
         self.finished_self.clear();
-        while let Some(c) = self.deferred.pop_front().or_else(|| self.ep.pop_completion()) {
-            n += 1;
-            self.handle(c)?;
+        // Checked first: in pull mode both queues are usually empty, and an
+        // empty check is cheaper than a pop of each.
+        if !self.deferred.is_empty() || self.ep.pending_completions() > 0 {
+            while let Some(c) = self.deferred.pop_front().or_else(|| self.ep.pop_completion()) {
+                n += 1;
+                self.handle(c)?;
+            }
         }
         if self.pull {
             n += self.take_pulled()?;
