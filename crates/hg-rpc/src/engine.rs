@@ -741,12 +741,9 @@ fn env_switch(name: &str, default: bool, words: (&str, &str)) -> Result<bool> {
             reason,
         })
     };
-    match std::env::var(name) {
-        Err(std::env::VarError::NotPresent) => Ok(default),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(bad(v.to_string_lossy().into_owned(), "not valid UTF-8".into()))
-        }
-        Ok(v) => match v.trim() {
+    match na_core::env_var(name, |value, reason| bad(value, reason.into()))? {
+        None => Ok(default),
+        Some(v) => match v.trim() {
             w if w == words.0 => Ok(true),
             w if w == words.1 => Ok(false),
             _ => Err(bad(v, format!("expected {} or {}", words.0, words.1))),

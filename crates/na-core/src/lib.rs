@@ -23,6 +23,7 @@
 pub mod addr;
 pub mod backlog;
 pub mod endpoint;
+pub mod env;
 pub mod error;
 pub mod fasthash;
 pub mod mem;
@@ -41,6 +42,7 @@ pub use backlog::{
     BacklogTotal, SendBacklog, BACKLOG_FLOOR, DEFAULT_MAX_BACKLOG_BYTES, DEFAULT_MAX_BACKLOG_TOTAL,
 };
 pub use endpoint::Endpoint;
+pub use env::env_var;
 pub use error::{NaError, Result};
 pub use mem::{Access, MemHandle, RemoteMem, RemoteSegment, MAX_REMOTE_SEGMENTS};
 pub use msgbuf::{MsgBuf, MsgBufPool, MsgMemory};

@@ -83,21 +83,17 @@ impl ProgressMode {
     /// `QS_PROGRESS_MODE`); unset gives `default`, an invalid or non-UTF-8
     /// value is an error naming the variable.
     pub fn from_env(var: &str, default: ProgressMode) -> Result<Self> {
-        match std::env::var(var) {
-            Ok(v) => Self::parse(&v).map_err(|e| match e {
-                NaError::Config { value, reason, .. } => NaError::Config {
-                    name: var.into(),
-                    value,
-                    reason,
-                },
+        let bad = |value, reason: &str| NaError::Config {
+            name: var.into(),
+            value,
+            reason: reason.into(),
+        };
+        match crate::env::env_var(var, bad)? {
+            Some(v) => Self::parse(&v).map_err(|e| match e {
+                NaError::Config { value, reason, .. } => bad(value, &reason),
                 other => other,
             }),
-            Err(std::env::VarError::NotPresent) => Ok(default),
-            Err(std::env::VarError::NotUnicode(v)) => Err(NaError::Config {
-                name: var.into(),
-                value: v.to_string_lossy().into_owned(),
-                reason: "not valid UTF-8".into(),
-            }),
+            None => Ok(default),
         }
     }
 }

@@ -166,15 +166,7 @@ pub fn default_dir() -> SmResult<PathBuf> {
 
 /// The value of environment variable `name`, if set; not UTF-8 is an error.
 fn env_string(name: &str) -> SmResult<Option<String>> {
-    match std::env::var(name) {
-        Ok(v) => Ok(Some(v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => Err(config_error(
-            name,
-            v.to_string_lossy().into_owned(),
-            "not valid UTF-8",
-        )),
-    }
+    na_core::env_var(name, |value, reason| config_error(name, value, reason))
 }
 
 fn config_error(name: &str, value: String, reason: &str) -> SmError {
