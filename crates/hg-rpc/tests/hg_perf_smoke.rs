@@ -221,23 +221,26 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
         [
             "rate_ceiling_flag",
             "rate_ceiling_na",
+            "rate_ceiling_na_pull",
             "rate",
             "rate",
             "rate",
             "rate",
             "rate_ceiling_flag",
             "rate_ceiling_na",
+            "rate_ceiling_na_pull",
             "rate_vs_flag_ceiling",
-            "rate_vs_na_ceiling"
+            "rate_vs_na_ceiling",
+            "rate_vs_na_pull_ceiling"
         ],
         "{lines:?}"
     );
-    for v in &lines[..8] {
+    for v in &lines[..10] {
         check(v, "ops/s");
     }
-    let busy_single = &lines[2];
+    let busy_single = &lines[3];
     assert_eq!(
-        (lines[4]["size"].as_u64(), lines[4]["inflight"].as_u64()),
+        (lines[5]["size"].as_u64(), lines[5]["inflight"].as_u64()),
         (Some(1024), Some(1))
     );
     assert_eq!(
@@ -245,8 +248,9 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
         (Some("busy"), Some(1))
     );
     for (ratio, before, after) in [
-        (&lines[8], &lines[0], &lines[6]),
-        (&lines[9], &lines[1], &lines[7]),
+        (&lines[10], &lines[0], &lines[7]),
+        (&lines[11], &lines[1], &lines[8]),
+        (&lines[12], &lines[2], &lines[9]),
     ] {
         check_ratio(ratio, busy_single, before, after);
     }

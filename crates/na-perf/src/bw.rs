@@ -50,7 +50,7 @@ pub fn run(args: &BwArgs) -> Result<()> {
         // Free the floor buffers in the peer.
         peer.request("cma 0 1")?;
     }
-    let mut session = setup.connect(modes[0])?;
+    let mut session = setup.connect(modes[0], false)?;
     for &mode in &modes {
         session.set_mode(mode)?;
         for &segs in &args.segments {

@@ -136,7 +136,8 @@ pub struct LatArgs {
     /// Shared options.
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Message kinds to ping-pong (comma-separated). Default: both.
+    /// Message kinds to ping-pong (comma-separated). Default: expected and
+    /// unexpected.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub kind: Vec<MsgKind>,
 }
@@ -202,6 +203,10 @@ pub enum MsgKind {
     Expected,
     /// Unexpected messages.
     Unexpected,
+    /// Unexpected messages that both sides take in pull mode, sent without
+    /// a success completion: the path hg-rpc's messages take (measured in
+    /// a session of its own, with the peer pulling too).
+    Pulled,
 }
 
 /// RMA direction of a bandwidth test.

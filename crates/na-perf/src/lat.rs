@@ -1,5 +1,6 @@
 //! `na-perf lat`: one-way message latency (round trip / 2) of the
-//! shared-memory plugin, per progress mode, message kind and size, next to
+//! shared-memory plugin, per progress mode, message kind (expected,
+//! unexpected, or `pulled`: unexpected on hg-rpc's pull path) and size, next to
 //! the shared-memory flag floor (busy, adaptive) or the eventfd floor
 //! (blocking).
 
@@ -26,6 +27,7 @@ fn kind_name(k: MsgKind) -> &'static str {
     match k {
         MsgKind::Expected => "expected",
         MsgKind::Unexpected => "unexpected",
+        MsgKind::Pulled => "pulled",
     }
 }
 
@@ -58,13 +60,37 @@ pub fn run(args: &LatArgs) -> Result<()> {
             rep.emit(&lat_record("floor_eventfd_lat", "eventfd", "blocking", size, s))?;
         }
     }
-    let mut session = setup.connect(modes[0])?;
-    for &mode in &modes {
+    // Pulled pings need both sides in pull mode from the start: a session
+    // of their own, after the others.
+    let posted: Vec<MsgKind> = kinds.iter().copied().filter(|&k| k != MsgKind::Pulled).collect();
+    let groups = [(false, posted), (true, vec![MsgKind::Pulled])];
+    for (pull, group) in groups {
+        if !kinds.iter().any(|k| group.contains(k)) {
+            continue;
+        }
+        let mut session = setup.connect(modes[0], pull)?;
+        run_session(&mut session, &modes, &group, &sizes, &plan, &fl, &mut rep)?;
+        setup.end_session(session)?;
+    }
+    Ok(())
+}
+
+/// Every ping-pong of `kinds` in one session, for each mode and size.
+fn run_session(
+    session: &mut crate::sm_client::Session,
+    modes: &[ProgressMode],
+    kinds: &[MsgKind],
+    sizes: &[usize],
+    plan: &crate::stats::Plan,
+    fl: &Floors,
+    rep: &mut Reporter,
+) -> Result<()> {
+    for &mode in modes {
         session.set_mode(mode)?;
-        for &kind in &kinds {
+        for &kind in kinds {
             let max = session.max_size(kind)?;
             session.start_pings(kind)?;
-            for &size in &sizes {
+            for &size in sizes {
                 if size > max {
                     eprintln!(
                         "na-perf: skipping {} messages of {size} B: the plugin's limit is {max} B",
@@ -73,7 +99,7 @@ pub fn run(args: &LatArgs) -> Result<()> {
                     continue;
                 }
                 let data = vec![0xabu8; size];
-                let s = crate::stats::measure(&plan, || session.ping(kind, &data))?.scaled(2.0);
+                let s = crate::stats::measure(plan, || session.ping(kind, &data))?.scaled(2.0);
                 let mode_name = mode.to_string();
                 let r = lat_record("lat", kind_name(kind), &mode_name, size, s);
                 rep.emit(&r.with_floor(fl.get(floor_kind(mode), size, 1)))?;
@@ -81,7 +107,7 @@ pub fn run(args: &LatArgs) -> Result<()> {
             session.stop_pings(kind)?;
         }
     }
-    setup.finish(session)
+    Ok(())
 }
 
 fn lat_record(test: &str, op: &str, mode: &str, size: usize, s: crate::stats::Summary) -> Record {

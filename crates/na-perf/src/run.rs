@@ -56,22 +56,35 @@ impl Setup {
         })
     }
 
-    /// Opens the NA session in `mode`.
-    pub fn connect(&mut self, mode: ProgressMode) -> Result<Session> {
+    /// Opens the NA session in `mode`; with `pull`, both sides take
+    /// unexpected messages in pull mode (a peer na-perf started only).
+    pub fn connect(&mut self, mode: ProgressMode, pull: bool) -> Result<Session> {
         let uri = match (&self.uri, &mut self.peer) {
+            (Some(uri), _) if pull => {
+                return Err(PerfError::Arg {
+                    name: "--kind pulled",
+                    reason: format!("needs the peer process that na-perf starts itself; drop --peer {uri}"),
+                })
+            }
             (Some(uri), _) => uri.clone(),
-            (None, Some(peer)) => peer.request("sm")?,
+            (None, Some(peer)) => peer.request(if pull { "sm pull" } else { "sm" })?,
             (None, None) => unreachable!("Setup::start sets a peer or an address"),
         };
-        Session::connect(&uri, mode)
+        Session::connect(&uri, mode, pull)
     }
 
-    /// Ends the session; a local peer then reports the session's end.
-    pub fn finish(mut self, session: Session) -> Result<()> {
+    /// Ends the session; a local peer then reports the session's end (and
+    /// may serve another).
+    pub fn end_session(&mut self, session: Session) -> Result<()> {
         session.bye()?;
         if let Some(peer) = &mut self.peer {
             peer.reply("sm <end>")?;
         }
         Ok(())
+    }
+
+    /// Ends the session and the run.
+    pub fn finish(mut self, session: Session) -> Result<()> {
+        self.end_session(session)
     }
 }

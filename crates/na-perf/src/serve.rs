@@ -117,7 +117,19 @@ fn command(words: &[&str], links: Option<&FloorLinks>, cma_buffers: &mut Vec<Vec
             let ranges = floors::serve_cma(cma_buffers, number(words, 1)?, number(words, 2)?);
             answer(&format!("ok {ranges}"))
         }
-        "sm" => sm_server::serve_session(|addr| answer(&format!("ok {addr}"))).and_then(|()| answer("ok")),
+        "sm" => {
+            let pull = match words.get(1).copied() {
+                None => false,
+                Some("pull") => true,
+                Some(w) => {
+                    return Err(PerfError::Arg {
+                        name: "peer command",
+                        reason: format!("sm takes nothing or `pull`, not {w:?}"),
+                    })
+                }
+            };
+            sm_server::serve_session(pull, |addr| answer(&format!("ok {addr}"))).and_then(|()| answer("ok"))
+        }
         other => Err(PerfError::Arg {
             name: "peer command",
             reason: format!("unknown command {other:?}"),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use na_core::{Addr, Endpoint, MemHandle, NaError, OpId, PluginId, ProgressMode, RemoteMem};
+use na_core::{Addr, Endpoint, MemHandle, NaError, OpId, PluginId, ProgressMode, RemoteMem, Report};
 
 use crate::cli::{MsgKind, RmaOp};
 use crate::error::{PerfError, Result};
@@ -22,12 +22,21 @@ pub struct Session {
     next_op: u64,
     /// Receive buffer, handed to the plugin and back on every ping.
     recv_buf: Vec<u8>,
+    /// Unexpected messages are taken in pull mode (pongs of pulled pings).
+    pull: bool,
 }
 
 impl Session {
-    /// Creates a client endpoint in `mode` and looks up `uri`.
-    pub fn connect(uri: &str, mode: ProgressMode) -> Result<Session> {
+    /// Creates a client endpoint in `mode` (taking unexpected messages in
+    /// pull mode with `pull`) and looks up `uri`.
+    pub fn connect(uri: &str, mode: ProgressMode, pull: bool) -> Result<Session> {
         let (mut ep, plugin) = sm_endpoint(mode, false)?;
+        if pull && !ep.pull_unexpected(plugin)? {
+            return Err(PerfError::Arg {
+                name: "--kind pulled",
+                reason: format!("the {} plugin has no pull mode", crate::sm_server::transport()),
+            });
+        }
         let server = ep.lookup(uri)?;
         let p = ep.plugin(plugin)?;
         let cap = p.max_unexpected_size().max(p.max_expected_size());
@@ -37,6 +46,7 @@ impl Session {
             server,
             next_op: 0,
             recv_buf: Vec::with_capacity(cap),
+            pull,
         })
     }
 
@@ -45,7 +55,7 @@ impl Session {
         let p = self.ep.plugin(self.plugin)?;
         Ok(match kind {
             MsgKind::Expected => p.max_expected_size(),
-            MsgKind::Unexpected => p.max_unexpected_size(),
+            MsgKind::Unexpected | MsgKind::Pulled => p.max_unexpected_size(),
         })
     }
 
@@ -127,6 +137,9 @@ impl Session {
 
     /// One round trip: sends `data` as a ping of `kind`, waits for the pong.
     pub fn ping(&mut self, kind: MsgKind, data: &[u8]) -> Result<()> {
+        if kind == MsgKind::Pulled {
+            return self.ping_pulled(data);
+        }
         let (r, s) = (self.op(), self.op());
         let buf = std::mem::take(&mut self.recv_buf);
         // Send first: posting the receive then overlaps the trip (a pong
@@ -136,7 +149,7 @@ impl Session {
                 self.ep.send_expected(&self.server, TAG_PING, data, s)?;
                 self.ep.post_recv_expected(&self.server, TAG_PONG, buf, r)?;
             }
-            MsgKind::Unexpected => {
+            MsgKind::Unexpected | MsgKind::Pulled => {
                 self.ep.send_unexpected(&self.server, TAG_PING, data, s)?;
                 self.ep.post_recv_unexpected(self.plugin, buf, r)?;
             }
@@ -151,6 +164,47 @@ impl Session {
                     data.len()
                 ),
             }));
+        }
+        Ok(())
+    }
+
+    /// A pulled round trip: the ping goes out with no success completion
+    /// (as hg-rpc sends), the pong is taken where it waits.
+    fn ping_pulled(&mut self, data: &[u8]) -> Result<()> {
+        if !self.pull {
+            return Err(PerfError::Arg {
+                name: "--kind pulled",
+                reason: "the session was not opened in pull mode".into(),
+            });
+        }
+        let s = self.op();
+        self.ep
+            .send_unexpected_parts(&self.server, TAG_PING, &[data], s, Report::FailuresOnly)?;
+        loop {
+            if let Some((_, tag)) = self.ep.take_unexpected(self.plugin, &mut self.recv_buf)? {
+                if tag != TAG_PONG {
+                    return Err(stray(format!("unexpected message with tag {tag}")));
+                }
+                break;
+            }
+            // A completion here is the ping's failure (or a stray one).
+            if let Some(c) = self.ep.pop_completion() {
+                c.status?;
+                return Err(stray(format!("completion {:?} {:?}", c.op, c.kind)));
+            }
+            if self.ep.progress(Some(PATIENCE))? == 0 {
+                return Err(PerfError::Timeout {
+                    what: "a pong from the peer",
+                    secs: PATIENCE.as_secs(),
+                });
+            }
+        }
+        if self.recv_buf.len() != data.len() {
+            return Err(stray(format!(
+                "pong of {} bytes for a ping of {}",
+                self.recv_buf.len(),
+                data.len()
+            )));
         }
         Ok(())
     }
@@ -180,4 +234,12 @@ impl Session {
     pub fn bye(mut self) -> Result<()> {
         self.control("bye").map(drop)
     }
+}
+
+/// The error for something the protocol does not expect.
+fn stray(message: String) -> PerfError {
+    PerfError::Na(NaError::Plugin {
+        plugin: "na-perf",
+        message,
+    })
 }

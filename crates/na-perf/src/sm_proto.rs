@@ -12,6 +12,10 @@
 //!   with [`TAG_PONG`], of the same kind (unexpected or expected) and size.
 //!   Expected pings are only sent between `expect-pings` and `stop-pings`,
 //!   while the server keeps one expected receive posted for the client.
+//! * Pulled sessions (the spawned peer's `sm pull` command): both sides
+//!   take unexpected messages in pull mode, and pings and pongs are sent
+//!   with no success completion, as hg-rpc's messages are; control works
+//!   as above (its answers are expected messages).
 
 use na_core::Tag;
 

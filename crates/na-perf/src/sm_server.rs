@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, PluginId};
-use na_core::{PluginRegistry, ProgressMode, Tag};
+use na_core::{PluginRegistry, ProgressMode, Report, Tag};
 
 use crate::error::{PerfError, Result};
 use crate::floors::alloc_segments;
@@ -65,6 +65,10 @@ struct Server {
     /// The answer to `bye`: the session ends when its send completes.
     bye_op: Option<OpId>,
     done: bool,
+    /// Unexpected messages are taken in pull mode (into `pulled`), and
+    /// pongs sent without a success completion.
+    pull: bool,
+    pulled: Vec<u8>,
 }
 
 /// The transport spec of this process (`--transport`), set once by `main`.
@@ -92,8 +96,11 @@ pub fn sm_endpoint(mode: ProgressMode, listen: bool) -> Result<(Endpoint, Plugin
 }
 
 impl Server {
-    fn new() -> Result<Self> {
-        let (ep, plugin) = sm_endpoint(ProgressMode::Busy, true)?;
+    fn new(pull: bool) -> Result<Self> {
+        let (mut ep, plugin) = sm_endpoint(ProgressMode::Busy, true)?;
+        if pull && !ep.pull_unexpected(plugin)? {
+            return Err(bad(format!("the {} plugin has no pull mode", transport())));
+        }
         let p = ep.plugin(plugin)?;
         let msg_size = p.max_unexpected_size().max(p.max_expected_size());
         let mut s = Server {
@@ -104,9 +111,13 @@ impl Server {
             clients: Clients::default(),
             bye_op: None,
             done: false,
+            pull,
+            pulled: Vec::with_capacity(msg_size),
         };
-        for _ in 0..UNEXPECTED_POSTED {
-            s.post_unexpected(Vec::with_capacity(msg_size))?;
+        if !pull {
+            for _ in 0..UNEXPECTED_POSTED {
+                s.post_unexpected(Vec::with_capacity(msg_size))?;
+            }
         }
         Ok(s)
     }
@@ -148,11 +159,7 @@ impl Server {
             }
             (OpKind::RecvUnexpected, Ok(())) => {
                 if let Some(src) = c.source {
-                    match c.tag {
-                        TAG_PING => drop(self.send(&src, TAG_PONG, &buf, false)?),
-                        TAG_CTRL => self.control(&src, &buf)?,
-                        t => eprintln!("na-perf serve: ignoring unexpected message with tag {t} from {src}"),
-                    }
+                    self.on_unexpected(&src, c.tag, &buf)?;
                 }
                 self.post_unexpected(buf)
             }
@@ -194,6 +201,42 @@ impl Server {
                 Ok(())
             }
         }
+    }
+
+    /// An unexpected message (received or pulled): a ping to echo, or a
+    /// control command.
+    fn on_unexpected(&mut self, src: &Addr, tag: Tag, buf: &[u8]) -> Result<()> {
+        match tag {
+            // Pulled pings are answered as hg-rpc answers: in pull mode,
+            // and with no completion for a send that succeeds.
+            TAG_PING if self.pull => {
+                let op = self.op();
+                self.ep
+                    .send_unexpected_parts(src, TAG_PONG, &[buf], op, Report::FailuresOnly)?;
+            }
+            TAG_PING => drop(self.send(src, TAG_PONG, buf, false)?),
+            TAG_CTRL => self.control(src, buf)?,
+            t => eprintln!("na-perf serve: ignoring unexpected message with tag {t} from {src}"),
+        }
+        Ok(())
+    }
+
+    /// Pull mode: handles every unexpected message waiting.
+    fn take_pulled(&mut self) -> Result<()> {
+        let mut buf = std::mem::take(&mut self.pulled);
+        let r = loop {
+            match self.ep.take_unexpected(self.plugin, &mut buf) {
+                Ok(Some((src, tag))) => {
+                    if let Err(e) = self.on_unexpected(&src, tag, &buf) {
+                        break Err(e);
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.into()),
+            }
+        };
+        self.pulled = buf;
+        r
     }
 
     fn control(&mut self, src: &Addr, cmd: &[u8]) -> Result<()> {
@@ -269,6 +312,14 @@ impl Server {
                     eprintln!("na-perf serve: {e}");
                 }
             }
+            if self.pull {
+                if let Err(e) = self.take_pulled() {
+                    if !forever {
+                        return Err(e);
+                    }
+                    eprintln!("na-perf serve: {e}");
+                }
+            }
         }
         Ok(())
     }
@@ -285,17 +336,18 @@ fn bad(reason: String) -> PerfError {
     }
 }
 
-/// Serves one client session: calls `announce` with our address once the
-/// plugin listens, and returns when the client says `bye`.
-pub fn serve_session(announce: impl FnOnce(&str) -> Result<()>) -> Result<()> {
-    let mut server = Server::new()?;
+/// Serves one client session (taking unexpected messages in pull mode
+/// with `pull`): calls `announce` with our address once the plugin
+/// listens, and returns when the client says `bye`.
+pub fn serve_session(pull: bool, announce: impl FnOnce(&str) -> Result<()>) -> Result<()> {
+    let mut server = Server::new(pull)?;
     announce(&server.ep.self_addr(server.plugin)?.to_string())?;
     server.run(false)
 }
 
 /// Serves any number of clients until killed (`na-perf serve --standalone`).
 pub fn serve_forever() -> Result<()> {
-    let mut server = Server::new()?;
+    let mut server = Server::new(false)?;
     println!("{}", server.ep.self_addr(server.plugin)?);
     server.run(true)
 }

@@ -72,6 +72,40 @@ fn lat_quick_json() {
     }
 }
 
+/// `--kind pulled` ping-pongs on hg-rpc's path (both sides in pull mode,
+/// in a session of their own after the posted kinds) in every mode, next
+/// to the classic unexpected kind of the same run.
+#[test]
+fn lat_pulled_kind_runs_in_a_session_of_its_own() {
+    let lines = run(&[
+        "lat",
+        "--quick",
+        "--json",
+        "--kind",
+        "unexpected,pulled",
+        "--sizes",
+        "8,4096",
+    ]);
+    for v in &lines {
+        check_fields(v);
+    }
+    for mode in ["busy", "adaptive", "blocking"] {
+        for op in ["unexpected", "pulled"] {
+            let sizes: Vec<u64> = lines
+                .iter()
+                .filter(|v| v["test"] == "lat" && v["mode"] == mode && v["op"] == op)
+                .filter_map(|v| v["size"].as_u64())
+                .collect();
+            assert_eq!(sizes, [8, 4096], "{op} in {mode} mode");
+        }
+    }
+    // The pulled session comes second: every pulled figure after every
+    // unexpected one.
+    let last_unexpected = lines.iter().rposition(|v| v["op"] == "unexpected").unwrap();
+    let first_pulled = lines.iter().position(|v| v["op"] == "pulled").unwrap();
+    assert!(last_unexpected < first_pulled, "{lines:?}");
+}
+
 #[test]
 fn bw_quick_json_with_floors() {
     let lines = run(&["bw", "--quick", "--json", "--floors"]);

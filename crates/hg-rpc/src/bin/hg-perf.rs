@@ -272,10 +272,11 @@ fn start_server(spec: &str, mode: ProgressMode, cpu: Option<usize>) -> Res<(Serv
 }
 
 /// Measures and reports the busy one-in-flight ceilings (ops/s): the raw
-/// shared-flag ping-pong and the NA ping-pong. Returns them in that order.
-fn report_ceilings(cli: &Cli, cpus: (Option<usize>, Option<usize>), when: &str) -> Res<(f64, f64)> {
-    let (flag_rtt, na_rtt) = floor::busy_round_trips(cpus, cli.batches, cli.batch_ms)?;
-    let (flag, na) = (1e9 / flag_rtt, 1e9 / na_rtt);
+/// shared-flag ping-pong, the NA ping-pong with posted receives and the NA
+/// ping-pong on hg-rpc's pull path. Returns them in that order.
+fn report_ceilings(cli: &Cli, cpus: (Option<usize>, Option<usize>), when: &str) -> Res<(f64, f64, f64)> {
+    let rtt = floor::busy_round_trips(cpus, cli.batches, cli.batch_ms)?;
+    let (flag, na, pulled) = (1e9 / rtt.flag, 1e9 / rtt.na_posted, 1e9 / rtt.na_pulled);
     report(
         cli,
         "rate_ceiling_flag",
@@ -289,7 +290,19 @@ fn report_ceilings(cli: &Cli, cpus: (Option<usize>, Option<usize>), when: &str) 
         "ops/s",
     );
     report(cli, "rate_ceiling_na", "busy", when, 8, 1, na, na, None, "ops/s");
-    Ok((flag, na))
+    report(
+        cli,
+        "rate_ceiling_na_pull",
+        "busy",
+        when,
+        8,
+        1,
+        pulled,
+        pulled,
+        None,
+        "ops/s",
+    );
+    Ok((flag, na, pulled))
 }
 
 /// Transfers each `bw` RPC makes for `size`: `count`, shrunk so that size
@@ -705,12 +718,13 @@ fn main() -> Res<()> {
             (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, &mut seen)?,
         }
     }
-    if let Some((flag0, na0)) = ceilings_before {
-        let (flag1, na1) = report_ceilings(&cli, cpus, "after")?;
+    if let Some((flag0, na0, pull0)) = ceilings_before {
+        let (flag1, na1, pull1) = report_ceilings(&cli, cpus, "after")?;
         for (size, rate) in seen.busy_single {
             for (test, before, after) in [
                 ("rate_vs_flag_ceiling", flag0, flag1),
                 ("rate_vs_na_ceiling", na0, na1),
+                ("rate_vs_na_pull_ceiling", pull0, pull1),
             ] {
                 let ratio = rate / ((before + after) / 2.0);
                 report(&cli, test, "busy", "call", size, 1, ratio, ratio, None, "x");

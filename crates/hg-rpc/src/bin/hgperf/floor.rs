@@ -39,7 +39,7 @@ fn na_perf_lat(
         "lat",
         "--floors",
         "--kind",
-        "unexpected",
+        "unexpected,pulled",
         "--sizes",
         "8",
         "--json",
@@ -74,9 +74,14 @@ fn run_json(mut cmd: Command, what: &str) -> Res<Vec<serde_json::Value>> {
 /// operations) of the result named `test` (a one-way latency), in
 /// `results` of na-perf.
 fn round_trip(results: &[serde_json::Value], test: &str, field: &str) -> Res<f64> {
+    round_trip_of(results, test, None, field)
+}
+
+/// [`round_trip`] of the result whose `op` is `op` too, when given.
+fn round_trip_of(results: &[serde_json::Value], test: &str, op: Option<&str>, field: &str) -> Res<f64> {
     results
         .iter()
-        .filter(|v| v["test"] == test)
+        .filter(|v| v["test"] == test && op.is_none_or(|op| v["op"] == op))
         .find_map(|v| v[field].as_f64().filter(|m| *m > 0.0))
         .map(|one_way| 2.0 * one_way)
         .ok_or_else(|| format!("na-perf printed no {test} result: {results:?}").into())
@@ -94,23 +99,36 @@ pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, 
     )
 }
 
-/// The two ceilings of a busy RPC rate with one call in flight, as round
-/// trips in nanoseconds: the raw shared-flag ping-pong (`floor_shm_flag_lat`:
-/// what two processes spinning on one cache line can do with no software at
-/// all) and the NA ping-pong of 8-byte unexpected messages over na-sm
-/// (everything below hg-rpc). An RPC needs one of each per call, so one in
-/// flight cannot beat 1 / round trip.
+/// The ceilings of a busy RPC rate with one call in flight, as round trips
+/// in nanoseconds.
+pub struct BusyRoundTrips {
+    /// The raw shared-flag ping-pong (`floor_shm_flag_lat`): what two
+    /// processes spinning on one cache line do with no software at all.
+    pub flag: f64,
+    /// The NA ping-pong of 8-byte unexpected messages over na-sm, received
+    /// in posted receives and reported by completions (na-perf's classic
+    /// `unexpected` kind).
+    pub na_posted: f64,
+    /// The same ping-pong on hg-rpc's own path (`pulled`): both sides take
+    /// the messages in pull mode and sends report no success completion.
+    /// Everything below hg-rpc; the gap to an RPC round trip is hg-rpc's.
+    pub na_pulled: f64,
+}
+
+/// Measures [`BusyRoundTrips`]. An RPC needs one round trip of each kind
+/// per call, so one in flight cannot beat 1 / round trip.
 pub fn busy_round_trips(
     cpus: (Option<usize>, Option<usize>),
     batches: usize,
     batch_ms: u64,
-) -> Res<(f64, f64)> {
+) -> Res<BusyRoundTrips> {
     let r = na_perf_lat("busy", cpus, batches, batch_ms)?;
     // Batch means, as the rates they bound are measured.
-    Ok((
-        round_trip(&r, "floor_shm_flag_lat", "median")?,
-        round_trip(&r, "lat", "median")?,
-    ))
+    Ok(BusyRoundTrips {
+        flag: round_trip(&r, "floor_shm_flag_lat", "median")?,
+        na_posted: round_trip_of(&r, "lat", Some("unexpected"), "median")?,
+        na_pulled: round_trip_of(&r, "lat", Some("pulled"), "median")?,
+    })
 }
 
 /// The raw `process_vm_readv` bandwidth (MiB/s) of one transfer of each of
