@@ -2,6 +2,9 @@
 # Instructions per busy RPC round trip (both sides), counted by callgrind:
 # the same every run, whatever the host does. See
 # crates/hg-rpc/examples/busy_path_cost.rs and docs/PERFORMANCE.md.
+# Also counts the NA round trip on the same path with no RPC work
+# (crates/na-sm/examples/pull_path_cost.rs) and prints the difference:
+# hg-rpc's own instructions per call.
 #
 #   scripts/busy-path-cost.sh [CALLS]      (default 100000)
 set -euo pipefail
@@ -9,13 +12,21 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "busy-path-cost: needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 calls=${1:-100000}
 cargo build --quiet --release -p hg-rpc --example busy_path_cost
-bin=${CARGO_TARGET_DIR:-target}/release/examples/busy_path_cost
+cargo build --quiet --release -p na-sm --example pull_path_cost
+dir=${CARGO_TARGET_DIR:-target}/release/examples
 count() {
-  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" 2>&1 |
+  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$1" "$2" 2>&1 |
     sed -n 's/.*Collected : *\([0-9]*\).*/\1/p'
 }
-# Two runs, so that setup (handshake, registration) cancels out.
-short=$(count 1000)
-long=$(count $((calls + 1000)))
-[ -n "$short" ] && [ -n "$long" ] || { echo "busy-path-cost: callgrind printed no count" >&2; exit 1; }
-echo "instructions per call: $(( (long - short) / calls )) ($calls calls)"
+# Two runs each, so that setup (handshake, registration) cancels out.
+per_call() {
+  local short long
+  short=$(count "$1" 1000)
+  long=$(count "$1" $((calls + 1000)))
+  [ -n "$short" ] && [ -n "$long" ] || { echo "busy-path-cost: callgrind printed no count for $1" >&2; exit 1; }
+  echo $(( (long - short) / calls ))
+}
+rpc=$(per_call "$dir/busy_path_cost")
+na=$(per_call "$dir/pull_path_cost")
+echo "instructions per call: $rpc ($calls calls)"
+echo "NA round trip on the same path (pull_path_cost): $na; hg-rpc's own: $((rpc - na))"
