@@ -300,7 +300,7 @@ impl<C: Codec> Engine<C> {
                 }
                 r
             }
-            Err(e) => Err(e),
+            Err(e) => Err(*e),
         };
         if r.is_err() {
             self.stats.errors += 1;
@@ -508,7 +508,7 @@ impl<C: Codec> Engine<C> {
             self.abandoned_bytes = self.abandoned_bytes.saturating_sub(spill_len);
             self.calls.remove(cookie);
         } else {
-            call.outcome = Some(outcome);
+            call.outcome = Some(outcome.map_err(Box::new));
             if let Some(log) = &mut self.finished_log {
                 log.push(CallId(cookie));
             }

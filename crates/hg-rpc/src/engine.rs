@@ -186,8 +186,10 @@ struct Call {
     /// Token of the target; `None` for a self-forward. A response counts
     /// only if it comes from this peer.
     peer: Option<u64>,
-    /// The response payload or error, once it arrived.
-    outcome: Option<Result<Vec<u8>>>,
+    /// The response payload or error, once it arrived. The error is boxed:
+    /// an `RpcError` in place would make every call (and every move of
+    /// one into the table) several times larger than a payload.
+    outcome: Option<std::result::Result<Vec<u8>, Box<RpcError>>>,
     /// When the caller gave up (or sent it one-way), if it did. The call
     /// stays until its response comes, since its spilled input is still
     /// exposed to the target, but at most the abandoned-input TTL. The
