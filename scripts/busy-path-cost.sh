@@ -19,14 +19,15 @@ count() {
     sed -n 's/.*Collected : *\([0-9]*\).*/\1/p'
 }
 # Two runs each, so that setup (handshake, registration) cancels out.
+# (`set -e` does not reach into `$(...)`: each count is checked here.)
 per_call() {
   local short long
-  short=$(count "$1" 1000)
-  long=$(count "$1" $((calls + 1000)))
+  short=$(count "$1" 1000) || { echo "busy-path-cost: $1 failed" >&2; exit 1; }
+  long=$(count "$1" $((calls + 1000))) || { echo "busy-path-cost: $1 failed" >&2; exit 1; }
   [ -n "$short" ] && [ -n "$long" ] || { echo "busy-path-cost: callgrind printed no count for $1" >&2; exit 1; }
   echo $(( (long - short) / calls ))
 }
-rpc=$(per_call "$dir/busy_path_cost")
-na=$(per_call "$dir/pull_path_cost")
+rpc=$(per_call "$dir/busy_path_cost") || exit 1
+na=$(per_call "$dir/pull_path_cost") || exit 1
 echo "instructions per call: $rpc ($calls calls)"
 echo "NA round trip on the same path (pull_path_cost): $na; hg-rpc's own: $((rpc - na))"

@@ -137,7 +137,8 @@ pub struct LatArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Message kinds to ping-pong (comma-separated). Default: expected and
-    /// unexpected.
+    /// unexpected. `pulled` runs last, whatever the order given, in a
+    /// session of its own (it needs the peer na-perf starts, not --peer).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub kind: Vec<MsgKind>,
 }

@@ -46,6 +46,14 @@ pub fn run(args: &LatArgs) -> Result<()> {
     } else {
         c.sizes.clone()
     };
+    if kinds.contains(&MsgKind::Pulled) {
+        if let Some(uri) = &c.peer {
+            return Err(crate::error::PerfError::Arg {
+                name: "--kind pulled",
+                reason: format!("needs the peer process that na-perf starts itself; drop --peer {uri}"),
+            });
+        }
+    }
     let mut setup = Setup::start(c)?;
     let mut rep = Reporter::new(c.json);
     let mut fl = Floors::default();

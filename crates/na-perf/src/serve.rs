@@ -7,6 +7,7 @@
 //! | `eventfd <size>` | echoes the eventfd ping-pong | `ok`, then `ok` when stopped |
 //! | `cma <size> <segments>` | allocates buffers for the CMA floor | `ok addr:len ...` |
 //! | `sm` | serves one NA session (see [`crate::sm_server`]) | `ok <address>`, then `ok` at its end |
+//! | `sm pull` | the same, taking unexpected messages in pull mode | the same |
 //! | `quit` | exits | nothing |
 //!
 //! With `--standalone` it serves NA sessions one after another instead,

@@ -85,6 +85,14 @@ impl Session {
                 }
                 c.status?;
             }
+            // In pull mode an unexpected message counts as work for
+            // `progress`: one nobody expects must end the wait, not spin it.
+            if self.pull {
+                let mut stray_buf = Vec::new();
+                if let Some((src, tag)) = self.ep.take_unexpected(self.plugin, &mut stray_buf)? {
+                    return Err(stray(format!("unexpected message with tag {tag} from {src}")));
+                }
+            }
             if (recv_left || send_left) && self.ep.progress(Some(PATIENCE))? == 0 {
                 return Err(PerfError::Timeout {
                     what: "a completion from the peer",
@@ -149,10 +157,11 @@ impl Session {
                 self.ep.send_expected(&self.server, TAG_PING, data, s)?;
                 self.ep.post_recv_expected(&self.server, TAG_PONG, buf, r)?;
             }
-            MsgKind::Unexpected | MsgKind::Pulled => {
+            MsgKind::Unexpected => {
                 self.ep.send_unexpected(&self.server, TAG_PING, data, s)?;
                 self.ep.post_recv_unexpected(self.plugin, buf, r)?;
             }
+            MsgKind::Pulled => unreachable!("pulled pings return above"),
         }
         self.wait(Some(r), Some(s))?;
         if self.recv_buf.len() != data.len() {

@@ -255,6 +255,11 @@ impl VerbsPlugin {
             // establishment arriving after that must not revive it.
             return;
         }
+        if conn.state == ConnState::Established {
+            // The event of a passive connection its first message
+            // established already (`establish_by_message`).
+            return;
+        }
         if conn.active {
             match Hello::decode(private) {
                 Ok(h) => {
@@ -284,14 +289,22 @@ impl VerbsPlugin {
         if conn.active || conn.state != ConnState::Accepting {
             return;
         }
-        if let Err(e) = conn.id.notify_established() {
-            // The CM may have seen the RTU meanwhile; our side stands.
-            tracing::debug!(error = %e, "verbs: rdma_notify after an early message");
+        // CM events are read every few progress calls, receives on every
+        // one: usually the CM has the RTU and only its event is unread.
+        match conn.id.notify_established() {
+            Ok(true) => tracing::debug!(
+                peer = %self.peer_uri_of(cref),
+                "verbs: a message came before the RTU: established by it, RDMA CM told"
+            ),
+            Ok(false) => {}
+            // Our side stands (the QP works: a message came through); the
+            // CM may still report the set-up failed later.
+            Err(e) => tracing::warn!(
+                peer = %self.peer_uri_of(cref),
+                error = %e,
+                "verbs: telling RDMA CM that a connection is in use failed"
+            ),
         }
-        tracing::debug!(
-            peer = %self.peer_uri_of(cref),
-            "verbs: a message came before the established event: established by it"
-        );
         self.on_established(cref, &[]);
     }
 

@@ -81,7 +81,9 @@ enum Test {
         inflight: String,
         /// Also measure, before and after, the ceilings of a busy rate with
         /// one call in flight (na-perf's shared-flag and NA 8-byte
-        /// ping-pongs: `rate_ceiling_flag`, `rate_ceiling_na`) and print each
+        /// ping-pongs: `rate_ceiling_flag`, `rate_ceiling_na` with posted
+        /// receives, and `rate_ceiling_na_pull` on hg-rpc's own pull path,
+        /// the one that bounds it) and print each
         /// busy one-in-flight rate's ratio to them (`rate_vs_*`, against
         /// the mean of before and after), for payloads of at most 8 bytes
         /// (what the ceilings carry). Needs na-perf next to hg-perf.

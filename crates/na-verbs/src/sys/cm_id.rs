@@ -298,11 +298,18 @@ impl CmId {
     /// Tells RDMA CM that the connection is in use (`rdma_notify` with
     /// `IBV_EVENT_COMM_EST`): the passive side got a message before the
     /// peer's ready-to-use (RTU) reached its CM, so the CM stops waiting
-    /// (and resending its reply) and reports `Established` now.
-    pub fn notify_established(&self) -> Result<()> {
+    /// (and resending its reply) and reports `Established` now. `Ok(true)`
+    /// if the CM took it; `Ok(false)` if it had the RTU already (the
+    /// kernel's `EISCONN`: the usual case, when the event is merely still
+    /// unread).
+    pub fn notify_established(&self) -> Result<bool> {
         // SAFETY: the id is live; the event is a plain enum value.
         let rc = unsafe { rdma_notify(self.as_ptr(), ibv_event_type::IBV_EVENT_COMM_EST) };
-        self.cm_call("rdma_notify", || format!("{:?}", self.peer_addr()), rc)
+        match self.cm_call("rdma_notify", || format!("{:?}", self.peer_addr()), rc) {
+            Ok(()) => Ok(true),
+            Err(VerbsError::Cm { source, .. }) if source.raw_os_error() == Some(libc::EISCONN) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Rejects a connection request (`rdma_reject`).

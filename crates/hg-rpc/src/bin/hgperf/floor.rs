@@ -26,24 +26,17 @@ fn na_perf() -> Res<PathBuf> {
     Ok(exe)
 }
 
-/// Runs `na-perf lat --floors` for 8-byte unexpected messages in `mode`
-/// and returns its JSON results.
+/// Runs `na-perf lat --floors` for 8-byte messages of `kinds` (na-perf's
+/// `--kind` list) in `mode` and returns its JSON results.
 fn na_perf_lat(
     mode: &str,
+    kinds: &str,
     cpus: (Option<usize>, Option<usize>),
     batches: usize,
     batch_ms: u64,
 ) -> Res<Vec<serde_json::Value>> {
     let mut cmd = Command::new(na_perf()?);
-    cmd.args([
-        "lat",
-        "--floors",
-        "--kind",
-        "unexpected,pulled",
-        "--sizes",
-        "8",
-        "--json",
-    ]);
+    cmd.args(["lat", "--floors", "--kind", kinds, "--sizes", "8", "--json"]);
     cmd.arg("--mode").arg(mode);
     cmd.arg("--batches").arg(batches.to_string());
     cmd.arg("--batch-ms").arg(batch_ms.to_string());
@@ -84,7 +77,11 @@ fn round_trip_of(results: &[serde_json::Value], test: &str, op: Option<&str>, fi
         .filter(|v| v["test"] == test && op.is_none_or(|op| v["op"] == op))
         .find_map(|v| v[field].as_f64().filter(|m| *m > 0.0))
         .map(|one_way| 2.0 * one_way)
-        .ok_or_else(|| format!("na-perf printed no {test} result: {results:?}").into())
+        .ok_or_else(|| {
+            let op = op.map_or(String::new(), |op| format!(" of kind {op}"));
+            format!("na-perf printed no {test} result{op} (is na-perf built from this tree?): {results:?}")
+                .into()
+        })
 }
 
 /// Median raw eventfd round trip in nanoseconds (twice na-perf's one-way
@@ -93,7 +90,7 @@ fn round_trip_of(results: &[serde_json::Value], test: &str, op: Option<&str>, fi
 /// mean would carry the sleeping ping-pong's slow tail).
 pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, batch_ms: u64) -> Res<f64> {
     round_trip(
-        &na_perf_lat("blocking", cpus, batches, batch_ms)?,
+        &na_perf_lat("blocking", "unexpected", cpus, batches, batch_ms)?,
         "floor_eventfd_lat",
         "p50",
     )
@@ -122,7 +119,7 @@ pub fn busy_round_trips(
     batches: usize,
     batch_ms: u64,
 ) -> Res<BusyRoundTrips> {
-    let r = na_perf_lat("busy", cpus, batches, batch_ms)?;
+    let r = na_perf_lat("busy", "unexpected,pulled", cpus, batches, batch_ms)?;
     // Batch means, as the rates they bound are measured.
     Ok(BusyRoundTrips {
         flag: round_trip(&r, "floor_shm_flag_lat", "median")?,
