@@ -45,6 +45,7 @@ impl VerbsPlugin {
             // Credits make receiver-not-ready impossible; an RNR NAK is a bug
             // and must fail loudly, not be retried.
             rnr_retry_count: 0,
+            qp_num: 0,
         }
     }
 

@@ -82,6 +82,7 @@ fn server(ip: std::net::Ipv4Addr, port_tx: mpsc::Sender<u16>) {
         initiator_depth: req.responder_resources.min(rd_atom(&dev)),
         retry_count: 7,
         rnr_retry_count: 7,
+        qp_num: 0,
     };
     id.accept(&accept).expect("accept");
     wait_cm(&ch, CmEventKind::Established, who);
@@ -273,6 +274,7 @@ fn sys_rc_over_rdma_cm() {
         initiator_depth: rd_atom(&dev),
         retry_count: 7,
         rnr_retry_count: 7,
+        qp_num: 0,
     };
     id.connect(&param).expect("connect");
     let est = wait_cm(&ch, CmEventKind::Established, who);

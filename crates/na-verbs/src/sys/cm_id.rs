@@ -1,7 +1,8 @@
 //! RDMA CM identifiers, the RDMA analogue of sockets: `rdma_create_id(3)`,
 //! `rdma_bind_addr(3)`, `rdma_listen(3)`, `rdma_resolve_addr(3)`,
 //! `rdma_resolve_route(3)`, `rdma_create_qp(3)`, `rdma_connect(3)`,
-//! `rdma_accept(3)`, `rdma_reject(3)`, `rdma_notify(3)`, `rdma_disconnect(3)`,
+//! `rdma_accept(3)`, `rdma_reject(3)`, `rdma_notify(3)`, `rdma_init_qp_attr(3)`,
+//! `rdma_disconnect(3)`,
 //! `rdma_destroy_id(3)`. The call order is documented in `cm.rs`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -10,7 +11,9 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
-use super::{null_error, syscall, CmIdKey, Context, EventChannel, ProtectionDomain, QpInitAttr, QueuePair};
+use super::{
+    null_error, syscall, CmIdKey, Context, EventChannel, ProtectionDomain, QpInitAttr, QpState, QueuePair,
+};
 use crate::error::{Result, VerbsError};
 
 /// RDMA CM port space.
@@ -35,6 +38,11 @@ pub struct ConnParam {
     pub retry_count: u8,
     /// RNR retries (0..=7, 7 = infinite).
     pub rnr_retry_count: u8,
+    /// The QP of a connection whose QP was not made by
+    /// [`CmId::create_qp`] (0: the id's own). Its owner then moves it
+    /// through its states itself ([`CmId::modify_qp`]), and the active
+    /// side gets `ConnectResponse` instead of `Established`.
+    pub qp_num: u32,
 }
 
 impl ConnParam {
@@ -56,7 +64,7 @@ impl ConnParam {
             retry_count: self.retry_count.min(7),
             rnr_retry_count: self.rnr_retry_count.min(7),
             srq: 0,
-            qp_num: 0,
+            qp_num: self.qp_num,
         })
     }
 }
@@ -310,6 +318,38 @@ impl CmId {
             Err(VerbsError::Cm { source, .. }) if source.raw_os_error() == Some(libc::EISCONN) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Moves `qp`, a QP this id did not create, to `state` (`Init`, `Rtr`
+    /// or `Rts`) with the attributes RDMA CM has for the connection
+    /// (`rdma_init_qp_attr`, then `ibv_modify_qp`). After `Rts` on the
+    /// active side, `rdma_establish` would send the ready-to-use message
+    /// (RTU); this crate never calls it (tests use that to leave the
+    /// passive side without one).
+    pub fn modify_qp(&self, qp: &QueuePair, state: QpState) -> Result<()> {
+        let (raw_state, name) = match state {
+            QpState::Init => (ibv_qp_state::IBV_QPS_INIT, "INIT"),
+            QpState::Rtr => (ibv_qp_state::IBV_QPS_RTR, "RTR"),
+            QpState::Rts => (ibv_qp_state::IBV_QPS_RTS, "RTS"),
+            other => {
+                return Err(VerbsError::InvalidArgument {
+                    op: "CmId::modify_qp",
+                    reason: format!("RDMA CM has no attributes for {other:?}"),
+                })
+            }
+        };
+        // SAFETY: plain old data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = raw_state;
+        let mut mask: libc::c_int = 0;
+        // SAFETY: the id is live; `attr` and `mask` are valid for writes.
+        let rc = unsafe { rdma_init_qp_attr(self.as_ptr(), &mut attr, &mut mask) };
+        self.cm_call(
+            "rdma_init_qp_attr",
+            || format!("{:?} to {name}", self.peer_addr()),
+            rc,
+        )?;
+        qp.modify(name, &mut attr, ibv_qp_attr_mask(mask as u32))
     }
 
     /// Rejects a connection request (`rdma_reject`).

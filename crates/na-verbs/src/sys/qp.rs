@@ -269,7 +269,7 @@ impl QueuePair {
         Ok(QpState::from_raw(a.qp_state))
     }
 
-    fn modify(&self, to: &'static str, a: &mut ibv_qp_attr, mask: ibv_qp_attr_mask) -> Result<()> {
+    pub(crate) fn modify(&self, to: &'static str, a: &mut ibv_qp_attr, mask: ibv_qp_attr_mask) -> Result<()> {
         // SAFETY: the QP is live and `a` is a valid attribute block for `mask`.
         errno_rc(unsafe { ibv_modify_qp(self.raw.as_ptr(), a, mask.0 as libc::c_int) }).map_err(|source| {
             VerbsError::ModifyQp {

@@ -215,6 +215,7 @@ pub fn raw_connect_param(ip: Ipv4Addr, depth: u16) -> na_verbs::sys::ConnParam {
         retry_count: 2,
         // RNR retries of the plugin's sends to the raw peer.
         rnr_retry_count: 7,
+        qp_num: 0,
     }
 }
 
