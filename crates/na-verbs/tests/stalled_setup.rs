@@ -10,67 +10,30 @@
 //! end never reaches the listener (a lost ready-to-use message, RTU): the
 //! first message the peer sends proves the connection, and the listener
 //! must answer it instead of holding its reply until the set-up deadline
-//! tears the connection down, and tell RDMA CM (which would otherwise
-//! resend its reply and finally report the peer unreachable). Two tests:
-//! a listener plugin that ignores the `Established` event (a test hook),
-//! and a raw peer that really sends no RTU (it moves its own QP through
-//! its states and never calls `rdma_establish`).
+//! tears the connection down. Here the listener plugin ignores its
+//! `Established` event (a test hook); `tests/lost_rtu.rs` has a raw peer
+//! that really sends no RTU.
 //!
 //! Without an RDMA device the RDMA part cannot run: the tests say so loudly
 //! (and check the clear "no RDMA device" error).
 
 mod common;
 
-use std::io::Write;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::AsFd;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
+use na_core::{Endpoint, NaError, OpId};
 use na_verbs::sys::*;
-use na_verbs::{VerbsConfig, VerbsPlugin};
 
-/// The set-up deadline the plugins under test get.
-const SETUP: Duration = Duration::from_secs(1);
 /// How long each blocking progress call may sleep: far beyond `SETUP`, so
 /// only the plugin's own timer ends the sleep on time.
 const SLEEP: Duration = Duration::from_secs(20);
 /// When the deadline must have been acted on (the kernel's own retries
 /// take a minute or more).
 const LATEST: Duration = Duration::from_secs(8);
-
-/// A blocking-mode endpoint with one verbs plugin on `env`'s device.
-fn plugin(env: &RdmaEnv, listen: bool) -> (Endpoint, PluginId) {
-    plugin_with(env, listen, false)
-}
-
-/// [`plugin`], whose passive side ignores `Established` events when
-/// `ignore_established` (the test hook for a lost ready-to-use message).
-fn plugin_with(env: &RdmaEnv, listen: bool, ignore_established: bool) -> (Endpoint, PluginId) {
-    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
-    let cfg = VerbsConfig {
-        setup_timeout: SETUP,
-        // The deadline must exceed both resolutions' timeouts (local here).
-        resolve_timeout_ms: 200,
-        debug_ignore_established: ignore_established,
-        ..VerbsConfig::from_spec(&spec, listen).unwrap()
-    };
-    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .expect("verbs plugin");
-    (ep, id)
-}
-
-/// The port of a `verbs://dev/ip:port` address.
-fn port_of(uri: &str) -> u16 {
-    uri.rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port in the uri")
-}
 
 /// Connects to `dst` with a valid hello and then never reads its CM
 /// channel, so the handshake is never completed; holds everything until
@@ -105,7 +68,7 @@ fn an_incoming_connection_that_stalls_is_torn_down_at_the_setup_deadline() {
     let Some(env) = rdma_env("an_incoming_connection_that_stalls_is_torn_down_at_the_setup_deadline") else {
         return;
     };
-    let (mut ep, id) = plugin(&env, true);
+    let (mut ep, id) = setup_plugin(&env, true, false);
     let port = port_of(ep.self_addr(id).unwrap().uri());
     let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
     let (stop, stopped) = mpsc::channel();
@@ -158,7 +121,7 @@ fn a_connection_to_a_listener_that_never_answers_fails_at_the_setup_deadline() {
         .expect("bind");
     listener.listen(4).expect("listen");
     let port = listener.local_addr().expect("bound address").port();
-    let (mut ep, id) = plugin(&env, false);
+    let (mut ep, id) = setup_plugin(&env, false, false);
     let uri = format!("verbs://{}/{}:{port}", env.device, env.ip);
     let to = ep.lookup(&uri).expect("lookup");
     let start = Instant::now();
@@ -206,8 +169,8 @@ fn a_listener_that_misses_the_established_event_answers_the_first_message() {
     let Some(env) = rdma_env("a_listener_that_misses_the_established_event_answers_the_first_message") else {
         return;
     };
-    let (mut srv, sid) = plugin_with(&env, true, true);
-    let (mut cli, cid) = plugin(&env, false);
+    let (mut srv, sid) = setup_plugin(&env, true, true);
+    let (mut cli, cid) = setup_plugin(&env, false, false);
     let to = cli.lookup(srv.self_addr(sid).unwrap().uri()).expect("lookup");
     srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
     cli.post_recv_expected(&to, 9, Vec::new(), OpId(2)).unwrap();
@@ -247,142 +210,4 @@ fn a_listener_that_misses_the_established_event_answers_the_first_message() {
     assert_eq!(st.handshakes_refused, 0, "the connection was torn down: {st:?}");
     assert_eq!(st.peers, 1, "{st:?}");
     assert_eq!(cli.plugin(cid).unwrap().stats().peers, 1);
-}
-
-/// A peer that connects with a QP it moves through its states itself and
-/// never sends the RTU (no `rdma_establish`), then sends one unexpected
-/// message (tag 9, "ping") and returns the payload of the first message
-/// it receives back.
-fn peer_without_rtu(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Vec<u8> {
-    use na_verbs::wire::{Header, MsgKind, HEADER_LEN};
-    let who = "peer without RTU";
-    let (ch, id, ctx) = raw_resolved(dst, who);
-    let pd = ProtectionDomain::new(&ctx).expect("pd");
-    let comp = CompletionChannel::new(&ctx).expect("completion channel");
-    let cq = CompletionQueue::new(&ctx, 16, Some(&comp)).expect("cq");
-    let slot = HEADER_LEN + 4096;
-    let recv = MemoryRegion::allocate(&pd, 4 * slot, AccessFlags::LOCAL_WRITE).expect("recv mr");
-    let send = MemoryRegion::allocate(&pd, HEADER_LEN + 4, AccessFlags::LOCAL_WRITE).expect("send mr");
-    let attr = QpInitAttr {
-        send_cq: &cq,
-        recv_cq: &cq,
-        srq: None,
-        caps: QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-    };
-    let qp = QueuePair::new_rc(&pd, attr).expect("ibv_create_qp");
-    id.modify_qp(&qp, QpState::Init).expect("to INIT");
-    for i in 0..4 {
-        qp.post_recv(i as u64, &[recv.sge(i * slot, slot).unwrap()])
-            .expect("post_recv");
-    }
-    let param = ConnParam {
-        qp_num: qp.qp_num(),
-        ..raw_connect_param(ip, 4)
-    };
-    id.connect(&param).expect("connect");
-    // With a QP of its own, librdmacm hands the reply over instead of
-    // answering it: no RTU goes out unless `rdma_establish` is called.
-    wait_cm(&ch, CmEventKind::ConnectResponse, who);
-    id.modify_qp(&qp, QpState::Rtr).expect("to RTR");
-    id.modify_qp(&qp, QpState::Rts).expect("to RTS");
-    let header = Header {
-        kind: MsgKind::Unexpected,
-        credits: 0,
-        tag: 9,
-        len: 4,
-    };
-    send.write_at(0, &header.encode()).unwrap();
-    send.write_at(HEADER_LEN, b"ping").unwrap();
-    qp.post_send(100, SendOp::Send, &[send.sge(0, HEADER_LEN + 4).unwrap()], true)
-        .expect("post_send");
-    let mut wcs = wait_wc(&cq, &comp, 1, who);
-    // The send's completion, or (if the reply already came) the receive's.
-    if wcs[0].wr_id == 100 {
-        assert_ok(&wcs, who);
-        wcs = wait_wc(&cq, &comp, 1, who);
-    }
-    let wc = wcs.pop().expect("one completion");
-    assert!(wc.is_ok() && wc.wr_id < 4, "{who}: {wc:?}");
-    let mut head = [0u8; HEADER_LEN];
-    let at = wc.wr_id as usize * slot;
-    recv.read_at(at, &mut head).unwrap();
-    let h = Header::decode(&head, wc.byte_len as usize, 4096).expect("a valid header");
-    let mut payload = vec![0u8; h.len as usize];
-    recv.read_at(at + HEADER_LEN, &mut payload).unwrap();
-    payload
-}
-
-/// Log lines written by `tracing` (the listener's debug events).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// A peer whose RTU never comes (see [`peer_without_rtu`]): its message
-/// establishes the connection, RDMA CM takes the `rdma_notify` (the
-/// listener logs that it told it, which it does only when the call
-/// succeeds), and the listener's reply, sent after the set-up deadline,
-/// arrives. Without the first-message rule the reply would wait and the
-/// connection be torn down at the deadline.
-#[test]
-fn a_peer_whose_rtu_never_comes_is_answered_and_rdma_cm_is_told() {
-    let Some(env) = rdma_env("a_peer_whose_rtu_never_comes_is_answered_and_rdma_cm_is_told") else {
-        return;
-    };
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let (mut srv, sid) = plugin(&env, true);
-    let port = port_of(srv.self_addr(sid).unwrap().uri());
-    let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
-    srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
-    let ip = env.ip;
-    let peer = std::thread::spawn(move || peer_without_rtu(ip, dst));
-    let wait_for = |srv: &mut Endpoint, op: OpId| {
-        let end = Instant::now() + LATEST;
-        loop {
-            assert!(Instant::now() < end, "{op:?} did not complete within {LATEST:?}");
-            srv.progress(Some(Duration::from_millis(20))).unwrap();
-            if let Some(c) = std::iter::from_fn(|| srv.pop_completion()).find(|c| c.op == op) {
-                return c;
-            }
-        }
-    };
-    let req = wait_for(&mut srv, OpId(1));
-    assert_eq!(req.buf.as_deref(), Some(&b"ping"[..]), "{:?}", req.status);
-    let src = req.source.clone().expect("a request has a source");
-    let past = Instant::now() + SETUP + SETUP / 2;
-    while Instant::now() < past {
-        srv.progress(Some(Duration::from_millis(20))).unwrap();
-    }
-    srv.send_expected(&src, 9, b"pong", OpId(2)).unwrap();
-    let sent = wait_for(&mut srv, OpId(2));
-    sent.status.as_ref().expect("the reply was sent");
-    assert_eq!(peer.join().expect("peer thread"), b"pong");
-    let st = srv.plugin(sid).unwrap().stats();
-    assert_eq!(st.handshakes_refused, 0, "the connection was torn down: {st:?}");
-    let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
-    assert!(
-        text.contains("established by it, RDMA CM told"),
-        "rdma_notify did not succeed; log:\n{text}"
-    );
 }

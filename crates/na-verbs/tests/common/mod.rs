@@ -17,6 +17,9 @@ use na_verbs::VerbsError;
 /// legitimate takes this long.
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// The connection set-up deadline of [`setup_plugin`]'s plugins.
+pub const SETUP: Duration = Duration::from_secs(1);
+
 /// Where the RDMA part of a test can run.
 pub struct RdmaEnv {
     /// Device name (`rxe0`).
@@ -234,4 +237,35 @@ pub fn raw_resolved(
     wait_cm(&ch, CmEventKind::RouteResolved, who);
     let ctx = id.context().expect("resolved id has a device");
     (ch, id, ctx)
+}
+
+/// A blocking-mode endpoint with one verbs plugin on `env`'s device whose
+/// set-up deadline is [`SETUP`]; its passive side ignores `Established`
+/// events when `ignore_established` (the test hook for a lost RTU).
+pub fn setup_plugin(
+    env: &RdmaEnv,
+    listen: bool,
+    ignore_established: bool,
+) -> (na_core::Endpoint, na_core::PluginId) {
+    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
+    let cfg = na_verbs::VerbsConfig {
+        setup_timeout: SETUP,
+        // The deadline must exceed both resolutions' timeouts (local here).
+        resolve_timeout_ms: 200,
+        debug_ignore_established: ignore_established,
+        ..na_verbs::VerbsConfig::from_spec(&spec, listen).unwrap()
+    };
+    let mut ep = na_core::Endpoint::new(na_core::ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn na_core::Plugin>))
+        .expect("verbs plugin");
+    (ep, id)
+}
+
+/// The port of a `verbs://dev/ip:port` address.
+pub fn port_of(uri: &str) -> u16 {
+    uri.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port in the uri")
 }
