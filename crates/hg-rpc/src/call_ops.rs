@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use na_core::{Addr, MemHandle, NaError, OpId, Report, Tag};
 
 use super::{
-    header, logged_at, response_outcome, Call, CallId, Engine, OpRole, REQUEST_TAG, WATCH_OP, WATCH_TAG,
+    header, logged_at, response_outcome, Call, CallId, DebugSpan, Engine, OpRole, REQUEST_TAG, WATCH_OP,
+    WATCH_TAG,
 };
 use crate::call_table::NO_CALL;
 use crate::codec::Codec;
@@ -131,11 +132,8 @@ impl<C: Codec> Engine<C> {
         let to_self = *dest == self.me;
         let (h, spill) = self.encode_request::<R>(input, self.checksum_flag, cookie, to_self)?;
         self.stats.calls += 1;
-        // Built only when a subscriber wants debug spans: tracing's `log`
-        // feature (which any crate in a build can switch on) would
-        // otherwise format a disabled span for `log` on every call.
-        let _span = tracing::level_enabled!(tracing::Level::DEBUG)
-            .then(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest).entered());
+        let _span =
+            DebugSpan::enter(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest));
         if to_self {
             // Self-forward: run the handler here, no network (a deferred
             // handler answers later, through `answer`).

@@ -4,8 +4,8 @@
 use na_core::{Access, Addr, MemHandle, Report};
 
 use super::{
-    logged_at, response_header, response_outcome, BulkCtx, DeferredRequest, Engine, Handler, OpRole,
-    PendingPull, RESPONSE_TAG,
+    logged_at, response_header, response_outcome, BulkCtx, DebugSpan, DeferredRequest, Engine, Handler,
+    OpRole, PendingPull, RESPONSE_TAG,
 };
 use crate::codec::Codec;
 use crate::deferred::DeferredTicket;
@@ -105,9 +105,8 @@ impl<C: Codec> Engine<C> {
             Some(Handler {
                 run: Some(run), name, ..
             }) => {
-                // Only for a subscriber that wants it (see `forward`).
-                let _span = tracing::level_enabled!(tracing::Level::DEBUG)
-                    .then(|| tracing::debug_span!("rpc handle", rpc = *name, cookie = h.cookie).entered());
+                let _span =
+                    DebugSpan::enter(|| tracing::debug_span!("rpc handle", rpc = *name, cookie = h.cookie));
                 // A panic becomes a handler error: the caller is answered,
                 // and the engine (and a tokio driver running it) lives on.
                 // AssertUnwindSafe: the handler stays registered; state it
