@@ -14,9 +14,13 @@ calls=${1:-100000}
 cargo build --quiet --release -p hg-rpc --example busy_path_cost
 cargo build --quiet --release -p na-sm --example pull_path_cost
 dir=${CARGO_TARGET_DIR:-target}/release/examples
+# Prints the instruction count of one run; on failure, the run's output
+# (the example's error) goes to stderr.
 count() {
-  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$1" "$2" 2>&1 |
-    sed -n 's/.*Collected : *\([0-9]*\).*/\1/p'
+  local out
+  out=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$1" "$2" 2>&1) ||
+    { printf '%s\n' "$out" | grep -v '^==' >&2; return 1; }
+  printf '%s\n' "$out" | sed -n 's/.*Collected : *\([0-9]*\).*/\1/p'
 }
 # Two runs each, so that setup (handshake, registration) cancels out.
 # (`set -e` does not reach into `$(...)`: each count is checked here.)

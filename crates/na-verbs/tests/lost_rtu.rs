@@ -40,18 +40,7 @@ fn peer_without_rtu(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Vec<u8> {
     let slot = HEADER_LEN + 4096;
     let recv = MemoryRegion::allocate(&pd, 4 * slot, AccessFlags::LOCAL_WRITE).expect("recv mr");
     let send = MemoryRegion::allocate(&pd, HEADER_LEN + 4, AccessFlags::LOCAL_WRITE).expect("send mr");
-    let attr = QpInitAttr {
-        send_cq: &cq,
-        recv_cq: &cq,
-        srq: None,
-        caps: QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-    };
+    let attr = small_qp_attr(&cq);
     let qp = QueuePair::new_rc(&pd, attr).expect("ibv_create_qp");
     id.modify_qp(&qp, QpState::Init).expect("to INIT");
     for i in 0..4 {

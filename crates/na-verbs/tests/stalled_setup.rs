@@ -43,18 +43,7 @@ fn stall_connecting(ip: std::net::Ipv4Addr, dst: SocketAddr, stop: mpsc::Receive
     let (_ch, id, ctx) = raw_resolved(dst, who);
     let pd = ProtectionDomain::new(&ctx).expect("pd");
     let cq = CompletionQueue::new(&ctx, 16, None).expect("cq");
-    let attr = QpInitAttr {
-        send_cq: &cq,
-        recv_cq: &cq,
-        srq: None,
-        caps: QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-    };
+    let attr = small_qp_attr(&cq);
     let _qp = id.create_qp(&pd, attr).expect("rdma_create_qp");
     let param = raw_connect_param(ip, 4);
     id.connect(&param).expect("connect");

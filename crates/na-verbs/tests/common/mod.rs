@@ -269,3 +269,20 @@ pub fn port_of(uri: &str) -> u16 {
         .and_then(|p| p.parse().ok())
         .expect("port in the uri")
 }
+
+/// The init attributes of a raw peer's small RC QP: one CQ for both
+/// queues, no SRQ, 4 work requests each way of one SGE, nothing inline.
+pub fn small_qp_attr(cq: &Arc<CompletionQueue>) -> na_verbs::sys::QpInitAttr<'_> {
+    na_verbs::sys::QpInitAttr {
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        caps: na_verbs::sys::QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+    }
+}
