@@ -15,7 +15,7 @@ use na_core::{Endpoint, OpId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{assert_refused_at_start, client, dir, endpoint, Server};
+use common::{assert_refused_at_start, client, dir, endpoint, wire_message, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -85,16 +85,7 @@ fn responses_mirror_requests(d: &std::path::Path, uri: &str) {
     let mut input = Vec::new();
     Postcard.encode(&(20u64, 22u64), &mut input).unwrap();
     for (cookie, flags) in [(1u64, FLAG_CHECKSUM), (2, 0), (3, FLAG_CHECKSUM)] {
-        let mut req = Vec::new();
-        Header {
-            flags,
-            status: Status::Ok,
-            rpc_id: hg_rpc::rpc_id(Add::NAME),
-            cookie,
-            payload_len: 0,
-            checksum: 0,
-        }
-        .encode_with(&input, &mut req);
+        let req = wire_message(flags, Add::NAME, cookie, &input);
         raw.post_recv_unexpected(sm, Vec::new(), OpId(cookie)).unwrap();
         raw.send_unexpected(&s, 0, &req, OpId(1 << 40 | cookie)).unwrap();
         let msg = received(&mut raw, OpId(cookie));

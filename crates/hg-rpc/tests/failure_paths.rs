@@ -12,7 +12,7 @@ use hg_rpc::{Engine, Rpc, RpcError};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, wait};
+use common::{client, dir, endpoint, wait, wire_message};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -168,7 +168,7 @@ fn an_unknown_rpc_s_spilled_input_is_not_pulled() {
 #[test]
 fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     use hg_rpc::codec::{Codec, Postcard};
-    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM};
+    use hg_rpc::header::FLAG_CHECKSUM;
     use na_core::{Endpoint, NaError, OpId, Plugin, ProgressMode};
     use na_sm::{SmConfig, SmPlugin};
 
@@ -193,16 +193,7 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     let s = raw.lookup(&uri).unwrap();
     let mut payload = Vec::new();
     Postcard.encode(&vec![7u8; 4000], &mut payload).unwrap();
-    let mut req = Vec::new();
-    Header {
-        flags: FLAG_CHECKSUM,
-        status: Status::Ok,
-        rpc_id: hg_rpc::rpc_id(Echo::NAME),
-        cookie: 1,
-        payload_len: 0,
-        checksum: 0,
-    }
-    .encode_with(&payload, &mut req);
+    let req = wire_message(FLAG_CHECKSUM, Echo::NAME, 1, &payload);
     let end = Instant::now() + T;
     for i in 0..REQUESTS {
         loop {
@@ -317,16 +308,7 @@ fn spilled_outputs_not_yet_pulled_are_bounded_per_caller_and_in_all() {
     let mut payload = Vec::new();
     Postcard.encode(&(2 * K250), &mut payload).unwrap();
     for cookie in 1..=2u64 {
-        let mut req = Vec::new();
-        Header {
-            flags: FLAG_CHECKSUM,
-            status: Status::Ok,
-            rpc_id: hg_rpc::rpc_id(Fill::NAME),
-            cookie,
-            payload_len: 0,
-            checksum: 0,
-        }
-        .encode_with(&payload, &mut req);
+        let req = wire_message(FLAG_CHECKSUM, Fill::NAME, cookie, &payload);
         raw.post_recv_unexpected(sm, Vec::new(), OpId(cookie)).unwrap();
         raw.send_unexpected(&rs, 0, &req, OpId(1 << 40 | cookie)).unwrap();
     }

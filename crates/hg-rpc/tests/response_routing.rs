@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
+use hg_rpc::header::{Header, FLAG_CHECKSUM, FLAG_RESPONSE};
 use hg_rpc::{Engine, Rpc, RpcError};
 use na_core::{Addr, Endpoint, OpId, PluginId};
 
@@ -14,23 +14,13 @@ use na_core::{Addr, Endpoint, OpId, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, posted_ops, wait, Server};
+use common::{client, dir, endpoint, posted_ops, wait, wire_message, Server};
 
 const T: Duration = Duration::from_secs(10);
 
 /// A response header for `cookie` with an empty payload (the encoding of `()`).
 fn response(rpc: &str, cookie: u64) -> Vec<u8> {
-    let mut msg = Vec::new();
-    Header {
-        flags: FLAG_RESPONSE | FLAG_CHECKSUM,
-        status: Status::Ok,
-        rpc_id: hg_rpc::rpc_id(rpc),
-        cookie,
-        payload_len: 0,
-        checksum: 0,
-    }
-    .encode_with(&[], &mut msg);
-    msg
+    wire_message(FLAG_RESPONSE | FLAG_CHECKSUM, rpc, cookie, &[])
 }
 
 /// Drives `c` for `d`.
@@ -386,17 +376,12 @@ fn inputs_held_for_abandoned_calls_are_bounded() {
 
 /// An `Echo` response to `cookie` carrying `data`.
 fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
-    let mut msg = Vec::new();
-    Header {
-        flags: FLAG_RESPONSE | FLAG_CHECKSUM,
-        status: Status::Ok,
-        rpc_id: hg_rpc::rpc_id(Echo::NAME),
+    wire_message(
+        FLAG_RESPONSE | FLAG_CHECKSUM,
+        Echo::NAME,
         cookie,
-        payload_len: 0,
-        checksum: 0,
-    }
-    .encode_with(&postcard::to_allocvec(data).unwrap(), &mut msg);
-    msg
+        &postcard::to_allocvec(data).unwrap(),
+    )
 }
 
 /// A target that sends a spilled response twice for one call: the second
@@ -420,16 +405,12 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
     let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
     let mut payload = (output.len() as u64).to_le_bytes().to_vec();
     payload.extend_from_slice(&desc);
-    let mut msg = Vec::new();
-    Header {
-        flags: FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
-        status: Status::Ok,
-        rpc_id: hg_rpc::rpc_id(Echo::NAME),
+    let msg = wire_message(
+        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
+        Echo::NAME,
         cookie,
-        payload_len: 0,
-        checksum: 0,
-    }
-    .encode_with(&payload, &mut msg);
+        &payload,
+    );
     // Both are in the origin's queue before it looks.
     send_raw(&mut x, &origin, None, &msg, OpId(2));
     send_raw(&mut x, &origin, None, &msg, OpId(3));

@@ -824,18 +824,8 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
 /// A spilled `Digest` request written by hand: the length of the spilled
 /// input and its memory descriptor as the payload.
 fn spilled_digest_request(cookie: u64, len: u64, desc: &[u8]) -> Vec<u8> {
-    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL};
+    use hg_rpc::header::{FLAG_CHECKSUM, FLAG_SPILL};
     let mut payload = len.to_le_bytes().to_vec();
     payload.extend_from_slice(desc);
-    let mut msg = Vec::new();
-    Header {
-        flags: FLAG_CHECKSUM | FLAG_SPILL,
-        status: Status::Ok,
-        rpc_id: hg_rpc::rpc_id(Digest::NAME),
-        cookie,
-        payload_len: 0,
-        checksum: 0,
-    }
-    .encode_with(&payload, &mut msg);
-    msg
+    common::wire_message(FLAG_CHECKSUM | FLAG_SPILL, Digest::NAME, cookie, &payload)
 }

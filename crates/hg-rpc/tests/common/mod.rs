@@ -160,3 +160,20 @@ pub fn wait<R: hg_rpc::Rpc>(c: &mut Engine, id: hg_rpc::CallId) -> hg_rpc::Resul
         c.trigger().unwrap();
     }
 }
+
+/// An RPC message as it goes on the wire: a header with `flags`, status
+/// ok, the id of RPC `rpc` and `cookie`, then `payload` (its length and,
+/// with `FLAG_CHECKSUM`, its checksum filled in by the encoder).
+pub fn wire_message(flags: u8, rpc: &str, cookie: u64, payload: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::new();
+    hg_rpc::header::Header {
+        flags,
+        status: hg_rpc::header::Status::Ok,
+        rpc_id: hg_rpc::rpc_id(rpc),
+        cookie,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(payload, &mut msg);
+    msg
+}
