@@ -94,7 +94,6 @@ impl<T> CallTable<T> {
     }
 
     /// Number of values stored.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.len() - self.free.len()
     }

@@ -111,7 +111,7 @@ impl<C: Codec> Engine<C> {
             }
         }
         if self.pull {
-            n += self.take_pulled()?;
+            n += self.take_pulled(true)?;
         }
         if (!self.exposed.is_empty() || self.abandoned_hint > 0) && self.last_sweep.elapsed() > SWEEP_EVERY {
             self.sweep_expired();
@@ -158,7 +158,15 @@ impl<C: Codec> Engine<C> {
     /// Pull mode: takes the messages waiting in the transport (at most
     /// [`POSTED_REQUEST_BUFFERS`], so that other work gets its turn) and
     /// handles each at once, from one buffer.
-    fn take_pulled(&mut self) -> Result<usize> {
+    ///
+    /// With `early`, it also stops after a response when the call table
+    /// holds one call only (that response's, unless it was a stray): a
+    /// caller with one call in flight gets its outcome without the take
+    /// that would find nothing, which then comes after its next send, off
+    /// the path from a response to the next request. What is left waits
+    /// in the transport, which reports it as work (so no progress call
+    /// sleeps on it), for the next `trigger`, as after a full batch.
+    fn take_pulled(&mut self, early: bool) -> Result<usize> {
         let mut buf = std::mem::take(&mut self.rx_buf);
         let mut n = 0;
         let r = loop {
@@ -168,8 +176,8 @@ impl<C: Codec> Engine<C> {
             match self.ep.take_unexpected(self.plugin, &mut buf) {
                 Ok(Some((src, _tag))) => {
                     n += 1;
-                    if let Err(e) = self.on_message(&src, &buf) {
-                        break Err(e);
+                    if self.on_message(&src, &buf) && early && self.calls.len() == 1 {
+                        break Ok(n);
                     }
                 }
                 Ok(None) => break Ok(n),
@@ -192,7 +200,7 @@ impl<C: Codec> Engine<C> {
             let buf = c.buf.unwrap_or_default();
             if c.status.is_ok() {
                 if let Some(src) = c.source {
-                    self.on_message(&src, &buf)?;
+                    self.on_message(&src, &buf);
                 }
             }
             if !canceled {
@@ -209,7 +217,7 @@ impl<C: Codec> Engine<C> {
                 // exited, say) were kept for us to take in pull mode: they
                 // come before its death, or the death would fail their calls.
                 if self.pull && c.status.is_err() {
-                    self.take_pulled()?;
+                    self.take_pulled(false)?;
                 }
                 self.watch_ended(token, c.status)
             }

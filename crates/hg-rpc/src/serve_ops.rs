@@ -9,7 +9,6 @@ use super::{
 };
 use crate::codec::Codec;
 use crate::deferred::DeferredTicket;
-use crate::error::Result;
 use crate::header::{Header, Status, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::rpc_id;
 use crate::spill::{self, RELEASE_RPC};
@@ -125,9 +124,10 @@ impl<C: Codec> Engine<C> {
         Some((response_header(h, status), out))
     }
 
-    /// A message arrived in one of our posted unexpected receives: a
-    /// request to serve, or the response to one of our calls.
-    pub(super) fn on_message(&mut self, src: &Addr, msg: &[u8]) -> Result<()> {
+    /// A message arrived (taken in pull mode, or in one of our posted
+    /// unexpected receives): a request to serve, or the response to one
+    /// of our calls. Returns true for a response.
+    pub(super) fn on_message(&mut self, src: &Addr, msg: &[u8]) -> bool {
         let (h, payload) = match Header::decode(msg) {
             Ok(r) => r,
             Err(e) => {
@@ -136,18 +136,18 @@ impl<C: Codec> Engine<C> {
                 if logged_at(self.stats.malformed) {
                     tracing::warn!(peer = %src, error = %e, malformed = self.stats.malformed, "dropping malformed RPC message");
                 }
-                return Ok(());
+                return false;
             }
         };
         if h.is_response() {
             self.on_response(src, &h, payload);
-            return Ok(());
+            return true;
         }
         if h.rpc_id == rpc_id(RELEASE_RPC) {
             if let Ok(c) = <[u8; 8]>::try_from(payload) {
                 self.exposed.remove((src.token(), u64::from_le_bytes(c)));
             }
-            return Ok(());
+            return false;
         }
         if h.flags & FLAG_SPILL != 0 {
             if !self.handlers.contains_key(&h.rpc_id) {
@@ -155,7 +155,7 @@ impl<C: Codec> Engine<C> {
                 // make us allocate and copy its (up to `max_spill`) input.
                 self.stats.handled += 1;
                 self.respond(src, response_header(&h, Status::UnknownRpc), Vec::new());
-                return Ok(());
+                return false;
             }
             let mut ticket = None;
             if matches!(self.handlers.get(&h.rpc_id), Some(Handler { run: None, .. })) {
@@ -167,21 +167,21 @@ impl<C: Codec> Engine<C> {
                     Err(why) => {
                         self.stats.handled += 1;
                         self.respond(src, response_header(&h, Status::Busy), why.into_bytes());
-                        return Ok(());
+                        return false;
                     }
                 }
             }
             if let Err((status, reason)) = self.start_pull(src, &h, payload, false, ticket) {
                 self.respond(src, response_header(&h, status), reason.into_bytes());
             }
-            return Ok(());
+            return false;
         }
         if let Some((rh, out)) = self.run_decoded(src, &h, payload) {
             if !h.is_one_way() {
                 self.respond(src, rh, out);
             }
         }
-        Ok(())
+        false
     }
 
     /// Starts pulling spilled data described by `payload` (length, then

@@ -537,3 +537,72 @@ fn a_blocking_call_waits_for_room_for_its_spilled_input() {
     assert_ne!(cookie, 0, "the call's request reached the target");
     assert!(c.stats().inputs_refused >= 2, "{:?}", c.stats());
 }
+
+/// An origin with one call in flight stops taking messages once that
+/// call's response is filed (the take that would find nothing comes after
+/// its next send). A request queued behind the response is not lost and
+/// does not wait for traffic: the transport still reports it as work, so
+/// a blocking progress call returns at once, and the next trigger serves it.
+#[test]
+fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
+    let d = dir("behind-response");
+    let engine = |mode, listen| {
+        let (mut ep, id) = endpoint(&d, listen);
+        ep.set_mode(mode);
+        let mut e = Engine::new(ep, id).unwrap();
+        e.register::<Echo>(Ok).unwrap();
+        e
+    };
+    let mut a = engine(na_core::ProgressMode::Blocking, true);
+    let mut b = engine(na_core::ProgressMode::Blocking, true);
+    let to_b = a.endpoint().lookup(b.self_addr().uri()).unwrap();
+    let to_a = b.endpoint().lookup(a.self_addr().uri()).unwrap();
+    // Warm up both ways: every connection is set up before the test.
+    for _ in 0..2 {
+        let (x, y) = (
+            a.forward::<Echo>(&to_b, &vec![1]).unwrap(),
+            b.forward::<Echo>(&to_a, &vec![2]).unwrap(),
+        );
+        pump_both(&mut a, &mut b, "warm-up", |a, b| {
+            a.is_finished(x) && b.is_finished(y)
+        });
+        assert_eq!(a.take_response::<Echo>(x).unwrap().unwrap(), vec![1]);
+        assert_eq!(b.take_response::<Echo>(y).unwrap().unwrap(), vec![2]);
+    }
+    let served = a.stats().handled;
+
+    let call = a.forward::<Echo>(&to_b, &vec![7]).unwrap();
+    let before = b.stats().handled;
+    let end = Instant::now() + T;
+    while b.stats().handled == before {
+        assert!(Instant::now() < end, "b never served the call");
+        b.progress(Some(Duration::from_millis(10))).unwrap();
+        b.trigger().unwrap();
+    }
+    // b's request goes out after its response: it waits behind it.
+    let back = b.forward::<Echo>(&to_a, &vec![8]).unwrap();
+    let end = Instant::now() + T;
+    while !a.is_finished(call) {
+        assert!(Instant::now() < end, "a never got its response");
+        a.progress(Some(Duration::from_millis(10))).unwrap();
+        a.trigger().unwrap();
+    }
+    assert_eq!(a.take_response::<Echo>(call).unwrap().unwrap(), vec![7]);
+    assert_eq!(
+        a.stats().handled,
+        served,
+        "the take stopped after the only call's response"
+    );
+
+    let t = Instant::now();
+    let n = a.progress(Some(Duration::from_secs(5))).unwrap();
+    assert!(n > 0, "the waiting request is reported as work");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "progress slept {:?} on a waiting request",
+        t.elapsed()
+    );
+    a.trigger().unwrap();
+    assert_eq!(a.stats().handled, served + 1, "the next trigger serves it");
+    assert_eq!(wait::<Echo>(&mut b, back).unwrap(), vec![8]);
+}
