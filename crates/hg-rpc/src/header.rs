@@ -375,7 +375,10 @@ mod tests {
             }
         }
         // Both outcomes were exercised.
-        assert!(accepted_fast > 1000 && refused > 1000, "{accepted_fast} {refused}");
+        assert!(
+            accepted_fast > 1000 && refused > 1000,
+            "{accepted_fast} {refused}"
+        );
     }
 
     fn header(flags: u8) -> Header {

@@ -732,8 +732,16 @@ impl SmPlugin {
         match failure {
             Failure::Gone => tracing::info!(peer = %uri, %reason, "sm disconnect"),
             Failure::Protocol => {
+                // Peers can break the protocol again and again (a new
+                // connection each time): the log gets the 1st, 2nd, 4th...
+                // and the counter every one.
                 self.stats.protocol_errors += 1;
-                tracing::warn!(peer = %uri, %reason, "sm protocol violation; disconnecting")
+                let count = self.stats.protocol_errors;
+                if na_core::logged_at(count) {
+                    tracing::warn!(peer = %uri, %reason, protocol_errors = count, "sm protocol violation; disconnecting")
+                } else {
+                    tracing::debug!(peer = %uri, %reason, protocol_errors = count, "sm protocol violation; disconnecting")
+                }
             }
         }
         for conn in conns {

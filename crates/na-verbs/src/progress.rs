@@ -205,8 +205,17 @@ impl VerbsPlugin {
     /// The peer broke the protocol on `cref`: counted, logged, and the
     /// connection is killed without taking anything more from it.
     pub(crate) fn violation(&mut self, cref: ConnRef, what: String) {
+        // Peers can break the protocol again and again (a new connection
+        // each time): the log gets the 1st, 2nd, 4th... and the counter
+        // every one.
         self.stats.protocol_errors += 1;
-        tracing::warn!(peer = %self.peer_uri_of(cref), violation = %what, "verbs: protocol violation");
+        let count = self.stats.protocol_errors;
+        let peer = self.peer_uri_of(cref);
+        if na_core::logged_at(count) {
+            tracing::warn!(%peer, violation = %what, protocol_errors = count, "verbs: protocol violation");
+        } else {
+            tracing::debug!(%peer, violation = %what, protocol_errors = count, "verbs: protocol violation");
+        }
         if let Some(conn) = self.conn_mut(cref) {
             conn.violated = true;
         }

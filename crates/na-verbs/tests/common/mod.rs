@@ -2,6 +2,8 @@
 //! bounded waits on the CM and completion channels, and test patterns.
 #![allow(dead_code)]
 
+pub mod flood;
+
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 use std::sync::Arc;

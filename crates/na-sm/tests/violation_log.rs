@@ -1,0 +1,86 @@
+//! A peer that breaks the protocol again and again (a new connection each
+//! time) cannot flood the log: the warning comes at the 1st, 2nd, 4th, 8th
+//! violation, the others at debug level, and `protocol_errors` counts
+//! every one. Real plugins over real shared memory; a binary of its own,
+//! for the global tracing subscriber (a thread-local one would share
+//! tracing's per-callsite interest cache with threads that have none).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use na_core::{NaError, OpId, Plugin, PluginId};
+use na_sm::{SmConfig, SmPlugin};
+
+mod common;
+use common::private_dir;
+
+const T: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this binary");
+
+    let dir = private_dir("violation-log");
+    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    assert!(taker.pull_unexpected().unwrap(), "sm has a pull mode");
+    const N: u64 = 9;
+    for i in 0..N {
+        // A new sender each time: a connection is cut off at its violation.
+        let mut sender = SmPlugin::new(PluginId(10 + i as u32), SmConfig::default().with_dir(&dir)).unwrap();
+        let to = sender.lookup(taker.self_addr().uri()).unwrap();
+        sender.debug_forge_unreserved(&to, 9).unwrap();
+        let (end, mut op) = (Instant::now() + T, 100);
+        let mut buf = Vec::new();
+        loop {
+            assert!(Instant::now() < end, "violation {i} was never found");
+            sender.progress().unwrap();
+            taker.progress().unwrap();
+            assert!(
+                taker.take_unexpected(&mut buf).unwrap().is_none(),
+                "a forged message was delivered"
+            );
+            while sender.pop_completion().is_some() {}
+            op += 1;
+            match sender.send_unexpected(&to, 10, b"after", OpId(op)) {
+                Err(NaError::PeerGone { .. }) => break,
+                Err(e) => panic!("{e}"),
+                Ok(()) => {}
+            }
+        }
+        assert_eq!(taker.stats().protocol_errors, i + 1, "every violation counted");
+    }
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("sm protocol violation"))
+        .collect();
+    let warned: Vec<&str> = lines.iter().copied().filter(|l| l.contains(" WARN ")).collect();
+    let debug = lines.iter().filter(|l| l.contains(" DEBUG ")).count();
+    assert_eq!(warned.len(), 4, "warned at 1, 2, 4, 8 of {N}: {warned:#?}");
+    for (w, n) in warned.iter().zip([1, 2, 4, 8]) {
+        assert!(w.contains(&format!("protocol_errors={n}")), "{w}");
+    }
+    assert_eq!(debug as u64, N - 4, "the others at debug level:\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,81 @@
+//! A remote peer that breaks the protocol again and again (a new
+//! connection each time) cannot flood the log: the warning comes at the
+//! 1st, 2nd, 4th... violation, the others at debug level, and
+//! `protocol_errors` counts every one. A binary of its own, for the global
+//! tracing subscriber (a thread-local one would share tracing's
+//! per-callsite interest cache with threads that have none).
+//!
+//! Without an RDMA device the RDMA part cannot run: the test says so loudly
+//! (and checks the clear "no RDMA device" error).
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use common::flood::*;
+use common::*;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
+    let Some(env) = rdma_env("repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two")
+    else {
+        return;
+    };
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this binary");
+    let (mut ep, id) = listener(&env);
+    const ATTACKS: u64 = 5;
+    for i in 0..ATTACKS {
+        let seen = attack_listener(&env, &mut ep, id, env.ip, Attack::WriteWithImm);
+        let why = seen.stopped_by.unwrap_or_default();
+        assert!(
+            why.contains("DISCONNECTED"),
+            "attack {i}: the connection was not ended: {why}"
+        );
+        let st = ep.plugin(id).unwrap().stats();
+        assert!(st.protocol_errors > i, "attack {i} not counted: {st:?}");
+    }
+    let n = ep.plugin(id).unwrap().stats().protocol_errors;
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("verbs: protocol violation"))
+        .collect();
+    let warned: Vec<&str> = lines.iter().copied().filter(|l| l.contains(" WARN ")).collect();
+    let debug = lines.iter().filter(|l| l.contains(" DEBUG ")).count() as u64;
+    let powers: Vec<u64> = (0..64).map(|k| 1u64 << k).take_while(|&p| p <= n).collect();
+    assert_eq!(
+        warned.len(),
+        powers.len(),
+        "{n} violations, warned at {powers:?} only: {warned:#?}"
+    );
+    for (w, p) in warned.iter().zip(&powers) {
+        assert!(w.contains(&format!("protocol_errors={p}")), "{w}");
+    }
+    assert_eq!(
+        debug + warned.len() as u64,
+        n,
+        "every violation logged once:\n{text}"
+    );
+    assert!(debug >= 1, "{n} violations: some at debug level");
+}
