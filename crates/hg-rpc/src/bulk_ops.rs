@@ -16,8 +16,13 @@ use crate::error::{Result, RpcError};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BulkId(u64);
 
-/// How long a handler's transfer may take before it fails.
-const HANDLER_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a handler's transfer may take before it fails, unless set
+/// with [`Engine::set_handler_transfer_timeout`].
+pub const DEFAULT_HANDLER_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a handler waits for its canceled transfers before it warns
+/// (it goes on waiting: see `BulkCtx::cancel_window`).
+const CANCEL_WAIT_WARNING: Duration = Duration::from_secs(10);
 
 /// Most spans [`BulkCtx::transfer_batch`] has in flight at once (na-sm's
 /// `IOV_MAX`: a window of single-piece spans is one system call).
@@ -42,6 +47,17 @@ pub struct BulkCtx<'a> {
     pub(super) origin: &'a Addr,
     /// The handler lifted the caller-only rule.
     pub(super) any_owner: bool,
+    /// How long one call of [`transfer_batch`](Self::transfer_batch) (or
+    /// [`transfer`](Self::transfer)) may take.
+    pub(super) transfer_timeout: Duration,
+}
+
+/// Why a window of a handler's transfer failed.
+enum WindowFailure {
+    /// A transfer failed (the others in the window finished first).
+    Failed(String),
+    /// The deadline passed with transfers still in flight.
+    TimedOut(String),
 }
 
 impl BulkCtx<'_> {
@@ -105,6 +121,14 @@ impl BulkCtx<'_> {
     /// waited for before the next starts, so memory stays bounded whatever
     /// the number of spans (na-sm still makes one system call per
     /// window). The first failure is returned, after every span finished.
+    ///
+    /// The whole call may take the engine's handler transfer timeout
+    /// ([`Engine::set_handler_transfer_timeout`], default
+    /// [`DEFAULT_HANDLER_TRANSFER_TIMEOUT`]). Past it, the call fails:
+    /// the transfers in flight are canceled and waited for (so that, once
+    /// the handler answers, nothing touches the caller's memory any more:
+    /// an RDMA transfer on the wire cannot be recalled), and windows not
+    /// started yet are not started.
     pub fn transfer_batch(
         &mut self,
         op: BulkOp,
@@ -114,11 +138,21 @@ impl BulkCtx<'_> {
     ) -> std::result::Result<(), String> {
         self.check_owner(op, remote)?;
         hg_bulk::check_spans(remote, local, spans).map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + HANDLER_TRANSFER_TIMEOUT;
+        let deadline = Instant::now() + self.transfer_timeout;
         let mut failure = None;
-        for window in spans.chunks(BATCH_WINDOW) {
-            if let Err(e) = self.transfer_window(op, remote, local, window, deadline) {
-                failure.get_or_insert(e);
+        for (i, window) in spans.chunks(BATCH_WINDOW).enumerate() {
+            match self.transfer_window(op, remote, local, window, deadline) {
+                Ok(()) => {}
+                Err(WindowFailure::Failed(e)) => {
+                    failure.get_or_insert(e);
+                }
+                Err(WindowFailure::TimedOut(e)) => {
+                    let later = spans.len().saturating_sub((i + 1) * BATCH_WINDOW);
+                    return Err(match later {
+                        0 => e,
+                        n => format!("{e}; the {n} spans after them were not started"),
+                    });
+                }
             }
         }
         failure.map_or(Ok(()), Err)
@@ -132,7 +166,7 @@ impl BulkCtx<'_> {
         local: &Bulk,
         spans: &[Span],
         deadline: Instant,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), WindowFailure> {
         let ids: Vec<(Span, OpId)> = spans
             .iter()
             .map(|s| {
@@ -141,7 +175,7 @@ impl BulkCtx<'_> {
             })
             .collect();
         match hg_bulk::start_batch(self.ep, op, remote, local, &ids) {
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(WindowFailure::Failed(e.to_string())),
             Ok(Started::Done) => return Ok(()),
             Ok(Started::Posted) => {}
         }
@@ -167,15 +201,63 @@ impl BulkCtx<'_> {
             }
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
-                // The operations stay posted; their late completions are ignored.
-                return Err(format!(
-                    "{left} of {} bulk transfers did not finish within {HANDLER_TRANSFER_TIMEOUT:?}",
-                    ids.len()
-                ));
+                let late = left;
+                self.cancel_window(&ids, first..=last, left)?;
+                return Err(WindowFailure::TimedOut(format!(
+                    "{late} of {} bulk transfers did not finish within {:?} (canceled)",
+                    ids.len(),
+                    self.transfer_timeout
+                )));
             }
-            self.ep.progress(Some(wait)).map_err(|e| e.to_string())?;
+            self.ep
+                .progress(Some(wait))
+                .map_err(|e| WindowFailure::Failed(e.to_string()))?;
         }
-        failure.map_or(Ok(()), Err)
+        failure.map_or(Ok(()), |e| Err(WindowFailure::Failed(e)))
+    }
+
+    /// Cancels the `left` transfers of `ids` (op ids `range`) still in
+    /// flight and waits until the transport has ended every one. The
+    /// answer to the request must not go out before: its origin may free
+    /// or reuse its memory as soon as it has it, and a transfer on the wire
+    /// cannot be recalled (RDMA), only waited for. The transport ends a
+    /// canceled one promptly: one not started yet is dropped, one on the
+    /// wire completes or fails (a dead peer's fails by the transport's own
+    /// timeout, or when its connection goes).
+    fn cancel_window(
+        &mut self,
+        ids: &[(Span, OpId)],
+        range: std::ops::RangeInclusive<u64>,
+        mut left: usize,
+    ) -> std::result::Result<(), WindowFailure> {
+        for &(_, op) in ids {
+            // Finished ones are unknown to the transport by now: no matter.
+            let _ = self.ep.cancel(self.plugin, op);
+        }
+        let (started, mut warned) = (Instant::now(), false);
+        loop {
+            while let Some(c) = self.ep.pop_completion() {
+                if range.contains(&c.op.0) {
+                    left -= 1;
+                } else {
+                    self.deferred.push_back(c);
+                }
+            }
+            if left == 0 {
+                return Ok(());
+            }
+            if !warned && started.elapsed() > CANCEL_WAIT_WARNING {
+                warned = true;
+                tracing::warn!(
+                    left,
+                    waited = ?started.elapsed(),
+                    "a handler's timed-out transfers are still in flight; its answer waits for them"
+                );
+            }
+            self.ep
+                .progress(Some(Duration::from_millis(100)))
+                .map_err(|e| WindowFailure::Failed(e.to_string()))?;
+        }
     }
 }
 

@@ -77,7 +77,7 @@ mod call_ops;
 mod progress_ops;
 #[path = "serve_ops.rs"]
 pub(crate) mod serve_ops;
-pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW};
+pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
 
 struct Handler {
     name: &'static str,
@@ -310,6 +310,9 @@ pub struct Engine<C: Codec = Postcard> {
     /// Most bytes `spare_bufs` may hold together.
     spare_bytes: usize,
     max_spill: u64,
+    /// How long one transfer call of a handler may take (see
+    /// `set_handler_transfer_timeout`).
+    handler_transfer_timeout: Duration,
     /// Bytes of the pulls in flight (`pulls`), and their limit.
     pull_bytes: u64,
     /// Bytes of pulled inputs that deferred requests still hold (see
@@ -392,6 +395,7 @@ impl<C: Codec> Engine<C> {
             spare_bufs: Vec::new(),
             spare_bytes: DEFAULT_SPARE_BYTES,
             max_spill: DEFAULT_MAX_SPILL,
+            handler_transfer_timeout: DEFAULT_HANDLER_TRANSFER_TIMEOUT,
             pull_bytes: 0,
             deferred_bytes: Arc::default(),
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
@@ -619,6 +623,19 @@ impl<C: Codec> Engine<C> {
     /// return more than [`DEFAULT_MAX_SPILL`].
     pub fn set_max_spill(&mut self, bytes: u64) {
         self.max_spill = bytes;
+    }
+
+    /// How long one transfer call of a handler
+    /// ([`BulkCtx::transfer_batch`], [`BulkCtx::transfer`]) may take
+    /// before it fails (default [`DEFAULT_HANDLER_TRANSFER_TIMEOUT`]).
+    /// Raise it for handlers that move more than the network carries in
+    /// that time. The engine serves nothing else while a handler waits;
+    /// past the timeout the handler also waits for the transport to end
+    /// the transfers it cancels (see [`BulkCtx::transfer_batch`]). With `Duration::ZERO` every
+    /// transfer that goes through the transport fails (its end is
+    /// reported at a later progress call, even over na-sm).
+    pub fn set_handler_transfer_timeout(&mut self, timeout: Duration) {
+        self.handler_transfer_timeout = timeout;
     }
 
     /// Most bytes of spilled data this engine pulls at once (inputs as a

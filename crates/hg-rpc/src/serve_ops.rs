@@ -85,6 +85,7 @@ impl<C: Codec> Engine<C> {
             deferred: &mut self.deferred,
             origin: src,
             any_owner: false,
+            transfer_timeout: self.handler_transfer_timeout,
         };
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => (Status::UnknownRpc, Vec::new()),

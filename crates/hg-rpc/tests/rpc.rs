@@ -590,6 +590,102 @@ fn a_handler_transfers_only_with_the_caller_s_handles() {
     assert_eq!(other.call::<Add>(&s_o, &(2, 3), T).unwrap(), 5);
 }
 
+/// A handler's transfer that outlasts the engine's handler transfer
+/// timeout (`Engine::set_handler_transfer_timeout`, 0 here: sm reports a
+/// transfer's end at the next progress call) fails at once, saying so,
+/// and the windows of spans after the one in flight are not started: the
+/// server's transport read one window of the client's memory, not the
+/// rest (the window's transfers are canceled and waited for before the
+/// answer). The server goes on serving, and with a timeout set back the
+/// same call moves everything. Both engines in this process (the server's
+/// transport stats are read here); the test peer's
+/// `HG_TESTPEER_TRANSFER_TIMEOUT_MS` is refused when it is not a number.
+#[test]
+fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows() {
+    use hg_rpc::{BulkOp, Span, BATCH_WINDOW};
+    use na_core::Access;
+    let d = dir("transfer-timeout");
+    let (ep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    srv.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
+    srv.register_with_bulk::<BlobPutChunked>(|ctx, (_key, data, chunk)| {
+        let size = data.size();
+        let local = ctx.expose(vec![vec![0; size as usize]], Access::ReadWrite)?;
+        let spans: Vec<Span> = (0..size.div_ceil(chunk))
+            .map(|i| Span {
+                remote_offset: i * chunk,
+                local_offset: i * chunk,
+                len: chunk.min(size - i * chunk),
+            })
+            .collect();
+        ctx.transfer_batch(BulkOp::Pull, &data, &local, &spans)?;
+        Ok(fnv(&local.local().ok_or("not local")?.to_vec()))
+    })
+    .unwrap();
+    srv.set_handler_transfer_timeout(Duration::ZERO);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let call = |c: &mut Engine, srv: &mut Engine, chunk: u64, put: &hg_rpc::Bulk| {
+        let id = c
+            .forward::<BlobPutChunked>(&s, &("k".into(), put.clone(), chunk))
+            .unwrap();
+        let end = Instant::now() + T;
+        loop {
+            assert!(Instant::now() < end, "no response within {T:?}");
+            if let Some(r) = c.take_response::<BlobPutChunked>(id) {
+                return r;
+            }
+            for e in [&mut *c, &mut *srv] {
+                e.progress(Some(Duration::from_millis(1))).unwrap();
+                e.trigger().unwrap();
+            }
+        }
+    };
+    let read = |srv: &mut Engine| {
+        let ep = srv.endpoint();
+        let id = ep.plugin_ids().next().expect("one plugin");
+        ep.plugin(id).expect("plugin").stats().get_bytes
+    };
+    let spans = 2500u64;
+    assert!(spans > 2 * BATCH_WINDOW as u64 && spans < 3 * BATCH_WINDOW as u64);
+    let data: Vec<u8> = (0..spans as usize * 64).map(|i| (i * 31 + 7) as u8).collect();
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    let before = read(&mut srv);
+    match call(&mut c, &mut srv, 64, &put) {
+        Err(RpcError::Handler { message, .. }) => assert!(
+            message.contains(&format!(
+                "of {BATCH_WINDOW} bulk transfers did not finish within 0ns"
+            )) && message.ends_with(&format!(
+                "the {} spans after them were not started",
+                spans - BATCH_WINDOW as u64
+            )),
+            "{message}"
+        ),
+        other => panic!("expected the handler's timeout, got {other:?}"),
+    }
+    // Nothing of the later windows moves, then or later.
+    for i in 0..20u64 {
+        let id = c.forward::<Add>(&s, &(i, 1)).unwrap();
+        let end = Instant::now() + T;
+        while !c.is_finished(id) {
+            assert!(Instant::now() < end, "the server stopped serving");
+            for e in [&mut c, &mut srv] {
+                e.progress(Some(Duration::from_millis(1))).unwrap();
+                e.trigger().unwrap();
+            }
+        }
+        assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), i + 1);
+    }
+    assert_eq!(
+        read(&mut srv) - before,
+        BATCH_WINDOW as u64 * 64,
+        "one window was read"
+    );
+    srv.set_handler_transfer_timeout(Duration::from_secs(30));
+    assert_eq!(call(&mut c, &mut srv, 64, &put).unwrap(), fnv(&data));
+    assert_refused_at_start(&d, "HG_TESTPEER_TRANSFER_TIMEOUT_MS", "soon", "invalid digit");
+}
+
 /// Batches of spans: the server pulls a five-segment handle in 4 KiB (and
 /// odd-sized, and 100-byte: several windows) chunks, last chunk first; the client
 /// starts a batch of spans with offsets into its own handle; a batch with

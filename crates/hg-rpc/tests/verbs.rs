@@ -179,3 +179,53 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     assert!(got == data[800..3800], "self pull differs");
     c.call::<Quit>(&s, &(), T).expect("quit");
 }
+
+/// A handler's transfer that outlasts the engine's handler transfer
+/// timeout (0 here: `HG_TESTPEER_TRANSFER_TIMEOUT_MS=0`) fails with an
+/// error that says so, and the windows of spans after the one in flight
+/// are not started. The RDMA READs in flight are canceled and waited for
+/// before the answer: the client drops its handle (deregisters its memory)
+/// as soon as it has the answer, and a READ arriving after that would fail
+/// with a remote access error that kills the connection (it did, before
+/// the wait: the calls below failed with PeerGone). The server goes on
+/// serving.
+#[test]
+fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows_over_verbs() {
+    let Some(spec) =
+        rdma_spec("a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows_over_verbs")
+    else {
+        return;
+    };
+    let srv = Server::with_envs(&[
+        ("HG_TESTPEER_SPEC", std::ffi::OsStr::new(&spec)),
+        ("HG_TESTPEER_TRANSFER_TIMEOUT_MS", std::ffi::OsStr::new("0")),
+    ]);
+    let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+    let s = c.endpoint().lookup(&srv.uri).expect("lookup");
+    // 2,500 chunks of 64 bytes: three windows of at most BATCH_WINDOW spans.
+    let spans = 2500usize;
+    assert!(spans > 2 * hg_rpc::BATCH_WINDOW && spans < 3 * hg_rpc::BATCH_WINDOW);
+    let data: Vec<u8> = (0..spans * 64).map(|i| (i * 31 + 7) as u8).collect();
+    let put = c.expose(vec![data], Access::ReadOnly).expect("expose");
+    match c.call::<BlobPutChunked>(&s, &("k".into(), put, 64), T) {
+        Err(RpcError::Handler { message, .. }) => {
+            let window = hg_rpc::BATCH_WINDOW;
+            let later = spans - window;
+            assert!(
+                message.contains(&format!("of {window} bulk transfers did not finish within 0ns"))
+                    && message.ends_with(&format!("the {later} spans after them were not started")),
+                "{message}"
+            );
+        }
+        other => panic!("expected the handler's timeout, got {other:?}"),
+    }
+    // `put` went with the call's input: the client's memory is gone, and
+    // the connection stands.
+    for i in 0..50u64 {
+        assert_eq!(
+            c.call::<Add>(&s, &(i, 1), T).expect("add after the timeout"),
+            i + 1
+        );
+    }
+    c.call::<Quit>(&s, &(), T).expect("quit");
+}

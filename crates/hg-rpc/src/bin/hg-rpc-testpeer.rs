@@ -4,7 +4,8 @@
 //! dir from `QS_SM_DIR`; `verbs://rxe0/10.77.0.1:0` for RDMA), prints
 //! `ADDR <uri>`, and serves the RPCs of `testpeer_rpcs` until `Quit`, 60 s
 //! without a request, or (with `HG_TESTPEER_EXIT_WITH_STDIN=1`) the end of
-//! its standard input.
+//! its standard input. `HG_TESTPEER_TRANSFER_TIMEOUT_MS` sets its handler
+//! transfer timeout.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,6 +66,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     extra_contexts()?;
     let spec = std::env::var("HG_TESTPEER_SPEC").unwrap_or_else(|_| "sm://".into());
     let mut engine = Engine::from_spec(&spec, true, ProgressMode::default())?;
+    // A handler transfer timeout in milliseconds (tests of its expiry).
+    if let Some(ms) = na_core::env_var("HG_TESTPEER_TRANSFER_TIMEOUT_MS", |v, why| {
+        format!("HG_TESTPEER_TRANSFER_TIMEOUT_MS={v:?}: {why}")
+    })? {
+        let ms: u64 = ms
+            .parse()
+            .map_err(|e| format!("HG_TESTPEER_TRANSFER_TIMEOUT_MS={ms:?}: {e}"))?;
+        engine.set_handler_transfer_timeout(Duration::from_millis(ms));
+    }
     let quit = Arc::new(AtomicBool::new(false));
     let (records, sum) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     engine.register::<Add>(|(a, b)| a.checked_add(b).ok_or_else(|| "overflow".to_string()))?;
