@@ -322,6 +322,14 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Moves `len` bytes and waits (driving progress) at most `timeout`.
+    ///
+    /// On a timeout the transfer is given up ([`forget_bulk`](Self::forget_bulk)):
+    /// canceled, but one already on the wire (RDMA) may still read or
+    /// write `remote`'s memory afterwards. A deferred handler that moves
+    /// its caller's data this way should not answer that call right after
+    /// such a timeout: the caller may free its memory at the answer, and a
+    /// late RDMA access to it fails and ends the connection. (Handlers'
+    /// own [`BulkCtx::transfer_batch`] waits for its canceled transfers.)
     #[allow(clippy::too_many_arguments)]
     pub fn bulk(
         &mut self,
