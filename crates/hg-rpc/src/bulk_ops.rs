@@ -56,8 +56,10 @@ pub struct BulkCtx<'a> {
 enum WindowFailure {
     /// A transfer failed (the others in the window finished first).
     Failed(String),
-    /// The deadline passed with transfers still in flight.
-    TimedOut(String),
+    /// The batch cannot go on: the deadline passed (the window's transfers
+    /// were canceled and waited for), or the endpoint failed while they
+    /// were in flight.
+    Stopped(String),
 }
 
 impl BulkCtx<'_> {
@@ -128,7 +130,9 @@ impl BulkCtx<'_> {
     /// the transfers in flight are canceled and waited for (so that, once
     /// the handler answers, nothing touches the caller's memory any more:
     /// an RDMA transfer on the wire cannot be recalled), and windows not
-    /// started yet are not started.
+    /// started yet are not started. (Only a failure of the endpoint itself
+    /// while transfers are in flight ends the wait early; it is logged as
+    /// an error.) A failure before that comes first in the error.
     pub fn transfer_batch(
         &mut self,
         op: BulkOp,
@@ -138,22 +142,33 @@ impl BulkCtx<'_> {
     ) -> std::result::Result<(), String> {
         self.check_owner(op, remote)?;
         hg_bulk::check_spans(remote, local, spans).map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + self.transfer_timeout;
-        let mut failure = None;
+        let deadline = na_core::deadline_after(self.transfer_timeout);
+        let mut failure: Option<String> = None;
         for (i, window) in spans.chunks(BATCH_WINDOW).enumerate() {
-            match self.transfer_window(op, remote, local, window, deadline) {
-                Ok(()) => {}
-                Err(WindowFailure::Failed(e)) => {
-                    failure.get_or_insert(e);
+            let before = i * BATCH_WINDOW;
+            // Why the batch stops here, and how many spans it leaves
+            // unstarted.
+            let (why, skipped) = if i > 0 && Instant::now() >= deadline {
+                let why = format!("the transfer did not finish within {:?}", self.transfer_timeout);
+                (why, spans.len() - before)
+            } else {
+                match self.transfer_window(op, remote, local, window, deadline) {
+                    Ok(()) => continue,
+                    Err(WindowFailure::Failed(e)) => {
+                        failure.get_or_insert(e);
+                        continue;
+                    }
+                    Err(WindowFailure::Stopped(e)) => (e, spans.len() - before - window.len()),
                 }
-                Err(WindowFailure::TimedOut(e)) => {
-                    let later = spans.len().saturating_sub((i + 1) * BATCH_WINDOW);
-                    return Err(match later {
-                        0 => e,
-                        n => format!("{e}; the {n} spans after them were not started"),
-                    });
-                }
-            }
+            };
+            let why = match skipped {
+                0 => why,
+                n => format!("{why}; {n} later spans were not started"),
+            };
+            return Err(match failure {
+                Some(first) => format!("{first}; then {why}"),
+                None => why,
+            });
         }
         failure.map_or(Ok(()), Err)
     }
@@ -203,15 +218,13 @@ impl BulkCtx<'_> {
             if wait.is_zero() {
                 let late = left;
                 self.cancel_window(&ids, first..=last, left)?;
-                return Err(WindowFailure::TimedOut(format!(
+                return Err(WindowFailure::Stopped(format!(
                     "{late} of {} bulk transfers did not finish within {:?} (canceled)",
                     ids.len(),
                     self.transfer_timeout
                 )));
             }
-            self.ep
-                .progress(Some(wait))
-                .map_err(|e| WindowFailure::Failed(e.to_string()))?;
+            self.ep.progress(Some(wait)).map_err(|e| stopped_by(&e, left))?;
         }
         failure.map_or(Ok(()), |e| Err(WindowFailure::Failed(e)))
     }
@@ -256,9 +269,21 @@ impl BulkCtx<'_> {
             }
             self.ep
                 .progress(Some(Duration::from_millis(100)))
-                .map_err(|e| WindowFailure::Failed(e.to_string()))?;
+                .map_err(|e| stopped_by(&e, left))?;
         }
     }
+}
+
+/// The endpoint failed while `left` transfers of a window were in flight:
+/// they cannot be waited for (so the answer may come before they end),
+/// and nothing more is started.
+fn stopped_by(e: &na_core::NaError, left: usize) -> WindowFailure {
+    tracing::error!(
+        error = %e,
+        left,
+        "progress failed while a handler's transfers were in flight; answering without them"
+    );
+    WindowFailure::Stopped(format!("progress failed with {left} transfers in flight: {e}"))
 }
 
 impl<C: Codec> Engine<C> {

@@ -150,8 +150,9 @@ impl Header {
         }
         let status = Status::from_u8(head[6])?;
         let w3 = word(24);
-        // Length exactly the bytes present; checksum field 0 (no flag).
-        if w3 != payload.len() as u64 {
+        // Length exactly the bytes present (which fit the 32-bit field);
+        // checksum field 0 (no flag).
+        if payload.len() > u32::MAX as usize || w3 != payload.len() as u64 {
             return None;
         }
         let h = Header {

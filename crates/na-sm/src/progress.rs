@@ -736,11 +736,12 @@ impl SmPlugin {
                 // connection each time): the log gets the 1st, 2nd, 4th...
                 // and the counter every one.
                 self.stats.protocol_errors += 1;
-                let count = self.stats.protocol_errors;
-                if na_core::logged_at(count) {
-                    tracing::warn!(peer = %uri, %reason, protocol_errors = count, "sm protocol violation; disconnecting")
+                self.violations += 1;
+                let n = self.violations;
+                if na_core::logged_at(n) {
+                    tracing::warn!(peer = %uri, %reason, violations = n, "sm protocol violation; disconnecting")
                 } else {
-                    tracing::debug!(peer = %uri, %reason, protocol_errors = count, "sm protocol violation; disconnecting")
+                    tracing::debug!(peer = %uri, %reason, violations = n, "sm protocol violation; disconnecting")
                 }
             }
         }

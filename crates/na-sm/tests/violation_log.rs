@@ -1,7 +1,7 @@
 //! A peer that breaks the protocol again and again (a new connection each
 //! time) cannot flood the log: the warning comes at the 1st, 2nd, 4th, 8th
 //! violation, the others at debug level, and `protocol_errors` counts
-//! every one. Real plugins over real shared memory; a binary of its own,
+//! every one (with refused handshakes, whose log throttle is their own). Real plugins over real shared memory; a binary of its own,
 //! for the global tracing subscriber (a thread-local one would share
 //! tracing's per-callsite interest cache with threads that have none).
 
@@ -44,6 +44,26 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
     let dir = private_dir("violation-log");
     let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     assert!(taker.pull_unexpected().unwrap(), "sm has a pull mode");
+    // Refused handshakes count as protocol errors too, but have a log
+    // throttle of their own: they must not move the violations' one.
+    const BAD_HELLOS: u64 = 3;
+    let sock = dir.join(format!(
+        "{}.sock",
+        taker.self_addr().uri().trim_start_matches("sm://")
+    ));
+    for _ in 0..BAD_HELLOS {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        std::io::Write::write_all(&mut s, &[0xab; 64]).unwrap();
+    }
+    let end = Instant::now() + T;
+    while taker.stats().protocol_errors < BAD_HELLOS {
+        assert!(
+            Instant::now() < end,
+            "bad hellos not refused: {:?}",
+            taker.stats()
+        );
+        taker.progress().unwrap();
+    }
     const N: u64 = 9;
     for i in 0..N {
         // A new sender each time: a connection is cut off at its violation.
@@ -68,7 +88,11 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
                 Ok(()) => {}
             }
         }
-        assert_eq!(taker.stats().protocol_errors, i + 1, "every violation counted");
+        assert_eq!(
+            taker.stats().protocol_errors,
+            BAD_HELLOS + i + 1,
+            "every violation counted"
+        );
     }
     let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = text
@@ -79,7 +103,7 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
     let debug = lines.iter().filter(|l| l.contains(" DEBUG ")).count();
     assert_eq!(warned.len(), 4, "warned at 1, 2, 4, 8 of {N}: {warned:#?}");
     for (w, n) in warned.iter().zip([1, 2, 4, 8]) {
-        assert!(w.contains(&format!("protocol_errors={n}")), "{w}");
+        assert!(w.contains(&format!("violations={n}")), "{w}");
     }
     assert_eq!(debug as u64, N - 4, "the others at debug level:\n{text}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -209,12 +209,13 @@ impl VerbsPlugin {
         // each time): the log gets the 1st, 2nd, 4th... and the counter
         // every one.
         self.stats.protocol_errors += 1;
-        let count = self.stats.protocol_errors;
+        self.violations += 1;
+        let n = self.violations;
         let peer = self.peer_uri_of(cref);
-        if na_core::logged_at(count) {
-            tracing::warn!(%peer, violation = %what, protocol_errors = count, "verbs: protocol violation");
+        if na_core::logged_at(n) {
+            tracing::warn!(%peer, violation = %what, violations = n, "verbs: protocol violation");
         } else {
-            tracing::debug!(%peer, violation = %what, protocol_errors = count, "verbs: protocol violation");
+            tracing::debug!(%peer, violation = %what, violations = n, "verbs: protocol violation");
         }
         if let Some(conn) = self.conn_mut(cref) {
             conn.violated = true;

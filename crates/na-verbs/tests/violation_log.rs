@@ -70,7 +70,7 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
         "{n} violations, warned at {powers:?} only: {warned:#?}"
     );
     for (w, p) in warned.iter().zip(&powers) {
-        assert!(w.contains(&format!("protocol_errors={p}")), "{w}");
+        assert!(w.contains(&format!("violations={p}")), "{w}");
     }
     assert_eq!(
         debug + warned.len() as u64,
