@@ -588,21 +588,33 @@ fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
         a.trigger().unwrap();
     }
     assert_eq!(a.take_response::<Echo>(call).unwrap().unwrap(), vec![7]);
-    assert_eq!(
-        a.stats().handled,
-        served,
-        "the take stopped after the only call's response"
-    );
-
-    let t = Instant::now();
-    let n = a.progress(Some(Duration::from_secs(5))).unwrap();
-    assert!(n > 0, "the waiting request is reported as work");
-    assert!(
-        t.elapsed() < Duration::from_secs(1),
-        "progress slept {:?} on a waiting request",
-        t.elapsed()
-    );
-    a.trigger().unwrap();
-    assert_eq!(a.stats().handled, served + 1, "the next trigger serves it");
+    // Only in pull mode: posted receives (QS_RPC_RECV=posted, a pass of
+    // its own in scripts/test-all.sh) deliver both as completions, and
+    // the request is served in the same trigger.
+    if a.posted_receives() == 0 {
+        assert_eq!(
+            a.stats().handled,
+            served,
+            "the take stopped after the only call's response"
+        );
+        let t = Instant::now();
+        let n = a.progress(Some(Duration::from_secs(5))).unwrap();
+        assert!(n > 0, "the waiting request is reported as work");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "progress slept {:?} on a waiting request",
+            t.elapsed()
+        );
+    }
+    let end = Instant::now() + T;
+    while a.stats().handled == served {
+        assert!(
+            Instant::now() < end,
+            "the request behind the response was never served"
+        );
+        a.progress(Some(Duration::from_millis(10))).unwrap();
+        a.trigger().unwrap();
+    }
+    assert_eq!(a.stats().handled, served + 1, "served once");
     assert_eq!(wait::<Echo>(&mut b, back).unwrap(), vec![8]);
 }
