@@ -5,8 +5,6 @@
 //! for the global tracing subscriber (a thread-local one would share
 //! tracing's per-callsite interest cache with threads that have none).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use na_core::{NaError, OpId, Plugin, PluginId};
@@ -17,29 +15,9 @@ use common::private_dir;
 
 const T: Duration = Duration::from_secs(10);
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this binary");
+    let log = na_testsuite::log::CapturedLog::install_global();
 
     let dir = private_dir("violation-log");
     let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
@@ -94,7 +72,7 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
             "every violation counted"
         );
     }
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let text = log.text();
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("sm protocol violation"))

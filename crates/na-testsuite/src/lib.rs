@@ -41,6 +41,7 @@ use std::time::Duration;
 use na_core::{Plugin, PluginId};
 
 mod harness;
+pub mod log;
 pub mod messaging;
 pub mod peer;
 pub mod pull;

@@ -13,9 +13,7 @@
 
 mod common;
 
-use std::io::Write;
 use std::net::{SocketAddr, SocketAddrV4};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -84,20 +82,6 @@ fn peer_without_rtu(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Vec<u8> {
     payload
 }
 
-/// Log lines written by `tracing` (the listener's debug events).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A peer whose RTU never comes (see [`peer_without_rtu`]): its message
 /// establishes the connection, RDMA CM takes the `rdma_notify` (the
 /// listener logs that it told it, which it does only when the call
@@ -109,17 +93,9 @@ fn a_peer_whose_rtu_never_comes_is_answered_and_rdma_cm_is_told() {
     let Some(env) = rdma_env("a_peer_whose_rtu_never_comes_is_answered_and_rdma_cm_is_told") else {
         return;
     };
-    // The global subscriber, in a binary of this one test: a thread-local
-    // one would share tracing's per-callsite interest cache with threads
-    // that have none and could miss the line (tokio-rs/tracing#3611).
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this binary");
+    // The global subscriber, in a binary of this one test (see
+    // CapturedLog::install_global).
+    let log = na_testsuite::log::CapturedLog::install_global();
     let (mut srv, sid) = setup_plugin(&env, true, false);
     let port = port_of(srv.self_addr(sid).unwrap().uri());
     let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
@@ -154,7 +130,7 @@ fn a_peer_whose_rtu_never_comes_is_answered_and_rdma_cm_is_told() {
     assert_eq!(peer.join().expect("peer thread"), b"pong");
     let st = srv.plugin(sid).unwrap().stats();
     assert_eq!(st.handshakes_refused, 0, "the connection was torn down: {st:?}");
-    let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
+    let text = log.text();
     assert!(
         text.contains("established by it, RDMA CM told"),
         "rdma_notify did not succeed; log:\n{text}"

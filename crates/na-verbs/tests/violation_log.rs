@@ -10,24 +10,8 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use common::flood::*;
 use common::*;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[test]
 fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
@@ -35,14 +19,7 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
     else {
         return;
     };
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this binary");
+    let log = na_testsuite::log::CapturedLog::install_global();
     let (mut ep, id) = listener(&env);
     const ATTACKS: u64 = 5;
     for i in 0..ATTACKS {
@@ -56,7 +33,7 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
         assert!(st.protocol_errors > i, "attack {i} not counted: {st:?}");
     }
     let n = ep.plugin(id).unwrap().stats().protocol_errors;
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let text = log.text();
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("verbs: protocol violation"))
