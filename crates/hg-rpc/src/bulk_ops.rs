@@ -122,7 +122,8 @@ impl BulkCtx<'_> {
     /// ([`hg_bulk::start_batch`]) of at most [`BATCH_WINDOW`] spans, each
     /// waited for before the next starts, so memory stays bounded whatever
     /// the number of spans (na-sm still makes one system call per
-    /// window). The first failure is returned, after every span finished.
+    /// window). The first failure is returned, after every span finished
+    /// (unless the call stops early, below).
     ///
     /// The whole call may take the engine's handler transfer timeout
     /// ([`Engine::set_handler_transfer_timeout`], default
@@ -132,7 +133,10 @@ impl BulkCtx<'_> {
     /// an RDMA transfer on the wire cannot be recalled), and windows not
     /// started yet are not started. (Only a failure of the endpoint itself
     /// while transfers are in flight ends the wait early; it is logged as
-    /// an error.) A failure before that comes first in the error.
+    /// an error.) A transfer's failure before the stop comes first in the
+    /// error. The deadline is also checked before each window after the
+    /// first, even one that copies in memory (a handle of this process, or
+    /// inline data).
     pub fn transfer_batch(
         &mut self,
         op: BulkOp,
@@ -165,10 +169,7 @@ impl BulkCtx<'_> {
                 0 => why,
                 n => format!("{why}; {n} later spans were not started"),
             };
-            return Err(match failure {
-                Some(first) => format!("{first}; then {why}"),
-                None => why,
-            });
+            return Err(with_first(failure, why));
         }
         failure.map_or(Ok(()), Err)
     }
@@ -217,14 +218,20 @@ impl BulkCtx<'_> {
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
                 let late = left;
-                self.cancel_window(&ids, first..=last, left)?;
-                return Err(WindowFailure::Stopped(format!(
+                let why = format!(
                     "{late} of {} bulk transfers did not finish within {:?} (canceled)",
                     ids.len(),
                     self.transfer_timeout
-                )));
+                );
+                let why = with_first(failure, why);
+                return Err(match self.cancel_window(&ids, first..=last, left) {
+                    Ok(()) => WindowFailure::Stopped(why),
+                    Err(e) => WindowFailure::Stopped(format!("{why}; {e}")),
+                });
             }
-            self.ep.progress(Some(wait)).map_err(|e| stopped_by(&e, left))?;
+            if let Err(e) = self.ep.progress(Some(wait)) {
+                return Err(WindowFailure::Stopped(with_first(failure, stopped_by(&e, left))));
+            }
         }
         failure.map_or(Ok(()), |e| Err(WindowFailure::Failed(e)))
     }
@@ -242,7 +249,7 @@ impl BulkCtx<'_> {
         ids: &[(Span, OpId)],
         range: std::ops::RangeInclusive<u64>,
         mut left: usize,
-    ) -> std::result::Result<(), WindowFailure> {
+    ) -> std::result::Result<(), String> {
         for &(_, op) in ids {
             // Finished ones are unknown to the transport by now: no matter.
             let _ = self.ep.cancel(self.plugin, op);
@@ -274,16 +281,24 @@ impl BulkCtx<'_> {
     }
 }
 
+/// `why` a batch stopped, after the first failure before it, if any.
+fn with_first(failure: Option<String>, why: String) -> String {
+    match failure {
+        Some(first) => format!("{first}; then {why}"),
+        None => why,
+    }
+}
+
 /// The endpoint failed while `left` transfers of a window were in flight:
 /// they cannot be waited for (so the answer may come before they end),
-/// and nothing more is started.
-fn stopped_by(e: &na_core::NaError, left: usize) -> WindowFailure {
+/// and nothing more is started. Logged as an error; returns why.
+fn stopped_by(e: &na_core::NaError, left: usize) -> String {
     tracing::error!(
         error = %e,
         left,
         "progress failed while a handler's transfers were in flight; answering without them"
     );
-    WindowFailure::Stopped(format!("progress failed with {left} transfers in flight: {e}"))
+    format!("progress failed with {left} transfers in flight: {e}")
 }
 
 impl<C: Codec> Engine<C> {
