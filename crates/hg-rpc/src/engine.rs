@@ -771,8 +771,6 @@ fn env_switch(name: &str, default: bool, words: (&str, &str)) -> Result<bool> {
     }
 }
 
-/// The header of the response to `request`: it carries a checksum if the
-/// request did (the origin's choice, see [`Engine::set_checksums`]).
 /// A debug span entered for as long as this lives, or none when no
 /// subscriber wants debug spans (see [`DebugSpan::enter`]).
 pub(crate) struct DebugSpan(Option<tracing::span::EnteredSpan>);
@@ -799,6 +797,8 @@ impl Drop for DebugSpan {
     }
 }
 
+/// The header of the response to `request`: it carries a checksum if the
+/// request did (the origin's choice, see [`Engine::set_checksums`]).
 fn response_header(request: &Header, status: Status) -> Header {
     header(
         FLAG_RESPONSE | (request.flags & FLAG_CHECKSUM),
