@@ -51,8 +51,12 @@ pub struct PluginStats {
     /// it). A peer that went is forgotten once nothing refers to it, so
     /// this does not grow with every client that ever came and went.
     pub peer_entries: u64,
-    /// Protocol violations detected (invalid data from peers).
+    /// Protocol violations detected (invalid data from peers), refused
+    /// handshakes of that kind included.
     pub protocol_errors: u64,
+    /// Connected peers cut off for breaking the protocol (also counted in
+    /// [`protocol_errors`](Self::protocol_errors)).
+    pub violations: u64,
     /// Messages received and held until a matching receive is posted (or,
     /// in pull mode, a departed peer's messages copied out of its ring and
     /// not yet taken).
@@ -80,6 +84,19 @@ impl PluginStats {
     pub fn refuse_handshake(&mut self) -> bool {
         self.handshakes_refused += 1;
         crate::logged_at(self.handshakes_refused)
+    }
+
+    /// Counts a connected peer's protocol violation in
+    /// [`violations`](Self::violations) and
+    /// [`protocol_errors`](Self::protocol_errors); true if this one should
+    /// be logged as a warning (at 1, 2, 4... violations, see
+    /// [`crate::logged_at`]: a peer that reconnects to break the protocol
+    /// again cannot flood the log). Refused handshakes have their own
+    /// count ([`refuse_handshake`](Self::refuse_handshake)).
+    pub fn count_violation(&mut self) -> bool {
+        self.protocol_errors += 1;
+        self.violations += 1;
+        crate::logged_at(self.violations)
     }
 }
 

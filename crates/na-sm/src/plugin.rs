@@ -77,9 +77,6 @@ pub struct SmPlugin {
     pub(crate) ops: FastMap<OpId, OpPlace>,
     pub(crate) completions: VecDeque<Completion>,
     pub(crate) stats: PluginStats,
-    /// Protocol violations of connected peers so far (`stats.protocol_errors`
-    /// also counts refused handshakes): the log warns at the 1st, 2nd, 4th...
-    pub(crate) violations: u64,
     /// try_wait raised flags that progress must lower (and drain events).
     pub(crate) armed: bool,
     pub(crate) tick: u32,
@@ -211,7 +208,6 @@ impl SmPlugin {
             ops: FastMap::default(),
             completions: VecDeque::new(),
             stats: PluginStats::default(),
-            violations: 0,
             armed: false,
             tick: 0,
             events_owed: false,

@@ -732,13 +732,9 @@ impl SmPlugin {
         match failure {
             Failure::Gone => tracing::info!(peer = %uri, %reason, "sm disconnect"),
             Failure::Protocol => {
-                // Peers can break the protocol again and again (a new
-                // connection each time): the log gets the 1st, 2nd, 4th...
-                // and the counter every one.
-                self.stats.protocol_errors += 1;
-                self.violations += 1;
-                let n = self.violations;
-                if na_core::logged_at(n) {
+                let warn = self.stats.count_violation();
+                let n = self.stats.violations;
+                if warn {
                     tracing::warn!(peer = %uri, %reason, violations = n, "sm protocol violation; disconnecting")
                 } else {
                     tracing::debug!(peer = %uri, %reason, violations = n, "sm protocol violation; disconnecting")

@@ -101,9 +101,6 @@ pub struct VerbsPlugin {
     pub(crate) rma_free: Vec<u32>,
     pub(crate) completions: VecDeque<Completion>,
     pub(crate) stats: PluginStats,
-    /// Protocol violations of connected peers so far (`stats.protocol_errors`
-    /// also counts refused handshakes): the log warns at the 1st, 2nd, 4th...
-    pub(crate) violations: u64,
     pub(crate) wcs: Vec<WorkCompletion>,
     pub(crate) calls: u32,
     pub(crate) cache: Arc<Cache<IbvRegistrar>>,
@@ -214,7 +211,6 @@ impl VerbsPlugin {
             rma_free: Vec::new(),
             completions: VecDeque::new(),
             stats: PluginStats::default(),
-            violations: 0,
             wcs: Vec::with_capacity(64),
             calls: 0,
             cache: Arc::new(cache),

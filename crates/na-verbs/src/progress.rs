@@ -205,14 +205,10 @@ impl VerbsPlugin {
     /// The peer broke the protocol on `cref`: counted, logged, and the
     /// connection is killed without taking anything more from it.
     pub(crate) fn violation(&mut self, cref: ConnRef, what: String) {
-        // Peers can break the protocol again and again (a new connection
-        // each time): the log gets the 1st, 2nd, 4th... and the counter
-        // every one.
-        self.stats.protocol_errors += 1;
-        self.violations += 1;
-        let n = self.violations;
+        let warn = self.stats.count_violation();
+        let n = self.stats.violations;
         let peer = self.peer_uri_of(cref);
-        if na_core::logged_at(n) {
+        if warn {
             tracing::warn!(%peer, violation = %what, violations = n, "verbs: protocol violation");
         } else {
             tracing::debug!(%peer, violation = %what, violations = n, "verbs: protocol violation");
