@@ -12,7 +12,7 @@ use hg_rpc::{Engine, Rpc, RpcError};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, wait, wire_message};
+use common::{call_both, client, dir, endpoint, wait, wire_message};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -36,23 +36,6 @@ fn serve_until(srv: &mut Engine, n: u64) {
     }
 }
 
-/// Calls `R` from `c` on `srv`, driving both, and returns the result.
-fn call<R: Rpc>(c: &mut Engine, srv: &mut Engine, input: &R::Input) -> hg_rpc::Result<R::Output> {
-    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
-    let id = c.forward::<R>(&s, input).unwrap();
-    let end = Instant::now() + T;
-    loop {
-        assert!(Instant::now() < end, "no result within {T:?}");
-        if let Some(r) = c.take_response::<R>(id) {
-            return r;
-        }
-        for e in [&mut *c, &mut *srv] {
-            e.progress(Some(Duration::from_millis(1))).unwrap();
-            e.trigger().unwrap();
-        }
-    }
-}
-
 /// A target answers and exits at once (a "shutdown" RPC, say): the origin
 /// notices the hang-up in the same pass that brings the response, and the
 /// call must still get its answer, not `PeerGone` (pull mode kept the
@@ -64,7 +47,7 @@ fn a_response_sent_just_before_the_target_exits_is_the_call_s_result() {
         let mut srv = server(&d);
         let mut c = client(&d);
         // Connected and watched both ways.
-        assert_eq!(call::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
+        assert_eq!(call_both::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
         let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
         let id = c.forward::<Add>(&s, &(1, 2)).unwrap();
         // Only the server runs: the response waits in the client's ring.
@@ -89,7 +72,7 @@ fn a_long_handler_error_is_cut_to_fit_and_nothing_stays_exposed() {
     let mut srv = server(&d);
     let mut c = client(&d);
     let long = "é".repeat(10_000); // 20,000 bytes, more than an sm message
-    match call::<Fail>(&mut c, &mut srv, &long) {
+    match call_both::<Fail>(&mut c, &mut srv, &long) {
         Err(RpcError::Handler { message, .. }) => {
             assert!(message.starts_with("éé"), "{message:.40}");
             assert!(message.ends_with("cut from 20000 bytes]"), "{message}");
@@ -99,7 +82,7 @@ fn a_long_handler_error_is_cut_to_fit_and_nothing_stays_exposed() {
     }
     assert_eq!(srv.stats().exposed_outputs, 0, "{:?}", srv.stats());
     // An error that fits travels whole.
-    match call::<Fail>(&mut c, &mut srv, &"short".to_string()) {
+    match call_both::<Fail>(&mut c, &mut srv, &"short".to_string()) {
         Err(RpcError::Handler { message, .. }) => assert_eq!(message, "short"),
         other => panic!("expected a handler error, got {other:?}"),
     }
@@ -119,13 +102,13 @@ fn a_panicking_handler_answers_with_an_error_and_the_engine_lives_on() {
     })
     .unwrap();
     let mut c = client(&d);
-    match call::<Sleep>(&mut c, &mut srv, &0) {
+    match call_both::<Sleep>(&mut c, &mut srv, &0) {
         Err(RpcError::Handler { message, .. }) => {
             assert!(message.contains("panicked: told to panic"), "{message}")
         }
         other => panic!("expected a handler error, got {other:?}"),
     }
-    assert_eq!(call::<Add>(&mut c, &mut srv, &(4, 5)).unwrap(), 9);
+    assert_eq!(call_both::<Add>(&mut c, &mut srv, &(4, 5)).unwrap(), 9);
 }
 
 /// An RPC the target does not have, with a spilled (1 MiB) input, is
@@ -142,7 +125,7 @@ fn an_unknown_rpc_s_spilled_input_is_not_pulled() {
     let mut srv = server(&d);
     let sid = srv.endpoint().plugin_ids().next().unwrap();
     let mut c = client(&d);
-    match call::<Missing>(&mut c, &mut srv, &vec![1u8; 1 << 20]) {
+    match call_both::<Missing>(&mut c, &mut srv, &vec![1u8; 1 << 20]) {
         Err(RpcError::UnknownRpc { .. }) => {}
         other => panic!("expected UnknownRpc, got {other:?}"),
     }
@@ -236,7 +219,7 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     // An honest caller is answered while the silent one still holds its share.
     let mut c = client(&d);
     assert_eq!(
-        call::<Echo>(&mut c, &mut srv, &vec![1, 2, 3]).unwrap(),
+        call_both::<Echo>(&mut c, &mut srv, &vec![1, 2, 3]).unwrap(),
         vec![1, 2, 3]
     );
     drop(raw);
@@ -340,7 +323,7 @@ fn spilled_outputs_not_yet_pulled_are_bounded_per_caller_and_in_all() {
     }
     assert_eq!(srv.stats().outputs_refused, 2);
     // Pulled and released: the next call fits again.
-    assert_eq!(call::<Fill>(&mut c, &mut srv, &K250).unwrap(), filled(K250));
+    assert_eq!(call_both::<Fill>(&mut c, &mut srv, &K250).unwrap(), filled(K250));
     drop(raw);
 }
 

@@ -13,7 +13,7 @@ use na_sm::{SmConfig, SmPlugin};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{assert_refused_at_start, client, dir, endpoint, posted_ops, Server};
+use common::{assert_refused_at_start, call_both, client, dir, endpoint, posted_ops, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -624,23 +624,6 @@ fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows() {
     .unwrap();
     srv.set_handler_transfer_timeout(Duration::ZERO);
     let mut c = client(&d);
-    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
-    let call = |c: &mut Engine, srv: &mut Engine, chunk: u64, put: &hg_rpc::Bulk| {
-        let id = c
-            .forward::<BlobPutChunked>(&s, &("k".into(), put.clone(), chunk))
-            .unwrap();
-        let end = Instant::now() + T;
-        loop {
-            assert!(Instant::now() < end, "no response within {T:?}");
-            if let Some(r) = c.take_response::<BlobPutChunked>(id) {
-                return r;
-            }
-            for e in [&mut *c, &mut *srv] {
-                e.progress(Some(Duration::from_millis(1))).unwrap();
-                e.trigger().unwrap();
-            }
-        }
-    };
     let read = |srv: &mut Engine| {
         let ep = srv.endpoint();
         let id = ep.plugin_ids().next().expect("one plugin");
@@ -651,7 +634,7 @@ fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows() {
     let data: Vec<u8> = (0..spans as usize * 64).map(|i| (i * 31 + 7) as u8).collect();
     let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
     let before = read(&mut srv);
-    match call(&mut c, &mut srv, 64, &put) {
+    match call_both::<BlobPutChunked>(&mut c, &mut srv, &("k".into(), put.clone(), 64)) {
         Err(RpcError::Handler { message, .. }) => assert!(
             message.contains(&format!(
                 "of {BATCH_WINDOW} bulk transfers did not finish within 0ns"
@@ -665,16 +648,7 @@ fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows() {
     }
     // Nothing of the later windows moves, then or later.
     for i in 0..20u64 {
-        let id = c.forward::<Add>(&s, &(i, 1)).unwrap();
-        let end = Instant::now() + T;
-        while !c.is_finished(id) {
-            assert!(Instant::now() < end, "the server stopped serving");
-            for e in [&mut c, &mut srv] {
-                e.progress(Some(Duration::from_millis(1))).unwrap();
-                e.trigger().unwrap();
-            }
-        }
-        assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), i + 1);
+        assert_eq!(call_both::<Add>(&mut c, &mut srv, &(i, 1)).unwrap(), i + 1);
     }
     assert_eq!(
         read(&mut srv) - before,
@@ -683,7 +657,10 @@ fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows() {
     );
     // No limit at all (a deadline far away, not an overflow).
     srv.set_handler_transfer_timeout(Duration::MAX);
-    assert_eq!(call(&mut c, &mut srv, 64, &put).unwrap(), fnv(&data));
+    assert_eq!(
+        call_both::<BlobPutChunked>(&mut c, &mut srv, &("k".into(), put, 64)).unwrap(),
+        fnv(&data)
+    );
     assert_refused_at_start(&d, "HG_TESTPEER_TRANSFER_TIMEOUT_MS", "soon", "invalid digit");
 }
 

@@ -36,6 +36,17 @@ impl CapturedLog {
         let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
         String::from_utf8_lossy(&bytes).into_owned()
     }
+
+    /// The lines logged so far at `level` (`"WARN"`, `"DEBUG"`...) that
+    /// contain `text`.
+    pub fn lines_at(&self, level: &str, text: &str) -> Vec<String> {
+        let level = format!(" {level} ");
+        self.text()
+            .lines()
+            .filter(|l| l.contains(&level) && l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
 }
 
 impl Write for CapturedLog {

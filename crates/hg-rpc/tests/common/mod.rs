@@ -161,6 +161,29 @@ pub fn wait<R: hg_rpc::Rpc>(c: &mut Engine, id: hg_rpc::CallId) -> hg_rpc::Resul
     }
 }
 
+/// Calls `R` from `c` on `srv`, two engines of this process, driving
+/// both (at most 10 s), and returns the result.
+pub fn call_both<R: hg_rpc::Rpc>(
+    c: &mut Engine,
+    srv: &mut Engine,
+    input: &R::Input,
+) -> hg_rpc::Result<R::Output> {
+    let limit = std::time::Duration::from_secs(10);
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let id = c.forward::<R>(&s, input).unwrap();
+    let end = std::time::Instant::now() + limit;
+    loop {
+        assert!(std::time::Instant::now() < end, "no result within {limit:?}");
+        if let Some(r) = c.take_response::<R>(id) {
+            return r;
+        }
+        for e in [&mut *c, &mut *srv] {
+            e.progress(Some(std::time::Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+    }
+}
+
 /// An RPC message as it goes on the wire: a header with `flags`, status
 /// ok, the id of RPC `rpc` and `cookie`, then `payload` (its length and,
 /// with `FLAG_CHECKSUM`, its checksum filled in by the encoder).
