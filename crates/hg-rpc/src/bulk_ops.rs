@@ -361,15 +361,21 @@ impl<C: Codec> Engine<C> {
         self.bulk_done.remove(&id.0)
     }
 
-    /// Moves `len` bytes and waits (driving progress) at most `timeout`.
+    /// Moves `len` bytes and waits (driving progress) at most `timeout`
+    /// for the transfer to finish.
     ///
-    /// On a timeout the transfer is given up ([`forget_bulk`](Self::forget_bulk)):
-    /// canceled, but one already on the wire (RDMA) may still read or
-    /// write `remote`'s memory afterwards. A deferred handler that moves
-    /// its caller's data this way should not answer that call right after
-    /// such a timeout: the caller may free its memory at the answer, and a
-    /// late RDMA access to it fails and ends the connection. (Handlers'
-    /// own [`BulkCtx::transfer_batch`] waits for its canceled transfers.)
+    /// Past the timeout the transfer is canceled and **waited for** before
+    /// the [`RpcError::Timeout`] returns: when `bulk` returns, nothing
+    /// touches `remote`'s or `local`'s memory any more, so a deferred
+    /// handler may answer its caller (who may then free that memory) right
+    /// after. A transfer on the wire (RDMA) cannot be recalled, only
+    /// waited for; the transport ends a canceled one promptly (one not
+    /// started is dropped, one to a dead peer fails by the transport's
+    /// own timeout or when its connection goes). The wait drives the
+    /// engine as the transfer did (handlers run, responses are filed) and
+    /// warns if it lasts over 10 s. If progress itself fails meanwhile,
+    /// that error returns and the transfer is given up as by
+    /// [`forget_bulk`](Self::forget_bulk), which never waits.
     #[allow(clippy::too_many_arguments)]
     pub fn bulk(
         &mut self,
@@ -388,25 +394,56 @@ impl<C: Codec> Engine<C> {
                 return r;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let failed = if left.is_zero() {
-                Some(RpcError::Timeout {
+            if left.is_zero() {
+                self.cancel_and_wait(id)?;
+                return Err(RpcError::Timeout {
                     rpc: "bulk transfer".into(),
                     millis: timeout.as_millis(),
-                })
-            } else {
-                self.progress(Some(left)).and_then(|_| self.trigger()).err()
-            };
-            if let Some(e) = failed {
+                });
+            }
+            if let Err(e) = self.progress(Some(left)).and_then(|_| self.trigger()) {
                 self.forget_bulk(id);
                 return Err(e);
             }
         }
     }
 
+    /// Cancels transfer `id` and drives the engine until the transport has
+    /// ended it (its outcome is dropped). On a progress failure the
+    /// transfer is forgotten instead, and that error returns.
+    fn cancel_and_wait(&mut self, id: BulkId) -> Result<()> {
+        let op = OpId(id.0);
+        // Best effort: one that finished meanwhile cannot be.
+        let _ = self.ep.cancel(self.plugin, op);
+        let (started, mut warned) = (Instant::now(), false);
+        // Its completion files an outcome (and leaves `ops`).
+        while self.take_bulk(id).is_none() && self.ops.contains_key(&op) {
+            if !warned && started.elapsed() > CANCEL_WAIT_WARNING {
+                warned = true;
+                tracing::warn!(
+                    waited = ?started.elapsed(),
+                    "a timed-out bulk transfer is still in flight; Engine::bulk waits for it"
+                );
+            }
+            if let Err(e) = self
+                .progress(Some(Duration::from_millis(100)))
+                .and_then(|_| self.trigger())
+            {
+                tracing::error!(error = %e, "progress failed while a timed-out bulk transfer was in flight");
+                self.forget_bulk(id);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Gives up on transfer `id`: it is canceled if the transport can, and
     /// its outcome, whenever it comes, is dropped instead of kept for
-    /// [`take_bulk`](Self::take_bulk). The memory stays valid until then
-    /// (the transfer holds its handles).
+    /// [`take_bulk`](Self::take_bulk). The local memory stays valid until
+    /// then (the transfer holds its handles), but this does not wait: a
+    /// transfer already on the wire (RDMA) may still read or write the
+    /// remote handle's memory after it returns, and its owner must not
+    /// free it yet. [`bulk`](Self::bulk) waits for a canceled transfer.
     pub fn forget_bulk(&mut self, id: BulkId) {
         let op = OpId(id.0);
         if self.ops.remove(&op).is_some() {

@@ -504,6 +504,53 @@ fn a_forgotten_transfer_leaves_no_outcome() {
     assert_eq!(got, data[100..1100]);
 }
 
+/// `bulk` past its timeout cancels the transfer and waits for the
+/// transport to end it before it returns: then nothing touches either
+/// handle's memory any more, and the owner of the remote handle may free
+/// it. Over sm a transfer's end is reported at the next progress call, so
+/// a timeout of zero always leaves one to wait for: once `bulk` returned,
+/// the transport has nothing in flight and nothing left to report. (Over
+/// RDMA, where a READ stays on the wire, see
+/// `a_timed_out_bulk_has_ended_when_it_returns_over_verbs`.)
+#[test]
+fn a_timed_out_bulk_has_ended_when_it_returns() {
+    use hg_rpc::{Bulk, BulkOp};
+    use na_core::Access;
+    let d = dir("timed-out-bulk");
+    let (ep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    let (ep, cid) = endpoint(&d, false);
+    let mut c = Engine::new(ep, cid).unwrap();
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+    let remote: Bulk = srv.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    let remote: Bulk = postcard::from_bytes(&postcard::to_allocvec(&remote).unwrap()).unwrap();
+    c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let dst = c.expose(vec![vec![0; 50_000]], Access::ReadWrite).unwrap();
+    // What the transport still has to do or say about transfers.
+    let left = |c: &mut Engine| {
+        let ep = c.endpoint();
+        ep.progress_now().unwrap();
+        (
+            ep.plugin(cid).unwrap().stats().in_flight,
+            ep.pending_completions(),
+        )
+    };
+    for round in 0..3 {
+        let r = c.bulk(BulkOp::Pull, &remote, 0, &dst, 0, 50_000, Duration::ZERO);
+        assert!(matches!(r, Err(RpcError::Timeout { .. })), "round {round}: {r:?}");
+        assert_eq!(
+            left(&mut c),
+            (0, 0),
+            "round {round}: bulk returned before its canceled transfer ended"
+        );
+    }
+    c.bulk(BulkOp::Pull, &remote, 100, &dst, 0, 1000, T).unwrap();
+    let mut got = vec![0; 1000];
+    dst.local().unwrap().read_at(0, &mut got).unwrap();
+    assert_eq!(got, data[100..1100]);
+    assert_eq!(left(&mut c), (0, 0));
+}
+
 /// A blocking `call` whose spilled input is refused for the inputs held
 /// for abandoned calls waits for room within its timeout: it drives the
 /// engine, so the held input's TTL can end, then it sends. (Refused at

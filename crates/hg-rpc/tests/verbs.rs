@@ -229,3 +229,64 @@ fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows_over_ver
     }
     c.call::<Quit>(&s, &(), T).expect("quit");
 }
+
+/// `Engine::bulk` past its timeout (0 here) cancels its RDMA READ and
+/// waits for it before it returns: a READ on the wire cannot be recalled,
+/// and the owner of the remote handle may free it as soon as `bulk` has
+/// returned (a deferred handler answers its caller, say). So once `bulk`
+/// returned, the client's plugin has nothing in flight; the server then
+/// drops the handle (deregisters its memory), and the connection still
+/// works. Two engines of this process; the READ is served by the kernel's
+/// RDMA stack, with no progress of the server's.
+#[test]
+fn a_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
+    let Some(spec) = rdma_spec("a_timed_out_bulk_has_ended_when_it_returns_over_verbs") else {
+        return;
+    };
+    let mut srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
+    srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
+    let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+    let cid = c.self_addr().plugin();
+    // Connected first: the timed-out pull below must be on the wire.
+    assert_eq!(
+        common::call_both::<Add>(&mut c, &mut srv, &(1, 2)).expect("add"),
+        3
+    );
+    let len = 16usize << 20;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let exposed = srv.expose(vec![data.clone()], Access::ReadOnly).expect("expose");
+    let remote: hg_rpc::Bulk =
+        postcard::from_bytes(&postcard::to_allocvec(&exposed).expect("encode")).expect("decode");
+    let dst = c.expose(vec![vec![0; len]], Access::ReadWrite).expect("expose");
+    // Operations in flight (the engine's posted receives among them: the
+    // engine reposts the one the call used when it next progresses).
+    let in_flight = |c: &mut Engine| c.endpoint().plugin(cid).expect("plugin").stats().in_flight;
+    c.progress_now().expect("progress");
+    c.trigger().expect("trigger");
+    let before = in_flight(&mut c);
+    let r = c.bulk(BulkOp::Pull, &remote, 0, &dst, 0, len as u64, Duration::ZERO);
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!(
+        in_flight(&mut c),
+        before,
+        "bulk returned with its canceled RDMA READ in flight"
+    );
+    // The owner frees its memory now.
+    drop((remote, exposed));
+    let small = srv
+        .expose(vec![data[..4096].to_vec()], Access::ReadOnly)
+        .expect("expose");
+    let small: hg_rpc::Bulk =
+        postcard::from_bytes(&postcard::to_allocvec(&small).expect("encode")).expect("decode");
+    c.bulk(BulkOp::Pull, &small, 100, &dst, 0, 1000, T)
+        .expect("a pull after the timed-out one");
+    let mut got = vec![0; 1000];
+    dst.local().expect("local").read_at(0, &mut got).expect("read");
+    assert!(got == data[100..1100], "pulled data differs");
+    for i in 0..20u64 {
+        assert_eq!(
+            common::call_both::<Add>(&mut c, &mut srv, &(i, 1)).expect("add"),
+            i + 1
+        );
+    }
+}
