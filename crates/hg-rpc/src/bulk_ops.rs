@@ -14,7 +14,7 @@ use crate::error::{Result, RpcError};
 
 /// Identifies a transfer started with [`Engine::bulk_start`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BulkId(u64);
+pub struct BulkId(pub(crate) u64);
 
 /// How long a handler's transfer may take before it fails, unless set
 /// with [`Engine::set_handler_transfer_timeout`].
@@ -22,7 +22,7 @@ pub const DEFAULT_HANDLER_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a handler waits for its canceled transfers before it warns
 /// (it goes on waiting: see `BulkCtx::cancel_window`).
-const CANCEL_WAIT_WARNING: Duration = Duration::from_secs(10);
+pub(crate) const CANCEL_WAIT_WARNING: Duration = Duration::from_secs(10);
 
 /// Most spans [`BulkCtx::transfer_batch`] has in flight at once (na-sm's
 /// `IOV_MAX`: a window of single-piece spans is one system call).
@@ -77,19 +77,13 @@ impl BulkCtx<'_> {
     /// Refuses a transfer with a handle the caller does not own (unless
     /// allowed); inline pulls move nothing over the network and pass.
     fn check_owner(&self, op: BulkOp, remote: &Bulk) -> std::result::Result<(), String> {
-        // A handle of this process is copied in memory; a remote one's
-        // inline data is in its descriptor (a borrow: no copy here).
-        let here_or_inline =
-            remote.local().is_some() || (op == BulkOp::Pull && remote.desc().inline.is_some());
-        if self.any_owner || here_or_inline || remote.owner() == self.origin.uri() {
-            return Ok(());
-        }
-        Err(format!(
-            "the bulk handle belongs to {}, not to the caller {}: a handler moves data only with its caller \
-             (BulkCtx::allow_any_owner lifts this)",
-            remote.owner(),
-            self.origin.uri()
-        ))
+        check_owner(
+            self.any_owner,
+            self.origin,
+            op,
+            remote,
+            "BulkCtx::allow_any_owner",
+        )
     }
 
     /// Exposes buffers as a local bulk handle.
@@ -281,6 +275,30 @@ impl BulkCtx<'_> {
     }
 }
 
+/// A handler's transfer with `remote` is allowed: the handle is its
+/// caller's (`origin`), or needs no transfer with anyone (a handle of this
+/// process is copied in memory; a pull of inline data reads the
+/// descriptor), or the handler lifted the rule (`any_owner`, with
+/// `lifted_by`, named in the refusal).
+pub(crate) fn check_owner(
+    any_owner: bool,
+    origin: &Addr,
+    op: BulkOp,
+    remote: &Bulk,
+    lifted_by: &str,
+) -> std::result::Result<(), String> {
+    let here_or_inline = remote.local().is_some() || (op == BulkOp::Pull && remote.desc().inline.is_some());
+    if any_owner || here_or_inline || remote.owner() == origin.uri() {
+        return Ok(());
+    }
+    Err(format!(
+        "the bulk handle belongs to {}, not to the caller {}: a handler moves data only with its caller \
+         ({lifted_by} lifts this)",
+        remote.owner(),
+        origin.uri()
+    ))
+}
+
 /// `why` a batch stopped, after the first failure before it, if any.
 fn with_first(failure: Option<String>, why: String) -> String {
     match failure {
@@ -361,6 +379,30 @@ impl<C: Codec> Engine<C> {
         self.bulk_done.remove(&id.0)
     }
 
+    /// Moves the transfers that ended since the last call into `out`
+    /// (oldest first), when [`log_finished`](Self::log_finished) is on. An
+    /// id may name a transfer whose outcome was taken or forgotten
+    /// meanwhile: [`take_bulk`](Self::take_bulk) then says `None`.
+    /// (Transfers that end as they start, in memory or inline, are not
+    /// logged: their outcome is there when `bulk_start` returns.)
+    pub fn take_finished_bulks(&mut self, out: &mut Vec<BulkId>) {
+        out.append(&mut self.finished_bulks);
+    }
+
+    /// Asks the transport to cancel transfer `id`. Its outcome still comes
+    /// for [`take_bulk`](Self::take_bulk), once the transport has ended
+    /// it: canceled (`NaError::Canceled`), or whatever it ended with if it
+    /// was too late to cancel. Until then the transfer may still read or
+    /// write both handles' memory (an RDMA operation on the wire cannot be
+    /// recalled, only waited for).
+    pub fn cancel_bulk(&mut self, id: BulkId) {
+        let op = OpId(id.0);
+        if self.ops.contains_key(&op) {
+            // Best effort: one that finished meanwhile cannot be.
+            let _ = self.ep.cancel(self.plugin, op);
+        }
+    }
+
     /// Moves `len` bytes and waits (driving progress) at most `timeout`
     /// for the transfer to finish.
     ///
@@ -413,8 +455,7 @@ impl<C: Codec> Engine<C> {
     /// transfer is forgotten instead, and that error returns.
     fn cancel_and_wait(&mut self, id: BulkId) -> Result<()> {
         let op = OpId(id.0);
-        // Best effort: one that finished meanwhile cannot be.
-        let _ = self.ep.cancel(self.plugin, op);
+        self.cancel_bulk(id);
         let (started, mut warned) = (Instant::now(), false);
         // Its completion files an outcome (and leaves `ops`).
         while self.take_bulk(id).is_none() && self.ops.contains_key(&op) {
@@ -446,7 +487,10 @@ impl<C: Codec> Engine<C> {
     /// free it yet. [`bulk`](Self::bulk) waits for a canceled transfer.
     pub fn forget_bulk(&mut self, id: BulkId) {
         let op = OpId(id.0);
-        if self.ops.remove(&op).is_some() {
+        if let Some(role @ OpRole::Bulk(_)) = self.ops.get_mut(&op) {
+            // Kept until the transport reports its end (counted in
+            // `bulk_in_flight` until then).
+            *role = OpRole::ForgottenBulk;
             // Best effort: a transfer that already finished cannot be.
             let _ = self.ep.cancel(self.plugin, op);
         }
@@ -457,6 +501,9 @@ impl<C: Codec> Engine<C> {
 fn bulk_err(e: hg_bulk::BulkError) -> RpcError {
     match e {
         hg_bulk::BulkError::Na(e) => RpcError::Transport(e),
+        hg_bulk::BulkError::NotLocal => RpcError::BulkRefused {
+            reason: hg_bulk::BulkError::NotLocal.to_string(),
+        },
         other => RpcError::Malformed {
             reason: other.to_string(),
         },

@@ -77,6 +77,7 @@ mod call_ops;
 mod progress_ops;
 #[path = "serve_ops.rs"]
 pub(crate) mod serve_ops;
+pub(crate) use bulk_ops::{check_owner, CANCEL_WAIT_WARNING};
 pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
 
 struct Handler {
@@ -134,6 +135,11 @@ impl DeferredRequest {
     pub fn rpc_id(&self) -> u64 {
         self.header.rpc_id
     }
+
+    /// Who sent the request.
+    pub fn source(&self) -> &Addr {
+        &self.src
+    }
 }
 
 /// Identifies a call made with [`Engine::forward`].
@@ -150,6 +156,8 @@ enum OpRole {
     PullOutput(u64, u64),
     /// A transfer started with `bulk_start` (its id).
     Bulk(u64),
+    /// Such a transfer, given up (`forget_bulk`): its outcome is dropped.
+    ForgottenBulk,
     /// The watch on a peer we call (its token; see `Engine::watches`).
     Watch(u64),
 }
@@ -253,6 +261,12 @@ pub struct RpcStats {
     /// Requests for asynchronous handlers answered "busy" because too many
     /// were unanswered (see [`Engine::set_max_deferred`]).
     pub deferred_refused: u64,
+    /// Transfers started with [`Engine::bulk_start`] (or
+    /// [`Engine::bulk`], [`AsyncEngine::bulk`](crate::AsyncEngine::bulk))
+    /// whose end the transport has not reported yet, given-up ones
+    /// ([`Engine::forget_bulk`], a dropped future) included: until then
+    /// they may still touch their handles' memory.
+    pub bulk_in_flight: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
@@ -335,6 +349,10 @@ pub struct Engine<C: Codec = Postcard> {
     deferred: VecDeque<Completion>,
     /// Outcomes of bulk transfers started with `bulk_start`.
     bulk_done: FastMap<u64, Result<()>>,
+    /// Transfers whose outcome was filed since the last
+    /// [`take_finished_bulks`](Self::take_finished_bulks), kept while
+    /// [`log_finished`](Self::log_finished) is on.
+    finished_bulks: Vec<BulkId>,
     /// Requests for deferred handlers, oldest first.
     deferred_requests: VecDeque<DeferredRequest>,
     /// Requests for deferred handlers not yet answered (queued or running),
@@ -407,6 +425,7 @@ impl<C: Codec> Engine<C> {
             max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,
             deferred: VecDeque::new(),
             bulk_done: FastMap::default(),
+            finished_bulks: Vec::new(),
             deferred_requests: VecDeque::new(),
             deferred_ledger: DeferredLedger::default(),
             max_deferred: (DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL),
@@ -455,8 +474,14 @@ impl<C: Codec> Engine<C> {
                 (None, Some(_)) => {}
             }
         }
+        let bulk_in_flight = self
+            .ops
+            .values()
+            .filter(|r| matches!(r, OpRole::Bulk(_) | OpRole::ForgottenBulk))
+            .count() as u64;
         RpcStats {
             in_flight,
+            bulk_in_flight,
             exposed_outputs: self.exposed.len() as u64,
             exposed_bytes: self.exposed.bytes(),
             deferred_in_flight: self.deferred_ledger.total() as u64,

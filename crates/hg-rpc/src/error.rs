@@ -123,6 +123,14 @@ pub enum RpcError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A bulk transfer was refused before anything moved: the local side
+    /// is not a handle of this process, or a handler's transfer names a
+    /// handle its caller does not own.
+    #[error("bulk transfer refused: {reason}")]
+    BulkRefused {
+        /// Why.
+        reason: String,
+    },
     /// Registering an RPC failed.
     #[error("cannot register {name}: {reason}")]
     Registration {

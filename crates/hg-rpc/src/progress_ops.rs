@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use na_core::Completion;
 
 use super::{
-    response_header, serve_ops, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
+    response_header, serve_ops, BulkId, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
     SPILLED_OUTPUT_TTL, SWEEP_EVERY,
 };
 use crate::codec::Codec;
@@ -221,8 +221,12 @@ impl<C: Codec> Engine<C> {
                 }
                 self.watch_ended(token, c.status)
             }
+            OpRole::ForgottenBulk => {}
             OpRole::Bulk(id) => {
                 self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
+                if self.finished_log.is_some() {
+                    self.finished_bulks.push(BulkId(id));
+                }
             }
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {

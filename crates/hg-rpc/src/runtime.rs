@@ -22,13 +22,22 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::codec::{Codec, Postcard};
-use crate::engine::{CallId, Engine};
+use crate::engine::{BulkId, CallId, Engine};
 use crate::error::{Result, RpcError};
 use crate::rpc::Rpc;
 use crate::sys::async_fd::OwnedByArc;
 
+#[path = "runtime_bulk.rs"]
+mod bulk;
+pub use bulk::AsyncBulkCtx;
+
+/// An async handler: its context (the caller) and the encoded input in,
+/// the encoded output (or the handler's error) out.
 type AsyncHandler = Arc<
-    dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = std::result::Result<Vec<u8>, String>> + Send>>
+    dyn Fn(
+            AsyncBulkCtx,
+            Vec<u8>,
+        ) -> Pin<Box<dyn Future<Output = std::result::Result<Vec<u8>, String>> + Send>>
         + Send
         + Sync,
 >;
@@ -39,8 +48,9 @@ struct Shared {
     /// it has (then no call waits: see [`DriverExit`]).
     waiters: Mutex<Waiters>,
     async_handlers: Mutex<FastMap<u64, AsyncHandler>>,
-    /// Scratch for the engine's finished calls (see `notify_finished`).
-    finished: Mutex<Vec<CallId>>,
+    /// Scratch for the engine's finished calls and transfers (see
+    /// `notify_finished`).
+    finished: Mutex<(Vec<CallId>, Vec<BulkId>)>,
     /// Wakes the sleeping driver to look at the engine's expiries again
     /// (a call abandoned since it went to sleep may keep its input).
     rearm: tokio::sync::Notify,
@@ -123,8 +133,10 @@ impl Shared {
             w.stopped = Some(why());
             self.stopped.store(true, Ordering::Release);
         }
-        // Dropping the senders wakes every waiting call with the error.
+        // Dropping the senders wakes every waiting call (and transfer) with
+        // the error.
         w.calls.clear();
+        w.bulks.clear();
     }
 
     /// Locks the engine, or fails if this thread holds it already: `what`
@@ -149,15 +161,23 @@ impl Shared {
     /// the calls in flight. Call with the engine locked.
     fn notify_finished(&self, e: &mut Engine) {
         let mut done = self.finished.lock().unwrap_or_else(|p| p.into_inner());
-        e.take_finished(&mut done);
-        if done.is_empty() {
+        let (calls, bulks) = &mut *done;
+        e.take_finished(calls);
+        e.take_finished_bulks(bulks);
+        if calls.is_empty() && bulks.is_empty() {
             return;
         }
         let mut w = self.waiters();
         // A call without a waiter finished before its caller waited (a
-        // self-forward), or its caller gave up: nobody to wake.
-        for id in done.drain(..) {
+        // self-forward), or its caller gave up: nobody to wake. Likewise a
+        // transfer whose future was dropped.
+        for id in calls.drain(..) {
             if let Some(tx) = w.calls.remove(&id) {
+                let _ = tx.send(());
+            }
+        }
+        for id in bulks.drain(..) {
+            if let Some(tx) = w.bulks.remove(&id) {
                 let _ = tx.send(());
             }
         }
@@ -196,7 +216,8 @@ impl Shared {
                 // The handler owns the input; answering needs only the
                 // request's header and source.
                 let input = std::mem::take(&mut req.payload);
-                let result = answer_even_if_it_panics(&handler, input).await;
+                let ctx = AsyncBulkCtx::new(req.source().clone(), shared.clone());
+                let result = answer_even_if_it_panics(&handler, ctx, input).await;
                 let Some(shared) = shared.upgrade() else {
                     return;
                 };
@@ -215,6 +236,7 @@ impl Shared {
 /// instead of waiting for its timeout.
 async fn answer_even_if_it_panics(
     handler: &AsyncHandler,
+    ctx: AsyncBulkCtx,
     input: Vec<u8>,
 ) -> std::result::Result<Vec<u8>, String> {
     use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -227,7 +249,7 @@ async fn answer_even_if_it_panics(
     };
     // AssertUnwindSafe: after a panic the future is never polled again and
     // the handler's state is dropped; only the error leaves.
-    let mut fut = match catch_unwind(AssertUnwindSafe(|| handler(input))) {
+    let mut fut = match catch_unwind(AssertUnwindSafe(|| handler(ctx, input))) {
         Ok(f) => f,
         Err(p) => return Err(panicked(p)),
     };
@@ -259,7 +281,7 @@ impl AsyncEngine {
             engine: Mutex::new(engine),
             waiters: Mutex::new(Waiters::default()),
             async_handlers: Mutex::new(FastMap::default()),
-            finished: Mutex::new(Vec::new()),
+            finished: Mutex::new((Vec::new(), Vec::new())),
             rearm: tokio::sync::Notify::new(),
             runtime: tokio::runtime::Handle::current(),
             stopped: AtomicBool::new(false),
@@ -306,14 +328,29 @@ impl AsyncEngine {
         F: Fn(R::Input) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<R::Output, String>> + Send + 'static,
     {
+        self.register_async_with_bulk::<R, _, _>(move |_, input| handler(input))
+    }
+
+    /// [`register_async`](Self::register_async) for a handler that moves
+    /// bulk data with its caller while it runs, through its
+    /// [`AsyncBulkCtx`] (the async [`BulkCtx`](crate::BulkCtx)): for
+    /// example a `put` that pulls the data from the client's handle in its
+    /// request. The context knows the caller, so a transfer with a handle
+    /// someone else owns is refused.
+    pub fn register_async_with_bulk<R, F, Fut>(&self, handler: F) -> Result<()>
+    where
+        R: Rpc,
+        F: Fn(AsyncBulkCtx, R::Input) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R::Output, String>> + Send + 'static,
+    {
         let handler = Arc::new(handler);
-        let run: AsyncHandler = Arc::new(move |payload: Vec<u8>| {
+        let run: AsyncHandler = Arc::new(move |ctx: AsyncBulkCtx, payload: Vec<u8>| {
             let handler = handler.clone();
             Box::pin(async move {
                 let input: R::Input = Postcard
                     .decode(&payload)
                     .map_err(|e| format!("decoding input of {}: {e}", R::NAME))?;
-                let output = handler(input).await?;
+                let output = handler(ctx, input).await?;
                 let mut out = Vec::new();
                 Postcard
                     .encode(&output, &mut out)
@@ -461,6 +498,8 @@ fn driver_stopped(rpc: &str, why: &str) -> RpcError {
 #[derive(Default)]
 struct Waiters {
     calls: FastMap<CallId, oneshot::Sender<()>>,
+    /// Transfers of [`AsyncEngine::bulk`] in flight.
+    bulks: FastMap<BulkId, oneshot::Sender<()>>,
     /// Set once, when the driver task ends: nothing files responses any
     /// more, so a call fails at once instead of waiting for its timeout.
     stopped: Option<String>,

@@ -271,6 +271,7 @@ fn a_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
         before,
         "bulk returned with its canceled RDMA READ in flight"
     );
+    assert_eq!(c.stats().bulk_in_flight, 0);
     // The owner frees its memory now.
     drop((remote, exposed));
     let small = srv
@@ -289,4 +290,62 @@ fn a_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
             i + 1
         );
     }
+}
+
+/// [`a_timed_out_bulk_has_ended_when_it_returns_over_verbs`] for
+/// `AsyncEngine::bulk`: past its timeout the RDMA READ is canceled and
+/// waited for before the future returns, so the owner may free its memory
+/// right after; the connection still works. Without the wait the owner's
+/// deregistration under the READ breaks the connection, and the next pull
+/// fails. Two async engines of this process.
+#[test]
+fn an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
+    let Some(spec) = rdma_spec("an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
+        let srv = hg_rpc::AsyncEngine::spawn(srv).expect("spawn");
+        srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
+        let c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+        let c = hg_rpc::AsyncEngine::spawn(c).expect("spawn");
+        let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+        assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.expect("add"), 3);
+        let len = 16usize << 20;
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let exposed = srv.expose(vec![data.clone()], Access::ReadWrite).expect("expose");
+        let remote: hg_rpc::Bulk =
+            postcard::from_bytes(&postcard::to_allocvec(&exposed).expect("encode")).expect("decode");
+        let dst = c.expose(vec![vec![0; len]], Access::ReadWrite).expect("expose");
+        let r = c
+            .bulk(BulkOp::Pull, &remote, 0, &dst, 0, len as u64, Duration::ZERO)
+            .await;
+        assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+        assert_eq!(
+            c.stats().bulk_in_flight,
+            0,
+            "the future returned with its canceled RDMA READ in flight"
+        );
+        // The owner frees its memory now.
+        drop((remote, exposed));
+        let small = srv
+            .expose(vec![data[..4096].to_vec()], Access::ReadWrite)
+            .expect("expose");
+        let small: hg_rpc::Bulk =
+            postcard::from_bytes(&postcard::to_allocvec(&small).expect("encode")).expect("decode");
+        c.bulk(BulkOp::Pull, &small, 100, &dst, 0, 1000, Duration::from_secs(20))
+            .await
+            .expect("a pull after the timed-out one");
+        let mut got = vec![0; 1000];
+        dst.local().expect("local").read_at(0, &mut got).expect("read");
+        assert!(got == data[100..1100], "pulled data differs");
+        for i in 0..20u64 {
+            assert_eq!(c.call::<Add>(&s, &(i, 1), T).await.expect("add"), i + 1);
+        }
+    });
 }

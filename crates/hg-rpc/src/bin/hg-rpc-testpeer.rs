@@ -121,6 +121,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ctx.transfer(hg_rpc::BulkOp::Push, &into, offset, &local, 0, len)?;
         Ok(len)
     })?;
+    let exposed: Arc<std::sync::Mutex<std::collections::HashMap<String, hg_rpc::Bulk>>> = Arc::default();
+    let (b, x) = (blobs.clone(), exposed.clone());
+    engine.register_with_bulk::<BlobExpose>(move |ctx, (key, segment)| {
+        let bytes = b
+            .lock()
+            .map_err(|_| "poisoned")?
+            .get(&key)
+            .cloned()
+            .ok_or("no such blob")?;
+        let segs = bytes
+            .chunks(segment.max(1) as usize)
+            .map(<[u8]>::to_vec)
+            .collect();
+        let handle = ctx.expose(segs, na_core::Access::ReadWrite)?;
+        x.lock().map_err(|_| "poisoned")?.insert(key, handle.clone());
+        Ok(handle)
+    })?;
+    let x = exposed.clone();
+    engine.register::<BlobExposedDigest>(move |key| {
+        let x = x.lock().map_err(|_| "poisoned")?;
+        let bytes = x.get(&key).and_then(|h| h.local()).ok_or("not exposed")?.to_vec();
+        Ok((bytes.len() as u64, fnv(&bytes)))
+    })?;
     engine.register::<Count>(move |()| Ok((records.load(Ordering::Relaxed), sum.load(Ordering::Relaxed))))?;
     let q = quit.clone();
     engine.register::<Quit>(move |()| {

@@ -108,6 +108,24 @@ impl Rpc for BlobGet {
     type Output = u64;
 }
 
+/// Exposes a copy of a blob for the client to read and write, in
+/// segments of the given size, and answers the handle (kept until the
+/// server exits).
+pub struct BlobExpose;
+impl Rpc for BlobExpose {
+    const NAME: &'static str = "test.blob_expose";
+    type Input = (String, u64);
+    type Output = hg_rpc::Bulk;
+}
+
+/// The length and FNV-1a hash of what a `BlobExpose` handle holds now.
+pub struct BlobExposedDigest;
+impl Rpc for BlobExposedDigest {
+    const NAME: &'static str = "test.blob_exposed_digest";
+    type Input = String;
+    type Output = (u64, u64);
+}
+
 /// Answers the index of the server context that ran it.
 pub struct WhoAmI;
 impl Rpc for WhoAmI {

@@ -1,0 +1,270 @@
+//! Bulk transfers of an [`AsyncEngine`] and of its async handlers
+//! ([`AsyncBulkCtx`]): memory exposed for peers, and data moved to or from
+//! a peer's handle with `.await`.
+//!
+//! A transfer is started under the engine lock ([`Engine::bulk_start`])
+//! and its future waits for the driver, which files the outcome when the
+//! transport reports it (the engine logs the ids of transfers that ended,
+//! as it does for calls) and fires the transfer's oneshot.
+//!
+//! [`Engine::bulk_start`]: crate::Engine::bulk_start
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use hg_bulk::{Bulk, BulkOp};
+use na_core::{Access, Addr};
+use tokio::sync::oneshot;
+
+use super::{driver_stopped, lost, AsyncEngine, Shared};
+use crate::engine::{check_owner, BulkId, CANCEL_WAIT_WARNING};
+use crate::error::{Result, RpcError};
+
+/// What a transfer's errors name.
+const WHAT: &str = "bulk transfer";
+
+impl AsyncEngine {
+    /// Exposes buffers (in order, one handle) for peers to push into or
+    /// pull from (see [`Engine::expose`](crate::Engine::expose)); put the
+    /// handle in RPC arguments to hand it over. The memory stays exposed
+    /// exactly as long as the handle (and its clones) live.
+    pub fn expose(&self, buffers: Vec<Vec<u8>>, access: Access) -> Result<Bulk> {
+        self.shared
+            .try_engine("AsyncEngine::expose")?
+            .expose(buffers, access)
+    }
+
+    /// Moves `len` bytes between `remote` (a peer's handle, at
+    /// `remote_offset`) and `local` (ours, at `local_offset`): `Pull`
+    /// reads the peer's memory, `Push` writes it. Both ranges may cross
+    /// segment boundaries and are bounds-checked before anything moves.
+    /// The transfer goes to the handle's owner, whatever the transport.
+    ///
+    /// Past `timeout` the transfer is canceled and **waited for** before
+    /// [`RpcError::Timeout`] returns, as [`Engine::bulk`](crate::Engine::bulk)
+    /// does: once this returns, nothing touches either handle's memory any
+    /// more, so an async handler may answer its caller (who may then free
+    /// that memory) right after. The transport ends a canceled transfer
+    /// promptly (an RDMA operation on the wire completes, or fails by the
+    /// transport's own timeout or when its connection goes); a wait of
+    /// over 10 s is logged as a warning. A zero timeout does not wait at
+    /// all: a transfer that did not end as it started (in memory, or from
+    /// inline data) is canceled at once.
+    ///
+    /// Dropping the future gives the transfer up without waiting (see
+    /// [`Engine::forget_bulk`](crate::Engine::forget_bulk)): the local
+    /// memory stays valid (the transfer holds its handle), but the peer's
+    /// may still be read or written for a while.
+    ///
+    /// A handle that came in a request names whatever owner its sender
+    /// wrote, and this moves data with that owner: a handler that moves
+    /// data with its caller's handle uses
+    /// [`register_async_with_bulk`](Self::register_async_with_bulk) and
+    /// its [`AsyncBulkCtx::transfer`] instead, which refuses a handle its
+    /// caller does not own.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn bulk(
+        &self,
+        op: BulkOp,
+        remote: &Bulk,
+        remote_offset: u64,
+        local: &Bulk,
+        local_offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<()> {
+        let span = hg_bulk::Span {
+            remote_offset,
+            local_offset,
+            len,
+        };
+        self.shared.bulk(op, remote, local, span, timeout).await
+    }
+}
+
+impl Shared {
+    /// [`AsyncEngine::bulk`], for the engine and for handlers' contexts.
+    async fn bulk(
+        &self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        span: hg_bulk::Span,
+        timeout: Duration,
+    ) -> Result<()> {
+        let (tx, mut rx) = oneshot::channel();
+        let id = {
+            let mut e = self.try_engine("AsyncEngine::bulk")?;
+            self.check_running(WHAT, &mut e)?;
+            let id = e.bulk_start(op, remote, span.remote_offset, local, span.local_offset, span.len)?;
+            // Moved in memory or from inline data: done already.
+            if let Some(r) = e.take_bulk(id) {
+                return r;
+            }
+            // Registered under the engine lock, which the driver holds
+            // while it files outcomes: it cannot miss this transfer.
+            let mut w = self.waiters();
+            if let Some(why) = &w.stopped {
+                let err = driver_stopped(WHAT, why);
+                drop(w);
+                e.forget_bulk(id);
+                return Err(err);
+            }
+            w.bulks.insert(id, tx);
+            id
+        };
+        // The transport may have the transfer's end ready without an fd
+        // event (na-sm moves the data as it starts it): the driver looks.
+        self.rearm.notify_one();
+        let mut guard = ForgetBulk {
+            shared: self,
+            id,
+            armed: true,
+        };
+        // A zero timeout does not wait at all (as `Engine::bulk`): the
+        // outcome may be at hand, but the driver has not filed it.
+        let waited = if timeout.is_zero() {
+            None
+        } else {
+            tokio::time::timeout(timeout, &mut rx).await.ok()
+        };
+        match waited {
+            Some(Ok(())) => {
+                guard.armed = false;
+                let r = self.engine().take_bulk(id);
+                return r.unwrap_or_else(|| Err(lost(WHAT)));
+            }
+            // The driver stopped: the guard forgets the transfer.
+            Some(Err(_)) => return Err(self.stopped_error(WHAT)),
+            None => {}
+        }
+        self.engine().cancel_bulk(id);
+        self.rearm.notify_one();
+        let ended = match tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(
+                    waited = ?CANCEL_WAIT_WARNING,
+                    "a timed-out bulk transfer is still in flight; AsyncEngine::bulk waits for it"
+                );
+                rx.await
+            }
+        };
+        if ended.is_err() {
+            return Err(self.stopped_error(WHAT));
+        }
+        guard.armed = false;
+        // Its outcome (canceled, or what it ended with) is not the answer.
+        let _ = self.engine().take_bulk(id);
+        Err(RpcError::Timeout {
+            rpc: WHAT.into(),
+            millis: timeout.as_millis(),
+        })
+    }
+
+    /// The error of work that was waiting when the driver stopped.
+    fn stopped_error(&self, what: &str) -> RpcError {
+        let why = self.waiters().stopped.clone().unwrap_or_default();
+        driver_stopped(what, &why)
+    }
+}
+
+/// What an async handler registered with
+/// [`AsyncEngine::register_async_with_bulk`] may do while it runs: learn
+/// who called, expose memory, and move data with the caller's handles.
+///
+/// As with [`BulkCtx`](crate::BulkCtx), a transfer goes only to the
+/// caller: a handle in the request names whatever owner its sender wrote,
+/// and a client must not be able to aim the server's push or pull at a
+/// third process. A handler meant to move data with other processes says
+/// so with [`allow_any_owner`](Self::allow_any_owner).
+///
+/// The context refers to its engine weakly: a handler still running after
+/// the [`AsyncEngine`] was dropped gets [`RpcError::DriverStopped`].
+pub struct AsyncBulkCtx {
+    caller: Addr,
+    shared: Weak<Shared>,
+    any_owner: bool,
+}
+
+impl AsyncBulkCtx {
+    pub(super) fn new(caller: Addr, shared: Weak<Shared>) -> Self {
+        AsyncBulkCtx {
+            caller,
+            shared,
+            any_owner: false,
+        }
+    }
+
+    /// Who sent the request being handled.
+    pub fn caller(&self) -> &Addr {
+        &self.caller
+    }
+
+    /// Lifts the caller-only rule for this handler's transfers.
+    pub fn allow_any_owner(&mut self) {
+        self.any_owner = true;
+    }
+
+    fn engine(&self) -> Result<Arc<Shared>> {
+        self.shared
+            .upgrade()
+            .ok_or_else(|| driver_stopped(WHAT, "the AsyncEngine was dropped"))
+    }
+
+    /// Exposes buffers as one handle (see [`AsyncEngine::expose`]).
+    pub fn expose(&self, buffers: Vec<Vec<u8>>, access: Access) -> Result<Bulk> {
+        self.engine()?
+            .try_engine("AsyncBulkCtx::expose")?
+            .expose(buffers, access)
+    }
+
+    /// Moves `len` bytes between the caller's handle `remote` and `local`,
+    /// as [`AsyncEngine::bulk`] does (canceled and waited for past
+    /// `timeout`), after checking that `remote` is the caller's
+    /// ([`RpcError::BulkRefused`] if not).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn transfer(
+        &self,
+        op: BulkOp,
+        remote: &Bulk,
+        remote_offset: u64,
+        local: &Bulk,
+        local_offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<()> {
+        check_owner(
+            self.any_owner,
+            &self.caller,
+            op,
+            remote,
+            "AsyncBulkCtx::allow_any_owner",
+        )
+        .map_err(|reason| RpcError::BulkRefused { reason })?;
+        let span = hg_bulk::Span {
+            remote_offset,
+            local_offset,
+            len,
+        };
+        self.engine()?.bulk(op, remote, local, span, timeout).await
+    }
+}
+
+/// Gives the transfer up when its future is dropped (or the driver
+/// stopped) before it ended.
+struct ForgetBulk<'a> {
+    shared: &'a Shared,
+    id: BulkId,
+    armed: bool,
+}
+
+impl Drop for ForgetBulk<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut e = self.shared.engine();
+            self.shared.waiters().bulks.remove(&self.id);
+            e.forget_bulk(self.id);
+        }
+    }
+}

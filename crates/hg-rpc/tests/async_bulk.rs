@@ -1,0 +1,269 @@
+//! Bulk transfers with `.await`: `AsyncEngine::expose` and `bulk` against
+//! a separate server process over na-sm, and async handlers that move
+//! data with their caller (`register_async_with_bulk`, `AsyncBulkCtx`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, Rpc, RpcError};
+use na_core::{Access, Endpoint, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+
+mod common;
+use common::Server;
+
+const T: Duration = Duration::from_secs(10);
+
+/// An async engine over sm with sockets in `dir`.
+fn engine(dir: &std::path::Path, listen: bool) -> AsyncEngine {
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig {
+        listen,
+        ..SmConfig::default()
+    }
+    .with_dir(dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
+}
+
+/// `len` bytes of a pattern that repeats every 251.
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i + seed) % 251) as u8).collect()
+}
+
+/// What `handle` (local) holds.
+fn contents(handle: &Bulk) -> Vec<u8> {
+    handle.local().expect("a local handle").to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_and_pushes_across_segments_with_a_server_process() {
+    let d = common::dir("async-bulk");
+    let srv = Server::start(&d);
+    let c = Arc::new(engine(&d, false));
+    let s = c.lookup(&srv.uri).unwrap();
+    // The server pulls a three-segment handle of ours (its handler), then
+    // exposes its copy in segments of 300,000 bytes for us.
+    let data = pattern(3 * 1024 * 1024 + 5, 0);
+    let segs = vec![
+        data[..1_000_000].to_vec(),
+        data[1_000_000..1_000_007].to_vec(),
+        data[1_000_007..].to_vec(),
+    ];
+    let put = c.expose(segs, Access::ReadOnly).unwrap();
+    assert_eq!(
+        c.call::<BlobPut>(&s, &("k".into(), put), T).await.unwrap(),
+        fnv(&data)
+    );
+    let remote = c.call::<BlobExpose>(&s, &("k".into(), 300_000), T).await.unwrap();
+    assert_eq!(remote.size(), data.len() as u64);
+
+    // One pull across both sides' segment boundaries, at offsets.
+    let local = c
+        .expose(
+            vec![vec![0; 1 << 20], vec![0; 7], vec![0; 2 << 20]],
+            Access::ReadWrite,
+        )
+        .unwrap();
+    let len = (2 << 20) + 100;
+    c.bulk(BulkOp::Pull, &remote, 1234, &local, 5, len, T)
+        .await
+        .unwrap();
+    assert!(
+        contents(&local)[5..5 + len as usize] == data[1234..1234 + len as usize],
+        "pulled data differs"
+    );
+
+    // Sixteen pulls in flight at once, each its own range.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..16u64 {
+        let (c, remote) = (c.clone(), remote.clone());
+        tasks.spawn(async move {
+            let into = c.expose(vec![vec![0; 70_000]], Access::ReadWrite).unwrap();
+            c.bulk(BulkOp::Pull, &remote, i * 190_000, &into, 0, 70_000, T)
+                .await
+                .unwrap();
+            (i, contents(&into))
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        let (i, got) = r.unwrap();
+        let at = (i * 190_000) as usize;
+        assert!(got == data[at..at + 70_000], "pull {i} differs");
+    }
+
+    // A push into the server's copy, checked by the server.
+    let new = pattern(100_000, 17);
+    let src = c
+        .expose(
+            vec![new[..40_000].to_vec(), new[40_000..].to_vec()],
+            Access::ReadOnly,
+        )
+        .unwrap();
+    c.bulk(BulkOp::Push, &remote, 777, &src, 0, 100_000, T)
+        .await
+        .unwrap();
+    let mut expect = data.clone();
+    expect[777..100_777].copy_from_slice(&new);
+    let digest = c.call::<BlobExposedDigest>(&s, &"k".into(), T).await.unwrap();
+    assert_eq!(
+        digest,
+        (expect.len() as u64, fnv(&expect)),
+        "the server's copy after the push"
+    );
+
+    // Refused before anything moves: out of bounds, and a local side that
+    // is not ours.
+    let end = data.len() as u64;
+    match c.bulk(BulkOp::Pull, &remote, end - 10, &local, 0, 11, T).await {
+        Err(RpcError::Transport(e)) => assert!(e.to_string().contains("bounds"), "{e}"),
+        other => panic!("expected a bounds error, got {other:?}"),
+    }
+    match c.bulk(BulkOp::Pull, &remote, 0, &remote, 0, 10, T).await {
+        Err(RpcError::BulkRefused { reason }) => assert!(reason.contains("local side"), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
+}
+
+/// Past its timeout a transfer is canceled and waited for (a Timeout, not
+/// the transfer's own outcome); dropping a transfer's future gives it up.
+/// The engine goes on either way. On a current-thread runtime, so that
+/// the driver cannot file the outcome before the timeout is checked
+/// (na-sm moves the data as the transfer starts: on a second worker
+/// thread the driver may win that race, and the transfer is done in time).
+#[tokio::test(flavor = "current_thread")]
+async fn a_timed_out_or_dropped_transfer_leaves_the_engine_working() {
+    let d = common::dir("async-bulk-timeout");
+    let srv = Server::start(&d);
+    let c = engine(&d, false);
+    let s = c.lookup(&srv.uri).unwrap();
+    let data = pattern(3 << 20, 1);
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    assert_eq!(
+        c.call::<BlobPut>(&s, &("t".into(), put), T).await.unwrap(),
+        fnv(&data)
+    );
+    let remote = c.call::<BlobExpose>(&s, &("t".into(), 1 << 20), T).await.unwrap();
+    let local = c.expose(vec![vec![0; 3 << 20]], Access::ReadWrite).unwrap();
+    for round in 0..3 {
+        let r = c
+            .bulk(BulkOp::Pull, &remote, 0, &local, 0, 1 << 20, Duration::ZERO)
+            .await;
+        assert!(matches!(r, Err(RpcError::Timeout { .. })), "round {round}: {r:?}");
+        assert_eq!(
+            c.stats().bulk_in_flight,
+            0,
+            "round {round}: the future returned before its canceled transfer ended"
+        );
+    }
+    // Polled once (started), then dropped.
+    let mut fut = Box::pin(c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 3 << 20, T));
+    let first = tokio::select! {
+        biased;
+        r = &mut fut => Some(r),
+        () = std::future::ready(()) => None,
+    };
+    assert!(first.is_none(), "a pull finished at its first poll: {first:?}");
+    drop(fut);
+    let again = c.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
+    c.bulk(BulkOp::Pull, &remote, 99_999, &again, 0, 4096, T)
+        .await
+        .unwrap();
+    assert!(
+        contents(&again) == data[99_999..99_999 + 4096],
+        "a pull after the timeouts and the drop differs"
+    );
+    // The dropped transfer's end came before the last one's.
+    assert_eq!(c.stats().bulk_in_flight, 0);
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
+}
+
+/// Stores the caller's blob (pulled through the handler's context) and
+/// answers its FNV-1a hash.
+struct AsyncPut;
+impl Rpc for AsyncPut {
+    const NAME: &'static str = "async_bulk.put";
+    type Input = Bulk;
+    type Output = u64;
+}
+
+/// `AsyncPut` with the caller-only rule lifted.
+struct AsyncPutAny;
+impl Rpc for AsyncPutAny {
+    const NAME: &'static str = "async_bulk.put_any";
+    type Input = Bulk;
+    type Output = u64;
+}
+
+/// Answers the URI of the caller, as its context names it.
+struct WhoCalls;
+impl Rpc for WhoCalls {
+    const NAME: &'static str = "async_bulk.who_calls";
+    type Input = ();
+    type Output = String;
+}
+
+async fn pull_and_hash(ctx: AsyncBulkCtx, from: Bulk) -> Result<u64, String> {
+    let into = ctx
+        .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+        .map_err(|e| e.to_string())?;
+    ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(fnv(&contents(&into)))
+}
+
+/// An async handler moves data with its caller's handle through its
+/// context, and refuses a handle someone else owns (a client must not aim
+/// the server's transfers at a third process) unless it lifted the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_handler_moves_data_only_with_its_caller() {
+    let d = common::dir("async-bulk-owner");
+    let srv = engine(&d, true);
+    srv.register_async_with_bulk::<AsyncPut, _, _>(pull_and_hash)
+        .unwrap();
+    srv.register_async_with_bulk::<AsyncPutAny, _, _>(|mut ctx, from| async move {
+        ctx.allow_any_owner();
+        pull_and_hash(ctx, from).await
+    })
+    .unwrap();
+    srv.register_async_with_bulk::<WhoCalls, _, _>(
+        |ctx, ()| async move { Ok(ctx.caller().uri().to_owned()) },
+    )
+    .unwrap();
+    let c = engine(&d, false);
+    let third = engine(&d, true);
+    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    assert_eq!(c.call::<WhoCalls>(&s, &(), T).await.unwrap(), c.self_addr().uri());
+
+    // 2 MiB: no inline data, a real pull from our memory.
+    let data = pattern(2 << 20, 3);
+    let ours = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    assert_eq!(c.call::<AsyncPut>(&s, &ours, T).await.unwrap(), fnv(&data));
+
+    // The third engine's handle, sent by us: not ours to hand out.
+    let theirs = third.expose(vec![pattern(1 << 20, 9)], Access::ReadOnly).unwrap();
+    match c.call::<AsyncPut>(&s, &theirs, T).await {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.contains("not to the caller"), "{message}");
+            assert!(message.contains("AsyncBulkCtx::allow_any_owner"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Lifted: the handler pulls from the third process (engine) itself.
+    assert_eq!(
+        c.call::<AsyncPutAny>(&s, &theirs, T).await.unwrap(),
+        fnv(&pattern(1 << 20, 9))
+    );
+    // And the server goes on serving.
+    assert_eq!(c.call::<AsyncPut>(&s, &ours, T).await.unwrap(), fnv(&data));
+}
