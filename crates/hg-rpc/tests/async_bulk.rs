@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, Rpc, RpcError};
-use na_core::{Access, Endpoint, Plugin, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::Access;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -21,15 +20,7 @@ const T: Duration = Duration::from_secs(10);
 
 /// An async engine over sm with sockets in `dir`.
 fn engine(dir: &std::path::Path, listen: bool) -> AsyncEngine {
-    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    }
-    .with_dir(dir);
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
+    let (ep, id) = common::endpoint(dir, listen);
     AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
 }
 

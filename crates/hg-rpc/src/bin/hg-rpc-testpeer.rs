@@ -110,12 +110,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let b = blobs.clone();
     engine.register_with_bulk::<BlobGet>(move |ctx, (key, into, offset)| {
-        let bytes = b
-            .lock()
-            .map_err(|_| "poisoned")?
-            .get(&key)
-            .cloned()
-            .ok_or("no such blob")?;
+        let bytes = blob(&b, &key)?;
         let len = bytes.len() as u64;
         let local = ctx.expose(vec![bytes], na_core::Access::ReadOnly)?;
         ctx.transfer(hg_rpc::BulkOp::Push, &into, offset, &local, 0, len)?;
@@ -124,12 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let exposed: Arc<std::sync::Mutex<std::collections::HashMap<String, hg_rpc::Bulk>>> = Arc::default();
     let (b, x) = (blobs.clone(), exposed.clone());
     engine.register_with_bulk::<BlobExpose>(move |ctx, (key, segment)| {
-        let bytes = b
-            .lock()
-            .map_err(|_| "poisoned")?
-            .get(&key)
-            .cloned()
-            .ok_or("no such blob")?;
+        let bytes = blob(&b, &key)?;
         let segs = bytes
             .chunks(segment.max(1) as usize)
             .map(<[u8]>::to_vec)
@@ -172,6 +162,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 type Blobs = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
+
+/// A copy of the blob stored under `key`.
+fn blob(blobs: &Blobs, key: &str) -> Result<Vec<u8>, String> {
+    let blobs = blobs.lock().map_err(|_| "poisoned")?;
+    blobs.get(key).cloned().ok_or_else(|| "no such blob".into())
+}
 
 /// Pulls `data` in chunks of `chunk` bytes, started as one batch, last
 /// chunk first; stores it under `key` and answers its hash.
