@@ -77,6 +77,7 @@ QS_MR_CACHE_MAP_WATCH=on cargo test --quiet -p na-regcache --test inflight --tes
 step "examples (each verifies what it does and fails loudly otherwise)"
 cargo run --quiet -p hg-rpc --example hello
 cargo run --quiet -p hg-rpc --example blobstore
+cargo run --quiet -p hg-rpc --example blobstore_async
 cargo run --quiet -p hg-rpc --example demo -- --passes 2
 cargo run --quiet -p na-sm --example na_demo
 
