@@ -207,15 +207,16 @@ async fn client() -> Res<()> {
         Err(e) => println!("get of a deleted blob: {e}"),
         Ok(_) => return Err("a deleted blob was returned".into()),
     }
-    // A handle of another process (here a second engine of ours, which the
-    // server did not get the request from) is refused by the handler.
+    // A handle owned by another endpoint (a second engine of ours, not the
+    // one the request comes from) is refused by the handler: a client
+    // cannot aim the server's transfers at a third party.
     let other = engine(true)?;
     let theirs = other.expose(vec![vec![7; 1 << 20]], Access::ReadOnly)?;
     match c.call::<Put>(&srv, &("stolen".to_string(), theirs), T).await {
         Err(RpcError::Handler { message, .. }) if message.contains("not to the caller") => {
-            println!("put with another process's handle: refused ({message})")
+            println!("put with another endpoint's handle: refused ({message})")
         }
-        other => return Err(format!("a handle of another process was not refused: {other:?}").into()),
+        other => return Err(format!("a handle of another endpoint was not refused: {other:?}").into()),
     }
     c.call::<Quit>(&srv, &(), T).await?;
     child.wait()?;
