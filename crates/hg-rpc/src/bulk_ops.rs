@@ -379,14 +379,25 @@ impl<C: Codec> Engine<C> {
         self.bulk_done.remove(&id.0)
     }
 
+    /// From now on, keeps the id of every transfer started with
+    /// [`bulk_start`](Self::bulk_start) whose outcome is filed, for
+    /// [`take_finished_bulks`](Self::take_finished_bulks) (as
+    /// [`log_finished`](Self::log_finished) does for calls). Whoever turns
+    /// it on must drain it, or it grows with every transfer.
+    pub fn log_finished_bulks(&mut self) {
+        self.finished_bulks.get_or_insert_with(Vec::new);
+    }
+
     /// Moves the transfers that ended since the last call into `out`
-    /// (oldest first), when [`log_finished`](Self::log_finished) is on. An
+    /// (oldest first), when [`log_finished_bulks`](Self::log_finished_bulks) is on. An
     /// id may name a transfer whose outcome was taken or forgotten
     /// meanwhile: [`take_bulk`](Self::take_bulk) then says `None`.
     /// (Transfers that end as they start, in memory or inline, are not
     /// logged: their outcome is there when `bulk_start` returns.)
     pub fn take_finished_bulks(&mut self, out: &mut Vec<BulkId>) {
-        out.append(&mut self.finished_bulks);
+        if let Some(log) = &mut self.finished_bulks {
+            out.append(log);
+        }
     }
 
     /// Asks the transport to cancel transfer `id`. Its outcome still comes
@@ -415,8 +426,12 @@ impl<C: Codec> Engine<C> {
     /// started is dropped, one to a dead peer fails by the transport's
     /// own timeout or when its connection goes). The wait drives the
     /// engine as the transfer did (handlers run, responses are filed) and
-    /// warns if it lasts over 10 s. If progress itself fails meanwhile,
-    /// that error returns and the transfer is given up as by
+    /// warns if it lasts over 10 s. The answer is the timeout even if the
+    /// transfer finished meanwhile: the destination's contents in the
+    /// range are then unspecified. A zero timeout does not wait for the
+    /// transfer to finish (unless it ended as it started: in memory, or
+    /// from inline data). If progress itself fails meanwhile, that error
+    /// returns and the transfer is given up as by
     /// [`forget_bulk`](Self::forget_bulk), which never waits.
     #[allow(clippy::too_many_arguments)]
     pub fn bulk(

@@ -314,11 +314,8 @@ impl<C: Codec> Engine<C> {
     /// From now on, keeps the id of every call whose outcome is filed (its
     /// response came, or it failed) for [`take_finished`](Self::take_finished),
     /// so that a caller with many calls in flight learns which finished
-    /// without asking [`is_finished`](Self::is_finished) of each; likewise
-    /// the id of every transfer started with
-    /// [`bulk_start`](Self::bulk_start) that ends in flight, for
-    /// [`take_finished_bulks`](Self::take_finished_bulks). Whoever turns it
-    /// on must drain both, or they grow with every call and transfer.
+    /// without asking [`is_finished`](Self::is_finished) of each. Whoever
+    /// turns it on must drain it, or it grows with every call.
     pub fn log_finished(&mut self) {
         self.finished_log.get_or_insert_with(Vec::new);
     }

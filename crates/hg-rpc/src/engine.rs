@@ -350,9 +350,9 @@ pub struct Engine<C: Codec = Postcard> {
     /// Outcomes of bulk transfers started with `bulk_start`.
     bulk_done: FastMap<u64, Result<()>>,
     /// Transfers whose outcome was filed since the last
-    /// [`take_finished_bulks`](Self::take_finished_bulks), kept while
-    /// [`log_finished`](Self::log_finished) is on.
-    finished_bulks: Vec<BulkId>,
+    /// [`take_finished_bulks`](Self::take_finished_bulks), kept only once
+    /// [`log_finished_bulks`](Self::log_finished_bulks) asked for them.
+    finished_bulks: Option<Vec<BulkId>>,
     /// Requests for deferred handlers, oldest first.
     deferred_requests: VecDeque<DeferredRequest>,
     /// Requests for deferred handlers not yet answered (queued or running),
@@ -425,7 +425,7 @@ impl<C: Codec> Engine<C> {
             max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,
             deferred: VecDeque::new(),
             bulk_done: FastMap::default(),
-            finished_bulks: Vec::new(),
+            finished_bulks: None,
             deferred_requests: VecDeque::new(),
             deferred_ledger: DeferredLedger::default(),
             max_deferred: (DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL),

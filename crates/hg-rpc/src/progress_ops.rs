@@ -224,8 +224,8 @@ impl<C: Codec> Engine<C> {
             OpRole::ForgottenBulk => {}
             OpRole::Bulk(id) => {
                 self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
-                if self.finished_log.is_some() {
-                    self.finished_bulks.push(BulkId(id));
+                if let Some(log) = &mut self.finished_bulks {
+                    log.push(BulkId(id));
                 }
             }
             OpRole::Pull(key) => {

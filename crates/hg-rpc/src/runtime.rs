@@ -216,8 +216,11 @@ impl Shared {
                 // The handler owns the input; answering needs only the
                 // request's header and source.
                 let input = std::mem::take(&mut req.payload);
-                let ctx = AsyncBulkCtx::new(req.source().clone(), shared.clone());
+                let detached: Arc<bulk::Detached> = Arc::default();
+                let ctx = AsyncBulkCtx::new(req.source().clone(), shared.clone(), detached.clone());
                 let result = answer_even_if_it_panics(&handler, ctx, input).await;
+                // Transfers the handler dropped end before its answer.
+                bulk::wait_detached(&detached, &shared).await;
                 let Some(shared) = shared.upgrade() else {
                     return;
                 };
@@ -277,6 +280,7 @@ impl AsyncEngine {
     pub fn spawn(mut engine: Engine) -> io::Result<Self> {
         let fd = engine.endpoint().as_raw_fd();
         engine.log_finished();
+        engine.log_finished_bulks();
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
             waiters: Mutex::new(Waiters::default()),

@@ -9,7 +9,7 @@
 //!
 //! [`Engine::bulk_start`]: crate::Engine::bulk_start
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use hg_bulk::{Bulk, BulkOp};
@@ -47,9 +47,14 @@ impl AsyncEngine {
     /// that memory) right after. The transport ends a canceled transfer
     /// promptly (an RDMA operation on the wire completes, or fails by the
     /// transport's own timeout or when its connection goes); a wait of
-    /// over 10 s is logged as a warning. A zero timeout does not wait at
-    /// all: a transfer that did not end as it started (in memory, or from
-    /// inline data) is canceled at once.
+    /// over 10 s is logged as a warning. The answer is the timeout even if
+    /// the transfer finished meanwhile: the destination's contents in the
+    /// range are then unspecified. A zero timeout does not wait for the
+    /// transfer to finish: unless it ended as it started (in memory, or
+    /// from inline data), it is canceled at once, and waited for.
+    ///
+    /// If the engine's driver stops meanwhile, [`RpcError::DriverStopped`]
+    /// returns at once: nothing can wait for the transport then.
     ///
     /// Dropping the future gives the transfer up without waiting (see
     /// [`Engine::forget_bulk`](crate::Engine::forget_bulk)): the local
@@ -78,12 +83,40 @@ impl AsyncEngine {
             local_offset,
             len,
         };
-        self.shared.bulk(op, remote, local, span, timeout).await
+        self.shared.bulk(op, remote, local, span, timeout, None).await
+    }
+}
+
+/// Transfers of a handler's context whose futures were dropped before
+/// they ended: canceled, and awaited (their oneshots) before the handler's
+/// answer goes out.
+pub(super) type Detached = Mutex<Vec<(BulkId, oneshot::Receiver<()>)>>;
+
+/// Waits until every transfer in `detached` has ended (a warning after
+/// 10 s), then drops their outcomes. Called by a handler's task before it
+/// answers: the caller may free its memory at the answer.
+pub(super) async fn wait_detached(detached: &Detached, shared: &Weak<Shared>) {
+    loop {
+        let next = detached.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let Some((id, mut rx)) = next else { return };
+        if tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await.is_err() {
+            tracing::warn!(
+                waited = ?CANCEL_WAIT_WARNING,
+                "a handler's dropped bulk transfer is still in flight; its answer waits for it"
+            );
+            // Fails at once if the driver stopped: nothing files it then.
+            let _ = rx.await;
+        }
+        if let Some(s) = shared.upgrade() {
+            let _ = s.engine().take_bulk(id);
+        }
     }
 }
 
 impl Shared {
-    /// [`AsyncEngine::bulk`], for the engine and for handlers' contexts.
+    /// [`AsyncEngine::bulk`], for the engine and for handlers' contexts
+    /// (`detach`: where a dropped future leaves its transfer to be waited
+    /// for).
     async fn bulk(
         &self,
         op: BulkOp,
@@ -91,6 +124,7 @@ impl Shared {
         local: &Bulk,
         span: hg_bulk::Span,
         timeout: Duration,
+        detach: Option<&Detached>,
     ) -> Result<()> {
         let (tx, mut rx) = oneshot::channel();
         let id = {
@@ -120,9 +154,10 @@ impl Shared {
             shared: self,
             id,
             armed: true,
+            detach,
         };
-        // A zero timeout does not wait at all (as `Engine::bulk`): the
-        // outcome may be at hand, but the driver has not filed it.
+        // A zero timeout does not wait for the transfer (as `Engine::bulk`):
+        // its outcome may be at hand, but the driver has not filed it.
         let waited = if timeout.is_zero() {
             None
         } else {
@@ -179,20 +214,24 @@ impl Shared {
 /// third process. A handler meant to move data with other processes says
 /// so with [`allow_any_owner`](Self::allow_any_owner).
 ///
-/// The context refers to its engine weakly: a handler still running after
-/// the [`AsyncEngine`] was dropped gets [`RpcError::DriverStopped`].
+/// The context refers to its engine weakly (a transfer holds it while it
+/// runs): a handler still running after the [`AsyncEngine`] was dropped
+/// gets [`RpcError::DriverStopped`].
 pub struct AsyncBulkCtx {
     caller: Addr,
     shared: Weak<Shared>,
     any_owner: bool,
+    /// Transfers whose futures were dropped: the answer waits for them.
+    detached: Arc<Detached>,
 }
 
 impl AsyncBulkCtx {
-    pub(super) fn new(caller: Addr, shared: Weak<Shared>) -> Self {
+    pub(super) fn new(caller: Addr, shared: Weak<Shared>, detached: Arc<Detached>) -> Self {
         AsyncBulkCtx {
             caller,
             shared,
             any_owner: false,
+            detached,
         }
     }
 
@@ -223,6 +262,14 @@ impl AsyncBulkCtx {
     /// as [`AsyncEngine::bulk`] does (canceled and waited for past
     /// `timeout`), after checking that `remote` is the caller's
     /// ([`RpcError::BulkRefused`] if not).
+    ///
+    /// If this future is dropped before the transfer ended (a `select!`
+    /// or a timeout around it, a `try_join!` whose other branch failed, a
+    /// panic in the handler), the transfer is canceled and the handler's
+    /// answer waits for it to end: its caller may free its memory as soon
+    /// as it has the answer. That holds for the handler's own run: a
+    /// context moved into a task that outlives the handler gives no such
+    /// guarantee for what it moves after the answer.
     #[allow(clippy::too_many_arguments)]
     pub async fn transfer(
         &self,
@@ -247,24 +294,52 @@ impl AsyncBulkCtx {
             local_offset,
             len,
         };
-        self.engine()?.bulk(op, remote, local, span, timeout).await
+        let engine = self.engine()?;
+        engine
+            .bulk(op, remote, local, span, timeout, Some(&self.detached))
+            .await
     }
 }
 
 /// Gives the transfer up when its future is dropped (or the driver
-/// stopped) before it ended.
+/// stopped) before it ended; a handler's transfer is canceled instead and
+/// left in `detach`, for its task to wait for before it answers.
 struct ForgetBulk<'a> {
     shared: &'a Shared,
     id: BulkId,
     armed: bool,
+    detach: Option<&'a Detached>,
 }
 
 impl Drop for ForgetBulk<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let mut e = self.shared.engine();
-            self.shared.waiters().bulks.remove(&self.id);
-            e.forget_bulk(self.id);
+        if !self.armed {
+            return;
         }
+        let mut e = self.shared.engine();
+        let mut w = self.shared.waiters();
+        // Its waiter is there until the driver fires it (the outcome is
+        // filed then) or stops.
+        let in_flight = w.bulks.contains_key(&self.id) && w.stopped.is_none();
+        match self.detach {
+            Some(detached) if in_flight => {
+                let (tx, rx) = oneshot::channel();
+                w.bulks.insert(self.id, tx);
+                drop(w);
+                e.cancel_bulk(self.id);
+                detached
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((self.id, rx));
+            }
+            _ => {
+                w.bulks.remove(&self.id);
+                drop(w);
+                e.forget_bulk(self.id);
+            }
+        }
+        // A forgotten or canceled transfer's end may be ready with no fd
+        // event (na-sm): the driver files it (`bulk_in_flight` drops).
+        self.shared.rearm.notify_one();
     }
 }

@@ -195,6 +195,14 @@ impl Rpc for AsyncPutAny {
     type Output = u64;
 }
 
+/// Starts pulling the caller's handle, then panics with the pull pending.
+struct PanicMidPull;
+impl Rpc for PanicMidPull {
+    const NAME: &'static str = "async_bulk.panic_mid_pull";
+    type Input = Bulk;
+    type Output = ();
+}
+
 /// Answers the URI of the caller, as its context names it.
 struct WhoCalls;
 impl Rpc for WhoCalls {
@@ -231,6 +239,19 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
         |ctx, ()| async move { Ok(ctx.caller().uri().to_owned()) },
     )
     .unwrap();
+    srv.register_async_with_bulk::<PanicMidPull, _, _>(|ctx, from| async move {
+        let into = ctx
+            .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+            .map_err(|e| e.to_string())?;
+        let mut pull = Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T));
+        let first = tokio::select! {
+            biased;
+            r = &mut pull => Some(r),
+            () = std::future::ready(()) => None,
+        };
+        panic!("with the pull pending (first poll: {first:?})");
+    })
+    .unwrap();
     let c = engine(&d, false);
     let third = engine(&d, true);
     let s = c.lookup(srv.self_addr().uri()).unwrap();
@@ -254,6 +275,19 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
     assert_eq!(
         c.call::<AsyncPutAny>(&s, &theirs, T).await.unwrap(),
         fnv(&pattern(1 << 20, 9))
+    );
+    // A handler that panics with its transfer pending: the transfer is
+    // canceled and ended before the answer (a handler error).
+    match c.call::<PanicMidPull>(&s, &ours, T).await {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.contains("with the pull pending"), "{message}")
+        }
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    assert_eq!(
+        srv.stats().bulk_in_flight,
+        0,
+        "answered with the transfer in flight"
     );
     // And the server goes on serving.
     assert_eq!(c.call::<AsyncPut>(&s, &ours, T).await.unwrap(), fnv(&data));

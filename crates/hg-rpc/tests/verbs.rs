@@ -261,9 +261,16 @@ fn a_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
     // Operations in flight (the engine's posted receives among them: the
     // engine reposts the one the call used when it next progresses).
     let in_flight = |c: &mut Engine| c.endpoint().plugin(cid).expect("plugin").stats().in_flight;
-    c.progress_now().expect("progress");
-    c.trigger().expect("trigger");
-    let before = in_flight(&mut c);
+    let mut before = u64::MAX;
+    for _ in 0..10 {
+        c.trigger().expect("trigger");
+        c.progress_now().expect("progress");
+        let now = in_flight(&mut c);
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     let r = c.bulk(BulkOp::Pull, &remote, 0, &dst, 0, len as u64, Duration::ZERO);
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     assert_eq!(
@@ -322,15 +329,19 @@ fn an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
         let remote: hg_rpc::Bulk =
             postcard::from_bytes(&postcard::to_allocvec(&exposed).expect("encode")).expect("decode");
         let dst = c.expose(vec![vec![0; len]], Access::ReadWrite).expect("expose");
-        let r = c
-            .bulk(BulkOp::Pull, &remote, 0, &dst, 0, len as u64, Duration::ZERO)
-            .await;
-        assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
-        assert_eq!(
-            c.stats().bulk_in_flight,
-            0,
-            "the future returned with its canceled RDMA READ in flight"
-        );
+        // A zero timeout, then one that runs out while the READ is on the
+        // wire (16 MiB over emulated soft-RoCE takes far longer than 1 ms).
+        for timeout in [Duration::ZERO, Duration::from_millis(1)] {
+            let r = c
+                .bulk(BulkOp::Pull, &remote, 0, &dst, 0, len as u64, timeout)
+                .await;
+            assert!(matches!(r, Err(RpcError::Timeout { .. })), "{timeout:?}: {r:?}");
+            assert_eq!(
+                c.stats().bulk_in_flight,
+                0,
+                "{timeout:?}: the future returned with its canceled RDMA READ in flight"
+            );
+        }
         // The owner frees its memory now.
         drop((remote, exposed));
         let small = srv
@@ -344,6 +355,103 @@ fn an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
         let mut got = vec![0; 1000];
         dst.local().expect("local").read_at(0, &mut got).expect("read");
         assert!(got == data[100..1100], "pulled data differs");
+        for i in 0..20u64 {
+            assert_eq!(c.call::<Add>(&s, &(i, 1), T).await.expect("add"), i + 1);
+        }
+    });
+}
+
+/// Pulls the caller's handle in an async handler, drops the transfer's
+/// future after its first poll, and answers.
+struct DropPull;
+impl Rpc for DropPull {
+    const NAME: &'static str = "verbs_test.drop_pull";
+    type Input = hg_rpc::Bulk;
+    type Output = ();
+}
+
+/// Pulls the caller's handle in an async handler; answers its hash.
+struct PullHash;
+impl Rpc for PullHash {
+    const NAME: &'static str = "verbs_test.pull_hash";
+    type Input = hg_rpc::Bulk;
+    type Output = u64;
+}
+
+/// An async handler that drops its transfer's future while its RDMA READs
+/// are on the wire or queued (a `select!`, say) does not answer before
+/// they ended: the transfer is canceled and the handler's task waits for
+/// it. Its caller frees its memory at the answer; a READ posted after
+/// that would fail and break the connection. So when the answer comes the
+/// server has no transfer in flight, and after the caller dropped its
+/// handle, calls and a real pull still work. Two async engines of this
+/// process.
+#[test]
+fn an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs() {
+    let Some(spec) = rdma_spec("an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs")
+    else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
+        let srv = hg_rpc::AsyncEngine::spawn(srv).expect("spawn");
+        srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
+        srv.register_async_with_bulk::<DropPull, _, _>(|ctx, from| async move {
+            let into = ctx
+                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+                .map_err(|e| e.to_string())?;
+            let mut pull = Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T));
+            let first = tokio::select! {
+                biased;
+                r = &mut pull => Some(r),
+                () = std::future::ready(()) => None,
+            };
+            if first.is_some() {
+                return Err(format!("the pull ended at its first poll: {first:?}"));
+            }
+            Ok(())
+        })
+        .expect("register");
+        srv.register_async_with_bulk::<PullHash, _, _>(|ctx, from| async move {
+            let into = ctx
+                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+                .map_err(|e| e.to_string())?;
+            ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(fnv(&into.local().ok_or("not local")?.to_vec()))
+        })
+        .expect("register");
+        let c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+        let c = hg_rpc::AsyncEngine::spawn(c).expect("spawn");
+        let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+        assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.expect("add"), 3);
+        // 2,048 segments: a work request each, far more than the send
+        // queue holds, so most wait in the plugin's backlog, where the
+        // answer's send could overtake them.
+        let segs: Vec<Vec<u8>> = (0..2048).map(|s| vec![s as u8; 8192]).collect();
+        let handle = c.expose(segs, Access::ReadOnly).expect("expose");
+        c.call::<DropPull>(&s, &handle, T).await.expect("drop pull");
+        assert_eq!(
+            srv.stats().bulk_in_flight,
+            0,
+            "the handler answered with its dropped RDMA READ in flight"
+        );
+        // We free the memory at the answer.
+        drop(handle);
+        let data: Vec<u8> = (0..1usize << 20).map(|i| (i % 241) as u8).collect();
+        let handle = c.expose(vec![data.clone()], Access::ReadOnly).expect("expose");
+        assert_eq!(
+            c.call::<PullHash>(&s, &handle, T)
+                .await
+                .expect("a pull after the dropped one"),
+            fnv(&data)
+        );
         for i in 0..20u64 {
             assert_eq!(c.call::<Add>(&s, &(i, 1), T).await.expect("add"), i + 1);
         }
