@@ -63,7 +63,7 @@ QS_SM_WAKE=pipe cargo test --quiet -p na-sm --test suite
 
 step "the RPC tests again with posted receives instead of sm's pull mode (QS_RPC_RECV=posted)"
 QS_RPC_RECV=posted cargo test --quiet -p hg-rpc --test rpc --test response_routing --test async_rpc \
-  --test failure_paths
+  --test failure_paths --test async_bulk
 
 step "the RPC tests again with payload checksums on (QS_RPC_CHECKSUM=on; off by default)"
 QS_RPC_CHECKSUM=on cargo test --quiet -p hg-rpc --test rpc --test response_routing --test async_rpc \
