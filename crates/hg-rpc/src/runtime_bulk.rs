@@ -10,9 +10,9 @@
 //! [`Engine::bulk_start`]: crate::Engine::bulk_start
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use hg_bulk::{Bulk, BulkOp};
+use hg_bulk::{Bulk, BulkOp, Span};
 use na_core::{Access, Addr};
 use tokio::sync::oneshot;
 
@@ -22,6 +22,13 @@ use crate::error::{Result, RpcError};
 
 /// What a transfer's errors name.
 const WHAT: &str = "bulk transfer";
+
+/// Keeps the first failure of a batch.
+fn keep_first(failure: &mut Option<RpcError>, r: Result<()>) {
+    if let (Err(e), None) = (r, &failure) {
+        *failure = Some(e);
+    }
+}
 
 impl AsyncEngine {
     /// Exposes buffers (in order, one handle) for peers to push into or
@@ -78,12 +85,32 @@ impl AsyncEngine {
         len: u64,
         timeout: Duration,
     ) -> Result<()> {
-        let span = hg_bulk::Span {
+        let span = Span {
             remote_offset,
             local_offset,
             len,
         };
-        self.shared.bulk(op, remote, local, span, timeout, None).await
+        self.shared.bulk(op, remote, local, &[span], timeout, None).await
+    }
+
+    /// Moves every span between `remote` and `local` as one batch (see
+    /// [`Engine::bulk_start_batch`](crate::Engine::bulk_start_batch): if any
+    /// span is refused, none starts) and waits for all of them: one wait
+    /// for many small transfers, where [`bulk`](Self::bulk) per span pays a
+    /// wake-up of the driver and of the task each. The first failure is
+    /// the answer, once every span has ended. Past `timeout` the spans
+    /// still in flight are canceled and waited for, as in `bulk`.
+    /// Everything is in flight at once: split very large batches (for
+    /// example into [`BATCH_WINDOW`](crate::BATCH_WINDOW) spans).
+    pub async fn bulk_batch(
+        &self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.shared.bulk(op, remote, local, spans, timeout, None).await
     }
 }
 
@@ -114,83 +141,114 @@ pub(super) async fn wait_detached(detached: &Detached, shared: &Weak<Shared>) {
 }
 
 impl Shared {
-    /// [`AsyncEngine::bulk`], for the engine and for handlers' contexts
-    /// (`detach`: where a dropped future leaves its transfer to be waited
-    /// for).
+    /// [`AsyncEngine::bulk_batch`] (and `bulk`, one span), for the engine
+    /// and for handlers' contexts (`detach`: where a dropped future
+    /// leaves its transfers to be waited for).
     async fn bulk(
         &self,
         op: BulkOp,
         remote: &Bulk,
         local: &Bulk,
-        span: hg_bulk::Span,
+        spans: &[Span],
         timeout: Duration,
         detach: Option<&Detached>,
     ) -> Result<()> {
-        let (tx, mut rx) = oneshot::channel();
-        let id = {
+        let mut failure = None;
+        let mut waits = Vec::new();
+        {
             let mut e = self.try_engine("AsyncEngine::bulk")?;
             self.check_running(WHAT, &mut e)?;
-            let id = e.bulk_start(op, remote, span.remote_offset, local, span.local_offset, span.len)?;
-            // Moved in memory or from inline data: done already.
-            if let Some(r) = e.take_bulk(id) {
-                return r;
-            }
+            let ids = e.bulk_start_batch(op, remote, local, spans)?;
             // Registered under the engine lock, which the driver holds
-            // while it files outcomes: it cannot miss this transfer.
+            // while it files outcomes: it cannot miss these transfers.
             let mut w = self.waiters();
             if let Some(why) = &w.stopped {
                 let err = driver_stopped(WHAT, why);
                 drop(w);
-                e.forget_bulk(id);
+                for id in ids {
+                    e.forget_bulk(id);
+                }
                 return Err(err);
             }
-            w.bulks.insert(id, tx);
-            id
-        };
-        // The transport may have the transfer's end ready without an fd
+            for id in ids {
+                match e.take_bulk(id) {
+                    // Moved in memory or from inline data: done already.
+                    Some(r) => keep_first(&mut failure, r),
+                    None => {
+                        let (tx, rx) = oneshot::channel();
+                        w.bulks.insert(id, tx);
+                        waits.push((id, rx));
+                    }
+                }
+            }
+        }
+        if waits.is_empty() {
+            return failure.map_or(Ok(()), Err);
+        }
+        // The transport may have the transfers' ends ready without an fd
         // event (na-sm moves the data as it starts it): the driver looks.
         self.rearm.notify_one();
         let mut guard = ForgetBulk {
             shared: self,
-            id,
-            armed: true,
+            ids: waits.iter().map(|(id, _)| *id).collect(),
+            ended: 0,
             detach,
         };
-        // A zero timeout does not wait for the transfer (as `Engine::bulk`):
-        // its outcome may be at hand, but the driver has not filed it.
-        let waited = if timeout.is_zero() {
-            None
-        } else {
-            tokio::time::timeout(timeout, &mut rx).await.ok()
-        };
-        match waited {
-            Some(Ok(())) => {
-                guard.armed = false;
-                let r = self.engine().take_bulk(id);
-                return r.unwrap_or_else(|| Err(lost(WHAT)));
+        // A zero timeout does not wait for the transfers (as
+        // `Engine::bulk`): their outcomes may be at hand, but the driver has
+        // not filed them.
+        let deadline =
+            (!timeout.is_zero()).then(|| tokio::time::Instant::from_std(na_core::deadline_after(timeout)));
+        for (id, rx) in &mut waits {
+            let waited = match deadline {
+                Some(at) => tokio::time::timeout_at(at, &mut *rx).await.ok(),
+                None => None,
+            };
+            match waited {
+                Some(Ok(())) => {
+                    guard.ended += 1;
+                    let r = self.engine().take_bulk(*id);
+                    keep_first(&mut failure, r.unwrap_or_else(|| Err(lost(WHAT))));
+                }
+                // The driver stopped: the guard forgets the rest.
+                Some(Err(_)) => return Err(self.stopped_error(WHAT)),
+                None => break,
             }
-            // The driver stopped: the guard forgets the transfer.
-            Some(Err(_)) => return Err(self.stopped_error(WHAT)),
-            None => {}
         }
-        self.engine().cancel_bulk(id);
+        if guard.ended == waits.len() {
+            return failure.map_or(Ok(()), Err);
+        }
+        // Past the timeout: the rest are canceled and waited for.
+        {
+            let mut e = self.engine();
+            for &(id, _) in &waits[guard.ended..] {
+                e.cancel_bulk(id);
+            }
+        }
         self.rearm.notify_one();
-        let ended = match tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!(
-                    waited = ?CANCEL_WAIT_WARNING,
-                    "a timed-out bulk transfer is still in flight; AsyncEngine::bulk waits for it"
-                );
-                rx.await
+        let (started, mut warned) = (Instant::now(), false);
+        while guard.ended < waits.len() {
+            let (id, rx) = &mut waits[guard.ended];
+            let ended = match tokio::time::timeout(CANCEL_WAIT_WARNING, &mut *rx).await {
+                Ok(r) => r,
+                Err(_) => {
+                    if !warned {
+                        warned = true;
+                        tracing::warn!(
+                            waited = ?started.elapsed(),
+                            "timed-out bulk transfers are still in flight; AsyncEngine::bulk waits for them"
+                        );
+                    }
+                    continue;
+                }
+            };
+            if ended.is_err() {
+                return Err(self.stopped_error(WHAT));
             }
-        };
-        if ended.is_err() {
-            return Err(self.stopped_error(WHAT));
+            guard.ended += 1;
+            // Its outcome (canceled, or what it ended with) is not the answer.
+            let _ = self.engine().take_bulk(*id);
         }
-        guard.armed = false;
-        // Its outcome (canceled, or what it ended with) is not the answer.
-        let _ = self.engine().take_bulk(id);
         Err(RpcError::Timeout {
             rpc: WHAT.into(),
             millis: timeout.as_millis(),
@@ -281,6 +339,25 @@ impl AsyncBulkCtx {
         len: u64,
         timeout: Duration,
     ) -> Result<()> {
+        let span = Span {
+            remote_offset,
+            local_offset,
+            len,
+        };
+        self.transfer_batch(op, remote, local, &[span], timeout).await
+    }
+
+    /// [`AsyncEngine::bulk_batch`] with the caller's handle `remote`, after
+    /// the same check as [`transfer`](Self::transfer) (and the same wait
+    /// before the answer for transfers whose future is dropped).
+    pub async fn transfer_batch(
+        &self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        timeout: Duration,
+    ) -> Result<()> {
         check_owner(
             self.any_owner,
             &self.caller,
@@ -289,55 +366,50 @@ impl AsyncBulkCtx {
             "AsyncBulkCtx::allow_any_owner",
         )
         .map_err(|reason| RpcError::BulkRefused { reason })?;
-        let span = hg_bulk::Span {
-            remote_offset,
-            local_offset,
-            len,
-        };
         let engine = self.engine()?;
         engine
-            .bulk(op, remote, local, span, timeout, Some(&self.detached))
+            .bulk(op, remote, local, spans, timeout, Some(&self.detached))
             .await
     }
 }
 
-/// Gives the transfer up when its future is dropped (or the driver
-/// stopped) before it ended; a handler's transfer is canceled instead and
-/// left in `detach`, for its task to wait for before it answers.
+/// Gives the transfers not yet ended (`ids[ended..]`) up when their
+/// future is dropped (or the driver stopped); a handler's transfers are
+/// canceled instead and left in `detach`, for its task to wait for before
+/// it answers.
 struct ForgetBulk<'a> {
     shared: &'a Shared,
-    id: BulkId,
-    armed: bool,
+    ids: Vec<BulkId>,
+    ended: usize,
     detach: Option<&'a Detached>,
 }
 
 impl Drop for ForgetBulk<'_> {
     fn drop(&mut self) {
-        if !self.armed {
+        let Some(rest) = self.ids.get(self.ended..).filter(|r| !r.is_empty()) else {
             return;
-        }
+        };
         let mut e = self.shared.engine();
         let mut w = self.shared.waiters();
-        // Its waiter is there until the driver fires it (the outcome is
-        // filed then) or stops.
-        let in_flight = w.bulks.contains_key(&self.id) && w.stopped.is_none();
-        match self.detach {
-            Some(detached) if in_flight => {
-                let (tx, rx) = oneshot::channel();
-                w.bulks.insert(self.id, tx);
-                drop(w);
-                e.cancel_bulk(self.id);
-                detached
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((self.id, rx));
-            }
-            _ => {
-                w.bulks.remove(&self.id);
-                drop(w);
-                e.forget_bulk(self.id);
+        for &id in rest {
+            // Its waiter is there until the driver fires it (the outcome
+            // is filed then) or stops.
+            let in_flight = w.bulks.contains_key(&id) && w.stopped.is_none();
+            match self.detach {
+                Some(detached) if in_flight => {
+                    let (tx, rx) = oneshot::channel();
+                    w.bulks.insert(id, tx);
+                    e.cancel_bulk(id);
+                    detached.lock().unwrap_or_else(|p| p.into_inner()).push((id, rx));
+                }
+                _ => {
+                    w.bulks.remove(&id);
+                    e.forget_bulk(id);
+                }
             }
         }
+        drop(w);
+        drop(e);
         // A forgotten or canceled transfer's end may be ready with no fd
         // event (na-sm): the driver files it (`bulk_in_flight` drops).
         self.shared.rearm.notify_one();

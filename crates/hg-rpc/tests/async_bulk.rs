@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, Rpc, RpcError};
+use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, Rpc, RpcError, Span};
 use na_core::Access;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -90,6 +90,38 @@ async fn pulls_and_pushes_across_segments_with_a_server_process() {
         assert!(got == data[at..at + 70_000], "pull {i} differs");
     }
 
+    // One batch of 300 spans of 5,000 bytes, scattered and out of order,
+    // then a batch with one span out of bounds: refused whole.
+    let spans: Vec<Span> = (0..300u64)
+        .rev()
+        .map(|k| Span {
+            remote_offset: k * 10_007,
+            local_offset: k * 5_000,
+            len: 5_000,
+        })
+        .collect();
+    let scattered = c
+        .expose(vec![vec![0; 1_000_000], vec![0; 500_000]], Access::ReadWrite)
+        .unwrap();
+    c.bulk_batch(BulkOp::Pull, &remote, &scattered, &spans, T)
+        .await
+        .unwrap();
+    let got = contents(&scattered);
+    for s in &spans {
+        let (r, l) = (s.remote_offset as usize, s.local_offset as usize);
+        assert!(
+            got[l..l + 5_000] == data[r..r + 5_000],
+            "batch span at {r} differs"
+        );
+    }
+    let mut bad = spans.clone();
+    bad[150].remote_offset = data.len() as u64 - 10;
+    match c.bulk_batch(BulkOp::Pull, &remote, &scattered, &bad, T).await {
+        Err(RpcError::Transport(e)) => assert!(e.to_string().contains("bounds"), "{e}"),
+        other => panic!("expected a bounds error, got {other:?}"),
+    }
+    assert_eq!(c.stats().bulk_in_flight, 0, "a refused batch started something");
+
     // A push into the server's copy, checked by the server.
     let new = pattern(100_000, 17);
     let src = c
@@ -156,6 +188,23 @@ async fn a_timed_out_or_dropped_transfer_leaves_the_engine_working() {
             "round {round}: the future returned before its canceled transfer ended"
         );
     }
+    // A batch past its timeout: every span canceled and waited for.
+    let spans: Vec<Span> = (0..64u64)
+        .map(|k| Span {
+            remote_offset: k * 40_000,
+            local_offset: k * 40_000,
+            len: 40_000,
+        })
+        .collect();
+    let r = c
+        .bulk_batch(BulkOp::Pull, &remote, &local, &spans, Duration::ZERO)
+        .await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "batch: {r:?}");
+    assert_eq!(
+        c.stats().bulk_in_flight,
+        0,
+        "the batch returned with spans in flight"
+    );
     // Polled once (started), then dropped.
     let mut fut = Box::pin(c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 3 << 20, T));
     let first = tokio::select! {
@@ -211,11 +260,22 @@ impl Rpc for WhoCalls {
     type Output = String;
 }
 
+/// Pulls `from` in spans of 64 KiB, last first, as one batch; answers
+/// the hash.
 async fn pull_and_hash(ctx: AsyncBulkCtx, from: Bulk) -> Result<u64, String> {
     let into = ctx
         .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
         .map_err(|e| e.to_string())?;
-    ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
+    let (size, chunk) = (from.size(), 64 * 1024);
+    let spans: Vec<Span> = (0..size.div_ceil(chunk))
+        .rev()
+        .map(|k| Span {
+            remote_offset: k * chunk,
+            local_offset: k * chunk,
+            len: chunk.min(size - k * chunk),
+        })
+        .collect();
+    ctx.transfer_batch(BulkOp::Pull, &from, &into, &spans, T)
         .await
         .map_err(|e| e.to_string())?;
     Ok(fnv(&contents(&into)))
