@@ -216,7 +216,7 @@ impl Shared {
                 // The handler owns the input; answering needs only the
                 // request's header and source.
                 let input = std::mem::take(&mut req.payload);
-                let detached: Arc<bulk::Detached> = Arc::default();
+                let detached = bulk::detached_list();
                 let ctx = AsyncBulkCtx::new(req.source().clone(), shared.clone(), detached.clone());
                 let result = answer_even_if_it_panics(&handler, ctx, input).await;
                 // Transfers the handler dropped end before its answer.

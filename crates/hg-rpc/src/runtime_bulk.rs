@@ -2,12 +2,12 @@
 //! ([`AsyncBulkCtx`]): memory exposed for peers, and data moved to or from
 //! a peer's handle with `.await`.
 //!
-//! A transfer is started under the engine lock ([`Engine::bulk_start`])
-//! and its future waits for the driver, which files the outcome when the
+//! Transfers are started under the engine lock
+//! ([`Engine::bulk_start_batch`]) and their future waits for the driver, which files the outcome when the
 //! transport reports it (the engine logs the ids of transfers that ended,
 //! as it does for calls) and fires the transfer's oneshot.
 //!
-//! [`Engine::bulk_start`]: crate::Engine::bulk_start
+//! [`Engine::bulk_start_batch`]: crate::Engine::bulk_start_batch
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -97,9 +97,13 @@ impl AsyncEngine {
     /// [`Engine::bulk_start_batch`](crate::Engine::bulk_start_batch): if any
     /// span is refused, none starts) and waits for all of them: one wait
     /// for many small transfers, where [`bulk`](Self::bulk) per span pays a
-    /// wake-up of the driver and of the task each. The first failure is
-    /// the answer, once every span has ended. Past `timeout` the spans
-    /// still in flight are canceled and waited for, as in `bulk`.
+    /// wake-up of the driver and of the task each. The answer is the
+    /// failure of the first failed span in `spans`' order, once every span
+    /// has ended; an empty batch does nothing. Past `timeout` the spans
+    /// still in flight are canceled and waited for, as in `bulk`, and the
+    /// answer is [`RpcError::Timeout`] (even if a span failed before).
+    /// A stopped driver gives [`RpcError::DriverStopped`] at once, and a
+    /// dropped future forgets the spans without waiting, as in `bulk`.
     /// Everything is in flight at once: split very large batches (for
     /// example into [`BATCH_WINDOW`](crate::BATCH_WINDOW) spans).
     pub async fn bulk_batch(
@@ -116,15 +120,29 @@ impl AsyncEngine {
 
 /// Transfers of a handler's context whose futures were dropped before
 /// they ended: canceled, and awaited (their oneshots) before the handler's
-/// answer goes out.
-pub(super) type Detached = Mutex<Vec<(BulkId, oneshot::Receiver<()>)>>;
+/// answer goes out. `None` once the answer went: a context that outlived
+/// its handler forgets what it drops, as the engine's own API does.
+pub(super) type Detached = Mutex<Option<Vec<(BulkId, oneshot::Receiver<()>)>>>;
+
+/// A handler's empty (open) list of detached transfers.
+pub(super) fn detached_list() -> Arc<Detached> {
+    Arc::new(Mutex::new(Some(Vec::new())))
+}
 
 /// Waits until every transfer in `detached` has ended (a warning after
 /// 10 s), then drops their outcomes. Called by a handler's task before it
 /// answers: the caller may free its memory at the answer.
 pub(super) async fn wait_detached(detached: &Detached, shared: &Weak<Shared>) {
     loop {
-        let next = detached.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let next = {
+            let mut list = detached.lock().unwrap_or_else(|p| p.into_inner());
+            let next = list.as_mut().and_then(Vec::pop);
+            if next.is_none() {
+                // Closed: what a context drops from now on is forgotten.
+                *list = None;
+            }
+            next
+        };
         let Some((id, mut rx)) = next else { return };
         if tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await.is_err() {
             tracing::warn!(
@@ -153,6 +171,9 @@ impl Shared {
         timeout: Duration,
         detach: Option<&Detached>,
     ) -> Result<()> {
+        if spans.is_empty() {
+            return Ok(());
+        }
         let mut failure = None;
         let mut waits = Vec::new();
         {
@@ -197,8 +218,12 @@ impl Shared {
         // A zero timeout does not wait for the transfers (as
         // `Engine::bulk`): their outcomes may be at hand, but the driver has
         // not filed them.
-        let deadline =
-            (!timeout.is_zero()).then(|| tokio::time::Instant::from_std(na_core::deadline_after(timeout)));
+        let deadline = (!timeout.is_zero()).then(|| {
+            let now = tokio::time::Instant::now();
+            // `Duration::MAX` and the like: no deadline in practice.
+            now.checked_add(timeout)
+                .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
+        });
         for (id, rx) in &mut waits {
             let waited = match deadline {
                 Some(at) => tokio::time::timeout_at(at, &mut *rx).await.ok(),
@@ -391,16 +416,18 @@ impl Drop for ForgetBulk<'_> {
         };
         let mut e = self.shared.engine();
         let mut w = self.shared.waiters();
+        let mut detached = self.detach.map(|d| d.lock().unwrap_or_else(|p| p.into_inner()));
         for &id in rest {
             // Its waiter is there until the driver fires it (the outcome
             // is filed then) or stops.
             let in_flight = w.bulks.contains_key(&id) && w.stopped.is_none();
-            match self.detach {
-                Some(detached) if in_flight => {
+            // A handler's list, while its answer has not gone.
+            match detached.as_mut().and_then(|d| d.as_mut()) {
+                Some(list) if in_flight => {
                     let (tx, rx) = oneshot::channel();
                     w.bulks.insert(id, tx);
                     e.cancel_bulk(id);
-                    detached.lock().unwrap_or_else(|p| p.into_inner()).push((id, rx));
+                    list.push((id, rx));
                 }
                 _ => {
                     w.bulks.remove(&id);
@@ -408,6 +435,7 @@ impl Drop for ForgetBulk<'_> {
                 }
             }
         }
+        drop(detached);
         drop(w);
         drop(e);
         // A forgotten or canceled transfer's end may be ready with no fd

@@ -116,11 +116,20 @@ async fn pulls_and_pushes_across_segments_with_a_server_process() {
     }
     let mut bad = spans.clone();
     bad[150].remote_offset = data.len() as u64 - 10;
-    match c.bulk_batch(BulkOp::Pull, &remote, &scattered, &bad, T).await {
+    let untouched = c.expose(vec![vec![0; 1_500_000]], Access::ReadWrite).unwrap();
+    match c.bulk_batch(BulkOp::Pull, &remote, &untouched, &bad, T).await {
         Err(RpcError::Transport(e)) => assert!(e.to_string().contains("bounds"), "{e}"),
         other => panic!("expected a bounds error, got {other:?}"),
     }
+    // na-sm moves data as it posts: a partial start would show here.
+    assert!(
+        contents(&untouched).iter().all(|&b| b == 0),
+        "a refused batch moved data"
+    );
     assert_eq!(c.stats().bulk_in_flight, 0, "a refused batch started something");
+    c.bulk_batch(BulkOp::Pull, &remote, &untouched, &[], T)
+        .await
+        .unwrap();
 
     // A push into the server's copy, checked by the server.
     let new = pattern(100_000, 17);
@@ -205,6 +214,15 @@ async fn a_timed_out_or_dropped_transfer_leaves_the_engine_working() {
         0,
         "the batch returned with spans in flight"
     );
+    // A batch polled once (started), then dropped: forgotten whole.
+    let mut fut = Box::pin(c.bulk_batch(BulkOp::Pull, &remote, &local, &spans, T));
+    let first = tokio::select! {
+        biased;
+        r = &mut fut => Some(r),
+        () = std::future::ready(()) => None,
+    };
+    assert!(first.is_none(), "a batch finished at its first poll: {first:?}");
+    drop(fut);
     // Polled once (started), then dropped.
     let mut fut = Box::pin(c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 3 << 20, T));
     let first = tokio::select! {
@@ -303,7 +321,21 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
         let into = ctx
             .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
             .map_err(|e| e.to_string())?;
-        let mut pull = Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T));
+        // Two spans, one batch.
+        let half = from.size() / 2;
+        let spans = [
+            Span {
+                remote_offset: 0,
+                local_offset: 0,
+                len: half,
+            },
+            Span {
+                remote_offset: half,
+                local_offset: half,
+                len: from.size() - half,
+            },
+        ];
+        let mut pull = Box::pin(ctx.transfer_batch(BulkOp::Pull, &from, &into, &spans, T));
         let first = tokio::select! {
             biased;
             r = &mut pull => Some(r),
