@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hg_bulk::{Bulk, BulkOp, Span, Started};
 use na_core::{Access, Addr, Completion, Endpoint, OpId, PluginId};
 
-use super::{Engine, OpRole};
+use super::{DebugSpan, Engine, OpRole};
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 
@@ -184,7 +184,10 @@ impl BulkCtx<'_> {
                 (*s, OpId(*self.next_op))
             })
             .collect();
-        match hg_bulk::start_batch(self.ep, op, remote, local, &ids) {
+        let span = DebugSpan::enter(|| bulk_span(op, remote, ids.len()));
+        let started = hg_bulk::start_batch(self.ep, op, remote, local, &ids);
+        drop(span);
+        match started {
             Err(e) => return Err(WindowFailure::Failed(e.to_string())),
             Ok(Started::Done) => return Ok(()),
             Ok(Started::Posted) => {}
@@ -299,6 +302,12 @@ pub(crate) fn check_owner(
     ))
 }
 
+/// The debug span of starting a batch of `spans` transfers with `remote`
+/// (origins' and handlers' alike; the transports' own spans nest in it).
+fn bulk_span(op: BulkOp, remote: &Bulk, spans: usize) -> tracing::Span {
+    tracing::debug_span!("rpc bulk", ?op, spans, owner = remote.owner())
+}
+
 /// `why` a batch stopped, after the first failure before it, if any.
 fn with_first(failure: Option<String>, why: String) -> String {
     match failure {
@@ -360,6 +369,7 @@ impl<C: Codec> Engine<C> {
         spans: &[Span],
     ) -> Result<Vec<BulkId>> {
         let ids: Vec<(Span, OpId)> = spans.iter().map(|s| (*s, self.op())).collect();
+        let _span = DebugSpan::enter(|| bulk_span(op, remote, spans.len()));
         let posted = match hg_bulk::start_batch(&mut self.ep, op, remote, local, &ids) {
             Err(e) => return Err(bulk_err(e)),
             Ok(started) => started == Started::Posted,

@@ -1,6 +1,6 @@
 //! Per-call tracing spans: a subscriber that wants debug spans sees one
-//! `rpc forward` and one `rpc handle` span per call; one that wants less
-//! sees none. Warnings a peer can cause per message are logged at 1, 2, 4,
+//! `rpc forward` and one `rpc handle` span per call, and one `rpc bulk`
+//! span per batch of transfers started; one that wants less sees none. Warnings a peer can cause per message are logged at 1, 2, 4,
 //! 8... of them, not once each.
 
 use std::sync::{Arc, Mutex};
@@ -88,6 +88,59 @@ fn info_subscriber_gets_no_per_call_spans() {
     assert!(
         !names.iter().any(|n| n.starts_with("rpc ")),
         "per-call spans built for an info subscriber: {names:?}"
+    );
+}
+
+/// Pulls a peer's handle three times (once as a batch of four spans) with
+/// `Engine::bulk` and `bulk_start_batch` under a subscriber at `level`;
+/// returns the span names it saw.
+fn transfers_under(level: LevelFilter) -> Vec<&'static str> {
+    use hg_rpc::{BulkOp, Span};
+    use na_core::Access;
+    let names = Names::default();
+    let subscriber = tracing_subscriber::registry().with(names.clone().with_filter(level));
+    let dir = common::dir(&format!("spans-bulk-{level}"));
+    tracing::subscriber::with_default(subscriber, || {
+        let mut owner = engine(&dir);
+        let (ep, id) = common::endpoint(&dir, false);
+        let mut c = Engine::new(ep, id).unwrap();
+        let exposed = owner.expose(vec![vec![7; 8192]], Access::ReadOnly).unwrap();
+        let remote: hg_rpc::Bulk = postcard::from_bytes(&postcard::to_allocvec(&exposed).unwrap()).unwrap();
+        c.endpoint().lookup(owner.self_addr().uri()).unwrap();
+        let local = c.expose(vec![vec![0; 8192]], Access::ReadWrite).unwrap();
+        for _ in 0..2 {
+            c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 8192, Duration::from_secs(10))
+                .unwrap();
+        }
+        let spans: Vec<Span> = (0..4)
+            .map(|k| Span {
+                remote_offset: k * 2048,
+                local_offset: k * 2048,
+                len: 2048,
+            })
+            .collect();
+        let ids = c.bulk_start_batch(BulkOp::Pull, &remote, &local, &spans).unwrap();
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        for id in ids {
+            while c.take_bulk(id).is_none() {
+                assert!(std::time::Instant::now() < end, "a batched pull did not end");
+                c.progress(Some(Duration::from_millis(1))).unwrap();
+                c.trigger().unwrap();
+            }
+        }
+    });
+    let v = names.0.lock().unwrap().clone();
+    v
+}
+
+#[test]
+fn debug_subscriber_sees_a_bulk_span_per_batch_started() {
+    let names = transfers_under(LevelFilter::DEBUG);
+    assert_eq!(names.iter().filter(|n| **n == "rpc bulk").count(), 3, "{names:?}");
+    let names = transfers_under(LevelFilter::INFO);
+    assert!(
+        !names.iter().any(|n| n.starts_with("rpc ")),
+        "bulk spans built for an info subscriber: {names:?}"
     );
 }
 
