@@ -17,52 +17,15 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hg_rpc::{Bulk, BulkOp, Engine, Rpc};
+use hg_rpc::{BulkOp, Engine};
 use na_core::{Access, ProgressMode};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 const T: Duration = Duration::from_secs(20);
 
-struct Put;
-impl Rpc for Put {
-    const NAME: &'static str = "blob.put";
-    type Input = (String, Bulk);
-    type Output = u64;
-}
-
-struct Get;
-impl Rpc for Get {
-    const NAME: &'static str = "blob.get";
-    type Input = (String, Bulk);
-    type Output = u64;
-}
-
-struct Stat;
-impl Rpc for Stat {
-    const NAME: &'static str = "blob.stat";
-    type Input = String;
-    type Output = Option<(u64, u64)>;
-}
-
-struct Delete;
-impl Rpc for Delete {
-    const NAME: &'static str = "blob.delete";
-    type Input = String;
-    type Output = bool;
-}
-
-struct Quit;
-impl Rpc for Quit {
-    const NAME: &'static str = "blob.quit";
-    type Input = ();
-    type Output = ();
-}
-
-fn checksum(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
+#[path = "shared/blob.rs"]
+mod blob;
+use blob::{checksum, Delete, Get, Put, Quit, Stat};
 
 /// An engine on the transport of `spec` (`sm://` by default).
 fn engine(spec: &str, listen: bool) -> Res<Engine> {

@@ -18,52 +18,15 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, Rpc, RpcError};
+use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, RpcError};
 use na_core::{Access, ProgressMode};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 const T: Duration = Duration::from_secs(20);
 
-struct Put;
-impl Rpc for Put {
-    const NAME: &'static str = "ablob.put";
-    type Input = (String, Bulk);
-    type Output = u64;
-}
-
-struct Get;
-impl Rpc for Get {
-    const NAME: &'static str = "ablob.get";
-    type Input = (String, Bulk);
-    type Output = u64;
-}
-
-struct Stat;
-impl Rpc for Stat {
-    const NAME: &'static str = "ablob.stat";
-    type Input = String;
-    type Output = Option<(u64, u64)>;
-}
-
-struct Delete;
-impl Rpc for Delete {
-    const NAME: &'static str = "ablob.delete";
-    type Input = String;
-    type Output = bool;
-}
-
-struct Quit;
-impl Rpc for Quit {
-    const NAME: &'static str = "ablob.quit";
-    type Input = ();
-    type Output = ();
-}
-
-fn checksum(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
+#[path = "shared/blob.rs"]
+mod blob;
+use blob::{checksum, Delete, Get, Put, Quit, Stat};
 
 fn engine(listen: bool) -> Res<AsyncEngine> {
     let e = Engine::from_spec("sm://", listen, ProgressMode::default())?;

@@ -216,20 +216,12 @@ async fn a_timed_out_or_dropped_transfer_leaves_the_engine_working() {
     );
     // A batch polled once (started), then dropped: forgotten whole.
     let mut fut = Box::pin(c.bulk_batch(BulkOp::Pull, &remote, &local, &spans, T));
-    let first = tokio::select! {
-        biased;
-        r = &mut fut => Some(r),
-        () = std::future::ready(()) => None,
-    };
+    let first = common::poll_once(&mut fut).await;
     assert!(first.is_none(), "a batch finished at its first poll: {first:?}");
     drop(fut);
     // Polled once (started), then dropped.
     let mut fut = Box::pin(c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 3 << 20, T));
-    let first = tokio::select! {
-        biased;
-        r = &mut fut => Some(r),
-        () = std::future::ready(()) => None,
-    };
+    let first = common::poll_once(&mut fut).await;
     assert!(first.is_none(), "a pull finished at its first poll: {first:?}");
     drop(fut);
     let again = c.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
@@ -336,11 +328,7 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
             },
         ];
         let mut pull = Box::pin(ctx.transfer_batch(BulkOp::Pull, &from, &into, &spans, T));
-        let first = tokio::select! {
-            biased;
-            r = &mut pull => Some(r),
-            () = std::future::ready(()) => None,
-        };
+        let first = common::poll_once(&mut pull).await;
         panic!("with the pull pending (first poll: {first:?})");
     })
     .unwrap();

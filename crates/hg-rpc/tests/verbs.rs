@@ -299,6 +299,21 @@ fn a_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
     }
 }
 
+/// A tokio runtime with two workers, for the tests of `AsyncEngine`.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// An `AsyncEngine` on `spec` (call inside the runtime).
+fn async_engine(spec: &str, listen: bool) -> hg_rpc::AsyncEngine {
+    let e = Engine::from_spec(spec, listen, ProgressMode::default()).expect("engine");
+    hg_rpc::AsyncEngine::spawn(e).expect("spawn")
+}
+
 /// [`a_timed_out_bulk_has_ended_when_it_returns_over_verbs`] for
 /// `AsyncEngine::bulk`: past its timeout the RDMA READ is canceled and
 /// waited for before the future returns, so the owner may free its memory
@@ -310,17 +325,10 @@ fn an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
     let Some(spec) = rdma_spec("an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs") else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
-        let srv = hg_rpc::AsyncEngine::spawn(srv).expect("spawn");
+    runtime().block_on(async {
+        let srv = async_engine(&spec, true);
         srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
-        let c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
-        let c = hg_rpc::AsyncEngine::spawn(c).expect("spawn");
+        let c = async_engine(&spec, false);
         let s = c.lookup(srv.self_addr().uri()).expect("lookup");
         assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.expect("add"), 3);
         let len = 16usize << 20;
@@ -392,25 +400,15 @@ fn an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs() 
     else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
-        let srv = hg_rpc::AsyncEngine::spawn(srv).expect("spawn");
+    runtime().block_on(async {
+        let srv = async_engine(&spec, true);
         srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
         srv.register_async_with_bulk::<DropPull, _, _>(|ctx, from| async move {
             let into = ctx
                 .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
                 .map_err(|e| e.to_string())?;
             let mut pull = Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T));
-            let first = tokio::select! {
-                biased;
-                r = &mut pull => Some(r),
-                () = std::future::ready(()) => None,
-            };
+            let first = common::poll_once(&mut pull).await;
             if first.is_some() {
                 return Err(format!("the pull ended at its first poll: {first:?}"));
             }
@@ -427,8 +425,7 @@ fn an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs() 
             Ok(fnv(&into.local().ok_or("not local")?.to_vec()))
         })
         .expect("register");
-        let c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
-        let c = hg_rpc::AsyncEngine::spawn(c).expect("spawn");
+        let c = async_engine(&spec, false);
         let s = c.lookup(srv.self_addr().uri()).expect("lookup");
         assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.expect("add"), 3);
         // 2,048 segments: a work request each, far more than the send

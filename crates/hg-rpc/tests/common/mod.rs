@@ -200,3 +200,13 @@ pub fn wire_message(flags: u8, rpc: &str, cookie: u64, payload: &[u8]) -> Vec<u8
     .encode_with(payload, &mut msg);
     msg
 }
+
+/// Polls `fut` once: its output if it was ready at once, else `None` (it
+/// is left started, for the caller to drop or poll again).
+pub async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        r = fut => Some(r),
+        () = std::future::ready(()) => None,
+    }
+}
