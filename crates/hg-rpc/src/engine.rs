@@ -656,10 +656,10 @@ impl<C: Codec> Engine<C> {
     /// Raise it for handlers that move more than the network carries in
     /// that time. The engine serves nothing else while a handler waits;
     /// past the timeout the handler also waits for the transport to end
-    /// the transfers it cancels (see [`BulkCtx::transfer_batch`]). With `Duration::ZERO` every
-    /// transfer that goes through the transport fails (its end is
-    /// reported at a later progress call, even over na-sm), and so does
-    /// any batch of more than [`BATCH_WINDOW`] spans.
+    /// the transfers it cancels (see [`BulkCtx::transfer_batch`]). With
+    /// `Duration::ZERO` every transfer that goes through the transport
+    /// fails (its end is reported at a later progress call, even over
+    /// na-sm), and so does any batch of more than [`BATCH_WINDOW`] spans.
     pub fn set_handler_transfer_timeout(&mut self, timeout: Duration) {
         self.handler_transfer_timeout = timeout;
     }
