@@ -3,10 +3,9 @@
 //! a peer's handle with `.await`.
 //!
 //! Transfers are started under the engine lock
-//! ([`Engine::bulk_start_batch`]) and their future waits for the driver,
-//! which files each outcome when the transport reports it (the engine logs
-//! the ids of transfers that ended, as it does for calls) and fires the
-//! transfer's oneshot.
+//! ([`Engine::bulk_start_batch`]) and their future waits for the driver, which files the outcome when the
+//! transport reports it (the engine logs the ids of transfers that ended,
+//! as it does for calls) and fires the transfer's oneshot.
 //!
 //! [`Engine::bulk_start_batch`]: crate::Engine::bulk_start_batch
 
@@ -176,12 +175,7 @@ impl Shared {
             return Ok(());
         }
         let mut failure = None;
-        let mut guard = ForgetBulk {
-            shared: self,
-            waits: Vec::new(),
-            ended: 0,
-            detach,
-        };
+        let mut waits = Vec::new();
         {
             let mut e = self.try_engine("AsyncEngine::bulk")?;
             self.check_running(WHAT, &mut e)?;
@@ -204,17 +198,23 @@ impl Shared {
                     None => {
                         let (tx, rx) = oneshot::channel();
                         w.bulks.insert(id, tx);
-                        guard.waits.push((id, rx));
+                        waits.push((id, rx));
                     }
                 }
             }
         }
-        if guard.waits.is_empty() {
+        if waits.is_empty() {
             return failure.map_or(Ok(()), Err);
         }
         // The transport may have the transfers' ends ready without an fd
         // event (na-sm moves the data as it starts it): the driver looks.
         self.rearm.notify_one();
+        let mut guard = ForgetBulk {
+            shared: self,
+            ids: waits.iter().map(|(id, _)| *id).collect(),
+            ended: 0,
+            detach,
+        };
         // A zero timeout does not wait for the transfers (as
         // `Engine::bulk`): their outcomes may be at hand, but the driver has
         // not filed them.
@@ -224,50 +224,55 @@ impl Shared {
             now.checked_add(timeout)
                 .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
         });
-        while let (Some(at), Some((id, rx))) = (deadline, guard.waits.get_mut(guard.ended)) {
-            let id = *id;
-            match tokio::time::timeout_at(at, rx).await {
-                Ok(Ok(())) => {
+        for (id, rx) in &mut waits {
+            let waited = match deadline {
+                Some(at) => tokio::time::timeout_at(at, &mut *rx).await.ok(),
+                None => None,
+            };
+            match waited {
+                Some(Ok(())) => {
                     guard.ended += 1;
-                    let r = self.engine().take_bulk(id);
+                    let r = self.engine().take_bulk(*id);
                     keep_first(&mut failure, r.unwrap_or_else(|| Err(lost(WHAT))));
                 }
                 // The driver stopped: the guard forgets the rest.
-                Ok(Err(_)) => return Err(self.stopped_error(WHAT)),
-                Err(_) => break,
+                Some(Err(_)) => return Err(self.stopped_error(WHAT)),
+                None => break,
             }
         }
-        if guard.ended == guard.waits.len() {
+        if guard.ended == waits.len() {
             return failure.map_or(Ok(()), Err);
         }
         // Past the timeout: the rest are canceled and waited for.
         {
             let mut e = self.engine();
-            for &(id, _) in &guard.waits[guard.ended..] {
+            for &(id, _) in &waits[guard.ended..] {
                 e.cancel_bulk(id);
             }
         }
         self.rearm.notify_one();
         let (started, mut warned) = (Instant::now(), false);
-        while let Some((id, rx)) = guard.waits.get_mut(guard.ended) {
-            let id = *id;
-            match tokio::time::timeout(CANCEL_WAIT_WARNING, rx).await {
-                Ok(Ok(())) => {
-                    guard.ended += 1;
-                    // Its outcome (canceled, or what it ended with) is not
-                    // the answer.
-                    let _ = self.engine().take_bulk(id);
+        while guard.ended < waits.len() {
+            let (id, rx) = &mut waits[guard.ended];
+            let ended = match tokio::time::timeout(CANCEL_WAIT_WARNING, &mut *rx).await {
+                Ok(r) => r,
+                Err(_) => {
+                    if !warned {
+                        warned = true;
+                        tracing::warn!(
+                            waited = ?started.elapsed(),
+                            "timed-out bulk transfers are still in flight; AsyncEngine::bulk waits for them"
+                        );
+                    }
+                    continue;
                 }
-                Ok(Err(_)) => return Err(self.stopped_error(WHAT)),
-                Err(_) if !warned => {
-                    warned = true;
-                    tracing::warn!(
-                        waited = ?started.elapsed(),
-                        "timed-out bulk transfers are still in flight; AsyncEngine::bulk waits for them"
-                    );
-                }
-                Err(_) => {}
+            };
+            if ended.is_err() {
+                return Err(self.stopped_error(WHAT));
             }
+            guard.ended += 1;
+            // Its outcome (canceled, or what it ended with) is not the answer.
+            let _ = self.engine().take_bulk(*id);
         }
         Err(RpcError::Timeout {
             rpc: WHAT.into(),
@@ -393,41 +398,38 @@ impl AsyncBulkCtx {
     }
 }
 
-/// Gives the transfers not yet ended (`waits[ended..]`) up when their
+/// Gives the transfers not yet ended (`ids[ended..]`) up when their
 /// future is dropped (or the driver stopped); a handler's transfers are
-/// canceled instead and left in `detach` with their oneshots, for its task
-/// to wait for before it answers.
+/// canceled instead and left in `detach`, for its task to wait for before
+/// it answers.
 struct ForgetBulk<'a> {
     shared: &'a Shared,
-    /// The transfers waited for, in order, with their oneshots.
-    waits: Vec<(BulkId, oneshot::Receiver<()>)>,
+    ids: Vec<BulkId>,
     ended: usize,
     detach: Option<&'a Detached>,
 }
 
 impl Drop for ForgetBulk<'_> {
     fn drop(&mut self) {
-        if self.ended >= self.waits.len() {
+        let Some(rest) = self.ids.get(self.ended..).filter(|r| !r.is_empty()) else {
             return;
-        }
+        };
         let mut e = self.shared.engine();
         let mut w = self.shared.waiters();
         let mut detached = self.detach.map(|d| d.lock().unwrap_or_else(|p| p.into_inner()));
-        // A handler's list while its answer has not gone, and a driver that
-        // can still fire the oneshots.
-        let list = detached
-            .as_mut()
-            .and_then(|d| d.as_mut())
-            .filter(|_| w.stopped.is_none());
-        match list {
-            Some(list) => {
-                for (id, rx) in self.waits.drain(self.ended..) {
+        for &id in rest {
+            // Its waiter is there until the driver fires it (the outcome
+            // is filed then) or stops.
+            let in_flight = w.bulks.contains_key(&id) && w.stopped.is_none();
+            // A handler's list, while its answer has not gone.
+            match detached.as_mut().and_then(|d| d.as_mut()) {
+                Some(list) if in_flight => {
+                    let (tx, rx) = oneshot::channel();
+                    w.bulks.insert(id, tx);
                     e.cancel_bulk(id);
                     list.push((id, rx));
                 }
-            }
-            None => {
-                for (id, _) in self.waits.drain(self.ended..) {
+                _ => {
                     w.bulks.remove(&id);
                     e.forget_bulk(id);
                 }
