@@ -105,6 +105,16 @@ SPEC='verbs://rxe0/${RXE_VM_ADDR}:0'
     echo '    echo "==> [rxe-vm] $name: exit $s in $(( ($(date +%s%N) - t0) / 1000000 )) ms"'
     echo "    [ \$s = 124 ] && echo \"==> [rxe-vm] \$name TIMED OUT after ${PER_BIN}s\" >&2"
     echo '    [ $s != 0 ] && [ $rc = 0 ] && rc=$s'
+    echo '    [ $s != 0 ] && rxe_counters "after $name"'
+    echo '    return 0'
+    echo '}'
+    # The device's own counters (retransmissions, sequence errors, ...)
+    # tell a lost or stalled packet from a plugin bug when a job fails.
+    echo 'rxe_counters() {'
+    echo '    echo "==> [rxe-vm] soft-RoCE counters that are not zero ($1):"'
+    echo '    for f in /sys/class/infiniband/*/ports/*/hw_counters/*; do'
+    echo '        [ -r "$f" ] || continue; v=$(cat "$f" 2>/dev/null); [ "${v:-0}" != 0 ] && echo "    ${f#/sys/class/infiniband/} $v"'
+    echo '    done'
     echo '    return 0'
     echo '}'
     for t in "${TESTS[@]}"; do
@@ -122,6 +132,7 @@ SPEC='verbs://rxe0/${RXE_VM_ADDR}:0'
     printf 'job %q hg-perf-bw-over-verbs %q bw --transport "%s" --mode busy --sizes 64K,1M,16M --batch-ms 100 --batches 3\n' "$ROOT" "$HG_PERF" "$SPEC"
     printf 'job %q na-perf-lat-over-verbs %q lat --transport "%s" --mode busy,blocking --quick\n' "$ROOT" "$NA_PERF" "$SPEC"
     printf 'job %q na-perf-bw-over-verbs %q bw --transport "%s" --quick\n' "$ROOT" "$NA_PERF" "$SPEC"
+    echo 'rxe_counters "at the end"'
     echo 'exit $rc'
 } > "$JOBS"
 NJOBS=$(grep -c '^job ' "$JOBS")

@@ -240,7 +240,9 @@ impl BulkCtx<'_> {
     /// cannot be recalled (RDMA), only waited for. The transport ends a
     /// canceled one promptly: one not started yet is dropped, one on the
     /// wire completes or fails (a dead peer's fails by the transport's own
-    /// timeout, or when its connection goes).
+    /// timeout, or when its connection goes; na-verbs tears down a
+    /// connection whose device completes nothing for
+    /// `VerbsConfig::cancel_timeout` after the cancel).
     fn cancel_window(
         &mut self,
         ids: &[(Span, OpId)],
@@ -434,7 +436,9 @@ impl<C: Codec> Engine<C> {
     /// after. A transfer on the wire (RDMA) cannot be recalled, only
     /// waited for; the transport ends a canceled one promptly (one not
     /// started is dropped, one to a dead peer fails by the transport's
-    /// own timeout or when its connection goes). The wait drives the
+    /// own timeout or when its connection goes, and na-verbs bounds the
+    /// wait for a device that completes nothing by tearing the connection
+    /// down, see `VerbsConfig::cancel_timeout`). The wait drives the
     /// engine as the transfer did (handlers run, responses are filed) and
     /// warns if it lasts over 10 s. The answer is the timeout even if the
     /// transfer finished meanwhile: the destination's contents in the

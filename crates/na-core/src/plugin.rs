@@ -74,6 +74,10 @@ pub struct PluginStats {
     /// is retried), or a handshake it could not finish (that connection is
     /// closed, and the peer may connect again).
     pub accept_errors: u64,
+    /// Connections torn down because an operation canceled on them did not
+    /// end within the transport's bound (the device never completed a work
+    /// request it had been handed; verbs: `VerbsConfig::cancel_timeout`).
+    pub cancels_forced: u64,
 }
 
 impl PluginStats {

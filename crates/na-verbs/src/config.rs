@@ -60,6 +60,17 @@ pub struct VerbsConfig {
     /// retries would end a stalled handshake only after a minute or more,
     /// holding one of `max_conns` all along.
     pub setup_timeout: Duration,
+    /// Longest an operation already handed to the device (an RDMA read or
+    /// write, or a message on the wire) may take to end once canceled. A
+    /// posted work request cannot be recalled, only waited for; a device
+    /// or peer that never completes it would make that wait endless. Past
+    /// this, the operation's connection is torn down (its QP goes to the
+    /// error state, which flushes every work request on it): the canceled
+    /// operation ends as `Canceled`, everything else on the connection
+    /// fails with `PeerGone`, the address becomes unusable (look the peer
+    /// up again to reconnect), and `PluginStats::cancels_forced` counts it.
+    /// `Duration::MAX`: wait for ever.
+    pub cancel_timeout: Duration,
     /// Test hook: the passive side ignores RDMA CM's `Established` events,
     /// as if the peer's ready-to-use message were lost. Never set outside
     /// tests.
@@ -70,6 +81,11 @@ pub struct VerbsConfig {
 /// Default of [`VerbsConfig::setup_timeout`]: room for both 5 s
 /// resolutions and the handshake itself.
 pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Default of [`VerbsConfig::cancel_timeout`]: far beyond what a posted
+/// work request takes on a working device (even 1 GiB at 1 GiB/s), and
+/// short of the minute callers typically wait.
+pub const DEFAULT_CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for VerbsConfig {
     fn default() -> Self {
@@ -90,6 +106,7 @@ impl Default for VerbsConfig {
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
+            cancel_timeout: DEFAULT_CANCEL_TIMEOUT,
             debug_ignore_established: false,
         }
     }

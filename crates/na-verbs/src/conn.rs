@@ -155,6 +155,9 @@ pub(crate) struct Conn {
     pub held: u32,
     /// RMA work requests posted and not completed, per RMA operation.
     pub rma_posted: std::collections::HashMap<u32, u32>,
+    /// Send-queue work completions handled (sends and RMA): whether the
+    /// device still moves this connection's work (see `cancel.rs`).
+    pub sq_done: u64,
 }
 
 impl Conn {
@@ -197,6 +200,7 @@ impl Conn {
             rma_backlog: VecDeque::new(),
             held: 0,
             rma_posted: std::collections::HashMap::new(),
+            sq_done: 0,
         }
     }
 

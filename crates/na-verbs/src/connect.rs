@@ -89,29 +89,48 @@ impl VerbsPlugin {
         // A timeout beyond the clock's range is no deadline.
         let due = conn.started.checked_add(self.cfg.setup_timeout);
         slot.conn = Some(conn);
-        if let Some(due) = due.filter(|&d| self.setup_timer.armed().is_none_or(|t| d < t)) {
-            self.set_setup_timer(Some(due));
+        if let Some(due) = due {
+            self.arm_deadline(due);
         }
         Ok(cref)
     }
 
-    fn set_setup_timer(&mut self, at: Option<Instant>) {
-        if let Err(e) = self.setup_timer.set(at) {
-            // Deadlines are still checked whenever the plugin is driven.
-            tracing::warn!(error = %e, "verbs: setting the set-up timer failed");
+    /// Arms the deadline timer for `due` unless it is armed earlier.
+    pub(crate) fn arm_deadline(&mut self, due: Instant) {
+        if self.deadline_timer.armed().is_none_or(|t| due < t) {
+            self.set_deadline_timer(Some(due));
         }
+    }
+
+    fn set_deadline_timer(&mut self, at: Option<Instant>) {
+        if let Err(e) = self.deadline_timer.set(at) {
+            // Deadlines are still checked whenever the plugin is driven.
+            tracing::warn!(error = %e, "verbs: setting the deadline timer failed");
+        }
+    }
+
+    /// Acts on the deadlines that have come (set-ups, see `sweep_setups`;
+    /// cancels, see `sweep_cancels`), then arms the timer for the next
+    /// one. Costs a clock read until the timer's time has come.
+    pub(crate) fn sweep_deadlines(&mut self) {
+        let now = Instant::now();
+        if self.deadline_timer.armed().is_none_or(|t| t > now) {
+            return;
+        }
+        self.deadline_timer.clear();
+        let setup = self.sweep_setups(now);
+        let cancel = self.sweep_cancels(now);
+        let next = match (setup, cancel) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.set_deadline_timer(next);
     }
 
     /// Tears down the connections whose set-up outlived
     /// `VerbsConfig::setup_timeout` (a peer that stopped answering the
-    /// handshake), then arms the timer for the next deadline. Costs a
-    /// clock read until the timer's time has come.
-    pub(crate) fn sweep_setups(&mut self) {
-        let now = Instant::now();
-        if self.setup_timer.armed().is_none_or(|t| t > now) {
-            return;
-        }
-        self.setup_timer.clear();
+    /// handshake); returns the next set-up deadline.
+    fn sweep_setups(&mut self, now: Instant) -> Option<Instant> {
         let limit = self.cfg.setup_timeout;
         let mut next: Option<Instant> = None;
         let mut late = Vec::new();
@@ -145,7 +164,7 @@ impl VerbsPlugin {
                 format!("the connection's set-up did not finish within {limit:?} (the peer stopped answering the handshake)"),
             );
         }
-        self.set_setup_timer(next);
+        next
     }
 
     /// The connection sends to `peer` go through, starting one if needed.

@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod addr;
+mod cancel;
 pub mod config;
 mod conn;
 mod connect;

@@ -218,7 +218,7 @@ impl VerbsPlugin {
             }
             let m = conn.msg_backlog.pop_front().expect("checked non-empty");
             let max = conn.peer_max_msg;
-            if self.canceled_sends.remove(&m.op) {
+            if self.canceled_sends.remove(&m.op).is_some() {
                 self.drop_outgoing(m.body);
                 continue; // canceled while queued: already completed
             }
@@ -254,7 +254,7 @@ impl VerbsPlugin {
             return;
         }
         self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
-        let status = if self.canceled_sends.remove(&op) {
+        let status = if self.canceled_sends.remove(&op).is_some() {
             Err(NaError::Canceled)
         } else {
             status
@@ -481,62 +481,6 @@ impl VerbsPlugin {
                     .push_back(Completion::failed(op, OpKind::RecvExpected, e, Some(buf)));
             }
         }
-    }
-
-    /// See [`na_core::Plugin::cancel`].
-    pub(crate) fn cancel_op(&mut self, op: OpId) -> Result<()> {
-        let Some(loc) = self.ops.get(&op) else {
-            return Err(NaError::UnknownOp(op.0));
-        };
-        match *loc {
-            OpLoc::RecvUnexpected => {
-                let q = &mut self.matching.posted_unexpected;
-                if let Some(i) = q.iter().position(|(o, _)| *o == op) {
-                    let (_, buf) = q.remove(i).expect("index from position");
-                    self.cancel_done(op, OpKind::RecvUnexpected, Some(buf));
-                }
-            }
-            OpLoc::RecvExpected(peer, tag) => {
-                let key = (peer, tag);
-                if let Some(q) = self.matching.posted_expected.get_mut(&key) {
-                    if let Some(i) = q.iter().position(|(o, _)| *o == op) {
-                        let (_, buf) = q.remove(i).expect("index from position");
-                        if q.is_empty() {
-                            self.matching.posted_expected.remove(&key);
-                        }
-                        self.cancel_done(op, OpKind::RecvExpected, Some(buf));
-                    }
-                }
-            }
-            OpLoc::Send(cref) => {
-                let queued = self
-                    .conn_mut(cref)
-                    .and_then(|c| c.msg_backlog.remove_first(|m| m.op == op));
-                match queued {
-                    Some(m) => {
-                        self.cancel_done(op, m.kind, None);
-                        self.drop_outgoing(m.body);
-                    }
-                    // Already on the wire: it completes (as canceled) when the device is done.
-                    None => {
-                        self.canceled_sends.insert(op);
-                    }
-                }
-            }
-            OpLoc::Rma(idx) => {
-                if let Some(Some(r)) = self.rma.get_mut(idx as usize) {
-                    r.canceled = true;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn cancel_done(&mut self, op: OpId, kind: OpKind, buf: Option<Vec<u8>>) {
-        self.ops.remove(&op);
-        self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
-        self.completions
-            .push_back(Completion::failed(op, kind, NaError::Canceled, buf));
     }
 }
 

@@ -18,16 +18,18 @@
 //!   event), and drains CM events. Only if all of that found nothing does
 //!   it say the caller may sleep on `poll_fd`: an epoll fd holding the
 //!   completion channel fd, the CM event channel fd and a timer for the
-//!   earliest connection set-up deadline (level-triggered, so nothing
-//!   unread is ever lost). A connection not `Established` within
-//!   `VerbsConfig::setup_timeout` is torn down when its deadline comes,
-//!   also while the caller sleeps.
+//!   earliest deadline (level-triggered, so nothing unread is ever lost).
+//!   A connection not `Established` within `VerbsConfig::setup_timeout`,
+//!   and one holding an operation canceled longer than
+//!   `VerbsConfig::cancel_timeout` ago that the device has not ended,
+//!   are torn down when their deadline comes, also while the caller
+//!   sleeps.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use na_core::sys::epoll::Epoll;
 use na_core::sys::timer::Timer;
@@ -96,7 +98,11 @@ pub struct VerbsPlugin {
     pub(crate) conn_by_cm: HashMap<CmIdKey, ConnRef>,
     pub(crate) matching: Matching,
     pub(crate) ops: HashMap<OpId, OpLoc>,
-    pub(crate) canceled_sends: HashSet<OpId>,
+    /// Sends canceled while on the wire, with when they were canceled.
+    pub(crate) canceled_sends: HashMap<OpId, Instant>,
+    /// Operations canceled while the device had them, in order of their
+    /// deadline; see `cancel.rs`.
+    pub(crate) cancel_deadlines: VecDeque<crate::cancel::CancelDeadline>,
     pub(crate) rma: Vec<Option<RmaOp>>,
     pub(crate) rma_free: Vec<u32>,
     pub(crate) completions: VecDeque<Completion>,
@@ -112,9 +118,9 @@ pub struct VerbsPlugin {
     pub(crate) _local_id: Arc<CmId>,
     pub(crate) events: Arc<EventChannel>,
     pub(crate) poll: Epoll,
-    /// Readable at the earliest set-up deadline of a connection (see
-    /// `sweep_setups`).
-    pub(crate) setup_timer: Timer,
+    /// Readable at the earliest deadline: a connection's set-up (see
+    /// `sweep_setups`) or a canceled operation's end (`sweep_cancels`).
+    pub(crate) deadline_timer: Timer,
     /// Tokens `sleep` reads from `poll` (kept: no allocation per sleep).
     pub(crate) ready: Vec<u64>,
     /// Registered message buffers not in use.
@@ -180,8 +186,8 @@ impl VerbsPlugin {
             .map_err(|e| NaError::sys("epoll_ctl add completion channel", e))?;
         poll.add(events.as_fd().as_raw_fd(), 1)
             .map_err(|e| NaError::sys("epoll_ctl add RDMA CM channel", e))?;
-        let setup_timer = Timer::new().map_err(|e| NaError::sys("timerfd_create", e))?;
-        poll.add(setup_timer.as_fd().as_raw_fd(), 2)
+        let deadline_timer = Timer::new().map_err(|e| NaError::sys("timerfd_create", e))?;
+        poll.add(deadline_timer.as_fd().as_raw_fd(), 2)
             .map_err(|e| NaError::sys("epoll_ctl add set-up timer", e))?;
         let cap = |v: u32| (v.max(1) as usize).min(cfg.max_sge.map_or(usize::MAX, |m| m as usize));
         let slot_size = (HEADER_LEN + cfg.max_msg_size).div_ceil(64) * 64;
@@ -206,7 +212,8 @@ impl VerbsPlugin {
             conn_by_cm: HashMap::new(),
             matching: Matching::default(),
             ops: HashMap::new(),
-            canceled_sends: HashSet::new(),
+            canceled_sends: HashMap::new(),
+            cancel_deadlines: VecDeque::new(),
             rma: Vec::new(),
             rma_free: Vec::new(),
             completions: VecDeque::new(),
@@ -220,7 +227,7 @@ impl VerbsPlugin {
             _local_id: local_id,
             events,
             poll,
-            setup_timer,
+            deadline_timer,
             ready: Vec::with_capacity(32),
             bufs: BufPool::default(),
         })

@@ -27,7 +27,7 @@ impl VerbsPlugin {
         if self.calls.is_multiple_of(CM_POLL_EVERY) {
             self.poll_cm()?;
             self.reap_dead();
-            self.sweep_setups();
+            self.sweep_deadlines();
         }
         Ok(self.completions.len().saturating_sub(before))
     }
@@ -45,7 +45,7 @@ impl VerbsPlugin {
             self.wcs = wcs;
             let cm = self.poll_cm()?;
             self.reap_dead();
-            self.sweep_setups();
+            self.sweep_deadlines();
             Ok(n > 0 || cm > 0 || !self.completions.is_empty())
         })();
         match found {
@@ -86,8 +86,11 @@ impl VerbsPlugin {
         let mut touched: Vec<ConnRef> = Vec::new();
         for wc in wcs {
             let (kind, cref, index) = split_wr_id(wc.wr_id);
-            if self.conn(cref).is_none() {
+            let Some(conn) = self.conn_mut(cref) else {
                 continue; // a retired connection's late completion
+            };
+            if kind != WrKind::Recv {
+                conn.sq_done = conn.sq_done.wrapping_add(1);
             }
             match kind {
                 WrKind::Recv => self.on_recv_wc(cref, index, wc),

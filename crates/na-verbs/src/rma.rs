@@ -86,7 +86,9 @@ pub(crate) struct RmaOp {
     pub len: u64,
     pub remaining: u32,
     pub error: Option<NaError>,
-    pub canceled: bool,
+    /// When it was canceled (it then ends as `Canceled`, whatever else
+    /// happened to it).
+    pub canceled: Option<std::time::Instant>,
     /// Declared (so dropped) before `_local`: the registration goes before
     /// the memory it covers can be freed.
     pub reg: Arc<MemReg>,
@@ -136,7 +138,7 @@ impl VerbsPlugin {
                 len: p.len,
                 remaining: p.plans.len() as u32,
                 error: None,
-                canceled: false,
+                canceled: None,
                 _local: p.local,
                 reg,
             });
@@ -248,7 +250,7 @@ impl VerbsPlugin {
                 let Some(rop) = self.rma.get(w.rma as usize).and_then(|o| o.as_ref()) else {
                     continue;
                 };
-                if rop.canceled || rop.error.is_some() {
+                if rop.canceled.is_some() || rop.error.is_some() {
                     self.rma_piece_done(w.rma, None);
                     continue;
                 }
@@ -328,9 +330,9 @@ impl VerbsPlugin {
         self.ops.remove(&rop.op);
         self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
         let c = match (rop.error, rop.canceled) {
-            (Some(e), _) => Completion::failed(rop.op, rop.kind, e, None),
-            (None, true) => Completion::failed(rop.op, rop.kind, NaError::Canceled, None),
-            (None, false) => {
+            (_, Some(_)) => Completion::failed(rop.op, rop.kind, NaError::Canceled, None),
+            (Some(e), None) => Completion::failed(rop.op, rop.kind, e, None),
+            (None, None) => {
                 if rop.kind == OpKind::Put {
                     self.stats.put_bytes += rop.len;
                 } else {
