@@ -193,6 +193,20 @@ impl Shared {
         }
     }
 
+    /// One turn of the driver's work: polls the transports, runs what
+    /// came in (plain handlers here, async ones as spawned tasks) and wakes
+    /// the tasks whose calls and transfers finished. Call with the engine
+    /// locked. Work found by a turn outside the driver may leave the
+    /// transports unarmed: wake the driver after it (`rearm`), so it arms
+    /// them before it sleeps.
+    pub(super) fn turn(self: &Arc<Self>, e: &mut Engine) {
+        if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
+            tracing::warn!(error = %err, "hg-rpc driver: progress failed");
+        }
+        self.spawn_deferred(e);
+        self.notify_finished(e);
+    }
+
     /// Starts a task per request waiting for an async handler. Call with
     /// the engine locked.
     fn spawn_deferred(self: &Arc<Self>, e: &mut Engine) {
@@ -571,11 +585,7 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: 
         loop {
             let sleep = {
                 let mut e = shared.engine();
-                if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
-                    tracing::warn!(error = %err, "hg-rpc driver: progress failed");
-                }
-                shared.spawn_deferred(&mut e);
-                shared.notify_finished(&mut e);
+                shared.turn(&mut e);
                 if e.try_wait() {
                     Some(e.next_expiry())
                 } else {

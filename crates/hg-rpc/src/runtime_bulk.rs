@@ -57,8 +57,13 @@ impl AsyncEngine {
     /// over 10 s is logged as a warning. The answer is the timeout even if
     /// the transfer finished meanwhile: the destination's contents in the
     /// range are then unspecified. A zero timeout does not wait for the
-    /// transfer to finish: unless it ended as it started (in memory, or
-    /// from inline data), it is canceled at once, and waited for.
+    /// transfer to finish, nor drive it: unless it ended as it started (in
+    /// memory, or from inline data), it is canceled at once, and waited
+    /// for.
+    ///
+    /// A transfer the transport ends as it starts it (na-sm moves the data
+    /// in the starting call) answers without waiting for the engine's
+    /// driver task: the call does one turn of the driver's work itself.
     ///
     /// If the engine's driver stops meanwhile, [`RpcError::DriverStopped`]
     /// returns at once: nothing can wait for the transport then.
@@ -96,8 +101,9 @@ impl AsyncEngine {
     /// Moves every span between `remote` and `local` as one batch (see
     /// [`Engine::bulk_start_batch`](crate::Engine::bulk_start_batch): if any
     /// span is refused, none starts) and waits for all of them: one wait
-    /// for many small transfers, where [`bulk`](Self::bulk) per span pays a
-    /// wake-up of the driver and of the task each. The answer is the
+    /// for many small transfers, where [`bulk`](Self::bulk) per span pays
+    /// a turn of the engine's work each (and, for a transfer still in
+    /// flight after it, a wake-up of the driver and of the task). The answer is the
     /// failure of the first failed span in `spans`' order, once every span
     /// has ended; an empty batch does nothing. Past `timeout` the spans
     /// still in flight are canceled and waited for, as in `bulk`, and the
@@ -163,7 +169,7 @@ impl Shared {
     /// and for handlers' contexts (`detach`: where a dropped future
     /// leaves its transfers to be waited for).
     async fn bulk(
-        &self,
+        self: &Arc<Self>,
         op: BulkOp,
         remote: &Bulk,
         local: &Bulk,
@@ -180,20 +186,40 @@ impl Shared {
             let mut e = self.try_engine("AsyncEngine::bulk")?;
             self.check_running(WHAT, &mut e)?;
             let ids = e.bulk_start_batch(op, remote, local, spans)?;
+            // Moved in memory or from inline data: done already.
+            let mut ended: Vec<(BulkId, Option<Result<()>>)> =
+                ids.into_iter().map(|id| (id, e.take_bulk(id))).collect();
+            // The transport may have the ends ready without an fd event
+            // (na-sm moves the data as it starts it): one turn of the
+            // driver's work here files them, so this task need not wait for
+            // a wake-up of the driver and then one of its own. The driver is
+            // woken anyway, to arm the transports before it sleeps. A zero
+            // timeout makes no progress on the caller's behalf (as
+            // `Engine::bulk`).
+            if !timeout.is_zero() && ended.iter().any(|(_, r)| r.is_none()) {
+                self.turn(&mut e);
+                for (id, r) in &mut ended {
+                    if r.is_none() {
+                        *r = e.take_bulk(*id);
+                    }
+                }
+                self.rearm.notify_one();
+            }
             // Registered under the engine lock, which the driver holds
             // while it files outcomes: it cannot miss these transfers.
             let mut w = self.waiters();
             if let Some(why) = &w.stopped {
                 let err = driver_stopped(WHAT, why);
                 drop(w);
-                for id in ids {
-                    e.forget_bulk(id);
+                for (id, r) in ended {
+                    if r.is_none() {
+                        e.forget_bulk(id);
+                    }
                 }
                 return Err(err);
             }
-            for id in ids {
-                match e.take_bulk(id) {
-                    // Moved in memory or from inline data: done already.
+            for (id, r) in ended {
+                match r {
                     Some(r) => keep_first(&mut failure, r),
                     None => {
                         let (tx, rx) = oneshot::channel();
@@ -206,9 +232,6 @@ impl Shared {
         if waits.is_empty() {
             return failure.map_or(Ok(()), Err);
         }
-        // The transport may have the transfers' ends ready without an fd
-        // event (na-sm moves the data as it starts it): the driver looks.
-        self.rearm.notify_one();
         let mut guard = ForgetBulk {
             shared: self,
             ids: waits.iter().map(|(id, _)| *id).collect(),

@@ -214,13 +214,16 @@ async fn a_timed_out_or_dropped_transfer_leaves_the_engine_working() {
         0,
         "the batch returned with spans in flight"
     );
-    // A batch polled once (started), then dropped: forgotten whole.
-    let mut fut = Box::pin(c.bulk_batch(BulkOp::Pull, &remote, &local, &spans, T));
+    // A batch polled once (started), then dropped: forgotten whole. (With
+    // a timeout, na-sm's transfers end within the first poll, which does
+    // the driver's work itself; a zero timeout makes no progress, so the
+    // future waits for the driver to file the canceled spans' ends.)
+    let mut fut = Box::pin(c.bulk_batch(BulkOp::Pull, &remote, &local, &spans, Duration::ZERO));
     let first = common::poll_once(&mut fut).await;
     assert!(first.is_none(), "a batch finished at its first poll: {first:?}");
     drop(fut);
     // Polled once (started), then dropped.
-    let mut fut = Box::pin(c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 3 << 20, T));
+    let mut fut = Box::pin(c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 3 << 20, Duration::ZERO));
     let first = common::poll_once(&mut fut).await;
     assert!(first.is_none(), "a pull finished at its first poll: {first:?}");
     drop(fut);
@@ -327,7 +330,9 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
                 len: from.size() - half,
             },
         ];
-        let mut pull = Box::pin(ctx.transfer_batch(BulkOp::Pull, &from, &into, &spans, T));
+        // A zero timeout: no progress within the first poll (see
+        // a_timed_out_or_dropped_transfer_leaves_the_engine_working).
+        let mut pull = Box::pin(ctx.transfer_batch(BulkOp::Pull, &from, &into, &spans, Duration::ZERO));
         let first = common::poll_once(&mut pull).await;
         panic!("with the pull pending (first poll: {first:?})");
     })

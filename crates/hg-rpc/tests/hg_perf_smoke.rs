@@ -125,6 +125,19 @@ fn rate_lat_and_bw_report_json() {
     let bw = run(&["bw", "--mode", "busy", "--sizes", "4K,1M"]);
     assert_eq!(bw.len(), 4);
     bw.iter().for_each(|v| check(v, "MiB/s"));
+    // Transfers the client makes itself through AsyncEngine: one per
+    // round, then 64 per round as one batch.
+    let bw = run(&["bw", "--mode", "tokio", "--sizes", "4K,1M", "--count", "1"]);
+    assert_eq!(bw.len(), 4);
+    bw.iter().for_each(|v| check(v, "MiB/s"));
+    assert!(
+        bw.iter().all(|v| v["mode"] == "tokio" && v["inflight"] == 1),
+        "{bw:?}"
+    );
+    let bw = run(&["bw", "--mode", "tokio", "--op", "read", "--sizes", "4K"]);
+    assert_eq!(bw.len(), 1);
+    check(&bw[0], "MiB/s");
+    assert_eq!(bw[0]["inflight"], 64);
 }
 
 /// Floors are this machine's shared-memory floors: a ratio of another
@@ -150,17 +163,20 @@ fn floors_only_for_local_shared_memory() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    for (test, mode, says) in [
-        ("rate", "sideways", "sideways"),
-        ("bw", "tokio", "rate and lat only"),
+    for (args, says) in [
+        (&["rate", "--mode", "sideways"][..], "sideways"),
+        (
+            &["bw", "--mode", "tokio", "--op", "sideways", "--sizes", "4K"][..],
+            "unknown op",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
-            .args([test, "--mode", mode])
+            .args(args)
             .output()
             .unwrap();
-        assert!(!out.status.success(), "{test} --mode {mode} must fail");
+        assert!(!out.status.success(), "{args:?} must fail");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "{test} --mode {mode}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
     }
 }
 

@@ -47,7 +47,9 @@ struct Cli {
     #[command(subcommand)]
     test: Test,
     /// Progress modes (comma-separated: busy, adaptive, blocking; `rate`
-    /// and `lat` also take tokio: calls awaited through `AsyncEngine`).
+    /// and `lat` also take tokio: calls awaited through `AsyncEngine`;
+    /// `bw` takes tokio too: the client moves the data itself with
+    /// `AsyncEngine::bulk`, see `bw`).
     #[arg(long, global = true, default_value = "busy,adaptive,blocking")]
     mode: String,
     /// One JSON object per result line instead of a table.
@@ -110,7 +112,11 @@ enum Test {
     /// Each RPC makes the server move `count` transfers of one size (to
     /// consecutive regions of the client's buffer) as one batch, as
     /// Mercury's hg_bw_read/hg_bw_write do with their default of 64; the
-    /// count shrinks so that size x count stays within 1 MiB.
+    /// count shrinks so that size x count stays within 1 MiB. With
+    /// `--mode tokio` the client moves the data itself, no RPC per round:
+    /// `read` pulls from and `write` pushes to a buffer the server exposed,
+    /// one `AsyncEngine::bulk` per transfer (`--count 1`) or one
+    /// `bulk_batch` of `count` transfers per round.
     Bw {
         #[arg(long, default_value = "read,write")]
         op: String,
@@ -225,6 +231,13 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
             BulkOp::Push => e.register_with_bulk::<BulkRead>(handler)?,
         }
     }
+    let mut exposed: Option<Bulk> = None;
+    e.register_with_bulk::<Exposed>(move |ctx: &mut BulkCtx<'_>, ()| {
+        if exposed.is_none() {
+            exposed = Some(scratch(ctx, BW_SPAN, Access::ReadWrite)?);
+        }
+        exposed.clone().ok_or_else(|| "no exposed buffer".to_owned())
+    })?;
     let q = quit.clone();
     e.register::<Quit>(move |()| {
         q.store(true, Ordering::Relaxed);
@@ -716,7 +729,8 @@ fn main() -> Res<()> {
                     ..
                 },
             ) => tokio_runs::rate(&cli, sizes, inflight, *idle_clients, cpus)?,
-            ("tokio", _) => return Err("mode tokio exists for rate and lat only".into()),
+            ("tokio", Test::Bw { op, sizes, count, .. }) => tokio_runs::bw(&cli, op, sizes, *count, cpus)?,
+            ("tokio", _) => return Err("mode tokio exists for rate, lat and bw only".into()),
             (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, &mut seen)?,
         }
     }

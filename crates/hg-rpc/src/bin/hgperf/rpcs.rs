@@ -31,6 +31,15 @@ impl Rpc for BulkRead {
     type Output = (u8, u8);
 }
 
+/// The server's own `BW_SPAN`-byte buffer (exposed once, read-write):
+/// what `bw --mode tokio` moves data with from the client's side.
+pub struct Exposed;
+impl Rpc for Exposed {
+    const NAME: &'static str = "hgperf.exposed";
+    type Input = ();
+    type Output = Bulk;
+}
+
 /// Stops the server.
 pub struct Quit;
 impl Rpc for Quit {

@@ -1,17 +1,19 @@
-//! `rate` and `lat` through [`hg_rpc::AsyncEngine`] (`--mode tokio`): calls
-//! awaited on a current-thread tokio runtime, whose driver task sleeps on
-//! the endpoint's fd. The server runs in blocking mode.
+//! `rate`, `lat` and `bw` through [`hg_rpc::AsyncEngine`] (`--mode
+//! tokio`): calls and transfers awaited on a current-thread tokio runtime,
+//! whose driver task sleeps on the endpoint's fd. The server runs in
+//! blocking mode.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use na_core::ProgressMode;
+use hg_rpc::{BulkOp, Span};
+use na_core::{Access, ProgressMode};
 use serde_bytes::ByteBuf;
 
 use super::{
-    engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for, Cli, Noop, Res, Seen,
-    T,
+    engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for, transfers_per_rpc,
+    Cli, Exposed, Noop, Res, Seen, BW_SPAN, T,
 };
 
 /// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
@@ -111,4 +113,121 @@ pub(crate) fn rate(
         }
         Ok::<(), Box<dyn std::error::Error>>(())
     })
+}
+
+/// `bw` through [`hg_rpc::AsyncEngine`], driven by the client: `read` pulls
+/// from the buffer the server exposed, `write` pushes to it; each round is
+/// one `bulk` (`count` 1) or one `bulk_batch` of `count` transfers to
+/// consecutive regions, awaited before the next.
+pub(crate) fn bw(
+    cli: &Cli,
+    ops: &str,
+    sizes: &str,
+    count: u64,
+    cpus: (Option<usize>, Option<usize>),
+) -> Res<()> {
+    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
+        let s = c.endpoint().lookup(&uri)?;
+        let ae = hg_rpc::AsyncEngine::spawn(c)?;
+        let remote = ae.call::<Exposed>(&s, &(), T).await?;
+        let local = ae.expose(vec![vec![1u8; BW_SPAN as usize]], Access::ReadWrite)?;
+        let batch = Duration::from_millis(cli.batch_ms);
+        for op in ops.split(',').map(str::trim) {
+            let bulk_op = match op {
+                "read" => BulkOp::Pull,
+                "write" => BulkOp::Push,
+                other => return Err(format!("unknown op {other:?} (read, write)").into()),
+            };
+            for size in list(sizes, parse_size)? {
+                if size == 0 || size > 16 << 20 {
+                    return Err("bw sizes are 1 byte to 16M".into());
+                }
+                let n = transfers_per_rpc(count, size);
+                let spans: Vec<Span> = (0..n)
+                    .map(|i| Span {
+                        remote_offset: i * size,
+                        local_offset: i * size,
+                        len: size,
+                    })
+                    .collect();
+                let round = || async {
+                    if n == 1 {
+                        ae.bulk(bulk_op, &remote, 0, &local, 0, size, T).await
+                    } else {
+                        ae.bulk_batch(bulk_op, &remote, &local, &spans, T).await
+                    }
+                };
+                check_moves(&ae, &remote, &local, bulk_op, size * n).await?;
+                let mut rates = Vec::new();
+                for b in 0..=cli.batches {
+                    let (mut bytes, t0) = (0u64, Instant::now());
+                    while t0.elapsed() < batch {
+                        round().await?;
+                        bytes += size * n;
+                    }
+                    if b > 0 {
+                        rates.push(bytes as f64 / f64::from(1 << 20) / t0.elapsed().as_secs_f64());
+                    }
+                }
+                let worst = rates.iter().copied().fold(f64::INFINITY, f64::min);
+                report(
+                    cli,
+                    "bw",
+                    "tokio",
+                    op,
+                    size,
+                    n as usize,
+                    median(rates),
+                    worst,
+                    None,
+                    "MiB/s",
+                );
+            }
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+}
+
+/// Checks once that a round of `len` bytes moves data: the mover's end
+/// bytes are marked, and after the transfer the receiver's ends (for a
+/// push, pulled back into a fresh buffer) must be those marks.
+async fn check_moves(
+    ae: &hg_rpc::AsyncEngine,
+    remote: &hg_rpc::Bulk,
+    local: &hg_rpc::Bulk,
+    op: BulkOp,
+    len: u64,
+) -> Res<()> {
+    let marks = [0x11u8, 0x22];
+    let last = len - 1;
+    let mem = local.local().ok_or("the bw buffer has no local memory")?;
+    let ends = if op == BulkOp::Push {
+        mem.write_at(0, &marks[..1])?;
+        mem.write_at(last, &marks[1..])?;
+        ae.bulk(op, remote, 0, local, 0, len, T).await?;
+        let back = ae.expose(vec![vec![0u8; len as usize]], Access::ReadWrite)?;
+        ae.bulk(BulkOp::Pull, remote, 0, &back, 0, len, T).await?;
+        back.local().ok_or("no local memory")?.to_vec()
+    } else {
+        // The client's buffer holds 1s: the server's gets them, then the
+        // client's ends are cleared and must come back.
+        ae.bulk(BulkOp::Push, remote, 0, local, 0, len, T).await?;
+        mem.write_at(0, &[0u8])?;
+        mem.write_at(last, &[0u8])?;
+        ae.bulk(op, remote, 0, local, 0, len, T).await?;
+        mem.to_vec()
+    };
+    let got = [ends[0], ends[last as usize]];
+    let want = if op == BulkOp::Push { marks } else { [1u8, 1] };
+    if got != want {
+        return Err(
+            format!("bw tokio {op:?} of {len} bytes moved no data: ends {got:?}, expected {want:?}").into(),
+        );
+    }
+    Ok(())
 }
