@@ -68,6 +68,19 @@ fn rdma_spec(test: &str) -> Option<String> {
     }
 }
 
+/// The client's side of a failure, for its message: RPC counters and the
+/// transport's (in flight, sends queued, peers, ...).
+fn client_state(c: &mut Engine) -> String {
+    let rpc = c.stats();
+    let ep = c.endpoint();
+    let ids: Vec<_> = ep.plugin_ids().collect();
+    let transports: Vec<String> = ids
+        .into_iter()
+        .filter_map(|id| ep.plugin(id).ok().map(|p| format!("{:?}", p.stats())))
+        .collect();
+    format!("client {rpc:?}; transport {}", transports.join("; "))
+}
+
 /// The test peer serving `spec`.
 fn server(spec: &str) -> Server {
     let srv = Server::with_env("HG_TESTPEER_SPEC", spec);
@@ -139,10 +152,10 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     ];
     let put = c.expose(segs, Access::ReadOnly).expect("expose");
     // The server pulls the three segments (RDMA READ).
-    assert_eq!(
-        c.call::<BlobPut>(&s, &("k".into(), put), T).expect("put"),
-        fnv(&data)
-    );
+    let digest = c
+        .call::<BlobPut>(&s, &("k".into(), put), T)
+        .unwrap_or_else(|e| panic!("put: {e}; {}", client_state(&mut c)));
+    assert_eq!(digest, fnv(&data));
     // The server pushes into three uneven segments of ours at offset 100 (RDMA WRITE).
     let into = c
         .expose(
@@ -150,11 +163,10 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
             Access::ReadWrite,
         )
         .expect("expose");
-    assert_eq!(
-        c.call::<BlobGet>(&s, &("k".into(), into.clone(), 100), T)
-            .expect("get"),
-        data.len() as u64
-    );
+    let got = c
+        .call::<BlobGet>(&s, &("k".into(), into.clone(), 100), T)
+        .unwrap_or_else(|e| panic!("get: {e}; {}", client_state(&mut c)));
+    assert_eq!(got, data.len() as u64);
     let mut back = vec![0; data.len()];
     into.local()
         .expect("local handle")
