@@ -318,8 +318,10 @@ impl AsyncEngine {
         Ok(AsyncEngine { shared, driver })
     }
 
-    /// Registers a handler (see [`Engine::register`]). It runs on the
-    /// driver with the engine locked, so it cannot call this
+    /// Registers a handler (see [`Engine::register`]). It runs with the
+    /// engine locked, on the driver task or on the task of an async
+    /// transfer that did a turn of the driver's work (see
+    /// [`bulk`](Self::bulk)), so it cannot call this
     /// `AsyncEngine`: from the handler's own thread, a method that
     /// returns a `Result` fails with
     /// [`RpcError::HandlerReentry`] (instead of waiting on itself

@@ -230,6 +230,10 @@ impl Shared {
             }
         }
         if waits.is_empty() {
+            // Ended within the call (na-sm): no await gave the scheduler a
+            // turn, and a loop of such transfers must not starve the
+            // runtime's other tasks (the driver, a `select!` branch).
+            tokio::task::coop::consume_budget().await;
             return failure.map_or(Ok(()), Err);
         }
         let mut guard = ForgetBulk {

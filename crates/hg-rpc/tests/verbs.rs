@@ -331,7 +331,8 @@ fn async_engine(spec: &str, listen: bool) -> hg_rpc::AsyncEngine {
 /// waited for before the future returns, so the owner may free its memory
 /// right after; the connection still works. Without the wait the owner's
 /// deregistration under the READ breaks the connection, and the next pull
-/// fails. Two async engines of this process.
+/// fails. A future dropped while it waits forgets its READ, which counts
+/// in flight until the device ends it. Two async engines of this process.
 #[test]
 fn an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
     let Some(spec) = rdma_spec("an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs") else {
@@ -361,6 +362,21 @@ fn an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
                 0,
                 "{timeout:?}: the future returned with its canceled RDMA READ in flight"
             );
+        }
+        // A future dropped while it waits (a `select!` that went the other
+        // way): the READ is forgotten, counted in flight until the device
+        // ends it, then filed by the driver.
+        let mut fut = Box::pin(c.bulk(BulkOp::Pull, &remote, 0, &dst, 0, len as u64, T));
+        let first = common::poll_once(&mut fut).await;
+        assert!(
+            first.is_none(),
+            "a 16 MiB READ ended at its first poll: {first:?}"
+        );
+        drop(fut);
+        let end = Instant::now() + T;
+        while c.stats().bulk_in_flight != 0 {
+            assert!(Instant::now() < end, "the forgotten READ never ended");
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // The owner frees its memory now.
         drop((remote, exposed));

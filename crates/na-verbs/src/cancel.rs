@@ -66,6 +66,8 @@ impl VerbsPlugin {
                     // Already on the wire: it completes (as canceled) when
                     // the device is done, or its connection goes at the
                     // cancel deadline.
+                    // A second cancel keeps the first one's deadline.
+                    None if self.canceled_sends.contains_key(&op) => {}
                     None => {
                         let now = Instant::now();
                         self.canceled_sends.insert(op, now);
@@ -139,11 +141,23 @@ impl VerbsPlugin {
                 return Some(d.due);
             }
             let d = self.cancel_deadlines.pop_front().expect("checked above");
-            let holding = self.conns_holding_canceled(d.op, d.at);
+            let mut holding = self.conns_holding_canceled(d.op, d.at);
             if holding.is_empty() {
                 continue;
             }
-            let seen = self.sq_done_of(&holding);
+            let mut seen = self.sq_done_of(&holding);
+            if seen == d.seen {
+                // Not read yet is not stuck: `progress` reads a bounded
+                // number of completions per call.
+                if let Err(e) = self.poll_cq() {
+                    tracing::warn!(error = %e, "verbs: polling the CQ before a cancel deadline failed");
+                }
+                holding = self.conns_holding_canceled(d.op, d.at);
+                if holding.is_empty() {
+                    continue;
+                }
+                seen = self.sq_done_of(&holding);
+            }
             if seen != d.seen {
                 if let Some(due) = now.checked_add(limit) {
                     self.cancel_deadlines.push_back(CancelDeadline { due, seen, ..d });

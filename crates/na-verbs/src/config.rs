@@ -69,7 +69,10 @@ pub struct VerbsConfig {
     /// operation ends as `Canceled`, everything else on the connection
     /// fails with `PeerGone`, the address becomes unusable (look the peer
     /// up again to reconnect), and `PluginStats::cancels_forced` counts it.
-    /// `Duration::MAX`: wait for ever.
+    /// A connection whose send queue still completes work gets another
+    /// `cancel_timeout` each time (a transfer behind others that move is
+    /// not stuck). `Duration::MAX`: wait for ever; zero: tear down at the
+    /// first check after the cancel, moving or not (for tests).
     pub cancel_timeout: Duration,
     /// Test hook: the passive side ignores RDMA CM's `Established` events,
     /// as if the peer's ready-to-use message were lost. Never set outside
@@ -82,9 +85,9 @@ pub struct VerbsConfig {
 /// resolutions and the handshake itself.
 pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Default of [`VerbsConfig::cancel_timeout`]: far beyond what a posted
-/// work request takes on a working device (even 1 GiB at 1 GiB/s), and
-/// short of the minute callers typically wait.
+/// Default of [`VerbsConfig::cancel_timeout`]: far beyond what one posted
+/// work request (at most 16 MiB) takes on a working device, and short of
+/// the minute callers typically wait.
 pub const DEFAULT_CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for VerbsConfig {

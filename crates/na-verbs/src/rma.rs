@@ -99,8 +99,12 @@ pub(crate) struct RmaOp {
 /// Most work requests linked into one `ibv_post_send`.
 const CHAIN_MAX: usize = 64;
 
-/// Largest transfer of one work request (below every port's max_msg_sz).
-const MAX_WR_BYTES: u64 = 1 << 30;
+/// Largest transfer of one work request (below every port's
+/// max_msg_sz). Small enough that a connection moving data completes
+/// work requests often: a cancel's deadline (`cancel.rs`) reads a
+/// connection with no completion for `VerbsConfig::cancel_timeout` as
+/// stuck, and 16 MiB take 5 s only below about 3 MB/s.
+const MAX_WR_BYTES: u64 = 16 << 20;
 
 /// A checked transfer of a batch, ready to queue.
 struct Planned {

@@ -16,18 +16,30 @@ use super::{
     Cli, Exposed, Noop, Res, Seen, BW_SPAN, T,
 };
 
-/// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
-/// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
-/// runs in blocking mode).
-pub(crate) fn lat(cli: &Cli, sizes: &str, cpus: (Option<usize>, Option<usize>), seen: &mut Seen) -> Res<()> {
-    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
+/// Runs `body` on a current-thread tokio runtime with a client
+/// [`hg_rpc::AsyncEngine`] (blocking mode: its driver task sleeps on the
+/// endpoint's fd) and the server at `uri` looked up.
+fn client<F, Fut>(cli: &Cli, uri: &str, body: F) -> Res<()>
+where
+    F: FnOnce(hg_rpc::AsyncEngine, na_core::Addr) -> Fut,
+    Fut: std::future::Future<Output = Res<()>>,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
-        let s = c.endpoint().lookup(&uri)?;
-        let ae = hg_rpc::AsyncEngine::spawn(c)?;
+        let s = c.endpoint().lookup(uri)?;
+        body(hg_rpc::AsyncEngine::spawn(c)?, s).await
+    })
+}
+
+/// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
+/// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
+/// runs in blocking mode).
+pub(crate) fn lat(cli: &Cli, sizes: &str, cpus: (Option<usize>, Option<usize>), seen: &mut Seen) -> Res<()> {
+    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
+    client(cli, &uri, |ae, s| async move {
         let batch = Duration::from_millis(cli.batch_ms);
         for size in list(sizes, parse_size)? {
             let input = ByteBuf::from(vec![7u8; size as usize]);
@@ -44,7 +56,7 @@ pub(crate) fn lat(cli: &Cli, sizes: &str, cpus: (Option<usize>, Option<usize>), 
             let (p50, p99) = report_lat(cli, "tokio", size, samples);
             seen.lat_sleeping.push(("tokio", size, p50, p99));
         }
-        Ok::<(), Box<dyn std::error::Error>>(())
+        Ok(())
     })
 }
 
@@ -60,13 +72,8 @@ pub(crate) fn rate(
 ) -> Res<()> {
     let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
     let _idle = idle_clients_of(&cli.transport, &uri, idle_clients)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
-        let s = Arc::new(c.endpoint().lookup(&uri)?);
-        let ae = Arc::new(hg_rpc::AsyncEngine::spawn(c)?);
+    client(cli, &uri, |ae, s| async move {
+        let (ae, s) = (Arc::new(ae), Arc::new(s));
         let batch = Duration::from_millis(cli.batch_ms);
         for size in list(sizes, parse_size)? {
             for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
@@ -111,7 +118,7 @@ pub(crate) fn rate(
                 );
             }
         }
-        Ok::<(), Box<dyn std::error::Error>>(())
+        Ok(())
     })
 }
 
@@ -127,16 +134,11 @@ pub(crate) fn bw(
     cpus: (Option<usize>, Option<usize>),
 ) -> Res<()> {
     let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
-        let s = c.endpoint().lookup(&uri)?;
-        let ae = hg_rpc::AsyncEngine::spawn(c)?;
+    client(cli, &uri, |ae, s| async move {
         let remote = ae.call::<Exposed>(&s, &(), T).await?;
         let local = ae.expose(vec![vec![1u8; BW_SPAN as usize]], Access::ReadWrite)?;
         let batch = Duration::from_millis(cli.batch_ms);
+        let mut checks = 0u8;
         for op in ops.split(',').map(str::trim) {
             let bulk_op = match op {
                 "read" => BulkOp::Pull,
@@ -162,7 +164,35 @@ pub(crate) fn bw(
                         ae.bulk_batch(bulk_op, &remote, &local, &spans, T).await
                     }
                 };
-                check_moves(&ae, &remote, &local, bulk_op, size * n).await?;
+                // Checks once that a round moves data: marks no earlier
+                // check used go to the mover's ends, and after the round
+                // the receiver's ends (for a push, pulled back into a fresh
+                // buffer) must be those marks.
+                checks += 1;
+                let marks = [0x20 + 2 * (checks % 60), 0x21 + 2 * (checks % 60)];
+                let len = size * n;
+                let mem = local.local().ok_or("the bw buffer has no local memory")?;
+                mem.write_at(0, &marks[..1])?;
+                mem.write_at(len - 1, &marks[1..])?;
+                let ends = if bulk_op == BulkOp::Push {
+                    round().await?;
+                    let back = ae.expose(vec![vec![0u8; len as usize]], Access::ReadWrite)?;
+                    ae.bulk(BulkOp::Pull, &remote, 0, &back, 0, len, T).await?;
+                    back.local().ok_or("no local memory")?.to_vec()
+                } else {
+                    ae.bulk(BulkOp::Push, &remote, 0, &local, 0, len, T).await?;
+                    mem.write_at(0, &[0])?;
+                    mem.write_at(len - 1, &[0])?;
+                    round().await?;
+                    mem.to_vec()
+                };
+                let got = [ends[0], ends[len as usize - 1]];
+                if got != marks {
+                    return Err(format!(
+                        "bw tokio {op} of {n} x {size} bytes moved no data: ends {got:?}, marks {marks:?}"
+                    )
+                    .into());
+                }
                 let mut rates = Vec::new();
                 for b in 0..=cli.batches {
                     let (mut bytes, t0) = (0u64, Instant::now());
@@ -189,45 +219,6 @@ pub(crate) fn bw(
                 );
             }
         }
-        Ok::<(), Box<dyn std::error::Error>>(())
+        Ok(())
     })
-}
-
-/// Checks once that a round of `len` bytes moves data: the mover's end
-/// bytes are marked, and after the transfer the receiver's ends (for a
-/// push, pulled back into a fresh buffer) must be those marks.
-async fn check_moves(
-    ae: &hg_rpc::AsyncEngine,
-    remote: &hg_rpc::Bulk,
-    local: &hg_rpc::Bulk,
-    op: BulkOp,
-    len: u64,
-) -> Res<()> {
-    let marks = [0x11u8, 0x22];
-    let last = len - 1;
-    let mem = local.local().ok_or("the bw buffer has no local memory")?;
-    let ends = if op == BulkOp::Push {
-        mem.write_at(0, &marks[..1])?;
-        mem.write_at(last, &marks[1..])?;
-        ae.bulk(op, remote, 0, local, 0, len, T).await?;
-        let back = ae.expose(vec![vec![0u8; len as usize]], Access::ReadWrite)?;
-        ae.bulk(BulkOp::Pull, remote, 0, &back, 0, len, T).await?;
-        back.local().ok_or("no local memory")?.to_vec()
-    } else {
-        // The client's buffer holds 1s: the server's gets them, then the
-        // client's ends are cleared and must come back.
-        ae.bulk(BulkOp::Push, remote, 0, local, 0, len, T).await?;
-        mem.write_at(0, &[0u8])?;
-        mem.write_at(last, &[0u8])?;
-        ae.bulk(op, remote, 0, local, 0, len, T).await?;
-        mem.to_vec()
-    };
-    let got = [ends[0], ends[last as usize]];
-    let want = if op == BulkOp::Push { marks } else { [1u8, 1] };
-    if got != want {
-        return Err(
-            format!("bw tokio {op:?} of {len} bytes moved no data: ends {got:?}, expected {want:?}").into(),
-        );
-    }
-    Ok(())
 }
