@@ -95,16 +95,19 @@ impl VerbsPlugin {
         Ok(cref)
     }
 
-    /// Arms the deadline timer for `due` unless it is armed earlier.
+    /// Arms the deadline timer for `due` unless an earlier deadline is due.
     pub(crate) fn arm_deadline(&mut self, due: Instant) {
-        if self.deadline_timer.armed().is_none_or(|t| due < t) {
+        if self.next_deadline.is_none_or(|t| due < t) {
             self.set_deadline_timer(Some(due));
         }
     }
 
+    /// Records `at` as the next deadline and arms the timer for it.
     fn set_deadline_timer(&mut self, at: Option<Instant>) {
+        self.next_deadline = at;
         if let Err(e) = self.deadline_timer.set(at) {
-            // Deadlines are still checked whenever the plugin is driven.
+            // `next_deadline` is still checked whenever the plugin is
+            // driven; only a sleeper is not woken for it.
             tracing::warn!(error = %e, "verbs: setting the deadline timer failed");
         }
     }
@@ -114,7 +117,7 @@ impl VerbsPlugin {
     /// one. Costs a clock read until the timer's time has come.
     pub(crate) fn sweep_deadlines(&mut self) {
         let now = Instant::now();
-        if self.deadline_timer.armed().is_none_or(|t| t > now) {
+        if self.next_deadline.is_none_or(|t| t > now) {
             return;
         }
         self.deadline_timer.clear();

@@ -121,6 +121,8 @@ pub struct VerbsPlugin {
     /// Readable at the earliest deadline: a connection's set-up (see
     /// `sweep_setups`) or a canceled operation's end (`sweep_cancels`).
     pub(crate) deadline_timer: Timer,
+    /// The earliest deadline (the timer's, unless arming it failed).
+    pub(crate) next_deadline: Option<Instant>,
     /// Tokens `sleep` reads from `poll` (kept: no allocation per sleep).
     pub(crate) ready: Vec<u64>,
     /// Registered message buffers not in use.
@@ -228,6 +230,7 @@ impl VerbsPlugin {
             events,
             poll,
             deadline_timer,
+            next_deadline: None,
             ready: Vec::with_capacity(32),
             bufs: BufPool::default(),
         })
