@@ -63,11 +63,11 @@ impl VerbsPlugin {
                         self.cancel_done(op, m.kind, None);
                         self.drop_outgoing(m.body);
                     }
+                    // A second cancel keeps the first one's deadline.
+                    None if self.canceled_sends.contains_key(&op) => {}
                     // Already on the wire: it completes (as canceled) when
                     // the device is done, or its connection goes at the
                     // cancel deadline.
-                    // A second cancel keeps the first one's deadline.
-                    None if self.canceled_sends.contains_key(&op) => {}
                     None => {
                         let now = Instant::now();
                         self.canceled_sends.insert(op, now);
@@ -204,14 +204,8 @@ impl VerbsPlugin {
                 if canceled != Some(at) {
                     return Vec::new();
                 }
-                (0..self.conns.len())
-                    .filter_map(|i| {
-                        let s = &self.conns[i];
-                        let c = s.conn.as_ref()?;
-                        let r = ConnRef {
-                            idx: i as u16,
-                            gen: s.gen,
-                        };
+                self.conns_with_refs()
+                    .filter_map(|(r, c)| {
                         (c.state != ConnState::Dead && c.rma_posted.contains_key(&idx)).then_some(r)
                     })
                     .collect()

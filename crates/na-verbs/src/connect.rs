@@ -137,8 +137,7 @@ impl VerbsPlugin {
         let limit = self.cfg.setup_timeout;
         let mut next: Option<Instant> = None;
         let mut late = Vec::new();
-        for (i, s) in self.conns.iter().enumerate() {
-            let Some(c) = s.conn.as_ref() else { continue };
+        for (cref, c) in self.conns_with_refs() {
             if !matches!(c.state, ConnState::Connecting | ConnState::Accepting) {
                 continue;
             }
@@ -146,10 +145,6 @@ impl VerbsPlugin {
                 continue;
             };
             if due <= now {
-                let cref = ConnRef {
-                    idx: i as u16,
-                    gen: s.gen,
-                };
                 late.push((cref, c.active));
             } else {
                 next = Some(next.map_or(due, |n| n.min(due)));
@@ -461,14 +456,8 @@ impl VerbsPlugin {
 
     /// A connection to `peer` other than `except` that is not dead.
     fn other_live_conn(&self, peer: usize, except: ConnRef) -> Option<ConnRef> {
-        self.conns.iter().enumerate().find_map(|(i, s)| {
-            let c = s.conn.as_ref()?;
-            let r = ConnRef {
-                idx: i as u16,
-                gen: s.gen,
-            };
-            (c.peer == peer && c.state != ConnState::Dead && r != except).then_some(r)
-        })
+        self.conns_with_refs()
+            .find_map(|(r, c)| (c.peer == peer && c.state != ConnState::Dead && r != except).then_some(r))
     }
 
     /// Releases a dead connection once its work requests have all
@@ -511,16 +500,8 @@ impl VerbsPlugin {
     pub(crate) fn reap_dead(&mut self) {
         self.sweep_dead_held();
         let dead: Vec<ConnRef> = self
-            .conns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let c = s.conn.as_ref()?;
-                (c.state == ConnState::Dead).then_some(ConnRef {
-                    idx: i as u16,
-                    gen: s.gen,
-                })
-            })
+            .conns_with_refs()
+            .filter_map(|(r, c)| (c.state == ConnState::Dead).then_some(r))
             .collect();
         for c in dead {
             self.retire_if_flushed(c);

@@ -19,9 +19,10 @@
 //!   with `rnr_retry_count = 0`. Sends beyond the credits queue in order
 //!   (backpressure), never fail.
 //! * **RMA**: RDMA WRITE (put) and READ (get), split (module `rma`) into work
-//!   requests of at most the device's SGE limit, one remote range each; a
-//!   batch is checked whole before anything is queued, and queued work
-//!   requests go out as linked lists (one `ibv_post_send` per 64).
+//!   requests of at most the device's SGE limit and 16 MiB, one remote
+//!   range each; a batch is checked whole before anything is queued, and
+//!   queued work requests go out as linked lists (one `ibv_post_send` per
+//!   64).
 //! * **Registration**: through `na-regcache` with the real `ibv_reg_mr`
 //!   registrar ([`sys::IbvRegistrar`]); validity flags checked on describe
 //!   and on every RMA; counters via [`VerbsPlugin::cache_stats`] or a

@@ -190,7 +190,7 @@ impl VerbsPlugin {
             .map_err(|e| NaError::sys("epoll_ctl add RDMA CM channel", e))?;
         let deadline_timer = Timer::new().map_err(|e| NaError::sys("timerfd_create", e))?;
         poll.add(deadline_timer.as_fd().as_raw_fd(), 2)
-            .map_err(|e| NaError::sys("epoll_ctl add set-up timer", e))?;
+            .map_err(|e| NaError::sys("epoll_ctl add deadline timer", e))?;
         let cap = |v: u32| (v.max(1) as usize).min(cfg.max_sge.map_or(usize::MAX, |m| m as usize));
         let slot_size = (HEADER_LEN + cfg.max_msg_size).div_ceil(64) * 64;
         let self_uri = canonical(Some(&local.device), self_key);
@@ -294,6 +294,17 @@ impl VerbsPlugin {
             .get(c.idx as usize)
             .filter(|s| s.gen == c.gen)
             .and_then(|s| s.conn.as_ref())
+    }
+
+    /// Every connection, with the reference that names it.
+    pub(crate) fn conns_with_refs(&self) -> impl Iterator<Item = (ConnRef, &Conn)> + '_ {
+        self.conns.iter().enumerate().filter_map(|(i, s)| {
+            let r = ConnRef {
+                idx: i as u16,
+                gen: s.gen,
+            };
+            Some((r, s.conn.as_ref()?))
+        })
     }
 
     /// The URI of the peer of a connection (for error messages).
