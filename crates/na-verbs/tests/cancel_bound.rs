@@ -27,25 +27,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
-use na_core::{
-    Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, PluginId, ProgressMode, RemoteMem, Rma,
-};
+use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
 
 /// Bytes of the owner's memory: a READ of this much takes far longer on
 /// soft-RoCE than the plugin takes to act on a zero deadline.
 const BIG: usize = 32 << 20;
 
-/// A plugin on the test device (`verbs://dev/ip:0`) with `cancel_timeout` set.
-fn plugin(spec: &str, listen: bool, cancel_timeout: Duration) -> (Endpoint, PluginId) {
-    let cfg = na_verbs::VerbsConfig {
-        cancel_timeout,
-        ..na_verbs::VerbsConfig::from_spec(spec, listen).expect("spec")
-    };
-    let mut ep = Endpoint::new(ProgressMode::Blocking).expect("endpoint");
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn na_core::Plugin>))
-        .expect("verbs plugin");
-    (ep, id)
+/// A plugin on the test device with `cancel_timeout` set.
+fn plugin(env: &RdmaEnv, listen: bool, cancel_timeout: Duration) -> (Endpoint, PluginId) {
+    plugin_with(env, listen, |cfg| cfg.cancel_timeout = cancel_timeout)
 }
 
 /// The owner of `BIG` patterned bytes, progressed by its own thread until
@@ -64,11 +54,11 @@ impl Owner {
         let (tx, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let spec = spec(env);
+        let env = env.clone();
         let data = pattern(7, BIG);
         let mine = data.clone();
         let thread = std::thread::spawn(move || {
-            let (mut ep, id) = plugin(&spec, true, na_verbs::config::DEFAULT_CANCEL_TIMEOUT);
+            let (mut ep, id) = plugin(&env, true, na_verbs::config::DEFAULT_CANCEL_TIMEOUT);
             let h = MemHandle::new(vec![mine], Access::ReadOnly);
             let p = ep.plugin_mut(id).expect("plugin");
             p.mem_register(&h).expect("register");
@@ -97,7 +87,10 @@ impl Drop for Owner {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The owner's failure is the test's (unless it already fails).
+            if t.join().is_err() && !std::thread::panicking() {
+                panic!("the owner's thread failed (its panic is printed above)");
+            }
         }
     }
 }
@@ -118,11 +111,6 @@ fn wait_op(ep: &mut Endpoint, op: OpId, seen: &mut Vec<Completion>) -> Completio
     }
 }
 
-/// The listen spec of the test device.
-fn spec(env: &RdmaEnv) -> String {
-    format!("verbs://{}/{}:0", env.device, env.ip)
-}
-
 /// Reads `len` bytes at `off` of the owner into a fresh buffer and checks
 /// them.
 fn read_checked(ep: &mut Endpoint, to: &Addr, owner: &Owner, off: usize, len: usize, op: OpId) {
@@ -140,7 +128,7 @@ fn a_canceled_read_past_its_deadline_tears_its_connection_down_and_ends() {
         return;
     };
     let owner = Owner::start(&env);
-    let (mut ep, id) = plugin(&spec(&env), false, Duration::ZERO);
+    let (mut ep, id) = plugin(&env, false, Duration::ZERO);
     let to = ep.lookup(&owner.uri).expect("lookup");
     // The connection is up and reads are correct.
     read_checked(&mut ep, &to, &owner, 4096, 8192, OpId(1));
@@ -194,7 +182,7 @@ fn a_canceled_read_that_ends_in_time_keeps_its_connection() {
         return;
     };
     let owner = Owner::start(&env);
-    let (mut ep, id) = plugin(&spec(&env), false, na_verbs::config::DEFAULT_CANCEL_TIMEOUT);
+    let (mut ep, id) = plugin(&env, false, na_verbs::config::DEFAULT_CANCEL_TIMEOUT);
     let to = ep.lookup(&owner.uri).expect("lookup");
     read_checked(&mut ep, &to, &owner, 0, 4096, OpId(1));
     let local = MemHandle::zeroed(4 << 20, Access::ReadWrite);
@@ -223,7 +211,7 @@ fn a_canceled_read_still_queued_ends_at_once_and_keeps_its_connection() {
     // More than the send queue holds (`send_queue_depth`, 256).
     const N: usize = 320;
     let owner = Owner::start(&env);
-    let (mut ep, id) = plugin(&spec(&env), false, Duration::ZERO);
+    let (mut ep, id) = plugin(&env, false, Duration::ZERO);
     let to = ep.lookup(&owner.uri).expect("lookup");
     read_checked(&mut ep, &to, &owner, 0, 4096, OpId(1));
     let local = MemHandle::zeroed(N * PIECE, Access::ReadWrite);

@@ -23,6 +23,7 @@ pub const WAIT: Duration = Duration::from_secs(30);
 pub const SETUP: Duration = Duration::from_secs(1);
 
 /// Where the RDMA part of a test can run.
+#[derive(Clone)]
 pub struct RdmaEnv {
     /// Device name (`rxe0`).
     pub device: String,
@@ -249,14 +250,24 @@ pub fn setup_plugin(
     listen: bool,
     ignore_established: bool,
 ) -> (na_core::Endpoint, na_core::PluginId) {
-    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
-    let cfg = na_verbs::VerbsConfig {
-        setup_timeout: SETUP,
+    plugin_with(env, listen, |cfg| {
+        cfg.setup_timeout = SETUP;
         // The deadline must exceed both resolutions' timeouts (local here).
-        resolve_timeout_ms: 200,
-        debug_ignore_established: ignore_established,
-        ..na_verbs::VerbsConfig::from_spec(&spec, listen).unwrap()
-    };
+        cfg.resolve_timeout_ms = 200;
+        cfg.debug_ignore_established = ignore_established;
+    })
+}
+
+/// A blocking-mode endpoint with one plugin on the test device, its
+/// configuration (from `verbs://DEV/IP:0`) changed by `edit`.
+pub fn plugin_with(
+    env: &RdmaEnv,
+    listen: bool,
+    edit: impl FnOnce(&mut na_verbs::VerbsConfig),
+) -> (na_core::Endpoint, na_core::PluginId) {
+    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
+    let mut cfg = na_verbs::VerbsConfig::from_spec(&spec, listen).unwrap();
+    edit(&mut cfg);
     let mut ep = na_core::Endpoint::new(na_core::ProgressMode::Blocking).unwrap();
     let id = ep
         .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn na_core::Plugin>))
