@@ -103,11 +103,12 @@ impl AsyncEngine {
     /// span is refused, none starts) and waits for all of them: one wait
     /// for many small transfers, where [`bulk`](Self::bulk) per span pays
     /// a turn of the engine's work each (and, for a transfer still in
-    /// flight after it, a wake-up of the driver and of the task). The answer is the
-    /// failure of the first failed span in `spans`' order, once every span
-    /// has ended; an empty batch does nothing. Past `timeout` the spans
-    /// still in flight are canceled and waited for, as in `bulk`, and the
-    /// answer is [`RpcError::Timeout`] (even if a span failed before).
+    /// flight after it, a wake-up of the driver and of the task). The
+    /// answer is the failure of the first failed span in `spans`' order,
+    /// once every span has ended; an empty batch does nothing. Past
+    /// `timeout` the spans still in flight are canceled and waited for, as
+    /// in `bulk`, and the answer is [`RpcError::Timeout`] (even if a span
+    /// failed before).
     /// A stopped driver gives [`RpcError::DriverStopped`] at once, and a
     /// dropped future forgets the spans without waiting, as in `bulk`.
     /// Everything is in flight at once: split very large batches (for

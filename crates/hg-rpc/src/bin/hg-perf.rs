@@ -320,6 +320,15 @@ fn report_ceilings(cli: &Cli, cpus: (Option<usize>, Option<usize>), when: &str) 
     Ok((flag, na, pulled))
 }
 
+/// The sizes of `bw`'s list, each 1 byte to 16 MiB (the buffer's size).
+fn bw_sizes(sizes: &str) -> Res<Vec<u64>> {
+    let sizes = list(sizes, parse_size)?;
+    if sizes.iter().any(|&s| s == 0 || s > BW_SPAN) {
+        return Err("bw sizes are 1 byte to 16M".into());
+    }
+    Ok(sizes)
+}
+
 /// Transfers each `bw` RPC makes for `size`: `count`, shrunk so that size
 /// x count stays within [`BW_BATCH_BYTES`] (at least 1).
 fn transfers_per_rpc(count: u64, size: u64) -> u64 {
@@ -588,10 +597,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>),
         Test::Bw { op, sizes, count, .. } => {
             let local = c.expose(vec![vec![1u8; BW_SPAN as usize]], Access::ReadWrite)?;
             for op in op.split(',') {
-                for size in list(sizes, parse_size)? {
-                    if size == 0 || size > 16 << 20 {
-                        return Err("bw sizes are 1 byte to 16M".into());
-                    }
+                for size in bw_sizes(sizes)? {
                     let count = transfers_per_rpc(*count, size);
                     check_bw_moves(&mut c, &s, &local, op.trim(), size, count)?;
                     let mut rates = Vec::new();

@@ -12,8 +12,8 @@ use na_core::{Access, ProgressMode};
 use serde_bytes::ByteBuf;
 
 use super::{
-    engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for, transfers_per_rpc,
-    Cli, Exposed, Noop, Res, Seen, BW_SPAN, T,
+    bw_sizes, engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for,
+    transfers_per_rpc, Cli, Exposed, Noop, Res, Seen, BW_SPAN, T,
 };
 
 /// Runs `body` on a current-thread tokio runtime with a client
@@ -145,10 +145,7 @@ pub(crate) fn bw(
                 "write" => BulkOp::Push,
                 other => return Err(format!("unknown op {other:?} (read, write)").into()),
             };
-            for size in list(sizes, parse_size)? {
-                if size == 0 || size > 16 << 20 {
-                    return Err("bw sizes are 1 byte to 16M".into());
-                }
+            for size in bw_sizes(sizes)? {
                 let n = transfers_per_rpc(count, size);
                 let spans: Vec<Span> = (0..n)
                     .map(|i| Span {
