@@ -29,7 +29,9 @@ use crate::sys::async_fd::OwnedByArc;
 
 #[path = "runtime_bulk.rs"]
 mod bulk;
-pub use bulk::AsyncBulkCtx;
+#[path = "runtime_ctx.rs"]
+mod ctx;
+pub use ctx::AsyncBulkCtx;
 
 /// An async handler: its context (the caller) and the encoded input in,
 /// the encoded output (or the handler's error) out.
@@ -230,11 +232,12 @@ impl Shared {
                 // The handler owns the input; answering needs only the
                 // request's header and source.
                 let input = std::mem::take(&mut req.payload);
-                let detached = bulk::detached_list();
-                let ctx = AsyncBulkCtx::new(req.source().clone(), shared.clone(), detached.clone());
+                let transfers = ctx::HandlerTransfers::new();
+                let ctx = AsyncBulkCtx::new(req.source().clone(), shared.clone(), transfers.clone());
                 let result = answer_even_if_it_panics(&handler, ctx, input).await;
-                // Transfers the handler dropped end before its answer.
-                bulk::wait_detached(&detached, &shared).await;
+                // The handler's transfers (dropped ones, and those of a
+                // context it kept past its return) end before its answer.
+                ctx::wait_for_transfers(&transfers, &shared).await;
                 let Some(shared) = shared.upgrade() else {
                     return;
                 };

@@ -9,15 +9,16 @@
 //!
 //! [`Engine::bulk_start_batch`]: crate::Engine::bulk_start_batch
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_bulk::{Bulk, BulkOp, Span};
-use na_core::{Access, Addr};
+use na_core::Access;
 use tokio::sync::oneshot;
 
+use super::ctx::{HandlerTransfers, RunningTransfer};
 use super::{driver_stopped, lost, AsyncEngine, Shared};
-use crate::engine::{check_owner, BulkId, CANCEL_WAIT_WARNING};
+use crate::engine::{BulkId, CANCEL_WAIT_WARNING};
 use crate::error::{Result, RpcError};
 
 /// What a transfer's errors name.
@@ -125,58 +126,20 @@ impl AsyncEngine {
     }
 }
 
-/// Transfers of a handler's context whose futures were dropped before
-/// they ended: canceled, and awaited (their oneshots) before the handler's
-/// answer goes out. `None` once the answer went: a context that outlived
-/// its handler forgets what it drops, as the engine's own API does.
-pub(super) type Detached = Mutex<Option<Vec<(BulkId, oneshot::Receiver<()>)>>>;
-
-/// A handler's empty (open) list of detached transfers.
-pub(super) fn detached_list() -> Arc<Detached> {
-    Arc::new(Mutex::new(Some(Vec::new())))
-}
-
-/// Waits until every transfer in `detached` has ended (a warning after
-/// 10 s), then drops their outcomes. Called by a handler's task before it
-/// answers: the caller may free its memory at the answer.
-pub(super) async fn wait_detached(detached: &Detached, shared: &Weak<Shared>) {
-    loop {
-        let next = {
-            let mut list = detached.lock().unwrap_or_else(|p| p.into_inner());
-            let next = list.as_mut().and_then(Vec::pop);
-            if next.is_none() {
-                // Closed: what a context drops from now on is forgotten.
-                *list = None;
-            }
-            next
-        };
-        let Some((id, mut rx)) = next else { return };
-        if tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await.is_err() {
-            tracing::warn!(
-                waited = ?CANCEL_WAIT_WARNING,
-                "a handler's dropped bulk transfer is still in flight; its answer waits for it"
-            );
-            // Fails at once if the driver stopped: nothing files it then.
-            let _ = rx.await;
-        }
-        if let Some(s) = shared.upgrade() {
-            let _ = s.engine().take_bulk(id);
-        }
-    }
-}
-
 impl Shared {
     /// [`AsyncEngine::bulk_batch`] (and `bulk`, one span), for the engine
-    /// and for handlers' contexts (`detach`: where a dropped future
-    /// leaves its transfers to be waited for).
-    async fn bulk(
+    /// and for handlers' contexts (`handler`: the call, counted among its
+    /// handler's transfers, where a dropped future leaves its transfers to
+    /// be waited for). An argument, so that it is dropped after the
+    /// call's own locals, the guard that leaves them there included.
+    pub(super) async fn bulk(
         self: &Arc<Self>,
         op: BulkOp,
         remote: &Bulk,
         local: &Bulk,
         spans: &[Span],
         timeout: Duration,
-        detach: Option<&Detached>,
+        handler: Option<RunningTransfer>,
     ) -> Result<()> {
         if spans.is_empty() {
             return Ok(());
@@ -241,7 +204,7 @@ impl Shared {
             shared: self,
             ids: waits.iter().map(|(id, _)| *id).collect(),
             ended: 0,
-            detach,
+            detach: handler.as_ref().map(RunningTransfer::transfers),
         };
         // A zero timeout does not wait for the transfers (as
         // `Engine::bulk`): their outcomes may be at hand, but the driver has
@@ -315,126 +278,15 @@ impl Shared {
     }
 }
 
-/// What an async handler registered with
-/// [`AsyncEngine::register_async_with_bulk`] may do while it runs: learn
-/// who called, expose memory, and move data with the caller's handles.
-///
-/// As with [`BulkCtx`](crate::BulkCtx), a transfer goes only to the
-/// caller: a handle in the request names whatever owner its sender wrote,
-/// and a client must not be able to aim the server's push or pull at a
-/// third process. A handler meant to move data with other processes says
-/// so with [`allow_any_owner`](Self::allow_any_owner).
-///
-/// The context refers to its engine weakly (a transfer holds it while it
-/// runs): a handler still running after the [`AsyncEngine`] was dropped
-/// gets [`RpcError::DriverStopped`].
-pub struct AsyncBulkCtx {
-    caller: Addr,
-    shared: Weak<Shared>,
-    any_owner: bool,
-    /// Transfers whose futures were dropped: the answer waits for them.
-    detached: Arc<Detached>,
-}
-
-impl AsyncBulkCtx {
-    pub(super) fn new(caller: Addr, shared: Weak<Shared>, detached: Arc<Detached>) -> Self {
-        AsyncBulkCtx {
-            caller,
-            shared,
-            any_owner: false,
-            detached,
-        }
-    }
-
-    /// Who sent the request being handled.
-    pub fn caller(&self) -> &Addr {
-        &self.caller
-    }
-
-    /// Lifts the caller-only rule for this handler's transfers.
-    pub fn allow_any_owner(&mut self) {
-        self.any_owner = true;
-    }
-
-    fn engine(&self) -> Result<Arc<Shared>> {
-        self.shared
-            .upgrade()
-            .ok_or_else(|| driver_stopped(WHAT, "the AsyncEngine was dropped"))
-    }
-
-    /// Exposes buffers as one handle (see [`AsyncEngine::expose`]).
-    pub fn expose(&self, buffers: Vec<Vec<u8>>, access: Access) -> Result<Bulk> {
-        self.engine()?
-            .try_engine("AsyncBulkCtx::expose")?
-            .expose(buffers, access)
-    }
-
-    /// Moves `len` bytes between the caller's handle `remote` and `local`,
-    /// as [`AsyncEngine::bulk`] does (canceled and waited for past
-    /// `timeout`), after checking that `remote` is the caller's
-    /// ([`RpcError::BulkRefused`] if not).
-    ///
-    /// If this future is dropped before the transfer ended (a `select!`
-    /// or a timeout around it, a `try_join!` whose other branch failed, a
-    /// panic in the handler), the transfer is canceled and the handler's
-    /// answer waits for it to end: its caller may free its memory as soon
-    /// as it has the answer. That holds for the handler's own run: a
-    /// context moved into a task that outlives the handler gives no such
-    /// guarantee for what it moves after the answer.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn transfer(
-        &self,
-        op: BulkOp,
-        remote: &Bulk,
-        remote_offset: u64,
-        local: &Bulk,
-        local_offset: u64,
-        len: u64,
-        timeout: Duration,
-    ) -> Result<()> {
-        let span = Span {
-            remote_offset,
-            local_offset,
-            len,
-        };
-        self.transfer_batch(op, remote, local, &[span], timeout).await
-    }
-
-    /// [`AsyncEngine::bulk_batch`] with the caller's handle `remote`, after
-    /// the same check as [`transfer`](Self::transfer) (and the same wait
-    /// before the answer for transfers whose future is dropped).
-    pub async fn transfer_batch(
-        &self,
-        op: BulkOp,
-        remote: &Bulk,
-        local: &Bulk,
-        spans: &[Span],
-        timeout: Duration,
-    ) -> Result<()> {
-        check_owner(
-            self.any_owner,
-            &self.caller,
-            op,
-            remote,
-            "AsyncBulkCtx::allow_any_owner",
-        )
-        .map_err(|reason| RpcError::BulkRefused { reason })?;
-        let engine = self.engine()?;
-        engine
-            .bulk(op, remote, local, spans, timeout, Some(&self.detached))
-            .await
-    }
-}
-
 /// Gives the transfers not yet ended (`ids[ended..]`) up when their
 /// future is dropped (or the driver stopped); a handler's transfers are
-/// canceled instead and left in `detach`, for its task to wait for before
-/// it answers.
+/// canceled instead and left with its handler's transfers (`detach`), for
+/// its task to wait for before it answers.
 struct ForgetBulk<'a> {
     shared: &'a Shared,
     ids: Vec<BulkId>,
     ended: usize,
-    detach: Option<&'a Detached>,
+    detach: Option<&'a HandlerTransfers>,
 }
 
 impl Drop for ForgetBulk<'_> {
@@ -444,26 +296,23 @@ impl Drop for ForgetBulk<'_> {
         };
         let mut e = self.shared.engine();
         let mut w = self.shared.waiters();
-        let mut detached = self.detach.map(|d| d.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut handler = self.detach.map(HandlerTransfers::lock);
         for &id in rest {
             // Its waiter is there until the driver fires it (the outcome
             // is filed then) or stops.
             let in_flight = w.bulks.contains_key(&id) && w.stopped.is_none();
-            // A handler's list, while its answer has not gone.
-            match detached.as_mut().and_then(|d| d.as_mut()) {
-                Some(list) if in_flight => {
-                    let (tx, rx) = oneshot::channel();
-                    w.bulks.insert(id, tx);
-                    e.cancel_bulk(id);
-                    list.push((id, rx));
-                }
-                _ => {
-                    w.bulks.remove(&id);
-                    e.forget_bulk(id);
-                }
+            // A handler's, while its answer has not gone: canceled and
+            // waited for. Otherwise forgotten.
+            let (tx, rx) = oneshot::channel();
+            if in_flight && handler.as_mut().is_some_and(|h| h.keep_dropped(id, rx)) {
+                w.bulks.insert(id, tx);
+                e.cancel_bulk(id);
+            } else {
+                w.bulks.remove(&id);
+                e.forget_bulk(id);
             }
         }
-        drop(detached);
+        drop(handler);
         drop(w);
         drop(e);
         // A forgotten or canceled transfer's end may be ready with no fd

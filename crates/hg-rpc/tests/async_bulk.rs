@@ -377,3 +377,89 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
     // And the server goes on serving.
     assert_eq!(c.call::<AsyncPut>(&s, &ours, T).await.unwrap(), fnv(&data));
 }
+
+/// Starts pulling the caller's handle in a task of its own, which keeps
+/// the handler's context, and answers while that pull is in flight.
+struct KeptPull;
+impl Rpc for KeptPull {
+    const NAME: &'static str = "async_bulk.kept_pull";
+    type Input = Bulk;
+    type Output = ();
+}
+
+/// What the task that keeps a handler's context reports: which transfer,
+/// and how it ended.
+type Report = (&'static str, Result<(), RpcError>);
+
+/// A context moved into a task that outlives its handler: the answer
+/// waits until the transfer that task has in flight ended, and a transfer
+/// the task starts after the answer is refused (the caller may free its
+/// memory at the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_kept_past_its_handler_moves_nothing_after_the_answer() {
+    let d = common::dir("async-bulk-kept");
+    let srv = engine(&d, true);
+    let (report, mut reports) = tokio::sync::mpsc::unbounded_channel::<Report>();
+    let late = Arc::new(tokio::sync::Notify::new());
+    let go = late.clone();
+    srv.register_async_with_bulk::<KeptPull, _, _>(move |ctx, from| {
+        let (report, go) = (report.clone(), go.clone());
+        async move {
+            let into = ctx
+                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+                .map_err(|e| e.to_string())?;
+            let (started, pending) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                // A zero timeout: no progress within the first poll (see
+                // a_timed_out_or_dropped_transfer_leaves_the_engine_working),
+                // so the pull is in flight when the handler returns.
+                let mut pull =
+                    Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), Duration::ZERO));
+                let first = common::poll_once(&mut pull).await;
+                let _ = started.send(first.is_none());
+                let r = match first {
+                    Some(r) => r,
+                    None => pull.await,
+                };
+                let _ = report.send(("in flight", r));
+                go.notified().await;
+                let r = ctx
+                    .transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
+                    .await;
+                let _ = report.send(("late", r));
+            });
+            match pending.await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("the pull ended at its first poll".into()),
+                Err(_) => Err("the task that keeps the context failed".into()),
+            }
+        }
+    })
+    .unwrap();
+    let c = engine(&d, false);
+    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    let data = pattern(2 << 20, 5);
+    let ours = c.expose(vec![data], Access::ReadOnly).unwrap();
+    c.call::<KeptPull>(&s, &ours, T).await.unwrap();
+    assert_eq!(
+        srv.stats().bulk_in_flight,
+        0,
+        "answered with the kept context's transfer in flight"
+    );
+    match reports.recv().await {
+        Some(("in flight", Err(RpcError::Timeout { .. }))) => {}
+        other => panic!("expected the zero-timeout pull's timeout, got {other:?}"),
+    }
+    // The caller may free its memory now; the context starts nothing.
+    late.notify_one();
+    match reports.recv().await {
+        Some(("late", Err(RpcError::BulkRefused { reason }))) => {
+            assert!(reason.contains("already answered"), "{reason}")
+        }
+        other => panic!("expected the late pull to be refused, got {other:?}"),
+    }
+    assert_eq!(srv.stats().bulk_in_flight, 0);
+    // The server goes on serving the same handler.
+    c.call::<KeptPull>(&s, &ours, T).await.unwrap();
+    assert_eq!(srv.stats().bulk_in_flight, 0);
+}

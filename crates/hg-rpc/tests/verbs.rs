@@ -414,6 +414,83 @@ impl Rpc for PullHash {
     type Output = u64;
 }
 
+/// Pulls the caller's handle in a task that keeps the handler's context,
+/// and answers while the pull is on the wire; the task reports the pull's
+/// outcome and the hash of what it read.
+struct KeptPull;
+impl Rpc for KeptPull {
+    const NAME: &'static str = "verbs_test.kept_pull";
+    type Input = hg_rpc::Bulk;
+    type Output = ();
+}
+
+/// A handler's context moved into a task that outlives the handler: the
+/// answer waits until that task's RDMA READ (4 MiB in 512 segments, more
+/// work requests than the send queue holds) has ended, because the caller
+/// frees its memory at the answer, and the READ itself completes normally
+/// (the wait does not stall the transfer it waits for). Without the wait
+/// this test still passes: the answer's send goes on the same reliable
+/// connection as the READs and soft-RoCE serves them in order; the
+/// refusal of a later transfer is tested over sm (`async_bulk.rs`).
+#[test]
+fn a_context_kept_past_its_handler_holds_the_answer_until_its_read_ended_over_verbs() {
+    let Some(spec) =
+        rdma_spec("a_context_kept_past_its_handler_holds_the_answer_until_its_read_ended_over_verbs")
+    else {
+        return;
+    };
+    runtime().block_on(async {
+        let srv = async_engine(&spec, true);
+        let (report, mut reports) = tokio::sync::mpsc::unbounded_channel::<Result<u64, String>>();
+        srv.register_async_with_bulk::<KeptPull, _, _>(move |ctx, from| {
+            let report = report.clone();
+            async move {
+                let into = ctx
+                    .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+                    .map_err(|e| e.to_string())?;
+                let (started, pending) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move {
+                    let mut pull = Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T));
+                    let first = common::poll_once(&mut pull).await;
+                    let _ = started.send(first.is_none());
+                    let r = match first {
+                        Some(r) => r,
+                        None => pull.await,
+                    };
+                    let _ = report.send(
+                        r.map_err(|e| e.to_string())
+                            .and_then(|()| Ok(fnv(&into.local().ok_or("not local")?.to_vec()))),
+                    );
+                });
+                match pending.await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("the pull ended at its first poll".into()),
+                    Err(_) => Err("the task that keeps the context failed".into()),
+                }
+            }
+        })
+        .expect("register");
+        let c = async_engine(&spec, false);
+        let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+        let segs: Vec<Vec<u8>> = (0..512).map(|s| vec![(s % 251) as u8; 8192]).collect();
+        let all: Vec<u8> = segs.concat();
+        let handle = c.expose(segs, Access::ReadOnly).expect("expose");
+        c.call::<KeptPull>(&s, &handle, T).await.expect("kept pull");
+        assert_eq!(
+            srv.stats().bulk_in_flight,
+            0,
+            "answered with the kept context's RDMA READ in flight"
+        );
+        // We free the memory at the answer.
+        drop(handle);
+        let hash = tokio::time::timeout(T, reports.recv())
+            .await
+            .expect("the kept task's report")
+            .expect("a report");
+        assert_eq!(hash, Ok(fnv(&all)), "the kept context's pull");
+    });
+}
+
 /// An async handler that drops its transfer's future while its RDMA READs
 /// are on the wire or queued (a `select!`, say) does not answer before
 /// they ended: the transfer is canceled and the handler's task waits for

@@ -1,0 +1,274 @@
+//! The context of an async handler ([`AsyncBulkCtx`]) and what its answer
+//! waits for ([`HandlerTransfers`]).
+//!
+//! A handler's caller may free its memory as soon as it has the answer, so
+//! the answer goes out only when no transfer of the handler's context is
+//! in flight, and from then on the context starts none. Three kinds of
+//! transfer calls are counted: the ones the handler awaits (ended when it
+//! returns), the ones whose future it dropped (canceled, kept in a list
+//! until the transport ends them), and the ones a context moved into
+//! another task still runs (counted until they return).
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use hg_bulk::{Bulk, BulkOp, Span};
+use na_core::{Access, Addr};
+use tokio::sync::{oneshot, Notify};
+
+#[cfg(doc)]
+use super::AsyncEngine;
+use super::{driver_stopped, Shared};
+use crate::engine::{check_owner, BulkId, CANCEL_WAIT_WARNING};
+use crate::error::{Result, RpcError};
+
+/// What a transfer's errors name.
+const WHAT: &str = "bulk transfer";
+
+/// The transfers of one async handler's context; its task waits for them
+/// ([`wait_for_transfers`]) before it answers.
+#[derive(Default)]
+pub(super) struct HandlerTransfers {
+    state: Mutex<TransfersState>,
+    /// Notified when the last running transfer call returns.
+    idle: Notify,
+}
+
+#[derive(Default)]
+pub(super) struct TransfersState {
+    /// The answer is going out: no transfer starts any more.
+    answered: bool,
+    /// Transfer calls that started and have not returned or been dropped.
+    running: usize,
+    /// Transfers whose futures were dropped before they ended: canceled,
+    /// each with the oneshot the driver fires at its end.
+    dropped: Vec<(BulkId, oneshot::Receiver<()>)>,
+}
+
+impl TransfersState {
+    /// Keeps a dropped transfer for the answer to wait for; false once
+    /// the answer went (the caller forgets it instead).
+    pub(super) fn keep_dropped(&mut self, id: BulkId, ended: oneshot::Receiver<()>) -> bool {
+        if self.answered {
+            return false;
+        }
+        self.dropped.push((id, ended));
+        true
+    }
+}
+
+impl HandlerTransfers {
+    /// A handler's empty set.
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, TransfersState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a transfer call in, unless the handler answered already.
+    fn enter(self: &Arc<Self>) -> Result<RunningTransfer> {
+        let mut st = self.lock();
+        if st.answered {
+            return Err(RpcError::BulkRefused {
+                reason: "the handler already answered its caller, which may have freed its memory: \
+                         a context kept past its handler's answer starts no transfer"
+                    .into(),
+            });
+        }
+        st.running += 1;
+        Ok(RunningTransfer(self.clone()))
+    }
+}
+
+/// One transfer call of a handler's context, counted until it is dropped
+/// (at the end of the call, or with its future). `Shared::bulk` takes it
+/// as an argument, so it is dropped after the call's own guard has left
+/// the transfers it gives up in the dropped list.
+pub(super) struct RunningTransfer(Arc<HandlerTransfers>);
+
+impl RunningTransfer {
+    /// The handler's transfers.
+    pub(super) fn transfers(&self) -> &HandlerTransfers {
+        &self.0
+    }
+}
+
+impl Drop for RunningTransfer {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.running -= 1;
+        if st.running == 0 {
+            // A permit if nobody waits yet: the wait cannot miss it.
+            self.0.idle.notify_one();
+        }
+    }
+}
+
+/// Waits until no transfer call of the handler's context runs and every
+/// transfer it dropped has ended (a warning after 10 s), then closes the
+/// context to new transfers. Called by the handler's task before it
+/// answers: the caller may free its memory at the answer.
+pub(super) async fn wait_for_transfers(transfers: &HandlerTransfers, shared: &Weak<Shared>) {
+    let (started, mut warned) = (Instant::now(), false);
+    loop {
+        let next = {
+            let mut st = transfers.lock();
+            if st.running > 0 {
+                None
+            } else if let Some(d) = st.dropped.pop() {
+                Some(d)
+            } else {
+                st.answered = true;
+                return;
+            }
+        };
+        let Some((id, mut rx)) = next else {
+            // A context kept past the handler (in a task of its own)
+            // still moves data.
+            if warned {
+                transfers.idle.notified().await;
+            } else if tokio::time::timeout(CANCEL_WAIT_WARNING, transfers.idle.notified())
+                .await
+                .is_err()
+            {
+                warned = true;
+                tracing::warn!(
+                    waited = ?started.elapsed(),
+                    "a transfer of a handler's context (kept past the handler) is still running; \
+                     the handler's answer waits for it"
+                );
+            }
+            continue;
+        };
+        if tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await.is_err() {
+            tracing::warn!(
+                waited = ?started.elapsed(),
+                "a handler's dropped bulk transfer is still in flight; its answer waits for it"
+            );
+            // Fails at once if the driver stopped: nothing files it then.
+            let _ = rx.await;
+        }
+        if let Some(s) = shared.upgrade() {
+            let _ = s.engine().take_bulk(id);
+        }
+    }
+}
+
+/// What an async handler registered with
+/// [`AsyncEngine::register_async_with_bulk`] may do while it runs: learn
+/// who called, expose memory, and move data with the caller's handles.
+///
+/// As with [`BulkCtx`](crate::BulkCtx), a transfer goes only to the
+/// caller: a handle in the request names whatever owner its sender wrote,
+/// and a client must not be able to aim the server's push or pull at a
+/// third process. A handler meant to move data with other processes says
+/// so with [`allow_any_owner`](Self::allow_any_owner).
+///
+/// The context refers to its engine weakly (a transfer holds it while it
+/// runs): a handler still running after the [`AsyncEngine`] was dropped
+/// gets [`RpcError::DriverStopped`].
+pub struct AsyncBulkCtx {
+    caller: Addr,
+    shared: Weak<Shared>,
+    any_owner: bool,
+    /// The handler's transfers, which its answer waits for.
+    transfers: Arc<HandlerTransfers>,
+}
+
+impl AsyncBulkCtx {
+    pub(super) fn new(caller: Addr, shared: Weak<Shared>, transfers: Arc<HandlerTransfers>) -> Self {
+        AsyncBulkCtx {
+            caller,
+            shared,
+            any_owner: false,
+            transfers,
+        }
+    }
+
+    /// Who sent the request being handled.
+    pub fn caller(&self) -> &Addr {
+        &self.caller
+    }
+
+    /// Lifts the caller-only rule for this handler's transfers.
+    pub fn allow_any_owner(&mut self) {
+        self.any_owner = true;
+    }
+
+    fn engine(&self) -> Result<Arc<Shared>> {
+        self.shared
+            .upgrade()
+            .ok_or_else(|| driver_stopped(WHAT, "the AsyncEngine was dropped"))
+    }
+
+    /// Exposes buffers as one handle (see [`AsyncEngine::expose`]).
+    pub fn expose(&self, buffers: Vec<Vec<u8>>, access: Access) -> Result<Bulk> {
+        self.engine()?
+            .try_engine("AsyncBulkCtx::expose")?
+            .expose(buffers, access)
+    }
+
+    /// Moves `len` bytes between the caller's handle `remote` and `local`,
+    /// as [`AsyncEngine::bulk`] does (canceled and waited for past
+    /// `timeout`), after checking that `remote` is the caller's
+    /// ([`RpcError::BulkRefused`] if not).
+    ///
+    /// If this future is dropped before the transfer ended (a `select!`
+    /// or a timeout around it, a `try_join!` whose other branch failed, a
+    /// panic in the handler), the transfer is canceled and the handler's
+    /// answer waits for it to end: its caller may free its memory as soon
+    /// as it has the answer.
+    ///
+    /// The same holds for a context moved into a task of its own that
+    /// outlives the handler: the answer waits until
+    /// every transfer call of the handler's context has returned or been
+    /// dropped (a warning after 10 s), and once the answer goes, a new
+    /// transfer through the context is refused
+    /// ([`RpcError::BulkRefused`]): its caller may have freed the memory.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn transfer(
+        &self,
+        op: BulkOp,
+        remote: &Bulk,
+        remote_offset: u64,
+        local: &Bulk,
+        local_offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<()> {
+        let span = Span {
+            remote_offset,
+            local_offset,
+            len,
+        };
+        self.transfer_batch(op, remote, local, &[span], timeout).await
+    }
+
+    /// [`AsyncEngine::bulk_batch`] with the caller's handle `remote`, after
+    /// the same check as [`transfer`](Self::transfer) (and the same rules
+    /// around the handler's answer).
+    pub async fn transfer_batch(
+        &self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        timeout: Duration,
+    ) -> Result<()> {
+        check_owner(
+            self.any_owner,
+            &self.caller,
+            op,
+            remote,
+            "AsyncBulkCtx::allow_any_owner",
+        )
+        .map_err(|reason| RpcError::BulkRefused { reason })?;
+        let running = self.transfers.enter()?;
+        let engine = self.engine()?;
+        engine
+            .bulk(op, remote, local, spans, timeout, Some(running))
+            .await
+    }
+}
