@@ -78,7 +78,7 @@ impl AsyncEngine {
     /// wrote, and this moves data with that owner: a handler that moves
     /// data with its caller's handle uses
     /// [`register_async_with_bulk`](Self::register_async_with_bulk) and
-    /// its [`AsyncBulkCtx::transfer`] instead, which refuses a handle its
+    /// its [`AsyncBulkCtx::transfer`](super::AsyncBulkCtx::transfer) instead, which refuses a handle its
     /// caller does not own.
     #[allow(clippy::too_many_arguments)]
     pub async fn bulk(
