@@ -21,6 +21,9 @@ use hg_rpc::{BulkOp, Engine};
 use na_core::{Access, ProgressMode};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[path = "../src/bin/shared/exit.rs"]
+mod exit;
 const T: Duration = Duration::from_secs(20);
 
 #[path = "shared/blob.rs"]
@@ -78,7 +81,11 @@ fn serve(spec: &str) -> Res<()> {
     Ok(())
 }
 
-fn main() -> Res<()> {
+fn main() -> std::process::ExitCode {
+    exit::run("blobstore", run)
+}
+
+fn run() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("serve") {
         return serve(args.get(1).map_or("sm://", String::as_str));

@@ -26,6 +26,9 @@ use na_sm::SmConfig;
 use serde_bytes::ByteBuf;
 
 type Res<T> = Result<T, Box<dyn Error>>;
+
+#[path = "../src/bin/shared/exit.rs"]
+mod exit;
 const T: Duration = Duration::from_secs(20);
 
 struct Add;
@@ -159,7 +162,11 @@ fn serve() -> Res<()> {
     Ok(())
 }
 
-fn main() -> Res<()> {
+fn main() -> std::process::ExitCode {
+    exit::run("demo", run)
+}
+
+fn run() -> Res<()> {
     if std::env::args().nth(1).as_deref() == Some("serve") {
         return serve();
     }

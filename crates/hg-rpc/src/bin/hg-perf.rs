@@ -30,6 +30,9 @@ mod tokio_runs;
 use rpcs::*;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[path = "shared/exit.rs"]
+mod exit;
 const T: Duration = Duration::from_secs(30);
 /// Bytes of the client's and the server's bw buffers: one RPC's transfers
 /// never reach beyond them.
@@ -639,7 +642,11 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>),
     Ok(())
 }
 
-fn main() -> Res<()> {
+fn main() -> std::process::ExitCode {
+    exit::run("hg-perf", run)
+}
+
+fn run() -> Res<()> {
     let cli = Cli::parse();
     if let Test::Serve { server_cpu, parent } = cli.test {
         return serve(&cli.transport, server_cpu, parent);

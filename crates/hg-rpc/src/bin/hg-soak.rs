@@ -33,6 +33,9 @@ use testpeer_rpcs::*;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+#[path = "shared/exit.rs"]
+mod exit;
+
 /// Bound of every call: a call that takes longer is a hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the server's descriptors and memory are printed.
@@ -219,7 +222,11 @@ fn reap(mut child: Child) -> Res<u64> {
         .unwrap_or(0))
 }
 
-fn main() -> Res<()> {
+fn main() -> std::process::ExitCode {
+    exit::run("hg-soak", run)
+}
+
+fn run() -> Res<()> {
     let cli = Cli::parse();
     if let Some(args) = &cli.client {
         return client(&args[0], args[1].parse()?, args[2].parse()?, cli.seed);
