@@ -178,6 +178,17 @@ fn bad_arguments_are_clear_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
+    // An error of the run itself is printed in words, not in Debug form.
+    let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
+        .args(["bw", "--mode", "tokio", "--op", "sideways", "--sizes", "4K"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("hg-perf: error: unknown op \"sideways\""),
+        "{err}"
+    );
 }
 
 /// `lat --floors` measures the eventfd round trip with na-perf before and
