@@ -176,6 +176,8 @@ impl Hello {
         let mut raw = [0u8; 16];
         raw.copy_from_slice(&b[8..24]);
         let ip = match b[5] {
+            // The rest of the field is zero, so a hello has one encoding.
+            4 if raw[4..] != [0; 12] => return Err("IPv4 hello with a non-zero address tail".into()),
             4 => IpAddr::V4(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3])),
             6 => IpAddr::V6(Ipv6Addr::from(raw)),
             f => return Err(format!("bad address family {f}")),
@@ -283,6 +285,10 @@ mod tests {
         let mut bad = b.clone();
         bad[5] = 5;
         assert!(Hello::decode(&bad).is_err());
+        // An IPv4 address with bytes in the rest of its field.
+        let mut bad = b.clone();
+        bad[12] = 1;
+        assert!(Hello::decode(&bad).unwrap_err().contains("non-zero address tail"));
         // A device name that would not parse back in an address.
         let slash = Hello {
             device: "rx/e0".into(),
