@@ -119,6 +119,24 @@ impl<C: Codec> Engine<C> {
         Ok(n)
     }
 
+    /// Polls the transports once and files the ends of bulk transfers
+    /// that are ready, and nothing else: no handler runs and no response
+    /// is filed here; every other completion waits, in order, for the next
+    /// [`trigger`](Self::trigger) (and keeps a driver from sleeping).
+    /// For a caller that wants its own transfer's end without running the
+    /// engine's other work (the async API, right after it starts one).
+    pub(crate) fn file_transfer_ends(&mut self) -> Result<()> {
+        self.progress_now()?;
+        while let Some(c) = self.ep.pop_completion() {
+            if matches!(self.ops.get(&c.op), Some(OpRole::Bulk(_) | OpRole::ForgottenBulk)) {
+                self.handle(c)?;
+            } else {
+                self.deferred.push_back(c);
+            }
+        }
+        Ok(())
+    }
+
     /// Drops spilled outputs never pulled and abandoned calls whose target
     /// never answered, each after its TTL.
     fn sweep_expired(&mut self) {

@@ -198,14 +198,25 @@ impl Shared {
     /// One turn of the driver's work: polls the transports, runs what
     /// came in (plain handlers here, async ones as spawned tasks) and wakes
     /// the tasks whose calls and transfers finished. Call with the engine
-    /// locked. Work found by a turn outside the driver may leave the
-    /// transports unarmed: wake the driver after it (`rearm`), so it arms
-    /// them before it sleeps.
-    pub(super) fn turn(self: &Arc<Self>, e: &mut Engine) {
+    /// locked.
+    fn turn(self: &Arc<Self>, e: &mut Engine) {
         if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
             tracing::warn!(error = %err, "hg-rpc driver: progress failed");
         }
         self.spawn_deferred(e);
+        self.notify_finished(e);
+    }
+
+    /// What a task that started transfers does in place of a turn of the
+    /// driver: files the ends the transports have ready and wakes their
+    /// waiters, without running handlers (they stay on the driver's task)
+    /// or filing responses. Call with the engine locked, and wake the
+    /// driver after it (`rearm`): the poll may have found other work, and
+    /// left the transports unarmed.
+    pub(super) fn file_transfer_ends(&self, e: &mut Engine) {
+        if let Err(err) = e.file_transfer_ends() {
+            tracing::warn!(error = %err, "hg-rpc: progress failed while filing transfer ends");
+        }
         self.notify_finished(e);
     }
 
@@ -322,9 +333,7 @@ impl AsyncEngine {
     }
 
     /// Registers a handler (see [`Engine::register`]). It runs with the
-    /// engine locked, on the driver task or on the task of an async
-    /// transfer that did a turn of the driver's work (see
-    /// [`bulk`](Self::bulk)), so it cannot call this
+    /// engine locked, on the driver task, so it cannot call this
     /// `AsyncEngine`: from the handler's own thread, a method that
     /// returns a `Result` fails with
     /// [`RpcError::HandlerReentry`] (instead of waiting on itself

@@ -64,7 +64,9 @@ impl AsyncEngine {
     ///
     /// A transfer the transport ends as it starts it (na-sm moves the data
     /// in the starting call) answers without waiting for the engine's
-    /// driver task: the call does one turn of the driver's work itself.
+    /// driver task: the call polls the transports once and files the ends
+    /// of transfers itself (it runs no handler: those run on the driver's
+    /// task).
     ///
     /// If the engine's driver stops meanwhile, [`RpcError::DriverStopped`]
     /// returns at once: nothing can wait for the transport then.
@@ -154,14 +156,14 @@ impl Shared {
             let mut ended: Vec<(BulkId, Option<Result<()>>)> =
                 ids.into_iter().map(|id| (id, e.take_bulk(id))).collect();
             // The transport may have the ends ready without an fd event
-            // (na-sm moves the data as it starts it): one turn of the
-            // driver's work here files them, so this task need not wait for
-            // a wake-up of the driver and then one of its own. The driver is
-            // woken anyway, to arm the transports before it sleeps. A zero
-            // timeout makes no progress on the caller's behalf (as
-            // `Engine::bulk`).
+            // (na-sm moves the data as it starts it): filing them here
+            // (only transfer ends: handlers stay on the driver's task) spares
+            // this task a wake-up of the driver and then one of its own. The
+            // driver is woken anyway, to arm the transports before it sleeps
+            // and to handle what else the poll found. A zero timeout makes
+            // no progress on the caller's behalf (as `Engine::bulk`).
             if !timeout.is_zero() && ended.iter().any(|(_, r)| r.is_none()) {
-                self.turn(&mut e);
+                self.file_transfer_ends(&mut e);
                 for (id, r) in &mut ended {
                     if r.is_none() {
                         *r = e.take_bulk(*id);

@@ -463,3 +463,83 @@ async fn a_context_kept_past_its_handler_moves_nothing_after_the_answer() {
     c.call::<KeptPull>(&s, &ours, T).await.unwrap();
     assert_eq!(srv.stats().bulk_in_flight, 0);
 }
+
+/// A task that starts a transfer files the transfer's end itself (na-sm
+/// moves the data as the transfer starts), but the engine's handlers still
+/// run on its driver task: a request already waiting in the transport when
+/// a task starts a transfer is not handled on that task (a long handler
+/// would delay it, and it would run outside the driver's order).
+#[tokio::test(flavor = "current_thread")]
+async fn a_task_that_starts_a_transfer_runs_no_handler() {
+    let d = common::dir("async-bulk-no-handler");
+    let srv = Server::start(&d);
+    let c = Arc::new(engine(&d, true));
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = ran_on.clone();
+    c.register::<Add>(move |(a, b)| {
+        record.lock().unwrap().push(tokio::task::try_id());
+        Ok(a + b)
+    })
+    .unwrap();
+    let s = c.lookup(&srv.uri).unwrap();
+    let data = pattern(1 << 20, 11);
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    assert_eq!(
+        c.call::<BlobPut>(&s, &("k".into(), put), T).await.unwrap(),
+        fnv(&data)
+    );
+    let remote = c.call::<BlobExpose>(&s, &("k".into(), 1 << 20), T).await.unwrap();
+
+    // A blocking client of ours on a thread of its own: one call to
+    // connect, then a request, sent when we say and reported as sent.
+    let uri = c.self_addr().uri().to_owned();
+    let (connected_tx, connected) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    let (sent_tx, sent_rx) = std::sync::mpsc::channel();
+    let dir = d.to_path_buf();
+    let client = std::thread::spawn(move || {
+        let (ep, id) = common::endpoint(&dir, false);
+        let mut b = Engine::new(ep, id).unwrap();
+        let to = b.endpoint().lookup(&uri).unwrap();
+        assert_eq!(b.call::<Add>(&to, &(1, 2), T).unwrap(), 3);
+        connected_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        let call = b.forward::<Add>(&to, &(3, 4)).unwrap();
+        sent_tx.send(()).unwrap();
+        loop {
+            b.progress(Some(T)).unwrap();
+            b.trigger().unwrap();
+            if let Some(r) = b.take_response::<Add>(call) {
+                return r.unwrap();
+            }
+        }
+    });
+    let c2 = c.clone();
+    let puller = tokio::spawn(async move {
+        connected.await.unwrap();
+        // From here until the transfer starts this task does not yield,
+        // and this runtime has one thread: the driver cannot take the
+        // request, sent meanwhile, first.
+        go_tx.send(()).unwrap();
+        sent_rx.recv().unwrap();
+        let into = c2.expose(vec![vec![0; 1 << 20]], Access::ReadWrite).unwrap();
+        c2.bulk(BulkOp::Pull, &remote, 0, &into, 0, 1 << 20, T)
+            .await
+            .unwrap();
+        assert!(contents(&into) == data, "pulled data differs");
+        tokio::task::id()
+    });
+    let puller_id = puller.await.unwrap();
+    assert_eq!(
+        tokio::task::spawn_blocking(move || client.join().unwrap())
+            .await
+            .unwrap(),
+        7
+    );
+    let ran_on = ran_on.lock().unwrap().clone();
+    assert_eq!(ran_on.len(), 2, "{ran_on:?}");
+    assert!(
+        ran_on.iter().all(|t| t.is_some() && *t != Some(puller_id)),
+        "a handler ran on the task that started a transfer: {ran_on:?} (that task: {puller_id})"
+    );
+}
