@@ -73,6 +73,8 @@ type HandlerFn =
 mod bulk_ops;
 #[path = "call_ops.rs"]
 mod call_ops;
+#[path = "drain_ops.rs"]
+mod drain_ops;
 #[path = "progress_ops.rs"]
 mod progress_ops;
 #[path = "serve_ops.rs"]
@@ -261,6 +263,10 @@ pub struct RpcStats {
     /// Requests for asynchronous handlers answered "busy" because too many
     /// were unanswered (see [`Engine::set_max_deferred`]).
     pub deferred_refused: u64,
+    /// Requests refused because the engine is draining
+    /// ([`Engine::begin_drain`]): answered "busy", except one-way requests
+    /// with no spilled input, which get no answer.
+    pub refused_draining: u64,
     /// Transfers started with [`Engine::bulk_start`] (or
     /// [`Engine::bulk`], [`AsyncEngine::bulk`](crate::AsyncEngine::bulk))
     /// whose end the transport has not reported yet, given-up ones
@@ -314,6 +320,8 @@ pub struct Engine<C: Codec = Postcard> {
     /// The transport is in pull mode: messages are taken from it by
     /// `trigger` into `rx_buf`, and no receives are posted.
     pull: bool,
+    /// [`begin_drain`](Self::begin_drain) was called: requests are refused.
+    draining: bool,
     /// Where a pulled message is copied (kept for its capacity).
     rx_buf: Vec<u8>,
     pulls: FastMap<u64, PendingPull>,
@@ -408,6 +416,7 @@ impl<C: Codec> Engine<C> {
             finished_log: None,
             repost: Vec::new(),
             pull,
+            draining: false,
             rx_buf: Vec::with_capacity(max_msg),
             pulls: FastMap::default(),
             spare_bufs: Vec::new(),

@@ -427,6 +427,35 @@ impl AsyncEngine {
         self.shared.engine_for("AsyncEngine::stats").stats()
     }
 
+    /// Stops taking requests (see [`Engine::begin_drain`]): each new one
+    /// is answered "busy"; the ones taken go on to their answers. Then
+    /// await [`drained`](Self::drained) and drop the engine.
+    pub fn begin_drain(&self) -> Result<()> {
+        self.shared.try_engine("AsyncEngine::begin_drain")?.begin_drain();
+        Ok(())
+    }
+
+    /// Waits, at most `grace`, until the engine is drained (see
+    /// [`Engine::drained`]: every request it took is answered, every
+    /// spilled output pulled, every answer handed to the transport), while
+    /// the driver goes on serving. True if it is; false if `grace` passed
+    /// first (or [`begin_drain`](Self::begin_drain) was never called).
+    /// It looks every millisecond: a shutdown path, not a hot one.
+    pub async fn drained(&self, grace: Duration) -> Result<bool> {
+        let start = tokio::time::Instant::now();
+        loop {
+            let e = self.shared.try_engine("AsyncEngine::drained")?;
+            if e.drained() {
+                return Ok(true);
+            }
+            if !e.is_draining() || start.elapsed() >= grace {
+                return Ok(false);
+            }
+            drop(e);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Calls `R` on `dest`; fails with [`RpcError::Timeout`] after `timeout`.
     pub async fn call<R: Rpc>(&self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
         let (tx, rx) = oneshot::channel();

@@ -150,6 +150,10 @@ impl<C: Codec> Engine<C> {
             }
             return false;
         }
+        if self.draining {
+            self.refuse_draining(src, &h);
+            return false;
+        }
         if h.flags & FLAG_SPILL != 0 {
             if !self.handlers.contains_key(&h.rpc_id) {
                 // Answered before anything is pulled: an unknown RPC must not

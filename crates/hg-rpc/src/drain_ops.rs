@@ -1,0 +1,81 @@
+//! Draining before a shutdown: the engine stops taking requests, answers
+//! the ones it has, and says when nothing is left in its hands, so that a
+//! server can leave without failing calls it already accepted.
+//!
+//! # Call order
+//! 1. [`Engine::begin_drain`] (or [`AsyncEngine::begin_drain`]): from now
+//!    on every request is refused with a "busy" answer that says why
+//!    (the origin sees [`RpcError::Busy`] and may go to another server).
+//! 2. Keep driving the engine (progress and trigger, or the async driver
+//!    does it) until [`Engine::drained`] is true, or for as long as you
+//!    grant ([`AsyncEngine::drained`] waits with a grace period).
+//! 3. Drop the engine.
+//!
+//! [`AsyncEngine::begin_drain`]: crate::AsyncEngine::begin_drain
+//! [`AsyncEngine::drained`]: crate::AsyncEngine::drained
+//! [`RpcError::Busy`]: crate::RpcError::Busy
+
+use na_core::Addr;
+
+use super::{response_header, Engine};
+use crate::codec::Codec;
+use crate::header::{Header, Status, FLAG_SPILL};
+
+/// What a request refused while draining is answered.
+const DRAINING: &str = "the server is draining before it shuts down: it takes no new requests";
+
+impl<C: Codec> Engine<C> {
+    /// Stops taking requests: from now on each one is answered "busy"
+    /// ([`Status::Busy`], which the origin sees as
+    /// [`RpcError::Busy`](crate::RpcError::Busy)), before any spilled input
+    /// is pulled; a one-way request with no spilled input gets no answer
+    /// (it never does) and is dropped. Both are counted in
+    /// [`RpcStats::refused_draining`](super::RpcStats::refused_draining).
+    /// Requests taken before go on: handlers run, spilled inputs are
+    /// pulled, answers go out. Responses to this engine's own calls are
+    /// still taken, so it may go on calling others. There is no way back.
+    pub fn begin_drain(&mut self) {
+        if !self.draining {
+            tracing::info!("rpc engine draining: new requests are refused");
+        }
+        self.draining = true;
+    }
+
+    /// True once [`begin_drain`](Self::begin_drain) was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// True when draining and nothing a peer is owed is left in the
+    /// engine's hands: no request waits for or runs in an asynchronous
+    /// handler, no spilled input or output is being pulled, no spilled
+    /// output waits for its origin to pull it, and the transport has no
+    /// answer waiting in its send backlog. False before
+    /// [`begin_drain`](Self::begin_drain).
+    pub fn drained(&self) -> bool {
+        let transport_idle = self
+            .ep
+            .plugin(self.plugin)
+            .is_ok_and(|p| p.stats().backlog_bytes == 0);
+        self.draining
+            && self.deferred_requests.is_empty()
+            && self.deferred_ledger.total() == 0
+            && self.pulls.is_empty()
+            && self.exposed.is_empty()
+            && transport_idle
+    }
+
+    /// Refuses request `h` from `src` because the engine is draining.
+    pub(super) fn refuse_draining(&mut self, src: &Addr, h: &Header) {
+        self.stats.refused_draining += 1;
+        // A one-way request is answered only when its origin keeps a
+        // spilled input for it: the answer lets it go.
+        if !h.is_one_way() || h.flags & FLAG_SPILL != 0 {
+            self.respond(
+                src,
+                response_header(h, Status::Busy),
+                DRAINING.as_bytes().to_vec(),
+            );
+        }
+    }
+}

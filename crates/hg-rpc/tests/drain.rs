@@ -1,0 +1,154 @@
+//! Draining before a shutdown (`begin_drain`, `drained`): a server stops
+//! taking requests, answers the ones it took, and says when nothing is
+//! left in its hands. Engines of this process over na-sm (real shared
+//! memory, CMA and sockets between them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hg_rpc::{AsyncEngine, Engine, Rpc, RpcError};
+use tokio::sync::Notify;
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+
+mod common;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Answers its input plus one once the test lets it.
+struct Slow;
+impl Rpc for Slow {
+    const NAME: &'static str = "drain.slow";
+    type Input = u64;
+    type Output = u64;
+}
+
+/// An async engine over sm with sockets in `dir`.
+fn engine(dir: &std::path::Path, listen: bool) -> AsyncEngine {
+    let (ep, id) = common::endpoint(dir, listen);
+    AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
+}
+
+/// `r` is the refusal of a draining server.
+fn assert_refused_draining<T: std::fmt::Debug>(r: Result<T, RpcError>) {
+    match r {
+        Err(RpcError::Busy { reason, .. }) => assert!(reason.contains("draining"), "{reason}"),
+        other => panic!("expected a busy answer from a draining server, got {other:?}"),
+    }
+}
+
+/// A draining server refuses new requests (a spilled input too, before
+/// its pull), answers the one its async handler holds, and is drained
+/// only once that answer went: not while the handler still runs, however
+/// long one waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
+    let d = common::dir("drain-async");
+    let srv = Arc::new(engine(&d, true));
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (s2, r2) = (started.clone(), release.clone());
+    srv.register_async::<Slow, _, _>(move |x| {
+        let (started, release) = (s2.clone(), r2.clone());
+        async move {
+            started.notify_one();
+            release.notified().await;
+            Ok(x + 1)
+        }
+    })
+    .unwrap();
+    srv.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
+    srv.register::<Echo>(Ok).unwrap();
+    let c = Arc::new(engine(&d, false));
+    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.unwrap(), 3);
+    assert!(
+        !srv.drained(Duration::ZERO).await.unwrap(),
+        "drained before begin_drain"
+    );
+
+    let (c2, s2) = (c.clone(), s.clone());
+    let slow = tokio::spawn(async move { c2.call::<Slow>(&s2, &41, T).await });
+    started.notified().await;
+    srv.begin_drain().unwrap();
+    assert_refused_draining(c.call::<Add>(&s, &(1, 2), T).await);
+    // 1 MiB: a spilled input, refused before the server pulls it.
+    assert_refused_draining(c.call::<Echo>(&s, &vec![7u8; 1 << 20], T).await);
+    assert_eq!(c.stats().abandoned_inputs, 0, "the refused input is still held");
+    assert!(
+        !srv.drained(Duration::from_millis(200)).await.unwrap(),
+        "drained with a request its handler has not answered"
+    );
+    assert_eq!(srv.stats().deferred_in_flight, 1);
+
+    release.notify_one();
+    assert!(srv.drained(T).await.unwrap(), "not drained after the last answer");
+    assert_eq!(slow.await.unwrap().unwrap(), 42);
+    assert_eq!(srv.stats().refused_draining, 2);
+    // Its own calls still work: the client side is not drained.
+    let other = engine(&d, true);
+    other.register::<Add>(|(a, b)| Ok(a * b)).unwrap();
+    let o = srv.lookup(other.self_addr().uri()).unwrap();
+    assert_eq!(srv.call::<Add>(&o, &(6, 7), T).await.unwrap(), 42);
+}
+
+/// With the blocking API, a spilled output keeps a drained engine
+/// waiting until its origin pulled it and said so; a one-way request
+/// sent while draining gets no answer and is counted.
+#[test]
+fn a_spilled_output_is_pulled_before_the_engine_is_drained() {
+    let d = common::dir("drain-blocking");
+    let (ep, id) = common::endpoint(&d, true);
+    let mut srv = Engine::new(ep, id).unwrap();
+    srv.register::<Echo>(Ok).unwrap();
+    srv.register::<Record>(|_| Ok(())).unwrap();
+    let (ep, id) = common::endpoint(&d, false);
+    let mut c = Engine::new(ep, id).unwrap();
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    // A short wait, not only a poll: a new connection's socket events are
+    // read when the engine would sleep.
+    let turn = |e: &mut Engine| {
+        e.progress(Some(Duration::from_millis(1))).unwrap();
+        e.trigger().unwrap();
+    };
+
+    let data: Vec<u8> = (0..2usize << 20).map(|i| (i % 253) as u8).collect();
+    let call = c.forward::<Echo>(&s, &data).unwrap();
+    // The server pulls the input, runs the handler and exposes the output.
+    for _ in 0..1000 {
+        turn(&mut srv);
+        if srv.stats().exposed_outputs == 1 {
+            break;
+        }
+        turn(&mut c);
+    }
+    assert_eq!(srv.stats().exposed_outputs, 1, "the output was not spilled");
+    srv.begin_drain();
+    turn(&mut srv);
+    assert!(!srv.drained(), "drained with a spilled output not yet pulled");
+
+    // A one-way request: no answer, counted.
+    c.forward_one_way::<Record>(&s, &5).unwrap();
+    // The client pulls the output and tells the server, which then has
+    // nothing left.
+    let mut out = None;
+    for _ in 0..1000 {
+        turn(&mut c);
+        turn(&mut srv);
+        if out.is_none() {
+            out = c.take_response::<Echo>(call);
+        }
+        if out.is_some() && srv.drained() {
+            break;
+        }
+    }
+    assert!(
+        out.expect("no response").unwrap() == data,
+        "the echoed output differs"
+    );
+    assert!(srv.drained(), "not drained after the output was pulled");
+    assert_eq!(srv.stats().refused_draining, 1);
+    assert_eq!(srv.stats().exposed_outputs, 0);
+}
