@@ -47,17 +47,25 @@ impl<C: Codec> Engine<C> {
     }
 
     /// True when draining and nothing a peer is owed is left in the
-    /// engine's hands: no request waits for or runs in an asynchronous
-    /// handler, no spilled input or output is being pulled, no spilled
-    /// output waits for its origin to pull it, and the transport has no
-    /// answer waiting in its send backlog. False before
-    /// [`begin_drain`](Self::begin_drain).
+    /// engine's hands: no message or completion waits for
+    /// [`trigger`](Self::trigger) (a request that came before the drain
+    /// began is still answered "busy"), no request waits for or runs in an
+    /// asynchronous handler, no spilled input or output is being pulled,
+    /// no spilled output waits for its origin to pull it, and the
+    /// transport has sent every answer (none in its send backlog, none
+    /// posted to a device and not yet completed,
+    /// [`PluginStats::sends_posted`](na_core::PluginStats::sends_posted)).
+    /// False before [`begin_drain`](Self::begin_drain). A request that
+    /// arrives after it said true is lost with the engine: its origin sees
+    /// the server go.
     pub fn drained(&self) -> bool {
-        let transport_idle = self
-            .ep
-            .plugin(self.plugin)
-            .is_ok_and(|p| p.stats().backlog_bytes == 0);
+        let transport_idle = self.ep.plugin(self.plugin).is_ok_and(|p| {
+            let s = p.stats();
+            s.backlog_bytes == 0 && s.sends_posted == 0 && !p.unexpected_ready()
+        });
         self.draining
+            && self.deferred.is_empty()
+            && self.ep.pending_completions() == 0
             && self.deferred_requests.is_empty()
             && self.deferred_ledger.total() == 0
             && self.pulls.is_empty()

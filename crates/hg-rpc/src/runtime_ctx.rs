@@ -2,8 +2,8 @@
 //! waits for ([`HandlerTransfers`]).
 //!
 //! A handler's caller may free its memory as soon as it has the answer, so
-//! the answer goes out only when no transfer of the handler's context is
-//! in flight, and from then on the context starts none. Three kinds of
+//! once the handler returned its context starts no transfer, and the answer
+//! goes out only when none of the context's transfers is in flight. Three kinds of
 //! transfer calls are counted: the ones the handler awaits (ended when it
 //! returns), the ones whose future it dropped (canceled, kept in a list
 //! until the transport ends them), and the ones a context moved into
@@ -36,7 +36,11 @@ pub(super) struct HandlerTransfers {
 
 #[derive(Default)]
 pub(super) struct TransfersState {
-    /// The answer is going out: no transfer starts any more.
+    /// The handler returned: no transfer starts any more (those running
+    /// go on, and the answer waits for them).
+    closing: bool,
+    /// The answer is going out: a transfer dropped from now on is
+    /// forgotten (none runs any more by then).
     answered: bool,
     /// Transfer calls that started and have not returned or been dropped.
     running: usize,
@@ -67,13 +71,13 @@ impl HandlerTransfers {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts a transfer call in, unless the handler answered already.
+    /// Counts a transfer call in, unless the handler returned already.
     fn enter(self: &Arc<Self>) -> Result<RunningTransfer> {
         let mut st = self.lock();
-        if st.answered {
+        if st.closing {
             return Err(RpcError::BulkRefused {
-                reason: "the handler already answered its caller, which may have freed its memory: \
-                         a context kept past its handler's answer starts no transfer"
+                reason: "the handler already returned and its answer is going (or went) to its caller, \
+                         which may then free its memory: a context kept past its handler starts no transfer"
                     .into(),
             });
         }
@@ -106,11 +110,14 @@ impl Drop for RunningTransfer {
     }
 }
 
-/// Waits until no transfer call of the handler's context runs and every
-/// transfer it dropped has ended (a warning after 10 s), then closes the
-/// context to new transfers. Called by the handler's task before it
-/// answers: the caller may free its memory at the answer.
+/// Closes the handler's context to new transfers, then waits until no
+/// transfer call of it runs and every transfer it dropped has ended (a
+/// warning after 10 s). Called by the handler's task as soon as the
+/// handler returned, before it answers: the caller may free its memory at
+/// the answer. (Closed first, so that a task that keeps the context and
+/// starts transfer after transfer cannot hold the answer back for ever.)
 pub(super) async fn wait_for_transfers(transfers: &HandlerTransfers, shared: &Weak<Shared>) {
+    transfers.lock().closing = true;
     let (started, mut warned) = (Instant::now(), false);
     loop {
         let next = {
@@ -222,11 +229,11 @@ impl AsyncBulkCtx {
     /// as it has the answer.
     ///
     /// The same holds for a context moved into a task of its own that
-    /// outlives the handler: the answer waits until
-    /// every transfer call of the handler's context has returned or been
-    /// dropped (a warning after 10 s), and once the answer goes, a new
-    /// transfer through the context is refused
-    /// ([`RpcError::BulkRefused`]): its caller may have freed the memory.
+    /// outlives the handler: once the handler returned, a new transfer
+    /// through the context is refused ([`RpcError::BulkRefused`]: the
+    /// caller may free its memory at the answer), and the answer waits
+    /// until every transfer call of the context that started before has
+    /// returned or been dropped (a warning after 10 s).
     #[allow(clippy::too_many_arguments)]
     pub async fn transfer(
         &self,

@@ -379,7 +379,7 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
 }
 
 /// Starts pulling the caller's handle in a task of its own, which keeps
-/// the handler's context, and answers while that pull is in flight.
+/// the handler's context, and returns while that pull is in flight.
 struct KeptPull;
 impl Rpc for KeptPull {
     const NAME: &'static str = "async_bulk.kept_pull";
@@ -387,80 +387,105 @@ impl Rpc for KeptPull {
     type Output = ();
 }
 
-/// What the task that keeps a handler's context reports: which transfer,
-/// and how it ended.
-type Report = (&'static str, Result<(), RpcError>);
+/// What the task that keeps a handler's context reports: which step, and
+/// how it went (for "polled": whether the pull was still in flight after
+/// its first poll).
+type Report = (&'static str, Result<bool, RpcError>);
 
-/// A context moved into a task that outlives its handler: the answer
-/// waits until the transfer that task has in flight ended, and a transfer
-/// the task starts after the answer is refused (the caller may free its
-/// memory at the answer).
+/// A context moved into a task that outlives its handler. The task polls
+/// its pull once (in flight: a zero timeout makes no progress within the
+/// first poll) and then leaves it alone until the test says so: the
+/// handler's answer must not come meanwhile, since the transfer is still
+/// running. Once resumed, the pull ends and the answer comes. A transfer
+/// the task starts after that is refused: the caller may have freed its
+/// memory. (The driver may file a zero-timeout pull's end before its
+/// first poll returns; such a round proves nothing and another is made.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_context_kept_past_its_handler_moves_nothing_after_the_answer() {
+async fn a_context_kept_past_its_handler_holds_the_answer_and_moves_nothing_after_it() {
     let d = common::dir("async-bulk-kept");
     let srv = engine(&d, true);
     let (report, mut reports) = tokio::sync::mpsc::unbounded_channel::<Report>();
-    let late = Arc::new(tokio::sync::Notify::new());
-    let go = late.clone();
+    let (resume, late) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let (r2, l2) = (resume.clone(), late.clone());
     srv.register_async_with_bulk::<KeptPull, _, _>(move |ctx, from| {
-        let (report, go) = (report.clone(), go.clone());
+        let (report, resume, late) = (report.clone(), r2.clone(), l2.clone());
         async move {
             let into = ctx
                 .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
                 .map_err(|e| e.to_string())?;
-            let (started, pending) = tokio::sync::oneshot::channel();
+            let (polled, polled_rx) = tokio::sync::oneshot::channel();
             tokio::spawn(async move {
-                // A zero timeout: no progress within the first poll (see
-                // a_timed_out_or_dropped_transfer_leaves_the_engine_working),
-                // so the pull is in flight when the handler returns.
                 let mut pull =
                     Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), Duration::ZERO));
                 let first = common::poll_once(&mut pull).await;
-                let _ = started.send(first.is_none());
+                let _ = report.send(("polled", Ok(first.is_none())));
+                let _ = polled.send(());
+                resume.notified().await;
                 let r = match first {
                     Some(r) => r,
                     None => pull.await,
                 };
-                let _ = report.send(("in flight", r));
-                go.notified().await;
+                let _ = report.send(("in flight", r.map(|()| true)));
+                late.notified().await;
                 let r = ctx
                     .transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
                     .await;
-                let _ = report.send(("late", r));
+                let _ = report.send(("late", r.map(|()| true)));
             });
-            match pending.await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("the pull ended at its first poll".into()),
-                Err(_) => Err("the task that keeps the context failed".into()),
-            }
+            polled_rx
+                .await
+                .map_err(|_| "the task that keeps the context failed".to_string())
         }
     })
     .unwrap();
-    let c = engine(&d, false);
+    let c = Arc::new(engine(&d, false));
     let s = c.lookup(srv.self_addr().uri()).unwrap();
-    let data = pattern(2 << 20, 5);
-    let ours = c.expose(vec![data], Access::ReadOnly).unwrap();
-    c.call::<KeptPull>(&s, &ours, T).await.unwrap();
-    assert_eq!(
-        srv.stats().bulk_in_flight,
-        0,
-        "answered with the kept context's transfer in flight"
-    );
-    match reports.recv().await {
-        Some(("in flight", Err(RpcError::Timeout { .. }))) => {}
-        other => panic!("expected the zero-timeout pull's timeout, got {other:?}"),
-    }
-    // The caller may free its memory now; the context starts nothing.
-    late.notify_one();
-    match reports.recv().await {
-        Some(("late", Err(RpcError::BulkRefused { reason }))) => {
-            assert!(reason.contains("already answered"), "{reason}")
+    let ours = c.expose(vec![pattern(2 << 20, 5)], Access::ReadOnly).unwrap();
+    let mut held = 0;
+    for round in 0..5 {
+        let (c2, s2, ours2) = (c.clone(), s.clone(), ours.clone());
+        let mut call = tokio::spawn(async move { c2.call::<KeptPull>(&s2, &ours2, T).await });
+        let pending = match reports.recv().await {
+            Some(("polled", Ok(p))) => p,
+            other => panic!("expected the first poll's report, got {other:?}"),
+        };
+        if pending {
+            // The handler returned; its answer waits for the kept pull.
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), &mut call)
+                    .await
+                    .is_err(),
+                "answered with the kept context's transfer still running"
+            );
+            held += 1;
         }
-        other => panic!("expected the late pull to be refused, got {other:?}"),
+        resume.notify_one();
+        call.await.unwrap().unwrap();
+        assert_eq!(srv.stats().bulk_in_flight, 0, "round {round}");
+        match reports.recv().await {
+            // A zero timeout: canceled, or ended before its cancel.
+            Some(("in flight", Err(RpcError::Timeout { .. }) | Ok(true))) => {}
+            other => panic!("expected the zero-timeout pull's end, got {other:?}"),
+        }
+        // The caller may free its memory now; the context starts nothing.
+        late.notify_one();
+        match reports.recv().await {
+            Some(("late", Err(RpcError::BulkRefused { reason }))) => {
+                assert!(reason.contains("already returned"), "{reason}")
+            }
+            other => panic!("expected the late pull to be refused, got {other:?}"),
+        }
+        if held > 0 {
+            break;
+        }
     }
-    assert_eq!(srv.stats().bulk_in_flight, 0);
-    // The server goes on serving the same handler.
-    c.call::<KeptPull>(&s, &ours, T).await.unwrap();
+    assert_eq!(
+        held, 1,
+        "in five rounds, no pull was in flight after its first poll"
+    );
     assert_eq!(srv.stats().bulk_in_flight, 0);
 }
 

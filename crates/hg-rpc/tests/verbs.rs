@@ -575,3 +575,66 @@ fn an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs() 
         }
     });
 }
+
+/// Answers its input plus one once the test lets it.
+struct HeldAdd;
+impl Rpc for HeldAdd {
+    const NAME: &'static str = "verbs_test.held_add";
+    type Input = u64;
+    type Output = u64;
+}
+
+/// Draining over verbs: a draining server answers new calls "busy" and is
+/// drained only once the answer to the call its handler held has been
+/// sent, which here means completed by the device (`sends_posted` back to
+/// zero), so that dropping the server right away loses nothing: five
+/// servers in a row are dropped the moment they say they are drained, and
+/// each held call gets its answer.
+#[test]
+fn a_drained_server_dropped_at_once_has_sent_its_answers_over_verbs() {
+    let Some(spec) = rdma_spec("a_drained_server_dropped_at_once_has_sent_its_answers_over_verbs") else {
+        return;
+    };
+    runtime().block_on(async {
+        let c = std::sync::Arc::new(async_engine(&spec, false));
+        for round in 0..5u64 {
+            let srv = async_engine(&spec, true);
+            let (started, release) = (
+                std::sync::Arc::new(tokio::sync::Notify::new()),
+                std::sync::Arc::new(tokio::sync::Notify::new()),
+            );
+            let (s2, r2) = (started.clone(), release.clone());
+            srv.register_async::<HeldAdd, _, _>(move |x| {
+                let (started, release) = (s2.clone(), r2.clone());
+                async move {
+                    started.notify_one();
+                    release.notified().await;
+                    Ok(x + 1)
+                }
+            })
+            .expect("register");
+            srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
+            let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+            let (c2, s2) = (c.clone(), s.clone());
+            let held = tokio::spawn(async move { c2.call::<HeldAdd>(&s2, &round, T).await });
+            started.notified().await;
+            srv.begin_drain().expect("begin_drain");
+            match c.call::<Add>(&s, &(1, 2), T).await {
+                Err(RpcError::Busy { reason, .. }) => assert!(reason.contains("draining"), "{reason}"),
+                other => panic!("round {round}: expected a busy answer, got {other:?}"),
+            }
+            release.notify_one();
+            assert!(
+                srv.drained(T).await.expect("drained"),
+                "round {round}: not drained"
+            );
+            assert_eq!(srv.stats().refused_draining, 1);
+            drop(srv);
+            assert_eq!(
+                held.await.expect("join").expect("the held call's answer"),
+                round + 1,
+                "round {round}"
+            );
+        }
+    });
+}

@@ -78,6 +78,12 @@ pub struct PluginStats {
     /// end within the transport's bound (the device never completed a work
     /// request it had been handed; verbs: `VerbsConfig::cancel_timeout`).
     pub cancels_forced: u64,
+    /// Messages handed to the device and not yet reported sent (verbs:
+    /// send work requests posted and not completed). Zero for a transport
+    /// whose send is done when the call returns (na-sm writes the peer's
+    /// ring; what cannot go yet is in `backlog_bytes`). Dropping the
+    /// plugin may lose these.
+    pub sends_posted: u64,
 }
 
 impl PluginStats {

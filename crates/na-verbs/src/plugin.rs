@@ -457,6 +457,12 @@ impl Plugin for VerbsPlugin {
         s.queued_arrivals = self.matching.held_count() as u64;
         s.peer_entries = self.peers.len() as u64;
         s.backlog_bytes = self.backlog_total.bytes() as u64;
+        s.sends_posted = self
+            .conns
+            .iter()
+            .filter_map(|c| c.conn.as_ref())
+            .map(|c| (c.send_ops.len() - c.free_send.len()) as u64)
+            .sum();
         s
     }
 }

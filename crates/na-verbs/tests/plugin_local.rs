@@ -123,9 +123,18 @@ fn verbs_plugin_in_one_process() {
     assert_eq!(req.buf.as_deref(), Some(&b"hello"[..]));
     let src = req.source.clone().unwrap();
     p.srv.send_expected(&src, req.tag, b"world", OpId(4)).unwrap();
+    // Posted to the device and not reported sent: nothing polled the CQ.
+    let st = p.srv.plugin(p.srv_id).unwrap().stats();
+    assert_eq!((st.sends_posted, st.backlog_bytes), (1, 0), "{st:?}");
     let (c, _) = drive(&mut p, |c, s| c.len() == 2 && s.len() == 1);
     let reply = c.iter().find(|c| c.op == OpId(2)).unwrap();
     assert_eq!(reply.buf.as_deref(), Some(&b"world"[..]));
+    // Completed once the server polls its CQ.
+    let end = Instant::now() + T;
+    while p.srv.plugin(p.srv_id).unwrap().stats().sends_posted > 0 {
+        assert!(Instant::now() < end, "the reply's send never completed");
+        p.srv.progress(Some(Duration::from_millis(1))).unwrap();
+    }
     eprintln!(
         "ping-pong ok; client stats {:?}",
         p.cli.plugin(p.cli_id).unwrap().stats()
