@@ -434,13 +434,12 @@ impl Rpc for KeptPull {
 /// a pull can end at its first poll; up to three rounds are made until
 /// one was on the wire when its handler returned. Without the wait this
 /// test still passes: the answer's send goes on the same reliable
-/// connection as the READs and soft-RoCE serves them in order; the
-/// refusal of a later transfer is tested over sm (`async_bulk.rs`).
+/// connection as the READs and soft-RoCE serves them in order. The wait
+/// itself and the refusal of a later transfer are tested over sm
+/// (`async_bulk.rs`, a kept pull held unpolled).
 #[test]
-fn a_context_kept_past_its_handler_holds_the_answer_until_its_read_ended_over_verbs() {
-    let Some(spec) =
-        rdma_spec("a_context_kept_past_its_handler_holds_the_answer_until_its_read_ended_over_verbs")
-    else {
+fn a_kept_context_s_read_completes_and_its_answer_follows_over_verbs() {
+    let Some(spec) = rdma_spec("a_kept_context_s_read_completes_and_its_answer_follows_over_verbs") else {
         return;
     };
     runtime().block_on(async {
