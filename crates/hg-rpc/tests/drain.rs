@@ -96,7 +96,8 @@ async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
 
 /// With the blocking API, a spilled output keeps a drained engine
 /// waiting until its origin pulled it and said so; a one-way request
-/// sent while draining gets no answer and is counted.
+/// sent while draining gets no answer and is counted, unless its input
+/// was spilled: then the busy answer lets its origin release the input.
 #[test]
 fn a_spilled_output_is_pulled_before_the_engine_is_drained() {
     let d = common::dir("drain-blocking");
@@ -151,4 +152,24 @@ fn a_spilled_output_is_pulled_before_the_engine_is_drained() {
     assert!(srv.drained(), "not drained after the output was pulled");
     assert_eq!(srv.stats().refused_draining, 1);
     assert_eq!(srv.stats().exposed_outputs, 0);
+
+    // A one-way request with a spilled input: its origin keeps the input
+    // until the target answers; the draining target answers busy at once
+    // (nothing pulled), and the origin lets the input go.
+    c.forward_one_way::<Echo>(&s, &vec![1u8; 1 << 20]).unwrap();
+    assert_eq!(c.stats().abandoned_inputs, 1, "the spilled input is not held");
+    for _ in 0..1000 {
+        turn(&mut srv);
+        turn(&mut c);
+        if c.stats().abandoned_inputs == 0 {
+            break;
+        }
+    }
+    assert_eq!(
+        c.stats().abandoned_inputs,
+        0,
+        "the refused one-way input is still held"
+    );
+    assert_eq!(srv.stats().refused_draining, 2);
+    assert!(srv.drained());
 }
