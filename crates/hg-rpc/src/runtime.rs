@@ -195,19 +195,7 @@ impl Shared {
         }
     }
 
-    /// One turn of the driver's work: polls the transports, runs what
-    /// came in (plain handlers here, async ones as spawned tasks) and wakes
-    /// the tasks whose calls and transfers finished. Call with the engine
-    /// locked.
-    fn turn(self: &Arc<Self>, e: &mut Engine) {
-        if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
-            tracing::warn!(error = %err, "hg-rpc driver: progress failed");
-        }
-        self.spawn_deferred(e);
-        self.notify_finished(e);
-    }
-
-    /// What a task that started transfers does in place of a turn of the
+    /// What a task that started transfers does in place of waiting for the
     /// driver: files the ends the transports have ready and wakes their
     /// waiters, without running handlers (they stay on the driver's task)
     /// or filing responses. Call with the engine locked, and wake the
@@ -628,7 +616,11 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: 
         loop {
             let sleep = {
                 let mut e = shared.engine();
-                shared.turn(&mut e);
+                if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
+                    tracing::warn!(error = %err, "hg-rpc driver: progress failed");
+                }
+                shared.spawn_deferred(&mut e);
+                shared.notify_finished(&mut e);
                 if e.try_wait() {
                     Some(e.next_expiry())
                 } else {

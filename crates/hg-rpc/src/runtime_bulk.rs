@@ -105,8 +105,9 @@ impl AsyncEngine {
     /// [`Engine::bulk_start_batch`](crate::Engine::bulk_start_batch): if any
     /// span is refused, none starts) and waits for all of them: one wait
     /// for many small transfers, where [`bulk`](Self::bulk) per span pays
-    /// a turn of the engine's work each (and, for a transfer still in
-    /// flight after it, a wake-up of the driver and of the task). The
+    /// the engine lock, a poll and a filing of transfer ends each (and, for
+    /// a transfer still in flight after it, a wake-up of the driver and of
+    /// the task). The
     /// answer is the failure of the first failed span in `spans`' order,
     /// once every span has ended; an empty batch does nothing. Past
     /// `timeout` the spans still in flight are canceled and waited for, as
@@ -306,7 +307,8 @@ impl Drop for ForgetBulk<'_> {
             // A handler's, while its answer has not gone: canceled and
             // waited for. Otherwise forgotten.
             let (tx, rx) = oneshot::channel();
-            if in_flight && handler.as_mut().is_some_and(|h| h.keep_dropped(id, rx)) {
+            if let (true, Some(h)) = (in_flight, handler.as_mut()) {
+                h.keep_dropped(id, rx);
                 w.bulks.insert(id, tx);
                 e.cancel_bulk(id);
             } else {

@@ -39,9 +39,6 @@ pub(super) struct TransfersState {
     /// The handler returned: no transfer starts any more (those running
     /// go on, and the answer waits for them).
     closing: bool,
-    /// The answer is going out: a transfer dropped from now on is
-    /// forgotten (none runs any more by then).
-    answered: bool,
     /// Transfer calls that started and have not returned or been dropped.
     running: usize,
     /// Transfers whose futures were dropped before they ended: canceled,
@@ -50,14 +47,11 @@ pub(super) struct TransfersState {
 }
 
 impl TransfersState {
-    /// Keeps a dropped transfer for the answer to wait for; false once
-    /// the answer went (the caller forgets it instead).
-    pub(super) fn keep_dropped(&mut self, id: BulkId, ended: oneshot::Receiver<()>) -> bool {
-        if self.answered {
-            return false;
-        }
+    /// Keeps a dropped transfer for the answer to wait for. Only a running
+    /// transfer call drops transfers, and the wait ends only when none
+    /// runs: the list is never left behind with something in it.
+    pub(super) fn keep_dropped(&mut self, id: BulkId, ended: oneshot::Receiver<()>) {
         self.dropped.push((id, ended));
-        true
     }
 }
 
@@ -127,7 +121,6 @@ pub(super) async fn wait_for_transfers(transfers: &HandlerTransfers, shared: &We
             } else if let Some(d) = st.dropped.pop() {
                 Some(d)
             } else {
-                st.answered = true;
                 return;
             }
         };
