@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, Rpc, RpcError, Span};
+use hg_rpc::{AsyncBulkCtx, Bulk, BulkOp, Engine, Rpc, RpcError, Span};
 use na_core::Access;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -17,12 +17,6 @@ mod common;
 use common::Server;
 
 const T: Duration = Duration::from_secs(10);
-
-/// An async engine over sm with sockets in `dir`.
-fn engine(dir: &std::path::Path, listen: bool) -> AsyncEngine {
-    let (ep, id) = common::endpoint(dir, listen);
-    AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
-}
 
 /// `len` bytes of a pattern that repeats every 251.
 fn pattern(len: usize, seed: usize) -> Vec<u8> {
@@ -38,7 +32,7 @@ fn contents(handle: &Bulk) -> Vec<u8> {
 async fn pulls_and_pushes_across_segments_with_a_server_process() {
     let d = common::dir("async-bulk");
     let srv = Server::start(&d);
-    let c = Arc::new(engine(&d, false));
+    let c = Arc::new(common::async_engine(&d, false));
     let s = c.lookup(&srv.uri).unwrap();
     // The server pulls a three-segment handle of ours (its handler), then
     // exposes its copy in segments of 300,000 bytes for us.
@@ -176,7 +170,7 @@ async fn pulls_and_pushes_across_segments_with_a_server_process() {
 async fn a_timed_out_or_dropped_transfer_leaves_the_engine_working() {
     let d = common::dir("async-bulk-timeout");
     let srv = Server::start(&d);
-    let c = engine(&d, false);
+    let c = common::async_engine(&d, false);
     let s = c.lookup(&srv.uri).unwrap();
     let data = pattern(3 << 20, 1);
     let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
@@ -300,7 +294,7 @@ async fn pull_and_hash(ctx: AsyncBulkCtx, from: Bulk) -> Result<u64, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_handler_moves_data_only_with_its_caller() {
     let d = common::dir("async-bulk-owner");
-    let srv = engine(&d, true);
+    let srv = common::async_engine(&d, true);
     srv.register_async_with_bulk::<AsyncPut, _, _>(pull_and_hash)
         .unwrap();
     srv.register_async_with_bulk::<AsyncPutAny, _, _>(|mut ctx, from| async move {
@@ -337,8 +331,8 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
         panic!("with the pull pending (first poll: {first:?})");
     })
     .unwrap();
-    let c = engine(&d, false);
-    let third = engine(&d, true);
+    let c = common::async_engine(&d, false);
+    let third = common::async_engine(&d, true);
     let s = c.lookup(srv.self_addr().uri()).unwrap();
     assert_eq!(c.call::<WhoCalls>(&s, &(), T).await.unwrap(), c.self_addr().uri());
 
@@ -403,7 +397,7 @@ type Report = (&'static str, Result<bool, RpcError>);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_kept_past_its_handler_holds_the_answer_and_moves_nothing_after_it() {
     let d = common::dir("async-bulk-kept");
-    let srv = engine(&d, true);
+    let srv = common::async_engine(&d, true);
     let (report, mut reports) = tokio::sync::mpsc::unbounded_channel::<Report>();
     let (resume, late) = (
         Arc::new(tokio::sync::Notify::new()),
@@ -441,7 +435,7 @@ async fn a_context_kept_past_its_handler_holds_the_answer_and_moves_nothing_afte
         }
     })
     .unwrap();
-    let c = Arc::new(engine(&d, false));
+    let c = Arc::new(common::async_engine(&d, false));
     let s = c.lookup(srv.self_addr().uri()).unwrap();
     let ours = c.expose(vec![pattern(2 << 20, 5)], Access::ReadOnly).unwrap();
     let mut held = 0;
@@ -498,7 +492,7 @@ async fn a_context_kept_past_its_handler_holds_the_answer_and_moves_nothing_afte
 async fn a_task_that_starts_a_transfer_runs_no_handler() {
     let d = common::dir("async-bulk-no-handler");
     let srv = Server::start(&d);
-    let c = Arc::new(engine(&d, true));
+    let c = Arc::new(common::async_engine(&d, true));
     let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = ran_on.clone();
     c.register::<Add>(move |(a, b)| {

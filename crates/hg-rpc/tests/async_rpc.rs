@@ -278,12 +278,6 @@ async fn sends_queued_while_the_driver_sleeps_still_go() {
     }
 }
 
-/// An engine over a new sm plugin in `dir`, driven by tokio.
-fn local(dir: &std::path::Path, listen: bool) -> AsyncEngine {
-    let (ep, id) = common::endpoint(dir, listen);
-    AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
-}
-
 /// An engine used with the blocking API before it is spawned: its plugin
 /// was disarmed by that use (a peer writing a response sends no signal),
 /// so the driver must arm it before its first sleep.
@@ -313,10 +307,10 @@ async fn an_engine_used_before_it_was_spawned_still_gets_responses() {
 async fn a_panicking_handler_does_not_stop_the_driver() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-panic");
-    let server = local(&dir, true);
+    let server = common::async_engine(&dir, true);
     server.register::<Sleep>(|_| panic!("handler bug")).unwrap();
     server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
-    let client = local(&dir, false);
+    let client = common::async_engine(&dir, false);
     let s = client.lookup(&server.self_addr().to_string()).unwrap();
     match client.call::<Sleep>(&s, &1, T).await {
         Err(RpcError::Handler { message, .. }) => assert!(message.contains("handler bug"), "{message}"),
@@ -331,7 +325,7 @@ async fn a_panicking_handler_does_not_stop_the_driver() {
 async fn a_one_way_self_call_to_an_async_handler_runs() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-self-one-way");
-    let engine = local(&dir, false);
+    let engine = common::async_engine(&dir, false);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     engine
         .register_async::<Record, _, _>(move |n| {
@@ -422,11 +416,11 @@ async fn an_idle_driver_still_lets_abandoned_inputs_go() {
 async fn dropping_the_engine_does_not_wait_for_running_handlers() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-drop");
-    let server = local(&dir, true);
+    let server = common::async_engine(&dir, true);
     server
         .register_async::<Sleep, _, _>(|_| std::future::pending())
         .unwrap();
-    let client = local(&dir, false);
+    let client = common::async_engine(&dir, false);
     let s = client.lookup(&server.self_addr().to_string()).unwrap();
     let r = client.call::<Sleep>(&s, &0, Duration::from_millis(200)).await;
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
@@ -473,7 +467,7 @@ async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
             }
         })
         .unwrap();
-    let client = Arc::new(local(&dir, false));
+    let client = Arc::new(common::async_engine(&dir, false));
     let s = client.lookup(&server.self_addr().to_string()).unwrap();
     let call = |i: u8| {
         let (c, s) = (client.clone(), s.clone());
@@ -521,7 +515,10 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
         })
         .unwrap();
     let uri = server.self_addr().to_string();
-    let (c1, c2) = (Arc::new(local(&dir, false)), Arc::new(local(&dir, false)));
+    let (c1, c2) = (
+        Arc::new(common::async_engine(&dir, false)),
+        Arc::new(common::async_engine(&dir, false)),
+    );
     let call = |c: &Arc<AsyncEngine>, v: Vec<u8>| {
         let c = c.clone();
         let s = c.lookup(&uri).unwrap();
@@ -639,7 +636,7 @@ fn calls_fail_at_once_when_the_driver_stops() {
 async fn a_plain_handler_calling_its_own_engine_gets_an_error_not_a_hang() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-reentry");
-    let server = Arc::new(local(&dir, true));
+    let server = Arc::new(common::async_engine(&dir, true));
     let me = server.self_addr();
     let weak = Arc::downgrade(&server);
     let (w, to) = (weak.clone(), me.clone());
@@ -656,7 +653,7 @@ async fn a_plain_handler_calling_its_own_engine_gets_an_error_not_a_hang() {
             Ok(e.stats().calls + a + b)
         })
         .unwrap();
-    let client = local(&dir, false);
+    let client = common::async_engine(&dir, false);
     let s = client.lookup(&me.to_string()).unwrap();
     for _ in 0..2 {
         match client.call::<Echo>(&s, &vec![1], T).await {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hg_rpc::{AsyncEngine, Engine, Rpc, RpcError};
+use hg_rpc::{Engine, Rpc, RpcError};
 use tokio::sync::Notify;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -26,12 +26,6 @@ impl Rpc for Slow {
     type Output = u64;
 }
 
-/// An async engine over sm with sockets in `dir`.
-fn engine(dir: &std::path::Path, listen: bool) -> AsyncEngine {
-    let (ep, id) = common::endpoint(dir, listen);
-    AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
-}
-
 /// `r` is the refusal of a draining server.
 fn assert_refused_draining<T: std::fmt::Debug>(r: Result<T, RpcError>) {
     match r {
@@ -47,7 +41,7 @@ fn assert_refused_draining<T: std::fmt::Debug>(r: Result<T, RpcError>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
     let d = common::dir("drain-async");
-    let srv = Arc::new(engine(&d, true));
+    let srv = Arc::new(common::async_engine(&d, true));
     let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let (s2, r2) = (started.clone(), release.clone());
     srv.register_async::<Slow, _, _>(move |x| {
@@ -61,7 +55,7 @@ async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
     .unwrap();
     srv.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
     srv.register::<Echo>(Ok).unwrap();
-    let c = Arc::new(engine(&d, false));
+    let c = Arc::new(common::async_engine(&d, false));
     let s = c.lookup(srv.self_addr().uri()).unwrap();
     assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.unwrap(), 3);
     assert!(
@@ -88,7 +82,7 @@ async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
     assert_eq!(slow.await.unwrap().unwrap(), 42);
     assert_eq!(srv.stats().refused_draining, 2);
     // Its own calls still work: the client side is not drained.
-    let other = engine(&d, true);
+    let other = common::async_engine(&d, true);
     other.register::<Add>(|(a, b)| Ok(a * b)).unwrap();
     let o = srv.lookup(other.self_addr().uri()).unwrap();
     assert_eq!(srv.call::<Add>(&o, &(6, 7), T).await.unwrap(), 42);

@@ -130,6 +130,13 @@ pub fn endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
     (ep, id)
 }
 
+/// An engine over a new sm plugin in `dir` (see [`endpoint`]), driven by
+/// tokio (call inside a runtime).
+pub fn async_engine(dir: &std::path::Path, listen: bool) -> hg_rpc::AsyncEngine {
+    let (ep, id) = endpoint(dir, listen);
+    hg_rpc::AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
+}
+
 /// A client engine over a new (not listening) sm plugin in `dir`.
 pub fn client(dir: &std::path::Path) -> Engine {
     let (ep, id) = endpoint(dir, false);
