@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 
 use na_sm::channel::{
     decode_slot, encode_slot, init_region, Channel, RxCursor, BUF_SIZE, INLINE_MAX, NUM_BUFS, REGION_LEN,
-    RING_SLOTS,
 };
 use na_sm::sys::shm::SharedRegion;
 
@@ -54,12 +53,8 @@ fuzz_target!(|data: &[u8]| {
         init_region(region, 1);
         let ch = Channel::new(region, c);
         // The free mask the peer wrote (the receiver validates a release
-        // against it), and a clean ring: every slot as before its first use.
+        // against it). Each slot the walk reads is written just before.
         region.write(FREE_MASK[c], mask);
-        for k in 0..RING_SLOTS as u64 {
-            let (off, _) = ch.head_word(k);
-            region.atomic(off).store(0, Ordering::Relaxed);
-        }
         let mut rx = RxCursor::default();
         rx.pos = start;
         let mut buf = Vec::new();
