@@ -24,12 +24,13 @@ impl<C: Codec> Engine<C> {
     }
 
     /// True if the caller may sleep on the endpoint's fd now (see
-    /// [`Endpoint::try_wait`](na_core::Endpoint::try_wait)).
-    pub fn try_wait(&mut self) -> bool {
-        if self.repost_buffers().is_err() {
-            return false;
-        }
-        self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()
+    /// [`Endpoint::try_wait`](na_core::Endpoint::try_wait)). An error
+    /// (receive buffers that cannot be posted again, a transport that
+    /// cannot arm its wake-up) means the caller must not sleep: the fd
+    /// might never become readable.
+    pub fn try_wait(&mut self) -> Result<bool> {
+        self.repost_buffers()?;
+        Ok(self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()?)
     }
 
     /// Waits (per the endpoint's progress mode) until network work is

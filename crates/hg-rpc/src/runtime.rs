@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
 use na_core::Addr;
@@ -283,9 +283,12 @@ async fn answer_even_if_it_panics(
 
 /// An [`Engine`] driven by a tokio task; calls are futures.
 ///
-/// Create it inside a tokio runtime with [`AsyncEngine::spawn`]. Dropping a
-/// call's future abandons the call cleanly (a late response is discarded).
-/// Dropping the `AsyncEngine` stops the driver.
+/// Create it inside a tokio runtime with [`AsyncEngine::spawn`]; the
+/// runtime needs both its I/O and its time drivers (`enable_all`, as
+/// `#[tokio::main]` and `#[tokio::test]` set up): the driver sleeps on the
+/// endpoint's fd, and timeouts, TTLs and the pause after a failed turn
+/// are timers. Dropping a call's future abandons the call cleanly (a late
+/// response is discarded). Dropping the `AsyncEngine` stops the driver.
 pub struct AsyncEngine {
     shared: Arc<Shared>,
     driver: JoinHandle<()>,
@@ -607,31 +610,68 @@ impl Drop for Abandon<'_> {
     }
 }
 
+/// How long the driver's turns may keep failing (progress, `trigger` or
+/// arming for sleep: a transport whose event set broke, say) before the
+/// driver stops and its calls fail with [`RpcError::DriverStopped`] and
+/// the cause, instead of the driver spinning on the failure while calls
+/// time out. Failures less than [`DRIVER_FAILURE_GAP`] apart count as one
+/// run (a broken transport fails only the turns that reach the broken
+/// part); a longer gap ends the run.
+pub const DRIVER_FAILURE_LIMIT: Duration = Duration::from_secs(1);
+
+/// See [`DRIVER_FAILURE_LIMIT`].
+pub const DRIVER_FAILURE_GAP: Duration = Duration::from_millis(250);
+
+/// The driver's pause after a failed turn.
+const DRIVER_FAILURE_BACKOFF: Duration = Duration::from_millis(1);
+
 async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: DriverExit) {
     // Work first, then sleep: the engine may have been used before it was
     // spawned (its plugins disarmed, their messages waiting without a
     // signal), and only `try_wait` arms them for the fd to wake us.
+    // The current run of failed turns (progress, trigger or arming): when
+    // it began and when its last failure was.
+    let mut failing: Option<(Instant, Instant)> = None;
     loop {
         let expiry;
         loop {
-            let sleep = {
+            let turn = {
                 let mut e = shared.engine();
-                if let Err(err) = e.progress_now().and_then(|_| e.trigger()) {
-                    tracing::warn!(error = %err, "hg-rpc driver: progress failed");
-                }
+                let worked = e.progress_now().and_then(|_| e.trigger());
                 shared.spawn_deferred(&mut e);
                 shared.notify_finished(&mut e);
-                if e.try_wait() {
-                    Some(e.next_expiry())
-                } else {
-                    None
-                }
+                // A failed turn never sleeps: the fd might never wake it.
+                worked
+                    .and_then(|_| e.try_wait())
+                    .map(|sleep| sleep.then(|| e.next_expiry()))
             };
-            if let Some(at) = sleep {
-                expiry = at;
-                break;
+            match turn {
+                Ok(Some(at)) => {
+                    expiry = at;
+                    break;
+                }
+                Ok(None) => tokio::task::yield_now().await,
+                Err(err) => {
+                    let now = Instant::now();
+                    let (began, last) = match failing {
+                        Some((began, last)) if now.duration_since(last) < DRIVER_FAILURE_GAP => (began, now),
+                        _ => {
+                            tracing::warn!(error = %err, "hg-rpc driver: progress failed");
+                            (now, now)
+                        }
+                    };
+                    failing = Some((began, last));
+                    if now.duration_since(began) >= DRIVER_FAILURE_LIMIT {
+                        tracing::error!(error = %err, "hg-rpc driver: progress kept failing; the driver stops");
+                        exit.reason = Some(format!(
+                            "progress kept failing for {DRIVER_FAILURE_LIMIT:?} (the transport is broken): {err}"
+                        ));
+                        return;
+                    }
+                    // Not a hot loop: a transient failure gets time to pass.
+                    tokio::time::sleep(DRIVER_FAILURE_BACKOFF).await;
+                }
             }
-            tokio::task::yield_now().await;
         }
         // Sleeps until the fd is readable, or until a kept spilled output
         // or abandoned input expires (then `trigger` lets it go: without

@@ -628,6 +628,65 @@ fn calls_fail_at_once_when_the_driver_stops() {
     assert_eq!(engine.stats().errors, 3, "{:?}", engine.stats());
 }
 
+/// A transport that breaks for good (here the sm plugin's own epoll set:
+/// its descriptor is made to name /dev/null, as a program that closes or
+/// reuses a descriptor it does not own would) stops the driver within
+/// `DRIVER_FAILURE_LIMIT` and a few turns: calls fail with
+/// `DriverStopped` naming the cause, instead of the driver spinning on
+/// the failure for ever (its fd never readable, every turn failing) while
+/// calls answer or time out as if nothing were wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_that_keeps_failing_stops_the_driver_with_its_cause() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (srv, _) = setup("broken-epoll", ProgressMode::default());
+    let (ep, id) = common::endpoint(&srv.2, false);
+    let fd = ep.plugin(id).unwrap().poll_fd().expect("sm has a poll fd");
+    let engine = AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap();
+    let s = engine.lookup(&srv.1).unwrap();
+    assert_eq!(engine.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
+    // The epoll set itself stays open through a second descriptor, so it
+    // stays in the endpoint's set and wakes the driver as before; only the
+    // plugin's own calls on `fd` fail.
+    // SAFETY: `fd` is the plugin's epoll set, open as long as the engine;
+    // dup returns a new descriptor (checked), owned by `_kept` from here.
+    let kept = unsafe { libc::dup(fd) };
+    assert!(kept >= 0, "dup: {}", std::io::Error::last_os_error());
+    // SAFETY: `kept` is open and owned by nothing else.
+    let _kept = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(kept) };
+    let null = std::fs::File::open("/dev/null").unwrap();
+    // SAFETY: both descriptors are open (`null` above, `fd` as said). dup2
+    // makes `fd` name /dev/null: the plugin's epoll calls then fail with
+    // EINVAL, and it closes `fd` once, when dropped, as before.
+    assert_eq!(
+        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd) },
+        fd
+    );
+    let t0 = Instant::now();
+    let reason = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "calls still answered 10 s after the transport broke: {:?}",
+            engine.stats()
+        );
+        match engine.call::<Add>(&s, &(2, 3), T).await {
+            Ok(5) => {}
+            Err(RpcError::DriverStopped { reason, .. }) => break reason,
+            other => panic!("expected 5 or DriverStopped, got {other:?}"),
+        }
+    };
+    assert!(
+        reason.contains("kept failing") && reason.contains("epoll"),
+        "{reason}"
+    );
+    // Later calls fail at once, with the same cause.
+    let t1 = Instant::now();
+    match engine.call::<Add>(&s, &(2, 3), T).await {
+        Err(RpcError::DriverStopped { reason, .. }) => assert!(reason.contains("kept failing"), "{reason}"),
+        other => panic!("expected DriverStopped, got {other:?}"),
+    }
+    assert!(t1.elapsed() < Duration::from_secs(1), "{:?}", t1.elapsed());
+}
+
 /// A plain handler runs with its engine locked: one that calls its own
 /// `AsyncEngine` gets an error (or, from `stats`, a panic its caller sees
 /// as a handler error) instead of waiting on itself forever with the

@@ -56,7 +56,10 @@ fn a_response_sent_just_before_the_target_exits_is_the_call_s_result() {
         std::thread::sleep(Duration::from_millis(50));
         // What the tokio driver does before it sleeps: the plugin reads the
         // hang-up (and keeps the peer's unread response) in this check.
-        assert!(!c.try_wait(), "a response and a hang-up are waiting");
+        assert!(
+            !c.try_wait().expect("try_wait"),
+            "a response and a hang-up are waiting"
+        );
         let r = wait::<Add>(&mut c, id);
         assert_eq!(r.unwrap(), 3, "round {round}");
         assert_eq!(c.stats().malformed, 0, "{:?}", c.stats());

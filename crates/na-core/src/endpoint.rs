@@ -339,18 +339,20 @@ impl Endpoint {
     }
 
     /// True if every plugin agrees that the caller may sleep on the poll fd
-    /// now (see [`Plugin::try_wait`]). Call it right before sleeping.
-    pub fn try_wait(&mut self) -> bool {
+    /// now (see [`Plugin::try_wait`]). Call it right before sleeping. A
+    /// plugin's failure to arm is returned (the first one; the caller must
+    /// not sleep then).
+    pub fn try_wait(&mut self) -> Result<bool> {
         if !self.completions.is_empty() || self.pull_ready() > 0 {
-            return false;
+            return Ok(false);
         }
         // Every plugin must be asked (each arms its wake-up), and each must
         // be able to sleep.
         let mut ok = true;
         for p in &mut self.plugins {
-            ok &= p.poll_fd().is_some() && p.try_wait();
+            ok &= p.poll_fd().is_some() && p.try_wait()?;
         }
-        ok
+        Ok(ok)
     }
 
     /// Waits, as the mode says, until at least one completion is queued (or
@@ -436,7 +438,7 @@ impl Endpoint {
                 [only] if self.completions.is_empty() => only.sleep(left())?,
                 _ => false,
             };
-            if !slept && self.try_wait() {
+            if !slept && self.try_wait()? {
                 self.tokens.clear();
                 self.poll
                     .wait(&mut self.tokens, left())

@@ -301,9 +301,13 @@ pub trait Plugin: Send {
     fn poll_fd(&self) -> Option<RawFd>;
 
     /// Asks whether the caller may block on [`poll_fd`](Self::poll_fd) now.
-    /// Returning `true` means the plugin armed its wake-up (peers will signal
-    /// the fd) and found nothing pending after arming.
-    fn try_wait(&mut self) -> bool;
+    /// `Ok(true)` means the plugin armed its wake-up (peers will signal
+    /// the fd) and found nothing pending after arming; `Ok(false)` that
+    /// work is pending. An error means it could not find out (its own
+    /// event set failed, say): the caller must not sleep on the fd, which
+    /// might never become readable, and should report the error rather
+    /// than retry in a loop.
+    fn try_wait(&mut self) -> Result<bool>;
 
     /// Sleeps on the plugin's own wait primitive, for an endpoint that has
     /// no other plugin: arms as [`try_wait`](Self::try_wait) does and, if

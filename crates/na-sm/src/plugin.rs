@@ -560,14 +560,12 @@ impl Plugin for SmPlugin {
         Some(self.poll.as_raw_fd())
     }
 
-    fn try_wait(&mut self) -> bool {
+    fn try_wait(&mut self) -> Result<bool> {
         // Harvest fd events first (connections, hang-ups, handshake bytes):
         // a caller that waits on our fd edge-triggered (tokio's AsyncFd)
         // would not be told about them again. One epoll_wait(0) per sleep.
-        if self.poll_events().is_err() {
-            return false;
-        }
-        self.arm()
+        self.poll_events()?;
+        Ok(self.arm())
     }
 
     /// Arms without the harvest `try_wait` makes (the wait below returns

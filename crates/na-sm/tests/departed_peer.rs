@@ -302,7 +302,7 @@ fn departed_peers_messages_go_at_the_hold_while_the_process_sleeps() {
             rx.plugin(rid).unwrap().stats()
         );
         // As an event loop sleeps: far longer than the hold each time.
-        if rx.try_wait() {
+        if rx.try_wait().expect("try_wait") {
             sleeper.wait(&mut tokens, Some(Duration::from_secs(20))).unwrap();
         }
         rx.progress(Some(Duration::ZERO)).unwrap();

@@ -362,7 +362,7 @@ pub fn pull_mode_sleeping_after_takes_returns_room(t: &Transport) {
             assert_eq!(buf, flood_payload(tag));
             next += 1;
         }
-        if next < N && n.ep.try_wait() {
+        if next < N && n.ep.try_wait().expect("try_wait") {
             tokens.clear();
             let woke = poll.wait(&mut tokens, Some(n.timeout)).expect("epoll_wait");
             assert!(

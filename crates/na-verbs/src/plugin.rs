@@ -417,7 +417,7 @@ impl Plugin for VerbsPlugin {
         Some(self.poll.as_raw_fd())
     }
 
-    fn try_wait(&mut self) -> bool {
+    fn try_wait(&mut self) -> Result<bool> {
         self.try_wait_inner()
     }
 
@@ -425,7 +425,7 @@ impl Plugin for VerbsPlugin {
     /// channel and RDMA CM channel) itself; the next `progress` handles
     /// what woke it.
     fn sleep(&mut self, timeout: Option<Duration>) -> Result<bool> {
-        if self.try_wait_inner() {
+        if self.try_wait_inner()? {
             self.ready.clear();
             self.poll
                 .wait(&mut self.ready, timeout)

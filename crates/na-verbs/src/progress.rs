@@ -32,29 +32,21 @@ impl VerbsPlugin {
         Ok(self.completions.len().saturating_sub(before))
     }
 
-    pub(crate) fn try_wait_inner(&mut self) -> bool {
+    pub(crate) fn try_wait_inner(&mut self) -> Result<bool> {
         if !self.completions.is_empty() {
-            return false;
+            return Ok(false);
         }
-        let found = (|| -> Result<bool> {
-            self.comp.consume_events()?;
-            let mut wcs = std::mem::take(&mut self.wcs);
-            wcs.clear();
-            let n = self.cq.arm_and_drain(&mut wcs)?;
-            self.handle_wcs(&wcs);
-            self.wcs = wcs;
-            let cm = self.poll_cm()?;
-            self.reap_dead();
-            self.sweep_deadlines();
-            Ok(n > 0 || cm > 0 || !self.completions.is_empty())
-        })();
-        match found {
-            Ok(found) => !found,
-            Err(e) => {
-                tracing::warn!(error = %e, "verbs: arming for sleep failed");
-                false
-            }
-        }
+        self.comp.consume_events()?;
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        let armed = self.cq.arm_and_drain(&mut wcs);
+        self.handle_wcs(&wcs);
+        self.wcs = wcs;
+        let n = armed?;
+        let cm = self.poll_cm()?;
+        self.reap_dead();
+        self.sweep_deadlines();
+        Ok(n == 0 && cm == 0 && self.completions.is_empty())
     }
 
     /// Polls the CQ until it is empty (bounded per call).

@@ -80,7 +80,7 @@ fn an_incoming_connection_that_stalls_is_torn_down_at_the_setup_deadline() {
             "the stalled set-up was kept past {LATEST:?}: {:?}",
             ep.plugin(id).unwrap().stats()
         );
-        if ep.try_wait() {
+        if ep.try_wait().expect("try_wait") {
             poll_readable(ep.as_fd(), Some(SLEEP)).expect("poll on the endpoint");
         }
         ep.progress(Some(Duration::ZERO)).unwrap();
