@@ -44,4 +44,4 @@ pub use engine::{
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkOp, Span};
 pub use rpc::{rpc_id, Rpc};
-pub use runtime::{AsyncBulkCtx, AsyncEngine, DRIVER_FAILURE_GAP, DRIVER_FAILURE_LIMIT};
+pub use runtime::{AsyncBulkCtx, AsyncEngine, DRAIN_RECHECK, DRIVER_FAILURE_GAP, DRIVER_FAILURE_LIMIT};

@@ -56,6 +56,9 @@ struct Shared {
     /// Wakes the sleeping driver to look at the engine's expiries again
     /// (a call abandoned since it went to sleep may keep its input).
     rearm: tokio::sync::Notify,
+    /// Wakes [`AsyncEngine::drained`] while the engine drains: after each
+    /// driver turn and each async handler's answer.
+    drain_moved: tokio::sync::Notify,
     /// The runtime the engine was spawned on: async handlers' tasks start
     /// there, also when a call is made from a thread outside it.
     runtime: tokio::runtime::Handle,
@@ -195,6 +198,14 @@ impl Shared {
         }
     }
 
+    /// Wakes whoever awaits [`AsyncEngine::drained`] if `e` drains: what
+    /// it waits for may have happened. Call with the engine locked.
+    fn drain_may_have_moved(&self, e: &Engine) {
+        if e.is_draining() {
+            self.drain_moved.notify_waiters();
+        }
+    }
+
     /// What a task that started transfers does in place of waiting for the
     /// driver: files the ends the transports have ready and wakes their
     /// waiters, without running handlers (they stay on the driver's task)
@@ -245,6 +256,7 @@ impl Shared {
                 e.respond_deferred(req, result);
                 shared.notify_finished(&mut e);
                 shared.rearm_if_more_kept(&e, kept);
+                shared.drain_may_have_moved(&e);
             });
         }
     }
@@ -306,6 +318,7 @@ impl AsyncEngine {
             async_handlers: Mutex::new(FastMap::default()),
             finished: Mutex::new((Vec::new(), Vec::new())),
             rearm: tokio::sync::Notify::new(),
+            drain_moved: tokio::sync::Notify::new(),
             runtime: tokio::runtime::Handle::current(),
             stopped: AtomicBool::new(false),
         });
@@ -431,19 +444,27 @@ impl AsyncEngine {
     /// spilled output pulled, every answer handed to the transport), while
     /// the driver goes on serving. True if it is; false if `grace` passed
     /// first (or [`begin_drain`](Self::begin_drain) was never called).
-    /// It looks every millisecond: a shutdown path, not a hot one.
+    /// It looks again after each turn of the driver and each answer of an
+    /// async handler (and at least every [`DRAIN_RECHECK`]), not in a loop.
     pub async fn drained(&self, grace: Duration) -> Result<bool> {
         let start = tokio::time::Instant::now();
         loop {
-            let e = self.shared.try_engine("AsyncEngine::drained")?;
-            if e.drained() {
-                return Ok(true);
+            // Registered before the look: a wake-up between the look and
+            // the wait is not lost.
+            let moved = self.shared.drain_moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            {
+                let e = self.shared.try_engine("AsyncEngine::drained")?;
+                if e.drained() {
+                    return Ok(true);
+                }
+                if !e.is_draining() || start.elapsed() >= grace {
+                    return Ok(false);
+                }
             }
-            if !e.is_draining() || start.elapsed() >= grace {
-                return Ok(false);
-            }
-            drop(e);
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            let left = grace.saturating_sub(start.elapsed());
+            let _ = tokio::time::timeout(left.min(DRAIN_RECHECK), moved).await;
         }
     }
 
@@ -622,6 +643,11 @@ pub const DRIVER_FAILURE_LIMIT: Duration = Duration::from_secs(1);
 /// See [`DRIVER_FAILURE_LIMIT`].
 pub const DRIVER_FAILURE_GAP: Duration = Duration::from_millis(250);
 
+/// The longest [`AsyncEngine::drained`] waits between two looks when
+/// nothing wakes it (a safety net: the driver's turns and async handlers'
+/// answers wake it).
+pub const DRAIN_RECHECK: Duration = Duration::from_millis(50);
+
 /// The driver's pause after a failed turn.
 const DRIVER_FAILURE_BACKOFF: Duration = Duration::from_millis(1);
 
@@ -640,6 +666,7 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: 
                 let worked = e.progress_now().and_then(|_| e.trigger());
                 shared.spawn_deferred(&mut e);
                 shared.notify_finished(&mut e);
+                shared.drain_may_have_moved(&e);
                 // A failed turn never sleeps: the fd might never wake it.
                 worked
                     .and_then(|_| e.try_wait())
