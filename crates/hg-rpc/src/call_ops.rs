@@ -511,12 +511,9 @@ impl<C: Codec> Engine<C> {
                 log.push(CallId(cookie));
             }
         }
-        // `encode_request` exposed one buffer; a handle with more (or
-        // still shared) is simply dropped.
-        if let Some(Ok(bufs)) = spill.map(MemHandle::into_buffers) {
-            if let Ok([buf]) = <[Vec<u8>; 1]>::try_from(bufs) {
-                self.keep_spare_buffer(buf);
-            }
+        // `encode_request` exposed one buffer.
+        if let Some(mem) = spill {
+            self.recycle(mem);
         }
     }
 

@@ -66,8 +66,11 @@ pub const DEFAULT_MAX_PULL_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
 /// of the largest spill given up on.
 pub const DEFAULT_MAX_ABANDONED_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
 
+/// A plain handler: decodes the input, runs, and appends the encoded
+/// output to the buffer it is given (empty; a spare one when the engine
+/// has one, so a large output need not fault in fresh pages).
 type HandlerFn =
-    Box<dyn FnMut(&mut BulkCtx<'_>, &[u8]) -> std::result::Result<Vec<u8>, (Status, String)> + Send>;
+    Box<dyn FnMut(&mut BulkCtx<'_>, &[u8], &mut Vec<u8>) -> std::result::Result<(), (Status, String)> + Send>;
 
 #[path = "bulk_ops.rs"]
 mod bulk_ops;
@@ -552,19 +555,17 @@ impl<C: Codec> Engine<C> {
     ) -> Result<()> {
         let id = self.check_free(R::NAME)?;
         let codec = self.codec.clone();
-        let run: HandlerFn = Box::new(move |ctx, payload| {
+        let run: HandlerFn = Box::new(move |ctx, payload, out| {
             let input: R::Input = codec
                 .decode(payload)
                 .map_err(|e| (Status::DecodeError, format!("input of {}: {e}", R::NAME)))?;
             let output = handler(ctx, input).map_err(|m| (Status::HandlerError, m))?;
-            let mut out = Vec::new();
-            codec.encode(&output, &mut out).map_err(|e| {
+            codec.encode(&output, out).map_err(|e| {
                 (
                     Status::HandlerError,
                     format!("encoding output of {}: {e}", R::NAME),
                 )
-            })?;
-            Ok(out)
+            })
         });
         self.handlers.insert(
             id,

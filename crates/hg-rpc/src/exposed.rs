@@ -97,11 +97,10 @@ impl ExposedOutputs {
     }
 
     /// Releases the output under `key`, if any.
-    pub fn remove(&mut self, key: (u64, u64)) {
-        if let Some(e) = self.entries.remove(&key) {
-            self.uncount(key.0, e.bytes);
-            drop(e.mem);
-        }
+    pub fn remove(&mut self, key: (u64, u64)) -> Option<MemHandle> {
+        let e = self.entries.remove(&key)?;
+        self.uncount(key.0, e.bytes);
+        Some(e.mem)
     }
 
     fn uncount(&mut self, peer: u64, bytes: u64) {

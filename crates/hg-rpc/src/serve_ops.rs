@@ -111,9 +111,17 @@ impl<C: Codec> Engine<C> {
                 // and the engine (and a tokio driver running it) lives on.
                 // AssertUnwindSafe: the handler stays registered; state it
                 // left half-updated is its own (as with a std thread pool).
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut ctx, payload)));
+                // A spare buffer (a released output's, say) takes the
+                // output if there is one: a large output then lands in
+                // pages already mapped. None on a path of small calls.
+                let mut out = self.spare_bufs.pop().unwrap_or_default();
+                out.clear();
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(&mut ctx, payload, &mut out)
+                }));
                 match ran {
-                    Ok(Ok(out)) => (Status::Ok, out),
+                    Ok(Ok(())) => (Status::Ok, out),
+                    // (A spare the output was to go to is dropped: rare.)
                     Ok(Err((status, message))) => (status, message.into_bytes()),
                     Err(p) => (
                         Status::HandlerError,
@@ -146,7 +154,11 @@ impl<C: Codec> Engine<C> {
         }
         if h.rpc_id == rpc_id(RELEASE_RPC) {
             if let Ok(c) = <[u8; 8]>::try_from(payload) {
-                self.exposed.remove((src.token(), u64::from_le_bytes(c)));
+                // The origin pulled it: its buffer serves the next large
+                // output or pull.
+                if let Some(mem) = self.exposed.remove((src.token(), u64::from_le_bytes(c))) {
+                    self.recycle(mem);
+                }
             }
             return false;
         }
@@ -276,6 +288,25 @@ impl<C: Codec> Engine<C> {
     /// Keeps a buffer for the next pull or spilled input: at most
     /// [`SPARE_BUFFERS_KEPT`], holding at most `spare_bytes` together
     /// (see [`Engine::set_spare_bytes`]).
+    /// Keeps `buf` as a spare if it is larger than a message (one that
+    /// fits a message is cheap to make again).
+    fn keep_if_large(&mut self, buf: Vec<u8>) {
+        if buf.capacity() > self.max_msg {
+            self.keep_spare_buffer(buf);
+        }
+    }
+
+    /// Keeps the buffer of a handle nobody else holds any more (a spilled
+    /// input the target finished with, an output its origin released) as
+    /// a spare; a handle of several buffers, or still shared, is dropped.
+    pub(super) fn recycle(&mut self, mem: MemHandle) {
+        if let Ok(bufs) = mem.into_buffers() {
+            if let Ok([buf]) = <[Vec<u8>; 1]>::try_from(bufs) {
+                self.keep_spare_buffer(buf);
+            }
+        }
+    }
+
     pub(super) fn keep_spare_buffer(&mut self, buf: Vec<u8>) {
         let kept: usize = self.spare_bufs.iter().map(Vec::capacity).sum();
         if self.spare_bufs.len() < SPARE_BUFFERS_KEPT && kept + buf.capacity() <= self.spare_bytes {
@@ -332,11 +363,14 @@ impl<C: Codec> Engine<C> {
         // the ring slot; a registered buffer on RDMA).
         let head = h.encode_head(&out);
         let op = self.send_op();
-        match self
+        let sent = self
             .ep
-            .send_unexpected_parts(src, RESPONSE_TAG, &[&head, &out], op, Report::FailuresOnly)
-        {
-            Ok(()) => self.stats.bytes_sent += (HEADER_LEN + out.len()) as u64,
+            .send_unexpected_parts(src, RESPONSE_TAG, &[&head, &out], op, Report::FailuresOnly);
+        let sent_len = HEADER_LEN + out.len();
+        // A spare that took a small output (copied into the message now).
+        self.keep_if_large(out);
+        match sent {
+            Ok(()) => self.stats.bytes_sent += sent_len as u64,
             Err(e) => {
                 self.stats.responses_dropped += 1;
                 // A caller that stopped reading makes every response fail:

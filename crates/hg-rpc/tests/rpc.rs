@@ -139,8 +139,9 @@ fn ten_thousand_calls_with_a_thousand_in_flight() {
 #[test]
 fn spilled_data_of_changing_sizes_stays_intact_while_buffers_are_reused() {
     // Both engines keep the buffers of finished spills and pulls for the
-    // next ones (a large one, then smaller, then larger again, some at
-    // once): no call may see another's bytes or a stale tail.
+    // next ones (the server also its released outputs', for the next
+    // output), a large one, then smaller, then larger again, some at
+    // once: no call may see another's bytes or a stale tail.
     let d = dir("spill-reuse");
     let srv = Server::start(&d);
     let mut c = client(&d);
