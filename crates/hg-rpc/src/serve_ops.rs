@@ -121,12 +121,20 @@ impl<C: Codec> Engine<C> {
                 }));
                 match ran {
                     Ok(Ok(())) => (Status::Ok, out),
-                    // (A spare the output was to go to is dropped: rare.)
-                    Ok(Err((status, message))) => (status, message.into_bytes()),
-                    Err(p) => (
-                        Status::HandlerError,
-                        format!("the handler of {name} panicked: {}", panic_text(&*p)).into_bytes(),
-                    ),
+                    // The message goes in the buffer the output would
+                    // have: a spare stays one (`respond` keeps it again).
+                    Ok(Err((status, message))) => {
+                        out.clear();
+                        out.extend_from_slice(message.as_bytes());
+                        (status, out)
+                    }
+                    Err(p) => {
+                        out.clear();
+                        out.extend_from_slice(
+                            format!("the handler of {name} panicked: {}", panic_text(&*p)).as_bytes(),
+                        );
+                        (Status::HandlerError, out)
+                    }
                 }
             }
         };
@@ -339,6 +347,10 @@ impl<C: Codec> Engine<C> {
             (h, msg)
         } else {
             let len = out.len() as u64;
+            let (out, spare) = spill::fit_to_len(out);
+            if let Some(buf) = spare {
+                self.keep_spare_buffer(buf);
+            }
             match spill::expose(&mut self.ep, self.plugin, out) {
                 Ok((mem, payload)) => {
                     self.exposed.insert((src.token(), h.cookie), mem, len);

@@ -10,6 +10,20 @@ use na_core::{Access, Endpoint, MemHandle, PluginId, RemoteMem};
 /// may release it". Payload: the cookie, u64 LE.
 pub const RELEASE_RPC: &str = "hg.release-output";
 
+/// The buffer to expose for `data`, whose length is what the budgets
+/// charge: `data` itself, or, when it holds far more room than bytes (a
+/// large spare buffer that took a small payload), an exact copy, with
+/// `data` given back to be kept as a spare. An exposed buffer then never
+/// holds more than twice what it is charged (a peer that never pulls
+/// cannot pin a 16 MiB spare with an 8 KiB payload).
+pub fn fit_to_len(data: Vec<u8>) -> (Vec<u8>, Option<Vec<u8>>) {
+    if data.capacity() / 2 > data.len() {
+        (data.to_vec(), Some(data))
+    } else {
+        (data, None)
+    }
+}
+
 /// Exposes `data` read-only on `plugin` and returns the handle (keep it
 /// alive until the peer has pulled) and the spilled payload describing it.
 pub fn expose(ep: &mut Endpoint, plugin: PluginId, data: Vec<u8>) -> na_core::Result<(MemHandle, Vec<u8>)> {
@@ -67,5 +81,31 @@ mod tests {
         for cut in 0..ok.len() {
             assert!(parse(&ok[..cut], 100).is_err());
         }
+    }
+
+    #[test]
+    fn a_payload_in_a_much_larger_buffer_is_exposed_as_an_exact_copy() {
+        let mut big = Vec::with_capacity(8 << 20);
+        big.extend((0..9000u32).map(|i| i as u8));
+        let want: Vec<u8> = big.clone();
+        let (exposed, spare) = fit_to_len(big);
+        assert_eq!(exposed, want);
+        assert_eq!(
+            exposed.capacity(),
+            9000,
+            "charged 9000 bytes, holds {}",
+            exposed.capacity()
+        );
+        assert!(
+            spare.is_some_and(|s| s.capacity() >= 8 << 20),
+            "the large buffer is given back"
+        );
+        // Up to twice the length: exposed as it is, no copy.
+        let mut near = Vec::with_capacity(16_000);
+        near.extend(std::iter::repeat_n(7u8, 9000));
+        let cap = near.capacity();
+        let (exposed, spare) = fit_to_len(near);
+        assert_eq!((exposed.len(), exposed.capacity()), (9000, cap));
+        assert!(spare.is_none());
     }
 }
