@@ -1,5 +1,5 @@
 //! Bulk transfers of an [`AsyncEngine`] and of its async handlers
-//! ([`AsyncBulkCtx`]): memory exposed for peers, and data moved to or from
+//! ([`AsyncBulkCtx`](crate::AsyncBulkCtx)): memory exposed for peers, and data moved to or from
 //! a peer's handle with `.await`.
 //!
 //! Transfers are started under the engine lock
