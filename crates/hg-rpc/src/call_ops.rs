@@ -63,10 +63,8 @@ impl<C: Codec> Engine<C> {
             return Ok((header(flags, Status::Ok, id, cookie), None));
         }
         self.admit_spill::<R>(self.scratch.len() as u64)?;
-        let (payload, spare) = spill::fit_to_len(std::mem::take(&mut self.scratch));
-        if let Some(buf) = spare {
-            self.keep_spare_buffer(buf);
-        }
+        let payload = std::mem::take(&mut self.scratch);
+        let payload = self.fit_for_exposure(payload);
         let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload)?;
         let len = HEADER_LEN + spilled.len();
         if len > self.max_msg {

@@ -652,12 +652,12 @@ pub const DRAIN_RECHECK: Duration = Duration::from_millis(50);
 const DRIVER_FAILURE_BACKOFF: Duration = Duration::from_millis(1);
 
 async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: DriverExit) {
-    // Work first, then sleep: the engine may have been used before it was
-    // spawned (its plugins disarmed, their messages waiting without a
-    // signal), and only `try_wait` arms them for the fd to wake us.
     // The current run of failed turns (progress, trigger or arming): when
     // it began and when its last failure was.
     let mut failing: Option<(Instant, Instant)> = None;
+    // Work first, then sleep: the engine may have been used before it was
+    // spawned (its plugins disarmed, their messages waiting without a
+    // signal), and only `try_wait` arms them for the fd to wake us.
     loop {
         let expiry;
         loop {

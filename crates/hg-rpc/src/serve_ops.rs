@@ -119,21 +119,22 @@ impl<C: Codec> Engine<C> {
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     run(&mut ctx, payload, &mut out)
                 }));
-                match ran {
-                    Ok(Ok(())) => (Status::Ok, out),
+                let failed = match ran {
+                    Ok(Ok(())) => None,
+                    Ok(Err(failure)) => Some(failure),
+                    Err(p) => Some((
+                        Status::HandlerError,
+                        format!("the handler of {name} panicked: {}", panic_text(&*p)),
+                    )),
+                };
+                match failed {
+                    None => (Status::Ok, out),
                     // The message goes in the buffer the output would
                     // have: a spare stays one (`respond` keeps it again).
-                    Ok(Err((status, message))) => {
+                    Some((status, message)) => {
                         out.clear();
                         out.extend_from_slice(message.as_bytes());
                         (status, out)
-                    }
-                    Err(p) => {
-                        out.clear();
-                        out.extend_from_slice(
-                            format!("the handler of {name} panicked: {}", panic_text(&*p)).as_bytes(),
-                        );
-                        (Status::HandlerError, out)
                     }
                 }
             }
@@ -293,9 +294,6 @@ impl<C: Codec> Engine<C> {
         buf
     }
 
-    /// Keeps a buffer for the next pull or spilled input: at most
-    /// [`SPARE_BUFFERS_KEPT`], holding at most `spare_bytes` together
-    /// (see [`Engine::set_spare_bytes`]).
     /// Keeps `buf` as a spare if it is larger than a message (one that
     /// fits a message is cheap to make again).
     fn keep_if_large(&mut self, buf: Vec<u8>) {
@@ -315,6 +313,20 @@ impl<C: Codec> Engine<C> {
         }
     }
 
+    /// `buf`, or an exact copy of it if it holds over twice its length
+    /// (see [`spill::fit_to_len`]; the large buffer is kept as a spare):
+    /// what a spilled payload is exposed in.
+    pub(super) fn fit_for_exposure(&mut self, buf: Vec<u8>) -> Vec<u8> {
+        let (buf, spare) = spill::fit_to_len(buf);
+        if let Some(spare) = spare {
+            self.keep_spare_buffer(spare);
+        }
+        buf
+    }
+
+    /// Keeps a buffer for the next pull or spilled input: at most
+    /// [`SPARE_BUFFERS_KEPT`], holding at most `spare_bytes` together
+    /// (see [`Engine::set_spare_bytes`]).
     pub(super) fn keep_spare_buffer(&mut self, buf: Vec<u8>) {
         let kept: usize = self.spare_bufs.iter().map(Vec::capacity).sum();
         if self.spare_bufs.len() < SPARE_BUFFERS_KEPT && kept + buf.capacity() <= self.spare_bytes {
@@ -347,10 +359,7 @@ impl<C: Codec> Engine<C> {
             (h, msg)
         } else {
             let len = out.len() as u64;
-            let (out, spare) = spill::fit_to_len(out);
-            if let Some(buf) = spare {
-                self.keep_spare_buffer(buf);
-            }
+            let out = self.fit_for_exposure(out);
             match spill::expose(&mut self.ep, self.plugin, out) {
                 Ok((mem, payload)) => {
                     self.exposed.insert((src.token(), h.cookie), mem, len);
