@@ -3,6 +3,10 @@
 #
 #   scripts/ab-compare.sh BASE_REV ROUNDS BIN [ARGS...]
 #   scripts/ab-compare.sh HEAD~1 12 hg-perf rate --mode busy --sizes 0 --inflight 1,16 --batches 5
+#   scripts/ab-compare.sh --pgo 12 hg-perf rate --mode busy --sizes 0 --inflight 1,16 --batches 5
+#
+# With --pgo in place of BASE_REV, base is the working tree's plain release
+# build and new its profile-guided build (scripts/pgo-build.sh).
 #
 # BASE_REV is built in a git worktree (target/ab-base, its own target
 # directory), the working tree as it is in target/release. Each round runs
@@ -15,26 +19,33 @@
 # when the two medians differ by a few percent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 3 ] || { sed -n '4,5p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 3 ] || { sed -n '4,6p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 base=$1 rounds=$2 bin=$3
 shift 3
 command -v python3 >/dev/null || { echo "ab-compare: needs python3" >&2; exit 2; }
 
-wt=target/ab-base
-rev=$(git rev-parse --verify "$base^{commit}")
-if [ ! -d "$wt" ]; then
-  git worktree add --detach "$wt" "$rev" >/dev/null
-else
-  git -C "$wt" checkout --quiet --detach "$rev"
-fi
 pkgs=(-p na-perf -p hg-rpc)
-new_dir=${CARGO_TARGET_DIR:-$PWD/target}
-base_dir=$PWD/target/ab-base-target
-echo "building base $rev and the working tree..." >&2
-(cd "$wt" && CARGO_TARGET_DIR=$base_dir cargo build --quiet --release "${pkgs[@]}")
-CARGO_TARGET_DIR=$new_dir cargo build --quiet --release "${pkgs[@]}"
-base_bin=$base_dir/release/$bin
-new_bin=$new_dir/release/$bin
+if [ "$base" = --pgo ]; then
+  echo "building the working tree, plain and profile-guided..." >&2
+  cargo build --quiet --release "${pkgs[@]}"
+  base_bin=${CARGO_TARGET_DIR:-$PWD/target}/release/$bin
+  new_bin=$(bash scripts/pgo-build.sh)/$bin
+else
+  wt=target/ab-base
+  rev=$(git rev-parse --verify "$base^{commit}")
+  if [ ! -d "$wt" ]; then
+    git worktree add --detach "$wt" "$rev" >/dev/null
+  else
+    git -C "$wt" checkout --quiet --detach "$rev"
+  fi
+  new_dir=${CARGO_TARGET_DIR:-$PWD/target}
+  base_dir=$PWD/target/ab-base-target
+  echo "building base $rev and the working tree..." >&2
+  (cd "$wt" && CARGO_TARGET_DIR=$base_dir cargo build --quiet --release "${pkgs[@]}")
+  CARGO_TARGET_DIR=$new_dir cargo build --quiet --release "${pkgs[@]}"
+  base_bin=$base_dir/release/$bin
+  new_bin=$new_dir/release/$bin
+fi
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
