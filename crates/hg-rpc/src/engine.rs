@@ -276,6 +276,10 @@ pub struct RpcStats {
     /// ([`Engine::forget_bulk`], a dropped future) included: until then
     /// they may still touch their handles' memory.
     pub bulk_in_flight: u64,
+    /// Times an [`AsyncEngine`](crate::AsyncEngine)'s driver went to sleep
+    /// on the endpoint's fd (each costs a kernel wake-up when work comes);
+    /// 0 for an engine driven through the blocking API.
+    pub driver_sleeps: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].

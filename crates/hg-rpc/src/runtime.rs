@@ -11,7 +11,7 @@ use std::io;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,8 @@ struct Shared {
     /// Set with `Waiters::stopped` (under its lock): a call checks this
     /// flag, not the lock, before it starts.
     stopped: AtomicBool,
+    /// Times the driver went to sleep on the fd (`RpcStats::driver_sleeps`).
+    sleeps: AtomicU64,
 }
 
 thread_local! {
@@ -308,7 +310,27 @@ pub struct AsyncEngine {
 
 impl AsyncEngine {
     /// Moves `engine` behind a driver task on the current tokio runtime.
-    pub fn spawn(mut engine: Engine) -> io::Result<Self> {
+    /// The driver sleeps on the endpoint's fd whenever nothing is ready:
+    /// no CPU while waiting, and a kernel wake-up (tens of microseconds on
+    /// a VM) for each message that comes while it sleeps. See
+    /// [`spawn_with_spin`](Self::spawn_with_spin) for the other trade.
+    pub fn spawn(engine: Engine) -> io::Result<Self> {
+        Self::spawn_with_spin(engine, Duration::ZERO)
+    }
+
+    /// [`spawn`](Self::spawn), with a driver that, after a turn that found
+    /// work, keeps polling (yielding to the runtime's other tasks between
+    /// turns) until `spin` has passed without work, and only then sleeps
+    /// on the fd: what [`ProgressMode::Adaptive`](na_core::ProgressMode)
+    /// is to the blocking API. While calls follow each other closer than
+    /// `spin`, their responses are seen without a kernel wake-up (one call
+    /// in flight goes from tens of thousands of calls a second to hundreds
+    /// of thousands, see `hg-perf rate --mode tokio-adaptive`); the price
+    /// is a runtime worker kept busy during the window. An idle engine
+    /// still uses no CPU once the window has passed. `Duration::ZERO` is
+    /// `spawn`. [`RpcStats::driver_sleeps`](crate::RpcStats) counts the
+    /// sleeps.
+    pub fn spawn_with_spin(mut engine: Engine, spin: Duration) -> io::Result<Self> {
         let fd = engine.endpoint().as_raw_fd();
         engine.log_finished();
         engine.log_finished_bulks();
@@ -321,6 +343,7 @@ impl AsyncEngine {
             drain_moved: tokio::sync::Notify::new(),
             runtime: tokio::runtime::Handle::current(),
             stopped: AtomicBool::new(false),
+            sleeps: AtomicU64::new(0),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
@@ -332,7 +355,7 @@ impl AsyncEngine {
             shared: shared.clone(),
             reason: None,
         };
-        let driver = tokio::spawn(drive(shared.clone(), afd, exit));
+        let driver = tokio::spawn(drive(shared.clone(), afd, exit, spin));
         Ok(AsyncEngine { shared, driver })
     }
 
@@ -428,7 +451,10 @@ impl AsyncEngine {
     /// The engine's counters. Panics if called from a plain handler of
     /// this engine (see [`register`](Self::register)).
     pub fn stats(&self) -> crate::RpcStats {
-        self.shared.engine_for("AsyncEngine::stats").stats()
+        crate::RpcStats {
+            driver_sleeps: self.shared.sleeps.load(Ordering::Relaxed),
+            ..self.shared.engine_for("AsyncEngine::stats").stats()
+        }
     }
 
     /// Stops taking requests (see [`Engine::begin_drain`]): each new one
@@ -651,10 +677,13 @@ pub const DRAIN_RECHECK: Duration = Duration::from_millis(50);
 /// The driver's pause after a failed turn.
 const DRIVER_FAILURE_BACKOFF: Duration = Duration::from_millis(1);
 
-async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: DriverExit) {
+async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: DriverExit, spin: Duration) {
     // The current run of failed turns (progress, trigger or arming): when
     // it began and when its last failure was.
     let mut failing: Option<(Instant, Instant)> = None;
+    // With a spin window: when a turn last found work (the driver keeps
+    // turning, without arming the plugins, until `spin` has passed since).
+    let mut last_work: Option<Instant> = None;
     // Work first, then sleep: the engine may have been used before it was
     // spawned (its plugins disarmed, their messages waiting without a
     // signal), and only `try_wait` arms them for the fd to wake us.
@@ -663,14 +692,25 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: 
         loop {
             let turn = {
                 let mut e = shared.engine();
-                let worked = e.progress_now().and_then(|_| e.trigger());
+                let worked = e.progress_now().and_then(|p| Ok(p + e.trigger()?));
                 shared.spawn_deferred(&mut e);
                 shared.notify_finished(&mut e);
                 shared.drain_may_have_moved(&e);
                 // A failed turn never sleeps: the fd might never wake it.
-                worked
-                    .and_then(|_| e.try_wait())
-                    .map(|sleep| sleep.then(|| e.next_expiry()))
+                worked.and_then(|n| {
+                    if !spin.is_zero() {
+                        let now = Instant::now();
+                        if n > 0 {
+                            last_work = Some(now);
+                        }
+                        if last_work.is_some_and(|t| now.duration_since(t) < spin) {
+                            // Inside the window: turn again, plugins unarmed
+                            // (a peer's next message needs no signal).
+                            return Ok(None);
+                        }
+                    }
+                    e.try_wait().map(|sleep| sleep.then(|| e.next_expiry()))
+                })
             };
             match turn {
                 Ok(Some(at)) => {
@@ -700,6 +740,7 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: 
                 }
             }
         }
+        shared.sleeps.fetch_add(1, Ordering::Relaxed);
         // Sleeps until the fd is readable, or until a kept spilled output
         // or abandoned input expires (then `trigger` lets it go: without
         // this, only the next traffic would).

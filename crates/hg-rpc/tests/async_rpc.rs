@@ -36,6 +36,12 @@ impl Drop for Server {
 }
 
 fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
+    setup_with_spin(tag, mode, Duration::ZERO)
+}
+
+/// [`setup`] with a driver that spins for `spin` after work
+/// (`AsyncEngine::spawn_with_spin`).
+fn setup_with_spin(tag: &str, mode: ProgressMode, spin: Duration) -> (Server, AsyncEngine) {
     let dir = common::dir(&format!("async-{tag}"));
     let mut child = common::testpeer()
         .env("QS_SM_DIR", &dir)
@@ -52,7 +58,7 @@ fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
     let id = ep
         .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
         .unwrap();
-    let engine = AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap();
+    let engine = AsyncEngine::spawn_with_spin(Engine::new(ep, id).unwrap(), spin).unwrap();
     (Server(child, uri, dir), engine)
 }
 
@@ -129,6 +135,66 @@ async fn idle_driver_uses_no_cpu() {
     let used = cpu_time() - c0;
     let share = used.as_secs_f64() / t0.elapsed().as_secs_f64();
     assert!(share < 0.05, "idle engine used {:.1}% of a CPU", share * 100.0);
+    // And it still answers afterwards.
+    assert_eq!(engine.call::<Add>(&s, &(2, 2), T).await.unwrap(), 4);
+}
+
+/// A driver with a spin window sees responses that come within it
+/// without going to sleep (no kernel wake-up per call), and once the
+/// window has passed it sleeps and uses no CPU. The window is far longer
+/// than a round trip on the slowest host, so the counts do not depend on
+/// timing; a driver without one sleeps between calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_driver_sees_back_to_back_responses_without_sleeping() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    const CALLS: u64 = 200;
+
+    // Without a window the driver sleeps between calls (not before every
+    // response: the test peer spins, so some come before it sleeps).
+    let (srv, engine) = setup("spin-none", ProgressMode::default());
+    let s = engine.lookup(&srv.1).unwrap();
+    assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
+    let before = engine.stats().driver_sleeps;
+    for i in 0..CALLS {
+        assert_eq!(engine.call::<Add>(&s, &(i, 1), T).await.unwrap(), i + 1);
+    }
+    let slept = engine.stats().driver_sleeps - before;
+    assert!(
+        slept >= 10,
+        "a driver without a spin window slept {slept} times in {CALLS} calls"
+    );
+    drop((engine, srv));
+
+    // With a window of 300 ms: no sleep between the calls.
+    let spin = Duration::from_millis(300);
+    let (srv, engine) = setup_with_spin("spin-300ms", ProgressMode::default(), spin);
+    let s = engine.lookup(&srv.1).unwrap();
+    assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
+    let before = engine.stats().driver_sleeps;
+    for i in 0..CALLS {
+        assert_eq!(engine.call::<Add>(&s, &(i, 1), T).await.unwrap(), i + 1);
+    }
+    let slept = engine.stats().driver_sleeps - before;
+    assert!(
+        slept <= 2,
+        "a driver spinning for {spin:?} slept {slept} times in {CALLS} back-to-back calls"
+    );
+
+    // Once the window has passed, the driver sleeps and uses no CPU.
+    tokio::time::sleep(spin + Duration::from_millis(200)).await;
+    let asleep = engine.stats().driver_sleeps;
+    assert!(
+        asleep > before + slept,
+        "the driver did not go to sleep after its window"
+    );
+    let (c0, t0) = (cpu_time(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let share = (cpu_time() - c0).as_secs_f64() / t0.elapsed().as_secs_f64();
+    assert!(
+        share < 0.05,
+        "an idle spinning engine used {:.1}% of a CPU",
+        share * 100.0
+    );
     // And it still answers afterwards.
     assert_eq!(engine.call::<Add>(&s, &(2, 2), T).await.unwrap(), 4);
 }

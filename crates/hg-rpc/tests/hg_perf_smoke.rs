@@ -122,6 +122,23 @@ fn rate_lat_and_bw_report_json() {
     rate.iter().for_each(|v| check(v, "ops/s"));
     assert!(rate.iter().all(|v| v["mode"] == "tokio"), "{rate:?}");
     assert_eq!(rate[1]["inflight"], 64);
+    // The same with a driver that spins after work, against an adaptive server.
+    let both = run(&[
+        "rate",
+        "--mode",
+        "tokio-adaptive",
+        "--sizes",
+        "0",
+        "--inflight",
+        "1,16",
+    ]);
+    assert_eq!(both.len(), 2);
+    both.iter().for_each(|v| check(v, "ops/s"));
+    assert!(both.iter().all(|v| v["mode"] == "tokio-adaptive"), "{both:?}");
+    let lat = run(&["lat", "--mode", "tokio-adaptive", "--sizes", "0"]);
+    assert_eq!(lat.len(), 1);
+    check(&lat[0], "ns");
+    assert_eq!(lat[0]["mode"], "tokio-adaptive");
     let bw = run(&["bw", "--mode", "busy", "--sizes", "4K,1M"]);
     assert_eq!(bw.len(), 4);
     bw.iter().for_each(|v| check(v, "MiB/s"));

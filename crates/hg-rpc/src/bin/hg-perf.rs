@@ -2,7 +2,7 @@
 //! not a test). Starts its own server process unless `--addr` is given.
 //!
 //! ```text
-//! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking,tokio]
+//! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking,tokio,tokio-adaptive]
 //! hg-perf lat  [--sizes 8] [--floors]   (--floors: ratio to the eventfd round trip, via na-perf)
 //! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64]
 //! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
@@ -50,9 +50,12 @@ struct Cli {
     #[command(subcommand)]
     test: Test,
     /// Progress modes (comma-separated: busy, adaptive, blocking; `rate`
-    /// and `lat` also take tokio: calls awaited through `AsyncEngine`;
-    /// `bw` takes tokio too: the client moves the data itself with
-    /// `AsyncEngine::bulk`, see `bw`).
+    /// and `lat` also take tokio: calls awaited through `AsyncEngine`,
+    /// whose driver sleeps whenever idle, against a blocking server; and
+    /// tokio-adaptive: the same with a driver that keeps polling for the
+    /// default adaptive window after work (`AsyncEngine::spawn_with_spin`),
+    /// against an adaptive server; `bw` takes both too: the client moves
+    /// the data itself with `AsyncEngine::bulk`, see `bw`).
     #[arg(long, global = true, default_value = "busy,adaptive,blocking")]
     mode: String,
     /// One JSON object per result line instead of a table.
@@ -731,20 +734,20 @@ fn run() -> Res<()> {
     };
     let mut seen = Seen::default();
     for m in cli.mode.split(',') {
-        match (m.trim(), &cli.test) {
-            ("tokio", Test::Lat { sizes, .. }) => tokio_runs::lat(&cli, sizes, cpus, &mut seen)?,
-            (
-                "tokio",
+        let m = m.trim();
+        match tokio_runs::Flavor::parse(m) {
+            None => run_mode(&cli, ProgressMode::parse(m)?, cpus, &mut seen)?,
+            Some(f) => match &cli.test {
+                Test::Lat { sizes, .. } => tokio_runs::lat(&cli, f, sizes, cpus, &mut seen)?,
                 Test::Rate {
                     sizes,
                     inflight,
                     idle_clients,
                     ..
-                },
-            ) => tokio_runs::rate(&cli, sizes, inflight, *idle_clients, cpus)?,
-            ("tokio", Test::Bw { op, sizes, count, .. }) => tokio_runs::bw(&cli, op, sizes, *count, cpus)?,
-            ("tokio", _) => return Err("mode tokio exists for rate, lat and bw only".into()),
-            (m, _) => run_mode(&cli, ProgressMode::parse(m)?, cpus, &mut seen)?,
+                } => tokio_runs::rate(&cli, f, sizes, inflight, *idle_clients, cpus)?,
+                Test::Bw { op, sizes, count, .. } => tokio_runs::bw(&cli, f, op, sizes, *count, cpus)?,
+                _ => return Err(format!("mode {m} exists for rate, lat and bw only").into()),
+            },
         }
     }
     if let Some((flag0, na0, pull0)) = ceilings_before {

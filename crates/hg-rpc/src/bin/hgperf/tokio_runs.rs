@@ -1,7 +1,10 @@
 //! `rate`, `lat` and `bw` through [`hg_rpc::AsyncEngine`] (`--mode
 //! tokio`): calls and transfers awaited on a current-thread tokio runtime,
-//! whose driver task sleeps on the endpoint's fd. The server runs in
-//! blocking mode.
+//! whose driver task sleeps on the endpoint's fd; the server runs in
+//! blocking mode. `--mode tokio-adaptive`: the driver keeps polling for
+//! the default adaptive window after work
+//! ([`hg_rpc::AsyncEngine::spawn_with_spin`]), and the server runs in
+//! adaptive mode.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,10 +19,40 @@ use super::{
     transfers_per_rpc, Cli, Exposed, Noop, Res, Seen, BW_SPAN, T,
 };
 
+/// Which tokio run: the label of its figures, the server's mode and the
+/// client driver's spin window.
+#[derive(Clone, Copy)]
+pub(crate) struct Flavor {
+    label: &'static str,
+    server: ProgressMode,
+    spin: Duration,
+}
+
+impl Flavor {
+    /// `tokio` (a driver that always sleeps, a blocking server) or
+    /// `tokio-adaptive` (a driver that spins for the default adaptive
+    /// window, an adaptive server); `None` for any other mode name.
+    pub(crate) fn parse(mode: &str) -> Option<Flavor> {
+        match mode {
+            "tokio" => Some(Flavor {
+                label: "tokio",
+                server: ProgressMode::Blocking,
+                spin: Duration::ZERO,
+            }),
+            "tokio-adaptive" => Some(Flavor {
+                label: "tokio-adaptive",
+                server: ProgressMode::default(),
+                spin: na_core::DEFAULT_ADAPTIVE_SPIN,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// Runs `body` on a current-thread tokio runtime with a client
-/// [`hg_rpc::AsyncEngine`] (blocking mode: its driver task sleeps on the
-/// endpoint's fd) and the server at `uri` looked up.
-fn client<F, Fut>(cli: &Cli, uri: &str, body: F) -> Res<()>
+/// [`hg_rpc::AsyncEngine`] (its driver task sleeps on the endpoint's fd,
+/// after the flavor's spin window) and the server at `uri` looked up.
+fn client<F, Fut>(cli: &Cli, f: Flavor, uri: &str, body: F) -> Res<()>
 where
     F: FnOnce(hg_rpc::AsyncEngine, na_core::Addr) -> Fut,
     Fut: std::future::Future<Output = Res<()>>,
@@ -30,16 +63,22 @@ where
     rt.block_on(async {
         let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
         let s = c.endpoint().lookup(uri)?;
-        body(hg_rpc::AsyncEngine::spawn(c)?, s).await
+        body(hg_rpc::AsyncEngine::spawn_with_spin(c, f.spin)?, s).await
     })
 }
 
 /// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
 /// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
 /// runs in blocking mode).
-pub(crate) fn lat(cli: &Cli, sizes: &str, cpus: (Option<usize>, Option<usize>), seen: &mut Seen) -> Res<()> {
-    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
-    client(cli, &uri, |ae, s| async move {
+pub(crate) fn lat(
+    cli: &Cli,
+    f: Flavor,
+    sizes: &str,
+    cpus: (Option<usize>, Option<usize>),
+    seen: &mut Seen,
+) -> Res<()> {
+    let (_server, uri) = server_for(cli, f.server, cpus)?;
+    client(cli, f, &uri, |ae, s| async move {
         let batch = Duration::from_millis(cli.batch_ms);
         for size in list(sizes, parse_size)? {
             let input = ByteBuf::from(vec![7u8; size as usize]);
@@ -53,8 +92,11 @@ pub(crate) fn lat(cli: &Cli, sizes: &str, cpus: (Option<usize>, Option<usize>), 
                 ae.call::<Noop>(&s, &input, T).await?;
                 samples.push(t0.elapsed().as_nanos() as u64);
             }
-            let (p50, p99) = report_lat(cli, "tokio", size, samples);
-            seen.lat_sleeping.push(("tokio", size, p50, p99));
+            let (p50, p99) = report_lat(cli, f.label, size, samples);
+            // Only a driver that sleeps is compared with the eventfd floor.
+            if f.spin.is_zero() {
+                seen.lat_sleeping.push((f.label, size, p50, p99));
+            }
         }
         Ok(())
     })
@@ -65,14 +107,15 @@ pub(crate) fn lat(cli: &Cli, sizes: &str, cpus: (Option<usize>, Option<usize>), 
 /// driver task wakes each caller whose response came.
 pub(crate) fn rate(
     cli: &Cli,
+    f: Flavor,
     sizes: &str,
     inflight: &str,
     idle_clients: usize,
     cpus: (Option<usize>, Option<usize>),
 ) -> Res<()> {
-    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
+    let (_server, uri) = server_for(cli, f.server, cpus)?;
     let _idle = idle_clients_of(&cli.transport, &uri, idle_clients)?;
-    client(cli, &uri, |ae, s| async move {
+    client(cli, f, &uri, |ae, s| async move {
         let (ae, s) = (Arc::new(ae), Arc::new(s));
         let batch = Duration::from_millis(cli.batch_ms);
         for size in list(sizes, parse_size)? {
@@ -107,7 +150,7 @@ pub(crate) fn rate(
                 report(
                     cli,
                     "rate",
-                    "tokio",
+                    f.label,
                     "call",
                     size,
                     n,
@@ -128,13 +171,14 @@ pub(crate) fn rate(
 /// consecutive regions, awaited before the next.
 pub(crate) fn bw(
     cli: &Cli,
+    f: Flavor,
     ops: &str,
     sizes: &str,
     count: u64,
     cpus: (Option<usize>, Option<usize>),
 ) -> Res<()> {
-    let (_server, uri) = server_for(cli, ProgressMode::Blocking, cpus)?;
-    client(cli, &uri, |ae, s| async move {
+    let (_server, uri) = server_for(cli, f.server, cpus)?;
+    client(cli, f, &uri, |ae, s| async move {
         let remote = ae.call::<Exposed>(&s, &(), T).await?;
         let local = ae.expose(vec![vec![1u8; BW_SPAN as usize]], Access::ReadWrite)?;
         let batch = Duration::from_millis(cli.batch_ms);
@@ -205,7 +249,7 @@ pub(crate) fn bw(
                 report(
                     cli,
                     "bw",
-                    "tokio",
+                    f.label,
                     op,
                     size,
                     n as usize,
