@@ -49,9 +49,10 @@ profdata=$(find_profdata) || {
 }
 
 # --target keeps RUSTFLAGS off build scripts and proc macros (they would
-# write profiles of their own).
+# write profiles of their own). The caller's RUSTFLAGS stay (ab-compare's
+# plain build uses them too).
 build() {
-  RUSTFLAGS="$1" cargo build --quiet --release --target "$host" --target-dir "$2" \
+  RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }$1" cargo build --quiet --release --target "$host" --target-dir "$2" \
     -p na-perf -p hg-rpc --bin hg-perf --bin na-perf
 }
 

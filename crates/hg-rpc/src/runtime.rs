@@ -324,8 +324,9 @@ impl AsyncEngine {
     /// on the fd: what [`ProgressMode::Adaptive`](na_core::ProgressMode)
     /// is to the blocking API. While calls follow each other closer than
     /// `spin`, their responses are seen without a kernel wake-up (one call
-    /// in flight goes from tens of thousands of calls a second to hundreds
-    /// of thousands, see `hg-perf rate --mode tokio-adaptive`); the price
+    /// in flight goes from about ten thousand calls a second to several
+    /// hundred thousand on a VM, see `hg-perf rate --mode
+    /// tokio-adaptive`); the price
     /// is a runtime worker kept busy during the window. An idle engine
     /// still uses no CPU once the window has passed. `Duration::ZERO` is
     /// `spawn`. [`RpcStats::driver_sleeps`](crate::RpcStats) counts the
@@ -677,21 +678,6 @@ pub const DRAIN_RECHECK: Duration = Duration::from_millis(50);
 /// The driver's pause after a failed turn.
 const DRIVER_FAILURE_BACKOFF: Duration = Duration::from_millis(1);
 
-/// Puts the task back in its runtime's run queue at once (other ready
-/// tasks run first), unlike `yield_now`, which defers it until the
-/// runtime has polled its I/O driver: a system call per turn.
-fn requeue() -> impl Future<Output = ()> {
-    let mut done = false;
-    std::future::poll_fn(move |cx| {
-        if done {
-            return std::task::Poll::Ready(());
-        }
-        done = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    })
-}
-
 async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: DriverExit, spin: Duration) {
     // The current run of failed turns (progress, trigger or arming): when
     // it began and when its last failure was.
@@ -733,8 +719,10 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: 
                     break;
                 }
                 // Turn again (inside the spin window, or a plugin said
-                // not to sleep) once the runtime's other ready tasks ran.
-                Ok(None) => requeue().await,
+                // not to sleep) behind every task the turn woke; the
+                // runtime polls its I/O driver first (a system call per
+                // turn: see docs/PERFORMANCE.md on why not less).
+                Ok(None) => tokio::task::yield_now().await,
                 Err(err) => {
                     let now = Instant::now();
                     let (began, last) = match failing {

@@ -264,8 +264,21 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
 
 struct Server(Child);
 
+/// How long a dropped [`Server`] may take to exit on its own (after the
+/// client's `Quit`, it serves 100 ms more) before it is killed. An exit of
+/// its own runs its exit handlers: a profile-instrumented build
+/// (`scripts/pgo-build.sh`) writes the server's profile then.
+const SERVER_EXIT_GRACE: Duration = Duration::from_secs(2);
+
 impl Drop for Server {
     fn drop(&mut self) {
+        let end = Instant::now() + SERVER_EXIT_GRACE;
+        while Instant::now() < end {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

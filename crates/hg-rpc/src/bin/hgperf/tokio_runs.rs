@@ -16,7 +16,7 @@ use serde_bytes::ByteBuf;
 
 use super::{
     bw_sizes, engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for,
-    transfers_per_rpc, Cli, Exposed, Noop, Res, Seen, BW_SPAN, T,
+    transfers_per_rpc, Cli, Exposed, Noop, Quit, Res, Seen, BW_SPAN, T,
 };
 
 /// Which tokio run: the label of its figures, the server's mode and the
@@ -54,7 +54,7 @@ impl Flavor {
 /// after the flavor's spin window) and the server at `uri` looked up.
 fn client<F, Fut>(cli: &Cli, f: Flavor, uri: &str, body: F) -> Res<()>
 where
-    F: FnOnce(hg_rpc::AsyncEngine, na_core::Addr) -> Fut,
+    F: FnOnce(Arc<hg_rpc::AsyncEngine>, na_core::Addr) -> Fut,
     Fut: std::future::Future<Output = Res<()>>,
 {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -63,7 +63,13 @@ where
     rt.block_on(async {
         let mut c = engine(&cli.transport, ProgressMode::Blocking, false)?;
         let s = c.endpoint().lookup(uri)?;
-        body(hg_rpc::AsyncEngine::spawn_with_spin(c, f.spin)?, s).await
+        let ae = Arc::new(hg_rpc::AsyncEngine::spawn_with_spin(c, f.spin)?);
+        body(ae.clone(), s.clone()).await?;
+        // A server we started exits on its own (see `SERVER_EXIT_GRACE`).
+        if cli.addr.is_none() {
+            ae.call::<Quit>(&s, &(), T).await?;
+        }
+        Ok(())
     })
 }
 
@@ -116,7 +122,7 @@ pub(crate) fn rate(
     let (_server, uri) = server_for(cli, f.server, cpus)?;
     let _idle = idle_clients_of(&cli.transport, &uri, idle_clients)?;
     client(cli, f, &uri, |ae, s| async move {
-        let (ae, s) = (Arc::new(ae), Arc::new(s));
+        let s = Arc::new(s);
         let batch = Duration::from_millis(cli.batch_ms);
         for size in list(sizes, parse_size)? {
             for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
