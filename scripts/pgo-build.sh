@@ -72,6 +72,12 @@ ls "$raw"/*.profraw >/dev/null 2>&1 || { echo "pgo-build: the training runs wrot
 
 echo "pgo-build: 3/4 merging $(find "$raw" -name '*.profraw' | wc -l) profiles" >&2
 "$profdata" merge -o "$merged" "$raw"
+# The server side must be in it (a server process killed before its exit
+# writes none): the function that runs a request's handler has counts.
+"$profdata" show --counts --function=run_decoded "$merged" | grep -q 'Block counts: \[[0-9, ]*[1-9]' || {
+  echo "pgo-build: the merged profile has no server-side counts (run_decoded never ran?)" >&2
+  exit 1
+}
 
 echo "pgo-build: 4/4 optimized build" >&2
 build "-Cprofile-use=$(realpath "$merged") -Cllvm-args=-pgo-warn-missing-function=false" "$use_dir"
