@@ -326,8 +326,8 @@ impl AsyncEngine {
     /// `spin`, their responses are seen without a kernel wake-up (one call
     /// in flight goes from about ten thousand calls a second to several
     /// hundred thousand on a VM, see `hg-perf rate --mode
-    /// tokio-adaptive`); the price
-    /// is a runtime worker kept busy during the window. An idle engine
+    /// tokio-adaptive`); the price is a runtime worker kept busy during
+    /// the window. An idle engine
     /// still uses no CPU once the window has passed. `Duration::ZERO` is
     /// `spawn`. [`RpcStats::driver_sleeps`](crate::RpcStats) counts the
     /// sleeps.

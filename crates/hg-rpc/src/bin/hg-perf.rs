@@ -274,8 +274,11 @@ impl Drop for Server {
     fn drop(&mut self) {
         let end = Instant::now() + SERVER_EXIT_GRACE;
         while Instant::now() < end {
-            if !matches!(self.0.try_wait(), Ok(None)) {
-                return;
+            match self.0.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) => {}
+                // Its state cannot be read: kill it rather than leave it.
+                Err(_) => break,
             }
             std::thread::sleep(Duration::from_millis(5));
         }

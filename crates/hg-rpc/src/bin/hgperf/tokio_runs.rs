@@ -73,9 +73,9 @@ where
     })
 }
 
-/// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a current-thread
-/// tokio runtime, whose driver task sleeps on the endpoint's fd (the server
-/// runs in blocking mode).
+/// `lat` through [`hg_rpc::AsyncEngine`]: each call is awaited on a
+/// current-thread tokio runtime (the driver and the server as the flavor
+/// says).
 pub(crate) fn lat(
     cli: &Cli,
     f: Flavor,
