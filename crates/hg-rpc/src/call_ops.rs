@@ -158,6 +158,7 @@ impl<C: Codec> Engine<C> {
 
     /// Watches `dest` (if not yet), sends the request (header `h`, payload
     /// in `self.scratch`) and records the call.
+    #[inline(always)]
     fn send_request(
         &mut self,
         dest: &Addr,
@@ -490,6 +491,7 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
+    #[inline(always)]
     pub(super) fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
         let Some(call) = self.calls.get_mut(cookie) else {
             return;

@@ -71,6 +71,7 @@ impl<C: Codec> Engine<C> {
 
     /// Runs the handler of request `h` from `src` on its input `payload`;
     /// `None` if the handler is deferred (the request was queued).
+    #[inline(always)]
     pub(super) fn run_decoded(
         &mut self,
         src: &Addr,
@@ -145,6 +146,7 @@ impl<C: Codec> Engine<C> {
     /// A message arrived (taken in pull mode, or in one of our posted
     /// unexpected receives): a request to serve, or the response to one
     /// of our calls. Returns true for a response.
+    #[inline(always)]
     pub(super) fn on_message(&mut self, src: &Addr, msg: &[u8]) -> bool {
         let (h, payload) = match Header::decode(msg) {
             Ok(r) => r,
@@ -338,6 +340,7 @@ impl<C: Codec> Engine<C> {
     /// described instead (the origin pulls it, then releases it).
     /// An error message over the limit is cut to fit instead (the origin
     /// takes a spilled response as an output only).
+    #[inline(always)]
     pub(super) fn respond(&mut self, src: &Addr, h: Header, mut out: Vec<u8>) {
         let (h, out) = if HEADER_LEN + out.len() <= self.max_msg {
             (h, out)

@@ -310,16 +310,16 @@ impl Endpoint {
     /// into the endpoint's queue. Returns how many completions are queued,
     /// plus the number of plugins in pull mode with an unexpected message
     /// waiting (see [`pull_unexpected`](Self::pull_unexpected)).
+    #[inline(always)]
     pub fn progress_now(&mut self) -> Result<usize> {
         // The common case, one plugin that progressed, takes no error
         // bookkeeping (this runs once per message in busy mode).
         if let [only] = self.plugins.as_mut_slice() {
             let r = only.progress();
             only.take_completions(&mut self.completions);
-            let scheme = only.scheme();
             let ready = self.completions.len() + self.pull_ready();
             return match r {
-                Err(e) => progress_failed(scheme, e, ready),
+                Err(e) => progress_failed(self.plugins[0].scheme(), e, ready),
                 Ok(_) => Ok(ready),
             };
         }

@@ -355,7 +355,7 @@ impl<'a> Channel<'a> {
 
     /// [`try_send`](Self::try_send) of parts whose lengths add up to
     /// `len` (the caller summed them already).
-    #[inline]
+    #[inline(always)]
     pub fn try_send_len(
         &self,
         tx: &mut TxCursor,
@@ -452,6 +452,7 @@ impl<'a> Channel<'a> {
 
     /// Receiver: copies the payload of message `pos` (slot `s`) into `dst`
     /// (replacing its contents).
+    #[inline(always)]
     pub fn read_payload(&self, pos: u64, s: &Slot, dst: &mut Vec<u8>) {
         let at = if s.inline {
             self.slot_offset(pos) + 8

@@ -63,6 +63,7 @@ impl HeadEntry {
     }
 
     /// Watches the slot of message `pos` of its ring (read through `ch`).
+    #[inline(always)]
     pub fn watch(&mut self, ch: &Channel<'_>, pos: u64) {
         let (off, idle) = ch.head_word(pos);
         self.word.point_at(ch.region(), off);

@@ -356,6 +356,7 @@ impl SmPlugin {
 
     /// Sends the concatenation of `parts`, written straight into the ring
     /// slot (or reserved buffer): no message buffer, no joining copy.
+    #[inline(always)]
     fn send(
         &mut self,
         dest: &Addr,

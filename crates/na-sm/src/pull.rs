@@ -133,7 +133,7 @@ impl SmPlugin {
     /// Copies out and retires the unexpected message `s` at the head of
     /// connection `ci` of peer slot `idx` (just peeked there), and makes
     /// that ring the one the next take looks at first.
-    #[inline]
+    #[inline(always)]
     fn take_at(&mut self, idx: usize, ci: usize, s: Slot, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
         let peer = self.peers.slot_mut(idx)?;
         let conn = peer.conns.get_mut(ci)?;
