@@ -64,6 +64,27 @@ fn parse_owner(text: &str) -> Option<(u32, u64)> {
     Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
 }
 
+/// The text of an owner file, if it is one: a regular file (not a
+/// symbolic link, and not a FIFO, which any process of our uid could put
+/// in the directory under an owner file's name and so block the read, and
+/// with it a listening instance's start), of which at most 256 bytes are
+/// read (an owner line is about 40).
+fn read_owner_file(path: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(256).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
 /// True if the owner of `key`'s files is certainly dead: no process has
 /// its pid, or the process with that pid started at another time than the
 /// one recorded (the pid was reused).
@@ -71,9 +92,7 @@ fn owner_is_dead(dir: &Path, name: &SmName) -> bool {
     if !proc::is_alive(name.pid) {
         return true;
     }
-    let recorded = std::fs::read_to_string(name.owner_path(dir))
-        .ok()
-        .and_then(|t| parse_owner(&t));
+    let recorded = read_owner_file(&name.owner_path(dir)).and_then(|t| parse_owner(&t));
     match (recorded, proc::start_time(name.pid)) {
         (Some((pid, start)), Ok(now)) => pid == name.pid && start != now,
         // No owner file, or /proc hidden: keep (never delete a live peer's files).
@@ -160,6 +179,45 @@ mod tests {
         assert!(!reused.socket_path(&dir).exists());
         assert_eq!(parse_owner("qs-sm-owner 1 5 77"), Some((5, 77)));
         assert_eq!(parse_owner("qs-sm-owner 2 5 77"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An owner file's name on a FIFO (anyone of our uid may create one in
+    /// the directory) or on a symbolic link neither blocks the cleanup nor
+    /// gets its group removed: a live pid's files whose owner cannot be
+    /// read are kept.
+    #[test]
+    fn an_owner_name_on_a_fifo_or_a_link_is_kept_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("qs-sm-cleanup-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = SmName {
+            pid: std::process::id(),
+            instance: "fifo".into(),
+        };
+        let st = std::process::Command::new("mkfifo")
+            .arg(fifo.owner_path(&dir))
+            .status()
+            .expect("mkfifo (coreutils) runs");
+        assert!(st.success(), "mkfifo failed: {st}");
+        std::fs::write(fifo.socket_path(&dir), b"").unwrap();
+        let link = SmName {
+            pid: std::process::id(),
+            instance: "link".into(),
+        };
+        // A link to a file that says the owner started at another time.
+        let target = dir.join("elsewhere");
+        std::fs::write(&target, format!("qs-sm-owner 1 {} 1\n", link.pid)).unwrap();
+        std::os::unix::fs::symlink(&target, link.owner_path(&dir)).unwrap();
+        std::fs::write(link.socket_path(&dir), b"").unwrap();
+        let d = dir.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(cleanup_stale(&d).map_err(|e| e.to_string())));
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("cleanup_stale blocked on a FIFO named as an owner file")
+            .unwrap();
+        assert!(r.removed.is_empty(), "{r:?}");
+        assert_eq!(r.kept.len(), 4, "{r:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

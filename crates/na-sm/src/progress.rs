@@ -21,6 +21,9 @@ use crate::matching::{Matcher, OpPlace};
 use crate::plugin::{SmPlugin, LISTENER_TOKEN, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
 
+/// Full batches of events one call handles at most (see `wait_events`).
+pub(crate) const MAX_EVENT_ROUNDS: usize = 4;
+
 /// Progress calls between two non-blocking polls of the socket events when
 /// nothing asked for one (busy mode).
 pub const EVENT_POLL_INTERVAL: u32 = 1024;
@@ -255,7 +258,7 @@ impl SmPlugin {
     /// re-checks for work. A sender waiting for room must not wait on a
     /// receiver that sleeps without having said how far it read.
     pub(crate) fn arm(&mut self) -> bool {
-        if !self.completions.is_empty() || self.pull_ready() {
+        if !self.completions.is_empty() || self.pull_ready() || self.events_owed {
             return false;
         }
         let mut violations = Vec::new();
@@ -314,10 +317,14 @@ impl SmPlugin {
     }
 
     /// Handles the internal epoll set's events, waiting up to `timeout` for
-    /// the first (`None`: no limit).
+    /// the first (`None`: no limit). At most [`MAX_EVENT_ROUNDS`] full
+    /// batches: events that keep coming (peers writing to their wake-up
+    /// descriptors in a loop, say) cannot keep one call from returning;
+    /// what is left is owed to the next progress call (and [`arm`](Self::arm)
+    /// refuses to sleep on it).
     pub(crate) fn wait_events(&mut self, mut timeout: Option<Duration>) -> Result<()> {
         self.events_at = std::time::Instant::now();
-        loop {
+        for round in 1.. {
             self.tokens.clear();
             let n = self
                 .poll
@@ -329,7 +336,11 @@ impl SmPlugin {
                 self.handle_event(t);
             }
             self.tokens = tokens;
-            if n < 32 {
+            if n < na_core::sys::epoll::WAIT_BATCH {
+                break;
+            }
+            if round == MAX_EVENT_ROUNDS {
+                self.events_owed = true;
                 break;
             }
         }
@@ -809,6 +820,41 @@ mod tests {
     use super::*;
     use crate::channel::{init_region, TxCursor, REGION_LEN};
     use crate::sys::shm::SharedRegion;
+
+    /// Events that stay ready (level-triggered descriptors nobody reads
+    /// here; peers that write to their wake-up descriptors as fast as we
+    /// handle them, elsewhere) cannot keep a progress call from returning:
+    /// it handles at most `MAX_EVENT_ROUNDS` full batches, owes the rest
+    /// to the next call, and does not arm for a sleep meanwhile.
+    #[test]
+    fn events_that_keep_coming_do_not_hold_a_progress_call() {
+        use crate::sys::eventfd::EventFd;
+        let dir = std::env::temp_dir().join(format!("qs-sm-event-rounds-{}", std::process::id()));
+        let cfg = crate::SmConfig::default().with_dir(&dir);
+        let mut p = SmPlugin::new(na_core::PluginId(1), cfg).unwrap();
+        let fds: Vec<EventFd> = (0..40).map(|_| EventFd::new().unwrap()).collect();
+        for (i, fd) in fds.iter().enumerate() {
+            // Tokens no connection has: handled as nothing to do.
+            p.poll.add(fd.as_raw_fd(), (1 << 40) + i as u64).unwrap();
+            fd.signal().unwrap();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let r = p.poll_events();
+            let owed = p.events_owed;
+            let armed = p.arm();
+            tx.send((r.is_ok(), owed, armed)).unwrap();
+            drop(fds);
+        });
+        let (ok, owed, armed) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("poll_events never returned while events stayed ready");
+        t.join().unwrap();
+        assert!(ok);
+        assert!(owed, "the events left were not owed to the next call");
+        assert!(!armed, "armed for a sleep with events owed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A receiver that hands slots back to a waiting sender before the
     /// sender's wake-up fd arrived (handshake not acknowledged yet) owes it

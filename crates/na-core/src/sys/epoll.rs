@@ -6,6 +6,9 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+/// The most events one [`Epoll::wait`] returns.
+pub const WAIT_BATCH: usize = 32;
+
 /// An epoll set. Level-triggered, close-on-exec.
 #[derive(Debug)]
 pub struct Epoll {
@@ -62,10 +65,11 @@ impl Epoll {
 
     /// Waits up to `timeout` (`None`: forever) for events and appends their
     /// tokens to `tokens`. Returns the number of events; 0 on timeout or
-    /// when interrupted by a signal.
+    /// when interrupted by a signal. At most [`WAIT_BATCH`] events per
+    /// call: a full batch means more may be ready.
     /// [epoll_wait(2)](https://man7.org/linux/man-pages/man2/epoll_wait.2.html)
     pub fn wait(&self, tokens: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<usize> {
-        const MAX: usize = 32;
+        const MAX: usize = WAIT_BATCH;
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; MAX];
         let ms = match timeout {
             None => -1,

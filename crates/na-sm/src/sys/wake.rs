@@ -105,14 +105,16 @@ impl OwnWake {
 
     /// Empties a pipe after a wake-up (an eventfd is left alone: it is
     /// polled edge-triggered and its counter cannot fill up in practice).
-    /// Returns whether anything was read.
+    /// Returns whether anything was read. Reads at most
+    /// [`PIPE_DRAIN_MAX`] bytes: a peer that writes as fast as we read
+    /// cannot keep us here (what it leaves only fills its own pipe).
     pub fn drain(&self) -> io::Result<bool> {
         let OwnWake::Pipe { read, .. } = self else {
             return Ok(false);
         };
         let mut any = false;
-        let mut buf = [0u8; 256];
-        loop {
+        let mut buf = [0u8; 4096];
+        for _ in 0..PIPE_DRAIN_MAX / buf.len() {
             // SAFETY: `buf` is writable for its full length during the call.
             let r = unsafe { libc::read(read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             match r {
@@ -133,8 +135,12 @@ impl OwnWake {
                 }
             }
         }
+        Ok(any)
     }
 }
+
+/// Most bytes one [`OwnWake::drain`] reads: a default pipe's capacity.
+pub const PIPE_DRAIN_MAX: usize = 64 * 1024;
 
 /// The descriptor we write to wake the peer.
 #[derive(Debug)]
@@ -297,6 +303,33 @@ mod tests {
         }
         assert!(own.drain().unwrap());
         assert!(!own.drain().unwrap());
+    }
+
+    /// `drain` reads at most `PIPE_DRAIN_MAX` bytes a call, whatever the
+    /// pipe holds: a peer shares the pipe, may enlarge it (`F_SETPIPE_SZ`)
+    /// and refill it as fast as it is read, and would keep a drain that
+    /// reads until the pipe is empty reading (the bytes left only keep
+    /// that peer's own wake-ups from adding to it).
+    #[test]
+    fn drain_reads_at_most_its_bound_per_call() {
+        use std::io::Write;
+        let own = OwnWake::new(WakeKind::Pipe).unwrap();
+        let w = dup(own.fd_for_peer());
+        // SAFETY: F_SETPIPE_SZ takes an int and no pointer.
+        let size = unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+        assert!(
+            size >= 0 && size as usize >= 4 * PIPE_DRAIN_MAX,
+            "F_SETPIPE_SZ: {}",
+            io::Error::last_os_error()
+        );
+        let mut f = std::fs::File::from(w);
+        f.write_all(&vec![1u8; size as usize]).unwrap();
+        assert!(own.drain().unwrap());
+        let mut left: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int into `left`, which outlives the call.
+        let r = unsafe { libc::ioctl(own.poll_fd(), libc::FIONREAD, &mut left) };
+        assert_eq!(r, 0, "FIONREAD: {}", io::Error::last_os_error());
+        assert_eq!(left as usize, size as usize - PIPE_DRAIN_MAX);
     }
 
     #[test]
