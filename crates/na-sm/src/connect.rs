@@ -25,6 +25,14 @@ use crate::sys::wake::{OwnWake, PeerWake};
 /// waiting, the listener stops accepting until one is done.
 pub const MAX_PENDING_HANDSHAKES: usize = 128;
 
+/// Of those, how many one process (by kernel-reported pid) may have
+/// waiting at once: its connections past it are refused as they are
+/// accepted (with the reason), so that one process that connects and
+/// stays silent cannot fill [`MAX_PENDING_HANDSHAKES`] and pause the
+/// listener for everyone. An honest connector sends its hello right
+/// after connecting, so its handshakes hardly ever wait.
+pub const MAX_PENDING_PER_PROCESS: usize = 16;
+
 /// How long accepting pauses after it failed for want of descriptors or
 /// memory.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -286,6 +294,14 @@ impl SmPlugin {
                 }
                 continue;
             }
+            if let Some(reason) = self.over_pending_bound(cred.pid) {
+                // Told so the connector's error says why; the close follows.
+                let _ = send_with_fds(sock.as_fd(), &encode_refusal(&reason), &[]);
+                if self.stats.refuse_handshake() {
+                    tracing::warn!(pid = cred.pid, %reason, "sm handshake refused");
+                }
+                continue;
+            }
             let serial = self.next_serial;
             self.next_serial += 1;
             if sock.set_nonblocking(true).is_err() || self.poll_add(sock.as_raw_fd(), serial).is_err() {
@@ -468,6 +484,18 @@ impl SmPlugin {
     /// Why process `pid` may not have another connection, if it may not:
     /// whatever names it claims, it gets `max_conns_per_process` of the
     /// connections it made to us (ours to it are not counted).
+    /// Why process `pid` may not have another handshake waiting for its
+    /// hello ([`MAX_PENDING_PER_PROCESS`]), if it may not.
+    fn over_pending_bound(&self, pid: u32) -> Option<String> {
+        let waiting = self.pending.values().filter(|p| p.cred.pid == pid).count();
+        (waiting >= MAX_PENDING_PER_PROCESS).then(|| {
+            format!(
+                "process {pid} already has {waiting} connections waiting for their hello \
+                 (at most {MAX_PENDING_PER_PROCESS})"
+            )
+        })
+    }
+
     fn over_process_bound(&self, pid: u32) -> Option<String> {
         let held = self
             .peers

@@ -2,10 +2,12 @@
 //! never answers: nothing an honest peer sent is lost, and every deadline
 //! is kept while the plugin sleeps.
 //!
-//! * More connections than `MAX_PENDING_HANDSHAKES` that never say hello:
-//!   the listener pauses (the rest wait in the kernel's queue) instead of
-//!   closing honest connections queued behind them, and resumes when the
-//!   silent ones time out.
+//! * More connections than `MAX_PENDING_HANDSHAKES` that never say hello,
+//!   from many processes: the listener pauses (the rest wait in the
+//!   kernel's queue) instead of closing honest connections queued behind
+//!   them, and resumes when the silent ones time out.
+//! * Silent connections from one process past `MAX_PENDING_PER_PROCESS`
+//!   are refused as they are accepted: it cannot pause the listener.
 //! * A listener that never accepts: the connector's operations fail with
 //!   `PeerGone` after twice the handshake timeout instead of waiting forever.
 //! * One process past `max_conns_per_process` connections: its next
@@ -16,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
-use na_sm::{SmConfig, SmPlugin, MAX_PENDING_HANDSHAKES};
+use na_sm::{SmConfig, SmPlugin, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 
 const HANDSHAKE: Duration = Duration::from_millis(500);
 
@@ -81,16 +83,84 @@ fn raise_fd_limit() {
     }
 }
 
+/// Environment of a helper process (this test binary run again) that
+/// makes `count` connections to `path` (`path|count|test`), never says
+/// hello, prints `SILENT <count>` and holds them until its stdin closes.
+const SILENT_ENV: &str = "QS_TEST_SILENT_CONNECTIONS";
+
+/// In a helper process: what [`SILENT_ENV`] asks. True if it was one.
+fn silent_helper() -> bool {
+    let Ok(role) = std::env::var(SILENT_ENV) else {
+        return false;
+    };
+    let mut parts = role.split('|');
+    let (path, count) = (
+        parts.next().unwrap(),
+        parts.next().unwrap().parse::<usize>().unwrap(),
+    );
+    let held: Vec<UnixStream> = (0..count)
+        .map(|_| UnixStream::connect(path).expect("connect (silent)"))
+        .collect();
+    println!("SILENT {}", held.len());
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut rest);
+    true
+}
+
+/// A process (this test binary, `test` its test's name) holding `count`
+/// silent connections to `path`, once it said it made them. Exits when
+/// dropped (its stdin closes).
+struct SilentProcess(std::process::Child);
+
+impl SilentProcess {
+    fn start(path: &Path, count: usize, test: &str) -> SilentProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            .env(SILENT_ENV, format!("{}|{count}", path.display()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the helper exited before connecting"
+            );
+            if line.contains("SILENT ") {
+                break;
+            }
+        }
+        SilentProcess(child)
+    }
+}
+
+impl Drop for SilentProcess {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn honest_clients_queued_behind_silent_connections_are_served_not_refused() {
+    const TEST: &str = "honest_clients_queued_behind_silent_connections_are_served_not_refused";
+    if silent_helper() {
+        return;
+    }
     raise_fd_limit();
     let d = dir("burst");
     let (mut srv, sid) = node(&d, true, ProgressMode::Blocking);
     let uri = srv.self_addr(sid).unwrap().uri().to_owned();
     let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    // More silent connections than may wait for a hello...
-    let silent: Vec<UnixStream> = (0..MAX_PENDING_HANDSHAKES + 10)
-        .map(|_| UnixStream::connect(&sock_path).expect("connect (silent)"))
+    // More silent connections than may wait for a hello, from processes
+    // that each stay within their own bound...
+    let processes = MAX_PENDING_HANDSHAKES / MAX_PENDING_PER_PROCESS + 1;
+    let silent: Vec<SilentProcess> = (0..processes)
+        .map(|_| SilentProcess::start(&sock_path, MAX_PENDING_PER_PROCESS, TEST))
         .collect();
     // ...then honest clients, each sending one message.
     const HONEST: usize = 20;
@@ -128,9 +198,62 @@ fn honest_clients_queued_behind_silent_connections_are_served_not_refused() {
     let took = t0.elapsed();
     tags.sort_unstable();
     assert_eq!(tags, (0..HONEST as u32).collect::<Vec<_>>());
+    let stats = srv.plugin(sid).unwrap().stats();
+    assert!(stats.flow_blocked > 0, "the listener never paused: {stats:?}");
     assert!(
         took < Duration::from_millis(2900),
         "served after {took:?}: the server slept through the handshake deadline"
+    );
+    drop(silent);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// One process that makes more silent connections than the listener lets
+/// wait for a hello in all: those past `MAX_PENDING_PER_PROCESS` are
+/// refused as they are accepted, so the listener never pauses, and an
+/// honest client is served at once, not after the handshake timeout.
+#[test]
+fn one_process_of_silent_connections_cannot_pause_the_listener() {
+    const TEST: &str = "one_process_of_silent_connections_cannot_pause_the_listener";
+    if silent_helper() {
+        return;
+    }
+    let d = dir("silent1");
+    let (mut srv, sid) = node(&d, true, ProgressMode::Blocking);
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let count = MAX_PENDING_HANDSHAKES + 20;
+    let silent = SilentProcess::start(&sock_path, count, TEST);
+    let (mut c, _) = node(&d, false, ProgressMode::Busy);
+    let a = c.lookup(&uri).unwrap();
+    c.send_unexpected(&a, 7, b"hi", OpId(1)).unwrap();
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(100)).unwrap();
+    let t0 = Instant::now();
+    let got = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the honest client's message never arrived (stats {:?})",
+            srv.plugin(sid).unwrap().stats()
+        );
+        srv.progress(Some(Duration::from_millis(100))).unwrap();
+        c.progress(Some(Duration::ZERO)).unwrap();
+        while c.pop_completion().is_some() {}
+        if let Some(k) = srv.pop_completion() {
+            break k;
+        }
+    };
+    got.status.as_ref().expect("the honest client's message");
+    assert_eq!(got.tag, 7);
+    let stats = srv.plugin(sid).unwrap().stats();
+    assert_eq!(stats.flow_blocked, 0, "the listener paused: {stats:?}");
+    assert!(
+        stats.handshakes_refused >= (count - MAX_PENDING_PER_PROCESS) as u64,
+        "{stats:?}"
+    );
+    assert!(
+        t0.elapsed() < HANDSHAKE,
+        "served after {:?}: it waited for the silent connections to time out",
+        t0.elapsed()
     );
     drop(silent);
     let _ = std::fs::remove_dir_all(&d);

@@ -49,11 +49,12 @@ fn lookup_of_a_listener_that_never_accepts_fails_within_its_timeout() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Connections that never send their hello hold at most
-/// `MAX_PENDING_HANDSHAKES` descriptors: beyond that the listener stops
-/// accepting (the rest wait in the kernel's queue, costing us nothing);
-/// each is closed when its own handshake times out, and an honest client
-/// is served once they are gone.
+/// Connections that never send their hello: one process holds at most
+/// `MAX_PENDING_PER_PROCESS` of them waiting (its next one is refused at
+/// once, with the reason, and the listener does not pause for it; many
+/// processes past `MAX_PENDING_HANDSHAKES` pause it, see
+/// `handshake_limits.rs`); each waiting one is closed when its own
+/// handshake times out, and an honest client is served.
 #[test]
 fn silent_connections_beyond_the_handshake_limit_wait_and_are_closed() {
     use na_core::OpId;
@@ -75,13 +76,15 @@ fn silent_connections_beyond_the_handshake_limit_wait_and_are_closed() {
     let me = ep.self_addr(id).unwrap();
     let key = me.uri().strip_prefix("sm://").unwrap().to_owned();
     let path = dir.join(format!("{key}.sock"));
-    let extra = 20;
-    let mut silent: Vec<UnixStream> = (0..na_sm::MAX_PENDING_HANDSHAKES + extra)
+    let mut silent: Vec<UnixStream> = (0..na_sm::MAX_PENDING_PER_PROCESS)
         .map(|_| UnixStream::connect(&path).unwrap())
         .collect();
     for s in &silent {
         s.set_nonblocking(true).unwrap();
     }
+    // One more from this process: refused at once.
+    let mut over = UnixStream::connect(&path).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // Closed ones read end-of-file; kept ones would block.
     let closed = |silent: &mut Vec<UnixStream>| {
         silent
@@ -95,10 +98,12 @@ fn silent_connections_beyond_the_handshake_limit_wait_and_are_closed() {
     }
     assert_eq!(closed(&mut silent), 0, "closed before its handshake timed out");
     let st = ep.plugin(id).unwrap().stats();
-    assert!(
-        st.flow_blocked >= 1,
-        "accepting never paused at the limit: {st:?}"
-    );
+    assert_eq!(st.flow_blocked, 0, "accepting paused for one process: {st:?}");
+    assert_eq!(st.handshakes_refused, 1, "{st:?}");
+    let mut refusal = Vec::new();
+    over.read_to_end(&mut refusal).unwrap();
+    let text = String::from_utf8_lossy(&refusal);
+    assert!(text.contains("waiting for their hello"), "{text:?}");
     let end = Instant::now() + Duration::from_secs(10);
     let mut n = 0;
     while n < silent.len() {
