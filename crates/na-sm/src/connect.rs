@@ -2,7 +2,7 @@
 //! [`crate::conn`] for the protocol).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use na_core::{Addr, NaError, Result, SendBacklog};
@@ -295,11 +295,7 @@ impl SmPlugin {
                 continue;
             }
             if let Some(reason) = self.over_pending_bound(cred.pid) {
-                // Told so the connector's error says why; the close follows.
-                let _ = send_with_fds(sock.as_fd(), &encode_refusal(&reason), &[]);
-                if self.stats.refuse_handshake() {
-                    tracing::warn!(pid = cred.pid, %reason, "sm handshake refused");
-                }
+                self.refuse_over_bound(sock.as_fd(), cred.pid, &reason);
                 continue;
             }
             let serial = self.next_serial;
@@ -452,16 +448,11 @@ impl SmPlugin {
             return;
         };
         let _ = self.poll.delete(p.sock.as_raw_fd());
-        let peer = format!("pid {}", p.cred.pid);
         if let Some(reason) = self.over_process_bound(p.cred.pid) {
-            // Told so the connector's error says why (best effort; no
-            // SIGPIPE if it is gone already); the close follows.
-            let _ = send_with_fds(p.sock.as_fd(), &encode_refusal(&reason), &[]);
-            if self.stats.refuse_handshake() {
-                tracing::warn!(peer = %peer, %reason, "sm handshake refused");
-            }
+            self.refuse_over_bound(p.sock.as_fd(), p.cred.pid, &reason);
             return;
         }
+        let peer = format!("pid {}", p.cred.pid);
         match self.accept_hello(serial, p, r, &buf) {
             Ok(uri) => tracing::info!(peer = %uri, serial, "sm accept"),
             Err(HelloFailure::Peer(reason)) => {
@@ -481,9 +472,17 @@ impl SmPlugin {
         }
     }
 
-    /// Why process `pid` may not have another connection, if it may not:
-    /// whatever names it claims, it gets `max_conns_per_process` of the
-    /// connections it made to us (ours to it are not counted).
+    /// Refuses the handshake on `sock` of process `pid` past one of its
+    /// bounds: the connector is told why (best effort; no `SIGPIPE` if it
+    /// is gone already), so that its error says so; the close follows
+    /// when the caller drops the socket.
+    fn refuse_over_bound(&mut self, sock: BorrowedFd<'_>, pid: u32, reason: &str) {
+        let _ = send_with_fds(sock, &encode_refusal(reason), &[]);
+        if self.stats.refuse_handshake() {
+            tracing::warn!(pid, %reason, "sm handshake refused");
+        }
+    }
+
     /// Why process `pid` may not have another handshake waiting for its
     /// hello ([`MAX_PENDING_PER_PROCESS`]), if it may not.
     fn over_pending_bound(&self, pid: u32) -> Option<String> {
@@ -496,6 +495,9 @@ impl SmPlugin {
         })
     }
 
+    /// Why process `pid` may not have another connection, if it may not:
+    /// whatever names it claims, it gets `max_conns_per_process` of the
+    /// connections it made to us (ours to it are not counted).
     fn over_process_bound(&self, pid: u32) -> Option<String> {
         let held = self
             .peers

@@ -84,8 +84,9 @@ fn raise_fd_limit() {
 }
 
 /// Environment of a helper process (this test binary run again) that
-/// makes `count` connections to `path` (`path|count|test`), never says
-/// hello, prints `SILENT <count>` and holds them until its stdin closes.
+/// makes `count` connections to `path` (the value is `path|count`), never
+/// says hello, prints `SILENT <count>` and holds them until its stdin
+/// closes.
 const SILENT_ENV: &str = "QS_TEST_SILENT_CONNECTIONS";
 
 /// In a helper process: what [`SILENT_ENV`] asks. True if it was one.
