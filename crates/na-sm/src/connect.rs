@@ -33,6 +33,13 @@ pub const MAX_PENDING_HANDSHAKES: usize = 128;
 /// after connecting, so its handshakes hardly ever wait.
 pub const MAX_PENDING_PER_PROCESS: usize = 16;
 
+/// Most connections one progress call accepts (or refuses). The listener
+/// is level-triggered in the plugin's epoll set, so the rest are accepted
+/// by the next calls; without a bound, processes that keep connecting at
+/// least as fast as we accept could hold one progress call (and every
+/// peer's messages behind it) for as long as they go on.
+pub const MAX_ACCEPTS_PER_CALL: usize = 32;
+
 /// How long accepting pauses after it failed for want of descriptors or
 /// memory.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -237,9 +244,13 @@ impl SmPlugin {
     /// for theirs, or out of descriptors, it stops: the listener leaves the
     /// epoll set and the rest wait in the kernel's queue (nothing is
     /// refused) until a handshake ends or, for descriptors, a short pause
-    /// is over (see `sweep_deadlines`).
+    /// is over (see `sweep_deadlines`). At most [`MAX_ACCEPTS_PER_CALL`]
+    /// connections a call: the listener stays readable for the next one.
     pub(crate) fn accept_ready(&mut self) {
-        while self.accept_pause.is_none() {
+        for _ in 0..MAX_ACCEPTS_PER_CALL {
+            if self.accept_pause.is_some() {
+                return;
+            }
             if self.held_by_departed() >= self.cfg.max_queued_total {
                 self.stats.flow_blocked += 1;
                 tracing::warn!(

@@ -34,7 +34,9 @@
 //! `PeerGone` saying why). Of the [`MAX_PENDING_HANDSHAKES`] accepted
 //! connections that may wait for their hello at once (past that the
 //! listener pauses), one process may hold [`MAX_PENDING_PER_PROCESS`];
-//! its connections past it are refused as they are accepted.
+//! its connections past it are refused as they are accepted. One progress
+//! call accepts at most [`MAX_ACCEPTS_PER_CALL`] connections; the next
+//! calls take the rest.
 //!
 //! ## Region layout
 //! A header page, one control page and two ring pages per direction, then 32
@@ -158,7 +160,7 @@ pub mod sys;
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
 pub use config::{SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, SOCKET_DIR_ENV, WAKE_ENV};
-pub use connect::{MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
+pub use connect::{MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 pub use error::SmError;
 pub use factory::SmFactory;
 pub use plugin::SmPlugin;

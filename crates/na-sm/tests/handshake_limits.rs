@@ -12,13 +12,14 @@
 //!   `PeerGone` after twice the handshake timeout instead of waiting forever.
 //! * One process past `max_conns_per_process` connections: its next
 //!   handshake is refused.
+//! * A queue of connections is taken a bounded number per progress call.
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
-use na_sm::{SmConfig, SmPlugin, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
+use na_sm::{SmConfig, SmPlugin, MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 
 const HANDSHAKE: Duration = Duration::from_millis(500);
 
@@ -257,6 +258,50 @@ fn one_process_of_silent_connections_cannot_pause_the_listener() {
         t0.elapsed()
     );
     drop(silent);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Connections that keep coming cannot hold one progress call: a call
+/// accepts (or refuses) at most `MAX_ACCEPTS_PER_CALL` of them, and the
+/// listener, still readable, gets the rest in the next calls with no new
+/// event.
+#[test]
+fn queued_connections_are_accepted_a_bounded_number_per_progress_call() {
+    let d = dir("acceptcap");
+    let (mut srv, sid) = node(&d, true, ProgressMode::Blocking);
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    // Within the listen backlog (128), so every connect completes into the
+    // kernel's queue before anything is accepted. All are this process's
+    // and silent: MAX_PENDING_PER_PROCESS wait for a hello, the rest are
+    // refused as they are accepted, so refusals count the accepts.
+    let count = 100;
+    let conns: Vec<UnixStream> = (0..count)
+        .map(|_| UnixStream::connect(&sock_path).unwrap())
+        .collect();
+    // One zero-timeout sleep is one epoll_wait: the listener's event, and
+    // the accepts of one call.
+    let refused = |srv: &Endpoint| srv.plugin(sid).unwrap().stats().handshakes_refused;
+    let wait_once = |srv: &mut Endpoint| srv.plugin_mut(sid).unwrap().sleep(Some(Duration::ZERO)).unwrap();
+    wait_once(&mut srv);
+    let mut taken = refused(&srv) as usize + MAX_PENDING_PER_PROCESS;
+    assert_eq!(
+        taken, MAX_ACCEPTS_PER_CALL,
+        "one call must accept MAX_ACCEPTS_PER_CALL of {count} queued connections"
+    );
+    // The rest, call by call, with no new event: the listener stays readable.
+    while taken < count {
+        wait_once(&mut srv);
+        let now = refused(&srv) as usize + MAX_PENDING_PER_PROCESS;
+        assert_eq!(
+            now - taken,
+            MAX_ACCEPTS_PER_CALL.min(count - taken),
+            "a later call accepted a wrong number ({taken} before)"
+        );
+        taken = now;
+    }
+    assert_eq!(srv.plugin(sid).unwrap().stats().flow_blocked, 0);
+    drop(conns);
     let _ = std::fs::remove_dir_all(&d);
 }
 
