@@ -16,67 +16,103 @@
 # flight, LOOPS calls each (environment, default 500000), a fresh server
 # per run), and each HG_PERF binary's `rate --mode busy --sizes 0
 # --inflight 1,16` (default: the working tree's release build). Server on
-# CPU 0, client on CPU 1, both tools. Printed: each round's figures, then
-# per figure and binary the median and best, and the median and range of
-# the per-round ratios to Mercury.
+# CPU 0, client on CPU 1, both tools. Printed: per figure and binary the
+# median and best, the median and range of the per-round ratios to
+# Mercury, and each round's figures (the raw lines are kept in a temporary
+# file whose path is printed last).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '6,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 # Paths are the caller's: made absolute before the move to the tree's root.
-src=$(cd "$1" && pwd) || { echo "mercury-compare: no directory $1" >&2; exit 2; }
+src=$(CDPATH='' cd -- "$1" && pwd) || { echo "mercury-compare: no directory $1" >&2; exit 2; }
 rounds=$2
 shift 2
 bins=()
 for b in "$@"; do
   [ -x "$b" ] || { echo "mercury-compare: $b is not an executable" >&2; exit 2; }
-  bins+=("$(cd "$(dirname "$b")" && pwd)/$(basename "$b")")
+  bins+=("$(CDPATH='' cd -- "$(dirname -- "$b")" && pwd)/$(basename -- "$b")")
 done
 cd "$(dirname "$0")/.."
-[ ${#bins[@]} -gt 0 ] || bins=("$PWD/target/release/hg-perf")
 loops=${LOOPS:-500000}
-for t in cmake cc python3 taskset; do
+for t in cmake cc python3 taskset timeout; do
   command -v "$t" >/dev/null || { echo "mercury-compare: needs $t" >&2; exit 2; }
 done
 [ -f "$src/Testing/perf/hg/hg_rate.c" ] || { echo "mercury-compare: $src is not a Mercury source tree" >&2; exit 2; }
-
-build=$PWD/target/mercury-build
-if [ ! -x "$build/bin/hg_rate" ]; then
-  echo "building Mercury from $src into $build..." >&2
-  cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON \
-    -DBUILD_TESTING_UNIT=OFF -DBUILD_TESTING_PERF=ON -DNA_USE_SM=ON >"$build.log" 2>&1 &&
-    cmake --build "$build" -j "$(nproc)" >>"$build.log" 2>&1 ||
-    { echo "mercury-compare: the Mercury build failed; see $build.log" >&2; exit 1; }
-fi
-if [ ${#bins[@]} -eq 1 ] && [ "${bins[0]}" = "$PWD/target/release/hg-perf" ]; then
+if [ ${#bins[@]} -eq 0 ]; then
+  # Only the default binary is built here: one given may be a special build.
   cargo build --quiet --release -p hg-rpc --bin hg-perf
+  bins=("$PWD/target/release/hg-perf")
 fi
 
-# One Mercury run: a fresh server (it exits when the client is done), the
-# client's rate line for 0 B. Prints the rate, or "nan" if the run failed.
-mercury_rate() {
-  local dir
-  dir=$(mktemp -d)
-  (cd "$dir" && setsid taskset -c 0 "$build/bin/hg_perf_server" -c na -p sm -b \
-    >"$dir/server.log" 2>&1 </dev/null &)
-  for _ in $(seq 50); do [ -s "$dir/port.cfg" ] && break; sleep 0.1; done
-  (cd "$dir" && timeout 60 taskset -c 1 "$build/bin/hg_rate" -c na -p sm -b -y 0 -z 1 \
-    -x "$1" -l "$loops" 2>/dev/null) | awk '$1 == "0" && NF >= 2 { print $2; found = 1 } END { if (!found) print "nan" }'
-  pkill -f "$build/bin/hg_perf_server" 2>/dev/null || true
-  rm -rf "$dir"
-}
+# Built again when the source (its path or its commit) is another.
+build=$PWD/target/mercury-build
+stamp="$src $(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)"
+if [ ! -x "$build/bin/hg_rate" ] || [ "$(cat "$build/.source" 2>/dev/null)" != "$stamp" ]; then
+  echo "building Mercury from $src into $build..." >&2
+  rm -rf "$build"
+  mkdir -p "$build"
+  { cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON \
+      -DBUILD_TESTING_UNIT=OFF -DBUILD_TESTING_PERF=ON -DNA_USE_SM=ON &&
+    cmake --build "$build" -j "$(nproc)"; } >"$build/build.log" 2>&1 ||
+    { echo "mercury-compare: the Mercury build failed; see $build/build.log" >&2; exit 1; }
+  echo "$stamp" >"$build/.source"
+fi
 
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+run_dir='' server=''
+# An interrupted run leaves no busy-waiting server behind.
+cleanup() {
+  if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi
+  if [ -n "$run_dir" ]; then rm -rf "$run_dir"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# One Mercury run: a fresh server (it exits when the client is done), the
+# client's rate for 0 B, read from the column its header names "Rate".
+# Prints the rate, or "nan" if the run failed.
+mercury_rate() {
+  run_dir=$(mktemp -d)
+  (cd "$run_dir" && exec taskset -c 0 "$build/bin/hg_perf_server" -c na -p sm -b \
+    >server.log 2>&1 </dev/null) &
+  server=$!
+  for _ in $(seq 50); do [ -s "$run_dir/port.cfg" ] && break; sleep 0.1; done
+  (cd "$run_dir" && timeout 60 taskset -c 1 "$build/bin/hg_rate" -c na -p sm -b -y 0 -z 1 \
+    -x "$1" -l "$loops" 2>/dev/null || true) | awk '
+    /^# *Size/ { n = split($0, h, /  +/); for (i = 1; i <= n; i++) if (h[i] ~ /Rate/) col = i }
+    $1 == "0" && NF >= 2 && !found { print $(col ? col : 2); found = 1 }
+    END { if (!found) print "nan" }'
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+  server=''
+  rm -rf "$run_dir"
+  run_dir=''
+}
+
+# Lines: round <TAB> who <TAB> in flight <TAB> rate (nan: the run failed).
 for i in $(seq "$rounds"); do
-  runs=(mercury "${bins[@]}")
-  if [ $((i % 2)) = 0 ]; then runs=("${bins[@]}" mercury); fi
-  for r in "${runs[@]}"; do
+  order=("${bins[@]}")
+  if [ $((i % 2)) = 0 ]; then
+    order=()
+    for ((k = ${#bins[@]} - 1; k >= 0; k--)); do order+=("${bins[k]}"); done
+    order+=(mercury)
+  else
+    order=(mercury "${order[@]}")
+  fi
+  for r in "${order[@]}"; do
     if [ "$r" = mercury ]; then
-      for n in 1 16; do echo "$i mercury $n $(mercury_rate "$n")" >>"$out"; done
+      for n in 1 16; do printf '%s\tmercury\t%s\t%s\n' "$i" "$n" "$(mercury_rate "$n")" >>"$out"; done
     else
-      "$r" rate --mode busy --sizes 0 --inflight 1,16 --cpu 1,0 --json 2>/dev/null |
-        python3 -c 'import json,sys
+      { "$r" rate --mode busy --sizes 0 --inflight 1,16 --cpu 1,0 --json 2>/dev/null || true; } |
+        python3 -c 'import json, sys
+got = {}
 for l in sys.stdin:
-    o = json.loads(l); print(sys.argv[1], sys.argv[2], o["inflight"], o["median"])' "$i" "$r" >>"$out"
+    try:
+        o = json.loads(l)
+    except ValueError:
+        continue
+    got[o["inflight"]] = o["median"]
+for n in (1, 16):
+    print(sys.argv[1], sys.argv[2], n, got.get(n, float("nan")), sep="\t")' "$i" "$r" >>"$out"
     fi
   done
   echo "round $i/$rounds done" >&2
@@ -86,21 +122,30 @@ python3 - "$out" <<'PY'
 import math, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    rnd, who, n, v = line.split()
+    rnd, who, n, v = line.rstrip('\n').split('\t')
     rows.setdefault((int(n), who), {})[rnd] = float(v)
+ok = lambda v: not math.isnan(v) and v > 0
 for n in (1, 16):
-    merc = rows.get((n, 'mercury'), {})
-    good = [v for v in merc.values() if not math.isnan(v)]
-    if not good:
-        print(f'{n} in flight: every Mercury run failed'); continue
-    print(f'{n} in flight: mercury median {statistics.median(good)/1e6:.2f}M best {max(good)/1e6:.2f}M ({len(good)} runs)')
-    for (m, who), vals in sorted(rows.items()):
-        if m != n or who == 'mercury':
+    merc = {r: v for r, v in rows.get((n, 'mercury'), {}).items() if ok(v)}
+    if not merc:
+        print(f'{n} in flight: every Mercury run failed')
+        continue
+    print(f'{n} in flight: mercury median {statistics.median(merc.values())/1e6:.2f}M '
+          f'best {max(merc.values())/1e6:.2f}M ({len(merc)} runs)')
+    ours = {who: {r: v for r, v in vals.items() if ok(v)}
+            for (m, who), vals in sorted(rows.items()) if m == n and who != 'mercury'}
+    for who, vals in ours.items():
+        if not vals:
+            print(f'  {who}: every run failed')
             continue
-        ratios = sorted(v / merc[r] for r, v in vals.items() if r in merc and not math.isnan(merc[r]) and merc[r] > 0)
-        print(f'  {who}: median {statistics.median(vals.values())/1e6:.2f}M best {max(vals.values())/1e6:.2f}M;'
-              f' /mercury per round median {statistics.median(ratios):.2f} ({ratios[0]:.2f}..{ratios[-1]:.2f})')
-    for rnd in sorted(merc, key=int):
-        print(f'    round {rnd}: mercury {merc[rnd]/1e6:.2f}M ' + ' '.join(
-            f'{vals[rnd]/1e6:.2f}M' for (m, who), vals in sorted(rows.items()) if m == n and who != 'mercury' and rnd in vals))
+        line = f'  {who}: median {statistics.median(vals.values())/1e6:.2f}M best {max(vals.values())/1e6:.2f}M'
+        ratios = sorted(v / merc[r] for r, v in vals.items() if r in merc)
+        if ratios:
+            line += f'; /mercury per round median {statistics.median(ratios):.2f} ({ratios[0]:.2f}..{ratios[-1]:.2f})'
+        print(line)
+    for rnd in sorted(set(merc) | {r for v in ours.values() for r in v}, key=int):
+        cells = [f'{merc[rnd]/1e6:.2f}M' if rnd in merc else 'failed']
+        cells += [f'{v[rnd]/1e6:.2f}M' if rnd in v else 'failed' for v in ours.values()]
+        print(f'    round {rnd}: mercury ' + ' '.join(cells))
 PY
+echo "raw figures: $out" >&2

@@ -33,11 +33,14 @@ pub const MAX_PENDING_HANDSHAKES: usize = 128;
 /// after connecting, so its handshakes hardly ever wait.
 pub const MAX_PENDING_PER_PROCESS: usize = 16;
 
-/// Most connections one progress call accepts (or refuses). The listener
-/// is level-triggered in the plugin's epoll set, so the rest are accepted
-/// by the next calls; without a bound, processes that keep connecting at
-/// least as fast as we accept could hold one progress call (and every
-/// peer's messages behind it) for as long as they go on.
+/// Most connections one pass over the listener accepts (or refuses); a
+/// progress call makes a few such passes at most. A pass that reaches the
+/// bound leaves the rest queued in the kernel and owes the next call an
+/// event poll (the plugin will not sleep until then: a caller that waits
+/// on its fd edge-triggered, as tokio does, would get no new edge for a
+/// listener that stayed readable). Without a bound, processes that keep
+/// connecting at least as fast as we accept could hold one progress call
+/// (and every peer's messages behind it) for as long as they go on.
 pub const MAX_ACCEPTS_PER_CALL: usize = 32;
 
 /// How long accepting pauses after it failed for want of descriptors or
@@ -245,7 +248,9 @@ impl SmPlugin {
     /// epoll set and the rest wait in the kernel's queue (nothing is
     /// refused) until a handshake ends or, for descriptors, a short pause
     /// is over (see `sweep_deadlines`). At most [`MAX_ACCEPTS_PER_CALL`]
-    /// connections a call: the listener stays readable for the next one.
+    /// connections a pass; past them the next progress call polls events
+    /// again (`events_owed`), and the listener, level-triggered, reports
+    /// the rest.
     pub(crate) fn accept_ready(&mut self) {
         for _ in 0..MAX_ACCEPTS_PER_CALL {
             if self.accept_pause.is_some() {
@@ -319,6 +324,9 @@ impl SmPlugin {
                 .insert(serial, PendingAccept { sock, cred, deadline });
             self.handle_hello(serial);
         }
+        // The bound was reached (every other way out returns): more may
+        // be queued, and no new edge would say so.
+        self.events_owed = true;
     }
 
     /// Takes the listener out of the epoll set until `sweep_deadlines`
