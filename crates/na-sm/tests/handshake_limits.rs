@@ -12,8 +12,11 @@
 //!   `PeerGone` after twice the handshake timeout instead of waiting forever.
 //! * One process past `max_conns_per_process` connections: its next
 //!   handshake is refused.
-//! * A queue of connections is taken a bounded number per progress call.
+//! * A queue of connections is taken a bounded number per progress call,
+//!   and a driver that waits edge-triggered (as tokio does) never sleeps
+//!   on the rest.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -320,6 +323,49 @@ fn queued_connections_are_accepted_a_bounded_number_per_progress_call() {
     );
     assert_eq!(taken(&srv), count);
     assert_eq!(srv.plugin(sid).unwrap().stats().flow_blocked, 0);
+    drop(conns);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The same queue, drained the way tokio's driver waits: on the
+/// endpoint's fd registered edge-triggered, after `try_wait` said yes. The
+/// listener stays readable past a full pass, but that makes no new edge
+/// through the nested epoll sets: the plugin must not agree to sleep
+/// while connections may be queued, or the driver would sleep on them.
+#[test]
+fn a_driver_waiting_edge_triggered_takes_every_queued_connection() {
+    let d = dir("acceptet");
+    let (mut srv, sid) = node_with(&d, true, ProgressMode::Blocking, Duration::from_secs(60));
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let count = 100;
+    let conns: Vec<UnixStream> = (0..count)
+        .map(|_| UnixStream::connect(&sock_path).unwrap())
+        .collect();
+    let taken = |srv: &Endpoint| {
+        srv.plugin(sid).unwrap().stats().handshakes_refused as usize + MAX_PENDING_PER_PROCESS
+    };
+    let waiter = na_core::sys::epoll::Epoll::new().unwrap();
+    waiter.add_edge_triggered(srv.as_raw_fd(), 1).unwrap();
+    let mut tokens = Vec::new();
+    let t0 = Instant::now();
+    while taken(&srv) < count {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{} of {count} taken",
+            taken(&srv)
+        );
+        srv.progress_now().unwrap();
+        if taken(&srv) < count && srv.try_wait().unwrap() && taken(&srv) < count {
+            let woken = waiter.wait(&mut tokens, Some(Duration::from_secs(2))).unwrap();
+            assert!(
+                woken > 0,
+                "the driver slept with {} of {count} connections taken, and no edge came",
+                taken(&srv)
+            );
+        }
+    }
+    assert_eq!(taken(&srv), count);
     drop(conns);
     let _ = std::fs::remove_dir_all(&d);
 }
