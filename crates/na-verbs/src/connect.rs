@@ -26,6 +26,9 @@ use crate::VerbsError;
 /// How long a dead connection may wait for its flushed work requests.
 const FLUSH_GRACE: Duration = Duration::from_secs(5);
 
+/// Past a grace period: its check is strictly later (`elapsed() > grace`).
+const DEADLINE_SLACK: Duration = Duration::from_millis(1);
+
 impl VerbsPlugin {
     fn hello(&self) -> Hello {
         Hello {
@@ -113,8 +116,10 @@ impl VerbsPlugin {
     }
 
     /// Acts on the deadlines that have come (set-ups, see `sweep_setups`;
-    /// cancels, see `sweep_cancels`), then arms the timer for the next
-    /// one. Costs a clock read until the timer's time has come.
+    /// cancels, see `sweep_cancels`; dead connections' flush grace and dead
+    /// peers' held messages, see `reap_dead`), then arms the timer for the
+    /// next one, so that a sleeping process acts on each in time. Costs a
+    /// clock read until the timer's time has come.
     pub(crate) fn sweep_deadlines(&mut self) {
         let now = Instant::now();
         if self.next_deadline.is_none_or(|t| t > now) {
@@ -123,11 +128,25 @@ impl VerbsPlugin {
         self.deadline_timer.clear();
         let setup = self.sweep_setups(now);
         let cancel = self.sweep_cancels(now);
-        let next = match (setup, cancel) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        self.reap_dead();
+        let next = [
+            setup,
+            cancel,
+            self.next_flush_deadline(),
+            self.matching.held_sweep_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         self.set_deadline_timer(next);
+    }
+
+    /// When the earliest dead connection still waiting for its flush
+    /// completions is released anyway (see `retire_if_flushed`).
+    fn next_flush_deadline(&self) -> Option<Instant> {
+        self.conns_with_refs()
+            .filter_map(|(_, c)| c.dead_since?.checked_add(FLUSH_GRACE + DEADLINE_SLACK))
+            .min()
     }
 
     /// Tears down the connections whose set-up outlived
@@ -452,6 +471,14 @@ impl VerbsPlugin {
             }
         }
         self.retire_if_flushed(cref);
+        // Still here: it waits for its flush completions, at most the
+        // grace, which the timer keeps while the process sleeps.
+        if let Some(due) = self
+            .conn(cref)
+            .and_then(|c| c.dead_since?.checked_add(FLUSH_GRACE + DEADLINE_SLACK))
+        {
+            self.arm_deadline(due);
+        }
     }
 
     /// A connection to `peer` other than `except` that is not dead.

@@ -63,4 +63,5 @@ pub use config::VerbsConfig;
 pub use error::{Result, VerbsError};
 pub use factory::VerbsFactory;
 pub use mem::CacheStatsHandle;
+pub use msg::DEAD_HELD_GRACE;
 pub use plugin::{VerbsPlugin, CM_POLL_EVERY};

@@ -414,6 +414,9 @@ impl VerbsPlugin {
         let at = Instant::now() + DEAD_HELD_GRACE;
         let next = self.matching.held_sweep_at.map_or(at, |t| t.min(at));
         self.matching.held_sweep_at = Some(next);
+        // Kept by the deadline timer too: an idle process drops them on
+        // time, not at its next wake-up.
+        self.arm_deadline(next);
     }
 
     /// Drops expected messages held for peers dead longer than
