@@ -264,6 +264,45 @@ fn one_process_of_silent_connections_cannot_pause_the_listener() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A blocking listener with `QUEUED` silent connections of this process
+/// waiting in the kernel's queue, none accepted yet (within the listen
+/// backlog of 128). Its handshake timeout is far beyond a test, so that the
+/// `MAX_PENDING_PER_PROCESS` that wait for a hello cannot time out (and
+/// count as refusals) midway; the rest are refused as they are accepted,
+/// so [`taken`](Self::taken) counts the accepts.
+struct QueuedListener {
+    d: PathBuf,
+    srv: Endpoint,
+    sid: PluginId,
+    _conns: Vec<UnixStream>,
+}
+
+const QUEUED: usize = 100;
+
+impl QueuedListener {
+    fn new(tag: &str) -> Self {
+        let d = dir(tag);
+        let (srv, sid) = node_with(&d, true, ProgressMode::Blocking, Duration::from_secs(60));
+        let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+        let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+        let _conns = (0..QUEUED)
+            .map(|_| UnixStream::connect(&sock_path).unwrap())
+            .collect();
+        QueuedListener { d, srv, sid, _conns }
+    }
+
+    /// Connections accepted so far (waiting for a hello or refused).
+    fn taken(&self) -> usize {
+        self.srv.plugin(self.sid).unwrap().stats().handshakes_refused as usize + MAX_PENDING_PER_PROCESS
+    }
+}
+
+impl Drop for QueuedListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.d);
+    }
+}
+
 /// Connections that keep coming cannot hold one progress call: a pass
 /// over the listener accepts (or refuses) at most `MAX_ACCEPTS_PER_CALL`
 /// of them; the plugin then refuses to sleep (a caller waiting on its fd
@@ -271,60 +310,47 @@ fn one_process_of_silent_connections_cannot_pause_the_listener() {
 /// the next calls take the rest with no new event.
 #[test]
 fn queued_connections_are_accepted_a_bounded_number_per_progress_call() {
-    let d = dir("acceptcap");
-    // A handshake timeout far beyond the test: the silent connections that
-    // wait for a hello must not time out (and count as refusals) midway.
-    let (mut srv, sid) = node_with(&d, true, ProgressMode::Blocking, Duration::from_secs(60));
-    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
-    let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    // Within the listen backlog (128), so every connect completes into the
-    // kernel's queue before anything is accepted. All are this process's
-    // and silent: MAX_PENDING_PER_PROCESS wait for a hello, the rest are
-    // refused as they are accepted, so refusals count the accepts.
-    let count = 100;
-    let conns: Vec<UnixStream> = (0..count)
-        .map(|_| UnixStream::connect(&sock_path).unwrap())
-        .collect();
-    let taken = |srv: &Endpoint| {
-        srv.plugin(sid).unwrap().stats().handshakes_refused as usize + MAX_PENDING_PER_PROCESS
-    };
+    let mut q = QueuedListener::new("acceptcap");
+    let sid = q.sid;
     // One zero-timeout sleep is one epoll_wait: the listener's event, one
     // pass.
-    srv.plugin_mut(sid).unwrap().sleep(Some(Duration::ZERO)).unwrap();
+    q.srv
+        .plugin_mut(sid)
+        .unwrap()
+        .sleep(Some(Duration::ZERO))
+        .unwrap();
     assert_eq!(
-        taken(&srv),
+        q.taken(),
         MAX_ACCEPTS_PER_CALL,
-        "one pass must accept MAX_ACCEPTS_PER_CALL of {count} queued connections"
+        "one pass must accept MAX_ACCEPTS_PER_CALL of {QUEUED} queued connections"
     );
     // What tokio's driver asks before it sleeps on the fd: its harvest is
     // one more pass, and with connections still queued the answer is no.
-    let may_sleep = srv.plugin_mut(sid).unwrap().try_wait().unwrap();
-    assert_eq!(taken(&srv), 2 * MAX_ACCEPTS_PER_CALL);
+    let may_sleep = q.srv.plugin_mut(sid).unwrap().try_wait().unwrap();
+    assert_eq!(q.taken(), 2 * MAX_ACCEPTS_PER_CALL);
     assert!(
         !may_sleep,
         "the plugin would sleep with connections queued behind a full pass"
     );
     // The rest, call by call, with no new event: the listener stays readable.
-    let mut before = taken(&srv);
-    while before < count {
-        srv.plugin_mut(sid).unwrap().progress().unwrap();
-        let now = taken(&srv);
+    let mut before = q.taken();
+    while before < QUEUED {
+        q.srv.plugin_mut(sid).unwrap().progress().unwrap();
+        let now = q.taken();
         assert_eq!(
             now - before,
-            MAX_ACCEPTS_PER_CALL.min(count - before),
+            MAX_ACCEPTS_PER_CALL.min(QUEUED - before),
             "a later call accepted a wrong number ({before} before)"
         );
         before = now;
     }
     // All taken (the last pass found the queue empty): it may sleep now.
     assert!(
-        srv.plugin_mut(sid).unwrap().try_wait().unwrap(),
+        q.srv.plugin_mut(sid).unwrap().try_wait().unwrap(),
         "nothing is queued any more"
     );
-    assert_eq!(taken(&srv), count);
-    assert_eq!(srv.plugin(sid).unwrap().stats().flow_blocked, 0);
-    drop(conns);
-    let _ = std::fs::remove_dir_all(&d);
+    assert_eq!(q.taken(), QUEUED);
+    assert_eq!(q.srv.plugin(sid).unwrap().stats().flow_blocked, 0);
 }
 
 /// The same queue, drained the way tokio's driver waits: on the
@@ -334,40 +360,28 @@ fn queued_connections_are_accepted_a_bounded_number_per_progress_call() {
 /// while connections may be queued, or the driver would sleep on them.
 #[test]
 fn a_driver_waiting_edge_triggered_takes_every_queued_connection() {
-    let d = dir("acceptet");
-    let (mut srv, sid) = node_with(&d, true, ProgressMode::Blocking, Duration::from_secs(60));
-    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
-    let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    let count = 100;
-    let conns: Vec<UnixStream> = (0..count)
-        .map(|_| UnixStream::connect(&sock_path).unwrap())
-        .collect();
-    let taken = |srv: &Endpoint| {
-        srv.plugin(sid).unwrap().stats().handshakes_refused as usize + MAX_PENDING_PER_PROCESS
-    };
+    let mut q = QueuedListener::new("acceptet");
     let waiter = na_core::sys::epoll::Epoll::new().unwrap();
-    waiter.add_edge_triggered(srv.as_raw_fd(), 1).unwrap();
+    waiter.add_edge_triggered(q.srv.as_raw_fd(), 1).unwrap();
     let mut tokens = Vec::new();
     let t0 = Instant::now();
-    while taken(&srv) < count {
+    while q.taken() < QUEUED {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "{} of {count} taken",
-            taken(&srv)
+            "{} of {QUEUED} taken",
+            q.taken()
         );
-        srv.progress_now().unwrap();
-        if taken(&srv) < count && srv.try_wait().unwrap() && taken(&srv) < count {
+        q.srv.progress_now().unwrap();
+        if q.taken() < QUEUED && q.srv.try_wait().unwrap() && q.taken() < QUEUED {
             let woken = waiter.wait(&mut tokens, Some(Duration::from_secs(2))).unwrap();
             assert!(
                 woken > 0,
-                "the driver slept with {} of {count} connections taken, and no edge came",
-                taken(&srv)
+                "the driver slept with {} of {QUEUED} connections taken, and no edge came",
+                q.taken()
             );
         }
     }
-    assert_eq!(taken(&srv), count);
-    drop(conns);
-    let _ = std::fs::remove_dir_all(&d);
+    assert_eq!(q.taken(), QUEUED);
 }
 
 #[test]
