@@ -143,6 +143,18 @@ impl SmPlugin {
         self.matcher.queued_arrivals + self.pulled_late.len()
     }
 
+    /// After a receive or take that may have taken a departed peer's
+    /// queued message: a listener paused for them goes on as soon as there
+    /// is room, here, not at the next progress call. (The owner may sleep
+    /// meanwhile, a tokio driver say, while another thread takes them; the
+    /// listener is out of the epoll set, so no event would come.)
+    #[inline]
+    pub(crate) fn resume_if_queued_taken(&mut self) {
+        if self.accept_pause == Some(crate::connect::AcceptPause::Queued) {
+            self.maybe_resume_accepts();
+        }
+    }
+
     /// The part of [`held_total`](Self::held_total) that peers no longer
     /// connected left (their rings were taken whole, past the flow bound):
     /// what pauses the listener (see `SmConfig::max_queued_total`).
@@ -498,6 +510,7 @@ impl Plugin for SmPlugin {
             return Err(dup(op));
         }
         self.matcher.post_unexpected(op, buf, &mut self.completions);
+        self.resume_if_queued_taken();
         Ok(())
     }
 
@@ -521,6 +534,7 @@ impl Plugin for SmPlugin {
         {
             slot.insert(OpPlace::RecvExpected(tok, tag));
         }
+        self.resume_if_queued_taken();
         Ok(())
     }
 

@@ -111,7 +111,7 @@ impl SmPlugin {
     /// with a handshake (its events are due) or at the timer.
     #[cold]
     #[inline(never)]
-    fn maybe_resume_accepts(&mut self) {
+    pub(crate) fn maybe_resume_accepts(&mut self) {
         if self.accept_pause == Some(AcceptPause::Queued)
             && self.held_by_departed() < self.cfg.max_queued_total
         {

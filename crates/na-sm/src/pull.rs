@@ -74,6 +74,7 @@ impl SmPlugin {
     fn take_slow(&mut self, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
         if let Some((src, tag, data)) = self.pulled_late.pop_front() {
             *buf = data;
+            self.resume_if_queued_taken();
             return Some((src, tag));
         }
         self.pull_last = None;

@@ -12,6 +12,8 @@
 //!   `PeerGone` after twice the handshake timeout instead of waiting forever.
 //! * One process past `max_conns_per_process` connections: its next
 //!   handshake is refused.
+//! * A listener paused for departed peers' queued messages resumes when
+//!   the application takes them.
 //! * A queue of connections is taken a bounded number per progress call,
 //!   and a driver that waits edge-triggered (as tokio does) never sleeps
 //!   on the rest.
@@ -514,6 +516,78 @@ fn queued_messages_stay_bounded_when_clients_keep_coming() {
             break;
         }
     }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A listener paused for departed peers' queued messages goes on when the
+/// application takes them, at the receive itself, not at the next progress
+/// call: an owner that sleeps meanwhile (the receive posted from another
+/// thread) would get no event for it, the listener being out of the epoll
+/// set.
+#[test]
+fn a_listener_paused_for_departed_messages_resumes_when_they_are_taken() {
+    let d = dir("resume");
+    let (mut srv, sid, uri) = busy_listener(SmConfig {
+        max_queued_per_peer: 16,
+        max_queued_total: 4,
+        ..listening(&d)
+    });
+    let stats = |srv: &Endpoint| srv.plugin(sid).unwrap().stats();
+    let until =
+        |srv: &mut Endpoint, c: Option<&mut Endpoint>, what: &str, done: &dyn Fn(&Endpoint) -> bool| {
+            let mut c = c;
+            let t0 = Instant::now();
+            while !done(srv) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "never: {what} ({:?})",
+                    stats(srv)
+                );
+                if let Some(c) = c.as_deref_mut() {
+                    c.progress(Some(Duration::ZERO)).unwrap();
+                }
+                srv.progress(Some(Duration::from_millis(1))).unwrap();
+            }
+        };
+    // A client sends 10 messages (no receive posted): 4 are queued (the
+    // total bound), the rest wait in its ring; then it goes, and its ring
+    // is taken whole.
+    let (mut c, _) = node(&d, false, ProgressMode::Busy);
+    let a = c.lookup(&uri).unwrap();
+    for i in 0..10u64 {
+        c.send_unexpected(&a, 1, &i.to_le_bytes(), OpId(i)).unwrap();
+    }
+    until(&mut srv, Some(&mut c), "4 messages queued", &|s| {
+        stats(s).queued_arrivals == 4
+    });
+    drop(c);
+    until(&mut srv, None, "the client left", &|s| stats(s).peers == 0);
+    assert_eq!(stats(&srv).queued_arrivals, 10, "a departing ring is taken whole");
+    // The next client is not accepted while they are held: the listener
+    // pauses, the connection waits in the kernel's queue.
+    let (mut c2, _) = node(&d, false, ProgressMode::Busy);
+    let a2 = c2.lookup(&uri).unwrap();
+    c2.send_unexpected(&a2, 2, b"later", OpId(100)).unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(200) {
+        c2.progress(Some(Duration::ZERO)).unwrap();
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    assert_eq!(
+        stats(&srv).peers,
+        0,
+        "accepted while departed messages were over the bound"
+    );
+    // The application takes them; no progress call follows.
+    for i in 0..10u64 {
+        srv.post_recv_unexpected(sid, Vec::new(), OpId(1000 + i)).unwrap();
+    }
+    assert_eq!(stats(&srv).queued_arrivals, 0);
+    assert_eq!(
+        stats(&srv).peers,
+        1,
+        "the listener did not resume when the departed messages were taken"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
