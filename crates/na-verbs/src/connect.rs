@@ -26,8 +26,11 @@ use crate::VerbsError;
 /// How long a dead connection may wait for its flushed work requests.
 const FLUSH_GRACE: Duration = Duration::from_secs(5);
 
-/// Past a grace period: its check is strictly later (`elapsed() > grace`).
-const DEADLINE_SLACK: Duration = Duration::from_millis(1);
+/// When dead connection `c` is released whether or not its flushed work
+/// requests completed (see `retire_if_flushed`): its flush grace's end.
+fn flush_deadline(c: &Conn) -> Option<Instant> {
+    c.dead_since?.checked_add(FLUSH_GRACE)
+}
 
 impl VerbsPlugin {
     fn hello(&self) -> Hello {
@@ -116,10 +119,11 @@ impl VerbsPlugin {
     }
 
     /// Acts on the deadlines that have come (set-ups, see `sweep_setups`;
-    /// cancels, see `sweep_cancels`; dead connections' flush grace and dead
-    /// peers' held messages, see `reap_dead`), then arms the timer for the
-    /// next one, so that a sleeping process acts on each in time. Costs a
-    /// clock read until the timer's time has come.
+    /// cancels, see `sweep_cancels`), then arms the timer for the next one
+    /// of those, of the dead connections' flush grace and of the dead
+    /// peers' held messages, so that a sleeping process acts on each in
+    /// time. Called right after [`reap_dead`](Self::reap_dead), which acts
+    /// on the last two. Costs a clock read until the timer's time has come.
     pub(crate) fn sweep_deadlines(&mut self) {
         let now = Instant::now();
         if self.next_deadline.is_none_or(|t| t > now) {
@@ -128,7 +132,6 @@ impl VerbsPlugin {
         self.deadline_timer.clear();
         let setup = self.sweep_setups(now);
         let cancel = self.sweep_cancels(now);
-        self.reap_dead();
         let next = [
             setup,
             cancel,
@@ -145,7 +148,7 @@ impl VerbsPlugin {
     /// completions is released anyway (see `retire_if_flushed`).
     fn next_flush_deadline(&self) -> Option<Instant> {
         self.conns_with_refs()
-            .filter_map(|(_, c)| c.dead_since?.checked_add(FLUSH_GRACE + DEADLINE_SLACK))
+            .filter_map(|(_, c)| flush_deadline(c))
             .min()
     }
 
@@ -473,10 +476,7 @@ impl VerbsPlugin {
         self.retire_if_flushed(cref);
         // Still here: it waits for its flush completions, at most the
         // grace, which the timer keeps while the process sleeps.
-        if let Some(due) = self
-            .conn(cref)
-            .and_then(|c| c.dead_since?.checked_add(FLUSH_GRACE + DEADLINE_SLACK))
-        {
+        if let Some(due) = self.conn(cref).and_then(flush_deadline) {
             self.arm_deadline(due);
         }
     }
@@ -491,7 +491,7 @@ impl VerbsPlugin {
     /// completed (or the grace period is over).
     pub(crate) fn retire_if_flushed(&mut self, cref: ConnRef) {
         let Some(conn) = self.conn(cref) else { return };
-        let expired = conn.dead_since.is_some_and(|t| t.elapsed() > FLUSH_GRACE);
+        let expired = flush_deadline(conn).is_some_and(|t| Instant::now() >= t);
         if conn.state != ConnState::Dead || (conn.outstanding() > 0 && !expired) {
             return;
         }
