@@ -2,6 +2,7 @@
 //! watching the peers they went to, filing their responses, and handing
 //! the outcomes to callers.
 
+use na_core::hint::cold_path;
 use std::time::{Duration, Instant};
 
 use na_core::{Addr, MemHandle, NaError, OpId, Report, Tag};
@@ -417,6 +418,7 @@ impl<C: Codec> Engine<C> {
         let cookie = h.cookie;
         let spilled = h.flags & FLAG_SPILL != 0;
         let Some(call) = self.calls.get(cookie) else {
+            cold_path();
             self.stats.stray_responses += 1;
             tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
             if spilled {
@@ -435,6 +437,7 @@ impl<C: Codec> Engine<C> {
                 .values()
                 .any(|p| p.header.cookie == cookie && p.header.is_response());
         if call.peer != Some(src.token()) || call.outcome.is_some() || pulling {
+            cold_path();
             self.stats.malformed += 1;
             if logged_at(self.stats.malformed) {
                 tracing::warn!(peer = %src, cookie, malformed = self.stats.malformed, "dropping a response that does not match its call");
@@ -442,6 +445,7 @@ impl<C: Codec> Engine<C> {
             return;
         }
         if call.abandoned.is_some() {
+            cold_path();
             // Kept only because the target might still pull its input (or
             // a one-way call's acknowledgement): the response says it is
             // done. Nobody wants the output.

@@ -3,6 +3,7 @@
 //! message leads to (`handle`, `take_pulled`), with the sweep of spilled
 //! data kept past its TTL.
 
+use na_core::hint::cold_path;
 use std::time::{Duration, Instant};
 
 use na_core::Completion;
@@ -200,7 +201,10 @@ impl<C: Codec> Engine<C> {
                     }
                 }
                 Ok(None) => break Ok(n),
-                Err(e) => break Err(e.into()),
+                Err(e) => {
+                    cold_path();
+                    break Err(e.into());
+                }
             }
         };
         self.rx_buf = buf;

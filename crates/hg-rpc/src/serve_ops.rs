@@ -1,6 +1,8 @@
 //! The target side of the engine: running handlers (now or deferred),
 //! pulling spilled inputs, and sending responses (spilling large outputs).
 
+use na_core::hint::cold_path;
+
 use na_core::{Access, Addr, MemHandle, Report};
 
 use super::{
@@ -89,7 +91,10 @@ impl<C: Codec> Engine<C> {
             transfer_timeout: self.handler_transfer_timeout,
         };
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
-            None => (Status::UnknownRpc, Vec::new()),
+            None => {
+                cold_path();
+                (Status::UnknownRpc, Vec::new())
+            }
             Some(Handler { run: None, .. }) => match self.admit_deferred(src.token()) {
                 Ok(ticket) => {
                     self.deferred_requests.push_back(DeferredRequest::new(
@@ -124,7 +129,10 @@ impl<C: Codec> Engine<C> {
                     Ok(Ok(())) => None,
                     Ok(Err(failure)) => Some(failure),
                     Err(p) => Some((
-                        Status::HandlerError,
+                        {
+                            cold_path();
+                            Status::HandlerError
+                        },
                         format!("the handler of {name} panicked: {}", panic_text(&*p)),
                     )),
                 };
@@ -151,6 +159,7 @@ impl<C: Codec> Engine<C> {
         let (h, payload) = match Header::decode(msg) {
             Ok(r) => r,
             Err(e) => {
+                cold_path();
                 // Garbage is not answered (we cannot trust its cookie); count it.
                 self.stats.malformed += 1;
                 if logged_at(self.stats.malformed) {
@@ -174,6 +183,7 @@ impl<C: Codec> Engine<C> {
             return false;
         }
         if self.draining {
+            cold_path();
             self.refuse_draining(src, &h);
             return false;
         }

@@ -26,6 +26,7 @@ pub mod endpoint;
 pub mod env;
 pub mod error;
 pub mod fasthash;
+pub mod hint;
 pub mod mem;
 pub mod msgbuf;
 pub mod op;

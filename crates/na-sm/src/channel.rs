@@ -53,6 +53,7 @@
 //! clamped (it can only make a lying receiver lose its own messages), and a
 //! slot header is validated before any field is used.
 
+use na_core::hint::cold_path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::sys::shm::SharedRegion;
@@ -211,20 +212,26 @@ impl std::fmt::Display for SlotError {
 /// Unpacks and validates the slot value `v` read for message number `pos`.
 pub fn decode_slot(pos: u64, v: u64) -> Result<Slot, SlotError> {
     if v >> 54 != marker(pos) {
+        cold_path();
         return Err(SlotError::Marker { pos, value: v });
     }
     let kind = match (v >> 51) & 3 {
         1 => MsgKind::Unexpected,
         2 => MsgKind::Expected,
-        _ => return Err(SlotError::Kind { value: v }),
+        _ => {
+            cold_path();
+            return Err(SlotError::Kind { value: v });
+        }
     };
     let index = ((v >> 46) & 31) as usize;
     let len = ((v >> 32) & 0x3fff) as usize;
     let inline = (v >> 53) & 1 == 1;
     if len > BUF_SIZE {
+        cold_path();
         return Err(SlotError::Len { len });
     }
     if inline && (len > INLINE_MAX || index != 0) {
+        cold_path();
         return Err(SlotError::Inline { len, index });
     }
     Ok(Slot {
@@ -431,6 +438,7 @@ impl<'a> Channel<'a> {
         if is_stale(pos, v) {
             Ok(None)
         } else {
+            cold_path();
             Err(SlotError::Marker { pos, value: v })
         }
     }
@@ -474,6 +482,7 @@ impl<'a> Channel<'a> {
         }
         let old = self.free().fetch_or(1 << s.index, Ordering::SeqCst);
         if old & (1 << s.index) != 0 {
+            cold_path();
             return Err(format!(
                 "message {} used buffer {} that the sender had not reserved",
                 rx.pos - 1,

@@ -1,6 +1,7 @@
 //! Lookup, connection set-up and the accept side of the handshake (see
 //! [`crate::conn`] for the protocol).
 
+use na_core::hint::cold_path;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
@@ -132,6 +133,8 @@ impl SmPlugin {
     pub(crate) fn ensure_connected(&mut self, dest: &Addr) -> Result<()> {
         if dest.token() == self.self_tok && self.peers.get(self.self_tok).is_some_and(|p| p.conns.is_empty())
         {
+            // Once per process and instance.
+            cold_path();
             if self.listener.is_none() {
                 return Err(NaError::Unsupported {
                     plugin: "sm",

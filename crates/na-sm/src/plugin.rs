@@ -1,5 +1,6 @@
 //! The plugin instance: construction, teardown and the [`Plugin`] trait.
 
+use na_core::hint::cold_path;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
@@ -386,6 +387,7 @@ impl SmPlugin {
             _ => parts.iter().map(|p| p.len()).sum(),
         };
         if len > BUF_SIZE {
+            cold_path();
             return Err(NaError::MessageTooLarge {
                 len,
                 max: BUF_SIZE,
@@ -398,8 +400,13 @@ impl SmPlugin {
         }
         self.check_dest(dest)?;
         self.ensure_connected(dest)?;
-        self.send_on(dest.token(), kind, tag, parts, len, op, report)
-            .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?
+        match self.send_on(dest.token(), kind, tag, parts, len, op, report) {
+            Some(sent) => sent,
+            None => {
+                cold_path();
+                Err(self.gone(dest, "not connected (it disconnected earlier)"))
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! wake-up that brought no message (one that brought a message leaves the
 //! events to the next `try_wait`).
 
+use na_core::hint::cold_path;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -207,10 +208,12 @@ impl SmPlugin {
             e.taken = false;
             let ring = e.ring;
             let Some(peer) = peers.slot_mut(ring.0) else {
+                cold_path();
                 continue;
             };
             let tok = peer.addr.token();
             let Some(conn) = peer.conns.get_mut(ring.1) else {
+                cold_path();
                 continue;
             };
             // Not `conn.rx()`: the channel borrows only the region, so that
@@ -224,6 +227,7 @@ impl SmPlugin {
                 &mut conn.wake_owed,
                 stats,
             ) {
+                cold_path();
                 violations.push((tok, f, reason));
             }
             e.watch(&ch, conn.rx_cur.pos);
@@ -273,6 +277,7 @@ impl SmPlugin {
                     &mut c.wake_owed,
                     &mut self.stats,
                 ) {
+                    cold_path();
                     violations.push((peer.addr.token(), f, reason));
                 }
             }
@@ -479,6 +484,7 @@ impl SmPlugin {
                         Ok(None) => break,
                         Ok(Some(s)) => s,
                         Err(e) => {
+                            cold_path();
                             violations.push((peer.addr.token(), Failure::Protocol, e.to_string()));
                             break;
                         }
@@ -525,6 +531,7 @@ impl SmPlugin {
                     stats.msgs_received += 1;
                     stats.msg_bytes_received += s.len as u64;
                     if let Err(reason) = freed {
+                        cold_path();
                         violations.push((peer.addr.token(), Failure::Protocol, reason));
                         break;
                     }
@@ -538,6 +545,7 @@ impl SmPlugin {
                     &mut conn.wake_owed,
                     stats,
                 ) {
+                    cold_path();
                     violations.push((peer.addr.token(), f, reason));
                 }
                 heads.refresh(conn.head, (idx, ci), &ch, conn.rx_cur.pos);
@@ -622,10 +630,17 @@ impl SmPlugin {
         // completes inside this call and reports nothing), so its id is
         // checked only if it has to wait (below): no lookup on that path.
         if report == Report::All && op_in_flight(&self.ops, &self.matcher, op) {
+            cold_path();
             return Some(Err(dup(op)));
         }
-        let peer = self.peers.get_mut(tok)?;
-        let conn = peer.conns.first_mut()?;
+        let Some(peer) = self.peers.get_mut(tok) else {
+            cold_path();
+            return None;
+        };
+        let Some(conn) = peer.conns.first_mut() else {
+            cold_path();
+            return None;
+        };
         let tx = if conn.role == Role::Connector { 0 } else { 1 };
         let ch = Channel::new(&conn.region, tx);
         if conn.backlog.is_empty() && ch.try_send_len(&mut conn.tx_cur, kind, tag, parts, len) {
@@ -639,6 +654,7 @@ impl SmPlugin {
                     Ok(true) => self.stats.signals_sent += 1,
                     Ok(false) => {}
                     Err(e) => {
+                        cold_path();
                         let (f, reason) = wake_failure(&e);
                         self.fail_peer(tok, f, &reason);
                     }
@@ -648,10 +664,12 @@ impl SmPlugin {
         }
         // (A send that completes was checked above.)
         if report != Report::All && op_in_flight(&self.ops, &self.matcher, op) {
+            cold_path();
             return Some(Err(dup(op)));
         }
         let (max, max_total) = (self.cfg.max_backlog_bytes, self.cfg.max_backlog_total);
         if let Err(e) = conn.backlog.admit(len, max, max_total, &peer.addr) {
+            cold_path();
             self.stats.sends_refused += 1;
             tracing::debug!(peer = %peer.addr, error = %e, "sm: send refused");
             return Some(Err(e));
@@ -788,7 +806,10 @@ pub(crate) fn publish_read(
         return None;
     }
     match peer_wake.map(|w| w.signal()) {
-        Some(Err(e)) => Some(wake_failure(&e)),
+        Some(Err(e)) => {
+            cold_path();
+            Some(wake_failure(&e))
+        }
         Some(Ok(())) => {
             stats.signals_sent += 1;
             None

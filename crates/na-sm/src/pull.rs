@@ -11,6 +11,8 @@
 //! out of order (the RPC layer uses expected messages only to watch for
 //! a peer's death, so it is not affected).
 
+use na_core::hint::cold_path;
+
 use na_core::{Addr, Tag};
 
 use crate::channel::{Channel, MsgKind, Slot};
@@ -50,16 +52,21 @@ impl SmPlugin {
         // A peer or connection gone since the ring was seen: the scan
         // finds whatever else waits.
         let Some(peer) = self.peers.slot(idx) else {
+            cold_path();
             return self.take_slow(buf);
         };
         let Some(conn) = peer.conns.get(ci) else {
+            cold_path();
             return self.take_slow(buf);
         };
         let rx = if conn.role == Role::Connector { 1 } else { 0 };
         match Channel::new(&conn.region, rx).peek(conn.rx_cur.pos) {
             Ok(Some(s)) if s.kind == MsgKind::Unexpected => self.take_at(idx, ci, s, buf),
             // A violation is for the scan (it reports it).
-            Err(_) => self.take_slow(buf),
+            Err(_) => {
+                cold_path();
+                self.take_slow(buf)
+            }
             _ => {
                 self.pull_last = None;
                 self.pull_heads = 0;
@@ -146,6 +153,7 @@ impl SmPlugin {
         self.stats.msgs_received += 1;
         self.stats.msg_bytes_received += s.len as u64;
         if let Err(reason) = freed {
+            cold_path();
             // The sender broke the protocol: the message is not delivered.
             let tok = peer.addr.token();
             self.fail_peer(tok, Failure::Protocol, &reason);
