@@ -44,13 +44,14 @@ impl<C: Codec> Engine<C> {
             }
         }
         self.scratch.clear();
-        self.codec
-            .encode(input, &mut self.scratch)
-            .map_err(|reason| RpcError::Encode {
+        if let Err(reason) = self.codec.encode(input, &mut self.scratch) {
+            cold_path();
+            return Err(RpcError::Encode {
                 rpc: R::NAME.into(),
                 what: "input",
                 reason,
-            })?;
+            });
+        }
         let id = rpc_id(R::NAME);
         if to_self || HEADER_LEN + self.scratch.len() <= self.max_msg {
             // A self-forward never leaves the process: any size goes.
@@ -459,7 +460,8 @@ impl<C: Codec> Engine<C> {
         let outcome = if h.flags & FLAG_SPILL == 0 {
             // The common case first: it needs no call name.
             if h.status == Status::Ok {
-                Ok(p.to_vec())
+                // An empty output (a `()` one) needs no allocation call.
+                Ok(if p.is_empty() { Vec::new() } else { p.to_vec() })
             } else {
                 response_outcome(call.rpc, h.rpc_id, *h, p)
             }
@@ -513,7 +515,8 @@ impl<C: Codec> Engine<C> {
             self.abandoned_bytes = self.abandoned_bytes.saturating_sub(spill_len);
             self.calls.remove(cookie);
         } else {
-            call.outcome = Some(outcome.map_err(Box::new));
+            // None (checked above): nothing to drop.
+            call.outcome.get_or_insert(outcome.map_err(Box::new));
             if let Some(log) = &mut self.finished_log {
                 log.push(CallId(cookie));
             }

@@ -1,5 +1,6 @@
 //! Serialization behind a small trait, with postcard as the default.
 
+use na_core::hint::cold_path;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -34,13 +35,23 @@ impl Codec for Postcard {
                 *out = v;
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => {
+                cold_path();
+                Err(e.to_string())
+            }
         }
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String> {
-        let (v, rest) = postcard::take_from_bytes(bytes).map_err(|e| e.to_string())?;
+        let (v, rest) = match postcard::take_from_bytes(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                cold_path();
+                return Err(e.to_string());
+            }
+        };
         if !rest.is_empty() {
+            cold_path();
             return Err(format!("{} trailing bytes", rest.len()));
         }
         Ok(v)

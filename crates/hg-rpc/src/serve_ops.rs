@@ -308,6 +308,7 @@ impl<C: Codec> Engine<C> {
 
     /// Keeps `buf` as a spare if it is larger than a message (one that
     /// fits a message is cheap to make again).
+    #[inline]
     fn keep_if_large(&mut self, buf: Vec<u8>) {
         if buf.capacity() > self.max_msg {
             self.keep_spare_buffer(buf);
@@ -358,6 +359,7 @@ impl<C: Codec> Engine<C> {
             truncate_message(&mut out, self.max_msg.saturating_sub(HEADER_LEN));
             (h, out)
         } else if let Err(why) = self.exposed.admit(src.token(), out.len() as u64) {
+            cold_path();
             self.stats.outputs_refused += 1;
             let refused = self.stats.outputs_refused;
             if logged_at(refused) {
@@ -406,6 +408,7 @@ impl<C: Codec> Engine<C> {
         match sent {
             Ok(()) => self.stats.bytes_sent += sent_len as u64,
             Err(e) => {
+                cold_path();
                 self.stats.responses_dropped += 1;
                 // A caller that stopped reading makes every response fail:
                 // warn at 1, 2, 4, 8... of them, not once per request.

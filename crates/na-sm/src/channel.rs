@@ -475,6 +475,7 @@ impl<'a> Channel<'a> {
     /// sender broke the protocol. One atomic RMW both frees and validates,
     /// so the contended mask line moves once per buffered message. The slot
     /// itself is handed back in bulk by [`publish`](Self::publish).
+    #[inline]
     pub fn release(&self, rx: &mut RxCursor, s: &Slot) -> Result<(), String> {
         rx.pos += 1;
         if s.inline {

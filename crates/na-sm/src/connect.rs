@@ -1,7 +1,6 @@
 //! Lookup, connection set-up and the accept side of the handshake (see
 //! [`crate::conn`] for the protocol).
 
-use na_core::hint::cold_path;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
@@ -130,20 +129,29 @@ impl SmPlugin {
 
     /// Connects to the self address on first use (a listening instance
     /// talks to itself through a connection to its own socket).
+    /// (Inline: it runs on every send; the connection is made out of line.)
+    #[inline(always)]
     pub(crate) fn ensure_connected(&mut self, dest: &Addr) -> Result<()> {
         if dest.token() == self.self_tok && self.peers.get(self.self_tok).is_some_and(|p| p.conns.is_empty())
         {
-            // Once per process and instance.
-            cold_path();
-            if self.listener.is_none() {
-                return Err(NaError::Unsupported {
-                    plugin: "sm",
-                    op: "messages to self on a non-listening instance",
-                });
-            }
-            let name = self.name.clone();
-            self.connect(&name)?;
+            return self.connect_self();
         }
+        Ok(())
+    }
+
+    /// The first message to self: connects to our own socket (once per
+    /// instance).
+    #[cold]
+    #[inline(never)]
+    fn connect_self(&mut self) -> Result<()> {
+        if self.listener.is_none() {
+            return Err(NaError::Unsupported {
+                plugin: "sm",
+                op: "messages to self on a non-listening instance",
+            });
+        }
+        let name = self.name.clone();
+        self.connect(&name)?;
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use na_core::{
 };
 
 use crate::addr::{PeerTable, SmName};
-use crate::channel::{MsgKind, BUF_SIZE};
+use crate::channel::{MsgKind, Slot, BUF_SIZE};
 use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::error::{SmError, SmResult};
 use crate::heads::HeadList;
@@ -47,6 +47,22 @@ pub(crate) struct PendingAccept {
     pub sock: std::os::unix::net::UnixStream,
     pub cred: PeerCred,
     pub deadline: Instant,
+}
+
+/// An unexpected message the spin loop saw at the head of the ring in
+/// `SmPlugin::pull_last`, validated there: the take right after uses this
+/// slot instead of reading it again (it is the same message when the
+/// ring's peer and read position are still these; a peer that rewrites a
+/// slot it published gets the first version's validated length, never an
+/// unchecked one).
+#[derive(Clone, Copy)]
+pub(crate) struct SpinFound {
+    /// The token of the ring's peer.
+    pub peer: u64,
+    /// The ring's read position when the slot was seen.
+    pub pos: u64,
+    /// The slot, decoded and validated.
+    pub slot: Slot,
 }
 
 /// The shared-memory plugin. See the [crate docs](crate) for the design and
@@ -113,8 +129,9 @@ pub struct SmPlugin {
     pub(crate) pull_last: Option<(usize, usize)>,
     /// Pull mode: the spin loop saw an unexpected message arrive at a head
     /// (and counted it), so the progress call right after it need not scan
-    /// every ring to find it.
-    pub(crate) spin_found: bool,
+    /// every ring to find it, and the take need not read and validate its
+    /// slot again. Cleared by the next take or progress call.
+    pub(crate) spin_found: Option<SpinFound>,
     /// Pull mode: the peer slot `take_unexpected` looks at first (peers
     /// take turns).
     pub(crate) pull_next: usize,
@@ -233,7 +250,7 @@ impl SmPlugin {
             pull: false,
             pull_heads: 0,
             pull_last: None,
-            spin_found: false,
+            spin_found: None,
             pull_next: 0,
             pulled_late: VecDeque::new(),
             heads: HeadList::default(),

@@ -19,7 +19,7 @@ use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
 use crate::conn::{QueuedSend, Role};
 use crate::connect::AcceptPause;
 use crate::matching::{Matcher, OpPlace};
-use crate::plugin::{SmPlugin, LISTENER_TOKEN, TIMER_TOKEN, WAKE_BIT};
+use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
 
 /// Full batches of events one call handles at most (see `wait_events`).
@@ -62,7 +62,7 @@ impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
         self.tick = self.tick.wrapping_add(1);
-        let found = std::mem::take(&mut self.spin_found);
+        let found = self.spin_found.take().is_some();
         let woken = self.armed;
         self.disarm();
         let events_due = std::mem::take(&mut self.events_owed)
@@ -176,18 +176,25 @@ impl SmPlugin {
                 // name the ring, so that the take goes straight to it
                 // instead of looking through every peer's.
                 let ring = e.ring;
-                let unexpected_waits = self.pull
-                    && self
-                        .peers
+                let waiting = if self.pull {
+                    self.peers
                         .slot(ring.0)
-                        .and_then(|p| p.conns.get(ring.1))
-                        .is_some_and(
-                            |c| matches!(c.rx().peek(c.rx_cur.pos), Ok(Some(s)) if s.kind == MsgKind::Unexpected),
-                        );
-                if unexpected_waits {
+                        .and_then(|p| Some((p, p.conns.get(ring.1)?)))
+                        .and_then(|(p, c)| match c.rx().peek(c.rx_cur.pos) {
+                            Ok(Some(slot)) if slot.kind == MsgKind::Unexpected => Some(SpinFound {
+                                peer: p.addr.token(),
+                                pos: c.rx_cur.pos,
+                                slot,
+                            }),
+                            _ => None,
+                        })
+                } else {
+                    None
+                };
+                if waiting.is_some() {
                     self.pull_heads = 1;
                     self.pull_last = Some(ring);
-                    self.spin_found = true;
+                    self.spin_found = waiting;
                 }
                 return i;
             }

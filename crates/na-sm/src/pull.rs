@@ -33,7 +33,7 @@ impl SmPlugin {
         // A take answers what the spin loop saw, whether or not it finds a
         // message (a peer may withdraw one it published): the next
         // progress call settles and polls every changed ring.
-        self.spin_found = false;
+        let seen = self.spin_found.take();
         // `pulled_late` is taken from first (in `take_slow`).
         if self.pull_heads != 1 || !self.pulled_late.is_empty() {
             return self.take_slow(buf);
@@ -59,6 +59,12 @@ impl SmPlugin {
             cold_path();
             return self.take_slow(buf);
         };
+        // What the spin loop saw and validated, still at the head.
+        if let Some(seen) = seen {
+            if seen.peer == peer.addr.token() && seen.pos == conn.rx_cur.pos {
+                return self.take_at(idx, ci, seen.slot, buf);
+            }
+        }
         let rx = if conn.role == Role::Connector { 1 } else { 0 };
         match Channel::new(&conn.region, rx).peek(conn.rx_cur.pos) {
             Ok(Some(s)) if s.kind == MsgKind::Unexpected => self.take_at(idx, ci, s, buf),

@@ -216,6 +216,7 @@ impl SharedRegion {
     ///
     /// # Panics
     /// If the range is out of bounds (callers validate peer lengths first).
+    #[inline]
     pub fn read_to_vec(&self, offset: usize, len: usize, dst: &mut Vec<u8>) {
         assert!(offset.is_multiple_of(8) && offset <= self.len && len <= self.len - offset);
         dst.clear();
