@@ -415,6 +415,7 @@ impl<C: Codec> Engine<C> {
     /// another peer (forged, or a confused peer) is malformed. A discarded
     /// spilled output is released at once (nobody will pull it), so the
     /// target need not keep it for [`SPILLED_OUTPUT_TTL`](super::SPILLED_OUTPUT_TTL).
+    #[inline]
     pub(super) fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
         let spilled = h.flags & FLAG_SPILL != 0;
@@ -446,7 +447,6 @@ impl<C: Codec> Engine<C> {
             return;
         }
         if call.abandoned.is_some() {
-            cold_path();
             // Kept only because the target might still pull its input (or
             // a one-way call's acknowledgement): the response says it is
             // done. Nobody wants the output.

@@ -49,6 +49,7 @@ impl<T> CallTable<T> {
     }
 
     /// Stores `value`; returns its cookie.
+    #[inline]
     pub fn insert(&mut self, value: T) -> u64 {
         let index = self.free.pop().unwrap_or_else(|| {
             self.slots.push(Slot { gen: 0, value: None });

@@ -52,13 +52,13 @@ pub(crate) struct PendingAccept {
 /// An unexpected message the spin loop saw at the head of the ring in
 /// `SmPlugin::pull_last`, validated there: the take right after uses this
 /// slot instead of reading it again (it is the same message when the
-/// ring's peer and read position are still these; a peer that rewrites a
-/// slot it published gets the first version's validated length, never an
-/// unchecked one).
+/// connection and its read position are still these; a peer that rewrites
+/// a slot it published gets the first version's validated length, never
+/// an unchecked one).
 #[derive(Clone, Copy)]
 pub(crate) struct SpinFound {
-    /// The token of the ring's peer.
-    pub peer: u64,
+    /// The connection's serial (never reused): the ring it was seen in.
+    pub conn: u64,
     /// The ring's read position when the slot was seen.
     pub pos: u64,
     /// The slot, decoded and validated.

@@ -176,31 +176,34 @@ impl SmPlugin {
                 // name the ring, so that the take goes straight to it
                 // instead of looking through every peer's.
                 let ring = e.ring;
-                let waiting = if self.pull {
-                    self.peers
-                        .slot(ring.0)
-                        .and_then(|p| Some((p, p.conns.get(ring.1)?)))
-                        .and_then(|(p, c)| match c.rx().peek(c.rx_cur.pos) {
-                            Ok(Some(slot)) if slot.kind == MsgKind::Unexpected => Some(SpinFound {
-                                peer: p.addr.token(),
-                                pos: c.rx_cur.pos,
-                                slot,
-                            }),
-                            _ => None,
-                        })
-                } else {
-                    None
-                };
-                if waiting.is_some() {
-                    self.pull_heads = 1;
-                    self.pull_last = Some(ring);
-                    self.spin_found = waiting;
+                if self.pull {
+                    if let Some(found) = self.unexpected_at_head(ring) {
+                        self.pull_heads = 1;
+                        self.pull_last = Some(ring);
+                        self.spin_found = Some(found);
+                    }
                 }
                 return i;
             }
             std::hint::spin_loop();
         }
         max
+    }
+
+    /// The unexpected message at the head of ring `ring` (peer slot,
+    /// connection), validated, if one waits there.
+    #[inline(always)]
+    fn unexpected_at_head(&self, ring: (usize, usize)) -> Option<SpinFound> {
+        let peer = self.peers.slot(ring.0)?;
+        let conn = peer.conns.get(ring.1)?;
+        match conn.rx().peek(conn.rx_cur.pos) {
+            Ok(Some(slot)) if slot.kind == MsgKind::Unexpected => Some(SpinFound {
+                conn: conn.serial,
+                pos: conn.rx_cur.pos,
+                slot,
+            }),
+            _ => None,
+        }
     }
 
     /// For each ring a take read from (and only those): moves its head
@@ -472,12 +475,15 @@ impl SmPlugin {
             pull_last,
             pulled_late,
             heads,
+            spin_found,
             ..
         } = self;
         let (max_queued, max_total) = (cfg.max_queued_per_peer, cfg.max_queued_total);
-        // Counted afresh below.
+        // Counted afresh below (and what the spin loop saw is no longer
+        // where the next take looks first).
         *pull_heads = 0;
         *pull_last = None;
+        *spin_found = None;
         let mut head_at = None;
         for &(idx, ci) in rings {
             let Some(peer) = peers.slot_mut(idx) else {
@@ -621,7 +627,11 @@ impl SmPlugin {
     /// peer's first connection, or queues it; `None` if the peer is gone.
     /// A send that goes out at once completes only if `report` asks for
     /// successes; a queued one always completes.
+    ///
+    /// (Inline: it is on the path of every message; the queueing is out
+    /// of line.)
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(crate) fn send_on(
         &mut self,
         tok: u64,
@@ -669,7 +679,26 @@ impl SmPlugin {
             }
             return Some(Ok(()));
         }
-        // (A send that completes was checked above.)
+        self.queue_send(tok, kind, tag, parts, len, op, report)
+    }
+
+    /// [`send_on`](Self::send_on) when the message cannot go out at once
+    /// (no ring slot or buffer, or sends already queued): queues it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn queue_send(
+        &mut self,
+        tok: u64,
+        kind: MsgKind,
+        tag: Tag,
+        parts: &[&[u8]],
+        len: usize,
+        op: OpId,
+        report: Report,
+    ) -> Option<Result<()>> {
+        let peer = self.peers.get_mut(tok)?;
+        let conn = peer.conns.first_mut()?;
+        // (A send that completes was checked in `send_on`.)
         if report != Report::All && op_in_flight(&self.ops, &self.matcher, op) {
             cold_path();
             return Some(Err(dup(op)));

@@ -61,7 +61,7 @@ impl SmPlugin {
         };
         // What the spin loop saw and validated, still at the head.
         if let Some(seen) = seen {
-            if seen.peer == peer.addr.token() && seen.pos == conn.rx_cur.pos {
+            if seen.conn == conn.serial && seen.pos == conn.rx_cur.pos {
                 return self.take_at(idx, ci, seen.slot, buf);
             }
         }

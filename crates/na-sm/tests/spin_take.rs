@@ -16,8 +16,9 @@ use common::private_dir;
 
 const T: Duration = Duration::from_secs(10);
 
-/// Sizes on both sides of the inline limit and up to a whole buffer.
-const SIZES: [usize; 9] = [0, 1, 7, 8, 56, 57, 100, 4096, 8192];
+/// Sizes on both sides of the inline limit (`INLINE_MAX`, 120 bytes) and
+/// up to a whole buffer.
+const SIZES: [usize; 9] = [0, 1, 7, 8, 56, 120, 121, 4096, 8192];
 
 fn payload(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
