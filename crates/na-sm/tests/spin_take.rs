@@ -123,3 +123,101 @@ fn messages_seen_by_the_spin_loop_are_taken_once_whole_and_in_order() {
     assert_eq!(taker.stats().protocol_errors, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn with_two_senders_each_message_is_taken_once_from_its_own_ring() {
+    let dir = private_dir("spin-take-two");
+    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    assert!(taker.pull_unexpected().unwrap(), "sm has a pull mode");
+    let mut a = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let mut b = SmPlugin::new(PluginId(3), SmConfig::default().with_dir(&dir)).unwrap();
+    let to_a = a.lookup(taker.self_addr().uri()).unwrap();
+    let to_b = b.lookup(taker.self_addr().uri()).unwrap();
+    let (uri_a, uri_b) = (a.self_addr().uri().to_string(), b.self_addr().uri().to_string());
+
+    // Both handshakes, by a first message each.
+    a.send_unexpected(&to_a, 1, b"a", OpId(1)).unwrap();
+    b.send_unexpected(&to_b, 1, b"b", OpId(1)).unwrap();
+    let mut buf = Vec::new();
+    let mut greeted = Vec::new();
+    let end = Instant::now() + T;
+    while greeted.len() < 2 {
+        assert!(Instant::now() < end, "the handshakes never finished");
+        a.progress().unwrap();
+        b.progress().unwrap();
+        taker.progress().unwrap();
+        while let Some((src, _)) = taker.take_unexpected(&mut buf).unwrap() {
+            greeted.push(src.uri().to_string());
+        }
+    }
+    greeted.sort();
+    let mut both = vec![uri_a.clone(), uri_b.clone()];
+    both.sort();
+    assert_eq!(greeted, both);
+
+    for i in 0..300usize {
+        // Round by round: A alone, B alone, or both (in either order).
+        let senders: &[bool] = match i % 4 {
+            0 => &[true],
+            1 => &[false],
+            2 => &[true, false],
+            _ => &[false, true],
+        };
+        let mut expected = Vec::new();
+        for (k, &from_a) in senders.iter().enumerate() {
+            let len = SIZES[(i + 3 * k) % SIZES.len()];
+            let msg = payload(i * 2 + k, len);
+            let tag = 1000 + (i * 2 + k) as Tag;
+            let (p, to, uri) = if from_a {
+                (&mut a, &to_a, &uri_a)
+            } else {
+                (&mut b, &to_b, &uri_b)
+            };
+            p.send_unexpected(to, tag, &msg, OpId(10 + (i * 2 + k) as u64))
+                .unwrap();
+            expected.push((uri.clone(), tag, msg));
+        }
+        let end = Instant::now() + T;
+        loop {
+            assert!(
+                Instant::now() < end,
+                "round {i}: the spin loop never saw a message"
+            );
+            if taker.spin_wait(1000) < 1000 && taker.unexpected_ready() {
+                break;
+            }
+            taker.progress().unwrap();
+            a.progress().unwrap();
+            b.progress().unwrap();
+        }
+        let mut got = Vec::new();
+        let end = Instant::now() + T;
+        while got.len() < expected.len() {
+            assert!(
+                Instant::now() < end,
+                "round {i}: only {} of {} taken",
+                got.len(),
+                expected.len()
+            );
+            match taker.take_unexpected(&mut buf).unwrap() {
+                Some((src, tag)) => got.push((src.uri().to_string(), tag, buf.clone())),
+                None => {
+                    taker.progress().unwrap();
+                    a.progress().unwrap();
+                    b.progress().unwrap();
+                }
+            }
+        }
+        // One ring's messages come in order; the two rings in any order.
+        got.sort_by_key(|(_, tag, _)| *tag);
+        assert_eq!(got, expected, "round {i}: wrong messages taken");
+        assert!(
+            taker.take_unexpected(&mut buf).unwrap().is_none(),
+            "round {i}: a message was delivered twice, or one that was never sent"
+        );
+        a.progress().unwrap();
+        b.progress().unwrap();
+    }
+    assert_eq!(taker.stats().protocol_errors, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
