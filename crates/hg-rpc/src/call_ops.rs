@@ -2,9 +2,9 @@
 //! watching the peers they went to, filing their responses, and handing
 //! the outcomes to callers.
 
-use na_core::hint::cold_path;
 use std::time::{Duration, Instant};
 
+use na_core::hint::cold_path;
 use na_core::{Addr, MemHandle, NaError, OpId, Report, Tag};
 
 use super::{

@@ -3,9 +3,9 @@
 //! message leads to (`handle`, `take_pulled`), with the sweep of spilled
 //! data kept past its TTL.
 
-use na_core::hint::cold_path;
 use std::time::{Duration, Instant};
 
+use na_core::hint::cold_path;
 use na_core::Completion;
 
 use super::{

@@ -2,7 +2,6 @@
 //! pulling spilled inputs, and sending responses (spilling large outputs).
 
 use na_core::hint::cold_path;
-
 use na_core::{Access, Addr, MemHandle, Report};
 
 use super::{
@@ -128,13 +127,13 @@ impl<C: Codec> Engine<C> {
                 let failed = match ran {
                     Ok(Ok(())) => None,
                     Ok(Err(failure)) => Some(failure),
-                    Err(p) => Some((
-                        {
-                            cold_path();
-                            Status::HandlerError
-                        },
-                        format!("the handler of {name} panicked: {}", panic_text(&*p)),
-                    )),
+                    Err(p) => {
+                        cold_path();
+                        Some((
+                            Status::HandlerError,
+                            format!("the handler of {name} panicked: {}", panic_text(&*p)),
+                        ))
+                    }
                 };
                 match failed {
                     None => (Status::Ok, out),

@@ -53,8 +53,9 @@
 //! clamped (it can only make a lying receiver lose its own messages), and a
 //! slot header is validated before any field is used.
 
-use na_core::hint::cold_path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use na_core::hint::cold_path;
 
 use crate::sys::shm::SharedRegion;
 

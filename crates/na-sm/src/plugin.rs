@@ -1,10 +1,10 @@
 //! The plugin instance: construction, teardown and the [`Plugin`] trait.
 
-use na_core::hint::cold_path;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use na_core::fasthash::FastMap;
+use na_core::hint::cold_path;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
@@ -130,7 +130,7 @@ pub struct SmPlugin {
     /// Pull mode: the spin loop saw an unexpected message arrive at a head
     /// (and counted it), so the progress call right after it need not scan
     /// every ring to find it, and the take need not read and validate its
-    /// slot again. Cleared by the next take or progress call.
+    /// slot again. Cleared by the next take, progress call or ring poll.
     pub(crate) spin_found: Option<SpinFound>,
     /// Pull mode: the peer slot `take_unexpected` looks at first (peers
     /// take turns).

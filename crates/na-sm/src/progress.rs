@@ -8,11 +8,11 @@
 //! wake-up that brought no message (one that brought a message leaves the
 //! events to the next `try_wait`).
 
-use na_core::hint::cold_path;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use na_core::fasthash::FastMap;
+use na_core::hint::cold_path;
 use na_core::{Completion, NaError, OpId, OpKind, PluginStats, Report, Result, Tag};
 
 use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};

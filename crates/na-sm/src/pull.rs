@@ -12,7 +12,6 @@
 //! a peer's death, so it is not affected).
 
 use na_core::hint::cold_path;
-
 use na_core::{Addr, Tag};
 
 use crate::channel::{Channel, MsgKind, Slot};

@@ -6,6 +6,7 @@
 //! the spin and the take. Two real plugins over real shared memory in one
 //! process.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use na_core::{OpId, Plugin, PluginId, Tag};
@@ -22,6 +23,18 @@ const SIZES: [usize; 9] = [0, 1, 7, 8, 56, 120, 121, 4096, 8192];
 
 fn payload(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+/// A listening plugin in pull mode, the taker of these tests.
+fn pull_taker(dir: &Path) -> SmPlugin {
+    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(dir)).unwrap();
+    assert!(taker.pull_unexpected().unwrap(), "sm has a pull mode");
+    taker
+}
+
+/// A sending plugin of id `id`.
+fn sender(dir: &Path, id: u32) -> SmPlugin {
+    SmPlugin::new(PluginId(id), SmConfig::default().with_dir(dir)).unwrap()
 }
 
 /// Spins on `p` until it says an unexpected message waits; `sender` makes
@@ -45,9 +58,8 @@ fn spin_until_seen(p: &mut SmPlugin, sender: &mut SmPlugin) {
 #[test]
 fn messages_seen_by_the_spin_loop_are_taken_once_whole_and_in_order() {
     let dir = private_dir("spin-take");
-    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    assert!(taker.pull_unexpected().unwrap(), "sm has a pull mode");
-    let mut sender = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let mut taker = pull_taker(&dir);
+    let mut sender = sender(&dir, 2);
     let to = sender.lookup(taker.self_addr().uri()).unwrap();
 
     // The first message also completes the handshake.
@@ -127,10 +139,9 @@ fn messages_seen_by_the_spin_loop_are_taken_once_whole_and_in_order() {
 #[test]
 fn with_two_senders_each_message_is_taken_once_from_its_own_ring() {
     let dir = private_dir("spin-take-two");
-    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    assert!(taker.pull_unexpected().unwrap(), "sm has a pull mode");
-    let mut a = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
-    let mut b = SmPlugin::new(PluginId(3), SmConfig::default().with_dir(&dir)).unwrap();
+    let mut taker = pull_taker(&dir);
+    let mut a = sender(&dir, 2);
+    let mut b = sender(&dir, 3);
     let to_a = a.lookup(taker.self_addr().uri()).unwrap();
     let to_b = b.lookup(taker.self_addr().uri()).unwrap();
     let (uri_a, uri_b) = (a.self_addr().uri().to_string(), b.self_addr().uri().to_string());
