@@ -10,6 +10,13 @@
 /// Marks the path that calls it as rarely taken: the compiler lays the
 /// branch out of line and does not inline into it.
 ///
+/// Besides errors and departures, the busy paths also mark the side of a
+/// branch that the busy RPC path never takes and that costs far more than
+/// a jump when it runs (a buffer's copy, a system call, a spill, a
+/// completion the RPC layer does not ask for): without a profile the
+/// compiler lays out the `if` side in line and the common path jumps over
+/// it (docs/PERFORMANCE.md, session 38).
+///
 /// A stable stand-in for `std::hint::cold_path` (Rust 1.95; the workspace
 /// supports 1.88): a call to a `#[cold]` function makes the block that
 /// makes it cold. It is never inlined, so that the hint survives inlining;

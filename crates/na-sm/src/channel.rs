@@ -334,10 +334,16 @@ impl<'a> Channel<'a> {
     /// Sender: true if the ring has a slot for message `tx.pos`, reading
     /// the receiver's `consumed` count (with `order`) only when the cached
     /// credit is used up.
+    #[inline(always)]
     fn has_slot(&self, tx: &mut TxCursor, order: Ordering) -> bool {
-        if tx.pos < tx.limit {
-            return true;
-        }
+        tx.pos < tx.limit || self.renew_credit(tx, order)
+    }
+
+    /// [`has_slot`](Self::has_slot) once the cached credit is used up
+    /// (once a ring's worth of messages): reads `consumed` again.
+    #[cold]
+    #[inline(never)]
+    fn renew_credit(&self, tx: &mut TxCursor, order: Ordering) -> bool {
         // The peer may write anything here: a count beyond what we sent is
         // clamped, one that goes back is ignored (we keep the credit it gave).
         let consumed = self.consumed().load(order).min(tx.pos);
@@ -418,9 +424,17 @@ impl<'a> Channel<'a> {
 
     /// Sender, after publishing: true if the receiver is asleep and must be
     /// woken (consumes its flag, so one wake-up per sleep).
+    ///
+    /// (The wake-up is out of the busy path's line: a busy receiver never
+    /// sleeps, and a sleeping one costs a system call anyway.)
+    #[inline(always)]
     pub fn receiver_needs_wake(&self) -> bool {
         let w = self.rx_waiting();
-        w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::Relaxed) != 0
+        if w.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        cold_path();
+        w.swap(0, Ordering::Relaxed) != 0
     }
 
     /// Receiver: the message at `pos`, if one is published. Errors describe a
@@ -466,6 +480,9 @@ impl<'a> Channel<'a> {
         let at = if s.inline {
             self.slot_offset(pos) + 8
         } else {
+            // (Out of the busy path's line: a buffer's copy of up to 8 KiB
+            // costs far more than the jump.)
+            cold_path();
             self.bufs + s.index * BUF_SIZE
         };
         self.region.read_to_vec(at, s.len, dst);
@@ -479,9 +496,16 @@ impl<'a> Channel<'a> {
     #[inline]
     pub fn release(&self, rx: &mut RxCursor, s: &Slot) -> Result<(), String> {
         rx.pos += 1;
-        if s.inline {
-            return Ok(());
+        if !s.inline {
+            cold_path();
+            return self.release_buf(rx, s);
         }
+        Ok(())
+    }
+
+    /// [`release`](Self::release) of a message in a buffer: frees it.
+    #[inline(never)]
+    fn release_buf(&self, rx: &RxCursor, s: &Slot) -> Result<(), String> {
         let old = self.free().fetch_or(1 << s.index, Ordering::SeqCst);
         if old & (1 << s.index) != 0 {
             cold_path();

@@ -132,18 +132,21 @@ impl SmPlugin {
     /// (Inline: it runs on every send; the connection is made out of line.)
     #[inline(always)]
     pub(crate) fn ensure_connected(&mut self, dest: &Addr) -> Result<()> {
-        if dest.token() == self.self_tok && self.peers.get(self.self_tok).is_some_and(|p| p.conns.is_empty())
-        {
+        if dest.token() == self.self_tok {
             return self.connect_self();
         }
         Ok(())
     }
 
-    /// The first message to self: connects to our own socket (once per
-    /// instance).
+    /// A message to self: connects to our own socket the first time (once
+    /// per instance). Out of line: NA messages to self are not the RPC
+    /// layer's busy path (it runs a call to self without the network).
     #[cold]
     #[inline(never)]
     fn connect_self(&mut self) -> Result<()> {
+        if !self.peers.get(self.self_tok).is_some_and(|p| p.conns.is_empty()) {
+            return Ok(());
+        }
         if self.listener.is_none() {
             return Err(NaError::Unsupported {
                 plugin: "sm",

@@ -396,12 +396,12 @@ impl SmPlugin {
         op: OpId,
         report: Report,
     ) -> Result<()> {
-        // One or two parts (a header and a payload) are the usual case: a
-        // plain add, not the vectorized sum's set-up.
-        let len = match parts {
-            [a] => a.len(),
-            [a, b] => a.len() + b.len(),
-            _ => parts.iter().map(|p| p.len()).sum(),
+        // Two parts (an RPC's header and payload) are the usual case: a
+        // plain add, laid out in line, not the vectorized sum's set-up.
+        let len = if let [a, b] = parts {
+            a.len() + b.len()
+        } else {
+            sum_lens(parts)
         };
         if len > BUF_SIZE {
             cold_path();
@@ -425,6 +425,13 @@ impl SmPlugin {
             }
         }
     }
+}
+
+/// The total length of `parts` (out of line: a send of one part, or of
+/// more than two, is not the RPC layer's).
+#[inline(never)]
+fn sum_lens(parts: &[&[u8]]) -> usize {
+    parts.iter().map(|p| p.len()).sum()
 }
 
 /// The error for an address of another plugin (out of line: the check

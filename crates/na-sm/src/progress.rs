@@ -629,7 +629,9 @@ impl SmPlugin {
     /// successes; a queued one always completes.
     ///
     /// (Inline: it is on the path of every message; the queueing is out
-    /// of line.)
+    /// of line, and so is a send that reports its success: the RPC layer
+    /// sends with `Report::FailuresOnly`, and its busy path runs straight
+    /// through.)
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn send_on(
@@ -642,14 +644,56 @@ impl SmPlugin {
         op: OpId,
         report: Report,
     ) -> Option<Result<()>> {
-        // A send that will complete may not take an id in flight. One that
-        // reports failures only and goes out at once is never tracked (it
-        // completes inside this call and reports nothing), so its id is
-        // checked only if it has to wait (below): no lookup on that path.
-        if report == Report::All && op_in_flight(&self.ops, &self.matcher, op) {
+        if report == Report::All {
+            cold_path();
+            return self.send_on_reported(tok, kind, tag, parts, len, op);
+        }
+        // A send that reports failures only and goes out at once is never
+        // tracked (it completes inside this call and reports nothing), so
+        // its id is checked only if it has to wait (`queue_send`): no
+        // lookup on this path.
+        if self.try_send_now(tok, kind, tag, parts, len)? {
+            return Some(Ok(()));
+        }
+        self.queue_send(tok, kind, tag, parts, len, op, report)
+    }
+
+    /// [`send_on`](Self::send_on) of a send that completes: its id may not
+    /// be one in flight, and a success goes to the completion queue.
+    #[inline(never)]
+    fn send_on_reported(
+        &mut self,
+        tok: u64,
+        kind: MsgKind,
+        tag: Tag,
+        parts: &[&[u8]],
+        len: usize,
+        op: OpId,
+    ) -> Option<Result<()>> {
+        if op_in_flight(&self.ops, &self.matcher, op) {
             cold_path();
             return Some(Err(dup(op)));
         }
+        if self.try_send_now(tok, kind, tag, parts, len)? {
+            self.completions.push_back(Completion::done(op, kind_of(kind)));
+            return Some(Ok(()));
+        }
+        self.queue_send(tok, kind, tag, parts, len, op, Report::All)
+    }
+
+    /// Publishes the message in the peer's ring now if nothing is queued
+    /// before it and there is room (waking the peer if it sleeps):
+    /// `Some(true)` if it went out, `Some(false)` if it must be queued,
+    /// `None` if the peer is gone.
+    #[inline(always)]
+    fn try_send_now(
+        &mut self,
+        tok: u64,
+        kind: MsgKind,
+        tag: Tag,
+        parts: &[&[u8]],
+        len: usize,
+    ) -> Option<bool> {
         let Some(peer) = self.peers.get_mut(tok) else {
             cold_path();
             return None;
@@ -660,26 +704,24 @@ impl SmPlugin {
         };
         let tx = if conn.role == Role::Connector { 0 } else { 1 };
         let ch = Channel::new(&conn.region, tx);
-        if conn.backlog.is_empty() && ch.try_send_len(&mut conn.tx_cur, kind, tag, parts, len) {
-            self.stats.msgs_sent += 1;
-            self.stats.msg_bytes_sent += len as u64;
-            if report == Report::All {
-                self.completions.push_back(Completion::done(op, kind_of(kind)));
-            }
-            if ch.receiver_needs_wake() {
-                match conn.wake_peer() {
-                    Ok(true) => self.stats.signals_sent += 1,
-                    Ok(false) => {}
-                    Err(e) => {
-                        cold_path();
-                        let (f, reason) = wake_failure(&e);
-                        self.fail_peer(tok, f, &reason);
-                    }
+        if !conn.backlog.is_empty() || !ch.try_send_len(&mut conn.tx_cur, kind, tag, parts, len) {
+            cold_path();
+            return Some(false);
+        }
+        self.stats.msgs_sent += 1;
+        self.stats.msg_bytes_sent += len as u64;
+        if ch.receiver_needs_wake() {
+            match conn.wake_peer() {
+                Ok(true) => self.stats.signals_sent += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    cold_path();
+                    let (f, reason) = wake_failure(&e);
+                    self.fail_peer(tok, f, &reason);
                 }
             }
-            return Some(Ok(()));
         }
-        self.queue_send(tok, kind, tag, parts, len, op, report)
+        Some(true)
     }
 
     /// [`send_on`](Self::send_on) when the message cannot go out at once
@@ -698,7 +740,7 @@ impl SmPlugin {
     ) -> Option<Result<()>> {
         let peer = self.peers.get_mut(tok)?;
         let conn = peer.conns.first_mut()?;
-        // (A send that completes was checked in `send_on`.)
+        // (A send that completes was checked in `send_on_reported`.)
         if report != Report::All && op_in_flight(&self.ops, &self.matcher, op) {
             cold_path();
             return Some(Err(dup(op)));

@@ -245,27 +245,62 @@ impl SharedRegion {
     ///
     /// # Panics
     /// If the range is out of bounds.
+    #[inline(always)]
     pub fn write(&self, offset: usize, src: &[u8]) {
         assert!(offset <= self.len && src.len() <= self.len - offset);
-        let head = offset.next_multiple_of(8).saturating_sub(offset).min(src.len());
-        let words = (src.len() - head) / 8;
+        // Ring slots and buffers start 8-aligned, and so does an RPC's
+        // payload after its 32-byte header: the unaligned start is out of
+        // line.
+        if !offset.is_multiple_of(8) {
+            na_core::hint::cold_path();
+            return self.write_unaligned_start(offset, src);
+        }
         // SAFETY: the destination range is inside the mapping (checked
-        // above), and `offset + head` is 8-aligned (the mapping is
-        // page-aligned), so the word writes are aligned; volatile writes
-        // never create references into memory the peer writes.
+        // above), and `offset` is 8-aligned (the mapping is page-aligned).
+        unsafe { self.write_aligned(offset, src) }
+    }
+
+    /// [`write`](Self::write) from an offset that is not 8-aligned: the
+    /// bytes up to the first 8-aligned offset one by one, then the rest.
+    #[inline(never)]
+    fn write_unaligned_start(&self, offset: usize, src: &[u8]) {
+        let head = offset.next_multiple_of(8).saturating_sub(offset).min(src.len());
+        // SAFETY: the destination range is inside the mapping (checked by
+        // `write`); volatile writes never create references into memory
+        // the peer writes.
         unsafe {
             let dst = self.ptr.as_ptr().add(offset);
             for (i, b) in src[..head].iter().enumerate() {
                 std::ptr::write_volatile(dst.add(i), *b);
             }
-            let (wsrc, wdst) = (src.as_ptr().add(head), dst.add(head));
+        }
+        if head < src.len() {
+            // SAFETY: `offset + head` is 8-aligned here (`head` reached
+            // the next multiple of 8, since bytes remain), and in range.
+            unsafe { self.write_aligned(offset + head, &src[head..]) }
+        }
+    }
+
+    /// Copies `src` to the 8-aligned `offset`: whole words, then the tail
+    /// bytes.
+    ///
+    /// # Safety
+    /// `offset` is 8-aligned and `offset + src.len()` is within the
+    /// mapping.
+    #[inline(always)]
+    unsafe fn write_aligned(&self, offset: usize, src: &[u8]) {
+        let words = src.len() / 8;
+        // SAFETY: the caller's contract: the range is inside the mapping
+        // and starts 8-aligned, so the word writes are aligned; volatile
+        // writes never create references into memory the peer writes.
+        unsafe {
+            let dst = self.ptr.as_ptr().add(offset);
             for i in 0..words {
-                let w = std::ptr::read_unaligned(wsrc.cast::<u64>().add(i));
-                std::ptr::write_volatile(wdst.cast::<u64>().add(i), w);
+                let w = std::ptr::read_unaligned(src.as_ptr().cast::<u64>().add(i));
+                std::ptr::write_volatile(dst.cast::<u64>().add(i), w);
             }
-            let tail = head + words * 8;
-            for (i, b) in src[tail..].iter().enumerate() {
-                std::ptr::write_volatile(dst.add(tail + i), *b);
+            for i in words * 8..src.len() {
+                std::ptr::write_volatile(dst.add(i), *src.get_unchecked(i));
             }
         }
     }
@@ -309,6 +344,32 @@ mod tests {
         // SAFETY (test): fresh descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         assert!(SharedRegion::from_peer(fd, 0).is_err());
+    }
+
+    #[test]
+    fn writes_land_whole_at_every_alignment_and_length() {
+        // Aligned starts take the word path, the others the byte-by-byte
+        // head first (out of line): every byte must land, and none beside.
+        let a = SharedRegion::create("qs-test-write", 4096).unwrap();
+        let src: Vec<u8> = (1..=40).collect();
+        let mut out = Vec::new();
+        for start in 1024..1024 + 9 {
+            for len in 0..=src.len() {
+                a.write(1000, &[0xAA; 96]);
+                a.write(start, &src[..len]);
+                a.read_to_vec(1000, 96, &mut out);
+                let at = start - 1000;
+                assert!(
+                    out[..at].iter().all(|&b| b == 0xAA),
+                    "before, start {start} len {len}"
+                );
+                assert_eq!(&out[at..at + len], &src[..len], "start {start} len {len}");
+                assert!(
+                    out[at + len..].iter().all(|&b| b == 0xAA),
+                    "after, start {start} len {len}"
+                );
+            }
+        }
     }
 
     #[test]
