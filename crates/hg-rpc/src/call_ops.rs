@@ -38,7 +38,8 @@ impl<C: Codec> Engine<C> {
     ) -> Result<(Header, Option<MemHandle>)> {
         // After a spilled input the scratch is the small descriptor: take
         // a large spare buffer instead of growing it again step by step.
-        if self.scratch.capacity() < self.max_msg {
+        if self.scratch.capacity() < self.max_msg && !self.spare_bufs.is_empty() {
+            cold_path();
             if let Some(buf) = self.spare_bufs.pop() {
                 self.scratch = buf;
             }
@@ -138,6 +139,7 @@ impl<C: Codec> Engine<C> {
         let _span =
             DebugSpan::enter(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest));
         if to_self {
+            cold_path();
             // Self-forward: run the handler here, no network (a deferred
             // handler answers later, through `answer`).
             let stored = self.calls.insert(Call {
@@ -172,6 +174,7 @@ impl<C: Codec> Engine<C> {
     ) -> Result<()> {
         let peer = dest.token();
         if self.last_watched != Some(peer) {
+            cold_path();
             self.watch(dest)?;
         }
         self.send_scratch(dest, REQUEST_TAG, h)?;
@@ -276,11 +279,11 @@ impl<C: Codec> Engine<C> {
     /// The result of call `id` if its response arrived (then the call is
     /// finished and forgotten), `None` if it is still in flight.
     pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
-        self.calls.get(id.0)?.outcome.as_ref()?;
-        let outcome = self.calls.remove(id.0)?.outcome?;
+        let outcome = self.calls.remove_if(id.0, |c| c.outcome.is_some())?.outcome?;
         // A self-forward's cookie marks work for `progress` until `trigger`;
         // taken here, it is done (the async API never triggers for it).
         if !self.finished_self.is_empty() {
+            cold_path();
             if let Some(i) = self.finished_self.iter().rposition(|&c| c == id.0) {
                 self.finished_self.remove(i);
             }
@@ -298,6 +301,7 @@ impl<C: Codec> Engine<C> {
                 // A pulled (spilled) output's buffer serves the next pull: a
                 // fresh one costs a page fault per page it is written.
                 if payload.capacity() > self.max_msg {
+                    cold_path();
                     self.keep_spare_buffer(payload);
                 }
                 r
@@ -305,6 +309,7 @@ impl<C: Codec> Engine<C> {
             Err(e) => Err(*e),
         };
         if r.is_err() {
+            cold_path();
             self.stats.errors += 1;
         }
         Some(r)
@@ -419,7 +424,7 @@ impl<C: Codec> Engine<C> {
     pub(super) fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
         let spilled = h.flags & FLAG_SPILL != 0;
-        let Some(call) = self.calls.get(cookie) else {
+        let Some(call) = self.calls.get_mut(cookie) else {
             cold_path();
             self.stats.stray_responses += 1;
             tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
@@ -433,12 +438,12 @@ impl<C: Codec> Engine<C> {
         // A second response while the output of the first is being pulled
         // (a confused or hostile target) would start another pull, or
         // file an outcome the pull then overwrites.
-        let pulling = !self.pulls.is_empty()
-            && self
-                .pulls
+        let pulling = || {
+            self.pulls
                 .values()
-                .any(|p| p.header.cookie == cookie && p.header.is_response());
-        if call.peer != Some(src.token()) || call.outcome.is_some() || pulling {
+                .any(|p| p.header.cookie == cookie && p.header.is_response())
+        };
+        if call.peer != Some(src.token()) || call.outcome.is_some() || (!self.pulls.is_empty() && pulling()) {
             cold_path();
             self.stats.malformed += 1;
             if logged_at(self.stats.malformed) {
@@ -446,26 +451,43 @@ impl<C: Codec> Engine<C> {
             }
             return;
         }
-        if call.abandoned.is_some() {
-            // Kept only because the target might still pull its input (or
-            // a one-way call's acknowledgement): the response says it is
-            // done. Nobody wants the output.
+        // (The usual case in the `if`, which the compiler lays out in line:
+        // an abandoned call's response is not rare enough to mark cold.)
+        if call.abandoned.is_none() {
             if spilled {
-                self.release_output(src, cookie);
+                cold_path();
+                return self.on_spilled_response(src, h, p);
             }
-            // An abandoned call's outcome is dropped, not filed.
-            self.file_outcome(cookie, Ok(Vec::new()));
-            return;
-        }
-        let outcome = if h.flags & FLAG_SPILL == 0 {
-            // The common case first: it needs no call name.
-            if h.status == Status::Ok {
+            let outcome = if h.status == Status::Ok {
                 // An empty output (a `()` one) needs no allocation call.
                 Ok(if p.is_empty() { Vec::new() } else { p.to_vec() })
             } else {
+                cold_path();
                 response_outcome(call.rpc, h.rpc_id, *h, p)
+            };
+            // (`file_outcome`'s filing, on the call found above.)
+            if let Some(mem) = file_live(call, cookie, outcome, &mut self.finished_log) {
+                cold_path();
+                self.recycle(mem);
             }
-        } else if h.status != Status::Ok {
+            return;
+        }
+        // Kept only because the target might still pull its input (or a
+        // one-way call's acknowledgement): the response says it is done.
+        // Nobody wants the output.
+        if spilled {
+            self.release_output(src, cookie);
+        }
+        // An abandoned call's outcome is dropped, not filed.
+        self.file_outcome(cookie, Ok(Vec::new()));
+    }
+
+    /// [`on_response`](Self::on_response) of a response whose output
+    /// spilled: its output is pulled before the call has its outcome.
+    #[inline(never)]
+    fn on_spilled_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
+        let cookie = h.cookie;
+        let outcome = if h.status != Status::Ok {
             // Error messages are cut to fit a message (see `respond`); only
             // a broken target spills one. Its output is not wanted.
             self.release_output(src, cookie);
@@ -507,22 +529,20 @@ impl<C: Codec> Engine<C> {
             // the first outcome stands, and is logged once.
             return;
         }
-        // The target is done with a spilled input: its buffer serves the
-        // next large input (or pull) instead of being freed.
-        let spill_len = call.spill_len();
-        let spill = call.spill.take();
         if call.abandoned.is_some() {
-            self.abandoned_bytes = self.abandoned_bytes.saturating_sub(spill_len);
+            // The target is done with a spilled input: its buffer serves
+            // the next large input (or pull) instead of being freed.
+            self.abandoned_bytes = self.abandoned_bytes.saturating_sub(call.spill_len());
+            let spill = call.spill.take();
             self.calls.remove(cookie);
-        } else {
-            // None (checked above): nothing to drop.
-            call.outcome.get_or_insert(outcome.map_err(Box::new));
-            if let Some(log) = &mut self.finished_log {
-                log.push(CallId(cookie));
+            // `encode_request` exposed one buffer.
+            if let Some(mem) = spill {
+                self.recycle(mem);
             }
+            return;
         }
-        // `encode_request` exposed one buffer.
-        if let Some(mem) = spill {
+        if let Some(mem) = file_live(call, cookie, outcome, &mut self.finished_log) {
+            cold_path();
             self.recycle(mem);
         }
     }
@@ -542,4 +562,24 @@ impl<C: Codec> Engine<C> {
             tracing::debug!(error = %e, "cannot release a spilled output (target gone?)");
         }
     }
+}
+
+/// Files `outcome` as the outcome of live (not abandoned) call `call`
+/// (`cookie`), which has none yet, and logs it as finished for the async
+/// driver if it keeps a log. Returns the exposed input of a spilled
+/// request: the target is done with it, and its buffer serves the next
+/// large input (or pull) instead of being freed.
+#[inline(always)]
+fn file_live(
+    call: &mut Call,
+    cookie: u64,
+    outcome: Result<Vec<u8>>,
+    finished_log: &mut Option<Vec<CallId>>,
+) -> Option<MemHandle> {
+    // None (the callers checked): nothing to drop.
+    call.outcome.get_or_insert(outcome.map_err(Box::new));
+    if let Some(log) = finished_log {
+        log.push(CallId(cookie));
+    }
+    call.spill.take()
 }

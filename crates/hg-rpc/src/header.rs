@@ -16,6 +16,8 @@
 //! | 24     | 4    | payload length                                      |
 //! | 28     | 4    | CRC-32C of the payload if flag bit 2, else 0        |
 
+use na_core::hint::cold_path;
+
 use crate::error::RpcError;
 
 /// Header length in bytes.
@@ -99,10 +101,11 @@ impl Header {
     /// `FLAG_CHECKSUM` is set.
     pub fn encode_head(mut self, payload: &[u8]) -> [u8; HEADER_LEN] {
         self.payload_len = payload.len() as u32;
-        self.checksum = if self.flags & FLAG_CHECKSUM != 0 {
-            crc32c(payload)
-        } else {
+        self.checksum = if self.flags & FLAG_CHECKSUM == 0 {
             0
+        } else {
+            cold_path();
+            crc32c(payload)
         };
         let mut h = [0u8; HEADER_LEN];
         h[..4].copy_from_slice(&MAGIC);

@@ -107,6 +107,8 @@ impl<C: Codec> Engine<C> {
         // Checked first: in pull mode both queues are usually empty, and an
         // empty check is cheaper than a pop of each.
         if !self.deferred.is_empty() || self.ep.pending_completions() > 0 {
+            // (Out of line: in pull mode, the busy path's, both are empty.)
+            cold_path();
             while let Some(c) = self.deferred.pop_front().or_else(|| self.ep.pop_completion()) {
                 n += 1;
                 self.handle(c)?;
@@ -116,6 +118,7 @@ impl<C: Codec> Engine<C> {
             n += self.take_pulled(true)?;
         }
         if (!self.exposed.is_empty() || self.abandoned_hint > 0) && self.last_sweep.elapsed() > SWEEP_EVERY {
+            cold_path();
             self.sweep_expired();
         }
         Ok(n)

@@ -94,19 +94,22 @@ impl<C: Codec> Engine<C> {
                 cold_path();
                 (Status::UnknownRpc, Vec::new())
             }
-            Some(Handler { run: None, .. }) => match self.admit_deferred(src.token()) {
-                Ok(ticket) => {
-                    self.deferred_requests.push_back(DeferredRequest::new(
-                        src,
-                        h,
-                        payload.to_vec(),
-                        ticket,
-                        None,
-                    ));
-                    return None;
+            Some(Handler { run: None, .. }) => {
+                cold_path();
+                match self.admit_deferred(src.token()) {
+                    Ok(ticket) => {
+                        self.deferred_requests.push_back(DeferredRequest::new(
+                            src,
+                            h,
+                            payload.to_vec(),
+                            ticket,
+                            None,
+                        ));
+                        return None;
+                    }
+                    Err(why) => (Status::Busy, why.into_bytes()),
                 }
-                Err(why) => (Status::Busy, why.into_bytes()),
-            },
+            }
             Some(Handler {
                 run: Some(run), name, ..
             }) => {
@@ -119,8 +122,14 @@ impl<C: Codec> Engine<C> {
                 // A spare buffer (a released output's, say) takes the
                 // output if there is one: a large output then lands in
                 // pages already mapped. None on a path of small calls.
-                let mut out = self.spare_bufs.pop().unwrap_or_default();
-                out.clear();
+                let mut out = match self.spare_bufs.pop() {
+                    None => Vec::new(),
+                    Some(mut spare) => {
+                        cold_path();
+                        spare.clear();
+                        spare
+                    }
+                };
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     run(&mut ctx, payload, &mut out)
                 }));
@@ -172,13 +181,8 @@ impl<C: Codec> Engine<C> {
             return true;
         }
         if h.rpc_id == rpc_id(RELEASE_RPC) {
-            if let Ok(c) = <[u8; 8]>::try_from(payload) {
-                // The origin pulled it: its buffer serves the next large
-                // output or pull.
-                if let Some(mem) = self.exposed.remove((src.token(), u64::from_le_bytes(c))) {
-                    self.recycle(mem);
-                }
-            }
+            cold_path();
+            self.on_release(src, payload);
             return false;
         }
         if self.draining {
@@ -187,30 +191,8 @@ impl<C: Codec> Engine<C> {
             return false;
         }
         if h.flags & FLAG_SPILL != 0 {
-            if !self.handlers.contains_key(&h.rpc_id) {
-                // Answered before anything is pulled: an unknown RPC must not
-                // make us allocate and copy its (up to `max_spill`) input.
-                self.stats.handled += 1;
-                self.respond(src, response_header(&h, Status::UnknownRpc), Vec::new());
-                return false;
-            }
-            let mut ticket = None;
-            if matches!(self.handlers.get(&h.rpc_id), Some(Handler { run: None, .. })) {
-                // Its place is taken now, kept through the pull; busy is
-                // answered before anything is pulled (a one-way request
-                // too: the answer lets its origin drop the input).
-                match self.admit_deferred(src.token()) {
-                    Ok(t) => ticket = Some(t),
-                    Err(why) => {
-                        self.stats.handled += 1;
-                        self.respond(src, response_header(&h, Status::Busy), why.into_bytes());
-                        return false;
-                    }
-                }
-            }
-            if let Err((status, reason)) = self.start_pull(src, &h, payload, false, ticket) {
-                self.respond(src, response_header(&h, status), reason.into_bytes());
-            }
+            cold_path();
+            self.on_spilled_request(src, &h, payload);
             return false;
         }
         if let Some((rh, out)) = self.run_decoded(src, &h, payload) {
@@ -219,6 +201,47 @@ impl<C: Codec> Engine<C> {
             }
         }
         false
+    }
+
+    /// A release: the origin pulled the spilled output `payload` names,
+    /// whose buffer then serves the next large output or pull.
+    #[inline(never)]
+    fn on_release(&mut self, src: &Addr, payload: &[u8]) {
+        if let Ok(c) = <[u8; 8]>::try_from(payload) {
+            if let Some(mem) = self.exposed.remove((src.token(), u64::from_le_bytes(c))) {
+                self.recycle(mem);
+            }
+        }
+    }
+
+    /// A request whose input spilled: answered at once if it cannot be
+    /// served, else its input is pulled first.
+    #[inline(never)]
+    fn on_spilled_request(&mut self, src: &Addr, h: &Header, payload: &[u8]) {
+        if !self.handlers.contains_key(&h.rpc_id) {
+            // Answered before anything is pulled: an unknown RPC must not
+            // make us allocate and copy its (up to `max_spill`) input.
+            self.stats.handled += 1;
+            self.respond(src, response_header(h, Status::UnknownRpc), Vec::new());
+            return;
+        }
+        let mut ticket = None;
+        if matches!(self.handlers.get(&h.rpc_id), Some(Handler { run: None, .. })) {
+            // Its place is taken now, kept through the pull; busy is
+            // answered before anything is pulled (a one-way request
+            // too: the answer lets its origin drop the input).
+            match self.admit_deferred(src.token()) {
+                Ok(t) => ticket = Some(t),
+                Err(why) => {
+                    self.stats.handled += 1;
+                    self.respond(src, response_header(h, Status::Busy), why.into_bytes());
+                    return;
+                }
+            }
+        }
+        if let Err((status, reason)) = self.start_pull(src, h, payload, false, ticket) {
+            self.respond(src, response_header(h, status), reason.into_bytes());
+        }
     }
 
     /// Starts pulling spilled data described by `payload` (length, then
@@ -310,6 +333,7 @@ impl<C: Codec> Engine<C> {
     #[inline]
     fn keep_if_large(&mut self, buf: Vec<u8>) {
         if buf.capacity() > self.max_msg {
+            cold_path();
             self.keep_spare_buffer(buf);
         }
     }
@@ -346,15 +370,13 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// Sends a response. An output over the eager limit is exposed and
-    /// described instead (the origin pulls it, then releases it).
-    /// An error message over the limit is cut to fit instead (the origin
-    /// takes a spilled response as an output only).
-    #[inline(always)]
-    pub(super) fn respond(&mut self, src: &Addr, h: Header, mut out: Vec<u8>) {
-        let (h, out) = if HEADER_LEN + out.len() <= self.max_msg {
-            (h, out)
-        } else if h.status != Status::Ok {
+    /// An output over the eager limit: exposed and described (the origin
+    /// pulls it, then releases it); an error message is cut to fit
+    /// instead, and an output the exposure bound refuses becomes an
+    /// error.
+    #[inline(never)]
+    fn fit_output(&mut self, src: &Addr, h: Header, mut out: Vec<u8>) -> (Header, Vec<u8>) {
+        if h.status != Status::Ok {
             truncate_message(&mut out, self.max_msg.saturating_sub(HEADER_LEN));
             (h, out)
         } else if let Err(why) = self.exposed.admit(src.token(), out.len() as u64) {
@@ -393,6 +415,20 @@ impl<C: Codec> Engine<C> {
                     format!("cannot expose the large output: {e}").into_bytes(),
                 ),
             }
+        }
+    }
+
+    /// Sends a response. An output over the eager limit is exposed and
+    /// described instead (the origin pulls it, then releases it).
+    /// An error message over the limit is cut to fit instead (the origin
+    /// takes a spilled response as an output only).
+    #[inline(always)]
+    pub(super) fn respond(&mut self, src: &Addr, h: Header, out: Vec<u8>) {
+        let (h, out) = if HEADER_LEN + out.len() <= self.max_msg {
+            (h, out)
+        } else {
+            cold_path();
+            self.fit_output(src, h, out)
         };
         // The transport writes header and output straight into place (na-sm:
         // the ring slot; a registered buffer on RDMA).
