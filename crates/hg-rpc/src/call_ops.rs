@@ -174,7 +174,6 @@ impl<C: Codec> Engine<C> {
     ) -> Result<()> {
         let peer = dest.token();
         if self.last_watched != Some(peer) {
-            cold_path();
             self.watch(dest)?;
         }
         self.send_scratch(dest, REQUEST_TAG, h)?;

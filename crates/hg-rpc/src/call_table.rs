@@ -78,7 +78,6 @@ impl<T> CallTable<T> {
         self.slots[i].value.as_mut()
     }
 
-    /// Takes the value under `cookie` out; its slot is free again.
     /// Removes the value of `cookie` if `take` says so of it: one
     /// lookup where a `get` and a `remove` would make two.
     #[inline]
@@ -93,6 +92,7 @@ impl<T> CallTable<T> {
         value
     }
 
+    /// Takes the value under `cookie` out; its slot is free again.
     pub fn remove(&mut self, cookie: u64) -> Option<T> {
         let i = self.slot_of(cookie)?;
         let value = self.slots[i].value.take()?;

@@ -107,8 +107,6 @@ impl<C: Codec> Engine<C> {
         // Checked first: in pull mode both queues are usually empty, and an
         // empty check is cheaper than a pop of each.
         if !self.deferred.is_empty() || self.ep.pending_completions() > 0 {
-            // (Out of line: in pull mode, the busy path's, both are empty.)
-            cold_path();
             while let Some(c) = self.deferred.pop_front().or_else(|| self.ep.pop_completion()) {
                 n += 1;
                 self.handle(c)?;

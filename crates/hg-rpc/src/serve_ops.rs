@@ -122,14 +122,8 @@ impl<C: Codec> Engine<C> {
                 // A spare buffer (a released output's, say) takes the
                 // output if there is one: a large output then lands in
                 // pages already mapped. None on a path of small calls.
-                let mut out = match self.spare_bufs.pop() {
-                    None => Vec::new(),
-                    Some(mut spare) => {
-                        cold_path();
-                        spare.clear();
-                        spare
-                    }
-                };
+                let mut out = self.spare_bufs.pop().unwrap_or_default();
+                out.clear();
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     run(&mut ctx, payload, &mut out)
                 }));
@@ -333,7 +327,6 @@ impl<C: Codec> Engine<C> {
     #[inline]
     fn keep_if_large(&mut self, buf: Vec<u8>) {
         if buf.capacity() > self.max_msg {
-            cold_path();
             self.keep_spare_buffer(buf);
         }
     }

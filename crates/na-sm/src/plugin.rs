@@ -396,12 +396,12 @@ impl SmPlugin {
         op: OpId,
         report: Report,
     ) -> Result<()> {
-        // Two parts (an RPC's header and payload) are the usual case: a
-        // plain add, laid out in line, not the vectorized sum's set-up.
-        let len = if let [a, b] = parts {
-            a.len() + b.len()
-        } else {
-            sum_lens(parts)
+        // Two parts (an RPC's header and payload) and one (an NA message)
+        // are the usual cases: a plain add, not the vectorized sum's set-up.
+        let len = match parts {
+            [a, b] => a.len() + b.len(),
+            [a] => a.len(),
+            _ => sum_lens(parts),
         };
         if len > BUF_SIZE {
             cold_path();
@@ -427,8 +427,8 @@ impl SmPlugin {
     }
 }
 
-/// The total length of `parts` (out of line: a send of one part, or of
-/// more than two, is not the RPC layer's).
+/// The total length of `parts` (out of line: a send of more than two
+/// parts is neither the RPC layer's nor na-perf's).
 #[inline(never)]
 fn sum_lens(parts: &[&[u8]]) -> usize {
     parts.iter().map(|p| p.len()).sum()

@@ -652,7 +652,7 @@ impl SmPlugin {
         // tracked (it completes inside this call and reports nothing), so
         // its id is checked only if it has to wait (`queue_send`): no
         // lookup on this path.
-        if self.try_send_now(tok, kind, tag, parts, len)? {
+        if self.try_send_now(tok, kind, tag, parts, len, None)? {
             return Some(Ok(()));
         }
         self.queue_send(tok, kind, tag, parts, len, op, report)
@@ -674,17 +674,17 @@ impl SmPlugin {
             cold_path();
             return Some(Err(dup(op)));
         }
-        if self.try_send_now(tok, kind, tag, parts, len)? {
-            self.completions.push_back(Completion::done(op, kind_of(kind)));
+        if self.try_send_now(tok, kind, tag, parts, len, Some(op))? {
             return Some(Ok(()));
         }
         self.queue_send(tok, kind, tag, parts, len, op, Report::All)
     }
 
     /// Publishes the message in the peer's ring now if nothing is queued
-    /// before it and there is room (waking the peer if it sleeps):
-    /// `Some(true)` if it went out, `Some(false)` if it must be queued,
-    /// `None` if the peer is gone.
+    /// before it and there is room, completes `complete` if given (before
+    /// the wake-up, whose failure fails the peer's other operations), and
+    /// wakes the peer if it sleeps: `Some(true)` if it went out,
+    /// `Some(false)` if it must be queued, `None` if the peer is gone.
     #[inline(always)]
     fn try_send_now(
         &mut self,
@@ -693,6 +693,7 @@ impl SmPlugin {
         tag: Tag,
         parts: &[&[u8]],
         len: usize,
+        complete: Option<OpId>,
     ) -> Option<bool> {
         let Some(peer) = self.peers.get_mut(tok) else {
             cold_path();
@@ -710,6 +711,9 @@ impl SmPlugin {
         }
         self.stats.msgs_sent += 1;
         self.stats.msg_bytes_sent += len as u64;
+        if let Some(op) = complete {
+            self.completions.push_back(Completion::done(op, kind_of(kind)));
+        }
         if ch.receiver_needs_wake() {
             match conn.wake_peer() {
                 Ok(true) => self.stats.signals_sent += 1,

@@ -253,7 +253,8 @@ impl SharedRegion {
         // line.
         if !offset.is_multiple_of(8) {
             na_core::hint::cold_path();
-            return self.write_unaligned_start(offset, src);
+            // SAFETY: the range is inside the mapping (checked above).
+            return unsafe { self.write_unaligned_start(offset, src) };
         }
         // SAFETY: the destination range is inside the mapping (checked
         // above), and `offset` is 8-aligned (the mapping is page-aligned).
@@ -262,12 +263,16 @@ impl SharedRegion {
 
     /// [`write`](Self::write) from an offset that is not 8-aligned: the
     /// bytes up to the first 8-aligned offset one by one, then the rest.
+    ///
+    /// # Safety
+    /// `offset + src.len()` is within the mapping.
     #[inline(never)]
-    fn write_unaligned_start(&self, offset: usize, src: &[u8]) {
+    unsafe fn write_unaligned_start(&self, offset: usize, src: &[u8]) {
+        debug_assert!(offset <= self.len && src.len() <= self.len - offset);
         let head = offset.next_multiple_of(8).saturating_sub(offset).min(src.len());
-        // SAFETY: the destination range is inside the mapping (checked by
-        // `write`); volatile writes never create references into memory
-        // the peer writes.
+        // SAFETY: the destination range is inside the mapping (the
+        // caller's contract), and so are its first `head` bytes; volatile
+        // writes never create references into memory the peer writes.
         unsafe {
             let dst = self.ptr.as_ptr().add(offset);
             for (i, b) in src[..head].iter().enumerate() {
@@ -293,6 +298,9 @@ impl SharedRegion {
         // SAFETY: the caller's contract: the range is inside the mapping
         // and starts 8-aligned, so the word writes are aligned; volatile
         // writes never create references into memory the peer writes.
+        // Source reads stay in `src`: word `i < words` ends at
+        // `8 * (i + 1) <= src.len()`, and each tail index is below
+        // `src.len()`.
         unsafe {
             let dst = self.ptr.as_ptr().add(offset);
             for i in 0..words {
