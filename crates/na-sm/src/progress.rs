@@ -242,8 +242,11 @@ impl SmPlugin {
             }
             e.watch(&ch, conn.rx_cur.pos);
         }
-        for (tok, f, reason) in violations {
-            self.fail_peer(tok, f, &reason);
+        if !violations.is_empty() {
+            cold_path();
+            for (tok, f, reason) in violations {
+                self.fail_peer(tok, f, &reason);
+            }
         }
     }
 
@@ -446,6 +449,16 @@ impl SmPlugin {
     /// [`poll_rings`](Self::poll_rings) of the rings whose head changed,
     /// as the head list tells; the others hold nothing new (see `heads`).
     fn poll_changed_rings(&mut self) {
+        let heads = self.heads.current(&mut self.peers);
+        if !heads.iter().any(|e| e.changed()) {
+            // The busy caller's usual case (its peer has not answered yet):
+            // what a poll of no ring does, without its set-up. No head
+            // holds a message, so none waits to be taken.
+            self.pull_heads = 0;
+            self.pull_last = None;
+            self.spin_found = None;
+            return;
+        }
         let mut rings = std::mem::take(&mut self.ring_scratch);
         rings.clear();
         let heads = self.heads.current(&mut self.peers);
