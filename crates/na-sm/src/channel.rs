@@ -129,25 +129,6 @@ pub struct RxCursor {
     published: u64,
 }
 
-impl RxCursor {
-    /// True if at least [`PUBLISH_EVERY`] messages were read since the
-    /// `consumed` count was last published: a lazy publish is due.
-    #[inline]
-    pub fn publish_due(&self) -> bool {
-        self.pos - self.published >= PUBLISH_EVERY
-    }
-}
-
-/// Messages a receiver reads between two publishes of its `consumed`
-/// count while it is awake (it publishes everything before it sleeps).
-/// A sender waits for room only with a ring's worth of messages (or every
-/// buffer) unread or unpublished, so reading that many crosses this mark
-/// at least once after it started waiting, and that publish (with its
-/// check for a waiting sender) comes; until then the sender's cached
-/// credit covers it. One publish (a SeqCst store: a full barrier) in 16
-/// messages instead of one a poll.
-pub const PUBLISH_EVERY: u64 = (RING_SLOTS / 4) as u64;
-
 /// The sequence marker of message `pos`: its lap plus one, modulo 1024
 /// (a shift, an add and a mask: it is computed on every look at a ring).
 fn marker(pos: u64) -> u64 {

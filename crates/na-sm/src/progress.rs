@@ -230,7 +230,7 @@ impl SmPlugin {
             // the cursor can be updated through it.
             let rx = if conn.role == Role::Connector { 1 } else { 0 };
             let ch = Channel::new(&conn.region, rx);
-            if let Some((f, reason)) = publish_read_lazily(
+            if let Some((f, reason)) = publish_read(
                 &ch,
                 &mut conn.rx_cur,
                 conn.peer_wake.as_ref(),
@@ -564,7 +564,7 @@ impl SmPlugin {
                 }
                 // Hands the read slots back (and, with the buffer releases
                 // above, may unblock a sender waiting for room).
-                if let Some((f, reason)) = publish_read_lazily(
+                if let Some((f, reason)) = publish_read(
                     &ch,
                     &mut conn.rx_cur,
                     conn.peer_wake.as_ref(),
@@ -885,23 +885,6 @@ impl SmPlugin {
         // Its held messages (if any) go at the timer, idle or not.
         self.update_timer();
     }
-}
-
-/// [`publish_read`] once [`PUBLISH_EVERY`](crate::channel::PUBLISH_EVERY)
-/// messages were read since the last publish (what an awake receiver's
-/// polls and takes do; `arm` publishes everything before a sleep).
-#[inline(always)]
-pub(crate) fn publish_read_lazily(
-    ch: &Channel<'_>,
-    rx: &mut RxCursor,
-    peer_wake: Option<&PeerWake>,
-    wake_owed: &mut bool,
-    stats: &mut PluginStats,
-) -> Option<(Failure, String)> {
-    if !rx.publish_due() {
-        return None;
-    }
-    publish_read(ch, rx, peer_wake, wake_owed, stats)
 }
 
 /// Receiver: tells the sender of channel `ch` how far `rx` has read (if

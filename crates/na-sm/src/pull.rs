@@ -17,7 +17,7 @@ use na_core::{Addr, Tag};
 use crate::channel::{Channel, MsgKind, Slot};
 use crate::conn::Role;
 use crate::plugin::SmPlugin;
-use crate::progress::{publish_read_lazily, Failure};
+use crate::progress::{publish_read, Failure};
 
 impl SmPlugin {
     /// Copies the unexpected message at the head of some peer's ring into
@@ -112,7 +112,7 @@ impl SmPlugin {
                     }
                     // Empty, or an expected message for the next poll.
                     Ok(_) => {
-                        let failed = publish_read_lazily(
+                        let failed = publish_read(
                             &ch,
                             &mut conn.rx_cur,
                             conn.peer_wake.as_ref(),
