@@ -39,8 +39,7 @@
 //! # Credit without write-back
 //!
 //! The receiver never writes to a slot. It publishes how many messages it
-//! has consumed (while awake, once [`PUBLISH_EVERY`] were read; all of
-//! them before it sleeps), and the
+//! has consumed (once per poll of the ring, not per message), and the
 //! sender may write message `p` once `consumed + 64 > p`; it caches that
 //! limit ([`TxCursor`]) and reads `consumed` again only when the cached
 //! credit runs out, about once per 64 messages. So a slot's cache line
