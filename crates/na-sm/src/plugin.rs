@@ -25,7 +25,7 @@ use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::error::{SmError, SmResult};
 use crate::heads::HeadList;
 use crate::matching::{Matcher, OpPlace};
-use crate::progress::{dup, op_in_flight};
+use crate::progress::{dup, op_in_flight, Outgoing};
 use crate::sys::cma::IovLists;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
@@ -417,7 +417,17 @@ impl SmPlugin {
         }
         self.check_dest(dest)?;
         self.ensure_connected(dest)?;
-        match self.send_on(dest.token(), kind, tag, parts, len, op, report) {
+        match self.send_on(
+            dest.token(),
+            Outgoing {
+                kind,
+                tag,
+                parts,
+                len,
+            },
+            op,
+            report,
+        ) {
             Some(sent) => sent,
             None => {
                 cold_path();

@@ -454,9 +454,7 @@ impl SmPlugin {
             // The busy caller's usual case (its peer has not answered yet):
             // what a poll of no ring does, without its set-up. No head
             // holds a message, so none waits to be taken.
-            self.pull_heads = 0;
-            self.pull_last = None;
-            self.spin_found = None;
+            self.forget_pull_heads();
             return;
         }
         let mut rings = std::mem::take(&mut self.ring_scratch);
@@ -467,6 +465,16 @@ impl SmPlugin {
         self.ring_scratch = rings;
     }
 
+    /// Pull mode: no unexpected message is known to wait at any head, and
+    /// what the spin loop saw is no longer where the next take looks
+    /// first (a poll counts them afresh).
+    #[inline]
+    fn forget_pull_heads(&mut self) {
+        self.pull_heads = 0;
+        self.pull_last = None;
+        self.spin_found = None;
+    }
+
     /// Polls `rings` ((peer slot, connection) pairs; the unexpected
     /// messages waiting at their heads are counted afresh, so they must
     /// include every ring that may hold one). With `departing` (the token
@@ -475,6 +483,8 @@ impl SmPlugin {
     /// instead of waiting in its ring. Other peers' messages stay where
     /// they are.
     fn poll_rings_as(&mut self, departing: Option<u64>, rings: &[(usize, usize)]) {
+        // Counted afresh below.
+        self.forget_pull_heads();
         let mut violations = Vec::new();
         let Self {
             peers,
@@ -488,15 +498,9 @@ impl SmPlugin {
             pull_last,
             pulled_late,
             heads,
-            spin_found,
             ..
         } = self;
         let (max_queued, max_total) = (cfg.max_queued_per_peer, cfg.max_queued_total);
-        // Counted afresh below (and what the spin loop saw is no longer
-        // where the next take looks first).
-        *pull_heads = 0;
-        *pull_last = None;
-        *spin_found = None;
         let mut head_at = None;
         for &(idx, ci) in rings {
             let Some(peer) = peers.slot_mut(idx) else {
@@ -636,78 +640,57 @@ impl SmPlugin {
         }
     }
 
-    /// Sends the concatenation of `parts` (`len` bytes in all) on the
-    /// peer's first connection, or queues it; `None` if the peer is gone.
-    /// A send that goes out at once completes only if `report` asks for
-    /// successes; a queued one always completes.
+    /// Sends `msg` on the peer's first connection, or queues it; `None` if
+    /// the peer is gone. A send that goes out at once completes only if
+    /// `report` asks for successes; a queued one always completes.
     ///
     /// (Inline: it is on the path of every message; the queueing is out
     /// of line, and so is a send that reports its success: the RPC layer
     /// sends with `Report::FailuresOnly`, and its busy path runs straight
     /// through.)
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn send_on(
         &mut self,
         tok: u64,
-        kind: MsgKind,
-        tag: Tag,
-        parts: &[&[u8]],
-        len: usize,
+        msg: Outgoing<'_>,
         op: OpId,
         report: Report,
     ) -> Option<Result<()>> {
         if report == Report::All {
             cold_path();
-            return self.send_on_reported(tok, kind, tag, parts, len, op);
+            return self.send_on_reported(tok, msg, op);
         }
         // A send that reports failures only and goes out at once is never
         // tracked (it completes inside this call and reports nothing), so
         // its id is checked only if it has to wait (`queue_send`): no
         // lookup on this path.
-        if self.try_send_now(tok, kind, tag, parts, len, None)? {
+        if self.try_send_now(tok, msg, None)? {
             return Some(Ok(()));
         }
-        self.queue_send(tok, kind, tag, parts, len, op, report)
+        self.queue_send(tok, msg, op, report)
     }
 
     /// [`send_on`](Self::send_on) of a send that completes: its id may not
     /// be one in flight, and a success goes to the completion queue.
     #[inline(never)]
-    fn send_on_reported(
-        &mut self,
-        tok: u64,
-        kind: MsgKind,
-        tag: Tag,
-        parts: &[&[u8]],
-        len: usize,
-        op: OpId,
-    ) -> Option<Result<()>> {
+    fn send_on_reported(&mut self, tok: u64, msg: Outgoing<'_>, op: OpId) -> Option<Result<()>> {
         if op_in_flight(&self.ops, &self.matcher, op) {
             cold_path();
             return Some(Err(dup(op)));
         }
-        if self.try_send_now(tok, kind, tag, parts, len, Some(op))? {
+        if self.try_send_now(tok, msg, Some(op))? {
             return Some(Ok(()));
         }
-        self.queue_send(tok, kind, tag, parts, len, op, Report::All)
+        self.queue_send(tok, msg, op, Report::All)
     }
 
-    /// Publishes the message in the peer's ring now if nothing is queued
-    /// before it and there is room, completes `complete` if given (before
-    /// the wake-up, whose failure fails the peer's other operations), and
+    /// Publishes `msg` in the peer's ring now if nothing is queued before
+    /// it and there is room, completes `complete` if given (before the
+    /// wake-up, whose failure fails the peer's other operations), and
     /// wakes the peer if it sleeps: `Some(true)` if it went out,
     /// `Some(false)` if it must be queued, `None` if the peer is gone.
     #[inline(always)]
-    fn try_send_now(
-        &mut self,
-        tok: u64,
-        kind: MsgKind,
-        tag: Tag,
-        parts: &[&[u8]],
-        len: usize,
-        complete: Option<OpId>,
-    ) -> Option<bool> {
+    fn try_send_now(&mut self, tok: u64, msg: Outgoing<'_>, complete: Option<OpId>) -> Option<bool> {
         let Some(peer) = self.peers.get_mut(tok) else {
             cold_path();
             return None;
@@ -718,14 +701,17 @@ impl SmPlugin {
         };
         let tx = if conn.role == Role::Connector { 0 } else { 1 };
         let ch = Channel::new(&conn.region, tx);
-        if !conn.backlog.is_empty() || !ch.try_send_len(&mut conn.tx_cur, kind, tag, parts, len) {
+        if !conn.backlog.is_empty()
+            || !ch.try_send_len(&mut conn.tx_cur, msg.kind, msg.tag, msg.parts, msg.len)
+        {
             cold_path();
             return Some(false);
         }
         self.stats.msgs_sent += 1;
-        self.stats.msg_bytes_sent += len as u64;
+        self.stats.msg_bytes_sent += msg.len as u64;
         if let Some(op) = complete {
-            self.completions.push_back(Completion::done(op, kind_of(kind)));
+            self.completions
+                .push_back(Completion::done(op, kind_of(msg.kind)));
         }
         if ch.receiver_needs_wake() {
             match conn.wake_peer() {
@@ -743,18 +729,8 @@ impl SmPlugin {
 
     /// [`send_on`](Self::send_on) when the message cannot go out at once
     /// (no ring slot or buffer, or sends already queued): queues it.
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    fn queue_send(
-        &mut self,
-        tok: u64,
-        kind: MsgKind,
-        tag: Tag,
-        parts: &[&[u8]],
-        len: usize,
-        op: OpId,
-        report: Report,
-    ) -> Option<Result<()>> {
+    fn queue_send(&mut self, tok: u64, msg: Outgoing<'_>, op: OpId, report: Report) -> Option<Result<()>> {
         let peer = self.peers.get_mut(tok)?;
         let conn = peer.conns.first_mut()?;
         // (A send that completes was checked in `send_on_reported`.)
@@ -763,7 +739,7 @@ impl SmPlugin {
             return Some(Err(dup(op)));
         }
         let (max, max_total) = (self.cfg.max_backlog_bytes, self.cfg.max_backlog_total);
-        if let Err(e) = conn.backlog.admit(len, max, max_total, &peer.addr) {
+        if let Err(e) = conn.backlog.admit(msg.len, max, max_total, &peer.addr) {
             cold_path();
             self.stats.sends_refused += 1;
             tracing::debug!(peer = %peer.addr, error = %e, "sm: send refused");
@@ -773,11 +749,11 @@ impl SmPlugin {
         conn.backlog.push_back(
             QueuedSend {
                 op,
-                kind,
-                tag,
-                data: parts.concat(),
+                kind: msg.kind,
+                tag: msg.tag,
+                data: msg.parts.concat(),
             },
-            len,
+            msg.len,
         );
         self.ops.insert(op, OpPlace::Send(tok));
         self.stats.sends_queued += 1;
@@ -917,6 +893,17 @@ pub(crate) fn publish_read(
             None
         }
     }
+}
+
+/// A message to send: its kind and tag, and its bytes in parts (a
+/// header and a payload, say) of `len` bytes in all, written in place
+/// one after the other.
+#[derive(Clone, Copy)]
+pub(crate) struct Outgoing<'a> {
+    pub kind: MsgKind,
+    pub tag: Tag,
+    pub parts: &'a [&'a [u8]],
+    pub len: usize,
 }
 
 /// True if `op` names an operation in flight, so a new one may not take

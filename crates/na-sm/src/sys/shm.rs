@@ -298,17 +298,17 @@ impl SharedRegion {
         // SAFETY: the caller's contract: the range is inside the mapping
         // and starts 8-aligned, so the word writes are aligned; volatile
         // writes never create references into memory the peer writes.
-        // Source reads stay in `src`: word `i < words` ends at
-        // `8 * (i + 1) <= src.len()`, and each tail index is below
-        // `src.len()`.
+        // The word reads stay in `src`: word `i < words` ends at
+        // `8 * (i + 1) <= src.len()`.
         unsafe {
             let dst = self.ptr.as_ptr().add(offset);
             for i in 0..words {
                 let w = std::ptr::read_unaligned(src.as_ptr().cast::<u64>().add(i));
                 std::ptr::write_volatile(dst.cast::<u64>().add(i), w);
             }
-            for i in words * 8..src.len() {
-                std::ptr::write_volatile(dst.add(i), *src.get_unchecked(i));
+            let tail = words * 8;
+            for (i, b) in src[tail..].iter().enumerate() {
+                std::ptr::write_volatile(dst.add(tail + i), *b);
             }
         }
     }
