@@ -30,6 +30,7 @@ import collections
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,6 +173,8 @@ def main():
     if run.returncode != 0:
         sys.exit(f"hot-path-profile: hg-perf failed under valgrind:\n{run.stderr[-2000:]}")
     found = [report(p, a.bin, a.jumps) for p in sorted(glob.glob(os.path.join(out, "cg.*")))]
+    if not a.keep:
+        shutil.rmtree(out, ignore_errors=True)
     if not any(found):
         sys.exit("hot-path-profile: no process made a send (did the run fail?)")
 
