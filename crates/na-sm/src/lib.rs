@@ -146,6 +146,7 @@ pub mod config;
 pub mod conn;
 mod connect;
 pub mod error;
+mod exposed;
 pub mod factory;
 
 mod heads;

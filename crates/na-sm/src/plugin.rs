@@ -73,7 +73,14 @@ pub struct SmPlugin {
     pub(crate) dir: PathBuf,
     pub(crate) name: SmName,
     pub(crate) self_tok: u64,
+    /// The memory handles registered here expose: all that a transfer to
+    /// our own address may touch (see `exposed`).
+    pub(crate) exposed: crate::exposed::ExposedSegments,
     pub(crate) uid: u32,
+    /// Peer failures found while one is being handled (see `fail_peer`).
+    pub(crate) failures_queued: VecDeque<(u64, crate::progress::Failure, String)>,
+    /// A peer failure is being handled.
+    pub(crate) failing: bool,
     pub(crate) listener: Option<UnixListener>,
     pub(crate) poll: Epoll,
     pub(crate) peers: PeerTable,
@@ -223,7 +230,10 @@ impl SmPlugin {
             dir,
             name,
             self_tok,
+            exposed: Default::default(),
             uid: proc::uid(),
+            failures_queued: VecDeque::new(),
+            failing: false,
             listener: None,
             poll,
             peers,
@@ -342,6 +352,36 @@ impl SmPlugin {
         conn.tx().forge_unreserved(&mut tx_cur, tag);
         conn.tx_cur = tx_cur;
         conn.wake_peer().map_err(|e| NaError::sys("eventfd write", e))?;
+        Ok(())
+    }
+
+    /// Test hook for hostile-peer tests: closes the read end of our own
+    /// wake-up pipe for `peer`, so that its wake-up writes fail with
+    /// `EPIPE`, as if we had exited. Pipe wake-ups only (eventfd: an
+    /// error). Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_deafen(&mut self, peer: &Addr) -> Result<()> {
+        let conn = self.debug_conn(peer)?;
+        let crate::sys::wake::OwnWake::Pipe { read, .. } = &mut conn.my_wake else {
+            return Err(NaError::sys(
+                "debug_deafen",
+                std::io::Error::other("needs pipe wake-ups (SmConfig::wake)"),
+            ));
+        };
+        let null = std::fs::File::open("/dev/null").map_err(|e| NaError::sys("open /dev/null", e))?;
+        *read = std::os::fd::OwnedFd::from(null);
+        Ok(())
+    }
+
+    /// Test hook for hostile-peer tests: tells `peer` we wait for room
+    /// (without arming anything), so that it tries to wake us when it next
+    /// hands slots back. Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_want_wake(&mut self, peer: &Addr) -> Result<()> {
+        let conn = self.debug_conn(peer)?;
+        conn.tx()
+            .tx_waiting()
+            .store(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 
@@ -582,6 +622,14 @@ impl Plugin for SmPlugin {
     fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         self.check_dest(dest)?;
         self.rma_batch(dest, ops)
+    }
+
+    /// Records the handle's segments as exposed (see `exposed`): a
+    /// transfer to this process's own address may touch only those. Peers
+    /// need no registration (`process_vm_readv/writev` reach any address).
+    fn mem_register(&mut self, mem: &na_core::MemHandle) -> Result<()> {
+        self.exposed.register(self.id, mem);
+        Ok(())
     }
 
     fn spin_wait(&mut self, max: u32) -> u32 {

@@ -803,7 +803,32 @@ impl SmPlugin {
 
     /// Drops a peer: delivers what it already published (if it merely
     /// left), then fails every operation involving it.
+    ///
+    /// Never recursive: the drain of a departing peer publishes what it
+    /// read and may find failures (its own wake-up failing again, as a
+    /// peer that closed its pipe but keeps writing arranges, or another
+    /// peer's violation). Those wait in `failures_queued` and are handled
+    /// after it, each peer at most once, so the stack stays flat and a
+    /// departing peer's drain (which passes the queued-message bound)
+    /// happens once, not once per message it manages to add.
     pub(crate) fn fail_peer(&mut self, tok: u64, failure: Failure, reason: &str) {
+        self.failures_queued.push_back((tok, failure, reason.to_owned()));
+        if self.failing {
+            return;
+        }
+        self.failing = true;
+        while let Some((tok, failure, reason)) = self.failures_queued.pop_front() {
+            self.fail_peer_now(tok, failure, &reason);
+        }
+        self.failing = false;
+    }
+
+    /// One peer's failure (see `fail_peer`).
+    fn fail_peer_now(&mut self, tok: u64, failure: Failure, reason: &str) {
+        if tok != self.self_tok && self.peers.get(tok).is_none() {
+            // Failed already (queued twice).
+            return;
+        }
         if failure == Failure::Gone {
             // What the peer sent before it went still counts.
             self.poll_all_rings_as(Some(tok));

@@ -36,6 +36,9 @@ impl SmPlugin {
         if self.events_at.elapsed() > RMA_EVENTS_FRESH {
             self.poll_events()?;
         }
+        if dest.token() == self.self_tok {
+            self.check_self_rma(dest, ops)?;
+        }
         let pid = self
             .peers
             .get(dest.token())
@@ -54,6 +57,41 @@ impl SmPlugin {
                 self.rma_run(pid, dest, window);
             }
             rest = &rest[run..];
+        }
+        Ok(())
+    }
+
+    /// A transfer to ourselves reaches any address of the process (the
+    /// kernel checks nothing): each piece of the remote side must lie in
+    /// a segment a live handle registered here exposes, with the access
+    /// the transfer needs (see `exposed`). A remote handle that names our
+    /// own address but not such memory is forged or stale.
+    #[cold]
+    #[inline(never)]
+    fn check_self_rma(&self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
+        for o in ops {
+            let write = o.dir == RmaDir::Put;
+            let mut ok = true;
+            o.remote.for_each_piece(o.remote_offset, o.len, |_, addr, len| {
+                ok &= self.exposed.covers(addr, len, write);
+            })?;
+            if !ok {
+                tracing::warn!(
+                    op = o.dir.name(),
+                    len = o.len,
+                    "sm: refused a transfer to this process outside the memory it exposes (forged or stale handle)"
+                );
+                return Err(NaError::Rma {
+                    op: o.dir.name(),
+                    len: o.len,
+                    peer: dest.uri().into(),
+                    source: io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "the remote handle names this process but memory no live handle \
+                         registered with this plugin exposes (forged or stale handle); nothing moved",
+                    ),
+                });
+            }
         }
         Ok(())
     }

@@ -1,0 +1,121 @@
+//! A transfer to this process's own address may touch only memory that a
+//! live handle registered with the plugin exposes. `process_vm_writev` on
+//! our own pid is not checked by the kernel, so a remote handle naming our
+//! address and someone else's idea of our memory (a hostile server's
+//! "bulk handle" whose owner is the client) must be refused before
+//! anything moves: the canaries below are plain heap memory.
+
+use std::collections::VecDeque;
+
+use na_core::{
+    Access, Completion, MemHandle, NaError, OpId, Plugin, PluginId, RemoteMem, RemoteSegment, Rma,
+};
+use na_sm::{SmConfig, SmPlugin};
+
+mod common;
+use common::private_dir;
+
+fn forged(addr: *const u8, len: usize) -> RemoteMem {
+    let seg = RemoteSegment {
+        addr: addr as u64,
+        len: len as u64,
+        key: 0,
+    };
+    RemoteMem::new(vec![seg], Access::ReadWrite).unwrap()
+}
+
+fn refused(r: na_core::Result<()>) {
+    match r {
+        Err(NaError::Rma { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied, "{source}");
+            assert!(source.to_string().contains("forged or stale"), "{source}");
+        }
+        other => panic!("a transfer outside exposed memory was not refused: {other:?}"),
+    }
+}
+
+fn completions(p: &mut SmPlugin) -> Vec<Completion> {
+    p.progress().unwrap();
+    let mut out = VecDeque::new();
+    p.take_completions(&mut out);
+    out.into_iter().collect()
+}
+
+#[test]
+fn transfers_to_self_stay_inside_registered_memory() {
+    let dir = private_dir("self-rma");
+    let mut p = SmPlugin::new(PluginId(1), SmConfig::default().with_dir(&dir)).unwrap();
+    let me = p.self_addr();
+    let source = MemHandle::new(vec![vec![0xab; 64]], Access::ReadWrite);
+    let sink = MemHandle::zeroed(64, Access::ReadWrite);
+    p.mem_register(&source).unwrap();
+    p.mem_register(&sink).unwrap();
+
+    // A put and a get into plain heap memory: refused, nothing moved.
+    let canary = Box::new([0x5au8; 64]);
+    let fake = forged(canary.as_ptr(), canary.len());
+    refused(p.rma(&me, &[Rma::put(&source, 0, &fake, 0, 64, OpId(1))]));
+    refused(p.rma(&me, &[Rma::get(&sink, 0, &fake, 0, 64, OpId(2))]));
+    assert!(canary.iter().all(|&b| b == 0x5a), "the canary was written");
+    assert!(sink.to_vec().iter().all(|&b| b == 0), "the canary was read");
+    // One forged transfer refuses the whole batch.
+    let target = MemHandle::zeroed(64, Access::ReadWrite);
+    p.mem_register(&target).unwrap();
+    let honest = p.mem_describe(&target).unwrap();
+    refused(p.rma(
+        &me,
+        &[
+            Rma::put(&source, 0, &honest, 0, 8, OpId(3)),
+            Rma::put(&source, 0, &fake, 0, 8, OpId(4)),
+        ],
+    ));
+    assert!(
+        target.to_vec().iter().all(|&b| b == 0),
+        "part of a refused batch moved"
+    );
+
+    // A range that starts inside exposed memory and runs past it.
+    let start = target.segments_raw().next().unwrap().0;
+    let big = MemHandle::new(vec![vec![0xab; 65]], Access::ReadOnly);
+    p.mem_register(&big).unwrap();
+    refused(p.rma(
+        &me,
+        &[Rma::put(&big, 0, &forged(start as *const u8, 65), 0, 65, OpId(5))],
+    ));
+
+    // The honest descriptor works, both ways.
+    p.rma(&me, &[Rma::put(&source, 0, &honest, 8, 16, OpId(6))])
+        .unwrap();
+    let c = completions(&mut p);
+    assert!(c.iter().any(|c| c.op == OpId(6) && c.status.is_ok()), "{c:?}");
+    let data = target.to_vec();
+    assert!(data[8..24].iter().all(|&b| b == 0xab) && data[..8].iter().all(|&b| b == 0));
+    p.rma(&me, &[Rma::get(&sink, 0, &honest, 8, 16, OpId(7))])
+        .unwrap();
+    let c = completions(&mut p);
+    assert!(c.iter().any(|c| c.op == OpId(7) && c.status.is_ok()), "{c:?}");
+    assert!(sink.to_vec()[..16].iter().all(|&b| b == 0xab));
+
+    // Access as registered, not as the descriptor claims: a read-only
+    // handle described as writable.
+    let ro = MemHandle::zeroed(64, Access::ReadOnly);
+    p.mem_register(&ro).unwrap();
+    let ro_start = ro.segments_raw().next().unwrap().0;
+    refused(p.rma(
+        &me,
+        &[Rma::put(
+            &source,
+            0,
+            &forged(ro_start as *const u8, 64),
+            0,
+            64,
+            OpId(8),
+        )],
+    ));
+    assert!(ro.to_vec().iter().all(|&b| b == 0));
+
+    // Deregistered: its old descriptor is refused (the memory may be reused).
+    p.mem_deregister(&target).unwrap();
+    refused(p.rma(&me, &[Rma::put(&source, 0, &honest, 0, 8, OpId(9))]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
