@@ -14,7 +14,7 @@ use super::{
 use crate::call_table::NO_CALL;
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
-use crate::header::{Header, Status, FLAG_ONE_WAY, FLAG_SPILL, HEADER_LEN};
+use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::{rpc_id, Rpc};
 use crate::spill::{self, RELEASE_RPC};
 
@@ -68,7 +68,7 @@ impl<C: Codec> Engine<C> {
         self.admit_spill::<R>(self.scratch.len() as u64)?;
         let payload = std::mem::take(&mut self.scratch);
         let payload = self.fit_for_exposure(payload);
-        let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload)?;
+        let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload, flags & FLAG_CHECKSUM != 0)?;
         let len = HEADER_LEN + spilled.len();
         if len > self.max_msg {
             return Err(RpcError::TooLarge {
@@ -148,6 +148,7 @@ impl<C: Codec> Engine<C> {
                 outcome: None,
                 abandoned: None,
                 spill: None,
+                one_way: false,
             });
             debug_assert_eq!(stored, cookie);
             if let Some((h, p)) = self.run_self(&h) {
@@ -183,6 +184,7 @@ impl<C: Codec> Engine<C> {
             outcome: None,
             abandoned: abandoned.then(Instant::now),
             spill,
+            one_way: abandoned,
         };
         if abandoned {
             self.abandoned_hint += 1;
@@ -473,7 +475,12 @@ impl<C: Codec> Engine<C> {
         }
         // Kept only because the target might still pull its input (or a
         // one-way call's acknowledgement): the response says it is done.
-        // Nobody wants the output.
+        // Nobody wants the output: unless it is a one-way request's
+        // acknowledgement, it is late, like a response to a call no longer
+        // in the table, and counted the same.
+        if !call.one_way {
+            self.stats.stray_responses += 1;
+        }
         if spilled {
             self.release_output(src, cookie);
         }
@@ -489,6 +496,7 @@ impl<C: Codec> Engine<C> {
         let outcome = if h.status != Status::Ok {
             // Error messages are cut to fit a message (see `respond`); only
             // a broken target spills one. Its output is not wanted.
+            self.stats.malformed += 1;
             self.release_output(src, cookie);
             Err(RpcError::Malformed {
                 reason: "a spilled response must have status ok".into(),

@@ -189,6 +189,8 @@ struct PendingPull {
     src: Addr,
     header: Header,
     mem: MemHandle,
+    /// The data's CRC-32C, when its message carried a checksum.
+    crc: Option<u32>,
     /// A request for a deferred handler: its place under
     /// `set_max_deferred`'s bounds, taken before the pull started.
     ticket: Option<DeferredTicket>,
@@ -210,6 +212,9 @@ struct Call {
     abandoned: Option<Instant>,
     /// The exposed input of a spilled request, kept until the response.
     spill: Option<MemHandle>,
+    /// A one-way request (spilled): its response is the target's
+    /// acknowledgement, expected, not a late answer.
+    one_way: bool,
 }
 
 impl Call {
@@ -767,7 +772,9 @@ impl<C: Codec> Engine<C> {
     /// RDMA with its link CRC), decoding is bounds-checked either way, and
     /// the checksum costs about 3 % of a busy round trip's instructions
     /// at 0 bytes and a pass over the payload at any size. Turn it on to
-    /// catch a peer or a memory fault that corrupts payloads.
+    /// catch a peer or a memory fault that corrupts payloads. Spilled
+    /// inputs and outputs are covered too: their payload carries the
+    /// data's own CRC-32C, checked after the pull.
     pub fn set_checksums(&mut self, on: bool) {
         self.checksum_flag = if on { FLAG_CHECKSUM } else { 0 };
     }

@@ -25,7 +25,7 @@ pub const HEADER_LEN: usize = 32;
 /// The magic bytes.
 pub const MAGIC: [u8; 4] = *b"QSRP";
 /// The protocol version this crate speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 
 /// Flag: this message is a response.
 pub const FLAG_RESPONSE: u8 = 1;

@@ -256,25 +256,23 @@ impl<C: Codec> Engine<C> {
                 if let Some(p) = self.pulls.remove(&key) {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
                     let one_way = p.header.is_one_way();
+                    let pulled = match c.status {
+                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.crc),
+                        Err(e) => Err(format!("pulling the spilled input failed: {e}")),
+                    };
                     if one_way {
                         // The origin may release the input now, before the
                         // handler runs; the acknowledgement carries nothing.
-                        let status = if c.status.is_ok() {
+                        let status = if pulled.is_ok() {
                             Status::Ok
                         } else {
                             Status::DecodeError
                         };
                         self.respond(&p.src, response_header(&p.header, status), Vec::new());
                     }
-                    let answer = match c.status {
-                        Ok(()) => {
-                            let data = serve_ops::pulled_bytes(p.mem);
-                            self.run_decoded_owned(&p.src, &p.header, data, p.ticket)
-                        }
-                        Err(e) => Some((
-                            response_header(&p.header, Status::DecodeError),
-                            format!("pulling the spilled input failed: {e}").into_bytes(),
-                        )),
+                    let answer = match pulled {
+                        Ok(data) => self.run_decoded_owned(&p.src, &p.header, data, p.ticket),
+                        Err(why) => Some((response_header(&p.header, Status::DecodeError), why.into_bytes())),
                     };
                     if let Some((h, out)) = answer.filter(|_| !one_way) {
                         self.respond(&p.src, h, out);
@@ -286,14 +284,15 @@ impl<C: Codec> Engine<C> {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
                     self.release_output(&p.src, cookie);
                     let rpc = self.call_name(cookie);
-                    let outcome = match c.status {
-                        Ok(()) => Ok(serve_ops::pulled_bytes(p.mem)),
-                        Err(e) => Err(RpcError::Decode {
-                            rpc: rpc.into(),
-                            what: "output",
-                            reason: format!("pulling the spilled output failed: {e}"),
-                        }),
+                    let pulled = match c.status {
+                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.crc),
+                        Err(e) => Err(format!("pulling the spilled output failed: {e}")),
                     };
+                    let outcome = pulled.map_err(|reason| RpcError::Decode {
+                        rpc: rpc.into(),
+                        what: "output",
+                        reason,
+                    });
                     self.file_outcome(cookie, outcome);
                 }
             }

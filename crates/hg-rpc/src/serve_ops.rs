@@ -10,7 +10,7 @@ use super::{
 };
 use crate::codec::Codec;
 use crate::deferred::DeferredTicket;
-use crate::header::{Header, Status, FLAG_SPILL, HEADER_LEN};
+use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::rpc_id;
 use crate::spill::{self, RELEASE_RPC};
 
@@ -60,6 +60,14 @@ impl<C: Codec> Engine<C> {
                     return Some((response_header(h, Status::Busy), why.into_bytes()));
                 }
             };
+            // The pull may have filled a spare far larger than this input;
+            // the request would hold all of it for as long as its handler
+            // runs, while the budget charges the length. Keep the large
+            // buffer as a spare and hand the handler one that fits.
+            let (data, spare) = crate::spill::fit_to_len(data);
+            if let Some(spare) = spare {
+                self.keep_spare_buffer(spare);
+            }
             let charge = self.charge_deferred(data.len() as u64);
             self.deferred_requests
                 .push_back(DeferredRequest::new(src, h, data, ticket, Some(charge)));
@@ -253,8 +261,9 @@ impl<C: Codec> Engine<C> {
         ticket: Option<DeferredTicket>,
     ) -> std::result::Result<(), (Status, String)> {
         let what = if output { "output" } else { "input" };
-        let (len, remote) = spill::parse(payload, self.max_spill)
-            .map_err(|e| (Status::DecodeError, format!("{what}: {e}")))?;
+        let spill::Spilled { len, remote, crc } =
+            spill::parse(payload, self.max_spill, h.flags & FLAG_CHECKSUM != 0)
+                .map_err(|e| (Status::DecodeError, format!("{what}: {e}")))?;
         if len > self.max_pull_bytes {
             // Busy would be a lie: no retry can ever fit.
             return Err((
@@ -301,10 +310,33 @@ impl<C: Codec> Engine<C> {
                 src: src.clone(),
                 header: *h,
                 mem,
+                crc,
                 ticket,
             },
         );
         Ok(())
+    }
+
+    /// Pulled spilled `data`, checked against the CRC-32C its message
+    /// carried (if any). A mismatch counts as malformed; the buffer is
+    /// kept as a spare and the reason returned.
+    pub(super) fn checked_pull(
+        &mut self,
+        data: Vec<u8>,
+        crc: Option<u32>,
+    ) -> std::result::Result<Vec<u8>, String> {
+        match spill::verify(&data, crc) {
+            Ok(()) => Ok(data),
+            Err(why) => {
+                cold_path();
+                self.stats.malformed += 1;
+                if logged_at(self.stats.malformed) {
+                    tracing::warn!(%why, malformed = self.stats.malformed, "spilled data failed its checksum");
+                }
+                self.keep_spare_buffer(data);
+                Err(why)
+            }
+        }
     }
 
     /// A buffer of `len` bytes for a pull to fill: a kept one if one is
@@ -389,7 +421,7 @@ impl<C: Codec> Engine<C> {
         } else {
             let len = out.len() as u64;
             let out = self.fit_for_exposure(out);
-            match spill::expose(&mut self.ep, self.plugin, out) {
+            match spill::expose(&mut self.ep, self.plugin, out, h.flags & FLAG_CHECKSUM != 0) {
                 Ok((mem, payload)) => {
                     self.exposed.insert((src.token(), h.cookie), mem, len);
                     (

@@ -377,3 +377,107 @@ fn a_spilled_request_past_the_deferred_bound_is_refused_before_its_pull() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A deferred request holds its pulled input while its handler runs, and
+/// the pull budget charges the input's length: the buffer it holds must
+/// fit that length, not be a spare left by an earlier, far larger pull
+/// (4 MiB held per 64 KiB request here, past any budget).
+#[test]
+fn a_deferred_request_holds_a_buffer_that_fits_its_input() {
+    const MIB: usize = 1 << 20;
+    let d = dir("deferred-fit");
+    let mut srv = server(&d);
+    srv.register_deferred::<Digest>().unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&uri).unwrap();
+    // A large input to a plain handler: its buffer stays as a spare.
+    let big = vec![3u8; 4 * MIB];
+    let echo = c.forward::<Echo>(&s, &big).unwrap();
+    let end = Instant::now() + T;
+    let mut got = None;
+    while got.is_none() {
+        assert!(Instant::now() < end, "no echo");
+        for e in [&mut c, &mut srv] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+        got = c.take_response::<Echo>(echo);
+    }
+    assert!(got.unwrap().unwrap() == big);
+    // A spilled input (over one message) to the deferred handler.
+    let small = vec![4u8; 64 << 10];
+    let _parked = c.forward::<Digest>(&s, &small).unwrap();
+    let end = Instant::now() + T;
+    let req = loop {
+        assert!(Instant::now() < end, "the deferred request never came");
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.trigger().unwrap();
+        if let Some(r) = srv.take_deferred() {
+            break r;
+        }
+    };
+    assert!(
+        req.payload.capacity() <= 2 * req.payload.len(),
+        "a {} byte input held in a buffer of {} bytes",
+        req.payload.len(),
+        req.payload.capacity()
+    );
+    srv.respond_deferred(req, Err("parked".into()));
+}
+
+/// Drives both engines until `done` holds.
+fn pump_until(c: &mut Engine, srv: &mut Engine, what: &str, mut done: impl FnMut(&Engine) -> bool) {
+    let end = Instant::now() + T;
+    while !done(c) {
+        assert!(Instant::now() < end, "{what}: {:?}", c.stats());
+        for e in [&mut *c, &mut *srv] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+    }
+}
+
+/// A call that timed out while its input was spilled stays (the target
+/// may still pull the input) until its response: that response is late,
+/// and counts in `stray_responses` like any late one. A spilled one-way
+/// request's acknowledgement, the same kind of kept call's response, is
+/// expected and does not count.
+#[test]
+fn a_late_response_to_a_call_kept_for_its_spilled_input_counts_as_stray() {
+    let d = dir("late-spilled");
+    let mut srv = server(&d);
+    srv.register::<RecordBlob>(|_| Ok(())).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&uri).unwrap();
+    // The one-way request first: its acknowledgement is no stray.
+    c.forward_one_way::<RecordBlob>(&s, &vec![5u8; 1 << 20]).unwrap();
+    assert_eq!(c.stats().abandoned_inputs, 1);
+    pump_until(&mut c, &mut srv, "no acknowledgement", |c| {
+        c.stats().abandoned_inputs == 0
+    });
+    assert_eq!(
+        c.stats().stray_responses,
+        0,
+        "an acknowledgement counted as stray"
+    );
+    // The server is not driven while the client waits: a timeout.
+    let r = c.call::<Echo>(&s, &vec![6u8; 1 << 20], Duration::from_millis(20));
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!((c.stats().in_flight, c.stats().abandoned_inputs), (0, 1));
+    pump_until(&mut c, &mut srv, "the late response never came", |c| {
+        c.stats().abandoned_inputs == 0
+    });
+    let st = c.stats();
+    assert_eq!((st.stray_responses, st.malformed), (1, 0), "{st:?}");
+    // Its spilled output was let go, not pulled.
+    let end = Instant::now() + T;
+    while srv.stats().exposed_outputs > 0 {
+        assert!(Instant::now() < end, "the output was never released");
+        for e in [&mut c, &mut srv] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+    }
+}

@@ -1,11 +1,11 @@
-//! How an origin files responses (protocol version 2): responses arrive as
+//! How an origin files responses (since protocol version 2): responses arrive as
 //! unexpected messages and count only for a call in flight to the peer
 //! they come from; a late one is discarded; one watch per peer fails the
 //! peer's calls when it goes away. Real processes and real sm plugins.
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::header::{Header, FLAG_CHECKSUM, FLAG_RESPONSE};
+use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE, FLAG_SPILL};
 use hg_rpc::{Engine, Rpc, RpcError};
 use na_core::{Addr, Endpoint, OpId, PluginId};
 
@@ -405,6 +405,7 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
     let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
     let mut payload = (output.len() as u64).to_le_bytes().to_vec();
     payload.extend_from_slice(&desc);
+    payload.extend_from_slice(&hg_rpc::header::crc32c(&output).to_le_bytes());
     let msg = wire_message(
         FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
         Echo::NAME,
@@ -674,4 +675,80 @@ fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
     }
     assert_eq!(a.stats().handled, served + 1, "served once");
     assert_eq!(wait::<Echo>(&mut b, back).unwrap(), vec![8]);
+}
+
+/// Error responses are cut to fit one message, never spilled: a spilled
+/// one with an error status (a broken target) ends its call as malformed,
+/// counted in `malformed`, and its output is not pulled.
+#[test]
+fn a_spilled_response_with_an_error_status_ends_the_call_as_malformed() {
+    let d = dir("spilled-error");
+    let (mut x, xid) = endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let id = c.forward::<Sleep>(&s, &0).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    let mut msg = Vec::new();
+    Header {
+        flags: FLAG_RESPONSE | FLAG_SPILL,
+        status: Status::HandlerError,
+        rpc_id: hg_rpc::rpc_id(Sleep::NAME),
+        cookie,
+        payload_len: 0,
+        checksum: 0,
+    }
+    .encode_with(&[0u8; 40], &mut msg);
+    send_raw(&mut x, &origin, None, &msg, OpId(2));
+    match wait::<Sleep>(&mut c, id) {
+        Err(RpcError::Malformed { reason }) => assert!(reason.contains("spilled"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let st = c.stats();
+    assert_eq!(
+        (st.malformed, st.in_flight, st.bulk_in_flight),
+        (1, 0, 0),
+        "{st:?}"
+    );
+}
+
+/// With checksums, a spilled output carries the CRC-32C of the data: an
+/// origin that pulls bytes that do not match ends the call with a decode
+/// error of the output that says so, counted as malformed.
+#[test]
+fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
+    use hg_rpc::header::crc32c;
+    use na_core::{Access, MemHandle};
+    let d = dir("spill-crc-out");
+    let (mut x, xid) = endpoint(&d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let (ep, cid) = endpoint(&d, true);
+    let mut c = Engine::new(ep, cid).unwrap();
+    c.set_checksums(true);
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
+    let mem = MemHandle::new(vec![output.clone()], Access::ReadOnly);
+    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
+    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
+    let mut payload = (output.len() as u64).to_le_bytes().to_vec();
+    payload.extend_from_slice(&desc);
+    payload.extend_from_slice(&(crc32c(&output) ^ 1).to_le_bytes());
+    let msg = wire_message(
+        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
+        Echo::NAME,
+        cookie,
+        &payload,
+    );
+    send_raw(&mut x, &origin, None, &msg, OpId(2));
+    match wait::<Echo>(&mut c, id) {
+        Err(RpcError::Decode { what, reason, .. }) => {
+            assert_eq!(what, "output");
+            assert!(reason.contains("CRC-32C"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let st = c.stats();
+    assert_eq!((st.malformed, st.in_flight), (1, 0), "{st:?}");
 }

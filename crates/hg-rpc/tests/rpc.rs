@@ -414,8 +414,8 @@ fn forged_spill_descriptor_gets_an_error_reply() {
     ];
     for (i, (len, desc)) in cases.into_iter().enumerate() {
         let cookie = 1000 + i as u64;
-        let msg = spilled_digest_request(cookie, len, &desc);
-        // Responses come as unexpected messages (protocol version 2).
+        let msg = spilled_digest_request(cookie, len, &desc, 0);
+        // Responses come as unexpected messages (since protocol version 2).
         ep.post_recv_unexpected(sm, Vec::new(), OpId(cookie)).unwrap();
         ep.send_unexpected(&s, 0, &msg, OpId(1 << 40 | cookie)).unwrap();
         let end = Instant::now() + T;
@@ -850,7 +850,9 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     let mem = MemHandle::new(vec![input.clone()], Access::ReadOnly);
     ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
     let desc = ep.plugin(cid).unwrap().mem_describe(&mem).unwrap().to_bytes();
-    let request = |cookie: u64| spilled_digest_request(cookie, input.len() as u64, &desc);
+    let request = |cookie: u64| {
+        spilled_digest_request(cookie, input.len() as u64, &desc, hg_rpc::header::crc32c(&input))
+    };
     // Three requests in the target's queue before it looks: one fits.
     for cookie in 1..=3u64 {
         ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
@@ -896,11 +898,61 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     assert!(got[0].1.contains("bytes exceed the"), "{got:?}");
 }
 
-/// A spilled `Digest` request written by hand: the length of the spilled
-/// input and its memory descriptor as the payload.
-fn spilled_digest_request(cookie: u64, len: u64, desc: &[u8]) -> Vec<u8> {
+/// A spilled `Digest` request written by hand, with a checksum: the length
+/// of the spilled input, its memory descriptor and its CRC-32C `crc` as
+/// the payload.
+fn spilled_digest_request(cookie: u64, len: u64, desc: &[u8], crc: u32) -> Vec<u8> {
     use hg_rpc::header::{FLAG_CHECKSUM, FLAG_SPILL};
     let mut payload = len.to_le_bytes().to_vec();
     payload.extend_from_slice(desc);
+    payload.extend_from_slice(&crc.to_le_bytes());
     common::wire_message(FLAG_CHECKSUM | FLAG_SPILL, Digest::NAME, cookie, &payload)
+}
+
+/// With checksums, a spilled input carries the CRC-32C of the data (the
+/// header's covers only the message): the target checks what it pulled
+/// and answers a mismatch with a decode error that says so, counted as
+/// malformed; the right CRC is served.
+#[test]
+fn a_spilled_input_that_fails_its_checksum_is_refused() {
+    use hg_rpc::header::{crc32c, Header, Status};
+    use na_core::{Access, MemHandle};
+    let d = dir("spill-crc-in");
+    let (sep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(sep, sid).unwrap();
+    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
+        .unwrap();
+    let (mut ep, cid) = endpoint(&d, false);
+    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    let input = postcard::to_allocvec(&vec![1u8; 64 << 10]).unwrap();
+    let mem = MemHandle::new(vec![input.clone()], Access::ReadOnly);
+    ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
+    let desc = ep.plugin(cid).unwrap().mem_describe(&mem).unwrap().to_bytes();
+    let good = crc32c(&input);
+    for (cookie, crc) in [(1u64, good ^ 0x10), (2, good)] {
+        let msg = spilled_digest_request(cookie, input.len() as u64, &desc, crc);
+        ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
+        ep.send_unexpected(&s, 0, &msg, OpId(100 + cookie)).unwrap();
+        let end = Instant::now() + T;
+        let (h, p) = loop {
+            assert!(Instant::now() < end, "no reply to {cookie}");
+            ep.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.trigger().unwrap();
+            let done = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(cookie));
+            if let Some(buf) = done.and_then(|c| c.buf) {
+                let (h, p) = Header::decode(&buf).unwrap();
+                break (h, p.to_vec());
+            }
+        };
+        if crc == good {
+            assert_eq!(h.status, Status::Ok, "{}", String::from_utf8_lossy(&p));
+        } else {
+            let why = String::from_utf8_lossy(&p);
+            assert_eq!(h.status, Status::DecodeError, "{why}");
+            assert!(why.contains("CRC-32C"), "{why}");
+            assert_eq!(srv.stats().malformed, 1);
+        }
+    }
+    assert_eq!(srv.stats().malformed, 1);
 }
