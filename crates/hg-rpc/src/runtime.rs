@@ -202,6 +202,18 @@ impl Shared {
 
     /// Wakes whoever awaits [`AsyncEngine::drained`] if `e` drains: what
     /// it waits for may have happened. Call with the engine locked.
+    /// A forward to `dest` that was our own address ran a plain handler
+    /// here, on the caller's task, and a handler that moves bulk data
+    /// polls the transports (`transfer_window`): that leaves them unarmed,
+    /// and may set aside completions for the driver. Wake the driver to
+    /// handle them and arm again before it sleeps, or messages that come
+    /// later would find nobody listening for their wake-up.
+    fn self_forward_ran(&self, e: &Engine, dest: &Addr) {
+        if dest == e.self_addr() {
+            self.rearm.notify_one();
+        }
+    }
+
     fn drain_may_have_moved(&self, e: &Engine) {
         if e.is_draining() {
             self.drain_moved.notify_waiters();
@@ -498,33 +510,15 @@ impl AsyncEngine {
     /// Calls `R` on `dest`; fails with [`RpcError::Timeout`] after `timeout`.
     pub async fn call<R: Rpc>(&self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
         let (tx, rx) = oneshot::channel();
-        let id = {
-            let mut e = self.shared.try_engine("AsyncEngine::call")?;
-            self.shared.check_running(R::NAME, &mut e)?;
-            let id = e.forward::<R>(dest, input).inspect_err(|_| e.count_error())?;
-            // A self-forward to an async handler is answered by a task.
-            self.shared.spawn_deferred(&mut e);
-            // A self-forward to a plain handler finished right here: its id
-            // leaves the engine's log now, not at the driver's next wake-up
-            // (which only network work brings).
-            self.shared.notify_finished(&mut e);
-            if let Some(r) = e.take_response::<R>(id) {
-                return r;
+        let id = match self.start_call::<R>(dest, input, tx) {
+            Ok(id) => id,
+            Err(done) => {
+                // Never ready at once without a yield: a caller that retries
+                // (on `InputsHeld`, until the driver frees room) or calls
+                // itself in a loop must let the driver and timers run.
+                tokio::task::consume_budget().await;
+                return done;
             }
-            // Registered under the engine lock, which the driver holds while
-            // it files responses: it cannot miss this call. Nor can its
-            // stop (registered under the waiters' lock, which the exit
-            // holds while it fails the waiting calls).
-            let mut w = self.shared.waiters();
-            if let Some(why) = &w.stopped {
-                let err = driver_stopped(R::NAME, why);
-                drop(w);
-                e.abandon(id);
-                e.count_error();
-                return Err(err);
-            }
-            w.calls.insert(id, tx);
-            id
         };
         let mut guard = Abandon {
             shared: &self.shared,
@@ -554,12 +548,54 @@ impl AsyncEngine {
         }
     }
 
+    /// The engine's part of [`call`](Self::call): forwards and registers
+    /// the waiter (`Ok(id)`), or gives the call's end when it is known at
+    /// once (`Err`: refused, or a self-forward answered in place).
+    fn start_call<R: Rpc>(
+        &self,
+        dest: &Addr,
+        input: &R::Input,
+        tx: oneshot::Sender<()>,
+    ) -> std::result::Result<CallId, Result<R::Output>> {
+        let mut e = self.shared.try_engine("AsyncEngine::call").map_err(Err)?;
+        self.shared.check_running(R::NAME, &mut e).map_err(Err)?;
+        let id = e
+            .forward::<R>(dest, input)
+            .inspect_err(|_| e.count_error())
+            .map_err(Err)?;
+        self.shared.self_forward_ran(&e, dest);
+        // A self-forward to an async handler is answered by a task.
+        self.shared.spawn_deferred(&mut e);
+        // A self-forward to a plain handler finished right here: its id
+        // leaves the engine's log now, not at the driver's next wake-up
+        // (which only network work brings).
+        self.shared.notify_finished(&mut e);
+        if let Some(r) = e.take_response::<R>(id) {
+            return Err(r);
+        }
+        // Registered under the engine lock, which the driver holds while it
+        // files responses: it cannot miss this call. Nor can its stop
+        // (registered under the waiters' lock, which the exit holds while
+        // it fails the waiting calls).
+        let mut w = self.shared.waiters();
+        if let Some(why) = &w.stopped {
+            let err = driver_stopped(R::NAME, why);
+            drop(w);
+            e.abandon(id);
+            e.count_error();
+            return Err(Err(err));
+        }
+        w.calls.insert(id, tx);
+        Ok(id)
+    }
+
     /// Sends a one-way request.
     pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
         let mut e = self.shared.try_engine("AsyncEngine::call_one_way")?;
         self.shared.check_running(R::NAME, &mut e)?;
         let kept = e.kept_bytes();
         e.forward_one_way::<R>(dest, input)?;
+        self.shared.self_forward_ran(&e, dest);
         // A one-way self-forward to an async handler runs as a task now
         // (no network event would wake the driver for it).
         self.shared.spawn_deferred(&mut e);

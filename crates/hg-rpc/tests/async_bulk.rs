@@ -562,3 +562,49 @@ async fn a_task_that_starts_a_transfer_runs_no_handler() {
         "a handler ran on the task that started a transfer: {ran_on:?} (that task: {puller_id})"
     );
 }
+
+/// A self-call to a plain handler that moves bulk data runs on the
+/// caller's task, and its transfer polls the transports there, which
+/// leaves them unarmed: the driver must be woken to arm them again, or it
+/// sleeps deaf to the next request from another engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_call_that_moves_bulk_data_leaves_the_driver_listening() {
+    let d = common::dir("async-self-bulk");
+    let (ep, id) = common::endpoint(&d, true);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.register::<Echo>(Ok).unwrap();
+    e.register_with_bulk::<BlobPut>(|ctx, (_key, data)| {
+        let local = ctx.expose(vec![vec![0; data.size() as usize]], Access::ReadWrite)?;
+        ctx.transfer(BulkOp::Pull, &data, 0, &local, 0, data.size())?;
+        Ok(fnv(&local.local().ok_or("not local")?.to_vec()))
+    })
+    .unwrap();
+    let a = hg_rpc::AsyncEngine::spawn(e).unwrap();
+    let c = common::async_engine(&d, false);
+    let s = c.lookup(&a.self_addr().to_string()).unwrap();
+    assert_eq!(c.call::<Echo>(&s, &vec![1], T).await.unwrap(), vec![1]);
+    // Whether the self-call's poll lands while the driver sleeps armed is
+    // a race: several rounds.
+    for round in 0..8u8 {
+        // Idle long enough for the driver to arm the transports and sleep.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            a.stats().driver_sleeps > 0,
+            "the driver never slept: nothing tested"
+        );
+        // Too large to travel inline: the handler's pull is a transfer.
+        let data = pattern(64 << 10, round.into());
+        let h = a.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+        let me = a.self_addr();
+        assert_eq!(
+            a.call::<BlobPut>(&me, &("k".into(), h), T).await.unwrap(),
+            fnv(&data)
+        );
+        // Long enough for the driver to sleep again, then a call from
+        // another engine: served at once (a deaf driver would only hear it
+        // at its next timer, a second or more later).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let r = c.call::<Echo>(&s, &vec![round], Duration::from_millis(500)).await;
+        assert_eq!(r.expect("the driver no longer hears the transports"), vec![round]);
+    }
+}

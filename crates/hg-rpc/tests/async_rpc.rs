@@ -839,3 +839,30 @@ fn a_call_fails_at_once_as_the_runtime_shut_down(engine: &AsyncEngine, s: &na_co
     }
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
+
+/// A call answered at once (a self-call to a plain handler here; a refusal
+/// such as `InputsHeld` alike) still yields to the runtime now and then:
+/// on a current-thread runtime, a loop of them must let other tasks (the
+/// driver, timers, whoever frees what the caller waits for) run.
+#[tokio::test(flavor = "current_thread")]
+async fn calls_answered_at_once_still_let_other_tasks_run() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-yield");
+    let (ep, id) = common::endpoint(&dir, true);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
+    let engine = AsyncEngine::spawn(e).unwrap();
+    let me = engine.self_addr();
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    tokio::spawn(async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) });
+    let mut n = 0u64;
+    while !ran.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            n < 100_000,
+            "{n} calls answered at once never let another task run"
+        );
+        assert_eq!(engine.call::<Add>(&me, &(n, 1), T).await.unwrap(), n + 1);
+        n += 1;
+    }
+}

@@ -144,7 +144,23 @@ impl VerbsPlugin {
         if cfg.listen {
             local_id.listen(128)?;
         }
-        let ctx = local_id.context()?;
+        // The device context lives as long as anything registered on it
+        // (a memory handle or message buffer the application keeps after
+        // the plugin). Anchored on the listening id, it would keep that id,
+        // and so the port, bound and listening with nobody to accept:
+        // another plugin could not bind the port, and peers would wait
+        // out their set-up timeout. So it hangs on an id of its own, bound
+        // to the same address with any port and never listening.
+        let anchor_events = EventChannel::new()?;
+        let anchor = CmId::new(&anchor_events, PortSpace::Tcp)?;
+        anchor.bind(SocketAddr::new(local.ip, 0))?;
+        let ctx = anchor.context()?;
+        if local_id.context()?.as_ptr() != ctx.as_ptr() {
+            return Err(NaError::Plugin {
+                plugin: SCHEME,
+                message: "librdmacm gave two ids bound to the same address different device contexts".into(),
+            });
+        }
         if ctx.name() != local.device {
             return Err(crate::VerbsError::WrongDevice {
                 addr: local.ip.to_string(),

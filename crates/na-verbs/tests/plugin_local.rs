@@ -888,3 +888,48 @@ fn srv_peer(srv: &mut Endpoint, cli: &mut Endpoint, sid: PluginId) -> Addr {
         }
     }
 }
+
+/// A memory handle registered with a plugin may outlive it (the
+/// application keeps its buffers). The registration keeps the device
+/// context alive, but not the plugin's listening id: once the plugin is
+/// dropped its port is free for the next plugin, and a client looking up
+/// the old address is refused at once instead of waiting out its set-up
+/// timeout against a listener nobody serves.
+#[test]
+fn a_handle_kept_after_its_plugin_does_not_keep_its_port() {
+    let Some(env) = common::rdma_env("a_handle_kept_after_its_plugin_does_not_keep_its_port") else {
+        return;
+    };
+    let cfg = VerbsConfig::from_spec(&format!("verbs://{}/{}:47123", env.device, env.ip), true).unwrap();
+    let mut a = VerbsPlugin::new(PluginId(1), cfg.clone()).expect("plugin on port 47123");
+    let uri = a.self_addr().uri().to_owned();
+    let kept = MemHandle::new(vec![vec![5u8; 4096]], Access::ReadWrite);
+    a.mem_register(&kept).unwrap();
+    drop(a);
+    let b = VerbsPlugin::new(PluginId(2), cfg).expect("the port is free once its plugin is gone");
+    drop(b);
+    // Nobody listens there now: a send to it fails with the peer gone,
+    // well before the client's set-up timeout.
+    let (mut cli, cli_id) = common::plugin_with(&env, false, |c| c.setup_timeout = Duration::from_secs(60));
+    let to = cli.lookup(&uri).unwrap();
+    let t0 = Instant::now();
+    cli.send_unexpected(&to, 1, b"anyone?", OpId(1)).unwrap();
+    let status = loop {
+        assert!(t0.elapsed() < T, "the send to a dead address never failed");
+        cli.progress(Some(Duration::from_millis(10))).unwrap();
+        if let Some(c) = std::iter::from_fn(|| cli.pop_completion()).find(|c| c.op == OpId(1)) {
+            break c.status;
+        }
+    };
+    assert!(matches!(status, Err(NaError::PeerGone { .. })), "{status:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "refused only after {:?}: a listener answered nobody",
+        t0.elapsed()
+    );
+    let _ = cli_id;
+    // The kept registration still works as memory.
+    let mut back = [0u8; 4];
+    kept.read_at(0, &mut back).unwrap();
+    assert_eq!(back, [5; 4]);
+}
