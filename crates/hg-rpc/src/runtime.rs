@@ -125,12 +125,17 @@ impl Shared {
     /// Refuses to start a call once the driver stopped (counted as an
     /// error of `e`); one atomic load while it runs.
     fn check_running(&self, rpc: &str, e: &mut Engine) -> Result<()> {
+        self.check_running_quiet(rpc).inspect_err(|_| e.count_error())
+    }
+
+    /// [`check_running`](Self::check_running) without counting the
+    /// refusal as a call's error (a bulk transfer is no call).
+    pub(super) fn check_running_quiet(&self, what: &str) -> Result<()> {
         if !self.stopped.load(Ordering::Acquire) {
             return Ok(());
         }
-        e.count_error();
         let why = self.waiters().stopped.clone().unwrap_or_default();
-        Err(driver_stopped(rpc, &why))
+        Err(driver_stopped(what, &why))
     }
 
     /// Records why the driver stopped (the first reason stands) and fails
@@ -594,7 +599,8 @@ impl AsyncEngine {
         let mut e = self.shared.try_engine("AsyncEngine::call_one_way")?;
         self.shared.check_running(R::NAME, &mut e)?;
         let kept = e.kept_bytes();
-        e.forward_one_way::<R>(dest, input)?;
+        e.forward_one_way::<R>(dest, input)
+            .inspect_err(|_| e.count_error())?;
         self.shared.self_forward_ran(&e, dest);
         // A one-way self-forward to an async handler runs as a task now
         // (no network event would wake the driver for it).

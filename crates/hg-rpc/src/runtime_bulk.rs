@@ -151,7 +151,7 @@ impl Shared {
         let mut waits = Vec::new();
         {
             let mut e = self.try_engine("AsyncEngine::bulk")?;
-            self.check_running(WHAT, &mut e)?;
+            self.check_running_quiet(WHAT)?;
             let ids = e.bulk_start_batch(op, remote, local, spans)?;
             // Moved in memory or from inline data: done already.
             let mut ended: Vec<(BulkId, Option<Result<()>>)> =

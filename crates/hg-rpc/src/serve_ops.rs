@@ -34,6 +34,12 @@ impl<C: Codec> Engine<C> {
         if *dest != self.me {
             return self.respond(dest, h, out);
         }
+        if self.calls.get(h.cookie).is_none() {
+            // Its caller gave up (a timeout, a dropped future): late, as a
+            // response from the network would be, and counted the same.
+            self.stats.stray_responses += 1;
+            return;
+        }
         let outcome = response_outcome(self.call_name(h.cookie), h.rpc_id, h, out);
         self.file_outcome(h.cookie, outcome);
         self.finished_self.push_back(h.cookie);

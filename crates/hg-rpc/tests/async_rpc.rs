@@ -866,3 +866,43 @@ async fn calls_answered_at_once_still_let_other_tasks_run() {
         n += 1;
     }
 }
+
+/// A self-call to an async handler that its caller gave up on: the late
+/// answer is discarded and counted in `stray_responses`, as a late answer
+/// from the network is. A one-way call refused before it is sent counts
+/// as an error, as a refused call does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_self_answers_are_stray_and_refused_one_way_calls_are_errors() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-late-self");
+    let (ep, id) = common::endpoint(&dir, true);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.set_max_abandoned_bytes(0);
+    let engine = AsyncEngine::spawn(e).unwrap();
+    engine
+        .register_async::<Sleep, _, _>(|ms| async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(())
+        })
+        .unwrap();
+    let me = engine.self_addr();
+    let r = engine.call::<Sleep>(&me, &200, Duration::from_millis(30)).await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    let end = Instant::now() + T;
+    while engine.stats().stray_responses == 0 {
+        assert!(
+            Instant::now() < end,
+            "the late answer was never counted: {:?}",
+            engine.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(engine.stats().stray_responses, 1);
+    // A spilled one-way input with no room for inputs held: refused.
+    let errors = engine.stats().errors;
+    let peer = common::async_engine(&dir, true);
+    let to = engine.lookup(&peer.self_addr().to_string()).unwrap();
+    let r = engine.call_one_way::<RecordBlob>(&to, &vec![1u8; 1 << 20]);
+    assert!(matches!(r, Err(RpcError::InputsHeld { .. })), "{r:?}");
+    assert_eq!(engine.stats().errors, errors + 1);
+}
