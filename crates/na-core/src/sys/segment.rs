@@ -62,12 +62,73 @@ impl RawSegment {
         self.len == 0
     }
 
-    /// Splits `offset..offset + len` of the segment into the pieces the
+    /// The segment's bytes as a [`SharedBytes`] view.
+    fn bytes(&self) -> SharedBytes {
+        SharedBytes {
+            ptr: self.ptr,
+            len: self.len,
+        }
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the segment.
+    ///
+    /// # Panics
+    /// If the range is out of bounds (callers check bounds first).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        self.bytes().read(offset, dst);
+    }
+
+    /// Copies `src` into the segment at `offset`.
+    ///
+    /// # Panics
+    /// If the range is out of bounds (callers check bounds first).
+    pub fn write(&self, offset: usize, src: &[u8]) {
+        self.bytes().write(offset, src);
+    }
+
+    /// Gives the vector back.
+    pub fn into_vec(self) -> Vec<u8> {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: ptr, len and cap came from a Vec<u8> that we consumed in
+        // `from_vec`, and `me` will not be dropped, so the allocation is
+        // rebuilt exactly once.
+        #[allow(unsafe_code)]
+        unsafe {
+            Vec::from_raw_parts(me.ptr.as_ptr(), me.len, me.cap)
+        }
+    }
+}
+
+/// Memory that others (the kernel, a NIC, a peer through CMA, other
+/// threads) may read or write while we do, copied in and out the way the
+/// module docs say: every access atomic, each byte always with the same
+/// width. [`RawSegment`] uses it for its buffer; other owners of such
+/// memory (a registered RDMA region) make one with [`SharedBytes::new`].
+#[derive(Clone, Copy, Debug)]
+pub struct SharedBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl SharedBytes {
+    /// A view of `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be allocated, initialized and live for as
+    /// long as the view is used, and every access to it from this
+    /// process must go through such views (never a Rust reference), so
+    /// that all of them are atomic and of the same width per byte.
+    #[allow(unsafe_code)]
+    pub unsafe fn new(ptr: NonNull<u8>, len: usize) -> Self {
+        SharedBytes { ptr, len }
+    }
+
+    /// Splits `offset..offset + len` of the bytes into the pieces the
     /// copies make, in order, each with its position in the caller's
     /// buffer: lone bytes outside whole words, runs of whole words, and
     /// parts of a word (see the module docs).
     fn pieces(&self, offset: usize, len: usize) -> impl Iterator<Item = Piece> {
-        let (wf, we) = word_span(self.addr(), self.len);
+        let (wf, we) = word_span(self.ptr.as_ptr() as usize, self.len);
         let (mut at, mut i) = (offset, 0usize);
         std::iter::from_fn(move || {
             if i >= len {
@@ -94,7 +155,7 @@ impl RawSegment {
         })
     }
 
-    /// Copies `dst.len()` bytes starting at `offset` out of the segment.
+    /// Copies `dst.len()` bytes starting at `offset` out of the bytes.
     ///
     /// # Panics
     /// If the range is out of bounds (callers check bounds first).
@@ -105,8 +166,8 @@ impl RawSegment {
         for p in self.pieces(offset, dst.len()) {
             match p {
                 Piece::Byte { at, i } => {
-                    // SAFETY: `at` < len (checked above), inside our live,
-                    // initialized allocation; bytes outside whole words are
+                    // SAFETY: `at` < len (checked above), inside the live,
+                    // initialized memory `new`'s contract names; bytes outside whole words are
                     // only ever accessed as `AtomicU8` (see the module docs).
                     dst[i] = unsafe { AtomicU8::from_ptr(base.add(at)) }.load(Relaxed);
                 }
@@ -115,7 +176,7 @@ impl RawSegment {
                         // SAFETY: each word of the run is 8-aligned (offsets
                         // from an 8-aligned address, see `word_span`) and
                         // ends before the last whole word's end <= len, in
-                        // our live, initialized allocation; bytes of whole
+                        // the live, initialized memory of `new`'s contract; bytes of whole
                         // words are only ever accessed as `AtomicU64`.
                         let v =
                             unsafe { AtomicU64::from_ptr(base.add(at + k * 8).cast::<u64>()) }.load(Relaxed);
@@ -131,7 +192,7 @@ impl RawSegment {
         }
     }
 
-    /// Copies `src` into the segment at `offset`.
+    /// Copies `src` into the bytes at `offset`.
     ///
     /// # Panics
     /// If the range is out of bounds (callers check bounds first).
@@ -172,21 +233,9 @@ impl RawSegment {
             }
         }
     }
-
-    /// Gives the vector back.
-    pub fn into_vec(self) -> Vec<u8> {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: ptr, len and cap came from a Vec<u8> that we consumed in
-        // `from_vec`, and `me` will not be dropped, so the allocation is
-        // rebuilt exactly once.
-        #[allow(unsafe_code)]
-        unsafe {
-            Vec::from_raw_parts(me.ptr.as_ptr(), me.len, me.cap)
-        }
-    }
 }
 
-/// One piece of a copy (see [`RawSegment::pieces`]): `at`/`word` are
+/// One piece of a copy (see [`SharedBytes::pieces`]): `at`/`word` are
 /// segment offsets, `i` the position in the caller's buffer.
 enum Piece {
     /// One byte outside whole words.

@@ -4,6 +4,7 @@ use std::ops::BitOr;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use na_core::sys::segment::SharedBytes;
 use rdma_sys::*;
 
 use super::{null_error, Context};
@@ -174,8 +175,11 @@ pub struct MemoryRegion {
 // SAFETY: the region is only touched through copies and libibverbs calls;
 // ibv_dereg_mr may run on any thread.
 unsafe impl Send for MemoryRegion {}
-// SAFETY: `&MemoryRegion` only allows copying in/out with raw pointer copies,
-// which never create Rust references to the (device-shared) memory.
+// SAFETY: `&MemoryRegion` only allows copying in and out through
+// `SharedBytes` (atomic accesses, one width per byte), never a Rust
+// reference to the (device-shared) memory: threads copying at once race
+// on the bytes as they would on any shared memory, without undefined
+// behaviour.
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
@@ -322,20 +326,29 @@ impl MemoryRegion {
         })
     }
 
-    /// Copies `data` into the region at `offset`.
+    /// The region's memory, for copies (see [`SharedBytes`]).
+    fn bytes(&self) -> SharedBytes {
+        // SAFETY: the region's `len` bytes at `addr` are mapped (ours, or
+        // the caller's under `register`'s contract) while `self` lives, and
+        // this process reaches them only through `write_at`/`read_at`,
+        // never a Rust reference.
+        unsafe { SharedBytes::new(self.addr, self.len) }
+    }
+
+    /// Copies `data` into the region at `offset`. Threads may copy at
+    /// once (the copies are atomic accesses: racing writes race, as on any
+    /// shared memory, but are no undefined behaviour).
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check("MemoryRegion::write_at", offset, data.len())?;
-        // SAFETY: bounds checked above; the region memory is valid for `len`
-        // bytes and never referenced by Rust, so a raw copy aliases nothing.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.as_ptr().add(offset), data.len()) };
+        self.bytes().write(offset, data);
         Ok(())
     }
 
-    /// Copies `out.len()` bytes from the region at `offset` into `out`.
+    /// Copies `out.len()` bytes from the region at `offset` into `out`
+    /// (atomic accesses, as [`write_at`](Self::write_at)).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check("MemoryRegion::read_at", offset, out.len())?;
-        // SAFETY: as in `write_at`.
-        unsafe { std::ptr::copy_nonoverlapping(self.addr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        self.bytes().read(offset, out);
         Ok(())
     }
 }
