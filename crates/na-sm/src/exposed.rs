@@ -1,21 +1,28 @@
-//! The memory this process exposes through the plugin: what a transfer to
-//! our own address may touch.
+//! The memory this process exposes through na-sm: what a transfer to our
+//! own process may touch.
 //!
 //! `process_vm_readv/writev` on our own pid reach every address of the
 //! process, and the kernel checks nothing when a process targets itself
-//! (no ptrace check, no Yama). A remote handle that names our own address
-//! is only a peer's word: a hostile server can answer with a "bulk handle"
-//! whose owner is the client and whose segments point into the client's
-//! heap, and a push to it would write there. So a transfer to ourselves is
-//! allowed only inside a segment that a live handle registered with this
-//! plugin ([`Plugin::mem_register`](na_core::Plugin::mem_register))
-//! exposes, with the access the transfer needs. The registration lives in
-//! the handle ([`MemHandle::attach_registration`]) and takes its segments
-//! out of the set when the handle (or its deregistration) drops it, so
-//! memory freed and reused is never reachable through a stale descriptor.
+//! (no ptrace check, no Yama). A remote handle is only a peer's word: a
+//! hostile server can answer with a "bulk handle" whose owner is the
+//! client (or another sm instance of the client's process) and whose
+//! segments point into the client's heap, and a push to it would write
+//! there. So a transfer whose target process is our own is allowed only
+//! inside a segment that a live handle registered with an sm plugin of
+//! this process ([`Plugin::mem_register`](na_core::Plugin::mem_register))
+//! exposes, with the access the transfer needs.
+//!
+//! The set is process-wide (two engines of one process may move data
+//! between each other's handles). The registration lives in the handle
+//! ([`MemHandle::attach_registration`]) and takes its segments out when
+//! the handle (or its deregistration) drops it, which happens before the
+//! handle frees its memory; a transfer to ourselves holds the set's lock
+//! from its check to its end ([`lock`]), so memory cannot be freed under
+//! it.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use na_core::{MemHandle, PluginId};
 
@@ -23,58 +30,50 @@ use na_core::{MemHandle, PluginId};
 /// and whether peers may read and write the segment.
 type Segments = BTreeMap<(u64, u64), (u64, bool, bool)>;
 
-/// The segments of every live handle registered with one plugin.
-#[derive(Debug, Default)]
-pub(crate) struct ExposedSegments {
-    map: Arc<Mutex<Segments>>,
-    next: u64,
-}
+static SEGMENTS: Mutex<Segments> = Mutex::new(BTreeMap::new());
+static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// What a registered handle holds: its segments leave the set with it.
 struct Exposure {
-    map: Weak<Mutex<Segments>>,
     keys: Vec<(u64, u64)>,
 }
 
 impl Drop for Exposure {
     fn drop(&mut self) {
-        if let Some(map) = self.map.upgrade() {
-            let mut map = lock(&map);
-            for k in &self.keys {
-                map.remove(k);
-            }
+        let mut map = lock().0;
+        for k in &self.keys {
+            map.remove(k);
         }
     }
 }
 
-fn lock(map: &Mutex<Segments>) -> MutexGuard<'_, Segments> {
+/// The exposed segments, locked: hold it across a transfer to ourselves.
+pub(crate) struct Exposed(MutexGuard<'static, Segments>);
+
+/// Locks the process's exposed segments.
+pub(crate) fn lock() -> Exposed {
     // The map is consistent between statements (each insert or remove is
     // whole): a panic elsewhere while it was held leaves nothing half done.
-    map.lock().unwrap_or_else(PoisonError::into_inner)
+    Exposed(SEGMENTS.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
-impl ExposedSegments {
-    /// Adds `mem`'s segments and attaches the registration that removes
-    /// them to the handle (replacing an earlier one of this plugin).
-    pub(crate) fn register(&mut self, plugin: PluginId, mem: &MemHandle) {
-        let (readable, writable) = (mem.access().can_read(), mem.access().can_write());
-        let mut keys = Vec::with_capacity(mem.segment_count());
-        {
-            let mut map = lock(&self.map);
-            for (addr, len) in mem.segments_raw().filter(|&(_, len)| len > 0) {
-                let key = (addr as u64, self.next);
-                self.next += 1;
-                map.insert(key, (addr as u64 + len as u64, readable, writable));
-                keys.push(key);
-            }
+/// Adds `mem`'s segments and attaches the registration that removes them
+/// to the handle (replacing an earlier one of `plugin`).
+pub(crate) fn register(plugin: PluginId, mem: &MemHandle) {
+    let (readable, writable) = (mem.access().can_read(), mem.access().can_write());
+    let mut keys = Vec::with_capacity(mem.segment_count());
+    {
+        let mut map = lock().0;
+        for (addr, len) in mem.segments_raw().filter(|&(_, len)| len > 0) {
+            let key = (addr as u64, NEXT.fetch_add(1, Ordering::Relaxed));
+            map.insert(key, (addr as u64 + len as u64, readable, writable));
+            keys.push(key);
         }
-        let exposure = Exposure {
-            map: Arc::downgrade(&self.map),
-            keys,
-        };
-        mem.attach_registration(plugin, Arc::new(exposure));
     }
+    mem.attach_registration(plugin, Arc::new(Exposure { keys }));
+}
 
+impl Exposed {
     /// True if `addr..addr+len` lies inside one exposed segment that peers
     /// may write (`write`) or read. Empty ranges touch nothing.
     pub(crate) fn covers(&self, addr: u64, len: u64, write: bool) -> bool {
@@ -87,17 +86,12 @@ impl ExposedSegments {
         // Segments of distinct handles do not overlap (each handle owns
         // its buffers), but a handle registered again is briefly there
         // twice: look at every segment starting at or before `addr`.
-        lock(&self.map).range(..=(addr, u64::MAX)).rev().any(
-            |(&(start, _), &(seg_end, readable, writable))| {
+        self.0
+            .range(..=(addr, u64::MAX))
+            .rev()
+            .any(|(&(start, _), &(seg_end, readable, writable))| {
                 start <= addr && end <= seg_end && if write { writable } else { readable }
-            },
-        )
-    }
-
-    /// Number of exposed segments.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        lock(&self.map).len()
+            })
     }
 }
 
@@ -111,43 +105,44 @@ mod tests {
         mem.segments_raw().nth(seg).unwrap().0 as u64
     }
 
+    // The set is process-wide and tests run in parallel: each looks only
+    // at its own handles' addresses.
+
     #[test]
     fn segments_are_covered_while_their_handle_lives() {
-        let mut set = ExposedSegments::default();
         let mem = MemHandle::new(vec![vec![0; 100], vec![], vec![0; 50]], Access::ReadWrite);
-        set.register(PluginId(1), &mem);
-        assert_eq!(set.len(), 2, "empty segments are left out");
+        register(PluginId(1), &mem);
         let (a, b) = (start(&mem, 0), start(&mem, 2));
-        assert!(set.covers(a, 100, true) && set.covers(a + 99, 1, false) && set.covers(b, 50, true));
-        assert!(!set.covers(a, 101, false), "runs past the end");
-        assert!(!set.covers(a.wrapping_sub(1), 2, false), "starts before");
-        assert!(!set.covers(u64::MAX, 2, false), "wraps");
-        assert!(set.covers(12345, 0, true), "an empty range touches nothing");
+        assert!(lock().covers(a, 100, true) && lock().covers(a + 99, 1, false) && lock().covers(b, 50, true));
+        assert!(!lock().covers(a, 101, false), "runs past the end");
+        assert!(!lock().covers(u64::MAX, 2, false), "wraps");
+        assert!(lock().covers(12345, 0, true), "an empty range touches nothing");
         // Registered again (the descriptor handed out stays valid): the
         // old registration's removal leaves the new one's segments.
-        set.register(PluginId(1), &mem);
-        assert!(set.covers(a, 100, true));
-        assert_eq!(set.len(), 2);
+        register(PluginId(1), &mem);
+        assert!(lock().covers(a, 100, true));
         let clone = mem.clone();
         drop(mem);
-        assert!(set.covers(a, 100, true), "a clone keeps the handle alive");
-        drop(clone);
-        assert_eq!(set.len(), 0);
-        assert!(!set.covers(a, 1, false));
+        assert!(lock().covers(a, 100, true), "a clone keeps the handle alive");
+        // Registered with a second plugin (another sm instance): covered
+        // until both registrations are gone.
+        register(PluginId(2), &clone);
+        clone.detach_registration(PluginId(1));
+        assert!(lock().covers(a, 100, true));
+        clone.detach_registration(PluginId(2));
+        assert!(!lock().covers(a, 1, false));
     }
 
     #[test]
     fn access_is_the_handles() {
-        let mut set = ExposedSegments::default();
         let ro = MemHandle::zeroed(16, Access::ReadOnly);
         let wo = MemHandle::zeroed(16, Access::WriteOnly);
-        set.register(PluginId(1), &ro);
-        set.register(PluginId(1), &wo);
-        assert!(set.covers(start(&ro, 0), 16, false) && !set.covers(start(&ro, 0), 16, true));
-        assert!(set.covers(start(&wo, 0), 16, true) && !set.covers(start(&wo, 0), 16, false));
+        register(PluginId(1), &ro);
+        register(PluginId(1), &wo);
+        assert!(lock().covers(start(&ro, 0), 16, false) && !lock().covers(start(&ro, 0), 16, true));
+        assert!(lock().covers(start(&wo, 0), 16, true) && !lock().covers(start(&wo, 0), 16, false));
         // Deregistering drops the plugin's registration.
         wo.detach_registration(PluginId(1));
-        assert!(!set.covers(start(&wo, 0), 16, true));
-        assert_eq!(set.len(), 1);
+        assert!(!lock().covers(start(&wo, 0), 16, true));
     }
 }

@@ -73,9 +73,6 @@ pub struct SmPlugin {
     pub(crate) dir: PathBuf,
     pub(crate) name: SmName,
     pub(crate) self_tok: u64,
-    /// The memory handles registered here expose: all that a transfer to
-    /// our own address may touch (see `exposed`).
-    pub(crate) exposed: crate::exposed::ExposedSegments,
     pub(crate) uid: u32,
     /// Peer failures found while one is being handled (see `fail_peer`).
     pub(crate) failures_queued: VecDeque<(u64, crate::progress::Failure, String)>,
@@ -230,7 +227,6 @@ impl SmPlugin {
             dir,
             name,
             self_tok,
-            exposed: Default::default(),
             uid: proc::uid(),
             failures_queued: VecDeque::new(),
             failing: false,
@@ -628,7 +624,7 @@ impl Plugin for SmPlugin {
     /// transfer to this process's own address may touch only those. Peers
     /// need no registration (`process_vm_readv/writev` reach any address).
     fn mem_register(&mut self, mem: &na_core::MemHandle) -> Result<()> {
-        self.exposed.register(self.id, mem);
+        crate::exposed::register(self.id, mem);
         Ok(())
     }
 

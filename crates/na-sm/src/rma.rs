@@ -6,6 +6,7 @@ use std::io;
 use na_core::rma::check_batch;
 use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
+use crate::exposed;
 use crate::plugin::SmPlugin;
 use crate::progress::{dup, op_in_flight};
 use crate::sys::cma::{transfer_batch, IOV_MAX};
@@ -36,14 +37,19 @@ impl SmPlugin {
         if self.events_at.elapsed() > RMA_EVENTS_FRESH {
             self.poll_events()?;
         }
-        if dest.token() == self.self_tok {
-            self.check_self_rma(dest, ops)?;
-        }
         let pid = self
             .peers
             .get(dest.token())
             .map(|p| p.pid)
             .ok_or_else(|| self.gone(dest, "not connected (it disconnected earlier)"))?;
+        // Our own process (our address, or another sm instance of this
+        // process): checked against what is exposed, and the check holds
+        // until the transfers end (see `exposed`).
+        let _exposed = if pid == self.name.pid {
+            Some(check_self_rma(dest, ops)?)
+        } else {
+            None
+        };
         // Only for a subscriber that wants it: tracing's `log` feature would
         // otherwise format the disabled span on every batch.
         let _span = tracing::level_enabled!(tracing::Level::TRACE)
@@ -57,41 +63,6 @@ impl SmPlugin {
                 self.rma_run(pid, dest, window);
             }
             rest = &rest[run..];
-        }
-        Ok(())
-    }
-
-    /// A transfer to ourselves reaches any address of the process (the
-    /// kernel checks nothing): each piece of the remote side must lie in
-    /// a segment a live handle registered here exposes, with the access
-    /// the transfer needs (see `exposed`). A remote handle that names our
-    /// own address but not such memory is forged or stale.
-    #[cold]
-    #[inline(never)]
-    fn check_self_rma(&self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
-        for o in ops {
-            let write = o.dir == RmaDir::Put;
-            let mut ok = true;
-            o.remote.for_each_piece(o.remote_offset, o.len, |_, addr, len| {
-                ok &= self.exposed.covers(addr, len, write);
-            })?;
-            if !ok {
-                tracing::warn!(
-                    op = o.dir.name(),
-                    len = o.len,
-                    "sm: refused a transfer to this process outside the memory it exposes (forged or stale handle)"
-                );
-                return Err(NaError::Rma {
-                    op: o.dir.name(),
-                    len: o.len,
-                    peer: dest.uri().into(),
-                    source: io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        "the remote handle names this process but memory no live handle \
-                         registered with this plugin exposes (forged or stale handle); nothing moved",
-                    ),
-                });
-            }
         }
         Ok(())
     }
@@ -165,4 +136,41 @@ impl SmPlugin {
             _ => rma(e),
         }
     }
+}
+
+/// A transfer to our own process reaches any address of it (the kernel
+/// checks nothing): each piece of the remote side must lie in a segment a
+/// live handle registered with sm exposes, with the access the transfer
+/// needs (see `exposed`). A remote handle that names our process but not
+/// such memory is forged or stale. On success the exposed set stays
+/// locked for the caller to hold across the transfers.
+#[cold]
+#[inline(never)]
+fn check_self_rma(dest: &Addr, ops: &[Rma<'_>]) -> Result<exposed::Exposed> {
+    let set = exposed::lock();
+    for o in ops {
+        let write = o.dir == RmaDir::Put;
+        let mut ok = true;
+        o.remote.for_each_piece(o.remote_offset, o.len, |_, addr, len| {
+            ok &= set.covers(addr, len, write);
+        })?;
+        if !ok {
+            tracing::warn!(
+                op = o.dir.name(),
+                len = o.len,
+                "sm: refused a transfer to this process outside the memory it exposes (forged or stale handle)"
+            );
+            return Err(NaError::Rma {
+                op: o.dir.name(),
+                len: o.len,
+                peer: dest.uri().into(),
+                source: io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "the remote handle names this process but memory no live handle \
+                     registered with sm exposes (forged or stale handle); nothing moved",
+                ),
+            });
+        }
+    }
+    Ok(set)
 }

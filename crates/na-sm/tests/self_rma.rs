@@ -1,5 +1,6 @@
-//! A transfer to this process's own address may touch only memory that a
-//! live handle registered with the plugin exposes. `process_vm_writev` on
+//! A transfer to this process (its own address, or another sm instance of
+//! the same process) may touch only memory that a live handle registered
+//! with sm exposes. `process_vm_writev` on
 //! our own pid is not checked by the kernel, so a remote handle naming our
 //! address and someone else's idea of our memory (a hostile server's
 //! "bulk handle" whose owner is the client) must be refused before
@@ -117,5 +118,46 @@ fn transfers_to_self_stay_inside_registered_memory() {
     // Deregistered: its old descriptor is refused (the memory may be reused).
     p.mem_deregister(&target).unwrap();
     refused(p.rma(&me, &[Rma::put(&source, 0, &honest, 0, 8, OpId(9))]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same check for a second sm instance of this process: its pid is
+/// ours, so the kernel checks nothing there either. What either instance
+/// registered may be moved between them (two engines of one process);
+/// anything else is refused.
+#[test]
+fn transfers_to_another_instance_of_this_process_are_checked_too() {
+    let dir = private_dir("self-rma-2");
+    let mut a = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let mut b = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to_a = b.lookup(a.self_addr().uri()).unwrap();
+    let source = MemHandle::new(vec![vec![0xcd; 64]], Access::ReadWrite);
+    b.mem_register(&source).unwrap();
+    let canary = Box::new([0x5au8; 64]);
+    let fake = forged(canary.as_ptr(), canary.len());
+    // The peer must be connected for a transfer: drive the handshake.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let _ = a.progress();
+        let _ = b.progress();
+        match b.rma(&to_a, &[Rma::put(&source, 0, &fake, 0, 64, OpId(1))]) {
+            Err(NaError::Rma { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied, "{source}");
+                break;
+            }
+            Err(NaError::PeerGone { .. }) if std::time::Instant::now() < end => continue,
+            other => panic!("a forged transfer to another instance was not refused: {other:?}"),
+        }
+    }
+    assert!(canary.iter().all(|&x| x == 0x5a), "the canary was written");
+    // A's registered memory, and B's own, are fair game.
+    let target = MemHandle::zeroed(64, Access::ReadWrite);
+    a.mem_register(&target).unwrap();
+    let desc = a.mem_describe(&target).unwrap();
+    b.rma(&to_a, &[Rma::put(&source, 0, &desc, 0, 64, OpId(2))])
+        .unwrap();
+    let c = completions(&mut b);
+    assert!(c.iter().any(|c| c.op == OpId(2) && c.status.is_ok()), "{c:?}");
+    assert!(target.to_vec().iter().all(|&x| x == 0xcd));
     let _ = std::fs::remove_dir_all(&dir);
 }
