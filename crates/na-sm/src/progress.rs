@@ -148,10 +148,12 @@ impl SmPlugin {
     /// receive ring (one load each per check, from the head list) until
     /// one changes or the socket events are due; returns the checks made.
     /// Anything else that progress would do now (queued sends,
-    /// completions, a handshake, taken messages, reads to publish) ends it
-    /// at once or at the first check.
+    /// completions, a handshake, socket events owed by an earlier call,
+    /// taken messages, reads to publish) ends it at once or at the first
+    /// check.
     pub(crate) fn spin_for_work(&mut self, max: u32) -> u32 {
         if self.armed
+            || self.events_owed
             || self.pull_ready()
             || self.maybe_backlog
             || self.awaiting_ack > 0
@@ -981,6 +983,20 @@ mod tests {
         assert!(ok);
         assert!(owed, "the events left were not owed to the next call");
         assert!(!armed, "armed for a sleep with events owed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Socket events an earlier call owes (more connections than one call
+    /// accepts) come before any message the spin could report: it ends at
+    /// once, for the progress call that handles them.
+    #[test]
+    fn the_spin_ends_at_once_when_events_are_owed() {
+        let dir = std::env::temp_dir().join(format!("qs-sm-spin-owed-{}", std::process::id()));
+        let cfg = crate::SmConfig::default().with_dir(&dir);
+        let mut p = SmPlugin::new(na_core::PluginId(1), cfg).unwrap();
+        assert_eq!(p.spin_for_work(100), 100, "nothing due: the spin runs its checks");
+        p.events_owed = true;
+        assert_eq!(p.spin_for_work(100), 0, "spun with socket events owed");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -133,6 +133,11 @@ impl SmPlugin {
         }
         if let Some((tok, f, reason)) = violation {
             self.fail_peer(tok, f, &reason);
+            // The scan stopped at that peer. Its failure took what it had
+            // sent (into `pulled_late`) and counted the heads again: look
+            // again rather than say none waits. Each turn removes a peer,
+            // so this ends.
+            return self.take_slow(buf);
         }
         match found {
             Some((idx, ci, s)) => self.take_at(idx, ci, s, buf),
