@@ -389,8 +389,6 @@ fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
 /// as malformed, not start a second pull (or overwrite the outcome).
 #[test]
 fn a_second_spilled_response_during_the_pull_is_malformed() {
-    use hg_rpc::header::FLAG_SPILL;
-    use na_core::{Access, MemHandle};
     let d = dir("dup-spill");
     let (mut x, xid) = endpoint(&d, true);
     let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
@@ -400,18 +398,8 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
     let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
-    let mem = MemHandle::new(vec![output.clone()], Access::ReadOnly);
-    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
-    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
-    let mut payload = (output.len() as u64).to_le_bytes().to_vec();
-    payload.extend_from_slice(&desc);
-    payload.extend_from_slice(&hg_rpc::header::crc32c(&output).to_le_bytes());
-    let msg = wire_message(
-        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
-        Echo::NAME,
-        cookie,
-        &payload,
-    );
+    let crc = hg_rpc::header::crc32c(&output);
+    let (_mem, msg) = spilled_echo_response(&mut x, xid, cookie, output.clone(), crc);
     // Both are in the origin's queue before it looks.
     send_raw(&mut x, &origin, None, &msg, OpId(2));
     send_raw(&mut x, &origin, None, &msg, OpId(3));
@@ -717,8 +705,6 @@ fn a_spilled_response_with_an_error_status_ends_the_call_as_malformed() {
 /// error of the output that says so, counted as malformed.
 #[test]
 fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
-    use hg_rpc::header::crc32c;
-    use na_core::{Access, MemHandle};
     let d = dir("spill-crc-out");
     let (mut x, xid) = endpoint(&d, true);
     let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
@@ -729,18 +715,8 @@ fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
     let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
-    let mem = MemHandle::new(vec![output.clone()], Access::ReadOnly);
-    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
-    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
-    let mut payload = (output.len() as u64).to_le_bytes().to_vec();
-    payload.extend_from_slice(&desc);
-    payload.extend_from_slice(&(crc32c(&output) ^ 1).to_le_bytes());
-    let msg = wire_message(
-        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
-        Echo::NAME,
-        cookie,
-        &payload,
-    );
+    let bad_crc = hg_rpc::header::crc32c(&output) ^ 1;
+    let (_mem, msg) = spilled_echo_response(&mut x, xid, cookie, output, bad_crc);
     send_raw(&mut x, &origin, None, &msg, OpId(2));
     match wait::<Echo>(&mut c, id) {
         Err(RpcError::Decode { what, reason, .. }) => {
@@ -751,4 +727,30 @@ fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
     }
     let st = c.stats();
     assert_eq!((st.malformed, st.in_flight), (1, 0), "{st:?}");
+}
+
+/// A spilled `Echo` response with a checksum, written by hand: `output`
+/// exposed by `x` (keep the handle until it was pulled), described, with
+/// `crc` as the data's CRC-32C.
+fn spilled_echo_response(
+    x: &mut Endpoint,
+    xid: PluginId,
+    cookie: u64,
+    output: Vec<u8>,
+    crc: u32,
+) -> (na_core::MemHandle, Vec<u8>) {
+    let len = output.len() as u64;
+    let mem = na_core::MemHandle::new(vec![output], na_core::Access::ReadOnly);
+    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
+    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
+    let mut payload = len.to_le_bytes().to_vec();
+    payload.extend_from_slice(&desc);
+    payload.extend_from_slice(&crc.to_le_bytes());
+    let msg = wire_message(
+        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
+        Echo::NAME,
+        cookie,
+        &payload,
+    );
+    (mem, msg)
 }
