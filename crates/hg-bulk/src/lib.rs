@@ -287,6 +287,9 @@ pub fn start_batch(
             return Ok(Started::Done);
         }
     }
+    // Refused before the owner is looked up: a lookup may connect (and
+    // wait for a handshake) to whatever address the descriptor names.
+    check_access(op, mem, remote.remote.access())?;
     // Through the plugin the local handle was exposed on, when it speaks
     // the owner's scheme (so the caller knows where to cancel); otherwise
     // the endpoint's first plugin of that scheme.
@@ -302,6 +305,40 @@ pub fn start_batch(
     let ops: Vec<Rma> = spans.iter().map(rma).collect();
     ep.rma(&dest, &ops)?;
     Ok(Started::Posted)
+}
+
+/// The access a transfer needs of both sides (as [`Rma::check`] would
+/// find it): a push reads the local handle and writes the remote one, a
+/// pull the other way round.
+fn check_access(op: BulkOp, local: &MemHandle, remote: Access) -> Result<(), BulkError> {
+    let (local_needs, remote_needs) = match op {
+        BulkOp::Push => ("read", "write"),
+        BulkOp::Pull => ("write", "read"),
+    };
+    let allows = |a: Access, needs| {
+        if needs == "read" {
+            a.can_read()
+        } else {
+            a.can_write()
+        }
+    };
+    if !allows(local.access(), local_needs) {
+        return Err(NaError::AccessDenied {
+            what: "local",
+            has: local.access(),
+            needs: local_needs,
+        }
+        .into());
+    }
+    if !allows(remote, remote_needs) {
+        return Err(NaError::AccessDenied {
+            what: "remote",
+            has: remote,
+            needs: remote_needs,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// A transfer between two handles of this process, with the access checks
@@ -390,6 +427,47 @@ mod tests {
             owner: "sm://1-0".into(),
             mem: ByteBuf::from(r.to_bytes()),
             inline: inline.map(ByteBuf::from),
+        }
+    }
+
+    /// A transfer the remote handle's access forbids is refused before
+    /// its owner is looked up (a lookup may connect to whatever address
+    /// the descriptor names): here no plugin could even reach the owner.
+    #[test]
+    fn access_is_checked_before_the_owner_is_looked_up() {
+        let mut ep = Endpoint::new(na_core::ProgressMode::Blocking).unwrap();
+        let remote = Bulk::from_desc(desc(2048, Access::ReadOnly, None)).unwrap();
+        let local = Bulk {
+            local: Some(MemHandle::zeroed(2048, Access::ReadWrite)),
+            plugin: None,
+            desc: desc(2048, Access::ReadWrite, None),
+            remote: RemoteMem::new(Vec::new(), Access::ReadWrite).unwrap(),
+        };
+        let span = Span {
+            remote_offset: 0,
+            local_offset: 0,
+            len: 16,
+        };
+        match start_batch(&mut ep, BulkOp::Push, &remote, &local, &[(span, OpId(1))]) {
+            Err(BulkError::Na(NaError::AccessDenied {
+                what: "remote",
+                needs: "write",
+                ..
+            })) => {}
+            other => panic!("expected the remote handle's access refused, got {other:?}"),
+        }
+        // A read-only local handle cannot take a pull either.
+        let ro = Bulk {
+            local: Some(MemHandle::zeroed(2048, Access::ReadOnly)),
+            ..local
+        };
+        match start_batch(&mut ep, BulkOp::Pull, &remote, &ro, &[(span, OpId(2))]) {
+            Err(BulkError::Na(NaError::AccessDenied {
+                what: "local",
+                needs: "write",
+                ..
+            })) => {}
+            other => panic!("expected the local handle's access refused, got {other:?}"),
         }
     }
 
