@@ -461,7 +461,6 @@ impl SmPlugin {
         }
         let mut rings = std::mem::take(&mut self.ring_scratch);
         rings.clear();
-        let heads = self.heads.current(&mut self.peers);
         rings.extend(heads.iter().filter(|e| e.changed()).map(|e| e.ring));
         self.poll_rings_as(None, &rings);
         self.ring_scratch = rings;
