@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+use na_core::rma::check_batch;
 use na_core::{scheme_of, Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
@@ -287,9 +288,15 @@ pub fn start_batch(
             return Ok(Started::Done);
         }
     }
-    // Refused before the owner is looked up: a lookup may connect (and
-    // wait for a handshake) to whatever address the descriptor names.
-    check_access(op, mem, remote.remote.access())?;
+    let rma = |&(s, id): &(Span, OpId)| match op {
+        BulkOp::Push => Rma::put(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),
+        BulkOp::Pull => Rma::get(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),
+    };
+    let ops: Vec<Rma> = spans.iter().map(rma).collect();
+    // Checked (access and bounds, as the plugin will again) before the
+    // owner is looked up: a lookup may connect, and wait for a handshake,
+    // to whatever address the descriptor names.
+    check_batch(&ops)?;
     // Through the plugin the local handle was exposed on, when it speaks
     // the owner's scheme (so the caller knows where to cancel); otherwise
     // the endpoint's first plugin of that scheme.
@@ -298,47 +305,8 @@ pub fn start_batch(
         Some(p) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => ep.plugin_mut(p)?.lookup(owner)?,
         _ => ep.lookup(owner)?,
     };
-    let rma = |&(s, id): &(Span, OpId)| match op {
-        BulkOp::Push => Rma::put(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),
-        BulkOp::Pull => Rma::get(mem, s.local_offset, &remote.remote, s.remote_offset, s.len, id),
-    };
-    let ops: Vec<Rma> = spans.iter().map(rma).collect();
     ep.rma(&dest, &ops)?;
     Ok(Started::Posted)
-}
-
-/// The access a transfer needs of both sides (as [`Rma::check`] would
-/// find it): a push reads the local handle and writes the remote one, a
-/// pull the other way round.
-fn check_access(op: BulkOp, local: &MemHandle, remote: Access) -> Result<(), BulkError> {
-    let (local_needs, remote_needs) = match op {
-        BulkOp::Push => ("read", "write"),
-        BulkOp::Pull => ("write", "read"),
-    };
-    let allows = |a: Access, needs| {
-        if needs == "read" {
-            a.can_read()
-        } else {
-            a.can_write()
-        }
-    };
-    if !allows(local.access(), local_needs) {
-        return Err(NaError::AccessDenied {
-            what: "local",
-            has: local.access(),
-            needs: local_needs,
-        }
-        .into());
-    }
-    if !allows(remote, remote_needs) {
-        return Err(NaError::AccessDenied {
-            what: "remote",
-            has: remote,
-            needs: remote_needs,
-        }
-        .into());
-    }
-    Ok(())
 }
 
 /// A transfer between two handles of this process, with the access checks
