@@ -205,8 +205,6 @@ impl Shared {
         }
     }
 
-    /// Wakes whoever awaits [`AsyncEngine::drained`] if `e` drains: what
-    /// it waits for may have happened. Call with the engine locked.
     /// A forward to `dest` that was our own address ran a plain handler
     /// here, on the caller's task, and a handler that moves bulk data
     /// polls the transports (`transfer_window`): that leaves them unarmed,
@@ -219,6 +217,8 @@ impl Shared {
         }
     }
 
+    /// Wakes whoever awaits [`AsyncEngine::drained`] if `e` drains: what
+    /// it waits for may have happened. Call with the engine locked.
     fn drain_may_have_moved(&self, e: &Engine) {
         if e.is_draining() {
             self.drain_moved.notify_waiters();
