@@ -108,6 +108,16 @@ fn responses_from_another_peer_are_dropped_and_the_real_one_counts() {
     assert_eq!(posted_ops(&mut c), c.posted_receives() as u64 + 1);
 }
 
+/// A raw endpoint (listening) that plays the target, and a client engine
+/// with the target's address looked up.
+fn raw_target_and_client(d: &std::path::Path) -> (Endpoint, PluginId, Engine, Addr) {
+    let (x, xid) = endpoint(d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(d);
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    (x, xid, c, s)
+}
+
 /// Posts one unexpected receive on `x` and drives `c` and `x` until a
 /// request arrives in it: returns the origin and the request's cookie.
 fn take_request(x: &mut Endpoint, xid: PluginId, c: &mut Engine, op: u64) -> (Addr, u64) {
@@ -156,10 +166,7 @@ fn silent_target(tag: &str) -> Silent {
 #[test]
 fn a_message_on_the_watch_tag_is_malformed_and_the_peer_stays_watched() {
     let d = dir("watch");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let mut c = client(&d);
-    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d);
     // Call `b` is in flight throughout: it must fail when `x` goes, which
     // takes a watch posted again after the violation.
     let a = c.forward::<Sleep>(&s, &0).unwrap();
@@ -671,10 +678,7 @@ fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
 #[test]
 fn a_spilled_response_with_an_error_status_ends_the_call_as_malformed() {
     let d = dir("spilled-error");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let mut c = client(&d);
-    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d);
     let id = c.forward::<Sleep>(&s, &0).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let mut msg = Vec::new();
