@@ -235,6 +235,11 @@ pub struct RpcStats {
     pub errors: u64,
     /// Malformed messages received and dropped.
     pub malformed: u64,
+    /// Messages of another protocol version received (not counted in
+    /// `malformed`): requests are answered with a decode error that names
+    /// both versions; a response from a call's target ends that call with
+    /// [`RpcError::VersionMismatch`].
+    pub version_mismatches: u64,
     /// Request and response bytes sent (headers included).
     pub bytes_sent: u64,
     /// Calls waiting for their response.

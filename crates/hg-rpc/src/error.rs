@@ -106,6 +106,20 @@ pub enum RpcError {
         /// Why it stopped.
         reason: String,
     },
+    /// The target speaks another version of the wire protocol
+    /// (`docs/PROTOCOL.md`): it answered that it cannot read the request,
+    /// so its handler did not run. Upgrade one side.
+    #[error(
+        "{rpc}: the target speaks RPC protocol version {theirs}, this process version {ours}; nothing ran"
+    )]
+    VersionMismatch {
+        /// The RPC name.
+        rpc: String,
+        /// The version this crate speaks.
+        ours: u8,
+        /// The version the target's answer carried.
+        theirs: u8,
+    },
     /// No response within the call's timeout.
     #[error("{rpc} timed out after {millis} ms")]
     Timeout {

@@ -7,7 +7,7 @@
 //! | offset | size | field                                               |
 //! |--------|------|-----------------------------------------------------|
 //! | 0      | 4    | magic `"QSRP"`                                      |
-//! | 4      | 1    | version (3)                                         |
+//! | 4      | 1    | version (4)                                         |
 //! | 5      | 1    | flags: bit 0 response, bit 1 one-way, bit 2 checksum, bit 3 spilled |
 //! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error, 4 busy |
 //! | 7      | 1    | reserved, 0                                         |
@@ -66,6 +66,45 @@ impl Status {
             4 => Some(Status::Busy),
             _ => None,
         }
+    }
+}
+
+/// The fields of a message of another protocol version that every version
+/// keeps in place (`docs/PROTOCOL.md`, "Other versions"): enough to answer
+/// a request with an error, or to end the call a response belongs to,
+/// instead of dropping it and leaving its origin to time out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForeignHeader {
+    /// The version the peer speaks (never [`VERSION`]).
+    pub version: u8,
+    /// True for a response (flag bit 0, the same in every version).
+    pub response: bool,
+    /// The RPC id.
+    pub rpc_id: u64,
+    /// The cookie.
+    pub cookie: u64,
+}
+
+impl ForeignHeader {
+    /// Bytes a message of any version has at least: the fields kept in
+    /// place end at byte 24.
+    pub const STABLE_LEN: usize = 24;
+
+    /// The stable fields of `msg` if it starts with the magic and names a
+    /// version other than ours; `None` otherwise (ours, or not an RPC
+    /// message at all). Nothing else in `msg` is read or trusted.
+    pub fn parse(msg: &[u8]) -> Option<Self> {
+        let head = msg.get(..Self::STABLE_LEN)?;
+        if head[..4] != MAGIC || head[4] == VERSION {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().unwrap_or([0; 8]));
+        Some(ForeignHeader {
+            version: head[4],
+            response: head[5] & FLAG_RESPONSE != 0,
+            rpc_id: u64_at(8),
+            cookie: u64_at(16),
+        })
     }
 }
 
@@ -413,6 +452,35 @@ mod tests {
         let mut huge = v.clone();
         huge[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Header::decode(&huge).is_err());
+    }
+
+    #[test]
+    fn the_stable_fields_of_another_version_are_read_and_nothing_else() {
+        let mut v = sample(FLAG_RESPONSE | FLAG_CHECKSUM);
+        // Ours, or not an RPC message: none.
+        assert_eq!(ForeignHeader::parse(&v), None);
+        v[4] = VERSION + 1;
+        let f = ForeignHeader {
+            version: VERSION + 1,
+            response: true,
+            rpc_id: 0x1122_3344_5566_7788,
+            cookie: 42,
+        };
+        assert_eq!(ForeignHeader::parse(&v), Some(f));
+        // Everything after byte 24 (and bytes 6, 7) may differ or be absent.
+        let mut other = v[..ForeignHeader::STABLE_LEN].to_vec();
+        other[6] = 0xff;
+        other[7] = 0xff;
+        assert_eq!(ForeignHeader::parse(&other), Some(f));
+        assert_eq!(ForeignHeader::parse(&v[..ForeignHeader::STABLE_LEN - 1]), None);
+        let mut bad_magic = v.clone();
+        bad_magic[0] ^= 1;
+        assert_eq!(ForeignHeader::parse(&bad_magic), None);
+        v[5] = 0;
+        assert!(!ForeignHeader::parse(&v).unwrap().response);
+        // The decoder proper refuses it, and says which version.
+        let e = Header::decode(&v).unwrap_err();
+        assert!(e.to_string().contains(&format!("version {}", VERSION + 1)), "{e}");
     }
 
     /// The plain bitwise definition, to check the tables against.

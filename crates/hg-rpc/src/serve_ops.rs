@@ -10,7 +10,9 @@ use super::{
 };
 use crate::codec::Codec;
 use crate::deferred::DeferredTicket;
-use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL, HEADER_LEN};
+use crate::header::{
+    ForeignHeader, Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE, FLAG_SPILL, HEADER_LEN, VERSION,
+};
 use crate::rpc::rpc_id;
 use crate::spill::{self, RELEASE_RPC};
 
@@ -176,6 +178,9 @@ impl<C: Codec> Engine<C> {
             Ok(r) => r,
             Err(e) => {
                 cold_path();
+                if let Some(f) = ForeignHeader::parse(msg) {
+                    return self.on_foreign(src, f);
+                }
                 // Garbage is not answered (we cannot trust its cookie); count it.
                 self.stats.malformed += 1;
                 if logged_at(self.stats.malformed) {
@@ -209,6 +214,57 @@ impl<C: Codec> Engine<C> {
             }
         }
         false
+    }
+
+    /// A message of another protocol version (see `docs/PROTOCOL.md`,
+    /// "Other versions"): a request is answered with a decode error that
+    /// names both versions; a response ends its call with
+    /// [`RpcError::VersionMismatch`](crate::RpcError::VersionMismatch),
+    /// if it comes from that call's target. Returns true for a response.
+    #[inline(never)]
+    fn on_foreign(&mut self, src: &Addr, f: ForeignHeader) -> bool {
+        self.stats.version_mismatches += 1;
+        let n = self.stats.version_mismatches;
+        if logged_at(n) {
+            tracing::warn!(peer = %src, theirs = f.version, ours = VERSION, mismatches = n,
+                "a peer speaks another RPC protocol version");
+        }
+        if !f.response {
+            let h = Header {
+                flags: FLAG_RESPONSE,
+                status: Status::DecodeError,
+                rpc_id: f.rpc_id,
+                cookie: f.cookie,
+                payload_len: 0,
+                checksum: 0,
+            };
+            let why = format!(
+                "this target speaks RPC protocol version {VERSION}, not version {}",
+                f.version
+            );
+            self.respond(src, h, why.into_bytes());
+            return false;
+        }
+        let cookie = f.cookie;
+        let Some(call) = self.calls.get(cookie) else {
+            return true;
+        };
+        // Only the call's target may end it (as for any response).
+        if call.peer != Some(src.token()) || call.outcome.is_some() {
+            return true;
+        }
+        let outcome = if call.abandoned.is_some() {
+            // Kept for a spilled input the target will never pull.
+            Ok(Vec::new())
+        } else {
+            Err(crate::RpcError::VersionMismatch {
+                rpc: self.call_name(cookie).into(),
+                ours: VERSION,
+                theirs: f.version,
+            })
+        };
+        self.file_outcome(cookie, outcome);
+        true
     }
 
     /// A release: the origin pulled the spilled output `payload` names,
