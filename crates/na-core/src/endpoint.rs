@@ -364,7 +364,12 @@ impl Endpoint {
     /// first after that many), so a busy or adaptive loop spends its time
     /// polling the transports, not timing itself; the timeout and the spin
     /// window count from that first read. Adaptive mode spins only if the
-    /// previous call found work: an idle endpoint goes straight to sleep.
+    /// previous call that waited (or found work) found work: an idle
+    /// endpoint goes straight to sleep. A zero-timeout call that finds
+    /// nothing leaves that as it is, so a poll between a send and the wait
+    /// for its answer does not turn the wait into a sleep; an idle caller
+    /// that only ever polls with a zero timeout and then waits spins one
+    /// window first.
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
         let n = self.progress_now()?;
         if n > 0 {

@@ -183,13 +183,22 @@ impl SmPlugin {
     /// Walks the peers holding messages: called per accept, and on each
     /// progress call only while the listener is paused for it.
     pub(crate) fn held_by_departed(&self) -> usize {
-        let gone: usize = self
-            .matcher
-            .queued_by_peer()
-            .filter(|&(tok, _)| self.peers.get(tok).is_none())
-            .map(|(_, n)| n)
-            .sum();
-        gone + self.pulled_late.len()
+        queued_by_departed(&self.matcher, &self.peers) + self.pulled_late.len()
+    }
+
+    /// True when connected peers' messages waiting for a receive reach
+    /// `SmConfig::max_queued_total`: rings whose next message would be
+    /// queued are not drained. Departed peers' messages have a share of
+    /// their own (they pause the listener), so they do not count here.
+    #[inline]
+    pub(crate) fn connected_over_total(&self) -> bool {
+        let (queued, max) = (self.matcher.queued_arrivals, self.cfg.max_queued_total);
+        // The walk over departed peers only when the total alone reaches
+        // the bound, which is rare.
+        queued >= max && {
+            cold_path();
+            queued - queued_by_departed(&self.matcher, &self.peers) >= max
+        }
     }
 
     /// Creates an instance: with `config.listen`, binds
@@ -708,4 +717,13 @@ impl Plugin for SmPlugin {
             ..self.stats
         }
     }
+}
+
+/// Messages in `matcher` from peers no longer in `peers`.
+pub(crate) fn queued_by_departed(matcher: &Matcher, peers: &PeerTable) -> usize {
+    matcher
+        .queued_by_peer()
+        .filter(|&(tok, _)| peers.get(tok).is_none())
+        .map(|(_, n)| n)
+        .sum()
 }

@@ -306,7 +306,7 @@ impl SmPlugin {
         }
         self.armed = true;
         let max_queued = self.cfg.max_queued_per_peer;
-        let over_total = self.matcher.queued_arrivals >= self.cfg.max_queued_total;
+        let over_total = self.connected_over_total();
         for peer in self.peers.iter_mut() {
             let tok = peer.addr.token();
             for c in peer.conns.iter_mut() {
@@ -502,6 +502,17 @@ impl SmPlugin {
             ..
         } = self;
         let (max_queued, max_total) = (cfg.max_queued_per_peer, cfg.max_queued_total);
+        // Departed peers' queued messages have a share of their own (see
+        // SmPlugin::connected_over_total): counted once, and only if this
+        // poll could reach the bound at all (it queues at most a ring per
+        // ring polled).
+        let departed_queued = if matcher.queued_arrivals + rings.len() * RING_SLOTS >= max_total {
+            cold_path();
+            crate::plugin::queued_by_departed(matcher, peers)
+        } else {
+            0
+        };
+        let connected_bound = max_total.saturating_add(departed_queued);
         let mut head_at = None;
         for &(idx, ci) in rings {
             let Some(peer) = peers.slot_mut(idx) else {
@@ -538,7 +549,7 @@ impl SmPlugin {
                         // holds (at most a ring's worth) is taken out whole,
                         // or sends that completed would be lost.
                         if departing != Some(tok)
-                            && (matcher.queued_arrivals >= max_total
+                            && (matcher.queued_arrivals >= connected_bound
                                 || matcher.queued_from(tok) >= max_queued)
                             && matcher.would_queue(tok, expected, s.tag)
                         {

@@ -311,3 +311,83 @@ fn departed_peers_messages_go_at_the_hold_while_the_process_sleeps() {
     assert!(took < Duration::from_secs(5), "dropped only after {took:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Messages a departed peer left have a share of `max_queued_total` of
+/// their own (they pause the listener): they do not stop the draining of
+/// a peer still connected, whose messages are read and queued as if they
+/// were not there. Both with a blocking wait (the draining decision made
+/// when arming) and with polls alone.
+#[test]
+fn departed_peers_messages_do_not_stop_a_connected_peers_draining() {
+    const TOTAL: usize = 4;
+    for blocking in [true, false] {
+        let dir = fresh_dir(&format!("qs-sm-departed-share-{blocking}"));
+        let cfg = SmConfig {
+            listen: true,
+            max_queued_total: TOTAL,
+            departed_hold: Duration::from_secs(60),
+            ..SmConfig::default()
+        }
+        .with_dir(&dir);
+        let mut rx = Endpoint::new(ProgressMode::Blocking).unwrap();
+        let rid = rx
+            .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+            .unwrap();
+        let uri = rx.self_addr(rid).unwrap().uri().to_owned();
+        let stats = |rx: &Endpoint| rx.plugin(rid).unwrap().stats();
+        let pump = |rx: &mut Endpoint| {
+            let wait = if blocking {
+                Duration::from_millis(2)
+            } else {
+                Duration::ZERO
+            };
+            rx.progress(Some(wait)).unwrap();
+        };
+        let end = Instant::now() + Duration::from_secs(10);
+        // B connects first and stays.
+        let (mut b, _) = node(&dir, false);
+        let to_b = b.lookup(&uri).unwrap();
+        b.send_expected(&to_b, 7, b"b0", OpId(1)).unwrap();
+        while stats(&rx).queued_arrivals < 1 {
+            assert!(Instant::now() < end, "B's first message never arrived");
+            b.progress(Some(Duration::ZERO)).unwrap();
+            pump(&mut rx);
+        }
+        // A sends past the bound and goes: its ring is taken whole.
+        {
+            let (mut a, _) = node(&dir, false);
+            let to_a = a.lookup(&uri).unwrap();
+            for i in 0..=TOTAL as u32 {
+                a.send_expected(&to_a, 9, &i.to_le_bytes(), OpId(u64::from(i)))
+                    .unwrap();
+            }
+            while stats(&rx).peers < 2 {
+                assert!(Instant::now() < end, "A never connected");
+                a.progress(Some(Duration::ZERO)).unwrap();
+                pump(&mut rx);
+            }
+        }
+        while stats(&rx).peers > 1 {
+            assert!(Instant::now() < end, "A's end was not seen");
+            pump(&mut rx);
+        }
+        let departed = stats(&rx).queued_arrivals - 1;
+        assert!(departed > TOTAL as u64, "{:?}", stats(&rx));
+        // B's next messages are read and queued although the total is
+        // past the bound: its own share is 1 of TOTAL.
+        for i in 1..3u64 {
+            b.send_expected(&to_b, 7, format!("b{i}").as_bytes(), OpId(1 + i))
+                .unwrap();
+        }
+        while stats(&rx).queued_arrivals < departed + 3 {
+            assert!(
+                Instant::now() < end,
+                "B's messages were left in its ring (blocking wait: {blocking}): {:?}",
+                stats(&rx)
+            );
+            b.progress(Some(Duration::ZERO)).unwrap();
+            pump(&mut rx);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
