@@ -194,8 +194,10 @@ pub enum BulkOp {
 pub enum Started {
     /// Finished already (a pull served from inline data): no completion follows.
     Done,
-    /// Posted: the endpoint delivers a completion for the op id.
-    Posted,
+    /// Posted through this plugin of the endpoint: a completion follows
+    /// for each op id, and a cancel must go to this plugin (the one the
+    /// local handle was exposed on when it speaks the owner's scheme).
+    Posted(PluginId),
 }
 
 /// One piece of a batched transfer: `len` bytes at `remote_offset` of the
@@ -253,7 +255,7 @@ pub fn check_spans<'a, 's>(
 /// them as one batch, which it may move with fewer system calls or work
 /// request posts than one transfer at a time. Either every span is
 /// [`Started::Done`] (served from inline data or from this process's own
-/// memory) or every span is [`Started::Posted`].
+/// memory) or every span is [`Started::Posted`] through the same plugin.
 pub fn start_batch(
     ep: &mut Endpoint,
     op: BulkOp,
@@ -306,7 +308,7 @@ pub fn start_batch(
         _ => ep.lookup(owner)?,
     };
     ep.rma(&dest, &ops)?;
-    Ok(Started::Posted)
+    Ok(Started::Posted(dest.plugin()))
 }
 
 /// A transfer between two handles of this process, with the access checks

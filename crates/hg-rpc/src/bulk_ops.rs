@@ -187,11 +187,11 @@ impl BulkCtx<'_> {
         let span = DebugSpan::enter(|| bulk_span(op, remote, ids.len()));
         let started = hg_bulk::start_batch(self.ep, op, remote, local, &ids);
         drop(span);
-        match started {
+        let via = match started {
             Err(e) => return Err(WindowFailure::Failed(e.to_string())),
             Ok(Started::Done) => return Ok(()),
-            Ok(Started::Posted) => {}
-        }
+            Ok(Started::Posted(via)) => via,
+        };
         let (first, last) = (
             ids.first().map_or(0, |i| i.1 .0),
             ids.last().map_or(0, |i| i.1 .0),
@@ -221,7 +221,7 @@ impl BulkCtx<'_> {
                     self.transfer_timeout
                 );
                 let why = with_first(failure, why);
-                return Err(match self.cancel_window(&ids, first..=last, left) {
+                return Err(match self.cancel_window(via, &ids, first..=last, left) {
                     Ok(()) => WindowFailure::Stopped(why),
                     Err(e) => WindowFailure::Stopped(format!("{why}; {e}")),
                 });
@@ -245,13 +245,14 @@ impl BulkCtx<'_> {
     /// `VerbsConfig::cancel_timeout` after the cancel).
     fn cancel_window(
         &mut self,
+        via: PluginId,
         ids: &[(Span, OpId)],
         range: std::ops::RangeInclusive<u64>,
         mut left: usize,
     ) -> std::result::Result<(), String> {
         for &(_, op) in ids {
             // Finished ones are unknown to the transport by now: no matter.
-            let _ = self.ep.cancel(self.plugin, op);
+            let _ = self.ep.cancel(via, op);
         }
         let (started, mut warned) = (Instant::now(), false);
         loop {
@@ -374,13 +375,17 @@ impl<C: Codec> Engine<C> {
         let _span = DebugSpan::enter(|| bulk_span(op, remote, spans.len()));
         let posted = match hg_bulk::start_batch(&mut self.ep, op, remote, local, &ids) {
             Err(e) => return Err(bulk_err(e)),
-            Ok(started) => started == Started::Posted,
+            Ok(Started::Posted(via)) => Some(via),
+            Ok(Started::Done) => None,
         };
         for &(_, id) in &ids {
-            if posted {
-                self.ops.insert(id, OpRole::Bulk(id.0));
-            } else {
-                self.bulk_done.insert(id.0, Ok(()));
+            match posted {
+                Some(via) => {
+                    self.ops.insert(id, OpRole::Bulk(via));
+                }
+                None => {
+                    self.bulk_done.insert(id.0, Ok(()));
+                }
             }
         }
         Ok(ids.into_iter().map(|(_, id)| BulkId(id.0)).collect())
@@ -420,9 +425,9 @@ impl<C: Codec> Engine<C> {
     /// recalled, only waited for).
     pub fn cancel_bulk(&mut self, id: BulkId) {
         let op = OpId(id.0);
-        if self.ops.contains_key(&op) {
+        if let Some(&OpRole::Bulk(via)) = self.ops.get(&op) {
             // Best effort: one that finished meanwhile cannot be.
-            let _ = self.ep.cancel(self.plugin, op);
+            let _ = self.ep.cancel(via, op);
         }
     }
 
@@ -516,12 +521,12 @@ impl<C: Codec> Engine<C> {
     /// free it yet. [`bulk`](Self::bulk) waits for a canceled transfer.
     pub fn forget_bulk(&mut self, id: BulkId) {
         let op = OpId(id.0);
-        if let Some(role @ OpRole::Bulk(_)) = self.ops.get_mut(&op) {
+        if let Some(role @ &mut OpRole::Bulk(via)) = self.ops.get_mut(&op) {
             // Kept until the transport reports its end (counted in
             // `bulk_in_flight` until then).
             *role = OpRole::ForgottenBulk;
             // Best effort: a transfer that already finished cannot be.
-            let _ = self.ep.cancel(self.plugin, op);
+            let _ = self.ep.cancel(via, op);
         }
         self.bulk_done.remove(&id.0);
     }

@@ -159,8 +159,9 @@ enum OpRole {
     Pull(u64),
     /// The pull of a spilled response's output (key into `pulls`; cookie).
     PullOutput(u64, u64),
-    /// A transfer started with `bulk_start` (its id).
-    Bulk(u64),
+    /// A transfer started with `bulk_start` (its id is the op id), posted
+    /// through this plugin, where a cancel goes.
+    Bulk(PluginId),
     /// Such a transfer, given up (`forget_bulk`): its outcome is dropped.
     ForgottenBulk,
     /// The watch on a peer we call (its token; see `Engine::watches`).

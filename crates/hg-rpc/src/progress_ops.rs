@@ -246,7 +246,8 @@ impl<C: Codec> Engine<C> {
                 self.watch_ended(token, c.status)
             }
             OpRole::ForgottenBulk => {}
-            OpRole::Bulk(id) => {
+            OpRole::Bulk(_) => {
+                let id = c.op.0;
                 self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
                 if let Some(log) = &mut self.finished_bulks {
                     log.push(BulkId(id));
