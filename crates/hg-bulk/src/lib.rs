@@ -14,6 +14,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod lent;
+pub use lent::collect_lent;
+
 use na_core::rma::check_batch;
 use na_core::{scheme_of, Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
 use serde::{Deserialize, Serialize};
@@ -168,7 +171,12 @@ impl Bulk {
 }
 
 impl Serialize for Bulk {
+    /// Serializes the descriptor; a local handle serialized inside
+    /// [`collect_lent`] is recorded as lent.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if let Some(mem) = &self.local {
+            lent::record(mem);
+        }
         self.desc().serialize(s)
     }
 }

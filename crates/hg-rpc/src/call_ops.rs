@@ -22,6 +22,9 @@ use crate::spill::{self, RELEASE_RPC};
 /// before it asks again.
 const INPUTS_HELD_RETRY: Duration = Duration::from_millis(10);
 
+/// The local bulk handles a request's input lent to its target.
+type Lent = Box<[MemHandle]>;
+
 impl<C: Codec> Engine<C> {
     /// Encodes a request's input into `self.scratch` and returns its
     /// header. An input too large for an eager message (and not for
@@ -35,7 +38,7 @@ impl<C: Codec> Engine<C> {
         flags: u8,
         cookie: u64,
         to_self: bool,
-    ) -> Result<(Header, Option<MemHandle>)> {
+    ) -> Result<(Header, Option<MemHandle>, Option<Lent>)> {
         // After a spilled input the scratch is the small descriptor: take
         // a large spare buffer instead of growing it again step by step.
         if self.scratch.capacity() < self.max_msg && !self.spare_bufs.is_empty() {
@@ -45,7 +48,9 @@ impl<C: Codec> Engine<C> {
             }
         }
         self.scratch.clear();
-        if let Err(reason) = self.codec.encode(input, &mut self.scratch) {
+        // The local bulk handles the input lends (see `lent`).
+        let (encoded, lent) = hg_bulk::collect_lent(|| self.codec.encode(input, &mut self.scratch));
+        if let Err(reason) = encoded {
             cold_path();
             return Err(RpcError::Encode {
                 rpc: R::NAME.into(),
@@ -63,7 +68,7 @@ impl<C: Codec> Engine<C> {
             } else {
                 cookie
             };
-            return Ok((header(flags, Status::Ok, id, cookie), None));
+            return Ok((header(flags, Status::Ok, id, cookie), None, lent));
         }
         self.admit_spill::<R>(self.scratch.len() as u64)?;
         let payload = std::mem::take(&mut self.scratch);
@@ -79,7 +84,11 @@ impl<C: Codec> Engine<C> {
             });
         }
         self.scratch = spilled;
-        Ok((header(flags | FLAG_SPILL, Status::Ok, id, cookie), Some(mem)))
+        Ok((
+            header(flags | FLAG_SPILL, Status::Ok, id, cookie),
+            Some(mem),
+            lent,
+        ))
     }
 
     /// Refuses a spilled input of `len` bytes that would pass the bound of
@@ -134,7 +143,7 @@ impl<C: Codec> Engine<C> {
         // The call is stored (under this cookie) once its request is out.
         let cookie = self.calls.next_cookie();
         let to_self = *dest == self.me;
-        let (h, spill) = self.encode_request::<R>(input, self.checksum_flag, cookie, to_self)?;
+        let (h, spill, lent) = self.encode_request::<R>(input, self.checksum_flag, cookie, to_self)?;
         self.stats.calls += 1;
         let _span =
             DebugSpan::enter(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest));
@@ -151,6 +160,10 @@ impl<C: Codec> Engine<C> {
                 one_way: false,
             });
             debug_assert_eq!(stored, cookie);
+            if let Some(lent) = lent {
+                cold_path();
+                self.lent.insert(cookie, lent);
+            }
             if let Some((h, p)) = self.run_self(&h) {
                 self.file_outcome(cookie, response_outcome(R::NAME, rpc_id(R::NAME), h, p));
                 self.finished_self.push_back(cookie);
@@ -158,6 +171,10 @@ impl<C: Codec> Engine<C> {
             return Ok(CallId(cookie));
         }
         self.send_request(dest, R::NAME, cookie, h, spill, false)?;
+        if let Some(lent) = lent {
+            cold_path();
+            self.lent.insert(cookie, lent);
+        }
         Ok(CallId(cookie))
     }
 
@@ -256,13 +273,19 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Sends a one-way request: no response, no completion to wait for.
+    /// Nothing tells the origin when the target is done with bulk handles
+    /// the input carries: keep them (do not take their buffers back) until
+    /// the application knows it is, or send them in a call instead, whose
+    /// handles the engine keeps until the target answers.
     pub fn forward_one_way<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<()> {
         let to_self = *dest == self.me;
         // Only a spilled one-way request becomes a call (it waits for the
         // target's acknowledgement, under this cookie); one that fits
         // carries NO_CALL (see `encode_request`).
         let cookie = self.calls.next_cookie();
-        let (h, spill) =
+        // Bulk handles the input lends are not kept: nothing tells this
+        // origin when the target is done with them (see the doc above).
+        let (h, spill, _lent) =
             self.encode_request::<R>(input, self.checksum_flag | FLAG_ONE_WAY, cookie, to_self)?;
         self.stats.calls += 1;
         if to_self {
@@ -281,6 +304,7 @@ impl<C: Codec> Engine<C> {
     /// finished and forgotten), `None` if it is still in flight.
     pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
         let outcome = self.calls.remove_if(id.0, |c| c.outcome.is_some())?.outcome?;
+        self.forget_lent(id.0);
         // A self-forward's cookie marks work for `progress` until `trigger`;
         // taken here, it is done (the async API never triggers for it).
         if !self.finished_self.is_empty() {
@@ -342,12 +366,15 @@ impl<C: Codec> Engine<C> {
 
     /// Gives up on call `id`: its response, if it ever comes, is discarded.
     /// The call is forgotten at once, unless the target may still be
-    /// pulling its spilled input (then it stays, marked, until the
-    /// response or the target's end says the input is no longer needed).
+    /// pulling its spilled input, or transferring to or from bulk handles
+    /// its input carried (then it stays, marked, holding them, until the
+    /// response or the target's end says they are no longer needed, at
+    /// most the abandoned-input TTL: see [`RpcStats::abandoned_inputs`]).
     pub fn abandon(&mut self, id: CallId) {
         if let Some(c) = self.calls.get_mut(id.0) {
-            if c.outcome.is_some() || c.spill.is_none() {
+            if c.outcome.is_some() || (c.spill.is_none() && !self.lent.contains_key(&id.0)) {
                 self.calls.remove(id.0);
+                self.forget_lent(id.0);
             } else if c.abandoned.is_none() {
                 c.abandoned = Some(Instant::now());
                 self.abandoned_hint += 1;
@@ -542,6 +569,7 @@ impl<C: Codec> Engine<C> {
             self.abandoned_bytes = self.abandoned_bytes.saturating_sub(call.spill_len());
             let spill = call.spill.take();
             self.calls.remove(cookie);
+            self.forget_lent(cookie);
             // `encode_request` exposed one buffer.
             if let Some(mem) = spill {
                 self.recycle(mem);
@@ -551,6 +579,16 @@ impl<C: Codec> Engine<C> {
         if let Some(mem) = file_live(call, cookie, outcome, &mut self.finished_log) {
             cold_path();
             self.recycle(mem);
+        }
+    }
+
+    /// Lets go of the bulk handles call `cookie` lent, once it has left
+    /// the table (a check of an empty map when it lent none).
+    #[inline]
+    pub(super) fn forget_lent(&mut self, cookie: u64) {
+        if !self.lent.is_empty() {
+            cold_path();
+            self.lent.remove(&cookie);
         }
     }
 

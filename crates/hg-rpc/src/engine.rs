@@ -258,9 +258,12 @@ pub struct RpcStats {
     /// a bound of [`Engine::set_max_exposed_bytes`] (their callers got a
     /// handler error).
     pub outputs_refused: u64,
-    /// Spilled inputs this origin keeps exposed for calls it gave up on
-    /// (and one-way calls) until their target is done with them (at most
-    /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]).
+    /// Calls this origin gave up on (and spilled one-way calls) whose
+    /// input it keeps exposed until their target is done with it (at most
+    /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]):
+    /// a spilled input, or local bulk handles the input carried (their
+    /// memory stays alive and exposed, and `Bulk::into_buffers` refuses,
+    /// until the target answers, goes away, or the TTL ends).
     pub abandoned_inputs: u64,
     /// Bytes of those inputs (bounded, see
     /// [`Engine::set_max_abandoned_bytes`]).
@@ -313,6 +316,13 @@ pub struct Engine<C: Codec = Postcard> {
     handlers: FastMap<u64, Handler>,
     ops: FastMap<OpId, OpRole>,
     calls: CallTable<Call>,
+    /// The local bulk handles the input of a call in `calls` carried (see
+    /// `hg_bulk::collect_lent`), by cookie, for the calls that had any:
+    /// kept alive and exposed until the call leaves the table, since the
+    /// target may transfer to or from them until it answers, even after
+    /// the caller gave up. Apart from `Call`, so that the usual call,
+    /// which lends nothing, pays one emptiness check.
+    lent: FastMap<u64, Box<[MemHandle]>>,
     next_op: u64,
     /// Peers we have calls to, by token: each has one watch, an expected
     /// receive that no message matches. The plugin fails it when the peer
@@ -424,6 +434,7 @@ impl<C: Codec> Engine<C> {
             handlers: FastMap::default(),
             ops: FastMap::default(),
             calls: CallTable::default(),
+            lent: FastMap::default(),
             next_op: 1,
             watches: FastMap::default(),
             last_watched: None,

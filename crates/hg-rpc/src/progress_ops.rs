@@ -165,6 +165,7 @@ impl<C: Codec> Engine<C> {
             if let Some(c) = self.calls.remove(cookie) {
                 self.abandoned_bytes = self.abandoned_bytes.saturating_sub(c.spill_len());
             }
+            self.forget_lent(cookie);
         }
         self.abandoned_hint = left;
         if !expired.is_empty() {
