@@ -369,7 +369,7 @@ impl<C: Codec> Engine<C> {
     /// pulling its spilled input, or transferring to or from bulk handles
     /// its input carried (then it stays, marked, holding them, until the
     /// response or the target's end says they are no longer needed, at
-    /// most the abandoned-input TTL: see [`RpcStats::abandoned_inputs`]).
+    /// most the abandoned-input TTL: see [`RpcStats::abandoned_inputs`](super::RpcStats::abandoned_inputs)).
     pub fn abandon(&mut self, id: CallId) {
         if let Some(c) = self.calls.get_mut(id.0) {
             if c.outcome.is_some() || (c.spill.is_none() && !self.lent.contains_key(&id.0)) {
