@@ -272,6 +272,11 @@ pub fn start_batch(
     spans: &[(Span, OpId)],
 ) -> Result<Started, BulkError> {
     let mem = check_spans(remote, local, spans.iter().map(|(s, _)| s))?;
+    if spans.is_empty() {
+        // Nothing to move, and nothing to check: not a reason to look up
+        // (connect to) the owner a descriptor names.
+        return Ok(Started::Done);
+    }
     if let Some(theirs) = &remote.local {
         // The "remote" handle was exposed by this process: copy in memory
         // (its current contents), which works on every transport (a
@@ -446,6 +451,13 @@ mod tests {
                 ..
             })) => {}
             other => panic!("expected the local handle's access refused, got {other:?}"),
+        }
+        // An empty batch moves nothing and looks nothing up either.
+        for op in [BulkOp::Push, BulkOp::Pull] {
+            match start_batch(&mut ep, op, &remote, &ro, &[]) {
+                Ok(Started::Done) => {}
+                other => panic!("{op:?}: expected nothing done, got {other:?}"),
+            }
         }
     }
 

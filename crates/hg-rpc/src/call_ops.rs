@@ -100,6 +100,16 @@ impl<C: Codec> Engine<C> {
             return Ok(());
         }
         self.stats.inputs_refused += 1;
+        if len > self.max_abandoned_bytes {
+            // Never fits, however many held inputs come back: say so now,
+            // not after a caller waited its whole timeout for room.
+            return Err(RpcError::TooLarge {
+                rpc: R::NAME.into(),
+                what: "spilled input (bound: Engine::set_max_abandoned_bytes)",
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                max: usize::try_from(self.max_abandoned_bytes).unwrap_or(usize::MAX),
+            });
+        }
         if logged_at(self.stats.inputs_refused) {
             tracing::warn!(
                 rpc = R::NAME,

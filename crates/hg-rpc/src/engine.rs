@@ -605,6 +605,17 @@ impl<C: Codec> Engine<C> {
 
     fn check_free(&self, name: &'static str) -> Result<u64> {
         let id = rpc_id(name);
+        if id == rpc_id(crate::spill::RELEASE_RPC) {
+            // The engine's own message (a spilled output's release): a
+            // handler under its id would never run.
+            return Err(RpcError::Registration {
+                name: name.into(),
+                reason: format!(
+                    "its id {id:#018x} is that of {}, which the engine keeps for itself",
+                    crate::spill::RELEASE_RPC
+                ),
+            });
+        }
         if let Some(h) = self.handlers.get(&id) {
             let reason = if h.name == name {
                 "already registered".to_string()

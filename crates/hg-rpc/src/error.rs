@@ -54,7 +54,9 @@ pub enum RpcError {
         /// The codec's message.
         reason: String,
     },
-    /// The encoded message does not fit an eager message.
+    /// The encoded message does not fit an eager message; or, spilled,
+    /// it is larger than the inputs an origin may hold for calls it gave
+    /// up on (`Engine::set_max_abandoned_bytes`), so it could never be sent.
     #[error("{what} of {rpc} is {len} bytes encoded; the eager limit is {max}")]
     TooLarge {
         /// The RPC name.

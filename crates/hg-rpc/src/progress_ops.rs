@@ -71,8 +71,14 @@ impl<C: Codec> Engine<C> {
 
     /// When the next spilled output or abandoned input expires (no sooner
     /// than the next sweep may run), if any is kept: a driver that sleeps
-    /// wakes then and calls [`trigger`](Self::trigger).
-    pub(crate) fn next_expiry(&self) -> Option<Instant> {
+    /// wakes then and calls [`trigger`](Self::trigger). An event loop of
+    /// your own that sleeps on the engine's fd after
+    /// [`try_wait`](Self::try_wait) must bound its sleep by it (as
+    /// [`progress`](Self::progress) does), or those TTLs pass unnoticed
+    /// while no traffic comes, and a draining engine that keeps an output
+    /// for a client that died never becomes [`drained`](Self::drained).
+    /// Ask again after each `trigger` and after giving up on a call.
+    pub fn next_expiry(&self) -> Option<Instant> {
         if self.exposed.is_empty() && self.abandoned_hint == 0 {
             return None;
         }

@@ -898,11 +898,12 @@ async fn late_self_answers_are_stray_and_refused_one_way_calls_are_errors() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(engine.stats().stray_responses, 1);
-    // A spilled one-way input with no room for inputs held: refused.
+    // A spilled one-way input larger than the bound of inputs held
+    // (0 here): refused.
     let errors = engine.stats().errors;
     let peer = common::async_engine(&dir, true);
     let to = engine.lookup(&peer.self_addr().to_string()).unwrap();
     let r = engine.call_one_way::<RecordBlob>(&to, &vec![1u8; 1 << 20]);
-    assert!(matches!(r, Err(RpcError::InputsHeld { .. })), "{r:?}");
+    assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
     assert_eq!(engine.stats().errors, errors + 1);
 }

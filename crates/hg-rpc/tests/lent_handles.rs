@@ -83,6 +83,10 @@ fn a_lent_handle_is_let_go_when_the_target_dies_or_the_ttl_ends() {
         let r = c.call::<BlobGet>(&s, &("none".into(), into.clone(), 0), Duration::from_millis(50));
         assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
         let into = *into.into_buffers().expect_err("kept for the target");
+        // An event loop of its own learns when to wake for the TTL (no
+        // sooner than the engine's next sweep, at most a second away).
+        let at = c.next_expiry().expect("a deadline for the kept handle");
+        assert!(at <= Instant::now() + Duration::from_millis(1100), "{at:?}");
         if kill {
             srv.child.kill().unwrap();
         }

@@ -381,6 +381,26 @@ fn inputs_held_for_abandoned_calls_are_bounded() {
     take_request(&mut x, xid, &mut c, 20);
 }
 
+/// A spilled input larger than the whole bound of inputs held for
+/// abandoned calls can never be sent: a blocking `call` says so at once,
+/// not after waiting its whole timeout for room that cannot come.
+#[test]
+fn an_input_larger_than_the_whole_held_bound_is_refused_at_once() {
+    let Silent { mut c, s, _dir, .. } = silent_target("held-never");
+    c.set_max_abandoned_bytes(32 << 10);
+    let started = Instant::now();
+    match c.call::<Echo>(&s, &vec![5u8; 64 << 10], T) {
+        Err(RpcError::TooLarge { what, len, max, .. }) => {
+            assert!(what.contains("set_max_abandoned_bytes"), "{what}");
+            assert!(len > 64 << 10 && max == 32 << 10, "{len} {max}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < T / 2, "waited {:?}", started.elapsed());
+    let st = c.stats();
+    assert_eq!((st.inputs_refused, st.errors, st.in_flight), (1, 1, 0), "{st:?}");
+}
+
 /// An `Echo` response to `cookie` carrying `data`.
 fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
     wire_message(

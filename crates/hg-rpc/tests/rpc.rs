@@ -25,6 +25,14 @@ impl Rpc for AddWrongType {
     type Output = u64;
 }
 
+/// The name of the engine's own release message.
+struct Reserved;
+impl Rpc for Reserved {
+    const NAME: &'static str = "hg.release-output";
+    type Input = ();
+    type Output = ();
+}
+
 /// Registered nowhere.
 struct Missing;
 impl Rpc for Missing {
@@ -269,6 +277,15 @@ fn self_forward_runs_the_handler_without_the_network() {
         c.register::<AddWrongType>(|_| Ok(0)),
         Err(RpcError::Registration { .. })
     ));
+    // The engine's own message: a handler there would never run, and
+    // its callers would wait out their timeout.
+    match c.register::<Reserved>(|()| Ok(())) {
+        Err(RpcError::Registration { reason, .. }) => {
+            assert!(reason.contains("keeps for itself"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(c.register_deferred::<Reserved>().is_err());
 }
 
 #[test]
