@@ -16,6 +16,11 @@ use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::header::Status;
 
+/// Rounds of at most [`POSTED_REQUEST_BUFFERS`] messages each that a
+/// peer's death waits for (see `take_last_words`): more than the messages
+/// departed peers may leave queued by default (`SmConfig::max_queued_total`).
+const LAST_WORDS_ROUNDS: usize = 256;
+
 impl<C: Codec> Engine<C> {
     /// Polls the transports once without blocking (see
     /// [`Endpoint::progress_now`](na_core::Endpoint::progress_now)).
@@ -126,6 +131,47 @@ impl<C: Codec> Engine<C> {
             self.sweep_expired();
         }
         Ok(n)
+    }
+
+    /// Handles every message the transport already holds, before a
+    /// peer's death is acted on: the transport kept a departed peer's
+    /// last messages for us (pull mode: behind whatever other peers left
+    /// first; posted mode: waiting for receive buffers, which are posted
+    /// again here), and a response among them is its call's result. At
+    /// most [`LAST_WORDS_ROUNDS`] rounds, so that peers that keep sending
+    /// cannot hold the death back for ever.
+    #[cold]
+    #[inline(never)]
+    fn take_last_words(&mut self) -> Result<()> {
+        for _ in 0..LAST_WORDS_ROUNDS {
+            if self.pull {
+                if self.take_pulled(false)? < POSTED_REQUEST_BUFFERS {
+                    return Ok(());
+                }
+                continue;
+            }
+            self.repost_buffers()?;
+            self.ep.progress_now()?;
+            // Messages now, in order; everything else after, in order.
+            let waiting: Vec<Completion> = self
+                .deferred
+                .drain(..)
+                .chain(std::iter::from_fn(|| self.ep.pop_completion()))
+                .collect();
+            let mut messages = 0;
+            for c in waiting {
+                if c.op.0 & REQUEST_OP != 0 {
+                    messages += 1;
+                    self.handle(c)?;
+                } else {
+                    self.deferred.push_back(c);
+                }
+            }
+            if messages == 0 {
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 
     /// Polls the transports once and files the ends of bulk transfers
@@ -245,10 +291,10 @@ impl<C: Codec> Engine<C> {
         match role {
             OpRole::Watch(token) => {
                 // A peer's last messages (a response sent just before it
-                // exited, say) were kept for us to take in pull mode: they
-                // come before its death, or the death would fail their calls.
-                if self.pull && c.status.is_err() {
-                    self.take_pulled(false)?;
+                // exited, say) come before its death, or the death would
+                // fail their calls.
+                if c.status.is_err() {
+                    self.take_last_words()?;
                 }
                 self.watch_ended(token, c.status)
             }

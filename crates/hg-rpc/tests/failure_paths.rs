@@ -66,6 +66,92 @@ fn a_response_sent_just_before_the_target_exits_is_the_call_s_result() {
     }
 }
 
+/// Drives `c`'s transport without taking or handling anything: while
+/// messages wait, a progress call neither sleeps nor looks at the
+/// sockets (connections, hang-ups) except every so many calls, and
+/// `try_wait` does not ask the transport either.
+fn pump_transport(c: &mut Engine) {
+    for _ in 0..64 {
+        c.progress_now().unwrap();
+    }
+    c.try_wait().unwrap();
+    std::thread::sleep(Duration::from_millis(1));
+}
+
+/// The same when other departed peers' last messages are queued ahead of
+/// the target's response, more than one take handles at once: the
+/// response still comes before the target's death. (The death used to
+/// come after one take of 64 messages, or after the 64 receive buffers
+/// of posted mode, and the call got `PeerGone`.)
+#[test]
+fn a_last_response_behind_other_departed_peers_messages_is_the_call_s_result() {
+    use hg_rpc::header::FLAG_ONE_WAY;
+    use na_core::OpId;
+    let d = dir("last-words-behind");
+    let mut srv = server(&d);
+    // The origin listens: other peers send it requests and leave.
+    let (ep, cid) = endpoint(&d, true);
+    let mut c = Engine::new(ep, cid).unwrap();
+    assert_eq!(call_both::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let input = postcard::to_allocvec(&(1u64, 1u64)).unwrap();
+    let stats = |c: &mut Engine| c.endpoint().plugin(cid).unwrap().stats();
+    // Messages received and not handled: queued in the transport, or (in
+    // posted mode, QS_RPC_RECV=posted) in our receive buffers.
+    let arrived = |c: &mut Engine| stats(c).queued_arrivals + c.endpoint().pending_completions() as u64;
+    const SENT: u64 = 40;
+    for peer in 0..2u64 {
+        let (mut x, _) = endpoint(&d, false);
+        let to_c = x.lookup(c.self_addr().uri()).unwrap();
+        for i in 0..SENT {
+            let msg = wire_message(FLAG_ONE_WAY, Add::NAME, 0, &input);
+            x.send_unexpected(&to_c, 0, &msg, OpId(peer << 32 | i)).unwrap();
+        }
+        // In c's ring before it leaves: every send done and none waiting
+        // in x's backlog (c takes none yet).
+        let xid = x.plugin_ids().next().unwrap();
+        let (mut done, end) = (0, Instant::now() + T);
+        while done < SENT || x.plugin(xid).unwrap().stats().backlog_bytes > 0 {
+            assert!(
+                Instant::now() < end,
+                "peer {peer}: {:?}",
+                x.plugin(xid).unwrap().stats()
+            );
+            x.progress(Some(Duration::from_millis(1))).unwrap();
+            pump_transport(&mut c);
+            for k in std::iter::from_fn(|| x.pop_completion()) {
+                k.status.unwrap();
+                done += 1;
+            }
+        }
+        drop(x);
+        // Its end seen (its messages kept for us).
+        while stats(&mut c).peers > 1 || arrived(&mut c) < (peer + 1) * SENT {
+            assert!(Instant::now() < end, "peer {peer}'s end was not seen");
+            pump_transport(&mut c);
+        }
+    }
+    assert_eq!(c.stats().handled, 0, "nothing taken yet");
+    let id = c.forward::<Add>(&s, &(1, 2)).unwrap();
+    serve_until(&mut srv, 2);
+    drop(srv);
+    // The target's end seen (its response kept for us, behind the others'
+    // messages), and its death reported, before anything is taken.
+    let end = Instant::now() + T;
+    while stats(&mut c).peers > 0 {
+        assert!(
+            Instant::now() < end,
+            "the target's end was not seen: {:?}",
+            stats(&mut c)
+        );
+        pump_transport(&mut c);
+    }
+    assert_eq!(c.stats().handled, 0);
+    assert_eq!(wait::<Add>(&mut c, id).unwrap(), 3);
+    let st = c.stats();
+    assert_eq!((st.malformed, st.handled), (0, 2 * SENT), "{st:?}");
+}
+
 /// A handler error longer than a message is cut to fit, not spilled: the
 /// caller gets `Handler` with the start of the message and how long it
 /// was, and the target keeps nothing exposed for it.
