@@ -73,7 +73,14 @@ impl<C: Codec> Engine<C> {
         self.admit_spill::<R>(self.scratch.len() as u64)?;
         let payload = std::mem::take(&mut self.scratch);
         let payload = self.fit_for_exposure(payload);
-        let (mem, spilled) = spill::expose(&mut self.ep, self.plugin, payload, flags & FLAG_CHECKSUM != 0)?;
+        let seal = self.next_seal();
+        let (mem, spilled) = spill::expose(
+            &mut self.ep,
+            self.plugin,
+            payload,
+            flags & FLAG_CHECKSUM != 0,
+            seal,
+        )?;
         let len = HEADER_LEN + spilled.len();
         if len > self.max_msg {
             return Err(RpcError::TooLarge {

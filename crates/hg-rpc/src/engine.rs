@@ -190,6 +190,8 @@ struct PendingPull {
     src: Addr,
     header: Header,
     mem: MemHandle,
+    /// The seal its sender exposed after the data (see `spill`).
+    seal: u64,
     /// The data's CRC-32C, when its message carried a checksum.
     crc: Option<u32>,
     /// A request for a deferred handler: its place under
@@ -221,7 +223,10 @@ struct Call {
 impl Call {
     /// Bytes of its exposed input (0 if it did not spill).
     fn spill_len(&self) -> u64 {
-        self.spill.as_ref().map_or(0, MemHandle::size)
+        // The data; not the seal exposed after it.
+        self.spill
+            .as_ref()
+            .map_or(0, |m| m.size().saturating_sub(crate::spill::SEAL_LEN))
     }
 }
 
@@ -323,6 +328,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// the caller gave up. Apart from `Call`, so that the usual call,
     /// which lends nothing, pays one emptiness check.
     lent: FastMap<u64, Box<[MemHandle]>>,
+    /// State of the seals of spilled payloads (see `spill`; `next_seal`).
+    seal_state: u64,
+    /// How long a spilled output waits for its origin's pull (see
+    /// [`set_spilled_output_ttl`](Self::set_spilled_output_ttl)).
+    output_ttl: Duration,
     next_op: u64,
     /// Peers we have calls to, by token: each has one watch, an expected
     /// receive that no message matches. The plugin fails it when the peer
@@ -435,6 +445,11 @@ impl<C: Codec> Engine<C> {
             ops: FastMap::default(),
             calls: CallTable::default(),
             lent: FastMap::default(),
+            seal_state: {
+                use std::hash::BuildHasher;
+                std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+            },
+            output_ttl: SPILLED_OUTPUT_TTL,
             next_op: 1,
             watches: FastMap::default(),
             last_watched: None,
@@ -527,6 +542,16 @@ impl<C: Codec> Engine<C> {
             abandoned_bytes: self.abandoned_bytes,
             ..self.stats
         }
+    }
+
+    /// A seal for the next spilled payload: never 0 (a broken seal), and
+    /// unlike the last ones (splitmix64 over a per-engine random start).
+    fn next_seal(&mut self) -> u64 {
+        self.seal_state = self.seal_state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.seal_state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)).max(1)
     }
 
     fn op(&mut self) -> OpId {
@@ -761,12 +786,20 @@ impl<C: Codec> Engine<C> {
         self.exposed.set_limits(per_peer, total);
     }
 
+    /// How long this target keeps a spilled output for an origin that
+    /// neither pulls it nor lets it go (default [`SPILLED_OUTPUT_TTL`]).
+    /// Past it the output is released; its seal is broken first, so an
+    /// origin that pulls later gets an error, never other data.
+    pub fn set_spilled_output_ttl(&mut self, ttl: Duration) {
+        self.output_ttl = ttl;
+    }
+
     /// How long a spilled input stays exposed for a call this origin gave
     /// up on (a timeout, a dropped future) or sent one-way, when its target
     /// neither answers nor goes away; default [`ABANDONED_INPUT_TTL`].
-    /// After it the call is forgotten and the input dropped: a target that
-    /// pulls it later gets an error (verbs) or whatever the memory then
-    /// holds (sm, whose peers may read this process's memory anyway).
+    /// After it the call is forgotten and the input dropped, its seal
+    /// broken first: a target that pulls it later gets an error, never
+    /// other data.
     pub fn set_abandoned_input_ttl(&mut self, ttl: Duration) {
         self.abandoned_ttl = ttl;
     }

@@ -122,7 +122,11 @@ impl ExposedOutputs {
             .map(|(k, _)| *k)
             .collect();
         for &k in &expired {
-            self.remove(k);
+            // A pull still to come must not take what the memory holds
+            // next for the output.
+            if let Some(mem) = self.remove(k) {
+                crate::spill::break_seal(&mem);
+            }
         }
         expired.len()
     }

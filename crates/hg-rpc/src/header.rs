@@ -7,7 +7,7 @@
 //! | offset | size | field                                               |
 //! |--------|------|-----------------------------------------------------|
 //! | 0      | 4    | magic `"QSRP"`                                      |
-//! | 4      | 1    | version (4)                                         |
+//! | 4      | 1    | version (5)                                         |
 //! | 5      | 1    | flags: bit 0 response, bit 1 one-way, bit 2 checksum, bit 3 spilled |
 //! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error, 4 busy |
 //! | 7      | 1    | reserved, 0                                         |
@@ -25,7 +25,7 @@ pub const HEADER_LEN: usize = 32;
 /// The magic bytes.
 pub const MAGIC: [u8; 4] = *b"QSRP";
 /// The protocol version this crate speaks.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 
 /// Flag: this message is a response.
 pub const FLAG_RESPONSE: u8 = 1;

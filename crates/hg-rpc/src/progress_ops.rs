@@ -10,7 +10,7 @@ use na_core::Completion;
 
 use super::{
     response_header, serve_ops, BulkId, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
-    SPILLED_OUTPUT_TTL, SWEEP_EVERY,
+    SWEEP_EVERY,
 };
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
@@ -87,10 +87,11 @@ impl<C: Codec> Engine<C> {
         if self.exposed.is_empty() && self.abandoned_hint == 0 {
             return None;
         }
+        let ttl_out = self.output_ttl;
         let outputs = self
             .exposed
             .exposed_since()
-            .filter_map(|t| t.checked_add(SPILLED_OUTPUT_TTL));
+            .filter_map(move |t| t.checked_add(ttl_out));
         let ttl = self.abandoned_ttl;
         // The calls are scanned only when some were abandoned with inputs.
         let inputs = (self.abandoned_hint > 0)
@@ -196,7 +197,7 @@ impl<C: Codec> Engine<C> {
     /// never answered, each after its TTL.
     fn sweep_expired(&mut self) {
         self.last_sweep = Instant::now();
-        let expired = self.exposed.sweep(SPILLED_OUTPUT_TTL);
+        let expired = self.exposed.sweep(self.output_ttl);
         if expired > 0 {
             tracing::warn!(expired, "released spilled outputs never pulled");
         }
@@ -213,9 +214,13 @@ impl<C: Codec> Engine<C> {
             }
         }
         for &cookie in &expired {
-            // Dropped, not kept as a spare: the target may still read it.
+            // Dropped, not kept as a spare: the target may still read it
+            // (and would find the seal broken).
             if let Some(c) = self.calls.remove(cookie) {
                 self.abandoned_bytes = self.abandoned_bytes.saturating_sub(c.spill_len());
+                if let Some(mem) = &c.spill {
+                    crate::spill::break_seal(mem);
+                }
             }
             self.forget_lent(cookie);
         }
@@ -311,7 +316,7 @@ impl<C: Codec> Engine<C> {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
                     let one_way = p.header.is_one_way();
                     let pulled = match c.status {
-                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.crc),
+                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.seal, p.crc),
                         Err(e) => Err(format!("pulling the spilled input failed: {e}")),
                     };
                     if one_way {
@@ -339,7 +344,7 @@ impl<C: Codec> Engine<C> {
                     self.release_output(&p.src, cookie);
                     let rpc = self.call_name(cookie);
                     let pulled = match c.status {
-                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.crc),
+                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.seal, p.crc),
                         Err(e) => Err(format!("pulling the spilled output failed: {e}")),
                     };
                     let outcome = pulled.map_err(|reason| RpcError::Decode {

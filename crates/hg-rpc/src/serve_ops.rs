@@ -323,9 +323,13 @@ impl<C: Codec> Engine<C> {
         ticket: Option<DeferredTicket>,
     ) -> std::result::Result<(), (Status, String)> {
         let what = if output { "output" } else { "input" };
-        let spill::Spilled { len, remote, crc } =
-            spill::parse(payload, self.max_spill, h.flags & FLAG_CHECKSUM != 0)
-                .map_err(|e| (Status::DecodeError, format!("{what}: {e}")))?;
+        let spill::Spilled {
+            len,
+            remote,
+            seal,
+            crc,
+        } = spill::parse(payload, self.max_spill, h.flags & FLAG_CHECKSUM != 0)
+            .map_err(|e| (Status::DecodeError, format!("{what}: {e}")))?;
         if len > self.max_pull_bytes {
             // Busy would be a lie: no retry can ever fit.
             return Err((
@@ -347,12 +351,16 @@ impl<C: Codec> Engine<C> {
                 ),
             ));
         }
-        let mem = MemHandle::new(vec![self.pull_buffer(len as usize)], Access::ReadWrite);
+        // The data and its seal (`parse` checked that they add up).
+        let mem = MemHandle::new(
+            vec![self.pull_buffer((len + spill::SEAL_LEN) as usize)],
+            Access::ReadWrite,
+        );
         let op = self.op();
         self.ep
             .plugin_mut(self.plugin)
             .and_then(|p| p.mem_register(&mem))
-            .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len, src, op))
+            .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len + spill::SEAL_LEN, src, op))
             .map_err(|e| {
                 (
                     Status::DecodeError,
@@ -372,6 +380,7 @@ impl<C: Codec> Engine<C> {
                 src: src.clone(),
                 header: *h,
                 mem,
+                seal,
                 crc,
                 ticket,
             },
@@ -379,21 +388,23 @@ impl<C: Codec> Engine<C> {
         Ok(())
     }
 
-    /// Pulled spilled `data`, checked against the CRC-32C its message
-    /// carried (if any). A mismatch counts as malformed; the buffer is
-    /// kept as a spare and the reason returned.
+    /// Pulled spilled `data` (with its seal after it), checked against
+    /// the seal and the CRC-32C (if any) its message carried, and the seal
+    /// cut off. A mismatch counts as malformed; the buffer is kept as a
+    /// spare and the reason returned.
     pub(super) fn checked_pull(
         &mut self,
-        data: Vec<u8>,
+        mut data: Vec<u8>,
+        seal: u64,
         crc: Option<u32>,
     ) -> std::result::Result<Vec<u8>, String> {
-        match spill::verify(&data, crc) {
+        match spill::unseal(&mut data, seal).and_then(|()| spill::verify(&data, crc)) {
             Ok(()) => Ok(data),
             Err(why) => {
                 cold_path();
                 self.stats.malformed += 1;
                 if logged_at(self.stats.malformed) {
-                    tracing::warn!(%why, malformed = self.stats.malformed, "spilled data failed its checksum");
+                    tracing::warn!(%why, malformed = self.stats.malformed, "spilled data failed its seal or checksum");
                 }
                 self.keep_spare_buffer(data);
                 Err(why)
@@ -430,7 +441,8 @@ impl<C: Codec> Engine<C> {
     /// a spare; a handle of several buffers, or still shared, is dropped.
     pub(super) fn recycle(&mut self, mem: MemHandle) {
         if let Ok(bufs) = mem.into_buffers() {
-            if let Ok([buf]) = <[Vec<u8>; 1]>::try_from(bufs) {
+            // One buffer, or a spilled payload's data and its seal.
+            if let Some(buf) = bufs.into_iter().next() {
                 self.keep_spare_buffer(buf);
             }
         }
@@ -483,7 +495,8 @@ impl<C: Codec> Engine<C> {
         } else {
             let len = out.len() as u64;
             let out = self.fit_for_exposure(out);
-            match spill::expose(&mut self.ep, self.plugin, out, h.flags & FLAG_CHECKSUM != 0) {
+            let seal = self.next_seal();
+            match spill::expose(&mut self.ep, self.plugin, out, h.flags & FLAG_CHECKSUM != 0, seal) {
                 Ok((mem, payload)) => {
                     self.exposed.insert((src.token(), h.cookie), mem, len);
                     (

@@ -440,7 +440,12 @@ fn a_spilled_request_past_the_deferred_bound_is_refused_before_its_pull() {
     let pulled = srv.endpoint().plugin(sid).unwrap().stats().get_bytes;
     let mut encoded = Vec::new();
     Postcard.encode(&x, &mut encoded).unwrap();
-    assert_eq!(pulled, encoded.len() as u64, "only the admitted input is pulled");
+    // The data and the 8-byte seal after it (protocol version 5).
+    assert_eq!(
+        pulled,
+        encoded.len() as u64 + 8,
+        "only the admitted input is pulled"
+    );
     let req = srv.take_deferred().expect("the admitted request");
     assert!(srv.take_deferred().is_none());
     let mut out = Vec::new();
@@ -566,4 +571,38 @@ fn a_late_response_to_a_call_kept_for_its_spilled_input_counts_as_stray() {
             e.trigger().unwrap();
         }
     }
+}
+
+/// A spilled output whose TTL ran out before its origin pulled it is let
+/// go with its seal broken: the late pull (shared memory reads another
+/// process's freed memory without a fault) ends the call with a decode
+/// error, counted as malformed, never with whatever the memory holds. A
+/// server process (in one process, na-sm's own check of what is exposed
+/// refuses such a pull anyway).
+#[test]
+fn an_output_pulled_after_its_ttl_is_refused_not_taken() {
+    let d = dir("late-pull");
+    let srv = common::Server::with_envs(&[
+        ("QS_SM_DIR", d.as_ref()),
+        ("HG_TESTPEER_OUTPUT_TTL_MS", "10".as_ref()),
+    ]);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    // Large enough to spill both ways.
+    let id = c.forward::<Echo>(&s, &vec![9u8; 64 << 10]).unwrap();
+    c.progress_now().unwrap();
+    // The origin does not look for longer than the TTL and the target's
+    // sweep (at most once a second) take.
+    std::thread::sleep(Duration::from_millis(2500));
+    match wait::<Echo>(&mut c, id) {
+        Err(RpcError::Decode { what, reason, .. }) => {
+            assert_eq!(what, "output");
+            eprintln!("late pull refused: {reason}");
+        }
+        other => panic!(
+            "a late pull was taken for the output: {:?}",
+            other.map(|v| v.len())
+        ),
+    }
+    assert_eq!(c.stats().malformed, 1, "{:?}", c.stats());
 }

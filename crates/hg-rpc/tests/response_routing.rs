@@ -435,9 +435,10 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
     assert_eq!(out, vec![9u8; 64 << 10]);
     pump(&mut c, Duration::from_millis(50));
     let pulled = c.endpoint().plugin(cid).unwrap().stats().get_bytes - before;
+    // (The data and the 8-byte seal after it.)
     assert_eq!(
         pulled,
-        output.len() as u64,
+        output.len() as u64 + 8,
         "the output was pulled more than once"
     );
     assert_eq!(c.stats().malformed, 1, "{:?}", c.stats());
@@ -764,12 +765,10 @@ fn spilled_echo_response(
     crc: u32,
 ) -> (na_core::MemHandle, Vec<u8>) {
     let len = output.len() as u64;
-    let mem = na_core::MemHandle::new(vec![output], na_core::Access::ReadOnly);
+    let mem = common::sealed(output);
     x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
     let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
-    let mut payload = len.to_le_bytes().to_vec();
-    payload.extend_from_slice(&desc);
-    payload.extend_from_slice(&crc.to_le_bytes());
+    let payload = common::spilled_payload(len, &desc, Some(crc));
     let msg = wire_message(
         FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
         Echo::NAME,

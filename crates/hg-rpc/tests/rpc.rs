@@ -398,10 +398,11 @@ fn forged_spill_descriptor_gets_an_error_reply() {
     // A raw endpoint, so that we see the reply ourselves.
     let (mut ep, sm) = endpoint(&d, false);
     let s = ep.lookup(&srv.uri).unwrap();
+    // 100 bytes of data and the 8-byte seal after them.
     let bogus = RemoteMem::new(
         vec![RemoteSegment {
             addr: 0x1000,
-            len: 100,
+            len: 108,
             key: 0,
         }],
         Access::ReadOnly,
@@ -418,7 +419,7 @@ fn forged_spill_descriptor_gets_an_error_reply() {
             RemoteMem::new(
                 vec![RemoteSegment {
                     addr: 0x1000,
-                    len: 1 << 40,
+                    len: (1 << 40) + 8,
                     key: 0,
                 }],
                 Access::ReadOnly,
@@ -852,7 +853,7 @@ fn a_bad_receive_mode_variable_is_a_clear_error_at_start() {
 #[test]
 fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     use hg_rpc::header::{Header, Status};
-    use na_core::{Access, MemHandle};
+
     let d = dir("pull-budget");
     let (sep, sid) = endpoint(&d, true);
     let mut srv = Engine::new(sep, sid).unwrap();
@@ -864,7 +865,7 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     let (mut ep, cid) = endpoint(&d, false);
     let s = ep.lookup(srv.self_addr().uri()).unwrap();
     let input = postcard::to_allocvec(&vec![1u8; LEN as usize - 8]).unwrap();
-    let mem = MemHandle::new(vec![input.clone()], Access::ReadOnly);
+    let mem = common::sealed(input.clone());
     ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
     let desc = ep.plugin(cid).unwrap().mem_describe(&mem).unwrap().to_bytes();
     let request = |cookie: u64| {
@@ -920,9 +921,7 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
 /// the payload.
 fn spilled_digest_request(cookie: u64, len: u64, desc: &[u8], crc: u32) -> Vec<u8> {
     use hg_rpc::header::{FLAG_CHECKSUM, FLAG_SPILL};
-    let mut payload = len.to_le_bytes().to_vec();
-    payload.extend_from_slice(desc);
-    payload.extend_from_slice(&crc.to_le_bytes());
+    let payload = common::spilled_payload(len, desc, Some(crc));
     common::wire_message(FLAG_CHECKSUM | FLAG_SPILL, Digest::NAME, cookie, &payload)
 }
 
@@ -933,7 +932,7 @@ fn spilled_digest_request(cookie: u64, len: u64, desc: &[u8], crc: u32) -> Vec<u
 #[test]
 fn a_spilled_input_that_fails_its_checksum_is_refused() {
     use hg_rpc::header::{crc32c, Header, Status};
-    use na_core::{Access, MemHandle};
+
     let d = dir("spill-crc-in");
     let (sep, sid) = endpoint(&d, true);
     let mut srv = Engine::new(sep, sid).unwrap();
@@ -942,7 +941,7 @@ fn a_spilled_input_that_fails_its_checksum_is_refused() {
     let (mut ep, cid) = endpoint(&d, false);
     let s = ep.lookup(srv.self_addr().uri()).unwrap();
     let input = postcard::to_allocvec(&vec![1u8; 64 << 10]).unwrap();
-    let mem = MemHandle::new(vec![input.clone()], Access::ReadOnly);
+    let mem = common::sealed(input.clone());
     ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
     let desc = ep.plugin(cid).unwrap().mem_describe(&mem).unwrap().to_bytes();
     let good = crc32c(&input);

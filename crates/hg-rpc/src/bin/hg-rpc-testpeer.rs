@@ -75,6 +75,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("HG_TESTPEER_TRANSFER_TIMEOUT_MS={ms:?}: {e}"))?;
         engine.set_handler_transfer_timeout(Duration::from_millis(ms));
     }
+    // A spilled output TTL in milliseconds (tests of late pulls).
+    if let Some(ms) = na_core::env_var("HG_TESTPEER_OUTPUT_TTL_MS", |v, why| {
+        format!("HG_TESTPEER_OUTPUT_TTL_MS={v:?}: {why}")
+    })? {
+        let ms: u64 = ms
+            .parse()
+            .map_err(|e| format!("HG_TESTPEER_OUTPUT_TTL_MS={ms:?}: {e}"))?;
+        engine.set_spilled_output_ttl(Duration::from_millis(ms));
+    }
     let quit = Arc::new(AtomicBool::new(false));
     let (records, sum) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     engine.register::<Add>(|(a, b)| a.checked_add(b).ok_or_else(|| "overflow".to_string()))?;

@@ -217,3 +217,29 @@ pub async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F:
         () = std::future::ready(()) => None,
     }
 }
+
+/// The seal the tests' hand-made spilled payloads carry (protocol
+/// version 5: 8 bytes exposed after the data, and named in the payload).
+pub const TEST_SEAL: u64 = 0x5ea1_0f5e_a15e_a1ed;
+
+/// `data` followed by [`TEST_SEAL`], as a read-only handle to expose for
+/// a hand-made spilled payload.
+pub fn sealed(data: Vec<u8>) -> na_core::MemHandle {
+    na_core::MemHandle::new(
+        vec![data, TEST_SEAL.to_le_bytes().to_vec()],
+        na_core::Access::ReadOnly,
+    )
+}
+
+/// A hand-made spilled payload: the data's length, the descriptor of its
+/// handle (data then seal), [`TEST_SEAL`], and the data's CRC-32C if the
+/// message carries a checksum.
+pub fn spilled_payload(len: u64, desc: &[u8], crc: Option<u32>) -> Vec<u8> {
+    let mut payload = len.to_le_bytes().to_vec();
+    payload.extend_from_slice(desc);
+    payload.extend_from_slice(&TEST_SEAL.to_le_bytes());
+    if let Some(crc) = crc {
+        payload.extend_from_slice(&crc.to_le_bytes());
+    }
+    payload
+}
