@@ -12,8 +12,6 @@
 //! (default `sm://`; `verbs://rxe0/10.77.0.1:0` over RDMA).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,6 +28,10 @@ const T: Duration = Duration::from_secs(20);
 mod blob;
 use blob::{checksum, Delete, Get, Put, Quit, Stat};
 
+#[path = "shared/server.rs"]
+mod server;
+use server::ServerProcess;
+
 /// An engine on the transport of `spec` (`sm://` by default).
 fn engine(spec: &str, listen: bool) -> Res<Engine> {
     Ok(Engine::from_spec(spec, listen, ProgressMode::default())?)
@@ -38,6 +40,7 @@ fn engine(spec: &str, listen: bool) -> Res<Engine> {
 type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
 fn serve(spec: &str) -> Res<()> {
+    server::exit_with_parent()?;
     let mut e = engine(spec, true)?;
     let store: Store = Arc::default();
     let quit = Arc::new(Mutex::new(false));
@@ -98,15 +101,10 @@ fn run() -> Res<()> {
             return Err(format!("usage: blobstore [--transport SPEC]  (schemes: {schemes})").into());
         }
     };
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", &spec])
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
-    let uri = line.trim().strip_prefix("ADDR ").ok_or("no address")?.to_owned();
+    // Killed if the client gives up before it exits.
+    let child = ServerProcess::start(&["serve", &spec])?;
     let mut c = engine(&spec, false)?;
-    let srv = c.endpoint().lookup(&uri)?;
+    let srv = c.endpoint().lookup(child.addr()?)?;
     for (i, parts) in [vec![3usize << 20], vec![1000, 250_000, 17, 2 << 20], vec![100]]
         .iter()
         .enumerate()
@@ -149,6 +147,6 @@ fn run() -> Res<()> {
         Ok(_) => return Err("a deleted blob was returned".into()),
     }
     c.call::<Quit>(&srv, &(), T)?;
-    child.wait()?;
+    child.wait_ok()?;
     Ok(())
 }

@@ -13,8 +13,6 @@
 //! Run: `cargo run --release -p hg-rpc --example blobstore_async`.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +25,10 @@ const T: Duration = Duration::from_secs(20);
 #[path = "shared/blob.rs"]
 mod blob;
 use blob::{checksum, Delete, Get, Put, Quit, Stat};
+
+#[path = "shared/server.rs"]
+mod server;
+use server::ServerProcess;
 
 fn engine(listen: bool) -> Res<AsyncEngine> {
     let e = Engine::from_spec("sm://", listen, ProgressMode::default())?;
@@ -62,6 +64,7 @@ async fn get(ctx: AsyncBulkCtx, store: Store, key: String, into: Bulk) -> Result
 }
 
 async fn serve() -> Res<()> {
+    server::exit_with_parent()?;
     let e = engine(true)?;
     let store: Store = Arc::default();
     let s = store.clone();
@@ -127,15 +130,10 @@ async fn round_trip(c: Arc<AsyncEngine>, srv: na_core::Addr, i: usize, parts: Ve
 }
 
 async fn client() -> Res<()> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("serve")
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
-    let uri = line.trim().strip_prefix("ADDR ").ok_or("no address")?.to_owned();
+    // Killed if the client gives up before it exits.
+    let child = ServerProcess::start(&["serve"])?;
     let c = Arc::new(engine(false)?);
-    let srv = c.lookup(&uri)?;
+    let srv = c.lookup(child.addr()?)?;
     // Eight blobs stored and read back at once, from eight tasks.
     let started = Instant::now();
     let shapes = [
@@ -182,7 +180,7 @@ async fn client() -> Res<()> {
         other => return Err(format!("a handle of another endpoint was not refused: {other:?}").into()),
     }
     c.call::<Quit>(&srv, &(), T).await?;
-    child.wait()?;
+    child.wait_ok()?;
     Ok(())
 }
 

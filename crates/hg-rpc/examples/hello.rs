@@ -1,15 +1,18 @@
 //! The smallest hg-rpc server and client.
 //!
 //! `cargo run -p hg-rpc --example hello` starts a server process (this
-//! binary with `serve`), calls `hello` on it once, and prints the answer.
+//! binary with `serve`), calls `hello` on it once, prints the answer,
+//! and checks that the server exited cleanly.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hg_rpc::{Engine, Rpc};
 use na_core::ProgressMode;
 use na_sm::SmConfig;
+
+#[path = "shared/server.rs"]
+mod server;
+use server::ServerProcess;
 
 /// The RPC: a name in, a greeting out.
 struct Hello;
@@ -29,9 +32,10 @@ fn engine(listen: bool) -> Result<Engine, Box<dyn std::error::Error>> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::args().nth(1).as_deref() == Some("serve") {
+        server::exit_with_parent()?;
         let mut server = engine(true)?;
         server.register::<Hello>(|name| Ok(format!("hello, {name}")))?;
-        println!("{}", server.self_addr());
+        println!("ADDR {}", server.self_addr());
         // Serve one request, then give the response time to leave.
         while server.stats().handled == 0 {
             server.progress(Some(Duration::from_secs(10)))?;
@@ -41,16 +45,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         server.trigger()?;
         return Ok(());
     }
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("serve")
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut addr = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut addr)?;
+    // Killed if the client gives up before it exits.
+    let child = ServerProcess::start(&["serve"])?;
     let mut client = engine(false)?;
-    let server = client.endpoint().lookup(addr.trim())?;
+    let server = client.endpoint().lookup(child.addr()?)?;
     let answer = client.call::<Hello>(&server, &"quicksilver".to_string(), Duration::from_secs(5))?;
     println!("{answer}");
-    child.wait()?;
+    child.wait_ok()?;
     Ok(())
 }
