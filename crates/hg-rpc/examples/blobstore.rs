@@ -6,6 +6,9 @@
 //!   buffer and answers its length;
 //! * `stat(key)`: length and checksum; `delete(key)`.
 //!
+//! Blobs are at most [`blob::MAX_BLOB`] bytes: a bigger put is refused
+//! before the server allocates anything.
+//!
 //! The client stores blobs made of several segments, reads them back into
 //! differently split buffers, and verifies every checksum.
 //! Run: `cargo run --release -p hg-rpc --example blobstore [-- --transport SPEC]`
@@ -26,7 +29,7 @@ const T: Duration = Duration::from_secs(20);
 
 #[path = "shared/blob.rs"]
 mod blob;
-use blob::{checksum, Delete, Get, Put, Quit, Stat};
+use blob::{checked_size, checksum, Delete, Get, Put, Quit, Stat};
 
 #[path = "shared/server.rs"]
 mod server;
@@ -46,7 +49,8 @@ fn serve(spec: &str) -> Res<()> {
     let quit = Arc::new(Mutex::new(false));
     let s = store.clone();
     e.register_with_bulk::<Put>(move |ctx, (key, blob)| {
-        let local = ctx.expose(vec![vec![0; blob.size() as usize]], Access::WriteOnly)?;
+        let size = checked_size(blob.size())?;
+        let local = ctx.expose(vec![vec![0; size]], Access::WriteOnly)?;
         ctx.transfer(BulkOp::Pull, &blob, 0, &local, 0, blob.size())?;
         let data = local.into_buffers().map_err(|_| "buffer still in use")?.concat();
         let sum = checksum(&data);

@@ -9,7 +9,8 @@
 //! * `stat(key)`, `delete(key)`.
 //!
 //! The client verifies every checksum, and that the server refuses to move
-//! data with a handle its caller does not own.
+//! data with a handle its caller does not own. Blobs are at most
+//! [`blob::MAX_BLOB`] bytes, as in `blobstore.rs`.
 //! Run: `cargo run --release -p hg-rpc --example blobstore_async`.
 
 use std::collections::HashMap;
@@ -24,7 +25,7 @@ const T: Duration = Duration::from_secs(20);
 
 #[path = "shared/blob.rs"]
 mod blob;
-use blob::{checksum, Delete, Get, Put, Quit, Stat};
+use blob::{checked_size, checksum, Delete, Get, Put, Quit, Stat};
 
 #[path = "shared/server.rs"]
 mod server;
@@ -38,8 +39,9 @@ fn engine(listen: bool) -> Res<AsyncEngine> {
 type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
 async fn put(ctx: AsyncBulkCtx, store: Store, key: String, blob: Bulk) -> Result<u64, String> {
+    let size = checked_size(blob.size())?;
     let local = ctx
-        .expose(vec![vec![0; blob.size() as usize]], Access::WriteOnly)
+        .expose(vec![vec![0; size]], Access::WriteOnly)
         .map_err(|e| e.to_string())?;
     ctx.transfer(BulkOp::Pull, &blob, 0, &local, 0, blob.size(), T)
         .await

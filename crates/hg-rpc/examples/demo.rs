@@ -33,6 +33,10 @@ const T: Duration = Duration::from_secs(20);
 mod server;
 use server::ServerProcess;
 
+/// The largest blob either side takes (the engines' spill bound): a
+/// bigger input or output is refused by the engine before it allocates.
+const MAX_BLOB: u64 = 256 << 20;
+
 struct Add;
 impl Rpc for Add {
     const NAME: &'static str = "demo.add";
@@ -122,7 +126,7 @@ fn serve() -> Res<()> {
     use std::sync::Mutex;
     server::exit_with_parent()?;
     let mut e = engine(true)?;
-    e.set_max_spill(256 << 20);
+    e.set_max_spill(MAX_BLOB);
     // Blobs are `ByteBuf`s: serde then encodes them as one byte string
     // (a memcpy) instead of a sequence of single bytes.
     let store: Arc<Mutex<HashMap<String, Blob>>> = Arc::default();
@@ -178,7 +182,7 @@ fn run() -> Res<()> {
     let server = ServerProcess::start(&["serve"])?;
     let uri = server.addr()?.to_owned();
     let mut c = engine(false)?;
-    c.set_max_spill(256 << 20);
+    c.set_max_spill(MAX_BLOB);
     let srv = c.endpoint().lookup(&uri)?;
     println!("server {uri} (pid {}), client {}", server.id(), c.self_addr());
 

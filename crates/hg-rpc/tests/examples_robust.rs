@@ -1,6 +1,7 @@
-//! The examples leave nothing behind: the server an example's client
-//! starts is reaped when the client gives up, and dies when the client is
-//! killed.
+//! The examples leave nothing behind and survive a hostile client: the
+//! server an example's client starts is reaped when the client gives up
+//! and dies when the client is killed, and the blob store refuses a blob
+//! bigger than its maximum (before allocating it) and keeps serving.
 //!
 //! The example binaries are the ones cargo built next to this test
 //! (`target/<profile>/examples/`): `cargo test` and `cargo nextest run` of
@@ -11,12 +12,20 @@ mod common;
 #[path = "../examples/shared/server.rs"]
 mod server;
 
+#[allow(dead_code)]
+#[path = "../examples/shared/blob.rs"]
+mod blob;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+use hg_rpc::{BulkDesc, Rpc, RpcError};
+use na_core::{Access, RemoteMem, RemoteSegment};
 use server::ServerProcess;
+
+const T: Duration = Duration::from_secs(20);
 
 fn modified(p: &Path) -> SystemTime {
     let m = std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -127,4 +136,42 @@ fn a_server_process_that_fails_is_an_error() {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", "exit 0"]);
     assert!(ServerProcess::spawn(cmd).is_err(), "no address line is an error");
+}
+
+/// `blob.put` with the descriptor written out, so it can claim any size.
+struct ForgedPut;
+impl Rpc for ForgedPut {
+    const NAME: &'static str = blob::Put::NAME;
+    type Input = (String, BulkDesc);
+    type Output = u64;
+}
+
+#[test]
+fn the_blobstore_refuses_a_blob_over_its_maximum_and_keeps_serving() {
+    let dir = common::dir("blob-max");
+    let mut cmd = Command::new(example("blobstore"));
+    cmd.args(["serve", "sm://"]).env("QS_SM_DIR", &dir);
+    let srv = ServerProcess::spawn(cmd).unwrap();
+    let mut c = common::client(&dir);
+    let to = c.endpoint().lookup(srv.addr().unwrap()).unwrap();
+    for size in [1 << 45, blob::MAX_BLOB + 1] {
+        let seg = RemoteSegment {
+            addr: 4096,
+            len: size,
+            key: 0,
+        };
+        let mem = RemoteMem::new(vec![seg], Access::ReadOnly).unwrap().to_bytes();
+        let desc = BulkDesc {
+            owner: c.self_addr().to_string(),
+            mem: serde_bytes::ByteBuf::from(mem),
+            inline: None,
+        };
+        match c.call::<ForgedPut>(&to, &("huge".to_string(), desc), T) {
+            Err(RpcError::Handler { message, .. }) if message.contains("larger than the maximum") => {}
+            other => panic!("a put of {size} bytes: {other:?}"),
+        }
+    }
+    assert_eq!(c.call::<blob::Stat>(&to, &"huge".to_string(), T).unwrap(), None);
+    c.call::<blob::Quit>(&to, &(), T).unwrap();
+    srv.wait_ok().unwrap();
 }

@@ -3,8 +3,24 @@
 
 use hg_rpc::{Bulk, Rpc};
 
-/// Stores a blob: the server pulls it from the client's handle and
-/// answers its checksum.
+/// The largest blob the store takes (256 MiB): a put of a bigger one is
+/// refused before the server allocates anything, so a descriptor that
+/// claims terabytes cannot make it abort.
+pub const MAX_BLOB: u64 = 256 << 20;
+
+/// `size` as a length to allocate, or the handler's error if it is more
+/// than [`MAX_BLOB`].
+pub fn checked_size(size: u64) -> Result<usize, String> {
+    match usize::try_from(size) {
+        Ok(n) if size <= MAX_BLOB => Ok(n),
+        _ => Err(format!(
+            "a blob of {size} bytes is larger than the maximum of {MAX_BLOB} bytes"
+        )),
+    }
+}
+
+/// Stores a blob (at most [`MAX_BLOB`] bytes): the server pulls it from
+/// the client's handle and answers its checksum.
 pub struct Put;
 impl Rpc for Put {
     const NAME: &'static str = "blob.put";
