@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hg_rpc::{BulkOp, Engine};
+use hg_rpc::{BulkOp, Engine, RpcError};
 use na_core::{Access, ProgressMode};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -147,8 +147,12 @@ fn run() -> Res<()> {
     assert_eq!(c.call::<Stat>(&srv, &"blob-1".to_string(), T)?, None);
     let missing = c.expose(vec![vec![0; 10]], Access::WriteOnly)?;
     match c.call::<Get>(&srv, &("blob-1".to_string(), missing), T) {
-        Err(e) => println!("get of a deleted blob: {e}"),
-        Ok(_) => return Err("a deleted blob was returned".into()),
+        Err(RpcError::Handler { message, .. }) if message.contains("no blob \"blob-1\"") => {
+            println!("get of a deleted blob: refused ({message})")
+        }
+        other => {
+            return Err(format!("get of a deleted blob: expected the handler's error, got {other:?}").into())
+        }
     }
     c.call::<Quit>(&srv, &(), T)?;
     child.wait_ok()?;

@@ -167,8 +167,12 @@ async fn client() -> Res<()> {
     }
     let missing = c.expose(vec![vec![0; 10]], Access::WriteOnly)?;
     match c.call::<Get>(&srv, &("blob-1".to_string(), missing), T).await {
-        Err(e) => println!("get of a deleted blob: {e}"),
-        Ok(_) => return Err("a deleted blob was returned".into()),
+        Err(RpcError::Handler { message, .. }) if message.contains("no blob \"blob-1\"") => {
+            println!("get of a deleted blob: refused ({message})")
+        }
+        other => {
+            return Err(format!("get of a deleted blob: expected the handler's error, got {other:?}").into())
+        }
     }
     // A handle owned by another endpoint (a second engine of ours, not the
     // one the request comes from) is refused by the handler: a client

@@ -18,7 +18,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hg_rpc::{Engine, Rpc};
+use hg_rpc::{Engine, Rpc, RpcError};
 use na_core::ProgressMode;
 use na_sm::SmConfig;
 use serde_bytes::ByteBuf;
@@ -236,7 +236,10 @@ fn run() -> Res<()> {
     let (keys, bytes) = c.call::<Stat>(&srv, &(), T)?;
     println!("stat: {keys} keys, {} MiB stored", bytes >> 20);
     match c.call::<Get>(&srv, &"missing".to_string(), T) {
-        Err(e) => println!("get of a missing key: error as expected: {e}"),
+        Err(RpcError::Handler { message, .. }) if message.contains("no key \"missing\"") => {
+            println!("get of a missing key: refused as expected ({message})")
+        }
+        Err(e) => return Err(format!("get of a missing key: expected the handler's error, got {e}").into()),
         Ok(_) => return Err("a missing key returned data".into()),
     }
     c.call::<Quit>(&srv, &(), T)?;

@@ -1,8 +1,8 @@
 //! The smallest hg-rpc server and client.
 //!
 //! `cargo run -p hg-rpc --example hello` starts a server process (this
-//! binary with `serve`), calls `hello` on it once, prints the answer,
-//! and checks that the server exited cleanly.
+//! binary with `serve`), calls `hello` on it once, checks and prints the
+//! answer, and checks that the server exited cleanly.
 
 use std::time::Duration;
 
@@ -51,6 +51,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = client.endpoint().lookup(child.addr()?)?;
     let answer = client.call::<Hello>(&server, &"quicksilver".to_string(), Duration::from_secs(5))?;
     println!("{answer}");
+    if answer != "hello, quicksilver" {
+        return Err(format!("expected \"hello, quicksilver\", got {answer:?}").into());
+    }
     child.wait_ok()?;
     Ok(())
 }
