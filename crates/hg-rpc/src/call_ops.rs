@@ -306,7 +306,10 @@ impl<C: Codec> Engine<C> {
             self.encode_request::<R>(input, self.checksum_flag | FLAG_ONE_WAY, cookie, to_self)?;
         self.stats.calls += 1;
         if to_self {
-            let _ = self.run_self(&h);
+            if let Some((_, out)) = self.run_self(&h) {
+                // No answer: a spare that took the output stays one.
+                self.keep_if_large(out);
+            }
             return Ok(());
         }
         if spill.is_some() {

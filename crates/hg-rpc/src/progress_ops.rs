@@ -333,8 +333,11 @@ impl<C: Codec> Engine<C> {
                         Ok(data) => self.run_decoded_owned(&p.src, &p.header, data, p.ticket),
                         Err(why) => Some((response_header(&p.header, Status::DecodeError), why.into_bytes())),
                     };
-                    if let Some((h, out)) = answer.filter(|_| !one_way) {
-                        self.respond(&p.src, h, out);
+                    match answer {
+                        Some((h, out)) if !one_way => self.respond(&p.src, h, out),
+                        // No answer: a spare that took the output stays one.
+                        Some((_, out)) => self.keep_if_large(out),
+                        None => {}
                     }
                 }
             }

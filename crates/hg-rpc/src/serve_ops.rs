@@ -209,7 +209,11 @@ impl<C: Codec> Engine<C> {
             return false;
         }
         if let Some((rh, out)) = self.run_decoded(src, &h, payload) {
-            if !h.is_one_way() {
+            if h.is_one_way() {
+                // No answer: the buffer (a spare, maybe) stays one, as
+                // `respond` would keep it.
+                self.keep_if_large(out);
+            } else {
                 self.respond(src, rh, out);
             }
         }
@@ -430,7 +434,7 @@ impl<C: Codec> Engine<C> {
     /// Keeps `buf` as a spare if it is larger than a message (one that
     /// fits a message is cheap to make again).
     #[inline]
-    fn keep_if_large(&mut self, buf: Vec<u8>) {
+    pub(super) fn keep_if_large(&mut self, buf: Vec<u8>) {
         if buf.capacity() > self.max_msg {
             self.keep_spare_buffer(buf);
         }
@@ -588,6 +592,60 @@ fn truncate_message(msg: &mut Vec<u8>, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::truncate_message;
+    use crate::{Engine, Rpc};
+
+    struct Note;
+    impl Rpc for Note {
+        const NAME: &'static str = "test.note";
+        type Input = u32;
+        type Output = ();
+    }
+
+    /// One-way requests (over the network and to ourselves) leave the
+    /// spare buffers where they were: their handler's output buffer, a
+    /// spare, is kept again, not dropped with the answer nobody gets.
+    #[test]
+    fn one_way_requests_leave_the_spare_buffers_in_place() {
+        let dir = std::env::temp_dir().join(format!("hg-rpc-spares-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = |listen| {
+            na_sm::SmConfig {
+                listen,
+                ..na_sm::SmConfig::default()
+            }
+            .with_dir(&dir)
+        };
+        let mode = na_core::ProgressMode::Busy;
+        let mut srv = Engine::shared_memory(cfg(true), mode).unwrap();
+        srv.register::<Note>(|_| Ok(())).unwrap();
+        for _ in 0..4 {
+            srv.keep_spare_buffer(Vec::with_capacity(1 << 20));
+        }
+        let me = srv.self_addr().clone();
+        // The first request's encoding takes a spare for its scratch
+        // buffer, for good.
+        srv.forward_one_way::<Note>(&me, &0).unwrap();
+        let spares = srv.spare_bufs.len();
+        assert!(spares > 0);
+        for i in 0..8 {
+            srv.forward_one_way::<Note>(&me, &i).unwrap();
+        }
+        assert_eq!(srv.spare_bufs.len(), spares, "self-forwarded");
+        let mut c = Engine::shared_memory(cfg(false), mode).unwrap();
+        let s = c.endpoint().lookup(me.uri()).unwrap();
+        for i in 0..8 {
+            c.forward_one_way::<Note>(&s, &i).unwrap();
+        }
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while srv.stats().handled < 17 {
+            assert!(std::time::Instant::now() < end, "{:?}", srv.stats());
+            c.progress_now().unwrap();
+            srv.progress_now().unwrap();
+            srv.trigger().unwrap();
+        }
+        assert_eq!(srv.spare_bufs.len(), spares, "over the network");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_cut_message_fits_stays_utf8_and_says_how_long_it_was() {
