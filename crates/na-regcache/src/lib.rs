@@ -9,7 +9,8 @@
 //! * [`Cache`] is generic over a [`Registrar`] (the verbs plugin plugs in
 //!   `ibv_reg_mr`; [`UringRegistrar`] pins pages with io_uring fixed buffers);
 //!   [`Cache::get`] returns a reference-counted [`Registration`] carrying a
-//!   validity flag ([`Registration::is_valid`], one atomic load).
+//!   validity flag ([`Registration::is_valid`], two atomic loads: the
+//!   flag and the fork guard).
 //! * Monitors implement [`Monitor`]: [`UffdMonitor`] (userfaultfd, made
 //!   synchronous; see [`monitor::uffd`] for the argument) and [`AllocMonitor`]
 //!   fed by the opt-in [`InvalidatingAlloc`] global allocator.

@@ -148,6 +148,103 @@ fn a_forked_child_never_waits_on_the_parents_cache() {
     assert_eq!(hung, 0, "forked children hung on the parent cache's lock");
 }
 
+/// No method of a cache or of its handles takes the cache's lock in a
+/// forked child (a parent thread may have held it at the fork: the child
+/// would hang): `stats`, `log_stats`, `invalidate`, `evict_idle`, and
+/// `is_valid` of a handle tracked by the table's history (every tracking
+/// slot in use, the generation moved since it was made), which locks in
+/// the parent. Each child calls one of them (so a hang names its method),
+/// checks the documented answer and leaves.
+#[test]
+fn no_method_waits_on_the_parents_cache_in_a_forked_child() {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+    let cfg = CacheConfig {
+        max_count: 64,
+        monitor: MonitorChoice::Alloc,
+        ..CacheConfig::default()
+    };
+    let cache = Cache::new(common::NoopRegistrar, cfg).unwrap();
+    let block = vec![1u8; 64 << 10];
+    let bp = block.as_ptr() as usize;
+    let idle = cache.get(bp, 4096, Access::LOCAL_WRITE).unwrap();
+    assert!(idle.is_cached());
+    drop(idle);
+    // Every tracking slot taken (4,096): the last handle finds none and is
+    // checked against the table's history, under the read lock, once the
+    // generation moves.
+    let slotted: Vec<_> = (0..4096)
+        .map(|_| cache.get_unshared(bp, 4096, Access::LOCAL_WRITE).unwrap())
+        .collect();
+    let by_history = cache.get_unshared(bp + 8192, 4096, Access::LOCAL_WRITE).unwrap();
+    let other = vec![1u8; 64 << 10];
+    let op = other.as_ptr() as usize;
+    drop(cache.get(op, 4096, Access::LOCAL_WRITE).unwrap());
+    cache.invalidate(op + 8192, 1);
+    assert!(by_history.is_valid(), "an invalidation of another range");
+    const CALLS: [&str; 5] = ["stats", "log_stats", "invalidate", "evict_idle", "is_valid"];
+    let stop = AtomicBool::new(false);
+    let (mut hung, mut wrong) = ([0; CALLS.len()], [0; CALLS.len()]);
+    std::thread::scope(|s| {
+        // Holds the cache's lock (invalidate, then reap) most of the time,
+        // and moves the generation.
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                cache.invalidate(op + 8192, 1);
+            }
+        });
+        for i in 0..15 * CALLS.len() {
+            let call = i % CALLS.len();
+            // SAFETY (test): the child makes one call on the cache and
+            // leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let right = match call {
+                    0 => cache.stats() == na_regcache::CacheStats::default(),
+                    1 => {
+                        cache.log_stats();
+                        true
+                    }
+                    2 => {
+                        cache.invalidate(bp, 4096);
+                        true
+                    }
+                    3 => cache.evict_idle() == 0,
+                    _ => !by_history.is_valid(),
+                };
+                // SAFETY (test): leaves the child at once.
+                unsafe { libc::_exit(if right { 0 } else { 3 }) };
+            }
+            // (No assertion in this scope: its thread would never stop.)
+            match exit_status_within(pid, Duration::from_secs(2)) {
+                Some(0) => {}
+                Some(_) => wrong[call] += 1,
+                None => hung[call] += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    // The parent's cache is untouched by its children (`by_history` is
+    // not: its history wrapped in the parent's loop).
+    assert!(
+        slotted.iter().all(|h| h.is_valid()),
+        "a child's invalidate reached the parent"
+    );
+    assert_eq!(cache.stats().entries, 2);
+    drop((slotted, by_history));
+    drop((block, other));
+    assert_eq!(
+        hung,
+        [0; CALLS.len()],
+        "forked children hung on the parent cache's lock, per call {CALLS:?}"
+    );
+    assert_eq!(
+        wrong,
+        [0; CALLS.len()],
+        "forked children got an answer other than the documented one, per call {CALLS:?}"
+    );
+}
+
 /// A forked child's large free never waits on the allocator hook's sink
 /// list, which a parent thread attaching and detaching caches may hold
 /// (or queue for) at the fork; and the child cannot attach to it.

@@ -315,6 +315,78 @@ fn validity_of_uncached_and_superseded_handles() {
     );
 }
 
+/// A monitor that refuses every range (as userfaultfd refuses one another
+/// userfaultfd registered); attaching goes to the allocator hook's list.
+struct Refusing(na_regcache::AllocMonitor);
+
+impl na_regcache::Monitor for Refusing {
+    fn name(&self) -> &'static str {
+        "refusing"
+    }
+    fn attach(
+        &self,
+        sink: std::sync::Arc<dyn na_regcache::InvalidationSink>,
+    ) -> io::Result<na_regcache::SinkId> {
+        self.0.attach(sink)
+    }
+    fn detach(&self, id: na_regcache::SinkId) -> Option<std::sync::Arc<dyn na_regcache::InvalidationSink>> {
+        self.0.detach(id)
+    }
+    fn subscribe(&self, _: usize, _: usize, _: u64) -> io::Result<na_regcache::Watch> {
+        Err(io::Error::from_raw_os_error(libc::EBUSY))
+    }
+    fn unsubscribe(&self, _: &na_regcache::Watch) {}
+    fn sync(&self) {}
+}
+
+/// Unwatched handles (caching disabled, a range the monitor refused,
+/// `get_unshared` without a monitor) stay valid while their cache lives
+/// (nothing watches them) and turn invalid when it is dropped, like every
+/// other handle; their registrations live on until their last handle goes.
+#[test]
+fn unwatched_handles_turn_invalid_when_their_cache_is_dropped() {
+    let config = |monitor| CacheConfig {
+        monitor,
+        ..CacheConfig::default()
+    };
+    let a = buffers(1)[0];
+    let disabled = cache(MonitorChoice::Disabled, 4, 1 << 30, 8);
+    let none = cache(MonitorChoice::None, 4, 1 << 30, 8);
+    let refusing = Cache::with_monitor(
+        UringRegistrar::new(8, false).unwrap(),
+        config(MonitorChoice::None),
+        std::sync::Arc::new(Refusing(na_regcache::AllocMonitor::default())),
+    )
+    .unwrap();
+    let handles = [
+        ("disabled get", disabled.get(a, LEN, W).unwrap()),
+        ("disabled get_unshared", disabled.get_unshared(a, LEN, W).unwrap()),
+        ("none get_unshared", none.get_unshared(a, LEN, W).unwrap()),
+        ("refused get", refusing.get(a, LEN, W).unwrap()),
+        ("refused get_unshared", refusing.get_unshared(a, LEN, W).unwrap()),
+    ];
+    for (what, h) in &handles {
+        assert!(!h.is_cached() && h.is_valid() && h.is_valid_now(), "{what}");
+    }
+    assert_eq!(
+        refusing.stats().uncached,
+        1,
+        "the refused range was handed out uncached"
+    );
+    // Another cache's drop leaves them alone.
+    drop(cache(MonitorChoice::None, 4, 1 << 30, 1));
+    assert!(handles.iter().all(|(_, h)| h.is_valid()));
+    drop((disabled, none, refusing));
+    for (what, h) in &handles {
+        assert!(
+            !h.is_valid() && !h.is_valid_now(),
+            "{what}: valid after its cache was dropped"
+        );
+        // Still registered: the region is usable until the handle goes.
+        assert_eq!((h.addr(), h.len()), (a, LEN), "{what}");
+    }
+}
+
 /// A registrar whose deregistration unmaps memory the uffd monitor watches
 /// (as a driver freeing its own buffers might). If the cache deregistered
 /// under its lock, the munmap would wait for the monitor thread, which would

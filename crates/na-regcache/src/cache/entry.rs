@@ -18,6 +18,9 @@ pub(crate) struct Backend<R: Registrar> {
     pub stats: Stats,
     pub monitor: Option<Arc<dyn Monitor>>,
     pub fork_guard: Option<ForkGuard>,
+    /// Set when the cache is dropped: clears the validity of unwatched
+    /// handles (watched ones are cleared by an invalidation of everything).
+    pub closed: AtomicBool,
 }
 
 impl<R: Registrar> Backend<R> {
@@ -136,10 +139,12 @@ impl<R: Registrar> Entry<R> {
 
     /// The validity flag, and for a tracked uncached entry the absence of
     /// invalidations of its range and of its stale time (either clears the
-    /// flag for good).
+    /// flag for good). False in a forked child of the process that made
+    /// the cache, without a look at the cache (whose lock a parent thread
+    /// may have held at the fork).
     #[inline]
     pub fn is_valid(&self) -> bool {
-        if !self.valid.load(Ordering::Acquire) {
+        if !self.valid.load(Ordering::Acquire) || !self.backend.in_owner() {
             return false;
         }
         match self.tracker.get() {
@@ -153,7 +158,17 @@ impl<R: Registrar> Entry<R> {
                 self.valid.store(false, Ordering::Release);
                 false
             }
-            _ => true,
+            Some(_) => true,
+            // Watched: an invalidation clears the flag (the cache's drop
+            // invalidates everything). Unwatched (monitor refused the
+            // range, caching disabled, the `none` monitor): only the
+            // cache's drop does.
+            None if self.watch.is_some() => true,
+            None if self.backend.closed.load(Ordering::Acquire) => {
+                self.valid.store(false, Ordering::Release);
+                false
+            }
+            None => true,
         }
     }
 
@@ -227,16 +242,20 @@ impl<R: Registrar> Registration<R> {
         self.entry.access
     }
 
-    /// One atomic load: false once a monitor saw the mapping change (or the
-    /// cache was dropped). A watched registration outside the index (handed
-    /// out uncached or for peers, or superseded by a wider one) adds one
-    /// load of its tracking slot, which every invalidation of its range
-    /// marks (with every slot in use: of the cache's invalidation
-    /// generation, and a read-locked look at the last 64 invalidations
-    /// when that moved). With userfaultfd, the flag is
-    /// cleared by the reader thread a few microseconds after the kernel
-    /// released the unmapping thread; use [`Registration::is_valid_now`] to
-    /// close that window.
+    /// False once a monitor saw the mapping change or
+    /// [`Cache::invalidate`](crate::Cache::invalidate) covered it, once the
+    /// cache was dropped, and always in a forked child of the process that
+    /// made the cache. Two loads (the flag and the cache's fork guard). A
+    /// watched registration outside the index (handed out uncached or for
+    /// peers, or superseded by a wider one) adds one load of its tracking
+    /// slot, which every invalidation of its range marks (with every slot
+    /// in use: of the cache's invalidation generation, and a read-locked
+    /// look at the last 64 invalidations when that moved). An unwatched
+    /// one (see [`Registration::is_cached`]) adds one load of the cache's
+    /// "dropped" flag: only the cache's drop (or a fork) makes it false.
+    /// With userfaultfd, the flag is cleared by the reader thread a few
+    /// microseconds after the kernel released the unmapping thread; use
+    /// [`Registration::is_valid_now`] to close that window.
     #[inline]
     pub fn is_valid(&self) -> bool {
         self.entry.is_valid()
@@ -267,9 +286,11 @@ impl<R: Registrar> Registration<R> {
     /// fallback, or evicted/invalidated since). An uncached fallback made
     /// because the cache was full or its range was settling is watched: its
     /// validity flag clears when its range changes (and, for one made while
-    /// settling, when the settle time ends). One made because the
-    /// monitor refused the range, or with caching disabled, is not watched:
-    /// use it for the operation at hand and drop it.
+    /// settling, when the settle time ends). One made with caching
+    /// disabled, because the monitor refused the range, or (with the
+    /// `none` monitor) by `get_unshared` or after registering a merged
+    /// range failed, is not watched: its validity flag clears only when the
+    /// cache is dropped. Use it for the operation at hand and drop it.
     pub fn is_cached(&self) -> bool {
         self.entry.cached.load(Ordering::Acquire)
     }

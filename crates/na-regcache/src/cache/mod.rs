@@ -29,7 +29,7 @@ mod table;
 
 pub use entry::Registration;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -115,6 +115,7 @@ impl<R: Registrar> Cache<R> {
             stats: Stats::default(),
             monitor,
             fork_guard,
+            closed: AtomicBool::new(false),
         });
         let shared = Arc::new(Shared {
             backend,
@@ -455,9 +456,14 @@ impl<R: Registrar> Cache<R> {
         drop(zombies);
     }
 
-    /// Deregisters every idle entry; returns how many were evicted.
+    /// Deregisters every idle entry; returns how many were evicted. In a
+    /// forked child of the process that made the cache: 0, and nothing is
+    /// touched (see [`Cache::invalidate`]).
     pub fn evict_idle(&self) -> usize {
         let sh = &self.shared;
+        if !sh.backend.in_owner() {
+            return 0;
+        }
         let idle = sh.lock().take_idle();
         let n = idle.len();
         sh.backend.stats.evictions.fetch_add(n as u64, Ordering::Relaxed);
@@ -467,21 +473,43 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// Invalidates `[addr, addr+len)` by hand (an application that knows it
-    /// is about to remap memory).
+    /// is about to remap memory, or changed it in a way no monitor sees:
+    /// see the crate docs on shared file mappings).
+    ///
+    /// Does nothing in a forked child of the process that made the cache:
+    /// the cache is the parent's (the child cannot get registrations from
+    /// it), and a parent thread may have held its lock at the fork, so a
+    /// child never takes it. The same holds for every method: in a child
+    /// [`evict_idle`](Self::evict_idle) returns 0, [`stats`](Self::stats)
+    /// zeros, [`log_stats`](Self::log_stats) logs nothing, `get` and
+    /// `get_unshared` return [`Error::ForkedChild`], and a handle's
+    /// [`Registration::is_valid`] is false.
     pub fn invalidate(&self, addr: usize, len: usize) {
+        if !self.shared.backend.in_owner() {
+            return;
+        }
         self.shared.invalidate(addr, addr.saturating_add(len));
         self.reap();
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters. All zero in a forked child of the
+    /// process that made the cache (the child has no use of it, and never
+    /// takes its lock: see [`Cache::invalidate`]).
     pub fn stats(&self) -> CacheStats {
+        if !self.shared.backend.in_owner() {
+            return CacheStats::default();
+        }
         let mut s = self.shared.backend.stats.snapshot();
         s.entries = self.shared.table.read().live() as u64;
         s
     }
 
     /// Emits the counters as a tracing event (target `na_regcache`).
+    /// Nothing in a forked child of the process that made the cache.
     pub fn log_stats(&self) {
+        if !self.shared.backend.in_owner() {
+            return;
+        }
         let s = self.stats();
         tracing::info!(
             monitor = self.monitor_name,
@@ -512,13 +540,12 @@ impl<R: Registrar> Drop for Cache<R> {
             _ => None,
         };
         drop(sink);
-        if sh.backend.in_owner() {
-            self.log_stats();
-        }
+        self.log_stats();
         // Handles still alive keep their registration but are no longer
         // monitored: they are marked invalid (those outside the index
         // through their tracking slots, or the generation, by one
-        // invalidation of everything).
+        // invalidation of everything; unwatched ones through `closed`).
+        sh.backend.closed.store(true, Ordering::Release);
         sh.invalidate_range(0, usize::MAX);
         let all = sh.lock().take_all();
         drop(all);
