@@ -38,7 +38,7 @@
 //!   block faults, and with `UFFD_USER_MODE_ONLY` kernel-mode faults such as
 //!   `read(2)` into a dropped page would fail with `EFAULT`); with
 //!   `WP_ASYNC` the kernel accepts this on anonymous, shmem/memfd, THP and
-//!   brk memory alike (the suite covers each).
+//!   brk memory alike (but see below for shared mappings).
 //! * While an UNMAP/REMOVE/REMAP event is prepared but not yet read, a
 //!   zero-length `UFFDIO_ZEROPAGE` fails with `EAGAIN` (`EINVAL` otherwise);
 //!   lookups wait on that, because the old mapping is gone (its address
@@ -47,6 +47,18 @@
 //! * A range belongs to one userfaultfd only, so all caches share
 //!   [`UffdMonitor::global`]; memory registered by another userfaultfd user
 //!   is refused (`EBUSY`) and handed out uncached.
+//! * No event reports a *shared* mapping (memfd, shmem, hugetlbfs or other
+//!   file `MAP_SHARED`, shared anonymous memory) losing its pages through
+//!   its file: `ftruncate`, `fallocate(PUNCH_HOLE)`, `MADV_REMOVE` through
+//!   another mapping. So the userfaultfd monitor refuses any range with a
+//!   shared mapping, and it is handed out uncached (registered for each
+//!   `get`; hold such a registration only as long as the file cannot lose
+//!   those pages). The allocator monitor sees none of these changes either
+//!   (the `file_*` rows above); with it or a monitor of your own, call
+//!   [`Cache::invalidate`] after changing such a file. Ranges of hugetlbfs
+//!   pages are registered whole huge pages at a time (Linux 6.11+: older
+//!   kernels do not tell the page size, and such a range not aligned to
+//!   its huge pages is handed out uncached).
 //!
 //! See [`monitor::uffd`] for why a lookup can never return a registration
 //! of pages unmapped before it started (including by an unmap whose call

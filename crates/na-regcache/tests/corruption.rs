@@ -43,6 +43,21 @@ const EXPECTED: &[(&str, &str, [Expect; 3])] = &[
     ("brk", "brk shrink and regrow", [X, C, X]),
     ("fork", "fork (child uses the parent's cache)", [X, C, C]),
     ("file", "file-backed (memfd `MAP_SHARED`) remapped", [X, C, X]),
+    (
+        "file_punch_hole",
+        "memfd `MAP_SHARED`, `fallocate(PUNCH_HOLE)`",
+        [X, C, X],
+    ),
+    (
+        "file_truncate",
+        "memfd `MAP_SHARED`, `ftruncate` shrink and regrow",
+        [X, C, X],
+    ),
+    (
+        "file_madv_remove",
+        "memfd `MAP_SHARED`, `MADV_REMOVE` through another mapping",
+        [X, C, X],
+    ),
     ("thp", "transparent huge page remapped", [X, C, X]),
     ("unaligned", "non-page-aligned range, pages remapped", [X, C, X]),
 ];
@@ -159,6 +174,9 @@ scenario_tests!(
     brk,
     fork,
     file,
+    file_punch_hole,
+    file_truncate,
+    file_madv_remove,
     thp,
     unaligned
 );

@@ -16,6 +16,32 @@
 //! itself; without it, WP works on anonymous memory (and shmem/hugetlbfs
 //! with `WP_HUGETLBFS_SHMEM`).
 //!
+//! # Shared mappings are refused
+//!
+//! userfaultfd reports changes made *through the registered mapping*
+//! (`munmap`, `madvise`, `mremap` of it). A shared mapping (`MAP_SHARED`
+//! of a memfd, shmem, hugetlbfs or other file, or shared anonymous memory)
+//! also loses its pages when its file does: `ftruncate` shrinking it,
+//! `fallocate(PUNCH_HOLE)`, `MADV_REMOVE` through another mapping (in this
+//! process or another). The kernel unmaps the pages from every mapping
+//! and sends no event, and a cached registration would go on pinning the
+//! old pages for every later lookup (`tests/corruption.rs`, the `file_*`
+//! scenarios). So [`Monitor::subscribe`] refuses (`Unsupported`) a range
+//! any of whose mappings is shared, and the cache hands it out uncached:
+//! a registration of the current pages for the operation at hand. It asks
+//! the kernel after its `UFFDIO_REGISTER` (a mapping that replaces the
+//! ones it saw then sends an UNMAP event), with the `PROCMAP_QUERY` ioctl
+//! on `/proc/self/maps` (Linux 6.11+, ~0.6 µs per mapping) or, on older
+//! kernels, by reading that file (tens of µs, more with many mappings);
+//! only misses of ranges not registered already pay it. Without
+//! `/proc/self/maps` every range is refused.
+//!
+//! A range of hugetlbfs pages is registered whole huge pages at a time:
+//! `UFFDIO_REGISTER` refuses (`EINVAL`) a range not aligned to them, and
+//! the monitor then rounds the range out to the mapping's page size
+//! (which only `PROCMAP_QUERY` tells: on older kernels such a range stays
+//! refused, and uncached).
+//!
 //! # Why lookups can never see a stale registration
 //!
 //! The kernel queues an UNMAP/REMOVE/REMAP event and blocks the thread that
@@ -180,6 +206,7 @@ use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
 use crate::sys::mem::{page_size, Scratch};
 use crate::sys::perf::MapWatch;
 use crate::sys::uffd::{self, EventFd, Uffd, UffdEvent, UffdMsg};
+use crate::sys::vma::Vmas;
 
 /// Sets (of `WAYS` ranges each) of the table of ranges known to be registered.
 const SETS: usize = 512;
@@ -255,6 +282,9 @@ struct Shared {
     counters: [AtomicU64; 9],
     /// Stamps of address-space growth, when available (see the module docs).
     map_watch: Option<MapWatch>,
+    /// Queries of this process's mappings (shared? huge pages?); `None`
+    /// when `/proc/self/maps` could not be opened (every range refused).
+    vmas: Option<Vmas>,
     /// One more than the latest [`MapWatch::stamp`] that a quiet probe
     /// followed (0: none yet).
     clean_stamp: AtomicU64,
@@ -484,6 +514,57 @@ impl Shared {
     }
 }
 
+/// `[start, start+len)` rounded out to multiples of `page`.
+fn round_out(start: usize, len: usize, page: usize) -> io::Result<(usize, usize)> {
+    let end = start
+        .checked_add(len)
+        .and_then(|e| e.checked_add(page - 1))
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
+        & !(page - 1);
+    Ok((start & !(page - 1), end))
+}
+
+impl Shared {
+    /// Removes one watch of `[first, end)` (under `subs`, the lock held)
+    /// and unregisters what no watch covers any more.
+    fn release(&self, subs: &mut RangeCounts, first: usize, end: usize) {
+        for (s, e) in subs.remove(first, end) {
+            // No watch covers it any more: the kernel may merge its VMAs
+            // back. (Already unmapped or remapped parts are not ours and
+            // are left alone by the kernel; an error changes nothing.)
+            self.forget(s, e);
+            if let Err(err) = self.uffd.unregister(s, e - s) {
+                tracing::debug!(start = s, len = e - s, error = %err, "UFFDIO_UNREGISTER failed");
+            }
+        }
+    }
+
+    /// `Ok` when no mapping of `[first, end)` is shared; an `Unsupported`
+    /// error otherwise, or when the mappings cannot be told.
+    fn private_only(&self, first: usize, end: usize) -> io::Result<()> {
+        let refuse = |why: String| Err(io::Error::new(io::ErrorKind::Unsupported, why));
+        let Some(vmas) = &self.vmas else {
+            return refuse("/proc/self/maps unavailable: cannot tell shared mappings".into());
+        };
+        match vmas.backing(first, end) {
+            Ok(b) if !b.shared => Ok(()),
+            Ok(_) => refuse(
+                "shared mapping: userfaultfd does not see its file lose pages \
+                 (ftruncate, fallocate PUNCH_HOLE, MADV_REMOVE elsewhere)"
+                    .into(),
+            ),
+            Err(e) => refuse(format!("cannot tell shared mappings: {e}")),
+        }
+    }
+
+    /// The huge page size of `[first, end)`'s mappings, if larger than the
+    /// base page (hugetlbfs); `None` when not, or unknown.
+    fn huge_page(&self, first: usize, end: usize) -> Option<usize> {
+        let b = self.vmas.as_ref()?.backing(first, end).ok()?;
+        (b.page > page_size() && b.page.is_power_of_two()).then_some(b.page)
+    }
+}
+
 /// Proves on this kernel that [`Uffd::changes_in_flight`] sees a change
 /// whose event was not read yet: a helper thread unmaps a registered scratch
 /// page, and its `munmap` cannot return before we read the UNMAP event.
@@ -589,7 +670,13 @@ impl UffdMonitor {
         } else {
             None
         };
+        let vmas = Vmas::open()
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "/proc/self/maps unavailable: userfaultfd refuses every range (uncached)")
+            })
+            .ok();
         let shared = Arc::new(Shared {
+            vmas,
             uffd: fd,
             wake: EventFd::new()?,
             stop: AtomicBool::new(false),
@@ -713,22 +800,47 @@ impl Monitor for UffdMonitor {
         self.shared.sinks.detach(id)
     }
 
+    /// Refuses (`Unsupported`) a range any of whose mappings is shared
+    /// (see the module docs, "Shared mappings"), and a range whose
+    /// mappings cannot be told; rounds a range of hugetlbfs pages out to
+    /// them.
     fn subscribe(&self, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
-        let page = page_size();
-        let first = start & !(page - 1);
-        let end = start
-            .checked_add(len)
-            .and_then(|e| e.checked_add(page - 1))
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
-            & !(page - 1);
-        let mut subs = self.shared.subs.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut first, mut end) = round_out(start, len, page_size())?;
+        let sh = &*self.shared;
+        let mut subs = sh.subs.lock().unwrap_or_else(|p| p.into_inner());
         subs.add(first, end);
-        if let Err(forgets) = self.shared.is_known((first, end)) {
-            if let Err(e) = self.shared.uffd.register(first, end - first, uffd::MODE_WP) {
+        let mut known = sh.is_known((first, end));
+        if known.is_err() {
+            let mut registered = sh.uffd.register(first, end - first, uffd::MODE_WP);
+            if let Some(huge) = registered
+                .as_ref()
+                .err()
+                .filter(|e| e.raw_os_error() == Some(libc::EINVAL))
+                .and_then(|_| sh.huge_page(first, end))
+            {
+                // hugetlbfs: UFFDIO_REGISTER wants whole huge pages.
+                subs.remove(first, end);
+                (first, end) = round_out(start, len, huge)?;
+                subs.add(first, end);
+                known = sh.is_known((first, end));
+                registered = match known {
+                    Ok(()) => Ok(()),
+                    Err(_) => sh.uffd.register(first, end - first, uffd::MODE_WP),
+                };
+            }
+            if let Err(e) = registered {
                 subs.remove(first, end);
                 return Err(e);
             }
-            self.shared.remember((first, end), forgets);
+            if let Err(forgets) = known {
+                // Checked after the registration: a mapping that replaces
+                // the ones seen here is reported by an UNMAP event.
+                if let Err(e) = sh.private_only(first, end) {
+                    sh.release(&mut subs, first, end);
+                    return Err(e);
+                }
+                sh.remember((first, end), forgets);
+            }
         }
         drop(subs);
         Ok(Watch {
@@ -740,15 +852,7 @@ impl Monitor for UffdMonitor {
     fn unsubscribe(&self, watch: &Watch) {
         let (first, end) = (watch.token[0] as usize, watch.token[1] as usize);
         let mut subs = self.shared.subs.lock().unwrap_or_else(|p| p.into_inner());
-        for (s, e) in subs.remove(first, end) {
-            // No watch covers it any more: the kernel may merge its VMAs
-            // back. (Already unmapped or remapped parts are not ours and
-            // are left alone by the kernel; an error changes nothing.)
-            self.shared.forget(s, e);
-            if let Err(err) = self.shared.uffd.unregister(s, e - s) {
-                tracing::debug!(start = s, len = e - s, error = %err, "UFFDIO_UNREGISTER failed");
-            }
-        }
+        self.shared.release(&mut subs, first, end);
     }
 
     fn settling(&self, start: usize, end: usize) -> Option<Duration> {

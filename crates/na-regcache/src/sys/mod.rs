@@ -7,6 +7,7 @@ pub mod io_uring;
 pub mod mem;
 pub mod perf;
 pub mod uffd;
+pub mod vma;
 
 /// Calls a libc function and turns a `-1` return into `io::Error::last_os_error()`.
 ///

@@ -24,6 +24,9 @@ pub const ALL: &[&str] = &[
     "brk",
     "fork",
     "file",
+    "file_punch_hole",
+    "file_truncate",
+    "file_madv_remove",
     "thp",
     "unaligned",
 ];
@@ -43,6 +46,9 @@ pub fn run(name: &str, rig: &Rig) -> io::Result<Outcome> {
         "brk" => brk(rig),
         "fork" => fork(rig),
         "file" => file(rig),
+        "file_punch_hole" => file_changed(rig, FileChange::PunchHole),
+        "file_truncate" => file_changed(rig, FileChange::Truncate),
+        "file_madv_remove" => file_changed(rig, FileChange::RemoveElsewhere),
         "thp" => thp(rig),
         "unaligned" => unaligned(rig),
         "hugetlb" => hugetlb(rig),
@@ -221,6 +227,44 @@ fn file(rig: &Rig) -> io::Result<Outcome> {
     sys::unmap(a, LEN)?;
     let f2 = sys::memfd(LEN)?;
     sys::map_shared_fd(Some(a), LEN, &f2)?;
+    sys::touch(a, LEN, FILL);
+    let o = rig.transfer(a, LEN);
+    sys::unmap(a, LEN)?;
+    o
+}
+
+/// How a shared file's pages are dropped without touching the registered
+/// mapping itself (no munmap, madvise or mremap of it).
+#[derive(Clone, Copy)]
+enum FileChange {
+    /// `fallocate(PUNCH_HOLE)` through the descriptor.
+    PunchHole,
+    /// `ftruncate` to 0 and back.
+    Truncate,
+    /// `madvise(MADV_REMOVE)` through a second mapping of the file.
+    RemoveElsewhere,
+}
+
+/// A `MAP_SHARED` memfd mapping whose file loses its pages under the
+/// registration: the mapping now shows new (zeroed, then filled) pages,
+/// the registration pins the old ones.
+fn file_changed(rig: &Rig, how: FileChange) -> io::Result<Outcome> {
+    let f = sys::memfd(LEN)?;
+    let a = sys::map_shared_fd(None, LEN, &f)?;
+    sys::touch(a, LEN, FILL);
+    rig.prime(a, LEN);
+    match how {
+        FileChange::PunchHole => sys::punch_hole(&f, 0, LEN)?,
+        FileChange::Truncate => {
+            sys::truncate(&f, 0)?;
+            sys::truncate(&f, LEN)?;
+        }
+        FileChange::RemoveElsewhere => {
+            let b = sys::map_shared_fd(None, LEN, &f)?;
+            sys::advise(b, LEN, libc::MADV_REMOVE)?;
+            sys::unmap(b, LEN)?;
+        }
+    }
     sys::touch(a, LEN, FILL);
     let o = rig.transfer(a, LEN);
     sys::unmap(a, LEN)?;

@@ -119,6 +119,24 @@ pub fn map_shared_fd(at: Option<usize>, len: usize, fd: &OwnedFd) -> io::Result<
     Ok(got)
 }
 
+/// Shared mapping of `fd` (from offset 0) over whatever is at `at`
+/// (`MAP_FIXED`).
+pub fn map_shared_fd_fixed(at: usize, len: usize, fd: &OwnedFd) -> io::Result<usize> {
+    // SAFETY: `at` is a mapping the caller owns and replaces on purpose;
+    // no Rust reference points into it.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    check(p)
+}
+
 /// munmap(2) of a range the scenario owns.
 pub fn unmap(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: the scenario owns the range and holds no Rust reference into it.
@@ -180,6 +198,36 @@ pub fn memfd(len: usize) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// fallocate(2) `PUNCH_HOLE|KEEP_SIZE` of `[offset, offset+len)` in `fd`:
+/// the file's pages there are dropped (from every mapping of it).
+pub fn punch_hole(fd: &OwnedFd, offset: usize, len: usize) -> io::Result<()> {
+    // SAFETY: plain fallocate on our descriptor; mappings of the range lose
+    // their pages, which no Rust reference observes.
+    let r = unsafe {
+        libc::fallocate(
+            fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// ftruncate(2) of `fd` to `len` bytes (shrinking drops the file's pages
+/// beyond `len` from every mapping of it).
+pub fn truncate(fd: &OwnedFd, len: usize) -> io::Result<()> {
+    // SAFETY: plain ftruncate on our descriptor; the scenario touches no
+    // mapping of the dropped range before it grows the file again.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// sbrk(2); returns the previous break.
