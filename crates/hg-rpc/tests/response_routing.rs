@@ -14,7 +14,7 @@ use na_core::{Addr, Endpoint, OpId, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, posted_ops, wait, wire_message, Server};
+use common::{client, dir, endpoint, posted_ops, send_raw, take_request, wait, wire_message, Server};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -29,24 +29,6 @@ fn pump(c: &mut Engine, d: Duration) {
     while Instant::now() < end {
         c.progress(Some(Duration::from_millis(10))).unwrap();
         c.trigger().unwrap();
-    }
-}
-
-/// Sends `msg` from `ep` to `to` (unexpected, or expected with `tag`) and
-/// waits for the send to complete.
-fn send_raw(ep: &mut Endpoint, to: &Addr, expected: Option<u32>, msg: &[u8], op: OpId) {
-    match expected {
-        Some(tag) => ep.send_expected(to, tag, msg, op).unwrap(),
-        None => ep.send_unexpected(to, 0, msg, op).unwrap(),
-    }
-    let end = Instant::now() + T;
-    loop {
-        assert!(Instant::now() < end, "send did not complete");
-        ep.progress(Some(Duration::from_millis(10))).unwrap();
-        if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == op) {
-            c.status.unwrap();
-            return;
-        }
     }
 }
 
@@ -116,22 +98,6 @@ fn raw_target_and_client(d: &std::path::Path) -> (Endpoint, PluginId, Engine, Ad
     let mut c = client(d);
     let s = c.endpoint().lookup(&x_uri).unwrap();
     (x, xid, c, s)
-}
-
-/// Posts one unexpected receive on `x` and drives `c` and `x` until a
-/// request arrives in it: returns the origin and the request's cookie.
-fn take_request(x: &mut Endpoint, xid: PluginId, c: &mut Engine, op: u64) -> (Addr, u64) {
-    x.post_recv_unexpected(xid, Vec::new(), OpId(op)).unwrap();
-    let end = Instant::now() + T;
-    loop {
-        assert!(Instant::now() < end, "no request");
-        c.progress_now().unwrap();
-        x.progress(Some(Duration::from_millis(5))).unwrap();
-        if let Some(done) = std::iter::from_fn(|| x.pop_completion()).find(|k| k.op == OpId(op)) {
-            let (h, _) = Header::decode(done.buf.as_ref().unwrap()).unwrap();
-            return (done.source.unwrap(), h.cookie);
-        }
-    }
 }
 
 /// A raw endpoint playing a target that takes requests and never answers

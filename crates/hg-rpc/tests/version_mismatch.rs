@@ -17,7 +17,7 @@ use na_core::{Addr, Endpoint, OpId, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, wait, wire_message, Server};
+use common::{client, dir, endpoint, send_raw, take_request, wait, wire_message, Server};
 
 const T: Duration = Duration::from_secs(10);
 /// A version no build of this crate speaks.
@@ -75,35 +75,6 @@ fn a_request_of_another_version_is_answered_with_both_versions() {
     assert_eq!(c.call::<Add>(&s, &(2, 2), T).unwrap(), 4);
 }
 
-/// Drives `c` and `x` until a request reaches `x`: its origin and cookie.
-fn take_request(x: &mut Endpoint, xid: PluginId, c: &mut Engine) -> (Addr, u64) {
-    x.post_recv_unexpected(xid, Vec::new(), OpId(1)).unwrap();
-    let end = Instant::now() + T;
-    loop {
-        assert!(Instant::now() < end, "no request");
-        c.progress_now().unwrap();
-        x.progress(Some(Duration::from_millis(5))).unwrap();
-        if let Some(done) = std::iter::from_fn(|| x.pop_completion()).find(|k| k.op == OpId(1)) {
-            let (h, _) = Header::decode(done.buf.as_ref().unwrap()).unwrap();
-            return (done.source.unwrap(), h.cookie);
-        }
-    }
-}
-
-/// Sends `msg` from `ep` to `to` and waits until the send completed.
-fn send(ep: &mut Endpoint, to: &Addr, msg: &[u8], op: u64) {
-    ep.send_unexpected(to, 0, msg, OpId(op)).unwrap();
-    let end = Instant::now() + T;
-    loop {
-        assert!(Instant::now() < end, "send did not complete");
-        ep.progress(Some(Duration::from_millis(10))).unwrap();
-        if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(op)) {
-            c.status.unwrap();
-            return;
-        }
-    }
-}
-
 #[test]
 fn a_response_of_another_version_ends_its_call_only_from_its_target() {
     let d = dir("foreign-response");
@@ -115,12 +86,12 @@ fn a_response_of_another_version_ends_its_call_only_from_its_target() {
     let mut c = Engine::new(ep, cid).unwrap();
     let s = c.endpoint().lookup(&x_uri).unwrap();
     let id = c.forward::<Sleep>(&s, &0).unwrap();
-    let (origin, cookie) = take_request(&mut x, xid, &mut c);
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let answer = of_other_version(wire_message(FLAG_RESPONSE, Sleep::NAME, cookie, &[]));
     // From a third party: counted, and the call goes on.
     let (mut y, _) = endpoint(&d, false);
     let to_c = y.lookup(c.self_addr().uri()).unwrap();
-    send(&mut y, &to_c, &answer, 2);
+    send_raw(&mut y, &to_c, None, &answer, OpId(2));
     let end = Instant::now() + T;
     while c.stats().version_mismatches == 0 {
         assert!(Instant::now() < end, "the third party's message never arrived");
@@ -129,7 +100,7 @@ fn a_response_of_another_version_ends_its_call_only_from_its_target() {
     }
     assert!(!c.is_finished(id), "another peer ended the call");
     // From the target: the call ends now, with the error that says why.
-    send(&mut x, &origin, &answer, 3);
+    send_raw(&mut x, &origin, None, &answer, OpId(3));
     let started = Instant::now();
     match wait::<Sleep>(&mut c, id) {
         Err(RpcError::VersionMismatch { rpc, ours, theirs }) => {

@@ -243,3 +243,49 @@ pub fn spilled_payload(len: u64, desc: &[u8], crc: Option<u32>) -> Vec<u8> {
     }
     payload
 }
+
+/// Sends `msg` from `ep` to `to` (unexpected, or expected with `tag`) and
+/// waits for the send to complete.
+pub fn send_raw(
+    ep: &mut na_core::Endpoint,
+    to: &na_core::Addr,
+    expected: Option<u32>,
+    msg: &[u8],
+    op: na_core::OpId,
+) {
+    match expected {
+        Some(tag) => ep.send_expected(to, tag, msg, op).unwrap(),
+        None => ep.send_unexpected(to, 0, msg, op).unwrap(),
+    }
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        assert!(std::time::Instant::now() < end, "send did not complete");
+        ep.progress(Some(std::time::Duration::from_millis(10))).unwrap();
+        if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == op) {
+            c.status.unwrap();
+            return;
+        }
+    }
+}
+
+/// Posts one unexpected receive on `x` and drives `c` and `x` until a
+/// request arrives in it: returns the origin and the request's cookie.
+pub fn take_request(
+    x: &mut na_core::Endpoint,
+    xid: na_core::PluginId,
+    c: &mut Engine,
+    op: u64,
+) -> (na_core::Addr, u64) {
+    x.post_recv_unexpected(xid, Vec::new(), na_core::OpId(op))
+        .unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        assert!(std::time::Instant::now() < end, "no request");
+        c.progress_now().unwrap();
+        x.progress(Some(std::time::Duration::from_millis(5))).unwrap();
+        if let Some(done) = std::iter::from_fn(|| x.pop_completion()).find(|k| k.op == na_core::OpId(op)) {
+            let (h, _) = hg_rpc::header::Header::decode(done.buf.as_ref().unwrap()).unwrap();
+            return (done.source.unwrap(), h.cookie);
+        }
+    }
+}
