@@ -142,6 +142,27 @@ fn rate_lat_and_bw_report_json() {
     let bw = run(&["bw", "--mode", "busy", "--sizes", "4K,1M"]);
     assert_eq!(bw.len(), 4);
     bw.iter().for_each(|v| check(v, "MiB/s"));
+    // One RPC in flight, moving 64 transfers of 4 KiB (1 of 1 MiB).
+    let shape: Vec<_> = bw
+        .iter()
+        .map(|v| {
+            (
+                v["size"].as_u64(),
+                v["inflight"].as_u64(),
+                v["transfers"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (Some(4096), Some(1), Some(64)),
+            (Some(1 << 20), Some(1), Some(1)),
+            (Some(4096), Some(1), Some(64)),
+            (Some(1 << 20), Some(1), Some(1)),
+        ],
+        "{bw:?}"
+    );
     // Transfers the client makes itself through AsyncEngine: one per
     // round, then 64 per round as one batch.
     let bw = run(&["bw", "--mode", "tokio", "--sizes", "4K,1M", "--count", "1"]);
@@ -154,7 +175,10 @@ fn rate_lat_and_bw_report_json() {
     let bw = run(&["bw", "--mode", "tokio", "--op", "read", "--sizes", "4K"]);
     assert_eq!(bw.len(), 1);
     check(&bw[0], "MiB/s");
-    assert_eq!(bw[0]["inflight"], 64);
+    assert_eq!(
+        (bw[0]["inflight"].as_u64(), bw[0]["transfers"].as_u64()),
+        (Some(1), Some(64))
+    );
 }
 
 /// Floors are this machine's shared-memory floors: a ratio of another
@@ -186,6 +210,9 @@ fn bad_arguments_are_clear_errors() {
             &["bw", "--mode", "tokio", "--op", "sideways", "--sizes", "4K"][..],
             "unknown op",
         ),
+        // No batch would report a median of 0.
+        (&["rate", "--batches", "0"][..], "at least 1"),
+        (&["rate", "--batch-ms", "0"][..], "--batch-ms"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hg-perf"))
             .args(args)

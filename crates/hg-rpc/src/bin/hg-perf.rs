@@ -71,11 +71,11 @@ struct Cli {
     /// Address of a running `hg-perf serve` (otherwise one is started).
     #[arg(long, global = true)]
     addr: Option<String>,
-    /// Length of one timed batch, in milliseconds.
-    #[arg(long, global = true, default_value_t = 200)]
+    /// Length of one timed batch, in milliseconds (at least 1).
+    #[arg(long, global = true, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     batch_ms: u64,
-    /// Timed batches per figure (the median is reported).
-    #[arg(long, global = true, default_value_t = 7)]
+    /// Timed batches per figure (the median is reported; at least 1).
+    #[arg(long, global = true, default_value_t = 7, value_parser = at_least_one)]
     batches: usize,
 }
 
@@ -115,10 +115,12 @@ enum Test {
         floors: bool,
     },
     /// Bulk bandwidth: `write` (server pulls) and `read` (server pushes).
-    /// Each RPC makes the server move `count` transfers of one size (to
-    /// consecutive regions of the client's buffer) as one batch, as
-    /// Mercury's hg_bw_read/hg_bw_write do with their default of 64; the
-    /// count shrinks so that size x count stays within 1 MiB. With
+    /// Each RPC makes the server move `count` transfers of one size as one
+    /// batch (to regions of the client's buffer 16 MiB / `count` apart,
+    /// never touching, so that none merge into one copy), as Mercury's
+    /// hg_bw_read/hg_bw_write do with their default of 64; the count
+    /// shrinks so that size x count stays within 1 MiB. JSON: `inflight`
+    /// is 1 (one RPC at a time), `transfers` the count. With
     /// `--mode tokio` the client moves the data itself, no RPC per round:
     /// `read` pulls from and `write` pushes to a buffer the server exposed,
     /// one `AsyncEngine::bulk` per transfer (`--count 1`) or one
@@ -212,20 +214,14 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
                 Some(b) => b,
                 None => scratch(ctx, BW_SPAN, Access::ReadWrite)?,
             };
-            let spans: Vec<Span> = (0..count)
-                .map(|i| Span {
-                    remote_offset: i * len,
-                    local_offset: i * len,
-                    len,
-                })
-                .collect();
+            let spans = bw_spans(len, count);
             let r = ctx.transfer_batch(op, &remote, &b, &spans);
             // The first and last byte of what moved: the client checks them
             // against its own buffer once, so a transfer that moved nothing
             // cannot make a figure.
             let mut ends = [0u8; 2];
             if let Some(m) = b.local() {
-                let last = len * count - 1;
+                let last = bw_extent(len, count) - 1;
                 m.read_at(0, &mut ends[..1]).map_err(|e| e.to_string())?;
                 m.read_at(last, &mut ends[1..]).map_err(|e| e.to_string())?;
             }
@@ -357,6 +353,37 @@ fn transfers_per_rpc(count: u64, size: u64) -> u64 {
     count.clamp(1, (BW_BATCH_BYTES / size.max(1)).max(1))
 }
 
+/// Parses a count that must be at least 1 (`--batches`: none would
+/// report a median of 0 and no p99).
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The spans of one bw round: `count` transfers of `size` bytes, at the
+/// same offsets on both sides, `BW_SPAN / count` apart (as Mercury's
+/// hg_bw_read/write place theirs, `buf_size_max` apart). Never
+/// contiguous: na-sm would merge touching pieces into one, and 64 x 4 KiB
+/// would measure one 256 KiB copy.
+pub(crate) fn bw_spans(size: u64, count: u64) -> Vec<Span> {
+    let stride = if count > 1 { BW_SPAN / count } else { size };
+    (0..count)
+        .map(|i| Span {
+            remote_offset: i * stride,
+            local_offset: i * stride,
+            len: size,
+        })
+        .collect()
+}
+
+/// One past the last byte the spans of [`bw_spans`] cover.
+pub(crate) fn bw_extent(size: u64, count: u64) -> u64 {
+    bw_spans(size, count).last().map_or(0, |s| s.local_offset + s.len)
+}
+
 /// Measures and reports the raw `process_vm_readv` bandwidth of one
 /// transfer of each of `sizes` (MiB/s); returns (size, MiB/s).
 fn report_cma_floors(
@@ -422,6 +449,42 @@ fn report(
     p999: Option<f64>,
     unit: &str,
 ) {
+    report_with(cli, test, mode, op, size, inflight, median, p99, p999, unit, None);
+}
+
+/// A bw result: one round (RPC) in flight, moving `transfers` spans of
+/// `size` bytes each (JSON field `transfers`; the table shows `op x N`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn report_bw(cli: &Cli, mode: &str, op: &str, size: u64, transfers: u64, median: f64, p99: f64) {
+    report_with(
+        cli,
+        "bw",
+        mode,
+        op,
+        size,
+        1,
+        median,
+        p99,
+        None,
+        "MiB/s",
+        Some(transfers),
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report_with(
+    cli: &Cli,
+    test: &str,
+    mode: &str,
+    op: &str,
+    size: u64,
+    inflight: usize,
+    median: f64,
+    p99: f64,
+    p999: Option<f64>,
+    unit: &str,
+    transfers: Option<u64>,
+) {
     if cli.json {
         let mut v = serde_json::json!({
             "test": test, "transport": cli.transport.split("://").next().unwrap_or("?"), "mode": mode, "op": op, "size": size,
@@ -430,10 +493,17 @@ fn report(
         if let Some(p) = p999 {
             v["p999"] = serde_json::json!(p);
         }
+        if let Some(t) = transfers {
+            v["transfers"] = serde_json::json!(t);
+        }
         println!("{v}");
     } else {
         let extra = p999.map(|p| format!(" p999 {p:.1}")).unwrap_or_default();
         let digits = if unit == "x" { 2 } else { 1 };
+        let op = match transfers {
+            Some(t) => format!("{op}x{t}"),
+            None => op.to_owned(),
+        };
         println!(
             "{test:<5} {mode:<9} {op:<6} {size:>9} {inflight:>4} {median:>14.digits$} {p99:>14.digits$} {unit}{extra}"
         );
@@ -495,7 +565,7 @@ fn check_bw_moves(
     count: u64,
 ) -> Res<()> {
     let mem = local.local().ok_or("the bw buffer has no local memory")?;
-    let last = size * count - 1;
+    let last = bw_extent(size, count) - 1;
     let marks = [0x11u8, 0x22];
     mem.write_at(0, &marks[..1])?;
     mem.write_at(last, &marks[1..])?;
@@ -638,18 +708,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>),
                     if count == 1 {
                         seen.bw_single.push((m, op.trim().to_owned(), size, med));
                     }
-                    report(
-                        cli,
-                        "bw",
-                        m,
-                        op.trim(),
-                        size,
-                        count as usize,
-                        med,
-                        p,
-                        None,
-                        "MiB/s",
-                    );
+                    report_bw(cli, m, op.trim(), size, count, med, p);
                 }
             }
         }
@@ -712,8 +771,8 @@ fn run() -> Res<()> {
             "before",
             8,
             1,
-            f,
-            f,
+            f.0,
+            f.1,
             None,
             "ns",
         );
@@ -812,12 +871,13 @@ fn run() -> Res<()> {
             "after",
             8,
             1,
-            f1,
-            f1,
+            f1.0,
+            f1.1,
             None,
             "ns",
         );
-        let f = (f0 + f1) / 2.0;
+        // Median to median, p99 to p99.
+        let (f50, f99) = ((f0.0 + f1.0) / 2.0, (f0.1 + f1.1) / 2.0);
         for (mode, size, p50, p99) in seen.lat_sleeping {
             report(
                 &cli,
@@ -826,12 +886,39 @@ fn run() -> Res<()> {
                 "call",
                 size,
                 1,
-                p50 / f,
-                p99 / f,
+                p50 / f50,
+                p99 / f99,
                 None,
                 "x",
             );
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transfers of a bw round never touch (na-sm would merge touching
+    /// ones into one copy) and stay within the buffer, for every size
+    /// and count the command uses.
+    #[test]
+    fn bw_spans_are_apart_and_within_the_buffer() {
+        for size in [1, 4096, 64 << 10, 1 << 20, 16 << 20] {
+            for asked in [1, 16, 64] {
+                let count = transfers_per_rpc(asked, size);
+                let spans = bw_spans(size, count);
+                assert_eq!(spans.len() as u64, count);
+                assert!(bw_extent(size, count) <= BW_SPAN, "{size} x {count}");
+                for w in spans.windows(2) {
+                    assert!(
+                        w[0].local_offset + w[0].len < w[1].local_offset,
+                        "{size} x {count}: {w:?}"
+                    );
+                    assert_eq!(w[0].local_offset, w[0].remote_offset);
+                }
+            }
+        }
+    }
 }

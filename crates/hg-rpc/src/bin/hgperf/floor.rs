@@ -84,16 +84,20 @@ fn round_trip_of(results: &[serde_json::Value], test: &str, op: Option<&str>, fi
         })
 }
 
-/// Median raw eventfd round trip in nanoseconds (twice na-perf's one-way
-/// floor), between two processes on `cpus` when given: the median of
+/// Raw eventfd round trip in nanoseconds (twice na-perf's one-way floor),
+/// between two processes on `cpus` when given: the median and the p99 of
 /// single timed round trips, as hg-perf's `lat` times its calls (a batch
 /// mean would carry the sleeping ping-pong's slow tail).
-pub fn eventfd_round_trip(cpus: (Option<usize>, Option<usize>), batches: usize, batch_ms: u64) -> Res<f64> {
-    round_trip(
-        &na_perf_lat("blocking", "unexpected", cpus, batches, batch_ms)?,
-        "floor_eventfd_lat",
-        "p50",
-    )
+pub fn eventfd_round_trip(
+    cpus: (Option<usize>, Option<usize>),
+    batches: usize,
+    batch_ms: u64,
+) -> Res<(f64, f64)> {
+    let results = na_perf_lat("blocking", "unexpected", cpus, batches, batch_ms)?;
+    Ok((
+        round_trip(&results, "floor_eventfd_lat", "p50")?,
+        round_trip(&results, "floor_eventfd_lat", "p99")?,
+    ))
 }
 
 /// The ceilings of a busy RPC rate with one call in flight, as round trips

@@ -15,8 +15,8 @@ use na_core::{Access, ProgressMode};
 use serde_bytes::ByteBuf;
 
 use super::{
-    bw_sizes, engine, idle_clients_of, list, median, parse_size, report, report_lat, server_for,
-    transfers_per_rpc, Cli, Exposed, Noop, Quit, Res, Seen, BW_SPAN, T,
+    bw_extent, bw_sizes, bw_spans, engine, idle_clients_of, list, median, parse_size, report, report_bw,
+    report_lat, server_for, transfers_per_rpc, Cli, Exposed, Noop, Quit, Res, Seen, BW_SPAN, T,
 };
 
 /// Which tokio run: the label of its figures, the server's mode and the
@@ -197,13 +197,7 @@ pub(crate) fn bw(
             };
             for size in bw_sizes(sizes)? {
                 let n = transfers_per_rpc(count, size);
-                let spans: Vec<Span> = (0..n)
-                    .map(|i| Span {
-                        remote_offset: i * size,
-                        local_offset: i * size,
-                        len: size,
-                    })
-                    .collect();
+                let spans: Vec<Span> = bw_spans(size, n);
                 let round = || async {
                     if n == 1 {
                         ae.bulk(bulk_op, &remote, 0, &local, 0, size, T).await
@@ -217,7 +211,7 @@ pub(crate) fn bw(
                 // buffer) must be those marks.
                 checks += 1;
                 let marks = [0x20 + 2 * (checks % 60), 0x21 + 2 * (checks % 60)];
-                let len = size * n;
+                let len = bw_extent(size, n);
                 let mem = local.local().ok_or("the bw buffer has no local memory")?;
                 mem.write_at(0, &marks[..1])?;
                 mem.write_at(len - 1, &marks[1..])?;
@@ -252,18 +246,7 @@ pub(crate) fn bw(
                     }
                 }
                 let worst = rates.iter().copied().fold(f64::INFINITY, f64::min);
-                report(
-                    cli,
-                    "bw",
-                    f.label,
-                    op,
-                    size,
-                    n as usize,
-                    median(rates),
-                    worst,
-                    None,
-                    "MiB/s",
-                );
+                report_bw(cli, f.label, op, size, n, median(rates), worst);
             }
         }
         Ok(())
