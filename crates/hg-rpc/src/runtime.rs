@@ -378,7 +378,8 @@ impl AsyncEngine {
     }
 
     /// Registers a handler (see [`Engine::register`]). It runs with the
-    /// engine locked, on the driver task, so it cannot call this
+    /// engine locked, on the driver task (or, for a call to this engine's
+    /// own address, on the caller's task, in place), so it cannot call this
     /// `AsyncEngine`: from the handler's own thread, a method that
     /// returns a `Result` fails with
     /// [`RpcError::HandlerReentry`] (instead of waiting on itself
@@ -490,6 +491,8 @@ impl AsyncEngine {
     /// first (or [`begin_drain`](Self::begin_drain) was never called).
     /// It looks again after each turn of the driver and each answer of an
     /// async handler (and at least every [`DRAIN_RECHECK`]), not in a loop.
+    /// A driver that stopped (nothing moves any more) is
+    /// [`RpcError::DriverStopped`] at once, unless the engine is drained.
     pub async fn drained(&self, grace: Duration) -> Result<bool> {
         let start = tokio::time::Instant::now();
         loop {
@@ -503,6 +506,7 @@ impl AsyncEngine {
                 if e.drained() {
                     return Ok(true);
                 }
+                self.shared.check_running_quiet("AsyncEngine::drained")?;
                 if !e.is_draining() || start.elapsed() >= grace {
                     return Ok(false);
                 }

@@ -205,9 +205,11 @@ impl AsyncBulkCtx {
 
     /// Exposes buffers as one handle (see [`AsyncEngine::expose`]).
     pub fn expose(&self, buffers: Vec<Vec<u8>>, access: Access) -> Result<Bulk> {
-        self.engine()?
-            .try_engine("AsyncBulkCtx::expose")?
-            .expose(buffers, access)
+        let shared = self.engine()?;
+        // As for a transfer: once the AsyncEngine was dropped, nothing.
+        shared.check_running_quiet("AsyncBulkCtx::expose")?;
+        let exposed = shared.try_engine("AsyncBulkCtx::expose")?.expose(buffers, access);
+        exposed
     }
 
     /// Moves `len` bytes between the caller's handle `remote` and `local`,

@@ -36,11 +36,19 @@ impl<C: Codec> Engine<C> {
         if *dest != self.me {
             return self.respond(dest, h, out);
         }
-        if self.calls.get(h.cookie).is_none() {
-            // Its caller gave up (a timeout, a dropped future): late, as a
-            // response from the network would be, and counted the same.
-            self.stats.stray_responses += 1;
-            return;
+        match self.calls.get(h.cookie) {
+            Some(c) if c.abandoned.is_none() => {}
+            abandoned => {
+                // Its caller gave up (a timeout, a dropped future): late, as
+                // a response from the network would be, and counted the
+                // same. A call kept for the bulk handles its input lent
+                // goes now, with them.
+                self.stats.stray_responses += 1;
+                if abandoned.is_some() {
+                    self.file_outcome(h.cookie, Ok(Vec::new()));
+                }
+                return;
+            }
         }
         let outcome = response_outcome(self.call_name(h.cookie), h.rpc_id, h, out);
         self.file_outcome(h.cookie, outcome);

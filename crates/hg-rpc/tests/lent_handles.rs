@@ -95,3 +95,28 @@ fn a_lent_handle_is_let_go_when_the_target_dies_or_the_ttl_ends() {
         assert!(into.into_buffers().is_ok(), "kill {kill}: still held");
     }
 }
+
+/// A self-call whose input lends a handle, to a deferred handler, given
+/// up on before the handler answers: the call (and the handle) is kept
+/// until the answer, which then counts as stray, like any late answer.
+#[test]
+fn a_late_self_answer_to_a_call_that_lent_a_handle_is_stray_and_lets_it_go() {
+    let d = dir("lent-self");
+    let mut c = client(&d);
+    c.register_deferred::<BlobGet>().unwrap();
+    let me = c.self_addr().clone();
+    let into = c.expose(vec![vec![0u8; 64]], Access::ReadWrite).unwrap();
+    let id = c.forward::<BlobGet>(&me, &("k".into(), into.clone(), 0)).unwrap();
+    let req = c.take_deferred().expect("the deferred request");
+    c.abandon(id);
+    let into = *into.into_buffers().expect_err("kept for the handler");
+    assert_eq!(c.stats().abandoned_inputs, 1, "{:?}", c.stats());
+    c.respond_deferred(req, Ok(postcard::to_allocvec(&0u64).unwrap()));
+    let st = c.stats();
+    assert_eq!(
+        (st.stray_responses, st.abandoned_inputs, st.in_flight),
+        (1, 0, 0),
+        "{st:?}"
+    );
+    assert!(into.into_buffers().is_ok(), "still held after the answer");
+}
