@@ -204,6 +204,15 @@ impl SmPlugin {
     /// Creates an instance: with `config.listen`, binds
     /// `<dir>/<pid>-<instance>.sock` (dir created 0700, socket 0600).
     pub fn new(id: PluginId, config: SmConfig) -> SmResult<SmPlugin> {
+        if config.handshake_timeout.is_zero() {
+            // The socket layer reads zero as "no limit": a connect to a
+            // listener whose queue is full would block for good.
+            return Err(SmError::Config {
+                name: "SmConfig::handshake_timeout".into(),
+                value: "0".into(),
+                reason: "must be above zero (zero would mean no limit on connect and handshake)".into(),
+            });
+        }
         let dir = config.resolve_dir()?;
         let wake_kind = config.resolve_wake()?;
         let instance = match &config.name {
@@ -508,7 +517,9 @@ fn move_all(from: &mut VecDeque<Completion>, to: &mut VecDeque<Completion>) {
 
 impl Drop for SmPlugin {
     fn drop(&mut self) {
-        if self.listener.take().is_some() {
+        // A forked child that drops its copy must not take the parent's
+        // live listener's files with it.
+        if self.listener.take().is_some() && proc::pid() == self.name.pid {
             let _ = std::fs::remove_file(self.name.socket_path(&self.dir));
             let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
         }

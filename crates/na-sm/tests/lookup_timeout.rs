@@ -147,3 +147,18 @@ fn silent_connections_beyond_the_handshake_limit_wait_and_are_closed() {
     let _ = rx.recv_timeout(Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A zero handshake timeout would mean no limit at all (the socket layer
+/// reads zero so): refused when the plugin is made.
+#[test]
+fn a_zero_handshake_timeout_is_refused() {
+    let cfg = SmConfig {
+        handshake_timeout: Duration::ZERO,
+        ..SmConfig::default()
+    };
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    match ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>)) {
+        Err(e) => assert!(e.to_string().contains("handshake_timeout"), "{e}"),
+        Ok(_) => panic!("a zero handshake timeout was accepted"),
+    }
+}
