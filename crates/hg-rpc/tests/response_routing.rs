@@ -14,7 +14,10 @@ use na_core::{Addr, Endpoint, OpId, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, posted_ops, send_raw, take_request, wait, wire_message, Server};
+use common::{
+    client, dir, endpoint, posted_ops, raw_target_and_client, send_raw, take_request, wait, wire_message,
+    Server,
+};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -55,12 +58,8 @@ fn a_late_response_is_discarded_and_counted_and_the_call_forgotten_at_once() {
 #[test]
 fn responses_from_another_peer_are_dropped_and_the_real_one_counts() {
     let d = dir("forged-resp");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
     // The client listens, so that a third party can reach it.
-    let (ep, cid) = endpoint(&d, true);
-    let mut c = Engine::new(ep, cid).unwrap();
-    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
     let id = c.forward::<Sleep>(&s, &0).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     // A third plugin forges the response (right cookie, wrong peer), and
@@ -88,16 +87,6 @@ fn responses_from_another_peer_are_dropped_and_the_real_one_counts() {
     assert_eq!(c.stats().in_flight, 0);
     // Dropped (forged, stray) and filed responses all gave their buffers back.
     assert_eq!(posted_ops(&mut c), c.posted_receives() as u64 + 1);
-}
-
-/// A raw endpoint (listening) that plays the target, and a client engine
-/// with the target's address looked up.
-fn raw_target_and_client(d: &std::path::Path) -> (Endpoint, PluginId, Engine, Addr) {
-    let (x, xid) = endpoint(d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let mut c = client(d);
-    let s = c.endpoint().lookup(&x_uri).unwrap();
-    (x, xid, c, s)
 }
 
 /// A raw endpoint playing a target that takes requests and never answers
@@ -132,7 +121,7 @@ fn silent_target(tag: &str) -> Silent {
 #[test]
 fn a_message_on_the_watch_tag_is_malformed_and_the_peer_stays_watched() {
     let d = dir("watch");
-    let (mut x, xid, mut c, s) = raw_target_and_client(&d);
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, false);
     // Call `b` is in flight throughout: it must fail when `x` goes, which
     // takes a watch posted again after the violation.
     let a = c.forward::<Sleep>(&s, &0).unwrap();
@@ -383,11 +372,7 @@ fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
 #[test]
 fn a_second_spilled_response_during_the_pull_is_malformed() {
     let d = dir("dup-spill");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let (ep, cid) = endpoint(&d, true);
-    let mut c = Engine::new(ep, cid).unwrap();
-    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
     let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
@@ -396,6 +381,7 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
     // Both are in the origin's queue before it looks.
     send_raw(&mut x, &origin, None, &msg, OpId(2));
     send_raw(&mut x, &origin, None, &msg, OpId(3));
+    let cid = c.endpoint().plugin_ids().next().unwrap();
     let before = c.endpoint().plugin(cid).unwrap().stats().get_bytes;
     let out = wait::<Echo>(&mut c, id).unwrap();
     assert_eq!(out, vec![9u8; 64 << 10]);
@@ -431,6 +417,7 @@ fn a_spilled_one_way_ack_is_empty_and_precedes_the_handler() {
     let (ep, cid) = endpoint(&d, false);
     let mut c = Engine::new(ep, cid).unwrap();
     let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let cid = c.endpoint().plugin_ids().next().unwrap();
     let before = c.endpoint().plugin(cid).unwrap().stats().get_bytes;
     c.forward_one_way::<OneWayBig>(&s, &vec![2u8; 64 << 10]).unwrap();
     assert_eq!(c.stats().abandoned_inputs, 1, "kept until acknowledged");
@@ -665,7 +652,7 @@ fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
 #[test]
 fn a_spilled_response_with_an_error_status_ends_the_call_as_malformed() {
     let d = dir("spilled-error");
-    let (mut x, xid, mut c, s) = raw_target_and_client(&d);
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, false);
     let id = c.forward::<Sleep>(&s, &0).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let mut msg = Vec::new();
@@ -697,12 +684,8 @@ fn a_spilled_response_with_an_error_status_ends_the_call_as_malformed() {
 #[test]
 fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
     let d = dir("spill-crc-out");
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let (ep, cid) = endpoint(&d, true);
-    let mut c = Engine::new(ep, cid).unwrap();
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
     c.set_checksums(true);
-    let s = c.endpoint().lookup(&x_uri).unwrap();
     let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use hg_rpc::header::{Header, Status, FLAG_ONE_WAY, FLAG_RESPONSE, VERSION};
-use hg_rpc::{Engine, Rpc, RpcError};
+use hg_rpc::{Rpc, RpcError};
 use na_core::{Addr, Endpoint, OpId, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -17,7 +17,9 @@ use na_core::{Addr, Endpoint, OpId, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, send_raw, take_request, wait, wire_message, Server};
+use common::{
+    client, dir, endpoint, raw_target_and_client, send_raw, take_request, wait, wire_message, Server,
+};
 
 const T: Duration = Duration::from_secs(10);
 /// A version no build of this crate speaks.
@@ -80,11 +82,7 @@ fn a_response_of_another_version_ends_its_call_only_from_its_target() {
     let d = dir("foreign-response");
     // A raw endpoint plays the target; the client listens, so that a third
     // party can reach it too.
-    let (mut x, xid) = endpoint(&d, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let (ep, cid) = endpoint(&d, true);
-    let mut c = Engine::new(ep, cid).unwrap();
-    let s = c.endpoint().lookup(&x_uri).unwrap();
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
     let id = c.forward::<Sleep>(&s, &0).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let answer = of_other_version(wire_message(FLAG_RESPONSE, Sleep::NAME, cookie, &[]));

@@ -454,7 +454,6 @@ fn report(
 
 /// A bw result: one round (RPC) in flight, moving `transfers` spans of
 /// `size` bytes each (JSON field `transfers`; the table shows `op x N`).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn report_bw(cli: &Cli, mode: &str, op: &str, size: u64, transfers: u64, median: f64, p99: f64) {
     report_with(
         cli,

@@ -289,3 +289,18 @@ pub fn take_request(
         }
     }
 }
+
+/// A raw endpoint (listening) that plays a target, a client engine (that
+/// listens too if `client_listens`, so that a third party can reach it),
+/// and the target's address as the client knows it.
+pub fn raw_target_and_client(
+    dir: &std::path::Path,
+    client_listens: bool,
+) -> (na_core::Endpoint, PluginId, Engine, na_core::Addr) {
+    let (x, xid) = endpoint(dir, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let (ep, cid) = endpoint(dir, client_listens);
+    let mut c = Engine::new(ep, cid).unwrap();
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    (x, xid, c, s)
+}
