@@ -22,6 +22,31 @@ fn node(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
     (ep, id)
 }
 
+/// A listening endpoint in `mode` whose plugin holds at most `total`
+/// queued messages over all peers and keeps departed peers' expected
+/// messages for `hold` (default when `None`); with its plugin and URI.
+fn bounded_listener(
+    dir: &std::path::Path,
+    mode: ProgressMode,
+    total: usize,
+    hold: Option<Duration>,
+) -> (Endpoint, PluginId, String) {
+    let defaults = SmConfig::default();
+    let cfg = SmConfig {
+        listen: true,
+        max_queued_total: total,
+        departed_hold: hold.unwrap_or(defaults.departed_hold),
+        ..defaults
+    }
+    .with_dir(dir);
+    let mut rx = Endpoint::new(mode).unwrap();
+    let rid = rx
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = rx.self_addr(rid).unwrap().uri().to_owned();
+    (rx, rid, uri)
+}
+
 /// A new, empty 0700 directory `<tmp>/<tag>-<pid>`.
 fn fresh_dir(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
@@ -99,18 +124,8 @@ fn a_departed_peers_unexpected_messages_count_against_the_total_bound() {
     const TOTAL: usize = 8;
     const SENT: u32 = 12;
     let dir = fresh_dir("qs-sm-departed-pull");
-    let cfg = SmConfig {
-        listen: true,
-        max_queued_total: TOTAL,
-        ..SmConfig::default()
-    }
-    .with_dir(&dir);
-    let mut rx = Endpoint::new(ProgressMode::Busy).unwrap();
-    let rid = rx
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
+    let (mut rx, rid, uri) = bounded_listener(&dir, ProgressMode::Busy, TOTAL, None);
     assert!(rx.pull_unexpected(rid).unwrap());
-    let uri = rx.self_addr(rid).unwrap().uri().to_owned();
     let held = |rx: &Endpoint| rx.plugin(rid).unwrap().stats().queued_arrivals;
     {
         let (mut tx, _) = node(&dir, false);
@@ -177,18 +192,12 @@ fn a_departed_peers_unexpected_messages_count_against_the_total_bound() {
 fn a_listener_paused_for_departed_peers_messages_goes_on_while_idle() {
     const TOTAL: usize = 4;
     let dir = fresh_dir("qs-sm-departed-idle");
-    let cfg = SmConfig {
-        listen: true,
-        max_queued_total: TOTAL,
-        departed_hold: Duration::from_millis(300),
-        ..SmConfig::default()
-    }
-    .with_dir(&dir);
-    let mut rx = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let rid = rx
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let uri = rx.self_addr(rid).unwrap().uri().to_owned();
+    let (mut rx, rid, uri) = bounded_listener(
+        &dir,
+        ProgressMode::Blocking,
+        TOTAL,
+        Some(Duration::from_millis(300)),
+    );
     let stats = |rx: &Endpoint| rx.plugin(rid).unwrap().stats();
     {
         let (mut tx, _) = node(&dir, false);
@@ -322,18 +331,8 @@ fn departed_peers_messages_do_not_stop_a_connected_peers_draining() {
     const TOTAL: usize = 4;
     for blocking in [true, false] {
         let dir = fresh_dir(&format!("qs-sm-departed-share-{blocking}"));
-        let cfg = SmConfig {
-            listen: true,
-            max_queued_total: TOTAL,
-            departed_hold: Duration::from_secs(60),
-            ..SmConfig::default()
-        }
-        .with_dir(&dir);
-        let mut rx = Endpoint::new(ProgressMode::Blocking).unwrap();
-        let rid = rx
-            .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-            .unwrap();
-        let uri = rx.self_addr(rid).unwrap().uri().to_owned();
+        let (mut rx, rid, uri) =
+            bounded_listener(&dir, ProgressMode::Blocking, TOTAL, Some(Duration::from_secs(60)));
         let stats = |rx: &Endpoint| rx.plugin(rid).unwrap().stats();
         let pump = |rx: &mut Endpoint| {
             let wait = if blocking {
