@@ -86,6 +86,9 @@ enum HelloFailure {
     /// We could not set the connection up (our descriptors or memory ran
     /// out): not the peer's doing.
     Local(String),
+    /// The connector closed its end before it said anything (it exited,
+    /// or gave up on its lookup): a departure, not a protocol error.
+    Departed,
 }
 
 impl HelloFailure {
@@ -494,6 +497,9 @@ impl SmPlugin {
                     tracing::warn!(peer = %peer, %reason, "sm handshake refused");
                 }
             }
+            Err(HelloFailure::Departed) => {
+                tracing::debug!(peer = %peer, serial, "sm: connector closed before its hello");
+            }
             // Not the peer's doing: no protocol error. The connection is
             // closed (the connector's error says so); it may connect again.
             Err(HelloFailure::Local(reason)) => {
@@ -553,8 +559,11 @@ impl SmPlugin {
         buf: &[u8],
     ) -> std::result::Result<String, HelloFailure> {
         let mut r = r.map_err(|e| format!("reading hello: {e}"))?;
+        if r.len == 0 && r.fds.is_empty() && !r.fds_truncated {
+            return Err(HelloFailure::Departed);
+        }
         if r.len == 0 {
-            return Err("closed before its hello".into());
+            return Err("closed before its hello, with descriptors passed".into());
         }
         if r.fds_truncated && r.fds.len() < 2 {
             // Fewer than the two a hello carries, and the kernel says it

@@ -14,6 +14,8 @@
 //!   handshake is refused.
 //! * A listener paused for departed peers' queued messages resumes when
 //!   the application takes them.
+//! * A connector that closes before its hello is a departure, not a
+//!   protocol error.
 //! * A queue of connections is taken a bounded number per progress call,
 //!   and a driver that waits edge-triggered (as tokio does) never sleeps
 //!   on the rest.
@@ -762,5 +764,62 @@ fn connected_peers_at_the_total_bound_do_not_lock_out_new_clients() {
     let st = srv.plugin(sid).unwrap().stats();
     assert_eq!(st.queued_arrivals, TOTAL as u64, "{st:?}");
     assert!(st.flow_blocked > 0, "{st:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A connector that closes its end before its hello (it exited, or gave up
+/// its lookup) has departed: no protocol error is counted, and the
+/// listener goes on serving. A connector that sends bytes that are no
+/// hello is a protocol error, which the same count shows it still catches.
+#[test]
+fn a_connector_closing_before_its_hello_is_no_protocol_error() {
+    let d = dir("closed-early");
+    let (mut srv, sid, uri) = busy_listener(listening(&d));
+    let sock_path = d.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let settle = |srv: &mut Endpoint| {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(200) {
+            srv.progress(Some(Duration::ZERO)).unwrap();
+        }
+    };
+    for _ in 0..5 {
+        drop(UnixStream::connect(&sock_path).unwrap());
+    }
+    settle(&mut srv);
+    let stats = srv.plugin(sid).unwrap().stats();
+    assert_eq!(
+        stats.protocol_errors, 0,
+        "early closes counted as violations: {stats:?}"
+    );
+    {
+        use std::io::Write;
+        let mut s = UnixStream::connect(&sock_path).unwrap();
+        s.write_all(b"not a hello").unwrap();
+        settle(&mut srv);
+    }
+    let stats = srv.plugin(sid).unwrap().stats();
+    assert_eq!(
+        stats.protocol_errors, 1,
+        "a garbage hello went uncounted: {stats:?}"
+    );
+    // An honest client is still served.
+    let (mut c, _) = node(&d, false, ProgressMode::Busy);
+    let a = c.lookup(&uri).unwrap();
+    c.send_unexpected(&a, 9, b"after", OpId(1)).unwrap();
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(100)).unwrap();
+    let t0 = Instant::now();
+    let got = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the honest message never arrived"
+        );
+        srv.progress(Some(Duration::ZERO)).unwrap();
+        c.progress(Some(Duration::ZERO)).unwrap();
+        while c.pop_completion().is_some() {}
+        if let Some(k) = srv.pop_completion() {
+            break k;
+        }
+    };
+    assert_eq!(got.tag, 9);
     let _ = std::fs::remove_dir_all(&d);
 }
