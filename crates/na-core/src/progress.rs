@@ -44,7 +44,8 @@ impl Default for ProgressMode {
 }
 
 impl ProgressMode {
-    /// Parses `busy`, `adaptive`, `adaptive:<micros>` or `blocking`.
+    /// Parses `busy`, `adaptive`, `adaptive:<micros>`, `adaptive:<nanos>ns`
+    /// or `blocking`.
     pub fn parse(s: &str) -> Result<Self> {
         let bad = |reason: &str| NaError::Config {
             name: "progress mode".into(),
@@ -56,15 +57,21 @@ impl ProgressMode {
             "blocking" => Ok(ProgressMode::Blocking),
             "adaptive" => Ok(ProgressMode::default()),
             _ => {
-                let us = s
+                let window = s
                     .strip_prefix("adaptive:")
                     .ok_or_else(|| bad("expected busy, adaptive, adaptive:<micros> or blocking"))?;
-                let us: u64 = us
-                    .parse()
-                    .map_err(|_| bad("spin must be a whole number of microseconds"))?;
-                Ok(ProgressMode::Adaptive {
-                    spin: Duration::from_micros(us),
-                })
+                let spin = match window.strip_suffix("ns") {
+                    Some(ns) => Duration::from_nanos(
+                        ns.parse()
+                            .map_err(|_| bad("spin must be a whole number of nanoseconds before `ns`"))?,
+                    ),
+                    None => Duration::from_micros(
+                        window
+                            .parse()
+                            .map_err(|_| bad("spin must be a whole number of microseconds"))?,
+                    ),
+                };
+                Ok(ProgressMode::Adaptive { spin })
             }
         }
     }
@@ -74,7 +81,12 @@ impl ProgressMode {
     /// `adaptive` does not): for passing a mode to another process.
     pub fn spec(&self) -> String {
         match self {
-            ProgressMode::Adaptive { spin } => format!("adaptive:{}", spin.as_micros()),
+            ProgressMode::Adaptive { spin } if spin.subsec_nanos() % 1000 == 0 => {
+                format!("adaptive:{}", spin.as_micros())
+            }
+            // A window that is no whole number of microseconds (set through
+            // the API) would lose its rest in micros.
+            ProgressMode::Adaptive { spin } => format!("adaptive:{}ns", spin.as_nanos()),
             other => other.to_string(),
         }
     }
@@ -152,6 +164,26 @@ mod tests {
             }
         );
         assert!(ProgressMode::parse("fast").is_err());
+        assert!(ProgressMode::parse("adaptive:5xns").is_err());
+        // `spec` reads back as the very mode, sub-microsecond windows too.
+        for mode in [
+            ProgressMode::Busy,
+            ProgressMode::Blocking,
+            ProgressMode::default(),
+            ProgressMode::Adaptive {
+                spin: Duration::from_nanos(1_500),
+            },
+            ProgressMode::Adaptive {
+                spin: Duration::from_secs(3),
+            },
+        ] {
+            assert_eq!(
+                ProgressMode::parse(&mode.spec()).unwrap(),
+                mode,
+                "{}",
+                mode.spec()
+            );
+        }
         assert!(ProgressMode::parse("adaptive:x").is_err());
     }
 
