@@ -117,7 +117,13 @@ impl SharedBytes {
     /// `ptr..ptr + len` must be allocated, initialized and live for as
     /// long as the view is used, and every access to it from this
     /// process must go through such views (never a Rust reference), so
-    /// that all of them are atomic and of the same width per byte.
+    /// that all of them are atomic and of the same width per byte. Views
+    /// that overlap must agree on which bytes are whole words: each must
+    /// start and end on an 8-byte boundary, or all of them must have the
+    /// same `ptr` and `len`. (A view's bytes outside its whole 8-aligned
+    /// words are copied one by one, so a byte at the ragged end of one
+    /// view and inside a whole word of another would be accessed with two
+    /// widths.)
     #[allow(unsafe_code)]
     pub unsafe fn new(ptr: NonNull<u8>, len: usize) -> Self {
         SharedBytes { ptr, len }

@@ -230,6 +230,9 @@ impl MemoryRegion {
     /// not hold Rust references (`&`/`&mut`) into it while the device may
     /// access it: work requests using this region may read or write it until
     /// they complete, and peers may at any time if `access` grants them.
+    /// Regions whose copies (`write_at`/`read_at`) are used and that
+    /// overlap another region so used must start and end on 8-byte
+    /// boundaries or cover the same range (see `SharedBytes::new`).
     pub unsafe fn register(
         pd: &Arc<ProtectionDomain>,
         addr: NonNull<u8>,
@@ -331,7 +334,8 @@ impl MemoryRegion {
         // SAFETY: the region's `len` bytes at `addr` are mapped (ours, or
         // the caller's under `register`'s contract) while `self` lives, and
         // this process reaches them only through `write_at`/`read_at`,
-        // never a Rust reference.
+        // never a Rust reference; overlapping regions agree on whole words
+        // (ours are page-aligned; `register`'s contract for the caller's).
         unsafe { SharedBytes::new(self.addr, self.len) }
     }
 
