@@ -23,13 +23,21 @@
 //! It sees only Rust heap blocks: not the stack, statics, `mmap`,
 //! `madvise`, `mremap` or foreign (C) allocations, and not the allocator
 //! trimming small freed blocks back to the kernel. Use `uffd` for those.
+//!
+//! Ranges with a shared mapping (a memfd, shmem or other file, shared
+//! anonymous memory) are refused, so the cache registers them uncached,
+//! as the `uffd` monitor does: their file can lose its pages
+//! (`ftruncate`, `fallocate(PUNCH_HOLE)`, `MADV_REMOVE` elsewhere) with
+//! no free to hook. Telling them costs a `PROCMAP_QUERY` (about 0.6 us)
+//! per subscribed range, on a cache miss only.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
 use crate::sys::mem::StaticForkGuard;
+use crate::sys::vma::Vmas;
 
 static SINKS: SinkSet = SinkSet::new();
 /// Made at the first attach: in a forked child it reads as "not the
@@ -39,6 +47,9 @@ static SINKS: SinkSet = SinkSet::new();
 static SINKS_GUARD: StaticForkGuard = StaticForkGuard::new();
 static THRESHOLD: AtomicUsize = AtomicUsize::new(4096);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// The process that opened it, and its mappings (`None`: `/proc/self/maps`
+/// could not be opened, and every range is refused): see `subscribe`.
+static VMAS: OnceLock<(u32, Option<Vmas>)> = OnceLock::new();
 
 /// False in a forked child of a process whose hook had caches attached.
 #[inline]
@@ -99,6 +110,9 @@ impl Monitor for AllocMonitor {
 
     fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
         SINKS_GUARD.init()?;
+        // Opened here, where a cache is made, not in `subscribe`: a forked
+        // child must never wait on a `OnceLock` a parent thread was filling.
+        VMAS.get_or_init(|| (std::process::id(), Vmas::open().ok()));
         if !sinks_usable() {
             return Err(io::Error::other(
                 "the allocator monitor cannot be used in a forked child of a process that used it \
@@ -117,7 +131,16 @@ impl Monitor for AllocMonitor {
         SINKS.detach(id)
     }
 
-    fn subscribe(&self, _start: usize, _len: usize, cookie: u64) -> io::Result<Watch> {
+    fn subscribe(&self, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
+        let end = start.saturating_add(len);
+        match VMAS.get() {
+            Some((pid, vmas)) if *pid == std::process::id() => {
+                super::private_only(vmas.as_ref(), start, end, "allocator hook")?
+            }
+            // A forked child (the file would list the parent's mappings),
+            // or not attached yet: ask afresh.
+            _ => super::private_only(Vmas::open().ok().as_ref(), start, end, "allocator hook")?,
+        }
         Ok(Watch {
             cookie,
             token: [0; 2],

@@ -161,3 +161,32 @@ impl SinkSet {
         }
     }
 }
+
+/// `Ok` when no mapping of `[first, end)` is shared; an `Unsupported`
+/// error otherwise, or when the mappings cannot be told (`vmas` is `None`
+/// or the query fails). A shared mapping (a memfd, shmem, hugetlbfs or
+/// other file, shared anonymous memory) loses its pages when its file does
+/// (`ftruncate`, `fallocate(PUNCH_HOLE)`, `MADV_REMOVE` through another
+/// mapping), which neither userfaultfd nor an allocator hook sees:
+/// `monitor` names the one refusing, for the error.
+pub(crate) fn private_only(
+    vmas: Option<&crate::sys::vma::Vmas>,
+    first: usize,
+    end: usize,
+    monitor: &str,
+) -> io::Result<()> {
+    let refuse = |why: String| Err(io::Error::new(io::ErrorKind::Unsupported, why));
+    let Some(vmas) = vmas else {
+        return refuse(format!(
+            "{monitor}: /proc/self/maps unavailable: cannot tell shared mappings"
+        ));
+    };
+    match vmas.backing(first, end) {
+        Ok(b) if !b.shared => Ok(()),
+        Ok(_) => refuse(format!(
+            "{monitor}: shared mapping: no event tells when its file loses pages \
+             (ftruncate, fallocate PUNCH_HOLE, MADV_REMOVE elsewhere)"
+        )),
+        Err(e) => refuse(format!("{monitor}: cannot tell shared mappings: {e}")),
+    }
+}

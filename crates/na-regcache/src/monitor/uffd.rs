@@ -542,19 +542,7 @@ impl Shared {
     /// `Ok` when no mapping of `[first, end)` is shared; an `Unsupported`
     /// error otherwise, or when the mappings cannot be told.
     fn private_only(&self, first: usize, end: usize) -> io::Result<()> {
-        let refuse = |why: String| Err(io::Error::new(io::ErrorKind::Unsupported, why));
-        let Some(vmas) = &self.vmas else {
-            return refuse("/proc/self/maps unavailable: cannot tell shared mappings".into());
-        };
-        match vmas.backing(first, end) {
-            Ok(b) if !b.shared => Ok(()),
-            Ok(_) => refuse(
-                "shared mapping: userfaultfd does not see its file lose pages \
-                 (ftruncate, fallocate PUNCH_HOLE, MADV_REMOVE elsewhere)"
-                    .into(),
-            ),
-            Err(e) => refuse(format!("cannot tell shared mappings: {e}")),
-        }
+        super::private_only(self.vmas.as_ref(), first, end, "userfaultfd")
     }
 
     /// The huge page size of `[first, end)`'s mappings, if larger than the
