@@ -132,7 +132,9 @@ impl Endpoint {
         Ok(self.plugins[i].as_ref())
     }
 
-    /// The plugin with id `id`, mutably.
+    /// The plugin with id `id`, mutably. (Switch a plugin to pull mode
+    /// with [`pull_unexpected`](Self::pull_unexpected), not through this:
+    /// see [`Plugin::pull_unexpected`].)
     pub fn plugin_mut(&mut self, id: PluginId) -> Result<&mut (dyn Plugin + 'static)> {
         let i = self.index_of(id).ok_or_else(|| no_such(id))?;
         Ok(self.plugins[i].as_mut())

@@ -268,6 +268,13 @@ pub trait Plugin: Send {
     /// any unexpected receive (an error otherwise); posting one afterwards
     /// is an error too. Returns `Ok(false)`, changing nothing, if the plugin
     /// has no pull mode (the default).
+    ///
+    /// For a plugin inside an [`Endpoint`](crate::Endpoint), switch through
+    /// [`Endpoint::pull_unexpected`](crate::Endpoint::pull_unexpected),
+    /// never on the plugin itself (through `plugin_mut`): the endpoint
+    /// keeps the list of plugins whose waiting messages count as work, and
+    /// one missing from it refuses to sleep while a message waits, so the
+    /// endpoint's progress spins without reporting it.
     fn pull_unexpected(&mut self) -> Result<bool> {
         Ok(false)
     }
