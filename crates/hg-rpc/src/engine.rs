@@ -199,6 +199,14 @@ struct PendingPull {
     ticket: Option<DeferredTicket>,
 }
 
+impl PendingPull {
+    /// The bytes `start_pull` charged to `pull_bytes`: the data, not the
+    /// seal pulled after it.
+    fn charged(&self) -> u64 {
+        self.mem.size().saturating_sub(crate::spill::SEAL_LEN)
+    }
+}
+
 struct Call {
     rpc: &'static str,
     /// Token of the target; `None` for a self-forward. A response counts

@@ -298,10 +298,15 @@ impl<C: Codec> Engine<C> {
                 // A peer's last messages (a response sent just before it
                 // exited, say) come before its death, or the death would
                 // fail their calls.
-                if c.status.is_err() {
-                    self.take_last_words()?;
-                }
-                self.watch_ended(token, c.status)
+                // The death is acted on even if that fails: its calls
+                // must end (and the peer's watch go), whatever the error.
+                let taken = if c.status.is_err() {
+                    self.take_last_words()
+                } else {
+                    Ok(())
+                };
+                self.watch_ended(token, c.status);
+                taken?
             }
             OpRole::ForgottenBulk => {}
             OpRole::Bulk(_) => {
@@ -313,7 +318,7 @@ impl<C: Codec> Engine<C> {
             }
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {
-                    self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
+                    self.pull_bytes = self.pull_bytes.saturating_sub(p.charged());
                     let one_way = p.header.is_one_way();
                     let pulled = match c.status {
                         Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.seal, p.crc),
@@ -343,7 +348,7 @@ impl<C: Codec> Engine<C> {
             }
             OpRole::PullOutput(key, cookie) => {
                 if let Some(p) = self.pulls.remove(&key) {
-                    self.pull_bytes = self.pull_bytes.saturating_sub(p.mem.size());
+                    self.pull_bytes = self.pull_bytes.saturating_sub(p.charged());
                     self.release_output(&p.src, cookie);
                     let rpc = self.call_name(cookie);
                     let pulled = match c.status {
@@ -360,5 +365,68 @@ impl<C: Codec> Engine<C> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::{Engine, Rpc};
+
+    struct Blob;
+    impl Rpc for Blob {
+        const NAME: &'static str = "test.blob";
+        type Input = Vec<u8>;
+        type Output = ();
+    }
+
+    /// A finished pull gives back to the pull budget what its start
+    /// charged (the data's length), not the buffer's (data and seal): with
+    /// two spilled inputs in flight, the first one's end leaves exactly
+    /// the second one's bytes counted.
+    #[test]
+    fn a_finished_pull_gives_back_what_it_charged() {
+        const LEN: usize = 20_000;
+        let dir = std::env::temp_dir().join(format!("hg-rpc-pull-budget-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = |listen| {
+            na_sm::SmConfig {
+                listen,
+                ..na_sm::SmConfig::default()
+            }
+            .with_dir(&dir)
+        };
+        let mode = na_core::ProgressMode::Busy;
+        let mut srv = Engine::shared_memory(cfg(true), mode).unwrap();
+        srv.register::<Blob>(|_| Ok(())).unwrap();
+        let mut c = Engine::shared_memory(cfg(false), mode).unwrap();
+        let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+        for _ in 0..2 {
+            c.forward::<Blob>(&s, &vec![7u8; LEN]).unwrap();
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while srv.pulls.len() < 2 {
+            assert!(Instant::now() < end, "the two pulls never started");
+            srv.ep.progress_now().unwrap();
+            srv.take_pulled(false).unwrap();
+        }
+        // The encoded input: a length prefix, then the bytes.
+        let charged = srv.pull_bytes;
+        assert!(
+            charged >= 2 * LEN as u64 && charged < 2 * LEN as u64 + 16,
+            "{charged}"
+        );
+        let done = loop {
+            assert!(Instant::now() < end, "no pull completed");
+            srv.ep.progress_now().unwrap();
+            if let Some(c) = srv.ep.pop_completion() {
+                break c;
+            }
+        };
+        srv.handle(done).unwrap();
+        assert_eq!(srv.pulls.len(), 1);
+        assert_eq!(srv.pull_bytes, charged / 2, "one pull's bytes left counted");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
