@@ -31,22 +31,36 @@ thread_local! {
 /// until it is dropped, and makes
 /// [`Bulk::into_buffers`](crate::Bulk::into_buffers) refuse meanwhile.
 /// Costs two thread-local stores and a load when no handle is serialized.
-/// Calls do not nest: an inner call collects what it sees, the outer one
-/// the rest.
+/// Calls nest: an inner call collects what it sees, the outer one the
+/// rest. If `encode` unwinds, what it recorded is let go.
 #[inline]
 pub fn collect_lent<R>(encode: impl FnOnce() -> R) -> (R, Option<Box<[MemHandle]>>) {
-    /// Ends the collection even if `encode` unwinds.
-    struct Off(State);
+    /// Ends the collection even if `encode` unwinds: restores the outer
+    /// state, and drops what an unwinding `encode` recorded.
+    struct Off {
+        outer: State,
+        mark: usize,
+    }
     impl Drop for Off {
         fn drop(&mut self) {
-            STATE.set(self.0);
+            if STATE.replace(self.outer) == State::Recorded {
+                // Only when `encode` unwound after recording: the normal
+                // end took the records and left the state `On`.
+                forget_recorded(self.mark);
+            }
         }
     }
     let outer = STATE.replace(State::On);
-    let guard = Off(outer);
+    // Inside a collection that recorded already, ours start past its own.
+    let mark = if outer == State::Recorded {
+        recorded_len()
+    } else {
+        0
+    };
+    let guard = Off { outer, mark };
     let r = encode();
     let lent = if STATE.get() == State::Recorded {
-        Some(take_recorded())
+        Some(take_recorded(mark))
     } else {
         None
     };
@@ -54,11 +68,27 @@ pub fn collect_lent<R>(encode: impl FnOnce() -> R) -> (R, Option<Box<[MemHandle]
     (r, lent)
 }
 
-/// What this thread recorded (out of line: the rare case).
+/// How many handles this thread holds recorded (the rare nested case).
 #[cold]
 #[inline(never)]
-fn take_recorded() -> Box<[MemHandle]> {
-    LENT.with_borrow_mut(std::mem::take).into_boxed_slice()
+fn recorded_len() -> usize {
+    LENT.with_borrow(Vec::len)
+}
+
+/// What this thread recorded past `mark` (out of line: the rare case).
+#[cold]
+#[inline(never)]
+fn take_recorded(mark: usize) -> Box<[MemHandle]> {
+    STATE.set(State::On);
+    LENT.with_borrow_mut(|l| l.split_off(mark)).into_boxed_slice()
+}
+
+/// Drops what this thread recorded past `mark` (an encoder unwound).
+#[cold]
+#[inline(never)]
+fn forget_recorded(mark: usize) {
+    let dropped = LENT.with_borrow_mut(|l| l.split_off(mark));
+    drop(dropped);
 }
 
 /// Records `mem` if this thread is collecting (see [`collect_lent`]).
@@ -98,5 +128,47 @@ mod tests {
         assert_eq!(STATE.get(), State::Off);
         let ((), none) = collect_lent(|| ());
         assert!(none.is_none());
+    }
+
+    /// An encoder that panics after recording lets go of what it
+    /// recorded: the handle's memory is the caller's again, and the next
+    /// collection does not take it.
+    #[test]
+    fn a_panicking_encoder_keeps_nothing() {
+        let a = MemHandle::new(vec![vec![1u8; 8]], Access::ReadWrite);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            collect_lent(|| {
+                record(&a);
+                panic!("encoder bug");
+            })
+        }));
+        assert!(r.is_err());
+        assert_eq!(STATE.get(), State::Off);
+        let ((), none) = collect_lent(|| ());
+        assert!(
+            none.is_none(),
+            "a later collection took the panicked one's records"
+        );
+        assert!(a.into_buffers().is_ok(), "the memory stayed lent");
+    }
+
+    /// An inner collection takes what it saw, the outer one the rest,
+    /// before and after it.
+    #[test]
+    fn nested_collections_split_what_they_saw() {
+        let h = |n| MemHandle::new(vec![vec![n; 8]], Access::ReadOnly);
+        let (a, b, c) = (h(1), h(2), h(3));
+        let (inner, outer) = collect_lent(|| {
+            record(&a);
+            let ((), inner) = collect_lent(|| record(&b));
+            record(&c);
+            inner
+        });
+        let inner = inner.expect("the inner one recorded");
+        let outer = outer.expect("the outer one recorded");
+        assert_eq!(inner.len(), 1);
+        assert_eq!(outer.len(), 2);
+        assert!(inner[0].same_as(&b), "the inner took another handle");
+        assert!(outer[0].same_as(&a) && outer[1].same_as(&c));
     }
 }

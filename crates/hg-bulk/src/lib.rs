@@ -172,12 +172,14 @@ impl Bulk {
 
 impl Serialize for Bulk {
     /// Serializes the descriptor; a local handle serialized inside
-    /// [`collect_lent`] is recorded as lent.
+    /// [`collect_lent`] is recorded as lent, unless its data travels
+    /// inline (small and read-only: a target has no use for the memory).
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if let Some(mem) = &self.local {
+        let desc = self.desc();
+        if let (Some(mem), None) = (&self.local, &desc.inline) {
             lent::record(mem);
         }
-        self.desc().serialize(s)
+        desc.serialize(s)
     }
 }
 
