@@ -552,14 +552,17 @@ impl<C: Codec> Engine<C> {
             match self.start_pull(src, h, p, true, None) {
                 // The outcome is filed when the pull completes.
                 Ok(()) => return,
+                // The target is gone (it answered, then exited): its
+                // death is the outcome, as for its other calls.
+                Err(super::serve_ops::PullRefused { gone: Some(e), .. }) => Err(RpcError::Transport(e)),
                 // Our own budget, or the target's descriptor: either way
                 // the output cannot be had (the handler did run).
-                Err((_, reason)) => {
+                Err(refused) => {
                     self.release_output(src, cookie);
                     Err(RpcError::Decode {
                         rpc: self.call_name(cookie).into(),
                         what: "output",
-                        reason,
+                        reason: refused.reason,
                     })
                 }
             }

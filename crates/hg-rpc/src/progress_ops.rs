@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use na_core::hint::cold_path;
-use na_core::Completion;
+use na_core::{Completion, NaError};
 
 use super::{
     response_header, serve_ops, BulkId, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
@@ -351,15 +351,23 @@ impl<C: Codec> Engine<C> {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.charged());
                     self.release_output(&p.src, cookie);
                     let rpc = self.call_name(cookie);
-                    let pulled = match c.status {
-                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.seal, p.crc),
-                        Err(e) => Err(format!("pulling the spilled output failed: {e}")),
+                    let outcome = match c.status {
+                        Ok(()) => self
+                            .checked_pull(serve_ops::pulled_bytes(p.mem), p.seal, p.crc)
+                            .map_err(|reason| RpcError::Decode {
+                                rpc: rpc.into(),
+                                what: "output",
+                                reason,
+                            }),
+                        // The target died while we pulled: its death is the
+                        // outcome, as for its other calls.
+                        Err(e @ NaError::PeerGone { .. }) => Err(RpcError::Transport(e)),
+                        Err(e) => Err(RpcError::Decode {
+                            rpc: rpc.into(),
+                            what: "output",
+                            reason: format!("pulling the spilled output failed: {e}"),
+                        }),
                     };
-                    let outcome = pulled.map_err(|reason| RpcError::Decode {
-                        rpc: rpc.into(),
-                        what: "output",
-                        reason,
-                    });
                     self.file_outcome(cookie, outcome);
                 }
             }

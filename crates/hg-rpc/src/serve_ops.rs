@@ -2,7 +2,7 @@
 //! pulling spilled inputs, and sending responses (spilling large outputs).
 
 use na_core::hint::cold_path;
-use na_core::{Access, Addr, MemHandle, Report};
+use na_core::{Access, Addr, MemHandle, NaError, Report};
 
 use super::{
     logged_at, response_header, response_outcome, BulkCtx, DebugSpan, DeferredRequest, Engine, Handler,
@@ -21,6 +21,18 @@ const SPARE_BUFFERS_KEPT: usize = 16;
 
 /// The bytes a finished pull wrote into `mem` (one of `pull_buffer`'s),
 /// taken back without a copy when no other clone of the handle is left.
+/// Why [`Engine::start_pull`] did not start a pull.
+pub(super) struct PullRefused {
+    /// The status a request gets for it: `Busy` when the pull budget has
+    /// no room now, `DecodeError` otherwise.
+    pub(super) status: Status,
+    /// What went wrong, for the answer or the error.
+    pub(super) reason: String,
+    /// The transport's error when the peer is gone (its death, not its
+    /// data, is then a call's outcome).
+    pub(super) gone: Option<NaError>,
+}
+
 pub(super) fn pulled_bytes(mem: MemHandle) -> Vec<u8> {
     match mem.into_buffers() {
         Ok(mut bufs) if bufs.len() == 1 => bufs.pop().unwrap_or_default(),
@@ -315,8 +327,12 @@ impl<C: Codec> Engine<C> {
                 }
             }
         }
-        if let Err((status, reason)) = self.start_pull(src, h, payload, false, ticket) {
-            self.respond(src, response_header(h, status), reason.into_bytes());
+        if let Err(refused) = self.start_pull(src, h, payload, false, ticket) {
+            self.respond(
+                src,
+                response_header(h, refused.status),
+                refused.reason.into_bytes(),
+            );
         }
     }
 
@@ -333,18 +349,23 @@ impl<C: Codec> Engine<C> {
         payload: &[u8],
         output: bool,
         ticket: Option<DeferredTicket>,
-    ) -> std::result::Result<(), (Status, String)> {
+    ) -> std::result::Result<(), PullRefused> {
         let what = if output { "output" } else { "input" };
+        let refuse = |status, reason| PullRefused {
+            status,
+            reason,
+            gone: None,
+        };
         let spill::Spilled {
             len,
             remote,
             seal,
             crc,
         } = spill::parse(payload, self.max_spill, h.flags & FLAG_CHECKSUM != 0)
-            .map_err(|e| (Status::DecodeError, format!("{what}: {e}")))?;
+            .map_err(|e| refuse(Status::DecodeError, format!("{what}: {e}")))?;
         if len > self.max_pull_bytes {
             // Busy would be a lie: no retry can ever fit.
-            return Err((
+            return Err(refuse(
                 Status::DecodeError,
                 format!(
                     "{what}: {len} bytes exceed the {} bytes of spilled data this engine pulls at once",
@@ -354,7 +375,7 @@ impl<C: Codec> Engine<C> {
         }
         let held = self.pull_bytes + self.deferred_bytes.load(std::sync::atomic::Ordering::Relaxed);
         if held.saturating_add(len) > self.max_pull_bytes {
-            return Err((
+            return Err(refuse(
                 Status::Busy,
                 format!(
                     "{what}: {len} more bytes would exceed the {} bytes of spilled data this engine \
@@ -373,11 +394,10 @@ impl<C: Codec> Engine<C> {
             .plugin_mut(self.plugin)
             .and_then(|p| p.mem_register(&mem))
             .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len + spill::SEAL_LEN, src, op))
-            .map_err(|e| {
-                (
-                    Status::DecodeError,
-                    format!("pulling the spilled {what} failed: {e}"),
-                )
+            .map_err(|e| PullRefused {
+                status: Status::DecodeError,
+                reason: format!("pulling the spilled {what} failed: {e}"),
+                gone: matches!(e, NaError::PeerGone { .. }).then_some(e),
             })?;
         let role = if output {
             OpRole::PullOutput(op.0, h.cookie)

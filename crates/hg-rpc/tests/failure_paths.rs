@@ -66,6 +66,31 @@ fn a_response_sent_just_before_the_target_exits_is_the_call_s_result() {
     }
 }
 
+/// The same with an output too large for a message: the target exposes
+/// it, answers with its descriptor and exits before the origin pulls it.
+/// The output cannot be had, and the call says why: the target is gone
+/// (`PeerGone`, as for its other calls), not that the output failed to
+/// decode. (It said `Decode` when the pull was refused for the departed
+/// peer.)
+#[test]
+fn a_spilled_response_from_a_target_that_exited_ends_with_peer_gone() {
+    for round in 0..3 {
+        let d = dir(&format!("spilled-last-words-{round}"));
+        let mut srv = server(&d);
+        let mut c = client(&d);
+        assert_eq!(call_both::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
+        let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+        let id = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+        serve_until(&mut srv, 2);
+        drop(srv);
+        std::thread::sleep(Duration::from_millis(50));
+        match wait::<Echo>(&mut c, id) {
+            Err(RpcError::Transport(na_core::NaError::PeerGone { .. })) => {}
+            other => panic!("round {round}: expected PeerGone, got {other:?}"),
+        }
+    }
+}
+
 /// Drives `c`'s transport without taking or handling anything: while
 /// messages wait, a progress call neither sleeps nor looks at the
 /// sockets (connections, hang-ups) except every so many calls, and
