@@ -157,8 +157,23 @@ impl Endpoint {
         Ok(self.plugin(id)?.self_addr())
     }
 
-    /// Looks up `uri` on the first plugin of its scheme.
+    /// Looks up `uri` on the first plugin of its scheme. This may wait
+    /// for a connection's set-up, boundedly (see [`Plugin::lookup`]);
+    /// [`try_lookup`](Self::try_lookup) never does.
     pub fn lookup(&mut self, uri: &str) -> Result<Addr> {
+        self.plugin_for(uri)?.lookup(uri)
+    }
+
+    /// [`lookup`](Self::lookup) without waiting: [`NaError::WouldBlock`]
+    /// where `lookup` would wait, until the plugin's bound has passed
+    /// since `since` (the first attempt); then `lookup`'s error for a
+    /// wait that ran out. See [`Plugin::try_lookup`].
+    pub fn try_lookup(&mut self, uri: &str, since: std::time::Instant) -> Result<Addr> {
+        self.plugin_for(uri)?.try_lookup(uri, since)
+    }
+
+    /// The first plugin of `uri`'s scheme.
+    fn plugin_for(&mut self, uri: &str) -> Result<&mut (dyn Plugin + 'static)> {
         let (scheme, _) = split_uri(uri)?;
         let available = self
             .plugins
@@ -174,7 +189,7 @@ impl Endpoint {
                 scheme: scheme.to_owned(),
                 available,
             })?;
-        plugin.lookup(uri)
+        Ok(plugin.as_mut())
     }
 
     /// Decodes an address that travelled as bytes ([`Addr::to_bytes`]).

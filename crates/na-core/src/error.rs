@@ -35,6 +35,19 @@ pub enum NaError {
         #[source]
         source: io::Error,
     },
+    /// A non-blocking lookup ([`Plugin::try_lookup`](crate::Plugin::try_lookup))
+    /// could not finish without waiting (na-sm: the listener's accept queue
+    /// is full). Nothing was set up; try again later with the same start
+    /// time. Once the plugin's bound for a blocking lookup has passed since
+    /// that start, the attempt returns the blocking lookup's error (a
+    /// timeout naming the peer) instead.
+    #[error("lookup of {uri} would block: {reason}")]
+    WouldBlock {
+        /// The address being looked up.
+        uri: String,
+        /// What it would wait for.
+        reason: String,
+    },
     /// The peer refused or broke the connection handshake.
     #[error("handshake with {uri} failed: {reason}")]
     Handshake {
@@ -191,6 +204,12 @@ impl NaError {
     /// Wraps a failed system call.
     pub fn sys(op: &'static str, source: io::Error) -> Self {
         NaError::Sys { op, source }
+    }
+
+    /// True if a non-blocking attempt only would have had to wait
+    /// ([`NaError::WouldBlock`]): retry it later.
+    pub fn is_would_block(&self) -> bool {
+        matches!(self, NaError::WouldBlock { .. })
     }
 
     /// True if the error means the peer is unusable from now on.

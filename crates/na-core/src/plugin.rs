@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::addr::{Addr, PluginId};
 use crate::error::{NaError, Result};
@@ -128,8 +128,9 @@ impl PluginStats {
 ///    again); if it returns `false` there is work to do now.
 ///
 /// Plugins never block inside any of these calls (connection set-up in
-/// `lookup` may wait for a local handshake, bounded by a timeout) and start
-/// no threads.
+/// `lookup` may wait for a local handshake, bounded by a timeout; see
+/// [`try_lookup`](Self::try_lookup) for the attempt that never waits) and
+/// start no threads.
 pub trait Plugin: Send {
     /// The address scheme this plugin serves (`"sm"`, `"verbs"`).
     fn scheme(&self) -> &'static str;
@@ -140,8 +141,31 @@ pub trait Plugin: Send {
     /// Our own address (what peers look up to reach us).
     fn self_addr(&self) -> Addr;
 
-    /// Resolves a peer address string of this plugin's scheme.
+    /// Resolves a peer address string of this plugin's scheme. Setting up
+    /// a connection may wait (na-sm: for a listener whose accept queue is
+    /// full), at most a bound of the plugin's (na-sm:
+    /// `SmConfig::handshake_timeout`); a caller that must not block (an
+    /// event loop, a lock others wait for) uses
+    /// [`try_lookup`](Self::try_lookup).
     fn lookup(&mut self, uri: &str) -> Result<Addr>;
+
+    /// [`lookup`](Self::lookup) without waiting: what `lookup` would have
+    /// waited for makes it fail at once with [`NaError::WouldBlock`]
+    /// (nothing set up), and the caller tries again later, typically
+    /// after a short pause taken without holding whatever it must not
+    /// block, passing the same `since`: when its first attempt was made.
+    /// Once the bound `lookup` would have waited has passed since
+    /// `since`, the attempt gives `lookup`'s own error for a wait that
+    /// ran out (a timeout naming the peer) instead of `WouldBlock`, so
+    /// that a retry loop ends, with the same error, about when a blocking
+    /// lookup would have. Every other outcome is `lookup`'s.
+    ///
+    /// The default calls `lookup`: right for a plugin whose lookup never
+    /// waits (na-verbs connects on first use, from `progress`).
+    fn try_lookup(&mut self, uri: &str, since: Instant) -> Result<Addr> {
+        let _ = since;
+        self.lookup(uri)
+    }
 
     /// Largest unexpected message, in bytes.
     fn max_unexpected_size(&self) -> usize;

@@ -17,7 +17,9 @@ use crate::error::{SmError, SmResult};
 use crate::plugin::{PendingAccept, SmPlugin, LISTENER_TOKEN, WAKE_BIT};
 use crate::progress::{wake_failure, Failure};
 use crate::sys::shm::SharedRegion;
-use crate::sys::socket::{connect_unix, peer_cred, recv_with_fds, send_with_fds};
+use crate::sys::socket::{
+    connect_unix, peer_cred, queue_full_timeout, recv_with_fds, send_with_fds, try_connect_unix,
+};
 use crate::sys::wake::{OwnWake, PeerWake};
 
 /// Accepted connections that may wait for their hello at once (each holds
@@ -114,11 +116,27 @@ impl From<&str> for HelloFailure {
         HelloFailure::Peer(reason.to_owned())
     }
 }
+/// How a lookup that connects waits for a listener whose accept queue is
+/// full (a peer that is hung, overloaded or hostile and does not accept).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ConnectWait {
+    /// In connect(2), at most `SmConfig::handshake_timeout` (`lookup`).
+    Bounded,
+    /// Not at all (`try_lookup`): [`SmError::WouldBlock`] at once, or,
+    /// once `handshake_timeout` has passed since `since` (the caller's
+    /// first attempt), the error the bounded wait gives when it runs out.
+    Never {
+        /// When the caller's first attempt was made.
+        since: Instant,
+    },
+}
+
 impl SmPlugin {
     /// Resolves `uri`, connecting if it names a peer we have no connection
-    /// to. Returns as soon as the hello is sent: the acknowledgement is
-    /// processed by `progress`, and sends may start at once.
-    pub(crate) fn lookup_uri(&mut self, uri: &str) -> SmResult<Addr> {
+    /// to (waiting for a full accept queue as `wait` says). Returns as soon
+    /// as the hello is sent: the acknowledgement is processed by
+    /// `progress`, and sends may start at once.
+    pub(crate) fn lookup_uri(&mut self, uri: &str, wait: ConnectWait) -> SmResult<Addr> {
         let name = SmName::parse(uri)?;
         if let Some(tok) = self.peers.by_name(&name.key()) {
             if let Some(p) = self.peers.get(tok) {
@@ -127,7 +145,7 @@ impl SmPlugin {
                 }
             }
         }
-        self.connect(&name)
+        self.connect(&name, wait)
     }
 
     /// Connects to the self address on first use (a listening instance
@@ -157,18 +175,38 @@ impl SmPlugin {
             });
         }
         let name = self.name.clone();
-        self.connect(&name)?;
+        self.connect(&name, ConnectWait::Bounded)?;
         Ok(())
     }
 
-    fn connect(&mut self, name: &SmName) -> SmResult<Addr> {
+    fn connect(&mut self, name: &SmName, wait: ConnectWait) -> SmResult<Addr> {
         let uri = name.uri();
         let path = name.socket_path(&self.dir);
         let lookup_err = |source| SmError::Lookup {
             uri: uri.clone(),
             source,
         };
-        let sock = connect_unix(&path, self.cfg.handshake_timeout).map_err(|e| lookup_err(hint(e, &path)))?;
+        let timeout = self.cfg.handshake_timeout;
+        let sock = match wait {
+            ConnectWait::Bounded => connect_unix(&path, timeout).map_err(|e| lookup_err(hint(e, &path)))?,
+            ConnectWait::Never { since } => match try_connect_unix(&path) {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(if since.elapsed() >= timeout {
+                        lookup_err(hint(queue_full_timeout(timeout), &path))
+                    } else {
+                        SmError::WouldBlock {
+                            uri: uri.clone(),
+                            reason: format!(
+                                "the accept queue of {} is full (the peer is not accepting)",
+                                path.display()
+                            ),
+                        }
+                    });
+                }
+                Err(e) => return Err(lookup_err(hint(e, &path))),
+            },
+        };
         let handshake = |reason: String| SmError::Handshake {
             peer: uri.clone(),
             reason,

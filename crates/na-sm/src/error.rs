@@ -70,6 +70,15 @@ pub enum SmError {
         #[source]
         source: io::Error,
     },
+    /// A non-blocking lookup would have had to wait (the listener's queue
+    /// is full); see [`NaError::WouldBlock`].
+    #[error("lookup of {uri} would block: {reason}")]
+    WouldBlock {
+        /// The address.
+        uri: String,
+        /// What it would wait for.
+        reason: String,
+    },
     /// The connection handshake was refused or malformed.
     #[error("handshake with {peer} failed: {reason}")]
     Handshake {
@@ -130,6 +139,7 @@ impl From<SmError> for NaError {
             SmError::Config { name, value, reason } => NaError::Config { name, value, reason },
             SmError::InvalidAddress { uri, reason } => NaError::InvalidAddress { uri, reason },
             SmError::Lookup { uri, source } => NaError::Lookup { uri, source },
+            SmError::WouldBlock { uri, reason } => NaError::WouldBlock { uri, reason },
             SmError::Handshake { peer, reason } => NaError::Handshake { uri: peer, reason },
             SmError::Protocol { peer, reason } => NaError::Protocol { peer, reason },
             SmError::PeerGone { peer, reason } => NaError::PeerGone { peer, reason },

@@ -22,6 +22,7 @@ use na_core::{
 use crate::addr::{PeerTable, SmName};
 use crate::channel::{MsgKind, Slot, BUF_SIZE};
 use crate::config::{check_name, ensure_dir, SmConfig};
+use crate::connect::ConnectWait;
 use crate::error::{SmError, SmResult};
 use crate::heads::HeadList;
 use crate::matching::{Matcher, OpPlace};
@@ -544,7 +545,11 @@ impl Plugin for SmPlugin {
     }
 
     fn lookup(&mut self, uri: &str) -> Result<Addr> {
-        Ok(self.lookup_uri(uri)?)
+        Ok(self.lookup_uri(uri, ConnectWait::Bounded)?)
+    }
+
+    fn try_lookup(&mut self, uri: &str, since: std::time::Instant) -> Result<Addr> {
+        Ok(self.lookup_uri(uri, ConnectWait::Never { since })?)
     }
 
     fn max_unexpected_size(&self) -> usize {

@@ -162,3 +162,99 @@ fn a_zero_handshake_timeout_is_refused() {
         Ok(_) => panic!("a zero handshake timeout was accepted"),
     }
 }
+
+/// `try_lookup` never waits: a listener whose queue is full gives
+/// `WouldBlock` at once (nothing set up: the next attempt tries again),
+/// and, once the handshake timeout has passed since the first attempt,
+/// the error the blocking `lookup` gives when its wait runs out. A healthy
+/// listener is connected to (and messaged) as with `lookup`.
+#[test]
+fn try_lookup_does_not_wait_for_a_listener_that_never_accepts() {
+    use na_core::{NaError, OpId};
+    let dir = std::env::temp_dir().join(format!("qs-sm-trylookup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let pid = std::process::id();
+    let path = dir.join(format!("{pid}-stuck.sock"));
+    let listener = UnixListener::bind(&path).unwrap();
+    // SAFETY: listen(2) on a socket we own; backlog 0 makes one pending
+    // connection fill the queue.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let _queued = UnixStream::connect(&path).expect("the first connection is queued");
+    let timeout = Duration::from_secs(3);
+    let cfg = |listen| {
+        SmConfig {
+            listen,
+            handshake_timeout: timeout,
+            ..SmConfig::default()
+        }
+        .with_dir(&*dir)
+    };
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg(false))?) as Box<dyn Plugin>))
+        .unwrap();
+    let stuck = format!("sm://{pid}-stuck");
+    let t0 = Instant::now();
+    for _ in 0..3 {
+        match ep.try_lookup(&stuck, t0) {
+            Err(e @ NaError::WouldBlock { .. }) => {
+                assert!(e.is_would_block());
+                assert!(e.to_string().contains(&stuck), "{e}");
+            }
+            other => panic!("expected WouldBlock, got {other:?}"),
+        }
+    }
+    assert!(t0.elapsed() < Duration::from_secs(1), "waited {:?}", t0.elapsed());
+    // A first attempt made longer ago than the handshake timeout: the
+    // blocking lookup's timeout error, at once.
+    let long_ago = Instant::now()
+        .checked_sub(timeout + Duration::from_millis(1))
+        .unwrap();
+    let t1 = Instant::now();
+    match ep.try_lookup(&stuck, long_ago) {
+        Err(NaError::Lookup { uri, source }) => {
+            assert_eq!(uri, stuck);
+            assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "{source}");
+            assert!(source.to_string().contains("not accepting"), "{source}");
+        }
+        other => panic!("expected the lookup timeout, got {other:?}"),
+    }
+    assert!(t1.elapsed() < Duration::from_secs(1), "waited {:?}", t1.elapsed());
+
+    // A healthy listener (a plugin of its own, driven by a thread).
+    let (tx, rx) = mpsc::channel();
+    let scfg = cfg(true);
+    let server = std::thread::spawn(move || {
+        let mut sep = Endpoint::new(ProgressMode::Blocking).unwrap();
+        let sid = sep
+            .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, scfg)?) as Box<dyn Plugin>))
+            .unwrap();
+        tx.send(sep.self_addr(sid).unwrap().uri().to_owned()).unwrap();
+        sep.post_recv_unexpected(sid, Vec::new(), OpId(7)).unwrap();
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            sep.progress(Some(Duration::from_millis(10))).unwrap();
+            if let Some(c) = std::iter::from_fn(|| sep.pop_completion()).find(|c| c.op == OpId(7)) {
+                return c.buf;
+            }
+        }
+        None
+    });
+    let uri = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let a = ep
+        .try_lookup(&uri, Instant::now())
+        .expect("a healthy listener is connected to");
+    assert_eq!(a.uri(), uri);
+    ep.send_unexpected(&a, 5, b"hi", OpId(1)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut sent = false;
+    while !sent {
+        assert!(Instant::now() < end, "the send did not complete");
+        ep.progress(Some(Duration::from_millis(10))).unwrap();
+        sent = std::iter::from_fn(|| ep.pop_completion()).any(|c| c.op == OpId(1));
+    }
+    assert_eq!(server.join().unwrap().as_deref(), Some(&b"hi"[..]));
+    drop(listener);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,8 @@
 //! UNIX-socket extras that `std` lacks: descriptor passing with
 //! `SCM_RIGHTS` ([unix(7)], [sendmsg(2)], [recvmsg(2)]), peer credentials
 //! with `SO_PEERCRED` ([getsockopt(2)]), and a connect whose wait for a
-//! full listen queue is bounded ([connect(2)], `SO_SNDTIMEO`).
+//! full listen queue is bounded ([connect(2)], `SO_SNDTIMEO`) or, with a
+//! non-blocking socket, does not happen at all (`EAGAIN`).
 //!
 //! [connect(2)]: https://man7.org/linux/man-pages/man2/connect.2.html
 //! [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
@@ -52,14 +53,12 @@ pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     Ok(PeerCred { pid, uid: cred.uid })
 }
 
-/// Connects a stream socket to `path`, waiting at most `timeout` while the
-/// listener's queue is full (a listener that never accepts would otherwise
-/// hold `connect` forever). The socket keeps no send timeout afterwards.
-pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
-    // SAFETY: plain socket(2) call; the result is checked and owned at once.
-    let fd = unsafe { super::syscall!(socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))? };
-    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+/// A new stream socket (close-on-exec; non-blocking if `nonblocking`)
+/// and the address of `path` for connect(2), with its length.
+fn unix_socket_for(
+    path: &Path,
+    nonblocking: bool,
+) -> io::Result<(OwnedFd, libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: an all-zero sockaddr_un is valid (AF_UNSPEC, empty path).
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -74,27 +73,72 @@ pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
         *d = b as libc::c_char;
     }
     let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-    set_send_timeout(sock.as_raw_fd(), timeout)?;
+    let flags = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | if nonblocking { libc::SOCK_NONBLOCK } else { 0 };
+    // SAFETY: plain socket(2) call; the result is checked and owned at once.
+    let fd = unsafe { super::syscall!(socket(libc::AF_UNIX, flags, 0))? };
+    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok((sock, addr, len))
+}
+
+/// connect(2) of `sock` to `addr` (`len` bytes of it).
+fn connect_to(sock: &OwnedFd, addr: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<()> {
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
-    let res = unsafe {
+    unsafe {
         super::syscall!(connect(
             sock.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
+            (addr as *const libc::sockaddr_un).cast(),
             len
-        ))
-    };
-    match res {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the listener's queue stayed full for {timeout:?} (it is not accepting)"),
-            ))
-        }
+        ))?;
+    }
+    Ok(())
+}
+
+/// The error of a connect that waited `timeout` for a listener whose
+/// queue stayed full: what [`connect_unix`] gives, and what a caller of
+/// [`try_connect_unix`] gives once it has retried for as long.
+pub fn queue_full_timeout(timeout: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("the listener's queue stayed full for {timeout:?} (it is not accepting)"),
+    )
+}
+
+/// Connects a stream socket to `path`, waiting at most `timeout` while the
+/// listener's queue is full (a listener that never accepts would otherwise
+/// hold `connect` forever). The socket keeps no send timeout afterwards.
+pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    let (sock, addr, len) = unix_socket_for(path, false)?;
+    set_send_timeout(sock.as_raw_fd(), timeout)?;
+    match connect_to(&sock, &addr, len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(queue_full_timeout(timeout)),
         Err(e) => return Err(e),
     }
     set_send_timeout(sock.as_raw_fd(), Duration::ZERO)?;
     Ok(UnixStream::from(sock))
+}
+
+/// Connects a non-blocking stream socket to `path` without waiting: a
+/// listener whose queue is full makes it fail at once with
+/// [`io::ErrorKind::WouldBlock`] (`EAGAIN`). On a UNIX socket a connect
+/// is either done or refused when connect(2) returns: unlike TCP it never
+/// answers `EINPROGRESS` ([unix(7)]), so the socket returned is connected.
+/// It stays non-blocking.
+///
+/// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
+pub fn try_connect_unix(path: &Path) -> io::Result<UnixStream> {
+    let (sock, addr, len) = unix_socket_for(path, true)?;
+    match connect_to(&sock, &addr, len) {
+        Ok(()) => Ok(UnixStream::from(sock)),
+        // Not documented for AF_UNIX, and never seen: were it to come, the
+        // connection would still be in progress, which the handshake
+        // cannot use. Reported as a plain failure, not as "retry".
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Err(io::Error::other(format!(
+            "non-blocking connect answered EINPROGRESS, which a UNIX socket should not: {e}"
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// `setsockopt(SO_SNDTIMEO)`; zero means none.
@@ -237,6 +281,32 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
+
+    /// A non-blocking connect to a listener whose queue is full fails at
+    /// once with `EAGAIN` (never `EINPROGRESS`), and connects once the
+    /// listener took the queued connection.
+    #[test]
+    fn try_connect_does_not_wait_for_a_full_queue() {
+        use std::os::unix::net::UnixListener;
+        let dir = std::env::temp_dir().join(format!("qs-sm-tryconn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("l.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        // SAFETY: listen(2) on a socket we own; backlog 0 makes one queued
+        // connection fill the queue.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let first = try_connect_unix(&path).expect("an empty queue takes a connection");
+        let t0 = std::time::Instant::now();
+        let e = try_connect_unix(&path).expect_err("the queue is full");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "waited {:?}", t0.elapsed());
+        let (_accepted, _) = listener.accept().unwrap();
+        let second = try_connect_unix(&path).expect("room in the queue again");
+        assert_eq!(peer_cred(second.as_fd()).unwrap().pid, std::process::id());
+        drop((first, second, listener));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn pass_fds_and_creds() {
