@@ -266,12 +266,46 @@ pub fn check_spans<'a, 's>(
 /// request posts than one transfer at a time. Either every span is
 /// [`Started::Done`] (served from inline data or from this process's own
 /// memory) or every span is [`Started::Posted`] through the same plugin.
+///
+/// Looking up the owner a remote handle names may connect to it, and that
+/// may wait, boundedly (see [`Endpoint::lookup`]): a caller that must not
+/// block uses [`try_start_batch`].
 pub fn start_batch(
     ep: &mut Endpoint,
     op: BulkOp,
     remote: &Bulk,
     local: &Bulk,
     spans: &[(Span, OpId)],
+) -> Result<Started, BulkError> {
+    start_batch_with(ep, op, remote, local, spans, None)
+}
+
+/// [`start_batch`] whose lookup of the owner never waits (see
+/// [`Endpoint::try_lookup`]): where `start_batch` would wait to connect to
+/// the owner, this fails at once with [`NaError::WouldBlock`] and starts
+/// nothing; try again later with the same `since` (the first attempt's
+/// time). Once the plugin's bound has passed since `since`, the failure is
+/// the blocking lookup's own (a timeout naming the owner).
+pub fn try_start_batch(
+    ep: &mut Endpoint,
+    op: BulkOp,
+    remote: &Bulk,
+    local: &Bulk,
+    spans: &[(Span, OpId)],
+    since: std::time::Instant,
+) -> Result<Started, BulkError> {
+    start_batch_with(ep, op, remote, local, spans, Some(since))
+}
+
+/// [`start_batch`] (`since` none: a lookup that may wait) or
+/// [`try_start_batch`].
+fn start_batch_with(
+    ep: &mut Endpoint,
+    op: BulkOp,
+    remote: &Bulk,
+    local: &Bulk,
+    spans: &[(Span, OpId)],
+    since: Option<std::time::Instant>,
 ) -> Result<Started, BulkError> {
     let mem = check_spans(remote, local, spans.iter().map(|(s, _)| s))?;
     if spans.is_empty() {
@@ -318,9 +352,16 @@ pub fn start_batch(
     // the owner's scheme (so the caller knows where to cancel); otherwise
     // the endpoint's first plugin of that scheme.
     let owner = &remote.desc.owner;
-    let dest = match local.plugin {
-        Some(p) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => ep.plugin_mut(p)?.lookup(owner)?,
-        _ => ep.lookup(owner)?,
+    let dest = match (local.plugin, since) {
+        (Some(p), since) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => {
+            let plugin = ep.plugin_mut(p)?;
+            match since {
+                None => plugin.lookup(owner)?,
+                Some(t) => plugin.try_lookup(owner, t)?,
+            }
+        }
+        (_, None) => ep.lookup(owner)?,
+        (_, Some(t)) => ep.try_lookup(owner, t)?,
     };
     ep.rma(&dest, &ops)?;
     Ok(Started::Posted(dest.plugin()))

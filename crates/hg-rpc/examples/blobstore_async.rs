@@ -135,7 +135,7 @@ async fn client() -> Res<()> {
     // Killed if the client gives up before it exits.
     let child = ServerProcess::start(&["serve"])?;
     let c = Arc::new(engine(false)?);
-    let srv = c.lookup(child.addr()?)?;
+    let srv = c.lookup(child.addr()?).await?;
     // Eight blobs stored and read back at once, from eight tasks.
     let started = Instant::now();
     let shapes = [

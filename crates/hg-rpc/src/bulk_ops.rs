@@ -364,6 +364,10 @@ impl<C: Codec> Engine<C> {
     /// Everything is in flight at once: memory is proportional to the
     /// number of spans (a few hundred bytes each), so split very large
     /// batches (for example into [`BATCH_WINDOW`] spans).
+    ///
+    /// Looking up the handle's owner may connect to it, and wait for that,
+    /// boundedly (see [`na_core::Endpoint::lookup`]);
+    /// [`bulk_try_start_batch`](Self::bulk_try_start_batch) never waits.
     pub fn bulk_start_batch(
         &mut self,
         op: BulkOp,
@@ -371,9 +375,47 @@ impl<C: Codec> Engine<C> {
         local: &Bulk,
         spans: &[Span],
     ) -> Result<Vec<BulkId>> {
+        self.bulk_start_batch_with(op, remote, local, spans, None)
+    }
+
+    /// [`bulk_start_batch`](Self::bulk_start_batch) whose lookup of the
+    /// handle's owner never waits (see [`hg_bulk::try_start_batch`]):
+    /// where it would wait to connect, this fails at once with
+    /// [`NaError::WouldBlock`](na_core::NaError::WouldBlock) (as
+    /// [`RpcError::Transport`](crate::RpcError::Transport)) and starts
+    /// nothing; try again later with the same `since`, the first attempt's
+    /// time. Once the transport's bound for a lookup has passed since
+    /// `since`, the error is the blocking lookup's (a timeout naming the
+    /// owner). [`AsyncEngine`](crate::AsyncEngine) transfers start this
+    /// way, pausing between attempts without the engine lock.
+    pub fn bulk_try_start_batch(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        since: Instant,
+    ) -> Result<Vec<BulkId>> {
+        self.bulk_start_batch_with(op, remote, local, spans, Some(since))
+    }
+
+    /// [`bulk_start_batch`](Self::bulk_start_batch), or with `since`
+    /// [`bulk_try_start_batch`](Self::bulk_try_start_batch).
+    fn bulk_start_batch_with(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        since: Option<Instant>,
+    ) -> Result<Vec<BulkId>> {
         let ids: Vec<(Span, OpId)> = spans.iter().map(|s| (*s, self.op())).collect();
         let _span = DebugSpan::enter(|| bulk_span(op, remote, spans.len()));
-        let posted = match hg_bulk::start_batch(&mut self.ep, op, remote, local, &ids) {
+        let started = match since {
+            None => hg_bulk::start_batch(&mut self.ep, op, remote, local, &ids),
+            Some(t) => hg_bulk::try_start_batch(&mut self.ep, op, remote, local, &ids, t),
+        };
+        let posted = match started {
             Err(e) => return Err(bulk_err(e)),
             Ok(Started::Posted(via)) => Some(via),
             Ok(Started::Done) => None,

@@ -164,6 +164,61 @@ impl Shared {
         Ok(EngineGuard { engine, key })
     }
 
+    /// Runs `attempt` (a lookup or a transfer's start: work whose lookup
+    /// of a peer may have to connect) with the engine locked, giving it
+    /// `since`, when the first attempt was made; while it fails with
+    /// [`NaError::WouldBlock`](na_core::NaError::WouldBlock) (the peer's
+    /// transport is not ready to take the connection: na-sm, a listener's
+    /// full accept queue), tries again after a pause taken **without the
+    /// lock** ([`LOOKUP_RETRY_FIRST`], doubling up to
+    /// [`LOOKUP_RETRY_MAX`]), so the driver and every other task go on
+    /// meanwhile. The attempt ends it: the transport itself gives up once
+    /// its bound for a lookup has passed since `since` (na-sm:
+    /// `SmConfig::handshake_timeout`), with the error a blocking lookup
+    /// would give. Returns the engine, still locked, with the outcome.
+    /// `peer` is what the trace events name.
+    pub(super) async fn retry_while_blocked<'s, T>(
+        &'s self,
+        what: &'static str,
+        peer: &str,
+        mut attempt: impl FnMut(&mut Engine, Instant) -> Result<T>,
+    ) -> Result<(EngineGuard<'s>, T)> {
+        let since = Instant::now();
+        let mut pause = LOOKUP_RETRY_FIRST;
+        let mut waited = false;
+        loop {
+            {
+                let mut e = self.try_engine(what)?;
+                match attempt(&mut e, since) {
+                    Ok(v) => {
+                        if waited {
+                            tracing::debug!(peer, waited = ?since.elapsed(), "hg-rpc: lookup done after waiting");
+                        }
+                        return Ok((e, v));
+                    }
+                    Err(RpcError::Transport(err)) if err.is_would_block() => {
+                        if !waited {
+                            tracing::debug!(
+                                peer,
+                                reason = %err,
+                                "hg-rpc: lookup waits (retrying without the engine lock)"
+                            );
+                        }
+                    }
+                    Err(err) => {
+                        if waited {
+                            tracing::warn!(peer, waited = ?since.elapsed(), error = %err, "hg-rpc: lookup gave up");
+                        }
+                        return Err(err);
+                    }
+                }
+            }
+            waited = true;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(LOOKUP_RETRY_MAX);
+        }
+    }
+
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -449,13 +504,29 @@ impl AsyncEngine {
         Ok(())
     }
 
-    /// Looks up a peer address (see [`na_core::Endpoint::lookup`]).
-    pub fn lookup(&self, uri: &str) -> Result<Addr> {
-        Ok(self
+    /// Looks up a peer address (see [`na_core::Endpoint::lookup`]),
+    /// connecting to it if needed, without blocking the engine: where the
+    /// transport would wait to connect (na-sm: a peer whose listener is
+    /// hung or overloaded and does not accept, its queue full), this task
+    /// waits instead, trying again after short pauses (1 ms, doubling to
+    /// 20 ms) taken without the engine lock, while the driver, other
+    /// tasks' calls and handlers go on. If the transport's bound for a
+    /// lookup passes first (na-sm: `SmConfig::handshake_timeout`, 5 s by
+    /// default), the answer is the error the blocking
+    /// [`Endpoint::lookup`](na_core::Endpoint::lookup) gives then:
+    /// [`RpcError::Transport`] of
+    /// [`NaError::Lookup`](na_core::NaError::Lookup) naming the peer, whose
+    /// source is of kind [`TimedOut`](std::io::ErrorKind::TimedOut).
+    /// Dropping the future gives the lookup up (nothing is left
+    /// half-connected).
+    pub async fn lookup(&self, uri: &str) -> Result<Addr> {
+        let (_engine, addr) = self
             .shared
-            .try_engine("AsyncEngine::lookup")?
-            .endpoint()
-            .lookup(uri)?)
+            .retry_while_blocked("AsyncEngine::lookup", uri, |e, since| {
+                Ok(e.endpoint().try_lookup(uri, since)?)
+            })
+            .await?;
+        Ok(addr)
     }
 
     /// Our own address. Panics if called from a plain handler of this
@@ -720,6 +791,14 @@ pub const DRIVER_FAILURE_GAP: Duration = Duration::from_millis(250);
 /// nothing wakes it (a safety net: the driver's turns and async handlers'
 /// answers wake it).
 pub const DRAIN_RECHECK: Duration = Duration::from_millis(50);
+
+/// The first pause of a lookup that would wait to connect (see
+/// [`AsyncEngine::lookup`]) before it tries again; each later pause is
+/// twice the one before, up to [`LOOKUP_RETRY_MAX`].
+const LOOKUP_RETRY_FIRST: Duration = Duration::from_millis(1);
+
+/// See [`LOOKUP_RETRY_FIRST`].
+const LOOKUP_RETRY_MAX: Duration = Duration::from_millis(20);
 
 /// The driver's pause after a failed turn.
 const DRIVER_FAILURE_BACKOFF: Duration = Duration::from_millis(1);

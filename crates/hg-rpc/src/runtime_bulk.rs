@@ -150,9 +150,15 @@ impl Shared {
         let mut failure = None;
         let mut waits = Vec::new();
         {
-            let mut e = self.try_engine("AsyncEngine::bulk")?;
-            self.check_running_quiet(WHAT)?;
-            let ids = e.bulk_start_batch(op, remote, local, spans)?;
+            // A transfer with a peer not yet connected looks it up, and
+            // where that would wait to connect, this task waits (without
+            // the engine lock) and starts the batch again.
+            let (mut e, ids) = self
+                .retry_while_blocked("AsyncEngine::bulk", remote.owner(), |e, since| {
+                    self.check_running_quiet(WHAT)?;
+                    e.bulk_try_start_batch(op, remote, local, spans, since)
+                })
+                .await?;
             // Moved in memory or from inline data: done already.
             let mut ended: Vec<(BulkId, Option<Result<()>>)> =
                 ids.into_iter().map(|id| (id, e.take_bulk(id))).collect();

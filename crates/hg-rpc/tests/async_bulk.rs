@@ -33,7 +33,7 @@ async fn pulls_and_pushes_across_segments_with_a_server_process() {
     let d = common::dir("async-bulk");
     let srv = Server::start(&d);
     let c = Arc::new(common::async_engine(&d, false));
-    let s = c.lookup(&srv.uri).unwrap();
+    let s = c.lookup(&srv.uri).await.unwrap();
     // The server pulls a three-segment handle of ours (its handler), then
     // exposes its copy in segments of 300,000 bytes for us.
     let data = pattern(3 * 1024 * 1024 + 5, 0);
@@ -171,7 +171,7 @@ async fn a_timed_out_or_dropped_transfer_leaves_the_engine_working() {
     let d = common::dir("async-bulk-timeout");
     let srv = Server::start(&d);
     let c = common::async_engine(&d, false);
-    let s = c.lookup(&srv.uri).unwrap();
+    let s = c.lookup(&srv.uri).await.unwrap();
     let data = pattern(3 << 20, 1);
     let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
     assert_eq!(
@@ -333,7 +333,7 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
     .unwrap();
     let c = common::async_engine(&d, false);
     let third = common::async_engine(&d, true);
-    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    let s = c.lookup(srv.self_addr().uri()).await.unwrap();
     assert_eq!(c.call::<WhoCalls>(&s, &(), T).await.unwrap(), c.self_addr().uri());
 
     // 2 MiB: no inline data, a real pull from our memory.
@@ -436,7 +436,7 @@ async fn a_context_kept_past_its_handler_holds_the_answer_and_moves_nothing_afte
     })
     .unwrap();
     let c = Arc::new(common::async_engine(&d, false));
-    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    let s = c.lookup(srv.self_addr().uri()).await.unwrap();
     let ours = c.expose(vec![pattern(2 << 20, 5)], Access::ReadOnly).unwrap();
     let mut held = 0;
     for round in 0..5 {
@@ -500,7 +500,7 @@ async fn a_task_that_starts_a_transfer_runs_no_handler() {
         Ok(a + b)
     })
     .unwrap();
-    let s = c.lookup(&srv.uri).unwrap();
+    let s = c.lookup(&srv.uri).await.unwrap();
     let data = pattern(1 << 20, 11);
     let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
     assert_eq!(
@@ -581,7 +581,7 @@ async fn a_self_call_that_moves_bulk_data_leaves_the_driver_listening() {
     .unwrap();
     let a = hg_rpc::AsyncEngine::spawn(e).unwrap();
     let c = common::async_engine(&d, false);
-    let s = c.lookup(&a.self_addr().to_string()).unwrap();
+    let s = c.lookup(&a.self_addr().to_string()).await.unwrap();
     assert_eq!(c.call::<Echo>(&s, &vec![1], T).await.unwrap(), vec![1]);
     // Whether the self-call's poll lands while the driver sleeps armed is
     // a race: several rounds.

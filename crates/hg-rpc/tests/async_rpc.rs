@@ -67,7 +67,7 @@ async fn concurrent_calls_timeouts_and_cancel_by_drop() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let (srv, engine) = setup("calls", ProgressMode::default());
     let engine = Arc::new(engine);
-    let s = engine.lookup(&srv.1).unwrap();
+    let s = engine.lookup(&srv.1).await.unwrap();
     assert_eq!(engine.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
 
     // 1,000 calls in flight at once, one task each.
@@ -127,7 +127,7 @@ fn cpu_time() -> Duration {
 async fn idle_driver_uses_no_cpu() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let (srv, engine) = setup("idle", ProgressMode::default());
-    let s = engine.lookup(&srv.1).unwrap();
+    let s = engine.lookup(&srv.1).await.unwrap();
     assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (c0, t0) = (cpu_time(), Instant::now());
@@ -152,7 +152,7 @@ async fn a_spinning_driver_sees_back_to_back_responses_without_sleeping() {
     // The driver's sleeps during `CALLS` back-to-back calls (after a first
     // one that connects).
     async fn sleeps_in_calls(engine: &AsyncEngine, srv: &Server) -> (na_core::Addr, u64) {
-        let s = engine.lookup(&srv.1).unwrap();
+        let s = engine.lookup(&srv.1).await.unwrap();
         assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
         let before = engine.stats().driver_sleeps;
         for i in 0..CALLS {
@@ -236,7 +236,7 @@ async fn async_handlers_run_concurrently_and_self_forward_works() {
         })
         .unwrap();
     let client = Arc::new(make(false));
-    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
     // The server is an AsyncEngine too: its driver must notice the new
     // connection (a regression: na-sm's try_wait once left fd events
     // unharvested, and an edge-triggered waiter slept through them).
@@ -329,7 +329,7 @@ async fn sends_queued_while_the_driver_sleeps_still_go() {
         })
         .unwrap();
     let client = Arc::new(make(false));
-    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
     for round in 0..3 {
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..200u32 {
@@ -377,7 +377,7 @@ async fn a_panicking_handler_does_not_stop_the_driver() {
     server.register::<Sleep>(|_| panic!("handler bug")).unwrap();
     server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
     let client = common::async_engine(&dir, false);
-    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
     match client.call::<Sleep>(&s, &1, T).await {
         Err(RpcError::Handler { message, .. }) => assert!(message.contains("handler bug"), "{message}"),
         other => panic!("expected a handler error, got {other:?}"),
@@ -423,7 +423,7 @@ async fn a_one_way_self_call_to_an_async_handler_runs() {
 async fn async_timeouts_count_as_errors() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let (srv, engine) = setup("async-errors", ProgressMode::default());
-    let s = engine.lookup(&srv.1).unwrap();
+    let s = engine.lookup(&srv.1).await.unwrap();
     let r = engine.call::<Sleep>(&s, &500, Duration::from_millis(50)).await;
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     assert_eq!(engine.stats().errors, 1, "{:?}", engine.stats());
@@ -450,7 +450,7 @@ async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     let mut e = Engine::new(ep, id).unwrap();
     e.set_abandoned_input_ttl(Duration::from_millis(300));
     let engine = AsyncEngine::spawn(e).unwrap();
-    let s = engine.lookup(&x_uri).unwrap();
+    let s = engine.lookup(&x_uri).await.unwrap();
     let r = engine
         .call::<Echo>(&s, &vec![7u8; 64 << 10], Duration::from_millis(100))
         .await;
@@ -487,7 +487,7 @@ async fn dropping_the_engine_does_not_wait_for_running_handlers() {
         .register_async::<Sleep, _, _>(|_| std::future::pending())
         .unwrap();
     let client = common::async_engine(&dir, false);
-    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
     let r = client.call::<Sleep>(&s, &0, Duration::from_millis(200)).await;
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     let sockets = || {
@@ -534,7 +534,7 @@ async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
         })
         .unwrap();
     let client = Arc::new(common::async_engine(&dir, false));
-    let s = client.lookup(&server.self_addr().to_string()).unwrap();
+    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
     let call = |i: u8| {
         let (c, s) = (client.clone(), s.clone());
         tokio::spawn(async move { c.call::<Digest>(&s, &vec![i; 1 << 20], T).await })
@@ -585,9 +585,11 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
         Arc::new(common::async_engine(&dir, false)),
         Arc::new(common::async_engine(&dir, false)),
     );
-    let call = |c: &Arc<AsyncEngine>, v: Vec<u8>| {
-        let c = c.clone();
-        let s = c.lookup(&uri).unwrap();
+    // Each client with its address of the server.
+    let c1 = (c1.clone(), c1.lookup(&uri).await.unwrap());
+    let c2 = (c2.clone(), c2.lookup(&uri).await.unwrap());
+    let call = |c: &(Arc<AsyncEngine>, na_core::Addr), v: Vec<u8>| {
+        let (c, s) = c.clone();
         tokio::spawn(async move { c.call::<Echo>(&s, &v, T).await })
     };
     let wait_in_flight = |n: u64| {
@@ -653,7 +655,7 @@ fn calls_fail_at_once_when_the_driver_stops() {
         setup("driver-stops", ProgressMode::default())
     };
     let engine = Arc::new(engine);
-    let s = engine.lookup(&srv.1).unwrap();
+    let s = rt.block_on(engine.lookup(&srv.1)).unwrap();
     assert_eq!(rt.block_on(engine.call::<Add>(&s, &(2, 3), T)).unwrap(), 5);
     // A call the target answers only after a minute, from a thread with a
     // runtime of its own; its timeout is 20 s.
@@ -708,7 +710,7 @@ async fn a_transport_that_keeps_failing_stops_the_driver_with_its_cause() {
     let (ep, id) = common::endpoint(&srv.2, false);
     let fd = ep.plugin(id).unwrap().poll_fd().expect("sm has a poll fd");
     let engine = AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap();
-    let s = engine.lookup(&srv.1).unwrap();
+    let s = engine.lookup(&srv.1).await.unwrap();
     assert_eq!(engine.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
     // The epoll set itself stays open through a second descriptor, so it
     // stays in the endpoint's set and wakes the driver as before; only the
@@ -779,7 +781,7 @@ async fn a_plain_handler_calling_its_own_engine_gets_an_error_not_a_hang() {
         })
         .unwrap();
     let client = common::async_engine(&dir, false);
-    let s = client.lookup(&me.to_string()).unwrap();
+    let s = client.lookup(&me.to_string()).await.unwrap();
     for _ in 0..2 {
         match client.call::<Echo>(&s, &vec![1], T).await {
             Err(RpcError::Handler { message, .. }) => assert!(
@@ -819,7 +821,14 @@ fn a_driver_dropped_before_it_ever_ran_fails_calls_at_once() {
     };
     // Never `block_on`: the driver task never runs.
     drop(rt);
-    let s = engine.lookup(&srv.1).unwrap();
+    // On a runtime of its own (the engine's is gone): a lookup of a
+    // listening peer needs no driver.
+    let s = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(engine.lookup(&srv.1))
+        .unwrap();
     a_call_fails_at_once_as_the_runtime_shut_down(&engine, &s);
 }
 
@@ -902,7 +911,7 @@ async fn late_self_answers_are_stray_and_refused_one_way_calls_are_errors() {
     // (0 here): refused.
     let errors = engine.stats().errors;
     let peer = common::async_engine(&dir, true);
-    let to = engine.lookup(&peer.self_addr().to_string()).unwrap();
+    let to = engine.lookup(&peer.self_addr().to_string()).await.unwrap();
     let r = engine.call_one_way::<RecordBlob>(&to, &vec![1u8; 1 << 20]);
     assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
     assert_eq!(engine.stats().errors, errors + 1);

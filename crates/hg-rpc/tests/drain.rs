@@ -56,7 +56,7 @@ async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
     srv.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
     srv.register::<Echo>(Ok).unwrap();
     let c = Arc::new(common::async_engine(&d, false));
-    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    let s = c.lookup(srv.self_addr().uri()).await.unwrap();
     assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.unwrap(), 3);
     assert!(
         !srv.drained(Duration::ZERO).await.unwrap(),
@@ -84,7 +84,7 @@ async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
     // Its own calls still work: the client side is not drained.
     let other = common::async_engine(&d, true);
     other.register::<Add>(|(a, b)| Ok(a * b)).unwrap();
-    let o = srv.lookup(other.self_addr().uri()).unwrap();
+    let o = srv.lookup(other.self_addr().uri()).await.unwrap();
     assert_eq!(srv.call::<Add>(&o, &(6, 7), T).await.unwrap(), 42);
 }
 

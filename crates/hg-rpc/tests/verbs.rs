@@ -342,7 +342,7 @@ fn an_async_timed_out_bulk_has_ended_when_it_returns_over_verbs() {
         let srv = async_engine(&spec, true);
         srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
         let c = async_engine(&spec, false);
-        let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+        let s = c.lookup(srv.self_addr().uri()).await.expect("lookup");
         assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.expect("add"), 3);
         let len = 16usize << 20;
         let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
@@ -472,7 +472,7 @@ fn a_kept_context_s_read_completes_and_its_answer_follows_over_verbs() {
         })
         .expect("register");
         let c = async_engine(&spec, false);
-        let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+        let s = c.lookup(srv.self_addr().uri()).await.expect("lookup");
         let mut on_the_wire = 0;
         for round in 0..3 {
             let segs: Vec<Vec<u8>> = (0..2048).map(|k| vec![((k + round) % 251) as u8; 8192]).collect();
@@ -546,7 +546,7 @@ fn an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs() 
         })
         .expect("register");
         let c = async_engine(&spec, false);
-        let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+        let s = c.lookup(srv.self_addr().uri()).await.expect("lookup");
         assert_eq!(c.call::<Add>(&s, &(1, 2), T).await.expect("add"), 3);
         // 2,048 segments: a work request each, far more than the send
         // queue holds, so most wait in the plugin's backlog, where the
@@ -613,7 +613,7 @@ fn a_drained_server_dropped_at_once_has_sent_its_answers_over_verbs() {
             })
             .expect("register");
             srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
-            let s = c.lookup(srv.self_addr().uri()).expect("lookup");
+            let s = c.lookup(srv.self_addr().uri()).await.expect("lookup");
             let (c2, s2) = (c.clone(), s.clone());
             let held = tokio::spawn(async move { c2.call::<HeldAdd>(&s2, &round, T).await });
             started.notified().await;

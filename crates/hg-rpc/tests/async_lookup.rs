@@ -1,0 +1,192 @@
+//! `AsyncEngine::lookup` and async bulk transfers never block the engine
+//! while they connect: a peer whose listener never accepts (its accept
+//! queue full: hung, overloaded or hostile) makes only the task that looks
+//! it up wait, while other tasks' calls to a healthy server (a separate
+//! process) go on, and the wait ends with the error a blocking lookup
+//! gives, after `SmConfig::handshake_timeout`.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hg_rpc::{AsyncEngine, Bulk, BulkOp, Engine, RpcError};
+use na_core::{Access, Addr, Endpoint, NaError, Plugin, ProgressMode};
+use na_sm::{SmConfig, SmPlugin};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+
+mod common;
+use common::Server;
+
+/// The client's handshake timeout: how long a lookup of the stuck peer
+/// waits before it fails.
+const HANDSHAKE: Duration = Duration::from_secs(3);
+
+/// Calls made to the healthy server while the lookup waits.
+const CALLS: u64 = 50;
+
+/// The most those calls may take, with a pause of 100 ms before them: half
+/// the handshake timeout (each takes well under a millisecond; a lookup
+/// that held the engine would hold them for the whole timeout).
+const CALLS_WITHIN: Duration = Duration::from_millis(1500);
+
+const T: Duration = Duration::from_secs(10);
+
+/// An sm endpoint in `dir` with the test's handshake timeout.
+fn endpoint(dir: &Path) -> Endpoint {
+    let cfg = SmConfig {
+        handshake_timeout: HANDSHAKE,
+        ..SmConfig::default()
+    }
+    .with_dir(dir);
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    ep
+}
+
+/// A client engine (not listening) in `dir`, driven by tokio.
+fn client(dir: &Path) -> AsyncEngine {
+    let ep = endpoint(dir);
+    let id = ep.plugin_ids().next().unwrap();
+    AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
+}
+
+/// A listener at the socket an sm address of this process would use
+/// (`sm://<pid>-stuck` in `dir`) that never accepts, its queue full;
+/// returns its address and what must live as long as it should.
+fn stuck_listener(dir: &Path) -> (String, UnixListener, UnixStream) {
+    let pid = std::process::id();
+    let path = dir.join(format!("{pid}-stuck.sock"));
+    let listener = UnixListener::bind(&path).unwrap();
+    // SAFETY: listen(2) on a socket we own; a backlog of 0 makes one
+    // queued connection fill the queue.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let queued = UnixStream::connect(&path).expect("the first connection is queued");
+    (format!("sm://{pid}-stuck"), listener, queued)
+}
+
+/// Makes [`CALLS`] calls to `srv` one after the other.
+async fn calls(c: &AsyncEngine, srv: &Addr) {
+    for i in 0..CALLS {
+        assert_eq!(c.call::<Add>(srv, &(i, 1), T).await.unwrap(), i + 1);
+    }
+}
+
+/// The lookup timeout of `stuck`: a transport error of the lookup, naming
+/// the peer, whose source timed out.
+fn assert_lookup_timeout(r: Result<(), RpcError>, stuck: &str) -> NaError {
+    match r {
+        Err(RpcError::Transport(e @ NaError::Lookup { .. })) => {
+            let NaError::Lookup { uri, source } = &e else {
+                unreachable!()
+            };
+            assert_eq!(uri, stuck);
+            assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "{source}");
+            assert!(source.to_string().contains("not accepting"), "{source}");
+            e
+        }
+        other => panic!("expected the lookup's timeout, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_of_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
+    let d = common::dir("async-lookup");
+    let srv = Server::start(&d);
+    let c = Arc::new(client(&d));
+    let s = c.lookup(&srv.uri).await.unwrap();
+    let (stuck, _listener, _queued) = stuck_listener(&d);
+
+    // The blocking lookup, from a thread of its own at the same time: the
+    // error to expect.
+    let blocking = {
+        let (d, stuck) = (d.to_path_buf(), stuck.clone());
+        std::thread::spawn(move || endpoint(&d).lookup(&stuck).map(|_| ()))
+    };
+    let lookup = {
+        let (c, stuck) = (c.clone(), stuck.clone());
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = c.lookup(&stuck).await.map(|_| ());
+            (r, t0.elapsed())
+        })
+    };
+    // Its first attempt is made by now; the pause counts in the calls' time
+    // (a runtime whose workers are all held up fires no timer either).
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    calls(&c, &s).await;
+    let took = t0.elapsed();
+    assert!(
+        took < CALLS_WITHIN,
+        "a pause of 100 ms and {CALLS} calls took {took:?} while a lookup waited (handshake timeout {HANDSHAKE:?})"
+    );
+    assert!(!lookup.is_finished(), "the lookup ended before its timeout");
+    let (r, waited) = lookup.await.unwrap();
+    let e = assert_lookup_timeout(r, &stuck);
+    assert!(
+        waited >= HANDSHAKE - Duration::from_millis(100) && waited < HANDSHAKE + Duration::from_secs(5),
+        "the lookup gave up after {waited:?}, its timeout is {HANDSHAKE:?}"
+    );
+    let blocking_err = blocking.join().unwrap().expect_err("nobody accepts");
+    assert_eq!(
+        e.to_string(),
+        blocking_err.to_string(),
+        "not the blocking lookup's error"
+    );
+    // The engine still serves.
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
+}
+
+/// A transfer with a handle whose owner is the stuck peer: its start looks
+/// the owner up, and waits as the lookup does, without the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_with_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
+    let d = common::dir("async-lookup-bulk");
+    let srv = Server::start(&d);
+    let c = Arc::new(client(&d));
+    let s = c.lookup(&srv.uri).await.unwrap();
+    let (stuck, _listener, _queued) = stuck_listener(&d);
+    // A descriptor as a peer would send it, naming the stuck owner.
+    let theirs = c.expose(vec![vec![7; 4096]], Access::ReadWrite).unwrap();
+    let mut desc = theirs.desc().into_owned();
+    desc.owner = stuck.clone();
+    let remote = Bulk::from_desc(desc).unwrap();
+    let local = c.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
+    let transfer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 4096, T).await;
+            (r, t0.elapsed())
+        })
+    };
+    // Its first attempt is made by now; the pause counts in the calls' time
+    // (a runtime whose workers are all held up fires no timer either).
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    calls(&c, &s).await;
+    let took = t0.elapsed();
+    assert!(
+        took < CALLS_WITHIN,
+        "a pause of 100 ms and {CALLS} calls took {took:?} while a transfer's lookup waited (handshake timeout {HANDSHAKE:?})"
+    );
+    assert!(
+        !transfer.is_finished(),
+        "the transfer ended before its lookup's timeout"
+    );
+    let (r, waited) = transfer.await.unwrap();
+    assert_lookup_timeout(r, &stuck);
+    assert!(
+        waited >= HANDSHAKE - Duration::from_millis(100) && waited < HANDSHAKE + Duration::from_secs(5),
+        "the transfer gave up after {waited:?}, the lookup's timeout is {HANDSHAKE:?}"
+    );
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
+    assert_eq!(c.stats().bulk_in_flight, 0);
+}
