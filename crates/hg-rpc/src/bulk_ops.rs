@@ -69,7 +69,15 @@ impl BulkCtx<'_> {
     }
 
     /// Lets this handler's transfers use handles owned by processes other
-    /// than the caller (third-party transfers).
+    /// than the caller (third-party transfers). A transfer with an owner
+    /// not yet connected looks it up, which may wait to connect (na-sm: at
+    /// most `SmConfig::handshake_timeout`, if the owner does not accept),
+    /// and a plain handler waits with its engine locked: under an
+    /// [`AsyncEngine`](crate::AsyncEngine), every other call of the engine
+    /// waits too. A handler that moves data with processes that may not
+    /// be connected yet belongs in
+    /// [`register_async_with_bulk`](crate::AsyncEngine::register_async_with_bulk),
+    /// whose context's lookups wait without the engine.
     pub fn allow_any_owner(&mut self) {
         self.any_owner = true;
     }
@@ -382,7 +390,7 @@ impl<C: Codec> Engine<C> {
     /// handle's owner never waits (see [`hg_bulk::try_start_batch`]):
     /// where it would wait to connect, this fails at once with
     /// [`NaError::WouldBlock`](na_core::NaError::WouldBlock) (as
-    /// [`RpcError::Transport`](crate::RpcError::Transport)) and starts
+    /// [`RpcError::Transport`]) and starts
     /// nothing; try again later with the same `since`, the first attempt's
     /// time. Once the transport's bound for a lookup has passed since
     /// `since`, the error is the blocking lookup's (a timeout naming the

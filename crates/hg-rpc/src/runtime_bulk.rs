@@ -3,11 +3,14 @@
 //! a peer's handle with `.await`.
 //!
 //! Transfers are started under the engine lock
-//! ([`Engine::bulk_start_batch`]) and their future waits for the driver, which files the outcome when the
-//! transport reports it (the engine logs the ids of transfers that ended,
-//! as it does for calls) and fires the transfer's oneshot.
+//! ([`Engine::bulk_try_start_batch`]: where looking up the owner would
+//! wait to connect, the lock is let go and the start tried again after a
+//! pause, as in [`AsyncEngine::lookup`]) and their future waits for the
+//! driver, which files the outcome when the transport reports it (the
+//! engine logs the ids of transfers that ended, as it does for calls) and
+//! fires the transfer's oneshot.
 //!
-//! [`Engine::bulk_start_batch`]: crate::Engine::bulk_start_batch
+//! [`Engine::bulk_try_start_batch`]: crate::Engine::bulk_try_start_batch
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,6 +73,15 @@ impl AsyncEngine {
     ///
     /// If the engine's driver stops meanwhile, [`RpcError::DriverStopped`]
     /// returns at once: nothing can wait for the transport then.
+    ///
+    /// A handle whose owner is not connected yet makes the start look the
+    /// owner up, as [`lookup`](Self::lookup) does: where connecting would
+    /// wait (na-sm: the owner's accept queue is full), this task waits,
+    /// without the engine lock, and starts the transfer once connected;
+    /// if the transport's bound for a lookup passes first (na-sm:
+    /// `SmConfig::handshake_timeout`), the answer is the lookup's error
+    /// (a timeout naming the owner). That wait comes before, and is not
+    /// bounded by, `timeout`, which bounds the transfer itself.
     ///
     /// Dropping the future gives the transfer up without waiting (see
     /// [`Engine::forget_bulk`](crate::Engine::forget_bulk)): the local

@@ -192,7 +192,10 @@ impl AsyncBulkCtx {
         &self.caller
     }
 
-    /// Lifts the caller-only rule for this handler's transfers.
+    /// Lifts the caller-only rule for this handler's transfers. An owner
+    /// not yet connected is looked up as [`AsyncEngine::bulk`] does:
+    /// where connecting would wait, this handler's task waits, not the
+    /// engine.
     pub fn allow_any_owner(&mut self) {
         self.any_owner = true;
     }

@@ -33,8 +33,9 @@ pub struct SmConfig {
     /// (`prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`).
     pub allow_any_ptracer: bool,
     /// How long an accepted connection may take to send its hello; also
-    /// bounds `lookup`'s connect, and a connector whose peer has not
-    /// acknowledged within twice this fails it with `PeerGone`.
+    /// bounds `lookup`'s connect (and the retries of `try_lookup`, counted
+    /// from the caller's first attempt), and a connector whose peer has
+    /// not acknowledged within twice this fails it with `PeerGone`.
     pub handshake_timeout: Duration,
     /// Most messages from one peer kept while no receive is posted for
     /// them (each at most 8 KiB). Past it we stop draining that peer's ring:

@@ -26,6 +26,10 @@
 //! seals, size and header, and that the fd is an eventfd, then answers with
 //! its own eventfd. Lookup does not wait for the answer: sends may start at
 //! once, so two instances in one thread (or a self-lookup) cannot deadlock.
+//! Only its connect may wait, for a listener whose accept queue is full,
+//! at most [`SmConfig::handshake_timeout`]; `try_lookup` connects without
+//! waiting and answers `WouldBlock` instead (see
+//! [`na_core::Plugin::try_lookup`]).
 //! The socket stays open; end of file on it means the peer died. See
 //! [`conn`] for the bytes. A process gets at most
 //! [`SmConfig::max_conns_per_process`] connections to a listener (counted
