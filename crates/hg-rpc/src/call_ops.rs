@@ -157,6 +157,7 @@ impl<C: Codec> Engine<C> {
 
     /// Starts a call of `R` on `dest`; see [`take_response`](Self::take_response).
     pub fn forward<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<CallId> {
+        self.check_plugin::<R>(dest)?;
         // The call is stored (under this cookie) once its request is out.
         let cookie = self.calls.next_cookie();
         let to_self = *dest == self.me;
@@ -193,6 +194,24 @@ impl<C: Codec> Engine<C> {
             self.lent.insert(cookie, lent);
         }
         Ok(CallId(cookie))
+    }
+
+    /// Refuses an address of another plugin than the engine's: the engine
+    /// receives on its own plugin only, so the call would never be
+    /// answered (and watches, keyed by the plugin's tokens, would mix
+    /// peers up).
+    #[inline(always)]
+    fn check_plugin<R: Rpc>(&self, dest: &Addr) -> Result<()> {
+        if dest.plugin() == self.plugin {
+            return Ok(());
+        }
+        cold_path();
+        Err(RpcError::ForeignAddress {
+            rpc: R::NAME.into(),
+            addr: dest.to_string(),
+            addr_plugin: dest.plugin().0,
+            engine_plugin: self.plugin.0,
+        })
     }
 
     /// Watches `dest` (if not yet), sends the request (header `h`, payload
@@ -295,6 +314,7 @@ impl<C: Codec> Engine<C> {
     /// the application knows it is, or send them in a call instead, whose
     /// handles the engine keeps until the target answers.
     pub fn forward_one_way<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<()> {
+        self.check_plugin::<R>(dest)?;
         let to_self = *dest == self.me;
         // Only a spilled one-way request becomes a call (it waits for the
         // target's acknowledgement, under this cookie); one that fits

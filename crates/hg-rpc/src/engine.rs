@@ -525,6 +525,21 @@ impl<C: Codec> Engine<C> {
         &mut self.ep
     }
 
+    /// The plugin of the endpoint the engine runs on (receives and sends
+    /// through).
+    pub fn plugin(&self) -> PluginId {
+        self.plugin
+    }
+
+    /// Looks up a peer address on the engine's own plugin (see
+    /// [`Plugin::lookup`](na_core::Plugin::lookup)). Prefer it to
+    /// `endpoint().lookup`, which takes the endpoint's first plugin of the
+    /// address's scheme: an engine on another one refuses such an address
+    /// ([`RpcError::ForeignAddress`]).
+    pub fn lookup(&mut self, uri: &str) -> Result<Addr> {
+        Ok(self.ep.plugin_mut(self.plugin)?.lookup(uri)?)
+    }
+
     /// Counters.
     pub fn stats(&self) -> RpcStats {
         let (mut in_flight, mut abandoned_inputs) = (0, 0);

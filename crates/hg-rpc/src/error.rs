@@ -133,6 +133,22 @@ pub enum RpcError {
     /// The NA layer failed (peer gone, bad address, ...).
     #[error("transport: {0}")]
     Transport(#[from] NaError),
+    /// The address is of another plugin of the endpoint than the
+    /// engine's own: its response would arrive where the engine never
+    /// receives. Look addresses up with
+    /// [`Engine::lookup`](crate::Engine::lookup), which uses the engine's
+    /// plugin.
+    #[error("{rpc}: address {addr} is of plugin {addr_plugin}, this engine runs on plugin {engine_plugin}")]
+    ForeignAddress {
+        /// The RPC name.
+        rpc: String,
+        /// The address.
+        addr: String,
+        /// The plugin the address belongs to.
+        addr_plugin: u32,
+        /// The engine's plugin.
+        engine_plugin: u32,
+    },
     /// A message from a peer was not a valid RPC message.
     #[error("malformed RPC message: {reason}")]
     Malformed {

@@ -504,8 +504,9 @@ impl AsyncEngine {
         Ok(())
     }
 
-    /// Looks up a peer address (see [`na_core::Endpoint::lookup`]),
-    /// connecting to it if needed, without blocking the engine: where the
+    /// Looks up a peer address on the engine's own plugin (see
+    /// [`Engine::lookup`](crate::Engine::lookup)), connecting to it if
+    /// needed, without blocking the engine: where the
     /// transport would wait to connect (na-sm: a peer whose listener is
     /// hung or overloaded and does not accept, its queue full), this task
     /// waits instead, trying again after short pauses (1 ms, doubling to
@@ -523,7 +524,9 @@ impl AsyncEngine {
         let (_engine, addr) = self
             .shared
             .retry_while_blocked("AsyncEngine::lookup", uri, |e, since| {
-                Ok(e.endpoint().try_lookup(uri, since)?)
+                // The engine's own plugin (see `Engine::lookup`).
+                let plugin = e.plugin();
+                Ok(e.endpoint().plugin_mut(plugin)?.try_lookup(uri, since)?)
             })
             .await?;
         Ok(addr)
