@@ -3,17 +3,23 @@
 //! `<pid>` is the owner's process id; `<instance>` is either the name given
 //! in [`SmConfig::name`](crate::SmConfig::name) or a per-process counter
 //! (`0`, `1`, ...). A listening instance's socket is
-//! `<dir>/<pid>-<instance>.sock`, next to `<pid>-<instance>.owner` which
-//! records the owner's pid and start time for [`crate::cleanup_stale`].
+//! `<dir>/<pid>-<instance>.sock`, next to `<pid>-<instance>.owner`, whose
+//! lock tells [`crate::cleanup_stale`] that its owner is alive.
+//!
+//! Within one process each name belongs to one instance at a time (see
+//! `NameClaim`), listening or not: a peer knows its peers by name, so two
+//! of our instances under one name would look like one peer to a server.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use na_core::{Addr, PluginId, TokenSlab};
 
 use crate::config::check_name;
 use crate::conn::Conn;
 use crate::error::SmError;
+use crate::sys::proc;
 
 /// The parsed form of an `sm://` address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -72,6 +78,50 @@ impl SmName {
     /// The owner file in `dir`.
     pub fn owner_path(&self, dir: &Path) -> PathBuf {
         dir.join(format!("{}.owner", self.key()))
+    }
+}
+
+/// Keys (`<pid>-<instance>`) of this process's live instances.
+static NAMES_IN_USE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// A name held by one instance of this process for its whole life (the
+/// entry goes when this is dropped).
+///
+/// A forked child gets a copy of the registry, in which its parent's
+/// entries stay: they carry the parent's pid, which none of the child's
+/// names has. (A child forked while another thread was creating or dropping
+/// an instance inherits the registry locked: it must not create or drop
+/// instances, as with any lock after a fork; dropping its copies of the
+/// parent's instances does not touch the registry.)
+#[derive(Debug)]
+pub(crate) struct NameClaim {
+    key: String,
+    pid: u32,
+}
+
+impl NameClaim {
+    /// Takes `name` for one instance; `None` if another instance of this
+    /// process holds it.
+    pub fn take(name: &SmName) -> Option<NameClaim> {
+        let key = name.key();
+        let mut names = NAMES_IN_USE.lock().unwrap_or_else(PoisonError::into_inner);
+        // (Not `then_some`: a claim built and dropped here would remove
+        // the holder's entry, under the lock its drop takes.)
+        names
+            .insert(key.clone())
+            .then(|| NameClaim { key, pid: name.pid })
+    }
+}
+
+impl Drop for NameClaim {
+    fn drop(&mut self) {
+        // In a forked child, the entry is the parent's (see above).
+        if proc::pid() == self.pid {
+            NAMES_IN_USE
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&self.key);
+        }
     }
 }
 

@@ -2,114 +2,316 @@
 //! processes.
 //!
 //! A listening instance owns two files: `<pid>-<instance>.sock` and
-//! `<pid>-<instance>.owner` (one line `qs-sm-owner 1 <pid> <start>`, the
-//! owner's start time in clock ticks since boot). They are removed when the
-//! plugin is dropped (including during unwinding and at the end of `main`,
-//! when the plugin lives in a value that is dropped). A process that is
-//! killed, or that calls `std::process::exit` without dropping, leaves them:
-//! [`cleanup_stale`] removes them once the owner is dead, a listening
-//! instance runs it on its directory at start, and so does `qs-sm-cleanup`.
+//! `<pid>-<instance>.owner` (one line `qs-sm-owner 2 <pid> <start>`, the
+//! owner's pid and start time in clock ticks since boot, for people to
+//! read). What makes an owner file alive is its [flock(2)] lock: the owner
+//! takes it before the file appears under its name (`claim_name`)
+//! and holds it, through a close-on-exec descriptor, for its whole life;
+//! the kernel drops it when the process dies, however it dies. Any process
+//! sharing the directory can test it, in whatever PID namespace (containers
+//! sharing a volume see different pids, so a pid in a file name says
+//! nothing there). A forked child shares its parent's lock (one open file
+//! description), so the files are kept while either lives.
+//!
+//! The files are removed when the plugin is dropped (including during
+//! unwinding and at the end of `main`, when the plugin lives in a value that
+//! is dropped). A process that is killed, or that calls
+//! `std::process::exit` without dropping, leaves them: [`cleanup_stale`]
+//! removes them once nobody holds the lock, a listening instance runs it on
+//! its directory at start, and so does `qs-sm-cleanup`. It also removes
+//! `.<pid>-<instance>.owner.tmp` files a claim left behind (the process
+//! died between creating one and putting it in place; they are locked from
+//! creation too).
+//!
+//! Files without a lock to go by are judged as before version 2 (by pid and
+//! start time, so only right within one PID namespace): version-1 owner
+//! files of older builds, and a socket whose owner file is missing (a live
+//! instance always has its owner file: it is in place before the bind and
+//! removed after the socket).
+//!
 //! Shared memory needs no cleanup: regions are anonymous sealed memfds,
 //! freed by the kernel when the last process holding one exits.
+//!
+//! [flock(2)]: https://man7.org/linux/man-pages/man2/flock.2.html
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::addr::SmName;
 use crate::error::{SmError, SmResult};
-use crate::sys::proc;
+use crate::sys::{lock, proc};
+
+/// Version of the owner line we write: 2 means "the owner holds the file's
+/// lock" (version 1 files had no lock and are judged by pid).
+const OWNER_VERSION: u32 = 2;
+
+/// Tries of [`claim_name`] before it reports the name in use (a cleanup in
+/// another process may hold a dead owner's lock for a moment).
+const CLAIM_ATTEMPTS: u32 = 4;
 
 /// What [`cleanup_stale`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CleanupReport {
-    /// Files removed (their owner is dead, or its pid was reused).
+    /// Files removed (nobody holds their owner's lock; for files without
+    /// one, the owner's pid is gone or was reused).
     pub removed: Vec<PathBuf>,
     /// Files kept (their owner is alive, or cannot be judged).
     pub kept: Vec<PathBuf>,
 }
 
-/// Writes `<dir>/<pid>-<instance>.owner` atomically (temp file + rename).
-pub(crate) fn write_owner_file(dir: &Path, name: &SmName) -> io::Result<()> {
-    let start = proc::start_time(name.pid)?;
-    let path = name.owner_path(dir);
-    let tmp = dir.join(format!(".{}.owner.tmp", name.key()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode_0600()
-        .open(&tmp)?;
-    writeln!(f, "qs-sm-owner 1 {} {start}", name.pid)?;
-    drop(f);
-    std::fs::rename(&tmp, &path)
+/// The temporary owner file of `name` in `dir` (`.<pid>-<instance>.owner.tmp`).
+fn temp_path(dir: &Path, name: &SmName) -> PathBuf {
+    dir.join(format!(".{}.owner.tmp", name.key()))
 }
 
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
-}
-
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+/// Makes `name` ours in `dir` and returns our owner file, open and locked:
+/// keep it open for as long as the name is ours (dropping it releases the
+/// lock, so remove the files first).
+///
+/// The owner file is written and locked under a temporary name first and
+/// then hard-linked into place, which fails if an owner file exists: a live
+/// owner's file is never overwritten, and ours is never visible unlocked.
+/// An existing owner file whose lock is free (or, for a version-1 file,
+/// whose owner is dead) is removed with its socket, under its lock, and the
+/// claim tried again; one whose lock is held means the name is in use:
+/// `AddrInUse`.
+pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
+    let owner = name.owner_path(dir);
+    let err = |source| SmError::Listen {
+        path: name.socket_path(dir),
+        source,
+    };
+    for attempt in 0..CLAIM_ATTEMPTS {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_millis(2 * u64::from(attempt)));
+        }
+        let Some(file) = create_locked_temp(dir, name).map_err(err)? else {
+            continue;
+        };
+        let tmp = temp_path(dir, name);
+        let linked = std::fs::hard_link(&tmp, &owner);
+        // Ours (we hold its lock, so no cleanup removes it): it goes either way.
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => return Ok(file),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(err(e)),
+        }
+        drop(file);
+        match judge(&owner, name) {
+            Verdict::Alive => {}
+            Verdict::Dead(held) => {
+                let files = [name.socket_path(dir), owner.clone()];
+                if let Some(removed) = remove_dead(held.as_ref(), &owner, &files)? {
+                    tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's files to take its name");
+                }
+            }
+        }
     }
+    tracing::warn!(name = %name.uri(), dir = %dir.display(), "sm instance name in use: refused");
+    Err(err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!(
+            "instance name {} is in use by a live process (its owner file {} is locked): this \
+             one, or one in another PID namespace sharing the directory; choose another name",
+            name.uri(),
+            owner.display()
+        ),
+    )))
 }
 
-/// Parses an owner file: `(pid, start time)`.
-fn parse_owner(text: &str) -> Option<(u32, u64)> {
+/// Creates `name`'s temporary owner file (exclusively, mode 0600,
+/// close-on-exec as every file std opens), locks it and writes our owner
+/// line. `None`: try again (another claim of the name holds the temporary
+/// file, or a cleanup removed ours before we locked it).
+fn create_locked_temp(dir: &Path, name: &SmName) -> io::Result<Option<File>> {
+    let tmp = temp_path(dir, name);
+    let file = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            if let Verdict::Dead(held) = judge(&tmp, name) {
+                if let Ok(Some(removed)) = remove_dead(held.as_ref(), &tmp, std::slice::from_ref(&tmp)) {
+                    tracing::info!(files = ?removed, "removed a dead claim's temporary owner file");
+                }
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    if !lock::try_lock_exclusive(&file)? || !same_file(&file, &tmp)? {
+        return Ok(None);
+    }
+    let start = proc::start_time(name.pid).unwrap_or(0);
+    writeln!(&file, "qs-sm-owner {OWNER_VERSION} {} {start}", name.pid)?;
+    Ok(Some(file))
+}
+
+/// A parsed owner line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OwnerLine {
+    version: u32,
+    pid: u32,
+    start: u64,
+}
+
+/// Parses an owner file's text (version 1 or 2).
+fn parse_owner(text: &str) -> Option<OwnerLine> {
     let mut w = text.split_ascii_whitespace();
-    if w.next()? != "qs-sm-owner" || w.next()? != "1" {
+    if w.next()? != "qs-sm-owner" {
         return None;
     }
-    Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+    let version = w
+        .next()?
+        .parse()
+        .ok()
+        .filter(|v| (1..=OWNER_VERSION).contains(v))?;
+    Some(OwnerLine {
+        version,
+        pid: w.next()?.parse().ok()?,
+        start: w.next()?.parse().ok()?,
+    })
 }
 
-/// The text of an owner file, if it is one: a regular file (not a
-/// symbolic link, and not a FIFO, which any process of our uid could put
-/// in the directory under an owner file's name and so block the read, and
-/// with it a listening instance's start), of which at most 256 bytes are
-/// read (an owner line is about 40).
-fn read_owner_file(path: &Path) -> Option<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+/// Opens an owner (or temporary owner) file for reading, if it is one: a
+/// regular file (not a symbolic link, and not a FIFO, which any process of
+/// our uid could put in the directory under an owner file's name and so
+/// block the open or the read, and with it a listening instance's start).
+fn open_owner(path: &Path) -> Option<File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path)
         .ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
+    f.metadata().ok()?.is_file().then_some(f)
+}
+
+/// The owner line of `f`, of which at most 256 bytes are read (a line is
+/// about 40).
+fn read_owner(f: &File) -> Option<OwnerLine> {
     let mut text = String::new();
     f.take(256).read_to_string(&mut text).ok()?;
-    Some(text)
+    parse_owner(&text)
 }
 
-/// True if the owner of `key`'s files is certainly dead: no process has
-/// its pid, or the process with that pid started at another time than the
-/// one recorded (the pid was reused).
-fn owner_is_dead(dir: &Path, name: &SmName) -> bool {
-    if !proc::is_alive(name.pid) {
-        return true;
+/// What an owner (or temporary owner) file says about its owner.
+#[derive(Debug)]
+enum Verdict {
+    /// The owner may be alive: keep its files.
+    Alive,
+    /// The owner is dead. With the judged file, open and locked by us: a
+    /// removal first checks that the path still names it.
+    Dead(Option<File>),
+}
+
+/// Judges the owner of `path`, a file of `name`'s group: by its lock if it
+/// is a version-2 file (held: alive; free: dead), else by pid and start
+/// time ([`judge_by_pid`]).
+fn judge(path: &Path, name: &SmName) -> Verdict {
+    let Some(file) = open_owner(path) else {
+        return judge_by_pid(name, None, None);
+    };
+    match lock::try_lock_exclusive(&file) {
+        Ok(true) => {}
+        Ok(false) => return Verdict::Alive,
+        Err(e) => {
+            // No lock to go by (a file system without flock): a version-2
+            // owner cannot be judged.
+            tracing::debug!(path = %path.display(), error = %e, "flock on an owner file failed");
+            return match read_owner(&file) {
+                Some(line) if line.version == 1 => judge_by_pid(name, Some(line), None),
+                _ => Verdict::Alive,
+            };
+        }
     }
-    let recorded = read_owner_file(&name.owner_path(dir)).and_then(|t| parse_owner(&t));
-    match (recorded, proc::start_time(name.pid)) {
-        (Some((pid, start)), Ok(now)) => pid == name.pid && start != now,
-        // No owner file, or /proc hidden: keep (never delete a live peer's files).
-        _ => false,
+    match read_owner(&file) {
+        Some(line) if line.version == OWNER_VERSION => Verdict::Dead(Some(file)),
+        line => judge_by_pid(name, line, Some(file)),
     }
 }
 
-/// Removes the socket and owner files in `dir` whose owner process is dead
-/// (its pid gone, or reused by a process that started later), keeping
-/// those of live processes. Files that do not look like ours are left alone
-/// and not reported.
+/// The judgement of files without a lock to go by (version 1, or no
+/// readable owner file), as before version 2: dead if no process has the
+/// name's pid, or the one that has it started at another time than the one
+/// recorded (the pid was reused). Only right within one PID namespace.
+fn judge_by_pid(name: &SmName, line: Option<OwnerLine>, file: Option<File>) -> Verdict {
+    let dead = !proc::is_alive(name.pid)
+        || match (line, proc::start_time(name.pid)) {
+            (Some(l), Ok(now)) => l.pid == name.pid && l.start != now,
+            // No owner line, or /proc hidden: keep (never delete a live peer's files).
+            _ => false,
+        };
+    if dead {
+        Verdict::Dead(file)
+    } else {
+        Verdict::Alive
+    }
+}
+
+/// Whether `path` names the file open as `f` (it may have been removed, or
+/// replaced, since `f` was opened).
+fn same_file(f: &File, path: &Path) -> io::Result<bool> {
+    let ours = f.metadata()?;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => Ok(m.dev() == ours.dev() && m.ino() == ours.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes `files` (in order) of a group judged dead by `judged`. With
+/// `held` (that file, locked by us) only if `judged` still names it; if not
+/// (another process replaced it meanwhile) nothing is removed: `None`.
+/// Returns the files removed (those already gone are left out).
+fn remove_dead(held: Option<&File>, judged: &Path, files: &[PathBuf]) -> SmResult<Option<Vec<PathBuf>>> {
+    let err = |path: &Path, source| SmError::Cleanup {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(f) = held {
+        if !same_file(f, judged).map_err(|e| err(judged, e))? {
+            return Ok(None);
+        }
+    }
+    let mut removed = Vec::new();
+    for f in files {
+        match std::fs::remove_file(f) {
+            Ok(()) => removed.push(f.clone()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(f, e)),
+        }
+    }
+    Ok(Some(removed))
+}
+
+/// The files of one name found in the directory.
+#[derive(Default)]
+struct Group {
+    sock: Option<PathBuf>,
+    owner: Option<PathBuf>,
+    tmp: Option<PathBuf>,
+}
+
+/// Removes the socket, owner and temporary owner files in `dir` whose owner
+/// process is dead (nobody holds the owner file's lock; for files of older
+/// builds, or a socket without an owner file, its pid is gone or was
+/// reused by a process that started later), keeping those of live
+/// processes, in this PID namespace or another. Files that do not look like
+/// ours are left alone and not reported.
 pub fn cleanup_stale(dir: &Path) -> SmResult<CleanupReport> {
     let err = |path: &Path, source| SmError::Cleanup {
         path: path.to_owned(),
         source,
     };
-    let mut groups: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CleanupReport::default()),
@@ -119,66 +321,174 @@ pub fn cleanup_stale(dir: &Path) -> SmResult<CleanupReport> {
         let entry = entry.map_err(|e| err(dir, e))?;
         let file = entry.file_name();
         let Some(file) = file.to_str() else { continue };
-        let Some(key) = file.strip_suffix(".sock").or_else(|| file.strip_suffix(".owner")) else {
-            continue;
-        };
+        let (key, slot): (_, fn(&mut Group) -> &mut Option<PathBuf>) =
+            if let Some(k) = file.strip_prefix('.').and_then(|f| f.strip_suffix(".owner.tmp")) {
+                (k, |g| &mut g.tmp)
+            } else if let Some(k) = file.strip_suffix(".sock") {
+                (k, |g| &mut g.sock)
+            } else if let Some(k) = file.strip_suffix(".owner") {
+                (k, |g| &mut g.owner)
+            } else {
+                continue;
+            };
         if SmName::parse_key(key).is_ok() {
-            groups.entry(key.to_owned()).or_default().push(entry.path());
+            *slot(groups.entry(key.to_owned()).or_default()) = Some(entry.path());
         }
     }
     let mut report = CleanupReport::default();
-    for (key, files) in groups {
+    for (key, group) in groups {
         let Ok(name) = SmName::parse_key(&key) else {
             continue;
         };
-        if owner_is_dead(dir, &name) {
-            for f in files {
-                match std::fs::remove_file(&f) {
-                    Ok(()) => report.removed.push(f),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(err(&f, e)),
-                }
-            }
-        } else {
-            report.kept.extend(files);
+        // Judged by the owner file there now, even if the listing missed
+        // it (it is created before the socket).
+        let owner = name.owner_path(dir);
+        let listed: Vec<PathBuf> = [group.sock, group.owner].into_iter().flatten().collect();
+        if !listed.is_empty() {
+            sweep(&name, &owner, listed, &mut report)?;
+        }
+        if let Some(tmp) = group.tmp {
+            sweep(&name, &tmp.clone(), vec![tmp], &mut report)?;
         }
     }
     Ok(report)
+}
+
+/// Judges `name`'s owner by `judged` and removes `files` if it is dead,
+/// recording what was done in `report`.
+fn sweep(name: &SmName, judged: &Path, files: Vec<PathBuf>, report: &mut CleanupReport) -> SmResult<()> {
+    match judge(judged, name) {
+        Verdict::Dead(held) => match remove_dead(held.as_ref(), judged, &files)? {
+            Some(removed) => {
+                tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's sm files");
+                report.removed.extend(removed);
+            }
+            None => report.kept.extend(files),
+        },
+        Verdict::Alive => {
+            tracing::debug!(name = %name.uri(), files = ?files, "kept a live owner's sm files");
+            report.kept.extend(files);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A pid no process has: a child's, once it is reaped (pids are only
+    /// reused after wrapping around).
+    fn dead_pid() -> u32 {
+        let mut c = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = c.id();
+        c.wait().unwrap();
+        assert!(!proc::is_alive(pid));
+        pid
+    }
+
+    fn test_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("qs-sm-cleanup-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn name(pid: u32, instance: &str) -> SmName {
+        SmName {
+            pid,
+            instance: instance.into(),
+        }
+    }
+
+    /// A file holding an owner line, open and locked as a live owner holds it.
+    fn locked(path: &Path, pid: u32) -> File {
+        std::fs::write(path, format!("qs-sm-owner 2 {pid} 1\n")).unwrap();
+        let f = File::open(path).unwrap();
+        assert!(lock::try_lock_exclusive(&f).unwrap());
+        f
+    }
+
     #[test]
     fn owner_files_and_pid_reuse() {
-        let dir = std::env::temp_dir().join(format!("qs-sm-cleanup-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let me = SmName {
-            pid: std::process::id(),
-            instance: "me".into(),
-        };
-        write_owner_file(&dir, &me).unwrap();
+        let dir = test_dir("unit");
+        let me = name(std::process::id(), "me");
+        let _claim = claim_name(&dir, &me).unwrap();
         std::fs::write(me.socket_path(&dir), b"").unwrap();
-        // Our pid, but a different start time: a reused pid, so stale.
-        let reused = SmName {
-            pid: std::process::id(),
-            instance: "old".into(),
-        };
+        let line = std::fs::read_to_string(me.owner_path(&dir)).unwrap();
+        assert!(line.starts_with(&format!("qs-sm-owner 2 {} ", me.pid)), "{line}");
+        assert!(!temp_path(&dir, &me).exists(), "the temporary file is gone");
+        // Version 1, our pid, but a different start time: a reused pid, so stale.
+        let reused = name(std::process::id(), "old");
         std::fs::write(
             reused.owner_path(&dir),
             format!("qs-sm-owner 1 {} 1\n", reused.pid),
         )
         .unwrap();
         std::fs::write(reused.socket_path(&dir), b"").unwrap();
+        // Version 1, our pid and start time: alive by the old judgement
+        // (no lock is looked for).
+        let v1 = name(std::process::id(), "v1");
+        let start = proc::start_time(v1.pid).unwrap();
+        std::fs::write(v1.owner_path(&dir), format!("qs-sm-owner 1 {} {start}\n", v1.pid)).unwrap();
         std::fs::write(dir.join("unrelated.sock"), b"").unwrap();
         let r = cleanup_stale(&dir).unwrap();
         assert_eq!(r.removed.len(), 2, "{r:?}");
-        assert_eq!(r.kept.len(), 2, "{r:?}");
+        assert_eq!(r.kept.len(), 3, "{r:?}");
         assert!(me.socket_path(&dir).exists() && dir.join("unrelated.sock").exists());
+        assert!(v1.owner_path(&dir).exists());
         assert!(!reused.socket_path(&dir).exists());
-        assert_eq!(parse_owner("qs-sm-owner 1 5 77"), Some((5, 77)));
-        assert_eq!(parse_owner("qs-sm-owner 2 5 77"), None);
+        let line = |version, pid, start| OwnerLine { version, pid, start };
+        assert_eq!(parse_owner("qs-sm-owner 1 5 77"), Some(line(1, 5, 77)));
+        assert_eq!(parse_owner("qs-sm-owner 2 5 77"), Some(line(2, 5, 77)));
+        assert_eq!(parse_owner("qs-sm-owner 3 5 77"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Version-2 files are judged by their lock alone: a live pid whose
+    /// file nobody locks is dead (the owner of that name, maybe in another
+    /// PID namespace, is gone), and a dead pid whose file is locked is
+    /// alive (its owner lives in another PID namespace, or is a forked
+    /// child of the process that made it).
+    #[test]
+    fn version_2_files_are_judged_by_the_lock_not_the_pid() {
+        let dir = test_dir("lock");
+        let unlocked = name(std::process::id(), "unlocked");
+        std::fs::write(
+            unlocked.owner_path(&dir),
+            format!("qs-sm-owner 2 {} 1\n", unlocked.pid),
+        )
+        .unwrap();
+        std::fs::write(unlocked.socket_path(&dir), b"").unwrap();
+        let held = name(dead_pid(), "held");
+        let _lock = locked(&held.owner_path(&dir), held.pid);
+        std::fs::write(held.socket_path(&dir), b"").unwrap();
+        let r = cleanup_stale(&dir).unwrap();
+        assert!(!unlocked.owner_path(&dir).exists() && !unlocked.socket_path(&dir).exists());
+        assert!(held.owner_path(&dir).exists() && held.socket_path(&dir).exists());
+        assert_eq!((r.removed.len(), r.kept.len()), (2, 2), "{r:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `.<key>.owner.tmp` files a claim left (its process died before the
+    /// link) are removed once nobody holds their lock; one a claim holds
+    /// is kept, whatever its pid.
+    #[test]
+    fn leftover_temporary_owner_files_are_removed_unless_locked() {
+        let dir = test_dir("tmp");
+        let dead = name(dead_pid(), "left");
+        std::fs::write(temp_path(&dir, &dead), format!("qs-sm-owner 2 {} 1\n", dead.pid)).unwrap();
+        let empty = name(dead.pid, "empty");
+        std::fs::write(temp_path(&dir, &empty), b"").unwrap();
+        let claiming = name(dead.pid, "claiming");
+        let _lock = locked(&temp_path(&dir, &claiming), claiming.pid);
+        let r = cleanup_stale(&dir).unwrap();
+        assert!(!temp_path(&dir, &dead).exists() && !temp_path(&dir, &empty).exists());
+        assert!(temp_path(&dir, &claiming).exists());
+        assert_eq!((r.removed.len(), r.kept.len()), (2, 1), "{r:?}");
+        // A claim of a name whose temporary file a dead claim left goes on.
+        let _claim = claim_name(&dir, &dead).unwrap();
+        assert!(dead.owner_path(&dir).exists() && !temp_path(&dir, &dead).exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -188,27 +498,22 @@ mod tests {
     /// read are kept.
     #[test]
     fn an_owner_name_on_a_fifo_or_a_link_is_kept_without_blocking() {
-        let dir = std::env::temp_dir().join(format!("qs-sm-cleanup-fifo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = SmName {
-            pid: std::process::id(),
-            instance: "fifo".into(),
-        };
+        let dir = test_dir("fifo");
+        let fifo = name(std::process::id(), "fifo");
         let st = std::process::Command::new("mkfifo")
             .arg(fifo.owner_path(&dir))
             .status()
             .expect("mkfifo (coreutils) runs");
         assert!(st.success(), "mkfifo failed: {st}");
         std::fs::write(fifo.socket_path(&dir), b"").unwrap();
-        let link = SmName {
-            pid: std::process::id(),
-            instance: "link".into(),
-        };
+        let link = name(std::process::id(), "link");
         // A link to a file that says the owner started at another time.
         let target = dir.join("elsewhere");
         std::fs::write(&target, format!("qs-sm-owner 1 {} 1\n", link.pid)).unwrap();
         std::os::unix::fs::symlink(&target, link.owner_path(&dir)).unwrap();
         std::fs::write(link.socket_path(&dir), b"").unwrap();
+        // The same on a claim's temporary file.
+        std::os::unix::fs::symlink(&target, temp_path(&dir, &link)).unwrap();
         let d = dir.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || tx.send(cleanup_stale(&d).map_err(|e| e.to_string())));
@@ -217,7 +522,7 @@ mod tests {
             .expect("cleanup_stale blocked on a FIFO named as an owner file")
             .unwrap();
         assert!(r.removed.is_empty(), "{r:?}");
-        assert_eq!(r.kept.len(), 4, "{r:?}");
+        assert_eq!(r.kept.len(), 5, "{r:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

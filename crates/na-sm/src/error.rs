@@ -44,6 +44,13 @@ pub enum SmError {
         #[source]
         source: io::Error,
     },
+    /// Another instance of this process has the instance name (listening
+    /// or not: a peer would take the two for one).
+    #[error("sm instance name {uri} is already used by another instance of this process; give each its own SmConfig::name")]
+    NameInUse {
+        /// The address the name makes.
+        uri: String,
+    },
     /// A system call the plugin needs failed.
     #[error("{op} failed: {source}")]
     Sys {
@@ -158,6 +165,7 @@ impl From<SmError> for NaError {
             e @ (SmError::SocketDir { .. }
             | SmError::InsecureDir { .. }
             | SmError::Listen { .. }
+            | SmError::NameInUse { .. }
             | SmError::Cleanup { .. }) => NaError::Plugin {
                 plugin: "sm",
                 message: e.to_string(),

@@ -137,9 +137,17 @@
 //! attach a debugger.
 //!
 //! ## Cleanup
-//! See [`cleanup`]: files removed on drop; stale files of dead owners (pid
-//! and start time) removed by [`cleanup_stale`], at listener start and by
-//! the `qs-sm-cleanup` command; live owners' files are kept.
+//! See [`cleanup`]: files removed on drop; a live owner holds an
+//! [flock(2)](https://man7.org/linux/man-pages/man2/flock.2.html) lock on
+//! its owner file, so liveness does not go by pid (processes in other PID
+//! namespaces may share the directory). Stale files (lock free; for
+//! version-1 files of older builds, pid and start time) are removed by
+//! [`cleanup_stale`], at listener start and by the `qs-sm-cleanup`
+//! command; live owners' files are kept. A listener takes its name only if
+//! no live owner holds it (else `AddrInUse`), and never rewrites, removes
+//! or connects to a live owner's files. Within one process an instance
+//! name belongs to one instance at a time, listening or not
+//! ([`SmError::NameInUse`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

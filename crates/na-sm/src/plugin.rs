@@ -19,7 +19,7 @@ use na_core::{
     Tag,
 };
 
-use crate::addr::{PeerTable, SmName};
+use crate::addr::{NameClaim, PeerTable, SmName};
 use crate::channel::{MsgKind, Slot, BUF_SIZE};
 use crate::config::{check_name, ensure_dir, SmConfig};
 use crate::connect::ConnectWait;
@@ -33,7 +33,8 @@ use crate::sys::socket::PeerCred;
 use crate::sys::wake::WakeKind;
 use na_core::sys::timer::Timer;
 
-/// Per-process counter for unnamed instances.
+/// Per-process counter for unnamed instances (a number some instance was
+/// given as its name is skipped).
 static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
 
 /// Internal epoll token of the listening socket.
@@ -73,6 +74,12 @@ pub struct SmPlugin {
     pub(crate) cfg: SmConfig,
     pub(crate) dir: PathBuf,
     pub(crate) name: SmName,
+    /// Our hold on `name` in this process (released on drop).
+    _name_claim: NameClaim,
+    /// A listening instance's owner file, open and locked for its whole
+    /// life: the lock is what tells others it is alive (see
+    /// [`crate::cleanup`]). Dropped after the files are removed.
+    owner_file: Option<std::fs::File>,
     pub(crate) self_tok: u64,
     pub(crate) uid: u32,
     /// Peer failures found while one is being handled (see `fail_peer`).
@@ -216,20 +223,30 @@ impl SmPlugin {
         }
         let dir = config.resolve_dir()?;
         let wake_kind = config.resolve_wake()?;
-        let instance = match &config.name {
+        let named = |instance| SmName {
+            pid: proc::pid(),
+            instance,
+        };
+        let (name, name_claim) = match &config.name {
             Some(n) => {
                 check_name(n).map_err(|reason| SmError::Config {
                     name: "sm instance name".into(),
                     value: n.clone(),
                     reason,
                 })?;
-                n.clone()
+                let name = named(n.clone());
+                let Some(claim) = NameClaim::take(&name) else {
+                    tracing::warn!(name = %name.uri(), "sm instance name already used in this process: refused");
+                    return Err(SmError::NameInUse { uri: name.uri() });
+                };
+                (name, claim)
             }
-            None => NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed).to_string(),
-        };
-        let name = SmName {
-            pid: proc::pid(),
-            instance,
+            None => loop {
+                let name = named(NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed).to_string());
+                if let Some(claim) = NameClaim::take(&name) {
+                    break (name, claim);
+                }
+            },
         };
         if config.allow_any_ptracer {
             proc::allow_any_ptracer().map_err(|e| SmError::sys("prctl(PR_SET_PTRACER)", e))?;
@@ -245,6 +262,8 @@ impl SmPlugin {
             cfg: config,
             dir,
             name,
+            _name_claim: name_claim,
+            owner_file: None,
             self_tok,
             uid: proc::uid(),
             failures_queued: VecDeque::new(),
@@ -299,40 +318,44 @@ impl SmPlugin {
                 Err(e) => tracing::warn!(error = %e, "stale-file cleanup failed"),
             }
         }
+        // The name is ours once our locked owner file is in place (never
+        // over a live owner's: see `cleanup::claim_name`); only then are
+        // files under it ours to replace.
+        let owner = crate::cleanup::claim_name(&self.dir, &self.name)?;
         let path = self.name.socket_path(&self.dir);
+        match self.bind_claimed(&path) {
+            Ok(listener) => {
+                self.listener = Some(listener);
+                self.owner_file = Some(owner);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
+                Err(e)
+            }
+        }
+    }
+
+    /// Binds the socket of a name we hold: a socket file already there was
+    /// left by a dead owner of the name.
+    fn bind_claimed(&self, path: &std::path::Path) -> SmResult<UnixListener> {
         let err = |source| SmError::Listen {
-            path: path.clone(),
+            path: path.to_owned(),
             source,
         };
-        crate::cleanup::write_owner_file(&self.dir, &self.name).map_err(err)?;
-        let listener = match UnixListener::bind(&path) {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                // Our pid is in the name, so an existing file is either a
-                // live instance of this process (connectable) or left by a
-                // dead process that had our pid.
-                if std::os::unix::net::UnixStream::connect(&path).is_ok() {
-                    let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
-                    return Err(err(std::io::Error::new(
-                        std::io::ErrorKind::AddrInUse,
-                        format!(
-                            "instance name {:?} is already used in this process",
-                            self.name.instance
-                        ),
-                    )));
-                }
-                std::fs::remove_file(&path).map_err(err)?;
-                UnixListener::bind(&path).map_err(err)?
-            }
+        match std::fs::remove_file(path) {
+            Ok(()) => tracing::info!(path = %path.display(), "removed a dead owner's socket file"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(err(e)),
-        };
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        }
+        let listener = UnixListener::bind(path).map_err(err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
         listener.set_nonblocking(true).map_err(err)?;
         self.poll
             .add(listener.as_raw_fd(), LISTENER_TOKEN)
             .map_err(|e| SmError::sys("epoll_ctl add listener", e))?;
-        self.listener = Some(listener);
-        Ok(())
+        Ok(listener)
     }
 
     /// The socket directory in use.
@@ -519,11 +542,15 @@ fn move_all(from: &mut VecDeque<Completion>, to: &mut VecDeque<Completion>) {
 impl Drop for SmPlugin {
     fn drop(&mut self) {
         // A forked child that drops its copy must not take the parent's
-        // live listener's files with it.
+        // live listener's files with it. (Its copy of the owner file's
+        // descriptor shares the parent's lock, which closing it keeps.)
         if self.listener.take().is_some() && proc::pid() == self.name.pid {
             let _ = std::fs::remove_file(self.name.socket_path(&self.dir));
             let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
         }
+        // The lock goes only after the files (a cleanup elsewhere would
+        // otherwise find our owner file unlocked and remove it).
+        self.owner_file.take();
         tracing::info!(addr = %self.name.uri(), "sm plugin closed");
     }
 }
@@ -742,4 +769,60 @@ pub(crate) fn queued_by_departed(matcher: &Matcher, peers: &PeerTable) -> usize 
         .filter(|&(tok, _)| peers.get(tok).is_none())
         .map(|(_, n)| n)
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A listen under a name a live instance holds (one of this process
+    /// here; in practice one in another PID namespace with our pid) is
+    /// refused with `AddrInUse`: the live instance's owner file and socket
+    /// are neither rewritten nor removed, and nothing connects to it.
+    #[test]
+    fn listen_under_a_live_instances_name_refuses_and_leaves_it_alone() {
+        let dir = std::env::temp_dir().join(format!("qs-sm-plugin-taken-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = |listen, name: &str| {
+            SmConfig {
+                listen,
+                ..SmConfig::default()
+            }
+            .with_dir(&dir)
+            .with_name(name)
+        };
+        let live = SmPlugin::new(PluginId(1), cfg(true, "taken")).unwrap();
+        let (owner, sock) = (live.name.owner_path(&dir), live.name.socket_path(&dir));
+        let state = || {
+            let (o, s) = (
+                std::fs::metadata(&owner).unwrap(),
+                std::fs::metadata(&sock).unwrap(),
+            );
+            (std::fs::read(&owner).unwrap(), o.ino(), o.mtime_nsec(), s.ino())
+        };
+        let before = state();
+        let mut other = SmPlugin::new(PluginId(2), cfg(false, "other")).unwrap();
+        // The same name, as a process with our pid in another PID
+        // namespace would have it (this process's registry would refuse
+        // it before any file is looked at).
+        other.name = live.name.clone();
+        let e = other.listen().unwrap_err();
+        let SmError::Listen { source, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        assert!(e.to_string().contains("in use by a live process"), "{e}");
+        assert!(other.listener.is_none());
+        drop(other);
+        assert_eq!(state(), before, "the live instance's files changed");
+        let accepted = live.listener.as_ref().unwrap().accept();
+        assert!(
+            matches!(&accepted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the refused listen connected to the live instance: {accepted:?}"
+        );
+        drop(live);
+        assert!(!owner.exists() && !sock.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -4,6 +4,7 @@
 
 pub mod cma;
 pub mod eventfd;
+pub mod lock;
 pub mod proc;
 pub mod shm;
 pub mod socket;
