@@ -228,6 +228,18 @@ struct Call {
     one_way: bool,
 }
 
+/// A call dropped with its spilled input still exposed (the engine
+/// dropped, say) breaks the input's seal first: a pull still to come
+/// fails its check instead of taking what the memory holds next.
+impl Drop for Call {
+    fn drop(&mut self) {
+        if let Some(mem) = &self.spill {
+            na_core::hint::cold_path();
+            crate::spill::break_seal(mem);
+        }
+    }
+}
+
 impl Call {
     /// Bytes of its exposed input (0 if it did not spill).
     fn spill_len(&self) -> u64 {

@@ -52,6 +52,17 @@ impl Default for ExposedOutputs {
     }
 }
 
+/// Outputs still exposed when the engine goes (or the set is dropped)
+/// have their seals broken: a pull still to come fails its check instead
+/// of taking what the memory holds next.
+impl Drop for ExposedOutputs {
+    fn drop(&mut self) {
+        for e in self.entries.values() {
+            crate::spill::break_seal(&e.mem);
+        }
+    }
+}
+
 impl ExposedOutputs {
     /// Sets both bounds.
     pub fn set_limits(&mut self, per_peer: u64, total: u64) {
@@ -129,6 +140,12 @@ impl ExposedOutputs {
             }
         }
         expired.len()
+    }
+
+    /// The exposed handles (for tests).
+    #[cfg(test)]
+    pub fn handles(&self) -> impl Iterator<Item = &MemHandle> + '_ {
+        self.entries.values().map(|e| &e.mem)
     }
 
     /// When each output was exposed.

@@ -437,4 +437,66 @@ mod tests {
         assert_eq!(srv.pull_bytes, charged / 2, "one pull's bytes left counted");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// The last 8 bytes of `mem`: a spilled payload's seal.
+    fn seal_of(mem: &na_core::MemHandle) -> u64 {
+        let mut b = [0u8; 8];
+        mem.read_at(mem.size() - crate::spill::SEAL_LEN, &mut b).unwrap();
+        u64::from_le_bytes(b)
+    }
+
+    struct Big;
+    impl Rpc for Big {
+        const NAME: &'static str = "test.big";
+        type Input = ();
+        type Output = Vec<u8>;
+    }
+
+    /// An engine dropped while a target may still pull from it breaks the
+    /// seals of what it exposed: an abandoned call's spilled input (at
+    /// the origin) and an output not pulled yet (at the target). A late
+    /// pull then fails its check instead of taking freed memory for data.
+    #[test]
+    fn a_dropped_engine_breaks_the_seals_of_what_it_exposed() {
+        let dir = std::env::temp_dir().join(format!("hg-rpc-drop-seals-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = |listen| {
+            na_sm::SmConfig {
+                listen,
+                ..na_sm::SmConfig::default()
+            }
+            .with_dir(&dir)
+        };
+        let mode = na_core::ProgressMode::Busy;
+        let mut srv = Engine::shared_memory(cfg(true), mode).unwrap();
+        srv.register::<Blob>(|_| Ok(())).unwrap();
+        srv.register::<Big>(|()| Ok(vec![9u8; 64 << 10])).unwrap();
+        let mut c = Engine::shared_memory(cfg(false), mode).unwrap();
+        let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+        // The origin: a spilled input, given up before its target runs.
+        let id = c.forward::<Blob>(&s, &vec![7u8; 20_000]).unwrap();
+        c.abandon(id);
+        let input = c
+            .calls
+            .iter()
+            .find_map(|(_, call)| call.spill.clone())
+            .expect("the abandoned call keeps its input exposed");
+        assert_ne!(seal_of(&input), 0);
+        // The target: an output exposed, not pulled yet.
+        let big = c.forward::<Big>(&s, &()).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        while srv.exposed.is_empty() {
+            assert!(Instant::now() < end, "the output was never exposed");
+            srv.progress_now().unwrap();
+            srv.trigger().unwrap();
+        }
+        let output = srv.exposed.handles().next().unwrap().clone();
+        assert_ne!(seal_of(&output), 0);
+        drop(srv);
+        assert_eq!(seal_of(&output), 0, "the target's exposed output kept its seal");
+        drop(c);
+        assert_eq!(seal_of(&input), 0, "the origin's abandoned input kept its seal");
+        let _ = big;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

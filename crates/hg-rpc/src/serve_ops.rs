@@ -472,6 +472,10 @@ impl<C: Codec> Engine<C> {
     /// input the target finished with, an output its origin released) as
     /// a spare; a handle of several buffers, or still shared, is dropped.
     pub(super) fn recycle(&mut self, mem: MemHandle) {
+        // An exposed input let go before its target pulled it (the target
+        // died, say): a pull still to come must fail its seal check, not
+        // take what the spare holds next. (Harmless on a pulled buffer.)
+        spill::break_seal(&mem);
         if let Ok(bufs) = mem.into_buffers() {
             // One buffer, or a spilled payload's data and its seal.
             if let Some(buf) = bufs.into_iter().next() {
