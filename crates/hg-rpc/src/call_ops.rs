@@ -343,11 +343,7 @@ impl<C: Codec> Engine<C> {
     /// The result of call `id` if its response arrived (then the call is
     /// finished and forgotten), `None` if it is still in flight.
     pub fn take_response<R: Rpc>(&mut self, id: CallId) -> Option<Result<R::Output>> {
-        let outcome = self
-            .calls
-            .remove_if(id.0, |c| c.outcome.is_some())?
-            .outcome
-            .take()?;
+        let outcome = self.calls.remove_if(id.0, |c| c.outcome.is_some())?.outcome?;
         self.forget_lent(id.0);
         // A self-forward's cookie marks work for `progress` until `trigger`;
         // taken here, it is done (the async API never triggers for it).

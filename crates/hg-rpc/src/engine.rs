@@ -228,14 +228,33 @@ struct Call {
     one_way: bool,
 }
 
-/// A call dropped with its spilled input still exposed (the engine
-/// dropped, say) breaks the input's seal first: a pull still to come
-/// fails its check instead of taking what the memory holds next.
-impl Drop for Call {
+/// The call table. Dropped (with the engine) while calls still hold
+/// spilled inputs exposed, it breaks their seals first: a pull still to
+/// come fails its check instead of taking what the memory holds next.
+/// (Every other path that lets an unpulled input go breaks it itself;
+/// a `Drop` on `Call` would cost each call out-of-line drop glue.)
+#[derive(Default)]
+struct Calls(CallTable<Call>);
+
+impl std::ops::Deref for Calls {
+    type Target = CallTable<Call>;
+    fn deref(&self) -> &CallTable<Call> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Calls {
+    fn deref_mut(&mut self) -> &mut CallTable<Call> {
+        &mut self.0
+    }
+}
+
+impl Drop for Calls {
     fn drop(&mut self) {
-        if let Some(mem) = &self.spill {
-            na_core::hint::cold_path();
-            crate::spill::break_seal(mem);
+        for (_, call) in self.0.iter() {
+            if let Some(mem) = &call.spill {
+                crate::spill::break_seal(mem);
+            }
         }
     }
 }
@@ -340,7 +359,7 @@ pub struct Engine<C: Codec = Postcard> {
     codec: C,
     handlers: FastMap<u64, Handler>,
     ops: FastMap<OpId, OpRole>,
-    calls: CallTable<Call>,
+    calls: Calls,
     /// The local bulk handles the input of a call in `calls` carried (see
     /// `hg_bulk::collect_lent`), by cookie, for the calls that had any:
     /// kept alive and exposed until the call leaves the table, since the
@@ -463,7 +482,7 @@ impl<C: Codec> Engine<C> {
             codec,
             handlers: FastMap::default(),
             ops: FastMap::default(),
-            calls: CallTable::default(),
+            calls: Calls::default(),
             lent: FastMap::default(),
             seal_state: {
                 use std::hash::BuildHasher;
