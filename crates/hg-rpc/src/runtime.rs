@@ -317,11 +317,21 @@ impl Shared {
                 // request's header and source.
                 let input = std::mem::take(&mut req.payload);
                 let transfers = ctx::HandlerTransfers::new();
-                let ctx = AsyncBulkCtx::new(req.source().clone(), shared.clone(), transfers.clone());
+                // First, so dropped last: answers if the task is dropped
+                // before the handler's answer went.
+                let mut unanswered = AnswerIfDropped {
+                    req: Some(req),
+                    shared: shared.clone(),
+                    transfers: transfers.clone(),
+                };
+                let source = unanswered.req.as_ref().map(|r| r.source().clone());
+                let Some(source) = source else { return };
+                let ctx = AsyncBulkCtx::new(source, shared.clone(), transfers.clone());
                 let result = answer_even_if_it_panics(&handler, ctx, input).await;
                 // The handler's transfers (dropped ones, and those of a
                 // context it kept past its return) end before its answer.
                 ctx::wait_for_transfers(&transfers, &shared).await;
+                let Some(req) = unanswered.req.take() else { return };
                 let Some(shared) = shared.upgrade() else {
                     return;
                 };
@@ -333,6 +343,50 @@ impl Shared {
                 shared.drain_may_have_moved(&e);
             });
         }
+    }
+}
+
+/// An async handler's request while its task runs. If the task is dropped
+/// before it answered (its runtime shut down, or it was aborted), the
+/// caller is told so at once, not left to its timeout, provided none of
+/// the handler's transfers may still be moving data (the caller may free
+/// its memory at the answer): then, and if the engine is busy on this
+/// very thread, it is left unanswered, with a warning.
+struct AnswerIfDropped {
+    req: Option<crate::engine::DeferredRequest>,
+    shared: std::sync::Weak<Shared>,
+    transfers: Arc<ctx::HandlerTransfers>,
+}
+
+impl Drop for AnswerIfDropped {
+    fn drop(&mut self) {
+        let Some(req) = self.req.take() else { return };
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let idle = {
+            let st = self.transfers.lock();
+            st.is_idle()
+        };
+        // `try_lock`: a drop that runs while this thread holds the engine
+        // (a runtime shut down from inside an engine call) must not wait.
+        if idle {
+            if let Ok(mut e) = shared.engine.try_lock() {
+                tracing::warn!(peer = %req.source(), "an async handler's task was dropped before it answered; answering with an error");
+                e.respond_deferred(
+                    req,
+                    Err("the handler's task was dropped before it answered (its runtime shut down, or the task \
+                         was aborted)"
+                        .into()),
+                );
+                return;
+            }
+        }
+        tracing::warn!(
+            peer = %req.source(),
+            "an async handler's task was dropped before it answered, with transfers that may still move \
+             data (or the engine busy): its caller gets no answer"
+        );
     }
 }
 

@@ -47,6 +47,12 @@ pub(super) struct TransfersState {
 }
 
 impl TransfersState {
+    /// No transfer call runs and no dropped transfer waits for its end:
+    /// nothing of the handler's moves data.
+    pub(super) fn is_idle(&self) -> bool {
+        self.running == 0 && self.dropped.is_empty()
+    }
+
     /// Keeps a dropped transfer for the answer to wait for. Only a running
     /// transfer call drops transfers, and the wait ends only when none
     /// runs: the list is never left behind with something in it.

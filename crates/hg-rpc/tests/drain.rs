@@ -167,3 +167,107 @@ fn a_spilled_output_is_pulled_before_the_engine_is_drained() {
     assert_eq!(srv.stats().refused_draining, 2);
     assert!(srv.drained());
 }
+
+/// `drained` on an engine whose driver stopped (its runtime shut down)
+/// with a spilled output its origin has not pulled: nothing will ever
+/// move (the origin's release would need the driver), so it is
+/// `DriverStopped` at once, not a wait through the whole grace period.
+#[test]
+fn drained_on_a_stopped_driver_says_so_at_once() {
+    let d = common::dir("drain-stopped");
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let srv = first.block_on(async {
+        let srv = common::async_engine(&d, true);
+        srv.register::<Echo>(Ok).unwrap();
+        srv
+    });
+    // A blocking client that never pulls the output.
+    let mut c = common::client(&d);
+    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    let id = c.forward::<Echo>(&s, &vec![3u8; 64 << 10]).unwrap();
+    let end = std::time::Instant::now() + T;
+    while srv.stats().exposed_outputs == 0 {
+        assert!(std::time::Instant::now() < end, "the output was never exposed");
+        // (The handshake's end and the queued request need our turns.)
+        c.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    srv.begin_drain().unwrap();
+    // The driver stops with its runtime.
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let r = second.block_on(srv.drained(T));
+    assert!(
+        matches!(r, Err(RpcError::DriverStopped { .. })),
+        "expected DriverStopped, got {r:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "drained waited {:?} on a stopped driver",
+        t0.elapsed()
+    );
+    c.abandon(id);
+}
+
+/// A server's runtime shuts down while an async handler is running (the
+/// AsyncEngine itself lives on): the handler's task is dropped, and its
+/// caller is answered with a handler error saying so at once, instead of
+/// silence until its timeout.
+#[test]
+fn an_async_handler_dropped_with_its_runtime_answers_its_caller() {
+    let d = common::dir("drain-dropped-handler");
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (started, never) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let srv = first.block_on(async {
+        let srv = common::async_engine(&d, true);
+        let (s2, n2) = (started.clone(), never.clone());
+        srv.register_async::<Slow, _, _>(move |x| {
+            let (started, never) = (s2.clone(), n2.clone());
+            async move {
+                started.notify_one();
+                never.notified().await;
+                Ok(x + 1)
+            }
+        })
+        .unwrap();
+        srv
+    });
+    let mut c = common::client(&d);
+    let s = c.lookup(srv.self_addr().uri()).unwrap();
+    let id = c.forward::<Slow>(&s, &1).unwrap();
+    let end = std::time::Instant::now() + T;
+    while srv.stats().deferred_in_flight == 0 {
+        assert!(std::time::Instant::now() < end, "the handler never started");
+        c.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    drop(first);
+    let end = std::time::Instant::now() + Duration::from_secs(3);
+    let r = loop {
+        assert!(
+            std::time::Instant::now() < end,
+            "no answer within 3 s of the handler's task being dropped: {:?}",
+            srv.stats()
+        );
+        c.progress(Some(Duration::from_millis(5))).unwrap();
+        c.trigger().unwrap();
+        if let Some(r) = c.take_response::<Slow>(id) {
+            break r;
+        }
+    };
+    match r {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains("dropped"), "{message}"),
+        other => panic!("expected a handler error, got {other:?}"),
+    }
+    drop(never);
+}
