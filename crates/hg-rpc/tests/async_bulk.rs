@@ -608,3 +608,38 @@ async fn a_self_call_that_moves_bulk_data_leaves_the_driver_listening() {
         assert_eq!(r.expect("the driver no longer hears the transports"), vec![round]);
     }
 }
+
+/// Hands its context out and answers.
+struct HandOut;
+impl Rpc for HandOut {
+    const NAME: &'static str = "async_bulk.hand_out";
+    type Input = ();
+    type Output = ();
+}
+
+/// A context kept past its handler and past the AsyncEngine itself: its
+/// exposure is refused (`DriverStopped`), as its transfers are, instead of
+/// exposing memory on an engine nobody drives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_kept_past_its_engine_exposes_nothing() {
+    let d = common::dir("async-bulk-expose-after-drop");
+    let srv = common::async_engine(&d, true);
+    let (tx, rx) = std::sync::mpsc::channel::<AsyncBulkCtx>();
+    let tx = std::sync::Mutex::new(tx);
+    srv.register_async_with_bulk::<HandOut, _, _>(move |ctx, ()| {
+        let _ = tx.lock().unwrap().send(ctx);
+        async { Ok(()) }
+    })
+    .unwrap();
+    let c = common::async_engine(&d, false);
+    let s = c.lookup(srv.self_addr().uri()).await.unwrap();
+    c.call::<HandOut>(&s, &(), T).await.unwrap();
+    let ctx = rx.recv_timeout(T).expect("the handler handed its context out");
+    // While the engine lives, the kept context may expose.
+    assert!(ctx.expose(vec![vec![1u8; 64]], Access::ReadOnly).is_ok());
+    drop(srv);
+    match ctx.expose(vec![vec![1u8; 64]], Access::ReadOnly) {
+        Err(RpcError::DriverStopped { .. }) => {}
+        other => panic!("expected DriverStopped, got {:?}", other.map(|b| b.size())),
+    }
+}
