@@ -573,7 +573,12 @@ impl AsyncEngine {
     /// [`NaError::Lookup`](na_core::NaError::Lookup) naming the peer, whose
     /// source is of kind [`TimedOut`](std::io::ErrorKind::TimedOut).
     /// Dropping the future gives the lookup up (nothing is left
-    /// half-connected).
+    /// half-connected). The address must be of the engine's plugin's
+    /// scheme (an address of another plugin could not be called anyway:
+    /// [`RpcError::ForeignAddress`]). Under tokio's paused test clock
+    /// (`tokio::time::pause`) the pauses between attempts take no real
+    /// time while the transport's bound is real time: a lookup of a peer
+    /// that never accepts then retries without pause until that bound.
     pub async fn lookup(&self, uri: &str) -> Result<Addr> {
         let (_engine, addr) = self
             .shared

@@ -12,7 +12,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
 use na_core::{Addr, PluginId, TokenSlab};
 
@@ -84,19 +86,30 @@ impl SmName {
 /// Keys (`<pid>-<instance>`) of this process's live instances.
 static NAMES_IN_USE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
+/// The pid of the process whose thread holds [`NAMES_IN_USE`] (0: none
+/// recorded yet). In a forked child the lock may be held by a parent
+/// thread that does not exist there: the pid then differs from ours.
+static NAMES_HOLDER: AtomicU32 = AtomicU32::new(0);
+
+/// How long a claim waits for the registry before it takes a lock it
+/// cannot get for a parent's thread gone with a fork (the registry is held
+/// for microseconds by a live thread).
+const NAMES_WAIT: Duration = Duration::from_secs(1);
+
 /// A name held by one instance of this process for its whole life (the
 /// entry goes when this is dropped).
 ///
 /// A forked child gets a copy of the registry, in which its parent's
 /// entries stay: they carry the parent's pid, which none of the child's
-/// names has. (A child forked while another thread was creating or dropping
-/// an instance inherits the registry locked: it must not create or drop
-/// instances, as with any lock after a fork; dropping its copies of the
-/// parent's instances does not touch the registry.)
+/// names has. A child forked while a parent thread held the registry
+/// cannot take its lock: after [`NAMES_WAIT`] its instance goes without a
+/// registry entry (a warning says so) instead of waiting for ever.
 #[derive(Debug)]
 pub(crate) struct NameClaim {
     key: String,
     pid: u32,
+    /// False for a claim made without the registry (see above).
+    registered: bool,
 }
 
 impl NameClaim {
@@ -104,23 +117,46 @@ impl NameClaim {
     /// process holds it.
     pub fn take(name: &SmName) -> Option<NameClaim> {
         let key = name.key();
-        let mut names = NAMES_IN_USE.lock().unwrap_or_else(PoisonError::into_inner);
+        let me = proc::pid();
+        let started = Instant::now();
+        let mut names = loop {
+            match NAMES_IN_USE.try_lock() {
+                Ok(g) => break g,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    if started.elapsed() >= NAMES_WAIT && NAMES_HOLDER.load(Ordering::Relaxed) != me {
+                        tracing::warn!(name = %name.uri(), "sm: the instance-name registry stayed locked (a fork while \
+                            another thread held it?): this instance is not registered");
+                        return Some(NameClaim {
+                            key,
+                            pid: name.pid,
+                            registered: false,
+                        });
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        };
+        NAMES_HOLDER.store(me, Ordering::Relaxed);
         // (Not `then_some`: a claim built and dropped here would remove
         // the holder's entry, under the lock its drop takes.)
-        names
-            .insert(key.clone())
-            .then(|| NameClaim { key, pid: name.pid })
+        let claim = names.insert(key.clone()).then(|| NameClaim {
+            key,
+            pid: name.pid,
+            registered: true,
+        });
+        drop(names);
+        claim
     }
 }
 
 impl Drop for NameClaim {
     fn drop(&mut self) {
         // In a forked child, the entry is the parent's (see above).
-        if proc::pid() == self.pid {
-            NAMES_IN_USE
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&self.key);
+        if self.registered && proc::pid() == self.pid {
+            let mut names = NAMES_IN_USE.lock().unwrap_or_else(PoisonError::into_inner);
+            NAMES_HOLDER.store(self.pid, Ordering::Relaxed);
+            names.remove(&self.key);
         }
     }
 }

@@ -27,7 +27,18 @@
 //! start time, so only right within one PID namespace): version-1 owner
 //! files of older builds, and a socket whose owner file is missing (a live
 //! instance always has its owner file: it is in place before the bind and
-//! removed after the socket).
+//! removed after the socket). Such a socket is removed only under a claim
+//! of its name (our own locked owner file linked in place), so that a new
+//! owner claiming the name meanwhile keeps its socket. An owner file that
+//! is there but cannot be opened or read (out of descriptors, a FIFO, a
+//! link) keeps its group. A temporary owner file without an owner line and
+//! without a lock (its claim died between creating and writing it) is
+//! removed once a few seconds old, whatever its pid.
+//!
+//! On NFS, `flock` is emulated with POSIX locks, which belong to the
+//! process: a listener there skips the cleanup at start (its own process
+//! would see a sibling instance's lock as free); `qs-sm-cleanup`, another
+//! process, still judges right.
 //!
 //! Shared memory needs no cleanup: regions are anonymous sealed memfds,
 //! freed by the kernel when the last process holding one exits.
@@ -116,8 +127,9 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
     Err(err(io::Error::new(
         io::ErrorKind::AddrInUse,
         format!(
-            "instance name {} is in use by a live process (its owner file {} is locked): this \
-             one, or one in another PID namespace sharing the directory; choose another name",
+            "instance name {} is in use (its owner file {} stayed locked): by a live process, this \
+             one or one in another PID namespace sharing the directory, or a cleanup was removing a \
+             dead owner's files; choose another name or try again",
             name.uri(),
             owner.display()
         ),
@@ -138,8 +150,10 @@ fn create_locked_temp(dir: &Path, name: &SmName) -> io::Result<Option<File>> {
     {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            if let Verdict::Dead(held) = judge(&tmp, name) {
-                if let Ok(Some(removed)) = remove_dead(held.as_ref(), &tmp, std::slice::from_ref(&tmp)) {
+            // Only one we judged with its lock held by us: without it, the
+            // path may name another claim's new file by now.
+            if let Verdict::Dead(Some(held)) = judge_temp(&tmp, name) {
+                if let Ok(Some(removed)) = remove_dead(Some(&held), &tmp, std::slice::from_ref(&tmp)) {
                     tracing::info!(files = ?removed, "removed a dead claim's temporary owner file");
                 }
             }
@@ -147,12 +161,26 @@ fn create_locked_temp(dir: &Path, name: &SmName) -> io::Result<Option<File>> {
         }
         Err(e) => return Err(e),
     };
-    if !lock::try_lock_exclusive(&file)? || !same_file(&file, &tmp)? {
-        return Ok(None);
+    let written = (|| {
+        if !lock::try_lock_exclusive(&file)? || !same_file(&file, &tmp)? {
+            return Ok(false);
+        }
+        let start = proc::start_time(name.pid).unwrap_or(0);
+        writeln!(&file, "qs-sm-owner {OWNER_VERSION} {} {start}", name.pid)?;
+        Ok(true)
+    })();
+    match written {
+        Ok(true) => Ok(Some(file)),
+        // Ours is not left behind (unlocked, it would hold the name for
+        // as long as the pid in it lives): removed if the path still
+        // names it.
+        r => {
+            if same_file(&file, &tmp).unwrap_or(false) {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            r.map(|_| None)
+        }
     }
-    let start = proc::start_time(name.pid).unwrap_or(0);
-    writeln!(&file, "qs-sm-owner {OWNER_VERSION} {} {start}", name.pid)?;
-    Ok(Some(file))
 }
 
 /// A parsed owner line.
@@ -185,13 +213,20 @@ fn parse_owner(text: &str) -> Option<OwnerLine> {
 /// regular file (not a symbolic link, and not a FIFO, which any process of
 /// our uid could put in the directory under an owner file's name and so
 /// block the open or the read, and with it a listening instance's start).
-fn open_owner(path: &Path) -> Option<File> {
+///
+/// `Err(true)`: there is no such file; `Err(false)`: there is something
+/// there that cannot be opened or is no regular file (a FIFO, a link, or
+/// we are out of descriptors): its owner cannot be judged.
+fn open_owner(path: &Path) -> Result<File, bool> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path)
-        .ok()?;
-    f.metadata().ok()?.is_file().then_some(f)
+        .map_err(|e| e.kind() == io::ErrorKind::NotFound)?;
+    match f.metadata() {
+        Ok(m) if m.is_file() => Ok(f),
+        _ => Err(false),
+    }
 }
 
 /// The owner line of `f`, of which at most 256 bytes are read (a line is
@@ -216,8 +251,15 @@ enum Verdict {
 /// is a version-2 file (held: alive; free: dead), else by pid and start
 /// time ([`judge_by_pid`]).
 fn judge(path: &Path, name: &SmName) -> Verdict {
-    let Some(file) = open_owner(path) else {
-        return judge_by_pid(name, None, None);
+    let file = match open_owner(path) {
+        Ok(f) => f,
+        // No owner file (a socket of an older build, or one whose owner
+        // file went meanwhile): by pid, and a removal must then claim the
+        // name first (see `remove_unowned`).
+        Err(true) => return judge_by_pid(name, None, None),
+        // Something we cannot open or read (out of descriptors, a FIFO):
+        // never a reason to remove a live owner's files.
+        Err(false) => return Verdict::Alive,
     };
     match lock::try_lock_exclusive(&file) {
         Ok(true) => {}
@@ -235,6 +277,37 @@ fn judge(path: &Path, name: &SmName) -> Verdict {
     match read_owner(&file) {
         Some(line) if line.version == OWNER_VERSION => Verdict::Dead(Some(file)),
         line => judge_by_pid(name, line, Some(file)),
+    }
+}
+
+/// How old a temporary owner file that holds no owner line and no lock
+/// must be to count as left by a claim that died between creating and
+/// writing it (a live claim does both within microseconds).
+const TEMP_STALE: Duration = Duration::from_secs(5);
+
+/// Judges a temporary owner file: as [`judge`], except that one without
+/// an owner line whose lock is free is dead once older than
+/// [`TEMP_STALE`], whatever its pid says (the pid judgement would keep it
+/// for as long as that pid lives, and with it refuse the name).
+fn judge_temp(path: &Path, name: &SmName) -> Verdict {
+    match judge(path, name) {
+        Verdict::Alive => {
+            let Ok(f) = open_owner(path) else {
+                return Verdict::Alive;
+            };
+            let stale = f
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= TEMP_STALE);
+            if stale && lock::try_lock_exclusive(&f).unwrap_or(false) && read_owner(&f).is_none() {
+                Verdict::Dead(Some(f))
+            } else {
+                Verdict::Alive
+            }
+        }
+        dead => dead,
     }
 }
 
@@ -290,6 +363,41 @@ fn remove_dead(held: Option<&File>, judged: &Path, files: &[PathBuf]) -> SmResul
         }
     }
     Ok(Some(removed))
+}
+
+/// Removes `files` of `name`'s group, judged dead without an owner file
+/// (`judged`, the owner file's path, named none): only under a claim of
+/// the name, so that a new owner that claimed it meanwhile keeps its
+/// socket. The claim (our locked owner file, linked in place) fails if an
+/// owner file appeared: `None`, nothing removed. Ours goes last.
+fn remove_unowned(name: &SmName, judged: &Path, files: &[PathBuf]) -> SmResult<Option<Vec<PathBuf>>> {
+    let err = |path: &Path, source| SmError::Cleanup {
+        path: path.to_owned(),
+        source,
+    };
+    let Some(dir) = judged.parent() else {
+        return Ok(None);
+    };
+    let Some(ours) = create_locked_temp(dir, name).map_err(|e| err(judged, e))? else {
+        return Ok(None);
+    };
+    let tmp = temp_path(dir, name);
+    let linked = std::fs::hard_link(&tmp, judged);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(err(judged, e)),
+    }
+    // The name is ours: nobody binds its socket now. Its other files go,
+    // then our owner file, still locked.
+    let others: Vec<PathBuf> = files.iter().filter(|f| f.as_path() != judged).cloned().collect();
+    let removed = remove_dead(None, judged, &others)?;
+    if same_file(&ours, judged).unwrap_or(false) {
+        let _ = std::fs::remove_file(judged);
+    }
+    drop(ours);
+    Ok(removed)
 }
 
 /// The files of one name found in the directory.
@@ -357,7 +465,24 @@ pub fn cleanup_stale(dir: &Path) -> SmResult<CleanupReport> {
 /// Judges `name`'s owner by `judged` and removes `files` if it is dead,
 /// recording what was done in `report`.
 fn sweep(name: &SmName, judged: &Path, files: Vec<PathBuf>, report: &mut CleanupReport) -> SmResult<()> {
-    match judge(judged, name) {
+    let is_temp = judged.extension().is_some_and(|e| e == "tmp");
+    let verdict = if is_temp {
+        judge_temp(judged, name)
+    } else {
+        judge(judged, name)
+    };
+    match verdict {
+        // No file held to check the removal against: a temporary file is
+        // left alone (see `judge_temp`), and a socket without an owner file
+        // goes only under a claim of the name (`remove_unowned`).
+        Verdict::Dead(None) if is_temp => report.kept.extend(files),
+        Verdict::Dead(None) => match remove_unowned(name, judged, &files)? {
+            Some(removed) => {
+                tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's sm files");
+                report.removed.extend(removed);
+            }
+            None => report.kept.extend(files),
+        },
         Verdict::Dead(held) => match remove_dead(held.as_ref(), judged, &files)? {
             Some(removed) => {
                 tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's sm files");
@@ -467,6 +592,75 @@ mod tests {
         assert!(!unlocked.owner_path(&dir).exists() && !unlocked.socket_path(&dir).exists());
         assert!(held.owner_path(&dir).exists() && held.socket_path(&dir).exists());
         assert_eq!((r.removed.len(), r.kept.len()), (2, 2), "{r:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An owner file that is there but cannot be opened or read as one
+    /// (out of descriptors, say; here: a symbolic link, refused by
+    /// `O_NOFOLLOW`, and a directory) keeps its group, even where the pid
+    /// judgement would call the owner dead (another PID namespace's pid,
+    /// gone here). Only a missing owner file falls back to the pid.
+    #[test]
+    fn an_owner_file_that_cannot_be_opened_keeps_its_group() {
+        let dir = test_dir("unopenable");
+        let link = name(dead_pid(), "link");
+        let target = dir.join("elsewhere");
+        let _lock = locked(&target, link.pid);
+        std::os::unix::fs::symlink(&target, link.owner_path(&dir)).unwrap();
+        std::fs::write(link.socket_path(&dir), b"").unwrap();
+        let subdir = name(link.pid, "subdir");
+        std::fs::create_dir(subdir.owner_path(&dir)).unwrap();
+        std::fs::write(subdir.socket_path(&dir), b"").unwrap();
+        let r = cleanup_stale(&dir).unwrap();
+        assert!(r.removed.is_empty(), "{r:?}");
+        assert!(link.socket_path(&dir).exists() && subdir.socket_path(&dir).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A socket without an owner file, judged dead by its pid, goes only
+    /// under a claim of the name: not if an owner file appeared meanwhile
+    /// (a new owner claimed the name and is binding its socket).
+    #[test]
+    fn a_socket_without_owner_file_goes_only_under_a_claim() {
+        let dir = test_dir("unowned");
+        let gone = name(dead_pid(), "gone");
+        std::fs::write(gone.socket_path(&dir), b"").unwrap();
+        // A new owner's claim between the listing and the removal.
+        let new_owner = locked(&gone.owner_path(&dir), gone.pid);
+        let r = remove_unowned(&gone, &gone.owner_path(&dir), &[gone.socket_path(&dir)]).unwrap();
+        assert!(r.is_none(), "{r:?}");
+        assert!(
+            gone.socket_path(&dir).exists(),
+            "the new owner's socket was removed"
+        );
+        assert!(same_file(&new_owner, &gone.owner_path(&dir)).unwrap());
+        drop(new_owner);
+        std::fs::remove_file(gone.owner_path(&dir)).unwrap();
+        // No owner: the socket goes, and so does the claim made for it.
+        let r = cleanup_stale(&dir).unwrap();
+        assert_eq!(r.removed, vec![gone.socket_path(&dir)]);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "something was left behind"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A temporary owner file a claim left without writing it (it died
+    /// between creating and writing, or failed to write) does not hold the
+    /// name for as long as its pid lives: once stale it is removed and the
+    /// name claimed.
+    #[test]
+    fn an_unwritten_temporary_owner_file_does_not_hold_the_name() {
+        let dir = test_dir("unwritten");
+        let me = name(std::process::id(), "unwritten");
+        let tmp = File::create(temp_path(&dir, &me)).unwrap();
+        tmp.set_modified(std::time::SystemTime::now() - 2 * TEMP_STALE)
+            .unwrap();
+        drop(tmp);
+        let _claim = claim_name(&dir, &me).expect("the name is free");
+        assert!(me.owner_path(&dir).exists() && !temp_path(&dir, &me).exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

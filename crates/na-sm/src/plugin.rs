@@ -309,7 +309,17 @@ impl SmPlugin {
 
     fn listen(&mut self) -> SmResult<()> {
         ensure_dir(&self.dir)?;
-        if self.cfg.cleanup_on_start {
+        // On NFS, flock is emulated with POSIX locks, which belong to the
+        // process: our own cleanup would take a sibling instance's lock for
+        // free and remove its files. Other processes' locks still hold.
+        let per_process_locks = std::fs::File::open(&self.dir)
+            .and_then(|d| crate::sys::lock::lock_is_per_process(&d))
+            .unwrap_or(false);
+        if per_process_locks && self.cfg.cleanup_on_start {
+            tracing::warn!(dir = %self.dir.display(), "sm: the socket directory is on NFS, whose locks are per process: \
+                stale-file cleanup at start skipped (run qs-sm-cleanup from another process)");
+        }
+        if self.cfg.cleanup_on_start && !per_process_locks {
             match crate::cleanup::cleanup_stale(&self.dir) {
                 Ok(r) if !r.removed.is_empty() => {
                     tracing::info!(removed = r.removed.len(), dir = %self.dir.display(), "removed stale sm files")
@@ -812,7 +822,7 @@ mod tests {
             panic!("{e}")
         };
         assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
-        assert!(e.to_string().contains("in use by a live process"), "{e}");
+        assert!(e.to_string().contains("by a live process"), "{e}");
         assert!(other.listener.is_none());
         drop(other);
         assert_eq!(state(), before, "the live instance's files changed");

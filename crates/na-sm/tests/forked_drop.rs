@@ -59,3 +59,73 @@ fn a_forked_child_dropping_the_plugin_keeps_the_parents_socket() {
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Children forked while another thread creates and drops instances (so
+/// some forks happen while that thread holds the process's instance-name
+/// registry) can still create an instance of their own: none hangs.
+#[test]
+fn a_child_forked_while_names_are_taken_can_create_an_instance() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = std::env::temp_dir().join(format!("qs-sm-forked-names-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (stop, dir) = (stop.clone(), dir.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let cfg = SmConfig::default()
+                    .with_dir(&dir)
+                    .with_name(format!("churn{}", n % 4));
+                drop(SmPlugin::new(na_core::PluginId(1), cfg));
+                n += 1;
+            }
+            n
+        })
+    };
+    const CHILDREN: usize = 100;
+    let mut hung = 0;
+    for i in 0..CHILDREN {
+        // SAFETY (test): the child creates one plugin and ends with _exit.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            let cfg = SmConfig::default().with_dir(&dir).with_name(format!("child{i}"));
+            let ok = SmPlugin::new(na_core::PluginId(1), cfg).is_ok();
+            // SAFETY (test): ends the child at once.
+            unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut status = 0;
+        loop {
+            // SAFETY (test): polls our own child.
+            let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+            if r == child {
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                    "child {i} could not create its instance: status {status:#x}"
+                );
+                break;
+            }
+            if Instant::now() > end {
+                hung += 1;
+                // SAFETY (test): kills and reaps our own hung child.
+                unsafe {
+                    libc::kill(child, libc::SIGKILL);
+                    libc::waitpid(child, &mut status, 0);
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let made = churn.join().unwrap();
+    assert_eq!(
+        hung, 0,
+        "{hung} of {CHILDREN} children hung creating an instance ({made} made meanwhile)"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

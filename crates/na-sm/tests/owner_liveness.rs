@@ -213,7 +213,7 @@ fn owners_in_other_pid_namespaces_are_kept_and_their_names_refused() {
     // A second namespace: its helper is pid 1 too, so it wants `1-ns`.
     let (mut second, refused) = spawn_helper(&unshare, "listen", &dir, "ns");
     assert!(
-        refused.starts_with("ERR ") && refused.contains("in use by a live process"),
+        refused.starts_with("ERR ") && refused.contains("by a live process"),
         "{refused}"
     );
     let _ = second.wait();

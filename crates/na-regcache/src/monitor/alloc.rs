@@ -110,15 +110,16 @@ impl Monitor for AllocMonitor {
 
     fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
         SINKS_GUARD.init()?;
-        // Opened here, where a cache is made, not in `subscribe`: a forked
-        // child must never wait on a `OnceLock` a parent thread was filling.
-        VMAS.get_or_init(|| (std::process::id(), Vmas::open().ok()));
         if !sinks_usable() {
             return Err(io::Error::other(
                 "the allocator monitor cannot be used in a forked child of a process that used it \
                  (its sink list may have been locked at the fork)",
             ));
         }
+        // Opened here, where a cache is made, not in `subscribe`, and only
+        // in the process that made the fork guard: a forked child never
+        // waits on a `OnceLock` a parent thread was filling at the fork.
+        VMAS.get_or_init(|| (std::process::id(), Vmas::open().ok()));
         SINKS.attach(sink)
     }
 
