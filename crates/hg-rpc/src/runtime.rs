@@ -67,6 +67,12 @@ struct Shared {
     stopped: AtomicBool,
     /// Times the driver went to sleep on the fd (`RpcStats::driver_sleeps`).
     sleeps: AtomicU64,
+    /// Requests whose handler task was dropped unanswered while the engine
+    /// was locked (see [`AnswerIfDropped`]): answered by the next
+    /// `spawn_deferred` (each driver turn runs one).
+    orphans: Mutex<Vec<crate::engine::DeferredRequest>>,
+    /// `orphans` is not empty (checked without its lock).
+    has_orphans: AtomicBool,
 }
 
 thread_local! {
@@ -311,19 +317,23 @@ impl Shared {
             // does not keep the engine (its listener, connections, shared
             // memory) alive; its answer is dropped.
             let shared = Arc::downgrade(self);
+            let mut req = req;
+            // The handler owns the input; answering needs only the
+            // request's header and source.
+            let input = std::mem::take(&mut req.payload);
+            let transfers = ctx::HandlerTransfers::new();
+            // Made before the task, and moved into it: answers if the task
+            // is dropped before its handler's answer went, even unpolled
+            // (a runtime shut down meanwhile, or already closed, which
+            // drops the task inside `spawn`).
+            let guard = AnswerIfDropped {
+                req: Some(req),
+                shared: shared.clone(),
+                transfers: transfers.clone(),
+            };
             self.runtime.spawn(async move {
-                let mut req = req;
-                // The handler owns the input; answering needs only the
-                // request's header and source.
-                let input = std::mem::take(&mut req.payload);
-                let transfers = ctx::HandlerTransfers::new();
-                // First, so dropped last: answers if the task is dropped
-                // before the handler's answer went.
-                let mut unanswered = AnswerIfDropped {
-                    req: Some(req),
-                    shared: shared.clone(),
-                    transfers: transfers.clone(),
-                };
+                // First, so dropped last (after the handler's transfers).
+                let mut unanswered = guard;
                 let source = unanswered.req.as_ref().map(|r| r.source().clone());
                 let Some(source) = source else { return };
                 let ctx = AsyncBulkCtx::new(source, shared.clone(), transfers.clone());
@@ -343,15 +353,41 @@ impl Shared {
                 shared.drain_may_have_moved(&e);
             });
         }
+        self.answer_orphans(e);
+    }
+
+    /// Answers the requests whose handler task was dropped while the
+    /// engine was locked (see [`AnswerIfDropped`]). Call with the engine
+    /// locked.
+    fn answer_orphans(&self, e: &mut Engine) {
+        if !self.has_orphans.load(Ordering::Acquire) {
+            return;
+        }
+        let orphans = {
+            let mut o = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
+            self.has_orphans.store(false, Ordering::Release);
+            std::mem::take(&mut *o)
+        };
+        for req in orphans {
+            e.respond_deferred(req, Err(DROPPED_HANDLER.into()));
+        }
+        self.notify_finished(e);
+        self.drain_may_have_moved(e);
     }
 }
 
-/// An async handler's request while its task runs. If the task is dropped
-/// before it answered (its runtime shut down, or it was aborted), the
-/// caller is told so at once, not left to its timeout, provided none of
-/// the handler's transfers may still be moving data (the caller may free
-/// its memory at the answer): then, and if the engine is busy on this
-/// very thread, it is left unanswered, with a warning.
+/// The handler error a request gets whose handler task was dropped.
+const DROPPED_HANDLER: &str =
+    "the handler's task was dropped before it answered (its runtime shut down, or the task was aborted)";
+
+/// An async handler's request while its task runs (made before the task,
+/// so it covers a task dropped unpolled). If the task is dropped before it
+/// answered (its runtime shut down, or it was aborted), the caller is told
+/// so at once, not left to its timeout, provided none of the handler's
+/// transfers may still be moving data (the caller may free its memory at
+/// the answer; then it is left unanswered, with a warning). With the
+/// engine locked (by this thread: a task dropped inside `spawn`; or by
+/// another), the request waits in `Shared::orphans` for the next turn.
 struct AnswerIfDropped {
     req: Option<crate::engine::DeferredRequest>,
     shared: std::sync::Weak<Shared>,
@@ -364,29 +400,26 @@ impl Drop for AnswerIfDropped {
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
-        let idle = {
-            let st = self.transfers.lock();
-            st.is_idle()
-        };
-        // `try_lock`: a drop that runs while this thread holds the engine
-        // (a runtime shut down from inside an engine call) must not wait.
-        if idle {
-            if let Ok(mut e) = shared.engine.try_lock() {
-                tracing::warn!(peer = %req.source(), "an async handler's task was dropped before it answered; answering with an error");
-                e.respond_deferred(
-                    req,
-                    Err("the handler's task was dropped before it answered (its runtime shut down, or the task \
-                         was aborted)"
-                        .into()),
-                );
-                return;
-            }
+        if !self.transfers.lock().is_idle() {
+            tracing::warn!(
+                peer = %req.source(),
+                "an async handler's task was dropped before it answered, with transfers that may still move \
+                 data: its caller gets no answer"
+            );
+            return;
         }
-        tracing::warn!(
-            peer = %req.source(),
-            "an async handler's task was dropped before it answered, with transfers that may still move \
-             data (or the engine busy): its caller gets no answer"
-        );
+        tracing::warn!(peer = %req.source(), "an async handler's task was dropped before it answered; answering with an error");
+        // `try_lock`: this thread may hold the engine (a task dropped
+        // inside `spawn`), and another may for long (never wait in a drop).
+        if let Ok(mut e) = shared.engine.try_lock() {
+            e.respond_deferred(req, Err(DROPPED_HANDLER.into()));
+            shared.notify_finished(&mut e);
+            shared.drain_may_have_moved(&e);
+            return;
+        }
+        shared.orphans.lock().unwrap_or_else(|p| p.into_inner()).push(req);
+        shared.has_orphans.store(true, Ordering::Release);
+        shared.rearm.notify_one();
     }
 }
 
@@ -467,6 +500,8 @@ impl AsyncEngine {
             async_handlers: Mutex::new(FastMap::default()),
             finished: Mutex::new((Vec::new(), Vec::new())),
             rearm: tokio::sync::Notify::new(),
+            orphans: Mutex::new(Vec::new()),
+            has_orphans: AtomicBool::new(false),
             drain_moved: tokio::sync::Notify::new(),
             runtime: tokio::runtime::Handle::current(),
             stopped: AtomicBool::new(false),

@@ -330,6 +330,11 @@ impl Drop for ForgetBulk<'_> {
                 w.bulks.insert(id, tx);
                 e.cancel_bulk(id);
             } else {
+                // A handler's given up because the driver stopped: nobody
+                // learns its end, so its task must not answer as if idle.
+                if let (true, Some(h)) = (w.stopped.is_some(), handler.as_mut()) {
+                    h.mark_unsure();
+                }
                 w.bulks.remove(&id);
                 e.forget_bulk(id);
             }

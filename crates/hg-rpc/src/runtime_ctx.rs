@@ -44,13 +44,25 @@ pub(super) struct TransfersState {
     /// Transfers whose futures were dropped before they ended: canceled,
     /// each with the oneshot the driver fires at its end.
     dropped: Vec<(BulkId, oneshot::Receiver<()>)>,
+    /// Dropped transfers taken out of `dropped` whose end the handler's
+    /// task is waiting for now.
+    waiting: usize,
+    /// A transfer whose end nobody will learn (given up while the driver
+    /// had stopped): it may still move data.
+    unsure: bool,
 }
 
 impl TransfersState {
     /// No transfer call runs and no dropped transfer waits for its end:
     /// nothing of the handler's moves data.
     pub(super) fn is_idle(&self) -> bool {
-        self.running == 0 && self.dropped.is_empty()
+        self.running == 0 && self.dropped.is_empty() && self.waiting == 0 && !self.unsure
+    }
+
+    /// A transfer of the handler's was given up with no one to learn its
+    /// end (see `unsure`).
+    pub(super) fn mark_unsure(&mut self) {
+        self.unsure = true;
     }
 
     /// Keeps a dropped transfer for the answer to wait for. Only a running
@@ -125,6 +137,9 @@ pub(super) async fn wait_for_transfers(transfers: &HandlerTransfers, shared: &We
             if st.running > 0 {
                 None
             } else if let Some(d) = st.dropped.pop() {
+                // Counted until its end is known (the task may be dropped
+                // while it waits: then never idle).
+                st.waiting += 1;
                 Some(d)
             } else {
                 return;
@@ -148,13 +163,23 @@ pub(super) async fn wait_for_transfers(transfers: &HandlerTransfers, shared: &We
             }
             continue;
         };
-        if tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await.is_err() {
-            tracing::warn!(
-                waited = ?started.elapsed(),
-                "a handler's dropped bulk transfer is still in flight; its answer waits for it"
-            );
-            // Fails at once if the driver stopped: nothing files it then.
-            let _ = rx.await;
+        let ended = match tokio::time::timeout(CANCEL_WAIT_WARNING, &mut rx).await {
+            Ok(r) => r.is_ok(),
+            Err(_) => {
+                tracing::warn!(
+                    waited = ?started.elapsed(),
+                    "a handler's dropped bulk transfer is still in flight; its answer waits for it"
+                );
+                // Fails at once if the driver stopped: nothing files it then.
+                rx.await.is_ok()
+            }
+        };
+        {
+            let mut st = transfers.lock();
+            st.waiting -= 1;
+            if !ended {
+                st.mark_unsure();
+            }
         }
         if let Some(s) = shared.upgrade() {
             let _ = s.engine().take_bulk(id);
@@ -281,5 +306,44 @@ impl AsyncBulkCtx {
         engine
             .bulk(op, remote, local, spans, timeout, Some(running))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handler's task dropped while it waits for the end of a dropped
+    /// (canceled) transfer does not leave its transfers looking idle: the
+    /// transfer may still move data, so nothing may answer the caller.
+    #[tokio::test]
+    async fn a_task_dropped_while_it_waits_for_a_transfer_is_not_idle() {
+        let t = HandlerTransfers::new();
+        let (tx, rx) = oneshot::channel();
+        t.lock().keep_dropped(BulkId(7), rx);
+        let t2 = t.clone();
+        let task = tokio::spawn(async move { wait_for_transfers(&t2, &Weak::new()).await });
+        while !t.lock().dropped.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert!(!t.lock().is_idle(), "idle while its task waits for the transfer");
+        task.abort();
+        let _ = task.await;
+        assert!(!t.lock().is_idle(), "idle after its task was dropped mid-wait");
+        drop(tx);
+    }
+
+    /// A transfer whose end nobody reports (the driver stopped) leaves the
+    /// set unsure for good, even once the wait for it returned.
+    #[tokio::test]
+    async fn a_transfer_whose_end_is_unknown_is_never_idle() {
+        let t = HandlerTransfers::new();
+        let (tx, rx) = oneshot::channel::<()>();
+        t.lock().keep_dropped(BulkId(8), rx);
+        drop(tx);
+        wait_for_transfers(&t, &Weak::new()).await;
+        assert!(!t.lock().is_idle());
+        let fresh = HandlerTransfers::new();
+        assert!(fresh.lock().is_idle());
     }
 }

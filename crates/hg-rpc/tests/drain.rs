@@ -246,8 +246,16 @@ fn an_async_handler_dropped_with_its_runtime_answers_its_caller() {
     let mut c = common::client(&d);
     let s = c.lookup(srv.self_addr().uri()).unwrap();
     let id = c.forward::<Slow>(&s, &1).unwrap();
+    // The handler's task runs (not only its request admitted) before the
+    // runtime goes.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s3 = started.clone();
+    first.spawn(async move {
+        s3.notified().await;
+        let _ = tx.send(());
+    });
     let end = std::time::Instant::now() + T;
-    while srv.stats().deferred_in_flight == 0 {
+    while rx.try_recv().is_err() {
         assert!(std::time::Instant::now() < end, "the handler never started");
         c.progress(Some(Duration::from_millis(1))).unwrap();
     }
