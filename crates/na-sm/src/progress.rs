@@ -542,7 +542,18 @@ impl SmPlugin {
                         }
                         let mut data = Vec::new();
                         ch.read_payload(conn.rx_cur.pos, &s, &mut data);
+                        // Its buffer's ownership is checked before it is
+                        // kept for the application (as `take_at` does).
+                        let freed = ch.release(&mut conn.rx_cur, &s);
+                        stats.msgs_received += 1;
+                        stats.msg_bytes_received += s.len as u64;
+                        if let Err(reason) = freed {
+                            cold_path();
+                            violations.push((peer.addr.token(), Failure::Protocol, reason));
+                            break;
+                        }
                         pulled_late.push_back((peer.addr.clone(), s.tag, data));
+                        continue;
                     } else {
                         let tok = peer.addr.token();
                         // A departing peer's ring goes away with it: what it
@@ -558,6 +569,31 @@ impl SmPlugin {
                             // posts receives; the sender backs up.
                             stats.flow_blocked += 1;
                             break;
+                        }
+                        if !s.inline {
+                            // A message in a buffer: read out and its
+                            // buffer released (which checks that the
+                            // sender had reserved it) before anything of
+                            // it is delivered.
+                            cold_path();
+                            let mut data = Vec::new();
+                            ch.read_payload(conn.rx_cur.pos, &s, &mut data);
+                            let freed = ch.release(&mut conn.rx_cur, &s);
+                            stats.msgs_received += 1;
+                            stats.msg_bytes_received += s.len as u64;
+                            if let Err(reason) = freed {
+                                violations.push((peer.addr.token(), Failure::Protocol, reason));
+                                break;
+                            }
+                            let fill = |b: &mut Vec<u8>| {
+                                b.clear();
+                                b.extend_from_slice(&data);
+                            };
+                            if let Some(op) = matcher.deliver(&peer.addr, expected, s.tag, fill, completions)
+                            {
+                                ops.remove(&op);
+                            }
+                            continue;
                         }
                         if let Some(op) = matcher.deliver(
                             &peer.addr,
@@ -838,7 +874,17 @@ impl SmPlugin {
     /// One peer's failure (see `fail_peer`).
     fn fail_peer_now(&mut self, tok: u64, failure: Failure, reason: &str) {
         if tok != self.self_tok && self.peers.get(tok).is_none() {
-            // Failed already (queued twice).
+            // Failed already (queued twice). A violation found while its
+            // departure drained its ring (queued behind that departure)
+            // still counts.
+            if failure == Failure::Protocol {
+                cold_path();
+                let warn = self.stats.count_violation();
+                let n = self.stats.violations;
+                if warn {
+                    tracing::warn!(%reason, violations = n, "sm protocol violation by a departed peer");
+                }
+            }
             return;
         }
         if failure == Failure::Gone {

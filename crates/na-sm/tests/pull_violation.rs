@@ -130,3 +130,96 @@ fn a_violation_found_by_a_scan_is_not_delivered_and_the_other_peer_is_served() {
     assert_eq!(taker.stats().protocol_errors, 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Without pull mode (posted unexpected receives), a message naming a
+/// buffer its sender had not reserved is not delivered either: its buffer
+/// is checked before the posted receive is completed. The violation is
+/// counted and the sender cut off.
+#[test]
+fn a_violation_is_not_delivered_to_a_posted_receive() {
+    let dir = private_dir("push-violation");
+    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let mut sender = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to = sender.lookup(taker.self_addr().uri()).unwrap();
+    // Connected: an honest message arrives in a posted receive.
+    taker.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
+    sender.send_unexpected(&to, 7, b"one", OpId(1)).unwrap();
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "the honest message never arrived");
+        sender.progress().unwrap();
+        taker.progress().unwrap();
+        if let Some(c) = taker.pop_completion() {
+            assert_eq!(c.tag, 7);
+            break;
+        }
+    }
+    taker.post_recv_unexpected(Vec::new(), OpId(2)).unwrap();
+    sender.debug_forge_unreserved(&to, 9).unwrap();
+    let end = Instant::now() + T;
+    while taker.stats().protocol_errors == 0 {
+        assert!(
+            Instant::now() < end,
+            "the violation was never seen: {:?}",
+            taker.stats()
+        );
+        sender.progress().unwrap();
+        taker.progress().unwrap();
+        if let Some(c) = taker.pop_completion() {
+            assert_ne!(c.tag, 9, "a violation was delivered to a posted receive");
+        }
+    }
+    for _ in 0..100 {
+        taker.progress().unwrap();
+        if let Some(c) = taker.pop_completion() {
+            assert_ne!(c.tag, 9, "a violation was delivered to a posted receive");
+        }
+    }
+    assert_eq!(taker.stats().protocol_errors, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forger that leaves at once: its ring is drained as it departs (pull
+/// mode keeps a departed peer's messages for the application), and the
+/// forged message is not among them.
+#[test]
+fn a_departing_forger_s_violation_is_not_kept_for_the_application() {
+    let dir = private_dir("departing-violation");
+    let mut taker = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    assert!(taker.pull_unexpected().unwrap());
+    let mut sender = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to = sender.lookup(taker.self_addr().uri()).unwrap();
+    sender.send_unexpected(&to, 7, b"one", OpId(1)).unwrap();
+    let (_, tag, _) = take(&mut taker, &mut sender).expect("an honest message");
+    assert_eq!(tag, 7);
+    sender
+        .send_unexpected(&to, 8, b"honest, before", OpId(2))
+        .unwrap();
+    sender.debug_forge_unreserved(&to, 9).unwrap();
+    drop(sender);
+    // The hang-up is handled (the ring drained) before anything is taken.
+    let end = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < end {
+        taker.progress().unwrap();
+    }
+    let mut tags = Vec::new();
+    let mut buf = Vec::new();
+    let end = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < end {
+        taker.progress().unwrap();
+        while let Some((_, tag)) = taker.take_unexpected(&mut buf).unwrap() {
+            tags.push(tag);
+        }
+    }
+    assert!(
+        !tags.contains(&9),
+        "the forged message was kept for the application: {tags:?}"
+    );
+    assert_eq!(tags, [8], "the honest message before it was lost");
+    assert_eq!(
+        taker.stats().protocol_errors,
+        1,
+        "a violation found while the departing ring drained went uncounted"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
