@@ -181,7 +181,24 @@ impl SmPlugin {
     #[inline]
     pub(crate) fn resume_if_queued_taken(&mut self) {
         if self.accept_pause == Some(crate::connect::AcceptPause::Queued) {
+            let owner_sleeps = self.armed;
             self.maybe_resume_accepts();
+            // Connections accepted here (unarmed) and listener events
+            // taken: the owner asleep on our fd must look again.
+            if owner_sleeps {
+                self.wake_owner();
+            }
+        }
+    }
+
+    /// Makes our fd readable at once (the deadline timer fires now), for
+    /// an owner asleep on it: called where a call from another thread took
+    /// events or queued work that the owner's sleep would otherwise not
+    /// see. Its progress then handles them (and sets the timer back).
+    #[cold]
+    pub(crate) fn wake_owner(&mut self) {
+        if let Err(e) = self.timer.set(Some(std::time::Instant::now())) {
+            tracing::warn!(error = %e, "sm: waking the owner through the timer failed");
         }
     }
 

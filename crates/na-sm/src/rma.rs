@@ -35,7 +35,13 @@ impl SmPlugin {
         // harvest that first, so a dead peer's pid (which the kernel may
         // since have given to another process of ours) is never used.
         if self.events_at.elapsed() > RMA_EVENTS_FRESH {
+            let owner_sleeps = self.armed;
             self.poll_events()?;
+            // The harvest took events (a peer's wake-up, a hang-up) that
+            // the owner, asleep on our fd, will not be told of again.
+            if owner_sleeps {
+                self.wake_owner();
+            }
         }
         let pid = self
             .peers

@@ -1,0 +1,94 @@
+//! A plugin whose owner sleeps on its fd (armed by `try_wait`) while
+//! another thread uses it: a call that takes the fd's pending events (an
+//! RMA's harvest after a gap) leaves the fd readable, so the owner still
+//! wakes for the message that arrived. Two real plugins in one process.
+
+use std::time::{Duration, Instant};
+
+use na_core::{Access, MemHandle, OpId, Plugin, PluginId, Rma};
+use na_sm::{SmConfig, SmPlugin};
+
+mod common;
+use common::private_dir;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Whether `fd` is readable now.
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY (test): one valid pollfd, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn an_rma_while_the_owner_sleeps_keeps_its_wake_up() {
+    let dir = private_dir("armed-wake");
+    let mut a = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let mut b = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to_a = b.lookup(a.self_addr().uri()).unwrap();
+    // Connected both ways: a first message arrives in a posted receive.
+    a.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
+    b.send_unexpected(&to_a, 1, b"hello", OpId(1)).unwrap();
+    let end = Instant::now() + T;
+    let to_b = loop {
+        assert!(Instant::now() < end, "the first message never arrived");
+        b.progress().unwrap();
+        a.progress().unwrap();
+        if let Some(c) = a.pop_completion() {
+            break c.source.expect("a received message names its source");
+        }
+    };
+    // B's memory, for A's transfer.
+    let theirs = MemHandle::new(vec![vec![5u8; 4096]], Access::ReadWrite);
+    b.mem_register(&theirs).unwrap();
+    let remote = b.mem_describe(&theirs).unwrap();
+    let ours = MemHandle::new(vec![vec![0u8; 4096]], Access::ReadWrite);
+    a.mem_register(&ours).unwrap();
+    for round in 0..20 {
+        // A's owner goes to sleep on its fd.
+        while a.pop_completion().is_some() {}
+        let end = Instant::now() + T;
+        while !a.try_wait().unwrap() {
+            assert!(Instant::now() < end, "A never became idle");
+            a.progress().unwrap();
+            while a.pop_completion().is_some() {}
+        }
+        assert!(
+            !readable(a.poll_fd().unwrap()),
+            "round {round}: readable while idle"
+        );
+        // B's message wakes it.
+        a.post_recv_unexpected(Vec::new(), OpId(100 + round)).unwrap();
+        b.send_unexpected(&to_a, 2, b"wake", OpId(100 + round)).unwrap();
+        let end = Instant::now() + T;
+        while !readable(a.poll_fd().unwrap()) {
+            assert!(Instant::now() < end, "round {round}: B's message did not wake A");
+            b.progress().unwrap();
+        }
+        // Another thread's RMA (the owner still asleep), after the gap
+        // that makes it harvest A's events first.
+        std::thread::sleep(Duration::from_millis(3));
+        a.rma(&to_b, &[Rma::get(&ours, 0, &remote, 0, 64, OpId(1000 + round))])
+            .unwrap();
+        assert!(
+            readable(a.poll_fd().unwrap()),
+            "round {round}: the RMA took A's wake-up and left its fd quiet"
+        );
+        // The owner wakes and finds the message (and the transfer's end).
+        let end = Instant::now() + T;
+        let mut got = false;
+        while !got {
+            assert!(Instant::now() < end, "round {round}: the message never arrived");
+            a.progress().unwrap();
+            while let Some(c) = a.pop_completion() {
+                got |= c.op == OpId(100 + round);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
