@@ -191,6 +191,17 @@ impl SmPlugin {
         }
     }
 
+    /// [`wake_owner`](Self::wake_owner) if the owner sleeps on our fd and
+    /// completions wait that nothing else would wake it for (a receive
+    /// that matched a queued message at once, a peer failed by a send):
+    /// one load when it does not sleep.
+    #[inline]
+    pub(crate) fn wake_owner_if_work(&mut self) {
+        if self.armed && !self.completions.is_empty() {
+            self.wake_owner();
+        }
+    }
+
     /// Makes our fd readable at once (the deadline timer fires now), for
     /// an owner asleep on it: called where a call from another thread took
     /// events or queued work that the owner's sleep would otherwise not
@@ -667,6 +678,7 @@ impl Plugin for SmPlugin {
         }
         self.matcher.post_unexpected(op, buf, &mut self.completions);
         self.resume_if_queued_taken();
+        self.wake_owner_if_work();
         Ok(())
     }
 
@@ -691,6 +703,7 @@ impl Plugin for SmPlugin {
             slot.insert(OpPlace::RecvExpected(tok, tag));
         }
         self.resume_if_queued_taken();
+        self.wake_owner_if_work();
         Ok(())
     }
 

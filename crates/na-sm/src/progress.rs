@@ -869,6 +869,10 @@ impl SmPlugin {
             self.fail_peer_now(tok, failure, &reason);
         }
         self.failing = false;
+        // Failed from a send or RMA of another thread while the owner
+        // sleeps: its completions need a wake-up (the peer's socket left
+        // the epoll set with it).
+        self.wake_owner_if_work();
     }
 
     /// One peer's failure (see `fail_peer`).

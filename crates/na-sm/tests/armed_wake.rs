@@ -92,3 +92,34 @@ fn an_rma_while_the_owner_sleeps_keeps_its_wake_up() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A receive posted (from another thread) while the owner sleeps, that
+/// matches a message already queued, completes at once: the owner's fd
+/// turns readable so that it takes the completion.
+#[test]
+fn a_receive_completed_while_the_owner_sleeps_wakes_it() {
+    let dir = private_dir("armed-post");
+    let mut a = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let mut b = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to_a = b.lookup(a.self_addr().uri()).unwrap();
+    // A message arrives with no receive posted: queued by A's progress.
+    b.send_unexpected(&to_a, 3, b"early", OpId(1)).unwrap();
+    let end = Instant::now() + T;
+    while a.stats().queued_arrivals == 0 {
+        assert!(Instant::now() < end, "the message never arrived: {:?}", a.stats());
+        b.progress().unwrap();
+        a.progress().unwrap();
+    }
+    let end = Instant::now() + T;
+    while !a.try_wait().unwrap() {
+        assert!(Instant::now() < end, "A never became idle");
+        a.progress().unwrap();
+    }
+    assert!(!readable(a.poll_fd().unwrap()));
+    a.post_recv_unexpected(Vec::new(), OpId(7)).unwrap();
+    assert!(
+        readable(a.poll_fd().unwrap()),
+        "a receive completed at once while A slept, and its fd stayed quiet"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
