@@ -489,8 +489,18 @@ impl AsyncEngine {
     /// the window. An idle engine
     /// still uses no CPU once the window has passed. `Duration::ZERO` is
     /// `spawn`. [`RpcStats::driver_sleeps`](crate::RpcStats) counts the
-    /// sleeps.
+    /// sleeps. Outside a tokio runtime this is an error. Under tokio's
+    /// paused test clock (`tokio::time::pause`) a driver keeping spilled
+    /// data for a TTL wakes at once again and again until the TTL passes
+    /// in real time (its deadlines are real time): do not pause the clock
+    /// around engines that keep such data.
     pub fn spawn_with_spin(mut engine: Engine, spin: Duration) -> io::Result<Self> {
+        // Outside a runtime: an error, not tokio's panic.
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            io::Error::other(format!(
+                "AsyncEngine::spawn must be called inside a tokio runtime: {e}"
+            ))
+        })?;
         let fd = engine.endpoint().as_raw_fd();
         engine.log_finished();
         engine.log_finished_bulks();
@@ -503,7 +513,7 @@ impl AsyncEngine {
             orphans: Mutex::new(Vec::new()),
             has_orphans: AtomicBool::new(false),
             drain_moved: tokio::sync::Notify::new(),
-            runtime: tokio::runtime::Handle::current(),
+            runtime,
             stopped: AtomicBool::new(false),
             sleeps: AtomicU64::new(0),
         });

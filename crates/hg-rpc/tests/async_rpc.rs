@@ -916,3 +916,16 @@ async fn late_self_answers_are_stray_and_refused_one_way_calls_are_errors() {
     assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
     assert_eq!(engine.stats().errors, errors + 1);
 }
+
+/// `AsyncEngine::spawn` outside a tokio runtime is an error saying so, not
+/// a panic.
+#[test]
+fn spawning_outside_a_runtime_is_an_error() {
+    let d = common::dir("spawn-outside");
+    let (ep, id) = common::endpoint(&d, false);
+    let engine = hg_rpc::Engine::new(ep, id).unwrap();
+    match hg_rpc::AsyncEngine::spawn(engine) {
+        Err(e) => assert!(e.to_string().contains("inside a tokio runtime"), "{e}"),
+        Ok(_) => panic!("spawned outside a runtime"),
+    }
+}
