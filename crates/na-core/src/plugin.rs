@@ -22,12 +22,14 @@ pub struct PluginStats {
     pub msg_bytes_sent: u64,
     /// Payload bytes received in messages.
     pub msg_bytes_received: u64,
-    /// Bytes moved by put.
+    /// Bytes of puts that completed (a transfer that failed midway counts
+    /// none of what it moved).
     pub put_bytes: u64,
-    /// Bytes moved by get.
+    /// Bytes of gets that completed (as `put_bytes`).
     pub get_bytes: u64,
-    /// System calls (na-sm) or work-request posts (na-verbs) that moved RMA
-    /// data: fewer than the transfers when a plugin merged a batch.
+    /// System calls (na-sm) or work-request posts (na-verbs) made for RMA,
+    /// failed ones included: fewer than the transfers when a plugin merged
+    /// a batch.
     pub rma_calls: u64,
     /// Operations posted and not yet completed.
     pub in_flight: u64,

@@ -84,15 +84,37 @@ impl Exposed {
             return false;
         };
         // Segments of distinct handles do not overlap (each handle owns
-        // its buffers), but a handle registered again is briefly there
-        // twice: look at every segment starting at or before `addr`.
-        self.0
-            .range(..=(addr, u64::MAX))
-            .rev()
-            .any(|(&(start, _), &(seg_end, readable, writable))| {
-                start <= addr && end <= seg_end && if write { writable } else { readable }
+        // its buffers), so only the segment starting last at or before
+        // `addr` can hold it; a handle registered again is briefly there
+        // twice, under the same start. Those entries only: a forged
+        // address past every segment costs one step, not a walk of the
+        // whole (process-wide, locked) set.
+        let mut before = self.0.range(..=(addr, u64::MAX)).rev().peekable();
+        let Some(&(&(last_start, _), _)) = before.peek() else {
+            return false;
+        };
+        before
+            .take_while(|(&(start, _), _)| start == last_start)
+            .inspect(|_| visited())
+            .any(|(_, &(seg_end, readable, writable))| {
+                end <= seg_end && if write { writable } else { readable }
             })
     }
+}
+
+/// Counts the entries `covers` looked at (tests only).
+#[cfg(test)]
+fn visited() {
+    VISITED.with(|v| v.set(v.get() + 1));
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn visited() {}
+
+#[cfg(test)]
+thread_local! {
+    static VISITED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 #[cfg(test)]
@@ -144,5 +166,28 @@ mod tests {
         // Deregistering drops the plugin's registration.
         wo.detach_registration(PluginId(1));
         assert!(!lock().covers(start(&wo, 0), 16, true));
+    }
+
+    /// An address no segment holds costs a look at one entry (or the few
+    /// of one start), however many segments are exposed: not a walk of
+    /// every segment before it under the process-wide lock.
+    #[test]
+    fn an_uncovered_address_is_judged_by_one_entry() {
+        let mems: Vec<MemHandle> = (0..2000)
+            .map(|_| MemHandle::zeroed(64, Access::ReadWrite))
+            .collect();
+        for m in &mems {
+            register(PluginId(1), m);
+        }
+        let top = mems.iter().map(|m| start(m, 0)).max().unwrap();
+        VISITED.with(|v| v.set(0));
+        assert!(!lock().covers(top + (1 << 40), 8, true));
+        assert!(!lock().covers(top + 64, 8, false), "just past the last segment");
+        let visited = VISITED.with(|v| v.get());
+        assert!(
+            visited <= 4,
+            "looked at {visited} entries for two uncovered ranges"
+        );
+        assert!(mems.iter().all(|m| lock().covers(start(m, 0) + 8, 8, true)));
     }
 }

@@ -158,7 +158,8 @@ fn check_self_rma(dest: &Addr, ops: &[Rma<'_>]) -> Result<exposed::Exposed> {
         let write = o.dir == RmaDir::Put;
         let mut ok = true;
         o.remote.for_each_piece(o.remote_offset, o.len, |_, addr, len| {
-            ok &= set.covers(addr, len, write);
+            // (Nothing looked up past the first piece refused.)
+            ok = ok && set.covers(addr, len, write);
         })?;
         if !ok {
             tracing::warn!(
