@@ -380,7 +380,8 @@ impl<C: Codec> Engine<C> {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use crate::{Engine, Rpc};
+    use crate::engine::test_support::sm_pair;
+    use crate::Rpc;
 
     struct Blob;
     impl Rpc for Blob {
@@ -396,20 +397,14 @@ mod tests {
     #[test]
     fn a_finished_pull_gives_back_what_it_charged() {
         const LEN: usize = 20_000;
-        let dir = std::env::temp_dir().join(format!("hg-rpc-pull-budget-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let cfg = |listen| {
-            na_sm::SmConfig {
-                listen,
-                ..na_sm::SmConfig::default()
-            }
-            .with_dir(&dir)
-        };
-        let mode = na_core::ProgressMode::Busy;
-        let mut srv = Engine::shared_memory(cfg(true), mode).unwrap();
+        let (dir, mut srv, mut c, s) = sm_pair("pull-budget");
+        if !srv.pull {
+            // Posted receives (QS_RPC_RECV=posted): sm completes a pull as
+            // it starts it, so two are never in flight at once here.
+            eprintln!("!!! NOT RUN in posted mode: it needs two pulls in flight (pull mode only)");
+            return;
+        }
         srv.register::<Blob>(|_| Ok(())).unwrap();
-        let mut c = Engine::shared_memory(cfg(false), mode).unwrap();
-        let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
         for _ in 0..2 {
             c.forward::<Blob>(&s, &vec![7u8; LEN]).unwrap();
         }
@@ -458,21 +453,9 @@ mod tests {
     /// pull then fails its check instead of taking freed memory for data.
     #[test]
     fn a_dropped_engine_breaks_the_seals_of_what_it_exposed() {
-        let dir = std::env::temp_dir().join(format!("hg-rpc-drop-seals-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let cfg = |listen| {
-            na_sm::SmConfig {
-                listen,
-                ..na_sm::SmConfig::default()
-            }
-            .with_dir(&dir)
-        };
-        let mode = na_core::ProgressMode::Busy;
-        let mut srv = Engine::shared_memory(cfg(true), mode).unwrap();
+        let (dir, mut srv, mut c, s) = sm_pair("drop-seals");
         srv.register::<Blob>(|_| Ok(())).unwrap();
         srv.register::<Big>(|()| Ok(vec![9u8; 64 << 10])).unwrap();
-        let mut c = Engine::shared_memory(cfg(false), mode).unwrap();
-        let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
         // The origin: a spilled input, given up before its target runs.
         let id = c.forward::<Blob>(&s, &vec![7u8; 20_000]).unwrap();
         c.abandon(id);

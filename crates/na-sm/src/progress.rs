@@ -532,86 +532,65 @@ impl SmPlugin {
                         }
                     };
                     let expected = s.kind == MsgKind::Expected;
-                    if *pull && !expected {
-                        if departing != Some(peer.addr.token()) {
-                            // It waits here for `take_pulled` (and holds
-                            // back what follows it).
-                            *pull_heads += 1;
-                            head_at = Some((idx, ci));
-                            break;
-                        }
+                    let tok = peer.addr.token();
+                    // Pull mode keeps a departing peer's unexpected messages
+                    // for `take_unexpected`; everything else is delivered.
+                    let kept_late = *pull && !expected;
+                    if kept_late && departing != Some(tok) {
+                        // It waits here for `take_pulled` (and holds
+                        // back what follows it).
+                        *pull_heads += 1;
+                        head_at = Some((idx, ci));
+                        break;
+                    }
+                    // A departing peer's ring goes away with it: what it
+                    // holds (at most a ring's worth) is taken out whole, or
+                    // sends that completed would be lost.
+                    if !kept_late
+                        && departing != Some(tok)
+                        && (matcher.queued_arrivals >= connected_bound
+                            || matcher.queued_from(tok) >= max_queued)
+                        && matcher.would_queue(tok, expected, s.tag)
+                    {
+                        // Flood bound (this peer's, or all peers'): leave it
+                        // in shared memory until the user posts receives;
+                        // the sender backs up.
+                        stats.flow_blocked += 1;
+                        break;
+                    }
+                    // A message in a buffer is read out, and its buffer
+                    // released (which checks that the sender had reserved
+                    // it), before anything of it is delivered or kept. An
+                    // inline one is read in place after the release (the
+                    // sender reuses the slot only once `publish_read` below
+                    // says it may).
+                    let copied = (kept_late || !s.inline).then(|| {
                         let mut data = Vec::new();
                         ch.read_payload(conn.rx_cur.pos, &s, &mut data);
-                        // Its buffer's ownership is checked before it is
-                        // kept for the application (as `take_at` does).
-                        let freed = ch.release(&mut conn.rx_cur, &s);
-                        stats.msgs_received += 1;
-                        stats.msg_bytes_received += s.len as u64;
-                        if let Err(reason) = freed {
-                            cold_path();
-                            violations.push((peer.addr.token(), Failure::Protocol, reason));
-                            break;
-                        }
-                        pulled_late.push_back((peer.addr.clone(), s.tag, data));
-                        continue;
-                    } else {
-                        let tok = peer.addr.token();
-                        // A departing peer's ring goes away with it: what it
-                        // holds (at most a ring's worth) is taken out whole,
-                        // or sends that completed would be lost.
-                        if departing != Some(tok)
-                            && (matcher.queued_arrivals >= connected_bound
-                                || matcher.queued_from(tok) >= max_queued)
-                            && matcher.would_queue(tok, expected, s.tag)
-                        {
-                            // Flood bound (this peer's, or all peers'):
-                            // leave it in shared memory until the user
-                            // posts receives; the sender backs up.
-                            stats.flow_blocked += 1;
-                            break;
-                        }
-                        if !s.inline {
-                            // A message in a buffer: read out and its
-                            // buffer released (which checks that the
-                            // sender had reserved it) before anything of
-                            // it is delivered.
-                            cold_path();
-                            let mut data = Vec::new();
-                            ch.read_payload(conn.rx_cur.pos, &s, &mut data);
-                            let freed = ch.release(&mut conn.rx_cur, &s);
-                            stats.msgs_received += 1;
-                            stats.msg_bytes_received += s.len as u64;
-                            if let Err(reason) = freed {
-                                violations.push((peer.addr.token(), Failure::Protocol, reason));
-                                break;
-                            }
-                            let fill = |b: &mut Vec<u8>| {
-                                b.clear();
-                                b.extend_from_slice(&data);
-                            };
-                            if let Some(op) = matcher.deliver(&peer.addr, expected, s.tag, fill, completions)
-                            {
-                                ops.remove(&op);
-                            }
-                            continue;
-                        }
-                        if let Some(op) = matcher.deliver(
-                            &peer.addr,
-                            expected,
-                            s.tag,
-                            |b| ch.read_payload(conn.rx_cur.pos, &s, b),
-                            completions,
-                        ) {
-                            ops.remove(&op);
-                        }
-                    }
+                        data
+                    });
+                    let pos = conn.rx_cur.pos;
                     let freed = ch.release(&mut conn.rx_cur, &s);
                     stats.msgs_received += 1;
                     stats.msg_bytes_received += s.len as u64;
                     if let Err(reason) = freed {
                         cold_path();
-                        violations.push((peer.addr.token(), Failure::Protocol, reason));
+                        violations.push((tok, Failure::Protocol, reason));
                         break;
+                    }
+                    if kept_late {
+                        pulled_late.push_back((peer.addr.clone(), s.tag, copied.unwrap_or_default()));
+                        continue;
+                    }
+                    let fill = |b: &mut Vec<u8>| match &copied {
+                        Some(data) => {
+                            b.clear();
+                            b.extend_from_slice(data);
+                        }
+                        None => ch.read_payload(pos, &s, b),
+                    };
+                    if let Some(op) = matcher.deliver(&peer.addr, expected, s.tag, fill, completions) {
+                        ops.remove(&op);
                     }
                 }
                 // Hands the read slots back (and, with the buffer releases
