@@ -624,7 +624,8 @@ fn truncate_message(msg: &mut Vec<u8>, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::truncate_message;
-    use crate::{Engine, Rpc};
+    use crate::engine::test_support::sm_pair;
+    use crate::Rpc;
 
     struct Note;
     impl Rpc for Note {
@@ -638,17 +639,7 @@ mod tests {
     /// spare, is kept again, not dropped with the answer nobody gets.
     #[test]
     fn one_way_requests_leave_the_spare_buffers_in_place() {
-        let dir = std::env::temp_dir().join(format!("hg-rpc-spares-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let cfg = |listen| {
-            na_sm::SmConfig {
-                listen,
-                ..na_sm::SmConfig::default()
-            }
-            .with_dir(&dir)
-        };
-        let mode = na_core::ProgressMode::Busy;
-        let mut srv = Engine::shared_memory(cfg(true), mode).unwrap();
+        let (dir, mut srv, mut c, s) = sm_pair("spares");
         srv.register::<Note>(|_| Ok(())).unwrap();
         for _ in 0..4 {
             srv.keep_spare_buffer(Vec::with_capacity(1 << 20));
@@ -663,8 +654,6 @@ mod tests {
             srv.forward_one_way::<Note>(&me, &i).unwrap();
         }
         assert_eq!(srv.spare_bufs.len(), spares, "self-forwarded");
-        let mut c = Engine::shared_memory(cfg(false), mode).unwrap();
-        let s = c.endpoint().lookup(me.uri()).unwrap();
         for i in 0..8 {
             c.forward_one_way::<Note>(&s, &i).unwrap();
         }

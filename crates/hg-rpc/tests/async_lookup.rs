@@ -95,6 +95,29 @@ fn assert_lookup_timeout(r: Result<(), RpcError>, stuck: &str) -> NaError {
     }
 }
 
+/// While `what` waits on the stuck peer (its first attempt made by now),
+/// a pause of 100 ms and [`CALLS`] calls finish within [`CALLS_WITHIN`]
+/// (the pause counts: a runtime whose workers are all held up fires no
+/// timer either).
+async fn served_meanwhile(c: &hg_rpc::AsyncEngine, s: &na_core::Addr, what: &str) {
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    calls(c, s).await;
+    let took = t0.elapsed();
+    assert!(
+        took < CALLS_WITHIN,
+        "a pause of 100 ms and {CALLS} calls took {took:?} while {what} waited (handshake timeout {HANDSHAKE:?})"
+    );
+}
+
+/// `what` gave up after about the handshake timeout, not before.
+fn assert_waited_the_timeout(waited: Duration, what: &str) {
+    assert!(
+        waited >= HANDSHAKE - Duration::from_millis(100) && waited < HANDSHAKE + Duration::from_secs(5),
+        "{what} gave up after {waited:?}, the handshake timeout is {HANDSHAKE:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_of_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
     let d = common::dir("async-lookup");
@@ -117,23 +140,11 @@ async fn a_lookup_of_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
             (r, t0.elapsed())
         })
     };
-    // Its first attempt is made by now; the pause counts in the calls' time
-    // (a runtime whose workers are all held up fires no timer either).
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    calls(&c, &s).await;
-    let took = t0.elapsed();
-    assert!(
-        took < CALLS_WITHIN,
-        "a pause of 100 ms and {CALLS} calls took {took:?} while a lookup waited (handshake timeout {HANDSHAKE:?})"
-    );
+    served_meanwhile(&c, &s, "a lookup").await;
     assert!(!lookup.is_finished(), "the lookup ended before its timeout");
     let (r, waited) = lookup.await.unwrap();
     let e = assert_lookup_timeout(r, &stuck);
-    assert!(
-        waited >= HANDSHAKE - Duration::from_millis(100) && waited < HANDSHAKE + Duration::from_secs(5),
-        "the lookup gave up after {waited:?}, its timeout is {HANDSHAKE:?}"
-    );
+    assert_waited_the_timeout(waited, "the lookup");
     let blocking_err = blocking.join().unwrap().expect_err("nobody accepts");
     assert_eq!(
         e.to_string(),
@@ -167,26 +178,14 @@ async fn a_transfer_with_a_peer_that_never_accepts_does_not_hold_up_other_calls(
             (r, t0.elapsed())
         })
     };
-    // Its first attempt is made by now; the pause counts in the calls' time
-    // (a runtime whose workers are all held up fires no timer either).
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    calls(&c, &s).await;
-    let took = t0.elapsed();
-    assert!(
-        took < CALLS_WITHIN,
-        "a pause of 100 ms and {CALLS} calls took {took:?} while a transfer's lookup waited (handshake timeout {HANDSHAKE:?})"
-    );
+    served_meanwhile(&c, &s, "a transfer's lookup").await;
     assert!(
         !transfer.is_finished(),
         "the transfer ended before its lookup's timeout"
     );
     let (r, waited) = transfer.await.unwrap();
     assert_lookup_timeout(r, &stuck);
-    assert!(
-        waited >= HANDSHAKE - Duration::from_millis(100) && waited < HANDSHAKE + Duration::from_secs(5),
-        "the transfer gave up after {waited:?}, the lookup's timeout is {HANDSHAKE:?}"
-    );
+    assert_waited_the_timeout(waited, "the transfer");
     assert_eq!(c.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
     assert_eq!(c.stats().bulk_in_flight, 0);
 }
