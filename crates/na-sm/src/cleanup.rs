@@ -100,19 +100,11 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
         if attempt > 0 {
             std::thread::sleep(Duration::from_millis(2 * u64::from(attempt)));
         }
-        let Some(file) = create_locked_temp(dir, name).map_err(err)? else {
-            continue;
-        };
-        let tmp = temp_path(dir, name);
-        let linked = std::fs::hard_link(&tmp, &owner);
-        // Ours (we hold its lock, so no cleanup removes it): it goes either way.
-        let _ = std::fs::remove_file(&tmp);
-        match linked {
-            Ok(()) => return Ok(file),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(err(e)),
+        match try_claim(dir, name).map_err(err)? {
+            Claim::Ours(file) => return Ok(file),
+            Claim::Retry => continue,
+            Claim::Taken => {}
         }
-        drop(file);
         match judge(&owner, name) {
             Verdict::Alive => {}
             Verdict::Dead(held) => {
@@ -134,6 +126,34 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
             owner.display()
         ),
     )))
+}
+
+/// What one attempt to claim a name gave.
+enum Claim {
+    /// The name is ours: our owner file, open and locked.
+    Ours(File),
+    /// An owner file is there already (judge it).
+    Taken,
+    /// Try again: another claim holds the temporary file.
+    Retry,
+}
+
+/// One attempt to make `name` ours: our locked temporary owner file,
+/// hard-linked into place (which fails if an owner file exists), the
+/// temporary name removed either way (we hold its lock, so no cleanup
+/// removes it meanwhile).
+fn try_claim(dir: &Path, name: &SmName) -> io::Result<Claim> {
+    let Some(file) = create_locked_temp(dir, name)? else {
+        return Ok(Claim::Retry);
+    };
+    let tmp = temp_path(dir, name);
+    let linked = std::fs::hard_link(&tmp, name.owner_path(dir));
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(Claim::Ours(file)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Claim::Taken),
+        Err(e) => Err(e),
+    }
 }
 
 /// Creates `name`'s temporary owner file (exclusively, mode 0600,
@@ -378,17 +398,9 @@ fn remove_unowned(name: &SmName, judged: &Path, files: &[PathBuf]) -> SmResult<O
     let Some(dir) = judged.parent() else {
         return Ok(None);
     };
-    let Some(ours) = create_locked_temp(dir, name).map_err(|e| err(judged, e))? else {
+    let Claim::Ours(ours) = try_claim(dir, name).map_err(|e| err(judged, e))? else {
         return Ok(None);
     };
-    let tmp = temp_path(dir, name);
-    let linked = std::fs::hard_link(&tmp, judged);
-    let _ = std::fs::remove_file(&tmp);
-    match linked {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
-        Err(e) => return Err(err(judged, e)),
-    }
     // The name is ours: nobody binds its socket now. Its other files go,
     // then our owner file, still locked.
     let others: Vec<PathBuf> = files.iter().filter(|f| f.as_path() != judged).cloned().collect();
