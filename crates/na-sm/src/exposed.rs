@@ -10,7 +10,13 @@
 //! there. So a transfer whose target process is our own is allowed only
 //! inside a segment that a live handle registered with an sm plugin of
 //! this process ([`Plugin::mem_register`](na_core::Plugin::mem_register))
-//! exposes, with the access the transfer needs.
+//! exposes, with the access the transfer needs, and only through that
+//! registration's own descriptor: each registration draws a secret token
+//! that [`describe`] puts in every segment's key, and a piece is accepted
+//! only inside a segment whose token it carries. Without the token, a
+//! hostile server that knows (or guesses) where a buffer the client lent
+//! to another, honest server lies could still aim the client's own push
+//! at it; with it, it needs the descriptor the client gave that server.
 //!
 //! The set is process-wide (two engines of one process may move data
 //! between each other's handles). The registration lives in the handle
@@ -20,15 +26,26 @@
 //! from its check to its end ([`lock`]), so memory cannot be freed under
 //! it.
 
+use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use na_core::{MemHandle, PluginId};
+use na_core::{MemHandle, PluginId, RemoteMem, RemoteSegment, Result};
 
-/// Exposed segments by (start address, registration number): end address
-/// and whether peers may read and write the segment.
-type Segments = BTreeMap<(u64, u64), (u64, bool, bool)>;
+/// One exposed segment: where it ends, what peers may do, and the token
+/// of the registration that exposed it.
+#[derive(Clone, Copy)]
+struct Segment {
+    end: u64,
+    readable: bool,
+    writable: bool,
+    token: u64,
+}
+
+/// Exposed segments by (start address, registration number).
+type Segments = BTreeMap<(u64, u64), Segment>;
 
 static SEGMENTS: Mutex<Segments> = Mutex::new(BTreeMap::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -36,6 +53,8 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 /// What a registered handle holds: its segments leave the set with it.
 struct Exposure {
     keys: Vec<(u64, u64)>,
+    /// The secret every descriptor of this registration carries as key.
+    token: u64,
 }
 
 impl Drop for Exposure {
@@ -57,26 +76,75 @@ pub(crate) fn lock() -> Exposed {
     Exposed(SEGMENTS.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
+/// A fresh token: never 0 (the key of a descriptor made without a
+/// registration), and not derivable from other tokens (SipHash of a
+/// counter under the process's random keys), so a peer that saw the
+/// descriptors we sent it learns nothing of the others.
+fn new_token() -> u64 {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let keys = KEYS.get_or_init(RandomState::new);
+    loop {
+        let mut h = keys.build_hasher();
+        h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+        let token = h.finish();
+        if token != 0 {
+            return token;
+        }
+    }
+}
+
+/// The token of `plugin`'s registration of `mem`, if it has one.
+fn token_of(plugin: PluginId, mem: &MemHandle) -> Option<u64> {
+    let reg = mem.registration(plugin)?;
+    reg.downcast_ref::<Exposure>().map(|e| e.token)
+}
+
 /// Adds `mem`'s segments and attaches the registration that removes them
-/// to the handle (replacing an earlier one of `plugin`).
+/// to the handle (replacing an earlier one of `plugin`, whose token it
+/// keeps: a descriptor handed out before stays valid).
 pub(crate) fn register(plugin: PluginId, mem: &MemHandle) {
     let (readable, writable) = (mem.access().can_read(), mem.access().can_write());
+    let token = token_of(plugin, mem).unwrap_or_else(new_token);
     let mut keys = Vec::with_capacity(mem.segment_count());
     {
         let mut map = lock().0;
         for (addr, len) in mem.segments_raw().filter(|&(_, len)| len > 0) {
             let key = (addr as u64, NEXT.fetch_add(1, Ordering::Relaxed));
-            map.insert(key, (addr as u64 + len as u64, readable, writable));
+            let seg = Segment {
+                end: addr as u64 + len as u64,
+                readable,
+                writable,
+                token,
+            };
+            map.insert(key, seg);
             keys.push(key);
         }
     }
-    mem.attach_registration(plugin, Arc::new(Exposure { keys }));
+    mem.attach_registration(plugin, Arc::new(Exposure { keys, token }));
+}
+
+/// Describes `mem` for a peer: each segment's address and length, keyed
+/// with the token of `plugin`'s registration (0 if it has none: such a
+/// descriptor reaches other processes, never this one).
+pub(crate) fn describe(plugin: PluginId, mem: &MemHandle) -> Result<RemoteMem> {
+    let key = token_of(plugin, mem).unwrap_or(0);
+    let segs = mem
+        .segments_raw()
+        .map(|(addr, len)| RemoteSegment {
+            addr: addr as u64,
+            len: len as u64,
+            key,
+        })
+        .collect();
+    RemoteMem::new(segs, mem.access())
 }
 
 impl Exposed {
     /// True if `addr..addr+len` lies inside one exposed segment that peers
-    /// may write (`write`) or read. Empty ranges touch nothing.
-    pub(crate) fn covers(&self, addr: u64, len: u64, write: bool) -> bool {
+    /// may write (`write`) or read, exposed by the registration whose
+    /// token is `key`. Empty ranges touch nothing.
+    pub(crate) fn covers(&self, addr: u64, len: u64, write: bool, key: u64) -> bool {
         if len == 0 {
             return true;
         }
@@ -96,9 +164,7 @@ impl Exposed {
         before
             .take_while(|(&(start, _), _)| start == last_start)
             .inspect(|_| visited())
-            .any(|(_, &(seg_end, readable, writable))| {
-                end <= seg_end && if write { writable } else { readable }
-            })
+            .any(|(_, s)| end <= s.end && s.token == key && if write { s.writable } else { s.readable })
     }
 }
 
@@ -130,29 +196,70 @@ mod tests {
     // The set is process-wide and tests run in parallel: each looks only
     // at its own handles' addresses.
 
+    /// The token of plugin 1's registration of `mem`.
+    fn key(mem: &MemHandle) -> u64 {
+        token_of(PluginId(1), mem).unwrap()
+    }
+
     #[test]
     fn segments_are_covered_while_their_handle_lives() {
         let mem = MemHandle::new(vec![vec![0; 100], vec![], vec![0; 50]], Access::ReadWrite);
         register(PluginId(1), &mem);
-        let (a, b) = (start(&mem, 0), start(&mem, 2));
-        assert!(lock().covers(a, 100, true) && lock().covers(a + 99, 1, false) && lock().covers(b, 50, true));
-        assert!(!lock().covers(a, 101, false), "runs past the end");
-        assert!(!lock().covers(u64::MAX, 2, false), "wraps");
-        assert!(lock().covers(12345, 0, true), "an empty range touches nothing");
-        // Registered again (the descriptor handed out stays valid): the
-        // old registration's removal leaves the new one's segments.
+        let (a, b, k) = (start(&mem, 0), start(&mem, 2), key(&mem));
+        assert!(
+            lock().covers(a, 100, true, k)
+                && lock().covers(a + 99, 1, false, k)
+                && lock().covers(b, 50, true, k)
+        );
+        assert!(!lock().covers(a, 101, false, k), "runs past the end");
+        assert!(!lock().covers(u64::MAX, 2, false, k), "wraps");
+        assert!(lock().covers(12345, 0, true, 0), "an empty range touches nothing");
+        // Registered again: the descriptor handed out stays valid (same
+        // token), and the old registration's removal leaves the new one's
+        // segments.
         register(PluginId(1), &mem);
-        assert!(lock().covers(a, 100, true));
+        assert_eq!(key(&mem), k);
+        assert!(lock().covers(a, 100, true, k));
         let clone = mem.clone();
         drop(mem);
-        assert!(lock().covers(a, 100, true), "a clone keeps the handle alive");
-        // Registered with a second plugin (another sm instance): covered
-        // until both registrations are gone.
+        assert!(lock().covers(a, 100, true, k), "a clone keeps the handle alive");
+        // Registered with a second plugin (another sm instance): its own
+        // token; each covers while its registration lives.
         register(PluginId(2), &clone);
+        let k2 = token_of(PluginId(2), &clone).unwrap();
+        assert_ne!(k2, k);
         clone.detach_registration(PluginId(1));
-        assert!(lock().covers(a, 100, true));
+        assert!(lock().covers(a, 100, true, k2));
+        assert!(!lock().covers(a, 100, true, k), "plugin 1's registration is gone");
         clone.detach_registration(PluginId(2));
-        assert!(!lock().covers(a, 1, false));
+        assert!(!lock().covers(a, 1, false, k2));
+    }
+
+    /// A piece must carry the token of the registration that exposes its
+    /// memory: the right address with no key, a guessed key, or another
+    /// handle's token is refused.
+    #[test]
+    fn the_key_must_be_the_registrations() {
+        let lent = MemHandle::zeroed(32, Access::ReadWrite);
+        let other = MemHandle::zeroed(32, Access::ReadWrite);
+        register(PluginId(1), &lent);
+        register(PluginId(1), &other);
+        let (a, k, k_other) = (start(&lent, 0), key(&lent), key(&other));
+        assert!(k != 0 && k_other != 0 && k != k_other);
+        assert!(lock().covers(a, 32, true, k));
+        for wrong in [0, 1, k_other, k ^ 1] {
+            assert!(!lock().covers(a, 32, true, wrong), "key {wrong:#x} accepted");
+            assert!(
+                !lock().covers(a, 8, false, wrong),
+                "key {wrong:#x} accepted for reading"
+            );
+        }
+        // The descriptor carries the token; one of a handle never
+        // registered carries 0.
+        let d = describe(PluginId(1), &lent).unwrap();
+        assert!(d.segments().iter().all(|s| s.key == k));
+        let unregistered = MemHandle::zeroed(8, Access::ReadWrite);
+        assert_eq!(describe(PluginId(1), &unregistered).unwrap().segments()[0].key, 0);
     }
 
     #[test]
@@ -161,11 +268,12 @@ mod tests {
         let wo = MemHandle::zeroed(16, Access::WriteOnly);
         register(PluginId(1), &ro);
         register(PluginId(1), &wo);
-        assert!(lock().covers(start(&ro, 0), 16, false) && !lock().covers(start(&ro, 0), 16, true));
-        assert!(lock().covers(start(&wo, 0), 16, true) && !lock().covers(start(&wo, 0), 16, false));
+        let (r, w) = (key(&ro), key(&wo));
+        assert!(lock().covers(start(&ro, 0), 16, false, r) && !lock().covers(start(&ro, 0), 16, true, r));
+        assert!(lock().covers(start(&wo, 0), 16, true, w) && !lock().covers(start(&wo, 0), 16, false, w));
         // Deregistering drops the plugin's registration.
         wo.detach_registration(PluginId(1));
-        assert!(!lock().covers(start(&wo, 0), 16, true));
+        assert!(!lock().covers(start(&wo, 0), 16, true, w));
     }
 
     /// An address no segment holds costs a look at one entry (or the few
@@ -180,14 +288,20 @@ mod tests {
             register(PluginId(1), m);
         }
         let top = mems.iter().map(|m| start(m, 0)).max().unwrap();
+        let k = key(&mems[0]);
         VISITED.with(|v| v.set(0));
-        assert!(!lock().covers(top + (1 << 40), 8, true));
-        assert!(!lock().covers(top + 64, 8, false), "just past the last segment");
+        assert!(!lock().covers(top + (1 << 40), 8, true, k));
+        assert!(
+            !lock().covers(top + 64, 8, false, k),
+            "just past the last segment"
+        );
         let visited = VISITED.with(|v| v.get());
         assert!(
             visited <= 4,
             "looked at {visited} entries for two uncovered ranges"
         );
-        assert!(mems.iter().all(|m| lock().covers(start(m, 0) + 8, 8, true)));
+        assert!(mems
+            .iter()
+            .all(|m| lock().covers(start(m, 0) + 8, 8, true, key(m))));
     }
 }

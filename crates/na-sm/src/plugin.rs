@@ -720,6 +720,13 @@ impl Plugin for SmPlugin {
         Ok(())
     }
 
+    /// Addresses and lengths, keyed with the registration's token (see
+    /// `exposed`): the key is what a transfer to this process's own
+    /// address must show; other processes ignore it.
+    fn mem_describe(&self, mem: &na_core::MemHandle) -> Result<na_core::RemoteMem> {
+        crate::exposed::describe(self.id, mem)
+    }
+
     fn spin_wait(&mut self, max: u32) -> u32 {
         self.spin_for_work(max)
     }

@@ -147,7 +147,8 @@ impl SmPlugin {
 /// A transfer to our own process reaches any address of it (the kernel
 /// checks nothing): each piece of the remote side must lie in a segment a
 /// live handle registered with sm exposes, with the access the transfer
-/// needs (see `exposed`). A remote handle that names our process but not
+/// needs, through that registration's own descriptor (its token as the
+/// segment's key; see `exposed`). A remote handle that names our process but not
 /// such memory is forged or stale. On success the exposed set stays
 /// locked for the caller to hold across the transfers.
 #[cold]
@@ -157,10 +158,11 @@ fn check_self_rma(dest: &Addr, ops: &[Rma<'_>]) -> Result<exposed::Exposed> {
     for o in ops {
         let write = o.dir == RmaDir::Put;
         let mut ok = true;
-        o.remote.for_each_piece(o.remote_offset, o.len, |_, addr, len| {
-            // (Nothing looked up past the first piece refused.)
-            ok = ok && set.covers(addr, len, write);
-        })?;
+        o.remote
+            .for_each_piece(o.remote_offset, o.len, |seg, addr, len| {
+                // (Nothing looked up past the first piece refused.)
+                ok = ok && set.covers(addr, len, write, seg.key);
+            })?;
         if !ok {
             tracing::warn!(
                 op = o.dir.name(),

@@ -121,6 +121,63 @@ fn transfers_to_self_stay_inside_registered_memory() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Exposed memory is reachable only through its own registration's
+/// descriptor: a hostile server that knows where a buffer the client lent
+/// to another server lies (addresses are no secret: it may have guessed,
+/// or been told by a colluding peer) forges a descriptor of it with no
+/// key, or with the key of a handle the client lent to *it*, and hands it
+/// back as its own "bulk handle": the client's push is refused.
+#[test]
+fn exposed_memory_is_reached_only_through_its_own_descriptor() {
+    let dir = private_dir("self-rma-key");
+    let mut p = SmPlugin::new(PluginId(1), SmConfig::default().with_dir(&dir)).unwrap();
+    let me = p.self_addr();
+    let source = MemHandle::new(vec![vec![0xee; 64]], Access::ReadOnly);
+    let lent_elsewhere = MemHandle::zeroed(64, Access::WriteOnly);
+    let lent_to_attacker = MemHandle::zeroed(64, Access::WriteOnly);
+    for h in [&source, &lent_elsewhere, &lent_to_attacker] {
+        p.mem_register(h).unwrap();
+    }
+    let honest = p.mem_describe(&lent_elsewhere).unwrap();
+    let attackers = p.mem_describe(&lent_to_attacker).unwrap();
+    let key = honest.segments()[0].key;
+    assert_ne!(key, 0, "a registered handle's descriptor carries a key");
+    assert_ne!(
+        key,
+        attackers.segments()[0].key,
+        "each registration has its own key"
+    );
+
+    let with_key = |key: u64| {
+        let seg = RemoteSegment {
+            key,
+            ..honest.segments()[0]
+        };
+        RemoteMem::new(vec![seg], Access::WriteOnly).unwrap()
+    };
+    for (n, wrong) in [0, 1, attackers.segments()[0].key, key.wrapping_add(1)]
+        .into_iter()
+        .enumerate()
+    {
+        refused(p.rma(
+            &me,
+            &[Rma::put(&source, 0, &with_key(wrong), 0, 64, OpId(n as u64))],
+        ));
+    }
+    assert!(
+        lent_elsewhere.to_vec().iter().all(|&b| b == 0),
+        "a forged descriptor wrote into a buffer lent to someone else"
+    );
+    // A descriptor carried through bytes (as a peer returns it) keeps its key.
+    let returned = RemoteMem::from_bytes(&honest.to_bytes()).unwrap();
+    p.rma(&me, &[Rma::put(&source, 0, &returned, 0, 64, OpId(10))])
+        .unwrap();
+    let c = completions(&mut p);
+    assert!(c.iter().any(|c| c.op == OpId(10) && c.status.is_ok()), "{c:?}");
+    assert!(lent_elsewhere.to_vec().iter().all(|&b| b == 0xee));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The same check for a second sm instance of this process: its pid is
 /// ours, so the kernel checks nothing there either. What either instance
 /// registered may be moved between them (two engines of one process);
