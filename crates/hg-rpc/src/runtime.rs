@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
 use na_core::Addr;
-use tokio::io::unix::AsyncFd;
+
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -25,13 +25,16 @@ use crate::codec::{Codec, Postcard};
 use crate::engine::{BulkId, CallId, Engine};
 use crate::error::{Result, RpcError};
 use crate::rpc::Rpc;
-use crate::sys::async_fd::OwnedByArc;
 
 #[path = "runtime_bulk.rs"]
 mod bulk;
 #[path = "runtime_ctx.rs"]
 mod ctx;
+#[path = "runtime_driver.rs"]
+mod driver;
 pub use ctx::AsyncBulkCtx;
+use driver::{drive, DriverExit};
+pub use driver::{DRIVER_FAILURE_GAP, DRIVER_FAILURE_LIMIT};
 
 /// An async handler: its context (the caller) and the encoded input in,
 /// the encoded output (or the handler's error) out.
@@ -829,37 +832,6 @@ struct Waiters {
     stopped: Option<String>,
 }
 
-/// Lives as long as the driver task's future: when it ends (an error
-/// waiting on the fd, a panic, or the runtime shutting down, which drops
-/// the task), every call waiting fails at once (its sender is dropped)
-/// and later calls are refused.
-struct DriverExit {
-    shared: Arc<Shared>,
-    /// The reason, once the driver knows it (else the task was dropped or
-    /// panicked).
-    reason: Option<String>,
-}
-
-impl Drop for DriverExit {
-    fn drop(&mut self) {
-        let mut w = self.shared.waiters();
-        // Set already when the AsyncEngine was dropped: the usual end.
-        let reason = self.reason.take();
-        let calls = w.calls.len();
-        self.shared.mark_stopped(&mut w, || {
-            let why = reason.unwrap_or_else(|| {
-                if std::thread::panicking() {
-                    "the driver task panicked (or its runtime was dropped during a panic)".into()
-                } else {
-                    "the driver task was dropped (its tokio runtime shut down)".into()
-                }
-            });
-            tracing::warn!(reason = %why, calls, "hg-rpc driver stopped; calls in flight fail");
-            why
-        });
-    }
-}
-
 /// Abandons the call when its future is dropped before it finished.
 struct Abandon<'a> {
     shared: &'a Shared,
@@ -882,18 +854,6 @@ impl Drop for Abandon<'_> {
     }
 }
 
-/// How long the driver's turns may keep failing (progress, `trigger` or
-/// arming for sleep: a transport whose event set broke, say) before the
-/// driver stops and its calls fail with [`RpcError::DriverStopped`] and
-/// the cause, instead of the driver spinning on the failure while calls
-/// time out. Failures less than [`DRIVER_FAILURE_GAP`] apart count as one
-/// run (a broken transport fails only the turns that reach the broken
-/// part); a longer gap ends the run.
-pub const DRIVER_FAILURE_LIMIT: Duration = Duration::from_secs(1);
-
-/// See [`DRIVER_FAILURE_LIMIT`].
-pub const DRIVER_FAILURE_GAP: Duration = Duration::from_millis(250);
-
 /// The longest [`AsyncEngine::drained`] waits between two looks when
 /// nothing wakes it (a safety net: the driver's turns and async handlers'
 /// answers wake it).
@@ -906,105 +866,3 @@ const LOOKUP_RETRY_FIRST: Duration = Duration::from_millis(1);
 
 /// See [`LOOKUP_RETRY_FIRST`].
 const LOOKUP_RETRY_MAX: Duration = Duration::from_millis(20);
-
-/// The driver's pause after a failed turn.
-const DRIVER_FAILURE_BACKOFF: Duration = Duration::from_millis(1);
-
-async fn drive(shared: Arc<Shared>, afd: AsyncFd<OwnedByArc<Shared>>, mut exit: DriverExit, spin: Duration) {
-    // The current run of failed turns (progress, trigger or arming): when
-    // it began and when its last failure was.
-    let mut failing: Option<(Instant, Instant)> = None;
-    // With a spin window: when a turn last found work (the driver keeps
-    // turning, without arming the plugins, until `spin` has passed since).
-    let mut last_work: Option<Instant> = None;
-    // Work first, then sleep: the engine may have been used before it was
-    // spawned (its plugins disarmed, their messages waiting without a
-    // signal), and only `try_wait` arms them for the fd to wake us.
-    loop {
-        let expiry;
-        loop {
-            let turn = {
-                let mut e = shared.engine();
-                let worked = e.progress_now().and_then(|p| Ok(p + e.trigger()?));
-                shared.spawn_deferred(&mut e);
-                shared.notify_finished(&mut e);
-                shared.drain_may_have_moved(&e);
-                // A failed turn never sleeps: the fd might never wake it.
-                worked.and_then(|n| {
-                    if !spin.is_zero() {
-                        let now = Instant::now();
-                        if n > 0 {
-                            last_work = Some(now);
-                        }
-                        if last_work.is_some_and(|t| now.duration_since(t) < spin) {
-                            // Inside the window: turn again, plugins unarmed
-                            // (a peer's next message needs no signal).
-                            return Ok(None);
-                        }
-                    }
-                    e.try_wait().map(|sleep| sleep.then(|| e.next_expiry()))
-                })
-            };
-            match turn {
-                Ok(Some(at)) => {
-                    expiry = at;
-                    break;
-                }
-                // Turn again (inside the spin window, or a plugin said
-                // not to sleep) behind every task the turn woke; the
-                // runtime polls its I/O driver first (a system call per
-                // turn: see docs/PERFORMANCE.md on why not less).
-                Ok(None) => tokio::task::yield_now().await,
-                Err(err) => {
-                    let now = Instant::now();
-                    let (began, last) = match failing {
-                        Some((began, last)) if now.duration_since(last) < DRIVER_FAILURE_GAP => (began, now),
-                        _ => {
-                            tracing::warn!(error = %err, "hg-rpc driver: progress failed");
-                            (now, now)
-                        }
-                    };
-                    failing = Some((began, last));
-                    if now.duration_since(began) >= DRIVER_FAILURE_LIMIT {
-                        tracing::error!(error = %err, "hg-rpc driver: progress kept failing; the driver stops");
-                        exit.reason = Some(format!(
-                            "progress kept failing for {DRIVER_FAILURE_LIMIT:?} (the transport is broken): {err}"
-                        ));
-                        return;
-                    }
-                    // Not a hot loop: a transient failure gets time to pass.
-                    tokio::time::sleep(DRIVER_FAILURE_BACKOFF).await;
-                }
-            }
-        }
-        shared.sleeps.fetch_add(1, Ordering::Relaxed);
-        // Sleeps until the fd is readable, or until a kept spilled output
-        // or abandoned input expires (then `trigger` lets it go: without
-        // this, only the next traffic would).
-        let wake = async {
-            tokio::select! {
-                r = afd.readable() => Some(r),
-                () = shared.rearm.notified() => None,
-            }
-        };
-        let readable = match expiry {
-            None => wake.await,
-            Some(at) => tokio::time::timeout_at(tokio::time::Instant::from_std(at), wake)
-                .await
-                .ok()
-                .flatten(),
-        };
-        if let Some(readable) = readable {
-            match readable {
-                // Clear first, then work until the plugins agree to sleep:
-                // an event after the clear sets readiness again.
-                Ok(mut ready) => ready.clear_ready(),
-                Err(e) => {
-                    tracing::error!(error = %e, "hg-rpc driver: waiting on the endpoint fd failed");
-                    exit.reason = Some(format!("waiting on the endpoint fd failed: {e}"));
-                    return;
-                }
-            }
-        }
-    }
-}
