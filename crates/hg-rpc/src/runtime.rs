@@ -492,7 +492,8 @@ impl AsyncEngine {
     /// the window. An idle engine
     /// still uses no CPU once the window has passed. `Duration::ZERO` is
     /// `spawn`. [`RpcStats::driver_sleeps`](crate::RpcStats) counts the
-    /// sleeps. Outside a tokio runtime this is an error. Under tokio's
+    /// sleeps. Outside a tokio runtime, or in one built without I/O or
+    /// time, this is an error (tokio's own panic message is printed). Under tokio's
     /// paused test clock (`tokio::time::pause`) a driver keeping spilled
     /// data for a TTL wakes at once again and again until the TTL passes
     /// in real time (its deadlines are real time): do not pause the clock
@@ -504,6 +505,9 @@ impl AsyncEngine {
                 "AsyncEngine::spawn must be called inside a tokio runtime: {e}"
             ))
         })?;
+        drop(needs_driver("time (`enable_time`)", || {
+            Ok(tokio::time::sleep(Duration::ZERO))
+        })?);
         let fd = engine.endpoint().as_raw_fd();
         engine.log_finished();
         engine.log_finished_bulks();
@@ -522,7 +526,9 @@ impl AsyncEngine {
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
-        let afd = crate::sys::async_fd::register(fd, shared.clone())?;
+        let afd = needs_driver("I/O (`enable_io`)", || {
+            crate::sys::async_fd::register(fd, shared.clone())
+        })?;
         // Made here, not in `drive`: a task dropped before its first poll
         // (its runtime shut down at once) drops its arguments but never
         // ran its body.
@@ -803,6 +809,19 @@ impl Drop for AsyncEngine {
             .mark_stopped(&mut w, || "the AsyncEngine was dropped".into());
         drop(w);
         self.driver.abort();
+    }
+}
+
+/// Runs `probe`, which tokio makes panic in a runtime built without the
+/// driver `what` names (the engine's driver task needs both I/O and
+/// time): that is an error for the caller of `spawn`, not a panic at
+/// registration or, worse, in the driver task at its first sleep.
+fn needs_driver<T>(what: &str, probe: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(probe)) {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::other(format!(
+            "AsyncEngine::spawn needs a tokio runtime with {what} enabled (`enable_all` on its builder)"
+        ))),
     }
 }
 

@@ -929,3 +929,41 @@ fn spawning_outside_a_runtime_is_an_error() {
         Ok(_) => panic!("spawned outside a runtime"),
     }
 }
+
+/// In a runtime built without the I/O or the time driver, `spawn` is an
+/// error naming the missing one, not a panic (at registration, or in the
+/// driver task at its first sleep, which would leave calls failing with
+/// "the driver task panicked").
+#[test]
+fn spawning_in_a_runtime_without_io_or_time_is_an_error() {
+    let d = common::dir("spawn-no-driver");
+    for (what, rt) in [
+        (
+            "I/O",
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build(),
+        ),
+        (
+            "time",
+            tokio::runtime::Builder::new_current_thread().enable_io().build(),
+        ),
+    ] {
+        let rt = rt.unwrap();
+        let _in = rt.enter();
+        let (ep, id) = common::endpoint(&d, false);
+        let engine = hg_rpc::Engine::new(ep, id).unwrap();
+        match hg_rpc::AsyncEngine::spawn(engine) {
+            Err(e) => assert!(e.to_string().contains(&format!("with {what}")), "{e}"),
+            Ok(_) => panic!("spawned in a runtime without {what}"),
+        }
+    }
+    // With both: it works.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _in = rt.enter();
+    let (ep, id) = common::endpoint(&d, false);
+    assert!(hg_rpc::AsyncEngine::spawn(hg_rpc::Engine::new(ep, id).unwrap()).is_ok());
+}
