@@ -63,8 +63,8 @@ impl SmPlugin {
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let run = rest.iter().take_while(|o| o.dir == first.dir).count();
-            // Windows of IOV_MAX transfers: a failure re-lists at most one
-            // window's worth of the transfers after it.
+            // Windows of IOV_MAX transfers: what one listing holds (a
+            // failure in it costs a call, never a new listing).
             for window in rest[..run].chunks(IOV_MAX) {
                 self.rma_run(pid, dest, window);
             }
@@ -75,51 +75,43 @@ impl SmPlugin {
 
     /// Moves a run of transfers in one direction; each completes, and one
     /// that fails does not hold back the others.
-    fn rma_run(&mut self, pid: u32, dest: &Addr, mut ops: &[Rma<'_>]) {
+    fn rma_run(&mut self, pid: u32, dest: &Addr, ops: &[Rma<'_>]) {
         let dir = ops[0].dir;
-        while !ops.is_empty() {
-            let moved = transfer_batch(pid, ops, &mut self.iov_lists);
-            // Transfers wholly inside the bytes moved are done; the next one
-            // failed (if the batch stopped), and the ones after it go again.
-            let mut covered = 0u64;
-            let mut done = 0;
-            for o in ops {
-                if covered + o.len > moved.bytes {
-                    break;
+        let moved = transfer_batch(pid, ops, &mut self.iov_lists);
+        self.stats.rma_calls += moved.calls as u64;
+        let mut failed = moved.failed.into_iter().peekable();
+        let mut bytes = 0u64;
+        for (i, o) in ops[..moved.ended].iter().enumerate() {
+            match failed.next_if(|(at, _)| *at == i) {
+                Some((_, e)) => self.fail_rma(e, o, pid, dest),
+                None => {
+                    bytes += o.len;
+                    self.completions.push_back(Completion::done(o.op, dir.kind()));
                 }
-                covered += o.len;
-                done += 1;
             }
-            self.stats.rma_calls += moved.calls as u64;
-            match dir {
-                RmaDir::Put => self.stats.put_bytes += covered,
-                RmaDir::Get => self.stats.get_bytes += covered,
-            }
-            for o in &ops[..done] {
-                self.completions.push_back(Completion::done(o.op, dir.kind()));
-            }
-            ops = &ops[done..];
-            let (Some(e), Some(_)) = (moved.error, ops.first()) else {
-                return;
-            };
-            // A process that is gone (or that we may not access) fails the
-            // rest too; any other error (an unmapped address) only its transfer.
-            let failing = match e.raw_os_error() {
-                Some(libc::ESRCH | libc::EPERM) => ops.len(),
-                _ => 1,
-            };
+        }
+        match dir {
+            RmaDir::Put => self.stats.put_bytes += bytes,
+            RmaDir::Get => self.stats.get_bytes += bytes,
+        }
+        // The process is gone, or we may not access it: the rest fail too.
+        if let Some(e) = moved.stop {
             let code = e.raw_os_error();
             let mut first = Some(e);
-            for o in &ops[..failing] {
+            for o in &ops[moved.ended..] {
                 let e = first.take().or_else(|| code.map(io::Error::from_raw_os_error));
                 let e = e.unwrap_or_else(|| io::Error::other("transfer failed"));
-                let err = self.rma_error(e, dir, o.len, pid, dest);
-                tracing::debug!(peer = %dest, error = %err, "sm {} failed", dir.name());
-                self.completions
-                    .push_back(Completion::failed(o.op, dir.kind(), err, None));
+                self.fail_rma(e, o, pid, dest);
             }
-            ops = &ops[failing..];
         }
+    }
+
+    /// Completes `o` with the error `e` stands for.
+    fn fail_rma(&mut self, e: io::Error, o: &Rma<'_>, pid: u32, dest: &Addr) {
+        let err = self.rma_error(e, o.dir, o.len, pid, dest);
+        tracing::debug!(peer = %dest, error = %err, "sm {} failed", o.dir.name());
+        self.completions
+            .push_back(Completion::failed(o.op, o.dir.kind(), err, None));
     }
 
     /// The error a failed transfer completes with.

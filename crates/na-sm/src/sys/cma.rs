@@ -6,9 +6,10 @@
 //! pieces of all transfers are listed in order on both sides (pieces that
 //! touch in memory are merged), so the two byte streams line up transfer
 //! by transfer. A partial transfer (the kernel stops at a page it cannot
-//! access, or at `IOV_MAX`) is continued from where it stopped; the caller
-//! learns how many bytes moved before an error, and so which transfer
-//! failed.
+//! access, or at `IOV_MAX`) is continued from where it stopped; a
+//! transfer the kernel refuses (an unmapped remote page) is stepped over
+//! in the lists and fails alone, and the caller learns which transfers
+//! failed and why.
 //!
 //! [process_vm_readv(2)]: https://man7.org/linux/man-pages/man2/process_vm_readv.2.html
 //! [process_vm_writev(2)]: https://man7.org/linux/man-pages/man2/process_vm_writev.2.html
@@ -20,21 +21,25 @@ use na_core::{Rma, RmaDir};
 /// Most iovecs the kernel accepts per call (`UIO_MAXIOV`).
 pub const IOV_MAX: usize = 1024;
 
-/// What a batch did: bytes moved (from the start of the batch, in order)
-/// and the system calls made, then the error that stopped it, if any.
+/// What a batch did. Transfers `..ended` ended: each completed, unless it
+/// is in `failed`; the ones from `ended` on did not run, because `stop`
+/// (the process is gone, or we may not access it) fails them all.
 #[derive(Debug)]
 pub struct Moved {
-    /// Bytes moved before the batch finished or failed.
-    pub bytes: u64,
     /// System calls made.
     pub calls: usize,
-    /// Why the batch stopped short: `InvalidInput` if a range is out of
-    /// bounds or the local handle does not allow the access (a `Read`
-    /// writes local memory), `UnexpectedEof` if the kernel makes no
-    /// progress, the kernel's error otherwise (`ESRCH`: the process is
-    /// gone, `EPERM`: not allowed to access it, `EFAULT`: a remote address
-    /// is not mapped).
-    pub error: Option<io::Error>,
+    /// How many transfers, from the start of the batch, ended.
+    pub ended: usize,
+    /// The transfers (by index, ascending) among those that ended which
+    /// failed, and why: `InvalidInput` if a range is out of bounds, the
+    /// local handle does not allow the access (a get writes local memory)
+    /// or the transfer goes the other way than the first; `UnexpectedEof`
+    /// if the kernel made no progress on it; the kernel's error otherwise
+    /// (`EFAULT`: a remote address is not mapped). The others moved on.
+    pub failed: Vec<(usize, io::Error)>,
+    /// `ESRCH` (the process is gone) or `EPERM` (not allowed to access
+    /// it): nothing from transfer `ended` on can succeed.
+    pub stop: Option<io::Error>,
 }
 
 /// The iovec lists [`transfer_batch`] builds, kept between calls so that
@@ -45,6 +50,8 @@ pub struct Moved {
 pub struct IovLists {
     local: Vec<libc::iovec>,
     remote: Vec<libc::iovec>,
+    /// Bytes listed for each transfer (0 for one that failed its checks).
+    listed: Vec<u64>,
 }
 
 // SAFETY: the lists hold addresses only while `transfer_batch` runs (it
@@ -60,6 +67,8 @@ fn push(iov: &mut Vec<libc::iovec>, addr: usize, len: usize) {
     if len == 0 {
         return;
     }
+    #[cfg(test)]
+    tests::PUSHED.with(|p| p.set(p.get() + 1));
     if let Some(last) = iov.last_mut() {
         if last.iov_base as usize + last.iov_len == addr {
             last.iov_len += len;
@@ -72,74 +81,116 @@ fn push(iov: &mut Vec<libc::iovec>, addr: usize, len: usize) {
     });
 }
 
+/// Where an iovec list ends (its length and its last entry's length), to
+/// take back what one transfer listed.
+fn mark(iov: &[libc::iovec]) -> (usize, usize) {
+    (iov.len(), iov.last().map_or(0, |v| v.iov_len))
+}
+
+fn rewind(iov: &mut Vec<libc::iovec>, (len, last_len): (usize, usize)) {
+    iov.truncate(len);
+    if let Some(last) = iov.last_mut() {
+        last.iov_len = last_len;
+    }
+}
+
 /// Moves the transfers of `batch`, in order, between this process and
 /// process `pid`, with as few system calls as `IOV_MAX` allows. They all go
-/// the way the first one does; one that goes the other way stops the batch
-/// (`InvalidInput`), as a range out of bounds does.
+/// the way the first one does; one that goes the other way fails, as one
+/// out of bounds does, and the others go on.
+///
+/// Everything is listed once: a transfer that fails in the kernel (an
+/// unmapped remote page) is stepped over in the lists and the next call
+/// starts at the transfer after it, so a batch of failing transfers costs
+/// a call each, not a new listing of everything after each failure.
 pub fn transfer_batch(pid: u32, batch: &[Rma<'_>], lists: &mut IovLists) -> Moved {
-    let moved = transfer_listed(pid, batch, &mut lists.local, &mut lists.remote);
+    let moved = transfer_listed(pid, batch, lists);
     lists.local.clear();
     lists.remote.clear();
+    lists.listed.clear();
     moved
 }
 
-fn transfer_listed(
-    pid: u32,
-    batch: &[Rma<'_>],
-    liov: &mut Vec<libc::iovec>,
-    riov: &mut Vec<libc::iovec>,
-) -> Moved {
-    let mut moved = Moved {
-        bytes: 0,
-        calls: 0,
-        error: None,
+/// Lists every transfer's pieces on both sides; the ones that fail their
+/// checks are listed as nothing and recorded in `failed`.
+fn list(batch: &[Rma<'_>], lists: &mut IovLists, failed: &mut Vec<(usize, io::Error)>) -> u64 {
+    let IovLists {
+        local,
+        remote,
+        listed,
+    } = lists;
+    local.clear();
+    remote.clear();
+    listed.clear();
+    let Some(dir) = batch.first().map(|p| p.dir) else {
+        return 0;
     };
-    let invalid = |e: na_core::NaError| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
+    let mut total = 0u64;
+    for (i, p) in batch.iter().enumerate() {
+        let refused = if p.dir != dir {
+            Some("a batch goes one way only".to_string())
+        } else if dir == RmaDir::Get && !p.local.access().can_write() {
+            Some("local handle is read-only".to_string())
+        } else {
+            None
+        };
+        let (lmark, rmark) = (mark(local), mark(remote));
+        let listed_ok = match refused {
+            Some(why) => Err(why),
+            None => p
+                .local
+                .for_each_piece(p.local_offset, p.len, |a, n| push(local, a, n))
+                .and_then(|()| {
+                    p.remote.for_each_piece(p.remote_offset, p.len, |_, a, n| {
+                        push(remote, a as usize, n as usize)
+                    })
+                })
+                .map_err(|e| e.to_string()),
+        };
+        match listed_ok {
+            Ok(()) => {
+                listed.push(p.len);
+                total += p.len;
+            }
+            Err(why) => {
+                // Listed on one side only, or partly: take it all back.
+                rewind(local, lmark);
+                rewind(remote, rmark);
+                listed.push(0);
+                failed.push((i, io::Error::new(io::ErrorKind::InvalidInput, why)));
+            }
+        }
+    }
+    total
+}
+
+fn transfer_listed(pid: u32, batch: &[Rma<'_>], lists: &mut IovLists) -> Moved {
+    let mut moved = Moved {
+        calls: 0,
+        ended: 0,
+        failed: Vec::new(),
+        stop: None,
+    };
     let Ok(pid) = libc::pid_t::try_from(pid) else {
-        moved.error = Some(io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"));
+        moved.stop = Some(io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"));
         return moved;
     };
     let Some(dir) = batch.first().map(|p| p.dir) else {
         return moved;
     };
-    liov.clear();
-    riov.clear();
-    let mut total = 0u64;
-    for p in batch {
-        let refused = if p.dir != dir {
-            Some("a batch goes one way only")
-        } else if dir == RmaDir::Get && !p.local.access().can_write() {
-            Some("local handle is read-only")
-        } else {
-            None
-        };
-        if let Some(why) = refused {
-            moved.error = Some(io::Error::new(io::ErrorKind::InvalidInput, why));
-            break;
-        }
-        let listed = p
-            .local
-            .for_each_piece(p.local_offset, p.len, |a, n| push(liov, a, n))
-            .and_then(|()| {
-                p.remote.for_each_piece(p.remote_offset, p.len, |_, a, n| {
-                    push(riov, a as usize, n as usize)
-                })
-            });
-        if let Err(e) = listed {
-            moved.error = Some(invalid(e));
-            break;
-        }
-        total += p.len;
-    }
-    // Pieces of a transfer that failed its checks were listed on one side
-    // only: move what came before it, then report the error.
-    let stop = moved.error.take();
-    if stop.is_some() {
-        truncate(liov, total);
-        truncate(riov, total);
-    }
-    let (mut li, mut ri) = (0usize, 0usize);
-    while moved.bytes < total {
+    let total = list(batch, lists, &mut moved.failed);
+    let IovLists {
+        local: liov,
+        remote: riov,
+        listed,
+    } = lists;
+    // `pos`: bytes of the lists consumed (moved, or stepped over with a
+    // failed transfer); transfer `at` is the one `pos` is in, and ends at
+    // byte `at_end` of the lists.
+    let (mut li, mut ri, mut pos) = (0usize, 0usize, 0u64);
+    let (mut at, mut at_end) = (0usize, listed.first().copied().unwrap_or(0));
+    let mut kernel_failed = Vec::new();
+    while pos < total {
         let l = &liov[li..(li + IOV_MAX).min(liov.len())];
         let r = &riov[ri..(ri + IOV_MAX).min(riov.len())];
         // SAFETY: every local iovec describes a piece of a handle in
@@ -160,42 +211,47 @@ fn transfer_listed(
             }
         };
         moved.calls += 1;
-        if n < 0 {
-            moved.error = Some(io::Error::last_os_error());
-            return moved;
-        }
-        let n = n as usize;
-        if n == 0 {
-            moved.error = Some(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "kernel transferred 0 of the remaining {} bytes",
-                    total - moved.bytes
-                ),
-            ));
-            return moved;
-        }
-        moved.bytes += (n as u64).min(total - moved.bytes);
-        advance(liov, &mut li, n);
-        advance(riov, &mut ri, n);
+        let step = if n > 0 {
+            (n as u64).min(total - pos)
+        } else {
+            let e = if n < 0 {
+                io::Error::last_os_error()
+            } else {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("kernel transferred 0 of the remaining {} bytes", total - pos),
+                )
+            };
+            // The transfer `pos` is in failed (skip those that end at or
+            // before it: empty, or refused in the listing).
+            while at_end <= pos {
+                at += 1;
+                at_end += listed[at];
+            }
+            if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::EPERM)) {
+                moved.stop = Some(e);
+                moved.ended = at;
+                merge(&mut moved.failed, kernel_failed);
+                return moved;
+            }
+            kernel_failed.push((at, e));
+            at_end - pos
+        };
+        pos += step;
+        advance(liov, &mut li, step as usize);
+        advance(riov, &mut ri, step as usize);
     }
-    moved.error = stop;
+    moved.ended = batch.len();
+    merge(&mut moved.failed, kernel_failed);
     moved
 }
 
-/// Cuts an iovec list down to its first `len` bytes.
-fn truncate(iov: &mut Vec<libc::iovec>, len: u64) {
-    let mut left = len as usize;
-    let mut keep = 0;
-    for v in iov.iter_mut() {
-        if left == 0 {
-            break;
-        }
-        v.iov_len = v.iov_len.min(left);
-        left -= v.iov_len;
-        keep += 1;
+/// Adds the kernel's failures to the listing's, in transfer order.
+fn merge(failed: &mut Vec<(usize, io::Error)>, kernel: Vec<(usize, io::Error)>) {
+    if !kernel.is_empty() {
+        failed.extend(kernel);
+        failed.sort_by_key(|&(i, _)| i);
     }
-    iov.truncate(keep);
 }
 
 /// Consumes `n` bytes from the iovec list starting at `*at`.
@@ -234,6 +290,19 @@ mod tests {
         RemoteMem::new(segs, h.access()).unwrap()
     }
 
+    thread_local! {
+        /// Pieces listed by this thread (see `push`).
+        pub(super) static PUSHED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// The indexes and error kinds of a batch's failed transfers.
+    fn failures(m: &Moved) -> Vec<(usize, Option<i32>, io::ErrorKind)> {
+        m.failed
+            .iter()
+            .map(|(i, e)| (*i, e.raw_os_error(), e.kind()))
+            .collect()
+    }
+
     #[test]
     fn self_transfer_across_many_segments() {
         // 3000 one-byte pieces on one side force splits at IOV_MAX.
@@ -245,8 +314,8 @@ mod tests {
             &[Rma::get(&dst, 50, &remote, 0, 3000, OpId(1))],
             &mut IovLists::default(),
         );
-        assert!(m.error.is_none(), "{m:?}");
-        assert_eq!(m.bytes, 3000);
+        assert!(m.failed.is_empty() && m.stop.is_none(), "{m:?}");
+        assert_eq!(m.ended, 1);
         assert!(m.calls >= 3, "{m:?}");
         let v = dst.to_vec();
         assert!((0..3000).all(|i| v[50 + i] == i as u8));
@@ -256,20 +325,20 @@ mod tests {
             &[Rma::get(&ro, 0, &remote, 0, 8, OpId(1))],
             &mut IovLists::default(),
         );
-        assert!(m.error.is_some());
+        assert_eq!(failures(&m), [(0, None, io::ErrorKind::InvalidInput)]);
         let m = transfer_batch(
             ME(),
             &[Rma::put(&dst, 0, &remote, 2999, 2, OpId(1))],
             &mut IovLists::default(),
         );
         assert_eq!(
-            (m.bytes, m.error.map(|e| e.kind())),
-            (0, Some(io::ErrorKind::InvalidInput))
+            (m.calls, failures(&m)),
+            (0, vec![(0, None, io::ErrorKind::InvalidInput)])
         );
     }
 
     #[test]
-    fn batch_is_one_call_and_stops_at_the_failing_transfer() {
+    fn batch_is_one_call_and_a_failing_transfer_fails_alone() {
         let src = MemHandle::new(
             vec![(0..=255u8).cycle().take(64 * 1024).collect()],
             Access::ReadOnly,
@@ -281,8 +350,8 @@ mod tests {
             .map(|i| Rma::get(&dst, i * 4096, &remote, (15 - i) * 4096, 4096, OpId(i)))
             .collect();
         let m = transfer_batch(ME(), &batch, &mut IovLists::default());
-        assert!(m.error.is_none(), "{m:?}");
-        assert_eq!((m.bytes, m.calls), (16 * 4096, 1));
+        assert!(m.failed.is_empty() && m.stop.is_none(), "{m:?}");
+        assert_eq!((m.ended, m.calls), (16, 1));
         let (s, d) = (src.to_vec(), dst.to_vec());
         for i in 0..16 {
             assert_eq!(
@@ -292,7 +361,7 @@ mod tests {
             );
         }
         // A remote range that is not mapped (address 4096 is below
-        // vm.mmap_min_addr, so never mapped) stops the batch at its transfer.
+        // vm.mmap_min_addr, so never mapped) fails its transfer alone.
         let hole = RemoteMem::new(
             vec![RemoteSegment {
                 addr: 4096,
@@ -306,19 +375,74 @@ mod tests {
         bad[5].remote = &hole;
         bad[5].remote_offset = 0;
         let m = transfer_batch(ME(), &bad, &mut IovLists::default());
-        assert_eq!(m.bytes, 5 * 4096, "{m:?}");
-        assert_eq!(m.error.and_then(|e| e.raw_os_error()), Some(libc::EFAULT));
-        // A transfer that fails its own checks moves the ones before it.
+        assert_eq!(
+            failures(&m),
+            [(
+                5,
+                Some(libc::EFAULT),
+                io::Error::from_raw_os_error(libc::EFAULT).kind()
+            )]
+        );
+        assert!(m.stop.is_none() && m.ended == 16, "{m:?}");
+        // A transfer that fails its own checks fails alone too.
         let mut oob = batch.clone();
         oob[3].len = 1 << 20;
         let m = transfer_batch(ME(), &oob, &mut IovLists::default());
-        assert_eq!(m.bytes, 3 * 4096, "{m:?}");
-        assert_eq!(m.error.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
+        assert_eq!(failures(&m), [(3, None, io::ErrorKind::InvalidInput)]);
+        assert_eq!((m.ended, m.calls), (16, 1), "the others still go in one call");
         // So does one that goes the other way.
         let mut mixed = batch.clone();
         mixed[7].dir = RmaDir::Put;
         let m = transfer_batch(ME(), &mixed, &mut IovLists::default());
-        assert_eq!(m.bytes, 7 * 4096, "{m:?}");
-        assert_eq!(m.error.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
+        assert_eq!(failures(&m), [(7, None, io::ErrorKind::InvalidInput)]);
+        // A process that does not exist stops the batch at its start.
+        let m = transfer_batch(i32::MAX as u32, &batch, &mut IovLists::default());
+        assert_eq!(
+            (m.ended, m.stop.and_then(|e| e.raw_os_error())),
+            (0, Some(libc::ESRCH))
+        );
+    }
+
+    /// Every other transfer of a batch names unmapped memory: each fails
+    /// alone, every other one moves its bytes, the whole batch is listed
+    /// once (not again after each failure: quadratic in the failures) and
+    /// costs at most two calls per failure.
+    #[test]
+    fn many_failing_transfers_are_stepped_over_not_relisted() {
+        const N: u64 = 400;
+        let src = MemHandle::new(
+            vec![(0..N * 64).map(|i| (i % 251) as u8).collect()],
+            Access::ReadOnly,
+        );
+        let dst = MemHandle::zeroed((N * 64) as usize, Access::ReadWrite);
+        let remote = describe(&src);
+        let hole = RemoteMem::new(
+            vec![RemoteSegment {
+                addr: 4096,
+                len: N * 64,
+                key: 0,
+            }],
+            Access::ReadOnly,
+        )
+        .unwrap();
+        let batch: Vec<Rma> = (0..N)
+            .map(|i| {
+                let from = if i % 2 == 1 { &hole } else { &remote };
+                Rma::get(&dst, i * 64, from, i * 64, 64, OpId(i))
+            })
+            .collect();
+        PUSHED.with(|p| p.set(0));
+        let m = transfer_batch(ME(), &batch, &mut IovLists::default());
+        let pushed = PUSHED.with(|p| p.get());
+        assert_eq!(pushed, 2 * N as usize, "each transfer's two pieces listed once");
+        assert!(m.stop.is_none() && m.ended == N as usize, "{m:?}");
+        let failed: Vec<usize> = m.failed.iter().map(|(i, _)| *i).collect();
+        assert_eq!(failed, (1..N as usize).step_by(2).collect::<Vec<_>>());
+        assert!(m.calls <= N as usize + 1, "{} calls", m.calls);
+        let (s, d) = (src.to_vec(), dst.to_vec());
+        for i in 0..N as usize {
+            let want: &[u8] = if i % 2 == 0 { &s[i * 64..][..64] } else { &[0; 64] };
+            assert_eq!(&d[i * 64..][..64], want, "transfer {i}");
+        }
     }
 }
