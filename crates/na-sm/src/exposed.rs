@@ -25,90 +25,151 @@
 //! handle frees its memory; a transfer to ourselves holds the set's lock
 //! from its check to its end ([`lock`]), so memory cannot be freed under
 //! it.
+//!
+//! Tokens are drawn from the kernel's random source (a pool of them at a
+//! time), never derived from anything a fork copies: a forked child draws
+//! its own (its parent's pool is dropped), so the k-th registration of a
+//! parent and of its child do not share a token. Registrations made
+//! before a fork are dead in the child (their segments are of another
+//! generation, see `sys::fork`): no descriptor from before the fork
+//! reaches a child. The set's lock is held across a fork, so a child never
+//! finds it locked by a thread it does not have.
 
-use std::collections::hash_map::RandomState;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hasher};
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use na_core::{MemHandle, PluginId, RemoteMem, RemoteSegment, Result};
+use na_core::{MemHandle, NaError, PluginId, RemoteMem, RemoteSegment, Result};
 
-/// One exposed segment: where it ends, what peers may do, and the token
-/// of the registration that exposed it.
+use crate::sys::{fork, random};
+
+/// One exposed segment: where it ends, what peers may do, the token of
+/// the registration that exposed it, and the fork generation it was
+/// registered in.
 #[derive(Clone, Copy)]
 struct Segment {
     end: u64,
     readable: bool,
     writable: bool,
     token: u64,
+    generation: u64,
 }
 
-/// Exposed segments by (start address, registration number).
-type Segments = BTreeMap<(u64, u64), Segment>;
+/// The set, and the tokens not handed out yet.
+struct State {
+    /// Exposed segments by (start address, registration number).
+    segments: BTreeMap<(u64, u64), Segment>,
+    /// Random tokens to hand out, drawn in the fork generation `pool_of`.
+    pool: Vec<u64>,
+    pool_of: u64,
+}
 
-static SEGMENTS: Mutex<Segments> = Mutex::new(BTreeMap::new());
+static STATE: Mutex<State> = Mutex::new(State {
+    segments: BTreeMap::new(),
+    pool: Vec::new(),
+    pool_of: 0,
+});
 static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Tokens drawn from the kernel at a time.
+const POOL: usize = 64;
 
 /// What a registered handle holds: its segments leave the set with it.
 struct Exposure {
     keys: Vec<(u64, u64)>,
     /// The secret every descriptor of this registration carries as key.
     token: u64,
+    /// The fork generation it was made in.
+    generation: u64,
 }
 
 impl Drop for Exposure {
     fn drop(&mut self) {
-        let mut map = lock().0;
+        let mut state = lock().0;
         for k in &self.keys {
-            map.remove(k);
+            state.segments.remove(k);
         }
     }
 }
 
 /// The exposed segments, locked: hold it across a transfer to ourselves.
-pub(crate) struct Exposed(MutexGuard<'static, Segments>);
+pub(crate) struct Exposed(MutexGuard<'static, State>);
 
 /// Locks the process's exposed segments.
 pub(crate) fn lock() -> Exposed {
-    // The map is consistent between statements (each insert or remove is
+    // The set is consistent between statements (each insert or remove is
     // whole): a panic elsewhere while it was held leaves nothing half done.
-    Exposed(SEGMENTS.lock().unwrap_or_else(PoisonError::into_inner))
+    Exposed(STATE.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
-/// A fresh token: never 0 (the key of a descriptor made without a
-/// registration), and not derivable from other tokens (SipHash of a
-/// counter under the process's random keys), so a peer that saw the
-/// descriptors we sent it learns nothing of the others.
-fn new_token() -> u64 {
-    static KEYS: OnceLock<RandomState> = OnceLock::new();
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let keys = KEYS.get_or_init(RandomState::new);
+thread_local! {
+    /// The lock, held by the thread that forks from just before to just
+    /// after (see `sys::fork`).
+    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, State>>> = const { RefCell::new(None) };
+}
+
+/// Takes the lock before a fork (`pthread_atfork`'s prepare handler).
+pub(crate) fn hold_across_fork() {
+    let guard = lock().0;
+    // (A thread being torn down has no locals left: it cannot fork.)
+    let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guard));
+}
+
+/// Lets the lock go after a fork, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| h.borrow_mut().take());
+}
+
+/// A fresh token: random, never 0 (the key of a descriptor made without
+/// a registration), and never one drawn before a fork of this process.
+fn draw_token(state: &mut State) -> io::Result<u64> {
+    let generation = fork::generation();
+    if state.pool_of != generation {
+        state.pool.clear();
+        state.pool_of = generation;
+    }
     loop {
-        let mut h = keys.build_hasher();
-        h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
-        let token = h.finish();
-        if token != 0 {
-            return token;
+        match state.pool.pop() {
+            Some(0) => {}
+            Some(token) => return Ok(token),
+            None => {
+                let mut bytes = [0u8; 8 * POOL];
+                random::fill(&mut bytes)?;
+                let words = bytes.chunks_exact(8).map(|c| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(c);
+                    u64::from_le_bytes(w)
+                });
+                state.pool.extend(words);
+            }
         }
     }
 }
 
-/// The token of `plugin`'s registration of `mem`, if it has one.
+/// The token of `plugin`'s registration of `mem`, if it has one made in
+/// this process (not inherited through a fork).
 fn token_of(plugin: PluginId, mem: &MemHandle) -> Option<u64> {
     let reg = mem.registration(plugin)?;
-    reg.downcast_ref::<Exposure>().map(|e| e.token)
+    let e = reg.downcast_ref::<Exposure>()?;
+    (e.generation == fork::generation()).then_some(e.token)
 }
 
 /// Adds `mem`'s segments and attaches the registration that removes them
 /// to the handle (replacing an earlier one of `plugin`, whose token it
 /// keeps: a descriptor handed out before stays valid).
-pub(crate) fn register(plugin: PluginId, mem: &MemHandle) {
+pub(crate) fn register(plugin: PluginId, mem: &MemHandle) -> Result<()> {
     let (readable, writable) = (mem.access().can_read(), mem.access().can_write());
-    let token = token_of(plugin, mem).unwrap_or_else(new_token);
+    let generation = fork::generation();
     let mut keys = Vec::with_capacity(mem.segment_count());
+    let token;
     {
-        let mut map = lock().0;
+        let mut state = lock().0;
+        token = match token_of(plugin, mem) {
+            Some(token) => token,
+            None => draw_token(&mut state).map_err(|e| NaError::sys("drawing a registration token", e))?,
+        };
         for (addr, len) in mem.segments_raw().filter(|&(_, len)| len > 0) {
             let key = (addr as u64, NEXT.fetch_add(1, Ordering::Relaxed));
             let seg = Segment {
@@ -116,12 +177,19 @@ pub(crate) fn register(plugin: PluginId, mem: &MemHandle) {
                 readable,
                 writable,
                 token,
+                generation,
             };
-            map.insert(key, seg);
+            state.segments.insert(key, seg);
             keys.push(key);
         }
     }
-    mem.attach_registration(plugin, Arc::new(Exposure { keys, token }));
+    let exposure = Exposure {
+        keys,
+        token,
+        generation,
+    };
+    mem.attach_registration(plugin, Arc::new(exposure));
+    Ok(())
 }
 
 /// Describes `mem` for a peer: each segment's address and length, keyed
@@ -157,14 +225,20 @@ impl Exposed {
         // twice, under the same start. Those entries only: a forged
         // address past every segment costs one step, not a walk of the
         // whole (process-wide, locked) set.
-        let mut before = self.0.range(..=(addr, u64::MAX)).rev().peekable();
+        let generation = fork::generation();
+        let mut before = self.0.segments.range(..=(addr, u64::MAX)).rev().peekable();
         let Some(&(&(last_start, _), _)) = before.peek() else {
             return false;
         };
         before
             .take_while(|(&(start, _), _)| start == last_start)
             .inspect(|_| visited())
-            .any(|(_, s)| end <= s.end && s.token == key && if write { s.writable } else { s.readable })
+            .any(|(_, s)| {
+                end <= s.end
+                    && s.token == key
+                    && s.generation == generation
+                    && if write { s.writable } else { s.readable }
+            })
     }
 }
 
@@ -204,7 +278,7 @@ mod tests {
     #[test]
     fn segments_are_covered_while_their_handle_lives() {
         let mem = MemHandle::new(vec![vec![0; 100], vec![], vec![0; 50]], Access::ReadWrite);
-        register(PluginId(1), &mem);
+        register(PluginId(1), &mem).unwrap();
         let (a, b, k) = (start(&mem, 0), start(&mem, 2), key(&mem));
         assert!(
             lock().covers(a, 100, true, k)
@@ -217,7 +291,7 @@ mod tests {
         // Registered again: the descriptor handed out stays valid (same
         // token), and the old registration's removal leaves the new one's
         // segments.
-        register(PluginId(1), &mem);
+        register(PluginId(1), &mem).unwrap();
         assert_eq!(key(&mem), k);
         assert!(lock().covers(a, 100, true, k));
         let clone = mem.clone();
@@ -225,7 +299,7 @@ mod tests {
         assert!(lock().covers(a, 100, true, k), "a clone keeps the handle alive");
         // Registered with a second plugin (another sm instance): its own
         // token; each covers while its registration lives.
-        register(PluginId(2), &clone);
+        register(PluginId(2), &clone).unwrap();
         let k2 = token_of(PluginId(2), &clone).unwrap();
         assert_ne!(k2, k);
         clone.detach_registration(PluginId(1));
@@ -242,8 +316,8 @@ mod tests {
     fn the_key_must_be_the_registrations() {
         let lent = MemHandle::zeroed(32, Access::ReadWrite);
         let other = MemHandle::zeroed(32, Access::ReadWrite);
-        register(PluginId(1), &lent);
-        register(PluginId(1), &other);
+        register(PluginId(1), &lent).unwrap();
+        register(PluginId(1), &other).unwrap();
         let (a, k, k_other) = (start(&lent, 0), key(&lent), key(&other));
         assert!(k != 0 && k_other != 0 && k != k_other);
         assert!(lock().covers(a, 32, true, k));
@@ -266,8 +340,8 @@ mod tests {
     fn access_is_the_handles() {
         let ro = MemHandle::zeroed(16, Access::ReadOnly);
         let wo = MemHandle::zeroed(16, Access::WriteOnly);
-        register(PluginId(1), &ro);
-        register(PluginId(1), &wo);
+        register(PluginId(1), &ro).unwrap();
+        register(PluginId(1), &wo).unwrap();
         let (r, w) = (key(&ro), key(&wo));
         assert!(lock().covers(start(&ro, 0), 16, false, r) && !lock().covers(start(&ro, 0), 16, true, r));
         assert!(lock().covers(start(&wo, 0), 16, true, w) && !lock().covers(start(&wo, 0), 16, false, w));
@@ -285,7 +359,7 @@ mod tests {
             .map(|_| MemHandle::zeroed(64, Access::ReadWrite))
             .collect();
         for m in &mems {
-            register(PluginId(1), m);
+            register(PluginId(1), m).unwrap();
         }
         let top = mems.iter().map(|m| start(m, 0)).max().unwrap();
         let k = key(&mems[0]);

@@ -155,6 +155,8 @@ pub struct SmPlugin {
     pub(crate) heads: HeadList,
     /// The rings a poll visits (kept for its capacity).
     pub(crate) ring_scratch: Vec<(usize, usize)>,
+    /// The fork generation (`sys::fork`) this instance was created in.
+    generation: u64,
 }
 
 impl SmPlugin {
@@ -279,6 +281,8 @@ impl SmPlugin {
         if config.allow_any_ptracer {
             proc::allow_any_ptracer().map_err(|e| SmError::sys("prctl(PR_SET_PTRACER)", e))?;
         }
+        crate::sys::fork::install().map_err(|e| SmError::sys("pthread_atfork", e))?;
+        let generation = crate::sys::fork::generation();
         let poll = Epoll::new().map_err(|e| SmError::sys("epoll_create1", e))?;
         let timer = Timer::new().map_err(|e| SmError::sys("timerfd_create", e))?;
         poll.add(timer.as_fd().as_raw_fd(), TIMER_TOKEN)
@@ -327,6 +331,7 @@ impl SmPlugin {
             pulled_late: VecDeque::new(),
             heads: HeadList::default(),
             ring_scratch: Vec::new(),
+            generation,
         };
         if plugin.cfg.listen {
             plugin.listen()?;
@@ -489,7 +494,19 @@ impl SmPlugin {
         if dest.plugin() != self.id {
             return Err(foreign_addr(dest, self.id));
         }
-        Ok(())
+        self.check_not_inherited()
+    }
+
+    /// Refuses to work in a process forked from the one that created this
+    /// instance: its rings, peers and address are the parent's (a child
+    /// that polled them would take its parent's messages, and its peers'
+    /// transfers would reach the parent). Dropping it is fine.
+    #[inline]
+    pub(crate) fn check_not_inherited(&self) -> Result<()> {
+        if crate::sys::fork::generation() == self.generation {
+            return Ok(());
+        }
+        Err(inherited(&self.name))
     }
 
     /// Sends a message buffer's bytes (copied into the ring or backlog)
@@ -560,6 +577,21 @@ fn sum_lens(parts: &[&[u8]]) -> usize {
     parts.iter().map(|p| p.len()).sum()
 }
 
+/// The error for an instance used in a forked child.
+#[cold]
+fn inherited(name: &SmName) -> NaError {
+    NaError::Plugin {
+        plugin: "sm",
+        message: format!(
+            "instance {} was created by process {} and this process is a fork of it: \
+             its rings, peers and address are the parent's; create a new instance in the child \
+             (dropping the inherited one is fine)",
+            name.uri(),
+            name.pid
+        ),
+    }
+}
+
 /// The error for an address of another plugin (out of line: the check
 /// itself is on every operation's path).
 #[cold]
@@ -610,10 +642,12 @@ impl Plugin for SmPlugin {
     }
 
     fn lookup(&mut self, uri: &str) -> Result<Addr> {
+        self.check_not_inherited()?;
         Ok(self.lookup_uri(uri, ConnectWait::Bounded)?)
     }
 
     fn try_lookup(&mut self, uri: &str, since: std::time::Instant) -> Result<Addr> {
+        self.check_not_inherited()?;
         Ok(self.lookup_uri(uri, ConnectWait::Never { since })?)
     }
 
@@ -664,6 +698,7 @@ impl Plugin for SmPlugin {
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
+        self.check_not_inherited()?;
         if self.pull {
             return Err(NaError::Unsupported {
                 plugin: "sm",
@@ -716,8 +751,7 @@ impl Plugin for SmPlugin {
     /// transfer to this process's own address may touch only those. Peers
     /// need no registration (`process_vm_readv/writev` reach any address).
     fn mem_register(&mut self, mem: &na_core::MemHandle) -> Result<()> {
-        crate::exposed::register(self.id, mem);
-        Ok(())
+        crate::exposed::register(self.id, mem)
     }
 
     /// Addresses and lengths, keyed with the registration's token (see
@@ -728,6 +762,9 @@ impl Plugin for SmPlugin {
     }
 
     fn spin_wait(&mut self, max: u32) -> u32 {
+        if self.check_not_inherited().is_err() {
+            return 0;
+        }
         self.spin_for_work(max)
     }
 
@@ -744,6 +781,7 @@ impl Plugin for SmPlugin {
     }
 
     fn take_unexpected(&mut self, buf: &mut Vec<u8>) -> Result<Option<(Addr, Tag)>> {
+        self.check_not_inherited()?;
         Ok(self.take_pulled(buf))
     }
 
@@ -763,6 +801,7 @@ impl Plugin for SmPlugin {
         // Harvest fd events first (connections, hang-ups, handshake bytes):
         // a caller that waits on our fd edge-triggered (tokio's AsyncFd)
         // would not be told about them again. One epoll_wait(0) per sleep.
+        self.check_not_inherited()?;
         self.poll_events()?;
         Ok(self.arm())
     }
@@ -770,6 +809,7 @@ impl Plugin for SmPlugin {
     /// Arms without the harvest `try_wait` makes (the wait below returns
     /// pending events at once) and waits on the internal epoll set itself.
     fn sleep(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        self.check_not_inherited()?;
         if self.arm() {
             self.wait_events(timeout)?;
         }
@@ -777,6 +817,7 @@ impl Plugin for SmPlugin {
     }
 
     fn progress(&mut self) -> Result<usize> {
+        self.check_not_inherited()?;
         self.make_progress()
     }
 

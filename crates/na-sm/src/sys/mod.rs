@@ -4,8 +4,10 @@
 
 pub mod cma;
 pub mod eventfd;
+pub mod fork;
 pub mod lock;
 pub mod proc;
+pub mod random;
 pub mod shm;
 pub mod socket;
 pub mod wake;

@@ -1,0 +1,70 @@
+//! What a [fork(2)] does to this crate's process-wide state, handled with
+//! [pthread_atfork(3)]:
+//!
+//! * a generation number, one higher in every child than in its parent:
+//!   a plugin compares it with the one it was created in, so a child that
+//!   uses an instance it inherited (whose rings, peers and address belong
+//!   to its parent) gets an error, not its parent's traffic;
+//! * the lock of the exposed-memory set (`exposed`), held across the fork
+//!   (taken just before, let go in both processes just after), so a child
+//!   forked while another thread of its parent held it does not find it
+//!   locked forever, and finds the set whole.
+//!
+//! The handlers run in whichever thread calls `fork` (not for
+//! `posix_spawn`, `vfork` or `clone`, which copy no Rust state a child
+//! goes on using).
+//!
+//! [fork(2)]: https://man7.org/linux/man-pages/man2/fork.2.html
+//! [pthread_atfork(3)]: https://man7.org/linux/man-pages/man3/pthread_atfork.3.html
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static INSTALLED: OnceLock<io::Result<()>> = OnceLock::new();
+
+/// Installs the handlers (once per process; later calls return the first
+/// call's outcome). Call before anything that [`generation`] or the
+/// exposed set's fork safety must cover.
+pub fn install() -> io::Result<()> {
+    let r = INSTALLED.get_or_init(|| {
+        // SAFETY: the three handlers are `extern "C"` functions with the
+        // signature pthread_atfork expects and live for the whole program.
+        // They do only what is allowed between fork and exec in a
+        // multi-threaded process's child for state they own: an atomic
+        // add, and taking or letting go of a lock that the prepare handler
+        // took in this same thread (a panic in them would abort, not
+        // unwind into C).
+        let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        // pthread_atfork returns the error number (ENOMEM) rather than -1.
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(rc))
+        }
+    });
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) => Err(io::Error::new(e.kind(), format!("pthread_atfork: {e}"))),
+    }
+}
+
+/// How many forks separate this process from the one that first called
+/// [`install`] (0 there, 1 in its children, ...).
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+extern "C" fn prepare() {
+    crate::exposed::hold_across_fork();
+}
+
+extern "C" fn parent() {
+    crate::exposed::release_after_fork();
+}
+
+extern "C" fn child() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    crate::exposed::release_after_fork();
+}
