@@ -84,67 +84,71 @@ impl SmPlugin {
     /// answer: a departed peer's message, or a scan of every ring.
     #[inline(never)]
     fn take_slow(&mut self, buf: &mut Vec<u8>) -> Option<(Addr, Tag)> {
-        if let Some((src, tag, data)) = self.pulled_late.pop_front() {
-            *buf = data;
-            self.resume_if_queued_taken();
-            return Some((src, tag));
-        }
-        self.pull_last = None;
-        if self.pull_heads == 0 {
-            return None;
-        }
-        let n = self.peers.slot_count();
-        let mut violation = None;
-        let mut found = None;
-        'peers: for k in 0..n {
-            let idx = (self.pull_next + k) % n;
-            let Some(peer) = self.peers.slot_mut(idx) else {
-                continue;
-            };
-            let tok = peer.addr.token();
-            for (ci, conn) in peer.conns.iter_mut().enumerate() {
-                let rx = if conn.role == Role::Connector { 1 } else { 0 };
-                let ch = Channel::new(&conn.region, rx);
-                match ch.peek(conn.rx_cur.pos) {
-                    Ok(Some(s)) if s.kind == MsgKind::Unexpected => {
-                        found = Some((idx, ci, s));
-                        break 'peers;
-                    }
-                    // Empty, or an expected message for the next poll.
-                    Ok(_) => {
-                        let failed = publish_read(
-                            &ch,
-                            &mut conn.rx_cur,
-                            conn.peer_wake.as_ref(),
-                            &mut conn.wake_owed,
-                            &mut self.stats,
-                        );
-                        if let Some((f, reason)) = failed {
-                            violation = Some((tok, f, reason));
+        // A loop, not a call to itself: each violating peer found costs a
+        // turn (peers can be many), never a stack frame.
+        loop {
+            if let Some((src, tag, data)) = self.pulled_late.pop_front() {
+                *buf = data;
+                self.resume_if_queued_taken();
+                return Some((src, tag));
+            }
+            self.pull_last = None;
+            if self.pull_heads == 0 {
+                return None;
+            }
+            let n = self.peers.slot_count();
+            let mut violation = None;
+            let mut found = None;
+            'peers: for k in 0..n {
+                let idx = (self.pull_next + k) % n;
+                let Some(peer) = self.peers.slot_mut(idx) else {
+                    continue;
+                };
+                let tok = peer.addr.token();
+                for (ci, conn) in peer.conns.iter_mut().enumerate() {
+                    let rx = if conn.role == Role::Connector { 1 } else { 0 };
+                    let ch = Channel::new(&conn.region, rx);
+                    match ch.peek(conn.rx_cur.pos) {
+                        Ok(Some(s)) if s.kind == MsgKind::Unexpected => {
+                            found = Some((idx, ci, s));
+                            break 'peers;
+                        }
+                        // Empty, or an expected message for the next poll.
+                        Ok(_) => {
+                            let failed = publish_read(
+                                &ch,
+                                &mut conn.rx_cur,
+                                conn.peer_wake.as_ref(),
+                                &mut conn.wake_owed,
+                                &mut self.stats,
+                            );
+                            if let Some((f, reason)) = failed {
+                                violation = Some((tok, f, reason));
+                                break 'peers;
+                            }
+                        }
+                        Err(e) => {
+                            violation = Some((tok, Failure::Protocol, e.to_string()));
                             break 'peers;
                         }
                     }
-                    Err(e) => {
-                        violation = Some((tok, Failure::Protocol, e.to_string()));
-                        break 'peers;
-                    }
                 }
             }
-        }
-        if let Some((tok, f, reason)) = violation {
-            self.fail_peer(tok, f, &reason);
-            // The scan stopped at that peer. Its failure took what it had
-            // sent (into `pulled_late`) and counted the heads again: look
-            // again rather than say none waits. Each turn removes a peer,
-            // so this ends.
-            return self.take_slow(buf);
-        }
-        match found {
-            Some((idx, ci, s)) => self.take_at(idx, ci, s, buf),
-            None => {
-                self.pull_heads = 0;
-                None
+            if let Some((tok, f, reason)) = violation {
+                self.fail_peer(tok, f, &reason);
+                // The scan stopped at that peer. Its failure took what it had
+                // sent (into `pulled_late`) and counted the heads again: look
+                // again rather than say none waits. Each turn removes a peer,
+                // so this ends.
+                continue;
             }
+            return match found {
+                Some((idx, ci, s)) => self.take_at(idx, ci, s, buf),
+                None => {
+                    self.pull_heads = 0;
+                    None
+                }
+            };
         }
     }
 

@@ -108,8 +108,16 @@ pub fn transfer_batch(pid: u32, batch: &[Rma<'_>], lists: &mut IovLists) -> Move
     lists.local.clear();
     lists.remote.clear();
     lists.listed.clear();
+    // A batch over a peer's handle of many small segments may have listed
+    // far more than a steady stream needs: do not keep that memory.
+    lists.local.shrink_to(KEPT_ENTRIES);
+    lists.remote.shrink_to(KEPT_ENTRIES);
+    lists.listed.shrink_to(KEPT_ENTRIES);
     moved
 }
+
+/// Entries each list keeps between batches (64 KiB of iovecs).
+const KEPT_ENTRIES: usize = 4 * IOV_MAX;
 
 /// Lists every transfer's pieces on both sides; the ones that fail their
 /// checks are listed as nothing and recorded in `failed`.
@@ -439,6 +447,26 @@ mod tests {
         let failed: Vec<usize> = m.failed.iter().map(|(i, _)| *i).collect();
         assert_eq!(failed, (1..N as usize).step_by(2).collect::<Vec<_>>());
         assert!(m.calls <= N as usize + 1, "{} calls", m.calls);
+        let mut lists = IovLists::default();
+        let _ = transfer_batch(ME(), &batch, &mut lists);
+        let many = MemHandle::new(
+            (0..3 * KEPT_ENTRIES).map(|_| vec![0u8; 1]).collect(),
+            Access::ReadOnly,
+        );
+        let n = many.size();
+        let scratch = MemHandle::zeroed(n as usize, Access::ReadWrite);
+        let m = transfer_batch(
+            ME(),
+            &[Rma::get(&scratch, 0, &describe(&many), 0, n, OpId(1))],
+            &mut lists,
+        );
+        assert!(m.failed.is_empty() && m.calls > 3, "{m:?}");
+        assert!(
+            lists.local.capacity() <= KEPT_ENTRIES && lists.remote.capacity() <= KEPT_ENTRIES,
+            "a large batch's lists were kept: {} and {} entries",
+            lists.local.capacity(),
+            lists.remote.capacity()
+        );
         let (s, d) = (src.to_vec(), dst.to_vec());
         for i in 0..N as usize {
             let want: &[u8] = if i % 2 == 0 { &s[i * 64..][..64] } else { &[0; 64] };
