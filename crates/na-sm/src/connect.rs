@@ -2,7 +2,7 @@
 //! [`crate::conn`] for the protocol).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use na_core::{Addr, NaError, Result, SendBacklog};
@@ -14,11 +14,12 @@ use crate::conn::{
     MAX_HELLO, MAX_REFUSAL, REFUSAL_MAGIC,
 };
 use crate::error::{SmError, SmResult};
-use crate::plugin::{PendingAccept, SmPlugin, LISTENER_TOKEN, WAKE_BIT};
+use crate::plugin::{PendingAccept, SmPlugin, LISTENER_TOKEN, PIDFD_BIT, WAKE_BIT};
 use crate::progress::{wake_failure, Failure};
+use crate::sys::proc;
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{
-    connect_unix, peer_cred, queue_full_timeout, recv_with_fds, send_with_fds, try_connect_unix,
+    connect_unix, peer_cred, peer_pidfd, queue_full_timeout, recv_with_fds, send_with_fds, try_connect_unix,
 };
 use crate::sys::wake::{OwnWake, PeerWake};
 
@@ -249,6 +250,7 @@ impl SmPlugin {
             .map_err(|e| SmError::sys("fcntl(O_NONBLOCK)", e))?;
         self.poll_add(sock.as_raw_fd(), serial)?;
         self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)?;
+        let pidfd = self.watch_process(sock.as_fd(), cred.pid, serial);
         let conn = Conn {
             serial,
             sock,
@@ -265,6 +267,7 @@ impl SmPlugin {
             )),
             armed: false,
             backlog: SendBacklog::new(&self.backlog_total),
+            pidfd,
         };
         let tok = match self.peers.by_name(&name.key()) {
             Some(t) => t,
@@ -278,6 +281,34 @@ impl SmPlugin {
             .get(tok)
             .map(|p| p.addr.clone())
             .ok_or_else(|| handshake("peer entry vanished during connect".into()))
+    }
+
+    /// A pidfd of process `pid`, the peer at the other end of `sock`, in
+    /// our epoll set under `serial | PIDFD_BIT` (edge-triggered: it
+    /// becomes readable once, when the process exits). None for our own
+    /// process, and where pidfds are missing (a debug event says why):
+    /// then the socket's end-of-file is the only sign of an exit.
+    fn watch_process(&self, sock: BorrowedFd<'_>, pid: u32, serial: u64) -> Option<OwnedFd> {
+        if pid == self.name.pid {
+            return None;
+        }
+        // The socket's pidfd names the process that connected even if it
+        // has gone since; pidfd_open names whoever has the pid now (the
+        // peer, unless it exited and the pid was reused meanwhile).
+        let fd = match peer_pidfd(sock).or_else(|_| proc::pidfd_open(pid)) {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "sm: no pidfd for a peer (its exit is seen by end-of-file only)");
+                return None;
+            }
+        };
+        match self.poll.add_edge_triggered(fd.as_raw_fd(), serial | PIDFD_BIT) {
+            Ok(()) => Some(fd),
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "sm: cannot watch a peer's pidfd");
+                None
+            }
+        }
     }
 
     fn poll_add(&self, fd: i32, token: u64) -> SmResult<()> {
@@ -640,11 +671,13 @@ impl SmPlugin {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => true,
             Err(e) => return Err(format!("sending acknowledgement: {e}").into()),
         };
+        let mut pidfd = None;
         if !exited {
             let local = |e: SmError| HelloFailure::Local(e.to_string());
             self.poll_add(p.sock.as_raw_fd(), serial).map_err(local)?;
             self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)
                 .map_err(local)?;
+            pidfd = self.watch_process(p.sock.as_fd(), p.cred.pid, serial);
         }
         let conn = Conn {
             serial,
@@ -660,6 +693,7 @@ impl SmPlugin {
             ack_deadline: None,
             armed: false,
             backlog: SendBacklog::new(&self.backlog_total),
+            pidfd,
         };
         let tok = match self.peers.by_name(&name.key()) {
             Some(t) => t,

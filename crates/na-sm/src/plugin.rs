@@ -43,6 +43,8 @@ pub(crate) const LISTENER_TOKEN: u64 = 0;
 pub(crate) const WAKE_BIT: u64 = 1 << 62;
 /// Internal epoll token of the deadline timer.
 pub(crate) const TIMER_TOKEN: u64 = 1 << 61;
+/// Set in the internal epoll token of a connection's peer pidfd.
+pub(crate) const PIDFD_BIT: u64 = 1 << 60;
 
 /// An accepted socket whose hello has not arrived yet.
 pub(crate) struct PendingAccept {

@@ -19,7 +19,7 @@ use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
 use crate::conn::{QueuedSend, Role};
 use crate::connect::AcceptPause;
 use crate::matching::{Matcher, OpPlace};
-use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, TIMER_TOKEN, WAKE_BIT};
+use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, PIDFD_BIT, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
 
 /// Full batches of events one call handles at most (see `wait_events`).
@@ -386,7 +386,11 @@ impl SmPlugin {
             self.timer_fired = true;
             return;
         }
-        let serial = token & !WAKE_BIT;
+        let serial = token & !(WAKE_BIT | PIDFD_BIT);
+        if token & PIDFD_BIT != 0 {
+            self.peer_process_exited(serial);
+            return;
+        }
         if self.pending.contains_key(&serial) {
             self.handle_hello(serial);
             return;
@@ -427,6 +431,19 @@ impl SmPlugin {
         if let Some((f, reason)) = failure {
             self.fail_peer(tok, f, &reason);
         }
+    }
+
+    /// The process at the other end of connection `serial` exited (its
+    /// pidfd became readable). Its socket's end-of-file would say so too,
+    /// unless another process (a child it forked) holds the socket: then
+    /// this is the only sign, and without it the peer's pid, once reused,
+    /// would be the target of transfers meant for the peer.
+    fn peer_process_exited(&mut self, serial: u64) {
+        let Some(tok) = self.peers.by_serial(serial) else {
+            return;
+        };
+        let pid = self.peers.get(tok).map_or(0, |p| p.pid);
+        self.fail_peer(tok, Failure::Gone, &format!("process {pid} exited"));
     }
 
     /// Takes every published message (at most one ring's worth per
@@ -910,6 +927,9 @@ impl SmPlugin {
         for conn in conns {
             let _ = self.poll.delete(conn.sock.as_raw_fd());
             let _ = self.poll.delete(conn.my_wake.poll_fd());
+            if let Some(fd) = &conn.pidfd {
+                let _ = self.poll.delete(fd.as_raw_fd());
+            }
             if conn.role == Role::Connector && conn.peer_wake.is_none() {
                 self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
             }

@@ -1,14 +1,16 @@
 //! Process identity and liveness: [getpid(2)], [getuid(2)], [kill(2)] with
-//! signal 0, [prctl(2)] `PR_SET_PTRACER`, and process start times from
-//! [proc(5)].
+//! signal 0, [pidfd_open(2)], [prctl(2)] `PR_SET_PTRACER`, and process
+//! start times from [proc(5)].
 //!
 //! [getpid(2)]: https://man7.org/linux/man-pages/man2/getpid.2.html
 //! [getuid(2)]: https://man7.org/linux/man-pages/man2/getuid.2.html
 //! [kill(2)]: https://man7.org/linux/man-pages/man2/kill.2.html
+//! [pidfd_open(2)]: https://man7.org/linux/man-pages/man2/pidfd_open.2.html
 //! [prctl(2)]: https://man7.org/linux/man-pages/man2/prctl.2.html
 //! [proc(5)]: https://man7.org/linux/man-pages/man5/proc.5.html
 
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
 
 /// Our process id.
 pub fn pid() -> u32 {
@@ -33,6 +35,25 @@ pub fn is_alive(pid: u32) -> bool {
     // SAFETY: signal 0 performs only the existence and permission check.
     let r = unsafe { libc::kill(pid, 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// [pidfd_open(2)] (close-on-exec): a descriptor of process `pid` that
+/// becomes readable when it exits. Names whatever process has the pid
+/// now: call it while the process is known to be the one meant.
+///
+/// [pidfd_open(2)]: https://man7.org/linux/man-pages/man2/pidfd_open.2.html
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: pidfd_open takes integers only; a successful return is a new
+    // descriptor owned by nobody else, so OwnedFd may take it.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
 }
 
 /// Start time of `pid` in clock ticks since boot (field 22 of

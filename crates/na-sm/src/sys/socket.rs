@@ -53,6 +53,65 @@ pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     Ok(PeerCred { pid, uid: cred.uid })
 }
 
+/// `SO_PEERPIDFD` (Linux 6.5) where the socket header is the generic one.
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "x86",
+    target_arch = "aarch64",
+    target_arch = "arm",
+    target_arch = "riscv64"
+))]
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// `getsockopt(SOL_SOCKET, SO_PEERPIDFD)` ([socket(7)], Linux 6.5): a
+/// pidfd ([pidfd_open(2)]) of the process that made the other end of the
+/// connection, taken by the kernel at connect time, so it names that
+/// process even if it has exited since (then it is readable at once).
+/// `ENOPROTOOPT` on older kernels and other architectures.
+///
+/// [socket(7)]: https://man7.org/linux/man-pages/man7/socket.7.html
+/// [pidfd_open(2)]: https://man7.org/linux/man-pages/man2/pidfd_open.2.html
+pub fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64"
+    ))]
+    {
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` and `len` are valid for writes and `len` holds the
+        // size of `fd`, as getsockopt requires; a successful call stores a
+        // new descriptor that nobody else owns, so OwnedFd may take it.
+        unsafe {
+            super::syscall!(getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                (&mut fd as *mut libc::c_int).cast(),
+                &mut len
+            ))?;
+            if fd < 0 {
+                return Err(io::Error::from(io::ErrorKind::InvalidData));
+            }
+            Ok(OwnedFd::from_raw_fd(fd))
+        }
+    }
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64"
+    )))]
+    {
+        let _ = sock;
+        Err(io::Error::from_raw_os_error(libc::ENOPROTOOPT))
+    }
+}
+
 /// A new stream socket (close-on-exec; non-blocking if `nonblocking`)
 /// and the address of `path` for connect(2), with its length.
 fn unix_socket_for(
