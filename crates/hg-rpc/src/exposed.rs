@@ -93,8 +93,13 @@ impl ExposedOutputs {
 
     /// Keeps `mem` (`bytes` long) exposed for origin `key.0`'s call
     /// `key.1`, replacing (and releasing) any output under the same key.
+    /// A replaced output has its seal broken first: its descriptor went to
+    /// the origin (which sent the same cookie twice), and a pull of it
+    /// may be under way.
     pub fn insert(&mut self, key: (u64, u64), mem: MemHandle, bytes: u64) {
-        self.remove(key);
+        if let Some(old) = self.remove(key) {
+            crate::spill::break_seal(&old);
+        }
         *self.by_peer.entry(key.0).or_insert(0) += bytes;
         self.total += bytes;
         self.entries.insert(
@@ -176,6 +181,42 @@ mod tests {
 
     fn mem(n: usize) -> MemHandle {
         MemHandle::new(vec![vec![0u8; n]], Access::ReadOnly)
+    }
+
+    /// `data` then its seal, as `spill::expose` lays an output out.
+    fn sealed(data: &[u8], seal: u64) -> MemHandle {
+        MemHandle::new(vec![data.to_vec(), seal.to_le_bytes().to_vec()], Access::ReadOnly)
+    }
+
+    /// The last 8 bytes of `mem`: its seal.
+    fn seal_of(mem: &MemHandle) -> u64 {
+        let mut b = [0u8; 8];
+        mem.read_at(mem.size() - crate::spill::SEAL_LEN, &mut b).unwrap();
+        u64::from_le_bytes(b)
+    }
+
+    /// An output replaced by another under the same key (an origin that
+    /// sent the same cookie twice) had its descriptor sent: a pull of it
+    /// may be under way, so its seal is broken before it is let go, as on
+    /// every other path that lets an unpulled output go.
+    #[test]
+    fn a_replaced_output_has_its_seal_broken() {
+        let mut x = ExposedOutputs::default();
+        let old = sealed(b"first output", 0x5ea1);
+        x.insert((1, 10), old.clone(), 12);
+        assert_eq!(seal_of(&old), 0x5ea1);
+        let new = sealed(b"second output", 0x5ea2);
+        x.insert((1, 10), new.clone(), 13);
+        assert_eq!(seal_of(&old), 0, "the replaced output kept its seal");
+        let mut b = [0u8; 12];
+        old.read_at(0, &mut b).unwrap();
+        assert_eq!(&b, b"first output", "the data itself untouched");
+        assert_eq!(seal_of(&new), 0x5ea2, "the new output's seal broken");
+        assert_eq!((x.len(), x.bytes()), (1, 13));
+        // Another origin's output under the same cookie is not replaced.
+        let other = sealed(b"other", 0x5ea3);
+        x.insert((2, 10), other.clone(), 5);
+        assert_eq!((seal_of(&new), seal_of(&other)), (0x5ea2, 0x5ea3));
     }
 
     #[test]
