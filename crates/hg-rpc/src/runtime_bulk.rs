@@ -190,16 +190,28 @@ impl Shared {
                 }
                 self.rearm.notify_one();
             }
+            #[cfg(test)]
+            run_before_registering();
             // Registered under the engine lock, which the driver holds
             // while it files outcomes: it cannot miss these transfers.
+            // The driver may have stopped since the start was allowed (the
+            // stop takes only the waiters' lock).
             let mut w = self.waiters();
             if let Some(why) = &w.stopped {
                 let err = driver_stopped(WHAT, why);
                 drop(w);
+                let mut forgotten = false;
                 for (id, r) in ended {
                     if r.is_none() {
                         e.forget_bulk(id);
+                        forgotten = true;
                     }
+                }
+                // A handler's given up because the driver stopped: nobody
+                // learns its end, so its task must not answer as if idle
+                // (as in `ForgetBulk::drop`).
+                if let (true, Some(h)) = (forgotten, &handler) {
+                    h.transfers().lock().mark_unsure();
                 }
                 return Err(err);
             }
@@ -296,6 +308,29 @@ impl Shared {
     fn stopped_error(&self, what: &str) -> RpcError {
         let why = self.waiters().stopped.clone().unwrap_or_default();
         driver_stopped(what, &why)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// What a test runs, once, at the point where a batch started on this
+    /// thread is about to register its waiters (the engine locked, the
+    /// waiters not): what another thread may do at that instant.
+    static BEFORE_REGISTERING: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` the next time a batch started on this thread is about to
+/// register its waiters (see `BEFORE_REGISTERING`).
+#[cfg(test)]
+pub(super) fn before_registering(f: impl FnOnce() + 'static) {
+    BEFORE_REGISTERING.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+}
+
+#[cfg(test)]
+fn run_before_registering() {
+    if let Some(f) = BEFORE_REGISTERING.with(|h| h.borrow_mut().take()) {
+        f();
     }
 }
 

@@ -346,4 +346,84 @@ mod tests {
         let fresh = HandlerTransfers::new();
         assert!(fresh.lock().is_idle());
     }
+
+    /// An RPC whose async handler pulls the caller's handle.
+    struct PullIt;
+    impl crate::Rpc for PullIt {
+        const NAME: &'static str = "test.pull-it";
+        type Input = Bulk;
+        type Output = ();
+    }
+
+    /// A handler's transfer started while the driver runs, which finds
+    /// the driver stopped when it comes to register its waiter (the
+    /// AsyncEngine dropped by another thread in between), is given up in
+    /// flight: nobody will learn its end, so the handler's transfers are
+    /// never idle again (its task must not answer as if nothing moved).
+    /// The drop is made at that point by the test hook, on this thread.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_transfer_given_up_as_the_driver_stops_under_it_leaves_its_handler_unsure() {
+        use std::os::unix::fs::PermissionsExt;
+        const T: Duration = Duration::from_secs(10);
+        let dir = std::env::temp_dir().join(format!("hg-rpc-stopped-under-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let engine = |listen| {
+            let cfg = na_sm::SmConfig {
+                listen,
+                ..na_sm::SmConfig::default()
+            }
+            .with_dir(&dir);
+            crate::Engine::shared_memory(cfg, na_core::ProgressMode::default()).unwrap()
+        };
+        let srv = crate::AsyncEngine::spawn(engine(true)).unwrap();
+        let (report, reported) = oneshot::channel();
+        let report = Mutex::new(Some(report));
+        srv.register_async_with_bulk::<PullIt, _, _>(move |ctx, from| {
+            let report = report.lock().unwrap().take();
+            async move {
+                let into = ctx
+                    .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+                    .map_err(|e| e.to_string())?;
+                // A zero timeout: the start files no end (na-sm's is
+                // ready, not filed), so the transfer is in flight when
+                // the stop is found.
+                let r = ctx
+                    .transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), Duration::ZERO)
+                    .await;
+                if let Some(report) = report {
+                    let _ = report.send((r, ctx.transfers.clone()));
+                }
+                Ok(())
+            }
+        })
+        .unwrap();
+        // Kept to read the engine's counters once the AsyncEngine is gone.
+        let shared = srv.shared.clone();
+        let c = crate::AsyncEngine::spawn(engine(false)).unwrap();
+        let s = c.lookup(srv.self_addr().uri()).await.unwrap();
+        // Over the inline limit: a transfer, not a copy from the request.
+        let ours = c.expose(vec![vec![7u8; 64 << 10]], Access::ReadOnly).unwrap();
+        let mut srv = Some(srv);
+        super::super::bulk::before_registering(move || drop(srv.take()));
+        let call = tokio::spawn(async move { c.call::<PullIt>(&s, &ours, T).await });
+        let (r, transfers) = tokio::time::timeout(T, reported)
+            .await
+            .expect("the handler never reported")
+            .expect("the handler dropped its report");
+        assert!(matches!(r, Err(RpcError::DriverStopped { .. })), "{r:?}");
+        assert_eq!(
+            shared.engine().stats().bulk_in_flight,
+            1,
+            "the transfer was not given up in flight: nothing tested"
+        );
+        assert!(
+            !transfers.lock().is_idle(),
+            "a transfer given up in flight left its handler's transfers idle"
+        );
+        call.abort();
+        drop(shared);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
