@@ -345,6 +345,17 @@ impl Shared {
                 // context it kept past its return) end before its answer.
                 ctx::wait_for_transfers(&transfers, &shared).await;
                 let Some(req) = unanswered.req.take() else { return };
+                if !transfers.lock().is_idle() {
+                    // A transfer given up with its end unknown (the driver
+                    // stopped under it) may still move data, and the
+                    // caller may free its memory at the answer.
+                    tracing::warn!(
+                        peer = %req.source(),
+                        "an async handler's transfers may still move data (the driver stopped under them): \
+                         its caller gets no answer"
+                    );
+                    return;
+                }
                 let Some(shared) = shared.upgrade() else {
                     return;
                 };

@@ -359,7 +359,8 @@ mod tests {
     /// the driver stopped when it comes to register its waiter (the
     /// AsyncEngine dropped by another thread in between), is given up in
     /// flight: nobody will learn its end, so the handler's transfers are
-    /// never idle again (its task must not answer as if nothing moved).
+    /// never idle again, and its task does not answer (the caller times
+    /// out rather than free memory the transfer may still move).
     /// The drop is made at that point by the test hook, on this thread.
     #[tokio::test(flavor = "current_thread")]
     async fn a_transfer_given_up_as_the_driver_stops_under_it_leaves_its_handler_unsure() {
@@ -407,7 +408,7 @@ mod tests {
         let ours = c.expose(vec![vec![7u8; 64 << 10]], Access::ReadOnly).unwrap();
         let mut srv = Some(srv);
         super::super::bulk::before_registering(move || drop(srv.take()));
-        let call = tokio::spawn(async move { c.call::<PullIt>(&s, &ours, T).await });
+        let call = tokio::spawn(async move { c.call::<PullIt>(&s, &ours, Duration::from_secs(2)).await });
         let (r, transfers) = tokio::time::timeout(T, reported)
             .await
             .expect("the handler never reported")
@@ -422,7 +423,13 @@ mod tests {
             !transfers.lock().is_idle(),
             "a transfer given up in flight left its handler's transfers idle"
         );
-        call.abort();
+        // Nor does its task answer: the caller could free the memory the
+        // transfer may still move (the engine is alive: `shared`).
+        let answer = tokio::time::timeout(T, call)
+            .await
+            .expect("the call never ended")
+            .unwrap();
+        assert!(matches!(answer, Err(RpcError::Timeout { .. })), "{answer:?}");
         drop(shared);
         let _ = std::fs::remove_dir_all(&dir);
     }
