@@ -17,8 +17,6 @@
 //!    so that the connector's error says why.
 //! 4. The socket stays open: end-of-file on it means the peer is gone.
 
-use std::os::unix::net::UnixStream;
-
 use na_core::{OpId, SendBacklog, Tag};
 
 use crate::channel::{Channel, MsgKind, RxCursor, TxCursor};
@@ -62,7 +60,7 @@ pub(crate) struct Conn {
     /// Never reused; epoll token of the socket (and, with WAKE_BIT, of the
     /// eventfd).
     pub serial: u64,
-    pub sock: UnixStream,
+    pub sock: crate::closer::PeerSocket,
     pub region: SharedRegion,
     /// Index of this connection's entry in the plugin's head list (see
     /// `heads`); set when the list is built.

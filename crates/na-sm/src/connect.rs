@@ -9,6 +9,7 @@ use na_core::{Addr, NaError, Result, SendBacklog};
 
 use crate::addr::SmName;
 use crate::channel::{check_region, init_region, RxCursor, TxCursor, REGION_LEN};
+use crate::closer::recv_screened;
 use crate::conn::{
     check_ack, decode_hello, encode_ack, encode_hello, encode_refusal, refusal_reason, Conn, Role, ACK_LEN,
     MAX_HELLO, MAX_REFUSAL, REFUSAL_MAGIC,
@@ -19,7 +20,7 @@ use crate::progress::{wake_failure, Failure};
 use crate::sys::proc;
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{
-    connect_unix, peer_cred, peer_pidfd, queue_full_timeout, recv_with_fds, send_with_fds, try_connect_unix,
+    connect_unix, peer_cred, peer_pidfd, queue_full_timeout, send_with_fds, try_connect_unix,
 };
 use crate::sys::wake::{OwnWake, PeerWake};
 
@@ -253,7 +254,7 @@ impl SmPlugin {
         let pidfd = self.watch_process(sock.as_fd(), cred.pid, serial);
         let conn = Conn {
             serial,
-            sock,
+            sock: crate::closer::PeerSocket::new(sock),
             region,
             head: 0,
             role: Role::Connector,
@@ -362,8 +363,9 @@ impl SmPlugin {
                 return;
             }
             let Some(listener) = &self.listener else { return };
+            // Closed on the closing thread whenever it goes (see `closer`).
             let sock = match listener.accept() {
-                Ok((s, _)) => s,
+                Ok((s, _)) => crate::closer::PeerSocket::new(s),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::EINTR)) => continue,
                 Err(e) => {
@@ -545,7 +547,7 @@ impl SmPlugin {
             return;
         };
         let mut buf = [0u8; MAX_HELLO];
-        let r = match recv_with_fds(p.sock.as_fd(), &mut buf) {
+        let r = match recv_screened(p.sock.as_fd(), &mut buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             r => r,
         };
@@ -624,21 +626,27 @@ impl SmPlugin {
         &mut self,
         serial: u64,
         p: PendingAccept,
-        r: io::Result<crate::sys::socket::Received>,
+        r: io::Result<(crate::sys::socket::Received, usize)>,
         buf: &[u8],
     ) -> std::result::Result<String, HelloFailure> {
-        let mut r = r.map_err(|e| format!("reading hello: {e}"))?;
-        if r.len == 0 && r.fds.is_empty() && !r.fds_truncated {
+        let (mut r, refused) = r.map_err(|e| format!("reading hello: {e}"))?;
+        if r.len == 0 && r.fds.is_empty() && refused == 0 && !r.fds_truncated {
             return Err(HelloFailure::Departed);
         }
         if r.len == 0 {
             return Err("closed before its hello, with descriptors passed".into());
         }
+        if refused > 0 {
+            // Closed on the closing thread already (see `closer`).
+            return Err(format!(
+                "hello carries {refused} descriptors that are neither a memfd, an eventfd nor a pipe"
+            )
+            .into());
+        }
         if r.fds_truncated && r.fds.len() < 2 {
             // Fewer than the two a hello carries, and the kernel says it
             // dropped some: it could not give them to us (our descriptor
-            // limit). Too many descriptors truncate only past the buffer's
-            // four, and stay the peer's error (below).
+            // limit; the buffer holds the most one message can carry).
             return Err(HelloFailure::Local(format!(
                 "the kernel passed {} of the hello's descriptors and dropped the rest (out of descriptors?)",
                 r.fds.len()
@@ -716,11 +724,16 @@ impl SmPlugin {
             return Ok(());
         };
         let mut buf = [0u8; REFUSAL_MAGIC.len() + MAX_REFUSAL];
-        let mut r = match recv_with_fds(conn.sock.as_fd(), &mut buf) {
+        let (mut r, refused) = match recv_screened(conn.sock.as_fd(), &mut buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) => return Err((Failure::Gone, format!("reading acknowledgement: {e}"))),
             Ok(r) => r,
         };
+        if refused > 0 {
+            return Err(bad(format!(
+                "acknowledgement carries {refused} descriptors that are neither an eventfd nor a pipe"
+            )));
+        }
         if r.len == 0 {
             return Err((
                 Failure::Gone,

@@ -154,6 +154,7 @@
 pub mod addr;
 pub mod channel;
 pub mod cleanup;
+mod closer;
 pub mod config;
 pub mod conn;
 mod connect;

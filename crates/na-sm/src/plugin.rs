@@ -48,7 +48,7 @@ pub(crate) const PIDFD_BIT: u64 = 1 << 60;
 
 /// An accepted socket whose hello has not arrived yet.
 pub(crate) struct PendingAccept {
-    pub sock: std::os::unix::net::UnixStream,
+    pub sock: crate::closer::PeerSocket,
     pub cred: PeerCred,
     pub deadline: Instant,
 }

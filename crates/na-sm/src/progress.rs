@@ -418,12 +418,21 @@ impl SmPlugin {
             self.handle_ack(tok, ci).err()
         } else {
             let mut b = [0u8; 64];
-            match std::io::Read::read(&mut conn.sock, &mut b) {
-                Ok(0) => Some((
+            // With the descriptors a peer may attach taken in (a plain
+            // read would make the kernel close them here: see `closer`).
+            match crate::closer::recv_screened(std::os::fd::AsFd::as_fd(&*conn.sock), &mut b) {
+                Ok((r, refused)) if r.len == 0 && refused == 0 && r.fds.is_empty() => Some((
                     Failure::Gone,
                     "connection closed (process exited or was killed)".into(),
                 )),
-                Ok(n) => Some((Failure::Protocol, format!("{n} unexpected bytes on its socket"))),
+                Ok((r, refused)) => Some((
+                    Failure::Protocol,
+                    format!(
+                        "{} unexpected bytes and {} descriptors on its socket",
+                        r.len,
+                        r.fds.len() + refused
+                    ),
+                )),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
                 Err(e) => Some((Failure::Gone, format!("socket error: {e}"))),
             }

@@ -5,10 +5,10 @@
 //!   a plugin compares it with the one it was created in, so a child that
 //!   uses an instance it inherited (whose rings, peers and address belong
 //!   to its parent) gets an error, not its parent's traffic;
-//! * the lock of the exposed-memory set (`exposed`), held across the fork
-//!   (taken just before, let go in both processes just after), so a child
-//!   forked while another thread of its parent held it does not find it
-//!   locked forever, and finds the set whole.
+//! * the locks of the exposed-memory set (`exposed`) and of the closing
+//!   thread's queue (`closer`), held across the fork (taken just before,
+//!   let go in both processes just after), so a child forked while another
+//!   thread of its parent held one does not find it locked forever.
 //!
 //! The handlers run in whichever thread calls `fork` (not for
 //! `posix_spawn`, `vfork` or `clone`, which copy no Rust state a child
@@ -56,15 +56,24 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
+thread_local! {
+    /// The closing thread's queue lock, held by the thread that forks.
+    static CLOSER_HELD: std::cell::RefCell<Option<Box<dyn std::any::Any>>> = const { std::cell::RefCell::new(None) };
+}
+
 extern "C" fn prepare() {
+    let closer = crate::closer::hold_across_fork();
+    let _ = CLOSER_HELD.try_with(|h| *h.borrow_mut() = Some(Box::new(closer)));
     crate::exposed::hold_across_fork();
 }
 
 extern "C" fn parent() {
     crate::exposed::release_after_fork();
+    let _ = CLOSER_HELD.try_with(|h| h.borrow_mut().take());
 }
 
 extern "C" fn child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
     crate::exposed::release_after_fork();
+    let _ = CLOSER_HELD.try_with(|h| h.borrow_mut().take());
 }

@@ -112,6 +112,32 @@ pub fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
 }
 
+/// True if closing `fd` cannot wait on anyone: a file of a memfd (tmpfs or
+/// hugetlbfs), an anonymous inode (eventfd) or a pipe, by
+/// [fstatfs(2)]. Anything else a peer passed us (a socket, a file on a
+/// FUSE or network mount) may block its last close.
+///
+/// [fstatfs(2)]: https://man7.org/linux/man-pages/man2/fstatfs.2.html
+pub fn harmless_to_close(fd: BorrowedFd<'_>) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
+    const PIPEFS_MAGIC: i64 = 0x5049_5045;
+    // SAFETY: statfs is plain data (all-zero is a valid value); fstatfs
+    // writes one into `st`, which lives across the call.
+    let f_type = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        if libc::fstatfs(fd.as_raw_fd(), &mut st) != 0 {
+            return false;
+        }
+        st.f_type as i64
+    };
+    matches!(
+        f_type,
+        TMPFS_MAGIC | HUGETLBFS_MAGIC | ANON_INODE_FS_MAGIC | PIPEFS_MAGIC
+    )
+}
+
 /// A new stream socket (close-on-exec; non-blocking if `nonblocking`)
 /// and the address of `path` for connect(2), with its length.
 fn unix_socket_for(
@@ -287,9 +313,16 @@ pub struct Received {
     pub fds_truncated: bool,
 }
 
-/// Receives into `buf` without blocking, taking up to MAX_FDS descriptors.
+/// Room for the most descriptors one message can carry (`SCM_MAX_FD`,
+/// 253): every descriptor a peer attaches is ours to close where we
+/// choose. (Past the buffer, the kernel would close the rest itself,
+/// inside `recvmsg`, on the caller's thread: see `closer`.)
+#[repr(C, align(8))]
+struct RecvCmsgBuf([u8; 1040]);
+
+/// Receives into `buf` without blocking, with every descriptor attached.
 pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
-    let mut cbuf = CmsgBuf([0; 64]);
+    let mut cbuf = RecvCmsgBuf([0; 1040]);
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),

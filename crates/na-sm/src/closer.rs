@@ -1,0 +1,156 @@
+//! Closing what a peer handed us, off the caller's thread.
+//!
+//! Closing a descriptor runs its file's release when ours is the last
+//! reference, and some releases wait for as long as someone else decides:
+//! a TCP socket with `SO_LINGER` and unsent data, a file on a FUSE mount
+//! whose daemon never answers the flush. A hostile peer can pass us such
+//! a descriptor (`SCM_RIGHTS`) in place of a memfd or eventfd, or leave it
+//! queued on its connection's socket, whose close then releases it. So
+//! descriptors of a kind we did not check, and every socket a peer was
+//! connected through, are closed here: on one background thread, started
+//! on first use (again in a forked child). A release that never ends holds
+//! that thread, and what comes after it waits in its queue (their
+//! descriptors stay open): the engine's threads never wait.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::sys::fork;
+use crate::sys::socket::{harmless_to_close, recv_with_fds, Received};
+
+type Item = Box<dyn Send>;
+
+/// The closing thread's queue, and the fork generation it was started in.
+static CLOSER: Mutex<Option<(u64, Sender<Item>)>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<(u64, Sender<Item>)>> {
+    CLOSER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Drops `item` on the closing thread (or here, if no thread can be
+/// started).
+pub(crate) fn close_later<T: Send + 'static>(item: T) {
+    let item: Item = Box::new(item);
+    let generation = fork::generation();
+    let mut closer = lock();
+    if closer.as_ref().is_none_or(|(g, _)| *g != generation) {
+        // Inherited through a fork: the thread is the parent's. Its
+        // sender is forgotten, not dropped (dropping touches the
+        // channel's state, which that thread may have held at the fork).
+        if let Some(old) = closer.take() {
+            std::mem::forget(old);
+        }
+        *closer = start().map(|tx| (generation, tx));
+    }
+    let Some((_, tx)) = closer.as_ref() else {
+        drop(closer);
+        drop(item);
+        return;
+    };
+    if let Err(returned) = tx.send(item) {
+        // The thread is gone (it cannot end by itself: only a panic in a
+        // drop ends it). Close here, and start another next time.
+        *closer = None;
+        drop(closer);
+        drop(returned.0);
+    }
+}
+
+/// [`recv_with_fds`], keeping only descriptors whose close cannot wait
+/// (`harmless_to_close`: what a hello or acknowledgement may carry); the
+/// others go to the closing thread, counted in the second value.
+pub(crate) fn recv_screened(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(Received, usize)> {
+    let mut r = recv_with_fds(sock, buf)?;
+    let mut refused = 0;
+    if r.fds.iter().any(|fd| !harmless_to_close(fd.as_fd())) {
+        let (keep, odd): (Vec<_>, Vec<_>) = r.fds.into_iter().partition(|fd| harmless_to_close(fd.as_fd()));
+        refused = odd.len();
+        close_later(odd);
+        r.fds = keep;
+    }
+    Ok((r, refused))
+}
+
+/// A socket a peer is (or was) connected through: closed on the closing
+/// thread, since messages still queued on it may hold descriptors whose
+/// release the close runs.
+#[derive(Debug)]
+pub(crate) struct PeerSocket(Option<UnixStream>);
+
+impl PeerSocket {
+    pub(crate) fn new(sock: UnixStream) -> Self {
+        PeerSocket(Some(sock))
+    }
+}
+
+impl std::ops::Deref for PeerSocket {
+    type Target = UnixStream;
+
+    fn deref(&self) -> &UnixStream {
+        // Some until the drop.
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a PeerSocket is only emptied by its drop"))
+    }
+}
+
+impl Drop for PeerSocket {
+    fn drop(&mut self) {
+        if let Some(sock) = self.0.take() {
+            close_later(sock);
+        }
+    }
+}
+
+fn start() -> Option<Sender<Item>> {
+    let (tx, rx) = channel::<Item>();
+    let spawned = std::thread::Builder::new()
+        .name("qs-sm-closer".into())
+        .spawn(move || {
+            for item in rx {
+                drop(item);
+            }
+        });
+    match spawned {
+        Ok(_) => Some(tx),
+        Err(e) => {
+            tracing::warn!(error = %e, "sm: cannot start the closing thread; closing peers' descriptors in place");
+            None
+        }
+    }
+}
+
+/// Holds the queue's lock across a fork (see `sys::fork`), so a child
+/// never finds it held by a thread it does not have.
+pub(crate) fn hold_across_fork() -> MutexGuard<'static, Option<(u64, Sender<Item>)>> {
+    lock()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Report(std::sync::mpsc::Sender<std::thread::ThreadId>);
+
+    impl Drop for Report {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().id());
+        }
+    }
+
+    #[test]
+    fn items_are_dropped_on_another_thread_in_order_of_arrival() {
+        let (tx, rx) = channel();
+        for _ in 0..3 {
+            close_later(Report(tx.clone()));
+        }
+        let here = std::thread::current().id();
+        for _ in 0..3 {
+            let there = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+            assert_ne!(there, here, "dropped on the caller's thread");
+        }
+    }
+}

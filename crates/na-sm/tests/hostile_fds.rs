@@ -1,0 +1,134 @@
+//! A peer cannot stall a listener with the descriptors it passes.
+//!
+//! Closing a descriptor runs its file's release when ours is the last
+//! reference, and some releases wait: a TCP socket with `SO_LINGER` and
+//! unsent data waits out its linger time. A hostile connector passes such
+//! a socket (in place of the memfd and eventfd a hello carries), or
+//! leaves it queued on the connection, then closes its own copy: the
+//! listener must refuse the handshake and go on at once (the close
+//! happens on na-sm's closing thread), not block its progress call.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use na_core::{OpId, Plugin, PluginId};
+use na_sm::sys::socket::send_with_fds;
+use na_sm::{SmConfig, SmPlugin};
+
+mod common;
+use common::private_dir;
+
+/// How long a close of the socket below would block.
+const LINGER: Duration = Duration::from_secs(20);
+
+/// A loopback TCP connection whose peer never reads, its send queue full,
+/// with `SO_LINGER` on: its last close waits up to `LINGER`.
+fn lingering_socket() -> (TcpListener, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    loop {
+        match s.write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the socket: {e}"),
+        }
+    }
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: LINGER.as_secs() as libc::c_int,
+    };
+    // SAFETY (test): `linger` is live and its size is passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER");
+    (listener, s)
+}
+
+#[test]
+fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
+    let dir = private_dir("hostile-fds");
+    let srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    // Progress runs on a thread of its own: a blocked close shows as a
+    // call that does not come back.
+    let (to_srv, calls) = mpsc::channel::<()>();
+    let (done, answers) = mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let mut srv = srv;
+        for () in calls {
+            let end = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < end {
+                srv.progress().unwrap();
+            }
+            if done.send(srv.stats().protocol_errors).is_err() {
+                break;
+            }
+        }
+        srv
+    });
+    let mut kept = Vec::new();
+    let mut errors_before = 0;
+    // 1: the lingering socket passed as the hello's two descriptors.
+    // 2: a garbage hello, then the lingering socket queued behind it.
+    for variant in 1..=2 {
+        let (listener, tcp) = lingering_socket();
+        let conn = UnixStream::connect(&path).unwrap();
+        let fds = [tcp.as_raw_fd(), tcp.as_raw_fd()];
+        if variant == 1 {
+            send_with_fds(conn.as_fd(), b"hello, with a lingering socket", &fds).unwrap();
+        } else {
+            // More than any hello's buffer: the message with the
+            // descriptors stays queued behind what is read, and goes with
+            // the socket when the listener drops it.
+            send_with_fds(conn.as_fd(), &[b'?'; 4096], &[]).unwrap();
+            send_with_fds(conn.as_fd(), b"x", &fds).unwrap();
+        }
+        // The listener's copies are now the last: its close would block.
+        drop(tcp);
+        kept.push((listener, conn));
+        to_srv.send(()).unwrap();
+        let t0 = Instant::now();
+        let errors = answers
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("variant {variant}: a progress call blocked on a peer's descriptor"));
+        assert!(t0.elapsed() < LINGER / 2);
+        assert_eq!(
+            errors,
+            errors_before + 1,
+            "variant {variant}: the bad hello went uncounted"
+        );
+        errors_before = errors;
+    }
+    drop(to_srv);
+    let mut srv = server.join().unwrap();
+    // Still serving: an honest client's message arrives.
+    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to = c.lookup(&uri).unwrap();
+    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
+    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < end, "the honest message never arrived");
+        c.progress().unwrap();
+        srv.progress().unwrap();
+        if let Some(k) = std::iter::from_fn(|| srv.pop_completion()).find(|k| k.op == OpId(1)) {
+            assert_eq!(k.buf.as_deref(), Some(&b"honest"[..]));
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
