@@ -49,19 +49,29 @@ impl VerbsPlugin {
         Ok(n == 0 && cm == 0 && self.completions.is_empty())
     }
 
-    /// Polls the CQ until it is empty (bounded per call).
+    /// Polls the CQ until it is empty (bounded per call). Completions a
+    /// failing poll took off the CQ before it failed are handled before
+    /// the error is returned: they are gone from the CQ, and dropping them
+    /// would leave their receive slots unposted and their sends and
+    /// transfers never completed.
     pub(crate) fn poll_cq(&mut self) -> Result<()> {
         let mut wcs = std::mem::take(&mut self.wcs);
+        let mut res = Ok(());
         for _ in 0..16 {
             wcs.clear();
-            let n = self.cq.poll(&mut wcs, 64)?;
+            let polled = self.cq.poll(&mut wcs, 64);
             self.handle_wcs(&wcs);
-            if n < 64 {
-                break;
+            match polled {
+                Ok(64) => {}
+                Ok(_) => break,
+                Err(e) => {
+                    res = Err(e.into());
+                    break;
+                }
             }
         }
         self.wcs = wcs;
-        Ok(())
+        res
     }
 
     /// Reads and handles every pending RDMA CM event; returns how many.

@@ -250,6 +250,10 @@ impl CompletionQueue {
     }
 
     /// Polls up to `max` completions and appends them to `out`; returns how many.
+    ///
+    /// On error, the completions taken off the CQ before the failing
+    /// `ibv_poll_cq` are in `out` already (they are no longer in the CQ):
+    /// the caller must handle them as well as the error.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
         let mut buf: [MaybeUninit<ibv_wc>; POLL_BATCH] = [const { MaybeUninit::uninit() }; POLL_BATCH];
         let mut total = 0;
@@ -289,7 +293,8 @@ impl CompletionQueue {
     }
 
     /// Polls everything, arms, and polls again (see the module docs); appends
-    /// to `out` and returns how many completions were found.
+    /// to `out` and returns how many completions were found. On error, what
+    /// was taken off the CQ before it is in `out` (see [`poll`](Self::poll)).
     pub fn arm_and_drain(&self, out: &mut Vec<WorkCompletion>) -> Result<usize> {
         let mut n = self.poll(out, usize::MAX)?;
         self.req_notify(false)?;
