@@ -249,7 +249,7 @@ impl VerbsPlugin {
                 .conn(cref)
                 .map_or(Ok(()), |c| c.id.resolve_route(self.cfg.resolve_timeout_ms)),
             CmEventKind::RouteResolved => self.setup_qp(cref).and_then(|()| {
-                let param = self.conn_param(self.rd_atomic, self.rd_atomic);
+                let param = self.conn_param(self.rd_initiator, self.rd_responder);
                 self.conn(cref).map_or(Ok(()), |c| c.id.connect(&param))
             }),
             CmEventKind::Established => {
@@ -420,8 +420,11 @@ impl VerbsPlugin {
         if primary {
             self.peers[peer].conn = Some(cref);
         }
-        let initiator = ev.responder_resources.min(self.rd_atomic);
-        let responder = ev.initiator_depth.min(self.rd_atomic);
+        // The reads the peer serves bound ours, and the reads it issues
+        // bound what we serve; our device bounds both, each by its own
+        // limit (`max_qp_init_rd_atom` and `max_qp_rd_atom`).
+        let initiator = ev.responder_resources.min(self.rd_initiator);
+        let responder = ev.initiator_depth.min(self.rd_responder);
         let param = self.conn_param(initiator, responder);
         let res = self.setup_qp(cref).and_then(|()| id.accept(&param));
         if let Err(e) = res {

@@ -124,6 +124,14 @@ impl VerbsPlugin {
     pub(crate) fn rma_batch(&mut self, dest: &na_core::Addr, ops: &[Rma<'_>]) -> Result<()> {
         check_batch(ops)?;
         ops.iter().try_for_each(|o| self.check_new_op(o.op))?;
+        if self.rd_initiator == 0 && ops.iter().any(|o| o.dir == RmaDir::Get && o.len > 0) {
+            // The device reports max_qp_init_rd_atom 0: a read posted on
+            // its QPs could never be issued.
+            return Err(NaError::Unsupported {
+                plugin: "verbs",
+                op: "get on this device (its max_qp_init_rd_atom is 0: it cannot issue RDMA reads)",
+            });
+        }
         let peer = self.live_peer(dest)?;
         let planned = ops.iter().map(|r| self.plan_rma(r)).collect::<Result<Vec<_>>>()?;
         let cref = if planned.iter().any(|p| p.len > 0) {
