@@ -426,8 +426,27 @@ impl VerbsPlugin {
         let initiator = ev.responder_resources.min(self.rd_initiator);
         let responder = ev.initiator_depth.min(self.rd_responder);
         let param = self.conn_param(initiator, responder);
-        let res = self.setup_qp(cref).and_then(|()| id.accept(&param));
+        let res = match self.setup_qp(cref) {
+            Ok(()) => id.accept(&param),
+            Err(e) => {
+                // Nothing was accepted: tell the peer now rather than
+                // leave it to its CM's retries.
+                let _ = id.reject(b"the listener could not set up the connection");
+                Err(e)
+            }
+        };
         if let Err(e) = res {
+            // Our own resources (registering the buffers, creating the
+            // QP) or our CM failed, not the peer: no protocol error.
+            self.stats.accept_errors += 1;
+            if self.stats.refuse_handshake() {
+                tracing::warn!(
+                    peer = %self.peer_uri_of(cref),
+                    error = %e,
+                    accept_errors = self.stats.accept_errors,
+                    "verbs: could not accept a connection"
+                );
+            }
             self.kill_conn(cref, format!("accepting failed: {e}"));
         }
     }
