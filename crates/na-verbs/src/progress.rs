@@ -113,7 +113,32 @@ impl VerbsPlugin {
         }
     }
 
-    /// The error a failed work request means.
+    /// The error a failed send means, `len` payload bytes by its own
+    /// record (`byte_len` is undefined for send completions): whatever
+    /// the status, the QP is in ERROR and the connection goes, so the
+    /// peer is gone for this send as for everything else on it (as
+    /// na-sm reports a send it could not deliver). The status says why.
+    fn send_error(&self, cref: ConnRef, wc: &WorkCompletion, len: Option<usize>) -> NaError {
+        let peer = self.peer_uri_of(cref);
+        let dead = self.conn(cref).filter(|c| c.state == ConnState::Dead);
+        let reason = match (wc.status, dead) {
+            (WC_FLUSH, Some(c)) => c.dead_reason.clone(),
+            _ => {
+                let what = match len {
+                    Some(n) => format!("send of {n} bytes"),
+                    None => "credit update".to_owned(),
+                };
+                format!(
+                    "{what} failed: {} (vendor error {:#x})",
+                    wc.status_str(),
+                    wc.vendor_err
+                )
+            }
+        };
+        NaError::PeerGone { peer, reason }
+    }
+
+    /// The error a failed RMA work request means.
     fn wc_error(&self, cref: ConnRef, wc: &WorkCompletion, what: &'static str, len: u64) -> NaError {
         let peer = self.peer_uri_of(cref);
         let dead = self.conn(cref).filter(|c| c.state == ConnState::Dead);
@@ -225,7 +250,6 @@ impl VerbsPlugin {
     }
 
     fn on_send_wc(&mut self, cref: ConnRef, slot: u32, wc: &WorkCompletion) {
-        let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, "send", u64::from(wc.byte_len)));
         let conn = self.conn_mut(cref).expect("caller checked");
         conn.sq_used = conn.sq_used.saturating_sub(1);
         let Some(entry) = conn.send_ops.get_mut(slot as usize) else {
@@ -234,6 +258,7 @@ impl VerbsPlugin {
         let op = entry.take();
         let buf = conn.send_bufs.get_mut(slot as usize).and_then(Option::take);
         conn.free_send.push(slot);
+        let err = (!wc.is_ok()).then(|| self.send_error(cref, wc, op.map(|(_, _, len)| len)));
         if let Some(b) = buf {
             self.recycle_buf(b);
         }

@@ -87,3 +87,95 @@ fn a_write_with_immediate_is_a_protocol_violation() {
         "the connection was not ended: {why}"
     );
 }
+
+/// Receive buffers of [`small_receiver`]: a header and this many bytes.
+const SMALL: usize = 8;
+
+/// A raw peer whose hello promises 4096-byte messages but whose receives
+/// hold [`SMALL`] bytes of payload: it sends one unexpected message
+/// ("ping", tag 9) and returns the status of its first receive (the
+/// listener's reply, too long for it) or of a failed send.
+fn small_receiver(ip: std::net::Ipv4Addr, dst: std::net::SocketAddr) -> String {
+    use na_verbs::sys::*;
+    use na_verbs::wire::{Header, MsgKind, HEADER_LEN};
+    let who = "small receiver";
+    let (ch, id, ctx) = raw_resolved(dst, who);
+    let pd = ProtectionDomain::new(&ctx).expect("pd");
+    let comp = CompletionChannel::new(&ctx).expect("completion channel");
+    let cq = CompletionQueue::new(&ctx, 16, Some(&comp)).expect("cq");
+    let slot = HEADER_LEN + SMALL;
+    let recv = MemoryRegion::allocate(&pd, 4 * slot, AccessFlags::LOCAL_WRITE).expect("recv mr");
+    let send = MemoryRegion::allocate(&pd, HEADER_LEN + 4, AccessFlags::LOCAL_WRITE).expect("send mr");
+    let qp = id.create_qp(&pd, small_qp_attr(&cq)).expect("rdma_create_qp");
+    for i in 0..4 {
+        qp.post_recv(i as u64, &[recv.sge(i * slot, slot).unwrap()])
+            .expect("post_recv");
+    }
+    id.connect(&raw_connect_param(ip, 4)).expect("connect");
+    wait_cm(&ch, CmEventKind::Established, who);
+    let header = Header {
+        kind: MsgKind::Unexpected,
+        credits: 0,
+        tag: 9,
+        len: 4,
+    };
+    send.write_at(0, &header.encode()).unwrap();
+    send.write_at(HEADER_LEN, b"ping").unwrap();
+    qp.post_send(100, SendOp::Send, &[send.sge(0, HEADER_LEN + 4).unwrap()], true)
+        .expect("post_send");
+    loop {
+        let wc = wait_wc(&cq, &comp, 1, who).pop().expect("one completion");
+        if wc.wr_id < 4 || !wc.is_ok() {
+            return format!("work request {}: {}", wc.wr_id, wc.status_str());
+        }
+    }
+}
+
+/// A send the peer's receive buffer cannot hold fails on the device with
+/// a status other than a flush, a retry or RNR exhaustion, or a remote
+/// access error (soft-RoCE: "remote operation error"): the connection
+/// goes, and the send ends as `PeerGone` naming its own length and the
+/// device's status (it was reported as an RMA failure of `byte_len`
+/// bytes, a field that is undefined for send completions).
+#[test]
+fn a_send_the_peer_cannot_receive_fails_as_peer_gone_with_its_length() {
+    use na_core::{Endpoint, NaError, OpId};
+    use std::time::{Duration, Instant};
+    let Some(env) = rdma_env("a_send_the_peer_cannot_receive_fails_as_peer_gone_with_its_length") else {
+        return;
+    };
+    let (mut srv, sid) = plugin_with(&env, true, |_| {});
+    let port = port_of(srv.self_addr(sid).unwrap().uri());
+    let dst = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(env.ip, port));
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
+    let ip = env.ip;
+    let peer = std::thread::spawn(move || small_receiver(ip, dst));
+    let wait_for = |srv: &mut Endpoint, op: OpId| {
+        let end = Instant::now() + WAIT;
+        loop {
+            assert!(Instant::now() < end, "{op:?} did not complete within {WAIT:?}");
+            srv.progress(Some(Duration::from_millis(20))).unwrap();
+            if let Some(c) = std::iter::from_fn(|| srv.pop_completion()).find(|c| c.op == op) {
+                return c;
+            }
+        }
+    };
+    let req = wait_for(&mut srv, OpId(1));
+    assert_eq!(req.buf.as_deref(), Some(&b"ping"[..]), "{:?}", req.status);
+    let src = req.source.clone().expect("a request has a source");
+    let reply = vec![7u8; 1024];
+    srv.send_unexpected(&src, 9, &reply, OpId(2)).unwrap();
+    let sent = wait_for(&mut srv, OpId(2));
+    let seen = peer.join().expect("small receiver thread");
+    let err = sent
+        .status
+        .expect_err("a reply the peer cannot hold was reported sent");
+    eprintln!("listener's send: {err}; peer: {seen}");
+    assert!(matches!(err, NaError::PeerGone { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("send of 1024 bytes failed"), "{msg}");
+    assert!(
+        !msg.contains("flush"),
+        "the send's own status is not named: {msg}"
+    );
+}
