@@ -36,10 +36,13 @@ pub struct VerbsConfig {
     /// credits are withheld from the sender.
     pub max_held: u32,
     /// Messages held over all connections, those of peers that went
-    /// included, beyond which new connections are refused until the
-    /// application takes some (the per-connection bound alone does not
-    /// stop a peer that reconnects over and over, each connection
-    /// bringing its initial credits' worth).
+    /// included. Once reached, every connection withholds the credits of
+    /// its reposted buffers (as at `max_held`) and new connections are
+    /// refused, until the application takes some; then every connection
+    /// gets its withheld credits back. Many peers flooding at once then
+    /// hold at most this plus what their credits already allowed (each
+    /// connection's `recv_depth`), and a peer that reconnects over and
+    /// over cannot bring a new connection's credits' worth each time.
     pub max_held_total: u32,
     /// Registration cache settings; `None`: from `QS_MR_CACHE_*`.
     pub cache: Option<CacheConfig>,

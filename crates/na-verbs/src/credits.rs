@@ -21,15 +21,19 @@
 //!
 //! # End-to-end backpressure
 //! A message nobody has posted a receive for is copied out of its buffer
-//! and held. Once `max_held` messages of a connection are held, the
-//! credits for further reposted buffers are *withheld* until the
-//! application takes held messages: the sender then queues instead of
-//! flooding this process's memory. Every repost is withheld in that state,
-//! also those of messages matched at once (and of credit updates), so one
-//! release per held message taken would not give them all back: once the
-//! held messages are under `max_held` again, every withheld credit is
-//! owed at once, or the difference would be lost for good and the
-//! connection would stall in both directions.
+//! and held. Once `max_held` messages of a connection are held, or
+//! `max_held_total` over all connections, the credits for further
+//! reposted buffers are *withheld* until the application takes held
+//! messages: the sender then queues instead of flooding this process's
+//! memory. Every repost is withheld in that state, also those of
+//! messages matched at once (and of credit updates), so one release per
+//! held message taken would not give them all back: once the held
+//! messages are under `max_held` (and the total under `max_held_total`)
+//! again, every withheld credit is owed at once, or the difference would
+//! be lost for good and the connection would stall in both directions.
+//! When the total falls under its bound, every connection that withheld
+//! for it gets its credits back, not only the one whose message was
+//! taken: the others' peers may have no credit left to send with.
 //!
 //! # A peer that ignores its credits
 //! The receiver keeps its own count of the credits the peer holds (our

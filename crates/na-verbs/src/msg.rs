@@ -42,12 +42,24 @@ pub(crate) struct Matching {
     pub held_expected: HashMap<(usize, Tag), VecDeque<Held>>,
     /// When held expected messages of dead peers are next looked at.
     pub held_sweep_at: Option<Instant>,
+    /// Messages in `held_unexpected` and `held_expected` together, kept
+    /// as they come and go: checked at every repost (`max_held_total`).
+    pub held_total: usize,
+    /// Some connection withholds credits because `held_total` reached
+    /// `VerbsConfig::max_held_total`: once it is under the bound again,
+    /// every connection gets its withheld credits back (see
+    /// `VerbsPlugin::release_total_withheld`).
+    pub withheld_for_total: bool,
 }
 
 impl Matching {
     /// Messages held for the application.
     pub fn held_count(&self) -> usize {
-        self.held_unexpected.len() + self.held_expected.values().map(VecDeque::len).sum::<usize>()
+        debug_assert_eq!(
+            self.held_total,
+            self.held_unexpected.len() + self.held_expected.values().map(VecDeque::len).sum::<usize>()
+        );
+        self.held_total
     }
 }
 
@@ -310,7 +322,10 @@ impl VerbsPlugin {
         Ok(())
     }
 
+    /// Hands held message `h` (just taken out of `matching`) to receive
+    /// `op`, and gives back the credits holding it withheld.
     fn deliver_held(&mut self, h: Held, mut buf: Vec<u8>, op: OpId, kind: OpKind) {
+        self.matching.held_total -= 1;
         buf.clear();
         buf.extend_from_slice(&h.data);
         let source = self.peers[h.peer].addr.clone();
@@ -318,14 +333,47 @@ impl VerbsPlugin {
         self.completions
             .push_back(Completion::received(op, kind, buf, source, h.tag));
         let max_held = self.cfg.max_held;
+        let total_ok = self.held_total_ok();
         if let Some(conn) = self.conn_mut(h.conn).filter(|c| c.serial == h.conn_serial) {
             conn.held = conn.held.saturating_sub(1);
-            if conn.held < max_held {
+            if conn.held < max_held && total_ok {
                 conn.credits.release_all_withheld();
             } else {
+                // Still at a bound: one message went, one may come.
                 conn.credits.release_withheld();
             }
             self.drain_msgs(h.conn);
+        }
+        self.release_total_withheld();
+    }
+
+    /// True while the messages held over all connections are under
+    /// `VerbsConfig::max_held_total`: reposted buffers' credits go back.
+    pub(crate) fn held_total_ok(&self) -> bool {
+        self.matching.held_total < self.cfg.max_held_total as usize
+    }
+
+    /// Once the messages held over all connections are under
+    /// `max_held_total` again, every connection that withheld credits for
+    /// that bound (and is under its own `max_held`) gets them all back,
+    /// not only the one whose message was taken: the others' peers may
+    /// have no credit left, and nothing else would ever return them.
+    pub(crate) fn release_total_withheld(&mut self) {
+        if !self.matching.withheld_for_total || !self.held_total_ok() {
+            return;
+        }
+        self.matching.withheld_for_total = false;
+        let max_held = self.cfg.max_held;
+        let released: Vec<ConnRef> = self
+            .conns_with_refs()
+            .filter(|(_, c)| c.state != ConnState::Dead && c.held < max_held && c.credits.withheld() > 0)
+            .map(|(r, _)| r)
+            .collect();
+        for cref in released {
+            if let Some(conn) = self.conn_mut(cref) {
+                conn.credits.release_all_withheld();
+            }
+            self.drain_msgs(cref);
         }
     }
 
@@ -399,6 +447,7 @@ impl VerbsPlugin {
                     }
                 }
                 self.peers.acquire(peer);
+                self.matching.held_total += 1;
                 if let Some(conn) = self.conn_mut(cref) {
                     conn.held += 1;
                 }
@@ -453,7 +502,9 @@ impl VerbsPlugin {
             self.peers.release(peer);
         }
         let dropped = dropped.len();
+        self.matching.held_total -= dropped;
         self.matching.held_sweep_at = next;
+        self.release_total_withheld();
         if dropped > 0 {
             tracing::warn!(
                 dropped,
