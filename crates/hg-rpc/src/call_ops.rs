@@ -636,7 +636,26 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Tells a target it may release the spilled output of call `cookie`.
+    /// A release the transport cannot take now (its send backlog to the
+    /// target is full) is sent again by [`trigger`](Self::trigger), up to
+    /// [`MAX_UNSENT_RELEASES`] of them; past that the target's TTL frees
+    /// the output.
     pub(super) fn release_output(&mut self, target: &Addr, cookie: u64) {
+        if !self.unsent_releases.is_empty() {
+            // In order, behind the ones that wait.
+            self.queue_release(target, cookie);
+            return;
+        }
+        if let Err(e) = self.send_release(target, cookie) {
+            if keeps_release(&e) {
+                self.queue_release(target, cookie);
+            } else {
+                tracing::debug!(error = %e, "cannot release a spilled output (target gone?)");
+            }
+        }
+    }
+
+    fn send_release(&mut self, target: &Addr, cookie: u64) -> std::result::Result<(), NaError> {
         let mut msg = Vec::with_capacity(HEADER_LEN + 8);
         header(
             self.checksum_flag | FLAG_ONE_WAY,
@@ -646,10 +665,44 @@ impl<C: Codec> Engine<C> {
         )
         .encode_with(&cookie.to_le_bytes(), &mut msg);
         let op = self.send_op();
-        if let Err(e) = self.ep.send_unexpected(target, 0, &msg, op) {
-            tracing::debug!(error = %e, "cannot release a spilled output (target gone?)");
+        self.ep.send_unexpected(target, 0, &msg, op)
+    }
+
+    fn queue_release(&mut self, target: &Addr, cookie: u64) {
+        if self.unsent_releases.len() < MAX_UNSENT_RELEASES {
+            self.unsent_releases.push_back((target.clone(), cookie));
+        } else {
+            tracing::debug!("too many releases wait to be sent; the target's TTL frees this output");
         }
     }
+
+    /// Sends the releases that waited, in order, until the transport
+    /// refuses one again. Called by `trigger` while any wait.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn retry_releases(&mut self) {
+        while let Some((target, cookie)) = self.unsent_releases.pop_front() {
+            match self.send_release(&target, cookie) {
+                Ok(()) => {}
+                Err(e) if keeps_release(&e) => {
+                    self.unsent_releases.push_front((target, cookie));
+                    return;
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot release a spilled output (target gone?)"),
+            }
+        }
+    }
+}
+
+/// Releases waiting to be sent again, at most (each stands for an output
+/// the target keeps for us; past this, its TTL frees them).
+pub(crate) const MAX_UNSENT_RELEASES: usize = 4096;
+
+/// True for a send error that passes (a full backlog): the release is
+/// worth sending again; not for a target that is gone or an address that
+/// is no longer valid.
+fn keeps_release(e: &NaError) -> bool {
+    matches!(e, NaError::SendBacklogFull { .. })
 }
 
 /// Files `outcome` as the outcome of live (not abandoned) call `call`

@@ -131,6 +131,9 @@ impl<C: Codec> Engine<C> {
             cold_path();
             self.sweep_expired();
         }
+        if !self.unsent_releases.is_empty() {
+            self.retry_releases();
+        }
         Ok(n)
     }
 

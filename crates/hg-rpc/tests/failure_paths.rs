@@ -631,3 +631,89 @@ fn an_output_pulled_after_its_ttl_is_refused_not_taken() {
     }
     assert_eq!(c.stats().malformed, 1, "{:?}", c.stats());
 }
+
+/// An origin whose send backlog to the target is full when it has pulled
+/// a spilled output (the target is not reading: its ring to it full, and
+/// the plugin's backlog at its bound) cannot send the release then: it
+/// sends it again once the target reads, and the target frees the output
+/// at once, not at the end of its TTL (60 s), all that time charging it
+/// to this origin's bound.
+#[test]
+fn a_release_refused_by_a_full_backlog_is_sent_again() {
+    use na_core::{Endpoint, NaError, Plugin, ProgressMode};
+    use na_sm::{SmConfig, SmPlugin};
+    let d = dir("release-again");
+    let mut srv = server(&d);
+    srv.register::<Record>(|_| Ok(())).unwrap();
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig {
+        max_backlog_bytes: 4096,
+        ..SmConfig::default()
+    }
+    .with_dir(&d);
+    let cid = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let mut c = Engine::new(ep, cid).unwrap();
+    assert_eq!(call_both::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    // A 64 KiB output: spilled, exposed until the origin releases it.
+    let id = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    let end = Instant::now() + T;
+    while srv.stats().exposed_outputs == 0 {
+        assert!(
+            Instant::now() < end,
+            "the output was never exposed: {:?}",
+            srv.stats()
+        );
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+        srv.progress_now().unwrap();
+        srv.trigger().unwrap();
+    }
+    // The server stops reading; one-way calls fill the ring and the
+    // backlog until the plugin refuses one.
+    let mut refused = None;
+    for i in 0..100_000u64 {
+        if let Err(e) = c.forward_one_way::<Record>(&s, &i) {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refused = refused.expect("the backlog never filled");
+    assert!(
+        matches!(refused, RpcError::Transport(NaError::SendBacklogFull { .. })),
+        "{refused}"
+    );
+    // The origin takes the response and pulls the output; its release
+    // finds the backlog full.
+    let end = Instant::now() + T;
+    let out = loop {
+        assert!(Instant::now() < end, "the response never came");
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+        if let Some(r) = c.take_response::<Echo>(id) {
+            break r.unwrap();
+        }
+    };
+    assert_eq!(out.len(), 64 << 10);
+    assert_eq!(
+        srv.stats().exposed_outputs,
+        1,
+        "released although the backlog was full?"
+    );
+    // Both run again: the release goes once the target reads.
+    let end = Instant::now() + Duration::from_secs(5);
+    while srv.stats().exposed_outputs > 0 {
+        assert!(
+            Instant::now() < end,
+            "the output is still exposed 5 s later (the release was lost): {:?}",
+            srv.stats()
+        );
+        srv.progress_now().unwrap();
+        srv.trigger().unwrap();
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+    }
+    assert_eq!(srv.stats().exposed_bytes, 0);
+}
