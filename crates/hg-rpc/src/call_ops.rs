@@ -637,12 +637,10 @@ impl<C: Codec> Engine<C> {
 
     /// Tells a target it may release the spilled output of call `cookie`.
     /// A release the transport cannot take now (its send backlog to the
-    /// target is full) is sent again by [`trigger`](Self::trigger), up to
-    /// [`MAX_UNSENT_RELEASES`] of them; past that the target's TTL frees
-    /// the output.
+    /// target is full) waits, behind that target's others, and is sent
+    /// again by [`trigger`](Self::trigger) (see `releases`).
     pub(super) fn release_output(&mut self, target: &Addr, cookie: u64) {
-        if !self.unsent_releases.is_empty() {
-            // In order, behind the ones that wait.
+        if self.unsent_releases.waits_for(target) {
             self.queue_release(target, cookie);
             return;
         }
@@ -669,34 +667,40 @@ impl<C: Codec> Engine<C> {
     }
 
     fn queue_release(&mut self, target: &Addr, cookie: u64) {
-        if self.unsent_releases.len() < MAX_UNSENT_RELEASES {
-            self.unsent_releases.push_back((target.clone(), cookie));
-        } else {
-            tracing::debug!("too many releases wait to be sent; the target's TTL frees this output");
+        if !self.unsent_releases.push(target, cookie) {
+            tracing::debug!(peer = %target, "too many releases wait for this target; its TTL frees this output");
         }
     }
 
-    /// Sends the releases that waited, in order, until the transport
-    /// refuses one again. Called by `trigger` while any wait.
+    /// Sends the releases that waited: each target's in order, until the
+    /// transport refuses one of them again. Those older than the outputs'
+    /// TTL are dropped (the target has freed the output by then). Called
+    /// by `trigger` when a retry is due.
     #[cold]
     #[inline(never)]
     pub(super) fn retry_releases(&mut self) {
-        while let Some((target, cookie)) = self.unsent_releases.pop_front() {
-            match self.send_release(&target, cookie) {
-                Ok(()) => {}
-                Err(e) if keeps_release(&e) => {
-                    self.unsent_releases.push_front((target, cookie));
-                    return;
+        let ttl = self.output_ttl;
+        for mut w in self.unsent_releases.take_all() {
+            while let Some(&(cookie, since)) = w.cookies.front() {
+                if since.elapsed() > ttl {
+                    w.cookies.pop_front();
+                    continue;
                 }
-                Err(e) => tracing::debug!(error = %e, "cannot release a spilled output (target gone?)"),
+                match self.send_release(&w.addr, cookie) {
+                    Ok(()) => {
+                        w.cookies.pop_front();
+                    }
+                    Err(e) if keeps_release(&e) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot release spilled outputs (target gone?)");
+                        w.cookies.clear();
+                    }
+                }
             }
+            self.unsent_releases.put_back(w);
         }
     }
 }
-
-/// Releases waiting to be sent again, at most (each stands for an output
-/// the target keeps for us; past this, its TTL frees them).
-pub(crate) const MAX_UNSENT_RELEASES: usize = 4096;
 
 /// True for a send error that passes (a full backlog): the release is
 /// worth sending again; not for a target that is gone or an address that

@@ -418,7 +418,7 @@ pub struct Engine<C: Codec = Postcard> {
     /// Releases of pulled spilled outputs that the transport could not
     /// take (its send backlog full), sent again by `trigger`: lost, they
     /// would keep the target charging the output to us for its whole TTL.
-    unsent_releases: VecDeque<(Addr, u64)>,
+    unsent_releases: crate::releases::UnsentReleases,
     /// Calls whose outcome was filed since the last
     /// [`take_finished`](Self::take_finished), kept only once
     /// [`log_finished`](Self::log_finished) asked for them.
@@ -528,7 +528,7 @@ impl<C: Codec> Engine<C> {
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
-            unsent_releases: VecDeque::new(),
+            unsent_releases: Default::default(),
             finished_log: None,
             repost: Vec::new(),
             pull,

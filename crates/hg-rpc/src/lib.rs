@@ -27,6 +27,7 @@ pub mod engine;
 pub mod error;
 mod exposed;
 pub mod header;
+mod releases;
 pub mod rpc;
 pub mod runtime;
 mod spill;

@@ -84,8 +84,11 @@ impl<C: Codec> Engine<C> {
     /// for a client that died never becomes [`drained`](Self::drained).
     /// Ask again after each `trigger` and after giving up on a call.
     pub fn next_expiry(&self) -> Option<Instant> {
+        // Releases refused by a full backlog are tried again then, if no
+        // turn moved the transport before.
+        let retry = self.unsent_releases.next_try();
         if self.exposed.is_empty() && self.abandoned_hint == 0 {
-            return None;
+            return retry;
         }
         let ttl_out = self.output_ttl;
         let outputs = self
@@ -102,12 +105,17 @@ impl<C: Codec> Engine<C> {
             })
             .into_iter()
             .flatten();
-        let next = outputs.chain(inputs).min()?;
-        // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
-        let sweep = self
-            .last_sweep
-            .checked_add(SWEEP_EVERY + Duration::from_millis(1))?;
-        Some(next.max(sweep))
+        let kept = outputs.chain(inputs).min().and_then(|next| {
+            // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
+            let sweep = self
+                .last_sweep
+                .checked_add(SWEEP_EVERY + Duration::from_millis(1))?;
+            Some(next.max(sweep))
+        });
+        match (kept, retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Handles every completion that is ready: runs handlers for requests
@@ -131,7 +139,7 @@ impl<C: Codec> Engine<C> {
             cold_path();
             self.sweep_expired();
         }
-        if !self.unsent_releases.is_empty() {
+        if !self.unsent_releases.is_empty() && self.unsent_releases.due(n) {
             self.retry_releases();
         }
         Ok(n)

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
 use na_core::Addr;
-
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -830,9 +829,14 @@ impl Drop for AsyncEngine {
 fn needs_driver<T>(what: &str, probe: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(probe)) {
         Ok(r) => r,
-        Err(_) => Err(io::Error::other(format!(
-            "AsyncEngine::spawn needs a tokio runtime with {what} enabled (`enable_all` on its builder)"
-        ))),
+        // Only tokio's "... is disabled" / "... are disabled" panics: any
+        // other goes on unwinding.
+        Err(payload) if crate::engine::serve_ops::panic_text(payload.as_ref()).contains(" disabled") => {
+            Err(io::Error::other(format!(
+                "AsyncEngine::spawn needs a tokio runtime with {what} enabled (`enable_all` on its builder)"
+            )))
+        }
+        Err(payload) => std::panic::resume_unwind(payload),
     }
 }
 
@@ -896,3 +900,23 @@ const LOOKUP_RETRY_FIRST: Duration = Duration::from_millis(1);
 
 /// See [`LOOKUP_RETRY_FIRST`].
 const LOOKUP_RETRY_MAX: Duration = Duration::from_millis(20);
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    /// Only tokio's "disabled" panics become the error; any other panic
+    /// of the probe goes on.
+    #[test]
+    fn needs_driver_maps_only_tokios_disabled_panics() {
+        let e = needs_driver("time", || -> io::Result<()> {
+            panic!("A Tokio 1.x context was found, but timers are disabled.")
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("with time enabled"), "{e}");
+        let other =
+            std::panic::catch_unwind(|| needs_driver("time", || -> io::Result<()> { panic!("boom") }));
+        assert!(other.is_err(), "another panic was turned into an error");
+        assert_eq!(needs_driver("time", || Ok(5)).unwrap(), 5);
+    }
+}

@@ -717,3 +717,76 @@ fn a_release_refused_by_a_full_backlog_is_sent_again() {
     }
     assert_eq!(srv.stats().exposed_bytes, 0);
 }
+
+/// Releases wait per target: one target that stopped reading (its
+/// release refused by the full backlog to it) does not hold back the
+/// releases to another, which frees its output at once.
+#[test]
+fn a_stuck_target_does_not_hold_back_releases_to_another() {
+    use na_core::{Endpoint, Plugin, ProgressMode};
+    use na_sm::{SmConfig, SmPlugin};
+    let d = dir("release-per-target");
+    let mut y = server(&d);
+    y.register::<Record>(|_| Ok(())).unwrap();
+    let mut x = server(&d);
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig {
+        max_backlog_bytes: 4096,
+        ..SmConfig::default()
+    }
+    .with_dir(&d);
+    let cid = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let mut c = Engine::new(ep, cid).unwrap();
+    assert_eq!(call_both::<Add>(&mut c, &mut y, &(1, 1)).unwrap(), 2);
+    assert_eq!(call_both::<Add>(&mut c, &mut x, &(1, 1)).unwrap(), 2);
+    let to_y = c.endpoint().lookup(y.self_addr().uri()).unwrap();
+    let to_x = c.endpoint().lookup(x.self_addr().uri()).unwrap();
+    // Y's output exposed, Y stops reading, the backlog to Y fills, and
+    // the origin pulls: Y's release waits.
+    let id = c.forward::<Echo>(&to_y, &vec![5u8; 64 << 10]).unwrap();
+    let end = Instant::now() + T;
+    while y.stats().exposed_outputs == 0 {
+        assert!(Instant::now() < end, "Y never exposed its output");
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+        y.progress_now().unwrap();
+        y.trigger().unwrap();
+    }
+    for i in 0..100_000u64 {
+        if c.forward_one_way::<Record>(&to_y, &i).is_err() {
+            break;
+        }
+    }
+    let end = Instant::now() + T;
+    while c.take_response::<Echo>(id).is_none() {
+        assert!(Instant::now() < end, "Y's response never came");
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+    }
+    // A spilled call to X, with Y still stuck: X's output is released.
+    let id = c.forward::<Echo>(&to_x, &vec![6u8; 64 << 10]).unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut answered = false;
+    while !answered || x.stats().exposed_outputs > 0 {
+        assert!(
+            Instant::now() < end,
+            "X's output is still exposed (its release waits behind Y's?): {:?}",
+            x.stats()
+        );
+        x.progress_now().unwrap();
+        x.trigger().unwrap();
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+        if let Some(r) = c.take_response::<Echo>(id) {
+            assert_eq!(r.unwrap().len(), 64 << 10);
+            answered = true;
+        }
+    }
+    assert_eq!(
+        y.stats().exposed_outputs,
+        1,
+        "Y read nothing: its release cannot have gone"
+    );
+}

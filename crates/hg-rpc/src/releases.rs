@@ -1,0 +1,151 @@
+//! Releases of pulled spilled outputs that the transport refused (its
+//! send backlog to the target full): kept per target, in order, and sent
+//! again by the engine's `trigger`.
+//!
+//! Per target, because the backlog is per peer: a target that stopped
+//! reading must not hold back the releases of any other. A release waits
+//! at most as long as the target keeps the output anyway (its TTL, after
+//! which it has freed it), and a target holds at most
+//! [`MAX_WAITING_PER_TARGET`] of them. A retry is due when the engine's
+//! last turn handled completions (the transport moved: a flushed backlog
+//! completes its sends) or [`RETRY_EVERY`] after the last one, so a
+//! target that stays stuck costs a refused send per target ten times a
+//! second, not one per turn.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use na_core::fasthash::FastMap;
+use na_core::Addr;
+
+/// Releases one target may have waiting; past it the target's TTL frees
+/// the output.
+pub(crate) const MAX_WAITING_PER_TARGET: usize = 4096;
+
+/// The longest a retry waits when nothing moves.
+pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(100);
+
+/// The releases waiting, by target (its address token).
+pub(crate) struct UnsentReleases {
+    targets: FastMap<u64, Waiting>,
+    last_try: Instant,
+}
+
+/// One target's waiting releases: cookies and when each was refused.
+pub(crate) struct Waiting {
+    pub addr: Addr,
+    pub cookies: VecDeque<(u64, Instant)>,
+}
+
+impl Default for UnsentReleases {
+    fn default() -> Self {
+        UnsentReleases {
+            targets: FastMap::default(),
+            last_try: Instant::now(),
+        }
+    }
+}
+
+impl UnsentReleases {
+    /// True if none waits (the check on every `trigger`).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+
+    /// True if releases to `target` wait: a new one goes behind them.
+    pub(crate) fn waits_for(&self, target: &Addr) -> bool {
+        self.targets.contains_key(&target.token())
+    }
+
+    /// Queues a release behind `target`'s others; false if it already has
+    /// [`MAX_WAITING_PER_TARGET`].
+    pub(crate) fn push(&mut self, target: &Addr, cookie: u64) -> bool {
+        let w = self.targets.entry(target.token()).or_insert_with(|| Waiting {
+            addr: target.clone(),
+            cookies: VecDeque::new(),
+        });
+        if w.cookies.len() >= MAX_WAITING_PER_TARGET {
+            return false;
+        }
+        w.cookies.push_back((cookie, Instant::now()));
+        true
+    }
+
+    /// True if a retry is due after a turn that handled `handled`
+    /// completions.
+    pub(crate) fn due(&self, handled: usize) -> bool {
+        !self.is_empty() && (handled > 0 || self.last_try.elapsed() >= RETRY_EVERY)
+    }
+
+    /// When the next retry is due if nothing moves (for a driver's sleep).
+    pub(crate) fn next_try(&self) -> Option<Instant> {
+        (!self.is_empty()).then(|| self.last_try + RETRY_EVERY)
+    }
+
+    /// Takes every target's releases for a retry pass (the ones still
+    /// refused go back with [`put_back`](Self::put_back)).
+    pub(crate) fn take_all(&mut self) -> Vec<Waiting> {
+        self.last_try = Instant::now();
+        self.targets.drain().map(|(_, w)| w).collect()
+    }
+
+    /// Returns a target's releases that are still refused.
+    pub(crate) fn put_back(&mut self, w: Waiting) {
+        if !w.cookies.is_empty() {
+            self.targets.insert(w.addr.token(), w);
+        }
+    }
+
+    /// Releases waiting, over all targets.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.targets.values().map(|w| w.cookies.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use na_core::PluginId;
+
+    #[test]
+    fn per_target_order_cap_and_when_a_retry_is_due() {
+        let (a, b) = (
+            Addr::new("sm://1-a", PluginId(1), 1, false),
+            Addr::new("sm://1-b", PluginId(1), 2, false),
+        );
+        let mut u = UnsentReleases::default();
+        assert!(u.is_empty() && u.next_try().is_none() && !u.due(1));
+        for cookie in 0..MAX_WAITING_PER_TARGET as u64 {
+            assert!(u.push(&a, cookie));
+        }
+        assert!(!u.push(&a, 99_999), "past the cap");
+        assert!(u.push(&b, 7), "another target has its own cap");
+        assert!(u.waits_for(&a) && u.waits_for(&b));
+        assert_eq!(u.len(), MAX_WAITING_PER_TARGET + 1);
+        // Due after a turn that moved something, or RETRY_EVERY after the
+        // last try; not right after a try that moved nothing.
+        assert!(u.due(1));
+        let taken = u.take_all();
+        assert!(u.is_empty() && !u.waits_for(&a));
+        for w in taken {
+            if w.addr.token() == 1 {
+                let order: Vec<u64> = w.cookies.iter().map(|c| c.0).take(3).collect();
+                assert_eq!(order, [0, 1, 2], "in order");
+            }
+            u.put_back(w);
+        }
+        assert!(!u.due(0), "due again at once with nothing moved");
+        assert!(u.due(1));
+        let next = u.next_try().unwrap();
+        assert!(next > Instant::now() && next <= Instant::now() + RETRY_EVERY);
+        // An emptied target is not put back.
+        u.take_all();
+        u.put_back(Waiting {
+            addr: a.clone(),
+            cookies: VecDeque::new(),
+        });
+        assert!(u.is_empty());
+    }
+}
