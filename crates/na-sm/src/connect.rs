@@ -209,6 +209,9 @@ impl SmPlugin {
                 Err(e) => return Err(lookup_err(hint(e, &path))),
             },
         };
+        // Closed on the closing thread on every path from here (the
+        // listener may have queued descriptors on it: see `closer`).
+        let sock = crate::closer::PeerSocket::new(sock);
         let handshake = |reason: String| SmError::Handshake {
             peer: uri.clone(),
             reason,
@@ -254,7 +257,7 @@ impl SmPlugin {
         let pidfd = self.watch_process(sock.as_fd(), cred.pid, serial);
         let conn = Conn {
             serial,
-            sock: crate::closer::PeerSocket::new(sock),
+            sock,
             region,
             head: 0,
             role: Role::Connector,

@@ -110,9 +110,12 @@ thread_local! {
     static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, State>>> = const { RefCell::new(None) };
 }
 
-/// Takes the lock before a fork (`pthread_atfork`'s prepare handler).
+/// Takes the lock before a fork (`pthread_atfork`'s prepare handler),
+/// and drops the token pool: neither the parent nor the child hands out a
+/// token the other has a copy of.
 pub(crate) fn hold_across_fork() {
-    let guard = lock().0;
+    let mut guard = lock().0;
+    guard.pool.clear();
     // (A thread being torn down has no locals left: it cannot fork.)
     let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guard));
 }
@@ -163,10 +166,14 @@ pub(crate) fn register(plugin: PluginId, mem: &MemHandle) -> Result<()> {
     let (readable, writable) = (mem.access().can_read(), mem.access().can_write());
     let generation = fork::generation();
     let mut keys = Vec::with_capacity(mem.segment_count());
+    // Looked up before the set's lock is taken: the handle's registration
+    // lock is taken before the set's where a registration is dropped
+    // (`Exposure::drop` under `attach_registration`), so never after it.
+    let earlier = token_of(plugin, mem);
     let token;
     {
         let mut state = lock().0;
-        token = match token_of(plugin, mem) {
+        token = match earlier {
             Some(token) => token,
             None => draw_token(&mut state).map_err(|e| NaError::sys("drawing a registration token", e))?,
         };
@@ -377,5 +384,28 @@ mod tests {
         assert!(mems
             .iter()
             .all(|m| lock().covers(start(m, 0) + 8, 8, true, key(m))));
+    }
+
+    /// Two instances registering one handle at once (each replacing its
+    /// own earlier registration, whose drop takes the set's lock under
+    /// the handle's registration lock) do not deadlock.
+    #[test]
+    fn registering_one_handle_from_two_threads_does_not_deadlock() {
+        let mem = MemHandle::zeroed(64, Access::ReadWrite);
+        let (done, finished) = std::sync::mpsc::channel();
+        for plugin in [PluginId(1), PluginId(2)] {
+            let (mem, done) = (mem.clone(), done.clone());
+            std::thread::spawn(move || {
+                for _ in 0..20_000 {
+                    register(plugin, &mem).unwrap();
+                }
+                done.send(()).unwrap();
+            });
+        }
+        for _ in 0..2 {
+            finished
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("registering from two threads deadlocked");
+        }
     }
 }

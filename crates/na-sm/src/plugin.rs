@@ -616,9 +616,14 @@ impl Drop for SmPlugin {
         // A forked child that drops its copy must not take the parent's
         // live listener's files with it. (Its copy of the owner file's
         // descriptor shares the parent's lock, which closing it keeps.)
-        if self.listener.take().is_some() && proc::pid() == self.name.pid {
-            let _ = std::fs::remove_file(self.name.socket_path(&self.dir));
-            let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
+        if let Some(listener) = self.listener.take() {
+            if proc::pid() == self.name.pid {
+                let _ = std::fs::remove_file(self.name.socket_path(&self.dir));
+                let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
+            }
+            // Connections not accepted yet go with it, and what they
+            // queued (descriptors included: see `closer`).
+            crate::closer::close_later(listener);
         }
         // The lock goes only after the files (a cleanup elsewhere would
         // otherwise find our owner file unlocked and remove it).

@@ -132,3 +132,29 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A connection the listener never accepted, with a lingering socket
+/// queued on it, goes when the listener is closed: dropping the plugin
+/// does not wait for that socket's linger time.
+#[test]
+fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
+    let dir = private_dir("hostile-fds-drop");
+    let srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let (listener, tcp) = lingering_socket();
+    // Queued in the accept queue (no progress call accepts it).
+    let conn = UnixStream::connect(&path).unwrap();
+    send_with_fds(conn.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
+    drop(tcp);
+    let (done, dropped) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(srv);
+        let _ = done.send(());
+    });
+    dropped
+        .recv_timeout(Duration::from_secs(5))
+        .expect("dropping the plugin blocked on a descriptor queued on an unaccepted connection");
+    drop((listener, conn));
+    let _ = std::fs::remove_dir_all(&dir);
+}
