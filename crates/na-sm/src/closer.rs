@@ -13,15 +13,29 @@
 //! descriptors stay open): the engine's threads never wait.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::sys::fork;
 use crate::sys::socket::{harmless_to_close, recv_with_fds, Received};
 
-type Item = Box<dyn Send>;
+/// Something to drop, and how many descriptors of our table it holds
+/// (counted in `PENDING_FDS` until it is dropped).
+type Item = (Box<dyn Send>, usize);
+
+/// Peer-passed descriptors waiting in the closing thread's queue.
+static PENDING_FDS: AtomicUsize = AtomicUsize::new(0);
+
+/// Past this many descriptors waiting to be closed (a release that never
+/// ends holds the thread), the plugin takes no more in: it stops
+/// accepting and reading hellos until the queue moves (see
+/// [`congested`]). Otherwise a peer that jammed the thread could fill our
+/// descriptor table, and the kernel would then close what does not fit
+/// inside `recvmsg`, on the caller's thread.
+pub(crate) const MAX_PENDING_FDS: usize = 256;
 
 /// The closing thread's queue, and the fork generation it was started in.
 static CLOSER: Mutex<Option<(u64, Sender<Item>)>> = Mutex::new(None);
@@ -30,10 +44,30 @@ fn lock() -> MutexGuard<'static, Option<(u64, Sender<Item>)>> {
     CLOSER.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// True while more than [`MAX_PENDING_FDS`] peer-passed descriptors wait
+/// to be closed: take no more in.
+pub(crate) fn congested() -> bool {
+    PENDING_FDS.load(Ordering::Relaxed) > MAX_PENDING_FDS
+}
+
 /// Drops `item` on the closing thread (or here, if no thread can be
 /// started).
 pub(crate) fn close_later<T: Send + 'static>(item: T) {
-    let item: Item = Box::new(item);
+    send((Box::new(item), 0));
+}
+
+/// [`close_later`] for descriptors a peer passed us (counted while they
+/// wait: see [`congested`]).
+pub(crate) fn close_fds_later(fds: Vec<OwnedFd>) {
+    if fds.is_empty() {
+        return;
+    }
+    let n = fds.len();
+    PENDING_FDS.fetch_add(n, Ordering::Relaxed);
+    send((Box::new(fds), n));
+}
+
+fn send(item: Item) {
     let generation = fork::generation();
     let mut closer = lock();
     if closer.as_ref().is_none_or(|(g, _)| *g != generation) {
@@ -47,7 +81,7 @@ pub(crate) fn close_later<T: Send + 'static>(item: T) {
     }
     let Some((_, tx)) = closer.as_ref() else {
         drop(closer);
-        drop(item);
+        close_now(item);
         return;
     };
     if let Err(returned) = tx.send(item) {
@@ -55,8 +89,13 @@ pub(crate) fn close_later<T: Send + 'static>(item: T) {
         // drop ends it). Close here, and start another next time.
         *closer = None;
         drop(closer);
-        drop(returned.0);
+        close_now(returned.0);
     }
+}
+
+fn close_now((item, fds): Item) {
+    drop(item);
+    PENDING_FDS.fetch_sub(fds, Ordering::Relaxed);
 }
 
 /// [`recv_with_fds`], keeping only descriptors whose close cannot wait
@@ -68,7 +107,7 @@ pub(crate) fn recv_screened(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
     if r.fds.iter().any(|fd| !harmless_to_close(fd.as_fd())) {
         let (keep, odd): (Vec<_>, Vec<_>) = r.fds.into_iter().partition(|fd| harmless_to_close(fd.as_fd()));
         refused = odd.len();
-        close_later(odd);
+        close_fds_later(odd);
         r.fds = keep;
     }
     Ok((r, refused))
@@ -111,7 +150,7 @@ fn start() -> Option<Sender<Item>> {
         .name("qs-sm-closer".into())
         .spawn(move || {
             for item in rx {
-                drop(item);
+                close_now(item);
             }
         });
     match spawned {

@@ -20,7 +20,8 @@ use crate::progress::{wake_failure, Failure};
 use crate::sys::proc;
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{
-    connect_unix, peer_cred, peer_pidfd, queue_full_timeout, send_with_fds, try_connect_unix,
+    connect_unix, peer_cred, peer_pidfd, queue_full_timeout, refuse_passed_fds, send_with_fds,
+    try_connect_unix,
 };
 use crate::sys::wake::{OwnWake, PeerWake};
 
@@ -346,6 +347,14 @@ impl SmPlugin {
             if self.accept_pause.is_some() {
                 return;
             }
+            if crate::closer::congested() {
+                // Peer-passed descriptors wait to be closed (a close that
+                // never ends holds the closing thread): take no more in.
+                self.stats.flow_blocked += 1;
+                tracing::warn!(pause = ?ACCEPT_RETRY, "sm: pausing accepts: too many peer descriptors wait to be closed");
+                self.pause_accepts(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
+                return;
+            }
             if self.held_by_departed() >= self.cfg.max_queued_total {
                 self.stats.flow_blocked += 1;
                 tracing::warn!(
@@ -549,6 +558,21 @@ impl SmPlugin {
         let Some(p) = self.pending.get(&serial) else {
             return;
         };
+        if crate::closer::congested() {
+            // Refused unread: its descriptors stay the kernel's (in flight
+            // on the socket, which the closing thread closes), not ours.
+            if let Some(p) = self.pending.remove(&serial) {
+                let _ = self.poll.delete(p.sock.as_raw_fd());
+                self.stats.accept_errors += 1;
+                if self.stats.refuse_handshake() {
+                    tracing::warn!(
+                        pid = p.cred.pid,
+                        "sm: handshake refused: too many peer descriptors wait to be closed"
+                    );
+                }
+            }
+            return;
+        }
         let mut buf = [0u8; MAX_HELLO];
         let r = match recv_screened(p.sock.as_fd(), &mut buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -682,6 +706,9 @@ impl SmPlugin {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => true,
             Err(e) => return Err(format!("sending acknowledgement: {e}").into()),
         };
+        // Nothing more comes with descriptors on this connection: the
+        // kernel refuses them to the sender where it can (Linux 6.16).
+        refuse_passed_fds(p.sock.as_fd());
         let mut pidfd = None;
         if !exited {
             let local = |e: SmError| HelloFailure::Local(e.to_string());
@@ -754,6 +781,8 @@ impl SmPlugin {
             )));
         }
         let fd = r.fds.pop().ok_or_else(|| bad("missing eventfd".into()))?;
+        // The last descriptor this connection carries (see `accept_hello`).
+        refuse_passed_fds(conn.sock.as_fd());
         let wake = PeerWake::from_peer(fd).map_err(|e| bad(format!("wake-up fd: {e}")))?;
         conn.peer_wake = Some(wake);
         conn.ack_deadline = None;

@@ -28,6 +28,10 @@ const LINGER: Duration = Duration::from_secs(20);
 /// A loopback TCP connection whose peer never reads, its send queue full,
 /// with `SO_LINGER` on: its last close waits up to `LINGER`.
 fn lingering_socket() -> (TcpListener, TcpStream) {
+    lingering_for(LINGER)
+}
+
+fn lingering_for(linger: Duration) -> (TcpListener, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     s.set_nonblocking(true).unwrap();
@@ -41,7 +45,7 @@ fn lingering_socket() -> (TcpListener, TcpStream) {
     }
     let linger = libc::linger {
         l_onoff: 1,
-        l_linger: LINGER.as_secs() as libc::c_int,
+        l_linger: linger.as_secs() as libc::c_int,
     };
     // SAFETY (test): `linger` is live and its size is passed.
     let r = unsafe {
@@ -157,4 +161,81 @@ fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
         .expect("dropping the plugin blocked on a descriptor queued on an unaccepted connection");
     drop((listener, conn));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Descriptors this process has open.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A peer that jams the closing thread (a lingering socket) and then
+/// sends hello after hello with descriptors cannot fill our descriptor
+/// table: past `MAX_PENDING_FDS` waiting to be closed the listener refuses
+/// handshakes unread and pauses accepts; once the jam clears, it serves
+/// again.
+#[test]
+fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
+    const JAM: Duration = Duration::from_secs(3);
+    let dir = private_dir("hostile-fds-jam");
+    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let settle = |srv: &mut SmPlugin| {
+        let end = Instant::now() + Duration::from_millis(50);
+        while Instant::now() < end {
+            srv.progress().unwrap();
+        }
+    };
+    settle(&mut srv);
+    let baseline = open_fds();
+    // The jam.
+    let (listener, tcp) = lingering_for(JAM);
+    let conn = UnixStream::connect(&path).unwrap();
+    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
+    drop((tcp, conn));
+    settle(&mut srv);
+    // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
+    for _ in 0..400 {
+        let Ok(conn) = UnixStream::connect(&path) else {
+            // The accept queue is full: accepts are paused.
+            break;
+        };
+        let (a, b) = UnixStream::pair().unwrap();
+        let (c, d) = UnixStream::pair().unwrap();
+        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
+        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
+        drop((a, b, c, d, conn));
+        srv.progress().unwrap();
+    }
+    settle(&mut srv);
+    let grown = open_fds().saturating_sub(baseline);
+    assert!(
+        grown < na_sm_max_pending() + 200,
+        "{grown} more descriptors open while the closing thread is jammed"
+    );
+    // The jam clears (the linger time passes): an honest client is served.
+    drop(listener);
+    std::thread::sleep(JAM + Duration::from_millis(500));
+    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to = c.lookup(&uri).unwrap();
+    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
+    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(
+            Instant::now() < end,
+            "the honest message never arrived after the jam"
+        );
+        c.progress().unwrap();
+        srv.progress().unwrap();
+        if std::iter::from_fn(|| srv.pop_completion()).any(|k| k.op == OpId(1)) {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The closing queue's bound (na-sm's `closer::MAX_PENDING_FDS`).
+fn na_sm_max_pending() -> usize {
+    256
 }

@@ -112,6 +112,57 @@ pub fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
 }
 
+/// `SO_PASSRIGHTS` (Linux 6.16) where the socket header is the generic one.
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "x86",
+    target_arch = "aarch64",
+    target_arch = "arm",
+    target_arch = "riscv64"
+))]
+const SO_PASSRIGHTS: libc::c_int = 83;
+
+/// `setsockopt(SOL_SOCKET, SO_PASSRIGHTS, 0)` ([socket(7)], Linux 6.16):
+/// the kernel refuses (`EPERM`, to the sender) any message carrying
+/// descriptors to this socket. False where the kernel does not know the
+/// option.
+///
+/// [socket(7)]: https://man7.org/linux/man-pages/man7/socket.7.html
+pub fn refuse_passed_fds(sock: BorrowedFd<'_>) -> bool {
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64"
+    ))]
+    {
+        let off: libc::c_int = 0;
+        // SAFETY: `off` is live and its size is passed, as setsockopt
+        // requires.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PASSRIGHTS,
+                (&off as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+        }
+    }
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64"
+    )))]
+    {
+        let _ = sock;
+        false
+    }
+}
+
 /// True if closing `fd` cannot wait on anyone: a regular shmem file that
 /// can carry seals (a memfd, on tmpfs or hugetlbfs), a pipe, or an eventfd,
 /// by [fstatfs(2)], [fstat(2)], `F_GET_SEALS` ([fcntl(2)]) and the
