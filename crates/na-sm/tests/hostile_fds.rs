@@ -120,20 +120,7 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
     drop(to_srv);
     let mut srv = server.join().unwrap();
     // Still serving: an honest client's message arrives.
-    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
-    let to = c.lookup(&uri).unwrap();
-    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
-    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(Instant::now() < end, "the honest message never arrived");
-        c.progress().unwrap();
-        srv.progress().unwrap();
-        if let Some(k) = std::iter::from_fn(|| srv.pop_completion()).find(|k| k.op == OpId(1)) {
-            assert_eq!(k.buf.as_deref(), Some(&b"honest"[..]));
-            break;
-        }
-    }
+    serves_an_honest_client(&mut srv, &dir, &uri);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -216,26 +203,29 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
     // The jam clears (the linger time passes): an honest client is served.
     drop(listener);
     std::thread::sleep(JAM + Duration::from_millis(500));
-    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
-    let to = c.lookup(&uri).unwrap();
-    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
-    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(
-            Instant::now() < end,
-            "the honest message never arrived after the jam"
-        );
-        c.progress().unwrap();
-        srv.progress().unwrap();
-        if std::iter::from_fn(|| srv.pop_completion()).any(|k| k.op == OpId(1)) {
-            break;
-        }
-    }
+    serves_an_honest_client(&mut srv, &dir, &uri);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The closing queue's bound (na-sm's `closer::MAX_PENDING_FDS`).
 fn na_sm_max_pending() -> usize {
     256
+}
+
+/// An honest client's message to `srv` (at `uri`) arrives within 10 s.
+fn serves_an_honest_client(srv: &mut SmPlugin, dir: &std::path::Path, uri: &str) {
+    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(dir)).unwrap();
+    let to = c.lookup(uri).unwrap();
+    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
+    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < end, "the honest message never arrived");
+        c.progress().unwrap();
+        srv.progress().unwrap();
+        if let Some(k) = std::iter::from_fn(|| srv.pop_completion()).find(|k| k.op == OpId(1)) {
+            assert_eq!(k.buf.as_deref(), Some(&b"honest"[..]));
+            return;
+        }
+    }
 }
