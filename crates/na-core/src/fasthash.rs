@@ -8,7 +8,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
@@ -20,8 +20,18 @@ pub struct SeededState {
 
 impl Default for SeededState {
     fn default() -> Self {
-        static SEED: OnceLock<u64> = OnceLock::new();
-        let seed = *SEED.get_or_init(|| RandomState::new().hash_one(0x5153_u64) | 1);
+        // An atomic, not a `OnceLock`: nothing ever waits for another
+        // thread's initialisation (a child forked during one would wait
+        // for ever). Racing first calls agree through the exchange.
+        static SEED: AtomicU64 = AtomicU64::new(0);
+        let mut seed = SEED.load(Ordering::Relaxed);
+        if seed == 0 {
+            let fresh = RandomState::new().hash_one(0x5153_u64) | 1;
+            seed = match SEED.compare_exchange(0, fresh, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => fresh,
+                Err(won) => won,
+            };
+        }
         SeededState { seed }
     }
 }

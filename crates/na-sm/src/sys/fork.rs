@@ -19,34 +19,58 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
-static INSTALLED: OnceLock<io::Result<()>> = OnceLock::new();
 
-/// Installs the handlers (once per process; later calls return the first
-/// call's outcome). Call before anything that [`generation`] or the
-/// exposed set's fork safety must cover.
+/// Where the handlers stand: `NOT_INSTALLED`, `INSTALLED`, or the pid
+/// (plus one) of the process whose thread is installing them. Not a
+/// `OnceLock`: a child forked while another thread of its parent was
+/// inside its initialisation would wait for that thread for ever.
+static STATE: AtomicU64 = AtomicU64::new(NOT_INSTALLED);
+const NOT_INSTALLED: u64 = 0;
+const INSTALLED: u64 = u64::MAX;
+
+/// Installs the handlers once per process (inherited by children). Call
+/// before anything that [`generation`] or the locks' fork safety must
+/// cover.
 pub fn install() -> io::Result<()> {
-    let r = INSTALLED.get_or_init(|| {
+    let me = u64::from(std::process::id()) + 1;
+    loop {
+        let seen = STATE.load(Ordering::Acquire);
+        if seen == INSTALLED {
+            return Ok(());
+        }
+        if seen == me {
+            // Another thread of ours is installing them: a moment.
+            std::thread::yield_now();
+            continue;
+        }
+        // Not installed, or being installed by the process we were forked
+        // from when it forked: glibc orders pthread_atfork and fork, so
+        // that thread had not registered them yet (the child handler sets
+        // INSTALLED when it had). Ours to do.
+        if STATE
+            .compare_exchange(seen, me, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            continue;
+        }
         // SAFETY: the three handlers are `extern "C"` functions with the
         // signature pthread_atfork expects and live for the whole program.
         // They do only what is allowed between fork and exec in a
-        // multi-threaded process's child for state they own: an atomic
-        // add, and taking or letting go of a lock that the prepare handler
-        // took in this same thread (a panic in them would abort, not
-        // unwind into C).
+        // multi-threaded process's child for state they own: atomic
+        // stores, and taking or letting go of locks that the prepare
+        // handler took in this same thread (a panic in them would abort,
+        // not unwind into C).
         let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
         // pthread_atfork returns the error number (ENOMEM) rather than -1.
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::from_raw_os_error(rc))
+        if rc != 0 {
+            STATE.store(NOT_INSTALLED, Ordering::Release);
+            let e = io::Error::from_raw_os_error(rc);
+            return Err(io::Error::new(e.kind(), format!("pthread_atfork: {e}")));
         }
-    });
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) => Err(io::Error::new(e.kind(), format!("pthread_atfork: {e}"))),
+        STATE.store(INSTALLED, Ordering::Release);
+        return Ok(());
     }
 }
 
@@ -73,6 +97,9 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // Registered, so installed (the parent's installing thread may not
+    // have said so before the fork).
+    STATE.store(INSTALLED, Ordering::Release);
     GENERATION.fetch_add(1, Ordering::AcqRel);
     crate::exposed::release_after_fork();
     let _ = CLOSER_HELD.try_with(|h| h.borrow_mut().take());
