@@ -353,6 +353,21 @@ impl RemoteMem {
         })
     }
 
+    /// Describes local handle `mem` for a peer: each segment's address and
+    /// length with the same `key` (0 where the plugin needs none), and the
+    /// handle's access.
+    pub fn of_handle(mem: &MemHandle, key: u64) -> Result<Self> {
+        let segs = mem
+            .segments_raw()
+            .map(|(addr, len)| RemoteSegment {
+                addr: addr as u64,
+                len: len as u64,
+                key,
+            })
+            .collect();
+        RemoteMem::new(segs, mem.access())
+    }
+
     /// Total size in bytes.
     pub fn size(&self) -> u64 {
         self.size

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::addr::{Addr, PluginId};
 use crate::error::{NaError, Result};
-use crate::mem::{MemHandle, RemoteMem, RemoteSegment};
+use crate::mem::{MemHandle, RemoteMem};
 use crate::msgbuf::{check_buf_size, MsgBuf};
 use crate::op::{Completion, OpId, Report, Tag};
 use crate::rma::Rma;
@@ -259,15 +259,7 @@ pub trait Plugin: Send {
     /// Describes a local handle for a peer. The default gives each segment's
     /// address and length with key 0.
     fn mem_describe(&self, mem: &MemHandle) -> Result<RemoteMem> {
-        let segs = mem
-            .segments_raw()
-            .map(|(addr, len)| RemoteSegment {
-                addr: addr as u64,
-                len: len as u64,
-                key: 0,
-            })
-            .collect();
-        RemoteMem::new(segs, mem.access())
+        RemoteMem::of_handle(mem, 0)
     }
 
     /// Starts a batch of one-sided transfers with peer `dest`.

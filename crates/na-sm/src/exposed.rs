@@ -41,7 +41,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use na_core::{MemHandle, NaError, PluginId, RemoteMem, RemoteSegment, Result};
+use na_core::{MemHandle, NaError, PluginId, RemoteMem, Result};
 
 use crate::sys::{fork, random};
 
@@ -61,15 +61,14 @@ struct Segment {
 struct State {
     /// Exposed segments by (start address, registration number).
     segments: BTreeMap<(u64, u64), Segment>,
-    /// Random tokens to hand out, drawn in the fork generation `pool_of`.
+    /// Random tokens to hand out (emptied at every fork: see
+    /// `hold_across_fork`).
     pool: Vec<u64>,
-    pool_of: u64,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     segments: BTreeMap::new(),
     pool: Vec::new(),
-    pool_of: 0,
 });
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -126,13 +125,10 @@ pub(crate) fn release_after_fork() {
 }
 
 /// A fresh token: random, never 0 (the key of a descriptor made without
-/// a registration), and never one drawn before a fork of this process.
+/// a registration), and never one drawn before a fork of this process
+/// (the fork handlers empty the pool, and are installed before any
+/// instance, so before any registration).
 fn draw_token(state: &mut State) -> io::Result<u64> {
-    let generation = fork::generation();
-    if state.pool_of != generation {
-        state.pool.clear();
-        state.pool_of = generation;
-    }
     loop {
         match state.pool.pop() {
             Some(0) => {}
@@ -203,16 +199,7 @@ pub(crate) fn register(plugin: PluginId, mem: &MemHandle) -> Result<()> {
 /// with the token of `plugin`'s registration (0 if it has none: such a
 /// descriptor reaches other processes, never this one).
 pub(crate) fn describe(plugin: PluginId, mem: &MemHandle) -> Result<RemoteMem> {
-    let key = token_of(plugin, mem).unwrap_or(0);
-    let segs = mem
-        .segments_raw()
-        .map(|(addr, len)| RemoteSegment {
-            addr: addr as u64,
-            len: len as u64,
-            key,
-        })
-        .collect();
-    RemoteMem::new(segs, mem.access())
+    RemoteMem::of_handle(mem, token_of(plugin, mem).unwrap_or(0))
 }
 
 impl Exposed {

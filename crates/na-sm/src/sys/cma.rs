@@ -287,15 +287,7 @@ mod tests {
     const ME: fn() -> u32 = std::process::id;
 
     fn describe(h: &MemHandle) -> RemoteMem {
-        let segs = h
-            .segments_raw()
-            .map(|(a, l)| RemoteSegment {
-                addr: a as u64,
-                len: l as u64,
-                key: 0,
-            })
-            .collect();
-        RemoteMem::new(segs, h.access()).unwrap()
+        RemoteMem::of_handle(h, 0).unwrap()
     }
 
     thread_local! {
