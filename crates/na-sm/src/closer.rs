@@ -12,6 +12,7 @@
 //! that thread, and what comes after it waits in its queue (their
 //! descriptors stay open): the engine's threads never wait.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -103,13 +104,10 @@ fn close_now((item, fds): Item) {
 /// others go to the closing thread, counted in the second value.
 pub(crate) fn recv_screened(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(Received, usize)> {
     let mut r = recv_with_fds(sock, buf)?;
-    let mut refused = 0;
-    if r.fds.iter().any(|fd| !harmless_to_close(fd.as_fd())) {
-        let (keep, odd): (Vec<_>, Vec<_>) = r.fds.into_iter().partition(|fd| harmless_to_close(fd.as_fd()));
-        refused = odd.len();
-        close_fds_later(odd);
-        r.fds = keep;
-    }
+    let (keep, odd): (Vec<_>, Vec<_>) = r.fds.into_iter().partition(|fd| harmless_to_close(fd.as_fd()));
+    let refused = odd.len();
+    close_fds_later(odd);
+    r.fds = keep;
     Ok((r, refused))
 }
 
@@ -162,10 +160,23 @@ fn start() -> Option<Sender<Item>> {
     }
 }
 
-/// Holds the queue's lock across a fork (see `sys::fork`), so a child
-/// never finds it held by a thread it does not have.
-pub(crate) fn hold_across_fork() -> MutexGuard<'static, Option<(u64, Sender<Item>)>> {
-    lock()
+thread_local! {
+    /// The queue's lock, held by the thread that forks from just before
+    /// to just after (see `sys::fork`).
+    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Option<(u64, Sender<Item>)>>>> =
+        const { RefCell::new(None) };
+}
+
+/// Takes the queue's lock before a fork (`pthread_atfork`'s prepare
+/// handler), so a child never finds it held by a thread it does not have.
+pub(crate) fn hold_across_fork() {
+    let guard = lock();
+    let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guard));
+}
+
+/// Lets the lock go after a fork, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| h.borrow_mut().take());
 }
 
 #[cfg(test)]

@@ -80,20 +80,14 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
-thread_local! {
-    /// The closing thread's queue lock, held by the thread that forks.
-    static CLOSER_HELD: std::cell::RefCell<Option<Box<dyn std::any::Any>>> = const { std::cell::RefCell::new(None) };
-}
-
 extern "C" fn prepare() {
-    let closer = crate::closer::hold_across_fork();
-    let _ = CLOSER_HELD.try_with(|h| *h.borrow_mut() = Some(Box::new(closer)));
+    crate::closer::hold_across_fork();
     crate::exposed::hold_across_fork();
 }
 
 extern "C" fn parent() {
     crate::exposed::release_after_fork();
-    let _ = CLOSER_HELD.try_with(|h| h.borrow_mut().take());
+    crate::closer::release_after_fork();
 }
 
 extern "C" fn child() {
@@ -102,5 +96,5 @@ extern "C" fn child() {
     STATE.store(INSTALLED, Ordering::Release);
     GENERATION.fetch_add(1, Ordering::AcqRel);
     crate::exposed::release_after_fork();
-    let _ = CLOSER_HELD.try_with(|h| h.borrow_mut().take());
+    crate::closer::release_after_fork();
 }
