@@ -139,7 +139,7 @@ impl<C: Codec> Engine<C> {
             cold_path();
             self.sweep_expired();
         }
-        if !self.unsent_releases.is_empty() && self.unsent_releases.due(n) {
+        if self.unsent_releases.due(n) {
             self.retry_releases();
         }
         Ok(n)

@@ -74,6 +74,7 @@ impl UnsentReleases {
 
     /// True if a retry is due after a turn that handled `handled`
     /// completions.
+    #[inline]
     pub(crate) fn due(&self, handled: usize) -> bool {
         !self.is_empty() && (handled > 0 || self.last_try.elapsed() >= RETRY_EVERY)
     }
