@@ -497,10 +497,14 @@ mod tests {
                 let pid = format!("Pid:\t{}", std::process::id());
                 assert!(info.lines().any(|l| l == pid), "not our pidfd: {info}");
             }
-            Err(e) => eprintln!("NOT RUN (SO_PEERPIDFD): {e}"),
+            Err(e) => na_core::testing::report_not_run(&format!(
+                "na-sm socket test: SO_PEERPIDFD unavailable here ({e}); peers' exits are seen by pidfd_open"
+            )),
         }
         if !refuse_passed_fds(a.as_fd()) {
-            eprintln!("NOT RUN (SO_PASSRIGHTS): kernel older than 6.16");
+            na_core::testing::report_not_run(
+                "na-sm socket test: SO_PASSRIGHTS unavailable (kernel older than 6.16); passed descriptors are screened instead",
+            );
             return;
         }
         let ev = crate::sys::eventfd::EventFd::new().unwrap();
