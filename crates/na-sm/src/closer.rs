@@ -39,9 +39,11 @@ static PENDING_FDS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) const MAX_PENDING_FDS: usize = 256;
 
 /// The closing thread's queue, and the fork generation it was started in.
-static CLOSER: Mutex<Option<(u64, Sender<Item>)>> = Mutex::new(None);
+type Queue = Option<(u64, Sender<Item>)>;
 
-fn lock() -> MutexGuard<'static, Option<(u64, Sender<Item>)>> {
+static CLOSER: Mutex<Queue> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Queue> {
     CLOSER.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -163,8 +165,7 @@ fn start() -> Option<Sender<Item>> {
 thread_local! {
     /// The queue's lock, held by the thread that forks from just before
     /// to just after (see `sys::fork`).
-    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Option<(u64, Sender<Item>)>>>> =
-        const { RefCell::new(None) };
+    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Queue>>> = const { RefCell::new(None) };
 }
 
 /// Takes the queue's lock before a fork (`pthread_atfork`'s prepare
