@@ -206,7 +206,7 @@ pub fn run_main(suite: Suite) -> ! {
         }
         std::process::exit(0);
     }
-    let args = libtest_mimic::Arguments::from_args();
+    let (args, filters) = arguments(std::env::args());
     let own = format!("{}_only", suite.name);
     let named = scenarios().into_iter().map(|(n, run)| (suite.name, n, run));
     let trials = named
@@ -220,8 +220,55 @@ pub fn run_main(suite: Suite) -> ! {
                 catch(|| run(&t))
             })
         })
+        .filter(|t: &libtest_mimic::Trial| {
+            filters.is_empty() || filters.iter().any(|f| matches(t.name(), f, args.exact))
+        })
         .collect();
     libtest_mimic::run(&args, trials).exit()
+}
+
+/// Options of libtest's command line that take a value as the next word.
+const TAKES_VALUE: &[&str] = &[
+    "--test-threads",
+    "--logfile",
+    "--skip",
+    "--color",
+    "--format",
+    "-Z",
+];
+
+/// The harness arguments, and the name filters when there are several.
+/// libtest runs a test that matches any of its filters; libtest-mimic takes
+/// one, and exits with a usage error on a second (so `cargo test A B`, or
+/// `scripts/test-verbs.sh A B`, failed this binary). One filter stays
+/// libtest-mimic's; several are applied here.
+fn arguments(argv: impl IntoIterator<Item = String>) -> (libtest_mimic::Arguments, Vec<String>) {
+    let mut argv = argv.into_iter();
+    let mut rest: Vec<String> = argv.next().into_iter().collect();
+    let mut filters = Vec::new();
+    while let Some(a) = argv.next() {
+        if TAKES_VALUE.contains(&a.as_str()) {
+            rest.push(a);
+            rest.extend(argv.next());
+        } else if a.starts_with('-') {
+            rest.push(a);
+        } else {
+            filters.push(a);
+        }
+    }
+    if filters.len() == 1 {
+        rest.append(&mut filters);
+    }
+    (libtest_mimic::Arguments::from_iter(rest), filters)
+}
+
+/// Whether trial `name` passes name filter `filter`.
+fn matches(name: &str, filter: &str, exact: bool) -> bool {
+    if exact {
+        name == filter
+    } else {
+        name.contains(filter)
+    }
 }
 
 /// Runs `f`, turning a panic into a trial failure with its message.
@@ -249,4 +296,44 @@ pub fn flood_payload(i: u32) -> Vec<u8> {
 /// Byte `i` written by a client before the peer's `c` check.
 pub fn pattern2(seed: u8, i: u64) -> u8 {
     (i.wrapping_mul(13) as u8) ^ seed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(words: &[&str]) -> (libtest_mimic::Arguments, Vec<String>) {
+        arguments(words.iter().map(|w| w.to_string()))
+    }
+
+    #[test]
+    fn several_name_filters_are_kept_apart_from_the_options_and_their_values() {
+        let (args, filters) = parse(&[
+            "suite",
+            "--skip",
+            "slow",
+            "alpha",
+            "--test-threads",
+            "1",
+            "beta",
+            "--exact",
+        ]);
+        assert_eq!(filters, ["alpha", "beta"]);
+        assert_eq!(args.filter, None);
+        assert_eq!(args.skip, ["slow"]);
+        assert_eq!(args.test_threads, Some(1));
+        assert!(args.exact);
+        assert!(matches("verbs::alpha", "alpha", false));
+        assert!(!matches("verbs::alpha", "alpha", true));
+        assert!(matches("verbs::alpha", "verbs::alpha", true));
+    }
+
+    #[test]
+    fn one_name_filter_stays_the_harness_own() {
+        let (args, filters) = parse(&["suite", "alpha", "--nocapture"]);
+        assert!(filters.is_empty());
+        assert_eq!(args.filter.as_deref(), Some("alpha"));
+        let (args, filters) = parse(&["suite", "--color", "never"]);
+        assert!(filters.is_empty() && args.filter.is_none());
+    }
 }
