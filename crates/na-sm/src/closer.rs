@@ -1,27 +1,36 @@
-//! Closing what a peer handed us, off the caller's thread.
+//! Closing what a peer handed us, without waiting on it.
 //!
 //! Closing a descriptor runs its file's release when ours is the last
 //! reference, and some releases wait for as long as someone else decides:
 //! a TCP socket with `SO_LINGER` and unsent data, a file on a FUSE mount
 //! whose daemon never answers the flush. A hostile peer can pass us such
 //! a descriptor (`SCM_RIGHTS`) in place of a memfd or eventfd, or leave it
-//! queued on its connection's socket, whose close then releases it. So
-//! descriptors of a kind we did not check, and every socket a peer was
-//! connected through, are closed here: on one background thread, started
-//! on first use (again in a forked child). A release that never ends holds
-//! that thread, and what comes after it waits in its queue (their
-//! descriptors stay open): the engine's threads never wait.
+//! queued on its connection's socket, whose close then releases it.
+//!
+//! * Descriptors of a kind we did not check go to one background thread,
+//!   started on first use (again in a forked child), and are counted
+//!   while they wait. A release that never ends holds that thread, and
+//!   the descriptors queued behind it stay open: past
+//!   [`MAX_PENDING_FDS`] the plugin takes no more in ([`congested`]).
+//! * A socket a peer is (or was) connected through ([`PeerSocket`]), and
+//!   the listener, are closed in place once nothing can be queued to them
+//!   any more and what was queued has been read out and screened: their
+//!   own close then releases nothing of the peer's. (They went to the
+//!   thread too, uncounted, until a jammed thread was seen to hold every
+//!   departed connection's socket open: a descriptor leak per connection.)
+//!
+//! The engine's threads never wait.
 
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::sys::fork;
-use crate::sys::socket::{harmless_to_close, recv_with_fds, Received};
+use crate::sys::socket::{harmless_to_close, recv_with_fds, shutdown_read, Received};
 
 /// Something to drop, and how many descriptors of our table it holds
 /// (counted in `PENDING_FDS` until it is dropped).
@@ -113,15 +122,24 @@ pub(crate) fn recv_screened(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
     Ok((r, refused))
 }
 
-/// A socket a peer is (or was) connected through: closed on the closing
-/// thread, since messages still queued on it may hold descriptors whose
-/// release the close runs.
+/// A socket a peer is (or was) connected through. Its drop shuts it for
+/// reading, reads out and screens what the peer had queued (the
+/// descriptors that could wait at their close go to the closing thread),
+/// then closes it in place (see the module docs).
 #[derive(Debug)]
-pub(crate) struct PeerSocket(Option<UnixStream>);
+pub(crate) struct PeerSocket {
+    sock: Option<UnixStream>,
+    /// The fork generation it was made in: a forked child's copy shares
+    /// the socket with its parent, which a shutdown would cut off.
+    generation: u64,
+}
 
 impl PeerSocket {
     pub(crate) fn new(sock: UnixStream) -> Self {
-        PeerSocket(Some(sock))
+        PeerSocket {
+            sock: Some(sock),
+            generation: fork::generation(),
+        }
     }
 }
 
@@ -130,7 +148,7 @@ impl std::ops::Deref for PeerSocket {
 
     fn deref(&self) -> &UnixStream {
         // Some until the drop.
-        self.0
+        self.sock
             .as_ref()
             .unwrap_or_else(|| unreachable!("a PeerSocket is only emptied by its drop"))
     }
@@ -138,10 +156,70 @@ impl std::ops::Deref for PeerSocket {
 
 impl Drop for PeerSocket {
     fn drop(&mut self) {
-        if let Some(sock) = self.0.take() {
+        let Some(sock) = self.sock.take() else { return };
+        if self.generation != fork::generation() {
+            // Inherited: the parent may still use the socket.
             close_later(sock);
+            return;
+        }
+        close_drained(sock);
+    }
+}
+
+/// Closes the listener of a plugin made in this process: it refuses
+/// connections from now on, each one it had not accepted yet is accepted
+/// and closed as a [`PeerSocket`], then the listener itself goes here.
+/// (A forked child's copy is [`close_later`]'s: the socket is the parent's.)
+pub(crate) fn close_listener(listener: UnixListener) {
+    if shutdown_read(listener.as_fd()).is_err() || listener.set_nonblocking(true).is_err() {
+        close_later(listener);
+        return;
+    }
+    // At most the accept queue (bounded by the listen backlog): the
+    // shutdown stops it from growing.
+    for _ in 0..MAX_DRAIN {
+        match listener.accept() {
+            Ok((s, _)) => drop(PeerSocket::new(s)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return drop(listener),
+            Err(_) => break,
         }
     }
+    close_later(listener);
+}
+
+/// Reads (at most this many times) from a socket or listener being
+/// closed; past it, the closing thread closes it.
+const MAX_DRAIN: usize = 65_536;
+
+/// Closes `sock` here once [`drained`], else on the closing thread.
+fn close_drained(sock: UnixStream) {
+    if drained(sock.as_fd()) {
+        drop(sock);
+    } else {
+        close_later(sock);
+    }
+}
+
+/// Shuts `sock` for reading and reads out what is queued on it, screening
+/// the descriptors; true if it got to the end (its close then releases
+/// nothing of the peer's).
+fn drained(sock: BorrowedFd<'_>) -> bool {
+    if shutdown_read(sock).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 4096];
+    for _ in 0..MAX_DRAIN {
+        match recv_screened(sock, &mut buf) {
+            // End of file: the queue is empty, and stays so.
+            Ok((r, _)) if r.len == 0 && r.fds.is_empty() => return true,
+            // Descriptors that passed the screen are closed here at once.
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 fn start() -> Option<Sender<Item>> {

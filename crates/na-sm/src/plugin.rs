@@ -620,10 +620,13 @@ impl Drop for SmPlugin {
             if proc::pid() == self.name.pid {
                 let _ = std::fs::remove_file(self.name.socket_path(&self.dir));
                 let _ = std::fs::remove_file(self.name.owner_path(&self.dir));
+                // Connections not accepted yet go with it, and what they
+                // queued (descriptors included: see `closer`).
+                crate::closer::close_listener(listener);
+            } else {
+                // The parent's: closing our copy must not touch the socket.
+                crate::closer::close_later(listener);
             }
-            // Connections not accepted yet go with it, and what they
-            // queued (descriptors included: see `closer`).
-            crate::closer::close_later(listener);
         }
         // The lock goes only after the files (a cleanup elsewhere would
         // otherwise find our owner file unlocked and remove it).

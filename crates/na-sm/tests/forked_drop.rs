@@ -129,3 +129,71 @@ fn a_child_forked_while_names_are_taken_can_create_an_instance() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A forked child that drops its copy of a plugin with a live connection
+/// leaves that connection alone: closing a connection's socket shuts it
+/// for reading first, which acts on the socket the parent shares, so an
+/// inherited one must only be closed. The parent's peer stays connected
+/// and its next message arrives.
+#[test]
+fn a_forked_child_dropping_the_plugin_keeps_the_parents_connections() {
+    let dir = std::env::temp_dir().join(format!("qs-sm-forked-drop-conn-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = |listen| {
+        SmConfig {
+            listen,
+            ..SmConfig::default()
+        }
+        .with_dir(&dir)
+    };
+    let mut srv = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let sid = srv
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg(true))?) as Box<dyn Plugin>))
+        .unwrap();
+    let uri = srv.self_addr(sid).unwrap().uri().to_owned();
+    let mut c = Endpoint::new(ProgressMode::Blocking).unwrap();
+    c.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg(false))?) as Box<dyn Plugin>))
+        .unwrap();
+    let to = c.lookup(&uri).unwrap();
+    let exchange = |c: &mut Endpoint, srv: &mut Endpoint, op: u64, what: &[u8]| {
+        srv.post_recv_unexpected(sid, Vec::new(), OpId(op)).unwrap();
+        c.send_unexpected(&to, 0, what, OpId(op + 1)).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < end, "{what:?} never arrived");
+            c.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+            if let Some(k) = std::iter::from_fn(|| srv.pop_completion()).find(|k| k.op == OpId(op)) {
+                assert_eq!(k.buf.as_deref(), Some(what));
+                break;
+            }
+        }
+        let sent = std::iter::from_fn(|| c.pop_completion()).find(|k| k.op == OpId(op + 1));
+        if let Some(k) = sent {
+            k.status.expect("the send");
+        }
+    };
+    exchange(&mut c, &mut srv, 1, b"connected");
+    // SAFETY (test): the child only drops the endpoints and exits at once.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        drop(srv);
+        drop(c);
+        // SAFETY (test): ends the child without running the parent's
+        // atexit handlers or test harness.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY (test): waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    // Give a wrongly cut connection time to be seen as a departure.
+    let end = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < end {
+        c.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+    }
+    exchange(&mut c, &mut srv, 3, b"still connected");
+    drop((c, srv));
+    let _ = std::fs::remove_dir_all(&dir);
+}

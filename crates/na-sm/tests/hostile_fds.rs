@@ -207,6 +207,49 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A jammed closing thread keeps open only what jammed it and what is
+/// queued behind it: the sockets of honest peers that come and go (both
+/// ends are in this process here) are closed in place once read out, so a
+/// jam leaks no descriptor per connection. (Every such socket used to wait
+/// behind the jam, uncounted.)
+#[test]
+fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing_open() {
+    const CLIENTS: usize = 40;
+    let dir = private_dir("hostile-fds-churn");
+    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let settle = |srv: &mut SmPlugin| {
+        let end = Instant::now() + Duration::from_millis(30);
+        while Instant::now() < end {
+            srv.progress().unwrap();
+        }
+    };
+    // The jam, for longer than the test: the socket's close waits out
+    // LINGER on the closing thread (the test process may end first).
+    let (_peer, tcp) = lingering_socket();
+    let conn = UnixStream::connect(&path).unwrap();
+    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
+    drop((tcp, conn));
+    settle(&mut srv);
+    // One client first: what a connection keeps for the plugin's lifetime
+    // (if anything) is not a leak.
+    serves_an_honest_client(&mut srv, &dir, &uri);
+    settle(&mut srv);
+    let jammed = open_fds();
+    for _ in 0..CLIENTS {
+        serves_an_honest_client(&mut srv, &dir, &uri);
+        settle(&mut srv);
+    }
+    settle(&mut srv);
+    let grown = open_fds().saturating_sub(jammed);
+    assert!(
+        grown < CLIENTS / 4,
+        "{grown} more descriptors open after {CLIENTS} clients came and went behind a jammed closing thread"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The closing queue's bound (na-sm's `closer::MAX_PENDING_FDS`).
 fn na_sm_max_pending() -> usize {
     256

@@ -136,6 +136,23 @@ pub fn refuse_passed_fds(sock: BorrowedFd<'_>) -> bool {
     set_int_opt(sock, SO_PASSRIGHTS, 0).is_ok()
 }
 
+/// `shutdown(SHUT_RD)` ([shutdown(2)]): nothing more is queued to the
+/// socket. A stream peer's sends fail with `EPIPE` from then on, and a
+/// listening UNIX socket refuses connections (`ECONNREFUSED`); what was
+/// queued before stays readable. Takes any socket (std's `UnixListener`
+/// has no `shutdown`). It acts on the socket, not the descriptor: every
+/// process sharing the socket sees it.
+///
+/// [shutdown(2)]: https://man7.org/linux/man-pages/man2/shutdown.2.html
+pub fn shutdown_read(sock: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: shutdown takes a descriptor, open for the call (`sock`
+    // borrows it), and a constant; it touches no memory of ours.
+    unsafe {
+        super::syscall!(shutdown(sock.as_raw_fd(), libc::SHUT_RD))?;
+    }
+    Ok(())
+}
+
 /// True if closing `fd` cannot wait on anyone: a regular shmem file that
 /// can carry seals (a memfd, on tmpfs or hugetlbfs), a pipe, or an eventfd,
 /// by [fstatfs(2)], [fstat(2)], `F_GET_SEALS` ([fcntl(2)]) and the
