@@ -1,11 +1,11 @@
 //! Choosing the local device, port and IP address of a plugin instance.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::config::VerbsConfig;
 use crate::error::{Result, VerbsError};
-use crate::sys::{devices, Context};
+use crate::sys::{devices, CmId, Context, EventChannel, PortSpace};
 
 /// The local end a plugin binds to.
 #[derive(Debug, Clone)]
@@ -50,10 +50,40 @@ fn port_ipv4(ctx: &Context, port: u8) -> Result<IpAddr> {
         })
 }
 
-/// Resolves the configured (or default) device, port and IP. The default
-/// device is the first one whose port is active; with no device at all the
-/// error is [`VerbsError::NoDevice`] (what to install or load).
+/// The device and port that own `ip`: where RDMA CM binds it (a probe id,
+/// any port), which is where the plugin's own ids will be. A requested
+/// port must be that one.
+fn of_address(ip: IpAddr, ib_port: Option<u8>) -> Result<LocalPort> {
+    let events = EventChannel::new()?;
+    let probe = CmId::new(&events, PortSpace::Tcp)?;
+    probe.bind(SocketAddr::new(ip, 0))?;
+    let ctx = probe.context()?;
+    let port = probe.port_num();
+    if let Some(requested) = ib_port.filter(|&p| p != port) {
+        return Err(VerbsError::WrongPort {
+            addr: ip.to_string(),
+            device: ctx.name().to_owned(),
+            actual: port,
+            requested,
+        });
+    }
+    check_port(&ctx, port)?;
+    Ok(LocalPort {
+        device: ctx.name().to_owned(),
+        ib_port: port,
+        ip,
+    })
+}
+
+/// Resolves the configured (or default) device, port and IP. Given an IP
+/// and no device, the device and port are those the IP belongs to. The
+/// default device is otherwise the first one whose port is active; with
+/// no device at all the error is [`VerbsError::NoDevice`] (what to install
+/// or load).
 pub(crate) fn choose(cfg: &VerbsConfig) -> Result<LocalPort> {
+    if let (None, Some(bind)) = (&cfg.device, cfg.bind) {
+        return of_address(bind.ip(), cfg.ib_port);
+    }
     let port = cfg.ib_port.unwrap_or(1);
     let ctx: Arc<Context> = match &cfg.device {
         Some(name) => {

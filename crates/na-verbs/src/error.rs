@@ -74,6 +74,18 @@ pub enum VerbsError {
         /// The device that was asked for.
         requested: String,
     },
+    /// The bind address belongs to another port than the one requested.
+    #[error("address {addr} belongs to port {actual} of RDMA device `{device}`, not the requested port {requested}")]
+    WrongPort {
+        /// The address.
+        addr: String,
+        /// The device RDMA CM bound it to.
+        device: String,
+        /// The port RDMA CM bound it to.
+        actual: u8,
+        /// The port that was asked for.
+        requested: u8,
+    },
     /// `ibv_get_device_list` failed.
     #[error("ibv_get_device_list failed: {source}")]
     DeviceList {
@@ -196,6 +208,7 @@ impl VerbsError {
             | VerbsError::PortDown { .. }
             | VerbsError::NoAddress { .. }
             | VerbsError::WrongDevice { .. }
+            | VerbsError::WrongPort { .. }
             | VerbsError::InvalidArgument { .. } => None,
         }
     }

@@ -193,6 +193,15 @@ impl VerbsPlugin {
             }
             .into());
         }
+        if cfg.bind.is_some() && local_id.port_num() != local.ib_port {
+            return Err(crate::VerbsError::WrongPort {
+                addr: local.ip.to_string(),
+                device: local.device,
+                actual: local_id.port_num(),
+                requested: local.ib_port,
+            }
+            .into());
+        }
         let self_key = local_id.local_addr().ok_or_else(|| NaError::Plugin {
             plugin: SCHEME,
             message: "rdma_bind_addr gave no local address".into(),

@@ -259,6 +259,73 @@ fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
     assert!(got.iter().all(|&b| b == 7), "put after re-registration");
 }
 
+/// Given an IP and no device, a plugin binds on the device and port the
+/// IP belongs to, not on the first device (which a host with several NICs
+/// may not have the IP on: that used to fail with "belongs to RDMA device
+/// X, not the requested Y"); a port the IP is not on is a clear error. The
+/// soft-RoCE VM has a second device (rxe1, `RXE_VM_DEV2`/`RXE_VM_ADDR2`)
+/// for the case that matters.
+#[test]
+fn an_address_without_a_device_binds_on_the_device_it_belongs_to() {
+    let test = "an_address_without_a_device_binds_on_the_device_it_belongs_to";
+    let Some(env) = common::rdma_env(test) else {
+        return;
+    };
+    let plugin_at = |spec: &str, edit: fn(&mut VerbsConfig)| {
+        let mut cfg = VerbsConfig::from_spec(spec, true).unwrap();
+        edit(&mut cfg);
+        VerbsPlugin::new(PluginId(0), cfg)
+    };
+    let p = plugin_at(&format!("verbs://{}:0", env.ip), |_| {}).expect("the address's own device");
+    let uri = p.self_addr().uri().to_owned();
+    assert!(uri.starts_with(&format!("verbs://{}/{}:", env.device, env.ip)), "{uri}");
+    drop(p);
+    let e = plugin_at(&format!("verbs://{}:0", env.ip), |c| c.ib_port = Some(2))
+        .err()
+        .expect("the address is on port 1")
+        .to_string();
+    assert!(e.contains("port 1") && e.contains("requested port 2"), "{e}");
+    let (Ok(dev2), Ok(ip2)) = (std::env::var("RXE_VM_DEV2"), std::env::var("RXE_VM_ADDR2")) else {
+        assert!(
+            std::env::var_os("RXE_VM").is_none(),
+            "{test}: the soft-RoCE VM makes a second device (rxe1): RXE_VM_DEV2/RXE_VM_ADDR2 missing"
+        );
+        na_core::testing::report_not_run(&format!(
+            "{test}: the second-device part (one RDMA device here; the soft-RoCE VM has two)"
+        ));
+        return;
+    };
+    let p = plugin_at(&format!("verbs://{ip2}:0"), |_| {}).expect("the second device, by its address");
+    let uri = p.self_addr().uri().to_owned();
+    assert!(uri.starts_with(&format!("verbs://{dev2}/{ip2}:")), "{uri}");
+    // It works there: a client on the same device sends it a message.
+    let mut srv = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let sid = srv
+        .add_plugin(|id| {
+            let cfg = VerbsConfig::from_spec(&format!("verbs://{ip2}:0"), true)?;
+            Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>)
+        })
+        .unwrap();
+    drop(p);
+    let mut cli = Endpoint::new(ProgressMode::Blocking).unwrap();
+    cli.add_plugin(|id| {
+        let cfg = VerbsConfig::from_spec(&format!("verbs://{ip2}:0"), false)?;
+        Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>)
+    })
+    .unwrap();
+    let to = cli.lookup(srv.self_addr(sid).unwrap().uri()).unwrap();
+    srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
+    cli.send_unexpected(&to, 5, b"on rxe1", OpId(2)).unwrap();
+    let (_, got) = drive_two(&mut cli, &mut srv, |_, s| !s.is_empty());
+    assert_eq!(got[0].buf.as_deref(), Some(&b"on rxe1"[..]), "{got:?}");
+    // Asking for the first device with the second's address is refused.
+    let e = plugin_at(&format!("verbs://{}/{ip2}:0", env.device), |_| {})
+        .err()
+        .expect("the address is not the first device's")
+        .to_string();
+    assert!(e.contains(&dev2) && e.contains(&env.device), "{e}");
+}
+
 /// A handle never described (only this process holds its keys) whose
 /// registration the monitor invalidated is registered again by the next
 /// RMA that uses it, and the transfer moves the bytes the handle holds now,
