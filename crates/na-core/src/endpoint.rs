@@ -358,7 +358,9 @@ impl Endpoint {
     /// True if every plugin agrees that the caller may sleep on the poll fd
     /// now (see [`Plugin::try_wait`]). Call it right before sleeping. A
     /// plugin's failure to arm is returned (the first one; the caller must
-    /// not sleep then).
+    /// not sleep then). Until the sleeper wakes, other threads may post
+    /// and cancel operations but not progress the endpoint (see
+    /// [`Plugin::try_wait`]).
     pub fn try_wait(&mut self) -> Result<bool> {
         if !self.completions.is_empty() || self.pull_ready() > 0 {
             return Ok(false);

@@ -332,6 +332,15 @@ pub trait Plugin: Send {
     /// event set failed, say): the caller must not sleep on the fd, which
     /// might never become readable, and should report the error rather
     /// than retry in a loop.
+    ///
+    /// While the owner sleeps, other threads (holding whatever lock the
+    /// owner shares the plugin under) may post, send, transfer and cancel:
+    /// a call that queues a completion, or takes events the owner's fd
+    /// announced, makes the fd readable again. They must not call
+    /// `progress`: a progress call lowers the wake-up flags `try_wait`
+    /// raised, and peers then stop signalling the sleeper. A thread that
+    /// progresses anyway must see that the sleeper looks again, for example
+    /// by having it sleep with a timeout.
     fn try_wait(&mut self) -> Result<bool>;
 
     /// Sleeps on the plugin's own wait primitive, for an endpoint that has

@@ -548,6 +548,10 @@ impl SmPlugin {
                 }
             }
         }
+        // A wake-up of the owner not seen yet stays due now.
+        if self.owner_woken {
+            earliest(Instant::now());
+        }
         if let Err(e) = self.timer.set(next) {
             tracing::warn!(error = %e, "sm: setting the deadline timer failed");
         }

@@ -110,6 +110,13 @@ pub struct SmPlugin {
     pub(crate) stats: PluginStats,
     /// try_wait raised flags that progress must lower (and drain events).
     pub(crate) armed: bool,
+    /// The last `arm` let the owner sleep with a ring whose next message
+    /// the flow bound holds back: only a receive posted for it releases
+    /// it, and one posted from another thread must wake the owner.
+    pub(crate) rings_held: bool,
+    /// [`wake_owner`](Self::wake_owner) set the timer to fire now and its
+    /// expiry was not read yet: a timer update must not put it later.
+    pub(crate) owner_woken: bool,
     pub(crate) tick: u32,
     /// `spin_wait` passed the tick at which socket events are due.
     pub(crate) events_owed: bool,
@@ -212,8 +219,19 @@ impl SmPlugin {
     /// see. Its progress then handles them (and sets the timer back).
     #[cold]
     pub(crate) fn wake_owner(&mut self) {
-        if let Err(e) = self.timer.set(Some(std::time::Instant::now())) {
-            tracing::warn!(error = %e, "sm: waking the owner through the timer failed");
+        match self.timer.set(Some(std::time::Instant::now())) {
+            Ok(()) => self.owner_woken = true,
+            Err(e) => tracing::warn!(error = %e, "sm: waking the owner through the timer failed"),
+        }
+    }
+
+    /// [`wake_owner`](Self::wake_owner) after a receive was posted from
+    /// another thread while the owner sleeps past a held ring (see
+    /// `rings_held`): the receive may be what releases its message.
+    #[inline]
+    fn wake_owner_if_held(&mut self) {
+        if self.armed && self.rings_held {
+            self.wake_owner();
         }
     }
 
@@ -317,6 +335,8 @@ impl SmPlugin {
             completions: VecDeque::new(),
             stats: PluginStats::default(),
             armed: false,
+            rings_held: false,
+            owner_woken: false,
             tick: 0,
             events_owed: false,
             maybe_backlog: false,
@@ -724,6 +744,7 @@ impl Plugin for SmPlugin {
         self.matcher.post_unexpected(op, buf, &mut self.completions);
         self.resume_if_queued_taken();
         self.wake_owner_if_work();
+        self.wake_owner_if_held();
         Ok(())
     }
 
@@ -749,12 +770,16 @@ impl Plugin for SmPlugin {
         }
         self.resume_if_queued_taken();
         self.wake_owner_if_work();
+        self.wake_owner_if_held();
         Ok(())
     }
 
     fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         self.check_dest(dest)?;
-        self.rma_batch(dest, ops)
+        let r = self.rma_batch(dest, ops);
+        // Its completions are queued already (see `wake_owner_if_work`).
+        self.wake_owner_if_work();
+        r
     }
 
     /// Records the handle's segments as exposed (see `exposed`): a
@@ -800,7 +825,9 @@ impl Plugin for SmPlugin {
     }
 
     fn cancel(&mut self, op: OpId) -> Result<()> {
-        self.cancel_op(op)
+        let r = self.cancel_op(op);
+        self.wake_owner_if_work();
+        r
     }
 
     fn poll_fd(&self) -> Option<RawFd> {

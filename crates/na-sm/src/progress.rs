@@ -305,6 +305,7 @@ impl SmPlugin {
             return false;
         }
         self.armed = true;
+        self.rings_held = false;
         let max_queued = self.cfg.max_queued_per_peer;
         let over_total = self.connected_over_total();
         for peer in self.peers.iter_mut() {
@@ -323,6 +324,7 @@ impl SmPlugin {
                     if !held {
                         return false;
                     }
+                    self.rings_held = true;
                 }
                 if !c.arm_backlog() {
                     return false;
@@ -384,6 +386,7 @@ impl SmPlugin {
             // (clearing disarms it: remember that it fired).
             self.timer.clear();
             self.timer_fired = true;
+            self.owner_woken = false;
             return;
         }
         let serial = token & !(WAKE_BIT | PIDFD_BIT);
@@ -732,6 +735,8 @@ impl SmPlugin {
             return Some(Err(dup(op)));
         }
         if self.try_send_now(tok, msg, Some(op))? {
+            // Its completion is queued: an owner asleep must look.
+            self.wake_owner_if_work();
             return Some(Ok(()));
         }
         self.queue_send(tok, msg, op, Report::All)
@@ -819,6 +824,8 @@ impl SmPlugin {
             conn.armed = true;
             if !conn.arm_backlog() {
                 self.flush_backlogs();
+                // Sends the flush completed (this one, or others).
+                self.wake_owner_if_work();
             }
         }
         Some(Ok(()))

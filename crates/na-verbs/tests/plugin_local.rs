@@ -278,7 +278,10 @@ fn an_address_without_a_device_binds_on_the_device_it_belongs_to() {
     };
     let p = plugin_at(&format!("verbs://{}:0", env.ip), |_| {}).expect("the address's own device");
     let uri = p.self_addr().uri().to_owned();
-    assert!(uri.starts_with(&format!("verbs://{}/{}:", env.device, env.ip)), "{uri}");
+    assert!(
+        uri.starts_with(&format!("verbs://{}/{}:", env.device, env.ip)),
+        "{uri}"
+    );
     drop(p);
     let e = plugin_at(&format!("verbs://{}:0", env.ip), |c| c.ib_port = Some(2))
         .err()
