@@ -133,6 +133,10 @@ pub struct VerbsPlugin {
     pub(crate) stats: PluginStats,
     pub(crate) wcs: Vec<WorkCompletion>,
     pub(crate) calls: u32,
+    /// `try_wait` said the owner may sleep, and no progress call came
+    /// since: a call from another thread that queues a completion must
+    /// wake it (see [`wake_owner_if_work`](Self::wake_owner_if_work)).
+    pub(crate) armed: bool,
     pub(crate) cache: Arc<Cache<IbvRegistrar>>,
     pub(crate) cq: Arc<CompletionQueue>,
     pub(crate) comp: Arc<CompletionChannel>,
@@ -272,6 +276,7 @@ impl VerbsPlugin {
             stats: PluginStats::default(),
             wcs: Vec::with_capacity(64),
             calls: 0,
+            armed: false,
             cache: Arc::new(cache),
             cq,
             comp,
@@ -329,6 +334,19 @@ impl VerbsPlugin {
                 reason: reason.clone(),
             }),
             None => Ok(p),
+        }
+    }
+
+    /// Makes the poll fd readable (the deadline timer fires now) if the
+    /// owner may be asleep on it and completions wait: a call from another
+    /// thread queued them (a receive that matched a held message, a
+    /// cancel, a send to a peer already gone), and nothing else would wake
+    /// it. The timer's next sweep puts it back to the next deadline. One
+    /// load when nobody sleeps.
+    #[inline]
+    pub(crate) fn wake_owner_if_work(&mut self) {
+        if self.armed && !self.completions.is_empty() {
+            self.arm_deadline(Instant::now());
         }
     }
 
@@ -412,11 +430,15 @@ impl Plugin for VerbsPlugin {
     }
 
     fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
-        self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Slice(data), op)
+        let r = self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Slice(data), op);
+        self.wake_owner_if_work();
+        r
     }
 
     fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
-        self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Slice(data), op)
+        let r = self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Slice(data), op);
+        self.wake_owner_if_work();
+        r
     }
 
     /// Registered buffers: sends from them need no copy (see `msgbuf.rs`).
@@ -425,19 +447,27 @@ impl Plugin for VerbsPlugin {
     }
 
     fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
-        self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Buf(buf), op)
+        let r = self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Buf(buf), op);
+        self.wake_owner_if_work();
+        r
     }
 
     fn send_expected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
-        self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Buf(buf), op)
+        let r = self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Buf(buf), op);
+        self.wake_owner_if_work();
+        r
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
-        self.recv_unexpected(buf, op)
+        let r = self.recv_unexpected(buf, op);
+        self.wake_owner_if_work();
+        r
     }
 
     fn post_recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
-        self.recv_expected(source, tag, buf, op)
+        let r = self.recv_expected(source, tag, buf, op);
+        self.wake_owner_if_work();
+        r
     }
 
     /// A handle registered already keeps its registration while it is
@@ -456,11 +486,15 @@ impl Plugin for VerbsPlugin {
     }
 
     fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
-        self.rma_batch(dest, ops)
+        let r = self.rma_batch(dest, ops);
+        self.wake_owner_if_work();
+        r
     }
 
     fn cancel(&mut self, op: OpId) -> Result<()> {
-        self.cancel_op(op)
+        let r = self.cancel_op(op);
+        self.wake_owner_if_work();
+        r
     }
 
     fn poll_fd(&self) -> Option<RawFd> {

@@ -21,6 +21,7 @@ const WC_RNR: u32 = 13;
 
 impl VerbsPlugin {
     pub(crate) fn progress_inner(&mut self) -> Result<usize> {
+        self.armed = false;
         let before = self.completions.len();
         self.calls = self.calls.wrapping_add(1);
         self.poll_cq()?;
@@ -46,7 +47,9 @@ impl VerbsPlugin {
         let cm = self.poll_cm()?;
         self.reap_dead();
         self.sweep_deadlines();
-        Ok(n == 0 && cm == 0 && self.completions.is_empty())
+        let idle = n == 0 && cm == 0 && self.completions.is_empty();
+        self.armed = idle;
+        Ok(idle)
     }
 
     /// Polls the CQ until it is empty (bounded per call). Completions a

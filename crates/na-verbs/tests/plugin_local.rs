@@ -329,6 +329,60 @@ fn an_address_without_a_device_binds_on_the_device_it_belongs_to() {
     assert!(e.contains(&dev2) && e.contains(&env.device), "{e}");
 }
 
+/// Calls from another thread that complete something at once while the
+/// owner sleeps on the endpoint's fd (after `try_wait`) make the fd
+/// readable: a receive that takes a message the plugin held, a cancel of
+/// a posted receive. Each used to leave the completion unseen until an
+/// unrelated event woke the owner.
+#[test]
+fn completions_queued_while_the_owner_sleeps_wake_it() {
+    let Some(env) = common::rdma_env("completions_queued_while_the_owner_sleeps_wake_it") else {
+        return;
+    };
+    let mut p = pair(&env);
+    let readable = |ep: &Endpoint| {
+        use std::os::fd::AsFd;
+        na_verbs::sys::poll_readable(ep.as_fd(), Some(Duration::ZERO)).expect("poll")
+    };
+    let sleep_srv = |p: &mut Pair, what: &str| {
+        let end = Instant::now() + T;
+        while !p.srv.try_wait().unwrap() {
+            assert!(Instant::now() < end, "{what}: the server never became idle");
+            p.srv.progress(Some(Duration::ZERO)).unwrap();
+            p.cli.progress(Some(Duration::ZERO)).unwrap();
+            while p.srv.pop_completion().is_some() {}
+        }
+        assert!(!readable(&p.srv), "{what}: readable while idle");
+    };
+    for round in 0..3u64 {
+        // A message the server holds: no receive is posted for it.
+        p.cli
+            .send_unexpected(&p.srv_addr, 4, b"held", OpId(10 + round))
+            .unwrap();
+        drive(&mut p, |c, _| c.iter().any(|c| c.op == OpId(10 + round)));
+        sleep_srv(&mut p, "receive");
+        p.srv
+            .post_recv_unexpected(p.srv_id, Vec::new(), OpId(100 + round))
+            .unwrap();
+        assert!(
+            readable(&p.srv),
+            "round {round}: a receive that took a held message left the fd quiet"
+        );
+        p.srv.progress(Some(Duration::ZERO)).unwrap();
+        let got: Vec<_> = std::iter::from_fn(|| p.srv.pop_completion()).collect();
+        assert!(got.iter().any(|c| c.op == OpId(100 + round)), "{got:?}");
+        // A receive canceled while the owner sleeps.
+        p.srv
+            .post_recv_unexpected(p.srv_id, Vec::new(), OpId(200 + round))
+            .unwrap();
+        sleep_srv(&mut p, "cancel");
+        p.srv.cancel(p.srv_id, OpId(200 + round)).unwrap();
+        assert!(readable(&p.srv), "round {round}: a cancel left the fd quiet");
+        p.srv.progress(Some(Duration::ZERO)).unwrap();
+        while p.srv.pop_completion().is_some() {}
+    }
+}
+
 /// A handle never described (only this process holds its keys) whose
 /// registration the monitor invalidated is registered again by the next
 /// RMA that uses it, and the transfer moves the bytes the handle holds now,
