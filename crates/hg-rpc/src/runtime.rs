@@ -222,9 +222,22 @@ impl Shared {
                 }
             }
             waited = true;
-            tokio::time::sleep(pause).await;
+            self.timer(|| tokio::time::sleep(pause)).await;
             pause = (pause * 2).min(LOOKUP_RETRY_MAX);
         }
+    }
+
+    /// Makes a timer (`make`: a `tokio::time` sleep or timeout) on the
+    /// engine's runtime, whatever runtime (if any) the calling task runs
+    /// on. tokio ties a timer to the runtime current where it is made, and
+    /// panics if there is none or if that one has no time driver; but the
+    /// engine's futures may be polled by any executor (another runtime,
+    /// one built without timers, a `block_on` with no runtime at all). The
+    /// engine's runtime has a time driver (`spawn` checks) and runs the
+    /// timer; the future holding it may then be polled from anywhere.
+    pub(super) fn timer<T>(&self, make: impl FnOnce() -> T) -> T {
+        let _on_engine_runtime = self.runtime.enter();
+        make()
     }
 
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
@@ -475,6 +488,12 @@ async fn answer_even_if_it_panics(
 /// endpoint's fd, and timeouts, TTLs and the pause after a failed turn
 /// are timers. Dropping a call's future abandons the call cleanly (a late
 /// response is discarded). Dropping the `AsyncEngine` stops the driver.
+///
+/// Its futures (calls, [`drained`](Self::drained), transfers) need not be
+/// polled on that runtime: another runtime, one built without timers, or
+/// an executor that is no tokio runtime at all may poll them. Their
+/// timers are made on the engine's runtime, which must keep running (as
+/// the driver needs it to anyway).
 pub struct AsyncEngine {
     shared: Arc<Shared>,
     driver: JoinHandle<()>,
@@ -709,7 +728,10 @@ impl AsyncEngine {
                 }
             }
             let left = grace.saturating_sub(start.elapsed());
-            let _ = tokio::time::timeout(left.min(DRAIN_RECHECK), moved).await;
+            let _ = self
+                .shared
+                .timer(|| tokio::time::timeout(left.min(DRAIN_RECHECK), moved))
+                .await;
         }
     }
 
@@ -731,7 +753,7 @@ impl AsyncEngine {
             id,
             armed: true,
         };
-        match tokio::time::timeout(timeout, rx).await {
+        match self.shared.timer(|| tokio::time::timeout(timeout, rx)).await {
             Ok(Ok(())) => {
                 guard.armed = false;
                 let r = self.shared.engine().take_response::<R>(id);

@@ -250,7 +250,7 @@ impl Shared {
         });
         for (id, rx) in &mut waits {
             let waited = match deadline {
-                Some(at) => tokio::time::timeout_at(at, &mut *rx).await.ok(),
+                Some(at) => self.timer(|| tokio::time::timeout_at(at, &mut *rx)).await.ok(),
                 None => None,
             };
             match waited {
@@ -278,7 +278,10 @@ impl Shared {
         let (started, mut warned) = (Instant::now(), false);
         while guard.ended < waits.len() {
             let (id, rx) = &mut waits[guard.ended];
-            let ended = match tokio::time::timeout(CANCEL_WAIT_WARNING, &mut *rx).await {
+            let ended = match self
+                .timer(|| tokio::time::timeout(CANCEL_WAIT_WARNING, &mut *rx))
+                .await
+            {
                 Ok(r) => r,
                 Err(_) => {
                     if !warned {

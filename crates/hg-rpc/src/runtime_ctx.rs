@@ -128,6 +128,8 @@ impl Drop for RunningTransfer {
 /// handler returned, before it answers: the caller may free its memory at
 /// the answer. (Closed first, so that a task that keeps the context and
 /// starts transfer after transfer cannot hold the answer back for ever.)
+/// It runs on the handler's task, on the engine's runtime: its timers are
+/// made there without [`Shared::timer`].
 pub(super) async fn wait_for_transfers(transfers: &HandlerTransfers, shared: &Weak<Shared>) {
     transfers.lock().closing = true;
     let (started, mut warned) = (Instant::now(), false);

@@ -967,3 +967,97 @@ fn spawning_in_a_runtime_without_io_or_time_is_an_error() {
     let (ep, id) = common::endpoint(&d, false);
     assert!(hg_rpc::AsyncEngine::spawn(hg_rpc::Engine::new(ep, id).unwrap()).is_ok());
 }
+
+/// Polls `f` to its end on this thread, with no tokio runtime around it:
+/// the smallest executor (the waker unparks the thread).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// An engine's futures (a call with its timeout, `drained`, a transfer)
+/// may be polled outside the engine's runtime: from a runtime built with
+/// I/O only (no timers), or with no runtime at all. Their timers are
+/// made on the engine's runtime, which runs them; tokio would otherwise
+/// panic as the timer is made ("timers are disabled", "no reactor
+/// running").
+#[test]
+fn futures_polled_outside_the_engines_runtime_work() {
+    let _serial = ONE_AT_A_TIME.blocking_lock();
+    let dir = common::dir("async-foreign-executor");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, client) = {
+        let _in = rt.enter();
+        (
+            common::async_engine(&dir, true),
+            common::async_engine(&dir, false),
+        )
+    };
+    server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    server
+        .register_async::<Sleep, _, _>(move |_| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.map_err(|e| e.to_string())?.forget();
+                Ok(())
+            }
+        })
+        .unwrap();
+    let io_only = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let s = block_on(client.lookup(&server.self_addr().to_string())).unwrap();
+
+    // Calls with a timeout, from both executors.
+    assert_eq!(io_only.block_on(client.call::<Add>(&s, &(2, 3), T)).unwrap(), 5);
+    assert_eq!(block_on(client.call::<Add>(&s, &(4, 5), T)).unwrap(), 9);
+    // The timeout itself fires.
+    let r = block_on(client.call::<Sleep>(&s, &0, Duration::from_millis(100)));
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+
+    // A transfer: the client pulls the server's memory.
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let remote = server
+        .expose(vec![data.clone()], na_core::Access::ReadOnly)
+        .unwrap();
+    let local = client
+        .expose(vec![vec![0; data.len()]], na_core::Access::ReadWrite)
+        .unwrap();
+    io_only
+        .block_on(client.bulk(hg_rpc::BulkOp::Pull, &remote, 0, &local, 0, data.len() as u64, T))
+        .unwrap();
+    assert!(local.local().unwrap().to_vec() == data, "pulled data differs");
+
+    // Draining, while the handler of the timed-out call still waits.
+    let end = Instant::now() + T;
+    while server.stats().deferred_in_flight < 1 {
+        assert!(Instant::now() < end, "{:?}", server.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.begin_drain().unwrap();
+    assert!(!io_only
+        .block_on(server.drained(Duration::from_millis(50)))
+        .unwrap());
+    gate.add_permits(1);
+    assert!(block_on(server.drained(T)).unwrap(), "{:?}", server.stats());
+}
