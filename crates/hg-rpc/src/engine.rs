@@ -113,7 +113,8 @@ pub(crate) mod test_support {
 pub(crate) use bulk_ops::{check_owner, CANCEL_WAIT_WARNING};
 pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
 
-struct Handler {
+/// A registered handler (see [`Engine::take_handlers`]).
+pub(crate) struct Handler {
     name: &'static str,
     /// `None`: a deferred handler; requests wait in `deferred_requests` for
     /// an executor (the tokio front end) to answer them.
@@ -740,6 +741,15 @@ impl<C: Codec> Engine<C> {
             });
         }
         Ok(id)
+    }
+
+    /// Takes every registered handler out, with what its closure
+    /// captured, for the caller to drop when it likes: the tokio front
+    /// end's `AsyncEngine::shutdown` drops them once it let the engine's
+    /// lock go (a closure may hold what keeps the engine alive). A request
+    /// that comes later finds no handler registered.
+    pub(crate) fn take_handlers(&mut self) -> FastMap<u64, Handler> {
+        std::mem::take(&mut self.handlers)
     }
 
     /// Registers `R` as deferred: its requests are queued for

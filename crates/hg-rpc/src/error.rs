@@ -99,8 +99,10 @@ pub enum RpcError {
         what: &'static str,
     },
     /// The `AsyncEngine`'s driver task stopped (its tokio runtime shut
-    /// down, or waiting on the endpoint's fd failed): nothing moves calls
-    /// any more, so this call failed at once instead of at its timeout.
+    /// down, waiting on the endpoint's fd failed, or
+    /// `AsyncEngine::shutdown` was called): nothing moves calls any more,
+    /// so this call failed at once instead of at its timeout (and a
+    /// registration is refused).
     #[error("{rpc} failed: the engine's driver stopped: {reason}")]
     DriverStopped {
         /// The RPC name.

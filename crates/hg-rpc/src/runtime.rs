@@ -402,6 +402,9 @@ impl Shared {
     }
 }
 
+/// Why the driver stopped after [`AsyncEngine::shutdown`].
+const SHUT_DOWN: &str = "AsyncEngine::shutdown was called";
+
 /// The handler error a request gets whose handler task was dropped.
 const DROPPED_HANDLER: &str =
     "the handler's task was dropped before it answered (its runtime shut down, or the task was aborted)";
@@ -581,17 +584,38 @@ impl AsyncEngine {
     /// that calls the engine, or that takes long, belongs in
     /// [`register_async`](Self::register_async).
     /// A panic in it answers the caller with a handler error.
+    ///
+    /// The engine owns its handlers: a handler that holds this engine (an
+    /// `Arc<AsyncEngine>` captured by its closure) keeps it alive for ever,
+    /// its driver, listener and shared memory included, even once every
+    /// other `Arc` is dropped. Capture a
+    /// [`Weak`](std::sync::Weak)`<AsyncEngine>` instead, or call
+    /// [`shutdown`](Self::shutdown) before dropping the engine. Once the
+    /// engine is shut down (or its driver stopped otherwise), registering
+    /// fails with [`RpcError::DriverStopped`].
     pub fn register<R: Rpc>(
         &self,
         handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
     ) -> Result<()> {
-        self.shared
-            .try_engine("AsyncEngine::register")?
-            .register::<R>(handler)
+        let mut e = self.shared.try_engine("AsyncEngine::register")?;
+        // Under the engine lock, which `shutdown` holds while it stops the
+        // engine and takes the handlers out: none is left behind.
+        self.shared.check_running_quiet("AsyncEngine::register")?;
+        e.register::<R>(handler)
     }
 
     /// Registers an async handler for `R`: each request runs as its own
     /// tokio task, so a slow handler does not hold up others.
+    ///
+    /// A handler that makes calls on this engine (a nested RPC) needs the
+    /// engine in its closure: capture a
+    /// [`Weak`](std::sync::Weak)`<AsyncEngine>` and upgrade it per request,
+    /// or capture an `Arc` and call [`shutdown`](Self::shutdown) before
+    /// dropping the engine. The engine owns its handlers, so an `Arc` in
+    /// one is a cycle: dropping every other `Arc` then stops nothing, and
+    /// the driver, listener and shared memory live for ever. Registering
+    /// on an engine shut down (or whose driver stopped) fails with
+    /// [`RpcError::DriverStopped`].
     pub fn register_async<R, F, Fut>(&self, handler: F) -> Result<()>
     where
         R: Rpc,
@@ -606,7 +630,9 @@ impl AsyncEngine {
     /// [`AsyncBulkCtx`] (the async [`BulkCtx`](crate::BulkCtx)): for
     /// example a `put` that pulls the data from the client's handle in its
     /// request. The context knows the caller, so a transfer with a handle
-    /// someone else owns is refused.
+    /// someone else owns is refused. The engine owns the handler: see
+    /// [`register_async`](Self::register_async) on a handler that holds
+    /// its engine.
     pub fn register_async_with_bulk<R, F, Fut>(&self, handler: F) -> Result<()>
     where
         R: Rpc,
@@ -632,6 +658,8 @@ impl AsyncEngine {
         // requests to handlers: none sees the RPC registered without its
         // handler installed.
         let mut e = self.shared.try_engine("AsyncEngine::register_async")?;
+        // Under the engine lock, as in `register`.
+        self.shared.check_running_quiet("AsyncEngine::register_async")?;
         e.register_deferred::<R>()?;
         self.shared
             .async_handlers
@@ -690,6 +718,52 @@ impl AsyncEngine {
             driver_sleeps: self.shared.sleeps.load(Ordering::Relaxed),
             ..self.shared.engine_for("AsyncEngine::stats").stats()
         }
+    }
+
+    /// Stops the engine for good, while it is still referenced: the
+    /// driver stops, calls waiting fail at once and later calls,
+    /// transfers and registrations are refused, with
+    /// [`RpcError::DriverStopped`] whose reason names this method; and
+    /// every handler, plain and async, is taken out and dropped, with what
+    /// its closure captured. Dropping the `AsyncEngine` afterwards then
+    /// releases the engine (its listener, connections and shared memory)
+    /// even if a handler held an `Arc` of it: call this before dropping an
+    /// engine whose handlers hold it (see [`register_async`](Self::register_async)).
+    /// To let requests taken finish first, [`begin_drain`](Self::begin_drain)
+    /// and await [`drained`](Self::drained) before.
+    ///
+    /// The handlers are dropped once the engine's locks are let go, so a
+    /// closure whose drop ends the last reference to anything (this engine
+    /// included) takes no lock held here. A handler task still running
+    /// keeps its handler, and what it captured, until it returns (its
+    /// calls on this engine fail at once), and its answer may not reach
+    /// its caller. Requests not yet handed to a handler are not answered.
+    /// Calling it again does nothing. From a plain handler of this engine
+    /// it fails with [`RpcError::HandlerReentry`] and changes nothing.
+    pub fn shutdown(&self) -> Result<()> {
+        let (plain, asynchronous) = {
+            let mut e = self.shared.try_engine("AsyncEngine::shutdown")?;
+            let mut w = self.shared.waiters();
+            self.shared.mark_stopped(&mut w, || SHUT_DOWN.into());
+            drop(w);
+            // Both under the engine lock, which registrations hold while
+            // they check that the engine runs: none comes after.
+            let plain = e.take_handlers();
+            let asynchronous = std::mem::take(
+                &mut *self
+                    .shared
+                    .async_handlers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            (plain, asynchronous)
+        };
+        // No lock held: the driver's exit takes the waiters' lock if the
+        // task is dropped at once.
+        self.driver.abort();
+        drop(plain);
+        drop(asynchronous);
+        Ok(())
     }
 
     /// Stops taking requests (see [`Engine::begin_drain`]): each new one

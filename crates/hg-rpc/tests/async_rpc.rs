@@ -511,6 +511,97 @@ async fn dropping_the_engine_does_not_wait_for_running_handlers() {
     }
 }
 
+/// The `.sock` files in `dir` (a listening engine's socket).
+fn sockets(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "sock")
+        })
+        .count()
+}
+
+/// Handlers that hold their own engine (an `Arc`, to make nested calls)
+/// make a reference cycle, which `shutdown` breaks: it takes the handlers
+/// out, so dropping the engine afterwards releases it (its socket goes).
+/// Calls and registrations after it fail, saying so; from a plain
+/// handler it is a reentry error that changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-shutdown");
+    let server = Arc::new(common::async_engine(&dir, true));
+    server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
+    // A plain handler holding the engine, which tries to shut it down.
+    let me = server.clone();
+    server
+        .register::<Fail>(move |_| match me.shutdown() {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => Ok(()),
+        })
+        .unwrap();
+    // An async handler holding the engine, for a nested call on it.
+    let me = server.clone();
+    server
+        .register_async::<Echo, _, _>(move |data| {
+            let me = me.clone();
+            async move {
+                let n = me
+                    .call::<Add>(&me.self_addr(), &(data.len() as u64, 1), T)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(vec![n as u8])
+            }
+        })
+        .unwrap();
+    let client = common::async_engine(&dir, false);
+    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
+    assert_eq!(client.call::<Echo>(&s, &vec![0; 3], T).await.unwrap(), vec![4]);
+    match client.call::<Fail>(&s, &String::new(), T).await {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.contains("AsyncEngine::shutdown"), "{message}")
+        }
+        other => panic!("expected the reentry error, got {other:?}"),
+    }
+    // Unchanged: it serves on.
+    assert_eq!(client.call::<Echo>(&s, &vec![0; 5], T).await.unwrap(), vec![6]);
+    assert_eq!(sockets(&dir), 1, "the server's socket");
+
+    server.shutdown().unwrap();
+    server.shutdown().unwrap();
+    let stopped = |r: RpcError| match r {
+        RpcError::DriverStopped { reason, .. } => {
+            assert!(reason.contains("AsyncEngine::shutdown"), "{reason}")
+        }
+        other => panic!("expected DriverStopped, got {other:?}"),
+    };
+    stopped(
+        server
+            .call::<Add>(&server.self_addr(), &(1, 2), T)
+            .await
+            .unwrap_err(),
+    );
+    stopped(server.register::<Count>(|()| Ok((0, 0))).unwrap_err());
+    stopped(
+        server
+            .register_async::<Count, _, _>(|()| async { Ok((0, 0)) })
+            .unwrap_err(),
+    );
+    drop(server);
+    let end = Instant::now() + Duration::from_secs(3);
+    while sockets(&dir) > 0 {
+        assert!(
+            Instant::now() < end,
+            "the engine's socket is still there: its handlers keep it alive"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Pulled inputs that async handlers still hold count against the pull
 /// budget until answered: a slow handler cannot make the server hold any
 /// number of large inputs (they were counted only while being pulled).
