@@ -585,6 +585,17 @@ impl AsyncEngine {
     /// [`register_async`](Self::register_async).
     /// A panic in it answers the caller with a handler error.
     ///
+    /// Nor may a plain handler call the blocking methods of **another**
+    /// `AsyncEngine` (every method locks its engine, `call_one_way`,
+    /// `expose`, `stats` and `self_addr` included) if that engine's plain
+    /// handlers may, directly or through other engines, call this one:
+    /// each handler then holds its own engine locked while it waits for
+    /// the other's lock, and both drivers hang for good. Only a call of
+    /// the handler's own engine is detected (the
+    /// [`RpcError::HandlerReentry`] above); this is not. Handlers that
+    /// call engines belong in [`register_async`](Self::register_async),
+    /// whose tasks hold no engine locked.
+    ///
     /// The engine owns its handlers: a handler that holds this engine (an
     /// `Arc<AsyncEngine>` captured by its closure) keeps it alive for ever,
     /// its driver, listener and shared memory included, even once every
