@@ -67,10 +67,14 @@
 //!
 //! # Locking rules
 //!
-//! The cache lock is never held across a registrar call, a memory free or a
-//! tracing event; monitor threads and the allocator hook only take that
-//! lock, and never free memory themselves. This is what rules out the
-//! deadlocks libfabric hit (#5554, #5687, #9594).
+//! The cache lock is never held across a registrar call, an allocation, a
+//! memory free or a tracing event; monitor threads and the allocator hook
+//! only take that lock, and never allocate or free memory themselves. This
+//! is what rules out the deadlocks libfabric hit (#5554, #5687, #9594).
+//! Allocating counts too: an allocator that purges memory inside `malloc`
+//! (jemalloc's decay, mimalloc's collect) may `madvise` or unmap a watched
+//! range there, and userfaultfd then holds the allocating thread until the
+//! reader, waiting for that thread's lock, reads the event.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -94,3 +98,13 @@ pub use registrar::{Access, Registrar};
 pub use stats::CacheStats;
 pub use sys::alloc::InvalidatingAlloc;
 pub use uring::{FixedBuffer, UringRegistrar};
+
+/// How many cache locks the calling thread holds, or `None` when they are
+/// not counted (feature `lock-audit` without debug assertions). For tests:
+/// a global allocator that sees a thread allocate or free while this is
+/// above zero has found a broken locking rule (see "Locking rules").
+/// Allocation-free, so callable from inside a global allocator.
+#[cfg(feature = "lock-audit")]
+pub fn cache_locks_held() -> Option<usize> {
+    sys::brlock::held()
+}

@@ -21,7 +21,9 @@
 //!    the CLOCK (second-chance) approximation of LRU;
 //!    unlock and deregister superseded/evicted entries.
 //!
-//! No registrar call, no memory free and no tracing happens under the lock.
+//! No registrar call, no allocation, no memory free and no tracing happens
+//! under the lock: the vectors that carry entries out of the table are
+//! reserved before it is taken (see `table`).
 
 mod entry;
 mod shared;
@@ -175,7 +177,7 @@ impl<R: Registrar> Cache<R> {
             self.reap();
         }
         let stats = &sh.backend.stats;
-        let (mut span, mut gen0) = {
+        let (mut span, mut gen0, bound) = {
             let mut t = sh.table.read();
             if let Some(e) = t.lookup(addr, end, access) {
                 let stale = match (&sh.backend.monitor, &e.watch) {
@@ -205,9 +207,12 @@ impl<R: Registrar> Cache<R> {
             // registering: an invalidation that skips us saw the old bounds,
             // so its unmap happened before our pin.
             sh.widen(span.0, span.1);
-            (span, t.generation())
+            (span, t.generation(), t.doom_bound(span.0, span.1))
         };
         Stats::bump(&stats.misses);
+        // Room for the entries the insertion takes out, made before the
+        // write lock: nothing is allocated under it (see `table`).
+        let mut doomed = Vec::with_capacity(bound);
         for _attempt in 0..3 {
             let (s, e, a) = span;
             let watch = match &sh.backend.monitor {
@@ -240,24 +245,39 @@ impl<R: Registrar> Cache<R> {
             };
             let entry = Arc::new(Entry::new(&sh.backend, (s, e, a), region, watch));
             let mut t = sh.lock();
-            if t.changed_since(gen0, s, e) {
-                // The mapping changed while we registered: retry with fresh state.
+            // `None`: the mapping changed while we registered. Else whether
+            // the range is settling, whether the entry is cached, and how
+            // many idle entries were evicted.
+            let placed = loop {
+                if t.changed_since(gen0, s, e) {
+                    break None;
+                }
+                if let Some(left) = sh.backend.monitor.as_ref().and_then(|m| m.settling(s, e)) {
+                    // Its pages may be dropped right after we pinned them.
+                    break Some((Some(left), false, 0));
+                }
+                match t.insert(&entry, &mut doomed) {
+                    Insert::Done { evicted } => break Some((None, true, evicted)),
+                    Insert::NoRoom { evicted } => break Some((None, false, evicted)),
+                    Insert::Short { need } => {
+                        // The table changed since the room was made: make
+                        // more, unlocked, and look again.
+                        drop(t);
+                        doomed.reserve(need);
+                        t = sh.lock();
+                    }
+                }
+            };
+            let Some((settling, cached, evicted)) = placed else {
+                // Retry with fresh state.
                 span = t.span(addr, end, access);
                 gen0 = t.generation();
+                let bound = t.doom_bound(span.0, span.1);
                 sh.widen(span.0, span.1);
                 drop(t);
                 drop(entry);
+                doomed.reserve(bound);
                 continue;
-            }
-            let settling = sh.backend.monitor.as_ref().and_then(|m| m.settling(s, e));
-            let (cached, doomed, evicted) = if settling.is_some() {
-                // Its pages may be dropped right after we pinned them.
-                (false, Vec::new(), 0)
-            } else {
-                match t.insert(Arc::clone(&entry)) {
-                    Insert::Done { doomed, evicted } => (true, doomed, evicted),
-                    Insert::NoRoom { doomed, evicted } => (false, doomed, evicted),
-                }
             };
             let gen_now = t.generation();
             // A watched entry in use outside the index (handed out uncached,
@@ -446,14 +466,28 @@ impl<R: Registrar> Cache<R> {
         Ok(self.hand_out(entry, counter))
     }
 
-    /// Deregisters invalidated entries nobody uses any more.
+    /// Deregisters invalidated entries (whose handles, if any, keep their
+    /// registration alive until they drop). The room to take them out is
+    /// made before the lock, from the `zombies` hint; if more came
+    /// meanwhile, again for those.
     fn reap(&self) {
-        let zombies = {
-            let mut t = self.shared.lock();
-            self.shared.zombies.store(0, Ordering::SeqCst);
-            t.take_zombies()
-        };
-        drop(zombies);
+        let sh = &self.shared;
+        let mut zombies = Vec::new();
+        let mut want = sh.zombies.load(Ordering::SeqCst);
+        loop {
+            zombies.reserve(want);
+            let left = {
+                let mut t = sh.lock();
+                let left = t.take_zombies(&mut zombies);
+                sh.zombies.store(left, Ordering::SeqCst);
+                left
+            };
+            zombies.clear();
+            if left == 0 {
+                return;
+            }
+            want = left;
+        }
     }
 
     /// Deregisters every idle entry; returns how many were evicted. In a
@@ -464,10 +498,20 @@ impl<R: Registrar> Cache<R> {
         if !sh.backend.in_owner() {
             return 0;
         }
-        let idle = sh.lock().take_idle();
-        let n = idle.len();
+        let mut idle = Vec::new();
+        let mut n = 0;
+        loop {
+            // Room for every live entry, made before the write lock.
+            let live = sh.table.read().live();
+            idle.reserve(live.max(1));
+            let more = sh.lock().take_idle(&mut idle);
+            n += idle.len();
+            idle.clear();
+            if !more {
+                break;
+            }
+        }
         sh.backend.stats.evictions.fetch_add(n as u64, Ordering::Relaxed);
-        drop(idle);
         self.reap();
         n
     }
@@ -547,7 +591,17 @@ impl<R: Registrar> Drop for Cache<R> {
         // invalidation of everything; unwatched ones through `closed`).
         sh.backend.closed.store(true, Ordering::Release);
         sh.invalidate_range(0, usize::MAX);
-        let all = sh.lock().take_all();
-        drop(all);
+        // Everything is a zombie now (bar entries a racing miss inserted).
+        let mut all = Vec::new();
+        let mut want = sh.zombies.load(Ordering::SeqCst);
+        loop {
+            all.reserve(want.max(1));
+            let left = sh.lock().take_all(&mut all);
+            all.clear();
+            if left == 0 {
+                break;
+            }
+            want = left;
+        }
     }
 }

@@ -4,12 +4,16 @@
 //! deregistration. Hits only need the read lock: they bump the entry's user
 //! count and set its `referenced` bit; releasing a handle takes no lock.
 //!
-//! Every method runs under the cache lock and **never frees memory**: the
-//! index and slot vectors are reserved for `max_count` entries up front, and
-//! `Arc`s that leave the table are moved into vectors that the caller drops
-//! after unlocking. Freeing could unmap a page registered with userfaultfd
-//! and block on the monitor thread, which needs this lock. `invalidate`
-//! additionally never allocates (it runs inside the global allocator hook).
+//! Every method runs under the cache lock and **never allocates or frees
+//! memory**: the index and slot vectors are reserved for `max_count`
+//! entries up front, and `Arc`s that leave the table are moved into
+//! vectors the caller reserved before locking (and drops after unlocking);
+//! a method that would need more room than such a vector has takes what
+//! fits, or nothing, and says so. Freeing could unmap a page registered
+//! with userfaultfd, and allocating too: an allocator that purges memory
+//! inside `malloc` (jemalloc's decay, mimalloc's collect) may `madvise`
+//! or unmap a watched range there. Either blocks the thread on the
+//! monitor's reader, which needs this lock to apply the event.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -42,18 +46,24 @@ struct Item {
     slot: u32,
 }
 
-/// Outcome of [`Table::insert`]; drop `doomed` (superseded or evicted
-/// entries) after unlocking.
-pub(crate) enum Insert<R: Registrar> {
+/// Outcome of [`Table::insert`]; the entries it took out (superseded or
+/// evicted) are in its `doomed` vector, to drop after unlocking.
+pub(crate) enum Insert {
     /// Inserted.
     Done {
-        doomed: Vec<Arc<Entry<R>>>,
+        /// Idle entries evicted to make room.
         evicted: usize,
     },
     /// Not enough idle entries to make room: hand the registration out uncached.
     NoRoom {
-        doomed: Vec<Arc<Entry<R>>>,
+        /// Idle entries evicted on the way.
         evicted: usize,
+    },
+    /// Nothing done: `doomed` needs room for `need` more entries (reserve
+    /// it after unlocking, then lock and try again).
+    Short {
+        /// Spare capacity `doomed` needs.
+        need: usize,
     },
 }
 
@@ -155,29 +165,48 @@ impl<R: Registrar> Table<R> {
         })
     }
 
-    /// Inserts `entry` (one user), superseding the entries it overlaps and
-    /// evicting idle entries (least recently used first) to respect the limits.
-    pub fn insert(&mut self, entry: Arc<Entry<R>>) -> Insert<R> {
-        let len = entry.end - entry.start;
-        let over = self.overlapping(entry.start, entry.end);
-        let freed_count = over.len();
-        let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
-        let mut count = self.live + self.zombies - freed_count;
-        let mut bytes = self.bytes - freed_bytes;
+    /// Upper bound of the entries an insertion of `[start, end)` takes out
+    /// of the table now (those it supersedes, and the idle ones it would
+    /// evict to respect the limits): the spare capacity
+    /// [`Table::insert`] wants in its `doomed` vector.
+    pub fn doom_bound(&self, start: usize, end: usize) -> usize {
+        let len = end - start;
         if len > self.max_bytes {
-            return Insert::NoRoom {
-                doomed: Vec::new(),
-                evicted: 0,
-            };
+            return 0;
         }
-        // Upper bound of the victims: exact for the count limit; for the
-        // byte limit, every live entry. (Allocating is fine here; freeing is not.)
-        let bound = if bytes + len > self.max_bytes {
-            self.live
+        let over = self.overlapping(start, end);
+        let freed_count = over.len();
+        let freed_bytes: usize = self.index[over].iter().map(|it| it.end - it.start).sum();
+        let count = self.live + self.zombies - freed_count;
+        let bytes = self.bytes - freed_bytes;
+        // Victims are live entries other than the superseded ones: exact
+        // for the count limit; for the byte limit, all of them.
+        let victims = if bytes + len > self.max_bytes {
+            self.live - freed_count
         } else {
             (count + 1).saturating_sub(self.max_count)
         };
-        let mut doomed = Vec::with_capacity(freed_count + bound);
+        freed_count + victims
+    }
+
+    /// Inserts `entry` (one user), superseding the entries it overlaps and
+    /// evicting idle entries (least recently used first) to respect the
+    /// limits. The entries taken out are pushed on `doomed`, whose spare
+    /// capacity must be at least [`doom_bound`](Self::doom_bound): if it is
+    /// not, nothing happens and the outcome says how much is needed.
+    pub fn insert(&mut self, entry: &Arc<Entry<R>>, doomed: &mut Vec<Arc<Entry<R>>>) -> Insert {
+        let len = entry.end - entry.start;
+        if len > self.max_bytes {
+            return Insert::NoRoom { evicted: 0 };
+        }
+        let need = self.doom_bound(entry.start, entry.end);
+        if doomed.capacity() - doomed.len() < need {
+            return Insert::Short { need };
+        }
+        let over = self.overlapping(entry.start, entry.end);
+        let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
+        let mut count = self.live + self.zombies - over.len();
+        let mut bytes = self.bytes - freed_bytes;
         for i in over.clone() {
             let slot = self.index[i].slot;
             doomed.push(self.free_slot(slot));
@@ -186,7 +215,7 @@ impl<R: Registrar> Table<R> {
         let mut evicted = 0;
         while count + 1 > self.max_count || bytes + len > self.max_bytes {
             let Some(slot) = self.clock_victim() else {
-                return Insert::NoRoom { doomed, evicted };
+                return Insert::NoRoom { evicted };
             };
             let start = self.slots[slot as usize].entry.as_ref().map_or(0, |e| e.start);
             self.index_remove(slot, start);
@@ -212,9 +241,9 @@ impl<R: Registrar> Table<R> {
         self.live += 1;
         self.bytes += len;
         let s = &mut self.slots[slot as usize];
-        s.entry = Some(entry);
+        s.entry = Some(Arc::clone(entry));
         s.state = State::Live;
-        Insert::Done { doomed, evicted }
+        Insert::Done { evicted }
     }
 
     /// Drops every entry overlapping `[start, end)` from the index and clears
@@ -242,38 +271,35 @@ impl<R: Registrar> Table<R> {
         n
     }
 
-    /// Takes the invalidated entries out (drop them after unlocking).
-    pub fn take_zombies(&mut self) -> Vec<Arc<Entry<R>>> {
-        let mut out = Vec::with_capacity(self.zombies);
-        self.drain_zombies(&mut out);
-        out
-    }
-
-    /// Moves the zombies into `out`, whose spare capacity must suffice.
-    fn drain_zombies(&mut self, out: &mut Vec<Arc<Entry<R>>>) {
-        debug_assert!(out.capacity() - out.len() >= self.zombies);
-        while self.zombie_head != NIL {
+    /// Moves invalidated entries into `out`, as many as its spare capacity
+    /// holds (drop them after unlocking); returns how many are left.
+    pub fn take_zombies(&mut self, out: &mut Vec<Arc<Entry<R>>>) -> usize {
+        while self.zombie_head != NIL && out.len() < out.capacity() {
             let slot = self.zombie_head;
             self.zombie_head = self.slots[slot as usize].next;
             self.zombies -= 1;
             self.live += 1; // free_slot accounts a live entry
             out.push(self.free_slot(slot));
         }
+        self.zombies
     }
 
-    /// Takes every idle entry out (drop after unlocking).
-    pub fn take_idle(&mut self) -> Vec<Arc<Entry<R>>> {
-        let mut out = Vec::with_capacity(self.live);
+    /// Moves idle entries into `out`, as many as its spare capacity holds
+    /// (drop them after unlocking); returns true if idle ones are left.
+    pub fn take_idle(&mut self, out: &mut Vec<Arc<Entry<R>>>) -> bool {
         for slot in 0..self.slots.len() as u32 {
             let s = &self.slots[slot as usize];
             let start = match (&s.entry, s.state) {
                 (Some(e), State::Live) if e.users.load(Ordering::Acquire) == 0 => e.start,
                 _ => continue,
             };
+            if out.len() == out.capacity() {
+                return true;
+            }
             self.index_remove(slot, start);
             out.push(self.free_slot(slot));
         }
-        out
+        false
     }
 
     /// Second-chance sweep: the next live, unused entry whose referenced
@@ -297,16 +323,18 @@ impl<R: Registrar> Table<R> {
         None
     }
 
-    /// Takes everything out and marks it invalid (the cache is going away).
-    pub fn take_all(&mut self) -> Vec<Arc<Entry<R>>> {
-        let mut out = Vec::with_capacity(self.zombies + self.index.len());
-        self.drain_zombies(&mut out);
-        while let Some(it) = self.index.pop() {
+    /// Moves every entry into `out` (invalidated ones first), marking each
+    /// invalid (the cache is going away), as many as its spare capacity
+    /// holds (drop them after unlocking); returns how many are left.
+    pub fn take_all(&mut self, out: &mut Vec<Arc<Entry<R>>>) -> usize {
+        self.take_zombies(out);
+        while out.len() < out.capacity() {
+            let Some(it) = self.index.pop() else { break };
             let e = self.free_slot(it.slot);
             e.valid.store(false, Ordering::Release);
             out.push(e);
         }
-        out
+        self.zombies + self.index.len()
     }
 
     /// Removes the index item of `slot`, which starts at `start`.

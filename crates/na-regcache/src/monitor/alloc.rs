@@ -17,8 +17,8 @@
 //! overlap the block *before* the block goes back to the inner allocator, so
 //! the hook is synchronous: once `free` returned, no lookup can hit the old
 //! registration. The hook is allocation-free: it takes a read lock on a
-//! fixed array of sinks and each cache's lock, whose holders never free
-//! memory.
+//! fixed array of sinks and each cache's lock, whose holders never allocate
+//! or free memory.
 //!
 //! It sees only Rust heap blocks: not the stack, statics, `mmap`,
 //! `madvise`, `mremap` or foreign (C) allocations, and not the allocator

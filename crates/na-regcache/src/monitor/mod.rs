@@ -30,7 +30,8 @@ use std::time::Duration;
 ///
 /// Called from a monitor's reader thread or from inside the global
 /// allocator, so an implementation must not allocate, free or block on
-/// anything but a lock whose holders never free memory or unmap pages.
+/// anything but a lock whose holders never allocate or free memory or
+/// unmap pages.
 pub trait InvalidationSink: Send + Sync {
     /// The pages of `[start, end)` changed: drop every registration overlapping it.
     fn invalidate(&self, start: usize, end: usize);
@@ -123,14 +124,19 @@ impl SinkSet {
         }
     }
 
+    /// Adds `sink`. Neither allocates nor frees under the list's lock (the
+    /// reader takes it to dispatch): a refused sink is dropped, and its
+    /// error made, after unlocking.
     pub fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
         let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
-        let free = slots.iter().position(Option::is_none).ok_or_else(|| {
-            io::Error::new(
+        let Some(free) = slots.iter().position(Option::is_none) else {
+            drop(slots);
+            drop(sink);
+            return Err(io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 format!("more than {MAX_SINKS} caches on one monitor"),
-            )
-        })?;
+            ));
+        };
         slots[free] = Some(sink);
         self.count.fetch_add(1, Ordering::SeqCst);
         Ok(SinkId(free))

@@ -172,9 +172,11 @@
 //!
 //! The reader never allocates, frees or logs in its loop: freeing memory
 //! could itself unmap a registered page and block the reader on its own
-//! event. Caches never free memory or call the registrar while holding the
-//! lock the reader takes, so the reader cannot deadlock with them (the
-//! libfabric deadlocks #5554, #5687, #9594 were of that kind).
+//! event. Caches never allocate or free memory or call the registrar while
+//! holding the lock the reader takes, so the reader cannot deadlock with
+//! them (the libfabric deadlocks #5554, #5687, #9594 were of that kind;
+//! allocating counts because an allocator may purge, so `madvise` or
+//! unmap, memory inside `malloc`).
 //!
 //! A range is `UFFDIO_UNREGISTER`ed when the last watch covering it goes
 //! (`ranges.rs` counts watches per page range, so pages shared with a

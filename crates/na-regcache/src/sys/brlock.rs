@@ -5,7 +5,7 @@
 //! of writers acquiring `STRIPES` locks, which only the slow paths (miss,
 //! eviction, invalidation) do.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -34,6 +34,46 @@ pub fn stripe() -> usize {
     STRIPE.with(|s| *s)
 }
 
+thread_local! {
+    /// Guards of any `BrLock` the thread holds (audited builds only).
+    static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// True when guards are counted: feature `lock-audit` in a build with
+/// debug assertions.
+const AUDIT: bool = cfg!(all(feature = "lock-audit", debug_assertions));
+
+/// The number of `BrLock` guards (the cache locks) the calling thread
+/// holds, or `None` when they are not counted (see [`AUDIT`]). Touches
+/// only a const-initialized thread-local without destructor: callable
+/// from inside a global allocator.
+#[cfg_attr(not(feature = "lock-audit"), allow(dead_code))]
+pub fn held() -> Option<usize> {
+    AUDIT.then(|| HELD.try_with(Cell::get).unwrap_or(0))
+}
+
+/// Counts one guard of the calling thread while it lives (audited builds).
+struct Held;
+
+impl Held {
+    #[inline]
+    fn new() -> Held {
+        if AUDIT {
+            let _ = HELD.try_with(|h| h.set(h.get() + 1));
+        }
+        Held
+    }
+}
+
+impl Drop for Held {
+    #[inline]
+    fn drop(&mut self) {
+        if AUDIT {
+            let _ = HELD.try_with(|h| h.set(h.get() - 1));
+        }
+    }
+}
+
 /// Aligns its content to its own cache lines (128 bytes: adjacent-line prefetch).
 #[repr(align(128))]
 #[derive(Default)]
@@ -57,12 +97,14 @@ unsafe impl<T: Send + Sync> Sync for BrLock<T> {}
 pub struct ReadGuard<'a, T> {
     _stripe: RwLockReadGuard<'a, ()>,
     data: &'a T,
+    _held: Held,
 }
 
 /// Exclusive access: every active stripe held.
 pub struct WriteGuard<'a, T> {
     _stripes: [Option<RwLockWriteGuard<'a, ()>>; STRIPES],
     data: &'a mut T,
+    _held: Held,
 }
 
 impl<T> BrLock<T> {
@@ -83,6 +125,7 @@ impl<T> BrLock<T> {
         ReadGuard {
             _stripe: g,
             data: unsafe { &*self.data.get() },
+            _held: Held::new(),
         }
     }
 
@@ -99,6 +142,7 @@ impl<T> BrLock<T> {
         WriteGuard {
             _stripes: guards,
             data: unsafe { &mut *self.data.get() },
+            _held: Held::new(),
         }
     }
 }

@@ -1,0 +1,173 @@
+//! No thread allocates or frees memory while it holds a cache lock.
+//!
+//! The userfaultfd reader takes each cache's lock to apply an event, and
+//! the kernel holds the changing thread until the event is read. An
+//! allocator that purges memory inside `malloc` (jemalloc's decay,
+//! mimalloc's collect) may `madvise` a watched range on any allocation, so
+//! a thread that allocates under the cache lock can wait there on the
+//! reader, which waits on the lock: a deadlock. Freeing is the same (and
+//! with the allocator hook, a large free takes the cache lock itself).
+//!
+//! The crate is built with `lock-audit` here (a self dev-dependency): it
+//! counts the cache locks each thread holds, and this binary's global
+//! allocator counts the allocations and frees made meanwhile.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::backtrace::Backtrace;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use common::sys::{self, PAGE};
+use na_regcache::{Access, Cache, CacheConfig, MonitorChoice};
+
+const W: Access = Access::LOCAL_WRITE;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static FREES: AtomicUsize = AtomicUsize::new(0);
+static CAPTURED: AtomicBool = AtomicBool::new(false);
+/// Where the first allocation or free under a cache lock was made.
+static FIRST: Mutex<Option<String>> = Mutex::new(None);
+
+thread_local! {
+    /// Set while this thread records a backtrace (which allocates).
+    static RECORDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Counts `what` in `counter` if the calling thread holds a cache lock;
+/// the first time, records where.
+fn audit(counter: &AtomicUsize, what: &str) {
+    if na_regcache::cache_locks_held().is_none_or(|n| n == 0) {
+        return;
+    }
+    if RECORDING.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
+    counter.fetch_add(1, Ordering::Relaxed);
+    if CAPTURED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    RECORDING.with(|r| r.set(true));
+    let trace = format!("{what} under a cache lock at:\n{}", Backtrace::force_capture());
+    *FIRST.lock().unwrap_or_else(|p| p.into_inner()) = Some(trace);
+    RECORDING.with(|r| r.set(false));
+}
+
+/// Forwards to `System`, auditing every call.
+struct Audit;
+
+// SAFETY: every method forwards its arguments unchanged to `System`; the
+// audit reads const-initialized thread-locals without destructors, and
+// allocates (a backtrace) only once, re-entrantly guarded.
+unsafe impl GlobalAlloc for Audit {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        audit(&ALLOCS, "allocation");
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        audit(&ALLOCS, "allocation");
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        audit(&FREES, "free");
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        audit(&ALLOCS, "reallocation");
+        // SAFETY: forwarded contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Audit = Audit;
+
+/// Every path that takes the lock: misses that evict by count and by
+/// bytes, merge with and supersede entries in use, find no room (uncached
+/// fallback); invalidations by hand and by the monitor's reader (an
+/// unmap), reaping, `get_unshared`, `evict_idle`, `stats`, and the
+/// cache's drop with entries and handles alive.
+#[test]
+fn no_cache_lock_is_held_across_an_allocation_or_a_free() {
+    if na_regcache::cache_locks_held().is_none() {
+        eprintln!("did not run: the lock audit needs debug assertions");
+        return;
+    }
+    let cfg = CacheConfig {
+        max_count: 8,
+        max_bytes: 24 * PAGE,
+        monitor: MonitorChoice::Uffd,
+        ..CacheConfig::default()
+    };
+    let c = Cache::new(common::NoopRegistrar, cfg).unwrap();
+    let pages = 256;
+    let arena = sys::map_anon(None, pages * PAGE).unwrap();
+    sys::touch(arena, pages * PAGE, 1);
+    let at = |i: usize| arena + i * PAGE;
+    for _round in 0..4 {
+        // Evictions by count, then by bytes (8 x 4 pages over 24).
+        for i in 0..32 {
+            drop(c.get(at(2 * i), PAGE, W).unwrap());
+        }
+        for i in 0..8 {
+            drop(c.get(at(4 * i + 96), 4 * PAGE, W).unwrap());
+        }
+        // A request overlapping an entry in use supersedes it (which is
+        // then tracked outside the index).
+        let mut held = vec![c.get(at(200), 2 * PAGE, W).unwrap()];
+        held.push(c.get(at(201), 2 * PAGE, W).unwrap());
+        assert!(!held[0].is_cached() && held[1].is_cached());
+        // Every entry in use: the next miss finds no room.
+        for i in 0..8 {
+            held.push(c.get(at(210 + 2 * i), PAGE, W).unwrap());
+        }
+        let uncached = c.get(at(240), PAGE, W).unwrap();
+        assert!(!uncached.is_cached());
+        // Invalidations by hand make zombies, which the next miss reaps.
+        c.invalidate(at(200), 4 * PAGE);
+        assert!(!held[1].is_valid());
+        drop(c.get(at(250), PAGE, W).unwrap());
+        let unshared: Vec<_> = (0..64).map(|i| c.get_unshared(at(i), PAGE, W).unwrap()).collect();
+        c.invalidate(at(3), PAGE);
+        assert!(!unshared[3].is_valid() && unshared[4].is_valid());
+        drop((unshared, uncached, held));
+        c.evict_idle();
+        let _ = c.stats();
+        c.log_stats();
+    }
+    // An unmap, applied by the monitor's reader thread.
+    let extra = sys::map_anon(None, 4 * PAGE).unwrap();
+    sys::touch(extra, 4 * PAGE, 1);
+    let h = c.get(extra, 4 * PAGE, W).unwrap();
+    sys::unmap(extra, 4 * PAGE).unwrap();
+    assert!(!h.is_valid_now());
+    drop(h);
+    drop(c.get(at(0), PAGE, W).unwrap());
+    // The cache's drop, with entries (one in use) in its index.
+    let alive = c.get(at(2), PAGE, W).unwrap();
+    drop(c);
+    assert!(!alive.is_valid());
+    drop(alive);
+    sys::unmap(arena, pages * PAGE).unwrap();
+    let (allocs, frees) = (ALLOCS.load(Ordering::Relaxed), FREES.load(Ordering::Relaxed));
+    let first = FIRST.lock().unwrap_or_else(|p| p.into_inner()).take();
+    // The crate's frames of the first one's backtrace.
+    let mut lines = first.iter().flat_map(|t| t.lines());
+    let mut ours = lines.next().unwrap_or_default().to_string();
+    while let Some(l) = lines.next() {
+        if l.contains("na_regcache::") {
+            ours += &format!("\n{l}\n{}", lines.next().unwrap_or_default());
+        }
+    }
+    assert_eq!(
+        (allocs, frees),
+        (0, 0),
+        "allocations and frees under a cache lock; the first: {ours}"
+    );
+}
