@@ -503,6 +503,7 @@ fn the_fallback_for_an_unregistrable_merged_span_is_watched() {
 /// behind. Private memory next to it is cached as before.
 #[test]
 fn shared_mappings_are_never_cached_with_userfaultfd() {
+    let _maps = MAPPINGS.lock().unwrap_or_else(|p| p.into_inner());
     let cfg = CacheConfig {
         max_count: 16,
         monitor: MonitorChoice::Uffd,
@@ -584,6 +585,10 @@ fn an_unaligned_range_of_huge_pages_is_cached_where_available() {
     assert!(!h.is_valid_now(), "valid after its huge pages were unmapped");
 }
 
+/// Held by the tests that count this process's mappings and by those
+/// that map and split many (tests run in parallel threads).
+static MAPPINGS: Mutex<()> = Mutex::new(());
+
 fn mappings() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
@@ -598,6 +603,7 @@ fn mappings() -> usize {
 /// starts failing).
 #[test]
 fn watched_ranges_are_released_with_their_last_entry() {
+    let _maps = MAPPINGS.lock().unwrap_or_else(|p| p.into_inner());
     let cfg = CacheConfig {
         max_count: 16,
         monitor: MonitorChoice::Uffd,
@@ -730,4 +736,52 @@ fn an_unshared_registration_made_during_many_unrelated_invalidations_is_valid() 
     // An invalidation of its own range still counts.
     c.invalidate(b[0], PAGE);
     assert!(!exposed.is_valid());
+}
+
+/// More registrations for peers (`get_unshared`) live at once than the
+/// 4,096 tracking slots the cache used to have, then more unrelated
+/// unmaps than the 64 invalidations its history keeps: every one stays
+/// valid (before, those beyond the 4,096th were checked against that
+/// history and turned invalid), and each still loses its validity when
+/// its own range changes.
+#[test]
+fn thousands_of_registrations_for_peers_stay_exactly_tracked() {
+    // Maps, splits (watches) and unmaps a lot.
+    let _maps = MAPPINGS.lock().unwrap_or_else(|p| p.into_inner());
+    let cfg = CacheConfig {
+        max_count: 16,
+        monitor: MonitorChoice::Uffd,
+        ..CacheConfig::default()
+    };
+    let c = Cache::new(common::NoopRegistrar, cfg).unwrap();
+    let pages = 64;
+    let arena = sys::map_anon(None, pages * PAGE).unwrap();
+    sys::touch(arena, pages * PAGE, 1);
+    let n = 5000;
+    let exposed: Vec<_> = (0..n)
+        .map(|i| c.get_unshared(arena + (i % pages) * PAGE, PAGE, W).unwrap())
+        .collect();
+    assert!(exposed.iter().all(|h| h.is_valid()));
+    // Other registered memory unmapped, each seen by the monitor.
+    for _ in 0..70 {
+        let other = sys::map_anon(None, LEN).unwrap();
+        sys::touch(other, LEN, 1);
+        drop(c.get(other, LEN, W).unwrap());
+        sys::unmap(other, LEN).unwrap();
+    }
+    let invalid: Vec<_> = (0..n).filter(|&i| !exposed[i].is_valid_now()).collect();
+    assert!(
+        invalid.is_empty(),
+        "{} of {n} invalid after 70 unrelated unmaps, the first: #{:?}",
+        invalid.len(),
+        invalid.first()
+    );
+    // Exact still: unmapping one page of the arena invalidates its handles only.
+    sys::unmap(arena + 7 * PAGE, PAGE).unwrap();
+    for (i, h) in exposed.iter().enumerate() {
+        assert_eq!(h.is_valid_now(), i % pages != 7, "handle #{i}");
+    }
+    drop(exposed);
+    drop(c);
+    sys::unmap(arena, pages * PAGE).unwrap();
 }

@@ -91,8 +91,9 @@ static ALLOC: Audit = Audit;
 /// Every path that takes the lock: misses that evict by count and by
 /// bytes, merge with and supersede entries in use, find no room (uncached
 /// fallback); invalidations by hand and by the monitor's reader (an
-/// unmap), reaping, `get_unshared`, `evict_idle`, `stats`, and the
-/// cache's drop with entries and handles alive.
+/// unmap), reaping, `get_unshared` (enough to grow the tracking slots),
+/// `evict_idle`, `stats`, and the cache's drop with entries and handles
+/// alive.
 #[test]
 fn no_cache_lock_is_held_across_an_allocation_or_a_free() {
     if na_regcache::cache_locks_held().is_none() {
@@ -141,6 +142,14 @@ fn no_cache_lock_is_held_across_an_allocation_or_a_free() {
         let _ = c.stats();
         c.log_stats();
     }
+    // More registrations for peers than the first chunk of tracking
+    // slots holds: the slot table grows (outside the lock).
+    let unshared: Vec<_> = (0..2500)
+        .map(|i| c.get_unshared(at(i % 64), PAGE, W).unwrap())
+        .collect();
+    c.invalidate(at(5), PAGE);
+    assert!(!unshared[2245].is_valid() && unshared[2244].is_valid());
+    drop(unshared);
     // An unmap, applied by the monitor's reader thread.
     let extra = sys::map_anon(None, 4 * PAGE).unwrap();
     sys::touch(extra, 4 * PAGE, 1);

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use super::shared::Shared;
+use super::shared::{Reserved, Shared};
 use super::table::Table;
 use crate::monitor::{Monitor, Watch};
 use crate::registrar::{Access, Registrar};
@@ -53,8 +53,8 @@ pub(crate) struct Entry<R: Registrar> {
     /// The monitor's subscription, if any.
     pub watch: Option<Watch>,
     /// For a watched registration outside the index (handed out uncached,
-    /// or superseded): its tracking slot, or the invalidation generation it
-    /// was made at when no slot was free (see [`Entry::track_since`]).
+    /// for peers, or superseded): its tracking slot, or the invalidation
+    /// generation it was made at if it got none (see [`Entry::track_since`]).
     tracker: OnceLock<Tracker<R>>,
     region: Option<R::Region>,
     pub backend: Arc<Backend<R>>,
@@ -67,8 +67,9 @@ struct Tracker<R: Registrar> {
     gen: u64,
     /// Made while its range was settling: stale from then on.
     stale_at: Option<Instant>,
-    /// Its slot in `shared.tracked` (exact), or `None`: the table's
-    /// history since `gen` decides (conservative once it wrapped).
+    /// Its slot in `shared.tracked` (exact), or `None` (only if the slot
+    /// table could not grow): the table's history since `gen` decides
+    /// (conservative once it wrapped).
     slot: Option<usize>,
 }
 
@@ -103,13 +104,20 @@ impl<R: Registrar> Entry<R> {
     /// from the cache's invalidations of its range after generation `gen`,
     /// and (if given) from the clock: stale from `stale_at` on. `t` is the
     /// table, write-locked: a later invalidation then finds the entry's
-    /// tracking slot. Allocates nothing.
-    pub fn track_since(&self, shared: Arc<Shared<R>>, t: &Table<R>, gen: u64, stale_at: Option<Instant>) {
+    /// tracking slot, one of reservation `r`. Allocates nothing.
+    pub fn track_since(
+        &self,
+        shared: Arc<Shared<R>>,
+        t: &Table<R>,
+        r: &mut Reserved<'_>,
+        gen: u64,
+        stale_at: Option<Instant>,
+    ) {
         if self.tracker.get().is_some() {
             // Set once, when the entry left (or never entered) the index.
             return;
         }
-        let slot = shared.track(t, gen, self.start, self.end);
+        let slot = shared.track(t, r, gen, self.start, self.end);
         self.track_with(shared, gen, stale_at, slot);
     }
 
@@ -247,10 +255,10 @@ impl<R: Registrar> Registration<R> {
     /// cache was dropped, and always in a forked child of the process that
     /// made the cache. Two loads (the flag and the cache's fork guard). A
     /// watched registration outside the index (handed out uncached or for
-    /// peers, or superseded by a wider one) adds one load of its tracking
-    /// slot, which every invalidation of its range marks (with every slot
-    /// in use: of the cache's invalidation generation, and a read-locked
-    /// look at the last 64 invalidations when that moved). An unwatched
+    /// peers, or superseded by a wider one) adds two loads: where its
+    /// tracking slot is, and the slot, which every invalidation of its
+    /// range marks (the slot table grows as needed, so every such
+    /// registration has one). An unwatched
     /// one (see [`Registration::is_cached`]) adds one load of the cache's
     /// "dropped" flag: only the cache's drop (or a fork) makes it false.
     /// With userfaultfd, the flag is cleared by the reader thread a few

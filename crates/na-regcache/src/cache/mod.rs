@@ -10,16 +10,21 @@
 //! 3. reap invalidated entries (deregistered outside the lock);
 //! 4. read-lock, look up; a hit takes a reference, sets the entry's CLOCK
 //!    bit and returns (releasing a handle takes no lock);
-//! 5. miss: write-lock, compute the span (request ∪ overlapping entries),
-//!    widen the monitor pre-filter, note the invalidation generation, unlock;
+//! 5. miss, still read-locked: compute the span (request ∪ overlapping
+//!    entries), widen the monitor pre-filter, note the invalidation
+//!    generation and the room the insertion may need, unlock; make that
+//!    room (a vector for the entries it takes out, tracking slots for
+//!    those in use and for the new one);
 //! 6. subscribe the span with the monitor, *then* register it (so an unmap
 //!    between the two is seen), retrying once after evicting idle entries;
-//! 7. lock; if an invalidation since step 5 overlaps the span, discard and
-//!    retry (at most three times); if the monitor says a change of the span
-//!    is still settling (`madvise` drops pages after its event), hand the
-//!    registration out uncached; else insert, evicting idle entries with
-//!    the CLOCK (second-chance) approximation of LRU;
-//!    unlock and deregister superseded/evicted entries.
+//! 7. write-lock; if an invalidation since step 5 overlaps the span,
+//!    discard and retry (at most three times); if the room made no longer
+//!    suffices (the table changed), unlock, make more and look again; if
+//!    the monitor says a change of the span is still settling (`madvise`
+//!    drops pages after its event), hand the registration out uncached;
+//!    else insert, evicting idle entries with the CLOCK (second-chance)
+//!    approximation of LRU; unlock and deregister superseded/evicted
+//!    entries.
 //!
 //! No registrar call, no allocation, no memory free and no tracing happens
 //! under the lock: the vectors that carry entries out of the table are
@@ -177,7 +182,7 @@ impl<R: Registrar> Cache<R> {
             self.reap();
         }
         let stats = &sh.backend.stats;
-        let (mut span, mut gen0, bound) = {
+        let (mut span, mut gen0, bound, over) = {
             let mut t = sh.table.read();
             if let Some(e) = t.lookup(addr, end, access) {
                 let stale = match (&sh.backend.monitor, &e.watch) {
@@ -207,12 +212,16 @@ impl<R: Registrar> Cache<R> {
             // registering: an invalidation that skips us saw the old bounds,
             // so its unmap happened before our pin.
             sh.widen(span.0, span.1);
-            (span, t.generation(), t.doom_bound(span.0, span.1))
+            let over = t.overlaps(span.0, span.1);
+            (span, t.generation(), t.doom_bound(span.0, span.1), over)
         };
         Stats::bump(&stats.misses);
-        // Room for the entries the insertion takes out, made before the
-        // write lock: nothing is allocated under it (see `table`).
+        // Room for the entries the insertion takes out, and tracking slots
+        // for those of them in use (superseded) and for the new entry if
+        // it is handed out uncached, made before the write lock: nothing
+        // is allocated under it (see `table`).
         let mut doomed = Vec::with_capacity(bound);
+        let mut slots = sh.tracked.reserve(over + 1);
         for _attempt in 0..3 {
             let (s, e, a) = span;
             let watch = match &sh.backend.monitor {
@@ -252,6 +261,15 @@ impl<R: Registrar> Cache<R> {
                 if t.changed_since(gen0, s, e) {
                     break None;
                 }
+                let want = t.overlaps(s, e) + 1;
+                if slots.left() < want {
+                    // More entries to supersede than when the slots were
+                    // reserved: reserve more, unlocked, and look again.
+                    drop(t);
+                    slots.add(want - slots.left());
+                    t = sh.lock();
+                    continue;
+                }
                 if let Some(left) = sh.backend.monitor.as_ref().and_then(|m| m.settling(s, e)) {
                     // Its pages may be dropped right after we pinned them.
                     break Some((Some(left), false, 0));
@@ -273,10 +291,12 @@ impl<R: Registrar> Cache<R> {
                 span = t.span(addr, end, access);
                 gen0 = t.generation();
                 let bound = t.doom_bound(span.0, span.1);
+                let want = t.overlaps(span.0, span.1) + 1;
                 sh.widen(span.0, span.1);
                 drop(t);
                 drop(entry);
                 doomed.reserve(bound);
+                slots.add(want.saturating_sub(slots.left()));
                 continue;
             };
             let gen_now = t.generation();
@@ -288,15 +308,16 @@ impl<R: Registrar> Cache<R> {
             // flag, and a user checking it in between, after an unmap,
             // would have seen it valid.
             for d in doomed.iter().filter(|d| d.users.load(Ordering::Acquire) > 0) {
-                d.track_since(Arc::clone(sh), &t, gen_now, None);
+                d.track_since(Arc::clone(sh), &t, &mut slots, gen_now, None);
             }
             if !cached {
                 // One made while its range was settling may have pinned
                 // pages the discard drops: stale once the settle time ends.
                 let stale_at = settling.map(|left| Instant::now() + left);
-                entry.track_since(Arc::clone(sh), &t, gen_now, stale_at);
+                entry.track_since(Arc::clone(sh), &t, &mut slots, gen_now, stale_at);
             }
             drop(t);
+            drop(slots);
             if !cached {
                 entry.users.fetch_add(1, Ordering::AcqRel);
                 Stats::bump(&stats.uncached);
@@ -353,11 +374,14 @@ impl<R: Registrar> Cache<R> {
         sh.widen(addr, end);
         // The tracking slot is claimed with the generation, before the
         // subscription and the pin: an invalidation while they are made
-        // marks it, however many of other ranges come meanwhile.
+        // marks it, however many of other ranges come meanwhile. It is
+        // reserved before the lock (the slot table may grow).
+        let mut reserved = sh.tracked.reserve(1);
         let (gen, slot) = {
             let t = sh.lock();
-            (t.generation(), sh.claim_live(&t, addr, end))
+            (t.generation(), sh.claim_live(&t, &mut reserved, addr, end))
         };
+        drop(reserved);
         let give_back = || {
             if let Some(i) = slot {
                 sh.tracked.release(i);
@@ -386,7 +410,7 @@ impl<R: Registrar> Cache<R> {
             tracing::debug!(
                 addr,
                 len,
-                "regcache: every tracking slot in use; tracked by history"
+                "regcache: the tracking slots cannot grow; tracked by history"
             );
         }
         entry.track_with(Arc::clone(sh), gen, stale_at, slot);

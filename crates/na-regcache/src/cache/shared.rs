@@ -2,7 +2,7 @@
 //! big-reader lock, the backend, and the lock-free monitor pre-filter.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::entry::Backend;
 use super::table::Table;
@@ -24,18 +24,22 @@ pub(crate) struct Shared<R: Registrar> {
     /// Invalidated entries waiting to be deregistered (a hint).
     pub zombies: AtomicUsize,
     /// The table's invalidation generation, readable without the lock
-    /// (a registration outside the index that found no tracking slot
-    /// compares it with the one it was made at).
+    /// (a registration outside the index without a tracking slot, which
+    /// only a slot table that cannot grow leaves, compares it with the
+    /// one it was made at).
     pub generation: AtomicU64,
     /// The ranges of registrations in use outside the index (see
     /// [`TrackSlot`]), which every invalidation checks exactly.
     pub tracked: TrackedRanges,
 }
 
-/// Most registrations outside the index whose invalidation is tracked
-/// exactly; beyond it one falls back on the table's short history of
-/// invalidations, which says "changed" once that history wrapped.
-pub const TRACK_SLOTS: usize = 4096;
+/// Slots in the first chunk of [`TrackedRanges`]; chunk `c` holds
+/// `FIRST_CHUNK << c`.
+const FIRST_CHUNK: usize = 1024;
+/// Chunks at most: `FIRST_CHUNK * (2^CHUNKS - 1)` slots (about 10^9, so
+/// never reached: beyond them a registration would fall back on the
+/// table's short history of invalidations, conservatively).
+const CHUNKS: usize = 20;
 
 const SLOT_FREE: u8 = 0;
 const SLOT_LIVE: u8 = 1;
@@ -54,45 +58,168 @@ pub struct TrackSlot {
     state: AtomicU8,
 }
 
-/// A fixed array of [`TrackSlot`]s, allocated with the cache: marking them
-/// allocates nothing (it runs inside the allocator hook).
+/// The [`TrackSlot`]s, in chunks of doubling size that are made as
+/// needed, before the cache lock is taken ([`TrackedRanges::reserve`]),
+/// and never moved or freed while the cache lives: claiming and marking,
+/// under the lock, allocate nothing (marking runs inside the allocator
+/// hook), and a slot's index stays good for lock-free reads.
+///
+/// Every claim is backed by a reservation: `promised` counts the slots
+/// claimed and not released plus those reserved and not claimed, and a
+/// reservation returns only once the chunks hold that many slots. So a
+/// claim, made under the write lock with a reservation in hand, always
+/// finds a free slot.
 pub struct TrackedRanges {
-    slots: Box<[TrackSlot]>,
+    chunks: [OnceLock<Box<[TrackSlot]>>; CHUNKS],
+    /// Slots in the chunks made (grows only).
+    capacity: AtomicUsize,
+    /// Slots claimed and not released, plus slots reserved and not claimed.
+    promised: AtomicUsize,
+    /// Slots claimed and not released (a mark stops once it saw as many).
+    live: AtomicUsize,
     /// One past the highest slot ever claimed: scans stop there.
     high: AtomicUsize,
+    /// Where the next claim starts looking for a free slot (a hint).
+    next: AtomicUsize,
+}
+
+/// Slots reserved for claims under the next write lock; what is left
+/// unclaimed is given back on drop.
+pub struct Reserved<'a> {
+    ranges: &'a TrackedRanges,
+    left: usize,
+}
+
+impl Reserved<'_> {
+    /// Slots reserved and not claimed yet.
+    pub fn left(&self) -> usize {
+        self.left
+    }
+
+    /// Reserves `more` slots (makes chunks: call without the cache lock).
+    pub fn add(&mut self, more: usize) {
+        self.ranges.promise(more);
+        self.left += more;
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.ranges.promised.fetch_sub(self.left, Ordering::AcqRel);
+    }
+}
+
+/// Chunk and offset of slot `i`.
+#[inline]
+fn locate(i: usize) -> (usize, usize) {
+    let q = i / FIRST_CHUNK + 1;
+    let c = (usize::BITS - 1 - q.leading_zeros()) as usize;
+    (c, i - FIRST_CHUNK * ((1 << c) - 1))
 }
 
 impl TrackedRanges {
+    /// The first chunk made; the others as reservations need them.
     pub fn new() -> TrackedRanges {
-        TrackedRanges {
-            slots: (0..TRACK_SLOTS).map(|_| TrackSlot::default()).collect(),
+        let t = TrackedRanges {
+            chunks: [const { OnceLock::new() }; CHUNKS],
+            capacity: AtomicUsize::new(0),
+            promised: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
             high: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+        };
+        t.grow_to(1);
+        t
+    }
+
+    /// Slot `i`, if its chunk was made.
+    #[inline]
+    fn slot(&self, i: usize) -> Option<&TrackSlot> {
+        let (c, o) = locate(i);
+        self.chunks.get(c)?.get()?.get(o)
+    }
+
+    /// Every slot of the chunks made, in index order.
+    fn made(&self) -> impl Iterator<Item = &TrackSlot> {
+        self.chunks.iter().map_while(OnceLock::get).flat_map(|c| c.iter())
+    }
+
+    /// Makes chunks until they hold `want` slots (allocates: never under
+    /// the cache lock).
+    fn grow_to(&self, want: usize) {
+        if self.capacity.load(Ordering::Acquire) >= want {
+            return;
+        }
+        let mut cap = 0;
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            let size = FIRST_CHUNK << c;
+            chunk.get_or_init(|| (0..size).map(|_| TrackSlot::default()).collect());
+            cap += size;
+            if cap >= want {
+                break;
+            }
+        }
+        self.capacity.fetch_max(cap, Ordering::AcqRel);
+    }
+
+    /// Counts `n` more slots promised and makes chunks to hold them all.
+    fn promise(&self, n: usize) {
+        let want = self.promised.fetch_add(n, Ordering::AcqRel) + n;
+        self.grow_to(want);
+    }
+
+    /// Reserves `n` slots for claims under the next write lock. Call
+    /// without the cache lock: it may make a chunk.
+    pub fn reserve(&self, n: usize) -> Reserved<'_> {
+        self.promise(n);
+        Reserved {
+            ranges: self,
+            left: n,
         }
     }
 
-    /// Claims a slot for `[start, end)`, already hit if `changed`. Call
-    /// with the table's write lock held (claims and marks take turns
-    /// under it); `None` if every slot is in use.
-    fn claim(&self, start: usize, end: usize, changed: bool) -> Option<usize> {
-        let i = self
-            .slots
-            .iter()
-            .position(|s| s.state.load(Ordering::Acquire) == SLOT_FREE)?;
-        let s = &self.slots[i];
+    /// Claims a slot of reservation `r` for `[start, end)`, already hit if
+    /// `changed`. Call with the table's write lock held (claims and marks
+    /// take turns under it). `None` only if `r` is used up (or the chunks
+    /// could not grow): the caller then falls back on the history.
+    fn claim(&self, r: &mut Reserved<'_>, start: usize, end: usize, changed: bool) -> Option<usize> {
+        if r.left == 0 || !std::ptr::eq(r.ranges, self) {
+            return None;
+        }
+        let cap = self.capacity.load(Ordering::Acquire);
+        let from = self.next.load(Ordering::Relaxed).min(cap);
+        let (i, s) = (from..cap).chain(0..from).find_map(|i| {
+            self.slot(i)
+                .filter(|s| s.state.load(Ordering::Acquire) == SLOT_FREE)
+                .map(|s| (i, s))
+        })?;
         s.start.store(start, Ordering::Relaxed);
         s.end.store(end, Ordering::Relaxed);
+        self.live.fetch_add(1, Ordering::AcqRel);
         s.state
             .store(if changed { SLOT_HIT } else { SLOT_LIVE }, Ordering::Release);
         self.high.fetch_max(i + 1, Ordering::Relaxed);
+        self.next.store(i + 1, Ordering::Relaxed);
+        r.left -= 1;
         Some(i)
     }
 
     /// Marks every live slot overlapping `[start, end)` hit. Call with the
-    /// table's write lock held.
+    /// table's write lock held (no claim meanwhile: the slots in use only
+    /// get fewer, so the scan stops once it saw as many as were live).
     fn mark(&self, start: usize, end: usize) {
-        let high = self.high.load(Ordering::Relaxed).min(self.slots.len());
-        for s in &self.slots[..high] {
-            if s.state.load(Ordering::Acquire) == SLOT_LIVE
+        let high = self.high.load(Ordering::Relaxed);
+        let mut unseen = self.live.load(Ordering::Acquire);
+        for s in self.made().take(high) {
+            if unseen == 0 {
+                break;
+            }
+            let state = s.state.load(Ordering::Acquire);
+            if state == SLOT_FREE {
+                continue;
+            }
+            unseen -= 1;
+            if state == SLOT_LIVE
                 && s.start.load(Ordering::Relaxed) < end
                 && s.end.load(Ordering::Relaxed) > start
             {
@@ -105,14 +232,20 @@ impl TrackedRanges {
         }
     }
 
-    /// True once slot `i` was hit.
+    /// True once slot `i` was hit (lock-free: an index math and two loads).
+    #[inline]
     pub fn hit(&self, i: usize) -> bool {
-        self.slots[i].state.load(Ordering::Acquire) == SLOT_HIT
+        self.slot(i)
+            .is_none_or(|s| s.state.load(Ordering::Acquire) == SLOT_HIT)
     }
 
     /// Frees slot `i` (its registration is gone). No lock needed.
     pub fn release(&self, i: usize) {
-        self.slots[i].state.store(SLOT_FREE, Ordering::Release);
+        let Some(s) = self.slot(i) else { return };
+        s.state.store(SLOT_FREE, Ordering::Release);
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        self.promised.fetch_sub(1, Ordering::AcqRel);
+        self.next.fetch_min(i, Ordering::Relaxed);
     }
 }
 
@@ -147,23 +280,31 @@ impl<R: Registrar> Shared<R> {
     }
 
     /// Starts tracking `[start, end)` for a registration outside the index
-    /// made at generation `gen`: a slot, hit at once if an invalidation
-    /// since `gen` may have covered it. `t` is the table, write-locked.
-    /// `None` when every slot is in use (then the registration checks the
-    /// table's history instead).
+    /// made at generation `gen`: a slot of reservation `r`, hit at once if
+    /// an invalidation since `gen` may have covered it. `t` is the table,
+    /// write-locked. `None` only when `r` is used up (then the
+    /// registration checks the table's history instead).
     /// Nothing is logged here: the lock is held, and a subscriber that
     /// freed a large block would re-enter it through the allocator hook.
-    pub fn track(&self, t: &Table<R>, gen: u64, start: usize, end: usize) -> Option<usize> {
-        self.tracked.claim(start, end, t.changed_since(gen, start, end))
+    pub fn track(
+        &self,
+        t: &Table<R>,
+        r: &mut Reserved<'_>,
+        gen: u64,
+        start: usize,
+        end: usize,
+    ) -> Option<usize> {
+        self.tracked
+            .claim(r, start, end, t.changed_since(gen, start, end))
     }
 
-    /// Claims a tracking slot for `[start, end)` now, live (not hit): for
-    /// a registration about to be made, so that an invalidation while it
-    /// is made marks it exactly, however many come. `t` is the table,
-    /// write-locked. Release it with [`TrackedRanges::release`] if no entry
-    /// takes it.
-    pub fn claim_live(&self, _t: &Table<R>, start: usize, end: usize) -> Option<usize> {
-        self.tracked.claim(start, end, false)
+    /// Claims a tracking slot of reservation `r` for `[start, end)` now,
+    /// live (not hit): for a registration about to be made, so that an
+    /// invalidation while it is made marks it exactly, however many come.
+    /// `t` is the table, write-locked. Release it with
+    /// [`TrackedRanges::release`] if no entry takes it.
+    pub fn claim_live(&self, _t: &Table<R>, r: &mut Reserved<'_>, start: usize, end: usize) -> Option<usize> {
+        self.tracked.claim(r, start, end, false)
     }
 
     /// Widens the monitor pre-filter to cover `[start, end)`.
@@ -190,5 +331,92 @@ impl<R: Registrar> InvalidationSink for Shared<R> {
 
     fn may_overlap(&self, start: usize, end: usize) -> bool {
         start < self.hi.load(Ordering::SeqCst) && end > self.lo.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn slot_indices_map_onto_doubling_chunks() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(FIRST_CHUNK - 1), (0, FIRST_CHUNK - 1));
+        assert_eq!(locate(FIRST_CHUNK), (1, 0));
+        assert_eq!(locate(3 * FIRST_CHUNK - 1), (1, 2 * FIRST_CHUNK - 1));
+        assert_eq!(locate(3 * FIRST_CHUNK), (2, 0));
+        let last = FIRST_CHUNK * ((1 << CHUNKS) - 1) - 1;
+        assert_eq!(locate(last), (CHUNKS - 1, (FIRST_CHUNK << (CHUNKS - 1)) - 1));
+    }
+
+    /// Claims past the first chunks grow the table; marks stay exact and
+    /// released slots are reused.
+    #[test]
+    fn the_table_grows_and_marks_exactly() {
+        let t = TrackedRanges::new();
+        let n = 5 * FIRST_CHUNK;
+        let mut r = t.reserve(n);
+        let ids: Vec<_> = (0..n)
+            .map(|i| t.claim(&mut r, i * 10, i * 10 + 5, false).expect("reserved"))
+            .collect();
+        assert_eq!(r.left(), 0);
+        assert!(t.claim(&mut r, 0, 1, false).is_none(), "beyond the reservation");
+        drop(r);
+        t.mark(10 * (n - 1), 10 * (n - 1) + 1);
+        t.mark(3, 4);
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(t.hit(id), i == 0 || i == n - 1, "slot of #{i}");
+        }
+        let cap = t.capacity.load(Ordering::Relaxed);
+        for &id in &ids {
+            t.release(id);
+        }
+        assert_eq!(t.promised.load(Ordering::Relaxed), 0);
+        let mut r = t.reserve(n);
+        for i in 0..n {
+            assert!(t.claim(&mut r, i, i + 1, true).is_some());
+        }
+        assert_eq!(
+            t.capacity.load(Ordering::Relaxed),
+            cap,
+            "released slots are reused"
+        );
+    }
+
+    /// Threads reserving, claiming under a lock (as the cache does) and
+    /// releasing without it: every claim backed by a reservation finds a
+    /// slot, however the table grows meanwhile.
+    #[test]
+    fn a_reserved_claim_always_finds_a_slot() {
+        let t = TrackedRanges::new();
+        let lock = Mutex::new(());
+        std::thread::scope(|s| {
+            for k in 1..=4usize {
+                let (t, lock) = (&t, &lock);
+                s.spawn(move || {
+                    let mut held = Vec::new();
+                    for round in 0..200 {
+                        let mut r = t.reserve(k * 7);
+                        let g = lock.lock().unwrap();
+                        for _ in 0..k * 7 {
+                            held.push(t.claim(&mut r, round, round + 1, false).expect("a reserved slot"));
+                        }
+                        drop(g);
+                        if round % 50 == 49 {
+                            for id in held.drain(..) {
+                                t.release(id);
+                            }
+                        }
+                    }
+                    for id in held {
+                        t.release(id);
+                    }
+                });
+            }
+        });
+        assert_eq!(t.promised.load(Ordering::Relaxed), 0);
+        assert_eq!(t.live.load(Ordering::Relaxed), 0);
+        assert!(t.capacity.load(Ordering::Relaxed) > FIRST_CHUNK, "grew meanwhile");
     }
 }

@@ -115,6 +115,11 @@ impl<R: Registrar> Table<R> {
         lo..hi
     }
 
+    /// How many cached entries overlap `[start, end)`.
+    pub fn overlaps(&self, start: usize, end: usize) -> usize {
+        self.overlapping(start, end).len()
+    }
+
     /// The cached entry containing `[start, end)` with at least `access`.
     #[inline]
     pub fn lookup(&self, start: usize, end: usize, access: Access) -> Option<&Arc<Entry<R>>> {
