@@ -517,7 +517,10 @@ fn shared_mappings_are_never_cached_with_userfaultfd() {
     let overlay = sys::map_shared_fd_fixed(mixed + 3 * PAGE, PAGE, &fd).unwrap();
     assert_eq!(overlay, mixed + 3 * PAGE);
     let private = sys::map_anon(None, LEN).unwrap();
-    let before = mappings();
+    // Only the mappings of these ranges: other tests' threads map and
+    // unmap meanwhile (their stacks, their buffers).
+    let ours = [(file, LEN), (mixed, LEN), (private, LEN)];
+    let before = mappings_in(&ours);
     for (what, a, len) in [
         ("memfd", file, LEN),
         ("memfd, part", file + PAGE, 100),
@@ -531,7 +534,7 @@ fn shared_mappings_are_never_cached_with_userfaultfd() {
         }
     }
     assert_eq!(
-        mappings(),
+        mappings_in(&ours),
         before,
         "refused ranges left watches (VMA splits) behind"
     );
@@ -544,7 +547,7 @@ fn shared_mappings_are_never_cached_with_userfaultfd() {
     }
     assert_eq!(c.stats().hits, 2);
     drop(c);
-    for (a, len) in [(file, LEN), (mixed, LEN), (private, LEN)] {
+    for (a, len) in ours {
         sys::unmap(a, len).unwrap();
     }
 }
@@ -593,6 +596,22 @@ fn mappings() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
         .lines()
+        .count()
+}
+
+/// How many of this process's mappings overlap one of `ranges` (address,
+/// length).
+fn mappings_in(ranges: &[(usize, usize)]) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| {
+            let (s, e) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                usize::from_str_radix(s, 16).ok()?,
+                usize::from_str_radix(e, 16).ok()?,
+            ))
+        })
+        .filter(|&(s, e)| ranges.iter().any(|&(a, len)| s < a + len && e > a))
         .count()
 }
 
