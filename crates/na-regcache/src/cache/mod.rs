@@ -68,6 +68,16 @@ impl<R: Registrar> Cache<R> {
         config.validate()?;
         let monitor: Option<Arc<dyn Monitor>> = match config.monitor {
             MonitorChoice::Uffd | MonitorChoice::Auto => match UffdMonitor::global_with(config.map_watch) {
+                // The monitor watches for at most MAX_SINKS caches: past
+                // them `Auto` falls back as it does without userfaultfd
+                // (one more plugin instance must not fail to start).
+                Ok(m) if config.monitor == MonitorChoice::Auto && !m.has_room() => {
+                    tracing::warn!(
+                        caches = crate::monitor::MAX_SINKS,
+                        "userfaultfd monitor full: registration cache disabled"
+                    );
+                    return Self::build(registrar, config, None, false);
+                }
                 Ok(m) => Some(m),
                 Err(source) if config.monitor == MonitorChoice::Uffd => {
                     return Err(Error::MonitorInit {

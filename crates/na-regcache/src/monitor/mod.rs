@@ -151,6 +151,12 @@ impl SinkSet {
         sink
     }
 
+    /// True while fewer than [`MAX_SINKS`] sinks are attached (a hint:
+    /// another thread may take the last place before an `attach`).
+    pub fn has_room(&self) -> bool {
+        self.count.load(Ordering::SeqCst) < MAX_SINKS
+    }
+
     /// True when no sink is attached (one load).
     #[inline]
     pub fn is_empty(&self) -> bool {

@@ -728,6 +728,16 @@ impl UffdMonitor {
     /// `fork` (`VM_DONTCOPY`). The parent's copy is leaked in the child
     /// (dropping it would join a thread that does not exist there).
     pub fn global_with(map_watch: bool) -> io::Result<Arc<UffdMonitor>> {
+        Self::global_inner(map_watch)
+    }
+
+    /// True while another cache can be attached (fewer than
+    /// [`MAX_SINKS`](super::MAX_SINKS); a hint, see `SinkSet::has_room`).
+    pub fn has_room(&self) -> bool {
+        self.shared.sinks.has_room()
+    }
+
+    fn global_inner(map_watch: bool) -> io::Result<Arc<UffdMonitor>> {
         static GLOBAL: Mutex<Option<(u32, Arc<UffdMonitor>)>> = Mutex::new(None);
         let mut g = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
         let pid = std::process::id();
