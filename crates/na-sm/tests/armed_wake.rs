@@ -13,6 +13,19 @@ use common::private_dir;
 
 const T: Duration = Duration::from_secs(10);
 
+/// Whether `fd` turns readable within a second: a wake-up through the
+/// deadline timer (set to now) fires a moment after it is set.
+fn readable_soon(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY (test): one valid pollfd, waits at most a second.
+    let n = unsafe { libc::poll(&mut p, 1, 1000) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
 /// Whether `fd` is readable now.
 fn readable(fd: std::os::fd::RawFd) -> bool {
     let mut p = libc::pollfd {
@@ -76,7 +89,7 @@ fn an_rma_while_the_owner_sleeps_keeps_its_wake_up() {
         a.rma(&to_b, &[Rma::get(&ours, 0, &remote, 0, 64, OpId(1000 + round))])
             .unwrap();
         assert!(
-            readable(a.poll_fd().unwrap()),
+            readable_soon(a.poll_fd().unwrap()),
             "round {round}: the RMA took A's wake-up and left its fd quiet"
         );
         // The owner wakes and finds the message (and the transfer's end).
@@ -118,7 +131,7 @@ fn a_receive_completed_while_the_owner_sleeps_wakes_it() {
     assert!(!readable(a.poll_fd().unwrap()));
     a.post_recv_unexpected(Vec::new(), OpId(7)).unwrap();
     assert!(
-        readable(a.poll_fd().unwrap()),
+        readable_soon(a.poll_fd().unwrap()),
         "a receive completed at once while A slept, and its fd stayed quiet"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -176,21 +189,21 @@ fn completions_queued_while_the_owner_sleeps_wake_it() {
         a.send_unexpected(&to_b, 2, b"reported", OpId(100 + round))
             .unwrap();
         assert!(
-            readable(a.poll_fd().unwrap()),
+            readable_soon(a.poll_fd().unwrap()),
             "round {round}: a completed send left A's fd quiet"
         );
         a.post_recv_unexpected(Vec::new(), OpId(200 + round)).unwrap();
         sleep_owner(&mut a, "cancel");
         a.cancel(OpId(200 + round)).unwrap();
         assert!(
-            readable(a.poll_fd().unwrap()),
+            readable_soon(a.poll_fd().unwrap()),
             "round {round}: a cancel left A's fd quiet"
         );
         sleep_owner(&mut a, "rma");
         a.rma(&to_b, &[Rma::get(&ours, 0, &remote, 0, 64, OpId(300 + round))])
             .unwrap();
         assert!(
-            readable(a.poll_fd().unwrap()),
+            readable_soon(a.poll_fd().unwrap()),
             "round {round}: an RMA left A's fd quiet"
         );
         // B takes A's messages, so A's ring does not fill.
@@ -235,7 +248,7 @@ fn a_receive_for_a_held_message_posted_while_the_owner_sleeps_wakes_it() {
     sleep_owner(&mut a, "held");
     a.post_recv_expected(&to_b, 2, Vec::new(), OpId(20)).unwrap();
     assert!(
-        readable(a.poll_fd().unwrap()),
+        readable_soon(a.poll_fd().unwrap()),
         "a receive for the held message left A's fd quiet"
     );
     let end = Instant::now() + T;
@@ -271,7 +284,7 @@ fn a_wake_up_survives_a_later_timer_update() {
     a.post_recv_unexpected(Vec::new(), OpId(7)).unwrap();
     let _to_c = a.lookup(c.self_addr().uri()).unwrap();
     assert!(
-        readable(a.poll_fd().unwrap()),
+        readable_soon(a.poll_fd().unwrap()),
         "the lookup's timer update put off A's wake-up"
     );
     drop(c);

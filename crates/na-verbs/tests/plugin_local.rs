@@ -340,10 +340,13 @@ fn completions_queued_while_the_owner_sleeps_wake_it() {
         return;
     };
     let mut p = pair(&env);
-    let readable = |ep: &Endpoint| {
+    // Readable within `wait`: the deadline timer set to now fires a
+    // moment later (at least 1 ns on, and later still under emulation).
+    let readable_within = |ep: &Endpoint, wait: Duration| {
         use std::os::fd::AsFd;
-        na_verbs::sys::poll_readable(ep.as_fd(), Some(Duration::ZERO)).expect("poll")
+        na_verbs::sys::poll_readable(ep.as_fd(), Some(wait)).expect("poll")
     };
+    let readable = |ep: &Endpoint| readable_within(ep, Duration::from_secs(1));
     let sleep_srv = |p: &mut Pair, what: &str| {
         let end = Instant::now() + T;
         while !p.srv.try_wait().unwrap() {
@@ -352,7 +355,10 @@ fn completions_queued_while_the_owner_sleeps_wake_it() {
             p.cli.progress(Some(Duration::ZERO)).unwrap();
             while p.srv.pop_completion().is_some() {}
         }
-        assert!(!readable(&p.srv), "{what}: readable while idle");
+        assert!(
+            !readable_within(&p.srv, Duration::ZERO),
+            "{what}: readable while idle"
+        );
     };
     for round in 0..3u64 {
         // A message the server holds: no receive is posted for it.
