@@ -804,3 +804,174 @@ fn thousands_of_registrations_for_peers_stay_exactly_tracked() {
     drop(c);
     sys::unmap(arena, pages * PAGE).unwrap();
 }
+
+/// What the registrar of a gated miss tells the test.
+enum Ev {
+    /// The registration of the gated address pinned its pages and waits
+    /// for the test's go.
+    Started,
+    /// The `get` returned.
+    Done,
+}
+
+/// Pins like `UringRegistrar`; a registration of `gated` then tells the
+/// test and waits for its go, so that the test can change memory while
+/// the registration is being made (an `ibv_reg_mr` of a large buffer
+/// takes that long).
+struct Gated {
+    inner: UringRegistrar,
+    gated: usize,
+    events: Mutex<mpsc::Sender<Ev>>,
+    go: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Registrar for Gated {
+    type Region = na_regcache::FixedBuffer;
+    type Error = io::Error;
+    fn register(&self, addr: usize, len: usize, access: Access) -> io::Result<Self::Region> {
+        let r = self.inner.register(addr, len, access)?;
+        if addr == self.gated {
+            let _ = self.events.lock().unwrap().send(Ev::Started);
+            let _ = self.go.lock().unwrap().recv_timeout(Duration::from_secs(30));
+        }
+        Ok(r)
+    }
+    fn deregister(&self, r: Self::Region) -> io::Result<()> {
+        self.inner.deregister(r)
+    }
+}
+
+/// A cache over [`Gated`] (for `gated`, `LEN` bytes), `others` cached
+/// one-page entries two pages apart in an arena (returned), and a held
+/// handle on one more (whose `is_valid_now` waits for the monitor's
+/// reader). Runs `get(gated)` in a thread and `during(attempt)` while each
+/// of its registrations of `gated` waits; returns what the `get` returned
+/// and how many registrations it made.
+#[allow(clippy::type_complexity)]
+fn gated_miss(
+    gated: usize,
+    others: usize,
+    mut during: impl FnMut(&Cache<Gated>, usize, usize),
+) -> (
+    std::sync::Arc<Cache<Gated>>,
+    na_regcache::Result<na_regcache::Registration<Gated>>,
+    usize,
+) {
+    common::require_io_uring();
+    let (ev_tx, events) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel();
+    let c = std::sync::Arc::new(
+        Cache::new(
+            Gated {
+                inner: UringRegistrar::new(512, true).unwrap(),
+                gated,
+                events: Mutex::new(ev_tx.clone()),
+                go: Mutex::new(go_rx),
+            },
+            CacheConfig {
+                max_count: 512,
+                max_bytes: 1 << 30,
+                monitor: MonitorChoice::Uffd,
+                ..CacheConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let arena = sys::map_anon(None, 2 * others * PAGE).unwrap();
+    sys::touch(arena, 2 * others * PAGE, 1);
+    for i in 0..others {
+        drop(c.get(arena + 2 * i * PAGE, PAGE, W).unwrap());
+    }
+    assert_eq!(c.stats().entries, others as u64);
+    let c2 = c.clone();
+    let maker = std::thread::spawn(move || {
+        let r = c2.get(gated, LEN, W);
+        let _ = ev_tx.send(Ev::Done);
+        r
+    });
+    let mut attempts = 0;
+    // Until `Ev::Done`.
+    while let Ev::Started = events
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the get went on")
+    {
+        during(&c, arena, attempts);
+        attempts += 1;
+        go.send(()).unwrap();
+    }
+    let r = maker.join().unwrap();
+    (c, r, attempts)
+}
+
+/// Unmaps the `n` one-page entries of the arena from the `k`-th and waits
+/// until the monitor applied every unmap.
+fn unmap_entries(
+    c: &Cache<Gated>,
+    sync: &na_regcache::Registration<Gated>,
+    arena: usize,
+    k: usize,
+    n: usize,
+) {
+    let before = c.stats().invalidations;
+    for i in k..k + n {
+        sys::unmap(arena + 2 * i * PAGE, PAGE).unwrap();
+    }
+    assert!(sync.is_valid_now(), "the sync handle's range was not touched");
+    assert_eq!(c.stats().invalidations, before + n as u64, "every unmap seen");
+}
+
+/// A miss whose registration is slow (the gated registrar) while more
+/// registered ranges than the cache's history of 64 invalidations are
+/// unmapped elsewhere still gets its registration, cached and valid: the
+/// miss tracks its own span exactly. (Before, it consulted that history,
+/// which had wrapped: it threw the good registration away and tried
+/// again, and after three such tries `get` failed with `Unstable`.)
+#[test]
+fn a_miss_registering_during_many_unrelated_unmaps_succeeds() {
+    let _maps = MAPPINGS.lock().unwrap_or_else(|p| p.into_inner());
+    let b = buffers(2);
+    let per_attempt = 70;
+    let mut sync = None;
+    let (c, r, attempts) = gated_miss(b[0], 3 * per_attempt, |c, arena, attempt| {
+        let sync = sync.get_or_insert_with(|| c.get(b[1], LEN, W).unwrap());
+        unmap_entries(c, sync, arena, attempt * per_attempt, per_attempt);
+    });
+    let h = r.unwrap_or_else(|e| panic!("{e} after {attempts} registrations"));
+    assert_eq!(attempts, 1, "the registration was thrown away and made again");
+    assert!(h.is_cached() && h.is_valid_now());
+    assert_eq!((h.addr(), h.len()), (b[0], LEN));
+    assert_eq!(c.registrar().inner.stale_pages(h.region(), b[0], LEN).unwrap(), 0);
+    // Its own range changing still invalidates it.
+    sys::unmap(b[0], LEN).unwrap();
+    assert!(!h.is_valid_now());
+}
+
+/// A change of a miss's own range while it registers (the gated
+/// registrar; the pages were pinned before the test replaces them, along
+/// with more unrelated unmaps than the history of 64 holds) is still
+/// caught: the registration is made again, and the one handed out holds
+/// the current pages.
+#[test]
+fn a_miss_whose_range_changes_while_it_registers_registers_again() {
+    let _maps = MAPPINGS.lock().unwrap_or_else(|p| p.into_inner());
+    let b = buffers(2);
+    let per_attempt = 70;
+    let mut sync = None;
+    let (c, r, attempts) = gated_miss(b[0], per_attempt, |c, arena, attempt| {
+        let sync = sync.get_or_insert_with(|| c.get(b[1], LEN, W).unwrap());
+        if attempt == 0 {
+            // New pages at the same address (userfaultfd: an unmap).
+            sys::map_anon_overlay(b[0], LEN).unwrap();
+            sys::touch(b[0], LEN, 2);
+            unmap_entries(c, sync, arena, 0, per_attempt);
+        }
+    });
+    let h = r.unwrap_or_else(|e| panic!("{e} after {attempts} registrations"));
+    assert_eq!(attempts, 2, "the registration of the old pages was handed out");
+    assert!(h.is_valid_now());
+    assert_eq!(
+        c.registrar().inner.stale_pages(h.region(), b[0], LEN).unwrap(),
+        0,
+        "the registration holds the replaced pages"
+    );
+}

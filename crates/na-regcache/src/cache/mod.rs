@@ -14,17 +14,32 @@
 //!    entries), widen the monitor pre-filter, note the invalidation
 //!    generation and the room the insertion may need, unlock; make that
 //!    room (a vector for the entries it takes out, tracking slots for
-//!    those in use and for the new one);
-//! 6. subscribe the span with the monitor, *then* register it (so an unmap
+//!    those in use and for the new span);
+//! 6. write-lock briefly: claim a tracking slot for the span, from then on
+//!    marked by every invalidation overlapping it, exactly, however many
+//!    of other ranges come (claimed marked already if one since step 5
+//!    may have overlapped it, which the table's history of the last 64
+//!    invalidations tells);
+//! 7. subscribe the span with the monitor, *then* register it (so an unmap
 //!    between the two is seen), retrying once after evicting idle entries;
-//! 7. write-lock; if an invalidation since step 5 overlaps the span,
-//!    discard and retry (at most three times); if the room made no longer
+//! 8. write-lock; if the slot was marked (without a slot, which only a
+//!    slot table that cannot grow leaves: if that history since step 5
+//!    may overlap the span), discard and retry from step 6 with the span
+//!    and generation noted then (at most three times: `Unstable` after
+//!    that); if the room made no longer
 //!    suffices (the table changed), unlock, make more and look again; if
 //!    the monitor says a change of the span is still settling (`madvise`
 //!    drops pages after its event), hand the registration out uncached;
 //!    else insert, evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU; unlock and deregister superseded/evicted
-//!    entries.
+//!    entries. The slot goes to the new entry if it is handed out
+//!    uncached (it tracks it from then on), else it is released.
+//!
+//! A slow registration (an `ibv_reg_mr` of a large buffer takes hundreds
+//! of milliseconds) thus survives any number of invalidations of other
+//! ranges meanwhile. (Until 2026-11-28, step 8 consulted only the history:
+//! past 64 invalidations of anything it had to assume the span changed,
+//! and a miss that saw that happen three times failed with `Unstable`.)
 //!
 //! No registrar call, no allocation, no memory free and no tracing happens
 //! under the lock: the vectors that carry entries out of the table are
@@ -41,7 +56,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use entry::{Backend, Entry};
-use shared::{Shared, TrackedRanges};
+use shared::{Claimed, Shared, TrackedRanges};
 use table::{Insert, Table};
 
 use crate::config::{CacheConfig, Consistency, MonitorChoice};
@@ -227,13 +242,23 @@ impl<R: Registrar> Cache<R> {
         };
         Stats::bump(&stats.misses);
         // Room for the entries the insertion takes out, and tracking slots
-        // for those of them in use (superseded) and for the new entry if
-        // it is handed out uncached, made before the write lock: nothing
-        // is allocated under it (see `table`).
+        // for those of them in use (superseded) and for the span being
+        // registered (the new entry's if it is handed out uncached), made
+        // before the write lock: nothing is allocated under it (see `table`).
         let mut doomed = Vec::with_capacity(bound);
         let mut slots = sh.tracked.reserve(over + 1);
+        let mut mine = Claimed::new(&sh.tracked);
         for _attempt in 0..3 {
             let (s, e, a) = span;
+            // The span's tracking slot, claimed before the subscription
+            // and the pin: an invalidation of the span while they are made
+            // marks it, however many invalidations of other ranges come
+            // (the table's history keeps 64). Already marked if one since
+            // `gen0` may have covered the span.
+            {
+                let t = sh.lock();
+                mine.set(sh.track(&t, &mut slots, gen0, s, e));
+            }
             let watch = match &sh.backend.monitor {
                 Some(m) => match m.subscribe(s, e - s, s as u64) {
                     Ok(w) => Some(w),
@@ -268,10 +293,12 @@ impl<R: Registrar> Cache<R> {
             // the range is settling, whether the entry is cached, and how
             // many idle entries were evicted.
             let placed = loop {
-                if t.changed_since(gen0, s, e) {
+                if mine.hit().unwrap_or_else(|| t.changed_since(gen0, s, e)) {
                     break None;
                 }
-                let want = t.overlaps(s, e) + 1;
+                // Slots for the superseded entries in use, and for the
+                // new one if it has none and ends up uncached.
+                let want = t.overlaps(s, e) + usize::from(mine.hit().is_none());
                 if slots.left() < want {
                     // More entries to supersede than when the slots were
                     // reserved: reserve more, unlocked, and look again.
@@ -297,13 +324,14 @@ impl<R: Registrar> Cache<R> {
                 }
             };
             let Some((settling, cached, evicted)) = placed else {
-                // Retry with fresh state.
+                // Retry with fresh state (and a fresh slot, for the new span).
                 span = t.span(addr, end, access);
                 gen0 = t.generation();
                 let bound = t.doom_bound(span.0, span.1);
                 let want = t.overlaps(span.0, span.1) + 1;
                 sh.widen(span.0, span.1);
                 drop(t);
+                mine.set(None);
                 drop(entry);
                 doomed.reserve(bound);
                 slots.add(want.saturating_sub(slots.left()));
@@ -324,9 +352,15 @@ impl<R: Registrar> Cache<R> {
                 // One made while its range was settling may have pinned
                 // pages the discard drops: stale once the settle time ends.
                 let stale_at = settling.map(|left| Instant::now() + left);
-                entry.track_since(Arc::clone(sh), &t, &mut slots, gen_now, stale_at);
+                match mine.take() {
+                    // Live since before the pin and not hit: exact from now on.
+                    Some(i) => entry.track_with(Arc::clone(sh), gen0, stale_at, Some(i)),
+                    None => entry.track_since(Arc::clone(sh), &t, &mut slots, gen_now, stale_at),
+                }
             }
             drop(t);
+            // Cached: the index tracks the entry now.
+            mine.set(None);
             drop(slots);
             if !cached {
                 entry.users.fetch_add(1, Ordering::AcqRel);

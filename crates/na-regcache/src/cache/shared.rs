@@ -28,8 +28,9 @@ pub(crate) struct Shared<R: Registrar> {
     /// only a slot table that cannot grow leaves, compares it with the
     /// one it was made at).
     pub generation: AtomicU64,
-    /// The ranges of registrations in use outside the index (see
-    /// [`TrackSlot`]), which every invalidation checks exactly.
+    /// The ranges of registrations in use outside the index and of the
+    /// spans misses are registering (see [`TrackSlot`]), which every
+    /// invalidation checks exactly.
     pub tracked: TrackedRanges,
 }
 
@@ -46,7 +47,8 @@ const SLOT_LIVE: u8 = 1;
 const SLOT_HIT: u8 = 2;
 
 /// The range of one registration in use outside the index (memory
-/// exposed to peers, an uncached fallback, a superseded entry). An
+/// exposed to peers, an uncached fallback, a superseded entry), or of a
+/// span a miss is registering (until it is inserted or retried). An
 /// invalidation marks every overlapping slot hit: exact, however many
 /// invalidations of other ranges come (the table's ring of recent
 /// invalidations keeps only the last 64, and made such registrations
@@ -249,6 +251,46 @@ impl TrackedRanges {
     }
 }
 
+/// The tracking slot a miss claims for the span it is registering (see
+/// [`Shared::track`]), or none (only if the slot table could not
+/// grow). Released when dropped or replaced, unless an entry took it
+/// ([`Claimed::take`]). Releasing is lock-free and allocation-free.
+pub struct Claimed<'a> {
+    ranges: &'a TrackedRanges,
+    slot: Option<usize>,
+}
+
+impl<'a> Claimed<'a> {
+    /// No slot yet.
+    pub fn new(ranges: &'a TrackedRanges) -> Claimed<'a> {
+        Claimed { ranges, slot: None }
+    }
+
+    /// Holds `slot` from now on, releasing the one held before.
+    pub fn set(&mut self, slot: Option<usize>) {
+        if let Some(i) = std::mem::replace(&mut self.slot, slot) {
+            self.ranges.release(i);
+        }
+    }
+
+    /// Whether an invalidation marked the slot since it was claimed;
+    /// `None` without a slot (then the table's history has to tell).
+    pub fn hit(&self) -> Option<bool> {
+        self.slot.map(|i| self.ranges.hit(i))
+    }
+
+    /// The slot, no longer released here: its new owner releases it.
+    pub fn take(&mut self) -> Option<usize> {
+        self.slot.take()
+    }
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        self.set(None);
+    }
+}
+
 impl<R: Registrar> Shared<R> {
     pub fn lock(&self) -> WriteGuard<'_, Table<R>> {
         self.table.write()
@@ -280,8 +322,9 @@ impl<R: Registrar> Shared<R> {
     }
 
     /// Starts tracking `[start, end)` for a registration outside the index
-    /// made at generation `gen`: a slot of reservation `r`, hit at once if
-    /// an invalidation since `gen` may have covered it. `t` is the table,
+    /// made at generation `gen`, or for a miss's span about to be
+    /// registered (noted at `gen`): a slot of reservation `r`, hit at once
+    /// if an invalidation since `gen` may have covered it. `t` is the table,
     /// write-locked. `None` only when `r` is used up (then the
     /// registration checks the table's history instead).
     /// Nothing is logged here: the lock is held, and a subscriber that
@@ -299,10 +342,11 @@ impl<R: Registrar> Shared<R> {
     }
 
     /// Claims a tracking slot of reservation `r` for `[start, end)` now,
-    /// live (not hit): for a registration about to be made, so that an
-    /// invalidation while it is made marks it exactly, however many come.
-    /// `t` is the table, write-locked. Release it with
-    /// [`TrackedRanges::release`] if no entry takes it.
+    /// live (not hit): for a registration about to be made (by
+    /// `get_unshared`), so that an invalidation while it is made
+    /// marks it exactly, however many of other ranges come. `t` is the
+    /// table, write-locked. Release it with [`TrackedRanges::release`] (or
+    /// through a [`Claimed`]) if no entry takes it.
     pub fn claim_live(&self, _t: &Table<R>, r: &mut Reserved<'_>, start: usize, end: usize) -> Option<usize> {
         self.tracked.claim(r, start, end, false)
     }
