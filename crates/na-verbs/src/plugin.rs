@@ -164,7 +164,7 @@ impl VerbsPlugin {
     /// "no RDMA device found" and what to install or load.
     pub fn new(id: PluginId, cfg: VerbsConfig) -> Result<VerbsPlugin> {
         cfg.validate()?;
-        let local = crate::device::choose(&cfg)?;
+        let mut local = crate::device::choose(&cfg)?;
         let events = EventChannel::new()?;
         let local_id = CmId::new(&events, PortSpace::Tcp)?;
         let port = cfg.bind.map_or(0, |b| b.port());
@@ -198,13 +198,18 @@ impl VerbsPlugin {
             .into());
         }
         if cfg.bind.is_some() && local_id.port_num() != local.ib_port {
-            return Err(crate::VerbsError::WrongPort {
-                addr: local.ip.to_string(),
-                device: local.device,
-                actual: local_id.port_num(),
-                requested: local.ib_port,
+            // The IP is on another port of the device: that port, unless
+            // one was asked for.
+            if cfg.ib_port.is_some() {
+                return Err(crate::VerbsError::WrongPort {
+                    addr: local.ip.to_string(),
+                    device: local.device,
+                    actual: local_id.port_num(),
+                    requested: local.ib_port,
+                }
+                .into());
             }
-            .into());
+            local.ib_port = local_id.port_num();
         }
         let self_key = local_id.local_addr().ok_or_else(|| NaError::Plugin {
             plugin: SCHEME,
