@@ -159,6 +159,9 @@ impl Shared {
         // the error.
         w.calls.clear();
         w.bulks.clear();
+        // And `drained` and a lookup's pause, whose timers (on the engine's
+        // runtime, which may be shutting down) are then not polled again.
+        self.drain_moved.notify_waiters();
     }
 
     /// Locks the engine, or fails if this thread holds it already: `what`
@@ -224,7 +227,19 @@ impl Shared {
                 }
             }
             waited = true;
-            self.timer(|| tokio::time::sleep(pause)).await;
+            // The pause ends early if the driver stops (`mark_stopped`
+            // notifies): registered before the look at the flag, so a stop
+            // in between is not missed, and the timer, made on the
+            // engine's runtime, is never polled once that runtime's time
+            // driver is gone.
+            let stopped = self.drain_moved.notified();
+            tokio::pin!(stopped);
+            stopped.as_mut().enable();
+            if self.stopped.load(Ordering::Acquire) {
+                let why = self.waiters().stopped.clone().unwrap_or_default();
+                return Err(driver_stopped(what, &why));
+            }
+            let _ = self.timer(|| tokio::time::timeout(pause, stopped)).await;
             pause = (pause * 2).min(LOOKUP_RETRY_MAX);
         }
     }

@@ -1152,3 +1152,63 @@ fn futures_polled_outside_the_engines_runtime_work() {
     gate.add_permits(1);
     assert!(block_on(server.drained(T)).unwrap(), "{:?}", server.stats());
 }
+
+/// A `drained` awaited on another executor while the engine's runtime
+/// shuts down ends (drained, or `DriverStopped`) without a panic: its
+/// timer lives on the engine's runtime, and polling it after that
+/// runtime's time driver went panics, so a stop now ends the wait first.
+/// (A guard only: it passes without that notification too, since here
+/// the dropped handler's answer wakes the wait before the timer is
+/// polled; forcing the other order needs control over tokio's shutdown.)
+#[test]
+fn drained_awaited_elsewhere_ends_when_the_engines_runtime_shuts_down() {
+    let _serial = ONE_AT_A_TIME.blocking_lock();
+    let dir = common::dir("async-drained-shutdown");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, client) = {
+        let _in = rt.enter();
+        (
+            Arc::new(common::async_engine(&dir, true)),
+            common::async_engine(&dir, false),
+        )
+    };
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    server
+        .register_async::<Sleep, _, _>(move |_| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.map_err(|e| e.to_string())?.forget();
+                Ok(())
+            }
+        })
+        .unwrap();
+    let s = block_on(client.lookup(&server.self_addr().to_string())).unwrap();
+    // A request whose handler waits: the engine is not drained.
+    let r = block_on(client.call::<Sleep>(&s, &0, Duration::from_millis(100)));
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    let end = Instant::now() + T;
+    while server.stats().deferred_in_flight < 1 {
+        assert!(Instant::now() < end, "{:?}", server.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.begin_drain().unwrap();
+    let waiter = {
+        let server = Arc::clone(&server);
+        std::thread::spawn(move || block_on(server.drained(Duration::from_secs(30))))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    drop(rt);
+    // Drained (the runtime dropped the handler's task, whose request is
+    // then answered) or stopped: either, but no panic.
+    let r = waiter.join().expect("the waiting thread panicked");
+    assert!(
+        matches!(r, Ok(true) | Err(RpcError::DriverStopped { .. })),
+        "{r:?}"
+    );
+    drop(gate);
+}

@@ -192,12 +192,14 @@ pub(crate) fn close_listener(listener: UnixListener) {
 /// closed; past it, the closing thread closes it.
 const MAX_DRAIN: usize = 65_536;
 
-/// Closes `sock` here once [`drained`], else on the closing thread.
+/// Closes `sock` here once [`drained`], else on the closing thread,
+/// counted as the one descriptor of ours it holds (see [`congested`]).
 fn close_drained(sock: UnixStream) {
     if drained(sock.as_fd()) {
         drop(sock);
     } else {
-        close_later(sock);
+        PENDING_FDS.fetch_add(1, Ordering::Relaxed);
+        send((Box::new(sock), 1));
     }
 }
 
@@ -210,12 +212,23 @@ fn drained(sock: BorrowedFd<'_>) -> bool {
     }
     let mut buf = [0u8; 4096];
     for _ in 0..MAX_DRAIN {
+        // Past the bound, what is left stays in the socket, which the
+        // closing thread closes whole (counted): reading on would bring a
+        // hostile peer's descriptors into our table whatever the bound
+        // (a refused connection's queued hellos carry up to 253 each).
+        if congested() {
+            return false;
+        }
         match recv_screened(sock, &mut buf) {
             // End of file: the queue is empty, and stays so.
             Ok((r, _)) if r.len == 0 && r.fds.is_empty() => return true,
             // Descriptors that passed the screen are closed here at once.
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A peer that closed without reading what we sent leaves its
+            // error on our socket, reported (once) when the queue is
+            // empty: read on, the end of file follows.
+            Err(e)
+                if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::ECONNRESET) => {}
             Err(_) => return false,
         }
     }
@@ -268,6 +281,20 @@ mod tests {
         fn drop(&mut self) {
             let _ = self.0.send(std::thread::current().id());
         }
+    }
+
+    /// A peer that closed without reading what we sent leaves ECONNRESET
+    /// on our socket, reported once its queue is empty: the drain reads on
+    /// to the end of file (it gave up there, and the socket went to the
+    /// closing thread).
+    #[test]
+    fn a_reset_left_by_a_peer_that_did_not_read_ends_no_drain() {
+        use std::io::Write;
+        let (mut ours, mut theirs) = UnixStream::pair().unwrap();
+        theirs.write_all(b"queued").unwrap();
+        ours.write_all(b"never read").unwrap();
+        drop(theirs);
+        assert!(drained(ours.as_fd()), "the drain stopped at the peer's reset");
     }
 
     #[test]

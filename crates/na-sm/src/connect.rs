@@ -210,8 +210,9 @@ impl SmPlugin {
                 Err(e) => return Err(lookup_err(hint(e, &path))),
             },
         };
-        // Closed on the closing thread on every path from here (the
-        // listener may have queued descriptors on it: see `closer`).
+        // Shut, read out and screened before it is closed on every path
+        // from here, or closed whole on the closing thread (the listener
+        // may have queued descriptors on it: see `closer::PeerSocket`).
         let sock = crate::closer::PeerSocket::new(sock);
         let handshake = |reason: String| SmError::Handshake {
             peer: uri.clone(),
@@ -375,7 +376,8 @@ impl SmPlugin {
                 return;
             }
             let Some(listener) = &self.listener else { return };
-            // Closed on the closing thread whenever it goes (see `closer`).
+            // Read out before it is closed, whenever it goes (see
+            // `closer::PeerSocket`).
             let sock = match listener.accept() {
                 Ok((s, _)) => crate::closer::PeerSocket::new(s),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,

@@ -250,6 +250,72 @@ fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Past the closing queue's bound, a socket being closed is not read out
+/// (that would take its queued descriptors into our table whatever the
+/// bound): it goes whole to the closing thread. Here the listener holds
+/// connections it never accepted, each with 256 descriptors queued,
+/// when the plugin is dropped behind a jammed, congested closing thread.
+#[test]
+fn sockets_closed_past_the_bound_are_not_read_out() {
+    let dir = private_dir("hostile-fds-bound");
+    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let settle = |srv: &mut SmPlugin| {
+        let end = Instant::now() + Duration::from_millis(50);
+        while Instant::now() < end {
+            srv.progress().unwrap();
+        }
+    };
+    settle(&mut srv);
+    let baseline = open_fds();
+    // The jam, for longer than the test.
+    let (_peer, tcp) = lingering_socket();
+    let conn = UnixStream::connect(&path).unwrap();
+    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
+    drop((tcp, conn));
+    settle(&mut srv);
+    // Congestion: hellos of 4 socket ends each until the listener stops
+    // taking them (accepts pause past the bound).
+    for _ in 0..100 {
+        let conn = UnixStream::connect(&path).unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        let (c, d) = UnixStream::pair().unwrap();
+        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
+        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
+        drop((a, b, c, d, conn));
+        srv.progress().unwrap();
+    }
+    settle(&mut srv);
+    // Connections left in the accept queue, 256 descriptors queued on each.
+    let (x, _y) = UnixStream::pair().unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..6 {
+        let Ok(conn) = UnixStream::connect(&path) else {
+            break;
+        };
+        // (send_with_fds takes a few at a time: 64 messages of 4.)
+        for _ in 0..64 {
+            let dups: Vec<std::os::fd::OwnedFd> =
+                (0..4).map(|_| x.as_fd().try_clone_to_owned().unwrap()).collect();
+            let raw: Vec<_> = dups.iter().map(|d| d.as_raw_fd()).collect();
+            send_with_fds(conn.as_fd(), b"h", &raw).unwrap();
+        }
+        queued.push(conn);
+    }
+    assert!(queued.len() >= 2, "no connection could be queued");
+    drop(queued);
+    let before_drop = open_fds();
+    drop(srv);
+    let grown = open_fds().saturating_sub(baseline);
+    assert!(
+        grown < na_sm_max_pending() + 200,
+        "{grown} more descriptors open after dropping the plugin (before the drop: {})",
+        before_drop.saturating_sub(baseline)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The closing queue's bound (na-sm's `closer::MAX_PENDING_FDS`).
 fn na_sm_max_pending() -> usize {
     256
