@@ -75,8 +75,14 @@ pub(crate) fn close_fds_later(fds: Vec<OwnedFd>) {
         return;
     }
     let n = fds.len();
-    PENDING_FDS.fetch_add(n, Ordering::Relaxed);
-    send((Box::new(fds), n));
+    send_counted(fds, n);
+}
+
+/// Hands `item`, which holds `fds` descriptors of our table, to the
+/// closing thread, counted in `PENDING_FDS` until it is dropped.
+fn send_counted<T: Send + 'static>(item: T, fds: usize) {
+    PENDING_FDS.fetch_add(fds, Ordering::Relaxed);
+    send((Box::new(item), fds));
 }
 
 fn send(item: Item) {
@@ -198,8 +204,7 @@ fn close_drained(sock: UnixStream) {
     if drained(sock.as_fd()) {
         drop(sock);
     } else {
-        PENDING_FDS.fetch_add(1, Ordering::Relaxed);
-        send((Box::new(sock), 1));
+        send_counted(sock, 1);
     }
 }
 
