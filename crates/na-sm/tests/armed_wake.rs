@@ -41,21 +41,7 @@ fn readable(fd: std::os::fd::RawFd) -> bool {
 #[test]
 fn an_rma_while_the_owner_sleeps_keeps_its_wake_up() {
     let dir = private_dir("armed-wake");
-    let mut a = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let mut b = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
-    let to_a = b.lookup(a.self_addr().uri()).unwrap();
-    // Connected both ways: a first message arrives in a posted receive.
-    a.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
-    b.send_unexpected(&to_a, 1, b"hello", OpId(1)).unwrap();
-    let end = Instant::now() + T;
-    let to_b = loop {
-        assert!(Instant::now() < end, "the first message never arrived");
-        b.progress().unwrap();
-        a.progress().unwrap();
-        if let Some(c) = a.pop_completion() {
-            break c.source.expect("a received message names its source");
-        }
-    };
+    let (mut a, mut b, to_a, to_b) = connected(&dir, SmConfig::listening());
     // B's memory, for A's transfer.
     let theirs = MemHandle::new(vec![vec![5u8; 4096]], Access::ReadWrite);
     b.mem_register(&theirs).unwrap();

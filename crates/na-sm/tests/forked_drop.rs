@@ -7,21 +7,25 @@ use std::time::{Duration, Instant};
 use na_core::{Endpoint, OpId, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
+/// A blocking endpoint with one sm plugin in `dir`, listening or not.
+fn endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, na_core::PluginId) {
+    let cfg = SmConfig {
+        listen,
+        ..SmConfig::default()
+    }
+    .with_dir(dir);
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    (ep, id)
+}
+
 #[test]
 fn a_forked_child_dropping_the_plugin_keeps_the_parents_socket() {
     let dir = std::env::temp_dir().join(format!("qs-sm-forked-drop-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = |listen| {
-        SmConfig {
-            listen,
-            ..SmConfig::default()
-        }
-        .with_dir(&dir)
-    };
-    let mut srv = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let sid = srv
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg(true))?) as Box<dyn Plugin>))
-        .unwrap();
+    let (mut srv, sid) = endpoint(&dir, true);
     let uri = srv.self_addr(sid).unwrap().uri().to_owned();
     let files = || std::fs::read_dir(&dir).unwrap().count();
     let before = files();
@@ -40,9 +44,7 @@ fn a_forked_child_dropping_the_plugin_keeps_the_parents_socket() {
     assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
     assert_eq!(files(), before, "the child removed the parent's files");
     // Still reachable: a client connects and its message arrives.
-    let mut c = Endpoint::new(ProgressMode::Blocking).unwrap();
-    c.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg(false))?) as Box<dyn Plugin>))
-        .unwrap();
+    let (mut c, _) = endpoint(&dir, false);
     let to = c.lookup(&uri).unwrap();
     srv.post_recv_unexpected(sid, Vec::new(), OpId(1)).unwrap();
     c.send_unexpected(&to, 0, b"still here", OpId(2)).unwrap();
@@ -139,21 +141,9 @@ fn a_child_forked_while_names_are_taken_can_create_an_instance() {
 fn a_forked_child_dropping_the_plugin_keeps_the_parents_connections() {
     let dir = std::env::temp_dir().join(format!("qs-sm-forked-drop-conn-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = |listen| {
-        SmConfig {
-            listen,
-            ..SmConfig::default()
-        }
-        .with_dir(&dir)
-    };
-    let mut srv = Endpoint::new(ProgressMode::Blocking).unwrap();
-    let sid = srv
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg(true))?) as Box<dyn Plugin>))
-        .unwrap();
+    let (mut srv, sid) = endpoint(&dir, true);
     let uri = srv.self_addr(sid).unwrap().uri().to_owned();
-    let mut c = Endpoint::new(ProgressMode::Blocking).unwrap();
-    c.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg(false))?) as Box<dyn Plugin>))
-        .unwrap();
+    let (mut c, _) = endpoint(&dir, false);
     let to = c.lookup(&uri).unwrap();
     let exchange = |c: &mut Endpoint, srv: &mut Endpoint, op: u64, what: &[u8]| {
         srv.post_recv_unexpected(sid, Vec::new(), OpId(op)).unwrap();

@@ -150,6 +150,23 @@ fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Progresses `srv` for `time`.
+fn settle_for(srv: &mut SmPlugin, time: Duration) {
+    let end = Instant::now() + time;
+    while Instant::now() < end {
+        srv.progress().unwrap();
+    }
+}
+
+/// Jams the closing thread of the listener at `path`: a hello carrying
+/// `tcp`, a lingering socket whose last close (ours, once the listener
+/// refuses the hello) waits out its linger time.
+fn jam_with(path: &std::path::Path, tcp: TcpStream) {
+    let conn = UnixStream::connect(path).unwrap();
+    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
+    drop((tcp, conn));
+}
+
 /// Descriptors this process has open.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -167,19 +184,12 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
     let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     let uri = srv.self_addr().uri().to_owned();
     let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    let settle = |srv: &mut SmPlugin| {
-        let end = Instant::now() + Duration::from_millis(50);
-        while Instant::now() < end {
-            srv.progress().unwrap();
-        }
-    };
+    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
     settle(&mut srv);
     let baseline = open_fds();
     // The jam.
     let (listener, tcp) = lingering_for(JAM);
-    let conn = UnixStream::connect(&path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
-    drop((tcp, conn));
+    jam_with(&path, tcp);
     settle(&mut srv);
     // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
     for _ in 0..400 {
@@ -219,18 +229,11 @@ fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing
     let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     let uri = srv.self_addr().uri().to_owned();
     let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    let settle = |srv: &mut SmPlugin| {
-        let end = Instant::now() + Duration::from_millis(30);
-        while Instant::now() < end {
-            srv.progress().unwrap();
-        }
-    };
+    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(30));
     // The jam, for longer than the test: the socket's close waits out
     // LINGER on the closing thread (the test process may end first).
     let (_peer, tcp) = lingering_socket();
-    let conn = UnixStream::connect(&path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
-    drop((tcp, conn));
+    jam_with(&path, tcp);
     settle(&mut srv);
     // One client first: what a connection keeps for the plugin's lifetime
     // (if anything) is not a leak.
@@ -261,19 +264,12 @@ fn sockets_closed_past_the_bound_are_not_read_out() {
     let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     let uri = srv.self_addr().uri().to_owned();
     let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    let settle = |srv: &mut SmPlugin| {
-        let end = Instant::now() + Duration::from_millis(50);
-        while Instant::now() < end {
-            srv.progress().unwrap();
-        }
-    };
+    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
     settle(&mut srv);
     let baseline = open_fds();
     // The jam, for longer than the test.
     let (_peer, tcp) = lingering_socket();
-    let conn = UnixStream::connect(&path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
-    drop((tcp, conn));
+    jam_with(&path, tcp);
     settle(&mut srv);
     // Congestion: hellos of 4 socket ends each until the listener stops
     // taking them (accepts pause past the bound).
