@@ -1089,30 +1089,8 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 fn futures_polled_outside_the_engines_runtime_work() {
     let _serial = ONE_AT_A_TIME.blocking_lock();
     let dir = common::dir("async-foreign-executor");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (server, client) = {
-        let _in = rt.enter();
-        (
-            common::async_engine(&dir, true),
-            common::async_engine(&dir, false),
-        )
-    };
+    let (_rt, server, client, gate) = gated_pair(&dir);
     server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let g = gate.clone();
-    server
-        .register_async::<Sleep, _, _>(move |_| {
-            let g = g.clone();
-            async move {
-                g.acquire().await.map_err(|e| e.to_string())?.forget();
-                Ok(())
-            }
-        })
-        .unwrap();
     let io_only = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -1164,29 +1142,8 @@ fn futures_polled_outside_the_engines_runtime_work() {
 fn drained_awaited_elsewhere_ends_when_the_engines_runtime_shuts_down() {
     let _serial = ONE_AT_A_TIME.blocking_lock();
     let dir = common::dir("async-drained-shutdown");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (server, client) = {
-        let _in = rt.enter();
-        (
-            Arc::new(common::async_engine(&dir, true)),
-            common::async_engine(&dir, false),
-        )
-    };
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let g = gate.clone();
-    server
-        .register_async::<Sleep, _, _>(move |_| {
-            let g = g.clone();
-            async move {
-                g.acquire().await.map_err(|e| e.to_string())?.forget();
-                Ok(())
-            }
-        })
-        .unwrap();
+    let (rt, server, client, gate) = gated_pair(&dir);
+    let server = Arc::new(server);
     let s = block_on(client.lookup(&server.self_addr().to_string())).unwrap();
     // A request whose handler waits: the engine is not drained.
     let r = block_on(client.call::<Sleep>(&s, &0, Duration::from_millis(100)));
@@ -1211,4 +1168,37 @@ fn drained_awaited_elsewhere_ends_when_the_engines_runtime_shuts_down() {
         "{r:?}"
     );
     drop(gate);
+}
+
+/// A one-worker runtime with a server and a client engine on it; the
+/// server's async `Sleep` handler waits for a permit of the returned gate.
+fn gated_pair(
+    dir: &std::path::Path,
+) -> (
+    tokio::runtime::Runtime,
+    AsyncEngine,
+    AsyncEngine,
+    Arc<tokio::sync::Semaphore>,
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, client) = {
+        let _in = rt.enter();
+        (common::async_engine(dir, true), common::async_engine(dir, false))
+    };
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    server
+        .register_async::<Sleep, _, _>(move |_| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.map_err(|e| e.to_string())?.forget();
+                Ok(())
+            }
+        })
+        .unwrap();
+    (rt, server, client, gate)
 }
