@@ -355,6 +355,14 @@ impl VerbsPlugin {
         }
     }
 
+    /// `r`, once [`wake_owner_if_work`](Self::wake_owner_if_work) ran:
+    /// the tail of every entry point that may queue a completion.
+    #[inline]
+    fn woken_if_work<T>(&mut self, r: T) -> T {
+        self.wake_owner_if_work();
+        r
+    }
+
     pub(crate) fn conn_mut(&mut self, c: ConnRef) -> Option<&mut Conn> {
         self.conns
             .get_mut(c.idx as usize)
@@ -436,14 +444,12 @@ impl Plugin for VerbsPlugin {
 
     fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
         let r = self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Slice(data), op);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     fn send_expected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {
         let r = self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Slice(data), op);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     /// Registered buffers: sends from them need no copy (see `msgbuf.rs`).
@@ -453,26 +459,22 @@ impl Plugin for VerbsPlugin {
 
     fn send_unexpected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
         let r = self.send_msg(dest, OpKind::SendUnexpected, tag, Outgoing::Buf(buf), op);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     fn send_expected_buf(&mut self, dest: &Addr, tag: Tag, buf: MsgBuf, op: OpId) -> Result<()> {
         let r = self.send_msg(dest, OpKind::SendExpected, tag, Outgoing::Buf(buf), op);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     fn post_recv_unexpected(&mut self, buf: Vec<u8>, op: OpId) -> Result<()> {
         let r = self.recv_unexpected(buf, op);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     fn post_recv_expected(&mut self, source: &Addr, tag: Tag, buf: Vec<u8>, op: OpId) -> Result<()> {
         let r = self.recv_expected(source, tag, buf, op);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     /// A handle registered already keeps its registration while it is
@@ -492,14 +494,12 @@ impl Plugin for VerbsPlugin {
 
     fn rma(&mut self, dest: &Addr, ops: &[Rma<'_>]) -> Result<()> {
         let r = self.rma_batch(dest, ops);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     fn cancel(&mut self, op: OpId) -> Result<()> {
         let r = self.cancel_op(op);
-        self.wake_owner_if_work();
-        r
+        self.woken_if_work(r)
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
