@@ -75,14 +75,37 @@ fn of_address(ip: IpAddr, ib_port: Option<u8>) -> Result<LocalPort> {
     })
 }
 
-/// Resolves the configured (or default) device, port and IP. Given an IP
-/// and no device, the device and port are those the IP belongs to. The
-/// default device is otherwise the first one whose port is active; with
-/// no device at all the error is [`VerbsError::NoDevice`] (what to install
-/// or load).
+/// The device and port of `ip`, checked against a named device. The
+/// name is opened first (an unknown one is [`VerbsError::DeviceNotFound`]
+/// whatever the IP), and a requested port checked on it; with no port
+/// requested the IP's own port is taken, which need not be port 1.
+fn named_and_address(cfg: &VerbsConfig, ip: IpAddr) -> Result<LocalPort> {
+    if let Some(name) = &cfg.device {
+        let ctx = Context::open(Some(name))?;
+        if let Some(port) = cfg.ib_port {
+            check_port(&ctx, port)?;
+        }
+    }
+    let found = of_address(ip, cfg.ib_port)?;
+    match &cfg.device {
+        Some(name) if *name != found.device => Err(VerbsError::WrongDevice {
+            addr: ip.to_string(),
+            actual: found.device,
+            requested: name.clone(),
+        }),
+        _ => Ok(found),
+    }
+}
+
+/// Resolves the configured (or default) device, port and IP. Given an IP,
+/// the device and port are those the IP belongs to; a device or port also
+/// asked for must be those ([`VerbsError::WrongDevice`],
+/// [`VerbsError::WrongPort`]). The default device is otherwise the first
+/// one whose port is active; with no device at all the error is
+/// [`VerbsError::NoDevice`] (what to install or load).
 pub(crate) fn choose(cfg: &VerbsConfig) -> Result<LocalPort> {
-    if let (None, Some(bind)) = (&cfg.device, cfg.bind) {
-        return of_address(bind.ip(), cfg.ib_port);
+    if let Some(bind) = cfg.bind {
+        return named_and_address(cfg, bind.ip());
     }
     let port = cfg.ib_port.unwrap_or(1);
     let ctx: Arc<Context> = match &cfg.device {
@@ -117,10 +140,7 @@ pub(crate) fn choose(cfg: &VerbsConfig) -> Result<LocalPort> {
             }
         }
     };
-    let ip = match cfg.bind {
-        Some(sock) => sock.ip(),
-        None => port_ipv4(&ctx, port)?,
-    };
+    let ip = port_ipv4(&ctx, port)?;
     Ok(LocalPort {
         device: ctx.name().to_owned(),
         ib_port: port,
