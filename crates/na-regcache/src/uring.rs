@@ -119,6 +119,27 @@ impl UringRegistrar {
     }
 }
 
+impl UringRegistrar {
+    /// The frames behind the pages of `[addr, addr+len)`, one per page
+    /// (none without PFN tracking).
+    fn pinned_frames(&self, addr: usize, len: usize) -> io::Result<Vec<Option<u64>>> {
+        let Some(pm) = &self.pagemap else {
+            return Ok(Vec::new());
+        };
+        let page = page_size();
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "range end overflows"))?;
+        let mut pfns = Vec::new();
+        let mut va = addr & !(page - 1);
+        while va < end {
+            pfns.push(pm.pfn(va)?);
+            va += page;
+        }
+        Ok(pfns)
+    }
+}
+
 impl Registrar for UringRegistrar {
     type Region = FixedBuffer;
     type Error = io::Error;
@@ -139,21 +160,26 @@ impl Registrar for UringRegistrar {
             self.free.lock().unwrap_or_else(|p| p.into_inner()).push(slot);
             return Err(e);
         }
-        let mut pfns = Vec::new();
-        if let Some(pm) = &self.pagemap {
-            let page = page_size();
-            let mut va = addr & !(page - 1);
-            while va < addr + len {
-                pfns.push(pm.pfn(va)?);
-                va += page;
-            }
-        }
-        Ok(FixedBuffer {
+        let mut buf = FixedBuffer {
             slot,
             addr,
             len,
-            pfns,
-        })
+            pfns: Vec::new(),
+        };
+        match self.pinned_frames(addr, len) {
+            Ok(pfns) => {
+                buf.pfns = pfns;
+                Ok(buf)
+            }
+            // The pages are pinned and the slot taken: both go back, or
+            // every failed read of the pagemap would leak a slot for good.
+            Err(e) => {
+                if let Err(undo) = self.deregister(buf) {
+                    tracing::warn!(error = %undo, slot, "uring registrar: undoing a registration failed");
+                }
+                Err(e)
+            }
+        }
     }
 
     fn deregister(&self, buf: FixedBuffer) -> io::Result<()> {
