@@ -239,11 +239,12 @@ impl<C: Codec> Engine<C> {
             spill,
             one_way: abandoned,
         };
-        if abandoned {
-            self.abandoned_hint += 1;
-            self.abandoned_bytes += call.spill_len();
-        }
+        let abandoned_at = call.abandoned;
+        self.abandoned_bytes += call.spill_len() * u64::from(abandoned);
         let stored = self.calls.insert(call);
+        if let Some(t) = abandoned_at {
+            self.abandoned_order.push_back((t, stored));
+        }
         debug_assert_eq!(stored, cookie, "cookie announced in the request");
         Ok(())
     }
@@ -416,9 +417,10 @@ impl<C: Codec> Engine<C> {
                 self.calls.remove(id.0);
                 self.forget_lent(id.0);
             } else if c.abandoned.is_none() {
-                c.abandoned = Some(Instant::now());
-                self.abandoned_hint += 1;
+                let now = Instant::now();
+                c.abandoned = Some(now);
                 self.abandoned_bytes += c.spill_len();
+                self.abandoned_order.push_back((now, id.0));
             }
         }
     }

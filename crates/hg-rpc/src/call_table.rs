@@ -11,7 +11,16 @@ pub(crate) struct CallTable<T> {
     slots: Vec<Slot<T>>,
     /// Indices of empty slots; the last is reused first.
     free: Vec<u32>,
+    /// The highest generation of any slot given back by
+    /// [`shrink_if_empty`](CallTable::shrink_if_empty): a slot made again
+    /// starts above it, so no cookie of a call before the shrink (a late
+    /// or forged response) matches a call after it.
+    gen_floor: u32,
 }
+
+/// Slots a table keeps when it empties; past this it gives the memory of
+/// a burst back ([`CallTable::shrink_if_empty`]).
+pub(crate) const KEEP_SLOTS: usize = 1024;
 
 struct Slot<T> {
     /// Generation of the current (or last) occupant; 0: never used.
@@ -35,6 +44,7 @@ impl<T> Default for CallTable<T> {
         CallTable {
             slots: Vec::new(),
             free: Vec::new(),
+            gen_floor: 0,
         }
     }
 }
@@ -44,7 +54,7 @@ impl<T> CallTable<T> {
     pub fn next_cookie(&self) -> u64 {
         match self.free.last() {
             Some(&i) => cookie(i, next_gen(self.slots[i as usize].gen)),
-            None => cookie(self.slots.len() as u32, 1),
+            None => cookie(self.slots.len() as u32, next_gen(self.gen_floor)),
         }
     }
 
@@ -52,7 +62,10 @@ impl<T> CallTable<T> {
     #[inline]
     pub fn insert(&mut self, value: T) -> u64 {
         let index = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(Slot { gen: 0, value: None });
+            self.slots.push(Slot {
+                gen: self.gen_floor,
+                value: None,
+            });
             (self.slots.len() - 1) as u32
         });
         let slot = &mut self.slots[index as usize];
@@ -112,6 +125,25 @@ impl<T> CallTable<T> {
     pub fn len(&self) -> usize {
         self.slots.len() - self.free.len()
     }
+
+    /// Slots the table holds, used or not (its memory).
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Gives the slots back when the table is empty and holds more than
+    /// [`KEEP_SLOTS`] (after a burst of calls in flight); a no-op
+    /// otherwise, in two compares. Cookies stay unique: the generations
+    /// given back raise the floor new slots start from.
+    pub fn shrink_if_empty(&mut self) {
+        if self.slots.len() <= KEEP_SLOTS || self.free.len() != self.slots.len() {
+            return;
+        }
+        let top = self.slots.iter().map(|s| s.gen).max().unwrap_or(0);
+        self.gen_floor = self.gen_floor.max(top);
+        self.slots = Vec::new();
+        self.free = Vec::new();
+    }
 }
 
 #[cfg(test)]
@@ -150,6 +182,40 @@ mod tests {
             assert_eq!(t.remove(forged), None);
         }
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn a_table_that_empties_after_a_burst_gives_its_slots_back_and_keeps_cookies_unique() {
+        let mut t = CallTable::default();
+        let old: Vec<u64> = (0..3 * KEEP_SLOTS as u32).map(|i| t.insert(i)).collect();
+        // Reuse some slots so that generations differ.
+        for &k in &old[..10] {
+            t.remove(k);
+        }
+        let reused: Vec<u64> = (0..10).map(|i| t.insert(100_000 + i)).collect();
+        t.shrink_if_empty();
+        assert_eq!(t.capacity(), 3 * KEEP_SLOTS, "not empty: kept");
+        for &k in old[10..].iter().chain(&reused) {
+            t.remove(k);
+        }
+        t.shrink_if_empty();
+        assert_eq!(
+            (t.capacity(), t.len()),
+            (0, 0),
+            "empty past KEEP_SLOTS: given back"
+        );
+        let new: Vec<u64> = (0..20).map(|i| t.insert(200_000 + i)).collect();
+        for k in old.iter().chain(&reused) {
+            assert_eq!(t.get(*k), None, "an old cookie {k:#x} matches a new call");
+            assert!(!new.contains(k), "cookie {k:#x} given twice");
+        }
+        assert_eq!(t.get(new[3]), Some(&200_003));
+        // A small table is kept as it is.
+        for k in new {
+            t.remove(k);
+        }
+        t.shrink_if_empty();
+        assert_eq!(t.capacity(), 20);
     }
 
     #[test]

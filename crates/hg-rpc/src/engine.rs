@@ -367,6 +367,12 @@ pub struct RpcStats {
     /// on the endpoint's fd (each costs a kernel wake-up when work comes);
     /// 0 for an engine driven through the blocking API.
     pub driver_sleeps: u64,
+    /// Slots of the call table, used or not: its memory grows with the
+    /// most calls ever in flight at once, and is given back when the table
+    /// empties and the engine goes idle ([`Engine::try_wait`] says it may
+    /// sleep; an [`AsyncEngine`](crate::AsyncEngine)'s driver asks before
+    /// each sleep).
+    pub call_slots: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
@@ -455,9 +461,12 @@ pub struct Engine<C: Codec = Postcard> {
     /// token, cookie), with the time they were exposed.
     exposed: ExposedOutputs,
     last_sweep: Instant,
-    /// Calls marked abandoned since the last sweep counted them (a hint:
-    /// the sweep recounts), so a trigger with none reads no clock.
-    abandoned_hint: usize,
+    /// Calls marked abandoned, by cookie, in the order they were (one TTL
+    /// for all, so also in the order their TTLs end). Entries of calls
+    /// that ended since stay until the sweep reaches them: the front is
+    /// the earliest an input can expire, never later. Empty: a trigger
+    /// reads no clock for them.
+    abandoned_order: VecDeque<(Instant, u64)>,
     abandoned_ttl: Duration,
     /// Bytes of the spilled inputs of abandoned calls, and their bound.
     abandoned_bytes: u64,
@@ -545,7 +554,7 @@ impl<C: Codec> Engine<C> {
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
             exposed: ExposedOutputs::default(),
             last_sweep: Instant::now(),
-            abandoned_hint: 0,
+            abandoned_order: VecDeque::new(),
             abandoned_ttl: ABANDONED_INPUT_TTL,
             abandoned_bytes: 0,
             max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,
@@ -621,6 +630,7 @@ impl<C: Codec> Engine<C> {
             .filter(|r| matches!(r, OpRole::Bulk(_) | OpRole::ForgottenBulk))
             .count() as u64;
         RpcStats {
+            call_slots: self.calls.capacity() as u64,
             in_flight,
             bulk_in_flight,
             exposed_outputs: self.exposed.len() as u64,

@@ -36,7 +36,13 @@ impl<C: Codec> Engine<C> {
     /// might never become readable.
     pub fn try_wait(&mut self) -> Result<bool> {
         self.repost_buffers()?;
-        Ok(self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()?)
+        let idle = self.finished_self.is_empty() && self.deferred.is_empty() && self.ep.try_wait()?;
+        if idle {
+            // About to sleep: the moment to give back what a burst of
+            // calls in flight left (not on the busy path).
+            self.calls.shrink_if_empty();
+        }
+        Ok(idle)
     }
 
     /// Waits (per the endpoint's progress mode) until network work is
@@ -87,7 +93,7 @@ impl<C: Codec> Engine<C> {
         // Releases refused by a full backlog are tried again then, if no
         // turn moved the transport before.
         let retry = self.unsent_releases.next_try();
-        if self.exposed.is_empty() && self.abandoned_hint == 0 {
+        if self.exposed.is_empty() && self.abandoned_order.is_empty() {
             return retry;
         }
         let ttl_out = self.output_ttl;
@@ -95,16 +101,12 @@ impl<C: Codec> Engine<C> {
             .exposed
             .exposed_since()
             .filter_map(move |t| t.checked_add(ttl_out));
-        let ttl = self.abandoned_ttl;
-        // The calls are scanned only when some were abandoned with inputs.
-        let inputs = (self.abandoned_hint > 0)
-            .then(|| {
-                self.calls
-                    .iter()
-                    .filter_map(move |(_, c)| c.abandoned?.checked_add(ttl))
-            })
-            .into_iter()
-            .flatten();
+        // The oldest abandonment: its call may have ended since, which
+        // only makes the wake-up early (the sweep then drops the entry).
+        let inputs = self
+            .abandoned_order
+            .front()
+            .and_then(|&(t, _)| t.checked_add(self.abandoned_ttl));
         let kept = outputs.chain(inputs).min().and_then(|next| {
             // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
             let sweep = self
@@ -135,7 +137,9 @@ impl<C: Codec> Engine<C> {
         if self.pull {
             n += self.take_pulled(true)?;
         }
-        if (!self.exposed.is_empty() || self.abandoned_hint > 0) && self.last_sweep.elapsed() > SWEEP_EVERY {
+        if (!self.exposed.is_empty() || !self.abandoned_order.is_empty())
+            && self.last_sweep.elapsed() > SWEEP_EVERY
+        {
             cold_path();
             self.sweep_expired();
         }
@@ -212,19 +216,20 @@ impl<C: Codec> Engine<C> {
         if expired > 0 {
             tracing::warn!(expired, "released spilled outputs never pulled");
         }
-        if self.abandoned_hint == 0 {
-            return;
-        }
         let ttl = self.abandoned_ttl;
-        let (mut expired, mut left) = (Vec::new(), 0);
-        for (cookie, c) in self.calls.iter() {
-            match c.abandoned {
-                Some(t) if t.elapsed() >= ttl => expired.push(cookie),
-                Some(_) => left += 1,
-                None => {}
+        let mut expired = 0usize;
+        // In abandonment order: stops at the first call still waiting
+        // within its TTL, so a sweep costs the entries it drops, not the
+        // calls in flight.
+        while let Some(&(at, cookie)) = self.abandoned_order.front() {
+            let live = self.calls.get(cookie).is_some_and(|c| c.abandoned == Some(at));
+            if live && at.elapsed() < ttl {
+                break;
             }
-        }
-        for &cookie in &expired {
+            self.abandoned_order.pop_front();
+            if !live {
+                continue;
+            }
             // Dropped, not kept as a spare: the target may still read it
             // (and would find the seal broken).
             if let Some(c) = self.calls.remove(cookie) {
@@ -234,11 +239,11 @@ impl<C: Codec> Engine<C> {
                 }
             }
             self.forget_lent(cookie);
+            expired += 1;
         }
-        self.abandoned_hint = left;
-        if !expired.is_empty() {
+        if expired > 0 {
             tracing::warn!(
-                expired = expired.len(),
+                expired,
                 ttl = ?ttl,
                 "dropped the spilled inputs of abandoned calls whose target never answered"
             );

@@ -726,3 +726,105 @@ fn spilled_echo_response(
     );
     (mem, msg)
 }
+
+/// Abandoned inputs expire in the order they were abandoned even when an
+/// earlier one ends first: a call whose target answered leaves its place
+/// in that order, and the wait for the next expiry neither stops at it
+/// nor skips the later one (the sweep reads the order, not the call
+/// table: a guard for that change, it passes with the table scan too).
+#[test]
+fn an_abandoned_input_behind_one_that_was_answered_still_expires_on_time() {
+    let Silent {
+        mut x,
+        xid,
+        mut c,
+        s,
+        _dir,
+    } = silent_target("order");
+    let srv = Server::start(&_dir);
+    let live = c.endpoint().lookup(&srv.uri).unwrap();
+    let ttl = Duration::from_millis(400);
+    c.set_abandoned_input_ttl(ttl);
+    let big = vec![5u8; 64 << 10];
+    // First: answered by a real server after it is given up on.
+    let answered = c.forward::<Echo>(&live, &big).unwrap();
+    c.abandon(answered);
+    // Second: the silent target takes it and never answers.
+    let silent = c.forward::<Echo>(&s, &big).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    c.abandon(silent);
+    let silent_at = Instant::now();
+    let end = Instant::now() + T;
+    while c.stats().abandoned_inputs > 1 {
+        assert!(Instant::now() < end, "the server never answered: {:?}", c.stats());
+        pump(&mut c, Duration::from_millis(5));
+    }
+    assert_eq!(c.stats().abandoned_inputs, 1, "{:?}", c.stats());
+    let next = c.next_expiry().expect("an input is still kept");
+    assert!(
+        next <= silent_at + ttl + Duration::from_secs(2),
+        "{next:?} too late"
+    );
+    // Not before its TTL…
+    pump(&mut c, ttl / 4);
+    if silent_at.elapsed() < ttl {
+        assert_eq!(c.stats().abandoned_inputs, 1, "dropped before its TTL");
+    }
+    // …and within a few sweeps after it, with nothing left to wake for.
+    while c.stats().abandoned_inputs > 0 {
+        assert!(Instant::now() < end, "kept past its TTL: {:?}", c.stats());
+        pump(&mut c, Duration::from_millis(20));
+    }
+    assert!(silent_at.elapsed() >= ttl, "dropped before its TTL");
+    assert_eq!(
+        (c.stats().abandoned_bytes, c.stats().in_flight),
+        (0, 0),
+        "{:?}",
+        c.stats()
+    );
+    assert_eq!(c.next_expiry(), None, "nothing kept, nothing to wake for");
+}
+
+/// The call table gives back the memory of a burst of calls in flight
+/// once they have all ended and the engine goes idle, and cookies stay
+/// unique across that: a response of a call before it does not match a
+/// call after it.
+#[test]
+fn the_call_table_of_a_burst_is_given_back_when_the_engine_goes_idle() {
+    let d = dir("burst");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let ids: Vec<_> = (0..3000u64)
+        .map(|i| c.forward::<Add>(&s, &(i, 1)).unwrap())
+        .collect();
+    let end = Instant::now() + T;
+    for (i, &id) in ids.iter().enumerate() {
+        while !c.is_finished(id) {
+            assert!(Instant::now() < end, "call {i} did not end");
+            c.progress(Some(Duration::from_millis(10))).unwrap();
+            c.trigger().unwrap();
+        }
+        assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), i as u64 + 1);
+    }
+    assert!(c.stats().call_slots >= 3000, "{:?}", c.stats());
+    // Idle: the engine may sleep, and the table is given back.
+    while !c.try_wait().unwrap() {
+        assert!(Instant::now() < end, "never idle");
+        c.trigger().unwrap();
+    }
+    assert_eq!(c.stats().call_slots, 0, "{:?}", c.stats());
+    // Later calls work, and no old id names one of them.
+    let id = c.forward::<Add>(&s, &(20, 22)).unwrap();
+    assert!(!ids.contains(&id), "an old call id given again");
+    while !c.is_finished(id) {
+        assert!(Instant::now() < end, "the call after the shrink did not end");
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    }
+    assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), 42);
+    assert!(
+        c.take_response::<Add>(ids[0]).is_none(),
+        "an old id names nothing"
+    );
+}
