@@ -35,6 +35,10 @@ pub(crate) use na_core::logged_at;
 /// How often `trigger` looks for expired outputs and abandoned inputs.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// The least `abandoned_compact_at`: entries of ended calls up to this
+/// many wait for the sweep to reach them at the front.
+pub(crate) const MIN_COMPACT: usize = 1024;
+
 /// Unexpected receives the engine keeps posted for incoming requests and
 /// the responses to its calls, on a transport without pull mode; with it,
 /// the most messages one [`Engine::trigger`] takes.
@@ -467,6 +471,12 @@ pub struct Engine<C: Codec = Postcard> {
     /// the earliest an input can expire, never later. Empty: a trigger
     /// reads no clock for them.
     abandoned_order: VecDeque<(Instant, u64)>,
+    /// Length of `abandoned_order` past which the sweep drops the entries
+    /// of ended calls behind the front too (twice what it kept last time,
+    /// so that a call kept for its whole TTL does not let the entries of
+    /// calls answered behind it pile up, at an amortized cost of one
+    /// visit per entry).
+    abandoned_compact_at: usize,
     abandoned_ttl: Duration,
     /// Bytes of the spilled inputs of abandoned calls, and their bound.
     abandoned_bytes: u64,
@@ -555,6 +565,7 @@ impl<C: Codec> Engine<C> {
             exposed: ExposedOutputs::default(),
             last_sweep: Instant::now(),
             abandoned_order: VecDeque::new(),
+            abandoned_compact_at: MIN_COMPACT,
             abandoned_ttl: ABANDONED_INPUT_TTL,
             abandoned_bytes: 0,
             max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,

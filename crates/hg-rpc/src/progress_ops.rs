@@ -120,6 +120,13 @@ impl<C: Codec> Engine<C> {
         }
     }
 
+    /// Entries in the order of abandoned calls, those of calls ended
+    /// since included (for tests of its bound; not a stable API).
+    #[doc(hidden)]
+    pub fn abandoned_entries(&self) -> usize {
+        self.abandoned_order.len()
+    }
+
     /// Handles every completion that is ready: runs handlers for requests
     /// and sends their responses; files responses for their calls. Returns
     /// how many completions it handled.
@@ -240,6 +247,12 @@ impl<C: Codec> Engine<C> {
             }
             self.forget_lent(cookie);
             expired += 1;
+        }
+        if self.abandoned_order.len() > self.abandoned_compact_at {
+            let calls = &self.calls;
+            self.abandoned_order
+                .retain(|&(at, cookie)| calls.get(cookie).is_some_and(|c| c.abandoned == Some(at)));
+            self.abandoned_compact_at = (2 * self.abandoned_order.len()).max(crate::engine::MIN_COMPACT);
         }
         if expired > 0 {
             tracing::warn!(

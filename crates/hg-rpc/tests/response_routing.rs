@@ -828,3 +828,67 @@ fn the_call_table_of_a_burst_is_given_back_when_the_engine_goes_idle() {
         "an old id names nothing"
     );
 }
+
+/// While a silent target's abandoned input waits out its TTL at the front
+/// of the abandonment order, the entries of spilled one-way calls that a
+/// live server took behind it do not pile up: a sweep drops them once
+/// they pass twice the calls kept at the last such drop (at least
+/// `MIN_COMPACT`, 1,024).
+#[test]
+fn answered_abandonments_behind_a_kept_one_do_not_pile_up() {
+    let Silent {
+        mut x,
+        xid,
+        mut c,
+        s,
+        _dir,
+    } = silent_target("pileup");
+    let (ep, sid) = endpoint(&_dir, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    srv.register::<RecordBlob>(|_| Ok(())).unwrap();
+    let live = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    // Past the largest message (8 KiB over na-sm): every input spills.
+    let big = vec![5u8; 9 << 10];
+    let kept = c.forward::<Echo>(&s, &big).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    c.abandon(kept);
+    // 3,600 spilled calls take seconds in a debug build.
+    let end = Instant::now() + 6 * T;
+    let turn = |c: &mut Engine, srv: &mut Engine| {
+        for e in [c, srv] {
+            e.progress(Some(Duration::ZERO)).unwrap();
+            e.trigger().unwrap();
+        }
+    };
+    // Waves of 300 one-way calls, each taken before the next: never more
+    // than 301 kept at once, 3,600 abandoned in all.
+    for _ in 0..12 {
+        for _ in 0..300 {
+            while let Err(e) = c.forward_one_way::<RecordBlob>(&live, &big) {
+                assert!(matches!(e, RpcError::InputsHeld { .. }), "{e}");
+                assert!(Instant::now() < end, "no room: {:?}", c.stats());
+                turn(&mut c, &mut srv);
+            }
+        }
+        while c.stats().abandoned_inputs > 1 {
+            assert!(
+                Instant::now() < end,
+                "the server never took them: {:?}",
+                c.stats()
+            );
+            turn(&mut c, &mut srv);
+        }
+    }
+    // A sweep (once a second) drops the entries of the ended calls; the
+    // kept one stays.
+    let sweep = Instant::now() + Duration::from_millis(1100);
+    while Instant::now() < sweep {
+        turn(&mut c, &mut srv);
+    }
+    assert_eq!(c.stats().abandoned_inputs, 1, "{:?}", c.stats());
+    assert!(
+        c.abandoned_entries() <= 1024,
+        "{} entries kept",
+        c.abandoned_entries()
+    );
+}
