@@ -240,7 +240,9 @@ impl<C: Codec> Engine<C> {
             one_way: abandoned,
         };
         let abandoned_at = call.abandoned;
-        self.abandoned_bytes += call.spill_len() * u64::from(abandoned);
+        if abandoned {
+            self.abandoned_bytes += call.spill_len();
+        }
         let stored = self.calls.insert(call);
         if let Some(t) = abandoned_at {
             self.abandoned_order.push_back((t, stored));
