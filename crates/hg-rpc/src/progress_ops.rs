@@ -80,6 +80,13 @@ impl<C: Codec> Engine<C> {
         self.abandoned_bytes + self.exposed.bytes()
     }
 
+    /// Bytes of the spilled inputs held for abandoned (and one-way) calls:
+    /// what [`set_max_abandoned_bytes`](Self::set_max_abandoned_bytes)
+    /// bounds.
+    pub(crate) fn held_input_bytes(&self) -> u64 {
+        self.abandoned_bytes
+    }
+
     /// When the next spilled output or abandoned input expires (no sooner
     /// than the next sweep may run), if any is kept: a driver that sleeps
     /// wakes then and calls [`trigger`](Self::trigger). An event loop of

@@ -63,6 +63,10 @@ struct Shared {
     /// Wakes [`AsyncEngine::drained`] while the engine drains: after each
     /// driver turn and each async handler's answer.
     drain_moved: tokio::sync::Notify,
+    /// Wakes the calls waiting for room for a spilled input
+    /// ([`RpcError::InputsHeld`]): after a driver turn that gave held
+    /// input bytes back, and when the driver stops.
+    room: tokio::sync::Notify,
     /// The runtime the engine was spawned on: async handlers' tasks start
     /// there, also when a call is made from a thread outside it.
     runtime: tokio::runtime::Handle,
@@ -160,8 +164,19 @@ impl Shared {
         w.calls.clear();
         w.bulks.clear();
         // And `drained` and a lookup's pause, whose timers (on the engine's
-        // runtime, which may be shutting down) are then not polled again.
+        // runtime, which may be shutting down) are then not polled again;
+        // and the calls waiting for room for their input.
         self.drain_moved.notify_waiters();
+        self.room.notify_waiters();
+    }
+
+    /// Wakes the calls waiting for room for a spilled input if `e` holds
+    /// fewer input bytes than `before` (the turn's start). Call with the
+    /// engine locked.
+    pub(super) fn room_may_have_come(&self, e: &Engine, before: u64) {
+        if e.held_input_bytes() < before {
+            self.room.notify_waiters();
+        }
     }
 
     /// Locks the engine, or fails if this thread holds it already: `what`
@@ -569,6 +584,7 @@ impl AsyncEngine {
             orphans: Mutex::new(Vec::new()),
             has_orphans: AtomicBool::new(false),
             drain_moved: tokio::sync::Notify::new(),
+            room: tokio::sync::Notify::new(),
             runtime,
             stopped: AtomicBool::new(false),
             sleeps: AtomicU64::new(0),
@@ -749,24 +765,60 @@ impl AsyncEngine {
     }
 
     /// Calls `R` on `dest`; fails with [`RpcError::Timeout`] after `timeout`.
+    ///
+    /// The timeout covers the whole call. A spilled input refused for the
+    /// inputs held for abandoned calls ([`RpcError::InputsHeld`], see
+    /// [`Engine::set_max_abandoned_bytes`]) waits for room within it, woken
+    /// when the driver gives held bytes back; if none comes in time the
+    /// call fails with `InputsHeld`, not `Timeout`, and each refused
+    /// attempt counts in `inputs_refused`.
     pub async fn call<R: Rpc>(&self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
-        let (tx, rx) = oneshot::channel();
-        let id = match self.start_call::<R>(dest, input, tx) {
-            Ok(id) => id,
-            Err(done) => {
-                // Never ready at once without a yield: a caller that retries
-                // (on `InputsHeld`, until the driver frees room) or calls
-                // itself in a loop must let the driver and timers run.
-                tokio::task::consume_budget().await;
-                return done;
+        // Set at the first refusal: a call that starts at once reads no
+        // clock of its own.
+        let mut refused_at: Option<Instant> = None;
+        let (id, rx) = loop {
+            // Registered before the attempt: room given back between a
+            // refusal and the wait is not missed.
+            let room = self.shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            let (tx, rx) = oneshot::channel();
+            let refused = match self.start_call::<R>(dest, input, tx) {
+                Ok(id) => break (id, rx),
+                Err(Err(e @ RpcError::InputsHeld { .. })) => e,
+                Err(done) => {
+                    // Never ready at once without a yield: a caller that
+                    // calls itself in a loop must let the driver and timers
+                    // run.
+                    tokio::task::consume_budget().await;
+                    return done;
+                }
+            };
+            let left = timeout.saturating_sub(refused_at.get_or_insert_with(Instant::now).elapsed());
+            let stopped = self.shared.stopped.load(Ordering::Acquire);
+            if left.is_zero()
+                || stopped
+                || self
+                    .shared
+                    .timer(|| tokio::time::timeout(left, room))
+                    .await
+                    .is_err()
+            {
+                if stopped {
+                    // The stop's own error, as any call after it gets.
+                    continue;
+                }
+                self.shared.engine().count_error();
+                return Err(refused);
             }
         };
+        let left = refused_at.map_or(timeout, |t| timeout.saturating_sub(t.elapsed()));
         let mut guard = Abandon {
             shared: &self.shared,
             id,
             armed: true,
         };
-        match self.shared.timer(|| tokio::time::timeout(timeout, rx)).await {
+        match self.shared.timer(|| tokio::time::timeout(left, rx)).await {
             Ok(Ok(())) => {
                 guard.armed = false;
                 let r = self.shared.engine().take_response::<R>(id);
@@ -800,9 +852,14 @@ impl AsyncEngine {
     ) -> std::result::Result<CallId, Result<R::Output>> {
         let mut e = self.shared.try_engine("AsyncEngine::call").map_err(Err)?;
         self.shared.check_running(R::NAME, &mut e).map_err(Err)?;
+        // A refusal for held inputs counts once, when `call` gives up.
         let id = e
             .forward::<R>(dest, input)
-            .inspect_err(|_| e.count_error())
+            .inspect_err(|err| {
+                if !matches!(err, RpcError::InputsHeld { .. }) {
+                    e.count_error()
+                }
+            })
             .map_err(Err)?;
         self.shared.self_forward_ran(&e, dest);
         // A self-forward to an async handler is answered by a task.

@@ -79,10 +79,12 @@ pub(super) async fn drive(
         loop {
             let turn = {
                 let mut e = shared.engine();
+                let held = e.held_input_bytes();
                 let worked = e.progress_now().and_then(|p| Ok(p + e.trigger()?));
                 shared.spawn_deferred(&mut e);
                 shared.notify_finished(&mut e);
                 shared.drain_may_have_moved(&e);
+                shared.room_may_have_come(&e, held);
                 // A failed turn never sleeps: the fd might never wake it.
                 worked.and_then(|n| {
                     if !spin.is_zero() {

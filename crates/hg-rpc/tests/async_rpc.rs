@@ -1202,3 +1202,80 @@ fn gated_pair(
         .unwrap();
     (rt, server, client, gate)
 }
+
+/// A call whose spilled input would pass the bound of inputs held for
+/// abandoned calls waits for room within its timeout instead of failing
+/// at once: here the room comes when a silent target's abandoned input
+/// reaches its TTL, and the waiting call then goes to a live server and
+/// is answered. A call whose timeout passes first fails with `InputsHeld`
+/// (why it never went), not `Timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_refused_for_held_inputs_waits_for_room() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = common::dir("async-room");
+    // A silent target: accepts the connection, reads nothing, stays alive.
+    let (mut x, xid) = common::endpoint(&dir, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_x = stop.clone();
+    let target = std::thread::spawn(move || {
+        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
+            x.progress(Some(Duration::from_millis(10))).unwrap();
+        }
+    });
+    let live = common::async_engine(&dir, true);
+    live.register::<Echo>(Ok).unwrap();
+    let (ep, id) = common::endpoint(&dir, false);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.set_abandoned_input_ttl(Duration::from_millis(500));
+    e.set_max_abandoned_bytes(100 << 10);
+    let engine = AsyncEngine::spawn(e).unwrap();
+    let s = engine.lookup(&x_uri).await.unwrap();
+    let to_live = engine.lookup(&live.self_addr().to_string()).await.unwrap();
+    let big = vec![7u8; 64 << 10];
+    let r = engine.call::<Echo>(&s, &big, Duration::from_millis(100)).await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
+    // No room before the TTL: a short call gives up with the reason.
+    let errors = engine.stats().errors;
+    let r = engine
+        .call::<Echo>(&to_live, &big, Duration::from_millis(50))
+        .await;
+    assert!(matches!(r, Err(RpcError::InputsHeld { .. })), "{r:?}");
+    assert_eq!(engine.stats().errors, errors + 1, "counted once");
+    // A longer one waits: the TTL (500 ms, swept within a second) frees
+    // the room, and it is answered.
+    let refused = engine.stats().inputs_refused;
+    let got = engine.call::<Echo>(&to_live, &big, T).await;
+    match got {
+        Ok(v) => assert!(v == big, "the echo differs"),
+        Err(e) => panic!("the waiting call: {e}"),
+    }
+    let st = engine.stats();
+    assert!(st.inputs_refused > refused, "it was refused first: {st:?}");
+    assert!(
+        st.inputs_refused <= refused + 5,
+        "it polled instead of waiting: {st:?}"
+    );
+    assert_eq!((st.in_flight, st.abandoned_inputs), (0, 0), "{st:?}");
+    // A wait for room ends when the driver stops, with its error (a
+    // stopped driver sweeps nothing: only the stop can end it before the
+    // call's own timeout).
+    let r = engine.call::<Echo>(&s, &big, Duration::from_millis(100)).await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    let engine = Arc::new(engine);
+    let waiting = {
+        let engine = engine.clone();
+        let (to_live, big) = (to_live.clone(), big.clone());
+        tokio::spawn(async move { engine.call::<Echo>(&to_live, &big, 3 * T).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    engine.shutdown().unwrap();
+    let r = tokio::time::timeout(T, waiting)
+        .await
+        .expect("the wait ended")
+        .unwrap();
+    assert!(matches!(r, Err(RpcError::DriverStopped { .. })), "{r:?}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    target.join().unwrap();
+}
