@@ -85,7 +85,11 @@ impl<R: Registrar> Cache<R> {
             MonitorChoice::Uffd | MonitorChoice::Auto => match UffdMonitor::global_with(config.map_watch) {
                 // The monitor watches for at most MAX_SINKS caches: past
                 // them `Auto` falls back as it does without userfaultfd
-                // (one more plugin instance must not fail to start).
+                // (one more plugin instance must not fail to start). This
+                // check only saves building a cache that cannot attach:
+                // the place is taken by `attach` in `build`, which falls
+                // back the same way when another cache took the last one
+                // meanwhile.
                 Ok(m) if config.monitor == MonitorChoice::Auto && !m.has_room() => {
                     tracing::warn!(
                         caches = crate::monitor::MAX_SINKS,
@@ -139,7 +143,7 @@ impl<R: Registrar> Cache<R> {
         } else {
             None
         };
-        let monitor_name = monitor
+        let mut monitor_name = monitor
             .as_ref()
             .map_or(if caching { "none" } else { "disabled" }, |m| m.name());
         let backend = Arc::new(Backend {
@@ -149,7 +153,7 @@ impl<R: Registrar> Cache<R> {
             fork_guard,
             closed: AtomicBool::new(false),
         });
-        let shared = Arc::new(Shared {
+        let mut shared = Arc::new(Shared {
             backend,
             table: BrLock::new(Table::new(config.max_count, config.max_bytes)),
             caching,
@@ -160,15 +164,31 @@ impl<R: Registrar> Cache<R> {
             generation: AtomicU64::new(0),
             tracked: TrackedRanges::new(),
         });
-        let sink = match &shared.backend.monitor {
-            Some(m) => Some(
-                m.attach(Arc::clone(&shared) as Arc<dyn InvalidationSink>)
-                    .map_err(|source| Error::MonitorInit {
-                        monitor: m.name(),
-                        source,
-                    })?,
-            ),
-            None => None,
+        let attached = match &shared.backend.monitor {
+            Some(m) => m
+                .attach(Arc::clone(&shared) as Arc<dyn InvalidationSink>)
+                .map(Some)
+                .map_err(|source| Error::MonitorInit {
+                    monitor: m.name(),
+                    source,
+                }),
+            None => Ok(None),
+        };
+        let sink = match attached {
+            Ok(sink) => sink,
+            // `Auto` never fails for want of a monitor: when the monitor
+            // refuses (another cache took its last place since `new`
+            // looked), the cache comes up disabled.
+            Err(e) if config.monitor == MonitorChoice::Auto => {
+                Self::disable(&mut shared).ok_or(e)?;
+                tracing::warn!(
+                    caches = crate::monitor::MAX_SINKS,
+                    "userfaultfd monitor full: registration cache disabled"
+                );
+                monitor_name = "disabled";
+                None
+            }
+            Err(e) => return Err(e),
         };
         tracing::debug!(
             monitor = monitor_name,
@@ -181,6 +201,17 @@ impl<R: Registrar> Cache<R> {
             sink,
             monitor_name,
         })
+    }
+
+    /// Turns a cache still being built, whose monitor refused it, into a
+    /// disabled one (no monitor, no caching). `None` if the state is
+    /// shared already (a monitor kept the sink it refused): then it stays
+    /// as it is, and the caller reports the refusal.
+    fn disable(shared: &mut Arc<Shared<R>>) -> Option<()> {
+        let sh = Arc::get_mut(shared)?;
+        Arc::get_mut(&mut sh.backend)?.monitor = None;
+        sh.caching = false;
+        Some(())
     }
 
     /// The registrar.
