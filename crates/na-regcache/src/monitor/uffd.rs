@@ -159,7 +159,9 @@
 //! wake-up and the zap, though, a lookup could register (pin) pages that are
 //! about to be dropped, and a cached entry would hand them to every later
 //! lookup. So the reader marks each REMOVE range as *settling* (before it
-//! invalidates the caches), until [`REMOVE_SETTLE`] after the first `sync`
+//! invalidates the caches; in a fixed table of 32 ranges, where a burst of
+//! more merges the closest two into one covering both, never widening to
+//! the whole address space), until [`REMOVE_SETTLE`] after the first `sync`
 //! whose probe found the count lowered (the advising thread awake), and a
 //! miss whose span overlaps a settling range is handed out uncached
 //! ([`Monitor::settling`]; [`UffdCounters::settling_uncached`] counts them).
@@ -219,7 +221,8 @@ const WAYS: usize = 4;
 /// module docs): misses overlapping it are not cached meanwhile.
 pub const REMOVE_SETTLE: Duration = Duration::from_millis(100);
 
-/// Ranges remembered as settling; more at once widen to "everything".
+/// Ranges remembered as settling. More at once are merged, the two
+/// closest into the range covering both (see [`Settling::add`]).
 const SETTLING_SLOTS: usize = 32;
 
 const REQUIRED: u64 = uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_REMAP;
@@ -255,15 +258,65 @@ pub struct UffdCounters {
 /// after the event): `(start, end, deadline)`, deadlines in ns since `epoch`.
 struct Settling {
     /// Start, end, settle deadline (`u64::MAX` until armed) and the serial
-    /// of the mark that made it.
-    ranges: [(usize, usize, u64, u64); SETTLING_SLOTS],
-    /// Everything is settling until then (the table overflowed).
-    all_until: u64,
-    /// The serial of the latest mark that widened to everything.
-    all_mark: u64,
+    /// of the mark that made it; a slot whose deadline passed is free.
+    ranges: [SettlingRange; SETTLING_SLOTS],
     /// Marks made so far: a `sync` arms only the ranges marked before its
     /// probe.
     marks: u64,
+}
+
+/// `(start, end, deadline, mark)` of one settling range (see [`Settling`]).
+type SettlingRange = (usize, usize, u64, u64);
+
+/// One range covering `a` and `b`, settling as long as either would: the
+/// later deadline (`u64::MAX`, unarmed, if either is) and the later mark
+/// (armed only by a probe that proves both advising threads awake).
+fn merged(a: SettlingRange, b: SettlingRange) -> SettlingRange {
+    (a.0.min(b.0), a.1.max(b.1), a.2.max(b.2), a.3.max(b.3))
+}
+
+/// The bytes that merging `a` and `b` adds to what they cover: the gap
+/// between them (0 when they touch or overlap).
+fn merge_cost(a: &SettlingRange, b: &SettlingRange) -> usize {
+    let hull = a.1.max(b.1) - a.0.min(b.0);
+    hull.saturating_sub(a.1 - a.0).saturating_sub(b.1 - b.0)
+}
+
+impl Settling {
+    /// Remembers `range`: in a free slot, else by merging the two closest
+    /// of the ranges held and `range` into one (so a burst of REMOVE
+    /// events makes settling only the span of ranges near each other, never
+    /// the whole address space). Allocation-free, bounded work (the reader
+    /// calls it).
+    fn add(&mut self, range: SettlingRange, now: u64) {
+        if let Some(slot) = self.ranges.iter_mut().find(|r| r.2 <= now) {
+            *slot = range;
+            return;
+        }
+        // Candidates: the slots, then `range` (index SETTLING_SLOTS).
+        let at = |i: usize| {
+            if i == SETTLING_SLOTS {
+                range
+            } else {
+                self.ranges[i]
+            }
+        };
+        let mut best = (usize::MAX, 0, SETTLING_SLOTS);
+        for i in 0..SETTLING_SLOTS {
+            for j in i + 1..=SETTLING_SLOTS {
+                let cost = merge_cost(&at(i), &at(j));
+                if cost < best.0 {
+                    best = (cost, i, j);
+                }
+            }
+        }
+        let (_, i, j) = best;
+        self.ranges[i] = merged(at(i), at(j));
+        if j < SETTLING_SLOTS {
+            // Two held ranges merged: `range` takes the slot freed.
+            self.ranges[j] = range;
+        }
+    }
 }
 
 /// The table of page ranges registered with the kernel and not unmapped since.
@@ -357,10 +410,7 @@ impl Shared {
         let now = self.now_ns();
         st.marks += 1;
         let mark = st.marks;
-        match st.ranges.iter_mut().find(|r| r.2 <= now) {
-            Some(slot) => *slot = (start, end, u64::MAX, mark),
-            None => (st.all_until, st.all_mark) = (u64::MAX, mark),
-        }
+        st.add((start, end, u64::MAX, mark), now);
         self.settle_until.store(u64::MAX, SeqCst);
         self.settle_unarmed.store(true, SeqCst);
     }
@@ -382,12 +432,7 @@ impl Shared {
         let deadline = self.now_ns() + REMOVE_SETTLE.as_nanos() as u64;
         let mut latest = 0;
         let mut unarmed = false;
-        for (d, mark) in st
-            .ranges
-            .iter_mut()
-            .map(|r| (&mut r.2, r.3))
-            .chain(std::iter::once((&mut st.all_until, st.all_mark)))
-        {
+        for (d, mark) in st.ranges.iter_mut().map(|r| (&mut r.2, r.3)) {
             if *d == u64::MAX {
                 if mark <= upto {
                     *d = deadline;
@@ -416,7 +461,6 @@ impl Shared {
             .iter()
             .filter(|&&(s, e, _, _)| s < end && e > start)
             .map(|r| r.2)
-            .chain(std::iter::once(st.all_until))
             .filter(|&d| d > now)
             .max()?;
         Some(match latest {
@@ -686,8 +730,6 @@ impl UffdMonitor {
             settle_unarmed: AtomicBool::new(false),
             settling: Mutex::new(Settling {
                 ranges: [(0, 0, 0, 0); SETTLING_SLOTS],
-                all_until: 0,
-                all_mark: 0,
                 marks: 0,
             }),
         });
@@ -975,19 +1017,58 @@ mod tests {
     }
 
     #[test]
-    fn an_overflowing_mark_after_the_load_keeps_everything_unarmed() {
+    fn an_overflowing_mark_after_the_load_stays_unarmed_with_what_it_merged_into() {
         let m = monitor();
         let s = &*m.shared;
         for i in 0..SETTLING_SLOTS {
             s.mark_settling(0x100000 * (i + 1), 0x100000 * (i + 1) + 0x1000);
         }
         let upto = s.marks();
-        s.mark_settling(0x7000_0000, 0x7000_1000); // no slot left: everything
+        // No slot left: the first two merge, the far one takes a slot.
+        s.mark_settling(0x7000_0000, 0x7000_1000);
+        // Touches the fifth range: merged into it (no gap).
+        s.mark_settling(0x501000, 0x502000);
         s.arm_settling(upto);
         assert_eq!(s.is_settling(0x7000_0000, 0x7000_1000), Some(Duration::ZERO));
-        assert_eq!(s.is_settling(0x100000, 0x101000), Some(Duration::ZERO));
+        assert_eq!(s.is_settling(0x500000, 0x501000), Some(Duration::ZERO));
+        assert_eq!(s.is_settling(0x501000, 0x502000), Some(Duration::ZERO));
+        assert!(
+            armed(s, 0x100000),
+            "marked before the load, merged with the second"
+        );
+        assert!(armed(s, 0x200000));
+        assert_eq!(s.is_settling(0x9000_0000, 0x9000_1000), None, "unrelated");
         s.sync(false);
         assert!(armed(s, 0x7000_0000));
+        assert!(armed(s, 0x500000));
         assert!(armed(s, 0x100000));
+    }
+
+    /// Far more REMOVE ranges than slots: each stays settling (unarmed
+    /// until a sync), ranges away from all of them do not (before, the 33rd
+    /// made the whole address space settle: every miss of every cache was
+    /// handed out uncached).
+    #[test]
+    fn a_burst_of_removes_settles_only_around_its_ranges() {
+        let m = monitor();
+        let s = &*m.shared;
+        let at = |i: usize| 0x1000_0000 + i * 0x10000;
+        for i in 0..200 {
+            s.mark_settling(at(i), at(i) + 0x1000);
+        }
+        for i in 0..200 {
+            assert_eq!(
+                s.is_settling(at(i), at(i) + 0x1000),
+                Some(Duration::ZERO),
+                "range {i}"
+            );
+        }
+        assert_eq!(s.is_settling(0x100000, 0x200000), None, "below the burst");
+        assert_eq!(s.is_settling(at(200), at(300)), None, "above the burst");
+        s.sync(false);
+        for i in 0..200 {
+            assert!(armed(s, at(i)), "range {i}");
+        }
+        assert_eq!(s.is_settling(0x100000, 0x200000), None, "below the burst");
     }
 }
