@@ -35,9 +35,7 @@ fn a_failed_pagemap_read_gives_the_pin_and_the_slot_back() {
             return;
         }
     };
-    let err = failed
-        .err()
-        .expect("the pagemap read failed: so must the registration");
+    let err = failed.expect_err("the pagemap read failed: so must the registration");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     // The only slot is free again: a registration in an unfiltered thread
     // gets it, with the frames this time.
