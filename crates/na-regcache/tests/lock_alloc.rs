@@ -164,6 +164,51 @@ fn no_cache_lock_is_held_across_an_allocation_or_a_free() {
     assert!(!alive.is_valid());
     drop(alive);
     sys::unmap(arena, pages * PAGE).unwrap();
+    assert_nothing_under_a_lock();
+}
+
+/// A cache larger than one stretch of the eviction sweep (which lets the
+/// lock go and takes it again between stretches, see `table::SWEEP_STEP`):
+/// a miss with every entry in use (the sweep pauses all the way, then
+/// finds no room), one after an entry far along was let go (it pauses,
+/// then evicts it), and `evict_idle` of them all.
+#[test]
+fn a_paused_eviction_sweep_allocates_nothing_under_the_lock() {
+    if na_regcache::cache_locks_held().is_none() {
+        eprintln!("did not run: the lock audit needs debug assertions");
+        return;
+    }
+    const N: usize = 1000;
+    let cfg = CacheConfig {
+        max_count: N,
+        monitor: MonitorChoice::Uffd,
+        ..CacheConfig::default()
+    };
+    let c = Cache::new(common::NoopRegistrar, cfg).unwrap();
+    let pages = 2 * N + 4;
+    let arena = sys::map_anon(None, pages * PAGE).unwrap();
+    sys::touch(arena, pages * PAGE, 1);
+    let at = |i: usize| arena + 2 * i * PAGE;
+    let mut held: Vec<_> = (0..N).map(|i| c.get(at(i), PAGE, W).unwrap()).collect();
+    assert!(held.iter().all(|h| h.is_cached()));
+    let full = c.get(at(N), PAGE, W).unwrap();
+    assert!(!full.is_cached(), "every entry in use: no room");
+    drop(full);
+    drop(held.remove(N - 2));
+    let evicting = c.get(at(N), PAGE, W).unwrap();
+    assert!(evicting.is_cached(), "the idle entry was found and evicted");
+    let s = c.stats();
+    assert_eq!((s.entries, s.evictions, s.uncached), (N as u64, 1, 1), "{s}");
+    drop((held, evicting));
+    assert_eq!(c.evict_idle(), N);
+    drop(c);
+    sys::unmap(arena, pages * PAGE).unwrap();
+    assert_nothing_under_a_lock();
+}
+
+/// No allocation or free was counted under a cache lock (else: where the
+/// first one was made, the crate's frames of its backtrace).
+fn assert_nothing_under_a_lock() {
     let (allocs, frees) = (ALLOCS.load(Ordering::Relaxed), FREES.load(Ordering::Relaxed));
     let first = FIRST.lock().unwrap_or_else(|p| p.into_inner()).take();
     // The crate's frames of the first one's backtrace.

@@ -31,7 +31,9 @@
 //!    the monitor says a change of the span is still settling (`madvise`
 //!    drops pages after its event), hand the registration out uncached;
 //!    else insert, evicting idle entries with the CLOCK (second-chance)
-//!    approximation of LRU; unlock and deregister superseded/evicted
+//!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
+//!    slots lets the lock go, takes it again and goes on, checking the
+//!    span again first); unlock and deregister superseded/evicted
 //!    entries. The slot goes to the new entry if it is handed out
 //!    uncached (it tracks it from then on), else it is released.
 //!
@@ -47,6 +49,8 @@
 
 mod entry;
 mod shared;
+#[cfg(test)]
+mod sweep_tests;
 mod table;
 
 pub use entry::Registration;
@@ -57,7 +61,7 @@ use std::time::Instant;
 
 use entry::{Backend, Entry};
 use shared::{Claimed, Shared, TrackedRanges};
-use table::{Insert, Table};
+use table::{Insert, Sweep, Table};
 
 use crate::config::{CacheConfig, Consistency, MonitorChoice};
 use crate::error::{Error, Result};
@@ -279,6 +283,9 @@ impl<R: Registrar> Cache<R> {
         let mut doomed = Vec::with_capacity(bound);
         let mut slots = sh.tracked.reserve(over + 1);
         let mut mine = Claimed::new(&sh.tracked);
+        // Idle entries evicted by sweeps that paused (or whose attempt was
+        // retried): they are in `doomed`, counted when the miss ends.
+        let mut evicted_before = 0;
         for _attempt in 0..3 {
             let (s, e, a) = span;
             // The span's tracking slot, claimed before the subscription
@@ -320,6 +327,8 @@ impl<R: Registrar> Cache<R> {
             };
             let entry = Arc::new(Entry::new(&sh.backend, (s, e, a), region, watch));
             let mut t = sh.lock();
+            // The eviction sweep, across the lock holds it is split into.
+            let mut sweep = Sweep::default();
             // `None`: the mapping changed while we registered. Else whether
             // the range is settling, whether the entry is cached, and how
             // many idle entries were evicted.
@@ -342,9 +351,17 @@ impl<R: Registrar> Cache<R> {
                     // Its pages may be dropped right after we pinned them.
                     break Some((Some(left), false, 0));
                 }
-                match t.insert(&entry, &mut doomed) {
-                    Insert::Done { evicted } => break Some((None, true, evicted)),
-                    Insert::NoRoom { evicted } => break Some((None, false, evicted)),
+                match t.insert(&entry, &mut doomed, &mut sweep) {
+                    Insert::Done { evicted } => break Some((None, true, evicted_before + evicted)),
+                    Insert::NoRoom { evicted } => break Some((None, false, evicted_before + evicted)),
+                    Insert::Paused { evicted } => {
+                        // A bounded stretch of the sweep is done: let
+                        // readers in, then go on (checking again whether
+                        // the span changed meanwhile).
+                        evicted_before += evicted;
+                        drop(t);
+                        t = sh.lock();
+                    }
                     Insert::Short { need } => {
                         // The table changed since the room was made: make
                         // more, unlocked, and look again.
@@ -599,11 +616,15 @@ impl<R: Registrar> Cache<R> {
         }
         let mut idle = Vec::new();
         let mut n = 0;
+        // Where the sweep goes on: it looks at a bounded stretch of slots
+        // per hold of the write lock (see `table::SWEEP_STEP`).
+        let mut cursor = 0;
         loop {
-            // Room for every live entry, made before the write lock.
+            // Room for every live entry (at most a stretch's worth),
+            // made before the write lock.
             let live = sh.table.read().live();
-            idle.reserve(live.max(1));
-            let more = sh.lock().take_idle(&mut idle);
+            idle.reserve(live.clamp(1, table::SWEEP_STEP));
+            let more = sh.lock().take_idle(&mut idle, &mut cursor);
             n += idle.len();
             idle.clear();
             if !more {

@@ -24,6 +24,14 @@ use crate::registrar::{Access, Registrar};
 const NIL: u32 = u32::MAX;
 /// Invalidations remembered for misses racing with them.
 const RING: usize = 64;
+/// Slots an eviction sweep ([`Table::insert`], [`Table::take_idle`])
+/// looks at under one hold of the write lock: past them it stops, the
+/// caller lets the lock go (readers, so hits, get in) and calls again, and
+/// the sweep goes on where it stopped. Without the bound, a miss of a full
+/// cache whose entries were all in use looked at every slot twice (two
+/// CLOCK turns) under the lock before giving up, up to 2 million entry
+/// loads at the largest `max_count`, blocking every hit meanwhile.
+pub(crate) const SWEEP_STEP: usize = 256;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -65,6 +73,31 @@ pub(crate) enum Insert {
         /// Spare capacity `doomed` needs.
         need: usize,
     },
+    /// The eviction sweep looked at [`SWEEP_STEP`] slots without making
+    /// enough room yet: unlock (the victims are in `doomed`, idle, out of
+    /// the table), lock and call again with the same [`Sweep`].
+    Paused {
+        /// Idle entries evicted so far in this call.
+        evicted: usize,
+    },
+}
+
+/// The progress of one insertion's eviction sweep across lock holds:
+/// slots looked at since the last victim (two CLOCK turns without one
+/// mean nothing can be evicted).
+#[derive(Default)]
+pub(crate) struct Sweep {
+    fruitless: usize,
+}
+
+/// What one step of the CLOCK sweep found.
+enum Victim {
+    /// An idle entry whose second chance is used up: its slot.
+    Found(u32),
+    /// Two full turns without one.
+    None,
+    /// This hold's budget of slots is spent.
+    Paused,
 }
 
 pub(crate) struct Table<R: Registrar> {
@@ -199,7 +232,17 @@ impl<R: Registrar> Table<R> {
     /// limits. The entries taken out are pushed on `doomed`, whose spare
     /// capacity must be at least [`doom_bound`](Self::doom_bound): if it is
     /// not, nothing happens and the outcome says how much is needed.
-    pub fn insert(&mut self, entry: &Arc<Entry<R>>, doomed: &mut Vec<Arc<Entry<R>>>) -> Insert {
+    ///
+    /// Evicts first and supersedes last, so that an insertion paused by
+    /// the sweep's bound ([`Insert::Paused`]) has only taken idle entries
+    /// out (nobody holds them, nothing needs tracking them); `sweep`
+    /// carries the sweep's progress to the next call.
+    pub fn insert(
+        &mut self,
+        entry: &Arc<Entry<R>>,
+        doomed: &mut Vec<Arc<Entry<R>>>,
+        sweep: &mut Sweep,
+    ) -> Insert {
         let len = entry.end - entry.start;
         if len > self.max_bytes {
             return Insert::NoRoom { evicted: 0 };
@@ -208,28 +251,32 @@ impl<R: Registrar> Table<R> {
         if doomed.capacity() - doomed.len() < need {
             return Insert::Short { need };
         }
-        let over = self.overlapping(entry.start, entry.end);
-        let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
-        let mut count = self.live + self.zombies - over.len();
-        let mut bytes = self.bytes - freed_bytes;
+        let mut evicted = 0;
+        let mut budget = SWEEP_STEP;
+        let over = loop {
+            // Recomputed after each victim: it may have been one of them.
+            let over = self.overlapping(entry.start, entry.end);
+            let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
+            let count = self.live + self.zombies - over.len();
+            let bytes = self.bytes - freed_bytes;
+            if count < self.max_count && bytes + len <= self.max_bytes {
+                break over;
+            }
+            let slot = match self.clock_victim(&mut budget, sweep) {
+                Victim::Found(slot) => slot,
+                Victim::None => return Insert::NoRoom { evicted },
+                Victim::Paused => return Insert::Paused { evicted },
+            };
+            let start = self.slots[slot as usize].entry.as_ref().map_or(0, |e| e.start);
+            self.index_remove(slot, start);
+            doomed.push(self.free_slot(slot));
+            evicted += 1;
+        };
         for i in over.clone() {
             let slot = self.index[i].slot;
             doomed.push(self.free_slot(slot));
         }
         self.index.drain(over);
-        let mut evicted = 0;
-        while count + 1 > self.max_count || bytes + len > self.max_bytes {
-            let Some(slot) = self.clock_victim() else {
-                return Insert::NoRoom { evicted };
-            };
-            let start = self.slots[slot as usize].entry.as_ref().map_or(0, |e| e.start);
-            self.index_remove(slot, start);
-            let e = self.free_slot(slot);
-            count -= 1;
-            bytes -= e.end - e.start;
-            doomed.push(e);
-            evicted += 1;
-        }
         let slot = self.alloc_slot();
         entry.slot.store(slot, Ordering::Relaxed);
         entry.cached.store(true, Ordering::Release);
@@ -289,29 +336,43 @@ impl<R: Registrar> Table<R> {
         self.zombies
     }
 
-    /// Moves idle entries into `out`, as many as its spare capacity holds
-    /// (drop them after unlocking); returns true if idle ones are left.
-    pub fn take_idle(&mut self, out: &mut Vec<Arc<Entry<R>>>) -> bool {
-        for slot in 0..self.slots.len() as u32 {
+    /// Moves idle entries of the slots from `*cursor` on into `out`, as
+    /// many as its spare capacity holds, looking at [`SWEEP_STEP`] slots
+    /// at most (drop them after unlocking); advances `*cursor` past the
+    /// slots looked at. Returns true while slots are left to look at
+    /// (call again, after unlocking, with the same cursor).
+    pub fn take_idle(&mut self, out: &mut Vec<Arc<Entry<R>>>, cursor: &mut usize) -> bool {
+        let stop = cursor.saturating_add(SWEEP_STEP).min(self.slots.len());
+        while *cursor < stop {
+            let slot = *cursor as u32;
             let s = &self.slots[slot as usize];
-            let start = match (&s.entry, s.state) {
-                (Some(e), State::Live) if e.users.load(Ordering::Acquire) == 0 => e.start,
-                _ => continue,
-            };
-            if out.len() == out.capacity() {
-                return true;
+            if let (Some(e), State::Live) = (&s.entry, s.state) {
+                if e.users.load(Ordering::Acquire) == 0 {
+                    if out.len() == out.capacity() {
+                        return true;
+                    }
+                    let start = e.start;
+                    self.index_remove(slot, start);
+                    out.push(self.free_slot(slot));
+                }
             }
-            self.index_remove(slot, start);
-            out.push(self.free_slot(slot));
+            *cursor += 1;
         }
-        false
+        *cursor < self.slots.len()
     }
 
     /// Second-chance sweep: the next live, unused entry whose referenced
-    /// bit is clear (clearing bits on the way). None after two full turns.
-    fn clock_victim(&mut self) -> Option<u32> {
+    /// bit is clear (clearing bits on the way), looking at no more than
+    /// `budget` slots (counted down); [`Victim::None`] once `sweep` has
+    /// seen two full turns without one.
+    fn clock_victim(&mut self, budget: &mut usize, sweep: &mut Sweep) -> Victim {
         let n = self.slots.len();
-        for _ in 0..2 * n {
+        while sweep.fruitless < 2 * n {
+            if *budget == 0 {
+                return Victim::Paused;
+            }
+            *budget -= 1;
+            sweep.fruitless += 1;
             self.hand = (self.hand + 1) % n;
             let s = &self.slots[self.hand];
             let (Some(e), State::Live) = (&s.entry, s.state) else {
@@ -323,9 +384,10 @@ impl<R: Registrar> Table<R> {
             if e.referenced.swap(false, Ordering::Relaxed) {
                 continue;
             }
-            return Some(self.hand as u32);
+            sweep.fruitless = 0;
+            return Victim::Found(self.hand as u32);
         }
-        None
+        Victim::None
     }
 
     /// Moves every entry into `out` (invalidated ones first), marking each
