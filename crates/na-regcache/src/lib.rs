@@ -59,6 +59,14 @@
 //!   pages are registered whole huge pages at a time (Linux 6.11+: older
 //!   kernels do not tell the page size, and such a range not aligned to
 //!   its huge pages is handed out uncached).
+//! * **Not reported, not refused:** a file mapped `MAP_PRIVATE` whose file
+//!   is truncated below the registered range. The kernel zaps the private
+//!   copies too and sends no event, so a cached registration (and any
+//!   handle, whose flag stays set) pins pages the mapping no longer shows
+//!   (the `file_private_truncate` row). After truncating such a file, call
+//!   [`Cache::invalidate`] for the mapping (which clears its handles'
+//!   flags too), or register such data from anonymous memory; see
+//!   `docs/REGCACHE.md`.
 //!
 //! See [`monitor::uffd`] for why a lookup can never return a registration
 //! of pages unmapped before it started (including by an unmap whose call

@@ -58,6 +58,11 @@ const EXPECTED: &[(&str, &str, [Expect; 3])] = &[
         "memfd `MAP_SHARED`, `MADV_REMOVE` through another mapping",
         [X, C, C],
     ),
+    (
+        "file_private_truncate",
+        "memfd `MAP_PRIVATE`, `ftruncate` shrink and regrow",
+        [X, X, X],
+    ),
     ("thp", "transparent huge page remapped", [X, C, X]),
     ("unaligned", "non-page-aligned range, pages remapped", [X, C, X]),
 ];
@@ -177,6 +182,7 @@ scenario_tests!(
     file_punch_hole,
     file_truncate,
     file_madv_remove,
+    file_private_truncate,
     thp,
     unaligned
 );

@@ -27,6 +27,7 @@ pub const ALL: &[&str] = &[
     "file_punch_hole",
     "file_truncate",
     "file_madv_remove",
+    "file_private_truncate",
     "thp",
     "unaligned",
 ];
@@ -49,6 +50,7 @@ pub fn run(name: &str, rig: &Rig) -> io::Result<Outcome> {
         "file_punch_hole" => file_changed(rig, FileChange::PunchHole),
         "file_truncate" => file_changed(rig, FileChange::Truncate),
         "file_madv_remove" => file_changed(rig, FileChange::RemoveElsewhere),
+        "file_private_truncate" => file_private_truncate(rig),
         "thp" => thp(rig),
         "unaligned" => unaligned(rig),
         "hugetlb" => hugetlb(rig),
@@ -265,6 +267,25 @@ fn file_changed(rig: &Rig, how: FileChange) -> io::Result<Outcome> {
             sys::unmap(b, LEN)?;
         }
     }
+    sys::touch(a, LEN, FILL);
+    let o = rig.transfer(a, LEN);
+    sys::unmap(a, LEN)?;
+    o
+}
+
+/// A `MAP_PRIVATE` memfd mapping, written (so its pages are private
+/// copies), whose file is truncated to 0 and grown back: the kernel zaps
+/// the mapping's pages past the new end, private copies included
+/// (`unmap_mapping_range(even_cows)`), and sends no userfaultfd event;
+/// the mapping then shows the file's new pages, the registration pins the
+/// old copies.
+fn file_private_truncate(rig: &Rig) -> io::Result<Outcome> {
+    let f = sys::memfd(LEN)?;
+    let a = sys::map_private_fd(LEN, &f)?;
+    sys::touch(a, LEN, FILL);
+    rig.prime(a, LEN);
+    sys::truncate(&f, 0)?;
+    sys::truncate(&f, LEN)?;
     sys::touch(a, LEN, FILL);
     let o = rig.transfer(a, LEN);
     sys::unmap(a, LEN)?;

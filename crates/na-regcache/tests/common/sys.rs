@@ -119,6 +119,23 @@ pub fn map_shared_fd(at: Option<usize>, len: usize, fd: &OwnedFd) -> io::Result<
     Ok(got)
 }
 
+/// Private (copy-on-write) mapping of `fd` (a memfd) from offset 0.
+pub fn map_private_fd(len: usize, fd: &OwnedFd) -> io::Result<usize> {
+    // SAFETY: a fresh mapping chosen by the kernel; the descriptor is
+    // valid for the call.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    check(p)
+}
+
 /// Shared mapping of `fd` (from offset 0) over whatever is at `at`
 /// (`MAP_FIXED`).
 pub fn map_shared_fd_fixed(at: usize, len: usize, fd: &OwnedFd) -> io::Result<usize> {
