@@ -97,7 +97,9 @@ static ALLOC: Audit = Audit;
 #[test]
 fn no_cache_lock_is_held_across_an_allocation_or_a_free() {
     if na_regcache::cache_locks_held().is_none() {
-        eprintln!("did not run: the lock audit needs debug assertions");
+        na_core::testing::report_not_run(
+            "na-regcache no_cache_lock_is_held_across_an_allocation_or_a_free: the lock audit needs debug assertions (a release build of the tests)",
+        );
         return;
     }
     let cfg = CacheConfig {
@@ -175,7 +177,9 @@ fn no_cache_lock_is_held_across_an_allocation_or_a_free() {
 #[test]
 fn a_paused_eviction_sweep_allocates_nothing_under_the_lock() {
     if na_regcache::cache_locks_held().is_none() {
-        eprintln!("did not run: the lock audit needs debug assertions");
+        na_core::testing::report_not_run(
+            "na-regcache a_paused_eviction_sweep_allocates_nothing_under_the_lock: the lock audit needs debug assertions (a release build of the tests)",
+        );
         return;
     }
     const N: usize = 1000;
