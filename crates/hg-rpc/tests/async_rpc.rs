@@ -432,20 +432,38 @@ async fn async_timeouts_count_as_errors() {
 /// A call with a spilled input to a target that takes it and never
 /// answers: after the call timed out, the input stays exposed only for
 /// the abandoned-input TTL, even with no traffic to wake the driver.
+/// A silent target in `dir`: accepts connections, reads nothing, stays
+/// alive (progressed by its own thread until `stop` is set).
+struct SilentTarget {
+    uri: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl SilentTarget {
+    fn start(dir: &std::path::Path) -> SilentTarget {
+        let (mut x, xid) = common::endpoint(dir, true);
+        let uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_x = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
+                x.progress(Some(Duration::from_millis(10))).unwrap();
+            }
+        });
+        SilentTarget { uri, stop, thread }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-idle-sweep");
-    // A silent target: accepts the connection, reads nothing, stays alive.
-    let (mut x, xid) = common::endpoint(&dir, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop_x = stop.clone();
-    let target = std::thread::spawn(move || {
-        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
-            x.progress(Some(Duration::from_millis(10))).unwrap();
-        }
-    });
+    let SilentTarget {
+        uri: x_uri,
+        stop,
+        thread: target,
+    } = SilentTarget::start(&dir);
     let (ep, id) = common::endpoint(&dir, false);
     let mut e = Engine::new(ep, id).unwrap();
     e.set_abandoned_input_ttl(Duration::from_millis(300));
@@ -1213,16 +1231,11 @@ fn gated_pair(
 async fn a_call_refused_for_held_inputs_waits_for_room() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-room");
-    // A silent target: accepts the connection, reads nothing, stays alive.
-    let (mut x, xid) = common::endpoint(&dir, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop_x = stop.clone();
-    let target = std::thread::spawn(move || {
-        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
-            x.progress(Some(Duration::from_millis(10))).unwrap();
-        }
-    });
+    let SilentTarget {
+        uri: x_uri,
+        stop,
+        thread: target,
+    } = SilentTarget::start(&dir);
     let live = common::async_engine(&dir, true);
     live.register::<Echo>(Ok).unwrap();
     let (ep, id) = common::endpoint(&dir, false);
