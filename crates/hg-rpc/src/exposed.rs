@@ -11,6 +11,7 @@
 //! what one origin has not yet pulled, and what all have not; a call past
 //! either is answered with a handler error that says so.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
@@ -24,6 +25,10 @@ pub const DEFAULT_MAX_EXPOSED_PER_PEER: u64 = crate::engine::DEFAULT_MAX_PULL_BY
 /// Default bound of the outputs all origins have not pulled yet.
 pub const DEFAULT_MAX_EXPOSED_TOTAL: u64 = 4 * DEFAULT_MAX_EXPOSED_PER_PEER;
 
+/// Places of outputs gone since that the order of exposure keeps beyond
+/// twice those kept, before a sweep drops them.
+const MIN_COMPACT: usize = 1024;
+
 /// One exposed output.
 struct Entry {
     mem: MemHandle,
@@ -34,6 +39,12 @@ struct Entry {
 /// Exposed outputs by (origin token, cookie), with their byte counts.
 pub(crate) struct ExposedOutputs {
     entries: FastMap<(u64, u64), Entry>,
+    /// Keys in the order their outputs were exposed (one TTL for all, so
+    /// also the order they expire), with when: an entry whose output was
+    /// pulled or replaced since stays until the sweep reaches it (or the
+    /// order holds twice the outputs kept). The front is the earliest an
+    /// output can expire, never later, so finding it costs no scan.
+    order: VecDeque<(Instant, (u64, u64))>,
     by_peer: FastMap<u64, u64>,
     total: u64,
     max_per_peer: u64,
@@ -44,6 +55,7 @@ impl Default for ExposedOutputs {
     fn default() -> Self {
         ExposedOutputs {
             entries: FastMap::default(),
+            order: VecDeque::new(),
             by_peer: FastMap::default(),
             total: 0,
             max_per_peer: DEFAULT_MAX_EXPOSED_PER_PEER,
@@ -102,14 +114,14 @@ impl ExposedOutputs {
         }
         *self.by_peer.entry(key.0).or_insert(0) += bytes;
         self.total += bytes;
-        self.entries.insert(
-            key,
-            Entry {
-                mem,
-                since: Instant::now(),
-                bytes,
-            },
-        );
+        let since = Instant::now();
+        self.entries.insert(key, Entry { mem, since, bytes });
+        self.order.push_back((since, key));
+    }
+
+    /// True if `key`'s output is the one exposed at `since`.
+    fn is_current(&self, since: Instant, key: (u64, u64)) -> bool {
+        self.entries.get(&key).is_some_and(|e| e.since == since)
     }
 
     /// Releases the output under `key`, if any.
@@ -130,21 +142,33 @@ impl ExposedOutputs {
     }
 
     /// Releases every output exposed for `ttl` or longer; returns how many.
+    /// In the order they were exposed: it stops at the first output still
+    /// within its TTL, so a sweep costs what it drops, not what is kept.
     pub fn sweep(&mut self, ttl: Duration) -> usize {
-        let expired: Vec<(u64, u64)> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.since.elapsed() >= ttl)
-            .map(|(k, _)| *k)
-            .collect();
-        for &k in &expired {
+        let mut expired = 0;
+        while let Some(&(since, key)) = self.order.front() {
+            let current = self.is_current(since, key);
+            if current && since.elapsed() < ttl {
+                break;
+            }
+            self.order.pop_front();
             // A pull still to come must not take what the memory holds
             // next for the output.
-            if let Some(mem) = self.remove(k) {
-                crate::spill::break_seal(&mem);
+            if current {
+                if let Some(mem) = self.remove(key) {
+                    crate::spill::break_seal(&mem);
+                }
+                expired += 1;
             }
         }
-        expired.len()
+        // Pulled outputs behind one kept for its whole TTL: dropped once
+        // they pass twice those kept (one visit per entry, amortized).
+        if self.order.len() > 2 * self.entries.len() + MIN_COMPACT {
+            let entries = &self.entries;
+            self.order
+                .retain(|&(since, key)| entries.get(&key).is_some_and(|e| e.since == since));
+        }
+        expired
     }
 
     /// The exposed handles (for tests).
@@ -153,9 +177,18 @@ impl ExposedOutputs {
         self.entries.values().map(|e| &e.mem)
     }
 
-    /// When each output was exposed.
-    pub fn exposed_since(&self) -> impl Iterator<Item = Instant> + '_ {
-        self.entries.values().map(|e| e.since)
+    /// When the oldest output still in the order was exposed: the
+    /// earliest any can expire (early if that one was pulled since, and
+    /// the sweep then drops its place).
+    pub fn oldest_since(&self) -> Option<Instant> {
+        self.order.front().map(|&(since, _)| since)
+    }
+
+    /// Places in the order of exposure, those of outputs gone since
+    /// included (for tests of its bound).
+    #[cfg(test)]
+    pub fn order_len(&self) -> usize {
+        self.order.len()
     }
 
     /// True if none is kept.
@@ -242,5 +275,38 @@ mod tests {
         assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
         assert_eq!(x.sweep(Duration::ZERO), 1);
         assert!(x.is_empty() && x.bytes() == 0 && x.by_peer.is_empty());
+    }
+
+    /// The sweep and the next expiry read the order of exposure, not every
+    /// output: a pulled output at the front makes the expiry early, never
+    /// late, and goes at the next sweep; places of pulled outputs behind
+    /// one kept do not pile up.
+    #[test]
+    fn outputs_expire_in_order_and_pulled_ones_leave_no_pile() {
+        let mut x = ExposedOutputs::default();
+        x.insert((1, 1), mem(10), 10);
+        std::thread::sleep(Duration::from_millis(2));
+        x.insert((1, 2), mem(10), 10);
+        let second = x.entries[&(1, 2)].since;
+        assert!(x.remove((1, 1)).is_some(), "pulled");
+        assert!(
+            x.oldest_since() < Some(second),
+            "early, from the pulled one's place"
+        );
+        assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
+        assert_eq!(x.oldest_since(), Some(second), "the pulled one's place went");
+        // 3,000 outputs pulled behind the kept one.
+        for c in 10..3010 {
+            x.insert((2, c), mem(1), 1);
+            x.remove((2, c));
+        }
+        assert_eq!(x.order_len(), 3001);
+        assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
+        assert!(x.order_len() <= 2 + MIN_COMPACT, "{} places kept", x.order_len());
+        assert_eq!((x.len(), x.bytes()), (1, 10));
+        // A replaced output keeps only its new place alive.
+        x.insert((1, 2), mem(5), 5);
+        assert_eq!(x.sweep(Duration::ZERO), 1);
+        assert!(x.is_empty() && x.bytes() == 0 && x.oldest_since().is_none());
     }
 }

@@ -103,18 +103,17 @@ impl<C: Codec> Engine<C> {
         if self.exposed.is_empty() && self.abandoned_order.is_empty() {
             return retry;
         }
-        let ttl_out = self.output_ttl;
         let outputs = self
             .exposed
-            .exposed_since()
-            .filter_map(move |t| t.checked_add(ttl_out));
+            .oldest_since()
+            .and_then(|t| t.checked_add(self.output_ttl));
         // The oldest abandonment: its call may have ended since, which
         // only makes the wake-up early (the sweep then drops the entry).
         let inputs = self
             .abandoned_order
             .front()
             .and_then(|&(t, _)| t.checked_add(self.abandoned_ttl));
-        let kept = outputs.chain(inputs).min().and_then(|next| {
+        let kept = outputs.into_iter().chain(inputs).min().and_then(|next| {
             // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
             let sweep = self
                 .last_sweep

@@ -589,9 +589,14 @@ impl<C: Codec> Engine<C> {
                 } else {
                     tracing::debug!(peer = %src, error = %e, dropped, "cannot send RPC response");
                 }
-                // Nobody learns of a spilled output that was not sent.
+                // Nobody learns of a spilled output that was not sent (a
+                // refused send published nothing); its seal is broken all
+                // the same, as on every other way out, should a transport
+                // ever publish before it fails.
                 if h.flags & FLAG_SPILL != 0 {
-                    self.exposed.remove((src.token(), h.cookie));
+                    if let Some(mem) = self.exposed.remove((src.token(), h.cookie)) {
+                        crate::spill::break_seal(&mem);
+                    }
                 }
             }
         }
