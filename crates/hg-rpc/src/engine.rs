@@ -406,8 +406,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// the caller gave up. Apart from `Call`, so that the usual call,
     /// which lends nothing, pays one emptiness check.
     lent: FastMap<u64, Box<[MemHandle]>>,
-    /// State of the seals of spilled payloads (see `spill`; `next_seal`).
-    seal_state: u64,
+    /// Seals of spilled payloads (see `spill`; `next_seal`): a counter,
+    /// and the secret key of the keyed hash (SipHash, a PRF) that turns it
+    /// into a seal, so that no seal a peer saw tells it any other.
+    seal_count: u64,
+    seal_key: std::collections::hash_map::RandomState,
     /// How long a spilled output waits for its origin's pull (see
     /// [`set_spilled_output_ttl`](Self::set_spilled_output_ttl)).
     output_ttl: Duration,
@@ -536,10 +539,8 @@ impl<C: Codec> Engine<C> {
             ops: FastMap::default(),
             calls: Calls::default(),
             lent: FastMap::default(),
-            seal_state: {
-                use std::hash::BuildHasher;
-                std::collections::hash_map::RandomState::new().hash_one(std::process::id())
-            },
+            seal_count: 0,
+            seal_key: std::collections::hash_map::RandomState::new(),
             output_ttl: SPILLED_OUTPUT_TTL,
             next_op: 1,
             watches: FastMap::default(),
@@ -654,13 +655,13 @@ impl<C: Codec> Engine<C> {
     }
 
     /// A seal for the next spilled payload: never 0 (a broken seal), and
-    /// unlike the last ones (splitmix64 over a per-engine random start).
+    /// unpredictable from every other (a keyed hash of a counter, under a
+    /// key drawn from the OS's random source, never sent: a peer that saw
+    /// some seals cannot work out others, as it could invert splitmix64).
     fn next_seal(&mut self) -> u64 {
-        self.seal_state = self.seal_state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.seal_state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)).max(1)
+        use std::hash::BuildHasher;
+        self.seal_count = self.seal_count.wrapping_add(1);
+        self.seal_key.hash_one(self.seal_count).max(1)
     }
 
     fn op(&mut self) -> OpId {
