@@ -54,11 +54,10 @@ pub enum Error {
     /// which must build its own registrar and cache.
     #[error("registration cache used in a forked child; create a new cache in the child")]
     ForkedChild,
-    /// The mapping looked changed during each of three attempts to
-    /// register it: a concurrent unmap of the very range (the caller raced
-    /// with itself), or more invalidations of other ranges during one
-    /// registration than the cache's history of 64 keeps (it then counts
-    /// the range as changed).
+    /// The mapping changed during each of three attempts to register it:
+    /// a concurrent unmap or discard of the very range (the caller raced
+    /// with itself). A miss claims an exact tracking slot for its span
+    /// before it pins, so invalidations of other ranges never cause it.
     #[error("mapping at {addr:#x} changed during every registration attempt")]
     Unstable {
         /// Start address.
