@@ -70,7 +70,11 @@ impl<C: Codec> Engine<C> {
             };
             return Ok((header(flags, Status::Ok, id, cookie), None, lent));
         }
-        self.admit_spill::<R>(self.scratch.len() as u64)?;
+        if let Err(e) = self.admit_spill::<R>(self.scratch.len() as u64) {
+            // The refused input must not stay in the scratch at its size.
+            self.release_large_scratch();
+            return Err(e);
+        }
         let payload = std::mem::take(&mut self.scratch);
         let payload = self.fit_for_exposure(payload);
         let seal = self.next_seal();
@@ -152,7 +156,21 @@ impl<C: Codec> Engine<C> {
         let me = self.me.clone();
         let r = self.run_decoded(&me, h, &input);
         self.scratch = input;
+        // A self-forward's input may be of any size: not kept at it.
+        self.release_large_scratch();
         r
+    }
+
+    /// Gives a scratch grown past the largest message back (to the spare
+    /// buffers, within their bound, else freed) and starts a new one of
+    /// message size: only a spilled input may grow it, and that one
+    /// leaves it. Called on the cold paths that keep a large input in it
+    /// (a self-forward, a spilled input refused).
+    fn release_large_scratch(&mut self) {
+        if self.scratch.capacity() > self.max_msg {
+            let big = std::mem::replace(&mut self.scratch, Vec::with_capacity(self.max_msg));
+            self.keep_spare_buffer(big);
+        }
     }
 
     /// Starts a call of `R` on `dest`; see [`take_response`](Self::take_response).

@@ -377,6 +377,12 @@ pub struct RpcStats {
     /// sleep; an [`AsyncEngine`](crate::AsyncEngine)'s driver asks before
     /// each sleep).
     pub call_slots: u64,
+    /// Bytes of the byte buffers the engine keeps between calls for
+    /// encoding, receiving and pulling (its scratch, receive buffer and
+    /// spare buffers, by capacity): at most about
+    /// [`set_spare_bytes`](Engine::set_spare_bytes) plus a few messages,
+    /// whatever sizes the calls had.
+    pub buffer_bytes: u64,
 }
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
@@ -643,6 +649,9 @@ impl<C: Codec> Engine<C> {
             .count() as u64;
         RpcStats {
             call_slots: self.calls.capacity() as u64,
+            buffer_bytes: (self.scratch.capacity()
+                + self.rx_buf.capacity()
+                + self.spare_bufs.iter().map(Vec::capacity).sum::<usize>()) as u64,
             in_flight,
             bulk_in_flight,
             exposed_outputs: self.exposed.len() as u64,
@@ -938,6 +947,12 @@ impl<C: Codec> Engine<C> {
     /// [`forward`](Self::forward) refuses at once (drive the engine before
     /// trying again). Give at least [`set_max_spill`](Self::set_max_spill)'s
     /// value, or the largest inputs are always refused.
+    ///
+    /// The bound is checked when a spilled call is sent, against the
+    /// inputs already held: the inputs of calls still in flight are not
+    /// counted, so calls in flight that are all given up on at once (a
+    /// burst of timeouts) may hold up to the bound plus what they had in
+    /// flight, until the next calls are refused and those bytes come back.
     pub fn set_max_abandoned_bytes(&mut self, bytes: u64) {
         self.max_abandoned_bytes = bytes;
     }

@@ -892,3 +892,31 @@ fn answered_abandonments_behind_a_kept_one_do_not_pile_up() {
         c.abandoned_entries()
     );
 }
+
+/// The engine's byte buffers do not stay at the size of the largest input
+/// it ever encoded: a 4 MiB self-call and a 4 MiB input refused for the
+/// held-input bound leave them within the spare-buffer bound.
+#[test]
+fn large_inputs_that_never_spilled_do_not_stay_in_the_engines_buffers() {
+    let d = dir("scratch");
+    let (ep, id) = endpoint(&d, true);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.register::<Echo>(Ok).unwrap();
+    e.set_spare_bytes(1 << 20);
+    e.set_max_abandoned_bytes(1 << 20);
+    let bound = (1 << 20) + 8 * 65536;
+    let big = vec![3u8; 4 << 20];
+    let me = e.self_addr().clone();
+    let out = e.call::<Echo>(&me, &big, T).unwrap();
+    assert!(out == big, "the self-call's echo");
+    drop(out);
+    let st = e.stats();
+    assert!(st.buffer_bytes <= bound, "after a self-call: {st:?}");
+    let srv = Server::start(&d);
+    let s = e.endpoint().lookup(&srv.uri).unwrap();
+    let r = e.forward::<Echo>(&s, &big);
+    assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
+    let st = e.stats();
+    assert!(st.buffer_bytes <= bound, "after a refused input: {st:?}");
+    assert_eq!(e.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
+}
