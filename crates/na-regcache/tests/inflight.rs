@@ -44,8 +44,10 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     let waits_before = UffdMonitor::global().unwrap().counters().inflight_waits;
     // The reader thread is spawned with the monitor, now idle in poll(2).
     let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
+    // Stalled longer than the wait below may take, so that the window
+    // stays open on a loaded machine (the stall ends at its release).
     assert!(
-        sys::stall_thread(reader, Duration::from_secs(3)),
+        sys::stall_thread(reader, Duration::from_secs(12)),
         "reader stalled"
     );
     // Another thread (the old buffer's owner) changes the mapping; its call
@@ -57,8 +59,11 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     let b = loop {
         match sys::try_map_anon_at(a, LEN) {
             Ok(b) => break b,
-            Err(_) if t0.elapsed() < Duration::from_secs(1) => std::thread::yield_now(),
-            Err(e) => panic!("range never freed: {e}"),
+            // Bounded well past what it takes (microseconds): the owner
+            // thread may wait for a core under load (CI once saw more than
+            // a second, with other test processes running).
+            Err(_) if t0.elapsed() < Duration::from_secs(8) => std::thread::yield_now(),
+            Err(e) => panic!("range never freed within {:?}: {e}", t0.elapsed()),
         }
     };
     sys::touch(b, LEN, FILL);
