@@ -943,9 +943,12 @@ impl<C: Codec> Engine<C> {
     /// (counted in `inputs_refused`); calls that fit a message are never
     /// refused. The bytes come back as the engine is driven (targets
     /// answer, TTLs end in [`trigger`](Self::trigger)): a blocking
-    /// [`call`](Self::call) waits for room within its timeout, while
-    /// [`forward`](Self::forward) refuses at once (drive the engine before
-    /// trying again). Give at least [`set_max_spill`](Self::set_max_spill)'s
+    /// [`call`](Self::call) waits for room within its timeout, as do
+    /// [`AsyncEngine::call`](crate::AsyncEngine::call) and
+    /// [`AsyncEngine::call_one_way_within`](crate::AsyncEngine::call_one_way_within)
+    /// (woken by the driver), while [`forward`](Self::forward) and the
+    /// other one-way calls refuse at once (drive the engine before trying
+    /// again). Give at least [`set_max_spill`](Self::set_max_spill)'s
     /// value, or the largest inputs are always refused.
     ///
     /// The bound is checked when a spilled call is sent, against the

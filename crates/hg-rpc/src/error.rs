@@ -72,10 +72,12 @@ pub enum RpcError {
     /// origin still holds for calls it gave up on (and one-way calls),
     /// would pass the bound of `Engine::set_max_abandoned_bytes`. Their
     /// targets have not taken them yet; the bytes come back as they answer,
-    /// go away, or the abandoned-input TTL ends. `Engine::call` and
-    /// `AsyncEngine::call` wait for that room within their timeout and give
-    /// this error only if none came; `forward` and the one-way calls give
-    /// it at once.
+    /// go away, or the abandoned-input TTL ends. `Engine::call`,
+    /// `AsyncEngine::call` and `AsyncEngine::call_one_way_within` wait for
+    /// that room within their timeout (the async ones woken when the
+    /// driver gives bytes back) and give this error, not `Timeout`, only if
+    /// none came; `forward`, `forward_one_way` and
+    /// `AsyncEngine::call_one_way` give it at once.
     #[error(
         "{rpc}: a spilled input of {len} bytes was refused: {held} bytes of inputs of calls given up on \
          still wait for their targets (bound {max}); try again later"

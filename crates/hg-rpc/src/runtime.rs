@@ -27,6 +27,8 @@ use crate::rpc::Rpc;
 
 #[path = "runtime_bulk.rs"]
 mod bulk;
+#[path = "runtime_call.rs"]
+mod call;
 #[path = "runtime_ctx.rs"]
 mod ctx;
 #[path = "runtime_driver.rs"]
@@ -763,145 +765,6 @@ impl AsyncEngine {
             ..self.shared.engine_for("AsyncEngine::stats").stats()
         }
     }
-
-    /// Calls `R` on `dest`; fails with [`RpcError::Timeout`] after `timeout`.
-    ///
-    /// The timeout covers the whole call. A spilled input refused for the
-    /// inputs held for abandoned calls ([`RpcError::InputsHeld`], see
-    /// [`Engine::set_max_abandoned_bytes`]) waits for room within it, woken
-    /// when the driver gives held bytes back; if none comes in time the
-    /// call fails with `InputsHeld`, not `Timeout`, and each refused
-    /// attempt counts in `inputs_refused`.
-    pub async fn call<R: Rpc>(&self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
-        // Set at the first refusal: a call that starts at once reads no
-        // clock of its own.
-        let mut refused_at: Option<Instant> = None;
-        let (id, rx) = loop {
-            // Registered before the attempt: room given back between a
-            // refusal and the wait is not missed.
-            let room = self.shared.room.notified();
-            tokio::pin!(room);
-            room.as_mut().enable();
-            let (tx, rx) = oneshot::channel();
-            let refused = match self.start_call::<R>(dest, input, tx) {
-                Ok(id) => break (id, rx),
-                Err(Err(e @ RpcError::InputsHeld { .. })) => e,
-                Err(done) => {
-                    // Never ready at once without a yield: a caller that
-                    // calls itself in a loop must let the driver and timers
-                    // run.
-                    tokio::task::consume_budget().await;
-                    return done;
-                }
-            };
-            let left = timeout.saturating_sub(refused_at.get_or_insert_with(Instant::now).elapsed());
-            let stopped = self.shared.stopped.load(Ordering::Acquire);
-            if left.is_zero()
-                || stopped
-                || self
-                    .shared
-                    .timer(|| tokio::time::timeout(left, room))
-                    .await
-                    .is_err()
-            {
-                if stopped {
-                    // The stop's own error, as any call after it gets.
-                    continue;
-                }
-                self.shared.engine().count_error();
-                return Err(refused);
-            }
-        };
-        let left = refused_at.map_or(timeout, |t| timeout.saturating_sub(t.elapsed()));
-        let mut guard = Abandon {
-            shared: &self.shared,
-            id,
-            armed: true,
-        };
-        match self.shared.timer(|| tokio::time::timeout(left, rx)).await {
-            Ok(Ok(())) => {
-                guard.armed = false;
-                let r = self.shared.engine().take_response::<R>(id);
-                r.unwrap_or_else(|| Err(lost(R::NAME)))
-            }
-            // The driver stopped: the guard abandons the call (its input
-            // stays exposed for the TTL only if the engine is used again).
-            Ok(Err(_)) => {
-                let why = self.shared.waiters().stopped.clone().unwrap_or_default();
-                self.shared.engine().count_error();
-                Err(driver_stopped(R::NAME, &why))
-            }
-            Err(_) => {
-                self.shared.engine().count_error();
-                Err(RpcError::Timeout {
-                    rpc: R::NAME.into(),
-                    millis: timeout.as_millis(),
-                })
-            }
-        }
-    }
-
-    /// The engine's part of [`call`](Self::call): forwards and registers
-    /// the waiter (`Ok(id)`), or gives the call's end when it is known at
-    /// once (`Err`: refused, or a self-forward answered in place).
-    fn start_call<R: Rpc>(
-        &self,
-        dest: &Addr,
-        input: &R::Input,
-        tx: oneshot::Sender<()>,
-    ) -> std::result::Result<CallId, Result<R::Output>> {
-        let mut e = self.shared.try_engine("AsyncEngine::call").map_err(Err)?;
-        self.shared.check_running(R::NAME, &mut e).map_err(Err)?;
-        // A refusal for held inputs counts once, when `call` gives up.
-        let id = e
-            .forward::<R>(dest, input)
-            .inspect_err(|err| {
-                if !matches!(err, RpcError::InputsHeld { .. }) {
-                    e.count_error()
-                }
-            })
-            .map_err(Err)?;
-        self.shared.self_forward_ran(&e, dest);
-        // A self-forward to an async handler is answered by a task.
-        self.shared.spawn_deferred(&mut e);
-        // A self-forward to a plain handler finished right here: its id
-        // leaves the engine's log now, not at the driver's next wake-up
-        // (which only network work brings).
-        self.shared.notify_finished(&mut e);
-        if let Some(r) = e.take_response::<R>(id) {
-            return Err(r);
-        }
-        // Registered under the engine lock, which the driver holds while it
-        // files responses: it cannot miss this call. Nor can its stop
-        // (registered under the waiters' lock, which the exit holds while
-        // it fails the waiting calls).
-        let mut w = self.shared.waiters();
-        if let Some(why) = &w.stopped {
-            let err = driver_stopped(R::NAME, why);
-            drop(w);
-            e.abandon(id);
-            e.count_error();
-            return Err(Err(err));
-        }
-        w.calls.insert(id, tx);
-        Ok(id)
-    }
-
-    /// Sends a one-way request.
-    pub fn call_one_way<R: Rpc>(&self, dest: &Addr, input: &R::Input) -> Result<()> {
-        let mut e = self.shared.try_engine("AsyncEngine::call_one_way")?;
-        self.shared.check_running(R::NAME, &mut e)?;
-        let kept = e.kept_bytes();
-        e.forward_one_way::<R>(dest, input)
-            .inspect_err(|_| e.count_error())?;
-        self.shared.self_forward_ran(&e, dest);
-        // A one-way self-forward to an async handler runs as a task now
-        // (no network event would wake the driver for it).
-        self.shared.spawn_deferred(&mut e);
-        // A spilled input is kept until acknowledged, at most its TTL.
-        self.shared.rearm_if_more_kept(&e, kept);
-        Ok(())
-    }
 }
 
 impl Drop for AsyncEngine {
@@ -956,28 +819,6 @@ struct Waiters {
     /// Set once, when the driver task ends: nothing files responses any
     /// more, so a call fails at once instead of waiting for its timeout.
     stopped: Option<String>,
-}
-
-/// Abandons the call when its future is dropped before it finished.
-struct Abandon<'a> {
-    shared: &'a Shared,
-    id: CallId,
-    armed: bool,
-}
-
-impl Drop for Abandon<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let mut e = self.shared.engine();
-            self.shared.waiters().calls.remove(&self.id);
-            e.abandon(self.id);
-            if e.next_expiry().is_some() {
-                // Kept (its target may still pull the input): the driver
-                // must wake for its TTL.
-                self.shared.rearm.notify_one();
-            }
-        }
-    }
 }
 
 /// The longest [`AsyncEngine::drained`] waits between two looks when

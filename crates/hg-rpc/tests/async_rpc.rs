@@ -432,38 +432,20 @@ async fn async_timeouts_count_as_errors() {
 /// A call with a spilled input to a target that takes it and never
 /// answers: after the call timed out, the input stays exposed only for
 /// the abandoned-input TTL, even with no traffic to wake the driver.
-/// A silent target in `dir`: accepts connections, reads nothing, stays
-/// alive (progressed by its own thread until `stop` is set).
-struct SilentTarget {
-    uri: String,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl SilentTarget {
-    fn start(dir: &std::path::Path) -> SilentTarget {
-        let (mut x, xid) = common::endpoint(dir, true);
-        let uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stop_x = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
-                x.progress(Some(Duration::from_millis(10))).unwrap();
-            }
-        });
-        SilentTarget { uri, stop, thread }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-idle-sweep");
-    let SilentTarget {
-        uri: x_uri,
-        stop,
-        thread: target,
-    } = SilentTarget::start(&dir);
+    // A silent target: accepts the connection, reads nothing, stays alive.
+    let (mut x, xid) = common::endpoint(&dir, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_x = stop.clone();
+    let target = std::thread::spawn(move || {
+        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
+            x.progress(Some(Duration::from_millis(10))).unwrap();
+        }
+    });
     let (ep, id) = common::endpoint(&dir, false);
     let mut e = Engine::new(ep, id).unwrap();
     e.set_abandoned_input_ttl(Duration::from_millis(300));
@@ -1230,25 +1212,18 @@ fn gated_pair(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_refused_for_held_inputs_waits_for_room() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let dir = common::dir("async-room");
-    let SilentTarget {
-        uri: x_uri,
-        stop,
-        thread: target,
-    } = SilentTarget::start(&dir);
-    let live = common::async_engine(&dir, true);
-    live.register::<Echo>(Ok).unwrap();
-    let (ep, id) = common::endpoint(&dir, false);
-    let mut e = Engine::new(ep, id).unwrap();
-    e.set_abandoned_input_ttl(Duration::from_millis(500));
-    e.set_max_abandoned_bytes(100 << 10);
-    let engine = AsyncEngine::spawn(e).unwrap();
-    let s = engine.lookup(&x_uri).await.unwrap();
-    let to_live = engine.lookup(&live.self_addr().to_string()).await.unwrap();
-    let big = vec![7u8; 64 << 10];
-    let r = engine.call::<Echo>(&s, &big, Duration::from_millis(100)).await;
-    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
-    assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
+    // Bound whole: a field left out would be dropped here (the live
+    // engine, the socket directory).
+    let Held {
+        engine,
+        s,
+        live: _live,
+        to_live,
+        records: _,
+        big,
+        silent,
+        _dir,
+    } = held_input("async-room", Duration::from_millis(500)).await;
     // No room before the TTL: a short call gives up with the reason.
     let errors = engine.stats().errors;
     let r = engine
@@ -1289,6 +1264,167 @@ async fn a_call_refused_for_held_inputs_waits_for_room() {
         .expect("the wait ended")
         .unwrap();
     assert!(matches!(r, Err(RpcError::DriverStopped { .. })), "{r:?}");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    target.join().unwrap();
+    drop(silent);
+}
+
+/// An engine whose inputs held for abandoned calls leave no room for
+/// another spilled input (`big`): a call to a silent target `s` (it takes
+/// the connection, reads nothing, stays alive) was given up on, and its
+/// input is kept until its TTL (`ttl`) ends; the bound is 100 KiB, `big`
+/// 64 KiB. `live` answers `Echo` and counts the `RecordBlob`s it gets.
+struct Held {
+    engine: AsyncEngine,
+    s: na_core::Addr,
+    live: AsyncEngine,
+    to_live: na_core::Addr,
+    records: Arc<std::sync::atomic::AtomicUsize>,
+    big: Vec<u8>,
+    silent: Silent,
+    _dir: TestDir,
+}
+
+/// The silent target's thread, stopped when dropped.
+struct Silent(
+    Arc<std::sync::atomic::AtomicBool>,
+    Option<std::thread::JoinHandle<()>>,
+);
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.1.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn held_input(tag: &str, ttl: Duration) -> Held {
+    let dir = common::dir(tag);
+    let (mut x, xid) = common::endpoint(&dir, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_x = stop.clone();
+    let target = std::thread::spawn(move || {
+        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
+            x.progress(Some(Duration::from_millis(10))).unwrap();
+        }
+    });
+    let silent = Silent(stop, Some(target));
+    let live = common::async_engine(&dir, true);
+    live.register::<Echo>(Ok).unwrap();
+    let records = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = records.clone();
+    live.register::<RecordBlob>(move |_| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    let (ep, id) = common::endpoint(&dir, false);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.set_abandoned_input_ttl(ttl);
+    e.set_max_abandoned_bytes(100 << 10);
+    let engine = AsyncEngine::spawn(e).unwrap();
+    let s = engine.lookup(&x_uri).await.unwrap();
+    let to_live = engine.lookup(&live.self_addr().to_string()).await.unwrap();
+    let big = vec![7u8; 64 << 10];
+    let r = engine.call::<Echo>(&s, &big, Duration::from_millis(100)).await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
+    Held {
+        engine,
+        s,
+        live,
+        to_live,
+        records,
+        big,
+        silent,
+        _dir: dir,
+    }
+}
+
+/// A one-way call whose spilled input finds no room (see [`held_input`]):
+/// `call_one_way` refuses it at once, `call_one_way_within` waits for
+/// room within its timeout (`InputsHeld` if none came, not a send), woken
+/// when the TTL gives the held input back, and the request then reaches
+/// the target. A wait dropped before room came (a call's or a one-way
+/// call's) leaves nothing behind: no call in flight, no error counted, and
+/// nothing sent once room comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_way_call_waits_for_room_and_a_dropped_wait_leaves_nothing() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Held {
+        engine,
+        s,
+        live: _live,
+        to_live,
+        records,
+        big,
+        silent: _silent,
+        _dir,
+    } = held_input("async-room-1w", Duration::from_millis(1500)).await;
+    let r = engine.call_one_way::<RecordBlob>(&to_live, &big);
+    assert!(matches!(r, Err(RpcError::InputsHeld { .. })), "{r:?}");
+    let errors = engine.stats().errors;
+    let r = engine
+        .call_one_way_within::<RecordBlob>(&to_live, &big, Duration::from_millis(50))
+        .await;
+    assert!(matches!(r, Err(RpcError::InputsHeld { .. })), "{r:?}");
+    assert_eq!(engine.stats().errors, errors + 1, "counted once");
+    // Dropped while they wait: nothing in flight, the kept input alone.
+    let call = engine.call::<Echo>(&to_live, &big, T);
+    let r = tokio::time::timeout(Duration::from_millis(50), call).await;
+    assert!(r.is_err(), "the call did not wait: {r:?}");
+    let one_way = engine.call_one_way_within::<RecordBlob>(&to_live, &big, T);
+    let r = tokio::time::timeout(Duration::from_millis(50), one_way).await;
+    assert!(r.is_err(), "the one-way call did not wait: {r:?}");
+    let st = engine.stats();
+    assert_eq!(
+        (st.in_flight, st.abandoned_inputs, st.errors),
+        (0, 1, errors + 1),
+        "{st:?}"
+    );
+    // Room comes with the TTL (1.5 s, swept within a second): a waiting
+    // one-way call is sent, and the target gets it (and only it).
+    let refused = st.inputs_refused;
+    let r = engine.call_one_way_within::<RecordBlob>(&to_live, &big, T).await;
+    assert!(r.is_ok(), "{r:?}");
+    let st = engine.stats();
+    assert!(
+        st.inputs_refused <= refused + 5,
+        "it polled instead of waiting: {st:?}"
+    );
+    let end = Instant::now() + T;
+    while records.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < end, "the one-way call never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        records.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a dropped wait sent its request"
+    );
+    let st = engine.stats();
+    assert_eq!(st.errors, errors + 1, "{st:?}");
+    // A wait for room ends when the driver stops, with its error: the
+    // silent target now holds a one-way input it never acknowledges.
+    engine.call_one_way::<RecordBlob>(&s, &big).unwrap();
+    let engine = Arc::new(engine);
+    let waiting = {
+        let engine = engine.clone();
+        let (to_live, big) = (to_live.clone(), big.clone());
+        tokio::spawn(async move {
+            engine
+                .call_one_way_within::<RecordBlob>(&to_live, &big, 3 * T)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "no room: it waits");
+    engine.shutdown().unwrap();
+    let r = tokio::time::timeout(T, waiting)
+        .await
+        .expect("the wait ended")
+        .unwrap();
+    assert!(matches!(r, Err(RpcError::DriverStopped { .. })), "{r:?}");
 }
