@@ -486,6 +486,10 @@ pub struct Engine<C: Codec = Postcard> {
     /// calls answered behind it pile up, at an amortized cost of one
     /// visit per entry).
     abandoned_compact_at: usize,
+    /// Entries of `abandoned_order` the sweeps looked at, in all: what the
+    /// abandoned-input TTL costs, which follows the inputs kept and
+    /// dropped, not the calls in flight (a counter for tests).
+    abandoned_visits: u64,
     abandoned_ttl: Duration,
     /// Bytes of the spilled inputs of abandoned calls, and their bound.
     abandoned_bytes: u64,
@@ -573,6 +577,7 @@ impl<C: Codec> Engine<C> {
             last_sweep: Instant::now(),
             abandoned_order: VecDeque::new(),
             abandoned_compact_at: MIN_COMPACT,
+            abandoned_visits: 0,
             abandoned_ttl: ABANDONED_INPUT_TTL,
             abandoned_bytes: 0,
             max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,
@@ -927,7 +932,8 @@ impl<C: Codec> Engine<C> {
     /// neither answers nor goes away; default [`ABANDONED_INPUT_TTL`].
     /// After it the call is forgotten and the input dropped, its seal
     /// broken first: a target that pulls it later gets an error, never
-    /// other data.
+    /// other data. A new TTL applies to the inputs kept already too,
+    /// counted from when each call was given up on.
     pub fn set_abandoned_input_ttl(&mut self, ttl: Duration) {
         self.abandoned_ttl = ttl;
     }

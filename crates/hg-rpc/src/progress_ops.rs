@@ -133,6 +133,13 @@ impl<C: Codec> Engine<C> {
         self.abandoned_order.len()
     }
 
+    /// Entries of abandoned calls the TTL sweeps looked at since the
+    /// engine was made (for tests of their cost; not a stable API).
+    #[doc(hidden)]
+    pub fn abandoned_visits(&self) -> u64 {
+        self.abandoned_visits
+    }
+
     /// Handles every completion that is ready: runs handlers for requests
     /// and sends their responses; files responses for their calls. Returns
     /// how many completions it handled.
@@ -235,6 +242,7 @@ impl<C: Codec> Engine<C> {
         // within its TTL, so a sweep costs the entries it drops, not the
         // calls in flight.
         while let Some(&(at, cookie)) = self.abandoned_order.front() {
+            self.abandoned_visits += 1;
             let live = self.calls.get(cookie).is_some_and(|c| c.abandoned == Some(at));
             if live && at.elapsed() < ttl {
                 break;
@@ -255,6 +263,7 @@ impl<C: Codec> Engine<C> {
             expired += 1;
         }
         if self.abandoned_order.len() > self.abandoned_compact_at {
+            self.abandoned_visits += self.abandoned_order.len() as u64;
             let calls = &self.calls;
             self.abandoned_order
                 .retain(|&(at, cookie)| calls.get(cookie).is_some_and(|c| c.abandoned == Some(at)));

@@ -1,0 +1,107 @@
+//! What an origin keeps for its calls, and what that costs: the inputs of
+//! calls it gave up on, kept for the abandoned-input TTL (their sweep
+//! reads them in the order they were given up on, not the call table).
+//! Real sm plugins.
+
+use std::time::{Duration, Instant};
+
+use hg_rpc::Engine;
+use na_core::{Addr, Endpoint, PluginId};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+mod common;
+use common::{client, dir, endpoint, take_request, TestDir};
+
+const T: Duration = Duration::from_secs(10);
+
+/// Drives `c` for `d`.
+fn pump(c: &mut Engine, d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    }
+}
+
+/// A client `c` and a target `s` that takes the connection, never
+/// answers, and takes (reads) only what a test makes it take (`x`).
+fn silent_target(d: &TestDir) -> (Endpoint, PluginId, Engine, Addr) {
+    let (x, xid) = endpoint(d, true);
+    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+    let mut c = client(d);
+    let s = c.endpoint().lookup(&x_uri).unwrap();
+    (x, xid, c, s)
+}
+
+/// With one abandoned input kept for its TTL and 2,000 calls in flight,
+/// the TTL's sweeps (once a second) look at the kept input only, not at
+/// every call: their cost follows what they keep and drop. (With the
+/// call table scanned, each sweep looked at all 2,001 calls.)
+#[test]
+fn the_ttl_sweep_looks_at_the_inputs_kept_not_at_the_calls_in_flight() {
+    let d = dir("ttl-cost");
+    let (mut x, xid, mut c, s) = silent_target(&d);
+    let ttl = Duration::from_secs(4);
+    c.set_abandoned_input_ttl(ttl);
+    let kept = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    let before = Instant::now();
+    c.abandon(kept);
+    let kept_at = Instant::now();
+    for i in 0..2000u64 {
+        c.forward::<Add>(&s, &(i, 1)).unwrap();
+    }
+    // Two sweeps at least, within the TTL.
+    pump(&mut c, Duration::from_millis(2300));
+    let st = c.stats();
+    if kept_at.elapsed() < ttl {
+        assert_eq!((st.abandoned_inputs, st.in_flight), (1, 2000), "{st:?}");
+    }
+    assert!(
+        c.abandoned_visits() <= 4,
+        "the sweeps looked at {} entries for one input kept",
+        c.abandoned_visits()
+    );
+    let next = c.next_expiry().expect("an input is kept");
+    assert!(
+        next >= before + ttl && next <= kept_at + ttl + Duration::from_secs(2),
+        "the next expiry is not the kept input's"
+    );
+}
+
+/// The TTL is one value for every abandoned input, read when the sweep
+/// looks: set while inputs are kept, it applies to them, longer or
+/// shorter (their order, the order they were given up on, stays the
+/// order they expire in).
+#[test]
+fn a_ttl_set_while_inputs_are_kept_applies_to_them() {
+    let d = dir("ttl-set");
+    let (mut x, xid, mut c, s) = silent_target(&d);
+    c.set_abandoned_input_ttl(Duration::from_millis(300));
+    let kept = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    let before = Instant::now();
+    c.abandon(kept);
+    // Longer: not dropped at the TTL it was given up under.
+    c.set_abandoned_input_ttl(Duration::from_secs(60));
+    pump(&mut c, Duration::from_millis(1300));
+    assert_eq!(c.stats().abandoned_inputs, 1, "dropped at the old TTL");
+    let next = c.next_expiry().expect("an input is kept");
+    assert!(next >= before + Duration::from_secs(60), "woken for the old TTL");
+    // Shorter: dropped at the next sweep.
+    c.set_abandoned_input_ttl(Duration::from_millis(100));
+    let next = c.next_expiry().expect("an input is kept");
+    assert!(
+        next <= Instant::now() + Duration::from_millis(1100),
+        "not woken for the new TTL"
+    );
+    let end = Instant::now() + T;
+    while c.stats().abandoned_inputs > 0 {
+        assert!(Instant::now() < end, "kept past the new TTL");
+        pump(&mut c, Duration::from_millis(20));
+    }
+    assert_eq!(c.next_expiry(), None, "nothing kept, nothing to wake for");
+}
