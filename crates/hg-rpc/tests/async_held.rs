@@ -94,37 +94,14 @@ struct Held {
     to_live: na_core::Addr,
     records: Arc<std::sync::atomic::AtomicUsize>,
     big: Vec<u8>,
-    silent: Silent,
+    silent: common::SilentTarget,
     _dir: TestDir,
-}
-
-/// The silent target's thread, stopped when dropped.
-struct Silent(
-    Arc<std::sync::atomic::AtomicBool>,
-    Option<std::thread::JoinHandle<()>>,
-);
-
-impl Drop for Silent {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.1.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 async fn held_input(tag: &str, ttl: Duration) -> Held {
     let dir = common::dir(tag);
-    let (mut x, xid) = common::endpoint(&dir, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop_x = stop.clone();
-    let target = std::thread::spawn(move || {
-        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
-            x.progress(Some(Duration::from_millis(10))).unwrap();
-        }
-    });
-    let silent = Silent(stop, Some(target));
+    let silent = common::SilentTarget::start(&dir);
+    let x_uri = silent.uri.clone();
     let live = common::async_engine(&dir, true);
     live.register::<Echo>(Ok).unwrap();
     let records = Arc::new(std::sync::atomic::AtomicUsize::new(0));

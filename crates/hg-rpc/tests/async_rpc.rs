@@ -436,21 +436,12 @@ async fn async_timeouts_count_as_errors() {
 async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let dir = common::dir("async-idle-sweep");
-    // A silent target: accepts the connection, reads nothing, stays alive.
-    let (mut x, xid) = common::endpoint(&dir, true);
-    let x_uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop_x = stop.clone();
-    let target = std::thread::spawn(move || {
-        while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
-            x.progress(Some(Duration::from_millis(10))).unwrap();
-        }
-    });
+    let silent = common::SilentTarget::start(&dir);
     let (ep, id) = common::endpoint(&dir, false);
     let mut e = Engine::new(ep, id).unwrap();
     e.set_abandoned_input_ttl(Duration::from_millis(300));
     let engine = AsyncEngine::spawn(e).unwrap();
-    let s = engine.lookup(&x_uri).await.unwrap();
+    let s = engine.lookup(&silent.uri).await.unwrap();
     let r = engine
         .call::<Echo>(&s, &vec![7u8; 64 << 10], Duration::from_millis(100))
         .await;
@@ -466,8 +457,7 @@ async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let stats = engine.stats();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    target.join().unwrap();
+    drop(silent);
     assert_eq!(
         stats.abandoned_inputs, 0,
         "one-way input kept while idle: {stats:?}"

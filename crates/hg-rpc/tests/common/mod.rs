@@ -304,3 +304,44 @@ pub fn raw_target_and_client(
     let s = c.endpoint().lookup(&x_uri).unwrap();
     (x, xid, c, s)
 }
+
+/// A silent target in a socket directory: a listening sm endpoint that
+/// accepts connections, reads nothing and stays alive, progressed by its
+/// own thread until dropped (a failure of that thread then fails the test).
+pub struct SilentTarget {
+    /// Its NA address.
+    pub uri: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SilentTarget {
+    /// Starts one in `dir`.
+    pub fn start(dir: &std::path::Path) -> SilentTarget {
+        let (mut x, xid) = endpoint(dir, true);
+        let uri = x.plugin(xid).unwrap().self_addr().uri().to_owned();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_x = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stop_x.load(std::sync::atomic::Ordering::Relaxed) {
+                x.progress(Some(std::time::Duration::from_millis(10))).unwrap();
+            }
+        });
+        SilentTarget {
+            uri,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for SilentTarget {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() && !std::thread::panicking() {
+                panic!("the silent target's thread failed (its panic is printed above)");
+            }
+        }
+    }
+}
