@@ -372,10 +372,12 @@ pub struct RpcStats {
     /// 0 for an engine driven through the blocking API.
     pub driver_sleeps: u64,
     /// Slots of the call table, used or not: its memory grows with the
-    /// most calls ever in flight at once, and is given back when the table
-    /// empties and the engine goes idle ([`Engine::try_wait`] says it may
-    /// sleep; an [`AsyncEngine`](crate::AsyncEngine)'s driver asks before
-    /// each sleep).
+    /// most calls ever in flight at once, and is given back after a burst,
+    /// down to 1,024 slots, when the engine goes idle ([`Engine::try_wait`]
+    /// says it may sleep; an [`AsyncEngine`](crate::AsyncEngine)'s driver
+    /// asks before each sleep) with at most a quarter of them used: all
+    /// at once if none is, else half at a time, each half once the calls
+    /// in it have ended (a call keeps its slot).
     pub call_slots: u64,
     /// Bytes of the byte buffers the engine keeps between calls for
     /// encoding, receiving and pulling (its scratch, receive buffer and

@@ -40,7 +40,7 @@ impl<C: Codec> Engine<C> {
         if idle {
             // About to sleep: the moment to give back what a burst of
             // calls in flight left (not on the busy path).
-            self.calls.shrink_if_empty();
+            self.calls.shrink();
         }
         Ok(idle)
     }
