@@ -492,6 +492,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// abandoned-input TTL costs, which follows the inputs kept and
     /// dropped, not the calls in flight (a counter for tests).
     abandoned_visits: u64,
+    /// Entries of `abandoned_order` that `next_expiry` looked at, in all:
+    /// one per ask while inputs are kept, not the calls in flight (a
+    /// counter for tests; atomic only to be counted through `&self`, by a
+    /// relaxed load and store: never contended).
+    expiry_visits: AtomicU64,
     abandoned_ttl: Duration,
     /// Bytes of the spilled inputs of abandoned calls, and their bound.
     abandoned_bytes: u64,
@@ -580,6 +585,7 @@ impl<C: Codec> Engine<C> {
             abandoned_order: VecDeque::new(),
             abandoned_compact_at: MIN_COMPACT,
             abandoned_visits: 0,
+            expiry_visits: AtomicU64::new(0),
             abandoned_ttl: ABANDONED_INPUT_TTL,
             abandoned_bytes: 0,
             max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::Engine;
+use hg_rpc::{Engine, ABANDONED_INPUT_TTL};
 use na_core::{Addr, Endpoint, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -70,6 +70,40 @@ fn the_ttl_sweep_looks_at_the_inputs_kept_not_at_the_calls_in_flight() {
         next >= before + ttl && next <= kept_at + ttl + Duration::from_secs(2),
         "the next expiry is not the kept input's"
     );
+}
+
+/// `next_expiry`, asked at every wait (`progress`) and before every
+/// driver sleep, reads the oldest abandonment only: with one input kept
+/// and 2,000 calls in flight, one entry per ask, not every call. (With
+/// the call table scanned, each ask looked at all 2,001 calls.)
+#[test]
+fn next_expiry_looks_at_the_oldest_input_kept_not_at_the_calls_in_flight() {
+    let d = dir("expiry-cost");
+    let (mut x, xid, mut c, s) = silent_target(&d);
+    let kept = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    let before = Instant::now();
+    c.abandon(kept);
+    for i in 0..2000u64 {
+        c.forward::<Add>(&s, &(i, 1)).unwrap();
+    }
+    let looked = c.expiry_visits();
+    let mut asks = 0u64;
+    for _ in 0..200 {
+        // `progress` asks once, unless work is waiting; and once here.
+        c.progress(Some(Duration::from_millis(1))).unwrap();
+        c.trigger().unwrap();
+        let next = c.next_expiry().expect("an input is kept");
+        assert!(next >= before + ABANDONED_INPUT_TTL, "not the kept input's TTL");
+        asks += 2;
+    }
+    let looked = c.expiry_visits() - looked;
+    assert!(
+        looked <= asks,
+        "next_expiry looked at {looked} entries in {asks} asks with 2,000 calls in flight"
+    );
+    let st = c.stats();
+    assert_eq!((st.abandoned_inputs, st.in_flight), (1, 2000), "{st:?}");
 }
 
 /// The TTL is one value for every abandoned input, read when the sweep
