@@ -5,21 +5,32 @@
 //! compare, not a hash lookup, and a late or forged response whose cookie
 //! names a reused slot does not match the slot's new call. Freed slots are
 //! reused newest first (their memory is likely still in cache).
+//!
+//! A call keeps its slot (its index is in the cookie the peer echoes), so
+//! the memory of a burst comes back from the top: once the table is
+//! mostly empty, the slots of its upper half are no longer reused as they
+//! free up, and go when all have (see [`CallTable::shrink`]).
 
 /// Calls (or anything) by cookie.
 pub(crate) struct CallTable<T> {
     slots: Vec<Slot<T>>,
-    /// Indices of empty slots; the last is reused first.
+    /// Indices of empty slots below `limit`; the last is reused first.
     free: Vec<u32>,
-    /// The highest generation of any slot given back by
-    /// [`shrink_if_empty`](CallTable::shrink_if_empty): a slot made again
-    /// starts above it, so no cookie of a call before the shrink (a late
-    /// or forged response) matches a call after it.
+    /// While the table gives its upper slots back ([`shrink`](Self::shrink)):
+    /// the first of them, which are not reused when they free up;
+    /// `usize::MAX` otherwise.
+    limit: usize,
+    /// Empty slots at or above `limit` (so not in `free`): once every
+    /// slot there is, they are given back.
+    holes: usize,
+    /// The highest generation of any slot given back: a slot made again
+    /// starts above it, so no cookie of a call before (a late or forged
+    /// response) matches a call after it.
     gen_floor: u32,
 }
 
-/// Slots a table keeps when it empties; past this it gives the memory of
-/// a burst back ([`CallTable::shrink_if_empty`]).
+/// Slots a table keeps; past this it gives the memory of a burst back
+/// ([`CallTable::shrink`]).
 pub(crate) const KEEP_SLOTS: usize = 1024;
 
 struct Slot<T> {
@@ -44,6 +55,8 @@ impl<T> Default for CallTable<T> {
         CallTable {
             slots: Vec::new(),
             free: Vec::new(),
+            limit: usize::MAX,
+            holes: 0,
             gen_floor: 0,
         }
     }
@@ -61,13 +74,10 @@ impl<T> CallTable<T> {
     /// Stores `value`; returns its cookie.
     #[inline]
     pub fn insert(&mut self, value: T) -> u64 {
-        let index = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(Slot {
-                gen: self.gen_floor,
-                value: None,
-            });
-            (self.slots.len() - 1) as u32
-        });
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => self.grow(),
+        };
         let slot = &mut self.slots[index as usize];
         slot.gen = next_gen(slot.gen);
         slot.value = Some(value);
@@ -101,7 +111,7 @@ impl<T> CallTable<T> {
             return None;
         }
         let value = slot.value.take();
-        self.free.push(i as u32);
+        self.release(i);
         value
     }
 
@@ -109,8 +119,59 @@ impl<T> CallTable<T> {
     pub fn remove(&mut self, cookie: u64) -> Option<T> {
         let i = self.slot_of(cookie)?;
         let value = self.slots[i].value.take()?;
-        self.free.push(i as u32);
+        self.release(i);
         Some(value)
+    }
+
+    /// Slot `i` was emptied: reused, unless it is one of those the table
+    /// gives back.
+    #[inline(always)]
+    fn release(&mut self, i: usize) {
+        if i < self.limit {
+            self.free.push(i as u32);
+        } else {
+            self.release_upper();
+        }
+    }
+
+    /// One more upper slot is empty (given back by the next
+    /// [`shrink`](Self::shrink) once all are: not on the call's path).
+    #[cold]
+    #[inline(never)]
+    fn release_upper(&mut self) {
+        self.holes += 1;
+    }
+
+    /// A new slot, at the end (as [`next_cookie`](Self::next_cookie) says).
+    /// With none free below `limit` the table no longer shrinks: its upper
+    /// slots are reused again.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) -> u32 {
+        if self.limit != usize::MAX {
+            for i in self.limit..self.slots.len() {
+                if self.slots[i].value.is_none() {
+                    self.free.push(i as u32);
+                }
+            }
+            (self.limit, self.holes) = (usize::MAX, 0);
+        }
+        self.slots.push(Slot {
+            gen: self.gen_floor,
+            value: None,
+        });
+        (self.slots.len() - 1) as u32
+    }
+
+    /// Gives back the slots from `len` on, all empty and none in `free`;
+    /// their generations raise the floor.
+    fn truncate_to(&mut self, len: usize) {
+        let top = self.slots[len..].iter().map(|s| s.gen).max().unwrap_or(0);
+        self.gen_floor = self.gen_floor.max(top);
+        self.slots.truncate(len);
+        self.slots.shrink_to_fit();
+        self.free.shrink_to_fit();
+        (self.limit, self.holes) = (usize::MAX, 0);
     }
 
     /// Every value with its cookie.
@@ -122,8 +183,9 @@ impl<T> CallTable<T> {
     }
 
     /// Number of values stored.
+    #[inline]
     pub fn len(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.slots.len() - self.free.len() - self.holes
     }
 
     /// Slots the table holds, used or not (its memory).
@@ -131,18 +193,41 @@ impl<T> CallTable<T> {
         self.slots.len()
     }
 
-    /// Gives the slots back when the table is empty and holds more than
-    /// [`KEEP_SLOTS`] (after a burst of calls in flight); a no-op
-    /// otherwise, in two compares. Cookies stay unique: the generations
-    /// given back raise the floor new slots start from.
-    pub fn shrink_if_empty(&mut self) {
-        if self.slots.len() <= KEEP_SLOTS || self.free.len() != self.slots.len() {
+    /// Gives memory back after a burst, at a moment with nothing else to
+    /// do (the engine about to sleep); a no-op in a few compares unless the
+    /// table holds more than [`KEEP_SLOTS`] and at most a quarter of them
+    /// are used. An empty table gives every slot back at once. Otherwise
+    /// its upper half (above [`KEEP_SLOTS`]) is no longer reused as calls
+    /// there end, and is given back by the first call of this after the
+    /// last has; calls in between take slots below. If those run out
+    /// first (the calls in flight doubled), the upper slots are reused
+    /// again, and a later call of this tries anew. Each step costs at most
+    /// the slots it looks at, paid for by the calls that made them;
+    /// cookies stay unique: the generations given back raise the floor
+    /// new slots start from.
+    pub fn shrink(&mut self) {
+        let cap = self.slots.len();
+        if self.limit != usize::MAX {
+            if self.holes == cap - self.limit {
+                self.truncate_to(self.limit);
+            }
             return;
         }
-        let top = self.slots.iter().map(|s| s.gen).max().unwrap_or(0);
-        self.gen_floor = self.gen_floor.max(top);
-        self.slots = Vec::new();
-        self.free = Vec::new();
+        if cap <= KEEP_SLOTS || self.len() * 4 > cap {
+            return;
+        }
+        if self.len() == 0 {
+            self.free = Vec::new();
+            self.truncate_to(0);
+            return;
+        }
+        let limit = (cap / 2).max(KEEP_SLOTS);
+        let free = self.free.len();
+        self.free.retain(|&i| (i as usize) < limit);
+        (self.limit, self.holes) = (limit, free - self.free.len());
+        if self.holes == cap - limit {
+            self.truncate_to(limit);
+        }
     }
 }
 
@@ -193,12 +278,12 @@ mod tests {
             t.remove(k);
         }
         let reused: Vec<u64> = (0..10).map(|i| t.insert(100_000 + i)).collect();
-        t.shrink_if_empty();
+        t.shrink();
         assert_eq!(t.capacity(), 3 * KEEP_SLOTS, "not empty: kept");
         for &k in old[10..].iter().chain(&reused) {
             t.remove(k);
         }
-        t.shrink_if_empty();
+        t.shrink();
         assert_eq!(
             (t.capacity(), t.len()),
             (0, 0),
@@ -214,8 +299,159 @@ mod tests {
         for k in new {
             t.remove(k);
         }
-        t.shrink_if_empty();
+        t.shrink();
         assert_eq!(t.capacity(), 20);
+    }
+
+    /// Index of `cookie`'s slot.
+    fn index(cookie: u64) -> usize {
+        cookie as u32 as usize
+    }
+
+    /// Inserts `value`, checking that `next_cookie` said its cookie.
+    fn put(t: &mut CallTable<u32>, value: u32) -> u64 {
+        let said = t.next_cookie();
+        let k = t.insert(value);
+        assert_eq!(k, said, "next_cookie and insert differ");
+        k
+    }
+
+    #[test]
+    fn a_mostly_empty_table_gives_its_upper_half_back_once_the_calls_there_end() {
+        const N: usize = 4 * KEEP_SLOTS;
+        let mut t = CallTable::default();
+        let old: Vec<u64> = (0..N as u32).map(|i| put(&mut t, i)).collect();
+        let (low, high) = (old[5], old[N - 10]);
+        for &k in &old {
+            if k != low && k != high {
+                t.remove(k);
+            }
+        }
+        t.shrink();
+        // A call in the upper half holds it: nothing given back yet.
+        assert_eq!((t.capacity(), t.len()), (N, 2));
+        t.shrink();
+        assert_eq!((t.capacity(), t.len()), (N, 2), "a second call changes nothing");
+        let mid: Vec<u64> = (0..100).map(|i| put(&mut t, 10_000 + i)).collect();
+        assert!(mid.iter().all(|&k| index(k) < N / 2), "an upper slot reused");
+        assert_eq!(t.len(), 102);
+        assert_eq!(t.remove(high), Some(N as u32 - 10));
+        assert_eq!((t.capacity(), t.len()), (N, 101), "given back on a call's path");
+        t.shrink();
+        assert_eq!((t.capacity(), t.len()), (N / 2, 101), "the upper half given back");
+        assert_eq!(t.get(low), Some(&5));
+        assert_eq!(t.get(mid[7]), Some(&10_007));
+        // Grown again over the slots given back: no cookie matches an old
+        // call's, nor is given twice.
+        let new: Vec<u64> = (0..(N - 101) as u32).map(|i| put(&mut t, 20_000 + i)).collect();
+        assert_eq!((t.capacity(), t.len()), (N, N));
+        let mut seen = std::collections::HashSet::new();
+        for &k in old.iter().filter(|&&k| k != low) {
+            assert_eq!(t.get(k), None, "an old cookie {k:#x} matches a new call");
+            seen.insert(k);
+        }
+        for &k in mid.iter().chain(&new).chain([&low]) {
+            assert!(seen.insert(k), "cookie {k:#x} given twice");
+        }
+        // Emptied: all given back at once.
+        for k in mid.into_iter().chain(new).chain([low]) {
+            assert!(t.remove(k).is_some());
+        }
+        t.shrink();
+        assert_eq!((t.capacity(), t.len()), (0, 0));
+        let k = put(&mut t, 1);
+        assert!(!seen.contains(&k), "cookie {k:#x} given again after emptying");
+    }
+
+    #[test]
+    fn a_table_that_fills_up_while_it_shrinks_reuses_its_upper_slots() {
+        const N: usize = 4 * KEEP_SLOTS;
+        let mut t = CallTable::default();
+        let old: Vec<u64> = (0..N as u32).map(|i| put(&mut t, i)).collect();
+        for &k in &old[..N - 1] {
+            t.remove(k);
+        }
+        t.shrink();
+        assert_eq!((t.capacity(), t.len()), (N, 1));
+        // Every slot below the upper half taken, then one more call: the
+        // table grows, and the upper slots serve again.
+        let below: Vec<u64> = (0..(N / 2) as u32).map(|i| put(&mut t, i)).collect();
+        assert!(below.iter().all(|&k| index(k) < N / 2));
+        let grown = put(&mut t, 7);
+        assert_eq!((index(grown), t.capacity(), t.len()), (N, N + 1, N / 2 + 2));
+        let upper: Vec<u64> = (0..(N / 2 - 1) as u32).map(|i| put(&mut t, i)).collect();
+        assert!(upper.iter().all(|&k| (N / 2..N - 1).contains(&index(k))));
+        assert_eq!((t.capacity(), t.len()), (N + 1, N + 1));
+        for k in below.into_iter().chain(upper).chain([grown, old[N - 1]]) {
+            assert!(t.remove(k).is_some());
+        }
+        assert_eq!(t.len(), 0);
+        t.shrink();
+        assert_eq!(t.capacity(), 0);
+    }
+
+    /// Bursts up and down with `shrink` between (and at random in the
+    /// middle of the calls' ends), against a model: every value stays
+    /// under its cookie, `len` counts them, no cookie is given twice, and
+    /// memory does come back while calls are in flight.
+    #[test]
+    fn bursts_with_shrinks_between_keep_every_call_and_cookie() {
+        let mut t = CallTable::default();
+        let mut live: Vec<(u64, u32)> = Vec::new();
+        let mut given = std::collections::HashSet::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        let (mut value, mut shrunk_in_flight) = (0u32, 0);
+        for _ in 0..40 {
+            let high = next(6 * KEEP_SLOTS);
+            let low = next(40);
+            while live.len() < high {
+                value += 1;
+                let k = put(&mut t, value);
+                assert!(given.insert(k), "cookie {k:#x} given twice");
+                live.push((k, value));
+            }
+            while live.len() > low {
+                let (k, v) = live.swap_remove(next(live.len()));
+                assert_eq!(t.remove(k), Some(v));
+                assert_eq!(t.get(k), None);
+                if next(64) == 0 {
+                    let cap = t.capacity();
+                    t.shrink();
+                    if t.capacity() < cap && !live.is_empty() {
+                        shrunk_in_flight += 1;
+                    }
+                }
+            }
+            // Idle; then, mostly, the calls left end one by one, each
+            // followed by a new one (a long poll, say): the upper half comes
+            // back. Else the next burst finds the table shrinking.
+            t.shrink();
+            let cap = t.capacity();
+            let rearmed = if next(3) == 0 { 0 } else { live.len() };
+            for _ in 0..rearmed {
+                let (k, v) = live.remove(0);
+                assert_eq!(t.remove(k), Some(v));
+                value += 1;
+                let k = put(&mut t, value);
+                assert!(given.insert(k), "cookie {k:#x} given twice");
+                live.push((k, value));
+            }
+            t.shrink();
+            if t.capacity() < cap && !live.is_empty() {
+                shrunk_in_flight += 1;
+            }
+            assert_eq!(t.len(), live.len());
+            for &(k, v) in &live {
+                assert_eq!(t.get(k), Some(&v));
+            }
+        }
+        assert!(shrunk_in_flight > 0, "never shrunk with calls in flight");
     }
 
     #[test]

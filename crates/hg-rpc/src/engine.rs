@@ -372,10 +372,12 @@ pub struct RpcStats {
     /// 0 for an engine driven through the blocking API.
     pub driver_sleeps: u64,
     /// Slots of the call table, used or not: its memory grows with the
-    /// most calls ever in flight at once, and is given back when the table
-    /// empties and the engine goes idle ([`Engine::try_wait`] says it may
-    /// sleep; an [`AsyncEngine`](crate::AsyncEngine)'s driver asks before
-    /// each sleep).
+    /// most calls ever in flight at once, and is given back after a burst,
+    /// down to 1,024 slots, when the engine goes idle ([`Engine::try_wait`]
+    /// says it may sleep; an [`AsyncEngine`](crate::AsyncEngine)'s driver
+    /// asks before each sleep) with at most a quarter of them used: all
+    /// at once if none is, else half at a time, each half once the calls
+    /// in it have ended (a call keeps its slot).
     pub call_slots: u64,
     /// Bytes of the byte buffers the engine keeps between calls for
     /// encoding, receiving and pulling (its scratch, receive buffer and
@@ -490,6 +492,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// abandoned-input TTL costs, which follows the inputs kept and
     /// dropped, not the calls in flight (a counter for tests).
     abandoned_visits: u64,
+    /// Entries of `abandoned_order` that `next_expiry` looked at, in all:
+    /// one per ask while inputs are kept, not the calls in flight (a
+    /// counter for tests; atomic only to be counted through `&self`, by a
+    /// relaxed load and store: never contended).
+    expiry_visits: AtomicU64,
     abandoned_ttl: Duration,
     /// Bytes of the spilled inputs of abandoned calls, and their bound.
     abandoned_bytes: u64,
@@ -578,6 +585,7 @@ impl<C: Codec> Engine<C> {
             abandoned_order: VecDeque::new(),
             abandoned_compact_at: MIN_COMPACT,
             abandoned_visits: 0,
+            expiry_visits: AtomicU64::new(0),
             abandoned_ttl: ABANDONED_INPUT_TTL,
             abandoned_bytes: 0,
             max_abandoned_bytes: DEFAULT_MAX_ABANDONED_BYTES,

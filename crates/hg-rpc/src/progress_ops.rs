@@ -3,6 +3,7 @@
 //! message leads to (`handle`, `take_pulled`), with the sweep of spilled
 //! data kept past its TTL.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use na_core::hint::cold_path;
@@ -40,7 +41,7 @@ impl<C: Codec> Engine<C> {
         if idle {
             // About to sleep: the moment to give back what a burst of
             // calls in flight left (not on the busy path).
-            self.calls.shrink_if_empty();
+            self.calls.shrink();
         }
         Ok(idle)
     }
@@ -109,10 +110,12 @@ impl<C: Codec> Engine<C> {
             .and_then(|t| t.checked_add(self.output_ttl));
         // The oldest abandonment: its call may have ended since, which
         // only makes the wake-up early (the sweep then drops the entry).
-        let inputs = self
-            .abandoned_order
-            .front()
-            .and_then(|&(t, _)| t.checked_add(self.abandoned_ttl));
+        let front = self.abandoned_order.front();
+        if front.is_some() {
+            let v = &self.expiry_visits;
+            v.store(v.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        }
+        let inputs = front.and_then(|&(t, _)| t.checked_add(self.abandoned_ttl));
         let kept = outputs.into_iter().chain(inputs).min().and_then(|next| {
             // `trigger` sweeps once SWEEP_EVERY has passed since the last sweep.
             let sweep = self
@@ -138,6 +141,15 @@ impl<C: Codec> Engine<C> {
     #[doc(hidden)]
     pub fn abandoned_visits(&self) -> u64 {
         self.abandoned_visits
+    }
+
+    /// Entries of abandoned calls [`next_expiry`](Self::next_expiry)
+    /// looked at since the engine was made: one per ask while inputs are
+    /// kept, whatever the calls in flight (for tests of its cost, as it is
+    /// asked at every wait; not a stable API).
+    #[doc(hidden)]
+    pub fn expiry_visits(&self) -> u64 {
+        self.expiry_visits.load(Ordering::Relaxed)
     }
 
     /// Handles every completion that is ready: runs handlers for requests

@@ -2,7 +2,8 @@
 //! for the inputs held for abandoned calls (`RpcError::InputsHeld`, bound
 //! by `Engine::set_max_abandoned_bytes`), `AsyncEngine::call` and
 //! `AsyncEngine::call_one_way_within` wait within their timeout, woken by
-//! the driver when held bytes come back, and end with the driver's stop.
+//! the driver when held bytes come back (a target answers or goes away, a
+//! TTL ends), and end with the driver's stop.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -218,4 +219,103 @@ async fn a_one_way_call_waits_for_room_and_a_dropped_wait_leaves_nothing() {
         .expect("the wait ended")
         .unwrap();
     assert!(matches!(r, Err(RpcError::DriverStopped { .. })), "{r:?}");
+}
+
+/// A wait for room ends when the target of a held input answers, long
+/// before that input's TTL (a minute here): here the target is an async
+/// handler held at a gate, and a call given up on while it waits holds
+/// the room. A call whose wait was dropped first sends nothing once the
+/// room comes: the server handles the given-up call and the waiting one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_room_ends_when_the_held_input_is_answered() {
+    let dir = common::dir("async-room-answer");
+    let server = common::async_engine(&dir, true);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    server
+        .register_async::<Echo, _, _>(move |v| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.map_err(|e| e.to_string())?.forget();
+                Ok(v)
+            }
+        })
+        .unwrap();
+    let (ep, id) = common::endpoint(&dir, false);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.set_abandoned_input_ttl(Duration::from_secs(60));
+    e.set_max_abandoned_bytes(100 << 10);
+    let client = Arc::new(AsyncEngine::spawn(e).unwrap());
+    let to = client.lookup(&server.self_addr().to_string()).await.unwrap();
+    let big = vec![7u8; 64 << 10];
+    // Given up on while its handler waits at the gate: its input is held.
+    let r = client.call::<Echo>(&to, &big, Duration::from_millis(100)).await;
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert_eq!(client.stats().abandoned_inputs, 1, "{:?}", client.stats());
+    let dropped = tokio::time::timeout(Duration::from_millis(50), client.call::<Echo>(&to, &big, T)).await;
+    assert!(dropped.is_err(), "the call did not wait: {dropped:?}");
+    let other = vec![9u8; 64 << 10];
+    let waiting = {
+        let (client, to, other) = (client.clone(), to.clone(), other.clone());
+        tokio::spawn(async move { client.call::<Echo>(&to, &other, T).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "no room: it waits");
+    // The given-up call's handler, then the waiting call's.
+    gate.add_permits(2);
+    let got = tokio::time::timeout(T, waiting)
+        .await
+        .expect("the waiting call did not end")
+        .unwrap();
+    match got {
+        Ok(v) => assert!(v == other, "the echo differs"),
+        Err(e) => panic!("the waiting call: {e}"),
+    }
+    let st = client.stats();
+    assert_eq!(
+        (st.in_flight, st.abandoned_inputs, st.abandoned_bytes),
+        (0, 0, 0),
+        "{st:?}"
+    );
+    assert_eq!(server.stats().handled, 2, "{:?}", server.stats());
+}
+
+/// A wait for room ends when the target of the held input goes away (its
+/// calls fail, and their inputs are let go), long before that input's TTL
+/// (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_room_ends_when_the_target_of_the_held_input_goes_away() {
+    let Held {
+        engine,
+        s: _,
+        live: _live,
+        to_live,
+        records: _,
+        big,
+        silent,
+        _dir,
+    } = held_input("async-room-gone", Duration::from_secs(60)).await;
+    let engine = Arc::new(engine);
+    let waiting = {
+        let (engine, to_live, big) = (engine.clone(), to_live.clone(), big.clone());
+        tokio::spawn(async move { engine.call::<Echo>(&to_live, &big, T).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "no room: it waits");
+    // The target's thread ends, and its endpoint with it.
+    drop(silent);
+    let got = tokio::time::timeout(T, waiting)
+        .await
+        .expect("the waiting call did not end")
+        .unwrap();
+    match got {
+        Ok(v) => assert!(v == big, "the echo differs"),
+        Err(e) => panic!("the waiting call: {e}"),
+    }
+    let st = engine.stats();
+    assert_eq!(
+        (st.in_flight, st.abandoned_inputs, st.abandoned_bytes),
+        (0, 0, 0),
+        "{st:?}"
+    );
 }

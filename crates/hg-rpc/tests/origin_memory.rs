@@ -1,11 +1,11 @@
 //! What an origin keeps for its calls, and what that costs: the inputs of
 //! calls it gave up on, kept for the abandoned-input TTL (their sweep
-//! reads them in the order they were given up on, not the call table).
-//! Real sm plugins.
+//! reads them in the order they were given up on, not the call table),
+//! and the call table's slots after a burst. Real sm plugins.
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::Engine;
+use hg_rpc::{Engine, ABANDONED_INPUT_TTL};
 use na_core::{Addr, Endpoint, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -13,7 +13,7 @@ use na_core::{Addr, Endpoint, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, take_request, TestDir};
+use common::{client, dir, endpoint, take_request, Server, TestDir};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -72,6 +72,40 @@ fn the_ttl_sweep_looks_at_the_inputs_kept_not_at_the_calls_in_flight() {
     );
 }
 
+/// `next_expiry`, asked at every wait (`progress`) and before every
+/// driver sleep, reads the oldest abandonment only: with one input kept
+/// and 2,000 calls in flight, one entry per ask, not every call. (With
+/// the call table scanned, each ask looked at all 2,001 calls.)
+#[test]
+fn next_expiry_looks_at_the_oldest_input_kept_not_at_the_calls_in_flight() {
+    let d = dir("expiry-cost");
+    let (mut x, xid, mut c, s) = silent_target(&d);
+    let kept = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    let before = Instant::now();
+    c.abandon(kept);
+    for i in 0..2000u64 {
+        c.forward::<Add>(&s, &(i, 1)).unwrap();
+    }
+    let looked = c.expiry_visits();
+    let mut asks = 0u64;
+    for _ in 0..200 {
+        // `progress` asks once, unless work is waiting; and once here.
+        c.progress(Some(Duration::from_millis(1))).unwrap();
+        c.trigger().unwrap();
+        let next = c.next_expiry().expect("an input is kept");
+        assert!(next >= before + ABANDONED_INPUT_TTL, "not the kept input's TTL");
+        asks += 2;
+    }
+    let looked = c.expiry_visits() - looked;
+    assert!(
+        looked <= asks,
+        "next_expiry looked at {looked} entries in {asks} asks with 2,000 calls in flight"
+    );
+    let st = c.stats();
+    assert_eq!((st.abandoned_inputs, st.in_flight), (1, 2000), "{st:?}");
+}
+
 /// The TTL is one value for every abandoned input, read when the sweep
 /// looks: set while inputs are kept, it applies to them, longer or
 /// shorter (their order, the order they were given up on, stays the
@@ -104,4 +138,55 @@ fn a_ttl_set_while_inputs_are_kept_applies_to_them() {
         pump(&mut c, Duration::from_millis(20));
     }
     assert_eq!(c.next_expiry(), None, "nothing kept, nothing to wake for");
+}
+
+/// The call table gives back most of the memory of a burst once the engine
+/// goes idle, also while a call stays in flight (a call to a target that
+/// never answers, made before the burst): the slots above the calls left
+/// go, down to `KEEP_SLOTS` (1,024), and the call left and later calls
+/// work, no old id naming one of them.
+#[test]
+fn the_call_table_of_a_burst_shrinks_while_a_call_stays_in_flight() {
+    let d = dir("burst-left");
+    let srv = Server::start(&d);
+    let (_x, _xid, mut c, silent) = silent_target(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let left = c.forward::<Sleep>(&silent, &0).unwrap();
+    let ids: Vec<_> = (0..3000u64)
+        .map(|i| c.forward::<Add>(&s, &(i, 1)).unwrap())
+        .collect();
+    let end = Instant::now() + T;
+    for (i, &id) in ids.iter().enumerate() {
+        while !c.is_finished(id) {
+            assert!(Instant::now() < end, "call {i} did not end");
+            c.progress(Some(Duration::from_millis(10))).unwrap();
+            c.trigger().unwrap();
+        }
+        assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), i as u64 + 1);
+    }
+    assert!(c.stats().call_slots > 3000, "{:?}", c.stats());
+    // Idle, again and again: each time the engine may sleep, the table
+    // gives back what it can.
+    while c.stats().call_slots > 1024 {
+        assert!(Instant::now() < end, "not given back: {:?}", c.stats());
+        if !c.try_wait().unwrap() {
+            c.trigger().unwrap();
+        }
+    }
+    let st = c.stats();
+    assert_eq!((st.call_slots, st.in_flight), (1024, 1), "{st:?}");
+    assert!(!c.is_finished(left), "the call left ended");
+    let id = c.forward::<Add>(&s, &(20, 22)).unwrap();
+    assert!(!ids.contains(&id) && id != left, "an old call id given again");
+    while !c.is_finished(id) {
+        assert!(Instant::now() < end, "the call after the shrink did not end");
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    }
+    assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), 42);
+    assert!(
+        c.take_response::<Add>(ids[2999]).is_none(),
+        "an old id names nothing"
+    );
+    assert_eq!(c.stats().in_flight, 1, "{:?}", c.stats());
 }
