@@ -44,5 +44,8 @@ pub use engine::{
 };
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkOp, Span};
+/// A peer's address, as `lookup` returns it (re-exported from na-core, so
+/// a user of hg-rpc can name it without depending on na-core).
+pub use na_core::Addr;
 pub use rpc::{rpc_id, Rpc};
 pub use runtime::{AsyncBulkCtx, AsyncEngine, DRAIN_RECHECK, DRIVER_FAILURE_GAP, DRIVER_FAILURE_LIMIT};

@@ -255,28 +255,10 @@ async fn a_wait_for_room_ends_when_the_held_input_is_answered() {
     let dropped = tokio::time::timeout(Duration::from_millis(50), client.call::<Echo>(&to, &big, T)).await;
     assert!(dropped.is_err(), "the call did not wait: {dropped:?}");
     let other = vec![9u8; 64 << 10];
-    let waiting = {
-        let (client, to, other) = (client.clone(), to.clone(), other.clone());
-        tokio::spawn(async move { client.call::<Echo>(&to, &other, T).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "no room: it waits");
+    let waiting = wait_for_room(&client, &to, &other).await;
     // The given-up call's handler, then the waiting call's.
     gate.add_permits(2);
-    let got = tokio::time::timeout(T, waiting)
-        .await
-        .expect("the waiting call did not end")
-        .unwrap();
-    match got {
-        Ok(v) => assert!(v == other, "the echo differs"),
-        Err(e) => panic!("the waiting call: {e}"),
-    }
-    let st = client.stats();
-    assert_eq!(
-        (st.in_flight, st.abandoned_inputs, st.abandoned_bytes),
-        (0, 0, 0),
-        "{st:?}"
-    );
+    ends_with_echo(waiting, &client, &other).await;
     assert_eq!(server.stats().handled, 2, "{:?}", server.stats());
 }
 
@@ -296,20 +278,39 @@ async fn a_wait_for_room_ends_when_the_target_of_the_held_input_goes_away() {
         _dir,
     } = held_input("async-room-gone", Duration::from_secs(60)).await;
     let engine = Arc::new(engine);
-    let waiting = {
-        let (engine, to_live, big) = (engine.clone(), to_live.clone(), big.clone());
-        tokio::spawn(async move { engine.call::<Echo>(&to_live, &big, T).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "no room: it waits");
+    let waiting = wait_for_room(&engine, &to_live, &big).await;
     // The target's thread ends, and its endpoint with it.
     drop(silent);
+    ends_with_echo(waiting, &engine, &big).await;
+}
+
+/// An echo of `input` to `to`, on its own task, checked to be waiting for
+/// room after 50 ms.
+async fn wait_for_room(
+    engine: &Arc<AsyncEngine>,
+    to: &hg_rpc::Addr,
+    input: &[u8],
+) -> tokio::task::JoinHandle<Result<Vec<u8>, RpcError>> {
+    let (engine, to, input) = (engine.clone(), to.clone(), input.to_vec());
+    let waiting = tokio::spawn(async move { engine.call::<Echo>(&to, &input, T).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "no room: it waits");
+    waiting
+}
+
+/// `waiting` ends, within `T`, with the echo of `input`, and `engine` is
+/// left with no call in flight and no input kept.
+async fn ends_with_echo(
+    waiting: tokio::task::JoinHandle<Result<Vec<u8>, RpcError>>,
+    engine: &AsyncEngine,
+    input: &[u8],
+) {
     let got = tokio::time::timeout(T, waiting)
         .await
         .expect("the waiting call did not end")
-        .unwrap();
+        .expect("the waiting task panicked");
     match got {
-        Ok(v) => assert!(v == big, "the echo differs"),
+        Ok(v) => assert!(v == input, "the echo differs"),
         Err(e) => panic!("the waiting call: {e}"),
     }
     let st = engine.stats();
