@@ -180,11 +180,11 @@ impl<C: Codec> Engine<C> {
         let cookie = self.calls.next_cookie();
         let to_self = *dest == self.me;
         let (h, spill, lent) = self.encode_request::<R>(input, self.checksum_flag, cookie, to_self)?;
-        self.stats.calls += 1;
         let _span =
             DebugSpan::enter(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest));
         if to_self {
             cold_path();
+            self.stats.calls += 1;
             // Self-forward: run the handler here, no network (a deferred
             // handler answers later, through `answer`).
             let stored = self.calls.insert(Call {
@@ -207,6 +207,7 @@ impl<C: Codec> Engine<C> {
             return Ok(CallId(cookie));
         }
         self.send_request(dest, R::NAME, cookie, h, spill, false)?;
+        self.stats.calls += 1;
         if let Some(lent) = lent {
             cold_path();
             self.lent.insert(cookie, lent);
@@ -345,8 +346,8 @@ impl<C: Codec> Engine<C> {
         // origin when the target is done with them (see the doc above).
         let (h, spill, _lent) =
             self.encode_request::<R>(input, self.checksum_flag | FLAG_ONE_WAY, cookie, to_self)?;
-        self.stats.calls += 1;
         if to_self {
+            self.stats.calls += 1;
             if let Some((_, out)) = self.run_self(&h) {
                 // No answer: a spare that took the output stays one.
                 self.keep_if_large(out);
@@ -356,9 +357,12 @@ impl<C: Codec> Engine<C> {
         if spill.is_some() {
             // The target acknowledges a spilled one-way request once it has
             // pulled the input; until then the input must stay exposed.
-            return self.send_request(dest, R::NAME, cookie, h, spill, true);
+            self.send_request(dest, R::NAME, cookie, h, spill, true)?;
+        } else {
+            self.send_scratch(dest, REQUEST_TAG, h)?;
         }
-        self.send_scratch(dest, REQUEST_TAG, h)
+        self.stats.calls += 1;
+        Ok(())
     }
 
     /// The result of call `id` if its response arrived (then the call is
@@ -685,7 +689,9 @@ impl<C: Codec> Engine<C> {
         )
         .encode_with(&cookie.to_le_bytes(), &mut msg);
         let op = self.send_op();
-        self.ep.send_unexpected(target, 0, &msg, op)
+        self.ep.send_unexpected(target, 0, &msg, op)?;
+        self.stats.bytes_sent += msg.len() as u64;
+        Ok(())
     }
 
     fn queue_release(&mut self, target: &Addr, cookie: u64) {
@@ -702,6 +708,7 @@ impl<C: Codec> Engine<C> {
     #[inline(never)]
     pub(super) fn retry_releases(&mut self) {
         let ttl = self.output_ttl;
+        let mut sent = false;
         for mut w in self.unsent_releases.take_all() {
             while let Some(&(cookie, since)) = w.cookies.front() {
                 if since.elapsed() > ttl {
@@ -711,6 +718,7 @@ impl<C: Codec> Engine<C> {
                 match self.send_release(&w.addr, cookie) {
                     Ok(()) => {
                         w.cookies.pop_front();
+                        sent = true;
                     }
                     Err(e) if keeps_release(&e) => break,
                     Err(e) => {
@@ -721,6 +729,7 @@ impl<C: Codec> Engine<C> {
             }
             self.unsent_releases.put_back(w);
         }
+        self.unsent_releases.pass_done(sent);
     }
 }
 

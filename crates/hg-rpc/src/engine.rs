@@ -305,7 +305,9 @@ impl Call {
 /// Counters of an engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RpcStats {
-    /// Calls forwarded (including self-forwards and one-way).
+    /// Calls forwarded: requests sent, or run here (self-forwards), one-way
+    /// ones included. A call whose request did not go out (an error from
+    /// `forward`) is not counted.
     pub calls: u64,
     /// Requests handled as target.
     pub handled: u64,
@@ -318,7 +320,8 @@ pub struct RpcStats {
     /// both versions; a response from a call's target ends that call with
     /// [`RpcError::VersionMismatch`].
     pub version_mismatches: u64,
-    /// Request and response bytes sent (headers included).
+    /// Bytes of the messages sent (requests, responses and releases of
+    /// pulled outputs; headers included).
     pub bytes_sent: u64,
     /// Calls waiting for their response.
     pub in_flight: u64,

@@ -6,11 +6,14 @@
 //! reading must not hold back the releases of any other. A release waits
 //! at most as long as the target keeps the output anyway (its TTL, after
 //! which it has freed it), and a target holds at most
-//! [`MAX_WAITING_PER_TARGET`] of them. A retry is due when the engine's
-//! last turn handled completions (the transport moved: a flushed backlog
-//! completes its sends) or [`RETRY_EVERY`] after the last one, so a
-//! target that stays stuck costs a refused send per target ten times a
-//! second, not one per turn.
+//! [`MAX_WAITING_PER_TARGET`] of them. A retry is due [`RETRY_EVERY`]
+//! after the last one, or sooner when the engine's last turn handled
+//! completions (the transport moved: a flushed backlog completes its
+//! sends), but not sooner than a gap that starts at [`RETRY_FIRST`] and
+//! doubles after each pass that sent nothing, up to `RETRY_EVERY`. So a
+//! target that stays stuck costs a few refused sends, then one per target
+//! ten times a second, however busy the engine is with other peers; one
+//! that moves again gets its releases within a millisecond.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -22,13 +25,19 @@ use na_core::Addr;
 /// the output.
 pub(crate) const MAX_WAITING_PER_TARGET: usize = 4096;
 
-/// The longest a retry waits when nothing moves.
+/// The longest a retry waits (when nothing moves, and the longest gap
+/// between retries while the transport moves but the targets stay stuck).
 pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(100);
+
+/// The shortest gap between retries, after a pass that sent a release.
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(1);
 
 /// The releases waiting, by target (its address token).
 pub(crate) struct UnsentReleases {
     targets: FastMap<u64, Waiting>,
     last_try: Instant,
+    /// How long after `last_try` a turn that moved may retry.
+    gap: Duration,
 }
 
 /// One target's waiting releases: cookies and when each was refused.
@@ -42,6 +51,7 @@ impl Default for UnsentReleases {
         UnsentReleases {
             targets: FastMap::default(),
             last_try: Instant::now(),
+            gap: RETRY_FIRST,
         }
     }
 }
@@ -76,7 +86,21 @@ impl UnsentReleases {
     /// completions.
     #[inline]
     pub(crate) fn due(&self, handled: usize) -> bool {
-        !self.is_empty() && (handled > 0 || self.last_try.elapsed() >= RETRY_EVERY)
+        if self.is_empty() {
+            return false;
+        }
+        let wait = if handled > 0 { self.gap } else { RETRY_EVERY };
+        self.last_try.elapsed() >= wait
+    }
+
+    /// A retry pass ended; `sent` says whether it sent any release. One
+    /// that sent none doubles the gap before a retry on a turn that moved.
+    pub(crate) fn pass_done(&mut self, sent: bool) {
+        self.gap = if sent {
+            RETRY_FIRST
+        } else {
+            (self.gap * 2).min(RETRY_EVERY)
+        };
     }
 
     /// When the next retry is due if nothing moves (for a driver's sleep).
@@ -138,7 +162,9 @@ mod tests {
             u.put_back(w);
         }
         assert!(!u.due(0), "due again at once with nothing moved");
-        assert!(u.due(1));
+        assert!(!u.due(1), "due again at once after a turn that moved");
+        std::thread::sleep(RETRY_FIRST);
+        assert!(u.due(1), "due a millisecond later after a turn that moved");
         let next = u.next_try().unwrap();
         assert!(next > Instant::now() && next <= Instant::now() + RETRY_EVERY);
         // An emptied target is not put back.
@@ -148,5 +174,29 @@ mod tests {
             cookies: VecDeque::new(),
         });
         assert!(u.is_empty());
+    }
+
+    /// A stuck target is retried less and less often while other traffic
+    /// moves (not on every busy turn), and a pass that sends brings the
+    /// short gap back.
+    #[test]
+    fn the_gap_between_retries_doubles_while_nothing_is_sent() {
+        let a = Addr::new("sm://1-a", PluginId(1), 1, false);
+        let mut u = UnsentReleases::default();
+        assert!(u.push(&a, 1));
+        let mut gaps = Vec::new();
+        for _ in 0..9 {
+            gaps.push(u.gap);
+            u.pass_done(false);
+        }
+        let ms: Vec<u128> = gaps.iter().map(|g| g.as_millis()).collect();
+        assert_eq!(ms, [1, 2, 4, 8, 16, 32, 64, 100, 100]);
+        // Just past a try, with the gap at its longest: a turn that moved
+        // is not enough.
+        u.take_all().into_iter().for_each(|w| u.put_back(w));
+        std::thread::sleep(RETRY_FIRST * 5);
+        assert!(!u.due(1), "retried 5 ms after a refused pass, gap 100 ms");
+        u.pass_done(true);
+        assert!(u.due(1), "a pass that sent: the short gap again");
     }
 }

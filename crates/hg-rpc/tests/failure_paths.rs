@@ -666,15 +666,18 @@ fn a_release_refused_by_a_full_backlog_is_sent_again() {
     let mut refused = None;
     for i in 0..100_000u64 {
         if let Err(e) = c.forward_one_way::<Record>(&s, &i) {
-            refused = Some(e);
+            refused = Some((i, e));
             break;
         }
     }
-    let refused = refused.expect("the backlog never filled");
+    let (sent, refused) = refused.expect("the backlog never filled");
     assert!(
         matches!(refused, RpcError::Transport(NaError::SendBacklogFull { .. })),
         "{refused}"
     );
+    // The call refused is not counted: Add, Echo and the one-way calls
+    // that went out.
+    assert_eq!(c.stats().calls, 2 + sent, "{:?}", c.stats());
     // The origin takes the response and pulls the output; its release
     // finds the backlog full.
     let end = Instant::now() + T;
@@ -692,7 +695,9 @@ fn a_release_refused_by_a_full_backlog_is_sent_again() {
         1,
         "released although the backlog was full?"
     );
-    // Both run again: the release goes once the target reads.
+    // Both run again: the release goes once the target reads (and is
+    // counted in the bytes sent: a header and a cookie).
+    let bytes = c.stats().bytes_sent;
     let end = Instant::now() + Duration::from_secs(5);
     while srv.stats().exposed_outputs > 0 {
         assert!(
@@ -706,6 +711,7 @@ fn a_release_refused_by_a_full_backlog_is_sent_again() {
         c.trigger().unwrap();
     }
     assert_eq!(srv.stats().exposed_bytes, 0);
+    assert_eq!(c.stats().bytes_sent - bytes, 32 + 8, "{:?}", c.stats());
 }
 
 /// Releases wait per target: one target that stopped reading (its
