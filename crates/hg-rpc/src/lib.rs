@@ -24,6 +24,7 @@ mod call_table;
 pub mod codec;
 mod deferred;
 pub mod engine;
+mod env_switches;
 pub mod error;
 mod exposed;
 pub mod header;
@@ -31,6 +32,7 @@ mod releases;
 pub mod rpc;
 pub mod runtime;
 mod spill;
+mod stats;
 #[allow(unsafe_code)]
 mod sys;
 pub mod transport;

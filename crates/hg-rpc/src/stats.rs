@@ -1,0 +1,93 @@
+//! The counters an engine keeps, as a user reads them
+//! ([`Engine::stats`](crate::Engine::stats)).
+
+#[cfg(doc)]
+use crate::{Engine, RpcError, SPILLED_OUTPUT_TTL};
+
+/// Counters of an engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RpcStats {
+    /// Calls forwarded: requests sent, or run here (self-forwards), one-way
+    /// ones included. A call whose request did not go out (an error from
+    /// `forward`) is not counted.
+    pub calls: u64,
+    /// Requests handled as target.
+    pub handled: u64,
+    /// Calls that ended in an error at the origin.
+    pub errors: u64,
+    /// Malformed messages received and dropped.
+    pub malformed: u64,
+    /// Messages of another protocol version received (not counted in
+    /// `malformed`): requests are answered with a decode error that names
+    /// both versions; a response from a call's target ends that call with
+    /// [`RpcError::VersionMismatch`].
+    pub version_mismatches: u64,
+    /// Bytes of the messages sent (requests, responses and releases of
+    /// pulled outputs; headers included).
+    pub bytes_sent: u64,
+    /// Calls waiting for their response.
+    pub in_flight: u64,
+    /// Responses that matched no call in flight (late, after a timeout or
+    /// a dropped future) and were discarded.
+    pub stray_responses: u64,
+    /// Spilled outputs this target keeps exposed until their origin pulled
+    /// them or let them go (at most [`SPILLED_OUTPUT_TTL`] each).
+    pub exposed_outputs: u64,
+    /// Bytes of those outputs (bounded, see
+    /// [`Engine::set_max_exposed_bytes`]).
+    pub exposed_bytes: u64,
+    /// Outputs this target did not send because exposing them would pass
+    /// a bound of [`Engine::set_max_exposed_bytes`] (their callers got a
+    /// handler error).
+    pub outputs_refused: u64,
+    /// Calls this origin gave up on (and spilled one-way calls) whose
+    /// input it keeps exposed until their target is done with it (at most
+    /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]):
+    /// a spilled input, or local bulk handles the input carried (their
+    /// memory stays alive and exposed, and `Bulk::into_buffers` refuses,
+    /// until the target answers, goes away, or the TTL ends).
+    pub abandoned_inputs: u64,
+    /// Bytes of those inputs (bounded, see
+    /// [`Engine::set_max_abandoned_bytes`]).
+    pub abandoned_bytes: u64,
+    /// Calls this origin refused to start because their spilled input
+    /// would pass that bound ([`RpcError::InputsHeld`]).
+    pub inputs_refused: u64,
+    /// Responses this target could not send (the caller is gone, or its
+    /// send backlog is full because it stopped reading): their callers
+    /// see the peer go, or time out.
+    pub responses_dropped: u64,
+    /// Requests for asynchronous handlers waiting or running unanswered.
+    pub deferred_in_flight: u64,
+    /// Requests for asynchronous handlers answered "busy" because too many
+    /// were unanswered (see [`Engine::set_max_deferred`]).
+    pub deferred_refused: u64,
+    /// Requests refused because the engine is draining
+    /// ([`Engine::begin_drain`]): answered "busy", except one-way requests
+    /// with no spilled input, which get no answer.
+    pub refused_draining: u64,
+    /// Transfers started with [`Engine::bulk_start`] (or
+    /// [`Engine::bulk`], [`AsyncEngine::bulk`](crate::AsyncEngine::bulk))
+    /// whose end the transport has not reported yet, given-up ones
+    /// ([`Engine::forget_bulk`], a dropped future) included: until then
+    /// they may still touch their handles' memory.
+    pub bulk_in_flight: u64,
+    /// Times an [`AsyncEngine`](crate::AsyncEngine)'s driver went to sleep
+    /// on the endpoint's fd (each costs a kernel wake-up when work comes);
+    /// 0 for an engine driven through the blocking API.
+    pub driver_sleeps: u64,
+    /// Slots of the call table, used or not: its memory grows with the
+    /// most calls ever in flight at once, and is given back after a burst,
+    /// down to 1,024 slots, when the engine goes idle ([`Engine::try_wait`]
+    /// says it may sleep; an [`AsyncEngine`](crate::AsyncEngine)'s driver
+    /// asks before each sleep) with at most a quarter of them used: all
+    /// at once if none is, else half at a time, each half once the calls
+    /// in it have ended (a call keeps its slot).
+    pub call_slots: u64,
+    /// Bytes of the byte buffers the engine keeps between calls for
+    /// encoding, receiving and pulling (its scratch, receive buffer and
+    /// spare buffers, by capacity): at most about
+    /// [`set_spare_bytes`](Engine::set_spare_bytes) plus a few messages,
+    /// whatever sizes the calls had.
+    pub buffer_bytes: u64,
+}
