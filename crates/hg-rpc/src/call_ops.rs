@@ -16,7 +16,7 @@ use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_SPILL, HEADER_LEN};
 use crate::rpc::{rpc_id, Rpc};
-use crate::spill::{self, RELEASE_RPC};
+use crate::spill;
 
 /// How long a blocking `call` refused for held inputs drives the engine
 /// before it asks again.
@@ -660,84 +660,6 @@ impl<C: Codec> Engine<C> {
             self.lent.remove(&cookie);
         }
     }
-
-    /// Tells a target it may release the spilled output of call `cookie`.
-    /// A release the transport cannot take now (its send backlog to the
-    /// target is full) waits, behind that target's others, and is sent
-    /// again by [`trigger`](Self::trigger) (see `releases`).
-    pub(super) fn release_output(&mut self, target: &Addr, cookie: u64) {
-        if self.unsent_releases.waits_for(target) {
-            self.queue_release(target, cookie);
-            return;
-        }
-        if let Err(e) = self.send_release(target, cookie) {
-            if keeps_release(&e) {
-                self.queue_release(target, cookie);
-            } else {
-                tracing::debug!(error = %e, "cannot release a spilled output (target gone?)");
-            }
-        }
-    }
-
-    fn send_release(&mut self, target: &Addr, cookie: u64) -> std::result::Result<(), NaError> {
-        let mut msg = Vec::with_capacity(HEADER_LEN + 8);
-        header(
-            self.checksum_flag | FLAG_ONE_WAY,
-            Status::Ok,
-            rpc_id(RELEASE_RPC),
-            cookie,
-        )
-        .encode_with(&cookie.to_le_bytes(), &mut msg);
-        let op = self.send_op();
-        self.ep.send_unexpected(target, 0, &msg, op)?;
-        self.stats.bytes_sent += msg.len() as u64;
-        Ok(())
-    }
-
-    fn queue_release(&mut self, target: &Addr, cookie: u64) {
-        if !self.unsent_releases.push(target, cookie) {
-            tracing::debug!(peer = %target, "too many releases wait for this target; its TTL frees this output");
-        }
-    }
-
-    /// Sends the releases that waited: each target's in order, until the
-    /// transport refuses one of them again. Those older than the outputs'
-    /// TTL are dropped (the target has freed the output by then). Called
-    /// by `trigger` when a retry is due.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn retry_releases(&mut self) {
-        let ttl = self.output_ttl;
-        let mut sent = false;
-        for mut w in self.unsent_releases.take_all() {
-            while let Some(&(cookie, since)) = w.cookies.front() {
-                if since.elapsed() > ttl {
-                    w.cookies.pop_front();
-                    continue;
-                }
-                match self.send_release(&w.addr, cookie) {
-                    Ok(()) => {
-                        w.cookies.pop_front();
-                        sent = true;
-                    }
-                    Err(e) if keeps_release(&e) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot release spilled outputs (target gone?)");
-                        w.cookies.clear();
-                    }
-                }
-            }
-            self.unsent_releases.put_back(w);
-        }
-        self.unsent_releases.pass_done(sent);
-    }
-}
-
-/// True for a send error that passes (a full backlog): the release is
-/// worth sending again; not for a target that is gone or an address that
-/// is no longer valid.
-fn keeps_release(e: &NaError) -> bool {
-    matches!(e, NaError::SendBacklogFull { .. })
 }
 
 /// Files `outcome` as the outcome of live (not abandoned) call `call`

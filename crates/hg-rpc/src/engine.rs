@@ -82,6 +82,8 @@ mod bulk_ops;
 mod call_ops;
 #[path = "drain_ops.rs"]
 mod drain_ops;
+#[path = "notice_ops.rs"]
+mod notice_ops;
 #[path = "progress_ops.rs"]
 mod progress_ops;
 #[path = "serve_ops.rs"]
@@ -354,10 +356,12 @@ pub struct Engine<C: Codec = Postcard> {
     scratch: Vec<u8>,
     stats: RpcStats,
     finished_self: VecDeque<u64>,
-    /// Releases of pulled spilled outputs that the transport could not
-    /// take (its send backlog full), sent again by `trigger`: lost, they
-    /// would keep the target charging the output to us for its whole TTL.
-    unsent_releases: crate::releases::UnsentReleases,
+    /// Notices the transport could not take (its send backlog full), sent
+    /// again by `trigger`: releases of pulled spilled outputs and
+    /// acknowledgements of pulled spilled one-way requests. Lost, they
+    /// would keep the peer holding (and charging) the memory for its
+    /// whole TTL.
+    unsent_notices: crate::notices::UnsentNotices,
     /// Calls whose outcome was filed since the last
     /// [`take_finished`](Self::take_finished), kept only once
     /// [`log_finished`](Self::log_finished) asked for them.
@@ -483,7 +487,7 @@ impl<C: Codec> Engine<C> {
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),
-            unsent_releases: Default::default(),
+            unsent_notices: Default::default(),
             finished_log: None,
             repost: Vec::new(),
             pull,

@@ -28,7 +28,7 @@ mod env_switches;
 pub mod error;
 mod exposed;
 pub mod header;
-mod releases;
+mod notices;
 pub mod rpc;
 pub mod runtime;
 mod spill;

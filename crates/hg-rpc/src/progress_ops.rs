@@ -98,9 +98,9 @@ impl<C: Codec> Engine<C> {
     /// for a client that died never becomes [`drained`](Self::drained).
     /// Ask again after each `trigger` and after giving up on a call.
     pub fn next_expiry(&self) -> Option<Instant> {
-        // Releases refused by a full backlog are tried again then, if no
+        // Notices refused by a full backlog are tried again then, if no
         // turn moved the transport before.
-        let retry = self.unsent_releases.next_try();
+        let retry = self.unsent_notices.next_try();
         if self.exposed.is_empty() && self.abandoned_order.is_empty() {
             return retry;
         }
@@ -175,8 +175,8 @@ impl<C: Codec> Engine<C> {
             cold_path();
             self.sweep_expired();
         }
-        if self.unsent_releases.due(n) {
-            self.retry_releases();
+        if self.unsent_notices.due(n) {
+            self.retry_notices();
         }
         Ok(n)
     }
@@ -388,7 +388,7 @@ impl<C: Codec> Engine<C> {
                         } else {
                             Status::DecodeError
                         };
-                        self.respond(&p.src, response_header(&p.header, status), Vec::new());
+                        self.acknowledge_one_way(&p.src, response_header(&p.header, status));
                     }
                     let answer = match pulled {
                         Ok(data) => self.run_decoded_owned(&p.src, &p.header, data, p.ticket),

@@ -644,7 +644,7 @@ fn a_release_refused_by_a_full_backlog_is_sent_again() {
     let d = dir("release-again");
     let mut srv = server(&d);
     srv.register::<Record>(|_| Ok(())).unwrap();
-    let mut c = small_backlog_client(&d);
+    let mut c = common::small_backlog_engine(&d, false);
     assert_eq!(call_both::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
     let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
     // A 64 KiB output: spilled, exposed until the origin releases it.
@@ -723,7 +723,7 @@ fn a_stuck_target_does_not_hold_back_releases_to_another() {
     let mut y = server(&d);
     y.register::<Record>(|_| Ok(())).unwrap();
     let mut x = server(&d);
-    let mut c = small_backlog_client(&d);
+    let mut c = common::small_backlog_engine(&d, false);
     assert_eq!(call_both::<Add>(&mut c, &mut y, &(1, 1)).unwrap(), 2);
     assert_eq!(call_both::<Add>(&mut c, &mut x, &(1, 1)).unwrap(), 2);
     let to_y = c.endpoint().lookup(y.self_addr().uri()).unwrap();
@@ -774,20 +774,4 @@ fn a_stuck_target_does_not_hold_back_releases_to_another() {
         1,
         "Y read nothing: its release cannot have gone"
     );
-}
-
-/// A client whose plugin's send backlog holds 4 KiB per peer.
-fn small_backlog_client(d: &std::path::Path) -> Engine {
-    use na_core::{Endpoint, Plugin, ProgressMode};
-    use na_sm::{SmConfig, SmPlugin};
-    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig {
-        max_backlog_bytes: 4096,
-        ..SmConfig::default()
-    }
-    .with_dir(d);
-    let cid = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    Engine::new(ep, cid).unwrap()
 }

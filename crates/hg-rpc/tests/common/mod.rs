@@ -137,6 +137,22 @@ pub fn async_engine(dir: &std::path::Path, listen: bool) -> hg_rpc::AsyncEngine 
     hg_rpc::AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap()
 }
 
+/// An engine over a new sm plugin in `dir` whose send backlog holds
+/// 4 KiB per peer (others can look it up if it `listen`s).
+pub fn small_backlog_engine(dir: &std::path::Path, listen: bool) -> Engine {
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig {
+        listen,
+        max_backlog_bytes: 4096,
+        ..SmConfig::default()
+    }
+    .with_dir(dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    Engine::new(ep, id).unwrap()
+}
+
 /// A client engine over a new (not listening) sm plugin in `dir`.
 pub fn client(dir: &std::path::Path) -> Engine {
     let (ep, id) = endpoint(dir, false);

@@ -1,19 +1,23 @@
-//! Releases of pulled spilled outputs that the transport refused (its
-//! send backlog to the target full): kept per target, in order, and sent
-//! again by the engine's `trigger`.
+//! Notices the transport refused (its send backlog to the peer full):
+//! header-sized messages that must not be lost, because a peer holds
+//! memory until it gets them. An origin's release of a pulled spilled
+//! output (the target keeps the output exposed until then), and a
+//! target's acknowledgement of a spilled one-way request it pulled (the
+//! origin keeps the input exposed until then). Kept per peer, in order,
+//! and sent again by the engine's `trigger`.
 //!
-//! Per target, because the backlog is per peer: a target that stopped
-//! reading must not hold back the releases of any other. A release waits
-//! at most as long as the target keeps the output anyway (its TTL, after
-//! which it has freed it), and a target holds at most
-//! [`MAX_WAITING_PER_TARGET`] of them. A retry is due [`RETRY_EVERY`]
-//! after the last one, or sooner when the engine's last turn handled
-//! completions (the transport moved: a flushed backlog completes its
-//! sends), but not sooner than a gap that starts at [`RETRY_FIRST`] and
-//! doubles after each pass that sent nothing, up to `RETRY_EVERY`. So a
-//! target that stays stuck costs a few refused sends, then one per target
-//! ten times a second, however busy the engine is with other peers; one
-//! that moves again gets its releases within a millisecond.
+//! Per peer, because the backlog is per peer: a peer that stopped
+//! reading must not hold back the notices to any other. A notice waits at
+//! most as long as the peer keeps the memory anyway (its TTL, after which
+//! it has freed it), and a peer has at most [`MAX_WAITING_PER_TARGET`] of
+//! them. A retry is due [`RETRY_EVERY`] after the last one, or sooner
+//! when the engine's last turn handled completions (the transport moved:
+//! a flushed backlog completes its sends), but not sooner than a gap that
+//! starts at [`RETRY_FIRST`] and doubles after each pass that sent
+//! nothing, up to `RETRY_EVERY`. So a peer that stays stuck costs a few
+//! refused sends, then one per peer ten times a second, however busy the
+//! engine is with other peers; one that moves again gets its notices
+//! within a millisecond.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -21,34 +25,47 @@ use std::time::{Duration, Instant};
 use na_core::fasthash::FastMap;
 use na_core::Addr;
 
-/// Releases one target may have waiting; past it the target's TTL frees
-/// the output.
+use crate::header::Header;
+
+/// Notices one peer may have waiting; past it the peer's TTL frees the
+/// memory.
 pub(crate) const MAX_WAITING_PER_TARGET: usize = 4096;
 
 /// The longest a retry waits (when nothing moves, and the longest gap
 /// between retries while the transport moves but the targets stay stuck).
 pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(100);
 
-/// The shortest gap between retries, after a pass that sent a release.
+/// The shortest gap between retries, after a pass that sent a notice.
 pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(1);
 
-/// The releases waiting, by target (its address token).
-pub(crate) struct UnsentReleases {
+/// A notice to a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Notice {
+    /// The origin of call `cookie` pulled its spilled output: the target
+    /// may release it.
+    Release(u64),
+    /// The target pulled a spilled one-way request: this response header
+    /// (no payload) lets the origin release the input.
+    Ack(Header),
+}
+
+/// The notices waiting, by peer (its address token).
+pub(crate) struct UnsentNotices {
     targets: FastMap<u64, Waiting>,
     last_try: Instant,
     /// How long after `last_try` a turn that moved may retry.
     gap: Duration,
 }
 
-/// One target's waiting releases: cookies and when each was refused.
+/// One peer's waiting notices, and when each was refused.
 pub(crate) struct Waiting {
     pub addr: Addr,
-    pub cookies: VecDeque<(u64, Instant)>,
+    pub notices: VecDeque<(Notice, Instant)>,
 }
 
-impl Default for UnsentReleases {
+impl Default for UnsentNotices {
     fn default() -> Self {
-        UnsentReleases {
+        UnsentNotices {
             targets: FastMap::default(),
             last_try: Instant::now(),
             gap: RETRY_FIRST,
@@ -56,29 +73,29 @@ impl Default for UnsentReleases {
     }
 }
 
-impl UnsentReleases {
+impl UnsentNotices {
     /// True if none waits (the check on every `trigger`).
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.targets.is_empty()
     }
 
-    /// True if releases to `target` wait: a new one goes behind them.
+    /// True if notices to `target` wait: a new one goes behind them.
     pub(crate) fn waits_for(&self, target: &Addr) -> bool {
         self.targets.contains_key(&target.token())
     }
 
-    /// Queues a release behind `target`'s others; false if it already has
+    /// Queues a notice behind `target`'s others; false if it already has
     /// [`MAX_WAITING_PER_TARGET`].
-    pub(crate) fn push(&mut self, target: &Addr, cookie: u64) -> bool {
+    pub(crate) fn push(&mut self, target: &Addr, notice: Notice) -> bool {
         let w = self.targets.entry(target.token()).or_insert_with(|| Waiting {
             addr: target.clone(),
-            cookies: VecDeque::new(),
+            notices: VecDeque::new(),
         });
-        if w.cookies.len() >= MAX_WAITING_PER_TARGET {
+        if w.notices.len() >= MAX_WAITING_PER_TARGET {
             return false;
         }
-        w.cookies.push_back((cookie, Instant::now()));
+        w.notices.push_back((notice, Instant::now()));
         true
     }
 
@@ -93,7 +110,7 @@ impl UnsentReleases {
         self.last_try.elapsed() >= wait
     }
 
-    /// A retry pass ended; `sent` says whether it sent any release. One
+    /// A retry pass ended; `sent` says whether it sent any notice. One
     /// that sent none doubles the gap before a retry on a turn that moved.
     pub(crate) fn pass_done(&mut self, sent: bool) {
         self.gap = if sent {
@@ -108,24 +125,23 @@ impl UnsentReleases {
         (!self.is_empty()).then(|| self.last_try + RETRY_EVERY)
     }
 
-    /// Takes every target's releases for a retry pass (the ones still
+    /// Takes every peer's notices for a retry pass (the ones still
     /// refused go back with [`put_back`](Self::put_back)).
     pub(crate) fn take_all(&mut self) -> Vec<Waiting> {
         self.last_try = Instant::now();
         self.targets.drain().map(|(_, w)| w).collect()
     }
 
-    /// Returns a target's releases that are still refused.
+    /// Returns a peer's notices that are still refused.
     pub(crate) fn put_back(&mut self, w: Waiting) {
-        if !w.cookies.is_empty() {
+        if !w.notices.is_empty() {
             self.targets.insert(w.addr.token(), w);
         }
     }
 
-    /// Releases waiting, over all targets.
-    #[cfg(test)]
+    /// Notices waiting, over all peers.
     pub(crate) fn len(&self) -> usize {
-        self.targets.values().map(|w| w.cookies.len()).sum()
+        self.targets.values().map(|w| w.notices.len()).sum()
     }
 }
 
@@ -140,13 +156,13 @@ mod tests {
             Addr::new("sm://1-a", PluginId(1), 1, false),
             Addr::new("sm://1-b", PluginId(1), 2, false),
         );
-        let mut u = UnsentReleases::default();
+        let mut u = UnsentNotices::default();
         assert!(u.is_empty() && u.next_try().is_none() && !u.due(1));
         for cookie in 0..MAX_WAITING_PER_TARGET as u64 {
-            assert!(u.push(&a, cookie));
+            assert!(u.push(&a, Notice::Release(cookie)));
         }
-        assert!(!u.push(&a, 99_999), "past the cap");
-        assert!(u.push(&b, 7), "another target has its own cap");
+        assert!(!u.push(&a, Notice::Release(99_999)), "past the cap");
+        assert!(u.push(&b, Notice::Release(7)), "another target has its own cap");
         assert!(u.waits_for(&a) && u.waits_for(&b));
         assert_eq!(u.len(), MAX_WAITING_PER_TARGET + 1);
         // Due after a turn that moved something, or RETRY_EVERY after the
@@ -157,8 +173,8 @@ mod tests {
         assert!(u.is_empty() && !u.waits_for(&a));
         for w in taken {
             if w.addr.token() == 1 {
-                let order: Vec<u64> = w.cookies.iter().map(|c| c.0).take(3).collect();
-                assert_eq!(order, [0, 1, 2], "in order");
+                let order: Vec<Notice> = w.notices.iter().map(|c| c.0).take(3).collect();
+                assert_eq!(order, [0, 1, 2].map(Notice::Release), "in order");
             }
             u.put_back(w);
         }
@@ -171,7 +187,7 @@ mod tests {
         u.take_all();
         u.put_back(Waiting {
             addr: a.clone(),
-            cookies: VecDeque::new(),
+            notices: VecDeque::new(),
         });
         assert!(u.is_empty());
     }
@@ -182,8 +198,8 @@ mod tests {
     #[test]
     fn the_gap_between_retries_doubles_while_nothing_is_sent() {
         let a = Addr::new("sm://1-a", PluginId(1), 1, false);
-        let mut u = UnsentReleases::default();
-        assert!(u.push(&a, 1));
+        let mut u = UnsentNotices::default();
+        assert!(u.push(&a, Notice::Release(1)));
         let mut gaps = Vec::new();
         for _ in 0..9 {
             gaps.push(u.gap);

@@ -1,0 +1,131 @@
+//! Sending notices (see `notices`): an origin's releases of pulled
+//! spilled outputs and a target's acknowledgements of pulled spilled
+//! one-way requests. One the transport refuses for a full backlog waits
+//! behind that peer's others and goes again from `trigger`.
+
+use na_core::{Addr, NaError};
+
+use super::{header, Engine, RESPONSE_TAG};
+use crate::codec::Codec;
+use crate::header::{Header, Status, FLAG_ONE_WAY, HEADER_LEN};
+use crate::notices::Notice;
+use crate::rpc::rpc_id;
+use crate::spill::RELEASE_RPC;
+
+impl<C: Codec> Engine<C> {
+    /// Tells a target it may release the spilled output of call `cookie`.
+    pub(super) fn release_output(&mut self, target: &Addr, cookie: u64) {
+        self.send_notice(target, Notice::Release(cookie));
+    }
+
+    /// Tells an origin that its spilled one-way request (header `h`) was
+    /// pulled, so it may release the input: a response header with
+    /// `status` and no payload.
+    pub(super) fn acknowledge_one_way(&mut self, origin: &Addr, h: Header) {
+        self.send_notice(origin, Notice::Ack(h));
+    }
+
+    /// Sends `notice` to `peer`, behind any of its notices that wait; one
+    /// the transport cannot take now (its send backlog to the peer full)
+    /// waits too, and is sent again by [`trigger`](Self::trigger).
+    fn send_notice(&mut self, peer: &Addr, notice: Notice) {
+        if self.unsent_notices.waits_for(peer) {
+            self.queue_notice(peer, notice);
+            return;
+        }
+        match self.send_notice_now(peer, notice) {
+            Ok(()) => {}
+            Err(e) if keeps_notice(&e) => self.queue_notice(peer, notice),
+            Err(e) => self.notice_lost(peer, notice, &e),
+        }
+    }
+
+    fn send_notice_now(&mut self, peer: &Addr, notice: Notice) -> Result<(), NaError> {
+        let op = self.send_op();
+        let len = match notice {
+            Notice::Release(cookie) => {
+                let mut msg = Vec::with_capacity(HEADER_LEN + 8);
+                let h = header(
+                    self.checksum_flag | FLAG_ONE_WAY,
+                    Status::Ok,
+                    rpc_id(RELEASE_RPC),
+                    cookie,
+                );
+                h.encode_with(&cookie.to_le_bytes(), &mut msg);
+                self.ep.send_unexpected(peer, 0, &msg, op)?;
+                msg.len()
+            }
+            Notice::Ack(h) => {
+                let head = h.encode_head(&[]);
+                self.ep.send_unexpected(peer, RESPONSE_TAG, &head, op)?;
+                head.len()
+            }
+        };
+        self.stats.bytes_sent += len as u64;
+        Ok(())
+    }
+
+    fn queue_notice(&mut self, peer: &Addr, notice: Notice) {
+        if !self.unsent_notices.push(peer, notice) {
+            tracing::debug!(peer = %peer, ?notice, "too many notices wait for this peer; its TTL frees the memory");
+        }
+    }
+
+    /// A notice that cannot be sent at all (the peer is gone, or its
+    /// address is no longer valid): an acknowledgement counts as a
+    /// response dropped.
+    fn notice_lost(&mut self, peer: &Addr, notice: Notice, e: &NaError) {
+        if matches!(notice, Notice::Ack(_)) {
+            self.stats.responses_dropped += 1;
+        }
+        tracing::debug!(peer = %peer, ?notice, error = %e, "cannot send a notice (peer gone?)");
+    }
+
+    /// Sends the notices that waited: each peer's in order, until the
+    /// transport refuses one of them again. Those older than the outputs'
+    /// TTL are dropped (the peer has freed the memory by then: the
+    /// outputs' TTL here, the abandoned-input TTL at an origin, both 60 s
+    /// by default). Called by `trigger` when a retry is due.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn retry_notices(&mut self) {
+        let ttl = self.output_ttl;
+        let mut sent = false;
+        for mut w in self.unsent_notices.take_all() {
+            while let Some(&(notice, since)) = w.notices.front() {
+                if since.elapsed() > ttl {
+                    w.notices.pop_front();
+                    continue;
+                }
+                match self.send_notice_now(&w.addr, notice) {
+                    Ok(()) => {
+                        w.notices.pop_front();
+                        sent = true;
+                    }
+                    Err(e) if keeps_notice(&e) => break,
+                    Err(e) => {
+                        for (notice, _) in std::mem::take(&mut w.notices) {
+                            self.notice_lost(&w.addr, notice, &e);
+                        }
+                    }
+                }
+            }
+            self.unsent_notices.put_back(w);
+        }
+        self.unsent_notices.pass_done(sent);
+    }
+
+    /// Notices the transport refused that wait to be sent again (for
+    /// tests; not a stable API).
+    #[doc(hidden)]
+    pub fn notices_waiting(&self) -> usize {
+        self.unsent_notices.len()
+    }
+}
+
+/// True for a send error that passes (a full backlog): the notice is
+/// worth sending again; not for a peer that is gone or an address that
+/// is no longer valid.
+fn keeps_notice(e: &NaError) -> bool {
+    matches!(e, NaError::SendBacklogFull { .. })
+}
