@@ -42,6 +42,17 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     let rig = Rig::new(MonitorChoice::Uffd);
     let a = primed_buffer(&rig);
     let waits_before = UffdMonitor::global().unwrap().counters().inflight_waits;
+    // Another thread (the old buffer's owner) will change the mapping; its
+    // call returns only once the reader reads the event. It is made now,
+    // before the reader stalls: making a thread maps its stack and may
+    // unmap cached ones, and with the map watch on it is watched too,
+    // none of which may wait behind the stalled reader (CI saw the range
+    // not freed within 8 s in the map-watch pass, intermittently).
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    let owner = std::thread::spawn(move || {
+        gate.recv().expect("the test went away");
+        change(a, LEN)
+    });
     // The reader thread is spawned with the monitor, now idle in poll(2).
     let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
     // Stalled longer than the wait below may take, so that the window
@@ -50,9 +61,7 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
         sys::stall_thread(reader, Duration::from_secs(12)),
         "reader stalled"
     );
-    // Another thread (the old buffer's owner) changes the mapping; its call
-    // returns only once the stalled reader reads the event.
-    let owner = std::thread::spawn(move || change(a, LEN));
+    go.send(()).expect("the owner thread ended early");
     // As soon as the range is free, map new pages there (what mmap or
     // malloc in any thread may do), then look it up and transfer.
     let t0 = Instant::now();
