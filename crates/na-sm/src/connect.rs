@@ -65,6 +65,29 @@ pub(crate) enum AcceptPause {
     Queued,
 }
 
+/// Why a listener whose socket credentials say pid `seen` is refused
+/// when its address names pid `named`. A process in another PID namespace
+/// (a container) is named by its own pid there: sm cannot reach it, as
+/// its RMA (`process_vm_readv`/`writev`) names each peer by a pid that
+/// both sides must see.
+fn pid_mismatch(seen: u32, named: u32) -> String {
+    const SHARE: &str = "na-sm needs both processes in one PID namespace (its RMA names \
+                         processes by pid): run them in one (e.g. the host's or the pod's), \
+                         or use another transport";
+    if seen == 0 {
+        return format!(
+            "the address says pid {named}, but the listener's process is not visible from \
+             this PID namespace (it runs in an outer one); {SHARE}"
+        );
+    }
+    match proc::innermost_pid(seen) {
+        Some(own) if own == named => {
+            format!("the listener is pid {seen} here and pid {named} in its own PID namespace; {SHARE}")
+        }
+        _ => format!("listener is pid {seen}, the address says {named}"),
+    }
+}
+
 fn hint(e: io::Error, path: &std::path::Path) -> io::Error {
     let why = match e.raw_os_error() {
         Some(libc::ENOENT) => format!(
@@ -226,10 +249,7 @@ impl SmPlugin {
             )));
         }
         if cred.pid != name.pid {
-            return Err(handshake(format!(
-                "listener is pid {}, the address says {}",
-                cred.pid, name.pid
-            )));
+            return Err(handshake(pid_mismatch(cred.pid, name.pid)));
         }
         let serial = self.next_serial;
         self.next_serial += 1;

@@ -176,7 +176,8 @@ fn cleanup_keeps_a_live_owners_files_though_the_pid_in_their_name_is_gone() {
 /// The real thing: owners in PID namespaces of their own (`unshare`), both
 /// pid 1 there, sharing the directory. A cleanup here (where pid 1 is
 /// another process) keeps the first's files, and the second, which gets
-/// the same name `1-ns`, is refused without touching them.
+/// the same name `1-ns`, is refused without touching them. A lookup of
+/// the first from here is refused with an error that says why.
 #[test]
 fn owners_in_other_pid_namespaces_are_kept_and_their_names_refused() {
     let dir = private_dir("liveness-ns");
@@ -207,6 +208,16 @@ fn owners_in_other_pid_namespaces_are_kept_and_their_names_refused() {
         )
     };
     let before = state();
+    // Reached from here, it is refused, saying why: sm names processes
+    // by pid, and this one is pid 1 only in its own namespace.
+    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let refused = na_core::Plugin::lookup(&mut c, &format!("sm://{key}")).unwrap_err();
+    let text = refused.to_string();
+    assert!(
+        text.contains("pid 1 in its own PID namespace") && text.contains("one PID namespace"),
+        "{text}"
+    );
+    drop(c);
     let r = na_sm::cleanup_stale(&dir).unwrap();
     assert!(r.removed.is_empty(), "a live owner's files were removed: {r:?}");
     assert_eq!(state(), before);

@@ -72,6 +72,20 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
+/// The pid `pid` (of our PID namespace) has in its own, innermost one:
+/// the last `NSpid` field of `/proc/<pid>/status` (Linux 4.1+); `None` if
+/// that cannot be read.
+pub fn innermost_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_innermost_pid(&status)
+}
+
+/// The last pid of the `NSpid:` line of a `/proc/<pid>/status` text.
+pub fn parse_innermost_pid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_ascii_whitespace().last()?.parse().ok()
+}
+
 /// Lets any process of our uid attach with ptrace-class access (and so use
 /// `process_vm_readv`/`writev` on us) when Yama's `ptrace_scope` is 1.
 /// Harmless (`EINVAL`) where Yama is absent.
@@ -102,5 +116,14 @@ mod tests {
         assert_eq!(parse_start_time(weird), Some(777));
         assert_eq!(parse_start_time("garbage"), None);
         allow_any_ptracer().unwrap();
+    }
+
+    #[test]
+    fn innermost_pid_reads_the_last_nspid() {
+        assert_eq!(innermost_pid(pid()), Some(pid()), "our own, in one namespace");
+        let nested = "Name:\tx\nTgid:\t334\nNSpid:\t334\t1\nNSsid:\t1\n";
+        assert_eq!(parse_innermost_pid(nested), Some(1));
+        assert_eq!(parse_innermost_pid("Name:\tx\n"), None, "no NSpid line");
+        assert_eq!(parse_innermost_pid("NSpid:\n"), None);
     }
 }
