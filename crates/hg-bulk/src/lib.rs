@@ -18,7 +18,7 @@ mod lent;
 pub use lent::collect_lent;
 
 use na_core::rma::check_batch;
-use na_core::{scheme_of, Access, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
+use na_core::{scheme_of, Access, Addr, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
@@ -277,7 +277,7 @@ pub fn start_batch(
     local: &Bulk,
     spans: &[(Span, OpId)],
 ) -> Result<Started, BulkError> {
-    start_batch_with(ep, op, remote, local, spans, None)
+    start_batch_via(ep, op, remote, local, spans, None, None)
 }
 
 /// [`start_batch`] whose lookup of the owner never waits (see
@@ -294,17 +294,36 @@ pub fn try_start_batch(
     spans: &[(Span, OpId)],
     since: std::time::Instant,
 ) -> Result<Started, BulkError> {
-    start_batch_with(ep, op, remote, local, spans, Some(since))
+    start_batch_via(ep, op, remote, local, spans, None, Some(since))
 }
 
 /// [`start_batch`] (`since` none: a lookup that may wait) or
-/// [`try_start_batch`].
-fn start_batch_with(
+/// [`try_start_batch`] (`since` the first attempt's time), with the
+/// address `via` of the peer on whose behalf the transfer is made, if any:
+/// where a received request (or response) came from.
+///
+/// When `remote`'s owner is exactly `via`'s URI (the canonical one the
+/// transport gave the source address) and `via` belongs to the plugin the
+/// transfer goes through, the transfer goes to `via` as it is, with no
+/// lookup: over the connection the request came on. That is how a server
+/// moves data with a client that does not listen (a client-only verbs
+/// plugin cannot be connected to), and without a second connection to
+/// one that does (na-verbs files an incoming connection under a peer of
+/// its own, which no lookup finds: see its `connect` module). Otherwise
+/// the owner is looked up as [`start_batch`] does.
+///
+/// A peer that names, in its descriptor, an address that is not its own
+/// never gets anyone else's connection: the owner then differs from `via`
+/// and is looked up (a real connection to the listener at that address),
+/// and a peer that names its own address gets its own connection.
+#[allow(clippy::too_many_arguments)]
+pub fn start_batch_via(
     ep: &mut Endpoint,
     op: BulkOp,
     remote: &Bulk,
     local: &Bulk,
     spans: &[(Span, OpId)],
+    via: Option<&Addr>,
     since: Option<std::time::Instant>,
 ) -> Result<Started, BulkError> {
     let mem = check_spans(remote, local, spans.iter().map(|(s, _)| s))?;
@@ -352,8 +371,16 @@ fn start_batch_with(
     // the owner's scheme (so the caller knows where to cancel); otherwise
     // the endpoint's first plugin of that scheme.
     let owner = &remote.desc.owner;
-    let dest = match (local.plugin, since) {
-        (Some(p), since) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => {
+    let through = match local.plugin {
+        Some(p) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => Some(p),
+        _ => None,
+    };
+    if let Some(src) = via.filter(|a| source_fits(ep, a, owner, through)) {
+        ep.rma(src, &ops)?;
+        return Ok(Started::Posted(src.plugin()));
+    }
+    let dest = match (through, since) {
+        (Some(p), since) => {
             let plugin = ep.plugin_mut(p)?;
             match since {
                 None => plugin.lookup(owner)?,
@@ -365,6 +392,22 @@ fn start_batch_with(
     };
     ep.rma(&dest, &ops)?;
     Ok(Started::Posted(dest.plugin()))
+}
+
+/// Whether source address `src` may stand for `owner` (see
+/// [`start_batch_via`]): the same URI, of a plugin of the owner's scheme
+/// (the one the transfer goes through, `through`, if the local handle's
+/// plugin speaks that scheme).
+fn source_fits(ep: &Endpoint, src: &Addr, owner: &str, through: Option<PluginId>) -> bool {
+    if src.uri() != owner || src.is_self() {
+        return false;
+    }
+    match through {
+        Some(p) => src.plugin() == p,
+        None => ep
+            .plugin(src.plugin())
+            .is_ok_and(|pl| scheme_of(owner) == Some(pl.scheme())),
+    }
 }
 
 /// A transfer between two handles of this process, with the access checks

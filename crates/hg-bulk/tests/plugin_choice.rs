@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hg_bulk::{start_batch, Bulk, BulkOp, Span, Started};
+use hg_bulk::{start_batch, start_batch_via, Bulk, BulkOp, Span, Started};
 use na_core::{Access, Endpoint, OpId, Plugin, PluginId, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
@@ -72,6 +72,45 @@ fn a_posted_transfer_names_the_plugin_of_its_local_handle() {
         done.status.unwrap();
         let got = local.into_buffers().unwrap().concat();
         assert_eq!(&got[10..3010], &data[100..3100], "round {round}");
+    }
+    // A source address stands for the owner only through the plugin the
+    // transfer goes through: `first`'s address of the owner is not used
+    // for a handle exposed on `second` (its own lookup is), `second`'s is.
+    let of_first = ep.plugin_mut(first).unwrap().lookup(remote.owner()).unwrap();
+    let of_second = ep.plugin_mut(second).unwrap().lookup(remote.owner()).unwrap();
+    assert_eq!(of_first.uri(), remote.owner());
+    for (round, via) in [(10u64, &of_first), (11, &of_second)] {
+        let local = Bulk::expose(&mut ep, second, vec![vec![0u8; 64]], Access::ReadWrite).unwrap();
+        let span = Span {
+            remote_offset: 0,
+            local_offset: 0,
+            len: 64,
+        };
+        let started = start_batch_via(
+            &mut ep,
+            BulkOp::Pull,
+            &remote,
+            &local,
+            &[(span, OpId(round))],
+            Some(via),
+            None,
+        )
+        .unwrap();
+        assert_eq!(started, Started::Posted(second), "round {round}");
+        let end = Instant::now() + Duration::from_secs(10);
+        let done = loop {
+            assert!(Instant::now() < end, "round {round}: no completion");
+            ep.progress(Some(Duration::from_millis(5))).unwrap();
+            if let Some(c) = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(round)) {
+                break c;
+            }
+        };
+        done.status.unwrap();
+        assert_eq!(
+            local.into_buffers().unwrap().concat(),
+            data[..64],
+            "round {round}"
+        );
     }
     stop.store(true, Ordering::Relaxed);
     owner.join().unwrap();

@@ -193,7 +193,9 @@ impl BulkCtx<'_> {
             })
             .collect();
         let span = DebugSpan::enter(|| bulk_span(op, remote, ids.len()));
-        let started = hg_bulk::start_batch(self.ep, op, remote, local, &ids);
+        // Through the request's own source when the caller owns the
+        // handle: a client that does not listen is reachable only there.
+        let started = hg_bulk::start_batch_via(self.ep, op, remote, local, &ids, Some(self.origin), None);
         drop(span);
         let via = match started {
             Err(e) => return Err(WindowFailure::Failed(e.to_string())),
@@ -383,7 +385,7 @@ impl<C: Codec> Engine<C> {
         local: &Bulk,
         spans: &[Span],
     ) -> Result<Vec<BulkId>> {
-        self.bulk_start_batch_with(op, remote, local, spans, None)
+        self.bulk_start_batch_with(op, remote, local, spans, None, None)
     }
 
     /// [`bulk_start_batch`](Self::bulk_start_batch) whose lookup of the
@@ -404,25 +406,26 @@ impl<C: Codec> Engine<C> {
         spans: &[Span],
         since: Instant,
     ) -> Result<Vec<BulkId>> {
-        self.bulk_start_batch_with(op, remote, local, spans, Some(since))
+        self.bulk_start_batch_with(op, remote, local, spans, Some(since), None)
     }
 
     /// [`bulk_start_batch`](Self::bulk_start_batch), or with `since`
-    /// [`bulk_try_start_batch`](Self::bulk_try_start_batch).
-    fn bulk_start_batch_with(
+    /// [`bulk_try_start_batch`](Self::bulk_try_start_batch); with `via`
+    /// (the source of the request a handler serves) a handle its source
+    /// owns is reached through that address, without a lookup (see
+    /// [`hg_bulk::start_batch_via`]).
+    pub(crate) fn bulk_start_batch_with(
         &mut self,
         op: BulkOp,
         remote: &Bulk,
         local: &Bulk,
         spans: &[Span],
         since: Option<Instant>,
+        via: Option<&Addr>,
     ) -> Result<Vec<BulkId>> {
         let ids: Vec<(Span, OpId)> = spans.iter().map(|s| (*s, self.op())).collect();
         let _span = DebugSpan::enter(|| bulk_span(op, remote, spans.len()));
-        let started = match since {
-            None => hg_bulk::start_batch(&mut self.ep, op, remote, local, &ids),
-            Some(t) => hg_bulk::try_start_batch(&mut self.ep, op, remote, local, &ids, t),
-        };
+        let started = hg_bulk::start_batch_via(&mut self.ep, op, remote, local, &ids, via, since);
         let posted = match started {
             Err(e) => return Err(bulk_err(e)),
             Ok(Started::Posted(via)) => Some(via),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_bulk::{Bulk, BulkOp, Span};
-use na_core::Access;
+use na_core::{Access, Addr};
 use tokio::sync::oneshot;
 
 use super::ctx::{HandlerTransfers, RunningTransfer};
@@ -110,7 +110,9 @@ impl AsyncEngine {
             local_offset,
             len,
         };
-        self.shared.bulk(op, remote, local, &[span], timeout, None).await
+        self.shared
+            .bulk(op, remote, local, &[span], timeout, None, None)
+            .await
     }
 
     /// Moves every span between `remote` and `local` as one batch (see
@@ -137,7 +139,9 @@ impl AsyncEngine {
         spans: &[Span],
         timeout: Duration,
     ) -> Result<()> {
-        self.shared.bulk(op, remote, local, spans, timeout, None).await
+        self.shared
+            .bulk(op, remote, local, spans, timeout, None, None)
+            .await
     }
 }
 
@@ -147,6 +151,10 @@ impl Shared {
     /// handler's transfers, where a dropped future leaves its transfers to
     /// be waited for). An argument, so that it is dropped after the
     /// call's own locals, the guard that leaves them there included.
+    /// `via`: the caller of the handler, through whose address a handle
+    /// it owns is reached without a lookup (see
+    /// [`hg_bulk::start_batch_via`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn bulk(
         self: &Arc<Self>,
         op: BulkOp,
@@ -155,6 +163,7 @@ impl Shared {
         spans: &[Span],
         timeout: Duration,
         handler: Option<RunningTransfer>,
+        via: Option<&Addr>,
     ) -> Result<()> {
         if spans.is_empty() {
             return Ok(());
@@ -168,7 +177,7 @@ impl Shared {
             let (mut e, ids) = self
                 .retry_while_blocked("AsyncEngine::bulk", remote.owner(), |e, since| {
                     self.check_running_quiet(WHAT)?;
-                    e.bulk_try_start_batch(op, remote, local, spans, since)
+                    e.bulk_start_batch_with(op, remote, local, spans, Some(since), via)
                 })
                 .await?;
             // Moved in memory or from inline data: done already.

@@ -306,7 +306,15 @@ impl AsyncBulkCtx {
         let running = self.transfers.enter()?;
         let engine = self.engine()?;
         engine
-            .bulk(op, remote, local, spans, timeout, Some(running))
+            .bulk(
+                op,
+                remote,
+                local,
+                spans,
+                timeout,
+                Some(running),
+                Some(&self.caller),
+            )
             .await
     }
 }

@@ -637,3 +637,146 @@ fn a_drained_server_dropped_at_once_has_sent_its_answers_over_verbs() {
         }
     });
 }
+
+/// Registers, on `srv`, a [`BlobPut`] that pulls the caller's handle and
+/// answers its hash, and a [`BlobGet`] that pushes `blob(len)` into the
+/// caller's handle at the offset given and answers the length (plain
+/// handlers, through their `BulkCtx`).
+fn serve_put_and_get(srv: &mut Engine) {
+    srv.register_with_bulk::<BlobPut>(|ctx, (_, from)| {
+        let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
+        ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size())?;
+        Ok(fnv(&into.local().ok_or("not local")?.to_vec()))
+    })
+    .expect("register put");
+    srv.register_with_bulk::<BlobGet>(|ctx, (_, into, at)| {
+        let len = into.size() - at;
+        let from = ctx.expose(vec![blob(len as usize)], Access::ReadOnly)?;
+        ctx.transfer(BulkOp::Push, &into, at, &from, 0, len)?;
+        Ok(len)
+    })
+    .expect("register get");
+}
+
+/// `len` bytes of a pattern.
+fn blob(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 11 + 3) as u8).collect()
+}
+
+/// Connections the plugin of `e` holds (its `peers` counter).
+fn connections(e: &mut Engine) -> u64 {
+    let id = e.self_addr().plugin();
+    e.endpoint().plugin(id).expect("plugin").stats().peers
+}
+
+/// A handler moves data with its caller's handle through the address the
+/// request came from, not by looking up the handle's owner: the verbs
+/// plugin files an incoming connection under a peer of its own, which no
+/// lookup finds. So a server pulls from and pushes into a client that
+/// does not listen (a lookup of its address would be refused: nobody
+/// listens there), and a client that listens gets no second connection
+/// (one each way) for it. Two engines of this process.
+#[test]
+fn a_handler_moves_data_through_its_request_s_source_over_verbs() {
+    let Some(spec) = rdma_spec("a_handler_moves_data_through_its_request_s_source_over_verbs") else {
+        return;
+    };
+    for listen in [false, true] {
+        let mut srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
+        serve_put_and_get(&mut srv);
+        let mut c = Engine::from_spec(&spec, listen, ProgressMode::default()).expect("client engine");
+        let data = blob(300_001);
+        let put = c
+            .expose(
+                vec![data[..1000].to_vec(), data[1000..].to_vec()],
+                Access::ReadOnly,
+            )
+            .expect("expose");
+        let hash = common::call_both::<BlobPut>(&mut c, &mut srv, &("k".into(), put)).unwrap_or_else(|e| {
+            panic!(
+                "listen {listen}: the server's pull: {e}; {}",
+                client_state(&mut c)
+            )
+        });
+        assert_eq!(hash, fnv(&data), "listen {listen}: pulled data differs");
+        let into = c
+            .expose(vec![vec![0; 70_000], vec![0; 30_000]], Access::ReadWrite)
+            .expect("expose");
+        let len = common::call_both::<BlobGet>(&mut c, &mut srv, &("k".into(), into.clone(), 10))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "listen {listen}: the server's push: {e}; {}",
+                    client_state(&mut c)
+                )
+            });
+        assert_eq!(len, 100_000 - 10);
+        let mut back = vec![0; len as usize];
+        into.local()
+            .expect("local")
+            .read_at(10, &mut back)
+            .expect("read back");
+        assert!(back == blob(len as usize), "listen {listen}: pushed data differs");
+        assert_eq!(
+            (connections(&mut c), connections(&mut srv)),
+            (1, 1),
+            "listen {listen}: the transfers opened a connection besides the client's own"
+        );
+    }
+}
+
+/// [`a_handler_moves_data_through_its_request_s_source_over_verbs`] for
+/// async handlers ([`AsyncBulkCtx`](hg_rpc::AsyncBulkCtx)): an async
+/// server pulls from and pushes into a client that does not listen.
+#[test]
+fn an_async_handler_moves_data_with_a_client_that_does_not_listen_over_verbs() {
+    let Some(spec) = rdma_spec("an_async_handler_moves_data_with_a_client_that_does_not_listen_over_verbs")
+    else {
+        return;
+    };
+    runtime().block_on(async {
+        let srv = async_engine(&spec, true);
+        srv.register_async_with_bulk::<BlobPut, _, _>(|ctx, (_, from)| async move {
+            let into = ctx
+                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+                .map_err(|e| e.to_string())?;
+            ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(fnv(&into.local().ok_or("not local")?.to_vec()))
+        })
+        .expect("register put");
+        srv.register_async_with_bulk::<BlobGet, _, _>(|ctx, (_, into, at)| async move {
+            let len = into.size() - at;
+            let from = ctx
+                .expose(vec![blob(len as usize)], Access::ReadOnly)
+                .map_err(|e| e.to_string())?;
+            ctx.transfer(BulkOp::Push, &into, at, &from, 0, len, T)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(len)
+        })
+        .expect("register get");
+        let c = async_engine(&spec, false);
+        let s = c.lookup(srv.self_addr().uri()).await.expect("lookup");
+        let data = blob(200_003);
+        let put = c.expose(vec![data.clone()], Access::ReadOnly).expect("expose");
+        let hash = c
+            .call::<BlobPut>(&s, &("k".into(), put), T)
+            .await
+            .expect("the async server's pull");
+        assert_eq!(hash, fnv(&data), "pulled data differs");
+        let into = c
+            .expose(vec![vec![0; 50_000]], Access::ReadWrite)
+            .expect("expose");
+        let len = c
+            .call::<BlobGet>(&s, &("k".into(), into.clone(), 5), T)
+            .await
+            .expect("the async server's push");
+        let mut back = vec![0; len as usize];
+        into.local()
+            .expect("local")
+            .read_at(5, &mut back)
+            .expect("read back");
+        assert!(back == blob(len as usize), "pushed data differs");
+    });
+}

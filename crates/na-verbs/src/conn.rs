@@ -120,8 +120,11 @@ pub(crate) struct Conn {
     pub bufs: Option<MemoryRegion>,
     pub slot: usize,
     pub depth: u32,
-    /// Peer index (set at creation on the active side, from the hello on the passive side).
+    /// Peer index: the looked-up peer it was made for (active side), or
+    /// the peer of its own made for it (passive side).
     pub peer: usize,
+    /// Its peer's sends go through it (set once the connection is its
+    /// peer's; each peer has one connection).
     pub primary: bool,
     pub active: bool,
     pub state: ConnState,

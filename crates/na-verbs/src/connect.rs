@@ -5,10 +5,18 @@
 //! Active: `resolve_addr` → `AddrResolved` → `resolve_route` →
 //! `RouteResolved` → create QP, post receives, `connect(hello)` →
 //! `Established` (the accept carries the peer's hello: its credits).
-//! Passive: `ConnectRequest(hello)` → find or create the peer named by the
-//! hello → create QP, post receives, `accept(hello)` → `Established`, or
-//! the first message from the peer, whichever comes first
-//! (`establish_by_message`).
+//! Passive: `ConnectRequest(hello)` → a new peer of the connection's own
+//! (its address shows what the hello names, but no lookup finds it) →
+//! create QP, post receives, `accept(hello)` → `Established`, or the first
+//! message from the peer, whichever comes first (`establish_by_message`).
+//!
+//! So every connection is its peer's only one: a looked-up peer's is the
+//! active one we made to the listener at its address, an incoming
+//! connection's peer is that connection. A hello's address is a claim
+//! checked only up to its IP (RDMA CM connects from an ephemeral port), and
+//! a claim never routes anyone else's traffic: a process on the same IP
+//! that names another's listen address gets a peer of its own, which
+//! replies reach and nothing else.
 //! A dead connection moves its QP to ERROR so every outstanding work
 //! request flushes, and is released once none is left.
 
@@ -187,12 +195,22 @@ impl VerbsPlugin {
         next
     }
 
-    /// The connection sends to `peer` go through, starting one if needed.
+    /// The connection sends to `peer` go through, starting one if needed
+    /// (a looked-up peer only: an incoming connection's peer has no other
+    /// connection than the one it came on).
     pub(crate) fn ensure_conn(&mut self, peer: usize) -> Result<ConnRef> {
         if let Some(c) = self.peers[peer].conn {
             if self.conn(c).is_some_and(|c| c.state != ConnState::Dead) {
                 return Ok(c);
             }
+        }
+        if self.peers[peer].incoming {
+            // Its connection's death marks it dead (`kill_conn`), so this
+            // is only a safeguard: never dial the address a hello claimed.
+            return Err(NaError::PeerGone {
+                peer: self.peers[peer].uri.clone(),
+                reason: "the connection it came on is gone (look its address up to connect to it)".into(),
+            });
         }
         let id = CmId::new(&self.events, PortSpace::Tcp)?;
         let dst = self.peers[peer].key;
@@ -391,35 +409,30 @@ impl VerbsPlugin {
             }
             return drop(id.reject(b"too many messages held"));
         }
+        // The connection's own peer, whatever the hello names: a lookup of
+        // that address (ours, or hg-bulk's of a descriptor's owner)
+        // connects to the listener there, never reuses this connection.
         let device = Some(&hello.device).filter(|d| !d.is_empty());
-        let (peer, new) = self
+        let peer = self
             .peers
-            .find_or_insert(self.id, hello.addr, device.map(|d| d.as_str()));
+            .insert_incoming(self.id, hello.addr, device.map(|d| d.as_str()));
         let cref = match self.insert_conn(Arc::clone(&id), peer, false) {
             Ok(c) => c,
             Err(e) => {
-                // A peer made just now for this request goes with it (no
-                // address of it was handed out yet).
-                if new {
-                    self.peers.remove_new(peer);
-                }
+                // Its peer goes with it (no address of it was handed out).
+                self.peers.remove_new(peer);
                 if self.stats.refuse_handshake() {
                     tracing::warn!(error = %e, "verbs: rejecting a connection");
                 }
                 return drop(id.reject(b"too many connections"));
             }
         };
-        let primary = self.peers[peer]
-            .conn
-            .and_then(|c| self.conn(c))
-            .is_none_or(|c| c.state == ConnState::Dead);
         let conn = self.conn_mut(cref).expect("just inserted");
         conn.credits = crate::credits::Credits::new(u32::from(hello.depth), conn.depth);
         conn.peer_max_msg = hello.max_payload as usize;
-        conn.primary = primary;
-        if primary {
-            self.peers[peer].conn = Some(cref);
-        }
+        conn.primary = true;
+        self.peers[peer].conn = Some(cref);
+        tracing::debug!(claimed = %hello.addr, "verbs: accepting a connection (a peer of its own)");
         // The reads the peer serves bound ours, and the reads it issues
         // bound what we serve; our device bounds both, each by its own
         // limit (`max_qp_init_rd_atom` and `max_qp_rd_atom`).
@@ -480,20 +493,12 @@ impl VerbsPlugin {
         }
         self.fail_rma_backlog(cref, &reason);
         if primary && self.peers[peer].dead.is_none() {
-            // Both sides may have connected at once: a second live
-            // connection to the peer carries its sends from now on (its
-            // messages name the peer, which must stay usable).
-            if let Some(other) = self.other_live_conn(peer, cref) {
-                tracing::debug!(peer = %uri, "verbs: another connection to the peer takes over");
-                if let Some(c) = self.conn_mut(other) {
-                    c.primary = true;
-                }
-                self.peers[peer].conn = Some(other);
-            } else {
-                self.peers.mark_dead(peer, &reason);
-                self.schedule_held_sweep();
-                self.fail_peer_recvs(peer, &reason);
-            }
+            // A peer has no connection but this one (an incoming one's
+            // peer is its own; a looked-up peer's is the one we made): the
+            // peer is gone with it, and a later lookup connects afresh.
+            self.peers.mark_dead(peer, &reason);
+            self.schedule_held_sweep();
+            self.fail_peer_recvs(peer, &reason);
         }
         self.retire_if_flushed(cref);
         // Still here: it waits for its flush completions, at most the
@@ -501,12 +506,6 @@ impl VerbsPlugin {
         if let Some(due) = self.conn(cref).and_then(flush_deadline) {
             self.arm_deadline(due);
         }
-    }
-
-    /// A connection to `peer` other than `except` that is not dead.
-    fn other_live_conn(&self, peer: usize, except: ConnRef) -> Option<ConnRef> {
-        self.conns_with_refs()
-            .find_map(|(r, c)| (c.peer == peer && c.state != ConnState::Dead && r != except).then_some(r))
     }
 
     /// Releases a dead connection once its work requests have all

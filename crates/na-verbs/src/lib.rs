@@ -8,7 +8,10 @@
 //! * **Connections**: RC queue pairs through RDMA CM, one per peer,
 //!   created lazily by the first operation on a peer; the connect and
 //!   accept private data carry a [`wire::Hello`] (who the side is, how many
-//!   receive buffers it posted, its largest message).
+//!   receive buffers it posted, its largest message). The address a hello
+//!   names is checked only up to its IP, so an incoming connection is a
+//!   peer of its own, which no lookup finds: a lookup always reaches the
+//!   listener at the address, through a connection we made.
 //! * **Messages**: every connection has `recv_depth` receive slots and as
 //!   many send slots in one registered region; a message is a 16-byte
 //!   [`wire::Header`] (kind, returned credits, tag, length) plus payload,

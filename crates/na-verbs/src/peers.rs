@@ -35,6 +35,10 @@ pub(crate) struct Peer {
     pub dead: Option<String>,
     /// When it became unusable.
     pub dead_since: Option<Instant>,
+    /// The peer of one incoming connection (see
+    /// [`PeerTable::insert_incoming`]): never found by a lookup, and never
+    /// connected to actively.
+    pub incoming: bool,
     /// Connections and held messages naming this peer.
     refs: u32,
 }
@@ -44,8 +48,9 @@ pub(crate) struct Peer {
 #[derive(Default)]
 pub(crate) struct PeerTable {
     slab: TokenSlab<Peer>,
-    /// Live peers by their listen address (dead ones are not found: a
-    /// lookup after a death starts afresh).
+    /// Live looked-up peers by their listen address (dead ones are not
+    /// found: a lookup after a death starts afresh). Peers of incoming
+    /// connections are never here.
     by_key: HashMap<SocketAddr, usize>,
 }
 
@@ -60,6 +65,25 @@ impl PeerTable {
         if let Some(&i) = self.by_key.get(&key) {
             return (i, false);
         }
+        let idx = self.insert(plugin, key, device, false);
+        self.by_key.insert(key, idx);
+        (idx, true)
+    }
+
+    /// A new peer for one incoming connection whose hello names `key`.
+    ///
+    /// A hello's address is a claim the plugin can check only up to the
+    /// IP (see `on_connect_request`), so the peer is the connection's
+    /// own: it is not entered in the index by address (a lookup of `key`
+    /// never finds it, and connects to the listener there instead), and
+    /// it dies with its connection. Its address shows `key` (for logs and
+    /// for comparing with a descriptor's owner), but only the connection
+    /// it came on reaches it.
+    pub fn insert_incoming(&mut self, plugin: PluginId, key: SocketAddr, device: Option<&str>) -> usize {
+        self.insert(plugin, key, device, true)
+    }
+
+    fn insert(&mut self, plugin: PluginId, key: SocketAddr, device: Option<&str>, incoming: bool) -> usize {
         let uri = canonical(device, key);
         let (idx, _) = self.slab.insert_with(|tok| Peer {
             addr: Addr::new(uri.clone(), plugin, tok, false),
@@ -68,10 +92,10 @@ impl PeerTable {
             conn: None,
             dead: None,
             dead_since: None,
+            incoming,
             refs: 0,
         });
-        self.by_key.insert(key, idx);
-        (idx, true)
+        idx
     }
 
     /// What the token of an address of this plugin names.
@@ -188,6 +212,34 @@ mod tests {
         assert_eq!(t.resolve(t[b].addr.token()), TokenState::Live(b));
         assert_eq!(t.resolve(7), TokenState::Unknown);
         assert_eq!(t.resolve(5 << 32 | b as u64), TokenState::Unknown);
+    }
+
+    #[test]
+    fn an_incoming_peer_is_never_found_by_its_address_nor_disturbs_the_looked_up_one() {
+        let mut t = PeerTable::default();
+        let (looked_up, _) = t.find_or_insert(PluginId(1), key(3), None);
+        let a = t.insert_incoming(PluginId(1), key(3), None);
+        let b = t.insert_incoming(PluginId(1), key(3), None);
+        assert!(
+            a != looked_up && b != looked_up && a != b,
+            "one peer per connection"
+        );
+        assert!(t[a].incoming && !t[looked_up].incoming);
+        assert_eq!(t[a].uri, t[looked_up].uri, "shown as the address it claims");
+        assert_ne!(t[a].addr, t[looked_up].addr);
+        assert_eq!(t.find_or_insert(PluginId(1), key(3), None), (looked_up, false));
+        // Its death leaves the looked-up peer findable, and it goes with
+        // its last reference.
+        t.acquire(a);
+        t.mark_dead(a, "its connection went");
+        assert_eq!(t.find_or_insert(PluginId(1), key(3), None), (looked_up, false));
+        t.release(a);
+        assert!(t.get(a).is_none());
+        // Nothing looked up: a lookup still makes a peer of its own.
+        let (c, new) = t.find_or_insert(PluginId(1), key(4), None);
+        let d = t.insert_incoming(PluginId(1), key(4), None);
+        assert!(new && c != d);
+        assert_eq!(t.find_or_insert(PluginId(1), key(4), None), (c, false));
     }
 
     #[test]

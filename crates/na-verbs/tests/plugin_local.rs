@@ -732,14 +732,17 @@ fn drive_two(
     (ca, cb)
 }
 
-/// Two listeners that look each other up and send at once connect twice.
-/// When the connection one of them sends on dies (here: a remote access
-/// error of a forged get), the other connection takes over: the peer
-/// stays usable both ways (it was declared gone while its second
-/// connection still delivered its messages).
+/// Two listeners that look each other up and send at once hold a
+/// connection each way: each side's lookup is its own connection to the
+/// other's listener, and the incoming one is a peer of its own (its
+/// messages' source is not the lookup's address). When the connection one
+/// of them sends on dies (here: a remote access error of a forged get),
+/// that looked-up peer is gone and the incoming connection does not take
+/// over (a hello's address is only a claim); the other way still works,
+/// and a new lookup connects afresh.
 #[test]
-fn a_second_connection_takes_over_when_the_first_dies() {
-    let Some(env) = common::rdma_env("a_second_connection_takes_over_when_the_first_dies") else {
+fn listeners_that_call_each_other_hold_a_connection_each_way() {
+    let Some(env) = common::rdma_env("listeners_that_call_each_other_hold_a_connection_each_way") else {
         return;
     };
     let (mut a, aid) = node(&env, true);
@@ -757,8 +760,19 @@ fn a_second_connection_takes_over_when_the_first_dies() {
     b.send_unexpected(&to_a, 1, b"from b", OpId(2)).unwrap();
     let (ca, cb) = drive_two(&mut a, &mut b, |ca, cb| ca.len() == 2 && cb.len() == 2);
     assert!(ca.iter().chain(&cb).all(|c| c.status.is_ok()), "{ca:?} {cb:?}");
-    let peers = |ep: &Endpoint, id| ep.plugin(id).unwrap().stats().peer_entries;
-    assert_eq!((peers(&a, aid), peers(&b, bid)), (1, 1));
+    let from_a = cb.iter().find(|c| c.op == OpId(1)).unwrap();
+    let src = from_a.source.as_ref().expect("a message has a source");
+    assert_ne!(src, &to_a, "an incoming connection is not the looked-up peer");
+    assert_eq!(src.uri(), to_a.uri(), "shown as the address its hello names");
+    let stats = |ep: &Endpoint, id| {
+        let s = ep.plugin(id).unwrap().stats();
+        (s.peer_entries, s.peers)
+    };
+    assert_eq!(
+        (stats(&a, aid), stats(&b, bid)),
+        ((2, 2), (2, 2)),
+        "a connection each way"
+    );
     // A forged get kills the connection a sends on.
     let forged = na_core::RemoteMem::new(
         vec![na_core::RemoteSegment {
@@ -781,19 +795,25 @@ fn a_second_connection_takes_over_when_the_first_dies() {
         a.progress(Some(Duration::ZERO)).unwrap();
         b.progress(Some(Duration::ZERO)).unwrap();
     }
-    // The peer is still usable, both ways, through the other connection.
+    let e = a
+        .send_unexpected(&to_b, 2, b"gone", OpId(4))
+        .expect_err("the peer whose only connection died is gone");
+    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    // b's own connection to a still carries b's sends; a new lookup of b
+    // connects afresh.
+    let to_b = a.lookup(&b_uri).unwrap();
     a.post_recv_unexpected(aid, Vec::new(), OpId(10)).unwrap();
     b.post_recv_unexpected(bid, Vec::new(), OpId(10)).unwrap();
-    a.send_unexpected(&to_b, 2, b"still here", OpId(11))
-        .expect("the peer must not be gone: another connection is live");
+    a.send_unexpected(&to_b, 2, b"again", OpId(11))
+        .expect("a new lookup connects afresh");
     b.send_unexpected(&to_a, 2, b"me too", OpId(11)).unwrap();
     let (ca, cb) = drive_two(&mut a, &mut b, |ca, cb| {
         ca.iter().filter(|c| c.op.0 >= 10).count() == 2 && cb.iter().filter(|c| c.op.0 >= 10).count() == 2
     });
     for c in ca.iter().chain(&cb).filter(|c| c.op.0 >= 10) {
-        c.status.as_ref().expect("through the connection that took over");
+        c.status.as_ref().expect("over the live connections");
     }
-    assert!(cb.iter().any(|c| c.buf.as_deref() == Some(&b"still here"[..])));
+    assert!(cb.iter().any(|c| c.buf.as_deref() == Some(&b"again"[..])));
     assert!(ca.iter().any(|c| c.buf.as_deref() == Some(&b"me too"[..])));
 }
 
