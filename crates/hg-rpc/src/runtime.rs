@@ -206,14 +206,18 @@ impl Shared {
     /// its bound for a lookup has passed since `since` (na-sm:
     /// `SmConfig::handshake_timeout`), with the error a blocking lookup
     /// would give. Returns the engine, still locked, with the outcome.
-    /// `peer` is what the trace events name.
+    /// `peer` is what the trace events name. With `timeout` (a caller's
+    /// whole budget, starting at `since`), the waiting also ends when it
+    /// has passed, with [`RpcError::Timeout`]: a transfer's timeout covers
+    /// the lookup of its peer, not only the transfer after it.
     pub(super) async fn retry_while_blocked<'s, T>(
         &'s self,
         what: &'static str,
         peer: &str,
+        since: Instant,
+        timeout: Option<Duration>,
         mut attempt: impl FnMut(&mut Engine, Instant) -> Result<T>,
     ) -> Result<(EngineGuard<'s>, T)> {
-        let since = Instant::now();
         let mut pause = LOOKUP_RETRY_FIRST;
         let mut waited = false;
         loop {
@@ -244,6 +248,18 @@ impl Shared {
                 }
             }
             waited = true;
+            let mut pause_now = pause;
+            if let Some(budget) = timeout {
+                let left = budget.saturating_sub(since.elapsed());
+                if left.is_zero() {
+                    tracing::debug!(peer, waited = ?since.elapsed(), "hg-rpc: lookup gave up: the caller's timeout passed");
+                    return Err(RpcError::Timeout {
+                        rpc: what.into(),
+                        millis: budget.as_millis(),
+                    });
+                }
+                pause_now = pause_now.min(left);
+            }
             // The pause ends early if the driver stops (`mark_stopped`
             // notifies): registered before the look at the flag, so a stop
             // in between is not missed, and the timer, made on the
@@ -256,7 +272,7 @@ impl Shared {
                 let why = self.waiters().stopped.clone().unwrap_or_default();
                 return Err(driver_stopped(what, &why));
             }
-            let _ = self.timer(|| tokio::time::timeout(pause, stopped)).await;
+            let _ = self.timer(|| tokio::time::timeout(pause_now, stopped)).await;
             pause = (pause * 2).min(LOOKUP_RETRY_MAX);
         }
     }
@@ -739,7 +755,7 @@ impl AsyncEngine {
     pub async fn lookup(&self, uri: &str) -> Result<Addr> {
         let (_engine, addr) = self
             .shared
-            .retry_while_blocked("AsyncEngine::lookup", uri, |e, since| {
+            .retry_while_blocked("AsyncEngine::lookup", uri, Instant::now(), None, |e, since| {
                 // The engine's own plugin (see `Engine::lookup`).
                 let plugin = e.plugin();
                 Ok(e.endpoint().plugin_mut(plugin)?.try_lookup(uri, since)?)

@@ -78,10 +78,11 @@ impl AsyncEngine {
     /// owner up, as [`lookup`](Self::lookup) does: where connecting would
     /// wait (na-sm: the owner's accept queue is full), this task waits,
     /// without the engine lock, and starts the transfer once connected;
-    /// if the transport's bound for a lookup passes first (na-sm:
-    /// `SmConfig::handshake_timeout`), the answer is the lookup's error
-    /// (a timeout naming the owner). That wait comes before, and is not
-    /// bounded by, `timeout`, which bounds the transfer itself.
+    /// if `timeout` (which covers the whole call, this wait included)
+    /// passes first, the answer is [`RpcError::Timeout`], and if the
+    /// transport's bound for a lookup passes first (na-sm:
+    /// `SmConfig::handshake_timeout`), the lookup's error (a timeout
+    /// naming the owner). A zero timeout does not bound that wait.
     ///
     /// Dropping the future gives the transfer up without waiting (see
     /// [`Engine::forget_bulk`](crate::Engine::forget_bulk)): the local
@@ -168,6 +169,10 @@ impl Shared {
         if spans.is_empty() {
             return Ok(());
         }
+        // The timeout covers the whole call, the lookup of the owner
+        // included (a zero one waits for neither: see below).
+        let (begun, tokio_begun) = (Instant::now(), tokio::time::Instant::now());
+        let budget = (!timeout.is_zero()).then_some(timeout);
         let mut failure = None;
         let mut waits = Vec::new();
         {
@@ -175,7 +180,7 @@ impl Shared {
             // where that would wait to connect, this task waits (without
             // the engine lock) and starts the batch again.
             let (mut e, ids) = self
-                .retry_while_blocked("AsyncEngine::bulk", remote.owner(), |e, since| {
+                .retry_while_blocked("AsyncEngine::bulk", remote.owner(), begun, budget, |e, since| {
                     self.check_running_quiet(WHAT)?;
                     e.bulk_start_batch_with(op, remote, local, spans, Some(since), via)
                 })
@@ -252,10 +257,10 @@ impl Shared {
         // `Engine::bulk`): their outcomes may be at hand, but the driver has
         // not filed them.
         let deadline = (!timeout.is_zero()).then(|| {
-            let now = tokio::time::Instant::now();
             // `Duration::MAX` and the like: no deadline in practice.
-            now.checked_add(timeout)
-                .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
+            tokio_begun
+                .checked_add(timeout)
+                .unwrap_or_else(|| tokio_begun + Duration::from_secs(100 * 365 * 86_400))
         });
         for (id, rx) in &mut waits {
             let waited = match deadline {

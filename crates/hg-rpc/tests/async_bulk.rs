@@ -643,3 +643,59 @@ async fn a_context_kept_past_its_engine_exposes_nothing() {
         other => panic!("expected DriverStopped, got {:?}", other.map(|b| b.size())),
     }
 }
+
+/// A transfer's timeout covers the lookup of the handle's owner: with an
+/// owner whose listener never accepts (its queue full, so a lookup would
+/// wait for na-sm's 5 s handshake timeout), a transfer given 300 ms
+/// answers `Timeout` within about that, not after the lookup's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfers_timeout_covers_the_lookup_of_its_owner() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    let d = common::dir("async-bulk-stuck-owner");
+    let pid = std::process::id();
+    let path = d.join(format!("{pid}-stuck.sock"));
+    let listener = UnixListener::bind(&path).unwrap();
+    // SAFETY (test): listen(2) on a socket we own; backlog 0 makes one
+    // pending connection fill the queue.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let _queued = UnixStream::connect(&path).expect("the first connection is queued");
+    let c = common::async_engine(&d, false);
+    let seg = na_core::RemoteSegment {
+        addr: 4096,
+        len: 4096,
+        key: 0,
+    };
+    let mem = na_core::RemoteMem::new(vec![seg], Access::ReadOnly)
+        .unwrap()
+        .to_bytes();
+    let remote = Bulk::from_desc(hg_rpc::BulkDesc {
+        owner: format!("sm://{pid}-stuck"),
+        mem: serde_bytes::ByteBuf::from(mem),
+        inline: None,
+    })
+    .unwrap();
+    let local = c.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
+    let t0 = std::time::Instant::now();
+    let r = c
+        .bulk(
+            BulkOp::Pull,
+            &remote,
+            0,
+            &local,
+            0,
+            4096,
+            Duration::from_millis(300),
+        )
+        .await;
+    let took = t0.elapsed();
+    match r {
+        Err(RpcError::Timeout { millis, .. }) => assert_eq!(millis, 300),
+        other => panic!("expected the transfer's timeout, got {other:?} after {took:?}"),
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "answered after {took:?}: the lookup's wait was not bounded by the timeout"
+    );
+    drop(listener);
+}
