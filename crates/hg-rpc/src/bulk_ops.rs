@@ -505,6 +505,14 @@ impl<C: Codec> Engine<C> {
     /// from inline data). If progress itself fails meanwhile, that error
     /// returns and the transfer is given up as by
     /// [`forget_bulk`](Self::forget_bulk), which never waits.
+    ///
+    /// The timeout covers the whole call: where looking up the handle's
+    /// owner would wait to connect (na-sm: the owner's accept queue is
+    /// full), the engine is driven meanwhile and tries again, and the
+    /// answer is the timeout if it passes first (or the lookup's error if
+    /// the transport's bound for a lookup does). A zero timeout looks the
+    /// owner up as [`bulk_start`](Self::bulk_start) does (a wait the
+    /// transport bounds).
     #[allow(clippy::too_many_arguments)]
     pub fn bulk(
         &mut self,
@@ -516,8 +524,17 @@ impl<C: Codec> Engine<C> {
         len: u64,
         timeout: Duration,
     ) -> Result<()> {
-        let id = self.bulk_start(op, remote, remote_offset, local, local_offset, len)?;
         let deadline = na_core::deadline_after(timeout);
+        let id = if timeout.is_zero() {
+            self.bulk_start(op, remote, remote_offset, local, local_offset, len)?
+        } else {
+            let span = Span {
+                remote_offset,
+                local_offset,
+                len,
+            };
+            self.bulk_start_within(op, remote, local, span, deadline, timeout)?
+        };
         loop {
             if let Some(r) = self.take_bulk(id) {
                 return r;
@@ -534,6 +551,49 @@ impl<C: Codec> Engine<C> {
                 self.forget_bulk(id);
                 return Err(e);
             }
+        }
+    }
+
+    /// Starts one transfer; where the lookup of the owner would wait to
+    /// connect, drives the engine for a pause (doubling, as an
+    /// [`AsyncEngine`](crate::AsyncEngine)'s lookup does) and tries again,
+    /// until `deadline` (then [`RpcError::Timeout`] for `timeout`).
+    fn bulk_start_within(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        span: Span,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<BulkId> {
+        let since = Instant::now();
+        let mut pause = crate::runtime::LOOKUP_RETRY_FIRST;
+        loop {
+            match self.bulk_start_batch_with(op, remote, local, &[span], Some(since), None) {
+                Ok(ids) => return Ok(ids[0]),
+                Err(RpcError::Transport(e)) if e.is_would_block() => {}
+                Err(e) => return Err(e),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RpcError::Timeout {
+                    rpc: "bulk transfer".into(),
+                    millis: timeout.as_millis(),
+                });
+            }
+            // The engine's work goes on meanwhile; the lookup is tried
+            // again once the pause has passed, however busy it is.
+            let retry_at = Instant::now() + pause.min(left);
+            loop {
+                let wait = retry_at.saturating_duration_since(Instant::now());
+                if wait.is_zero() {
+                    break;
+                }
+                self.progress(Some(wait))?;
+                self.trigger()?;
+            }
+            pause = (pause * 2).min(crate::runtime::LOOKUP_RETRY_MAX);
         }
     }
 

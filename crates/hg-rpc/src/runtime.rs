@@ -845,10 +845,10 @@ pub const DRAIN_RECHECK: Duration = Duration::from_millis(50);
 /// The first pause of a lookup that would wait to connect (see
 /// [`AsyncEngine::lookup`]) before it tries again; each later pause is
 /// twice the one before, up to [`LOOKUP_RETRY_MAX`].
-const LOOKUP_RETRY_FIRST: Duration = Duration::from_millis(1);
+pub(crate) const LOOKUP_RETRY_FIRST: Duration = Duration::from_millis(1);
 
 /// See [`LOOKUP_RETRY_FIRST`].
-const LOOKUP_RETRY_MAX: Duration = Duration::from_millis(20);
+pub(crate) const LOOKUP_RETRY_MAX: Duration = Duration::from_millis(20);
 
 #[cfg(test)]
 mod probe_tests {
