@@ -9,7 +9,7 @@
 //! Per peer, because the backlog is per peer: a peer that stopped
 //! reading must not hold back the notices to any other. A notice waits at
 //! most as long as the peer keeps the memory anyway (its TTL, after which
-//! it has freed it), and a peer has at most [`MAX_WAITING_PER_TARGET`] of
+//! it has freed it), and a peer has at most [`MAX_WAITING_PER_PEER`] of
 //! them. A retry is due [`RETRY_EVERY`] after the last one, or sooner
 //! when the engine's last turn handled completions (the transport moved:
 //! a flushed backlog completes its sends), but not sooner than a gap that
@@ -29,7 +29,7 @@ use crate::header::Header;
 
 /// Notices one peer may have waiting; past it the peer's TTL frees the
 /// memory.
-pub(crate) const MAX_WAITING_PER_TARGET: usize = 4096;
+pub(crate) const MAX_WAITING_PER_PEER: usize = 4096;
 
 /// The longest a retry waits (when nothing moves, and the longest gap
 /// between retries while the transport moves but the targets stay stuck).
@@ -86,13 +86,13 @@ impl UnsentNotices {
     }
 
     /// Queues a notice behind `target`'s others; false if it already has
-    /// [`MAX_WAITING_PER_TARGET`].
+    /// [`MAX_WAITING_PER_PEER`].
     pub(crate) fn push(&mut self, target: &Addr, notice: Notice) -> bool {
         let w = self.targets.entry(target.token()).or_insert_with(|| Waiting {
             addr: target.clone(),
             notices: VecDeque::new(),
         });
-        if w.notices.len() >= MAX_WAITING_PER_TARGET {
+        if w.notices.len() >= MAX_WAITING_PER_PEER {
             return false;
         }
         w.notices.push_back((notice, Instant::now()));
@@ -158,13 +158,13 @@ mod tests {
         );
         let mut u = UnsentNotices::default();
         assert!(u.is_empty() && u.next_try().is_none() && !u.due(1));
-        for cookie in 0..MAX_WAITING_PER_TARGET as u64 {
+        for cookie in 0..MAX_WAITING_PER_PEER as u64 {
             assert!(u.push(&a, Notice::Release(cookie)));
         }
         assert!(!u.push(&a, Notice::Release(99_999)), "past the cap");
         assert!(u.push(&b, Notice::Release(7)), "another target has its own cap");
         assert!(u.waits_for(&a) && u.waits_for(&b));
-        assert_eq!(u.len(), MAX_WAITING_PER_TARGET + 1);
+        assert_eq!(u.len(), MAX_WAITING_PER_PEER + 1);
         // Due after a turn that moved something, or RETRY_EVERY after the
         // last try; not right after a try that moved nothing.
         std::thread::sleep(RETRY_FIRST);
