@@ -518,6 +518,7 @@ impl<C: Codec> Engine<C> {
     pub(super) fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
         let spilled = h.flags & FLAG_SPILL != 0;
+        let pulling = self.pulling_output_of(cookie);
         let Some(call) = self.calls.get_mut(cookie) else {
             cold_path();
             self.stats.stray_responses += 1;
@@ -529,15 +530,7 @@ impl<C: Codec> Engine<C> {
             }
             return;
         };
-        // A second response while the output of the first is being pulled
-        // (a confused or hostile target) would start another pull, or
-        // file an outcome the pull then overwrites.
-        let pulling = || {
-            self.pulls
-                .values()
-                .any(|p| p.header.cookie == cookie && p.header.is_response())
-        };
-        if call.peer != Some(src.token()) || call.outcome.is_some() || (!self.pulls.is_empty() && pulling()) {
+        if call.peer != Some(src.token()) || call.outcome.is_some() || pulling {
             cold_path();
             self.stats.malformed += 1;
             if logged_at(self.stats.malformed) {
@@ -579,6 +572,19 @@ impl<C: Codec> Engine<C> {
         }
         // An abandoned call's outcome is dropped, not filed.
         self.file_outcome(cookie, Ok(Vec::new()));
+    }
+
+    /// True while the spilled output of call `cookie`'s response is being
+    /// pulled. A second response meanwhile (a confused or hostile target,
+    /// of this protocol version or another) would start another pull, or
+    /// file an outcome the pull then overwrites: both are dropped.
+    #[inline]
+    pub(super) fn pulling_output_of(&self, cookie: u64) -> bool {
+        !self.pulls.is_empty()
+            && self
+                .pulls
+                .values()
+                .any(|p| p.header.cookie == cookie && p.header.is_response())
     }
 
     /// [`on_response`](Self::on_response) of a response whose output

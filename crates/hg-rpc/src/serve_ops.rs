@@ -273,8 +273,9 @@ impl<C: Codec> Engine<C> {
         let Some(call) = self.calls.get(cookie) else {
             return true;
         };
-        // Only the call's target may end it (as for any response).
-        if call.peer != Some(src.token()) || call.outcome.is_some() {
+        // Only the call's target may end it (as for any response), and not
+        // while the output of its first response is being pulled.
+        if call.peer != Some(src.token()) || call.outcome.is_some() || self.pulling_output_of(cookie) {
             return true;
         }
         let outcome = if call.abandoned.is_some() {

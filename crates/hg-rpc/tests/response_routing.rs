@@ -368,13 +368,18 @@ fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
 
 /// A target that sends a spilled response twice for one call: the second
 /// arrives while the first's output is being pulled, and must be dropped
-/// as malformed, not start a second pull (or overwrite the outcome).
+/// as malformed, not start a second pull (or overwrite the outcome). A
+/// second call, never answered, stays in flight so that the origin takes
+/// the second response in the same turn as the first, while the pull is
+/// still in flight (with one call in flight it stops after that call's
+/// response, and handles the pull's end first).
 #[test]
 fn a_second_spilled_response_during_the_pull_is_malformed() {
     let d = dir("dup-spill");
     let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
     let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    let _unanswered = c.forward::<Echo>(&s, &vec![2u8; 16]).unwrap();
     let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
     let crc = hg_rpc::header::crc32c(&output);
     let (_mem, msg) = spilled_echo_response(&mut x, xid, cookie, output.clone(), crc);
@@ -394,6 +399,37 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
         "the output was pulled more than once"
     );
     assert_eq!(c.stats().malformed, 1, "{:?}", c.stats());
+}
+
+/// As above, with the second response of another protocol version: it
+/// must not end the call (with `VersionMismatch`) while the first
+/// response's output is being pulled; the call gets that output. A
+/// second call, never answered, stays in flight so that the origin takes
+/// the next message in the same turn, before the pull's end is handled
+/// (with one call in flight it stops after that call's response).
+#[test]
+fn a_response_of_another_version_during_the_pull_is_dropped() {
+    let d = dir("foreign-spill");
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
+    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    let _unanswered = c.forward::<Echo>(&s, &vec![2u8; 16]).unwrap();
+    let output = postcard::to_allocvec(&vec![7u8; 64 << 10]).unwrap();
+    let crc = hg_rpc::header::crc32c(&output);
+    let (_mem, msg) = spilled_echo_response(&mut x, xid, cookie, output, crc);
+    let mut foreign = postcard_echo_response(cookie, &[1]);
+    foreign[4] = hg_rpc::header::VERSION.wrapping_add(1);
+    // Both are in the origin's queue before it looks.
+    send_raw(&mut x, &origin, None, &msg, OpId(2));
+    send_raw(&mut x, &origin, None, &foreign, OpId(3));
+    let out = wait::<Echo>(&mut c, id).expect("the pulled output, not a version mismatch");
+    assert_eq!(out, vec![7u8; 64 << 10]);
+    let st = c.stats();
+    assert_eq!(
+        (st.version_mismatches, st.errors, st.in_flight),
+        (1, 0, 1),
+        "{st:?}"
+    );
 }
 
 /// Large input, large output, sent one-way.
