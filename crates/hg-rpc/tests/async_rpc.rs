@@ -1,7 +1,8 @@
-//! The tokio front end over na-sm with a separate server process.
+//! The tokio front end over na-sm with a separate server process: calls,
+//! handlers and the driver at work. How the engine behaves when its driver
+//! stops, its runtime shuts down or it is used from outside its runtime:
+//! `async_stop.rs`.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,6 @@ mod rpcs;
 use rpcs::*;
 
 mod common;
-use common::TestDir;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -24,50 +24,12 @@ const T: Duration = Duration::from_secs(10);
 /// alongside it under `cargo test` (threads, not processes) would count.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The server process (killed when dropped), its address, and the socket
-/// directory (removed after it).
-struct Server(Child, String, #[allow(dead_code)] TestDir);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn setup(tag: &str, mode: ProgressMode) -> (Server, AsyncEngine) {
-    setup_with_spin(tag, mode, Duration::ZERO)
-}
-
-/// [`setup`] with a driver that spins for `spin` after work
-/// (`AsyncEngine::spawn_with_spin`).
-fn setup_with_spin(tag: &str, mode: ProgressMode, spin: Duration) -> (Server, AsyncEngine) {
-    let dir = common::dir(&format!("async-{tag}"));
-    let mut child = common::testpeer()
-        .env("QS_SM_DIR", &dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let uri = line.trim().strip_prefix("ADDR ").unwrap().to_owned();
-    let mut ep = Endpoint::new(mode).unwrap();
-    let cfg = SmConfig::default().with_dir(&*dir);
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let engine = AsyncEngine::spawn_with_spin(Engine::new(ep, id).unwrap(), spin).unwrap();
-    (Server(child, uri, dir), engine)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_timeouts_and_cancel_by_drop() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (srv, engine) = setup("calls", ProgressMode::default());
+    let (srv, engine) = common::async_setup("calls", ProgressMode::default(), Duration::ZERO);
     let engine = Arc::new(engine);
-    let s = engine.lookup(&srv.1).await.unwrap();
+    let s = engine.lookup(&srv.server.uri).await.unwrap();
     assert_eq!(engine.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
 
     // 1,000 calls in flight at once, one task each.
@@ -126,8 +88,8 @@ fn cpu_time() -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_driver_uses_no_cpu() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (srv, engine) = setup("idle", ProgressMode::default());
-    let s = engine.lookup(&srv.1).await.unwrap();
+    let (srv, engine) = common::async_setup("idle", ProgressMode::default(), Duration::ZERO);
+    let s = engine.lookup(&srv.server.uri).await.unwrap();
     assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (c0, t0) = (cpu_time(), Instant::now());
@@ -151,8 +113,8 @@ async fn a_spinning_driver_sees_back_to_back_responses_without_sleeping() {
 
     // The driver's sleeps during `CALLS` back-to-back calls (after a first
     // one that connects).
-    async fn sleeps_in_calls(engine: &AsyncEngine, srv: &Server) -> (na_core::Addr, u64) {
-        let s = engine.lookup(&srv.1).await.unwrap();
+    async fn sleeps_in_calls(engine: &AsyncEngine, srv: &common::ServerInDir) -> (na_core::Addr, u64) {
+        let s = engine.lookup(&srv.server.uri).await.unwrap();
         assert_eq!(engine.call::<Add>(&s, &(1, 1), T).await.unwrap(), 2);
         let before = engine.stats().driver_sleeps;
         for i in 0..CALLS {
@@ -163,7 +125,7 @@ async fn a_spinning_driver_sees_back_to_back_responses_without_sleeping() {
 
     // Without a window the driver sleeps between calls (not before every
     // response: the test peer spins, so some come before it sleeps).
-    let (srv, engine) = setup("spin-none", ProgressMode::default());
+    let (srv, engine) = common::async_setup("spin-none", ProgressMode::default(), Duration::ZERO);
     let (_, slept) = sleeps_in_calls(&engine, &srv).await;
     assert!(
         slept >= 10,
@@ -173,7 +135,7 @@ async fn a_spinning_driver_sees_back_to_back_responses_without_sleeping() {
 
     // With a window of 300 ms: no sleep between the calls.
     let spin = Duration::from_millis(300);
-    let (srv, engine) = setup_with_spin("spin-300ms", ProgressMode::default(), spin);
+    let (srv, engine) = common::async_setup("spin-300ms", ProgressMode::default(), spin);
     let (s, slept) = sleeps_in_calls(&engine, &srv).await;
     assert!(
         slept <= 2,
@@ -355,11 +317,11 @@ async fn an_engine_used_before_it_was_spawned_still_gets_responses() {
         ProgressMode::Busy,
         ProgressMode::default(),
     ] {
-        let (srv, engine) = setup("used-before", mode);
+        let (srv, engine) = common::async_setup("used-before", mode, Duration::ZERO);
         drop(engine);
-        let (ep, id) = common::endpoint(&srv.2, false);
+        let (ep, id) = common::endpoint(&srv.dir, false);
         let mut blocking = Engine::new(ep, id).unwrap();
-        let s = blocking.endpoint().lookup(&srv.1).unwrap();
+        let s = blocking.endpoint().lookup(&srv.server.uri).unwrap();
         assert_eq!(blocking.call::<Add>(&s, &(1, 2), T).unwrap(), 3);
         let engine = AsyncEngine::spawn(blocking).unwrap();
         let r = engine.call::<Add>(&s, &(3, 4), Duration::from_secs(3)).await;
@@ -422,8 +384,8 @@ async fn a_one_way_self_call_to_an_async_handler_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_timeouts_count_as_errors() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (srv, engine) = setup("async-errors", ProgressMode::default());
-    let s = engine.lookup(&srv.1).await.unwrap();
+    let (srv, engine) = common::async_setup("async-errors", ProgressMode::default(), Duration::ZERO);
+    let s = engine.lookup(&srv.server.uri).await.unwrap();
     let r = engine.call::<Sleep>(&s, &500, Duration::from_millis(50)).await;
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     assert_eq!(engine.stats().errors, 1, "{:?}", engine.stats());
@@ -463,133 +425,6 @@ async fn an_idle_driver_still_lets_abandoned_inputs_go() {
         "one-way input kept while idle: {stats:?}"
     );
     assert_eq!(stats.abandoned_bytes, 0, "{stats:?}");
-}
-
-/// Dropping the AsyncEngine while an async handler still runs releases
-/// the engine (its listening socket goes) instead of keeping it until the
-/// handler ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropping_the_engine_does_not_wait_for_running_handlers() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let dir = common::dir("async-drop");
-    let server = common::async_engine(&dir, true);
-    server
-        .register_async::<Sleep, _, _>(|_| std::future::pending())
-        .unwrap();
-    let client = common::async_engine(&dir, false);
-    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
-    let r = client.call::<Sleep>(&s, &0, Duration::from_millis(200)).await;
-    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
-    let sockets = || {
-        std::fs::read_dir(&*dir)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "sock")
-            })
-            .count()
-    };
-    assert_eq!(sockets(), 1, "the server's socket");
-    drop(server);
-    let end = Instant::now() + Duration::from_secs(3);
-    while sockets() > 0 {
-        assert!(Instant::now() < end, "the dropped engine's socket is still there");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The `.sock` files in `dir` (a listening engine's socket).
-fn sockets(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "sock")
-        })
-        .count()
-}
-
-/// Handlers that hold their own engine (an `Arc`, to make nested calls)
-/// make a reference cycle, which `shutdown` breaks: it takes the handlers
-/// out, so dropping the engine afterwards releases it (its socket goes).
-/// Calls and registrations after it fail, saying so; from a plain
-/// handler it is a reentry error that changes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let dir = common::dir("async-shutdown");
-    let server = Arc::new(common::async_engine(&dir, true));
-    server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
-    // A plain handler holding the engine, which tries to shut it down.
-    let me = server.clone();
-    server
-        .register::<Fail>(move |_| match me.shutdown() {
-            Err(e) => Err(e.to_string()),
-            Ok(()) => Ok(()),
-        })
-        .unwrap();
-    // An async handler holding the engine, for a nested call on it.
-    let me = server.clone();
-    server
-        .register_async::<Echo, _, _>(move |data| {
-            let me = me.clone();
-            async move {
-                let n = me
-                    .call::<Add>(&me.self_addr(), &(data.len() as u64, 1), T)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(vec![n as u8])
-            }
-        })
-        .unwrap();
-    let client = common::async_engine(&dir, false);
-    let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
-    assert_eq!(client.call::<Echo>(&s, &vec![0; 3], T).await.unwrap(), vec![4]);
-    match client.call::<Fail>(&s, &String::new(), T).await {
-        Err(RpcError::Handler { message, .. }) => {
-            assert!(message.contains("AsyncEngine::shutdown"), "{message}")
-        }
-        other => panic!("expected the reentry error, got {other:?}"),
-    }
-    // Unchanged: it serves on.
-    assert_eq!(client.call::<Echo>(&s, &vec![0; 5], T).await.unwrap(), vec![6]);
-    assert_eq!(sockets(&dir), 1, "the server's socket");
-
-    server.shutdown().unwrap();
-    server.shutdown().unwrap();
-    let stopped = |r: RpcError| match r {
-        RpcError::DriverStopped { reason, .. } => {
-            assert!(reason.contains("AsyncEngine::shutdown"), "{reason}")
-        }
-        other => panic!("expected DriverStopped, got {other:?}"),
-    };
-    stopped(
-        server
-            .call::<Add>(&server.self_addr(), &(1, 2), T)
-            .await
-            .unwrap_err(),
-    );
-    stopped(server.register::<Count>(|()| Ok((0, 0))).unwrap_err());
-    stopped(
-        server
-            .register_async::<Count, _, _>(|()| async { Ok((0, 0)) })
-            .unwrap_err(),
-    );
-    drop(server);
-    let end = Instant::now() + Duration::from_secs(3);
-    while sockets(&dir) > 0 {
-        assert!(
-            Instant::now() < end,
-            "the engine's socket is still there: its handlers keep it alive"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Pulled inputs that async handlers still hold count against the pull
@@ -719,123 +554,6 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
     assert_eq!(call(&c1, vec![7]).await.unwrap().unwrap(), vec![7]);
 }
 
-/// The driver task can stop while calls wait (here its tokio runtime shuts
-/// down; an error waiting on the endpoint's fd ends it too): the waiting
-/// call fails at once with `DriverStopped` instead of at its timeout, and
-/// later calls and one-way calls are refused at once.
-#[test]
-fn calls_fail_at_once_when_the_driver_stops() {
-    let _serial = ONE_AT_A_TIME.blocking_lock();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (srv, engine) = {
-        let _in = rt.enter();
-        setup("driver-stops", ProgressMode::default())
-    };
-    let engine = Arc::new(engine);
-    let s = rt.block_on(engine.lookup(&srv.1)).unwrap();
-    assert_eq!(rt.block_on(engine.call::<Add>(&s, &(2, 3), T)).unwrap(), 5);
-    // A call the target answers only after a minute, from a thread with a
-    // runtime of its own; its timeout is 20 s.
-    let (e, s2) = (engine.clone(), s.clone());
-    let waiting = std::thread::spawn(move || {
-        let own = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let t0 = Instant::now();
-        let r = own.block_on(e.call::<Sleep>(&s2, &60_000, Duration::from_secs(20)));
-        (r, t0.elapsed())
-    });
-    // It waits once forwarded (the waiter is registered under the same
-    // lock as the count).
-    let end = Instant::now() + T;
-    while engine.stats().calls < 2 {
-        assert!(Instant::now() < end, "{:?}", engine.stats());
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    std::thread::sleep(Duration::from_millis(50));
-    rt.shutdown_timeout(Duration::from_secs(1));
-    let (r, took) = waiting.join().unwrap();
-    match r {
-        Err(RpcError::DriverStopped { rpc, reason }) => {
-            assert_eq!(rpc, "test.sleep");
-            assert!(reason.contains("runtime shut down"), "{reason}");
-        }
-        other => panic!("expected DriverStopped, got {other:?}"),
-    }
-    assert!(took < Duration::from_secs(5), "failed only after {took:?}");
-    // Later calls fail at once, and say why.
-    a_call_fails_at_once_as_the_runtime_shut_down(&engine, &s);
-    assert!(matches!(
-        engine.call_one_way::<Record>(&s, &7),
-        Err(RpcError::DriverStopped { .. })
-    ));
-    assert_eq!(engine.stats().errors, 3, "{:?}", engine.stats());
-}
-
-/// A transport that breaks for good (here the sm plugin's own epoll set:
-/// its descriptor is made to name /dev/null, as a program that closes or
-/// reuses a descriptor it does not own would) stops the driver within
-/// `DRIVER_FAILURE_LIMIT` and a few turns: calls fail with
-/// `DriverStopped` naming the cause, instead of the driver spinning on
-/// the failure for ever (its fd never readable, every turn failing) while
-/// calls answer or time out as if nothing were wrong.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transport_that_keeps_failing_stops_the_driver_with_its_cause() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let (srv, _) = setup("broken-epoll", ProgressMode::default());
-    let (ep, id) = common::endpoint(&srv.2, false);
-    let fd = ep.plugin(id).unwrap().poll_fd().expect("sm has a poll fd");
-    let engine = AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap();
-    let s = engine.lookup(&srv.1).await.unwrap();
-    assert_eq!(engine.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);
-    // The epoll set itself stays open through a second descriptor, so it
-    // stays in the endpoint's set and wakes the driver as before; only the
-    // plugin's own calls on `fd` fail.
-    // SAFETY: `fd` is the plugin's epoll set, open as long as the engine;
-    // dup returns a new descriptor (checked), owned by `_kept` from here.
-    let kept = unsafe { libc::dup(fd) };
-    assert!(kept >= 0, "dup: {}", std::io::Error::last_os_error());
-    // SAFETY: `kept` is open and owned by nothing else.
-    let _kept = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(kept) };
-    let null = std::fs::File::open("/dev/null").unwrap();
-    // SAFETY: both descriptors are open (`null` above, `fd` as said). dup2
-    // makes `fd` name /dev/null: the plugin's epoll calls then fail with
-    // EINVAL, and it closes `fd` once, when dropped, as before.
-    assert_eq!(
-        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd) },
-        fd
-    );
-    let t0 = Instant::now();
-    let reason = loop {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "calls still answered 10 s after the transport broke: {:?}",
-            engine.stats()
-        );
-        match engine.call::<Add>(&s, &(2, 3), T).await {
-            Ok(5) => {}
-            Err(RpcError::DriverStopped { reason, .. }) => break reason,
-            other => panic!("expected 5 or DriverStopped, got {other:?}"),
-        }
-    };
-    assert!(
-        reason.contains("kept failing") && reason.contains("epoll"),
-        "{reason}"
-    );
-    // Later calls fail at once, with the same cause.
-    let t1 = Instant::now();
-    match engine.call::<Add>(&s, &(2, 3), T).await {
-        Err(RpcError::DriverStopped { reason, .. }) => assert!(reason.contains("kept failing"), "{reason}"),
-        other => panic!("expected DriverStopped, got {other:?}"),
-    }
-    assert!(t1.elapsed() < Duration::from_secs(1), "{:?}", t1.elapsed());
-}
-
 /// A plain handler runs with its engine locked: one that calls its own
 /// `AsyncEngine` gets an error (or, from `stats`, a panic its caller sees
 /// as a handler error) instead of waiting on itself forever with the
@@ -884,50 +602,6 @@ async fn a_plain_handler_calling_its_own_engine_gets_an_error_not_a_hang() {
     // The driver was never stuck: it served all four, and the engine is
     // usable from outside its handlers.
     assert_eq!(server.stats().handled, 4);
-}
-
-/// A driver task dropped before it was ever polled (its runtime shut down
-/// right after the spawn) fails calls at once too: the guard is made at
-/// the spawn, not in the task's body.
-#[test]
-fn a_driver_dropped_before_it_ever_ran_fails_calls_at_once() {
-    let _serial = ONE_AT_A_TIME.blocking_lock();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (srv, engine) = {
-        let _in = rt.enter();
-        setup("driver-never-ran", ProgressMode::default())
-    };
-    // Never `block_on`: the driver task never runs.
-    drop(rt);
-    // On a runtime of its own (the engine's is gone): a lookup of a
-    // listening peer needs no driver.
-    let s = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(engine.lookup(&srv.1))
-        .unwrap();
-    a_call_fails_at_once_as_the_runtime_shut_down(&engine, &s);
-}
-
-/// A call (from a runtime of its own) fails with `DriverStopped` naming the
-/// runtime's shutdown, well within its 20 s timeout.
-fn a_call_fails_at_once_as_the_runtime_shut_down(engine: &AsyncEngine, s: &na_core::Addr) {
-    let own = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let t0 = Instant::now();
-    match own.block_on(engine.call::<Add>(s, &(1, 1), Duration::from_secs(20))) {
-        Err(RpcError::DriverStopped { reason, .. }) => {
-            assert!(reason.contains("runtime shut down"), "{reason}")
-        }
-        other => panic!("expected DriverStopped, got {other:?}"),
-    }
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
 
 /// A call answered at once (a self-call to a plain handler here; a refusal
@@ -996,199 +670,4 @@ async fn late_self_answers_are_stray_and_refused_one_way_calls_are_errors() {
     let r = engine.call_one_way::<RecordBlob>(&to, &vec![1u8; 1 << 20]);
     assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
     assert_eq!(engine.stats().errors, errors + 1);
-}
-
-/// `AsyncEngine::spawn` outside a tokio runtime is an error saying so, not
-/// a panic.
-#[test]
-fn spawning_outside_a_runtime_is_an_error() {
-    let d = common::dir("spawn-outside");
-    let (ep, id) = common::endpoint(&d, false);
-    let engine = hg_rpc::Engine::new(ep, id).unwrap();
-    match hg_rpc::AsyncEngine::spawn(engine) {
-        Err(e) => assert!(e.to_string().contains("inside a tokio runtime"), "{e}"),
-        Ok(_) => panic!("spawned outside a runtime"),
-    }
-}
-
-/// In a runtime built without the I/O or the time driver, `spawn` is an
-/// error naming the missing one, not a panic (at registration, or in the
-/// driver task at its first sleep, which would leave calls failing with
-/// "the driver task panicked").
-#[test]
-fn spawning_in_a_runtime_without_io_or_time_is_an_error() {
-    let d = common::dir("spawn-no-driver");
-    for (what, rt) in [
-        (
-            "I/O",
-            tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build(),
-        ),
-        (
-            "time",
-            tokio::runtime::Builder::new_current_thread().enable_io().build(),
-        ),
-    ] {
-        let rt = rt.unwrap();
-        let _in = rt.enter();
-        let (ep, id) = common::endpoint(&d, false);
-        let engine = hg_rpc::Engine::new(ep, id).unwrap();
-        match hg_rpc::AsyncEngine::spawn(engine) {
-            Err(e) => assert!(e.to_string().contains(&format!("with {what}")), "{e}"),
-            Ok(_) => panic!("spawned in a runtime without {what}"),
-        }
-    }
-    // With both: it works.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let _in = rt.enter();
-    let (ep, id) = common::endpoint(&d, false);
-    assert!(hg_rpc::AsyncEngine::spawn(hg_rpc::Engine::new(ep, id).unwrap()).is_ok());
-}
-
-/// Polls `f` to its end on this thread, with no tokio runtime around it:
-/// the smallest executor (the waker unparks the thread).
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
-}
-
-/// An engine's futures (a call with its timeout, `drained`, a transfer)
-/// may be polled outside the engine's runtime: from a runtime built with
-/// I/O only (no timers), or with no runtime at all. Their timers are
-/// made on the engine's runtime, which runs them; tokio would otherwise
-/// panic as the timer is made ("timers are disabled", "no reactor
-/// running").
-#[test]
-fn futures_polled_outside_the_engines_runtime_work() {
-    let _serial = ONE_AT_A_TIME.blocking_lock();
-    let dir = common::dir("async-foreign-executor");
-    let (_rt, server, client, gate) = gated_pair(&dir);
-    server.register::<Add>(|(a, b)| Ok(a + b)).unwrap();
-    let io_only = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .unwrap();
-    let s = block_on(client.lookup(&server.self_addr().to_string())).unwrap();
-
-    // Calls with a timeout, from both executors.
-    assert_eq!(io_only.block_on(client.call::<Add>(&s, &(2, 3), T)).unwrap(), 5);
-    assert_eq!(block_on(client.call::<Add>(&s, &(4, 5), T)).unwrap(), 9);
-    // The timeout itself fires.
-    let r = block_on(client.call::<Sleep>(&s, &0, Duration::from_millis(100)));
-    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
-
-    // A transfer: the client pulls the server's memory.
-    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    let remote = server
-        .expose(vec![data.clone()], na_core::Access::ReadOnly)
-        .unwrap();
-    let local = client
-        .expose(vec![vec![0; data.len()]], na_core::Access::ReadWrite)
-        .unwrap();
-    io_only
-        .block_on(client.bulk(hg_rpc::BulkOp::Pull, &remote, 0, &local, 0, data.len() as u64, T))
-        .unwrap();
-    assert!(local.local().unwrap().to_vec() == data, "pulled data differs");
-
-    // Draining, while the handler of the timed-out call still waits.
-    let end = Instant::now() + T;
-    while server.stats().deferred_in_flight < 1 {
-        assert!(Instant::now() < end, "{:?}", server.stats());
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    server.begin_drain().unwrap();
-    assert!(!io_only
-        .block_on(server.drained(Duration::from_millis(50)))
-        .unwrap());
-    gate.add_permits(1);
-    assert!(block_on(server.drained(T)).unwrap(), "{:?}", server.stats());
-}
-
-/// A `drained` awaited on another executor while the engine's runtime
-/// shuts down ends (drained, or `DriverStopped`) without a panic: its
-/// timer lives on the engine's runtime, and polling it after that
-/// runtime's time driver went panics, so a stop now ends the wait first.
-/// (A guard only: it passes without that notification too, since here
-/// the dropped handler's answer wakes the wait before the timer is
-/// polled; forcing the other order needs control over tokio's shutdown.)
-#[test]
-fn drained_awaited_elsewhere_ends_when_the_engines_runtime_shuts_down() {
-    let _serial = ONE_AT_A_TIME.blocking_lock();
-    let dir = common::dir("async-drained-shutdown");
-    let (rt, server, client, gate) = gated_pair(&dir);
-    let server = Arc::new(server);
-    let s = block_on(client.lookup(&server.self_addr().to_string())).unwrap();
-    // A request whose handler waits: the engine is not drained.
-    let r = block_on(client.call::<Sleep>(&s, &0, Duration::from_millis(100)));
-    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
-    let end = Instant::now() + T;
-    while server.stats().deferred_in_flight < 1 {
-        assert!(Instant::now() < end, "{:?}", server.stats());
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    server.begin_drain().unwrap();
-    let waiter = {
-        let server = Arc::clone(&server);
-        std::thread::spawn(move || block_on(server.drained(Duration::from_secs(30))))
-    };
-    std::thread::sleep(Duration::from_millis(200));
-    drop(rt);
-    // Drained (the runtime dropped the handler's task, whose request is
-    // then answered) or stopped: either, but no panic.
-    let r = waiter.join().expect("the waiting thread panicked");
-    assert!(
-        matches!(r, Ok(true) | Err(RpcError::DriverStopped { .. })),
-        "{r:?}"
-    );
-    drop(gate);
-}
-
-/// A one-worker runtime with a server and a client engine on it; the
-/// server's async `Sleep` handler waits for a permit of the returned gate.
-fn gated_pair(
-    dir: &std::path::Path,
-) -> (
-    tokio::runtime::Runtime,
-    AsyncEngine,
-    AsyncEngine,
-    Arc<tokio::sync::Semaphore>,
-) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (server, client) = {
-        let _in = rt.enter();
-        (common::async_engine(dir, true), common::async_engine(dir, false))
-    };
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let g = gate.clone();
-    server
-        .register_async::<Sleep, _, _>(move |_| {
-            let g = g.clone();
-            async move {
-                g.acquire().await.map_err(|e| e.to_string())?.forget();
-                Ok(())
-            }
-        })
-        .unwrap();
-    (rt, server, client, gate)
 }

@@ -81,6 +81,36 @@ impl Drop for Server {
     }
 }
 
+/// A server process over sm and its socket directory (removed after the
+/// server stops: the fields drop in this order).
+pub struct ServerInDir {
+    /// The server.
+    pub server: Server,
+    /// Its socket directory.
+    pub dir: TestDir,
+}
+
+/// A server process in a fresh socket directory (`async-{tag}`) and a
+/// client [`hg_rpc::AsyncEngine`] there, with progress `mode` and a driver
+/// that spins for `spin` after work (`AsyncEngine::spawn_with_spin`). Call
+/// it inside a tokio runtime.
+pub fn async_setup(
+    tag: &str,
+    mode: ProgressMode,
+    spin: std::time::Duration,
+) -> (ServerInDir, hg_rpc::AsyncEngine) {
+    let dir = dir(&format!("async-{tag}"));
+    let server = Server::start(&dir);
+    let mut ep = Endpoint::new(mode).expect("endpoint");
+    let cfg = SmConfig::default().with_dir(&*dir);
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .expect("sm plugin");
+    let engine =
+        hg_rpc::AsyncEngine::spawn_with_spin(Engine::new(ep, id).expect("engine"), spin).expect("spawn");
+    (ServerInDir { server, dir }, engine)
+}
+
 /// A test's private (0700) socket directory, removed with everything in
 /// it when dropped (declare it before the servers that use it, so that
 /// they are stopped first).
