@@ -70,9 +70,11 @@ impl BulkCtx<'_> {
 
     /// Lets this handler's transfers use handles owned by processes other
     /// than the caller (third-party transfers). A transfer with an owner
-    /// not yet connected looks it up, which may wait to connect (na-sm: at
-    /// most `SmConfig::handshake_timeout`, if the owner does not accept),
-    /// and a plain handler waits with its engine locked: under an
+    /// not yet connected looks it up, which may wait to connect (until the
+    /// handler transfer timeout, [`Engine::set_handler_transfer_timeout`],
+    /// or the transport's bound, na-sm's `SmConfig::handshake_timeout`,
+    /// whichever comes first, if the owner does not accept), and a plain
+    /// handler waits with its engine locked: under an
     /// [`AsyncEngine`](crate::AsyncEngine), every other call of the engine
     /// waits too. A handler that moves data with processes that may not
     /// be connected yet belongs in
@@ -127,9 +129,10 @@ impl BulkCtx<'_> {
     /// window). The first failure is returned, after every span finished
     /// (unless the call stops early, below).
     ///
-    /// The whole call may take the engine's handler transfer timeout
-    /// ([`Engine::set_handler_transfer_timeout`], default
-    /// [`DEFAULT_HANDLER_TRANSFER_TIMEOUT`]). Past it, the call fails:
+    /// The whole call, the lookup of a third-party owner included (see
+    /// [`allow_any_owner`](Self::allow_any_owner)), may take the engine's
+    /// handler transfer timeout ([`Engine::set_handler_transfer_timeout`],
+    /// default [`DEFAULT_HANDLER_TRANSFER_TIMEOUT`]). Past it, the call fails:
     /// the transfers in flight are canceled and waited for (so that, once
     /// the handler answers, nothing touches the caller's memory any more:
     /// an RDMA transfer on the wire cannot be recalled), and windows not
@@ -192,15 +195,9 @@ impl BulkCtx<'_> {
                 (*s, OpId(*self.next_op))
             })
             .collect();
-        let span = DebugSpan::enter(|| bulk_span(op, remote, ids.len()));
-        // Through the request's own source when the caller owns the
-        // handle: a client that does not listen is reachable only there.
-        let started = hg_bulk::start_batch_via(self.ep, op, remote, local, &ids, Some(self.origin), None);
-        drop(span);
-        let via = match started {
-            Err(e) => return Err(WindowFailure::Failed(e.to_string())),
-            Ok(Started::Done) => return Ok(()),
-            Ok(Started::Posted(via)) => via,
+        let via = match self.start_window(op, remote, local, &ids, deadline)? {
+            Started::Done => return Ok(()),
+            Started::Posted(via) => via,
         };
         let (first, last) = (
             ids.first().map_or(0, |i| i.1 .0),
@@ -241,6 +238,63 @@ impl BulkCtx<'_> {
             }
         }
         failure.map_or(Ok(()), |e| Err(WindowFailure::Failed(e)))
+    }
+
+    /// Starts one window. Through the request's own source when the
+    /// caller owns the handle (a client that does not listen is reachable
+    /// only there); otherwise (`allow_any_owner`) the owner is looked up,
+    /// and where that would wait to connect, the endpoint is driven for a
+    /// pause (doubling, as [`Engine::bulk`]'s lookup does; other work is
+    /// kept for the engine) and the lookup tried again, until `deadline`:
+    /// the handler's transfer timeout covers the lookup too, not only the
+    /// transport's own bound for it.
+    fn start_window(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        ids: &[(Span, OpId)],
+        deadline: Instant,
+    ) -> std::result::Result<Started, WindowFailure> {
+        let since = Instant::now();
+        let mut pause = crate::runtime::LOOKUP_RETRY_FIRST;
+        loop {
+            let span = DebugSpan::enter(|| bulk_span(op, remote, ids.len()));
+            let started =
+                hg_bulk::start_batch_via(self.ep, op, remote, local, ids, Some(self.origin), Some(since));
+            drop(span);
+            match started {
+                Ok(started) => return Ok(started),
+                Err(hg_bulk::BulkError::Na(e)) if e.is_would_block() => {}
+                Err(e) => return Err(WindowFailure::Failed(e.to_string())),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                // Nothing started: later windows are not started either.
+                return Err(WindowFailure::Stopped(format!(
+                    "the lookup of the handle's owner {} did not finish within {:?}",
+                    remote.owner(),
+                    self.transfer_timeout
+                )));
+            }
+            let retry_at = Instant::now() + pause.min(left);
+            loop {
+                let wait = retry_at.saturating_duration_since(Instant::now());
+                if wait.is_zero() {
+                    break;
+                }
+                if let Err(e) = self.ep.progress(Some(wait)) {
+                    tracing::error!(error = %e, "progress failed while a handler looked up a bulk handle's owner");
+                    return Err(WindowFailure::Stopped(format!(
+                        "progress failed while looking up the handle's owner: {e}"
+                    )));
+                }
+                while let Some(c) = self.ep.pop_completion() {
+                    self.deferred.push_back(c);
+                }
+            }
+            pause = (pause * 2).min(crate::runtime::LOOKUP_RETRY_MAX);
+        }
     }
 
     /// Cancels the `left` transfers of `ids` (op ids `range`) still in

@@ -2,15 +2,23 @@
 //! async API and the blocking one: with an owner whose listener never
 //! accepts (its queue full, so a lookup would wait for na-sm's 5 s
 //! handshake timeout), a transfer given 300 ms answers `Timeout` within
-//! about that, not after the lookup's bound.
+//! about that, not after the lookup's bound. Likewise a plain handler's
+//! third-party transfer (`BulkCtx::allow_any_owner`) within its engine's
+//! handler transfer timeout.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Bulk, BulkOp, RpcError};
 use na_core::Access;
 
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::BlobPut;
 mod common;
 
 const TIMEOUT: Duration = Duration::from_millis(300);
@@ -75,4 +83,51 @@ fn a_blocking_transfers_timeout_covers_the_lookup_of_its_owner() {
     let t0 = Instant::now();
     let r = c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 4096, TIMEOUT);
     check(r, t0.elapsed());
+}
+
+/// A plain handler (its engine driven by a thread of its own, its handler
+/// transfer timeout 300 ms) pulls from a third party's handle whose owner
+/// never accepts: it fails within about that, and its caller gets the
+/// handler's error, not an answer after the lookup's 5 s bound.
+#[test]
+fn a_plain_handlers_transfer_timeout_covers_the_lookup_of_its_owner() {
+    let d = common::dir("bulk-stuck-owner-handler");
+    let (_listener, _queued, remote) = stuck_owner(&d);
+    let (ep, id) = common::endpoint(&d, true);
+    let mut srv = hg_rpc::Engine::new(ep, id).unwrap();
+    srv.set_handler_transfer_timeout(TIMEOUT);
+    srv.register_with_bulk::<BlobPut>(|ctx, (_key, data)| {
+        ctx.allow_any_owner();
+        let local = ctx.expose(vec![vec![0; 4096]], Access::ReadWrite)?;
+        ctx.transfer(BulkOp::Pull, &data, 0, &local, 0, 4096)?;
+        Ok(0)
+    })
+    .unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let server = std::thread::spawn(move || {
+        while !stopped.load(Ordering::Relaxed) {
+            srv.progress(Some(Duration::from_millis(10))).unwrap();
+            srv.trigger().unwrap();
+        }
+    });
+    let mut c = common::client(&d);
+    let s = c.endpoint().lookup(&uri).unwrap();
+    let t0 = Instant::now();
+    let r = c.call::<BlobPut>(&s, &("k".into(), remote), Duration::from_secs(20));
+    let took = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+    match r {
+        Err(RpcError::Handler { message, .. }) => assert!(
+            message.contains("lookup of the handle's owner") && message.contains("300ms"),
+            "{message}"
+        ),
+        other => panic!("expected the handler's transfer error, got {other:?} after {took:?}"),
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "answered after {took:?}: the lookup's wait was not bounded by the handler transfer timeout"
+    );
 }
