@@ -21,6 +21,7 @@ pub const ALL: &[&str] = &[
     "madv_free",
     "partial_unmap",
     "map_fixed",
+    "shmat_remap",
     "brk",
     "fork",
     "file",
@@ -44,6 +45,7 @@ pub fn run(name: &str, rig: &Rig) -> io::Result<Outcome> {
         "madv_free" => madvise(rig, libc::MADV_FREE),
         "partial_unmap" => partial_unmap(rig),
         "map_fixed" => map_fixed(rig),
+        "shmat_remap" => shmat_remap(rig),
         "brk" => brk(rig),
         "fork" => fork(rig),
         "file" => file(rig),
@@ -174,6 +176,19 @@ fn map_fixed(rig: &Rig) -> io::Result<Outcome> {
     sys::touch(a, LEN, FILL);
     let o = rig.transfer(a, LEN);
     sys::unmap(a, LEN)?;
+    o
+}
+
+/// A SysV segment attached over registered pages (`shmat` with
+/// `SHM_REMAP`): the kernel replaces the mapping without the unmap event
+/// `MAP_FIXED` sends to userfaultfd. Detached (`shmdt`) at the end.
+fn shmat_remap(rig: &Rig) -> io::Result<Outcome> {
+    let a = fresh(LEN)?;
+    rig.prime(a, LEN);
+    sys::shm_attach_over(a, LEN)?;
+    sys::touch(a, LEN, FILL);
+    let o = rig.transfer(a, LEN);
+    sys::shm_detach(a)?;
     o
 }
 
