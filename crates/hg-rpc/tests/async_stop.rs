@@ -205,6 +205,20 @@ fn calls_fail_at_once_when_the_driver_stops() {
         Err(RpcError::DriverStopped { .. })
     ));
     assert_eq!(engine.stats().errors, 3, "{:?}", engine.stats());
+    // A bulk transfer is refused too, and is no call: not an error.
+    let local = engine
+        .expose(vec![vec![0; 64]], na_core::Access::ReadWrite)
+        .unwrap();
+    let remote = engine
+        .expose(vec![vec![1; 64]], na_core::Access::ReadOnly)
+        .unwrap();
+    let own = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r = own.block_on(engine.bulk(hg_rpc::BulkOp::Pull, &remote, 0, &local, 0, 64, T));
+    assert!(matches!(r, Err(RpcError::DriverStopped { .. })), "{r:?}");
+    assert_eq!(engine.stats().errors, 3, "{:?}", engine.stats());
 }
 
 /// A transport that breaks for good (here the sm plugin's own epoll set:
