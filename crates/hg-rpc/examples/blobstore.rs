@@ -12,7 +12,11 @@
 //! The client stores blobs made of several segments, reads them back into
 //! differently split buffers, and verifies every checksum.
 //! Run: `cargo run --release -p hg-rpc --example blobstore [-- --transport SPEC]`
-//! (default `sm://`; `verbs://rxe0/10.77.0.1:0` over RDMA).
+//! (default `sm://`; `verbs://rxe0/10.77.0.1:0` over RDMA). The client
+//! starts its own server process, unless given one that runs already
+//! (`blobstore serve [SPEC]` prints its address): `-- --connect ADDR`
+//! (then the server is left running). A server that answers wrong data
+//! or checksums makes the client fail with an error that names the blob.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -97,18 +101,30 @@ fn run() -> Res<()> {
     if args.first().map(String::as_str) == Some("serve") {
         return serve(args.get(1).map_or("sm://", String::as_str));
     }
-    let spec = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        [] => "sm://".to_owned(),
-        ["--transport", spec] => spec.to_owned(),
+    let (spec, connect) = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => ("sm://".to_owned(), None),
+        ["--transport", spec] => (spec.to_owned(), None),
+        ["--connect", addr] => ("sm://".to_owned(), Some(addr.to_owned())),
+        ["--transport", spec, "--connect", addr] => (spec.to_owned(), Some(addr.to_owned())),
         _ => {
             let schemes = hg_rpc::transport::schemes().join(", ");
-            return Err(format!("usage: blobstore [--transport SPEC]  (schemes: {schemes})").into());
+            return Err(format!(
+                "usage: blobstore [--transport SPEC] [--connect ADDR]  (schemes: {schemes})"
+            )
+            .into());
         }
     };
-    // Killed if the client gives up before it exits.
-    let child = ServerProcess::start(&["serve", &spec])?;
+    // Ours is killed if the client gives up before it exits.
+    let (child, addr) = match connect {
+        Some(addr) => (None, addr),
+        None => {
+            let child = ServerProcess::start(&["serve", &spec])?;
+            let addr = child.addr()?.to_owned();
+            (Some(child), addr)
+        }
+    };
     let mut c = engine(&spec, false)?;
-    let srv = c.endpoint().lookup(child.addr()?)?;
+    let srv = c.endpoint().lookup(&addr)?;
     for (i, parts) in [vec![3usize << 20], vec![1000, 250_000, 17, 2 << 20], vec![100]]
         .iter()
         .enumerate()
@@ -122,7 +138,9 @@ fn run() -> Res<()> {
         let whole = segs.concat();
         let blob = c.expose(segs, Access::ReadOnly)?;
         let sum = c.call::<Put>(&srv, &(key.clone(), blob), T)?;
-        assert_eq!(sum, checksum(&whole), "server stored {key} with another checksum");
+        if sum != checksum(&whole) {
+            return Err(format!("the server stored {key} with another checksum ({sum:#018x})").into());
+        }
         // Read it back into two uneven buffers.
         let half = whole.len() / 3;
         let into = c.expose(
@@ -141,10 +159,18 @@ fn run() -> Res<()> {
         if !ok {
             return Err(format!("{key} read back corrupted").into());
         }
-        assert_eq!(c.call::<Stat>(&srv, &key, T)?, Some((whole.len() as u64, sum)));
+        let stat = c.call::<Stat>(&srv, &key, T)?;
+        if stat != Some((whole.len() as u64, sum)) {
+            return Err(format!("stat of {key} is wrong: {stat:?}").into());
+        }
     }
-    assert!(c.call::<Delete>(&srv, &"blob-1".to_string(), T)?);
-    assert_eq!(c.call::<Stat>(&srv, &"blob-1".to_string(), T)?, None);
+    if !c.call::<Delete>(&srv, &"blob-1".to_string(), T)? {
+        return Err("delete of blob-1 found nothing".into());
+    }
+    let stat = c.call::<Stat>(&srv, &"blob-1".to_string(), T)?;
+    if stat.is_some() {
+        return Err(format!("stat of the deleted blob-1 found {stat:?}").into());
+    }
     let missing = c.expose(vec![vec![0; 10]], Access::WriteOnly)?;
     match c.call::<Get>(&srv, &("blob-1".to_string(), missing), T) {
         Err(RpcError::Handler { message, .. }) if message.contains("no blob \"blob-1\"") => {
@@ -154,7 +180,10 @@ fn run() -> Res<()> {
             return Err(format!("get of a deleted blob: expected the handler's error, got {other:?}").into())
         }
     }
-    c.call::<Quit>(&srv, &(), T)?;
-    child.wait_ok()?;
+    // A server we were given is not ours to stop.
+    if let Some(child) = child {
+        c.call::<Quit>(&srv, &(), T)?;
+        child.wait_ok()?;
+    }
     Ok(())
 }

@@ -1,7 +1,10 @@
 //! The examples leave nothing behind and survive a hostile client: the
 //! server an example's client starts is reaped when the client gives up
 //! and dies when the client is killed, and the blob store refuses a blob
-//! bigger than its maximum (before allocating it) and keeps serving.
+//! bigger than its maximum (before allocating it) and keeps serving. The
+//! blob store's client checks what it reads: a server that corrupts a
+//! blob, or answers another checksum, makes it fail with an error naming
+//! the blob (not a panic, and not "verified").
 //!
 //! The example binaries are the ones cargo built next to this test
 //! (`target/<profile>/examples/`): `cargo test` and `cargo nextest run` of
@@ -174,4 +177,109 @@ fn the_blobstore_refuses_a_blob_over_its_maximum_and_keeps_serving() {
     assert_eq!(c.call::<blob::Stat>(&to, &"huge".to_string(), T).unwrap(), None);
     c.call::<blob::Quit>(&to, &(), T).unwrap();
     srv.wait_ok().unwrap();
+}
+
+/// How the lying server of [`lying_server`] lies.
+#[derive(Clone, Copy)]
+enum Lie {
+    /// `get` pushes the blob with one byte flipped.
+    FlippedByte,
+    /// `put` stores honestly but answers another checksum.
+    PutChecksum,
+}
+
+/// A blob store in a thread of this process that lies as `lie` says (and
+/// is otherwise honest); stops when `stop` is set. Returns its address.
+fn lying_server(
+    dir: &Path,
+    lie: Lie,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (String, std::thread::JoinHandle<()>) {
+    use std::collections::HashMap;
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+    let (ep, id) = common::endpoint(dir, true);
+    let mut e = hg_rpc::Engine::new(ep, id).unwrap();
+    let store: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
+    let s = store.clone();
+    e.register_with_bulk::<blob::Put>(move |ctx, (key, from)| {
+        let local = ctx.expose(vec![vec![0; from.size() as usize]], Access::WriteOnly)?;
+        ctx.transfer(hg_rpc::BulkOp::Pull, &from, 0, &local, 0, from.size())?;
+        let data = local.into_buffers().map_err(|_| "in use")?.concat();
+        let sum = blob::checksum(&data);
+        s.lock().unwrap().insert(key, data);
+        Ok(match lie {
+            Lie::PutChecksum => sum ^ 1,
+            Lie::FlippedByte => sum,
+        })
+    })
+    .unwrap();
+    let s = store.clone();
+    e.register_with_bulk::<blob::Get>(move |ctx, (key, into)| {
+        let mut data = s.lock().unwrap().get(&key).cloned().ok_or("no such blob")?;
+        if let Lie::FlippedByte = lie {
+            let mid = data.len() / 2;
+            data[mid] ^= 0x40;
+        }
+        let len = data.len() as u64;
+        let local = ctx.expose(vec![data], Access::ReadOnly)?;
+        ctx.transfer(hg_rpc::BulkOp::Push, &into, 0, &local, 0, len)?;
+        Ok(len)
+    })
+    .unwrap();
+    let s = store;
+    e.register::<blob::Stat>(move |key| {
+        Ok(s.lock()
+            .unwrap()
+            .get(&key)
+            .map(|d| (d.len() as u64, blob::checksum(d))))
+    })
+    .unwrap();
+    let addr = e.self_addr().to_string();
+    let t = std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            e.progress(Some(Duration::from_millis(10))).unwrap();
+            e.trigger().unwrap();
+        }
+    });
+    (addr, t)
+}
+
+/// Runs the blob store's client against a server that lies as `lie` says,
+/// and returns its exit status and everything it printed.
+fn client_against(tag: &str, lie: Lie) -> (std::process::ExitStatus, String) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = common::dir(tag);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (addr, server) = lying_server(&dir, lie, stop.clone());
+    let out = Command::new(example("blobstore"))
+        .args(["--connect", &addr])
+        .env("QS_SM_DIR", &*dir)
+        .output()
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("panicked"), "the client panicked:\n{text}");
+    (out.status, text)
+}
+
+#[test]
+fn the_blobstore_client_detects_a_corrupted_read() {
+    let (status, text) = client_against("blob-flipped", Lie::FlippedByte);
+    assert!(!status.success(), "the client accepted a corrupted blob:\n{text}");
+    assert!(text.contains("MISMATCH"), "{text}");
+    assert!(text.contains("blob-0 read back corrupted"), "{text}");
+    assert!(!text.contains("verified"), "{text}");
+}
+
+#[test]
+fn the_blobstore_client_detects_a_wrong_stored_checksum() {
+    let (status, text) = client_against("blob-bad-sum", Lie::PutChecksum);
+    assert!(!status.success(), "the client accepted a wrong checksum:\n{text}");
+    assert!(text.contains("stored blob-0 with another checksum"), "{text}");
 }
