@@ -334,7 +334,10 @@ impl<C: Codec> Engine<C> {
     /// Nothing tells the origin when the target is done with bulk handles
     /// the input carries: keep them (do not take their buffers back) until
     /// the application knows it is, or send them in a call instead, whose
-    /// handles the engine keeps until the target answers.
+    /// handles the engine keeps until the target answers. A spilled input
+    /// refused for the inputs held for abandoned calls fails at once with
+    /// [`RpcError::InputsHeld`];
+    /// [`call_one_way_within`](Self::call_one_way_within) waits for room.
     pub fn forward_one_way<R: Rpc>(&mut self, dest: &Addr, input: &R::Input) -> Result<()> {
         self.check_plugin::<R>(dest)?;
         let to_self = *dest == self.me;
@@ -449,25 +452,38 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// Calls `R` on `dest` and waits (driving progress) for the result, at
-    /// most `timeout`. On timeout the call is abandoned: a late response is
-    /// discarded. A spilled input refused for the inputs held for abandoned
-    /// calls ([`RpcError::InputsHeld`], see
-    /// [`set_max_abandoned_bytes`](Self::set_max_abandoned_bytes)) waits for
-    /// room within the same timeout, each refused attempt counted in
-    /// `inputs_refused`.
-    pub fn call<R: Rpc>(&mut self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
-        // The timeout covers the whole call, sending included, and a response
-        // counts only if it is taken before the deadline: a caller that was
-        // descheduled past it gets the timeout, not a late answer.
+    /// Sends a one-way request as [`forward_one_way`](Self::forward_one_way)
+    /// does, but a spilled input refused for the inputs held for abandoned
+    /// calls ([`RpcError::InputsHeld`]) waits for room, driving the engine,
+    /// at most `timeout`, as [`call`](Self::call) does (each refused
+    /// attempt counted in `inputs_refused`, a final failure once in
+    /// `errors`). A request that is not refused is sent without waiting:
+    /// `timeout` bounds only the wait for room (nothing answers a one-way
+    /// request).
+    pub fn call_one_way_within<R: Rpc>(
+        &mut self,
+        dest: &Addr,
+        input: &R::Input,
+        timeout: Duration,
+    ) -> Result<()> {
         let deadline = na_core::deadline_after(timeout);
-        let id = loop {
-            match self.forward::<R>(dest, input) {
-                Ok(id) => break id,
-                // Held inputs come back only as the engine is driven (their
-                // targets answer, or their TTL ends in `trigger`): wait for
-                // room within the call's timeout, not refuse at once, or a
-                // caller retrying `call` would never make any.
+        self.with_room(deadline, |e| e.forward_one_way::<R>(dest, input))
+    }
+
+    /// Runs `attempt` (a send) until it is not refused for held inputs or
+    /// `deadline` passes, driving the engine between attempts: held inputs
+    /// come back only as it is driven (their targets answer, or their TTL
+    /// ends in `trigger`). Waiting for room rather than refusing at once
+    /// lets a caller that retries make progress. A failure is counted once
+    /// in `errors`.
+    fn with_room<T>(
+        &mut self,
+        deadline: Instant,
+        mut attempt: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            match attempt(self) {
+                Ok(t) => return Ok(t),
                 Err(RpcError::InputsHeld { .. }) if Instant::now() < deadline => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if let Err(e) = self
@@ -483,7 +499,22 @@ impl<C: Codec> Engine<C> {
                     return Err(e);
                 }
             }
-        };
+        }
+    }
+
+    /// Calls `R` on `dest` and waits (driving progress) for the result, at
+    /// most `timeout`. On timeout the call is abandoned: a late response is
+    /// discarded. A spilled input refused for the inputs held for abandoned
+    /// calls ([`RpcError::InputsHeld`], see
+    /// [`set_max_abandoned_bytes`](Self::set_max_abandoned_bytes)) waits for
+    /// room within the same timeout, each refused attempt counted in
+    /// `inputs_refused`.
+    pub fn call<R: Rpc>(&mut self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
+        // The timeout covers the whole call, sending included, and a response
+        // counts only if it is taken before the deadline: a caller that was
+        // descheduled past it gets the timeout, not a late answer.
+        let deadline = na_core::deadline_after(timeout);
+        let id = self.with_room(deadline, |e| e.forward::<R>(dest, input))?;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

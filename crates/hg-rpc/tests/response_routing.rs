@@ -598,6 +598,43 @@ fn a_blocking_call_waits_for_room_for_its_spilled_input() {
     assert!(c.stats().inputs_refused >= 2, "{:?}", c.stats());
 }
 
+/// `call_one_way_within` (blocking) waits for room for its spilled input
+/// as `call` does: it drives the engine until the held input's TTL ends,
+/// then sends; with no room within its timeout it fails with
+/// `InputsHeld`, counted once in `errors`.
+#[test]
+fn a_blocking_one_way_call_within_a_timeout_waits_for_room() {
+    let Silent {
+        mut x,
+        xid,
+        mut c,
+        s,
+        _dir,
+    } = silent_target("held-wait-one-way");
+    c.set_abandoned_input_ttl(Duration::from_millis(300));
+    let big = vec![5u8; 64 << 10];
+    let len = postcard::to_allocvec(&big).unwrap().len() as u64;
+    c.set_max_abandoned_bytes(len + 1024);
+    c.forward_one_way::<Echo>(&s, &big).unwrap();
+    take_request(&mut x, xid, &mut c, 1);
+    assert_eq!(c.stats().abandoned_bytes, len);
+    // Too short for the TTL: refused, once.
+    let errors = c.stats().errors;
+    match c.call_one_way_within::<Echo>(&s, &big, Duration::from_millis(50)) {
+        Err(RpcError::InputsHeld { .. }) => {}
+        other => panic!("expected InputsHeld, got {other:?}"),
+    }
+    assert_eq!(c.stats().errors, errors + 1, "{:?}", c.stats());
+    // Long enough: sent once the first input's TTL ends.
+    let t0 = Instant::now();
+    c.call_one_way_within::<Echo>(&s, &big, Duration::from_secs(4))
+        .expect("sent once there was room");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let (_, cookie) = take_request(&mut x, xid, &mut c, 2);
+    assert_ne!(cookie, 0, "the spilled one-way request reached the target");
+    assert_eq!(c.stats().errors, errors + 1, "{:?}", c.stats());
+}
+
 /// An origin with one call in flight stops taking messages once that
 /// call's response is filed (the take that would find nothing comes after
 /// its next send). A request queued behind the response is not lost and
