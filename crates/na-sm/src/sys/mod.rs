@@ -6,6 +6,7 @@ pub mod cma;
 pub mod eventfd;
 pub mod fork;
 pub mod lock;
+pub mod poll;
 pub mod proc;
 pub mod random;
 pub mod shm;

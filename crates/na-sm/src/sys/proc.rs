@@ -1,16 +1,17 @@
 //! Process identity and liveness: [getpid(2)], [getuid(2)], [kill(2)] with
-//! signal 0, [pidfd_open(2)], [prctl(2)] `PR_SET_PTRACER`, and process
-//! start times from [proc(5)].
+//! signal 0, [pidfd_open(2)] and a pidfd's exit ([poll(2)]), [prctl(2)]
+//! `PR_SET_PTRACER`, and process start times from [proc(5)].
 //!
 //! [getpid(2)]: https://man7.org/linux/man-pages/man2/getpid.2.html
 //! [getuid(2)]: https://man7.org/linux/man-pages/man2/getuid.2.html
 //! [kill(2)]: https://man7.org/linux/man-pages/man2/kill.2.html
 //! [pidfd_open(2)]: https://man7.org/linux/man-pages/man2/pidfd_open.2.html
+//! [poll(2)]: https://man7.org/linux/man-pages/man2/poll.2.html
 //! [prctl(2)]: https://man7.org/linux/man-pages/man2/prctl.2.html
 //! [proc(5)]: https://man7.org/linux/man-pages/man5/proc.5.html
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
 /// Our process id.
 pub fn pid() -> u32 {
@@ -56,18 +57,35 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     }
 }
 
+/// Whether the process of pidfd `fd` has exited: the pidfd is readable
+/// ([pidfd_open(2)], [poll(2)] with a zero timeout). A process that has
+/// not exited still holds its pid, so nothing read about that pid before
+/// this says "no" can be about another process.
+///
+/// [pidfd_open(2)]: https://man7.org/linux/man-pages/man2/pidfd_open.2.html
+/// [poll(2)]: https://man7.org/linux/man-pages/man2/poll.2.html
+pub fn pidfd_exited(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(super::poll::revents_now(fd, libc::POLLIN)? & libc::POLLIN != 0)
+}
+
 /// Start time of `pid` in clock ticks since boot (field 22 of
-/// `/proc/<pid>/stat`), which with the pid names one process for all time.
+/// `/proc/<pid>/stat`, [proc(5)]), which with the pid names one process
+/// for all time. `ENOENT` if no process has the pid.
+///
+/// [proc(5)]: https://man7.org/linux/man-pages/man5/proc.5.html
 pub fn start_time(pid: u32) -> io::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Bytes: the command name is the process's own choice, not always UTF-8.
+    let stat = std::fs::read(format!("/proc/{pid}/stat"))?;
     parse_start_time(&stat)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/<pid>/stat"))
 }
 
 /// Field 22 of a `/proc/<pid>/stat` line; the command name (field 2) may
-/// contain spaces and parentheses, so count from the last `)`.
-pub fn parse_start_time(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
+/// contain any byte but NUL and `/` (spaces and parentheses too), so count
+/// from the last `)`.
+pub fn parse_start_time(stat: &[u8]) -> Option<u64> {
+    let at = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[at + 1..]).ok()?;
     // After ")" come fields 3, 4, ...; field 22 is the 20th of them.
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
@@ -102,8 +120,58 @@ pub fn allow_any_ptracer() -> io::Result<()> {
     Ok(())
 }
 
+/// Real processes for tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    /// A `sleep 30` whose command name is `name` (it runs through a
+    /// symlink of that name: the kernel names a process after the file it
+    /// executes); killed and reaped when dropped.
+    pub(crate) struct Named {
+        pub child: std::process::Child,
+        dir: std::path::PathBuf,
+    }
+
+    impl Named {
+        /// Starts one (`tag` names its temporary directory).
+        pub fn spawn(tag: &str, name: &std::ffi::OsStr) -> Named {
+            let dir = std::env::temp_dir().join(format!("qs-sm-proc-{tag}-{}", super::pid()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let link = dir.join(name);
+            std::os::unix::fs::symlink("/bin/sleep", &link).unwrap();
+            let child = std::process::Command::new(&link).arg("30").spawn().unwrap();
+            Named { child, dir }
+        }
+
+        /// Its pid.
+        pub fn pid(&self) -> u32 {
+            self.child.id()
+        }
+
+        /// Kills it and waits until it has exited (a zombie, not reaped).
+        pub fn kill_unreaped(&mut self) {
+            self.child.kill().unwrap();
+            let fd = super::pidfd_open(self.pid()).unwrap();
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !super::pidfd_exited(std::os::fd::AsFd::as_fd(&fd)).unwrap() {
+                assert!(std::time::Instant::now() < end, "killed 5 s ago, still running");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
+    impl Drop for Named {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::Named;
     use super::*;
 
     #[test]
@@ -112,10 +180,76 @@ mod tests {
         assert!(!is_alive(0));
         let t = start_time(pid()).unwrap();
         assert_eq!(start_time(pid()).unwrap(), t);
-        let weird = "12 (a) b) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 19";
+        let weird = b"12 (a) b) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 19";
         assert_eq!(parse_start_time(weird), Some(777));
-        assert_eq!(parse_start_time("garbage"), None);
+        assert_eq!(parse_start_time(b"garbage"), None);
         allow_any_ptracer().unwrap();
+    }
+
+    /// A real process whose command name has spaces, parentheses, a `) `
+    /// followed by what looks like fields, and a byte that is not UTF-8:
+    /// its start time is read from the right field, is later than ours
+    /// (it started 30 ms after this test did) and does not change.
+    #[test]
+    fn start_time_of_a_process_with_a_hostile_name() {
+        use std::os::unix::ffi::OsStrExt;
+        let mine = start_time(pid()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let name = b"q\xff) S 1 (2) 3";
+        let child = Named::spawn("hostile-name", std::ffi::OsStr::from_bytes(name));
+        let comm = std::fs::read(format!("/proc/{}/comm", child.pid())).unwrap();
+        assert_eq!(&comm[..], &[&name[..], b"\n"].concat()[..], "the name under test");
+        let theirs = start_time(child.pid()).unwrap();
+        assert!(
+            theirs > mine,
+            "child started at {theirs}, we at {mine} (clock ticks)"
+        );
+        // Field 22 is what the kernel says it is: at most now, in ticks.
+        // SAFETY (test): sysconf takes an integer only.
+        let ticks = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap();
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY (test): `now` is a live timespec.
+        assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) }, 0);
+        let now_ticks = now.tv_sec as u64 * ticks + now.tv_nsec as u64 * ticks / 1_000_000_000;
+        assert!(
+            theirs <= now_ticks && now_ticks - theirs < 10 * ticks,
+            "{theirs} vs now {now_ticks}"
+        );
+        assert_eq!(start_time(child.pid()).unwrap(), theirs, "stable");
+        assert_eq!(start_time(pid()).unwrap(), mine, "stable");
+    }
+
+    /// A pidfd is not readable while its process runs, is once it has
+    /// exited (before it is reaped too), and stays so; a reaped pid has no
+    /// pidfd and no start time.
+    #[test]
+    fn pidfd_exited_follows_the_process() {
+        let mut child = Named::spawn("pidfd-exit", std::ffi::OsStr::new("sleeper"));
+        let fd = pidfd_open(child.pid()).unwrap();
+        assert!(!pidfd_exited(std::os::fd::AsFd::as_fd(&fd)).unwrap(), "running");
+        let t = start_time(child.pid()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !pidfd_exited(std::os::fd::AsFd::as_fd(&fd)).unwrap(),
+            "still running"
+        );
+        // (Fails the test if the pidfd never says so.)
+        child.kill_unreaped();
+        assert!(pidfd_exited(std::os::fd::AsFd::as_fd(&fd)).unwrap(), "exited");
+        assert_eq!(
+            start_time(child.pid()).unwrap(),
+            t,
+            "a zombie keeps its pid and start time"
+        );
+        child.child.wait().unwrap();
+        assert!(pidfd_exited(std::os::fd::AsFd::as_fd(&fd)).unwrap(), "reaped");
+        let gone = pidfd_open(child.pid()).unwrap_err();
+        assert_eq!(gone.raw_os_error(), Some(libc::ESRCH), "{gone}");
+        let e = start_time(child.pid()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
     }
 
     #[test]

@@ -126,6 +126,17 @@ pub fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether the other end of connected stream socket `sock` is closed
+/// (released by every process that had it, or shut down both ways): it
+/// reports `POLLHUP` ([poll(2)] with a zero timeout; [unix(7)]). Bytes
+/// it sent before do not hide it.
+///
+/// [poll(2)]: https://man7.org/linux/man-pages/man2/poll.2.html
+/// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
+pub fn peer_closed(sock: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(super::poll::revents_now(sock, 0)? & libc::POLLHUP != 0)
+}
+
 /// `setsockopt(SOL_SOCKET, SO_PASSRIGHTS, 0)` ([socket(7)], Linux 6.16):
 /// the kernel refuses (`EPERM`, to the sender) any message carrying
 /// descriptors to this socket. False where the kernel does not know the
@@ -471,6 +482,30 @@ mod tests {
         assert!(recv_with_fds(b.as_fd(), &mut buf).is_err()); // EAGAIN
         drop(a);
         assert_eq!(recv_with_fds(b.as_fd(), &mut buf).unwrap().len, 0);
+    }
+
+    /// The other end counts as closed once no descriptor of it is left
+    /// (bytes it sent still unread), not while a copy lives; a connection
+    /// the listener never accepted is closed when the listener is.
+    #[test]
+    fn peer_closed_once_every_copy_of_the_other_end_is() {
+        let (a, b) = UnixStream::pair().unwrap();
+        assert!(!peer_closed(a.as_fd()).unwrap());
+        send_with_fds(b.as_fd(), b"unread", &[]).unwrap();
+        let copy = b.try_clone().unwrap();
+        drop(b);
+        assert!(!peer_closed(a.as_fd()).unwrap(), "a copy still holds it");
+        drop(copy);
+        assert!(peer_closed(a.as_fd()).unwrap(), "closed, bytes unread");
+
+        let path = std::env::temp_dir().join(format!("qs-sm-peer-closed-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let queued = UnixStream::connect(&path).unwrap();
+        assert!(!peer_closed(queued.as_fd()).unwrap(), "queued, listener open");
+        drop(listener);
+        let _ = std::fs::remove_file(&path);
+        assert!(peer_closed(queued.as_fd()).unwrap(), "its listener closed");
     }
 
     /// What a hello may carry passes the screen; what may block or run
