@@ -13,6 +13,13 @@ pub const SOCKET_DIR_ENV: &str = "QS_SM_DIR";
 /// Environment variable choosing the wake-up primitive: `eventfd` or `pipe`.
 pub const WAKE_ENV: &str = "QS_SM_WAKE";
 
+/// Environment variable choosing how peers' exits are watched: `socket`
+/// (the default: the pidfd `SO_PEERPIDFD` gives, else as `pid`) or `pid`
+/// (`pidfd_open` of the peer's pid, checked against its start time, as on
+/// kernels before 6.5). `pid` is for testing that path where the kernel is
+/// newer.
+pub const PIDFD_ENV: &str = "QS_SM_PIDFD";
+
 /// Longest instance name accepted in `sm://<name>` and in addresses.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -77,6 +84,11 @@ pub struct SmConfig {
     /// plugin instances (or claims many names) cannot exhaust our
     /// descriptors. Default [`DEFAULT_MAX_CONNS_PER_PROCESS`].
     pub max_conns_per_process: usize,
+    /// Watch peers' exits as on kernels without `SO_PEERPIDFD`: through
+    /// `pidfd_open` of the peer's pid, checked against its start time
+    /// (`$QS_SM_PIDFD=pid` does the same). For tests of that path.
+    #[doc(hidden)]
+    pub pidfd_by_pid: bool,
 }
 
 /// Default of [`SmConfig::max_conns_per_process`].
@@ -101,6 +113,7 @@ impl Default for SmConfig {
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             max_conns_per_process: DEFAULT_MAX_CONNS_PER_PROCESS,
+            pidfd_by_pid: false,
         }
     }
 }
@@ -136,6 +149,19 @@ impl SmConfig {
             Some(v) => {
                 WakeKind::parse(&v).ok_or_else(|| config_error(WAKE_ENV, v, "expected eventfd or pipe"))
             }
+        }
+    }
+
+    /// Whether peers' exits are watched by pid only: `pidfd_by_pid`, or
+    /// [`PIDFD_ENV`] set to `pid`.
+    pub fn resolve_pidfd_by_pid(&self) -> SmResult<bool> {
+        if self.pidfd_by_pid {
+            return Ok(true);
+        }
+        match env_string(PIDFD_ENV)?.as_deref() {
+            None | Some("socket") => Ok(false),
+            Some("pid") => Ok(true),
+            Some(v) => Err(config_error(PIDFD_ENV, v.to_owned(), "expected socket or pid")),
         }
     }
 

@@ -85,8 +85,9 @@ pub(crate) struct Conn {
     /// A pidfd of the peer's process, in our epoll set (token `serial |
     /// PIDFD_BIT`): its exit ends the connection even when another process
     /// (a child it forked) keeps the socket open, so no end-of-file
-    /// comes. `None` for our own process, or where the kernel has no
-    /// pidfds (then end-of-file is the only sign).
+    /// comes. Never another process's (see `identity`). `None` for our
+    /// own process, or where the kernel has no pidfds (then end-of-file
+    /// is the only sign).
     pub pidfd: Option<std::os::fd::OwnedFd>,
 }
 

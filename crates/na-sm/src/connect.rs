@@ -15,13 +15,13 @@ use crate::conn::{
     MAX_HELLO, MAX_REFUSAL, REFUSAL_MAGIC,
 };
 use crate::error::{SmError, SmResult};
+use crate::identity::{self, PeerStart};
 use crate::plugin::{PendingAccept, SmPlugin, LISTENER_TOKEN, PIDFD_BIT, WAKE_BIT};
 use crate::progress::{wake_failure, Failure};
 use crate::sys::proc;
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{
-    connect_unix, peer_cred, peer_pidfd, queue_full_timeout, refuse_passed_fds, send_with_fds,
-    try_connect_unix,
+    connect_unix, peer_cred, queue_full_timeout, refuse_passed_fds, send_with_fds, try_connect_unix,
 };
 use crate::sys::wake::{OwnWake, PeerWake};
 
@@ -251,8 +251,13 @@ impl SmPlugin {
         if cred.pid != name.pid {
             return Err(handshake(pid_mismatch(cred.pid, name.pid)));
         }
+        let start = PeerStart::read(sock.as_fd(), cred.pid);
         let serial = self.next_serial;
         self.next_serial += 1;
+        // Before anything else is set up: a listener that is gone (or
+        // cannot be told from the process that has its pid now) fails the
+        // lookup.
+        let pidfd = self.watch_process(sock.as_fd(), cred.pid, &start, &uri, serial)?;
         let mut region = SharedRegion::create(&format!("qs-sm-{}-{serial}", self.name.key()), REGION_LEN)
             .map_err(|e| SmError::sys("memfd_create/mmap of the connection region", e))?;
         init_region(&region, self.name.pid);
@@ -276,7 +281,6 @@ impl SmPlugin {
             .map_err(|e| SmError::sys("fcntl(O_NONBLOCK)", e))?;
         self.poll_add(sock.as_raw_fd(), serial)?;
         self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)?;
-        let pidfd = self.watch_process(sock.as_fd(), cred.pid, serial);
         let conn = Conn {
             serial,
             sock,
@@ -309,30 +313,32 @@ impl SmPlugin {
             .ok_or_else(|| handshake("peer entry vanished during connect".into()))
     }
 
-    /// A pidfd of process `pid`, the peer at the other end of `sock`, in
-    /// our epoll set under `serial | PIDFD_BIT` (edge-triggered: it
-    /// becomes readable once, when the process exits). None for our own
-    /// process, and where pidfds are missing (a debug event says why):
-    /// then the socket's end-of-file is the only sign of an exit.
-    fn watch_process(&self, sock: BorrowedFd<'_>, pid: u32, serial: u64) -> Option<OwnedFd> {
+    /// A pidfd of process `pid` (`peer` in errors), at the other end of
+    /// `sock` and started at `start`, in our epoll set under `serial |
+    /// PIDFD_BIT` (edge-triggered: it becomes readable once, when the
+    /// process exits). `None` for our own process, and where pidfds are
+    /// missing (a debug event says why): then the socket's end-of-file is
+    /// the only sign of an exit. An error if the peer is gone, or its pid
+    /// names another process now (see `identity`): never that process's.
+    fn watch_process(
+        &self,
+        sock: BorrowedFd<'_>,
+        pid: u32,
+        start: &PeerStart,
+        peer: &str,
+        serial: u64,
+    ) -> SmResult<Option<OwnedFd>> {
         if pid == self.name.pid {
-            return None;
+            return Ok(None);
         }
-        // The socket's pidfd names the process that connected even if it
-        // has gone since; pidfd_open names whoever has the pid now (the
-        // peer, unless it exited and the pid was reused meanwhile).
-        let fd = match peer_pidfd(sock).or_else(|_| proc::pidfd_open(pid)) {
-            Ok(fd) => fd,
-            Err(e) => {
-                tracing::debug!(pid, error = %e, "sm: no pidfd for a peer (its exit is seen by end-of-file only)");
-                return None;
-            }
+        let Some(fd) = identity::peer_pidfd(sock, pid, start, self.pidfd_by_pid, peer)? else {
+            return Ok(None);
         };
         match self.poll.add_edge_triggered(fd.as_raw_fd(), serial | PIDFD_BIT) {
-            Ok(()) => Some(fd),
+            Ok(()) => Ok(Some(fd)),
             Err(e) => {
                 tracing::debug!(pid, error = %e, "sm: cannot watch a peer's pidfd");
-                None
+                Ok(None)
             }
         }
     }
@@ -441,9 +447,19 @@ impl SmPlugin {
             if sock.set_nonblocking(true).is_err() || self.poll_add(sock.as_raw_fd(), serial).is_err() {
                 continue;
             }
+            // Now, while the connection proves the connector has not
+            // exited (see `identity`); its hello may come much later.
+            let start = PeerStart::read(sock.as_fd(), cred.pid);
             let deadline = na_core::deadline_after(self.cfg.handshake_timeout);
-            self.pending
-                .insert(serial, PendingAccept { sock, cred, deadline });
+            self.pending.insert(
+                serial,
+                PendingAccept {
+                    sock,
+                    cred,
+                    start,
+                    deadline,
+                },
+            );
             self.handle_hello(serial);
         }
         // The bound was reached (every other way out returns): more may
@@ -735,13 +751,27 @@ impl SmPlugin {
         // Nothing more comes with descriptors on this connection: the
         // kernel refuses them to the sender where it can (Linux 6.16).
         refuse_passed_fds(p.sock.as_fd());
+        let local = |e: SmError| HelloFailure::Local(e.to_string());
+        let mut gone = exited.then(|| "exited during the handshake".to_owned());
         let mut pidfd = None;
         if !exited {
-            let local = |e: SmError| HelloFailure::Local(e.to_string());
+            match self.watch_process(p.sock.as_fd(), p.cred.pid, &p.start, &name.uri(), serial) {
+                Ok(fd) => pidfd = fd,
+                Err(e @ SmError::Sys { .. }) => return Err(local(e)),
+                // Its process is gone (maybe its pid taken by another):
+                // set up all the same and failed at once, as above.
+                Err(e) => {
+                    gone = Some(match NaError::from(e) {
+                        NaError::PeerGone { reason, .. } => reason,
+                        e => e.to_string(),
+                    })
+                }
+            }
+        }
+        if gone.is_none() {
             self.poll_add(p.sock.as_raw_fd(), serial).map_err(local)?;
             self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)
                 .map_err(local)?;
-            pidfd = self.watch_process(p.sock.as_fd(), p.cred.pid, serial);
         }
         let conn = Conn {
             serial,
@@ -764,8 +794,8 @@ impl SmPlugin {
             None => self.peers.insert(self.id, name.clone(), p.cred.pid, false),
         };
         self.peers.attach(tok, conn);
-        if exited {
-            self.fail_peer(tok, Failure::Gone, "exited during the handshake");
+        if let Some(reason) = gone {
+            self.fail_peer(tok, Failure::Gone, &reason);
         }
         Ok(name.uri())
     }

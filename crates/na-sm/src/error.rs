@@ -110,6 +110,21 @@ pub enum SmError {
         /// How we found out.
         reason: String,
     },
+    /// The peer exited before its exit could be watched, and its pid now
+    /// names another process (told apart by start time where the kernel
+    /// gives no pidfd of the peer; see the crate docs): it is gone, and
+    /// that process is never taken for it.
+    #[error("peer {peer} is gone: {}", pid_reused(*.pid, *.expected, *.found))]
+    PidReused {
+        /// The peer.
+        peer: String,
+        /// Its pid.
+        pid: u32,
+        /// Its start time, read as it connected.
+        expected: u64,
+        /// The start time of the process that has the pid now.
+        found: u64,
+    },
     /// A cross-memory-attach transfer failed.
     #[error("RMA {op} of {len} bytes to {peer} failed: {source}")]
     Rma {
@@ -134,6 +149,14 @@ pub enum SmError {
     },
 }
 
+/// Why a peer is gone whose pid was reused ([`SmError::PidReused`]).
+fn pid_reused(pid: u32, expected: u64, found: u64) -> String {
+    format!(
+        "its process {pid} exited and the pid now names another process (started {found}, \
+         the peer {expected} clock ticks after boot)"
+    )
+}
+
 impl SmError {
     pub(crate) fn sys(op: &'static str, source: io::Error) -> Self {
         SmError::Sys { op, source }
@@ -150,6 +173,15 @@ impl From<SmError> for NaError {
             SmError::Handshake { peer, reason } => NaError::Handshake { uri: peer, reason },
             SmError::Protocol { peer, reason } => NaError::Protocol { peer, reason },
             SmError::PeerGone { peer, reason } => NaError::PeerGone { peer, reason },
+            SmError::PidReused {
+                peer,
+                pid,
+                expected,
+                found,
+            } => NaError::PeerGone {
+                peer,
+                reason: pid_reused(pid, expected, found),
+            },
             SmError::Rma {
                 op,
                 len,

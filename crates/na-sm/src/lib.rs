@@ -30,8 +30,15 @@
 //! at most [`SmConfig::handshake_timeout`]; `try_lookup` connects without
 //! waiting and answers `WouldBlock` instead (see
 //! [`na_core::Plugin::try_lookup`]).
-//! The socket stays open; end of file on it means the peer died. See
-//! [`conn`] for the bytes. A process gets at most
+//! The socket stays open; end of file on it means the peer died, and so
+//! does the peer's pidfd becoming readable (the only sign when a child it
+//! forked holds the socket): the kernel's (`SO_PEERPIDFD`), else, before
+//! Linux 6.5 or for a peer already reaped, `pidfd_open` of its pid, taken
+//! only if the process there has the start time the peer had when its
+//! connection was made (read by us from `/proc` as the connection came,
+//! while the open socket proves the peer had not exited; see the
+//! `identity` module). A pid that names another process by then means the
+//! peer is gone ([`SmError::PidReused`]). See [`conn`] for the bytes. A process gets at most
 //! [`SmConfig::max_conns_per_process`] connections to a listener (counted
 //! by kernel-reported pid, whatever names it claims); past it its
 //! handshakes are refused with the reason (its operations fail with
@@ -164,6 +171,7 @@ pub mod factory;
 
 mod heads;
 mod id_filter;
+mod identity;
 mod matching;
 mod plugin;
 pub mod progress;
@@ -174,7 +182,7 @@ pub mod sys;
 
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
-pub use config::{SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, SOCKET_DIR_ENV, WAKE_ENV};
+pub use config::{SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, PIDFD_ENV, SOCKET_DIR_ENV, WAKE_ENV};
 pub use connect::{MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 pub use error::SmError;
 pub use factory::SmFactory;

@@ -50,6 +50,8 @@ pub(crate) const PIDFD_BIT: u64 = 1 << 60;
 pub(crate) struct PendingAccept {
     pub sock: crate::closer::PeerSocket,
     pub cred: PeerCred,
+    /// The connector's start time, read as it was accepted.
+    pub start: crate::identity::PeerStart,
     pub deadline: Instant,
 }
 
@@ -129,6 +131,8 @@ pub struct SmPlugin {
     pub(crate) tokens: Vec<u64>,
     /// What we create to be woken on.
     pub(crate) wake_kind: WakeKind,
+    /// Peers' exits are watched by pid only (see `identity`).
+    pub(crate) pidfd_by_pid: bool,
     /// Message buffers handed back by sends (they are copied into the ring).
     pub(crate) msg_bufs: MsgBufPool,
     /// Scratch iovec lists of RMA transfers (kept for their capacity).
@@ -273,6 +277,7 @@ impl SmPlugin {
         }
         let dir = config.resolve_dir()?;
         let wake_kind = config.resolve_wake()?;
+        let pidfd_by_pid = config.resolve_pidfd_by_pid()?;
         let named = |instance| SmName {
             pid: proc::pid(),
             instance,
@@ -343,6 +348,7 @@ impl SmPlugin {
             backlog_total: na_core::BacklogTotal::default(),
             tokens: Vec::with_capacity(32),
             wake_kind,
+            pidfd_by_pid,
             msg_bufs: MsgBufPool::default(),
             iov_lists: IovLists::default(),
             pull: false,

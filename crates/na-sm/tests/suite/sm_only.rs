@@ -164,36 +164,43 @@ pub fn two_instances_driven_by_one_poll_set(t: &Transport) {
 }
 
 pub fn invalid_socket_dir_env_is_a_clear_error(t: &Transport) {
+    use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-    let envcheck = |dir: &std::ffi::OsStr| {
+    // What a listener made with this environment (and `QS_SM_DIR`) says.
+    let envcheck = |dir: &OsStr, vars: &[(&str, &str)]| {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .env(na_testsuite::PEER_ENV, "envcheck")
             .env("QS_SM_DIR", dir)
+            .envs(vars.iter().copied())
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let s = envcheck("relative/dir".as_ref());
+    let s = envcheck("relative/dir".as_ref(), &[]);
     assert!(
         s.starts_with("ERR") && s.contains("QS_SM_DIR") && s.contains("absolute"),
         "{s}"
     );
-    let s = envcheck(std::ffi::OsStr::from_bytes(b"/tmp/\xff\xfe"));
+    let s = envcheck(OsStr::from_bytes(b"/tmp/\xff\xfe"), &[]);
     assert!(
         s.starts_with("ERR") && s.contains("QS_SM_DIR") && s.contains("UTF-8"),
         "{s}"
     );
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(na_testsuite::PEER_ENV, "envcheck")
-        .env("QS_SM_DIR", dir_of(t))
-        .env(na_sm::WAKE_ENV, "futex")
-        .output()
-        .unwrap();
-    let s = String::from_utf8_lossy(&out.stdout);
+    let dir = dir_of(t);
+    let s = envcheck(dir.as_ref(), &[(na_sm::WAKE_ENV, "futex")]);
     assert!(
         s.starts_with("ERR") && s.contains("QS_SM_WAKE") && s.contains("eventfd or pipe"),
         "{s}"
     );
+    let s = envcheck(dir.as_ref(), &[(na_sm::PIDFD_ENV, "pidfd")]);
+    assert!(
+        s.starts_with("ERR") && s.contains("QS_SM_PIDFD") && s.contains("socket or pid"),
+        "{s}"
+    );
+    for ok in ["pid", "socket"] {
+        let s = envcheck(dir.as_ref(), &[(na_sm::PIDFD_ENV, ok)]);
+        assert!(s.starts_with("OK"), "QS_SM_PIDFD={ok}: {s}");
+    }
 }
 
 /// `(inode, descriptors)` of every pipe process `pid` holds.
