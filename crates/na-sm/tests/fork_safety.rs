@@ -8,14 +8,13 @@
 //! values name what went wrong) and ends with `_exit`.
 
 use std::io::{Read, Write};
-use std::os::fd::FromRawFd;
 use std::time::{Duration, Instant};
 
 use na_core::{Access, MemHandle, OpId, Plugin, PluginId, Rma};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::private_dir;
+use common::{pipe, private_dir};
 
 /// Forks; the child runs `child` and exits with its status. Returns the
 /// child's pid.
@@ -54,19 +53,6 @@ fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
             return None;
         }
         std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn pipe() -> (std::fs::File, std::fs::File) {
-    let mut fds = [0; 2];
-    // SAFETY (test): pipe writes two fresh descriptors into `fds`.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY (test): both are ours alone.
-    unsafe {
-        (
-            std::fs::File::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-        )
     }
 }
 
