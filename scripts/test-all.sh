@@ -61,6 +61,9 @@ fi
 step "the na-sm conformance suite again, woken through pipes (QS_SM_WAKE=pipe)"
 QS_SM_WAKE=pipe cargo test --quiet -p na-sm --test suite
 
+step "the na-sm conformance suite again, peers' exits watched by pid as before Linux 6.5 (QS_SM_PIDFD=pid)"
+QS_SM_PIDFD=pid cargo test --quiet -p na-sm --test suite
+
 step "the RPC tests again with posted receives instead of sm's pull mode (QS_RPC_RECV=posted)"
 QS_RPC_RECV=posted cargo test --quiet -p hg-rpc --test rpc --test response_routing --test async_rpc --test async_stop \
   --test async_held --test origin_memory --test failure_paths --test notices --test async_bulk
