@@ -67,6 +67,10 @@
 //!   [`Cache::invalidate`] for the mapping (which clears its handles'
 //!   flags too), or register such data from anonymous memory; see
 //!   `docs/REGCACHE.md`.
+//! * **Not reported, not refused:** a SysV segment attached over
+//!   registered memory with `shmat(..., SHM_REMAP)`: the kernel replaces
+//!   the mapping without an event (the `shmat_remap` row). Call
+//!   [`Cache::invalidate`] for the range after such an attach.
 //!
 //! See [`monitor::uffd`] for why a lookup can never return a registration
 //! of pages unmapped before it started (including by an unmap whose call
