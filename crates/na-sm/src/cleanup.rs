@@ -50,7 +50,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::addr::SmName;
 use crate::error::{SmError, SmResult};
@@ -60,9 +60,18 @@ use crate::sys::{lock, proc};
 /// lock" (version 1 files had no lock and are judged by pid).
 const OWNER_VERSION: u32 = 2;
 
-/// Tries of [`claim_name`] before it reports the name in use (a cleanup in
-/// another process may hold a dead owner's lock for a moment).
-const CLAIM_ATTEMPTS: u32 = 4;
+/// How long [`claim_name`] keeps trying while the name's owner file stays
+/// locked before it reports the name in use. A cleanup in another process
+/// holds a dead owner's lock while it removes its files: microseconds
+/// usually, but that process may be descheduled (a loaded machine) or
+/// slowed by the file system for much longer than a few retries last. A
+/// live owner holds the lock for good: its name is refused once this
+/// passes (names carry our pid, so that owner shares our pid from another
+/// PID namespace, or is this process: rare enough to wait for).
+const CLAIM_WAIT: Duration = Duration::from_secs(1);
+
+/// First and longest pause between [`claim_name`]'s tries (it doubles).
+const CLAIM_PAUSE: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(50));
 
 /// What [`cleanup_stale`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -88,44 +97,83 @@ fn temp_path(dir: &Path, name: &SmName) -> PathBuf {
 /// owner's file is never overwritten, and ours is never visible unlocked.
 /// An existing owner file whose lock is free (or, for a version-1 file,
 /// whose owner is dead) is removed with its socket, under its lock, and the
-/// claim tried again; one whose lock is held means the name is in use:
-/// `AddrInUse`.
+/// claim tried again; one whose lock stays held for [`CLAIM_WAIT`] (tried
+/// again and again, with pauses of up to 50 ms) means the name is in use:
+/// `AddrInUse`, saying what the owner file names.
 pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
     let owner = name.owner_path(dir);
     let err = |source| SmError::Listen {
         path: name.socket_path(dir),
         source,
     };
-    for attempt in 0..CLAIM_ATTEMPTS {
-        if attempt > 0 {
-            std::thread::sleep(Duration::from_millis(2 * u64::from(attempt)));
-        }
-        match try_claim(dir, name).map_err(err)? {
+    let deadline = Instant::now() + CLAIM_WAIT;
+    let mut pause = CLAIM_PAUSE.0;
+    // What held us up last: a claim of the name in progress (its
+    // temporary file), or the owner file's lock.
+    let claiming = loop {
+        // Whether to try again at once: a dead owner's files went.
+        let (claiming, removed) = match try_claim(dir, name).map_err(err)? {
             Claim::Ours(file) => return Ok(file),
-            Claim::Retry => continue,
-            Claim::Taken => {}
-        }
-        match judge(&owner, name) {
-            Verdict::Alive => {}
-            Verdict::Dead(held) => {
-                let files = [name.socket_path(dir), owner.clone()];
-                if let Some(removed) = remove_dead(held.as_ref(), &owner, &files)? {
-                    tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's files to take its name");
+            Claim::Retry => (true, false),
+            Claim::Taken => match judge(&owner, name) {
+                Verdict::Alive => (false, false),
+                Verdict::Dead(held) => {
+                    let files = [name.socket_path(dir), owner.clone()];
+                    let removed = remove_dead(held.as_ref(), &owner, &files)?;
+                    if let Some(removed) = &removed {
+                        tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's files to take its name");
+                    }
+                    (false, removed.is_some())
                 }
-            }
+            },
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            break claiming;
         }
-    }
+        if !removed {
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(CLAIM_PAUSE.1);
+        }
+    };
     tracing::warn!(name = %name.uri(), dir = %dir.display(), "sm instance name in use: refused");
+    let held = if claiming {
+        format!(
+            "another claim of the name held its temporary owner file {} for {CLAIM_WAIT:?}",
+            temp_path(dir, name).display()
+        )
+    } else {
+        format!(
+            "its owner file {} stayed locked for {CLAIM_WAIT:?}; {}",
+            owner.display(),
+            lock_holder(&owner)
+        )
+    };
     Err(err(io::Error::new(
         io::ErrorKind::AddrInUse,
         format!(
-            "instance name {} is in use (its owner file {} stayed locked): by a live process, this \
-             one or one in another PID namespace sharing the directory, or a cleanup was removing a \
-             dead owner's files; choose another name or try again",
+            "instance name {} is in use ({held}): by a live process, this one or one in another \
+             PID namespace sharing the directory, or a cleanup removing a dead owner's files has \
+             not finished; choose another name or try again",
             name.uri(),
-            owner.display()
         ),
     )))
+}
+
+/// What the owner file at `path` says of the process holding its lock,
+/// for an error (read without the lock).
+fn lock_holder(path: &Path) -> String {
+    match open_owner(path).ok().as_ref().and_then(read_owner) {
+        Some(line) if proc::is_alive(line.pid) => {
+            format!("it names pid {}, a live process in this PID namespace", line.pid)
+        }
+        Some(line) => format!(
+            "it names pid {}, which no process has in this PID namespace (its holder lives in \
+             another one, or is a cleanup)",
+            line.pid
+        ),
+        None => "it holds no owner line that can be read".to_owned(),
+    }
 }
 
 /// What one attempt to claim a name gave.
