@@ -7,11 +7,13 @@
 //! a descriptor (`SCM_RIGHTS`) in place of a memfd or eventfd, or leave it
 //! queued on its connection's socket, whose close then releases it.
 //!
-//! * Descriptors of a kind we did not check go to one background thread,
-//!   started on first use (again in a forked child), and are counted
-//!   while they wait. A release that never ends holds that thread, and
-//!   the descriptors queued behind it stay open: past
-//!   [`MAX_PENDING_FDS`] the plugin takes no more in ([`congested`]).
+//! * Descriptors of a kind we did not check go to a background closing
+//!   thread ([`pool`]), and are counted while they wait. A release that
+//!   never ends holds its thread; once every closing thread has been
+//!   stuck for [`CLOSE_STALL`], another is started, up to
+//!   [`MAX_CLOSING_THREADS`]. With all of them stuck, the descriptors
+//!   queued behind stay open: past [`MAX_PENDING_FDS`] the plugin takes
+//!   no more in ([`congested`]).
 //! * A socket a peer is (or was) connected through ([`PeerSocket`]), and
 //!   the listener, are closed in place once nothing can be queued to them
 //!   any more and what was queued has been read out and screened: their
@@ -21,48 +23,47 @@
 //!
 //! The engine's threads never wait.
 
-use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::sys::fork;
 use crate::sys::socket::{harmless_to_close, recv_with_fds, shutdown_read, Received};
+
+mod pool;
+
+use pool::send;
+pub(crate) use pool::{hold_across_fork, release_after_fork};
+pub use pool::{CLOSE_STALL, MAX_CLOSING_THREADS};
 
 /// Something to drop, and how many descriptors of our table it holds
 /// (counted in `PENDING_FDS` until it is dropped).
 type Item = (Box<dyn Send>, usize);
 
-/// Peer-passed descriptors waiting in the closing thread's queue.
+/// Peer-passed descriptors waiting in the closing threads' queue.
 static PENDING_FDS: AtomicUsize = AtomicUsize::new(0);
 
-/// Past this many descriptors waiting to be closed (a release that never
-/// ends holds the thread), the plugin takes no more in: it stops
-/// accepting and reading hellos until the queue moves (see
-/// [`congested`]). Otherwise a peer that jammed the thread could fill our
-/// descriptor table, and the kernel would then close what does not fit
-/// inside `recvmsg`, on the caller's thread.
-pub(crate) const MAX_PENDING_FDS: usize = 256;
-
-/// The closing thread's queue, and the fork generation it was started in.
-type Queue = Option<(u64, Sender<Item>)>;
-
-static CLOSER: Mutex<Queue> = Mutex::new(None);
-
-fn lock() -> MutexGuard<'static, Queue> {
-    CLOSER.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// Past this many descriptors waiting to be closed (releases that never
+/// end hold every closing thread), the plugin takes no more in: it stops
+/// accepting and reading hellos until the queue moves. Otherwise a peer that jammed the threads could fill
+/// our descriptor table, and the kernel would then close what does not
+/// fit inside `recvmsg`, on the caller's thread.
+pub const MAX_PENDING_FDS: usize = 256;
 
 /// True while more than [`MAX_PENDING_FDS`] peer-passed descriptors wait
-/// to be closed: take no more in.
+/// to be closed: take no more in. Then, if every closing thread is stuck,
+/// another is started first (see [`pool`]), so the queue moves again
+/// unless all [`MAX_CLOSING_THREADS`] are.
 pub(crate) fn congested() -> bool {
-    PENDING_FDS.load(Ordering::Relaxed) > MAX_PENDING_FDS
+    if PENDING_FDS.load(Ordering::Relaxed) <= MAX_PENDING_FDS {
+        return false;
+    }
+    pool::relieve();
+    true
 }
 
-/// Drops `item` on the closing thread (or here, if no thread can be
+/// Drops `item` on a closing thread (or here, if no thread can be
 /// started).
 pub(crate) fn close_later<T: Send + 'static>(item: T) {
     send((Box::new(item), 0));
@@ -85,40 +86,9 @@ fn send_counted<T: Send + 'static>(item: T, fds: usize) {
     send((Box::new(item), fds));
 }
 
-fn send(item: Item) {
-    let generation = fork::generation();
-    let mut closer = lock();
-    if closer.as_ref().is_none_or(|(g, _)| *g != generation) {
-        // Inherited through a fork: the thread is the parent's. Its
-        // sender is forgotten, not dropped (dropping touches the
-        // channel's state, which that thread may have held at the fork).
-        if let Some(old) = closer.take() {
-            std::mem::forget(old);
-        }
-        *closer = start().map(|tx| (generation, tx));
-    }
-    let Some((_, tx)) = closer.as_ref() else {
-        drop(closer);
-        close_now(item);
-        return;
-    };
-    if let Err(returned) = tx.send(item) {
-        // The thread is gone (it cannot end by itself: only a panic in a
-        // drop ends it). Close here, and start another next time.
-        *closer = None;
-        drop(closer);
-        close_now(returned.0);
-    }
-}
-
-fn close_now((item, fds): Item) {
-    drop(item);
-    PENDING_FDS.fetch_sub(fds, Ordering::Relaxed);
-}
-
 /// [`recv_with_fds`], keeping only descriptors whose close cannot wait
 /// (`harmless_to_close`: what a hello or acknowledgement may carry); the
-/// others go to the closing thread, counted in the second value.
+/// others go to the closing threads, counted in the second value.
 pub(crate) fn recv_screened(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(Received, usize)> {
     let mut r = recv_with_fds(sock, buf)?;
     let (keep, odd): (Vec<_>, Vec<_>) = r.fds.into_iter().partition(|fd| harmless_to_close(fd.as_fd()));
@@ -130,7 +100,7 @@ pub(crate) fn recv_screened(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
 
 /// A socket a peer is (or was) connected through. Its drop shuts it for
 /// reading, reads out and screens what the peer had queued (the
-/// descriptors that could wait at their close go to the closing thread),
+/// descriptors that could wait at their close go to the closing threads),
 /// then closes it in place (see the module docs).
 #[derive(Debug)]
 pub(crate) struct PeerSocket {
@@ -195,10 +165,10 @@ pub(crate) fn close_listener(listener: UnixListener) {
 }
 
 /// Reads (at most this many times) from a socket or listener being
-/// closed; past it, the closing thread closes it.
+/// closed; past it, a closing thread closes it.
 const MAX_DRAIN: usize = 65_536;
 
-/// Closes `sock` here once [`drained`], else on the closing thread,
+/// Closes `sock` here once [`drained`], else on a closing thread,
 /// counted as the one descriptor of ours it holds (see [`congested`]).
 fn close_drained(sock: UnixStream) {
     if drained(sock.as_fd()) {
@@ -240,45 +210,10 @@ fn drained(sock: BorrowedFd<'_>) -> bool {
     false
 }
 
-fn start() -> Option<Sender<Item>> {
-    let (tx, rx) = channel::<Item>();
-    let spawned = std::thread::Builder::new()
-        .name("qs-sm-closer".into())
-        .spawn(move || {
-            for item in rx {
-                close_now(item);
-            }
-        });
-    match spawned {
-        Ok(_) => Some(tx),
-        Err(e) => {
-            tracing::warn!(error = %e, "sm: cannot start the closing thread; closing peers' descriptors in place");
-            None
-        }
-    }
-}
-
-thread_local! {
-    /// The queue's lock, held by the thread that forks from just before
-    /// to just after (see `sys::fork`).
-    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Queue>>> = const { RefCell::new(None) };
-}
-
-/// Takes the queue's lock before a fork (`pthread_atfork`'s prepare
-/// handler), so a child never finds it held by a thread it does not have.
-pub(crate) fn hold_across_fork() {
-    let guard = lock();
-    let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guard));
-}
-
-/// Lets the lock go after a fork, in the parent and in the child.
-pub(crate) fn release_after_fork() {
-    let _ = HELD_FOR_FORK.try_with(|h| h.borrow_mut().take());
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc::channel;
 
     struct Report(std::sync::mpsc::Sender<std::thread::ThreadId>);
 

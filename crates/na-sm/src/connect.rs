@@ -234,7 +234,7 @@ impl SmPlugin {
             },
         };
         // Shut, read out and screened before it is closed on every path
-        // from here, or closed whole on the closing thread (the listener
+        // from here, or closed whole on a closing thread (the listener
         // may have queued descriptors on it: see `closer::PeerSocket`).
         let sock = crate::closer::PeerSocket::new(sock);
         let handshake = |reason: String| SmError::Handshake {
@@ -376,7 +376,7 @@ impl SmPlugin {
             }
             if crate::closer::congested() {
                 // Peer-passed descriptors wait to be closed (a close that
-                // never ends holds the closing thread): take no more in.
+                // never ends holds every closing thread): take no more in.
                 self.stats.flow_blocked += 1;
                 tracing::warn!(pause = ?ACCEPT_RETRY, "sm: pausing accepts: too many peer descriptors wait to be closed");
                 self.pause_accepts(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
@@ -602,7 +602,7 @@ impl SmPlugin {
         };
         if crate::closer::congested() {
             // Refused unread: its descriptors stay the kernel's (in flight
-            // on the socket, which the closing thread closes), not ours.
+            // on the socket, which a closing thread closes), not ours.
             if let Some(p) = self.pending.remove(&serial) {
                 let _ = self.poll.delete(p.sock.as_raw_fd());
                 self.stats.accept_errors += 1;
@@ -706,7 +706,7 @@ impl SmPlugin {
             return Err("closed before its hello, with descriptors passed".into());
         }
         if refused > 0 {
-            // Closed on the closing thread already (see `closer`).
+            // Closed on a closing thread already (see `closer`).
             return Err(format!(
                 "hello carries {refused} descriptors that are neither a memfd, an eventfd nor a pipe"
             )

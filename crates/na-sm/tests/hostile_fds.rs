@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use na_core::{OpId, Plugin, PluginId};
 use na_sm::sys::socket::send_with_fds;
-use na_sm::{SmConfig, SmPlugin};
+use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS, MAX_PENDING_FDS};
 
 mod common;
 use common::private_dir;
@@ -167,12 +167,102 @@ fn jam_with(path: &std::path::Path, tcp: TcpStream) {
     drop((tcp, conn));
 }
 
+/// Jams every closing thread of the listener at `path` (`srv`), one
+/// lingering socket (for `linger`) each: each jam is handed over once
+/// the threads before it have been stuck for longer than `CLOSE_STALL`,
+/// so that another thread is started to take it. Returns the sockets'
+/// peers (keep them: they never read).
+fn jam_every_closing_thread(
+    srv: &mut SmPlugin,
+    path: &std::path::Path,
+    linger: Duration,
+) -> Vec<TcpListener> {
+    let peers = (0..MAX_CLOSING_THREADS)
+        .map(|_| {
+            let (peer, tcp) = lingering_for(linger);
+            jam_with(path, tcp);
+            settle_for(srv, CLOSE_STALL * 2);
+            peer
+        })
+        .collect();
+    assert_eq!(
+        closing_threads(),
+        MAX_CLOSING_THREADS,
+        "not every closing thread was started"
+    );
+    peers
+}
+
+/// na-sm's closing threads running in this process.
+fn closing_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == "qs-sm-closer")
+        .count()
+}
+
+/// Hellos of 4 socket ends each (`count` of them, or as many as the
+/// listener's queue takes), each refused with its descriptors.
+fn flood(srv: &mut SmPlugin, path: &std::path::Path, count: usize) {
+    for _ in 0..count {
+        let Ok(conn) = UnixStream::connect(path) else {
+            // The accept queue is full: accepts are paused.
+            break;
+        };
+        let (a, b) = UnixStream::pair().unwrap();
+        let (c, d) = UnixStream::pair().unwrap();
+        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
+        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
+        drop((a, b, c, d, conn));
+        srv.progress().unwrap();
+    }
+}
+
 /// Descriptors this process has open.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// A peer that jams the closing thread (a lingering socket) and then
+/// One close that never ends (a lingering socket passed in a hello) does
+/// not refuse handshakes: once its closing thread has been stuck for
+/// `CLOSE_STALL`, another takes the queue on, so a flood of descriptors
+/// behind the jam (more than `MAX_PENDING_FDS`) does not congest it, and
+/// an honest client is served while the jam lasts. (With a single closing
+/// thread the client was refused until the jamming close ended.)
+#[test]
+fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
+    let dir = private_dir("hostile-fds-one-jam");
+    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    settle_for(&mut srv, Duration::from_millis(50));
+    // The jam, for longer than the test.
+    let (_peer, tcp) = lingering_socket();
+    let jammed = Instant::now();
+    jam_with(&path, tcp);
+    settle_for(&mut srv, CLOSE_STALL * 2);
+    flood(&mut srv, &path, 2 * MAX_PENDING_FDS / 4 + 100);
+    settle_for(&mut srv, Duration::from_millis(50));
+    let refused = srv.stats().handshakes_refused;
+    serves_an_honest_client(&mut srv, &dir, &uri);
+    assert!(
+        jammed.elapsed() < LINGER / 2,
+        "served only after the jam may have cleared"
+    );
+    assert!(
+        closing_threads() >= 2,
+        "no closing thread was started beside the jammed one"
+    );
+    assert_eq!(
+        srv.stats().handshakes_refused,
+        refused,
+        "the honest client was refused"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A peer that jams every closing thread (lingering sockets) and then
 /// sends hello after hello with descriptors cannot fill our descriptor
 /// table: past `MAX_PENDING_FDS` waiting to be closed the listener refuses
 /// handshakes unread and pauses accepts; once the jam clears, it serves
@@ -188,30 +278,21 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
     settle(&mut srv);
     let baseline = open_fds();
     // The jam.
-    let (listener, tcp) = lingering_for(JAM);
-    jam_with(&path, tcp);
-    settle(&mut srv);
+    let peers = jam_every_closing_thread(&mut srv, &path, JAM);
     // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
-    for _ in 0..400 {
-        let Ok(conn) = UnixStream::connect(&path) else {
-            // The accept queue is full: accepts are paused.
-            break;
-        };
-        let (a, b) = UnixStream::pair().unwrap();
-        let (c, d) = UnixStream::pair().unwrap();
-        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
-        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
-        drop((a, b, c, d, conn));
-        srv.progress().unwrap();
-    }
+    flood(&mut srv, &path, 400);
     settle(&mut srv);
     let grown = open_fds().saturating_sub(baseline);
     assert!(
-        grown < na_sm_max_pending() + 200,
-        "{grown} more descriptors open while the closing thread is jammed"
+        grown < MAX_PENDING_FDS + 200,
+        "{grown} more descriptors open while the closing threads are jammed"
+    );
+    assert!(
+        srv.stats().flow_blocked > 0,
+        "accepts never paused: the jammed threads did not hold the flood"
     );
     // The jam clears (the linger time passes): an honest client is served.
-    drop(listener);
+    drop(peers);
     std::thread::sleep(JAM + Duration::from_millis(500));
     serves_an_honest_client(&mut srv, &dir, &uri);
     let _ = std::fs::remove_dir_all(&dir);
@@ -255,9 +336,9 @@ fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing
 
 /// Past the closing queue's bound, a socket being closed is not read out
 /// (that would take its queued descriptors into our table whatever the
-/// bound): it goes whole to the closing thread. Here the listener holds
+/// bound): it goes whole to a closing thread. Here the listener holds
 /// connections it never accepted, each with 256 descriptors queued,
-/// when the plugin is dropped behind a jammed, congested closing thread.
+/// when the plugin is dropped behind jammed, congested closing threads.
 #[test]
 fn sockets_closed_past_the_bound_are_not_read_out() {
     let dir = private_dir("hostile-fds-bound");
@@ -268,20 +349,10 @@ fn sockets_closed_past_the_bound_are_not_read_out() {
     settle(&mut srv);
     let baseline = open_fds();
     // The jam, for longer than the test.
-    let (_peer, tcp) = lingering_socket();
-    jam_with(&path, tcp);
-    settle(&mut srv);
+    let _peers = jam_every_closing_thread(&mut srv, &path, LINGER);
     // Congestion: hellos of 4 socket ends each until the listener stops
     // taking them (accepts pause past the bound).
-    for _ in 0..100 {
-        let conn = UnixStream::connect(&path).unwrap();
-        let (a, b) = UnixStream::pair().unwrap();
-        let (c, d) = UnixStream::pair().unwrap();
-        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
-        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
-        drop((a, b, c, d, conn));
-        srv.progress().unwrap();
-    }
+    flood(&mut srv, &path, 100);
     settle(&mut srv);
     // Connections left in the accept queue, 256 descriptors queued on each.
     let (x, _y) = UnixStream::pair().unwrap();
@@ -305,16 +376,11 @@ fn sockets_closed_past_the_bound_are_not_read_out() {
     drop(srv);
     let grown = open_fds().saturating_sub(baseline);
     assert!(
-        grown < na_sm_max_pending() + 200,
+        grown < MAX_PENDING_FDS + 200,
         "{grown} more descriptors open after dropping the plugin (before the drop: {})",
         before_drop.saturating_sub(baseline)
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The closing queue's bound (na-sm's `closer::MAX_PENDING_FDS`).
-fn na_sm_max_pending() -> usize {
-    256
 }
 
 /// An honest client's message to `srv` (at `uri`) arrives within 10 s.

@@ -1,0 +1,242 @@
+//! The closing threads: what [`super`] closes off the engine's threads is
+//! dropped here, by one thread usually and by up to
+//! [`MAX_CLOSING_THREADS`] when closes get stuck.
+//!
+//! One thread is started on first use (again in a forked child). A
+//! release that never ends (a lingering socket, a FUSE file whose daemon
+//! does not answer) holds its thread; once every thread has been in one
+//! drop for [`CLOSE_STALL`], the next hand-off (or the next
+//! [`super::congested`] check that would refuse a handshake) starts
+//! another, which takes the queue on. So one stuck close no longer holds
+//! every descriptor queued behind it, and with them every listener's
+//! handshakes; a peer has to jam all of them at once. The threads stay
+//! (at most [`MAX_CLOSING_THREADS`] per process, parked while idle).
+
+use std::cell::RefCell;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::sys::fork;
+
+use super::{Item, PENDING_FDS};
+
+/// Most threads one process runs to close what peers passed it: one at
+/// first, another each time every running one has been stuck in a close
+/// for [`CLOSE_STALL`].
+pub const MAX_CLOSING_THREADS: usize = 4;
+
+/// How long every closing thread must have been in one drop before
+/// another is started: far longer than any close that does not wait on
+/// someone else (microseconds), short enough that a jam refuses
+/// handshakes only briefly.
+pub const CLOSE_STALL: Duration = Duration::from_millis(100);
+
+/// The closing threads of one fork generation.
+struct Pool {
+    /// The fork generation they were started in.
+    generation: u64,
+    tx: Sender<Item>,
+    /// Shared by the threads: the one holding its lock waits in `recv`.
+    rx: Arc<Mutex<Receiver<Item>>>,
+    /// Per thread: when its current drop began ([`now_ticks`]), 0 while
+    /// it waits for work.
+    busy: Vec<Arc<AtomicU64>>,
+}
+
+static CLOSER: Mutex<Option<Pool>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<Pool>> {
+    CLOSER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Nanoseconds since the first call, plus one (never 0).
+fn now_ticks() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let ns = EPOCH.get_or_init(Instant::now).elapsed().as_nanos();
+    u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1
+}
+
+impl Pool {
+    /// A pool with its first thread, or `None` if no thread can be started.
+    fn start(generation: u64) -> Option<Pool> {
+        let (tx, rx) = channel::<Item>();
+        let mut pool = Pool {
+            generation,
+            tx,
+            rx: Arc::new(Mutex::new(rx)),
+            busy: Vec::new(),
+        };
+        pool.spawn().then_some(pool)
+    }
+
+    /// Starts one more thread; false if it cannot be started.
+    fn spawn(&mut self) -> bool {
+        let rx = Arc::clone(&self.rx);
+        let busy = Arc::new(AtomicU64::new(0));
+        let mine = Arc::clone(&busy);
+        let spawned = std::thread::Builder::new()
+            .name("qs-sm-closer".into())
+            .spawn(move || loop {
+                let item = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                let Ok(item) = item else { return };
+                mine.store(now_ticks(), Ordering::Relaxed);
+                close_now(item);
+                mine.store(0, Ordering::Relaxed);
+            });
+        match spawned {
+            Ok(_) => {
+                self.busy.push(busy);
+                if self.busy.len() > 1 {
+                    tracing::warn!(
+                        threads = self.busy.len(),
+                        stall = ?CLOSE_STALL,
+                        "sm: every closing thread is stuck in a close (a peer's descriptor): started another"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "sm: cannot start a closing thread");
+                false
+            }
+        }
+    }
+
+    /// Starts another thread if every one has been stuck in a drop for
+    /// [`CLOSE_STALL`] and there are fewer than [`MAX_CLOSING_THREADS`].
+    fn relieve(&mut self) {
+        if self.busy.len() >= MAX_CLOSING_THREADS {
+            return;
+        }
+        let now = now_ticks();
+        let stall = u64::try_from(CLOSE_STALL.as_nanos()).unwrap_or(u64::MAX);
+        let stuck = |b: &Arc<AtomicU64>| {
+            let since = b.load(Ordering::Relaxed);
+            since != 0 && now.saturating_sub(since) >= stall
+        };
+        if self.busy.iter().all(stuck) {
+            self.spawn();
+        }
+    }
+}
+
+/// Drops `item` and counts its descriptors off; a panic in the drop is
+/// caught (a closing thread never ends).
+fn close_now((item, fds): Item) {
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(item)));
+    PENDING_FDS.fetch_sub(fds, Ordering::Relaxed);
+}
+
+/// Hands `item` to the closing threads (started, or relieved, first), or
+/// drops it here if none can be started.
+pub(super) fn send(item: Item) {
+    let generation = fork::generation();
+    let mut closer = lock();
+    if closer.as_ref().is_none_or(|p| p.generation != generation) {
+        // Inherited through a fork: the threads are the parent's. The
+        // pool is forgotten, not dropped (dropping touches the channel's
+        // state, which one of them may have held at the fork).
+        if let Some(old) = closer.take() {
+            std::mem::forget(old);
+        }
+        *closer = Pool::start(generation);
+    }
+    let Some(pool) = closer.as_mut() else {
+        drop(closer);
+        close_now(item);
+        return;
+    };
+    pool.relieve();
+    if let Err(returned) = pool.tx.send(item) {
+        // Cannot happen while the pool holds the receiver; closed here if
+        // it does, and a new pool next time.
+        *closer = None;
+        drop(closer);
+        close_now(returned.0);
+    }
+}
+
+/// [`Pool::relieve`] of this generation's pool, if there is one.
+pub(super) fn relieve() {
+    let generation = fork::generation();
+    if let Some(pool) = lock().as_mut().filter(|p| p.generation == generation) {
+        pool.relieve();
+    }
+}
+
+thread_local! {
+    /// The pool's lock, held by the thread that forks from just before
+    /// to just after (see `sys::fork`).
+    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Option<Pool>>>> = const { RefCell::new(None) };
+}
+
+/// Takes the pool's lock before a fork (`pthread_atfork`'s prepare
+/// handler), so a child never finds it held by a thread it does not have.
+pub(crate) fn hold_across_fork() {
+    let guard = lock();
+    let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guard));
+}
+
+/// Lets the lock go after a fork, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| h.borrow_mut().take());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::{Receiver, Sender};
+
+    /// Its drop waits until told to go on (or 30 s): a close that is stuck.
+    struct Stuck(Receiver<()>);
+
+    impl Drop for Stuck {
+        fn drop(&mut self) {
+            let _ = self.0.recv_timeout(Duration::from_secs(30));
+        }
+    }
+
+    /// Says on which thread it was dropped.
+    struct Report(Sender<std::thread::ThreadId>);
+
+    impl Drop for Report {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().id());
+        }
+    }
+
+    /// With every closing thread stuck in a drop for [`CLOSE_STALL`], the
+    /// next hand-off starts another thread, which drops what comes next
+    /// while the stuck drops go on; no more than [`MAX_CLOSING_THREADS`]
+    /// are started.
+    #[test]
+    fn a_stuck_drop_does_not_hold_what_comes_after_it() {
+        let mut release = Vec::new();
+        for _ in 0..MAX_CLOSING_THREADS {
+            let (go, wait) = channel();
+            send((Box::new(Stuck(wait)), 0));
+            release.push(go);
+            std::thread::sleep(CLOSE_STALL * 2);
+            let (tx, rx) = channel();
+            send((Box::new(Report(tx)), 0));
+            let all_stuck = release.len() == MAX_CLOSING_THREADS;
+            let dropped = rx.recv_timeout(Duration::from_secs(if all_stuck { 1 } else { 5 }));
+            let threads = lock().as_ref().map_or(0, |p| p.busy.len());
+            assert!(threads <= MAX_CLOSING_THREADS, "{threads} closing threads");
+            if !all_stuck {
+                assert!(dropped.is_ok(), "held behind {} stuck drops", release.len());
+                continue;
+            }
+            // Every thread stuck: it waits for one of them.
+            assert!(dropped.is_err(), "dropped with all {threads} threads stuck");
+            drop(release.remove(0));
+            assert!(
+                rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+                "held after a drop ended"
+            );
+        }
+    }
+}
