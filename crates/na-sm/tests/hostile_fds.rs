@@ -12,6 +12,7 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -61,12 +62,19 @@ fn lingering_for(linger: Duration) -> (TcpListener, TcpStream) {
     (listener, s)
 }
 
-#[test]
-fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
-    let dir = private_dir("hostile-fds");
+/// A listening plugin in a new private directory named by `tag`: (the
+/// directory, the plugin, its URI, its socket's path).
+fn listener(tag: &str) -> (PathBuf, SmPlugin, String, PathBuf) {
+    let dir = private_dir(tag);
     let srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     let uri = srv.self_addr().uri().to_owned();
     let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    (dir, srv, uri, path)
+}
+
+#[test]
+fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
+    let (dir, srv, uri, path) = listener("hostile-fds");
     // Progress runs on a thread of its own: a blocked close shows as a
     // call that does not come back.
     let (to_srv, calls) = mpsc::channel::<()>();
@@ -129,10 +137,7 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
 /// does not wait for that socket's linger time.
 #[test]
 fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
-    let dir = private_dir("hostile-fds-drop");
-    let srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let uri = srv.self_addr().uri().to_owned();
-    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let (dir, srv, _, path) = listener("hostile-fds-drop");
     let (listener, tcp) = lingering_socket();
     // Queued in the accept queue (no progress call accepts it).
     let conn = UnixStream::connect(&path).unwrap();
@@ -232,10 +237,7 @@ fn open_fds() -> usize {
 /// thread the client was refused until the jamming close ended.)
 #[test]
 fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
-    let dir = private_dir("hostile-fds-one-jam");
-    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let uri = srv.self_addr().uri().to_owned();
-    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let (dir, mut srv, uri, path) = listener("hostile-fds-one-jam");
     settle_for(&mut srv, Duration::from_millis(50));
     // The jam, for longer than the test.
     let (_peer, tcp) = lingering_socket();
@@ -270,10 +272,7 @@ fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
 #[test]
 fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
     const JAM: Duration = Duration::from_secs(3);
-    let dir = private_dir("hostile-fds-jam");
-    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let uri = srv.self_addr().uri().to_owned();
-    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let (dir, mut srv, uri, path) = listener("hostile-fds-jam");
     let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
     settle(&mut srv);
     let baseline = open_fds();
@@ -306,10 +305,7 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
 #[test]
 fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing_open() {
     const CLIENTS: usize = 40;
-    let dir = private_dir("hostile-fds-churn");
-    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let uri = srv.self_addr().uri().to_owned();
-    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let (dir, mut srv, uri, path) = listener("hostile-fds-churn");
     let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(30));
     // The jam, for longer than the test: the socket's close waits out
     // LINGER on the closing thread (the test process may end first).
@@ -341,10 +337,7 @@ fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing
 /// when the plugin is dropped behind jammed, congested closing threads.
 #[test]
 fn sockets_closed_past_the_bound_are_not_read_out() {
-    let dir = private_dir("hostile-fds-bound");
-    let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let uri = srv.self_addr().uri().to_owned();
-    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let (dir, mut srv, _, path) = listener("hostile-fds-bound");
     let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
     settle(&mut srv);
     let baseline = open_fds();
