@@ -59,6 +59,9 @@ pub struct Bulk {
     plugin: Option<PluginId>,
     desc: BulkDesc,
     remote: RemoteMem,
+    /// Where a remote handle's owner is reached without a lookup, if that
+    /// is its address (see [`Bulk::reached_through`]). Never serialized.
+    through: Option<Addr>,
 }
 
 impl Bulk {
@@ -86,6 +89,7 @@ impl Bulk {
             plugin: Some(plugin),
             desc,
             remote,
+            through: None,
         })
     }
 
@@ -107,7 +111,27 @@ impl Bulk {
             plugin: None,
             desc,
             remote,
+            through: None,
         })
+    }
+
+    /// This remote handle, to be reached through `source` (the address a
+    /// request or response from its owner came from) instead of a lookup
+    /// of the owner the descriptor names: the transfers of [`start`] and
+    /// [`start_batch`] (and everything built on them) then go over the
+    /// connection that message came on. That is how code outside a
+    /// handler (a deferred request answered later, a worker thread)
+    /// moves data with a peer that does not listen (a client-only verbs
+    /// plugin cannot be connected to), and without a second connection to
+    /// one that does. Handlers' contexts do this on their own.
+    ///
+    /// Used only while the descriptor's owner is exactly `source`'s URI,
+    /// as [`start_batch_via`] says: a descriptor that names anyone else is
+    /// looked up as usual, so a peer cannot borrow another's connection.
+    /// Kept by clones; not serialized (it means nothing to another process).
+    pub fn reached_through(mut self, source: &Addr) -> Bulk {
+        self.through = Some(source.clone());
+        self
     }
 
     /// Size in bytes.
@@ -153,6 +177,7 @@ impl Bulk {
             plugin,
             desc,
             remote,
+            through,
         } = self;
         let back = |local| {
             Box::new(Bulk {
@@ -160,6 +185,7 @@ impl Bulk {
                 plugin,
                 desc,
                 remote,
+                through,
             })
         };
         match local.map(MemHandle::into_buffers) {
@@ -375,6 +401,9 @@ pub fn start_batch_via(
         Some(p) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => Some(p),
         _ => None,
     };
+    // The caller's source address, else the one the handle was given
+    // (`Bulk::reached_through`).
+    let via = via.or(remote.through.as_ref());
     if let Some(src) = via.filter(|a| source_fits(ep, a, owner, through)) {
         ep.rma(src, &ops)?;
         return Ok(Started::Posted(src.plugin()));

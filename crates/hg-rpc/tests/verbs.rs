@@ -780,3 +780,73 @@ fn an_async_handler_moves_data_with_a_client_that_does_not_listen_over_verbs() {
         assert!(back == blob(len as usize), "pushed data differs");
     });
 }
+
+/// Code outside any handler (here: a deferred request, answered later by
+/// the application) moves data with a client that does not listen, by
+/// giving the handle the request's source (`Bulk::reached_through`): the
+/// transfer then goes over the connection the request came on. Without
+/// it the handle's owner is looked up, and nobody listens there: that
+/// transfer fails (checked first). The async engine's `bulk` takes the
+/// same path (`hg_bulk::start_batch_via`).
+#[test]
+fn a_deferred_request_moves_data_with_a_client_that_does_not_listen_over_verbs() {
+    let Some(spec) = rdma_spec("a_deferred_request_moves_data_with_a_client_that_does_not_listen_over_verbs")
+    else {
+        return;
+    };
+    let mut srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
+    srv.register_deferred::<BlobPut>().expect("register");
+    let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+    let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
+    let data = blob(100_003);
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).expect("expose");
+    let id = c.forward::<BlobPut>(&s, &("k".into(), put)).expect("forward");
+    let end = Instant::now() + T;
+    let req = loop {
+        assert!(Instant::now() < end, "the request never reached the server");
+        for e in [&mut c, &mut srv] {
+            e.progress(Some(Duration::from_millis(1))).expect("progress");
+            e.trigger().expect("trigger");
+        }
+        if let Some(r) = srv.take_deferred() {
+            break r;
+        }
+    };
+    let (_, from): (String, hg_rpc::Bulk) = postcard::from_bytes(&req.payload).expect("decode the input");
+    let into = srv
+        .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
+        .expect("expose");
+    let looked_up = srv.bulk(BulkOp::Pull, &from, 0, &into, 0, from.size(), T);
+    assert!(
+        looked_up.is_err(),
+        "a pull that looked up a client that does not listen succeeded: nothing tested"
+    );
+    let from = from.reached_through(req.source());
+    srv.bulk(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
+        .unwrap_or_else(|e| {
+            panic!(
+                "the pull through the request's source: {e}; {}",
+                client_state(&mut c)
+            )
+        });
+    let hash = fnv(&into.local().expect("local").to_vec());
+    assert_eq!(hash, fnv(&data), "pulled data differs");
+    srv.respond_deferred(req, Ok(postcard::to_allocvec(&hash).expect("encode")));
+    let end = Instant::now() + T;
+    let answer = loop {
+        assert!(Instant::now() < end, "no answer");
+        for e in [&mut srv, &mut c] {
+            e.progress(Some(Duration::from_millis(1))).expect("progress");
+            e.trigger().expect("trigger");
+        }
+        if let Some(r) = c.take_response::<BlobPut>(id) {
+            break r;
+        }
+    };
+    assert_eq!(answer.expect("the answer"), fnv(&data));
+    assert_eq!(
+        (connections(&mut c), connections(&mut srv)),
+        (1, 1),
+        "the transfer opened a connection besides the client's own"
+    );
+}
