@@ -435,9 +435,12 @@ impl VerbsPlugin {
         tracing::debug!(claimed = %hello.addr, "verbs: accepting a connection (a peer of its own)");
         // The reads the peer serves bound ours, and the reads it issues
         // bound what we serve; our device bounds both, each by its own
-        // limit (`max_qp_init_rd_atom` and `max_qp_rd_atom`).
-        let initiator = ev.responder_resources.min(self.rd_initiator);
-        let responder = ev.initiator_depth.min(self.rd_responder);
+        // limit (`max_qp_init_rd_atom` and `max_qp_rd_atom`). The kernel's
+        // CM reports the request from our side: `initiator_depth` is the
+        // peer's responder resources, `responder_resources` its initiator
+        // depth.
+        let initiator = ev.initiator_depth.min(self.rd_initiator);
+        let responder = ev.responder_resources.min(self.rd_responder);
         let param = self.conn_param(initiator, responder);
         let res = match self.setup_qp(cref) {
             Ok(()) => id.accept(&param),
