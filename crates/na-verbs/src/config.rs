@@ -80,10 +80,11 @@ pub struct VerbsConfig {
     /// Most RDMA reads in flight per connection, each way: the initiator
     /// depth we ask for and the responder resources we offer or grant
     /// (the device's `max_qp_init_rd_atom` and `max_qp_rd_atom` bound
-    /// them further). A connection keeps no more of its gets' reads
-    /// posted than the depth negotiated with the peer; the rest wait in
-    /// the plugin. 0: no RDMA reads (a get fails with
-    /// `NaError::Unsupported`, a peer's get of our memory fails on its side).
+    /// them further). A connection has no more of its gets' reads
+    /// outstanding than the depth negotiated with the peer (the device
+    /// or, where the device would allow more, the plugin holds the rest
+    /// back). 0: no RDMA reads (a get fails with `NaError::Unsupported`,
+    /// a peer's get of our memory fails on its side).
     pub max_rd_atomic: u8,
     /// Test hook: the passive side ignores RDMA CM's `Established` events,
     /// as if the peer's ready-to-use message were lost. Never set outside

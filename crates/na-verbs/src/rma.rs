@@ -241,9 +241,9 @@ impl VerbsPlugin {
     }
 
     /// Posts queued RMA work requests while the send queue has room, and
-    /// reads while the connection's read window has (`reads.rs`), in
-    /// order, up to [`CHAIN_MAX`] per `ibv_post_send` (one doorbell for a
-    /// batch).
+    /// reads while the connection's read window has (`reads.rs`; always,
+    /// where the device bounds them), in order, up to [`CHAIN_MAX`] per
+    /// `ibv_post_send` (one doorbell for a batch).
     pub(crate) fn drain_rma(&mut self, cref: ConnRef) {
         loop {
             let Some(conn) = self.conn(cref) else { return };

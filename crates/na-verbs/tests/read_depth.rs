@@ -2,15 +2,19 @@
 //! active side asks for an initiator depth, the passive side grants at
 //! most the responder resources it has (`VerbsConfig::max_rd_atomic`, the
 //! device's limits). Each side must use what was negotiated, not what it
-//! asked for or offered, and keep no more of its gets' reads posted than
-//! that; the rest wait and complete later.
+//! asked for or offered: where the device set the QP's depth above it
+//! (soft-RoCE rounds 3 up to 4), the plugin keeps no more reads posted
+//! than the depth, the rest waiting; where the QP's depth is the
+//! negotiated one, the device bounds the reads and all are posted at
+//! once (one linked list).
 //!
-//! The first test runs three plugins: L grants 2 reads, D the default,
-//! and C asks for the default. C's gets from L and D, and D's gets over
-//! the connection L made to it, each far more than the depth, all
-//! complete with the right bytes, and each connection reports the depth
-//! negotiated and that it reached it and no more
-//! (`VerbsPlugin::debug_reads`). The second checks that a get from a
+//! The first test runs three plugins: L grants 3 reads, D the default
+//! (16, a power of two), and C asks for the default. C's gets from L and
+//! D, and D's gets over the connection L made to it, each far more than
+//! the depth, all complete with the right bytes, and each connection
+//! reports the depth negotiated and how many reads it posted at once
+//! (`VerbsPlugin::debug_reads`): the depth, where the plugin bounds
+//! them; all, where the device does. The second checks that a get from a
 //! peer that grants no reads fails at once. The third connects a raw
 //! peer asking for different depths each way and checks what the
 //! listener granted, from the accept and from the peer's QP.
@@ -34,8 +38,9 @@ use na_verbs::{VerbsConfig, VerbsPlugin};
 const GETS: usize = 48;
 /// Bytes of each get (one work request).
 const PIECE: usize = 4096;
-/// The read depth L grants.
-const SMALL_DEPTH: u8 = 2;
+/// The read depth L grants: not a power of two, so soft-RoCE sets the
+/// QPs' depth above it (to 4) and the plugin must bound the reads.
+const SMALL_DEPTH: u8 = 3;
 
 /// A plugin on the test device, not in an endpoint (the test reads its
 /// connections' read windows), granting at most `max_rd_atomic` reads.
@@ -113,8 +118,8 @@ fn get_all(
 }
 
 #[test]
-fn connections_keep_no_more_reads_posted_than_negotiated() {
-    let Some(env) = rdma_env("connections_keep_no_more_reads_posted_than_negotiated") else {
+fn connections_keep_no_more_reads_outstanding_than_negotiated() {
+    let Some(env) = rdma_env("connections_keep_no_more_reads_outstanding_than_negotiated") else {
         return;
     };
     let mut l = bare(&env, 1, true, SMALL_DEPTH);
@@ -133,20 +138,20 @@ fn connections_keep_no_more_reads_posted_than_negotiated() {
     let to_l = c.lookup(l.self_addr().uri()).unwrap();
     let to_d = c.lookup(d.self_addr().uri()).unwrap();
 
-    // The active side: C asked for the default, L granted 2.
+    // The active side: C asked for the default, L granted 3.
     let w = get_all(&mut [&mut c, &mut l, &mut d], 0, &to_l, &l_desc, &l_data);
     assert_eq!(w.depth, u32::from(SMALL_DEPTH), "C's connection to L: {w:?}");
-    assert_eq!(
-        w.peak, w.depth,
-        "C's reads to L did not fill the window, or overran it: {w:?}"
-    );
-    assert_eq!(w.posted, 0, "{w:?}");
-    // What C asks for where nothing lowers it.
+    assert_plugin_bounds(&w, "C's reads to L");
+    // What C asks for where nothing lowers it: the device bounds them.
     let w = get_all(&mut [&mut c, &mut l, &mut d], 0, &to_d, &d_desc, &d_data);
     assert_eq!(w.depth, default_depth, "C's connection to D: {w:?}");
-    assert_eq!(w.peak, w.depth, "C's reads to D: {w:?}");
+    assert!(w.device_bounds(), "C's QP to D has the depth: {w:?}");
+    assert_eq!(
+        w.peak, GETS as u32,
+        "C's reads to D were held back though the device bounds them: {w:?}"
+    );
 
-    // The passive side: L connects to D asking for 2 reads each way; D
+    // The passive side: L connects to D asking for 3 reads each way; D
     // pulls from L over that connection (the source of L's message).
     let to_d_from_l = l.lookup(d.self_addr().uri()).unwrap();
     d.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
@@ -158,7 +163,21 @@ fn connections_keep_no_more_reads_posted_than_negotiated() {
     let desc = RemoteMem::from_bytes(&bytes).expect("L's descriptor");
     let w = get_all(&mut [&mut d, &mut l, &mut c], 0, &src, &desc, &l_data);
     assert_eq!(w.depth, u32::from(SMALL_DEPTH), "D's connection from L: {w:?}");
-    assert_eq!(w.peak, w.depth, "D's reads to L: {w:?}");
+    assert_plugin_bounds(&w, "D's reads to L");
+}
+
+/// `w`'s QP runs deeper than its depth (soft-RoCE rounded it up), so the
+/// plugin kept the reads posted to the depth: it reached it, and no more.
+fn assert_plugin_bounds(w: &na_verbs::ReadWindow, what: &str) {
+    assert!(
+        w.qp_depth.is_some_and(|q| q > w.depth) && !w.device_bounds(),
+        "{what}: the test needs a QP deeper than the grant (soft-RoCE rounds 3 up to 4): {w:?}"
+    );
+    assert_eq!(
+        w.peak, w.depth,
+        "{what} did not fill the window, or overran it: {w:?}"
+    );
+    assert_eq!(w.posted, 0, "{what}: {w:?}");
 }
 
 /// A listener that grants no reads (`max_rd_atomic` 0): a get from it
