@@ -77,6 +77,15 @@ pub struct VerbsConfig {
     /// not stuck). `Duration::MAX`: wait for ever; zero: tear down at the
     /// first check after the cancel, moving or not (for tests).
     pub cancel_timeout: Duration,
+    /// Most RDMA reads in flight per connection, each way: the initiator
+    /// depth we ask for and the responder resources we offer or grant
+    /// (the device's `max_qp_init_rd_atom` and `max_qp_rd_atom` bound
+    /// them further). A connection has no more of its gets' reads
+    /// outstanding than the depth negotiated with the peer (the device
+    /// or, where the device would allow more, the plugin holds the rest
+    /// back). 0: no RDMA reads (a get fails with `NaError::Unsupported`,
+    /// a peer's get of our memory fails on its side).
+    pub max_rd_atomic: u8,
     /// Test hook: the passive side ignores RDMA CM's `Established` events,
     /// as if the peer's ready-to-use message were lost. Never set outside
     /// tests.
@@ -92,6 +101,11 @@ pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(15);
 /// work request (at most 16 MiB) takes on a working device, and short of
 /// the minute callers typically wait.
 pub const DEFAULT_CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default of [`VerbsConfig::max_rd_atomic`]: more reads in flight buy
+/// nothing for the transfer sizes gets are split into, and cost the
+/// responder.
+pub const DEFAULT_MAX_RD_ATOMIC: u8 = 16;
 
 impl Default for VerbsConfig {
     fn default() -> Self {
@@ -113,6 +127,7 @@ impl Default for VerbsConfig {
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
             cancel_timeout: DEFAULT_CANCEL_TIMEOUT,
+            max_rd_atomic: DEFAULT_MAX_RD_ATOMIC,
             debug_ignore_established: false,
         }
     }

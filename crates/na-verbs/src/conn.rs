@@ -9,6 +9,7 @@ use na_core::{BacklogTotal, MsgBuf, OpId, OpKind, SendBacklog, Tag};
 
 use crate::credits::Credits;
 use crate::error::Result;
+use crate::reads::ReadWindow;
 use crate::rma::WrPlan;
 use crate::sys::{AccessFlags, CmId, MemoryRegion, ProtectionDomain, QueuePair, SendOp, Sge};
 use crate::wire::{Header, MsgKind, HEADER_LEN};
@@ -158,6 +159,8 @@ pub(crate) struct Conn {
     pub held: u32,
     /// RMA work requests posted and not completed, per RMA operation.
     pub rma_posted: std::collections::HashMap<u32, u32>,
+    /// The RDMA reads it may keep posted and those it has (see `reads.rs`).
+    pub reads: ReadWindow,
     /// Send-queue work completions handled (sends and RMA): whether the
     /// device still moves this connection's work (see `cancel.rs`).
     pub sq_done: u64,
@@ -203,6 +206,7 @@ impl Conn {
             rma_backlog: VecDeque::new(),
             held: 0,
             rma_posted: std::collections::HashMap::new(),
+            reads: ReadWindow::default(),
             sq_done: 0,
         }
     }

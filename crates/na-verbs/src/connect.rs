@@ -27,6 +27,7 @@ use na_core::{NaError, Result};
 
 use crate::conn::{Conn, ConnRef, ConnState, GEN_MASK};
 use crate::plugin::{ConnSlot, VerbsPlugin};
+use crate::reads::ReadWindow;
 use crate::sys::{CmEvent, CmEventKind, CmId, ConnParam, PortSpace, QpCaps, QpInitAttr};
 use crate::wire::Hello;
 use crate::VerbsError;
@@ -100,6 +101,10 @@ impl VerbsPlugin {
             &self.backlog_total,
         );
         conn.serial = self.next_conn_serial;
+        // What the active side asks for; the passive side grants at most
+        // this (`on_connect_request`); both learn the outcome on
+        // establishment (`learn_read_depth`).
+        conn.reads = ReadWindow::new(self.rd_initiator);
         // A timeout beyond the clock's range is no deadline.
         let due = conn.started.checked_add(self.cfg.setup_timeout);
         slot.conn = Some(conn);
@@ -273,7 +278,11 @@ impl VerbsPlugin {
             CmEventKind::Established => {
                 let ignored = self.cfg.debug_ignore_established && self.conn(cref).is_some_and(|c| !c.active);
                 if !ignored {
-                    self.on_established(cref, &ev.private_data);
+                    // On the active side the event carries the accept:
+                    // the reads the peer grants us (its responder
+                    // resources; the kernel's CM reports them from our
+                    // side, as our initiator depth).
+                    self.on_established(cref, &ev.private_data, Some(ev.initiator_depth));
                 }
                 Ok(())
             }
@@ -306,7 +315,9 @@ impl VerbsPlugin {
         }
     }
 
-    fn on_established(&mut self, cref: ConnRef, private: &[u8]) {
+    /// Connection `cref` is established: `private` is the accept's private
+    /// data and `granted` its grant of reads (both for the active side).
+    fn on_established(&mut self, cref: ConnRef, private: &[u8], granted: Option<u8>) {
         let Some(conn) = self.conn_mut(cref) else { return };
         if conn.state == ConnState::Dead {
             // Killed while connecting (a violation, a failed receive): an
@@ -327,6 +338,8 @@ impl VerbsPlugin {
                 Err(e) => return self.violation(cref, format!("bad hello in the accept: {e}")),
             }
         }
+        let active = conn.active;
+        self.learn_read_depth(cref, granted.filter(|_| active));
         let conn = self.conn_mut(cref).expect("checked above");
         conn.state = ConnState::Established;
         tracing::debug!(peer = %self.peer_uri_of(cref), "verbs: connection established");
@@ -363,7 +376,7 @@ impl VerbsPlugin {
                 "verbs: telling RDMA CM that a connection is in use failed"
             ),
         }
-        self.on_established(cref, &[]);
+        self.on_established(cref, &[], None);
     }
 
     fn on_connect_request(&mut self, ev: CmEvent) {
@@ -435,9 +448,13 @@ impl VerbsPlugin {
         tracing::debug!(claimed = %hello.addr, "verbs: accepting a connection (a peer of its own)");
         // The reads the peer serves bound ours, and the reads it issues
         // bound what we serve; our device bounds both, each by its own
-        // limit (`max_qp_init_rd_atom` and `max_qp_rd_atom`).
-        let initiator = ev.responder_resources.min(self.rd_initiator);
-        let responder = ev.initiator_depth.min(self.rd_responder);
+        // limit (`max_qp_init_rd_atom` and `max_qp_rd_atom`). The kernel's
+        // CM reports the request from our side: `initiator_depth` is the
+        // peer's responder resources, `responder_resources` its initiator
+        // depth.
+        let initiator = ev.initiator_depth.min(self.rd_initiator);
+        let responder = ev.responder_resources.min(self.rd_responder);
+        self.conn_mut(cref).expect("just inserted").reads = ReadWindow::new(initiator);
         let param = self.conn_param(initiator, responder);
         let res = match self.setup_qp(cref) {
             Ok(()) => id.accept(&param),

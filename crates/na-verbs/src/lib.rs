@@ -25,7 +25,9 @@
 //!   requests of at most the device's SGE limit and 16 MiB, one remote
 //!   range each; a batch is checked whole before anything is queued, and
 //!   queued work requests go out as linked lists (one `ibv_post_send` per
-//!   64).
+//!   64). A connection has no more reads outstanding than the read depth
+//!   negotiated with its peer (module `reads`): the device holds the rest
+//!   back, or the plugin where the device would allow more.
 //! * **Registration**: through `na-regcache` with the real `ibv_reg_mr`
 //!   registrar ([`sys::IbvRegistrar`]); validity flags checked on describe
 //!   and on every RMA; counters via [`VerbsPlugin::cache_stats`] or a
@@ -56,6 +58,7 @@ mod msgbuf;
 mod peers;
 mod plugin;
 mod progress;
+mod reads;
 mod rma;
 #[allow(unsafe_code)]
 pub mod sys;
@@ -68,3 +71,5 @@ pub use factory::VerbsFactory;
 pub use mem::CacheStatsHandle;
 pub use msg::DEAD_HELD_GRACE;
 pub use plugin::{VerbsPlugin, CM_POLL_EVERY};
+#[doc(hidden)]
+pub use reads::ReadWindow;

@@ -56,17 +56,13 @@ use crate::wire::HEADER_LEN;
 /// every `try_wait`), so busy polling costs no system call per call.
 pub const CM_POLL_EVERY: u32 = 16;
 
-/// Most RDMA reads in flight per QP we ask for, either way (more buys
-/// nothing for the transfer sizes we split into, and costs the responder).
-pub const RD_ATOMIC_MAX: u8 = 16;
-
 /// The read depth (initiator or responder) to ask for on a device whose
-/// limit for it is `device_max`: that limit, at most [`RD_ATOMIC_MAX`].
-/// Zero stays zero: librdmacm refuses a connection that asks a device for
-/// more than it has, so a device without RDMA reads is used without them
-/// rather than not at all.
-pub(crate) fn rd_atomic_limit(device_max: u32) -> u8 {
-    device_max.min(u32::from(RD_ATOMIC_MAX)) as u8
+/// limit for it is `device_max`: that limit, at most `configured`
+/// (`VerbsConfig::max_rd_atomic`). Zero stays zero: librdmacm refuses a
+/// connection that asks a device for more than it has, so a device
+/// without RDMA reads is used without them rather than not at all.
+pub(crate) fn rd_atomic_limit(device_max: u32, configured: u8) -> u8 {
+    device_max.min(u32::from(configured)) as u8
 }
 
 /// Token of our own address.
@@ -104,13 +100,14 @@ pub struct VerbsPlugin {
     pub(crate) max_sge_read: usize,
     /// RDMA reads (and atomics) we may have outstanding per QP as the
     /// initiator: the device's `max_qp_init_rd_atom`, at most
-    /// [`RD_ATOMIC_MAX`]. What we ask for as `initiator_depth` (librdmacm
-    /// refuses more than the device's limit). Zero on a device that cannot
-    /// issue RDMA reads: connections still carry messages and puts, and a
-    /// get fails at once with `NaError::Unsupported`.
+    /// `VerbsConfig::max_rd_atomic`. What we ask for as `initiator_depth`
+    /// (librdmacm refuses more than the device's limit); a connection
+    /// uses what the peer granted (`Conn::reads`). Zero on a device that
+    /// cannot issue RDMA reads: connections still carry messages and
+    /// puts, and a get fails at once with `NaError::Unsupported`.
     pub(crate) rd_initiator: u8,
     /// RDMA reads we serve at once per QP as the responder: the device's
-    /// `max_qp_rd_atom`, at most [`RD_ATOMIC_MAX`]; what we offer as
+    /// `max_qp_rd_atom`, at most `VerbsConfig::max_rd_atomic`; what we offer as
     /// `responder_resources`. Zero on a device that cannot serve RDMA
     /// reads: a peer's get of our memory then fails on its side.
     pub(crate) rd_responder: u8,
@@ -262,8 +259,8 @@ impl VerbsPlugin {
             backlog_total: na_core::BacklogTotal::default(),
             max_sge_write: cap(dev_attr.max_sge),
             max_sge_read: cap(dev_attr.max_sge_rd.min(dev_attr.max_sge)),
-            rd_initiator: rd_atomic_limit(dev_attr.max_qp_init_rd_atom),
-            rd_responder: rd_atomic_limit(dev_attr.max_qp_rd_atom),
+            rd_initiator: rd_atomic_limit(dev_attr.max_qp_init_rd_atom, cfg.max_rd_atomic),
+            rd_responder: rd_atomic_limit(dev_attr.max_qp_rd_atom, cfg.max_rd_atomic),
             dev_attr,
             conn_limit,
             cfg,
@@ -577,10 +574,13 @@ mod tests {
 
     #[test]
     fn read_depths_never_exceed_the_device_nor_invent_reads() {
-        assert_eq!(rd_atomic_limit(0), 0, "a device without reads gets none");
-        assert_eq!(rd_atomic_limit(1), 1);
-        assert_eq!(rd_atomic_limit(4), 4);
-        assert_eq!(rd_atomic_limit(128), RD_ATOMIC_MAX);
-        assert_eq!(rd_atomic_limit(u32::MAX), RD_ATOMIC_MAX);
+        let max = crate::config::DEFAULT_MAX_RD_ATOMIC;
+        assert_eq!(rd_atomic_limit(0, max), 0, "a device without reads gets none");
+        assert_eq!(rd_atomic_limit(1, max), 1);
+        assert_eq!(rd_atomic_limit(4, max), 4);
+        assert_eq!(rd_atomic_limit(128, max), max);
+        assert_eq!(rd_atomic_limit(u32::MAX, max), max);
+        assert_eq!(rd_atomic_limit(128, 2), 2, "the configured bound");
+        assert_eq!(rd_atomic_limit(128, 0), 0, "configured without reads");
     }
 }

@@ -299,6 +299,9 @@ impl VerbsPlugin {
         let err = (!wc.is_ok()).then(|| self.wc_error(cref, wc, kind_name, len));
         let conn = self.conn_mut(cref).expect("caller checked");
         conn.sq_used = conn.sq_used.saturating_sub(1);
+        if kind_name == "get" {
+            conn.reads.completed_one();
+        }
         if let Some(n) = conn.rma_posted.get_mut(&idx) {
             *n -= 1;
             if *n == 0 {

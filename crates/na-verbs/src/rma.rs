@@ -240,16 +240,32 @@ impl VerbsPlugin {
         }
     }
 
-    /// Posts queued RMA work requests while the send queue has room, up
-    /// to [`CHAIN_MAX`] per `ibv_post_send` (one doorbell for a batch).
+    /// Posts queued RMA work requests while the send queue has room, and
+    /// reads while the connection's read window has (`reads.rs`; always,
+    /// where the device bounds them), in order, up to [`CHAIN_MAX`] per
+    /// `ibv_post_send` (one doorbell for a batch).
     pub(crate) fn drain_rma(&mut self, cref: ConnRef) {
         loop {
-            let Some(conn) = self.conn_mut(cref) else { return };
+            let Some(conn) = self.conn(cref) else { return };
             let room = conn.sq_cap.saturating_sub(conn.sq_used) as usize;
             if conn.state != ConnState::Established || room == 0 || conn.rma_backlog.is_empty() {
                 return;
             }
-            let take = room.min(conn.rma_backlog.len()).min(CHAIN_MAX);
+            let take = self.rma_takeable(conn, room.min(CHAIN_MAX));
+            if take == 0 {
+                // The head is a read and the window is full: a read's
+                // completion drains on. A peer that grants no reads at
+                // all fails it, or it would wait for ever.
+                if conn.reads.depth > 0 {
+                    return;
+                }
+                let e = self.no_reads_error(cref);
+                let conn = self.conn_mut(cref).expect("checked above");
+                let w = conn.rma_backlog.pop_front().expect("checked above");
+                self.rma_piece_done(w.rma, Some(e));
+                continue;
+            }
+            let conn = self.conn_mut(cref).expect("checked above");
             let taken: Vec<PendingWr> = conn.rma_backlog.drain(..take).collect();
             // Work requests of finished operations are dropped. SGEs come
             // from the registration the operation was planned with, checked
@@ -309,9 +325,12 @@ impl VerbsPlugin {
             };
             drop(chain);
             let mut ready = ready.into_iter();
-            for (w, ..) in ready.by_ref().take(posted) {
+            for (w, _, op) in ready.by_ref().take(posted) {
                 conn.sq_used += 1;
                 *conn.rma_posted.entry(w.rma).or_default() += 1;
+                if matches!(op, SendOp::RdmaRead(_)) {
+                    conn.reads.posted_one();
+                }
             }
             let Some(e) = failed else { continue };
             // The failed work request fails its operation; the ones after

@@ -22,10 +22,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::raw_peer::{RawPeer, RawQp};
 use common::*;
 use na_core::{Completion, Endpoint, OpId, PluginId};
-use na_verbs::sys::*;
-use na_verbs::wire::{Header, Hello, MsgKind, HEADER_LEN};
+use na_verbs::sys::ConnParam;
+use na_verbs::wire::{Hello, HEADER_LEN};
 
 /// Payload bytes the claimer's receive buffers hold (its hello says so).
 const PAYLOAD: usize = 64;
@@ -34,19 +35,8 @@ const PAYLOAD: usize = 64;
 /// one unexpected message ("claimer", tag 5), then reports the payload of
 /// every message it receives on `got` until `stop` is set.
 fn claimer(dst: SocketAddr, claim: SocketAddr, stop: Arc<AtomicBool>, got: mpsc::Sender<Vec<u8>>) {
-    let who = "claimer";
-    let (ch, id, ctx) = raw_resolved(dst, who);
-    let pd = ProtectionDomain::new(&ctx).expect("pd");
-    let comp = CompletionChannel::new(&ctx).expect("completion channel");
-    let cq = CompletionQueue::new(&ctx, 16, Some(&comp)).expect("cq");
-    let slot = HEADER_LEN + PAYLOAD;
-    let recv = MemoryRegion::allocate(&pd, 4 * slot, AccessFlags::LOCAL_WRITE).expect("recv mr");
-    let send = MemoryRegion::allocate(&pd, HEADER_LEN + 7, AccessFlags::LOCAL_WRITE).expect("send mr");
-    let qp = id.create_qp(&pd, small_qp_attr(&cq)).expect("rdma_create_qp");
-    for i in 0..4 {
-        qp.post_recv(i as u64, &[recv.sge(i * slot, slot).unwrap()])
-            .expect("post_recv");
-    }
+    let peer = RawPeer::new(dst, "claimer", PAYLOAD, RawQp::Cm);
+    let who = peer.who;
     let hello = Hello {
         addr: claim,
         depth: 4,
@@ -57,24 +47,14 @@ fn claimer(dst: SocketAddr, claim: SocketAddr, stop: Arc<AtomicBool>, got: mpsc:
         private_data: hello.encode(),
         ..raw_connect_param(std::net::Ipv4Addr::UNSPECIFIED, 4)
     };
-    id.connect(&param).expect("connect");
-    wait_cm(&ch, CmEventKind::Established, who);
-    let header = Header {
-        kind: MsgKind::Unexpected,
-        credits: 0,
-        tag: 5,
-        len: 7,
-    };
-    send.write_at(0, &header.encode()).unwrap();
-    send.write_at(HEADER_LEN, b"claimer").unwrap();
-    qp.post_send(100, SendOp::Send, &[send.sge(0, HEADER_LEN + 7).unwrap()], true)
-        .expect("post_send");
+    peer.connect(&param);
+    peer.send_unexpected(5, b"claimer");
     let mut wcs = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         wcs.clear();
-        cq.poll(&mut wcs, 4).expect("poll_cq");
+        peer.cq.poll(&mut wcs, 4).expect("poll_cq");
         for wc in &wcs {
-            if wc.wr_id >= 4 || !wc.is_ok() {
+            if !RawPeer::is_recv(wc) || !wc.is_ok() {
                 assert!(
                     wc.is_ok(),
                     "{who}: work request {} failed: {}",
@@ -83,13 +63,10 @@ fn claimer(dst: SocketAddr, claim: SocketAddr, stop: Arc<AtomicBool>, got: mpsc:
                 );
                 continue;
             }
-            let at = wc.wr_id as usize * slot;
-            let mut b = vec![0; wc.byte_len as usize];
-            recv.read_at(at, &mut b).expect("read the receive buffer");
+            let b = peer.received(wc);
             let body = b.get(HEADER_LEN..).unwrap_or_default().to_vec();
             let _ = got.send(body);
-            qp.post_recv(wc.wr_id, &[recv.sge(at, slot).unwrap()])
-                .expect("repost");
+            peer.repost(wc.wr_id);
         }
         std::thread::sleep(Duration::from_millis(2));
     }

@@ -11,6 +11,7 @@
 mod common;
 
 use common::flood::*;
+use common::raw_peer::{RawPeer, RawQp};
 use common::*;
 
 /// Runs the flooder (its hello naming `hello_ip`) against a new listening
@@ -96,36 +97,12 @@ const SMALL: usize = 8;
 /// ("ping", tag 9) and returns the status of its first receive (the
 /// listener's reply, too long for it) or of a failed send.
 fn small_receiver(ip: std::net::Ipv4Addr, dst: std::net::SocketAddr) -> String {
-    use na_verbs::sys::*;
-    use na_verbs::wire::{Header, MsgKind, HEADER_LEN};
-    let who = "small receiver";
-    let (ch, id, ctx) = raw_resolved(dst, who);
-    let pd = ProtectionDomain::new(&ctx).expect("pd");
-    let comp = CompletionChannel::new(&ctx).expect("completion channel");
-    let cq = CompletionQueue::new(&ctx, 16, Some(&comp)).expect("cq");
-    let slot = HEADER_LEN + SMALL;
-    let recv = MemoryRegion::allocate(&pd, 4 * slot, AccessFlags::LOCAL_WRITE).expect("recv mr");
-    let send = MemoryRegion::allocate(&pd, HEADER_LEN + 4, AccessFlags::LOCAL_WRITE).expect("send mr");
-    let qp = id.create_qp(&pd, small_qp_attr(&cq)).expect("rdma_create_qp");
-    for i in 0..4 {
-        qp.post_recv(i as u64, &[recv.sge(i * slot, slot).unwrap()])
-            .expect("post_recv");
-    }
-    id.connect(&raw_connect_param(ip, 4)).expect("connect");
-    wait_cm(&ch, CmEventKind::Established, who);
-    let header = Header {
-        kind: MsgKind::Unexpected,
-        credits: 0,
-        tag: 9,
-        len: 4,
-    };
-    send.write_at(0, &header.encode()).unwrap();
-    send.write_at(HEADER_LEN, b"ping").unwrap();
-    qp.post_send(100, SendOp::Send, &[send.sge(0, HEADER_LEN + 4).unwrap()], true)
-        .expect("post_send");
+    let peer = RawPeer::new(dst, "small receiver", SMALL, RawQp::Cm);
+    peer.connect(&raw_connect_param(ip, 4));
+    peer.send_unexpected(9, b"ping");
     loop {
-        let wc = wait_wc(&cq, &comp, 1, who).pop().expect("one completion");
-        if wc.wr_id < 4 || !wc.is_ok() {
+        let wc = peer.next_wc();
+        if RawPeer::is_recv(&wc) || !wc.is_ok() {
             return format!("work request {}: {}", wc.wr_id, wc.status_str());
         }
     }

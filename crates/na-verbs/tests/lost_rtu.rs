@@ -16,9 +16,9 @@ mod common;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
+use common::raw_peer::{RawPeer, RawQp, SEND_WR};
 use common::*;
 use na_core::{Endpoint, OpId};
-use na_verbs::sys::*;
 
 /// When the listener must have answered (far below the kernel CM's own
 /// retries, a minute or more).
@@ -29,57 +29,20 @@ const LATEST: Duration = Duration::from_secs(8);
 /// message (tag 9, "ping") and returns the payload of the first message
 /// it receives back.
 fn peer_without_rtu(ip: std::net::Ipv4Addr, dst: SocketAddr) -> Vec<u8> {
-    use na_verbs::wire::{Header, MsgKind, HEADER_LEN};
-    let who = "peer without RTU";
-    let (ch, id, ctx) = raw_resolved(dst, who);
-    let pd = ProtectionDomain::new(&ctx).expect("pd");
-    let comp = CompletionChannel::new(&ctx).expect("completion channel");
-    let cq = CompletionQueue::new(&ctx, 16, Some(&comp)).expect("cq");
-    let slot = HEADER_LEN + 4096;
-    let recv = MemoryRegion::allocate(&pd, 4 * slot, AccessFlags::LOCAL_WRITE).expect("recv mr");
-    let send = MemoryRegion::allocate(&pd, HEADER_LEN + 4, AccessFlags::LOCAL_WRITE).expect("send mr");
-    let attr = small_qp_attr(&cq);
-    let qp = QueuePair::new_rc(&pd, attr).expect("ibv_create_qp");
-    id.modify_qp(&qp, QpState::Init).expect("to INIT");
-    for i in 0..4 {
-        qp.post_recv(i as u64, &[recv.sge(i * slot, slot).unwrap()])
-            .expect("post_recv");
-    }
-    let param = ConnParam {
-        qp_num: qp.qp_num(),
-        ..raw_connect_param(ip, 4)
-    };
-    id.connect(&param).expect("connect");
+    let peer = RawPeer::new(dst, "peer without RTU", 4096, RawQp::Own);
+    let who = peer.who;
     // With a QP of its own, librdmacm hands the reply over instead of
     // answering it: no RTU goes out unless `rdma_establish` is called.
-    wait_cm(&ch, CmEventKind::ConnectResponse, who);
-    id.modify_qp(&qp, QpState::Rtr).expect("to RTR");
-    id.modify_qp(&qp, QpState::Rts).expect("to RTS");
-    let header = Header {
-        kind: MsgKind::Unexpected,
-        credits: 0,
-        tag: 9,
-        len: 4,
-    };
-    send.write_at(0, &header.encode()).unwrap();
-    send.write_at(HEADER_LEN, b"ping").unwrap();
-    qp.post_send(100, SendOp::Send, &[send.sge(0, HEADER_LEN + 4).unwrap()], true)
-        .expect("post_send");
-    let mut wcs = wait_wc(&cq, &comp, 1, who);
+    peer.connect(&raw_connect_param(ip, 4));
+    peer.send_unexpected(9, b"ping");
+    let mut wc = peer.next_wc();
     // The send's completion, or (if the reply already came) the receive's.
-    if wcs[0].wr_id == 100 {
-        assert_ok(&wcs, who);
-        wcs = wait_wc(&cq, &comp, 1, who);
+    if wc.wr_id == SEND_WR {
+        assert_ok(&[wc], who);
+        wc = peer.next_wc();
     }
-    let wc = wcs.pop().expect("one completion");
-    assert!(wc.is_ok() && wc.wr_id < 4, "{who}: {wc:?}");
-    let mut head = [0u8; HEADER_LEN];
-    let at = wc.wr_id as usize * slot;
-    recv.read_at(at, &mut head).unwrap();
-    let h = Header::decode(&head, wc.byte_len as usize, 4096).expect("a valid header");
-    let mut payload = vec![0u8; h.len as usize];
-    recv.read_at(at + HEADER_LEN, &mut payload).unwrap();
-    payload
+    assert!(wc.is_ok() && RawPeer::is_recv(&wc), "{who}: {wc:?}");
+    peer.message(&wc, 4096).1
 }
 
 /// A peer whose RTU never comes (see [`peer_without_rtu`]): its message

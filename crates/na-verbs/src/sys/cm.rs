@@ -214,8 +214,14 @@ pub struct CmEvent {
     pub new_id: Option<Arc<CmId>>,
     /// Private data of a request, accept or reject (untrusted peer bytes).
     pub private_data: Vec<u8>,
-    /// For `ConnectRequest`: RDMA READs the peer may have outstanding to us.
+    /// RDMA READs the peer may have outstanding at us (the kernel's CM
+    /// reports both depths from our side): for `ConnectRequest`, the
+    /// initiator depth the peer asks for; for `Established` on the active
+    /// side, the one its accept granted. Untrusted.
     pub responder_resources: u8,
-    /// For `ConnectRequest`: RDMA READs the peer accepts from us.
+    /// RDMA READs we may have outstanding at the peer: for
+    /// `ConnectRequest`, the responder resources the peer offers; for
+    /// `Established` on the active side, those its accept granted.
+    /// Untrusted.
     pub initiator_depth: u8,
 }

@@ -49,7 +49,7 @@ pub use cm_id::{CmId, ConnParam, PortSpace};
 pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WorkCompletion};
 pub use device::{devices, Context, DeviceAttr, DeviceInfo, Gid, PortAttr};
 pub use mr::{AccessFlags, MemoryRegion, ProtectionDomain, RemoteRegion, Sge};
-pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, RtrAttr, RtsAttr};
+pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, ReadDepths, RtrAttr, RtsAttr};
 pub use registrar::IbvRegistrar;
 pub use send_buf::SendBuffer;
 pub use srq::SharedReceiveQueue;

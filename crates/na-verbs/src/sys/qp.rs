@@ -138,6 +138,16 @@ pub struct RtsAttr {
     pub max_rd_atomic: u8,
 }
 
+/// How many RDMA reads (and atomics) a QP has in flight at most, each
+/// way (`max_rd_atomic` and `max_dest_rd_atomic` of `struct ibv_qp_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadDepths {
+    /// Reads we may have outstanding at the peer (`max_rd_atomic`).
+    pub initiator: u8,
+    /// Reads of the peer we serve at once (`max_dest_rd_atomic`).
+    pub responder: u8,
+}
+
 enum Owner {
     /// Created with ibv_create_qp; destroyed with ibv_destroy_qp.
     Verbs,
@@ -253,20 +263,40 @@ impl QueuePair {
         self.caps
     }
 
-    /// Current state, from the device (`ibv_query_qp`).
-    pub fn state(&self) -> Result<QpState> {
+    /// The attributes `mask` selects, from the device (`ibv_query_qp`);
+    /// the others are zero.
+    fn query(&self, mask: ibv_qp_attr_mask) -> Result<ibv_qp_attr> {
         // SAFETY: both structs are plain old data; all-zero is valid.
         let (mut a, mut init): (ibv_qp_attr, ibv_qp_init_attr) = unsafe { std::mem::zeroed() };
-        let mask = ibv_qp_attr_mask::IBV_QP_STATE.0 as libc::c_int;
-        // SAFETY: the QP is live and both out-pointers are valid.
-        errno_rc(unsafe { ibv_query_qp(self.raw.as_ptr(), &mut a, mask, &mut init) }).map_err(|source| {
-            VerbsError::Query {
+        // SAFETY: the QP is live and both out-pointers are valid for the
+        // call; the provider writes only inside them.
+        errno_rc(unsafe { ibv_query_qp(self.raw.as_ptr(), &mut a, mask.0 as libc::c_int, &mut init) })
+            .map_err(|source| VerbsError::Query {
                 op: "ibv_query_qp",
                 context: format!("qpn {}", self.qp_num()),
                 source,
-            }
-        })?;
-        Ok(QpState::from_raw(a.qp_state))
+            })?;
+        Ok(a)
+    }
+
+    /// Current state, from the device (`ibv_query_qp`).
+    pub fn state(&self) -> Result<QpState> {
+        Ok(QpState::from_raw(
+            self.query(ibv_qp_attr_mask::IBV_QP_STATE)?.qp_state,
+        ))
+    }
+
+    /// The read depths the QP runs with, from the device (`ibv_query_qp`
+    /// of `IBV_QP_MAX_QP_RD_ATOMIC` and `IBV_QP_MAX_DEST_RD_ATOMIC`): on a
+    /// connection RDMA CM set up, the values negotiated at connect, as
+    /// the device applied them (some round them to a power of two).
+    pub fn read_depths(&self) -> Result<ReadDepths> {
+        use ibv_qp_attr_mask as M;
+        let a = self.query(M::IBV_QP_MAX_QP_RD_ATOMIC | M::IBV_QP_MAX_DEST_RD_ATOMIC)?;
+        Ok(ReadDepths {
+            initiator: a.max_rd_atomic,
+            responder: a.max_dest_rd_atomic,
+        })
     }
 
     pub(crate) fn modify(&self, to: &'static str, a: &mut ibv_qp_attr, mask: ibv_qp_attr_mask) -> Result<()> {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod flood;
+pub mod raw_peer;
 
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
