@@ -540,6 +540,7 @@ mod tests {
             plugin: None,
             desc: desc(2048, Access::ReadWrite, None),
             remote: RemoteMem::new(Vec::new(), Access::ReadWrite).unwrap(),
+            through: None,
         };
         let span = Span {
             remote_offset: 0,
