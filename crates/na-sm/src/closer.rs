@@ -51,6 +51,15 @@ static PENDING_FDS: AtomicUsize = AtomicUsize::new(0);
 /// fit inside `recvmsg`, on the caller's thread.
 pub const MAX_PENDING_FDS: usize = 256;
 
+/// In a forked child: the parent's queued descriptors belong to its
+/// closing threads, which the child does not have (it starts its own
+/// pool), so they are not the child's to count. Without this, a child
+/// forked while its parent was congested would stay congested (every
+/// listener's accepts paused) for good.
+pub(crate) fn reset_count_in_child() {
+    PENDING_FDS.store(0, Ordering::Relaxed);
+}
+
 /// True while more than [`MAX_PENDING_FDS`] peer-passed descriptors wait
 /// to be closed: take no more in. Then, if every closing thread is stuck,
 /// another is started first (see [`pool`]), so the queue moves again

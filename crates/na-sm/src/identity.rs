@@ -36,7 +36,12 @@
 //! all between its `connect` and our read, would be taken for that
 //! process. Pids are handed out in turn, so its pid can only come round
 //! again after the whole pid space (`pid_max`, 32,768 at least) has been
-//! used in that short window. The same holds for a listener that exited
+//! used in that window. The window is not always short: on the listener
+//! side it runs from the peer's `connect` to our `accept`, which waits
+//! while accepts are paused or nobody calls `progress`, and a process
+//! that forks fast can go round 32,768 pids in about a second. The peer
+//! cannot choose which process takes its pid, and a same-uid process can
+//! already trace ours. The same holds for a listener that exited
 //! while a child it forked held its listening socket. Start times count
 //! clock ticks (10 ms): two processes with one pid within one tick would
 //! need the pid space to go round in 10 ms.
@@ -51,8 +56,19 @@ use crate::sys::{proc, socket};
 pub(crate) enum PeerStart {
     /// Its start time, in clock ticks since boot.
     Known(u64),
-    /// Why it could not be learned (the peer is gone, or `/proc` failed).
+    /// Why it could not be learned: the peer is gone.
     Unknown(String),
+    /// Why it could not be learned: a failure of ours (out of
+    /// descriptors or memory, `/proc` unreadable), which says nothing of
+    /// the peer. Its exit is then watched by end-of-file only, as where
+    /// the kernel has no pidfds; it is not taken as gone.
+    Unreadable(String),
+}
+
+/// Whether `e`, from reading `/proc/<pid>/...`, says the process is gone
+/// (rather than that the read failed on our side).
+fn says_gone(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH))
 }
 
 impl PeerStart {
@@ -63,12 +79,13 @@ impl PeerStart {
     pub(crate) fn read(sock: BorrowedFd<'_>, pid: u32) -> PeerStart {
         let start = match proc::start_time(pid) {
             Ok(t) => t,
-            Err(e) => return PeerStart::Unknown(format!("reading /proc/{pid}/stat: {e}")),
+            Err(e) if says_gone(&e) => return PeerStart::Unknown(format!("reading /proc/{pid}/stat: {e}")),
+            Err(e) => return PeerStart::Unreadable(format!("reading /proc/{pid}/stat: {e}")),
         };
         match socket::peer_closed(sock) {
             Ok(false) => PeerStart::Known(start),
             Ok(true) => PeerStart::Unknown("it closed the connection before it could be identified".into()),
-            Err(e) => PeerStart::Unknown(format!("polling its socket: {e}")),
+            Err(e) => PeerStart::Unreadable(format!("polling its socket: {e}")),
         }
     }
 }
@@ -96,6 +113,10 @@ pub(crate) fn peer_pidfd(
     }
     match start {
         PeerStart::Known(t) => open_checked(pid, *t, peer),
+        PeerStart::Unreadable(why) => {
+            tracing::warn!(%peer, pid, %why, "sm: a peer's start time could not be read; its exit is seen by end-of-file only");
+            Ok(None)
+        }
         PeerStart::Unknown(why) => {
             tracing::warn!(%peer, pid, %why, "sm: a peer could not be identified beyond its pid; taken as gone");
             Err(SmError::PeerGone {
@@ -129,7 +150,16 @@ pub(crate) fn open_checked(pid: u32, expected: u64, peer: &str) -> SmResult<Opti
     if proc::pidfd_exited(fd.as_fd()).map_err(|e| SmError::sys("poll(2) of a peer's pidfd", e))? {
         return Err(exited());
     }
-    let found = found.map_err(|e| SmError::sys("reading /proc/<pid>/stat", e))?;
+    let found = match found {
+        Ok(t) => t,
+        Err(e) if says_gone(&e) => return Err(exited()),
+        // Our failure (out of descriptors: `pidfd_open` may have taken
+        // the last), not the peer's: unchecked, the pidfd is not used.
+        Err(e) => {
+            tracing::warn!(%peer, pid, error = %e, "sm: a peer's pidfd could not be checked; its exit is seen by end-of-file only");
+            return Ok(None);
+        }
+    };
     if found != expected {
         tracing::warn!(%peer, pid, expected, found, "sm: the peer's pid names another process now; taken as gone");
         return Err(SmError::PidReused {

@@ -135,3 +135,31 @@ fn peer_pidfd_by_pid_checks_the_start_time_and_by_socket_asks_the_kernel() {
         )),
     }
 }
+
+/// A start time we failed to read (out of descriptors, say) says nothing
+/// of the peer: it is watched by end-of-file only, not taken as gone;
+/// only "no such process" or "no such file" say it is gone.
+#[test]
+fn a_failure_of_ours_to_read_a_start_time_is_not_the_peers_death() {
+    let child = sleeper("identity-unreadable");
+    let (a, _b) = UnixStream::pair().unwrap();
+    let why = PeerStart::Unreadable("reading /proc/N/stat: Too many open files".into());
+    let r = peer_pidfd(a.as_fd(), child.pid(), &why, true, "peer");
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    let gone = PeerStart::Unknown("reading /proc/N/stat: No such file or directory".into());
+    assert!(peer_pidfd(a.as_fd(), child.pid(), &gone, true, "peer").is_err());
+    for (errno, gone) in [
+        (libc::ENOENT, true),
+        (libc::ESRCH, true),
+        (libc::EMFILE, false),
+        (libc::ENFILE, false),
+        (libc::ENOMEM, false),
+        (libc::EACCES, false),
+    ] {
+        assert_eq!(
+            says_gone(&std::io::Error::from_raw_os_error(errno)),
+            gone,
+            "errno {errno}"
+        );
+    }
+}

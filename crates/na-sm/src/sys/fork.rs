@@ -97,4 +97,5 @@ extern "C" fn child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
     crate::exposed::release_after_fork();
     crate::closer::release_after_fork();
+    crate::closer::reset_count_in_child();
 }
