@@ -366,23 +366,44 @@ fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
     )
 }
 
-/// A target that sends a spilled response twice for one call: the second
-/// arrives while the first's output is being pulled, and must be dropped
-/// as malformed, not start a second pull (or overwrite the outcome). A
-/// second call, never answered, stays in flight so that the origin takes
-/// the second response in the same turn as the first, while the pull is
-/// still in flight (with one call in flight it stops after that call's
-/// response, and handles the pull's end first).
-#[test]
-fn a_second_spilled_response_during_the_pull_is_malformed() {
-    let d = dir("dup-spill");
-    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
+/// A raw target in `d` that took an `Echo` call of the client's (`id`,
+/// from `origin`, its `cookie`), and the spilled response carrying
+/// `output` it is to send (keep its memory). A second call, never
+/// answered, stays in flight, so that the origin takes the messages after
+/// that response in the same turn, while the pull is in flight (with one
+/// call in flight it stops after that call's response, and handles the
+/// pull's end first).
+#[allow(clippy::type_complexity)]
+fn spilled_answer_due(
+    d: &std::path::Path,
+    output: Vec<u8>,
+) -> (
+    Endpoint,
+    Engine,
+    hg_rpc::CallId,
+    Addr,
+    u64,
+    na_core::MemHandle,
+    Vec<u8>,
+) {
+    let (mut x, xid, mut c, s) = raw_target_and_client(d, true);
     let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let _unanswered = c.forward::<Echo>(&s, &vec![2u8; 16]).unwrap();
-    let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
     let crc = hg_rpc::header::crc32c(&output);
-    let (_mem, msg) = spilled_echo_response(&mut x, xid, cookie, output.clone(), crc);
+    let (mem, msg) = spilled_echo_response(&mut x, xid, cookie, output, crc);
+    (x, c, id, origin, cookie, mem, msg)
+}
+
+/// A target that sends a spilled response twice for one call: the second
+/// arrives while the first's output is being pulled, and must be dropped
+/// as malformed, not start a second pull (or overwrite the outcome); see
+/// [`spilled_answer_due`] for why a second call stays in flight.
+#[test]
+fn a_second_spilled_response_during_the_pull_is_malformed() {
+    let d = dir("dup-spill");
+    let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
+    let (mut x, mut c, id, origin, _cookie, _mem, msg) = spilled_answer_due(&d, output.clone());
     // Both are in the origin's queue before it looks.
     send_raw(&mut x, &origin, None, &msg, OpId(2));
     send_raw(&mut x, &origin, None, &msg, OpId(3));
@@ -403,20 +424,12 @@ fn a_second_spilled_response_during_the_pull_is_malformed() {
 
 /// As above, with the second response of another protocol version: it
 /// must not end the call (with `VersionMismatch`) while the first
-/// response's output is being pulled; the call gets that output. A
-/// second call, never answered, stays in flight so that the origin takes
-/// the next message in the same turn, before the pull's end is handled
-/// (with one call in flight it stops after that call's response).
+/// response's output is being pulled; the call gets that output.
 #[test]
 fn a_response_of_another_version_during_the_pull_is_dropped() {
     let d = dir("foreign-spill");
-    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
-    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
-    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
-    let _unanswered = c.forward::<Echo>(&s, &vec![2u8; 16]).unwrap();
     let output = postcard::to_allocvec(&vec![7u8; 64 << 10]).unwrap();
-    let crc = hg_rpc::header::crc32c(&output);
-    let (_mem, msg) = spilled_echo_response(&mut x, xid, cookie, output, crc);
+    let (mut x, mut c, id, origin, cookie, _mem, msg) = spilled_answer_due(&d, output);
     let mut foreign = postcard_echo_response(cookie, &[1]);
     foreign[4] = hg_rpc::header::VERSION.wrapping_add(1);
     // Both are in the origin's queue before it looks.
@@ -564,6 +577,23 @@ fn a_timed_out_bulk_has_ended_when_it_returns() {
     assert_eq!(left(&mut c), (receives, 0));
 }
 
+/// A silent target (`tag`) and an origin that holds one spilled input
+/// for it (a one-way call the target took and never acknowledges) and
+/// may hold no other of its size: its next such input is refused with
+/// `InputsHeld` until the held one's TTL (300 ms) ends. Returns them and
+/// that input.
+fn one_input_held(tag: &str) -> (Silent, Vec<u8>) {
+    let mut t = silent_target(tag);
+    t.c.set_abandoned_input_ttl(Duration::from_millis(300));
+    let big = vec![5u8; 64 << 10];
+    let len = postcard::to_allocvec(&big).unwrap().len() as u64;
+    t.c.set_max_abandoned_bytes(len + 1024);
+    t.c.forward_one_way::<Echo>(&t.s, &big).unwrap();
+    take_request(&mut t.x, t.xid, &mut t.c, 1);
+    assert_eq!(t.c.stats().abandoned_bytes, len);
+    (t, big)
+}
+
 /// A blocking `call` whose spilled input is refused for the inputs held
 /// for abandoned calls waits for room within its timeout: it drives the
 /// engine, so the held input's TTL can end, then it sends. (Refused at
@@ -571,20 +601,8 @@ fn a_timed_out_bulk_has_ended_when_it_returns() {
 /// get room.)
 #[test]
 fn a_blocking_call_waits_for_room_for_its_spilled_input() {
-    let Silent {
-        mut x,
-        xid,
-        mut c,
-        s,
-        _dir,
-    } = silent_target("held-wait");
-    c.set_abandoned_input_ttl(Duration::from_millis(300));
-    let big = vec![5u8; 64 << 10];
-    let len = postcard::to_allocvec(&big).unwrap().len() as u64;
-    c.set_max_abandoned_bytes(len + 1024);
-    c.forward_one_way::<Echo>(&s, &big).unwrap();
-    take_request(&mut x, xid, &mut c, 1);
-    assert_eq!(c.stats().abandoned_bytes, len);
+    let (t, big) = one_input_held("held-wait");
+    let (mut x, xid, mut c, s, _dir) = (t.x, t.xid, t.c, t.s, t._dir);
     match c.forward::<Echo>(&s, &big) {
         Err(RpcError::InputsHeld { .. }) => {}
         other => panic!("expected InputsHeld, got {other:?}"),
@@ -604,20 +622,8 @@ fn a_blocking_call_waits_for_room_for_its_spilled_input() {
 /// `InputsHeld`, counted once in `errors`.
 #[test]
 fn a_blocking_one_way_call_within_a_timeout_waits_for_room() {
-    let Silent {
-        mut x,
-        xid,
-        mut c,
-        s,
-        _dir,
-    } = silent_target("held-wait-one-way");
-    c.set_abandoned_input_ttl(Duration::from_millis(300));
-    let big = vec![5u8; 64 << 10];
-    let len = postcard::to_allocvec(&big).unwrap().len() as u64;
-    c.set_max_abandoned_bytes(len + 1024);
-    c.forward_one_way::<Echo>(&s, &big).unwrap();
-    take_request(&mut x, xid, &mut c, 1);
-    assert_eq!(c.stats().abandoned_bytes, len);
+    let (t, big) = one_input_held("held-wait-one-way");
+    let (mut x, xid, mut c, s, _dir) = (t.x, t.xid, t.c, t.s, t._dir);
     // Too short for the TTL: refused, once.
     let errors = c.stats().errors;
     match c.call_one_way_within::<Echo>(&s, &big, Duration::from_millis(50)) {
