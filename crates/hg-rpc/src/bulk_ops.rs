@@ -11,6 +11,7 @@ use na_core::{Access, Addr, Completion, Endpoint, OpId, PluginId};
 use super::{DebugSpan, Engine, OpRole};
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
+use crate::runtime::LookupBackoff;
 
 /// Identifies a transfer started with [`Engine::bulk_start`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -257,7 +258,7 @@ impl BulkCtx<'_> {
         deadline: Instant,
     ) -> std::result::Result<Started, WindowFailure> {
         let since = Instant::now();
-        let mut pause = crate::runtime::LOOKUP_RETRY_FIRST;
+        let mut backoff = LookupBackoff::new();
         loop {
             let span = DebugSpan::enter(|| bulk_span(op, remote, ids.len()));
             let started =
@@ -268,32 +269,29 @@ impl BulkCtx<'_> {
                 Err(hg_bulk::BulkError::Na(e)) if e.is_would_block() => {}
                 Err(e) => return Err(WindowFailure::Failed(e.to_string())),
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let (ep, deferred) = (&mut *self.ep, &mut *self.deferred);
+            let paused = backoff.drive_pause(deadline, |wait| {
+                ep.progress(Some(wait))?;
+                deferred.extend(std::iter::from_fn(|| ep.pop_completion()));
+                Ok::<(), na_core::NaError>(())
+            });
+            match paused {
+                Ok(true) => {}
                 // Nothing started: later windows are not started either.
-                return Err(WindowFailure::Stopped(format!(
-                    "the lookup of the handle's owner {} did not finish within {:?}",
-                    remote.owner(),
-                    self.transfer_timeout
-                )));
-            }
-            let retry_at = Instant::now() + pause.min(left);
-            loop {
-                let wait = retry_at.saturating_duration_since(Instant::now());
-                if wait.is_zero() {
-                    break;
+                Ok(false) => {
+                    return Err(WindowFailure::Stopped(format!(
+                        "the lookup of the handle's owner {} did not finish within {:?}",
+                        remote.owner(),
+                        self.transfer_timeout
+                    )))
                 }
-                if let Err(e) = self.ep.progress(Some(wait)) {
+                Err(e) => {
                     tracing::error!(error = %e, "progress failed while a handler looked up a bulk handle's owner");
                     return Err(WindowFailure::Stopped(format!(
                         "progress failed while looking up the handle's owner: {e}"
                     )));
                 }
-                while let Some(c) = self.ep.pop_completion() {
-                    self.deferred.push_back(c);
-                }
             }
-            pause = (pause * 2).min(crate::runtime::LOOKUP_RETRY_MAX);
         }
     }
 
@@ -622,32 +620,25 @@ impl<C: Codec> Engine<C> {
         timeout: Duration,
     ) -> Result<BulkId> {
         let since = Instant::now();
-        let mut pause = crate::runtime::LOOKUP_RETRY_FIRST;
+        let mut backoff = LookupBackoff::new();
         loop {
             match self.bulk_start_batch_with(op, remote, local, &[span], Some(since), None) {
                 Ok(ids) => return Ok(ids[0]),
                 Err(RpcError::Transport(e)) if e.is_would_block() => {}
                 Err(e) => return Err(e),
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            // The engine's work goes on meanwhile; the lookup is tried
+            // again once the pause has passed, however busy it is.
+            let paused = backoff.drive_pause(deadline, |wait| {
+                self.progress(Some(wait))?;
+                self.trigger().map(drop)
+            })?;
+            if !paused {
                 return Err(RpcError::Timeout {
                     rpc: "bulk transfer".into(),
                     millis: timeout.as_millis(),
                 });
             }
-            // The engine's work goes on meanwhile; the lookup is tried
-            // again once the pause has passed, however busy it is.
-            let retry_at = Instant::now() + pause.min(left);
-            loop {
-                let wait = retry_at.saturating_duration_since(Instant::now());
-                if wait.is_zero() {
-                    break;
-                }
-                self.progress(Some(wait))?;
-                self.trigger()?;
-            }
-            pause = (pause * 2).min(crate::runtime::LOOKUP_RETRY_MAX);
         }
     }
 
