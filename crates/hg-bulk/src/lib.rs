@@ -61,7 +61,7 @@ pub struct Bulk {
     remote: RemoteMem,
     /// Where a remote handle's owner is reached without a lookup, if that
     /// is its address (see [`Bulk::reached_through`]). Never serialized.
-    through: Option<Addr>,
+    reach_via: Option<Addr>,
 }
 
 impl Bulk {
@@ -89,7 +89,7 @@ impl Bulk {
             plugin: Some(plugin),
             desc,
             remote,
-            through: None,
+            reach_via: None,
         })
     }
 
@@ -111,7 +111,7 @@ impl Bulk {
             plugin: None,
             desc,
             remote,
-            through: None,
+            reach_via: None,
         })
     }
 
@@ -130,7 +130,7 @@ impl Bulk {
     /// looked up as usual, so a peer cannot borrow another's connection.
     /// Kept by clones; not serialized (it means nothing to another process).
     pub fn reached_through(mut self, source: &Addr) -> Bulk {
-        self.through = Some(source.clone());
+        self.reach_via = Some(source.clone());
         self
     }
 
@@ -177,7 +177,7 @@ impl Bulk {
             plugin,
             desc,
             remote,
-            through,
+            reach_via,
         } = self;
         let back = |local| {
             Box::new(Bulk {
@@ -185,7 +185,7 @@ impl Bulk {
                 plugin,
                 desc,
                 remote,
-                through,
+                reach_via,
             })
         };
         match local.map(MemHandle::into_buffers) {
@@ -403,7 +403,7 @@ pub fn start_batch_via(
     };
     // The caller's source address, else the one the handle was given
     // (`Bulk::reached_through`).
-    let via = via.or(remote.through.as_ref());
+    let via = via.or(remote.reach_via.as_ref());
     if let Some(src) = via.filter(|a| source_fits(ep, a, owner, through)) {
         ep.rma(src, &ops)?;
         return Ok(Started::Posted(src.plugin()));
@@ -540,7 +540,7 @@ mod tests {
             plugin: None,
             desc: desc(2048, Access::ReadWrite, None),
             remote: RemoteMem::new(Vec::new(), Access::ReadWrite).unwrap(),
-            through: None,
+            reach_via: None,
         };
         let span = Span {
             remote_offset: 0,

@@ -801,17 +801,12 @@ fn a_deferred_request_moves_data_with_a_client_that_does_not_listen_over_verbs()
     let data = blob(100_003);
     let put = c.expose(vec![data.clone()], Access::ReadOnly).expect("expose");
     let id = c.forward::<BlobPut>(&s, &("k".into(), put)).expect("forward");
-    let end = Instant::now() + T;
-    let req = loop {
-        assert!(Instant::now() < end, "the request never reached the server");
-        for e in [&mut c, &mut srv] {
-            e.progress(Some(Duration::from_millis(1))).expect("progress");
-            e.trigger().expect("trigger");
-        }
-        if let Some(r) = srv.take_deferred() {
-            break r;
-        }
-    };
+    let req = drive_both_until(
+        &mut c,
+        &mut srv,
+        "the request never reached the server",
+        |_, srv| srv.take_deferred(),
+    );
     let (_, from): (String, hg_rpc::Bulk) = postcard::from_bytes(&req.payload).expect("decode the input");
     let into = srv
         .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
@@ -832,21 +827,34 @@ fn a_deferred_request_moves_data_with_a_client_that_does_not_listen_over_verbs()
     let hash = fnv(&into.local().expect("local").to_vec());
     assert_eq!(hash, fnv(&data), "pulled data differs");
     srv.respond_deferred(req, Ok(postcard::to_allocvec(&hash).expect("encode")));
-    let end = Instant::now() + T;
-    let answer = loop {
-        assert!(Instant::now() < end, "no answer");
-        for e in [&mut srv, &mut c] {
-            e.progress(Some(Duration::from_millis(1))).expect("progress");
-            e.trigger().expect("trigger");
-        }
-        if let Some(r) = c.take_response::<BlobPut>(id) {
-            break r;
-        }
-    };
+    let answer = drive_both_until(&mut c, &mut srv, "no answer", |c, _| {
+        c.take_response::<BlobPut>(id)
+    });
     assert_eq!(answer.expect("the answer"), fnv(&data));
     assert_eq!(
         (connections(&mut c), connections(&mut srv)),
         (1, 1),
         "the transfer opened a connection besides the client's own"
     );
+}
+
+/// Drives `a` and `b` in turn until `done` gives something (within `T`,
+/// else fails with `what`).
+fn drive_both_until<X>(
+    a: &mut Engine,
+    b: &mut Engine,
+    what: &str,
+    mut done: impl FnMut(&mut Engine, &mut Engine) -> Option<X>,
+) -> X {
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "{what}");
+        for e in [&mut *a, &mut *b] {
+            e.progress(Some(Duration::from_millis(1))).expect("progress");
+            e.trigger().expect("trigger");
+        }
+        if let Some(x) = done(a, b) {
+            return x;
+        }
+    }
 }
