@@ -14,7 +14,8 @@ count is the time spent waiting, not work):
     front end's fetch;
   * hot code: the 64-byte lines and 4 KiB pages holding instructions that
     run on (nearly) every call;
-  * the functions with the most of either.
+  * the functions with the most of either (the first 14; HPP_TOP=N for
+    more).
 
 With --jumps REGEX, it also lists every jump taken on at least every
 other call in the functions whose name matches, with the source line
@@ -140,7 +141,7 @@ def report(path, binary, jumps_re):
           f"{sum(taken[k] for k in work) / n:.1f}, hot code {len(lines)} lines of 64 B "
           f"in {len({l * 64 // 4096 for l in lines})} pages")
     rows = sorted(work, key=lambda k: -(taken[k] + cost[k] / 50))
-    for k in rows[:14]:
+    for k in rows[:int(os.environ.get("HPP_TOP", "14"))]:
         if cost[k] / n >= 3:
             print(f"    {short(k):72} {cost[k] / n:6.0f} instr {taken[k] / n:5.1f} taken")
     if jumps_re:
