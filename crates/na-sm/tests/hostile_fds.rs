@@ -8,69 +8,21 @@
 //! listener must refuse the handshake and go on at once (the close
 //! happens on na-sm's closing thread), not block its progress call.
 
-use std::io::Write;
-use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use na_core::{OpId, Plugin, PluginId};
+use na_core::Plugin;
 use na_sm::sys::socket::send_with_fds;
-use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS, MAX_PENDING_FDS};
+use na_sm::{SmPlugin, CLOSE_STALL, MAX_PENDING_FDS};
 
 mod common;
-use common::private_dir;
-
-/// How long a close of the socket below would block.
-const LINGER: Duration = Duration::from_secs(20);
-
-/// A loopback TCP connection whose peer never reads, its send queue full,
-/// with `SO_LINGER` on: its last close waits up to `LINGER`.
-fn lingering_socket() -> (TcpListener, TcpStream) {
-    lingering_for(LINGER)
-}
-
-fn lingering_for(linger: Duration) -> (TcpListener, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    s.set_nonblocking(true).unwrap();
-    let chunk = vec![0u8; 1 << 16];
-    loop {
-        match s.write(&chunk) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("filling the socket: {e}"),
-        }
-    }
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: linger.as_secs() as libc::c_int,
-    };
-    // SAFETY (test): `linger` is live and its size is passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "SO_LINGER");
-    (listener, s)
-}
-
-/// A listening plugin in a new private directory named by `tag`: (the
-/// directory, the plugin, its URI, its socket's path).
-fn listener(tag: &str) -> (PathBuf, SmPlugin, String, PathBuf) {
-    let dir = private_dir(tag);
-    let srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let uri = srv.self_addr().uri().to_owned();
-    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    (dir, srv, uri, path)
-}
+mod jam;
+use jam::{
+    closing_threads, flood, jam_every_closing_thread, jam_with, lingering_socket, listener, open_fds,
+    serves_an_honest_client, settle_for, settled_refusals, LINGER,
+};
 
 #[test]
 fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
@@ -153,95 +105,6 @@ fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
         .expect("dropping the plugin blocked on a descriptor queued on an unaccepted connection");
     drop((listener, conn));
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Progresses `srv` until its count of refused handshakes has not moved
-/// for 200 ms (at most 10 s), and returns it.
-fn settled_refusals(srv: &mut SmPlugin) -> u64 {
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut last = srv.stats().handshakes_refused;
-    loop {
-        settle_for(srv, Duration::from_millis(200));
-        let now = srv.stats().handshakes_refused;
-        if now == last || Instant::now() > end {
-            return now;
-        }
-        last = now;
-    }
-}
-
-/// Progresses `srv` for `time`.
-fn settle_for(srv: &mut SmPlugin, time: Duration) {
-    let end = Instant::now() + time;
-    while Instant::now() < end {
-        srv.progress().unwrap();
-    }
-}
-
-/// Jams the closing thread of the listener at `path`: a hello carrying
-/// `tcp`, a lingering socket whose last close (ours, once the listener
-/// refuses the hello) waits out its linger time.
-fn jam_with(path: &std::path::Path, tcp: TcpStream) {
-    let conn = UnixStream::connect(path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
-    drop((tcp, conn));
-}
-
-/// Jams every closing thread of the listener at `path` (`srv`), one
-/// lingering socket (for `linger`) each: each jam is handed over once
-/// the threads before it have been stuck for longer than `CLOSE_STALL`,
-/// so that another thread is started to take it. Returns the sockets'
-/// peers (keep them: they never read).
-fn jam_every_closing_thread(
-    srv: &mut SmPlugin,
-    path: &std::path::Path,
-    linger: Duration,
-) -> Vec<TcpListener> {
-    let peers = (0..MAX_CLOSING_THREADS)
-        .map(|_| {
-            let (peer, tcp) = lingering_for(linger);
-            jam_with(path, tcp);
-            settle_for(srv, CLOSE_STALL * 2);
-            peer
-        })
-        .collect();
-    assert_eq!(
-        closing_threads(),
-        MAX_CLOSING_THREADS,
-        "not every closing thread was started"
-    );
-    peers
-}
-
-/// na-sm's closing threads running in this process.
-fn closing_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.trim_end() == "qs-sm-closer")
-        .count()
-}
-
-/// Hellos of 4 socket ends each (`count` of them, or as many as the
-/// listener's queue takes), each refused with its descriptors.
-fn flood(srv: &mut SmPlugin, path: &std::path::Path, count: usize) {
-    for _ in 0..count {
-        let Ok(conn) = UnixStream::connect(path) else {
-            // The accept queue is full: accepts are paused.
-            break;
-        };
-        let (a, b) = UnixStream::pair().unwrap();
-        let (c, d) = UnixStream::pair().unwrap();
-        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
-        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
-        drop((a, b, c, d, conn));
-        srv.progress().unwrap();
-    }
-}
-
-/// Descriptors this process has open.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
 /// One close that never ends (a lingering socket passed in a hello) does
@@ -390,22 +253,4 @@ fn sockets_closed_past_the_bound_are_not_read_out() {
         before_drop.saturating_sub(baseline)
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// An honest client's message to `srv` (at `uri`) arrives within 10 s.
-fn serves_an_honest_client(srv: &mut SmPlugin, dir: &std::path::Path, uri: &str) {
-    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(dir)).unwrap();
-    let to = c.lookup(uri).unwrap();
-    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
-    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(Instant::now() < end, "the honest message never arrived");
-        c.progress().unwrap();
-        srv.progress().unwrap();
-        if let Some(k) = std::iter::from_fn(|| srv.pop_completion()).find(|k| k.op == OpId(1)) {
-            assert_eq!(k.buf.as_deref(), Some(&b"honest"[..]));
-            return;
-        }
-    }
 }
