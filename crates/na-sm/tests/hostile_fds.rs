@@ -7,6 +7,10 @@
 //! leaves it queued on the connection, then closes its own copy: the
 //! listener must refuse the handshake and go on at once (the close
 //! happens on na-sm's closing thread), not block its progress call.
+//!
+//! Each test runs alone in a process of its own ([`jam::alone`]): the
+//! closing threads, their queue and the descriptor table the tests jam
+//! and count are the process's.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
@@ -20,68 +24,70 @@ use na_sm::{SmPlugin, CLOSE_STALL, MAX_PENDING_FDS};
 mod common;
 mod jam;
 use jam::{
-    closing_threads, flood, jam_every_closing_thread, jam_with, lingering_socket, listener, open_fds,
+    alone, closing_threads, flood, jam_every_closing_thread, jam_with, lingering_socket, listener, open_fds,
     serves_an_honest_client, settle_for, settled_refusals, LINGER,
 };
 
 #[test]
 fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
-    let (dir, srv, uri, path) = listener("hostile-fds");
-    // Progress runs on a thread of its own: a blocked close shows as a
-    // call that does not come back.
-    let (to_srv, calls) = mpsc::channel::<()>();
-    let (done, answers) = mpsc::channel();
-    let server = std::thread::spawn(move || {
-        let mut srv = srv;
-        for () in calls {
-            let end = Instant::now() + Duration::from_millis(200);
-            while Instant::now() < end {
-                srv.progress().unwrap();
+    alone("descriptors_whose_close_blocks_do_not_stall_the_listener", || {
+        let (dir, srv, uri, path) = listener("hostile-fds");
+        // Progress runs on a thread of its own: a blocked close shows as a
+        // call that does not come back.
+        let (to_srv, calls) = mpsc::channel::<()>();
+        let (done, answers) = mpsc::channel();
+        let server = std::thread::spawn(move || {
+            let mut srv = srv;
+            for () in calls {
+                let end = Instant::now() + Duration::from_millis(200);
+                while Instant::now() < end {
+                    srv.progress().unwrap();
+                }
+                if done.send(srv.stats().protocol_errors).is_err() {
+                    break;
+                }
             }
-            if done.send(srv.stats().protocol_errors).is_err() {
-                break;
+            srv
+        });
+        let mut kept = Vec::new();
+        let mut errors_before = 0;
+        // 1: the lingering socket passed as the hello's two descriptors.
+        // 2: a garbage hello, then the lingering socket queued behind it.
+        for variant in 1..=2 {
+            let (listener, tcp) = lingering_socket();
+            let conn = UnixStream::connect(&path).unwrap();
+            let fds = [tcp.as_raw_fd(), tcp.as_raw_fd()];
+            if variant == 1 {
+                send_with_fds(conn.as_fd(), b"hello, with a lingering socket", &fds).unwrap();
+            } else {
+                // More than any hello's buffer: the message with the
+                // descriptors stays queued behind what is read, and goes with
+                // the socket when the listener drops it.
+                send_with_fds(conn.as_fd(), &[b'?'; 4096], &[]).unwrap();
+                send_with_fds(conn.as_fd(), b"x", &fds).unwrap();
             }
+            // The listener's copies are now the last: its close would block.
+            drop(tcp);
+            kept.push((listener, conn));
+            to_srv.send(()).unwrap();
+            let t0 = Instant::now();
+            let errors = answers.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
+                panic!("variant {variant}: a progress call blocked on a peer's descriptor")
+            });
+            assert!(t0.elapsed() < LINGER / 2);
+            assert_eq!(
+                errors,
+                errors_before + 1,
+                "variant {variant}: the bad hello went uncounted"
+            );
+            errors_before = errors;
         }
-        srv
+        drop(to_srv);
+        let mut srv = server.join().unwrap();
+        // Still serving: an honest client's message arrives.
+        serves_an_honest_client(&mut srv, &dir, &uri);
+        let _ = std::fs::remove_dir_all(&dir);
     });
-    let mut kept = Vec::new();
-    let mut errors_before = 0;
-    // 1: the lingering socket passed as the hello's two descriptors.
-    // 2: a garbage hello, then the lingering socket queued behind it.
-    for variant in 1..=2 {
-        let (listener, tcp) = lingering_socket();
-        let conn = UnixStream::connect(&path).unwrap();
-        let fds = [tcp.as_raw_fd(), tcp.as_raw_fd()];
-        if variant == 1 {
-            send_with_fds(conn.as_fd(), b"hello, with a lingering socket", &fds).unwrap();
-        } else {
-            // More than any hello's buffer: the message with the
-            // descriptors stays queued behind what is read, and goes with
-            // the socket when the listener drops it.
-            send_with_fds(conn.as_fd(), &[b'?'; 4096], &[]).unwrap();
-            send_with_fds(conn.as_fd(), b"x", &fds).unwrap();
-        }
-        // The listener's copies are now the last: its close would block.
-        drop(tcp);
-        kept.push((listener, conn));
-        to_srv.send(()).unwrap();
-        let t0 = Instant::now();
-        let errors = answers
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|_| panic!("variant {variant}: a progress call blocked on a peer's descriptor"));
-        assert!(t0.elapsed() < LINGER / 2);
-        assert_eq!(
-            errors,
-            errors_before + 1,
-            "variant {variant}: the bad hello went uncounted"
-        );
-        errors_before = errors;
-    }
-    drop(to_srv);
-    let mut srv = server.join().unwrap();
-    // Still serving: an honest client's message arrives.
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A connection the listener never accepted, with a lingering socket
@@ -89,22 +95,27 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
 /// does not wait for that socket's linger time.
 #[test]
 fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
-    let (dir, srv, _, path) = listener("hostile-fds-drop");
-    let (listener, tcp) = lingering_socket();
-    // Queued in the accept queue (no progress call accepts it).
-    let conn = UnixStream::connect(&path).unwrap();
-    send_with_fds(conn.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
-    drop(tcp);
-    let (done, dropped) = mpsc::channel();
-    std::thread::spawn(move || {
-        drop(srv);
-        let _ = done.send(());
-    });
-    dropped
-        .recv_timeout(Duration::from_secs(5))
-        .expect("dropping the plugin blocked on a descriptor queued on an unaccepted connection");
-    drop((listener, conn));
-    let _ = std::fs::remove_dir_all(&dir);
+    alone(
+        "dropping_a_listener_with_unaccepted_descriptors_does_not_block",
+        || {
+            let (dir, srv, _, path) = listener("hostile-fds-drop");
+            let (listener, tcp) = lingering_socket();
+            // Queued in the accept queue (no progress call accepts it).
+            let conn = UnixStream::connect(&path).unwrap();
+            send_with_fds(conn.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
+            drop(tcp);
+            let (done, dropped) = mpsc::channel();
+            std::thread::spawn(move || {
+                drop(srv);
+                let _ = done.send(());
+            });
+            dropped
+                .recv_timeout(Duration::from_secs(5))
+                .expect("dropping the plugin blocked on a descriptor queued on an unaccepted connection");
+            drop((listener, conn));
+            let _ = std::fs::remove_dir_all(&dir);
+        },
+    );
 }
 
 /// One close that never ends (a lingering socket passed in a hello) does
@@ -115,32 +126,37 @@ fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
 /// thread the client was refused until the jamming close ended.)
 #[test]
 fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
-    let (dir, mut srv, uri, path) = listener("hostile-fds-one-jam");
-    settle_for(&mut srv, Duration::from_millis(50));
-    // The jam, for longer than the test.
-    let (_peer, tcp) = lingering_socket();
-    let jammed = Instant::now();
-    jam_with(&path, tcp);
-    settle_for(&mut srv, CLOSE_STALL * 2);
-    flood(&mut srv, &path, 2 * MAX_PENDING_FDS / 4 + 100);
-    // Every flood hello refused before the baseline (on a loaded machine
-    // they are still being refused well after the flood ends).
-    let refused = settled_refusals(&mut srv);
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    assert!(
-        jammed.elapsed() < LINGER / 2,
-        "served only after the jam may have cleared"
+    alone(
+        "handshakes_are_accepted_while_one_closing_thread_is_jammed",
+        || {
+            let (dir, mut srv, uri, path) = listener("hostile-fds-one-jam");
+            settle_for(&mut srv, Duration::from_millis(50));
+            // The jam, for longer than the test.
+            let (_peer, tcp) = lingering_socket();
+            let jammed = Instant::now();
+            jam_with(&path, tcp);
+            settle_for(&mut srv, CLOSE_STALL * 2);
+            flood(&mut srv, &path, 2 * MAX_PENDING_FDS / 4 + 100);
+            // Every flood hello refused before the baseline (on a loaded machine
+            // they are still being refused well after the flood ends).
+            let refused = settled_refusals(&mut srv);
+            serves_an_honest_client(&mut srv, &dir, &uri);
+            assert!(
+                jammed.elapsed() < LINGER / 2,
+                "served only after the jam may have cleared"
+            );
+            assert!(
+                closing_threads() >= 2,
+                "no closing thread was started beside the jammed one"
+            );
+            assert_eq!(
+                srv.stats().handshakes_refused,
+                refused,
+                "the honest client was refused"
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        },
     );
-    assert!(
-        closing_threads() >= 2,
-        "no closing thread was started beside the jammed one"
-    );
-    assert_eq!(
-        srv.stats().handshakes_refused,
-        refused,
-        "the honest client was refused"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A peer that jams every closing thread (lingering sockets) and then
@@ -150,30 +166,35 @@ fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
 /// again.
 #[test]
 fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
-    const JAM: Duration = Duration::from_secs(3);
-    let (dir, mut srv, uri, path) = listener("hostile-fds-jam");
-    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
-    settle(&mut srv);
-    let baseline = open_fds();
-    // The jam.
-    let peers = jam_every_closing_thread(&mut srv, &path, JAM);
-    // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
-    flood(&mut srv, &path, 400);
-    settle(&mut srv);
-    let grown = open_fds().saturating_sub(baseline);
-    assert!(
-        grown < MAX_PENDING_FDS + 200,
-        "{grown} more descriptors open while the closing threads are jammed"
+    alone(
+        "a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table",
+        || {
+            const JAM: Duration = Duration::from_secs(3);
+            let (dir, mut srv, uri, path) = listener("hostile-fds-jam");
+            let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
+            settle(&mut srv);
+            let baseline = open_fds();
+            // The jam.
+            let peers = jam_every_closing_thread(&mut srv, &path, JAM);
+            // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
+            flood(&mut srv, &path, 400);
+            settle(&mut srv);
+            let grown = open_fds().saturating_sub(baseline);
+            assert!(
+                grown < MAX_PENDING_FDS + 200,
+                "{grown} more descriptors open while the closing threads are jammed"
+            );
+            assert!(
+                srv.stats().flow_blocked > 0,
+                "accepts never paused: the jammed threads did not hold the flood"
+            );
+            // The jam clears (the linger time passes): an honest client is served.
+            drop(peers);
+            std::thread::sleep(JAM + Duration::from_millis(500));
+            serves_an_honest_client(&mut srv, &dir, &uri);
+            let _ = std::fs::remove_dir_all(&dir);
+        },
     );
-    assert!(
-        srv.stats().flow_blocked > 0,
-        "accepts never paused: the jammed threads did not hold the flood"
-    );
-    // The jam clears (the linger time passes): an honest client is served.
-    drop(peers);
-    std::thread::sleep(JAM + Duration::from_millis(500));
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A jammed closing thread keeps open only what jammed it and what is
@@ -183,30 +204,35 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
 /// behind the jam, uncounted.)
 #[test]
 fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing_open() {
-    const CLIENTS: usize = 40;
-    let (dir, mut srv, uri, path) = listener("hostile-fds-churn");
-    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(30));
-    // The jam, for longer than the test: the socket's close waits out
-    // LINGER on the closing thread (the test process may end first).
-    let (_peer, tcp) = lingering_socket();
-    jam_with(&path, tcp);
-    settle(&mut srv);
-    // One client first: what a connection keeps for the plugin's lifetime
-    // (if anything) is not a leak.
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    settle(&mut srv);
-    let jammed = open_fds();
-    for _ in 0..CLIENTS {
-        serves_an_honest_client(&mut srv, &dir, &uri);
-        settle(&mut srv);
-    }
-    settle(&mut srv);
-    let grown = open_fds().saturating_sub(jammed);
-    assert!(
-        grown < CLIENTS / 4,
-        "{grown} more descriptors open after {CLIENTS} clients came and went behind a jammed closing thread"
+    alone(
+        "connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing_open",
+        || {
+            const CLIENTS: usize = 40;
+            let (dir, mut srv, uri, path) = listener("hostile-fds-churn");
+            let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(30));
+            // The jam, for longer than the test: the socket's close waits out
+            // LINGER on the closing thread (the test process may end first).
+            let (_peer, tcp) = lingering_socket();
+            jam_with(&path, tcp);
+            settle(&mut srv);
+            // One client first: what a connection keeps for the plugin's lifetime
+            // (if anything) is not a leak.
+            serves_an_honest_client(&mut srv, &dir, &uri);
+            settle(&mut srv);
+            let jammed = open_fds();
+            for _ in 0..CLIENTS {
+                serves_an_honest_client(&mut srv, &dir, &uri);
+                settle(&mut srv);
+            }
+            settle(&mut srv);
+            let grown = open_fds().saturating_sub(jammed);
+            assert!(
+            grown < CLIENTS / 4,
+            "{grown} more descriptors open after {CLIENTS} clients came and went behind a jammed closing thread"
+        );
+            let _ = std::fs::remove_dir_all(&dir);
+        },
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Past the closing queue's bound, a socket being closed is not read out
@@ -216,41 +242,43 @@ fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing
 /// when the plugin is dropped behind jammed, congested closing threads.
 #[test]
 fn sockets_closed_past_the_bound_are_not_read_out() {
-    let (dir, mut srv, _, path) = listener("hostile-fds-bound");
-    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
-    settle(&mut srv);
-    let baseline = open_fds();
-    // The jam, for longer than the test.
-    let _peers = jam_every_closing_thread(&mut srv, &path, LINGER);
-    // Congestion: hellos of 4 socket ends each until the listener stops
-    // taking them (accepts pause past the bound).
-    flood(&mut srv, &path, 100);
-    settle(&mut srv);
-    // Connections left in the accept queue, 256 descriptors queued on each.
-    let (x, _y) = UnixStream::pair().unwrap();
-    let mut queued = Vec::new();
-    for _ in 0..6 {
-        let Ok(conn) = UnixStream::connect(&path) else {
-            break;
-        };
-        // (send_with_fds takes a few at a time: 64 messages of 4.)
-        for _ in 0..64 {
-            let dups: Vec<std::os::fd::OwnedFd> =
-                (0..4).map(|_| x.as_fd().try_clone_to_owned().unwrap()).collect();
-            let raw: Vec<_> = dups.iter().map(|d| d.as_raw_fd()).collect();
-            send_with_fds(conn.as_fd(), b"h", &raw).unwrap();
+    alone("sockets_closed_past_the_bound_are_not_read_out", || {
+        let (dir, mut srv, _, path) = listener("hostile-fds-bound");
+        let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
+        settle(&mut srv);
+        let baseline = open_fds();
+        // The jam, for longer than the test.
+        let _peers = jam_every_closing_thread(&mut srv, &path, LINGER);
+        // Congestion: hellos of 4 socket ends each until the listener stops
+        // taking them (accepts pause past the bound).
+        flood(&mut srv, &path, 100);
+        settle(&mut srv);
+        // Connections left in the accept queue, 256 descriptors queued on each.
+        let (x, _y) = UnixStream::pair().unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..6 {
+            let Ok(conn) = UnixStream::connect(&path) else {
+                break;
+            };
+            // (send_with_fds takes a few at a time: 64 messages of 4.)
+            for _ in 0..64 {
+                let dups: Vec<std::os::fd::OwnedFd> =
+                    (0..4).map(|_| x.as_fd().try_clone_to_owned().unwrap()).collect();
+                let raw: Vec<_> = dups.iter().map(|d| d.as_raw_fd()).collect();
+                send_with_fds(conn.as_fd(), b"h", &raw).unwrap();
+            }
+            queued.push(conn);
         }
-        queued.push(conn);
-    }
-    assert!(queued.len() >= 2, "no connection could be queued");
-    drop(queued);
-    let before_drop = open_fds();
-    drop(srv);
-    let grown = open_fds().saturating_sub(baseline);
-    assert!(
-        grown < MAX_PENDING_FDS + 200,
-        "{grown} more descriptors open after dropping the plugin (before the drop: {})",
-        before_drop.saturating_sub(baseline)
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+        assert!(queued.len() >= 2, "no connection could be queued");
+        drop(queued);
+        let before_drop = open_fds();
+        drop(srv);
+        let grown = open_fds().saturating_sub(baseline);
+        assert!(
+            grown < MAX_PENDING_FDS + 200,
+            "{grown} more descriptors open after dropping the plugin (before the drop: {})",
+            before_drop.saturating_sub(baseline)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    });
 }
