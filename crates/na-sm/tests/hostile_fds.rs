@@ -2,16 +2,21 @@
 //!
 //! Closing a descriptor runs its file's release when ours is the last
 //! reference, and some releases wait: a TCP socket with `SO_LINGER` and
-//! unsent data waits out its linger time. A hostile connector passes such
-//! a socket (in place of the memfd and eventfd a hello carries), or
-//! leaves it queued on the connection, then closes its own copy: the
-//! listener must refuse the handshake and go on at once (the close
-//! happens on na-sm's closing thread), not block its progress call.
+//! unsent data waits out its linger time. Passed directly, such a socket
+//! no longer waits (na-sm sets the sockets it discards to abort at their
+//! close); left in flight inside a passed UNIX socket, it still does, when
+//! that socket is closed ([`jam::blocking_close`]: the jam these tests
+//! use). A hostile connector passes such a descriptor (in place of the
+//! memfd and eventfd a hello carries), or leaves it queued on the
+//! connection, then closes its own copy: the listener must refuse the
+//! handshake and go on at once (the close happens on na-sm's closing
+//! threads), not block its progress call.
 //!
 //! Each test runs alone in a process of its own ([`jam::alone`]): the
 //! closing threads, their queue and the descriptor table the tests jam
 //! and count are the process's.
 
+use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
@@ -24,8 +29,8 @@ use na_sm::{SmPlugin, CLOSE_STALL, MAX_PENDING_FDS};
 mod common;
 mod jam;
 use jam::{
-    alone, closing_threads, flood, jam_every_closing_thread, jam_with, lingering_socket, listener, open_fds,
-    serves_an_honest_client, settle_for, settled_refusals, LINGER,
+    alone, blocking_close, closing_threads, flood, jam_every_closing_thread, jam_with, lingering_socket,
+    listener, open_fds, serves_an_honest_client, settle_for, settled_refusals, LINGER,
 };
 
 #[test]
@@ -51,14 +56,14 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
         });
         let mut kept = Vec::new();
         let mut errors_before = 0;
-        // 1: the lingering socket passed as the hello's two descriptors.
-        // 2: a garbage hello, then the lingering socket queued behind it.
+        // 1: the jam passed as the hello's two descriptors.
+        // 2: a garbage hello, then the jam queued behind it.
         for variant in 1..=2 {
-            let (listener, tcp) = lingering_socket();
+            let (listener, jam) = blocking_close();
             let conn = UnixStream::connect(&path).unwrap();
-            let fds = [tcp.as_raw_fd(), tcp.as_raw_fd()];
+            let fds = [jam.as_raw_fd(), jam.as_raw_fd()];
             if variant == 1 {
-                send_with_fds(conn.as_fd(), b"hello, with a lingering socket", &fds).unwrap();
+                send_with_fds(conn.as_fd(), b"hello, with a jam", &fds).unwrap();
             } else {
                 // More than any hello's buffer: the message with the
                 // descriptors stays queued behind what is read, and goes with
@@ -67,7 +72,7 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
                 send_with_fds(conn.as_fd(), b"x", &fds).unwrap();
             }
             // The listener's copies are now the last: its close would block.
-            drop(tcp);
+            drop(jam);
             kept.push((listener, conn));
             to_srv.send(()).unwrap();
             let t0 = Instant::now();
@@ -90,20 +95,59 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
     });
 }
 
-/// A connection the listener never accepted, with a lingering socket
-/// queued on it, goes when the listener is closed: dropping the plugin
-/// does not wait for that socket's linger time.
+/// A lingering TCP socket passed directly, the cheapest jam, holds no
+/// closing thread: the thread sets it to abort at its close, so the
+/// connection is reset at once instead of waiting out the linger time
+/// (with the thread stuck, a hand-off behind it started a second one,
+/// and the peer saw the connection end with a FIN once it read it all).
+#[test]
+fn a_passed_lingering_socket_is_reset_not_waited_for() {
+    alone("a_passed_lingering_socket_is_reset_not_waited_for", || {
+        let (dir, mut srv, _, path) = listener("hostile-fds-abort");
+        settle_for(&mut srv, Duration::from_millis(50));
+        let (peer, tcp) = lingering_socket();
+        let (mut theirs, _) = peer.accept().unwrap();
+        let conn = UnixStream::connect(&path).unwrap();
+        send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
+        drop((tcp, conn));
+        settle_for(&mut srv, CLOSE_STALL * 3);
+        // A hand-off behind it: another thread if the first were stuck.
+        flood(&mut srv, &path, 1);
+        settle_for(&mut srv, CLOSE_STALL);
+        assert_eq!(
+            closing_threads(),
+            1,
+            "the lingering socket held its closing thread"
+        );
+        theirs.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < end, "the connection was neither reset nor ended");
+            match theirs.read(&mut buf) {
+                Ok(0) => panic!("the connection ended with a FIN: its close waited for the data to go"),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("reading the peer's end: {e}"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// A connection the listener never accepted, with a jam queued on it, goes when the listener is closed: dropping the plugin
+/// does not wait for the jam's close.
 #[test]
 fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
     alone(
         "dropping_a_listener_with_unaccepted_descriptors_does_not_block",
         || {
             let (dir, srv, _, path) = listener("hostile-fds-drop");
-            let (listener, tcp) = lingering_socket();
+            let (listener, jam) = blocking_close();
             // Queued in the accept queue (no progress call accepts it).
             let conn = UnixStream::connect(&path).unwrap();
-            send_with_fds(conn.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
-            drop(tcp);
+            send_with_fds(conn.as_fd(), b"x", &[jam.as_raw_fd()]).unwrap();
+            drop(jam);
             let (done, dropped) = mpsc::channel();
             std::thread::spawn(move || {
                 drop(srv);
@@ -118,7 +162,7 @@ fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
     );
 }
 
-/// One close that never ends (a lingering socket passed in a hello) does
+/// One close that never ends (a jam passed in a hello) does
 /// not refuse handshakes: once its closing thread has been stuck for
 /// `CLOSE_STALL`, another takes the queue on, so a flood of descriptors
 /// behind the jam (more than `MAX_PENDING_FDS`) does not congest it, and
@@ -132,9 +176,9 @@ fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
             let (dir, mut srv, uri, path) = listener("hostile-fds-one-jam");
             settle_for(&mut srv, Duration::from_millis(50));
             // The jam, for longer than the test.
-            let (_peer, tcp) = lingering_socket();
+            let (_peer, jam) = blocking_close();
             let jammed = Instant::now();
-            jam_with(&path, tcp);
+            jam_with(&path, jam);
             settle_for(&mut srv, CLOSE_STALL * 2);
             flood(&mut srv, &path, 2 * MAX_PENDING_FDS / 4 + 100);
             // Every flood hello refused before the baseline (on a loaded machine
@@ -159,7 +203,7 @@ fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
     );
 }
 
-/// A peer that jams every closing thread (lingering sockets) and then
+/// A peer that jams every closing thread and then
 /// sends hello after hello with descriptors cannot fill our descriptor
 /// table: past `MAX_PENDING_FDS` waiting to be closed the listener refuses
 /// handshakes unread and pauses accepts; once the jam clears, it serves
@@ -212,8 +256,8 @@ fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing
             let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(30));
             // The jam, for longer than the test: the socket's close waits out
             // LINGER on the closing thread (the test process may end first).
-            let (_peer, tcp) = lingering_socket();
-            jam_with(&path, tcp);
+            let (_peer, jam) = blocking_close();
+            jam_with(&path, jam);
             settle(&mut srv);
             // One client first: what a connection keeps for the plugin's lifetime
             // (if anything) is not a leak.

@@ -1,5 +1,5 @@
 //! What the tests of hostile descriptors share: descriptors whose last
-//! close blocks, jamming na-sm's closing threads with them, flooding a
+//! close blocks ([`blocking_close`]), jamming na-sm's closing threads with them, flooding a
 //! listener with refused descriptors, and counting what this process has
 //! open.
 //!
@@ -22,7 +22,7 @@ use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS};
 
 use crate::common::private_dir;
 
-/// How long a close of [`lingering_socket`] would block.
+/// How long a close of [`lingering_socket`] (or [`blocking_close`]) would block.
 pub const LINGER: Duration = Duration::from_secs(20);
 
 /// Set in the process [`alone`] starts for one test.
@@ -122,25 +122,43 @@ pub fn settle_for(srv: &mut SmPlugin, time: Duration) {
     }
 }
 
+/// A descriptor whose last close blocks for [`LINGER`] although na-sm
+/// sets the sockets it discards to abort at their close: a UNIX socket
+/// with a [`lingering_socket`] in flight on it (queued, never read), whose
+/// close releases that socket's last reference. Also returns the TCP
+/// socket's peer (keep it: it never reads).
+pub fn blocking_close() -> (TcpListener, UnixStream) {
+    blocking_close_for(LINGER)
+}
+
+/// [`blocking_close`], blocking for `linger`.
+pub fn blocking_close_for(linger: Duration) -> (TcpListener, UnixStream) {
+    let (peer, tcp) = lingering_for(linger);
+    let (carrier, other) = UnixStream::pair().unwrap();
+    send_with_fds(other.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
+    drop((tcp, other));
+    (peer, carrier)
+}
+
 /// Jams a closing thread of the listener at `path`: a hello carrying
-/// `tcp`, a lingering socket whose last close (ours, once the listener
-/// refuses the hello) waits out its linger time.
-pub fn jam_with(path: &Path, tcp: TcpStream) {
+/// `jam` (a [`blocking_close`] descriptor), whose last close (ours, once
+/// the listener refuses the hello) blocks.
+pub fn jam_with(path: &Path, jam: UnixStream) {
     let conn = UnixStream::connect(path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
-    drop((tcp, conn));
+    send_with_fds(conn.as_fd(), b"hello", &[jam.as_raw_fd()]).unwrap();
+    drop((jam, conn));
 }
 
 /// Jams every closing thread of the listener at `path` (`srv`), one
-/// lingering socket (for `linger`) each: each jam is handed over once
-/// the threads before it have been stuck for longer than `CLOSE_STALL`,
-/// so that another thread is started to take it. Returns the sockets'
-/// peers (keep them: they never read).
+/// [`blocking_close_for`] `linger` each: each jam is handed over once the
+/// threads before it have been stuck for longer than `CLOSE_STALL`, so
+/// that another thread is started to take it. Returns the lingering
+/// sockets' peers (keep them: they never read).
 pub fn jam_every_closing_thread(srv: &mut SmPlugin, path: &Path, linger: Duration) -> Vec<TcpListener> {
     let peers = (0..MAX_CLOSING_THREADS)
         .map(|_| {
-            let (peer, tcp) = lingering_for(linger);
-            jam_with(path, tcp);
+            let (peer, jam) = blocking_close_for(linger);
+            jam_with(path, jam);
             settle_for(srv, CLOSE_STALL * 2);
             peer
         })
