@@ -552,8 +552,6 @@ mod tests {
         assert!(peer_closed(queued.as_fd()).unwrap(), "its listener closed");
     }
 
-    /// What a hello may carry passes the screen; what may block or run
-    /// driver code at its last close does not.
     /// Only a socket is set to abort at its close, with linger {on, 0}.
     #[test]
     fn abort_at_close_sets_sockets_only() {
@@ -582,6 +580,8 @@ mod tests {
         assert!(!abort_at_close(ev.as_fd()), "an eventfd");
     }
 
+    /// What a hello may carry passes the screen; what may block or run
+    /// driver code at its last close does not.
     #[test]
     fn only_memfds_pipes_and_eventfds_are_harmless_to_close() {
         let memfd = crate::sys::shm::SharedRegion::create("screen-test", 4096).unwrap();

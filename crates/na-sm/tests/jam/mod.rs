@@ -34,7 +34,9 @@ const ALONE_ENV: &str = "QS_SM_TEST_ALONE";
 /// one test's jammed closing threads and open descriptors are the
 /// others'). Fails with the process's output if the test failed there.
 pub fn alone(test: &str, body: impl FnOnce()) {
-    if std::env::var_os(ALONE_ENV).is_some() {
+    // nextest runs each test in a process of its own already.
+    let per_process = std::env::var("NEXTEST_EXECUTION_MODE").is_ok_and(|m| m == "process-per-test");
+    if per_process || std::env::var_os(ALONE_ENV).is_some() {
         return body();
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
