@@ -99,7 +99,9 @@ fn temp_path(dir: &Path, name: &SmName) -> PathBuf {
 /// whose owner is dead) is removed with its socket, under its lock, and the
 /// claim tried again; one whose lock stays held for [`CLAIM_WAIT`] (tried
 /// again and again, with pauses of up to 50 ms) means the name is in use:
-/// `AddrInUse`, saying what the owner file names.
+/// `AddrInUse`, saying what the owner file names. So does something there
+/// that cannot be opened as an owner file (a FIFO, a link), whose owner
+/// cannot be judged: the error says which of the two it was.
 pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
     let owner = name.owner_path(dir);
     let err = |source| SmError::Listen {
@@ -109,27 +111,27 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
     let deadline = Instant::now() + CLAIM_WAIT;
     let mut pause = CLAIM_PAUSE.0;
     // What held us up last: a claim of the name in progress (its
-    // temporary file), or the owner file's lock.
-    let claiming = loop {
+    // temporary file, `None`), or why the owner file's owner was kept.
+    let kept = loop {
         // Whether to try again at once: a dead owner's files went.
-        let (claiming, removed) = match try_claim(dir, name).map_err(err)? {
+        let (kept, removed) = match try_claim(dir, name).map_err(err)? {
             Claim::Ours(file) => return Ok(file),
-            Claim::Retry => (true, false),
+            Claim::Retry => (None, false),
             Claim::Taken => match judge(&owner, name) {
-                Verdict::Alive => (false, false),
+                Verdict::Alive(kept) => (Some(kept), false),
                 Verdict::Dead(held) => {
                     let files = [name.socket_path(dir), owner.clone()];
                     let removed = remove_dead(held.as_ref(), &owner, &files)?;
                     if let Some(removed) = &removed {
                         tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's files to take its name");
                     }
-                    (false, removed.is_some())
+                    (None, removed.is_some())
                 }
             },
         };
         let now = Instant::now();
         if now >= deadline {
-            break claiming;
+            break kept;
         }
         if !removed {
             std::thread::sleep(pause.min(deadline - now));
@@ -137,17 +139,31 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
         }
     };
     tracing::warn!(name = %name.uri(), dir = %dir.display(), "sm instance name in use: refused");
-    let held = if claiming {
-        format!(
+    let owner_shown = owner.display();
+    let held = match kept {
+        None => format!(
             "another claim of the name held its temporary owner file {} for {CLAIM_WAIT:?}",
             temp_path(dir, name).display()
-        )
-    } else {
-        format!(
-            "its owner file {} stayed locked for {CLAIM_WAIT:?}; {}",
-            owner.display(),
+        ),
+        Some(Kept::Locked) => format!(
+            "its owner file {owner_shown} stayed locked for {CLAIM_WAIT:?}; {}",
             lock_holder(&owner)
-        )
+        ),
+        Some(Kept::Unopenable) => format!(
+            "its owner file {owner_shown} could not be opened as a regular file (something else \
+             is there, such as a FIFO or a link, or this process is out of descriptors), so its \
+             owner cannot be judged dead"
+        ),
+        Some(Kept::NoLock) => format!(
+            "its owner file {owner_shown} could not be locked (no flock on this file system) and \
+             holds no owner line of a version judged by pid; {}",
+            lock_holder(&owner)
+        ),
+        Some(Kept::LivePid) => format!(
+            "its owner file {owner_shown} (of a version without a lock, or unreadable) names a \
+             live process; {}",
+            lock_holder(&owner)
+        ),
     };
     Err(err(io::Error::new(
         io::ErrorKind::AddrInUse,
@@ -309,10 +325,24 @@ fn read_owner(f: &File) -> Option<OwnerLine> {
 #[derive(Debug)]
 enum Verdict {
     /// The owner may be alive: keep its files.
-    Alive,
+    Alive(Kept),
     /// The owner is dead. With the judged file, open and locked by us: a
     /// removal first checks that the path still names it.
     Dead(Option<File>),
+}
+
+/// Why an owner was judged [`Verdict::Alive`]: what a refused claim says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// Its owner file is locked.
+    Locked,
+    /// Something is there that cannot be opened or is no regular file (a
+    /// FIFO, a link, or we are out of descriptors).
+    Unopenable,
+    /// No lock to go by (flock failed) and no version-1 owner line.
+    NoLock,
+    /// Judged by pid: a live process has it.
+    LivePid,
 }
 
 /// Judges the owner of `path`, a file of `name`'s group: by its lock if it
@@ -327,18 +357,18 @@ fn judge(path: &Path, name: &SmName) -> Verdict {
         Err(true) => return judge_by_pid(name, None, None),
         // Something we cannot open or read (out of descriptors, a FIFO):
         // never a reason to remove a live owner's files.
-        Err(false) => return Verdict::Alive,
+        Err(false) => return Verdict::Alive(Kept::Unopenable),
     };
     match lock::try_lock_exclusive(&file) {
         Ok(true) => {}
-        Ok(false) => return Verdict::Alive,
+        Ok(false) => return Verdict::Alive(Kept::Locked),
         Err(e) => {
             // No lock to go by (a file system without flock): a version-2
             // owner cannot be judged.
             tracing::debug!(path = %path.display(), error = %e, "flock on an owner file failed");
             return match read_owner(&file) {
                 Some(line) if line.version == 1 => judge_by_pid(name, Some(line), None),
-                _ => Verdict::Alive,
+                _ => Verdict::Alive(Kept::NoLock),
             };
         }
     }
@@ -359,9 +389,9 @@ const TEMP_STALE: Duration = Duration::from_secs(5);
 /// for as long as that pid lives, and with it refuse the name).
 fn judge_temp(path: &Path, name: &SmName) -> Verdict {
     match judge(path, name) {
-        Verdict::Alive => {
+        Verdict::Alive(kept) => {
             let Ok(f) = open_owner(path) else {
-                return Verdict::Alive;
+                return Verdict::Alive(kept);
             };
             let stale = f
                 .metadata()
@@ -372,7 +402,7 @@ fn judge_temp(path: &Path, name: &SmName) -> Verdict {
             if stale && lock::try_lock_exclusive(&f).unwrap_or(false) && read_owner(&f).is_none() {
                 Verdict::Dead(Some(f))
             } else {
-                Verdict::Alive
+                Verdict::Alive(kept)
             }
         }
         dead => dead,
@@ -393,7 +423,7 @@ fn judge_by_pid(name: &SmName, line: Option<OwnerLine>, file: Option<File>) -> V
     if dead {
         Verdict::Dead(file)
     } else {
-        Verdict::Alive
+        Verdict::Alive(Kept::LivePid)
     }
 }
 
@@ -550,7 +580,7 @@ fn sweep(name: &SmName, judged: &Path, files: Vec<PathBuf>, report: &mut Cleanup
             }
             None => report.kept.extend(files),
         },
-        Verdict::Alive => {
+        Verdict::Alive(_) => {
             tracing::debug!(name = %name.uri(), files = ?files, "kept a live owner's sm files");
             report.kept.extend(files);
         }

@@ -252,6 +252,17 @@ impl SmPlugin {
             return Err(handshake(pid_mismatch(cred.pid, name.pid)));
         }
         let start = PeerStart::read(sock.as_fd(), cred.pid);
+        // A listener that refused us as it accepted (and closed at once)
+        // is not gone, nor unidentified: its reason is the lookup's.
+        let refused = |reason: String| SmError::PeerGone {
+            peer: uri.clone(),
+            reason: format!("refused the connection: {reason}"),
+        };
+        if matches!(start, PeerStart::Unknown(_)) {
+            if let Some(reason) = queued_refusal(sock.as_fd()) {
+                return Err(refused(reason));
+            }
+        }
         let serial = self.next_serial;
         self.next_serial += 1;
         // Before anything else is set up: a listener that is gone (or
@@ -268,8 +279,11 @@ impl SmPlugin {
             .map(|f| f.as_raw_fd())
             .ok_or_else(|| handshake("region has no descriptor".into()))?;
         let fds = [region_fd, my_wake.fd_for_peer()];
-        let n = send_with_fds(sock.as_fd(), &hello, &fds)
-            .map_err(|e| handshake(format!("sending hello: {e}")))?;
+        let n =
+            send_with_fds(sock.as_fd(), &hello, &fds).map_err(|e| match queued_refusal(sock.as_fd()) {
+                Some(reason) => refused(reason),
+                None => handshake(format!("sending hello: {e}")),
+            })?;
         region.close_fd();
         if n != hello.len() {
             return Err(handshake(format!(
@@ -853,4 +867,14 @@ impl SmPlugin {
         }
         Ok(())
     }
+}
+
+/// The reason of the refusal a listener queued on `sock` (our end of a
+/// connection it closed) before closing it, if that is what comes first
+/// there. Read, not peeked: the caller fails the lookup, and the socket's
+/// drop reads out the rest. Does not wait.
+fn queued_refusal(sock: BorrowedFd<'_>) -> Option<String> {
+    let mut buf = [0u8; REFUSAL_MAGIC.len() + MAX_REFUSAL];
+    let (r, _) = recv_screened(sock, &mut buf).ok()?;
+    refusal_reason(&buf[..r.len])
 }

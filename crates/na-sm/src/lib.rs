@@ -45,7 +45,9 @@
 //! `PeerGone` saying why). Of the [`MAX_PENDING_HANDSHAKES`] accepted
 //! connections that may wait for their hello at once (past that the
 //! listener pauses), one process may hold [`MAX_PENDING_PER_PROCESS`];
-//! its connections past it are refused as they are accepted. One pass over
+//! its connections past it are refused as they are accepted (a refusal
+//! that comes before the lookup is done fails the lookup, with the same
+//! `PeerGone` and reason). One pass over
 //! the listener accepts at most [`MAX_ACCEPTS_PER_CALL`] connections (a
 //! progress call makes a few passes at most); the next calls take the
 //! rest, and the plugin does not sleep while some may wait.

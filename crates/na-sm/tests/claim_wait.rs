@@ -113,3 +113,30 @@ fn a_lock_held_for_good_refuses_the_listen_within_the_bound() {
     drop(held);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Something at the owner file's path that cannot be opened as one (a
+/// symbolic link: owner files are opened with `O_NOFOLLOW`) refuses the
+/// listen too, and the error says so rather than that the file stayed
+/// locked.
+#[test]
+fn an_owner_file_that_cannot_be_opened_is_named_as_such() {
+    let dir = private_dir("claim-unopenable");
+    let owner = dir.join(format!("{}-odd.owner", std::process::id()));
+    std::os::unix::fs::symlink("/dev/null", &owner).unwrap();
+    let e = match listen_as(&dir, "odd") {
+        Ok(_) => panic!("listened under a name whose owner file cannot be opened"),
+        Err(e) => e,
+    };
+    let SmError::Listen { source, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    let text = e.to_string();
+    assert!(text.contains("could not be opened as a regular file"), "{text}");
+    assert!(!text.contains("stayed locked"), "{text}");
+    assert!(
+        owner.symlink_metadata().unwrap().file_type().is_symlink(),
+        "the link was touched"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,249 +2,167 @@
 //!
 //! Closing a descriptor runs its file's release when ours is the last
 //! reference, and some releases wait: a TCP socket with `SO_LINGER` and
-//! unsent data waits out its linger time. A hostile connector passes such
-//! a socket (in place of the memfd and eventfd a hello carries), or
-//! leaves it queued on the connection, then closes its own copy: the
-//! listener must refuse the handshake and go on at once (the close
-//! happens on na-sm's closing thread), not block its progress call.
+//! unsent data waits out its linger time. Passed directly, such a socket
+//! no longer waits (na-sm sets the sockets it discards to abort at their
+//! close); left in flight inside a passed UNIX socket, it still does, when
+//! that socket is closed ([`jam::blocking_close`]: the jam these tests
+//! use). A hostile connector passes such a descriptor (in place of the
+//! memfd and eventfd a hello carries), or leaves it queued on the
+//! connection, then closes its own copy: the listener must refuse the
+//! handshake and go on at once (the close happens on na-sm's closing
+//! threads), not block its progress call.
+//!
+//! Each test runs alone in a process of its own ([`jam::alone`]): the
+//! closing threads, their queue and the descriptor table the tests jam
+//! and count are the process's.
 
-use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use na_core::{OpId, Plugin, PluginId};
+use na_core::Plugin;
 use na_sm::sys::socket::send_with_fds;
-use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS, MAX_PENDING_FDS};
+use na_sm::{SmPlugin, CLOSE_STALL, MAX_PENDING_FDS};
 
 mod common;
-use common::private_dir;
-
-/// How long a close of the socket below would block.
-const LINGER: Duration = Duration::from_secs(20);
-
-/// A loopback TCP connection whose peer never reads, its send queue full,
-/// with `SO_LINGER` on: its last close waits up to `LINGER`.
-fn lingering_socket() -> (TcpListener, TcpStream) {
-    lingering_for(LINGER)
-}
-
-fn lingering_for(linger: Duration) -> (TcpListener, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    s.set_nonblocking(true).unwrap();
-    let chunk = vec![0u8; 1 << 16];
-    loop {
-        match s.write(&chunk) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("filling the socket: {e}"),
-        }
-    }
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: linger.as_secs() as libc::c_int,
-    };
-    // SAFETY (test): `linger` is live and its size is passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "SO_LINGER");
-    (listener, s)
-}
-
-/// A listening plugin in a new private directory named by `tag`: (the
-/// directory, the plugin, its URI, its socket's path).
-fn listener(tag: &str) -> (PathBuf, SmPlugin, String, PathBuf) {
-    let dir = private_dir(tag);
-    let srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let uri = srv.self_addr().uri().to_owned();
-    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
-    (dir, srv, uri, path)
-}
+mod jam;
+use jam::{
+    alone, blocking_close, closing_threads, flood, jam_every_closing_thread, jam_with, lingering_socket,
+    listener, open_fds, serves_an_honest_client, settle_for, settled_refusals, LINGER,
+};
 
 #[test]
 fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
-    let (dir, srv, uri, path) = listener("hostile-fds");
-    // Progress runs on a thread of its own: a blocked close shows as a
-    // call that does not come back.
-    let (to_srv, calls) = mpsc::channel::<()>();
-    let (done, answers) = mpsc::channel();
-    let server = std::thread::spawn(move || {
-        let mut srv = srv;
-        for () in calls {
-            let end = Instant::now() + Duration::from_millis(200);
-            while Instant::now() < end {
-                srv.progress().unwrap();
+    alone("descriptors_whose_close_blocks_do_not_stall_the_listener", || {
+        let (dir, srv, uri, path) = listener("hostile-fds");
+        // Progress runs on a thread of its own: a blocked close shows as a
+        // call that does not come back.
+        let (to_srv, calls) = mpsc::channel::<()>();
+        let (done, answers) = mpsc::channel();
+        let server = std::thread::spawn(move || {
+            let mut srv = srv;
+            for () in calls {
+                let end = Instant::now() + Duration::from_millis(200);
+                while Instant::now() < end {
+                    srv.progress().unwrap();
+                }
+                if done.send(srv.stats().protocol_errors).is_err() {
+                    break;
+                }
             }
-            if done.send(srv.stats().protocol_errors).is_err() {
-                break;
+            srv
+        });
+        let mut kept = Vec::new();
+        let mut errors_before = 0;
+        // 1: the jam passed as the hello's two descriptors.
+        // 2: a garbage hello, then the jam queued behind it.
+        for variant in 1..=2 {
+            let (listener, jam) = blocking_close();
+            let conn = UnixStream::connect(&path).unwrap();
+            let fds = [jam.as_raw_fd(), jam.as_raw_fd()];
+            if variant == 1 {
+                send_with_fds(conn.as_fd(), b"hello, with a jam", &fds).unwrap();
+            } else {
+                // More than any hello's buffer: the message with the
+                // descriptors stays queued behind what is read, and goes with
+                // the socket when the listener drops it.
+                send_with_fds(conn.as_fd(), &[b'?'; 4096], &[]).unwrap();
+                send_with_fds(conn.as_fd(), b"x", &fds).unwrap();
             }
+            // The listener's copies are now the last: its close would block.
+            drop(jam);
+            kept.push((listener, conn));
+            to_srv.send(()).unwrap();
+            let t0 = Instant::now();
+            let errors = answers.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
+                panic!("variant {variant}: a progress call blocked on a peer's descriptor")
+            });
+            assert!(t0.elapsed() < LINGER / 2);
+            assert_eq!(
+                errors,
+                errors_before + 1,
+                "variant {variant}: the bad hello went uncounted"
+            );
+            errors_before = errors;
         }
-        srv
+        drop(to_srv);
+        let mut srv = server.join().unwrap();
+        // Still serving: an honest client's message arrives.
+        serves_an_honest_client(&mut srv, &dir, &uri);
+        let _ = std::fs::remove_dir_all(&dir);
     });
-    let mut kept = Vec::new();
-    let mut errors_before = 0;
-    // 1: the lingering socket passed as the hello's two descriptors.
-    // 2: a garbage hello, then the lingering socket queued behind it.
-    for variant in 1..=2 {
-        let (listener, tcp) = lingering_socket();
-        let conn = UnixStream::connect(&path).unwrap();
-        let fds = [tcp.as_raw_fd(), tcp.as_raw_fd()];
-        if variant == 1 {
-            send_with_fds(conn.as_fd(), b"hello, with a lingering socket", &fds).unwrap();
-        } else {
-            // More than any hello's buffer: the message with the
-            // descriptors stays queued behind what is read, and goes with
-            // the socket when the listener drops it.
-            send_with_fds(conn.as_fd(), &[b'?'; 4096], &[]).unwrap();
-            send_with_fds(conn.as_fd(), b"x", &fds).unwrap();
-        }
-        // The listener's copies are now the last: its close would block.
-        drop(tcp);
-        kept.push((listener, conn));
-        to_srv.send(()).unwrap();
-        let t0 = Instant::now();
-        let errors = answers
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|_| panic!("variant {variant}: a progress call blocked on a peer's descriptor"));
-        assert!(t0.elapsed() < LINGER / 2);
-        assert_eq!(
-            errors,
-            errors_before + 1,
-            "variant {variant}: the bad hello went uncounted"
-        );
-        errors_before = errors;
-    }
-    drop(to_srv);
-    let mut srv = server.join().unwrap();
-    // Still serving: an honest client's message arrives.
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A connection the listener never accepted, with a lingering socket
-/// queued on it, goes when the listener is closed: dropping the plugin
-/// does not wait for that socket's linger time.
+/// A lingering TCP socket passed directly, the cheapest jam, holds no
+/// closing thread: the thread sets it to abort at its close, so the
+/// connection is reset at once instead of waiting out the linger time
+/// (with the thread stuck, a hand-off behind it started a second one,
+/// and the peer saw the connection end with a FIN once it read it all).
+#[test]
+fn a_passed_lingering_socket_is_reset_not_waited_for() {
+    alone("a_passed_lingering_socket_is_reset_not_waited_for", || {
+        let (dir, mut srv, _, path) = listener("hostile-fds-abort");
+        settle_for(&mut srv, Duration::from_millis(50));
+        let (peer, tcp) = lingering_socket();
+        let (mut theirs, _) = peer.accept().unwrap();
+        let conn = UnixStream::connect(&path).unwrap();
+        send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
+        drop((tcp, conn));
+        settle_for(&mut srv, CLOSE_STALL * 3);
+        // A hand-off behind it: another thread if the first were stuck.
+        flood(&mut srv, &path, 1);
+        settle_for(&mut srv, CLOSE_STALL);
+        assert_eq!(
+            closing_threads(),
+            1,
+            "the lingering socket held its closing thread"
+        );
+        theirs.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < end, "the connection was neither reset nor ended");
+            match theirs.read(&mut buf) {
+                Ok(0) => panic!("the connection ended with a FIN: its close waited for the data to go"),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("reading the peer's end: {e}"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// A connection the listener never accepted, with a jam queued on it, goes when the listener is closed: dropping the plugin
+/// does not wait for the jam's close.
 #[test]
 fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
-    let (dir, srv, _, path) = listener("hostile-fds-drop");
-    let (listener, tcp) = lingering_socket();
-    // Queued in the accept queue (no progress call accepts it).
-    let conn = UnixStream::connect(&path).unwrap();
-    send_with_fds(conn.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
-    drop(tcp);
-    let (done, dropped) = mpsc::channel();
-    std::thread::spawn(move || {
-        drop(srv);
-        let _ = done.send(());
-    });
-    dropped
-        .recv_timeout(Duration::from_secs(5))
-        .expect("dropping the plugin blocked on a descriptor queued on an unaccepted connection");
-    drop((listener, conn));
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Progresses `srv` until its count of refused handshakes has not moved
-/// for 200 ms (at most 10 s), and returns it.
-fn settled_refusals(srv: &mut SmPlugin) -> u64 {
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut last = srv.stats().handshakes_refused;
-    loop {
-        settle_for(srv, Duration::from_millis(200));
-        let now = srv.stats().handshakes_refused;
-        if now == last || Instant::now() > end {
-            return now;
-        }
-        last = now;
-    }
-}
-
-/// Progresses `srv` for `time`.
-fn settle_for(srv: &mut SmPlugin, time: Duration) {
-    let end = Instant::now() + time;
-    while Instant::now() < end {
-        srv.progress().unwrap();
-    }
-}
-
-/// Jams the closing thread of the listener at `path`: a hello carrying
-/// `tcp`, a lingering socket whose last close (ours, once the listener
-/// refuses the hello) waits out its linger time.
-fn jam_with(path: &std::path::Path, tcp: TcpStream) {
-    let conn = UnixStream::connect(path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
-    drop((tcp, conn));
-}
-
-/// Jams every closing thread of the listener at `path` (`srv`), one
-/// lingering socket (for `linger`) each: each jam is handed over once
-/// the threads before it have been stuck for longer than `CLOSE_STALL`,
-/// so that another thread is started to take it. Returns the sockets'
-/// peers (keep them: they never read).
-fn jam_every_closing_thread(
-    srv: &mut SmPlugin,
-    path: &std::path::Path,
-    linger: Duration,
-) -> Vec<TcpListener> {
-    let peers = (0..MAX_CLOSING_THREADS)
-        .map(|_| {
-            let (peer, tcp) = lingering_for(linger);
-            jam_with(path, tcp);
-            settle_for(srv, CLOSE_STALL * 2);
-            peer
-        })
-        .collect();
-    assert_eq!(
-        closing_threads(),
-        MAX_CLOSING_THREADS,
-        "not every closing thread was started"
+    alone(
+        "dropping_a_listener_with_unaccepted_descriptors_does_not_block",
+        || {
+            let (dir, srv, _, path) = listener("hostile-fds-drop");
+            let (listener, jam) = blocking_close();
+            // Queued in the accept queue (no progress call accepts it).
+            let conn = UnixStream::connect(&path).unwrap();
+            send_with_fds(conn.as_fd(), b"x", &[jam.as_raw_fd()]).unwrap();
+            drop(jam);
+            let (done, dropped) = mpsc::channel();
+            std::thread::spawn(move || {
+                drop(srv);
+                let _ = done.send(());
+            });
+            dropped
+                .recv_timeout(Duration::from_secs(5))
+                .expect("dropping the plugin blocked on a descriptor queued on an unaccepted connection");
+            drop((listener, conn));
+            let _ = std::fs::remove_dir_all(&dir);
+        },
     );
-    peers
 }
 
-/// na-sm's closing threads running in this process.
-fn closing_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.trim_end() == "qs-sm-closer")
-        .count()
-}
-
-/// Hellos of 4 socket ends each (`count` of them, or as many as the
-/// listener's queue takes), each refused with its descriptors.
-fn flood(srv: &mut SmPlugin, path: &std::path::Path, count: usize) {
-    for _ in 0..count {
-        let Ok(conn) = UnixStream::connect(path) else {
-            // The accept queue is full: accepts are paused.
-            break;
-        };
-        let (a, b) = UnixStream::pair().unwrap();
-        let (c, d) = UnixStream::pair().unwrap();
-        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
-        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
-        drop((a, b, c, d, conn));
-        srv.progress().unwrap();
-    }
-}
-
-/// Descriptors this process has open.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-/// One close that never ends (a lingering socket passed in a hello) does
+/// One close that never ends (a jam passed in a hello) does
 /// not refuse handshakes: once its closing thread has been stuck for
 /// `CLOSE_STALL`, another takes the queue on, so a flood of descriptors
 /// behind the jam (more than `MAX_PENDING_FDS`) does not congest it, and
@@ -252,65 +170,75 @@ fn open_fds() -> usize {
 /// thread the client was refused until the jamming close ended.)
 #[test]
 fn handshakes_are_accepted_while_one_closing_thread_is_jammed() {
-    let (dir, mut srv, uri, path) = listener("hostile-fds-one-jam");
-    settle_for(&mut srv, Duration::from_millis(50));
-    // The jam, for longer than the test.
-    let (_peer, tcp) = lingering_socket();
-    let jammed = Instant::now();
-    jam_with(&path, tcp);
-    settle_for(&mut srv, CLOSE_STALL * 2);
-    flood(&mut srv, &path, 2 * MAX_PENDING_FDS / 4 + 100);
-    // Every flood hello refused before the baseline (on a loaded machine
-    // they are still being refused well after the flood ends).
-    let refused = settled_refusals(&mut srv);
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    assert!(
-        jammed.elapsed() < LINGER / 2,
-        "served only after the jam may have cleared"
+    alone(
+        "handshakes_are_accepted_while_one_closing_thread_is_jammed",
+        || {
+            let (dir, mut srv, uri, path) = listener("hostile-fds-one-jam");
+            settle_for(&mut srv, Duration::from_millis(50));
+            // The jam, for longer than the test.
+            let (_peer, jam) = blocking_close();
+            let jammed = Instant::now();
+            jam_with(&path, jam);
+            settle_for(&mut srv, CLOSE_STALL * 2);
+            flood(&mut srv, &path, 2 * MAX_PENDING_FDS / 4 + 100);
+            // Every flood hello refused before the baseline (on a loaded machine
+            // they are still being refused well after the flood ends).
+            let refused = settled_refusals(&mut srv);
+            serves_an_honest_client(&mut srv, &dir, &uri);
+            assert!(
+                jammed.elapsed() < LINGER / 2,
+                "served only after the jam may have cleared"
+            );
+            assert!(
+                closing_threads() >= 2,
+                "no closing thread was started beside the jammed one"
+            );
+            assert_eq!(
+                srv.stats().handshakes_refused,
+                refused,
+                "the honest client was refused"
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        },
     );
-    assert!(
-        closing_threads() >= 2,
-        "no closing thread was started beside the jammed one"
-    );
-    assert_eq!(
-        srv.stats().handshakes_refused,
-        refused,
-        "the honest client was refused"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A peer that jams every closing thread (lingering sockets) and then
+/// A peer that jams every closing thread and then
 /// sends hello after hello with descriptors cannot fill our descriptor
 /// table: past `MAX_PENDING_FDS` waiting to be closed the listener refuses
 /// handshakes unread and pauses accepts; once the jam clears, it serves
 /// again.
 #[test]
 fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
-    const JAM: Duration = Duration::from_secs(3);
-    let (dir, mut srv, uri, path) = listener("hostile-fds-jam");
-    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
-    settle(&mut srv);
-    let baseline = open_fds();
-    // The jam.
-    let peers = jam_every_closing_thread(&mut srv, &path, JAM);
-    // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
-    flood(&mut srv, &path, 400);
-    settle(&mut srv);
-    let grown = open_fds().saturating_sub(baseline);
-    assert!(
-        grown < MAX_PENDING_FDS + 200,
-        "{grown} more descriptors open while the closing threads are jammed"
+    alone(
+        "a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table",
+        || {
+            const JAM: Duration = Duration::from_secs(3);
+            let (dir, mut srv, uri, path) = listener("hostile-fds-jam");
+            let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
+            settle(&mut srv);
+            let baseline = open_fds();
+            // The jam.
+            let peers = jam_every_closing_thread(&mut srv, &path, JAM);
+            // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
+            flood(&mut srv, &path, 400);
+            settle(&mut srv);
+            let grown = open_fds().saturating_sub(baseline);
+            assert!(
+                grown < MAX_PENDING_FDS + 200,
+                "{grown} more descriptors open while the closing threads are jammed"
+            );
+            assert!(
+                srv.stats().flow_blocked > 0,
+                "accepts never paused: the jammed threads did not hold the flood"
+            );
+            // The jam clears (the linger time passes): an honest client is served.
+            drop(peers);
+            std::thread::sleep(JAM + Duration::from_millis(500));
+            serves_an_honest_client(&mut srv, &dir, &uri);
+            let _ = std::fs::remove_dir_all(&dir);
+        },
     );
-    assert!(
-        srv.stats().flow_blocked > 0,
-        "accepts never paused: the jammed threads did not hold the flood"
-    );
-    // The jam clears (the linger time passes): an honest client is served.
-    drop(peers);
-    std::thread::sleep(JAM + Duration::from_millis(500));
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A jammed closing thread keeps open only what jammed it and what is
@@ -320,30 +248,35 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
 /// behind the jam, uncounted.)
 #[test]
 fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing_open() {
-    const CLIENTS: usize = 40;
-    let (dir, mut srv, uri, path) = listener("hostile-fds-churn");
-    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(30));
-    // The jam, for longer than the test: the socket's close waits out
-    // LINGER on the closing thread (the test process may end first).
-    let (_peer, tcp) = lingering_socket();
-    jam_with(&path, tcp);
-    settle(&mut srv);
-    // One client first: what a connection keeps for the plugin's lifetime
-    // (if anything) is not a leak.
-    serves_an_honest_client(&mut srv, &dir, &uri);
-    settle(&mut srv);
-    let jammed = open_fds();
-    for _ in 0..CLIENTS {
-        serves_an_honest_client(&mut srv, &dir, &uri);
-        settle(&mut srv);
-    }
-    settle(&mut srv);
-    let grown = open_fds().saturating_sub(jammed);
-    assert!(
-        grown < CLIENTS / 4,
-        "{grown} more descriptors open after {CLIENTS} clients came and went behind a jammed closing thread"
+    alone(
+        "connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing_open",
+        || {
+            const CLIENTS: usize = 40;
+            let (dir, mut srv, uri, path) = listener("hostile-fds-churn");
+            let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(30));
+            // The jam, for longer than the test: the socket's close waits out
+            // LINGER on the closing thread (the test process may end first).
+            let (_peer, jam) = blocking_close();
+            jam_with(&path, jam);
+            settle(&mut srv);
+            // One client first: what a connection keeps for the plugin's lifetime
+            // (if anything) is not a leak.
+            serves_an_honest_client(&mut srv, &dir, &uri);
+            settle(&mut srv);
+            let jammed = open_fds();
+            for _ in 0..CLIENTS {
+                serves_an_honest_client(&mut srv, &dir, &uri);
+                settle(&mut srv);
+            }
+            settle(&mut srv);
+            let grown = open_fds().saturating_sub(jammed);
+            assert!(
+            grown < CLIENTS / 4,
+            "{grown} more descriptors open after {CLIENTS} clients came and went behind a jammed closing thread"
+        );
+            let _ = std::fs::remove_dir_all(&dir);
+        },
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Past the closing queue's bound, a socket being closed is not read out
@@ -353,59 +286,43 @@ fn connections_that_come_and_go_while_the_closing_thread_is_jammed_leave_nothing
 /// when the plugin is dropped behind jammed, congested closing threads.
 #[test]
 fn sockets_closed_past_the_bound_are_not_read_out() {
-    let (dir, mut srv, _, path) = listener("hostile-fds-bound");
-    let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
-    settle(&mut srv);
-    let baseline = open_fds();
-    // The jam, for longer than the test.
-    let _peers = jam_every_closing_thread(&mut srv, &path, LINGER);
-    // Congestion: hellos of 4 socket ends each until the listener stops
-    // taking them (accepts pause past the bound).
-    flood(&mut srv, &path, 100);
-    settle(&mut srv);
-    // Connections left in the accept queue, 256 descriptors queued on each.
-    let (x, _y) = UnixStream::pair().unwrap();
-    let mut queued = Vec::new();
-    for _ in 0..6 {
-        let Ok(conn) = UnixStream::connect(&path) else {
-            break;
-        };
-        // (send_with_fds takes a few at a time: 64 messages of 4.)
-        for _ in 0..64 {
-            let dups: Vec<std::os::fd::OwnedFd> =
-                (0..4).map(|_| x.as_fd().try_clone_to_owned().unwrap()).collect();
-            let raw: Vec<_> = dups.iter().map(|d| d.as_raw_fd()).collect();
-            send_with_fds(conn.as_fd(), b"h", &raw).unwrap();
+    alone("sockets_closed_past_the_bound_are_not_read_out", || {
+        let (dir, mut srv, _, path) = listener("hostile-fds-bound");
+        let settle = |srv: &mut SmPlugin| settle_for(srv, Duration::from_millis(50));
+        settle(&mut srv);
+        let baseline = open_fds();
+        // The jam, for longer than the test.
+        let _peers = jam_every_closing_thread(&mut srv, &path, LINGER);
+        // Congestion: hellos of 4 socket ends each until the listener stops
+        // taking them (accepts pause past the bound).
+        flood(&mut srv, &path, 100);
+        settle(&mut srv);
+        // Connections left in the accept queue, 256 descriptors queued on each.
+        let (x, _y) = UnixStream::pair().unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..6 {
+            let Ok(conn) = UnixStream::connect(&path) else {
+                break;
+            };
+            // (send_with_fds takes a few at a time: 64 messages of 4.)
+            for _ in 0..64 {
+                let dups: Vec<std::os::fd::OwnedFd> =
+                    (0..4).map(|_| x.as_fd().try_clone_to_owned().unwrap()).collect();
+                let raw: Vec<_> = dups.iter().map(|d| d.as_raw_fd()).collect();
+                send_with_fds(conn.as_fd(), b"h", &raw).unwrap();
+            }
+            queued.push(conn);
         }
-        queued.push(conn);
-    }
-    assert!(queued.len() >= 2, "no connection could be queued");
-    drop(queued);
-    let before_drop = open_fds();
-    drop(srv);
-    let grown = open_fds().saturating_sub(baseline);
-    assert!(
-        grown < MAX_PENDING_FDS + 200,
-        "{grown} more descriptors open after dropping the plugin (before the drop: {})",
-        before_drop.saturating_sub(baseline)
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// An honest client's message to `srv` (at `uri`) arrives within 10 s.
-fn serves_an_honest_client(srv: &mut SmPlugin, dir: &std::path::Path, uri: &str) {
-    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(dir)).unwrap();
-    let to = c.lookup(uri).unwrap();
-    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
-    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(Instant::now() < end, "the honest message never arrived");
-        c.progress().unwrap();
-        srv.progress().unwrap();
-        if let Some(k) = std::iter::from_fn(|| srv.pop_completion()).find(|k| k.op == OpId(1)) {
-            assert_eq!(k.buf.as_deref(), Some(&b"honest"[..]));
-            return;
-        }
-    }
+        assert!(queued.len() >= 2, "no connection could be queued");
+        drop(queued);
+        let before_drop = open_fds();
+        drop(srv);
+        let grown = open_fds().saturating_sub(baseline);
+        assert!(
+            grown < MAX_PENDING_FDS + 200,
+            "{grown} more descriptors open after dropping the plugin (before the drop: {})",
+            before_drop.saturating_sub(baseline)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    });
 }

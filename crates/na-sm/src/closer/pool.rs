@@ -11,10 +11,14 @@
 //! every descriptor queued behind it, and with them every listener's
 //! handshakes; a peer has to jam all of them at once. The threads stay
 //! (at most [`MAX_CLOSING_THREADS`] per process, parked while idle).
+//!
+//! If no thread can be started, what is handed over is dropped in place,
+//! and each hand-off tries again; the failure is logged once, when it
+//! begins, not at every try (and its end once).
 
 use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -47,6 +51,25 @@ struct Pool {
 }
 
 static CLOSER: Mutex<Option<Pool>> = Mutex::new(None);
+
+/// Whether the last attempt to start a closing thread failed. Without a
+/// thread every hand-off tries again (and closes in place), so the
+/// failure is logged when this turns true, not at every try.
+static SPAWN_FAILING: Flag = Flag::new();
+
+/// A boolean that says when it changes.
+struct Flag(AtomicBool);
+
+impl Flag {
+    const fn new() -> Flag {
+        Flag(AtomicBool::new(false))
+    }
+
+    /// Sets it to `to`; true if that changed it.
+    fn set(&self, to: bool) -> bool {
+        self.0.swap(to, Ordering::Relaxed) != to
+    }
+}
 
 fn lock() -> MutexGuard<'static, Option<Pool>> {
     CLOSER.lock().unwrap_or_else(PoisonError::into_inner)
@@ -88,6 +111,9 @@ impl Pool {
             });
         match spawned {
             Ok(_) => {
+                if SPAWN_FAILING.set(false) {
+                    tracing::info!("sm: a closing thread could be started again");
+                }
                 self.busy.push(busy);
                 if self.busy.len() > 1 {
                     tracing::warn!(
@@ -99,7 +125,12 @@ impl Pool {
                 true
             }
             Err(e) => {
-                tracing::warn!(error = %e, "sm: cannot start a closing thread");
+                if SPAWN_FAILING.set(true) {
+                    tracing::warn!(
+                        error = %e,
+                        "sm: cannot start a closing thread (said once until one starts again)"
+                    );
+                }
                 false
             }
         }
@@ -206,6 +237,19 @@ mod tests {
         fn drop(&mut self) {
             let _ = self.0.send(std::thread::current().id());
         }
+    }
+
+    /// A failure to start a closing thread is said once per spell: the
+    /// flag reports a change only, and a start that works ends the spell.
+    #[test]
+    fn a_failing_start_is_reported_once_until_one_works() {
+        let failing = Flag::new();
+        assert!(failing.set(true), "the first failure");
+        assert!(!failing.set(true), "a repeated failure");
+        assert!(!failing.set(true), "a repeated failure");
+        assert!(failing.set(false), "a start that works");
+        assert!(!failing.set(false), "another start that works");
+        assert!(failing.set(true), "the first failure of a new spell");
     }
 
     /// With every closing thread stuck in a drop for [`CLOSE_STALL`], the

@@ -164,6 +164,50 @@ pub fn shutdown_read(sock: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// For a descriptor a peer passed us and we are about to close: if it is
+/// a socket ([fstat(2)] `S_ISSOCK`), `setsockopt(SOL_SOCKET, SO_LINGER,
+/// {on, 0})` ([socket(7)]), so that its last close aborts the connection
+/// (a TCP reset, unsent data dropped) instead of waiting up to the linger
+/// time the peer set for that data to go. True if the option was set.
+/// Never for a socket of ours: it throws away what we sent.
+///
+/// It acts on the socket, not the descriptor: a peer that kept a copy
+/// sees it too (and may set its own linger back before our close). A
+/// socket queued *inside* this one (in flight on a UNIX socket) is not
+/// reached.
+///
+/// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
+/// [socket(7)]: https://man7.org/linux/man-pages/man7/socket.7.html
+pub fn abort_at_close(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: stat is plain data (all-zero is a valid value); fstat writes
+    // one into `st`, which lives across the call.
+    let mode = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+            return false;
+        }
+        st.st_mode & libc::S_IFMT
+    };
+    if mode != libc::S_IFSOCK {
+        return false;
+    }
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `linger` is live and its size is passed, as setsockopt
+    // requires; setsockopt only reads it.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 /// True if closing `fd` cannot wait on anyone: a regular shmem file that
 /// can carry seals (a memfd, on tmpfs or hugetlbfs), a pipe, or an eventfd,
 /// by [fstatfs(2)], [fstat(2)], `F_GET_SEALS` ([fcntl(2)]) and the
@@ -506,6 +550,34 @@ mod tests {
         drop(listener);
         let _ = std::fs::remove_file(&path);
         assert!(peer_closed(queued.as_fd()).unwrap(), "its listener closed");
+    }
+
+    /// Only a socket is set to abort at its close, with linger {on, 0}.
+    #[test]
+    fn abort_at_close_sets_sockets_only() {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(abort_at_close(tcp.as_fd()), "a TCP socket");
+        let mut l: libc::linger = libc::linger {
+            l_onoff: 0,
+            l_linger: 7,
+        };
+        let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+        // SAFETY (test): `l` and `len` are live and `len` holds l's size.
+        let r = unsafe {
+            libc::getsockopt(
+                tcp.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&mut l as *mut libc::linger).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        assert_eq!((l.l_onoff, l.l_linger), (1, 0));
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert!(!abort_at_close(null.as_fd()), "a device node");
+        let ev = crate::sys::eventfd::EventFd::new().unwrap();
+        assert!(!abort_at_close(ev.as_fd()), "an eventfd");
     }
 
     /// What a hello may carry passes the screen; what may block or run

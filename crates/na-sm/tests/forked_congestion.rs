@@ -1,0 +1,99 @@
+//! A forked child does not inherit its parent's congestion: the
+//! descriptors its parent's closing threads hold (and count) are the
+//! parent's to close, so a child forked while every closing thread of its
+//! parent was jammed and the closing queue full serves handshakes on a
+//! listener of its own at once.
+//!
+//! (The child reports through its exit status and ends with `_exit`.)
+
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+use na_core::{Plugin, PluginId};
+use na_sm::{SmConfig, SmPlugin};
+
+mod common;
+mod jam;
+use jam::{flood, honest_client_served, jam_every_closing_thread, listener, settle_for, LINGER};
+
+/// The child's exit status, or None if it had not ended within `limit`
+/// (then it is killed and reaped).
+fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let end = Instant::now() + limit;
+    let mut status = 0;
+    loop {
+        // SAFETY (test): polls our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            assert!(libc::WIFEXITED(status), "child ended by a signal: {status:#x}");
+            return Some(libc::WEXITSTATUS(status));
+        }
+        if Instant::now() > end {
+            // SAFETY (test): kills and reaps our own hung child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// In the child: 0 if a listener of its own serves an honest client
+/// without ever pausing its accepts, else what went wrong.
+fn child_serves(dir: &std::path::Path) -> i32 {
+    let cfg = SmConfig::listening().with_dir(dir).with_name("child");
+    let Ok(mut mine) = SmPlugin::new(PluginId(3), cfg) else {
+        return 2;
+    };
+    let uri = mine.self_addr().uri().to_owned();
+    if !honest_client_served(&mut mine, dir, &uri, Duration::from_secs(10)) {
+        return 3;
+    }
+    if mine.stats().flow_blocked != 0 {
+        return 4;
+    }
+    0
+}
+
+#[test]
+fn a_child_forked_while_its_parent_is_congested_is_not() {
+    let (dir, mut srv, _, path) = listener("forked-congestion");
+    settle_for(&mut srv, Duration::from_millis(50));
+    // Congested: every closing thread jammed, more than MAX_PENDING_FDS
+    // descriptors queued behind them, accepts paused.
+    let _peers = jam_every_closing_thread(&mut srv, &path, LINGER);
+    let jammed = Instant::now();
+    flood(&mut srv, &path, 100);
+    settle_for(&mut srv, Duration::from_millis(50));
+    // Still congested just before the fork: accepts pause again each time
+    // their pause ends (the flood left connections in the queue).
+    let blocked = srv.stats().flow_blocked;
+    settle_for(&mut srv, Duration::from_millis(300));
+    assert!(
+        srv.stats().flow_blocked > blocked,
+        "the parent is not congested (accepts paused {blocked} times, not since)"
+    );
+    // SAFETY (test): the child makes plugins of its own (the fork
+    // handlers cover na-sm's locks) and ends with `_exit`, never returning
+    // into the test harness.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        let code = std::panic::catch_unwind(AssertUnwindSafe(|| child_serves(&dir))).unwrap_or(5);
+        // SAFETY (test): ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let status = wait_child(child, Duration::from_secs(30));
+    assert!(
+        jammed.elapsed() < LINGER / 2,
+        "the jam may have cleared before the child ran"
+    );
+    assert_eq!(
+        status,
+        Some(0),
+        "the child (2: no plugin, 3: the honest client was not served, 4: accepts paused, 5: panic, None: hung)"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

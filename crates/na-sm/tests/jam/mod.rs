@@ -1,0 +1,232 @@
+//! What the tests of hostile descriptors share: descriptors whose last
+//! close blocks ([`blocking_close`]), jamming na-sm's closing threads with them, flooding a
+//! listener with refused descriptors, and counting what this process has
+//! open.
+//!
+//! The closing threads, their queue and the descriptor table are the
+//! process's, not a plugin's: a test that measures them must be alone in
+//! its process ([`alone`]).
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use na_core::{OpId, Plugin, PluginId};
+use na_sm::sys::socket::send_with_fds;
+use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS};
+
+use crate::common::private_dir;
+
+/// How long a close of [`lingering_socket`] (or [`blocking_close`]) would block.
+pub const LINGER: Duration = Duration::from_secs(20);
+
+/// Set in the process [`alone`] starts for one test.
+const ALONE_ENV: &str = "QS_SM_TEST_ALONE";
+
+/// Runs `body`, the test named `test`, in a process of its own: this test
+/// binary again, running that test only (nextest does so anyway; plain
+/// `cargo test` runs a binary's tests side by side in one process, where
+/// one test's jammed closing threads and open descriptors are the
+/// others'). Fails with the process's output if the test failed there.
+pub fn alone(test: &str, body: impl FnOnce()) {
+    // nextest runs each test in a process of its own already.
+    let per_process = std::env::var("NEXTEST_EXECUTION_MODE").is_ok_and(|m| m == "process-per-test");
+    if per_process || std::env::var_os(ALONE_ENV).is_some() {
+        return body();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ALONE_ENV, "1")
+        .output()
+        .unwrap();
+    // libtest exits 0 with "running 0 tests" for a name it does not know.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test}, alone in a process: {}\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A loopback TCP connection whose peer never reads, its send queue full,
+/// with `SO_LINGER` on: its last close waits up to `LINGER`.
+pub fn lingering_socket() -> (TcpListener, TcpStream) {
+    lingering_for(LINGER)
+}
+
+/// [`lingering_socket`], lingering for `linger`.
+pub fn lingering_for(linger: Duration) -> (TcpListener, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    loop {
+        match s.write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the socket: {e}"),
+        }
+    }
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: linger.as_secs() as libc::c_int,
+    };
+    // SAFETY (test): `linger` is live and its size is passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER");
+    (listener, s)
+}
+
+/// A listening plugin in a new private directory named by `tag`: (the
+/// directory, the plugin, its URI, its socket's path).
+pub fn listener(tag: &str) -> (PathBuf, SmPlugin, String, PathBuf) {
+    let dir = private_dir(tag);
+    let srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
+    let uri = srv.self_addr().uri().to_owned();
+    let path = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    (dir, srv, uri, path)
+}
+
+/// Progresses `srv` until its count of refused handshakes has not moved
+/// for 200 ms (at most 10 s), and returns it.
+pub fn settled_refusals(srv: &mut SmPlugin) -> u64 {
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut last = srv.stats().handshakes_refused;
+    loop {
+        settle_for(srv, Duration::from_millis(200));
+        let now = srv.stats().handshakes_refused;
+        if now == last || Instant::now() > end {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Progresses `srv` for `time`.
+pub fn settle_for(srv: &mut SmPlugin, time: Duration) {
+    let end = Instant::now() + time;
+    while Instant::now() < end {
+        srv.progress().unwrap();
+    }
+}
+
+/// A descriptor whose last close blocks for [`LINGER`] although na-sm
+/// sets the sockets it discards to abort at their close: a UNIX socket
+/// with a [`lingering_socket`] in flight on it (queued, never read), whose
+/// close releases that socket's last reference. Also returns the TCP
+/// socket's peer (keep it: it never reads).
+pub fn blocking_close() -> (TcpListener, UnixStream) {
+    blocking_close_for(LINGER)
+}
+
+/// [`blocking_close`], blocking for `linger`.
+pub fn blocking_close_for(linger: Duration) -> (TcpListener, UnixStream) {
+    let (peer, tcp) = lingering_for(linger);
+    let (carrier, other) = UnixStream::pair().unwrap();
+    send_with_fds(other.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
+    drop((tcp, other));
+    (peer, carrier)
+}
+
+/// Jams a closing thread of the listener at `path`: a hello carrying
+/// `jam` (a [`blocking_close`] descriptor), whose last close (ours, once
+/// the listener refuses the hello) blocks.
+pub fn jam_with(path: &Path, jam: UnixStream) {
+    let conn = UnixStream::connect(path).unwrap();
+    send_with_fds(conn.as_fd(), b"hello", &[jam.as_raw_fd()]).unwrap();
+    drop((jam, conn));
+}
+
+/// Jams every closing thread of the listener at `path` (`srv`), one
+/// [`blocking_close_for`] `linger` each: each jam is handed over once the
+/// threads before it have been stuck for longer than `CLOSE_STALL`, so
+/// that another thread is started to take it. Returns the lingering
+/// sockets' peers (keep them: they never read).
+pub fn jam_every_closing_thread(srv: &mut SmPlugin, path: &Path, linger: Duration) -> Vec<TcpListener> {
+    let peers = (0..MAX_CLOSING_THREADS)
+        .map(|_| {
+            let (peer, jam) = blocking_close_for(linger);
+            jam_with(path, jam);
+            settle_for(srv, CLOSE_STALL * 2);
+            peer
+        })
+        .collect();
+    assert_eq!(
+        closing_threads(),
+        MAX_CLOSING_THREADS,
+        "not every closing thread was started"
+    );
+    peers
+}
+
+/// na-sm's closing threads running in this process.
+pub fn closing_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == "qs-sm-closer")
+        .count()
+}
+
+/// Hellos of 4 socket ends each (`count` of them, or as many as the
+/// listener's queue takes), each refused with its descriptors.
+pub fn flood(srv: &mut SmPlugin, path: &Path, count: usize) {
+    for _ in 0..count {
+        let Ok(conn) = UnixStream::connect(path) else {
+            // The accept queue is full: accepts are paused.
+            break;
+        };
+        let (a, b) = UnixStream::pair().unwrap();
+        let (c, d) = UnixStream::pair().unwrap();
+        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
+        let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
+        drop((a, b, c, d, conn));
+        srv.progress().unwrap();
+    }
+}
+
+/// Descriptors this process has open.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// An honest client's message to `srv` (at `uri`) arrives within 10 s.
+pub fn serves_an_honest_client(srv: &mut SmPlugin, dir: &Path, uri: &str) {
+    assert!(
+        honest_client_served(srv, dir, uri, Duration::from_secs(10)),
+        "the honest message never arrived"
+    );
+}
+
+/// Whether an honest client's message to `srv` (at `uri`) arrives within
+/// `limit`.
+pub fn honest_client_served(srv: &mut SmPlugin, dir: &Path, uri: &str, limit: Duration) -> bool {
+    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(dir)).unwrap();
+    let to = c.lookup(uri).unwrap();
+    srv.post_recv_unexpected(Vec::new(), OpId(1)).unwrap();
+    c.send_unexpected(&to, 3, b"honest", OpId(2)).unwrap();
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        c.progress().unwrap();
+        srv.progress().unwrap();
+        if let Some(k) = std::iter::from_fn(|| srv.pop_completion()).find(|k| k.op == OpId(1)) {
+            assert_eq!(k.buf.as_deref(), Some(&b"honest"[..]));
+            return true;
+        }
+    }
+    false
+}
