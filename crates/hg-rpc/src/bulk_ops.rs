@@ -11,7 +11,7 @@ use na_core::{Access, Addr, Completion, Endpoint, OpId, PluginId};
 use super::{DebugSpan, Engine, OpRole};
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
-use crate::runtime::LookupBackoff;
+use crate::lookup_backoff::LookupBackoff;
 
 /// Identifies a transfer started with [`Engine::bulk_start`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
