@@ -11,7 +11,7 @@ use na_core::{Access, Addr, Completion, Endpoint, OpId, PluginId};
 use super::{DebugSpan, Engine, OpRole};
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
-use crate::runtime::LookupBackoff;
+use crate::lookup_backoff::LookupBackoff;
 
 /// Identifies a transfer started with [`Engine::bulk_start`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -400,7 +400,12 @@ impl<C: Codec> Engine<C> {
         Bulk::expose(&mut self.ep, self.plugin, buffers, access).map_err(bulk_err)
     }
 
-    /// Starts a transfer; see [`take_bulk`](Self::take_bulk).
+    /// Starts a transfer; see [`take_bulk`](Self::take_bulk). The lookup
+    /// of the handle's owner waits as
+    /// [`bulk_start_batch`](Self::bulk_start_batch)'s does (up to the
+    /// transport's bound); to bound it by a timeout, use
+    /// [`bulk_start_batch_within`](Self::bulk_start_batch_within) with one
+    /// span, or [`bulk`](Self::bulk).
     #[allow(clippy::too_many_arguments)]
     pub fn bulk_start(
         &mut self,
@@ -428,7 +433,10 @@ impl<C: Codec> Engine<C> {
     /// batches (for example into [`BATCH_WINDOW`] spans).
     ///
     /// Looking up the handle's owner may connect to it, and wait for that,
-    /// boundedly (see [`na_core::Endpoint::lookup`]);
+    /// as long as the transport's bound for a lookup (see
+    /// [`na_core::Endpoint::lookup`]; na-sm: 5 s, na-verbs: 15 s);
+    /// [`bulk_start_batch_within`](Self::bulk_start_batch_within) waits at
+    /// most the caller's timeout, and
     /// [`bulk_try_start_batch`](Self::bulk_try_start_batch) never waits.
     pub fn bulk_start_batch(
         &mut self,
@@ -438,6 +446,37 @@ impl<C: Codec> Engine<C> {
         spans: &[Span],
     ) -> Result<Vec<BulkId>> {
         self.bulk_start_batch_with(op, remote, local, spans, None, None)
+    }
+
+    /// [`bulk_start_batch`](Self::bulk_start_batch) whose lookup of the
+    /// handle's owner waits at most `timeout`, not the transport's bound:
+    /// where it would wait to connect (na-sm: the owner's accept queue is
+    /// full), the engine is driven for a pause (handlers run, responses
+    /// are filed; 1 ms, doubling to 20 ms) and the lookup is tried again,
+    /// until `timeout` has passed. Then the answer is
+    /// [`RpcError::Timeout`] and nothing has started (or the lookup's own
+    /// error, if the transport's bound passes first). A zero timeout tries
+    /// once and never waits. `timeout` bounds the start only: the
+    /// transfers then run as [`bulk_start_batch`](Self::bulk_start_batch)'s
+    /// do, until [`take_bulk`](Self::take_bulk) has their outcomes
+    /// ([`bulk`](Self::bulk) waits for one transfer, its timeout covering
+    /// both).
+    pub fn bulk_start_batch_within(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        timeout: Duration,
+    ) -> Result<Vec<BulkId>> {
+        self.bulk_start_batch_until(
+            op,
+            remote,
+            local,
+            spans,
+            na_core::deadline_after(timeout),
+            timeout,
+        )
     }
 
     /// [`bulk_start_batch`](Self::bulk_start_batch) whose lookup of the
@@ -585,7 +624,7 @@ impl<C: Codec> Engine<C> {
                 local_offset,
                 len,
             };
-            self.bulk_start_within(op, remote, local, span, deadline, timeout)?
+            self.bulk_start_batch_until(op, remote, local, &[span], deadline, timeout)?[0]
         };
         loop {
             if let Some(r) = self.take_bulk(id) {
@@ -606,24 +645,24 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// Starts one transfer; where the lookup of the owner would wait to
-    /// connect, drives the engine for a pause (doubling, as an
+    /// Starts one transfer per span; where the lookup of the owner would
+    /// wait to connect, drives the engine for a pause (doubling, as an
     /// [`AsyncEngine`](crate::AsyncEngine)'s lookup does) and tries again,
     /// until `deadline` (then [`RpcError::Timeout`] for `timeout`).
-    fn bulk_start_within(
+    fn bulk_start_batch_until(
         &mut self,
         op: BulkOp,
         remote: &Bulk,
         local: &Bulk,
-        span: Span,
+        spans: &[Span],
         deadline: Instant,
         timeout: Duration,
-    ) -> Result<BulkId> {
+    ) -> Result<Vec<BulkId>> {
         let since = Instant::now();
         let mut backoff = LookupBackoff::new();
         loop {
-            match self.bulk_start_batch_with(op, remote, local, &[span], Some(since), None) {
-                Ok(ids) => return Ok(ids[0]),
+            match self.bulk_start_batch_with(op, remote, local, spans, Some(since), None) {
+                Ok(ids) => return Ok(ids),
                 Err(RpcError::Transport(e)) if e.is_would_block() => {}
                 Err(e) => return Err(e),
             }

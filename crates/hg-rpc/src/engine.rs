@@ -1,7 +1,7 @@
 //! The RPC engine: registry, calls in flight, and the blocking progress API.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use na_core::fasthash::FastMap;
@@ -17,7 +17,6 @@ use crate::error::{Result, RpcError};
 use crate::exposed::ExposedOutputs;
 pub use crate::exposed::{DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL};
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
-use crate::rpc::{rpc_id, Rpc};
 
 /// How long a target keeps a spilled output exposed for an origin that
 /// never confirms it pulled it (it died, or broke the protocol).
@@ -70,22 +69,20 @@ pub const DEFAULT_MAX_PULL_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
 /// of the largest spill given up on.
 pub const DEFAULT_MAX_ABANDONED_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
 
-/// A plain handler: decodes the input, runs, and appends the encoded
-/// output to the buffer it is given (empty; a spare one when the engine
-/// has one, so a large output need not fault in fresh pages).
-type HandlerFn =
-    Box<dyn FnMut(&mut BulkCtx<'_>, &[u8], &mut Vec<u8>) -> std::result::Result<(), (Status, String)> + Send>;
-
 #[path = "bulk_ops.rs"]
 mod bulk_ops;
 #[path = "call_ops.rs"]
 mod call_ops;
 #[path = "drain_ops.rs"]
 mod drain_ops;
+#[path = "limits_ops.rs"]
+mod limits_ops;
 #[path = "notice_ops.rs"]
 mod notice_ops;
 #[path = "progress_ops.rs"]
 mod progress_ops;
+#[path = "register_ops.rs"]
+mod register_ops;
 #[path = "serve_ops.rs"]
 pub(crate) mod serve_ops;
 
@@ -120,69 +117,8 @@ use crate::env_switches::{checksums_from_env, recv_pull_from_env};
 pub use crate::stats::RpcStats;
 pub(crate) use bulk_ops::{check_owner, CANCEL_WAIT_WARNING};
 pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
-
-/// A registered handler (see [`Engine::take_handlers`]).
-pub(crate) struct Handler {
-    name: &'static str,
-    /// `None`: a deferred handler; requests wait in `deferred_requests` for
-    /// an executor (the tokio front end) to answer them.
-    run: Option<HandlerFn>,
-}
-
-/// A request for a deferred (asynchronous) handler, waiting to be answered
-/// with [`Engine::respond_deferred`].
-pub struct DeferredRequest {
-    src: Addr,
-    header: Header,
-    /// The encoded input.
-    pub payload: Vec<u8>,
-    /// A pulled (spilled) input counts against the engine's pull budget
-    /// until the request is answered or dropped.
-    _charge: Option<PullCharge>,
-    /// Its place under [`Engine::set_max_deferred`]'s bounds, until then.
-    _ticket: DeferredTicket,
-}
-
-/// Bytes of a pulled input held by a handler not yet answered, counted in
-/// [`Engine::set_max_pull_bytes`]'s budget until dropped.
-struct PullCharge {
-    bytes: u64,
-    held: Arc<AtomicU64>,
-}
-
-impl Drop for PullCharge {
-    fn drop(&mut self) {
-        self.held.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
-
-impl DeferredRequest {
-    fn new(
-        src: &Addr,
-        header: &Header,
-        payload: Vec<u8>,
-        ticket: DeferredTicket,
-        charge: Option<PullCharge>,
-    ) -> Self {
-        DeferredRequest {
-            src: src.clone(),
-            header: *header,
-            payload,
-            _charge: charge,
-            _ticket: ticket,
-        }
-    }
-
-    /// The RPC id.
-    pub fn rpc_id(&self) -> u64 {
-        self.header.rpc_id
-    }
-
-    /// Who sent the request.
-    pub fn source(&self) -> &Addr {
-        &self.src
-    }
-}
+pub use register_ops::DeferredRequest;
+use register_ops::Handler;
 
 /// Identifies a call made with [`Engine::forward`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -312,7 +248,7 @@ impl Call {
 /// 1. [`Engine::new`] with an endpoint and the plugin to use (it posts
 ///    receives for incoming requests at once).
 /// 2. [`register`](Self::register) handlers (targets); both sides use the
-///    same [`Rpc`] definitions.
+///    same [`Rpc`](crate::Rpc) definitions.
 /// 3. Origin: [`call`](Self::call) (blocking, with a timeout) or
 ///    [`forward`](Self::forward) + [`take_response`](Self::take_response).
 /// 4. Drive it: [`progress`](Self::progress) waits for network work,
@@ -635,287 +571,6 @@ impl<C: Codec> Engine<C> {
             self.post_request_buffer(buf)?;
         }
         Ok(())
-    }
-
-    /// Registers `handler` for RPC `R`. A second registration of the same
-    /// name, or a different name with the same id, is an error. An `Err`
-    /// the handler returns reaches the caller as [`RpcError::Handler`]
-    /// (cut to fit one message if it is longer); so does a panic in it,
-    /// and the engine serves on.
-    pub fn register<R: Rpc>(
-        &mut self,
-        mut handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,
-    ) -> Result<()> {
-        self.register_with_bulk::<R>(move |_, input| handler(input))
-    }
-
-    /// Registers a handler that may move bulk data while it runs (through
-    /// the [`BulkCtx`] it is given: pull a client's buffer, push into one).
-    pub fn register_with_bulk<R: Rpc>(
-        &mut self,
-        mut handler: impl FnMut(&mut BulkCtx<'_>, R::Input) -> std::result::Result<R::Output, String>
-            + Send
-            + 'static,
-    ) -> Result<()> {
-        let id = self.check_free(R::NAME)?;
-        let codec = self.codec.clone();
-        let run: HandlerFn = Box::new(move |ctx, payload, out| {
-            let input: R::Input = codec
-                .decode(payload)
-                .map_err(|e| (Status::DecodeError, format!("input of {}: {e}", R::NAME)))?;
-            let output = handler(ctx, input).map_err(|m| (Status::HandlerError, m))?;
-            codec.encode(&output, out).map_err(|e| {
-                (
-                    Status::HandlerError,
-                    format!("encoding output of {}: {e}", R::NAME),
-                )
-            })
-        });
-        self.handlers.insert(
-            id,
-            Handler {
-                name: R::NAME,
-                run: Some(run),
-            },
-        );
-        Ok(())
-    }
-
-    fn check_free(&self, name: &'static str) -> Result<u64> {
-        let id = rpc_id(name);
-        if id == rpc_id(crate::spill::RELEASE_RPC) {
-            // The engine's own message (a spilled output's release): a
-            // handler under its id would never run.
-            return Err(RpcError::Registration {
-                name: name.into(),
-                reason: format!(
-                    "its id {id:#018x} is that of {}, which the engine keeps for itself",
-                    crate::spill::RELEASE_RPC
-                ),
-            });
-        }
-        if let Some(h) = self.handlers.get(&id) {
-            let reason = if h.name == name {
-                "already registered".to_string()
-            } else {
-                format!("its id {id:#018x} collides with {}", h.name)
-            };
-            return Err(RpcError::Registration {
-                name: name.into(),
-                reason,
-            });
-        }
-        Ok(id)
-    }
-
-    /// Takes every registered handler out, with what its closure
-    /// captured, for the caller to drop when it likes: the tokio front
-    /// end's `AsyncEngine::shutdown` drops them once it let the engine's
-    /// lock go (a closure may hold what keeps the engine alive). A request
-    /// that comes later finds no handler registered.
-    pub(crate) fn take_handlers(&mut self) -> FastMap<u64, Handler> {
-        std::mem::take(&mut self.handlers)
-    }
-
-    /// Registers `R` as deferred: its requests are queued for
-    /// [`take_deferred`](Self::take_deferred) and answered later with
-    /// [`respond_deferred`](Self::respond_deferred) (how the tokio front end
-    /// runs async handlers).
-    pub fn register_deferred<R: Rpc>(&mut self) -> Result<()> {
-        let id = self.check_free(R::NAME)?;
-        self.handlers.insert(
-            id,
-            Handler {
-                name: R::NAME,
-                run: None,
-            },
-        );
-        Ok(())
-    }
-
-    /// The oldest request waiting for a deferred handler.
-    pub fn take_deferred(&mut self) -> Option<DeferredRequest> {
-        self.deferred_requests.pop_front()
-    }
-
-    /// Counts `bytes` of a pulled input a deferred request holds.
-    fn charge_deferred(&mut self, bytes: u64) -> PullCharge {
-        self.deferred_bytes.fetch_add(bytes, Ordering::Relaxed);
-        PullCharge {
-            bytes,
-            held: Arc::clone(&self.deferred_bytes),
-        }
-    }
-
-    /// Answers a deferred request: `Ok(encoded output)` or `Err(message)`
-    /// (a handler error). One-way requests get no answer.
-    pub fn respond_deferred(&mut self, req: DeferredRequest, result: std::result::Result<Vec<u8>, String>) {
-        let (status, out) = match result {
-            Ok(out) => (Status::Ok, out),
-            Err(m) => (Status::HandlerError, m.into_bytes()),
-        };
-        // A spilled one-way request was acknowledged when its input arrived.
-        if !req.header.is_one_way() {
-            self.answer(&req.src, response_header(&req.header, status), out);
-        }
-    }
-
-    /// How many bytes of large buffers (those spilled data was pulled into,
-    /// and spilled inputs once released) the engine keeps for the next
-    /// spill instead of freeing them; [`DEFAULT_SPARE_BYTES`] unless set,
-    /// at most 16 buffers, 0 keeps none. A fresh buffer per spill costs its
-    /// page faults: with none kept, 1 MiB calls ran at ~700/s here, with
-    /// them kept at ~5,700/s (`hg-perf rate --sizes 1M`; 16 in flight:
-    /// ~800/s and ~2,300/s).
-    pub fn set_spare_bytes(&mut self, bytes: usize) {
-        self.spare_bytes = bytes;
-        while self.spare_bufs.iter().map(Vec::capacity).sum::<usize>() > bytes {
-            self.spare_bufs.pop();
-        }
-    }
-
-    /// Largest spilled data this engine pulls: an input as a target (a
-    /// bigger one is answered with a decode error) and an output as an
-    /// origin (a call whose output is bigger fails with
-    /// [`RpcError::Decode`] naming the limit). A peer cannot make us
-    /// allocate more; raise it on the calling side too for RPCs that
-    /// return more than [`DEFAULT_MAX_SPILL`].
-    pub fn set_max_spill(&mut self, bytes: u64) {
-        self.max_spill = bytes;
-    }
-
-    /// How long one transfer call of a handler
-    /// ([`BulkCtx::transfer_batch`], [`BulkCtx::transfer`]) may take
-    /// before it fails (default [`DEFAULT_HANDLER_TRANSFER_TIMEOUT`]).
-    /// Raise it for handlers that move more than the network carries in
-    /// that time. The engine serves nothing else while a handler waits;
-    /// past the timeout the handler also waits for the transport to end
-    /// the transfers it cancels (see [`BulkCtx::transfer_batch`]). With
-    /// `Duration::ZERO` every transfer that goes through the transport
-    /// fails (its end is reported at a later progress call, even over
-    /// na-sm), and so does any batch of more than [`BATCH_WINDOW`] spans.
-    pub fn set_handler_transfer_timeout(&mut self, timeout: Duration) {
-        self.handler_transfer_timeout = timeout;
-    }
-
-    /// Most bytes of spilled data this engine pulls at once (inputs as a
-    /// target, outputs as an origin; default [`DEFAULT_MAX_PULL_BYTES`]),
-    /// counting the pulled inputs that deferred (async) handlers still
-    /// hold: a request stays counted until it is answered or dropped.
-    /// Each pull's buffer is allocated when it starts, so without a limit
-    /// peers could make the engine commit `max_spill` per message they
-    /// send. A spilled request that would pass it now is answered busy
-    /// (status 4, [`RpcError::Busy`] at its origin: it may fit later); one
-    /// larger than the whole budget, with a decode error (it never fits).
-    /// A spilled output beyond it fails its call with a decode error.
-    pub fn set_max_pull_bytes(&mut self, bytes: u64) {
-        self.max_pull_bytes = bytes;
-    }
-
-    /// Most requests for asynchronous (deferred) handlers that may wait or
-    /// run unanswered at once: from one origin (`per_peer`) and from all
-    /// (`total`); defaults [`DEFAULT_MAX_DEFERRED_PER_PEER`] and
-    /// [`DEFAULT_MAX_DEFERRED_TOTAL`]. Past either, a request is answered
-    /// busy at once (status 4, [`RpcError::Busy`] at its origin; a one-way
-    /// request is dropped), never queued: a caller cannot make us queue
-    /// requests, and start tasks for them, faster than handlers finish.
-    /// A spilled input is checked before it is pulled.
-    pub fn set_max_deferred(&mut self, per_peer: usize, total: usize) {
-        self.max_deferred = (per_peer, total);
-    }
-
-    /// A place for one more deferred request from `peer`, or why not
-    /// (counted in `deferred_refused`).
-    pub(crate) fn admit_deferred(&mut self, peer: u64) -> std::result::Result<DeferredTicket, String> {
-        let (per_peer, total) = self.max_deferred;
-        self.deferred_ledger.admit(peer, per_peer, total).inspect_err(|why| {
-            self.stats.deferred_refused += 1;
-            if logged_at(self.stats.deferred_refused) {
-                tracing::warn!(refused = self.stats.deferred_refused, %why, "request for an async handler refused");
-            }
-        })
-    }
-
-    /// Most bytes of spilled outputs this target keeps exposed for one
-    /// origin that has not pulled them yet (`per_peer`), and for all
-    /// origins (`total`); defaults [`DEFAULT_MAX_EXPOSED_PER_PEER`] (what
-    /// one origin pulls at once by default) and
-    /// [`DEFAULT_MAX_EXPOSED_TOTAL`]. An origin that asks for large outputs
-    /// and never pulls them would otherwise make us hold each for
-    /// [`SPILLED_OUTPUT_TTL`]. A call whose output would pass a bound gets
-    /// a handler error that says so (its handler did run).
-    pub fn set_max_exposed_bytes(&mut self, per_peer: u64, total: u64) {
-        self.exposed.set_limits(per_peer, total);
-    }
-
-    /// How long this target keeps a spilled output for an origin that
-    /// neither pulls it nor lets it go (default [`SPILLED_OUTPUT_TTL`]).
-    /// Past it the output is released; its seal is broken first, so an
-    /// origin that pulls later gets an error, never other data.
-    pub fn set_spilled_output_ttl(&mut self, ttl: Duration) {
-        self.output_ttl = ttl;
-    }
-
-    /// How long a spilled input stays exposed for a call this origin gave
-    /// up on (a timeout, a dropped future) or sent one-way, when its target
-    /// neither answers nor goes away; default [`ABANDONED_INPUT_TTL`].
-    /// After it the call is forgotten and the input dropped, its seal
-    /// broken first: a target that pulls it later gets an error, never
-    /// other data. A new TTL applies to the inputs kept already too,
-    /// counted from when each call was given up on.
-    pub fn set_abandoned_input_ttl(&mut self, ttl: Duration) {
-        self.abandoned_ttl = ttl;
-    }
-
-    /// Most bytes of spilled inputs this origin keeps exposed for calls it
-    /// gave up on and for one-way calls, until their targets are done with
-    /// them (or their TTL ends); default [`DEFAULT_MAX_ABANDONED_BYTES`].
-    /// A caller that keeps giving up on large calls to a target that
-    /// stopped answering (a short timeout in a retry loop, say) would
-    /// otherwise hold every input for the TTL. A call whose spilled input
-    /// would pass the bound, added to those held, is refused before
-    /// anything is sent, with [`RpcError::InputsHeld`]
-    /// (counted in `inputs_refused`); calls that fit a message are never
-    /// refused. The bytes come back as the engine is driven (targets
-    /// answer, TTLs end in [`trigger`](Self::trigger)): a blocking
-    /// [`call`](Self::call) waits for room within its timeout, as do
-    /// [`AsyncEngine::call`](crate::AsyncEngine::call) and
-    /// [`AsyncEngine::call_one_way_within`](crate::AsyncEngine::call_one_way_within)
-    /// (woken by the driver), while [`forward`](Self::forward) and the
-    /// other one-way calls refuse at once (drive the engine before trying
-    /// again). Give at least [`set_max_spill`](Self::set_max_spill)'s
-    /// value, or the largest inputs are always refused.
-    ///
-    /// The bound is checked when a spilled call is sent, against the
-    /// inputs already held: the inputs of calls still in flight are not
-    /// counted, so calls in flight that are all given up on at once (a
-    /// burst of timeouts) may hold up to the bound plus what they had in
-    /// flight, until the next calls are refused and those bytes come back.
-    pub fn set_max_abandoned_bytes(&mut self, bytes: u64) {
-        self.max_abandoned_bytes = bytes;
-    }
-
-    /// Whether this origin's requests carry a CRC-32C of their payload
-    /// (header flag bit 2, see `docs/PROTOCOL.md`); off by default, or as
-    /// [`CHECKSUM_ENV`] says. A target verifies the checksum of every
-    /// message that carries one (a mismatch drops it as malformed) and
-    /// answers a request with a checksum by a response with one, whatever
-    /// its own setting: the origin chooses, per engine. The default is off,
-    /// as in Mercury: both transports deliver bytes intact (shared memory;
-    /// RDMA with its link CRC), decoding is bounds-checked either way, and
-    /// the checksum costs about 3 % of a busy round trip's instructions
-    /// at 0 bytes and a pass over the payload at any size. Turn it on to
-    /// catch a peer or a memory fault that corrupts payloads. Spilled
-    /// inputs and outputs are covered too: their payload carries the
-    /// data's own CRC-32C, checked after the pull.
-    pub fn set_checksums(&mut self, on: bool) {
-        self.checksum_flag = if on { FLAG_CHECKSUM } else { 0 };
-    }
-
-    /// Whether this origin's requests carry a checksum (see
-    /// [`set_checksums`](Self::set_checksums)).
-    pub fn checksums(&self) -> bool {
-        self.checksum_flag != 0
     }
 }
 

@@ -28,6 +28,7 @@ mod env_switches;
 pub mod error;
 mod exposed;
 pub mod header;
+mod lookup_backoff;
 mod notices;
 pub mod rpc;
 pub mod runtime;

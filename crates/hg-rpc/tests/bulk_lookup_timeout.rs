@@ -4,7 +4,8 @@
 //! handshake timeout), a transfer given 300 ms answers `Timeout` within
 //! about that, not after the lookup's bound. Likewise a plain handler's
 //! third-party transfer (`BulkCtx::allow_any_owner`) within its engine's
-//! handler transfer timeout.
+//! handler transfer timeout, and a batch an application starts with
+//! `Engine::bulk_start_batch_within`.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -12,16 +13,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hg_rpc::{Bulk, BulkOp, RpcError};
+use hg_rpc::{Bulk, BulkOp, RpcError, Span};
 use na_core::Access;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
 mod rpcs;
-use rpcs::BlobPut;
+use rpcs::{BlobExpose, BlobPut};
 mod common;
 
 const TIMEOUT: Duration = Duration::from_millis(300);
+/// The timeout of what must succeed.
+const T: Duration = Duration::from_secs(10);
 
 /// A listener in `dir` named like an sm instance of this process, whose
 /// accept queue is full (it never accepts), and a remote handle it
@@ -130,4 +133,49 @@ fn a_plain_handlers_transfer_timeout_covers_the_lookup_of_its_owner() {
         took < Duration::from_secs(2),
         "answered after {took:?}: the lookup's wait was not bounded by the handler transfer timeout"
     );
+}
+
+/// `Engine::bulk_start_batch_within`, the start of a batch by application
+/// code: with an owner that never accepts, it answers the caller's
+/// timeout within about that (`bulk_start_batch` waits for na-sm's 5 s
+/// bound), with nothing started; with an owner that answers (a server
+/// process exposing a blob), its spans start and move the data.
+#[test]
+fn a_blocking_batch_starts_timeout_covers_the_lookup_of_its_owner() {
+    let d = common::dir("bulk-stuck-owner-batch");
+    let (_listener, _queued, remote) = stuck_owner(&d);
+    let mut c = common::client(&d);
+    let local = c.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
+    let spans = [0, 2048].map(|at| Span {
+        remote_offset: at,
+        local_offset: at,
+        len: 2048,
+    });
+    let t0 = Instant::now();
+    let r = c.bulk_start_batch_within(BulkOp::Pull, &remote, &local, &spans, TIMEOUT);
+    check(r.map(drop), t0.elapsed());
+    assert_eq!(c.stats().bulk_in_flight, 0, "a transfer started");
+
+    let srv = common::Server::start(&d);
+    let s = c.lookup(&srv.uri).unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 256) as u8).collect();
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    c.call::<BlobPut>(&s, &("k".into(), put), T).unwrap();
+    let theirs = c.call::<BlobExpose>(&s, &("k".into(), 1024), T).unwrap();
+    let ids = c
+        .bulk_start_batch_within(BulkOp::Pull, &theirs, &local, &spans, T)
+        .unwrap();
+    let end = Instant::now() + T;
+    for id in ids {
+        let r = loop {
+            if let Some(r) = c.take_bulk(id) {
+                break r;
+            }
+            assert!(Instant::now() < end, "the transfers did not end");
+            c.progress(Some(Duration::from_millis(10))).unwrap();
+            c.trigger().unwrap();
+        };
+        r.unwrap();
+    }
+    assert!(local.local().unwrap().to_vec() == data, "pulled other data");
 }

@@ -5,7 +5,8 @@
 //! `ADDR <uri>`, and serves the RPCs of `testpeer_rpcs` until `Quit`, 60 s
 //! without a request, or (with `HG_TESTPEER_EXIT_WITH_STDIN=1`) the end of
 //! its standard input. `HG_TESTPEER_TRANSFER_TIMEOUT_MS` sets its handler
-//! transfer timeout.
+//! transfer timeout. `HG_TESTPEER_MARKER` is what `Marker` answers (tells
+//! servers apart).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -89,6 +90,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     engine.register::<Add>(|(a, b)| a.checked_add(b).ok_or_else(|| "overflow".to_string()))?;
     engine.register::<Echo>(Ok)?;
     engine.register::<WhoAmI>(|token| Ok((0, token)))?;
+    let marker = std::env::var("HG_TESTPEER_MARKER").unwrap_or_default();
+    engine.register::<Marker>(move |()| Ok((marker.clone(), std::process::id())))?;
     engine.register::<Fail>(Err)?;
     engine.register::<Sleep>(|ms| {
         std::thread::sleep(Duration::from_millis(ms));

@@ -133,3 +133,12 @@ impl Rpc for WhoAmI {
     type Input = u64;
     type Output = (u64, u64);
 }
+
+/// Answers the server's `HG_TESTPEER_MARKER` (empty if unset) and its
+/// process id: which of several servers, perhaps at one address, answered.
+pub struct Marker;
+impl Rpc for Marker {
+    const NAME: &'static str = "test.marker";
+    type Input = ();
+    type Output = (String, u32);
+}

@@ -1,0 +1,166 @@
+//! The engine's limits and settings: buffers kept for reuse, spill and
+//! pull budgets, bounds on deferred requests and exposed outputs, the TTLs
+//! of spilled payloads, handler transfer timeouts and checksums.
+
+use std::time::Duration;
+
+use super::Engine;
+#[cfg(doc)]
+use super::{
+    BulkCtx, ABANDONED_INPUT_TTL, BATCH_WINDOW, CHECKSUM_ENV, DEFAULT_HANDLER_TRANSFER_TIMEOUT,
+    DEFAULT_MAX_ABANDONED_BYTES, DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL,
+    DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL, DEFAULT_MAX_PULL_BYTES, DEFAULT_MAX_SPILL,
+    DEFAULT_SPARE_BYTES, SPILLED_OUTPUT_TTL,
+};
+use crate::codec::Codec;
+#[cfg(doc)]
+use crate::error::RpcError;
+use crate::header::FLAG_CHECKSUM;
+
+impl<C: Codec> Engine<C> {
+    /// How many bytes of large buffers (those spilled data was pulled into,
+    /// and spilled inputs once released) the engine keeps for the next
+    /// spill instead of freeing them; [`DEFAULT_SPARE_BYTES`] unless set,
+    /// at most 16 buffers, 0 keeps none. A fresh buffer per spill costs its
+    /// page faults: with none kept, 1 MiB calls ran at ~700/s here, with
+    /// them kept at ~5,700/s (`hg-perf rate --sizes 1M`; 16 in flight:
+    /// ~800/s and ~2,300/s).
+    pub fn set_spare_bytes(&mut self, bytes: usize) {
+        self.spare_bytes = bytes;
+        while self.spare_bufs.iter().map(Vec::capacity).sum::<usize>() > bytes {
+            self.spare_bufs.pop();
+        }
+    }
+
+    /// Largest spilled data this engine pulls: an input as a target (a
+    /// bigger one is answered with a decode error) and an output as an
+    /// origin (a call whose output is bigger fails with
+    /// [`RpcError::Decode`] naming the limit). A peer cannot make us
+    /// allocate more; raise it on the calling side too for RPCs that
+    /// return more than [`DEFAULT_MAX_SPILL`].
+    pub fn set_max_spill(&mut self, bytes: u64) {
+        self.max_spill = bytes;
+    }
+
+    /// How long one transfer call of a handler
+    /// ([`BulkCtx::transfer_batch`], [`BulkCtx::transfer`]) may take
+    /// before it fails (default [`DEFAULT_HANDLER_TRANSFER_TIMEOUT`]).
+    /// Raise it for handlers that move more than the network carries in
+    /// that time. The engine serves nothing else while a handler waits;
+    /// past the timeout the handler also waits for the transport to end
+    /// the transfers it cancels (see [`BulkCtx::transfer_batch`]). With
+    /// `Duration::ZERO` every transfer that goes through the transport
+    /// fails (its end is reported at a later progress call, even over
+    /// na-sm), and so does any batch of more than [`BATCH_WINDOW`] spans.
+    pub fn set_handler_transfer_timeout(&mut self, timeout: Duration) {
+        self.handler_transfer_timeout = timeout;
+    }
+
+    /// Most bytes of spilled data this engine pulls at once (inputs as a
+    /// target, outputs as an origin; default [`DEFAULT_MAX_PULL_BYTES`]),
+    /// counting the pulled inputs that deferred (async) handlers still
+    /// hold: a request stays counted until it is answered or dropped.
+    /// Each pull's buffer is allocated when it starts, so without a limit
+    /// peers could make the engine commit `max_spill` per message they
+    /// send. A spilled request that would pass it now is answered busy
+    /// (status 4, [`RpcError::Busy`] at its origin: it may fit later); one
+    /// larger than the whole budget, with a decode error (it never fits).
+    /// A spilled output beyond it fails its call with a decode error.
+    pub fn set_max_pull_bytes(&mut self, bytes: u64) {
+        self.max_pull_bytes = bytes;
+    }
+
+    /// Most requests for asynchronous (deferred) handlers that may wait or
+    /// run unanswered at once: from one origin (`per_peer`) and from all
+    /// (`total`); defaults [`DEFAULT_MAX_DEFERRED_PER_PEER`] and
+    /// [`DEFAULT_MAX_DEFERRED_TOTAL`]. Past either, a request is answered
+    /// busy at once (status 4, [`RpcError::Busy`] at its origin; a one-way
+    /// request is dropped), never queued: a caller cannot make us queue
+    /// requests, and start tasks for them, faster than handlers finish.
+    /// A spilled input is checked before it is pulled.
+    pub fn set_max_deferred(&mut self, per_peer: usize, total: usize) {
+        self.max_deferred = (per_peer, total);
+    }
+
+    /// Most bytes of spilled outputs this target keeps exposed for one
+    /// origin that has not pulled them yet (`per_peer`), and for all
+    /// origins (`total`); defaults [`DEFAULT_MAX_EXPOSED_PER_PEER`] (what
+    /// one origin pulls at once by default) and
+    /// [`DEFAULT_MAX_EXPOSED_TOTAL`]. An origin that asks for large outputs
+    /// and never pulls them would otherwise make us hold each for
+    /// [`SPILLED_OUTPUT_TTL`]. A call whose output would pass a bound gets
+    /// a handler error that says so (its handler did run).
+    pub fn set_max_exposed_bytes(&mut self, per_peer: u64, total: u64) {
+        self.exposed.set_limits(per_peer, total);
+    }
+
+    /// How long this target keeps a spilled output for an origin that
+    /// neither pulls it nor lets it go (default [`SPILLED_OUTPUT_TTL`]).
+    /// Past it the output is released; its seal is broken first, so an
+    /// origin that pulls later gets an error, never other data.
+    pub fn set_spilled_output_ttl(&mut self, ttl: Duration) {
+        self.output_ttl = ttl;
+    }
+
+    /// How long a spilled input stays exposed for a call this origin gave
+    /// up on (a timeout, a dropped future) or sent one-way, when its target
+    /// neither answers nor goes away; default [`ABANDONED_INPUT_TTL`].
+    /// After it the call is forgotten and the input dropped, its seal
+    /// broken first: a target that pulls it later gets an error, never
+    /// other data. A new TTL applies to the inputs kept already too,
+    /// counted from when each call was given up on.
+    pub fn set_abandoned_input_ttl(&mut self, ttl: Duration) {
+        self.abandoned_ttl = ttl;
+    }
+
+    /// Most bytes of spilled inputs this origin keeps exposed for calls it
+    /// gave up on and for one-way calls, until their targets are done with
+    /// them (or their TTL ends); default [`DEFAULT_MAX_ABANDONED_BYTES`].
+    /// A caller that keeps giving up on large calls to a target that
+    /// stopped answering (a short timeout in a retry loop, say) would
+    /// otherwise hold every input for the TTL. A call whose spilled input
+    /// would pass the bound, added to those held, is refused before
+    /// anything is sent, with [`RpcError::InputsHeld`]
+    /// (counted in `inputs_refused`); calls that fit a message are never
+    /// refused. The bytes come back as the engine is driven (targets
+    /// answer, TTLs end in [`trigger`](Self::trigger)): a blocking
+    /// [`call`](Self::call) waits for room within its timeout, as do
+    /// [`AsyncEngine::call`](crate::AsyncEngine::call) and
+    /// [`AsyncEngine::call_one_way_within`](crate::AsyncEngine::call_one_way_within)
+    /// (woken by the driver), while [`forward`](Self::forward) and the
+    /// other one-way calls refuse at once (drive the engine before trying
+    /// again). Give at least [`set_max_spill`](Self::set_max_spill)'s
+    /// value, or the largest inputs are always refused.
+    ///
+    /// The bound is checked when a spilled call is sent, against the
+    /// inputs already held: the inputs of calls still in flight are not
+    /// counted, so calls in flight that are all given up on at once (a
+    /// burst of timeouts) may hold up to the bound plus what they had in
+    /// flight, until the next calls are refused and those bytes come back.
+    pub fn set_max_abandoned_bytes(&mut self, bytes: u64) {
+        self.max_abandoned_bytes = bytes;
+    }
+
+    /// Whether this origin's requests carry a CRC-32C of their payload
+    /// (header flag bit 2, see `docs/PROTOCOL.md`); off by default, or as
+    /// [`CHECKSUM_ENV`] says. A target verifies the checksum of every
+    /// message that carries one (a mismatch drops it as malformed) and
+    /// answers a request with a checksum by a response with one, whatever
+    /// its own setting: the origin chooses, per engine. The default is off,
+    /// as in Mercury: both transports deliver bytes intact (shared memory;
+    /// RDMA with its link CRC), decoding is bounds-checked either way, and
+    /// the checksum costs about 3 % of a busy round trip's instructions
+    /// at 0 bytes and a pass over the payload at any size. Turn it on to
+    /// catch a peer or a memory fault that corrupts payloads. Spilled
+    /// inputs and outputs are covered too: their payload carries the
+    /// data's own CRC-32C, checked after the pull.
+    pub fn set_checksums(&mut self, on: bool) {
+        self.checksum_flag = if on { FLAG_CHECKSUM } else { 0 };
+    }
+
+    /// Whether this origin's requests carry a checksum (see
+    /// [`set_checksums`](Self::set_checksums)).
+    pub fn checksums(&self) -> bool {
+        self.checksum_flag != 0
+    }
+}
