@@ -33,7 +33,8 @@
 //!    else insert, evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
 //!    slots lets the lock go, takes it again and goes on, checking the
-//!    span again first); unlock and deregister superseded/evicted
+//!    span again first; no sweep at all while the count of entries in
+//!    use says none is idle: see `entry::Refs`); unlock and deregister superseded/evicted
 //!    entries. The slot goes to the new entry if it is handed out
 //!    uncached (it tracks it from then on), else it is released.
 //!
@@ -252,12 +253,11 @@ impl<R: Registrar> Cache<R> {
                 if !stale {
                     // Take the user reference under the read lock so that
                     // eviction (write lock) never sees this entry idle.
-                    let first = Table::acquire(e);
+                    // Counted busy under the lock: a sweep (write lock)
+                    // never counts this entry idle.
+                    Table::acquire(e);
                     let e = Arc::clone(e);
                     drop(t);
-                    if first {
-                        stats.in_use.add(1);
-                    }
                     stats.hits.add(1);
                     return Ok(Registration { entry: e });
                 }
@@ -393,7 +393,7 @@ impl<R: Registrar> Cache<R> {
             // once out of the index an invalidation no longer clears its
             // flag, and a user checking it in between, after an unmap,
             // would have seen it valid.
-            for d in doomed.iter().filter(|d| d.users.load(Ordering::Acquire) > 0) {
+            for d in doomed.iter().filter(|d| d.refs.users() > 0) {
                 d.track_since(Arc::clone(sh), &t, &mut slots, gen_now, None);
             }
             if !cached {
@@ -411,10 +411,10 @@ impl<R: Registrar> Cache<R> {
             mine.set(None);
             drop(slots);
             if !cached {
-                entry.users.fetch_add(1, Ordering::AcqRel);
+                // (Cached: the insertion gave it its user, counted busy.)
+                entry.acquire_outside();
                 Stats::bump(&stats.uncached);
             }
-            stats.in_use.add(1);
             if evicted > 0 {
                 stats.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
                 tracing::debug!(evicted, "registration cache evicted idle entries");
@@ -535,8 +535,7 @@ impl<R: Registrar> Cache<R> {
     /// The first user handle of an entry outside the index, counted in
     /// `counter`.
     fn hand_out(&self, entry: Arc<Entry<R>>, counter: &AtomicU64) -> Registration<R> {
-        entry.users.fetch_add(1, Ordering::AcqRel);
-        self.shared.backend.stats.in_use.add(1);
+        entry.acquire_outside();
         Stats::bump(counter);
         Registration { entry }
     }
@@ -624,7 +623,9 @@ impl<R: Registrar> Cache<R> {
             // made before the write lock.
             let live = sh.table.read().live();
             idle.reserve(live.clamp(1, table::SWEEP_STEP));
-            let more = sh.lock().take_idle(&mut idle, &mut cursor);
+            let more = sh
+                .lock()
+                .take_idle(&mut idle, &mut cursor, &sh.backend.stats.busy_cached);
             n += idle.len();
             idle.clear();
             if !more {
@@ -664,7 +665,9 @@ impl<R: Registrar> Cache<R> {
             return CacheStats::default();
         }
         let mut s = self.shared.backend.stats.snapshot();
-        s.entries = self.shared.table.read().live() as u64;
+        let t = self.shared.table.read();
+        s.entries = t.live() as u64;
+        s.sweep_steps = t.sweep_steps();
         s
     }
 
@@ -685,6 +688,7 @@ impl<R: Registrar> Cache<R> {
             entries = s.entries,
             bytes_registered = s.bytes_registered,
             in_use = s.in_use,
+            sweep_steps = s.sweep_steps,
             "registration cache stats"
         );
     }
