@@ -515,7 +515,7 @@ impl<R: Registrar> Cache<R> {
         let end = addr
             .checked_add(len)
             .filter(|_| len > 0)
-            .ok_or(Error::InvalidRange { addr, len })?;
+            .ok_or_else(|| Error::InvalidRange { addr, len })?;
         if !self.shared.backend.in_owner() {
             return Err(Error::ForkedChild);
         }
