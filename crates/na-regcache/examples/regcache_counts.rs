@@ -18,14 +18,22 @@
 //! * `full`: a full cache whose entries are all in use; each operation is
 //!   a miss (handed out uncached) and its release.
 //! * `hits`: `entries` idle entries; each operation is a hit and its release.
+//! * `tracked`: `entries` registrations for peers (`get_unshared`, each
+//!   with a tracking slot; under a monitor that accepts every range and
+//!   reports nothing); each operation invalidates by hand a page that none
+//!   of them covers: the scan of the tracking slots.
 //!
 //! Only the operations are counted (the `measured` function); the set-up
 //! is not.
 
 use std::hint::black_box;
 use std::io;
+use std::sync::Arc;
 
-use na_regcache::{Access, Cache, CacheConfig, Consistency, MonitorChoice, Registrar};
+use na_regcache::{
+    Access, AllocMonitor, Cache, CacheConfig, Consistency, InvalidationSink, Monitor, MonitorChoice,
+    Registrar, SinkId, Watch,
+};
 
 const PAGE: usize = 4096;
 const W: Access = Access::LOCAL_WRITE;
@@ -43,6 +51,31 @@ impl Registrar for Noop {
     }
 }
 
+/// Accepts every range and reports no change (invalidations come by
+/// hand); attaching borrows the allocator hook's list of caches, which
+/// nothing feeds here (the hook is not installed).
+struct Silent;
+
+impl Monitor for Silent {
+    fn name(&self) -> &'static str {
+        "silent"
+    }
+    fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
+        AllocMonitor::global().attach(sink)
+    }
+    fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>> {
+        AllocMonitor::global().detach(id)
+    }
+    fn subscribe(&self, _: usize, _: usize, cookie: u64) -> io::Result<Watch> {
+        Ok(Watch {
+            cookie,
+            token: [0; 2],
+        })
+    }
+    fn unsubscribe(&self, _: &Watch) {}
+    fn sync(&self) {}
+}
+
 struct Rng(u64);
 
 impl Rng {
@@ -54,19 +87,19 @@ impl Rng {
     }
 }
 
+fn config(max_count: usize) -> CacheConfig {
+    CacheConfig {
+        max_count,
+        max_bytes: usize::MAX / 2,
+        monitor: MonitorChoice::None,
+        fork_guard: false,
+        consistency: Consistency::Returned,
+        map_watch: false,
+    }
+}
+
 fn cache(max_count: usize) -> Cache<Noop> {
-    Cache::new(
-        Noop,
-        CacheConfig {
-            max_count,
-            max_bytes: usize::MAX / 2,
-            monitor: MonitorChoice::None,
-            fork_guard: false,
-            consistency: Consistency::Returned,
-            map_watch: false,
-        },
-    )
-    .expect("cache")
+    Cache::new(Noop, config(max_count)).expect("cache")
 }
 
 /// The counted part: `ops` operations of `workload`.
@@ -107,13 +140,18 @@ fn measured(workload: &str, c: &Cache<Noop>, pages: &mut [bool], rng: &mut Rng, 
                 drop(black_box(c.get(p * 2 * PAGE + PAGE, PAGE, W).expect("hit")));
             }
         }
-        other => panic!("unknown workload {other}: churn, full or hits"),
+        "tracked" => {
+            for _ in 0..ops {
+                c.invalidate(PAGE, PAGE);
+            }
+        }
+        other => panic!("unknown workload {other}: churn, full, hits or tracked"),
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: regcache_counts churn|full|hits <entries> <operations>";
+    let usage = "usage: regcache_counts churn|full|hits|tracked <entries> <operations>";
     let (Some(workload), Some(entries), Some(ops)) = (args.first(), args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -147,6 +185,16 @@ fn main() {
                 if workload == "full" {
                     held.push(h);
                 }
+            }
+            (c, vec![true; entries])
+        }
+        "tracked" => {
+            let c = Cache::with_monitor(Noop, config(16), Arc::new(Silent)).expect("cache");
+            for p in 0..entries {
+                held.push(
+                    c.get_unshared((p + 1) * 2 * PAGE + PAGE, PAGE, W)
+                        .expect("unshared"),
+                );
             }
             (c, vec![true; entries])
         }
