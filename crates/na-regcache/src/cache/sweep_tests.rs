@@ -188,7 +188,14 @@ fn the_counts_of_entries_in_use_stay_exact_under_threads() {
                             }
                             3 => held
                                 .push_back(c.get_unshared(addr, len, Access::LOCAL_WRITE).expect("unshared")),
-                            _ => held.push_back(c.get(addr, len, Access::LOCAL_WRITE).expect("get")),
+                            _ => match c.get(addr, len, Access::LOCAL_WRITE) {
+                                Ok(h) => held.push_back(h),
+                                // Three registrations in a row whose span
+                                // another thread invalidated meanwhile: the
+                                // documented outcome of this much contention.
+                                Err(crate::Error::Unstable { .. }) => {}
+                                Err(e) => panic!("get: {e}"),
+                            },
                         }
                         if held.len() > 4 {
                             held.pop_front();
