@@ -32,13 +32,18 @@ pub struct CacheStats {
     pub bytes_registered: u64,
     /// Registrations currently referenced by at least one handle.
     pub in_use: u64,
+    /// Slots the eviction sweeps looked at (the CLOCK hand of a miss that
+    /// needs room, and [`Cache::evict_idle`](crate::Cache::evict_idle)).
+    /// A sweep starts only while the cache holds an idle entry: a miss of
+    /// a full cache whose entries are all in use looks at none.
+    pub sweep_steps: u64,
 }
 
 impl fmt::Display for CacheStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "hits={} misses={} evictions={} invalidations={} uncached={} unshared={} entries={} bytes_registered={} in_use={}",
+            "hits={} misses={} evictions={} invalidations={} uncached={} unshared={} entries={} bytes_registered={} in_use={} sweep_steps={}",
             self.hits,
             self.misses,
             self.evictions,
@@ -47,7 +52,8 @@ impl fmt::Display for CacheStats {
             self.unshared,
             self.entries,
             self.bytes_registered,
-            self.in_use
+            self.in_use,
+            self.sweep_steps
         )
     }
 }
@@ -61,6 +67,12 @@ impl StripedCounter {
     #[inline]
     pub fn add(&self, n: i64) {
         self.0[stripe()].0.fetch_add(n, Relaxed);
+    }
+
+    /// Adds `n` on the first stripe, touching no thread-local: for the
+    /// rare updates made under the cache's write lock (the sum is the same).
+    pub fn add_locked(&self, n: i64) {
+        self.0[0].0.fetch_add(n, Relaxed);
     }
 
     pub fn sum(&self) -> u64 {
@@ -81,7 +93,14 @@ pub(crate) struct Stats {
     pub deregister_failures: AtomicU64,
     pub entries: AtomicU64,
     pub bytes_registered: AtomicU64,
-    pub in_use: StripedCounter,
+    /// Entries in the cache index with at least one handle: the table's
+    /// live entries less these are idle (evictable). Updated on the same
+    /// transitions as `in_use` was (a hit on an idle entry, the last
+    /// handle's drop), so hits pay nothing more.
+    pub busy_cached: StripedCounter,
+    /// Registrations outside the index with at least one handle (uncached,
+    /// unshared, superseded or invalidated while in use).
+    pub busy_outside: StripedCounter,
 }
 
 impl Stats {
@@ -101,7 +120,8 @@ impl Stats {
             deregister_failures: self.deregister_failures.load(Relaxed),
             entries: self.entries.load(Relaxed),
             bytes_registered: self.bytes_registered.load(Relaxed),
-            in_use: self.in_use.sum(),
+            in_use: self.busy_cached.sum() + self.busy_outside.sum(),
+            sweep_steps: 0,
         }
     }
 }

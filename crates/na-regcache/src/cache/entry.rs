@@ -34,6 +34,31 @@ impl<R: Registrar> Backend<R> {
 /// Slot number of an entry that is not in the cache.
 pub(crate) const NO_SLOT: u32 = u32::MAX;
 
+/// The [`Refs`] bit set while the entry is in the cache index.
+const INDEXED: usize = 1 << (usize::BITS - 1);
+
+/// An entry's count of live handles and whether it is in the cache index,
+/// in one word. The last handle's drop and the table taking the entry out
+/// of the index (under the write lock) thus see each other's change, and
+/// the counts of entries in use inside and outside the index
+/// ([`Stats::busy_cached`], [`Stats::busy_outside`]) stay exact: the
+/// table tells from them, without a sweep, that no cached entry is idle.
+pub(crate) struct Refs(AtomicUsize);
+
+impl Refs {
+    /// Live handles (the insertion's own counts as one until it returns).
+    #[inline]
+    pub fn users(&self) -> usize {
+        self.0.load(Ordering::Acquire) & !INDEXED
+    }
+
+    /// True while the entry is in the cache index.
+    #[inline]
+    pub fn indexed(&self) -> bool {
+        self.0.load(Ordering::Acquire) & INDEXED != 0
+    }
+}
+
 /// A registration of `[start, end)`. Deregistered when the last `Arc` drops,
 /// which the cache arranges to happen outside its lock.
 pub(crate) struct Entry<R: Registrar> {
@@ -42,12 +67,10 @@ pub(crate) struct Entry<R: Registrar> {
     pub access: Access,
     /// Cleared by invalidation (and when the cache is dropped).
     pub valid: AtomicBool,
-    /// Live handles.
-    pub users: AtomicUsize,
+    /// Live handles, and whether the entry is in the cache index.
+    pub refs: Refs,
     /// CLOCK second-chance bit, set by hits.
     pub referenced: AtomicBool,
-    /// True while the entry is in the cache index (changed under the lock).
-    pub cached: AtomicBool,
     /// Slot in the cache's table (set on insertion), `NO_SLOT` when never cached.
     pub slot: AtomicU32,
     /// The monitor's subscription, if any.
@@ -89,9 +112,8 @@ impl<R: Registrar> Entry<R> {
             end,
             access,
             valid: AtomicBool::new(true),
-            users: AtomicUsize::new(0),
+            refs: Refs(AtomicUsize::new(0)),
             referenced: AtomicBool::new(false),
-            cached: AtomicBool::new(false),
             slot: AtomicU32::new(NO_SLOT),
             watch,
             tracker: OnceLock::new(),
@@ -177,6 +199,59 @@ impl<R: Registrar> Entry<R> {
                 false
             }
             None => true,
+        }
+    }
+
+    /// One more user of an entry in the index (a hit, read lock held);
+    /// the first one counts it busy (under the lock: a sweep, which
+    /// needs the write lock, never counts an entry held by a hit idle).
+    #[inline]
+    pub fn acquire_cached(&self) {
+        if self.refs.0.fetch_add(1, Ordering::AcqRel) & !INDEXED == 0 {
+            self.backend.stats.busy_cached.add(1);
+        }
+    }
+
+    /// The first user of an entry outside the index (handed out uncached,
+    /// for peers), counted busy.
+    pub fn acquire_outside(&self) {
+        self.refs.0.fetch_add(1, Ordering::AcqRel);
+        self.backend.stats.busy_outside.add(1);
+    }
+
+    /// One user less; the last one counts the entry busy no longer, inside
+    /// or outside the index as it was at that moment. No lock.
+    #[inline]
+    pub fn release(&self) {
+        let old = self.refs.0.fetch_sub(1, Ordering::AcqRel);
+        if old & !INDEXED == 1 {
+            let s = &self.backend.stats;
+            if old & INDEXED != 0 {
+                s.busy_cached.add(-1);
+            } else {
+                s.busy_outside.add(-1);
+            }
+        }
+    }
+
+    /// Enters the index with one user (the inserting miss). Under the
+    /// write lock; the entry must not be in the index.
+    pub fn enter_index(&self) {
+        let old = self.refs.0.fetch_add(INDEXED + 1, Ordering::AcqRel);
+        debug_assert!(old & INDEXED == 0, "entered the index twice");
+        if old & !INDEXED == 0 {
+            self.backend.stats.busy_cached.add_locked(1);
+        }
+    }
+
+    /// Leaves the index (under the write lock): if it is in use, its users
+    /// now hold it outside. Does nothing if it was not in the index.
+    pub fn leave_index(&self) {
+        let old = self.refs.0.fetch_and(!INDEXED, Ordering::AcqRel);
+        if old & INDEXED != 0 && old & !INDEXED != 0 {
+            let s = &self.backend.stats;
+            s.busy_cached.add_locked(-1);
+            s.busy_outside.add_locked(1);
         }
     }
 
@@ -300,13 +375,14 @@ impl<R: Registrar> Registration<R> {
     /// range failed, is not watched: its validity flag clears only when the
     /// cache is dropped. Use it for the operation at hand and drop it.
     pub fn is_cached(&self) -> bool {
-        self.entry.cached.load(Ordering::Acquire)
+        self.entry.refs.indexed()
     }
 }
 
 impl<R: Registrar> Clone for Registration<R> {
     fn clone(&self) -> Self {
-        self.entry.users.fetch_add(1, Ordering::AcqRel);
+        // A handle's entry has a user already: never the first.
+        self.entry.refs.0.fetch_add(1, Ordering::AcqRel);
         Registration {
             entry: Arc::clone(&self.entry),
         }
@@ -317,9 +393,7 @@ impl<R: Registrar> Drop for Registration<R> {
     fn drop(&mut self) {
         // Idle cached entries stay in the table (the CLOCK hand finds them);
         // the last Arc of an uncached or detached entry deregisters it.
-        if self.entry.users.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.entry.backend.stats.in_use.add(-1);
-        }
+        self.entry.release();
     }
 }
 

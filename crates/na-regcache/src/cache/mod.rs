@@ -33,7 +33,8 @@
 //!    else insert, evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
 //!    slots lets the lock go, takes it again and goes on, checking the
-//!    span again first); unlock and deregister superseded/evicted
+//!    span again first; no sweep at all while the count of entries in
+//!    use says none is idle: see `entry::Refs`); unlock and deregister superseded/evicted
 //!    entries. The slot goes to the new entry if it is handed out
 //!    uncached (it tracks it from then on), else it is released.
 //!
@@ -47,7 +48,9 @@
 //! under the lock: the vectors that carry entries out of the table are
 //! reserved before it is taken (see `table`).
 
+mod build;
 mod entry;
+mod outside;
 mod shared;
 #[cfg(test)]
 mod sweep_tests;
@@ -55,21 +58,18 @@ mod table;
 
 pub use entry::Registration;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use entry::{Backend, Entry};
-use shared::{Claimed, Shared, TrackedRanges};
+use entry::Entry;
+use shared::{Claimed, Shared};
 use table::{Insert, Sweep, Table};
 
-use crate::config::{CacheConfig, Consistency, MonitorChoice};
 use crate::error::{Error, Result};
-use crate::monitor::{alloc::AllocMonitor, uffd::UffdMonitor, InvalidationSink, Monitor, SinkId};
+use crate::monitor::{InvalidationSink, Monitor, SinkId};
 use crate::registrar::{Access, Registrar};
 use crate::stats::{CacheStats, Stats};
-use crate::sys::brlock::BrLock;
-use crate::sys::mem::ForkGuard;
 
 /// A memory registration cache over registrar `R`. See the module docs for
 /// the call order of [`Cache::get`]; share it between threads by reference
@@ -81,143 +81,6 @@ pub struct Cache<R: Registrar> {
 }
 
 impl<R: Registrar> Cache<R> {
-    /// Builds a cache; the monitor is created from `config.monitor`
-    /// (process-global userfaultfd monitor or allocator hook).
-    pub fn new(registrar: R, config: CacheConfig) -> Result<Cache<R>> {
-        config.validate()?;
-        let monitor: Option<Arc<dyn Monitor>> = match config.monitor {
-            MonitorChoice::Uffd | MonitorChoice::Auto => match UffdMonitor::global_with(config.map_watch) {
-                // The monitor watches for at most MAX_SINKS caches: past
-                // them `Auto` falls back as it does without userfaultfd
-                // (one more plugin instance must not fail to start). This
-                // check only saves building a cache that cannot attach:
-                // the place is taken by `attach` in `build`, which falls
-                // back the same way when another cache took the last one
-                // meanwhile.
-                Ok(m) if config.monitor == MonitorChoice::Auto && !m.has_room() => {
-                    tracing::warn!(
-                        caches = crate::monitor::MAX_SINKS,
-                        "userfaultfd monitor full: registration cache disabled"
-                    );
-                    return Self::build(registrar, config, None, false);
-                }
-                Ok(m) => Some(m),
-                Err(source) if config.monitor == MonitorChoice::Uffd => {
-                    return Err(Error::MonitorInit {
-                        monitor: "uffd",
-                        source,
-                    })
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "userfaultfd unavailable: registration cache disabled");
-                    return Self::build(registrar, config, None, false);
-                }
-            },
-            MonitorChoice::Alloc if !AllocMonitor::installed() => return Err(Error::AllocHookNotInstalled),
-            MonitorChoice::Alloc => Some(AllocMonitor::global()),
-            MonitorChoice::None => None,
-            MonitorChoice::Disabled => return Self::build(registrar, config, None, false),
-        };
-        Self::build(registrar, config, monitor, true)
-    }
-
-    /// Builds a cache configured from `QS_MR_CACHE_*` (see [`crate::config`]);
-    /// an invalid variable is an [`Error::Config`] naming it.
-    pub fn from_env(registrar: R) -> Result<Cache<R>> {
-        Self::new(registrar, CacheConfig::from_env()?)
-    }
-
-    /// Builds a cache watched by a caller-supplied monitor (e.g. a kdreg2 backend).
-    pub fn with_monitor(registrar: R, config: CacheConfig, monitor: Arc<dyn Monitor>) -> Result<Cache<R>> {
-        config.validate()?;
-        Self::build(registrar, config, Some(monitor), true)
-    }
-
-    fn build(
-        registrar: R,
-        config: CacheConfig,
-        monitor: Option<Arc<dyn Monitor>>,
-        caching: bool,
-    ) -> Result<Self> {
-        let fork_guard = if config.fork_guard {
-            Some(ForkGuard::new().map_err(|source| Error::MonitorInit {
-                monitor: "fork-guard",
-                source,
-            })?)
-        } else {
-            None
-        };
-        let mut monitor_name = monitor
-            .as_ref()
-            .map_or(if caching { "none" } else { "disabled" }, |m| m.name());
-        let backend = Arc::new(Backend {
-            registrar,
-            stats: Stats::default(),
-            monitor,
-            fork_guard,
-            closed: AtomicBool::new(false),
-        });
-        let mut shared = Arc::new(Shared {
-            backend,
-            table: BrLock::new(Table::new(config.max_count, config.max_bytes)),
-            caching,
-            in_flight: config.consistency == Consistency::InFlight,
-            lo: AtomicUsize::new(usize::MAX),
-            hi: AtomicUsize::new(0),
-            zombies: AtomicUsize::new(0),
-            generation: AtomicU64::new(0),
-            tracked: TrackedRanges::new(),
-        });
-        let attached = match &shared.backend.monitor {
-            Some(m) => m
-                .attach(Arc::clone(&shared) as Arc<dyn InvalidationSink>)
-                .map(Some)
-                .map_err(|source| Error::MonitorInit {
-                    monitor: m.name(),
-                    source,
-                }),
-            None => Ok(None),
-        };
-        let sink = match attached {
-            Ok(sink) => sink,
-            // `Auto` never fails for want of a monitor: when the monitor
-            // refuses (another cache took its last place since `new`
-            // looked), the cache comes up disabled.
-            Err(e) if config.monitor == MonitorChoice::Auto => {
-                Self::disable(&mut shared).ok_or(e)?;
-                tracing::warn!(
-                    caches = crate::monitor::MAX_SINKS,
-                    "userfaultfd monitor full: registration cache disabled"
-                );
-                monitor_name = "disabled";
-                None
-            }
-            Err(e) => return Err(e),
-        };
-        tracing::debug!(
-            monitor = monitor_name,
-            max_count = config.max_count,
-            max_bytes = config.max_bytes,
-            "registration cache created"
-        );
-        Ok(Cache {
-            shared,
-            sink,
-            monitor_name,
-        })
-    }
-
-    /// Turns a cache still being built, whose monitor refused it, into a
-    /// disabled one (no monitor, no caching). `None` if the state is
-    /// shared already (a monitor kept the sink it refused): then it stays
-    /// as it is, and the caller reports the refusal.
-    fn disable(shared: &mut Arc<Shared<R>>) -> Option<()> {
-        let sh = Arc::get_mut(shared)?;
-        Arc::get_mut(&mut sh.backend)?.monitor = None;
-        sh.caching = false;
-        Some(())
-    }
-
     /// The registrar.
     pub fn registrar(&self) -> &R {
         &self.shared.backend.registrar
@@ -252,12 +115,11 @@ impl<R: Registrar> Cache<R> {
                 if !stale {
                     // Take the user reference under the read lock so that
                     // eviction (write lock) never sees this entry idle.
-                    let first = Table::acquire(e);
+                    // Counted busy under the lock: a sweep (write lock)
+                    // never counts this entry idle.
+                    Table::acquire(e);
                     let e = Arc::clone(e);
                     drop(t);
-                    if first {
-                        stats.in_use.add(1);
-                    }
                     stats.hits.add(1);
                     return Ok(Registration { entry: e });
                 }
@@ -393,7 +255,7 @@ impl<R: Registrar> Cache<R> {
             // once out of the index an invalidation no longer clears its
             // flag, and a user checking it in between, after an unmap,
             // would have seen it valid.
-            for d in doomed.iter().filter(|d| d.users.load(Ordering::Acquire) > 0) {
+            for d in doomed.iter().filter(|d| d.refs.users() > 0) {
                 d.track_since(Arc::clone(sh), &t, &mut slots, gen_now, None);
             }
             if !cached {
@@ -411,10 +273,10 @@ impl<R: Registrar> Cache<R> {
             mine.set(None);
             drop(slots);
             if !cached {
-                entry.users.fetch_add(1, Ordering::AcqRel);
+                // (Cached: the insertion gave it its user, counted busy.)
+                entry.acquire_outside();
                 Stats::bump(&stats.uncached);
             }
-            stats.in_use.add(1);
             if evicted > 0 {
                 stats.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
                 tracing::debug!(evicted, "registration cache evicted idle entries");
@@ -425,97 +287,13 @@ impl<R: Registrar> Cache<R> {
         Err(Error::Unstable { addr })
     }
 
-    /// A registration of exactly `[addr, addr+len)` that is neither kept in
-    /// the cache nor shared with any other caller: it is deregistered when
-    /// its last handle drops, never left idle. For memory exposed to peers
-    /// with remote access rights, whose exposure must end with its user: a
-    /// cached registration outlives it, and a peer that kept its key could
-    /// go on reading and writing whatever the memory holds next (a freed
-    /// heap buffer's next owner, say). Watched like the uncached fallback
-    /// of [`get`](Self::get): its validity flag clears when the monitor
-    /// sees its mapping change (where the monitor accepts the range).
-    pub fn get_unshared(&self, addr: usize, len: usize, access: Access) -> Result<Registration<R>> {
-        let end = self.checked_end(addr, len)?;
-        let sh = &self.shared;
-        let Some(m) = sh.backend.monitor.as_ref().filter(|_| sh.caching) else {
-            // Nothing watches mappings: a plain registration, as `get` gives.
-            return self.plain(addr, end, access, &sh.backend.stats.unshared);
-        };
-        self.watched_outside(m.as_ref(), addr, end, access, &sh.backend.stats.unshared)
-    }
-
-    /// A registration of exactly `[addr, end)` outside the index, watched
-    /// and tracked like a cached entry: its validity flag clears when the
-    /// monitor sees its mapping change (unwatched only where the monitor
-    /// refuses the range). Counted in `counter`.
-    fn watched_outside(
-        &self,
-        m: &dyn crate::monitor::Monitor,
-        addr: usize,
-        end: usize,
-        access: Access,
-        counter: &AtomicU64,
-    ) -> Result<Registration<R>> {
-        let sh = &self.shared;
-        let len = end - addr;
-        // As in `get`: changes that completed before this call are applied
-        // first (so they cannot count against the new registration), then
-        // the pre-filter is widened and the generation noted before the
-        // subscription and the pin, so a change after them is seen.
-        self.sync_monitor(m);
-        sh.widen(addr, end);
-        // The tracking slot is claimed with the generation, before the
-        // subscription and the pin: an invalidation while they are made
-        // marks it, however many of other ranges come meanwhile. It is
-        // reserved before the lock (the slot table may grow).
-        let mut reserved = sh.tracked.reserve(1);
-        let (gen, slot) = {
-            let t = sh.lock();
-            (t.generation(), sh.claim_live(&t, &mut reserved, addr, end))
-        };
-        drop(reserved);
-        let give_back = || {
-            if let Some(i) = slot {
-                sh.tracked.release(i);
-            }
-        };
-        let watch = match m.subscribe(addr, len, addr as u64) {
-            Ok(w) => Some(w),
-            Err(err) => {
-                tracing::debug!(addr, len, error = %err, "monitor refused range: unwatched");
-                None
-            }
-        };
-        let region = match self.register(addr, len, access) {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(w) = &watch {
-                    m.unsubscribe(w);
-                }
-                give_back();
-                return Err(e);
-            }
-        };
-        let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
-        let stale_at = m.settling(addr, end).map(|left| Instant::now() + left);
-        if slot.is_none() {
-            tracing::debug!(
-                addr,
-                len,
-                "regcache: the tracking slots cannot grow; tracked by history"
-            );
-        }
-        entry.track_with(Arc::clone(sh), gen, stale_at, slot);
-        Ok(self.hand_out(entry, counter))
-    }
-
     /// `[addr, addr+len)` checked (non-empty, no overflow) and the caller
     /// checked to be the process that made the cache; returns the end.
     fn checked_end(&self, addr: usize, len: usize) -> Result<usize> {
         let end = addr
             .checked_add(len)
             .filter(|_| len > 0)
-            .ok_or(Error::InvalidRange { addr, len })?;
+            .ok_or_else(|| Error::InvalidRange { addr, len })?;
         if !self.shared.backend.in_owner() {
             return Err(Error::ForkedChild);
         }
@@ -530,15 +308,6 @@ impl<R: Registrar> Cache<R> {
         } else {
             m.sync();
         }
-    }
-
-    /// The first user handle of an entry outside the index, counted in
-    /// `counter`.
-    fn hand_out(&self, entry: Arc<Entry<R>>, counter: &AtomicU64) -> Registration<R> {
-        entry.users.fetch_add(1, Ordering::AcqRel);
-        self.shared.backend.stats.in_use.add(1);
-        Stats::bump(counter);
-        Registration { entry }
     }
 
     /// Registers `[addr, addr+len)`; on failure evicts every idle entry and
@@ -568,18 +337,6 @@ impl<R: Registrar> Cache<R> {
                 })
             }
         }
-    }
-
-    fn uncached(&self, addr: usize, end: usize, access: Access) -> Result<Registration<R>> {
-        self.plain(addr, end, access, &self.shared.backend.stats.uncached)
-    }
-
-    /// An unwatched registration outside the index, counted in `counter`.
-    fn plain(&self, addr: usize, end: usize, access: Access, counter: &AtomicU64) -> Result<Registration<R>> {
-        let region = self.register(addr, end - addr, access)?;
-        let sh = &self.shared;
-        let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, None));
-        Ok(self.hand_out(entry, counter))
     }
 
     /// Deregisters invalidated entries (whose handles, if any, keep their
@@ -624,7 +381,9 @@ impl<R: Registrar> Cache<R> {
             // made before the write lock.
             let live = sh.table.read().live();
             idle.reserve(live.clamp(1, table::SWEEP_STEP));
-            let more = sh.lock().take_idle(&mut idle, &mut cursor);
+            let more = sh
+                .lock()
+                .take_idle(&mut idle, &mut cursor, &sh.backend.stats.busy_cached);
             n += idle.len();
             idle.clear();
             if !more {
@@ -664,7 +423,9 @@ impl<R: Registrar> Cache<R> {
             return CacheStats::default();
         }
         let mut s = self.shared.backend.stats.snapshot();
-        s.entries = self.shared.table.read().live() as u64;
+        let t = self.shared.table.read();
+        s.entries = t.live() as u64;
+        s.sweep_steps = t.sweep_steps();
         s
     }
 
@@ -685,6 +446,7 @@ impl<R: Registrar> Cache<R> {
             entries = s.entries,
             bytes_registered = s.bytes_registered,
             in_use = s.in_use,
+            sweep_steps = s.sweep_steps,
             "registration cache stats"
         );
     }

@@ -3,6 +3,9 @@
 //! over idle entries, and a list of invalidated ("zombie") entries awaiting
 //! deregistration. Hits only need the read lock: they bump the entry's user
 //! count and set its `referenced` bit; releasing a handle takes no lock.
+//! The cache counts the entries in the index that are in use
+//! (`Stats::busy_cached`, see `entry::Refs`): while none is idle, a miss
+//! that needs room and `take_idle` sweep nothing.
 //!
 //! Every method runs under the cache lock and **never allocates or frees
 //! memory**: the index and slot vectors are reserved for `max_count`
@@ -20,6 +23,7 @@ use std::sync::Arc;
 
 use super::entry::Entry;
 use crate::registrar::{Access, Registrar};
+use crate::stats::StripedCounter;
 
 const NIL: u32 = u32::MAX;
 /// Invalidations remembered for misses racing with them.
@@ -113,6 +117,8 @@ pub(crate) struct Table<R: Registrar> {
     ring: [(u64, usize, usize); RING],
     max_count: usize,
     max_bytes: usize,
+    /// Slots the eviction sweeps looked at ([`crate::CacheStats::sweep_steps`]).
+    sweep_steps: u64,
 }
 
 impl<R: Registrar> Table<R> {
@@ -130,7 +136,23 @@ impl<R: Registrar> Table<R> {
             ring: [(0, 0, 0); RING],
             max_count,
             max_bytes,
+            sweep_steps: 0,
         }
+    }
+
+    /// Slots the eviction sweeps looked at so far.
+    pub fn sweep_steps(&self) -> u64 {
+        self.sweep_steps
+    }
+
+    /// How many entries in the index are idle (no handle), from the count
+    /// of those in use (`busy`, the cache's `Stats::busy_cached`): eight
+    /// loads instead of a sweep. Under the write lock no hit runs, so
+    /// nothing makes an entry busy meanwhile; a handle being dropped right
+    /// now may not be counted idle yet (as if it dropped a moment later),
+    /// and is never counted idle before its user count says so.
+    fn idle(&self, busy: &StripedCounter) -> usize {
+        self.live.saturating_sub(busy.sum() as usize)
     }
 
     pub fn live(&self) -> usize {
@@ -166,13 +188,12 @@ impl<R: Registrar> Table<R> {
     }
 
     /// A hit on `e` (read lock suffices): one more user, second chance.
-    /// Returns true when `e` was idle.
     #[inline]
-    pub fn acquire(e: &Entry<R>) -> bool {
+    pub fn acquire(e: &Entry<R>) {
         if !e.referenced.load(Ordering::Relaxed) {
             e.referenced.store(true, Ordering::Relaxed);
         }
-        e.users.fetch_add(1, Ordering::AcqRel) == 0
+        e.acquire_cached();
     }
 
     /// The union of `[start, end)` and every cached range it overlaps, with
@@ -262,6 +283,11 @@ impl<R: Registrar> Table<R> {
             if count < self.max_count && bytes + len <= self.max_bytes {
                 break over;
             }
+            if self.idle(&entry.backend.stats.busy_cached) == 0 {
+                // Every entry is in use: a sweep would find nothing (it
+                // used to look at every slot twice to learn that).
+                return Insert::NoRoom { evicted };
+            }
             let slot = match self.clock_victim(&mut budget, sweep) {
                 Victim::Found(slot) => slot,
                 Victim::None => return Insert::NoRoom { evicted },
@@ -279,8 +305,7 @@ impl<R: Registrar> Table<R> {
         self.index.drain(over);
         let slot = self.alloc_slot();
         entry.slot.store(slot, Ordering::Relaxed);
-        entry.cached.store(true, Ordering::Release);
-        entry.users.fetch_add(1, Ordering::AcqRel);
+        entry.enter_index();
         let pos = self.index.partition_point(|it| it.start < entry.start);
         self.index.insert(
             pos,
@@ -311,7 +336,7 @@ impl<R: Registrar> Table<R> {
             let s = &mut self.slots[slot as usize];
             if let Some(e) = &s.entry {
                 e.valid.store(false, Ordering::Release);
-                e.cached.store(false, Ordering::Release);
+                e.leave_index();
             }
             s.state = State::Zombie;
             s.next = self.zombie_head;
@@ -340,20 +365,34 @@ impl<R: Registrar> Table<R> {
     /// many as its spare capacity holds, looking at [`SWEEP_STEP`] slots
     /// at most (drop them after unlocking); advances `*cursor` past the
     /// slots looked at. Returns true while slots are left to look at
-    /// (call again, after unlocking, with the same cursor).
-    pub fn take_idle(&mut self, out: &mut Vec<Arc<Entry<R>>>, cursor: &mut usize) -> bool {
+    /// (call again, after unlocking, with the same cursor). Stops as soon
+    /// as no entry is idle (`busy`: the cache's `Stats::busy_cached`),
+    /// without looking at the rest.
+    pub fn take_idle(
+        &mut self,
+        out: &mut Vec<Arc<Entry<R>>>,
+        cursor: &mut usize,
+        busy: &StripedCounter,
+    ) -> bool {
+        let mut idle = self.idle(busy);
         let stop = cursor.saturating_add(SWEEP_STEP).min(self.slots.len());
         while *cursor < stop {
+            if idle == 0 {
+                *cursor = self.slots.len();
+                return false;
+            }
+            self.sweep_steps += 1;
             let slot = *cursor as u32;
             let s = &self.slots[slot as usize];
             if let (Some(e), State::Live) = (&s.entry, s.state) {
-                if e.users.load(Ordering::Acquire) == 0 {
+                if e.refs.users() == 0 {
                     if out.len() == out.capacity() {
                         return true;
                     }
                     let start = e.start;
                     self.index_remove(slot, start);
                     out.push(self.free_slot(slot));
+                    idle -= 1;
                 }
             }
             *cursor += 1;
@@ -373,12 +412,13 @@ impl<R: Registrar> Table<R> {
             }
             *budget -= 1;
             sweep.fruitless += 1;
+            self.sweep_steps += 1;
             self.hand = (self.hand + 1) % n;
             let s = &self.slots[self.hand];
             let (Some(e), State::Live) = (&s.entry, s.state) else {
                 continue;
             };
-            if e.users.load(Ordering::Acquire) != 0 {
+            if e.refs.users() != 0 {
                 continue;
             }
             if e.referenced.swap(false, Ordering::Relaxed) {
@@ -402,6 +442,16 @@ impl<R: Registrar> Table<R> {
             out.push(e);
         }
         self.zombies + self.index.len()
+    }
+
+    /// Entries in the index with at least one handle, counted slot by
+    /// slot (what `Stats::busy_cached` counts without looking).
+    #[cfg(test)]
+    pub fn count_in_use(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.state == State::Live && s.entry.as_ref().is_some_and(|e| e.refs.users() > 0))
+            .count()
     }
 
     /// Removes the index item of `slot`, which starts at `start`.
@@ -429,7 +479,8 @@ impl<R: Registrar> Table<R> {
     fn free_slot(&mut self, slot: u32) -> Arc<Entry<R>> {
         let s = &mut self.slots[slot as usize];
         let e = s.entry.take().expect("freed slot holds an entry");
-        e.cached.store(false, Ordering::Release);
+        // Out of the index (a zombie left it already).
+        e.leave_index();
         s.state = State::Free;
         self.free.push(slot);
         self.live -= 1;

@@ -200,24 +200,26 @@
 //! address is registered when it is not (no event would ever report it).
 
 use std::io;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ranges::RangeCounts;
 use super::{InvalidationSink, Monitor, SinkId, SinkSet, Watch};
-use crate::sys::mem::{page_size, Scratch};
+use crate::sys::mem::page_size;
 use crate::sys::perf::MapWatch;
-use crate::sys::uffd::{self, EventFd, Uffd, UffdEvent, UffdMsg};
+use crate::sys::uffd::{self, EventFd, Uffd};
 use crate::sys::vma::Vmas;
+use known::{Known, SETS, WAYS};
+use reader::reader_loop;
 use settling::{Settling, SETTLING_SLOTS};
+use sync::check_in_flight_probe;
 
+mod known;
+mod reader;
 mod settling;
-
-/// Sets (of `WAYS` ranges each) of the table of ranges known to be registered.
-const SETS: usize = 512;
-const WAYS: usize = 4;
+mod sync;
 
 /// How long a REMOVE range stays settling once its advising thread is known
 /// to be awake (the first quiet probe after the event was read; see the
@@ -253,14 +255,6 @@ pub struct UffdCounters {
     pub probes: u64,
 }
 
-/// The table of page ranges registered with the kernel and not unmapped since.
-struct Known {
-    sets: [[(usize, usize); WAYS]; SETS],
-    /// Bumped by every `forget`: a range found unknown before a forget is
-    /// not remembered after it (its registration may predate the change).
-    forgets: u64,
-}
-
 struct Shared {
     uffd: Uffd,
     wake: EventFd,
@@ -292,137 +286,8 @@ struct Shared {
 }
 
 impl Shared {
-    fn known_set(first: usize) -> usize {
-        (first / page_size()).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - SETS.trailing_zeros())
-    }
-
-    /// `Ok(())` when `range` is known to be registered; otherwise the
-    /// forget generation to pass to [`Shared::remember`].
-    fn is_known(&self, range: (usize, usize)) -> Result<(), u64> {
-        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        if known.sets[Self::known_set(range.0)].contains(&range) {
-            Ok(())
-        } else {
-            Err(known.forgets)
-        }
-    }
-
-    /// Remembers `range` (most recent first in its set; the oldest way is
-    /// dropped), unless a `forget` ran since generation `forgets` was read:
-    /// that forget may have been for the very mapping just registered.
-    fn remember(&self, range: (usize, usize), forgets: u64) {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        if known.forgets != forgets {
-            return;
-        }
-        let set = &mut known.sets[Self::known_set(range.0)];
-        set.rotate_right(1);
-        set[0] = range;
-    }
-
-    /// Forgets every remembered range overlapping `[start, end)` (allocation-free).
-    fn forget(&self, start: usize, end: usize) {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        known.forgets = known.forgets.wrapping_add(1);
-        for k in known.sets.iter_mut().flatten() {
-            if k.0 < end && k.1 > start {
-                *k = (0, 0);
-            }
-        }
-    }
-
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
-    }
-
-    /// [`Monitor::sync`] (`in_flight` false) or [`Monitor::sync_in_flight`].
-    /// Afterwards, if a REMOVE range (perhaps marked in the round just
-    /// waited for) waits for its settle time to start, probes and starts it:
-    /// the flag and the mark serial are loaded before the probe, so a quiet
-    /// probe proves the advising threads of the ranges marked by then
-    /// awake (and only theirs: a REMOVE read during the probe waits for
-    /// the next sync).
-    fn sync(&self, in_flight: bool) {
-        if in_flight {
-            self.wait_in_flight();
-        }
-        self.wait_rounds();
-        if self.settle_unarmed.load(SeqCst) {
-            let upto = self.marks();
-            self.counters[8].fetch_add(1, SeqCst);
-            self.wait_changes_read();
-            self.arm_settling(upto);
-        }
-    }
-
-    /// Waits for the reader round that was running (or the last one started)
-    /// to finish.
-    fn wait_rounds(&self) {
-        // Pairs with the kernel's ordering of the read that dequeued the
-        // last counted event before the count dropped (module docs).
-        fence(SeqCst);
-        let target = self.started.load(SeqCst);
-        let mut spins = 0u32;
-        while self.finished.load(SeqCst) < target {
-            if spins < 64 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    /// Step (a) of an in-flight sync: probes, unless the map watch shows
-    /// that nothing was mapped since a probe that found no change in
-    /// flight (see the module docs, "Skipping the probe").
-    fn wait_in_flight(&self) {
-        let Some(watch) = &self.map_watch else {
-            self.counters[8].fetch_add(1, SeqCst);
-            self.wait_changes_read();
-            return;
-        };
-        // Stored plus one, so that 0 means "no quiet probe yet".
-        let stamp = watch.stamp().wrapping_add(1);
-        if self.clean_stamp.load(SeqCst) == stamp {
-            return;
-        }
-        self.counters[8].fetch_add(1, SeqCst);
-        if self.wait_changes_read() {
-            // The quiet probe came after the stamp was loaded.
-            self.clean_stamp.fetch_max(stamp, SeqCst);
-        }
-    }
-
-    /// Waits until no change of a registered range is in flight in the
-    /// kernel (see the module docs).
-    /// Returns false if the probe failed.
-    fn wait_changes_read(&self) -> bool {
-        let mut spins = 0u32;
-        loop {
-            match self.uffd.changes_in_flight() {
-                Ok(false) => return true,
-                Ok(true) => {
-                    if spins == 0 {
-                        self.counters[5].fetch_add(1, SeqCst);
-                    }
-                    // The reader (and the changing thread, to leave the
-                    // kernel) must run: yield soon, this may take a while.
-                    if spins < 8 {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
-                    }
-                    spins = spins.saturating_add(1);
-                }
-                Err(_) => {
-                    // Not expected (the probe is checked in `new`): count it
-                    // and fall back to the reader's rounds alone.
-                    self.counters[6].fetch_add(1, SeqCst);
-                    return false;
-                }
-            }
-        }
     }
 }
 
@@ -462,72 +327,6 @@ impl Shared {
     fn huge_page(&self, first: usize, end: usize) -> Option<usize> {
         let b = self.vmas.as_ref()?.backing(first, end).ok()?;
         (b.page > page_size() && b.page.is_power_of_two()).then_some(b.page)
-    }
-}
-
-/// Proves on this kernel that [`Uffd::changes_in_flight`] sees a change
-/// whose event was not read yet: a helper thread unmaps a registered scratch
-/// page, and its `munmap` cannot return before we read the UNMAP event.
-fn check_in_flight_probe(fd: &Uffd) -> io::Result<()> {
-    let unsupported = |what: &str| io::Error::new(io::ErrorKind::Unsupported, format!("userfaultfd: {what}"));
-    let page = page_size();
-    let scratch = Scratch::new(page)?;
-    fd.register(scratch.addr(), page, uffd::MODE_WP)?;
-    if fd.changes_in_flight()? {
-        return Err(unsupported("in-flight change reported while idle"));
-    }
-    let helper = std::thread::Builder::new()
-        .name("qs-uffd-check".into())
-        .spawn(move || scratch.unmap())?;
-    // The event is queued (the descriptor turns readable) only after the
-    // kernel counted the change, and stays counted until it is read.
-    let mut queued = false;
-    for _ in 0..100 {
-        if uffd::poll_readable(fd.as_raw_fd(), -1, 100)?.0 {
-            queued = true;
-            break;
-        }
-    }
-    if !queued {
-        // Not joined: whatever keeps it is released with the descriptor.
-        return Err(unsupported("no UNMAP event for a registered page"));
-    }
-    let during = fd.changes_in_flight();
-    let mut buf = [UffdMsg::default(); 4];
-    let mut released = false;
-    for _ in 0..100 {
-        match fd.read_events(&mut buf) {
-            Ok(n) => {
-                released = buf[..n]
-                    .iter()
-                    .any(|m| matches!(m.decode(), UffdEvent::Unmap { .. }))
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            // Dropping the descriptor (caller) releases the helper.
-            Err(e) => return Err(e),
-        }
-        if released {
-            break;
-        }
-        uffd::poll_readable(fd.as_raw_fd(), -1, 100)?;
-    }
-    if !released {
-        return Err(unsupported(
-            "the UNMAP event of a registered page could not be read",
-        ));
-    }
-    helper
-        .join()
-        .map_err(|_| io::Error::other("userfaultfd check thread panicked"))??;
-    let after = fd.changes_in_flight()?;
-    match (during?, after) {
-        (true, false) => Ok(()),
-        (false, _) => Err(unsupported(
-            "UFFDIO_ZEROPAGE does not report in-flight changes (EAGAIN)",
-        )),
-        (true, true) => Err(unsupported(
-            "in-flight change still reported after its event was read",
-        )),
     }
 }
 
@@ -787,61 +586,6 @@ impl Drop for UffdMonitor {
         let handle = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
             let _ = h.join();
-        }
-    }
-}
-
-/// The reader thread: allocation-free after start.
-fn reader_loop(s: &Shared) {
-    let mut buf = [UffdMsg::default(); 64];
-    while !s.stop.load(SeqCst) {
-        let (ready, _woken) = match uffd::poll_readable(s.uffd.as_raw_fd(), s.wake.as_raw_fd(), -1) {
-            Ok(r) => r,
-            Err(_) => {
-                s.counters[4].fetch_add(1, SeqCst);
-                continue;
-            }
-        };
-        if !ready {
-            continue;
-        }
-        let round = s.started.fetch_add(1, SeqCst) + 1;
-        loop {
-            match s.uffd.read_events(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => buf[..n].iter().for_each(|m| handle(s, m.decode())),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    s.counters[4].fetch_add(1, SeqCst);
-                    break;
-                }
-            }
-        }
-        s.finished.store(round, SeqCst);
-    }
-}
-
-fn handle(s: &Shared, ev: UffdEvent) {
-    match ev {
-        UffdEvent::Unmap { start, end } => {
-            s.counters[0].fetch_add(1, SeqCst);
-            s.forget(start as usize, end as usize);
-            s.sinks.dispatch(start as usize, end as usize);
-        }
-        UffdEvent::Remove { start, end } => {
-            s.counters[1].fetch_add(1, SeqCst);
-            // Before the invalidation: a miss that inserts after it must see the mark.
-            s.mark_settling(start as usize, end as usize);
-            s.sinks.dispatch(start as usize, end as usize);
-        }
-        UffdEvent::Remap { from, len, .. } => {
-            s.counters[2].fetch_add(1, SeqCst);
-            let (from, to) = (from as usize, from.saturating_add(len) as usize);
-            s.forget(from, to);
-            s.sinks.dispatch(from, to);
-        }
-        UffdEvent::Pagefault { .. } | UffdEvent::Fork | UffdEvent::Unknown(_) => {
-            s.counters[3].fetch_add(1, SeqCst);
         }
     }
 }
