@@ -18,7 +18,10 @@ mod lent;
 pub use lent::collect_lent;
 
 use na_core::rma::check_batch;
-use na_core::{scheme_of, Access, Addr, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma};
+use na_core::{
+    scheme_of, Access, Addr, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma,
+    MAX_REMOTE_SEGMENTS,
+};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
@@ -37,6 +40,15 @@ pub enum BulkError {
     /// A received descriptor is inconsistent.
     #[error("malformed bulk descriptor: {0}")]
     Malformed(String),
+    /// [`Bulk::expose`] was given more buffers than a descriptor can
+    /// name (peers refuse more than [`MAX_REMOTE_SEGMENTS`]).
+    #[error("cannot expose {count} buffers as one bulk handle: at most {max} segments")]
+    TooManySegments {
+        /// The buffers given.
+        count: usize,
+        /// [`MAX_REMOTE_SEGMENTS`].
+        max: usize,
+    },
 }
 
 /// The serialized form of a [`Bulk`].
@@ -73,6 +85,12 @@ impl Bulk {
         buffers: Vec<Vec<u8>>,
         access: Access,
     ) -> Result<Bulk, BulkError> {
+        if buffers.len() > MAX_REMOTE_SEGMENTS {
+            return Err(BulkError::TooManySegments {
+                count: buffers.len(),
+                max: MAX_REMOTE_SEGMENTS,
+            });
+        }
         let mem = MemHandle::new(buffers, access);
         let p = ep.plugin_mut(plugin)?;
         p.mem_register(&mem)?;
@@ -398,7 +416,9 @@ pub fn start_batch_via(
     // the endpoint's first plugin of that scheme.
     let owner = &remote.desc.owner;
     let through = match local.plugin {
-        Some(p) if scheme_of(owner) == Some(ep.plugin(p)?.scheme()) => Some(p),
+        // (A handle exposed on another endpoint names a plugin this one
+        // does not have: the endpoint's own plugin serves it.)
+        Some(p) if ep.plugin(p).is_ok_and(|pl| scheme_of(owner) == Some(pl.scheme())) => Some(p),
         _ => None,
     };
     // The caller's source address, else the one the handle was given

@@ -592,8 +592,11 @@ impl<C: Codec> Engine<C> {
     /// warns if it lasts over 10 s. The answer is the timeout even if the
     /// transfer finished meanwhile: the destination's contents in the
     /// range are then unspecified. A zero timeout does not wait for the
-    /// transfer to finish (unless it ended as it started: in memory, or
-    /// from inline data). If progress itself fails meanwhile, that error
+    /// transfer to finish (unless it ended as it started: served from this
+    /// process's own memory, or from inline data; a transfer the transport
+    /// carried out in the starting call, as na-sm does, has not had its
+    /// completion taken yet, so it is canceled and answered with the
+    /// timeout). If progress itself fails meanwhile, that error
     /// returns and the transfer is given up as by
     /// [`forget_bulk`](Self::forget_bulk), which never waits.
     ///

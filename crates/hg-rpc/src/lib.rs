@@ -14,9 +14,22 @@
 //! [`Engine::trigger`]) for code that owns its loop, or tokio
 //! ([`AsyncEngine`]: calls are futures, one driver task waits on the
 //! endpoint's fd). Inputs too large for one eager message spill into a
-//! one-sided pull by the target (see `docs/PROTOCOL.md`). Not yet here (see
-//! the issue tracker): several contexts in one engine (today: one engine
-//! per context, each with its own plugin instance and address).
+//! one-sided pull by the target (see `docs/PROTOCOL.md`).
+//!
+//! Contexts: a context is an [`Engine`] (one per thread or core), each
+//! with its own plugin instance and address; a caller picks the target
+//! context by its address, and a response comes back to the engine that
+//! made the call. Mercury's other form, several contexts behind one
+//! address with the target chosen by an id in the header, is not built.
+//!
+//! Bulk handles inside arguments: the memory of a [`Bulk`] stays exposed
+//! as long as the handle lives. An origin keeps the handles its input
+//! carried (see [`hg_bulk::collect_lent`]) until the target answers; a
+//! handler that returns a local `Bulk` in its *output* must keep a clone
+//! of it until the origin is done with it (a later RPC, say): the output
+//! is encoded and the handle dropped as the response goes; a pull after
+//! that fails over na-verbs (the registration is gone) and, over na-sm,
+//! reads whatever the target's memory at that address holds then.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

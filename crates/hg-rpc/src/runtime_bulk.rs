@@ -61,9 +61,11 @@ impl AsyncEngine {
     /// over 10 s is logged as a warning. The answer is the timeout even if
     /// the transfer finished meanwhile: the destination's contents in the
     /// range are then unspecified. A zero timeout does not wait for the
-    /// transfer to finish, nor drive it: unless it ended as it started (in
-    /// memory, or from inline data), it is canceled at once, and waited
-    /// for.
+    /// transfer to finish, nor drive it: unless it ended as it started
+    /// (served from this process's own memory, or from inline data), it is
+    /// canceled at once, and waited for, and the answer is the timeout,
+    /// even over na-sm, whose transfer moved the data in the starting
+    /// call (its completion was not taken yet).
     ///
     /// A transfer the transport ends as it starts it (na-sm moves the data
     /// in the starting call) answers without waiting for the engine's
