@@ -8,18 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_bulk::{start_batch, start_batch_via, Bulk, BulkOp, Span, Started};
-use na_core::{Access, Endpoint, OpId, Plugin, PluginId, ProgressMode};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::{Access, Endpoint, OpId, ProgressMode};
 
-fn add_sm(ep: &mut Endpoint, dir: &std::path::Path, listen: bool) -> PluginId {
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    }
-    .with_dir(dir);
-    ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap()
-}
+mod common;
+use common::add_sm;
 
 #[test]
 fn a_posted_transfer_names_the_plugin_of_its_local_handle() {

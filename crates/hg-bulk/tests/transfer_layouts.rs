@@ -9,18 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_bulk::{start_batch, Bulk, BulkDesc, BulkError, BulkOp, Span, Started};
-use na_core::{Access, Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode, RemoteMem};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::{Access, Endpoint, NaError, OpId, ProgressMode, RemoteMem};
 
-fn add_sm(ep: &mut Endpoint, dir: &std::path::Path, listen: bool) -> PluginId {
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    }
-    .with_dir(dir);
-    ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap()
-}
+mod common;
+use common::add_sm;
 
 struct Lcg(u64);
 impl Lcg {
@@ -95,7 +87,7 @@ impl Drop for Owner {
 }
 
 fn dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("hg-bulk-review-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hg-bulk-layouts-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();

@@ -14,7 +14,7 @@ use na_core::{Access, MemHandle, OpId, Plugin, PluginId, Rma};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{pipe, private_dir};
+use common::{pipe, private_dir, wait_child};
 
 /// Forks; the child runs `child` and exits with its status. Returns the
 /// child's pid.
@@ -30,30 +30,6 @@ fn fork_child(child: impl FnOnce() -> i32) -> libc::pid_t {
         unsafe { libc::_exit(code) };
     }
     pid
-}
-
-/// The child's exit status, or None if it had not ended within `limit`
-/// (then it is killed and reaped).
-fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let end = Instant::now() + limit;
-    let mut status = 0;
-    loop {
-        // SAFETY (test): polls our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            assert!(libc::WIFEXITED(status), "child ended by a signal: {status:#x}");
-            return Some(libc::WEXITSTATUS(status));
-        }
-        if Instant::now() > end {
-            // SAFETY (test): kills and reaps our own hung child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[test]

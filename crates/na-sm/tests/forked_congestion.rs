@@ -14,31 +14,8 @@ use na_sm::{SmConfig, SmPlugin};
 
 mod common;
 mod jam;
+use common::wait_child;
 use jam::{flood, honest_client_served, jam_every_closing_thread, listener, settle_for, LINGER};
-
-/// The child's exit status, or None if it had not ended within `limit`
-/// (then it is killed and reaped).
-fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let end = Instant::now() + limit;
-    let mut status = 0;
-    loop {
-        // SAFETY (test): polls our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            assert!(libc::WIFEXITED(status), "child ended by a signal: {status:#x}");
-            return Some(libc::WEXITSTATUS(status));
-        }
-        if Instant::now() > end {
-            // SAFETY (test): kills and reaps our own hung child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
 
 /// In the child: 0 if a listener of its own serves an honest client
 /// without ever pausing its accepts, else what went wrong.

@@ -58,3 +58,28 @@ impl Drop for KillOnDrop {
         unsafe { libc::kill(self.0, libc::SIGKILL) };
     }
 }
+
+/// The child's exit status, or None if it had not ended within `limit`
+/// (then it is killed and reaped).
+#[allow(dead_code)]
+pub fn wait_child(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let end = std::time::Instant::now() + limit;
+    let mut status = 0;
+    loop {
+        // SAFETY (test): polls our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            assert!(libc::WIFEXITED(status), "child ended by a signal: {status:#x}");
+            return Some(libc::WEXITSTATUS(status));
+        }
+        if std::time::Instant::now() > end {
+            // SAFETY (test): kills and reaps our own hung child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
