@@ -111,7 +111,8 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
     let deadline = Instant::now() + CLAIM_WAIT;
     let mut pause = CLAIM_PAUSE.0;
     // What held us up last: a claim of the name in progress (its
-    // temporary file, `None`), or why the owner file's owner was kept.
+    // temporary file, `None`), or why the owner file's owner was kept (or
+    // its files not removed).
     let kept = loop {
         // Whether to try again at once: a dead owner's files went.
         let (kept, removed) = match try_claim(dir, name).map_err(err)? {
@@ -125,7 +126,12 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
                     if let Some(removed) = &removed {
                         tracing::info!(name = %name.uri(), files = ?removed, "removed a dead owner's files to take its name");
                     }
-                    (None, removed.is_some())
+                    let why = if removed.is_some() {
+                        None
+                    } else {
+                        Some(Kept::Replaced)
+                    };
+                    (why, removed.is_some())
                 }
             },
         };
@@ -158,6 +164,10 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
             "its owner file {owner_shown} could not be locked (no flock on this file system) and \
              holds no owner line of a version judged by pid; {}",
             lock_holder(&owner)
+        ),
+        Some(Kept::Replaced) => format!(
+            "its owner file {owner_shown} was judged dead, but at the last try it was replaced \
+             before its files could be removed (another process is taking or cleaning the name)"
         ),
         Some(Kept::LivePid) => format!(
             "its owner file {owner_shown} (of a version without a lock, or unreadable) names a \
@@ -343,6 +353,9 @@ enum Kept {
     NoLock,
     /// Judged by pid: a live process has it.
     LivePid,
+    /// Judged dead, but its owner file was replaced before we could
+    /// remove its files (another process took or cleaned the name).
+    Replaced,
 }
 
 /// Judges the owner of `path`, a file of `name`'s group: by its lock if it
