@@ -14,23 +14,7 @@ use na_core::{Access, Endpoint, NaError, OpId, ProgressMode, RemoteMem};
 mod common;
 use common::add_sm;
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
+use na_core::testing::TestRng;
 
 /// Owner thread: exposes `handles`, sends their descriptors and a way to
 /// read their contents, makes progress until stopped.
@@ -124,11 +108,11 @@ fn run(
 #[test]
 fn straddling_spans_on_both_sides_match_a_model() {
     let dir = dir("straddle");
-    let mut r = Lcg(1);
+    let mut r = TestRng::new(1);
     let rlens = [7usize, 0, 13, 100, 1, 50, 0, 29];
     let rbufs: Vec<Vec<u8>> = rlens
         .iter()
-        .map(|&l| (0..l).map(|_| r.next() as u8).collect())
+        .map(|&l| (0..l).map(|_| r.next_u64() as u8).collect())
         .collect();
     let owner = Owner::start(&dir, vec![(rbufs.clone(), Access::ReadWrite)]);
     let remote = Bulk::from_desc(owner.descs[0].clone()).unwrap();
@@ -139,7 +123,7 @@ fn straddling_spans_on_both_sides_match_a_model() {
     let llens = [3usize, 40, 0, 90, 38, 1, 28];
     let lbufs: Vec<Vec<u8>> = llens
         .iter()
-        .map(|&l| (0..l).map(|_| r.next() as u8).collect())
+        .map(|&l| (0..l).map(|_| r.next_u64() as u8).collect())
         .collect();
     let mut lmodel = lbufs.concat();
     let lsize = lmodel.len() as u64;

@@ -22,3 +22,34 @@ pub fn report_not_run(what: &str) {
         }
     }
 }
+
+/// A seeded, reproducible source of test inputs (a 64-bit linear
+/// congruential generator, the upper 31 bits of each state): the same
+/// seed gives the same layouts on every run. Not for anything but tests.
+#[derive(Clone, Debug)]
+pub struct TestRng(u64);
+
+impl TestRng {
+    /// A generator started at `seed`.
+    pub fn new(seed: u64) -> Self {
+        TestRng(seed)
+    }
+
+    /// The next value, below 2^31.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    /// The next value below `n` (0 if `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+}

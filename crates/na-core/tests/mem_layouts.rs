@@ -1,29 +1,12 @@
 //! Multi-segment memory handles against a model,
 //! and decoding of peer-controlled descriptors.
 
+use na_core::testing::TestRng;
 use na_core::{Access, MemHandle, RemoteMem, RemoteSegment};
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
 
 #[test]
 fn multi_segment_read_write_match_a_model() {
-    let mut r = Lcg(42);
+    let mut r = TestRng::new(42);
     for round in 0..3000 {
         let nseg = r.below(6) as usize;
         let lens: Vec<usize> = (0..nseg)
@@ -32,7 +15,7 @@ fn multi_segment_read_write_match_a_model() {
         let total: usize = lens.iter().sum();
         let bufs: Vec<Vec<u8>> = lens
             .iter()
-            .map(|&l| (0..l).map(|_| r.next() as u8).collect())
+            .map(|&l| (0..l).map(|_| r.next_u64() as u8).collect())
             .collect();
         let mut model: Vec<u8> = bufs.concat();
         let h = MemHandle::new(bufs, Access::ReadWrite);
@@ -41,7 +24,7 @@ fn multi_segment_read_write_match_a_model() {
             let off = r.below(total as u64 + 2);
             let len = r.below(total as u64 + 2);
             let ok = off + len <= total as u64;
-            let src: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+            let src: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
             let w = h.write_at(off, &src);
             assert_eq!(w.is_ok(), ok, "round {round} write {off}+{len} of {total}");
             if ok {
@@ -80,7 +63,7 @@ fn multi_segment_read_write_match_a_model() {
 
 #[test]
 fn descriptor_decoding_never_panics_on_junk() {
-    let mut r = Lcg(7);
+    let mut r = TestRng::new(7);
     let base = RemoteMem::new(
         vec![
             RemoteSegment {
@@ -107,7 +90,7 @@ fn descriptor_decoding_never_panics_on_junk() {
         let mut b = base.clone();
         for _ in 0..=r.below(4) {
             let i = r.below(b.len() as u64) as usize;
-            b[i] = r.next() as u8;
+            b[i] = r.next_u64() as u8;
         }
         if r.below(4) == 0 {
             b.truncate(r.below(b.len() as u64 + 1) as usize);
