@@ -43,19 +43,19 @@ fn start(d: &Path, marker: &str) -> Server {
 /// [`start`], in a process with pid `pid` (freed and reaped): the kernel's
 /// last allocated pid is set to the one before, and a server that still
 /// got another pid (a fork elsewhere on the machine took it first) is
-/// stopped and started again. `None` where that setting cannot be written
-/// (not root), or after 50 tries.
-fn start_at_pid(d: &Path, marker: &str, pid: u32) -> Option<Server> {
+/// stopped and started again. Why not, where that setting cannot be
+/// written (not root) or after 50 tries.
+fn start_at_pid(d: &Path, marker: &str, pid: u32) -> Result<Server, String> {
     for _ in 0..50 {
-        if std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).is_err() {
-            return None;
+        if let Err(e) = std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()) {
+            return Err(format!("writing /proc/sys/kernel/ns_last_pid (needs root): {e}"));
         }
         let s = start(d, marker);
         if s.child.id() == pid {
-            return Some(s);
+            return Ok(s);
         }
     }
-    None
+    Err(format!("pid {pid} was taken by another process 50 times"))
 }
 
 /// What the scenario needs of a client engine, blocking or async.
@@ -117,12 +117,15 @@ fn server_replaced(tag: &str, c: &mut impl Client, d: &Path, same_address: bool)
     a.child.kill().unwrap();
     let b = if same_address {
         a.child.wait().unwrap();
-        let Some(b) = start_at_pid(d, "B", pid_a) else {
-            na_core::testing::report_not_run(&format!(
-                "same_name_reconnect {tag}: a server started again with the dead one's pid (needs root \
-                 to set /proc/sys/kernel/ns_last_pid); the replacement under a new pid is tested"
-            ));
-            return;
+        let b = match start_at_pid(d, "B", pid_a) {
+            Ok(b) => b,
+            Err(why) => {
+                na_core::testing::report_not_run(&format!(
+                    "same_name_reconnect {tag}: a server started again with the dead one's pid ({why}); \
+                     the replacement under a new pid is tested"
+                ));
+                return;
+            }
         };
         assert_eq!(b.uri, a.uri, "same pid and name, same address");
         b
