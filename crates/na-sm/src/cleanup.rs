@@ -145,45 +145,88 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
         }
     };
     tracing::warn!(name = %name.uri(), dir = %dir.display(), "sm instance name in use: refused");
-    let owner_shown = owner.display();
-    let held = match kept {
-        None => format!(
-            "another claim of the name held its temporary owner file {} for {CLAIM_WAIT:?}",
-            temp_path(dir, name).display()
-        ),
-        Some(Kept::Locked) => format!(
-            "its owner file {owner_shown} stayed locked for {CLAIM_WAIT:?}; {}",
-            lock_holder(&owner)
-        ),
-        Some(Kept::Unopenable) => format!(
-            "its owner file {owner_shown} could not be opened as a regular file (something else \
-             is there, such as a FIFO or a link, or this process is out of descriptors), so its \
-             owner cannot be judged dead"
-        ),
-        Some(Kept::NoLock) => format!(
-            "its owner file {owner_shown} could not be locked (no flock on this file system) and \
-             holds no owner line of a version judged by pid; {}",
-            lock_holder(&owner)
-        ),
-        Some(Kept::Replaced) => format!(
-            "its owner file {owner_shown} was judged dead, but at the last try it was replaced \
-             before its files could be removed (another process is taking or cleaning the name)"
-        ),
-        Some(Kept::LivePid) => format!(
-            "its owner file {owner_shown} (of a version without a lock, or unreadable) names a \
-             live process; {}",
-            lock_holder(&owner)
-        ),
-    };
     Err(err(io::Error::new(
         io::ErrorKind::AddrInUse,
-        format!(
-            "instance name {} is in use ({held}): by a live process, this one or one in another \
-             PID namespace sharing the directory, or a cleanup removing a dead owner's files has \
-             not finished; choose another name or try again",
-            name.uri(),
-        ),
+        refusal(dir, name, &owner, kept),
     )))
+}
+
+/// The message of a refused claim of `name` (owner file `owner`): what was
+/// found there (`kept`: why its owner was judged alive; `None`: another
+/// claim held the temporary owner file), and what that leaves to do. The
+/// tail says who can hold the name only where something found says so: a
+/// locked file (a live process, or a cleanup), a live pid; where the owner
+/// could not be judged, or another claim or cleanup was at work, it says
+/// that instead.
+fn refusal(dir: &Path, name: &SmName, owner: &Path, kept: Option<Kept>) -> String {
+    let owner_shown = owner.display();
+    let (held, tail) = match kept {
+        None => (
+            format!(
+                "another claim of the name held its temporary owner file {} for {CLAIM_WAIT:?}",
+                temp_path(dir, name).display()
+            ),
+            "by a claim in progress, of this process or another, or a cleanup removing a dead \
+             claim's file has not finished; try again or choose another name"
+                .to_owned(),
+        ),
+        Some(Kept::Locked) => (
+            format!(
+                "its owner file {owner_shown} stayed locked for {CLAIM_WAIT:?}; {}",
+                lock_holder(owner)
+            ),
+            "by a live process, this one or one in another PID namespace sharing the directory, \
+             or a cleanup removing a dead owner's files has not finished; choose another name or \
+             try again"
+                .to_owned(),
+        ),
+        Some(Kept::Unopenable) => (
+            format!(
+                "its owner file {owner_shown} could not be opened as a regular file (something \
+                 else is there, such as a FIFO or a link, or this process is out of descriptors), \
+                 so its owner cannot be judged dead"
+            ),
+            format!(
+                "whether a process holds it cannot be told: remove what is at {owner_shown} if \
+                 no process uses the name, or choose another name (or, if this process was out \
+                 of descriptors, try again with fewer open)"
+            ),
+        ),
+        Some(Kept::NoLock) => (
+            format!(
+                "its owner file {owner_shown} could not be locked (no flock on this file system) \
+                 and holds no owner line of a version judged by pid; {}",
+                lock_holder(owner)
+            ),
+            "whether a process holds it cannot be told on this file system: remove the name's \
+             files if no process uses them, or choose another name"
+                .to_owned(),
+        ),
+        Some(Kept::Replaced) => (
+            format!(
+                "its owner file {owner_shown} was judged dead, but at the last try it was \
+                 replaced before its files could be removed (another process is taking or \
+                 cleaning the name)"
+            ),
+            "by whichever process takes it now, or a cleanup that has not finished; try again \
+             or choose another name"
+                .to_owned(),
+        ),
+        Some(Kept::LivePid) => (
+            format!(
+                "its owner file {owner_shown} (of a version without a lock, or unreadable) names \
+                 a live process; {}",
+                lock_holder(owner)
+            ),
+            format!(
+                "by the live process with pid {} in this PID namespace, judged by pid alone (an \
+                 older build's owner, or a process that reused a dead owner's pid); choose another \
+                 name, or remove the name's files if that process does not use them",
+                name.pid
+            ),
+        ),
+    };
+    format!("instance name {} is in use ({held}): {tail}", name.uri())
 }
 
 /// What the owner file at `path` says of the process holding its lock,
@@ -820,6 +863,82 @@ mod tests {
             .unwrap();
         assert!(r.removed.is_empty(), "{r:?}");
         assert_eq!(r.kept.len(), 5, "{r:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The message of a claim refused after [`CLAIM_WAIT`], checked to say
+    /// `says` and not the tail of a locked owner file (a live process or a
+    /// cleanup), which only that case found.
+    fn refused_saying(dir: &Path, name: &SmName, says: &[&str]) {
+        let e = claim_name(dir, name).expect_err("the claim was refused");
+        let text = e.to_string();
+        assert!(text.contains("is in use"), "{text}");
+        for s in says {
+            assert!(text.contains(s), "the error does not say {s:?}: {text}");
+        }
+        assert!(
+            !text.contains("by a live process, this one or one in another PID namespace"),
+            "the error names a live process that nothing found: {text}"
+        );
+    }
+
+    /// A claim refused because the owner file cannot be opened (here a
+    /// FIFO) says the owner cannot be judged and what to do, not that a
+    /// live process or a cleanup holds the name.
+    #[test]
+    fn a_claim_refused_on_an_unopenable_owner_file_says_it_cannot_be_judged() {
+        let dir = test_dir("refused-unopenable");
+        let me = name(std::process::id(), "fifo");
+        let st = std::process::Command::new("mkfifo")
+            .arg(me.owner_path(&dir))
+            .status()
+            .expect("mkfifo (coreutils) runs");
+        assert!(st.success(), "mkfifo failed: {st}");
+        refused_saying(
+            &dir,
+            &me,
+            &[
+                "could not be opened as a regular file",
+                "cannot be told",
+                "remove what is at",
+            ],
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A claim refused because an older build's owner file names a live
+    /// process (ours, started when it says) names that pid, judged by pid.
+    #[test]
+    fn a_claim_refused_on_a_live_pid_names_that_pid() {
+        let dir = test_dir("refused-pid");
+        let me = name(std::process::id(), "v1");
+        let start = proc::start_time(me.pid).unwrap();
+        std::fs::write(me.owner_path(&dir), format!("qs-sm-owner 1 {} {start}\n", me.pid)).unwrap();
+        refused_saying(
+            &dir,
+            &me,
+            &[&format!(
+                "by the live process with pid {} in this PID namespace, judged by pid alone",
+                me.pid
+            )],
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A claim refused because another claim held the temporary owner file
+    /// throughout says a claim is in progress, not that a live process
+    /// owns the name (no owner file is there at all).
+    #[test]
+    fn a_claim_refused_by_another_claim_says_so() {
+        let dir = test_dir("refused-temp");
+        let me = name(std::process::id(), "claiming");
+        let _claiming = locked(&temp_path(&dir, &me), me.pid);
+        refused_saying(
+            &dir,
+            &me,
+            &["held its temporary owner file", "by a claim in progress"],
+        );
+        assert!(!me.owner_path(&dir).exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
