@@ -41,7 +41,9 @@ use crate::sys::socket::{abort_at_close, harmless_to_close, recv_with_fds, shutd
 mod pool;
 
 use pool::send;
-pub(crate) use pool::{hold_across_fork, release_after_fork};
+pub(crate) use pool::{hold_across_fork, release_after_fork, reset_spawn_failing_in_child};
+#[cfg(test)]
+pub(crate) use pool::{set_spawn_failing, spawn_failing};
 pub use pool::{CLOSE_STALL, MAX_CLOSING_THREADS};
 
 /// Something to drop, and how many descriptors of our table it holds

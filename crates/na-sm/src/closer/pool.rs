@@ -57,6 +57,28 @@ static CLOSER: Mutex<Option<Pool>> = Mutex::new(None);
 /// failure is logged when this turns true, not at every try.
 static SPAWN_FAILING: Flag = Flag::new();
 
+/// In a forked child: a failure to start a closing thread was its
+/// parent's, and the child starts its own pool. Without this, a child
+/// forked during a spell of failures would not say when its own starts
+/// fail (the spell's warning was said, by the parent), and would say that
+/// a thread "could be started again" at its first start.
+pub(crate) fn reset_spawn_failing_in_child() {
+    SPAWN_FAILING.0.store(false, Ordering::Relaxed);
+}
+
+/// Whether the last attempt to start a closing thread failed (for the
+/// fork tests: set with [`set_spawn_failing`]).
+#[cfg(test)]
+pub(crate) fn spawn_failing() -> bool {
+    SPAWN_FAILING.0.load(Ordering::Relaxed)
+}
+
+/// Sets the flag of a failing start, as a failed start would.
+#[cfg(test)]
+pub(crate) fn set_spawn_failing(to: bool) {
+    SPAWN_FAILING.set(to);
+}
+
 /// A boolean that says when it changes.
 struct Flag(AtomicBool);
 

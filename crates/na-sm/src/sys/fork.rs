@@ -9,6 +9,9 @@
 //!   thread's queue (`closer`), held across the fork (taken just before,
 //!   let go in both processes just after), so a child forked while another
 //!   thread of its parent held one does not find it locked forever.
+//! * in the child, the closing threads' state that was its parent's: the
+//!   count of descriptors queued to them, and the flag of a failing
+//!   thread start (so the child says when its own starts fail).
 //!
 //! The handlers run in whichever thread calls `fork` (not for
 //! `posix_spawn`, `vfork` or `clone`, which copy no Rust state a child
@@ -98,4 +101,39 @@ extern "C" fn child() {
     crate::exposed::release_after_fork();
     crate::closer::release_after_fork();
     crate::closer::reset_count_in_child();
+    crate::closer::reset_spawn_failing_in_child();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child forked while the closing pool's "cannot start a closing
+    /// thread" flag is set starts with it cleared (the failing spell was
+    /// its parent's: the child would otherwise never say that its own
+    /// starts fail). (The flag is the process's: a closing thread another
+    /// test starts meanwhile clears it in the parent too, which can only
+    /// make this pass without testing anything, never fail.)
+    #[test]
+    fn a_forked_child_does_not_inherit_a_failing_closing_thread_start() {
+        install().unwrap();
+        crate::closer::set_spawn_failing(true);
+        // SAFETY: the child only loads an atomic and ends with `_exit`
+        // (both async-signal-safe), never returning into the test harness,
+        // whose other threads it does not have.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", io::Error::last_os_error());
+        if child == 0 {
+            let code = i32::from(crate::closer::spawn_failing());
+            // SAFETY: ends the child at once, running no exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a live int.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        crate::closer::set_spawn_failing(false);
+        assert_eq!(r, child, "waitpid: {}", io::Error::last_os_error());
+        assert!(libc::WIFEXITED(status), "the child did not exit: {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the child inherited the flag");
+    }
 }
