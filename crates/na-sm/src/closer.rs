@@ -10,12 +10,15 @@
 //! * Descriptors of a kind we did not check go to a background closing
 //!   thread ([`pool`]), and are counted while they wait. There, a socket
 //!   is first set to abort at its close (`SO_LINGER` {on, 0}: see
-//!   [`abort_at_close`]), so a lingering one waits for nothing. What can
-//!   still block: a file on a FUSE mount; a socket the peer left in
-//!   flight inside a passed UNIX socket, released by that socket's close
-//!   (reading passed UNIX sockets out first, as [`PeerSocket`]s are,
-//!   would reach it; not done); a socket whose linger the peer, holding a
-//!   copy, puts back between our `setsockopt` and our close. A release
+//!   [`abort_at_close`](crate::sys::socket::abort_at_close)), so a lingering one waits for nothing, and a
+//!   UNIX socket is read out first ([`nested`]): the descriptors in
+//!   flight inside it, which its close would release, are disposed of the
+//!   same way, down to [`MAX_NESTED_DEPTH`] levels and
+//!   [`MAX_NESTED_FDS`] descriptors. What can still block: a file on a
+//!   FUSE mount; a socket in flight past those bounds (or in the queue of
+//!   a passed listening socket, which is not read); a socket whose linger
+//!   the peer, holding a copy, puts back between our `setsockopt` and our
+//!   close. A release
 //!   that never ends holds its thread; once every closing thread has been
 //!   stuck for [`CLOSE_STALL`], another is started, up to
 //!   [`MAX_CLOSING_THREADS`]. With all of them stuck, the descriptors
@@ -36,10 +39,12 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::sys::fork;
-use crate::sys::socket::{abort_at_close, harmless_to_close, recv_with_fds, shutdown_read, Received};
+use crate::sys::socket::{harmless_to_close, recv_with_fds, shutdown_read, Received};
 
+mod nested;
 mod pool;
 
+pub use nested::{MAX_NESTED_DEPTH, MAX_NESTED_FDS, MAX_NESTED_READS};
 use pool::send;
 pub(crate) use pool::{hold_across_fork, release_after_fork, reset_spawn_failing_in_child};
 #[cfg(test)]
@@ -99,16 +104,15 @@ pub(crate) fn close_fds_later(fds: Vec<OwnedFd>) {
 
 /// Descriptors a peer passed us, on their way to be closed. Dropped (on a
 /// closing thread), each socket among them is set to abort at its close
-/// ([`abort_at_close`]): a lingering TCP socket, the cheapest way to make
-/// a close wait, then holds no thread. (One queued inside a passed UNIX
-/// socket still does: see the module docs.)
+/// ([`abort_at_close`](crate::sys::socket::abort_at_close)): a lingering TCP socket, the cheapest way to make
+/// a close wait, then holds no thread; a UNIX socket is read out first,
+/// so one in flight inside it does not either ([`nested`], bounded).
 struct PeerFds(Vec<OwnedFd>);
 
 impl Drop for PeerFds {
     fn drop(&mut self) {
         for fd in self.0.drain(..) {
-            abort_at_close(fd.as_fd());
-            drop(fd);
+            nested::dispose(fd);
         }
     }
 }

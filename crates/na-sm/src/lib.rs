@@ -184,7 +184,9 @@ pub mod sys;
 
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
-pub use closer::{CLOSE_STALL, MAX_CLOSING_THREADS, MAX_PENDING_FDS};
+pub use closer::{
+    CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH, MAX_NESTED_FDS, MAX_NESTED_READS, MAX_PENDING_FDS,
+};
 pub use config::{SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, PIDFD_ENV, SOCKET_DIR_ENV, WAKE_ENV};
 pub use connect::{MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 pub use error::SmError;

@@ -4,9 +4,10 @@
 //! reference, and some releases wait: a TCP socket with `SO_LINGER` and
 //! unsent data waits out its linger time. Passed directly, such a socket
 //! no longer waits (na-sm sets the sockets it discards to abort at their
-//! close); left in flight inside a passed UNIX socket, it still does, when
-//! that socket is closed ([`jam::blocking_close`]: the jam these tests
-//! use). A hostile connector passes such a descriptor (in place of the
+//! close), nor left in flight inside passed UNIX sockets (na-sm reads
+//! them out first: `nested_fds.rs`); nested deeper than na-sm reads out,
+//! it still does, when the deepest socket read out is closed
+//! ([`jam::blocking_close`]: the jam these tests use). A hostile connector passes such a descriptor (in place of the
 //! memfd and eventfd a hello carries), or leaves it queued on the
 //! connection, then closes its own copy: the listener must refuse the
 //! handshake and go on at once (the close happens on na-sm's closing

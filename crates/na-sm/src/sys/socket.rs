@@ -69,11 +69,18 @@ const SO_PEERPIDFD: libc::c_int = 77;
 /// `SO_PASSRIGHTS` (Linux 6.16), as `asm-generic/socket.h` numbers it.
 const SO_PASSRIGHTS: libc::c_int = 83;
 
-/// `getsockopt(SOL_SOCKET, opt)` of an `int` option.
+/// `getsockopt(SOL_SOCKET, opt)` of an `int` option whose number is
+/// hard-coded above for the generic `socket.h` (refused elsewhere).
 fn get_int_opt(sock: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_int> {
     if !GENERIC_SOCKET_H {
         return Err(io::Error::from_raw_os_error(libc::ENOPROTOOPT));
     }
+    sock_int_opt(sock, opt)
+}
+
+/// `getsockopt(SOL_SOCKET, opt)` of an `int` option ([getsockopt(2)]),
+/// `opt` being libc's constant for this target.
+fn sock_int_opt(sock: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `v` and `len` are valid for writes and `len` holds the size
@@ -174,7 +181,7 @@ pub fn shutdown_read(sock: BorrowedFd<'_>) -> io::Result<()> {
 /// It acts on the socket, not the descriptor: a peer that kept a copy
 /// sees it too (and may set its own linger back before our close). A
 /// socket queued *inside* this one (in flight on a UNIX socket) is not
-/// reached.
+/// reached: the closing threads read those out first (`closer::nested`).
 ///
 /// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
 /// [socket(7)]: https://man7.org/linux/man-pages/man7/socket.7.html
@@ -206,6 +213,24 @@ pub fn abort_at_close(fd: BorrowedFd<'_>) -> bool {
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
         ) == 0
     }
+}
+
+/// If `fd` is a UNIX-domain socket ([unix(7)]; `SO_DOMAIN` is
+/// `AF_UNIX`, by [getsockopt(2)]), its type (`SO_TYPE`: `SOCK_STREAM`,
+/// `SOCK_DGRAM` or `SOCK_SEQPACKET`) and whether it is listening
+/// (`SO_ACCEPTCONN`); `None` for anything else (not a socket: `ENOTSOCK`).
+/// Messages queued on such a socket may hold descriptors in flight
+/// (`SCM_RIGHTS`), released by its last close.
+///
+/// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
+/// [getsockopt(2)]: https://man7.org/linux/man-pages/man2/getsockopt.2.html
+pub fn unix_socket_kind(fd: BorrowedFd<'_>) -> Option<(libc::c_int, bool)> {
+    if sock_int_opt(fd, libc::SO_DOMAIN).ok()? != libc::AF_UNIX {
+        return None;
+    }
+    let ty = sock_int_opt(fd, libc::SO_TYPE).ok()?;
+    let listening = sock_int_opt(fd, libc::SO_ACCEPTCONN).ok()? != 0;
+    Some((ty, listening))
 }
 
 /// True if closing `fd` cannot wait on anyone: a regular shmem file that

@@ -1,5 +1,7 @@
 //! Helpers shared by na-sm's integration tests.
 
+pub mod sys;
+
 /// A new, empty socket directory private to this user (mode 0700, as sm
 /// requires), named by `tag` and this process; the caller removes it.
 pub fn private_dir(tag: &str) -> std::path::PathBuf {

@@ -11,14 +11,14 @@
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use na_core::{OpId, Plugin, PluginId};
 use na_sm::sys::socket::send_with_fds;
-use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS};
+use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH};
 
 use crate::common::private_dir;
 
@@ -125,10 +125,12 @@ pub fn settle_for(srv: &mut SmPlugin, time: Duration) {
 }
 
 /// A descriptor whose last close blocks for [`LINGER`] although na-sm
-/// sets the sockets it discards to abort at their close: a UNIX socket
-/// with a [`lingering_socket`] in flight on it (queued, never read), whose
-/// close releases that socket's last reference. Also returns the TCP
-/// socket's peer (keep it: it never reads).
+/// sets the sockets it discards to abort at their close and reads out
+/// the UNIX sockets it discards first: a [`lingering_socket`] in flight
+/// (queued, never read) inside a chain of UNIX sockets one level deeper
+/// than na-sm reads out (`MAX_NESTED_DEPTH`), so the close of the
+/// deepest one it reaches releases that socket's last reference. Also
+/// returns the TCP socket's peer (keep it: it never reads).
 pub fn blocking_close() -> (TcpListener, UnixStream) {
     blocking_close_for(LINGER)
 }
@@ -136,10 +138,22 @@ pub fn blocking_close() -> (TcpListener, UnixStream) {
 /// [`blocking_close`], blocking for `linger`.
 pub fn blocking_close_for(linger: Duration) -> (TcpListener, UnixStream) {
     let (peer, tcp) = lingering_for(linger);
-    let (carrier, other) = UnixStream::pair().unwrap();
-    send_with_fds(other.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
-    drop((tcp, other));
-    (peer, carrier)
+    (peer, nested(tcp.into(), MAX_NESTED_DEPTH + 1))
+}
+
+/// `fd` in flight inside `levels` UNIX sockets, each queued (never read)
+/// on the next: the outermost one's reading end (`levels` >= 1). This
+/// process keeps no other copy of any of them.
+pub fn nested(fd: OwnedFd, levels: usize) -> UnixStream {
+    assert!(levels >= 1);
+    let mut inner = fd;
+    for _ in 0..levels {
+        let (carrier, other) = UnixStream::pair().unwrap();
+        send_with_fds(other.as_fd(), b"x", &[inner.as_raw_fd()]).unwrap();
+        drop((inner, other));
+        inner = carrier.into();
+    }
+    UnixStream::from(inner)
 }
 
 /// Jams a closing thread of the listener at `path`: a hello carrying
