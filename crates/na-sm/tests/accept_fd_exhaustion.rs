@@ -8,7 +8,10 @@
 //! the lowered limit. The only test in its binary: it lowers the process's
 //! descriptor limit.
 
+mod common;
 mod fd_limit;
+use common::sys;
+use std::os::fd::{AsFd, AsRawFd};
 
 use std::time::{Duration, Instant};
 
@@ -25,11 +28,7 @@ fn thread_cpu() -> Duration {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY (test): valid pointer to a timespec.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
-        0
-    );
+    assert_eq!(sys::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts), 0);
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
@@ -75,12 +74,10 @@ fn accepting_without_descriptors_neither_spins_nor_loses_the_client() {
         .spawn()
         .unwrap();
     // No descriptor left: the lowest free number becomes the limit.
-    // SAFETY (test): dup/close of our own stderr.
-    let lowest_free = unsafe {
-        let fd = libc::dup(2);
-        assert!(fd >= 0);
-        libc::close(fd);
-        fd
+    let lowest_free = {
+        let fd = sys::dup(std::io::stderr().as_fd());
+        assert!(fd.is_ok());
+        fd.unwrap().as_raw_fd()
     };
     let old = set_fd_limit(lowest_free as libc::rlim_t);
     // Wait until the client is connected into the listener's queue (its

@@ -9,33 +9,21 @@ use na_core::{Access, MemHandle, OpId, Plugin, PluginId, Rma};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::private_dir;
+use common::{private_dir, sys};
 
 const T: Duration = Duration::from_secs(10);
 
 /// Whether `fd` turns readable within a second: a wake-up through the
 /// deadline timer (set to now) fires a moment after it is set.
 fn readable_soon(fd: std::os::fd::RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY (test): one valid pollfd, waits at most a second.
-    let n = unsafe { libc::poll(&mut p, 1, 1000) };
-    n == 1 && p.revents & libc::POLLIN != 0
+    let (n, revents) = sys::poll_one(fd, libc::POLLIN, 1000);
+    n == 1 && revents & libc::POLLIN != 0
 }
 
 /// Whether `fd` is readable now.
 fn readable(fd: std::os::fd::RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY (test): one valid pollfd, no wait.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n == 1 && p.revents & libc::POLLIN != 0
+    let (n, revents) = sys::poll_one(fd, libc::POLLIN, 0);
+    n == 1 && revents & libc::POLLIN != 0
 }
 
 #[test]

@@ -14,20 +14,19 @@ use na_core::{Access, MemHandle, OpId, Plugin, PluginId, Rma};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{pipe, private_dir, wait_child};
+use common::{pipe, private_dir, sys, wait_child};
 
 /// Forks; the child runs `child` and exits with its status. Returns the
 /// child's pid.
 fn fork_child(child: impl FnOnce() -> i32) -> libc::pid_t {
-    // SAFETY (test): the child runs `child` (plugin calls, no locks held
-    // by threads it does not have but the ones the fork handlers cover)
-    // and ends with `_exit`, never returning into the test harness.
-    let pid = unsafe { libc::fork() };
+    // The child runs `child` (plugin calls, no locks held by threads it
+    // does not have but the ones the fork handlers cover) and ends with
+    // `exit_now`, never returning into the test harness.
+    let pid = sys::fork();
     assert!(pid >= 0, "fork");
     if pid == 0 {
         let code = child();
-        // SAFETY (test): ends the child at once.
-        unsafe { libc::_exit(code) };
+        sys::exit_now(code);
     }
     pid
 }

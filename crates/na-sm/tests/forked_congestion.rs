@@ -14,7 +14,7 @@ use na_sm::{SmConfig, SmPlugin};
 
 mod common;
 mod jam;
-use common::wait_child;
+use common::{sys, wait_child};
 use jam::{flood, honest_client_served, jam_every_closing_thread, listener, settle_for, LINGER};
 
 /// In the child: 0 if a listener of its own serves an honest client
@@ -52,15 +52,14 @@ fn a_child_forked_while_its_parent_is_congested_is_not() {
         srv.stats().flow_blocked > blocked,
         "the parent is not congested (accepts paused {blocked} times, not since)"
     );
-    // SAFETY (test): the child makes plugins of its own (the fork
-    // handlers cover na-sm's locks) and ends with `_exit`, never returning
-    // into the test harness.
-    let child = unsafe { libc::fork() };
+    // The child makes plugins of its own (the fork handlers cover
+    // na-sm's locks) and ends with `exit_now`, never returning into the
+    // test harness.
+    let child = sys::fork();
     assert!(child >= 0, "fork");
     if child == 0 {
         let code = std::panic::catch_unwind(AssertUnwindSafe(|| child_serves(&dir))).unwrap_or(5);
-        // SAFETY (test): ends the child at once.
-        unsafe { libc::_exit(code) };
+        sys::exit_now(code);
     }
     let status = wait_child(child, Duration::from_secs(30));
     assert!(

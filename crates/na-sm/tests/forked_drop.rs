@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use na_core::{Endpoint, OpId, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
+mod common;
+use common::sys;
+
 /// A blocking endpoint with one sm plugin in `dir`, listening or not.
 fn endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, na_core::PluginId) {
     let cfg = SmConfig {
@@ -30,18 +33,16 @@ fn a_forked_child_dropping_the_plugin_keeps_the_parents_socket() {
     let files = || std::fs::read_dir(&dir).unwrap().count();
     let before = files();
     assert!(before >= 2, "a socket and an owner file");
-    // SAFETY (test): the child only drops the endpoint and exits at once.
-    let child = unsafe { libc::fork() };
+    // The child only drops the endpoint and exits at once.
+    let child = sys::fork();
     assert!(child >= 0, "fork");
     if child == 0 {
         drop(srv);
-        // SAFETY (test): ends the child without running the parent's
-        // atexit handlers or test harness.
-        unsafe { libc::_exit(0) };
+        // Without running the parent's atexit handlers or test harness.
+        sys::exit_now(0);
     }
     let mut status = 0;
-    // SAFETY (test): waits for our own child.
-    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert_eq!(sys::waitpid(child, &mut status, 0), child);
     assert_eq!(files(), before, "the child removed the parent's files");
     // Still reachable: a client connects and its message arrives.
     let (mut c, _) = endpoint(&dir, false);
@@ -90,20 +91,18 @@ fn a_child_forked_while_names_are_taken_can_create_an_instance() {
     const CHILDREN: usize = 100;
     let mut hung = 0;
     for i in 0..CHILDREN {
-        // SAFETY (test): the child creates one plugin and ends with _exit.
-        let child = unsafe { libc::fork() };
+        // The child creates one plugin and ends with `exit_now`.
+        let child = sys::fork();
         assert!(child >= 0, "fork");
         if child == 0 {
             let cfg = SmConfig::default().with_dir(&dir).with_name(format!("child{i}"));
             let ok = SmPlugin::new(na_core::PluginId(1), cfg).is_ok();
-            // SAFETY (test): ends the child at once.
-            unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+            sys::exit_now(if ok { 0 } else { 3 });
         }
         let end = Instant::now() + Duration::from_secs(10);
         let mut status = 0;
         loop {
-            // SAFETY (test): polls our own child.
-            let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+            let r = sys::waitpid(child, &mut status, libc::WNOHANG);
             if r == child {
                 assert!(
                     libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
@@ -113,11 +112,9 @@ fn a_child_forked_while_names_are_taken_can_create_an_instance() {
             }
             if Instant::now() > end {
                 hung += 1;
-                // SAFETY (test): kills and reaps our own hung child.
-                unsafe {
-                    libc::kill(child, libc::SIGKILL);
-                    libc::waitpid(child, &mut status, 0);
-                }
+                // Kills and reaps our own hung child.
+                sys::kill(child, libc::SIGKILL);
+                sys::waitpid(child, &mut status, 0);
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -164,19 +161,17 @@ fn a_forked_child_dropping_the_plugin_keeps_the_parents_connections() {
         }
     };
     exchange(&mut c, &mut srv, 1, b"connected");
-    // SAFETY (test): the child only drops the endpoints and exits at once.
-    let child = unsafe { libc::fork() };
+    // The child only drops the endpoints and exits at once.
+    let child = sys::fork();
     assert!(child >= 0, "fork");
     if child == 0 {
         drop(srv);
         drop(c);
-        // SAFETY (test): ends the child without running the parent's
-        // atexit handlers or test harness.
-        unsafe { libc::_exit(0) };
+        // Without running the parent's atexit handlers or test harness.
+        sys::exit_now(0);
     }
     let mut status = 0;
-    // SAFETY (test): waits for our own child.
-    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert_eq!(sys::waitpid(child, &mut status, 0), child);
     // Give a wrongly cut connection time to be seen as a departure.
     let end = Instant::now() + Duration::from_millis(200);
     while Instant::now() < end {

@@ -11,7 +11,10 @@
 //! lowered limit. The only test in its binary: it lowers the process's
 //! descriptor limit.
 
+mod common;
 mod fd_limit;
+use common::sys;
+use std::os::fd::{AsFd, AsRawFd};
 
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -26,15 +29,16 @@ const TEST: &str = "running_out_of_descriptors_mid_handshake_is_not_the_peers_fa
 
 /// The three lowest free descriptor numbers, in order.
 fn lowest_free() -> [libc::c_int; 3] {
-    // SAFETY (test): dup and close of our own stderr.
-    unsafe {
-        let fds = [libc::dup(2), libc::dup(2), libc::dup(2)];
-        for fd in fds {
-            assert!(fd >= 0);
-            libc::close(fd);
-        }
-        fds
-    }
+    let err = std::io::stderr();
+    let fds = [
+        sys::dup(err.as_fd()),
+        sys::dup(err.as_fd()),
+        sys::dup(err.as_fd()),
+    ];
+    fds.map(|fd| {
+        assert!(fd.is_ok());
+        fd.unwrap().as_raw_fd()
+    })
 }
 
 fn endpoint(cfg: SmConfig) -> (Endpoint, na_core::PluginId) {

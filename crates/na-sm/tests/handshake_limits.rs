@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 use na_core::{Endpoint, NaError, OpId, Plugin, PluginId, ProgressMode};
 use na_sm::{SmConfig, SmPlugin, MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 
+mod common;
+use common::sys;
+
 const HANDSHAKE: Duration = Duration::from_millis(500);
 
 fn dir(tag: &str) -> PathBuf {
@@ -83,12 +86,9 @@ fn raise_fd_limit() {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY (test): valid pointer to an rlimit.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
+    assert_eq!(sys::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+    lim.rlim_cur = lim.rlim_max;
+    sys::setrlimit(libc::RLIMIT_NOFILE, &lim);
 }
 
 /// Environment of a helper process (this test binary run again) that

@@ -1,7 +1,10 @@
 //! `lookup` of a listener that never accepts (its queue full) fails within
 //! the handshake timeout instead of blocking in `connect` forever.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
+
+mod common;
+use common::sys;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -17,9 +20,8 @@ fn lookup_of_a_listener_that_never_accepts_fails_within_its_timeout() {
     let pid = std::process::id();
     let path = dir.join(format!("{pid}-stuck.sock"));
     let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY: listen(2) on a socket we own; backlog 0 makes one pending
-    // connection fill the queue.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    // Backlog 0 makes one pending connection fill the queue.
+    assert_eq!(sys::listen(listener.as_fd(), 0), 0);
     let _queued = UnixStream::connect(&path).expect("the first connection is queued");
     let (tx, rx) = mpsc::channel();
     let d = dir.clone();
@@ -178,9 +180,8 @@ fn try_lookup_does_not_wait_for_a_listener_that_never_accepts() {
     let pid = std::process::id();
     let path = dir.join(format!("{pid}-stuck.sock"));
     let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY: listen(2) on a socket we own; backlog 0 makes one pending
-    // connection fill the queue.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    // Backlog 0 makes one pending connection fill the queue.
+    assert_eq!(sys::listen(listener.as_fd(), 0), 0);
     let _queued = UnixStream::connect(&path).expect("the first connection is queued");
     let timeout = Duration::from_secs(3);
     let cfg = |listen| {

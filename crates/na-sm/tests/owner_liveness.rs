@@ -15,7 +15,8 @@ use na_core::PluginId;
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{private_dir, without_namespaces, UNSHARE_PID};
+use common::{private_dir, sys, without_namespaces, UNSHARE_PID};
+use std::os::fd::AsFd;
 
 /// Set in a helper's environment: what it does.
 const MODE_ENV: &str = "QS_SM_LIVENESS_HELPER";
@@ -43,22 +44,19 @@ fn helper_process() {
     };
     let line = format!("READY {}\n", na_core::Plugin::self_addr(&plugin).uri());
     if mode == "fork" {
-        // SAFETY (test): the child makes only async-signal-safe calls
-        // (write, read, _exit) before it ends.
-        let child = unsafe { libc::fork() };
+        // The child makes only async-signal-safe calls (write, read,
+        // _exit) before it ends.
+        let child = sys::fork();
         assert!(child >= 0, "fork");
         if child == 0 {
-            // SAFETY (test): writes our line from a live buffer, then reads
-            // into a live buffer until end of file, then ends the child.
-            unsafe {
-                libc::write(1, line.as_ptr().cast(), line.len());
-                let mut b = [0u8; 64];
-                while libc::read(0, b.as_mut_ptr().cast(), b.len()) > 0 {}
-                libc::_exit(0);
-            }
+            // Writes our line, reads until end of file, ends the child.
+            sys::write(std::io::stdout().as_fd(), line.as_bytes());
+            let mut b = [0u8; 64];
+            while sys::read(std::io::stdin().as_fd(), &mut b) > 0 {}
+            sys::exit_now(0);
         }
-        // SAFETY (test): ends the helper without dropping the plugin.
-        unsafe { libc::_exit(0) };
+        // Ends the helper without dropping the plugin.
+        sys::exit_now(0);
     }
     print!("{line}");
     std::io::stdout().flush().unwrap();
@@ -121,8 +119,8 @@ fn key_of(ready: &str) -> String {
 
 /// Whether a process with this pid exists here.
 fn exists(pid: u32) -> bool {
-    // SAFETY (test): signal 0 only checks existence.
-    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+    // Signal 0 only checks existence.
+    sys::kill(pid as libc::pid_t, 0) == 0
 }
 
 /// The owner of a listening instance's files is a process whose pid, the

@@ -20,7 +20,7 @@ use na_sm::sys::socket::{peer_closed, refuse_passed_fds, send_with_fds};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::private_dir;
+use common::{private_dir, sys};
 
 /// Descriptors this process has open.
 fn open_fds() -> usize {
@@ -45,9 +45,9 @@ fn connection_ends(path: &Path) -> (UnixStream, UnixStream) {
         let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        // SAFETY (test): borrowed only for the dup below; a descriptor
-        // closed since (by the closing thread) makes the dup fail.
-        let Ok(dup) = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned() else {
+        // A descriptor closed since (by the closing thread) makes the dup
+        // fail.
+        let Ok(dup) = sys::dup_number(fd) else {
             continue;
         };
         let sock = UnixStream::from(dup);

@@ -18,7 +18,7 @@ use na_core::{Addr, NaError, OpId, Plugin, PluginId};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{pipe, private_dir, KillOnDrop};
+use common::{pipe, private_dir, sys, KillOnDrop};
 
 #[test]
 fn a_peer_whose_socket_outlives_it_is_gone_when_its_process_exits() {
@@ -114,8 +114,8 @@ struct Peer {
 fn fork_peer(setup: impl FnOnce() -> Option<SmPlugin>) -> Peer {
     let (go_rx, go) = pipe();
     let (grandchild_rx, grandchild_tx) = pipe();
-    // SAFETY (test): the child runs the plugin and ends with `_exit`.
-    let pid = unsafe { libc::fork() };
+    // The child runs the plugin and ends with `exit_now`.
+    let pid = sys::fork();
     assert!(pid >= 0, "fork");
     if pid == 0 {
         drop(go);
@@ -129,18 +129,16 @@ fn fork_peer(setup: impl FnOnce() -> Option<SmPlugin>) -> Peer {
                 plugin.progress().ok()?;
                 plugin.sleep(Some(Duration::from_millis(5))).ok()?;
             }
-            // SAFETY (test): the grandchild sleeps and ends with `_exit`.
-            let grandchild = unsafe { libc::fork() };
+            // The grandchild sleeps and ends with `exit_now`.
+            let grandchild = sys::fork();
             if grandchild == 0 {
                 std::thread::sleep(Duration::from_secs(60));
-                // SAFETY (test): ends the grandchild.
-                unsafe { libc::_exit(0) };
+                sys::exit_now(0);
             }
             let mut tx = grandchild_tx;
             tx.write_all(&grandchild.to_le_bytes()).ok()
         })();
-        // SAFETY (test): ends the child at once.
-        unsafe { libc::_exit(if code.is_some() { 0 } else { 2 }) };
+        sys::exit_now(if code.is_some() { 0 } else { 2 });
     }
     drop(grandchild_tx);
     Peer {
@@ -176,8 +174,7 @@ impl Peer {
         let _grandchild = KillOnDrop(i32::from_le_bytes(grandchild));
         let mut status = 0;
         let pid = std::mem::replace(&mut self.pid, 0);
-        // SAFETY (test): waits for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(sys::waitpid(pid, &mut status, 0), pid);
         assert!(
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
             "child failed: {status:#x}"
@@ -215,11 +212,9 @@ impl Peer {
 impl Drop for Peer {
     fn drop(&mut self) {
         if self.pid > 0 {
-            // SAFETY (test): kills and reaps our own child.
-            unsafe {
-                libc::kill(self.pid, libc::SIGKILL);
-                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
-            }
+            // Kills and reaps our own child.
+            sys::kill(self.pid, libc::SIGKILL);
+            sys::waitpid(self.pid, &mut 0, 0);
         }
     }
 }

@@ -25,7 +25,7 @@ use na_sm::sys::wake::{OwnWake, WakeKind};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{pipe, private_dir, without_namespaces, KillOnDrop, UNSHARE_PID};
+use common::{pipe, private_dir, sys, without_namespaces, KillOnDrop, UNSHARE_PID};
 
 /// Set in the helper's environment: its socket directory.
 const HELPER_ENV: &str = "QS_SM_PID_REUSE_HELPER";
@@ -95,9 +95,8 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
     let (go_p, mut to_p) = pipe();
     let (go_g, mut to_g) = pipe();
 
-    // SAFETY (test): the child (the connector P) and its child (G) end
-    // with `_exit`.
-    let p = unsafe { libc::fork() };
+    // The child (the connector P) and its child (G) end with `exit_now`.
+    let p = sys::fork();
     if p == 0 {
         let ok = (|| {
             let sock = UnixStream::connect(&sock_path).ok()?;
@@ -105,21 +104,19 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
             to_us.write_all(b"c").ok()?;
             wait_for(&go_p)?;
             let name = format!("{}-reused", std::process::id());
-            // SAFETY (test): G sends the hello and sleeps, holding the socket.
-            let g = unsafe { libc::fork() };
+            // G sends the hello and sleeps, holding the socket.
+            let g = sys::fork();
             if g == 0 {
                 if wait_for(&go_g).is_some() {
                     let hello = na_sm::conn::encode_hello(&name);
                     let _ = na_sm::sys::socket::send_with_fds(sock.as_fd(), &hello, &[region_fd, wake_fd]);
                     std::thread::sleep(Duration::from_secs(60));
                 }
-                // SAFETY (test): ends G.
-                unsafe { libc::_exit(0) };
+                sys::exit_now(0);
             }
             to_us.write_all(&g.to_le_bytes()).ok()
         })();
-        // SAFETY (test): ends P at once.
-        unsafe { libc::_exit(if ok.is_some() { 0 } else { 2 }) };
+        sys::exit_now(if ok.is_some() { 0 } else { 2 });
     }
     drop(to_us);
     let mut b = [0u8; 1];
@@ -138,11 +135,8 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
         .map_err(|e| format!("P did not fork G: {e}"))?;
     let _g = KillOnDrop(i32::from_le_bytes(g));
     let mut status = 0;
-    // SAFETY (test): reaps our own child P: its pid is free.
-    if unsafe { libc::waitpid(p, &mut status, 0) } != p
-        || !libc::WIFEXITED(status)
-        || libc::WEXITSTATUS(status) != 0
-    {
+    // Reaps our own child P: its pid is free.
+    if sys::waitpid(p, &mut status, 0) != p || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         return Err(format!("P failed: {status:#x}"));
     }
     let q = take_pid(p)?;
@@ -198,19 +192,18 @@ fn take_pid(pid: libc::pid_t) -> Result<libc::pid_t, String> {
     for _ in 0..10 {
         std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
             .map_err(|e| format!("writing ns_last_pid: {e}"))?;
-        // SAFETY (test): the child sleeps and ends with `_exit`.
-        let q = unsafe { libc::fork() };
+        // The child sleeps and ends with `exit_now`.
+        let q = sys::fork();
         if q == 0 {
             std::thread::sleep(Duration::from_secs(60));
-            // SAFETY (test): ends Q.
-            unsafe { libc::_exit(0) };
+            sys::exit_now(0);
         }
         if q == pid {
             return Ok(q);
         }
         drop(KillOnDrop(q));
-        // SAFETY (test): reaps the child that missed.
-        unsafe { libc::waitpid(q, std::ptr::null_mut(), 0) };
+        // Reaps the child that missed.
+        sys::waitpid(q, &mut 0, 0);
     }
     Err(format!("pid {pid} did not come round"))
 }

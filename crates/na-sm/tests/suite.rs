@@ -3,6 +3,7 @@
 //! 0700 socket directory, peers as real processes (this binary in peer
 //! mode, with the extra roles `hostile` and `envcheck`).
 
+mod common;
 #[path = "suite/sm_only.rs"]
 mod sm_only;
 

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// Most descriptors one `SCM_RIGHTS` message carries (`SCM_MAX_FD`).
 pub const SCM_MAX_FD: usize = 253;
@@ -50,4 +50,198 @@ pub fn send_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<
         return Err(io::Error::last_os_error());
     }
     Ok(n as usize)
+}
+
+/// [fork(2)]: a new process, a copy of this one with only the calling
+/// thread. Returns the child's pid in the parent, 0 in the child, -1 on
+/// failure (as fork does).
+///
+/// What the child may do: it is a copy of a multi-threaded process (the
+/// test harness's threads, na-sm's closing threads), so a lock another
+/// thread held at the fork stays held in it for good. POSIX allows it
+/// only async-signal-safe calls ([signal-safety(7)]: `write`, `read`,
+/// `_exit`, ...) until it execs. The tests' children go further only
+/// where the locks they take are covered: na-sm's own (its
+/// `pthread_atfork` handlers take and release them around the fork) and
+/// glibc's allocator (reset in the child by glibc). Every child must end
+/// with [`exit_now`], never by returning into the test harness, whose
+/// threads it does not have.
+///
+/// [fork(2)]: https://man7.org/linux/man-pages/man2/fork.2.html
+/// [signal-safety(7)]: https://man7.org/linux/man-pages/man7/signal-safety.7.html
+pub fn fork() -> libc::pid_t {
+    // SAFETY: fork touches no memory of ours; what the child may do after
+    // it is the caller's part (see above), and every caller in these tests
+    // ends its child with `exit_now`.
+    unsafe { libc::fork() }
+}
+
+/// [_exit(2)]: ends this process at once with `code`, running no exit
+/// handlers and flushing nothing (async-signal-safe: how a forked child
+/// ends).
+///
+/// [_exit(2)]: https://man7.org/linux/man-pages/man2/_exit.2.html
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit takes no pointer and does not return; nothing of ours
+    // is left half-done that another process could see.
+    unsafe { libc::_exit(code) }
+}
+
+/// [waitpid(2)] for `pid` (a child of ours) with `flags` (0 or
+/// `WNOHANG`), its status written into `status`. Returns what waitpid
+/// does: the pid, 0 (`WNOHANG`, still running) or -1.
+///
+/// [waitpid(2)]: https://man7.org/linux/man-pages/man2/waitpid.2.html
+pub fn waitpid(pid: libc::pid_t, status: &mut libc::c_int, flags: libc::c_int) -> libc::pid_t {
+    // SAFETY: `status` is a live, writable int for the call.
+    unsafe { libc::waitpid(pid, status, flags) }
+}
+
+/// [kill(2)]: sends `sig` to `pid` (0: only checks that it exists).
+/// Returns 0 or -1, as kill does.
+///
+/// [kill(2)]: https://man7.org/linux/man-pages/man2/kill.2.html
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> libc::c_int {
+    // SAFETY: kill takes no pointer; which process it signals is the
+    // caller's (the tests signal only processes they made).
+    unsafe { libc::kill(pid, sig) }
+}
+
+/// [pipe(2)]: (read end, write end), inherited across exec.
+///
+/// [pipe(2)]: https://man7.org/linux/man-pages/man2/pipe.2.html
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into `fds`, live and of the
+    // size it expects.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and nobody else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// [dup(2)]: a copy of `fd` under the lowest free descriptor number.
+///
+/// [dup(2)]: https://man7.org/linux/man-pages/man2/dup.2.html
+pub fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: dup takes a descriptor, open for the call (`fd` borrows it).
+    let new = unsafe { libc::dup(fd.as_raw_fd()) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` was just made by dup and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, 3)` ([fcntl(2)]): a copy of whatever
+/// descriptor number `fd` names now, if it is open (`EBADF` if it was
+/// closed meanwhile). For numbers read from `/proc/self/fd`, which no
+/// `BorrowedFd` can vouch for.
+///
+/// [fcntl(2)]: https://man7.org/linux/man-pages/man2/fcntl.2.html
+pub fn dup_number(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl with F_DUPFD_CLOEXEC takes an int argument, no
+    // pointer; on a number that is not open it fails with EBADF.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` was just made by fcntl and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// [poll(2)] of one descriptor for `events`, waiting at most
+/// `timeout_ms`: (what poll returns, the revents).
+///
+/// [poll(2)]: https://man7.org/linux/man-pages/man2/poll.2.html
+pub fn poll_one(fd: RawFd, events: libc::c_short, timeout_ms: libc::c_int) -> (libc::c_int, libc::c_short) {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, and a count of 1.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    (n, p.revents)
+}
+
+/// [clock_gettime(2)] of `clock` into `ts`; 0 or -1.
+///
+/// [clock_gettime(2)]: https://man7.org/linux/man-pages/man2/clock_gettime.2.html
+pub fn clock_gettime(clock: libc::clockid_t, ts: &mut libc::timespec) -> libc::c_int {
+    // SAFETY: `ts` is a live, writable timespec.
+    unsafe { libc::clock_gettime(clock, ts) }
+}
+
+/// [getrusage(2)] of `who`: (0 or -1, the usage).
+///
+/// [getrusage(2)]: https://man7.org/linux/man-pages/man2/getrusage.2.html
+pub fn getrusage(who: libc::c_int) -> (libc::c_int, libc::rusage) {
+    // SAFETY: rusage is plain data: all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a live, writable rusage.
+    let r = unsafe { libc::getrusage(who, &mut ru) };
+    (r, ru)
+}
+
+/// [getrlimit(2)] of `resource` into `lim`; 0 or -1.
+///
+/// [getrlimit(2)]: https://man7.org/linux/man-pages/man2/getrlimit.2.html
+pub fn getrlimit(resource: libc::__rlimit_resource_t, lim: &mut libc::rlimit) -> libc::c_int {
+    // SAFETY: `lim` is a live, writable rlimit.
+    unsafe { libc::getrlimit(resource, lim) }
+}
+
+/// [setrlimit(2)] of `resource` to `lim`; 0 or -1.
+///
+/// [setrlimit(2)]: https://man7.org/linux/man-pages/man2/getrlimit.2.html
+pub fn setrlimit(resource: libc::__rlimit_resource_t, lim: &libc::rlimit) -> libc::c_int {
+    // SAFETY: `lim` is a live rlimit, only read.
+    unsafe { libc::setrlimit(resource, lim) }
+}
+
+/// [listen(2)] on socket `sock` with `backlog`; 0 or -1.
+///
+/// [listen(2)]: https://man7.org/linux/man-pages/man2/listen.2.html
+pub fn listen(sock: BorrowedFd<'_>, backlog: libc::c_int) -> libc::c_int {
+    // SAFETY: listen takes a descriptor, open for the call, and an int.
+    unsafe { libc::listen(sock.as_raw_fd(), backlog) }
+}
+
+/// `setsockopt(SOL_SOCKET, SO_LINGER, linger)` ([socket(7)],
+/// [setsockopt(2)]) on `sock`; 0 or -1.
+///
+/// [socket(7)]: https://man7.org/linux/man-pages/man7/socket.7.html
+/// [setsockopt(2)]: https://man7.org/linux/man-pages/man2/setsockopt.2.html
+pub fn set_linger(sock: BorrowedFd<'_>, linger: &libc::linger) -> libc::c_int {
+    // SAFETY: `linger` is live and its size is passed; setsockopt only
+    // reads it.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    }
+}
+
+/// [write(2)] of `buf` to `fd` (async-signal-safe: for a forked child);
+/// what write returns.
+///
+/// [write(2)]: https://man7.org/linux/man-pages/man2/write.2.html
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> isize {
+    // SAFETY: `buf` is live and readable for its length.
+    unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) }
+}
+
+/// [read(2)] from `fd` into `buf` (async-signal-safe: for a forked
+/// child); what read returns.
+///
+/// [read(2)]: https://man7.org/linux/man-pages/man2/read.2.html
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> isize {
+    // SAFETY: `buf` is live and writable for its length.
+    unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) }
 }

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use na_core::{Endpoint, OpId, Plugin, PluginId, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
+use crate::common::sys;
+
 /// A listening sm plugin on a blocking endpoint, with its own socket
 /// directory (`qs-sm-<tag>-<pid>` in the temporary directory, mode 0700):
 /// the endpoint, the plugin, its URI and the directory.
@@ -38,15 +40,12 @@ pub fn set_fd_limit(cur: libc::rlim_t) -> libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY (test): valid pointers to rlimits.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
-        let new = libc::rlimit {
-            rlim_cur: cur,
-            rlim_max: old.rlim_max,
-        };
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
-    }
+    assert_eq!(sys::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
+    let new = libc::rlimit {
+        rlim_cur: cur,
+        rlim_max: old.rlim_max,
+    };
+    assert_eq!(sys::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
     old
 }
 

@@ -77,16 +77,7 @@ pub fn lingering_for(linger: Duration) -> (TcpListener, TcpStream) {
         l_onoff: 1,
         l_linger: linger.as_secs() as libc::c_int,
     };
-    // SAFETY (test): `linger` is live and its size is passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
+    let r = crate::common::sys::set_linger(s.as_fd(), &linger);
     assert_eq!(r, 0, "SO_LINGER");
     (listener, s)
 }

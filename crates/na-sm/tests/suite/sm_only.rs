@@ -391,10 +391,8 @@ pub fn stale_cleanup_removes_dead_owners_files_and_keeps_live_ones(t: &Transport
 }
 
 fn thread_cpu() -> Duration {
-    // SAFETY (test): getrusage writes one rusage struct into `ru`.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY (test): valid pointer to a live rusage.
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
+    let (r, ru) = crate::common::sys::getrusage(libc::RUSAGE_THREAD);
+    assert_eq!(r, 0);
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
