@@ -10,20 +10,21 @@
 //! * Descriptors of a kind we did not check go to a background closing
 //!   thread ([`pool`]), and are counted while they wait. There, a socket
 //!   is first set to abort at its close (`SO_LINGER` {on, 0}: see
-//!   [`abort_at_close`](crate::sys::socket::abort_at_close)), so a lingering one waits for nothing, and a
+//!   [`abort_at_close`]), so a lingering one waits for nothing, and a
 //!   UNIX socket is read out first ([`nested`]): the descriptors in
-//!   flight inside it, which its close would release, are disposed of the
-//!   same way, down to [`MAX_NESTED_DEPTH`] levels and
+//!   flight inside it, which its close would release, are disposed of
+//!   the same way, down to [`MAX_NESTED_DEPTH`] levels and
 //!   [`MAX_NESTED_FDS`] descriptors. What can still block: a file on a
-//!   FUSE mount; a socket in flight past those bounds (or in the queue of
-//!   a passed listening socket, which is not read); a socket whose linger
-//!   the peer, holding a copy, puts back between our `setsockopt` and our
-//!   close. A release
-//!   that never ends holds its thread; once every closing thread has been
-//!   stuck for [`CLOSE_STALL`], another is started, up to
-//!   [`MAX_CLOSING_THREADS`]. With all of them stuck, the descriptors
-//!   queued behind stay open: past [`MAX_PENDING_FDS`] the plugin takes
-//!   no more in ([`congested`]).
+//!   FUSE mount; a socket in flight past those bounds (or in the queue
+//!   of a passed listening socket, which is not read); a socket whose
+//!   linger the peer, holding a copy, puts back between our `setsockopt`
+//!   and our close. A release that never ends holds its thread; once
+//!   every closing thread has been stuck for [`CLOSE_STALL`], another is
+//!   started, up to [`MAX_CLOSING_THREADS`]. With all of them stuck, the
+//!   descriptors queued behind stay open: past [`MAX_PENDING_FDS`] the
+//!   plugin takes no more in ([`congested`]).
+//!
+//! [`abort_at_close`]: crate::sys::socket::abort_at_close
 //! * A socket a peer is (or was) connected through ([`PeerSocket`]), and
 //!   the listener, are closed in place once nothing can be queued to them
 //!   any more and what was queued has been read out and screened: their
