@@ -141,6 +141,33 @@ fn reading_out_passed_sockets_is_bounded() {
     });
 }
 
+/// The count bound holds: a socket with more than `MAX_NESTED_FDS`
+/// descriptors in flight ahead of a lingering socket is read out only
+/// that far, and its close, which releases the lingering socket, holds
+/// its closing thread (a hand-off behind it starts a second one). This
+/// is the jam the other tests fall back to where the kernel refuses a
+/// chain deeper than `MAX_NESTED_DEPTH`.
+#[test]
+fn a_lingering_socket_past_the_count_bound_still_jams() {
+    alone("a_lingering_socket_past_the_count_bound_still_jams", || {
+        let (dir, mut srv, _, path) = listener("nested-count-jam");
+        settle_for(&mut srv, Duration::from_millis(50));
+        let (_peer, jam) = jam::stuffed_blocking_close_for(jam::LINGER);
+        let jammed = Instant::now();
+        jam::jam_with(&path, jam);
+        settle_for(&mut srv, CLOSE_STALL * 3);
+        flood(&mut srv, &path, 1);
+        settle_for(&mut srv, CLOSE_STALL);
+        assert!(jammed.elapsed() < jam::LINGER / 2);
+        assert_eq!(
+            closing_threads(),
+            2,
+            "the stuffed socket's close did not hold its thread"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
 /// Sends one message carrying `fds` (up to 253) on `sock`.
 fn send_many(sock: &UnixStream, fds: &[std::os::fd::RawFd]) {
     common::sys::send_fds(sock.as_fd(), b"s", fds).unwrap();

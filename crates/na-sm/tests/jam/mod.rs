@@ -14,13 +14,15 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use na_core::{OpId, Plugin, PluginId};
 use na_sm::sys::socket::send_with_fds;
-use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH};
+use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH, MAX_NESTED_FDS};
 
 use crate::common::private_dir;
+use crate::common::sys::{send_fds, SCM_MAX_FD};
 
 /// How long a close of [`lingering_socket`] (or [`blocking_close`]) would block.
 pub const LINGER: Duration = Duration::from_secs(20);
@@ -120,31 +122,73 @@ pub fn settle_for(srv: &mut SmPlugin, time: Duration) {
 /// the UNIX sockets it discards first: a [`lingering_socket`] in flight
 /// (queued, never read) inside a chain of UNIX sockets one level deeper
 /// than na-sm reads out (`MAX_NESTED_DEPTH`), so the close of the
-/// deepest one it reaches releases that socket's last reference. Also
-/// returns the TCP socket's peer (keep it: it never reads).
+/// deepest one it reaches releases that socket's last reference. Where
+/// the kernel refuses such a chain (older kernels refuse to pass a UNIX
+/// socket nested more than 4 deep, `ETOOMANYREFS`; the limit went with
+/// the rewrite of the AF_UNIX garbage collector, around Linux 6.10), the
+/// [`stuffed_blocking_close_for`] one instead. Also returns the TCP
+/// socket's peer (keep it: it never reads).
 pub fn blocking_close() -> (TcpListener, UnixStream) {
     blocking_close_for(LINGER)
 }
 
 /// [`blocking_close`], blocking for `linger`.
 pub fn blocking_close_for(linger: Duration) -> (TcpListener, UnixStream) {
+    if !kernel_nests_deeply() {
+        return stuffed_blocking_close_for(linger);
+    }
     let (peer, tcp) = lingering_for(linger);
     (peer, nested(tcp.into(), MAX_NESTED_DEPTH + 1))
+}
+
+/// Whether a UNIX socket nested one level deeper than a
+/// [`blocking_close`] chain can be built (and so that chain passed).
+fn kernel_nests_deeply() -> bool {
+    static DEEP: OnceLock<bool> = OnceLock::new();
+    *DEEP.get_or_init(|| {
+        let (end, _) = UnixStream::pair().unwrap();
+        try_nested(end.into(), MAX_NESTED_DEPTH + 2).is_ok()
+    })
+}
+
+/// A descriptor whose last close blocks for `linger`, on any kernel: a
+/// UNIX socket with more descriptors in flight than na-sm takes out
+/// before a close (`MAX_NESTED_FDS`, here dups of a pipe's end), then a
+/// [`lingering_socket`] behind them. Also returns the TCP socket's peer.
+pub fn stuffed_blocking_close_for(linger: Duration) -> (TcpListener, UnixStream) {
+    let (peer, tcp) = lingering_for(linger);
+    let (carrier, other) = UnixStream::pair().unwrap();
+    let (r, _w) = crate::common::pipe();
+    let dups: Vec<OwnedFd> = (0..SCM_MAX_FD)
+        .map(|_| r.as_fd().try_clone_to_owned().unwrap())
+        .collect();
+    let raw: Vec<_> = dups.iter().map(|d| d.as_raw_fd()).collect();
+    for _ in 0..=MAX_NESTED_FDS / SCM_MAX_FD {
+        send_fds(other.as_fd(), b"s", &raw).unwrap();
+    }
+    send_with_fds(other.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
+    drop((tcp, other, dups));
+    (peer, carrier)
 }
 
 /// `fd` in flight inside `levels` UNIX sockets, each queued (never read)
 /// on the next: the outermost one's reading end (`levels` >= 1). This
 /// process keeps no other copy of any of them.
 pub fn nested(fd: OwnedFd, levels: usize) -> UnixStream {
+    try_nested(fd, levels).unwrap()
+}
+
+/// [`nested`], or the error of the send that failed.
+fn try_nested(fd: OwnedFd, levels: usize) -> std::io::Result<UnixStream> {
     assert!(levels >= 1);
     let mut inner = fd;
     for _ in 0..levels {
         let (carrier, other) = UnixStream::pair().unwrap();
-        send_with_fds(other.as_fd(), b"x", &[inner.as_raw_fd()]).unwrap();
+        send_with_fds(other.as_fd(), b"x", &[inner.as_raw_fd()])?;
         drop((inner, other));
         inner = carrier.into();
     }
-    UnixStream::from(inner)
+    Ok(UnixStream::from(inner))
 }
 
 /// Jams a closing thread of the listener at `path`: a hello carrying
