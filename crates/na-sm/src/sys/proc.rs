@@ -140,7 +140,34 @@ pub(crate) mod testing {
             let link = dir.join(name);
             std::os::unix::fs::symlink("/bin/sleep", &link).unwrap();
             let child = std::process::Command::new(&link).arg("30").spawn().unwrap();
-            Named { child, dir }
+            let named = Named { child, dir };
+            named.await_name(name);
+            named
+        }
+
+        /// Waits until the kernel shows the child under `name`: `spawn`
+        /// returns as soon as the exec is under way (its close-on-exec
+        /// descriptors closed, or its vfork parent released), before
+        /// the exec renames the process, so `/proc/PID/comm` may still
+        /// say the parent's name for a moment.
+        fn await_name(&self, name: &std::ffi::OsStr) {
+            use std::os::unix::ffi::OsStrExt;
+            // The kernel keeps at most 15 bytes of it.
+            let want = &name.as_bytes()[..name.len().min(15)];
+            let path = format!("/proc/{}/comm", self.pid());
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                let comm = std::fs::read(&path).unwrap();
+                if comm.strip_suffix(b"\n") == Some(want) {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < end,
+                    "the child still shows as {:?} 5 s after its spawn",
+                    String::from_utf8_lossy(&comm)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
 
         /// Its pid.
