@@ -363,9 +363,14 @@ mod tests {
             !lock().covers(top + 64, 8, false, k),
             "just past the last segment"
         );
+        // Each range costs the entries of one start: ours hold one, but
+        // the set is process-wide and tests running beside this one
+        // register their own handles, some under two plugins at once
+        // (briefly four entries of one start): it read 5 in one run of
+        // the whole binary. A walk would look at 2,000 or more.
         let visited = VISITED.with(|v| v.get());
         assert!(
-            visited <= 4,
+            visited <= 16,
             "looked at {visited} entries for two uncovered ranges"
         );
         assert!(mems
