@@ -1,6 +1,6 @@
 //! Bulk transfers driven by the engine: from the origin's code
-//! ([`Engine::bulk_start`], [`Engine::bulk`]) and from inside handlers
-//! ([`BulkCtx`]).
+//! ([`Engine::bulk_start`], [`Engine::bulk`], [`Engine::bulk_batch`]) and
+//! from inside handlers ([`BulkCtx`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -459,8 +459,9 @@ impl<C: Codec> Engine<C> {
     /// once and never waits. `timeout` bounds the start only: the
     /// transfers then run as [`bulk_start_batch`](Self::bulk_start_batch)'s
     /// do, until [`take_bulk`](Self::take_bulk) has their outcomes
-    /// ([`bulk`](Self::bulk) waits for one transfer, its timeout covering
-    /// both).
+    /// ([`bulk`](Self::bulk) waits for one transfer and
+    /// [`bulk_batch`](Self::bulk_batch) for a batch, their timeout
+    /// covering both).
     pub fn bulk_start_batch_within(
         &mut self,
         op: BulkOp,
@@ -607,6 +608,9 @@ impl<C: Codec> Engine<C> {
     /// the transport's bound for a lookup does). A zero timeout looks the
     /// owner up as [`bulk_start`](Self::bulk_start) does (a wait the
     /// transport bounds).
+    ///
+    /// [`bulk_batch`](Self::bulk_batch) moves many spans this way, with
+    /// one wait.
     #[allow(clippy::too_many_arguments)]
     pub fn bulk(
         &mut self,
@@ -618,31 +622,91 @@ impl<C: Codec> Engine<C> {
         len: u64,
         timeout: Duration,
     ) -> Result<()> {
-        let deadline = na_core::deadline_after(timeout);
-        let id = if timeout.is_zero() {
-            self.bulk_start(op, remote, remote_offset, local, local_offset, len)?
-        } else {
-            let span = Span {
-                remote_offset,
-                local_offset,
-                len,
-            };
-            self.bulk_start_batch_until(op, remote, local, &[span], deadline, timeout)?[0]
+        let span = Span {
+            remote_offset,
+            local_offset,
+            len,
         };
+        self.bulk_batch(op, remote, local, &[span], timeout)
+    }
+
+    /// Moves every span between `remote` and `local` as one batch (see
+    /// [`bulk_start_batch`](Self::bulk_start_batch): if any span is
+    /// refused, none starts) and waits (driving progress: handlers run,
+    /// responses are filed) at most `timeout` for all of them: the
+    /// blocking twin of [`AsyncEngine::bulk_batch`](crate::AsyncEngine::bulk_batch),
+    /// and [`bulk`](Self::bulk) for many spans.
+    ///
+    /// The answer is the failure of the first failed span in `spans`'
+    /// order (the transport's error, [`RpcError::Transport`]), once every
+    /// span has ended; an empty batch does nothing. The timeout covers the
+    /// whole call, the lookup of the handle's owner included (as in
+    /// [`bulk_start_batch_within`](Self::bulk_start_batch_within); a zero
+    /// timeout leaves that wait to the transport's bound). Past it, the
+    /// spans still in flight are canceled and **waited for**, as in
+    /// `bulk`, and the answer is [`RpcError::Timeout`], even if a span
+    /// failed before: once this returns, no span touches either handle's
+    /// memory any more, and no transfer is left in flight
+    /// ([`RpcStats::bulk_in_flight`](crate::RpcStats::bulk_in_flight)). A
+    /// zero timeout does not wait for the spans (unless they ended as they
+    /// started, in memory or from inline data): those in flight are
+    /// canceled, waited for, and answered with the timeout. If progress
+    /// itself fails meanwhile, that error returns and the spans in flight
+    /// are given up as by [`forget_bulk`](Self::forget_bulk).
+    ///
+    /// Everything is in flight at once: split very large batches (for
+    /// example into [`BATCH_WINDOW`] spans).
+    pub fn bulk_batch(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        timeout: Duration,
+    ) -> Result<()> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        let deadline = na_core::deadline_after(timeout);
+        let ids = if timeout.is_zero() {
+            self.bulk_start_batch(op, remote, local, spans)?
+        } else {
+            self.bulk_start_batch_until(op, remote, local, spans, deadline, timeout)?
+        };
+        // The spans not ended yet, in `spans`' order, and the outcomes of
+        // those that did (by index: the first failure in that order is
+        // the answer).
+        let mut pending: Vec<(usize, BulkId)> = ids.into_iter().enumerate().collect();
+        let mut outcomes: Vec<Option<Result<()>>> =
+            std::iter::repeat_with(|| None).take(spans.len()).collect();
         loop {
-            if let Some(r) = self.take_bulk(id) {
-                return r;
+            pending.retain(|&(i, id)| match self.take_bulk(id) {
+                Some(r) => {
+                    outcomes[i] = Some(r);
+                    false
+                }
+                None => true,
+            });
+            if pending.is_empty() {
+                return outcomes
+                    .into_iter()
+                    .flatten()
+                    .find(Result::is_err)
+                    .unwrap_or(Ok(()));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                self.cancel_and_wait(id)?;
+                let rest: Vec<BulkId> = pending.iter().map(|&(_, id)| id).collect();
+                self.cancel_and_wait(&rest)?;
                 return Err(RpcError::Timeout {
                     rpc: "bulk transfer".into(),
                     millis: timeout.as_millis(),
                 });
             }
             if let Err(e) = self.progress(Some(left)).and_then(|_| self.trigger()) {
-                self.forget_bulk(id);
+                for &(_, id) in &pending {
+                    self.forget_bulk(id);
+                }
                 return Err(e);
             }
         }
@@ -684,32 +748,41 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// Cancels transfer `id` and drives the engine until the transport has
-    /// ended it (its outcome is dropped). On a progress failure the
-    /// transfer is forgotten instead, and that error returns.
-    fn cancel_and_wait(&mut self, id: BulkId) -> Result<()> {
-        let op = OpId(id.0);
-        self.cancel_bulk(id);
+    /// Cancels transfers `ids` and drives the engine until the transport
+    /// has ended every one (their outcomes are dropped). On a progress
+    /// failure those not ended are forgotten instead, and that error
+    /// returns.
+    fn cancel_and_wait(&mut self, ids: &[BulkId]) -> Result<()> {
+        for &id in ids {
+            self.cancel_bulk(id);
+        }
+        let mut left: Vec<BulkId> = ids.to_vec();
         let (started, mut warned) = (Instant::now(), false);
-        // Its completion files an outcome (and leaves `ops`).
-        while self.take_bulk(id).is_none() && self.ops.contains_key(&op) {
+        loop {
+            // A completion files an outcome (and leaves `ops`).
+            left.retain(|&id| self.take_bulk(id).is_none() && self.ops.contains_key(&OpId(id.0)));
+            if left.is_empty() {
+                return Ok(());
+            }
             if !warned && started.elapsed() > CANCEL_WAIT_WARNING {
                 warned = true;
                 tracing::warn!(
+                    left = left.len(),
                     waited = ?started.elapsed(),
-                    "a timed-out bulk transfer is still in flight; Engine::bulk waits for it"
+                    "timed-out bulk transfers are still in flight; Engine::bulk waits for them"
                 );
             }
             if let Err(e) = self
                 .progress(Some(Duration::from_millis(100)))
                 .and_then(|_| self.trigger())
             {
-                tracing::error!(error = %e, "progress failed while a timed-out bulk transfer was in flight");
-                self.forget_bulk(id);
+                tracing::error!(error = %e, "progress failed while timed-out bulk transfers were in flight");
+                for &id in &left {
+                    self.forget_bulk(id);
+                }
                 return Err(e);
             }
         }
-        Ok(())
     }
 
     /// Gives up on transfer `id`: it is canceled if the transport can, and
