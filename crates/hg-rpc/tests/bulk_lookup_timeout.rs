@@ -8,7 +8,7 @@
 //! `Engine::bulk_start_batch_within`, and one it moves and waits for with
 //! `Engine::bulk_batch`.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,9 +34,8 @@ fn stuck_owner(dir: &std::path::Path) -> (UnixListener, UnixStream, Bulk) {
     let pid = std::process::id();
     let path = dir.join(format!("{pid}-stuck.sock"));
     let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY (test): listen(2) on a socket we own; backlog 0 makes one
-    // pending connection fill the queue.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    // Backlog 0 makes one pending connection fill the queue.
+    common::sys::listen(listener.as_fd(), 0).expect("listen(2) on our socket");
     let queued = UnixStream::connect(&path).expect("the first connection is queued");
     let seg = na_core::RemoteSegment {
         addr: 4096,
