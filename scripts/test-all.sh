@@ -65,11 +65,13 @@ step "the na-sm conformance suite again, peers' exits watched by pid as before L
 QS_SM_PIDFD=pid cargo test --quiet -p na-sm --test suite
 
 step "the RPC tests again with posted receives instead of sm's pull mode (QS_RPC_RECV=posted)"
-QS_RPC_RECV=posted cargo test --quiet -p hg-rpc --test rpc --test response_routing --test async_rpc --test async_stop \
-  --test async_held --test origin_memory --test failure_paths --test notices --test async_bulk
+QS_RPC_RECV=posted cargo test --quiet -p hg-rpc --test rpc --test spilled_args --test bulk_transfers \
+  --test response_routing --test abandoned_inputs --test bulk_given_up --test async_rpc --test async_stop \
+  --test async_held --test origin_memory --test failure_paths --test notices --test async_bulk --test bulk_batch
 
 step "the RPC tests again with payload checksums on (QS_RPC_CHECKSUM=on; off by default)"
-QS_RPC_CHECKSUM=on cargo test --quiet -p hg-rpc --test rpc --test response_routing --test async_rpc --test async_stop \
+QS_RPC_CHECKSUM=on cargo test --quiet -p hg-rpc --test rpc --test spilled_args --test bulk_transfers \
+  --test response_routing --test abandoned_inputs --test bulk_given_up --test async_rpc --test async_stop \
   --test async_held --test origin_memory --test failure_paths --test notices
 
 step "the registration cache's race and corruption suites again with the opt-in map watch (QS_MR_CACHE_MAP_WATCH=on)"

@@ -7,16 +7,17 @@ use std::sync::Arc;
 use na_core::fasthash::FastMap;
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId, Tag};
+use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId};
 
-use crate::call_table::CallTable;
 use crate::codec::{Codec, Postcard};
-use crate::deferred::{DeferredLedger, DeferredTicket};
+use crate::deferred::DeferredLedger;
 pub use crate::deferred::{DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL};
-use crate::error::{Result, RpcError};
+use crate::error::Result;
+#[cfg(doc)]
+use crate::error::RpcError;
 use crate::exposed::ExposedOutputs;
 pub use crate::exposed::{DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL};
-use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
+use crate::header::FLAG_CHECKSUM;
 
 /// How long a target keeps a spilled output exposed for an origin that
 /// never confirms it pulled it (it died, or broke the protocol).
@@ -43,17 +44,6 @@ pub(crate) const MIN_COMPACT: usize = 1024;
 /// the most messages one [`Engine::trigger`] takes.
 pub const POSTED_REQUEST_BUFFERS: usize = 64;
 
-/// Environment variable that chooses how the engine receives requests and
-/// responses: `pull` (the default: the transport's pull mode where it has
-/// one, see [`na_core::Plugin::pull_unexpected`]) or `posted` (posted
-/// unexpected receives and their completions, as on a transport without
-/// pull mode).
-pub const RECV_MODE_ENV: &str = "QS_RPC_RECV";
-
-/// Environment variable that sets the default of
-/// [`Engine::set_checksums`]: `on` or `off` (the default).
-pub const CHECKSUM_ENV: &str = "QS_RPC_CHECKSUM";
-
 /// Default for [`Engine::set_spare_bytes`].
 pub const DEFAULT_SPARE_BYTES: usize = 16 << 20;
 
@@ -69,12 +59,22 @@ pub const DEFAULT_MAX_PULL_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
 /// of the largest spill given up on.
 pub const DEFAULT_MAX_ABANDONED_BYTES: u64 = 16 * DEFAULT_MAX_SPILL;
 
+#[path = "bulk_ctx.rs"]
+mod bulk_ctx;
 #[path = "bulk_ops.rs"]
 mod bulk_ops;
+#[path = "bulk_wait_ops.rs"]
+mod bulk_wait_ops;
 #[path = "call_ops.rs"]
 mod call_ops;
+#[path = "call_wait_ops.rs"]
+mod call_wait_ops;
+#[path = "debug_span.rs"]
+mod debug_span;
 #[path = "drain_ops.rs"]
 mod drain_ops;
+#[path = "engine_records.rs"]
+mod engine_records;
 #[path = "limits_ops.rs"]
 mod limits_ops;
 #[path = "notice_ops.rs"]
@@ -83,164 +83,35 @@ mod notice_ops;
 mod progress_ops;
 #[path = "register_ops.rs"]
 mod register_ops;
+#[path = "response_ops.rs"]
+mod response_ops;
 #[path = "serve_ops.rs"]
 pub(crate) mod serve_ops;
-
-/// Set-up shared by the engine's unit tests.
+#[path = "serve_spill_ops.rs"]
+mod serve_spill_ops;
 #[cfg(test)]
-pub(crate) mod test_support {
-    use std::path::PathBuf;
+#[path = "engine_test_support.rs"]
+pub(crate) mod test_support;
+#[path = "wire_headers.rs"]
+mod wire_headers;
 
-    use super::Engine;
-
-    /// A busy-polling server engine (listening) and a client engine over
-    /// real sm plugins in a new directory named by `tag` (the caller
-    /// removes it), and the server's address as the client sees it.
-    pub(crate) fn sm_pair(tag: &str) -> (PathBuf, Engine, Engine, na_core::Addr) {
-        let dir = std::env::temp_dir().join(format!("hg-rpc-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let cfg = |listen| {
-            na_sm::SmConfig {
-                listen,
-                ..na_sm::SmConfig::default()
-            }
-            .with_dir(&dir)
-        };
-        let mode = na_core::ProgressMode::Busy;
-        let srv = Engine::shared_memory(cfg(true), mode).unwrap();
-        let mut c = Engine::shared_memory(cfg(false), mode).unwrap();
-        let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
-        (dir, srv, c, s)
-    }
-}
 use crate::env_switches::{checksums_from_env, recv_pull_from_env};
+pub use crate::env_switches::{CHECKSUM_ENV, RECV_MODE_ENV};
 pub use crate::stats::RpcStats;
-pub(crate) use bulk_ops::{check_owner, CANCEL_WAIT_WARNING};
-pub use bulk_ops::{BulkCtx, BulkId, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
+pub(crate) use bulk_ctx::{check_owner, CANCEL_WAIT_WARNING};
+pub use bulk_ctx::{BulkCtx, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
+pub use bulk_ops::BulkId;
+pub(crate) use debug_span::DebugSpan;
+use engine_records::{
+    Call, Calls, OpRole, PendingPull, REQUEST_OP, REQUEST_TAG, RESPONSE_TAG, SEND_OP, WATCH_OP, WATCH_TAG,
+};
 pub use register_ops::DeferredRequest;
 use register_ops::Handler;
+use wire_headers::{header, response_header, response_outcome};
 
 /// Identifies a call made with [`Engine::forward`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallId(u64);
-
-/// What a posted operation is for, kept in `Engine::ops` by its id.
-/// Sends and posted message receives, one or two per message, keep their
-/// role in the id instead ([`SEND_OP`], [`REQUEST_OP`]) and have no entry.
-enum OpRole {
-    /// The pull of a spilled request's input (key into `pulls`).
-    Pull(u64),
-    /// The pull of a spilled response's output (key into `pulls`; cookie).
-    PullOutput(u64, u64),
-    /// A transfer started with `bulk_start` (its id is the op id), posted
-    /// through this plugin, where a cancel goes.
-    Bulk(PluginId),
-    /// Such a transfer, given up (`forget_bulk`): its outcome is dropped.
-    ForgottenBulk,
-    /// The watch on a peer we call (its token; see `Engine::watches`).
-    Watch(u64),
-}
-
-/// Bit of an [`OpId`] that marks a send (nothing to do on success).
-const SEND_OP: u64 = 1 << 63;
-/// Bit of an [`OpId`] that marks a posted unexpected receive (requests
-/// for us, and responses to our calls).
-const REQUEST_OP: u64 = 1 << 62;
-/// Bit of an [`OpId`] that marks the watch receive on a called peer.
-const WATCH_OP: u64 = 1 << 61;
-
-/// Tag of request messages (unexpected messages; receivers route on the
-/// header's response flag, the tag only helps a reader of traces).
-const REQUEST_TAG: Tag = 0;
-/// Tag of response messages (unexpected messages too).
-const RESPONSE_TAG: Tag = 1;
-/// Tag of the watch receive: an expected receive that no message ever
-/// matches; it exists to fail when its peer goes away.
-const WATCH_TAG: Tag = 0;
-
-/// A request whose spilled input is being pulled from its origin.
-struct PendingPull {
-    src: Addr,
-    header: Header,
-    mem: MemHandle,
-    /// The seal its sender exposed after the data (see `spill`).
-    seal: u64,
-    /// The data's CRC-32C, when its message carried a checksum.
-    crc: Option<u32>,
-    /// A request for a deferred handler: its place under
-    /// `set_max_deferred`'s bounds, taken before the pull started.
-    ticket: Option<DeferredTicket>,
-}
-
-impl PendingPull {
-    /// The bytes `start_pull` charged to `pull_bytes`: the data, not the
-    /// seal pulled after it.
-    fn charged(&self) -> u64 {
-        self.mem.size().saturating_sub(crate::spill::SEAL_LEN)
-    }
-}
-
-struct Call {
-    rpc: &'static str,
-    /// Token of the target; `None` for a self-forward. A response counts
-    /// only if it comes from this peer.
-    peer: Option<u64>,
-    /// The response payload or error, once it arrived. The error is boxed:
-    /// an `RpcError` in place would make every call (and every move of
-    /// one into the table) several times larger than a payload.
-    outcome: Option<std::result::Result<Vec<u8>, Box<RpcError>>>,
-    /// When the caller gave up (or sent it one-way), if it did. The call
-    /// stays until its response comes, since its spilled input is still
-    /// exposed to the target, but at most the abandoned-input TTL. The
-    /// response is then discarded.
-    abandoned: Option<Instant>,
-    /// The exposed input of a spilled request, kept until the response.
-    spill: Option<MemHandle>,
-    /// A one-way request (spilled): its response is the target's
-    /// acknowledgement, expected, not a late answer.
-    one_way: bool,
-}
-
-/// The call table. Dropped (with the engine) while calls still hold
-/// spilled inputs exposed, it breaks their seals first: a pull still to
-/// come fails its check instead of taking what the memory holds next.
-/// (Every other path that lets an unpulled input go breaks it itself;
-/// a `Drop` on `Call` would cost each call out-of-line drop glue.)
-#[derive(Default)]
-struct Calls(CallTable<Call>);
-
-impl std::ops::Deref for Calls {
-    type Target = CallTable<Call>;
-    fn deref(&self) -> &CallTable<Call> {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Calls {
-    fn deref_mut(&mut self) -> &mut CallTable<Call> {
-        &mut self.0
-    }
-}
-
-impl Drop for Calls {
-    fn drop(&mut self) {
-        for (_, call) in self.0.iter() {
-            if let Some(mem) = &call.spill {
-                crate::spill::break_seal(mem);
-            }
-        }
-    }
-}
-
-impl Call {
-    /// Bytes of its exposed input (0 if it did not spill).
-    fn spill_len(&self) -> u64 {
-        // The data; not the seal exposed after it.
-        self.spill
-            .as_ref()
-            .map_or(0, |m| m.size().saturating_sub(crate::spill::SEAL_LEN))
-    }
-}
 
 /// An RPC engine over one NA plugin of an [`Endpoint`].
 ///
@@ -571,76 +442,5 @@ impl<C: Codec> Engine<C> {
             self.post_request_buffer(buf)?;
         }
         Ok(())
-    }
-}
-
-/// A debug span entered for as long as this lives, or none when no
-/// subscriber wants debug spans (see [`DebugSpan::enter`]).
-pub(crate) struct DebugSpan(Option<tracing::span::EnteredSpan>);
-
-impl DebugSpan {
-    /// Enters the span `make` builds, only if a subscriber wants debug
-    /// spans: tracing's `log` feature (which any crate in a build can
-    /// switch on) would otherwise format a disabled span for `log` on
-    /// every call.
-    #[inline]
-    pub(crate) fn enter(make: impl FnOnce() -> tracing::Span) -> DebugSpan {
-        DebugSpan(tracing::level_enabled!(tracing::Level::DEBUG).then(|| make().entered()))
-    }
-}
-
-impl Drop for DebugSpan {
-    /// An inlined check: the drop glue of the bare `Option` is a call on
-    /// every RPC even when it holds nothing.
-    #[inline]
-    fn drop(&mut self) {
-        if let Some(span) = self.0.take() {
-            drop(span);
-        }
-    }
-}
-
-/// The header of the response to `request`: it carries a checksum if the
-/// request did (the origin's choice, see [`Engine::set_checksums`]).
-fn response_header(request: &Header, status: Status) -> Header {
-    header(
-        FLAG_RESPONSE | (request.flags & FLAG_CHECKSUM),
-        status,
-        request.rpc_id,
-        request.cookie,
-    )
-}
-
-fn header(flags: u8, status: Status, rpc_id: u64, cookie: u64) -> Header {
-    Header {
-        flags,
-        status,
-        rpc_id,
-        cookie,
-        payload_len: 0,
-        checksum: 0,
-    }
-}
-
-/// Turns a response header and payload into the call's outcome.
-fn response_outcome(rpc: &str, id: u64, h: Header, payload: impl Into<Vec<u8>>) -> Result<Vec<u8>> {
-    let payload = payload.into();
-    let text = || String::from_utf8_lossy(&payload).into_owned();
-    match h.status {
-        Status::Ok => Ok(payload),
-        Status::HandlerError => Err(RpcError::Handler {
-            rpc: rpc.into(),
-            message: text(),
-        }),
-        Status::UnknownRpc => Err(RpcError::UnknownRpc { rpc: rpc.into(), id }),
-        Status::DecodeError => Err(RpcError::Decode {
-            rpc: rpc.into(),
-            what: "input",
-            reason: text(),
-        }),
-        Status::Busy => Err(RpcError::Busy {
-            rpc: rpc.into(),
-            reason: text(),
-        }),
     }
 }

@@ -2,8 +2,20 @@
 //! its default, an unreadable or unknown value a configuration error that
 //! names the variable.
 
-use crate::engine::{CHECKSUM_ENV, RECV_MODE_ENV};
+#[cfg(doc)]
+use crate::engine::Engine;
 use crate::error::{Result, RpcError};
+
+/// Environment variable that chooses how the engine receives requests and
+/// responses: `pull` (the default: the transport's pull mode where it has
+/// one, see [`na_core::Plugin::pull_unexpected`]) or `posted` (posted
+/// unexpected receives and their completions, as on a transport without
+/// pull mode).
+pub const RECV_MODE_ENV: &str = "QS_RPC_RECV";
+
+/// Environment variable that sets the default of
+/// [`Engine::set_checksums`]: `on` or `off` (the default).
+pub const CHECKSUM_ENV: &str = "QS_RPC_CHECKSUM";
 
 /// Reads [`RECV_MODE_ENV`]: true for pull mode (the default).
 pub(crate) fn recv_pull_from_env() -> Result<bool> {

@@ -10,7 +10,7 @@ use na_core::hint::cold_path;
 use na_core::{Completion, NaError};
 
 use super::{
-    response_header, serve_ops, BulkId, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
+    response_header, serve_spill_ops, BulkId, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
     SWEEP_EVERY,
 };
 use crate::codec::Codec;
@@ -377,7 +377,7 @@ impl<C: Codec> Engine<C> {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.charged());
                     let one_way = p.header.is_one_way();
                     let pulled = match c.status {
-                        Ok(()) => self.checked_pull(serve_ops::pulled_bytes(p.mem), p.seal, p.crc),
+                        Ok(()) => self.checked_pull(serve_spill_ops::pulled_bytes(p.mem), p.seal, p.crc),
                         Err(e) => Err(format!("pulling the spilled input failed: {e}")),
                     };
                     if one_way {
@@ -409,7 +409,7 @@ impl<C: Codec> Engine<C> {
                     let rpc = self.call_name(cookie);
                     let outcome = match c.status {
                         Ok(()) => self
-                            .checked_pull(serve_ops::pulled_bytes(p.mem), p.seal, p.crc)
+                            .checked_pull(serve_spill_ops::pulled_bytes(p.mem), p.seal, p.crc)
                             .map_err(|reason| RpcError::Decode {
                                 rpc: rpc.into(),
                                 what: "output",

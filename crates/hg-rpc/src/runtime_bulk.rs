@@ -132,6 +132,8 @@ impl AsyncEngine {
     /// failed before).
     /// A stopped driver gives [`RpcError::DriverStopped`] at once, and a
     /// dropped future forgets the spans without waiting, as in `bulk`.
+    /// [`Engine::bulk_batch`](crate::Engine::bulk_batch) is the blocking
+    /// twin.
     /// Everything is in flight at once: split very large batches (for
     /// example into [`BATCH_WINDOW`](crate::BATCH_WINDOW) spans).
     pub async fn bulk_batch(

@@ -67,7 +67,8 @@ pub struct RpcStats {
     /// with no spilled input, which get no answer.
     pub refused_draining: u64,
     /// Transfers started with [`Engine::bulk_start`] (or
-    /// [`Engine::bulk`], [`AsyncEngine::bulk`](crate::AsyncEngine::bulk))
+    /// [`Engine::bulk`], [`Engine::bulk_batch`],
+    /// [`AsyncEngine::bulk`](crate::AsyncEngine::bulk))
     /// whose end the transport has not reported yet, given-up ones
     /// ([`Engine::forget_bulk`], a dropped future) included: until then
     /// they may still touch their handles' memory.

@@ -5,7 +5,7 @@
 //! process) go on, and the wait ends with the error a blocking lookup
 //! gives, after `SmConfig::handshake_timeout`.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
@@ -64,9 +64,8 @@ fn stuck_listener(dir: &Path) -> (String, UnixListener, UnixStream) {
     let pid = std::process::id();
     let path = dir.join(format!("{pid}-stuck.sock"));
     let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY: listen(2) on a socket we own; a backlog of 0 makes one
-    // queued connection fill the queue.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    // A backlog of 0 makes one queued connection fill the queue.
+    common::sys::listen(listener.as_fd(), 0).expect("listen(2) on our socket");
     let queued = UnixStream::connect(&path).expect("the first connection is queued");
     (format!("sm://{pid}-stuck"), listener, queued)
 }

@@ -76,11 +76,7 @@ async fn concurrent_calls_timeouts_and_cancel_by_drop() {
 }
 
 fn cpu_time() -> Duration {
-    // SAFETY: rusage is plain old data (all-zero is valid), and getrusage
-    // writes only into the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    let ru = common::sys::getrusage_self().expect("getrusage(2)");
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }

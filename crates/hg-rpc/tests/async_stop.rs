@@ -240,18 +240,14 @@ async fn a_transport_that_keeps_failing_stops_the_driver_with_its_cause() {
     // The epoll set itself stays open through a second descriptor, so it
     // stays in the endpoint's set and wakes the driver as before; only the
     // plugin's own calls on `fd` fail.
-    // SAFETY: `fd` is the plugin's epoll set, open as long as the engine;
-    // dup returns a new descriptor (checked), owned by `_kept` from here.
-    let kept = unsafe { libc::dup(fd) };
-    assert!(kept >= 0, "dup: {}", std::io::Error::last_os_error());
-    // SAFETY: `kept` is open and owned by nothing else.
-    let _kept = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(kept) };
+    // `fd` is the plugin's epoll set, open as long as the engine; the new
+    // descriptor is `_kept`'s.
+    let _kept = common::sys::dup(fd).unwrap_or_else(|e| panic!("dup: {e}"));
     let null = std::fs::File::open("/dev/null").unwrap();
-    // SAFETY: both descriptors are open (`null` above, `fd` as said). dup2
-    // makes `fd` name /dev/null: the plugin's epoll calls then fail with
-    // EINVAL, and it closes `fd` once, when dropped, as before.
+    // dup2 makes `fd` name /dev/null: the plugin's epoll calls then fail
+    // with EINVAL, and it closes `fd` once, when dropped, as before.
     assert_eq!(
-        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd) },
+        common::sys::dup2(std::os::fd::AsFd::as_fd(&null), fd).expect("dup2(2)"),
         fd
     );
     let t0 = Instant::now();

@@ -4,10 +4,11 @@
 //! handshake timeout), a transfer given 300 ms answers `Timeout` within
 //! about that, not after the lookup's bound. Likewise a plain handler's
 //! third-party transfer (`BulkCtx::allow_any_owner`) within its engine's
-//! handler transfer timeout, and a batch an application starts with
-//! `Engine::bulk_start_batch_within`.
+//! handler transfer timeout, a batch an application starts with
+//! `Engine::bulk_start_batch_within`, and one it moves and waits for with
+//! `Engine::bulk_batch`.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use na_core::Access;
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
 mod rpcs;
-use rpcs::{BlobExpose, BlobPut};
+use rpcs::{Add, BlobExpose, BlobPut};
 mod common;
 
 const TIMEOUT: Duration = Duration::from_millis(300);
@@ -33,9 +34,8 @@ fn stuck_owner(dir: &std::path::Path) -> (UnixListener, UnixStream, Bulk) {
     let pid = std::process::id();
     let path = dir.join(format!("{pid}-stuck.sock"));
     let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY (test): listen(2) on a socket we own; backlog 0 makes one
-    // pending connection fill the queue.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    // Backlog 0 makes one pending connection fill the queue.
+    common::sys::listen(listener.as_fd(), 0).expect("listen(2) on our socket");
     let queued = UnixStream::connect(&path).expect("the first connection is queued");
     let seg = na_core::RemoteSegment {
         addr: 4096,
@@ -178,4 +178,37 @@ fn a_blocking_batch_starts_timeout_covers_the_lookup_of_its_owner() {
         r.unwrap();
     }
     assert!(local.local().unwrap().to_vec() == data, "pulled other data");
+}
+
+/// `Engine::bulk_batch` (start a batch and wait for all of it): with an
+/// owner that never accepts, it answers its timeout within about that
+/// (the lookup alone would wait for na-sm's 5 s bound), with nothing left
+/// in flight; the engine then calls a server process and moves a batch
+/// with it as before.
+#[test]
+fn a_blocking_batchs_timeout_covers_the_lookup_of_its_owner() {
+    let d = common::dir("bulk-stuck-owner-wait-batch");
+    let (_listener, _queued, remote) = stuck_owner(&d);
+    let mut c = common::client(&d);
+    let local = c.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
+    let spans = [0, 2048].map(|at| Span {
+        remote_offset: at,
+        local_offset: at,
+        len: 2048,
+    });
+    let t0 = Instant::now();
+    let r = c.bulk_batch(BulkOp::Pull, &remote, &local, &spans, TIMEOUT);
+    check(r, t0.elapsed());
+    assert_eq!(c.stats().bulk_in_flight, 0, "a transfer was left in flight");
+
+    let srv = common::Server::start(&d);
+    let s = c.lookup(&srv.uri).unwrap();
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 11 + i / 256) as u8).collect();
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    c.call::<BlobPut>(&s, &("k".into(), put), T).unwrap();
+    let theirs = c.call::<BlobExpose>(&s, &("k".into(), 1024), T).unwrap();
+    c.bulk_batch(BulkOp::Pull, &theirs, &local, &spans, T).unwrap();
+    assert!(local.local().unwrap().to_vec() == data, "pulled other data");
+    assert_eq!(c.stats().bulk_in_flight, 0);
 }

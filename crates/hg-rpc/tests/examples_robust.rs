@@ -103,8 +103,7 @@ fn the_demo_server_dies_when_its_client_is_killed() {
     client.kill().unwrap();
     client.wait().unwrap();
     if !ends_within(pid, Duration::from_secs(5)) {
-        // SAFETY: kill(2) reads no memory.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        let _ = common::sys::kill(pid, libc::SIGKILL);
         panic!("the demo server (pid {pid}) outlived its killed client by 5 s");
     }
 }

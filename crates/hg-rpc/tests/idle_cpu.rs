@@ -22,8 +22,7 @@ fn cpu_seconds(pid: u32) -> f64 {
     let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf only reads a constant of the system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = common::sys::sysconf(libc::_SC_CLK_TCK).expect("sysconf(_SC_CLK_TCK)");
     ticks as f64 / per_second as f64
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::{Engine, ABANDONED_INPUT_TTL};
+use hg_rpc::{Engine, RpcError, ABANDONED_INPUT_TTL};
 use na_core::{Addr, Endpoint, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -189,4 +189,76 @@ fn the_call_table_of_a_burst_shrinks_while_a_call_stays_in_flight() {
         "an old id names nothing"
     );
     assert_eq!(c.stats().in_flight, 1, "{:?}", c.stats());
+}
+
+/// The call table gives back the memory of a burst of calls in flight
+/// once they have all ended and the engine goes idle, and cookies stay
+/// unique across that: a response of a call before it does not match a
+/// call after it.
+#[test]
+fn the_call_table_of_a_burst_is_given_back_when_the_engine_goes_idle() {
+    let d = dir("burst");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let ids: Vec<_> = (0..3000u64)
+        .map(|i| c.forward::<Add>(&s, &(i, 1)).unwrap())
+        .collect();
+    let end = Instant::now() + T;
+    for (i, &id) in ids.iter().enumerate() {
+        while !c.is_finished(id) {
+            assert!(Instant::now() < end, "call {i} did not end");
+            c.progress(Some(Duration::from_millis(10))).unwrap();
+            c.trigger().unwrap();
+        }
+        assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), i as u64 + 1);
+    }
+    assert!(c.stats().call_slots >= 3000, "{:?}", c.stats());
+    // Idle: the engine may sleep, and the table is given back.
+    while !c.try_wait().unwrap() {
+        assert!(Instant::now() < end, "never idle");
+        c.trigger().unwrap();
+    }
+    assert_eq!(c.stats().call_slots, 0, "{:?}", c.stats());
+    // Later calls work, and no old id names one of them.
+    let id = c.forward::<Add>(&s, &(20, 22)).unwrap();
+    assert!(!ids.contains(&id), "an old call id given again");
+    while !c.is_finished(id) {
+        assert!(Instant::now() < end, "the call after the shrink did not end");
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    }
+    assert_eq!(c.take_response::<Add>(id).unwrap().unwrap(), 42);
+    assert!(
+        c.take_response::<Add>(ids[0]).is_none(),
+        "an old id names nothing"
+    );
+}
+
+/// The engine's byte buffers do not stay at the size of the largest input
+/// it ever encoded: a 4 MiB self-call and a 4 MiB input refused for the
+/// held-input bound leave them within the spare-buffer bound.
+#[test]
+fn large_inputs_that_never_spilled_do_not_stay_in_the_engines_buffers() {
+    let d = dir("scratch");
+    let (ep, id) = endpoint(&d, true);
+    let mut e = Engine::new(ep, id).unwrap();
+    e.register::<Echo>(Ok).unwrap();
+    e.set_spare_bytes(1 << 20);
+    e.set_max_abandoned_bytes(1 << 20);
+    let bound = (1 << 20) + 8 * 65536;
+    let big = vec![3u8; 4 << 20];
+    let me = e.self_addr().clone();
+    let out = e.call::<Echo>(&me, &big, T).unwrap();
+    assert!(out == big, "the self-call's echo");
+    drop(out);
+    let st = e.stats();
+    assert!(st.buffer_bytes <= bound, "after a self-call: {st:?}");
+    let srv = Server::start(&d);
+    let s = e.endpoint().lookup(&srv.uri).unwrap();
+    let r = e.forward::<Echo>(&s, &big);
+    assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
+    let st = e.stats();
+    assert!(st.buffer_bytes <= bound, "after a refused input: {st:?}");
+    assert_eq!(e.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
 }

@@ -2,6 +2,8 @@
 // Each test binary uses a subset of them.
 #![allow(dead_code)]
 
+pub mod sys;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 

@@ -1,0 +1,384 @@
+//! Bulk transfers from inside handlers ([`BulkCtx`]): the caller-only
+//! rule, windows of spans, and their timeout (canceled windows are waited
+//! for before the handler answers).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use hg_bulk::{Bulk, BulkOp, Span, Started};
+use na_core::{Access, Addr, Completion, Endpoint, OpId, PluginId};
+
+use super::bulk_ops::bulk_span;
+use super::DebugSpan;
+#[cfg(doc)]
+use super::Engine;
+use crate::lookup_backoff::LookupBackoff;
+/// How long a handler's transfer may take before it fails, unless set
+/// with [`Engine::set_handler_transfer_timeout`].
+pub const DEFAULT_HANDLER_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a handler waits for its canceled transfers before it warns
+/// (it goes on waiting: see `BulkCtx::cancel_window`).
+pub(crate) const CANCEL_WAIT_WARNING: Duration = Duration::from_secs(10);
+
+/// Most spans [`BulkCtx::transfer_batch`] has in flight at once (na-sm's
+/// `IOV_MAX`: a window of single-piece spans is one system call).
+pub const BATCH_WINDOW: usize = 1024;
+
+/// What a handler registered with [`Engine::register_with_bulk`] may do
+/// while it runs: expose memory and move data to or from a client's handle.
+///
+/// A handle in a request names its owner's address, and the owner is whom
+/// a transfer goes to. By default a handler moves data only with its
+/// caller: a client cannot point the server's push or pull at a third
+/// process by sending someone else's descriptor (Mercury's
+/// `HG_Bulk_transfer` likewise takes the origin's address). A handler that
+/// is meant to move data with other processes says so with
+/// [`allow_any_owner`](Self::allow_any_owner).
+pub struct BulkCtx<'a> {
+    pub(super) ep: &'a mut Endpoint,
+    pub(super) plugin: PluginId,
+    pub(super) next_op: &'a mut u64,
+    pub(super) deferred: &'a mut VecDeque<Completion>,
+    /// Who sent the request being handled.
+    pub(super) origin: &'a Addr,
+    /// The handler lifted the caller-only rule.
+    pub(super) any_owner: bool,
+    /// How long one call of [`transfer_batch`](Self::transfer_batch) (or
+    /// [`transfer`](Self::transfer)) may take.
+    pub(super) transfer_timeout: Duration,
+}
+
+/// Why a window of a handler's transfer failed.
+enum WindowFailure {
+    /// A transfer failed (the others in the window finished first).
+    Failed(String),
+    /// The batch cannot go on: the deadline passed (the window's transfers
+    /// were canceled and waited for), or the endpoint failed while they
+    /// were in flight.
+    Stopped(String),
+}
+
+impl BulkCtx<'_> {
+    /// The address of the caller whose request is being handled.
+    pub fn origin(&self) -> &Addr {
+        self.origin
+    }
+
+    /// Lets this handler's transfers use handles owned by processes other
+    /// than the caller (third-party transfers). A transfer with an owner
+    /// not yet connected looks it up, which may wait to connect (until the
+    /// handler transfer timeout, [`Engine::set_handler_transfer_timeout`],
+    /// or the transport's bound, na-sm's `SmConfig::handshake_timeout`,
+    /// whichever comes first, if the owner does not accept), and a plain
+    /// handler waits with its engine locked: under an
+    /// [`AsyncEngine`](crate::AsyncEngine), every other call of the engine
+    /// waits too. A handler that moves data with processes that may not
+    /// be connected yet belongs in
+    /// [`register_async_with_bulk`](crate::AsyncEngine::register_async_with_bulk),
+    /// whose context's lookups wait without the engine.
+    pub fn allow_any_owner(&mut self) {
+        self.any_owner = true;
+    }
+
+    /// Refuses a transfer with a handle the caller does not own (unless
+    /// allowed); inline pulls move nothing over the network and pass.
+    fn check_owner(&self, op: BulkOp, remote: &Bulk) -> std::result::Result<(), String> {
+        check_owner(
+            self.any_owner,
+            self.origin,
+            op,
+            remote,
+            "BulkCtx::allow_any_owner",
+        )
+    }
+
+    /// Exposes buffers as a local bulk handle.
+    pub fn expose(&mut self, buffers: Vec<Vec<u8>>, access: Access) -> std::result::Result<Bulk, String> {
+        Bulk::expose(self.ep, self.plugin, buffers, access).map_err(|e| e.to_string())
+    }
+
+    /// Moves `len` bytes between `remote` and `local` and waits for it
+    /// (other work that completes meanwhile is kept for the engine).
+    pub fn transfer(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        remote_offset: u64,
+        local: &Bulk,
+        local_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), String> {
+        let span = Span {
+            remote_offset,
+            local_offset,
+            len,
+        };
+        self.transfer_batch(op, remote, local, &[span])
+    }
+
+    /// Moves every span between `remote` and `local` (all in direction
+    /// `op`) and waits for all of them. Every span is checked first: if one
+    /// is out of bounds, nothing moves. They are then started as NA batches
+    /// ([`hg_bulk::start_batch`]) of at most [`BATCH_WINDOW`] spans, each
+    /// waited for before the next starts, so memory stays bounded whatever
+    /// the number of spans (na-sm still makes one system call per
+    /// window). The first failure is returned, after every span finished
+    /// (unless the call stops early, below).
+    ///
+    /// The whole call, the lookup of a third-party owner included (see
+    /// [`allow_any_owner`](Self::allow_any_owner)), may take the engine's
+    /// handler transfer timeout ([`Engine::set_handler_transfer_timeout`],
+    /// default [`DEFAULT_HANDLER_TRANSFER_TIMEOUT`]). Past it, the call fails:
+    /// the transfers in flight are canceled and waited for (so that, once
+    /// the handler answers, nothing touches the caller's memory any more:
+    /// an RDMA transfer on the wire cannot be recalled), and windows not
+    /// started yet are not started. (Only a failure of the endpoint itself
+    /// while transfers are in flight ends the wait early; it is logged as
+    /// an error.) A transfer's failure before the stop comes first in the
+    /// error. The deadline is also checked before each window after the
+    /// first, even one that copies in memory (a handle of this process, or
+    /// inline data).
+    pub fn transfer_batch(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+    ) -> std::result::Result<(), String> {
+        self.check_owner(op, remote)?;
+        hg_bulk::check_spans(remote, local, spans).map_err(|e| e.to_string())?;
+        let deadline = na_core::deadline_after(self.transfer_timeout);
+        let mut failure: Option<String> = None;
+        for (i, window) in spans.chunks(BATCH_WINDOW).enumerate() {
+            let before = i * BATCH_WINDOW;
+            // Why the batch stops here, and how many spans it leaves
+            // unstarted.
+            let (why, skipped) = if i > 0 && Instant::now() >= deadline {
+                let why = format!("the transfer did not finish within {:?}", self.transfer_timeout);
+                (why, spans.len() - before)
+            } else {
+                match self.transfer_window(op, remote, local, window, deadline) {
+                    Ok(()) => continue,
+                    Err(WindowFailure::Failed(e)) => {
+                        failure.get_or_insert(e);
+                        continue;
+                    }
+                    Err(WindowFailure::Stopped(e)) => (e, spans.len() - before - window.len()),
+                }
+            };
+            let why = match skipped {
+                0 => why,
+                n => format!("{why}; {n} later spans were not started"),
+            };
+            return Err(with_first(failure, why));
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Starts one window of spans and waits for every one of them.
+    fn transfer_window(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        spans: &[Span],
+        deadline: Instant,
+    ) -> std::result::Result<(), WindowFailure> {
+        let ids: Vec<(Span, OpId)> = spans
+            .iter()
+            .map(|s| {
+                *self.next_op += 1;
+                (*s, OpId(*self.next_op))
+            })
+            .collect();
+        let via = match self.start_window(op, remote, local, &ids, deadline)? {
+            Started::Done => return Ok(()),
+            Started::Posted(via) => via,
+        };
+        let (first, last) = (
+            ids.first().map_or(0, |i| i.1 .0),
+            ids.last().map_or(0, |i| i.1 .0),
+        );
+        let mut left = ids.len();
+        let mut failure = None;
+        while left > 0 {
+            while let Some(c) = self.ep.pop_completion() {
+                if (first..=last).contains(&c.op.0) {
+                    left -= 1;
+                    if let (Err(e), None) = (c.status, &failure) {
+                        failure = Some(e.to_string());
+                    }
+                } else {
+                    self.deferred.push_back(c);
+                }
+            }
+            if left == 0 {
+                break;
+            }
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                let late = left;
+                let why = format!(
+                    "{late} of {} bulk transfers did not finish within {:?} (canceled)",
+                    ids.len(),
+                    self.transfer_timeout
+                );
+                let why = with_first(failure, why);
+                return Err(match self.cancel_window(via, &ids, first..=last, left) {
+                    Ok(()) => WindowFailure::Stopped(why),
+                    Err(e) => WindowFailure::Stopped(format!("{why}; {e}")),
+                });
+            }
+            if let Err(e) = self.ep.progress(Some(wait)) {
+                return Err(WindowFailure::Stopped(with_first(failure, stopped_by(&e, left))));
+            }
+        }
+        failure.map_or(Ok(()), |e| Err(WindowFailure::Failed(e)))
+    }
+
+    /// Starts one window. Through the request's own source when the
+    /// caller owns the handle (a client that does not listen is reachable
+    /// only there); otherwise (`allow_any_owner`) the owner is looked up,
+    /// and where that would wait to connect, the endpoint is driven for a
+    /// pause (doubling, as [`Engine::bulk`]'s lookup does; other work is
+    /// kept for the engine) and the lookup tried again, until `deadline`:
+    /// the handler's transfer timeout covers the lookup too, not only the
+    /// transport's own bound for it.
+    fn start_window(
+        &mut self,
+        op: BulkOp,
+        remote: &Bulk,
+        local: &Bulk,
+        ids: &[(Span, OpId)],
+        deadline: Instant,
+    ) -> std::result::Result<Started, WindowFailure> {
+        let since = Instant::now();
+        let mut backoff = LookupBackoff::new();
+        loop {
+            let span = DebugSpan::enter(|| bulk_span(op, remote, ids.len()));
+            let started =
+                hg_bulk::start_batch_via(self.ep, op, remote, local, ids, Some(self.origin), Some(since));
+            drop(span);
+            match started {
+                Ok(started) => return Ok(started),
+                Err(hg_bulk::BulkError::Na(e)) if e.is_would_block() => {}
+                Err(e) => return Err(WindowFailure::Failed(e.to_string())),
+            }
+            let (ep, deferred) = (&mut *self.ep, &mut *self.deferred);
+            let paused = backoff.drive_pause(deadline, |wait| {
+                ep.progress(Some(wait))?;
+                deferred.extend(std::iter::from_fn(|| ep.pop_completion()));
+                Ok::<(), na_core::NaError>(())
+            });
+            match paused {
+                Ok(true) => {}
+                // Nothing started: later windows are not started either.
+                Ok(false) => {
+                    return Err(WindowFailure::Stopped(format!(
+                        "the lookup of the handle's owner {} did not finish within {:?}",
+                        remote.owner(),
+                        self.transfer_timeout
+                    )))
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "progress failed while a handler looked up a bulk handle's owner");
+                    return Err(WindowFailure::Stopped(format!(
+                        "progress failed while looking up the handle's owner: {e}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Cancels the `left` transfers of `ids` (op ids `range`) still in
+    /// flight and waits until the transport has ended every one. The
+    /// answer to the request must not go out before: its origin may free
+    /// or reuse its memory as soon as it has it, and a transfer on the wire
+    /// cannot be recalled (RDMA), only waited for. The transport ends a
+    /// canceled one promptly: one not started yet is dropped, one on the
+    /// wire completes or fails (a dead peer's fails by the transport's own
+    /// timeout, or when its connection goes; na-verbs tears down a
+    /// connection whose device completes nothing for
+    /// `VerbsConfig::cancel_timeout` after the cancel).
+    fn cancel_window(
+        &mut self,
+        via: PluginId,
+        ids: &[(Span, OpId)],
+        range: std::ops::RangeInclusive<u64>,
+        mut left: usize,
+    ) -> std::result::Result<(), String> {
+        for &(_, op) in ids {
+            // Finished ones are unknown to the transport by now: no matter.
+            let _ = self.ep.cancel(via, op);
+        }
+        let (started, mut warned) = (Instant::now(), false);
+        loop {
+            while let Some(c) = self.ep.pop_completion() {
+                if range.contains(&c.op.0) {
+                    left -= 1;
+                } else {
+                    self.deferred.push_back(c);
+                }
+            }
+            if left == 0 {
+                return Ok(());
+            }
+            if !warned && started.elapsed() > CANCEL_WAIT_WARNING {
+                warned = true;
+                tracing::warn!(
+                    left,
+                    waited = ?started.elapsed(),
+                    "a handler's timed-out transfers are still in flight; its answer waits for them"
+                );
+            }
+            self.ep
+                .progress(Some(Duration::from_millis(100)))
+                .map_err(|e| stopped_by(&e, left))?;
+        }
+    }
+}
+
+/// A handler's transfer with `remote` is allowed: the handle is its
+/// caller's (`origin`), or needs no transfer with anyone (a handle of this
+/// process is copied in memory; a pull of inline data reads the
+/// descriptor), or the handler lifted the rule (`any_owner`, with
+/// `lifted_by`, named in the refusal).
+pub(crate) fn check_owner(
+    any_owner: bool,
+    origin: &Addr,
+    op: BulkOp,
+    remote: &Bulk,
+    lifted_by: &str,
+) -> std::result::Result<(), String> {
+    let here_or_inline = remote.local().is_some() || (op == BulkOp::Pull && remote.desc().inline.is_some());
+    if any_owner || here_or_inline || remote.owner() == origin.uri() {
+        return Ok(());
+    }
+    Err(format!(
+        "the bulk handle belongs to {}, not to the caller {}: a handler moves data only with its caller \
+         ({lifted_by} lifts this)",
+        remote.owner(),
+        origin.uri()
+    ))
+}
+
+/// `why` a batch stopped, after the first failure before it, if any.
+fn with_first(failure: Option<String>, why: String) -> String {
+    match failure {
+        Some(first) => format!("{first}; then {why}"),
+        None => why,
+    }
+}
+
+/// The endpoint failed while `left` transfers of a window were in flight:
+/// they cannot be waited for (so the answer may come before they end),
+/// and nothing more is started. Logged as an error; returns why.
+fn stopped_by(e: &na_core::NaError, left: usize) -> String {
+    tracing::error!(
+        error = %e,
+        left,
+        "progress failed while a handler's transfers were in flight; answering without them"
+    );
+    format!("progress failed with {left} transfers in flight: {e}")
+}

@@ -1,0 +1,191 @@
+//! The origin side of the engine, receiving: responses filed for the
+//! calls in flight to the peers they came from (late ones discarded),
+//! spilled outputs pulled, and the outcomes kept for callers.
+
+use na_core::hint::cold_path;
+use na_core::{Addr, MemHandle};
+
+use super::{logged_at, response_outcome, Call, CallId, Engine};
+use crate::codec::Codec;
+use crate::error::{Result, RpcError};
+use crate::header::{Header, Status, FLAG_SPILL};
+impl<C: Codec> Engine<C> {
+    /// A response (header `h`, payload `p`) arrived from `src`. It counts
+    /// only for a call in flight to that same peer: a late one (the call
+    /// timed out or its future was dropped) is discarded, and one from
+    /// another peer (forged, or a confused peer) is malformed. A discarded
+    /// spilled output is released at once (nobody will pull it), so the
+    /// target need not keep it for [`SPILLED_OUTPUT_TTL`](super::SPILLED_OUTPUT_TTL).
+    #[inline]
+    pub(super) fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
+        let cookie = h.cookie;
+        let spilled = h.flags & FLAG_SPILL != 0;
+        let pulling = self.pulling_output_of(cookie);
+        let Some(call) = self.calls.get_mut(cookie) else {
+            cold_path();
+            self.stats.stray_responses += 1;
+            tracing::debug!(peer = %src, cookie, "discarding a response for no call in flight");
+            if spilled {
+                // Keyed by our address on the target: it can only let go
+                // of an output it keeps for us.
+                self.release_output(src, cookie);
+            }
+            return;
+        };
+        if call.peer != Some(src.token()) || call.outcome.is_some() || pulling {
+            cold_path();
+            self.stats.malformed += 1;
+            if logged_at(self.stats.malformed) {
+                tracing::warn!(peer = %src, cookie, malformed = self.stats.malformed, "dropping a response that does not match its call");
+            }
+            return;
+        }
+        // (The usual case in the `if`, which the compiler lays out in line:
+        // an abandoned call's response is not rare enough to mark cold.)
+        if call.abandoned.is_none() {
+            if spilled {
+                cold_path();
+                return self.on_spilled_response(src, h, p);
+            }
+            let outcome = if h.status == Status::Ok {
+                // An empty output (a `()` one) needs no allocation call.
+                Ok(if p.is_empty() { Vec::new() } else { p.to_vec() })
+            } else {
+                cold_path();
+                response_outcome(call.rpc, h.rpc_id, *h, p)
+            };
+            // (`file_outcome`'s filing, on the call found above.)
+            if let Some(mem) = file_live(call, cookie, outcome, &mut self.finished_log) {
+                cold_path();
+                self.recycle(mem);
+            }
+            return;
+        }
+        // Kept only because the target might still pull its input (or a
+        // one-way call's acknowledgement): the response says it is done.
+        // Nobody wants the output: unless it is a one-way request's
+        // acknowledgement, it is late, like a response to a call no longer
+        // in the table, and counted the same.
+        if !call.one_way {
+            self.stats.stray_responses += 1;
+        }
+        if spilled {
+            self.release_output(src, cookie);
+        }
+        // An abandoned call's outcome is dropped, not filed.
+        self.file_outcome(cookie, Ok(Vec::new()));
+    }
+
+    /// True while the spilled output of call `cookie`'s response is being
+    /// pulled. A second response meanwhile (a confused or hostile target,
+    /// of this protocol version or another) would start another pull, or
+    /// file an outcome the pull then overwrites: both are dropped.
+    #[inline]
+    pub(super) fn pulling_output_of(&self, cookie: u64) -> bool {
+        !self.pulls.is_empty()
+            && self
+                .pulls
+                .values()
+                .any(|p| p.header.cookie == cookie && p.header.is_response())
+    }
+
+    /// [`on_response`](Self::on_response) of a response whose output
+    /// spilled: its output is pulled before the call has its outcome.
+    #[inline(never)]
+    fn on_spilled_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
+        let cookie = h.cookie;
+        let outcome = if h.status != Status::Ok {
+            // Error messages are cut to fit a message (see `respond`); only
+            // a broken target spills one. Its output is not wanted.
+            self.stats.malformed += 1;
+            self.release_output(src, cookie);
+            Err(RpcError::Malformed {
+                reason: "a spilled response must have status ok".into(),
+            })
+        } else {
+            match self.start_pull(src, h, p, true, None) {
+                // The outcome is filed when the pull completes.
+                Ok(()) => return,
+                // The target is gone (it answered, then exited): its
+                // death is the outcome, as for its other calls.
+                Err(super::serve_spill_ops::PullRefused { gone: Some(e), .. }) => Err(RpcError::Transport(e)),
+                // Our own budget, or the target's descriptor: either way
+                // the output cannot be had (the handler did run).
+                Err(refused) => {
+                    self.release_output(src, cookie);
+                    Err(RpcError::Decode {
+                        rpc: self.call_name(cookie).into(),
+                        what: "output",
+                        reason: refused.reason,
+                    })
+                }
+            }
+        };
+        self.file_outcome(cookie, outcome);
+    }
+
+    /// The registered name of call `cookie`'s RPC, for error messages.
+    pub(super) fn call_name(&self, cookie: u64) -> &'static str {
+        self.calls.get(cookie).map_or("?", |k| k.rpc)
+    }
+
+    /// Gives call `cookie` its outcome (or forgets it if it was abandoned).
+    #[inline(always)]
+    pub(super) fn file_outcome(&mut self, cookie: u64, outcome: Result<Vec<u8>>) {
+        let Some(call) = self.calls.get_mut(cookie) else {
+            return;
+        };
+        if call.outcome.is_some() {
+            // Filed already (the peer's death, then its pull's failure):
+            // the first outcome stands, and is logged once.
+            return;
+        }
+        if call.abandoned.is_some() {
+            // The target is done with a spilled input: its buffer serves
+            // the next large input (or pull) instead of being freed.
+            self.abandoned_bytes = self.abandoned_bytes.saturating_sub(call.spill_len());
+            let spill = call.spill.take();
+            self.calls.remove(cookie);
+            self.forget_lent(cookie);
+            // `encode_request` exposed one buffer.
+            if let Some(mem) = spill {
+                self.recycle(mem);
+            }
+            return;
+        }
+        if let Some(mem) = file_live(call, cookie, outcome, &mut self.finished_log) {
+            cold_path();
+            self.recycle(mem);
+        }
+    }
+
+    /// Lets go of the bulk handles call `cookie` lent, once it has left
+    /// the table (a check of an empty map when it lent none).
+    #[inline]
+    pub(super) fn forget_lent(&mut self, cookie: u64) {
+        if !self.lent.is_empty() {
+            cold_path();
+            self.lent.remove(&cookie);
+        }
+    }
+}
+
+/// Files `outcome` as the outcome of live (not abandoned) call `call`
+/// (`cookie`), which has none yet, and logs it as finished for the async
+/// driver if it keeps a log. Returns the exposed input of a spilled
+/// request: the target is done with it, and its buffer serves the next
+/// large input (or pull) instead of being freed.
+#[inline(always)]
+fn file_live(
+    call: &mut Call,
+    cookie: u64,
+    outcome: Result<Vec<u8>>,
+    finished_log: &mut Option<Vec<CallId>>,
+) -> Option<MemHandle> {
+    // None (the callers checked): nothing to drop.
+    call.outcome.get_or_insert(outcome.map_err(Box::new));
+    if let Some(log) = finished_log {
+        log.push(CallId(cookie));
+    }
+    call.spill.take()
+}

@@ -1,0 +1,366 @@
+//! The target's side of spills: a spilled request's input pulled (within
+//! the pull budget) and checked before its handler runs, an output over
+//! the eager limit exposed for its origin to pull, and the large buffers
+//! kept for reuse by both.
+
+use na_core::hint::cold_path;
+use na_core::{Access, Addr, MemHandle, NaError};
+
+use super::{logged_at, response_header, Engine, Handler, OpRole, PendingPull};
+use crate::codec::Codec;
+use crate::deferred::DeferredTicket;
+use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL, HEADER_LEN};
+use crate::spill;
+/// Spare buffers an engine keeps for reuse.
+const SPARE_BUFFERS_KEPT: usize = 16;
+
+/// The bytes a finished pull wrote into `mem` (one of `pull_buffer`'s),
+/// taken back without a copy when no other clone of the handle is left.
+/// Why [`Engine::start_pull`] did not start a pull.
+pub(super) struct PullRefused {
+    /// The status a request gets for it: `Busy` when the pull budget has
+    /// no room now, `DecodeError` otherwise.
+    pub(super) status: Status,
+    /// What went wrong, for the answer or the error.
+    pub(super) reason: String,
+    /// The transport's error when the peer is gone (its death, not its
+    /// data, is then a call's outcome).
+    pub(super) gone: Option<NaError>,
+}
+
+pub(super) fn pulled_bytes(mem: MemHandle) -> Vec<u8> {
+    match mem.into_buffers() {
+        Ok(mut bufs) if bufs.len() == 1 => bufs.pop().unwrap_or_default(),
+        Ok(bufs) => bufs.concat(),
+        Err(mem) => mem.to_vec(),
+    }
+}
+
+impl<C: Codec> Engine<C> {
+    /// A request whose input spilled: answered at once if it cannot be
+    /// served, else its input is pulled first.
+    #[inline(never)]
+    pub(super) fn on_spilled_request(&mut self, src: &Addr, h: &Header, payload: &[u8]) {
+        if !self.handlers.contains_key(&h.rpc_id) {
+            // Answered before anything is pulled: an unknown RPC must not
+            // make us allocate and copy its (up to `max_spill`) input.
+            self.stats.handled += 1;
+            self.respond(src, response_header(h, Status::UnknownRpc), Vec::new());
+            return;
+        }
+        let mut ticket = None;
+        if matches!(self.handlers.get(&h.rpc_id), Some(Handler { run: None, .. })) {
+            // Its place is taken now, kept through the pull; busy is
+            // answered before anything is pulled (a one-way request
+            // too: the answer lets its origin drop the input).
+            match self.admit_deferred(src.token()) {
+                Ok(t) => ticket = Some(t),
+                Err(why) => {
+                    self.stats.handled += 1;
+                    self.respond(src, response_header(h, Status::Busy), why.into_bytes());
+                    return;
+                }
+            }
+        }
+        if let Err(refused) = self.start_pull(src, h, payload, false, ticket) {
+            self.respond(
+                src,
+                response_header(h, refused.status),
+                refused.reason.into_bytes(),
+            );
+        }
+    }
+
+    /// Starts pulling spilled data described by `payload` (length, then
+    /// the peer's memory descriptor) from `src`: a request's input, or (with
+    /// `output`) a response's output. Everything in it is checked first.
+    /// A refusal says why, with the status a request gets for it: `Busy`
+    /// when the pull budget has no room now, `DecodeError` otherwise
+    /// (an input larger than the whole budget included: it never fits).
+    pub(super) fn start_pull(
+        &mut self,
+        src: &Addr,
+        h: &Header,
+        payload: &[u8],
+        output: bool,
+        ticket: Option<DeferredTicket>,
+    ) -> std::result::Result<(), PullRefused> {
+        let what = if output { "output" } else { "input" };
+        let refuse = |status, reason| PullRefused {
+            status,
+            reason,
+            gone: None,
+        };
+        let spill::Spilled {
+            len,
+            remote,
+            seal,
+            crc,
+        } = spill::parse(payload, self.max_spill, h.flags & FLAG_CHECKSUM != 0)
+            .map_err(|e| refuse(Status::DecodeError, format!("{what}: {e}")))?;
+        if len > self.max_pull_bytes {
+            // Busy would be a lie: no retry can ever fit.
+            return Err(refuse(
+                Status::DecodeError,
+                format!(
+                    "{what}: {len} bytes exceed the {} bytes of spilled data this engine pulls at once",
+                    self.max_pull_bytes
+                ),
+            ));
+        }
+        let held = self.pull_bytes + self.deferred_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        if held.saturating_add(len) > self.max_pull_bytes {
+            return Err(refuse(
+                Status::Busy,
+                format!(
+                    "{what}: {len} more bytes would exceed the {} bytes of spilled data this engine \
+                     pulls and holds at once ({held} now); try again later",
+                    self.max_pull_bytes
+                ),
+            ));
+        }
+        // The data and its seal (`parse` checked that they add up).
+        let mem = MemHandle::new(
+            vec![self.pull_buffer((len + spill::SEAL_LEN) as usize)],
+            Access::ReadWrite,
+        );
+        let op = self.op();
+        self.ep
+            .plugin_mut(self.plugin)
+            .and_then(|p| p.mem_register(&mem))
+            .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len + spill::SEAL_LEN, src, op))
+            .map_err(|e| PullRefused {
+                status: Status::DecodeError,
+                reason: format!("pulling the spilled {what} failed: {e}"),
+                gone: matches!(e, NaError::PeerGone { .. }).then_some(e),
+            })?;
+        let role = if output {
+            OpRole::PullOutput(op.0, h.cookie)
+        } else {
+            OpRole::Pull(op.0)
+        };
+        self.ops.insert(op, role);
+        self.pull_bytes += len;
+        self.pulls.insert(
+            op.0,
+            PendingPull {
+                src: src.clone(),
+                header: *h,
+                mem,
+                seal,
+                crc,
+                ticket,
+            },
+        );
+        Ok(())
+    }
+
+    /// Pulled spilled `data` (with its seal after it), checked against
+    /// the seal and the CRC-32C (if any) its message carried, and the seal
+    /// cut off. A mismatch counts as malformed; the buffer is kept as a
+    /// spare and the reason returned.
+    pub(super) fn checked_pull(
+        &mut self,
+        mut data: Vec<u8>,
+        seal: u64,
+        crc: Option<u32>,
+    ) -> std::result::Result<Vec<u8>, String> {
+        match spill::unseal(&mut data, seal).and_then(|()| spill::verify(&data, crc)) {
+            Ok(()) => Ok(data),
+            Err(why) => {
+                cold_path();
+                self.stats.malformed += 1;
+                if logged_at(self.stats.malformed) {
+                    tracing::warn!(%why, malformed = self.stats.malformed, "spilled data failed its seal or checksum");
+                }
+                self.keep_spare_buffer(data);
+                Err(why)
+            }
+        }
+    }
+
+    /// A buffer of `len` bytes for a pull to fill: a kept one if one is
+    /// large enough. Its old bytes are left in place (the pull overwrites
+    /// all of them, and a failed pull's buffer is never read), so only
+    /// growth is zero-filled. At a few KiB a fresh zero-filled buffer per
+    /// pull, copied out afterwards, cost about as much as the pull itself
+    /// (hg-perf rate, 4 KiB, 1 in flight).
+    pub(super) fn pull_buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut buf = match self.spare_bufs.iter().position(|b| b.capacity() >= len) {
+            Some(i) => self.spare_bufs.swap_remove(i),
+            None => Vec::new(),
+        };
+        buf.resize(len, 0);
+        buf
+    }
+
+    /// Keeps `buf` as a spare if it is larger than a message (one that
+    /// fits a message is cheap to make again).
+    #[inline]
+    pub(super) fn keep_if_large(&mut self, buf: Vec<u8>) {
+        if buf.capacity() > self.max_msg {
+            self.keep_spare_buffer(buf);
+        }
+    }
+
+    /// Keeps the buffer of a handle nobody else holds any more (a spilled
+    /// input the target finished with, an output its origin released) as
+    /// a spare; a handle of several buffers, or still shared, is dropped.
+    pub(super) fn recycle(&mut self, mem: MemHandle) {
+        // An exposed input let go before its target pulled it (the target
+        // died, say): a pull still to come must fail its seal check, not
+        // take what the spare holds next. (Harmless on a pulled buffer.)
+        spill::break_seal(&mem);
+        if let Ok(bufs) = mem.into_buffers() {
+            // One buffer, or a spilled payload's data and its seal.
+            if let Some(buf) = bufs.into_iter().next() {
+                self.keep_spare_buffer(buf);
+            }
+        }
+    }
+
+    /// `buf`, or an exact copy of it if it holds over twice its length
+    /// (see [`spill::fit_to_len`]; the large buffer is kept as a spare):
+    /// what a spilled payload is exposed in.
+    pub(super) fn fit_for_exposure(&mut self, buf: Vec<u8>) -> Vec<u8> {
+        let (buf, spare) = spill::fit_to_len(buf);
+        if let Some(spare) = spare {
+            self.keep_spare_buffer(spare);
+        }
+        buf
+    }
+
+    /// Keeps a buffer for the next pull or spilled input: at most
+    /// [`SPARE_BUFFERS_KEPT`], holding at most `spare_bytes` together
+    /// (see [`Engine::set_spare_bytes`]).
+    pub(super) fn keep_spare_buffer(&mut self, buf: Vec<u8>) {
+        let kept: usize = self.spare_bufs.iter().map(Vec::capacity).sum();
+        if self.spare_bufs.len() < SPARE_BUFFERS_KEPT && kept + buf.capacity() <= self.spare_bytes {
+            self.spare_bufs.push(buf);
+        }
+    }
+
+    /// An output over the eager limit: exposed and described (the origin
+    /// pulls it, then releases it); an error message is cut to fit
+    /// instead, and an output the exposure bound refuses becomes an
+    /// error.
+    #[inline(never)]
+    pub(super) fn fit_output(&mut self, src: &Addr, h: Header, mut out: Vec<u8>) -> (Header, Vec<u8>) {
+        if h.status != Status::Ok {
+            truncate_message(&mut out, self.max_msg.saturating_sub(HEADER_LEN));
+            (h, out)
+        } else if let Err(why) = self.exposed.admit(src.token(), out.len() as u64) {
+            cold_path();
+            self.stats.outputs_refused += 1;
+            let refused = self.stats.outputs_refused;
+            if logged_at(refused) {
+                tracing::warn!(peer = %src, %why, refused, "spilled output refused");
+            }
+            let h = Header {
+                status: Status::HandlerError,
+                ..h
+            };
+            let mut msg = why.into_bytes();
+            truncate_message(&mut msg, self.max_msg.saturating_sub(HEADER_LEN));
+            (h, msg)
+        } else {
+            let len = out.len() as u64;
+            let out = self.fit_for_exposure(out);
+            let seal = self.next_seal();
+            match spill::expose(&mut self.ep, self.plugin, out, h.flags & FLAG_CHECKSUM != 0, seal) {
+                Ok((mem, payload)) => {
+                    self.exposed.insert((src.token(), h.cookie), mem, len);
+                    (
+                        Header {
+                            flags: h.flags | FLAG_SPILL,
+                            ..h
+                        },
+                        payload,
+                    )
+                }
+                Err(e) => (
+                    Header {
+                        status: Status::HandlerError,
+                        ..h
+                    },
+                    format!("cannot expose the large output: {e}").into_bytes(),
+                ),
+            }
+        }
+    }
+}
+
+/// Cuts the UTF-8 error message `msg` to at most `max` bytes, at a
+/// character boundary, saying how long it was.
+fn truncate_message(msg: &mut Vec<u8>, max: usize) {
+    let note = format!(" [... cut from {} bytes]", msg.len());
+    let mut keep = max.saturating_sub(note.len());
+    while keep > 0 && msg.get(keep).is_some_and(|b| b & 0xc0 == 0x80) {
+        keep -= 1;
+    }
+    msg.truncate(keep);
+    if note.len() <= max {
+        msg.extend_from_slice(note.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate_message;
+    use crate::engine::test_support::sm_pair;
+    use crate::Rpc;
+
+    struct Note;
+    impl Rpc for Note {
+        const NAME: &'static str = "test.note";
+        type Input = u32;
+        type Output = ();
+    }
+
+    /// One-way requests (over the network and to ourselves) leave the
+    /// spare buffers where they were: their handler's output buffer, a
+    /// spare, is kept again, not dropped with the answer nobody gets.
+    #[test]
+    fn one_way_requests_leave_the_spare_buffers_in_place() {
+        let (dir, mut srv, mut c, s) = sm_pair("spares");
+        srv.register::<Note>(|_| Ok(())).unwrap();
+        for _ in 0..4 {
+            srv.keep_spare_buffer(Vec::with_capacity(1 << 20));
+        }
+        let me = srv.self_addr().clone();
+        // The first request's encoding takes a spare for its scratch
+        // buffer, for good.
+        srv.forward_one_way::<Note>(&me, &0).unwrap();
+        let spares = srv.spare_bufs.len();
+        assert!(spares > 0);
+        for i in 0..8 {
+            srv.forward_one_way::<Note>(&me, &i).unwrap();
+        }
+        assert_eq!(srv.spare_bufs.len(), spares, "self-forwarded");
+        for i in 0..8 {
+            c.forward_one_way::<Note>(&s, &i).unwrap();
+        }
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while srv.stats().handled < 17 {
+            assert!(std::time::Instant::now() < end, "{:?}", srv.stats());
+            c.progress_now().unwrap();
+            srv.progress_now().unwrap();
+            srv.trigger().unwrap();
+        }
+        assert_eq!(srv.spare_bufs.len(), spares, "over the network");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_cut_message_fits_stays_utf8_and_says_how_long_it_was() {
+        for max in [0, 5, 30, 31, 32, 100] {
+            let mut m = "é".repeat(100).into_bytes();
+            truncate_message(&mut m, max);
+            assert!(m.len() <= max, "{max}: {}", m.len());
+            let s = String::from_utf8(m).expect("valid UTF-8");
+            if max >= 40 {
+                assert!(s.starts_with('é') && s.ends_with("cut from 200 bytes]"), "{s}");
+            }
+        }
+    }
+}
