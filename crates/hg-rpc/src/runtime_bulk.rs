@@ -27,10 +27,13 @@ use crate::error::{Result, RpcError};
 /// What a transfer's errors name.
 const WHAT: &str = "bulk transfer";
 
-/// Keeps the first failure of a batch.
-fn keep_first(failure: &mut Option<RpcError>, r: Result<()>) {
-    if let (Err(e), None) = (r, &failure) {
-        *failure = Some(e);
+/// Keeps the failure of a batch's first failed span in the spans' order
+/// (`at`: the span's index), whatever order the spans ended in.
+fn keep_first(failure: &mut Option<(usize, RpcError)>, at: usize, r: Result<()>) {
+    if let Err(e) = r {
+        if failure.as_ref().is_none_or(|(first, _)| at < *first) {
+            *failure = Some((at, e));
+        }
     }
 }
 
@@ -233,13 +236,14 @@ impl Shared {
                 }
                 return Err(err);
             }
-            for (id, r) in ended {
+            // `ended` is in the spans' order (one id per span).
+            for (at, (id, r)) in ended.into_iter().enumerate() {
                 match r {
-                    Some(r) => keep_first(&mut failure, r),
+                    Some(r) => keep_first(&mut failure, at, r),
                     None => {
                         let (tx, rx) = oneshot::channel();
                         w.bulks.insert(id, tx);
-                        waits.push((id, rx));
+                        waits.push((id, rx, at));
                     }
                 }
             }
@@ -249,11 +253,11 @@ impl Shared {
             // turn, and a loop of such transfers must not starve the
             // runtime's other tasks (the driver, a `select!` branch).
             tokio::task::coop::consume_budget().await;
-            return failure.map_or(Ok(()), Err);
+            return failure.map_or(Ok(()), |(_, e)| Err(e));
         }
         let mut guard = ForgetBulk {
             shared: self,
-            ids: waits.iter().map(|(id, _)| *id).collect(),
+            ids: waits.iter().map(|(id, _, _)| *id).collect(),
             ended: 0,
             detach: handler.as_ref().map(RunningTransfer::transfers),
         };
@@ -266,7 +270,7 @@ impl Shared {
                 .checked_add(timeout)
                 .unwrap_or_else(|| tokio_begun + Duration::from_secs(100 * 365 * 86_400))
         });
-        for (id, rx) in &mut waits {
+        for (id, rx, at) in &mut waits {
             let waited = match deadline {
                 Some(at) => self.timer(|| tokio::time::timeout_at(at, &mut *rx)).await.ok(),
                 None => None,
@@ -275,7 +279,7 @@ impl Shared {
                 Some(Ok(())) => {
                     guard.ended += 1;
                     let r = self.engine().take_bulk(*id);
-                    keep_first(&mut failure, r.unwrap_or_else(|| Err(lost(WHAT))));
+                    keep_first(&mut failure, *at, r.unwrap_or_else(|| Err(lost(WHAT))));
                 }
                 // The driver stopped: the guard forgets the rest.
                 Some(Err(_)) => return Err(self.stopped_error(WHAT)),
@@ -283,19 +287,19 @@ impl Shared {
             }
         }
         if guard.ended == waits.len() {
-            return failure.map_or(Ok(()), Err);
+            return failure.map_or(Ok(()), |(_, e)| Err(e));
         }
         // Past the timeout: the rest are canceled and waited for.
         {
             let mut e = self.engine();
-            for &(id, _) in &waits[guard.ended..] {
+            for &(id, _, _) in &waits[guard.ended..] {
                 e.cancel_bulk(id);
             }
         }
         self.rearm.notify_one();
         let (started, mut warned) = (Instant::now(), false);
         while guard.ended < waits.len() {
-            let (id, rx) = &mut waits[guard.ended];
+            let (id, rx, _) = &mut waits[guard.ended];
             let ended = match self
                 .timer(|| tokio::time::timeout(CANCEL_WAIT_WARNING, &mut *rx))
                 .await
@@ -401,5 +405,39 @@ impl Drop for ForgetBulk<'_> {
         // A forgotten or canceled transfer's end may be ready with no fd
         // event (na-sm): the driver files it (`bulk_in_flight` drops).
         self.shared.rearm.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(rpc: &str) -> Result<()> {
+        Err(RpcError::Timeout {
+            rpc: rpc.into(),
+            millis: 0,
+        })
+    }
+
+    fn name(failure: &Option<(usize, RpcError)>) -> Option<(usize, String)> {
+        failure.as_ref().map(|(at, e)| match e {
+            RpcError::Timeout { rpc, .. } => (*at, rpc.clone()),
+            other => (*at, other.to_string()),
+        })
+    }
+
+    /// A batch answers with its first failed span in the spans' order,
+    /// whatever order they ended in: span 3 failing as the batch starts
+    /// and span 1 failing later, while awaited, answers span 1's failure.
+    #[test]
+    fn the_first_failed_span_in_the_spans_order_is_kept() {
+        let mut failure = None;
+        keep_first(&mut failure, 0, Ok(()));
+        assert!(failure.is_none(), "a success is no failure");
+        keep_first(&mut failure, 3, failed("span 3"));
+        keep_first(&mut failure, 2, Ok(()));
+        keep_first(&mut failure, 1, failed("span 1"));
+        keep_first(&mut failure, 4, failed("span 4"));
+        assert_eq!(name(&failure), Some((1, "span 1".into())));
     }
 }

@@ -11,11 +11,10 @@ use crate::codec::Codec;
 use crate::deferred::DeferredTicket;
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL, HEADER_LEN};
 use crate::spill;
+
 /// Spare buffers an engine keeps for reuse.
 const SPARE_BUFFERS_KEPT: usize = 16;
 
-/// The bytes a finished pull wrote into `mem` (one of `pull_buffer`'s),
-/// taken back without a copy when no other clone of the handle is left.
 /// Why [`Engine::start_pull`] did not start a pull.
 pub(super) struct PullRefused {
     /// The status a request gets for it: `Busy` when the pull budget has
@@ -28,6 +27,8 @@ pub(super) struct PullRefused {
     pub(super) gone: Option<NaError>,
 }
 
+/// The bytes a finished pull wrote into `mem` (one of `pull_buffer`'s),
+/// taken back without a copy when no other clone of the handle is left.
 pub(super) fn pulled_bytes(mem: MemHandle) -> Vec<u8> {
     match mem.into_buffers() {
         Ok(mut bufs) if bufs.len() == 1 => bufs.pop().unwrap_or_default(),
