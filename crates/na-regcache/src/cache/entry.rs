@@ -8,7 +8,8 @@ use super::shared::{Reserved, Shared};
 use super::table::Table;
 use crate::monitor::{Monitor, Watch};
 use crate::registrar::{Access, Registrar};
-use crate::stats::Stats;
+use crate::stats::{Stats, StripedCounter};
+use crate::sys::brlock::stripe;
 use crate::sys::mem::ForkGuard;
 
 /// What every entry needs to deregister itself: the registrar, the counters,
@@ -220,17 +221,75 @@ impl<R: Registrar> Entry<R> {
     }
 
     /// One user less; the last one counts the entry busy no longer, inside
-    /// or outside the index as it was at that moment. No lock.
+    /// or outside the index as it is at that moment. No lock.
+    ///
+    /// The last user uncounts the entry *before* its user count reaches
+    /// zero (and counts it back if the count changed meanwhile: a hit or a
+    /// clone, or the entry leaving the index), so `busy_cached` never
+    /// counts an entry whose count reads zero: a miss that finds no idle
+    /// entry by the count is right, not a release behind. (Before, the
+    /// count reached zero first, and for the few instructions until the
+    /// striped counter followed, or as long as the thread was preempted
+    /// there, a miss of a full cache answered "no room" and a failed
+    /// registration evicted nothing, though the entry was idle.) The
+    /// other way round is harmless: counted idle a moment early, the entry
+    /// is still held, so a sweep looks at it and passes it by.
     #[inline]
     pub fn release(&self) {
-        let old = self.refs.0.fetch_sub(1, Ordering::AcqRel);
-        if old & !INDEXED == 1 {
-            let s = &self.backend.stats;
-            if old & INDEXED != 0 {
-                s.busy_cached.add(-1);
-            } else {
-                s.busy_outside.add(-1);
+        // The thread's stripe first: nothing is live across its lookup.
+        let stripe = stripe();
+        let cur = self.refs.0.load(Ordering::Relaxed);
+        let last = cur & !INDEXED == 1;
+        if last {
+            self.busy(cur).add_at(stripe, -1);
+            #[cfg(test)]
+            tests::in_release(self);
+        }
+        if !self.lower(cur) {
+            self.release_contended(cur, last);
+        }
+    }
+
+    /// [`release`](Self::release) once its first try found the user count
+    /// changed since it loaded `cur` (uncounted if `last`): counts the
+    /// entry back and tries again until the count stays put.
+    #[cold]
+    #[inline(never)]
+    fn release_contended(&self, mut cur: usize, mut last: bool) {
+        loop {
+            if last {
+                self.busy(cur).add(1);
             }
+            cur = self.refs.0.load(Ordering::Relaxed);
+            last = cur & !INDEXED == 1;
+            if last {
+                self.busy(cur).add(-1);
+                #[cfg(test)]
+                tests::in_release(self);
+            }
+            if self.lower(cur) {
+                return;
+            }
+        }
+    }
+
+    /// Lowers the user count from `cur` by one, if it still is `cur`.
+    #[inline]
+    fn lower(&self, cur: usize) -> bool {
+        self.refs
+            .0
+            .compare_exchange(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// The count of busy entries that counts this one, by the refs word `refs`.
+    #[inline]
+    fn busy(&self, refs: usize) -> &StripedCounter {
+        let s = &self.backend.stats;
+        if refs & INDEXED != 0 {
+            &s.busy_cached
+        } else {
+            &s.busy_outside
         }
     }
 
@@ -406,5 +465,27 @@ impl<R: Registrar> std::fmt::Debug for Registration<R> {
             .field("valid", &self.is_valid())
             .field("cached", &self.is_cached())
             .finish()
+    }
+}
+
+/// A test seam: [`Entry::release`] calls [`in_release`](tests::in_release)
+/// between its two steps (uncounting the entry and lowering its user
+/// count), so a unit test can look at the counts in that window.
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run (once per step, taken out while it runs) by releases on
+        /// this thread.
+        pub static IN_RELEASE: RefCell<Option<Box<dyn Fn()>>> = RefCell::new(None);
+    }
+
+    /// Runs the calling thread's hook, if any.
+    pub fn in_release<T>(_: &T) {
+        if let Some(f) = IN_RELEASE.with(|h| h.borrow_mut().take()) {
+            f();
+            IN_RELEASE.with(|h| *h.borrow_mut() = Some(f));
+        }
     }
 }
