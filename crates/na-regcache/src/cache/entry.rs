@@ -38,6 +38,16 @@ pub(crate) const NO_SLOT: u32 = u32::MAX;
 /// The [`Refs`] bit set while the entry is in the cache index.
 const INDEXED: usize = 1 << (usize::BITS - 1);
 
+/// Handles one registration may have at most: 2^62 on 64-bit targets,
+/// 2^30 on 32-bit ones (reachable only by leaking handles). Acquiring
+/// one more is refused ([`Error::TooManyHandles`](crate::Error::TooManyHandles))
+/// before the count can reach the [`INDEXED`] bit: an acquisition adds
+/// one, compares the count it read and takes the one back if that was
+/// at the limit, so the count exceeds the limit by at most the threads
+/// acquiring at that moment, far fewer than the `INDEXED / 2` between
+/// the limit and the bit.
+pub const MAX_HANDLES: usize = INDEXED >> 1;
+
 /// An entry's count of live handles and whether it is in the cache index,
 /// in one word. The last handle's drop and the table taking the entry out
 /// of the index (under the write lock) thus see each other's change, and
@@ -123,6 +133,28 @@ impl<R: Registrar> Entry<R> {
         }
     }
 
+    /// A new entry (out of the index) whose count already says `users`
+    /// handles: for tests of the limit, which real handles would take
+    /// 2^62 leaks to reach.
+    #[cfg(test)]
+    pub fn with_users(
+        backend: &Arc<Backend<R>>,
+        range: (usize, usize, Access),
+        region: R::Region,
+        users: usize,
+    ) -> Entry<R> {
+        let e = Entry::new(backend, range, region, None);
+        e.refs.0.store(users, Ordering::Relaxed);
+        e
+    }
+
+    /// Adds `n` (wrapping) to the user count as is: for tests of the
+    /// limit on an entry in the index.
+    #[cfg(test)]
+    pub fn add_users(&self, n: usize) {
+        self.refs.0.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Makes an entry that stays out of the index answer validity checks
     /// from the cache's invalidations of its range after generation `gen`,
     /// and (if given) from the clock: stale from `stale_at` on. `t` is the
@@ -206,11 +238,33 @@ impl<R: Registrar> Entry<R> {
     /// One more user of an entry in the index (a hit, read lock held);
     /// the first one counts it busy (under the lock: a sweep, which
     /// needs the write lock, never counts an entry held by a hit idle).
+    /// False, and no user more, if the entry has [`MAX_HANDLES`] users
+    /// already (a compare of the count the addition read, only when it
+    /// was not zero).
     #[inline]
-    pub fn acquire_cached(&self) {
-        if self.refs.0.fetch_add(1, Ordering::AcqRel) & !INDEXED == 0 {
+    #[must_use]
+    pub fn acquire_cached(&self) -> bool {
+        let old = self.refs.0.fetch_add(1, Ordering::AcqRel) & !INDEXED;
+        if old == 0 {
             self.backend.stats.busy_cached.add(1);
+        } else if old >= MAX_HANDLES {
+            self.release();
+            return false;
         }
+        true
+    }
+
+    /// One more user of an entry that has one (a handle's clone); false,
+    /// and no user more, if it has [`MAX_HANDLES`] already.
+    #[inline]
+    #[must_use]
+    pub fn acquire_more(&self) -> bool {
+        // A handle's entry has a user already: never the first.
+        if self.refs.0.fetch_add(1, Ordering::AcqRel) & !INDEXED >= MAX_HANDLES {
+            self.release();
+            return false;
+        }
+        true
     }
 
     /// The first user of an entry outside the index (handed out uncached,
@@ -438,12 +492,37 @@ impl<R: Registrar> Registration<R> {
     }
 }
 
-impl<R: Registrar> Clone for Registration<R> {
-    fn clone(&self) -> Self {
-        // A handle's entry has a user already: never the first.
-        self.entry.refs.0.fetch_add(1, Ordering::AcqRel);
-        Registration {
+impl<R: Registrar> Registration<R> {
+    /// One more handle on the same registration, or
+    /// [`Error::TooManyHandles`](crate::Error::TooManyHandles) if it has
+    /// [`MAX_HANDLES`] already (only reachable by leaking handles).
+    pub fn try_clone(&self) -> crate::Result<Registration<R>> {
+        if !self.entry.acquire_more() {
+            return Err(crate::Error::TooManyHandles {
+                addr: self.entry.start,
+                len: self.entry.end - self.entry.start,
+                max: MAX_HANDLES,
+            });
+        }
+        Ok(Registration {
             entry: Arc::clone(&self.entry),
+        })
+    }
+}
+
+impl<R: Registrar> Clone for Registration<R> {
+    /// One more handle on the same registration.
+    ///
+    /// # Panics
+    ///
+    /// If the registration has [`MAX_HANDLES`] handles already (2^30 on
+    /// 32-bit targets; only reachable by leaking handles): the count
+    /// would otherwise run into the bit that says the entry is cached.
+    /// [`Registration::try_clone`] returns an error instead.
+    fn clone(&self) -> Self {
+        match self.try_clone() {
+            Ok(r) => r,
+            Err(e) => panic!("{e}"),
         }
     }
 }

@@ -190,12 +190,15 @@ impl<R: Registrar> Table<R> {
     }
 
     /// A hit on `e` (read lock suffices): one more user, second chance.
+    /// False if `e` has the most users it may have (see
+    /// [`MAX_HANDLES`](super::entry::MAX_HANDLES)).
     #[inline]
-    pub fn acquire(e: &Entry<R>) {
+    #[must_use]
+    pub fn acquire(e: &Entry<R>) -> bool {
         if !e.referenced.load(Ordering::Relaxed) {
             e.referenced.store(true, Ordering::Relaxed);
         }
-        e.acquire_cached();
+        e.acquire_cached()
     }
 
     /// The union of `[start, end)` and every cached range it overlaps, with
