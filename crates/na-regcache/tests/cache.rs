@@ -316,8 +316,8 @@ fn validity_of_uncached_and_superseded_handles() {
 }
 
 /// A monitor that refuses every range (as userfaultfd refuses one another
-/// userfaultfd registered); attaching goes to the allocator hook's list.
-struct Refusing(na_regcache::AllocMonitor);
+/// userfaultfd registered), so it never reports a change and keeps no sink.
+struct Refusing;
 
 impl na_regcache::Monitor for Refusing {
     fn name(&self) -> &'static str {
@@ -325,12 +325,12 @@ impl na_regcache::Monitor for Refusing {
     }
     fn attach(
         &self,
-        sink: std::sync::Arc<dyn na_regcache::InvalidationSink>,
+        _: std::sync::Arc<dyn na_regcache::InvalidationSink>,
     ) -> io::Result<na_regcache::SinkId> {
-        self.0.attach(sink)
+        Ok(na_regcache::SinkId::new())
     }
-    fn detach(&self, id: na_regcache::SinkId) -> Option<std::sync::Arc<dyn na_regcache::InvalidationSink>> {
-        self.0.detach(id)
+    fn detach(&self, _: na_regcache::SinkId) -> Option<std::sync::Arc<dyn na_regcache::InvalidationSink>> {
+        None
     }
     fn subscribe(&self, _: usize, _: usize, _: u64) -> io::Result<na_regcache::Watch> {
         Err(io::Error::from_raw_os_error(libc::EBUSY))
@@ -355,7 +355,7 @@ fn unwatched_handles_turn_invalid_when_their_cache_is_dropped() {
     let refusing = Cache::with_monitor(
         UringRegistrar::new(8, false).unwrap(),
         config(MonitorChoice::None),
-        std::sync::Arc::new(Refusing(na_regcache::AllocMonitor::default())),
+        std::sync::Arc::new(Refusing),
     )
     .unwrap();
     let handles = [
