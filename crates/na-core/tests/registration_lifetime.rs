@@ -4,36 +4,13 @@
 //! the segment's allocation; the "registration" records, when it is
 //! dropped, whether that allocation was already freed.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use common::sys::{Watching, FREED, WATCHED};
 use na_core::{Access, MemHandle, PluginId};
-
-/// Address of the allocation being watched (0: none).
-static WATCHED: AtomicUsize = AtomicUsize::new(0);
-/// Set when the watched allocation is freed.
-static FREED: AtomicBool = AtomicBool::new(false);
-
-struct Watching;
-
-// SAFETY: forwards every call to the system allocator unchanged; only
-// records (with atomics, no allocation) whether one address was freed.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Watching {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if ptr as usize == WATCHED.load(Ordering::SeqCst) {
-            FREED.store(true, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static ALLOC: Watching = Watching;

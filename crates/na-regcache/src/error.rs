@@ -54,6 +54,19 @@ pub enum Error {
     /// which must build its own registrar and cache.
     #[error("registration cache used in a forked child; create a new cache in the child")]
     ForkedChild,
+    /// The registration has the most handles one may have
+    /// ([`MAX_HANDLES`](crate::MAX_HANDLES): 2^30 on 32-bit targets, 2^62
+    /// on 64-bit ones), so a hit or a clone was refused; only leaked
+    /// handles get there.
+    #[error("registration of {len} bytes at {addr:#x} has {max} handles already, the most it may have (are handles leaked?)")]
+    TooManyHandles {
+        /// Start of the registered range.
+        addr: usize,
+        /// Length of the registered range.
+        len: usize,
+        /// The limit, [`MAX_HANDLES`](crate::MAX_HANDLES).
+        max: usize,
+    },
     /// The mapping changed during each of three attempts to register it:
     /// a concurrent unmap or discard of the very range (the caller raced
     /// with itself). A miss claims an exact tracking slot for its span

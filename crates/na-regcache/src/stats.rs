@@ -69,6 +69,13 @@ impl StripedCounter {
         self.0[stripe()].0.fetch_add(n, Relaxed);
     }
 
+    /// Adds `n` on stripe `stripe` (the calling thread's, looked up
+    /// beforehand: [`stripe`]).
+    #[inline]
+    pub fn add_at(&self, stripe: usize, n: i64) {
+        self.0[stripe].0.fetch_add(n, Relaxed);
+    }
+
     /// Adds `n` on the first stripe, touching no thread-local: for the
     /// rare updates made under the cache's write lock (the sum is the same).
     pub fn add_locked(&self, n: i64) {

@@ -1,14 +1,14 @@
 //! The allocator hook invalidates on dealloc/realloc of large blocks and
 //! never allocates while doing so: an outer global allocator flags any
 //! allocation made from inside a deallocation.
-#![allow(unsafe_code)]
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use common::sys::{self, AllocCall, AllocObserver, Observed};
 use na_regcache::{
     Access, AllocMonitor, Cache, CacheConfig, InvalidatingAlloc, MonitorChoice, UringRegistrar,
 };
@@ -18,38 +18,36 @@ thread_local! {
 }
 static ALLOCS_INSIDE_DEALLOC: AtomicUsize = AtomicUsize::new(0);
 
-/// Forwards to `InvalidatingAlloc<System>`, counting allocations that happen
-/// while a deallocation (and so the invalidation hook) is running.
-struct Watchdog(InvalidatingAlloc<System>);
+/// Counts allocations that happen while a deallocation (and so the
+/// invalidation hook) is running. The thread-local flag is
+/// const-initialized and has no destructor, so touching it never allocates.
+struct Watchdog;
 
-// SAFETY: every method forwards its arguments unchanged to the inner
-// allocator; the thread-local flag is const-initialized and has no destructor,
-// so touching it never allocates.
-unsafe impl GlobalAlloc for Watchdog {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if IN_DEALLOC.with(Cell::get) {
-            ALLOCS_INSIDE_DEALLOC.fetch_add(1, Ordering::Relaxed);
+impl AllocObserver for Watchdog {
+    fn before(&self, call: AllocCall) -> bool {
+        match call {
+            AllocCall::Alloc | AllocCall::AllocZeroed => {
+                if IN_DEALLOC.with(Cell::get) {
+                    ALLOCS_INSIDE_DEALLOC.fetch_add(1, Ordering::Relaxed);
+                }
+                false
+            }
+            AllocCall::Dealloc | AllocCall::Realloc => IN_DEALLOC.with(|f| f.replace(true)),
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.0.alloc(layout) }
     }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let outer = IN_DEALLOC.with(|f| f.replace(true));
-        // SAFETY: forwarded contract.
-        unsafe { self.0.dealloc(ptr, layout) };
-        IN_DEALLOC.with(|f| f.set(outer));
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let outer = IN_DEALLOC.with(|f| f.replace(true));
-        // SAFETY: forwarded contract.
-        let p = unsafe { self.0.realloc(ptr, layout, new_size) };
-        IN_DEALLOC.with(|f| f.set(outer));
-        p
+    fn after(&self, call: AllocCall, outer: bool) {
+        if matches!(call, AllocCall::Dealloc | AllocCall::Realloc) {
+            IN_DEALLOC.with(|f| f.set(outer));
+        }
     }
 }
 
+/// Forwards to `InvalidatingAlloc<System>`, watched by [`Watchdog`].
 #[global_allocator]
-static ALLOC: Watchdog = Watchdog(InvalidatingAlloc::new(System));
+static ALLOC: Observed<InvalidatingAlloc<System>, Watchdog> = Observed {
+    inner: InvalidatingAlloc::new(System),
+    observer: Watchdog,
+};
 
 #[test]
 fn hook_invalidates_on_free_and_realloc_without_allocating() {
@@ -126,15 +124,14 @@ fn a_forked_child_never_waits_on_the_parents_cache() {
             }
         });
         for _ in 0..40 {
-            // SAFETY (test): the child only frees, checks and drops, then
-            // leaves with _exit.
-            let pid = unsafe { libc::fork() };
+            // The child only frees, checks and drops, then leaves with _exit.
+            let pid = sys::fork();
             if pid == 0 {
-                // SAFETY (test): frees the victim's block in the child's copy.
-                unsafe { std::alloc::dealloc(vp as *mut u8, Layout::from_size_align(vl, 1).unwrap()) };
+                // Frees the victim's block in the child's copy.
+                sys::free_block_in_child(vp, vl);
                 let valid = kept.is_valid_now();
-                // SAFETY (test): leaves the child at once.
-                unsafe { libc::_exit(if valid { 3 } else { 0 }) };
+                // Leaves the child at once.
+                sys::exit_now(if valid { 3 } else { 0 });
             }
             match exit_status_within(pid, Duration::from_secs(2)) {
                 Some(st) => assert_eq!(st, 0, "a parent's registration claimed valid in the child"),
@@ -197,9 +194,8 @@ fn no_method_waits_on_the_parents_cache_in_a_forked_child() {
         });
         for i in 0..15 * CALLS.len() {
             let call = i % CALLS.len();
-            // SAFETY (test): the child makes one call on the cache and
-            // leaves with _exit.
-            let pid = unsafe { libc::fork() };
+            // The child makes one call on the cache and leaves with _exit.
+            let pid = sys::fork();
             if pid == 0 {
                 let right = match call {
                     0 => cache.stats() == na_regcache::CacheStats::default(),
@@ -214,8 +210,8 @@ fn no_method_waits_on_the_parents_cache_in_a_forked_child() {
                     3 => cache.evict_idle() == 0,
                     _ => !last.is_valid(),
                 };
-                // SAFETY (test): leaves the child at once.
-                unsafe { libc::_exit(if right { 0 } else { 3 }) };
+                // Leaves the child at once.
+                sys::exit_now(if right { 0 } else { 3 });
             }
             // (No assertion in this scope: its thread would never stop.)
             match exit_status_within(pid, Duration::from_secs(2)) {
@@ -280,15 +276,14 @@ fn a_forked_child_never_waits_on_the_hooks_sink_list() {
         for _ in 0..40 {
             let block = vec![1u8; 64 << 10];
             let (bp, bl) = (block.as_ptr() as usize, block.len());
-            // SAFETY (test): the child only frees, tries an attach, and
-            // leaves with _exit.
-            let pid = unsafe { libc::fork() };
+            // The child only frees, tries an attach, and leaves with _exit.
+            let pid = sys::fork();
             if pid == 0 {
-                // SAFETY (test): frees the block in the child's copy.
-                unsafe { std::alloc::dealloc(bp as *mut u8, Layout::from_size_align(bl, 1).unwrap()) };
+                // Frees the block in the child's copy.
+                sys::free_block_in_child(bp, bl);
                 let refused = m.attach(Arc::new(Quiet)).is_err();
-                // SAFETY (test): leaves the child at once.
-                unsafe { libc::_exit(if refused { 0 } else { 3 }) };
+                // Leaves the child at once.
+                sys::exit_now(if refused { 0 } else { 3 });
             }
             drop(block);
             match exit_status_within(pid, Duration::from_secs(2)) {
@@ -305,21 +300,5 @@ fn a_forked_child_never_waits_on_the_hooks_sink_list() {
 /// The exit status of child `pid` if it exits within `limit`; else kills
 /// and reaps it and returns `None` (it hung).
 fn exit_status_within(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
-    let t0 = std::time::Instant::now();
-    let mut st = 0;
-    loop {
-        // SAFETY (test): reaps our child.
-        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
-            return Some(libc::WEXITSTATUS(st));
-        }
-        if t0.elapsed() > limit {
-            // SAFETY (test): kills and reaps our hung child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut st, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    sys::wait_within(pid, limit)
 }

@@ -388,9 +388,7 @@ fn forked_child_gets_its_own_monitor() {
 }
 
 fn mapped(a: usize) -> bool {
-    let mut v = [0u8; 1];
-    // SAFETY (test): mincore of one page into a one-byte vector.
-    unsafe { libc::mincore(a as *mut libc::c_void, PAGE, v.as_mut_ptr()) == 0 }
+    sys::page_mapped(a)
 }
 
 /// An address freed by an `munmap` still in flight (its event unread) gets
@@ -433,16 +431,8 @@ fn an_address_freed_in_flight_and_mremapped_is_never_served_stale() {
         assert!(t0.elapsed() < Duration::from_secs(1), "the unmap never happened");
         std::hint::spin_loop();
     }
-    // SAFETY (test): moves our own mapping y onto the freed range a.
-    let p = unsafe {
-        libc::mremap(
-            y as *mut libc::c_void,
-            LEN,
-            LEN,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            a as *mut libc::c_void,
-        )
-    };
+    // Moves our own mapping y onto the freed range a.
+    let p = sys::mremap_fixed(y, LEN, a);
     assert_eq!(p as usize, a);
     let h = rig.cache.get(a, LEN, Access::LOCAL_WRITE).unwrap();
     let stale = rig.cache.registrar().stale_pages(h.region(), a, LEN).unwrap();

@@ -11,17 +11,16 @@
 //! The crate is built with `lock-audit` here (a self dev-dependency): it
 //! counts the cache locks each thread holds, and this binary's global
 //! allocator counts the allocations and frees made meanwhile.
-#![allow(unsafe_code)]
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::backtrace::Backtrace;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use common::sys::{self, PAGE};
+use common::sys::{self, AllocCall, AllocObserver, Observed, PAGE};
 use na_regcache::{Access, Cache, CacheConfig, MonitorChoice};
 
 const W: Access = Access::LOCAL_WRITE;
@@ -56,37 +55,30 @@ fn audit(counter: &AtomicUsize, what: &str) {
     RECORDING.with(|r| r.set(false));
 }
 
-/// Forwards to `System`, auditing every call.
+/// Audits every call of the global allocator: allocations and
+/// reallocations count in `ALLOCS`, frees in `FREES`. Reads
+/// const-initialized thread-locals without destructors, and allocates (a
+/// backtrace) only once, re-entrantly guarded.
 struct Audit;
 
-// SAFETY: every method forwards its arguments unchanged to `System`; the
-// audit reads const-initialized thread-locals without destructors, and
-// allocates (a backtrace) only once, re-entrantly guarded.
-unsafe impl GlobalAlloc for Audit {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        audit(&ALLOCS, "allocation");
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc(layout) }
+impl AllocObserver for Audit {
+    fn before(&self, call: AllocCall) -> bool {
+        match call {
+            AllocCall::Alloc | AllocCall::AllocZeroed => audit(&ALLOCS, "allocation"),
+            AllocCall::Dealloc => audit(&FREES, "free"),
+            AllocCall::Realloc => audit(&ALLOCS, "reallocation"),
+        }
+        false
     }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        audit(&ALLOCS, "allocation");
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        audit(&FREES, "free");
-        // SAFETY: forwarded contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        audit(&ALLOCS, "reallocation");
-        // SAFETY: forwarded contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
+    fn after(&self, _: AllocCall, _: bool) {}
 }
 
+/// Forwards to `System`, audited by [`Audit`].
 #[global_allocator]
-static ALLOC: Audit = Audit;
+static ALLOC: Observed<System, Audit> = Observed {
+    inner: System,
+    observer: Audit,
+};
 
 /// Every path that takes the lock: misses that evict by count and by
 /// bytes, merge with and supersede entries in use, find no room (uncached

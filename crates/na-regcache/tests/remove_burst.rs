@@ -13,11 +13,18 @@ mod common;
 
 use common::sys::{self, PAGE};
 use common::NoopRegistrar;
-use na_regcache::{Access, Cache, CacheConfig, MonitorChoice};
+use na_regcache::{Access, Cache, CacheConfig, MonitorChoice, REMOVE_SETTLE};
 
 const LEN: usize = 4 * PAGE;
 const BURST: usize = 40;
 const W: Access = Access::LOCAL_WRITE;
+
+/// The tests share the process's userfaultfd monitor, whose settling
+/// ranges (merged, so wider than the advised ones) would make the other
+/// test's fresh buffers, often at the advised test's freed addresses,
+/// miss uncached: one test at a time, and the advising one lets its
+/// ranges settle before it lets go.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A userfaultfd cache, or `None` (said loudly) where there is none.
 fn uffd_cache(test: &str) -> Option<Cache<NoopRegistrar>> {
@@ -66,6 +73,7 @@ fn outside(lo: usize, hi: usize) -> usize {
 
 #[test]
 fn a_burst_of_madvise_dontneed_leaves_other_misses_cached() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let Some(c) = uffd_cache("a_burst_of_madvise_dontneed_leaves_other_misses_cached") else {
         return;
     };
@@ -93,10 +101,14 @@ fn a_burst_of_madvise_dontneed_leaves_other_misses_cached() {
     for a in burst.into_iter().chain([other]) {
         sys::unmap(a, LEN).expect("munmap");
     }
+    // The settle time runs from the probe of the `get` above: let it end
+    // (with a wide margin) before the other test maps buffers.
+    std::thread::sleep(REMOVE_SETTLE * 5);
 }
 
 #[test]
 fn a_burst_of_unmaps_leaves_other_entries_cached() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let Some(c) = uffd_cache("a_burst_of_unmaps_leaves_other_entries_cached") else {
         return;
     };

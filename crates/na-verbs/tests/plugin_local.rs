@@ -91,9 +91,9 @@ fn discard_pages(h: &MemHandle, pages: Option<usize>) -> u64 {
     let (start, whole) = (addr.div_ceil(page) * page, (addr + len) / page * page);
     let end = pages.map_or(whole, |n| start + n * page);
     assert!(start < end && end <= whole, "the segment holds the pages");
-    // SAFETY: [start, end) lies inside the handle's own heap buffer, which
-    // is only accessed by copies; DONTNEED makes it read as zeros.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    // [start, end) lies inside the handle's own heap buffer, which is only
+    // accessed by copies; DONTNEED makes it read as zeros.
+    let rc = common::sys::madvise_dontneed(start, end - start);
     assert_eq!(rc, 0);
     (start - addr) as u64
 }

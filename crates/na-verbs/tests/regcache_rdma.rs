@@ -21,25 +21,13 @@ use na_verbs::sys::*;
 
 const LEN: usize = 4 * 4096;
 
-/// mmap/munmap/mremap/madvise for the scenarios.
+/// mmap/munmap/mremap/madvise for the scenarios (the calls themselves in
+/// `common::sys`).
 mod mm {
+    use super::common::sys;
+
     pub fn map(at: Option<usize>, len: usize) -> usize {
-        let (addr, flags) = match at {
-            Some(a) => (a as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE),
-            None => (std::ptr::null_mut(), 0),
-        };
-        // SAFETY: an anonymous private mapping; with MAP_FIXED_NOREPLACE the
-        // kernel refuses (EEXIST) rather than replace anything mapped.
-        let p = unsafe {
-            libc::mmap(
-                addr,
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
-                -1,
-                0,
-            )
-        };
+        let p = sys::mmap_anon(at, len);
         assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
         if let Some(a) = at {
             assert_eq!(p as usize, a, "mmap did not map at the hinted address");
@@ -48,47 +36,27 @@ mod mm {
     }
 
     pub fn unmap(addr: usize, len: usize) {
-        // SAFETY: the range is a mapping this test created and no Rust
-        // reference points into it.
-        assert_eq!(unsafe { libc::munmap(addr as *mut _, len) }, 0);
+        assert_eq!(sys::munmap(addr, len), 0);
     }
 
     /// Moves the pages at `from` to a new address and returns it.
     pub fn remap_away(from: usize, len: usize) -> usize {
         let to = map(None, len);
-        // SAFETY: both ranges are this test's mappings; MREMAP_FIXED replaces `to`.
-        let p = unsafe {
-            libc::mremap(
-                from as *mut _,
-                len,
-                len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                to as *mut libc::c_void,
-            )
-        };
+        let p = sys::mremap_fixed(from, len, to);
         assert_eq!(p as usize, to, "mremap: {}", std::io::Error::last_os_error());
         to
     }
 
     pub fn dontneed(addr: usize, len: usize) {
-        // SAFETY: the range is this test's mapping; its contents become zero pages.
-        assert_eq!(
-            unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) },
-            0
-        );
+        assert_eq!(sys::madvise_dontneed(addr, len), 0);
     }
 
     pub fn fill(addr: usize, len: usize, byte: u8) {
-        // SAFETY: [addr, addr+len) is mapped read-write by this test and only
-        // accessed by raw copies (the IbvRegistrar contract).
-        unsafe { std::ptr::write_bytes(addr as *mut u8, byte, len) }
+        sys::fill(addr, len, byte)
     }
 
     pub fn read(addr: usize, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        // SAFETY: as for `fill`; `v` does not overlap the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, v.as_mut_ptr(), len) }
-        v
+        sys::read(addr, len)
     }
 }
 
@@ -218,8 +186,7 @@ fn scenario(r: &Rig, cache: &Cache<IbvRegistrar>, change: Change, round: u8) -> 
     // RDMA WRITE: the device sends what the registration's pages hold.
     let now: Vec<u8> = (0..LEN).map(|i| (i * 13) as u8 ^ round).collect();
     mm::fill(a, LEN, 0);
-    // SAFETY: as in `mm::fill`.
-    unsafe { std::ptr::copy_nonoverlapping(now.as_ptr(), a as *mut u8, LEN) };
+    common::sys::write(a, &now[..LEN]);
     r.qp.post_send(2, SendOp::RdmaWrite(region), &[sge], true)
         .expect("post WRITE");
     assert_ok(&wait_wc(&r.cq, &r.comp, 1, "write"), "write");
@@ -249,9 +216,9 @@ fn run(test: &str, monitor: MonitorChoice) -> Option<Vec<(Change, Seen)>> {
         monitor,
         ..CacheConfig::default()
     };
-    // SAFETY: the cache only ever registers the scenario's own mappings,
-    // which the test accesses only by raw copies (`mm::fill`/`mm::read`).
-    let registrar = unsafe { IbvRegistrar::new(&r.pd) };
+    // The cache only ever registers the scenario's own mappings, which the
+    // test accesses only by raw copies (`mm::fill`/`mm::read`).
+    let registrar = common::sys::ibv_registrar(&r.pd);
     let cache = Cache::new(registrar, cfg).expect("cache");
     let changes = [
         Change::FreeAndRemapSameAddress,

@@ -51,12 +51,14 @@
 mod build;
 mod entry;
 mod outside;
+#[cfg(test)]
+mod refs_tests;
 mod shared;
 #[cfg(test)]
 mod sweep_tests;
 mod table;
 
-pub use entry::Registration;
+pub use entry::{Registration, MAX_HANDLES};
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -117,7 +119,15 @@ impl<R: Registrar> Cache<R> {
                     // eviction (write lock) never sees this entry idle.
                     // Counted busy under the lock: a sweep (write lock)
                     // never counts this entry idle.
-                    Table::acquire(e);
+                    if !Table::acquire(e) {
+                        let (start, len) = (e.start, e.end - e.start);
+                        drop(t);
+                        return Err(Error::TooManyHandles {
+                            addr: start,
+                            len,
+                            max: entry::MAX_HANDLES,
+                        });
+                    }
                     let e = Arc::clone(e);
                     drop(t);
                     stats.hits.add(1);

@@ -233,3 +233,65 @@ fn the_counts_of_entries_in_use_stay_exact_under_threads() {
     assert!(t.live() > 0, "entries stayed cached");
     assert!(t.sweep_steps() > 0, "the workload evicted");
 }
+
+/// The last handle's release never leaves an entry whose user count
+/// reads zero counted in use (which made a miss of a full cache answer
+/// "no room", and `evict_idle` evict nothing, for as long as the
+/// releasing thread sat between its two steps): looked at from the
+/// window between them, the count of entries in use is at most what a
+/// slot-by-slot count finds, and an entry whose count reads zero is
+/// found by `evict_idle`'s sweep.
+#[test]
+fn a_release_never_leaves_an_idle_entry_counted_in_use() {
+    use super::entry::tests::IN_RELEASE;
+    use super::Cache;
+    use crate::config::{CacheConfig, Consistency, MonitorChoice};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let c = Cache::new(
+        Noop,
+        CacheConfig {
+            max_count: 2,
+            max_bytes: 1 << 30,
+            monitor: MonitorChoice::None,
+            fork_guard: false,
+            consistency: Consistency::InFlight,
+            map_watch: false,
+        },
+    )
+    .expect("cache");
+    let a = c.get(PAGE, PAGE, Access::LOCAL_WRITE).expect("miss");
+    let b = c.get(3 * PAGE, PAGE, Access::LOCAL_WRITE).expect("miss");
+    assert!(a.is_cached() && b.is_cached());
+    let looks = Arc::new(AtomicUsize::new(0));
+    let (sh, seen) = (Arc::clone(&c.shared), Arc::clone(&looks));
+    let entry_a = Arc::clone(&a.entry);
+    IN_RELEASE.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move || {
+            seen.fetch_add(1, Ordering::Relaxed);
+            let mut t = sh.table.write();
+            let busy = &sh.backend.stats.busy_cached;
+            let (counted, in_use) = (busy.sum() as usize, t.count_in_use());
+            assert!(
+                counted <= in_use,
+                "{counted} entries counted in use, {in_use} are"
+            );
+            if entry_a.refs.users() == 0 && entry_a.refs.indexed() {
+                // Idle by its own count: the sweep of `evict_idle` takes it.
+                let (mut out, mut cursor) = (Vec::with_capacity(2), 0);
+                while t.take_idle(&mut out, &mut cursor, busy) {}
+                drop(t);
+                assert_eq!(out.len(), 1, "the idle entry is evicted");
+            }
+        }))
+    });
+    drop(a);
+    assert!(looks.load(Ordering::Relaxed) >= 1, "the window was looked at");
+    drop(b);
+    IN_RELEASE.with(|h| h.borrow_mut().take());
+    let t = c.shared.table.read();
+    assert_eq!(
+        (c.shared.backend.stats.busy_cached.sum(), t.count_in_use()),
+        (0, 0)
+    );
+}

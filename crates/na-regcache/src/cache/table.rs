@@ -148,9 +148,11 @@ impl<R: Registrar> Table<R> {
     /// How many entries in the index are idle (no handle), from the count
     /// of those in use (`busy`, the cache's `Stats::busy_cached`): eight
     /// loads instead of a sweep. Under the write lock no hit runs, so
-    /// nothing makes an entry busy meanwhile; a handle being dropped right
-    /// now may not be counted idle yet (as if it dropped a moment later),
-    /// and is never counted idle before its user count says so.
+    /// nothing makes an entry busy meanwhile; the last handle's release
+    /// uncounts its entry before the entry's user count reaches zero, so
+    /// an entry whose count reads zero is never counted busy (one being
+    /// dropped right now may be counted idle a moment early: a sweep then
+    /// looks at it and passes it by).
     fn idle(&self, busy: &StripedCounter) -> usize {
         self.live.saturating_sub(busy.sum() as usize)
     }
@@ -188,12 +190,15 @@ impl<R: Registrar> Table<R> {
     }
 
     /// A hit on `e` (read lock suffices): one more user, second chance.
+    /// False if `e` has the most users it may have (see
+    /// [`MAX_HANDLES`](super::entry::MAX_HANDLES)).
     #[inline]
-    pub fn acquire(e: &Entry<R>) {
+    #[must_use]
+    pub fn acquire(e: &Entry<R>) -> bool {
         if !e.referenced.load(Ordering::Relaxed) {
             e.referenced.store(true, Ordering::Relaxed);
         }
-        e.acquire_cached();
+        e.acquire_cached()
     }
 
     /// The union of `[start, end)` and every cached range it overlaps, with

@@ -22,7 +22,7 @@ mod ranges;
 pub mod uffd;
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -53,20 +53,43 @@ pub struct Watch {
     pub token: [u64; 2],
 }
 
-/// Identifies an attached sink.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SinkId(usize);
+/// Identifies a sink attached to a monitor: what [`Monitor::attach`]
+/// returns and [`Monitor::detach`] takes back. Unique in the process
+/// (never reused, whatever the monitor), so a monitor can key its sinks
+/// by it, and an id of another monitor's sink detaches nothing. A
+/// [`Monitor`] implementation outside this crate makes one per attached
+/// sink with [`SinkId::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SinkId(u64);
+
+impl SinkId {
+    /// A new id, distinct from every other made in this process (a
+    /// global counter: one atomic addition, no allocation, so a monitor
+    /// may make one under its own lock).
+    #[allow(clippy::new_without_default)] // a "default" id would read as a fixed value
+    pub fn new() -> SinkId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        SinkId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The id as a number (distinct for distinct ids; never 0).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
 
 /// A memory-map monitor.
 pub trait Monitor: Send + Sync + 'static {
     /// Short name (`uffd`, `alloc`).
     fn name(&self) -> &'static str;
 
-    /// Starts delivering invalidations to `sink`.
+    /// Starts delivering invalidations to `sink`, under a new id
+    /// ([`SinkId::new`]) that [`Monitor::detach`] will get back.
     fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId>;
 
     /// Stops delivering to `id`; returns the sink so the caller drops it
-    /// outside any monitor lock.
+    /// outside any monitor lock (`None` if no sink of this monitor has
+    /// that id).
     fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>>;
 
     /// Starts watching `[start, start+len)` before it is registered.
@@ -110,9 +133,12 @@ pub trait Monitor: Send + Sync + 'static {
 /// Maximum number of caches attached to one monitor.
 pub const MAX_SINKS: usize = 64;
 
+/// A sink and the id it was attached under.
+type Attached = (SinkId, Arc<dyn InvalidationSink>);
+
 /// A fixed-capacity set of sinks: dispatch never allocates or frees.
 pub(crate) struct SinkSet {
-    slots: RwLock<[Option<Arc<dyn InvalidationSink>>; MAX_SINKS]>,
+    slots: RwLock<[Option<Attached>; MAX_SINKS]>,
     count: AtomicUsize,
 }
 
@@ -137,18 +163,21 @@ impl SinkSet {
                 format!("more than {MAX_SINKS} caches on one monitor"),
             ));
         };
-        slots[free] = Some(sink);
+        let id = SinkId::new();
+        slots[free] = Some((id, sink));
         self.count.fetch_add(1, Ordering::SeqCst);
-        Ok(SinkId(free))
+        Ok(id)
     }
 
+    /// Removes the sink attached as `id`, if any.
     pub fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>> {
         let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
-        let sink = slots.get_mut(id.0)?.take();
-        if sink.is_some() {
-            self.count.fetch_sub(1, Ordering::SeqCst);
-        }
-        sink
+        let slot = slots
+            .iter_mut()
+            .find(|s| s.as_ref().is_some_and(|(i, _)| *i == id))?;
+        let (_, sink) = slot.take()?;
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        Some(sink)
     }
 
     /// True while fewer than [`MAX_SINKS`] sinks are attached (a hint:
@@ -166,7 +195,7 @@ impl SinkSet {
     /// Calls every sink that may overlap `[start, end)`. Allocation-free.
     pub fn dispatch(&self, start: usize, end: usize) {
         let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
-        for sink in slots.iter().flatten() {
+        for (_, sink) in slots.iter().flatten() {
             if sink.may_overlap(start, end) {
                 sink.invalidate(start, end);
             }

@@ -3,6 +3,7 @@
 //! through the registration and checks what arrived.
 #![allow(dead_code)]
 
+pub mod cache_rig;
 pub mod scenarios;
 pub mod sys;
 

@@ -531,3 +531,158 @@ pub fn fail_pread_in_this_thread(errno: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// [`mincore(2)`](https://man7.org/linux/man-pages/man2/mincore.2.html) of
+/// the page at `addr`: true while it is mapped (the call fails with
+/// `ENOMEM` on an unmapped address).
+pub fn page_mapped(addr: usize) -> bool {
+    let mut v = [0u8; 1];
+    // SAFETY: mincore writes one byte per page of the range, here one page
+    // into a one-byte buffer; it reads no memory of the range.
+    unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, v.as_mut_ptr()) == 0 }
+}
+
+/// [`mremap(2)`](https://man7.org/linux/man-pages/man2/mremap.2.html)
+/// like [`remap_to`], returning the raw result (`to`, or `MAP_FAILED`).
+pub fn mremap_fixed(from: usize, len: usize, to: usize) -> *mut libc::c_void {
+    // SAFETY: both ranges belong to the test (`to` freed or its own);
+    // what is mapped at `to` is replaced on purpose, and no Rust reference
+    // points into either range.
+    unsafe {
+        libc::mremap(
+            from as *mut libc::c_void,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    }
+}
+
+/// [`fork(2)`](https://man7.org/linux/man-pages/man2/fork.2.html): the
+/// raw result (0 in the child, the child's pid in the parent, -1 on
+/// error). The child must leave with [`exit_now`] and call nothing that a
+/// parent thread may have held a lock of at the fork, except what the test
+/// checks on purpose (the cache's fork guard, with a timeout in the
+/// parent: [`wait_within`]).
+pub fn fork() -> libc::pid_t {
+    // SAFETY: the tests' children only free blocks of their copy of the
+    // heap, call the cache or monitor under test, and leave with
+    // `exit_now` (no destructor, no return into the test harness).
+    unsafe { libc::fork() }
+}
+
+/// [`_exit(2)`](https://man7.org/linux/man-pages/man2/_exit.2.html): ends
+/// a forked child at once with `code`, running no destructor (they belong
+/// to the parent).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit ends the process; nothing of it is used afterwards.
+    unsafe { libc::_exit(code) }
+}
+
+/// Frees, in a forked child, the heap block of `len` bytes at `addr`: the
+/// child's copy of a `Vec<u8>` (or boxed slice) whose capacity is `len`,
+/// which the child never touches again (it leaves with [`exit_now`]).
+/// Through the global allocator, so its hooks run
+/// ([`dealloc`](https://doc.rust-lang.org/std/alloc/fn.dealloc.html)).
+pub fn free_block_in_child(addr: usize, len: usize) {
+    let Ok(layout) = std::alloc::Layout::from_size_align(len, 1) else {
+        exit_now(102)
+    };
+    // SAFETY: `addr` was allocated by the global allocator for a byte
+    // buffer of `len` bytes (alignment 1) and, in this child, is freed once
+    // and never used again (the child's copy of its owner is never dropped).
+    unsafe { std::alloc::dealloc(addr as *mut u8, layout) }
+}
+
+/// [`waitpid(2)`](https://man7.org/linux/man-pages/man2/waitpid.2.html)
+/// for child `pid`, without blocking: its exit code once it exited,
+/// polling every millisecond; `None` if it has not exited within `limit`
+/// (then it is killed, [`kill(2)`](https://man7.org/linux/man-pages/man2/kill.2.html),
+/// and reaped).
+pub fn wait_within(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let t0 = std::time::Instant::now();
+    let mut st = 0;
+    loop {
+        // SAFETY: reaps our own child into a local status word.
+        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+            return Some(libc::WEXITSTATUS(st));
+        }
+        if t0.elapsed() > limit {
+            // SAFETY: kills and reaps our own hung child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut st, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Which call an [`Observed`] allocator reports to its observer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocCall {
+    /// `alloc`.
+    Alloc,
+    /// `alloc_zeroed`.
+    AllocZeroed,
+    /// `dealloc`.
+    Dealloc,
+    /// `realloc`.
+    Realloc,
+}
+
+/// Told of every call of an [`Observed`] allocator, before and after it is
+/// forwarded. Runs inside the global allocator: it must not allocate,
+/// except behind a re-entrancy guard of its own.
+pub trait AllocObserver: Sync {
+    /// Before `call` is forwarded; the value is handed to [`after`](Self::after).
+    fn before(&self, call: AllocCall) -> bool;
+    /// After `call` returned, with what [`before`](Self::before) returned.
+    fn after(&self, call: AllocCall, state: bool);
+}
+
+/// A global allocator forwarding every call unchanged to `inner` and
+/// telling `observer` about it (see
+/// [`GlobalAlloc`](https://doc.rust-lang.org/std/alloc/trait.GlobalAlloc.html);
+/// the system allocator is glibc's
+/// [`malloc(3)`](https://man7.org/linux/man-pages/man3/malloc.3.html)).
+pub struct Observed<A, O> {
+    /// The allocator doing the work.
+    pub inner: A,
+    /// Told of each call.
+    pub observer: O,
+}
+
+// SAFETY: every method forwards its arguments unchanged to `inner` and
+// returns its result; the observer's calls touch no memory of the call.
+unsafe impl<A: std::alloc::GlobalAlloc, O: AllocObserver> std::alloc::GlobalAlloc for Observed<A, O> {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let s = self.observer.before(AllocCall::Alloc);
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.inner.alloc(layout) };
+        self.observer.after(AllocCall::Alloc, s);
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let s = self.observer.before(AllocCall::AllocZeroed);
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.inner.alloc_zeroed(layout) };
+        self.observer.after(AllocCall::AllocZeroed, s);
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        let s = self.observer.before(AllocCall::Dealloc);
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.dealloc(ptr, layout) };
+        self.observer.after(AllocCall::Dealloc, s);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let s = self.observer.before(AllocCall::Realloc);
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
+        self.observer.after(AllocCall::Realloc, s);
+        p
+    }
+}

@@ -4,6 +4,7 @@
 
 pub mod flood;
 pub mod raw_peer;
+pub mod sys;
 
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
