@@ -206,8 +206,10 @@ pub fn send_backlog_bound(t: &Transport) {
     // Ids: sends to server k are 1 << (34 + 2k) | i, receives 1 << (35 + 2k) | i.
     let send_op = |k: usize, i: u32| OpId(1 << (34 + 2 * k) | u64::from(i));
     let recv_op = |k: usize, i: u32| OpId(1 << (35 + 2 * k) | u64::from(i));
-    // Long enough to queue 1.5 MiB on a slow VM.
-    let stall_ms = 2000u32;
+    // Long enough to queue 1.5 MiB on a slow VM: a loaded soft-RoCE VM
+    // once took 3.85 s (2 s was the stall then). The servers sleep it
+    // out whatever the fill took, so it is what the test costs.
+    let stall_ms = 6000u32;
     let mut stall = vec![b'z'];
     stall.extend_from_slice(&stall_ms.to_le_bytes());
     let stalled_at = std::time::Instant::now();
