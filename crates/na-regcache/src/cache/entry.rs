@@ -41,11 +41,12 @@ const INDEXED: usize = 1 << (usize::BITS - 1);
 /// Handles one registration may have at most: 2^62 on 64-bit targets,
 /// 2^30 on 32-bit ones (reachable only by leaking handles). Acquiring
 /// one more is refused ([`Error::TooManyHandles`](crate::Error::TooManyHandles))
-/// before the count can reach the [`INDEXED`] bit: an acquisition adds
-/// one, compares the count it read and takes the one back if that was
-/// at the limit, so the count exceeds the limit by at most the threads
-/// acquiring at that moment, far fewer than the `INDEXED / 2` between
-/// the limit and the bit.
+/// before the count can reach the `INDEXED` bit (the top bit of the
+/// word that holds the count): an acquisition adds one, compares the
+/// count it read and takes the one back if that was at the limit, so the
+/// count exceeds the limit by at most the threads acquiring at that
+/// moment, far fewer than the `INDEXED / 2` between the limit and the
+/// bit.
 pub const MAX_HANDLES: usize = INDEXED >> 1;
 
 /// An entry's count of live handles and whether it is in the cache index,
