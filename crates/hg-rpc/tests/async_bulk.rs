@@ -14,19 +14,9 @@ mod rpcs;
 use rpcs::*;
 
 mod common;
-use common::Server;
+use common::{contents, pattern, Server};
 
 const T: Duration = Duration::from_secs(10);
-
-/// `len` bytes of a pattern that repeats every 251.
-fn pattern(len: usize, seed: usize) -> Vec<u8> {
-    (0..len).map(|i| ((i + seed) % 251) as u8).collect()
-}
-
-/// What `handle` (local) holds.
-fn contents(handle: &Bulk) -> Vec<u8> {
-    handle.local().expect("a local handle").to_vec()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulls_and_pushes_across_segments_with_a_server_process() {

@@ -17,19 +17,9 @@ use na_core::{Access, RemoteMem, RemoteSegment};
 mod rpcs;
 use rpcs::{fnv, Add, BlobExpose, BlobExposedDigest, BlobPut};
 mod common;
-use common::Server;
+use common::{contents, pattern, Server};
 
 const T: Duration = Duration::from_secs(10);
-
-/// `len` bytes of a pattern that repeats every 251.
-fn pattern(len: usize, seed: usize) -> Vec<u8> {
-    (0..len).map(|i| ((i + seed) % 251) as u8).collect()
-}
-
-/// What `handle` (local) holds.
-fn contents(handle: &Bulk) -> Vec<u8> {
-    handle.local().expect("a local handle").to_vec()
-}
 
 /// Stores `data` in the server as blob `key` (the server pulls it) and
 /// answers the server's copy, exposed read-write in segments of

@@ -393,3 +393,13 @@ impl Drop for SilentTarget {
         }
     }
 }
+
+/// `len` bytes of a pattern that repeats every 251 (from `seed` on).
+pub fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i + seed) % 251) as u8).collect()
+}
+
+/// What a local `handle` holds.
+pub fn contents(handle: &hg_rpc::Bulk) -> Vec<u8> {
+    handle.local().expect("a local handle").to_vec()
+}
