@@ -12,7 +12,7 @@ use na_core::OpId;
 use super::BATCH_WINDOW;
 use super::{BulkId, Engine, CANCEL_WAIT_WARNING};
 use crate::codec::Codec;
-use crate::error::{Result, RpcError};
+use crate::error::{keep_first_failure, Result, RpcError};
 use crate::lookup_backoff::LookupBackoff;
 impl<C: Codec> Engine<C> {
     /// Moves `len` bytes and waits (driving progress) at most `timeout`
@@ -112,26 +112,20 @@ impl<C: Codec> Engine<C> {
         } else {
             self.bulk_start_batch_until(op, remote, local, spans, deadline, timeout)?
         };
-        // The spans not ended yet, in `spans`' order, and the outcomes of
-        // those that did (by index: the first failure in that order is
-        // the answer).
+        // The spans not ended yet, by their index in `spans`, and the
+        // first failure in that order (the answer).
         let mut pending: Vec<(usize, BulkId)> = ids.into_iter().enumerate().collect();
-        let mut outcomes: Vec<Option<Result<()>>> =
-            std::iter::repeat_with(|| None).take(spans.len()).collect();
+        let mut failure = None;
         loop {
             pending.retain(|&(i, id)| match self.take_bulk(id) {
                 Some(r) => {
-                    outcomes[i] = Some(r);
+                    keep_first_failure(&mut failure, i, r);
                     false
                 }
                 None => true,
             });
             if pending.is_empty() {
-                return outcomes
-                    .into_iter()
-                    .flatten()
-                    .find(Result::is_err)
-                    .unwrap_or(Ok(()));
+                return failure.map_or(Ok(()), |(_, e)| Err(e));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

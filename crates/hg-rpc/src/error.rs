@@ -182,3 +182,15 @@ pub enum RpcError {
 
 /// Result alias of `hg-rpc`.
 pub type Result<T, E = RpcError> = std::result::Result<T, E>;
+
+/// Keeps the failure of a batch's first failed span in the spans' order
+/// (`at`: the span's index), whatever order the spans end in: the answer
+/// of [`Engine::bulk_batch`](crate::Engine::bulk_batch) and
+/// [`AsyncEngine::bulk_batch`](crate::AsyncEngine::bulk_batch).
+pub(crate) fn keep_first_failure(failure: &mut Option<(usize, RpcError)>, at: usize, r: Result<()>) {
+    if let Err(e) = r {
+        if failure.as_ref().is_none_or(|(first, _)| at < *first) {
+            *failure = Some((at, e));
+        }
+    }
+}

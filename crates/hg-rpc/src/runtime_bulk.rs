@@ -22,20 +22,10 @@ use tokio::sync::oneshot;
 use super::ctx::{HandlerTransfers, RunningTransfer};
 use super::{driver_stopped, lost, AsyncEngine, Shared};
 use crate::engine::{BulkId, CANCEL_WAIT_WARNING};
-use crate::error::{Result, RpcError};
+use crate::error::{keep_first_failure, Result, RpcError};
 
 /// What a transfer's errors name.
 const WHAT: &str = "bulk transfer";
-
-/// Keeps the failure of a batch's first failed span in the spans' order
-/// (`at`: the span's index), whatever order the spans ended in.
-fn keep_first(failure: &mut Option<(usize, RpcError)>, at: usize, r: Result<()>) {
-    if let Err(e) = r {
-        if failure.as_ref().is_none_or(|(first, _)| at < *first) {
-            *failure = Some((at, e));
-        }
-    }
-}
 
 impl AsyncEngine {
     /// Exposes buffers (in order, one handle) for peers to push into or
@@ -239,7 +229,7 @@ impl Shared {
             // `ended` is in the spans' order (one id per span).
             for (at, (id, r)) in ended.into_iter().enumerate() {
                 match r {
-                    Some(r) => keep_first(&mut failure, at, r),
+                    Some(r) => keep_first_failure(&mut failure, at, r),
                     None => {
                         let (tx, rx) = oneshot::channel();
                         w.bulks.insert(id, tx);
@@ -279,7 +269,7 @@ impl Shared {
                 Some(Ok(())) => {
                     guard.ended += 1;
                     let r = self.engine().take_bulk(*id);
-                    keep_first(&mut failure, *at, r.unwrap_or_else(|| Err(lost(WHAT))));
+                    keep_first_failure(&mut failure, *at, r.unwrap_or_else(|| Err(lost(WHAT))));
                 }
                 // The driver stopped: the guard forgets the rest.
                 Some(Err(_)) => return Err(self.stopped_error(WHAT)),
@@ -432,12 +422,12 @@ mod tests {
     #[test]
     fn the_first_failed_span_in_the_spans_order_is_kept() {
         let mut failure = None;
-        keep_first(&mut failure, 0, Ok(()));
+        keep_first_failure(&mut failure, 0, Ok(()));
         assert!(failure.is_none(), "a success is no failure");
-        keep_first(&mut failure, 3, failed("span 3"));
-        keep_first(&mut failure, 2, Ok(()));
-        keep_first(&mut failure, 1, failed("span 1"));
-        keep_first(&mut failure, 4, failed("span 4"));
+        keep_first_failure(&mut failure, 3, failed("span 3"));
+        keep_first_failure(&mut failure, 2, Ok(()));
+        keep_first_failure(&mut failure, 1, failed("span 1"));
+        keep_first_failure(&mut failure, 4, failed("span 4"));
         assert_eq!(name(&failure), Some((1, "span 1".into())));
     }
 }
