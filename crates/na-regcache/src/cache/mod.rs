@@ -57,6 +57,8 @@ mod shared;
 #[cfg(test)]
 mod sweep_tests;
 mod table;
+#[cfg(test)]
+mod test_rig;
 
 pub use entry::{Registration, MAX_HANDLES};
 

@@ -4,41 +4,16 @@
 //! targets 2^31 leaked handles of an entry outside the index would have
 //! set it). Counts start near the limit through test-only constructors.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use super::entry::{Backend, Entry, Registration, MAX_HANDLES};
+use super::entry::{Entry, Registration, MAX_HANDLES};
+use super::test_rig::{backend, Noop, PAGE};
 use super::Cache;
 use crate::config::{CacheConfig, Consistency, MonitorChoice};
-use crate::registrar::{Access, Registrar};
-use crate::stats::Stats;
+use crate::registrar::Access;
 use crate::Error;
 
-struct Noop;
-
-impl Registrar for Noop {
-    type Region = ();
-    type Error = std::io::Error;
-    fn register(&self, _: usize, _: usize, _: Access) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn deregister(&self, _: ()) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-const PAGE: usize = 0x1000;
 const W: Access = Access::LOCAL_WRITE;
-
-fn backend() -> Arc<Backend<Noop>> {
-    Arc::new(Backend {
-        registrar: Noop,
-        stats: Stats::default(),
-        monitor: None,
-        fork_guard: None,
-        closed: AtomicBool::new(false),
-    })
-}
 
 /// A handle on an entry outside the index whose count says `users`.
 fn handle_with(users: usize) -> Registration<Noop> {

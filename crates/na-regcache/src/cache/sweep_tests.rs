@@ -6,39 +6,14 @@
 //! no slot at all. Real entries of a registrar that pins nothing (the
 //! table never touches memory itself).
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::entry::{Backend, Entry};
 use super::table::{Insert, Sweep, Table, SWEEP_STEP};
-use crate::registrar::{Access, Registrar};
-use crate::stats::Stats;
+use super::test_rig::{backend, Noop, PAGE};
+use crate::registrar::Access;
 
-struct Noop;
-
-impl Registrar for Noop {
-    type Region = ();
-    type Error = std::io::Error;
-    fn register(&self, _: usize, _: usize, _: Access) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn deregister(&self, _: ()) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-const PAGE: usize = 0x1000;
 const N: usize = 8 * SWEEP_STEP;
-
-fn backend() -> Arc<Backend<Noop>> {
-    Arc::new(Backend {
-        registrar: Noop,
-        stats: Stats::default(),
-        monitor: None,
-        fork_guard: None,
-        closed: AtomicBool::new(false),
-    })
-}
 
 fn entry(b: &Arc<Backend<Noop>>, i: usize) -> Arc<Entry<Noop>> {
     let start = PAGE * (i + 1);
