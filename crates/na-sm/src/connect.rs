@@ -16,8 +16,8 @@ use crate::conn::{
 };
 use crate::error::{SmError, SmResult};
 use crate::identity::{self, PeerStart};
+use crate::peer_failure::{wake_failure, Failure};
 use crate::plugin::{PendingAccept, SmPlugin, LISTENER_TOKEN, PIDFD_BIT, WAKE_BIT};
-use crate::progress::{wake_failure, Failure};
 use crate::sys::proc;
 use crate::sys::shm::SharedRegion;
 use crate::sys::socket::{

@@ -175,10 +175,12 @@ mod heads;
 mod id_filter;
 mod identity;
 mod matching;
+mod peer_failure;
 mod plugin;
 pub mod progress;
 mod pull;
 mod rma;
+mod send_ops;
 #[allow(unsafe_code)]
 pub mod sys;
 

@@ -26,7 +26,7 @@ use crate::connect::ConnectWait;
 use crate::error::{SmError, SmResult};
 use crate::heads::HeadList;
 use crate::matching::{Matcher, OpPlace};
-use crate::progress::{dup, op_in_flight, Outgoing};
+use crate::send_ops::{dup, op_in_flight, Outgoing};
 use crate::sys::cma::IovLists;
 use crate::sys::proc;
 use crate::sys::socket::PeerCred;
@@ -87,7 +87,7 @@ pub struct SmPlugin {
     pub(crate) self_tok: u64,
     pub(crate) uid: u32,
     /// Peer failures found while one is being handled (see `fail_peer`).
-    pub(crate) failures_queued: VecDeque<(u64, crate::progress::Failure, String)>,
+    pub(crate) failures_queued: VecDeque<(u64, crate::peer_failure::Failure, String)>,
     /// A peer failure is being handled.
     pub(crate) failing: bool,
     pub(crate) listener: Option<UnixListener>,

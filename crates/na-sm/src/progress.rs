@@ -1,5 +1,6 @@
-//! Progress: socket and eventfd events, ring polling, backlog retries,
-//! sleeping (`try_wait`), cancel, and peer failure.
+//! Progress: socket and eventfd events, ring polling and sleeping
+//! (`try_wait`). Sends and their backlogs are in `send_ops`, cancel and
+//! peer failure in `peer_failure`.
 //!
 //! The fast path of `progress` makes no system call: it polls the rings and
 //! retries backlogs. The internal epoll set (listener, connection sockets,
@@ -8,17 +9,15 @@
 //! wake-up that brought no message (one that brought a message leaves the
 //! events to the next `try_wait`).
 
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use na_core::fasthash::FastMap;
 use na_core::hint::cold_path;
-use na_core::{Completion, NaError, OpId, OpKind, PluginStats, Report, Result, Tag};
+use na_core::{NaError, PluginStats, Result};
 
 use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
-use crate::conn::{QueuedSend, Role};
+use crate::conn::Role;
 use crate::connect::AcceptPause;
-use crate::matching::{Matcher, OpPlace};
+use crate::peer_failure::{wake_failure, Failure};
 use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, PIDFD_BIT, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
 
@@ -28,35 +27,6 @@ pub(crate) const MAX_EVENT_ROUNDS: usize = 4;
 /// Progress calls between two non-blocking polls of the socket events when
 /// nothing asked for one (busy mode).
 pub const EVENT_POLL_INTERVAL: u32 = 1024;
-
-/// Why a peer is being dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// It closed its socket, exited or was killed.
-    Gone,
-    /// It broke the protocol.
-    Protocol,
-}
-
-fn kind_of(k: MsgKind) -> OpKind {
-    match k {
-        MsgKind::Unexpected => OpKind::SendUnexpected,
-        MsgKind::Expected => OpKind::SendExpected,
-    }
-}
-
-/// How a failed wake-up write fails the peer: a closed pipe means it is
-/// gone; anything else (a descriptor it tampered with) is a violation.
-pub(crate) fn wake_failure(e: &std::io::Error) -> (Failure, String) {
-    if e.raw_os_error() == Some(libc::EPIPE) {
-        (
-            Failure::Gone,
-            "its wake-up pipe is closed (process exited or was killed)".into(),
-        )
-    } else {
-        (Failure::Protocol, format!("waking it: {e}"))
-    }
-}
 
 impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
@@ -467,7 +437,7 @@ impl SmPlugin {
     }
 
     /// [`poll_rings_as`](Self::poll_rings_as) of every ring.
-    fn poll_all_rings_as(&mut self, departing: Option<u64>) {
+    pub(crate) fn poll_all_rings_as(&mut self, departing: Option<u64>) {
         let mut rings = std::mem::take(&mut self.ring_scratch);
         rings.clear();
         for (idx, peer) in self.peers.iter_slots_mut() {
@@ -645,324 +615,6 @@ impl SmPlugin {
             self.fail_peer(tok, f, &reason);
         }
     }
-
-    /// Retries queued sends in order.
-    fn flush_backlogs(&mut self) {
-        let mut violations = Vec::new();
-        let mut left = false;
-        let Self {
-            peers,
-            completions,
-            ops,
-            stats,
-            ..
-        } = self;
-        for peer in peers.iter_mut() {
-            let Some(conn) = peer.conns.first_mut() else {
-                continue;
-            };
-            if conn.backlog.is_empty() {
-                continue;
-            }
-            let tx = if conn.role == Role::Connector { 0 } else { 1 };
-            let ch = Channel::new(&conn.region, tx);
-            let mut sent = false;
-            while let Some(q) = conn.backlog.front() {
-                if !ch.try_send(&mut conn.tx_cur, q.kind, q.tag, &[&q.data]) {
-                    break;
-                }
-                stats.msgs_sent += 1;
-                stats.msg_bytes_sent += q.data.len() as u64;
-                ops.remove(&q.op);
-                completions.push_back(Completion::done(q.op, kind_of(q.kind)));
-                conn.backlog.pop_front();
-                sent = true;
-            }
-            left |= !conn.backlog.is_empty();
-            if sent && ch.receiver_needs_wake() {
-                match conn.wake_peer() {
-                    Ok(true) => stats.signals_sent += 1,
-                    Ok(false) => {}
-                    Err(e) => {
-                        let (f, reason) = wake_failure(&e);
-                        violations.push((peer.addr.token(), f, reason));
-                    }
-                }
-            }
-        }
-        self.maybe_backlog = left;
-        for (tok, f, reason) in violations {
-            self.fail_peer(tok, f, &reason);
-        }
-    }
-
-    /// Sends `msg` on the peer's first connection, or queues it; `None` if
-    /// the peer is gone. A send that goes out at once completes only if
-    /// `report` asks for successes; a queued one always completes.
-    ///
-    /// (Inline: it is on the path of every message; the queueing is out
-    /// of line, and so is a send that reports its success: the RPC layer
-    /// sends with `Report::FailuresOnly`, and its busy path runs straight
-    /// through.)
-    #[inline(always)]
-    pub(crate) fn send_on(
-        &mut self,
-        tok: u64,
-        msg: Outgoing<'_>,
-        op: OpId,
-        report: Report,
-    ) -> Option<Result<()>> {
-        if report == Report::All {
-            cold_path();
-            return self.send_on_reported(tok, msg, op);
-        }
-        // A send that reports failures only and goes out at once is never
-        // tracked (it completes inside this call and reports nothing), so
-        // its id is checked only if it has to wait (`queue_send`): no
-        // lookup on this path.
-        if self.try_send_now(tok, msg, None)? {
-            return Some(Ok(()));
-        }
-        self.queue_send(tok, msg, op, report)
-    }
-
-    /// [`send_on`](Self::send_on) of a send that completes: its id may not
-    /// be one in flight, and a success goes to the completion queue.
-    #[inline(never)]
-    fn send_on_reported(&mut self, tok: u64, msg: Outgoing<'_>, op: OpId) -> Option<Result<()>> {
-        if op_in_flight(&self.ops, &self.matcher, op) {
-            cold_path();
-            return Some(Err(dup(op)));
-        }
-        if self.try_send_now(tok, msg, Some(op))? {
-            // Its completion is queued: an owner asleep must look.
-            self.wake_owner_if_work();
-            return Some(Ok(()));
-        }
-        self.queue_send(tok, msg, op, Report::All)
-    }
-
-    /// Publishes `msg` in the peer's ring now if nothing is queued before
-    /// it and there is room, completes `complete` if given (before the
-    /// wake-up, whose failure fails the peer's other operations), and
-    /// wakes the peer if it sleeps: `Some(true)` if it went out,
-    /// `Some(false)` if it must be queued, `None` if the peer is gone.
-    #[inline(always)]
-    fn try_send_now(&mut self, tok: u64, msg: Outgoing<'_>, complete: Option<OpId>) -> Option<bool> {
-        let Some(peer) = self.peers.get_mut(tok) else {
-            cold_path();
-            return None;
-        };
-        let Some(conn) = peer.conns.first_mut() else {
-            cold_path();
-            return None;
-        };
-        let tx = if conn.role == Role::Connector { 0 } else { 1 };
-        let ch = Channel::new(&conn.region, tx);
-        if !conn.backlog.is_empty()
-            || !ch.try_send_len(&mut conn.tx_cur, msg.kind, msg.tag, msg.parts, msg.len)
-        {
-            cold_path();
-            return Some(false);
-        }
-        self.stats.msgs_sent += 1;
-        self.stats.msg_bytes_sent += msg.len as u64;
-        if let Some(op) = complete {
-            self.completions
-                .push_back(Completion::done(op, kind_of(msg.kind)));
-        }
-        if ch.receiver_needs_wake() {
-            match conn.wake_peer() {
-                Ok(true) => self.stats.signals_sent += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    cold_path();
-                    let (f, reason) = wake_failure(&e);
-                    self.fail_peer(tok, f, &reason);
-                }
-            }
-        }
-        Some(true)
-    }
-
-    /// [`send_on`](Self::send_on) when the message cannot go out at once
-    /// (no ring slot or buffer, or sends already queued): queues it.
-    #[inline(never)]
-    fn queue_send(&mut self, tok: u64, msg: Outgoing<'_>, op: OpId, report: Report) -> Option<Result<()>> {
-        let peer = self.peers.get_mut(tok)?;
-        let conn = peer.conns.first_mut()?;
-        // (A send that completes was checked in `send_on_reported`.)
-        if report != Report::All && op_in_flight(&self.ops, &self.matcher, op) {
-            cold_path();
-            return Some(Err(dup(op)));
-        }
-        let (max, max_total) = (self.cfg.max_backlog_bytes, self.cfg.max_backlog_total);
-        if let Err(e) = conn.backlog.admit(msg.len, max, max_total, &peer.addr) {
-            cold_path();
-            self.stats.sends_refused += 1;
-            tracing::debug!(peer = %peer.addr, error = %e, "sm: send refused");
-            return Some(Err(e));
-        }
-        self.maybe_backlog = true;
-        conn.backlog.push_back(
-            QueuedSend {
-                op,
-                kind: msg.kind,
-                tag: msg.tag,
-                data: msg.parts.concat(),
-            },
-            msg.len,
-        );
-        self.ops.insert(op, OpPlace::Send(tok));
-        self.stats.sends_queued += 1;
-        // Armed: the owner may be asleep, and this send came from another
-        // thread (a task answering, a caller) after `arm` looked at the
-        // backlogs. Do for this one what `arm` does for those it finds:
-        // ask the receiver to signal when room frees; or, if there is room
-        // already, send it now. Otherwise it waits for an unrelated wake-up.
-        if self.armed && conn.backlog.len() == 1 {
-            conn.armed = true;
-            if !conn.arm_backlog() {
-                self.flush_backlogs();
-                // Sends the flush completed (this one, or others).
-                self.wake_owner_if_work();
-            }
-        }
-        Some(Ok(()))
-    }
-
-    pub(crate) fn cancel_op(&mut self, op: OpId) -> Result<()> {
-        // Posted unexpected receives are not in `ops` (see
-        // `post_recv_unexpected`): an id not there may be one of them.
-        let place = self.ops.remove(&op).unwrap_or(OpPlace::RecvUnexpected);
-        let c = match place {
-            OpPlace::Send(tok) => {
-                let q = self.peers.get_mut(tok).and_then(|p| {
-                    let conn = p.conns.first_mut()?;
-                    conn.backlog.remove_first(|q| q.op == op)
-                });
-                let kind = q.map_or(OpKind::SendUnexpected, |q| kind_of(q.kind));
-                Completion::failed(op, kind, NaError::Canceled, None)
-            }
-            OpPlace::RecvUnexpected | OpPlace::RecvExpected(..) => {
-                let kind = if place == OpPlace::RecvUnexpected {
-                    OpKind::RecvUnexpected
-                } else {
-                    OpKind::RecvExpected
-                };
-                let buf = self.matcher.take_posted(op, place);
-                if place == OpPlace::RecvUnexpected && buf.is_none() {
-                    return Err(NaError::UnknownOp(op.0));
-                }
-                Completion::failed(op, kind, NaError::Canceled, buf)
-            }
-        };
-        self.completions.push_back(c);
-        Ok(())
-    }
-
-    /// Drops a peer: delivers what it already published (if it merely
-    /// left), then fails every operation involving it.
-    ///
-    /// Never recursive: the drain of a departing peer publishes what it
-    /// read and may find failures (its own wake-up failing again, as a
-    /// peer that closed its pipe but keeps writing arranges, or another
-    /// peer's violation). Those wait in `failures_queued` and are handled
-    /// after it, each peer at most once, so the stack stays flat and a
-    /// departing peer's drain (which passes the queued-message bound)
-    /// happens once, not once per message it manages to add.
-    pub(crate) fn fail_peer(&mut self, tok: u64, failure: Failure, reason: &str) {
-        self.failures_queued.push_back((tok, failure, reason.to_owned()));
-        if self.failing {
-            return;
-        }
-        self.failing = true;
-        while let Some((tok, failure, reason)) = self.failures_queued.pop_front() {
-            self.fail_peer_now(tok, failure, &reason);
-        }
-        self.failing = false;
-        // Failed from a send or RMA of another thread while the owner
-        // sleeps: its completions need a wake-up (the peer's socket left
-        // the epoll set with it).
-        self.wake_owner_if_work();
-    }
-
-    /// One peer's failure (see `fail_peer`).
-    fn fail_peer_now(&mut self, tok: u64, failure: Failure, reason: &str) {
-        if tok != self.self_tok && self.peers.get(tok).is_none() {
-            // Failed already (queued twice). A violation found while its
-            // departure drained its ring (queued behind that departure)
-            // still counts.
-            if failure == Failure::Protocol {
-                cold_path();
-                let warn = self.stats.count_violation();
-                let n = self.stats.violations;
-                if warn {
-                    tracing::warn!(%reason, violations = n, "sm protocol violation by a departed peer");
-                }
-            }
-            return;
-        }
-        if failure == Failure::Gone {
-            // What the peer sent before it went still counts.
-            self.poll_all_rings_as(Some(tok));
-        }
-        let (uri, conns) = if tok == self.self_tok {
-            match self.peers.take_conns(tok) {
-                Some(c) => (self.name.uri(), c),
-                None => return,
-            }
-        } else {
-            match self.peers.remove(tok) {
-                Some(mut p) => (p.addr.uri().to_owned(), std::mem::take(&mut p.conns)),
-                None => return,
-            }
-        };
-        let err = || match failure {
-            Failure::Gone => NaError::PeerGone {
-                peer: uri.clone(),
-                reason: reason.to_owned(),
-            },
-            Failure::Protocol => NaError::Protocol {
-                peer: uri.clone(),
-                reason: reason.to_owned(),
-            },
-        };
-        match failure {
-            Failure::Gone => tracing::info!(peer = %uri, %reason, "sm disconnect"),
-            Failure::Protocol => {
-                let warn = self.stats.count_violation();
-                let n = self.stats.violations;
-                if warn {
-                    tracing::warn!(peer = %uri, %reason, violations = n, "sm protocol violation; disconnecting")
-                } else {
-                    tracing::debug!(peer = %uri, %reason, violations = n, "sm protocol violation; disconnecting")
-                }
-            }
-        }
-        for conn in conns {
-            let _ = self.poll.delete(conn.sock.as_raw_fd());
-            let _ = self.poll.delete(conn.my_wake.poll_fd());
-            if let Some(fd) = &conn.pidfd {
-                let _ = self.poll.delete(fd.as_raw_fd());
-            }
-            if conn.role == Role::Connector && conn.peer_wake.is_none() {
-                self.awaiting_ack = self.awaiting_ack.saturating_sub(1);
-            }
-            let _ = conn.sock.shutdown(std::net::Shutdown::Both);
-            for q in conn.backlog {
-                self.ops.remove(&q.op);
-                self.completions
-                    .push_back(Completion::failed(q.op, kind_of(q.kind), err(), None));
-            }
-        }
-        let stays = tok == self.self_tok;
-        for op in self.matcher.fail_peer(tok, stays, err, &mut self.completions) {
-            self.ops.remove(&op);
-        }
-        // Its held messages (if any) go at the timer, idle or not.
-        self.update_timer();
-    }
 }
 
 /// Receiver: tells the sender of channel `ch` how far `rx` has read (if
@@ -997,34 +649,12 @@ pub(crate) fn publish_read(
     }
 }
 
-/// A message to send: its kind and tag, and its bytes in parts (a
-/// header and a payload, say) of `len` bytes in all, written in place
-/// one after the other.
-#[derive(Clone, Copy)]
-pub(crate) struct Outgoing<'a> {
-    pub kind: MsgKind,
-    pub tag: Tag,
-    pub parts: &'a [&'a [u8]],
-    pub len: usize,
-}
-
-/// True if `op` names an operation in flight, so a new one may not take
-/// the id: one in `ops`, or a posted unexpected receive (those are kept
-/// out of `ops`; see `post_recv_unexpected`).
-pub(crate) fn op_in_flight(ops: &FastMap<OpId, OpPlace>, matcher: &Matcher, op: OpId) -> bool {
-    ops.contains_key(&op) || matcher.has_posted_unexpected(op)
-}
-
-/// The error for an operation started under an id in flight.
-pub(crate) fn dup(op: OpId) -> NaError {
-    NaError::OpInFlight(op.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::channel::{init_region, TxCursor, REGION_LEN};
     use crate::sys::shm::SharedRegion;
+    use std::os::fd::AsRawFd;
 
     /// Events that stay ready (level-triggered descriptors nobody reads
     /// here; peers that write to their wake-up descriptors as fast as we

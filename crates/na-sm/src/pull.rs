@@ -16,8 +16,9 @@ use na_core::{Addr, Tag};
 
 use crate::channel::{Channel, MsgKind, Slot};
 use crate::conn::Role;
+use crate::peer_failure::Failure;
 use crate::plugin::SmPlugin;
-use crate::progress::{publish_read, Failure};
+use crate::progress::publish_read;
 
 impl SmPlugin {
     /// Copies the unexpected message at the head of some peer's ring into

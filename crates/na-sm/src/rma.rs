@@ -8,7 +8,7 @@ use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
 use crate::exposed;
 use crate::plugin::SmPlugin;
-use crate::progress::{dup, op_in_flight};
+use crate::send_ops::{dup, op_in_flight};
 use crate::sys::cma::{transfer_batch, IOV_MAX};
 
 /// What to change when the kernel refuses cross-memory attach.
