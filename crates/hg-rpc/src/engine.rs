@@ -149,12 +149,12 @@ pub struct Engine<C: Codec = Postcard> {
     /// [`set_spilled_output_ttl`](Self::set_spilled_output_ttl)).
     output_ttl: Duration,
     next_op: u64,
-    /// Peers we have calls to, by token: each has one watch, an expected
-    /// receive that no message matches. The plugin fails it when the peer
-    /// goes away (exit, crash, broken connection), and that fails the
-    /// peer's calls. Responses themselves arrive in the unexpected
-    /// receives we keep posted anyway, so a call posts no receive of its
-    /// own.
+    /// Peers we have calls to, or spilled outputs exposed for, by token:
+    /// each has one watch, an expected receive that no message matches.
+    /// The plugin fails it when the peer goes away (exit, crash, broken
+    /// connection), and that fails the peer's calls and releases its
+    /// outputs. Responses themselves arrive in the unexpected receives we
+    /// keep posted anyway, so a call posts no receive of its own.
     watches: FastMap<u64, Addr>,
     /// The token of the peer watched last (skips the lookup for a run of
     /// calls to one peer).

@@ -40,6 +40,11 @@ pub struct RpcStats {
     /// a bound of [`Engine::set_max_exposed_bytes`] (their callers got a
     /// handler error).
     pub outputs_refused: u64,
+    /// Spilled outputs this target let go because their origin went away
+    /// (exited, crashed, lost its connection) before it pulled and
+    /// released them: released when the transport reports the departure,
+    /// not at [`SPILLED_OUTPUT_TTL`].
+    pub outputs_origin_gone: u64,
     /// Calls this origin gave up on (and spilled one-way calls) whose
     /// input it keeps exposed until their target is done with it (at most
     /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]):
