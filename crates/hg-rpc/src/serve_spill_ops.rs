@@ -64,6 +64,9 @@ impl<C: Codec> Engine<C> {
             }
         }
         if let Err(refused) = self.start_pull(src, h, payload, false, ticket) {
+            if refused.status == Status::Busy {
+                self.stats.pulls_refused += 1;
+            }
             self.respond(
                 src,
                 response_header(h, refused.status),
@@ -120,6 +123,11 @@ impl<C: Codec> Engine<C> {
                 ),
             ));
         }
+        if !output {
+            // One origin's share too (a greedy one must not starve others).
+            self.admit_input_pull(src.token(), len)
+                .map_err(|reason| refuse(Status::Busy, reason))?;
+        }
         // The data and its seal (`parse` checked that they add up).
         let mem = MemHandle::new(
             vec![self.pull_buffer((len + spill::SEAL_LEN) as usize)],
@@ -142,6 +150,9 @@ impl<C: Codec> Engine<C> {
         };
         self.ops.insert(op, role);
         self.pull_bytes += len;
+        if !output {
+            self.charge_input_pull(src.token(), len);
+        }
         self.pulls.insert(
             op.0,
             PendingPull {

@@ -62,6 +62,11 @@ pub struct RpcStats {
     /// send backlog is full because it stopped reading): their callers
     /// see the peer go, or time out.
     pub responses_dropped: u64,
+    /// Spilled requests this target answered "busy" before pulling their
+    /// input: the pull budget ([`Engine::set_max_pull_bytes`]), or their
+    /// origin's share of it ([`Engine::set_max_pull_bytes_per_peer`]), had
+    /// no room for it then.
+    pub pulls_refused: u64,
     /// Requests for asynchronous handlers waiting or running unanswered.
     pub deferred_in_flight: u64,
     /// Requests for asynchronous handlers answered "busy" because too many

@@ -10,9 +10,11 @@
 //!
 //! With `HG_TESTPEER_STALLED_CALL=<server uri>` it is a client instead, one
 //! that stalls: it calls `Bytes` there for 1 MiB (an output that spills),
-//! prints `ADDR <its uri>`, and then drives its transport without ever
-//! taking the response, so it never pulls the output, until it is killed
-//! (or its standard input closes, or 60 s pass).
+//! or with `HG_TESTPEER_STALLED_INPUTS=<n>` makes `n` calls of `Digest`
+//! with 1 MiB inputs of byte 1 (inputs that spill), prints `ADDR <its
+//! uri>`, and then drives its transport without ever taking a response
+//! (so it never pulls an output, and keeps its inputs exposed), until it
+//! is killed (or its standard input closes, or 60 s pass).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -74,7 +76,20 @@ fn exit_with_stdin() {
 fn stalled_client(spec: &str, server: &str) -> Result<(), Box<dyn std::error::Error>> {
     let mut engine = Engine::from_spec(spec, true, ProgressMode::default())?;
     let at = engine.lookup(server)?;
-    engine.forward::<Bytes>(&at, &(1 << 20))?;
+    match std::env::var("HG_TESTPEER_STALLED_INPUTS") {
+        Ok(n) => {
+            let n: u32 = n
+                .parse()
+                .map_err(|e| format!("HG_TESTPEER_STALLED_INPUTS={n:?}: {e}"))?;
+            let input = vec![1u8; 1 << 20];
+            for _ in 0..n {
+                engine.forward::<Digest>(&at, &input)?;
+            }
+        }
+        Err(_) => {
+            engine.forward::<Bytes>(&at, &(1 << 20))?;
+        }
+    }
     println!("ADDR {}", engine.self_addr());
     let end = Instant::now() + Duration::from_secs(60);
     while Instant::now() < end {
