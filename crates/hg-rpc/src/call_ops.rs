@@ -268,7 +268,7 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Posts the watch on `dest` unless it has one (see `watches`).
-    fn watch(&mut self, dest: &Addr) -> Result<()> {
+    pub(super) fn watch(&mut self, dest: &Addr) -> Result<()> {
         let peer = dest.token();
         if !self.watches.contains_key(&peer) {
             let op = OpId(self.op().0 | WATCH_OP);
@@ -281,7 +281,8 @@ impl<C: Codec> Engine<C> {
     }
 
     /// The watch on peer `token` completed. A failure means the peer is
-    /// gone: every call to it fails with that error. A message matching it
+    /// gone: every call to it fails with that error, and the spilled
+    /// outputs exposed for it go. A message matching it
     /// is a protocol violation (we never announced the tag): the watch is
     /// posted again.
     pub(super) fn watch_ended(&mut self, token: u64, status: std::result::Result<(), NaError>) {
@@ -311,6 +312,8 @@ impl<C: Codec> Engine<C> {
             NaError::PeerGone { peer, reason } => (peer, reason),
             other => (addr.to_string(), other.to_string()),
         };
+        // As a target: outputs it will never pull.
+        self.release_outputs_of(token, &peer);
         let failed: Vec<u64> = self
             .calls
             .iter()

@@ -26,6 +26,9 @@ pub const DEFAULT_MAX_DEFERRED_TOTAL: usize = 8 * DEFAULT_MAX_DEFERRED_PER_PEER;
 struct Counts {
     by_peer: FastMap<u64, usize>,
     total: usize,
+    /// Bytes of pulled inputs the requests of each origin hold (see
+    /// [`DeferredLedger::hold_bytes`]).
+    bytes_by_peer: FastMap<u64, u64>,
 }
 
 /// The counts, shared with the tickets (which may be dropped on any thread).
@@ -68,6 +71,30 @@ impl DeferredLedger {
     /// Requests holding a ticket now.
     pub fn total(&self) -> usize {
         self.counts().total
+    }
+
+    /// Counts `bytes` more of pulled inputs held by origin `peer`'s
+    /// requests (its share of the pull budget, see
+    /// `Engine::set_max_pull_bytes_per_peer`), until
+    /// [`release_bytes`](Self::release_bytes).
+    pub fn hold_bytes(&self, peer: u64, bytes: u64) {
+        *self.counts().bytes_by_peer.entry(peer).or_insert(0) += bytes;
+    }
+
+    /// Gives back `bytes` that [`hold_bytes`](Self::hold_bytes) counted.
+    pub fn release_bytes(&self, peer: u64, bytes: u64) {
+        let mut c = self.counts();
+        if let Some(n) = c.bytes_by_peer.get_mut(&peer) {
+            *n = n.saturating_sub(bytes);
+            if *n == 0 {
+                c.bytes_by_peer.remove(&peer);
+            }
+        }
+    }
+
+    /// Bytes of pulled inputs origin `peer`'s requests hold now.
+    pub fn bytes_of(&self, peer: u64) -> u64 {
+        self.counts().bytes_by_peer.get(&peer).copied().unwrap_or(0)
     }
 }
 
@@ -117,5 +144,23 @@ mod tests {
         drop(b);
         assert_eq!(l.total(), 0);
         assert!(l.counts().by_peer.is_empty());
+    }
+
+    #[test]
+    fn bytes_held_are_counted_per_origin_and_given_back() {
+        let l = DeferredLedger::default();
+        l.hold_bytes(1, 10);
+        l.hold_bytes(1, 5);
+        l.hold_bytes(2, 7);
+        assert_eq!((l.bytes_of(1), l.bytes_of(2), l.bytes_of(3)), (15, 7, 0));
+        let other = std::thread::spawn({
+            let l = l.clone();
+            move || l.release_bytes(1, 10)
+        });
+        other.join().unwrap();
+        assert_eq!(l.bytes_of(1), 5);
+        l.release_bytes(1, 5);
+        l.release_bytes(2, 7);
+        assert!(l.counts().bytes_by_peer.is_empty());
     }
 }

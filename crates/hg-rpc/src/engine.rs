@@ -81,6 +81,8 @@ mod limits_ops;
 mod notice_ops;
 #[path = "progress_ops.rs"]
 mod progress_ops;
+#[path = "pull_share_ops.rs"]
+mod pull_share_ops;
 #[path = "register_ops.rs"]
 mod register_ops;
 #[path = "response_ops.rs"]
@@ -149,12 +151,12 @@ pub struct Engine<C: Codec = Postcard> {
     /// [`set_spilled_output_ttl`](Self::set_spilled_output_ttl)).
     output_ttl: Duration,
     next_op: u64,
-    /// Peers we have calls to, by token: each has one watch, an expected
-    /// receive that no message matches. The plugin fails it when the peer
-    /// goes away (exit, crash, broken connection), and that fails the
-    /// peer's calls. Responses themselves arrive in the unexpected
-    /// receives we keep posted anyway, so a call posts no receive of its
-    /// own.
+    /// Peers we have calls to, or spilled outputs exposed for, by token:
+    /// each has one watch, an expected receive that no message matches.
+    /// The plugin fails it when the peer goes away (exit, crash, broken
+    /// connection), and that fails the peer's calls and releases its
+    /// outputs. Responses themselves arrive in the unexpected receives we
+    /// keep posted anyway, so a call posts no receive of its own.
     watches: FastMap<u64, Addr>,
     /// The token of the peer watched last (skips the lookup for a run of
     /// calls to one peer).
@@ -200,6 +202,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// `PullCharge`).
     deferred_bytes: Arc<AtomicU64>,
     max_pull_bytes: u64,
+    /// Bytes of the spilled inputs being pulled, per origin (their share,
+    /// with what their deferred requests hold; see `pull_share_ops.rs`).
+    input_pulls_by_peer: FastMap<u64, u64>,
+    /// One origin's share of `max_pull_bytes`, if set (else half of it).
+    max_pull_per_peer: Option<u64>,
     /// Spilled outputs waiting for their origin to pull them, by (origin
     /// token, cookie), with the time they were exposed.
     exposed: ExposedOutputs,
@@ -308,6 +315,8 @@ impl<C: Codec> Engine<C> {
             pull_bytes: 0,
             deferred_bytes: Arc::default(),
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
+            input_pulls_by_peer: FastMap::default(),
+            max_pull_per_peer: None,
             exposed: ExposedOutputs::default(),
             last_sweep: Instant::now(),
             abandoned_order: VecDeque::new(),

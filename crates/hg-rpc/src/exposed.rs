@@ -131,6 +131,25 @@ impl ExposedOutputs {
         Some(e.mem)
     }
 
+    /// Releases every output exposed for origin `peer` (it went away:
+    /// nobody will pull them), seals broken first; returns how many and
+    /// their bytes. Their places in the order stay until the sweep reaches
+    /// them, as those of pulled outputs do.
+    pub fn remove_peer(&mut self, peer: u64) -> (usize, u64) {
+        let Some(bytes) = self.by_peer.remove(&peer) else {
+            return (0, 0);
+        };
+        let before = self.entries.len();
+        self.entries.retain(|&(p, _), e| {
+            if p == peer {
+                crate::spill::break_seal(&e.mem);
+            }
+            p != peer
+        });
+        self.total -= bytes;
+        (before - self.entries.len(), bytes)
+    }
+
     fn uncount(&mut self, peer: u64, bytes: u64) {
         self.total -= bytes;
         if let Some(held) = self.by_peer.get_mut(&peer) {
@@ -275,6 +294,27 @@ mod tests {
         assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
         assert_eq!(x.sweep(Duration::ZERO), 1);
         assert!(x.is_empty() && x.bytes() == 0 && x.by_peer.is_empty());
+    }
+
+    /// An origin that went away has all its outputs released at once,
+    /// seals broken, and nothing of another origin's; the order's place
+    /// of a released one goes when the sweep reaches it.
+    #[test]
+    fn an_origin_gone_releases_its_outputs_only() {
+        let mut x = ExposedOutputs::default();
+        let (a1, a2, b) = (sealed(b"a1", 0xa1), sealed(b"a2", 0xa2), sealed(b"b", 0xb));
+        x.insert((1, 10), a1.clone(), 2);
+        x.insert((2, 10), b.clone(), 1);
+        x.insert((1, 11), a2.clone(), 2);
+        assert_eq!(x.remove_peer(3), (0, 0), "an origin with nothing exposed");
+        assert_eq!(x.remove_peer(1), (2, 4));
+        assert_eq!((seal_of(&a1), seal_of(&a2), seal_of(&b)), (0, 0, 0xb));
+        assert_eq!((x.len(), x.bytes()), (1, 1));
+        assert!(x.admit(1, 100).is_ok() && !x.by_peer.contains_key(&1));
+        assert_eq!(x.remove_peer(1), (0, 0), "released once");
+        assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
+        assert_eq!(x.order_len(), 2, "the released one's place in front went");
+        assert!(x.remove((2, 10)).is_some());
     }
 
     /// The sweep and the next expiry read the order of exposure, not every

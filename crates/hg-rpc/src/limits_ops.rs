@@ -66,8 +66,31 @@ impl<C: Codec> Engine<C> {
     /// (status 4, [`RpcError::Busy`] at its origin: it may fit later); one
     /// larger than the whole budget, with a decode error (it never fits).
     /// A spilled output beyond it fails its call with a decode error.
+    /// One origin's inputs may take only a share of it
+    /// ([`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer),
+    /// half unless set).
     pub fn set_max_pull_bytes(&mut self, bytes: u64) {
         self.max_pull_bytes = bytes;
+    }
+
+    /// Most bytes of spilled inputs one origin may have this target pull
+    /// and hold at once: its pulls in flight plus the pulled inputs its
+    /// requests for async handlers hold until answered, within
+    /// [`set_max_pull_bytes`](Self::set_max_pull_bytes)'s budget. Unless
+    /// set, half of that budget (whatever it is set to), so that one
+    /// origin that sends many large-input calls (to slow async handlers
+    /// above all) leaves the other half to the others instead of having
+    /// each of their spilled requests answered busy. A request past its
+    /// origin's share is answered busy (status 4, [`RpcError::Busy`],
+    /// counted in `RpcStats::pulls_refused`), before anything is pulled;
+    /// an origin that holds none is never refused for its share (only for
+    /// the budget), so an input larger than the share still goes alone.
+    /// Shares are per peer (transport address): several greedy origins
+    /// together may still fill the budget; lower the share for servers
+    /// with many clients. Spilled outputs this engine pulls as an origin
+    /// count in the budget only.
+    pub fn set_max_pull_bytes_per_peer(&mut self, bytes: u64) {
+        self.max_pull_per_peer = Some(bytes);
     }
 
     /// Most requests for asynchronous (deferred) handlers that may wait or

@@ -375,6 +375,7 @@ impl<C: Codec> Engine<C> {
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.charged());
+                    self.uncharge_input_pull(p.src.token(), p.charged());
                     let one_way = p.header.is_one_way();
                     let pulled = match c.status {
                         Ok(()) => self.checked_pull(serve_spill_ops::pulled_bytes(p.mem), p.seal, p.crc),

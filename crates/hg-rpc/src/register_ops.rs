@@ -12,7 +12,7 @@ use na_core::Addr;
 
 use super::{logged_at, response_header, BulkCtx, Engine};
 use crate::codec::Codec;
-use crate::deferred::DeferredTicket;
+use crate::deferred::{DeferredLedger, DeferredTicket};
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status};
 use crate::rpc::{rpc_id, Rpc};
@@ -46,15 +46,19 @@ pub struct DeferredRequest {
 }
 
 /// Bytes of a pulled input held by a handler not yet answered, counted in
-/// [`Engine::set_max_pull_bytes`]'s budget until dropped.
+/// [`Engine::set_max_pull_bytes`]'s budget, and in its origin's share of
+/// it ([`Engine::set_max_pull_bytes_per_peer`]), until dropped.
 pub(super) struct PullCharge {
     bytes: u64,
     held: Arc<AtomicU64>,
+    peer: u64,
+    ledger: DeferredLedger,
 }
 
 impl Drop for PullCharge {
     fn drop(&mut self) {
         self.held.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.ledger.release_bytes(self.peer, self.bytes);
     }
 }
 
@@ -188,12 +192,16 @@ impl<C: Codec> Engine<C> {
         self.deferred_requests.pop_front()
     }
 
-    /// Counts `bytes` of a pulled input a deferred request holds.
-    pub(super) fn charge_deferred(&mut self, bytes: u64) -> PullCharge {
+    /// Counts `bytes` of a pulled input a deferred request of origin
+    /// `peer` holds.
+    pub(super) fn charge_deferred(&mut self, peer: u64, bytes: u64) -> PullCharge {
         self.deferred_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.deferred_ledger.hold_bytes(peer, bytes);
         PullCharge {
             bytes,
             held: Arc::clone(&self.deferred_bytes),
+            peer,
+            ledger: self.deferred_ledger.clone(),
         }
     }
 

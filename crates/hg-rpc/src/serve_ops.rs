@@ -69,7 +69,7 @@ impl<C: Codec> Engine<C> {
             if let Some(spare) = spare {
                 self.keep_spare_buffer(spare);
             }
-            let charge = self.charge_deferred(data.len() as u64);
+            let charge = self.charge_deferred(src.token(), data.len() as u64);
             self.deferred_requests
                 .push_back(DeferredRequest::new(src, h, data, ticket, Some(charge)));
             return None;

@@ -64,6 +64,9 @@ impl<C: Codec> Engine<C> {
             }
         }
         if let Err(refused) = self.start_pull(src, h, payload, false, ticket) {
+            if refused.status == Status::Busy {
+                self.stats.pulls_refused += 1;
+            }
             self.respond(
                 src,
                 response_header(h, refused.status),
@@ -120,6 +123,11 @@ impl<C: Codec> Engine<C> {
                 ),
             ));
         }
+        if !output {
+            // One origin's share too (a greedy one must not starve others).
+            self.admit_input_pull(src.token(), len)
+                .map_err(|reason| refuse(Status::Busy, reason))?;
+        }
         // The data and its seal (`parse` checked that they add up).
         let mem = MemHandle::new(
             vec![self.pull_buffer((len + spill::SEAL_LEN) as usize)],
@@ -142,6 +150,9 @@ impl<C: Codec> Engine<C> {
         };
         self.ops.insert(op, role);
         self.pull_bytes += len;
+        if !output {
+            self.charge_input_pull(src.token(), len);
+        }
         self.pulls.insert(
             op.0,
             PendingPull {
@@ -271,6 +282,7 @@ impl<C: Codec> Engine<C> {
             match spill::expose(&mut self.ep, self.plugin, out, h.flags & FLAG_CHECKSUM != 0, seal) {
                 Ok((mem, payload)) => {
                     self.exposed.insert((src.token(), h.cookie), mem, len);
+                    self.watch_origin(src);
                     (
                         Header {
                             flags: h.flags | FLAG_SPILL,
@@ -287,6 +299,40 @@ impl<C: Codec> Engine<C> {
                     format!("cannot expose the large output: {e}").into_bytes(),
                 ),
             }
+        }
+    }
+}
+
+impl<C: Codec> Engine<C> {
+    /// Watches origin `src`, which now has an output exposed here (see
+    /// `Engine::watches`): if it dies before it pulls and releases the
+    /// output, the watch fails and [`release_outputs_of`](Self::release_outputs_of)
+    /// lets the output go then, not at its TTL. One watch per peer, posted
+    /// once (the spill path only: a lookup when it is there already). A
+    /// watch that cannot be posted leaves the TTL to end the output (a
+    /// peer known gone already fails the response's send, which releases
+    /// it).
+    fn watch_origin(&mut self, src: &Addr) {
+        if self.watches.contains_key(&src.token()) {
+            return;
+        }
+        if let Err(e) = self.watch(src) {
+            cold_path();
+            tracing::debug!(peer = %src, error = %e, "cannot watch the origin of a spilled output");
+        }
+    }
+
+    /// Origin `token` went away (its watch failed): the outputs exposed
+    /// for it, which it will never pull or release, are let go now instead
+    /// of at their TTL (counted in `RpcStats::outputs_origin_gone`). Its
+    /// token is never another peer's (transports give a departed peer's
+    /// slot a new generation), so a process that comes back under the
+    /// same name keeps its own outputs.
+    pub(super) fn release_outputs_of(&mut self, token: u64, peer: &str) {
+        let (outputs, bytes) = self.exposed.remove_peer(token);
+        if outputs > 0 {
+            self.stats.outputs_origin_gone += outputs as u64;
+            tracing::debug!(%peer, outputs, bytes, "origin gone; released the spilled outputs it never pulled");
         }
     }
 }

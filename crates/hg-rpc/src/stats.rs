@@ -40,6 +40,11 @@ pub struct RpcStats {
     /// a bound of [`Engine::set_max_exposed_bytes`] (their callers got a
     /// handler error).
     pub outputs_refused: u64,
+    /// Spilled outputs this target let go because their origin went away
+    /// (exited, crashed, lost its connection) before it pulled and
+    /// released them: released when the transport reports the departure,
+    /// not at [`SPILLED_OUTPUT_TTL`].
+    pub outputs_origin_gone: u64,
     /// Calls this origin gave up on (and spilled one-way calls) whose
     /// input it keeps exposed until their target is done with it (at most
     /// the abandoned-input TTL each, see [`Engine::set_abandoned_input_ttl`]):
@@ -57,6 +62,11 @@ pub struct RpcStats {
     /// send backlog is full because it stopped reading): their callers
     /// see the peer go, or time out.
     pub responses_dropped: u64,
+    /// Spilled requests this target answered "busy" before pulling their
+    /// input: the pull budget ([`Engine::set_max_pull_bytes`]), or their
+    /// origin's share of it ([`Engine::set_max_pull_bytes_per_peer`]), had
+    /// no room for it then.
+    pub pulls_refused: u64,
     /// Requests for asynchronous handlers waiting or running unanswered.
     pub deferred_in_flight: u64,
     /// Requests for asynchronous handlers answered "busy" because too many

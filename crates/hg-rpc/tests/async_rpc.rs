@@ -433,6 +433,10 @@ async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
     let (ep, id) = common::endpoint(&dir, true);
     let mut e = Engine::new(ep, id).unwrap();
     e.set_max_pull_bytes(5 << 19); // room for two 1 MiB inputs, not three
+                                   // The budget is what this test is about, with one client: its share
+                                   // (half the budget by default) is the whole budget here (the share
+                                   // itself: tests/pull_shares.rs).
+    e.set_max_pull_bytes_per_peer(5 << 19);
     let server = AsyncEngine::spawn(e).unwrap();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let g = gate.clone();

@@ -24,7 +24,7 @@ use hg_rpc::{Addr, AsyncEngine, Engine, RpcError};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, Server};
+use common::{client, dir, start_at_pid, Server};
 
 /// The instance name both servers take.
 const NAME: &str = "reborn";
@@ -38,24 +38,6 @@ fn start(d: &Path, marker: &str) -> Server {
         ("HG_TESTPEER_SPEC", OsStr::new(&format!("sm://{NAME}"))),
         ("HG_TESTPEER_MARKER", OsStr::new(marker)),
     ])
-}
-
-/// [`start`], in a process with pid `pid` (freed and reaped): the kernel's
-/// last allocated pid is set to the one before, and a server that still
-/// got another pid (a fork elsewhere on the machine took it first) is
-/// stopped and started again. Why not, where that setting cannot be
-/// written (not root) or after 50 tries.
-fn start_at_pid(d: &Path, marker: &str, pid: u32) -> Result<Server, String> {
-    for _ in 0..50 {
-        if let Err(e) = std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()) {
-            return Err(format!("writing /proc/sys/kernel/ns_last_pid (needs root): {e}"));
-        }
-        let s = start(d, marker);
-        if s.child.id() == pid {
-            return Ok(s);
-        }
-    }
-    Err(format!("pid {pid} was taken by another process 50 times"))
 }
 
 /// What the scenario needs of a client engine, blocking or async.
@@ -117,7 +99,7 @@ fn server_replaced(tag: &str, c: &mut impl Client, d: &Path, same_address: bool)
     a.child.kill().unwrap();
     let b = if same_address {
         a.child.wait().unwrap();
-        let b = match start_at_pid(d, "B", pid_a) {
+        let b = match start_at_pid(pid_a, || start(d, "B")) {
             Ok(b) => b,
             Err(why) => {
                 na_core::testing::report_not_run(&format!(

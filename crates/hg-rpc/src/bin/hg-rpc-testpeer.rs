@@ -7,6 +7,14 @@
 //! its standard input. `HG_TESTPEER_TRANSFER_TIMEOUT_MS` sets its handler
 //! transfer timeout. `HG_TESTPEER_MARKER` is what `Marker` answers (tells
 //! servers apart).
+//!
+//! With `HG_TESTPEER_STALLED_CALL=<server uri>` it is a client instead, one
+//! that stalls: it calls `Bytes` there for 1 MiB (an output that spills),
+//! or with `HG_TESTPEER_STALLED_INPUTS=<n>` makes `n` calls of `Digest`
+//! with 1 MiB inputs of byte 1 (inputs that spill), prints `ADDR <its
+//! uri>`, and then drives its transport without ever taking a response
+//! (so it never pulls an output, and keeps its inputs exposed), until it
+//! is killed (or its standard input closes, or 60 s pass).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,10 +70,42 @@ fn exit_with_stdin() {
     }
 }
 
+/// The client of `HG_TESTPEER_STALLED_CALL` (see the top of the file):
+/// progress without `trigger` moves its messages but takes none, so the
+/// spilled response waits in the transport and nothing is pulled.
+fn stalled_client(spec: &str, server: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let mut engine = Engine::from_spec(spec, true, ProgressMode::default())?;
+    let at = engine.lookup(server)?;
+    match std::env::var("HG_TESTPEER_STALLED_INPUTS") {
+        Ok(n) => {
+            let n: u32 = n
+                .parse()
+                .map_err(|e| format!("HG_TESTPEER_STALLED_INPUTS={n:?}: {e}"))?;
+            let input = vec![1u8; 1 << 20];
+            for _ in 0..n {
+                engine.forward::<Digest>(&at, &input)?;
+            }
+        }
+        Err(_) => {
+            engine.forward::<Bytes>(&at, &(1 << 20))?;
+        }
+    }
+    println!("ADDR {}", engine.self_addr());
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        engine.progress(Some(Duration::from_millis(200)))?;
+    }
+    eprintln!("hg-rpc-testpeer: stalled client not killed within 60 s, exiting");
+    std::process::exit(3);
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     exit_with_stdin();
-    extra_contexts()?;
     let spec = std::env::var("HG_TESTPEER_SPEC").unwrap_or_else(|_| "sm://".into());
+    if let Ok(server) = std::env::var("HG_TESTPEER_STALLED_CALL") {
+        return stalled_client(&spec, &server);
+    }
+    extra_contexts()?;
     let mut engine = Engine::from_spec(&spec, true, ProgressMode::default())?;
     // A handler transfer timeout in milliseconds (tests of its expiry).
     if let Some(ms) = na_core::env_var("HG_TESTPEER_TRANSFER_TIMEOUT_MS", |v, why| {
@@ -110,6 +150,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
+    engine.register::<Bytes>(|n| {
+        if n > 64 << 20 {
+            return Err(format!("{n} bytes asked for, at most 64 MiB answered"));
+        }
+        Ok(vec![0x5a; n as usize])
+    })?;
     let blobs: Arc<Blobs> = Arc::default();
     let b = blobs.clone();
     engine.register_with_bulk::<BlobPut>(move |ctx, (key, data)| {

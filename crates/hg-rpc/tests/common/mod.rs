@@ -40,6 +40,24 @@ pub fn assert_refused_at_start(dir: &std::path::Path, var: &str, value: &str, wh
     );
 }
 
+/// A process made by `start` with pid `pid` (freed and reaped): the
+/// kernel's last allocated pid is set to the one before, and a process
+/// that still got another pid (a fork elsewhere on the machine took it
+/// first) is stopped and started again. Why not, where that setting cannot
+/// be written (not root) or after 50 tries.
+pub fn start_at_pid(pid: u32, mut start: impl FnMut() -> Server) -> Result<Server, String> {
+    for _ in 0..50 {
+        if let Err(e) = std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()) {
+            return Err(format!("writing /proc/sys/kernel/ns_last_pid (needs root): {e}"));
+        }
+        let s = start();
+        if s.child.id() == pid {
+            return Ok(s);
+        }
+    }
+    Err(format!("pid {pid} was taken by another process 50 times"))
+}
+
 /// The server process; killed when dropped.
 pub struct Server {
     /// The process.

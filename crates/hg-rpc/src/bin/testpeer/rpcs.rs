@@ -142,3 +142,12 @@ impl Rpc for Marker {
     type Input = ();
     type Output = (String, u32);
 }
+
+/// Answers that many bytes (at most 64 MiB): a small input and a large
+/// output, so that only the response spills.
+pub struct Bytes;
+impl Rpc for Bytes {
+    const NAME: &'static str = "test.bytes";
+    type Input = u64;
+    type Output = Vec<u8>;
+}
