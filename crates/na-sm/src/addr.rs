@@ -167,6 +167,10 @@ pub(crate) struct Peer {
     pub addr: Addr,
     /// Kernel-reported pid (SO_PEERCRED), used for CMA.
     pub pid: u32,
+    /// Its process's start time (clock ticks since boot), where known:
+    /// tells it from a later process that got the same pid, and so the
+    /// same name (see [`PeerTable::same_process`]).
+    pub start: Option<u64>,
     /// Connections to this peer: sends use the first, receives poll all
     /// (two exist when both sides looked each other up at once, or for self).
     pub conns: Vec<Conn>,
@@ -186,12 +190,20 @@ pub(crate) struct PeerTable {
 
 impl PeerTable {
     /// Inserts a peer with no connection yet and returns its token.
-    pub fn insert(&mut self, plugin: PluginId, name: SmName, pid: u32, is_self: bool) -> u64 {
+    pub fn insert(
+        &mut self,
+        plugin: PluginId,
+        name: SmName,
+        pid: u32,
+        start: Option<u64>,
+        is_self: bool,
+    ) -> u64 {
         let key = name.key();
         let (_, tok) = self.slab.insert_with(|tok| Peer {
             addr: Addr::new(name.uri(), plugin, tok, is_self),
             name,
             pid,
+            start,
             conns: Vec::new(),
         });
         self.by_name.insert(key, tok);
@@ -227,6 +239,16 @@ impl PeerTable {
     /// Token of the peer named `key` (`<pid>-<instance>`).
     pub fn by_name(&self, key: &str) -> Option<u64> {
         self.by_name.get(key).copied()
+    }
+
+    /// Whether peer `tok` may be the process that started at `start`: it
+    /// is not only if both start times are known and differ (its process
+    /// exited, and a new one got its pid and so its name).
+    pub fn same_process(&self, tok: u64, start: Option<u64>) -> bool {
+        match (self.get(tok).and_then(|p| p.start), start) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        }
     }
 
     /// Token of the peer owning connection `serial`.
@@ -294,6 +316,25 @@ impl PeerTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer entry is another process's only where both start times are
+    /// known and differ: an unknown one never splits a peer in two.
+    #[test]
+    fn a_peer_entry_is_another_process_only_if_its_start_differs() {
+        let mut t = PeerTable::default();
+        let name = SmName::parse("sm://123-srv").unwrap();
+        let known = t.insert(PluginId(1), name.clone(), 123, Some(500), false);
+        assert!(t.same_process(known, Some(500)));
+        assert!(!t.same_process(known, Some(501)), "pid and name reused");
+        assert!(t.same_process(known, None));
+        let unknown = t.insert(PluginId(1), name, 123, None, false);
+        assert!(t.same_process(unknown, Some(501)));
+        assert_eq!(
+            t.by_name("123-srv"),
+            Some(unknown),
+            "the newer entry has the name"
+        );
+    }
 
     #[test]
     fn parse_addresses() {

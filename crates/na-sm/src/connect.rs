@@ -313,10 +313,7 @@ impl SmPlugin {
             backlog: SendBacklog::new(&self.backlog_total),
             pidfd,
         };
-        let tok = match self.peers.by_name(&name.key()) {
-            Some(t) => t,
-            None => self.peers.insert(self.id, name.clone(), cred.pid, false),
-        };
+        let tok = self.peer_entry(name, cred.pid, &start);
         self.peers.attach(tok, conn);
         self.awaiting_ack += 1;
         self.update_timer();
@@ -325,6 +322,31 @@ impl SmPlugin {
             .get(tok)
             .map(|p| p.addr.clone())
             .ok_or_else(|| handshake("peer entry vanished during connect".into()))
+    }
+
+    /// The peer entry a new connection to or from process `pid`, named
+    /// `name` and started at `start`, joins: the entry of that name if it
+    /// may be the same process. An entry whose process started at another
+    /// time is a process that exited, and whose pid (so name) a new one
+    /// has now, before its departure was seen here: it is failed as gone
+    /// first (its calls, its outputs), and the new process gets an entry
+    /// of its own (a new token), never the dead one's.
+    fn peer_entry(&mut self, name: &SmName, pid: u32, start: &PeerStart) -> u64 {
+        let start = match start {
+            PeerStart::Known(t) => Some(*t),
+            PeerStart::Unknown(_) | PeerStart::Unreadable(_) => None,
+        };
+        if let Some(old) = self.peers.by_name(&name.key()) {
+            if self.peers.same_process(old, start) {
+                return old;
+            }
+            self.fail_peer(
+                old,
+                Failure::Gone,
+                "exited: its pid and name are now another process's",
+            );
+        }
+        self.peers.insert(self.id, name.clone(), pid, start, false)
     }
 
     /// A pidfd of process `pid` (`peer` in errors), at the other end of
@@ -803,10 +825,7 @@ impl SmPlugin {
             backlog: SendBacklog::new(&self.backlog_total),
             pidfd,
         };
-        let tok = match self.peers.by_name(&name.key()) {
-            Some(t) => t,
-            None => self.peers.insert(self.id, name.clone(), p.cred.pid, false),
-        };
+        let tok = self.peer_entry(&name, p.cred.pid, &p.start);
         self.peers.attach(tok, conn);
         if let Some(reason) = gone {
             self.fail_peer(tok, Failure::Gone, &reason);

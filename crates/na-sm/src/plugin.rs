@@ -313,7 +313,7 @@ impl SmPlugin {
         poll.add(timer.as_fd().as_raw_fd(), TIMER_TOKEN)
             .map_err(|e| SmError::sys("epoll_ctl add timer", e))?;
         let mut peers = PeerTable::default();
-        let self_tok = peers.insert(id, name.clone(), proc::pid(), true);
+        let self_tok = peers.insert(id, name.clone(), proc::pid(), None, true);
         let mut plugin = SmPlugin {
             id,
             cfg: config,
