@@ -110,6 +110,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
+    engine.register::<Fill>(|(len, seed)| {
+        if len > 64 << 20 {
+            return Err(format!("{len} bytes: at most 64 MiB"));
+        }
+        Ok(fill_pattern(len, seed))
+    })?;
     let blobs: Arc<Blobs> = Arc::default();
     let b = blobs.clone();
     engine.register_with_bulk::<BlobPut>(move |ctx, (key, data)| {
