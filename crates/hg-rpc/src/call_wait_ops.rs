@@ -88,7 +88,14 @@ impl<C: Codec> Engine<C> {
     /// its input carried (then it stays, marked, holding them, until the
     /// response or the target's end says they are no longer needed, at
     /// most the abandoned-input TTL: see [`RpcStats::abandoned_inputs`](super::RpcStats::abandoned_inputs)).
+    /// A call whose target answered with a spilled output that waits for
+    /// room in the pull budget is forgotten, and the target told to let
+    /// the output go.
     pub fn abandon(&mut self, id: CallId) {
+        if !self.output_waits.is_empty() && self.drop_waiting_output(id.0) {
+            // Its spilled output waited for room to be pulled: released.
+            return;
+        }
         if let Some(c) = self.calls.get_mut(id.0) {
             if c.outcome.is_some() || (c.spill.is_none() && !self.lent.contains_key(&id.0)) {
                 self.calls.remove(id.0);

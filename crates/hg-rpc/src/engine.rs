@@ -105,7 +105,8 @@ pub use bulk_ctx::{BulkCtx, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
 pub use bulk_ops::BulkId;
 pub(crate) use debug_span::DebugSpan;
 use engine_records::{
-    Call, Calls, OpRole, PendingPull, REQUEST_OP, REQUEST_TAG, RESPONSE_TAG, SEND_OP, WATCH_OP, WATCH_TAG,
+    Call, Calls, OpRole, PendingPull, WaitingOutput, REQUEST_OP, REQUEST_TAG, RESPONSE_TAG, SEND_OP,
+    WATCH_OP, WATCH_TAG,
 };
 pub use register_ops::DeferredRequest;
 use register_ops::Handler;
@@ -186,6 +187,11 @@ pub struct Engine<C: Codec = Postcard> {
     /// Where a pulled message is copied (kept for its capacity).
     rx_buf: Vec<u8>,
     pulls: FastMap<u64, PendingPull>,
+    /// Spilled outputs of calls in flight that found no room in the pull
+    /// budget, oldest first: pulled, in order, as pulls end and deferred
+    /// requests holding pulled inputs are answered (see
+    /// `pull_waiting_outputs`); a call given up on leaves at once.
+    output_waits: VecDeque<WaitingOutput>,
     /// Large byte buffers kept for reuse: those spilled data was pulled
     /// into, and the exposed inputs of finished spilled requests (see
     /// `pull_buffer` and `keep_spare_buffer`).
@@ -308,6 +314,7 @@ impl<C: Codec> Engine<C> {
             draining: false,
             rx_buf: Vec::with_capacity(max_msg),
             pulls: FastMap::default(),
+            output_waits: VecDeque::new(),
             spare_bufs: Vec::new(),
             spare_bytes: DEFAULT_SPARE_BYTES,
             max_spill: DEFAULT_MAX_SPILL,

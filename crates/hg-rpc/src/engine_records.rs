@@ -1,7 +1,8 @@
 //! What the engine keeps per posted operation ([`OpRole`], and the id
 //! bits and tags of the operations that keep their role in the id
 //! instead) and per call ([`Call`], the call table [`Calls`], and
-//! [`PendingPull`], a request whose spilled input is being pulled).
+//! [`PendingPull`], a request whose spilled input is being pulled, and
+//! [`WaitingOutput`], a spilled output waiting for room to be pulled).
 
 use std::time::Instant;
 
@@ -65,6 +66,17 @@ impl PendingPull {
     pub(super) fn charged(&self) -> u64 {
         self.mem.size().saturating_sub(crate::spill::SEAL_LEN)
     }
+}
+
+/// A spilled response whose output found no room in this origin's pull
+/// budget: its pull waits (in `Engine::output_waits`) until pulls end.
+pub(super) struct WaitingOutput {
+    /// The target, which keeps the output exposed meanwhile.
+    pub(super) src: Addr,
+    /// The response's header (its cookie names the call).
+    pub(super) header: Header,
+    /// The response's payload: the spilled output's descriptor.
+    pub(super) payload: Vec<u8>,
 }
 
 pub(super) struct Call {

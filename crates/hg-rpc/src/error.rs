@@ -68,6 +68,28 @@ pub enum RpcError {
         /// The transport's limit.
         max: usize,
     },
+    /// The call's handler ran, but its output spilled (too large for an
+    /// eager message) and is larger than this origin ever pulls: than the
+    /// largest spilled output it accepts (`Engine::set_max_spill`) or than
+    /// its whole pull budget (`Engine::set_max_pull_bytes`). No retry can
+    /// fetch it, so it was not pulled (the target was told to let it go);
+    /// raise that bound on the calling side to receive such outputs. (An
+    /// output that fits the budget but finds no room in it now waits for
+    /// room within the call's timeout instead.)
+    #[error(
+        "{rpc}: the handler ran, but its spilled output of {len} bytes exceeds {bound} of this origin \
+         ({max} bytes), so it was not pulled"
+    )]
+    OutputTooLarge {
+        /// The RPC name.
+        rpc: String,
+        /// Bytes of the output.
+        len: u64,
+        /// The bound it passes.
+        max: u64,
+        /// Which bound: the setting that raises it.
+        bound: &'static str,
+    },
     /// A call was not started: its spilled input, added to the inputs this
     /// origin still holds for calls it gave up on (and one-way calls),
     /// would pass the bound of `Engine::set_max_abandoned_bytes`. Their

@@ -35,7 +35,7 @@ impl<C: Codec> Engine<C> {
     /// Largest spilled data this engine pulls: an input as a target (a
     /// bigger one is answered with a decode error) and an output as an
     /// origin (a call whose output is bigger fails with
-    /// [`RpcError::Decode`] naming the limit). A peer cannot make us
+    /// [`RpcError::OutputTooLarge`] naming the limit). A peer cannot make us
     /// allocate more; raise it on the calling side too for RPCs that
     /// return more than [`DEFAULT_MAX_SPILL`].
     pub fn set_max_spill(&mut self, bytes: u64) {
@@ -65,7 +65,15 @@ impl<C: Codec> Engine<C> {
     /// send. A spilled request that would pass it now is answered busy
     /// (status 4, [`RpcError::Busy`] at its origin: it may fit later); one
     /// larger than the whole budget, with a decode error (it never fits).
-    /// A spilled output beyond it fails its call with a decode error.
+    /// As an origin, a spilled output that finds no room now waits for
+    /// it, pulled as soon as pulls in flight end (or deferred requests
+    /// holding pulled inputs are answered), within its call's timeout; one
+    /// larger than the whole budget fails its call with
+    /// [`RpcError::OutputTooLarge`] (the handler ran; no retry can fetch
+    /// it). A caller of [`forward`](Self::forward) bounds that wait by
+    /// giving up on the call ([`abandon`](Self::abandon)), as
+    /// [`call`](Self::call) and `AsyncEngine::call` do at their timeout:
+    /// the target is then told to let the output go.
     /// One origin's inputs may take only a share of it
     /// ([`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer),
     /// half unless set).

@@ -401,6 +401,11 @@ impl<C: Codec> Engine<C> {
                         Some((_, out)) => self.keep_if_large(out),
                         None => {}
                     }
+                    // Its bytes left the budget (unless a deferred
+                    // request holds them now).
+                    if !self.output_waits.is_empty() {
+                        self.pull_waiting_outputs();
+                    }
                 }
             }
             OpRole::PullOutput(key, cookie) => {
@@ -426,6 +431,10 @@ impl<C: Codec> Engine<C> {
                         }),
                     };
                     self.file_outcome(cookie, outcome);
+                    // Its bytes left the budget: room for another.
+                    if !self.output_waits.is_empty() {
+                        self.pull_waiting_outputs();
+                    }
                 }
             }
         }

@@ -216,6 +216,13 @@ impl<C: Codec> Engine<C> {
         if !req.header.is_one_way() {
             self.answer(&req.src, response_header(&req.header, status), out);
         }
+        // A pulled input it held leaves the pull budget with it: room for
+        // spilled outputs that wait for some.
+        drop(req);
+        if !self.output_waits.is_empty() {
+            na_core::hint::cold_path();
+            self.pull_waiting_outputs();
+        }
     }
 
     /// A place for one more deferred request from `peer`, or why not

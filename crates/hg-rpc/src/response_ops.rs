@@ -1,11 +1,13 @@
 //! The origin side of the engine, receiving: responses filed for the
 //! calls in flight to the peers they came from (late ones discarded),
-//! spilled outputs pulled, and the outcomes kept for callers.
+//! spilled outputs pulled (or, with no room in the pull budget, waiting
+//! for it), and the outcomes kept for callers.
 
 use na_core::hint::cold_path;
-use na_core::{Addr, MemHandle};
+use na_core::{Addr, MemHandle, NaError};
 
-use super::{logged_at, response_outcome, Call, CallId, Engine};
+use super::serve_spill_ops::{PullRefused, Refusal};
+use super::{logged_at, response_outcome, Call, CallId, Engine, WaitingOutput};
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_SPILL};
@@ -90,38 +92,146 @@ impl<C: Codec> Engine<C> {
     }
 
     /// [`on_response`](Self::on_response) of a response whose output
-    /// spilled: its output is pulled before the call has its outcome.
+    /// spilled: its output is pulled before the call has its outcome. One
+    /// that finds no room in the pull budget now (other outputs or inputs
+    /// being pulled) waits for it: the handler ran, and the target keeps
+    /// the output exposed, so it is pulled as soon as pulls end (see
+    /// [`pull_waiting_outputs`](Self::pull_waiting_outputs)), within the
+    /// call's timeout (a call given up on lets it go at once).
     #[inline(never)]
     fn on_spilled_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
-        let outcome = if h.status != Status::Ok {
+        if h.status != Status::Ok {
             // Error messages are cut to fit a message (see `respond`); only
             // a broken target spills one. Its output is not wanted.
             self.stats.malformed += 1;
             self.release_output(src, cookie);
-            Err(RpcError::Malformed {
+            let outcome = Err(RpcError::Malformed {
                 reason: "a spilled response must have status ok".into(),
-            })
-        } else {
-            match self.start_pull(src, h, p, true, None) {
-                // The outcome is filed when the pull completes.
-                Ok(()) => return,
-                // The target is gone (it answered, then exited): its
-                // death is the outcome, as for its other calls.
-                Err(super::serve_spill_ops::PullRefused { gone: Some(e), .. }) => Err(RpcError::Transport(e)),
-                // Our own budget, or the target's descriptor: either way
-                // the output cannot be had (the handler did run).
-                Err(refused) => {
-                    self.release_output(src, cookie);
-                    Err(RpcError::Decode {
-                        rpc: self.call_name(cookie).into(),
-                        what: "output",
-                        reason: refused.reason,
-                    })
+            });
+            return self.file_outcome(cookie, outcome);
+        }
+        if !self.output_waits.is_empty() {
+            if self.output_waits.iter().any(|w| w.header.cookie == cookie) {
+                // A second response while the first one's output waits (a
+                // confused or hostile target), as while it is pulled.
+                self.stats.malformed += 1;
+                return;
+            }
+            // Behind those that wait: the first to come is pulled first.
+            self.stats.outputs_waited += 1;
+            self.output_waits.push_back(WaitingOutput {
+                src: src.clone(),
+                header: *h,
+                payload: p.to_vec(),
+            });
+            return self.pull_waiting_outputs();
+        }
+        if let Err(refused) = self.start_pull(src, h, p, true, None) {
+            match self.refused_output(src, cookie, refused) {
+                Some(e) => self.file_outcome(cookie, Err(e)),
+                None => {
+                    self.stats.outputs_waited += 1;
+                    self.output_waits.push_back(WaitingOutput {
+                        src: src.clone(),
+                        header: *h,
+                        payload: p.to_vec(),
+                    });
+                }
+            }
+        }
+        // Else the outcome is filed when the pull completes.
+    }
+
+    /// The error a call gets for the pull of its spilled output (from
+    /// `src`) refused, or `None` when the pull may start later (no room
+    /// in the budget now).
+    #[cold]
+    fn refused_output(&mut self, src: &Addr, cookie: u64, refused: PullRefused) -> Option<RpcError> {
+        let rpc = self.call_name(cookie);
+        let e = match refused.why {
+            Refusal::NoRoom => return None,
+            // The target is gone (it answered, then exited): its death is
+            // the outcome, as for its other calls.
+            Refusal::Transport(e @ NaError::PeerGone { .. }) => return Some(RpcError::Transport(e)),
+            Refusal::Transport(e) => RpcError::Transport(e),
+            // No retry can fit it: the handler did run, but its output
+            // cannot be had with this origin's bounds.
+            Refusal::TooLarge { len, max, setting } => RpcError::OutputTooLarge {
+                rpc: rpc.into(),
+                len,
+                max,
+                bound: setting,
+            },
+            Refusal::Malformed => {
+                self.stats.malformed += 1;
+                RpcError::Malformed {
+                    reason: format!("spilled response of {rpc}: {}", refused.reason),
                 }
             }
         };
-        self.file_outcome(cookie, outcome);
+        self.release_output(src, cookie);
+        Some(e)
+    }
+
+    /// Starts the pulls of the spilled outputs that wait for room in the
+    /// pull budget, oldest first, until one finds none (it stays first).
+    /// Called when room may have come back: a pull ended, a deferred
+    /// request that held a pulled input was answered. An output whose
+    /// call no longer wants it (given up on, or ended by its target's
+    /// death) is released instead.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn pull_waiting_outputs(&mut self) {
+        while let Some(w) = self.output_waits.pop_front() {
+            let cookie = w.header.cookie;
+            let wanted = self
+                .calls
+                .get(cookie)
+                .is_some_and(|c| c.outcome.is_none() && c.abandoned.is_none());
+            if !wanted {
+                self.release_output(&w.src, cookie);
+                continue;
+            }
+            if let Err(refused) = self.start_pull(&w.src, &w.header, &w.payload, true, None) {
+                match self.refused_output(&w.src, cookie, refused) {
+                    Some(e) => self.file_outcome(cookie, Err(e)),
+                    None => {
+                        self.output_waits.push_front(w);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Call `cookie` is given up on: if its spilled output waits for room
+    /// to be pulled, the target is told to let it go, and the call, which
+    /// its target answered (so is done with its input and lent handles),
+    /// is forgotten. False if its output does not wait.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn drop_waiting_output(&mut self, cookie: u64) -> bool {
+        let Some(i) = self.output_waits.iter().position(|w| w.header.cookie == cookie) else {
+            return false;
+        };
+        if let Some(w) = self.output_waits.remove(i) {
+            self.release_output(&w.src, cookie);
+        }
+        if let Some(call) = self.calls.remove(cookie) {
+            if let Some(mem) = call.spill {
+                self.recycle(mem);
+            }
+        }
+        self.forget_lent(cookie);
+        true
+    }
+
+    /// Spilled outputs of calls in flight that wait for room in the pull
+    /// budget now (for tests; not a stable API).
+    #[doc(hidden)]
+    pub fn outputs_waiting(&self) -> usize {
+        self.output_waits.len()
     }
 
     /// The registered name of call `cookie`'s RPC, for error messages.

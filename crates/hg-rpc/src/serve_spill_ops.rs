@@ -17,14 +17,44 @@ const SPARE_BUFFERS_KEPT: usize = 16;
 
 /// Why [`Engine::start_pull`] did not start a pull.
 pub(super) struct PullRefused {
-    /// The status a request gets for it: `Busy` when the pull budget has
-    /// no room now, `DecodeError` otherwise.
-    pub(super) status: Status,
     /// What went wrong, for the answer or the error.
     pub(super) reason: String,
-    /// The transport's error when the peer is gone (its death, not its
-    /// data, is then a call's outcome).
-    pub(super) gone: Option<NaError>,
+    /// Which kind of refusal it is.
+    pub(super) why: Refusal,
+}
+
+/// The kinds of [`PullRefused`].
+pub(super) enum Refusal {
+    /// No room in the pull budget now: the same pull may fit once pulls
+    /// in flight end (or deferred requests holding pulled inputs are
+    /// answered).
+    NoRoom,
+    /// Larger than this engine ever pulls: `len` bytes, past `max`, the
+    /// bound that `setting` raises. No retry can fit it.
+    TooLarge {
+        /// Bytes of the data.
+        len: u64,
+        /// The bound.
+        max: u64,
+        /// The setting of the bound.
+        setting: &'static str,
+    },
+    /// The descriptor failed a check.
+    Malformed,
+    /// The transport refused the pull (the peer gone among others: its
+    /// death, not its data, is then a call's outcome).
+    Transport(NaError),
+}
+
+impl PullRefused {
+    /// The status a request gets for it: `Busy` when the pull budget has
+    /// no room now, `DecodeError` otherwise.
+    pub(super) fn status(&self) -> Status {
+        match self.why {
+            Refusal::NoRoom => Status::Busy,
+            _ => Status::DecodeError,
+        }
+    }
 }
 
 /// The bytes a finished pull wrote into `mem` (one of `pull_buffer`'s),
@@ -64,12 +94,12 @@ impl<C: Codec> Engine<C> {
             }
         }
         if let Err(refused) = self.start_pull(src, h, payload, false, ticket) {
-            if refused.status == Status::Busy {
+            if refused.status() == Status::Busy {
                 self.stats.pulls_refused += 1;
             }
             self.respond(
                 src,
-                response_header(h, refused.status),
+                response_header(h, refused.status()),
                 refused.reason.into_bytes(),
             );
         }
@@ -78,9 +108,9 @@ impl<C: Codec> Engine<C> {
     /// Starts pulling spilled data described by `payload` (length, then
     /// the peer's memory descriptor) from `src`: a request's input, or (with
     /// `output`) a response's output. Everything in it is checked first.
-    /// A refusal says why, with the status a request gets for it: `Busy`
-    /// when the pull budget has no room now, `DecodeError` otherwise
-    /// (an input larger than the whole budget included: it never fits).
+    /// A refusal says why (see [`Refusal`]); a request gets `Busy` for
+    /// no room in the pull budget now, `DecodeError` otherwise (an input
+    /// larger than the whole budget included: it never fits).
     pub(super) fn start_pull(
         &mut self,
         src: &Addr,
@@ -90,32 +120,38 @@ impl<C: Codec> Engine<C> {
         ticket: Option<DeferredTicket>,
     ) -> std::result::Result<(), PullRefused> {
         let what = if output { "output" } else { "input" };
-        let refuse = |status, reason| PullRefused {
-            status,
-            reason,
-            gone: None,
-        };
+        let refuse = |why, reason| PullRefused { reason, why };
+        // The length is checked against `max_spill` here, not by `parse`,
+        // to tell a refusal that can never succeed apart.
         let spill::Spilled {
             len,
             remote,
             seal,
             crc,
-        } = spill::parse(payload, self.max_spill, h.flags & FLAG_CHECKSUM != 0)
-            .map_err(|e| refuse(Status::DecodeError, format!("{what}: {e}")))?;
+        } = spill::parse(payload, u64::MAX, h.flags & FLAG_CHECKSUM != 0)
+            .map_err(|e| refuse(Refusal::Malformed, format!("{what}: {e}")))?;
+        let too_large = |max, setting| {
+            refuse(
+                Refusal::TooLarge { len, max, setting },
+                format!("{what}: spilled data of {len} bytes exceeds the limit of {max}"),
+            )
+        };
+        if len > self.max_spill {
+            return Err(too_large(self.max_spill, "Engine::set_max_spill"));
+        }
         if len > self.max_pull_bytes {
             // Busy would be a lie: no retry can ever fit.
-            return Err(refuse(
-                Status::DecodeError,
-                format!(
-                    "{what}: {len} bytes exceed the {} bytes of spilled data this engine pulls at once",
-                    self.max_pull_bytes
-                ),
-            ));
+            let mut r = too_large(self.max_pull_bytes, "Engine::set_max_pull_bytes");
+            r.reason = format!(
+                "{what}: {len} bytes exceed the {} bytes of spilled data this engine pulls at once",
+                self.max_pull_bytes
+            );
+            return Err(r);
         }
         let held = self.pull_bytes + self.deferred_bytes.load(std::sync::atomic::Ordering::Relaxed);
         if held.saturating_add(len) > self.max_pull_bytes {
             return Err(refuse(
-                Status::Busy,
+                Refusal::NoRoom,
                 format!(
                     "{what}: {len} more bytes would exceed the {} bytes of spilled data this engine \
                      pulls and holds at once ({held} now); try again later",
@@ -126,7 +162,7 @@ impl<C: Codec> Engine<C> {
         if !output {
             // One origin's share too (a greedy one must not starve others).
             self.admit_input_pull(src.token(), len)
-                .map_err(|reason| refuse(Status::Busy, reason))?;
+                .map_err(|reason| refuse(Refusal::NoRoom, reason))?;
         }
         // The data and its seal (`parse` checked that they add up).
         let mem = MemHandle::new(
@@ -139,9 +175,8 @@ impl<C: Codec> Engine<C> {
             .and_then(|p| p.mem_register(&mem))
             .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len + spill::SEAL_LEN, src, op))
             .map_err(|e| PullRefused {
-                status: Status::DecodeError,
                 reason: format!("pulling the spilled {what} failed: {e}"),
-                gone: matches!(e, NaError::PeerGone { .. }).then_some(e),
+                why: Refusal::Transport(e),
             })?;
         let role = if output {
             OpRole::PullOutput(op.0, h.cookie)

@@ -58,6 +58,12 @@ pub struct RpcStats {
     /// Calls this origin refused to start because their spilled input
     /// would pass that bound ([`RpcError::InputsHeld`]).
     pub inputs_refused: u64,
+    /// Spilled outputs of this origin's calls that waited for room in its
+    /// pull budget ([`Engine::set_max_pull_bytes`]) before their pull
+    /// started: they found none when they arrived, or arrived behind
+    /// others waiting for it (see [`RpcError::OutputTooLarge`] for those
+    /// that can never fit).
+    pub outputs_waited: u64,
     /// Responses this target could not send (the caller is gone, or its
     /// send backlog is full because it stopped reading): their callers
     /// see the peer go, or time out.

@@ -1,7 +1,7 @@
 //! A target lets the spilled outputs of an origin that dies before it
 //! pulls them go when the transport reports the death, not at the
 //! spilled-output TTL (60 s): the origin, a real process
-//! (`hg-rpc-testpeer` as a stalled client: it calls `Bytes` for 1 MiB and
+//! (`hg-rpc-testpeer` as a stalled client: it calls `Fill` for 1 MiB and
 //! never takes the response), is killed with SIGKILL while the target
 //! holds its output. Another origin's output stays until that one dies
 //! too, and a process that comes back under the dead one's name (at its
@@ -33,7 +33,7 @@ fn output_len() -> u64 {
 const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A target (an `AsyncEngine`, whose driver serves on its own) in `d`
-/// that answers `Bytes`, with the runtime it runs on. Its spilled-output
+/// that answers `Fill`, with the runtime it runs on. Its spilled-output
 /// TTL stays the default, 60 s: only an origin's death can release an
 /// output within [`DEADLINE`].
 fn target(d: &Path) -> (AsyncEngine, tokio::runtime::Runtime) {
@@ -43,7 +43,8 @@ fn target(d: &Path) -> (AsyncEngine, tokio::runtime::Runtime) {
         .build()
         .unwrap();
     let srv = rt.block_on(async { common::async_engine(d, true) });
-    srv.register::<Bytes>(|n| Ok(vec![0x5a; n as usize])).unwrap();
+    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+        .unwrap();
     (srv, rt)
 }
 

@@ -9,7 +9,7 @@
 //! servers apart).
 //!
 //! With `HG_TESTPEER_STALLED_CALL=<server uri>` it is a client instead, one
-//! that stalls: it calls `Bytes` there for 1 MiB (an output that spills),
+//! that stalls: it calls `Fill` there for 1 MiB (an output that spills),
 //! or with `HG_TESTPEER_STALLED_INPUTS=<n>` makes `n` calls of `Digest`
 //! with 1 MiB inputs of byte 1 (inputs that spill), prints `ADDR <its
 //! uri>`, and then drives its transport without ever taking a response
@@ -87,7 +87,7 @@ fn stalled_client(spec: &str, server: &str) -> Result<(), Box<dyn std::error::Er
             }
         }
         Err(_) => {
-            engine.forward::<Bytes>(&at, &(1 << 20))?;
+            engine.forward::<Fill>(&at, &(1 << 20, 0))?;
         }
     }
     println!("ADDR {}", engine.self_addr());
@@ -150,11 +150,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
-    engine.register::<Bytes>(|n| {
-        if n > 64 << 20 {
-            return Err(format!("{n} bytes asked for, at most 64 MiB answered"));
+    engine.register::<Fill>(|(len, seed)| {
+        if len > 64 << 20 {
+            return Err(format!("{len} bytes: at most 64 MiB"));
         }
-        Ok(vec![0x5a; n as usize])
+        Ok(fill_pattern(len, seed))
     })?;
     let blobs: Arc<Blobs> = Arc::default();
     let b = blobs.clone();

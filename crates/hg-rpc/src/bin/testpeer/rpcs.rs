@@ -143,11 +143,16 @@ impl Rpc for Marker {
     type Output = (String, u32);
 }
 
-/// Answers that many bytes (at most 64 MiB): a small input and a large
-/// output, so that only the response spills.
-pub struct Bytes;
-impl Rpc for Bytes {
-    const NAME: &'static str = "test.bytes";
-    type Input = u64;
+/// Answers `len` bytes of [`fill_pattern`] from `seed` (a large output
+/// for a small input).
+pub struct Fill;
+impl Rpc for Fill {
+    const NAME: &'static str = "test.fill";
+    type Input = (u64, u64);
     type Output = Vec<u8>;
+}
+
+/// `len` bytes that repeat every 251, shifted by `seed`: what `Fill` answers.
+pub fn fill_pattern(len: u64, seed: u64) -> Vec<u8> {
+    (0..len).map(|i| ((i + seed) % 251) as u8).collect()
 }
