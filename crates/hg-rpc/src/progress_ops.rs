@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use na_core::hint::cold_path;
-use na_core::{Completion, NaError};
+use na_core::Completion;
 
 use super::{
     response_header, serve_spill_ops, BulkId, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
@@ -421,14 +421,11 @@ impl<C: Codec> Engine<C> {
                                 what: "output",
                                 reason,
                             }),
-                        // The target died while we pulled: its death is the
-                        // outcome, as for its other calls.
-                        Err(e @ NaError::PeerGone { .. }) => Err(RpcError::Transport(e)),
-                        Err(e) => Err(RpcError::Decode {
-                            rpc: rpc.into(),
-                            what: "output",
-                            reason: format!("pulling the spilled output failed: {e}"),
-                        }),
+                        // The transport could not move the bytes (the
+                        // target died while we pulled, or its memory is
+                        // not there): a transport error, as when the pull
+                        // is refused at its start; nothing was decoded.
+                        Err(e) => Err(RpcError::Transport(e)),
                     };
                     self.file_outcome(cookie, outcome);
                     // Its bytes left the budget: room for another.

@@ -387,3 +387,32 @@ fn spilled_echo_response(
     );
     (mem, msg)
 }
+
+/// A target whose exposed output is gone when the origin pulls it (its
+/// memory freed and unmapped after the response went: a broken target)
+/// fails the call with a transport error: the transport could not move
+/// the bytes, and none were decoded. (na-sm refuses such a pull as it
+/// starts; a transport that fails it at completion, na-verbs with a bad
+/// key, gets the same answer in `progress_ops`.)
+#[test]
+fn a_spilled_output_whose_pull_fails_ends_the_call_with_a_transport_error() {
+    let d = dir("spill-pull-fails");
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
+    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    // 4 MiB: far above the allocator's mmap threshold, so freeing it
+    // unmaps it.
+    let output = postcard::to_allocvec(&vec![9u8; 4 << 20]).unwrap();
+    let crc = hg_rpc::header::crc32c(&output);
+    let (mem, msg) = spilled_echo_response(&mut x, xid, cookie, output, crc);
+    send_raw(&mut x, &origin, None, &msg, OpId(2));
+    x.plugin_mut(xid).unwrap().mem_deregister(&mem).unwrap();
+    drop(mem);
+    match wait::<Echo>(&mut c, id) {
+        Err(RpcError::Transport(e)) => {
+            assert!(!matches!(e, na_core::NaError::PeerGone { .. }), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.stats().in_flight, 0, "{:?}", c.stats());
+}
