@@ -357,7 +357,7 @@ impl VerbsPlugin {
             match Hello::decode(private) {
                 Ok(h) => {
                     conn.credits.peer_ready(u32::from(h.depth));
-                    conn.peer_max_msg = h.max_payload as usize;
+                    conn.peer_max_msg = Some(h.max_payload as usize);
                 }
                 Err(e) => return self.violation(cref, format!("bad hello in the accept: {e}")),
             }
@@ -466,7 +466,7 @@ impl VerbsPlugin {
         };
         let conn = self.conn_mut(cref).expect("just inserted");
         conn.credits = crate::credits::Credits::new(u32::from(hello.depth), conn.depth);
-        conn.peer_max_msg = hello.max_payload as usize;
+        conn.peer_max_msg = Some(hello.max_payload as usize);
         conn.primary = true;
         self.peers[peer].conn = Some(cref);
         tracing::debug!(claimed = %hello.addr, "verbs: accepting a connection (a peer of its own)");
@@ -536,7 +536,8 @@ impl VerbsPlugin {
         let uri = self.peers[peer].uri.clone();
         tracing::debug!(peer = %uri, %reason, "verbs: connection dead");
         for m in backlog {
-            self.canceled_sends.remove(&m.op);
+            // Canceled queued messages left the backlog (`cancel_op`).
+            debug_assert!(!self.canceled_sends.contains_key(&m.op));
             let e = NaError::PeerGone {
                 peer: uri.clone(),
                 reason: reason.clone(),

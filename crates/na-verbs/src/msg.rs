@@ -128,10 +128,10 @@ impl VerbsPlugin {
         let peer = self.live_peer(dest)?;
         let cref = self.ensure_conn(peer)?;
         let conn = self.conn(cref).expect("ensure_conn returned a live connection");
-        if conn.peer_max_msg != 0 && len > conn.peer_max_msg {
+        if let Some(max) = conn.peer_max_msg.filter(|&max| len > max) {
             return Err(NaError::MessageTooLarge {
                 len,
-                max: conn.peer_max_msg,
+                max,
                 kind: "peer's buffer",
             });
         }
@@ -227,15 +227,14 @@ impl VerbsPlugin {
             }
             let m = conn.msg_backlog.pop_front().expect("checked non-empty");
             let max = conn.peer_max_msg;
-            if self.canceled_sends.remove(&m.op).is_some() {
-                self.drop_outgoing(m.body);
-                continue; // canceled while queued: already completed
-            }
+            // A queued message that is canceled leaves the backlog at once
+            // (`cancel_op`); only sends on the wire are in `canceled_sends`.
+            debug_assert!(!self.canceled_sends.contains_key(&m.op));
             // Queued before the connection told us the peer's buffer size
             // (`send_msg` could not check it then): too large fails alone,
             // instead of breaking the peer's receive and the connection.
             let len = m.body.bytes().len();
-            if max != 0 && len > max {
+            if let Some(max) = max.filter(|&max| len > max) {
                 let e = NaError::MessageTooLarge {
                     len,
                     max,
