@@ -91,6 +91,13 @@ pub struct VerbsConfig {
     /// tests.
     #[doc(hidden)]
     pub debug_ignore_established: bool,
+    /// Test hook: the responder resources the passive side offers in its
+    /// accept, not bounded by the device. A value past the device's
+    /// `max_qp_rd_atom` makes `rdma_accept` fail after the QP and buffers
+    /// were set up (the failure the accept path must reject on: soft-RoCE
+    /// offers no other way to provoke it). Never set outside tests.
+    #[doc(hidden)]
+    pub debug_accept_responder_resources: Option<u8>,
 }
 
 /// Default of [`VerbsConfig::setup_timeout`]: room for both 5 s
@@ -129,6 +136,7 @@ impl Default for VerbsConfig {
             cancel_timeout: DEFAULT_CANCEL_TIMEOUT,
             max_rd_atomic: DEFAULT_MAX_RD_ATOMIC,
             debug_ignore_established: false,
+            debug_accept_responder_resources: None,
         }
     }
 }

@@ -143,7 +143,11 @@ pub(crate) struct Conn {
     /// delivered).
     pub violated: bool,
     pub credits: Credits,
-    pub peer_max_msg: usize,
+    /// The peer's largest message payload, from its hello; `None` until
+    /// the hello is known (the active side learns it at establishment).
+    /// A hello's 0 is a size (the peer takes empty messages only), not
+    /// "unknown".
+    pub peer_max_msg: Option<usize>,
     pub free_send: Vec<u32>,
     /// Per send slot: the operation it carries (`None` for credit updates).
     pub send_ops: Vec<Option<(OpId, OpKind, usize)>>,
@@ -195,7 +199,7 @@ impl Conn {
             serial: 0,
             violated: false,
             credits: Credits::new(0, depth),
-            peer_max_msg: 0,
+            peer_max_msg: None,
             free_send: (0..depth).rev().collect(),
             send_ops: (0..depth).map(|_| None).collect(),
             send_bufs: (0..depth).map(|_| None).collect(),

@@ -35,6 +35,27 @@ use crate::VerbsError;
 /// How long a dead connection may wait for its flushed work requests.
 const FLUSH_GRACE: Duration = Duration::from_secs(5);
 
+/// The reject's reason when `rdma_accept` failed after the QP was set up.
+const REJECT_ACCEPT_FAILED: &[u8] = b"the listener could not accept the connection";
+/// The reject's reason when the QP or buffers could not be set up.
+const REJECT_SETUP_FAILED: &[u8] = b"the listener could not set up the connection";
+/// The reject's reason at the connection limit.
+const REJECT_TOO_MANY: &[u8] = b"too many connections";
+
+/// The reason a listener's reject carries in its private data (what
+/// `on_connect_request` passes to `rdma_reject`), if it is one: printable
+/// ASCII after the padding the transport adds (InfiniBand CM delivers its
+/// REJ's whole private data field, zeros after the reason). Peer data:
+/// anything else is no reason, and it is never printed.
+pub(crate) fn reject_reason(private: &[u8]) -> Option<&str> {
+    let end = private.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let text = &private[..end];
+    if text.is_empty() || text.len() > 128 || !text.iter().all(|b| (0x20..0x7f).contains(b)) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()
+}
+
 /// When dead connection `c` is released whether or not its flushed work
 /// requests completed (see `retire_if_flushed`): its flush grace's end.
 fn flush_deadline(c: &Conn) -> Option<Instant> {
@@ -299,10 +320,13 @@ impl VerbsPlugin {
             CmEventKind::TimewaitExit | CmEventKind::ConnectResponse => Ok(()),
             kind => {
                 let what = match (kind, ev.status) {
-                    (CmEventKind::Rejected, _) => format!(
-                        "connection rejected (status {}): nobody listens at this address, or it refused us",
-                        ev.status
-                    ),
+                    (CmEventKind::Rejected, _) => match reject_reason(&ev.private_data) {
+                        Some(why) => format!("connection rejected (status {}): the listener says: {why}", ev.status),
+                        None => format!(
+                            "connection rejected (status {}): nobody listens at this address, or it refused us",
+                            ev.status
+                        ),
+                    },
                     (CmEventKind::Unreachable, _) => "peer unreachable (connection timed out)".into(),
                     _ => format!("{} (status {})", kind.name(), ev.status),
                 };
@@ -333,7 +357,7 @@ impl VerbsPlugin {
             match Hello::decode(private) {
                 Ok(h) => {
                     conn.credits.peer_ready(u32::from(h.depth));
-                    conn.peer_max_msg = h.max_payload as usize;
+                    conn.peer_max_msg = Some(h.max_payload as usize);
                 }
                 Err(e) => return self.violation(cref, format!("bad hello in the accept: {e}")),
             }
@@ -437,12 +461,12 @@ impl VerbsPlugin {
                 if self.stats.refuse_handshake() {
                     tracing::warn!(error = %e, "verbs: rejecting a connection");
                 }
-                return drop(id.reject(b"too many connections"));
+                return drop(id.reject(REJECT_TOO_MANY));
             }
         };
         let conn = self.conn_mut(cref).expect("just inserted");
         conn.credits = crate::credits::Credits::new(u32::from(hello.depth), conn.depth);
-        conn.peer_max_msg = hello.max_payload as usize;
+        conn.peer_max_msg = Some(hello.max_payload as usize);
         conn.primary = true;
         self.peers[peer].conn = Some(cref);
         tracing::debug!(claimed = %hello.addr, "verbs: accepting a connection (a peer of its own)");
@@ -455,13 +479,25 @@ impl VerbsPlugin {
         let initiator = ev.initiator_depth.min(self.rd_initiator);
         let responder = ev.responder_resources.min(self.rd_responder);
         self.conn_mut(cref).expect("just inserted").reads = ReadWindow::new(initiator);
+        let responder = self.cfg.debug_accept_responder_resources.unwrap_or(responder);
         let param = self.conn_param(initiator, responder);
         let res = match self.setup_qp(cref) {
-            Ok(()) => id.accept(&param),
+            Ok(()) => id.accept(&param).inspect_err(|_| {
+                // Nothing was accepted: the peer waits for our reply, and
+                // the disconnect `kill_conn` sends means nothing before
+                // an accept. Tell it now, with the reason in the private
+                // data, rather than leave it to the reasonless REJ the
+                // kernel's CM sends once the id is destroyed (when the
+                // dead connection is retired after its flush, or its
+                // grace). Provoked in the VM through
+                // `VerbsConfig::debug_accept_responder_resources`
+                // (tests/accept_failure.rs).
+                let _ = id.reject(REJECT_ACCEPT_FAILED);
+            }),
             Err(e) => {
                 // Nothing was accepted: tell the peer now rather than
                 // leave it to its CM's retries.
-                let _ = id.reject(b"the listener could not set up the connection");
+                let _ = id.reject(REJECT_SETUP_FAILED);
                 Err(e)
             }
         };
@@ -500,7 +536,8 @@ impl VerbsPlugin {
         let uri = self.peers[peer].uri.clone();
         tracing::debug!(peer = %uri, %reason, "verbs: connection dead");
         for m in backlog {
-            self.canceled_sends.remove(&m.op);
+            // Canceled queued messages left the backlog (`cancel_op`).
+            debug_assert!(!self.canceled_sends.contains_key(&m.op));
             let e = NaError::PeerGone {
                 peer: uri.clone(),
                 reason: reason.clone(),
@@ -571,5 +608,28 @@ impl VerbsPlugin {
         for c in dead {
             self.retire_if_flushed(c);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reject_reason;
+
+    #[test]
+    fn a_rejects_reason_is_printable_text_or_nothing() {
+        let mut padded = b"too many connections".to_vec();
+        padded.resize(148, 0);
+        assert_eq!(reject_reason(&padded), Some("too many connections"));
+        assert_eq!(reject_reason(b"bad hello"), Some("bad hello"));
+        assert_eq!(reject_reason(&[0; 148]), None, "padding only");
+        assert_eq!(reject_reason(&[]), None);
+        assert_eq!(reject_reason(b"esc\x1b[2J"), None, "control characters");
+        assert_eq!(reject_reason(b"nul\0inside"), None);
+        assert_eq!(reject_reason("caf\u{e9}".as_bytes()), None, "not ASCII");
+        assert_eq!(
+            reject_reason(&[b'a'; 129]),
+            None,
+            "longer than any reason we send"
+        );
     }
 }

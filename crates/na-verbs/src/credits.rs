@@ -33,7 +33,9 @@
 //! be lost for good and the connection would stall in both directions.
 //! When the total falls under its bound, every connection that withheld
 //! for it gets its credits back, not only the one whose message was
-//! taken: the others' peers may have no credit left to send with.
+//! taken: the others' peers may have no credit left to send with (which
+//! connections those are, and when, is kept by `held.rs`, the held
+//! messages' bookkeeping).
 //!
 //! # A peer that ignores its credits
 //! The receiver keeps its own count of the credits the peer holds (our

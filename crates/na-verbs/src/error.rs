@@ -160,6 +160,22 @@ pub enum VerbsError {
         /// The OS error (`ENOMEM`: the queue is full).
         source: io::Error,
     },
+    /// `ibv_post_send` of a chain failed without naming the work request
+    /// that failed (no `bad_wr`, or not one of the chain's): any of the
+    /// chain's `count` work requests may have been posted. The caller
+    /// counts them all as posted and moves the QP to the error state,
+    /// which flushes those the device has.
+    #[error("{op}(qpn {qpn}, a chain of {count}) failed without naming the work request: {source}")]
+    PostUnsure {
+        /// The post function.
+        op: &'static str,
+        /// QP number.
+        qpn: u32,
+        /// Work requests in the chain.
+        count: usize,
+        /// The OS error.
+        source: io::Error,
+    },
     /// Polling, arming or reading events of a completion queue failed.
     #[error("{op} failed: {source}")]
     Completion {
@@ -200,6 +216,7 @@ impl VerbsError {
             | VerbsError::AllocateMemory { source, .. }
             | VerbsError::ModifyQp { source, .. }
             | VerbsError::Post { source, .. }
+            | VerbsError::PostUnsure { source, .. }
             | VerbsError::Completion { source, .. }
             | VerbsError::Cm { source, .. } => Some(source),
             VerbsError::NoDevice { .. }

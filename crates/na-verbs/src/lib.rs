@@ -52,6 +52,7 @@ pub mod credits;
 mod device;
 pub mod error;
 mod factory;
+mod held;
 mod mem;
 mod msg;
 mod msgbuf;

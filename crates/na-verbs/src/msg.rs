@@ -13,6 +13,7 @@ use na_core::{Addr, Completion, MsgBuf, NaError, OpId, OpKind, Result, Tag};
 
 use crate::conn::{ConnRef, ConnState, Outgoing, PendingSend};
 use crate::error::VerbsError;
+use crate::held::{release_for_total, HeldBounds, HeldTotal};
 use crate::plugin::{OpLoc, VerbsPlugin};
 use crate::wire::MsgKind;
 
@@ -43,23 +44,19 @@ pub(crate) struct Matching {
     /// When held expected messages of dead peers are next looked at.
     pub held_sweep_at: Option<Instant>,
     /// Messages in `held_unexpected` and `held_expected` together, kept
-    /// as they come and go: checked at every repost (`max_held_total`).
-    pub held_total: usize,
-    /// Some connection withholds credits because `held_total` reached
-    /// `VerbsConfig::max_held_total`: once it is under the bound again,
-    /// every connection gets its withheld credits back (see
-    /// `VerbsPlugin::release_total_withheld`).
-    pub withheld_for_total: bool,
+    /// as they come and go (`max_held_total`), and whether connections
+    /// withhold credits for their total (see `held.rs`).
+    pub held: HeldTotal,
 }
 
 impl Matching {
     /// Messages held for the application.
     pub fn held_count(&self) -> usize {
         debug_assert_eq!(
-            self.held_total,
+            self.held.count(),
             self.held_unexpected.len() + self.held_expected.values().map(VecDeque::len).sum::<usize>()
         );
-        self.held_total
+        self.held.count()
     }
 }
 
@@ -131,10 +128,10 @@ impl VerbsPlugin {
         let peer = self.live_peer(dest)?;
         let cref = self.ensure_conn(peer)?;
         let conn = self.conn(cref).expect("ensure_conn returned a live connection");
-        if conn.peer_max_msg != 0 && len > conn.peer_max_msg {
+        if let Some(max) = conn.peer_max_msg.filter(|&max| len > max) {
             return Err(NaError::MessageTooLarge {
                 len,
-                max: conn.peer_max_msg,
+                max,
                 kind: "peer's buffer",
             });
         }
@@ -230,15 +227,14 @@ impl VerbsPlugin {
             }
             let m = conn.msg_backlog.pop_front().expect("checked non-empty");
             let max = conn.peer_max_msg;
-            if self.canceled_sends.remove(&m.op).is_some() {
-                self.drop_outgoing(m.body);
-                continue; // canceled while queued: already completed
-            }
+            // A queued message that is canceled leaves the backlog at once
+            // (`cancel_op`); only sends on the wire are in `canceled_sends`.
+            debug_assert!(!self.canceled_sends.contains_key(&m.op));
             // Queued before the connection told us the peer's buffer size
             // (`send_msg` could not check it then): too large fails alone,
             // instead of breaking the peer's receive and the connection.
             let len = m.body.bytes().len();
-            if max != 0 && len > max {
+            if let Some(max) = max.filter(|&max| len > max) {
                 let e = NaError::MessageTooLarge {
                     len,
                     max,
@@ -325,32 +321,40 @@ impl VerbsPlugin {
     /// Hands held message `h` (just taken out of `matching`) to receive
     /// `op`, and gives back the credits holding it withheld.
     fn deliver_held(&mut self, h: Held, mut buf: Vec<u8>, op: OpId, kind: OpKind) {
-        self.matching.held_total -= 1;
         buf.clear();
         buf.extend_from_slice(&h.data);
         let source = self.peers[h.peer].addr.clone();
         self.peers.release(h.peer);
         self.completions
             .push_back(Completion::received(op, kind, buf, source, h.tag));
-        let max_held = self.cfg.max_held;
-        let total_ok = self.held_total_ok();
-        if let Some(conn) = self.conn_mut(h.conn).filter(|c| c.serial == h.conn_serial) {
-            conn.held = conn.held.saturating_sub(1);
-            if conn.held < max_held && total_ok {
-                conn.credits.release_all_withheld();
-            } else {
-                // Still at a bound: one message went, one may come.
-                conn.credits.release_withheld();
-            }
+        let b = self.held_bounds();
+        let (conn, total) = self.conn_and_held(h.conn);
+        let conn = conn.filter(|c| c.serial == h.conn_serial);
+        let live = conn.is_some();
+        total.taken(conn.map(|c| (&mut c.held, &mut c.credits)), b);
+        if live {
             self.drain_msgs(h.conn);
         }
         self.release_total_withheld();
     }
 
-    /// True while the messages held over all connections are under
-    /// `VerbsConfig::max_held_total`: reposted buffers' credits go back.
-    pub(crate) fn held_total_ok(&self) -> bool {
-        self.matching.held_total < self.cfg.max_held_total as usize
+    /// The bounds on held messages, from the configuration.
+    pub(crate) fn held_bounds(&self) -> HeldBounds {
+        HeldBounds {
+            per_conn: self.cfg.max_held,
+            total: self.cfg.max_held_total as usize,
+        }
+    }
+
+    /// Connection `c` (if it is still there) and the held messages'
+    /// total, borrowed together.
+    pub(crate) fn conn_and_held(&mut self, c: ConnRef) -> (Option<&mut crate::conn::Conn>, &mut HeldTotal) {
+        let conn = self
+            .conns
+            .get_mut(c.idx as usize)
+            .filter(|s| s.gen == c.gen)
+            .and_then(|s| s.conn.as_mut());
+        (conn, &mut self.matching.held)
     }
 
     /// Once the messages held over all connections are under
@@ -359,20 +363,21 @@ impl VerbsPlugin {
     /// not only the one whose message was taken: the others' peers may
     /// have no credit left, and nothing else would ever return them.
     pub(crate) fn release_total_withheld(&mut self) {
-        if !self.matching.withheld_for_total || !self.held_total_ok() {
+        let b = self.held_bounds();
+        if !self.matching.held.release_due(b) {
             return;
         }
-        self.matching.withheld_for_total = false;
-        let max_held = self.cfg.max_held;
         let released: Vec<ConnRef> = self
-            .conns_with_refs()
-            .filter(|(_, c)| c.state != ConnState::Dead && c.held < max_held && c.credits.withheld() > 0)
-            .map(|(r, _)| r)
+            .conns
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let gen = s.gen;
+                let c = s.conn.as_mut().filter(|c| c.state != ConnState::Dead)?;
+                release_for_total(c.held, &mut c.credits, b).then_some(ConnRef { idx: i as u16, gen })
+            })
             .collect();
         for cref in released {
-            if let Some(conn) = self.conn_mut(cref) {
-                conn.credits.release_all_withheld();
-            }
             self.drain_msgs(cref);
         }
     }
@@ -447,7 +452,10 @@ impl VerbsPlugin {
                     }
                 }
                 self.peers.acquire(peer);
-                self.matching.held_total += 1;
+                // Counted here, not at the repost: a connection that died
+                // meanwhile holds its messages without reposting.
+                let b = self.held_bounds();
+                self.matching.held.held(b);
                 if let Some(conn) = self.conn_mut(cref) {
                     conn.held += 1;
                 }
@@ -502,7 +510,7 @@ impl VerbsPlugin {
             self.peers.release(peer);
         }
         let dropped = dropped.len();
-        self.matching.held_total -= dropped;
+        self.matching.held.dropped(dropped);
         self.matching.held_sweep_at = next;
         self.release_total_withheld();
         if dropped > 0 {

@@ -221,20 +221,15 @@ impl VerbsPlugin {
         if dead {
             return;
         }
-        let max_held = self.cfg.max_held;
-        let total_ok = self.held_total_ok();
-        let Some(conn) = self.conn_mut(cref) else { return };
+        let b = self.held_bounds();
+        let (conn, total) = self.conn_and_held(cref);
+        let Some(conn) = conn else { return };
         match conn.post_recv(cref, slot) {
+            // Withheld at either bound: this connection's held messages,
+            // or all connections' together.
             Ok(()) => {
-                // Withheld at either bound: this connection's held
-                // messages, or all connections' together.
-                let ok = conn.held < max_held && total_ok;
-                conn.credits.reposted(ok);
-                if !ok {
+                if !total.reposted(conn.held, &mut conn.credits, b) {
                     self.stats.flow_blocked += 1;
-                    if !total_ok {
-                        self.matching.withheld_for_total = true;
-                    }
                 }
             }
             Err(e) => self.kill_conn(cref, format!("reposting a receive failed: {e}")),

@@ -17,6 +17,7 @@ use crate::conn::{wr_id, ConnRef, ConnState, PendingWr, WrKind};
 use crate::mem::MemReg;
 use crate::plugin::VerbsPlugin;
 use crate::sys::{RemoteRegion, SendOp, SendWr, Sge};
+use crate::VerbsError;
 
 /// A contiguous local piece inside registration `reg` of the handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,6 +334,19 @@ impl VerbsPlugin {
                 }
             }
             let Some(e) = failed else { continue };
+            if matches!(e, VerbsError::PostUnsure { .. }) {
+                // The provider did not say which one failed: those handed
+                // to it were counted as posted. The rest go back to the
+                // backlog, which the connection's death fails; its QP's
+                // error state flushes what the device has (their
+                // operations fail), and the flush grace ends the others
+                // (`retire_if_flushed`).
+                for (w, ..) in ready.rev() {
+                    conn.rma_backlog.push_front(w);
+                }
+                self.kill_conn(cref, format!("posting RMA work requests failed: {e}"));
+                return;
+            }
             // The failed work request fails its operation; the ones after
             // it were not posted and go back, in order, to the backlog.
             let (bad, ..) = ready.next().expect("the failed work request is in the chain");

@@ -123,7 +123,8 @@ pub struct Hello {
     pub addr: SocketAddr,
     /// Receive buffers posted for this connection (initial credits).
     pub depth: u16,
-    /// Largest payload one buffer takes.
+    /// Largest payload one buffer takes (0 is a size: empty messages
+    /// only).
     pub max_payload: u32,
     /// The sender's device name (informational, may be empty).
     pub device: String,

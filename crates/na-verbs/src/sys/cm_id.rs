@@ -352,11 +352,16 @@ impl CmId {
         qp.modify(name, &mut attr, ibv_qp_attr_mask(mask as u32))
     }
 
-    /// Rejects a connection request (`rdma_reject`).
+    /// Rejects a connection request (`rdma_reject`), with at most 255
+    /// bytes of `private_data` (the transport may take fewer: 148 on
+    /// InfiniBand and RoCE).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
-        let len = u8::try_from(private_data.len()).unwrap_or(u8::MAX);
-        // SAFETY: the id is live; the data outlives the call and `len` fits it.
-        let rc = unsafe { rdma_reject(self.as_ptr(), private_data.as_ptr().cast(), len) };
+        // Cut to what the length byte can say, so it never names more
+        // bytes than the slice has.
+        let data = &private_data[..private_data.len().min(usize::from(u8::MAX))];
+        let len = data.len() as u8;
+        // SAFETY: the id is live; `data` outlives the call and is `len` bytes long.
+        let rc = unsafe { rdma_reject(self.as_ptr(), data.as_ptr().cast(), len) };
         self.cm_call("rdma_reject", || format!("{:?}", self.peer_addr()), rc)
     }
 

@@ -70,7 +70,10 @@ impl QueuePair {
     /// after it were not. That holds for both kinds of failure: the provider
     /// refusing work request `i`, and our own check of `i`'s arguments (the
     /// valid ones before it are still posted, so the caller's count of what
-    /// will complete is right either way).
+    /// will complete is right either way). Except with
+    /// [`VerbsError::PostUnsure`] (the provider did not say which one
+    /// failed): then `i` is the number of work requests handed to the
+    /// provider, any of which may have been posted.
     pub fn post_send_chain(&self, list: &[SendWr<'_>]) -> std::result::Result<(), (usize, VerbsError)> {
         let mut wrs = Vec::with_capacity(list.len());
         let mut invalid = None;
@@ -109,10 +112,18 @@ impl QueuePair {
         // access to it is sound).
         let rc = unsafe { ibv_post_send(self.as_ptr(), base, &mut bad) };
         errno_rc(rc).map_err(|source| {
-            let at = (bad as usize)
-                .checked_sub(base as usize)
-                .map_or(0, |d| d / std::mem::size_of::<ibv_send_wr>())
-                .min(wrs.len() - 1);
+            let Some(at) = chain_index(bad as usize, base as usize, wrs.len()) else {
+                // Taking it for the first (none posted) would post the
+                // others again, and complete operations whose work the
+                // device may still do.
+                let e = VerbsError::PostUnsure {
+                    op: "ibv_post_send",
+                    qpn: self.qp_num(),
+                    count: wrs.len(),
+                    source,
+                };
+                return (wrs.len(), e);
+            };
             let e = VerbsError::Post {
                 op: "ibv_post_send",
                 qpn: self.qp_num(),
@@ -197,5 +208,31 @@ impl QueuePair {
                 source,
             }
         })
+    }
+}
+
+/// The index of the work request at address `bad` in a chain of `len`
+/// starting at `base`; `None` if `bad` is none of them (null, outside the
+/// chain, or inside one).
+fn chain_index(bad: usize, base: usize, len: usize) -> Option<usize> {
+    let size = std::mem::size_of::<ibv_send_wr>();
+    let d = bad.checked_sub(base)?;
+    (d % size == 0 && d / size < len).then_some(d / size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_index;
+
+    #[test]
+    fn only_a_work_request_of_the_chain_names_where_it_stopped() {
+        let size = std::mem::size_of::<rdma_sys::ibv_send_wr>();
+        let base = 0x1000;
+        assert_eq!(chain_index(base, base, 3), Some(0));
+        assert_eq!(chain_index(base + 2 * size, base, 3), Some(2));
+        assert_eq!(chain_index(0, base, 3), None, "no bad_wr");
+        assert_eq!(chain_index(base + 3 * size, base, 3), None, "past the chain");
+        assert_eq!(chain_index(base - size, base, 3), None, "before the chain");
+        assert_eq!(chain_index(base + size + 8, base, 3), None, "inside one");
     }
 }
