@@ -2,7 +2,8 @@
 //! the same soft-RoCE device, each in its own endpoint, driven in turn.
 //! Messages both ways, backpressure beyond the credits, put/get across
 //! segments, and the error paths that need no second process. The
-//! multi-process suite is in `tests/suite.rs`.
+//! multi-process suite is in `tests/suite.rs`; memory registration in one
+//! process is in `tests/registrations.rs` (both use `common/pair.rs`).
 //!
 //! Without an RDMA device: asserts the clear "no RDMA device found" error
 //! of plugin creation and says loudly that the RDMA part did not run.
@@ -12,91 +13,10 @@ mod common;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use na_core::{
-    Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode, RemoteMem,
-    Rma,
-};
+use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode};
 use na_verbs::{VerbsConfig, VerbsPlugin};
 
-const T: Duration = Duration::from_secs(30);
-
-struct Pair {
-    srv: Endpoint,
-    cli: Endpoint,
-    srv_id: PluginId,
-    cli_id: PluginId,
-    srv_addr: Addr,
-}
-
-fn node(env: &common::RdmaEnv, listen: bool) -> (Endpoint, PluginId) {
-    node_with(env, listen, VerbsConfig::default().max_msg_size)
-}
-
-fn pair(env: &common::RdmaEnv) -> Pair {
-    let (srv, srv_id) = node(env, true);
-    let (mut cli, cli_id) = node(env, false);
-    let uri = srv.self_addr(srv_id).unwrap().uri().to_owned();
-    let srv_addr = cli.lookup(&uri).unwrap();
-    Pair {
-        srv,
-        cli,
-        srv_id,
-        cli_id,
-        srv_addr,
-    }
-}
-
-/// Drives both endpoints until `want` completions arrived on the client
-/// (server completions are returned too).
-fn drive(
-    p: &mut Pair,
-    mut until: impl FnMut(&[Completion], &[Completion]) -> bool,
-) -> (Vec<Completion>, Vec<Completion>) {
-    let (mut c, mut s) = (Vec::new(), Vec::new());
-    let end = Instant::now() + T;
-    while !until(&c, &s) {
-        assert!(Instant::now() < end, "timed out: client {c:?} server {s:?}");
-        p.cli.progress(Some(Duration::ZERO)).unwrap();
-        p.srv.progress(Some(Duration::ZERO)).unwrap();
-        c.extend(std::iter::from_fn(|| p.cli.pop_completion()));
-        s.extend(std::iter::from_fn(|| p.srv.pop_completion()));
-    }
-    (c, s)
-}
-
-/// A zeroed buffer of `len` bytes on the server, registered and described:
-/// the remote side of the client's transfers.
-fn server_target(p: &mut Pair, len: usize) -> (MemHandle, RemoteMem) {
-    let mem = MemHandle::zeroed(len, Access::ReadWrite);
-    p.srv.plugin_mut(p.srv_id).unwrap().mem_register(&mem).unwrap();
-    let desc = p.srv.plugin(p.srv_id).unwrap().mem_describe(&mem).unwrap();
-    (mem, desc)
-}
-
-/// Puts `len` bytes of `h` at `off` to the start of `desc` and waits for
-/// the put to succeed.
-fn put_done(p: &mut Pair, h: &MemHandle, off: u64, desc: &RemoteMem, len: u64, op: OpId) {
-    let to = p.srv_addr.clone();
-    p.cli.put(h, off, desc, 0, len, &to, op).unwrap();
-    let (c, _) = drive(p, |c, _| !c.is_empty());
-    c[0].status.as_ref().unwrap();
-}
-
-/// Discards (madvise DONTNEED: the monitor invalidates their registration)
-/// `pages` whole pages of the handle's first segment, or all of them for
-/// `None`; returns the offset of the first one in the handle.
-fn discard_pages(h: &MemHandle, pages: Option<usize>) -> u64 {
-    let (addr, len) = h.segments_raw().next().unwrap();
-    let page = 4096;
-    let (start, whole) = (addr.div_ceil(page) * page, (addr + len) / page * page);
-    let end = pages.map_or(whole, |n| start + n * page);
-    assert!(start < end && end <= whole, "the segment holds the pages");
-    // [start, end) lies inside the handle's own heap buffer, which is only
-    // accessed by copies; DONTNEED makes it read as zeros.
-    let rc = common::sys::madvise_dontneed(start, end - start);
-    assert_eq!(rc, 0);
-    (start - addr) as u64
-}
+use common::pair::{drive, node, node_with, pair, Pair, T};
 
 #[test]
 fn verbs_plugin_in_one_process() {
@@ -201,67 +121,6 @@ fn verbs_plugin_in_one_process() {
         .unwrap_err();
     assert!(matches!(e, NaError::OutOfBounds { .. }), "{e}");
     eprintln!("put/get ok");
-}
-
-#[test]
-fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
-    let Some(env) = common::rdma_env("wrong_device_or_port_and_invalidated_registrations_are_clear_errors")
-    else {
-        return;
-    };
-    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
-    // A port the device does not have, and a device that does not exist.
-    let cfg = VerbsConfig {
-        ib_port: Some(9),
-        ..VerbsConfig::from_spec(&spec, false).unwrap()
-    };
-    let e = VerbsPlugin::new(PluginId(0), cfg)
-        .err()
-        .expect("port 9 does not exist")
-        .to_string();
-    assert!(e.contains("port 9"), "{e}");
-    let cfg = VerbsConfig::from_spec(&format!("verbs://nosuchdev0/{}:0", env.ip), false).unwrap();
-    let e = VerbsPlugin::new(PluginId(0), cfg)
-        .err()
-        .expect("no such device")
-        .to_string();
-    assert!(e.contains("nosuchdev0"), "{e}");
-    eprintln!("wrong port / device errors ok");
-
-    // A registration whose pages were discarded (madvise DONTNEED: the
-    // monitor invalidates it) is refused by describe and by RMA, until the
-    // handle is registered again.
-    let mut p = pair(&env);
-    let h = MemHandle::new(vec![vec![1u8; 256 << 10]], Access::ReadWrite);
-    let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
-    plugin.mem_register(&h).unwrap();
-    plugin.mem_describe(&h).expect("a fresh registration describes");
-    discard_pages(&h, Some(16));
-    let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
-    let e = plugin
-        .mem_describe(&h)
-        .expect_err("an invalidated registration")
-        .to_string();
-    assert!(e.contains("invalidated"), "{e}");
-    let (remote_mem, desc) = server_target(&mut p, 4096);
-    let e = p
-        .cli
-        .put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(1))
-        .expect_err("RMA through it");
-    assert!(e.to_string().contains("invalidated"), "{e}");
-    // A registration made while the discard is still settling (see
-    // na_regcache::REMOVE_SETTLE: the pages may be dropped after it pinned
-    // them) is valid only until that time ends, which a loaded VM can
-    // reach before the put: the handle is registered again after it.
-    std::thread::sleep(2 * na_regcache::REMOVE_SETTLE);
-    let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
-    plugin.mem_register(&h).expect("register again");
-    plugin.mem_describe(&h).expect("the new registration describes");
-    h.write_at(0, &[7u8; 4096]).unwrap();
-    put_done(&mut p, &h, 0, &desc, 4096, OpId(2));
-    let mut got = [0u8; 4096];
-    remote_mem.read_at(0, &mut got).unwrap();
-    assert!(got.iter().all(|&b| b == 7), "put after re-registration");
 }
 
 /// Given an IP and no device, a plugin binds on the device and port the
@@ -392,141 +251,6 @@ fn completions_queued_while_the_owner_sleeps_wake_it() {
         p.srv.progress(Some(Duration::ZERO)).unwrap();
         while p.srv.pop_completion().is_some() {}
     }
-}
-
-/// A handle never described (only this process holds its keys) whose
-/// registration the monitor invalidated is registered again by the next
-/// RMA that uses it, and the transfer moves the bytes the handle holds now,
-/// not those of the pages it lost (the old registration still pins them).
-#[test]
-fn a_never_described_handle_whose_pages_were_discarded_is_registered_again() {
-    let Some(env) =
-        common::rdma_env("a_never_described_handle_whose_pages_were_discarded_is_registered_again")
-    else {
-        return;
-    };
-    let mut p = pair(&env);
-    let h = MemHandle::new(vec![vec![1u8; 256 << 10]], Access::ReadWrite);
-    p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&h).unwrap();
-    let (remote_mem, desc) = server_target(&mut p, 4096);
-    // A put before: the registration works.
-    put_done(&mut p, &h, 0, &desc, 4096, OpId(1));
-    let mut got = [0u8; 4096];
-    remote_mem.read_at(0, &mut got).unwrap();
-    assert!(got.iter().all(|&b| b == 1), "put before the discard");
-    // New bytes, in the new pages; the first page of the put is discarded.
-    let off = discard_pages(&h, Some(16));
-    h.write_at(off, &[9u8; 4096]).unwrap();
-    // Re-registered, not refused (a refusal fails the put).
-    put_done(&mut p, &h, off, &desc, 4096, OpId(2));
-    remote_mem.read_at(0, &mut got).unwrap();
-    assert!(
-        got.iter().all(|&b| b == 9),
-        "the put moved the handle's current bytes (saw {:?}...)",
-        &got[..8]
-    );
-    // And it can be described now, from the fresh registration.
-    p.cli
-        .plugin(p.cli_id)
-        .unwrap()
-        .mem_describe(&h)
-        .expect("a re-registered handle describes");
-}
-
-/// Transfers still waiting in the send queue's backlog when their handle's
-/// pages are discarded fail with the invalidation when their turn comes,
-/// instead of moving the bytes of the pages the handle lost; those posted
-/// before complete.
-#[test]
-fn queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_moving_stale_bytes() {
-    let Some(env) = common::rdma_env(
-        "queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_moving_stale_bytes",
-    ) else {
-        return;
-    };
-    let mut p = pair(&env);
-    // Well past the 256-deep send queue: most of them wait in the backlog.
-    const OPS: u64 = 1000;
-    const LEN: u64 = 4096;
-    let h = MemHandle::new(vec![vec![1u8; 256 * 4096]], Access::ReadWrite);
-    p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&h).unwrap();
-    let (_remote_mem, desc) = server_target(&mut p, 256 * 4096);
-    // Connected first (a connection being set up queues everything).
-    put_done(&mut p, &h, 0, &desc, LEN, OpId(1));
-    let ops: Vec<Rma<'_>> = (0..OPS)
-        .map(|i| {
-            let off = (i % 255) * LEN;
-            Rma::put(&h, off, &desc, off, LEN, OpId(1000 + i))
-        })
-        .collect();
-    p.cli.rma(&p.srv_addr, &ops).unwrap();
-    // Nothing was drained since: discard every page the handle covers.
-    discard_pages(&h, None);
-    let (c, _) = drive(&mut p, |c, _| c.len() as u64 == OPS);
-    let (mut ok, mut invalidated) = (0, 0);
-    for done in &c {
-        match &done.status {
-            Ok(()) => ok += 1,
-            Err(e) if e.to_string().contains("invalidated") => invalidated += 1,
-            Err(e) => panic!("op {:?}: unexpected error {e}", done.op),
-        }
-    }
-    eprintln!("{ok} posted before the discard completed, {invalidated} queued ones failed");
-    assert!(
-        ok > 0 && ok <= 256,
-        "{ok} completed: at most a send queue's worth was posted"
-    );
-    assert_eq!(ok + invalidated, OPS);
-    // Those that completed were posted first (a prefix of the batch).
-    let mut done_ok: Vec<u64> = c
-        .iter()
-        .filter(|d| d.status.is_ok())
-        .map(|d| d.op.0 - 1000)
-        .collect();
-    done_ok.sort_unstable();
-    assert_eq!(done_ok, (0..ok).collect::<Vec<_>>());
-}
-
-/// A described handle grants its rkeys exactly as long as it lives: the
-/// exposed registration is not cached, so once the handle is dropped a
-/// peer that kept the old descriptor gets a remote access error instead of
-/// writing into freed (and perhaps reused) memory. Describing a kept
-/// handle again reuses its registration.
-#[test]
-fn a_handle_is_exposed_exactly_as_long_as_it_lives() {
-    let Some(env) = common::rdma_env("a_handle_is_exposed_exactly_as_long_as_it_lives") else {
-        return;
-    };
-    let mut p = pair(&env);
-    let exposed = MemHandle::zeroed(8192, Access::ReadWrite);
-    let srv = p.srv.plugin_mut(p.srv_id).unwrap();
-    srv.mem_register(&exposed).unwrap();
-    let desc = srv.mem_describe(&exposed).unwrap();
-    let again = srv.mem_describe(&exposed).unwrap();
-    assert_eq!(
-        desc.segments()[0].key,
-        again.segments()[0].key,
-        "a kept handle is exposed once"
-    );
-    let before = srv.stats();
-    let data = MemHandle::new(vec![vec![0x5a; 8192]], Access::ReadOnly);
-    p.cli.plugin_mut(p.cli_id).unwrap().mem_register(&data).unwrap();
-    p.cli.put(&data, 0, &desc, 0, 8192, &p.srv_addr, OpId(1)).unwrap();
-    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
-    c[0].status.as_ref().expect("a put into a live handle");
-    assert!(exposed.to_vec().iter().all(|&b| b == 0x5a), "put data arrived");
-    eprintln!("exposed handle: put ok; server stats {before:?}");
-
-    // The handle goes; its descriptor must grant nothing any more.
-    drop(exposed);
-    p.cli.put(&data, 0, &desc, 0, 8192, &p.srv_addr, OpId(2)).unwrap();
-    let (c, _) = drive(&mut p, |c, _| !c.is_empty());
-    let e = c[0]
-        .status
-        .as_ref()
-        .expect_err("a put through the descriptor of a dropped handle must fail");
-    assert!(e.to_string().contains("wrong rkey"), "{e}");
-    eprintln!("put through a dropped handle's descriptor: {e}");
 }
 
 /// Expected messages of a peer that died stay takeable for a while (what
@@ -704,19 +428,6 @@ fn clients_that_come_and_go_leave_no_peer_entries_behind() {
         .send_expected(got.source.as_ref().unwrap(), 1, b"x", OpId(6002))
         .unwrap_err();
     assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
-}
-
-fn node_with(env: &common::RdmaEnv, listen: bool, max_msg_size: usize) -> (Endpoint, PluginId) {
-    let mut ep = Endpoint::new(ProgressMode::Busy).unwrap();
-    let cfg = VerbsConfig {
-        listen,
-        max_msg_size,
-        ..VerbsConfig::from_spec(&format!("verbs://{}/{}:0", env.device, env.ip), listen).unwrap()
-    };
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .expect("verbs plugin");
-    (ep, id)
 }
 
 /// Drives two endpoints until `done` says so (or fails after `T`).

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod flood;
+pub mod pair;
 pub mod raw_peer;
 pub mod sys;
 
