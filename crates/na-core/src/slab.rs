@@ -102,7 +102,9 @@ impl<T> TokenSlab<T> {
         };
         match slot.value {
             Some(_) if slot.generation == generation => TokenState::Live(idx),
-            _ if generation <= slot.generation => TokenState::Released,
+            // Only earlier generations were handed out: an empty slot's
+            // current generation is its next occupant's, not yet issued.
+            _ if generation < slot.generation => TokenState::Released,
             _ => TokenState::Unknown,
         }
     }
@@ -201,6 +203,24 @@ impl<T> TokenSlab<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A token in an empty slot's current generation was never issued
+    /// (it belongs to the slot's next occupant): unknown, not released.
+    #[test]
+    fn a_never_issued_token_of_an_emptied_slot_is_unknown() {
+        let mut s = TokenSlab::new();
+        let (a, ta) = s.insert_with(|t| t);
+        assert_eq!(s.remove(ta), Some(ta));
+        let next = token(a, split(ta).1 + 1);
+        assert_eq!(s.resolve(ta), TokenState::Released);
+        assert_eq!(s.resolve(next), TokenState::Unknown);
+        // Once issued, it is live; after removal, released.
+        let (b, tb) = s.insert_with(|t| t);
+        assert_eq!((b, tb), (a, next));
+        assert_eq!(s.resolve(next), TokenState::Live(a));
+        s.remove(tb);
+        assert_eq!(s.resolve(next), TokenState::Released);
+    }
 
     #[test]
     fn a_removed_value_s_token_never_reaches_the_slot_s_next_value() {
