@@ -31,7 +31,15 @@
 //! * **Registration**: through `na-regcache` with the real `ibv_reg_mr`
 //!   registrar ([`sys::IbvRegistrar`]); validity flags checked on describe
 //!   and on every RMA; counters via [`VerbsPlugin::cache_stats`] or a
-//!   [`CacheStatsHandle`].
+//!   [`CacheStatsHandle`]. A handle whose pages are discarded or remapped
+//!   (`munmap`, `madvise(MADV_DONTNEED)`, which glibc also does when it
+//!   trims an arena) needs registering again: a never-described one is
+//!   registered again on its next use, a described one fails its
+//!   transfers until `mem_register` and `mem_describe` are called again
+//!   (its peers hold the old keys). A registration made within
+//!   [`na_regcache::REMOVE_SETTLE`] of a discard of its range is valid
+//!   only until that time ends (the cache cannot see when the kernel has
+//!   dropped the pages): register a described handle again after it.
 //! * **Progress**: no threads; the completion channel and the RDMA CM
 //!   channel sit in the plugin's own epoll fd ([`na_core::Plugin::poll_fd`]);
 //!   busy progress polls the CQ without system calls.
