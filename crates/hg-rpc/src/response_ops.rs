@@ -119,28 +119,28 @@ impl<C: Codec> Engine<C> {
                 return;
             }
             // Behind those that wait: the first to come is pulled first.
-            self.stats.outputs_waited += 1;
-            self.output_waits.push_back(WaitingOutput {
-                src: src.clone(),
-                header: *h,
-                payload: p.to_vec(),
-            });
+            self.wait_for_room(src, h, p);
             return self.pull_waiting_outputs();
         }
         if let Err(refused) = self.start_pull(src, h, p, true, None) {
             match self.refused_output(src, cookie, refused) {
                 Some(e) => self.file_outcome(cookie, Err(e)),
-                None => {
-                    self.stats.outputs_waited += 1;
-                    self.output_waits.push_back(WaitingOutput {
-                        src: src.clone(),
-                        header: *h,
-                        payload: p.to_vec(),
-                    });
-                }
+                None => self.wait_for_room(src, h, p),
             }
         }
         // Else the outcome is filed when the pull completes.
+    }
+
+    /// Queues spilled response `h` (payload `p`, from `src`) behind the
+    /// outputs that wait for room in the pull budget.
+    #[cold]
+    fn wait_for_room(&mut self, src: &Addr, h: &Header, p: &[u8]) {
+        self.stats.outputs_waited += 1;
+        self.output_waits.push_back(WaitingOutput {
+            src: src.clone(),
+            header: *h,
+            payload: p.to_vec(),
+        });
     }
 
     /// The error a call gets for the pull of its spilled output (from
