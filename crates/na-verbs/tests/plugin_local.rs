@@ -13,10 +13,10 @@ mod common;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode};
+use na_core::{Access, Addr, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode};
 use na_verbs::{VerbsConfig, VerbsPlugin};
 
-use common::pair::{drive, node, node_with, pair, Pair, T};
+use common::pair::{drive, drive_two, node, node_with, pair, Pair, T};
 
 #[test]
 fn verbs_plugin_in_one_process() {
@@ -428,24 +428,6 @@ fn clients_that_come_and_go_leave_no_peer_entries_behind() {
         .send_expected(got.source.as_ref().unwrap(), 1, b"x", OpId(6002))
         .unwrap_err();
     assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
-}
-
-/// Drives two endpoints until `done` says so (or fails after `T`).
-fn drive_two(
-    a: &mut Endpoint,
-    b: &mut Endpoint,
-    mut done: impl FnMut(&[Completion], &[Completion]) -> bool,
-) -> (Vec<Completion>, Vec<Completion>) {
-    let (mut ca, mut cb) = (Vec::new(), Vec::new());
-    let end = Instant::now() + T;
-    while !done(&ca, &cb) {
-        assert!(Instant::now() < end, "timed out: {ca:?} / {cb:?}");
-        a.progress(Some(Duration::ZERO)).unwrap();
-        b.progress(Some(Duration::ZERO)).unwrap();
-        ca.extend(std::iter::from_fn(|| a.pop_completion()));
-        cb.extend(std::iter::from_fn(|| b.pop_completion()));
-    }
-    (ca, cb)
 }
 
 /// Two listeners that look each other up and send at once hold a

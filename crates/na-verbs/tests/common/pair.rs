@@ -47,22 +47,31 @@ pub fn pair(env: &RdmaEnv) -> Pair {
     }
 }
 
-/// Drives both endpoints until `want` completions arrived on the client
-/// (server completions are returned too).
+/// Drives both endpoints until `until` says so, given the client's and
+/// the server's completions so far (or fails after `T`).
 pub fn drive(
     p: &mut Pair,
-    mut until: impl FnMut(&[Completion], &[Completion]) -> bool,
+    until: impl FnMut(&[Completion], &[Completion]) -> bool,
 ) -> (Vec<Completion>, Vec<Completion>) {
-    let (mut c, mut s) = (Vec::new(), Vec::new());
+    drive_two(&mut p.cli, &mut p.srv, until)
+}
+
+/// Drives two endpoints until `done` says so (or fails after `T`).
+pub fn drive_two(
+    a: &mut Endpoint,
+    b: &mut Endpoint,
+    mut done: impl FnMut(&[Completion], &[Completion]) -> bool,
+) -> (Vec<Completion>, Vec<Completion>) {
+    let (mut ca, mut cb) = (Vec::new(), Vec::new());
     let end = Instant::now() + T;
-    while !until(&c, &s) {
-        assert!(Instant::now() < end, "timed out: client {c:?} server {s:?}");
-        p.cli.progress(Some(Duration::ZERO)).unwrap();
-        p.srv.progress(Some(Duration::ZERO)).unwrap();
-        c.extend(std::iter::from_fn(|| p.cli.pop_completion()));
-        s.extend(std::iter::from_fn(|| p.srv.pop_completion()));
+    while !done(&ca, &cb) {
+        assert!(Instant::now() < end, "timed out: {ca:?} / {cb:?}");
+        a.progress(Some(Duration::ZERO)).unwrap();
+        b.progress(Some(Duration::ZERO)).unwrap();
+        ca.extend(std::iter::from_fn(|| a.pop_completion()));
+        cb.extend(std::iter::from_fn(|| b.pop_completion()));
     }
-    (c, s)
+    (ca, cb)
 }
 
 /// A zeroed buffer of `len` bytes on the server, registered and described:
