@@ -327,10 +327,12 @@ fn rate_floors_report_the_busy_ceilings_and_the_ratios() {
     }
 }
 
-/// `bw --floors` measures the raw `process_vm_readv` bandwidth of one
-/// transfer with na-perf before and after, and reports the ratio of every
-/// figure moved one transfer per RPC (1M here; 4K goes 64 per RPC and gets
-/// none). Sizes that all go many per RPC are refused with a clear error.
+/// `bw --floors` measures the raw `process_vm_readv` and
+/// `process_vm_writev` bandwidths of one transfer with na-perf before and
+/// after, and reports the ratio of every figure moved one transfer per RPC
+/// to the readv floor, and of every write to the writev floor (1M here; 4K
+/// goes 64 per RPC and gets none). Sizes that all go many per RPC are
+/// refused with a clear error.
 #[test]
 fn bw_floors_report_the_cma_floor_and_the_ratios() {
     let hg = env!("CARGO_BIN_EXE_hg-perf");
@@ -351,20 +353,30 @@ fn bw_floors_report_the_cma_floor_and_the_ratios() {
         tests,
         [
             "floor_cma_read_bw",
+            "floor_cma_write_bw",
             "bw",
             "bw",
             "bw",
             "bw",
             "floor_cma_read_bw",
+            "floor_cma_write_bw",
             "bw_vs_cma_floor",
-            "bw_vs_cma_floor"
+            "bw_vs_cma_floor",
+            "bw_vs_cma_write_floor"
         ],
         "{lines:?}"
     );
-    let (before, after) = (&lines[0], &lines[5]);
-    check(before, "MiB/s");
-    check(after, "MiB/s");
-    for (ratio, bw) in [(&lines[6], &lines[2]), (&lines[7], &lines[4])] {
+    let (read0, write0, read1, write1) = (&lines[0], &lines[1], &lines[6], &lines[7]);
+    for floor in [read0, write0, read1, write1] {
+        check(floor, "MiB/s");
+    }
+    // Both 1 MiB figures against the readv floor; the write also against
+    // the writev floor.
+    for (ratio, bw, before, after) in [
+        (&lines[8], &lines[3], read0, read1),
+        (&lines[9], &lines[5], read0, read1),
+        (&lines[10], &lines[5], write0, write1),
+    ] {
         assert_eq!(
             (bw["size"].as_u64(), bw["op"].as_str()),
             (Some(1 << 20), ratio["op"].as_str())

@@ -1,6 +1,7 @@
 //! `na-perf bw`: put and get bandwidth of the shared-memory plugin per
 //! transfer size and segment count (both handles split into the same number
-//! of segments), next to the `process_vm_readv` floor with as many iovecs.
+//! of segments), next to the `process_vm_readv` (get) and `process_vm_writev`
+//! (put) floors with as many iovecs.
 
 use na_core::{Access, MemHandle};
 
@@ -10,6 +11,19 @@ use crate::floors::{self, alloc_segments};
 use crate::report::{FloorKind, Floors, Record, Reporter, MIB_S};
 use crate::run::Setup;
 use crate::stats::{measure, mib_per_s, Summary};
+use crate::sys::cma::CmaDir;
+
+/// The floor of each operation: a get is compared with `process_vm_readv`,
+/// a put with `process_vm_writev`.
+const FLOORS: [(CmaDir, FloorKind, &str, RmaOp); 2] = [
+    (CmaDir::Read, FloorKind::CmaRead, "floor_cma_read_bw", RmaOp::Get),
+    (
+        CmaDir::Write,
+        FloorKind::CmaWrite,
+        "floor_cma_write_bw",
+        RmaOp::Put,
+    ),
+];
 
 /// Default transfer sizes: 4 KiB to 16 MiB.
 pub const SIZES: [usize; 7] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
@@ -42,9 +56,15 @@ pub fn run(args: &BwArgs) -> Result<()> {
         let peer = setup.local_peer()?;
         for &segs in &args.segments {
             for &size in &sizes {
-                let s = floors::measure_cma(peer, &plan, size, segs)?;
-                fl.insert(FloorKind::CmaRead, size, segs, mib_per_s(size, s.median_ns));
-                rep.emit(&bw_record("floor_cma_read_bw", "read", "n/a", size, segs, s))?;
+                for (dir, kind, test, op) in FLOORS {
+                    if !ops.contains(&op) {
+                        continue;
+                    }
+                    let s = floors::measure_cma(peer, &plan, dir, size, segs)?;
+                    fl.insert(kind, size, segs, mib_per_s(size, s.median_ns));
+                    let name = if dir == CmaDir::Read { "read" } else { "write" };
+                    rep.emit(&bw_record(test, name, "n/a", size, segs, s))?;
+                }
             }
         }
         // Free the floor buffers in the peer.
@@ -62,7 +82,12 @@ pub fn run(args: &BwArgs) -> Result<()> {
                     let s = measure(&plan, || session.rma(op, &local, &remote, size as u64))?;
                     let name = if op == RmaOp::Put { "put" } else { "get" };
                     let r = bw_record("bw", name, &mode.to_string(), size, segs, s);
-                    rep.emit(&r.with_floor(fl.get(FloorKind::CmaRead, size, segs)))?;
+                    let kind = if op == RmaOp::Put {
+                        FloorKind::CmaWrite
+                    } else {
+                        FloorKind::CmaRead
+                    };
+                    rep.emit(&r.with_floor(fl.get(kind, size, segs)))?;
                 }
             }
         }

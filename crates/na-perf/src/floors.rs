@@ -8,6 +8,8 @@
 //!   `epoll_wait` on an eventfd that the other side writes.
 //! * `floor_cma_read_bw`: `process_vm_readv` from the peer's buffers into
 //!   ours, with as many iovecs on each side as the handles have segments.
+//! * `floor_cma_write_bw`: the same with `process_vm_writev`, ours into the
+//!   peer's (the floor of a put).
 //!
 //! Each function here has a parent half (`measure_*`) and a peer half
 //! (`serve_*`, run by `na-perf serve`).
@@ -23,7 +25,7 @@ use crate::peer::{
     FloorLinks, Peer, DATA_FROM_PEER, DATA_TO_PEER, FLAG_FROM_PEER, FLAG_TO_PEER, FLOOR_MAX_MSG,
 };
 use crate::stats::{measure, Plan, Summary};
-use crate::sys::cma::{CmaRead, RemoteRange};
+use crate::sys::cma::{CmaCopy, CmaDir, RemoteRange};
 
 /// Eventfd value that tells the peer's echo loop to stop.
 const STOP: u64 = 1 << 32;
@@ -199,9 +201,15 @@ pub fn alloc_segments(size: usize, segments: usize, fill: u8) -> Vec<Vec<u8>> {
     split(size, segments).into_iter().map(|n| vec![fill; n]).collect()
 }
 
-/// Time of one `process_vm_readv` transfer of `size` bytes, `segments`
-/// iovecs on each side.
-pub fn measure_cma(peer: &mut Peer, plan: &Plan, size: usize, segments: usize) -> Result<Summary> {
+/// Time of one `process_vm_readv` (`dir` read) or `process_vm_writev`
+/// (write) transfer of `size` bytes, `segments` iovecs on each side.
+pub fn measure_cma(
+    peer: &mut Peer,
+    plan: &Plan,
+    dir: CmaDir,
+    size: usize,
+    segments: usize,
+) -> Result<Summary> {
     let cmd = format!("cma {size} {segments}");
     let answer = peer.request(&cmd)?;
     let remote = answer
@@ -221,11 +229,9 @@ pub fn measure_cma(peer: &mut Peer, plan: &Plan, size: usize, segments: usize) -
     let mut local = alloc_segments(size, segments, 0x33);
     let pid = peer.pid();
     let mut slices: Vec<&mut [u8]> = local.iter_mut().map(|b| &mut b[..]).collect();
-    let mut read = CmaRead::new(&mut slices, &remote).map_err(PerfError::sys("process_vm_readv"))?;
+    let mut copy = CmaCopy::new(dir, &mut slices, &remote).map_err(PerfError::sys(dir.syscall()))?;
     measure(plan, || {
-        read.run(pid)
-            .map(drop)
-            .map_err(PerfError::sys("process_vm_readv"))
+        copy.run(pid).map(drop).map_err(PerfError::sys(dir.syscall()))
     })
 }
 

@@ -16,7 +16,7 @@ pub const MIB_S: &str = "MiB/s";
 /// One measured figure.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Record {
-    /// `lat`, `bw`, `floor_shm_flag_lat`, `floor_eventfd_lat` or `floor_cma_read_bw`.
+    /// `lat`, `bw`, `floor_shm_flag_lat`, `floor_eventfd_lat`, `floor_cma_read_bw` or `floor_cma_write_bw`.
     pub test: String,
     /// `expected`/`unexpected` for `lat`, `put`/`get` for `bw`, the mechanism for floors.
     pub op: String,
@@ -65,6 +65,8 @@ pub enum FloorKind {
     EventFd,
     /// process_vm_readv.
     CmaRead,
+    /// process_vm_writev.
+    CmaWrite,
 }
 
 /// Floors measured in this run, by kind, size and segment count.

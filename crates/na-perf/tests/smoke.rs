@@ -114,11 +114,21 @@ fn bw_quick_json_with_floors() {
         assert_eq!(v["unit"], "MiB/s", "{v}");
     }
     for segs in [1u64, 16] {
-        let floor = lines
-            .iter()
-            .filter(|v| v["test"] == "floor_cma_read_bw" && v["segments"] == segs)
-            .count();
-        assert_eq!(floor, 7, "CMA floor at 7 sizes for {segs} segment(s)");
+        for test in ["floor_cma_read_bw", "floor_cma_write_bw"] {
+            let floor = lines
+                .iter()
+                .filter(|v| v["test"] == test && v["segments"] == segs)
+                .count();
+            assert_eq!(floor, 7, "{test} at 7 sizes for {segs} segment(s)");
+        }
+        // A get is compared with the read floor, a put with the write floor.
+        let floor_of = |test: &str, size: &Value| {
+            lines
+                .iter()
+                .find(|v| v["test"] == test && v["segments"] == segs && v["size"] == *size)
+                .and_then(|v| v["median"].as_f64())
+                .unwrap_or_else(|| panic!("no {test} of {size} bytes, {segs} segment(s)"))
+        };
         for op in ["put", "get"] {
             let figures: Vec<&Value> = lines
                 .iter()
@@ -127,6 +137,16 @@ fn bw_quick_json_with_floors() {
             assert_eq!(figures.len(), 7, "{op} with {segs} segment(s) at 7 sizes");
             for v in figures {
                 let floor = v["floor"].as_f64().unwrap_or_else(|| panic!("no floor in {v}"));
+                let want = if op == "put" {
+                    "floor_cma_write_bw"
+                } else {
+                    "floor_cma_read_bw"
+                };
+                assert_eq!(
+                    floor,
+                    floor_of(want, &v["size"]),
+                    "{op} compared with {want}: {v}"
+                );
                 let ratio = v["ratio_to_floor"]
                     .as_f64()
                     .unwrap_or_else(|| panic!("no ratio in {v}"));

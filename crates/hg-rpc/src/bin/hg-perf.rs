@@ -133,11 +133,13 @@ enum Test {
         /// Transfers per RPC (1 measures one RPC per transfer).
         #[arg(long, default_value_t = 64)]
         count: u64,
-        /// Also measure, before and after, the raw `process_vm_readv`
-        /// bandwidth of one transfer (na-perf's `floor_cma_read_bw`) for
-        /// every size moved one transfer per RPC (1M and up, or all with
-        /// `--count 1`), and print each such figure's ratio to it
-        /// (`bw_vs_cma_floor`, against the mean of before and after).
+        /// Also measure, before and after, the raw `process_vm_readv` and
+        /// `process_vm_writev` bandwidths of one transfer (na-perf's
+        /// `floor_cma_read_bw`, `floor_cma_write_bw`) for every size moved
+        /// one transfer per RPC (1M and up, or all with `--count 1`), and
+        /// print each such figure's ratio to the readv floor
+        /// (`bw_vs_cma_floor`) and each write's to the writev floor
+        /// (`bw_vs_cma_write_floor`), against the mean of before and after.
         /// Needs na-perf next to hg-perf.
         #[arg(long)]
         floors: bool,
@@ -391,21 +393,12 @@ fn report_cma_floors(
     cpus: (Option<usize>, Option<usize>),
     sizes: &[u64],
     when: &str,
-) -> Res<Vec<(u64, f64)>> {
-    let floors = floor::cma_read_floors(cpus, sizes, cli.batches, cli.batch_ms)?;
-    for &(size, f) in &floors {
-        report(
-            cli,
-            "floor_cma_read_bw",
-            "n/a",
-            when,
-            size,
-            1,
-            f,
-            f,
-            None,
-            "MiB/s",
-        );
+) -> Res<Vec<floor::CmaFloor>> {
+    let floors = floor::cma_floors(cpus, sizes, cli.batches, cli.batch_ms)?;
+    for f in &floors {
+        for (test, v) in [("floor_cma_read_bw", f.read), ("floor_cma_write_bw", f.write)] {
+            report(cli, test, "n/a", when, f.size, 1, v, v, None, "MiB/s");
+        }
     }
     Ok(floors)
 }
@@ -838,24 +831,21 @@ fn run() -> Res<()> {
         }
     }
     if let Some(before) = cma_floors_before {
-        let sizes: Vec<u64> = before.iter().map(|&(s, _)| s).collect();
+        let sizes: Vec<u64> = before.iter().map(|f| f.size).collect();
         let after = report_cma_floors(&cli, cpus, &sizes, "after")?;
         for (mode, op, size, bw) in seen.bw_single {
-            let floor = |v: &[(u64, f64)]| v.iter().find(|&&(s, _)| s == size).map(|&(_, f)| f);
-            if let (Some(f0), Some(f1)) = (floor(&before), floor(&after)) {
-                let ratio = bw / ((f0 + f1) / 2.0);
-                report(
-                    &cli,
-                    "bw_vs_cma_floor",
-                    mode,
-                    &op,
-                    size,
-                    1,
-                    ratio,
-                    ratio,
-                    None,
-                    "x",
-                );
+            let floor = |v: &[floor::CmaFloor]| v.iter().find(|f| f.size == size).copied();
+            let (Some(f0), Some(f1)) = (floor(&before), floor(&after)) else {
+                continue;
+            };
+            // Every figure against the readv floor (the targets' floor);
+            // a write also against the writev floor, its own operation.
+            let mut ratios = vec![("bw_vs_cma_floor", bw / ((f0.read + f1.read) / 2.0))];
+            if op == "write" {
+                ratios.push(("bw_vs_cma_write_floor", bw / ((f0.write + f1.write) / 2.0)));
+            }
+            for (test, ratio) in ratios {
+                report(&cli, test, mode, &op, size, 1, ratio, ratio, None, "x");
             }
         }
     }

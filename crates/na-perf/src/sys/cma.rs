@@ -1,5 +1,5 @@
-//! Cross-memory attach: [process_vm_readv(2)], the raw bandwidth floor of the
-//! shared-memory plugin's RMA.
+//! Cross-memory attach: [process_vm_readv(2)] and `process_vm_writev`, the
+//! raw bandwidth floors of the shared-memory plugin's RMA (get and put).
 //!
 //! [process_vm_readv(2)]: https://man7.org/linux/man-pages/man2/process_vm_readv.2.html
 
@@ -16,10 +16,30 @@ pub struct RemoteRange {
     pub len: usize,
 }
 
-/// A prepared `process_vm_readv` transfer: the `remote` ranges of one
-/// process into the `local` buffers, which it borrows mutably. Building it
-/// once keeps allocation out of the timed loop.
-pub struct CmaRead<'a> {
+/// Which way a [`CmaCopy`] moves the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmaDir {
+    /// `process_vm_readv`: the remote ranges into the local buffers.
+    Read,
+    /// `process_vm_writev`: the local buffers into the remote ranges.
+    Write,
+}
+
+impl CmaDir {
+    /// The system call's name, for errors.
+    pub fn syscall(self) -> &'static str {
+        match self {
+            CmaDir::Read => "process_vm_readv",
+            CmaDir::Write => "process_vm_writev",
+        }
+    }
+}
+
+/// A prepared cross-memory transfer between the `local` buffers, which it
+/// borrows mutably, and the `remote` ranges of one process, in direction
+/// `dir`. Building it once keeps allocation out of the timed loop.
+pub struct CmaCopy<'a> {
+    dir: CmaDir,
     liov: Vec<libc::iovec>,
     riov: Vec<libc::iovec>,
     lwork: Vec<libc::iovec>,
@@ -28,10 +48,10 @@ pub struct CmaRead<'a> {
     _local: PhantomData<&'a mut [u8]>,
 }
 
-impl<'a> CmaRead<'a> {
+impl<'a> CmaCopy<'a> {
     /// Prepares the transfer. Both lists must have the same total length and
     /// at most `IOV_MAX` (1024) entries.
-    pub fn new(local: &'a mut [&mut [u8]], remote: &[RemoteRange]) -> io::Result<Self> {
+    pub fn new(dir: CmaDir, local: &'a mut [&mut [u8]], remote: &[RemoteRange]) -> io::Result<Self> {
         let total: usize = local.iter().map(|b| b.len()).sum();
         let rtotal: usize = remote.iter().map(|r| r.len).sum();
         if total != rtotal || local.len() > 1024 || remote.len() > 1024 {
@@ -59,7 +79,8 @@ impl<'a> CmaRead<'a> {
             })
             .collect();
         let (lwork, rwork) = (liov.clone(), riov.clone());
-        Ok(CmaRead {
+        Ok(CmaCopy {
+            dir,
             liov,
             riov,
             lwork,
@@ -69,33 +90,41 @@ impl<'a> CmaRead<'a> {
         })
     }
 
-    /// Reads everything from process `pid`, one `process_vm_readv` call per
-    /// round, continuing after partial transfers. Returns the number of
-    /// system calls made.
+    /// Moves everything from or to process `pid`, one system call per round,
+    /// continuing after partial transfers. Returns the number of system
+    /// calls made.
     pub fn run(&mut self, pid: libc::pid_t) -> io::Result<usize> {
         self.lwork.copy_from_slice(&self.liov);
         self.rwork.copy_from_slice(&self.riov);
         let (mut li, mut ri, mut done, mut calls) = (0usize, 0usize, 0usize, 0usize);
         while done < self.total {
-            // SAFETY: lwork[li..] describes memory inside the local buffers,
-            // borrowed mutably for 'a by this value, so nothing else accesses
-            // them; rwork only names the other process's memory, which the
-            // kernel validates (EFAULT). Both counts match the slices passed.
-            let n = unsafe {
-                na_core::syscall!(process_vm_readv(
-                    pid,
-                    self.lwork[li..].as_ptr(),
-                    (self.lwork.len() - li) as libc::c_ulong,
-                    self.rwork[ri..].as_ptr(),
-                    (self.rwork.len() - ri) as libc::c_ulong,
-                    0
-                ))?
+            let (local, local_n) = (
+                self.lwork[li..].as_ptr(),
+                (self.lwork.len() - li) as libc::c_ulong,
+            );
+            let (remote, remote_n) = (
+                self.rwork[ri..].as_ptr(),
+                (self.rwork.len() - ri) as libc::c_ulong,
+            );
+            let n = match self.dir {
+                // SAFETY: lwork[li..] describes memory inside the local
+                // buffers, borrowed mutably for 'a by this value, so nothing
+                // else accesses them while the kernel writes them; rwork only
+                // names the other process's memory, which the kernel
+                // validates (EFAULT). Both counts match the slices passed.
+                CmaDir::Read => unsafe {
+                    na_core::syscall!(process_vm_readv(pid, local, local_n, remote, remote_n, 0))?
+                },
+                // SAFETY: as above; the kernel only reads the local buffers.
+                CmaDir::Write => unsafe {
+                    na_core::syscall!(process_vm_writev(pid, local, local_n, remote, remote_n, 0))?
+                },
             } as usize;
             calls += 1;
             if n == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    "process_vm_readv moved 0 bytes",
+                    format!("{} moved 0 bytes", self.dir.syscall()),
                 ));
             }
             done += n;

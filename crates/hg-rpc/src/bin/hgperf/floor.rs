@@ -4,8 +4,9 @@
 //! trips, so the blocking figure is judged against a floor of the same run.
 //! `hg-perf rate --floors`: likewise the busy ceilings of one call in
 //! flight (the shared-flag and NA ping-pongs), before and after the rates.
-//! `hg-perf bw --floors`: likewise the raw `process_vm_readv` bandwidth of
-//! one transfer (`floor_cma_read_bw`), before and after the bandwidths.
+//! `hg-perf bw --floors`: likewise the raw `process_vm_readv` and
+//! `process_vm_writev` bandwidths of one transfer (`floor_cma_read_bw`,
+//! `floor_cma_write_bw`), before and after the bandwidths.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -132,18 +133,30 @@ pub fn busy_round_trips(
     })
 }
 
-/// The raw `process_vm_readv` bandwidth (MiB/s) of one transfer of each of
-/// `sizes` between two processes (na-perf's `floor_cma_read_bw`, one
-/// segment), as (size, MiB/s) in the order of `sizes`.
-pub fn cma_read_floors(
+/// The raw cross-memory bandwidths of one transfer of one size between two
+/// processes, in MiB/s (na-perf's `floor_cma_read_bw` and
+/// `floor_cma_write_bw`, one segment).
+#[derive(Clone, Copy, Debug)]
+pub struct CmaFloor {
+    /// Transfer size in bytes.
+    pub size: u64,
+    /// `process_vm_readv`: the floor the targets name for both
+    /// directions, and the floor of a read (pull).
+    pub read: f64,
+    /// `process_vm_writev`: the floor of a write (push).
+    pub write: f64,
+}
+
+/// Measures [`CmaFloor`] for each of `sizes`, in the order of `sizes`.
+pub fn cma_floors(
     cpus: (Option<usize>, Option<usize>),
     sizes: &[u64],
     batches: usize,
     batch_ms: u64,
-) -> Res<Vec<(u64, f64)>> {
+) -> Res<Vec<CmaFloor>> {
     let mut cmd = Command::new(na_perf()?);
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
-    cmd.args(["bw", "--floors", "--segments", "1", "--op", "get", "--json"]);
+    cmd.args(["bw", "--floors", "--segments", "1", "--op", "get,put", "--json"]);
     cmd.arg("--sizes").arg(list.join(","));
     cmd.arg("--batches").arg(batches.to_string());
     cmd.arg("--batch-ms").arg(batch_ms.to_string());
@@ -151,17 +164,21 @@ pub fn cma_read_floors(
         cmd.arg("--cpu").arg(format!("{a},{b}"));
     }
     let results = run_json(cmd, "cma floor")?;
+    let floor = |test: &str, size: u64| -> Res<f64> {
+        results
+            .iter()
+            .filter(|v| v["test"] == test && v["size"].as_u64() == Some(size))
+            .find_map(|v| v["median"].as_f64().filter(|m| *m > 0.0))
+            .ok_or_else(|| format!("na-perf printed no {test} for {size} bytes: {results:?}").into())
+    };
     sizes
         .iter()
         .map(|&size| {
-            results
-                .iter()
-                .filter(|v| v["test"] == "floor_cma_read_bw" && v["size"].as_u64() == Some(size))
-                .find_map(|v| v["median"].as_f64().filter(|m| *m > 0.0))
-                .map(|m| (size, m))
-                .ok_or_else(|| {
-                    format!("na-perf printed no floor_cma_read_bw for {size} bytes: {results:?}").into()
-                })
+            Ok(CmaFloor {
+                size,
+                read: floor("floor_cma_read_bw", size)?,
+                write: floor("floor_cma_write_bw", size)?,
+            })
         })
         .collect()
 }
