@@ -191,6 +191,7 @@ impl<C: Codec> Engine<C> {
                 abandoned: None,
                 spill: None,
                 one_way: false,
+                response_in_hand: false,
             });
             debug_assert_eq!(stored, cookie);
             if let Some(lent) = lent {
@@ -254,6 +255,7 @@ impl<C: Codec> Engine<C> {
             abandoned: abandoned.then(Instant::now),
             spill,
             one_way: abandoned,
+            response_in_hand: false,
         };
         let abandoned_at = call.abandoned;
         if abandoned {

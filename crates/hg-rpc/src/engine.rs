@@ -110,6 +110,7 @@ use engine_records::{
 };
 pub use register_ops::DeferredRequest;
 use register_ops::Handler;
+pub use response_ops::OUTPUT_WAIT_RECHECK;
 use wire_headers::{header, response_header, response_outcome};
 
 /// Identifies a call made with [`Engine::forward`].

@@ -98,6 +98,11 @@ pub(super) struct Call {
     /// A one-way request (spilled): its response is the target's
     /// acknowledgement, expected, not a late answer.
     pub(super) one_way: bool,
+    /// A spilled response to it is in hand: its output is being pulled,
+    /// or waits for room in the pull budget. Any later response is a
+    /// duplicate (a confused or hostile target) and is dropped: it must
+    /// neither end the call nor start a second pull.
+    pub(super) response_in_hand: bool,
 }
 
 /// The call table. Dropped (with the engine) while calls still hold

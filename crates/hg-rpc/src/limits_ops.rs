@@ -76,9 +76,12 @@ impl<C: Codec> Engine<C> {
     /// the target is then told to let the output go.
     /// One origin's inputs may take only a share of it
     /// ([`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer),
-    /// half unless set).
+    /// half unless set). Spilled outputs that wait for room are tried
+    /// again at once under the new budget (one that no longer fits it
+    /// at all fails its call with [`RpcError::OutputTooLarge`]).
     pub fn set_max_pull_bytes(&mut self, bytes: u64) {
         self.max_pull_bytes = bytes;
+        self.pull_budget_freed();
     }
 
     /// Most bytes of spilled inputs one origin may have this target pull

@@ -31,7 +31,10 @@ impl<C: Codec> Engine<C> {
     }
 
     /// True if the caller may sleep on the endpoint's fd now (see
-    /// [`Endpoint::try_wait`](na_core::Endpoint::try_wait)). An error
+    /// [`Endpoint::try_wait`](na_core::Endpoint::try_wait)). Before it says
+    /// so, spilled outputs that wait for room in the pull budget are tried
+    /// again (a [`DeferredRequest`](super::DeferredRequest) dropped
+    /// unanswered gave room back unseen): false if one moved. An error
     /// (receive buffers that cannot be posted again, a transport that
     /// cannot arm its wake-up) means the caller must not sleep: the fd
     /// might never become readable.
@@ -42,6 +45,12 @@ impl<C: Codec> Engine<C> {
             // About to sleep: the moment to give back what a burst of
             // calls in flight left (not on the busy path).
             self.calls.shrink();
+            // And to try again the spilled outputs that wait for room: a
+            // deferred request dropped unanswered since gave some back
+            // without telling the engine. One that moved means work.
+            if !self.output_waits.is_empty() && self.retry_waiting_outputs() {
+                return Ok(false);
+            }
         }
         Ok(idle)
     }
@@ -52,18 +61,29 @@ impl<C: Codec> Engine<C> {
     /// A spilled output or abandoned input whose TTL ends before `timeout`
     /// ends the wait early, so that the next [`trigger`](Self::trigger)
     /// lets it go even when no traffic comes.
+    ///
+    /// While spilled outputs of this origin's calls wait for room in the
+    /// pull budget, it first tries them again (a
+    /// [`DeferredRequest`](super::DeferredRequest) dropped unanswered
+    /// gives its pulled input's room back without telling the engine),
+    /// and while deferred requests hold pulled inputs it sleeps at most
+    /// [`OUTPUT_WAIT_RECHECK`](super::OUTPUT_WAIT_RECHECK) (one dropped on
+    /// another thread cannot wake it).
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
         self.repost_buffers()?;
         if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() || !self.deferred.is_empty() {
             return Ok(self.ep.pending_completions());
         }
-        let timeout = match self.next_expiry() {
+        let mut timeout = match self.next_expiry() {
             Some(at) => {
                 let left = at.saturating_duration_since(Instant::now());
                 Some(timeout.map_or(left, |t| t.min(left)))
             }
             None => timeout,
         };
+        if !self.output_waits.is_empty() {
+            timeout = self.outputs_before_sleep(timeout);
+        }
         Ok(self.ep.progress(timeout)?)
     }
 
@@ -403,9 +423,7 @@ impl<C: Codec> Engine<C> {
                     }
                     // Its bytes left the budget (unless a deferred
                     // request holds them now).
-                    if !self.output_waits.is_empty() {
-                        self.pull_waiting_outputs();
-                    }
+                    self.pull_budget_freed();
                 }
             }
             OpRole::PullOutput(key, cookie) => {
@@ -429,9 +447,7 @@ impl<C: Codec> Engine<C> {
                     };
                     self.file_outcome(cookie, outcome);
                     // Its bytes left the budget: room for another.
-                    if !self.output_waits.is_empty() {
-                        self.pull_waiting_outputs();
-                    }
+                    self.pull_budget_freed();
                 }
             }
         }

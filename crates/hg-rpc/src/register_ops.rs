@@ -33,6 +33,13 @@ pub(crate) struct Handler {
 
 /// A request for a deferred (asynchronous) handler, waiting to be answered
 /// with [`Engine::respond_deferred`].
+///
+/// Dropped unanswered, its caller gets no answer (it times out), and a
+/// spilled input it held leaves the pull budget: spilled outputs of this
+/// engine's own calls that waited for that room are pulled at the
+/// engine's next [`progress`](Engine::progress) or
+/// [`try_wait`](Engine::try_wait) (a sleeping `progress` looks again at
+/// least every [`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK)).
 pub struct DeferredRequest {
     pub(super) src: Addr,
     pub(super) header: Header,
@@ -219,10 +226,7 @@ impl<C: Codec> Engine<C> {
         // A pulled input it held leaves the pull budget with it: room for
         // spilled outputs that wait for some.
         drop(req);
-        if !self.output_waits.is_empty() {
-            na_core::hint::cold_path();
-            self.pull_waiting_outputs();
-        }
+        self.pull_budget_freed();
     }
 
     /// A place for one more deferred request from `peer`, or why not

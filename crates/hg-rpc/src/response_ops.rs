@@ -3,14 +3,24 @@
 //! spilled outputs pulled (or, with no room in the pull budget, waiting
 //! for it), and the outcomes kept for callers.
 
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use na_core::hint::cold_path;
 use na_core::{Addr, MemHandle, NaError};
 
 use super::serve_spill_ops::{PullRefused, Refusal};
 use super::{logged_at, response_outcome, Call, CallId, Engine, WaitingOutput};
+
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_SPILL};
+
+/// The longest a blocking [`progress`](Engine::progress) sleeps while
+/// spilled outputs wait for room that deferred requests hold: a request
+/// dropped unanswered on another thread gives its room back without
+/// waking the sleep, so the outputs are tried again at least this often.
+pub const OUTPUT_WAIT_RECHECK: Duration = Duration::from_millis(10);
 impl<C: Codec> Engine<C> {
     /// A response (header `h`, payload `p`) arrived from `src`. It counts
     /// only for a call in flight to that same peer: a late one (the call
@@ -22,7 +32,6 @@ impl<C: Codec> Engine<C> {
     pub(super) fn on_response(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         let cookie = h.cookie;
         let spilled = h.flags & FLAG_SPILL != 0;
-        let pulling = self.pulling_output_of(cookie);
         let Some(call) = self.calls.get_mut(cookie) else {
             cold_path();
             self.stats.stray_responses += 1;
@@ -34,7 +43,10 @@ impl<C: Codec> Engine<C> {
             }
             return;
         };
-        if call.peer != Some(src.token()) || call.outcome.is_some() || pulling {
+        // A second response while the first one's spilled output is pulled
+        // or waits for room (`response_in_hand`) is dropped as malformed, as
+        // is one from another peer, or after the outcome.
+        if call.peer != Some(src.token()) || call.outcome.is_some() || call.response_in_hand {
             cold_path();
             self.stats.malformed += 1;
             if logged_at(self.stats.malformed) {
@@ -78,19 +90,6 @@ impl<C: Codec> Engine<C> {
         self.file_outcome(cookie, Ok(Vec::new()));
     }
 
-    /// True while the spilled output of call `cookie`'s response is being
-    /// pulled. A second response meanwhile (a confused or hostile target,
-    /// of this protocol version or another) would start another pull, or
-    /// file an outcome the pull then overwrites: both are dropped.
-    #[inline]
-    pub(super) fn pulling_output_of(&self, cookie: u64) -> bool {
-        !self.pulls.is_empty()
-            && self
-                .pulls
-                .values()
-                .any(|p| p.header.cookie == cookie && p.header.is_response())
-    }
-
     /// [`on_response`](Self::on_response) of a response whose output
     /// spilled: its output is pulled before the call has its outcome. One
     /// that finds no room in the pull budget now (other outputs or inputs
@@ -111,13 +110,14 @@ impl<C: Codec> Engine<C> {
             });
             return self.file_outcome(cookie, outcome);
         }
+        // From now on a second response (a confused or hostile target, of
+        // this protocol version or another) is a duplicate, while the
+        // output is pulled or waits for room: it would start another pull,
+        // or end the call with its own outcome (`on_response`).
+        if let Some(call) = self.calls.get_mut(cookie) {
+            call.response_in_hand = true;
+        }
         if !self.output_waits.is_empty() {
-            if self.output_waits.iter().any(|w| w.header.cookie == cookie) {
-                // A second response while the first one's output waits (a
-                // confused or hostile target), as while it is pulled.
-                self.stats.malformed += 1;
-                return;
-            }
             // Behind those that wait: the first to come is pulled first.
             self.wait_for_room(src, h, p);
             return self.pull_waiting_outputs();
@@ -174,10 +174,61 @@ impl<C: Codec> Engine<C> {
         Some(e)
     }
 
+    /// Room in the pull budget may have come back: a pull ended, the
+    /// budget was set anew, or a
+    /// deferred request that held a pulled input was answered (or dropped
+    /// unanswered: [`outputs_before_sleep`](Self::outputs_before_sleep)
+    /// notices those). The spilled outputs that wait for room are tried
+    /// again. Every place that gives pull budget back calls this one
+    /// helper, so that no waiting output is left for an unrelated pull's
+    /// end or its call's timeout; with none waiting it costs one check.
+    #[inline(always)]
+    pub(super) fn pull_budget_freed(&mut self) {
+        if !self.output_waits.is_empty() {
+            cold_path();
+            self.pull_waiting_outputs();
+        }
+    }
+
+    /// What [`progress`](Self::progress) does before it sleeps (up to
+    /// `timeout`) while spilled outputs wait for room: a deferred request
+    /// holding a pulled input may have been dropped unanswered since (its
+    /// charge leaves the budget in its `Drop`, which cannot reach the
+    /// engine), so the outputs are tried again. Returns the timeout to
+    /// sleep: none if that moved an output (its pull's end is work), at
+    /// most [`OUTPUT_WAIT_RECHECK`] while deferred requests hold pulled
+    /// inputs (one dropped on another thread cannot wake the sleep), else
+    /// `timeout` (only a pull's end, which wakes it, brings room back).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn outputs_before_sleep(&mut self, timeout: Option<Duration>) -> Option<Duration> {
+        // Read before the retry: a request dropped after the retry looked
+        // at the budget still finds this sleep clamped.
+        let held_by_requests = self.deferred_bytes.load(Ordering::Relaxed) > 0;
+        if self.retry_waiting_outputs() {
+            return Some(Duration::ZERO);
+        }
+        if held_by_requests {
+            return Some(timeout.map_or(OUTPUT_WAIT_RECHECK, |t| t.min(OUTPUT_WAIT_RECHECK)));
+        }
+        timeout
+    }
+
+    /// Tries the waiting spilled outputs again (see
+    /// [`pull_budget_freed`](Self::pull_budget_freed)); true if any left
+    /// the queue (its pull started, or it was released or failed).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn retry_waiting_outputs(&mut self) -> bool {
+        let before = self.output_waits.len();
+        self.pull_waiting_outputs();
+        self.output_waits.len() < before
+    }
+
     /// Starts the pulls of the spilled outputs that wait for room in the
     /// pull budget, oldest first, until one finds none (it stays first).
-    /// Called when room may have come back: a pull ended, a deferred
-    /// request that held a pulled input was answered. An output whose
+    /// Called through [`pull_budget_freed`](Self::pull_budget_freed) when
+    /// room may have come back. An output whose
     /// call no longer wants it (given up on, or ended by its target's
     /// death) is released instead.
     #[cold]

@@ -66,6 +66,10 @@ struct Shared {
     /// Set with `Waiters::stopped` (under its lock): a call checks this
     /// flag, not the lock, before it starts.
     stopped: AtomicBool,
+    /// [`AsyncEngine::shutdown`] was called (set with `stopped`, under the
+    /// engine lock): the engine is done for good, and what works without
+    /// a driver (a lookup, an `expose`) is refused too.
+    shut_down: AtomicBool,
     /// Times the driver went to sleep on the fd (`RpcStats::driver_sleeps`).
     sleeps: AtomicU64,
     /// Requests whose handler task was dropped unanswered while the engine
@@ -143,6 +147,17 @@ impl Shared {
         }
         let why = self.waiters().stopped.clone().unwrap_or_default();
         Err(driver_stopped(what, &why))
+    }
+
+    /// Refuses `what` (work that needs no driver: a lookup, an `expose`)
+    /// once [`AsyncEngine::shutdown`] was called, with the error calls get
+    /// then. Call with the engine locked (`shutdown` sets the flag under
+    /// that lock, so nothing started under it comes after).
+    fn check_not_shut_down(&self, what: &str) -> Result<()> {
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(driver_stopped(what, SHUT_DOWN));
+        }
+        Ok(())
     }
 
     /// Records why the driver stopped (the first reason stands) and fails
@@ -427,6 +442,7 @@ impl AsyncEngine {
             room: tokio::sync::Notify::new(),
             runtime,
             stopped: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
             sleeps: AtomicU64::new(0),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
@@ -466,10 +482,17 @@ impl AsyncEngine {
     /// (`tokio::time::pause`) the pauses between attempts take no real
     /// time while the transport's bound is real time: a lookup of a peer
     /// that never accepts then retries without pause until that bound.
+    ///
+    /// After [`shutdown`](Self::shutdown) it fails with
+    /// [`RpcError::DriverStopped`], as calls do: the engine is done for
+    /// good. A driver that stopped otherwise (its runtime shut down, a
+    /// transport that kept failing) does not stop lookups, which need no
+    /// driver (but calls to the address found then fail).
     pub async fn lookup(&self, uri: &str) -> Result<Addr> {
         let (_engine, addr) = self
             .shared
             .retry_while_blocked("AsyncEngine::lookup", uri, Instant::now(), None, |e, since| {
+                self.shared.check_not_shut_down("AsyncEngine::lookup")?;
                 // The engine's own plugin (see `Engine::lookup`).
                 let plugin = e.plugin();
                 Ok(e.endpoint().plugin_mut(plugin)?.try_lookup(uri, since)?)

@@ -32,10 +32,17 @@ impl AsyncEngine {
     /// pull from (see [`Engine::expose`](crate::Engine::expose)); put the
     /// handle in RPC arguments to hand it over. The memory stays exposed
     /// exactly as long as the handle (and its clones) live.
+    ///
+    /// After [`shutdown`](Self::shutdown) it fails with
+    /// [`RpcError::DriverStopped`], as calls and transfers do (no call can
+    /// hand the handle over any more). A driver that stopped otherwise
+    /// (its runtime shut down, a transport that kept failing) does not stop
+    /// it: exposing needs no driver (but transfers with the handle, from
+    /// this engine, are refused).
     pub fn expose(&self, buffers: Vec<Vec<u8>>, access: Access) -> Result<Bulk> {
-        self.shared
-            .try_engine("AsyncEngine::expose")?
-            .expose(buffers, access)
+        let mut e = self.shared.try_engine("AsyncEngine::expose")?;
+        self.shared.check_not_shut_down("AsyncEngine::expose")?;
+        e.expose(buffers, access)
     }
 
     /// Moves `len` bytes between `remote` (a peer's handle, at

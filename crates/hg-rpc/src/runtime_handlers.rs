@@ -152,6 +152,20 @@ impl Drop for AnswerIfDropped {
         tracing::warn!(peer = %req.source(), "an async handler's task was dropped before it answered; answering with an error");
         // `try_lock`: this thread may hold the engine (a task dropped
         // inside `spawn`), and another may for long (never wait in a drop).
+        //
+        // Answered here, the driver need not be woken (it may sleep, armed
+        // by `try_wait`): the answer, a short handler error (never
+        // spilled, so no new deadline: `rearm_if_more_kept` is not
+        // needed), goes into the caller's ring at once and signals the
+        // caller; a send that finds the ring full is queued and, the
+        // plugin being armed, asks the caller to signal room, which wakes
+        // the driver to flush it; and work that queues a completion (the
+        // pull of a spilled output that waited for the room this request
+        // held) makes the plugin wake its sleeping owner. That is the
+        // contract of `Plugin::try_wait` (na-core), kept by na-sm
+        // (`send_ops.rs`: `send_on`, `queue_send`; `plugin.rs`: `rma`,
+        // `wake_owner_if_work`). Inside a spin window the driver turns
+        // without sleeping and sees it all on its next turn.
         if let Ok(mut e) = shared.engine.try_lock() {
             e.respond_deferred(req, Err(DROPPED_HANDLER.into()));
             shared.notify_finished(&mut e);

@@ -9,7 +9,8 @@ use super::*;
 impl AsyncEngine {
     /// Stops the engine for good, while it is still referenced: the
     /// driver stops, calls waiting fail at once and later calls,
-    /// transfers and registrations are refused, with
+    /// transfers, registrations, lookups and [`expose`](Self::expose) are
+    /// refused, with
     /// [`RpcError::DriverStopped`] whose reason names this method; and
     /// every handler, plain and async, is taken out and dropped, with what
     /// its closure captured. Dropping the `AsyncEngine` afterwards then
@@ -31,6 +32,9 @@ impl AsyncEngine {
         let (plain, asynchronous) = {
             let mut e = self.shared.try_engine("AsyncEngine::shutdown")?;
             let mut w = self.shared.waiters();
+            // Under the engine lock, which lookups and `expose` hold while
+            // they check it: none starts after.
+            self.shared.shut_down.store(true, Ordering::Release);
             self.shared.mark_stopped(&mut w, || SHUT_DOWN.into());
             drop(w);
             // Both under the engine lock, which registrations hold while

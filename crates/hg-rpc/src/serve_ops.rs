@@ -247,8 +247,8 @@ impl<C: Codec> Engine<C> {
             return true;
         };
         // Only the call's target may end it (as for any response), and not
-        // while the output of its first response is being pulled.
-        if call.peer != Some(src.token()) || call.outcome.is_some() || self.pulling_output_of(cookie) {
+        // while the output of its first response is pulled or waits to be.
+        if call.peer != Some(src.token()) || call.outcome.is_some() || call.response_in_hand {
             return true;
         }
         let outcome = if call.abandoned.is_some() {

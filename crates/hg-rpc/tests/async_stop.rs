@@ -75,7 +75,10 @@ fn sockets(dir: &std::path::Path) -> usize {
 /// Handlers that hold their own engine (an `Arc`, to make nested calls)
 /// make a reference cycle, which `shutdown` breaks: it takes the handlers
 /// out, so dropping the engine afterwards releases it (its socket goes).
-/// Calls and registrations after it fail, saying so; from a plain
+/// Calls, registrations, lookups and `expose` after it fail, saying so
+/// (lookups and `expose` need no driver, and still work once a driver
+/// stopped otherwise: see `calls_fail_at_once_when_the_driver_stops` and
+/// `a_driver_dropped_before_it_ever_ran_fails_calls_at_once`); from a plain
 /// handler it is a reentry error that changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
@@ -117,6 +120,12 @@ async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
     // Unchanged: it serves on.
     assert_eq!(client.call::<Echo>(&s, &vec![0; 5], T).await.unwrap(), vec![6]);
     assert_eq!(sockets(&dir), 1, "the server's socket");
+    // Work that needs no driver works while it runs.
+    let own_uri = server.self_addr().to_string();
+    server.lookup(&own_uri).await.unwrap();
+    server
+        .expose(vec![vec![0; 64]], na_core::Access::ReadOnly)
+        .unwrap();
 
     server.shutdown().unwrap();
     server.shutdown().unwrap();
@@ -133,6 +142,14 @@ async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
             .unwrap_err(),
     );
     stopped(server.register::<Count>(|()| Ok((0, 0))).unwrap_err());
+    // And work that needs none is refused the same way: the engine is
+    // done for good.
+    stopped(server.lookup(&own_uri).await.unwrap_err());
+    stopped(
+        server
+            .expose(vec![vec![0; 64]], na_core::Access::ReadOnly)
+            .unwrap_err(),
+    );
     stopped(
         server
             .register_async::<Count, _, _>(|()| async { Ok((0, 0)) })

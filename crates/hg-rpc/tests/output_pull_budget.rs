@@ -2,8 +2,9 @@
 //! a server process (`hg-rpc-testpeer`) over na-sm: outputs that find no
 //! room wait for it and all arrive intact (blocking and async API); a
 //! call given up on while its output waits lets the target release it at
-//! once; and an output no budget of this origin can hold fails with its
-//! own error.
+//! once; an output whose room a deferred request held goes when that
+//! request is dropped unanswered; and an output no budget of this origin
+//! can hold fails with its own error.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -162,6 +163,166 @@ async fn async_calls_whose_outputs_wait_for_an_async_handler_s_input_all_succeed
     assert_eq!(held.unwrap(), (MIB, fnv(&fill_pattern(MIB, 5))));
     let st = c.stats();
     assert_eq!((st.in_flight, st.errors, st.outputs_waited), (0, 1, 9), "{st:?}");
+}
+
+/// A client whose pull budget (1.5 MiB) is held by a 1 MiB input it
+/// pulled for a deferred handler of its own (the request taken, in hand,
+/// unanswered), and a call of its to a server process whose 1 MiB
+/// spilled output waits for that room. Returns the client, the server,
+/// the call, the request, and the peer that sent it (a thread that keeps
+/// its engine, and so its connection, until told to end).
+struct HeldBudget {
+    c: Engine,
+    _srv: Server,
+    call: hg_rpc::CallId,
+    req: Option<hg_rpc::DeferredRequest>,
+    end_holder: std::sync::mpsc::Sender<()>,
+    holder: std::thread::JoinHandle<hg_rpc::Result<(u64, u64)>>,
+}
+
+fn budget_held_by_a_deferred_request(d: &std::path::Path) -> HeldBudget {
+    let srv = Server::start(d);
+    let (ep, id) = endpoint(d, true);
+    let mut c = Engine::new(ep, id).unwrap();
+    c.set_max_pull_bytes(MIB + MIB / 2);
+    c.register_deferred::<Digest>().unwrap();
+    let c_uri = c.self_addr().uri().to_owned();
+    let (end_holder, ended) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn({
+        let d = d.to_path_buf();
+        move || {
+            let mut h = client(&d);
+            let to = h.lookup(&c_uri).unwrap();
+            // Never answered: it times out.
+            let r = h.call::<Digest>(&to, &fill_pattern(MIB, 5), Duration::from_secs(2));
+            let _ = ended.recv();
+            r
+        }
+    });
+    let end = Instant::now() + T;
+    let req = loop {
+        assert!(
+            Instant::now() < end,
+            "the held input never arrived: {:?}",
+            c.stats()
+        );
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+        if let Some(r) = c.take_deferred() {
+            break r;
+        }
+    };
+    assert_eq!(
+        req.payload.len() as u64,
+        MIB + 3,
+        "the pulled input (and its length prefix)"
+    );
+    let s = c.lookup(&srv.uri).unwrap();
+    let call = c.forward::<Fill>(&s, &(MIB, 7)).unwrap();
+    let end = Instant::now() + T;
+    while c.outputs_waiting() == 0 {
+        assert!(Instant::now() < end, "the output did not wait: {:?}", c.stats());
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    }
+    HeldBudget {
+        c,
+        _srv: srv,
+        call,
+        req: Some(req),
+        end_holder,
+        holder,
+    }
+}
+
+impl HeldBudget {
+    /// The call's output arrived intact; the peer whose request was
+    /// dropped unanswered timed out.
+    fn check_and_end(mut self) {
+        let out = self
+            .c
+            .take_response::<Fill>(self.call)
+            .expect("finished")
+            .unwrap();
+        assert!(out == fill_pattern(MIB, 7), "corrupted");
+        let st = self.c.stats();
+        assert_eq!((st.in_flight, st.errors, st.outputs_waited), (0, 0, 1), "{st:?}");
+        let _ = self.end_holder.send(());
+        let r = self.holder.join().unwrap();
+        assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    }
+}
+
+/// A deferred request dropped unanswered gives its pulled input's room
+/// back: the output that waited for it is pulled as the engine goes
+/// idle ([`Engine::try_wait`]), with no pull ending and no timeout.
+/// Driven only by `progress_now`, `trigger` and `try_wait`.
+#[test]
+fn a_deferred_request_dropped_unanswered_lets_the_waiting_output_go_at_try_wait() {
+    let d = dir("out-wait-dropped");
+    let mut h = budget_held_by_a_deferred_request(&d);
+    drop(h.req.take());
+    let end = Instant::now() + T;
+    while !h.c.is_finished(h.call) {
+        assert!(
+            Instant::now() < end,
+            "the output still waits after the request holding its room was dropped: {:?}",
+            h.c.stats()
+        );
+        h.c.progress_now().unwrap();
+        h.c.trigger().unwrap();
+        let _ = h.c.try_wait().unwrap();
+    }
+    h.check_and_end();
+}
+
+/// As above, with the request dropped on another thread while the
+/// client sleeps in a blocking `progress` far longer than the test's
+/// bound: the sleep ends within `OUTPUT_WAIT_RECHECK`s while deferred
+/// requests hold room, and the output is pulled.
+#[test]
+fn a_deferred_request_dropped_on_another_thread_does_not_leave_progress_asleep() {
+    let d = dir("out-wait-dropped-thread");
+    let mut h = budget_held_by_a_deferred_request(&d);
+    let req = h.req.take();
+    let dropper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(req);
+    });
+    let end = Instant::now() + T;
+    while !h.c.is_finished(h.call) {
+        assert!(
+            Instant::now() < end,
+            "the output still waits after the request holding its room was dropped: {:?}",
+            h.c.stats()
+        );
+        h.c.progress(Some(T + T)).unwrap();
+        h.c.trigger().unwrap();
+    }
+    dropper.join().unwrap();
+    h.check_and_end();
+}
+
+/// A budget set larger while an output waits for room lets it go at
+/// once: driven only by `progress_now` and `trigger` (which look at no
+/// waiting output), with the request that holds the room still in hand.
+#[test]
+fn a_larger_pull_budget_lets_the_waiting_output_go_at_once() {
+    let d = dir("out-wait-budget-raised");
+    let mut h = budget_held_by_a_deferred_request(&d);
+    h.c.set_max_pull_bytes(4 * MIB);
+    let end = Instant::now() + T;
+    while !h.c.is_finished(h.call) {
+        assert!(
+            Instant::now() < end,
+            "the output still waits under a budget with room: {:?}",
+            h.c.stats()
+        );
+        h.c.progress_now().unwrap();
+        h.c.trigger().unwrap();
+    }
+    drop(h.req.take());
+    h.check_and_end();
 }
 
 #[test]
