@@ -76,7 +76,7 @@ QS_RPC_CHECKSUM=on cargo test --quiet -p hg-rpc --test rpc --test spilled_args -
 
 step "the registration cache's race and corruption suites again with the opt-in map watch (QS_MR_CACHE_MAP_WATCH=on)"
 echo "skipped in this pass: an_address_freed_in_flight_and_mremapped_is_never_served_stale (it checks the default; the opt-in watch cannot see mremap, as documented)"
-QS_MR_CACHE_MAP_WATCH=on cargo test --quiet -p na-regcache --test inflight --test stress --test corruption \
+QS_MR_CACHE_MAP_WATCH=on cargo test --quiet -p na-regcache --test inflight --test settle --test stress --test corruption \
   -- --skip an_address_freed_in_flight_and_mremapped_is_never_served_stale
 
 step "examples (each verifies what it does and fails loudly otherwise)"

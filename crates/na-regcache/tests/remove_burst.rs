@@ -3,17 +3,19 @@
 //!
 //! `madvise(MADV_DONTNEED)` sends REMOVE before the kernel drops the pages,
 //! so the monitor keeps each REMOVE range "settling" for a while, and a
-//! miss overlapping one is handed out uncached. It keeps 32 such ranges;
-//! the 33rd of a burst used to make the *whole address space* settle, so
-//! every miss of every cache was uncached until the settle time ended.
-//! Now the closest ranges merge instead. An UNMAP burst never widened
-//! (each event invalidates exactly its range): checked here as a guard.
+//! miss overlapping one waits for that to end before it pins (before
+//! 2026-11-29 it was handed out uncached, stale once the settle time
+//! ended). It keeps 32 such ranges; the 33rd of a burst used to make the
+//! *whole address space* settle, so every miss of every cache was
+//! uncached until the settle time ended (and now would wait). Now the
+//! closest ranges merge instead. An UNMAP burst never widened (each event
+//! invalidates exactly its range): checked here as a guard.
 
 mod common;
 
 use common::sys::{self, PAGE};
 use common::NoopRegistrar;
-use na_regcache::{Access, Cache, CacheConfig, MonitorChoice, REMOVE_SETTLE};
+use na_regcache::{Access, Cache, CacheConfig, MonitorChoice, UffdMonitor, REMOVE_SETTLE};
 
 const LEN: usize = 4 * PAGE;
 const BURST: usize = 40;
@@ -22,8 +24,8 @@ const W: Access = Access::LOCAL_WRITE;
 /// The tests share the process's userfaultfd monitor, whose settling
 /// ranges (merged, so wider than the advised ones) would make the other
 /// test's fresh buffers, often at the advised test's freed addresses,
-/// miss uncached: one test at a time, and the advising one lets its
-/// ranges settle before it lets go.
+/// wait for their settle time, and whose `settle_waits` the advising test
+/// counts: one test at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A userfaultfd cache, or `None` (said loudly) where there is none.
@@ -89,21 +91,32 @@ fn a_burst_of_madvise_dontneed_leaves_other_misses_cached() {
     }
     let before = c.stats();
     assert_eq!(before.uncached, 0);
+    let monitor = UffdMonitor::global().expect("the cache's monitor");
+    let waits = monitor.counters().settle_waits;
     let h = c.get(other, LEN, W).expect("get of a range no madvise touched");
     assert!(
         h.is_cached(),
         "a miss far from all {BURST} advised ranges was handed out uncached: {}",
         c.stats()
     );
+    assert_eq!(
+        monitor.counters().settle_waits,
+        waits,
+        "a miss far from all {BURST} advised ranges waited for their settle time"
+    );
     assert!(h.is_valid_now());
     drop(h);
     assert_eq!(c.stats().uncached, 0, "{}", c.stats());
+    // An advised range itself waits (the settle time runs from the
+    // probe of the `get` above), then is cached and stays valid past it.
+    let h = c.get(burst[0], LEN, W).expect("get of an advised range");
+    assert_eq!(monitor.counters().settle_waits, waits + 1, "it waited");
+    std::thread::sleep(REMOVE_SETTLE * 2);
+    assert!(h.is_cached() && h.is_valid_now(), "{}", c.stats());
+    drop(h);
     for a in burst.into_iter().chain([other]) {
         sys::unmap(a, LEN).expect("munmap");
     }
-    // The settle time runs from the probe of the `get` above: let it end
-    // (with a wide margin) before the other test maps buffers.
-    std::thread::sleep(REMOVE_SETTLE * 5);
 }
 
 #[test]

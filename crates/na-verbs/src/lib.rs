@@ -36,10 +36,13 @@
 //!   trims an arena) needs registering again: a never-described one is
 //!   registered again on its next use, a described one fails its
 //!   transfers until `mem_register` and `mem_describe` are called again
-//!   (its peers hold the old keys). A registration made within
-//!   [`na_regcache::REMOVE_SETTLE`] of a discard of its range is valid
-//!   only until that time ends (the cache cannot see when the kernel has
-//!   dropped the pages): register a described handle again after it.
+//!   (its peers hold the old keys). Registering a range discarded moments
+//!   ago waits, at most [`na_regcache::REMOVE_SETTLE`] (100 ms), for the
+//!   kernel to be done dropping its pages (the cache cannot see that
+//!   happen), so the registration made then stays valid until the memory
+//!   changes again. (Before 2026-11-29 one made within that time was
+//!   valid only until it ended, and a described handle had to be
+//!   registered again after it.)
 //! * **Progress**: no threads; the completion channel and the RDMA CM
 //!   channel sit in the plugin's own epoll fd ([`na_core::Plugin::poll_fd`]);
 //!   busy progress polls the CQ without system calls.

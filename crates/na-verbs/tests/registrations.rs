@@ -56,14 +56,16 @@ fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
         .put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(1))
         .expect_err("RMA through it");
     assert!(e.to_string().contains("invalidated"), "{e}");
-    // A registration made while the discard is still settling (see
-    // na_regcache::REMOVE_SETTLE: the pages may be dropped after it pinned
-    // them) is valid only until that time ends, which a loaded VM can
-    // reach before the put: the handle is registered again after it.
-    std::thread::sleep(2 * na_regcache::REMOVE_SETTLE);
+    // Registered again at once, while the discard may still be settling
+    // (na_regcache::REMOVE_SETTLE: the kernel drops the pages after the
+    // monitor hears of it): the registration waits for that and stays
+    // valid past the settle time. (Before 2026-11-29 it was made at once
+    // and went stale when the settle time ended: this test slept it out
+    // before registering again, and a put after it failed.)
     let plugin = p.cli.plugin_mut(p.cli_id).unwrap();
     plugin.mem_register(&h).expect("register again");
     plugin.mem_describe(&h).expect("the new registration describes");
+    std::thread::sleep(2 * na_regcache::REMOVE_SETTLE);
     h.write_at(0, &[7u8; 4096]).unwrap();
     put_done(&mut p, &h, 0, &desc, 4096, OpId(2));
     let mut got = [0u8; 4096];

@@ -100,7 +100,8 @@ struct Tracker<R: Registrar> {
     shared: Arc<Shared<R>>,
     /// The cache's invalidation generation when the entry was made.
     gen: u64,
-    /// Made while its range was settling: stale from then on.
+    /// Made while its range was settling (a discard raced the miss past
+    /// its attempts): stale from then on.
     stale_at: Option<Instant>,
     /// Its slot in `shared.tracked` (exact), or `None` (only if the slot
     /// table could not grow): the table's history since `gen` decides
@@ -481,9 +482,10 @@ impl<R: Registrar> Registration<R> {
 
     /// True while the registration is in the cache (false: uncached
     /// fallback, or evicted/invalidated since). An uncached fallback made
-    /// because the cache was full or its range was settling is watched: its
-    /// validity flag clears when its range changes (and, for one made while
-    /// settling, when the settle time ends). One made with caching
+    /// because the cache was full, or because discards of its range kept
+    /// racing the miss, is watched: its validity flag clears when its range
+    /// changes (and, for one made while a discard settled, when the settle
+    /// time ends). One made with caching
     /// disabled, because the monitor refused the range, or (with the
     /// `none` monitor) by `get_unshared` or after registering a merged
     /// range failed, is not watched: its validity flag clears only when the

@@ -15,11 +15,15 @@
 //!    generation and the room the insertion may need, unlock; make that
 //!    room (a vector for the entries it takes out, tracking slots for
 //!    those in use and for the new span);
-//! 6. write-lock briefly: claim a tracking slot for the span, from then on
-//!    marked by every invalidation overlapping it, exactly, however many
-//!    of other ranges come (claimed marked already if one since step 5
-//!    may have overlapped it, which the table's history of the last 64
-//!    invalidations tells);
+//! 6. if the monitor says a change of the span is still settling
+//!    (`madvise` drops pages after its event), wait for it to end
+//!    (`Monitor::wait_settled`, no lock held; only misses of a range
+//!    discarded moments ago wait), sync the monitor and redo step 5's
+//!    notes; then write-lock briefly: claim a tracking slot for the span,
+//!    from then on marked by every invalidation overlapping it, exactly,
+//!    however many of other ranges come (claimed marked already if one
+//!    since step 5 may have overlapped it, which the table's history of
+//!    the last 64 invalidations tells);
 //! 7. subscribe the span with the monitor, *then* register it (so an unmap
 //!    between the two is seen), retrying once after evicting idle entries;
 //! 8. write-lock; if the slot was marked (without a slot, which only a
@@ -28,8 +32,9 @@
 //!    and generation noted then (at most three times: `Unstable` after
 //!    that); if the room made no longer
 //!    suffices (the table changed), unlock, make more and look again; if
-//!    the monitor says a change of the span is still settling (`madvise`
-//!    drops pages after its event), hand the registration out uncached;
+//!    the monitor says a change of the span is settling (one read since
+//!    the wait of step 6), retry too, and on the last attempt hand the
+//!    registration out uncached, stale once the settle time ends;
 //!    else insert, evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
 //!    slots lets the lock go, takes it again and goes on, checking the
@@ -74,6 +79,13 @@ use crate::error::{Error, Result};
 use crate::monitor::{InvalidationSink, Monitor, SinkId};
 use crate::registrar::{Access, Registrar};
 use crate::stats::{CacheStats, Stats};
+
+/// Attempts of a miss at a registration of a span that changed while it
+/// was being made ([`Error::Unstable`] after them), and of a miss or
+/// [`Cache::get_unshared`] whose range a discard read after its wait
+/// settles (after them: handed out uncached, stale once the settle time
+/// ends).
+const ATTEMPTS: usize = 3;
 
 /// A memory registration cache over registrar `R`. See the module docs for
 /// the call order of [`Cache::get`]; share it between threads by reference
@@ -160,7 +172,27 @@ impl<R: Registrar> Cache<R> {
         // Idle entries evicted by sweeps that paused (or whose attempt was
         // retried): they are in `doomed`, counted when the miss ends.
         let mut evicted_before = 0;
-        for _attempt in 0..3 {
+        for attempt in 0..ATTEMPTS {
+            if let Some(m) = sh.backend.monitor.as_deref() {
+                // A span discarded moments ago (`madvise`: its pages may
+                // still be on their way out) is pinned only once the
+                // discard is done, so the registration stays valid until
+                // the memory changes again. Only such misses wait.
+                if m.wait_settled(span.0, span.1) {
+                    // Apply what the monitor read meanwhile, then look at
+                    // the span again: entries may have come or gone.
+                    self.sync_monitor(m);
+                    let t = sh.table.read();
+                    span = t.span(addr, end, access);
+                    sh.widen(span.0, span.1);
+                    gen0 = t.generation();
+                    let bound = t.doom_bound(span.0, span.1);
+                    let want = t.overlaps(span.0, span.1) + 1;
+                    drop(t);
+                    doomed.reserve(bound);
+                    slots.add(want.saturating_sub(slots.left()));
+                }
+            }
             let (s, e, a) = span;
             // The span's tracking slot, claimed before the subscription
             // and the pin: an invalidation of the span while they are made
@@ -203,7 +235,8 @@ impl<R: Registrar> Cache<R> {
             let mut t = sh.lock();
             // The eviction sweep, across the lock holds it is split into.
             let mut sweep = Sweep::default();
-            // `None`: the mapping changed while we registered. Else whether
+            // `None`: the mapping changed (or a discard of it settles)
+            // while we registered. Else whether
             // the range is settling, whether the entry is cached, and how
             // many idle entries were evicted.
             let placed = loop {
@@ -222,7 +255,14 @@ impl<R: Registrar> Cache<R> {
                     continue;
                 }
                 if let Some(left) = sh.backend.monitor.as_ref().and_then(|m| m.settling(s, e)) {
-                    // Its pages may be dropped right after we pinned them.
+                    // A discard of the span read since the wait above (its
+                    // invalidation may be waiting for this lock): its pages
+                    // may be dropped right after we pinned them. Wait and
+                    // register again; past the attempts, hand it out
+                    // uncached, stale once the settle time ends.
+                    if attempt + 1 < ATTEMPTS {
+                        break None;
+                    }
                     break Some((Some(left), false, 0));
                 }
                 match t.insert(&entry, &mut doomed, &mut sweep) {
@@ -271,8 +311,9 @@ impl<R: Registrar> Cache<R> {
                 d.track_since(Arc::clone(sh), &t, &mut slots, gen_now, None);
             }
             if !cached {
-                // One made while its range was settling may have pinned
-                // pages the discard drops: stale once the settle time ends.
+                // One made while its range was settling (discards raced
+                // every attempt) may have pinned pages the discard drops:
+                // stale once the settle time ends.
                 let stale_at = settling.map(|left| Instant::now() + left);
                 match mine.take() {
                     // Live since before the pin and not hit: exact from now on.

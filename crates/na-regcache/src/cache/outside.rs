@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::entry::{Entry, Registration};
-use super::Cache;
+use super::{Cache, ATTEMPTS};
 use crate::error::Result;
 use crate::registrar::{Access, Registrar};
 use crate::stats::Stats;
@@ -47,55 +47,77 @@ impl<R: Registrar> Cache<R> {
     ) -> Result<Registration<R>> {
         let sh = &self.shared;
         let len = end - addr;
-        // As in `get`: changes that completed before this call are applied
-        // first (so they cannot count against the new registration), then
-        // the pre-filter is widened and the generation noted before the
-        // subscription and the pin, so a change after them is seen.
-        self.sync_monitor(m);
-        sh.widen(addr, end);
-        // The tracking slot is claimed with the generation, before the
-        // subscription and the pin: an invalidation while they are made
-        // marks it, however many of other ranges come meanwhile. It is
-        // reserved before the lock (the slot table may grow).
-        let mut reserved = sh.tracked.reserve(1);
-        let (gen, slot) = {
-            let t = sh.lock();
-            (t.generation(), sh.claim_live(&t, &mut reserved, addr, end))
-        };
-        drop(reserved);
-        let give_back = || {
-            if let Some(i) = slot {
-                sh.tracked.release(i);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            // As in `get`: changes that completed before this call are
+            // applied first (so they cannot count against the new
+            // registration); a range discarded moments ago is pinned only
+            // once the discard is done (and what the monitor read
+            // meanwhile is applied); then the pre-filter is widened and the
+            // generation noted before the subscription and the pin, so a
+            // change after them is seen.
+            self.sync_monitor(m);
+            if m.wait_settled(addr, end) {
+                self.sync_monitor(m);
             }
-        };
-        let watch = match m.subscribe(addr, len, addr as u64) {
-            Ok(w) => Some(w),
-            Err(err) => {
-                tracing::debug!(addr, len, error = %err, "monitor refused range: unwatched");
-                None
-            }
-        };
-        let region = match self.register(addr, len, access) {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(w) = &watch {
-                    m.unsubscribe(w);
+            sh.widen(addr, end);
+            // The tracking slot is claimed with the generation, before the
+            // subscription and the pin: an invalidation while they are made
+            // marks it, however many of other ranges come meanwhile. It is
+            // reserved before the lock (the slot table may grow).
+            let mut reserved = sh.tracked.reserve(1);
+            let (gen, slot) = {
+                let t = sh.lock();
+                (t.generation(), sh.claim_live(&t, &mut reserved, addr, end))
+            };
+            drop(reserved);
+            let give_back = || {
+                if let Some(i) = slot {
+                    sh.tracked.release(i);
                 }
+            };
+            let watch = match m.subscribe(addr, len, addr as u64) {
+                Ok(w) => Some(w),
+                Err(err) => {
+                    tracing::debug!(addr, len, error = %err, "monitor refused range: unwatched");
+                    None
+                }
+            };
+            let region = match self.register(addr, len, access) {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(w) = &watch {
+                        m.unsubscribe(w);
+                    }
+                    give_back();
+                    return Err(e);
+                }
+            };
+            let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
+            let settling = m.settling(addr, end);
+            if settling.is_some() && attempts < ATTEMPTS {
+                // A discard of the range read since the wait: the pages
+                // may be dropped right after we pinned them. Register
+                // again once it is done (dropping the entry deregisters it
+                // and ends its watch).
                 give_back();
-                return Err(e);
+                drop(entry);
+                continue;
             }
-        };
-        let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
-        let stale_at = m.settling(addr, end).map(|left| Instant::now() + left);
-        if slot.is_none() {
-            tracing::debug!(
-                addr,
-                len,
-                "regcache: the tracking slots cannot grow; tracked by history"
-            );
+            // Past the attempts, a registration made while its range
+            // settles is stale once the settle time ends.
+            let stale_at = settling.map(|left| Instant::now() + left);
+            if slot.is_none() {
+                tracing::debug!(
+                    addr,
+                    len,
+                    "regcache: the tracking slots cannot grow; tracked by history"
+                );
+            }
+            entry.track_with(Arc::clone(sh), gen, stale_at, slot);
+            return Ok(self.hand_out(entry, counter));
         }
-        entry.track_with(Arc::clone(sh), gen, stale_at, slot);
-        Ok(self.hand_out(entry, counter))
     }
 
     /// The first user handle of an entry outside the index, counted in

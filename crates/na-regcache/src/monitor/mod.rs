@@ -112,14 +112,30 @@ pub trait Monitor: Send + Sync + 'static {
     /// `Some(left)` while a change of `[start, end)` that already reached
     /// the sinks may still be replacing its pages (for at most `left` more),
     /// so a registration made now may pin pages that are about to be
-    /// dropped: the cache then hands the registration out uncached, and its
-    /// validity flag clears once `left` has passed. (userfaultfd delivers
-    /// `madvise`'s REMOVE *before* the kernel drops the pages.) Called on a
-    /// miss under the cache's lock: must not block, allocate or take a lock
-    /// the monitor holds while it calls sinks.
+    /// dropped. (userfaultfd delivers `madvise`'s REMOVE *before* the
+    /// kernel drops the pages.) A miss waits that out before it pins
+    /// ([`Monitor::wait_settled`]) and asks again after the pin, under the
+    /// cache's lock: if a change came meanwhile it registers again, and
+    /// past its attempts hands the registration out uncached, its validity
+    /// flag clearing once `left` has passed. Must not block, allocate or
+    /// take a lock the monitor holds while it calls sinks.
     fn settling(&self, start: usize, end: usize) -> Option<Duration> {
         let _ = (start, end);
         None
+    }
+
+    /// Waits, before a miss (or [`crate::Cache::get_unshared`]) pins
+    /// `[start, end)`, until no change of it that already reached the
+    /// sinks may still be replacing its pages ([`Monitor::settling`]), so
+    /// that the registration pins the pages that stay and stays valid
+    /// until the memory changes again. Returns true if it waited (the
+    /// caller then looks at its span again). May give up after a bound (a
+    /// range changed again and again): the check under the cache's lock
+    /// then decides. Called with no lock held; only misses of a range
+    /// changed moments ago wait. Defaults to nothing to wait for.
+    fn wait_settled(&self, start: usize, end: usize) -> bool {
+        let _ = (start, end);
+        false
     }
 
     /// True when the mapping under `watch` is known to have changed (kdreg2

@@ -162,15 +162,33 @@
 //! invalidates the caches; in a fixed table of 32 ranges, where a burst of
 //! more merges the closest two into one covering both, never widening to
 //! the whole address space), until [`REMOVE_SETTLE`] after the first `sync`
-//! whose probe found the count lowered (the advising thread awake), and a
-//! miss whose span overlaps a settling range is handed out uncached
-//! ([`Monitor::settling`]; [`UffdCounters::settling_uncached`] counts them).
-//! The cache checks under the lock the reader's invalidation takes, so a
-//! miss either inserts before the invalidation (which then drops it) or
-//! sees the mark. The advising thread is running in the kernel by the time
-//! the count is lowered and drops the pages right after taking the mmap
-//! lock; the settle time is a bound on that, the one timing assumption of
-//! this monitor. Userspace cannot observe the end of the zap.
+//! whose probe found the count lowered (the advising thread awake). The
+//! advising thread is running in the kernel by the time the count is
+//! lowered and drops the pages right after taking the mmap lock; the
+//! settle time is a bound on that, the one timing assumption of this
+//! monitor. Userspace cannot observe the end of the zap.
+//!
+//! A miss (or `get_unshared`) whose span overlaps a settling range waits,
+//! before it pins, for the settle time to end ([`Monitor::wait_settled`]:
+//! it sleeps, or starts a settle time not started yet with a probe;
+//! [`UffdCounters::settle_waits`] counts the waits), so it pins the pages
+//! that stay and its registration stays valid until the memory changes
+//! again. Only misses of a range discarded moments ago wait (up to
+//! `REMOVE_SETTLE`); hits never look. After the pin the cache checks again
+//! under the lock the reader's invalidation takes ([`Monitor::settling`]),
+//! so a miss either inserts before the invalidation (which then drops it)
+//! or sees the mark of a discard read since its wait: it then registers
+//! again after waiting, and past its attempts hands the registration out
+//! uncached, its validity flag clearing when the settle time ends
+//! ([`UffdCounters::settling_uncached`] counts those checks). A range
+//! discarded again and again is waited for at most four settle times per
+//! attempt. **Before 2026-11-29** a miss of a settling range pinned at once
+//! and was handed out uncached with that deadline: a registration made
+//! within the settle time of a discard that had long been done (glibc
+//! trims thread arenas with `MADV_DONTNEED`; a buffer allocated there and
+//! registered soon after) went stale when the settle time ended though
+//! nothing had changed since, and na-verbs failed a described handle's
+//! transfers (`tests/settle.rs`).
 //!
 //! The reader never allocates, frees or logs in its loop: freeing memory
 //! could itself unmap a registered page and block the reader on its own
@@ -223,7 +241,7 @@ mod sync;
 
 /// How long a REMOVE range stays settling once its advising thread is known
 /// to be awake (the first quiet probe after the event was read; see the
-/// module docs): misses overlapping it are not cached meanwhile.
+/// module docs): a miss overlapping it waits for it to end before pinning.
 pub const REMOVE_SETTLE: Duration = Duration::from_millis(100);
 
 const REQUIRED: u64 = uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_REMAP;
@@ -246,13 +264,21 @@ pub struct UffdCounters {
     pub inflight_waits: u64,
     /// Failed in-flight probes in `sync` (should stay zero).
     pub probe_errors: u64,
-    /// Misses handed out uncached because their range was settling after
-    /// a REMOVE (`madvise`) event.
+    /// Checks, after the pin, that found the range settling after a
+    /// REMOVE (`madvise`) event read since the miss (or `get_unshared`)
+    /// waited for its range to settle: a discard that raced with the
+    /// registration. The cache then registers again (after waiting), or
+    /// past its attempts hands the registration out uncached, valid only
+    /// until the settle time ends.
     pub settling_uncached: u64,
     /// In-flight probes made (one system call each). With the map watch,
     /// lookups probe only after something was mapped since the last quiet
     /// probe; without it, every in-flight lookup probes.
     pub probes: u64,
+    /// Misses (and `get_unshared` calls) that found their range settling
+    /// after a REMOVE (`madvise`) event and waited for its settle time to
+    /// end before pinning it ([`Monitor::wait_settled`]).
+    pub settle_waits: u64,
 }
 
 struct Shared {
@@ -262,7 +288,7 @@ struct Shared {
     started: AtomicU64,
     finished: AtomicU64,
     sinks: SinkSet,
-    counters: [AtomicU64; 9],
+    counters: [AtomicU64; 10],
     /// Stamps of address-space growth, when available (see the module docs).
     map_watch: Option<MapWatch>,
     /// Queries of this process's mappings (shared? huge pages?); `None`
@@ -490,6 +516,7 @@ impl UffdMonitor {
             probe_errors: c[6].load(SeqCst),
             settling_uncached: c[7].load(SeqCst),
             probes: c[8].load(SeqCst),
+            settle_waits: c[9].load(SeqCst),
         }
     }
 }
@@ -568,6 +595,10 @@ impl Monitor for UffdMonitor {
             self.shared.counters[7].fetch_add(1, SeqCst);
         }
         settling
+    }
+
+    fn wait_settled(&self, start: usize, end: usize) -> bool {
+        self.shared.wait_settled(start, end)
     }
 
     fn sync(&self) {
