@@ -68,12 +68,17 @@ impl<C: Codec> Engine<C> {
     /// gives its pulled input's room back without telling the engine),
     /// and while deferred requests hold pulled inputs it sleeps at most
     /// [`OUTPUT_WAIT_RECHECK`](super::OUTPUT_WAIT_RECHECK) (one dropped on
-    /// another thread cannot wake it).
+    /// another thread cannot wake it: [`next_expiry`](Self::next_expiry)
+    /// says so).
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
         self.repost_buffers()?;
         if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() || !self.deferred.is_empty() {
             return Ok(self.ep.pending_completions());
         }
+        // `next_expiry` first: it reads whether deferred requests hold
+        // pulled inputs before the retry below looks at the budget, so a
+        // request dropped after that look still finds this sleep bounded
+        // by OUTPUT_WAIT_RECHECK.
         let mut timeout = match self.next_expiry() {
             Some(at) => {
                 let left = at.saturating_duration_since(Instant::now());
@@ -81,8 +86,9 @@ impl<C: Codec> Engine<C> {
             }
             None => timeout,
         };
-        if !self.output_waits.is_empty() {
-            timeout = self.outputs_before_sleep(timeout);
+        if !self.output_waits.is_empty() && self.retry_waiting_outputs() {
+            // An output moved: its pull's end is work, no sleep.
+            timeout = Some(Duration::ZERO);
         }
         Ok(self.ep.progress(timeout)?)
     }
@@ -91,14 +97,6 @@ impl<C: Codec> Engine<C> {
     /// [`Engine::take_response`] (the async API's send failures and timeouts).
     pub(crate) fn count_error(&mut self) {
         self.stats.errors += 1;
-    }
-
-    /// Bytes of spilled data kept for a TTL: outputs exposed as a target,
-    /// inputs of abandoned (and one-way) calls as an origin. A driver
-    /// compares it around work done outside its own turn: more means a new
-    /// deadline it must wake for.
-    pub(crate) fn kept_bytes(&self) -> u64 {
-        self.abandoned_bytes + self.exposed.bytes()
     }
 
     /// Bytes of the spilled inputs held for abandoned (and one-way) calls:
@@ -117,7 +115,26 @@ impl<C: Codec> Engine<C> {
     /// while no traffic comes, and a draining engine that keeps an output
     /// for a client that died never becomes [`drained`](Self::drained).
     /// Ask again after each `trigger` and after giving up on a call.
+    ///
+    /// While spilled outputs of this engine's calls wait for room in the
+    /// pull budget and [`DeferredRequest`](super::DeferredRequest)s hold
+    /// pulled inputs, it is at most
+    /// [`OUTPUT_WAIT_RECHECK`](super::OUTPUT_WAIT_RECHECK) from now: a
+    /// request dropped unanswered (on any thread) gives its room back
+    /// without waking a sleep on the fd, and the next
+    /// [`try_wait`](Self::try_wait) (or `progress`) moves the outputs.
     pub fn next_expiry(&self) -> Option<Instant> {
+        let kept = self.kept_expiry();
+        if !self.output_waits.is_empty() {
+            return self.output_wait_recheck(kept);
+        }
+        kept
+    }
+
+    /// [`next_expiry`](Self::next_expiry) of the spilled data kept for a
+    /// TTL and of the notices that wait to be sent again.
+    #[inline]
+    fn kept_expiry(&self) -> Option<Instant> {
         // Notices refused by a full backlog are tried again then, if no
         // turn moved the transport before.
         let retry = self.unsent_notices.next_try();

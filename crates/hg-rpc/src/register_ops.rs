@@ -38,8 +38,11 @@ pub(crate) struct Handler {
 /// spilled input it held leaves the pull budget: spilled outputs of this
 /// engine's own calls that waited for that room are pulled at the
 /// engine's next [`progress`](Engine::progress) or
-/// [`try_wait`](Engine::try_wait) (a sleeping `progress` looks again at
-/// least every [`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK)).
+/// [`try_wait`](Engine::try_wait) (while it is held,
+/// [`next_expiry`](Engine::next_expiry) is at most
+/// [`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK) ahead, so a sleep
+/// bounded by it, a blocking `progress`'s included, looks again that
+/// often).
 pub struct DeferredRequest {
     pub(super) src: Addr,
     pub(super) header: Header,

@@ -4,7 +4,7 @@
 //! for it), and the outcomes kept for callers.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use na_core::hint::cold_path;
 use na_core::{Addr, MemHandle, NaError};
@@ -16,11 +16,15 @@ use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_SPILL};
 
-/// The longest a blocking [`progress`](Engine::progress) sleeps while
-/// spilled outputs wait for room that deferred requests hold: a request
-/// dropped unanswered on another thread gives its room back without
-/// waking the sleep, so the outputs are tried again at least this often.
+/// The furthest [`next_expiry`](Engine::next_expiry) lies ahead while
+/// spilled outputs wait for room that deferred requests hold, and so the
+/// longest a blocking [`progress`](Engine::progress), an async driver or
+/// an event loop of the user's own (bounded by `next_expiry`) sleeps
+/// then: a request dropped unanswered on another thread gives its room
+/// back without waking the sleep, so the outputs are tried again at
+/// least this often.
 pub const OUTPUT_WAIT_RECHECK: Duration = Duration::from_millis(10);
+
 impl<C: Codec> Engine<C> {
     /// A response (header `h`, payload `p`) arrived from `src`. It counts
     /// only for a call in flight to that same peer: a late one (the call
@@ -175,11 +179,11 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Room in the pull budget may have come back: a pull ended, the
-    /// budget was set anew, or a
-    /// deferred request that held a pulled input was answered (or dropped
-    /// unanswered: [`outputs_before_sleep`](Self::outputs_before_sleep)
-    /// notices those). The spilled outputs that wait for room are tried
-    /// again. Every place that gives pull budget back calls this one
+    /// budget was set anew, or a deferred request that held a pulled
+    /// input was answered (or dropped unanswered: `try_wait` and
+    /// `progress` notice those, within
+    /// [`output_wait_recheck`](Self::output_wait_recheck)'s deadline). The
+    /// spilled outputs that wait for room are tried again. Every place that gives pull budget back calls this one
     /// helper, so that no waiting output is left for an unrelated pull's
     /// end or its call's timeout; with none waiting it costs one check.
     #[inline(always)]
@@ -190,28 +194,24 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// What [`progress`](Self::progress) does before it sleeps (up to
-    /// `timeout`) while spilled outputs wait for room: a deferred request
-    /// holding a pulled input may have been dropped unanswered since (its
-    /// charge leaves the budget in its `Drop`, which cannot reach the
-    /// engine), so the outputs are tried again. Returns the timeout to
-    /// sleep: none if that moved an output (its pull's end is work), at
-    /// most [`OUTPUT_WAIT_RECHECK`] while deferred requests hold pulled
-    /// inputs (one dropped on another thread cannot wake the sleep), else
-    /// `timeout` (only a pull's end, which wakes it, brings room back).
+    /// [`next_expiry`](Self::next_expiry) while spilled outputs wait for
+    /// room: `at` (the kept data's and notices' next deadline), or
+    /// [`OUTPUT_WAIT_RECHECK`] from now if that is sooner and deferred
+    /// requests hold pulled inputs. One of those dropped unanswered gives
+    /// its room back in its `Drop`, which cannot reach the engine nor wake
+    /// a sleep on the fd (a blocking `progress`, an async driver, a user's
+    /// own event loop): the sleep ends by this deadline and the outputs
+    /// are tried again (`try_wait`, `progress`). With no request holding
+    /// an input, only a pull's end, which wakes the sleep, brings room
+    /// back.
     #[cold]
     #[inline(never)]
-    pub(super) fn outputs_before_sleep(&mut self, timeout: Option<Duration>) -> Option<Duration> {
-        // Read before the retry: a request dropped after the retry looked
-        // at the budget still finds this sleep clamped.
-        let held_by_requests = self.deferred_bytes.load(Ordering::Relaxed) > 0;
-        if self.retry_waiting_outputs() {
-            return Some(Duration::ZERO);
+    pub(super) fn output_wait_recheck(&self, at: Option<Instant>) -> Option<Instant> {
+        if self.deferred_bytes.load(Ordering::Relaxed) == 0 {
+            return at;
         }
-        if held_by_requests {
-            return Some(timeout.map_or(OUTPUT_WAIT_RECHECK, |t| t.min(OUTPUT_WAIT_RECHECK)));
-        }
-        timeout
+        let recheck = Instant::now() + OUTPUT_WAIT_RECHECK;
+        Some(at.map_or(recheck, |t| t.min(recheck)))
     }
 
     /// Tries the waiting spilled outputs again (see

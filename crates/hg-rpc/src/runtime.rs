@@ -78,7 +78,22 @@ struct Shared {
     orphans: Mutex<Vec<crate::engine::DeferredRequest>>,
     /// `orphans` is not empty (checked without its lock).
     has_orphans: AtomicBool,
+    /// The deadline the driver sleeps until, as [`Shared::code`] encodes
+    /// it ([`AWAKE`] while it turns, [`NO_DEADLINE`] for none): set under
+    /// the engine lock as it decides to sleep, so work done outside its
+    /// turn under that lock knows whether the driver would wake in time
+    /// for the engine's next expiry ([`Shared::wake_if_sooner`]).
+    sleeps_until: AtomicU64,
+    /// The instant `sleeps_until` counts from (the engine's spawn).
+    epoch: Instant,
 }
+
+/// [`Shared::sleeps_until`] while the driver is awake: it asks the
+/// engine's next expiry anew before it sleeps, so nothing need wake it.
+const AWAKE: u64 = 0;
+
+/// [`Shared::sleeps_until`] while the driver sleeps with no deadline.
+const NO_DEADLINE: u64 = u64::MAX;
 
 thread_local! {
     /// The engines this thread holds locked (their `Shared` addresses). A
@@ -323,14 +338,56 @@ impl Shared {
         }
     }
 
-    /// Wakes the driver to work out its deadline again when `e` keeps more
-    /// spilled data than `before` (work done outside the driver's turn: a
-    /// spilled one-way call, an async handler's spilled output). A driver
-    /// asleep with no deadline would otherwise keep it past its TTL.
-    fn rearm_if_more_kept(&self, e: &Engine, before: u64) {
-        if e.kept_bytes() > before {
+    /// Wakes the driver to work out its deadline again if `e`'s
+    /// [`next_expiry`](Engine::next_expiry) is now sooner than the
+    /// deadline it sleeps until. Call with the engine locked, after any
+    /// work done outside the driver's turn that may bring the next expiry
+    /// forward: more spilled data kept for a TTL (a spilled one-way call,
+    /// an async handler's spilled output, a call given up that keeps its
+    /// input), a notice the transport refused that waits for a retry (a
+    /// release of a waiting output, sent as an async handler's answer
+    /// gives pull budget back), spilled outputs that start to wait while
+    /// deferred requests hold inputs ([`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK)).
+    /// A driver asleep with a later deadline, or none, would otherwise
+    /// let a TTL or a retry pass unnoticed until the next traffic. Nothing
+    /// to do while the driver turns: it asks again before it sleeps.
+    fn wake_if_sooner(&self, e: &Engine) {
+        // The driver publishes its deadline under the engine lock, which
+        // the caller holds: a sleep decided before is seen here, one
+        // decided after sees this work.
+        let asleep = self.sleeps_until.load(Ordering::Acquire);
+        if asleep == AWAKE {
+            return;
+        }
+        if self.code(e.next_expiry()) < asleep {
+            // Stored if the driver is not waiting yet (it let the lock go
+            // and has still to poll its sleep): that sleep ends at once.
             self.rearm.notify_one();
         }
+    }
+
+    /// The driver decided to sleep until `at` (none: until an event).
+    /// Call with the engine locked.
+    pub(super) fn sleeping_until(&self, at: Option<Instant>) {
+        self.sleeps_until.store(self.code(at), Ordering::Release);
+    }
+
+    /// The driver woke up (it turns before it sleeps again).
+    pub(super) fn woke(&self) {
+        self.sleeps_until.store(AWAKE, Ordering::Release);
+    }
+
+    /// `at` as [`sleeps_until`](Self::sleeps_until) holds it: nanoseconds
+    /// since `epoch` plus one (never [`AWAKE`]), [`NO_DEADLINE`] for none;
+    /// sooner is smaller.
+    fn code(&self, at: Option<Instant>) -> u64 {
+        at.map_or(NO_DEADLINE, |at| {
+            let since = at.saturating_duration_since(self.epoch).as_nanos();
+            u64::try_from(since)
+                .unwrap_or(u64::MAX)
+                .saturating_add(1)
+                .min(NO_DEADLINE - 1)
+        })
     }
 
     /// A forward to `dest` that was our own address ran a plain handler
@@ -444,6 +501,9 @@ impl AsyncEngine {
             stopped: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             sleeps: AtomicU64::new(0),
+            // Awake: the driver works before it first sleeps.
+            sleeps_until: AtomicU64::new(AWAKE),
+            epoch: Instant::now(),
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.
@@ -578,6 +638,10 @@ struct Waiters {
 /// nothing wakes it (a safety net: the driver's turns and async handlers'
 /// answers wake it).
 pub const DRAIN_RECHECK: Duration = Duration::from_millis(50);
+
+#[cfg(test)]
+#[path = "runtime_wake_tests.rs"]
+mod wake_tests;
 
 #[cfg(test)]
 mod probe_tests {

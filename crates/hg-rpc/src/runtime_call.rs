@@ -221,7 +221,6 @@ impl AsyncEngine {
     ) -> Result<()> {
         let mut e = self.shared.try_engine(what)?;
         self.shared.check_running(R::NAME, &mut e)?;
-        let kept = e.kept_bytes();
         e.forward_one_way::<R>(dest, input).inspect_err(|err| {
             if count_held || !matches!(err, RpcError::InputsHeld { .. }) {
                 e.count_error()
@@ -232,7 +231,7 @@ impl AsyncEngine {
         // (no network event would wake the driver for it).
         self.shared.spawn_deferred(&mut e);
         // A spilled input is kept until acknowledged, at most its TTL.
-        self.shared.rearm_if_more_kept(&e, kept);
+        self.shared.wake_if_sooner(&e);
         Ok(())
     }
 }
@@ -250,11 +249,10 @@ impl Drop for Abandon<'_> {
             let mut e = self.shared.engine();
             self.shared.waiters().calls.remove(&self.id);
             e.abandon(self.id);
-            if e.next_expiry().is_some() {
-                // Kept (its target may still pull the input): the driver
-                // must wake for its TTL.
-                self.shared.rearm.notify_one();
-            }
+            // Kept (its target may still pull the input), the driver must
+            // wake for its TTL; a release of its waiting output the
+            // transport refused, for the retry.
+            self.shared.wake_if_sooner(&e);
         }
     }
 }

@@ -98,7 +98,15 @@ pub(super) async fn drive(
                             return Ok(None);
                         }
                     }
-                    e.try_wait().map(|sleep| sleep.then(|| e.next_expiry()))
+                    e.try_wait().map(|sleep| {
+                        sleep.then(|| {
+                            let at = e.next_expiry();
+                            // Under the lock: work done outside this task
+                            // from now on knows when we wake.
+                            shared.sleeping_until(at);
+                            at
+                        })
+                    })
                 })
             };
             match turn {
@@ -152,6 +160,9 @@ pub(super) async fn drive(
             }
         };
         let readable = counting_sleep(until, &shared.sleeps).await;
+        // The next turn asks the engine's next expiry anew before it
+        // sleeps: work done outside it need not wake it meanwhile.
+        shared.woke();
         if let Some(readable) = readable {
             match readable {
                 // Clear first, then work until the plugins agree to sleep:

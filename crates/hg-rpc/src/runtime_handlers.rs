@@ -87,10 +87,12 @@ impl Shared {
                     return;
                 };
                 let mut e = shared.engine();
-                let kept = e.kept_bytes();
                 e.respond_deferred(req, result);
                 shared.notify_finished(&mut e);
-                shared.rearm_if_more_kept(&e, kept);
+                // A spilled output kept for its TTL, or pull budget given
+                // back that sent releases the transport refused: the
+                // sleeping driver must wake for the new deadline.
+                shared.wake_if_sooner(&e);
                 shared.drain_may_have_moved(&e);
             });
         }
@@ -113,6 +115,9 @@ impl Shared {
             e.respond_deferred(req, Err(DROPPED_HANDLER.into()));
         }
         self.notify_finished(e);
+        // Called from a caller's task too (`spawn_deferred` after a
+        // self-forward): see the answer in the handler's task.
+        self.wake_if_sooner(e);
         self.drain_may_have_moved(e);
     }
 }
@@ -153,10 +158,10 @@ impl Drop for AnswerIfDropped {
         // `try_lock`: this thread may hold the engine (a task dropped
         // inside `spawn`), and another may for long (never wait in a drop).
         //
-        // Answered here, the driver need not be woken (it may sleep, armed
-        // by `try_wait`): the answer, a short handler error (never
-        // spilled, so no new deadline: `rearm_if_more_kept` is not
-        // needed), goes into the caller's ring at once and signals the
+        // Answered here, the driver need not be woken for the answer (it
+        // may sleep, armed by `try_wait`): the answer, a short handler
+        // error (never spilled, so no new deadline), goes into the
+        // caller's ring at once and signals the
         // caller; a send that finds the ring full is queued and, the
         // plugin being armed, asks the caller to signal room, which wakes
         // the driver to flush it; and work that queues a completion (the
@@ -169,6 +174,10 @@ impl Drop for AnswerIfDropped {
         if let Ok(mut e) = shared.engine.try_lock() {
             e.respond_deferred(req, Err(DROPPED_HANDLER.into()));
             shared.notify_finished(&mut e);
+            // But the pull budget the request held came back: a release
+            // of a waiting output the transport refused waits for a retry
+            // the driver must wake for (as after any answer).
+            shared.wake_if_sooner(&e);
             shared.drain_may_have_moved(&e);
             return;
         }

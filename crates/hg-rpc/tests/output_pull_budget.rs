@@ -303,6 +303,62 @@ fn a_deferred_request_dropped_on_another_thread_does_not_leave_progress_asleep()
     h.check_and_end();
 }
 
+/// As above, with the client driven by an event loop of the user's own:
+/// `progress_now`, `trigger`, then `try_wait` and a sleep on the engine's
+/// fd bounded by `next_expiry` (far longer than the test's bound when it
+/// says nothing). While the request holds the room, `next_expiry` is at
+/// most `OUTPUT_WAIT_RECHECK` ahead, so the loop wakes, and its next
+/// `try_wait` moves the output once the request was dropped.
+#[test]
+fn a_deferred_request_dropped_on_another_thread_does_not_leave_an_own_event_loop_asleep() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let d = dir("out-wait-dropped-loop");
+    let mut h = budget_held_by_a_deferred_request(&d);
+    // The engine's epoll set, as a loop of the user's own would sleep on.
+    let fd = common::sys::dup(h.c.endpoint().as_raw_fd()).expect("dup(2) of the engine's fd");
+    let req = h.req.take();
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dropper = std::thread::spawn({
+        let dropped = dropped.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(req);
+            dropped.store(true, std::sync::atomic::Ordering::Release);
+        }
+    });
+    let (mut sleeps_held, end) = (0u32, Instant::now() + T);
+    loop {
+        h.c.progress_now().unwrap();
+        h.c.trigger().unwrap();
+        if h.c.is_finished(h.call) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the output still waits after the request holding its room was dropped \
+             (the loop slept past it): {:?}",
+            h.c.stats()
+        );
+        if !h.c.try_wait().unwrap() {
+            continue;
+        }
+        let held = !dropped.load(std::sync::atomic::Ordering::Acquire);
+        let left =
+            h.c.next_expiry()
+                .map(|at| at.saturating_duration_since(Instant::now()));
+        if held {
+            sleeps_held += 1;
+        }
+        common::sys::poll_readable(fd.as_fd(), Some(left.unwrap_or(T + T).min(T + T))).expect("poll(2)");
+    }
+    dropper.join().unwrap();
+    assert!(
+        sleeps_held > 0,
+        "the loop never slept while the request held the room: the test did not test it"
+    );
+    h.check_and_end();
+}
+
 /// A budget set larger while an output waits for room lets it go at
 /// once: driven only by `progress_now` and `trigger` (which look at no
 /// waiting output), with the request that holds the room still in hand.

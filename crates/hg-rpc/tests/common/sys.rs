@@ -81,3 +81,28 @@ pub fn sysconf(name: libc::c_int) -> io::Result<libc::c_long> {
     // memory of ours.
     check(unsafe { libc::sysconf(name) })
 }
+
+/// Waits until `fd` is readable or `timeout` passes (none: no bound),
+/// and says whether it is readable
+/// ([poll(2)](https://man7.org/linux/man-pages/man2/poll.2.html)): the
+/// sleep of an event loop of the user's own on an engine's fd. A wait cut
+/// short by a signal (`EINTR`) returns false, like a timeout.
+pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    let ms = timeout.map_or(-1, |t| {
+        // Rounded up: a deadline a microsecond ahead is no busy loop.
+        let ms = t.as_nanos().div_ceil(1_000_000);
+        libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+    });
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is ours, exclusively borrowed, and lives across the
+    // call; the count of 1 matches it; `fd` is borrowed, so open meanwhile.
+    match check(unsafe { libc::poll(&mut pfd, 1, ms) }) {
+        Ok(n) => Ok(n > 0 && pfd.revents & libc::POLLIN != 0),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+        Err(e) => Err(e),
+    }
+}
