@@ -27,6 +27,23 @@ pub struct VerbsConfig {
     pub max_msg_size: usize,
     /// Most connections at once (sizes the completion queue).
     pub max_conns: usize,
+    /// Connection slots kept for our own outgoing connections (the ones
+    /// our operations on looked-up peers start): an incoming connection is
+    /// accepted only while fewer than `limit - reserve` connections are
+    /// live (incoming and outgoing, dead ones still flushing included),
+    /// where `limit` is `max_conns` or the fewer the device's CQ holds;
+    /// an outgoing one may use the whole limit. Peers that connect and
+    /// stay idle (nothing closes an idle incoming connection) then cannot
+    /// take every slot and leave this process unable to call out. A
+    /// refused incoming connection is rejected with the reason "too many
+    /// incoming connections", which the connecting side's failed
+    /// operation names, and counts in `PluginStats::handshakes_refused`.
+    /// `None`: `max(1, limit / 8)`; either way at most `limit - 1`
+    /// ([`outgoing_reserve()`](crate::config::outgoing_reserve)), so a listener always takes at least one
+    /// incoming connection (with a limit of 1: no reserve, the one slot
+    /// goes to whoever comes first). `Some(0)`: no reserve. A value of
+    /// `max_conns` or more is refused by [`validate`](Self::validate).
+    pub outgoing_reserve: Option<usize>,
     /// Cap on scatter/gather entries per RMA work request (`None`: the
     /// device's `max_sge` / `max_sge_rd`). Lower it to force splitting.
     pub max_sge: Option<u32>,
@@ -124,6 +141,7 @@ impl Default for VerbsConfig {
             recv_depth: 64,
             max_msg_size: 4096,
             max_conns: 64,
+            outgoing_reserve: None,
             max_sge: None,
             send_queue_depth: 256,
             max_held: 1024,
@@ -178,6 +196,16 @@ impl VerbsConfig {
         if self.max_conns == 0 || self.max_conns > 4096 {
             return bad("max_conns", self.max_conns.to_string(), "must be 1..=4096");
         }
+        if let Some(r) = self.outgoing_reserve.filter(|&r| r >= self.max_conns) {
+            return bad(
+                "outgoing_reserve",
+                r.to_string(),
+                &format!(
+                    "must be below max_conns ({}): a listener must keep at least one slot for incoming connections (Some(0): no reserve)",
+                    self.max_conns
+                ),
+            );
+        }
         if self.send_queue_depth < u32::from(self.recv_depth) + 8 {
             return bad(
                 "send_queue_depth",
@@ -213,6 +241,18 @@ impl VerbsConfig {
         }
         Ok(())
     }
+}
+
+/// The connection slots kept for outgoing connections out of `conn_limit`
+/// (see [`VerbsConfig::outgoing_reserve`]): `asked`, or by default
+/// `max(1, conn_limit / 8)`, and in both cases at most `conn_limit - 1`,
+/// so that incoming connections always get at least one slot (a limit of
+/// 1 keeps nothing back). Incoming connections are accepted while fewer
+/// than `conn_limit - outgoing_reserve(..)` connections are live.
+pub fn outgoing_reserve(conn_limit: usize, asked: Option<usize>) -> usize {
+    asked
+        .unwrap_or((conn_limit / 8).max(1))
+        .min(conn_limit.saturating_sub(1))
 }
 
 #[cfg(test)]
@@ -257,5 +297,55 @@ mod tests {
             ..VerbsConfig::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("max_held"));
+    }
+
+    #[test]
+    fn the_outgoing_reserve_rule() {
+        // Default: an eighth, at least one, never the whole limit.
+        assert_eq!(outgoing_reserve(64, None), 8);
+        assert_eq!(outgoing_reserve(15, None), 1);
+        assert_eq!(outgoing_reserve(4, None), 1);
+        assert_eq!(outgoing_reserve(2, None), 1);
+        // A limit of 1: the one slot is anyone's.
+        assert_eq!(outgoing_reserve(1, None), 0);
+        // Asked for: as asked, within the same bound (a device whose CQ
+        // lowered the limit below what was asked for).
+        assert_eq!(outgoing_reserve(64, Some(0)), 0);
+        assert_eq!(outgoing_reserve(64, Some(20)), 20);
+        assert_eq!(outgoing_reserve(4, Some(20)), 3);
+        assert_eq!(outgoing_reserve(1, Some(1)), 0);
+        // Incoming connections always keep at least one slot.
+        for limit in 1..=300 {
+            for asked in [None, Some(0), Some(1), Some(limit), Some(usize::MAX)] {
+                let r = outgoing_reserve(limit, asked);
+                assert!(r < limit, "limit {limit}, asked {asked:?}: reserve {r}");
+                assert!(asked.is_some() || limit == 1 || r >= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn nonsense_outgoing_reserves_are_refused() {
+        for (max_conns, reserve) in [(4, 4), (4, 100), (1, 1)] {
+            let c = VerbsConfig {
+                max_conns,
+                outgoing_reserve: Some(reserve),
+                ..VerbsConfig::default()
+            };
+            let msg = c.validate().unwrap_err().to_string();
+            assert!(
+                msg.contains("outgoing_reserve") && msg.contains("below max_conns"),
+                "{max_conns}/{reserve}: {msg}"
+            );
+        }
+        for (max_conns, reserve) in [(4, Some(3)), (4, Some(0)), (1, Some(0)), (1, None)] {
+            VerbsConfig {
+                max_conns,
+                outgoing_reserve: reserve,
+                ..VerbsConfig::default()
+            }
+            .validate()
+            .unwrap();
+        }
     }
 }

@@ -41,6 +41,10 @@ const REJECT_ACCEPT_FAILED: &[u8] = b"the listener could not accept the connecti
 const REJECT_SETUP_FAILED: &[u8] = b"the listener could not set up the connection";
 /// The reject's reason at the connection limit.
 const REJECT_TOO_MANY: &[u8] = b"too many connections";
+/// The reject's reason when incoming connections fill their share of the
+/// limit (the rest is kept for our outgoing ones).
+const REJECT_INCOMING_FULL: &[u8] =
+    b"too many incoming connections (the rest are kept for the listener's own outgoing ones)";
 
 /// The reason a listener's reject carries in its private data (what
 /// `on_connect_request` passes to `rdma_reject`), if it is one: printable
@@ -85,9 +89,14 @@ impl VerbsPlugin {
         }
     }
 
+    /// Connections in the table: live ones and dead ones still flushing.
+    fn conns_held(&self) -> usize {
+        self.conns.iter().filter(|s| s.conn.is_some()).count()
+    }
+
     /// Adds a connection to the table.
     fn insert_conn(&mut self, id: Arc<CmId>, peer: usize, active: bool) -> Result<ConnRef> {
-        let live = self.conns.iter().filter(|s| s.conn.is_some()).count();
+        let live = self.conns_held();
         if live >= self.conn_limit {
             return Err(NaError::Plugin {
                 plugin: "verbs",
@@ -445,6 +454,24 @@ impl VerbsPlugin {
                 );
             }
             return drop(id.reject(b"too many messages held"));
+        }
+        let live = self.conns_held();
+        // At the whole limit `insert_conn` refuses it ("too many
+        // connections"); short of it, only the reserve does.
+        if live >= self.incoming_limit && live < self.conn_limit {
+            // Idle incoming connections are never closed: without this,
+            // peers that connect and stay could take every slot, and our
+            // own operations on looked-up peers could not connect.
+            if self.stats.refuse_handshake() {
+                tracing::warn!(
+                    live,
+                    incoming_limit = self.incoming_limit,
+                    conn_limit = self.conn_limit,
+                    "verbs: refusing a connection: the rest of the connection slots are kept for our own \
+                     outgoing connections (VerbsConfig::outgoing_reserve, max_conns)"
+                );
+            }
+            return drop(id.reject(REJECT_INCOMING_FULL));
         }
         // The connection's own peer, whatever the hello names: a lookup of
         // that address (ours, or hg-bulk's of a descriptor's owner)

@@ -11,7 +11,12 @@
 //!   receive buffers it posted, its largest message). The address a hello
 //!   names is checked only up to its IP, so an incoming connection is a
 //!   peer of its own, which no lookup finds: a lookup always reaches the
-//!   listener at the address, through a connection we made.
+//!   listener at the address, through a connection we made. Incoming
+//!   and outgoing connections share one limit, of which
+//!   [`VerbsConfig::outgoing_reserve`] slots only outgoing ones may use:
+//!   peers that connect and stay idle cannot leave the process unable to
+//!   call out (incoming connections past their share are rejected with
+//!   the reason "too many incoming connections").
 //! * **Messages**: every connection has `recv_depth` receive slots and as
 //!   many send slots in one registered region; a message is a 16-byte
 //!   [`wire::Header`] (kind, returned credits, tag, length) plus payload,

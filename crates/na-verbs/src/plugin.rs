@@ -90,6 +90,10 @@ pub struct VerbsPlugin {
     /// Connections the CQ has room for (`cfg.max_conns` unless the device
     /// caps the CQ lower).
     pub(crate) conn_limit: usize,
+    /// Incoming connections are accepted only while fewer connections
+    /// than this are live: `conn_limit` less the slots kept for our own
+    /// outgoing ones (`VerbsConfig::outgoing_reserve`).
+    pub(crate) incoming_limit: usize,
     pub(crate) device: String,
     pub(crate) self_uri: String,
     pub(crate) self_key: SocketAddr,
@@ -263,6 +267,7 @@ impl VerbsPlugin {
             rd_responder: rd_atomic_limit(dev_attr.max_qp_rd_atom, cfg.max_rd_atomic),
             dev_attr,
             conn_limit,
+            incoming_limit: conn_limit - crate::config::outgoing_reserve(conn_limit, cfg.outgoing_reserve),
             cfg,
             peers: PeerTable::default(),
             conns: Vec::new(),

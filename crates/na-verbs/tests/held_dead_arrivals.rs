@@ -120,8 +120,10 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
         cfg.max_held = MAX_HELD;
         cfg.max_held_total = TOTAL;
         cfg.send_queue_depth = u32::from(DEPTH) + 8;
-        // The steady client and the two flooders (the CQ is sized for them).
+        // The steady client and the two flooders (the CQ is sized for them),
+        // all incoming: this listener never calls out.
         cfg.max_conns = 3;
+        cfg.outgoing_reserve = Some(0);
     });
     let mut srv = Listener { ep, id, calls: 0 };
     let uri = srv.ep.self_addr(id).unwrap().uri().to_owned();
