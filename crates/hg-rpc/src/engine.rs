@@ -208,6 +208,13 @@ pub struct Engine<C: Codec = Postcard> {
     /// Bytes of pulled inputs that deferred requests still hold (see
     /// `PullCharge`).
     deferred_bytes: Arc<AtomicU64>,
+    /// `deferred_bytes` was not zero when [`try_wait`](Self::try_wait) last
+    /// read it, just before it tried the waiting outputs again: a request
+    /// dropped after that retry looked at the budget (on another thread)
+    /// may have given back room no retry saw, so
+    /// [`next_expiry`](Self::next_expiry) still bounds the sleep that
+    /// follows, though `deferred_bytes` reads zero by then.
+    deferred_held_at_retry: bool,
     max_pull_bytes: u64,
     /// Bytes of the spilled inputs being pulled, per origin (their share,
     /// with what their deferred requests hold; see `pull_share_ops.rs`).
@@ -322,6 +329,7 @@ impl<C: Codec> Engine<C> {
             handler_transfer_timeout: DEFAULT_HANDLER_TRANSFER_TIMEOUT,
             pull_bytes: 0,
             deferred_bytes: Arc::default(),
+            deferred_held_at_retry: false,
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
             input_pulls_by_peer: FastMap::default(),
             max_pull_per_peer: None,

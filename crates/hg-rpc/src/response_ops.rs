@@ -203,11 +203,13 @@ impl<C: Codec> Engine<C> {
     /// own event loop): the sleep ends by this deadline and the outputs
     /// are tried again (`try_wait`, `progress`). With no request holding
     /// an input, only a pull's end, which wakes the sleep, brings room
-    /// back.
+    /// back. Nor with one that held an input when the last
+    /// [`try_wait`](Self::try_wait) tried the outputs again: dropped since
+    /// (after that retry looked at the budget), its room is back unseen.
     #[cold]
     #[inline(never)]
     pub(super) fn output_wait_recheck(&self, at: Option<Instant>) -> Option<Instant> {
-        if self.deferred_bytes.load(Ordering::Relaxed) == 0 {
+        if self.deferred_bytes.load(Ordering::Relaxed) == 0 && !self.deferred_held_at_retry {
             return at;
         }
         let recheck = Instant::now() + OUTPUT_WAIT_RECHECK;

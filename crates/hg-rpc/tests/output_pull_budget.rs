@@ -359,6 +359,49 @@ fn a_deferred_request_dropped_on_another_thread_does_not_leave_an_own_event_loop
     h.check_and_end();
 }
 
+/// The request holding the room is dropped (on another thread, in a real
+/// loop) in the window between `try_wait`'s retry of the waiting output
+/// (which still found no room) and the loop's `next_expiry`: the room is
+/// back but nothing retries the output, so `next_expiry` must still bound
+/// the sleep by `OUTPUT_WAIT_RECHECK` (it was `None` here: the loop slept
+/// until the next traffic, forever).
+#[test]
+fn a_deferred_request_dropped_between_try_wait_and_next_expiry_still_bounds_the_sleep() {
+    let d = dir("out-wait-dropped-window");
+    let mut h = budget_held_by_a_deferred_request(&d);
+    let end = Instant::now() + T;
+    loop {
+        assert!(
+            Instant::now() < end,
+            "the engine never went idle: {:?}",
+            h.c.stats()
+        );
+        h.c.progress_now().unwrap();
+        h.c.trigger().unwrap();
+        if h.c.try_wait().unwrap() {
+            break;
+        }
+    }
+    assert_eq!(h.c.outputs_waiting(), 1, "the output moved with its room held");
+    // The drop lands after try_wait looked at the budget.
+    drop(h.req.take());
+    let left =
+        h.c.next_expiry()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+    assert!(
+        left.is_some_and(|l| l <= hg_rpc::OUTPUT_WAIT_RECHECK),
+        "an own event loop would sleep {left:?} with the waiting output's room back unseen"
+    );
+    let end = Instant::now() + T;
+    while !h.c.is_finished(h.call) {
+        assert!(Instant::now() < end, "the output still waits: {:?}", h.c.stats());
+        h.c.progress_now().unwrap();
+        h.c.trigger().unwrap();
+        let _ = h.c.try_wait().unwrap();
+    }
+    h.check_and_end();
+}
+
 /// A budget set larger while an output waits for room lets it go at
 /// once: driven only by `progress_now` and `trigger` (which look at no
 /// waiting output), with the request that holds the room still in hand.
