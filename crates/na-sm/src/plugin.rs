@@ -559,10 +559,12 @@ impl SmPlugin {
     ) -> Result<()> {
         // Two parts (an RPC's header and payload) and one (an NA message)
         // are the usual cases: a plain add, not the vectorized sum's set-up.
+        // (Two slices, each at most isize::MAX bytes, cannot overflow a
+        // usize; more can, and are summed checked.)
         let len = match parts {
             [a, b] => a.len() + b.len(),
             [a] => a.len(),
-            _ => sum_lens(parts),
+            _ => sum_lens(parts)?,
         };
         if len > BUF_SIZE {
             cold_path();
@@ -598,11 +600,11 @@ impl SmPlugin {
     }
 }
 
-/// The total length of `parts` (out of line: a send of more than two
-/// parts is neither the RPC layer's nor na-perf's).
+/// The total length of `parts`, checked (out of line: a send of more than
+/// two parts is neither the RPC layer's nor na-perf's).
 #[inline(never)]
-fn sum_lens(parts: &[&[u8]]) -> usize {
-    parts.iter().map(|p| p.len()).sum()
+fn sum_lens(parts: &[&[u8]]) -> Result<usize> {
+    na_core::msgbuf::parts_len(parts)
 }
 
 /// The error for an instance used in a forked child.
