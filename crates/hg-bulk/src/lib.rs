@@ -17,7 +17,7 @@
 mod lent;
 pub use lent::collect_lent;
 
-use na_core::rma::check_batch;
+use na_core::rma::check_distinct_ids;
 use na_core::{
     scheme_of, Access, Addr, Endpoint, MemHandle, NaError, OpId, PluginId, RemoteMem, Rma,
     MAX_REMOTE_SEGMENTS,
@@ -310,6 +310,8 @@ pub fn check_spans<'a, 's>(
 /// request posts than one transfer at a time. Either every span is
 /// [`Started::Done`] (served from inline data or from this process's own
 /// memory) or every span is [`Started::Posted`] through the same plugin.
+/// A batch that names one [`OpId`] twice is refused whole, whichever way
+/// it would go ([`NaError::OpInFlight`], as a plugin refuses it).
 ///
 /// Looking up the owner a remote handle names may connect to it, and that
 /// may wait, boundedly (see [`Endpoint::lookup`]): a caller that must not
@@ -371,6 +373,10 @@ pub fn start_batch_via(
     since: Option<std::time::Instant>,
 ) -> Result<Started, BulkError> {
     let mem = check_spans(remote, local, spans.iter().map(|(s, _)| s))?;
+    // Every path below (a copy in memory, inline data, an RMA batch) takes
+    // the same batches: two spans under one id are refused here, for all of
+    // them, with the error a plugin gives (`NaError::OpInFlight`).
+    check_distinct_ids(spans.iter().map(|&(_, id)| id))?;
     if spans.is_empty() {
         // Nothing to move, and nothing to check: not a reason to look up
         // (connect to) the owner a descriptor names.
@@ -409,8 +415,9 @@ pub fn start_batch_via(
     let ops: Vec<Rma> = spans.iter().map(rma).collect();
     // Checked (access and bounds, as the plugin will again) before the
     // owner is looked up: a lookup may connect, and wait for a handshake,
-    // to whatever address the descriptor names.
-    check_batch(&ops)?;
+    // to whatever address the descriptor names. (The ids were checked
+    // above, for every path.)
+    ops.iter().try_for_each(Rma::check)?;
     // Through the plugin the local handle was exposed on, when it speaks
     // the owner's scheme (so the caller knows where to cancel); otherwise
     // the endpoint's first plugin of that scheme.

@@ -393,3 +393,93 @@ fn exposing_more_segments_than_a_descriptor_names_is_refused_clearly() {
     assert_eq!(most.local().unwrap().to_vec().len(), max);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A batch that names one id twice is refused whole, with the same error,
+/// whichever way it would go: an RMA batch through the plugin, a copy in
+/// memory (the "remote" handle was exposed by this process) and a pull of
+/// inline data. Nothing moves; the same spans under distinct ids then go
+/// the way they were meant to (so each case did reach its path).
+#[test]
+fn a_batch_naming_one_id_twice_is_refused_on_every_path() {
+    let dir = dir("dup-ids");
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+    let owner = Owner::start(
+        &dir,
+        vec![
+            (vec![data.clone()], Access::ReadWrite),
+            (vec![data[..24].to_vec()], Access::ReadOnly),
+        ],
+    );
+    let by_rma = Bulk::from_desc(owner.descs[0].clone()).unwrap();
+    let inline = Bulk::from_desc(owner.descs[1].clone()).unwrap();
+    assert!(
+        owner.descs[1].inline.is_some(),
+        "small read-only data travels inline"
+    );
+    let mut ep = Endpoint::new(ProgressMode::Blocking).unwrap();
+    let p = add_sm(&mut ep, &dir, true);
+    let here = Bulk::expose(&mut ep, p, vec![data.clone()], Access::ReadWrite).unwrap();
+    let span = |at: u64| Span {
+        remote_offset: at,
+        local_offset: at,
+        len: 8,
+    };
+    let twice = [(span(0), OpId(7)), (span(8), OpId(8)), (span(16), OpId(7))];
+    let distinct = [(span(0), OpId(7)), (span(8), OpId(8)), (span(16), OpId(9))];
+    let cases: [(&str, BulkOp, &Bulk, bool); 4] = [
+        ("rma pull", BulkOp::Pull, &by_rma, false),
+        ("copy in memory, pull", BulkOp::Pull, &here, true),
+        ("copy in memory, push", BulkOp::Push, &here, true),
+        ("inline pull", BulkOp::Pull, &inline, true),
+    ];
+    let mut errors = Vec::new();
+    for (name, op, remote, done_at_once) in cases {
+        let local = Bulk::expose(&mut ep, p, vec![vec![0u8; 64]], Access::ReadWrite).unwrap();
+        let here_before = here.local().unwrap().to_vec();
+        match start_batch(&mut ep, op, remote, &local, &twice) {
+            Err(e @ BulkError::Na(NaError::OpInFlight(7))) => errors.push(e.to_string()),
+            other => panic!("{name}: expected the repeated id 7 refused, got {other:?}"),
+        }
+        assert!(
+            local.local().unwrap().to_vec() == [0u8; 64],
+            "{name}: bytes moved"
+        );
+        assert!(
+            here.local().unwrap().to_vec() == here_before,
+            "{name}: bytes moved"
+        );
+        let st = run(&mut ep, op, remote, &local, &distinct).unwrap();
+        assert!(st.iter().all(Result::is_ok), "{name}: {st:?}");
+        let started_at_once = !matches!(
+            start_batch(&mut ep, op, remote, &local, &[(span(0), OpId(50))]),
+            Ok(Started::Posted(_))
+        );
+        assert_eq!(started_at_once, done_at_once, "{name}: not the path meant");
+        if !done_at_once {
+            // Let the posted one finish before the handle goes.
+            let end = Instant::now() + Duration::from_secs(10);
+            while std::iter::from_fn(|| ep.pop_completion()).all(|c| c.op != OpId(50)) {
+                assert!(Instant::now() < end, "{name}: no completion");
+                ep.progress(Some(Duration::from_millis(5))).unwrap();
+            }
+        }
+        let moved = match op {
+            BulkOp::Pull => local.local().unwrap().to_vec(),
+            BulkOp::Push => here.local().unwrap().to_vec(),
+        };
+        let want = match op {
+            BulkOp::Pull => &data[..24],
+            BulkOp::Push => &[0u8; 24][..],
+        };
+        assert!(
+            moved[..24] == *want,
+            "{name}: the distinct ids did not move the data"
+        );
+    }
+    assert!(
+        errors.windows(2).all(|w| w[0] == w[1]),
+        "different errors: {errors:?}"
+    );
+    drop(owner);
+    let _ = std::fs::remove_dir_all(&dir);
+}

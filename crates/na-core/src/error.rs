@@ -66,6 +66,15 @@ pub enum NaError {
         /// `unexpected` or `expected`.
         kind: &'static str,
     },
+    /// The parts of a message add up to more bytes than a `usize` holds
+    /// (possible only with parts that alias one huge memory region).
+    #[error("the lengths of the {parts} parts of a {kind} add up to more than usize::MAX bytes")]
+    LengthOverflow {
+        /// How many parts were given.
+        parts: usize,
+        /// What they were meant to become (`message buffer`, ...).
+        kind: &'static str,
+    },
     /// A receive buffer was too small for the message that arrived.
     #[error("received {len} bytes into a buffer of {capacity} bytes")]
     Truncated {

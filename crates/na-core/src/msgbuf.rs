@@ -34,6 +34,22 @@ pub fn check_buf_size(size: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// The total length of a message given as `parts`, and
+/// [`NaError::LengthOverflow`] if it does not fit in a `usize` (parts that
+/// alias one huge region could add up past it; a wrapped sum would pass
+/// for a small message).
+pub fn parts_len(parts: &[&[u8]]) -> Result<usize> {
+    end_of_parts(0, parts.iter().map(|p| p.len())).ok_or(NaError::LengthOverflow {
+        parts: parts.len(),
+        kind: "message",
+    })
+}
+
+/// `start` plus every length of `lens`, or `None` past `usize::MAX`.
+fn end_of_parts(start: usize, lens: impl IntoIterator<Item = usize>) -> Option<usize> {
+    lens.into_iter().try_fold(start, usize::checked_add)
+}
+
 /// The memory behind a [`MsgBuf`]: plain heap bytes, or memory a plugin
 /// prepared (registered) for sending. Implemented by plugins.
 pub trait MsgMemory: Send + 'static {
@@ -185,8 +201,11 @@ impl MsgBuf {
     /// all fit.
     pub fn extend_from_slices(&mut self, parts: &[&[u8]]) -> Result<()> {
         let start = self.len;
-        let total = parts.iter().map(|p| p.len()).sum::<usize>();
-        self.set_len(start.saturating_add(total))?;
+        let end = end_of_parts(start, parts.iter().map(|p| p.len())).ok_or(NaError::LengthOverflow {
+            parts: parts.len(),
+            kind: "message buffer",
+        })?;
+        self.set_len(end)?;
         let mut at = start;
         let bytes = self.mem.bytes_mut();
         for p in parts {
@@ -284,6 +303,30 @@ mod tests {
             b"xz12345",
             "parts that do not all fit append nothing"
         );
+    }
+
+    /// Lengths that add up past `usize::MAX` (parts aliasing one huge
+    /// region: real slices that long cannot be made in a test, so the sum
+    /// is checked on the lengths themselves) are refused with a clear
+    /// error, never wrapped to a small length or a panic.
+    #[test]
+    fn part_lengths_that_overflow_are_refused() {
+        assert_eq!(end_of_parts(3, [4, 5]), Some(12));
+        assert_eq!(end_of_parts(0, [usize::MAX]), Some(usize::MAX));
+        assert_eq!(end_of_parts(1, [usize::MAX]), None);
+        assert_eq!(end_of_parts(0, [usize::MAX / 2 + 1, usize::MAX / 2 + 1, 4]), None);
+        assert_eq!(end_of_parts(0, [usize::MAX, 0, 1]), None);
+        assert_eq!(parts_len(&[b"ab", b"", b"cde"]).unwrap(), 5);
+        let err = NaError::LengthOverflow {
+            parts: 3,
+            kind: "message buffer",
+        };
+        assert!(err.to_string().contains("3 parts of a message buffer"), "{err}");
+        // A buffer's append goes through the same sum.
+        let mut b = MsgBuf::heap(8);
+        b.extend_from_slices(&[b"12345"]).unwrap();
+        assert!(b.extend_from_slices(&[b"678", b"9"]).is_err());
+        assert_eq!(b.as_slice(), b"12345");
     }
 
     #[test]

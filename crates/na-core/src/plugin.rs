@@ -224,7 +224,7 @@ pub trait Plugin: Send {
         report: Report,
     ) -> Result<()> {
         let _ = report;
-        let len = parts.iter().map(|p| p.len()).sum();
+        let len = crate::msgbuf::parts_len(parts)?;
         let mut buf = self.alloc_msg_buf(len)?;
         buf.extend_from_slices(parts)?;
         self.send_unexpected_buf(dest, tag, buf, op)

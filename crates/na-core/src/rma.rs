@@ -127,30 +127,45 @@ impl<'a> Rma<'a> {
 }
 
 /// Checks every transfer of a batch ([`Rma::check`]) and that no two of
-/// them share an id ([`NaError::OpInFlight`]), so a plugin can refuse the
+/// them share an id ([`check_distinct_ids`]), so a plugin can refuse the
 /// whole batch before it starts any. (The plugin checks the ids against
 /// its own operations in flight.)
 pub fn check_batch(ops: &[Rma<'_>]) -> Result<()> {
     ops.iter().try_for_each(Rma::check)?;
-    match first_repeated_op(ops) {
+    check_distinct_ids(ops.iter().map(|o| o.op))
+}
+
+/// Refuses a batch in which two operations share an id, with
+/// [`NaError::OpInFlight`] naming the first repeated one: two completions
+/// under one id could not be told apart. The one rule for every batch,
+/// whether a plugin moves it or its caller serves it without one (hg-bulk's
+/// in-memory copies and inline data).
+pub fn check_distinct_ids<I>(ids: I) -> Result<()>
+where
+    I: ExactSizeIterator<Item = OpId> + Clone,
+{
+    match first_repeated_id(ids) {
         Some(op) => Err(NaError::OpInFlight(op.0)),
         None => Ok(()),
     }
 }
 
-/// The first id that two transfers of `ops` share, if any: pairwise for a
-/// small batch (no allocation on the common path), sorted for a large one.
-fn first_repeated_op(ops: &[Rma<'_>]) -> Option<OpId> {
-    if ops.len() <= 32 {
-        return ops
-            .iter()
+/// The first id that appears twice in `ids`, if any: pairwise for a small
+/// batch (no allocation on the common path), sorted for a large one.
+fn first_repeated_id<I>(ids: I) -> Option<OpId>
+where
+    I: ExactSizeIterator<Item = OpId> + Clone,
+{
+    if ids.len() <= 32 {
+        return ids
+            .clone()
             .enumerate()
-            .find(|(i, a)| ops[..*i].iter().any(|b| b.op == a.op))
-            .map(|(_, a)| a.op);
+            .find(|&(i, a)| ids.clone().take(i).any(|b| b == a))
+            .map(|(_, a)| a);
     }
-    let mut ids: Vec<u64> = ops.iter().map(|o| o.op.0).collect();
-    ids.sort_unstable();
-    ids.windows(2).find(|w| w[0] == w[1]).map(|w| OpId(w[0]))
+    let mut sorted: Vec<u64> = ids.map(|o| o.0).collect();
+    sorted.sort_unstable();
+    sorted.windows(2).find(|w| w[0] == w[1]).map(|w| OpId(w[0]))
 }
 
 #[cfg(test)]

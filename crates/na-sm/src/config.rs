@@ -89,6 +89,12 @@ pub struct SmConfig {
     /// (`$QS_SM_PIDFD=pid` does the same). For tests of that path.
     #[doc(hidden)]
     pub pidfd_by_pid: bool,
+    /// Watch peers' exits as on kernels without pidfds: by the end-of-file
+    /// of their sockets only (wins over `pidfd_by_pid`). For tests of that
+    /// path: a peer that handed its socket to a child before it died is
+    /// then seen to go only when the child does.
+    #[doc(hidden)]
+    pub exits_by_eof_only: bool,
 }
 
 /// Default of [`SmConfig::max_conns_per_process`].
@@ -114,6 +120,7 @@ impl Default for SmConfig {
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             max_conns_per_process: DEFAULT_MAX_CONNS_PER_PROCESS,
             pidfd_by_pid: false,
+            exits_by_eof_only: false,
         }
     }
 }
@@ -163,6 +170,20 @@ impl SmConfig {
             Some("pid") => Ok(true),
             Some(v) => Err(config_error(PIDFD_ENV, v.to_owned(), "expected socket or pid")),
         }
+    }
+
+    /// How peers' exits are watched: by end-of-file only
+    /// (`exits_by_eof_only`), by pid ([`resolve_pidfd_by_pid`](Self::resolve_pidfd_by_pid)),
+    /// or through the socket's pidfd.
+    pub(crate) fn resolve_exit_watch(&self) -> SmResult<crate::identity::ExitWatch> {
+        use crate::identity::ExitWatch;
+        Ok(if self.exits_by_eof_only {
+            ExitWatch::EofOnly
+        } else if self.resolve_pidfd_by_pid()? {
+            ExitWatch::ByPid
+        } else {
+            ExitWatch::Socket
+        })
     }
 
     /// The socket directory this configuration uses (not created).

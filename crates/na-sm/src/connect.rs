@@ -367,7 +367,7 @@ impl SmPlugin {
         if pid == self.name.pid {
             return Ok(None);
         }
-        let Some(fd) = identity::peer_pidfd(sock, pid, start, self.pidfd_by_pid, peer)? else {
+        let Some(fd) = identity::peer_pidfd(sock, pid, start, self.exit_watch, peer)? else {
             return Ok(None);
         };
         match self.poll.add_edge_triggered(fd.as_raw_fd(), serial | PIDFD_BIT) {

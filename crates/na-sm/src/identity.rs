@@ -51,6 +51,21 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use crate::error::{SmError, SmResult};
 use crate::sys::{proc, socket};
 
+/// How a plugin watches its peers' exits (see `SmConfig::pidfd_by_pid`
+/// and `SmConfig::exits_by_eof_only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExitWatch {
+    /// `SO_PEERPIDFD`, else (or where it fails) `pidfd_open` checked
+    /// against the start time: the default.
+    Socket,
+    /// `pidfd_open` checked against the start time (kernels before 6.5).
+    ByPid,
+    /// No pidfd: the socket's end-of-file is the only sign of an exit
+    /// (kernels without pidfds). The start time is still read, and a peer
+    /// that cannot be identified is still gone.
+    EofOnly,
+}
+
 /// What we learned of a peer's process when its connection was made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum PeerStart {
@@ -91,19 +106,20 @@ impl PeerStart {
 }
 
 /// A pidfd of process `pid` (`peer` in errors), at the other end of
-/// `sock`, which started at `start`: `SO_PEERPIDFD` unless `by_pid`, else
-/// or where that fails, [`open_checked`]. `Ok(None)` where there is no
-/// pidfd to be had (no `pidfd_open`, out of descriptors): then the
-/// socket's end-of-file is the only sign of its exit. An error if the
-/// peer is gone, or cannot be told from another process.
+/// `sock`, which started at `start`: `SO_PEERPIDFD` if `watch` is
+/// [`ExitWatch::Socket`], else or where that fails, [`open_checked`].
+/// `Ok(None)` where there is no pidfd to be had (no `pidfd_open`, out of
+/// descriptors, [`ExitWatch::EofOnly`]): then the socket's end-of-file is
+/// the only sign of its exit. An error if the peer is gone, or cannot be
+/// told from another process.
 pub(crate) fn peer_pidfd(
     sock: BorrowedFd<'_>,
     pid: u32,
     start: &PeerStart,
-    by_pid: bool,
+    watch: ExitWatch,
     peer: &str,
 ) -> SmResult<Option<OwnedFd>> {
-    if !by_pid {
+    if watch == ExitWatch::Socket {
         match socket::peer_pidfd(sock) {
             Ok(fd) => return Ok(Some(fd)),
             Err(e) => {
@@ -112,6 +128,7 @@ pub(crate) fn peer_pidfd(
         }
     }
     match start {
+        PeerStart::Known(_) if watch == ExitWatch::EofOnly => Ok(None),
         PeerStart::Known(t) => open_checked(pid, *t, peer),
         PeerStart::Unreadable(why) => {
             tracing::warn!(%peer, pid, %why, "sm: a peer's start time could not be read; its exit is seen by end-of-file only");

@@ -131,8 +131,8 @@ pub struct SmPlugin {
     pub(crate) tokens: Vec<u64>,
     /// What we create to be woken on.
     pub(crate) wake_kind: WakeKind,
-    /// Peers' exits are watched by pid only (see `identity`).
-    pub(crate) pidfd_by_pid: bool,
+    /// How peers' exits are watched (see `identity`).
+    pub(crate) exit_watch: crate::identity::ExitWatch,
     /// Message buffers handed back by sends (they are copied into the ring).
     pub(crate) msg_bufs: MsgBufPool,
     /// Scratch iovec lists of RMA transfers (kept for their capacity).
@@ -277,7 +277,7 @@ impl SmPlugin {
         }
         let dir = config.resolve_dir()?;
         let wake_kind = config.resolve_wake()?;
-        let pidfd_by_pid = config.resolve_pidfd_by_pid()?;
+        let exit_watch = config.resolve_exit_watch()?;
         let named = |instance| SmName {
             pid: proc::pid(),
             instance,
@@ -348,7 +348,7 @@ impl SmPlugin {
             backlog_total: na_core::BacklogTotal::default(),
             tokens: Vec::with_capacity(32),
             wake_kind,
-            pidfd_by_pid,
+            exit_watch,
             msg_bufs: MsgBufPool::default(),
             iov_lists: IovLists::default(),
             pull: false,
@@ -559,10 +559,12 @@ impl SmPlugin {
     ) -> Result<()> {
         // Two parts (an RPC's header and payload) and one (an NA message)
         // are the usual cases: a plain add, not the vectorized sum's set-up.
+        // (Two slices, each at most isize::MAX bytes, cannot overflow a
+        // usize; more can, and are summed checked.)
         let len = match parts {
             [a, b] => a.len() + b.len(),
             [a] => a.len(),
-            _ => sum_lens(parts),
+            _ => sum_lens(parts)?,
         };
         if len > BUF_SIZE {
             cold_path();
@@ -598,11 +600,11 @@ impl SmPlugin {
     }
 }
 
-/// The total length of `parts` (out of line: a send of more than two
-/// parts is neither the RPC layer's nor na-perf's).
+/// The total length of `parts`, checked (out of line: a send of more than
+/// two parts is neither the RPC layer's nor na-perf's).
 #[inline(never)]
-fn sum_lens(parts: &[&[u8]]) -> usize {
-    parts.iter().map(|p| p.len()).sum()
+fn sum_lens(parts: &[&[u8]]) -> Result<usize> {
+    na_core::msgbuf::parts_len(parts)
 }
 
 /// The error for an instance used in a forked child.

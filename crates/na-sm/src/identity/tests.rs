@@ -111,15 +111,15 @@ fn peer_pidfd_by_pid_checks_the_start_time_and_by_socket_asks_the_kernel() {
     let me = proc::pid();
     let mine = proc::start_time(me).unwrap();
     let (a, _b) = UnixStream::pair().unwrap();
-    let fd = peer_pidfd(a.as_fd(), me, &PeerStart::Known(mine), true, "peer").unwrap();
+    let fd = peer_pidfd(a.as_fd(), me, &PeerStart::Known(mine), ExitWatch::ByPid, "peer").unwrap();
     assert_eq!(fd.map(|fd| pid_of(&fd)), Some(me));
     let wrong = PeerStart::Known(mine + 1);
     assert!(matches!(
-        peer_pidfd(a.as_fd(), me, &wrong, true, "peer"),
+        peer_pidfd(a.as_fd(), me, &wrong, ExitWatch::ByPid, "peer"),
         Err(SmError::PidReused { .. })
     ));
     let unknown = PeerStart::Unknown("test".into());
-    match peer_pidfd(a.as_fd(), me, &unknown, true, "peer") {
+    match peer_pidfd(a.as_fd(), me, &unknown, ExitWatch::ByPid, "peer") {
         Err(SmError::PeerGone { reason, .. }) => {
             assert!(reason.contains("could not be identified"), "{reason}")
         }
@@ -127,7 +127,7 @@ fn peer_pidfd_by_pid_checks_the_start_time_and_by_socket_asks_the_kernel() {
     }
     match socket::peer_pidfd(a.as_fd()) {
         Ok(_) => {
-            let fd = peer_pidfd(a.as_fd(), me, &wrong, false, "peer").unwrap();
+            let fd = peer_pidfd(a.as_fd(), me, &wrong, ExitWatch::Socket, "peer").unwrap();
             assert_eq!(fd.map(|fd| pid_of(&fd)), Some(me));
         }
         Err(e) => na_core::testing::report_not_run(&format!(
@@ -144,10 +144,10 @@ fn a_failure_of_ours_to_read_a_start_time_is_not_the_peers_death() {
     let child = sleeper("identity-unreadable");
     let (a, _b) = UnixStream::pair().unwrap();
     let why = PeerStart::Unreadable("reading /proc/N/stat: Too many open files".into());
-    let r = peer_pidfd(a.as_fd(), child.pid(), &why, true, "peer");
+    let r = peer_pidfd(a.as_fd(), child.pid(), &why, ExitWatch::ByPid, "peer");
     assert!(matches!(r, Ok(None)), "{r:?}");
     let gone = PeerStart::Unknown("reading /proc/N/stat: No such file or directory".into());
-    assert!(peer_pidfd(a.as_fd(), child.pid(), &gone, true, "peer").is_err());
+    assert!(peer_pidfd(a.as_fd(), child.pid(), &gone, ExitWatch::ByPid, "peer").is_err());
     for (errno, gone) in [
         (libc::ENOENT, true),
         (libc::ESRCH, true),
@@ -162,4 +162,29 @@ fn a_failure_of_ours_to_read_a_start_time_is_not_the_peers_death() {
             "errno {errno}"
         );
     }
+}
+
+/// Watched by end-of-file only, a peer identified by its start time gets
+/// no pidfd (even a wrong start time is not checked: nothing is opened),
+/// and one that could not be identified is still gone.
+#[test]
+fn by_end_of_file_only_no_pidfd_is_opened() {
+    let me = proc::pid();
+    let mine = proc::start_time(me).unwrap();
+    let (a, _b) = UnixStream::pair().unwrap();
+    for start in [mine, mine + 1] {
+        let r = peer_pidfd(
+            a.as_fd(),
+            me,
+            &PeerStart::Known(start),
+            ExitWatch::EofOnly,
+            "peer",
+        );
+        assert!(matches!(r, Ok(None)), "{r:?}");
+    }
+    let unknown = PeerStart::Unknown("test".into());
+    assert!(matches!(
+        peer_pidfd(a.as_fd(), me, &unknown, ExitWatch::EofOnly, "peer"),
+        Err(SmError::PeerGone { .. })
+    ));
 }
