@@ -21,7 +21,7 @@ use na_sm::sys::proc::start_time;
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{private_dir, sys, without_namespaces, KillOnDrop, UNSHARE_PID};
+use common::{run_in_pid_namespace, sys, KillOnDrop};
 
 /// Set in the helper's environment (the scenario's S): the socket directory.
 const HELPER_ENV: &str = "QS_SM_NAME_REUSE_HELPER";
@@ -66,31 +66,7 @@ fn peer_process() {
 
 #[test]
 fn a_new_process_with_a_dead_peers_pid_and_name_keeps_its_connection() {
-    let dir = private_dir("name-reuse");
-    let out = Command::new(UNSHARE_PID[0])
-        .args(&UNSHARE_PID[1..])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "helper_process", "--nocapture", "--test-threads=1"])
-        .env(HELPER_ENV, &dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run unshare: {e}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let result = stdout
-        .lines()
-        .find_map(|l| l.find("OK ").or_else(|| l.find("ERR ")).map(|at| &l[at..]));
-    let Some(result) = result else {
-        return without_namespaces(&format!(
-            "`{}` could not run the helper: {stderr}",
-            UNSHARE_PID.join(" ")
-        ));
-    };
-    assert!(
-        result.starts_with("OK "),
-        "{result}\n--- helper's stderr:\n{stderr}"
-    );
-    eprintln!("{result}");
+    run_in_pid_namespace("name-reuse", "helper_process", HELPER_ENV);
 }
 
 /// The peer role: a client instance (its name `<pid>-0`, the first of its

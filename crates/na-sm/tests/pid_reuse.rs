@@ -14,7 +14,6 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use na_core::{Plugin, PluginId};
@@ -25,7 +24,7 @@ use na_sm::sys::wake::{OwnWake, WakeKind};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{pipe, private_dir, sys, without_namespaces, KillOnDrop, UNSHARE_PID};
+use common::{pipe, run_in_pid_namespace, sys, KillOnDrop};
 
 /// Set in the helper's environment: its socket directory.
 const HELPER_ENV: &str = "QS_SM_PID_REUSE_HELPER";
@@ -45,31 +44,7 @@ fn helper_process() {
 
 #[test]
 fn a_pid_reused_between_accept_and_hello_is_not_taken_for_the_peer() {
-    let dir = private_dir("pid-reuse");
-    let out = Command::new(UNSHARE_PID[0])
-        .args(&UNSHARE_PID[1..])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "helper_process", "--nocapture", "--test-threads=1"])
-        .env(HELPER_ENV, &dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run unshare: {e}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let result = stdout
-        .lines()
-        .find_map(|l| l.find("OK ").or_else(|| l.find("ERR ")).map(|at| &l[at..]));
-    let Some(result) = result else {
-        return without_namespaces(&format!(
-            "`{}` could not run the helper: {stderr}",
-            UNSHARE_PID.join(" ")
-        ));
-    };
-    assert!(
-        result.starts_with("OK "),
-        "{result}\n--- helper's stderr:\n{stderr}"
-    );
-    eprintln!("{result}");
+    run_in_pid_namespace("pid-reuse", "helper_process", HELPER_ENV);
 }
 
 /// The scenario, as pid 1 of a new PID namespace: see the file's docs.

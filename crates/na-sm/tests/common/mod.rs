@@ -33,6 +33,39 @@ pub fn without_namespaces(why: &str) {
     panic!("{why}\n(set ${SKIP_UNSHARE_ENV}=1 to skip this test where namespaces are unavailable)");
 }
 
+/// Runs this test binary's test `helper` (which reads the socket directory
+/// from `$helper_env`) as pid 1 of a new PID namespace, in a fresh private
+/// directory named by `tag`, and asserts the line it prints: `OK ...`
+/// passes, `ERR ...` fails with the helper's stderr. A helper that never
+/// printed either (no namespaces here) goes to [`without_namespaces`].
+pub fn run_in_pid_namespace(tag: &str, helper: &str, helper_env: &str) {
+    let dir = private_dir(tag);
+    let out = std::process::Command::new(UNSHARE_PID[0])
+        .args(&UNSHARE_PID[1..])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", helper, "--nocapture", "--test-threads=1"])
+        .env(helper_env, &dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run unshare: {e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let result = stdout
+        .lines()
+        .find_map(|l| l.find("OK ").or_else(|| l.find("ERR ")).map(|at| &l[at..]));
+    let Some(result) = result else {
+        return without_namespaces(&format!(
+            "`{}` could not run the helper: {stderr}",
+            UNSHARE_PID.join(" ")
+        ));
+    };
+    assert!(
+        result.starts_with("OK "),
+        "{result}\n--- helper's stderr:\n{stderr}"
+    );
+    eprintln!("{result}");
+}
+
 /// A pipe: (read end, write end).
 pub fn pipe() -> (std::fs::File, std::fs::File) {
     let pipe = sys::pipe();
