@@ -87,6 +87,27 @@ use crate::stats::{CacheStats, Stats};
 /// ends).
 const ATTEMPTS: usize = 3;
 
+/// What a miss notes of table `t` before it registers (step 5 of the
+/// module docs, and again before each later attempt): the span to
+/// register (`[addr, end)` with `access`, merged with the entries it
+/// overlaps), the table's generation, a bound on the entries the
+/// insertion may take out, and the tracking slots it may need (one per
+/// overlapping entry in use, one for the span). The pre-filter is widened
+/// to the span before the generation is noted: an invalidation that skips
+/// us saw the old bounds, so its unmap happened before our pin.
+fn note_miss<R: Registrar>(
+    sh: &Shared<R>,
+    t: &Table<R>,
+    addr: usize,
+    end: usize,
+    access: Access,
+) -> ((usize, usize, Access), u64, usize, usize) {
+    let span = t.span(addr, end, access);
+    sh.widen(span.0, span.1);
+    let want = t.overlaps(span.0, span.1) + 1;
+    (span, t.generation(), t.doom_bound(span.0, span.1), want)
+}
+
 /// A memory registration cache over registrar `R`. See the module docs for
 /// the call order of [`Cache::get`]; share it between threads by reference
 /// or in an `Arc`.
@@ -121,7 +142,7 @@ impl<R: Registrar> Cache<R> {
             self.reap();
         }
         let stats = &sh.backend.stats;
-        let (mut span, mut gen0, bound, over) = {
+        let (mut span, mut gen0, bound, want) = {
             let mut t = sh.table.read();
             if let Some(e) = t.lookup(addr, end, access) {
                 let stale = match (&sh.backend.monitor, &e.watch) {
@@ -153,13 +174,7 @@ impl<R: Registrar> Cache<R> {
                 sh.invalidate_range(s, en);
                 t = sh.table.read();
             }
-            let span = t.span(addr, end, access);
-            // Widen the pre-filter before noting the generation and before
-            // registering: an invalidation that skips us saw the old bounds,
-            // so its unmap happened before our pin.
-            sh.widen(span.0, span.1);
-            let over = t.overlaps(span.0, span.1);
-            (span, t.generation(), t.doom_bound(span.0, span.1), over)
+            note_miss(sh, &t, addr, end, access)
         };
         Stats::bump(&stats.misses);
         // Room for the entries the insertion takes out, and tracking slots
@@ -167,7 +182,7 @@ impl<R: Registrar> Cache<R> {
         // registered (the new entry's if it is handed out uncached), made
         // before the write lock: nothing is allocated under it (see `table`).
         let mut doomed = Vec::with_capacity(bound);
-        let mut slots = sh.tracked.reserve(over + 1);
+        let mut slots = sh.tracked.reserve(want);
         let mut mine = Claimed::new(&sh.tracked);
         // Idle entries evicted by sweeps that paused (or whose attempt was
         // retried): they are in `doomed`, counted when the miss ends.
@@ -182,13 +197,9 @@ impl<R: Registrar> Cache<R> {
                     // Apply what the monitor read meanwhile, then look at
                     // the span again: entries may have come or gone.
                     self.sync_monitor(m);
-                    let t = sh.table.read();
-                    span = t.span(addr, end, access);
-                    sh.widen(span.0, span.1);
-                    gen0 = t.generation();
-                    let bound = t.doom_bound(span.0, span.1);
-                    let want = t.overlaps(span.0, span.1) + 1;
-                    drop(t);
+                    let bound;
+                    let want;
+                    (span, gen0, bound, want) = note_miss(sh, &sh.table.read(), addr, end, access);
                     doomed.reserve(bound);
                     slots.add(want.saturating_sub(slots.left()));
                 }
@@ -287,11 +298,9 @@ impl<R: Registrar> Cache<R> {
             };
             let Some((settling, cached, evicted)) = placed else {
                 // Retry with fresh state (and a fresh slot, for the new span).
-                span = t.span(addr, end, access);
-                gen0 = t.generation();
-                let bound = t.doom_bound(span.0, span.1);
-                let want = t.overlaps(span.0, span.1) + 1;
-                sh.widen(span.0, span.1);
+                let bound;
+                let want;
+                (span, gen0, bound, want) = note_miss(sh, &t, addr, end, access);
                 drop(t);
                 mine.set(None);
                 drop(entry);
