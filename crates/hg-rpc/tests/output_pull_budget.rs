@@ -236,6 +236,16 @@ fn budget_held_by_a_deferred_request(d: &std::path::Path) -> HeldBudget {
 }
 
 impl HeldBudget {
+    /// Runs `turn` on the client until the call finishes; past `T`, fails
+    /// with `stuck` and the client's stats.
+    fn turn_until_finished(&mut self, stuck: &str, mut turn: impl FnMut(&mut Engine)) {
+        let end = Instant::now() + T;
+        while !self.c.is_finished(self.call) {
+            assert!(Instant::now() < end, "{stuck}: {:?}", self.c.stats());
+            turn(&mut self.c);
+        }
+    }
+
     /// The call's output arrived intact; the peer whose request was
     /// dropped unanswered timed out.
     fn check_and_end(mut self) {
@@ -262,17 +272,14 @@ fn a_deferred_request_dropped_unanswered_lets_the_waiting_output_go_at_try_wait(
     let d = dir("out-wait-dropped");
     let mut h = budget_held_by_a_deferred_request(&d);
     drop(h.req.take());
-    let end = Instant::now() + T;
-    while !h.c.is_finished(h.call) {
-        assert!(
-            Instant::now() < end,
-            "the output still waits after the request holding its room was dropped: {:?}",
-            h.c.stats()
-        );
-        h.c.progress_now().unwrap();
-        h.c.trigger().unwrap();
-        let _ = h.c.try_wait().unwrap();
-    }
+    h.turn_until_finished(
+        "the output still waits after the request holding its room was dropped",
+        |c| {
+            c.progress_now().unwrap();
+            c.trigger().unwrap();
+            let _ = c.try_wait().unwrap();
+        },
+    );
     h.check_and_end();
 }
 
@@ -289,16 +296,13 @@ fn a_deferred_request_dropped_on_another_thread_does_not_leave_progress_asleep()
         std::thread::sleep(Duration::from_millis(300));
         drop(req);
     });
-    let end = Instant::now() + T;
-    while !h.c.is_finished(h.call) {
-        assert!(
-            Instant::now() < end,
-            "the output still waits after the request holding its room was dropped: {:?}",
-            h.c.stats()
-        );
-        h.c.progress(Some(T + T)).unwrap();
-        h.c.trigger().unwrap();
-    }
+    h.turn_until_finished(
+        "the output still waits after the request holding its room was dropped",
+        |c| {
+            c.progress(Some(T + T)).unwrap();
+            c.trigger().unwrap();
+        },
+    );
     dropper.join().unwrap();
     h.check_and_end();
 }
@@ -392,13 +396,11 @@ fn a_deferred_request_dropped_between_try_wait_and_next_expiry_still_bounds_the_
         left.is_some_and(|l| l <= hg_rpc::OUTPUT_WAIT_RECHECK),
         "an own event loop would sleep {left:?} with the waiting output's room back unseen"
     );
-    let end = Instant::now() + T;
-    while !h.c.is_finished(h.call) {
-        assert!(Instant::now() < end, "the output still waits: {:?}", h.c.stats());
-        h.c.progress_now().unwrap();
-        h.c.trigger().unwrap();
-        let _ = h.c.try_wait().unwrap();
-    }
+    h.turn_until_finished("the output still waits", |c| {
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+        let _ = c.try_wait().unwrap();
+    });
     h.check_and_end();
 }
 
@@ -410,16 +412,10 @@ fn a_larger_pull_budget_lets_the_waiting_output_go_at_once() {
     let d = dir("out-wait-budget-raised");
     let mut h = budget_held_by_a_deferred_request(&d);
     h.c.set_max_pull_bytes(4 * MIB);
-    let end = Instant::now() + T;
-    while !h.c.is_finished(h.call) {
-        assert!(
-            Instant::now() < end,
-            "the output still waits under a budget with room: {:?}",
-            h.c.stats()
-        );
-        h.c.progress_now().unwrap();
-        h.c.trigger().unwrap();
-    }
+    h.turn_until_finished("the output still waits under a budget with room", |c| {
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+    });
     drop(h.req.take());
     h.check_and_end();
 }
