@@ -8,8 +8,7 @@
 
 use std::time::Duration;
 
-use hg_rpc::header::{FLAG_CHECKSUM, FLAG_RESPONSE, FLAG_SPILL};
-use hg_rpc::{Engine, Rpc};
+use hg_rpc::Engine;
 use na_core::{Endpoint, OpId, PluginId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -17,9 +16,9 @@ use na_core::{Endpoint, OpId, PluginId};
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{dir, raw_target_and_client, send_raw, take_request, wait, wire_message};
+use common::{dir, raw_target_and_client, send_raw, take_request, wait};
 mod routing_helpers;
-use routing_helpers::{postcard_echo_response, pump};
+use routing_helpers::{postcard_echo_response, pump, spilled_echo_response};
 
 /// Bytes of each spilled output: two do not fit the origin's budget.
 const OUT: usize = 64 << 10;
@@ -28,18 +27,8 @@ const OUT: usize = 64 << 10;
 /// the handle (keep it until pulled) and the message.
 fn spilled(x: &mut Endpoint, xid: PluginId, cookie: u64, data: &[u8]) -> (na_core::MemHandle, Vec<u8>) {
     let output = postcard::to_allocvec(data).unwrap();
-    let (len, crc) = (output.len() as u64, hg_rpc::header::crc32c(&output));
-    let mem = common::sealed(output);
-    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
-    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
-    let payload = common::spilled_payload(len, &desc, Some(crc));
-    let msg = wire_message(
-        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
-        Echo::NAME,
-        cookie,
-        &payload,
-    );
-    (mem, msg)
+    let crc = hg_rpc::header::crc32c(&output);
+    spilled_echo_response(x, xid, cookie, output, crc)
 }
 
 /// Calls `a` and `b` answered with spilled outputs; `a`'s pull takes the

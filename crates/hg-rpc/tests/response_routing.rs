@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE, FLAG_SPILL};
+use hg_rpc::header::{Header, Status, FLAG_RESPONSE, FLAG_SPILL};
 use hg_rpc::{Engine, Rpc, RpcError};
-use na_core::{Addr, Endpoint, OpId, PluginId};
+use na_core::{Addr, Endpoint, OpId};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -16,11 +16,10 @@ mod rpcs;
 use rpcs::*;
 mod common;
 use common::{
-    client, dir, endpoint, posted_ops, raw_target_and_client, send_raw, take_request, wait, wire_message,
-    Server,
+    client, dir, endpoint, posted_ops, raw_target_and_client, send_raw, take_request, wait, Server,
 };
 mod routing_helpers;
-use routing_helpers::{postcard_echo_response, pump, pump_both, response, T};
+use routing_helpers::{postcard_echo_response, pump, pump_both, response, spilled_echo_response, T};
 #[test]
 fn a_late_response_is_discarded_and_counted_and_the_call_forgotten_at_once() {
     let d = dir("late");
@@ -362,30 +361,6 @@ fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
     }
     let st = c.stats();
     assert_eq!((st.malformed, st.in_flight), (1, 0), "{st:?}");
-}
-
-/// A spilled `Echo` response with a checksum, written by hand: `output`
-/// exposed by `x` (keep the handle until it was pulled), described, with
-/// `crc` as the data's CRC-32C.
-fn spilled_echo_response(
-    x: &mut Endpoint,
-    xid: PluginId,
-    cookie: u64,
-    output: Vec<u8>,
-    crc: u32,
-) -> (na_core::MemHandle, Vec<u8>) {
-    let len = output.len() as u64;
-    let mem = common::sealed(output);
-    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
-    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
-    let payload = common::spilled_payload(len, &desc, Some(crc));
-    let msg = wire_message(
-        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
-        Echo::NAME,
-        cookie,
-        &payload,
-    );
-    (mem, msg)
 }
 
 /// A target whose exposed output is gone when the origin pulls it (its

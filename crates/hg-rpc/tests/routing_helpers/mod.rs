@@ -1,13 +1,14 @@
 //! Helpers of the tests of how an origin files responses and holds
 //! inputs (`response_routing.rs`, `abandoned_inputs.rs`,
-//! `bulk_given_up.rs`): driving engines, and responses written by hand.
+//! `bulk_given_up.rs`, `duplicate_responses.rs`): driving engines, and responses written by hand.
 // Each test binary uses a subset of them.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::header::{FLAG_CHECKSUM, FLAG_RESPONSE};
+use hg_rpc::header::{FLAG_CHECKSUM, FLAG_RESPONSE, FLAG_SPILL};
 use hg_rpc::{Engine, Rpc};
+use na_core::{Endpoint, PluginId};
 
 use crate::common::wire_message;
 use crate::rpcs::Echo;
@@ -47,4 +48,28 @@ pub fn postcard_echo_response(cookie: u64, data: &[u8]) -> Vec<u8> {
         cookie,
         &postcard::to_allocvec(data).unwrap(),
     )
+}
+
+/// A spilled `Echo` response with a checksum, written by hand: `output`
+/// exposed by `x` (keep the handle until it was pulled), described, with
+/// `crc` as the data's CRC-32C.
+pub fn spilled_echo_response(
+    x: &mut Endpoint,
+    xid: PluginId,
+    cookie: u64,
+    output: Vec<u8>,
+    crc: u32,
+) -> (na_core::MemHandle, Vec<u8>) {
+    let len = output.len() as u64;
+    let mem = crate::common::sealed(output);
+    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
+    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
+    let payload = crate::common::spilled_payload(len, &desc, Some(crc));
+    let msg = wire_message(
+        FLAG_RESPONSE | FLAG_CHECKSUM | FLAG_SPILL,
+        Echo::NAME,
+        cookie,
+        &payload,
+    );
+    (mem, msg)
 }
