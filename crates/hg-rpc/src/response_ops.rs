@@ -183,9 +183,10 @@ impl<C: Codec> Engine<C> {
     /// input was answered (or dropped unanswered: `try_wait` and
     /// `progress` notice those, within
     /// [`output_wait_recheck`](Self::output_wait_recheck)'s deadline). The
-    /// spilled outputs that wait for room are tried again. Every place that gives pull budget back calls this one
-    /// helper, so that no waiting output is left for an unrelated pull's
-    /// end or its call's timeout; with none waiting it costs one check.
+    /// spilled outputs that wait for room are tried again. Every place
+    /// that gives pull budget back calls this one helper, so that no
+    /// waiting output is left for an unrelated pull's end or its call's
+    /// timeout; with none waiting it costs one check.
     #[inline(always)]
     pub(super) fn pull_budget_freed(&mut self) {
         if !self.output_waits.is_empty() {

@@ -115,7 +115,11 @@ impl<'a> CmaCopy<'a> {
                 CmaDir::Read => unsafe {
                     na_core::syscall!(process_vm_readv(pid, local, local_n, remote, remote_n, 0))?
                 },
-                // SAFETY: as above; the kernel only reads the local buffers.
+                // SAFETY: lwork[li..] describes memory inside the local
+                // buffers, borrowed for 'a by this value, which the kernel
+                // only reads; rwork only names the other process's memory,
+                // which the kernel validates (EFAULT). Both counts match the
+                // slices passed.
                 CmaDir::Write => unsafe {
                     na_core::syscall!(process_vm_writev(pid, local, local_n, remote, remote_n, 0))?
                 },
