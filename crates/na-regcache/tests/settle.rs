@@ -59,27 +59,42 @@ fn assert_pins_current_pages(
     assert_eq!(stale, 0, "{what}: pins {stale} pages no longer mapped");
 }
 
+/// A buffer discarded (`MADV_DONTNEED`) just now, registered by `make`
+/// (`what` in messages): the registration pins the current pages right
+/// away and still after the settle time, `make` returned only after the
+/// settle time, and it waited once. Returns the buffer and registration.
+fn registered_right_after_a_discard(
+    rig: &Rig,
+    what: &str,
+    make: impl FnOnce(usize) -> na_regcache::Registration<na_regcache::UringRegistrar>,
+) -> (usize, na_regcache::Registration<na_regcache::UringRegistrar>) {
+    let monitor = UffdMonitor::global().expect("userfaultfd monitor");
+    let (a, advised) = discarded_buffer(rig);
+    let waits = monitor.counters().settle_waits;
+    let reg = make(a);
+    let returned_after = advised.elapsed();
+    assert_pins_current_pages(rig, &reg, a, "right away");
+    std::thread::sleep(2 * REMOVE_SETTLE);
+    assert_pins_current_pages(rig, &reg, a, "after the settle time");
+    assert!(
+        returned_after >= REMOVE_SETTLE,
+        "{what} returned {returned_after:?} after the discard, within the settle time"
+    );
+    assert_eq!(monitor.counters().settle_waits, waits + 1, "{what} waited once");
+    (a, reg)
+}
+
 /// The cached path (`get`), as a local registration of na-verbs makes it.
 #[test]
 fn a_registration_made_right_after_a_discard_stays_valid_after_the_settle_time() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     common::require_io_uring();
     let rig = Rig::new(MonitorChoice::Uffd);
-    let monitor = UffdMonitor::global().expect("userfaultfd monitor");
-    let (a, advised) = discarded_buffer(&rig);
-    let waits = monitor.counters().settle_waits;
-    let reg = rig.cache.get(a, LEN, Access::LOCAL_WRITE).expect("get");
-    let returned_after = advised.elapsed();
-    assert_pins_current_pages(&rig, &reg, a, "right away");
-    std::thread::sleep(2 * REMOVE_SETTLE);
-    assert_pins_current_pages(&rig, &reg, a, "after the settle time");
-    // Its settle time started in this `get` (its first probe after the
-    // event was read), after `madvise` returned: the miss waited it out.
-    assert!(
-        returned_after >= REMOVE_SETTLE,
-        "the miss returned {returned_after:?} after the discard, within the settle time"
-    );
-    assert_eq!(monitor.counters().settle_waits, waits + 1, "one miss waited");
+    // Its settle time starts in this `get` (its first probe after the
+    // event was read), after `madvise` returned: the miss waits it out.
+    let (a, reg) = registered_right_after_a_discard(&rig, "the miss", |a| {
+        rig.cache.get(a, LEN, Access::LOCAL_WRITE).expect("get")
+    });
     assert!(reg.is_cached(), "made after the settle time: cached");
     let hits = rig.cache.stats().hits;
     drop(rig.cache.get(a, LEN, Access::LOCAL_WRITE).expect("get again"));
@@ -96,22 +111,11 @@ fn an_unshared_registration_made_right_after_a_discard_stays_valid_after_the_set
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     common::require_io_uring();
     let rig = Rig::new(MonitorChoice::Uffd);
-    let monitor = UffdMonitor::global().expect("userfaultfd monitor");
-    let (a, advised) = discarded_buffer(&rig);
-    let waits = monitor.counters().settle_waits;
-    let reg = rig
-        .cache
-        .get_unshared(a, LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .expect("get_unshared");
-    let returned_after = advised.elapsed();
-    assert_pins_current_pages(&rig, &reg, a, "right away");
-    std::thread::sleep(2 * REMOVE_SETTLE);
-    assert_pins_current_pages(&rig, &reg, a, "after the settle time");
-    assert!(
-        returned_after >= REMOVE_SETTLE,
-        "get_unshared returned {returned_after:?} after the discard, within the settle time"
-    );
-    assert_eq!(monitor.counters().settle_waits, waits + 1, "it waited");
+    let (a, reg) = registered_right_after_a_discard(&rig, "get_unshared", |a| {
+        rig.cache
+            .get_unshared(a, LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .expect("get_unshared")
+    });
     // Still watched: a real change of its range clears it.
     sys::advise(a, LEN, libc::MADV_DONTNEED).expect("madvise");
     assert!(!reg.is_valid_now(), "a discard after it invalidates it");
