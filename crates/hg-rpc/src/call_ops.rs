@@ -330,6 +330,12 @@ impl<C: Codec> Engine<C> {
             };
             self.file_outcome(cookie, Err(RpcError::Transport(e)));
         }
+        // As an origin: spilled outputs of those calls that waited for
+        // room will never be pulled (they no longer wait behind a head
+        // that finds none).
+        if !self.output_waits.is_empty() {
+            self.drop_waiting_outputs_of(token);
+        }
     }
 
     /// Sends a one-way request: no response, no completion to wait for.

@@ -208,12 +208,15 @@ pub struct Engine<C: Codec = Postcard> {
     /// Bytes of pulled inputs that deferred requests still hold (see
     /// `PullCharge`).
     deferred_bytes: Arc<AtomicU64>,
-    /// `deferred_bytes` was not zero when [`try_wait`](Self::try_wait) last
-    /// read it, just before it tried the waiting outputs again: a request
-    /// dropped after that retry looked at the budget (on another thread)
-    /// may have given back room no retry saw, so
+    /// `deferred_bytes` was not zero when the last retry of the waiting
+    /// outputs (`pull_waiting_outputs`, from `try_wait`, `progress`, or
+    /// budget given back) read it, just before it looked at the budget,
+    /// and outputs still wait: a request dropped after that look (on
+    /// another thread) may have given back room no retry saw, so
     /// [`next_expiry`](Self::next_expiry) still bounds the sleep that
-    /// follows, though `deferred_bytes` reads zero by then.
+    /// follows, though `deferred_bytes` reads zero by then. Every retry
+    /// sets it anew and an emptied queue clears it, so it outlives the
+    /// requests that held room by one retry at most.
     deferred_held_at_retry: bool,
     max_pull_bytes: u64,
     /// Bytes of the spilled inputs being pulled, per origin (their share,

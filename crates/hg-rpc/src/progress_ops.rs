@@ -48,14 +48,10 @@ impl<C: Codec> Engine<C> {
             // And to try again the spilled outputs that wait for room: a
             // deferred request dropped unanswered since gave some back
             // without telling the engine. One that moved means work.
-            if !self.output_waits.is_empty() {
-                // Read before the retry looks at the budget: a request
-                // dropped after that look still finds the caller's next
-                // `next_expiry` bounded (`output_wait_recheck`).
-                self.deferred_held_at_retry = self.deferred_bytes.load(Ordering::Relaxed) > 0;
-                if self.retry_waiting_outputs() {
-                    return Ok(false);
-                }
+            // (The retry notes whether deferred requests held pulled
+            // inputs as it looked: `deferred_held_at_retry`.)
+            if !self.output_waits.is_empty() && self.retry_waiting_outputs() {
+                return Ok(false);
             }
         }
         Ok(idle)

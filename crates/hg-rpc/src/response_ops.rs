@@ -204,9 +204,10 @@ impl<C: Codec> Engine<C> {
     /// own event loop): the sleep ends by this deadline and the outputs
     /// are tried again (`try_wait`, `progress`). With no request holding
     /// an input, only a pull's end, which wakes the sleep, brings room
-    /// back. Nor with one that held an input when the last
-    /// [`try_wait`](Self::try_wait) tried the outputs again: dropped since
-    /// (after that retry looked at the budget), its room is back unseen.
+    /// back. Nor with one that held an input when the last retry of the
+    /// outputs ([`try_wait`](Self::try_wait)'s, `progress`'s, or budget
+    /// given back) began: dropped since (after that retry looked at the
+    /// budget), its room is back unseen.
     #[cold]
     #[inline(never)]
     pub(super) fn output_wait_recheck(&self, at: Option<Instant>) -> Option<Instant> {
@@ -234,9 +235,21 @@ impl<C: Codec> Engine<C> {
     /// room may have come back. An output whose
     /// call no longer wants it (given up on, or ended by its target's
     /// death) is released instead.
+    ///
+    /// Each such retry notes whether deferred requests held pulled inputs
+    /// as it began (`deferred_held_at_retry`, read before it looks at the
+    /// budget): the last retry's answer is what
+    /// [`output_wait_recheck`](Self::output_wait_recheck) goes by, so the
+    /// 10 ms rechecks end with the first retry that finds none held (or
+    /// with the queue), whichever call made it (`try_wait`, `progress`, a
+    /// pull's end, an answer, `set_max_pull_bytes`).
     #[cold]
     #[inline(never)]
     pub(super) fn pull_waiting_outputs(&mut self) {
+        // Read before the retry looks at the budget: a request dropped
+        // after that look still finds the caller's next `next_expiry`
+        // bounded (`output_wait_recheck`).
+        let held = self.deferred_bytes.load(Ordering::Relaxed) > 0;
         while let Some(w) = self.output_waits.pop_front() {
             let cookie = w.header.cookie;
             let wanted = self
@@ -252,10 +265,38 @@ impl<C: Codec> Engine<C> {
                     Some(e) => self.file_outcome(cookie, Err(e)),
                     None => {
                         self.output_waits.push_front(w);
-                        return;
+                        break;
                     }
                 }
             }
+        }
+        self.deferred_held_at_retry = held && !self.output_waits.is_empty();
+    }
+
+    /// Peer `token` is gone (its watch failed, and its calls with it):
+    /// the spilled outputs of its calls that wait for room leave the queue
+    /// now, their descriptors freed, wherever they stand in it (behind a
+    /// head that still finds no room, they would stay until room came).
+    /// No release is sent: the target's memory went with it. (A call given
+    /// up on leaves at once too: [`abandon`](Self::abandon),
+    /// `drop_waiting_output`. Nothing else makes a waiting output
+    /// unwanted: the origin is this engine, and a call in the queue has
+    /// no outcome until its pull, its target's death, or its refusal.)
+    #[cold]
+    #[inline(never)]
+    pub(super) fn drop_waiting_outputs_of(&mut self, token: u64) {
+        let before = self.output_waits.len();
+        self.output_waits.retain(|w| w.src.token() != token);
+        self.stats.outputs_target_gone += (before - self.output_waits.len()) as u64;
+        self.output_waits_left();
+    }
+
+    /// Outputs left the queue outside a retry: an empty queue has no
+    /// deferred request to recheck for.
+    #[inline]
+    fn output_waits_left(&mut self) {
+        if self.output_waits.is_empty() {
+            self.deferred_held_at_retry = false;
         }
     }
 
@@ -272,6 +313,7 @@ impl<C: Codec> Engine<C> {
         if let Some(w) = self.output_waits.remove(i) {
             self.release_output(&w.src, cookie);
         }
+        self.output_waits_left();
         if let Some(call) = self.calls.remove(cookie) {
             if let Some(mem) = call.spill {
                 self.recycle(mem);
@@ -286,6 +328,14 @@ impl<C: Codec> Engine<C> {
     #[doc(hidden)]
     pub fn outputs_waiting(&self) -> usize {
         self.output_waits.len()
+    }
+
+    /// Bytes the spilled outputs that wait for room hold in this engine
+    /// (their descriptors, as the responses brought them), for tests; not
+    /// a stable API.
+    #[doc(hidden)]
+    pub fn output_wait_bytes(&self) -> usize {
+        self.output_waits.iter().map(|w| w.payload.capacity()).sum()
     }
 
     /// The registered name of call `cookie`'s RPC, for error messages.

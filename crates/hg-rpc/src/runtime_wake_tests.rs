@@ -58,10 +58,23 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 fn an_async_handler_s_answer_that_leaves_a_release_waiting_wakes_the_sleeping_driver() {
     let dir = std::env::temp_dir().join(format!("hg-rpc-wake-release-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    // The target never drives its endpoint, so it never acknowledges the
+    // client's connection: at twice the client's handshake timeout after
+    // the lookup (10 s by default) the client's na-sm fails that peer
+    // ("no acknowledgement of the connection ... the listener is not
+    // serving"), its deadline timer (a timerfd in the endpoint's epoll
+    // set) waking the driver, and the release, retried, meets `PeerGone`
+    // and is dropped. That was what woke the driver at about 10 s when
+    // the wake-up below was missing: correct (a listener that never
+    // acknowledges is gone), and measured: with a 2 s handshake timeout
+    // the release went at 4.1 s, with 5 s at 10.05 s. Here the deadline
+    // lies past any run of the test, so that a slow run cannot see the
+    // release go for that reason before the test looks.
     let cfg = |listen, max_backlog_bytes| {
         na_sm::SmConfig {
             listen,
             max_backlog_bytes,
+            handshake_timeout: Duration::from_secs(600),
             ..na_sm::SmConfig::default()
         }
         .with_dir(&dir)
@@ -130,9 +143,9 @@ fn an_async_handler_s_answer_that_leaves_a_release_waiting_wakes_the_sleeping_dr
         let (answer, sleeps) = tokio::join!(ae.call::<Held>(&me, &1, T), steps);
         assert_eq!(answer.unwrap(), 2);
         // The release waits (the target reads nothing): the driver wakes
-        // for its retries, one every RETRY_EVERY (100 ms). (Within 5 s:
-        // about 10 s on, something of na-sm's own about this never-driven
-        // target wakes the driver anyway, and the release goes.)
+        // for its retries, one every RETRY_EVERY (100 ms). (Without that
+        // wake-up the driver would sleep until the acknowledgement
+        // deadline above.)
         let end = Instant::now() + Duration::from_secs(5);
         loop {
             let (now, waiting) = {

@@ -64,6 +64,11 @@ pub struct RpcStats {
     /// others waiting for it (see [`RpcError::OutputTooLarge`] for those
     /// that can never fit).
     pub outputs_waited: u64,
+    /// Spilled outputs of this origin's calls that were waiting for room
+    /// in its pull budget when their target went away (its calls fail
+    /// with `PeerGone`): dropped from the queue then, wherever they stood
+    /// in it, not when room came back to the head.
+    pub outputs_target_gone: u64,
     /// Responses this target could not send (the caller is gone, or its
     /// send backlog is full because it stopped reading): their callers
     /// see the peer go, or time out.

@@ -536,3 +536,139 @@ fn an_output_larger_than_the_origin_ever_pulls_fails_with_output_too_large() {
     let st = c.stats();
     assert_eq!((st.errors, st.in_flight, st.outputs_waited), (2, 0, 0), "{st:?}");
 }
+
+/// Drives `c` with `turn` until call `id` finishes (at most [`T`]; past
+/// it, fails with `stuck`).
+fn turn_until(c: &mut Engine, id: hg_rpc::CallId, stuck: &str, mut turn: impl FnMut(&mut Engine)) {
+    let end = Instant::now() + T;
+    while !c.is_finished(id) {
+        assert!(Instant::now() < end, "{stuck}: {:?}", c.stats());
+        turn(c);
+    }
+}
+
+/// A second server's spilled output waits behind the head (whose room a
+/// deferred request holds), and that server dies: the output leaves the
+/// queue at once, its descriptor freed, and its call fails with
+/// `PeerGone`, while the head still finds no room (the client is driven
+/// by `progress_now` and `trigger` only, which give no budget back). It
+/// stayed queued, holding its copy, until room came back to the head.
+/// (The other way an output is no longer wanted, its call given up on,
+/// leaves at once already: the test above.)
+#[test]
+fn a_waiting_output_whose_target_died_leaves_the_queue_while_the_head_still_waits() {
+    let d = dir("out-wait-target-gone");
+    let mut h = budget_held_by_a_deferred_request(&d);
+    let doomed = Server::start(&d);
+    let s2 = h.c.lookup(&doomed.uri).unwrap();
+    let call2 = h.c.forward::<Fill>(&s2, &(MIB, 8)).unwrap();
+    let end = Instant::now() + T;
+    while h.c.outputs_waiting() < 2 {
+        assert!(
+            Instant::now() < end,
+            "the second output did not wait: {:?}",
+            h.c.stats()
+        );
+        h.c.progress(Some(Duration::from_millis(10))).unwrap();
+        h.c.trigger().unwrap();
+    }
+    let held = h.c.output_wait_bytes();
+    assert!(held > 0, "the waiting outputs hold nothing: {held}");
+    drop(doomed);
+    turn_until(&mut h.c, call2, "the dead target's call did not fail", |c| {
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+    });
+    assert!(
+        !h.c.is_finished(h.call),
+        "the head moved: the test did not test it"
+    );
+    assert_eq!(
+        h.c.outputs_waiting(),
+        1,
+        "the dead target's output still waits behind the head"
+    );
+    assert!(h.c.output_wait_bytes() < held, "its descriptor is still held");
+    assert_eq!(h.c.stats().outputs_target_gone, 1, "{:?}", h.c.stats());
+    match h.c.take_response::<Fill>(call2) {
+        Some(Err(RpcError::Transport(na_core::NaError::PeerGone { .. }))) => {}
+        other => panic!("expected PeerGone, got {:?}", other.map(|r| r.map(|v| v.len()))),
+    }
+    // The head goes once its room is back, intact.
+    drop(h.req.take());
+    h.turn_until_finished("the head still waits", |c| {
+        c.progress_now().unwrap();
+        c.trigger().unwrap();
+        let _ = c.try_wait().unwrap();
+    });
+    let out = h.c.take_response::<Fill>(h.call).expect("finished").unwrap();
+    assert!(out == fill_pattern(MIB, 7), "corrupted");
+    // (The one error: the dead target's call.)
+    let st = h.c.stats();
+    assert_eq!(
+        (st.in_flight, st.errors, st.outputs_waited, h.c.outputs_waiting()),
+        (0, 1, 2, 0),
+        "{st:?}"
+    );
+    assert_eq!(h.c.output_wait_bytes(), 0);
+}
+
+/// `next_expiry` goes back to the plain deadline once no deferred request
+/// holds a pulled input: a `try_wait` that retried the waiting output
+/// while the request held its room noted it (so the sleep after it is
+/// bounded by `OUTPUT_WAIT_RECHECK`); the request is dropped, a blocking
+/// `progress` retries and moves the output. Later outputs wait for room
+/// that only pulls in flight hold, with no request left, and the client
+/// is driven without `try_wait`: `next_expiry` must say nothing (the
+/// client keeps nothing with a TTL) rather than a 10 ms recheck for a
+/// request that is gone (the note outlived it until the next idle
+/// `try_wait`: an engine driven by `progress` woke every 10 ms).
+#[test]
+fn next_expiry_drops_the_recheck_once_no_deferred_request_holds_room() {
+    let d = dir("out-wait-recheck-ends");
+    let mut h = budget_held_by_a_deferred_request(&d);
+    let end = Instant::now() + T;
+    while !h.c.try_wait().unwrap() {
+        assert!(Instant::now() < end, "never idle: {:?}", h.c.stats());
+        h.c.progress_now().unwrap();
+        h.c.trigger().unwrap();
+    }
+    assert_eq!(h.c.outputs_waiting(), 1, "the output moved with its room held");
+    drop(h.req.take());
+    h.turn_until_finished("the output still waits", |c| {
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+    });
+    let out = h.c.take_response::<Fill>(h.call).expect("finished").unwrap();
+    assert!(out == fill_pattern(MIB, 7), "corrupted");
+    // Eight 1 MiB outputs at once, room for one: the others wait for the
+    // pulls in flight.
+    let s = h.c.lookup(&h._srv.uri).unwrap();
+    let ids: Vec<_> = (0..8u64)
+        .map(|i| h.c.forward::<Fill>(&s, &(MIB, 20 + i)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let (mut looked, end) = (0u32, Instant::now() + T);
+    while !ids.iter().all(|id| h.c.is_finished(*id)) {
+        assert!(Instant::now() < end, "calls did not finish: {:?}", h.c.stats());
+        h.c.progress_now().unwrap();
+        h.c.trigger().unwrap();
+        if h.c.outputs_waiting() > 0 {
+            looked += 1;
+            let at = h.c.next_expiry();
+            assert!(
+                at.is_none(),
+                "a recheck {:?} ahead with no deferred request left ({:?})",
+                at.map(|t| t.saturating_duration_since(Instant::now())),
+                h.c.stats()
+            );
+        }
+    }
+    assert!(looked > 0, "no output waited: the test did not test it");
+    for (i, id) in ids.into_iter().enumerate() {
+        let out = h.c.take_response::<Fill>(id).expect("finished").unwrap();
+        assert!(out == fill_pattern(MIB, 20 + i as u64), "call {i}: corrupted");
+    }
+    let _ = h.end_holder.send(());
+    let _ = h.holder.join().unwrap();
+}
