@@ -385,6 +385,37 @@ fn a_range_that_keeps_settling_is_waited_for_within_one_budget() {
     sys::unmap(a, LEN).expect("munmap");
 }
 
+/// The same for memory exposed to peers (`get_unshared`): one wait with
+/// the whole budget, one registration, whose flag clears once the settle
+/// time it was made in ends. (Before 2026-11-29: three of each.)
+#[test]
+fn an_unshared_registration_of_a_range_that_keeps_settling_waits_within_one_budget() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let gate = Gate::new();
+    let c = cache(&gate, |_| {});
+    let a = sys::map_anon(None, LEN).expect("mmap");
+    sys::touch(a, LEN, 0x47);
+    gate.hold("miss", a, a + LEN, Kind::Endless);
+    let c2 = Arc::clone(&c);
+    let reg = std::thread::Builder::new()
+        .name("miss".into())
+        .spawn(move || c2.get_unshared(a, LEN, W).expect("get_unshared"))
+        .expect("thread")
+        .join()
+        .expect("miss");
+    assert_eq!(made(&c), 1, "registered once");
+    assert_eq!(
+        gate.limits("miss"),
+        vec![SETTLE_BUDGET],
+        "one wait, given the whole budget"
+    );
+    // Made while its range settled: stale once that settle time is over.
+    std::thread::sleep(2 * REMOVE_SETTLE);
+    assert!(!reg.is_valid(), "valid after the settle time it was made in");
+    drop(reg);
+    sys::unmap(a, LEN).expect("munmap");
+}
+
 /// Registrations thrown away because a discard settled do not use up the
 /// attempts for a mapping that changed: two of each, then the miss
 /// succeeds. (Before 2026-11-29 they shared three attempts: `Unstable`
