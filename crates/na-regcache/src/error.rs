@@ -70,7 +70,10 @@ pub enum Error {
     /// The mapping changed during each of three attempts to register it:
     /// a concurrent unmap or discard of the very range (the caller raced
     /// with itself). A miss claims an exact tracking slot for its span
-    /// before it pins, so invalidations of other ranges never cause it.
+    /// before it pins, so invalidations of other ranges never cause it;
+    /// registrations thrown away because a discard of the range was still
+    /// settling do not count (they have their own bound, and end in an
+    /// uncached registration).
     #[error("mapping at {addr:#x} changed during every registration attempt")]
     Unstable {
         /// Start address.

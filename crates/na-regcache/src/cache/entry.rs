@@ -101,7 +101,7 @@ struct Tracker<R: Registrar> {
     /// The cache's invalidation generation when the entry was made.
     gen: u64,
     /// Made while its range was settling (a discard raced the miss past
-    /// its attempts): stale from then on.
+    /// its settle retries or its wait budget): stale from then on.
     stale_at: Option<Instant>,
     /// Its slot in `shared.tracked` (exact), or `None` (only if the slot
     /// table could not grow): the table's history since `gen` decides

@@ -18,8 +18,12 @@
 //! 6. if the monitor says a change of the span is still settling
 //!    (`madvise` drops pages after its event), wait for it to end
 //!    (`Monitor::wait_settled`, no lock held; only misses of a range
-//!    discarded moments ago wait), sync the monitor and redo step 5's
-//!    notes; then write-lock briefly: claim a tracking slot for the span,
+//!    discarded moments ago wait), sync the monitor and look the request
+//!    up again (another thread missing the same range may have registered
+//!    it meanwhile: then it is a hit), else redo step 5's notes, and wait
+//!    again if the new span covers a settling range (all of a miss's
+//!    waits share one budget, `SETTLE_BUDGET`: see `settle`); then
+//!    write-lock briefly: claim a tracking slot for the span,
 //!    from then on marked by every invalidation overlapping it, exactly,
 //!    however many of other ranges come (claimed marked already if one
 //!    since step 5 may have overlapped it, which the table's history of
@@ -29,12 +33,14 @@
 //! 8. write-lock; if the slot was marked (without a slot, which only a
 //!    slot table that cannot grow leaves: if that history since step 5
 //!    may overlap the span), discard and retry from step 6 with the span
-//!    and generation noted then (at most three times: `Unstable` after
-//!    that); if the room made no longer
+//!    and generation noted then (at most three registrations of a span
+//!    that changed: `Unstable` after that); if the room made no longer
 //!    suffices (the table changed), unlock, make more and look again; if
 //!    the monitor says a change of the span is settling (one read since
-//!    the wait of step 6), retry too, and on the last attempt hand the
-//!    registration out uncached, stale once the settle time ends;
+//!    the wait of step 6, or one the budget ran out on), retry from step
+//!    6 too (a settle retry: two at most, while the budget lasts, not
+//!    counted as a change), else hand the registration out uncached,
+//!    stale once the settle time ends;
 //!    else insert, evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
 //!    slots lets the lock go, takes it again and goes on, checking the
@@ -58,6 +64,7 @@ mod entry;
 mod outside;
 #[cfg(test)]
 mod refs_tests;
+mod settle;
 mod shared;
 #[cfg(test)]
 mod sweep_tests;
@@ -66,12 +73,14 @@ mod table;
 mod test_rig;
 
 pub use entry::{Registration, MAX_HANDLES};
+pub use settle::SETTLE_BUDGET;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use entry::Entry;
+use settle::Settle;
 use shared::{Claimed, Shared};
 use table::{Insert, Sweep, Table};
 
@@ -80,28 +89,43 @@ use crate::monitor::{InvalidationSink, Monitor, SinkId};
 use crate::registrar::{Access, Registrar};
 use crate::stats::{CacheStats, Stats};
 
-/// Attempts of a miss at a registration of a span that changed while it
-/// was being made ([`Error::Unstable`] after them), and of a miss or
-/// [`Cache::get_unshared`] whose range a discard read after its wait
-/// settles (after them: handed out uncached, stale once the settle time
-/// ends).
+/// Registrations a miss makes, at most, of a span that changed while
+/// each was being made ([`Error::Unstable`] after them). Registrations
+/// thrown away because a discard of the span settled do not count (see
+/// `settle`: they have their own bound).
 const ATTEMPTS: usize = 3;
 
+/// What a miss notes of the table before it registers (see [`note_miss`]):
+/// the span, the generation, the bound on entries taken out, the slots.
+type Noted = ((usize, usize, Access), u64, usize, usize);
+
+/// What [`Cache::look_up`] found.
+enum Looked<R: Registrar> {
+    /// A hit: the handle.
+    Hit(Registration<R>),
+    /// A miss: what it notes of the table.
+    Miss(Noted),
+}
+
+/// Why a miss threw its registration away and registers again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// The mapping changed while it was registered (counted against
+    /// [`ATTEMPTS`]).
+    Changed,
+    /// A discard of the span settles (a settle retry, see `settle`).
+    Settling,
+}
+
 /// What a miss notes of table `t` before it registers (step 5 of the
-/// module docs, and again before each later attempt): the span to
-/// register (`[addr, end)` with `access`, merged with the entries it
-/// overlaps), the table's generation, a bound on the entries the
-/// insertion may take out, and the tracking slots it may need (one per
-/// overlapping entry in use, one for the span). The pre-filter is widened
-/// to the span before the generation is noted: an invalidation that skips
-/// us saw the old bounds, so its unmap happened before our pin.
-fn note_miss<R: Registrar>(
-    sh: &Shared<R>,
-    t: &Table<R>,
-    addr: usize,
-    end: usize,
-    access: Access,
-) -> ((usize, usize, Access), u64, usize, usize) {
+/// module docs, and again after each wait and before each later attempt):
+/// the span to register (`[addr, end)` with `access`, merged with the
+/// entries it overlaps), the table's generation, a bound on the entries
+/// the insertion may take out, and the tracking slots it may need (one
+/// per overlapping entry in use, one for the span). The pre-filter is
+/// widened to the span before the generation is noted: an invalidation
+/// that skips us saw the old bounds, so its unmap happened before our pin.
+fn note_miss<R: Registrar>(sh: &Shared<R>, t: &Table<R>, addr: usize, end: usize, access: Access) -> Noted {
     let span = t.span(addr, end, access);
     sh.widen(span.0, span.1);
     let want = t.overlaps(span.0, span.1) + 1;
@@ -141,42 +165,11 @@ impl<R: Registrar> Cache<R> {
         if sh.zombies.load(Ordering::SeqCst) > 0 {
             self.reap();
         }
-        let stats = &sh.backend.stats;
-        let (mut span, mut gen0, bound, want) = {
-            let mut t = sh.table.read();
-            if let Some(e) = t.lookup(addr, end, access) {
-                let stale = match (&sh.backend.monitor, &e.watch) {
-                    (Some(m), Some(w)) => m.changed(w),
-                    _ => false,
-                };
-                if !stale {
-                    // Take the user reference under the read lock so that
-                    // eviction (write lock) never sees this entry idle.
-                    // Counted busy under the lock: a sweep (write lock)
-                    // never counts this entry idle.
-                    if !Table::acquire(e) {
-                        let (start, len) = (e.start, e.end - e.start);
-                        drop(t);
-                        return Err(Error::TooManyHandles {
-                            addr: start,
-                            len,
-                            max: entry::MAX_HANDLES,
-                        });
-                    }
-                    let e = Arc::clone(e);
-                    drop(t);
-                    stats.hits.add(1);
-                    return Ok(Registration { entry: e });
-                }
-                // The monitor reported a changed mapping.
-                let (s, en) = (e.start, e.end);
-                drop(t);
-                sh.invalidate_range(s, en);
-                t = sh.table.read();
-            }
-            note_miss(sh, &t, addr, end, access)
+        let (mut span, mut gen0, bound, want) = match self.look_up(addr, end, access)? {
+            Looked::Hit(r) => return Ok(r),
+            Looked::Miss(noted) => noted,
         };
-        Stats::bump(&stats.misses);
+        let stats = &sh.backend.stats;
         // Room for the entries the insertion takes out, and tracking slots
         // for those of them in use (superseded) and for the span being
         // registered (the new entry's if it is handed out uncached), made
@@ -187,22 +180,42 @@ impl<R: Registrar> Cache<R> {
         // Idle entries evicted by sweeps that paused (or whose attempt was
         // retried): they are in `doomed`, counted when the miss ends.
         let mut evicted_before = 0;
-        for attempt in 0..ATTEMPTS {
+        // Waits for settling ranges and settle retries left (`settle`),
+        // registrations thrown away because the span changed meanwhile.
+        let mut settle = Settle::new();
+        let mut changes = 0;
+        let mut counted = false;
+        loop {
             if let Some(m) = sh.backend.monitor.as_deref() {
                 // A span discarded moments ago (`madvise`: its pages may
                 // still be on their way out) is pinned only once the
                 // discard is done, so the registration stays valid until
-                // the memory changes again. Only such misses wait.
-                if m.wait_settled(span.0, span.1) {
-                    // Apply what the monitor read meanwhile, then look at
-                    // the span again: entries may have come or gone.
+                // the memory changes again. Only such misses wait. After
+                // a wait the span is looked at again, and waited for
+                // again if it grew over another settling range.
+                while settle.wait(m, span.0, span.1) {
+                    // Apply what the monitor read meanwhile, then look
+                    // again: another thread missing the same range may
+                    // have registered it meanwhile (a hit then), and
+                    // entries may have come or gone.
                     self.sync_monitor(m);
-                    let bound;
-                    let want;
-                    (span, gen0, bound, want) = note_miss(sh, &sh.table.read(), addr, end, access);
+                    let looked = self.look_up(addr, end, access);
+                    if !matches!(looked, Ok(Looked::Miss(_))) {
+                        self.count_evictions(evicted_before);
+                    }
+                    let (bound, want);
+                    (span, gen0, bound, want) = match looked? {
+                        Looked::Hit(r) => return Ok(r),
+                        Looked::Miss(noted) => noted,
+                    };
                     doomed.reserve(bound);
                     slots.add(want.saturating_sub(slots.left()));
                 }
+            }
+            if !counted {
+                // A lookup that registers (not one a wait turned into a hit).
+                Stats::bump(&stats.misses);
+                counted = true;
             }
             let (s, e, a) = span;
             // The span's tracking slot, claimed before the subscription
@@ -235,7 +248,7 @@ impl<R: Registrar> Cache<R> {
                         // request is not: the request alone, watched like
                         // any entry.
                         if let Some(m) = sh.backend.monitor.as_deref() {
-                            return self.watched_outside(m, addr, end, access, &sh.backend.stats.uncached);
+                            return self.watched_outside(m, addr, end, access, &stats.uncached, &mut settle);
                         }
                         return self.uncached(addr, end, access);
                     }
@@ -246,13 +259,12 @@ impl<R: Registrar> Cache<R> {
             let mut t = sh.lock();
             // The eviction sweep, across the lock holds it is split into.
             let mut sweep = Sweep::default();
-            // `None`: the mapping changed (or a discard of it settles)
-            // while we registered. Else whether
-            // the range is settling, whether the entry is cached, and how
-            // many idle entries were evicted.
+            // `Err`: registered again (why). Else whether the range is
+            // settling, whether the entry is cached, and how many idle
+            // entries were evicted.
             let placed = loop {
                 if mine.hit().unwrap_or_else(|| t.changed_since(gen0, s, e)) {
-                    break None;
+                    break Err(Retry::Changed);
                 }
                 // Slots for the superseded entries in use, and for the
                 // new one if it has none and ends up uncached.
@@ -267,18 +279,19 @@ impl<R: Registrar> Cache<R> {
                 }
                 if let Some(left) = sh.backend.monitor.as_ref().and_then(|m| m.settling(s, e)) {
                     // A discard of the span read since the wait above (its
-                    // invalidation may be waiting for this lock): its pages
-                    // may be dropped right after we pinned them. Wait and
-                    // register again; past the attempts, hand it out
+                    // invalidation may be waiting for this lock), or one
+                    // the wait budget ran out on: its pages may be dropped
+                    // right after we pinned them. Wait and register again;
+                    // past the settle retries or the budget, hand it out
                     // uncached, stale once the settle time ends.
-                    if attempt + 1 < ATTEMPTS {
-                        break None;
+                    if settle.retry() {
+                        break Err(Retry::Settling);
                     }
-                    break Some((Some(left), false, 0));
+                    break Ok((Some(left), false, 0));
                 }
                 match t.insert(&entry, &mut doomed, &mut sweep) {
-                    Insert::Done { evicted } => break Some((None, true, evicted_before + evicted)),
-                    Insert::NoRoom { evicted } => break Some((None, false, evicted_before + evicted)),
+                    Insert::Done { evicted } => break Ok((None, true, evicted_before + evicted)),
+                    Insert::NoRoom { evicted } => break Ok((None, false, evicted_before + evicted)),
                     Insert::Paused { evicted } => {
                         // A bounded stretch of the sweep is done: let
                         // readers in, then go on (checking again whether
@@ -296,17 +309,29 @@ impl<R: Registrar> Cache<R> {
                     }
                 }
             };
-            let Some((settling, cached, evicted)) = placed else {
-                // Retry with fresh state (and a fresh slot, for the new span).
-                let bound;
-                let want;
-                (span, gen0, bound, want) = note_miss(sh, &t, addr, end, access);
-                drop(t);
-                mine.set(None);
-                drop(entry);
-                doomed.reserve(bound);
-                slots.add(want.saturating_sub(slots.left()));
-                continue;
+            let (settling, cached, evicted) = match placed {
+                Ok(placed) => placed,
+                Err(why) => {
+                    // Retry with fresh state (and a fresh slot, for the new span).
+                    let noted = note_miss(sh, &t, addr, end, access);
+                    drop(t);
+                    mine.set(None);
+                    drop(entry);
+                    if why == Retry::Changed {
+                        changes += 1;
+                        if changes == ATTEMPTS {
+                            drop(slots);
+                            drop(doomed);
+                            self.count_evictions(evicted_before);
+                            return Err(Error::Unstable { addr });
+                        }
+                    }
+                    let (bound, want);
+                    (span, gen0, bound, want) = noted;
+                    doomed.reserve(bound);
+                    slots.add(want.saturating_sub(slots.left()));
+                    continue;
+                }
             };
             let gen_now = t.generation();
             // A watched entry in use outside the index (handed out uncached,
@@ -321,8 +346,8 @@ impl<R: Registrar> Cache<R> {
             }
             if !cached {
                 // One made while its range was settling (discards raced
-                // every attempt) may have pinned pages the discard drops:
-                // stale once the settle time ends.
+                // every settle retry) may have pinned pages the discard
+                // drops: stale once the settle time ends.
                 let stale_at = settling.map(|left| Instant::now() + left);
                 match mine.take() {
                     // Live since before the pin and not hit: exact from now on.
@@ -339,14 +364,60 @@ impl<R: Registrar> Cache<R> {
                 entry.acquire_outside();
                 Stats::bump(&stats.uncached);
             }
-            if evicted > 0 {
-                stats.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
-                tracing::debug!(evicted, "registration cache evicted idle entries");
-            }
+            self.count_evictions(evicted);
             drop(doomed);
             return Ok(Registration { entry });
         }
-        Err(Error::Unstable { addr })
+    }
+
+    /// Looks `[addr, end)` with `access` up under the read lock: a hit's
+    /// handle (counted), or what a miss notes of the table in the same
+    /// hold ([`note_miss`]). An entry the monitor reports changed is
+    /// invalidated first. Errs only at the handle limit.
+    #[inline(always)]
+    fn look_up(&self, addr: usize, end: usize, access: Access) -> Result<Looked<R>> {
+        let sh = &self.shared;
+        let mut t = sh.table.read();
+        if let Some(e) = t.lookup(addr, end, access) {
+            let stale = match (&sh.backend.monitor, &e.watch) {
+                (Some(m), Some(w)) => m.changed(w),
+                _ => false,
+            };
+            if !stale {
+                // Take the user reference under the read lock so that
+                // eviction (write lock) never sees this entry idle.
+                // Counted busy under the lock: a sweep (write lock)
+                // never counts this entry idle.
+                if !Table::acquire(e) {
+                    let (start, len) = (e.start, e.end - e.start);
+                    drop(t);
+                    return Err(Error::TooManyHandles {
+                        addr: start,
+                        len,
+                        max: entry::MAX_HANDLES,
+                    });
+                }
+                let e = Arc::clone(e);
+                drop(t);
+                sh.backend.stats.hits.add(1);
+                return Ok(Looked::Hit(Registration { entry: e }));
+            }
+            // The monitor reported a changed mapping.
+            let (s, en) = (e.start, e.end);
+            drop(t);
+            sh.invalidate_range(s, en);
+            t = sh.table.read();
+        }
+        Ok(Looked::Miss(note_miss(sh, &t, addr, end, access)))
+    }
+
+    /// Counts `evicted` idle entries evicted by a miss.
+    fn count_evictions(&self, evicted: usize) {
+        if evicted > 0 {
+            let stats = &self.shared.backend.stats;
+            stats.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+            tracing::debug!(evicted, "registration cache evicted idle entries");
+        }
     }
 
     /// `[addr, addr+len)` checked (non-empty, no overflow) and the caller

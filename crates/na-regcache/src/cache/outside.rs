@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::entry::{Entry, Registration};
-use super::{Cache, ATTEMPTS};
+use super::settle::Settle;
+use super::Cache;
 use crate::error::Result;
 use crate::registrar::{Access, Registrar};
 use crate::stats::Stats;
@@ -30,13 +31,22 @@ impl<R: Registrar> Cache<R> {
             // Nothing watches mappings: a plain registration, as `get` gives.
             return self.plain(addr, end, access, &sh.backend.stats.unshared);
         };
-        self.watched_outside(m.as_ref(), addr, end, access, &sh.backend.stats.unshared)
+        self.watched_outside(
+            m.as_ref(),
+            addr,
+            end,
+            access,
+            &sh.backend.stats.unshared,
+            &mut Settle::new(),
+        )
     }
 
     /// A registration of exactly `[addr, end)` outside the index, watched
     /// and tracked like a cached entry: its validity flag clears when the
     /// monitor sees its mapping change (unwatched only where the monitor
-    /// refuses the range). Counted in `counter`.
+    /// refuses the range). Counted in `counter`. Waits for the range to
+    /// settle, and registers again when a discard raced the pin, within
+    /// `settle` (the caller's allowance).
     pub(super) fn watched_outside(
         &self,
         m: &dyn crate::monitor::Monitor,
@@ -44,21 +54,21 @@ impl<R: Registrar> Cache<R> {
         end: usize,
         access: Access,
         counter: &AtomicU64,
+        settle: &mut Settle,
     ) -> Result<Registration<R>> {
         let sh = &self.shared;
         let len = end - addr;
-        let mut attempts = 0;
         loop {
-            attempts += 1;
             // As in `get`: changes that completed before this call are
             // applied first (so they cannot count against the new
             // registration); a range discarded moments ago is pinned only
             // once the discard is done (and what the monitor read
-            // meanwhile is applied); then the pre-filter is widened and the
+            // meanwhile is applied; waited for again while it settles and
+            // the budget lasts); then the pre-filter is widened and the
             // generation noted before the subscription and the pin, so a
             // change after them is seen.
             self.sync_monitor(m);
-            if m.wait_settled(addr, end) {
+            while settle.wait(m, addr, end) {
                 self.sync_monitor(m);
             }
             sh.widen(addr, end);
@@ -96,17 +106,18 @@ impl<R: Registrar> Cache<R> {
             };
             let entry = Arc::new(Entry::new(&sh.backend, (addr, end, access), region, watch));
             let settling = m.settling(addr, end);
-            if settling.is_some() && attempts < ATTEMPTS {
-                // A discard of the range read since the wait: the pages
-                // may be dropped right after we pinned them. Register
-                // again once it is done (dropping the entry deregisters it
-                // and ends its watch).
+            if settling.is_some() && settle.retry() {
+                // A discard of the range read since the wait (or one the
+                // wait budget ran out on): the pages may be dropped right
+                // after we pinned them. Register again once it is done
+                // (dropping the entry deregisters it and ends its watch).
                 give_back();
                 drop(entry);
                 continue;
             }
-            // Past the attempts, a registration made while its range
-            // settles is stale once the settle time ends.
+            // Past the settle retries (or the budget), a registration
+            // made while its range settles is stale once the settle time
+            // ends.
             let stale_at = settling.map(|left| Instant::now() + left);
             if slot.is_none() {
                 tracing::debug!(

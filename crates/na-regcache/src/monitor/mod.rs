@@ -115,10 +115,11 @@ pub trait Monitor: Send + Sync + 'static {
     /// dropped. (userfaultfd delivers `madvise`'s REMOVE *before* the
     /// kernel drops the pages.) A miss waits that out before it pins
     /// ([`Monitor::wait_settled`]) and asks again after the pin, under the
-    /// cache's lock: if a change came meanwhile it registers again, and
-    /// past its attempts hands the registration out uncached, its validity
-    /// flag clearing once `left` has passed. Must not block, allocate or
-    /// take a lock the monitor holds while it calls sinks.
+    /// cache's lock: if a change came meanwhile it registers again (after
+    /// waiting), and once its settle retries or its wait budget are spent
+    /// hands the registration out uncached, its validity flag clearing
+    /// once `left` has passed. Must not block, allocate or take a lock the
+    /// monitor holds while it calls sinks.
     fn settling(&self, start: usize, end: usize) -> Option<Duration> {
         let _ = (start, end);
         None
@@ -128,14 +129,17 @@ pub trait Monitor: Send + Sync + 'static {
     /// `[start, end)`, until no change of it that already reached the
     /// sinks may still be replacing its pages ([`Monitor::settling`]), so
     /// that the registration pins the pages that stay and stays valid
-    /// until the memory changes again. Returns true if it waited (the
-    /// caller then looks at its span again). May give up after a bound (a
-    /// range changed again and again): the check under the cache's lock
-    /// then decides. Called with no lock held; only misses of a range
-    /// changed moments ago wait. Defaults to nothing to wait for.
-    fn wait_settled(&self, start: usize, end: usize) -> bool {
-        let _ = (start, end);
-        false
+    /// until the memory changes again; but for `limit` at most (a range
+    /// changed again and again keeps settling: the check under the
+    /// cache's lock then decides). Returns how long it waited if it found
+    /// the range settling (the caller then looks at its span again, and
+    /// counts the time against its budget, [`crate::SETTLE_BUDGET`]), or
+    /// `None` if there was nothing to wait for. Called with no lock held;
+    /// only misses of a range changed moments ago wait. Defaults to
+    /// nothing to wait for.
+    fn wait_settled(&self, start: usize, end: usize, limit: Duration) -> Option<Duration> {
+        let _ = (start, end, limit);
+        None
     }
 
     /// True when the mapping under `watch` is known to have changed (kdreg2

@@ -178,11 +178,17 @@
 //! under the lock the reader's invalidation takes ([`Monitor::settling`]),
 //! so a miss either inserts before the invalidation (which then drops it)
 //! or sees the mark of a discard read since its wait: it then registers
-//! again after waiting, and past its attempts hands the registration out
-//! uncached, its validity flag clearing when the settle time ends
-//! ([`UffdCounters::settling_uncached`] counts those checks). A range
-//! discarded again and again is waited for at most four settle times per
-//! attempt. **Before 2026-11-29** a miss of a settling range pinned at once
+//! again after waiting (a settle retry), and past its retries or its wait
+//! budget hands the registration out uncached, its validity flag clearing
+//! when the settle time ends ([`UffdCounters::settling_after_pin`] counts
+//! the checks that found the range settling). After a wait the miss looks
+//! its request up again (another thread may have registered it: a hit)
+//! and waits again if its span grew over another settling range. All the
+//! waits of one miss share [`crate::SETTLE_BUDGET`] (four settle times),
+//! so a range discarded again and again delays it that long at most
+//! (`docs/REGCACHE.md` gives the worst case of a miss, and the
+//! multithreaded tests: `tests/settle_race.rs`).
+//! **Before 2026-11-29** a miss of a settling range pinned at once
 //! and was handed out uncached with that deadline: a registration made
 //! within the settle time of a discard that had long been done (glibc
 //! trims thread arenas with `MADV_DONTNEED`; a buffer allocated there and
@@ -264,20 +270,27 @@ pub struct UffdCounters {
     pub inflight_waits: u64,
     /// Failed in-flight probes in `sync` (should stay zero).
     pub probe_errors: u64,
-    /// Checks, after the pin, that found the range settling after a
-    /// REMOVE (`madvise`) event read since the miss (or `get_unshared`)
-    /// waited for its range to settle: a discard that raced with the
-    /// registration. The cache then registers again (after waiting), or
-    /// past its attempts hands the registration out uncached, valid only
-    /// until the settle time ends.
-    pub settling_uncached: u64,
+    /// [`Monitor::settling`] calls that found the range settling after a
+    /// REMOVE (`madvise`) event. The cache makes that check after the pin,
+    /// under its lock (every miss and `get_unshared` call): each count is
+    /// a registration made while its range settled (a discard read since
+    /// the miss's wait, or one its wait budget ran out on). The cache then
+    /// throws the registration away and registers again after waiting
+    /// (a settle retry), or, once its retries or its wait budget are spent,
+    /// hands it out uncached, valid only until the settle time ends.
+    /// (Named `settling_uncached` before 2026-11-29, when every such check
+    /// still handed the registration out uncached.)
+    pub settling_after_pin: u64,
     /// In-flight probes made (one system call each). With the map watch,
     /// lookups probe only after something was mapped since the last quiet
     /// probe; without it, every in-flight lookup probes.
     pub probes: u64,
-    /// Misses (and `get_unshared` calls) that found their range settling
-    /// after a REMOVE (`madvise`) event and waited for its settle time to
-    /// end before pinning it ([`Monitor::wait_settled`]).
+    /// Waits of misses (and `get_unshared` calls) that found their span
+    /// settling after a REMOVE (`madvise`) event, for its settle time to
+    /// end before pinning it ([`Monitor::wait_settled`] calls that
+    /// waited). One miss may wait more than once: again when its span,
+    /// looked at after a wait, grew over another settling range, and
+    /// before a settle retry.
     pub settle_waits: u64,
 }
 
@@ -514,7 +527,7 @@ impl UffdMonitor {
             read_errors: c[4].load(SeqCst),
             inflight_waits: c[5].load(SeqCst),
             probe_errors: c[6].load(SeqCst),
-            settling_uncached: c[7].load(SeqCst),
+            settling_after_pin: c[7].load(SeqCst),
             probes: c[8].load(SeqCst),
             settle_waits: c[9].load(SeqCst),
         }
@@ -597,8 +610,8 @@ impl Monitor for UffdMonitor {
         settling
     }
 
-    fn wait_settled(&self, start: usize, end: usize) -> bool {
-        self.shared.wait_settled(start, end)
+    fn wait_settled(&self, start: usize, end: usize, limit: Duration) -> Option<Duration> {
+        self.shared.wait_settled(start, end, limit)
     }
 
     fn sync(&self) {

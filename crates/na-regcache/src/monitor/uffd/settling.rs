@@ -12,11 +12,6 @@ use super::{Shared, REMOVE_SETTLE};
 /// closest into the range covering both (see [`Settling::add`]).
 pub(super) const SETTLING_SLOTS: usize = 32;
 
-/// How long [`Shared::wait_settled`] waits at most for one range: a few
-/// settle times (a range discarded again and again keeps settling). Past
-/// it the miss goes on; the cache's check under its lock then decides.
-pub(super) const SETTLE_WAIT_LIMIT: Duration = REMOVE_SETTLE.saturating_mul(4);
-
 /// Ranges whose REMOVE event was read recently (`madvise` drops the pages
 /// after the event): `(start, end, deadline)`, deadlines in ns since `epoch`.
 pub(super) struct Settling {
@@ -129,32 +124,35 @@ impl Shared {
     }
 
     /// Waits until `[start, end)` overlaps no settling range (see
-    /// [`Monitor::wait_settled`](crate::Monitor::wait_settled)): sleeps out
-    /// each settle time it finds, and starts one that has not started (a
-    /// sync probes for the advising thread). Gives up after
-    /// [`SETTLE_WAIT_LIMIT`] (a range discarded again and again). Returns
-    /// true if it waited. Takes no lock but the settling table's, briefly.
-    pub(super) fn wait_settled(&self, start: usize, end: usize) -> bool {
-        let Some(mut left) = self.is_settling(start, end) else {
-            return false;
-        };
+    /// [`Monitor::wait_settled`](crate::Monitor::wait_settled)), for
+    /// `limit` at most: sleeps out each settle time it finds, and starts
+    /// one that has not started (a sync probes for the advising thread).
+    /// Returns how long it waited, `None` if nothing was settling. Takes
+    /// no lock but the settling table's, briefly.
+    pub(super) fn wait_settled(&self, start: usize, end: usize, limit: Duration) -> Option<Duration> {
+        let mut left = self.is_settling(start, end)?;
         self.counters[9].fetch_add(1, SeqCst);
-        let give_up = self.now_ns() + SETTLE_WAIT_LIMIT.as_nanos() as u64;
+        let began = self.now_ns();
+        let give_up = began.saturating_add(u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX));
         loop {
+            let now = self.now_ns();
+            let Some(remaining) = give_up.checked_sub(now).filter(|&r| r > 0) else {
+                return Some(Duration::from_nanos(now - began));
+            };
+            let remaining = Duration::from_nanos(remaining);
             if left.is_zero() {
                 // Its settle time has not started: the advising thread
                 // may still be asleep. A sync probes and starts it; if a
                 // newer mark keeps it unstarted, do not spin on probes.
                 self.sync(false);
                 if self.is_settling(start, end) == Some(Duration::ZERO) {
-                    std::thread::sleep(Duration::from_millis(1));
+                    std::thread::sleep(remaining.min(Duration::from_millis(1)));
                 }
             } else {
-                std::thread::sleep(left);
+                std::thread::sleep(left.min(remaining));
             }
             match self.is_settling(start, end) {
-                None => return true,
-                Some(_) if self.now_ns() >= give_up => return true,
+                None => return Some(Duration::from_nanos(self.now_ns() - began)),
                 Some(l) => left = l,
             }
         }
