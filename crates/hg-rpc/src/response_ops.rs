@@ -25,6 +25,11 @@ use crate::header::{Header, Status, FLAG_SPILL};
 /// least this often.
 pub const OUTPUT_WAIT_RECHECK: Duration = Duration::from_millis(10);
 
+/// Entries the emptied queue of waiting outputs keeps room for: a burst
+/// of waiting outputs (thousands of spilled responses at once) gives the
+/// rest of its memory back once the queue is empty.
+const KEPT_OUTPUT_WAITS: usize = 16;
+
 impl<C: Codec> Engine<C> {
     /// A response (header `h`, payload `p`) arrived from `src`. It counts
     /// only for a call in flight to that same peer: a late one (the call
@@ -271,6 +276,7 @@ impl<C: Codec> Engine<C> {
             }
         }
         self.deferred_held_at_retry = held && !self.output_waits.is_empty();
+        self.shrink_emptied_output_waits();
     }
 
     /// Peer `token` is gone (its watch failed, and its calls with it):
@@ -297,6 +303,16 @@ impl<C: Codec> Engine<C> {
     fn output_waits_left(&mut self) {
         if self.output_waits.is_empty() {
             self.deferred_held_at_retry = false;
+        }
+        self.shrink_emptied_output_waits();
+    }
+
+    /// An emptied queue of waiting outputs keeps room for
+    /// [`KEPT_OUTPUT_WAITS`] entries, no more (capacity grown by a burst
+    /// goes back).
+    fn shrink_emptied_output_waits(&mut self) {
+        if self.output_waits.is_empty() && self.output_waits.capacity() > KEPT_OUTPUT_WAITS {
+            self.output_waits.shrink_to(KEPT_OUTPUT_WAITS);
         }
     }
 
@@ -402,4 +418,39 @@ fn file_live(
         log.push(CallId(cookie));
     }
     call.spill.take()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KEPT_OUTPUT_WAITS;
+    use crate::engine::test_support::{queue_unwanted_output, sm_pair};
+
+    /// A burst of waiting outputs that all leave the queue gives its
+    /// memory back: the emptied queue keeps room for a few only.
+    #[test]
+    fn an_emptied_queue_of_waiting_outputs_gives_a_burst_s_room_back() {
+        let (dir, _srv, mut c, s) = sm_pair("output-waits-shrink");
+        for cookie in 0..1_000 {
+            queue_unwanted_output(&mut c, &s, 0x5eed_0000 + cookie);
+        }
+        assert!(c.output_waits.capacity() >= 1_000);
+        // Budget back: every one of them is unwanted (no call of ours),
+        // released, and the queue empties.
+        c.pull_waiting_outputs();
+        assert_eq!(c.output_waits.len(), 0);
+        assert!(
+            c.output_waits.capacity() <= KEPT_OUTPUT_WAITS,
+            "the emptied queue still holds room for {} outputs",
+            c.output_waits.capacity()
+        );
+        // And a queue emptied outside a retry (its target gone) too.
+        for cookie in 0..1_000 {
+            queue_unwanted_output(&mut c, &s, 0x5eed_1000 + cookie);
+        }
+        c.drop_waiting_outputs_of(s.token());
+        assert_eq!(c.output_waits.len(), 0);
+        assert!(c.output_waits.capacity() <= KEPT_OUTPUT_WAITS);
+        drop(c);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
