@@ -494,6 +494,45 @@ impl SmPlugin {
         Ok(())
     }
 
+    /// Test hook for hostile-peer tests: does `t` to the eventfd we wake
+    /// `peer` on (the peer's: what a hostile peer may do to its victim's
+    /// eventfd). An error before the peer's eventfd came (a connector's
+    /// before the acknowledgement) or with pipe wake-ups. Never use
+    /// outside tests.
+    #[doc(hidden)]
+    pub fn debug_tamper_peer_wake(&mut self, peer: &Addr, t: crate::sys::eventfd::WakeTamper) -> Result<()> {
+        let conn = self.debug_conn(peer)?;
+        let Some(wake) = &conn.peer_wake else {
+            return Err(NaError::sys(
+                "debug_tamper_peer_wake",
+                std::io::Error::other("no wake-up descriptor of the peer yet"),
+            ));
+        };
+        wake.tamper(t)
+            .map_err(|e| NaError::sys("debug_tamper_peer_wake", e))
+    }
+
+    /// Test hook for hostile-peer tests: does `t` to the eventfd `peer`
+    /// wakes us on (ours, whose description the peer shares: what a
+    /// hostile peer may do to the eventfd its victim writes). Never use
+    /// outside tests.
+    #[doc(hidden)]
+    pub fn debug_tamper_own_wake(&mut self, peer: &Addr, t: crate::sys::eventfd::WakeTamper) -> Result<()> {
+        let conn = self.debug_conn(peer)?;
+        conn.my_wake
+            .tamper(t)
+            .map_err(|e| NaError::sys("debug_tamper_own_wake", e))
+    }
+
+    /// Test hook: whether `peer` has raised its sleep flag on the channel
+    /// we send it on (it armed for a sleep, and a message from us will
+    /// write its wake-up descriptor). Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_peer_sleeps(&mut self, peer: &Addr) -> Result<bool> {
+        let conn = self.debug_conn(peer)?;
+        Ok(conn.tx().rx_waiting().load(std::sync::atomic::Ordering::SeqCst) != 0)
+    }
+
     fn debug_conn(&mut self, peer: &Addr) -> Result<&mut crate::conn::Conn> {
         let p = self
             .peers
