@@ -362,13 +362,27 @@ impl<'a> Channel<'a> {
     /// (a header and a payload, say, written in place without joining
     /// them first), if its slot is free and (for more than [`INLINE_MAX`]
     /// bytes) a buffer is free; false otherwise (the caller queues it).
-    /// The parts must add up to at most [`BUF_SIZE`] bytes.
-    pub fn try_send(&self, tx: &mut TxCursor, kind: MsgKind, tag: u32, parts: &[&[u8]]) -> bool {
-        self.try_send_len(tx, kind, tag, parts, parts.iter().map(|p| p.len()).sum())
+    /// The parts must add up to at most [`BUF_SIZE`] bytes; parts whose
+    /// lengths add up past `usize::MAX` (aliases of one huge region: a
+    /// wrapped sum would pass for a small message) are
+    /// [`NaError::LengthOverflow`](na_core::NaError::LengthOverflow).
+    ///
+    /// (Sends go through [`try_send_len`](Self::try_send_len) with the
+    /// length their caller checked once; this sums the parts itself.)
+    pub fn try_send(
+        &self,
+        tx: &mut TxCursor,
+        kind: MsgKind,
+        tag: u32,
+        parts: &[&[u8]],
+    ) -> na_core::Result<bool> {
+        let len = na_core::msgbuf::parts_len(parts)?;
+        Ok(self.try_send_len(tx, kind, tag, parts, len))
     }
 
     /// [`try_send`](Self::try_send) of parts whose lengths add up to
-    /// `len` (the caller summed them already).
+    /// `len` (the caller summed them already, checked: see
+    /// `na_core::msgbuf::parts_len`).
     #[inline(always)]
     pub fn try_send_len(
         &self,

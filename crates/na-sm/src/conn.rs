@@ -31,8 +31,12 @@ pub const ACK_MAGIC: [u8; 8] = *b"QSSMACK1";
 pub const REFUSAL_MAGIC: [u8; 8] = *b"QSSMNAK1";
 /// Most bytes of a refusal's reason.
 pub const MAX_REFUSAL: usize = 240;
-/// Handshake protocol version.
-pub const PROTO_VERSION: u32 = 1;
+/// Handshake protocol version. 2: a side creates the eventfd it is woken
+/// on with a counter of 1 and never reads it, and wakes its peer with a
+/// write of 0 (which no peer can make block: see
+/// [`EventFd::signal`](crate::sys::eventfd::EventFd::signal)); a version-1
+/// side's eventfd starts at 0 and would never report a write of 0.
+pub const PROTO_VERSION: u32 = 2;
 /// Bytes of an acknowledgement.
 pub const ACK_LEN: usize = 16;
 /// Largest hello.

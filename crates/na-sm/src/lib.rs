@@ -80,8 +80,20 @@
 //! protocol runs the other way for backpressure: a sender with a backlog
 //! raises `tx_waiting`, and the receiver wakes it after freeing buffers.
 //! Each connection has its own eventfd per direction, created by the side
-//! that sleeps on it, so a peer can only steal or spoil its own wake-ups;
-//! before writing a peer-held eventfd we check it is still non-blocking.
+//! that sleeps on it, so a peer can only steal or spoil its own wake-ups:
+//! whatever it writes to (or reads from) the eventfd it wakes us on
+//! (bringing the counter to its maximum, reading it to 0, a storm of
+//! writes) touches only its connection's wake-ups, and the fd is polled
+//! edge-triggered and never read, so a huge counter keeps nothing ready.
+//! A storm of writes makes one wake-up per harvest of our epoll set: it
+//! costs us about what it costs the peer, and its messages and every
+//! other peer's are served meanwhile (`tests/hostile_wake.rs`). The
+//! eventfd starts at 1 and a wake-up is a write of **0**, which wakes
+//! the poller yet can neither block nor fail whatever the peer did to
+//! the description it shares with us (cleared `O_NONBLOCK`, counter at
+//! its maximum): a write of 1 could be made to block by a peer that
+//! cleared the flag between our check of it and the write
+//! ([`sys::eventfd::EventFd::signal`]).
 //! Where the kernel has no eventfd, or with `QS_SM_WAKE=pipe` /
 //! [`SmConfig::wake`], a side is woken through a pipe instead: it keeps
 //! both ends, polls and drains the read end and hands the peer the write

@@ -714,7 +714,7 @@ mod tests {
         init_region(&r, 1);
         let ch = Channel::new(&r, 0);
         let (mut tx, mut rx) = (TxCursor::default(), RxCursor::default());
-        while ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[b"x"]) {}
+        while ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[b"x"]).unwrap() {}
         assert!(ch.arm_sender(&mut tx, 1), "the ring is full: the sender waits");
         let s = ch.peek(rx.pos).unwrap().unwrap();
         ch.release(&mut rx, &s).unwrap();

@@ -42,7 +42,8 @@ impl SmPlugin {
             let ch = Channel::new(&conn.region, tx);
             let mut sent = false;
             while let Some(q) = conn.backlog.front() {
-                if !ch.try_send(&mut conn.tx_cur, q.kind, q.tag, &[&q.data]) {
+                // One part: its length is the message's.
+                if !ch.try_send_len(&mut conn.tx_cur, q.kind, q.tag, &[&q.data], q.data.len()) {
                     break;
                 }
                 stats.msgs_sent += 1;

@@ -48,10 +48,13 @@ fn fill_and_drain(len: usize) {
     // Inline messages need only a slot; larger ones a buffer too.
     let room = if len <= INLINE_MAX { RING_SLOTS } else { NUM_BUFS };
     for i in 0..room {
-        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i as u32, &[&vec![i as u8; len]]));
+        assert!(ch
+            .try_send(&mut tx, MsgKind::Unexpected, i as u32, &[&vec![i as u8; len]])
+            .unwrap());
     }
     assert!(
-        !ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![0; len]]),
+        !ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![0; len]])
+            .unwrap(),
         "send {} must not fit",
         room + 1
     );
@@ -87,7 +90,9 @@ fn fill_and_drain(len: usize) {
         "the previous lap's slot is not a message"
     );
     assert!(ch.arm_receiver(rx.pos));
-    assert!(ch.try_send(&mut tx, MsgKind::Expected, 5, &[&vec![7; len]]));
+    assert!(ch
+        .try_send(&mut tx, MsgKind::Expected, 5, &[&vec![7; len]])
+        .unwrap());
     assert!(ch.receiver_needs_wake());
     assert!(
         !ch.arm_receiver(rx.pos),
@@ -116,7 +121,10 @@ fn many_laps_with_lazy_publish() {
     let mut buf = Vec::new();
     let mut next_expected = 0u32;
     for i in 0..MESSAGES {
-        while !ch.try_send(&mut tx, MsgKind::Expected, i, &[&i.to_le_bytes()]) {
+        while !ch
+            .try_send(&mut tx, MsgKind::Expected, i, &[&i.to_le_bytes()])
+            .unwrap()
+        {
             // Drain up to 10 messages, publish, retry.
             for _ in 0..10 {
                 let Some(s) = ch.peek(rx.pos).unwrap() else { break };
@@ -150,14 +158,14 @@ fn consumed_count_from_the_peer_is_clamped() {
     r.atomic(PAGE + CTL_CONSUMED)
         .store(u64::MAX / 2, Ordering::SeqCst);
     for i in 0..RING_SLOTS as u32 {
-        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[&[]]));
+        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[&[]]).unwrap());
     }
     // consumed (clamped to 0 when first read) + 64: the ring is full.
     r.atomic(PAGE + CTL_CONSUMED).store(10, Ordering::SeqCst);
     for i in 0..10 {
-        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[&[]]));
+        assert!(ch.try_send(&mut tx, MsgKind::Unexpected, i, &[&[]]).unwrap());
     }
-    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&[]]));
+    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&[]]).unwrap());
     r.atomic(PAGE + CTL_CONSUMED).store(3, Ordering::SeqCst);
     assert!(!ch.can_send(&mut tx, 0), "a count that goes back gives nothing");
     assert_eq!(tx.pos, 74);
@@ -222,7 +230,7 @@ fn only_this_lap_or_the_previous_one_is_valid() {
     let ch = Channel::new(&r, 0);
     let mut tx = TxCursor::default();
     assert_eq!(ch.peek(0).unwrap(), None, "a never-used slot is empty");
-    assert!(ch.try_send(&mut tx, MsgKind::Unexpected, 1, &[&[]]));
+    assert!(ch.try_send(&mut tx, MsgKind::Unexpected, 1, &[&[]]).unwrap());
     assert_eq!(ch.peek(0).unwrap().map(|s| s.tag), Some(1));
     assert_eq!(
         ch.peek(64).unwrap(),
@@ -275,19 +283,59 @@ fn free_mask_bits_above_the_buffers_are_ignored() {
     let free = r.atomic(PAGE + CTL_FREE);
     free.store(!ALL_BUFS, Ordering::SeqCst);
     assert!(!ch.can_send(&mut tx, BUF_SIZE), "no buffer is free");
-    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![1; BUF_SIZE]]));
+    assert!(!ch
+        .try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![1; BUF_SIZE]])
+        .unwrap());
     free.store(u64::MAX, Ordering::SeqCst);
     let mut rx = RxCursor::default();
     for i in 0..NUM_BUFS {
-        assert!(ch.try_send(
-            &mut tx,
-            MsgKind::Unexpected,
-            i as u32,
-            &[&vec![i as u8; BUF_SIZE]]
-        ));
+        assert!(ch
+            .try_send(
+                &mut tx,
+                MsgKind::Unexpected,
+                i as u32,
+                &[&vec![i as u8; BUF_SIZE]]
+            )
+            .unwrap());
         let s = ch.peek(rx.pos).unwrap().unwrap();
         assert_eq!(s.index, i, "buffers are taken lowest first, none past the last");
         rx.pos += 1;
     }
-    assert!(!ch.try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![0; BUF_SIZE]]));
+    assert!(!ch
+        .try_send(&mut tx, MsgKind::Unexpected, 0, &[&vec![0; BUF_SIZE]])
+        .unwrap());
+}
+
+/// Parts whose lengths add up past `usize::MAX` (aliases of one huge
+/// region; here read-only zero pages, so nothing is ever allocated) are
+/// refused with `LengthOverflow` before anything is written: a wrapped
+/// sum would pass for a small inline message.
+#[test]
+fn parts_adding_up_past_usize_max_are_refused() {
+    // The largest region the address space takes; as many aliases of it
+    // as add up to 2^64 bytes (2^18 parts of 64 TiB: a 4 MiB list).
+    let huge = (40..=46)
+        .rev()
+        .find_map(|bits| crate::sys::zero_pages::ZeroPages::map(1usize << bits).ok())
+        .expect("no address space for a 1 TiB read-only mapping");
+    let part = huge.bytes();
+    let count = (u64::MAX / part.len() as u64 + 1) as usize;
+    let parts = vec![part; count];
+    assert!(
+        parts
+            .iter()
+            .try_fold(0usize, |s, p| s.checked_add(p.len()))
+            .is_none(),
+        "the parts must add up past usize::MAX"
+    );
+    let r = region();
+    let ch = Channel::new(&r, 0);
+    let mut tx = TxCursor::default();
+    let err = ch.try_send(&mut tx, MsgKind::Unexpected, 0, &parts).unwrap_err();
+    assert!(
+        matches!(err, na_core::NaError::LengthOverflow { parts: n, .. } if n == count),
+        "{err}"
+    );
+    assert_eq!(tx.pos, 0, "nothing was published");
+    assert_eq!(ch.peek(0).unwrap(), None, "nothing was published");
 }

@@ -13,14 +13,20 @@ pub struct EventFd {
 }
 
 impl EventFd {
-    /// [eventfd(2)] with `EFD_NONBLOCK | EFD_CLOEXEC`.
+    /// [eventfd(2)] with `EFD_NONBLOCK | EFD_CLOEXEC` and a counter of 1
+    /// from the start: a wake-up is a write of 0 (see [`signal`](Self::signal)),
+    /// which makes the descriptor report itself readable only while the
+    /// counter is not 0. Ours are never read (polled edge-triggered), so
+    /// the counter stays above 0 unless whoever holds the other copy, the
+    /// one peer that wakes us on it, reads it: it then loses its own
+    /// wake-ups of us, nobody else's.
     ///
     /// [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
     pub fn new() -> io::Result<Self> {
         // SAFETY: eventfd takes no pointers; a successful return is a fresh
         // descriptor owned by nobody else, so OwnedFd may take it.
         let fd = unsafe {
-            let fd = super::syscall!(eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
+            let fd = super::syscall!(eventfd(1, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
             OwnedFd::from_raw_fd(fd)
         };
         Ok(EventFd { fd })
@@ -40,33 +46,27 @@ impl EventFd {
         Ok(EventFd { fd })
     }
 
-    /// Adds 1 to the counter: wakes whoever polls the fd.
+    /// Wakes whoever polls the fd: writes **0** to the counter.
     ///
-    /// The descriptor's file status flags are shared with the peer that holds
-    /// the other end, so first check that it is still non-blocking (a write
-    /// that would overflow the counter then fails with `EAGAIN` instead of
-    /// blocking us). `EAGAIN` means the counter is huge: the reader is
-    /// certainly awake-able already, so it counts as success.
+    /// The descriptor is the peer's (its open file description, shared
+    /// with it: the peer may clear `O_NONBLOCK` on it at any time, and
+    /// bring its counter to the maximum, 0xfffffffffffffffe). A write of
+    /// `n` blocks (or fails with `EAGAIN`) only while the counter plus `n`
+    /// would pass that maximum; a write of 0 never does, whatever the
+    /// flags and the counter, so no peer can block this call (a write of
+    /// 1, checked for `O_NONBLOCK` first, could be blocked by a peer that
+    /// cleared the flag between the check and the write). The kernel
+    /// wakes the fd's pollers on every successful write, 0 included, and
+    /// an epoll set then reports it readable as the counter is not 0:
+    /// the waiter creates it at 1 and never reads it ([`EventFd::new`]).
     ///
-    /// The check and the write are two calls: a hostile peer that brought
-    /// its counter to the brink and clears the flag between them blocks
-    /// this write. An eventfd cannot be reopened as our own description
-    /// (as the pipe wake-up is, `QS_SM_WAKE=pipe`); a peer of the same uid
-    /// could stop or ptrace us anyway.
+    /// (`EAGAIN` cannot come of a write of 0; were it to, the counter is
+    /// at its maximum and the fd readable already: success.)
     pub fn signal(&self) -> io::Result<()> {
-        let raw = self.fd.as_raw_fd();
-        // SAFETY: F_GETFL takes no pointer argument.
-        let flags = unsafe { super::syscall!(fcntl(raw, libc::F_GETFL))? };
-        if flags & libc::O_NONBLOCK == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "peer cleared O_NONBLOCK on the wake-up eventfd",
-            ));
-        }
-        let one: u64 = 1;
+        let zero: u64 = 0;
         // SAFETY: we pass a pointer to an 8-byte u64 that lives across the
         // call and its exact size, as eventfd requires.
-        let r = unsafe { libc::write(raw, (&one as *const u64).cast(), 8) };
+        let r = unsafe { libc::write(self.fd.as_raw_fd(), (&zero as *const u64).cast(), 8) };
         if r == 8 {
             return Ok(());
         }
@@ -93,6 +93,61 @@ impl EventFd {
     }
 }
 
+/// What a hostile peer may do to a wake-up eventfd it holds a copy of
+/// (its open file description is shared): for tests, through
+/// [`EventFd::tamper`] and `SmPlugin::debug_tamper_wake`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeTamper {
+    /// Brings the counter to its maximum, 0xfffffffffffffffe: a write of
+    /// 1 or more then fails with `EAGAIN` (or blocks, without
+    /// `O_NONBLOCK`) until the counter is read.
+    Saturate,
+    /// Reads the counter down to 0: the fd stops reporting readable.
+    Empty,
+    /// Clears `O_NONBLOCK` on the shared description.
+    Blocking,
+    /// Adds 1 (ignoring `EAGAIN`): one write of a storm.
+    Pulse,
+}
+
+impl EventFd {
+    /// Does `t` to this eventfd (tests only: what a peer holding it may
+    /// do). [`WakeTamper::Saturate`] reads the counter first: call it
+    /// before [`WakeTamper::Blocking`], or the read may block.
+    #[doc(hidden)]
+    pub fn tamper(&self, t: WakeTamper) -> io::Result<()> {
+        let raw = self.fd.as_raw_fd();
+        let write = |v: u64| -> io::Result<()> {
+            // SAFETY: an 8-byte u64 that lives across the call, its size.
+            let r = unsafe { libc::write(raw, (&v as *const u64).cast(), 8) };
+            match r {
+                8 => Ok(()),
+                _ => match io::Error::last_os_error() {
+                    e if e.kind() == io::ErrorKind::WouldBlock && v == 1 => Ok(()),
+                    e => Err(e),
+                },
+            }
+        };
+        match t {
+            WakeTamper::Saturate => {
+                self.drain()?;
+                write(u64::MAX - 1)
+            }
+            WakeTamper::Empty => self.drain().map(|_| ()),
+            WakeTamper::Blocking => {
+                // SAFETY: F_GETFL / F_SETFL take an int and no pointer.
+                unsafe {
+                    let flags = super::syscall!(fcntl(raw, libc::F_GETFL))?;
+                    super::syscall!(fcntl(raw, libc::F_SETFL, flags & !libc::O_NONBLOCK))?;
+                }
+                Ok(())
+            }
+            WakeTamper::Pulse => write(1),
+        }
+    }
+}
+
 impl AsFd for EventFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -112,14 +167,81 @@ mod tests {
     #[test]
     fn signal_and_drain() {
         let e = EventFd::new().unwrap();
+        // Created at 1 (readable), and a signal adds nothing.
+        assert!(e.drain().unwrap());
         assert!(!e.drain().unwrap());
         e.signal().unwrap();
         e.signal().unwrap();
-        assert!(e.drain().unwrap());
         assert!(!e.drain().unwrap());
         let dup = e.fd.try_clone().unwrap();
         assert!(EventFd::from_peer(dup).is_ok());
         let file = OwnedFd::from(std::fs::File::open("/proc/self/stat").unwrap());
         assert!(EventFd::from_peer(file).is_err());
+    }
+
+    /// A peer holding our copy brings the counter to its maximum and
+    /// clears `O_NONBLOCK` on the description it shares with us: a
+    /// wake-up write of 1 would block for good (the flag checked first
+    /// or not: the peer may clear it between the check and the write).
+    /// A signal still returns, at once, and still wakes the peer's
+    /// edge-triggered epoll set, every time.
+    #[test]
+    fn a_peer_saturating_and_blocking_its_eventfd_cannot_block_a_signal() {
+        use na_core::sys::epoll::Epoll;
+        let theirs = EventFd::new().unwrap();
+        let epoll = Epoll::new().unwrap();
+        epoll.add_edge_triggered(theirs.as_raw_fd(), 7).unwrap();
+        let mut tokens = Vec::new();
+        // Created at 1: the first harvest reports it once.
+        assert_eq!(
+            epoll.wait(&mut tokens, Some(std::time::Duration::ZERO)).unwrap(),
+            1
+        );
+        let ours = EventFd::from_peer(theirs.fd.try_clone().unwrap()).unwrap();
+        theirs.tamper(WakeTamper::Saturate).unwrap();
+        theirs.tamper(WakeTamper::Blocking).unwrap();
+        assert_eq!(
+            epoll.wait(&mut tokens, Some(std::time::Duration::ZERO)).unwrap(),
+            1
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = (0..3)
+                .map(|_| ours.signal().map_err(|e| e.to_string()))
+                .collect::<Vec<_>>();
+            let _ = tx.send(r);
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("a signal blocked on a saturated, blocking eventfd");
+        assert_eq!(r, vec![Ok(()), Ok(()), Ok(())]);
+        // Each write woke the set (coalesced into one report: edge-triggered).
+        assert_eq!(
+            epoll.wait(&mut tokens, Some(std::time::Duration::ZERO)).unwrap(),
+            1
+        );
+        assert_eq!(
+            epoll.wait(&mut tokens, Some(std::time::Duration::ZERO)).unwrap(),
+            0
+        );
+    }
+
+    /// A signal (a write of 0) wakes an edge-triggered epoll set once per
+    /// write while the counter is above 0, as the waiter keeps it.
+    #[test]
+    fn every_signal_is_an_edge() {
+        use na_core::sys::epoll::Epoll;
+        let theirs = EventFd::new().unwrap();
+        let ours = EventFd::from_peer(theirs.fd.try_clone().unwrap()).unwrap();
+        let epoll = Epoll::new().unwrap();
+        epoll.add_edge_triggered(theirs.as_raw_fd(), 7).unwrap();
+        let mut tokens = Vec::new();
+        let zero = Some(std::time::Duration::ZERO);
+        assert_eq!(epoll.wait(&mut tokens, zero).unwrap(), 1);
+        for _ in 0..3 {
+            assert_eq!(epoll.wait(&mut tokens, zero).unwrap(), 0, "no write, no edge");
+            ours.signal().unwrap();
+            assert_eq!(epoll.wait(&mut tokens, zero).unwrap(), 1, "a signal made no edge");
+        }
     }
 }

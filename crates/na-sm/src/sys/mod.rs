@@ -12,5 +12,7 @@ pub mod random;
 pub mod shm;
 pub mod socket;
 pub mod wake;
+#[cfg(test)]
+pub mod zero_pages;
 
 pub use na_core::syscall;

@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use super::eventfd::EventFd;
+use super::eventfd::{EventFd, WakeTamper};
 
 /// Which primitive wakes a sleeping process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +137,34 @@ impl OwnWake {
         }
         Ok(any)
     }
+}
+
+impl OwnWake {
+    /// Tests only: does `t` to our eventfd, as the peer holding its other
+    /// copy may (an error for a pipe).
+    #[doc(hidden)]
+    pub fn tamper(&self, t: WakeTamper) -> io::Result<()> {
+        match self {
+            OwnWake::EventFd(e) => e.tamper(t),
+            OwnWake::Pipe { .. } => Err(not_an_eventfd()),
+        }
+    }
+}
+
+impl PeerWake {
+    /// Tests only: does `t` to the peer's eventfd, as we hold a copy of
+    /// it (an error for a pipe).
+    #[doc(hidden)]
+    pub fn tamper(&self, t: WakeTamper) -> io::Result<()> {
+        match self {
+            PeerWake::EventFd(e) => e.tamper(t),
+            PeerWake::Pipe(_) => Err(not_an_eventfd()),
+        }
+    }
+}
+
+fn not_an_eventfd() -> io::Error {
+    io::Error::other("wake-up tampering needs eventfd wake-ups (SmConfig::wake)")
 }
 
 /// Most bytes one [`OwnWake::drain`] reads: a default pipe's capacity.
