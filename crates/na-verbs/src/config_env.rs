@@ -12,6 +12,11 @@
 //! | `QS_VERBS_SETUP_TIMEOUT_MS` | [`setup_timeout`](VerbsConfig::setup_timeout) | milliseconds, over 10000 | 15000 |
 //! | `QS_VERBS_CANCEL_TIMEOUT_MS` | [`cancel_timeout`](VerbsConfig::cancel_timeout) | milliseconds, or `never` | 5000 |
 //!
+//! Set `QS_VERBS_MAX_MSG_SIZE` alike on every process that talks to each
+//! other: each side's hello tells the other its limit, and a message past
+//! the peer's fails alone with `NaError::MessageTooLarge`, but hg-rpc
+//! decides what to spill by its own plugin's limit only.
+//!
 //! The variables override the defaults, never a value set in code:
 //! [`VerbsConfig::from_env`] is the defaults with the variables that are
 //! set applied, and what code changes after that wins. The plugins of a
