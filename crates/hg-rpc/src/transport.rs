@@ -8,7 +8,10 @@ use crate::{Engine, Result};
 
 /// A registry with every plugin compiled in: `sm` (settings from the
 /// environment, see `na_sm::SmConfig`) and, with the `verbs` feature,
-/// `verbs` (registration cache settings from `QS_MR_CACHE_*`).
+/// `verbs` (connection settings from `QS_VERBS_*`, see
+/// `na_verbs::config_env`, and registration cache settings from
+/// `QS_MR_CACHE_*`; a bad value fails the plugin's creation with an
+/// error naming the variable).
 pub fn registry() -> PluginRegistry {
     let mut reg = PluginRegistry::new();
     reg.register(Box::new(na_sm::SmFactory::default()));

@@ -2,6 +2,8 @@
 //! 1 MiB arguments spilled into bulk both ways (one-way included), and bulk
 //! push/pull across segments, against an `hg-rpc-testpeer` process on the
 //! soft-RoCE device. Runs for real inside the VM (`scripts/test-verbs.sh`).
+//! Pulls of spilled data that fail at completion (a deregistered key):
+//! `verbs/spill_pull_failures.rs`.
 //!
 //! Without an RDMA device (the host) each test asserts that building an
 //! engine on `verbs://` fails with the clear "no RDMA device found" error,
@@ -19,6 +21,8 @@ mod rpcs;
 use rpcs::*;
 mod common;
 use common::Server;
+#[path = "verbs/spill_pull_failures.rs"]
+mod spill_pull_failures;
 
 /// TCG emulation is slow; nothing legitimate takes this long.
 const T: Duration = Duration::from_secs(60);

@@ -9,7 +9,11 @@ use na_regcache::CacheConfig;
 use crate::addr::VerbsUri;
 
 /// Settings of one [`VerbsPlugin`](crate::VerbsPlugin). Build it from a
-/// listen spec with [`VerbsConfig::from_spec`] and adjust fields.
+/// listen spec with [`VerbsConfig::from_spec`] and adjust fields; or start
+/// from [`VerbsConfig::from_env`], the defaults with the `QS_VERBS_*`
+/// variables applied ([`crate::config_env`]), which what code sets after
+/// overrides. [`VerbsPlugin::new`](crate::VerbsPlugin::new) uses the
+/// configuration as given (it reads no `QS_VERBS_*` variable).
 #[derive(Debug, Clone)]
 pub struct VerbsConfig {
     /// RDMA device; `None`: the first device with an active port.

@@ -52,6 +52,15 @@
 //!   channel sit in the plugin's own epoll fd ([`na_core::Plugin::poll_fd`]);
 //!   busy progress polls the CQ without system calls.
 //!
+//! * **Configuration**: [`VerbsConfig`] in code, or the connection
+//!   settings a deployer tunes from `QS_VERBS_*` environment variables
+//!   ([`config_env`]: connections and their outgoing reserve, queue
+//!   depths, the eager message size, read depth, timeouts), read by
+//!   [`VerbsConfig::from_env`] and by the plugins of a
+//!   [`VerbsFactory::default`] (hg-rpc's `Engine::from_spec`) at each
+//!   creation; a value set in code wins, and a bad value is an error
+//!   naming the variable.
+//!
 //! On a host without any RDMA device the crate builds and its tests run;
 //! creating a plugin returns an error that says "no RDMA device found" and
 //! what to install or load. The RDMA tests run inside the soft-RoCE VM
@@ -62,6 +71,7 @@
 pub mod addr;
 mod cancel;
 pub mod config;
+pub mod config_env;
 mod conn;
 mod connect;
 pub mod credits;
