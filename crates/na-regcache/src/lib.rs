@@ -100,7 +100,7 @@ mod stats;
 mod sys;
 mod uring;
 
-pub use cache::{Cache, Registration, MAX_HANDLES, SETTLE_BUDGET};
+pub use cache::{Cache, Registration, COALESCE_WAIT, MAX_HANDLES, SETTLE_BUDGET};
 pub use config::{CacheConfig, Consistency, MonitorChoice};
 pub use error::{Error, Result};
 pub use monitor::alloc::AllocMonitor;

@@ -37,13 +37,23 @@ pub struct CacheStats {
     /// A sweep starts only while the cache holds an idle entry: a miss of
     /// a full cache whose entries are all in use looks at none.
     pub sweep_steps: u64,
+    /// Misses that waited for another thread's registration of a span
+    /// covering their request (concurrent misses of one range, coalesced).
+    pub coalesce_waits: u64,
+    /// Of those, the waits that ended in a hit on that registration (the
+    /// others registered on their own: it failed, was handed out uncached,
+    /// or was invalidated meanwhile). Counted in `hits` too.
+    pub coalesced: u64,
+    /// Of those, the waits that ran out their bound
+    /// ([`COALESCE_WAIT`](crate::COALESCE_WAIT)) first.
+    pub coalesce_timeouts: u64,
 }
 
 impl fmt::Display for CacheStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "hits={} misses={} evictions={} invalidations={} uncached={} unshared={} entries={} bytes_registered={} in_use={} sweep_steps={}",
+            "hits={} misses={} evictions={} invalidations={} uncached={} unshared={} entries={} bytes_registered={} in_use={} sweep_steps={} coalesce_waits={} coalesced={} coalesce_timeouts={}",
             self.hits,
             self.misses,
             self.evictions,
@@ -53,7 +63,10 @@ impl fmt::Display for CacheStats {
             self.entries,
             self.bytes_registered,
             self.in_use,
-            self.sweep_steps
+            self.sweep_steps,
+            self.coalesce_waits,
+            self.coalesced,
+            self.coalesce_timeouts
         )
     }
 }
@@ -108,6 +121,12 @@ pub(crate) struct Stats {
     /// Registrations outside the index with at least one handle (uncached,
     /// unshared, superseded or invalidated while in use).
     pub busy_outside: StripedCounter,
+    /// See [`CacheStats::coalesce_waits`] (misses only).
+    pub coalesce_waits: AtomicU64,
+    /// See [`CacheStats::coalesced`].
+    pub coalesced: AtomicU64,
+    /// See [`CacheStats::coalesce_timeouts`].
+    pub coalesce_timeouts: AtomicU64,
 }
 
 impl Stats {
@@ -129,6 +148,9 @@ impl Stats {
             bytes_registered: self.bytes_registered.load(Relaxed),
             in_use: self.busy_cached.sum() + self.busy_outside.sum(),
             sweep_steps: 0,
+            coalesce_waits: self.coalesce_waits.load(Relaxed),
+            coalesced: self.coalesced.load(Relaxed),
+            coalesce_timeouts: self.coalesce_timeouts.load(Relaxed),
         }
     }
 }

@@ -104,6 +104,7 @@ impl<R: Registrar> Cache<R> {
             zombies: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             tracked: TrackedRanges::new(),
+            pending: Default::default(),
         });
         let attached = match &shared.backend.monitor {
             Some(m) => m

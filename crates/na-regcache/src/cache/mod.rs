@@ -22,24 +22,36 @@
 //!    up again (another thread missing the same range may have registered
 //!    it meanwhile: then it is a hit), else redo step 5's notes, and wait
 //!    again if the new span covers a settling range (all of a miss's
-//!    waits share one budget, `SETTLE_BUDGET`: see `settle`); then
-//!    write-lock briefly: claim a tracking slot for the span,
+//!    waits share one budget, `SETTLE_BUDGET`: see `settle`);
+//! 7. coalesce (see `coalesce`): if another thread's miss is registering
+//!    a span that covers the request (same or wider rights), wait for it
+//!    to end (a condition variable, `COALESCE_WAIT` at most, once per
+//!    call, no lock held), sync the monitor and look the request up again
+//!    like step 4: a hit if that registration was cached and nothing
+//!    invalidated it since (an invalidation meanwhile took it out of the
+//!    index), else go on from step 6 with what the lookup noted; if none
+//!    covers it, publish the span (checked and published in one hold of
+//!    the coalescing mutex; taken back, waking the waiters, when the call
+//!    ends however it ends, or as soon as the monitor refuses the span);
+//!    then write-lock briefly: claim a tracking slot for the span,
 //!    from then on marked by every invalidation overlapping it, exactly,
 //!    however many of other ranges come (claimed marked already if one
 //!    since step 5 may have overlapped it, which the table's history of
 //!    the last 64 invalidations tells);
-//! 7. subscribe the span with the monitor, *then* register it (so an unmap
+//! 8. subscribe the span with the monitor, *then* register it (so an unmap
 //!    between the two is seen), retrying once after evicting idle entries;
-//! 8. write-lock; if the slot was marked (without a slot, which only a
+//! 9. write-lock; if the slot was marked (without a slot, which only a
 //!    slot table that cannot grow leaves: if that history since step 5
-//!    may overlap the span), discard and retry from step 6 with the span
-//!    and generation noted then (at most three registrations of a span
+//!    may overlap the span), discard, sync the monitor and look the
+//!    request up again (a hit if another thread cached a range covering
+//!    it meanwhile), else retry from step 6 with the span and generation
+//!    that lookup noted (at most three registrations of a span
 //!    that changed: `Unstable` after that); if the room made no longer
 //!    suffices (the table changed), unlock, make more and look again; if
 //!    the monitor says a change of the span is settling (one read since
 //!    the wait of step 6, or one the budget ran out on), retry from step
-//!    6 too (a settle retry: two at most, while the budget lasts, not
-//!    counted as a change), else hand the registration out uncached,
+//!    6 too, after the same lookup (a settle retry: two at most, while
+//!    the budget lasts, not counted as a change), else hand the registration out uncached,
 //!    stale once the settle time ends;
 //!    else insert, evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
@@ -51,7 +63,7 @@
 //!
 //! A slow registration (an `ibv_reg_mr` of a large buffer takes hundreds
 //! of milliseconds) thus survives any number of invalidations of other
-//! ranges meanwhile. (Until 2026-11-28, step 8 consulted only the history:
+//! ranges meanwhile. (Until 2026-11-28, step 9 consulted only the history:
 //! past 64 invalidations of anything it had to assume the span changed,
 //! and a miss that saw that happen three times failed with `Unstable`.)
 //!
@@ -60,6 +72,7 @@
 //! reserved before it is taken (see `table`).
 
 mod build;
+mod coalesce;
 mod entry;
 mod outside;
 #[cfg(test)]
@@ -72,6 +85,7 @@ mod table;
 #[cfg(test)]
 mod test_rig;
 
+pub use coalesce::COALESCE_WAIT;
 pub use entry::{Registration, MAX_HANDLES};
 pub use settle::SETTLE_BUDGET;
 
@@ -79,6 +93,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use coalesce::{Enter, Published};
 use entry::Entry;
 use settle::Settle;
 use shared::{Claimed, Shared};
@@ -185,6 +200,11 @@ impl<R: Registrar> Cache<R> {
         let mut settle = Settle::new();
         let mut changes = 0;
         let mut counted = false;
+        // The span this miss registers, published for concurrent misses of
+        // the range to wait for (taken back when the call ends), and
+        // whether this call waited for another's already (once at most).
+        let mut published: Option<Published<'_>> = None;
+        let mut waited = false;
         loop {
             if let Some(m) = sh.backend.monitor.as_deref() {
                 // A span discarded moments ago (`madvise`: its pages may
@@ -198,18 +218,41 @@ impl<R: Registrar> Cache<R> {
                     // again: another thread missing the same range may
                     // have registered it meanwhile (a hit then), and
                     // entries may have come or gone.
-                    self.sync_monitor(m);
-                    let looked = self.look_up(addr, end, access);
-                    if !matches!(looked, Ok(Looked::Miss(_))) {
-                        self.count_evictions(evicted_before);
-                    }
                     let (bound, want);
-                    (span, gen0, bound, want) = match looked? {
+                    (span, gen0, bound, want) = match self.look_again(addr, end, access, evicted_before)? {
                         Looked::Hit(r) => return Ok(r),
                         Looked::Miss(noted) => noted,
                     };
                     doomed.reserve(bound);
                     slots.add(want.saturating_sub(slots.left()));
+                }
+            }
+            if published.is_none() {
+                // Another thread registering a span covering the request:
+                // wait for it and look again (a hit, unless it failed, was
+                // handed out uncached, or an invalidation took it since);
+                // else publish ours for the next ones (`coalesce`).
+                match sh.pending.enter((addr, end, access), span, !waited) {
+                    Enter::Published(p) => published = Some(p),
+                    Enter::Alone => {}
+                    Enter::Wait(id) => {
+                        waited = true;
+                        sh.pending.wait(id, stats);
+                        match self.look_again(addr, end, access, evicted_before)? {
+                            Looked::Hit(r) => {
+                                Stats::bump(&stats.coalesced);
+                                return Ok(r);
+                            }
+                            Looked::Miss(noted) => {
+                                let (bound, want);
+                                (span, gen0, bound, want) = noted;
+                                doomed.reserve(bound);
+                                slots.add(want.saturating_sub(slots.left()));
+                                // Settling again, maybe: from the top.
+                                continue;
+                            }
+                        }
+                    }
                 }
             }
             if !counted {
@@ -232,6 +275,9 @@ impl<R: Registrar> Cache<R> {
                     Ok(w) => Some(w),
                     Err(err) => {
                         tracing::debug!(addr = s, len = e - s, error = %err, "monitor refused range: uncached");
+                        // Never cached: misses of it waiting for this one
+                        // would only wait. Wake them now (they make their own).
+                        drop(published);
                         return self.uncached(addr, end, access);
                     }
                 },
@@ -313,7 +359,6 @@ impl<R: Registrar> Cache<R> {
                 Ok(placed) => placed,
                 Err(why) => {
                     // Retry with fresh state (and a fresh slot, for the new span).
-                    let noted = note_miss(sh, &t, addr, end, access);
                     drop(t);
                     mine.set(None);
                     drop(entry);
@@ -326,8 +371,15 @@ impl<R: Registrar> Cache<R> {
                             return Err(Error::Unstable { addr });
                         }
                     }
+                    // Look the request up again: another thread may have
+                    // registered a range covering it meanwhile (a hit then;
+                    // before 2026-11-29 the miss only noted its span again,
+                    // merged with that entry, and registered the union).
                     let (bound, want);
-                    (span, gen0, bound, want) = noted;
+                    (span, gen0, bound, want) = match self.look_again(addr, end, access, evicted_before)? {
+                        Looked::Hit(r) => return Ok(r),
+                        Looked::Miss(noted) => noted,
+                    };
                     doomed.reserve(bound);
                     slots.add(want.saturating_sub(slots.left()));
                     continue;
@@ -409,6 +461,21 @@ impl<R: Registrar> Cache<R> {
             t = sh.table.read();
         }
         Ok(Looked::Miss(note_miss(sh, &t, addr, end, access)))
+    }
+
+    /// A miss's lookup after it waited or threw a registration away:
+    /// applies what the monitor read meanwhile, then [`Cache::look_up`].
+    /// Unless it is a miss again (the call goes on), counts the
+    /// `evicted` idle entries the call evicted so far.
+    fn look_again(&self, addr: usize, end: usize, access: Access, evicted: usize) -> Result<Looked<R>> {
+        if let Some(m) = self.shared.backend.monitor.as_deref() {
+            self.sync_monitor(m);
+        }
+        let looked = self.look_up(addr, end, access);
+        if !matches!(looked, Ok(Looked::Miss(_))) {
+            self.count_evictions(evicted);
+        }
+        looked
     }
 
     /// Counts `evicted` idle entries evicted by a miss.
@@ -580,6 +647,9 @@ impl<R: Registrar> Cache<R> {
             bytes_registered = s.bytes_registered,
             in_use = s.in_use,
             sweep_steps = s.sweep_steps,
+            coalesce_waits = s.coalesce_waits,
+            coalesced = s.coalesced,
+            coalesce_timeouts = s.coalesce_timeouts,
             "registration cache stats"
         );
     }

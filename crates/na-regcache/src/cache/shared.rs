@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use super::coalesce::Pending;
 use super::entry::Backend;
 use super::table::Table;
 use crate::monitor::InvalidationSink;
@@ -32,6 +33,9 @@ pub(crate) struct Shared<R: Registrar> {
     /// spans misses are registering (see [`TrackSlot`]), which every
     /// invalidation checks exactly.
     pub tracked: TrackedRanges,
+    /// The spans misses are registering right now, for concurrent misses
+    /// of one range to wait for (see `coalesce`).
+    pub pending: Pending,
 }
 
 /// Slots in the first chunk of [`TrackedRanges`]; chunk `c` holds
