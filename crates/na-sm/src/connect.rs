@@ -386,9 +386,11 @@ impl SmPlugin {
     }
 
     /// Our wake-up eventfd goes in edge-triggered: each peer write is one
-    /// event and the fd is never read (no syscall beyond the wait). Its
-    /// counter grows by one per wake-up, far from the 2^64 - 2 limit. A
-    /// pipe is edge-triggered too and drained on each event.
+    /// event and the fd is never read (no syscall beyond the wait). It
+    /// was made with a counter of 1 and a wake-up is a write of 0, so the
+    /// counter stays 1 (unless the peer that holds the other copy changes
+    /// it: see `EventFd::signal`). A pipe is edge-triggered too and
+    /// drained on each event.
     fn poll_add_wake(&self, fd: i32, token: u64) -> SmResult<()> {
         self.poll
             .add_edge_triggered(fd, token)
