@@ -362,13 +362,16 @@ impl<'a> Channel<'a> {
     /// (a header and a payload, say, written in place without joining
     /// them first), if its slot is free and (for more than [`INLINE_MAX`]
     /// bytes) a buffer is free; false otherwise (the caller queues it).
-    /// The parts must add up to at most [`BUF_SIZE`] bytes; parts whose
-    /// lengths add up past `usize::MAX` (aliases of one huge region: a
-    /// wrapped sum would pass for a small message) are
-    /// [`NaError::LengthOverflow`](na_core::NaError::LengthOverflow).
+    /// Parts that add up to more than [`BUF_SIZE`] bytes are
+    /// [`NaError::MessageTooLarge`](na_core::NaError::MessageTooLarge)
+    /// (published, they would run over their buffer into the next one),
+    /// and parts whose lengths add up past `usize::MAX` (aliases of one
+    /// huge region: a wrapped sum would pass for a small message)
+    /// [`NaError::LengthOverflow`](na_core::NaError::LengthOverflow);
+    /// nothing is written then.
     ///
-    /// (Sends go through [`try_send_len`](Self::try_send_len) with the
-    /// length their caller checked once; this sums the parts itself.)
+    /// (The plugin's sends go through `try_send_len` with the length
+    /// their caller checked once; this checks the parts itself.)
     pub fn try_send(
         &self,
         tx: &mut TxCursor,
@@ -377,14 +380,27 @@ impl<'a> Channel<'a> {
         parts: &[&[u8]],
     ) -> na_core::Result<bool> {
         let len = na_core::msgbuf::parts_len(parts)?;
+        if len > BUF_SIZE {
+            return Err(na_core::NaError::MessageTooLarge {
+                len,
+                max: BUF_SIZE,
+                kind: if kind == MsgKind::Unexpected {
+                    "unexpected"
+                } else {
+                    "expected"
+                },
+            });
+        }
         Ok(self.try_send_len(tx, kind, tag, parts, len))
     }
 
     /// [`try_send`](Self::try_send) of parts whose lengths add up to
-    /// `len` (the caller summed them already, checked: see
-    /// `na_core::msgbuf::parts_len`).
+    /// `len`, at most [`BUF_SIZE`] (the caller summed and bounded them
+    /// already, checked: see `na_core::msgbuf::parts_len`). Crate-private:
+    /// a `len` that is not the parts' sum, or past `BUF_SIZE`, would write
+    /// past the slot or the buffer.
     #[inline(always)]
-    pub fn try_send_len(
+    pub(crate) fn try_send_len(
         &self,
         tx: &mut TxCursor,
         kind: MsgKind,

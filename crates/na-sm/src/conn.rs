@@ -148,6 +148,13 @@ pub fn encode_hello(name: &str) -> Vec<u8> {
     v
 }
 
+/// The handshake version a hello announces, if `b` starts as one does
+/// (the magic and a version), whatever follows.
+pub fn hello_version(b: &[u8]) -> Option<u32> {
+    let v: [u8; 4] = b.strip_prefix(&HELLO_MAGIC)?.get(..4)?.try_into().ok()?;
+    Some(u32::from_le_bytes(v))
+}
+
 /// Decodes and checks a hello.
 pub fn decode_hello(b: &[u8]) -> Result<Hello, String> {
     if b.len() < 14 || b[..8] != HELLO_MAGIC {
@@ -214,6 +221,16 @@ pub fn check_ack(b: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hello_version_reads_any_hello_s_version() {
+        let mut h = encode_hello("12-a");
+        assert_eq!(hello_version(&h), Some(PROTO_VERSION));
+        h[8..12].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(hello_version(&h[..12]), Some(1), "the version alone is enough");
+        assert_eq!(hello_version(&h[..11]), None, "cut short");
+        assert_eq!(hello_version(&encode_ack()), None, "not a hello");
+    }
 
     #[test]
     fn hello_and_ack() {

@@ -11,8 +11,8 @@ use crate::addr::SmName;
 use crate::channel::{check_region, init_region, RxCursor, TxCursor, REGION_LEN};
 use crate::closer::recv_screened;
 use crate::conn::{
-    check_ack, decode_hello, encode_ack, encode_hello, encode_refusal, refusal_reason, Conn, Role, ACK_LEN,
-    MAX_HELLO, MAX_REFUSAL, REFUSAL_MAGIC,
+    check_ack, decode_hello, encode_ack, encode_hello, encode_refusal, hello_version, refusal_reason, Conn,
+    Role, ACK_LEN, MAX_HELLO, MAX_REFUSAL, PROTO_VERSION, REFUSAL_MAGIC,
 };
 use crate::error::{SmError, SmResult};
 use crate::identity::{self, PeerStart};
@@ -386,9 +386,11 @@ impl SmPlugin {
     }
 
     /// Our wake-up eventfd goes in edge-triggered: each peer write is one
-    /// event and the fd is never read (no syscall beyond the wait). Its
-    /// counter grows by one per wake-up, far from the 2^64 - 2 limit. A
-    /// pipe is edge-triggered too and drained on each event.
+    /// event and the fd is never read (no syscall beyond the wait). It
+    /// was made with a counter of 1 and a wake-up is a write of 0, so the
+    /// counter stays 1 (unless the peer that holds the other copy changes
+    /// it: see `EventFd::signal`). A pipe is edge-triggered too and
+    /// drained on each event.
     fn poll_add_wake(&self, fd: i32, token: u64) -> SmResult<()> {
         self.poll
             .add_edge_triggered(fd, token)
@@ -760,7 +762,19 @@ impl SmPlugin {
         if r.fds_truncated || r.fds.len() != 2 {
             return Err(format!("hello carries {} descriptors, expected 2", r.fds.len()).into());
         }
-        let hello = decode_hello(&buf[..r.len.min(buf.len())])?;
+        let said = &buf[..r.len.min(buf.len())];
+        let hello = match decode_hello(said) {
+            Ok(h) => h,
+            Err(reason) => {
+                // A connector of another handshake version is told why
+                // (best effort, as past a bound): its error then names
+                // both versions instead of a connection closed unexplained.
+                if hello_version(said).is_some_and(|v| v != PROTO_VERSION) {
+                    let _ = send_with_fds(p.sock.as_fd(), &encode_refusal(&reason), &[]);
+                }
+                return Err(reason.into());
+            }
+        };
         let name = SmName::parse_key(&hello.name)?;
         if name.pid != p.cred.pid {
             return Err(format!("hello claims pid {}, kernel says {}", name.pid, p.cred.pid).into());

@@ -339,3 +339,38 @@ fn parts_adding_up_past_usize_max_are_refused() {
     assert_eq!(tx.pos, 0, "nothing was published");
     assert_eq!(ch.peek(0).unwrap(), None, "nothing was published");
 }
+
+/// A message past [`BUF_SIZE`] is refused (`MessageTooLarge`) before
+/// anything is written: published, it would run over its buffer into the
+/// next one (a message the receiver may be reading) and the peer would
+/// take its slot for a protocol violation. `try_send` is public: its
+/// callers outside the plugin have no other check.
+#[test]
+fn a_message_past_buf_size_is_refused_before_anything_is_written() {
+    let r = region();
+    let ch = Channel::new(&r, 0);
+    let mut tx = TxCursor::default();
+    let big = vec![0xa5u8; BUF_SIZE + 1];
+    for parts in [&[&big[..]][..], &[&big[..BUF_SIZE], &big[BUF_SIZE..]]] {
+        let err = ch
+            .try_send(&mut tx, MsgKind::Unexpected, 1, parts)
+            .expect_err("a message past BUF_SIZE was taken");
+        assert!(
+            matches!(err, na_core::NaError::MessageTooLarge { len, max, .. }
+                if len == BUF_SIZE + 1 && max == BUF_SIZE),
+            "{err}"
+        );
+        assert_eq!(tx.pos, 0, "nothing was published");
+        assert_eq!(ch.peek(0).unwrap(), None, "nothing was published");
+        assert_eq!(
+            ch.free().load(Ordering::SeqCst) & ALL_BUFS,
+            ALL_BUFS,
+            "no buffer was taken"
+        );
+    }
+    // Negative control: BUF_SIZE bytes exactly go.
+    assert!(ch
+        .try_send(&mut tx, MsgKind::Unexpected, 2, &[&big[..BUF_SIZE]])
+        .unwrap());
+    assert_eq!(ch.peek(0).unwrap().map(|s| (s.tag, s.len)), Some((2, BUF_SIZE)));
+}

@@ -7,8 +7,11 @@
 //! [`PeerWake`] after checking what it is. The two sides need not use the
 //! same kind.
 //!
-//! A pipe's write end is shared with the peer, so as with an eventfd its
-//! `O_NONBLOCK` is checked before every write. Writing to a pipe whose
+//! Neither write can be made to block by the peer: an eventfd wake-up is
+//! a write of 0, which never blocks ([`EventFd::signal`]), and the write
+//! end of a peer's pipe is reopened as our own open file description
+//! ([`PeerWake::from_peer`]), whose `O_NONBLOCK` the peer cannot clear.
+//! Writing to a pipe whose
 //! reader is gone raises `SIGPIPE`; the write is made with `SIGPIPE`
 //! blocked in the calling thread and a signal it raised is consumed, so a
 //! peer's death is an `EPIPE` error, never a killed process (the embedding
