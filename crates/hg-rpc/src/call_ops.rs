@@ -283,8 +283,9 @@ impl<C: Codec> Engine<C> {
     }
 
     /// The watch on peer `token` completed. A failure means the peer is
-    /// gone: every call to it fails with that error, and the spilled
-    /// outputs exposed for it go. A message matching it
+    /// gone: every call to it fails with that error (but those whose
+    /// spilled output is being read: the read's completion ends them),
+    /// and the spilled outputs exposed for it go. A message matching it
     /// is a protocol violation (we never announced the tag): the watch is
     /// posted again.
     pub(super) fn watch_ended(&mut self, token: u64, status: std::result::Result<(), NaError>) {
@@ -316,10 +317,25 @@ impl<C: Codec> Engine<C> {
         };
         // As a target: outputs it will never pull.
         self.release_outputs_of(token, &peer);
+        // A call whose spilled output is being read is left to that
+        // read: it completes, whatever the peer does (the plugin's
+        // contract: every posted operation completes once; na-verbs
+        // flushes a dead connection's reads, or fails them when its grace
+        // ends; na-sm's reads end in the call), and its own error (the
+        // remote key refused, say) is the one to give the caller, not
+        // `PeerGone` with that error in its reason only.
+        let pulling: Vec<u64> = self
+            .ops
+            .values()
+            .filter_map(|role| match role {
+                OpRole::PullOutput(_, cookie) => Some(*cookie),
+                _ => None,
+            })
+            .collect();
         let failed: Vec<u64> = self
             .calls
             .iter()
-            .filter(|(_, c)| c.peer == Some(token) && c.outcome.is_none())
+            .filter(|(cookie, c)| c.peer == Some(token) && c.outcome.is_none() && !pulling.contains(cookie))
             .map(|(cookie, _)| cookie)
             .collect();
         tracing::debug!(%peer, %reason, calls = failed.len(), "peer gone; failing its calls");
