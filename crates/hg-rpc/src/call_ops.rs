@@ -24,13 +24,15 @@ type Lent = Box<[MemHandle]>;
 
 impl<C: Codec> Engine<C> {
     /// Encodes a request's input into `self.scratch` and returns its
-    /// header. An input too large for an eager message (and not for
-    /// ourselves) is exposed read-only and its descriptor takes its place
+    /// header. An input too large for an eager message to `dest` (ours
+    /// or `dest`'s limit: see `fits_eager`; and not for ourselves) is
+    /// exposed read-only and its descriptor takes its place
     /// in `scratch`: the returned handle must live until the target
     /// answered. The message is the header, encoded when it is sent, and
     /// `scratch` (see [`send_scratch`](Self::send_scratch)).
     fn encode_request<R: Rpc>(
         &mut self,
+        dest: &Addr,
         input: &R::Input,
         flags: u8,
         cookie: u64,
@@ -56,7 +58,7 @@ impl<C: Codec> Engine<C> {
             });
         }
         let id = rpc_id(R::NAME);
-        if to_self || HEADER_LEN + self.scratch.len() <= self.max_msg {
+        if to_self || self.fits_eager(dest, HEADER_LEN + self.scratch.len()) {
             // A self-forward never leaves the process: any size goes.
             // A one-way request that fits never becomes a call: its cookie
             // must not be one a later call will have.
@@ -83,12 +85,12 @@ impl<C: Codec> Engine<C> {
             seal,
         )?;
         let len = HEADER_LEN + spilled.len();
-        if len > self.max_msg {
+        if !self.fits_eager(dest, len) {
             return Err(RpcError::TooLarge {
                 rpc: R::NAME.into(),
                 what: "input descriptor",
                 len,
-                max: self.max_msg,
+                max: self.limit_to(dest),
             });
         }
         self.scratch = spilled;
@@ -176,7 +178,7 @@ impl<C: Codec> Engine<C> {
         // The call is stored (under this cookie) once its request is out.
         let cookie = self.calls.next_cookie();
         let to_self = *dest == self.me;
-        let (h, spill, lent) = self.encode_request::<R>(input, self.checksum_flag, cookie, to_self)?;
+        let (h, spill, lent) = self.encode_request::<R>(dest, input, self.checksum_flag, cookie, to_self)?;
         let _span =
             DebugSpan::enter(|| tracing::debug_span!("rpc forward", rpc = R::NAME, cookie, dest = %dest));
         if to_self {
@@ -283,8 +285,9 @@ impl<C: Codec> Engine<C> {
     }
 
     /// The watch on peer `token` completed. A failure means the peer is
-    /// gone: every call to it fails with that error, and the spilled
-    /// outputs exposed for it go. A message matching it
+    /// gone: every call to it fails with that error (but those whose
+    /// spilled output is being read: the read's completion ends them),
+    /// and the spilled outputs exposed for it go. A message matching it
     /// is a protocol violation (we never announced the tag): the watch is
     /// posted again.
     pub(super) fn watch_ended(&mut self, token: u64, status: std::result::Result<(), NaError>) {
@@ -316,10 +319,25 @@ impl<C: Codec> Engine<C> {
         };
         // As a target: outputs it will never pull.
         self.release_outputs_of(token, &peer);
+        // A call whose spilled output is being read is left to that
+        // read: it completes, whatever the peer does (the plugin's
+        // contract: every posted operation completes once; na-verbs
+        // flushes a dead connection's reads, or fails them when its grace
+        // ends; na-sm's reads end in the call), and its own error (the
+        // remote key refused, say) is the one to give the caller, not
+        // `PeerGone` with that error in its reason only.
+        let pulling: Vec<u64> = self
+            .ops
+            .values()
+            .filter_map(|role| match role {
+                OpRole::PullOutput(_, cookie) => Some(*cookie),
+                _ => None,
+            })
+            .collect();
         let failed: Vec<u64> = self
             .calls
             .iter()
-            .filter(|(_, c)| c.peer == Some(token) && c.outcome.is_none())
+            .filter(|(cookie, c)| c.peer == Some(token) && c.outcome.is_none() && !pulling.contains(cookie))
             .map(|(cookie, _)| cookie)
             .collect();
         tracing::debug!(%peer, %reason, calls = failed.len(), "peer gone; failing its calls");
@@ -356,7 +374,7 @@ impl<C: Codec> Engine<C> {
         // Bulk handles the input lends are not kept: nothing tells this
         // origin when the target is done with them (see the doc above).
         let (h, spill, _lent) =
-            self.encode_request::<R>(input, self.checksum_flag | FLAG_ONE_WAY, cookie, to_self)?;
+            self.encode_request::<R>(dest, input, self.checksum_flag | FLAG_ONE_WAY, cookie, to_self)?;
         if to_self {
             self.stats.calls += 1;
             if let Some((_, out)) = self.run_self(&h) {

@@ -12,9 +12,7 @@ use na_core::{Addr, Completion, Endpoint, MemHandle, OpId, PluginId};
 use crate::codec::{Codec, Postcard};
 use crate::deferred::DeferredLedger;
 pub use crate::deferred::{DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL};
-use crate::error::Result;
-#[cfg(doc)]
-use crate::error::RpcError;
+use crate::error::{Result, RpcError};
 use crate::exposed::ExposedOutputs;
 pub use crate::exposed::{DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL};
 use crate::header::FLAG_CHECKSUM;
@@ -46,6 +44,15 @@ pub const POSTED_REQUEST_BUFFERS: usize = 64;
 
 /// Default for [`Engine::set_spare_bytes`].
 pub const DEFAULT_SPARE_BYTES: usize = 16 << 20;
+
+/// The least message size an engine accepts, header included: an engine
+/// refuses a plugin whose unexpected or expected messages are smaller
+/// (na-verbs: `VerbsConfig::max_msg_size`, `QS_VERBS_MAX_MSG_SIZE`). So
+/// every peer engine takes messages of this size, and one no larger goes
+/// out eagerly without asking the plugin for the destination's own limit
+/// (see [`na_core::Plugin::max_unexpected_size_to`]): the busy path of
+/// small calls pays nothing for peers whose limits differ.
+pub const MIN_EAGER_SIZE: usize = 1024;
 
 /// Default largest spilled input a target accepts, and spilled output an
 /// origin accepts (see [`Engine::set_max_spill`]).
@@ -163,7 +170,13 @@ pub struct Engine<C: Codec = Postcard> {
     /// The token of the peer watched last (skips the lookup for a run of
     /// calls to one peer).
     last_watched: Option<u64>,
+    /// Our plugin's message limit (the smaller of unexpected and expected).
     max_msg: usize,
+    /// A message no larger than this goes out eagerly to any peer: the
+    /// smaller of `max_msg` and what every peer accepts (the plugin's
+    /// `min_peer_unexpected_size`, at least [`MIN_EAGER_SIZE`]). A larger
+    /// one asks the plugin for its destination's limit (`limit_to`).
+    eager_floor: usize,
     scratch: Vec<u8>,
     stats: RpcStats,
     finished_self: VecDeque<u64>,
@@ -296,6 +309,16 @@ impl<C: Codec> Engine<C> {
     pub fn with_codec(mut ep: Endpoint, plugin: PluginId, codec: C) -> Result<Self> {
         let p = ep.plugin(plugin)?;
         let max_msg = p.max_unexpected_size().min(p.max_expected_size());
+        if max_msg < MIN_EAGER_SIZE {
+            return Err(RpcError::Transport(na_core::NaError::Config {
+                name: "max_unexpected_size".into(),
+                value: max_msg.to_string(),
+                reason: format!(
+                    "hg-rpc needs messages of at least {MIN_EAGER_SIZE} bytes (na-verbs: VerbsConfig::max_msg_size, QS_VERBS_MAX_MSG_SIZE)"
+                ),
+            }));
+        }
+        let eager_floor = max_msg.min(p.min_peer_unexpected_size().max(MIN_EAGER_SIZE));
         let me = p.self_addr();
         let checksum_flag = if checksums_from_env()? { FLAG_CHECKSUM } else { 0 };
         let pull = recv_pull_from_env()? && ep.pull_unexpected(plugin)?;
@@ -315,6 +338,7 @@ impl<C: Codec> Engine<C> {
             watches: FastMap::default(),
             last_watched: None,
             max_msg,
+            eager_floor,
             scratch: Vec::new(),
             stats: RpcStats::default(),
             finished_self: VecDeque::new(),

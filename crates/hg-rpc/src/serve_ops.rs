@@ -282,7 +282,7 @@ impl<C: Codec> Engine<C> {
     /// takes a spilled response as an output only).
     #[inline(always)]
     pub(super) fn respond(&mut self, src: &Addr, h: Header, out: Vec<u8>) {
-        let (h, out) = if HEADER_LEN + out.len() <= self.max_msg {
+        let (h, out) = if self.fits_eager(src, HEADER_LEN + out.len()) {
             (h, out)
         } else {
             cold_path();

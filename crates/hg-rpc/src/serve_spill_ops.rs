@@ -241,6 +241,31 @@ impl<C: Codec> Engine<C> {
         buf
     }
 
+    /// Whether a message of `len` bytes (header included) to `dest` goes
+    /// out eagerly: within `eager_floor` (every peer takes it) without
+    /// asking; else within [`limit_to`](Self::limit_to).
+    #[inline(always)]
+    pub(super) fn fits_eager(&self, dest: &Addr, len: usize) -> bool {
+        if len <= self.eager_floor {
+            return true;
+        }
+        cold_path();
+        len <= self.limit_to(dest)
+    }
+
+    /// The largest message (header included) `dest` is known to accept:
+    /// the smaller of our limit and the peer's (na-verbs: from its
+    /// hello), never below `eager_floor` (what every peer takes, also
+    /// one whose limit is not known yet).
+    #[inline(never)]
+    pub(super) fn limit_to(&self, dest: &Addr) -> usize {
+        let peer = match self.ep.plugin(self.plugin) {
+            Ok(p) => p.max_unexpected_size_to(dest),
+            Err(_) => self.eager_floor,
+        };
+        self.max_msg.min(peer).max(self.eager_floor)
+    }
+
     /// Keeps `buf` as a spare if it is larger than a message (one that
     /// fits a message is cheap to make again).
     #[inline]
@@ -294,7 +319,7 @@ impl<C: Codec> Engine<C> {
     #[inline(never)]
     pub(super) fn fit_output(&mut self, src: &Addr, h: Header, mut out: Vec<u8>) -> (Header, Vec<u8>) {
         if h.status != Status::Ok {
-            truncate_message(&mut out, self.max_msg.saturating_sub(HEADER_LEN));
+            truncate_message(&mut out, self.limit_to(src).saturating_sub(HEADER_LEN));
             (h, out)
         } else if let Err(why) = self.exposed.admit(src.token(), out.len() as u64) {
             cold_path();
@@ -308,7 +333,7 @@ impl<C: Codec> Engine<C> {
                 ..h
             };
             let mut msg = why.into_bytes();
-            truncate_message(&mut msg, self.max_msg.saturating_sub(HEADER_LEN));
+            truncate_message(&mut msg, self.limit_to(src).saturating_sub(HEADER_LEN));
             (h, msg)
         } else {
             let len = out.len() as u64;

@@ -3,7 +3,8 @@
 //! push/pull across segments, against an `hg-rpc-testpeer` process on the
 //! soft-RoCE device. Runs for real inside the VM (`scripts/test-verbs.sh`).
 //! Pulls of spilled data that fail at completion (a deregistered key):
-//! `verbs/spill_pull_failures.rs`.
+//! `verbs/spill_pull_failures.rs`. Peers with different eager limits:
+//! `verbs/eager_limits.rs`.
 //!
 //! Without an RDMA device (the host) each test asserts that building an
 //! engine on `verbs://` fails with the clear "no RDMA device found" error,
@@ -21,6 +22,8 @@ mod rpcs;
 use rpcs::*;
 mod common;
 use common::Server;
+#[path = "verbs/eager_limits.rs"]
+mod eager_limits;
 #[path = "verbs/spill_pull_failures.rs"]
 mod spill_pull_failures;
 

@@ -175,6 +175,36 @@ pub trait Plugin: Send {
     /// Largest expected message, in bytes.
     fn max_expected_size(&self) -> usize;
 
+    /// Largest unexpected message that `dest` is known to accept, in
+    /// bytes: at most [`max_unexpected_size`](Self::max_unexpected_size),
+    /// and less where the peer told its own, smaller limit (na-verbs: the
+    /// hello of its connection). A message past it would fail with
+    /// [`NaError::MessageTooLarge`]; a caller that can send the data
+    /// another way (hg-rpc spills it into bulk memory) checks this first.
+    /// While the peer's limit is not known yet (no connection yet), the
+    /// answer is the smaller of the two sizes every peer accepts,
+    /// [`min_peer_unexpected_size`](Self::min_peer_unexpected_size) and
+    /// our own. Not a busy-path call: a message no larger than both of
+    /// those never needs it.
+    ///
+    /// The default is `max_unexpected_size`: right for a plugin whose
+    /// peers all have the same limit (na-sm: a fixed buffer size).
+    fn max_unexpected_size_to(&self, dest: &Addr) -> usize {
+        let _ = dest;
+        self.max_unexpected_size()
+    }
+
+    /// An unexpected message size every peer of this plugin is sure to
+    /// accept, whatever it told (or has yet to tell) about its own limit:
+    /// a message no larger than this and than
+    /// [`max_unexpected_size`](Self::max_unexpected_size) needs no
+    /// [`max_unexpected_size_to`](Self::max_unexpected_size_to). The
+    /// default is `max_unexpected_size` (every peer has the same limit);
+    /// na-verbs answers 0 (each process picks its own limit, down to 0).
+    fn min_peer_unexpected_size(&self) -> usize {
+        self.max_unexpected_size()
+    }
+
     /// Largest tag value.
     fn max_tag(&self) -> Tag;
 

@@ -27,7 +27,11 @@ pub struct VerbsConfig {
     pub listen: bool,
     /// Receive buffers posted per connection (the peer's credits), 4..=4096.
     pub recv_depth: u16,
-    /// Largest message payload (both kinds), in bytes.
+    /// Largest message payload (both kinds), in bytes: what this side
+    /// receives and sends. Each side tells its own in its hello, and a
+    /// message past the peer's fails with `NaError::MessageTooLarge`;
+    /// `Plugin::max_unexpected_size_to` tells a sender the smaller of the
+    /// two. (hg-rpc needs at least its `MIN_EAGER_SIZE`, 1 KiB.)
     pub max_msg_size: usize,
     /// Most connections at once (sizes the completion queue).
     pub max_conns: usize,

@@ -12,10 +12,13 @@
 //! | `QS_VERBS_SETUP_TIMEOUT_MS` | [`setup_timeout`](VerbsConfig::setup_timeout) | milliseconds, over 10000 | 15000 |
 //! | `QS_VERBS_CANCEL_TIMEOUT_MS` | [`cancel_timeout`](VerbsConfig::cancel_timeout) | milliseconds, or `never` | 5000 |
 //!
-//! Set `QS_VERBS_MAX_MSG_SIZE` alike on every process that talks to each
-//! other: each side's hello tells the other its limit, and a message past
-//! the peer's fails alone with `NaError::MessageTooLarge`, but hg-rpc
-//! decides what to spill by its own plugin's limit only.
+//! `QS_VERBS_MAX_MSG_SIZE` may differ between processes that talk to each
+//! other: each side's hello tells the other its limit, a message past the
+//! peer's fails alone with `NaError::MessageTooLarge`, and
+//! `Plugin::max_unexpected_size_to` answers the smaller of the two limits
+//! (before the hello: 0, nothing known). hg-rpc spills whatever its
+//! destination does not take (and, before the hello, anything past its
+//! `MIN_EAGER_SIZE`, 1 KiB, the least limit an engine accepts).
 //!
 //! The variables override the defaults, never a value set in code:
 //! [`VerbsConfig::from_env`] is the defaults with the variables that are

@@ -41,7 +41,7 @@ use na_regcache::Cache;
 
 use crate::addr::{canonical, VerbsUri, SCHEME};
 use crate::config::VerbsConfig;
-use crate::conn::{Conn, ConnRef, Outgoing};
+use crate::conn::{Conn, ConnRef, ConnState, Outgoing};
 use crate::msg::Matching;
 use crate::msgbuf::BufPool;
 use crate::peers::PeerTable;
@@ -438,6 +438,36 @@ impl Plugin for VerbsPlugin {
 
     fn max_expected_size(&self) -> usize {
         self.cfg.max_msg_size
+    }
+
+    /// Ours, or the peer's (from its connection's hello) when smaller;
+    /// before the hello, nothing past [`min_peer_unexpected_size`]
+    /// (0: a peer may take empty messages only). An address that names
+    /// no live peer (ourselves, a peer gone) gets ours: a send to it
+    /// fails or stays local whatever its size.
+    ///
+    /// [`min_peer_unexpected_size`]: na_core::Plugin::min_peer_unexpected_size
+    fn max_unexpected_size_to(&self, dest: &Addr) -> usize {
+        let own = self.cfg.max_msg_size;
+        let Ok(p) = self.live_peer(dest) else {
+            return own;
+        };
+        let known = self.peers[p]
+            .conn
+            .and_then(|c| self.conn(c))
+            .filter(|c| c.state != ConnState::Dead)
+            .and_then(|c| c.peer_max_msg);
+        match known {
+            Some(peer) => own.min(peer),
+            None => own.min(self.min_peer_unexpected_size()),
+        }
+    }
+
+    /// 0: every process picks its own limit
+    /// ([`VerbsConfig::max_msg_size`](crate::VerbsConfig::max_msg_size),
+    /// which may be 0) and tells it in its hello.
+    fn min_peer_unexpected_size(&self) -> usize {
+        0
     }
 
     fn max_tag(&self) -> Tag {

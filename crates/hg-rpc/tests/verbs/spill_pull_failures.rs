@@ -49,8 +49,8 @@ fn server(spec: &str) -> (Engine, Arc<AtomicU64>) {
 }
 
 /// The target's spilled output is deregistered (its TTL ran out) before
-/// the origin's RDMA READ of it: the call ends with a transport error
-/// that names the failed READ (a remote access error, wrong rkey), within
+/// the origin's RDMA READ of it: the call ends with the READ's own
+/// transport error (`Rma`: a remote access error, wrong rkey), within
 /// its timeout, not with a hang or a decode of whatever was read. The READ's failure takes the connection down (the QP goes to
 /// ERROR), so an address of it fails at once with `PeerGone`; the target
 /// serves the next calls over a new connection (a lookup again), a
@@ -94,19 +94,18 @@ fn a_spilled_outputs_pull_that_fails_at_completion_ends_its_call_over_verbs() {
     let r = drive_until(&mut c, "the call whose pull fails never ended", |c| {
         c.take_response::<Fill>(id)
     });
-    // The READ's own error (`Rma`: remote access), or, as here where the
-    // connection's end is filed first (the engine's watch of the peer
-    // fails every call to it), `PeerGone` whose reason is that error:
-    // either way a transport error that says the key was refused.
+    // The READ's own error (`Rma`: remote access), not `PeerGone`: the
+    // READ's failure takes the connection down, and the engine's watch
+    // of the peer fails, but a call whose output is being read is left to
+    // that read.
     let msg = match &r {
         Err(RpcError::Transport(NaError::Rma { op, source, .. })) => {
             assert_eq!(*op, "get", "{r:?}");
             assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied, "{r:?}");
             r.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
         }
-        Err(RpcError::Transport(NaError::PeerGone { reason, .. })) => reason.clone(),
         other => panic!(
-            "expected the failed READ's transport error, got {:?}; {}",
+            "expected the failed READ's own error (NaError::Rma), got {:?}; {}",
             other.as_ref().map(|v| v.len()),
             client_state(&mut c)
         ),
