@@ -10,7 +10,7 @@
 //! | `QS_VERBS_MAX_MSG_SIZE` | [`max_msg_size`](VerbsConfig::max_msg_size) (the eager size) | bytes, optional `K`/`M` suffix, at most 1M | 4096 |
 //! | `QS_VERBS_MAX_RD_ATOMIC` | [`max_rd_atomic`](VerbsConfig::max_rd_atomic) | 0 ..= 255 | 16 |
 //! | `QS_VERBS_SETUP_TIMEOUT_MS` | [`setup_timeout`](VerbsConfig::setup_timeout) | milliseconds, over 10000 | 15000 |
-//! | `QS_VERBS_CANCEL_TIMEOUT_MS` | [`cancel_timeout`](VerbsConfig::cancel_timeout) | milliseconds, or `never` | 5000 |
+//! | `QS_VERBS_CANCEL_TIMEOUT_MS` | [`cancel_timeout`](VerbsConfig::cancel_timeout) | milliseconds (at least 1), or `never` | 5000 |
 //!
 //! `QS_VERBS_MAX_MSG_SIZE` may differ between processes that talk to each
 //! other: each side's hello tells the other its limit, a message past the
@@ -184,7 +184,19 @@ fn apply(cfg: &mut VerbsConfig, var: &'static str, v: &str) -> Result<()> {
             cfg.cancel_timeout = if v.trim().eq_ignore_ascii_case("never") {
                 Duration::MAX
             } else {
-                Duration::from_millis(millis()?)
+                // Zero tears a connection down at the first check after any
+                // cancel, failing everything else on it: a test setting,
+                // not one a deployment means.
+                match millis()? {
+                    0 => {
+                        return Err(bad(
+                            var,
+                            v,
+                            "must be at least 1 (0 is for tests: set it in code)".into(),
+                        ))
+                    }
+                    ms => Duration::from_millis(ms),
+                }
             }
         }
         _ => {}
@@ -298,6 +310,7 @@ mod tests {
             (ENV_SETUP_TIMEOUT_MS, "15s", "milliseconds"),
             (ENV_SETUP_TIMEOUT_MS, "5000", "must exceed"),
             (ENV_CANCEL_TIMEOUT_MS, "forever", "milliseconds, or never"),
+            (ENV_CANCEL_TIMEOUT_MS, "0", "at least 1"),
         ] {
             let msg = refused(&[(var, val)], var);
             assert!(msg.contains(why), "{var}={val}: {msg}");
