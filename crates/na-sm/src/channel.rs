@@ -94,6 +94,21 @@ pub enum MsgKind {
     Expected = 2,
 }
 
+impl MsgKind {
+    /// [`NaError::MessageTooLarge`](na_core::NaError::MessageTooLarge) for
+    /// a message of this kind and `len` bytes, past [`BUF_SIZE`].
+    pub fn too_large(self, len: usize) -> na_core::NaError {
+        na_core::NaError::MessageTooLarge {
+            len,
+            max: BUF_SIZE,
+            kind: match self {
+                MsgKind::Unexpected => "unexpected",
+                MsgKind::Expected => "expected",
+            },
+        }
+    }
+}
+
 /// A decoded, validated ring slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -381,15 +396,7 @@ impl<'a> Channel<'a> {
     ) -> na_core::Result<bool> {
         let len = na_core::msgbuf::parts_len(parts)?;
         if len > BUF_SIZE {
-            return Err(na_core::NaError::MessageTooLarge {
-                len,
-                max: BUF_SIZE,
-                kind: if kind == MsgKind::Unexpected {
-                    "unexpected"
-                } else {
-                    "expected"
-                },
-            });
+            return Err(kind.too_large(len));
         }
         Ok(self.try_send_len(tx, kind, tag, parts, len))
     }

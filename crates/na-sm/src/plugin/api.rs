@@ -51,15 +51,7 @@ impl SmPlugin {
         };
         if len > BUF_SIZE {
             cold_path();
-            return Err(NaError::MessageTooLarge {
-                len,
-                max: BUF_SIZE,
-                kind: if kind == MsgKind::Unexpected {
-                    "unexpected"
-                } else {
-                    "expected"
-                },
-            });
+            return Err(kind.too_large(len));
         }
         self.check_dest(dest)?;
         self.ensure_connected(dest)?;
