@@ -9,8 +9,8 @@ use na_core::hint::cold_path;
 use na_core::{Addr, MemHandle, NaError, OpId, Report, Tag};
 
 use super::{
-    header, logged_at, response_outcome, Call, CallId, DebugSpan, Engine, OpRole, REQUEST_TAG, WATCH_OP,
-    WATCH_TAG,
+    header, logged_at, request_send_op, response_outcome, Call, CallId, DebugSpan, Engine, OpRole,
+    CALL_SEND_COOKIE, CALL_SEND_OP, REQUEST_TAG, WATCH_OP, WATCH_TAG,
 };
 use crate::call_table::NO_CALL;
 use crate::codec::Codec;
@@ -139,9 +139,10 @@ impl<C: Codec> Engine<C> {
 
     /// Sends header `h` and the payload in `self.scratch` to `dest` as one
     /// unexpected message, written by the transport straight into place.
-    pub(super) fn send_scratch(&mut self, dest: &Addr, tag: Tag, h: Header) -> Result<()> {
+    /// `op` is the send's id: [`request_send_op`] for a call's request,
+    /// a counted `send_op` otherwise.
+    pub(super) fn send_scratch(&mut self, dest: &Addr, tag: Tag, h: Header, op: OpId) -> Result<()> {
         let head = h.encode_head(&self.scratch);
-        let op = self.send_op();
         self.ep
             .send_unexpected_parts(dest, tag, &[&head, &self.scratch], op, Report::FailuresOnly)?;
         self.stats.bytes_sent += (HEADER_LEN + self.scratch.len()) as u64;
@@ -249,7 +250,7 @@ impl<C: Codec> Engine<C> {
         if self.last_watched != Some(peer) {
             self.watch(dest)?;
         }
-        self.send_scratch(dest, REQUEST_TAG, h)?;
+        self.send_scratch(dest, REQUEST_TAG, h, request_send_op(cookie))?;
         let call = Call {
             rpc,
             peer: Some(peer),
@@ -356,6 +357,33 @@ impl<C: Codec> Engine<C> {
         }
     }
 
+    /// A send failed at its completion (see [`RpcStats::sends_failed`]):
+    /// the send of a call's request (its id says which, see
+    /// [`request_send_op`]) ends that call with the error, as if the send
+    /// had failed at once; a failed response, notice or one-way request
+    /// that fit a message is counted and logged (no call here waits on it).
+    ///
+    /// [`RpcStats::sends_failed`]: crate::RpcStats::sends_failed
+    #[inline(never)]
+    pub(super) fn send_failed(&mut self, op: OpId, e: NaError) {
+        self.stats.sends_failed += 1;
+        if op.0 & CALL_SEND_OP == 0 {
+            tracing::debug!(error = %e, "rpc send failed (a response, notice or one-way request)");
+            return;
+        }
+        let bits = op.0 & CALL_SEND_COOKIE;
+        // The call in the slot the id names, if its generation matches
+        // (one that ended and whose slot was reused is not told).
+        let Some(cookie) = self.calls.cookie_in_slot(bits as u32) else {
+            return;
+        };
+        if cookie & CALL_SEND_COOKIE != bits {
+            return;
+        }
+        tracing::debug!(error = %e, cookie, "rpc request send failed; failing its call");
+        self.file_outcome(cookie, Err(RpcError::Transport(e)));
+    }
+
     /// Sends a one-way request: no response, no completion to wait for.
     /// Nothing tells the origin when the target is done with bulk handles
     /// the input carries: keep them (do not take their buffers back) until
@@ -388,7 +416,8 @@ impl<C: Codec> Engine<C> {
             // pulled the input; until then the input must stay exposed.
             self.send_request(dest, R::NAME, cookie, h, spill, true)?;
         } else {
-            self.send_scratch(dest, REQUEST_TAG, h)?;
+            let op = self.send_op();
+            self.send_scratch(dest, REQUEST_TAG, h, op)?;
         }
         self.stats.calls += 1;
         Ok(())

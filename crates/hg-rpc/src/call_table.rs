@@ -90,6 +90,13 @@ impl<T> CallTable<T> {
         (self.slots.get(index)?.gen == gen && gen != 0).then_some(index)
     }
 
+    /// The cookie of the occupant of slot `index` (the low 32 bits of
+    /// its cookies), if it has one.
+    pub fn cookie_in_slot(&self, index: u32) -> Option<u64> {
+        let slot = self.slots.get(index as usize)?;
+        slot.value.as_ref().map(|_| cookie(index, slot.gen))
+    }
+
     /// The value under `cookie`, if it is still there.
     pub fn get(&self, cookie: u64) -> Option<&T> {
         self.slots[self.slot_of(cookie)?].value.as_ref()
@@ -234,6 +241,23 @@ impl<T> CallTable<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_names_its_current_occupant_only() {
+        let mut t = CallTable::default();
+        assert_eq!(t.cookie_in_slot(0), None, "no slot");
+        let a = t.insert(1u8);
+        assert_eq!(t.cookie_in_slot(a as u32), Some(a));
+        t.remove(a);
+        assert_eq!(t.cookie_in_slot(a as u32), None, "empty slot");
+        let b = t.insert(2);
+        assert_eq!(b as u32, a as u32, "same slot");
+        assert_eq!(
+            t.cookie_in_slot(b as u32),
+            Some(b),
+            "the new occupant, not the old"
+        );
+    }
 
     #[test]
     fn cookies_of_reused_slots_do_not_match_old_ones() {

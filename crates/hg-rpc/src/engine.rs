@@ -112,8 +112,8 @@ pub use bulk_ctx::{BulkCtx, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
 pub use bulk_ops::BulkId;
 pub(crate) use debug_span::DebugSpan;
 use engine_records::{
-    Call, Calls, OpRole, PendingPull, WaitingOutput, REQUEST_OP, REQUEST_TAG, RESPONSE_TAG, SEND_OP,
-    WATCH_OP, WATCH_TAG,
+    request_send_op, Call, Calls, OpRole, PendingPull, WaitingOutput, CALL_SEND_COOKIE, CALL_SEND_OP,
+    REQUEST_OP, REQUEST_TAG, RESPONSE_TAG, SEND_OP, WATCH_OP, WATCH_TAG,
 };
 pub use register_ops::DeferredRequest;
 use register_ops::Handler;

@@ -31,6 +31,24 @@ pub(super) enum OpRole {
 
 /// Bit of an [`OpId`] that marks a send (nothing to do on success).
 pub(super) const SEND_OP: u64 = 1 << 63;
+/// With [`SEND_OP`]: the send of a call's request, whose id is the call's
+/// cookie (its generation cut to the bits left, see [`request_send_op`])
+/// instead of a count, so that a send that fails at its completion ends
+/// its call (`Engine::request_send_failed`) without a table entry per send.
+pub(super) const CALL_SEND_OP: u64 = 1 << 62;
+/// The bits of a cookie a request send's id keeps: the slot index (low 32
+/// bits) and the generation's low 30 bits.
+pub(super) const CALL_SEND_COOKIE: u64 = CALL_SEND_OP - 1;
+
+/// The id of the send of call `cookie`'s request. Unique among operations
+/// in flight: counted ids stay far below bit 62, and two request sends
+/// share one only if a slot was reused 2^30 times while the first was in
+/// flight.
+#[inline(always)]
+pub(super) fn request_send_op(cookie: u64) -> na_core::OpId {
+    na_core::OpId(SEND_OP | CALL_SEND_OP | (cookie & CALL_SEND_COOKIE))
+}
+
 /// Bit of an [`OpId`] that marks a posted unexpected receive (requests
 /// for us, and responses to our calls).
 pub(super) const REQUEST_OP: u64 = 1 << 62;

@@ -368,7 +368,8 @@ impl<C: Codec> Engine<C> {
     fn handle(&mut self, c: Completion) -> Result<()> {
         if c.op.0 & SEND_OP != 0 {
             if let Err(e) = c.status {
-                tracing::debug!(error = %e, "rpc send failed");
+                cold_path();
+                self.send_failed(c.op, e);
             }
             return Ok(());
         }

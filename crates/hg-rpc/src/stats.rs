@@ -17,6 +17,14 @@ pub struct RpcStats {
     pub errors: u64,
     /// Malformed messages received and dropped.
     pub malformed: u64,
+    /// Sends the transport accepted but then failed (at their completion:
+    /// na-verbs, a message queued before the connection's hello and too
+    /// large for the peer's buffer; either plugin, a queued message when
+    /// its peer went). A call's request fails its call with that error
+    /// ([`RpcError::Transport`]); a response, a notice or a one-way
+    /// request that fit a message has no call here to tell: its peer's
+    /// engine learns of it by its own watch or deadline.
+    pub sends_failed: u64,
     /// Messages of another protocol version received (not counted in
     /// `malformed`): requests are answered with a decode error that names
     /// both versions; a response from a call's target ends that call with

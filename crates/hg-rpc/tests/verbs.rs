@@ -4,7 +4,8 @@
 //! soft-RoCE device. Runs for real inside the VM (`scripts/test-verbs.sh`).
 //! Pulls of spilled data that fail at completion (a deregistered key):
 //! `verbs/spill_pull_failures.rs`. Peers with different eager limits:
-//! `verbs/eager_limits.rs`.
+//! `verbs/eager_limits.rs`. A request send that fails at completion:
+//! `verbs/send_failures.rs`.
 //!
 //! Without an RDMA device (the host) each test asserts that building an
 //! engine on `verbs://` fails with the clear "no RDMA device found" error,
@@ -24,6 +25,8 @@ mod common;
 use common::Server;
 #[path = "verbs/eager_limits.rs"]
 mod eager_limits;
+#[path = "verbs/send_failures.rs"]
+mod send_failures;
 #[path = "verbs/spill_pull_failures.rs"]
 mod spill_pull_failures;
 
