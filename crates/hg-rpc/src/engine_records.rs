@@ -34,7 +34,7 @@ pub(super) const SEND_OP: u64 = 1 << 63;
 /// With [`SEND_OP`]: the send of a call's request, whose id is the call's
 /// cookie (its generation cut to the bits left, see [`request_send_op`])
 /// instead of a count, so that a send that fails at its completion ends
-/// its call (`Engine::request_send_failed`) without a table entry per send.
+/// its call (`Engine::send_failed`) without a table entry per send.
 pub(super) const CALL_SEND_OP: u64 = 1 << 62;
 /// The bits of a cookie a request send's id keeps: the slot index (low 32
 /// bits) and the generation's low 30 bits.
