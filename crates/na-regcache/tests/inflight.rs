@@ -72,7 +72,15 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
             // thread may wait for a core under load (CI once saw more than
             // a second, with other test processes running).
             Err(_) if t0.elapsed() < Duration::from_secs(8) => std::thread::yield_now(),
-            Err(e) => panic!("range never freed within {:?}: {e}", t0.elapsed()),
+            // Say whether the change is still running (held up before it
+            // freed the range) or returned without freeing it (failed).
+            Err(e) => {
+                let waited = t0.elapsed();
+                let change = owner.is_finished().then(|| owner.join());
+                panic!(
+                    "range never freed within {waited:?}: {e}; the change: {change:?} (None: still running)"
+                )
+            }
         }
     };
     sys::touch(b, LEN, FILL);
