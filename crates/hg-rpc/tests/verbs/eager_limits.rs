@@ -27,7 +27,7 @@ const BETWEEN: usize = 8000;
 
 /// A verbs plugin on `spec` whose largest message is `max_msg_size`, in
 /// a new endpoint.
-fn verbs_endpoint(spec: &str, listen: bool, max_msg_size: usize) -> (Endpoint, PluginId) {
+pub(super) fn verbs_endpoint(spec: &str, listen: bool, max_msg_size: usize) -> (Endpoint, PluginId) {
     let mut cfg = na_verbs::VerbsFactory::default()
         .config_for(spec, listen)
         .expect("verbs config");

@@ -13,27 +13,15 @@
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, RpcError, MIN_EAGER_SIZE};
-use na_core::{Endpoint, NaError, Plugin, ProgressMode};
+use na_core::NaError;
 
+use super::eager_limits::verbs_endpoint;
 use super::rpcs::{fill_pattern, Digest};
 use super::{client_state, rdma_spec, T};
 
 /// The bare peer's message limit: under what an engine sends eagerly
 /// before the hello.
 const PEER_MAX: usize = 256;
-
-/// A verbs endpoint on `spec` whose largest message is `max_msg_size`.
-fn verbs_endpoint(spec: &str, listen: bool, max_msg_size: usize) -> (Endpoint, na_core::PluginId) {
-    let mut cfg = na_verbs::VerbsFactory::default()
-        .config_for(spec, listen)
-        .expect("verbs config");
-    cfg.max_msg_size = max_msg_size;
-    let mut ep = Endpoint::new(ProgressMode::default()).expect("endpoint");
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .expect("verbs plugin");
-    (ep, id)
-}
 
 /// A call (no deadline) whose request was queued before the hello and is
 /// too large for the peer ends with the send's `MessageTooLarge`, and the
