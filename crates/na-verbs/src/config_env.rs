@@ -147,10 +147,7 @@ impl VerbsConfig {
 /// Sets the field of `var` from its value `v`, checking its own range.
 fn apply(cfg: &mut VerbsConfig, var: &'static str, v: &str) -> Result<()> {
     let count = |lo: u64, hi: u64| -> Result<u64> {
-        let n: u64 = v
-            .trim()
-            .parse()
-            .map_err(|_| bad(var, v, format!("expected a whole number {lo}..={hi}")))?;
+        let n = digits(v).ok_or_else(|| bad(var, v, format!("expected a whole number {lo}..={hi}")))?;
         if n < lo || n > hi {
             return Err(bad(var, v, format!("must be {lo}..={hi}")));
         }
@@ -161,7 +158,7 @@ fn apply(cfg: &mut VerbsConfig, var: &'static str, v: &str) -> Result<()> {
             ENV_CANCEL_TIMEOUT_MS => "expected a whole number of milliseconds, or never",
             _ => "expected a whole number of milliseconds",
         };
-        v.trim().parse().map_err(|_| bad(var, v, what.into()))
+        digits(v).ok_or_else(|| bad(var, v, what.into()))
     };
     // Each bound fits its field, so the conversions below cannot fail.
     let (lo, hi) = crate::wire::DEPTH_RANGE;
@@ -202,6 +199,17 @@ fn apply(cfg: &mut VerbsConfig, var: &'static str, v: &str) -> Result<()> {
         _ => {}
     }
     Ok(())
+}
+
+/// A whole number written with digits only (surrounding blanks allowed),
+/// as `na_regcache::config::parse_size` reads sizes: no sign, so `+5` is
+/// refused here as it is for `QS_VERBS_MAX_MSG_SIZE`.
+fn digits(v: &str) -> Option<u64> {
+    let t = v.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    t.parse().ok()
 }
 
 fn bad(var: &str, value: &str, reason: String) -> NaError {
@@ -295,6 +303,9 @@ mod tests {
             (ENV_MAX_CONNS, "0", "1..=4096"),
             (ENV_MAX_CONNS, "4097", "1..=4096"),
             (ENV_MAX_CONNS, "-1", "whole number"),
+            (ENV_MAX_CONNS, "+8", "whole number"),
+            (ENV_SETUP_TIMEOUT_MS, "+20000", "milliseconds"),
+            (ENV_MAX_MSG_SIZE, "+4K", "number"),
             (ENV_MAX_CONNS, "", "whole number"),
             (ENV_MAX_CONNS, "99999999999999999999999", "whole number"),
             (ENV_OUTGOING_RESERVE, "some", "whole number"),
