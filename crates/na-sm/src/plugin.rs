@@ -1,8 +1,9 @@
 //! The plugin instance: its state, the helpers the other modules share,
 //! and teardown. Construction is in `setup`, the [`Plugin`](na_core::Plugin) trait in
-//! `api`, the hostile-peer test hooks in `debug_hooks`.
+//! `api`, the hostile-peer test hooks in `debug_hooks` (feature `test-hooks`).
 
 mod api;
+#[cfg(feature = "test-hooks")]
 mod debug_hooks;
 mod setup;
 

@@ -1,6 +1,7 @@
 //! Test hooks for hostile-peer tests (`#[doc(hidden)]`): what a peer
-//! may do to its own side of a connection, done to ours. Never use
-//! outside tests.
+//! may do to its own side of a connection, done to ours. Compiled only
+//! with the `test-hooks` feature (on for this crate's own tests, through
+//! its dev-dependency on itself), so a normal build cannot call them.
 
 use na_core::{Addr, NaError, Result, Tag};
 

@@ -21,7 +21,9 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use super::eventfd::{EventFd, WakeTamper};
+use super::eventfd::EventFd;
+#[cfg(any(test, feature = "test-hooks"))]
+use super::eventfd::WakeTamper;
 
 /// Which primitive wakes a sleeping process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +144,7 @@ impl OwnWake {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl OwnWake {
     /// Tests only: does `t` to our eventfd, as the peer holding its other
     /// copy may (an error for a pipe).
@@ -154,6 +157,7 @@ impl OwnWake {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl PeerWake {
     /// Tests only: does `t` to the peer's eventfd, as we hold a copy of
     /// it (an error for a pipe).
@@ -166,6 +170,7 @@ impl PeerWake {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 fn not_an_eventfd() -> io::Error {
     io::Error::other("wake-up tampering needs eventfd wake-ups (SmConfig::wake)")
 }
