@@ -294,7 +294,7 @@ impl SmPlugin {
         sock.set_nonblocking(true)
             .map_err(|e| SmError::sys("fcntl(O_NONBLOCK)", e))?;
         self.poll_add(sock.as_raw_fd(), serial)?;
-        self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)?;
+        self.poll_add_wake(&my_wake, serial | WAKE_BIT)?;
         let conn = Conn {
             serial,
             sock,
@@ -391,10 +391,23 @@ impl SmPlugin {
     /// counter stays 1 (unless the peer that holds the other copy changes
     /// it: see `EventFd::signal`). A pipe is edge-triggered too and
     /// drained on each event.
-    fn poll_add_wake(&self, fd: i32, token: u64) -> SmResult<()> {
+    ///
+    /// An eventfd is readable from the start (its counter is 1: a write of
+    /// 0 is reported only while it is above 0), and epoll reports a ready
+    /// descriptor once when it is added, edge-triggered or not: the set's
+    /// next wait returns it though no peer wrote. That report cannot be
+    /// avoided (the counter must be above 0 before the peer's first write,
+    /// and raising it after the add is itself an edge), only taken where
+    /// it costs nothing: `wake_primed` makes `sleep` harvest it before it
+    /// blocks, as `try_wait` always does, instead of being woken by it.
+    fn poll_add_wake(&mut self, wake: &OwnWake, token: u64) -> SmResult<()> {
         self.poll
-            .add_edge_triggered(fd, token)
-            .map_err(|e| SmError::sys("epoll_ctl add (eventfd)", e))
+            .add_edge_triggered(wake.poll_fd(), token)
+            .map_err(|e| SmError::sys("epoll_ctl add (eventfd)", e))?;
+        if wake.starts_ready() {
+            self.wake_primed = true;
+        }
+        Ok(())
     }
 
     /// Accepts every waiting connection (listener readable) and reads its
@@ -820,8 +833,7 @@ impl SmPlugin {
         }
         if gone.is_none() {
             self.poll_add(p.sock.as_raw_fd(), serial).map_err(local)?;
-            self.poll_add_wake(my_wake.poll_fd(), serial | WAKE_BIT)
-                .map_err(local)?;
+            self.poll_add_wake(&my_wake, serial | WAKE_BIT).map_err(local)?;
         }
         let conn = Conn {
             serial,

@@ -29,6 +29,7 @@ pub fn hooks(p: &mut SmPlugin, a: &Addr, t: Tag) {
     let _ = p.debug_tamper_peer_wake(a, WakeTamper::Pulse);
     let _ = p.debug_tamper_own_wake(a, WakeTamper::Saturate);
     let _ = p.debug_peer_sleeps(a);
+    let _ = p.debug_wakeups();
 }
 
 pub fn by_pid() -> SmConfig {
@@ -49,6 +50,7 @@ const HIDDEN: &[&str] = &[
     "debug_tamper_peer_wake",
     "debug_tamper_own_wake",
     "debug_peer_sleeps",
+    "debug_wakeups",
     "WakeTamper",
     "pidfd_by_pid",
     "exits_by_eof_only",

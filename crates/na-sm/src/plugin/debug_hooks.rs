@@ -107,6 +107,15 @@ impl SmPlugin {
         Ok(conn.tx().rx_waiting().load(std::sync::atomic::Ordering::SeqCst) != 0)
     }
 
+    /// Test hook: how many blocking waits of [`Plugin::sleep`](na_core::Plugin::sleep)
+    /// an event of a wake-up descriptor ended. Each should be a peer's
+    /// signal (its `PluginStats::signals_sent`), none the report epoll
+    /// makes of an eventfd when it is added. Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_wakeups(&self) -> u64 {
+        self.wakeups
+    }
+
     fn debug_conn(&mut self, peer: &Addr) -> Result<&mut crate::conn::Conn> {
         let p = self
             .peers

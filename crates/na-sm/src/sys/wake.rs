@@ -100,6 +100,13 @@ impl OwnWake {
         }
     }
 
+    /// Whether it is readable from the start, before any peer wrote (an
+    /// eventfd, made with a counter of 1): the epoll set reports it once
+    /// when it is added.
+    pub fn starts_ready(&self) -> bool {
+        matches!(self, OwnWake::EventFd(_))
+    }
+
     /// The descriptor to send to the peer.
     pub fn fd_for_peer(&self) -> RawFd {
         match self {
