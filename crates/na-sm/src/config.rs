@@ -86,13 +86,17 @@ pub struct SmConfig {
     pub max_conns_per_process: usize,
     /// Watch peers' exits as on kernels without `SO_PEERPIDFD`: through
     /// `pidfd_open` of the peer's pid, checked against its start time
-    /// (`$QS_SM_PIDFD=pid` does the same). For tests of that path.
+    /// (`$QS_SM_PIDFD=pid` does the same, in every build). For tests of
+    /// that path: only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub pidfd_by_pid: bool,
     /// Watch peers' exits as on kernels without pidfds: by the end-of-file
     /// of their sockets only (wins over `pidfd_by_pid`). For tests of that
-    /// path: a peer that handed its socket to a child before it died is
-    /// then seen to go only when the child does.
+    /// path (a peer that handed its socket to a child before it died is
+    /// then seen to go only when the child does): only with the
+    /// `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub exits_by_eof_only: bool,
 }
@@ -119,7 +123,9 @@ impl Default for SmConfig {
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             max_conns_per_process: DEFAULT_MAX_CONNS_PER_PROCESS,
+            #[cfg(feature = "test-hooks")]
             pidfd_by_pid: false,
+            #[cfg(feature = "test-hooks")]
             exits_by_eof_only: false,
         }
     }
@@ -159,9 +165,10 @@ impl SmConfig {
         }
     }
 
-    /// Whether peers' exits are watched by pid only: `pidfd_by_pid`, or
-    /// [`PIDFD_ENV`] set to `pid`.
+    /// Whether peers' exits are watched by pid only: [`PIDFD_ENV`] set to
+    /// `pid` (or, with the `test-hooks` feature, `pidfd_by_pid`).
     pub fn resolve_pidfd_by_pid(&self) -> SmResult<bool> {
+        #[cfg(feature = "test-hooks")]
         if self.pidfd_by_pid {
             return Ok(true);
         }
@@ -173,11 +180,16 @@ impl SmConfig {
     }
 
     /// How peers' exits are watched: by end-of-file only
-    /// (`exits_by_eof_only`), by pid ([`resolve_pidfd_by_pid`](Self::resolve_pidfd_by_pid)),
-    /// or through the socket's pidfd.
+    /// (`exits_by_eof_only`, `test-hooks` builds), by pid
+    /// ([`resolve_pidfd_by_pid`](Self::resolve_pidfd_by_pid)), or through
+    /// the socket's pidfd.
     pub(crate) fn resolve_exit_watch(&self) -> SmResult<crate::identity::ExitWatch> {
         use crate::identity::ExitWatch;
-        Ok(if self.exits_by_eof_only {
+        #[cfg(feature = "test-hooks")]
+        let eof_only = self.exits_by_eof_only;
+        #[cfg(not(feature = "test-hooks"))]
+        let eof_only = false;
+        Ok(if eof_only {
             ExitWatch::EofOnly
         } else if self.resolve_pidfd_by_pid()? {
             ExitWatch::ByPid

@@ -1,8 +1,9 @@
 //! The plugin instance: its state, the helpers the other modules share,
 //! and teardown. Construction is in `setup`, the [`Plugin`](na_core::Plugin) trait in
-//! `api`, the hostile-peer test hooks in `debug_hooks`.
+//! `api`, the hostile-peer test hooks in `debug_hooks` (feature `test-hooks`).
 
 mod api;
+#[cfg(feature = "test-hooks")]
 mod debug_hooks;
 mod setup;
 
@@ -118,6 +119,15 @@ pub struct SmPlugin {
     pub(crate) tick: u32,
     /// `spin_wait` passed the tick at which socket events are due.
     pub(crate) events_owed: bool,
+    /// A wake-up eventfd joined the epoll set after its last wait: the
+    /// set reports it once, at its next wait, though nobody wrote it (see
+    /// `connect::poll_add_wake`). `sleep` harvests that report before it
+    /// blocks, so it cannot end the sleep at once for nothing.
+    pub(crate) wake_primed: bool,
+    /// Blocking waits of the epoll set (`Plugin::sleep`) that a wake-up
+    /// descriptor's event ended (for tests: each should be a peer's
+    /// signal).
+    pub(crate) wakeups: u64,
     /// Some connection may have queued sends (set when one is queued,
     /// cleared by a flush that finds every backlog empty), so the busy
     /// loop skips the walk over all peers when nothing is queued.

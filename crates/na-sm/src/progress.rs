@@ -318,10 +318,22 @@ impl SmPlugin {
         self.events_at = std::time::Instant::now();
         for round in 1.. {
             self.tokens.clear();
+            // This wait reports every wake-up eventfd added before it (a
+            // full batch leaves the rest to the next round or to the next
+            // call: `events_owed`, and `arm` refuses to sleep on that).
+            self.wake_primed = false;
             let n = self
                 .poll
                 .wait(&mut self.tokens, timeout)
                 .map_err(|e| NaError::sys("epoll_wait (sm)", e))?;
+            if timeout != Some(Duration::ZERO)
+                && self
+                    .tokens
+                    .iter()
+                    .any(|t| t & WAKE_BIT != 0 && t & PIDFD_BIT == 0)
+            {
+                self.wakeups += 1;
+            }
             timeout = Some(Duration::ZERO);
             let tokens = std::mem::take(&mut self.tokens);
             for &t in &tokens {

@@ -281,6 +281,13 @@ impl Plugin for SmPlugin {
     /// pending events at once) and waits on the internal epoll set itself.
     fn sleep(&mut self, timeout: Option<Duration>) -> Result<bool> {
         self.check_not_inherited()?;
+        if self.wake_primed {
+            // A wake-up eventfd added since the last wait would end the
+            // wait below at once, for nothing (see `connect::poll_add_wake`):
+            // take its report (and whatever else is there) now, as
+            // `try_wait` does before every sleep.
+            self.poll_events()?;
+        }
         if self.arm() {
             self.wait_events(timeout)?;
         }

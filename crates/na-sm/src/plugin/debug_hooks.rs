@@ -1,6 +1,7 @@
 //! Test hooks for hostile-peer tests (`#[doc(hidden)]`): what a peer
-//! may do to its own side of a connection, done to ours. Never use
-//! outside tests.
+//! may do to its own side of a connection, done to ours. Compiled only
+//! with the `test-hooks` feature (on for this crate's own tests, through
+//! its dev-dependency on itself), so a normal build cannot call them.
 
 use na_core::{Addr, NaError, Result, Tag};
 
@@ -104,6 +105,15 @@ impl SmPlugin {
     pub fn debug_peer_sleeps(&mut self, peer: &Addr) -> Result<bool> {
         let conn = self.debug_conn(peer)?;
         Ok(conn.tx().rx_waiting().load(std::sync::atomic::Ordering::SeqCst) != 0)
+    }
+
+    /// Test hook: how many blocking waits of [`Plugin::sleep`](na_core::Plugin::sleep)
+    /// an event of a wake-up descriptor ended. Each should be a peer's
+    /// signal (its `PluginStats::signals_sent`), none the report epoll
+    /// makes of an eventfd when it is added. Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_wakeups(&self) -> u64 {
+        self.wakeups
     }
 
     fn debug_conn(&mut self, peer: &Addr) -> Result<&mut crate::conn::Conn> {

@@ -105,6 +105,8 @@ impl SmPlugin {
             owner_woken: false,
             tick: 0,
             events_owed: false,
+            wake_primed: false,
+            wakeups: 0,
             maybe_backlog: false,
             backlog_total: na_core::BacklogTotal::default(),
             tokens: Vec::with_capacity(32),

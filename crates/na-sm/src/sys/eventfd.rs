@@ -95,7 +95,10 @@ impl EventFd {
 
 /// What a hostile peer may do to a wake-up eventfd it holds a copy of
 /// (its open file description is shared): for tests, through
-/// [`EventFd::tamper`] and `SmPlugin::debug_tamper_wake`.
+/// [`EventFd::tamper`] and `SmPlugin::debug_tamper_peer_wake` /
+/// `debug_tamper_own_wake`. Only with the `test-hooks` feature (and in
+/// the crate's unit tests).
+#[cfg(any(test, feature = "test-hooks"))]
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WakeTamper {
@@ -111,6 +114,7 @@ pub enum WakeTamper {
     Pulse,
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl EventFd {
     /// Does `t` to this eventfd (tests only: what a peer holding it may
     /// do). [`WakeTamper::Saturate`] reads the counter first: call it

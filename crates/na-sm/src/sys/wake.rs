@@ -21,7 +21,9 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use super::eventfd::{EventFd, WakeTamper};
+use super::eventfd::EventFd;
+#[cfg(any(test, feature = "test-hooks"))]
+use super::eventfd::WakeTamper;
 
 /// Which primitive wakes a sleeping process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +100,13 @@ impl OwnWake {
         }
     }
 
+    /// Whether it is readable from the start, before any peer wrote (an
+    /// eventfd, made with a counter of 1): the epoll set reports it once
+    /// when it is added.
+    pub fn starts_ready(&self) -> bool {
+        matches!(self, OwnWake::EventFd(_))
+    }
+
     /// The descriptor to send to the peer.
     pub fn fd_for_peer(&self) -> RawFd {
         match self {
@@ -142,6 +151,7 @@ impl OwnWake {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl OwnWake {
     /// Tests only: does `t` to our eventfd, as the peer holding its other
     /// copy may (an error for a pipe).
@@ -154,6 +164,7 @@ impl OwnWake {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl PeerWake {
     /// Tests only: does `t` to the peer's eventfd, as we hold a copy of
     /// it (an error for a pipe).
@@ -166,6 +177,7 @@ impl PeerWake {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 fn not_an_eventfd() -> io::Error {
     io::Error::other("wake-up tampering needs eventfd wake-ups (SmConfig::wake)")
 }

@@ -1,0 +1,122 @@
+//! The test hooks (`SmPlugin::debug_*`, `sys::eventfd::WakeTamper`,
+//! `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are compiled only with
+//! the `test-hooks` feature: a user's normal build cannot call them.
+//!
+//! This crate's own tests always see them (the crate is its own
+//! dev-dependency with the feature, and cargo unifies features across one
+//! build), so a `compile_fail` doc-test would compile *with* the feature
+//! and prove nothing. Instead this test builds a small probe crate that
+//! depends on na-sm the way a user's crate does, with `cargo check` in a
+//! build of its own: without the feature each hook must be refused by
+//! name; with it (the positive control) the same probe must compile, so
+//! the refusals are the hooks' absence and not a broken probe.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Uses every test hook once; each use is an error of its own without the
+/// feature.
+const PROBE_LIB: &str = r#"
+use na_core::{Addr, Tag};
+use na_sm::sys::eventfd::WakeTamper;
+use na_sm::{SmConfig, SmPlugin};
+
+pub fn hooks(p: &mut SmPlugin, a: &Addr, t: Tag) {
+    let _ = p.debug_scribble(a, 1);
+    let _ = p.debug_forge_unreserved(a, t);
+    let _ = p.debug_deafen(a);
+    let _ = p.debug_want_wake(a);
+    let _ = p.debug_tamper_peer_wake(a, WakeTamper::Pulse);
+    let _ = p.debug_tamper_own_wake(a, WakeTamper::Saturate);
+    let _ = p.debug_peer_sleeps(a);
+    let _ = p.debug_wakeups();
+}
+
+pub fn by_pid() -> SmConfig {
+    SmConfig { pidfd_by_pid: true, ..SmConfig::default() }
+}
+
+pub fn eof_only() -> SmConfig {
+    SmConfig { exits_by_eof_only: true, ..SmConfig::default() }
+}
+"#;
+
+/// What a build without the feature must refuse, each by name.
+const HIDDEN: &[&str] = &[
+    "debug_scribble",
+    "debug_forge_unreserved",
+    "debug_deafen",
+    "debug_want_wake",
+    "debug_tamper_peer_wake",
+    "debug_tamper_own_wake",
+    "debug_peer_sleeps",
+    "debug_wakeups",
+    "WakeTamper",
+    "pidfd_by_pid",
+    "exits_by_eof_only",
+];
+
+fn write_probe(dir: &Path) {
+    let na_sm = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let na_core = na_sm.join("../na-core");
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    let manifest = format!(
+        "[package]\nname = \"na-sm-hooks-probe\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
+         [workspace]\n\n\
+         [dependencies]\nna-sm = {{ path = {:?} }}\nna-core = {{ path = {:?} }}\n\n\
+         [features]\nhooks = [\"na-sm/test-hooks\"]\n",
+        na_sm.display().to_string(),
+        na_core.display().to_string(),
+    );
+    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(dir.join("src/lib.rs"), PROBE_LIB).unwrap();
+    // The workspace's lock file pins the versions it built with, so the
+    // probe resolves offline to what is already in the local registry.
+    std::fs::copy(na_sm.join("../../Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+}
+
+/// `cargo check` of the probe, with or without the feature: (success,
+/// stderr).
+fn check(dir: &Path, with_hooks: bool) -> (bool, String) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let mut cmd = Command::new(cargo);
+    cmd.arg("check")
+        .arg("--offline")
+        .arg("--quiet")
+        .arg("--message-format=short")
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(dir.join("target"))
+        // The caller's target directory and flags are not the probe's.
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_BUILD_TARGET_DIR")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    if with_hooks {
+        cmd.arg("--features").arg("hooks");
+    }
+    let out = cmd.output().expect("run cargo");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_build_without_the_test_hooks_feature_cannot_reach_them() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("na-sm-hooks-probe");
+    write_probe(&dir);
+
+    let (ok, err) = check(&dir, false);
+    assert!(!ok, "the probe compiled without the test-hooks feature");
+    for name in HIDDEN {
+        assert!(
+            err.lines().any(|l| l.contains("error") && l.contains(name)),
+            "a build without test-hooks did not refuse `{name}`:\n{err}"
+        );
+    }
+
+    let (ok, err) = check(&dir, true);
+    assert!(ok, "the probe does not compile even with test-hooks:\n{err}");
+}
