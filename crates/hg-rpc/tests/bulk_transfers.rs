@@ -161,6 +161,50 @@ fn a_handler_transfers_only_with_the_caller_s_handles() {
     assert_eq!(other.call::<Add>(&s_o, &(2, 3), T).unwrap(), 5);
 }
 
+/// A handle's size is its sender's word: a client that sends a
+/// descriptor of its own address claiming 4 EiB (or just more than the
+/// server stores) gets an error before the server allocates anything,
+/// and the server goes on serving. (The test server allocated the whole
+/// claimed size first, and the allocation failure aborted it.)
+#[test]
+fn a_handle_claiming_a_huge_size_is_refused_before_anything_is_allocated() {
+    use hg_rpc::{Bulk, BulkDesc};
+    use na_core::{Access, RemoteMem, RemoteSegment};
+    let d = dir("huge-handle");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    for claimed in [1u64 << 62, (64 << 20) + 1] {
+        let mem = RemoteMem::new(
+            vec![RemoteSegment {
+                addr: 4096,
+                len: claimed,
+                key: 0,
+            }],
+            Access::ReadOnly,
+        )
+        .unwrap();
+        let forged = Bulk::from_desc(BulkDesc {
+            owner: c.self_addr().uri().to_owned(),
+            mem: serde_bytes::ByteBuf::from(mem.to_bytes()),
+            inline: None,
+        })
+        .unwrap();
+        for call in [
+            c.call::<BlobPut>(&s, &("huge".into(), forged.clone()), T),
+            c.call::<BlobPutChunked>(&s, &("huge".into(), forged, 1 << 20), T),
+        ] {
+            match call {
+                Err(RpcError::Handler { message, .. }) => {
+                    assert!(message.contains("at most"), "{message}")
+                }
+                other => panic!("a {claimed}-byte handle was not refused: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
+}
+
 /// A handler's transfer that outlasts the engine's handler transfer
 /// timeout (`Engine::set_handler_transfer_timeout`, 0 here: sm reports a
 /// transfer's end at the next progress call) fails at once, saying so,

@@ -151,8 +151,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
     engine.register::<Fill>(|(len, seed)| {
-        if len > 64 << 20 {
-            return Err(format!("{len} bytes: at most 64 MiB"));
+        if len > MAX_BLOB {
+            return Err(format!("{len} bytes: at most {MAX_BLOB}"));
         }
         Ok(fill_pattern(len, seed))
     })?;
@@ -219,6 +219,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The largest blob `BlobPut` stores (and `Fill` answers).
+const MAX_BLOB: u64 = 64 << 20;
+
 type Blobs = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
 
 /// A copy of the blob stored under `key`.
@@ -239,7 +242,11 @@ fn store_blob(
     if chunk == 0 {
         return Err("chunk size 0".into());
     }
+    // The size is the client's word: checked before anything is allocated.
     let size = data.size();
+    if size > MAX_BLOB {
+        return Err(format!("a blob of {size} bytes: at most {MAX_BLOB}"));
+    }
     let local = ctx.expose(vec![vec![0; size as usize]], na_core::Access::ReadWrite)?;
     let spans: Vec<hg_rpc::Span> = (0..size.div_ceil(chunk))
         .rev()
