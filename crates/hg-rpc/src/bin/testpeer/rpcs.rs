@@ -81,8 +81,9 @@ pub fn fnv(data: &[u8]) -> u64 {
     })
 }
 
-/// Stores a blob: the server pulls it from the client's bulk handle and
-/// answers its FNV-1a hash.
+/// Stores a blob (at most 64 MiB: a larger handle is refused before
+/// anything is allocated): the server pulls it from the client's bulk
+/// handle and answers its FNV-1a hash.
 pub struct BlobPut;
 impl Rpc for BlobPut {
     const NAME: &'static str = "test.blob_put";
