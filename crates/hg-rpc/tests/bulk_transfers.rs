@@ -165,7 +165,8 @@ fn a_handler_transfers_only_with_the_caller_s_handles() {
 /// descriptor of its own address claiming 4 EiB (or just more than the
 /// server stores) gets an error before the server allocates anything,
 /// and the server goes on serving. (The test server allocated the whole
-/// claimed size first, and the allocation failure aborted it.)
+/// claimed size first, and the allocation failure aborted it.) So does
+/// a chunk size that would list millions of spans.
 #[test]
 fn a_handle_claiming_a_huge_size_is_refused_before_anything_is_allocated() {
     use hg_rpc::{Bulk, BulkDesc};
@@ -201,6 +202,27 @@ fn a_handle_claiming_a_huge_size_is_refused_before_anything_is_allocated() {
                 other => panic!("a {claimed}-byte handle was not refused: {other:?}"),
             }
         }
+    }
+    // A size within the bound in chunks of one byte: four million spans
+    // (96 MiB to list, then a transfer of each), refused first too.
+    let mem = RemoteMem::new(
+        vec![RemoteSegment {
+            addr: 4096,
+            len: 4 << 20,
+            key: 0,
+        }],
+        Access::ReadOnly,
+    )
+    .unwrap();
+    let forged = Bulk::from_desc(BulkDesc {
+        owner: c.self_addr().uri().to_owned(),
+        mem: serde_bytes::ByteBuf::from(mem.to_bytes()),
+        inline: None,
+    })
+    .unwrap();
+    match c.call::<BlobPutChunked>(&s, &("tiny chunks".into(), forged, 1), T) {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains("chunks"), "{message}"),
+        other => panic!("four million one-byte chunks were not refused: {other:?}"),
     }
     assert_eq!(c.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
 }

@@ -222,6 +222,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// The largest blob `BlobPut` stores (and `Fill` answers).
 const MAX_BLOB: u64 = 64 << 20;
 
+/// The most chunks `BlobPutChunked` pulls a blob in (a span of 24 bytes
+/// each is listed first).
+const MAX_CHUNKS: u64 = 1 << 20;
+
 type Blobs = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
 
 /// A copy of the blob stored under `key`.
@@ -246,6 +250,12 @@ fn store_blob(
     let size = data.size();
     if size > MAX_BLOB {
         return Err(format!("a blob of {size} bytes: at most {MAX_BLOB}"));
+    }
+    // As is the chunk size: one span each, listed before anything moves.
+    if size.div_ceil(chunk) > MAX_CHUNKS {
+        return Err(format!(
+            "{size} bytes in chunks of {chunk}: at most {MAX_CHUNKS} chunks"
+        ));
     }
     let local = ctx.expose(vec![vec![0; size as usize]], na_core::Access::ReadWrite)?;
     let spans: Vec<hg_rpc::Span> = (0..size.div_ceil(chunk))

@@ -92,7 +92,8 @@ impl Rpc for BlobPut {
 }
 
 /// Stores a blob like [`BlobPut`], pulled in chunks of the given size that
-/// the server starts as one batch, last chunk first; answers the hash.
+/// the server starts as one batch, last chunk first (at most 2^20 chunks:
+/// more are refused before any is listed); answers the hash.
 pub struct BlobPutChunked;
 impl Rpc for BlobPutChunked {
     const NAME: &'static str = "test.blob_put_chunked";
