@@ -227,6 +227,42 @@ fn a_handle_claiming_a_huge_size_is_refused_before_anything_is_allocated() {
     assert_eq!(c.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
 }
 
+/// The peak resident memory of process `pid`, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The segment size of `BlobExpose` is the client's word too: a 4 MiB
+/// blob in one-byte segments (four million, where a handle names at
+/// most 65,536) is refused before a vector is made for each segment,
+/// which took the test server's memory up by about 56 bytes per byte of
+/// blob before `expose` refused the count.
+#[test]
+fn a_blob_exposed_in_more_segments_than_a_handle_names_is_refused_first() {
+    use na_core::Access;
+    let d = dir("expose-segments");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let data = vec![3u8; 4 << 20];
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    assert_eq!(c.call::<BlobPut>(&s, &("b".into(), put), T).unwrap(), fnv(&data));
+    let before = peak_rss_kib(srv.child.id());
+    match c.call::<BlobExpose>(&s, &("b".into(), 1), T) {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.contains("at most 65536 segments"), "{message}")
+        }
+        other => panic!("four million segments were not refused: {other:?}"),
+    }
+    let grew = peak_rss_kib(srv.child.id()) - before;
+    assert!(grew < 32 << 10, "the server's peak memory grew by {grew} KiB");
+    // Still serving, and a sensible segment size works.
+    let remote = c.call::<BlobExpose>(&s, &("b".into(), 1 << 20), T).unwrap();
+    assert_eq!(remote.size(), data.len() as u64);
+}
+
 /// A handler's transfer that outlasts the engine's handler transfer
 /// timeout (`Engine::set_handler_transfer_timeout`, 0 here: sm reports a
 /// transfer's end at the next progress call) fails at once, saying so,

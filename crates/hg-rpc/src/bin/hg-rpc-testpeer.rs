@@ -178,10 +178,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (b, x) = (blobs.clone(), exposed.clone());
     engine.register_with_bulk::<BlobExpose>(move |ctx, (key, segment)| {
         let bytes = blob(&b, &key)?;
-        let segs = bytes
-            .chunks(segment.max(1) as usize)
-            .map(<[u8]>::to_vec)
-            .collect();
+        // The segment size is the client's word: a handle names at most
+        // MAX_REMOTE_SEGMENTS, refused before a vector is made for each.
+        let segment = segment.max(1);
+        let count = (bytes.len() as u64).div_ceil(segment);
+        if count > na_core::MAX_REMOTE_SEGMENTS as u64 {
+            return Err(format!(
+                "{} bytes in segments of {segment}: at most {} segments",
+                bytes.len(),
+                na_core::MAX_REMOTE_SEGMENTS
+            ));
+        }
+        let segs = bytes.chunks(segment as usize).map(<[u8]>::to_vec).collect();
         let handle = ctx.expose(segs, na_core::Access::ReadWrite)?;
         x.lock().map_err(|_| "poisoned")?.insert(key, handle.clone());
         Ok(handle)

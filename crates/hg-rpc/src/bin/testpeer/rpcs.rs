@@ -111,7 +111,8 @@ impl Rpc for BlobGet {
 }
 
 /// Exposes a copy of a blob for the client to read and write, in
-/// segments of the given size, and answers the handle (kept until the
+/// segments of the given size (at most `MAX_REMOTE_SEGMENTS` of them:
+/// more are refused first), and answers the handle (kept until the
 /// server exits).
 pub struct BlobExpose;
 impl Rpc for BlobExpose {
