@@ -112,7 +112,8 @@ pub struct Spilled {
     pub crc: Option<u32>,
 }
 
-/// Parses and checks a spilled payload from a peer: the length plus the
+/// Parses and checks a spilled payload from a peer: the descriptor must
+/// allow reading, the length plus the
 /// seal must match the descriptor and the length be at most `max`; the
 /// seal (never 0) follows the descriptor, then, with `checksum` (the
 /// header's flag bit 2), the data's CRC-32C, else nothing.
@@ -123,6 +124,14 @@ pub fn parse(payload: &[u8], max: u64, checksum: bool) -> Result<Spilled, String
         .ok_or("spilled payload shorter than its length field")?;
     let len = u64::from_le_bytes(len_bytes);
     let (remote, used) = RemoteMem::decode_prefix(&payload[8..]).map_err(|e| format!("spilled data: {e}"))?;
+    if !remote.access().can_read() {
+        // Data to pull: a descriptor that forbids reading it is no
+        // description of it (not a transport failure of the pull).
+        return Err(format!(
+            "spilled data described {:?}: its puller may not read it",
+            remote.access()
+        ));
+    }
     let rest = &payload[8 + used..];
     let want = if checksum { 12 } else { 8 };
     if rest.len() != want {
@@ -197,6 +206,11 @@ mod tests {
             false
         )
         .is_err());
+        let wo = RemoteMem::new(r.segments().to_vec(), Access::WriteOnly).unwrap();
+        let write_only = [&10u64.to_le_bytes()[..], &wo.to_bytes(), &seal].concat();
+        assert!(parse(&write_only, 100, false)
+            .unwrap_err()
+            .contains("may not read"));
         let broken = [&10u64.to_le_bytes()[..], &r.to_bytes(), &[0; 8]].concat();
         assert!(parse(&broken, 100, false).unwrap_err().contains("broken"));
         let huge = [&u64::MAX.to_le_bytes()[..], &r.to_bytes(), &seal].concat();

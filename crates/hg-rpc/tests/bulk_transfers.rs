@@ -161,6 +161,108 @@ fn a_handler_transfers_only_with_the_caller_s_handles() {
     assert_eq!(other.call::<Add>(&s_o, &(2, 3), T).unwrap(), 5);
 }
 
+/// A handle's size is its sender's word: a client that sends a
+/// descriptor of its own address claiming 4 EiB (or just more than the
+/// server stores) gets an error before the server allocates anything,
+/// and the server goes on serving. (The test server allocated the whole
+/// claimed size first, and the allocation failure aborted it.) So does
+/// a chunk size that would list millions of spans.
+#[test]
+fn a_handle_claiming_a_huge_size_is_refused_before_anything_is_allocated() {
+    use hg_rpc::{Bulk, BulkDesc};
+    use na_core::{Access, RemoteMem, RemoteSegment};
+    let d = dir("huge-handle");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    for claimed in [1u64 << 62, (64 << 20) + 1] {
+        let mem = RemoteMem::new(
+            vec![RemoteSegment {
+                addr: 4096,
+                len: claimed,
+                key: 0,
+            }],
+            Access::ReadOnly,
+        )
+        .unwrap();
+        let forged = Bulk::from_desc(BulkDesc {
+            owner: c.self_addr().uri().to_owned(),
+            mem: serde_bytes::ByteBuf::from(mem.to_bytes()),
+            inline: None,
+        })
+        .unwrap();
+        for call in [
+            c.call::<BlobPut>(&s, &("huge".into(), forged.clone()), T),
+            c.call::<BlobPutChunked>(&s, &("huge".into(), forged, 1 << 20), T),
+        ] {
+            match call {
+                Err(RpcError::Handler { message, .. }) => {
+                    assert!(message.contains("at most"), "{message}")
+                }
+                other => panic!("a {claimed}-byte handle was not refused: {other:?}"),
+            }
+        }
+    }
+    // A size within the bound in chunks of one byte: four million spans
+    // (96 MiB to list, then a transfer of each), refused first too.
+    let mem = RemoteMem::new(
+        vec![RemoteSegment {
+            addr: 4096,
+            len: 4 << 20,
+            key: 0,
+        }],
+        Access::ReadOnly,
+    )
+    .unwrap();
+    let forged = Bulk::from_desc(BulkDesc {
+        owner: c.self_addr().uri().to_owned(),
+        mem: serde_bytes::ByteBuf::from(mem.to_bytes()),
+        inline: None,
+    })
+    .unwrap();
+    match c.call::<BlobPutChunked>(&s, &("tiny chunks".into(), forged, 1), T) {
+        Err(RpcError::Handler { message, .. }) => assert!(message.contains("chunks"), "{message}"),
+        other => panic!("four million one-byte chunks were not refused: {other:?}"),
+    }
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
+}
+
+/// The peak resident memory of process `pid`, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The segment size of `BlobExpose` is the client's word too: a 4 MiB
+/// blob in one-byte segments (four million, where a handle names at
+/// most 65,536) is refused before a vector is made for each segment,
+/// which took the test server's memory up by about 56 bytes per byte of
+/// blob before `expose` refused the count.
+#[test]
+fn a_blob_exposed_in_more_segments_than_a_handle_names_is_refused_first() {
+    use na_core::Access;
+    let d = dir("expose-segments");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(&srv.uri).unwrap();
+    let data = vec![3u8; 4 << 20];
+    let put = c.expose(vec![data.clone()], Access::ReadOnly).unwrap();
+    assert_eq!(c.call::<BlobPut>(&s, &("b".into(), put), T).unwrap(), fnv(&data));
+    let before = peak_rss_kib(srv.child.id());
+    match c.call::<BlobExpose>(&s, &("b".into(), 1), T) {
+        Err(RpcError::Handler { message, .. }) => {
+            assert!(message.contains("at most 65536 segments"), "{message}")
+        }
+        other => panic!("four million segments were not refused: {other:?}"),
+    }
+    let grew = peak_rss_kib(srv.child.id()) - before;
+    assert!(grew < 32 << 10, "the server's peak memory grew by {grew} KiB");
+    // Still serving, and a sensible segment size works.
+    let remote = c.call::<BlobExpose>(&s, &("b".into(), 1 << 20), T).unwrap();
+    assert_eq!(remote.size(), data.len() as u64);
+}
+
 /// A handler's transfer that outlasts the engine's handler transfer
 /// timeout (`Engine::set_handler_transfer_timeout`, 0 here: sm reports a
 /// transfer's end at the next progress call) fails at once, saying so,

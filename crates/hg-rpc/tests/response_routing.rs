@@ -391,3 +391,37 @@ fn a_spilled_output_whose_pull_fails_ends_the_call_with_a_transport_error() {
     }
     assert_eq!(c.stats().in_flight, 0, "{:?}", c.stats());
 }
+
+/// A spilled output's descriptor must let the origin read it: one whose
+/// access is write-only fails the descriptor's checks (PROTOCOL.md: the
+/// call ends with `RpcError::Malformed`, counted as malformed, and the
+/// output is released unpulled), not a transport error the pull's start
+/// gave it.
+#[test]
+fn a_spilled_output_described_write_only_is_malformed() {
+    let d = dir("spill-write-only");
+    let (mut x, xid, mut c, s) = raw_target_and_client(&d, false);
+    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
+    let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
+    let len = output.len() as u64;
+    let mem = na_core::MemHandle::new(
+        vec![output, common::TEST_SEAL.to_le_bytes().to_vec()],
+        na_core::Access::WriteOnly,
+    );
+    x.plugin_mut(xid).unwrap().mem_register(&mem).unwrap();
+    let desc = x.plugin(xid).unwrap().mem_describe(&mem).unwrap().to_bytes();
+    let payload = common::spilled_payload(len, &desc, None);
+    let msg = common::wire_message(FLAG_RESPONSE | FLAG_SPILL, Echo::NAME, cookie, &payload);
+    send_raw(&mut x, &origin, None, &msg, OpId(2));
+    match wait::<Echo>(&mut c, id) {
+        Err(RpcError::Malformed { reason }) => assert!(reason.contains("read"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let st = c.stats();
+    assert_eq!((st.malformed, st.in_flight), (1, 0), "{st:?}");
+    let ep = c.endpoint();
+    let cid = ep.plugin_ids().next().unwrap();
+    let pulled = ep.plugin(cid).unwrap().stats().get_bytes;
+    assert_eq!(pulled, 0, "pulled from a write-only descriptor");
+}

@@ -80,41 +80,72 @@ fn serve() -> Res<()> {
         ep.post_recv_unexpected(me, Vec::with_capacity(4096), op)?;
         let c = wait(&mut ep, op)?;
         let (src, tag, msg) = (c.source.ok_or("no source")?, c.tag, c.buf.ok_or("no buffer")?);
-        let reply: Vec<u8> = match msg.first().copied() {
-            Some(PING) => msg,
-            Some(kind @ (PULL | PUSH)) => {
-                let remote = RemoteMem::from_bytes(&msg[1..])?;
-                let len = remote.size();
-                let op = OpId(next);
-                next += 1;
-                if kind == PUSH {
-                    bulk.write_at(0, &pattern(len as usize))?;
-                }
-                let t = Instant::now();
-                if kind == PULL {
-                    ep.get(&bulk, 0, &remote, 0, len, &src, op)?;
-                } else {
-                    ep.put(&bulk, 0, &remote, 0, len, &src, op)?;
-                }
-                wait(&mut ep, op)?;
-                let ns = t.elapsed().as_nanos() as u64;
-                let sum = if kind == PULL {
-                    let mut v = vec![0; len as usize];
-                    bulk.read_at(0, &mut v)?;
-                    checksum(&v)
-                } else {
-                    0
-                };
-                [ns.to_le_bytes(), sum.to_le_bytes()].concat()
+        // A request that cannot be served (a malformed or forged one, a
+        // transfer that fails) is answered with an empty reply: whoever
+        // sent it, the server goes on serving.
+        let reply = match answer(&mut ep, &bulk, &src, msg, &mut next) {
+            Ok(Some(reply)) => reply,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                eprintln!("na_demo server: request from {src} refused: {e}");
+                Vec::new()
             }
-            Some(QUIT) => return Ok(()),
-            other => return Err(format!("unknown request {other:?}").into()),
         };
         let op = OpId(next);
         next += 1;
-        ep.send_expected(&src, tag, &reply, op)?;
-        wait(&mut ep, op)?;
+        if let Err(e) = ep
+            .send_expected(&src, tag, &reply, op)
+            .map_err(Into::into)
+            .and_then(|()| wait(&mut ep, op))
+        {
+            eprintln!("na_demo server: reply to {src} not sent: {e}");
+        }
     }
+}
+
+/// The reply to request `msg` from `src`; `None` for `QUIT`.
+fn answer(
+    ep: &mut Endpoint,
+    bulk: &MemHandle,
+    src: &Addr,
+    msg: Vec<u8>,
+    next: &mut u64,
+) -> Res<Option<Vec<u8>>> {
+    Ok(Some(match msg.first().copied() {
+        Some(PING) => msg,
+        Some(kind @ (PULL | PUSH)) => {
+            let remote = RemoteMem::from_bytes(&msg[1..])?;
+            // The size is the client's word: checked before anything is
+            // allocated for it.
+            let len = remote.size();
+            if len > bulk.size() {
+                return Err(format!("a transfer of {len} bytes: the buffer has {}", bulk.size()).into());
+            }
+            let op = OpId(*next);
+            *next += 1;
+            if kind == PUSH {
+                bulk.write_at(0, &pattern(len as usize))?;
+            }
+            let t = Instant::now();
+            if kind == PULL {
+                ep.get(bulk, 0, &remote, 0, len, src, op)?;
+            } else {
+                ep.put(bulk, 0, &remote, 0, len, src, op)?;
+            }
+            wait(ep, op)?;
+            let ns = t.elapsed().as_nanos() as u64;
+            let sum = if kind == PULL {
+                let mut v = vec![0; len as usize];
+                bulk.read_at(0, &mut v)?;
+                checksum(&v)
+            } else {
+                0
+            };
+            [ns.to_le_bytes(), sum.to_le_bytes()].concat()
+        }
+        Some(QUIT) => return Ok(None),
+        other => return Err(format!("unknown request {other:?}").into()),
+    }))
 }
 
 fn pattern(len: usize) -> Vec<u8> {

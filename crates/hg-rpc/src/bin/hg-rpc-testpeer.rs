@@ -151,8 +151,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
     engine.register::<Fill>(|(len, seed)| {
-        if len > 64 << 20 {
-            return Err(format!("{len} bytes: at most 64 MiB"));
+        if len > MAX_BLOB {
+            return Err(format!("{len} bytes: at most {MAX_BLOB}"));
         }
         Ok(fill_pattern(len, seed))
     })?;
@@ -178,10 +178,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (b, x) = (blobs.clone(), exposed.clone());
     engine.register_with_bulk::<BlobExpose>(move |ctx, (key, segment)| {
         let bytes = blob(&b, &key)?;
-        let segs = bytes
-            .chunks(segment.max(1) as usize)
-            .map(<[u8]>::to_vec)
-            .collect();
+        // The segment size is the client's word: a handle names at most
+        // MAX_REMOTE_SEGMENTS, refused before a vector is made for each.
+        let segment = segment.max(1);
+        let count = (bytes.len() as u64).div_ceil(segment);
+        if count > na_core::MAX_REMOTE_SEGMENTS as u64 {
+            return Err(format!(
+                "{} bytes in segments of {segment}: at most {} segments",
+                bytes.len(),
+                na_core::MAX_REMOTE_SEGMENTS
+            ));
+        }
+        let segs = bytes.chunks(segment as usize).map(<[u8]>::to_vec).collect();
         let handle = ctx.expose(segs, na_core::Access::ReadWrite)?;
         x.lock().map_err(|_| "poisoned")?.insert(key, handle.clone());
         Ok(handle)
@@ -219,6 +227,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The largest blob `BlobPut` stores (and `Fill` answers).
+const MAX_BLOB: u64 = 64 << 20;
+
+/// The most chunks `BlobPutChunked` pulls a blob in (a span of 24 bytes
+/// each is listed first).
+const MAX_CHUNKS: u64 = 1 << 20;
+
 type Blobs = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
 
 /// A copy of the blob stored under `key`.
@@ -239,7 +254,17 @@ fn store_blob(
     if chunk == 0 {
         return Err("chunk size 0".into());
     }
+    // The size is the client's word: checked before anything is allocated.
     let size = data.size();
+    if size > MAX_BLOB {
+        return Err(format!("a blob of {size} bytes: at most {MAX_BLOB}"));
+    }
+    // As is the chunk size: one span each, listed before anything moves.
+    if size.div_ceil(chunk) > MAX_CHUNKS {
+        return Err(format!(
+            "{size} bytes in chunks of {chunk}: at most {MAX_CHUNKS} chunks"
+        ));
+    }
     let local = ctx.expose(vec![vec![0; size as usize]], na_core::Access::ReadWrite)?;
     let spans: Vec<hg_rpc::Span> = (0..size.div_ceil(chunk))
         .rev()

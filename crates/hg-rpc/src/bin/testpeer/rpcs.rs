@@ -81,8 +81,9 @@ pub fn fnv(data: &[u8]) -> u64 {
     })
 }
 
-/// Stores a blob: the server pulls it from the client's bulk handle and
-/// answers its FNV-1a hash.
+/// Stores a blob (at most 64 MiB: a larger handle is refused before
+/// anything is allocated): the server pulls it from the client's bulk
+/// handle and answers its FNV-1a hash.
 pub struct BlobPut;
 impl Rpc for BlobPut {
     const NAME: &'static str = "test.blob_put";
@@ -91,7 +92,8 @@ impl Rpc for BlobPut {
 }
 
 /// Stores a blob like [`BlobPut`], pulled in chunks of the given size that
-/// the server starts as one batch, last chunk first; answers the hash.
+/// the server starts as one batch, last chunk first (at most 2^20 chunks:
+/// more are refused before any is listed); answers the hash.
 pub struct BlobPutChunked;
 impl Rpc for BlobPutChunked {
     const NAME: &'static str = "test.blob_put_chunked";
@@ -109,7 +111,8 @@ impl Rpc for BlobGet {
 }
 
 /// Exposes a copy of a blob for the client to read and write, in
-/// segments of the given size, and answers the handle (kept until the
+/// segments of the given size (at most `MAX_REMOTE_SEGMENTS` of them:
+/// more are refused first), and answers the handle (kept until the
 /// server exits).
 pub struct BlobExpose;
 impl Rpc for BlobExpose {
