@@ -255,14 +255,15 @@ impl<R: Registrar> Table<R> {
 
     /// The index positions of the entries an insertion of `[start, end)`
     /// supersedes, if it fits within the limits once they are gone
-    /// (without evicting anything).
+    /// (without evicting anything). The range is no larger than the byte
+    /// limit (callers check first: no sum here overflows).
     #[inline]
     fn fits(&self, start: usize, end: usize) -> Option<std::ops::Range<usize>> {
         let over = self.overlapping(start, end);
         let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
         let count = self.live + self.zombies - over.len();
         let bytes = self.bytes - freed_bytes;
-        (count < self.max_count && bytes + end - start <= self.max_bytes).then_some(over)
+        (count < self.max_count && bytes + (end - start) <= self.max_bytes).then_some(over)
     }
 
     /// Whether an insertion of `[start, end)` now would find no room
@@ -274,12 +275,15 @@ impl<R: Registrar> Table<R> {
     /// miss inserts.
     pub fn no_room(&self, start: usize, end: usize, busy: &StripedCounter) -> bool {
         let len = end - start;
+        if len > self.max_bytes {
+            return true;
+        }
         if self.live + self.zombies < self.max_count && self.bytes + len <= self.max_bytes {
             // Room without superseding anything (the common case: no
             // look at the index).
             return false;
         }
-        len > self.max_bytes || (self.idle(busy) == 0 && self.fits(start, end).is_none())
+        self.idle(busy) == 0 && self.fits(start, end).is_none()
     }
 
     /// Inserts `entry` (one user), superseding the entries it overlaps and
