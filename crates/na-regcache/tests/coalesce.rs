@@ -1,25 +1,30 @@
 //! Concurrent misses of one range, coalesced (`cache::coalesce`): the
 //! first miss registers, the others wait for it and take it as a hit;
 //! when it fails, is handed out uncached or is invalidated before they
-//! look again, they register on their own. Ordered deterministically: a
-//! registrar that holds the thread named `first` inside its registration
-//! until the test lets it go, the cache's counters (a wait is counted
-//! before the waiter parks), and a monitor gate that holds the `waiter`
-//! threads' monitor sync after they woke. Everything else is real: the
-//! process's userfaultfd monitor, io_uring pins, real mappings.
+//! look again, they register on their own, and when it knows before its
+//! registration ends that it will not be cached, they do not wait for
+//! it; when it registers again with another span, that span is the one
+//! waited for. Ordered deterministically: a registrar that holds the
+//! thread named `first` inside each of its registrations until the test
+//! lets it go, the cache's counters (a wait is counted before the waiter
+//! parks), and a monitor gate that holds the `waiter` threads' monitor
+//! sync after they woke. Everything else is real: the process's
+//! userfaultfd monitor, io_uring pins, real mappings.
 
 mod common;
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::forward::{Forwarding, Hooks};
 use common::sys::{self, PAGE};
 use na_regcache::{
-    Access, Cache, CacheConfig, Consistency, FixedBuffer, InvalidationSink, Monitor, MonitorChoice,
-    Registrar, Registration, SinkId, UffdMonitor, UringRegistrar, Watch,
+    Access, Cache, CacheConfig, Consistency, FixedBuffer, Monitor, MonitorChoice, Registrar, Registration,
+    UringRegistrar,
 };
 
 const LEN: usize = 4 * PAGE;
@@ -35,12 +40,15 @@ fn me() -> String {
 /// Test-controlled flags behind a mutex, with a condition to wait on.
 #[derive(Default)]
 struct Switch {
-    /// Hold the gated thread.
+    /// Hold the gated threads.
     hold: bool,
-    /// The gated thread is parked.
-    parked: bool,
-    /// Threads whose registrations fail.
-    failing: Vec<&'static str>,
+    /// Arrivals at the gate while it held (each is a ticket).
+    arrived: usize,
+    /// Tickets let go one by one ([`Gate::let_one`]).
+    let_go: usize,
+    /// Registrations that fail: by the thread making them, of more than
+    /// the bytes given.
+    failing: Vec<(&'static str, usize)>,
 }
 
 #[derive(Default)]
@@ -54,21 +62,30 @@ impl Gate {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Holds gated threads from now on (`true`), or lets them all go.
     fn set_hold(&self, hold: bool) {
         self.state().hold = hold;
         self.changed.notify_all();
     }
 
-    /// Parks the calling thread while the hold lasts.
+    /// Lets the earliest thread parked at the gate go.
+    fn let_one(&self) {
+        self.state().let_go += 1;
+        self.changed.notify_all();
+    }
+
+    /// Parks the calling thread while the hold lasts and its ticket is
+    /// not let go.
     fn pass(&self) {
         let mut st = self.state();
         if !st.hold {
             return;
         }
-        st.parked = true;
+        st.arrived += 1;
+        let ticket = st.arrived;
         self.changed.notify_all();
         let deadline = Instant::now() + PATIENCE;
-        while st.hold {
+        while st.hold && st.let_go < ticket {
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(!left.is_zero(), "{} never let go", me());
             st = self
@@ -77,15 +94,14 @@ impl Gate {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        st.parked = false;
         self.changed.notify_all();
     }
 
-    /// Waits until the gated thread is parked.
+    /// Waits until a gated thread is parked (one not let go).
     fn until_parked(&self, what: &str) {
         let deadline = Instant::now() + PATIENCE;
         let mut st = self.state();
-        while !st.parked {
+        while st.arrived <= st.let_go {
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(!left.is_zero(), "{what} never parked");
             st = self
@@ -97,13 +113,14 @@ impl Gate {
     }
 }
 
-/// io_uring fixed buffers (real pins), counted; the registration of the
-/// thread named `first` parks at `gate` while it holds, and those of the
-/// threads `gate` lists as failing fail (after it).
+/// io_uring fixed buffers (real pins), counted; each registration of the
+/// thread named `first` parks at `gate` while it holds, and those `gate`
+/// lists as failing fail (after it); its deregistrations park at `dereg`.
 struct Gated {
     inner: UringRegistrar,
     made: AtomicUsize,
     gate: Gate,
+    dereg: Gate,
 }
 
 impl Registrar for Gated {
@@ -115,91 +132,69 @@ impl Registrar for Gated {
         if me == "first" {
             self.gate.pass();
         }
-        if self.gate.state().failing.iter().any(|f| *f == me) {
+        let failing = self.gate.state().failing.clone();
+        if failing.iter().any(|&(f, over)| f == me && len > over) {
             return Err(io::Error::other("refused by the test"));
         }
         self.inner.register(addr, len, access)
     }
     fn deregister(&self, region: FixedBuffer) -> io::Result<()> {
+        if me() == "first" {
+            self.dereg.pass();
+        }
         self.inner.deregister(region)
     }
 }
 
-/// The process's userfaultfd monitor; the monitor syncs of the threads
-/// named `waiter` park at `gate` while it holds.
+/// The process's userfaultfd monitor (`common::forward`); the monitor
+/// syncs of the threads named `waiter` park at `gate` while it holds.
+#[derive(Default)]
 struct SyncGate {
-    inner: Arc<UffdMonitor>,
     gate: Gate,
 }
 
-impl SyncGate {
-    fn pass(&self) {
+impl Hooks for SyncGate {
+    fn name(&self) -> &'static str {
+        "sync-gated-uffd"
+    }
+    fn before_sync(&self) {
         if me() == "waiter" {
             self.gate.pass();
         }
     }
 }
 
-impl Monitor for SyncGate {
-    fn name(&self) -> &'static str {
-        "sync-gated-uffd"
-    }
-    fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
-        self.inner.attach(sink)
-    }
-    fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>> {
-        self.inner.detach(id)
-    }
-    fn subscribe(&self, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
-        self.inner.subscribe(start, len, cookie)
-    }
-    fn unsubscribe(&self, watch: &Watch) {
-        self.inner.unsubscribe(watch)
-    }
-    fn sync(&self) {
-        self.pass();
-        self.inner.sync()
-    }
-    fn sync_in_flight(&self) {
-        self.pass();
-        self.inner.sync_in_flight()
-    }
-    fn settling(&self, start: usize, end: usize) -> Option<Duration> {
-        self.inner.settling(start, end)
-    }
-    fn wait_settled(&self, start: usize, end: usize, limit: Duration) -> Option<Duration> {
-        self.inner.wait_settled(start, end, limit)
-    }
-    fn changed(&self, watch: &Watch) -> bool {
-        self.inner.changed(watch)
-    }
-}
+type Result<T> = na_regcache::Result<T>;
 
 struct Rig {
     c: Arc<Cache<Gated>>,
-    monitor: Arc<SyncGate>,
-    /// A touched buffer of `LEN` bytes.
+    monitor: Arc<Forwarding<SyncGate>>,
+    /// A touched buffer of `len` bytes.
     a: usize,
+    len: usize,
 }
 
 impl Rig {
     fn new(max_count: usize) -> Rig {
-        common::require_io_uring();
-        let a = sys::map_anon(None, LEN).expect("mmap");
-        Rig::over(max_count, a)
+        Rig::sized(max_count, LEN)
     }
 
-    /// A rig whose buffer is `[a, a + LEN)` (touched, unmapped on drop).
-    fn over(max_count: usize, a: usize) -> Rig {
+    /// A rig whose buffer is `len` bytes.
+    fn sized(max_count: usize, len: usize) -> Rig {
         common::require_io_uring();
-        let monitor = Arc::new(SyncGate {
-            inner: UffdMonitor::global().expect("userfaultfd monitor"),
-            gate: Gate::default(),
-        });
+        let a = sys::map_anon(None, len).expect("mmap");
+        Rig::over(max_count, a, len)
+    }
+
+    /// A rig whose buffer is `[a, a + len)` (touched, unmapped on drop).
+    fn over(max_count: usize, a: usize, len: usize) -> Rig {
+        common::require_io_uring();
+        let monitor = Forwarding::new(SyncGate::default());
         let registrar = Gated {
             inner: UringRegistrar::new(16, true).expect("io_uring fixed buffers"),
             made: AtomicUsize::new(0),
             gate: Gate::default(),
+            dereg: Gate::default(),
         };
         let config = CacheConfig {
             max_count,
@@ -211,8 +206,8 @@ impl Rig {
         };
         let m = Arc::clone(&monitor) as Arc<dyn Monitor>;
         let c = Arc::new(Cache::with_monitor(registrar, config, m).expect("cache"));
-        sys::touch(a, LEN, 0x11);
-        Rig { c, monitor, a }
+        sys::touch(a, len, 0x11);
+        Rig { c, monitor, a, len }
     }
 
     fn made(&self) -> usize {
@@ -224,16 +219,40 @@ impl Rig {
     }
 
     /// `get(a, LEN, access)` on a thread named `name`.
-    fn get_on(&self, name: &str, access: Access) -> JoinHandle<na_regcache::Result<Registration<Gated>>> {
-        let (c, a) = (Arc::clone(&self.c), self.a);
+    fn get_on(&self, name: &str, access: Access) -> JoinHandle<Result<Registration<Gated>>> {
+        self.get_range_on(name, self.a, LEN, access)
+    }
+
+    /// `get(addr, len, access)` on a thread named `name`.
+    fn get_range_on(
+        &self,
+        name: &str,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> JoinHandle<Result<Registration<Gated>>> {
+        let c = Arc::clone(&self.c);
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || c.get(a, LEN, access))
+            .spawn(move || c.get(addr, len, access))
             .expect("thread")
     }
 
-    /// Starts `first`'s miss of the buffer and holds it in its registration.
-    fn first_held(&self) -> JoinHandle<na_regcache::Result<Registration<Gated>>> {
+    /// `get(addr, len, W)` on a thread named `name`, whose result comes
+    /// on the channel (see [`returned`]).
+    fn get_sent(&self, name: &str, addr: usize, len: usize) -> Receiver<Result<Registration<Gated>>> {
+        let (tx, rx) = mpsc::channel();
+        let c = Arc::clone(&self.c);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || tx.send(c.get(addr, len, W)).expect("the test listens"))
+            .expect("thread");
+        rx
+    }
+
+    /// Starts `first`'s miss of the buffer's first `LEN` bytes and holds it
+    /// in its registration.
+    fn first_held(&self) -> JoinHandle<Result<Registration<Gated>>> {
         self.registrar_gate().set_hold(true);
         let first = self.get_on("first", W);
         self.registrar_gate().until_parked("the first registration");
@@ -252,19 +271,25 @@ impl Rig {
         }
     }
 
-    /// The pages `reg` pinned that are not the buffer's now.
+    /// The pages `reg` pinned that are not its range's now.
     fn stale(&self, reg: &Registration<Gated>) -> usize {
         self.c
             .registrar()
             .inner
-            .stale_pages(reg.region(), self.a, LEN)
+            .stale_pages(reg.region(), reg.addr(), reg.len())
             .expect("frames")
     }
 }
 
+/// The result a thread of [`Rig::get_sent`] sent, within `PATIENCE`.
+fn returned(rx: &Receiver<Result<Registration<Gated>>>, what: &str) -> Result<Registration<Gated>> {
+    rx.recv_timeout(PATIENCE)
+        .unwrap_or_else(|e| panic!("{what} never returned: {e}"))
+}
+
 impl Drop for Rig {
     fn drop(&mut self) {
-        let _ = sys::unmap(self.a, LEN);
+        let _ = sys::unmap(self.a, self.len);
     }
 }
 
@@ -293,6 +318,35 @@ fn concurrent_misses_of_one_range_register_it_once() {
     assert_eq!(s.entries, 1);
 }
 
+/// The first miss's registration is cached and supersedes an idle
+/// neighbour: its waiter takes it as a hit once it is in the index, not
+/// after the first deregistered the neighbour (held here). (Before
+/// 2026-11-29 the first took its span back only when its call ended:
+/// here the waiter waited out `COALESCE_WAIT`.)
+#[test]
+fn a_waiter_does_not_wait_for_the_deregistrations_of_the_first() {
+    let rig = Rig::sized(16, 2 * LEN);
+    let (a, n) = (rig.a, rig.a + LEN - PAGE);
+    let union = n + LEN - a;
+    drop(rig.c.get(n, LEN, W).expect("the neighbour, idle"));
+    rig.c.registrar().dereg.set_hold(true);
+    let first = rig.first_held();
+    let waiter = rig.get_sent("waiter", a, LEN);
+    rig.until_waiting(1);
+    rig.registrar_gate().set_hold(false);
+    let two = returned(&waiter, "the waiter").expect("waiter get");
+    let s = rig.c.stats();
+    assert_eq!((s.coalesce_waits, s.coalesced, s.coalesce_timeouts), (1, 1, 0));
+    rig.c.registrar().dereg.set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    assert_eq!(rig.made(), 2, "the neighbour, the union");
+    for reg in [&one, &two] {
+        assert!(reg.is_cached() && reg.is_valid_now());
+        assert_eq!((reg.addr(), reg.len()), (a, union));
+        assert_eq!(rig.stale(reg), 0, "pins the current pages");
+    }
+}
+
 /// The first miss fails: the waiter, woken at once, registers on its own
 /// and gets what its own registration gives, a handle or its error.
 #[test]
@@ -301,9 +355,9 @@ fn a_waiter_registers_on_its_own_when_the_first_fails() {
         let rig = Rig::new(16);
         {
             let mut st = rig.registrar_gate().state();
-            st.failing.push("first");
+            st.failing.push(("first", 0));
             if waiter_fails {
-                st.failing.push("waiter");
+                st.failing.push(("waiter", 0));
             }
         }
         let first = rig.first_held();
@@ -334,23 +388,25 @@ fn a_waiter_registers_on_its_own_when_the_first_fails() {
     }
 }
 
-/// The first miss's registration is handed out uncached (the cache is
-/// full of an entry in use): the waiter registers on its own too.
+/// The first miss's registration is handed out uncached: the cache had
+/// room when it claimed its tracking slot, but an entry in use filled it
+/// while it registered. Its waiter, which waited for it, registers on
+/// its own (the price of a wait that does not pay).
 #[test]
 fn a_waiter_registers_on_its_own_when_the_first_is_uncached() {
     let rig = Rig::new(1);
     let other = sys::map_anon(None, LEN).expect("mmap");
     sys::touch(other, LEN, 0x33);
-    let held = rig.c.get(other, LEN, W).expect("fills the cache");
-    let made0 = rig.made();
     let first = rig.first_held();
+    let held = rig.c.get(other, LEN, W).expect("fills the cache");
+    assert!(held.is_cached());
     let waiter = rig.get_on("waiter", W);
     rig.until_waiting(1);
     rig.registrar_gate().set_hold(false);
     let one = first.join().expect("first").expect("first get");
     let two = waiter.join().expect("waiter").expect("waiter get");
     let s = rig.c.stats();
-    assert_eq!(rig.made() - made0, 2, "the waiter registered on its own");
+    assert_eq!(rig.made(), 3, "the waiter registered on its own");
     assert_eq!((s.coalesce_waits, s.coalesced, s.coalesce_timeouts), (1, 0, 0));
     for reg in [&one, &two] {
         assert!(!reg.is_cached() && reg.is_valid_now());
@@ -358,6 +414,158 @@ fn a_waiter_registers_on_its_own_when_the_first_is_uncached() {
     }
     drop((one, two, held));
     sys::unmap(other, LEN).expect("munmap");
+}
+
+/// The cache is full of an entry in use when the first miss claims its
+/// tracking slot: its registration will be handed out uncached, so it
+/// takes its span back before it registers, and a second miss of the
+/// range registers at once, while the first is still registering.
+/// (Before 2026-11-29 the second waited for the first's registration,
+/// then made its own: here it waited out `COALESCE_WAIT`.)
+#[test]
+fn a_miss_does_not_wait_for_a_first_that_will_not_be_cached() {
+    let rig = Rig::new(1);
+    let other = sys::map_anon(None, LEN).expect("mmap");
+    sys::touch(other, LEN, 0x33);
+    let held = rig.c.get(other, LEN, W).expect("fills the cache");
+    assert!(held.is_cached());
+    let first = rig.first_held();
+    let second = rig.get_sent("waiter", rig.a, LEN);
+    let two = returned(&second, "the second miss").expect("second get");
+    let s = rig.c.stats();
+    assert_eq!(
+        (s.coalesce_waits, s.coalesce_timeouts),
+        (0, 0),
+        "the second did not wait for the first"
+    );
+    assert_eq!(rig.made(), 3, "the second registered while the first was held");
+    rig.registrar_gate().set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    for reg in [&one, &two] {
+        assert!(!reg.is_cached() && reg.is_valid_now());
+        assert_eq!(rig.stale(reg), 0);
+    }
+    drop((one, two, held));
+    sys::unmap(other, LEN).expect("munmap");
+}
+
+/// The first miss's span is merged with a cached neighbour, and its
+/// registration fails (the test's registrar refuses the first's
+/// registrations larger than the request): it takes its span back before
+/// it registers the request alone, so a second miss of the request
+/// registers at once (the merged span, which it may register), while the
+/// first is still registering. (Before 2026-11-29 the second waited for
+/// the first's second registration as well: here it waited out
+/// `COALESCE_WAIT`.)
+#[test]
+fn a_miss_does_not_wait_for_a_first_whose_merged_span_failed() {
+    let rig = Rig::sized(16, 2 * LEN);
+    let (a, n) = (rig.a, rig.a + LEN - PAGE);
+    // In use, so the first's failed registration evicts nothing and is
+    // not retried (the registrar's retry after an eviction).
+    let neighbour = rig.c.get(n, LEN, W).expect("the neighbour");
+    rig.registrar_gate().state().failing.push(("first", LEN));
+    let first = rig.first_held();
+    // Past the merged span's registration (it fails) to the request's.
+    rig.registrar_gate().let_one();
+    rig.registrar_gate()
+        .until_parked("the first's registration of the request alone");
+    let second = rig.get_sent("waiter", a, LEN);
+    let two = returned(&second, "the second miss").expect("second get");
+    let s = rig.c.stats();
+    assert_eq!(
+        (s.coalesce_waits, s.coalesce_timeouts),
+        (0, 0),
+        "the second did not wait for the first"
+    );
+    assert!(two.is_cached() && two.is_valid_now());
+    assert_eq!((two.addr(), two.len()), (a, n + LEN - a), "the merged span");
+    rig.registrar_gate().set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    assert!(!one.is_cached() && one.is_valid_now());
+    assert_eq!((one.addr(), one.len()), (a, LEN), "the request alone");
+    assert_eq!(rig.made(), 4, "the neighbour, the first's two, the second's one");
+    for reg in [&one, &two] {
+        assert_eq!(rig.stale(reg), 0);
+    }
+    drop((one, two, neighbour));
+}
+
+/// The first miss registers again after its pages were replaced, and by
+/// then a neighbour was cached: it registers the union now, and a miss
+/// of that union, which the first's original span does not cover, waits
+/// for it and takes it as a hit. (Before 2026-11-29 the published span
+/// stayed the original one: the second registered the union too.)
+#[test]
+fn a_miss_waits_for_the_span_a_retried_first_registers() {
+    let rig = Rig::sized(16, 2 * LEN);
+    let (a, n) = (rig.a, rig.a + LEN - PAGE);
+    let union = n + LEN - a;
+    let first = rig.first_held();
+    // Pinned by the first's registration, then replaced: it registers again.
+    sys::map_anon_overlay(a, LEN).expect("MAP_FIXED");
+    sys::touch(a, LEN, 0x22);
+    rig.monitor.inner.sync();
+    let neighbour = rig.c.get(n, LEN, W).expect("the neighbour");
+    assert!(neighbour.is_cached());
+    rig.registrar_gate().let_one();
+    rig.registrar_gate()
+        .until_parked("the first's second registration");
+    let waiter = rig.get_range_on("waiter", a, union, W);
+    rig.until_waiting(1);
+    rig.registrar_gate().set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    let two = waiter.join().expect("waiter").expect("waiter get");
+    let s = rig.c.stats();
+    assert_eq!(rig.made(), 3, "the first's two registrations and the neighbour's");
+    assert_eq!((s.coalesce_waits, s.coalesced, s.coalesce_timeouts), (1, 1, 0));
+    for reg in [&one, &two] {
+        assert!(reg.is_cached() && reg.is_valid_now());
+        assert_eq!((reg.addr(), reg.len()), (a, union), "the union");
+        assert_eq!(rig.stale(reg), 0, "pins the current pages");
+    }
+    drop((one, two, neighbour));
+}
+
+/// The first miss's span is merged with a cached neighbour, and a second
+/// miss its span covers (but not its request) waits for it. The
+/// neighbour's pages are replaced: the first registers its request alone
+/// now, which does not cover the second's, so the second stops waiting
+/// and registers at once, while the first is still registering. (Before
+/// 2026-11-29 it waited for the first's new registration, then made its
+/// own: here it waited out `COALESCE_WAIT`.)
+#[test]
+fn a_waiter_the_retried_span_no_longer_covers_registers_at_once() {
+    let rig = Rig::sized(16, 2 * LEN);
+    let (a, n) = (rig.a, rig.a + LEN - PAGE);
+    drop(rig.c.get(n, LEN, W).expect("the neighbour, idle"));
+    let first = rig.first_held();
+    // Covered by the first's span (its request and the neighbour), by
+    // neither of them alone.
+    let second = rig.get_sent("waiter", a + PAGE, n + LEN - a - PAGE);
+    rig.until_waiting(1);
+    // The neighbour's pages past the first's request, replaced.
+    sys::map_anon_overlay(a + LEN, n - a).expect("MAP_FIXED");
+    sys::touch(a + LEN, n - a, 0x22);
+    rig.monitor.inner.sync();
+    rig.registrar_gate().let_one();
+    let two = returned(&second, "the second miss").expect("second get");
+    let s = rig.c.stats();
+    assert_eq!(
+        (s.coalesce_waits, s.coalesced, s.coalesce_timeouts),
+        (1, 0, 0),
+        "woken by the first's new span, not by the bound"
+    );
+    assert!(two.is_valid_now());
+    assert_eq!((two.addr(), two.len()), (a + PAGE, n + LEN - a - PAGE));
+    rig.registrar_gate().set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    assert!(one.is_cached() && one.is_valid_now());
+    assert_eq!((one.addr(), one.len()), (a, LEN), "the request alone");
+    assert_eq!(rig.made(), 4, "the neighbour, the first's two, the second's one");
+    for reg in [&one, &two] {
+        assert_eq!(rig.stale(reg), 0, "pins the current pages");
+    }
 }
 
 /// The first miss's registration is cached, but the buffer's pages are
@@ -419,7 +627,7 @@ fn a_miss_retried_after_a_change_takes_an_entry_cached_meanwhile() {
 #[test]
 fn misses_of_a_range_never_cached_do_not_wait_for_each_other() {
     let fd = sys::memfd(LEN).expect("memfd");
-    let rig = Rig::over(16, sys::map_shared_fd(None, LEN, &fd).expect("mmap"));
+    let rig = Rig::over(16, sys::map_shared_fd(None, LEN, &fd).expect("mmap"), LEN);
     let first = rig.first_held();
     let two = rig
         .get_on("waiter", W)

@@ -1,6 +1,6 @@
 //! Misses of ranges still settling after a discard, raced by other
 //! threads, ordered deterministically: the userfaultfd monitor wrapped in
-//! a gate (`Gate`) that holds a named thread's settle wait until the test
+//! a gate (`Gate`, through `common::forward`) that holds a named thread's settle wait until the test
 //! lets it go, and can report a range settling for that thread only (as
 //! a monitor's merged settling range covers memory nobody discarded).
 //! Everything else is real: the process's userfaultfd monitor, io_uring
@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::forward::{Forwarding, Hooks};
 use common::sys::{self, PAGE};
 use na_regcache::{
-    Access, Cache, CacheConfig, Consistency, FixedBuffer, InvalidationSink, Monitor, MonitorChoice,
-    Registrar, Registration, SinkId, UffdMonitor, UringRegistrar, Watch, REMOVE_SETTLE, SETTLE_BUDGET,
+    Access, Cache, CacheConfig, Consistency, FixedBuffer, Monitor, MonitorChoice, Registrar, Registration,
+    UffdMonitor, UringRegistrar, REMOVE_SETTLE, SETTLE_BUDGET,
 };
 
 const LEN: usize = 4 * PAGE;
@@ -59,8 +60,11 @@ struct GateState {
 }
 
 /// The process's userfaultfd monitor behind a gate (see the module docs).
-struct Gate {
-    inner: Arc<UffdMonitor>,
+type Gate = Forwarding<Settles>;
+
+/// The gate's part: the holds, and the condition the test waits on.
+#[derive(Default)]
+struct Settles {
     state: Mutex<GateState>,
     changed: Condvar,
 }
@@ -74,15 +78,7 @@ fn me() -> &'static str {
     }
 }
 
-impl Gate {
-    fn new() -> Arc<Gate> {
-        Arc::new(Gate {
-            inner: UffdMonitor::global().expect("userfaultfd monitor"),
-            state: Mutex::default(),
-            changed: Condvar::new(),
-        })
-    }
-
+impl Settles {
     fn state(&self) -> MutexGuard<'_, GateState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -149,45 +145,33 @@ impl Gate {
     }
 }
 
-impl Monitor for Gate {
+impl Hooks for Settles {
     fn name(&self) -> &'static str {
         "gated-uffd"
     }
-    fn attach(&self, sink: Arc<dyn InvalidationSink>) -> io::Result<SinkId> {
-        self.inner.attach(sink)
-    }
-    fn detach(&self, id: SinkId) -> Option<Arc<dyn InvalidationSink>> {
-        self.inner.detach(id)
-    }
-    fn subscribe(&self, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
-        self.inner.subscribe(start, len, cookie)
-    }
-    fn unsubscribe(&self, watch: &Watch) {
-        self.inner.unsubscribe(watch)
-    }
-    fn sync(&self) {
-        self.inner.sync()
-    }
-    fn sync_in_flight(&self) {
-        self.inner.sync_in_flight()
-    }
-    fn settling(&self, start: usize, end: usize) -> Option<Duration> {
+    fn settling(&self, inner: &UffdMonitor, start: usize, end: usize) -> Option<Duration> {
         let mut st = self.state();
-        match Gate::held(&st, start, end, &[Kind::Gated, Kind::Endless, Kind::AtPin]) {
+        match Settles::held(&st, start, end, &[Kind::Gated, Kind::Endless, Kind::AtPin]) {
             Some((i, Kind::AtPin)) => {
                 st.holds.remove(i);
                 Some(REMOVE_SETTLE)
             }
             Some(_) => Some(REMOVE_SETTLE),
-            None => self.inner.settling(start, end),
+            None => inner.settling(start, end),
         }
     }
-    fn wait_settled(&self, start: usize, end: usize, limit: Duration) -> Option<Duration> {
-        let real = self.inner.wait_settled(start, end, limit);
+    fn wait_settled(
+        &self,
+        inner: &UffdMonitor,
+        start: usize,
+        end: usize,
+        limit: Duration,
+    ) -> Option<Duration> {
+        let real = inner.wait_settled(start, end, limit);
         let mut st = self.state();
         st.limits.push((me(), limit));
         const WAITING: [Kind; 2] = [Kind::Gated, Kind::Endless];
-        match Gate::held(&st, start, end, &WAITING) {
+        match Settles::held(&st, start, end, &WAITING) {
             None => return real,
             Some((_, Kind::Endless)) => {
                 drop(st);
@@ -199,7 +183,7 @@ impl Monitor for Gate {
         st.parked.push((me(), start, end));
         self.changed.notify_all();
         let deadline = Instant::now() + PATIENCE;
-        while Gate::held(&st, start, end, &WAITING).is_some() {
+        while Settles::held(&st, start, end, &WAITING).is_some() {
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(!left.is_zero(), "{} never let go", me());
             st = self
@@ -278,7 +262,7 @@ fn get_on(
 #[test]
 fn two_misses_of_one_settling_range_register_it_once() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let gate = Gate::new();
+    let gate = Gate::new(Settles::default());
     let c = cache(&gate, |_| {});
     let a = sys::map_anon(None, LEN).expect("mmap");
     sys::touch(a, LEN, 0x11);
@@ -333,7 +317,7 @@ fn two_misses_of_one_settling_range_register_it_once() {
 #[test]
 fn a_span_grown_over_another_settling_range_is_waited_for_before_the_pin() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let gate = Gate::new();
+    let gate = Gate::new(Settles::default());
     let c = cache(&gate, |_| {});
     let a = sys::map_anon(None, 2 * LEN).expect("mmap");
     sys::touch(a, 2 * LEN, 0x33);
@@ -371,7 +355,7 @@ fn a_span_grown_over_another_settling_range_is_waited_for_before_the_pin() {
 #[test]
 fn a_range_that_keeps_settling_is_waited_for_within_one_budget() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let gate = Gate::new();
+    let gate = Gate::new(Settles::default());
     let c = cache(&gate, |_| {});
     let a = sys::map_anon(None, LEN).expect("mmap");
     sys::touch(a, LEN, 0x44);
@@ -391,7 +375,7 @@ fn a_range_that_keeps_settling_is_waited_for_within_one_budget() {
 #[test]
 fn an_unshared_registration_of_a_range_that_keeps_settling_waits_within_one_budget() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let gate = Gate::new();
+    let gate = Gate::new(Settles::default());
     let c = cache(&gate, |_| {});
     let a = sys::map_anon(None, LEN).expect("mmap");
     sys::touch(a, LEN, 0x47);
@@ -423,7 +407,7 @@ fn an_unshared_registration_of_a_range_that_keeps_settling_waits_within_one_budg
 #[test]
 fn settle_retries_leave_the_attempts_for_changes_alone() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let gate = Gate::new();
+    let gate = Gate::new(Settles::default());
     let a = sys::map_anon(None, LEN).expect("mmap");
     sys::touch(a, LEN, 0x55);
     let g = Arc::clone(&gate);

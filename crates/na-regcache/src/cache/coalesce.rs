@@ -5,23 +5,33 @@
 //! the first).
 //!
 //! A miss publishes its span just before it registers (after any settle
-//! wait: step 7 of the module docs) and takes it back when its call ends,
-//! however it ends: cached, handed out uncached, failed; or as soon as the
-//! monitor refuses the span (shared memory: never cached, so misses of it
-//! do not wait for each other). A miss that finds
-//! its request covered by another's published span (same or wider rights)
-//! waits on a condition variable until that span is taken back, for
+//! wait: step 7 of the module docs) and takes it back as soon as its
+//! outcome is known: right after the write lock that cached it or
+//! decided to hand it out uncached (before the deregistrations of the
+//! entries it took out), when it fails, and, since waiting for it would
+//! then gain nothing, when the monitor refuses the span (shared memory:
+//! never cached), when the table is full of entries in use as it claims
+//! its tracking slot (its registration would be handed out uncached),
+//! and before it falls back on registering the request alone after a
+//! merged span failed. A miss that registers again (its span changed,
+//! or settled, meanwhile) makes the span it registers next the published
+//! one ([`Published::update`]). A miss that finds its request covered by
+//! another's published span (same or wider rights) waits on a condition
+//! variable while that span is published and covers it, for
 //! [`COALESCE_WAIT`] at most, then looks its request up again like any
-//! lookup (syncing the monitor first): a hit if the other registration was
-//! cached and nothing invalidated it since, else a miss of its own, as if
-//! it had not waited. A call waits once at most.
+//! lookup (syncing the monitor first): a hit if the other registration
+//! was cached and nothing invalidated it since, else a miss of its own,
+//! as if it had not waited. A call waits once at most.
 //!
-//! What waiting costs where it does not pay: a waiter whose registration
-//! ends up made anyway (the first failed, or was handed out uncached
-//! because the cache is full of entries in use) has waited for one other
-//! registration first, once. The published span is the one noted when it
-//! was published; a miss that retries with another span keeps it (its
-//! waiters then find a miss when they look again, and register).
+//! What waiting costs where it does not pay: a waiter whose first ends up
+//! uncached though the table had room when it claimed its slot (room
+//! taken meanwhile), or fails (after its registrar's retry), has waited
+//! for that registration first, once.
+//!
+//! Only requests a published span *covers* wait. One that only overlaps
+//! it registers at once, as before: the span does not cover it, so it
+//! registers anyway (the union, once the other is cached), and waiting
+//! would only put its registration after the other's instead of beside it.
 //!
 //! Only misses take the mutex here; hits never look. Nothing here is
 //! done under the table's lock, and nothing allocates: the spans are a
@@ -52,6 +62,13 @@ struct Span {
     start: usize,
     end: usize,
     access: Access,
+}
+
+impl Span {
+    /// Whether this span, published, covers `[addr, end)` with `access`.
+    fn covers(&self, (addr, end, access): (usize, usize, Access)) -> bool {
+        self.id != 0 && self.start <= addr && end <= self.end && self.access.contains(access)
+    }
 }
 
 #[derive(Default)]
@@ -85,6 +102,24 @@ pub(crate) struct Published<'a> {
     id: u64,
 }
 
+impl Published<'_> {
+    /// The miss registers `span` now (it registers again, with the span
+    /// its lookup noted): waiters it covers wait on, the others are woken
+    /// (they register on their own), and later misses it covers wait.
+    pub fn update(&self, (start, end, access): (usize, usize, Access)) {
+        let mut st = self.pending.lock();
+        let Some(s) = st.spans.iter_mut().find(|s| s.id == self.id) else {
+            return;
+        };
+        if (s.start, s.end, s.access) == (start, end, access) {
+            return;
+        }
+        (s.start, s.end, s.access) = (start, end, access);
+        drop(st);
+        self.pending.done.notify_all();
+    }
+}
+
 impl Drop for Published<'_> {
     fn drop(&mut self) {
         let mut st = self.pending.lock();
@@ -109,15 +144,12 @@ impl Pending {
     /// publishes and the other waits).
     pub fn enter(
         &self,
-        (addr, end, access): (usize, usize, Access),
+        req: (usize, usize, Access),
         span: (usize, usize, Access),
         may_wait: bool,
     ) -> Enter<'_> {
         let mut st = self.lock();
-        let covering = st
-            .spans
-            .iter()
-            .find(|s| s.id != 0 && s.start <= addr && end <= s.end && s.access.contains(access));
+        let covering = st.spans.iter().find(|s| s.covers(req));
         if let Some(s) = covering {
             return if may_wait { Enter::Wait(s.id) } else { Enter::Alone };
         }
@@ -137,15 +169,16 @@ impl Pending {
         }
     }
 
-    /// Waits until span `id` is taken back, for [`COALESCE_WAIT`] at most
-    /// (counted in `stats`: the wait, and a wait that ran out).
-    pub fn wait(&self, id: u64, stats: &Stats) {
+    /// Waits until span `id` is taken back or no longer covers `req`
+    /// (its miss registers another span now), for [`COALESCE_WAIT`] at
+    /// most (counted in `stats`: the wait, and a wait that ran out).
+    pub fn wait(&self, id: u64, req: (usize, usize, Access), stats: &Stats) {
         let deadline = Instant::now() + COALESCE_WAIT;
         let mut st = self.lock();
         // Counted under the lock: once the count shows the wait, the
         // waiter is parked or sees the span gone (tests order on it).
         Stats::bump(&stats.coalesce_waits);
-        while st.spans.iter().any(|s| s.id == id) {
+        while st.spans.iter().any(|s| s.id == id && s.covers(req)) {
             let left = deadline.saturating_duration_since(Instant::now());
             let (guard, res) = self
                 .done

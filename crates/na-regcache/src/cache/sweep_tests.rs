@@ -95,6 +95,30 @@ fn a_paused_sweep_goes_on_to_the_idle_entry_it_finds() {
     assert_eq!(t.live(), N);
 }
 
+/// What a miss predicts before it registers (`Table::no_room`, which lets
+/// the misses waiting for it go) agrees with what the insertion then does.
+#[test]
+fn no_room_predicts_the_insertion() {
+    let b = backend();
+    let busy = &b.stats.busy_cached;
+    let (mut t, held) = full(&b);
+    // Full, every entry in use: a disjoint span gets no room.
+    let new = entry(&b, N + 10);
+    assert!(t.no_room(new.start, new.end, busy));
+    assert!(matches!(insert_to_the_end(&mut t, &new).0, Insert::NoRoom { .. }));
+    // A span overlapping an entry supersedes it: room.
+    let over = held[3].start;
+    assert!(!t.no_room(over, over + 2 * PAGE, busy));
+    // Larger than the byte limit: never room.
+    let small = Table::<Noop>::new(4, 4 * PAGE);
+    assert!(small.no_room(PAGE, 6 * PAGE, busy));
+    assert!(!small.no_room(PAGE, 5 * PAGE, busy));
+    // One entry idle: room, by evicting it.
+    held[N / 2].release();
+    assert!(!t.no_room(new.start, new.end, busy));
+    assert!(matches!(insert_to_the_end(&mut t, &new).0, Insert::Done { .. }));
+}
+
 #[test]
 fn taking_idle_entries_pauses_every_stretch() {
     let b = backend();

@@ -253,6 +253,39 @@ impl<R: Registrar> Table<R> {
         freed_count + victims
     }
 
+    /// The index positions of the entries an insertion of `[start, end)`
+    /// supersedes, if it fits within the limits once they are gone
+    /// (without evicting anything). The range is no larger than the byte
+    /// limit (callers check first: no sum here overflows).
+    #[inline]
+    fn fits(&self, start: usize, end: usize) -> Option<std::ops::Range<usize>> {
+        let over = self.overlapping(start, end);
+        let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
+        let count = self.live + self.zombies - over.len();
+        let bytes = self.bytes - freed_bytes;
+        (count < self.max_count && bytes + (end - start) <= self.max_bytes).then_some(over)
+    }
+
+    /// Whether an insertion of `[start, end)` now would find no room
+    /// ([`Insert::NoRoom`]): too large for the cache, or over its limits
+    /// once the entries it overlaps are superseded while every entry is in
+    /// use (`busy` counts those, see [`Table::insert`]). A miss asks it
+    /// before it registers, to let those waiting for its registration
+    /// make their own (see `coalesce`); it may be wrong by the time the
+    /// miss inserts.
+    pub fn no_room(&self, start: usize, end: usize, busy: &StripedCounter) -> bool {
+        let len = end - start;
+        if len > self.max_bytes {
+            return true;
+        }
+        if self.live + self.zombies < self.max_count && self.bytes + len <= self.max_bytes {
+            // Room without superseding anything (the common case: no
+            // look at the index).
+            return false;
+        }
+        self.idle(busy) == 0 && self.fits(start, end).is_none()
+    }
+
     /// Inserts `entry` (one user), superseding the entries it overlaps and
     /// evicting idle entries (least recently used first) to respect the
     /// limits. The entries taken out are pushed on `doomed`, whose spare
@@ -281,11 +314,7 @@ impl<R: Registrar> Table<R> {
         let mut budget = SWEEP_STEP;
         let over = loop {
             // Recomputed after each victim: it may have been one of them.
-            let over = self.overlapping(entry.start, entry.end);
-            let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
-            let count = self.live + self.zombies - over.len();
-            let bytes = self.bytes - freed_bytes;
-            if count < self.max_count && bytes + len <= self.max_bytes {
+            if let Some(over) = self.fits(entry.start, entry.end) {
                 break over;
             }
             if self.idle(&entry.backend.stats.busy_cached) == 0 {

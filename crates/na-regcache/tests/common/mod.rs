@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cache_rig;
+pub mod forward;
 pub mod scenarios;
 pub mod sys;
 
