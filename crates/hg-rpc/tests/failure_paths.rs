@@ -259,9 +259,12 @@ fn an_unknown_rpc_s_spilled_input_is_not_pulled() {
 /// A caller that sends requests and never reads the responses (it posts no
 /// receive; its ring to us fills) cannot make the target queue responses
 /// without bound: past the plugin's send-backlog bound each further
-/// response is dropped and counted (`responses_dropped`, the plugin's
-/// `sends_refused`), every request is still handled, the queued bytes stay
-/// under the bound, and an honest caller is served meanwhile.
+/// response is refused (the plugin's `sends_refused`) and the short
+/// `ResponseNotSent` error tried in its place (counted in
+/// `responses_replaced` if the backlog had room for it, else the response
+/// is dropped: `responses_dropped`, and one more refusal), every request
+/// is still handled, the queued bytes stay under the bound, and an honest
+/// caller is served meanwhile.
 #[test]
 fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     use hg_rpc::codec::{Codec, Postcard};
@@ -320,13 +323,16 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     let na = srv.endpoint().plugin(sid).unwrap().stats();
     // 1000 responses of ~4 KiB are ~4 MiB: the silent caller takes in a
     // few hundred (its held-message bound and ring), 1 MiB more queue,
-    // and the rest are refused; each response is one of the three.
+    // and the rest are refused; each response is one of the three. Each
+    // one refused was replaced by the error (sent or queued), or dropped
+    // (the error refused too).
     assert!(st.responses_dropped > 0, "{st:?} {na:?}");
-    assert_eq!(na.sends_refused, st.responses_dropped, "{na:?}");
+    let (replaced, dropped) = (st.responses_replaced, st.responses_dropped);
+    assert_eq!(na.sends_refused, replaced + 2 * dropped, "{st:?} {na:?}");
     assert_eq!(
         na.msgs_sent + na.sends_queued + na.sends_refused,
-        REQUESTS,
-        "{na:?}"
+        REQUESTS + replaced + dropped,
+        "{st:?} {na:?}"
     );
     assert!(na.backlog_bytes > 0 && na.backlog_bytes <= BOUND as u64, "{na:?}");
 
