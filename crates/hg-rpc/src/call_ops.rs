@@ -360,14 +360,25 @@ impl<C: Codec> Engine<C> {
     /// A send failed at its completion (see [`RpcStats::sends_failed`]):
     /// the send of a call's request (its id says which, see
     /// [`request_send_op`]) ends that call with the error, as if the send
-    /// had failed at once; a failed response, notice or one-way request
-    /// that fit a message is counted and logged (no call here waits on it).
+    /// had failed at once. A response the transport gave back (`msg`, to
+    /// `dest`: a failure of that message alone, see
+    /// [`Completion::buf`](na_core::Completion::buf)) is answered in its
+    /// place with a short error, so that its caller learns at once
+    /// (`response_not_sent`); any other failed response, notice or one-way
+    /// request that fit a message is counted and logged (no call here
+    /// waits on it; a response's caller learns of its target's loss by its
+    /// watch).
     ///
     /// [`RpcStats::sends_failed`]: crate::RpcStats::sends_failed
     #[inline(never)]
-    pub(super) fn send_failed(&mut self, op: OpId, e: NaError) {
+    pub(super) fn send_failed(&mut self, op: OpId, e: NaError, msg: Option<Vec<u8>>, dest: Option<Addr>) {
         self.stats.sends_failed += 1;
         if op.0 & CALL_SEND_OP == 0 {
+            if let (Some(msg), Some(dest)) = (msg, dest) {
+                if let Some(h) = super::unsent_response_ops::returned_response(&msg) {
+                    return self.response_not_sent(&dest, &h, msg.len(), e);
+                }
+            }
             tracing::debug!(error = %e, "rpc send failed (a response, notice or one-way request)");
             return;
         }

@@ -101,6 +101,8 @@ mod serve_spill_ops;
 #[cfg(test)]
 #[path = "engine_test_support.rs"]
 pub(crate) mod test_support;
+#[path = "unsent_response_ops.rs"]
+mod unsent_response_ops;
 #[path = "wire_headers.rs"]
 mod wire_headers;
 

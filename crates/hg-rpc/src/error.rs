@@ -34,6 +34,19 @@ pub enum RpcError {
         /// The target's message (which bound).
         reason: String,
     },
+    /// The target could not send its response to the call (a transport
+    /// failure of that message alone, while the caller stayed reachable:
+    /// na-verbs, a post error, or a message too large for this side's
+    /// buffers) and sent this short error in its place
+    /// ([`Status::ResponseNotSent`](crate::header::Status::ResponseNotSent)).
+    /// The handler may have run: its output (or its error) is lost.
+    #[error("{rpc}: the target could not send its response: {reason}")]
+    ResponseNotSent {
+        /// The RPC name.
+        rpc: String,
+        /// The target's message: what it failed to send, and why.
+        reason: String,
+    },
     /// Arguments or results could not be decoded (at either end).
     #[error("decoding {what} of {rpc} failed: {reason}")]
     Decode {

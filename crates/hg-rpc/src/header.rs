@@ -9,7 +9,7 @@
 //! | 0      | 4    | magic `"QSRP"`                                      |
 //! | 4      | 1    | version (5)                                         |
 //! | 5      | 1    | flags: bit 0 response, bit 1 one-way, bit 2 checksum, bit 3 spilled |
-//! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error, 4 busy |
+//! | 6      | 1    | status (responses): 0 ok, 1 handler error, 2 unknown RPC, 3 decode error, 4 busy, 5 response not sent |
 //! | 7      | 1    | reserved, 0                                         |
 //! | 8      | 8    | RPC id (FNV-1a 64 of the name)                      |
 //! | 16     | 8    | cookie: the origin's call number; the response carries it back |
@@ -54,6 +54,11 @@ pub enum Status {
     /// being pulled); the payload says which bound. Trying again later
     /// may succeed.
     Busy = 4,
+    /// The target's response to the request could not be sent (a
+    /// transport failure of its own, the caller still reachable): this
+    /// short error goes in its place, and the payload says why. The
+    /// handler may have run.
+    ResponseNotSent = 5,
 }
 
 impl Status {
@@ -64,6 +69,7 @@ impl Status {
             2 => Some(Status::UnknownRpc),
             3 => Some(Status::DecodeError),
             4 => Some(Status::Busy),
+            5 => Some(Status::ResponseNotSent),
             _ => None,
         }
     }
@@ -362,6 +368,7 @@ mod tests {
             Status::UnknownRpc,
             Status::DecodeError,
             Status::Busy,
+            Status::ResponseNotSent,
         ];
         for status in all {
             let mut v = Vec::new();
@@ -380,7 +387,7 @@ mod tests {
         let mut v = sample(0);
         v[6] = all.len() as u8;
         let e = Header::decode(&v).unwrap_err();
-        assert!(e.to_string().contains("unknown status 5"), "{e}");
+        assert!(e.to_string().contains("unknown status 6"), "{e}");
     }
 
     /// The fast path never accepts what the field-by-field checks refuse,

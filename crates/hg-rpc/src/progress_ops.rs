@@ -369,7 +369,7 @@ impl<C: Codec> Engine<C> {
         if c.op.0 & SEND_OP != 0 {
             if let Err(e) = c.status {
                 cold_path();
-                self.send_failed(c.op, e);
+                self.send_failed(c.op, e, c.buf, c.source);
             }
             return Ok(());
         }

@@ -302,24 +302,7 @@ impl<C: Codec> Engine<C> {
             Ok(()) => self.stats.bytes_sent += sent_len as u64,
             Err(e) => {
                 cold_path();
-                self.stats.responses_dropped += 1;
-                // A caller that stopped reading makes every response fail:
-                // warn at 1, 2, 4, 8... of them, not once per request.
-                let dropped = self.stats.responses_dropped;
-                if logged_at(dropped) {
-                    tracing::warn!(peer = %src, error = %e, dropped, "cannot send RPC response");
-                } else {
-                    tracing::debug!(peer = %src, error = %e, dropped, "cannot send RPC response");
-                }
-                // Nobody learns of a spilled output that was not sent (a
-                // refused send published nothing); its seal is broken all
-                // the same, as on every other way out, should a transport
-                // ever publish before it fails.
-                if h.flags & FLAG_SPILL != 0 {
-                    if let Some(mem) = self.exposed.remove((src.token(), h.cookie)) {
-                        crate::spill::break_seal(&mem);
-                    }
-                }
+                self.response_not_sent(src, &h, sent_len, e);
             }
         }
     }

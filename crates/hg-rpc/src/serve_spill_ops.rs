@@ -399,7 +399,7 @@ impl<C: Codec> Engine<C> {
 
 /// Cuts the UTF-8 error message `msg` to at most `max` bytes, at a
 /// character boundary, saying how long it was.
-fn truncate_message(msg: &mut Vec<u8>, max: usize) {
+pub(super) fn truncate_message(msg: &mut Vec<u8>, max: usize) {
     let note = format!(" [... cut from {} bytes]", msg.len());
     let mut keep = max.saturating_sub(note.len());
     while keep > 0 && msg.get(keep).is_some_and(|b| b & 0xc0 == 0x80) {

@@ -19,11 +19,14 @@ pub struct RpcStats {
     pub malformed: u64,
     /// Sends the transport accepted but then failed (at their completion:
     /// na-verbs, a message queued before the connection's hello and too
-    /// large for the peer's buffer; either plugin, a queued message when
-    /// its peer went). A call's request fails its call with that error
-    /// ([`RpcError::Transport`]); a response, a notice or a one-way
-    /// request that fit a message has no call here to tell: its peer's
-    /// engine learns of it by its own watch or deadline.
+    /// large for the peer's buffer, or whose post failed; either plugin, a
+    /// queued message when its peer went). A call's request fails its call
+    /// with that error ([`RpcError::Transport`]); a response the
+    /// transport gives back (na-verbs, for a failure of that message
+    /// alone) is answered with a short error in its place (see
+    /// `responses_replaced`); a notice or a one-way request that fit a
+    /// message has no call to tell (nothing waits on it: the peer's TTL
+    /// frees what it was about).
     pub sends_failed: u64,
     /// Messages of another protocol version received (not counted in
     /// `malformed`): requests are answered with a decode error that names
@@ -77,10 +80,18 @@ pub struct RpcStats {
     /// with `PeerGone`): dropped from the queue then, wherever they stood
     /// in it, not when room came back to the head.
     pub outputs_target_gone: u64,
-    /// Responses this target could not send (the caller is gone, or its
-    /// send backlog is full because it stopped reading): their callers
-    /// see the peer go, or time out.
+    /// Responses this target could not send, nor an error in their place
+    /// (the caller is gone, or its send backlog is full because it stopped
+    /// reading): their callers see the peer go, or time out.
     pub responses_dropped: u64,
+    /// Responses this target could not send (refused at the send call, or
+    /// failed at their completion, for a reason of their own: too large
+    /// for the caller, a post error), each answered in its place with a
+    /// short [`RpcError::ResponseNotSent`] error handed to the transport:
+    /// their callers learn at once instead of at their deadline. (Should
+    /// that error fail at its completion too, nothing more is sent and the
+    /// response counts in `responses_dropped` as well.)
+    pub responses_replaced: u64,
     /// Spilled requests this target answered "busy" before pulling their
     /// input: the pull budget ([`Engine::set_max_pull_bytes`]), or their
     /// origin's share of it ([`Engine::set_max_pull_bytes_per_peer`]), had

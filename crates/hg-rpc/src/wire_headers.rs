@@ -50,5 +50,9 @@ pub(super) fn response_outcome(
             rpc: rpc.into(),
             reason: text(),
         }),
+        Status::ResponseNotSent => Err(RpcError::ResponseNotSent {
+            rpc: rpc.into(),
+            reason: text(),
+        }),
     }
 }

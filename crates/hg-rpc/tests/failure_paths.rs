@@ -259,9 +259,12 @@ fn an_unknown_rpc_s_spilled_input_is_not_pulled() {
 /// A caller that sends requests and never reads the responses (it posts no
 /// receive; its ring to us fills) cannot make the target queue responses
 /// without bound: past the plugin's send-backlog bound each further
-/// response is dropped and counted (`responses_dropped`, the plugin's
-/// `sends_refused`), every request is still handled, the queued bytes stay
-/// under the bound, and an honest caller is served meanwhile.
+/// response is refused (the plugin's `sends_refused`) and the short
+/// `ResponseNotSent` error tried in its place (counted in
+/// `responses_replaced` if the backlog had room for it, else the response
+/// is dropped: `responses_dropped`, and one more refusal), every request
+/// is still handled, the queued bytes stay under the bound, and an honest
+/// caller is served meanwhile.
 #[test]
 fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     use hg_rpc::codec::{Codec, Postcard};
@@ -320,13 +323,16 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     let na = srv.endpoint().plugin(sid).unwrap().stats();
     // 1000 responses of ~4 KiB are ~4 MiB: the silent caller takes in a
     // few hundred (its held-message bound and ring), 1 MiB more queue,
-    // and the rest are refused; each response is one of the three.
+    // and the rest are refused; each response is one of the three. Each
+    // one refused was replaced by the error (sent or queued), or dropped
+    // (the error refused too).
     assert!(st.responses_dropped > 0, "{st:?} {na:?}");
-    assert_eq!(na.sends_refused, st.responses_dropped, "{na:?}");
+    let (replaced, dropped) = (st.responses_replaced, st.responses_dropped);
+    assert_eq!(na.sends_refused, replaced + 2 * dropped, "{st:?} {na:?}");
     assert_eq!(
         na.msgs_sent + na.sends_queued + na.sends_refused,
-        REQUESTS,
-        "{na:?}"
+        REQUESTS + replaced + dropped,
+        "{st:?} {na:?}"
     );
     assert!(na.backlog_bytes > 0 && na.backlog_bytes <= BOUND as u64, "{na:?}");
 
@@ -337,6 +343,82 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
         vec![1, 2, 3]
     );
     drop(raw);
+}
+
+/// A caller that stopped reading, calling with no deadline: each response
+/// the target's full send backlog refuses is answered by the short
+/// `ResponseNotSent` error in its place while the backlog has room for
+/// that, so once the caller reads again each of those calls ends with it
+/// (before: it waited for ever); the rest end with their output, but the
+/// ones whose error was refused too (counted as dropped), which the
+/// target could not tell.
+#[test]
+fn a_response_refused_by_a_full_backlog_is_replaced_by_response_not_sent() {
+    use na_core::{Endpoint, Plugin, ProgressMode};
+    use na_sm::{SmConfig, SmPlugin};
+
+    const CALLS: usize = 600;
+    let d = dir("replaced");
+    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
+    let cfg = SmConfig {
+        max_backlog_bytes: 10 << 10,
+        ..SmConfig::listening()
+    }
+    .with_dir(&*d);
+    let sid = ep
+        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .unwrap();
+    let mut srv = Engine::new(ep, sid).unwrap();
+    srv.register::<Echo>(Ok).unwrap();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let ids: Vec<_> = (0..CALLS)
+        .map(|_| c.forward::<Echo>(&s, &vec![7u8; 4000]).unwrap())
+        .collect();
+    // The caller moves its own sends but takes no message in.
+    let end = Instant::now() + T;
+    while srv.stats().handled < CALLS as u64 {
+        assert!(Instant::now() < end, "the server handled {:?}", srv.stats());
+        c.progress_now().unwrap();
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.trigger().unwrap();
+    }
+    let st = srv.stats();
+    assert!(
+        st.responses_replaced > 0,
+        "no error went in a response's place: {st:?}"
+    );
+    // It reads again: every call but the dropped ones ends.
+    let (mut ok, mut not_sent) = (0, 0);
+    let mut open = ids;
+    let end = Instant::now() + T;
+    while ok + not_sent + (st.responses_dropped as usize) < CALLS {
+        assert!(
+            Instant::now() < end,
+            "{ok} answered and {not_sent} told, of {CALLS}: {st:?}; client {:?}",
+            c.stats()
+        );
+        for e in [&mut c, &mut srv] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+        open.retain(|&id| match c.take_response::<Echo>(id) {
+            None => true,
+            Some(Ok(out)) => {
+                assert_eq!(out.len(), 4000);
+                ok += 1;
+                false
+            }
+            Some(Err(RpcError::ResponseNotSent { reason, .. })) => {
+                assert!(reason.contains("already queued"), "{reason}");
+                not_sent += 1;
+                false
+            }
+            Some(Err(e)) => panic!("a call ended with {e}"),
+        });
+    }
+    assert_eq!(not_sent as u64, st.responses_replaced, "{st:?}");
+    assert_eq!(srv.stats().responses_replaced, st.responses_replaced);
 }
 
 /// Small input, output of the size asked for (spills past 8 KiB).

@@ -5,7 +5,8 @@
 //! Pulls of spilled data that fail at completion (a deregistered key):
 //! `verbs/spill_pull_failures.rs`. Peers with different eager limits:
 //! `verbs/eager_limits.rs`. A request send that fails at completion:
-//! `verbs/send_failures.rs`.
+//! `verbs/send_failures.rs`; a response send that does:
+//! `verbs/response_failures.rs`.
 //!
 //! Without an RDMA device (the host) each test asserts that building an
 //! engine on `verbs://` fails with the clear "no RDMA device found" error,
@@ -25,6 +26,8 @@ mod common;
 use common::Server;
 #[path = "verbs/eager_limits.rs"]
 mod eager_limits;
+#[path = "verbs/response_failures.rs"]
+mod response_failures;
 #[path = "verbs/send_failures.rs"]
 mod send_failures;
 #[path = "verbs/spill_pull_failures.rs"]

@@ -61,10 +61,15 @@ pub struct Completion {
     /// `Ok` on success; the error (or [`NaError::Canceled`]) otherwise.
     pub status: Result<(), NaError>,
     /// For receives: the buffer that was posted, given back whatever the
-    /// status. On success its length is the received length.
+    /// status. On success its length is the received length. For a send
+    /// that failed for a reason of its own while its peer stays reachable
+    /// (too large for the peer, a post error; not its peer's loss): the
+    /// message, if the plugin gives it back (na-verbs does), so that the
+    /// sender can tell what did not go (hg-rpc: which call's response).
     pub buf: Option<Vec<u8>>,
     /// For receives: the sender. For unexpected receives this is how a
-    /// server learns whom to answer.
+    /// server learns whom to answer. For a failed send that gives its
+    /// message back (see `buf`): the destination.
     pub source: Option<Addr>,
     /// For receives: the tag the message carried.
     pub tag: Tag,

@@ -123,6 +123,15 @@ pub struct VerbsConfig {
     /// offers no other way to provoke it). Never set outside tests.
     #[doc(hidden)]
     pub debug_accept_responder_resources: Option<u8>,
+    /// Test hook: a message whose payload is longer than this is not
+    /// posted but fails at its completion as a failed `ibv_post_send`
+    /// would (`ENOMEM`), its connection left up, the message and its
+    /// destination given back in the completion (as every such failure
+    /// gives them; see [`Completion::source`](na_core::Completion)). A
+    /// post error of a queued message is the failure soft-RoCE offers no
+    /// way to provoke. Never set outside tests.
+    #[doc(hidden)]
+    pub debug_fail_msgs_over: Option<usize>,
 }
 
 /// Default of [`VerbsConfig::setup_timeout`]: room for both 5 s
@@ -163,6 +172,7 @@ impl Default for VerbsConfig {
             max_rd_atomic: DEFAULT_MAX_RD_ATOMIC,
             debug_ignore_established: false,
             debug_accept_responder_resources: None,
+            debug_fail_msgs_over: None,
         }
     }
 }

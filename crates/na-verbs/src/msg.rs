@@ -83,8 +83,20 @@ impl VerbsPlugin {
         };
         self.ops.insert(op, OpLoc::Send(cref));
         self.stats.in_flight += 1;
+        if self.cfg.debug_fail_msgs_over.is_some_and(|max| len > max) {
+            // Test hook (`VerbsConfig::debug_fail_msgs_over`).
+            let e = VerbsError::Post {
+                op: "ibv_post_send (debug_fail_msgs_over)",
+                qpn: 0,
+                wr_id: op.0,
+                source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+            };
+            self.fail_unsent(cref, op, kind, msg, e.into());
+            return Ok(());
+        }
         if direct {
-            if let Err(e) = self.post_outgoing(cref, kind, tag, msg, op) {
+            if let Err((e, msg)) = self.post_outgoing(cref, kind, tag, msg, op) {
+                self.drop_outgoing(msg);
                 self.ops.remove(&op);
                 self.stats.in_flight -= 1;
                 return Err(e.into());
@@ -156,15 +168,16 @@ impl VerbsPlugin {
     /// Posts `msg` as operation `op` on `cref` (the caller checked
     /// `can_post_msg`), from a registered buffer without a copy where it
     /// can. A buffer the device gathers from stays with its send slot; any
-    /// other goes back to the pool, on error too.
-    fn post_outgoing(
+    /// other goes back to the pool. On error the message comes back with
+    /// it, unsent (see [`fail_unsent`](Self::fail_unsent)).
+    fn post_outgoing<'m>(
         &mut self,
         cref: ConnRef,
         kind: OpKind,
         tag: Tag,
-        msg: Outgoing<'_>,
+        msg: Outgoing<'m>,
         op: OpId,
-    ) -> std::result::Result<(), VerbsError> {
+    ) -> std::result::Result<(), (VerbsError, Outgoing<'m>)> {
         let gather = match &msg {
             Outgoing::Buf(b) => self.registered_sge(b),
             _ => None,
@@ -182,11 +195,38 @@ impl VerbsPlugin {
                 self.count_sent(len);
                 Ok(())
             }
-            (Err(e), msg) => {
-                self.drop_outgoing(msg);
-                Err(e)
-            }
+            (Err(e), msg) => Err((e, msg)),
         }
+    }
+
+    /// Send `op` (message `body`, on `cref`) failed before it reached the
+    /// wire, for a reason of its own (too large for the peer's buffer, a
+    /// post error): its connection stays up. Its completion gives back
+    /// the message ([`Completion::buf`]) and its destination
+    /// ([`Completion::source`]), so that the sender can tell the peer it
+    /// was for that it will not come (hg-rpc answers the call whose
+    /// response it was with an error in its place). Cold: failures only.
+    #[cold]
+    #[inline(never)]
+    fn fail_unsent(&mut self, cref: ConnRef, op: OpId, kind: OpKind, body: Outgoing<'_>, e: NaError) {
+        let msg = body.bytes().to_vec();
+        self.drop_outgoing(body);
+        let dest = self
+            .conn(cref)
+            .and_then(|c| self.peers.get(c.peer))
+            .map(|p| p.addr.clone());
+        if self.ops.remove(&op).is_none() {
+            return;
+        }
+        self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+        let e = if self.canceled_sends.remove(&op).is_some() {
+            NaError::Canceled
+        } else {
+            e
+        };
+        let mut c = Completion::failed(op, kind, e, Some(msg));
+        c.source = dest;
+        self.completions.push_back(c);
     }
 
     /// After posting from send slot `slot`: a buffer the device gathers
@@ -240,12 +280,11 @@ impl VerbsPlugin {
                     max,
                     kind: "peer's buffer",
                 };
-                self.finish_send(m.op, m.kind, Err(e));
-                self.drop_outgoing(m.body);
+                self.fail_unsent(cref, m.op, m.kind, m.body, e);
                 continue;
             }
-            if let Err(e) = self.post_outgoing(cref, m.kind, m.tag, m.body, m.op) {
-                self.finish_send(m.op, m.kind, Err(e.into()));
+            if let Err((e, body)) = self.post_outgoing(cref, m.kind, m.tag, m.body, m.op) {
+                self.fail_unsent(cref, m.op, m.kind, body, e.into());
             }
         }
         let Some(conn) = self.conn_mut(cref) else { return };

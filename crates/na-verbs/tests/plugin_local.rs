@@ -518,7 +518,8 @@ fn listeners_that_call_each_other_hold_a_connection_each_way() {
 /// The first send to a peer waits for the connection, before the peer's
 /// buffer size is known: one too large for it fails alone with a clear
 /// error once it is, and the connection goes on (it broke the peer's
-/// receive and the connection).
+/// receive and the connection). The failed completion gives the message
+/// and its destination back (what hg-rpc answers a lost response by).
 #[test]
 fn a_first_send_larger_than_the_peer_takes_fails_alone() {
     let Some(env) = common::rdma_env("a_first_send_larger_than_the_peer_takes_fails_alone") else {
@@ -539,6 +540,11 @@ fn a_first_send_larger_than_the_peer_takes_fails_alone() {
         }) => {}
         other => panic!("expected MessageTooLarge for the peer's buffer, got {other:?}"),
     }
+    assert!(
+        big.buf.as_deref() == Some(&[7u8; 6000][..]),
+        "the failed message was not given back"
+    );
+    assert_eq!(big.source.as_ref(), Some(&to), "the failed send's destination");
     cc.iter()
         .find(|c| c.op == OpId(3))
         .unwrap()

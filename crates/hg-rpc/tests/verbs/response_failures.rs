@@ -1,0 +1,169 @@
+//! A response whose send fails at its completion while its connection
+//! stays up (na-verbs: a post error; soft-RoCE offers no way to provoke
+//! one, so the server's plugin fails every message over a size as one
+//! would, `VerbsConfig::debug_fail_msgs_over`, and gives the message and
+//! its destination back in the completion as for a real one). The
+//! caller's watch never fires, so only the target can tell it: it sends
+//! a short `ResponseNotSent` error in the response's place, and the call
+//! (no deadline) ends with it at once. (Before: the failed send was only
+//! counted and logged, and the call waited for ever.) If that error
+//! fails too, it is counted and nothing more is sent; a spilled output
+//! the lost response described is let go.
+
+use std::time::{Duration, Instant};
+
+use hg_rpc::{Engine, RpcError};
+use na_core::{Endpoint, Plugin, ProgressMode};
+
+use super::rpcs::{fill_pattern, Add, Fill};
+use super::{client_state, rdma_spec, T};
+
+/// A listening server on `spec` whose plugin fails every message longer
+/// than `fail_over` bytes at its completion, serving [`Add`] and [`Fill`].
+fn failing_server(spec: &str, fail_over: usize) -> Engine {
+    let mut cfg = na_verbs::VerbsFactory::default()
+        .config_for(spec, true)
+        .expect("verbs config");
+    cfg.debug_fail_msgs_over = Some(fail_over);
+    let mut ep = Endpoint::new(ProgressMode::default()).expect("endpoint");
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .expect("verbs plugin");
+    let mut srv = Engine::new(ep, id).expect("server engine");
+    srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
+    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+        .expect("register");
+    srv
+}
+
+/// Starts `R` on `dest` with no deadline and drives both engines until
+/// it ends, or fails (instead of hanging) once `bound` has passed.
+fn call_within<R: hg_rpc::Rpc>(
+    c: &mut Engine,
+    srv: &mut Engine,
+    dest: &na_core::Addr,
+    input: &R::Input,
+    bound: Duration,
+) -> hg_rpc::Result<R::Output> {
+    let id = c.forward::<R>(dest, input).expect("forward");
+    let end = Instant::now() + bound;
+    loop {
+        if let Some(r) = c.take_response::<R>(id) {
+            return r;
+        }
+        assert!(
+            Instant::now() < end,
+            "{}: the call did not end within {bound:?} although its response failed; {}; server {:?}",
+            R::NAME,
+            client_state(c),
+            srv.stats()
+        );
+        for e in [&mut *c, &mut *srv] {
+            e.progress(Some(Duration::from_millis(1))).expect("progress");
+            e.trigger().expect("trigger");
+        }
+    }
+}
+
+/// Drives both engines for `turns` rounds.
+fn drive(c: &mut Engine, srv: &mut Engine, turns: usize) {
+    for _ in 0..turns {
+        for e in [&mut *c, &mut *srv] {
+            e.progress(Some(Duration::from_millis(1))).expect("progress");
+            e.trigger().expect("trigger");
+        }
+    }
+}
+
+/// A response over the server's failing size (an eager output) fails at
+/// its completion; the call, with no deadline, ends with
+/// `ResponseNotSent` naming the post error, well within 30 s. The
+/// connection stands: small calls go on.
+#[test]
+fn a_response_failing_at_completion_ends_its_call_with_response_not_sent_over_verbs() {
+    let Some(spec) =
+        rdma_spec("a_response_failing_at_completion_ends_its_call_with_response_not_sent_over_verbs")
+    else {
+        return;
+    };
+    let mut srv = failing_server(&spec, 512);
+    let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+    let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
+    let bound = Duration::from_secs(30);
+    assert_eq!(
+        call_within::<Add>(&mut c, &mut srv, &s, &(1, 2), bound).expect("add"),
+        3
+    );
+    // 600 bytes: eager (under any engine's floor), over the failing size.
+    match call_within::<Fill>(&mut c, &mut srv, &s, &(600, 3), bound) {
+        Err(RpcError::ResponseNotSent { rpc, reason }) => {
+            assert_eq!(rpc, "test.fill");
+            assert!(
+                reason.contains("debug_fail_msgs_over") && reason.contains("bytes"),
+                "the reason does not say what failed: {reason}"
+            );
+        }
+        other => panic!("expected ResponseNotSent, got {other:?}"),
+    }
+    let st = srv.stats();
+    assert_eq!(
+        (st.sends_failed, st.responses_replaced, st.responses_dropped),
+        (1, 1, 0),
+        "{st:?}"
+    );
+    for i in 0..20u64 {
+        assert_eq!(
+            call_within::<Add>(&mut c, &mut srv, &s, &(i, 1), T).expect("add after the lost response"),
+            i + 1
+        );
+    }
+    assert_eq!(c.stats().in_flight, 0);
+}
+
+/// Every message of the server fails (its error in the response's place
+/// too): the error goes after the lost response once (counted as a
+/// replacement), its own failure counts the response as dropped, and
+/// nothing else is sent (no loop); the spilled output
+/// the lost response described is let go, not kept for its TTL. The
+/// call, given a deadline here, times out.
+#[test]
+fn a_lost_error_in_place_is_counted_once_and_a_lost_spilled_output_is_let_go_over_verbs() {
+    let Some(spec) =
+        rdma_spec("a_lost_error_in_place_is_counted_once_and_a_lost_spilled_output_is_let_go_over_verbs")
+    else {
+        return;
+    };
+    let mut srv = failing_server(&spec, 16);
+    let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+    let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
+    // An output past the eager limit: exposed, and described by a
+    // response that fails.
+    let id = c.forward::<Fill>(&s, &(20_000, 5)).expect("forward");
+    let end = Instant::now() + T;
+    while srv.stats().sends_failed < 2 {
+        assert!(
+            Instant::now() < end,
+            "the response and its error did not both fail; server {:?}",
+            srv.stats()
+        );
+        drive(&mut c, &mut srv, 1);
+    }
+    // More turns: nothing else is sent for them.
+    drive(&mut c, &mut srv, 200);
+    let st = srv.stats();
+    assert_eq!(
+        (st.sends_failed, st.responses_replaced, st.responses_dropped),
+        (2, 1, 1),
+        "{st:?}"
+    );
+    assert_eq!(
+        (st.exposed_outputs, st.exposed_bytes),
+        (0, 0),
+        "the lost response's output is still exposed: {st:?}"
+    );
+    assert!(
+        c.take_response::<Fill>(id).is_none(),
+        "the call ended although nothing reached it"
+    );
+    c.abandon(id);
+}
