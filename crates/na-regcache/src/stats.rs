@@ -47,13 +47,20 @@ pub struct CacheStats {
     /// Of those, the waits that ran out their bound
     /// ([`COALESCE_WAIT`](crate::COALESCE_WAIT)) first.
     pub coalesce_timeouts: u64,
+    /// Misses that, about to insert their registration, found an entry
+    /// another thread cached meanwhile covering their request with its
+    /// rights (one their own registration would not cover, so superseding
+    /// it would lose range or rights): served by that entry, their own
+    /// registration deregistered. Counted in `hits` and in `misses` too
+    /// (the miss registered memory for the cache, then threw it away).
+    pub raced_hits: u64,
 }
 
 impl fmt::Display for CacheStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "hits={} misses={} evictions={} invalidations={} uncached={} unshared={} entries={} bytes_registered={} in_use={} sweep_steps={} coalesce_waits={} coalesced={} coalesce_timeouts={}",
+            "hits={} misses={} evictions={} invalidations={} uncached={} unshared={} entries={} bytes_registered={} in_use={} sweep_steps={} coalesce_waits={} coalesced={} coalesce_timeouts={} raced_hits={}",
             self.hits,
             self.misses,
             self.evictions,
@@ -66,7 +73,8 @@ impl fmt::Display for CacheStats {
             self.sweep_steps,
             self.coalesce_waits,
             self.coalesced,
-            self.coalesce_timeouts
+            self.coalesce_timeouts,
+            self.raced_hits
         )
     }
 }
@@ -127,6 +135,8 @@ pub(crate) struct Stats {
     pub coalesced: AtomicU64,
     /// See [`CacheStats::coalesce_timeouts`].
     pub coalesce_timeouts: AtomicU64,
+    /// See [`CacheStats::raced_hits`].
+    pub raced_hits: AtomicU64,
 }
 
 impl Stats {
@@ -151,6 +161,7 @@ impl Stats {
             coalesce_waits: self.coalesce_waits.load(Relaxed),
             coalesced: self.coalesced.load(Relaxed),
             coalesce_timeouts: self.coalesce_timeouts.load(Relaxed),
+            raced_hits: self.raced_hits.load(Relaxed),
         }
     }
 }

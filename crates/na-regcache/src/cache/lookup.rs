@@ -13,8 +13,9 @@ use crate::error::{Error, Result};
 use crate::registrar::{Access, Registrar};
 
 /// What a miss notes of the table before it registers (see [`note_miss`]):
-/// the span, the generation, the bound on entries taken out, the slots.
-pub(super) type Noted = ((usize, usize, Access), u64, usize, usize);
+/// the span, the generation, the bound on entries taken out, the slots,
+/// the count of insertions.
+pub(super) type Noted = ((usize, usize, Access), u64, usize, usize, u64);
 
 /// What [`Cache::look_up`] found.
 pub(super) enum Looked<R: Registrar> {
@@ -29,14 +30,22 @@ pub(super) enum Looked<R: Registrar> {
 /// the span to register (`[addr, end)` with `access`, merged with the
 /// entries it overlaps), the table's generation, a bound on the entries
 /// the insertion may take out, and the tracking slots it may need (one
-/// per overlapping entry in use, one for the span). The pre-filter is
+/// per overlapping entry in use, one for the span), and the count of
+/// insertions into the index (an entry covering the request can only
+/// appear after it moves: see `Miss::raced_hit`). The pre-filter is
 /// widened to the span before the generation is noted: an invalidation
 /// that skips us saw the old bounds, so its unmap happened before our pin.
 fn note_miss<R: Registrar>(sh: &Shared<R>, t: &Table<R>, addr: usize, end: usize, access: Access) -> Noted {
     let span = t.span(addr, end, access);
     sh.widen(span.0, span.1);
     let want = t.overlaps(span.0, span.1) + 1;
-    (span, t.generation(), t.doom_bound(span.0, span.1), want)
+    (
+        span,
+        t.generation(),
+        t.doom_bound(span.0, span.1),
+        want,
+        t.inserts(),
+    )
 }
 
 impl<R: Registrar> Cache<R> {

@@ -10,7 +10,7 @@ use super::entry::{Entry, Registration};
 use super::lookup::{Looked, Noted};
 use super::settle::Settle;
 use super::shared::{Claimed, Reserved};
-use super::table::{Insert, Sweep};
+use super::table::{Insert, Sweep, Table};
 use super::Cache;
 use crate::error::{Error, Result};
 use crate::registrar::{Access, Registrar};
@@ -30,6 +30,24 @@ enum Retry {
     Changed,
     /// A discard of the span settles (a settle retry, see `settle`).
     Settling,
+}
+
+/// How step 9 ended under the write lock, unless the registration was
+/// thrown away to register again ([`Retry`]).
+enum Placed<R: Registrar> {
+    /// Inserted (`cached`) or to hand out uncached; `settling`: the time a
+    /// discard of the span still settles, if that is why it is uncached;
+    /// `evicted`: the idle entries the call evicted.
+    Put {
+        settling: Option<std::time::Duration>,
+        cached: bool,
+        evicted: usize,
+    },
+    /// An entry cached by another thread meanwhile covers the request
+    /// with its rights (and is not covered by this miss's span): taken
+    /// as a hit, with a user for the call ([`Miss::raced_hit`]); this
+    /// miss's registration is thrown away.
+    Raced(Arc<Entry<R>>),
 }
 
 /// What one step of a miss came to.
@@ -53,6 +71,8 @@ struct Miss<'c, R: Registrar> {
     /// overlaps), and the table's generation noted with it.
     span: (usize, usize, Access),
     gen0: u64,
+    /// The table's count of insertions noted with the span.
+    ins0: u64,
     /// Room for the entries the insertion takes out.
     doomed: Vec<Arc<Entry<R>>>,
     /// Tracking slots for the superseded entries in use and for the
@@ -102,13 +122,14 @@ impl<R: Registrar> Cache<R> {
 }
 
 impl<'c, R: Registrar> Miss<'c, R> {
-    fn new(cache: &'c Cache<R>, req: (usize, usize, Access), (span, gen0, bound, want): Noted) -> Self {
+    fn new(cache: &'c Cache<R>, req: (usize, usize, Access), (span, gen0, bound, want, ins0): Noted) -> Self {
         let tracked = &cache.shared.tracked;
         Miss {
             cache,
             req,
             span,
             gen0,
+            ins0,
             doomed: Vec::with_capacity(bound),
             slots: tracked.reserve(want),
             mine: Claimed::new(tracked),
@@ -131,7 +152,7 @@ impl<'c, R: Registrar> Miss<'c, R> {
     fn look_again(&mut self) -> Result<Option<Registration<R>>> {
         let (addr, end, access) = self.req;
         let (bound, want);
-        (self.span, self.gen0, bound, want) =
+        (self.span, self.gen0, bound, want, self.ins0) =
             match self.cache.look_again(addr, end, access, self.evicted_before)? {
                 Looked::Hit(r) => return Ok(Some(r)),
                 Looked::Miss(noted) => noted,
@@ -257,6 +278,41 @@ impl<'c, R: Registrar> Miss<'c, R> {
         self.place(Arc::new(Entry::new(&sh.backend, (s, e, a), region, watch)))
     }
 
+    /// An entry of table `t` (write-locked) that covers the request with
+    /// its rights while this miss's span does not cover it (in range and
+    /// rights): one another thread cached after the span was noted
+    /// (entries in the index then are part of the span), say a wider
+    /// range whose miss registered while this one did. Taken as a hit
+    /// (a user for the call, counted busy under the lock like a lookup's)
+    /// instead of being superseded by this narrower registration. Looked
+    /// for only if the table's count of insertions moved since the span
+    /// was noted. `None` if there is none (an invalidated entry is out of the index), if
+    /// the monitor reports its mapping changed (the insertion then
+    /// supersedes it), or if it has [`MAX_HANDLES`](super::MAX_HANDLES)
+    /// handles (this miss's own registration serves the call then).
+    fn raced_hit(&self, t: &Table<R>) -> Option<Arc<Entry<R>>> {
+        if t.inserts() == self.ins0 {
+            // Nothing inserted since the span was noted: whatever the
+            // index holds that overlaps the request is in the span (the
+            // common case, no look at the index).
+            return None;
+        }
+        let (addr, end, access) = self.req;
+        let (s, e, a) = self.span;
+        let hit = t.lookup(addr, end, access)?;
+        if hit.start >= s && hit.end <= e && a.contains(hit.access) {
+            // Ours covers it: superseding it loses nothing.
+            return None;
+        }
+        let sh = &self.cache.shared;
+        if let (Some(m), Some(w)) = (&sh.backend.monitor, &hit.watch) {
+            if m.changed(w) {
+                return None;
+            }
+        }
+        Table::acquire(hit).then(|| Arc::clone(hit))
+    }
+
     /// Step 9: inserts the registered `entry` under the write lock (or
     /// hands it out uncached), unless its span changed or settles
     /// meanwhile: then it is thrown away and the request looked up again
@@ -268,9 +324,7 @@ impl<'c, R: Registrar> Miss<'c, R> {
         let mut t = sh.lock();
         // The eviction sweep, across the lock holds it is split into.
         let mut sweep = Sweep::default();
-        // `Err`: registered again (why). Else whether the range is
-        // settling, whether the entry is cached, and how many idle
-        // entries were evicted.
+        // `Err`: registered again (why).
         let placed = loop {
             if self
                 .mine
@@ -300,11 +354,30 @@ impl<'c, R: Registrar> Miss<'c, R> {
                 if self.settle.retry() {
                     break Err(Retry::Settling);
                 }
-                break Ok((Some(left), false, 0));
+                break Ok(Placed::Put {
+                    settling: Some(left),
+                    cached: false,
+                    evicted: 0,
+                });
+            }
+            if let Some(hit) = self.raced_hit(&t) {
+                break Ok(Placed::Raced(hit));
             }
             match t.insert(&entry, &mut self.doomed, &mut sweep) {
-                Insert::Done { evicted } => break Ok((None, true, self.evicted_before + evicted)),
-                Insert::NoRoom { evicted } => break Ok((None, false, self.evicted_before + evicted)),
+                Insert::Done { evicted } => {
+                    break Ok(Placed::Put {
+                        settling: None,
+                        cached: true,
+                        evicted: self.evicted_before + evicted,
+                    })
+                }
+                Insert::NoRoom { evicted } => {
+                    break Ok(Placed::Put {
+                        settling: None,
+                        cached: false,
+                        evicted: self.evicted_before + evicted,
+                    })
+                }
                 Insert::Paused { evicted } => {
                     // A bounded stretch of the sweep is done: let
                     // readers in, then go on (checking again whether
@@ -323,7 +396,25 @@ impl<'c, R: Registrar> Miss<'c, R> {
             }
         };
         let (settling, cached, evicted) = match placed {
-            Ok(placed) => placed,
+            Ok(Placed::Put {
+                settling,
+                cached,
+                evicted,
+            }) => (settling, cached, evicted),
+            Ok(Placed::Raced(hit)) => {
+                drop(t);
+                // Waiters look again now: a hit on that entry too.
+                self.published = None;
+                self.mine.set(None);
+                // Deregistered when the miss is dropped, with the idle
+                // entries a paused sweep evicted (no lock held).
+                self.doomed.push(entry);
+                let stats = &sh.backend.stats;
+                stats.hits.add(1);
+                Stats::bump(&stats.raced_hits);
+                cache.count_evictions(self.evicted_before);
+                return Ok(Some(Registration { entry: hit }));
+            }
             Err(why) => {
                 // Retry with fresh state (and a fresh slot, for the new span).
                 drop(t);

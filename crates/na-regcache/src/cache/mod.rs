@@ -57,7 +57,11 @@
 //!    from step 6 too, after the same lookup (a settle retry: two at
 //!    most, while the budget lasts, not counted as a change), else hand
 //!    the registration out uncached, stale once the settle time ends;
-//!    else insert, evicting idle entries with the CLOCK (second-chance)
+//!    else, if an entry cached meanwhile by another thread covers the
+//!    request with its rights and the span does not cover it, take it as
+//!    a hit and throw this registration away (`Miss::raced_hit`: before
+//!    2026-11-29 the narrower registration superseded it), else insert,
+//!    evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
 //!    slots lets the lock go, takes it again and goes on, checking the
 //!    span again first; no sweep at all while the count of entries in

@@ -119,6 +119,8 @@ pub(crate) struct Table<R: Registrar> {
     max_bytes: usize,
     /// Slots the eviction sweeps looked at ([`crate::CacheStats::sweep_steps`]).
     sweep_steps: u64,
+    /// Entries inserted so far ([`Table::inserts`]).
+    inserts: u64,
 }
 
 impl<R: Registrar> Table<R> {
@@ -137,6 +139,7 @@ impl<R: Registrar> Table<R> {
             max_count,
             max_bytes,
             sweep_steps: 0,
+            inserts: 0,
         }
     }
 
@@ -155,6 +158,13 @@ impl<R: Registrar> Table<R> {
     /// looks at it and passes it by).
     fn idle(&self, busy: &StripedCounter) -> usize {
         self.live.saturating_sub(busy.sum() as usize)
+    }
+
+    /// Entries inserted into the index so far: a miss notes it with its
+    /// span, and only when it moved since may an entry the span does not
+    /// cover overlap the request (see `Miss::raced_hit`).
+    pub fn inserts(&self) -> u64 {
+        self.inserts
     }
 
     pub fn live(&self) -> usize {
@@ -351,6 +361,7 @@ impl<R: Registrar> Table<R> {
         );
         self.live += 1;
         self.bytes += len;
+        self.inserts += 1;
         let s = &mut self.slots[slot as usize];
         s.entry = Some(Arc::clone(entry));
         s.state = State::Live;

@@ -5,6 +5,7 @@
 
 pub mod cache_rig;
 pub mod forward;
+pub mod gated;
 pub mod scenarios;
 pub mod sys;
 
