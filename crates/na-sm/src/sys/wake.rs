@@ -235,6 +235,7 @@ impl PeerWake {
         ))
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// What this is.
     pub fn kind(&self) -> WakeKind {
         match self {
