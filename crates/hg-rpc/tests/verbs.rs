@@ -52,7 +52,7 @@ fn rdma_spec(test: &str) -> Option<String> {
         .or_else(|_| std::env::var("QS_VERBS_TEST_IP"))
         .ok()
         .map(|v| v.split('/').next().unwrap_or_default().to_owned());
-    match (na_verbs::sys::devices(), ip) {
+    match (na_verbs::devices(), ip) {
         (Ok(devs), Some(ip)) if !devs.is_empty() => Some(format!("verbs://{}/{ip}:0", devs[0].name)),
         (Ok(devs), None) => {
             assert!(!in_vm, "{test}: inside the rxe VM but RXE_VM_IP is not set");

@@ -51,7 +51,22 @@ impl UringRegistrar {
 
     /// `READ_FIXED` of `len` bytes from `fd` at `offset` into `addr`
     /// through `buf`'s pinned pages. `[addr, addr+len)` must lie in `buf`.
-    pub fn read_fixed(
+    ///
+    /// # Safety
+    /// The kernel writes the file's bytes into this process's memory: the
+    /// pages pinned for `[addr, addr+len)` when the buffer in slot
+    /// `buf.slot` was registered (what `addr` maps to now does not
+    /// matter). It checks only that the range lies in that registration,
+    /// and a [`FixedBuffer`] is plain data (it may be forged, and
+    /// [`Registrar::register`] registers any mapped range), so the caller
+    /// promises that no Rust reference (`&`/`&mut`) covers that memory
+    /// during the call: memory reached only through raw pointers, as the
+    /// corruption tests' mappings are. `fd` must be open for the call.
+    //
+    // An `unsafe fn` outside `sys`: it declares the contract and forwards
+    // to the ring (no `unsafe` block here).
+    #[allow(unsafe_code)]
+    pub unsafe fn read_fixed(
         &self,
         buf: &FixedBuffer,
         fd: RawFd,

@@ -373,6 +373,7 @@ impl<'a> Channel<'a> {
             && (len <= INLINE_MAX || self.free().load(Ordering::SeqCst) & ALL_BUFS != 0)
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// Sender: publishes message `tx.pos`, the concatenation of `parts`
     /// (a header and a payload, say, written in place without joining
     /// them first), if its slot is free and (for more than [`INLINE_MAX`]
@@ -609,6 +610,7 @@ impl<'a> Channel<'a> {
 }
 
 impl Channel<'_> {
+    #[cfg(any(test, feature = "test-hooks"))]
     /// Test hook: publishes message `tx.pos`, unexpected, tag `tag`, 8
     /// bytes in buffer 0, without reserving the buffer (its free bit stays
     /// set): the receiver's release of it is a protocol violation. The
@@ -636,6 +638,7 @@ impl Channel<'_> {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 /// Test hook: overwrites both channels' control pages and buffers with
 /// pseudo-random bytes from `seed` (header left intact).
 pub fn scribble(region: &SharedRegion, seed: u64) {

@@ -38,7 +38,7 @@
 //! connection was made (read by us from `/proc` as the connection came,
 //! while the open socket proves the peer had not exited; see the
 //! `identity` module). A pid that names another process by then means the
-//! peer is gone ([`SmError::PidReused`]). See [`conn`] for the bytes. A process gets at most
+//! peer is gone ([`SmError::PidReused`]). See the (crate-private) `conn` module for the bytes. A process gets at most
 //! [`SmConfig::max_conns_per_process`] connections to a listener (counted
 //! by kernel-reported pid, whatever names it claims); past it its
 //! handshakes are refused with the reason (its operations fail with
@@ -54,7 +54,7 @@
 //!
 //! ## Region layout
 //! A header page, one control page and two ring pages per direction, then 32
-//! buffers of 8 KiB per direction (see [`channel`]). A control page has,
+//! buffers of 8 KiB per direction (see the `channel` module). A control page has,
 //! each on its own cache line: the free-buffer mask (the low 32 bits of an
 //! `AtomicU64`; the sender reserves with `fetch_and`, the receiver frees
 //! with `fetch_or`),
@@ -66,7 +66,7 @@
 //! take a buffer.
 //! The receiver polls the slot itself (no shared head or tail) and never
 //! writes it: it publishes how many messages it consumed, which the
-//! sender caches as credit (see [`channel`]).
+//! sender caches as credit (see the `channel` module).
 //!
 //! ## Signaling without missed wake-ups, and without a syscall per message
 //! Senders write the receiver's eventfd only when it sleeps. The receiver,
@@ -93,7 +93,7 @@
 //! the description it shares with us (cleared `O_NONBLOCK`, counter at
 //! its maximum): a write of 1 could be made to block by a peer that
 //! cleared the flag between our check of it and the write
-//! ([`sys::eventfd::EventFd::signal`]).
+//! (`sys::eventfd::EventFd::signal`).
 //! Where the kernel has no eventfd, or with `QS_SM_WAKE=pipe` /
 //! [`SmConfig::wake`], a side is woken through a pipe instead: it keeps
 //! both ends, polls and drains the read end and hands the peer the write
@@ -105,7 +105,7 @@
 //! `progress` makes no system call on its fast path: it polls the internal
 //! epoll in `try_wait` (before arming), after a wake-up that brought no
 //! message, while a handshake is in flight, or every
-//! [`progress::EVENT_POLL_INTERVAL`] calls. A wake-up that brought a
+//! [`EVENT_POLL_INTERVAL`] calls. A wake-up that brought a
 //! message leaves the events to the next `try_wait`, keeping that system
 //! call off the reply's path.
 //!
@@ -158,7 +158,7 @@
 //! attach a debugger.
 //!
 //! ## Cleanup
-//! See [`cleanup`]: files removed on drop; a live owner holds an
+//! See the `cleanup` module: files removed on drop; a live owner holds an
 //! [flock(2)](https://man7.org/linux/man-pages/man2/flock.2.html) lock on
 //! its owner file, so liveness does not go by pid (processes in other PID
 //! namespaces may share the directory). Stale files (lock free; for
@@ -172,16 +172,29 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod addr;
+// The crate's API is what the root re-exports below. The modules are
+// private: they hold the crate's own discipline (raw OS wrappers, shared
+// memory layouts, handshake bytes), which no outside caller should reach.
+// The `test-hooks` feature (off in a user's build; this crate's tests,
+// the fuzz targets and other crates' tests turn it on) makes the few that
+// tests and fuzz targets drive directly public; `tests/test_hooks_hidden.rs`
+// checks that a build without it cannot name them.
+mod addr;
+#[cfg(feature = "test-hooks")]
 pub mod channel;
-pub mod cleanup;
+#[cfg(not(feature = "test-hooks"))]
+mod channel;
+mod cleanup;
 mod closer;
-pub mod config;
+mod config;
+#[cfg(feature = "test-hooks")]
 pub mod conn;
+#[cfg(not(feature = "test-hooks"))]
+mod conn;
 mod connect;
-pub mod error;
+mod error;
 mod exposed;
-pub mod factory;
+mod factory;
 
 mod heads;
 mod id_filter;
@@ -189,21 +202,29 @@ mod identity;
 mod matching;
 mod peer_failure;
 mod plugin;
-pub mod progress;
+mod progress;
 mod pull;
 mod rma;
 mod send_ops;
 #[allow(unsafe_code)]
+#[cfg(feature = "test-hooks")]
 pub mod sys;
+#[allow(unsafe_code)]
+#[cfg(not(feature = "test-hooks"))]
+mod sys;
 
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
 pub use closer::{
     CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH, MAX_NESTED_FDS, MAX_NESTED_READS, MAX_PENDING_FDS,
 };
-pub use config::{SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, PIDFD_ENV, SOCKET_DIR_ENV, WAKE_ENV};
+pub use config::{
+    default_dir, SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, DEFAULT_MAX_QUEUED_PER_PEER,
+    MAX_NAME_LEN, PIDFD_ENV, SOCKET_DIR_ENV, WAKE_ENV,
+};
 pub use connect::{MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
-pub use error::SmError;
+pub use error::{SmError, SmResult};
 pub use factory::SmFactory;
 pub use plugin::SmPlugin;
+pub use progress::EVENT_POLL_INTERVAL;
 pub use rma::EPERM_HINT;

@@ -36,7 +36,7 @@ fn dead_owners_files_locked(dir: &Path, instance: &str) -> (File, [PathBuf; 2]) 
     (held, [owner, sock])
 }
 
-fn listen_as(dir: &Path, instance: &str) -> na_sm::error::SmResult<SmPlugin> {
+fn listen_as(dir: &Path, instance: &str) -> na_sm::SmResult<SmPlugin> {
     SmPlugin::new(
         PluginId(1),
         SmConfig::listening().with_dir(dir).with_name(instance),

@@ -18,7 +18,7 @@
 //! and count are the process's.
 
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -62,7 +62,7 @@ fn descriptors_whose_close_blocks_do_not_stall_the_listener() {
         for variant in 1..=2 {
             let (listener, jam) = blocking_close();
             let conn = UnixStream::connect(&path).unwrap();
-            let fds = [jam.as_raw_fd(), jam.as_raw_fd()];
+            let fds = [jam.as_fd(), jam.as_fd()];
             if variant == 1 {
                 send_with_fds(conn.as_fd(), b"hello, with a jam", &fds).unwrap();
             } else {
@@ -109,7 +109,7 @@ fn a_passed_lingering_socket_is_reset_not_waited_for() {
         let (peer, tcp) = lingering_socket();
         let (mut theirs, _) = peer.accept().unwrap();
         let conn = UnixStream::connect(&path).unwrap();
-        send_with_fds(conn.as_fd(), b"hello", &[tcp.as_raw_fd()]).unwrap();
+        send_with_fds(conn.as_fd(), b"hello", &[tcp.as_fd()]).unwrap();
         drop((tcp, conn));
         settle_for(&mut srv, CLOSE_STALL * 3);
         // A hand-off behind it: another thread if the first were stuck.
@@ -147,7 +147,7 @@ fn dropping_a_listener_with_unaccepted_descriptors_does_not_block() {
             let (listener, jam) = blocking_close();
             // Queued in the accept queue (no progress call accepts it).
             let conn = UnixStream::connect(&path).unwrap();
-            send_with_fds(conn.as_fd(), b"x", &[jam.as_raw_fd()]).unwrap();
+            send_with_fds(conn.as_fd(), b"x", &[jam.as_fd()]).unwrap();
             drop(jam);
             let (done, dropped) = mpsc::channel();
             std::thread::spawn(move || {
@@ -309,7 +309,7 @@ fn sockets_closed_past_the_bound_are_not_read_out() {
             for _ in 0..64 {
                 let dups: Vec<std::os::fd::OwnedFd> =
                     (0..4).map(|_| x.as_fd().try_clone_to_owned().unwrap()).collect();
-                let raw: Vec<_> = dups.iter().map(|d| d.as_raw_fd()).collect();
+                let raw: Vec<_> = dups.iter().map(|d| d.as_fd()).collect();
                 send_with_fds(conn.as_fd(), b"h", &raw).unwrap();
             }
             queued.push(conn);

@@ -35,7 +35,7 @@ fn nested_lingering_socket_is_reset(tag: &str, levels: usize) {
     let (mut theirs, _) = peer.accept().unwrap();
     let carrier = nested(tcp.into(), levels);
     let conn = UnixStream::connect(&path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[carrier.as_raw_fd()]).unwrap();
+    send_with_fds(conn.as_fd(), b"hello", &[carrier.as_fd()]).unwrap();
     drop((carrier, conn));
     settle_for(&mut srv, CLOSE_STALL * 3);
     // A hand-off behind it: another thread if the first were stuck.
@@ -114,7 +114,7 @@ fn reading_out_passed_sockets_is_bounded() {
         let t0 = Instant::now();
         for carrier in [chain, stuffed] {
             let conn = UnixStream::connect(&path).unwrap();
-            send_with_fds(conn.as_fd(), b"hello", &[carrier.as_raw_fd()]).unwrap();
+            send_with_fds(conn.as_fd(), b"hello", &[carrier.as_fd()]).unwrap();
             drop((carrier, conn));
         }
         settle_for(&mut srv, CLOSE_STALL * 3);

@@ -8,7 +8,7 @@
 //! real socket, with a real region and eventfd.
 
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ fn answer_to_hello(srv: &mut SmPlugin, sock: &std::path::Path, version: u32, ins
     let mut hello = encode_hello(&format!("{}-{instance}", std::process::id()));
     hello[8..12].copy_from_slice(&version.to_le_bytes());
     let mut conn = UnixStream::connect(sock).unwrap();
-    let region_fd = region.fd().expect("a memfd region").as_raw_fd();
+    let region_fd = region.fd().expect("a memfd region");
     send_with_fds(conn.as_fd(), &hello, &[region_fd, wake.fd_for_peer()]).unwrap();
     conn.set_nonblocking(true).unwrap();
     let end = Instant::now() + T;

@@ -10,7 +10,7 @@
 //! instead (the passed descriptor is closed, the sender cut off as a
 //! protocol violation, the listener serves on).
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -165,7 +165,7 @@ fn descriptors_sent_on_an_established_connection_are_refused_and_the_connection_
     // The connector's end pushes at the listener, and the acceptor's end
     // at the client: the kernel refuses both at the sender.
     for (who, end) in [("connector", &connector), ("acceptor", &acceptor)] {
-        let e = send_with_fds(end.as_fd(), b"x", &[hostile.as_raw_fd()]).expect_err(&format!(
+        let e = send_with_fds(end.as_fd(), b"x", &[hostile.as_fd()]).expect_err(&format!(
             "the {who}'s end passed a descriptor after the handshake"
         ));
         assert_eq!(e.raw_os_error(), Some(libc::EPERM), "the {who}'s end: {e}");
@@ -201,7 +201,7 @@ fn screened_instead(
     baseline: usize,
     errors: (u64, u64),
 ) {
-    let sent = send_with_fds(connector.as_fd(), b"x", &[fd.as_raw_fd()]).expect("sent without SO_PASSRIGHTS");
+    let sent = send_with_fds(connector.as_fd(), b"x", &[fd.as_fd()]).expect("sent without SO_PASSRIGHTS");
     assert_eq!(sent, 1);
     settle(cli, srv, Duration::from_millis(200));
     assert_eq!(

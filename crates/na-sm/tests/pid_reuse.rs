@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,7 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
     // child sends it).
     let region = SharedRegion::create("pid-reuse", REGION_LEN).map_err(|e| e.to_string())?;
     init_region(&region, 0);
-    let region_fd = region.fd().ok_or("no region fd")?.as_raw_fd();
+    let region_fd = region.fd().ok_or("no region fd")?;
     let wake = OwnWake::new(WakeKind::EventFd).map_err(|e| e.to_string())?;
     let wake_fd = wake.fd_for_peer();
     let (mut from_p, to_us) = pipe();

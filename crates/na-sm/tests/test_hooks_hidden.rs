@@ -1,6 +1,11 @@
 //! The test hooks (`SmPlugin::debug_*`, `sys::eventfd::WakeTamper`,
 //! `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are compiled only with
-//! the `test-hooks` feature: a user's normal build cannot call them.
+//! the `test-hooks` feature: a user's normal build cannot call them. The
+//! internal modules the tests and fuzz targets drive directly (`sys`, the
+//! raw OS wrappers; `channel`, the shared-memory ring; `conn`, the
+//! handshake bytes) are public only with it too, and `sys::cma` (whose
+//! batch moves memory at whatever addresses a `RemoteMem` names) is
+//! private even then. The crate root's API stays reachable without it.
 //!
 //! This crate's own tests always see them (the crate is its own
 //! dev-dependency with the feature, and cargo unifies features across one
@@ -39,6 +44,28 @@ pub fn by_pid() -> SmConfig {
 pub fn eof_only() -> SmConfig {
     SmConfig { exits_by_eof_only: true, ..SmConfig::default() }
 }
+
+pub fn internals() -> usize {
+    let region = na_sm::sys::shm::SharedRegion::create("probe", 4096).unwrap();
+    na_sm::channel::init_region(&region, 0);
+    let hello = na_sm::conn::encode_hello("probe");
+    usize::from(region.fd().is_some()) + hello.len()
+}
+
+// What users need, reachable in every build.
+pub fn api() -> std::io::Result<()> {
+    let dir = na_sm::default_dir().map_err(std::io::Error::other)?;
+    let report: na_sm::SmResult<na_sm::CleanupReport> = na_sm::cleanup_stale(&dir);
+    let _ = (report, na_sm::SmFactory::default(), na_sm::SmName::parse("sm://1-0"));
+    let _ = (na_sm::EVENT_POLL_INTERVAL, na_sm::MAX_NAME_LEN, na_sm::DEFAULT_MAX_QUEUED_PER_PEER);
+    Ok(())
+}
+
+// Private in every build (the probe's `cma` feature, on top of the hooks).
+#[cfg(feature = "cma")]
+pub fn cma(b: &[na_core::Rma<'_>], l: &mut na_sm::sys::cma::IovLists) {
+    let _ = na_sm::sys::cma::transfer_batch(std::process::id(), b, l);
+}
 "#;
 
 /// What a build without the feature must refuse, each by name.
@@ -52,6 +79,11 @@ const HIDDEN: &[&str] = &[
     "debug_peer_sleeps",
     "debug_wakeups",
     "WakeTamper",
+    // The internals: their modules are private (one refusal per path
+    // through them).
+    "sys",
+    "channel",
+    "conn",
     "pidfd_by_pid",
     "exits_by_eof_only",
 ];
@@ -64,7 +96,7 @@ fn write_probe(dir: &Path) {
         "[package]\nname = \"na-sm-hooks-probe\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
          [workspace]\n\n\
          [dependencies]\nna-sm = {{ path = {:?} }}\nna-core = {{ path = {:?} }}\n\n\
-         [features]\nhooks = [\"na-sm/test-hooks\"]\n",
+         [features]\nhooks = [\"na-sm/test-hooks\"]\ncma = [\"hooks\"]\n",
         na_sm.display().to_string(),
         na_core.display().to_string(),
     );
@@ -75,9 +107,10 @@ fn write_probe(dir: &Path) {
     std::fs::copy(na_sm.join("../../Cargo.lock"), dir.join("Cargo.lock")).unwrap();
 }
 
-/// `cargo check` of the probe, with or without the feature: (success,
-/// stderr).
-fn check(dir: &Path, with_hooks: bool) -> (bool, String) {
+/// `cargo check` of the probe with the probe's `features` (none, `hooks`:
+/// na-sm's test-hooks, or `cma`: the hooks and a use of `sys::cma`):
+/// (success, stderr).
+fn check(dir: &Path, features: &str) -> (bool, String) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
     let mut cmd = Command::new(cargo);
     cmd.arg("check")
@@ -93,8 +126,8 @@ fn check(dir: &Path, with_hooks: bool) -> (bool, String) {
         .env_remove("CARGO_BUILD_TARGET_DIR")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS");
-    if with_hooks {
-        cmd.arg("--features").arg("hooks");
+    if !features.is_empty() {
+        cmd.arg("--features").arg(features);
     }
     let out = cmd.output().expect("run cargo");
     (
@@ -108,15 +141,34 @@ fn a_build_without_the_test_hooks_feature_cannot_reach_them() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("na-sm-hooks-probe");
     write_probe(&dir);
 
-    let (ok, err) = check(&dir, false);
+    let (ok, err) = check(&dir, "");
     assert!(!ok, "the probe compiled without the test-hooks feature");
+    let refused = |err: &str, name: &str| {
+        let quoted = format!("`{name}`");
+        err.lines().any(|l| l.contains("error") && l.contains(&quoted))
+    };
     for name in HIDDEN {
         assert!(
-            err.lines().any(|l| l.contains("error") && l.contains(name)),
+            refused(&err, name),
             "a build without test-hooks did not refuse `{name}`:\n{err}"
         );
     }
+    // Only the hooks and internals are refused: the API the probe also
+    // uses (`api`) is not.
+    let errors = err.lines().filter(|l| l.contains("error[")).collect::<Vec<_>>();
+    assert!(
+        errors
+            .iter()
+            .all(|l| HIDDEN.iter().any(|n| l.contains(&format!("`{n}`")))),
+        "a build without test-hooks refused something else:\n{err}"
+    );
 
-    let (ok, err) = check(&dir, true);
+    let (ok, err) = check(&dir, "hooks");
     assert!(ok, "the probe does not compile even with test-hooks:\n{err}");
+
+    // `sys::cma` stays private with the hooks: its batch would write this
+    // very process's memory at a forged `RemoteMem`'s addresses.
+    let (ok, err) = check(&dir, "cma");
+    assert!(!ok, "sys::cma is reachable with test-hooks");
+    assert!(refused(&err, "cma"), "sys::cma was not refused by name:\n{err}");
 }

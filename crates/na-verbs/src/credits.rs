@@ -84,6 +84,7 @@ impl Credits {
         self.peer_depth = peer_depth;
     }
 
+    #[cfg(test)]
     /// Messages we may send now.
     pub fn available(&self) -> u32 {
         self.avail
@@ -179,6 +180,7 @@ impl Credits {
         self.owed >= self.threshold
     }
 
+    #[cfg(test)]
     /// Credits currently owed to the peer.
     pub fn owed(&self) -> u32 {
         self.owed

@@ -7,7 +7,7 @@
 //! # Design
 //! * **Connections**: RC queue pairs through RDMA CM, one per peer,
 //!   created lazily by the first operation on a peer; the connect and
-//!   accept private data carry a [`wire::Hello`] (who the side is, how many
+//!   accept private data carry a hello (module `wire`) (who the side is, how many
 //!   receive buffers it posted, its largest message). The address a hello
 //!   names is checked only up to its IP, so an incoming connection is a
 //!   peer of its own, which no lookup finds: a lookup always reaches the
@@ -19,10 +19,10 @@
 //!   the reason "too many incoming connections").
 //! * **Messages**: every connection has `recv_depth` receive slots and as
 //!   many send slots in one registered region; a message is a 16-byte
-//!   [`wire::Header`] (kind, returned credits, tag, length) plus payload,
+//!   header (module `wire`: kind, returned credits, tag, length) plus payload,
 //!   sent with one SEND. Unexpected and expected messages share the
 //!   buffers; expected ones match on (source peer, tag).
-//! * **Flow control**: credits ([`credits`]): a sender never has more
+//! * **Flow control**: credits (module `credits`): a sender never has more
 //!   messages in flight than the receiver has buffers posted, so QPs run
 //!   with `rnr_retry_count = 0`. Sends beyond the credits queue in order
 //!   (backpressure), never fail.
@@ -34,7 +34,7 @@
 //!   negotiated with its peer (module `reads`): the device holds the rest
 //!   back, or the plugin where the device would allow more.
 //! * **Registration**: through `na-regcache` with the real `ibv_reg_mr`
-//!   registrar ([`sys::IbvRegistrar`]); validity flags checked on describe
+//!   registrar (`sys::IbvRegistrar`); validity flags checked on describe
 //!   and on every RMA; counters via [`VerbsPlugin::cache_stats`] or a
 //!   [`CacheStatsHandle`]. A handle whose pages are discarded or remapped
 //!   (`munmap`, `madvise(MADV_DONTNEED)`, which glibc also does when it
@@ -68,13 +68,22 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+// The crate's API is what the root re-exports plus the `addr`, `config`,
+// `config_env` and `error` modules (address format, settings and their
+// environment variables, errors). The other modules are private: `sys`
+// wraps libibverbs/librdmacm objects for the plugin's own discipline, and
+// `wire` and `credits` are its protocol internals. The `test-hooks`
+// feature (off in a user's build; this crate's tests and the fuzz targets
+// turn it on) makes `sys` and `wire` public for the tests and fuzz targets
+// that drive them directly; `tests/test_hooks_hidden.rs` checks that a
+// build without it cannot name them.
 pub mod addr;
 mod cancel;
 pub mod config;
 pub mod config_env;
 mod conn;
 mod connect;
-pub mod credits;
+mod credits;
 mod device;
 pub mod error;
 mod factory;
@@ -88,8 +97,19 @@ mod progress;
 mod reads;
 mod rma;
 #[allow(unsafe_code)]
+#[cfg(feature = "test-hooks")]
 pub mod sys;
+// The sys layer wraps each verbs object whole (queue pair state changes,
+// SRQs, immediate data, ...), more than the plugin itself calls; the
+// tests drive the rest. Without the feature that rest is unused here.
+#[allow(unsafe_code)]
+#[cfg_attr(not(test), allow(dead_code, unused_imports))]
+#[cfg(not(feature = "test-hooks"))]
+mod sys;
+#[cfg(feature = "test-hooks")]
 pub mod wire;
+#[cfg(not(feature = "test-hooks"))]
+mod wire;
 
 pub use addr::{VerbsUri, SCHEME};
 pub use config::VerbsConfig;
@@ -100,3 +120,4 @@ pub use msg::DEAD_HELD_GRACE;
 pub use plugin::{VerbsPlugin, CM_POLL_EVERY};
 #[doc(hidden)]
 pub use reads::ReadWindow;
+pub use sys::{devices, DeviceInfo};

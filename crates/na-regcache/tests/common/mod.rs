@@ -10,7 +10,7 @@ pub mod scenarios;
 pub mod sys;
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -116,7 +116,7 @@ impl Rig {
         let _io = self.io.lock().unwrap_or_else(|p| p.into_inner());
         let byte = self.pattern();
         self.src.write_all_at(&vec![byte; len], 0)?;
-        let n = reg.read_fixed(h.region(), self.src.as_raw_fd(), 0, addr, len)?;
+        let n = sys::read_fixed(reg, h.region(), self.src.as_fd(), 0, addr, len)?;
         if n != len {
             return Err(io::Error::other(format!("short READ_FIXED: {n} of {len}")));
         }

@@ -12,7 +12,7 @@ fn main() {
     }
     let dir = match args.first() {
         Some(d) => std::path::PathBuf::from(d),
-        None => match na_sm::config::default_dir() {
+        None => match na_sm::default_dir() {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("qs-sm-cleanup: {e}");

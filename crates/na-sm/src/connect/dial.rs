@@ -183,7 +183,6 @@ impl SmPlugin {
         let hello = encode_hello(&self.name.key());
         let region_fd = region
             .fd()
-            .map(|f| f.as_raw_fd())
             .ok_or_else(|| handshake("region has no descriptor".into()))?;
         let fds = [region_fd, my_wake.fd_for_peer()];
         let n =

@@ -77,6 +77,7 @@ impl EventFd {
         Err(err)
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// Resets the counter to zero; returns whether it was non-zero.
     pub fn drain(&self) -> io::Result<bool> {
         let mut v: u64 = 0;

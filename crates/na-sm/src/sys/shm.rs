@@ -172,11 +172,13 @@ impl SharedRegion {
         })
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// True if the region is empty (never, for a mapped region).
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -200,8 +202,10 @@ impl SharedRegion {
     /// If `offset` is not 8-aligned or out of bounds (offsets are layout
     /// constants, never peer data).
     pub fn atomic(&self, offset: usize) -> &AtomicU64 {
+        // `checked_add`: an offset near `usize::MAX` must not wrap to a
+        // small end and pass (in a release build, where `+` wraps).
         assert!(
-            offset.is_multiple_of(8) && offset + 8 <= self.len,
+            offset.is_multiple_of(8) && offset.checked_add(8).is_some_and(|end| end <= self.len),
             "bad atomic offset {offset}"
         );
         // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the
@@ -404,6 +408,29 @@ mod tests {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.word(bad)));
             assert!(r.is_err(), "offset {bad}");
         }
+    }
+
+    #[test]
+    fn an_offset_whose_end_wraps_is_refused_by_the_bounds_check() {
+        // `usize::MAX - 7` is 8-aligned and its end wraps to 0: the check
+        // itself must refuse it (before, a release build's `offset + 8`
+        // wrapped and passed, and a debug build panicked on the overflow
+        // instead of the bounds message).
+        let r = SharedRegion::create("qs-test-wrap", 4096).unwrap();
+        for bad in [usize::MAX - 7, usize::MAX - 15, usize::MAX - 4095] {
+            let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                r.atomic(bad);
+            }))
+            .expect_err("a wrapping offset was accepted");
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            assert!(msg.contains("bad atomic offset"), "offset {bad}: {msg}");
+        }
+        // The last word is still in bounds.
+        r.atomic(4088).store(1, Ordering::Relaxed);
     }
 
     #[test]

@@ -390,14 +390,18 @@ fn set_send_timeout(fd: RawFd, t: Duration) -> io::Result<()> {
     Ok(())
 }
 
+const _: () = assert!(std::mem::size_of::<BorrowedFd<'static>>() == std::mem::size_of::<RawFd>());
+
 /// Control-message buffer big enough for MAX_FDS descriptors, aligned for
 /// `cmsghdr`.
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 64]);
 
 /// Sends `data` with `fds` attached, without blocking and without SIGPIPE.
-/// Returns the bytes sent.
-pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+/// Returns the bytes sent. The descriptors are borrowed (I/O safety: a
+/// raw number could name whatever another part of the process opened
+/// under it by now, which the peer would then get).
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
     assert!(fds.len() <= MAX_FDS);
     let mut cbuf = CmsgBuf([0; 64]);
     let mut iov = libc::iovec {
@@ -417,7 +421,9 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Re
         msg.msg_controllen = space;
         // SAFETY: msg_control points at `space` aligned bytes, enough for one
         // header plus `fd_bytes` of data, so CMSG_FIRSTHDR is non-null and
-        // CMSG_DATA has room for the descriptors.
+        // CMSG_DATA has room for the descriptors; `BorrowedFd` is
+        // `repr(transparent)` over a `RawFd` (asserted below), so the slice's
+        // bytes are the descriptor numbers.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
@@ -542,7 +548,7 @@ mod tests {
         let c = peer_cred(a.as_fd()).unwrap();
         assert_eq!(c.pid, std::process::id());
         let e = super::super::eventfd::EventFd::new().unwrap();
-        send_with_fds(a.as_fd(), b"hi", &[e.as_raw_fd(), e.as_raw_fd()]).unwrap();
+        send_with_fds(a.as_fd(), b"hi", &[e.as_fd(), e.as_fd()]).unwrap();
         let mut buf = [0u8; 16];
         let r = recv_with_fds(b.as_fd(), &mut buf).unwrap();
         assert_eq!(&buf[..r.len], b"hi");
@@ -657,7 +663,7 @@ mod tests {
             return;
         }
         let ev = crate::sys::eventfd::EventFd::new().unwrap();
-        let e = send_with_fds(b.as_fd(), b"x", &[ev.as_fd().as_raw_fd()]).unwrap_err();
+        let e = send_with_fds(b.as_fd(), b"x", &[ev.as_fd()]).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
         assert_eq!(send_with_fds(b.as_fd(), b"y", &[]).unwrap(), 1);
     }

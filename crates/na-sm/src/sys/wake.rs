@@ -108,10 +108,10 @@ impl OwnWake {
     }
 
     /// The descriptor to send to the peer.
-    pub fn fd_for_peer(&self) -> RawFd {
+    pub fn fd_for_peer(&self) -> BorrowedFd<'_> {
         match self {
-            OwnWake::EventFd(e) => e.as_raw_fd(),
-            OwnWake::Pipe { write, .. } => write.as_raw_fd(),
+            OwnWake::EventFd(e) => e.as_fd(),
+            OwnWake::Pipe { write, .. } => write.as_fd(),
         }
     }
 
@@ -235,6 +235,7 @@ impl PeerWake {
         ))
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// What this is.
     pub fn kind(&self) -> WakeKind {
         match self {
@@ -324,10 +325,8 @@ fn write_without_sigpipe(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
 mod tests {
     use super::*;
 
-    fn dup(fd: RawFd) -> OwnedFd {
-        // SAFETY: `fd` is open for the duration of the call; F_DUPFD_CLOEXEC
-        // returns a fresh descriptor we then own.
-        unsafe { OwnedFd::from_raw_fd(libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0)) }
+    fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
+        fd.try_clone_to_owned().expect("F_DUPFD_CLOEXEC")
     }
 
     #[test]
@@ -387,7 +386,9 @@ mod tests {
     fn from_peer_refuses_other_descriptors() {
         let own = OwnWake::new(WakeKind::Pipe).unwrap();
         // The read end of a pipe.
-        let err = PeerWake::from_peer(dup(own.poll_fd())).unwrap_err();
+        // SAFETY: `own` keeps its read end open for the whole borrow.
+        let read_end = unsafe { BorrowedFd::borrow_raw(own.poll_fd()) };
+        let err = PeerWake::from_peer(dup(read_end)).unwrap_err();
         assert!(err.to_string().contains("write-only end"), "{err}");
         let file = OwnedFd::from(std::fs::File::open("/proc/self/stat").unwrap());
         let err = PeerWake::from_peer(file).unwrap_err();
@@ -400,7 +401,7 @@ mod tests {
         let peer = PeerWake::from_peer(dup(own.fd_for_peer())).unwrap();
         // The peer clears O_NONBLOCK on the description it passed us.
         // SAFETY: F_SETFL on a descriptor we own, no pointers.
-        unsafe { libc::fcntl(own.fd_for_peer(), libc::F_SETFL, 0) };
+        unsafe { libc::fcntl(own.fd_for_peer().as_raw_fd(), libc::F_SETFL, 0) };
         // Filling the pipe and signalling on: a write on a blocking
         // description would block here, forever.
         let (tx, rx) = std::sync::mpsc::channel();

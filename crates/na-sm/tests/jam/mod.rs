@@ -166,7 +166,7 @@ pub fn stuffed_blocking_close_for(linger: Duration) -> (TcpListener, UnixStream)
     for _ in 0..=MAX_NESTED_FDS / SCM_MAX_FD {
         send_fds(other.as_fd(), b"s", &raw).unwrap();
     }
-    send_with_fds(other.as_fd(), b"x", &[tcp.as_raw_fd()]).unwrap();
+    send_with_fds(other.as_fd(), b"x", &[tcp.as_fd()]).unwrap();
     drop((tcp, other, dups));
     (peer, carrier)
 }
@@ -184,7 +184,7 @@ fn try_nested(fd: OwnedFd, levels: usize) -> std::io::Result<UnixStream> {
     let mut inner = fd;
     for _ in 0..levels {
         let (carrier, other) = UnixStream::pair().unwrap();
-        send_with_fds(other.as_fd(), b"x", &[inner.as_raw_fd()])?;
+        send_with_fds(other.as_fd(), b"x", &[inner.as_fd()])?;
         drop((inner, other));
         inner = carrier.into();
     }
@@ -196,7 +196,7 @@ fn try_nested(fd: OwnedFd, levels: usize) -> std::io::Result<UnixStream> {
 /// the listener refuses the hello) blocks.
 pub fn jam_with(path: &Path, jam: UnixStream) {
     let conn = UnixStream::connect(path).unwrap();
-    send_with_fds(conn.as_fd(), b"hello", &[jam.as_raw_fd()]).unwrap();
+    send_with_fds(conn.as_fd(), b"hello", &[jam.as_fd()]).unwrap();
     drop((jam, conn));
 }
 
@@ -241,7 +241,7 @@ pub fn flood(srv: &mut SmPlugin, path: &Path, count: usize) {
         };
         let (a, b) = UnixStream::pair().unwrap();
         let (c, d) = UnixStream::pair().unwrap();
-        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), d.as_raw_fd()];
+        let fds = [a.as_fd(), b.as_fd(), c.as_fd(), d.as_fd()];
         let _ = send_with_fds(conn.as_fd(), b"hello", &fds);
         drop((a, b, c, d, conn));
         srv.progress().unwrap();
