@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use na_core::fasthash::FastMap;
 
+use crate::origin::Origin;
+
 /// Default bound of requests one origin may have waiting for deferred
 /// handlers (4 times the 1,000 calls in flight a client is expected to
 /// keep up).
@@ -24,11 +26,11 @@ pub const DEFAULT_MAX_DEFERRED_TOTAL: usize = 8 * DEFAULT_MAX_DEFERRED_PER_PEER;
 
 #[derive(Default, Debug)]
 struct Counts {
-    by_peer: FastMap<u64, usize>,
+    by_peer: FastMap<Origin, usize>,
     total: usize,
     /// Bytes of pulled inputs the requests of each origin hold (see
     /// [`DeferredLedger::hold_bytes`]).
-    bytes_by_peer: FastMap<u64, u64>,
+    bytes_by_peer: FastMap<Origin, u64>,
 }
 
 /// The counts, shared with the tickets (which may be dropped on any thread).
@@ -42,9 +44,10 @@ impl DeferredLedger {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A ticket for one more request from origin `peer`, if that keeps it
-    /// within `per_peer` and everyone within `total`; else why not.
-    pub fn admit(&self, peer: u64, per_peer: usize, total: usize) -> Result<DeferredTicket, String> {
+    /// A ticket for one more request from origin `peer` (a process, where
+    /// the transport names it: see [`Origin`]), if that keeps it within
+    /// `per_peer` and everyone within `total`; else why not.
+    pub fn admit(&self, peer: Origin, per_peer: usize, total: usize) -> Result<DeferredTicket, String> {
         let mut c = self.counts();
         let mine = c.by_peer.get(&peer).copied().unwrap_or(0);
         if mine >= per_peer {
@@ -77,12 +80,12 @@ impl DeferredLedger {
     /// requests (its share of the pull budget, see
     /// `Engine::set_max_pull_bytes_per_peer`), until
     /// [`release_bytes`](Self::release_bytes).
-    pub fn hold_bytes(&self, peer: u64, bytes: u64) {
+    pub fn hold_bytes(&self, peer: Origin, bytes: u64) {
         *self.counts().bytes_by_peer.entry(peer).or_insert(0) += bytes;
     }
 
     /// Gives back `bytes` that [`hold_bytes`](Self::hold_bytes) counted.
-    pub fn release_bytes(&self, peer: u64, bytes: u64) {
+    pub fn release_bytes(&self, peer: Origin, bytes: u64) {
         let mut c = self.counts();
         if let Some(n) = c.bytes_by_peer.get_mut(&peer) {
             *n = n.saturating_sub(bytes);
@@ -93,7 +96,7 @@ impl DeferredLedger {
     }
 
     /// Bytes of pulled inputs origin `peer`'s requests hold now.
-    pub fn bytes_of(&self, peer: u64) -> u64 {
+    pub fn bytes_of(&self, peer: Origin) -> u64 {
         self.counts().bytes_by_peer.get(&peer).copied().unwrap_or(0)
     }
 }
@@ -102,7 +105,7 @@ impl DeferredLedger {
 /// request was answered, or dropped unanswered).
 #[derive(Debug)]
 pub(crate) struct DeferredTicket {
-    peer: u64,
+    peer: Origin,
     ledger: DeferredLedger,
 }
 
@@ -123,22 +126,27 @@ impl Drop for DeferredTicket {
 mod tests {
     use super::*;
 
+    /// Origin `n` (an address token).
+    fn o(n: u64) -> Origin {
+        Origin::Addr(n)
+    }
+
     #[test]
     fn bounds_per_origin_and_in_all_and_tickets_give_back_on_drop() {
         let l = DeferredLedger::default();
-        let a: Vec<_> = (0..2).map(|_| l.admit(1, 2, 3).unwrap()).collect();
+        let a: Vec<_> = (0..2).map(|_| l.admit(o(1), 2, 3).unwrap()).collect();
         assert!(l
-            .admit(1, 2, 3)
+            .admit(o(1), 2, 3)
             .unwrap_err()
             .contains("2 requests from this caller"));
-        let b = l.admit(2, 2, 3).unwrap();
-        assert!(l.admit(3, 2, 3).unwrap_err().contains("3 requests wait"));
+        let b = l.admit(o(2), 2, 3).unwrap();
+        assert!(l.admit(o(3), 2, 3).unwrap_err().contains("3 requests wait"));
         assert_eq!(l.total(), 3);
         drop(a);
         assert_eq!(l.total(), 1);
         let again = std::thread::spawn({
             let l = l.clone();
-            move || l.admit(1, 2, 3).map(drop).is_ok()
+            move || l.admit(o(1), 2, 3).map(drop).is_ok()
         });
         assert!(again.join().unwrap());
         drop(b);
@@ -149,18 +157,18 @@ mod tests {
     #[test]
     fn bytes_held_are_counted_per_origin_and_given_back() {
         let l = DeferredLedger::default();
-        l.hold_bytes(1, 10);
-        l.hold_bytes(1, 5);
-        l.hold_bytes(2, 7);
-        assert_eq!((l.bytes_of(1), l.bytes_of(2), l.bytes_of(3)), (15, 7, 0));
+        l.hold_bytes(o(1), 10);
+        l.hold_bytes(o(1), 5);
+        l.hold_bytes(o(2), 7);
+        assert_eq!((l.bytes_of(o(1)), l.bytes_of(o(2)), l.bytes_of(o(3))), (15, 7, 0));
         let other = std::thread::spawn({
             let l = l.clone();
-            move || l.release_bytes(1, 10)
+            move || l.release_bytes(o(1), 10)
         });
         other.join().unwrap();
-        assert_eq!(l.bytes_of(1), 5);
-        l.release_bytes(1, 5);
-        l.release_bytes(2, 7);
+        assert_eq!(l.bytes_of(o(1)), 5);
+        l.release_bytes(o(1), 5);
+        l.release_bytes(o(2), 7);
         assert!(l.counts().bytes_by_peer.is_empty());
     }
 }

@@ -236,9 +236,16 @@ pub struct Engine<C: Codec = Postcard> {
     max_pull_bytes: u64,
     /// Bytes of the spilled inputs being pulled, per origin (their share,
     /// with what their deferred requests hold; see `pull_share_ops.rs`).
-    input_pulls_by_peer: FastMap<u64, u64>,
+    input_pulls_by_peer: FastMap<crate::origin::Origin, u64>,
     /// One origin's share of `max_pull_bytes`, if set (else half of it).
     max_pull_per_peer: Option<u64>,
+    /// Bytes of our own calls' outputs being pulled (in `pull_bytes`
+    /// too): what [`set_output_pull_floor`](Self::set_output_pull_floor)
+    /// bounds when others' inputs hold the budget.
+    output_pull_bytes: u64,
+    /// The floor of our own calls' output pulls, if set (else a quarter
+    /// of `max_pull_bytes`; see `pull_share_ops.rs`).
+    output_pull_floor: Option<u64>,
     /// Spilled outputs waiting for their origin to pull them, by (origin
     /// token, cookie), with the time they were exposed.
     exposed: ExposedOutputs,
@@ -362,6 +369,8 @@ impl<C: Codec> Engine<C> {
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
             input_pulls_by_peer: FastMap::default(),
             max_pull_per_peer: None,
+            output_pull_bytes: 0,
+            output_pull_floor: None,
             exposed: ExposedOutputs::default(),
             last_sweep: Instant::now(),
             abandoned_order: VecDeque::new(),

@@ -76,6 +76,11 @@ pub(super) struct PendingPull {
     /// A request for a deferred handler: its place under
     /// `set_max_deferred`'s bounds, taken before the pull started.
     pub(super) ticket: Option<DeferredTicket>,
+    /// Whose share of the pull budget an input's pull is charged to (see
+    /// `pull_share_ops.rs`), kept from its start: the peer may be gone
+    /// (and its transport unable to name its process) when it ends.
+    /// `None` for an output's pull.
+    pub(super) origin: Option<crate::origin::Origin>,
 }
 
 impl PendingPull {

@@ -9,13 +9,17 @@
 //! calls would exhaust the target's memory. So exposing is admitted only
 //! under two bounds ([`Engine::set_max_exposed_bytes`](crate::Engine::set_max_exposed_bytes)):
 //! what one origin has not yet pulled, and what all have not; a call past
-//! either is answered with a handler error that says so.
+//! either is answered with a handler error that says so. An origin is a
+//! process where the transport names it ([`Origin`]): one process's many
+//! connections share one bound.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use na_core::fasthash::FastMap;
 use na_core::MemHandle;
+
+use crate::origin::Origin;
 
 /// Default bound of the outputs one origin has not pulled yet: what one
 /// origin pulls at once by default (`DEFAULT_MAX_PULL_BYTES`), so an
@@ -34,9 +38,12 @@ struct Entry {
     mem: MemHandle,
     since: Instant,
     bytes: u64,
+    /// Whose bound it counts in.
+    origin: Origin,
 }
 
-/// Exposed outputs by (origin token, cookie), with their byte counts.
+/// Exposed outputs by (origin token, cookie), with their byte counts (per
+/// [`Origin`] for the bound).
 pub(crate) struct ExposedOutputs {
     entries: FastMap<(u64, u64), Entry>,
     /// Keys in the order their outputs were exposed (one TTL for all, so
@@ -45,7 +52,7 @@ pub(crate) struct ExposedOutputs {
     /// order holds twice the outputs kept). The front is the earliest an
     /// output can expire, never later, so finding it costs no scan.
     order: VecDeque<(Instant, (u64, u64))>,
-    by_peer: FastMap<u64, u64>,
+    by_peer: FastMap<Origin, u64>,
     total: u64,
     max_per_peer: u64,
     max_total: u64,
@@ -84,7 +91,7 @@ impl ExposedOutputs {
 
     /// Checks that `bytes` more for origin `peer` stay within both bounds;
     /// the error says which bound and by how much.
-    pub fn admit(&self, peer: u64, bytes: u64) -> Result<(), String> {
+    pub fn admit(&self, peer: Origin, bytes: u64) -> Result<(), String> {
         let held = self.by_peer.get(&peer).copied().unwrap_or(0);
         if held.saturating_add(bytes) > self.max_per_peer {
             return Err(format!(
@@ -103,19 +110,29 @@ impl ExposedOutputs {
         Ok(())
     }
 
-    /// Keeps `mem` (`bytes` long) exposed for origin `key.0`'s call
-    /// `key.1`, replacing (and releasing) any output under the same key.
+    /// Keeps `mem` (`bytes` long) exposed for peer `key.0`'s call
+    /// `key.1`, counted in `origin`'s bound (the process of peer `key.0`,
+    /// where known), replacing (and releasing) any output under the same
+    /// key.
     /// A replaced output has its seal broken first: its descriptor went to
     /// the origin (which sent the same cookie twice), and a pull of it
     /// may be under way.
-    pub fn insert(&mut self, key: (u64, u64), mem: MemHandle, bytes: u64) {
+    pub fn insert(&mut self, key: (u64, u64), origin: Origin, mem: MemHandle, bytes: u64) {
         if let Some(old) = self.remove(key) {
             crate::spill::break_seal(&old);
         }
-        *self.by_peer.entry(key.0).or_insert(0) += bytes;
+        *self.by_peer.entry(origin).or_insert(0) += bytes;
         self.total += bytes;
         let since = Instant::now();
-        self.entries.insert(key, Entry { mem, since, bytes });
+        self.entries.insert(
+            key,
+            Entry {
+                mem,
+                since,
+                bytes,
+                origin,
+            },
+        );
         self.order.push_back((since, key));
     }
 
@@ -127,30 +144,33 @@ impl ExposedOutputs {
     /// Releases the output under `key`, if any.
     pub fn remove(&mut self, key: (u64, u64)) -> Option<MemHandle> {
         let e = self.entries.remove(&key)?;
-        self.uncount(key.0, e.bytes);
+        self.uncount(e.origin, e.bytes);
         Some(e.mem)
     }
 
-    /// Releases every output exposed for origin `peer` (it went away:
-    /// nobody will pull them), seals broken first; returns how many and
-    /// their bytes. Their places in the order stay until the sweep reaches
-    /// them, as those of pulled outputs do.
+    /// Releases every output exposed for peer `peer` (an address token:
+    /// it went away, nobody will pull them), seals broken first; returns
+    /// how many and their bytes. Their places in the order stay until the
+    /// sweep reaches them, as those of pulled outputs do. (One pass over
+    /// the outputs kept, once per departed peer that had a watch.)
     pub fn remove_peer(&mut self, peer: u64) -> (usize, u64) {
-        let Some(bytes) = self.by_peer.remove(&peer) else {
-            return (0, 0);
-        };
-        let before = self.entries.len();
+        let mut gone: Vec<(Origin, u64)> = Vec::new();
         self.entries.retain(|&(p, _), e| {
             if p == peer {
                 crate::spill::break_seal(&e.mem);
+                gone.push((e.origin, e.bytes));
             }
             p != peer
         });
-        self.total -= bytes;
-        (before - self.entries.len(), bytes)
+        let mut bytes = 0;
+        for &(origin, b) in &gone {
+            self.uncount(origin, b);
+            bytes += b;
+        }
+        (gone.len(), bytes)
     }
 
-    fn uncount(&mut self, peer: u64, bytes: u64) {
+    fn uncount(&mut self, peer: Origin, bytes: u64) {
         self.total -= bytes;
         if let Some(held) = self.by_peer.get_mut(&peer) {
             *held -= bytes;
@@ -229,7 +249,12 @@ impl ExposedOutputs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use na_core::Access;
+    use na_core::{Access, PeerProcess};
+
+    /// Origin `n` (an address token).
+    fn o(n: u64) -> Origin {
+        Origin::Addr(n)
+    }
 
     fn mem(n: usize) -> MemHandle {
         MemHandle::new(vec![vec![0u8; n]], Access::ReadOnly)
@@ -255,10 +280,10 @@ mod tests {
     fn a_replaced_output_has_its_seal_broken() {
         let mut x = ExposedOutputs::default();
         let old = sealed(b"first output", 0x5ea1);
-        x.insert((1, 10), old.clone(), 12);
+        x.insert((1, 10), o(1), old.clone(), 12);
         assert_eq!(seal_of(&old), 0x5ea1);
         let new = sealed(b"second output", 0x5ea2);
-        x.insert((1, 10), new.clone(), 13);
+        x.insert((1, 10), o(1), new.clone(), 13);
         assert_eq!(seal_of(&old), 0, "the replaced output kept its seal");
         let mut b = [0u8; 12];
         old.read_at(0, &mut b).unwrap();
@@ -267,7 +292,7 @@ mod tests {
         assert_eq!((x.len(), x.bytes()), (1, 13));
         // Another origin's output under the same cookie is not replaced.
         let other = sealed(b"other", 0x5ea3);
-        x.insert((2, 10), other.clone(), 5);
+        x.insert((2, 10), o(2), other.clone(), 5);
         assert_eq!((seal_of(&new), seal_of(&other)), (0x5ea2, 0x5ea3));
     }
 
@@ -275,22 +300,22 @@ mod tests {
     fn bounds_per_origin_and_in_all_with_every_exit_refunded() {
         let mut x = ExposedOutputs::default();
         x.set_limits(100, 150);
-        assert!(x.admit(1, 100).is_ok());
-        assert!(x.admit(1, 101).unwrap_err().contains("per caller"));
-        x.insert((1, 10), mem(60), 60);
-        assert!(x.admit(1, 41).unwrap_err().contains("has not pulled 60 bytes"));
-        assert!(x.admit(1, 40).is_ok());
-        x.insert((2, 10), mem(80), 80);
+        assert!(x.admit(o(1), 100).is_ok());
+        assert!(x.admit(o(1), 101).unwrap_err().contains("per caller"));
+        x.insert((1, 10), o(1), mem(60), 60);
+        assert!(x.admit(o(1), 41).unwrap_err().contains("has not pulled 60 bytes"));
+        assert!(x.admit(o(1), 40).is_ok());
+        x.insert((2, 10), o(2), mem(80), 80);
         // Origin 3 is within its own bound but not the total (140 held).
-        assert!(x.admit(3, 11).unwrap_err().contains("140 bytes"));
-        assert!(x.admit(3, 10).is_ok());
+        assert!(x.admit(o(3), 11).unwrap_err().contains("140 bytes"));
+        assert!(x.admit(o(3), 10).is_ok());
         // The same key again replaces, and refunds, the old output.
-        x.insert((1, 10), mem(20), 20);
+        x.insert((1, 10), o(1), mem(20), 20);
         assert_eq!((x.len(), x.bytes()), (2, 100));
         x.remove((2, 10));
         x.remove((2, 10));
         assert_eq!((x.len(), x.bytes()), (1, 20));
-        assert!(x.admit(1, 80).is_ok() && x.admit(1, 81).is_err());
+        assert!(x.admit(o(1), 80).is_ok() && x.admit(o(1), 81).is_err());
         assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
         assert_eq!(x.sweep(Duration::ZERO), 1);
         assert!(x.is_empty() && x.bytes() == 0 && x.by_peer.is_empty());
@@ -303,14 +328,14 @@ mod tests {
     fn an_origin_gone_releases_its_outputs_only() {
         let mut x = ExposedOutputs::default();
         let (a1, a2, b) = (sealed(b"a1", 0xa1), sealed(b"a2", 0xa2), sealed(b"b", 0xb));
-        x.insert((1, 10), a1.clone(), 2);
-        x.insert((2, 10), b.clone(), 1);
-        x.insert((1, 11), a2.clone(), 2);
+        x.insert((1, 10), o(1), a1.clone(), 2);
+        x.insert((2, 10), o(2), b.clone(), 1);
+        x.insert((1, 11), o(1), a2.clone(), 2);
         assert_eq!(x.remove_peer(3), (0, 0), "an origin with nothing exposed");
         assert_eq!(x.remove_peer(1), (2, 4));
         assert_eq!((seal_of(&a1), seal_of(&a2), seal_of(&b)), (0, 0, 0xb));
         assert_eq!((x.len(), x.bytes()), (1, 1));
-        assert!(x.admit(1, 100).is_ok() && !x.by_peer.contains_key(&1));
+        assert!(x.admit(o(1), 100).is_ok() && !x.by_peer.contains_key(&o(1)));
         assert_eq!(x.remove_peer(1), (0, 0), "released once");
         assert_eq!(x.sweep(Duration::from_secs(3600)), 0);
         assert_eq!(x.order_len(), 2, "the released one's place in front went");
@@ -324,9 +349,9 @@ mod tests {
     #[test]
     fn outputs_expire_in_order_and_pulled_ones_leave_no_pile() {
         let mut x = ExposedOutputs::default();
-        x.insert((1, 1), mem(10), 10);
+        x.insert((1, 1), o(1), mem(10), 10);
         std::thread::sleep(Duration::from_millis(2));
-        x.insert((1, 2), mem(10), 10);
+        x.insert((1, 2), o(1), mem(10), 10);
         let second = x.entries[&(1, 2)].since;
         assert!(x.remove((1, 1)).is_some(), "pulled");
         assert!(
@@ -337,7 +362,7 @@ mod tests {
         assert_eq!(x.oldest_since(), Some(second), "the pulled one's place went");
         // 3,000 outputs pulled behind the kept one.
         for c in 10..3010 {
-            x.insert((2, c), mem(1), 1);
+            x.insert((2, c), o(2), mem(1), 1);
             x.remove((2, c));
         }
         assert_eq!(x.order_len(), 3001);
@@ -345,8 +370,31 @@ mod tests {
         assert!(x.order_len() <= 2 + MIN_COMPACT, "{} places kept", x.order_len());
         assert_eq!((x.len(), x.bytes()), (1, 10));
         // A replaced output keeps only its new place alive.
-        x.insert((1, 2), mem(5), 5);
+        x.insert((1, 2), o(1), mem(5), 5);
         assert_eq!(x.sweep(Duration::ZERO), 1);
         assert!(x.is_empty() && x.bytes() == 0 && x.oldest_since().is_none());
+    }
+
+    /// Two peers (addresses) of one process share one bound, and a third
+    /// process has its own; one of the two leaving releases its outputs
+    /// only, and gives their bytes back to the process's bound.
+    #[test]
+    fn peers_of_one_process_share_its_bound() {
+        let mut x = ExposedOutputs::default();
+        x.set_limits(100, 1000);
+        let p = Origin::Process(PeerProcess { pid: 7, started: 70 });
+        let q = Origin::Process(PeerProcess { pid: 8, started: 80 });
+        x.insert((1, 10), p, mem(60), 60);
+        x.insert((2, 10), p, mem(30), 30);
+        assert!(x.admit(p, 11).unwrap_err().contains("has not pulled 90 bytes"));
+        assert!(x.admit(p, 10).is_ok());
+        assert!(x.admit(q, 100).is_ok(), "another process");
+        // The same pid started at another time: another process.
+        let reused = Origin::Process(PeerProcess { pid: 7, started: 71 });
+        assert!(x.admit(reused, 100).is_ok());
+        assert_eq!(x.remove_peer(1), (1, 60));
+        assert!(x.admit(p, 70).is_ok() && x.admit(p, 71).is_err());
+        assert_eq!(x.remove_peer(2), (1, 30));
+        assert!(x.is_empty() && x.bytes() == 0 && x.by_peer.is_empty());
     }
 }

@@ -16,6 +16,17 @@
 //! endpoint's fd). Inputs too large for one eager message spill into a
 //! one-sided pull by the target (see `docs/PROTOCOL.md`).
 //!
+//! Bounds per origin (a caller's share of the pull budget,
+//! [`Engine::set_max_pull_bytes_per_peer`]; its deferred requests,
+//! [`Engine::set_max_deferred`]; its spilled outputs not yet pulled,
+//! [`Engine::set_max_exposed_bytes`]) count *processes* where the
+//! transport vouches for the process behind an address
+//! (`na_core::Plugin::peer_process`; na-sm: the kernel's pid and its start
+//! time), so one process with many connections holds one origin's share;
+//! per address otherwise (na-verbs). This engine's own calls' outputs keep
+//! a floor in the pull budget that others' inputs cannot take
+//! ([`Engine::set_output_pull_floor`]).
+//!
 //! Contexts: a context is an [`Engine`] (one per thread or core), each
 //! with its own plugin instance and address; a caller picks the target
 //! context by its address, and a response comes back to the engine that
@@ -43,6 +54,7 @@ mod exposed;
 pub mod header;
 mod lookup_backoff;
 mod notices;
+mod origin;
 pub mod rpc;
 pub mod runtime;
 mod spill;

@@ -96,12 +96,33 @@ impl<C: Codec> Engine<C> {
     /// counted in `RpcStats::pulls_refused`), before anything is pulled;
     /// an origin that holds none is never refused for its share (only for
     /// the budget), so an input larger than the share still goes alone.
-    /// Shares are per peer (transport address): several greedy origins
-    /// together may still fill the budget; lower the share for servers
-    /// with many clients. Spilled outputs this engine pulls as an origin
-    /// count in the budget only.
+    /// Shares are per origin process where the transport vouches for
+    /// the process behind an address (na-sm: the kernel's pid and its
+    /// start time, `na_core::Plugin::peer_process`), so that one process
+    /// that opens many connections (under many instance names) still
+    /// holds one share; per address otherwise (na-verbs). Several greedy
+    /// processes together may still fill the budget; lower the share for
+    /// servers with many clients. Spilled outputs this engine pulls as an
+    /// origin count in the budget only (with a floor of their own:
+    /// [`set_output_pull_floor`](Self::set_output_pull_floor)).
     pub fn set_max_pull_bytes_per_peer(&mut self, bytes: u64) {
         self.max_pull_per_peer = Some(bytes);
+    }
+
+    /// The floor of this engine's own calls' spilled outputs in the pull
+    /// budget ([`set_max_pull_bytes`](Self::set_max_pull_bytes)), which
+    /// they share with the inputs other origins have us pull and hold:
+    /// while the outputs being pulled hold less than `bytes`, an output
+    /// that fits under it is pulled even if inputs fill the budget (pulls
+    /// then hold at most the budget plus the floor), so that hostile or
+    /// merely busy origins cannot starve our own calls (their outputs
+    /// would wait for room until the calls time out). Unless set, a
+    /// quarter of the budget (whatever it is set to); never above it.
+    /// With no inputs held it changes nothing (outputs alone stay within
+    /// the budget). Waiting outputs are tried again at once.
+    pub fn set_output_pull_floor(&mut self, bytes: u64) {
+        self.output_pull_floor = Some(bytes);
+        self.pull_budget_freed();
     }
 
     /// Most requests for asynchronous (deferred) handlers that may wait or
@@ -111,7 +132,9 @@ impl<C: Codec> Engine<C> {
     /// busy at once (status 4, [`RpcError::Busy`] at its origin; a one-way
     /// request is dropped), never queued: a caller cannot make us queue
     /// requests, and start tasks for them, faster than handlers finish.
-    /// A spilled input is checked before it is pulled.
+    /// A spilled input is checked before it is pulled. An origin is a
+    /// process where the transport names it, else an address (as for
+    /// [`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer)).
     pub fn set_max_deferred(&mut self, per_peer: usize, total: usize) {
         self.max_deferred = (per_peer, total);
     }
@@ -123,7 +146,9 @@ impl<C: Codec> Engine<C> {
     /// [`DEFAULT_MAX_EXPOSED_TOTAL`]. An origin that asks for large outputs
     /// and never pulls them would otherwise make us hold each for
     /// [`SPILLED_OUTPUT_TTL`]. A call whose output would pass a bound gets
-    /// a handler error that says so (its handler did run).
+    /// a handler error that says so (its handler did run). An origin is a
+    /// process where the transport names it, else an address (as for
+    /// [`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer)).
     pub fn set_max_exposed_bytes(&mut self, per_peer: u64, total: u64) {
         self.exposed.set_limits(per_peer, total);
     }

@@ -415,7 +415,9 @@ impl<C: Codec> Engine<C> {
             OpRole::Pull(key) => {
                 if let Some(p) = self.pulls.remove(&key) {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.charged());
-                    self.uncharge_input_pull(p.src.token(), p.charged());
+                    if let Some(origin) = p.origin {
+                        self.uncharge_input_pull(origin, p.charged());
+                    }
                     let one_way = p.header.is_one_way();
                     let pulled = match c.status {
                         Ok(()) => self.checked_pull(serve_spill_ops::pulled_bytes(p.mem), p.seal, p.crc),
@@ -449,6 +451,7 @@ impl<C: Codec> Engine<C> {
             OpRole::PullOutput(key, cookie) => {
                 if let Some(p) = self.pulls.remove(&key) {
                     self.pull_bytes = self.pull_bytes.saturating_sub(p.charged());
+                    self.output_pull_bytes = self.output_pull_bytes.saturating_sub(p.charged());
                     self.release_output(&p.src, cookie);
                     let rpc = self.call_name(cookie);
                     let outcome = match c.status {

@@ -15,6 +15,7 @@ use crate::codec::Codec;
 use crate::deferred::{DeferredLedger, DeferredTicket};
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status};
+use crate::origin::Origin;
 use crate::rpc::{rpc_id, Rpc};
 
 /// A plain handler: decodes the input, runs, and appends the encoded
@@ -61,7 +62,7 @@ pub struct DeferredRequest {
 pub(super) struct PullCharge {
     bytes: u64,
     held: Arc<AtomicU64>,
-    peer: u64,
+    peer: Origin,
     ledger: DeferredLedger,
 }
 
@@ -204,7 +205,7 @@ impl<C: Codec> Engine<C> {
 
     /// Counts `bytes` of a pulled input a deferred request of origin
     /// `peer` holds.
-    pub(super) fn charge_deferred(&mut self, peer: u64, bytes: u64) -> PullCharge {
+    pub(super) fn charge_deferred(&mut self, peer: Origin, bytes: u64) -> PullCharge {
         self.deferred_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.deferred_ledger.hold_bytes(peer, bytes);
         PullCharge {
@@ -234,7 +235,7 @@ impl<C: Codec> Engine<C> {
 
     /// A place for one more deferred request from `peer`, or why not
     /// (counted in `deferred_refused`).
-    pub(crate) fn admit_deferred(&mut self, peer: u64) -> std::result::Result<DeferredTicket, String> {
+    pub(crate) fn admit_deferred(&mut self, peer: Origin) -> std::result::Result<DeferredTicket, String> {
         let (per_peer, total) = self.max_deferred;
         self.deferred_ledger.admit(peer, per_peer, total).inspect_err(|why| {
             self.stats.deferred_refused += 1;

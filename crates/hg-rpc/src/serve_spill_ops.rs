@@ -84,7 +84,7 @@ impl<C: Codec> Engine<C> {
             // Its place is taken now, kept through the pull; busy is
             // answered before anything is pulled (a one-way request
             // too: the answer lets its origin drop the input).
-            match self.admit_deferred(src.token()) {
+            match self.admit_deferred(self.origin_of(src)) {
                 Ok(t) => ticket = Some(t),
                 Err(why) => {
                     self.stats.handled += 1;
@@ -94,8 +94,19 @@ impl<C: Codec> Engine<C> {
             }
         }
         if let Err(refused) = self.start_pull(src, h, payload, false, ticket) {
-            if refused.status() == Status::Busy {
-                self.stats.pulls_refused += 1;
+            match refused.why {
+                Refusal::NoRoom => self.stats.pulls_refused += 1,
+                // A descriptor that fails its checks (write-only, bad
+                // lengths) is malformed, as garbage is: answered (status
+                // 3) and counted.
+                Refusal::Malformed => {
+                    cold_path();
+                    self.stats.malformed += 1;
+                    if logged_at(self.stats.malformed) {
+                        tracing::warn!(peer = %src, reason = %refused.reason, malformed = self.stats.malformed, "malformed spilled input");
+                    }
+                }
+                Refusal::TooLarge { .. } | Refusal::Transport(_) => {}
             }
             self.respond(
                 src,
@@ -149,7 +160,7 @@ impl<C: Codec> Engine<C> {
             return Err(r);
         }
         let held = self.pull_bytes + self.deferred_bytes.load(std::sync::atomic::Ordering::Relaxed);
-        if held.saturating_add(len) > self.max_pull_bytes {
+        if held.saturating_add(len) > self.max_pull_bytes && !(output && self.output_within_floor(len)) {
             return Err(refuse(
                 Refusal::NoRoom,
                 format!(
@@ -159,11 +170,16 @@ impl<C: Codec> Engine<C> {
                 ),
             ));
         }
-        if !output {
-            // One origin's share too (a greedy one must not starve others).
-            self.admit_input_pull(src.token(), len)
+        // One origin's share too (a greedy one must not starve others):
+        // per process, where the transport names it (see `Origin`).
+        let origin = if output {
+            None
+        } else {
+            let origin = self.origin_of(src);
+            self.admit_input_pull(origin, len)
                 .map_err(|reason| refuse(Refusal::NoRoom, reason))?;
-        }
+            Some(origin)
+        };
         // The data and its seal (`parse` checked that they add up).
         let mem = MemHandle::new(
             vec![self.pull_buffer((len + spill::SEAL_LEN) as usize)],
@@ -185,8 +201,9 @@ impl<C: Codec> Engine<C> {
         };
         self.ops.insert(op, role);
         self.pull_bytes += len;
-        if !output {
-            self.charge_input_pull(src.token(), len);
+        match origin {
+            Some(origin) => self.charge_input_pull(origin, len),
+            None => self.output_pull_bytes += len,
         }
         self.pulls.insert(
             op.0,
@@ -197,6 +214,7 @@ impl<C: Codec> Engine<C> {
                 seal,
                 crc,
                 ticket,
+                origin,
             },
         );
         Ok(())
@@ -321,7 +339,7 @@ impl<C: Codec> Engine<C> {
         if h.status != Status::Ok {
             truncate_message(&mut out, self.limit_to(src).saturating_sub(HEADER_LEN));
             (h, out)
-        } else if let Err(why) = self.exposed.admit(src.token(), out.len() as u64) {
+        } else if let Err(why) = self.exposed.admit(self.origin_of(src), out.len() as u64) {
             cold_path();
             self.stats.outputs_refused += 1;
             let refused = self.stats.outputs_refused;
@@ -341,7 +359,8 @@ impl<C: Codec> Engine<C> {
             let seal = self.next_seal();
             match spill::expose(&mut self.ep, self.plugin, out, h.flags & FLAG_CHECKSUM != 0, seal) {
                 Ok((mem, payload)) => {
-                    self.exposed.insert((src.token(), h.cookie), mem, len);
+                    let origin = self.origin_of(src);
+                    self.exposed.insert((src.token(), h.cookie), origin, mem, len);
                     self.watch_origin(src);
                     (
                         Header {

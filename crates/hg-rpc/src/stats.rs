@@ -15,7 +15,9 @@ pub struct RpcStats {
     pub handled: u64,
     /// Calls that ended in an error at the origin.
     pub errors: u64,
-    /// Malformed messages received and dropped.
+    /// Malformed messages received: dropped, or (a request whose spilled
+    /// input's descriptor fails its checks, a write-only one say) answered
+    /// with a decode error (status 3).
     pub malformed: u64,
     /// Sends the transport accepted but then failed (at their completion:
     /// na-verbs, a message queued before the connection's hello and too

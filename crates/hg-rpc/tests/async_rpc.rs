@@ -476,7 +476,9 @@ async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
 /// Requests for async handlers that wait (on a gate here, on I/O in a real
 /// server) are bounded per caller and in all: past a bound a call is
 /// answered "busy" at once (a small call and a spilled one alike), never
-/// queued; once handlers finish, calls go again.
+/// queued; once handlers finish, calls go again. A caller is a process:
+/// two client engines of this one share its bound, and the other caller
+/// is a process of its own (`hg-rpc-testpeer` as a stalled client).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all() {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -493,6 +495,16 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
             async move {
                 g.acquire().await.map_err(|e| e.to_string())?.forget();
                 Ok(data)
+            }
+        })
+        .unwrap();
+    let g = gate.clone();
+    server
+        .register_async::<Digest, _, _>(move |data| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.map_err(|e| e.to_string())?.forget();
+                Ok((data.len() as u64, fnv(&data)))
             }
         })
         .unwrap();
@@ -533,14 +545,23 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
         call(&c1, vec![9; 1 << 20]).await.unwrap(),
         "3 requests from this caller",
     );
-    // Another caller gets the 2 left of 5 in all, then is refused too.
-    for i in 3..5u8 {
-        held.push((vec![i; 1 << 20], call(&c2, vec![i; 1 << 20])));
-    }
+    // Another client of this process is the same caller.
+    busy(call(&c2, vec![9]).await.unwrap(), "3 requests from this caller");
+    // Another process gets the 2 left of 5 in all, and its third spilled
+    // call is refused (its stalled client takes no answer: counted).
+    let _other = common::Server::with_envs(&[
+        ("QS_SM_DIR", dir.as_os_str()),
+        ("HG_TESTPEER_STALLED_CALL", std::ffi::OsStr::new(&uri)),
+        ("HG_TESTPEER_STALLED_INPUTS", std::ffi::OsStr::new("3")),
+    ]);
     wait_in_flight(5).await;
-    busy(call(&c2, vec![9]).await.unwrap(), "5 requests wait");
+    let end = Instant::now() + T;
+    while server.stats().deferred_refused < 4 {
+        assert!(Instant::now() < end, "{:?}", server.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let st = server.stats();
-    assert_eq!((st.deferred_refused, st.deferred_in_flight), (3, 5), "{st:?}");
+    assert_eq!((st.deferred_refused, st.deferred_in_flight), (4, 5), "{st:?}");
     gate.add_permits(5);
     for (want, h) in held {
         assert_eq!(h.await.unwrap().unwrap(), want);

@@ -421,42 +421,32 @@ fn a_response_refused_by_a_full_backlog_is_replaced_by_response_not_sent() {
     assert_eq!(srv.stats().responses_replaced, st.responses_replaced);
 }
 
-/// Small input, output of the size asked for (spills past 8 KiB).
-struct Fill;
-impl Rpc for Fill {
-    const NAME: &'static str = "test.fill";
-    type Input = u32;
-    type Output = Vec<u8>;
-}
-
-fn filled(n: u32) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8).collect()
-}
-
 /// Spilled outputs a target keeps for origins that have not pulled them
 /// are bounded per origin and in all: an origin with more large outputs
 /// unpulled than its share gets a handler error saying so (its other calls
-/// succeed); a silent origin that never pulls holds at most its share,
-/// and past the total another origin's call is refused the same way;
-/// once outputs are pulled, calls succeed again.
+/// succeed); a silent origin that never pulls (a process of its own,
+/// `hg-rpc-testpeer` as a stalled client, with two connections: one
+/// origin) holds at most its share, and past the total another origin's
+/// call is refused the same way; once outputs are pulled, calls succeed
+/// again.
 #[test]
 fn spilled_outputs_not_yet_pulled_are_bounded_per_caller_and_in_all() {
-    use hg_rpc::codec::{Codec, Postcard};
-    use hg_rpc::header::{Header, Status, FLAG_CHECKSUM, FLAG_SPILL};
-    use na_core::OpId;
-
     // Encoded, an output is 3 bytes longer: four fit in 1 MiB, five do not.
-    const K250: u32 = 250_000;
+    const K250: u64 = 250_000;
     let d = dir("exposed");
     let mut srv = server(&d);
-    srv.register::<Fill>(|n| Ok(filled(n))).unwrap();
+    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+        .unwrap();
     srv.set_max_exposed_bytes(1 << 20, 5 << 18);
     let uri = srv.self_addr().uri().to_owned();
+    let filled = |n| fill_pattern(n, 0);
 
     // Five at once: the target answers all five before we pull any.
     let mut c = client(&d);
     let s = c.endpoint().lookup(&uri).unwrap();
-    let ids: Vec<_> = (0..5).map(|_| c.forward::<Fill>(&s, &K250).unwrap()).collect();
+    let ids: Vec<_> = (0..5)
+        .map(|_| c.forward::<Fill>(&s, &(K250, 0)).unwrap())
+        .collect();
     serve_until(&mut srv, 5);
     assert_eq!(srv.stats().outputs_refused, 1, "{:?}", srv.stats());
     for (i, id) in ids.into_iter().enumerate() {
@@ -482,35 +472,18 @@ fn spilled_outputs_not_yet_pulled_are_bounded_per_caller_and_in_all() {
     }
 
     // A silent origin asks for ~1 MiB of outputs and never pulls them.
-    let (mut raw, sm) = endpoint(&d, false);
-    let rs = raw.lookup(&uri).unwrap();
-    let mut payload = Vec::new();
-    Postcard.encode(&(2 * K250), &mut payload).unwrap();
-    for cookie in 1..=2u64 {
-        let req = wire_message(FLAG_CHECKSUM, Fill::NAME, cookie, &payload);
-        raw.post_recv_unexpected(sm, Vec::new(), OpId(cookie)).unwrap();
-        raw.send_unexpected(&rs, 0, &req, OpId(1 << 40 | cookie)).unwrap();
-    }
+    let silent = common::Server::with_envs(&[
+        ("QS_SM_DIR", d.as_os_str()),
+        ("HG_TESTPEER_STALLED_CALL", std::ffi::OsStr::new(&uri)),
+        ("HG_TESTPEER_STALLED_CONNS", std::ffi::OsStr::new("2")),
+        ("HG_TESTPEER_STALLED_LEN", std::ffi::OsStr::new("500000")),
+    ]);
     serve_until(&mut srv, 7);
-    let mut spilled = 0;
-    let end = Instant::now() + T;
-    while spilled < 2 {
-        assert!(Instant::now() < end, "no responses for the silent origin");
-        raw.progress(Some(Duration::from_millis(5))).unwrap();
-        while let Some(done) = raw.pop_completion() {
-            if done.op.0 < 1 << 40 {
-                let buf = done.buf.expect("response");
-                let (h, _) = Header::decode(&buf).unwrap();
-                assert_eq!((h.status, h.flags & FLAG_SPILL), (Status::Ok, FLAG_SPILL));
-                spilled += 1;
-            }
-        }
-    }
     assert_eq!(srv.stats().exposed_bytes, 2 * 500_003);
 
     // ~1 MiB held of 1.25 MiB in all: one more 250 KB output fits, two do not.
-    let a = c.forward::<Fill>(&s, &K250).unwrap();
-    let b = c.forward::<Fill>(&s, &K250).unwrap();
+    let a = c.forward::<Fill>(&s, &(K250, 0)).unwrap();
+    let b = c.forward::<Fill>(&s, &(K250, 0)).unwrap();
     serve_until(&mut srv, 9);
     assert_eq!(wait::<Fill>(&mut c, a).unwrap(), filled(K250));
     match wait::<Fill>(&mut c, b) {
@@ -519,8 +492,11 @@ fn spilled_outputs_not_yet_pulled_are_bounded_per_caller_and_in_all() {
     }
     assert_eq!(srv.stats().outputs_refused, 2);
     // Pulled and released: the next call fits again.
-    assert_eq!(call_both::<Fill>(&mut c, &mut srv, &K250).unwrap(), filled(K250));
-    drop(raw);
+    assert_eq!(
+        call_both::<Fill>(&mut c, &mut srv, &(K250, 0)).unwrap(),
+        filled(K250)
+    );
+    drop(silent);
 }
 
 /// Spilled requests for a deferred (async) handler take their place under

@@ -363,3 +363,63 @@ fn a_spilled_input_that_fails_its_checksum_is_refused() {
     }
     assert_eq!(srv.stats().malformed, 1);
 }
+
+/// A spilled input whose descriptor forbids reading (write-only) fails
+/// the descriptor's checks: answered with a decode error (status 3) before
+/// anything is pulled, and counted as malformed on the target, as a
+/// checksum that fails is (it was answered but not counted); a readable
+/// one after it is served.
+#[test]
+fn a_spilled_input_described_write_only_is_answered_and_counted_malformed() {
+    use hg_rpc::header::{crc32c, Header, Status};
+
+    let d = dir("spill-write-only-in");
+    let (sep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(sep, sid).unwrap();
+    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
+        .unwrap();
+    let (mut ep, cid) = endpoint(&d, false);
+    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    let input = postcard::to_allocvec(&vec![1u8; 64 << 10]).unwrap();
+    let crc = crc32c(&input);
+    let write_only = na_core::MemHandle::new(
+        vec![input.clone(), common::TEST_SEAL.to_le_bytes().to_vec()],
+        na_core::Access::WriteOnly,
+    );
+    let readable = common::sealed(input.clone());
+    for (cookie, mem) in [(1u64, &write_only), (2, &readable)] {
+        ep.plugin_mut(cid).unwrap().mem_register(mem).unwrap();
+        let desc = ep.plugin(cid).unwrap().mem_describe(mem).unwrap().to_bytes();
+        let msg = spilled_digest_request(cookie, input.len() as u64, &desc, crc);
+        ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
+        ep.send_unexpected(&s, 0, &msg, OpId(100 + cookie)).unwrap();
+        let end = Instant::now() + T;
+        let (h, p) = loop {
+            assert!(Instant::now() < end, "no reply to {cookie}");
+            ep.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.trigger().unwrap();
+            let done = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(cookie));
+            if let Some(buf) = done.and_then(|c| c.buf) {
+                let (h, p) = Header::decode(&buf).unwrap();
+                break (h, p.to_vec());
+            }
+        };
+        let why = String::from_utf8_lossy(&p);
+        if cookie == 1 {
+            assert_eq!(h.status, Status::DecodeError, "{why}");
+            assert!(why.contains("read"), "{why}");
+            let st = srv.stats();
+            assert_eq!((st.malformed, st.pulls_refused), (1, 0), "{st:?}");
+        } else {
+            assert_eq!(h.status, Status::Ok, "{why}");
+        }
+    }
+    assert_eq!(srv.stats().malformed, 1);
+    let pulled = srv.endpoint().plugin(sid).unwrap().stats().get_bytes;
+    assert_eq!(
+        pulled,
+        input.len() as u64 + 8,
+        "only the readable input was pulled"
+    );
+}

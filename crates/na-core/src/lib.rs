@@ -48,7 +48,7 @@ pub use error::{NaError, Result};
 pub use mem::{Access, MemHandle, RemoteMem, RemoteSegment, MAX_REMOTE_SEGMENTS};
 pub use msgbuf::{MsgBuf, MsgBufPool, MsgMemory};
 pub use op::{Completion, OpId, OpKind, Report, Tag};
-pub use plugin::{Plugin, PluginFactory, PluginRegistry, PluginStats};
+pub use plugin::{PeerProcess, Plugin, PluginFactory, PluginRegistry, PluginStats};
 pub use progress::{deadline_after, ProgressMode, DEFAULT_ADAPTIVE_SPIN};
 pub use rma::{Rma, RmaDir};
 pub use slab::{TokenSlab, TokenState};

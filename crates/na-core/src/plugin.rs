@@ -112,6 +112,20 @@ impl PluginStats {
     }
 }
 
+/// The process behind a peer address, as the operating system vouches for
+/// it (see [`Plugin::peer_process`]): a pid and that process's start
+/// time, which together name one process on the host for all time (a pid
+/// alone may be reused by a later process).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerProcess {
+    /// Its process id (na-sm: the kernel's `SO_PEERCRED` pid).
+    pub pid: u32,
+    /// When it started, in the plugin's unit (na-sm: clock ticks since
+    /// boot, field 22 of `/proc/<pid>/stat`, read by us, never said by
+    /// the peer). Only compared, within one plugin.
+    pub started: u64,
+}
+
 /// A network-abstraction plugin instance: one transport endpoint (listening
 /// or client-only) that sends messages and moves memory.
 ///
@@ -207,6 +221,28 @@ pub trait Plugin: Send {
 
     /// Largest tag value.
     fn max_tag(&self) -> Tag;
+
+    /// The process behind peer address `dest`, where the kernel vouches
+    /// for it: several addresses (one process may open many connections,
+    /// under many names) then have one answer, so that bounds meant to
+    /// keep one greedy peer from starving others (hg-rpc's pull shares,
+    /// deferred requests and exposed outputs) can count processes, not
+    /// connections. Cheap (a table lookup), for the rare paths that keep
+    /// such bounds; never on the busy path.
+    ///
+    /// `None` (the default) when the plugin cannot vouch for it: each
+    /// address then counts as a process of its own. na-sm answers from
+    /// the kernel's `SO_PEERCRED` pid (checked against the name the peer's
+    /// hello gave) and the start time it read for that pid when the
+    /// connection was made (so a reused pid is another process); `None`
+    /// for a peer whose start time it could not read. na-verbs keeps the
+    /// default: nothing vouches for a remote process's identity (its
+    /// hello says what it likes, and RDMA CM names only an IP address and
+    /// port, which many processes, or one process many times, may hold).
+    fn peer_process(&self, dest: &Addr) -> Option<PeerProcess> {
+        let _ = dest;
+        None
+    }
 
     /// Sends an unexpected message. `data` is copied before the call returns
     /// (into the transport, or into a backlog if the transport is full).

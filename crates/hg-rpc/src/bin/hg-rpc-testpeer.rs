@@ -14,7 +14,13 @@
 //! with 1 MiB inputs of byte 1 (inputs that spill), prints `ADDR <its
 //! uri>`, and then drives its transport without ever taking a response
 //! (so it never pulls an output, and keeps its inputs exposed), until it
-//! is killed (or its standard input closes, or 60 s pass).
+//! is killed (or its standard input closes, or 60 s pass). With
+//! `HG_TESTPEER_STALLED_CONNS=<k>` it does so from `k` engines of its own
+//! (`k` connections, each under an instance name of its own: one process
+//! that poses as many origins), each making those calls (`ADDR` is the
+//! first engine's);
+//! `HG_TESTPEER_STALLED_LEN=<bytes>` sets the length of the `Digest`
+//! inputs, or of the `Fill` output (default 1 MiB).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -74,26 +80,48 @@ fn exit_with_stdin() {
 /// progress without `trigger` moves its messages but takes none, so the
 /// spilled response waits in the transport and nothing is pulled.
 fn stalled_client(spec: &str, server: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let mut engine = Engine::from_spec(spec, true, ProgressMode::default())?;
-    let at = engine.lookup(server)?;
-    match std::env::var("HG_TESTPEER_STALLED_INPUTS") {
-        Ok(n) => {
-            let n: u32 = n
-                .parse()
-                .map_err(|e| format!("HG_TESTPEER_STALLED_INPUTS={n:?}: {e}"))?;
-            let input = vec![1u8; 1 << 20];
-            for _ in 0..n {
-                engine.forward::<Digest>(&at, &input)?;
+    let number = |var: &str, default: u64| -> Result<u64, String> {
+        match std::env::var(var) {
+            Ok(v) => v.parse().map_err(|e| format!("{var}={v:?}: {e}")),
+            Err(_) => Ok(default),
+        }
+    };
+    let conns = number("HG_TESTPEER_STALLED_CONNS", 1)?;
+    let len = number("HG_TESTPEER_STALLED_LEN", 1 << 20)?;
+    if conns == 0 || conns > 256 || len > 64 << 20 {
+        return Err(
+            "HG_TESTPEER_STALLED_CONNS must be 1..=256, HG_TESTPEER_STALLED_LEN at most 64 MiB".into(),
+        );
+    }
+    let mut engines = Vec::new();
+    for _ in 0..conns {
+        let mut engine = Engine::from_spec(spec, true, ProgressMode::default())?;
+        let at = engine.lookup(server)?;
+        match std::env::var("HG_TESTPEER_STALLED_INPUTS") {
+            Ok(n) => {
+                let n: u32 = n
+                    .parse()
+                    .map_err(|e| format!("HG_TESTPEER_STALLED_INPUTS={n:?}: {e}"))?;
+                let input = vec![1u8; len as usize];
+                for _ in 0..n {
+                    engine.forward::<Digest>(&at, &input)?;
+                }
+            }
+            Err(_) => {
+                engine.forward::<Fill>(&at, &(len, 0))?;
             }
         }
-        Err(_) => {
-            engine.forward::<Fill>(&at, &(1 << 20, 0))?;
-        }
+        engines.push(engine);
     }
-    println!("ADDR {}", engine.self_addr());
+    // One line (the test reads one, then closes the pipe): the first's.
+    if let Some(first) = engines.first() {
+        println!("ADDR {}", first.self_addr());
+    }
     let end = Instant::now() + Duration::from_secs(60);
     while Instant::now() < end {
-        engine.progress(Some(Duration::from_millis(200)))?;
+        for engine in &mut engines {
+            engine.progress(Some(Duration::from_millis(200 / conns)))?;
+        }
     }
     eprintln!("hg-rpc-testpeer: stalled client not killed within 60 s, exiting");
     std::process::exit(3);

@@ -9,7 +9,8 @@ use std::time::Duration;
 use na_core::hint::cold_path;
 use na_core::msgbuf::check_buf_size;
 use na_core::{
-    Addr, Completion, MsgBuf, NaError, OpId, Plugin, PluginId, PluginStats, Report, Result, Rma, Tag,
+    Addr, Completion, MsgBuf, NaError, OpId, PeerProcess, Plugin, PluginId, PluginStats, Report, Result, Rma,
+    Tag,
 };
 
 use crate::channel::{MsgKind, BUF_SIZE};
@@ -125,6 +126,24 @@ impl Plugin for SmPlugin {
 
     fn max_tag(&self) -> Tag {
         Tag::MAX
+    }
+
+    /// The kernel's pid of the peer (`SO_PEERCRED`, which the name in its
+    /// hello had to match) and the start time we read for that pid as the
+    /// connection was made (see `identity`); so every connection of one
+    /// process, under any of its instance names, has one answer, and a
+    /// later process with a reused pid another. `None` for an address of
+    /// another plugin or of a departed peer, and for a peer whose start
+    /// time we could not read (our failure, not its).
+    fn peer_process(&self, dest: &Addr) -> Option<PeerProcess> {
+        if dest.plugin() != self.id {
+            return None;
+        }
+        let p = self.peers.get(dest.token())?;
+        Some(PeerProcess {
+            pid: p.pid,
+            started: p.start?,
+        })
     }
 
     fn send_unexpected(&mut self, dest: &Addr, tag: Tag, data: &[u8], op: OpId) -> Result<()> {

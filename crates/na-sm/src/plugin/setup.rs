@@ -74,7 +74,10 @@ impl SmPlugin {
         poll.add(timer.as_fd().as_raw_fd(), TIMER_TOKEN)
             .map_err(|e| SmError::sys("epoll_ctl add timer", e))?;
         let mut peers = PeerTable::default();
-        let self_tok = peers.insert(id, name.clone(), proc::pid(), None, true);
+        // Our own start time: what `peer_process` answers for our own
+        // address, as for any connection of ours from another instance.
+        let own_start = proc::start_time(proc::pid()).ok();
+        let self_tok = peers.insert(id, name.clone(), proc::pid(), own_start, true);
         let mut plugin = SmPlugin {
             id,
             cfg: config,
