@@ -34,10 +34,11 @@ pub enum RpcError {
         /// The target's message (which bound).
         reason: String,
     },
-    /// The target could not send its response to the call (a transport
-    /// failure of that message alone, while the caller stayed reachable:
-    /// na-verbs, a post error, or a message too large for this side's
-    /// buffers) and sent this short error in its place
+    /// The target could not send its response to the call (the transport
+    /// refused or failed that message while the caller stayed reachable:
+    /// its send backlog to the caller full, the caller not reading; a
+    /// message too large for the caller's buffers; na-verbs, a post
+    /// error) and sent this short error in its place
     /// ([`Status::ResponseNotSent`](crate::header::Status::ResponseNotSent)).
     /// The handler may have run: its output (or its error) is lost.
     #[error("{rpc}: the target could not send its response: {reason}")]

@@ -83,16 +83,19 @@ pub struct RpcStats {
     /// in it, not when room came back to the head.
     pub outputs_target_gone: u64,
     /// Responses this target could not send, nor an error in their place
-    /// (the caller is gone, or its send backlog is full because it stopped
-    /// reading): their callers see the peer go, or time out.
+    /// (the caller is gone, or its send backlog, full because it stopped
+    /// reading, had no room even for that error): their callers see the
+    /// peer go, or time out.
     pub responses_dropped: u64,
-    /// Responses this target could not send (refused at the send call, or
-    /// failed at their completion, for a reason of their own: too large
-    /// for the caller, a post error), each answered in its place with a
-    /// short [`RpcError::ResponseNotSent`] error handed to the transport:
-    /// their callers learn at once instead of at their deadline. (Should
-    /// that error fail at its completion too, nothing more is sent and the
-    /// response counts in `responses_dropped` as well.)
+    /// Responses this target could not send (refused at the send call: a
+    /// full send backlog to a caller that stopped reading, too large for
+    /// the caller; or failed at their completion: na-verbs, a post error,
+    /// too large for a peer whose hello came later), each answered in its
+    /// place with a short [`RpcError::ResponseNotSent`] error handed to
+    /// the transport: their callers learn at once instead of at their
+    /// deadline. (Should that error fail at its completion too, nothing
+    /// more is sent and the response counts in `responses_dropped` as
+    /// well.)
     pub responses_replaced: u64,
     /// Spilled requests this target answered "busy" before pulling their
     /// input: the pull budget ([`Engine::set_max_pull_bytes`]), or their

@@ -21,6 +21,10 @@ use crate::peer_failure::{wake_failure, Failure};
 use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, PIDFD_BIT, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
 
+/// Harvests [`SmPlugin::harvest_primed`] makes at most before it sleeps
+/// or declares the plugin idle.
+const MAX_PRIMED_HARVESTS: usize = 4;
+
 /// Full batches of events one call handles at most (see `wait_events`).
 pub(crate) const MAX_EVENT_ROUNDS: usize = 4;
 
@@ -306,6 +310,21 @@ impl SmPlugin {
 
     pub(crate) fn poll_events(&mut self) -> Result<()> {
         self.wait_events(Some(Duration::ZERO))
+    }
+
+    /// Takes the report epoll makes of a wake-up eventfd added since the
+    /// set's last wait (`wake_primed`, see `connect::poll_add_wake`), so
+    /// that it neither ends a sleep nor makes our descriptor readable for
+    /// nothing. Each harvest may handle a hello that adds another: a few
+    /// rounds at most (hellos that keep coming are real events anyway).
+    pub(crate) fn harvest_primed(&mut self) -> Result<()> {
+        for _ in 0..MAX_PRIMED_HARVESTS {
+            if !self.wake_primed {
+                break;
+            }
+            self.poll_events()?;
+        }
+        Ok(())
     }
 
     /// Handles the internal epoll set's events, waiting up to `timeout` for

@@ -92,3 +92,44 @@ fn no_sleep_ends_for_the_report_of_a_new_wake_up_eventfd() {
     drop(client);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether `fd` is readable now (a `poll` of no time).
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let (n, revents) = common::sys::poll_one(fd, libc::POLLIN, 0);
+    assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
+    n == 1 && revents & libc::POLLIN != 0
+}
+
+/// The same report where the caller waits on the plugin's descriptor
+/// itself (`try_wait`, then a wait on `poll_fd`: an endpoint of several
+/// plugins, an async driver): a hello handled by `try_wait`'s own
+/// harvest adds the listener's eventfd after that harvest's wait, and the
+/// descriptor `try_wait` declared idle must not be readable for it.
+#[test]
+fn an_idle_try_wait_leaves_no_report_of_a_new_eventfd_behind() {
+    let dir = private_dir("first-wake-try");
+    let mut server = SmPlugin::new(PluginId(1), config(&dir, true)).unwrap();
+    let mut client = SmPlugin::new(PluginId(2), config(&dir, false)).unwrap();
+    let uri = server.self_addr().uri().to_owned();
+    let _to_server = client.lookup(&uri).unwrap();
+    let fd = server.poll_fd().expect("an epoll descriptor");
+    let end = Instant::now() + T;
+    // Only `try_wait` moves the server: its harvests accept the client
+    // and handle its hello (a handshake makes no completion to progress).
+    let mut idle = false;
+    while server.stats().peers != 1 {
+        assert!(Instant::now() < end, "the handshake never ended");
+        idle = server.try_wait().unwrap();
+    }
+    // Checked before the client moves again (it might then write to the
+    // server for real).
+    assert!(idle, "the try_wait that ended the handshake saw work left");
+    assert_eq!(client.stats().signals_sent, 0, "the client signalled");
+    assert!(
+        !readable(fd),
+        "try_wait declared the listener idle, yet its descriptor is readable (its new eventfd's report)"
+    );
+    drop(server);
+    drop(client);
+    let _ = std::fs::remove_dir_all(&dir);
+}

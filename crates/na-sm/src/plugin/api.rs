@@ -293,6 +293,9 @@ impl Plugin for SmPlugin {
         // would not be told about them again. One epoll_wait(0) per sleep.
         self.check_not_inherited()?;
         self.poll_events()?;
+        // A hello that harvest handled added a wake-up eventfd after its
+        // wait: its report would make our descriptor readable at once.
+        self.harvest_primed()?;
         Ok(self.arm())
     }
 
@@ -300,13 +303,11 @@ impl Plugin for SmPlugin {
     /// pending events at once) and waits on the internal epoll set itself.
     fn sleep(&mut self, timeout: Option<Duration>) -> Result<bool> {
         self.check_not_inherited()?;
-        if self.wake_primed {
-            // A wake-up eventfd added since the last wait would end the
-            // wait below at once, for nothing (see `connect::poll_add_wake`):
-            // take its report (and whatever else is there) now, as
-            // `try_wait` does before every sleep.
-            self.poll_events()?;
-        }
+        // A wake-up eventfd added since the last wait would end the wait
+        // below at once, for nothing (see `connect::poll_add_wake`): take
+        // its report (and whatever else is there) now, as `try_wait` does
+        // before every sleep.
+        self.harvest_primed()?;
         if self.arm() {
             self.wait_events(timeout)?;
         }
