@@ -73,6 +73,12 @@ struct Miss<'c, R: Registrar> {
     gen0: u64,
     /// The table's count of insertions noted with the span.
     ins0: u64,
+    /// The span as published for concurrent misses of the range to wait
+    /// for (`coalesce`); taken back as soon as the outcome is known
+    /// (declared before `doomed`: fields drop in order, so a miss that
+    /// ends in an error lets its waiters go before it deregisters what a
+    /// paused sweep evicted).
+    published: Option<Published<'c>>,
     /// Room for the entries the insertion takes out.
     doomed: Vec<Arc<Entry<R>>>,
     /// Tracking slots for the superseded entries in use and for the
@@ -91,9 +97,6 @@ struct Miss<'c, R: Registrar> {
     /// Counted as a miss already (a lookup that registers, not one a
     /// wait turned into a hit).
     counted: bool,
-    /// The span as published for concurrent misses of the range to wait
-    /// for (`coalesce`); taken back as soon as the outcome is known.
-    published: Option<Published<'c>>,
     /// Waited for another's registration already (once at most).
     waited: bool,
 }
