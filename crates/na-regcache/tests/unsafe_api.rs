@@ -8,8 +8,9 @@
 //! (E0133), and with one (the positive control) the same probe must
 //! compile, so the refusal is the function's and not a broken probe.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+
+use na_testsuite::probe::Probe;
 
 const PROBE_LIB: &str = r#"
 use na_regcache::{FixedBuffer, UringRegistrar};
@@ -26,57 +27,17 @@ pub fn forged(reg: &UringRegistrar, buf: &FixedBuffer) -> std::io::Result<usize>
 }
 "#;
 
-fn write_probe(dir: &Path) {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::fs::create_dir_all(dir.join("src")).unwrap();
-    let manifest = format!(
-        "[package]\nname = \"na-regcache-unsafe-probe\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
-         [workspace]\n\n\
-         [dependencies]\nna-regcache = {{ path = {:?} }}\n\n\
-         [features]\nwrapped = []\n",
-        crate_dir.display().to_string(),
-    );
-    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
-    std::fs::write(dir.join("src/lib.rs"), PROBE_LIB).unwrap();
-    // The workspace's lock file pins the versions it built with, so the
-    // probe resolves offline to what is already in the local registry.
-    std::fs::copy(crate_dir.join("../../Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-}
-
-/// `cargo check` of the probe, with or without its `wrapped` feature:
-/// (success, stderr).
-fn check(dir: &Path, wrapped: bool) -> (bool, String) {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("check")
-        .arg("--offline")
-        .arg("--quiet")
-        .arg("--message-format=short")
-        .arg("--manifest-path")
-        .arg(dir.join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(dir.join("target"))
-        // The caller's target directory and flags are not the probe's.
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("CARGO_BUILD_TARGET_DIR")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS");
-    if wrapped {
-        cmd.arg("--features").arg("wrapped");
-    }
-    let out = cmd.output().expect("run cargo");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn read_fixed_cannot_be_called_from_safe_code() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("na-regcache-unsafe-probe");
-    write_probe(&dir);
+    let probe = Probe::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "na-regcache-unsafe-probe",
+        &[("na-regcache", Path::new(env!("CARGO_MANIFEST_DIR")))],
+        "wrapped = []",
+        PROBE_LIB,
+    );
 
-    let (ok, err) = check(&dir, false);
+    let (ok, err) = probe.check("");
     assert!(!ok, "read_fixed was callable from safe code");
     assert!(
         err.lines()
@@ -84,6 +45,6 @@ fn read_fixed_cannot_be_called_from_safe_code() {
         "the safe call was refused, but not as a call of an unsafe function:\n{err}"
     );
 
-    let (ok, err) = check(&dir, true);
+    let (ok, err) = probe.check("wrapped");
     assert!(ok, "the probe does not compile even with an unsafe block:\n{err}");
 }

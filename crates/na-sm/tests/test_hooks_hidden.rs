@@ -16,8 +16,9 @@
 //! name; with it (the positive control) the same probe must compile, so
 //! the refusals are the hooks' absence and not a broken probe.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+
+use na_testsuite::probe::{refused_by_name as refused, Probe};
 
 /// Uses every test hook once; each use is an error of its own without the
 /// feature.
@@ -88,65 +89,19 @@ const HIDDEN: &[&str] = &[
     "exits_by_eof_only",
 ];
 
-fn write_probe(dir: &Path) {
-    let na_sm = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let na_core = na_sm.join("../na-core");
-    std::fs::create_dir_all(dir.join("src")).unwrap();
-    let manifest = format!(
-        "[package]\nname = \"na-sm-hooks-probe\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
-         [workspace]\n\n\
-         [dependencies]\nna-sm = {{ path = {:?} }}\nna-core = {{ path = {:?} }}\n\n\
-         [features]\nhooks = [\"na-sm/test-hooks\"]\ncma = [\"hooks\"]\n",
-        na_sm.display().to_string(),
-        na_core.display().to_string(),
-    );
-    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
-    std::fs::write(dir.join("src/lib.rs"), PROBE_LIB).unwrap();
-    // The workspace's lock file pins the versions it built with, so the
-    // probe resolves offline to what is already in the local registry.
-    std::fs::copy(na_sm.join("../../Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-}
-
-/// `cargo check` of the probe with the probe's `features` (none, `hooks`:
-/// na-sm's test-hooks, or `cma`: the hooks and a use of `sys::cma`):
-/// (success, stderr).
-fn check(dir: &Path, features: &str) -> (bool, String) {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("check")
-        .arg("--offline")
-        .arg("--quiet")
-        .arg("--message-format=short")
-        .arg("--manifest-path")
-        .arg(dir.join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(dir.join("target"))
-        // The caller's target directory and flags are not the probe's.
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("CARGO_BUILD_TARGET_DIR")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS");
-    if !features.is_empty() {
-        cmd.arg("--features").arg(features);
-    }
-    let out = cmd.output().expect("run cargo");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn a_build_without_the_test_hooks_feature_cannot_reach_them() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("na-sm-hooks-probe");
-    write_probe(&dir);
+    let na_sm = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let probe = Probe::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "na-sm-hooks-probe",
+        &[("na-sm", na_sm), ("na-core", &na_sm.join("../na-core"))],
+        "hooks = [\"na-sm/test-hooks\"]\ncma = [\"hooks\"]",
+        PROBE_LIB,
+    );
 
-    let (ok, err) = check(&dir, "");
+    let (ok, err) = probe.check("");
     assert!(!ok, "the probe compiled without the test-hooks feature");
-    let refused = |err: &str, name: &str| {
-        let quoted = format!("`{name}`");
-        err.lines().any(|l| l.contains("error") && l.contains(&quoted))
-    };
     for name in HIDDEN {
         assert!(
             refused(&err, name),
@@ -163,12 +118,12 @@ fn a_build_without_the_test_hooks_feature_cannot_reach_them() {
         "a build without test-hooks refused something else:\n{err}"
     );
 
-    let (ok, err) = check(&dir, "hooks");
+    let (ok, err) = probe.check("hooks");
     assert!(ok, "the probe does not compile even with test-hooks:\n{err}");
 
     // `sys::cma` stays private with the hooks: its batch would write this
     // very process's memory at a forged `RemoteMem`'s addresses.
-    let (ok, err) = check(&dir, "cma");
+    let (ok, err) = probe.check("cma");
     assert!(!ok, "sys::cma is reachable with test-hooks");
     assert!(refused(&err, "cma"), "sys::cma was not refused by name:\n{err}");
 }

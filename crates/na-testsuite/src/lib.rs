@@ -44,6 +44,7 @@ mod harness;
 pub mod log;
 pub mod messaging;
 pub mod peer;
+pub mod probe;
 pub mod pull;
 pub mod rma;
 pub mod robustness;

@@ -14,8 +14,9 @@
 //! (the positive control) the probe must compile; `credits` must be
 //! refused with it too.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+
+use na_testsuite::probe::{refused_by_name as refused, Probe};
 
 const PROBE_LIB: &str = r#"
 pub fn internals() -> usize {
@@ -41,62 +42,17 @@ pub fn credits() {
 /// What a build without the feature must refuse, each by name.
 const HIDDEN: &[&str] = &["sys", "wire"];
 
-fn write_probe(dir: &Path) {
-    let na_verbs = Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::fs::create_dir_all(dir.join("src")).unwrap();
-    let manifest = format!(
-        "[package]\nname = \"na-verbs-hooks-probe\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
-         [workspace]\n\n\
-         [dependencies]\nna-verbs = {{ path = {:?} }}\n\n\
-         [features]\nhooks = [\"na-verbs/test-hooks\"]\ncredits = [\"hooks\"]\n",
-        na_verbs.display().to_string(),
-    );
-    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
-    std::fs::write(dir.join("src/lib.rs"), PROBE_LIB).unwrap();
-    // The workspace's lock file pins the versions it built with, so the
-    // probe resolves offline to what is already in the local registry.
-    std::fs::copy(na_verbs.join("../../Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-}
-
-/// `cargo check` of the probe with the probe's `features`: (success,
-/// stderr).
-fn check(dir: &Path, features: &str) -> (bool, String) {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("check")
-        .arg("--offline")
-        .arg("--quiet")
-        .arg("--message-format=short")
-        .arg("--manifest-path")
-        .arg(dir.join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(dir.join("target"))
-        // The caller's target directory and flags are not the probe's.
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("CARGO_BUILD_TARGET_DIR")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS");
-    if !features.is_empty() {
-        cmd.arg("--features").arg(features);
-    }
-    let out = cmd.output().expect("run cargo");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn refused(err: &str, name: &str) -> bool {
-    let quoted = format!("`{name}`");
-    err.lines().any(|l| l.contains("error") && l.contains(&quoted))
-}
-
 #[test]
 fn a_build_without_the_test_hooks_feature_cannot_reach_the_internals() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("na-verbs-hooks-probe");
-    write_probe(&dir);
+    let probe = Probe::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "na-verbs-hooks-probe",
+        &[("na-verbs", Path::new(env!("CARGO_MANIFEST_DIR")))],
+        "hooks = [\"na-verbs/test-hooks\"]\ncredits = [\"hooks\"]",
+        PROBE_LIB,
+    );
 
-    let (ok, err) = check(&dir, "");
+    let (ok, err) = probe.check("");
     assert!(!ok, "the probe compiled without the test-hooks feature");
     for name in HIDDEN {
         assert!(
@@ -112,10 +68,10 @@ fn a_build_without_the_test_hooks_feature_cannot_reach_the_internals() {
         "a build without test-hooks refused something else (the API must stay reachable):\n{err}"
     );
 
-    let (ok, err) = check(&dir, "hooks");
+    let (ok, err) = probe.check("hooks");
     assert!(ok, "the probe does not compile even with test-hooks:\n{err}");
 
-    let (ok, err) = check(&dir, "credits");
+    let (ok, err) = probe.check("credits");
     assert!(!ok, "`credits` is reachable with test-hooks");
     assert!(
         refused(&err, "credits"),
