@@ -378,6 +378,9 @@ impl<C: Codec> Engine<C> {
                 if let Some(h) = super::unsent_response_ops::returned_response(&msg) {
                     return self.response_not_sent(&dest, &h, msg.len(), e);
                 }
+                if let Some(cookie) = super::notice_ops::returned_release(&msg) {
+                    return self.release_returned(&dest, cookie, &e);
+                }
             }
             tracing::debug!(error = %e, "rpc send failed (a response, notice or one-way request)");
             return;

@@ -81,6 +81,30 @@ impl<C: Codec> Engine<C> {
         tracing::debug!(peer = %peer, ?notice, error = %e, "cannot send a notice (peer gone?)");
     }
 
+    /// A release notice for call `cookie` that `peer` never got: its send
+    /// failed at its completion (na-verbs gives the message back, see
+    /// [`returned_release`]). Queued to go again, as one the transport
+    /// refused at the call, unless the peer is gone; the outputs' TTL
+    /// counts from its first failure, so one that keeps failing is given
+    /// up when the target frees the output anyway (no endless loop).
+    /// (Before: only logged, and the target kept the output exposed, and
+    /// a drain waited, until that TTL.)
+    #[cold]
+    #[inline(never)]
+    pub(super) fn release_returned(&mut self, peer: &Addr, cookie: u64, e: &NaError) {
+        let notice = Notice::Release(cookie);
+        if matches!(e, NaError::PeerGone { .. } | NaError::InvalidAddress { .. }) {
+            return self.notice_lost(peer, notice, e);
+        }
+        tracing::debug!(peer = %peer, cookie, error = %e, "a release notice failed at completion; sending it again");
+        if !self
+            .unsent_notices
+            .push_returned_release(peer, cookie, self.output_ttl)
+        {
+            tracing::debug!(peer = %peer, cookie, "a release notice kept failing (or too many wait); the target's TTL frees the output");
+        }
+    }
+
     /// Sends the notices that waited: each peer's in order, until the
     /// transport refuses one of them again. Those older than the outputs'
     /// TTL are dropped (the peer has freed the memory by then: the
@@ -121,6 +145,16 @@ impl<C: Codec> Engine<C> {
     pub fn notices_waiting(&self) -> usize {
         self.unsent_notices.len()
     }
+}
+
+/// The cookie of `msg` if it is a release notice of ours (a failed send
+/// given back by the transport, see
+/// [`Completion::buf`](na_core::Completion::buf)); `None` for anything
+/// else.
+pub(super) fn returned_release(msg: &[u8]) -> Option<u64> {
+    let (h, _) = Header::decode(msg).ok()?;
+    let release = !h.is_response() && h.flags & FLAG_ONE_WAY != 0 && h.rpc_id == rpc_id(RELEASE_RPC);
+    release.then_some(h.cookie)
 }
 
 /// True for a send error that passes (a full backlog): the notice is

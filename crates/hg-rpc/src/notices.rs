@@ -52,6 +52,10 @@ pub(crate) enum Notice {
 /// The notices waiting, by peer (its address token).
 pub(crate) struct UnsentNotices {
     targets: FastMap<u64, Waiting>,
+    /// When each notice the transport gave back (failed at its
+    /// completion) first failed, by peer token and notice: its TTL counts
+    /// from then, however often it is sent again (see `push_returned`).
+    returned: FastMap<(u64, u64), Instant>,
     last_try: Instant,
     /// How long after `last_try` a turn that moved may retry.
     gap: Duration,
@@ -67,6 +71,7 @@ impl Default for UnsentNotices {
     fn default() -> Self {
         UnsentNotices {
             targets: FastMap::default(),
+            returned: FastMap::default(),
             last_try: Instant::now(),
             gap: RETRY_FIRST,
         }
@@ -96,6 +101,30 @@ impl UnsentNotices {
             return false;
         }
         w.notices.push_back((notice, Instant::now()));
+        true
+    }
+
+    /// Queues a release notice (of call `cookie`) the transport gave back
+    /// (it failed at its completion, after its send was accepted), dated
+    /// from its first failure so that the retries' TTL cut-off ends one
+    /// that keeps failing; false (not queued) once `ttl` has passed since
+    /// then, or past the cap. Dates older than `ttl` are forgotten.
+    pub(crate) fn push_returned_release(&mut self, target: &Addr, cookie: u64, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let key = (target.token(), cookie);
+        let first = *self.returned.entry(key).or_insert(now);
+        self.returned.retain(|_, first| now.duration_since(*first) <= ttl);
+        if now.duration_since(first) > ttl {
+            return false;
+        }
+        let w = self.targets.entry(target.token()).or_insert_with(|| Waiting {
+            addr: target.clone(),
+            notices: VecDeque::new(),
+        });
+        if w.notices.len() >= MAX_WAITING_PER_PEER {
+            return false;
+        }
+        w.notices.push_back((Notice::Release(cookie), first));
         true
     }
 
@@ -189,6 +218,33 @@ mod tests {
             addr: a.clone(),
             notices: VecDeque::new(),
         });
+        assert!(u.is_empty());
+    }
+
+    /// A returned release is queued dated from its first failure, so a
+    /// notice that keeps failing is refused once the TTL has passed since
+    /// then (the retries end), however often it came back.
+    #[test]
+    fn a_returned_release_is_dated_from_its_first_failure() {
+        let a = Addr::new("sm://1-a", PluginId(1), 1, false);
+        let mut u = UnsentNotices::default();
+        let ttl = Duration::from_millis(50);
+        assert!(u.push_returned_release(&a, 7, ttl));
+        let first = u.take_all()[0].notices[0].1;
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(u.push_returned_release(&a, 7, ttl), "within the TTL");
+        assert_eq!(
+            u.take_all()[0].notices[0].1,
+            first,
+            "dated from the first failure"
+        );
+        assert!(u.push_returned_release(&a, 8, ttl), "another call's release");
+        u.take_all();
+        std::thread::sleep(ttl + Duration::from_millis(5));
+        assert!(
+            !u.push_returned_release(&a, 7, ttl),
+            "past the TTL since the first failure"
+        );
         assert!(u.is_empty());
     }
 

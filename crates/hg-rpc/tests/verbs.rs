@@ -6,7 +6,9 @@
 //! `verbs/spill_pull_failures.rs`. Peers with different eager limits:
 //! `verbs/eager_limits.rs`. A request send that fails at completion:
 //! `verbs/send_failures.rs`; a response send that does:
-//! `verbs/response_failures.rs`.
+//! `verbs/response_failures.rs`; a release notice that does:
+//! `verbs/notice_failures.rs`. A self-forward carrying bulk handles:
+//! `verbs/self_forward.rs`.
 //!
 //! Without an RDMA device (the host) each test asserts that building an
 //! engine on `verbs://` fails with the clear "no RDMA device found" error,
@@ -26,8 +28,12 @@ mod common;
 use common::Server;
 #[path = "verbs/eager_limits.rs"]
 mod eager_limits;
+#[path = "verbs/notice_failures.rs"]
+mod notice_failures;
 #[path = "verbs/response_failures.rs"]
 mod response_failures;
+#[path = "verbs/self_forward.rs"]
+mod self_forward;
 #[path = "verbs/send_failures.rs"]
 mod send_failures;
 #[path = "verbs/spill_pull_failures.rs"]

@@ -132,6 +132,11 @@ pub struct VerbsConfig {
     /// way to provoke. Never set outside tests.
     #[doc(hidden)]
     pub debug_fail_msgs_over: Option<usize>,
+    /// Test hook: with [`debug_fail_msgs_over`](Self::debug_fail_msgs_over),
+    /// how many messages fail (then the hook lets them all through);
+    /// `None`: every one. Never set outside tests.
+    #[doc(hidden)]
+    pub debug_fail_msgs_count: Option<usize>,
 }
 
 /// Default of [`VerbsConfig::setup_timeout`]: room for both 5 s
@@ -173,6 +178,7 @@ impl Default for VerbsConfig {
             debug_ignore_established: false,
             debug_accept_responder_resources: None,
             debug_fail_msgs_over: None,
+            debug_fail_msgs_count: None,
         }
     }
 }

@@ -37,6 +37,10 @@ use crate::error::VerbsError;
 use crate::plugin::VerbsPlugin;
 use crate::sys::{IbvRegistrar, Sge};
 
+mod exposed;
+
+pub(crate) use exposed::SharedSet as ExposedSet;
+
 /// One registration per segment of a handle (`None` for an empty one).
 type SegmentRegs = Vec<Option<Registration<IbvRegistrar>>>;
 
@@ -46,6 +50,10 @@ pub(crate) struct MemReg {
     regs: SegmentRegs,
     /// Remote rights, made on the first describe (see the module docs).
     exposed: Mutex<Option<Arc<SegmentRegs>>>,
+    /// The exposed segments' place in the plugin's set (see `exposed`):
+    /// declared after `exposed`, so they leave the set as the handle's
+    /// registrations go.
+    exposure: Mutex<Option<exposed::Exposure>>,
 }
 
 impl MemReg {
@@ -145,6 +153,7 @@ impl VerbsPlugin {
         let reg = Arc::new(MemReg {
             regs,
             exposed: Mutex::new(None),
+            exposure: Mutex::new(None),
         });
         reg.check_valid()?;
         mem.attach_registration(self.id, Arc::clone(&reg) as Arc<dyn std::any::Any + Send + Sync>);
@@ -183,6 +192,15 @@ impl VerbsPlugin {
         })?;
         check_valid(regs.iter().flatten())?;
         let regs = Arc::new(regs);
+        let access = mem.access();
+        let entered = exposed::enter(
+            &self.exposed,
+            mem.segments_raw(),
+            access.can_read(),
+            access.can_write(),
+            &regs,
+        );
+        *reg.exposure.lock().unwrap_or_else(|e| e.into_inner()) = Some(entered);
         *slot = Some(Arc::clone(&regs));
         Ok(regs)
     }
@@ -225,17 +243,20 @@ impl VerbsPlugin {
     }
 
     /// The descriptor of `mem`: each segment with the rkey of its exposed
-    /// registration (see the module docs).
+    /// registration (see the module docs), and in the key's high 32 bits
+    /// the exposure's secret (peers ignore it; see `exposed`).
     pub(crate) fn describe(&self, mem: &MemHandle) -> Result<RemoteMem> {
         let reg = self.registration(mem)?;
         let exposed = self.exposed_regs(mem, &reg)?;
+        let exposure = reg.exposure.lock().unwrap_or_else(|e| e.into_inner());
+        let exposure = exposure.as_ref().expect("exposed_regs entered the exposure");
         let segs = mem
             .segments_raw()
             .zip(exposed.iter())
             .map(|((addr, len), r)| RemoteSegment {
                 addr: addr as u64,
                 len: len as u64,
-                key: r.as_ref().map_or(0, |r| u64::from(r.region().rkey())),
+                key: r.as_ref().map_or(0, |r| exposure.key(r.region().rkey())),
             })
             .collect();
         RemoteMem::new(segs, mem.access())

@@ -83,8 +83,13 @@ impl VerbsPlugin {
         };
         self.ops.insert(op, OpLoc::Send(cref));
         self.stats.in_flight += 1;
-        if self.cfg.debug_fail_msgs_over.is_some_and(|max| len > max) {
-            // Test hook (`VerbsConfig::debug_fail_msgs_over`).
+        if self.cfg.debug_fail_msgs_over.is_some_and(|max| len > max)
+            && self.cfg.debug_fail_msgs_count.is_none_or(|n| n > 0)
+        {
+            // Test hook (`VerbsConfig::debug_fail_msgs_over`, `_count`).
+            if let Some(n) = self.cfg.debug_fail_msgs_count.as_mut() {
+                *n -= 1;
+            }
             let e = VerbsError::Post {
                 op: "ibv_post_send (debug_fail_msgs_over)",
                 qpn: 0,

@@ -156,6 +156,9 @@ pub struct VerbsPlugin {
     pub(crate) ready: Vec<u64>,
     /// Registered message buffers not in use.
     pub(crate) bufs: BufPool,
+    /// The segments our handles expose, by rkey: what a transfer to our
+    /// own address may touch (see `mem::exposed`).
+    pub(crate) exposed: crate::mem::ExposedSet,
 }
 
 impl VerbsPlugin {
@@ -295,6 +298,7 @@ impl VerbsPlugin {
             next_deadline: None,
             ready: Vec::with_capacity(32),
             bufs: BufPool::default(),
+            exposed: crate::mem::ExposedSet::default(),
         })
     }
 

@@ -125,6 +125,12 @@ impl VerbsPlugin {
     pub(crate) fn rma_batch(&mut self, dest: &na_core::Addr, ops: &[Rma<'_>]) -> Result<()> {
         check_batch(ops)?;
         ops.iter().try_for_each(|o| self.check_new_op(o.op))?;
+        if self.is_own(dest) {
+            // A descriptor naming our own address: a copy in memory, after
+            // checking it names memory we expose (never a loopback
+            // connection, where the device checks only a guessable rkey).
+            return self.rma_self(dest, ops);
+        }
         if self.rd_initiator == 0 && ops.iter().any(|o| o.dir == RmaDir::Get && o.len > 0) {
             // The device reports max_qp_init_rd_atom 0: a read posted on
             // its QPs could never be issued.
@@ -203,22 +209,15 @@ impl VerbsPlugin {
             });
         }
         let mut rpieces = Vec::new();
-        let mut bad_key = None;
-        r.remote
-            .for_each_piece(r.remote_offset, r.len, |seg, a, n| match u32::try_from(seg.key) {
-                Ok(rkey) => rpieces.push(RemoteRegion {
-                    addr: a,
-                    len: n,
-                    rkey,
-                }),
-                Err(_) => bad_key = Some(seg.key),
-            })?;
-        if let Some(k) = bad_key {
-            return Err(NaError::Malformed {
-                what: "memory handle",
-                reason: format!("remote key {k:#x} is not a verbs rkey (32 bits)"),
-            });
-        }
+        // The key's low 32 bits are the rkey; the high ones are the
+        // owner's secret, which only it checks (see `mem::exposed`).
+        r.remote.for_each_piece(r.remote_offset, r.len, |seg, a, n| {
+            rpieces.push(RemoteRegion {
+                addr: a,
+                len: n,
+                rkey: seg.key as u32,
+            })
+        })?;
         let max_sge = match r.dir {
             RmaDir::Put => self.max_sge_write,
             RmaDir::Get => self.max_sge_read,
