@@ -148,6 +148,14 @@ impl SharedRegion {
     }
 
     fn map(fd: OwnedFd, len: usize) -> io::Result<Self> {
+        // At least one word: `atomic`'s bound check (`offset <= len - 8`)
+        // relies on it.
+        if len < 8 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("shared region of {len} bytes: at least 8 needed"),
+            ));
+        }
         // SAFETY: a fresh shared mapping chosen by the kernel (addr NULL) of
         // `len` bytes of a file at least that long (sized or checked above).
         let ptr = unsafe {
@@ -202,10 +210,13 @@ impl SharedRegion {
     /// If `offset` is not 8-aligned or out of bounds (offsets are layout
     /// constants, never peer data).
     pub fn atomic(&self, offset: usize) -> &AtomicU64 {
-        // `checked_add`: an offset near `usize::MAX` must not wrap to a
-        // small end and pass (in a release build, where `+` wraps).
+        // Compared without adding to `offset`: one near `usize::MAX` must
+        // not wrap to a small end and pass (in a release build, where `+`
+        // wraps); `len - 8` cannot wrap (`map` refuses a region under 8
+        // bytes). (`checked_add` here cost ~25 instructions per busy
+        // round trip: scripts/busy-path-cost.sh.)
         assert!(
-            offset.is_multiple_of(8) && offset.checked_add(8).is_some_and(|end| end <= self.len),
+            offset.is_multiple_of(8) && offset <= self.len - 8,
             "bad atomic offset {offset}"
         );
         // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the
@@ -408,6 +419,18 @@ mod tests {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.word(bad)));
             assert!(r.is_err(), "offset {bad}");
         }
+    }
+
+    #[test]
+    fn a_region_under_one_word_is_refused() {
+        // `atomic`'s check (`offset <= len - 8`) relies on it.
+        for len in [1, 7] {
+            let e = SharedRegion::create("qs-test-tiny", len)
+                .err()
+                .expect("a region under 8 bytes was mapped");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        }
+        assert!(SharedRegion::create("qs-test-word", 8).is_ok());
     }
 
     #[test]
