@@ -425,9 +425,9 @@ mod tests {
     fn a_region_under_one_word_is_refused() {
         // `atomic`'s check (`offset <= len - 8`) relies on it.
         for len in [1, 7] {
-            let e = SharedRegion::create("qs-test-tiny", len)
-                .err()
-                .expect("a region under 8 bytes was mapped");
+            let Err(e) = SharedRegion::create("qs-test-tiny", len) else {
+                panic!("a region of {len} bytes was mapped");
+            };
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         }
         assert!(SharedRegion::create("qs-test-word", 8).is_ok());
