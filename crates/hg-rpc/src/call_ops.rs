@@ -16,6 +16,7 @@ use crate::call_table::NO_CALL;
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_ONE_WAY, FLAG_SPILL, HEADER_LEN};
+use crate::notices::Notice;
 use crate::rpc::{rpc_id, Rpc};
 use crate::spill;
 
@@ -364,7 +365,9 @@ impl<C: Codec> Engine<C> {
     /// `dest`: a failure of that message alone, see
     /// [`Completion::buf`](na_core::Completion::buf)) is answered in its
     /// place with a short error, so that its caller learns at once
-    /// (`response_not_sent`); any other failed response, notice or one-way
+    /// (`response_not_sent`); a notice given back (a release, or an
+    /// acknowledgement of a spilled one-way request) is sent again
+    /// (`notice_returned`); any other failed response, notice or one-way
     /// request that fit a message is counted and logged (no call here
     /// waits on it; a response's caller learns of its target's loss by its
     /// watch).
@@ -375,11 +378,16 @@ impl<C: Codec> Engine<C> {
         self.stats.sends_failed += 1;
         if op.0 & CALL_SEND_OP == 0 {
             if let (Some(msg), Some(dest)) = (msg, dest) {
+                // An acknowledgement is a response header too: told apart
+                // first, it goes again as a notice (no call waits on it).
+                if let Some(h) = super::notice_ops::returned_ack(&msg) {
+                    return self.notice_returned(&dest, Notice::Ack(h), &e);
+                }
                 if let Some(h) = super::unsent_response_ops::returned_response(&msg) {
                     return self.response_not_sent(&dest, &h, msg.len(), e);
                 }
                 if let Some(cookie) = super::notice_ops::returned_release(&msg) {
-                    return self.release_returned(&dest, cookie, &e);
+                    return self.notice_returned(&dest, Notice::Release(cookie), &e);
                 }
             }
             tracing::debug!(error = %e, "rpc send failed (a response, notice or one-way request)");

@@ -20,8 +20,12 @@ impl<C: Codec> Engine<C> {
 
     /// Tells an origin that its spilled one-way request (header `h`) was
     /// pulled, so it may release the input: a response header with
-    /// `status` and no payload.
-    pub(super) fn acknowledge_one_way(&mut self, origin: &Addr, h: Header) {
+    /// `status` and no payload. It carries the one-way flag as well (a
+    /// response's own flags say nothing else of it), so that one the
+    /// transport gives back is told from a response (see
+    /// [`returned_ack`]); the origin reads only the response flag.
+    pub(super) fn acknowledge_one_way(&mut self, origin: &Addr, mut h: Header) {
+        h.flags |= FLAG_ONE_WAY;
         self.send_notice(origin, Notice::Ack(h));
     }
 
@@ -81,27 +85,26 @@ impl<C: Codec> Engine<C> {
         tracing::debug!(peer = %peer, ?notice, error = %e, "cannot send a notice (peer gone?)");
     }
 
-    /// A release notice for call `cookie` that `peer` never got: its send
-    /// failed at its completion (na-verbs gives the message back, see
-    /// [`returned_release`]). Queued to go again, as one the transport
-    /// refused at the call, unless the peer is gone; the outputs' TTL
-    /// counts from its first failure, so one that keeps failing is given
-    /// up when the target frees the output anyway (no endless loop).
-    /// (Before: only logged, and the target kept the output exposed, and
-    /// a drain waited, until that TTL.)
+    /// A notice `peer` never got: its send failed at its completion
+    /// (na-verbs gives the message back, see [`returned_release`] and
+    /// [`returned_ack`]). Queued to go again, as one the transport refused
+    /// at the call, unless the peer is gone; the peer's TTL (the outputs'
+    /// one for a release, the abandoned-input one for an acknowledgement,
+    /// both 60 s by default) counts from its first failure, so one that
+    /// keeps failing is given up when the peer frees the memory anyway (no
+    /// endless loop). (Before: only logged, and the peer kept the output
+    /// or input exposed, and a drain waited, until that TTL; a returned
+    /// acknowledgement was even taken for a response and answered with a
+    /// `ResponseNotSent` error no call waited for.)
     #[cold]
     #[inline(never)]
-    pub(super) fn release_returned(&mut self, peer: &Addr, cookie: u64, e: &NaError) {
-        let notice = Notice::Release(cookie);
+    pub(super) fn notice_returned(&mut self, peer: &Addr, notice: Notice, e: &NaError) {
         if matches!(e, NaError::PeerGone { .. } | NaError::InvalidAddress { .. }) {
             return self.notice_lost(peer, notice, e);
         }
-        tracing::debug!(peer = %peer, cookie, error = %e, "a release notice failed at completion; sending it again");
-        if !self
-            .unsent_notices
-            .push_returned_release(peer, cookie, self.output_ttl)
-        {
-            tracing::debug!(peer = %peer, cookie, "a release notice kept failing (or too many wait); the target's TTL frees the output");
+        tracing::debug!(peer = %peer, ?notice, error = %e, "a notice failed at completion; sending it again");
+        if !self.unsent_notices.push_returned(peer, notice, self.output_ttl) {
+            tracing::debug!(peer = %peer, ?notice, "a notice kept failing (or too many wait); the peer's TTL frees the memory");
         }
     }
 
@@ -157,9 +160,51 @@ pub(super) fn returned_release(msg: &[u8]) -> Option<u64> {
     release.then_some(h.cookie)
 }
 
+/// The header of `msg` if it is an acknowledgement of ours (a response
+/// header with the one-way flag and no payload, see
+/// [`acknowledge_one_way`](Engine::acknowledge_one_way)) that the
+/// transport gave back; `None` for anything else (a response, whose
+/// flags never carry the one-way bit, included).
+pub(super) fn returned_ack(msg: &[u8]) -> Option<Header> {
+    let (h, payload) = Header::decode(msg).ok()?;
+    (h.is_response() && h.is_one_way() && payload.is_empty()).then_some(h)
+}
+
 /// True for a send error that passes (a full backlog): the notice is
 /// worth sending again; not for a peer that is gone or an address that
 /// is no longer valid.
 fn keeps_notice(e: &NaError) -> bool {
     matches!(e, NaError::SendBacklogFull { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{response_header, unsent_response_ops::returned_response};
+    use super::*;
+    use crate::header::FLAG_SPILL;
+
+    /// An acknowledgement given back is told from a response (an empty
+    /// one included, which never carries the one-way flag) and from a
+    /// release.
+    #[test]
+    fn a_returned_acknowledgement_is_told_from_a_response() {
+        let req = header(FLAG_ONE_WAY | FLAG_SPILL, Status::Ok, 42, 7);
+        let mut ack = response_header(&req, Status::Ok);
+        ack.flags |= FLAG_ONE_WAY;
+        let ack = ack.encode_head(&[]);
+        assert_eq!(returned_ack(&ack).map(|h| h.cookie), Some(7));
+        assert_eq!(returned_release(&ack), None);
+        let empty = response_header(&req, Status::Ok).encode_head(&[]);
+        assert_eq!(
+            returned_ack(&empty),
+            None,
+            "an empty response is no acknowledgement"
+        );
+        assert!(returned_response(&empty).is_some());
+        let rel = header(FLAG_ONE_WAY, Status::Ok, rpc_id(RELEASE_RPC), 7);
+        let mut msg = Vec::new();
+        rel.encode_with(&7u64.to_le_bytes(), &mut msg);
+        assert_eq!(returned_ack(&msg), None);
+        assert_eq!(returned_release(&msg), Some(7));
+    }
 }

@@ -53,9 +53,10 @@ pub(crate) enum Notice {
 pub(crate) struct UnsentNotices {
     targets: FastMap<u64, Waiting>,
     /// When each notice the transport gave back (failed at its
-    /// completion) first failed, by peer token and notice: its TTL counts
-    /// from then, however often it is sent again (see `push_returned`).
-    returned: FastMap<(u64, u64), Instant>,
+    /// completion) first failed, by peer token, cookie and whether it is
+    /// an acknowledgement: its TTL counts from then, however often it is
+    /// sent again (see `push_returned`).
+    returned: FastMap<(u64, u64, bool), Instant>,
     last_try: Instant,
     /// How long after `last_try` a turn that moved may retry.
     gap: Duration,
@@ -104,14 +105,17 @@ impl UnsentNotices {
         true
     }
 
-    /// Queues a release notice (of call `cookie`) the transport gave back
-    /// (it failed at its completion, after its send was accepted), dated
-    /// from its first failure so that the retries' TTL cut-off ends one
-    /// that keeps failing; false (not queued) once `ttl` has passed since
-    /// then, or past the cap. Dates older than `ttl` are forgotten.
-    pub(crate) fn push_returned_release(&mut self, target: &Addr, cookie: u64, ttl: Duration) -> bool {
+    /// Queues a notice the transport gave back (it failed at its
+    /// completion, after its send was accepted), dated from its first
+    /// failure so that the retries' TTL cut-off ends one that keeps
+    /// failing; false (not queued) once `ttl` has passed since then, or
+    /// past the cap. Dates older than `ttl` are forgotten.
+    pub(crate) fn push_returned(&mut self, target: &Addr, notice: Notice, ttl: Duration) -> bool {
         let now = Instant::now();
-        let key = (target.token(), cookie);
+        let key = match notice {
+            Notice::Release(cookie) => (target.token(), cookie, false),
+            Notice::Ack(h) => (target.token(), h.cookie, true),
+        };
         let first = *self.returned.entry(key).or_insert(now);
         self.returned.retain(|_, first| now.duration_since(*first) <= ttl);
         if now.duration_since(first) > ttl {
@@ -124,7 +128,7 @@ impl UnsentNotices {
         if w.notices.len() >= MAX_WAITING_PER_PEER {
             return false;
         }
-        w.notices.push_back((Notice::Release(cookie), first));
+        w.notices.push_back((notice, first));
         true
     }
 
@@ -229,20 +233,23 @@ mod tests {
         let a = Addr::new("sm://1-a", PluginId(1), 1, false);
         let mut u = UnsentNotices::default();
         let ttl = Duration::from_millis(50);
-        assert!(u.push_returned_release(&a, 7, ttl));
+        assert!(u.push_returned(&a, Notice::Release(7), ttl));
         let first = u.take_all()[0].notices[0].1;
         std::thread::sleep(Duration::from_millis(5));
-        assert!(u.push_returned_release(&a, 7, ttl), "within the TTL");
+        assert!(u.push_returned(&a, Notice::Release(7), ttl), "within the TTL");
         assert_eq!(
             u.take_all()[0].notices[0].1,
             first,
             "dated from the first failure"
         );
-        assert!(u.push_returned_release(&a, 8, ttl), "another call's release");
+        assert!(
+            u.push_returned(&a, Notice::Release(8), ttl),
+            "another call's release"
+        );
         u.take_all();
         std::thread::sleep(ttl + Duration::from_millis(5));
         assert!(
-            !u.push_returned_release(&a, 7, ttl),
+            !u.push_returned(&a, Notice::Release(7), ttl),
             "past the TTL since the first failure"
         );
         assert!(u.is_empty());

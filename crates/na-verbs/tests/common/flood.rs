@@ -35,6 +35,19 @@ pub struct Flood {
     pub stopped_by: Option<String>,
 }
 
+/// True if `stopped_by` says the listener ended an established
+/// connection: a disconnect, or a reject. The listener may handle a
+/// violation before it has taken the connection's `ESTABLISHED` event
+/// (its QP takes messages as soon as it accepted, before the peer's
+/// ready-to-use reaches its CM): in its CM that connection is still being
+/// set up (the reply sent), where the kernel cannot send a disconnect
+/// request, and the way IB CM ends it is a reject, which the kernel sends
+/// when the listener destroys the id. The peer, already established,
+/// gets `REJECTED` then (seen once in the VM), `DISCONNECTED` otherwise.
+pub fn ended_after_connect(stopped_by: &str) -> bool {
+    stopped_by.contains("DISCONNECTED") || stopped_by == "CM event RDMA_CM_EVENT_REJECTED"
+}
+
 /// The next CM event on `ch`, waiting at most `WAIT`.
 fn next_cm(ch: &Arc<EventChannel>) -> CmEvent {
     let deadline = Instant::now() + WAIT;
