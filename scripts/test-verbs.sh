@@ -120,6 +120,10 @@ SPEC='verbs://rxe0/${RXE_VM_ADDR}:0'
     for t in "${TESTS[@]}"; do
         # Each test binary runs with its crate's directory as cwd, like `cargo test`.
         b=${t%%$'\t'*} dir=${t#*$'\t'}
+        # Not an RDMA test: it runs `cargo check` on a probe crate (what a
+        # user's build can reach), which the host's run covers; in the
+        # emulated guest a cold probe build can outlast a job's bound.
+        case ${b##*/} in test_hooks_hidden-*) continue ;; esac
         # The guest console is a tty: keep the harness output free of colour codes.
         printf 'job %q %q %q --color never' "$dir" "${b##*/}" "$b"
         for a in "$@"; do printf ' %q' "$a"; done
