@@ -68,6 +68,36 @@ impl Probe {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     }
+
+    /// Panics unless the probe, built with `features`, fails with an error
+    /// naming each of `hidden` and no error naming anything else (what
+    /// the probe also uses must stay reachable).
+    pub fn assert_refuses_only(&self, features: &str, hidden: &[&str]) {
+        let (ok, err) = self.check(features);
+        assert!(!ok, "the probe compiled with features {features:?}");
+        for name in hidden {
+            assert!(
+                refused_by_name(&err, name),
+                "features {features:?}: `{name}` was not refused:\n{err}"
+            );
+        }
+        assert!(
+            err.lines()
+                .filter(|l| l.contains("error["))
+                .all(|l| hidden.iter().any(|n| l.contains(&format!("`{n}`")))),
+            "features {features:?}: something else was refused (the API must stay reachable):\n{err}"
+        );
+    }
+
+    /// Panics unless the probe compiles with `features` (the positive
+    /// control of [`assert_refuses_only`](Self::assert_refuses_only)).
+    pub fn assert_compiles(&self, features: &str) {
+        let (ok, err) = self.check(features);
+        assert!(
+            ok,
+            "the probe does not compile with features {features:?}:\n{err}"
+        );
+    }
 }
 
 /// Whether cargo's short messages `err` hold an error naming `name` (in
