@@ -69,15 +69,27 @@ fn call<R: hg_rpc::Rpc>(
     dest: &Addr,
     input: &R::Input,
 ) -> hg_rpc::Result<R::Output> {
+    call_within::<R>(c, srv, dest, input, T)
+}
+
+/// Calls `R` on `dest` and drives both engines until it ends, or fails
+/// (instead of hanging) once `bound` has passed.
+pub(super) fn call_within<R: hg_rpc::Rpc>(
+    c: &mut Engine,
+    srv: &mut Engine,
+    dest: &Addr,
+    input: &R::Input,
+    bound: Duration,
+) -> hg_rpc::Result<R::Output> {
     let id = c.forward::<R>(dest, input)?;
-    let end = Instant::now() + T;
+    let end = Instant::now() + bound;
     loop {
         if let Some(r) = c.take_response::<R>(id) {
             return r;
         }
         assert!(
             Instant::now() < end,
-            "{}: no result within {T:?}; {}; server {:?}",
+            "{}: no result within {bound:?}; {}; server {:?}",
             R::NAME,
             client_state(c),
             srv.stats()

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use hg_rpc::{Engine, RpcError};
 use na_core::{Endpoint, Plugin, ProgressMode};
 
+use super::eager_limits::call_within;
 use super::rpcs::{fill_pattern, Add, Fill};
-use super::{client_state, rdma_spec, T};
+use super::{rdma_spec, T};
 
 /// A listening server on `spec` whose plugin fails every message longer
 /// than `fail_over` bytes at its completion, serving [`Add`] and [`Fill`].
@@ -34,35 +35,6 @@ fn failing_server(spec: &str, fail_over: usize) -> Engine {
     srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
         .expect("register");
     srv
-}
-
-/// Starts `R` on `dest` with no deadline and drives both engines until
-/// it ends, or fails (instead of hanging) once `bound` has passed.
-fn call_within<R: hg_rpc::Rpc>(
-    c: &mut Engine,
-    srv: &mut Engine,
-    dest: &na_core::Addr,
-    input: &R::Input,
-    bound: Duration,
-) -> hg_rpc::Result<R::Output> {
-    let id = c.forward::<R>(dest, input).expect("forward");
-    let end = Instant::now() + bound;
-    loop {
-        if let Some(r) = c.take_response::<R>(id) {
-            return r;
-        }
-        assert!(
-            Instant::now() < end,
-            "{}: the call did not end within {bound:?} although its response failed; {}; server {:?}",
-            R::NAME,
-            client_state(c),
-            srv.stats()
-        );
-        for e in [&mut *c, &mut *srv] {
-            e.progress(Some(Duration::from_millis(1))).expect("progress");
-            e.trigger().expect("trigger");
-        }
-    }
 }
 
 /// Drives both engines for `turns` rounds.
