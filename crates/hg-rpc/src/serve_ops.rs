@@ -54,7 +54,8 @@ impl<C: Codec> Engine<C> {
             self.stats.handled += 1;
             // Taken before the pull (a handler registered deferred since
             // then has none yet).
-            let ticket = match ticket.map_or_else(|| self.admit_deferred(self.origin_of(src)), Ok) {
+            let origin = self.origin_of(src);
+            let ticket = match ticket.map_or_else(|| self.admit_deferred(origin), Ok) {
                 Ok(t) => t,
                 Err(why) => {
                     self.keep_spare_buffer(data);
@@ -69,7 +70,7 @@ impl<C: Codec> Engine<C> {
             if let Some(spare) = spare {
                 self.keep_spare_buffer(spare);
             }
-            let charge = self.charge_deferred(self.origin_of(src), data.len() as u64);
+            let charge = self.charge_deferred(origin, data.len() as u64);
             self.deferred_requests
                 .push_back(DeferredRequest::new(src, h, data, ticket, Some(charge)));
             return None;

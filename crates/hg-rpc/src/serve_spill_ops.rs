@@ -338,8 +338,10 @@ impl<C: Codec> Engine<C> {
     pub(super) fn fit_output(&mut self, src: &Addr, h: Header, mut out: Vec<u8>) -> (Header, Vec<u8>) {
         if h.status != Status::Ok {
             truncate_message(&mut out, self.limit_to(src).saturating_sub(HEADER_LEN));
-            (h, out)
-        } else if let Err(why) = self.exposed.admit(self.origin_of(src), out.len() as u64) {
+            return (h, out);
+        }
+        let origin = self.origin_of(src);
+        if let Err(why) = self.exposed.admit(origin, out.len() as u64) {
             cold_path();
             self.stats.outputs_refused += 1;
             let refused = self.stats.outputs_refused;
@@ -359,7 +361,6 @@ impl<C: Codec> Engine<C> {
             let seal = self.next_seal();
             match spill::expose(&mut self.ep, self.plugin, out, h.flags & FLAG_CHECKSUM != 0, seal) {
                 Ok((mem, payload)) => {
-                    let origin = self.origin_of(src);
                     self.exposed.insert((src.token(), h.cookie), origin, mem, len);
                     self.watch_origin(src);
                     (
