@@ -5,7 +5,7 @@
 //! at a gate while it holds.
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -15,7 +15,7 @@ use super::forward::{Forwarding, Hooks};
 use super::sys::{self, PAGE};
 use na_regcache::{
     Access, Cache, CacheConfig, Consistency, FixedBuffer, Monitor, MonitorChoice, Registrar, Registration,
-    UringRegistrar,
+    UffdMonitor, UringRegistrar, Watch, REMOVE_SETTLE,
 };
 
 pub const LEN: usize = 4 * PAGE;
@@ -88,6 +88,22 @@ impl Gate {
         self.changed.notify_all();
     }
 
+    /// Waits until `n` threads arrived at the gate while it held (parked
+    /// or let go since).
+    pub fn until_arrived(&self, n: usize, what: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut st = self.state();
+        while st.arrived < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "{what} never arrived");
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
     /// Waits until a gated thread is parked (one not let go).
     pub fn until_parked(&self, what: &str) {
         let deadline = Instant::now() + PATIENCE;
@@ -105,8 +121,9 @@ impl Gate {
 }
 
 /// io_uring fixed buffers (real pins), counted; each registration of the
-/// thread named `first` parks at `gate` while it holds, and those `gate`
-/// lists as failing fail (after it); its deregistrations park at `dereg`.
+/// threads named `first` and `second` parks at `gate` while it holds
+/// (tickets in arrival order), and those `gate` lists as failing fail
+/// (after it); the deregistrations of `first` park at `dereg`.
 pub struct Gated {
     pub inner: UringRegistrar,
     pub made: AtomicUsize,
@@ -120,7 +137,7 @@ impl Registrar for Gated {
     fn register(&self, addr: usize, len: usize, access: Access) -> io::Result<FixedBuffer> {
         self.made.fetch_add(1, Ordering::SeqCst);
         let me = me();
-        if me == "first" {
+        if me == "first" || me == "second" {
             self.gate.pass();
         }
         let failing = self.gate.state().failing.clone();
@@ -138,10 +155,35 @@ impl Registrar for Gated {
 }
 
 /// The process's userfaultfd monitor (`common::forward`); the monitor
-/// syncs of the threads named `waiter` park at `gate` while it holds.
+/// syncs of the threads named `waiter` park at `gate` while it holds. On
+/// the test's word it also reports one range's mapping changed, as a
+/// kdreg2-style monitor does while the events saying so are not applied
+/// yet ([`SyncGate::report_changed`]), and the next settling check of the
+/// thread named `first` settling ([`SyncGate::settle_first_once`]).
 #[derive(Default)]
 pub struct SyncGate {
     pub gate: Gate,
+    /// Every subscription made: its watch and its range.
+    subscribed: Mutex<Vec<(Watch, usize, usize)>>,
+    /// The range whose subscriptions `changed` reports changed.
+    changed: Mutex<Option<(usize, usize)>>,
+    /// The next settling check of `first` reports its span settling.
+    settle_first: AtomicBool,
+}
+
+impl SyncGate {
+    /// From now on `Monitor::changed` answers true for the watches of
+    /// the subscriptions of exactly `[start, end)` (`None`: for none).
+    pub fn report_changed(&self, range: Option<(usize, usize)>) {
+        *self.changed.lock().unwrap_or_else(|p| p.into_inner()) = range;
+    }
+
+    /// The next `Monitor::settling` check made by the thread named
+    /// `first` (one): its span settles, as if a discard of it had just
+    /// been read.
+    pub fn settle_first_once(&self) {
+        self.settle_first.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Hooks for SyncGate {
@@ -152,6 +194,30 @@ impl Hooks for SyncGate {
         if me() == "waiter" {
             self.gate.pass();
         }
+    }
+    fn settling(&self, inner: &UffdMonitor, start: usize, end: usize) -> Option<Duration> {
+        if me() == "first" && self.settle_first.swap(false, Ordering::SeqCst) {
+            return Some(REMOVE_SETTLE);
+        }
+        inner.settling(start, end)
+    }
+    fn subscribe(&self, inner: &UffdMonitor, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
+        let w = inner.subscribe(start, len, cookie)?;
+        self.subscribed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((w, start, start + len));
+        Ok(w)
+    }
+    fn changed(&self, inner: &UffdMonitor, watch: &Watch) -> bool {
+        let reported = *self.changed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((s, e)) = reported {
+            let subs = self.subscribed.lock().unwrap_or_else(|p| p.into_inner());
+            if subs.iter().any(|&(w, ws, we)| w == *watch && (ws, we) == (s, e)) {
+                return true;
+            }
+        }
+        inner.changed(watch)
     }
 }
 
