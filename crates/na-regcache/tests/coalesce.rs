@@ -257,7 +257,8 @@ fn a_miss_waits_for_the_span_a_retried_first_registers() {
 /// now, which does not cover the second's, so the second stops waiting
 /// and registers at once, while the first is still registering. (Before
 /// 2026-11-29 it waited for the first's new registration, then made its
-/// own: here it waited out `COALESCE_WAIT`.)
+/// own: here it waited out `COALESCE_WAIT`.) The two entries only
+/// overlap, and both stay cached.
 #[test]
 fn a_waiter_the_retried_span_no_longer_covers_registers_at_once() {
     let rig = Rig::sized(16, 2 * LEN);
@@ -290,6 +291,18 @@ fn a_waiter_the_retried_span_no_longer_covers_registers_at_once() {
     for reg in [&one, &two] {
         assert_eq!(rig.stale(reg), 0, "pins the current pages");
     }
+    // The two entries only overlap: both stay cached, and each range is
+    // a hit. (Before 2026-11-29, later the same day, the first's
+    // insertion superseded the second's entry, and a lookup of its range
+    // registered a fifth time.)
+    assert!(two.is_cached(), "only overlapped by the first's entry: kept");
+    assert_eq!(rig.c.stats().entries, 2);
+    drop((one, two));
+    for (addr, len) in [(a, LEN), (a + PAGE, n + LEN - a - PAGE)] {
+        let again = rig.c.get(addr, len, W).expect("each range again");
+        assert_eq!((again.addr(), again.len()), (addr, len), "its own entry");
+    }
+    assert_eq!(rig.made(), 4, "two hits: no fifth registration");
 }
 
 /// The first miss's registration is cached, but the buffer's pages are
