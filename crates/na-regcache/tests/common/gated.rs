@@ -24,6 +24,17 @@ pub const W: Access = Access::LOCAL_WRITE;
 /// takes microseconds when nothing is wrong.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+/// The rig's caches' bound on a miss's wait for another's registration
+/// (`Cache::set_coalesce_wait`): longer than [`PATIENCE`], so that a
+/// wait the test ends (by letting a held thread go) never runs out first
+/// however loaded the machine is (the default, `COALESCE_WAIT`, is 5 s:
+/// a waiter parked while a test thread was not scheduled for that long
+/// registered on its own and failed the test's counts). A miss that
+/// waits for something the test holds until the miss returns (the bug
+/// class the tests check) then fails the test by `PATIENCE` instead of
+/// running out this bound.
+pub const WAIT_BOUND: Duration = Duration::from_secs(120);
+
 pub fn me() -> String {
     std::thread::current().name().unwrap_or("").to_owned()
 }
@@ -263,6 +274,7 @@ impl Rig {
         };
         let m = Arc::clone(&monitor) as Arc<dyn Monitor>;
         let c = Arc::new(Cache::with_monitor(registrar, config, m).expect("cache"));
+        c.set_coalesce_wait(WAIT_BOUND);
         sys::touch(a, len, 0x11);
         Rig { c, monitor, a, len }
     }
