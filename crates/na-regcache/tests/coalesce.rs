@@ -9,13 +9,21 @@
 //! lets it go, the cache's counters (a wait is counted before the waiter
 //! parks), and a monitor gate that holds the `waiter` threads' monitor
 //! sync after they woke. Everything else is real: the process's
-//! userfaultfd monitor, io_uring pins, real mappings.
+//! userfaultfd monitor, io_uring pins, real mappings. The rig's caches
+//! bound a wait by `gated::WAIT_BOUND` (longer than the test's own
+//! patience), so that no wait the test ends runs out first on a loaded
+//! machine; a miss that waits for what it must not (a deregistration, a
+//! registration that will not be cached) fails its test by that patience
+//! (30 s: "never returned") instead.
 
 mod common;
 
+use std::sync::mpsc::TryRecvError;
+use std::time::Duration;
+
 use common::gated::{returned, Rig, LEN, W};
 use common::sys::{self, PAGE};
-use na_regcache::{Access, Monitor};
+use na_regcache::{Access, Monitor, COALESCE_WAIT};
 
 /// Four threads miss one range at once: the first registers it, the
 /// three others wait and take it as a hit. (Before 2026-11-29 each
@@ -257,7 +265,8 @@ fn a_miss_waits_for_the_span_a_retried_first_registers() {
 /// now, which does not cover the second's, so the second stops waiting
 /// and registers at once, while the first is still registering. (Before
 /// 2026-11-29 it waited for the first's new registration, then made its
-/// own: here it waited out `COALESCE_WAIT`.)
+/// own: here it waited out `COALESCE_WAIT`.) The two entries only
+/// overlap, and both stay cached.
 #[test]
 fn a_waiter_the_retried_span_no_longer_covers_registers_at_once() {
     let rig = Rig::sized(16, 2 * LEN);
@@ -290,6 +299,18 @@ fn a_waiter_the_retried_span_no_longer_covers_registers_at_once() {
     for reg in [&one, &two] {
         assert_eq!(rig.stale(reg), 0, "pins the current pages");
     }
+    // The two entries only overlap: both stay cached, and each range is
+    // a hit. (Before 2026-11-29, later the same day, the first's
+    // insertion superseded the second's entry, and a lookup of its range
+    // registered a fifth time.)
+    assert!(two.is_cached(), "only overlapped by the first's entry: kept");
+    assert_eq!(rig.c.stats().entries, 2);
+    drop((one, two));
+    for (addr, len) in [(a, LEN), (a + PAGE, n + LEN - a - PAGE)] {
+        let again = rig.c.get(addr, len, W).expect("each range again");
+        assert_eq!((again.addr(), again.len()), (addr, len), "its own entry");
+    }
+    assert_eq!(rig.made(), 4, "two hits: no fifth registration");
 }
 
 /// The first miss's registration is cached, but the buffer's pages are
@@ -369,4 +390,48 @@ fn misses_of_a_range_never_cached_do_not_wait_for_each_other() {
     let one = first.join().expect("first").expect("first get");
     assert!(!one.is_cached());
     assert_eq!(rig.made(), 2);
+}
+
+/// A wait's bound is the cache's (`Cache::set_coalesce_wait`). With the
+/// rig's (`gated::WAIT_BOUND`), a waiter whose first is held past the
+/// default `COALESCE_WAIT` is still waiting, and takes the first's entry
+/// once it is let go: what keeps the other tests' waits from running out
+/// on a loaded machine. (Negative control, the setting ignored: the
+/// waiter ran out its 5 s and registered on its own while the first was
+/// held.) With a bound of zero, a miss that would wait registers at
+/// once, while the first is held (counted as a wait that ran out).
+#[test]
+fn a_wait_is_bounded_by_the_caches_setting() {
+    let rig = Rig::new(16);
+    let first = rig.first_held();
+    let waiter = rig.get_sent("waiter", rig.a, LEN);
+    rig.until_waiting(1);
+    std::thread::sleep(COALESCE_WAIT + Duration::from_secs(1));
+    assert!(
+        matches!(waiter.try_recv(), Err(TryRecvError::Empty)),
+        "still waiting past the default bound"
+    );
+    let s = rig.c.stats();
+    assert_eq!((s.coalesce_waits, s.coalesce_timeouts), (1, 0));
+    assert_eq!(rig.made(), 1, "only the first registered");
+    rig.registrar_gate().set_hold(false);
+    let two = returned(&waiter, "the waiter").expect("waiter get");
+    let one = first.join().expect("first").expect("first get");
+    let s = rig.c.stats();
+    assert_eq!((s.coalesced, s.coalesce_timeouts), (1, 0));
+    assert_eq!(rig.made(), 1, "the waiter took the first's entry");
+    assert!(one.is_cached() && two.is_cached());
+    drop((one, two));
+
+    let rig = Rig::new(16);
+    rig.c.set_coalesce_wait(Duration::ZERO);
+    let first = rig.first_held();
+    let second = rig.get_sent("waiter", rig.a, LEN);
+    let two = returned(&second, "the second miss").expect("second get");
+    let s = rig.c.stats();
+    assert_eq!((s.coalesce_waits, s.coalesce_timeouts), (1, 1));
+    assert_eq!(rig.made(), 2, "the second registered while the first was held");
+    rig.registrar_gate().set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    assert!(one.is_valid_now() && two.is_valid_now());
 }

@@ -2,8 +2,9 @@
 //! thread cached meanwhile covering its request (`Miss::raced_hit` in
 //! `cache/miss.rs`): it takes that entry as a hit and throws its own
 //! registration away, rather than superseding a wider entry with a
-//! narrower one; an entry lacking the request's rights, or invalidated
-//! meanwhile, is not taken (the miss inserts its own). Ordered like
+//! narrower one; an entry lacking the request's rights, invalidated
+//! meanwhile, reported changed by the monitor, or inside the miss's own
+//! span (the mirror case) is not taken (the miss inserts its own). Ordered like
 //! `tests/coalesce.rs` (the same rig: a registrar holding the thread
 //! named `first` inside its registrations, the cache's counters), with
 //! the process's userfaultfd monitor, io_uring pins and real mappings.
@@ -123,4 +124,87 @@ fn a_miss_does_not_take_an_entry_lacking_its_rights() {
     let again = rig.c.get(rig.a, LEN, W).expect("a write request again");
     assert!(again.is_cached() && again.access().contains(W));
     assert_eq!(rig.made(), 2, "a hit");
+}
+
+/// The wider entry the waiter cached is reported changed by the monitor
+/// when the first, held in its second registration, is about to insert
+/// (as a kdreg2-style monitor reports a mapping changed while the events
+/// saying so are not applied: the entry is still in the index). The
+/// first does not take it, whose pages may be gone: it caches its own
+/// registration, which supersedes it (`Monitor::changed` in
+/// `Miss::raced_hit`; a lookup makes the same check before a hit).
+#[test]
+fn a_miss_does_not_take_an_entry_its_monitor_reports_changed() {
+    let rig = Rig::sized(16, 2 * LEN);
+    let (first, two, n) = wider_cached_meanwhile(&rig);
+    let a = rig.a;
+    rig.monitor.report_changed(Some((a, n + LEN)));
+    rig.registrar_gate().set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    rig.monitor.report_changed(None);
+    assert_eq!(
+        (one.addr(), one.len()),
+        (a, LEN),
+        "its own registration, not the entry reported changed"
+    );
+    assert!(one.is_cached() && one.is_valid_now());
+    assert!(!two.is_cached(), "superseded by the first's entry");
+    let s = rig.c.stats();
+    assert_eq!((s.raced_hits, s.hits, s.entries), (0, 0, 1));
+    assert_eq!(rig.made(), 4, "the neighbour, the first's two, the waiter's one");
+    assert_eq!(rig.stale(&one), 0, "pins the current pages");
+}
+
+/// The mirror case: the entry another thread cached while the first
+/// registered covers the first's request but lies inside the first's
+/// span (its request merged with an entry it overlaps), with no rights
+/// the span lacks. The first does not take it: its own wider
+/// registration supersedes it, losing nothing, and a lookup of the
+/// merged neighbour's range hits. (Taken, the narrower entry would stay
+/// cached and that lookup would register again.)
+///
+/// Order: the first misses `[a, a + LEN)` with nothing cached (its span
+/// is its request) and is held in its registration; `second` misses
+/// `[a, a + LEN + PAGE)`, which that span does not cover (no wait), and
+/// is held in its registration too; a neighbour `[a + LEN - PAGE,
+/// a + 2 LEN)` is cached; the first's pin is found settling, so it looks
+/// again and registers its request merged with the neighbour,
+/// `[a, a + 2 LEN)`, held again; `second` inserts its entry (superseding
+/// the neighbour), which covers the first's request; then the first
+/// inserts.
+#[test]
+fn a_miss_does_not_take_an_entry_its_span_covers() {
+    let rig = Rig::sized(16, 2 * LEN);
+    let a = rig.a;
+    let gate = rig.registrar_gate();
+    let first = rig.first_held();
+    let second = rig.get_sent("second", a, LEN + PAGE);
+    gate.until_arrived(2, "the second's registration");
+    let nb = a + LEN - PAGE;
+    drop(rig.c.get(nb, LEN + PAGE, W).expect("the neighbour, idle"));
+    rig.monitor.settle_first_once();
+    gate.let_one();
+    gate.until_arrived(3, "the first's registration of its merged span");
+    gate.let_one();
+    let two = returned(&second, "the second").expect("second get");
+    assert_eq!((two.addr(), two.len()), (a, LEN + PAGE));
+    assert!(two.is_cached());
+    gate.set_hold(false);
+    let one = first.join().expect("first").expect("first get");
+    assert_eq!(
+        (one.addr(), one.len()),
+        (a, 2 * LEN),
+        "its own merged span, not the narrower entry inside it"
+    );
+    assert!(one.is_cached() && one.is_valid_now());
+    assert!(!two.is_cached(), "superseded by the first's entry");
+    assert!(two.is_valid_now(), "superseded, not invalidated");
+    let s = rig.c.stats();
+    assert_eq!((s.raced_hits, s.hits, s.entries), (0, 0, 1));
+    assert_eq!(rig.made(), 4, "the first's two, the second's, the neighbour's");
+    drop((one, two));
+    let again = rig.c.get(nb, LEN + PAGE, W).expect("the neighbour's range again");
+    assert_eq!((again.addr(), again.len()), (a, 2 * LEN), "the first's entry");
+    assert_eq!(rig.made(), 4, "a hit: no fifth registration");
+    assert_eq!(rig.stale(&again), 0, "pins the current pages");
 }

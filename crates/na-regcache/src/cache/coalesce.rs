@@ -37,19 +37,41 @@
 //! done under the table's lock, and nothing allocates: the spans are a
 //! fixed array (a miss that finds it full registers unpublished, as before).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::registrar::Access;
+use super::Cache;
+use crate::registrar::{Access, Registrar};
 use crate::stats::Stats;
 
 /// The longest a miss waits for another thread's registration of a span
-/// covering its request; past it, it registers on its own (counted in
+/// covering its request, by default ([`Cache::set_coalesce_wait`] changes
+/// it per cache); past it, it registers on its own (counted in
 /// [`CacheStats::coalesce_timeouts`](crate::CacheStats::coalesce_timeouts)).
 /// Generous: a registration of a large buffer takes long, and waiting for
 /// it costs less than pinning the same pages again.
 pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
+
+impl<R: Registrar> Cache<R> {
+    /// Sets the longest a miss of this cache waits for another thread's
+    /// registration of a span covering its request (from the next wait
+    /// on; [`COALESCE_WAIT`] until then); past it, the miss registers on
+    /// its own. Longer for registrations that may take longer than the
+    /// default (an `ibv_reg_mr` of many gigabytes), or for tests on a
+    /// loaded machine, where a wait that must end when another thread
+    /// acts may outlast the default only because that thread was not
+    /// scheduled; `Duration::ZERO` makes a miss that would wait register
+    /// at once (counted as a wait that ran out). A bound over a day is a
+    /// day.
+    pub fn set_coalesce_wait(&self, bound: Duration) {
+        self.shared.pending.set_bound(bound);
+    }
+}
+
+/// The longest bound [`Cache::set_coalesce_wait`] sets.
+const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Spans published at most at once (more concurrent misses register
 /// unpublished).
@@ -79,10 +101,21 @@ struct State {
 }
 
 /// The spans being registered, and the condition waiters wait on.
-#[derive(Default)]
 pub(crate) struct Pending {
     state: Mutex<State>,
     done: Condvar,
+    /// The longest wait, in nanoseconds ([`Cache::set_coalesce_wait`]).
+    bound_ns: AtomicU64,
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Pending {
+            state: Mutex::default(),
+            done: Condvar::new(),
+            bound_ns: AtomicU64::new(COALESCE_WAIT.as_nanos() as u64),
+        }
+    }
 }
 
 /// What [`Pending::enter`] decided.
@@ -132,6 +165,12 @@ impl Drop for Published<'_> {
 }
 
 impl Pending {
+    /// Sets the longest wait (a day at most).
+    pub fn set_bound(&self, bound: Duration) {
+        let ns = bound.min(LONGEST_WAIT).as_nanos() as u64;
+        self.bound_ns.store(ns, Relaxed);
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing panics under this lock; a poisoned one is still consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -170,10 +209,11 @@ impl Pending {
     }
 
     /// Waits until span `id` is taken back or no longer covers `req`
-    /// (its miss registers another span now), for [`COALESCE_WAIT`] at
-    /// most (counted in `stats`: the wait, and a wait that ran out).
+    /// (its miss registers another span now), for the cache's bound at
+    /// most ([`COALESCE_WAIT`] unless [`Cache::set_coalesce_wait`] changed
+    /// it; counted in `stats`: the wait, and a wait that ran out).
     pub fn wait(&self, id: u64, req: (usize, usize, Access), stats: &Stats) {
-        let deadline = Instant::now() + COALESCE_WAIT;
+        let deadline = Instant::now() + Duration::from_nanos(self.bound_ns.load(Relaxed));
         let mut st = self.lock();
         // Counted under the lock: once the count shows the wait, the
         // waiter is parked or sees the span gone (tests order on it).

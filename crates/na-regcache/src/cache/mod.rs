@@ -61,6 +61,8 @@
 //!    request with its rights and the span does not cover it, take it as
 //!    a hit and throw this registration away (`Miss::raced_hit`: before
 //!    2026-11-29 the narrower registration superseded it), else insert,
+//!    superseding the entries the span contains or that contain it
+//!    (those that only overlap it stay: `Table::superseded`), and
 //!    evicting idle entries with the CLOCK (second-chance)
 //!    approximation of LRU (a sweep that looked at `table::SWEEP_STEP`
 //!    slots lets the lock go, takes it again and goes on, checking the
@@ -86,6 +88,8 @@ mod entry;
 mod lookup;
 mod miss;
 mod outside;
+#[cfg(test)]
+mod overlap_tests;
 #[cfg(test)]
 mod refs_tests;
 mod settle;

@@ -106,7 +106,7 @@ fn no_room_predicts_the_insertion() {
     let new = entry(&b, N + 10);
     assert!(t.no_room(new.start, new.end, busy));
     assert!(matches!(insert_to_the_end(&mut t, &new).0, Insert::NoRoom { .. }));
-    // A span overlapping an entry supersedes it: room.
+    // A span containing entries supersedes them: room.
     let over = held[3].start;
     assert!(!t.no_room(over, over + 2 * PAGE, busy));
     // Larger than the byte limit: never room.

@@ -1,5 +1,6 @@
 //! The lock-protected state of a cache: a slot table, a sorted index of
-//! non-overlapping ranges, a CLOCK (second-chance) hand approximating LRU
+//! ranges none of which contains another (see [`Table::superseded`]), a
+//! CLOCK (second-chance) hand approximating LRU
 //! over idle entries, and a list of invalidated ("zombie") entries awaiting
 //! deregistration. Hits only need the read lock: they bump the entry's user
 //! count and set its `referenced` bit; releasing a handle takes no lock.
@@ -175,7 +176,10 @@ impl<R: Registrar> Table<R> {
         self.gen
     }
 
-    /// Index positions of the items overlapping `[start, end)`.
+    /// Index positions of the items overlapping `[start, end)`. The
+    /// index is sorted by start, and no item contains another, so the
+    /// ends increase with the starts: both searches are on monotone
+    /// predicates.
     fn overlapping(&self, start: usize, end: usize) -> std::ops::Range<usize> {
         let lo = self.index.partition_point(|it| it.end <= start);
         let hi = lo + self.index[lo..].partition_point(|it| it.start < end);
@@ -188,6 +192,11 @@ impl<R: Registrar> Table<R> {
     }
 
     /// The cached entry containing `[start, end)` with at least `access`.
+    /// Only the last entry starting at or before `start` is looked at: no
+    /// entry contains another, so it ends last of those, and covers the
+    /// range if any of them does. (If it lacks the rights and an earlier
+    /// overlapping one has them, this is a miss, which registers the
+    /// union of both and supersedes them: see [`Table::superseded`].)
     #[inline]
     pub fn lookup(&self, start: usize, end: usize, access: Access) -> Option<&Arc<Entry<R>>> {
         let pos = self.index.partition_point(|it| it.start <= start);
@@ -225,6 +234,50 @@ impl<R: Registrar> Table<R> {
         (s, e, a)
     }
 
+    /// Index positions of the entries an insertion of `[start, end)`
+    /// supersedes: those it contains, else those containing it (never
+    /// both: the index holds no entry inside another). Each kind is a
+    /// contiguous run of the overlapping items, whose starts and ends
+    /// both increase.
+    ///
+    /// **Entries that only overlap it stay cached (since 2026-11-29).**
+    /// Such a pair arises only when two misses of overlapping requests
+    /// register at once (each notes its span, the request merged with
+    /// the entries it overlaps, before the other's insertion): the later
+    /// insertion used to supersede the earlier, so the next request of
+    /// the earlier range missed and registered again (the union).
+    /// Keeping both is correct: the index stays sorted by start with
+    /// increasing ends, so [`lookup`](Self::lookup) still finds a
+    /// covering entry with one search, and an invalidation (or a sweep,
+    /// which takes entries one by one) still finds every entry
+    /// overlapping a range (`overlapping`); each entry has its own
+    /// monitor subscription (counted per page range, so the shared pages
+    /// stay watched while either lives). The price: the shared pages are
+    /// pinned twice and counted twice against the byte limit while both
+    /// live, and a request covered by the pair but by neither alone
+    /// misses and registers the union, which supersedes both. An entry
+    /// containing the new one is still superseded (it lacks the
+    /// request's rights, or the miss could not take it: see
+    /// `Miss::raced_hit`), so no entry ever contains another.
+    fn superseded(&self, start: usize, end: usize) -> std::ops::Range<usize> {
+        let over = self.overlapping(start, end);
+        if over.is_empty() {
+            // The common case: nothing to supersede.
+            return over;
+        }
+        let run = &self.index[over.clone()];
+        // Inside `[start, end)`: a suffix by start, a prefix of that by end.
+        let lo = run.partition_point(|it| it.start < start);
+        let hi = lo + run[lo..].partition_point(|it| it.end <= end);
+        if lo < hi {
+            return over.start + lo..over.start + hi;
+        }
+        // Containing it: a suffix by end, a prefix of that by start.
+        let lo = run.partition_point(|it| it.end < end);
+        let hi = lo + run[lo..].partition_point(|it| it.start <= start);
+        over.start + lo..over.start + hi
+    }
+
     /// True when an invalidation since generation `gen0` may overlap `[start, end)`.
     pub fn changed_since(&self, gen0: u64, start: usize, end: usize) -> bool {
         if self.gen == gen0 {
@@ -248,7 +301,7 @@ impl<R: Registrar> Table<R> {
         if len > self.max_bytes {
             return 0;
         }
-        let over = self.overlapping(start, end);
+        let over = self.superseded(start, end);
         let freed_count = over.len();
         let freed_bytes: usize = self.index[over].iter().map(|it| it.end - it.start).sum();
         let count = self.live + self.zombies - freed_count;
@@ -264,12 +317,13 @@ impl<R: Registrar> Table<R> {
     }
 
     /// The index positions of the entries an insertion of `[start, end)`
-    /// supersedes, if it fits within the limits once they are gone
-    /// (without evicting anything). The range is no larger than the byte
-    /// limit (callers check first: no sum here overflows).
+    /// supersedes ([`Table::superseded`]), if it fits within the limits
+    /// once they are gone (without evicting anything). The range is no
+    /// larger than the byte limit (callers check first: no sum here
+    /// overflows).
     #[inline]
     fn fits(&self, start: usize, end: usize) -> Option<std::ops::Range<usize>> {
-        let over = self.overlapping(start, end);
+        let over = self.superseded(start, end);
         let freed_bytes: usize = self.index[over.clone()].iter().map(|it| it.end - it.start).sum();
         let count = self.live + self.zombies - over.len();
         let bytes = self.bytes - freed_bytes;
@@ -296,8 +350,9 @@ impl<R: Registrar> Table<R> {
         self.idle(busy) == 0 && self.fits(start, end).is_none()
     }
 
-    /// Inserts `entry` (one user), superseding the entries it overlaps and
-    /// evicting idle entries (least recently used first) to respect the
+    /// Inserts `entry` (one user), superseding the entries it contains or
+    /// that contain it ([`Table::superseded`]; those that only overlap it
+    /// stay) and evicting idle entries (least recently used first) to respect the
     /// limits. The entries taken out are pushed on `doomed`, whose spare
     /// capacity must be at least [`doom_bound`](Self::doom_bound): if it is
     /// not, nothing happens and the outcome says how much is needed.
@@ -351,6 +406,12 @@ impl<R: Registrar> Table<R> {
         entry.slot.store(slot, Ordering::Relaxed);
         entry.enter_index();
         let pos = self.index.partition_point(|it| it.start < entry.start);
+        // No entry contains another: the neighbours end before it and after it.
+        debug_assert!(pos == 0 || self.index[pos - 1].end < entry.end);
+        debug_assert!(self
+            .index
+            .get(pos)
+            .is_none_or(|it| it.start > entry.start && it.end > entry.end));
         self.index.insert(
             pos,
             Item {

@@ -33,6 +33,19 @@ pub trait Hooks: Send + Sync + 'static {
     ) -> Option<Duration> {
         inner.wait_settled(start, end, limit)
     }
+
+    /// `Monitor::subscribe`.
+    fn subscribe(&self, inner: &UffdMonitor, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
+        inner.subscribe(start, len, cookie)
+    }
+
+    /// `Monitor::changed` (the userfaultfd monitor pushes its changes to
+    /// the caches and always answers false; a kdreg2-style monitor
+    /// answers true for a watch whose mapping changed while the events
+    /// saying so are not applied yet).
+    fn changed(&self, inner: &UffdMonitor, watch: &Watch) -> bool {
+        inner.changed(watch)
+    }
 }
 
 /// The process's userfaultfd monitor with `hooks`. Dereferences to the
@@ -72,7 +85,7 @@ impl<H: Hooks> Monitor for Forwarding<H> {
         self.inner.detach(id)
     }
     fn subscribe(&self, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
-        self.inner.subscribe(start, len, cookie)
+        self.hooks.subscribe(&self.inner, start, len, cookie)
     }
     fn unsubscribe(&self, watch: &Watch) {
         self.inner.unsubscribe(watch)
@@ -92,6 +105,6 @@ impl<H: Hooks> Monitor for Forwarding<H> {
         self.hooks.wait_settled(&self.inner, start, end, limit)
     }
     fn changed(&self, watch: &Watch) -> bool {
-        self.inner.changed(watch)
+        self.hooks.changed(&self.inner, watch)
     }
 }

@@ -5,7 +5,7 @@
 //! at a gate while it holds.
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -15,7 +15,7 @@ use super::forward::{Forwarding, Hooks};
 use super::sys::{self, PAGE};
 use na_regcache::{
     Access, Cache, CacheConfig, Consistency, FixedBuffer, Monitor, MonitorChoice, Registrar, Registration,
-    UringRegistrar,
+    UffdMonitor, UringRegistrar, Watch, REMOVE_SETTLE,
 };
 
 pub const LEN: usize = 4 * PAGE;
@@ -23,6 +23,17 @@ pub const W: Access = Access::LOCAL_WRITE;
 /// How long the test waits for a thread to reach a gate: generous, it
 /// takes microseconds when nothing is wrong.
 pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The rig's caches' bound on a miss's wait for another's registration
+/// (`Cache::set_coalesce_wait`): longer than [`PATIENCE`], so that a
+/// wait the test ends (by letting a held thread go) never runs out first
+/// however loaded the machine is (the default, `COALESCE_WAIT`, is 5 s:
+/// a waiter parked while a test thread was not scheduled for that long
+/// registered on its own and failed the test's counts). A miss that
+/// waits for something the test holds until the miss returns (the bug
+/// class the tests check) then fails the test by `PATIENCE` instead of
+/// running out this bound.
+pub const WAIT_BOUND: Duration = Duration::from_secs(120);
 
 pub fn me() -> String {
     std::thread::current().name().unwrap_or("").to_owned()
@@ -88,6 +99,22 @@ impl Gate {
         self.changed.notify_all();
     }
 
+    /// Waits until `n` threads arrived at the gate while it held (parked
+    /// or let go since).
+    pub fn until_arrived(&self, n: usize, what: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut st = self.state();
+        while st.arrived < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "{what} never arrived");
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
     /// Waits until a gated thread is parked (one not let go).
     pub fn until_parked(&self, what: &str) {
         let deadline = Instant::now() + PATIENCE;
@@ -105,8 +132,9 @@ impl Gate {
 }
 
 /// io_uring fixed buffers (real pins), counted; each registration of the
-/// thread named `first` parks at `gate` while it holds, and those `gate`
-/// lists as failing fail (after it); its deregistrations park at `dereg`.
+/// threads named `first` and `second` parks at `gate` while it holds
+/// (tickets in arrival order), and those `gate` lists as failing fail
+/// (after it); the deregistrations of `first` park at `dereg`.
 pub struct Gated {
     pub inner: UringRegistrar,
     pub made: AtomicUsize,
@@ -120,7 +148,7 @@ impl Registrar for Gated {
     fn register(&self, addr: usize, len: usize, access: Access) -> io::Result<FixedBuffer> {
         self.made.fetch_add(1, Ordering::SeqCst);
         let me = me();
-        if me == "first" {
+        if me == "first" || me == "second" {
             self.gate.pass();
         }
         let failing = self.gate.state().failing.clone();
@@ -138,10 +166,35 @@ impl Registrar for Gated {
 }
 
 /// The process's userfaultfd monitor (`common::forward`); the monitor
-/// syncs of the threads named `waiter` park at `gate` while it holds.
+/// syncs of the threads named `waiter` park at `gate` while it holds. On
+/// the test's word it also reports one range's mapping changed, as a
+/// kdreg2-style monitor does while the events saying so are not applied
+/// yet ([`SyncGate::report_changed`]), and the next settling check of the
+/// thread named `first` settling ([`SyncGate::settle_first_once`]).
 #[derive(Default)]
 pub struct SyncGate {
     pub gate: Gate,
+    /// Every subscription made: its watch and its range.
+    subscribed: Mutex<Vec<(Watch, usize, usize)>>,
+    /// The range whose subscriptions `changed` reports changed.
+    changed: Mutex<Option<(usize, usize)>>,
+    /// The next settling check of `first` reports its span settling.
+    settle_first: AtomicBool,
+}
+
+impl SyncGate {
+    /// From now on `Monitor::changed` answers true for the watches of
+    /// the subscriptions of exactly `[start, end)` (`None`: for none).
+    pub fn report_changed(&self, range: Option<(usize, usize)>) {
+        *self.changed.lock().unwrap_or_else(|p| p.into_inner()) = range;
+    }
+
+    /// The next `Monitor::settling` check made by the thread named
+    /// `first` (one): its span settles, as if a discard of it had just
+    /// been read.
+    pub fn settle_first_once(&self) {
+        self.settle_first.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Hooks for SyncGate {
@@ -152,6 +205,30 @@ impl Hooks for SyncGate {
         if me() == "waiter" {
             self.gate.pass();
         }
+    }
+    fn settling(&self, inner: &UffdMonitor, start: usize, end: usize) -> Option<Duration> {
+        if me() == "first" && self.settle_first.swap(false, Ordering::SeqCst) {
+            return Some(REMOVE_SETTLE);
+        }
+        inner.settling(start, end)
+    }
+    fn subscribe(&self, inner: &UffdMonitor, start: usize, len: usize, cookie: u64) -> io::Result<Watch> {
+        let w = inner.subscribe(start, len, cookie)?;
+        self.subscribed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((w, start, start + len));
+        Ok(w)
+    }
+    fn changed(&self, inner: &UffdMonitor, watch: &Watch) -> bool {
+        let reported = *self.changed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((s, e)) = reported {
+            let subs = self.subscribed.lock().unwrap_or_else(|p| p.into_inner());
+            if subs.iter().any(|&(w, ws, we)| w == *watch && (ws, we) == (s, e)) {
+                return true;
+            }
+        }
+        inner.changed(watch)
     }
 }
 
@@ -197,6 +274,7 @@ impl Rig {
         };
         let m = Arc::clone(&monitor) as Arc<dyn Monitor>;
         let c = Arc::new(Cache::with_monitor(registrar, config, m).expect("cache"));
+        c.set_coalesce_wait(WAIT_BOUND);
         sys::touch(a, len, 0x11);
         Rig { c, monitor, a, len }
     }
