@@ -246,8 +246,9 @@ pub struct Engine<C: Codec = Postcard> {
     /// The floor of our own calls' output pulls, if set (else a quarter
     /// of `max_pull_bytes`; see `pull_share_ops.rs`).
     output_pull_floor: Option<u64>,
-    /// Spilled outputs waiting for their origin to pull them, by (origin
-    /// token, cookie), with the time they were exposed.
+    /// Spilled outputs waiting for their origin to pull them, by (peer
+    /// address token, cookie), with the time they were exposed (bounded
+    /// per `Origin`, see `exposed.rs`).
     exposed: ExposedOutputs,
     last_sweep: Instant,
     /// Calls marked abandoned, by cookie, in the order they were (one TTL

@@ -42,8 +42,8 @@ struct Entry {
     origin: Origin,
 }
 
-/// Exposed outputs by (origin token, cookie), with their byte counts (per
-/// [`Origin`] for the bound).
+/// Exposed outputs by (peer address token, cookie), with their byte counts
+/// (per [`Origin`], the peer's process where known, for the bound).
 pub(crate) struct ExposedOutputs {
     entries: FastMap<(u64, u64), Entry>,
     /// Keys in the order their outputs were exposed (one TTL for all, so

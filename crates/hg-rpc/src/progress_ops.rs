@@ -434,7 +434,7 @@ impl<C: Codec> Engine<C> {
                         self.acknowledge_one_way(&p.src, response_header(&p.header, status));
                     }
                     let answer = match pulled {
-                        Ok(data) => self.run_decoded_owned(&p.src, &p.header, data, p.ticket),
+                        Ok(data) => self.run_decoded_owned(&p.src, &p.header, data, p.ticket, p.origin),
                         Err(why) => Some((response_header(&p.header, Status::DecodeError), why.into_bytes())),
                     };
                     match answer {

@@ -191,4 +191,76 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    struct Big;
+    impl Rpc for Big {
+        const NAME: &'static str = "test.big";
+        type Input = Vec<u8>;
+        type Output = u32;
+    }
+
+    /// A spilled input pulled for a deferred handler is charged, once
+    /// pulled, to the origin its pull was charged to (the sender's
+    /// process), even if the sender's connection is gone by the time the
+    /// pull's end is handled (the transport then names no process for the
+    /// address). Before, the charge asked the transport again at that
+    /// point and went to the bare address: the process's share no longer
+    /// counted the input its request holds (bytes_of(process) 0).
+    #[test]
+    fn a_deferred_input_stays_charged_to_its_process_when_its_connection_goes_first() {
+        let (dir, mut srv, mut c, s) = sm_pair("origin-kept");
+        srv.register_deferred::<Big>().unwrap();
+        let input = vec![5u8; 1 << 20];
+        c.forward::<Big>(&s, &input).unwrap();
+        // Until the target started the pull (the transport moves the
+        // bytes at once; the pull's end is handled on a later turn).
+        let end = Instant::now() + Duration::from_secs(10);
+        while srv.pulls.is_empty() {
+            assert!(Instant::now() < end, "the pull never started: {:?}", srv.stats());
+            c.progress_now().unwrap();
+            srv.progress_now().unwrap();
+            srv.trigger().unwrap();
+        }
+        let origin = srv
+            .pulls
+            .values()
+            .next()
+            .and_then(|p| p.origin)
+            .expect("an input's pull");
+        let own = Origin::Process(PeerProcess {
+            pid: std::process::id(),
+            started: own_start_time(),
+        });
+        assert_eq!(origin, own, "charged to this process");
+        // The sender's connection goes; the target sees it go (its
+        // harvest) before it handles the pull's end.
+        drop(c);
+        let end = Instant::now() + Duration::from_secs(10);
+        let req = loop {
+            assert!(Instant::now() < end, "the request never came: {:?}", srv.stats());
+            let _ = srv.try_wait().unwrap();
+            srv.progress_now().unwrap();
+            srv.trigger().unwrap();
+            if let Some(r) = srv.take_deferred() {
+                break r;
+            }
+        };
+        assert_eq!(
+            srv.origin_of(&req.src),
+            Origin::Addr(req.src.token()),
+            "the connection is gone"
+        );
+        let len = srv.deferred_ledger.bytes_of(own);
+        assert!(
+            len >= input.len() as u64,
+            "the process's share lost the input its request holds: {len} bytes counted"
+        );
+        drop(req);
+        assert_eq!(
+            srv.deferred_ledger.bytes_of(own),
+            0,
+            "given back with the request"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

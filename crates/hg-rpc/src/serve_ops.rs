@@ -12,6 +12,7 @@ use super::{
 use crate::codec::Codec;
 use crate::deferred::DeferredTicket;
 use crate::header::{ForeignHeader, Header, Status, FLAG_RESPONSE, FLAG_SPILL, HEADER_LEN, VERSION};
+use crate::origin::Origin;
 use crate::rpc::rpc_id;
 use crate::spill::RELEASE_RPC;
 impl<C: Codec> Engine<C> {
@@ -42,19 +43,23 @@ impl<C: Codec> Engine<C> {
 
     /// [`run_decoded`](Self::run_decoded) on an input the engine owns (a
     /// pulled spill): a deferred handler's request takes it as it is,
-    /// otherwise its buffer serves the next spill.
+    /// otherwise its buffer serves the next spill. `origin`: the one its
+    /// pull was charged to, which the request's hold is charged to as
+    /// well (the transport may name no process for `src` by now: its
+    /// connection may have gone since the pull started).
     pub(super) fn run_decoded_owned(
         &mut self,
         src: &Addr,
         h: &Header,
         data: Vec<u8>,
         ticket: Option<DeferredTicket>,
+        origin: Option<Origin>,
     ) -> Option<(Header, Vec<u8>)> {
         if let Some(Handler { run: None, .. }) = self.handlers.get(&h.rpc_id) {
             self.stats.handled += 1;
             // Taken before the pull (a handler registered deferred since
             // then has none yet).
-            let origin = self.origin_of(src);
+            let origin = origin.unwrap_or_else(|| self.origin_of(src));
             let ticket = match ticket.map_or_else(|| self.admit_deferred(origin), Ok) {
                 Ok(t) => t,
                 Err(why) => {

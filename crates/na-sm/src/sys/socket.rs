@@ -422,7 +422,7 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) 
         // SAFETY: msg_control points at `space` aligned bytes, enough for one
         // header plus `fd_bytes` of data, so CMSG_FIRSTHDR is non-null and
         // CMSG_DATA has room for the descriptors; `BorrowedFd` is
-        // `repr(transparent)` over a `RawFd` (asserted below), so the slice's
+        // `repr(transparent)` over a `RawFd` (its size asserted above `CmsgBuf`), so the slice's
         // bytes are the descriptor numbers.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
