@@ -245,3 +245,88 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> isize {
     // SAFETY: `buf` is live and writable for its length.
     unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) }
 }
+
+/// `struct uffdio_api` of `<linux/userfaultfd.h>`.
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+/// `struct uffdio_register` of `<linux/userfaultfd.h>`.
+#[repr(C)]
+struct UffdioRegister {
+    start: u64,
+    len: u64,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// `UFFD_API`, `UFFDIO_API` and `UFFDIO_REGISTER` (`_IOWR(0xAA, 0x3F, 24
+/// bytes)`, `_IOWR(0xAA, 0x00, 32 bytes)`) and the missing-page mode.
+const UFFD_API: u64 = 0xaa;
+const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+
+/// `len` bytes (a multiple of the page size) of fresh anonymous memory
+/// registered for missing-page faults with a new [userfaultfd(2)] that
+/// nobody reads: every access to them, ours or the kernel's on another
+/// process's behalf (`process_vm_readv`), waits for an answer that never
+/// comes, until the descriptor is closed (this process ends). Returns the
+/// descriptor (keep it) and the memory's address. An error where the
+/// kernel refuses a userfaultfd that handles the kernel's own faults
+/// (`vm.unprivileged_userfaultfd` 0 without `CAP_SYS_PTRACE`): what a
+/// hostile peer does with a mapping of a file on a FUSE mount it serves
+/// instead. The memory is never freed (the test process, a forked child,
+/// ends with it).
+///
+/// [userfaultfd(2)]: https://man7.org/linux/man-pages/man2/userfaultfd.2.html
+pub fn stalling_memory(len: usize) -> io::Result<(OwnedFd, usize)> {
+    // SAFETY: userfaultfd takes flags only; a descriptor it returns is
+    // fresh and ours to own.
+    let fd = unsafe {
+        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        OwnedFd::from_raw_fd(fd as RawFd)
+    };
+    let mut api = UffdioApi {
+        api: UFFD_API,
+        features: 0,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_API reads and writes the live struct we pass.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh private anonymous mapping chosen by the kernel; no
+    // memory of ours is touched.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let mut reg = UffdioRegister {
+        start: addr as u64,
+        len: len as u64,
+        mode: UFFDIO_REGISTER_MODE_MISSING,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_REGISTER reads and writes the live struct we pass;
+    // the range is the mapping made above, which nothing else uses.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fd, addr as usize))
+}
