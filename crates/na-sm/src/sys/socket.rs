@@ -233,47 +233,6 @@ pub fn unix_socket_kind(fd: BorrowedFd<'_>) -> Option<(libc::c_int, bool)> {
     Some((ty, listening))
 }
 
-/// True if closing `fd` cannot wait on anyone: a regular shmem file that
-/// can carry seals (a memfd, on tmpfs or hugetlbfs), a pipe, or an eventfd,
-/// by [fstatfs(2)], [fstat(2)], `F_GET_SEALS` ([fcntl(2)]) and the
-/// descriptor's name in `/proc/self/fd`. Anything else a peer passed us
-/// (a socket, a device node, a file on a FUSE or network mount, another
-/// anonymous inode) may run code of its own, and wait, at its last close.
-///
-/// [fstatfs(2)]: https://man7.org/linux/man-pages/man2/fstatfs.2.html
-/// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
-/// [fcntl(2)]: https://man7.org/linux/man-pages/man2/fcntl.2.html
-pub fn harmless_to_close(fd: BorrowedFd<'_>) -> bool {
-    const TMPFS_MAGIC: u32 = 0x0102_1994;
-    const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
-    const ANON_INODE_FS_MAGIC: u32 = 0x0904_1934;
-    const PIPEFS_MAGIC: u32 = 0x5049_5045;
-    let raw = fd.as_raw_fd();
-    // SAFETY: statfs and stat are plain data (all-zero is a valid value);
-    // fstatfs and fstat write one into `fs` and `st`, which live across
-    // the calls.
-    let (f_type, mode) = unsafe {
-        let mut fs: libc::statfs = std::mem::zeroed();
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstatfs(raw, &mut fs) != 0 || libc::fstat(raw, &mut st) != 0 {
-            return false;
-        }
-        // The magic numbers are 32-bit (f_type is wider on 64-bit targets).
-        (fs.f_type as u32, st.st_mode & libc::S_IFMT)
-    };
-    match f_type {
-        TMPFS_MAGIC | HUGETLBFS_MAGIC => {
-            // (devtmpfs is tmpfs too: its device nodes are not regular.)
-            // SAFETY: F_GET_SEALS takes no pointer argument.
-            mode == libc::S_IFREG && unsafe { libc::fcntl(raw, libc::F_GET_SEALS) } >= 0
-        }
-        PIPEFS_MAGIC => mode == libc::S_IFIFO,
-        ANON_INODE_FS_MAGIC => std::fs::read_link(format!("/proc/self/fd/{raw}"))
-            .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]"),
-        _ => false,
-    }
-}
-
 /// A new stream socket (close-on-exec; non-blocking if `nonblocking`)
 /// and the address of `path` for connect(2), with its length.
 fn unix_socket_for(
@@ -609,34 +568,6 @@ mod tests {
         assert!(!abort_at_close(null.as_fd()), "a device node");
         let ev = crate::sys::eventfd::EventFd::new().unwrap();
         assert!(!abort_at_close(ev.as_fd()), "an eventfd");
-    }
-
-    /// What a hello may carry passes the screen; what may block or run
-    /// driver code at its last close does not.
-    #[test]
-    fn only_memfds_pipes_and_eventfds_are_harmless_to_close() {
-        let memfd = crate::sys::shm::SharedRegion::create("screen-test", 4096).unwrap();
-        let memfd = memfd.fd().expect("a fresh region has its memfd");
-        assert!(harmless_to_close(memfd), "memfd");
-        let ev = crate::sys::eventfd::EventFd::new().unwrap();
-        assert!(harmless_to_close(ev.as_fd()), "eventfd");
-        let mut fds = [0; 2];
-        // SAFETY (test): pipe writes two fresh descriptors into `fds`.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY (test): both are ours alone.
-        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        assert!(
-            harmless_to_close(r.as_fd()) && harmless_to_close(w.as_fd()),
-            "pipe"
-        );
-        let null = std::fs::File::open("/dev/null").unwrap();
-        assert!(!harmless_to_close(null.as_fd()), "a device node");
-        let (a, _b) = UnixStream::pair().unwrap();
-        assert!(!harmless_to_close(a.as_fd()), "a socket");
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(!harmless_to_close(tcp.as_fd()), "a TCP socket");
-        let timer = na_core::sys::timer::Timer::new().unwrap();
-        assert!(!harmless_to_close(timer.as_fd()), "another anonymous inode");
     }
 
     /// Where the kernel has them: the peer's pidfd names a live process

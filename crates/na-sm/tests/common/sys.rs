@@ -330,3 +330,76 @@ pub fn stalling_memory(len: usize) -> io::Result<(OwnedFd, usize)> {
     }
     Ok((fd, addr as usize))
 }
+
+/// A FUSE file system whose daemon never answers, mounted at `dir` (an
+/// empty directory) in a mount namespace of this process's own (so it
+/// goes with the process): [unshare(2)] `CLONE_NEWNS`, the mounts made
+/// private, `/dev/fuse` opened and [mount(2)]ed with it. Returns that
+/// device descriptor (the daemon's end: keep it open, never read it) and
+/// an `O_PATH` descriptor of the file system's root, whose `fstatfs` or
+/// `fstat` asks the daemon and so waits (killable only) until the device
+/// descriptor is closed. An error where this process may not mount
+/// (no `CAP_SYS_ADMIN` and no user namespace): what an unprivileged
+/// peer does with `fusermount` instead. For a forked child, which ends
+/// with it.
+///
+/// [unshare(2)]: https://man7.org/linux/man-pages/man2/unshare.2.html
+/// [mount(2)]: https://man7.org/linux/man-pages/man2/mount.2.html
+pub fn unanswered_fuse(dir: &std::path::Path) -> io::Result<(OwnedFd, OwnedFd)> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let cpath =
+        CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: flags only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: NUL-terminated strings (or null where mount allows it) that
+    // live across the call.
+    if unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let dev = OwnedFd::from(dev);
+    let opts = CString::new(format!(
+        "fd={},rootmode=40000,user_id={},group_id={}",
+        dev.as_raw_fd(),
+        // SAFETY: getuid and getgid cannot fail.
+        unsafe { libc::getuid() },
+        // SAFETY: as above.
+        unsafe { libc::getgid() }
+    ))
+    .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: NUL-terminated strings that live across the call.
+    if unsafe {
+        libc::mount(
+            c"qs-unanswered".as_ptr(),
+            cpath.as_ptr(),
+            c"fuse.qs-unanswered".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            opts.as_ptr().cast(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a NUL-terminated path; a descriptor open returns is ours.
+    let root = unsafe { libc::open(cpath.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if root < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor from open.
+    Ok((dev, unsafe { OwnedFd::from_raw_fd(root) }))
+}
