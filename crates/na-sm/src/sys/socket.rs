@@ -261,6 +261,50 @@ fn unix_socket_for(
     Ok((sock, addr, len))
 }
 
+/// The socket at `path`, opened without following a symbolic link there
+/// (`O_PATH | O_NOFOLLOW`, [open(2)]) and checked to be a socket by
+/// [fstat(2)] of what was opened (the directory's own entry, never a
+/// file elsewhere): the descriptor, to keep until the connect returns,
+/// and its `/proc/self/fd` name, by which connect(2) reaches that very
+/// socket. Any process of our uid may put a file in the socket
+/// directory: a link planted under a socket's name would make connect(2)
+/// follow it, into a FUSE mount whose daemon never answers, say, and wait
+/// (killable only) for as long as that daemon lives.
+///
+/// [open(2)]: https://man7.org/linux/man-pages/man2/open.2.html
+/// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
+fn pinned_socket(path: &Path) -> io::Result<(OwnedFd, std::path::PathBuf)> {
+    let cpath = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "socket path has a NUL byte"))?;
+    // SAFETY: a NUL-terminated path that lives across the call; a
+    // descriptor open returns is fresh and ours.
+    let fd = unsafe {
+        let fd = super::syscall!(open(
+            cpath.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC
+        ))?;
+        OwnedFd::from_raw_fd(fd)
+    };
+    // SAFETY: stat is plain data (all-zero is a valid value); fstat
+    // writes one into `st`, which lives across the call.
+    let mode = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        super::syscall!(fstat(fd.as_raw_fd(), &mut st))?;
+        st.st_mode & libc::S_IFMT
+    };
+    if mode != libc::S_IFSOCK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a socket (a symbolic link or another file under a socket's name)",
+                path.display()
+            ),
+        ));
+    }
+    let name = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    Ok((fd, name))
+}
+
 /// connect(2) of `sock` to `addr` (`len` bytes of it).
 fn connect_to(sock: &OwnedFd, addr: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<()> {
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
@@ -287,8 +331,11 @@ pub fn queue_full_timeout(timeout: Duration) -> io::Error {
 /// Connects a stream socket to `path`, waiting at most `timeout` while the
 /// listener's queue is full (a listener that never accepts would otherwise
 /// hold `connect` forever). The socket keeps no send timeout afterwards.
+/// A symbolic link (or anything but a socket) at `path` is refused, not
+/// followed (see [`pinned_socket`]).
 pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
-    let (sock, addr, len) = unix_socket_for(path, false)?;
+    let (_pinned, path) = pinned_socket(path)?;
+    let (sock, addr, len) = unix_socket_for(&path, false)?;
     set_send_timeout(sock.as_raw_fd(), timeout)?;
     match connect_to(&sock, &addr, len) {
         Ok(()) => {}
@@ -304,11 +351,13 @@ pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
 /// [`io::ErrorKind::WouldBlock`] (`EAGAIN`). On a UNIX socket a connect
 /// is either done or refused when connect(2) returns: unlike TCP it never
 /// answers `EINPROGRESS` ([unix(7)]), so the socket returned is connected.
-/// It stays non-blocking.
+/// It stays non-blocking. A symbolic link (or anything but a socket) at
+/// `path` is refused, not followed (see [`pinned_socket`]).
 ///
 /// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
 pub fn try_connect_unix(path: &Path) -> io::Result<UnixStream> {
-    let (sock, addr, len) = unix_socket_for(path, true)?;
+    let (_pinned, path) = pinned_socket(path)?;
+    let (sock, addr, len) = unix_socket_for(&path, true)?;
     match connect_to(&sock, &addr, len) {
         Ok(()) => Ok(UnixStream::from(sock)),
         // Not documented for AF_UNIX, and never seen: were it to come, the
