@@ -42,7 +42,7 @@ pub(crate) struct InternalDevices {
 /// [statx(2)] of `fd` itself with `AT_STATX_DONT_SYNC`: its file
 /// system's device and its type, from what the kernel holds (no request
 /// to a FUSE daemon or a network server). `ENOSYS` on a kernel before
-/// 4.11, which has no statx.
+/// 4.11, which has no statx; `EPERM` where a seccomp filter refuses it.
 ///
 /// [statx(2)]: https://man7.org/linux/man-pages/man2/statx.2.html
 fn dev_and_type(fd: BorrowedFd<'_>) -> std::io::Result<DevMode> {
@@ -123,12 +123,17 @@ fn probe_devices() -> Option<InternalDevices> {
 /// node, a file on a FUSE or network mount, a hugetlbfs memfd, another
 /// anonymous inode) may run code of its own, and wait, at its last
 /// close. Judged without a request to the descriptor's file system (see
-/// the module docs), except on a kernel without `statx` (before 4.11),
-/// where [`harmless_by_statfs`] judges it.
+/// the module docs), except where `statx` is missing (before 4.11) or
+/// refused (`EPERM`: a seccomp filter of an older container runtime):
+/// there [`harmless_by_statfs`] judges it.
 pub fn harmless_to_close(fd: BorrowedFd<'_>) -> bool {
     let (fs, mode) = match dev_and_type(fd) {
         Ok(dm) => dm,
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => return harmless_by_statfs(fd),
+        // No statx (before 4.11), or one a seccomp filter refuses (older
+        // container runtimes answer EPERM).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
+            return harmless_by_statfs(fd)
+        }
         Err(_) => return false,
     };
     let Some(dev) = internal_devices() else {
@@ -150,9 +155,9 @@ fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
         .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
 }
 
-/// [`harmless_to_close`] on a kernel without `statx`: by [fstatfs(2)] and
-/// [fstat(2)] (which ask a FUSE daemon, and wait for it: the screen of
-/// kernels before 4.11 can be held so).
+/// [`harmless_to_close`] where `statx` is missing or refused: by
+/// [fstatfs(2)] and [fstat(2)] (which ask a FUSE daemon, and wait for
+/// it: the screen can be held so there).
 ///
 /// [fstatfs(2)]: https://man7.org/linux/man-pages/man2/fstatfs.2.html
 /// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
