@@ -38,6 +38,10 @@ pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(100);
 /// The shortest gap between retries, after a pass that sent a notice.
 pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(1);
 
+/// The fewest dates of returned notices kept before those past the TTL
+/// are dropped (see `UnsentNotices::returned_prune_at`).
+const MIN_RETURNED_PRUNE: usize = 1024;
+
 /// A notice to a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Notice {
@@ -57,6 +61,12 @@ pub(crate) struct UnsentNotices {
     /// an acknowledgement: its TTL counts from then, however often it is
     /// sent again (see `push_returned`).
     returned: FastMap<(u64, u64, bool), Instant>,
+    /// The size of `returned` at which its dates past the TTL are next
+    /// dropped (twice what the last drop left, at least
+    /// [`MIN_RETURNED_PRUNE`]): a pass over them per returned notice made
+    /// a peer whose notices keep failing cost a scan of every date per
+    /// failure.
+    returned_prune_at: usize,
     last_try: Instant,
     /// How long after `last_try` a turn that moved may retry.
     gap: Duration,
@@ -73,6 +83,7 @@ impl Default for UnsentNotices {
         UnsentNotices {
             targets: FastMap::default(),
             returned: FastMap::default(),
+            returned_prune_at: MIN_RETURNED_PRUNE,
             last_try: Instant::now(),
             gap: RETRY_FIRST,
         }
@@ -109,25 +120,37 @@ impl UnsentNotices {
     /// completion, after its send was accepted), dated from its first
     /// failure so that the retries' TTL cut-off ends one that keeps
     /// failing; false (not queued) once `ttl` has passed since then, or
-    /// past the cap. Dates older than `ttl` are forgotten.
+    /// past the cap (then no date is kept for it). Dates older than `ttl`
+    /// are forgotten, in a pass over them whenever they have doubled
+    /// since the last one.
     pub(crate) fn push_returned(&mut self, target: &Addr, notice: Notice, ttl: Duration) -> bool {
+        // Past the cap first: a peer whose queue is full has no date
+        // kept for a notice that is not queued either.
+        if self
+            .targets
+            .get(&target.token())
+            .is_some_and(|w| w.notices.len() >= MAX_WAITING_PER_PEER)
+        {
+            return false;
+        }
         let now = Instant::now();
         let key = match notice {
             Notice::Release(cookie) => (target.token(), cookie, false),
             Notice::Ack(h) => (target.token(), h.cookie, true),
         };
+        if self.returned.len() >= self.returned_prune_at {
+            self.returned.retain(|_, first| now.duration_since(*first) <= ttl);
+            self.returned_prune_at = (2 * self.returned.len()).max(MIN_RETURNED_PRUNE);
+        }
         let first = *self.returned.entry(key).or_insert(now);
-        self.returned.retain(|_, first| now.duration_since(*first) <= ttl);
         if now.duration_since(first) > ttl {
+            self.returned.remove(&key);
             return false;
         }
         let w = self.targets.entry(target.token()).or_insert_with(|| Waiting {
             addr: target.clone(),
             notices: VecDeque::new(),
         });
-        if w.notices.len() >= MAX_WAITING_PER_PEER {
-            return false;
-        }
         w.notices.push_back((notice, first));
         true
     }
@@ -253,6 +276,34 @@ mod tests {
             "past the TTL since the first failure"
         );
         assert!(u.is_empty());
+    }
+
+    /// A peer whose queue is full gets no date kept for a returned notice
+    /// that is not queued either (each took an entry, and every push
+    /// scanned them all), and the dates past the TTL go once they have
+    /// doubled, not at every push.
+    #[test]
+    fn returned_notices_past_the_cap_keep_no_date() {
+        let a = Addr::new("sm://1-a", PluginId(1), 1, false);
+        let mut u = UnsentNotices::default();
+        let ttl = Duration::from_millis(50);
+        for cookie in 0..MAX_WAITING_PER_PEER as u64 {
+            assert!(u.push_returned(&a, Notice::Release(cookie), ttl));
+        }
+        let dates = u.returned.len();
+        assert_eq!(dates, MAX_WAITING_PER_PEER);
+        for cookie in 0..10_000u64 {
+            let cookie = MAX_WAITING_PER_PEER as u64 + cookie;
+            assert!(!u.push_returned(&a, Notice::Release(cookie), ttl), "past the cap");
+        }
+        assert_eq!(u.returned.len(), dates, "dates kept for notices not queued");
+        // Their queue drained (sent), the dates stay until the TTL, then
+        // go at the next pass.
+        u.take_all();
+        std::thread::sleep(ttl + Duration::from_millis(5));
+        let b = Addr::new("sm://1-b", PluginId(1), 2, false);
+        assert!(u.push_returned(&b, Notice::Release(1), ttl));
+        assert_eq!(u.returned.len(), 1, "the dates past the TTL stayed");
     }
 
     /// A stuck target is retried less and less often while other traffic

@@ -40,7 +40,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::sys::fork;
-use crate::sys::socket::{harmless_to_close, recv_with_fds, shutdown_read, Received};
+use crate::sys::screen::harmless_to_close;
+use crate::sys::socket::{recv_with_fds, shutdown_read, Received};
 
 mod nested;
 mod pool;

@@ -36,6 +36,12 @@ impl SmPlugin {
                 reason: "must be above zero (zero would mean no limit on connect and handshake)".into(),
             });
         }
+        // What the screen of peer-passed descriptors compares them with,
+        // learned now: a handshake may find our descriptors run out, and
+        // learning takes four (`sys::screen`).
+        if crate::sys::screen::internal_devices().is_none() {
+            tracing::debug!("sm: the kernel's pipe, eventfd and memfd devices are not known yet");
+        }
         let dir = config.resolve_dir()?;
         let wake_kind = config.resolve_wake()?;
         let exit_watch = config.resolve_exit_watch()?;

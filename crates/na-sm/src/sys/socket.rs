@@ -233,47 +233,6 @@ pub fn unix_socket_kind(fd: BorrowedFd<'_>) -> Option<(libc::c_int, bool)> {
     Some((ty, listening))
 }
 
-/// True if closing `fd` cannot wait on anyone: a regular shmem file that
-/// can carry seals (a memfd, on tmpfs or hugetlbfs), a pipe, or an eventfd,
-/// by [fstatfs(2)], [fstat(2)], `F_GET_SEALS` ([fcntl(2)]) and the
-/// descriptor's name in `/proc/self/fd`. Anything else a peer passed us
-/// (a socket, a device node, a file on a FUSE or network mount, another
-/// anonymous inode) may run code of its own, and wait, at its last close.
-///
-/// [fstatfs(2)]: https://man7.org/linux/man-pages/man2/fstatfs.2.html
-/// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
-/// [fcntl(2)]: https://man7.org/linux/man-pages/man2/fcntl.2.html
-pub fn harmless_to_close(fd: BorrowedFd<'_>) -> bool {
-    const TMPFS_MAGIC: u32 = 0x0102_1994;
-    const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
-    const ANON_INODE_FS_MAGIC: u32 = 0x0904_1934;
-    const PIPEFS_MAGIC: u32 = 0x5049_5045;
-    let raw = fd.as_raw_fd();
-    // SAFETY: statfs and stat are plain data (all-zero is a valid value);
-    // fstatfs and fstat write one into `fs` and `st`, which live across
-    // the calls.
-    let (f_type, mode) = unsafe {
-        let mut fs: libc::statfs = std::mem::zeroed();
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstatfs(raw, &mut fs) != 0 || libc::fstat(raw, &mut st) != 0 {
-            return false;
-        }
-        // The magic numbers are 32-bit (f_type is wider on 64-bit targets).
-        (fs.f_type as u32, st.st_mode & libc::S_IFMT)
-    };
-    match f_type {
-        TMPFS_MAGIC | HUGETLBFS_MAGIC => {
-            // (devtmpfs is tmpfs too: its device nodes are not regular.)
-            // SAFETY: F_GET_SEALS takes no pointer argument.
-            mode == libc::S_IFREG && unsafe { libc::fcntl(raw, libc::F_GET_SEALS) } >= 0
-        }
-        PIPEFS_MAGIC => mode == libc::S_IFIFO,
-        ANON_INODE_FS_MAGIC => std::fs::read_link(format!("/proc/self/fd/{raw}"))
-            .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]"),
-        _ => false,
-    }
-}
-
 /// A new stream socket (close-on-exec; non-blocking if `nonblocking`)
 /// and the address of `path` for connect(2), with its length.
 fn unix_socket_for(
@@ -302,6 +261,50 @@ fn unix_socket_for(
     Ok((sock, addr, len))
 }
 
+/// The socket at `path`, opened without following a symbolic link there
+/// (`O_PATH | O_NOFOLLOW`, [open(2)]) and checked to be a socket by
+/// [fstat(2)] of what was opened (the directory's own entry, never a
+/// file elsewhere): the descriptor, to keep until the connect returns,
+/// and its `/proc/self/fd` name, by which connect(2) reaches that very
+/// socket. Any process of our uid may put a file in the socket
+/// directory: a link planted under a socket's name would make connect(2)
+/// follow it, into a FUSE mount whose daemon never answers, say, and wait
+/// (killable only) for as long as that daemon lives.
+///
+/// [open(2)]: https://man7.org/linux/man-pages/man2/open.2.html
+/// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
+fn pinned_socket(path: &Path) -> io::Result<(OwnedFd, std::path::PathBuf)> {
+    let cpath = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "socket path has a NUL byte"))?;
+    // SAFETY: a NUL-terminated path that lives across the call; a
+    // descriptor open returns is fresh and ours.
+    let fd = unsafe {
+        let fd = super::syscall!(open(
+            cpath.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC
+        ))?;
+        OwnedFd::from_raw_fd(fd)
+    };
+    // SAFETY: stat is plain data (all-zero is a valid value); fstat
+    // writes one into `st`, which lives across the call.
+    let mode = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        super::syscall!(fstat(fd.as_raw_fd(), &mut st))?;
+        st.st_mode & libc::S_IFMT
+    };
+    if mode != libc::S_IFSOCK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a socket (a symbolic link or another file under a socket's name)",
+                path.display()
+            ),
+        ));
+    }
+    let name = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    Ok((fd, name))
+}
+
 /// connect(2) of `sock` to `addr` (`len` bytes of it).
 fn connect_to(sock: &OwnedFd, addr: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<()> {
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
@@ -328,8 +331,11 @@ pub fn queue_full_timeout(timeout: Duration) -> io::Error {
 /// Connects a stream socket to `path`, waiting at most `timeout` while the
 /// listener's queue is full (a listener that never accepts would otherwise
 /// hold `connect` forever). The socket keeps no send timeout afterwards.
+/// A symbolic link (or anything but a socket) at `path` is refused, not
+/// followed (see [`pinned_socket`]).
 pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
-    let (sock, addr, len) = unix_socket_for(path, false)?;
+    let (_pinned, path) = pinned_socket(path)?;
+    let (sock, addr, len) = unix_socket_for(&path, false)?;
     set_send_timeout(sock.as_raw_fd(), timeout)?;
     match connect_to(&sock, &addr, len) {
         Ok(()) => {}
@@ -345,11 +351,13 @@ pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
 /// [`io::ErrorKind::WouldBlock`] (`EAGAIN`). On a UNIX socket a connect
 /// is either done or refused when connect(2) returns: unlike TCP it never
 /// answers `EINPROGRESS` ([unix(7)]), so the socket returned is connected.
-/// It stays non-blocking.
+/// It stays non-blocking. A symbolic link (or anything but a socket) at
+/// `path` is refused, not followed (see [`pinned_socket`]).
 ///
 /// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
 pub fn try_connect_unix(path: &Path) -> io::Result<UnixStream> {
-    let (sock, addr, len) = unix_socket_for(path, true)?;
+    let (_pinned, path) = pinned_socket(path)?;
+    let (sock, addr, len) = unix_socket_for(&path, true)?;
     match connect_to(&sock, &addr, len) {
         Ok(()) => Ok(UnixStream::from(sock)),
         // Not documented for AF_UNIX, and never seen: were it to come, the
@@ -609,34 +617,6 @@ mod tests {
         assert!(!abort_at_close(null.as_fd()), "a device node");
         let ev = crate::sys::eventfd::EventFd::new().unwrap();
         assert!(!abort_at_close(ev.as_fd()), "an eventfd");
-    }
-
-    /// What a hello may carry passes the screen; what may block or run
-    /// driver code at its last close does not.
-    #[test]
-    fn only_memfds_pipes_and_eventfds_are_harmless_to_close() {
-        let memfd = crate::sys::shm::SharedRegion::create("screen-test", 4096).unwrap();
-        let memfd = memfd.fd().expect("a fresh region has its memfd");
-        assert!(harmless_to_close(memfd), "memfd");
-        let ev = crate::sys::eventfd::EventFd::new().unwrap();
-        assert!(harmless_to_close(ev.as_fd()), "eventfd");
-        let mut fds = [0; 2];
-        // SAFETY (test): pipe writes two fresh descriptors into `fds`.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY (test): both are ours alone.
-        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        assert!(
-            harmless_to_close(r.as_fd()) && harmless_to_close(w.as_fd()),
-            "pipe"
-        );
-        let null = std::fs::File::open("/dev/null").unwrap();
-        assert!(!harmless_to_close(null.as_fd()), "a device node");
-        let (a, _b) = UnixStream::pair().unwrap();
-        assert!(!harmless_to_close(a.as_fd()), "a socket");
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(!harmless_to_close(tcp.as_fd()), "a TCP socket");
-        let timer = na_core::sys::timer::Timer::new().unwrap();
-        assert!(!harmless_to_close(timer.as_fd()), "another anonymous inode");
     }
 
     /// Where the kernel has them: the peer's pidfd names a live process

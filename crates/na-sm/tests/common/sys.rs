@@ -245,3 +245,161 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> isize {
     // SAFETY: `buf` is live and writable for its length.
     unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) }
 }
+
+/// `struct uffdio_api` of `<linux/userfaultfd.h>`.
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+/// `struct uffdio_register` of `<linux/userfaultfd.h>`.
+#[repr(C)]
+struct UffdioRegister {
+    start: u64,
+    len: u64,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// `UFFD_API`, `UFFDIO_API` and `UFFDIO_REGISTER` (`_IOWR(0xAA, 0x3F, 24
+/// bytes)`, `_IOWR(0xAA, 0x00, 32 bytes)`) and the missing-page mode.
+const UFFD_API: u64 = 0xaa;
+const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+
+/// `len` bytes (a multiple of the page size) of fresh anonymous memory
+/// registered for missing-page faults with a new [userfaultfd(2)] that
+/// nobody reads: every access to them, ours or the kernel's on another
+/// process's behalf (`process_vm_readv`), waits for an answer that never
+/// comes, until the descriptor is closed (this process ends). Returns the
+/// descriptor (keep it) and the memory's address. An error where the
+/// kernel refuses a userfaultfd that handles the kernel's own faults
+/// (`vm.unprivileged_userfaultfd` 0 without `CAP_SYS_PTRACE`): what a
+/// hostile peer does with a mapping of a file on a FUSE mount it serves
+/// instead. The memory is never freed (the test process, a forked child,
+/// ends with it).
+///
+/// [userfaultfd(2)]: https://man7.org/linux/man-pages/man2/userfaultfd.2.html
+pub fn stalling_memory(len: usize) -> io::Result<(OwnedFd, usize)> {
+    // SAFETY: userfaultfd takes flags only; a descriptor it returns is
+    // fresh and ours to own.
+    let fd = unsafe {
+        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        OwnedFd::from_raw_fd(fd as RawFd)
+    };
+    let mut api = UffdioApi {
+        api: UFFD_API,
+        features: 0,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_API reads and writes the live struct we pass.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh private anonymous mapping chosen by the kernel; no
+    // memory of ours is touched.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let mut reg = UffdioRegister {
+        start: addr as u64,
+        len: len as u64,
+        mode: UFFDIO_REGISTER_MODE_MISSING,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_REGISTER reads and writes the live struct we pass;
+    // the range is the mapping made above, which nothing else uses.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fd, addr as usize))
+}
+
+/// A FUSE file system whose daemon never answers, mounted at `dir` (an
+/// empty directory) in a mount namespace of this process's own (so it
+/// goes with the process): [unshare(2)] `CLONE_NEWNS`, the mounts made
+/// private, `/dev/fuse` opened and [mount(2)]ed with it. Returns that
+/// device descriptor (the daemon's end: keep it open, never read it) and
+/// an `O_PATH` descriptor of the file system's root, whose `fstatfs` or
+/// `fstat` asks the daemon and so waits (killable only) until the device
+/// descriptor is closed. An error where this process may not mount
+/// (no `CAP_SYS_ADMIN` and no user namespace): what an unprivileged
+/// peer does with `fusermount` instead. For a forked child, which ends
+/// with it.
+///
+/// [unshare(2)]: https://man7.org/linux/man-pages/man2/unshare.2.html
+/// [mount(2)]: https://man7.org/linux/man-pages/man2/mount.2.html
+pub fn unanswered_fuse(dir: &std::path::Path) -> io::Result<(OwnedFd, OwnedFd)> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let cpath =
+        CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: flags only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: NUL-terminated strings (or null where mount allows it) that
+    // live across the call.
+    if unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let dev = OwnedFd::from(dev);
+    let opts = CString::new(format!(
+        "fd={},rootmode=40000,user_id={},group_id={}",
+        dev.as_raw_fd(),
+        // SAFETY: getuid and getgid cannot fail.
+        unsafe { libc::getuid() },
+        // SAFETY: as above.
+        unsafe { libc::getgid() }
+    ))
+    .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: NUL-terminated strings that live across the call.
+    if unsafe {
+        libc::mount(
+            c"qs-unanswered".as_ptr(),
+            cpath.as_ptr(),
+            c"fuse.qs-unanswered".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            opts.as_ptr().cast(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a NUL-terminated path; a descriptor open returns is ours.
+    let root = unsafe { libc::open(cpath.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if root < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor from open.
+    Ok((dev, unsafe { OwnedFd::from_raw_fd(root) }))
+}
