@@ -117,10 +117,13 @@ fn stalled_client(spec: &str, server: &str) -> Result<(), Box<dyn std::error::Er
     if let Some(first) = engines.first() {
         println!("ADDR {}", first.self_addr());
     }
+    // Each engine's share of a 200 ms round, at least 1 ms: with more than
+    // 200 connections, 200 / conns is 0 and the loop would spin.
+    let slice = Duration::from_millis((200 / conns).max(1));
     let end = Instant::now() + Duration::from_secs(60);
     while Instant::now() < end {
         for engine in &mut engines {
-            engine.progress(Some(Duration::from_millis(200 / conns)))?;
+            engine.progress(Some(slice))?;
         }
     }
     eprintln!("hg-rpc-testpeer: stalled client not killed within 60 s, exiting");
