@@ -4,6 +4,7 @@
 //!
 //! `tonic-perf [--json]` prints rate (0 B and 8 B payloads, 1 and 16 in
 //! flight) and round-trip latency (p50/p99/p999).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 use std::time::{Duration, Instant};
