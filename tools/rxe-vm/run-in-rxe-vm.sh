@@ -44,11 +44,14 @@
 #   RXE_VM_SMP         guest vCPUs (default: host cores, max 8)
 #   RXE_VM_TIMEOUT     seconds before the VM is killed (default 1800)
 #   RXE_VM_IP          IPv4/prefix of the rxe netdev (default 10.77.0.1/24)
+#   RXE_VM_IP2         IPv4/prefix of the second device's netdev (rxe1;
+#                      default 10.78.0.1/24)
 #   RXE_VM_NO_APT=1    never call apt-get (fail if something is missing)
 #
 # Inside the guest the command additionally sees RXE_VM=1, RXE_VM_DEV=rxe0,
 # RXE_VM_IP=<addr/prefix> and RXE_VM_ADDR=<addr> (default 10.77.0.1): use
-# that address for RDMA CM, never 127.0.0.1.
+# that address for RDMA CM, never 127.0.0.1. A second device, for tests of
+# picking a device by address: RXE_VM_DEV2=rxe1, RXE_VM_ADDR2 (10.78.0.1).
 #
 # As a cargo runner (cargo passes the test binary and its arguments):
 #   CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/tools/rxe-vm/run-in-rxe-vm.sh \

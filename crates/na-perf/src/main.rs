@@ -9,6 +9,7 @@
 //! with the hidden `serve` subcommand; the two are pinned to different CPUs.
 //! See [`stats`] for how medians and p99s are sampled.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 mod bw;
 mod cli;

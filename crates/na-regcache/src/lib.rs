@@ -15,7 +15,9 @@
 //!   synchronous; see [`monitor::uffd`] for the argument) and [`AllocMonitor`]
 //!   fed by the opt-in [`InvalidatingAlloc`] global allocator.
 //! * Configuration: [`CacheConfig`] by API or `QS_MR_CACHE_MAX_COUNT`,
-//!   `QS_MR_CACHE_MAX_SIZE`, `QS_MR_CACHE_MONITOR=uffd|alloc|none|disabled`.
+//!   `QS_MR_CACHE_MAX_SIZE`, `QS_MR_CACHE_MONITOR=uffd|alloc|none|disabled`,
+//!   `QS_MR_CACHE_CONSISTENCY=in-flight|returned` and
+//!   `QS_MR_CACHE_MAP_WATCH=off|on` (values and defaults: [`config`]).
 //!
 //! # What each monitor catches
 //!

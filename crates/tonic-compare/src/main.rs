@@ -4,6 +4,8 @@
 //!
 //! `tonic-perf [--json]` prints rate (0 B and 8 B payloads, 1 and 16 in
 //! flight) and round-trip latency (p50/p99/p999).
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,9 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
 
+/// The messages and service generated from `proto/bench.proto` (prost
+/// writes no doc comments on them).
+#[allow(missing_docs)]
 pub mod bench {
     tonic::include_proto!("bench");
 }
