@@ -122,6 +122,7 @@ pub use factory::VerbsFactory;
 pub use mem::CacheStatsHandle;
 pub use msg::DEAD_HELD_GRACE;
 pub use plugin::{VerbsPlugin, CM_POLL_EVERY};
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use reads::ReadWindow;
 pub use sys::{devices, DeviceInfo};

@@ -3,7 +3,8 @@
 //! public only with the `test-hooks` feature, which this crate's tests,
 //! hg-rpc's verbs tests and the fuzz targets turn on, and so are the
 //! configuration's test hooks (`VerbsConfig::debug_*`, which make the
-//! plugin fail messages or ignore handshake events on purpose);
+//! plugin fail messages or ignore handshake events on purpose) and
+//! `VerbsPlugin::debug_reads` (a connection's `ReadWindow`);
 //! `credits` is private even then. A user's
 //! normal build reaches only the API: the root re-exports (`devices`
 //! included) and the `addr`, `config`, `config_env` and `error` modules.
@@ -36,6 +37,12 @@ pub fn config_hooks(cfg: &mut na_verbs::VerbsConfig) {
     cfg.debug_fail_msgs_count = Some(1);
 }
 
+// A connection's read window, for the tests of the read depth.
+pub fn reads() -> Option<na_verbs::ReadWindow> {
+    let _ = na_verbs::VerbsPlugin::debug_reads;
+    None
+}
+
 // What users need, reachable in every build.
 pub fn api() -> Option<Vec<na_verbs::DeviceInfo>> {
     let _ = (na_verbs::config_env::ENV_VARS, na_verbs::config::DEFAULT_MAX_RD_ATOMIC);
@@ -59,6 +66,8 @@ const HIDDEN: &[&str] = &[
     "debug_accept_responder_resources",
     "debug_fail_msgs_over",
     "debug_fail_msgs_count",
+    "debug_reads",
+    "ReadWindow",
 ];
 
 #[test]
