@@ -86,6 +86,12 @@ pub struct PluginStats {
     /// ring; what cannot go yet is in `backlog_bytes`). Dropping the
     /// plugin may lose these.
     pub sends_posted: u64,
+    /// Transfers refused because their remote handle names this very
+    /// process but no memory it exposes under that key with that access
+    /// (a forged or stale handle, e.g. a hostile server's); nothing moved.
+    /// Counted by na-verbs (na-sm refuses such transfers as well, without
+    /// counting them here). See [`refuse_self_rma`](Self::refuse_self_rma).
+    pub self_rma_refused: u64,
 }
 
 impl PluginStats {
@@ -96,6 +102,16 @@ impl PluginStats {
     pub fn refuse_handshake(&mut self) -> bool {
         self.handshakes_refused += 1;
         crate::logged_at(self.handshakes_refused)
+    }
+
+    /// Counts a refused transfer to our own process in
+    /// [`self_rma_refused`](Self::self_rma_refused); true if this one
+    /// should be logged as a warning (at 1, 2, 4... of them, see
+    /// [`crate::logged_at`]: a peer that hands out forged handles again
+    /// and again cannot flood the log).
+    pub fn refuse_self_rma(&mut self) -> bool {
+        self.self_rma_refused += 1;
+        crate::logged_at(self.self_rma_refused)
     }
 
     /// Counts a connected peer's protocol violation in

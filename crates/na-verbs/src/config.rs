@@ -112,15 +112,18 @@ pub struct VerbsConfig {
     /// a peer's get of our memory fails on its side).
     pub max_rd_atomic: u8,
     /// Test hook: the passive side ignores RDMA CM's `Established` events,
-    /// as if the peer's ready-to-use message were lost. Never set outside
-    /// tests.
+    /// as if the peer's ready-to-use message were lost. Only with the
+    /// `test-hooks` feature (as the other `debug_*` hooks).
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub debug_ignore_established: bool,
     /// Test hook: the responder resources the passive side offers in its
     /// accept, not bounded by the device. A value past the device's
     /// `max_qp_rd_atom` makes `rdma_accept` fail after the QP and buffers
     /// were set up (the failure the accept path must reject on: soft-RoCE
-    /// offers no other way to provoke it). Never set outside tests.
+    /// offers no other way to provoke it). Only with the `test-hooks`
+    /// feature.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub debug_accept_responder_resources: Option<u8>,
     /// Test hook: a message whose payload is longer than this is not
@@ -129,12 +132,14 @@ pub struct VerbsConfig {
     /// destination given back in the completion (as every such failure
     /// gives them; see [`Completion::source`](na_core::Completion)). A
     /// post error of a queued message is the failure soft-RoCE offers no
-    /// way to provoke. Never set outside tests.
+    /// way to provoke. Only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub debug_fail_msgs_over: Option<usize>,
     /// Test hook: with [`debug_fail_msgs_over`](Self::debug_fail_msgs_over),
     /// how many messages fail (then the hook lets them all through);
-    /// `None`: every one. Never set outside tests.
+    /// `None`: every one. Only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub debug_fail_msgs_count: Option<usize>,
 }
@@ -175,9 +180,13 @@ impl Default for VerbsConfig {
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
             cancel_timeout: DEFAULT_CANCEL_TIMEOUT,
             max_rd_atomic: DEFAULT_MAX_RD_ATOMIC,
+            #[cfg(feature = "test-hooks")]
             debug_ignore_established: false,
+            #[cfg(feature = "test-hooks")]
             debug_accept_responder_resources: None,
+            #[cfg(feature = "test-hooks")]
             debug_fail_msgs_over: None,
+            #[cfg(feature = "test-hooks")]
             debug_fail_msgs_count: None,
         }
     }

@@ -8,7 +8,10 @@
 //! * **Connections**: RC queue pairs through RDMA CM, one per peer,
 //!   created lazily by the first operation on a peer; the connect and
 //!   accept private data carry a hello (module `wire`) (who the side is, how many
-//!   receive buffers it posted, its largest message). The address a hello
+//!   receive buffers it posted, its largest message). A hello of another
+//!   version (another build: since version 2 a memory descriptor's key
+//!   carries a secret in its high 32 bits) is rejected at the connect,
+//!   the reject naming both versions. The address a hello
 //!   names is checked only up to its IP, so an incoming connection is a
 //!   peer of its own, which no lookup finds: a lookup always reaches the
 //!   listener at the address, through a connection we made. Incoming
@@ -77,6 +80,7 @@
 // turn it on) makes `sys` and `wire` public for the tests and fuzz targets
 // that drive them directly; `tests/test_hooks_hidden.rs` checks that a
 // build without it cannot name them.
+mod accept;
 pub mod addr;
 mod cancel;
 pub mod config;
@@ -118,6 +122,7 @@ pub use factory::VerbsFactory;
 pub use mem::CacheStatsHandle;
 pub use msg::DEAD_HELD_GRACE;
 pub use plugin::{VerbsPlugin, CM_POLL_EVERY};
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use reads::ReadWindow;
 pub use sys::{devices, DeviceInfo};

@@ -83,6 +83,7 @@ impl VerbsPlugin {
         };
         self.ops.insert(op, OpLoc::Send(cref));
         self.stats.in_flight += 1;
+        #[cfg(feature = "test-hooks")]
         if self.cfg.debug_fail_msgs_over.is_some_and(|max| len > max)
             && self.cfg.debug_fail_msgs_count.is_none_or(|n| n > 0)
         {

@@ -23,14 +23,15 @@
 //! fails a get with `NaError::Unsupported` (the device would hold it for
 //! ever).
 
-use na_core::{Addr, NaError, OpKind};
+use na_core::{NaError, OpKind};
 
 use crate::conn::{Conn, ConnRef};
 use crate::plugin::VerbsPlugin;
 
 /// The RDMA reads of one connection: how many may be outstanding at the
 /// peer, whether the device bounds them, how many are posted and the
-/// most that ever were at once. For tests ([`VerbsPlugin::debug_reads`]).
+/// most that ever were at once. For tests (`VerbsPlugin::debug_reads`,
+/// only with the `test-hooks` feature).
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReadWindow {
@@ -149,9 +150,11 @@ impl VerbsPlugin {
 
     /// The read window of the connection operations on `peer` go
     /// through, if it has one. For tests: the depth a connection
-    /// negotiated and how many reads it kept posted.
+    /// negotiated and how many reads it kept posted. Only with the
+    /// `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
-    pub fn debug_reads(&self, peer: &Addr) -> Option<ReadWindow> {
+    pub fn debug_reads(&self, peer: &na_core::Addr) -> Option<ReadWindow> {
         let p = self.peer_of(peer).ok()?;
         let c = self.peers.get(p)?.conn?;
         Some(self.conn(c)?.reads)

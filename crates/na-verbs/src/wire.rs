@@ -16,12 +16,23 @@
 //! # Hello (RDMA CM private data, at most 56 bytes)
 //! ```text
 //! 0     4   5      6     8      24      26      30     31
-//! |QSv1 | 1 |family| port| ip[16]| depth | maxmsg| nlen | device name (nlen <= 24)
+//! |QSv1 | 2 |family| port| ip[16]| depth | maxmsg| nlen | device name (nlen <= 24)
 //! ```
 //! Sent by the connecting side in `rdma_connect` (its own listen address:
 //! who it is) and by the accepting side in `rdma_accept`. `depth` is the
 //! number of receive buffers posted for the connection: the initial credits
 //! of the other side. `maxmsg` is the largest payload a buffer holds.
+//!
+//! # Versions
+//! The magic (bytes 0-3) and the version (byte 4) stay in place in every
+//! version. Version 2 (2026-11-29) changed no hello field but what a
+//! memory descriptor's key means: its high 32 bits carry a secret of the
+//! owner's (`mem::exposed`), which a version-1 peer refuses as "not a
+//! verbs rkey". So the two never connect: a listener refuses a hello of
+//! another version with a reject whose reason names both versions
+//! ([`version_mismatch`]), and a connecting side that gets a listener's
+//! "bad hello" (what a version-1 listener says to a version-2 hello) is
+//! told that the listener may be of another version.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -107,7 +118,9 @@ impl Header {
 }
 
 const HELLO_MAGIC: [u8; 4] = *b"QSv1";
-const HELLO_VERSION: u8 = 1;
+/// The hello version this build speaks (see "Versions" in the module
+/// docs).
+pub const HELLO_VERSION: u8 = 2;
 const HELLO_FIXED: usize = 31;
 /// Longest device name carried in a hello (longer names are left out).
 pub const HELLO_MAX_NAME: usize = 24;
@@ -170,8 +183,10 @@ impl Hello {
         if b[0..4] != HELLO_MAGIC {
             return Err("not a Quicksilver verbs hello (bad magic)".into());
         }
-        if b[4] != HELLO_VERSION {
-            return Err(format!("unsupported hello version {}", b[4]));
+        if let Some(theirs) = version_mismatch(b) {
+            return Err(format!(
+                "the peer speaks verbs hello version {theirs}, this build version {HELLO_VERSION}"
+            ));
         }
         let port = u16::from_le_bytes([b[6], b[7]]);
         let mut raw = [0u8; 16];
@@ -209,6 +224,17 @@ impl Hello {
             max_payload,
             device,
         })
+    }
+}
+
+/// The version of a hello that is one of ours (its magic matches) but of
+/// another version than [`HELLO_VERSION`]: a peer of another build, not a
+/// broken one. `None` for a hello of our version and for bytes that are
+/// no hello.
+pub fn version_mismatch(b: &[u8]) -> Option<u8> {
+    match b.get(..5) {
+        Some(head) if head[..4] == HELLO_MAGIC && head[4] != HELLO_VERSION => Some(head[4]),
+        _ => None,
     }
 }
 
@@ -297,5 +323,29 @@ mod tests {
         };
         let e = Hello::decode(&slash.encode()).unwrap_err();
         assert!(e.contains("device name"), "{e}");
+    }
+
+    /// A hello of another version (the one before keys carried a secret)
+    /// is told apart from a broken one, and its error names both versions.
+    #[test]
+    fn a_hello_of_another_version_is_named_as_such() {
+        let h = Hello {
+            addr: "10.77.0.1:4791".parse().unwrap(),
+            depth: 64,
+            max_payload: 4096,
+            device: "rxe0".into(),
+        };
+        let mut b = h.encode();
+        assert_eq!(b[4], HELLO_VERSION);
+        assert_eq!(HELLO_VERSION, 2, "keys with a secret are version 2");
+        assert_eq!(version_mismatch(&b), None, "our own version");
+        b[4] = 1;
+        assert_eq!(version_mismatch(&b), Some(1));
+        let e = Hello::decode(&b).unwrap_err();
+        assert!(e.contains("version 1") && e.contains("version 2"), "{e}");
+        // Not a hello at all: no version to name.
+        b[0] = b'X';
+        assert_eq!(version_mismatch(&b), None);
+        assert_eq!(version_mismatch(b"QSv"), None, "too short");
     }
 }

@@ -159,6 +159,7 @@ fn forged_own_descriptors_reach_only_what_we_expose() {
     assert!(sink.to_vec().iter().all(|&b| b == 0x77), "the get moved nothing");
     let st = ep.plugin(id).unwrap().stats();
     assert_eq!((st.put_bytes, st.get_bytes), (4096, 4096), "{st:?}");
+    assert_eq!(st.self_rma_refused, 8, "the 8 refusals above: {st:?}");
 }
 
 /// A client-only plugin (which cannot connect to itself) moves data with
@@ -178,4 +179,6 @@ fn a_client_only_plugin_serves_its_own_descriptors() {
     let sink = MemHandle::zeroed(4096, Access::ReadWrite);
     transfer(&mut ep, false, &sink, &desc, &own, 2).expect("a get of our own memory");
     assert!(sink.to_vec().iter().all(|&b| b == 0x22), "the get moved nothing");
+    let st = ep.plugin(id).unwrap().stats();
+    assert_eq!(st.self_rma_refused, 0, "nothing was refused: {st:?}");
 }

@@ -200,3 +200,54 @@ fn a_listener_that_misses_the_established_event_answers_the_first_message() {
     assert_eq!(st.peers, 1, "{st:?}");
     assert_eq!(cli.plugin(cid).unwrap().stats().peers, 1);
 }
+
+/// A connector that never sends its ready-to-use message (RTU) nor any
+/// message: the listener's side of the connection is accepted and never
+/// established, and the set-up deadline ends it. The peer is rejected
+/// (by the kernel's CM as the listener destroys the id: no reason), and
+/// neither side blocks. An `rdma_reject` of the listener's own at that
+/// point, which would carry a reason, left the reply MAD outstanding and
+/// blocked both sides' `rdma_destroy_id` (the listener's in `progress`)
+/// for 75 s, past this test's bound.
+#[test]
+fn an_accepted_connection_ended_before_it_is_established_is_rejected_without_blocking() {
+    let test = "an_accepted_connection_ended_before_it_is_established_is_rejected_without_blocking";
+    let Some(env) = rdma_env(test) else {
+        return;
+    };
+    let (mut ep, id) = setup_plugin(&env, true, false);
+    let port = port_of(ep.self_addr(id).unwrap().uri());
+    let dst = SocketAddr::V4(SocketAddrV4::new(env.ip, port));
+    let ip = env.ip;
+    let peer = std::thread::spawn(move || {
+        use common::raw_peer::{RawPeer, RawQp};
+        let peer = RawPeer::new(dst, "peer without RTU", 64, RawQp::Own);
+        peer.connect(&raw_connect_param(ip, 4));
+        // Nothing more: the listener waits for the RTU or a message.
+        next_cm(&peer.ch)
+        // (The peer's id is destroyed here.)
+    });
+    let start = Instant::now();
+    while !peer.is_finished() {
+        assert!(
+            start.elapsed() < 2 * WAIT,
+            "the raw peer never heard from the listener"
+        );
+        ep.progress(Some(Duration::from_millis(20))).unwrap();
+    }
+    let ev = peer.join().expect("raw peer thread");
+    let took = start.elapsed();
+    eprintln!(
+        "{test}: the raw peer got {} and was gone after {took:?}",
+        ev.kind.name()
+    );
+    assert_eq!(ev.kind, CmEventKind::Rejected, "status {}", ev.status);
+    // Far beyond the 1 s deadline and a loaded VM's delays, far short of
+    // the blocked destroy.
+    assert!(
+        took < 2 * WAIT,
+        "a side blocked tearing the connection down: {took:?}"
+    );
+    let st = ep.plugin(id).unwrap().stats();
+    assert_eq!(st.handshakes_refused, 1, "{st:?}");
+}

@@ -1,7 +1,11 @@
 //! na-verbs' internals (`sys`, the RAII verbs wrappers, some of which
 //! hand memory to the device; `wire`, the message header and hello) are
-//! public only with the `test-hooks` feature, which this crate's tests
-//! and the fuzz targets turn on; `credits` is private even then. A user's
+//! public only with the `test-hooks` feature, which this crate's tests,
+//! hg-rpc's verbs tests and the fuzz targets turn on, and so are the
+//! configuration's test hooks (`VerbsConfig::debug_*`, which make the
+//! plugin fail messages or ignore handshake events on purpose) and
+//! `VerbsPlugin::debug_reads` (a connection's `ReadWindow`);
+//! `credits` is private even then. A user's
 //! normal build reaches only the API: the root re-exports (`devices`
 //! included) and the `addr`, `config`, `config_env` and `error` modules.
 //!
@@ -24,6 +28,21 @@ pub fn internals() -> usize {
     na_verbs::wire::HEADER_LEN + std::mem::size_of_val(&poll)
 }
 
+// The configuration's test hooks (what the hooks provoke must never
+// happen in a user's build).
+pub fn config_hooks(cfg: &mut na_verbs::VerbsConfig) {
+    cfg.debug_ignore_established = true;
+    cfg.debug_accept_responder_resources = Some(254);
+    cfg.debug_fail_msgs_over = Some(0);
+    cfg.debug_fail_msgs_count = Some(1);
+}
+
+// A connection's read window, for the tests of the read depth.
+pub fn reads() -> Option<na_verbs::ReadWindow> {
+    let _ = na_verbs::VerbsPlugin::debug_reads;
+    None
+}
+
 // What users need, reachable in every build.
 pub fn api() -> Option<Vec<na_verbs::DeviceInfo>> {
     let _ = (na_verbs::config_env::ENV_VARS, na_verbs::config::DEFAULT_MAX_RD_ATOMIC);
@@ -40,7 +59,16 @@ pub fn credits() {
 "#;
 
 /// What a build without the feature must refuse, each by name.
-const HIDDEN: &[&str] = &["sys", "wire"];
+const HIDDEN: &[&str] = &[
+    "sys",
+    "wire",
+    "debug_ignore_established",
+    "debug_accept_responder_resources",
+    "debug_fail_msgs_over",
+    "debug_fail_msgs_count",
+    "debug_reads",
+    "ReadWindow",
+];
 
 #[test]
 fn a_build_without_the_test_hooks_feature_cannot_reach_the_internals() {

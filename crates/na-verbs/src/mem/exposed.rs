@@ -13,7 +13,10 @@
 //! names, with the access the transfer needs (remote read for a get,
 //! remote write for a put), and that registration is still valid.
 //! Otherwise the whole batch fails with [`NaError::Rma`] (kind
-//! `PermissionDenied`) and nothing moves.
+//! `PermissionDenied`) and nothing moves, counted in
+//! `PluginStats::self_rma_refused` and logged at the 1st, 2nd, 4th...
+//! refusal (a hostile server answering every call with a forged handle
+//! cannot flood the log).
 //!
 //! The key is the registration's rkey (low 32 bits, all a peer's device
 //! uses) and a secret drawn for the exposure (high 32 bits, which peers
@@ -167,13 +170,19 @@ impl ExposedSet {
     }
 }
 
-/// The error for a transfer to ourselves outside what we expose.
-fn refused(dest: &Addr, o: &Rma<'_>) -> NaError {
-    tracing::warn!(
-        op = o.dir.name(),
-        len = o.len,
-        "verbs: refused a transfer to this process outside the memory it exposes (forged or stale handle)"
-    );
+/// The error for a transfer to ourselves outside what we expose, logged
+/// as a warning when `warn` (the 1st, 2nd, 4th... refusal: see
+/// `PluginStats::refuse_self_rma`; `refused` is their count), else at
+/// debug level.
+fn refused(dest: &Addr, o: &Rma<'_>, warn: bool, refused: u64) -> NaError {
+    const WHAT: &str = "verbs: refused a transfer to this process outside the memory it exposes \
+                        (forged or stale handle; warned at the 1st, 2nd, 4th... of them, all counted in \
+                        PluginStats::self_rma_refused)";
+    if warn {
+        tracing::warn!(op = o.dir.name(), len = o.len, refused, "{WHAT}");
+    } else {
+        tracing::debug!(op = o.dir.name(), len = o.len, refused, "{WHAT}");
+    }
     NaError::Rma {
         op: o.dir.name(),
         len: o.len,
@@ -247,7 +256,8 @@ impl VerbsPlugin {
                     }
                 })?;
             if !ok {
-                return Err(refused(dest, o));
+                let log = self.stats.refuse_self_rma();
+                return Err(refused(dest, o, log, self.stats.self_rma_refused));
             }
             plans.push(pieces);
         }

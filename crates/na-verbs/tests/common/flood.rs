@@ -3,8 +3,6 @@
 //! the listening plugin it attacks (`hostile_peer.rs`, `violation_log.rs`).
 
 use std::net::{SocketAddr, SocketAddrV4};
-use std::os::fd::AsFd;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use na_core::{Endpoint, Plugin, PluginId, ProgressMode};
@@ -46,19 +44,6 @@ pub struct Flood {
 /// gets `REJECTED` then (seen once in the VM), `DISCONNECTED` otherwise.
 pub fn ended_after_connect(stopped_by: &str) -> bool {
     stopped_by.contains("DISCONNECTED") || stopped_by == "CM event RDMA_CM_EVENT_REJECTED"
-}
-
-/// The next CM event on `ch`, waiting at most `WAIT`.
-fn next_cm(ch: &Arc<EventChannel>) -> CmEvent {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(ev) = ch.get_event().expect("rdma_get_cm_event") {
-            return ev;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no CM event within {WAIT:?}");
-        poll_readable(ch.as_fd(), Some(left)).expect("poll on the CM channel");
-    }
 }
 
 /// What the raw peer does once connected.

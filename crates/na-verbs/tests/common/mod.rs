@@ -130,6 +130,19 @@ pub fn wait_cm(ch: &Arc<EventChannel>, want: CmEventKind, who: &str) -> CmEvent 
     }
 }
 
+/// The next CM event on `ch`, whatever it is, waiting at most `WAIT`.
+pub fn next_cm(ch: &Arc<EventChannel>) -> CmEvent {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(ev) = ch.get_event().expect("rdma_get_cm_event") {
+            return ev;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no CM event within {WAIT:?}");
+        poll_readable(ch.as_fd(), Some(left)).expect("poll on the CM channel");
+    }
+}
+
 /// Collects exactly `n` completions from `cq`, waiting on `ch`. It never
 /// polls more than it still needs, so a completion that arrived early stays
 /// in the CQ for the next call (after arming, a completion already in the
