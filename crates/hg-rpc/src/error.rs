@@ -40,7 +40,9 @@ pub enum RpcError {
     /// message too large for the caller's buffers; na-verbs, a post
     /// error) and sent this short error in its place
     /// ([`Status::ResponseNotSent`](crate::header::Status::ResponseNotSent)).
-    /// The handler may have run: its output (or its error) is lost.
+    /// The handler may have run: its output (or its error) is lost. (An
+    /// answer given without running the handler, `Busy`, `UnknownRpc` or
+    /// `Decode`, is sent again as itself instead, its reason cut short.)
     #[error("{rpc}: the target could not send its response: {reason}")]
     ResponseNotSent {
         /// The RPC name.

@@ -92,10 +92,12 @@ pub struct RpcStats {
     /// the caller; or failed at their completion: na-verbs, a post error,
     /// too large for a peer whose hello came later), each answered in its
     /// place with a short [`RpcError::ResponseNotSent`] error handed to
-    /// the transport: their callers learn at once instead of at their
-    /// deadline. (Should that error fail at its completion too, nothing
-    /// more is sent and the response counts in `responses_dropped` as
-    /// well.)
+    /// the transport (an answer from no handler, busy, unknown RPC or
+    /// decode error, with itself again, its reason cut short, so that its
+    /// caller still learns that nothing ran): their callers learn at once
+    /// instead of at their deadline. (Should that fail at its completion
+    /// too, nothing more is sent and the response counts in
+    /// `responses_dropped` as well.)
     pub responses_replaced: u64,
     /// Spilled requests this target answered "busy" before pulling their
     /// input: the pull budget ([`Engine::set_max_pull_bytes`]), or their

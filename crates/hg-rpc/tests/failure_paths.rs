@@ -345,6 +345,29 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     drop(raw);
 }
 
+/// A server whose send backlog holds `bound` bytes per peer, with `Echo`,
+/// and a client with its address: the set-up of the tests of a caller
+/// that stops reading.
+fn backlogged(d: &std::path::Path, bound: usize) -> (Engine, Engine, hg_rpc::Addr) {
+    let mut srv = common::backlog_engine(d, true, bound);
+    srv.register::<Echo>(Ok).unwrap();
+    let mut c = client(d);
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    (srv, c, s)
+}
+
+/// Drives `srv` until it handled `n` requests in all, while the caller
+/// `c` moves its own sends but takes no message in.
+fn serve_unread(c: &mut Engine, srv: &mut Engine, n: u64) {
+    let end = Instant::now() + T;
+    while srv.stats().handled < n {
+        assert!(Instant::now() < end, "the server handled {:?}", srv.stats());
+        c.progress_now().unwrap();
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.trigger().unwrap();
+    }
+}
+
 /// A caller that stopped reading, calling with no deadline: each response
 /// the target's full send backlog refuses is answered by the short
 /// `ResponseNotSent` error in its place while the backlog has room for
@@ -354,35 +377,13 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
 /// target could not tell.
 #[test]
 fn a_response_refused_by_a_full_backlog_is_replaced_by_response_not_sent() {
-    use na_core::{Endpoint, Plugin, ProgressMode};
-    use na_sm::{SmConfig, SmPlugin};
-
     const CALLS: usize = 600;
     let d = dir("replaced");
-    let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
-    let cfg = SmConfig {
-        max_backlog_bytes: 10 << 10,
-        ..SmConfig::listening()
-    }
-    .with_dir(&*d);
-    let sid = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    let mut srv = Engine::new(ep, sid).unwrap();
-    srv.register::<Echo>(Ok).unwrap();
-    let mut c = client(&d);
-    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let (mut srv, mut c, s) = backlogged(&d, 10 << 10);
     let ids: Vec<_> = (0..CALLS)
         .map(|_| c.forward::<Echo>(&s, &vec![7u8; 4000]).unwrap())
         .collect();
-    // The caller moves its own sends but takes no message in.
-    let end = Instant::now() + T;
-    while srv.stats().handled < CALLS as u64 {
-        assert!(Instant::now() < end, "the server handled {:?}", srv.stats());
-        c.progress_now().unwrap();
-        srv.progress(Some(Duration::from_millis(1))).unwrap();
-        srv.trigger().unwrap();
-    }
+    serve_unread(&mut c, &mut srv, CALLS as u64);
     let st = srv.stats();
     assert!(
         st.responses_replaced > 0,
@@ -419,6 +420,133 @@ fn a_response_refused_by_a_full_backlog_is_replaced_by_response_not_sent() {
     }
     assert_eq!(not_sent as u64, st.responses_replaced, "{st:?}");
     assert_eq!(srv.stats().responses_replaced, st.responses_replaced);
+}
+
+/// Bytes a sm send backlog charges for a queued message of `len` bytes
+/// (`na_core::QUEUED_SEND_OVERHEAD` more).
+const QUEUED: usize = 64;
+
+/// The length of the `Echo` output whose response a backlog charges
+/// `charge` bytes: the header, the output's length prefix (postcard: one
+/// byte below 128, two below 16384) and the output. (Charges under 97,
+/// and 225, have none.)
+fn echo_len_charged(charge: usize) -> usize {
+    let fixed = hg_rpc::header::HEADER_LEN + QUEUED;
+    if charge <= fixed + 1 + 127 {
+        charge - fixed - 1
+    } else {
+        charge - fixed - 2
+    }
+}
+
+/// An answer from no handler (busy here: nothing ran, try later) that the
+/// target's full send backlog refuses goes again with its status, its
+/// reason cut short, and the caller's call ends with `Busy`, as a retry
+/// policy keyed on it expects (before: `ResponseNotSent`, "the handler
+/// may have run", and that error, longer than the busy answer, was
+/// refused too here: the call got nothing at all). The backlog is filled
+/// to leave exactly one byte less room than the busy answer takes.
+#[test]
+fn a_busy_answer_refused_by_a_full_backlog_still_arrives_as_busy() {
+    const BOUND: usize = 10 << 10;
+    let d = dir("busy-refused");
+    let (mut srv, mut c, s) = backlogged(&d, BOUND);
+    srv.register_deferred::<Sleep>().unwrap();
+    srv.set_max_deferred(0, 0);
+    let sid = srv.endpoint().plugin_ids().next().unwrap();
+    let backlog = |srv: &mut Engine| srv.endpoint().plugin(sid).unwrap().stats().backlog_bytes as usize;
+    // The busy answer while the caller reads: what it says, and so its length.
+    let probe = match call_both::<Sleep>(&mut c, &mut srv, &1) {
+        Err(RpcError::Busy { reason, .. }) => reason,
+        other => panic!("expected Busy, got {other:?}"),
+    };
+    let busy_charge = hg_rpc::header::HEADER_LEN + probe.len() + QUEUED;
+
+    // The caller stops reading: outputs of 3000 bytes fill its ring until
+    // one is queued, then outputs of chosen lengths leave the room the
+    // busy answer needs less one byte.
+    let mut calls = Vec::new();
+    let mut handled = srv.stats().handled;
+    while backlog(&mut srv) == 0 {
+        assert!(calls.len() < 10_000, "nothing queued: {:?}", srv.stats());
+        calls.push(c.forward::<Echo>(&s, &vec![7u8; 3000]).unwrap());
+        handled += 1;
+        serve_unread(&mut c, &mut srv, handled);
+    }
+    let target = busy_charge - 1;
+    loop {
+        let queued = backlog(&mut srv);
+        let gap = (BOUND - queued)
+            .checked_sub(target)
+            .expect("the room left is already under the busy answer's");
+        if gap == 0 {
+            break;
+        }
+        // What one output can take exactly leaves 0, or 97 to 224 bytes.
+        let charge = match gap {
+            97..=224 => gap,
+            _ if gap > 3098 + 224 => 3098,
+            _ if gap < 247 => gap - 100,
+            _ if gap - 150 == 225 => 224,
+            _ => gap - 150,
+        };
+        calls.push(
+            c.forward::<Echo>(&s, &vec![7u8; echo_len_charged(charge)])
+                .unwrap(),
+        );
+        handled += 1;
+        serve_unread(&mut c, &mut srv, handled);
+        assert_eq!(backlog(&mut srv), queued + charge, "queued {queued}, gap {gap}");
+    }
+
+    // The busy answer does not fit; what goes in its place does.
+    let before = srv.stats();
+    let refused = srv.endpoint().plugin(sid).unwrap().stats().sends_refused;
+    let busy = c.forward::<Sleep>(&s, &2).unwrap();
+    serve_unread(&mut c, &mut srv, handled + 1);
+    let st = srv.stats();
+    let na = srv.endpoint().plugin(sid).unwrap().stats();
+    assert_eq!(
+        na.sends_refused,
+        refused + 1,
+        "refused: the busy answer (once) and what went in its place (never): {na:?}"
+    );
+    assert_eq!(
+        (st.responses_replaced, st.responses_dropped),
+        (before.responses_replaced + 1, before.responses_dropped),
+        "nothing went in the busy answer's place: {st:?}"
+    );
+
+    // The caller reads again: its outputs, then `Busy`.
+    let mut open = calls;
+    let mut outcome = None;
+    let end = Instant::now() + T;
+    while !open.is_empty() || outcome.is_none() {
+        assert!(
+            Instant::now() < end,
+            "{} calls open, busy one: {outcome:?}",
+            open.len()
+        );
+        for e in [&mut c, &mut srv] {
+            e.progress(Some(Duration::from_millis(1))).unwrap();
+            e.trigger().unwrap();
+        }
+        open.retain(|&id| match c.take_response::<Echo>(id) {
+            None => true,
+            Some(r) => {
+                assert!(r.is_ok(), "an Echo call ended with {r:?}");
+                false
+            }
+        });
+        outcome = outcome.or_else(|| c.take_response::<Sleep>(busy));
+    }
+    match outcome {
+        Some(Err(RpcError::Busy { reason, .. })) => {
+            assert!(reason.len() < probe.len(), "not cut: {reason}");
+            assert!(reason.starts_with(&probe[..40]), "{reason} (first: {probe})");
+        }
+        other => panic!("the busy answer arrived as {other:?}"),
+    }
 }
 
 /// Spilled outputs a target keeps for origins that have not pulled them
