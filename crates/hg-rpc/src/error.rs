@@ -6,6 +6,7 @@ use na_core::NaError;
 /// own variant: the handler's error, a decode error, an unknown RPC, a
 /// timeout, or a transport error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RpcError {
     /// The target's handler returned an error.
     #[error("handler of {rpc} failed: {message}")]

@@ -40,6 +40,7 @@ const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_ONE_WAY | FLAG_CHECKSUM | FLAG_SPIL
 
 /// Outcome carried by a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// The handler ran; the payload is its encoded output.
     Ok = 0,

@@ -6,6 +6,7 @@ use crate::{Engine, RpcError, SPILLED_OUTPUT_TTL};
 
 /// Counters of an engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RpcStats {
     /// Calls forwarded: requests sent, or run here (self-forwards), one-way
     /// ones included. A call whose request did not go out (an error from
