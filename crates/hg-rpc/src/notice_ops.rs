@@ -8,7 +8,7 @@ use na_core::{Addr, NaError};
 use super::{header, Engine, RESPONSE_TAG};
 use crate::codec::Codec;
 use crate::header::{Header, Status, FLAG_ONE_WAY, HEADER_LEN};
-use crate::notices::Notice;
+use crate::notices::{Notice, NoticeTtls};
 use crate::rpc::rpc_id;
 use crate::spill::RELEASE_RPC;
 
@@ -87,12 +87,13 @@ impl<C: Codec> Engine<C> {
 
     /// A notice `peer` never got: its send failed at its completion
     /// (na-verbs gives the message back, told apart by
-    /// [`returned`](super::unsent_response_ops::returned)). Queued to go again, as one the transport refused
-    /// at the call, unless the peer is gone; the peer's TTL (the outputs'
-    /// one for a release, the abandoned-input one for an acknowledgement,
-    /// both 60 s by default) counts from its first failure, so one that
-    /// keeps failing is given up when the peer frees the memory anyway (no
-    /// endless loop). (Before: only logged, and the peer kept the output
+    /// [`returned`](super::unsent_response_ops::returned)). Queued to go
+    /// again, as one the transport refused at the call, unless the peer is
+    /// gone; the peer's TTL (as [`notice_ttls`](Self::notice_ttls) reckons
+    /// it: the outputs' one for a release, the abandoned-input one for an
+    /// acknowledgement, both 60 s by default) counts from its first
+    /// failure, so one that keeps failing is given up when the peer frees
+    /// the memory anyway (no endless loop). (Before: only logged, and the peer kept the output
     /// or input exposed, and a drain waited, until that TTL; a returned
     /// acknowledgement was even taken for a response and answered with a
     /// `ResponseNotSent` error no call waited for.)
@@ -103,24 +104,26 @@ impl<C: Codec> Engine<C> {
             return self.notice_lost(peer, notice, e);
         }
         tracing::debug!(peer = %peer, ?notice, error = %e, "a notice failed at completion; sending it again");
-        if !self.unsent_notices.push_returned(peer, notice, self.output_ttl) {
+        if !self
+            .unsent_notices
+            .push_returned(peer, notice, self.notice_ttls())
+        {
             tracing::debug!(peer = %peer, ?notice, "a notice kept failing (or too many wait); the peer's TTL frees the memory");
         }
     }
 
     /// Sends the notices that waited: each peer's in order, until the
-    /// transport refuses one of them again. Those older than the outputs'
-    /// TTL are dropped (the peer has freed the memory by then: the
-    /// outputs' TTL here, the abandoned-input TTL at an origin, both 60 s
-    /// by default). Called by `trigger` when a retry is due.
+    /// transport refuses one of them again. Those older than their kind's
+    /// TTL ([`notice_ttls`](Self::notice_ttls)) are dropped: the peer has
+    /// freed the memory by then. Called by `trigger` when a retry is due.
     #[cold]
     #[inline(never)]
     pub(super) fn retry_notices(&mut self) {
-        let ttl = self.output_ttl;
+        let ttls = self.notice_ttls();
         let mut sent = false;
         for mut w in self.unsent_notices.take_all() {
             while let Some(&(notice, since)) = w.notices.front() {
-                if since.elapsed() > ttl {
+                if since.elapsed() > ttls.of(&notice) {
                     w.notices.pop_front();
                     continue;
                 }
@@ -140,6 +143,19 @@ impl<C: Codec> Engine<C> {
             self.unsent_notices.put_back(w);
         }
         self.unsent_notices.pass_done(sent);
+    }
+
+    /// How long each kind of notice is retried: this engine's own TTL of
+    /// the memory it frees at the peer, which stands for the peer's (see
+    /// [`NoticeTtls`]): the outputs' TTL for a release (a target keeps a
+    /// spilled output that long), the abandoned-input TTL for an
+    /// acknowledgement (an origin keeps a one-way request's spilled input
+    /// that long).
+    fn notice_ttls(&self) -> NoticeTtls {
+        NoticeTtls {
+            release: self.output_ttl,
+            ack: self.abandoned_ttl,
+        }
     }
 
     /// Notices the transport refused that wait to be sent again (for
