@@ -30,6 +30,7 @@ pub const INLINE_MAX: usize = 1024;
 
 /// Errors of bulk handles and transfers.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BulkError {
     /// The NA layer refused or failed.
     #[error("bulk transfer: {0}")]

@@ -8,9 +8,10 @@ use std::time::Instant;
 use na_core::hint::cold_path;
 use na_core::{Addr, MemHandle, NaError, OpId, Report, Tag};
 
+use super::unsent_response_ops::{returned, Returned};
 use super::{
     header, logged_at, request_send_op, response_outcome, Call, CallId, DebugSpan, Engine, OpRole,
-    CALL_SEND_COOKIE, CALL_SEND_OP, REQUEST_TAG, WATCH_OP, WATCH_TAG,
+    CALL_SEND_COOKIE, CALL_SEND_OP, REQUEST_TAG, RESENT_OP, WATCH_OP, WATCH_TAG,
 };
 use crate::call_table::NO_CALL;
 use crate::codec::Codec;
@@ -364,8 +365,9 @@ impl<C: Codec> Engine<C> {
     /// had failed at once. A response the transport gave back (`msg`, to
     /// `dest`: a failure of that message alone, see
     /// [`Completion::buf`](na_core::Completion::buf)) is answered in its
-    /// place with a short error, so that its caller learns at once
-    /// (`response_not_sent`); a notice given back (a release, or an
+    /// place, so that its caller learns at once (`response_not_sent`: an
+    /// answer from no handler again, else a short error; nothing for a
+    /// send that was itself in a lost response's place); a notice given back (a release, or an
     /// acknowledgement of a spilled one-way request) is sent again
     /// (`notice_returned`); any other failed response, notice or one-way
     /// request that fit a message is counted and logged (no call here
@@ -379,15 +381,18 @@ impl<C: Codec> Engine<C> {
         if op.0 & CALL_SEND_OP == 0 {
             if let (Some(msg), Some(dest)) = (msg, dest) {
                 // An acknowledgement is a response header too: told apart
-                // first, it goes again as a notice (no call waits on it).
-                if let Some(h) = super::notice_ops::returned_ack(&msg) {
-                    return self.notice_returned(&dest, Notice::Ack(h), &e);
-                }
-                if let Some(h) = super::unsent_response_ops::returned_response(&msg) {
-                    return self.response_not_sent(&dest, &h, msg.len(), e);
-                }
-                if let Some(cookie) = super::notice_ops::returned_release(&msg) {
-                    return self.notice_returned(&dest, Notice::Release(cookie), &e);
+                // (see `returned`), it goes again as a notice (no call
+                // waits on it).
+                match returned(&msg) {
+                    Returned::Ack(h) => return self.notice_returned(&dest, Notice::Ack(h), &e),
+                    Returned::Response(h, payload) => {
+                        let resent = op.0 & RESENT_OP != 0;
+                        return self.response_not_sent(&dest, &h, payload, e, resent);
+                    }
+                    Returned::Release(cookie) => {
+                        return self.notice_returned(&dest, Notice::Release(cookie), &e)
+                    }
+                    Returned::Other => {}
                 }
             }
             tracing::debug!(error = %e, "rpc send failed (a response, notice or one-way request)");

@@ -49,6 +49,13 @@ pub(super) fn request_send_op(cookie: u64) -> na_core::OpId {
     na_core::OpId(SEND_OP | CALL_SEND_OP | (cookie & CALL_SEND_COOKIE))
 }
 
+/// With [`SEND_OP`] (and not [`CALL_SEND_OP`]): a send in place of a
+/// response that was not sent (the `ResponseNotSent` error, or an answer
+/// from no handler sent again, see `unsent_response_ops`). If it fails at
+/// its completion too, nothing more is sent for it: no loop, whatever its
+/// status. Counted ids stay far below this bit too.
+pub(super) const RESENT_OP: u64 = 1 << 61;
+
 /// Bit of an [`OpId`] that marks a posted unexpected receive (requests
 /// for us, and responses to our calls).
 pub(super) const REQUEST_OP: u64 = 1 << 62;

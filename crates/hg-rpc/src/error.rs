@@ -6,6 +6,7 @@ use na_core::NaError;
 /// own variant: the handler's error, a decode error, an unknown RPC, a
 /// timeout, or a transport error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RpcError {
     /// The target's handler returned an error.
     #[error("handler of {rpc} failed: {message}")]
@@ -40,7 +41,9 @@ pub enum RpcError {
     /// message too large for the caller's buffers; na-verbs, a post
     /// error) and sent this short error in its place
     /// ([`Status::ResponseNotSent`](crate::header::Status::ResponseNotSent)).
-    /// The handler may have run: its output (or its error) is lost.
+    /// The handler may have run: its output (or its error) is lost. (An
+    /// answer given without running the handler, `Busy`, `UnknownRpc` or
+    /// `Decode`, is sent again as itself instead, its reason cut short.)
     #[error("{rpc}: the target could not send its response: {reason}")]
     ResponseNotSent {
         /// The RPC name.

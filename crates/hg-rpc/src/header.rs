@@ -40,6 +40,7 @@ const KNOWN_FLAGS: u8 = FLAG_RESPONSE | FLAG_ONE_WAY | FLAG_CHECKSUM | FLAG_SPIL
 
 /// Outcome carried by a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// The handler ran; the payload is its encoded output.
     Ok = 0,
@@ -57,11 +58,22 @@ pub enum Status {
     /// The target's response to the request could not be sent (a
     /// transport failure of its own, the caller still reachable): this
     /// short error goes in its place, and the payload says why. The
-    /// handler may have run.
+    /// handler may have run. (Never in place of an answer from no
+    /// handler, status 2 to 4: that one goes again as itself.)
     ResponseNotSent = 5,
 }
 
 impl Status {
+    /// True for the answers a target gives without running a handler
+    /// (unknown RPC, decode error, busy): the caller knows nothing ran,
+    /// and a policy keyed on them (retry when busy) may act on that. One
+    /// the transport cannot send goes again as it was (its reason cut
+    /// short), never replaced by [`Status::ResponseNotSent`] ("the
+    /// handler may have run"), which would lose that.
+    pub(crate) fn ran_no_handler(self) -> bool {
+        matches!(self, Status::UnknownRpc | Status::DecodeError | Status::Busy)
+    }
+
     fn from_u8(v: u8) -> Option<Self> {
         match v {
             0 => Some(Status::Ok),

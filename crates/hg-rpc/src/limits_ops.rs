@@ -156,7 +156,10 @@ impl<C: Codec> Engine<C> {
     /// How long this target keeps a spilled output for an origin that
     /// neither pulls it nor lets it go (default [`SPILLED_OUTPUT_TTL`]).
     /// Past it the output is released; its seal is broken first, so an
-    /// origin that pulls later gets an error, never other data.
+    /// origin that pulls later gets an error, never other data. As an
+    /// origin, this engine also sends a release its transport refused
+    /// (or gave back) again for at most this long: the target's TTL is
+    /// not on the wire, and this one stands for it (set them alike).
     pub fn set_spilled_output_ttl(&mut self, ttl: Duration) {
         self.output_ttl = ttl;
     }
@@ -167,7 +170,12 @@ impl<C: Codec> Engine<C> {
     /// After it the call is forgotten and the input dropped, its seal
     /// broken first: a target that pulls it later gets an error, never
     /// other data. A new TTL applies to the inputs kept already too,
-    /// counted from when each call was given up on.
+    /// counted from when each call was given up on. As a target, this
+    /// engine also sends the acknowledgement of a pulled spilled one-way
+    /// request that its transport refused (or gave back) again for at
+    /// most this long from its first failure: the origin's TTL is not on
+    /// the wire, and this one stands for it (set them alike; an origin
+    /// whose TTL is longer holds the input for the difference).
     pub fn set_abandoned_input_ttl(&mut self, ttl: Duration) {
         self.abandoned_ttl = ttl;
     }

@@ -8,7 +8,7 @@ use na_core::{Addr, NaError};
 use super::{header, Engine, RESPONSE_TAG};
 use crate::codec::Codec;
 use crate::header::{Header, Status, FLAG_ONE_WAY, HEADER_LEN};
-use crate::notices::Notice;
+use crate::notices::{Notice, NoticeTtls};
 use crate::rpc::rpc_id;
 use crate::spill::RELEASE_RPC;
 
@@ -23,7 +23,7 @@ impl<C: Codec> Engine<C> {
     /// `status` and no payload. It carries the one-way flag as well (a
     /// response's own flags say nothing else of it), so that one the
     /// transport gives back is told from a response (see
-    /// [`returned_ack`]); the origin reads only the response flag.
+    /// [`returned`](super::unsent_response_ops::returned)); the origin reads only the response flag.
     pub(super) fn acknowledge_one_way(&mut self, origin: &Addr, mut h: Header) {
         h.flags |= FLAG_ONE_WAY;
         self.send_notice(origin, Notice::Ack(h));
@@ -86,13 +86,14 @@ impl<C: Codec> Engine<C> {
     }
 
     /// A notice `peer` never got: its send failed at its completion
-    /// (na-verbs gives the message back, see [`returned_release`] and
-    /// [`returned_ack`]). Queued to go again, as one the transport refused
-    /// at the call, unless the peer is gone; the peer's TTL (the outputs'
-    /// one for a release, the abandoned-input one for an acknowledgement,
-    /// both 60 s by default) counts from its first failure, so one that
-    /// keeps failing is given up when the peer frees the memory anyway (no
-    /// endless loop). (Before: only logged, and the peer kept the output
+    /// (na-verbs gives the message back, told apart by
+    /// [`returned`](super::unsent_response_ops::returned)). Queued to go
+    /// again, as one the transport refused at the call, unless the peer is
+    /// gone; the peer's TTL (as [`notice_ttls`](Self::notice_ttls) reckons
+    /// it: the outputs' one for a release, the abandoned-input one for an
+    /// acknowledgement, both 60 s by default) counts from its first
+    /// failure, so one that keeps failing is given up when the peer frees
+    /// the memory anyway (no endless loop). (Before: only logged, and the peer kept the output
     /// or input exposed, and a drain waited, until that TTL; a returned
     /// acknowledgement was even taken for a response and answered with a
     /// `ResponseNotSent` error no call waited for.)
@@ -103,24 +104,26 @@ impl<C: Codec> Engine<C> {
             return self.notice_lost(peer, notice, e);
         }
         tracing::debug!(peer = %peer, ?notice, error = %e, "a notice failed at completion; sending it again");
-        if !self.unsent_notices.push_returned(peer, notice, self.output_ttl) {
+        if !self
+            .unsent_notices
+            .push_returned(peer, notice, self.notice_ttls())
+        {
             tracing::debug!(peer = %peer, ?notice, "a notice kept failing (or too many wait); the peer's TTL frees the memory");
         }
     }
 
     /// Sends the notices that waited: each peer's in order, until the
-    /// transport refuses one of them again. Those older than the outputs'
-    /// TTL are dropped (the peer has freed the memory by then: the
-    /// outputs' TTL here, the abandoned-input TTL at an origin, both 60 s
-    /// by default). Called by `trigger` when a retry is due.
+    /// transport refuses one of them again. Those older than their kind's
+    /// TTL ([`notice_ttls`](Self::notice_ttls)) are dropped: the peer has
+    /// freed the memory by then. Called by `trigger` when a retry is due.
     #[cold]
     #[inline(never)]
     pub(super) fn retry_notices(&mut self) {
-        let ttl = self.output_ttl;
+        let ttls = self.notice_ttls();
         let mut sent = false;
         for mut w in self.unsent_notices.take_all() {
             while let Some(&(notice, since)) = w.notices.front() {
-                if since.elapsed() > ttl {
+                if since.elapsed() > ttls.of(&notice) {
                     w.notices.pop_front();
                     continue;
                 }
@@ -142,32 +145,25 @@ impl<C: Codec> Engine<C> {
         self.unsent_notices.pass_done(sent);
     }
 
+    /// How long each kind of notice is retried: this engine's own TTL of
+    /// the memory it frees at the peer, which stands for the peer's (see
+    /// [`NoticeTtls`]): the outputs' TTL for a release (a target keeps a
+    /// spilled output that long), the abandoned-input TTL for an
+    /// acknowledgement (an origin keeps a one-way request's spilled input
+    /// that long).
+    fn notice_ttls(&self) -> NoticeTtls {
+        NoticeTtls {
+            release: self.output_ttl,
+            ack: self.abandoned_ttl,
+        }
+    }
+
     /// Notices the transport refused that wait to be sent again (for
     /// tests; not a stable API).
     #[doc(hidden)]
     pub fn notices_waiting(&self) -> usize {
         self.unsent_notices.len()
     }
-}
-
-/// The cookie of `msg` if it is a release notice of ours (a failed send
-/// given back by the transport, see
-/// [`Completion::buf`](na_core::Completion::buf)); `None` for anything
-/// else.
-pub(super) fn returned_release(msg: &[u8]) -> Option<u64> {
-    let (h, _) = Header::decode(msg).ok()?;
-    let release = !h.is_response() && h.flags & FLAG_ONE_WAY != 0 && h.rpc_id == rpc_id(RELEASE_RPC);
-    release.then_some(h.cookie)
-}
-
-/// The header of `msg` if it is an acknowledgement of ours (a response
-/// header with the one-way flag and no payload, see
-/// [`acknowledge_one_way`](Engine::acknowledge_one_way)) that the
-/// transport gave back; `None` for anything else (a response, whose
-/// flags never carry the one-way bit, included).
-pub(super) fn returned_ack(msg: &[u8]) -> Option<Header> {
-    let (h, payload) = Header::decode(msg).ok()?;
-    (h.is_response() && h.is_one_way() && payload.is_empty()).then_some(h)
 }
 
 /// True for a send error that passes (a full backlog): the notice is
@@ -179,7 +175,8 @@ fn keeps_notice(e: &NaError) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{response_header, unsent_response_ops::returned_response};
+    use super::super::response_header;
+    use super::super::unsent_response_ops::{returned, Returned};
     use super::*;
     use crate::header::FLAG_SPILL;
 
@@ -192,19 +189,15 @@ mod tests {
         let mut ack = response_header(&req, Status::Ok);
         ack.flags |= FLAG_ONE_WAY;
         let ack = ack.encode_head(&[]);
-        assert_eq!(returned_ack(&ack).map(|h| h.cookie), Some(7));
-        assert_eq!(returned_release(&ack), None);
+        assert!(matches!(returned(&ack), Returned::Ack(h) if h.cookie == 7));
         let empty = response_header(&req, Status::Ok).encode_head(&[]);
-        assert_eq!(
-            returned_ack(&empty),
-            None,
+        assert!(
+            matches!(returned(&empty), Returned::Response(h, p) if h.cookie == 7 && p.is_empty()),
             "an empty response is no acknowledgement"
         );
-        assert!(returned_response(&empty).is_some());
         let rel = header(FLAG_ONE_WAY, Status::Ok, rpc_id(RELEASE_RPC), 7);
         let mut msg = Vec::new();
         rel.encode_with(&7u64.to_le_bytes(), &mut msg);
-        assert_eq!(returned_ack(&msg), None);
-        assert_eq!(returned_release(&msg), Some(7));
+        assert_eq!(returned(&msg), Returned::Release(7));
     }
 }

@@ -53,6 +53,45 @@ pub(crate) enum Notice {
     Ack(Header),
 }
 
+/// How long each kind of notice is worth sending again: as long as its
+/// peer keeps the memory it frees, after which the peer has freed it
+/// anyway. That TTL is the peer's setting and is not on the wire; this
+/// engine's own setting of the same TTL stands for it (the engines of a
+/// deployment are set alike; both TTLs are 60 s by default).
+///
+/// Where they are not alike: a peer whose TTL is longer than ours keeps
+/// the memory for the difference after we gave up on the notice (not
+/// for ever: its TTL ends it, and its bound on such memory, at an
+/// origin `set_max_abandoned_bytes`, still holds); one whose TTL is
+/// shorter gets notices for memory it freed already, which it ignores.
+/// An acknowledgement is dated from the target's first failure to send
+/// it, after the pull, while the origin's TTL runs from its send (for a
+/// one-way request) or from when its caller gave up: with equal
+/// settings the origin's always ends first. (Before, acknowledgements
+/// used the outputs' TTL: an origin whose abandoned-input TTL was
+/// raised above the target's outputs' TTL held an input that long after
+/// the target gave up on its acknowledgement.)
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NoticeTtls {
+    /// For a release: the outputs' TTL (`Engine::set_spilled_output_ttl`),
+    /// for which a target keeps a spilled output.
+    pub release: Duration,
+    /// For an acknowledgement: the abandoned-input TTL
+    /// (`Engine::set_abandoned_input_ttl`), for which an origin keeps the
+    /// spilled input of a one-way request.
+    pub ack: Duration,
+}
+
+impl NoticeTtls {
+    /// The TTL of `notice`'s kind.
+    pub(crate) fn of(&self, notice: &Notice) -> Duration {
+        match notice {
+            Notice::Release(_) => self.release,
+            Notice::Ack(_) => self.ack,
+        }
+    }
+}
+
 /// The notices waiting, by peer (its address token).
 pub(crate) struct UnsentNotices {
     targets: FastMap<u64, Waiting>,
@@ -119,11 +158,11 @@ impl UnsentNotices {
     /// Queues a notice the transport gave back (it failed at its
     /// completion, after its send was accepted), dated from its first
     /// failure so that the retries' TTL cut-off ends one that keeps
-    /// failing; false (not queued) once `ttl` has passed since then, or
-    /// past the cap (then no date is kept for it). Dates older than `ttl`
-    /// are forgotten, in a pass over them whenever they have doubled
-    /// since the last one.
-    pub(crate) fn push_returned(&mut self, target: &Addr, notice: Notice, ttl: Duration) -> bool {
+    /// failing; false (not queued) once its kind's TTL (`ttls`) has
+    /// passed since then, or past the cap (then no date is kept for it).
+    /// Dates older than their kind's TTL are forgotten, in a pass over
+    /// them whenever they have doubled since the last one.
+    pub(crate) fn push_returned(&mut self, target: &Addr, notice: Notice, ttls: NoticeTtls) -> bool {
         // Past the cap first: a peer whose queue is full has no date
         // kept for a notice that is not queued either.
         if self
@@ -139,11 +178,13 @@ impl UnsentNotices {
             Notice::Ack(h) => (target.token(), h.cookie, true),
         };
         if self.returned.len() >= self.returned_prune_at {
-            self.returned.retain(|_, first| now.duration_since(*first) <= ttl);
+            self.returned.retain(|&(_, _, ack), first| {
+                now.duration_since(*first) <= if ack { ttls.ack } else { ttls.release }
+            });
             self.returned_prune_at = (2 * self.returned.len()).max(MIN_RETURNED_PRUNE);
         }
         let first = *self.returned.entry(key).or_insert(now);
-        if now.duration_since(first) > ttl {
+        if now.duration_since(first) > ttls.of(&notice) {
             self.returned.remove(&key);
             return false;
         }
@@ -256,6 +297,11 @@ mod tests {
         let a = Addr::new("sm://1-a", PluginId(1), 1, false);
         let mut u = UnsentNotices::default();
         let ttl = Duration::from_millis(50);
+        // Acknowledgements' TTL: long (the releases' is the one at work).
+        let ttl = NoticeTtls {
+            release: ttl,
+            ack: Duration::from_secs(3600),
+        };
         assert!(u.push_returned(&a, Notice::Release(7), ttl));
         let first = u.take_all()[0].notices[0].1;
         std::thread::sleep(Duration::from_millis(5));
@@ -270,7 +316,7 @@ mod tests {
             "another call's release"
         );
         u.take_all();
-        std::thread::sleep(ttl + Duration::from_millis(5));
+        std::thread::sleep(ttl.release + Duration::from_millis(5));
         assert!(
             !u.push_returned(&a, Notice::Release(7), ttl),
             "past the TTL since the first failure"
@@ -287,14 +333,21 @@ mod tests {
         let a = Addr::new("sm://1-a", PluginId(1), 1, false);
         let mut u = UnsentNotices::default();
         let ttl = Duration::from_millis(50);
+        let ttls = NoticeTtls {
+            release: ttl,
+            ack: ttl,
+        };
         for cookie in 0..MAX_WAITING_PER_PEER as u64 {
-            assert!(u.push_returned(&a, Notice::Release(cookie), ttl));
+            assert!(u.push_returned(&a, Notice::Release(cookie), ttls));
         }
         let dates = u.returned.len();
         assert_eq!(dates, MAX_WAITING_PER_PEER);
         for cookie in 0..10_000u64 {
             let cookie = MAX_WAITING_PER_PEER as u64 + cookie;
-            assert!(!u.push_returned(&a, Notice::Release(cookie), ttl), "past the cap");
+            assert!(
+                !u.push_returned(&a, Notice::Release(cookie), ttls),
+                "past the cap"
+            );
         }
         assert_eq!(u.returned.len(), dates, "dates kept for notices not queued");
         // Their queue drained (sent), the dates stay until the TTL, then
@@ -302,8 +355,49 @@ mod tests {
         u.take_all();
         std::thread::sleep(ttl + Duration::from_millis(5));
         let b = Addr::new("sm://1-b", PluginId(1), 2, false);
-        assert!(u.push_returned(&b, Notice::Release(1), ttl));
+        assert!(u.push_returned(&b, Notice::Release(1), ttls));
         assert_eq!(u.returned.len(), 1, "the dates past the TTL stayed");
+    }
+
+    /// An acknowledgement's retries end at the acknowledgements' TTL, a
+    /// release's at the releases': one kind's TTL does not cut the other
+    /// short, nor keep it going.
+    #[test]
+    fn each_kind_of_returned_notice_has_its_own_ttl() {
+        let a = Addr::new("sm://1-a", PluginId(1), 1, false);
+        let ack = Notice::Ack(crate::header::Header {
+            flags: crate::header::FLAG_RESPONSE | crate::header::FLAG_ONE_WAY,
+            status: crate::header::Status::Ok,
+            rpc_id: 1,
+            cookie: 7,
+            payload_len: 0,
+            checksum: 0,
+        });
+        let short = Duration::from_millis(30);
+        let long = Duration::from_secs(3600);
+        let mut u = UnsentNotices::default();
+        let acks_long = NoticeTtls {
+            release: short,
+            ack: long,
+        };
+        assert!(u.push_returned(&a, ack, acks_long));
+        assert!(u.push_returned(&a, Notice::Release(7), acks_long));
+        u.take_all();
+        std::thread::sleep(short + Duration::from_millis(5));
+        assert!(
+            !u.push_returned(&a, Notice::Release(7), acks_long),
+            "the release is past its TTL"
+        );
+        assert!(
+            u.push_returned(&a, ack, acks_long),
+            "the ack is past the releases' TTL only"
+        );
+        u.take_all();
+        let acks_short = NoticeTtls {
+            release: long,
+            ack: short,
+        };
+        assert!(!u.push_returned(&a, ack, acks_short), "the ack is past its TTL");
     }
 
     /// A stuck target is retried less and less often while other traffic

@@ -302,15 +302,29 @@ impl<C: Codec> Engine<C> {
             .ep
             .send_unexpected_parts(src, RESPONSE_TAG, &[&head, &out], op, Report::FailuresOnly);
         let sent_len = HEADER_LEN + out.len();
-        // A spare that took a small output (copied into the message now).
-        self.keep_if_large(out);
         match sent {
-            Ok(()) => self.stats.bytes_sent += sent_len as u64,
+            Ok(()) => {
+                // A spare that took a small output (copied into the
+                // message now).
+                self.keep_if_large(out);
+                self.stats.bytes_sent += sent_len as u64;
+            }
             Err(e) => {
                 cold_path();
-                self.response_not_sent(src, &h, sent_len, e);
+                self.response_refused(src, &h, out, e);
             }
         }
+    }
+
+    /// [`respond`](Self::respond)'s send of response `h` with `out` was
+    /// refused by `e`: what goes in its place needs the output (an
+    /// answer's reason), which is then kept as a spare if large. Out of
+    /// line, so that the busy path keeps no more than before.
+    #[cold]
+    #[inline(never)]
+    fn response_refused(&mut self, src: &Addr, h: &Header, out: Vec<u8>, e: na_core::NaError) {
+        self.response_not_sent(src, h, &out, e, false);
+        self.keep_if_large(out);
     }
 }
 

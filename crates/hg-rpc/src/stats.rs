@@ -6,6 +6,7 @@ use crate::{Engine, RpcError, SPILLED_OUTPUT_TTL};
 
 /// Counters of an engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RpcStats {
     /// Calls forwarded: requests sent, or run here (self-forwards), one-way
     /// ones included. A call whose request did not go out (an error from
@@ -92,10 +93,12 @@ pub struct RpcStats {
     /// the caller; or failed at their completion: na-verbs, a post error,
     /// too large for a peer whose hello came later), each answered in its
     /// place with a short [`RpcError::ResponseNotSent`] error handed to
-    /// the transport: their callers learn at once instead of at their
-    /// deadline. (Should that error fail at its completion too, nothing
-    /// more is sent and the response counts in `responses_dropped` as
-    /// well.)
+    /// the transport (an answer from no handler, busy, unknown RPC or
+    /// decode error, with itself again, its reason cut short, so that its
+    /// caller still learns that nothing ran): their callers learn at once
+    /// instead of at their deadline. (Should that fail at its completion
+    /// too, nothing more is sent and the response counts in
+    /// `responses_dropped` as well.)
     pub responses_replaced: u64,
     /// Spilled requests this target answered "busy" before pulling their
     /// input: the pull budget ([`Engine::set_max_pull_bytes`]), or their

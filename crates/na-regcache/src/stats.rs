@@ -7,6 +7,7 @@ use crate::sys::brlock::{stripe, Padded, STRIPES};
 
 /// A snapshot of the cache counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Lookups served by a cached registration.
     pub hits: u64,

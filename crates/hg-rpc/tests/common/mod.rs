@@ -190,10 +190,16 @@ pub fn async_engine(dir: &std::path::Path, listen: bool) -> hg_rpc::AsyncEngine 
 /// An engine over a new sm plugin in `dir` whose send backlog holds
 /// 4 KiB per peer (others can look it up if it `listen`s).
 pub fn small_backlog_engine(dir: &std::path::Path, listen: bool) -> Engine {
+    backlog_engine(dir, listen, 4096)
+}
+
+/// An engine over a new sm plugin in `dir` whose send backlog holds
+/// `bytes` per peer (others can look it up if it `listen`s).
+pub fn backlog_engine(dir: &std::path::Path, listen: bool, bytes: usize) -> Engine {
     let mut ep = Endpoint::new(ProgressMode::default()).unwrap();
     let cfg = SmConfig {
         listen,
-        max_backlog_bytes: 4096,
+        max_backlog_bytes: bytes,
         ..SmConfig::default()
     }
     .with_dir(dir);

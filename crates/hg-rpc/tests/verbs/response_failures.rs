@@ -8,7 +8,8 @@
 //! (no deadline) ends with it at once. (Before: the failed send was only
 //! counted and logged, and the call waited for ever.) If that error
 //! fails too, it is counted and nothing more is sent; a spilled output
-//! the lost response described is let go.
+//! the lost response described is let go. An answer from no handler
+//! (busy here) goes again with its status instead, once.
 
 use std::time::{Duration, Instant};
 
@@ -16,16 +17,23 @@ use hg_rpc::{Engine, RpcError};
 use na_core::{Endpoint, Plugin, ProgressMode};
 
 use super::eager_limits::call_within;
-use super::rpcs::{fill_pattern, Add, Fill};
+use super::rpcs::{fill_pattern, Add, Fill, Sleep};
 use super::{rdma_spec, T};
 
 /// A listening server on `spec` whose plugin fails every message longer
 /// than `fail_over` bytes at its completion, serving [`Add`] and [`Fill`].
 fn failing_server(spec: &str, fail_over: usize) -> Engine {
+    failing_server_counted(spec, fail_over, None)
+}
+
+/// [`failing_server`] whose plugin fails only the first `count` such
+/// messages (`None`: all).
+fn failing_server_counted(spec: &str, fail_over: usize, count: Option<usize>) -> Engine {
     let mut cfg = na_verbs::VerbsFactory::default()
         .config_for(spec, true)
         .expect("verbs config");
     cfg.debug_fail_msgs_over = Some(fail_over);
+    cfg.debug_fail_msgs_count = count;
     let mut ep = Endpoint::new(ProgressMode::default()).expect("endpoint");
     let id = ep
         .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
@@ -135,6 +143,75 @@ fn a_lost_error_in_place_is_counted_once_and_a_lost_spilled_output_is_let_go_ove
     );
     assert!(
         c.take_response::<Fill>(id).is_none(),
+        "the call ended although nothing reached it"
+    );
+    c.abandon(id);
+}
+
+/// A server that answers every call of [`Sleep`] busy (a deferred handler
+/// with no room), whose plugin fails the first `count` messages over 16
+/// bytes (`None`: all) at their completion.
+fn busy_server(spec: &str, count: Option<usize>) -> Engine {
+    let mut srv = failing_server_counted(spec, 16, count);
+    srv.register_deferred::<Sleep>().expect("register");
+    srv.set_max_deferred(0, 0);
+    srv
+}
+
+/// A busy answer that fails at its completion goes again with its status
+/// (not `ResponseNotSent`: nothing ran, and the caller's retry policy is
+/// keyed on busy), and the call ends with `Busy`.
+#[test]
+fn a_busy_answer_failing_at_completion_goes_again_as_busy_over_verbs() {
+    let Some(spec) = rdma_spec("a_busy_answer_failing_at_completion_goes_again_as_busy_over_verbs") else {
+        return;
+    };
+    let mut srv = busy_server(&spec, Some(1));
+    let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+    let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
+    match call_within::<Sleep>(&mut c, &mut srv, &s, &1, Duration::from_secs(30)) {
+        Err(RpcError::Busy { reason, .. }) => assert!(reason.starts_with("target busy"), "{reason}"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    let st = srv.stats();
+    assert_eq!(
+        (st.sends_failed, st.responses_replaced, st.responses_dropped),
+        (1, 1, 0),
+        "{st:?}"
+    );
+}
+
+/// Every message of the server fails: the busy answer goes again once,
+/// and when that fails too nothing more is sent, although its status is
+/// busy, not `ResponseNotSent` (its send's id marks it as sent in a lost
+/// answer's place: no loop).
+#[test]
+fn a_busy_answer_sent_again_is_not_sent_a_third_time_over_verbs() {
+    let Some(spec) = rdma_spec("a_busy_answer_sent_again_is_not_sent_a_third_time_over_verbs") else {
+        return;
+    };
+    let mut srv = busy_server(&spec, None);
+    let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
+    let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
+    let id = c.forward::<Sleep>(&s, &1).expect("forward");
+    let end = Instant::now() + T;
+    while srv.stats().sends_failed < 2 {
+        assert!(
+            Instant::now() < end,
+            "the busy answer and its second try did not both fail; server {:?}",
+            srv.stats()
+        );
+        drive(&mut c, &mut srv, 1);
+    }
+    drive(&mut c, &mut srv, 200);
+    let st = srv.stats();
+    assert_eq!(
+        (st.sends_failed, st.responses_replaced, st.responses_dropped),
+        (2, 1, 1),
+        "{st:?}"
+    );
+    assert!(
+        c.take_response::<Sleep>(id).is_none(),
         "the call ended although nothing reached it"
     );
     c.abandon(id);
