@@ -250,7 +250,7 @@ async fn a_transport_that_keeps_failing_stops_the_driver_with_its_cause() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let (srv, _) = common::async_setup("broken-epoll", ProgressMode::default(), Duration::ZERO);
     let (ep, id) = common::endpoint(&srv.dir, false);
-    let fd = ep.plugin(id).unwrap().poll_fd().expect("sm has a poll fd");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&ep.plugin(id).unwrap().poll_fd().expect("sm has a poll fd"));
     let engine = AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap();
     let s = engine.lookup(&srv.server.uri).await.unwrap();
     assert_eq!(engine.call::<Add>(&s, &(2, 3), T).await.unwrap(), 5);

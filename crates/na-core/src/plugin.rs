@@ -1,7 +1,7 @@
 //! The trait every transport plugin implements.
 
 use std::collections::VecDeque;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use crate::addr::{Addr, PluginId};
@@ -403,9 +403,11 @@ pub trait Plugin: Send {
     fn cancel(&mut self, op: OpId) -> Result<()>;
 
     /// The file descriptor that becomes readable when the plugin has work.
-    /// Valid for the plugin's lifetime; `None` if the plugin cannot sleep
-    /// (then callers must poll it).
-    fn poll_fd(&self) -> Option<RawFd>;
+    /// Borrowed from the plugin, which keeps it open for its lifetime
+    /// (take `as_raw_fd()` to register it in a set that outlives the
+    /// borrow); `None` if the plugin cannot sleep (then callers must poll
+    /// it).
+    fn poll_fd(&self) -> Option<BorrowedFd<'_>>;
 
     /// Asks whether the caller may block on [`poll_fd`](Self::poll_fd) now.
     /// `Ok(true)` means the plugin armed its wake-up (peers will signal

@@ -14,7 +14,7 @@
 //! Each function here has a parent half (`measure_*`) and a peer half
 //! (`serve_*`, run by `na-perf serve`).
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -149,7 +149,7 @@ pub fn measure_eventfd(peer: &mut Peer, plan: &Plan, size: usize) -> Result<Summ
     peer.request(&format!("eventfd {size}"))?;
     let l = links(peer)?;
     let poll = Epoll::new().map_err(PerfError::sys("epoll_create1"))?;
-    poll.add(l.from_peer.as_raw_fd(), 0)
+    poll.add(l.from_peer.as_fd(), 0)
         .map_err(PerfError::sys("epoll_ctl"))?;
     let mut buf = vec![0x22u8; size];
     let res = measure(plan, || {
@@ -171,7 +171,7 @@ pub fn measure_eventfd(peer: &mut Peer, plan: &Plan, size: usize) -> Result<Summ
 pub fn serve_eventfd(l: &FloorLinks, size: usize) -> Result<()> {
     check_size(size)?;
     let poll = Epoll::new().map_err(PerfError::sys("epoll_create1"))?;
-    poll.add(l.to_peer.as_raw_fd(), 0)
+    poll.add(l.to_peer.as_fd(), 0)
         .map_err(PerfError::sys("epoll_ctl"))?;
     let mut buf = vec![0u8; size];
     loop {

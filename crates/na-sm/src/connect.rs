@@ -11,7 +11,7 @@ mod accept;
 mod dial;
 mod hello;
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use crate::addr::SmName;
@@ -124,7 +124,7 @@ impl SmPlugin {
         let Some(fd) = identity::peer_pidfd(sock, pid, start, self.exit_watch, peer)? else {
             return Ok(None);
         };
-        match self.poll.add_edge_triggered(fd.as_raw_fd(), serial | PIDFD_BIT) {
+        match self.poll.add_edge_triggered(fd.as_fd(), serial | PIDFD_BIT) {
             Ok(()) => Ok(Some(fd)),
             Err(e) => {
                 tracing::debug!(pid, error = %e, "sm: cannot watch a peer's pidfd");
@@ -133,7 +133,7 @@ impl SmPlugin {
         }
     }
 
-    fn poll_add(&self, fd: i32, token: u64) -> SmResult<()> {
+    fn poll_add(&self, fd: BorrowedFd<'_>, token: u64) -> SmResult<()> {
         self.poll
             .add(fd, token)
             .map_err(|e| SmError::sys("epoll_ctl add", e))
@@ -180,7 +180,7 @@ impl SmPlugin {
                 .collect();
             for s in late {
                 if let Some(p) = self.pending.remove(&s) {
-                    let _ = self.poll.delete(p.sock.as_raw_fd());
+                    let _ = self.poll.delete(p.sock.as_fd());
                     if self.stats.refuse_handshake() {
                         tracing::warn!(pid = p.cred.pid, "sm handshake timed out");
                     }

@@ -1,7 +1,7 @@
 //! Cancel and peer failure: an operation canceled, or a peer dropped
 //! with every operation that involves it.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
 use na_core::hint::cold_path;
 use na_core::{Completion, NaError, OpId, OpKind, Result};
@@ -144,10 +144,10 @@ impl SmPlugin {
             }
         }
         for conn in conns {
-            let _ = self.poll.delete(conn.sock.as_raw_fd());
+            let _ = self.poll.delete(conn.sock.as_fd());
             let _ = self.poll.delete(conn.my_wake.poll_fd());
             if let Some(fd) = &conn.pidfd {
-                let _ = self.poll.delete(fd.as_raw_fd());
+                let _ = self.poll.delete(fd.as_fd());
             }
             if conn.role == Role::Connector && conn.peer_wake.is_none() {
                 self.awaiting_ack = self.awaiting_ack.saturating_sub(1);

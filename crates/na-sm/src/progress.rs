@@ -685,7 +685,7 @@ mod tests {
     use super::*;
     use crate::channel::{init_region, TxCursor, REGION_LEN};
     use crate::sys::shm::SharedRegion;
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
 
     /// Events that stay ready (level-triggered descriptors nobody reads
     /// here; peers that write to their wake-up descriptors as fast as we
@@ -701,7 +701,7 @@ mod tests {
         let fds: Vec<EventFd> = (0..40).map(|_| EventFd::new().unwrap()).collect();
         for (i, fd) in fds.iter().enumerate() {
             // Tokens no connection has: handled as nothing to do.
-            p.poll.add(fd.as_raw_fd(), (1 << 40) + i as u64).unwrap();
+            p.poll.add(fd.as_fd(), (1 << 40) + i as u64).unwrap();
             fd.signal().unwrap();
         }
         let (tx, rx) = std::sync::mpsc::channel();

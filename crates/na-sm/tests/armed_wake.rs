@@ -15,14 +15,14 @@ const T: Duration = Duration::from_secs(10);
 
 /// Whether `fd` turns readable within a second: a wake-up through the
 /// deadline timer (set to now) fires a moment after it is set.
-fn readable_soon(fd: std::os::fd::RawFd) -> bool {
-    let (n, revents) = sys::poll_one(fd, libc::POLLIN, 1000);
+fn readable_soon(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let (n, revents) = sys::poll_one(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::POLLIN, 1000);
     n == 1 && revents & libc::POLLIN != 0
 }
 
 /// Whether `fd` is readable now.
-fn readable(fd: std::os::fd::RawFd) -> bool {
-    let (n, revents) = sys::poll_one(fd, libc::POLLIN, 0);
+fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let (n, revents) = sys::poll_one(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::POLLIN, 0);
     n == 1 && revents & libc::POLLIN != 0
 }
 

@@ -275,7 +275,7 @@ fn a_listener_paused_for_departed_peers_messages_goes_on_while_idle() {
 /// enough for the deadline sweep (reading the timer disarms it).
 #[test]
 fn departed_peers_messages_go_at_the_hold_while_the_process_sleeps() {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     let dir = fresh_dir("qs-sm-departed-sleep");
     let (mut rx, rid) = node(&dir, true);
     let uri = rx.self_addr(rid).unwrap().uri().to_owned();
@@ -301,7 +301,7 @@ fn departed_peers_messages_go_at_the_hold_while_the_process_sleeps() {
     }
     assert_eq!(queued(&rx), 3);
     let sleeper = na_core::sys::epoll::Epoll::new().unwrap();
-    sleeper.add(rx.as_raw_fd(), 0).unwrap();
+    sleeper.add(rx.as_fd(), 0).unwrap();
     let mut tokens = Vec::new();
     let since = Instant::now();
     while queued(&rx) > 0 {

@@ -112,7 +112,7 @@ fn an_idle_try_wait_leaves_no_report_of_a_new_eventfd_behind() {
     let mut client = SmPlugin::new(PluginId(2), config(&dir, false)).unwrap();
     let uri = server.self_addr().uri().to_owned();
     let _to_server = client.lookup(&uri).unwrap();
-    let fd = server.poll_fd().expect("an epoll descriptor");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&server.poll_fd().expect("an epoll descriptor"));
     let end = Instant::now() + T;
     // Only `try_wait` moves the server: its harvests accept the client
     // and handle its hello (a handshake makes no completion to progress).

@@ -20,7 +20,7 @@
 //!   and a driver that waits edge-triggered (as tokio does) never sleeps
 //!   on the rest.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -366,7 +366,7 @@ fn queued_connections_are_accepted_a_bounded_number_per_progress_call() {
 fn a_driver_waiting_edge_triggered_takes_every_queued_connection() {
     let mut q = QueuedListener::new("acceptet");
     let waiter = na_core::sys::epoll::Epoll::new().unwrap();
-    waiter.add_edge_triggered(q.srv.as_raw_fd(), 1).unwrap();
+    waiter.add_edge_triggered(q.srv.as_fd(), 1).unwrap();
     let mut tokens = Vec::new();
     let t0 = Instant::now();
     while q.taken() < QUEUED {

@@ -286,7 +286,7 @@ fn a_storm_of_wake_ups_starves_nobody_and_stops_with_the_storm() {
         victim.try_wait().unwrap(),
         "the victim may not sleep after the storm"
     );
-    let fd = victim.poll_fd().unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&victim.poll_fd().unwrap());
     let (n, ready) = common::sys::poll_one(fd, libc::POLLIN, 0);
     assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
     assert_eq!(

@@ -344,7 +344,7 @@ pub fn pull_mode_spin_over_many_peers_finds_each_reply(t: &Transport) {
 /// again: the node must hand back what it read before it sleeps, or the
 /// sender waits for room while the node waits for messages.
 pub fn pull_mode_sleeping_after_takes_returns_room(t: &Transport) {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     const N: u32 = 1000;
     let Some((mut n, floods)) = flooded_pull_node(t, ProgressMode::Blocking, 1, N) else {
         return;
@@ -352,7 +352,7 @@ pub fn pull_mode_sleeping_after_takes_returns_room(t: &Transport) {
     let poll = na_core::sys::epoll::Epoll::new().expect("epoll");
     // Edge-triggered, as tokio waits: readiness left over from earlier
     // events does not wake it again.
-    poll.add_edge_triggered(n.ep.as_raw_fd(), 0)
+    poll.add_edge_triggered(n.ep.as_fd(), 0)
         .expect("watch the endpoint fd");
     let (mut buf, mut tokens, mut next) = (Vec::new(), Vec::new(), 0u32);
     while next < N {

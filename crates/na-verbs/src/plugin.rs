@@ -27,7 +27,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -246,12 +246,12 @@ impl VerbsPlugin {
         };
         let cache = Cache::new(IbvRegistrar::for_mem_handles(&pd), cache_cfg).map_err(cache_err)?;
         let poll = Epoll::new().map_err(|e| NaError::sys("epoll_create1", e))?;
-        poll.add(comp.as_fd().as_raw_fd(), 0)
+        poll.add(comp.as_fd(), 0)
             .map_err(|e| NaError::sys("epoll_ctl add completion channel", e))?;
-        poll.add(events.as_fd().as_raw_fd(), 1)
+        poll.add(events.as_fd(), 1)
             .map_err(|e| NaError::sys("epoll_ctl add RDMA CM channel", e))?;
         let deadline_timer = Timer::new().map_err(|e| NaError::sys("timerfd_create", e))?;
-        poll.add(deadline_timer.as_fd().as_raw_fd(), 2)
+        poll.add(deadline_timer.as_fd(), 2)
             .map_err(|e| NaError::sys("epoll_ctl add deadline timer", e))?;
         let cap = |v: u32| (v.max(1) as usize).min(cfg.max_sge.map_or(usize::MAX, |m| m as usize));
         let slot_size = (HEADER_LEN + cfg.max_msg_size).div_ceil(64) * 64;
@@ -538,8 +538,8 @@ impl Plugin for VerbsPlugin {
         self.woken_if_work(r)
     }
 
-    fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.poll.as_raw_fd())
+    fn poll_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.poll.as_fd())
     }
 
     fn try_wait(&mut self) -> Result<bool> {

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use na_core::{Access, Addr, Endpoint, MemHandle, NaError, OpId, Plugin, PluginId, ProgressMode};
@@ -315,7 +315,7 @@ fn expected_messages_of_a_dead_peer_are_kept_for_a_grace_then_dropped() {
     // After it, the rest go, on time even in a process that sleeps on its
     // fd meanwhile (as a tokio driver does): the deadline timer wakes it.
     let waiter = na_core::sys::epoll::Epoll::new().unwrap();
-    waiter.add(srv.as_raw_fd(), 1).unwrap();
+    waiter.add(srv.as_fd(), 1).unwrap();
     let mut tokens = Vec::new();
     let end = seen_dead + na_verbs::DEAD_HELD_GRACE + Duration::from_secs(1);
     while srv.plugin(srv_id).unwrap().stats().queued_arrivals > 0 {

@@ -31,25 +31,30 @@ impl Epoll {
 
     /// Adds `fd` for readability, tagging its events with `token`.
     /// [epoll_ctl(2)](https://man7.org/linux/man-pages/man2/epoll_ctl.2.html)
-    pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_ADD, fd, token, libc::EPOLLIN as u32)
+    ///
+    /// The set holds the open file, not the number: borrowing the
+    /// descriptor makes the caller name one it owns, open now.
+    pub fn add(&self, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd.as_raw_fd(), token, libc::EPOLLIN as u32)
     }
 
     /// Adds `fd` for readability, edge-triggered (`EPOLLET`): one event per
     /// change, so the caller need not drain the fd. For an eventfd every
     /// write is such a change, which lets a wake-up cost no `read(2)`.
-    pub fn add_edge_triggered(&self, fd: RawFd, token: u64) -> io::Result<()> {
+    pub fn add_edge_triggered(&self, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
         self.ctl(
             libc::EPOLL_CTL_ADD,
-            fd,
+            fd.as_raw_fd(),
             token,
             (libc::EPOLLIN | libc::EPOLLET) as u32,
         )
     }
 
-    /// Removes `fd` from the set.
-    pub fn delete(&self, fd: RawFd) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
+    /// Removes `fd` from the set (before it is closed: a closed
+    /// descriptor leaves the set by itself only once no duplicate of it
+    /// stays open).
+    pub fn delete(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd.as_raw_fd(), 0, 0)
     }
 
     fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64, events: u32) -> io::Result<()> {

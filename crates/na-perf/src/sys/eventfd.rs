@@ -3,7 +3,7 @@
 //! [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// A non-blocking eventfd counter.
 #[derive(Debug)]
@@ -63,6 +63,12 @@ fn short(n: isize) -> io::Result<()> {
             io::ErrorKind::UnexpectedEof,
             format!("eventfd moved {n} of 8 bytes"),
         ))
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 

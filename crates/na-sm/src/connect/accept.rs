@@ -2,7 +2,7 @@
 //! pending-handshake bounds), and pausing and resuming accepts.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::time::Instant;
 
 use crate::identity::PeerStart;
@@ -97,7 +97,7 @@ impl SmPlugin {
             }
             let serial = self.next_serial;
             self.next_serial += 1;
-            if sock.set_nonblocking(true).is_err() || self.poll_add(sock.as_raw_fd(), serial).is_err() {
+            if sock.set_nonblocking(true).is_err() || self.poll_add(sock.as_fd(), serial).is_err() {
                 continue;
             }
             // Now, while the connection proves the connector has not
@@ -124,7 +124,7 @@ impl SmPlugin {
     /// resumes it.
     fn pause_accepts(&mut self, why: AcceptPause) {
         if let Some(l) = &self.listener {
-            let _ = self.poll.delete(l.as_raw_fd());
+            let _ = self.poll.delete(l.as_fd());
         }
         self.accept_pause = Some(why);
         self.update_timer();
@@ -134,7 +134,7 @@ impl SmPlugin {
     pub(crate) fn resume_accepts(&mut self) {
         self.accept_pause = None;
         if let Some(l) = &self.listener {
-            if let Err(e) = self.poll.add(l.as_raw_fd(), LISTENER_TOKEN) {
+            if let Err(e) = self.poll.add(l.as_fd(), LISTENER_TOKEN) {
                 tracing::warn!(error = %e, "sm: re-adding the listener failed; retrying later");
                 self.accept_pause = Some(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
                 return;

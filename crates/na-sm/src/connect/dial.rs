@@ -2,7 +2,7 @@
 //! the listener's acknowledgement (or refusal).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use na_core::{Addr, NaError, Result, SendBacklog};
 
@@ -199,7 +199,7 @@ impl SmPlugin {
         }
         sock.set_nonblocking(true)
             .map_err(|e| SmError::sys("fcntl(O_NONBLOCK)", e))?;
-        self.poll_add(sock.as_raw_fd(), serial)?;
+        self.poll_add(sock.as_fd(), serial)?;
         self.poll_add_wake(&my_wake, serial | WAKE_BIT)?;
         let conn = Conn {
             serial,

@@ -2,7 +2,7 @@
 //! per process, the connection's set-up and the acknowledgement.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use na_core::{NaError, SendBacklog};
 
@@ -68,7 +68,7 @@ impl SmPlugin {
             // Refused unread: its descriptors stay the kernel's (in flight
             // on the socket, which a closing thread closes), not ours.
             if let Some(p) = self.pending.remove(&serial) {
-                let _ = self.poll.delete(p.sock.as_raw_fd());
+                let _ = self.poll.delete(p.sock.as_fd());
                 self.stats.accept_errors += 1;
                 if self.stats.refuse_handshake() {
                     tracing::warn!(
@@ -87,7 +87,7 @@ impl SmPlugin {
         let Some(p) = self.pending.remove(&serial) else {
             return;
         };
-        let _ = self.poll.delete(p.sock.as_raw_fd());
+        let _ = self.poll.delete(p.sock.as_fd());
         if let Some(reason) = self.over_process_bound(p.cred.pid) {
             self.refuse_over_bound(p.sock.as_fd(), p.cred.pid, &reason);
             return;
@@ -245,7 +245,7 @@ impl SmPlugin {
             }
         }
         if gone.is_none() {
-            self.poll_add(p.sock.as_raw_fd(), serial).map_err(local)?;
+            self.poll_add(p.sock.as_fd(), serial).map_err(local)?;
             self.poll_add_wake(&my_wake, serial | WAKE_BIT).map_err(local)?;
         }
         let conn = Conn {

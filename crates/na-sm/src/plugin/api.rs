@@ -3,7 +3,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use na_core::hint::cold_path;
@@ -283,8 +283,8 @@ impl Plugin for SmPlugin {
         r
     }
 
-    fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.poll.as_raw_fd())
+    fn poll_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.poll.as_fd())
     }
 
     fn try_wait(&mut self) -> Result<bool> {

@@ -2,7 +2,7 @@
 //! the listening socket under a claimed name.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
@@ -77,7 +77,7 @@ impl SmPlugin {
         let generation = crate::sys::fork::generation();
         let poll = Epoll::new().map_err(|e| SmError::sys("epoll_create1", e))?;
         let timer = Timer::new().map_err(|e| SmError::sys("timerfd_create", e))?;
-        poll.add(timer.as_fd().as_raw_fd(), TIMER_TOKEN)
+        poll.add(timer.as_fd(), TIMER_TOKEN)
             .map_err(|e| SmError::sys("epoll_ctl add timer", e))?;
         let mut peers = PeerTable::default();
         // Our own start time: what `peer_process` answers for our own
@@ -196,7 +196,7 @@ impl SmPlugin {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
         listener.set_nonblocking(true).map_err(err)?;
         self.poll
-            .add(listener.as_raw_fd(), LISTENER_TOKEN)
+            .add(listener.as_fd(), LISTENER_TOKEN)
             .map_err(|e| SmError::sys("epoll_ctl add listener", e))?;
         Ok(listener)
     }

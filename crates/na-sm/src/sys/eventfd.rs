@@ -195,7 +195,7 @@ mod tests {
         use na_core::sys::epoll::Epoll;
         let theirs = EventFd::new().unwrap();
         let epoll = Epoll::new().unwrap();
-        epoll.add_edge_triggered(theirs.as_raw_fd(), 7).unwrap();
+        epoll.add_edge_triggered(theirs.as_fd(), 7).unwrap();
         let mut tokens = Vec::new();
         // Created at 1: the first harvest reports it once.
         assert_eq!(
@@ -239,7 +239,7 @@ mod tests {
         let theirs = EventFd::new().unwrap();
         let ours = EventFd::from_peer(theirs.fd.try_clone().unwrap()).unwrap();
         let epoll = Epoll::new().unwrap();
-        epoll.add_edge_triggered(theirs.as_raw_fd(), 7).unwrap();
+        epoll.add_edge_triggered(theirs.as_fd(), 7).unwrap();
         let mut tokens = Vec::new();
         let zero = Some(std::time::Duration::ZERO);
         assert_eq!(epoll.wait(&mut tokens, zero).unwrap(), 1);

@@ -18,7 +18,7 @@
 //! program may not ignore `SIGPIPE`, as Rust binaries do).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::eventfd::EventFd;
@@ -93,10 +93,10 @@ impl OwnWake {
     }
 
     /// The descriptor to put in the poll set.
-    pub fn poll_fd(&self) -> RawFd {
+    pub fn poll_fd(&self) -> BorrowedFd<'_> {
         match self {
-            OwnWake::EventFd(e) => e.as_raw_fd(),
-            OwnWake::Pipe { read, .. } => read.as_raw_fd(),
+            OwnWake::EventFd(e) => e.as_fd(),
+            OwnWake::Pipe { read, .. } => read.as_fd(),
         }
     }
 
@@ -369,7 +369,7 @@ mod tests {
         assert!(own.drain().unwrap());
         let mut left: libc::c_int = 0;
         // SAFETY: FIONREAD writes one int into `left`, which outlives the call.
-        let r = unsafe { libc::ioctl(own.poll_fd(), libc::FIONREAD, &mut left) };
+        let r = unsafe { libc::ioctl(own.poll_fd().as_raw_fd(), libc::FIONREAD, &mut left) };
         assert_eq!(r, 0, "FIONREAD: {}", io::Error::last_os_error());
         assert_eq!(left as usize, size as usize - PIPE_DRAIN_MAX);
     }
@@ -386,8 +386,7 @@ mod tests {
     fn from_peer_refuses_other_descriptors() {
         let own = OwnWake::new(WakeKind::Pipe).unwrap();
         // The read end of a pipe.
-        // SAFETY: `own` keeps its read end open for the whole borrow.
-        let read_end = unsafe { BorrowedFd::borrow_raw(own.poll_fd()) };
+        let read_end = own.poll_fd();
         let err = PeerWake::from_peer(dup(read_end)).unwrap_err();
         assert!(err.to_string().contains("write-only end"), "{err}");
         let file = OwnedFd::from(std::fs::File::open("/proc/self/stat").unwrap());
