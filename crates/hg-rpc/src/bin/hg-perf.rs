@@ -7,6 +7,7 @@
 //! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64]
 //! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
 //! ```
+#![warn(missing_docs)]
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -83,8 +84,12 @@ struct Cli {
 enum Test {
     /// RPCs per second with a payload of each size, N in flight.
     Rate {
+        /// Payload sizes in bytes, comma-separated; a `K` (KiB) or `M`
+        /// (MiB) suffix, upper case, multiplies.
         #[arg(long, default_value = "0,8,1K,4K,64K")]
         sizes: String,
+        /// Calls kept in flight, comma-separated counts (each size is
+        /// measured with each).
         #[arg(long, default_value = "1,16")]
         inflight: String,
         /// Also measure, before and after, the ceilings of a busy rate with
@@ -105,6 +110,8 @@ enum Test {
     },
     /// Round-trip latency percentiles, one call in flight.
     Lat {
+        /// Payload sizes in bytes, comma-separated; a `K` (KiB) or `M`
+        /// (MiB) suffix, upper case, multiplies.
         #[arg(long, default_value = "0,8,1K")]
         sizes: String,
         /// Also measure the raw eventfd round trip (na-perf's
@@ -126,8 +133,12 @@ enum Test {
     /// one `AsyncEngine::bulk` per transfer (`--count 1`) or one
     /// `bulk_batch` of `count` transfers per round.
     Bw {
+        /// Directions, comma-separated: `read` (data into the client's
+        /// buffer) and/or `write` (data out of it).
         #[arg(long, default_value = "read,write")]
         op: String,
+        /// Transfer sizes, comma-separated, each 1 byte to 16M; a `K`
+        /// (KiB) or `M` (MiB) suffix, upper case, multiplies.
         #[arg(long, default_value = "4K,64K,1M,16M")]
         sizes: String,
         /// Transfers per RPC (1 measures one RPC per transfer).

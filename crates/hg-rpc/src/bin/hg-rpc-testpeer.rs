@@ -21,6 +21,7 @@
 //! first engine's);
 //! `HG_TESTPEER_STALLED_LEN=<bytes>` sets the length of the `Digest`
 //! inputs, or of the `Fill` output (default 1 MiB).
+#![warn(missing_docs)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -15,6 +15,7 @@
 //! dead client's socket, memory and wake-up descriptors closed) and its
 //! memory must not have grown beyond the bounded blob store. Any wrong
 //! answer, hang (a call past its timeout) or leak is a non-zero exit.
+#![warn(missing_docs)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
