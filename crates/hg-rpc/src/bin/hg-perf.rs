@@ -8,6 +8,7 @@
 //! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
 //! ```
 #![warn(missing_docs)]
+#![warn(clippy::missing_docs_in_private_items)]
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -30,10 +31,13 @@ mod rpcs;
 mod tokio_runs;
 use rpcs::*;
 
+/// What the benchmark's steps return: any error ends the run with it.
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[path = "shared/exit.rs"]
 mod exit;
+/// Bound of every call and wait: past it the run fails (a hang, not a
+/// slow figure).
 const T: Duration = Duration::from_secs(30);
 /// Bytes of the client's and the server's bw buffers: one RPC's transfers
 /// never reach beyond them.
@@ -45,9 +49,10 @@ const BW_SPAN: u64 = 16 << 20;
 /// copy runs from.
 const BW_BATCH_BYTES: u64 = 1 << 20;
 
+/// hg-rpc benchmark: RPC rate, latency and bulk bandwidth over any NA transport
 #[derive(Parser)]
-#[command(about = "hg-rpc benchmark: RPC rate, latency and bulk bandwidth over any NA transport")]
 struct Cli {
+    /// The test to run.
     #[command(subcommand)]
     test: Test,
     /// Progress modes (comma-separated: busy, adaptive, blocking; `rate`
@@ -80,6 +85,7 @@ struct Cli {
     batches: usize,
 }
 
+/// The tests (and the hidden server side).
 #[derive(Subcommand)]
 enum Test {
     /// RPCs per second with a payload of each size, N in flight.
@@ -158,6 +164,7 @@ enum Test {
     /// Run the server side (started automatically; hidden from users).
     #[command(hide = true)]
     Serve {
+        /// CPU to pin the server to.
         #[arg(long)]
         server_cpu: Option<usize>,
         /// Process id of the `hg-perf` that started us: we are killed when
@@ -167,6 +174,8 @@ enum Test {
     },
 }
 
+/// A size in bytes: a number, times 1024 with a `K` suffix, times 1 MiB
+/// with an `M` suffix.
 fn parse_size(s: &str) -> Res<u64> {
     let s = s.trim();
     let (n, mul) = match s.chars().last() {
@@ -177,10 +186,13 @@ fn parse_size(s: &str) -> Res<u64> {
     Ok(n.parse::<u64>().map_err(|e| format!("bad size {s:?}: {e}"))? * mul)
 }
 
+/// Each comma-separated item of `s`, parsed by `f`.
 fn list<T>(s: &str, f: impl Fn(&str) -> Res<T>) -> Res<Vec<T>> {
     s.split(',').map(f).collect()
 }
 
+/// An engine on `spec` (listening if `listen`) that takes spills of up
+/// to 64 MiB.
 fn engine(spec: &str, mode: ProgressMode, listen: bool) -> Res<Engine> {
     let mut e = Engine::from_spec(spec, listen, mode)?;
     e.set_max_spill(64 << 20);
@@ -200,6 +212,8 @@ fn idle_clients_of(spec: &str, uri: &str, n: usize) -> Res<Vec<Engine>> {
         .collect()
 }
 
+/// The server side (`hg-perf serve`): serves the benchmark's RPCs until
+/// the client's `Quit`, pinned to `cpu`, exiting with process `parent`.
 fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
     if let Some(p) = parent {
         na_core::sys::process::exit_with_parent(p)?;
@@ -271,6 +285,8 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
     Ok(())
 }
 
+/// A server process this run started: waited for when dropped, killed
+/// past [`SERVER_EXIT_GRACE`].
 struct Server(Child);
 
 /// How long a dropped [`Server`] may take to exit on its own (after the
@@ -296,6 +312,8 @@ impl Drop for Server {
     }
 }
 
+/// Starts `hg-perf serve` on `spec` in `mode` (pinned to `cpu`) and
+/// returns it with the address it printed.
 fn start_server(spec: &str, mode: ProgressMode, cpu: Option<usize>) -> Res<(Server, String)> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["serve", "--transport", spec])
@@ -414,6 +432,7 @@ fn report_cma_floors(
     Ok(floors)
 }
 
+/// The name of a progress mode in the results.
 fn mode_name(m: ProgressMode) -> &'static str {
     match m {
         ProgressMode::Busy => "busy",
@@ -433,6 +452,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The `p` quantile (0 to 1) of `sorted`, which must not be empty.
 fn pct(sorted: &[u64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)] as f64
 }
@@ -474,6 +494,7 @@ pub(crate) fn report_bw(cli: &Cli, mode: &str, op: &str, size: u64, transfers: u
     );
 }
 
+/// [`report`], with the count of transfers per RPC of a bw figure.
 #[allow(clippy::too_many_arguments)]
 fn report_with(
     cli: &Cli,
@@ -727,6 +748,7 @@ fn main() -> std::process::ExitCode {
     exit::run("hg-perf", run)
 }
 
+/// Parses the command line and runs the server side or the test.
 fn run() -> Res<()> {
     let cli = Cli::parse();
     if let Test::Serve { server_cpu, parent } = cli.test {

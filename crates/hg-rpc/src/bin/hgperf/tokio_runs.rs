@@ -23,8 +23,11 @@ use super::{
 /// client driver's spin window.
 #[derive(Clone, Copy)]
 pub(crate) struct Flavor {
+    /// The mode name its figures carry.
     label: &'static str,
+    /// The server's progress mode.
     server: ProgressMode,
+    /// How long the client's driver keeps polling after work.
     spin: Duration,
 }
 
