@@ -94,8 +94,8 @@ enum Test {
         /// (MiB) suffix, upper case, multiplies.
         #[arg(long, default_value = "0,8,1K,4K,64K")]
         sizes: String,
-        /// Calls kept in flight, comma-separated counts (each size is
-        /// measured with each).
+        /// Calls kept in flight, comma-separated counts of at least 1 (each
+        /// size is measured with each).
         #[arg(long, default_value = "1,16")]
         inflight: String,
         /// Also measure, before and after, the ceilings of a busy rate with
@@ -384,6 +384,15 @@ fn transfers_per_rpc(count: u64, size: u64) -> u64 {
     count.clamp(1, (BW_BATCH_BYTES / size.max(1)).max(1))
 }
 
+/// `rate --inflight`'s counts, each at least 1 (with none in flight
+/// nothing is ever sent: each turn waited [`T`] for nothing, and the rate
+/// was 0).
+fn inflight_counts(s: &str) -> Res<Vec<usize>> {
+    list(s, |x| {
+        Ok(at_least_one(x.trim()).map_err(|e| format!("bad --inflight {x:?}: {e}"))?)
+    })
+}
+
 /// Parses a count that must be at least 1 (`--batches`: none would
 /// report a median of 0 and no p99).
 fn at_least_one(v: &str) -> Result<usize, String> {
@@ -639,7 +648,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>),
         } => {
             let _idle = idle_clients_of(&cli.transport, &uri, *idle_clients)?;
             for size in list(sizes, parse_size)? {
-                for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
+                for n in inflight_counts(inflight)? {
                     let input = ByteBuf::from(vec![7u8; size as usize]);
                     let mut rates = Vec::new();
                     for b in 0..=cli.batches {
