@@ -23,9 +23,12 @@
 //! transport vouches for the process behind an address
 //! (`na_core::Plugin::peer_process`; na-sm: the kernel's pid and its start
 //! time), so one process with many connections holds one origin's share;
-//! per address otherwise (na-verbs). This engine's own calls' outputs keep
-//! a floor in the pull budget that others' inputs cannot take
-//! ([`Engine::set_output_pull_floor`]).
+//! per address otherwise (na-verbs). On na-sm an engine's own process is
+//! one origin to it too: its self-forwards and the calls of every other
+//! engine (context) of that process share one origin's bounds (the
+//! deferred one [`DEFAULT_MAX_DEFERRED_PER_PEER`], 4096, by default).
+//! This engine's own calls' outputs keep a floor in the pull budget that
+//! others' inputs cannot take ([`Engine::set_output_pull_floor`]).
 //!
 //! Contexts: a context is an [`Engine`] (one per thread or core), each
 //! with its own plugin instance and address; a caller picks the target

@@ -100,7 +100,13 @@ impl<C: Codec> Engine<C> {
     /// the process behind an address (na-sm: the kernel's pid and its
     /// start time, `na_core::Plugin::peer_process`), so that one process
     /// that opens many connections (under many instance names) still
-    /// holds one share; per address otherwise (na-verbs). Several greedy
+    /// holds one share; per address otherwise (na-verbs). So on na-sm
+    /// the calls of every other engine (context) in this engine's own
+    /// process hold one share between them, the origin of its
+    /// self-forwards too (which pull nothing, but count in the deferred
+    /// bound of that origin, see [`set_max_deferred`](Self::set_max_deferred)):
+    /// contexts of one process that send each other many large inputs
+    /// may need a larger share. Several greedy
     /// processes together may still fill the budget; lower the share for
     /// servers with many clients. Spilled outputs this engine pulls as an
     /// origin count in the budget only (with a floor of their own:
@@ -134,7 +140,11 @@ impl<C: Codec> Engine<C> {
     /// requests, and start tasks for them, faster than handlers finish.
     /// A spilled input is checked before it is pulled. An origin is a
     /// process where the transport names it, else an address (as for
-    /// [`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer)).
+    /// [`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer)):
+    /// on na-sm this engine's self-forwards and the calls of every other
+    /// engine in its own process share one origin's `per_peer` (so a
+    /// process of many contexts that forward to one another holds at most
+    /// that many deferred requests here between them; raise it to match).
     pub fn set_max_deferred(&mut self, per_peer: usize, total: usize) {
         self.max_deferred = (per_peer, total);
     }
@@ -148,7 +158,10 @@ impl<C: Codec> Engine<C> {
     /// [`SPILLED_OUTPUT_TTL`]. A call whose output would pass a bound gets
     /// a handler error that says so (its handler did run). An origin is a
     /// process where the transport names it, else an address (as for
-    /// [`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer)).
+    /// [`set_max_pull_bytes_per_peer`](Self::set_max_pull_bytes_per_peer)):
+    /// on na-sm every other engine in this engine's own process shares
+    /// one origin's `per_peer` (with its self-forwards, whose outputs are
+    /// never spilled).
     pub fn set_max_exposed_bytes(&mut self, per_peer: u64, total: u64) {
         self.exposed.set_limits(per_peer, total);
     }

@@ -71,18 +71,28 @@ impl<C: Codec> Engine<C> {
 
     fn queue_notice(&mut self, peer: &Addr, notice: Notice) {
         if !self.unsent_notices.push(peer, notice) {
+            self.notice_given_up(&notice);
             tracing::debug!(peer = %peer, ?notice, "too many notices wait for this peer; its TTL frees the memory");
         }
     }
 
     /// A notice that cannot be sent at all (the peer is gone, or its
-    /// address is no longer valid): an acknowledgement counts as a
-    /// response dropped.
+    /// address is no longer valid).
     fn notice_lost(&mut self, peer: &Addr, notice: Notice, e: &NaError) {
+        self.notice_given_up(&notice);
+        tracing::debug!(peer = %peer, ?notice, error = %e, "cannot send a notice (peer gone?)");
+    }
+
+    /// `notice` is given up, for whatever reason (lost, past its TTL, past
+    /// the cap of those waiting): an acknowledgement counts as a response
+    /// dropped ([`RpcStats::responses_dropped`]), once, wherever it is
+    /// given up. (Before, only those lost were counted.)
+    ///
+    /// [`RpcStats::responses_dropped`]: crate::RpcStats::responses_dropped
+    fn notice_given_up(&mut self, notice: &Notice) {
         if matches!(notice, Notice::Ack(_)) {
             self.stats.responses_dropped += 1;
         }
-        tracing::debug!(peer = %peer, ?notice, error = %e, "cannot send a notice (peer gone?)");
     }
 
     /// A notice `peer` never got: its send failed at its completion
@@ -108,6 +118,7 @@ impl<C: Codec> Engine<C> {
             .unsent_notices
             .push_returned(peer, notice, self.notice_ttls())
         {
+            self.notice_given_up(&notice);
             tracing::debug!(peer = %peer, ?notice, "a notice kept failing (or too many wait); the peer's TTL frees the memory");
         }
     }
@@ -116,6 +127,11 @@ impl<C: Codec> Engine<C> {
     /// transport refuses one of them again. Those older than their kind's
     /// TTL ([`notice_ttls`](Self::notice_ttls)) are dropped: the peer has
     /// freed the memory by then. Called by `trigger` when a retry is due.
+    /// A notice that came back before does not count as sent when the
+    /// transport accepts it again (it may come back again): a pass that
+    /// sends only such notices lets the gap before the next one grow, so
+    /// one that keeps failing at its completion is not sent every
+    /// millisecond until its TTL.
     #[cold]
     #[inline(never)]
     pub(super) fn retry_notices(&mut self) {
@@ -125,12 +141,13 @@ impl<C: Codec> Engine<C> {
             while let Some(&(notice, since)) = w.notices.front() {
                 if since.elapsed() > ttls.of(&notice) {
                     w.notices.pop_front();
+                    self.notice_given_up(&notice);
                     continue;
                 }
                 match self.send_notice_now(&w.addr, notice) {
                     Ok(()) => {
                         w.notices.pop_front();
-                        sent = true;
+                        sent |= !self.unsent_notices.came_back(&w.addr, &notice);
                     }
                     Err(e) if keeps_notice(&e) => break,
                     Err(e) => {
@@ -179,6 +196,7 @@ mod tests {
     use super::super::unsent_response_ops::{returned, Returned};
     use super::*;
     use crate::header::FLAG_SPILL;
+    use std::time::Duration;
 
     /// An acknowledgement given back is told from a response (an empty
     /// one included, which never carries the one-way flag) and from a
@@ -199,5 +217,96 @@ mod tests {
         let mut msg = Vec::new();
         rel.encode_with(&7u64.to_le_bytes(), &mut msg);
         assert_eq!(returned(&msg), Returned::Release(7));
+    }
+
+    /// A failure at completion, as na-verbs reports one (not the peer
+    /// gone: the notice goes again).
+    fn post_failed() -> NaError {
+        NaError::Plugin {
+            plugin: "verbs",
+            message: "post failed".into(),
+        }
+    }
+
+    fn ack(cookie: u64) -> Notice {
+        let req = header(FLAG_ONE_WAY | FLAG_SPILL, Status::Ok, 42, cookie);
+        let mut h = response_header(&req, Status::Ok);
+        h.flags |= FLAG_ONE_WAY;
+        Notice::Ack(h)
+    }
+
+    /// A notice that keeps coming back at its completion, though the
+    /// transport accepts each send, is retried less and less often (the
+    /// gap doubles), not every millisecond until its TTL; a notice that
+    /// never came back brings the short gap again once sent.
+    #[test]
+    fn a_notice_that_keeps_coming_back_is_retried_less_and_less_often() {
+        use crate::notices::RETRY_FIRST;
+        let (dir, srv, mut c, s) = crate::engine::test_support::sm_pair("notice-back");
+        let mut gaps = Vec::new();
+        for _ in 0..4 {
+            // Given back (failed at completion), then sent again: sm
+            // accepts it, as verbs would before failing it once more.
+            c.notice_returned(&s, Notice::Release(7), &post_failed());
+            assert_eq!(c.notices_waiting(), 1);
+            c.retry_notices();
+            assert_eq!(c.notices_waiting(), 0, "not sent again");
+            gaps.push(c.unsent_notices.gap().as_millis());
+        }
+        assert_eq!(gaps, [2, 4, 8, 16], "the gap was reset by sends that came back");
+        // A notice refused at the call, never given back: once sent, the
+        // short gap again.
+        c.queue_notice(&s, Notice::Release(8));
+        c.retry_notices();
+        assert_eq!(c.unsent_notices.gap(), RETRY_FIRST);
+        drop((srv, c));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Every acknowledgement given up counts as a response dropped, once:
+    /// one dropped by a retry past its TTL, one given back past its TTL
+    /// (refused for the queue), one past the cap of those waiting, as one
+    /// lost (the peer gone) always did. Releases are not counted.
+    #[test]
+    fn every_acknowledgement_given_up_counts_as_a_response_dropped() {
+        use crate::notices::MAX_WAITING_PER_PEER;
+        let (dir, srv, mut c, s) = crate::engine::test_support::sm_pair("ack-dropped");
+        let ttl = Duration::from_millis(30);
+        c.set_abandoned_input_ttl(ttl);
+        c.set_spilled_output_ttl(ttl);
+        let dropped = |c: &Engine<_>| c.stats().responses_dropped;
+        // Waiting past its TTL: dropped by the retry.
+        c.notice_returned(&s, ack(1), &post_failed());
+        c.notice_returned(&s, Notice::Release(1), &post_failed());
+        std::thread::sleep(ttl * 2);
+        c.retry_notices();
+        assert_eq!(c.notices_waiting(), 0);
+        assert_eq!(dropped(&c), 1, "an ack dropped at its TTL by a retry");
+        // Sent again, given back again past its TTL: not queued.
+        c.notice_returned(&s, ack(2), &post_failed());
+        c.retry_notices();
+        assert_eq!(c.notices_waiting(), 0);
+        std::thread::sleep(ttl * 2);
+        c.notice_returned(&s, ack(2), &post_failed());
+        assert_eq!(c.notices_waiting(), 0);
+        assert_eq!(dropped(&c), 2, "an ack given back past its TTL");
+        // Past the cap of those waiting for a peer.
+        c.set_abandoned_input_ttl(Duration::from_secs(3600));
+        for cookie in 0..MAX_WAITING_PER_PEER as u64 {
+            c.queue_notice(&s, Notice::Release(100 + cookie));
+        }
+        c.queue_notice(&s, ack(3));
+        c.notice_returned(&s, ack(4), &post_failed());
+        assert_eq!(dropped(&c), 4, "acks past the cap");
+        // Lost: the peer gone.
+        let gone = NaError::PeerGone {
+            peer: "x".into(),
+            reason: "exited".into(),
+        };
+        c.notice_returned(&s, ack(5), &gone);
+        c.notice_returned(&s, Notice::Release(5), &gone);
+        assert_eq!(dropped(&c), 5, "a lost ack");
+        drop((srv, c));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

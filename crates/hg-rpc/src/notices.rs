@@ -17,7 +17,12 @@
 //! nothing, up to `RETRY_EVERY`. So a peer that stays stuck costs a few
 //! refused sends, then one per peer ten times a second, however busy the
 //! engine is with other peers; one that moves again gets its notices
-//! within a millisecond.
+//! within a millisecond. A notice that came back (failed at its
+//! completion, see `push_returned`) is not delivered for being accepted
+//! again: a pass that sends only such notices counts as one that sent
+//! nothing, so one that keeps failing at completion is retried less and
+//! less often too, not every millisecond until its TTL; the short gap
+//! comes back with a pass that sends a notice that never came back.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -173,10 +178,7 @@ impl UnsentNotices {
             return false;
         }
         let now = Instant::now();
-        let key = match notice {
-            Notice::Release(cookie) => (target.token(), cookie, false),
-            Notice::Ack(h) => (target.token(), h.cookie, true),
-        };
+        let key = returned_key(target, &notice);
         if self.returned.len() >= self.returned_prune_at {
             self.returned.retain(|&(_, _, ack), first| {
                 now.duration_since(*first) <= if ack { ttls.ack } else { ttls.release }
@@ -196,6 +198,13 @@ impl UnsentNotices {
         true
     }
 
+    /// True if `notice` to `target` came back before (failed at its
+    /// completion within its TTL): its send being accepted again says
+    /// nothing of its delivery, so it does not bring the short gap back.
+    pub(crate) fn came_back(&self, target: &Addr, notice: &Notice) -> bool {
+        self.returned.contains_key(&returned_key(target, notice))
+    }
+
     /// True if a retry is due after a turn that handled `handled`
     /// completions.
     #[inline]
@@ -207,8 +216,9 @@ impl UnsentNotices {
         self.last_try.elapsed() >= wait
     }
 
-    /// A retry pass ended; `sent` says whether it sent any notice. One
-    /// that sent none doubles the gap before a retry on a turn that moved.
+    /// A retry pass ended; `sent` says whether it sent any notice that
+    /// never came back (see [`came_back`](Self::came_back)). One that
+    /// sent none doubles the gap before a retry on a turn that moved.
     pub(crate) fn pass_done(&mut self, sent: bool) {
         self.gap = if sent {
             RETRY_FIRST
@@ -239,6 +249,21 @@ impl UnsentNotices {
     /// Notices waiting, over all peers.
     pub(crate) fn len(&self) -> usize {
         self.targets.values().map(|w| w.notices.len()).sum()
+    }
+
+    /// The gap before a retry on a turn that moved (for tests).
+    #[cfg(test)]
+    pub(crate) fn gap(&self) -> Duration {
+        self.gap
+    }
+}
+
+/// The key of `notice` to `target` among the dates of returned notices:
+/// the peer's token, the cookie, and whether it is an acknowledgement.
+fn returned_key(target: &Addr, notice: &Notice) -> (u64, u64, bool) {
+    match notice {
+        Notice::Release(cookie) => (target.token(), *cookie, false),
+        Notice::Ack(h) => (target.token(), h.cookie, true),
     }
 }
 

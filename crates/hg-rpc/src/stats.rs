@@ -86,7 +86,12 @@ pub struct RpcStats {
     /// Responses this target could not send, nor an error in their place
     /// (the caller is gone, or its send backlog, full because it stopped
     /// reading, had no room even for that error): their callers see the
-    /// peer go, or time out.
+    /// peer go, or time out. Acknowledgements of pulled spilled one-way
+    /// requests count here too, each once, when given up: the origin is
+    /// gone (or its address no longer valid), their TTL (the
+    /// abandoned-input one, [`Engine::set_abandoned_input_ttl`]) passed
+    /// while they were sent again, or too many waited for that origin;
+    /// it then keeps the input until its own TTL ends.
     pub responses_dropped: u64,
     /// Responses this target could not send (refused at the send call: a
     /// full send backlog to a caller that stopped reading, too large for

@@ -204,3 +204,48 @@ fn own_calls_outputs_keep_a_floor_that_others_inputs_cannot_take() {
     }
     gate.add_permits(CONNS as usize);
 }
+
+/// An engine's self-forwards and the calls of every other engine in its
+/// process are one origin to it (its own process, which na-sm vouches
+/// for): with one deferred request per origin, one self-forward held
+/// unanswered has another engine of this process answered busy, and
+/// answering it lets that engine in.
+#[test]
+fn self_forwards_and_other_engines_of_the_process_are_one_origin() {
+    let d = dir("self-origin");
+    let (ep, id) = common::endpoint(&d, true);
+    let mut srv = Engine::new(ep, id).unwrap();
+    srv.set_max_deferred(1, 100);
+    srv.register_deferred::<Record>().unwrap();
+    let me = srv.self_addr().clone();
+    let own = srv.forward::<Record>(&me, &1).unwrap();
+    let held = srv.take_deferred().expect("the self-forward is deferred");
+    let (ep, id) = common::endpoint(&d, false);
+    let mut other = Engine::new(ep, id).unwrap();
+    let s = other.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    let run = |srv: &mut Engine, other: &mut Engine| {
+        let call = other.forward::<Record>(&s, &2).unwrap();
+        let end = Instant::now() + T;
+        loop {
+            for e in [&mut *srv, &mut *other] {
+                e.progress(Some(Duration::from_millis(1))).unwrap();
+                e.trigger().unwrap();
+            }
+            if let Some(req) = srv.take_deferred() {
+                srv.respond_deferred(req, Ok(postcard::to_allocvec(&()).unwrap()));
+            }
+            if let Some(r) = other.take_response::<Record>(call) {
+                return r;
+            }
+            assert!(Instant::now() < end, "no answer within {T:?}");
+        }
+    };
+    match run(&mut srv, &mut other) {
+        Err(RpcError::Busy { .. }) => {}
+        r => panic!("another engine of this process got {r:?} past the self-forward's origin bound"),
+    }
+    srv.respond_deferred(held, Ok(postcard::to_allocvec(&()).unwrap()));
+    srv.trigger().unwrap();
+    assert!(srv.take_response::<Record>(own).is_some_and(|r| r.is_ok()));
+    run(&mut srv, &mut other).expect("served once the self-forward was answered");
+}

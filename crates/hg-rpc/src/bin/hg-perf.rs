@@ -7,6 +7,8 @@
 //! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64]
 //! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
 //! ```
+#![warn(missing_docs)]
+#![warn(clippy::missing_docs_in_private_items)]
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -29,10 +31,13 @@ mod rpcs;
 mod tokio_runs;
 use rpcs::*;
 
+/// What the benchmark's steps return: any error ends the run with it.
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[path = "shared/exit.rs"]
 mod exit;
+/// Bound of every call and wait: past it the run fails (a hang, not a
+/// slow figure).
 const T: Duration = Duration::from_secs(30);
 /// Bytes of the client's and the server's bw buffers: one RPC's transfers
 /// never reach beyond them.
@@ -44,9 +49,10 @@ const BW_SPAN: u64 = 16 << 20;
 /// copy runs from.
 const BW_BATCH_BYTES: u64 = 1 << 20;
 
+/// hg-rpc benchmark: RPC rate, latency and bulk bandwidth over any NA transport
 #[derive(Parser)]
-#[command(about = "hg-rpc benchmark: RPC rate, latency and bulk bandwidth over any NA transport")]
 struct Cli {
+    /// The test to run.
     #[command(subcommand)]
     test: Test,
     /// Progress modes (comma-separated: busy, adaptive, blocking; `rate`
@@ -79,12 +85,17 @@ struct Cli {
     batches: usize,
 }
 
+/// The tests (and the hidden server side).
 #[derive(Subcommand)]
 enum Test {
     /// RPCs per second with a payload of each size, N in flight.
     Rate {
+        /// Payload sizes in bytes, comma-separated; a `K` (KiB) or `M`
+        /// (MiB) suffix, upper case, multiplies.
         #[arg(long, default_value = "0,8,1K,4K,64K")]
         sizes: String,
+        /// Calls kept in flight, comma-separated counts of at least 1 (each
+        /// size is measured with each).
         #[arg(long, default_value = "1,16")]
         inflight: String,
         /// Also measure, before and after, the ceilings of a busy rate with
@@ -105,6 +116,8 @@ enum Test {
     },
     /// Round-trip latency percentiles, one call in flight.
     Lat {
+        /// Payload sizes in bytes, comma-separated; a `K` (KiB) or `M`
+        /// (MiB) suffix, upper case, multiplies.
         #[arg(long, default_value = "0,8,1K")]
         sizes: String,
         /// Also measure the raw eventfd round trip (na-perf's
@@ -126,8 +139,12 @@ enum Test {
     /// one `AsyncEngine::bulk` per transfer (`--count 1`) or one
     /// `bulk_batch` of `count` transfers per round.
     Bw {
+        /// Directions, comma-separated: `read` (data into the client's
+        /// buffer) and/or `write` (data out of it).
         #[arg(long, default_value = "read,write")]
         op: String,
+        /// Transfer sizes, comma-separated, each 1 byte to 16M; a `K`
+        /// (KiB) or `M` (MiB) suffix, upper case, multiplies.
         #[arg(long, default_value = "4K,64K,1M,16M")]
         sizes: String,
         /// Transfers per RPC (1 measures one RPC per transfer).
@@ -147,6 +164,7 @@ enum Test {
     /// Run the server side (started automatically; hidden from users).
     #[command(hide = true)]
     Serve {
+        /// CPU to pin the server to.
         #[arg(long)]
         server_cpu: Option<usize>,
         /// Process id of the `hg-perf` that started us: we are killed when
@@ -156,6 +174,8 @@ enum Test {
     },
 }
 
+/// A size in bytes: a number, times 1024 with a `K` suffix, times 1 MiB
+/// with an `M` suffix.
 fn parse_size(s: &str) -> Res<u64> {
     let s = s.trim();
     let (n, mul) = match s.chars().last() {
@@ -166,10 +186,13 @@ fn parse_size(s: &str) -> Res<u64> {
     Ok(n.parse::<u64>().map_err(|e| format!("bad size {s:?}: {e}"))? * mul)
 }
 
+/// Each comma-separated item of `s`, parsed by `f`.
 fn list<T>(s: &str, f: impl Fn(&str) -> Res<T>) -> Res<Vec<T>> {
     s.split(',').map(f).collect()
 }
 
+/// An engine on `spec` (listening if `listen`) that takes spills of up
+/// to 64 MiB.
 fn engine(spec: &str, mode: ProgressMode, listen: bool) -> Res<Engine> {
     let mut e = Engine::from_spec(spec, listen, mode)?;
     e.set_max_spill(64 << 20);
@@ -189,6 +212,8 @@ fn idle_clients_of(spec: &str, uri: &str, n: usize) -> Res<Vec<Engine>> {
         .collect()
 }
 
+/// The server side (`hg-perf serve`): serves the benchmark's RPCs until
+/// the client's `Quit`, pinned to `cpu`, exiting with process `parent`.
 fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
     if let Some(p) = parent {
         na_core::sys::process::exit_with_parent(p)?;
@@ -260,6 +285,8 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
     Ok(())
 }
 
+/// A server process this run started: waited for when dropped, killed
+/// past [`SERVER_EXIT_GRACE`].
 struct Server(Child);
 
 /// How long a dropped [`Server`] may take to exit on its own (after the
@@ -285,6 +312,8 @@ impl Drop for Server {
     }
 }
 
+/// Starts `hg-perf serve` on `spec` in `mode` (pinned to `cpu`) and
+/// returns it with the address it printed.
 fn start_server(spec: &str, mode: ProgressMode, cpu: Option<usize>) -> Res<(Server, String)> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["serve", "--transport", spec])
@@ -355,6 +384,15 @@ fn transfers_per_rpc(count: u64, size: u64) -> u64 {
     count.clamp(1, (BW_BATCH_BYTES / size.max(1)).max(1))
 }
 
+/// `rate --inflight`'s counts, each at least 1 (with none in flight
+/// nothing is ever sent: each turn waited [`T`] for nothing, and the rate
+/// was 0).
+fn inflight_counts(s: &str) -> Res<Vec<usize>> {
+    list(s, |x| {
+        Ok(at_least_one(x.trim()).map_err(|e| format!("bad --inflight {x:?}: {e}"))?)
+    })
+}
+
 /// Parses a count that must be at least 1 (`--batches`: none would
 /// report a median of 0 and no p99).
 fn at_least_one(v: &str) -> Result<usize, String> {
@@ -403,6 +441,7 @@ fn report_cma_floors(
     Ok(floors)
 }
 
+/// The name of a progress mode in the results.
 fn mode_name(m: ProgressMode) -> &'static str {
     match m {
         ProgressMode::Busy => "busy",
@@ -422,6 +461,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The `p` quantile (0 to 1) of `sorted`, which must not be empty.
 fn pct(sorted: &[u64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)] as f64
 }
@@ -463,6 +503,7 @@ pub(crate) fn report_bw(cli: &Cli, mode: &str, op: &str, size: u64, transfers: u
     );
 }
 
+/// [`report`], with the count of transfers per RPC of a bw figure.
 #[allow(clippy::too_many_arguments)]
 fn report_with(
     cli: &Cli,
@@ -607,7 +648,7 @@ fn run_mode(cli: &Cli, mode: ProgressMode, cpus: (Option<usize>, Option<usize>),
         } => {
             let _idle = idle_clients_of(&cli.transport, &uri, *idle_clients)?;
             for size in list(sizes, parse_size)? {
-                for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
+                for n in inflight_counts(inflight)? {
                     let input = ByteBuf::from(vec![7u8; size as usize]);
                     let mut rates = Vec::new();
                     for b in 0..=cli.batches {
@@ -716,6 +757,7 @@ fn main() -> std::process::ExitCode {
     exit::run("hg-perf", run)
 }
 
+/// Parses the command line and runs the server side or the test.
 fn run() -> Res<()> {
     let cli = Cli::parse();
     if let Test::Serve { server_cpu, parent } = cli.test {

@@ -21,6 +21,8 @@
 //! first engine's);
 //! `HG_TESTPEER_STALLED_LEN=<bytes>` sets the length of the `Digest`
 //! inputs, or of the `Fill` output (default 1 MiB).
+#![warn(missing_docs)]
+#![warn(clippy::missing_docs_in_private_items)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -265,6 +267,7 @@ const MAX_BLOB: u64 = 64 << 20;
 /// each is listed first).
 const MAX_CHUNKS: u64 = 1 << 20;
 
+/// The blob store, by key.
 type Blobs = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
 
 /// A copy of the blob stored under `key`.

@@ -15,6 +15,8 @@
 //! dead client's socket, memory and wake-up descriptors closed) and its
 //! memory must not have grown beyond the bounded blob store. Any wrong
 //! answer, hang (a call past its timeout) or leak is a non-zero exit.
+#![warn(missing_docs)]
+#![warn(clippy::missing_docs_in_private_items)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -31,6 +33,7 @@ use na_sm::{SmConfig, SmPlugin};
 mod testpeer_rpcs;
 use testpeer_rpcs::*;
 
+/// What the soak's steps return: any error ends the run with it.
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[path = "shared/exit.rs"]
@@ -50,10 +53,8 @@ fn rss_allowance_kb(clients: usize) -> u64 {
     (clients as u64 * KEYS * MAX_LEN as u64 * 2) / 1024 + 64 * 1024
 }
 
+/// Soak of hg-rpc over shared memory: random verified calls, clients killed mid-call, leak checks
 #[derive(Parser)]
-#[command(
-    about = "Soak of hg-rpc over shared memory: random verified calls, clients killed mid-call, leak checks"
-)]
 struct Cli {
     /// How long to run.
     #[arg(long, default_value_t = 600)]
@@ -75,12 +76,14 @@ struct Cli {
 /// xorshift64*: reproducible choices without a dependency.
 struct Rng(u64);
 impl Rng {
+    /// The next random number.
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
+    /// A random number below `n` (0 for `n` 0).
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
@@ -159,6 +162,7 @@ fn client(uri: &str, secs: u64, slot: u64, seed: u64) -> Res<()> {
     Ok(())
 }
 
+/// An error naming `what` unless `ok`.
 fn check(ok: bool, what: &str) -> Res<()> {
     if ok {
         Ok(())
@@ -182,6 +186,7 @@ fn rss_kb(pid: u32) -> Res<u64> {
         .ok_or_else(|| "no VmRSS in /proc status".into())
 }
 
+/// The binary `name` next to this one.
 fn sibling(name: &str) -> Res<PathBuf> {
     let p = std::env::current_exe()?.with_file_name(name);
     if !p.exists() {
@@ -190,6 +195,8 @@ fn sibling(name: &str) -> Res<PathBuf> {
     Ok(p)
 }
 
+/// Starts client process `slot` of the server at `uri` for `secs`
+/// seconds, its choices seeded by `seed`, its sm directory `dir`.
 fn spawn_client(uri: &str, secs: u64, slot: usize, seed: u64, dir: &Path) -> Res<Child> {
     Ok(Command::new(std::env::current_exe()?)
         .args([
@@ -226,6 +233,8 @@ fn main() -> std::process::ExitCode {
     exit::run("hg-soak", run)
 }
 
+/// Parses the command line and runs a client, or the soak with its
+/// server.
 fn run() -> Res<()> {
     let cli = Cli::parse();
     if let Some(args) = &cli.client {
@@ -258,6 +267,8 @@ fn run() -> Res<()> {
     result
 }
 
+/// The soak against the server at `uri` (process `spid`): clients kept
+/// running and killed, then the server's descriptors and memory checked.
 fn soak(cli: &Cli, uri: &str, spid: u32, dir: &Path) -> Res<()> {
     // Baseline after one client connected and left (lazy allocations done).
     reap(spawn_client(uri, 1, 0, cli.seed, dir)?)?;

@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// What the benchmark's steps return: any error ends the run with it.
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The na-perf binary next to this hg-perf (same build profile).

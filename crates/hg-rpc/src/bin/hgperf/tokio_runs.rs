@@ -15,16 +15,20 @@ use na_core::{Access, ProgressMode};
 use serde_bytes::ByteBuf;
 
 use super::{
-    bw_extent, bw_sizes, bw_spans, engine, idle_clients_of, list, median, parse_size, report, report_bw,
-    report_lat, server_for, transfers_per_rpc, Cli, Exposed, Noop, Quit, Res, Seen, BW_SPAN, T,
+    bw_extent, bw_sizes, bw_spans, engine, idle_clients_of, inflight_counts, list, median, parse_size,
+    report, report_bw, report_lat, server_for, transfers_per_rpc, Cli, Exposed, Noop, Quit, Res, Seen,
+    BW_SPAN, T,
 };
 
 /// Which tokio run: the label of its figures, the server's mode and the
 /// client driver's spin window.
 #[derive(Clone, Copy)]
 pub(crate) struct Flavor {
+    /// The mode name its figures carry.
     label: &'static str,
+    /// The server's progress mode.
     server: ProgressMode,
+    /// How long the client's driver keeps polling after work.
     spin: Duration,
 }
 
@@ -125,7 +129,7 @@ pub(crate) fn rate(
         let s = Arc::new(s);
         let batch = Duration::from_millis(cli.batch_ms);
         for size in list(sizes, parse_size)? {
-            for n in list(inflight, |x| Ok(x.trim().parse::<usize>()?))? {
+            for n in inflight_counts(inflight)? {
                 let input = Arc::new(ByteBuf::from(vec![7u8; size as usize]));
                 let mut rates = Vec::new();
                 // Batch 0 warms up.
