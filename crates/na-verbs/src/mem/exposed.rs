@@ -42,6 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
 use super::SegmentRegs;
+use crate::addr::canonical_sock;
 use crate::plugin::VerbsPlugin;
 
 /// Bytes copied at a time (the bounce buffer's size).
@@ -227,6 +228,15 @@ fn copy_piece(o: &Rma<'_>, local_offset: u64, p: &Piece<'_>, buf: &mut [u8]) -> 
 impl VerbsPlugin {
     /// Whether `dest` names this plugin itself: its own address, or a
     /// peer whose address is ours (a lookup of our own URI).
+    ///
+    /// Compared in canonical form (`addr::canonical_sock`, on both sides
+    /// although parsing and `self_key` canonicalise already): our address
+    /// spelt as an IPv4-mapped IPv6 one (`[::ffff:10.77.0.1]:45123`) is
+    /// ours too, and must never be taken for a peer's, whose transfers go
+    /// by RDMA where only the rkey is checked. Other spellings reach
+    /// another listener or none: RDMA CM routes by IP, and the plugin
+    /// binds one device IP, never a wildcard (a loopback IP does not
+    /// reach it).
     pub(crate) fn is_own(&self, dest: &Addr) -> bool {
         if dest.plugin() != self.id {
             return false;
@@ -234,8 +244,9 @@ impl VerbsPlugin {
         if dest.is_self() {
             return true;
         }
+        let own = canonical_sock(self.self_key);
         self.peer_of(dest)
-            .is_ok_and(|p| self.peers[p].key == self.self_key)
+            .is_ok_and(|p| canonical_sock(self.peers[p].key) == own)
     }
 
     /// Serves a checked batch whose remote side is our own (see the
