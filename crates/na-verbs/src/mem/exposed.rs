@@ -31,7 +31,13 @@
 //! its segments out when it is dropped (with its handle, or a new
 //! `mem_register`), which happens before the handle frees its memory
 //! (`MemHandle` drops registrations first). A copy holds the set's lock
-//! from its check to its end, so memory cannot be freed under it.
+//! from its check to its end, and the segments leave the set under that
+//! lock, so memory cannot be freed under a copy, nor a copy begin once
+//! its segments are out. The registrations they hold (the last holders
+//! of the exposed ones) are dropped after the lock is released, so the
+//! `ibv_dereg_mr` of a large registration stalls no copy or `describe`;
+//! until it returns the memory is still registered, and the handle frees
+//! it only afterwards.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -97,13 +103,24 @@ impl Exposure {
 }
 
 impl Drop for Exposure {
+    /// Takes the segments out of the set under its lock (a copy in
+    /// progress holds it, so this waits for its end, and no later copy
+    /// finds them), then drops them after unlocking: the last of them
+    /// holds the exposed registrations, whose `ibv_dereg_mr` must not
+    /// stall `rma_self` and `describe`. The memory stays registered until
+    /// then, and allocated until this returns (see the module docs).
     fn drop(&mut self) {
         let mut set = lock(&self.set);
-        for k in &self.rkeys {
-            if set.by_rkey.get(k).is_some_and(|e| e.serial == self.serial) {
-                set.by_rkey.remove(k);
-            }
-        }
+        let out: Vec<Entry> = self
+            .rkeys
+            .iter()
+            .filter_map(|k| match set.by_rkey.get(k) {
+                Some(e) if e.serial == self.serial => set.by_rkey.remove(k),
+                _ => None,
+            })
+            .collect();
+        drop(set);
+        drop(out);
     }
 }
 
