@@ -89,8 +89,8 @@ pub struct PluginStats {
     /// Transfers refused because their remote handle names this very
     /// process but no memory it exposes under that key with that access
     /// (a forged or stale handle, e.g. a hostile server's); nothing moved.
-    /// Counted by na-verbs (na-sm refuses such transfers as well, without
-    /// counting them here). See [`refuse_self_rma`](Self::refuse_self_rma).
+    /// Counted by na-verbs and na-sm alike. See
+    /// [`refuse_self_rma`](Self::refuse_self_rma).
     pub self_rma_refused: u64,
 }
 

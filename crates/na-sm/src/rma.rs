@@ -4,7 +4,7 @@
 use std::io;
 
 use na_core::rma::check_batch;
-use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
+use na_core::{Addr, Completion, NaError, PluginStats, Result, Rma, RmaDir};
 
 use crate::exposed;
 use crate::plugin::SmPlugin;
@@ -52,7 +52,7 @@ impl SmPlugin {
         // process): checked against what is exposed, and the check holds
         // until the transfers end (see `exposed`).
         let _exposed = if pid == self.name.pid {
-            Some(check_self_rma(dest, ops)?)
+            Some(check_self_rma(&mut self.stats, dest, ops)?)
         } else {
             None
         };
@@ -141,11 +141,15 @@ impl SmPlugin {
 /// live handle registered with sm exposes, with the access the transfer
 /// needs, through that registration's own descriptor (its token as the
 /// segment's key; see `exposed`). A remote handle that names our process but not
-/// such memory is forged or stale. On success the exposed set stays
-/// locked for the caller to hold across the transfers.
+/// such memory is forged or stale: refused, counted in `stats`
+/// (`PluginStats::self_rma_refused`) and logged as a warning at the 1st,
+/// 2nd, 4th... refusal, the others at debug level (a hostile server that
+/// answers every call with a forged handle cannot flood the log). On
+/// success the exposed set stays locked for the caller to hold across the
+/// transfers.
 #[cold]
 #[inline(never)]
-fn check_self_rma(dest: &Addr, ops: &[Rma<'_>]) -> Result<exposed::Exposed> {
+fn check_self_rma(stats: &mut PluginStats, dest: &Addr, ops: &[Rma<'_>]) -> Result<exposed::Exposed> {
     let set = exposed::lock();
     for o in ops {
         let write = o.dir == RmaDir::Put;
@@ -156,11 +160,16 @@ fn check_self_rma(dest: &Addr, ops: &[Rma<'_>]) -> Result<exposed::Exposed> {
                 ok = ok && set.covers(addr, len, write, seg.key);
             })?;
         if !ok {
-            tracing::warn!(
-                op = o.dir.name(),
-                len = o.len,
-                "sm: refused a transfer to this process outside the memory it exposes (forged or stale handle)"
-            );
+            const WHAT: &str = "sm: refused a transfer to this process outside the memory it exposes \
+                                (forged or stale handle; warned at the 1st, 2nd, 4th... of them, all counted \
+                                in PluginStats::self_rma_refused)";
+            let warn = stats.refuse_self_rma();
+            let refused = stats.self_rma_refused;
+            if warn {
+                tracing::warn!(op = o.dir.name(), len = o.len, refused, "{WHAT}");
+            } else {
+                tracing::debug!(op = o.dir.name(), len = o.len, refused, "{WHAT}");
+            }
             return Err(NaError::Rma {
                 op: o.dir.name(),
                 len: o.len,

@@ -118,6 +118,9 @@ fn transfers_to_self_stay_inside_registered_memory() {
     // Deregistered: its old descriptor is refused (the memory may be reused).
     p.mem_deregister(&target).unwrap();
     refused(p.rma(&me, &[Rma::put(&source, 0, &honest, 0, 8, OpId(9))]));
+    // Every refusal counted (the batch once), the honest transfers not.
+    let st = p.stats();
+    assert_eq!(st.self_rma_refused, 6, "the 6 refusals above: {st:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -175,6 +178,7 @@ fn exposed_memory_is_reached_only_through_its_own_descriptor() {
     let c = completions(&mut p);
     assert!(c.iter().any(|c| c.op == OpId(10) && c.status.is_ok()), "{c:?}");
     assert!(lent_elsewhere.to_vec().iter().all(|&b| b == 0xee));
+    assert_eq!(p.stats().self_rma_refused, 4, "the 4 forged keys");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -216,5 +220,12 @@ fn transfers_to_another_instance_of_this_process_are_checked_too() {
     let c = completions(&mut b);
     assert!(c.iter().any(|c| c.op == OpId(2) && c.status.is_ok()), "{c:?}");
     assert!(target.to_vec().iter().all(|&x| x == 0xcd));
+    // Counted by the instance that refused it (the sender).
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(
+        (sa.self_rma_refused, sb.self_rma_refused),
+        (0, 1),
+        "{sa:?} {sb:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

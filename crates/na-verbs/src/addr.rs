@@ -16,8 +16,14 @@
 //! In a peer address the device part is informational (RDMA CM routes by
 //! IP), so `verbs://10.77.0.1:45123` names the same peer; peers are equal
 //! when their `ip:port` are.
+//!
+//! An IPv4 address written in IPv6 form (`[::ffff:10.77.0.1]:45123`, an
+//! IPv4-mapped address) is the IPv4 address: it parses as
+//! `10.77.0.1:45123`, so one listener has one key whichever way it is
+//! spelt (one peer per listener, and a lookup of our own address in that
+//! form is seen as ours: see `mem::exposed`).
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, SocketAddrV6};
 
 use na_core::{split_uri, NaError, Result};
 
@@ -42,13 +48,27 @@ fn invalid(uri: &str, reason: impl Into<String>) -> NaError {
     }
 }
 
+/// The one form of a socket address that names a listener: an
+/// IPv4-mapped IPv6 address as the IPv4 address, and an IPv6 one without
+/// its flow label (which names no listener; the scope id does, for a
+/// link-local address, and stays).
+pub(crate) fn canonical_sock(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V4(_) => a,
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
+            None => SocketAddrV6::new(*v6.ip(), v6.port(), 0, v6.scope_id()).into(),
+        },
+    }
+}
+
 fn parse_sock(uri: &str, s: &str) -> Result<SocketAddr> {
     if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(a);
+        return Ok(canonical_sock(a));
     }
     // An IP without a port means port 0 (listen specs only).
     match s.parse::<std::net::IpAddr>() {
-        Ok(ip) => Ok(SocketAddr::new(ip, 0)),
+        Ok(ip) => Ok(SocketAddr::new(ip.to_canonical(), 0)),
         Err(_) => Err(invalid(
             uri,
             format!("`{s}` is not <ip>[:<port>] (IPv6 as [addr]:port)"),
@@ -164,12 +184,30 @@ mod tests {
     }
 
     #[test]
+    fn ipv4_mapped_addresses_are_their_ipv4_address() {
+        let (s, _) = VerbsUri::parse_peer("verbs://rxe0/[::ffff:10.77.0.1]:4791").unwrap();
+        assert_eq!(s, "10.77.0.1:4791".parse().unwrap());
+        let u = VerbsUri::parse("verbs://rxe0/::ffff:10.77.0.1").unwrap();
+        assert_eq!(u.sock, Some("10.77.0.1:0".parse().unwrap()));
+        // Other IPv6 addresses are kept, scope id included.
+        let (s, _) = VerbsUri::parse_peer("verbs://[fe80::1%3]:9").unwrap();
+        let SocketAddr::V6(v6) = s else { panic!("{s}") };
+        assert_eq!((v6.ip().segments()[0], v6.scope_id()), (0xfe80, 3));
+        let flow = SocketAddrV6::new("fe80::1".parse().unwrap(), 9, 7, 3);
+        assert_eq!(
+            canonical_sock(flow.into()),
+            SocketAddrV6::new("fe80::1".parse().unwrap(), 9, 0, 3).into()
+        );
+    }
+
+    #[test]
     fn malformed_addresses_are_clear_errors() {
         for bad in [
             "verbs://rxe0",
             "verbs://rxe0/10.77.0.1:0",
             "verbs://rxe0/10.77.0.1",
             "verbs://0.0.0.0:5",
+            "verbs://[::ffff:0.0.0.0]:5",
             "verbs://rxe0/not-an-ip:5",
             "verbs://rxe 0/10.0.0.1:5",
             "verbs://rxe0:0/10.0.0.1:5",

@@ -215,10 +215,15 @@ impl VerbsPlugin {
             }
             local.ib_port = local_id.port_num();
         }
-        let self_key = local_id.local_addr().ok_or_else(|| NaError::Plugin {
-            plugin: SCHEME,
-            message: "rdma_bind_addr gave no local address".into(),
-        })?;
+        // Canonical, as every parsed address is (`addr::canonical_sock`):
+        // `mem::exposed::is_own` compares peers' keys with it.
+        let self_key = local_id
+            .local_addr()
+            .map(crate::addr::canonical_sock)
+            .ok_or_else(|| NaError::Plugin {
+                plugin: SCHEME,
+                message: "rdma_bind_addr gave no local address".into(),
+            })?;
         let dev_attr = ctx.query_device()?;
         let pd = ProtectionDomain::new(&ctx)?;
         let comp = CompletionChannel::new(&ctx)?;

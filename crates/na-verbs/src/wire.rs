@@ -22,6 +22,9 @@
 //! who it is) and by the accepting side in `rdma_accept`. `depth` is the
 //! number of receive buffers posted for the connection: the initial credits
 //! of the other side. `maxmsg` is the largest payload a buffer holds.
+//! `family` is 4 (the IPv4 address in `ip[0..4]`, the rest zero) or 6; an
+//! IPv4 address in IPv6 form (IPv4-mapped) is refused, so an address has
+//! one encoding.
 //!
 //! # Versions
 //! The magic (bytes 0-3) and the version (byte 4) stay in place in every
@@ -195,6 +198,11 @@ impl Hello {
             // The rest of the field is zero, so a hello has one encoding.
             4 if raw[4..] != [0; 12] => return Err("IPv4 hello with a non-zero address tail".into()),
             4 => IpAddr::V4(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3])),
+            // An IPv4 address goes as family 4 (our own encoding): in
+            // IPv6 form it would be a second spelling of one identity.
+            6 if Ipv6Addr::from(raw).to_ipv4_mapped().is_some() => {
+                return Err("IPv6 hello with an IPv4-mapped address (IPv4 goes as family 4)".into())
+            }
             6 => IpAddr::V6(Ipv6Addr::from(raw)),
             f => return Err(format!("bad address family {f}")),
         };
@@ -316,6 +324,13 @@ mod tests {
         let mut bad = b.clone();
         bad[12] = 1;
         assert!(Hello::decode(&bad).unwrap_err().contains("non-zero address tail"));
+        // Our IPv4 address in IPv6 (mapped) form.
+        let mapped = Hello {
+            addr: "[::ffff:10.77.0.1]:4791".parse().unwrap(),
+            ..h.clone()
+        };
+        let e = Hello::decode(&mapped.encode()).unwrap_err();
+        assert!(e.contains("IPv4-mapped"), "{e}");
         // A device name that would not parse back in an address.
         let slash = Hello {
             device: "rx/e0".into(),

@@ -182,3 +182,64 @@ fn a_client_only_plugin_serves_its_own_descriptors() {
     let st = ep.plugin(id).unwrap().stats();
     assert_eq!(st.self_rma_refused, 0, "nothing was refused: {st:?}");
 }
+
+/// Our own address spelt as an IPv4-mapped IPv6 address
+/// (`[::ffff:10.77.0.1]:port`) is ours: a forged descriptor naming it is
+/// refused like one naming the plain spelling, and a real one is served
+/// in memory. Before (2026-11-29) the spellings were compared exactly:
+/// the mapped one was taken for a peer, and its transfer went for a
+/// loopback connection (where only the rkey is checked; this kernel's
+/// RDMA CM happened to refuse the mixed-family route).
+#[test]
+fn our_address_in_ipv6_form_is_ours() {
+    let Some(env) = common::rdma_env("our_address_in_ipv6_form_is_ours") else {
+        return;
+    };
+    let (mut ep, id) = node(&env, true);
+    let own_uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let port = common::port_of(&own_uri);
+    let own = ep.lookup(&own_uri).unwrap();
+    let (lent, lent_desc) = exposed(&mut ep, id, 0xAA, Access::ReadWrite);
+    let seg = lent_desc.segments()[0];
+    let rkey_only = seg.key & 0xffff_ffff;
+    let src = MemHandle::new(vec![vec![0x55; 4096]], Access::ReadOnly);
+    let sink = MemHandle::zeroed(4096, Access::ReadWrite);
+    let mut op = 0;
+    for spelt in [
+        format!("verbs://[::ffff:{}]:{port}", env.ip),
+        format!("verbs://{}/[::ffff:{}]:{port}", env.device, env.ip),
+    ] {
+        let mapped = ep.lookup(&spelt).unwrap();
+        for put in [true, false] {
+            op += 1;
+            let local = if put { &src } else { &sink };
+            let e = transfer(
+                &mut ep,
+                put,
+                local,
+                &forged(seg.addr, seg.len, rkey_only),
+                &mapped,
+                op,
+            )
+            .expect_err("a transfer through a guessed rkey");
+            assert!(
+                e.contains("at start") && e.contains("forged or stale"),
+                "{spelt}: {e}"
+            );
+        }
+        assert!(
+            lent.to_vec().iter().all(|&b| b == 0xAA),
+            "the lent memory was written"
+        );
+        assert!(sink.to_vec().iter().all(|&b| b == 0), "the lent memory was read");
+        // One listener, one peer, whichever way its address is spelt.
+        assert_eq!(mapped, own, "{spelt} is another peer than {own_uri}");
+    }
+    // The real descriptor through the mapped spelling: served in memory.
+    let mapped = ep.lookup(&format!("verbs://[::ffff:{}]:{port}", env.ip)).unwrap();
+    transfer(&mut ep, true, &src, &lent_desc, &mapped, 10).expect("a put through the real descriptor");
+    assert!(lent.to_vec().iter().all(|&b| b == 0x55), "the put moved nothing");
+    let st = ep.plugin(id).unwrap().stats();
+    assert_eq!(st.self_rma_refused, 4, "the 4 refusals above: {st:?}");
+    assert_eq!((st.put_bytes, st.peers), (4096, 0), "no connection: {st:?}");
+}

@@ -1,8 +1,9 @@
 //! `qs-sm-cleanup [DIR]`: removes socket and owner files of dead na-sm
 //! processes from DIR (default: `$QS_SM_DIR`, else `/tmp/qs-sm-<uid>`),
 //! keeping those of live ones, in this PID namespace or another (a live
-//! owner holds its owner file's lock; see `na_sm::cleanup`). Prints what it
-//! removed and kept; exits 1 on error.
+//! owner holds its owner file's lock; see [`na_sm::cleanup_stale`], which
+//! does the work, and [`na_sm::CleanupReport`], what it returns). Prints
+//! what it removed and kept; exits 1 on error.
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -31,7 +31,13 @@
 //! its segments out when it is dropped (with its handle, or a new
 //! `mem_register`), which happens before the handle frees its memory
 //! (`MemHandle` drops registrations first). A copy holds the set's lock
-//! from its check to its end, so memory cannot be freed under it.
+//! from its check to its end, and the segments leave the set under that
+//! lock, so memory cannot be freed under a copy, nor a copy begin once
+//! its segments are out. The registrations they hold (the last holders
+//! of the exposed ones) are dropped after the lock is released, so the
+//! `ibv_dereg_mr` of a large registration stalls no copy or `describe`;
+//! until it returns the memory is still registered, and the handle frees
+//! it only afterwards.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -42,6 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use na_core::{Addr, Completion, NaError, Result, Rma, RmaDir};
 
 use super::SegmentRegs;
+use crate::addr::canonical_sock;
 use crate::plugin::VerbsPlugin;
 
 /// Bytes copied at a time (the bounce buffer's size).
@@ -96,13 +103,24 @@ impl Exposure {
 }
 
 impl Drop for Exposure {
+    /// Takes the segments out of the set under its lock (a copy in
+    /// progress holds it, so this waits for its end, and no later copy
+    /// finds them), then drops them after unlocking: the last of them
+    /// holds the exposed registrations, whose `ibv_dereg_mr` must not
+    /// stall `rma_self` and `describe`. The memory stays registered until
+    /// then, and allocated until this returns (see the module docs).
     fn drop(&mut self) {
         let mut set = lock(&self.set);
-        for k in &self.rkeys {
-            if set.by_rkey.get(k).is_some_and(|e| e.serial == self.serial) {
-                set.by_rkey.remove(k);
-            }
-        }
+        let out: Vec<Entry> = self
+            .rkeys
+            .iter()
+            .filter_map(|k| match set.by_rkey.get(k) {
+                Some(e) if e.serial == self.serial => set.by_rkey.remove(k),
+                _ => None,
+            })
+            .collect();
+        drop(set);
+        drop(out);
     }
 }
 
@@ -227,6 +245,15 @@ fn copy_piece(o: &Rma<'_>, local_offset: u64, p: &Piece<'_>, buf: &mut [u8]) -> 
 impl VerbsPlugin {
     /// Whether `dest` names this plugin itself: its own address, or a
     /// peer whose address is ours (a lookup of our own URI).
+    ///
+    /// Compared in canonical form (`addr::canonical_sock`, on both sides
+    /// although parsing and `self_key` canonicalise already): our address
+    /// spelt as an IPv4-mapped IPv6 one (`[::ffff:10.77.0.1]:45123`) is
+    /// ours too, and must never be taken for a peer's, whose transfers go
+    /// by RDMA where only the rkey is checked. Other spellings reach
+    /// another listener or none: RDMA CM routes by IP, and the plugin
+    /// binds one device IP, never a wildcard (a loopback IP does not
+    /// reach it).
     pub(crate) fn is_own(&self, dest: &Addr) -> bool {
         if dest.plugin() != self.id {
             return false;
@@ -234,8 +261,9 @@ impl VerbsPlugin {
         if dest.is_self() {
             return true;
         }
+        let own = canonical_sock(self.self_key);
         self.peer_of(dest)
-            .is_ok_and(|p| self.peers[p].key == self.self_key)
+            .is_ok_and(|p| canonical_sock(self.peers[p].key) == own)
     }
 
     /// Serves a checked batch whose remote side is our own (see the

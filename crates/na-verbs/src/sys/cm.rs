@@ -135,21 +135,34 @@ pub struct CmIdKey(pub(super) usize);
 
 /// Kinds of RDMA CM events (`enum rdma_cm_event_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub enum CmEventKind {
+    /// `rdma_resolve_addr` found the destination's address (next: resolve the route).
     AddrResolved,
+    /// `rdma_resolve_addr` failed.
     AddrError,
+    /// `rdma_resolve_route` found the route (next: connect).
     RouteResolved,
+    /// `rdma_resolve_route` failed.
     RouteError,
+    /// A listening id got a connection request (on a new id, to accept or reject).
     ConnectRequest,
+    /// A connect got its answer, where the QP is not the id's own (the caller moves it to RTS).
     ConnectResponse,
+    /// Establishing the connection failed.
     ConnectError,
+    /// The remote side could not be reached (or did not answer).
     Unreachable,
+    /// The remote side rejected the connection (its private data says why).
     Rejected,
+    /// The connection is up.
     Established,
+    /// The connection is down (either side disconnected, or it failed).
     Disconnected,
+    /// The id's RDMA device was removed: destroy the id.
     DeviceRemoval,
+    /// The id's address now maps to another device (an address change or failover).
     AddrChange,
+    /// The QP of a closed connection left time-wait: its number may be reused.
     TimewaitExit,
     /// Any other event, raw value.
     Other(u32),
