@@ -118,6 +118,14 @@ impl VerbsUri {
     pub fn parse_peer(uri: &str) -> Result<(SocketAddr, Option<String>)> {
         let u = Self::parse(uri)?;
         match u.sock {
+            // RDMA CM reaches a peer through the IP of its RDMA device; a
+            // loopback address names none (resolving it fails, or waits
+            // out the whole set-up timeout): refused here, by name.
+            Some(s) if s.ip().is_loopback() => Err(invalid(
+                uri,
+                "a loopback address names no RDMA device: use the IP of the peer's RDMA netdev \
+                 (our own address too), e.g. verbs://rxe0/10.77.0.1:4791",
+            )),
             Some(s) if s.port() != 0 && !s.ip().is_unspecified() => Ok((s, u.device)),
             _ => Err(invalid(
                 uri,
@@ -208,6 +216,10 @@ mod tests {
             "verbs://rxe0/10.77.0.1",
             "verbs://0.0.0.0:5",
             "verbs://[::ffff:0.0.0.0]:5",
+            "verbs://127.0.0.1:5",
+            "verbs://rxe0/127.0.0.2:5",
+            "verbs://[::1]:5",
+            "verbs://[::ffff:127.0.0.1]:5",
             "verbs://rxe0/not-an-ip:5",
             "verbs://rxe 0/10.0.0.1:5",
             "verbs://rxe0:0/10.0.0.1:5",
