@@ -271,22 +271,32 @@ mod tests {
     fn every_acknowledgement_given_up_counts_as_a_response_dropped() {
         use crate::notices::MAX_WAITING_PER_PEER;
         let (dir, srv, mut c, s) = crate::engine::test_support::sm_pair("ack-dropped");
-        let ttl = Duration::from_millis(30);
-        c.set_abandoned_input_ttl(ttl);
-        c.set_spilled_output_ttl(ttl);
+        // The TTLs are read where they are checked: long while a notice
+        // must be within them (no scheduler stall outlasts them), then
+        // shorter than a sleep once it must be past them.
+        let ttls = |c: &mut Engine<_>, ttl| {
+            c.set_abandoned_input_ttl(ttl);
+            c.set_spilled_output_ttl(ttl);
+        };
+        let (long, short) = (Duration::from_secs(3600), Duration::from_millis(1));
+        let past = || std::thread::sleep(short + Duration::from_millis(5));
         let dropped = |c: &Engine<_>| c.stats().responses_dropped;
         // Waiting past its TTL: dropped by the retry.
+        ttls(&mut c, long);
         c.notice_returned(&s, ack(1), &post_failed());
         c.notice_returned(&s, Notice::Release(1), &post_failed());
-        std::thread::sleep(ttl * 2);
+        past();
+        ttls(&mut c, short);
         c.retry_notices();
         assert_eq!(c.notices_waiting(), 0);
         assert_eq!(dropped(&c), 1, "an ack dropped at its TTL by a retry");
         // Sent again, given back again past its TTL: not queued.
+        ttls(&mut c, long);
         c.notice_returned(&s, ack(2), &post_failed());
         c.retry_notices();
         assert_eq!(c.notices_waiting(), 0);
-        std::thread::sleep(ttl * 2);
+        past();
+        ttls(&mut c, short);
         c.notice_returned(&s, ack(2), &post_failed());
         assert_eq!(c.notices_waiting(), 0);
         assert_eq!(dropped(&c), 2, "an ack given back past its TTL");

@@ -321,15 +321,19 @@ mod tests {
     fn a_returned_release_is_dated_from_its_first_failure() {
         let a = Addr::new("sm://1-a", PluginId(1), 1, false);
         let mut u = UnsentNotices::default();
-        let ttl = Duration::from_millis(50);
-        // Acknowledgements' TTL: long (the releases' is the one at work).
+        // Within the TTL: one no scheduler stall outlasts. Past it: one
+        // shorter than a sleep (the TTL is read at each push), so no
+        // stall of a loaded box decides either way.
         let ttl = NoticeTtls {
-            release: ttl,
+            release: Duration::from_secs(3600),
             ack: Duration::from_secs(3600),
+        };
+        let short = NoticeTtls {
+            release: Duration::from_millis(1),
+            ..ttl
         };
         assert!(u.push_returned(&a, Notice::Release(7), ttl));
         let first = u.take_all()[0].notices[0].1;
-        std::thread::sleep(Duration::from_millis(5));
         assert!(u.push_returned(&a, Notice::Release(7), ttl), "within the TTL");
         assert_eq!(
             u.take_all()[0].notices[0].1,
@@ -341,9 +345,9 @@ mod tests {
             "another call's release"
         );
         u.take_all();
-        std::thread::sleep(ttl.release + Duration::from_millis(5));
+        std::thread::sleep(short.release + Duration::from_millis(5));
         assert!(
-            !u.push_returned(&a, Notice::Release(7), ttl),
+            !u.push_returned(&a, Notice::Release(7), short),
             "past the TTL since the first failure"
         );
         assert!(u.is_empty());
@@ -357,11 +361,15 @@ mod tests {
     fn returned_notices_past_the_cap_keep_no_date() {
         let a = Addr::new("sm://1-a", PluginId(1), 1, false);
         let mut u = UnsentNotices::default();
-        let ttl = Duration::from_millis(50);
+        // Long while the dates must stay (the pushes pass the pruning
+        // thresholds: a short TTL would let a scheduler stall prune them
+        // there), then shorter than a sleep (the TTL is read at each push).
+        let long = Duration::from_secs(3600);
         let ttls = NoticeTtls {
-            release: ttl,
-            ack: ttl,
+            release: long,
+            ack: long,
         };
+        let short = Duration::from_millis(1);
         for cookie in 0..MAX_WAITING_PER_PEER as u64 {
             assert!(u.push_returned(&a, Notice::Release(cookie), ttls));
         }
@@ -378,8 +386,12 @@ mod tests {
         // Their queue drained (sent), the dates stay until the TTL, then
         // go at the next pass.
         u.take_all();
-        std::thread::sleep(ttl + Duration::from_millis(5));
+        std::thread::sleep(short + Duration::from_millis(5));
         let b = Addr::new("sm://1-b", PluginId(1), 2, false);
+        let ttls = NoticeTtls {
+            release: short,
+            ack: short,
+        };
         assert!(u.push_returned(&b, Notice::Release(1), ttls));
         assert_eq!(u.returned.len(), 1, "the dates past the TTL stayed");
     }
