@@ -247,7 +247,9 @@ impl<C: Codec> Engine<C> {
                 .collect();
             let mut messages = 0;
             for c in waiting {
-                if c.op.0 & REQUEST_OP != 0 {
+                // A message, not a send: `REQUEST_OP` is the bit
+                // `CALL_SEND_OP` uses on sends.
+                if c.op.0 & (SEND_OP | REQUEST_OP) == REQUEST_OP {
                     messages += 1;
                     self.handle(c)?;
                 } else {
