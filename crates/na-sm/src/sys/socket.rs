@@ -332,7 +332,7 @@ pub fn queue_full_timeout(timeout: Duration) -> io::Error {
 /// listener's queue is full (a listener that never accepts would otherwise
 /// hold `connect` forever). The socket keeps no send timeout afterwards.
 /// A symbolic link (or anything but a socket) at `path` is refused, not
-/// followed (see [`pinned_socket`]).
+/// followed (see `pinned_socket`).
 pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
     let (_pinned, path) = pinned_socket(path)?;
     let (sock, addr, len) = unix_socket_for(&path, false)?;
@@ -352,7 +352,7 @@ pub fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
 /// is either done or refused when connect(2) returns: unlike TCP it never
 /// answers `EINPROGRESS` ([unix(7)]), so the socket returned is connected.
 /// It stays non-blocking. A symbolic link (or anything but a socket) at
-/// `path` is refused, not followed (see [`pinned_socket`]).
+/// `path` is refused, not followed (see `pinned_socket`).
 ///
 /// [unix(7)]: https://man7.org/linux/man-pages/man7/unix.7.html
 pub fn try_connect_unix(path: &Path) -> io::Result<UnixStream> {
