@@ -29,7 +29,7 @@ pub(super) enum OpRole {
     Watch(u64),
 }
 
-/// Bit of an [`OpId`] that marks a send (nothing to do on success).
+/// Bit of an [`OpId`](na_core::OpId) that marks a send (nothing to do on success).
 pub(super) const SEND_OP: u64 = 1 << 63;
 /// With [`SEND_OP`]: the send of a call's request, whose id is the call's
 /// cookie (its generation cut to the bits left, see [`request_send_op`])
@@ -56,10 +56,10 @@ pub(super) fn request_send_op(cookie: u64) -> na_core::OpId {
 /// status. Counted ids stay far below this bit too.
 pub(super) const RESENT_OP: u64 = 1 << 61;
 
-/// Bit of an [`OpId`] that marks a posted unexpected receive (requests
+/// Bit of an [`OpId`](na_core::OpId) that marks a posted unexpected receive (requests
 /// for us, and responses to our calls).
 pub(super) const REQUEST_OP: u64 = 1 << 62;
-/// Bit of an [`OpId`] that marks the watch receive on a called peer.
+/// Bit of an [`OpId`](na_core::OpId) that marks the watch receive on a called peer.
 pub(super) const WATCH_OP: u64 = 1 << 61;
 
 /// Tag of request messages (unexpected messages; receivers route on the

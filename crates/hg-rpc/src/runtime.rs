@@ -73,7 +73,7 @@ struct Shared {
     /// Times the driver went to sleep on the fd (`RpcStats::driver_sleeps`).
     sleeps: AtomicU64,
     /// Requests whose handler task was dropped unanswered while the engine
-    /// was locked (see [`AnswerIfDropped`]): answered by the next
+    /// was locked (see [`AnswerIfDropped`](handlers::AnswerIfDropped)): answered by the next
     /// `spawn_deferred` (each driver turn runs one).
     orphans: Mutex<Vec<crate::engine::DeferredRequest>>,
     /// `orphans` is not empty (checked without its lock).

@@ -134,7 +134,7 @@ const DROPPED_HANDLER: &str =
 /// the answer; then it is left unanswered, with a warning). With the
 /// engine locked (by this thread: a task dropped inside `spawn`; or by
 /// another), the request waits in `Shared::orphans` for the next turn.
-struct AnswerIfDropped {
+pub(super) struct AnswerIfDropped {
     req: Option<crate::engine::DeferredRequest>,
     shared: std::sync::Weak<Shared>,
     transfers: Arc<ctx::HandlerTransfers>,

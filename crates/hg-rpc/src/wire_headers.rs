@@ -4,7 +4,7 @@
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_CHECKSUM, FLAG_RESPONSE};
 /// The header of the response to `request`: it carries a checksum if the
-/// request did (the origin's choice, see [`Engine::set_checksums`]).
+/// request did (the origin's choice, see [`Engine::set_checksums`](crate::Engine::set_checksums)).
 pub(super) fn response_header(request: &Header, status: Status) -> Header {
     header(
         FLAG_RESPONSE | (request.flags & FLAG_CHECKSUM),

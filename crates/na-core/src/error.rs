@@ -9,6 +9,7 @@ use std::io;
 /// variant names the failing operation and carries the context needed to act
 /// on it (the peer, the size, the `io::Error` from the kernel).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NaError {
     /// The address string could not be parsed by any plugin.
     #[error("invalid address {uri:?}: {reason}")]

@@ -12,7 +12,11 @@ use crate::op::{Completion, OpId, Report, Tag};
 use crate::rma::Rma;
 
 /// Counters every plugin keeps; read them with [`Plugin::stats`].
+///
+/// Non-exhaustive (a later version adds counters): a plugin outside this
+/// crate starts from `PluginStats::default()` and sets the fields it keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PluginStats {
     /// Messages sent (both kinds).
     pub msgs_sent: u64,

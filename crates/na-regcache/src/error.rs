@@ -4,6 +4,7 @@ use std::io;
 
 /// Errors of `na-regcache`, one variant per failing operation.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An environment variable holds a value the cache cannot use.
     #[error("invalid {var}={value:?}: {reason}")]

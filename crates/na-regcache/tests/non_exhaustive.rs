@@ -37,11 +37,10 @@ fn cache_stats_cannot_be_built_by_a_struct_expression_outside_the_crate() {
         PROBE_LIB,
     );
     probe.assert_compiles("");
-    let (ok, err) = probe.check("literal");
-    assert!(!ok, "CacheStats was built by a struct expression");
-    assert!(
-        err.lines()
-            .any(|l| l.contains("E0639") && l.contains("non-exhaustive")),
-        "the struct expression was refused, but not for the attribute:\n{err}"
+    probe.assert_refused_as(
+        "literal",
+        "E0639",
+        "non-exhaustive",
+        "CacheStats was built by a struct expression",
     );
 }

@@ -402,7 +402,7 @@ impl<'a> Channel<'a> {
         Ok(self.try_send_len(tx, kind, tag, parts, len))
     }
 
-    /// [`try_send`](Self::try_send) of parts whose lengths add up to
+    /// `try_send` (a test hook) of parts whose lengths add up to
     /// `len`, at most [`BUF_SIZE`] (the caller summed and bounded them
     /// already, checked: see `na_core::msgbuf::parts_len`). Crate-private:
     /// a `len` that is not the parts' sum, or past `BUF_SIZE`, would write

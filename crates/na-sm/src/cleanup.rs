@@ -68,6 +68,7 @@ const OWNER_VERSION: u32 = 2;
 
 /// What [`cleanup_stale`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CleanupReport {
     /// Files removed (nobody holds their owner's lock; for files without
     /// one, the owner's pid is gone or was reused).

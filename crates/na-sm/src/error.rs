@@ -7,6 +7,7 @@ use na_core::NaError;
 
 /// Everything that can go wrong in the shared-memory plugin.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SmError {
     /// A configuration value (field or environment variable) is invalid.
     #[error("invalid configuration {name}={value:?}: {reason}")]

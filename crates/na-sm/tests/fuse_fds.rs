@@ -6,14 +6,14 @@
 //! is a request to its daemon, which the peer is, and which waits
 //! (killable only) for an answer that need never come. A peer may mount
 //! one without privileges (`fusermount`, or a user namespace); here a
-//! forked child mounts one in a mount namespace of its own and passes
-//! the `O_PATH` descriptor of its root in its hello.
+//! forked child mounts one in a mount namespace of its own
+//! ([`fork_fuse_peer`]) and passes the `O_PATH` descriptor of its root
+//! in its hello.
 //!
 //! Each test runs alone in a process of its own ([`jam::alone`]): the
 //! closing threads and their queue are the process's.
 
-use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -22,39 +22,28 @@ use na_core::Plugin;
 
 mod common;
 mod jam;
-use common::{sys, KillOnDrop};
+use common::fuse_peer::fork_fuse_peer;
+use common::sys;
 use jam::{alone, listener, serves_an_honest_client};
 
 /// How long a progress call may take (generous: a loaded box; one that
 /// waits on the peer's daemon never comes back at all).
 const BOUND: Duration = Duration::from_secs(10);
 
-/// The hostile connector (a forked child): mounts a FUSE file system
-/// that never answers at `mnt`, sends a hello carrying its root's
-/// descriptor (twice: the count a hello has) to the listener's socket
-/// `path`, says on `status` whether it could (`U`: it may not mount
-/// here, `S`: sent), then waits to be killed (its death closes the
-/// daemon's end, which ends every request still waiting).
-fn hostile_connector(mnt: &std::path::Path, path: &std::path::Path, status: std::fs::File) -> i32 {
-    let (_dev, root) = match sys::unanswered_fuse(mnt) {
-        Ok(fds) => fds,
-        Err(_) => {
-            sys::write(status.as_fd(), b"U");
-            return 0;
-        }
-    };
+/// The hostile connector's part (in the forked FUSE peer, once its file
+/// system is mounted): sends a hello carrying the descriptor of the
+/// mount's root (twice: the count a hello has) to the listener's socket
+/// `path`.
+fn send_fuse_hello(path: &std::path::Path, root: &OwnedFd) -> Result<(), i32> {
     let Ok(sock) = UnixStream::connect(path) else {
-        return 2;
+        return Err(2);
     };
     let hello = na_sm::conn::encode_hello(&format!("{}-fuse", std::process::id()));
     let fd = root.as_raw_fd();
     if sys::send_fds(sock.as_fd(), &hello, &[fd, fd]).is_err() {
-        return 3;
+        return Err(3);
     }
-    sys::write(status.as_fd(), b"S");
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    Ok(())
 }
 
 #[test]
@@ -63,32 +52,11 @@ fn a_descriptor_of_the_peers_own_fuse_mount_does_not_stall_the_listener() {
         "a_descriptor_of_the_peers_own_fuse_mount_does_not_stall_the_listener",
         || {
             let (dir, srv, uri, path) = listener("fuse-fds");
-            let mnt = std::env::temp_dir().join(format!("qs-sm-fuse-mnt-{}", std::process::id()));
-            let _ = std::fs::remove_dir(&mnt);
-            std::fs::create_dir_all(&mnt).unwrap();
-            let (mut status_r, status_w) = common::pipe();
-            let child = sys::fork();
-            assert!(child >= 0, "fork");
-            if child == 0 {
-                drop(status_r);
-                let code = hostile_connector(&mnt, &path, status_w);
-                sys::exit_now(code);
-            }
-            let kill = KillOnDrop(child);
-            drop(status_w);
-            let mut said = [0u8; 1];
-            status_r
-                .read_exact(&mut said)
-                .expect("the connector said nothing");
-            if said[0] == b'U' {
-                na_core::testing::report_not_run(
-                    "na-sm fuse_fds: this process may not mount a FUSE file system \
-                     (no CAP_SYS_ADMIN, no /dev/fuse)",
-                );
-                let _ = std::fs::remove_dir(&mnt);
+            let peer = fork_fuse_peer("fuse", "fuse_fds", |_, (_dev, root)| send_fuse_hello(&path, root));
+            let Some(peer) = peer else {
                 let _ = std::fs::remove_dir_all(&dir);
                 return;
-            }
+            };
             // Progress on a thread of its own: a call held by the daemon
             // shows as one that does not come back.
             let (done, answer) = mpsc::channel();
@@ -103,9 +71,8 @@ fn a_descriptor_of_the_peers_own_fuse_mount_does_not_stall_the_listener() {
             });
             let refused = answer.recv_timeout(BOUND);
             // Ends the daemon, which lets a held call go, so the test ends.
-            drop(kill);
+            drop(peer);
             let mut srv = server.join().unwrap();
-            let _ = std::fs::remove_dir(&mnt);
             let Ok(refused) = refused else {
                 let _ = std::fs::remove_dir_all(&dir);
                 panic!(

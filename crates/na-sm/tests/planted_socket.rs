@@ -7,10 +7,9 @@
 //! daemon's answer to its lookup of the target. `try_lookup`, which never
 //! waits, would wait for as long as the daemon lived, and `lookup` past
 //! its bound. A forked child mounts such a file system in a mount
-//! namespace of its own (reached through its `/proc/<pid>/root`) and
-//! plants the link under its own name.
+//! namespace of its own ([`fork_fuse_peer`]; reached through its
+//! `/proc/<pid>/root`) and plants the link under its own name.
 
-use std::io::Read;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -18,61 +17,34 @@ use na_core::{Plugin, PluginId};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{private_dir, sys, KillOnDrop};
+use common::fuse_peer::fork_fuse_peer;
+use common::private_dir;
 
 /// How long a lookup may take (generous: a loaded box; one held by the
 /// daemon never comes back at all).
 const BOUND: Duration = Duration::from_secs(10);
 
-/// The hostile peer (a forked child): mounts a FUSE file system that
-/// never answers at `mnt`, plants `<dir>/<pid>-trap.sock` as a link to a
-/// name inside it, says on `status` whether it could (`U`: it may not
-/// mount here, `S`: planted), then waits to be killed.
-fn planter(dir: &std::path::Path, mnt: &std::path::Path, status: std::fs::File) -> i32 {
-    use std::os::fd::AsFd;
-    let Ok(_fuse) = sys::unanswered_fuse(mnt) else {
-        sys::write(status.as_fd(), b"U");
-        return 0;
-    };
+/// The hostile peer's part (in the forked FUSE peer, once its file
+/// system is mounted at `mnt`): plants `<dir>/<pid>-trap.sock` as a link
+/// to a name inside it.
+fn plant(dir: &std::path::Path, mnt: &std::path::Path) -> Result<(), i32> {
     let me = std::process::id();
     let target = format!("/proc/{me}/root{}/sock", mnt.display());
     if std::os::unix::fs::symlink(target, dir.join(format!("{me}-trap.sock"))).is_err() {
-        return 2;
+        return Err(2);
     }
-    sys::write(status.as_fd(), b"S");
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    Ok(())
 }
 
 #[test]
 fn a_link_planted_under_a_sockets_name_does_not_hold_a_lookup() {
     let dir = private_dir("planted-socket");
-    let mnt = std::env::temp_dir().join(format!("qs-sm-planted-mnt-{}", std::process::id()));
-    let _ = std::fs::remove_dir(&mnt);
-    std::fs::create_dir_all(&mnt).unwrap();
-    let (mut status_r, status_w) = common::pipe();
-    let child = sys::fork();
-    assert!(child >= 0, "fork");
-    if child == 0 {
-        drop(status_r);
-        let code = planter(&dir, &mnt, status_w);
-        sys::exit_now(code);
-    }
-    let kill = KillOnDrop(child);
-    drop(status_w);
-    let mut said = [0u8; 1];
-    status_r.read_exact(&mut said).expect("the peer said nothing");
-    if said[0] == b'U' {
-        na_core::testing::report_not_run(
-            "na-sm planted_socket: this process may not mount a FUSE file system \
-             (no CAP_SYS_ADMIN, no /dev/fuse)",
-        );
-        let _ = std::fs::remove_dir(&mnt);
+    let peer = fork_fuse_peer("planted", "planted_socket", |mnt, _| plant(&dir, mnt));
+    let Some(peer) = peer else {
         let _ = std::fs::remove_dir_all(&dir);
         return;
-    }
-    let uri = format!("sm://{child}-trap");
+    };
+    let uri = format!("sm://{}-trap", peer.pid);
     let (done, answer) = mpsc::channel();
     let looker = {
         let dir = dir.clone();
@@ -86,9 +58,8 @@ fn a_link_planted_under_a_sockets_name_does_not_hold_a_lookup() {
     };
     let answers: Vec<_> = (0..2).map_while(|_| answer.recv_timeout(BOUND).ok()).collect();
     // Ends the daemon, which lets a held lookup go, so the test ends.
-    drop(kill);
+    drop(peer);
     let _ = looker.join();
-    let _ = std::fs::remove_dir(&mnt);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
         answers.len(),

@@ -8,7 +8,8 @@
 //! build of its own (offline, its own target directory, the workspace's
 //! lock file so that it resolves to what is already in the local
 //! registry), with the probe's features chosen per run. Used by na-sm's
-//! and na-verbs' `test_hooks_hidden.rs` and na-regcache's `unsafe_api.rs`.
+//! and na-verbs' `test_hooks_hidden.rs`, na-regcache's `unsafe_api.rs`, and
+//! na-core's and na-regcache's `non_exhaustive.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -86,6 +87,20 @@ impl Probe {
                 .filter(|l| l.contains("error["))
                 .all(|l| hidden.iter().any(|n| l.contains(&format!("`{n}`")))),
             "features {features:?}: something else was refused (the API must stay reachable):\n{err}"
+        );
+    }
+
+    /// Panics unless the probe, built with `features`, fails with an error
+    /// `code` (`E0639`, say) whose line holds `because` (the words that
+    /// tie the refusal to its cause, e.g. `non-exhaustive`); `what` says
+    /// what compiled where it should not.
+    #[track_caller]
+    pub fn assert_refused_as(&self, features: &str, code: &str, because: &str, what: &str) {
+        let (ok, err) = self.check(features);
+        assert!(!ok, "{what}");
+        assert!(
+            err.lines().any(|l| l.contains(code) && l.contains(because)),
+            "features {features:?} were refused, but not with {code} and {because:?}:\n{err}"
         );
     }
 

@@ -11,6 +11,7 @@ pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
 /// and librdmacm report through `errno` or a returned errno value) and a
 /// context string that says which object was involved.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VerbsError {
     /// libibverbs lists no RDMA device at all on this host.
     #[error(

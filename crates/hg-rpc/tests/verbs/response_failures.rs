@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use hg_rpc::{Engine, RpcError};
+use hg_rpc::{CallId, Engine, Rpc, RpcError, RpcStats};
 use na_core::{Endpoint, Plugin, ProgressMode};
 
 use super::eager_limits::call_within;
@@ -53,6 +53,40 @@ fn drive(c: &mut Engine, srv: &mut Engine, turns: usize) {
             e.trigger().expect("trigger");
         }
     }
+}
+
+/// Drives both engines until the server counted two failed sends
+/// (within [`T`]; `what` names the two in the failure message), then
+/// more turns, and asserts that nothing else was sent for them: two sends
+/// failed, one response replaced, one dropped. Returns the server's stats.
+fn two_sends_fail_and_no_more(c: &mut Engine, srv: &mut Engine, what: &str) -> RpcStats {
+    let end = Instant::now() + T;
+    while srv.stats().sends_failed < 2 {
+        assert!(
+            Instant::now() < end,
+            "{what} did not both fail; server {:?}",
+            srv.stats()
+        );
+        drive(c, srv, 1);
+    }
+    // More turns: nothing else is sent for them.
+    drive(c, srv, 200);
+    let st = srv.stats();
+    assert_eq!(
+        (st.sends_failed, st.responses_replaced, st.responses_dropped),
+        (2, 1, 1),
+        "{st:?}"
+    );
+    st
+}
+
+/// Asserts that call `id` (of RPC `R`) has not ended, and abandons it.
+fn assert_call_never_ended<R: Rpc>(c: &mut Engine, id: CallId) {
+    assert!(
+        c.take_response::<R>(id).is_none(),
+        "the call ended although nothing reached it"
+    );
+    c.abandon(id);
 }
 
 /// A response over the server's failing size (an eager output) fails at
@@ -119,33 +153,13 @@ fn a_lost_error_in_place_is_counted_once_and_a_lost_spilled_output_is_let_go_ove
     // An output past the eager limit: exposed, and described by a
     // response that fails.
     let id = c.forward::<Fill>(&s, &(20_000, 5)).expect("forward");
-    let end = Instant::now() + T;
-    while srv.stats().sends_failed < 2 {
-        assert!(
-            Instant::now() < end,
-            "the response and its error did not both fail; server {:?}",
-            srv.stats()
-        );
-        drive(&mut c, &mut srv, 1);
-    }
-    // More turns: nothing else is sent for them.
-    drive(&mut c, &mut srv, 200);
-    let st = srv.stats();
-    assert_eq!(
-        (st.sends_failed, st.responses_replaced, st.responses_dropped),
-        (2, 1, 1),
-        "{st:?}"
-    );
+    let st = two_sends_fail_and_no_more(&mut c, &mut srv, "the response and its error");
     assert_eq!(
         (st.exposed_outputs, st.exposed_bytes),
         (0, 0),
         "the lost response's output is still exposed: {st:?}"
     );
-    assert!(
-        c.take_response::<Fill>(id).is_none(),
-        "the call ended although nothing reached it"
-    );
-    c.abandon(id);
+    assert_call_never_ended::<Fill>(&mut c, id);
 }
 
 /// A server that answers every call of [`Sleep`] busy (a deferred handler
@@ -194,25 +208,6 @@ fn a_busy_answer_sent_again_is_not_sent_a_third_time_over_verbs() {
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
     let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
     let id = c.forward::<Sleep>(&s, &1).expect("forward");
-    let end = Instant::now() + T;
-    while srv.stats().sends_failed < 2 {
-        assert!(
-            Instant::now() < end,
-            "the busy answer and its second try did not both fail; server {:?}",
-            srv.stats()
-        );
-        drive(&mut c, &mut srv, 1);
-    }
-    drive(&mut c, &mut srv, 200);
-    let st = srv.stats();
-    assert_eq!(
-        (st.sends_failed, st.responses_replaced, st.responses_dropped),
-        (2, 1, 1),
-        "{st:?}"
-    );
-    assert!(
-        c.take_response::<Sleep>(id).is_none(),
-        "the call ended although nothing reached it"
-    );
-    c.abandon(id);
+    two_sends_fail_and_no_more(&mut c, &mut srv, "the busy answer and its second try");
+    assert_call_never_ended::<Sleep>(&mut c, id);
 }

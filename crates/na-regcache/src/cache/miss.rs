@@ -20,7 +20,7 @@ use crate::stats::Stats;
 /// each was being made ([`Error::Unstable`] after them). Registrations
 /// thrown away because a discard of the span settled do not count (see
 /// `settle`: they have their own bound).
-const ATTEMPTS: usize = 3;
+pub(super) const ATTEMPTS: usize = 3;
 
 /// Why a miss threw its registration away and registers again.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 //! change").
 //!
 //! Both are bounded per call, apart from the retries for a mapping that
-//! changed while it was registered ([`super::ATTEMPTS`], then
+//! changed while it was registered ([`super::miss::ATTEMPTS`], then
 //! [`Error::Unstable`](crate::Error::Unstable)): settling never uses up
 //! those attempts, and a miss never waits more than [`SETTLE_BUDGET`] in
 //! all. Worst case of one call: [`SETTLE_BUDGET`] of waiting (plus the

@@ -254,6 +254,7 @@ const REQUIRED: u64 = uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMOVE | u
 
 /// Counters of the userfaultfd reader and of [`Monitor::sync`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UffdCounters {
     /// UNMAP events read.
     pub unmap: u64,

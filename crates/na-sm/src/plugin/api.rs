@@ -337,13 +337,13 @@ impl Plugin for SmPlugin {
             .iter()
             .filter(|p| p.addr.token() != self.self_tok)
             .count() as u64;
-        PluginStats {
-            in_flight: (self.ops.len() + self.matcher.posted_unexpected()) as u64,
-            queued_arrivals: self.held_total() as u64,
-            peers,
-            peer_entries: peers,
-            backlog_bytes: self.backlog_total.bytes() as u64,
-            ..self.stats
-        }
+        // `PluginStats` is non-exhaustive: no struct expression out of na-core.
+        let mut stats = self.stats;
+        stats.in_flight = (self.ops.len() + self.matcher.posted_unexpected()) as u64;
+        stats.queued_arrivals = self.held_total() as u64;
+        stats.peers = peers;
+        stats.peer_entries = peers;
+        stats.backlog_bytes = self.backlog_total.bytes() as u64;
+        stats
     }
 }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod fuse_peer;
 pub mod sys;
 
 /// A new, empty socket directory private to this user (mode 0700, as sm

@@ -16,6 +16,7 @@ const LINK_LAYER_ETHERNET: u8 = 2;
 
 /// Name and identity of one RDMA device, as listed by libibverbs.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// Kernel device name (`rxe0`, `mlx5_0`, ...).
     pub name: String,

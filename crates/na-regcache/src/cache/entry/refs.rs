@@ -34,7 +34,8 @@ pub const MAX_HANDLES: usize = INDEXED >> 1;
 /// in one word. The last handle's drop and the table taking the entry out
 /// of the index (under the write lock) thus see each other's change, and
 /// the counts of entries in use inside and outside the index
-/// ([`Stats::busy_cached`], [`Stats::busy_outside`]) stay exact: the
+/// ([`Stats::busy_cached`](crate::stats::Stats::busy_cached),
+/// [`Stats::busy_outside`](crate::stats::Stats::busy_outside)) stay exact: the
 /// table tells from them, without a sweep, that no cached entry is idle.
 pub(crate) struct Refs(pub(super) AtomicUsize);
 

@@ -12,7 +12,8 @@ use crate::sys::mem::{page_size, Scratch};
 use crate::sys::uffd::{self, Uffd, UffdEvent, UffdMsg};
 
 impl Shared {
-    /// [`Monitor::sync`] (`in_flight` false) or [`Monitor::sync_in_flight`].
+    /// [`Monitor::sync`](crate::monitor::Monitor::sync) (`in_flight` false) or
+    /// [`Monitor::sync_in_flight`](crate::monitor::Monitor::sync_in_flight).
     /// Afterwards, if a REMOVE range (perhaps marked in the round just
     /// waited for) waits for its settle time to start, probes and starts it:
     /// the flag and the mark serial are loaded before the probe, so a quiet
