@@ -47,6 +47,33 @@ impl CapturedLog {
             .map(str::to_owned)
             .collect()
     }
+
+    /// Asserts the throttled-warning rule for `n` occurrences of a line
+    /// containing `what`: warned at the 1st, 2nd, 4th, 8th... occurrence
+    /// only, each warning carrying `{count}={k}` (the running count), and
+    /// every other occurrence logged once at debug level.
+    ///
+    /// # Panics
+    /// If the log breaks the rule (this is a test assertion).
+    pub fn assert_throttled(&self, what: &str, count: &str, n: u64) {
+        let warned = self.lines_at("WARN", what);
+        let debug = self.lines_at("DEBUG", what).len() as u64;
+        let powers: Vec<u64> = (0..64).map(|k| 1u64 << k).take_while(|&p| p <= n).collect();
+        assert_eq!(
+            warned.len(),
+            powers.len(),
+            "{n} of {what:?}: warned at {powers:?} only: {warned:#?}"
+        );
+        for (w, p) in warned.iter().zip(&powers) {
+            assert!(w.contains(&format!("{count}={p}")), "expected {count}={p}: {w}");
+        }
+        assert_eq!(
+            debug + warned.len() as u64,
+            n,
+            "every one of {what:?} logged once:\n{}",
+            self.text()
+        );
+    }
 }
 
 impl Write for CapturedLog {
