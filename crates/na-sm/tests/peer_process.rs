@@ -8,9 +8,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use na_core::{Addr, Endpoint, OpId, PeerProcess, Plugin, PluginId, ProgressMode};
+use na_core::{Addr, Endpoint, OpId, PeerProcess};
 use na_sm::sys::proc::start_time;
-use na_sm::{SmConfig, SmPlugin};
 
 mod common;
 use common::private_dir;
@@ -20,19 +19,7 @@ const PEER_ENV: &str = "QS_SM_PEER_PROCESS_PEER";
 /// Set in the peer's environment: the socket directory.
 const PEER_DIR_ENV: &str = "QS_SM_PEER_PROCESS_DIR";
 
-/// An endpoint with one sm instance (listening or not) in `dir`.
-fn endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, PluginId) {
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    }
-    .with_dir(dir);
-    let mut ep = Endpoint::new(ProgressMode::Busy).unwrap();
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    (ep, id)
-}
+use common::busy_endpoint as endpoint;
 
 /// Two client instances connect to `srv` and each sends its pid; then the
 /// process waits (it is killed by the test; 30 s at most).

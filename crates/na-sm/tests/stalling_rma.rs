@@ -15,8 +15,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use na_core::{Access, Endpoint, MemHandle, OpId, Plugin, ProgressMode, RemoteMem, RemoteSegment};
-use na_sm::{SmConfig, SmPlugin};
+use na_core::{Access, MemHandle, OpId, RemoteMem, RemoteSegment};
 
 mod common;
 use common::{private_dir, sys, KillOnDrop};
@@ -26,19 +25,7 @@ use common::{private_dir, sys, KillOnDrop};
 /// microseconds).
 const BOUND: Duration = Duration::from_secs(10);
 
-/// A busy endpoint with one sm plugin in `dir`, listening or not.
-fn endpoint(dir: &std::path::Path, listen: bool) -> (Endpoint, na_core::PluginId) {
-    let cfg = SmConfig {
-        listen,
-        ..SmConfig::default()
-    }
-    .with_dir(dir);
-    let mut ep = Endpoint::new(ProgressMode::Busy).unwrap();
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .unwrap();
-    (ep, id)
-}
+use common::busy_endpoint as endpoint;
 
 /// The hostile peer (a forked child): a page of memory that stalls every
 /// access, described to the listener at `uri` in an unexpected message;
