@@ -1,0 +1,692 @@
+//! A storage service's story, written from the README, `docs/` and the
+//! rustdoc alone: a server process with two contexts (one driven through
+//! the blocking API with a plain bulk handler, one an `AsyncEngine` with
+//! an async bulk handler), and a client process with 200 calls in flight
+//! at once: 1 MiB inputs that spill, small ones, and a transform that
+//! pulls a multi-segment client buffer at an offset, transforms it and
+//! pushes the result into a second client handle; some calls dropped
+//! mid-flight. Then every counter the client and the server keep is
+//! checked against what the test itself saw.
+//!
+//! The server is this test binary run again (`the_story_server`, ignored
+//! unless started by the story with its socket directory in
+//! `QS_USER_STORY_SERVER`): it prints `CTX <i> <uri>` per context and
+//! exits when its standard input closes, so a test killed mid-run leaves
+//! no server behind.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hg_rpc::{Access, AsyncEngine, Bulk, BulkOp, Engine, PluginStats, Rpc, RpcError};
+use serde::{Deserialize, Serialize};
+
+mod common;
+use common::{client, dir, endpoint, pattern, Server};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod testpeer_rpcs;
+
+/// The variable that makes `the_story_server` serve, in this directory.
+const SERVER_ENV: &str = "QS_USER_STORY_SERVER";
+/// Calls in flight at once.
+const CALLS: usize = 200;
+/// A spilled input.
+const MIB: usize = 1 << 20;
+/// Every wait of the story: generous, for a loaded 2-core machine.
+const T: Duration = Duration::from_secs(60);
+/// A [`Ping`] of this or more does not sleep.
+const NO_SLEEP: u64 = 10_000;
+/// How long the server sleeps in a call the client drops.
+const SLOW_MS: u64 = 8000;
+
+/// Pull `len` bytes of `src` at `offset`, transform them ([`transform`]),
+/// push the result into `dst` at `dst_offset`; answers the result's
+/// checksum.
+struct Transform;
+impl Rpc for Transform {
+    const NAME: &'static str = "story.transform";
+    type Input = TransformReq;
+    type Output = u64;
+}
+
+/// [`Transform`]'s input.
+#[derive(Serialize, Deserialize)]
+struct TransformReq {
+    src: Bulk,
+    offset: u64,
+    len: u64,
+    dst: Bulk,
+    dst_offset: u64,
+}
+
+/// Length and checksum of the input (1 MiB: it spills).
+struct Digest;
+impl Rpc for Digest {
+    const NAME: &'static str = "story.digest";
+    type Input = Vec<u8>;
+    type Output = (u64, u64);
+}
+
+/// Answers the context's index and the input plus one; sleeps the input's
+/// milliseconds first when it is below [`NO_SLEEP`] (a slow call, to be
+/// dropped while the server still runs it).
+struct Ping;
+impl Rpc for Ping {
+    const NAME: &'static str = "story.ping";
+    type Input = u64;
+    type Output = (u64, u64);
+}
+
+/// What a server context did, by its own account and by its counters.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+struct Report {
+    /// `RpcStats::handled`.
+    handled: u64,
+    /// `RpcStats::malformed` + `version_mismatches` + `sends_failed` +
+    /// `responses_dropped` + `responses_replaced` + `pulls_refused` +
+    /// `deferred_refused`: all 0 in a healthy run.
+    trouble: u64,
+    /// `RpcStats::bulk_in_flight`.
+    bulk_in_flight: u64,
+    /// `PluginStats::get_bytes` / `put_bytes` of the context's plugin.
+    get_bytes: u64,
+    put_bytes: u64,
+    /// What the handlers counted: requests, bytes pulled and pushed by
+    /// `Transform`, spilled `Digest` inputs.
+    requests: u64,
+    pulled: u64,
+    pushed: u64,
+    digests_spilled: u64,
+}
+
+/// A context's [`Report`].
+struct Stats;
+impl Rpc for Stats {
+    const NAME: &'static str = "story.stats";
+    type Input = ();
+    type Output = Report;
+}
+
+fn transform(data: &[u8]) -> Vec<u8> {
+    data.iter()
+        .rev()
+        .map(|b| b.wrapping_mul(3).wrapping_add(1))
+        .collect()
+}
+
+fn checksum(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// What a context's handlers counted (shared with its stats handler).
+#[derive(Default)]
+struct Counted {
+    requests: AtomicU64,
+    pulled: AtomicU64,
+    pushed: AtomicU64,
+    digests_spilled: AtomicU64,
+}
+
+impl Counted {
+    fn add(&self, what: &AtomicU64, n: u64) {
+        what.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn report(&self, s: &hg_rpc::RpcStats, p: &PluginStats) -> Report {
+        Report {
+            handled: s.handled,
+            trouble: s.malformed
+                + s.version_mismatches
+                + s.sends_failed
+                + s.responses_dropped
+                + s.responses_replaced
+                + s.pulls_refused
+                + s.deferred_refused,
+            bulk_in_flight: s.bulk_in_flight,
+            get_bytes: p.get_bytes,
+            put_bytes: p.put_bytes,
+            requests: self.requests.load(Ordering::Relaxed),
+            pulled: self.pulled.load(Ordering::Relaxed),
+            pushed: self.pushed.load(Ordering::Relaxed),
+            digests_spilled: self.digests_spilled.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The checks a handler makes on a length a client sent before it
+/// allocates that much.
+fn checked_len(len: u64) -> Result<usize, String> {
+    match usize::try_from(len) {
+        Ok(n) if n <= 4 * MIB => Ok(n),
+        _ => Err(format!(
+            "a transform of {len} bytes: at most {} per call",
+            4 * MIB
+        )),
+    }
+}
+
+/// The plain handlers both contexts share.
+fn ping(ctx: u64, x: u64) -> Result<(u64, u64), String> {
+    if x < NO_SLEEP {
+        std::thread::sleep(Duration::from_millis(x));
+    }
+    Ok((ctx, x + 1))
+}
+
+/// Context 0: a blocking engine on a thread of its own, its transform a
+/// plain handler with a [`hg_rpc::BulkCtx`].
+fn blocking_context(dir: &std::path::Path) -> Result<String, Box<dyn std::error::Error>> {
+    let (ep, id) = endpoint(dir, true);
+    let mut e = Engine::new(ep, id)?;
+    let counted = Arc::new(Counted::default());
+    let c = counted.clone();
+    e.register_with_bulk::<Transform>(move |ctx, req| {
+        c.add(&c.requests, 1);
+        let n = checked_len(req.len)?;
+        let local = ctx.expose(vec![vec![0; n]], Access::ReadWrite)?;
+        ctx.transfer(BulkOp::Pull, &req.src, req.offset, &local, 0, req.len)?;
+        c.add(&c.pulled, req.len);
+        let mem = local.local().ok_or("a handle exposed here is local")?;
+        let out = transform(&mem.to_vec());
+        mem.write_at(0, &out).map_err(|e| e.to_string())?;
+        ctx.transfer(BulkOp::Push, &req.dst, req.dst_offset, &local, 0, req.len)?;
+        c.add(&c.pushed, req.len);
+        Ok(checksum(&out))
+    })?;
+    let c = counted.clone();
+    e.register::<Digest>(move |data| {
+        c.add(&c.requests, 1);
+        if data.len() >= MIB {
+            c.add(&c.digests_spilled, 1);
+        }
+        Ok((data.len() as u64, checksum(&data)))
+    })?;
+    let c = counted.clone();
+    e.register::<Ping>(move |x| {
+        c.add(&c.requests, 1);
+        ping(0, x)
+    })?;
+    // A plain handler has no way to its own engine's counters: the loop
+    // publishes them after every turn.
+    let published = Arc::new(Mutex::new(Report::default()));
+    let p = published.clone();
+    e.register::<Stats>(move |()| Ok(*p.lock().map_err(|_| "poisoned")?))?;
+    let uri = e.self_addr().uri().to_owned();
+    std::thread::spawn(move || loop {
+        if let Err(err) = e
+            .progress(Some(Duration::from_millis(50)))
+            .and_then(|_| e.trigger())
+        {
+            eprintln!("story server context 0: {err}");
+            std::process::exit(3);
+        }
+        let report = counted.report(&e.stats(), &e.transport_stats());
+        match published.lock() {
+            Ok(mut p) => *p = report,
+            Err(_) => std::process::exit(3),
+        }
+    });
+    Ok(uri)
+}
+
+/// Context 1: an [`AsyncEngine`], its transform an async handler with an
+/// [`hg_rpc::AsyncBulkCtx`].
+fn async_context(
+    dir: &std::path::Path,
+    rt: &tokio::runtime::Runtime,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let _in_rt = rt.enter();
+    let (ep, id) = endpoint(dir, true);
+    let engine = Arc::new(AsyncEngine::spawn(Engine::new(ep, id)?)?);
+    let counted = Arc::new(Counted::default());
+    let c = counted.clone();
+    engine.register_async_with_bulk::<Transform, _, _>(move |ctx, req| {
+        let c = c.clone();
+        async move {
+            c.add(&c.requests, 1);
+            let n = checked_len(req.len)?;
+            let local = ctx
+                .expose(vec![vec![0; n]], Access::ReadWrite)
+                .map_err(|e| e.to_string())?;
+            ctx.transfer(BulkOp::Pull, &req.src, req.offset, &local, 0, req.len, T)
+                .await
+                .map_err(|e| e.to_string())?;
+            c.add(&c.pulled, req.len);
+            let mem = local.local().ok_or("a handle exposed here is local")?;
+            let out = transform(&mem.to_vec());
+            mem.write_at(0, &out).map_err(|e| e.to_string())?;
+            ctx.transfer(BulkOp::Push, &req.dst, req.dst_offset, &local, 0, req.len, T)
+                .await
+                .map_err(|e| e.to_string())?;
+            c.add(&c.pushed, req.len);
+            Ok(checksum(&out))
+        }
+    })?;
+    let c = counted.clone();
+    engine.register_async::<Digest, _, _>(move |data| {
+        let c = c.clone();
+        async move {
+            c.add(&c.requests, 1);
+            if data.len() >= MIB {
+                c.add(&c.digests_spilled, 1);
+            }
+            Ok((data.len() as u64, checksum(&data)))
+        }
+    })?;
+    let c = counted.clone();
+    engine.register_async::<Ping, _, _>(move |x| {
+        let c = c.clone();
+        async move {
+            c.add(&c.requests, 1);
+            if x < NO_SLEEP {
+                tokio::time::sleep(Duration::from_millis(x)).await;
+            }
+            Ok((1, x + 1))
+        }
+    })?;
+    let weak = Arc::downgrade(&engine);
+    engine.register_async::<Stats, _, _>(move |()| {
+        let (weak, c) = (weak.clone(), counted.clone());
+        async move {
+            let e = weak.upgrade().ok_or("the engine is gone")?;
+            Ok(c.report(&e.stats(), &e.transport_stats()))
+        }
+    })?;
+    let uri = engine.self_addr().uri().to_owned();
+    // Served until the process exits.
+    std::mem::forget(engine);
+    Ok(uri)
+}
+
+/// The server process (see the module's doc).
+#[test]
+#[ignore = "the server process of the_service_story, which starts it"]
+fn the_story_server() {
+    let Some(dir) = std::env::var_os(SERVER_ENV) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::thread::spawn(|| {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        std::process::exit(0);
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ctx0 = blocking_context(&dir).unwrap();
+    let ctx1 = async_context(&dir, &rt).unwrap();
+    println!("CTX 0 {ctx0}");
+    println!("CTX 1 {ctx1}");
+    std::thread::sleep(T * 5);
+    panic!("the story server was not stopped within {:?}", T * 5);
+}
+
+/// The server process, killed when dropped, and its contexts' addresses.
+struct StoryServer {
+    child: std::process::Child,
+    uris: Vec<String>,
+}
+
+impl StoryServer {
+    fn start(dir: &std::path::Path) -> StoryServer {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "the_story_server", "--ignored", "--nocapture"])
+            .env(SERVER_ENV, dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the story server");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut uris = Vec::new();
+        for line in out.lines() {
+            let line = line.expect("the server's output");
+            if let Some(rest) = line.strip_prefix("CTX ") {
+                let (_, uri) = rest.split_once(' ').expect("CTX <i> <uri>");
+                uris.push(uri.to_owned());
+                if uris.len() == 2 {
+                    break;
+                }
+            }
+        }
+        assert_eq!(uris.len(), 2, "the server did not announce its two contexts");
+        StoryServer { child, uris }
+    }
+}
+
+impl Drop for StoryServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one of the client's calls was.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    /// A 1 MiB `Digest` (spilled input).
+    Spilled,
+    /// A small `Ping`.
+    Small,
+    /// A slow `Ping`, dropped while the server runs it.
+    Dropped,
+    /// A `Transform` within bounds.
+    Transform,
+    /// A `Transform` past the end of its source: a handler error.
+    OutOfRange,
+}
+
+fn kind(i: usize) -> Kind {
+    match i % 10 {
+        0 | 5 => Kind::Spilled,
+        1 | 6 | 8 => Kind::Small,
+        3 | 7 => Kind::Dropped,
+        9 if i % 20 == 9 => Kind::OutOfRange,
+        _ => Kind::Transform,
+    }
+}
+
+/// One call of the story, from its own task: `Ok(true)` if it succeeded
+/// and its answer was right, `Ok(false)` for an error the story expects,
+/// `Err` for anything else.
+async fn one_call(
+    e: Arc<AsyncEngine>,
+    to: hg_rpc::Addr,
+    i: usize,
+    started: Arc<AtomicBool>,
+) -> Result<bool, String> {
+    started.store(true, Ordering::SeqCst);
+    match kind(i) {
+        Kind::Spilled => {
+            let data = pattern(MIB, i);
+            let want = (MIB as u64, checksum(&data));
+            let got = e.call::<Digest>(&to, &data, T).await.map_err(|e| e.to_string())?;
+            if got != want {
+                return Err(format!("call {i}: digest {got:?}, expected {want:?}"));
+            }
+            Ok(true)
+        }
+        Kind::Small | Kind::Dropped => {
+            let x = if kind(i) == Kind::Dropped {
+                SLOW_MS
+            } else {
+                NO_SLEEP + i as u64
+            };
+            let (_, y) = e.call::<Ping>(&to, &x, T).await.map_err(|e| e.to_string())?;
+            if y != x + 1 {
+                return Err(format!("call {i}: ping {x} answered {y}"));
+            }
+            Ok(true)
+        }
+        Kind::Transform | Kind::OutOfRange => {
+            // Three segments; the span starts inside the first and ends
+            // inside the third.
+            let segs = vec![pattern(1000, i), pattern(70_000, i + 1), pattern(3000, i + 2)];
+            let whole = segs.concat();
+            let (offset, len) = (500u64, 71_000u64);
+            let offset = if kind(i) == Kind::OutOfRange { 4000 } else { offset };
+            let src = e.expose(segs, Access::ReadOnly).map_err(|e| e.to_string())?;
+            let dst_offset = 5u64;
+            let dst = e
+                .expose(vec![vec![0; 10], vec![0; len as usize + 100]], Access::WriteOnly)
+                .map_err(|e| e.to_string())?;
+            let req = TransformReq {
+                src,
+                offset,
+                len,
+                dst: dst.clone(),
+                dst_offset,
+            };
+            let r = e.call::<Transform>(&to, &req, T).await;
+            drop(req);
+            match (r, kind(i)) {
+                (Ok(sum), Kind::Transform) => {
+                    let want = transform(&whole[offset as usize..(offset + len) as usize]);
+                    let back = dst
+                        .into_buffers()
+                        .map_err(|_| format!("call {i}: dst still in use after the answer"))?
+                        .concat();
+                    let at = dst_offset as usize;
+                    if back[at..at + len as usize] != want[..] || sum != checksum(&want) {
+                        return Err(format!("call {i}: the transform pushed wrong data"));
+                    }
+                    if back[..at]
+                        .iter()
+                        .chain(&back[at + len as usize..])
+                        .any(|&b| b != 0)
+                    {
+                        return Err(format!("call {i}: bytes outside the span were written"));
+                    }
+                    Ok(true)
+                }
+                (Err(RpcError::Handler { message, .. }), Kind::OutOfRange) => {
+                    if !message.contains("4000") && !message.contains("bound") && !message.contains("range") {
+                        return Err(format!(
+                            "call {i}: the out-of-range error does not say so: {message}"
+                        ));
+                    }
+                    Ok(false)
+                }
+                (other, k) => Err(format!("call {i} ({k:?}): {other:?}")),
+            }
+        }
+    }
+}
+
+/// Drives everything (see the module's doc).
+#[test]
+fn the_service_story() {
+    let d = dir("user-story");
+    let server = StoryServer::start(&d);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (ep, id) = endpoint(&d, false);
+        let e = Arc::new(AsyncEngine::spawn(Engine::new(ep, id).unwrap()).unwrap());
+        let mut ctxs = Vec::new();
+        for uri in &server.uris {
+            ctxs.push(e.lookup(uri).await.expect("look the server's context up"));
+        }
+        // Both contexts answer, each as itself.
+        for (i, to) in ctxs.iter().enumerate() {
+            let (ctx, _) = e.call::<Ping>(to, &NO_SLEEP, T).await.unwrap();
+            assert_eq!(ctx, i as u64, "context {i} answered as {ctx}");
+        }
+        let mut tasks = Vec::new();
+        for i in 0..CALLS {
+            let started = Arc::new(AtomicBool::new(false));
+            let to = ctxs[i % 2].clone();
+            let task = tokio::spawn(one_call(e.clone(), to, i, started.clone()));
+            tasks.push((i, started, task));
+        }
+        // Drop each slow call once it is on its way (its request sent:
+        // context 1, the async one, where they all go, sleeps SLOW_MS in
+        // each before it answers).
+        let wait_start = Instant::now();
+        let mut aborted = [false; CALLS];
+        while aborted
+            .iter()
+            .enumerate()
+            .any(|(i, &a)| kind(i) == Kind::Dropped && !a)
+        {
+            assert!(wait_start.elapsed() < T, "the tasks did not start");
+            for (i, started, task) in &tasks {
+                if kind(*i) == Kind::Dropped && !aborted[*i] && started.load(Ordering::SeqCst) {
+                    task.abort();
+                    aborted[*i] = true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (mut ok, mut expected_errors, mut dropped) = (0u64, 0u64, 0u64);
+        for (i, _, task) in tasks {
+            match task.await {
+                Ok(Ok(true)) => ok += 1,
+                Ok(Ok(false)) => expected_errors += 1,
+                Ok(Err(why)) => panic!("{why}"),
+                Err(j) if j.is_cancelled() => {
+                    assert_eq!(kind(i), Kind::Dropped, "call {i} canceled");
+                    dropped += 1
+                }
+                Err(j) => panic!("call {i}: {j}"),
+            }
+        }
+        let dropped_calls = (0..CALLS).filter(|&i| kind(i) == Kind::Dropped).count() as u64;
+        // A slow call could only have finished if the story had been
+        // kept from its loop for SLOW_MS.
+        assert_eq!(dropped, dropped_calls, "slow calls finished before their drop");
+        assert_eq!(
+            expected_errors,
+            (0..CALLS).filter(|&i| kind(i) == Kind::OutOfRange).count() as u64
+        );
+        // Every request the client made went out once: 2 pings first.
+        let forwarded = 2 + CALLS as u64;
+        // The client's own counters, once the dropped calls' answers came
+        // (and were discarded: a dropped call's answer is stray).
+        let end = Instant::now() + T;
+        let s = loop {
+            let s = e.stats();
+            if s.in_flight == 0 && s.stray_responses + s.abandoned_inputs >= dropped {
+                break s;
+            }
+            assert!(Instant::now() < end, "the client did not settle: {s:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(s.calls, forwarded, "{s:?}");
+        assert_eq!(s.errors, expected_errors, "{s:?}");
+        assert_eq!(s.stray_responses, dropped, "{s:?}");
+        assert_eq!(s.succeeded, ok + 2, "{s:?}");
+        assert_eq!(s.abandoned, dropped, "{s:?}");
+        assert_eq!(
+            s.calls,
+            s.succeeded + s.errors + s.abandoned,
+            "every call ended as exactly one of succeeded, errors, abandoned: {s:?}"
+        );
+        assert_eq!((s.abandoned_inputs, s.abandoned_bytes), (0, 0), "{s:?}");
+        assert_eq!(s.bulk_in_flight, 0, "{s:?}");
+        assert_eq!(s.handled, 0, "the client served nothing: {s:?}");
+        // The server's, per context, by its own count and the engine's.
+        let mut reports = Vec::new();
+        for to in &ctxs {
+            reports.push(e.call::<Stats>(to, &(), T).await.unwrap());
+        }
+        let (mut pulled, mut pushed, mut spilled, mut handled) = (0, 0, 0, 0);
+        for (i, r) in reports.iter().enumerate() {
+            // Context 1's Stats call counts itself in `handled` (the
+            // engine counts a request as it queues it for its task), not
+            // in the handlers' own count; context 0's counters are those
+            // of the turn before.
+            assert_eq!(r.handled, r.requests + i as u64, "context {i}: {r:?}");
+            assert_eq!(r.trouble, 0, "context {i}: {r:?}");
+            assert_eq!(r.bulk_in_flight, 0, "context {i}: {r:?}");
+            assert_eq!(r.pulled, r.pushed, "context {i}: {r:?}");
+            pulled += r.pulled;
+            pushed += r.pushed;
+            spilled += r.digests_spilled;
+            handled += r.requests;
+        }
+        assert_eq!(handled, forwarded, "{reports:?}");
+        let transforms = (0..CALLS).filter(|&i| kind(i) == Kind::Transform).count() as u64;
+        assert_eq!(pushed, transforms * 71_000, "{reports:?}");
+        assert_eq!(
+            spilled,
+            (0..CALLS).filter(|&i| kind(i) == Kind::Spilled).count() as u64
+        );
+        assert_eq!(pulled, pushed, "{reports:?}");
+        // Each context's plugin pushed exactly what its handler pushed,
+        // and pulled its transforms' spans and its spilled inputs, each
+        // as encoded (postcard: a 3-byte length, then the bytes) and then
+        // its 8-byte seal, in one get (docs/PROTOCOL.md).
+        for (i, r) in reports.iter().enumerate() {
+            assert_eq!(r.put_bytes, r.pushed, "context {i}: {r:?}");
+            assert_eq!(
+                r.get_bytes,
+                r.pulled + r.digests_spilled * (3 + MIB as u64 + 8),
+                "context {i}: {r:?}"
+            );
+        }
+        // The client's transport saw the other side of it: nothing of
+        // its own moved by RMA.
+        let t = e.transport_stats();
+        assert_eq!((t.get_bytes, t.put_bytes), (0, 0), "{t:?}");
+        e.shutdown().unwrap();
+    });
+    drop(server);
+}
+
+/// The blocking API's side of the identity the story checks: a call
+/// abandoned counts once in `abandoned` (again, or after its answer was
+/// taken, not at all), a timed-out one in `errors` only, and a refusal
+/// before anything went out in `errors` but not `calls`.
+#[test]
+fn every_call_ends_in_one_counter() {
+    use testpeer_rpcs::{Echo, Fail, Sleep};
+    let d = dir("user-story-counted");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.lookup(&srv.uri).unwrap();
+    // One of each end.
+    assert_eq!(c.call::<Echo>(&s, &vec![1, 2, 3], T).unwrap(), vec![1, 2, 3]);
+    assert!(c.call::<Fail>(&s, &"no".into(), T).is_err());
+    assert!(matches!(
+        c.call::<Sleep>(&s, &3000, Duration::from_millis(100)),
+        Err(RpcError::Timeout { .. })
+    ));
+    let slow = c.forward::<Sleep>(&s, &2000).unwrap();
+    c.abandon(slow);
+    c.abandon(slow);
+    let taken = c.forward::<Echo>(&s, &vec![4]).unwrap();
+    assert_eq!(common::wait::<Echo>(&mut c, taken).unwrap(), vec![4]);
+    c.abandon(taken);
+    let st = c.stats();
+    assert_eq!(st.calls, 5, "{st:?}");
+    assert_eq!((st.succeeded, st.errors, st.abandoned), (2, 2, 1), "{st:?}");
+    assert_eq!(st.calls, st.succeeded + st.errors + st.abandoned, "{st:?}");
+    // A call refused before its request went out: an error, no call.
+    let foreign = {
+        let (mut other, _) = endpoint(&d, false);
+        other.lookup(&srv.uri).unwrap()
+    };
+    assert!(c.forward::<Echo>(&foreign, &vec![5]).is_err());
+    assert!(c.call::<Echo>(&foreign, &vec![5], T).is_err());
+    let st2 = c.stats();
+    assert_eq!((st2.calls, st2.succeeded, st2.abandoned), (5, 2, 1), "{st2:?}");
+    // `forward`'s caller has its error; `call` counts it.
+    assert_eq!(st2.errors, 3, "{st2:?}");
+}
+
+/// The same over an `AsyncEngine`: a call that times out counts in
+/// `errors` only; a future dropped mid-flight in `abandoned` only.
+#[test]
+fn async_timeouts_are_errors_and_drops_are_abandoned() {
+    use testpeer_rpcs::{Echo, Sleep};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (srv, e) = common::async_setup("user-story", hg_rpc::ProgressMode::default(), Duration::ZERO);
+        let s = e.lookup(&srv.server.uri).await.unwrap();
+        assert_eq!(e.call::<Echo>(&s, &vec![1], T).await.unwrap(), vec![1]);
+        assert!(matches!(
+            e.call::<Sleep>(&s, &3000, Duration::from_millis(100)).await,
+            Err(RpcError::Timeout { .. })
+        ));
+        let mut dropped = Box::pin(e.call::<Sleep>(&s, &3000, T));
+        assert!(
+            common::poll_once(&mut dropped).await.is_none(),
+            "answered at once"
+        );
+        drop(dropped);
+        let st = e.stats();
+        assert_eq!(st.calls, 3, "{st:?}");
+        assert_eq!((st.succeeded, st.errors, st.abandoned), (1, 1, 1), "{st:?}");
+    });
+}
