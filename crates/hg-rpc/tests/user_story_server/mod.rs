@@ -36,6 +36,9 @@ pub struct TransformReq {
     pub len: u64,
     pub dst: Bulk,
     pub dst_offset: u64,
+    /// Milliseconds the async context waits before it pulls (a call the
+    /// client drops meanwhile; the blocking context ignores it).
+    pub delay_ms: u64,
 }
 
 /// Length and checksum of the input (1 MiB: it spills).
@@ -228,6 +231,7 @@ pub fn async_context(
         async move {
             c.add(&c.requests, 1);
             let n = checked_len(req.len)?;
+            tokio::time::sleep(Duration::from_millis(req.delay_ms)).await;
             let local = ctx
                 .expose(vec![vec![0; n]], Access::ReadWrite)
                 .map_err(|e| e.to_string())?;
