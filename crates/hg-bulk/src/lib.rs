@@ -188,8 +188,12 @@ impl Bulk {
         }
     }
 
-    /// Gives the buffers back once no transfer holds the memory; a remote
-    /// handle, or one still in use, is returned unchanged.
+    /// Gives the buffers back if this is the last clone of a local handle
+    /// and no transfer holds the memory; a remote handle, or one still in
+    /// use, is returned unchanged. Every clone counts: one inside an RPC
+    /// input the caller still holds (drop it first), or one an origin's
+    /// engine keeps for a call until its target answers (see
+    /// [`collect_lent`]).
     pub fn into_buffers(self) -> Result<Vec<Vec<u8>>, Box<Bulk>> {
         let Bulk {
             local,
@@ -603,6 +607,24 @@ mod tests {
                 other => panic!("{op:?}: expected nothing done, got {other:?}"),
             }
         }
+    }
+
+    /// `into_buffers` refuses while any clone lives (as its doc says: an
+    /// RPC input that still holds one, say), and gives the buffers back
+    /// once the last one went.
+    #[test]
+    fn a_clone_keeps_the_buffers_until_it_is_dropped() {
+        let local = Bulk {
+            local: Some(MemHandle::new(vec![vec![1, 2], vec![3]], Access::ReadWrite)),
+            plugin: None,
+            desc: desc(3, Access::ReadWrite, None),
+            remote: RemoteMem::new(Vec::new(), Access::ReadWrite).unwrap(),
+            reach_via: None,
+        };
+        let copy = local.clone();
+        let local = *local.into_buffers().expect_err("a clone holds the memory");
+        drop(copy);
+        assert_eq!(local.into_buffers().unwrap(), vec![vec![1, 2], vec![3]]);
     }
 
     #[test]

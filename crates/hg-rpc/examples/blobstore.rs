@@ -22,8 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hg_rpc::{BulkOp, Engine, RpcError};
-use na_core::{Access, ProgressMode};
+use hg_rpc::{Access, BulkOp, Engine, ProgressMode, RpcError};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -56,7 +55,9 @@ fn serve(spec: &str) -> Res<()> {
         let size = checked_size(blob.size())?;
         let local = ctx.expose(vec![vec![0; size]], Access::WriteOnly)?;
         ctx.transfer(BulkOp::Pull, &blob, 0, &local, 0, blob.size())?;
-        let data = local.into_buffers().map_err(|_| "buffer still in use")?.concat();
+        // One buffer exposed, one back: no copy.
+        let mut bufs = local.into_buffers().map_err(|_| "buffer still in use")?;
+        let data = bufs.pop().ok_or("no buffer")?;
         let sum = checksum(&data);
         s.lock().map_err(|_| "store poisoned")?.insert(key, data);
         Ok(sum)
@@ -87,8 +88,14 @@ fn serve(spec: &str) -> Res<()> {
         e.progress(Some(Duration::from_millis(500)))?;
         e.trigger()?;
     }
-    e.progress(Some(Duration::from_millis(100)))?;
-    e.trigger()?;
+    // Drain: take no more requests, and drive the engine until the
+    // answers it owes (Quit's) have left, at most T.
+    e.begin_drain();
+    let end = std::time::Instant::now() + T;
+    while !e.drained() && std::time::Instant::now() < end {
+        e.progress(Some(Duration::from_millis(10)))?;
+        e.trigger()?;
+    }
     Ok(())
 }
 
@@ -124,7 +131,7 @@ fn run() -> Res<()> {
         }
     };
     let mut c = engine(&spec, false)?;
-    let srv = c.endpoint().lookup(&addr)?;
+    let srv = c.lookup(&addr)?;
     for (i, parts) in [vec![3usize << 20], vec![1000, 250_000, 17, 2 << 20], vec![100]]
         .iter()
         .enumerate()

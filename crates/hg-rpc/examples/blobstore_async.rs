@@ -17,8 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hg_rpc::{AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, RpcError};
-use na_core::{Access, ProgressMode};
+use hg_rpc::{Access, AsyncBulkCtx, AsyncEngine, Bulk, BulkOp, Engine, ProgressMode, RpcError};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 const T: Duration = Duration::from_secs(20);
@@ -30,6 +29,9 @@ use blob::{checked_size, checksum, Delete, Get, Put, Quit, Stat};
 #[path = "shared/server.rs"]
 mod server;
 use server::ServerProcess;
+
+#[path = "../src/bin/shared/exit.rs"]
+mod exit;
 
 fn engine(listen: bool) -> Res<AsyncEngine> {
     let e = Engine::from_spec("sm://", listen, ProgressMode::default())?;
@@ -46,7 +48,9 @@ async fn put(ctx: AsyncBulkCtx, store: Store, key: String, blob: Bulk) -> Result
     ctx.transfer(BulkOp::Pull, &blob, 0, &local, 0, blob.size(), T)
         .await
         .map_err(|e| e.to_string())?;
-    let data = local.into_buffers().map_err(|_| "buffer still in use")?.concat();
+    // One buffer exposed, one back: no copy.
+    let mut bufs = local.into_buffers().map_err(|_| "buffer still in use")?;
+    let data = bufs.pop().ok_or("no buffer")?;
     let sum = checksum(&data);
     store.lock().map_err(|_| "store poisoned")?.insert(key, data);
     Ok(sum)
@@ -88,14 +92,18 @@ async fn serve() -> Res<()> {
     })?;
     println!("ADDR {}", e.self_addr());
     quit.notified().await;
-    // Let the Quit response go out.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Drain: take no more requests, and wait (at most T) until the
+    // answers the engine owes (Quit's) have left.
+    e.begin_drain()?;
+    if !e.drained(T).await? {
+        return Err(format!("the server did not drain within {T:?}").into());
+    }
     Ok(())
 }
 
 /// Stores blob `i` (in `parts` segments), reads it back into two uneven
 /// buffers and checks both checksums; returns its length.
-async fn round_trip(c: Arc<AsyncEngine>, srv: na_core::Addr, i: usize, parts: Vec<usize>) -> Res<usize> {
+async fn round_trip(c: Arc<AsyncEngine>, srv: hg_rpc::Addr, i: usize, parts: Vec<usize>) -> Res<usize> {
     let key = format!("blob-{i}");
     let segs: Vec<Vec<u8>> = parts
         .iter()
@@ -190,10 +198,18 @@ async fn client() -> Res<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> Res<()> {
-    if std::env::args().nth(1).as_deref() == Some("serve") {
-        return serve().await;
-    }
-    client().await
+fn main() -> std::process::ExitCode {
+    // `main` returning `Err` would print the error's `Debug` form.
+    exit::run("blobstore_async", || {
+        let rt = tokio::runtime::Runtime::new()?;
+        let serving = std::env::args().nth(1).as_deref() == Some("serve");
+        let r = rt.block_on(async {
+            if serving {
+                serve().await
+            } else {
+                client().await
+            }
+        });
+        r.map_err(|e| -> Box<dyn std::error::Error> { e })
+    })
 }

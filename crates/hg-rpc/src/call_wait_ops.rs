@@ -54,6 +54,8 @@ impl<C: Codec> Engine<C> {
         if r.is_err() {
             cold_path();
             self.stats.errors += 1;
+        } else {
+            self.stats.succeeded += 1;
         }
         Some(r)
     }
@@ -91,7 +93,20 @@ impl<C: Codec> Engine<C> {
     /// A call whose target answered with a spilled output that waits for
     /// room in the pull budget is forgotten, and the target told to let
     /// the output go.
+    ///
+    /// Counted once in [`RpcStats::abandoned`](super::RpcStats::abandoned)
+    /// if the call was still the caller's (not taken, not given up before).
     pub fn abandon(&mut self, id: CallId) {
+        if self.calls.get(id.0).is_some_and(|c| c.abandoned.is_none()) {
+            self.stats.abandoned += 1;
+        }
+        self.give_up(id);
+    }
+
+    /// [`abandon`](Self::abandon) for a call whose end is counted in
+    /// `errors` instead (a timeout, a failed wait): not counted as
+    /// abandoned.
+    pub(crate) fn give_up(&mut self, id: CallId) {
         if !self.output_waits.is_empty() && self.drop_waiting_output(id.0) {
             // Its spilled output waited for room to be pulled: released.
             return;
@@ -177,7 +192,7 @@ impl<C: Codec> Engine<C> {
             if left.is_zero() {
                 // Forgets the call, or marks it so that a late response is
                 // discarded when it comes.
-                self.abandon(id);
+                self.give_up(id);
                 self.stats.errors += 1;
                 return Err(RpcError::Timeout {
                     rpc: R::NAME.into(),
@@ -189,7 +204,7 @@ impl<C: Codec> Engine<C> {
             }
             if let Err(e) = self.progress(Some(left)).and_then(|_| self.trigger()) {
                 // The caller gets the error and never this call's result.
-                self.abandon(id);
+                self.give_up(id);
                 self.stats.errors += 1;
                 return Err(e);
             }

@@ -437,6 +437,16 @@ impl<C: Codec> Engine<C> {
         Ok(self.ep.plugin_mut(self.plugin)?.lookup(uri)?)
     }
 
+    /// The counters of the engine's transport plugin
+    /// ([`PluginStats`](na_core::PluginStats): messages, bytes moved by
+    /// one-sided gets and puts, handlers' bulk transfers and spilled
+    /// payloads included, peers, backlog), without the
+    /// `endpoint().plugin(plugin())` walk. Default (all zero) if the
+    /// plugin was removed from the endpoint.
+    pub fn transport_stats(&self) -> na_core::PluginStats {
+        self.ep.plugin(self.plugin).map(|p| p.stats()).unwrap_or_default()
+    }
+
     /// Counters.
     pub fn stats(&self) -> RpcStats {
         let (mut in_flight, mut abandoned_inputs) = (0, 0);

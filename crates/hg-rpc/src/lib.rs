@@ -75,8 +75,17 @@ pub use engine::{
 };
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkOp, Span};
+/// What a peer may do with exposed memory (`expose` takes one),
+/// re-exported from na-core, as `Addr` is.
+pub use na_core::Access;
 /// A peer's address, as `lookup` returns it (re-exported from na-core, so
 /// a user of hg-rpc can name it without depending on na-core).
 pub use na_core::Addr;
+/// The transport's counters ([`Engine::transport_stats`]), re-exported
+/// from na-core, as `Addr` is.
+pub use na_core::PluginStats;
+/// How an engine's endpoint waits for work (`Engine::shared_memory`,
+/// `Engine::from_spec` take one), re-exported from na-core, as `Addr` is.
+pub use na_core::ProgressMode;
 pub use rpc::{rpc_id, Rpc};
 pub use runtime::{AsyncBulkCtx, AsyncEngine, DRAIN_RECHECK, DRIVER_FAILURE_GAP, DRIVER_FAILURE_LIMIT};

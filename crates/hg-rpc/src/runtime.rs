@@ -578,6 +578,16 @@ impl AsyncEngine {
             ..self.shared.engine_for("AsyncEngine::stats").stats()
         }
     }
+
+    /// The counters of the engine's transport plugin (see
+    /// [`Engine::transport_stats`](crate::Engine::transport_stats)): bytes
+    /// its gets and puts moved, messages, peers. Panics if called from a
+    /// plain handler of this engine, as [`stats`](Self::stats) does.
+    pub fn transport_stats(&self) -> na_core::PluginStats {
+        self.shared
+            .engine_for("AsyncEngine::transport_stats")
+            .transport_stats()
+    }
 }
 
 impl Drop for AsyncEngine {

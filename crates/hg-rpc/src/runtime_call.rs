@@ -58,6 +58,7 @@ impl AsyncEngine {
             shared: &self.shared,
             id,
             armed: true,
+            failed: false,
         };
         match self.shared.timer(|| tokio::time::timeout(left, rx)).await {
             Ok(Ok(())) => {
@@ -70,10 +71,12 @@ impl AsyncEngine {
             Ok(Err(_)) => {
                 let why = self.shared.waiters().stopped.clone().unwrap_or_default();
                 self.shared.engine().count_error();
+                guard.failed = true;
                 Err(driver_stopped(R::NAME, &why))
             }
             Err(_) => {
                 self.shared.engine().count_error();
+                guard.failed = true;
                 Err(RpcError::Timeout {
                     rpc: R::NAME.into(),
                     millis: timeout.as_millis(),
@@ -166,7 +169,7 @@ impl AsyncEngine {
         if let Some(why) = &w.stopped {
             let err = driver_stopped(R::NAME, why);
             drop(w);
-            e.abandon(id);
+            e.give_up(id);
             e.count_error();
             return Err(Err(err));
         }
@@ -241,6 +244,9 @@ struct Abandon<'a> {
     shared: &'a Shared,
     id: CallId,
     armed: bool,
+    /// The call failed (timeout, driver stopped), counted in `errors`:
+    /// given up, not counted as abandoned too.
+    failed: bool,
 }
 
 impl Drop for Abandon<'_> {
@@ -248,7 +254,11 @@ impl Drop for Abandon<'_> {
         if self.armed {
             let mut e = self.shared.engine();
             self.shared.waiters().calls.remove(&self.id);
-            e.abandon(self.id);
+            if self.failed {
+                e.give_up(self.id);
+            } else {
+                e.abandon(self.id);
+            }
             // Kept (its target may still pull the input), the driver must
             // wake for its TTL; a release of its waiting output the
             // transport refused, for the retry.

@@ -12,10 +12,39 @@ pub struct RpcStats {
     /// ones included. A call whose request did not go out (an error from
     /// `forward`) is not counted.
     pub calls: u64,
-    /// Requests handled as target.
+    /// Requests taken as target: run by a plain handler, or queued for
+    /// an asynchronous one (counted as it is queued, before its handler
+    /// runs), and also those answered "unknown RPC", or "busy" for the
+    /// bound on deferred requests (also in `deferred_refused`). Not those
+    /// refused while draining (`refused_draining`) or before their spilled
+    /// input was pulled (`pulls_refused`).
     pub handled: u64,
-    /// Calls that ended in an error at the origin.
+    /// Calls that ended in an error at the origin: an error taken with
+    /// [`Engine::take_response`], a timeout or failed wait of
+    /// [`Engine::call`] (or its async twin), and also a call of those
+    /// two refused before its request went out (not counted in `calls`;
+    /// an error [`Engine::forward`] returns counts nowhere: its caller
+    /// has it).
     pub errors: u64,
+    /// Calls whose output was taken successfully
+    /// ([`Engine::take_response`], [`Engine::call`], or
+    /// [`AsyncEngine::call`](crate::AsyncEngine::call)). One-way calls
+    /// have no output and never count here.
+    ///
+    /// Every call counted in `calls` (one-way ones aside) ends as exactly
+    /// one of `succeeded`, `errors` or `abandoned`, or is still
+    /// `in_flight` or finished with its outcome not taken yet: once
+    /// nothing is in flight and every outcome was taken, two-way `calls`
+    /// equals `succeeded + abandoned +` the errors of calls whose request
+    /// went out.
+    pub succeeded: u64,
+    /// Calls their caller gave up before taking an outcome:
+    /// [`Engine::abandon`], or an [`AsyncEngine::call`](crate::AsyncEngine::call)
+    /// future dropped before it finished. A call that timed out counts
+    /// in `errors` instead, not here. (What it still holds for its
+    /// target is in `abandoned_inputs`; its late response, if any, in
+    /// `stray_responses`.)
+    pub abandoned: u64,
     /// Malformed messages received: dropped, or (a request whose spilled
     /// input's descriptor fails its checks, a write-only one say) answered
     /// with a decode error (status 3).
