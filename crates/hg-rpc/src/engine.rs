@@ -115,7 +115,7 @@ pub use bulk_ops::BulkId;
 pub(crate) use debug_span::DebugSpan;
 use engine_records::{
     request_send_op, Call, Calls, OpRole, PendingPull, WaitingOutput, CALL_SEND_COOKIE, CALL_SEND_OP,
-    REQUEST_OP, REQUEST_TAG, RESENT_OP, RESPONSE_TAG, SEND_OP, WATCH_OP, WATCH_TAG,
+    NOTICE_AGAIN_OP, REQUEST_OP, REQUEST_TAG, RESENT_OP, RESPONSE_TAG, SEND_OP, WATCH_OP, WATCH_TAG,
 };
 pub use register_ops::DeferredRequest;
 use register_ops::Handler;

@@ -56,6 +56,14 @@ pub(super) fn request_send_op(cookie: u64) -> na_core::OpId {
 /// status. Counted ids stay far below this bit too.
 pub(super) const RESENT_OP: u64 = 1 << 61;
 
+/// With [`SEND_OP`] (and not [`CALL_SEND_OP`]): the send of a notice
+/// that came back before (failed at its completion, see
+/// `UnsentNotices::came_back`). Its send being accepted says nothing of
+/// its delivery; its successful completion does (the peer got it), and
+/// brings the notices' short retry gap back
+/// (`UnsentNotices::delivered`). Counted ids stay far below this bit too.
+pub(super) const NOTICE_AGAIN_OP: u64 = 1 << 60;
+
 /// Bit of an [`OpId`](na_core::OpId) that marks a posted unexpected receive (requests
 /// for us, and responses to our calls).
 pub(super) const REQUEST_OP: u64 = 1 << 62;

@@ -3,9 +3,9 @@
 //! one-way requests. One the transport refuses for a full backlog waits
 //! behind that peer's others and goes again from `trigger`.
 
-use na_core::{Addr, NaError};
+use na_core::{Addr, NaError, OpId};
 
-use super::{header, Engine, RESPONSE_TAG};
+use super::{header, Engine, NOTICE_AGAIN_OP, RESPONSE_TAG};
 use crate::codec::Codec;
 use crate::header::{Header, Status, FLAG_ONE_WAY, HEADER_LEN};
 use crate::notices::{Notice, NoticeTtls};
@@ -37,15 +37,19 @@ impl<C: Codec> Engine<C> {
             self.queue_notice(peer, notice);
             return;
         }
-        match self.send_notice_now(peer, notice) {
+        match self.send_notice_now(peer, notice, false) {
             Ok(()) => {}
             Err(e) if keeps_notice(&e) => self.queue_notice(peer, notice),
             Err(e) => self.notice_lost(peer, notice, &e),
         }
     }
 
-    fn send_notice_now(&mut self, peer: &Addr, notice: Notice) -> Result<(), NaError> {
+    /// Sends `notice` to `peer` now; `again`: it came back before (its
+    /// send's id says so, so that its successful completion, its
+    /// delivery, brings the short retry gap back: see [`NOTICE_AGAIN_OP`]).
+    fn send_notice_now(&mut self, peer: &Addr, notice: Notice, again: bool) -> Result<(), NaError> {
         let op = self.send_op();
+        let op = if again { OpId(op.0 | NOTICE_AGAIN_OP) } else { op };
         let len = match notice {
             Notice::Release(cookie) => {
                 let mut msg = Vec::with_capacity(HEADER_LEN + 8);
@@ -131,7 +135,11 @@ impl<C: Codec> Engine<C> {
     /// transport accepts it again (it may come back again): a pass that
     /// sends only such notices lets the gap before the next one grow, so
     /// one that keeps failing at its completion is not sent every
-    /// millisecond until its TTL.
+    /// millisecond until its TTL. Its send carries [`NOTICE_AGAIN_OP`]:
+    /// once it completes without error (the peer got it), the short gap
+    /// comes back (before, it stayed long, up to `RETRY_EVERY`, until a
+    /// pass sent a notice that never came back, though the peer took
+    /// notices again).
     #[cold]
     #[inline(never)]
     pub(super) fn retry_notices(&mut self) {
@@ -144,10 +152,11 @@ impl<C: Codec> Engine<C> {
                     self.notice_given_up(&notice);
                     continue;
                 }
-                match self.send_notice_now(&w.addr, notice) {
+                let again = self.unsent_notices.came_back(&w.addr, &notice);
+                match self.send_notice_now(&w.addr, notice, again) {
                     Ok(()) => {
                         w.notices.pop_front();
-                        sent |= !self.unsent_notices.came_back(&w.addr, &notice);
+                        sent |= !again;
                     }
                     Err(e) if keeps_notice(&e) => break,
                     Err(e) => {
@@ -259,6 +268,43 @@ mod tests {
         c.queue_notice(&s, Notice::Release(8));
         c.retry_notices();
         assert_eq!(c.unsent_notices.gap(), RETRY_FIRST);
+        drop((srv, c));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A notice that came back, once sent again and delivered (its send
+    /// completes without error: na-sm completes every send it accepted
+    /// so, as na-verbs does once the peer got the message), brings the
+    /// short gap back: its peer takes notices again. (Before, the gap
+    /// stayed long, up to 100 ms, until a pass sent a notice that never
+    /// came back: a later backlog to any peer waited that long for its
+    /// first retry.)
+    #[test]
+    fn a_notice_that_came_back_brings_the_short_gap_back_once_delivered() {
+        use crate::notices::RETRY_FIRST;
+        use std::time::Instant;
+        let (dir, mut srv, mut c, s) = crate::engine::test_support::sm_pair("notice-delivered");
+        for _ in 0..4 {
+            c.notice_returned(&s, Notice::Release(7), &post_failed());
+            c.retry_notices();
+        }
+        // The sends were accepted, their completions not handled yet.
+        assert_eq!(c.unsent_notices.gap().as_millis(), 16, "the gap grew");
+        let end = Instant::now() + Duration::from_secs(30);
+        while c.unsent_notices.gap() != RETRY_FIRST {
+            assert!(
+                Instant::now() < end,
+                "delivered, and the gap is still {:?}: {:?}",
+                c.unsent_notices.gap(),
+                c.stats()
+            );
+            c.progress_now().unwrap();
+            c.trigger().unwrap();
+            srv.progress_now().unwrap();
+            srv.trigger().unwrap();
+        }
+        assert_eq!(c.stats().sends_failed, 0, "delivered, not failed");
+        assert_eq!(c.notices_waiting(), 0);
         drop((srv, c));
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -22,7 +22,9 @@
 //! again: a pass that sends only such notices counts as one that sent
 //! nothing, so one that keeps failing at completion is retried less and
 //! less often too, not every millisecond until its TTL; the short gap
-//! comes back with a pass that sends a notice that never came back.
+//! comes back with a pass that sends a notice that never came back, or
+//! as soon as one that came back is delivered (its send completes
+//! without error: see `delivered`).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -225,6 +227,13 @@ impl UnsentNotices {
         } else {
             (self.gap * 2).min(RETRY_EVERY)
         };
+    }
+
+    /// A notice that came back before was delivered this time (its send
+    /// completed without error): its peer takes notices again, so the
+    /// gap before a retry on a turn that moved is the short one again.
+    pub(crate) fn delivered(&mut self) {
+        self.gap = RETRY_FIRST;
     }
 
     /// When the next retry is due if nothing moves (for a driver's sleep).

@@ -10,8 +10,8 @@ use na_core::hint::cold_path;
 use na_core::Completion;
 
 use super::{
-    response_header, serve_spill_ops, BulkId, Engine, OpRole, POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP,
-    SWEEP_EVERY,
+    response_header, serve_spill_ops, BulkId, Engine, OpRole, CALL_SEND_OP, NOTICE_AGAIN_OP,
+    POSTED_REQUEST_BUFFERS, REQUEST_OP, SEND_OP, SWEEP_EVERY,
 };
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
@@ -372,6 +372,11 @@ impl<C: Codec> Engine<C> {
             if let Err(e) = c.status {
                 cold_path();
                 self.send_failed(c.op, e, c.buf, c.source);
+            } else if c.op.0 & (CALL_SEND_OP | NOTICE_AGAIN_OP) == NOTICE_AGAIN_OP {
+                // A notice that came back before reached its peer this
+                // time: the peer takes notices again.
+                cold_path();
+                self.unsent_notices.delivered();
             }
             return Ok(());
         }

@@ -34,8 +34,11 @@ pub enum Report {
     FailuresOnly,
 }
 
-/// What kind of operation completed.
+/// What kind of operation completed. `#[non_exhaustive]`: a later
+/// version may add kinds (an atomic, say); other crates match it with a
+/// wildcard arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum OpKind {
     /// An unexpected message was sent.
     SendUnexpected,

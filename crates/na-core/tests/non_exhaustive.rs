@@ -1,20 +1,28 @@
-//! `NaError` and `PluginStats` are `#[non_exhaustive]`: a later version
-//! adds errors and counters without breaking its users (other crates'
-//! plugins included). This test builds a probe crate that uses them the
-//! way a user's crate would, with `cargo check` in a build of its own:
-//! matching `NaError` with a wildcard arm, reading `PluginStats` and
-//! building one from `Default::default()` (field by field, as a plugin
-//! does) compiles (the positive control, so each refusal is the
-//! attribute's and not a broken probe); a match that names every variant
-//! and no wildcard (which a new variant would break) is refused (E0004,
-//! `&_` not covered), and so is a `PluginStats` struct expression (E0639).
+//! `NaError`, `PluginStats` and `OpKind` are `#[non_exhaustive]`: a later
+//! version adds errors, counters and kinds of operation without breaking
+//! its users (other crates' plugins included). This test builds a probe
+//! crate that uses them the way a user's crate would, with `cargo check`
+//! in a build of its own: matching `NaError` and `OpKind` with a wildcard
+//! arm, reading `PluginStats` and building one from `Default::default()`
+//! (field by field, as a plugin does) compiles (the positive control, so
+//! each refusal is the attribute's and not a broken probe); a match that
+//! names every variant of `NaError`, or of `OpKind`, and no wildcard
+//! (which a new variant would break) is refused (E0004, `_` not covered),
+//! and so is a `PluginStats` struct expression (E0639).
 
 use std::path::Path;
 
 use na_testsuite::probe::Probe;
 
 const PROBE_LIB: &str = r#"
-use na_core::{NaError, PluginStats};
+use na_core::{NaError, OpKind, PluginStats};
+
+pub fn is_send(k: OpKind) -> bool {
+    match k {
+        OpKind::SendUnexpected | OpKind::SendExpected => true,
+        _ => false,
+    }
+}
 
 pub fn transient(e: &NaError) -> bool {
     match e {
@@ -61,6 +69,18 @@ pub fn every_variant(e: &NaError) -> u8 {
     }
 }
 
+#[cfg(feature = "every_kind")]
+pub fn every_kind(k: OpKind) -> u8 {
+    match k {
+        OpKind::SendUnexpected => 0,
+        OpKind::SendExpected => 1,
+        OpKind::RecvUnexpected => 2,
+        OpKind::RecvExpected => 3,
+        OpKind::Put => 4,
+        OpKind::Get => 5,
+    }
+}
+
 #[cfg(feature = "literal")]
 pub fn forged() -> PluginStats {
     PluginStats { msgs_sent: 1, ..PluginStats::default() }
@@ -68,12 +88,12 @@ pub fn forged() -> PluginStats {
 "#;
 
 #[test]
-fn na_error_and_plugin_stats_are_non_exhaustive_outside_the_crate() {
+fn na_error_plugin_stats_and_op_kind_are_non_exhaustive_outside_the_crate() {
     let probe = Probe::write(
         Path::new(env!("CARGO_TARGET_TMPDIR")),
         "na-core-non-exhaustive-probe",
         &[("na-core", Path::new(env!("CARGO_MANIFEST_DIR")))],
-        "exhaustive = []\nliteral = []",
+        "exhaustive = []\nevery_kind = []\nliteral = []",
         PROBE_LIB,
     );
     probe.assert_compiles("");
@@ -83,6 +103,12 @@ fn na_error_and_plugin_stats_are_non_exhaustive_outside_the_crate() {
         "E0004",
         "_` not covered",
         "NaError was matched without a wildcard arm",
+    );
+    probe.assert_refused_as(
+        "every_kind",
+        "E0004",
+        "_` not covered",
+        "OpKind was matched without a wildcard arm",
     );
     probe.assert_refused_as(
         "literal",

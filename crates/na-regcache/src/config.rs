@@ -108,7 +108,14 @@ impl Consistency {
 pub struct CacheConfig {
     /// Maximum number of cached (live or idle) registrations.
     pub max_count: usize,
-    /// Maximum bytes covered by cached registrations.
+    /// Maximum bytes registered by the cached entries, summed over them:
+    /// each entry counts its whole range, so pages that two overlapping
+    /// entries share count once per entry. That is what the registrar
+    /// holds: each registration pins its pages on its own (the kernel
+    /// charges every `ibv_reg_mr` to the locked-memory limit, and the NIC
+    /// keeps a translation for each), not the distinct memory covered.
+    /// Entries overlap only after concurrent misses of overlapping ranges
+    /// (see `Table::superseded` in the cache's sources, and docs/REGCACHE.md).
     pub max_bytes: usize,
     /// The monitor.
     pub monitor: MonitorChoice,

@@ -30,15 +30,23 @@ pub(super) enum Looked<R: Registrar> {
 /// the span to register (`[addr, end)` with `access`, merged with the
 /// entries it overlaps), the table's generation, a bound on the entries
 /// the insertion may take out, and the tracking slots it may need (one
-/// per overlapping entry in use, one for the span), and the count of
+/// per entry the span would supersede, which may be in use by then, and
+/// one for the span; none for an entry that only overlaps the span,
+/// which stays cached), and the count of
 /// insertions into the index (an entry covering the request can only
 /// appear after it moves: see `Miss::raced_hit`). The pre-filter is
 /// widened to the span before the generation is noted: an invalidation
 /// that skips us saw the old bounds, so its unmap happened before our pin.
-fn note_miss<R: Registrar>(sh: &Shared<R>, t: &Table<R>, addr: usize, end: usize, access: Access) -> Noted {
+pub(super) fn note_miss<R: Registrar>(
+    sh: &Shared<R>,
+    t: &Table<R>,
+    addr: usize,
+    end: usize,
+    access: Access,
+) -> Noted {
     let span = t.span(addr, end, access);
     sh.widen(span.0, span.1);
-    let want = t.overlaps(span.0, span.1) + 1;
+    let want = t.supersedes(span.0, span.1) + 1;
     (
         span,
         t.generation(),

@@ -336,9 +336,10 @@ impl<'c, R: Registrar> Miss<'c, R> {
             {
                 break Err(Retry::Changed);
             }
-            // Slots for the superseded entries in use, and for the
-            // new one if it has none and ends up uncached.
-            let want = t.overlaps(s, e) + usize::from(self.mine.hit().is_none());
+            // Slots for the superseded entries in use (none for those
+            // that only overlap the span: they stay cached), and for
+            // the new one if it has none and ends up uncached.
+            let want = t.supersedes(s, e) + usize::from(self.mine.hit().is_none());
             if self.slots.left() < want {
                 // More entries to supersede than when the slots were
                 // reserved: reserve more, unlocked, and look again.

@@ -1,14 +1,20 @@
 //! Entries that only overlap (neither contains the other) both stay in
 //! the index ([`Table::superseded`]); an entry containing, or contained
 //! in, a new one is superseded. Lookups still find a covering entry, and
-//! invalidations every overlapping one. Real entries of a registrar that
-//! pins nothing (the table never touches memory itself).
+//! invalidations every overlapping one; the union of a pair supersedes
+//! both; the byte limit counts each entry of a pair in full; a miss
+//! reserves tracking slots only for what it would supersede. Real
+//! entries of a registrar that pins nothing (the table never touches
+//! memory itself).
 
 use std::sync::Arc;
 
 use super::entry::{Backend, Entry};
+use super::lookup::note_miss;
 use super::table::{Insert, Sweep, Table};
 use super::test_rig::{backend, Noop, PAGE};
+use super::Cache;
+use crate::config::{CacheConfig, MonitorChoice};
 use crate::registrar::Access;
 
 const W: Access = Access::LOCAL_WRITE;
@@ -125,4 +131,99 @@ fn an_invalidation_takes_out_every_overlapping_entry_of_a_pair() {
     );
     assert!(!c.refs.indexed() && !d.refs.indexed());
     assert_eq!(t.live(), 0);
+}
+
+/// A request covered by a pair but by neither alone registers the union
+/// (its span), which supersedes both: it contains them. A neighbour that
+/// only overlaps the union (here one overlapping the later entry of the
+/// pair, not the request) stays.
+#[test]
+fn the_union_of_a_pair_supersedes_both() {
+    let b = backend();
+    let mut t = Table::new(16, usize::MAX);
+    let a = entry(&b, (1, 5), W);
+    let c = entry(&b, (3, 8), W);
+    let d = entry(&b, (7, 12), W);
+    for e in [&a, &c, &d] {
+        assert!(insert(&mut t, e).is_empty());
+    }
+    assert_eq!(found(&t, (2, 6), W), None);
+    let (s, e, acc) = t.span(2 * PAGE, 6 * PAGE, W);
+    assert_eq!(
+        (s / PAGE, e / PAGE),
+        (1, 8),
+        "the request merged with the pair, not with `d`"
+    );
+    assert_eq!(t.supersedes(s, e), 2);
+    let union = Arc::new(Entry::new(&b, (s, e, acc), (), None));
+    let gone = insert(&mut t, &union);
+    assert_eq!(gone.len(), 2);
+    assert!(gone.iter().any(|g| Arc::ptr_eq(g, &a)) && gone.iter().any(|g| Arc::ptr_eq(g, &c)));
+    assert!(d.refs.indexed(), "`d` only overlaps the union: it stays");
+    assert_eq!(t.live(), 2);
+    assert_eq!(found(&t, (2, 6), W), Some((1, 8)));
+    assert_eq!(found(&t, (9, 12), W), Some((7, 12)));
+}
+
+/// The byte limit bounds the bytes the cached entries registered, each
+/// entry counting its whole range: the pages a pair shares count once per
+/// entry, as each registration pins them and the kernel charges each to
+/// the locked-memory limit (`ibv_reg_mr`). Here a pair of 4 and 5 pages
+/// sharing 2 counts 9 of a 10-page limit, so a 2-page insertion evicts
+/// an idle entry, though the distinct pages (7 + 2) would fit.
+#[test]
+fn the_byte_limit_counts_each_entry_of_a_pair_in_full() {
+    let b = backend();
+    let mut t = Table::new(16, 10 * PAGE);
+    let a = entry(&b, (1, 5), W);
+    let c = entry(&b, (3, 8), W);
+    for e in [&a, &c] {
+        assert!(insert(&mut t, e).is_empty(), "9 pages of 10: room");
+    }
+    a.release();
+    c.release();
+    let d = entry(&b, (20, 22), W);
+    let mut doomed = Vec::with_capacity(t.doom_bound(d.start, d.end));
+    let mut sweep = Sweep::default();
+    let evicted = loop {
+        match t.insert(&d, &mut doomed, &mut sweep) {
+            Insert::Done { evicted } => break evicted,
+            Insert::Paused { .. } => {}
+            Insert::Short { need } => doomed.reserve(need),
+            Insert::NoRoom { .. } => panic!("no room though both entries are idle"),
+        }
+    };
+    assert_eq!(evicted, 1, "11 pages registered of a 10-page limit: one goes");
+    assert_eq!(t.live(), 2);
+    assert!(d.refs.indexed());
+}
+
+/// A miss reserves a tracking slot for each entry its span would
+/// supersede (one in use then is tracked outside the index) and one for
+/// the span, not one for each entry that only overlaps the span, which
+/// stays cached: here the span of a request covered by a pair is the
+/// pair's union, overlapped at each end by a neighbour that stays
+/// (before, the miss reserved 5 slots for 3 it could need).
+#[test]
+fn a_miss_reserves_slots_only_for_the_entries_it_supersedes() {
+    let cfg = CacheConfig {
+        monitor: MonitorChoice::None,
+        fork_guard: false,
+        ..CacheConfig::default()
+    };
+    let cache = Cache::new(Noop, cfg).expect("a cache without a monitor");
+    let sh = &cache.shared;
+    let mut t = sh.lock();
+    let pieces = [(0, 2), (1, 5), (3, 8), (7, 12)];
+    let held: Vec<_> = pieces.iter().map(|&r| entry(&sh.backend, r, W)).collect();
+    for e in &held {
+        assert!(insert(&mut t, e).is_empty());
+    }
+    let ((s, e, _), _, _, want, _) = note_miss(sh, &t, 2 * PAGE, 6 * PAGE, W);
+    assert_eq!((s / PAGE, e / PAGE), (1, 8));
+    assert_eq!(want, 3, "the pair and the span; not the neighbours at each end");
+    drop(t);
+    for e in &held {
+        e.release();
+    }
 }

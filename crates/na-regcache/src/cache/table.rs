@@ -186,9 +186,14 @@ impl<R: Registrar> Table<R> {
         lo..hi
     }
 
-    /// How many cached entries overlap `[start, end)`.
-    pub fn overlaps(&self, start: usize, end: usize) -> usize {
-        self.overlapping(start, end).len()
+    /// How many cached entries an insertion of `[start, end)` now would
+    /// supersede ([`Table::superseded`]): those it contains, or those
+    /// containing it, not those that only overlap it (which stay). A
+    /// miss reserves a tracking slot for each (one superseded while in
+    /// use is tracked outside the index). Returns at once when nothing
+    /// overlaps the range.
+    pub fn supersedes(&self, start: usize, end: usize) -> usize {
+        self.superseded(start, end).len()
     }
 
     /// The cached entry containing `[start, end)` with at least `access`.
@@ -253,9 +258,12 @@ impl<R: Registrar> Table<R> {
     /// overlapping a range (`overlapping`); each entry has its own
     /// monitor subscription (counted per page range, so the shared pages
     /// stay watched while either lives). The price: the shared pages are
-    /// pinned twice and counted twice against the byte limit while both
-    /// live, and a request covered by the pair but by neither alone
-    /// misses and registers the union, which supersedes both. An entry
+    /// pinned twice while both live, and counted twice against the byte
+    /// limit, which bounds what is registered, summed over the entries
+    /// (`CacheConfig::max_bytes`: each registration pins, and is charged
+    /// for, its pages on its own); and a request covered by the pair but
+    /// by neither alone misses and registers the union, which contains
+    /// both and so supersedes both. An entry
     /// containing the new one is still superseded (it lacks the
     /// request's rights, or the miss could not take it: see
     /// `Miss::raced_hit`), so no entry ever contains another.
