@@ -3,7 +3,7 @@
 
 use std::io;
 
-use na_core::{NaError, OpKind, Result};
+use na_core::{NaError, Result, RmaDir};
 
 use crate::conn::{split_wr_id, ConnRef, ConnState, WrKind};
 use crate::plugin::{VerbsPlugin, CM_POLL_EVERY};
@@ -287,7 +287,7 @@ impl VerbsPlugin {
             "put"
         };
         let (kind_name, len) = match self.rma.get(idx as usize).and_then(|r| r.as_ref()) {
-            Some(r) if r.kind == OpKind::Get => ("get", r.len),
+            Some(r) if r.dir == RmaDir::Get => ("get", r.len),
             Some(r) => ("put", r.len),
             None => (what, 0),
         };

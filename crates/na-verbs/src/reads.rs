@@ -23,7 +23,7 @@
 //! fails a get with `NaError::Unsupported` (the device would hold it for
 //! ever).
 
-use na_core::{NaError, OpKind};
+use na_core::{NaError, RmaDir};
 
 use crate::conn::{Conn, ConnRef};
 use crate::plugin::VerbsPlugin;
@@ -127,7 +127,7 @@ impl VerbsPlugin {
                 .rma
                 .get(w.rma as usize)
                 .and_then(Option::as_ref)
-                .is_some_and(|r| r.kind == OpKind::Get);
+                .is_some_and(|r| r.dir == RmaDir::Get);
             if is_get {
                 if reads == 0 {
                     break;

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use na_core::rma::check_batch;
-use na_core::{Completion, MemHandle, NaError, OpId, OpKind, Result, Rma, RmaDir};
+use na_core::{Completion, MemHandle, NaError, OpId, Result, Rma, RmaDir};
 
 use crate::conn::{wr_id, ConnRef, ConnState, PendingWr, WrKind};
 use crate::mem::MemReg;
@@ -83,7 +83,9 @@ pub(crate) fn plan(
 /// An RMA operation in flight.
 pub(crate) struct RmaOp {
     pub op: OpId,
-    pub kind: OpKind,
+    /// Which way the data goes (an exhaustive match: no other kind of
+    /// operation can reach the work requests).
+    pub dir: RmaDir,
     pub len: u64,
     pub remaining: u32,
     pub error: Option<NaError>,
@@ -110,7 +112,7 @@ const MAX_WR_BYTES: u64 = 16 << 20;
 /// A checked transfer of a batch, ready to queue.
 struct Planned {
     op: OpId,
-    kind: OpKind,
+    dir: RmaDir,
     len: u64,
     /// Before `local`, as in [`RmaOp`].
     reg: Option<Arc<MemReg>>,
@@ -148,12 +150,12 @@ impl VerbsPlugin {
         };
         for p in planned {
             let (Some(cref), Some(reg)) = (cref, p.reg) else {
-                self.completions.push_back(Completion::done(p.op, p.kind));
+                self.completions.push_back(Completion::done(p.op, p.dir.kind()));
                 continue;
             };
             let idx = self.rma_insert(RmaOp {
                 op: p.op,
-                kind: p.kind,
+                dir: p.dir,
                 len: p.len,
                 remaining: p.plans.len() as u32,
                 error: None,
@@ -181,7 +183,7 @@ impl VerbsPlugin {
     fn plan_rma(&mut self, r: &Rma<'_>) -> Result<Planned> {
         let mut planned = Planned {
             op: r.op,
-            kind: r.dir.kind(),
+            dir: r.dir,
             len: r.len,
             local: r.local.clone(),
             reg: None,
@@ -295,9 +297,9 @@ impl VerbsPlugin {
                     .iter()
                     .map(|p| rop.reg.sge(p.reg, p.addr, p.len))
                     .collect();
-                let op = match rop.kind {
-                    OpKind::Put => SendOp::RdmaWrite(w.plan.remote),
-                    _ => SendOp::RdmaRead(w.plan.remote),
+                let op = match rop.dir {
+                    RmaDir::Put => SendOp::RdmaWrite(w.plan.remote),
+                    RmaDir::Get => SendOp::RdmaRead(w.plan.remote),
                 };
                 match sges {
                     Ok(sges) => ready.push((w, sges, op)),
@@ -374,15 +376,14 @@ impl VerbsPlugin {
         self.ops.remove(&rop.op);
         self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
         let c = match (rop.error, rop.canceled) {
-            (_, Some(_)) => Completion::failed(rop.op, rop.kind, NaError::Canceled, None),
-            (Some(e), None) => Completion::failed(rop.op, rop.kind, e, None),
+            (_, Some(_)) => Completion::failed(rop.op, rop.dir.kind(), NaError::Canceled, None),
+            (Some(e), None) => Completion::failed(rop.op, rop.dir.kind(), e, None),
             (None, None) => {
-                if rop.kind == OpKind::Put {
-                    self.stats.put_bytes += rop.len;
-                } else {
-                    self.stats.get_bytes += rop.len;
+                match rop.dir {
+                    RmaDir::Put => self.stats.put_bytes += rop.len,
+                    RmaDir::Get => self.stats.get_bytes += rop.len,
                 }
-                Completion::done(rop.op, rop.kind)
+                Completion::done(rop.op, rop.dir.kind())
             }
         };
         self.completions.push_back(c);
