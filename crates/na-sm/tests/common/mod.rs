@@ -20,6 +20,26 @@ pub fn busy_endpoint(dir: &std::path::Path, listen: bool) -> (na_core::Endpoint,
     (ep, id)
 }
 
+/// A busy endpoint as [`busy_endpoint`], with `rma_threads` RMA transfer
+/// threads (`SmConfig::rma_threads`).
+pub fn rma_endpoint(
+    dir: &std::path::Path,
+    listen: bool,
+    rma_threads: usize,
+) -> (na_core::Endpoint, na_core::PluginId) {
+    let cfg = na_sm::SmConfig {
+        listen,
+        rma_threads: Some(rma_threads),
+        ..na_sm::SmConfig::default()
+    }
+    .with_dir(dir);
+    let mut ep = na_core::Endpoint::new(na_core::ProgressMode::Busy).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(na_sm::SmPlugin::new(id, cfg)?) as Box<dyn na_core::Plugin>))
+        .unwrap();
+    (ep, id)
+}
+
 /// A new, empty socket directory private to this user (mode 0700, as sm
 /// requires), named by `tag` and this process; the caller removes it.
 pub fn private_dir(tag: &str) -> std::path::PathBuf {
