@@ -38,17 +38,16 @@ fn pattern(i: usize) -> u8 {
     (i * 7 + 3) as u8
 }
 
-/// The hostile peer (a forked child): a page of memory that stalls every
-/// access, described to the listener at `uri` in an unexpected message;
-/// says on `status` whether it could (`U`: no userfaultfd here, `S`:
-/// sent), then drives its endpoint until it is killed.
-fn hostile_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 {
+/// The hostile peer of [`common::stalling_peer`] that, told to (any message),
+/// closes its connection and lives on, its memory still stalling: a
+/// departed peer whose transfer never ends.
+fn leaving_hostile_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 {
     use std::os::fd::AsFd;
     let Ok((_uffd, addr)) = sys::stalling_memory(LEN) else {
         sys::write(status.as_fd(), b"U");
         return 0;
     };
-    let (mut ep, _) = common::busy_endpoint(dir, false);
+    let (mut ep, id) = common::busy_endpoint(dir, false);
     let Ok(to) = ep.lookup(uri) else { return 2 };
     let seg = na_core::RemoteSegment {
         addr: addr as u64,
@@ -58,13 +57,23 @@ fn hostile_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 
     let Ok(desc) = RemoteMem::new(vec![seg], Access::ReadOnly) else {
         return 3;
     };
-    if ep.send_unexpected(&to, 0, &desc.to_bytes(), OpId(1)).is_err() {
+    if ep
+        .post_recv_unexpected(id, Vec::with_capacity(64), OpId(2))
+        .is_err()
+        || ep.send_unexpected(&to, 0, &desc.to_bytes(), OpId(1)).is_err()
+    {
         return 4;
     }
     sys::write(status.as_fd(), b"S");
     loop {
         let _ = ep.progress(Some(Duration::from_millis(10)));
-        while ep.pop_completion().is_some() {}
+        if std::iter::from_fn(|| ep.pop_completion()).any(|c| c.op == OpId(2)) {
+            break;
+        }
+    }
+    drop(ep);
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
@@ -118,25 +127,25 @@ struct Scene {
 }
 
 fn scene(tag: &str, threads: usize) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
+    scene_with(tag, threads, common::stalling_peer)
+}
+
+/// [`scene`] with `hostile` as the hostile peer.
+fn scene_with(
+    tag: &str,
+    threads: usize,
+    hostile: PeerMain,
+) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
     let dir = private_dir(tag);
     let (mut ep, id) = rma_endpoint(&dir, true, threads);
     let uri = ep.self_addr(id).unwrap().uri().to_owned();
     let mut kills = Vec::new();
-    let mut fork_peer = |f: fn(&std::path::Path, &str, std::fs::File) -> i32| {
-        let (mut status_r, status_w) = common::pipe();
-        let child = sys::fork();
-        assert!(child >= 0, "fork");
-        if child == 0 {
-            drop(status_r);
-            sys::exit_now(f(&dir, &uri, status_w));
-        }
-        kills.push(KillOnDrop(child));
-        drop(status_w);
-        let mut said = [0u8; 1];
-        std::io::Read::read_exact(&mut status_r, &mut said).expect("the peer said nothing");
-        said[0]
+    let mut fork_peer = |f: PeerMain| {
+        let (kill, said) = fork_peer(&dir, &uri, f);
+        kills.push(kill);
+        said
     };
-    if fork_peer(hostile_peer) == b'U' {
+    if fork_peer(hostile) == b'U' {
         na_core::testing::report_not_run(
             "na-sm stalling_rma: the kernel refuses a userfaultfd that handles the kernel's \
              own faults here (vm.unprivileged_userfaultfd 0, no CAP_SYS_PTRACE)",
@@ -157,6 +166,26 @@ fn scene(tag: &str, threads: usize) -> Option<(Scene, Vec<KillOnDrop>, std::path
         kills,
         dir,
     ))
+}
+
+/// What a forked peer runs: (socket directory, listener's address, the
+/// pipe it reports on) to its exit code.
+type PeerMain = fn(&std::path::Path, &str, std::fs::File) -> i32;
+
+/// Forks a peer that runs `f`: its killer, and the byte it reported.
+fn fork_peer(dir: &std::path::Path, uri: &str, f: PeerMain) -> (KillOnDrop, u8) {
+    let (mut status_r, status_w) = common::pipe();
+    let child = sys::fork();
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        drop(status_r);
+        sys::exit_now(f(dir, uri, status_w));
+    }
+    let kill = KillOnDrop(child);
+    drop(status_w);
+    let mut said = [0u8; 1];
+    std::io::Read::read_exact(&mut status_r, &mut said).expect("the peer said nothing");
+    (kill, said[0])
 }
 
 /// The next unexpected message, as a memory descriptor, and its sender.
@@ -239,11 +268,20 @@ fn run_steps(
     for _ in 0..steps {
         match rx.recv_timeout(BOUND) {
             Ok(s) => got.push(s),
-            Err(_) => {
+            Err(e) => {
                 drop(kills);
                 let _ = worker.join();
                 let _ = std::fs::remove_dir_all(&dir);
-                panic!("a step did not come within {BOUND:?} after {got:?}: the caller's thread is held");
+                match e {
+                    mpsc::RecvTimeoutError::Timeout => {
+                        panic!(
+                            "a step did not come within {BOUND:?} after {got:?}: the caller's thread is held"
+                        )
+                    }
+                    mpsc::RecvTimeoutError::Disconnected => {
+                        panic!("the endpoint's thread ended (panicked) after {got:?}")
+                    }
+                }
             }
         }
     }
@@ -372,6 +410,140 @@ fn a_held_thread_leaves_other_peers_jobs_queued_and_the_caller_free() {
     assert_eq!(stats.rma_jobs_running, 1, "{stats:?}");
     assert_eq!(stats.rma_jobs_waiting, 1, "the honest get waits: {stats:?}");
     eprintln!("the stuck get ended: {hostile_end}");
+}
+
+/// A stuck peer's queue is bounded: behind its stuck job,
+/// `RMA_QUEUE_PER_PEER` more wait, and the batch past them is refused
+/// whole (nothing started, counted nowhere); the other peer is served
+/// meanwhile. When the stuck peer closes its connection (and lives on,
+/// its job still stuck), every one of its transfers completes at once as
+/// gone, queued and running alike, once.
+#[test]
+fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
+    let Some((mut s, kills, dir)) = scene_with("stalling-rma-bound", 2, leaving_hostile_peer) else {
+        return;
+    };
+    let steps = run_steps(1, kills, dir, move |tx| {
+        let mut stash = HashMap::new();
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        let max = na_sm::RMA_QUEUE_PER_PEER as u64;
+        // The first runs (and sticks: wait for its thread to take it);
+        // then the queue fills.
+        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(1000)).unwrap();
+        let end = Instant::now() + BOUND;
+        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for k in 1..=max {
+            s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(1000 + k)).unwrap();
+        }
+        let e =
+            s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(5000))
+                .expect_err("a get past the peer's queue bound");
+        assert!(e.to_string().contains("RMA_QUEUE_PER_PEER"), "{e}");
+        serve_honest(&mut s, &mut stash, OpId(20), 30);
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        s.ep.send_unexpected(&src, 0, b"leave", OpId(40)).unwrap();
+        let mut gone = 0;
+        for k in 0..=max {
+            let c = wait_op(&mut s.ep, &mut stash, OpId(1000 + k));
+            gone += usize::from(matches!(c.status, Err(NaError::PeerGone { .. })));
+        }
+        s.ep.progress(Some(Duration::from_millis(50))).unwrap();
+        while let Some(c) = s.ep.pop_completion() {
+            stash.insert(c.op, c);
+        }
+        stash.retain(|op, _| op.0 >= 1000);
+        assert!(stash.is_empty(), "completed twice, or never posted: {stash:?}");
+        let _ = tx.send(Step::HonestServed(stats));
+        assert_eq!(
+            gone,
+            max as usize + 1,
+            "of {} gets, only {gone} failed as gone",
+            max + 1
+        );
+    });
+    let [Step::HonestServed(stats)] = &steps[..] else {
+        panic!("steps out of order: {steps:?}");
+    };
+    assert_eq!(
+        stats.rma_offloaded,
+        na_sm::RMA_QUEUE_PER_PEER as u64 + 2,
+        "{stats:?}"
+    );
+}
+
+/// Bytes of the big peer's memory: a transfer of it takes a while, so the
+/// owner is asleep before it ends.
+const BIG: usize = 64 << 20;
+
+/// A peer (forked) that exposes [`BIG`] bytes (touched, so really there)
+/// and sends their descriptor; then serves until killed.
+fn big_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 {
+    use std::os::fd::AsFd;
+    let (mut ep, id) = common::busy_endpoint(dir, false);
+    let Ok(to) = ep.lookup(uri) else { return 2 };
+    let mem = MemHandle::new(vec![vec![0x5a; BIG]], Access::ReadOnly);
+    let Ok(desc) = ep.plugin_mut(id).and_then(|p| p.mem_describe(&mem)) else {
+        return 3;
+    };
+    if ep.send_unexpected(&to, 0, &desc.to_bytes(), OpId(1)).is_err() {
+        return 4;
+    }
+    sys::write(status.as_fd(), b"S");
+    loop {
+        let _ = ep.progress(Some(Duration::from_millis(10)));
+        while ep.pop_completion().is_some() {}
+    }
+}
+
+/// An owner asleep in a blocking progress call is woken by a transfer
+/// thread's result: a call with a long timeout returns with the get's
+/// completion before that timeout. (Checked: with the threads' wake-up write removed, it
+/// sleeps to the timeout.)
+#[test]
+fn a_blocking_owner_asleep_is_woken_by_a_transfer_threads_result() {
+    let dir = private_dir("rma-pool-wake");
+    let cfg = na_sm::SmConfig {
+        listen: true,
+        rma_threads: Some(1),
+        ..na_sm::SmConfig::default()
+    }
+    .with_dir(&dir);
+    let mut ep = Endpoint::new(na_core::ProgressMode::Blocking).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(na_sm::SmPlugin::new(id, cfg)?) as Box<dyn na_core::Plugin>))
+        .unwrap();
+    let uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let (kill, said) = fork_peer(&dir, &uri, big_peer);
+    assert_eq!(said, b'S', "the peer could not start");
+    let (src, remote) = receive_descriptor(&mut ep, id, OpId(1));
+    let local = MemHandle::zeroed(BIG, Access::ReadWrite);
+    for round in 0..3u64 {
+        let op = OpId(10 + round);
+        ep.get(&local, 0, &remote, 0, BIG as u64, &src, op).unwrap();
+        // Each call sleeps until something wakes it, or to its timeout:
+        // the result must be that something.
+        let t0 = Instant::now();
+        let mut got = None;
+        while got.is_none() && t0.elapsed() < BOUND {
+            ep.progress(Some(BOUND)).unwrap();
+            got = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == op);
+        }
+        let took = t0.elapsed();
+        let c = got.unwrap_or_else(|| panic!("round {round}: the get never completed"));
+        c.status.expect("the get");
+        assert!(
+            took < BOUND,
+            "round {round}: the owner slept to its timeout ({took:?}): the result did not wake it"
+        );
+    }
+    let mut last = [0u8; 1];
+    local.read_at(BIG as u64 - 1, &mut last).unwrap();
+    assert_eq!(last, [0x5a]);
+    drop(kill);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Inline mode (no transfer threads, the default): the get of the
