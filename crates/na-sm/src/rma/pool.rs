@@ -35,6 +35,8 @@ use crate::sys::eventfd::EventFd;
 const STUCK_AFTER: Duration = Duration::from_secs(1);
 /// See [`STUCK_AFTER`].
 const STUCK_REPORT_EVERY: Duration = Duration::from_secs(10);
+/// How often submits and cancels look for stuck jobs at most.
+const STUCK_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// One peer's jobs.
 #[derive(Default)]
@@ -95,7 +97,8 @@ pub(crate) struct RmaPool {
     pub pidfds: HashMap<u64, Option<Arc<std::os::fd::OwnedFd>>>,
     /// The fork generation the pool was made in.
     generation: u64,
-    last_stuck_report: Option<Instant>,
+    /// When [`report_stuck`](Self::report_stuck) looks next.
+    next_stuck_check: Option<Instant>,
 }
 
 impl RmaPool {
@@ -116,7 +119,7 @@ impl RmaPool {
             next_job: 0,
             pidfds: HashMap::new(),
             generation: crate::sys::fork::generation(),
-            last_stuck_report: None,
+            next_stuck_check: None,
         }
     }
 
@@ -259,17 +262,17 @@ impl RmaPool {
 
     /// Logs (debug level, throttled) a job running for more than
     /// [`STUCK_AFTER`]: its peer's memory probably stalls the kernel.
+    /// Looks at most every [`STUCK_CHECK_EVERY`] (a busy caller submits
+    /// far more often), and says so at most every [`STUCK_REPORT_EVERY`].
     fn report_stuck(&mut self) {
         if self.counts().1 == 0 {
             return;
         }
         let now = Instant::now();
-        if self
-            .last_stuck_report
-            .is_some_and(|t| now.duration_since(t) < STUCK_REPORT_EVERY)
-        {
+        if self.next_stuck_check.is_some_and(|t| now < t) {
             return;
         }
+        self.next_stuck_check = Some(now + STUCK_CHECK_EVERY);
         let st = self.shared.lock();
         let stuck: Vec<(u64, Duration)> = st
             .queues
@@ -280,7 +283,7 @@ impl RmaPool {
         let waiting: usize = st.queues.values().map(|q| q.jobs.len()).sum();
         drop(st);
         if let Some((peer, longest)) = stuck.iter().max_by_key(|(_, d)| *d) {
-            self.last_stuck_report = Some(now);
+            self.next_stuck_check = Some(now + STUCK_REPORT_EVERY);
             tracing::debug!(
                 stuck = stuck.len(),
                 longest = ?longest,
