@@ -212,6 +212,9 @@ impl RmaPool {
     /// direction, if it was in the pool.
     pub fn cancel(&mut self, op: OpId) -> Option<RmaDir> {
         let p = self.ops.remove(&op)?;
+        if self.forked() {
+            return Some(p.dir);
+        }
         let mut st = self.shared.lock();
         if let Some(q) = st.queues.get_mut(&p.peer) {
             if let Some(i) = q.jobs.iter().position(|j| j.id == p.job) {
@@ -241,6 +244,9 @@ impl RmaPool {
             self.ops.remove(op);
         }
         self.pidfds.remove(&peer);
+        if self.forked() {
+            return failed;
+        }
         let mut st = self.shared.lock();
         let dropped = match st.queues.get_mut(&peer) {
             Some(q) => {
@@ -262,6 +268,15 @@ impl RmaPool {
 
     /// Logs (debug level, throttled) a job running for more than
     /// [`STUCK_AFTER`]: its peer's memory probably stalls the kernel.
+    /// This is a forked child's copy of the pool: its lock may have been
+    /// held by a parent's thread at the fork, which does not exist here
+    /// (so it would never be let go). The inherited plugin refuses work
+    /// (`check_not_inherited`); what does reach the pool here (a cancel,
+    /// the drop) leaves the lock alone.
+    fn forked(&self) -> bool {
+        crate::sys::fork::generation() != self.generation
+    }
+
     /// Looks at most every [`STUCK_CHECK_EVERY`] (a busy caller submits
     /// far more often), and says so at most every [`STUCK_REPORT_EVERY`].
     fn report_stuck(&mut self) {
@@ -299,7 +314,7 @@ impl Drop for RmaPool {
     fn drop(&mut self) {
         // In a forked child the lock may be held by a parent's thread that
         // does not exist here: leave it (the child has no workers).
-        if crate::sys::fork::generation() != self.generation {
+        if self.forked() {
             return;
         }
         let mut st = self.shared.lock();
