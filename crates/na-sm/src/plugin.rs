@@ -148,8 +148,9 @@ pub struct SmPlugin {
     /// `SmConfig::rma_threads`, resolved: 0 moves RMA on the caller's
     /// thread.
     pub(crate) rma_threads: usize,
-    /// The RMA transfer threads (made on the first batch handed to them).
-    pub(crate) rma_pool: Option<crate::rma::RmaPool>,
+    /// The RMA transfer threads (made on the first batch handed to them;
+    /// boxed: the inline mode's instance stays as small as it was).
+    pub(crate) rma_pool: Option<Box<crate::rma::RmaPool>>,
     /// Pull mode (`Plugin::pull_unexpected`): unexpected messages wait in
     /// their ring until `take_unexpected` copies them out.
     pub(crate) pull: bool,
@@ -301,7 +302,7 @@ impl SmPlugin {
     /// `take_rma_results`): one load when there is no pool.
     #[inline]
     pub(crate) fn rma_results_wait(&self) -> bool {
-        self.rma_pool.as_ref().is_some_and(crate::rma::RmaPool::has_done)
+        self.rma_pool.as_ref().is_some_and(|p| p.has_done())
     }
 
     #[inline]

@@ -95,10 +95,10 @@ impl SmPlugin {
                 // It starts readable (see `EventFd::new`): the set reports
                 // it once, for nothing (see `wake_primed`).
                 self.wake_primed = true;
-                RmaPool::new(self.rma_threads, wake)
+                Box::new(RmaPool::new(self.rma_threads, wake))
             }
         };
-        Ok(self.rma_pool.insert(pool))
+        Ok(&mut **self.rma_pool.insert(pool))
     }
 
     /// A handle to peer `tok`'s pidfd for its jobs (duplicated once).
