@@ -69,6 +69,9 @@ QS_SM_WAKE=pipe cargo test --quiet -p na-sm --test suite
 step "the na-sm conformance suite again, peers' exits watched by pid as before Linux 6.5 (QS_SM_PIDFD=pid)"
 QS_SM_PIDFD=pid cargo test --quiet -p na-sm --test suite
 
+step "the na-sm conformance suite again, RMA on transfer threads (QS_SM_RMA_THREADS=2)"
+QS_SM_RMA_THREADS=2 cargo test --quiet -p na-sm --test suite
+
 step "the RPC tests again with posted receives instead of sm's pull mode (QS_RPC_RECV=posted)"
 QS_RPC_RECV=posted cargo test --quiet -p hg-rpc --test rpc --test spilled_args --test bulk_transfers \
   --test response_routing --test abandoned_inputs --test bulk_given_up --test async_rpc --test async_stop \

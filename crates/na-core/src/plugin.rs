@@ -96,6 +96,19 @@ pub struct PluginStats {
     /// Counted by na-verbs and na-sm alike. See
     /// [`refuse_self_rma`](Self::refuse_self_rma).
     pub self_rma_refused: u64,
+    /// RMA batches handed to transfer threads instead of moved on the
+    /// caller's thread (na-sm with `SmConfig::rma_threads` > 0; zero
+    /// elsewhere).
+    pub rma_offloaded: u64,
+    /// Transfer jobs (na-sm: a window of up to 1024 transfers of one
+    /// batch) queued for transfer threads and not started. Jobs that
+    /// stay here while [`rma_jobs_running`](Self::rma_jobs_running) does
+    /// not move wait behind a peer whose memory stalls.
+    pub rma_jobs_waiting: u64,
+    /// Transfer jobs a transfer thread is running now (na-sm: at most one
+    /// per peer; one that stays for long is a peer whose memory stalls
+    /// the kernel: see na-sm's `SmConfig::rma_threads`).
+    pub rma_jobs_running: u64,
 }
 
 impl PluginStats {

@@ -20,6 +20,21 @@ pub const WAKE_ENV: &str = "QS_SM_WAKE";
 /// newer.
 pub const PIDFD_ENV: &str = "QS_SM_PIDFD";
 
+/// Environment variable choosing how many transfer threads move RMA data
+/// when [`SmConfig::rma_threads`] is `None`: a number, `0` (the default)
+/// for none (RMA moves inside the `rma` call, on the caller's thread).
+/// See [`SmConfig::rma_threads`] for when to set it.
+pub const RMA_THREADS_ENV: &str = "QS_SM_RMA_THREADS";
+
+/// Most transfer threads [`SmConfig::rma_threads`] (or
+/// [`RMA_THREADS_ENV`]) may ask for.
+pub const MAX_RMA_THREADS: usize = 64;
+
+/// Most transfer jobs (a job: up to `IOV_MAX` transfers of one direction
+/// from one batch) that may wait for one peer in the transfer-thread pool;
+/// a batch that would pass it is refused whole, nothing started.
+pub const RMA_QUEUE_PER_PEER: usize = 1024;
+
 /// Longest instance name accepted in `sm://<name>` and in addresses.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -84,6 +99,27 @@ pub struct SmConfig {
     /// plugin instances (or claims many names) cannot exhaust our
     /// descriptors. Default [`DEFAULT_MAX_CONNS_PER_PROCESS`].
     pub max_conns_per_process: usize,
+    /// Transfer threads for RMA: `None` means `$QS_SM_RMA_THREADS`
+    /// ([`RMA_THREADS_ENV`]), else 0.
+    ///
+    /// 0 (the default): each batch moves inside the `rma` call, on the
+    /// caller's thread, which is the fastest (no hand-off). But the kernel
+    /// faults the peer's pages in on that thread, and a peer whose memory
+    /// stalls every access (a mapping of a file on a FUSE or network file
+    /// system whose server hangs, a range registered with a userfaultfd
+    /// whose handler deadlocked) then holds it, killable only, for as long
+    /// as the stall lasts: with it the whole engine.
+    ///
+    /// N > 0 (at most [`MAX_RMA_THREADS`]): `rma` checks the batch and
+    /// returns at once; up to N threads (`qs-sm-rma-K`, started on first
+    /// use) move it, at most one job per peer at a time, so a stalled peer
+    /// holds one thread and its own queue only, and the caller never
+    /// waits. Completions arrive through progress as usual; cancel
+    /// completes a transfer at once (see `na_sm`'s crate docs). The
+    /// hand-off costs a few microseconds per batch: turn it on where peers'
+    /// exposed memory may be backed by something that can hang.
+    /// Transfers to this process itself stay on the caller's thread.
+    pub rma_threads: Option<usize>,
     /// Watch peers' exits as on kernels without `SO_PEERPIDFD`: through
     /// `pidfd_open` of the peer's pid, checked against its start time
     /// (`$QS_SM_PIDFD=pid` does the same, in every build). For tests of
@@ -123,6 +159,7 @@ impl Default for SmConfig {
             max_backlog_bytes: na_core::DEFAULT_MAX_BACKLOG_BYTES,
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             max_conns_per_process: DEFAULT_MAX_CONNS_PER_PROCESS,
+            rma_threads: None,
             #[cfg(feature = "test-hooks")]
             pidfd_by_pid: false,
             #[cfg(feature = "test-hooks")]
@@ -162,6 +199,40 @@ impl SmConfig {
             Some(v) => {
                 WakeKind::parse(&v).ok_or_else(|| config_error(WAKE_ENV, v, "expected eventfd or pipe"))
             }
+        }
+    }
+
+    /// How many RMA transfer threads this configuration asks for:
+    /// [`rma_threads`](Self::rma_threads), else [`RMA_THREADS_ENV`]
+    /// (a decimal number), else 0. More than [`MAX_RMA_THREADS`], or a
+    /// value that is not a number, is an error naming it.
+    pub fn resolve_rma_threads(&self) -> SmResult<usize> {
+        let too_many = |n: usize| n > MAX_RMA_THREADS;
+        if let Some(n) = self.rma_threads {
+            if too_many(n) {
+                return Err(config_error(
+                    "SmConfig::rma_threads",
+                    n.to_string(),
+                    &format!("at most {MAX_RMA_THREADS} transfer threads"),
+                ));
+            }
+            return Ok(n);
+        }
+        let Some(v) = env_string(RMA_THREADS_ENV)? else {
+            return Ok(0);
+        };
+        match v.trim().parse::<usize>() {
+            Ok(n) if !too_many(n) => Ok(n),
+            Ok(_) => Err(config_error(
+                RMA_THREADS_ENV,
+                v,
+                &format!("at most {MAX_RMA_THREADS} transfer threads"),
+            )),
+            Err(_) => Err(config_error(
+                RMA_THREADS_ENV,
+                v,
+                "expected a number of RMA transfer threads (0: none, transfers on the caller's thread)",
+            )),
         }
     }
 
@@ -302,6 +373,33 @@ mod tests {
         assert!(check_name("").is_err());
         assert!(check_name("a/b").is_err());
         assert!(check_name(&"x".repeat(65)).is_err());
+    }
+
+    /// The field wins over the environment; 0 and small numbers pass; too
+    /// many threads is refused naming the field. (The environment variable
+    /// itself is read in `tests/rma_threads_env.rs`, a process of its own.)
+    #[test]
+    fn rma_threads_from_the_field() {
+        let cfg = |n| SmConfig {
+            rma_threads: Some(n),
+            ..SmConfig::default()
+        };
+        assert_eq!(cfg(0).resolve_rma_threads().unwrap(), 0);
+        assert_eq!(cfg(2).resolve_rma_threads().unwrap(), 2);
+        assert_eq!(
+            cfg(MAX_RMA_THREADS).resolve_rma_threads().unwrap(),
+            MAX_RMA_THREADS
+        );
+        let e = cfg(MAX_RMA_THREADS + 1)
+            .resolve_rma_threads()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SmConfig::rma_threads") && e.contains("65"), "{e}");
+        assert_eq!(
+            SmConfig::default().rma_threads,
+            None,
+            "the default reads the environment"
+        );
     }
 
     #[test]

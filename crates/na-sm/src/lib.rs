@@ -137,7 +137,21 @@
 //! partial transfers; a transfer that fails fails alone. Access and bounds are checked first (errors returned); kernel
 //! failures complete the operation with an error (EPERM with advice, ESRCH
 //! as peer gone). The pid comes from `SO_PEERCRED`, never from the peer.
-//! RMA completes inside the `rma` call; its completions are still queued.
+//! By default RMA completes inside the `rma` call (its completions are
+//! still queued), on the caller's thread, where a peer whose exposed
+//! memory stalls the kernel (a hung FUSE or network file system behind
+//! it, a userfaultfd nobody answers) holds the caller for as long as the
+//! stall lasts. With [`SmConfig::rma_threads`] (or [`RMA_THREADS_ENV`])
+//! above 0, `rma` checks the batch and hands it to a bounded pool of
+//! transfer threads, at most one job per peer at a time, each peer's
+//! queue bounded by [`RMA_QUEUE_PER_PEER`]; completions come through
+//! progress, which the threads wake. Each job checks the peer's pidfd
+//! before it moves anything. Cancel completes a handed-over transfer at
+//! once, even a running one (its local memory may still be written until
+//! the kernel lets go; the job holds a clone of the handle until then,
+//! so the memory is never freed under it). Transfers to this process stay
+//! on the caller's thread. [`PluginStats`](na_core::PluginStats)'s
+//! `rma_offloaded`, `rma_jobs_waiting` and `rma_jobs_running` count them.
 //!
 //! ## Trust
 //! Everything a peer can write is validated: ring slots (marker, kind,
@@ -220,7 +234,7 @@ pub use closer::{
 };
 pub use config::{
     default_dir, SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, DEFAULT_MAX_QUEUED_PER_PEER,
-    MAX_NAME_LEN, PIDFD_ENV, SOCKET_DIR_ENV, WAKE_ENV,
+    MAX_NAME_LEN, MAX_RMA_THREADS, PIDFD_ENV, RMA_QUEUE_PER_PEER, RMA_THREADS_ENV, SOCKET_DIR_ENV, WAKE_ENV,
 };
 pub use connect::{MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 pub use error::{SmError, SmResult};

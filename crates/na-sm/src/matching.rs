@@ -27,6 +27,9 @@ pub(crate) enum OpPlace {
     RecvExpected(u64, Tag),
     /// In the send backlog of the peer with this token.
     Send(u64),
+    /// Handed to the RMA transfer threads, for the peer with this token
+    /// (see `rma::offload`).
+    Rma(u64),
 }
 
 type Key = (u64, Tag);
@@ -271,7 +274,7 @@ impl Matcher {
                 }
                 b
             }
-            OpPlace::Send(_) => None,
+            OpPlace::Send(_) | OpPlace::Rma(_) => None,
         }
     }
 

@@ -47,6 +47,7 @@ impl SmPlugin {
                 let kind = q.map_or(OpKind::SendUnexpected, |q| kind_of(q.kind));
                 Completion::failed(op, kind, NaError::Canceled, None)
             }
+            OpPlace::Rma(_) => self.cancel_rma(op)?,
             OpPlace::RecvUnexpected | OpPlace::RecvExpected(..) => {
                 let kind = if place == OpPlace::RecvUnexpected {
                     OpKind::RecvUnexpected
@@ -159,6 +160,7 @@ impl SmPlugin {
                     .push_back(Completion::failed(q.op, kind_of(q.kind), err(), None));
             }
         }
+        self.fail_peer_rma(tok, &err);
         let stays = tok == self.self_tok;
         for op in self.matcher.fail_peer(tok, stays, err, &mut self.completions) {
             self.ops.remove(&op);

@@ -42,6 +42,8 @@ pub(crate) const WAKE_BIT: u64 = 1 << 62;
 pub(crate) const TIMER_TOKEN: u64 = 1 << 61;
 /// Set in the internal epoll token of a connection's peer pidfd.
 pub(crate) const PIDFD_BIT: u64 = 1 << 60;
+/// Internal epoll token of the RMA transfer threads' wake-up eventfd.
+pub(crate) const POOL_TOKEN: u64 = 1 << 59;
 
 /// An accepted socket whose hello has not arrived yet.
 pub(crate) struct PendingAccept {
@@ -143,6 +145,12 @@ pub struct SmPlugin {
     pub(crate) msg_bufs: MsgBufPool,
     /// Scratch iovec lists of RMA transfers (kept for their capacity).
     pub(crate) iov_lists: IovLists,
+    /// `SmConfig::rma_threads`, resolved: 0 moves RMA on the caller's
+    /// thread.
+    pub(crate) rma_threads: usize,
+    /// The RMA transfer threads (made on the first batch handed to them;
+    /// boxed: the inline mode's instance stays as small as it was).
+    pub(crate) rma_pool: Option<Box<crate::rma::RmaPool>>,
     /// Pull mode (`Plugin::pull_unexpected`): unexpected messages wait in
     /// their ring until `take_unexpected` copies them out.
     pub(crate) pull: bool,
@@ -290,6 +298,13 @@ impl SmPlugin {
     /// instance: its rings, peers and address are the parent's (a child
     /// that polled them would take its parent's messages, and its peers'
     /// transfers would reach the parent). Dropping it is fine.
+    /// RMA transfer threads' results wait to be taken (see
+    /// `take_rma_results`): one load when there is no pool.
+    #[inline]
+    pub(crate) fn rma_results_wait(&self) -> bool {
+        self.rma_pool.as_ref().is_some_and(|p| p.has_done())
+    }
+
     #[inline]
     pub(crate) fn check_not_inherited(&self) -> Result<()> {
         if crate::sys::fork::generation() == self.generation {

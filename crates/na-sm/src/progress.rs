@@ -18,7 +18,7 @@ use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
 use crate::conn::Role;
 use crate::connect::AcceptPause;
 use crate::peer_failure::{wake_failure, Failure};
-use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, PIDFD_BIT, TIMER_TOKEN, WAKE_BIT};
+use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, PIDFD_BIT, POOL_TOKEN, TIMER_TOKEN, WAKE_BIT};
 use crate::sys::wake::PeerWake;
 
 /// Harvests [`SmPlugin::harvest_primed`] makes at most before it sleeps
@@ -35,6 +35,9 @@ pub const EVENT_POLL_INTERVAL: u32 = 1024;
 impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
+        if self.rma_results_wait() {
+            self.take_rma_results();
+        }
         self.tick = self.tick.wrapping_add(1);
         let found = self.spin_found.take().is_some();
         let woken = self.armed;
@@ -133,6 +136,7 @@ impl SmPlugin {
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
             || !self.completions.is_empty()
+            || self.rma_results_wait()
         {
             return 0;
         }
@@ -251,7 +255,7 @@ impl SmPlugin {
     /// re-checks for work. A sender waiting for room must not wait on a
     /// receiver that sleeps without having said how far it read.
     pub(crate) fn arm(&mut self) -> bool {
-        if !self.completions.is_empty() || self.pull_ready() || self.events_owed {
+        if !self.completions.is_empty() || self.pull_ready() || self.events_owed || self.rma_results_wait() {
             return false;
         }
         let mut violations = Vec::new();
@@ -380,6 +384,10 @@ impl SmPlugin {
     fn handle_event(&mut self, token: u64) {
         if token == LISTENER_TOKEN {
             self.accept_ready();
+            return;
+        }
+        if token == POOL_TOKEN {
+            // RMA results: taken by the progress call that follows.
             return;
         }
         if token == TIMER_TOKEN {

@@ -5,6 +5,10 @@
 //! address and someone else's idea of our memory (a hostile server's
 //! "bulk handle" whose owner is the client) must be refused before
 //! anything moves: the canaries below are plain heap memory.
+//!
+//! Every test runs twice: inline, and with RMA transfer threads
+//! (`SmConfig::rma_threads`), where transfers to this process stay on the
+//! caller's thread, checked the same way (`rma_offloaded` stays 0).
 
 use std::collections::VecDeque;
 
@@ -42,10 +46,17 @@ fn completions(p: &mut SmPlugin) -> Vec<Completion> {
     out.into_iter().collect()
 }
 
-#[test]
-fn transfers_to_self_stay_inside_registered_memory() {
+fn transfers_to_self_stay_inside_registered_memory_with(threads: usize) {
     let dir = private_dir("self-rma");
-    let mut p = SmPlugin::new(PluginId(1), SmConfig::default().with_dir(&dir)).unwrap();
+    let mut p = SmPlugin::new(
+        PluginId(1),
+        SmConfig {
+            rma_threads: Some(threads),
+            ..SmConfig::default()
+        }
+        .with_dir(&dir),
+    )
+    .unwrap();
     let me = p.self_addr();
     let source = MemHandle::new(vec![vec![0xab; 64]], Access::ReadWrite);
     let sink = MemHandle::zeroed(64, Access::ReadWrite);
@@ -121,6 +132,7 @@ fn transfers_to_self_stay_inside_registered_memory() {
     // Every refusal counted (the batch once), the honest transfers not.
     let st = p.stats();
     assert_eq!(st.self_rma_refused, 6, "the 6 refusals above: {st:?}");
+    assert_eq!(st.rma_offloaded, 0, "transfers to this process stay inline");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -130,10 +142,17 @@ fn transfers_to_self_stay_inside_registered_memory() {
 /// or been told by a colluding peer) forges a descriptor of it with no
 /// key, or with the key of a handle the client lent to *it*, and hands it
 /// back as its own "bulk handle": the client's push is refused.
-#[test]
-fn exposed_memory_is_reached_only_through_its_own_descriptor() {
+fn exposed_memory_is_reached_only_through_its_own_descriptor_with(threads: usize) {
     let dir = private_dir("self-rma-key");
-    let mut p = SmPlugin::new(PluginId(1), SmConfig::default().with_dir(&dir)).unwrap();
+    let mut p = SmPlugin::new(
+        PluginId(1),
+        SmConfig {
+            rma_threads: Some(threads),
+            ..SmConfig::default()
+        }
+        .with_dir(&dir),
+    )
+    .unwrap();
     let me = p.self_addr();
     let source = MemHandle::new(vec![vec![0xee; 64]], Access::ReadOnly);
     let lent_elsewhere = MemHandle::zeroed(64, Access::WriteOnly);
@@ -179,6 +198,11 @@ fn exposed_memory_is_reached_only_through_its_own_descriptor() {
     assert!(c.iter().any(|c| c.op == OpId(10) && c.status.is_ok()), "{c:?}");
     assert!(lent_elsewhere.to_vec().iter().all(|&b| b == 0xee));
     assert_eq!(p.stats().self_rma_refused, 4, "the 4 forged keys");
+    assert_eq!(
+        p.stats().rma_offloaded,
+        0,
+        "transfers to this process stay inline"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -186,11 +210,26 @@ fn exposed_memory_is_reached_only_through_its_own_descriptor() {
 /// ours, so the kernel checks nothing there either. What either instance
 /// registered may be moved between them (two engines of one process);
 /// anything else is refused.
-#[test]
-fn transfers_to_another_instance_of_this_process_are_checked_too() {
+fn transfers_to_another_instance_of_this_process_are_checked_too_with(threads: usize) {
     let dir = private_dir("self-rma-2");
-    let mut a = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
-    let mut b = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let mut a = SmPlugin::new(
+        PluginId(1),
+        SmConfig {
+            rma_threads: Some(threads),
+            ..SmConfig::listening()
+        }
+        .with_dir(&dir),
+    )
+    .unwrap();
+    let mut b = SmPlugin::new(
+        PluginId(2),
+        SmConfig {
+            rma_threads: Some(threads),
+            ..SmConfig::default()
+        }
+        .with_dir(&dir),
+    )
+    .unwrap();
     let to_a = b.lookup(a.self_addr().uri()).unwrap();
     let source = MemHandle::new(vec![vec![0xcd; 64]], Access::ReadWrite);
     b.mem_register(&source).unwrap();
@@ -227,5 +266,36 @@ fn transfers_to_another_instance_of_this_process_are_checked_too() {
         (0, 1),
         "{sa:?} {sb:?}"
     );
+    assert_eq!(sb.rma_offloaded, 0, "transfers to this process stay inline");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn transfers_to_self_stay_inside_registered_memory() {
+    transfers_to_self_stay_inside_registered_memory_with(0);
+}
+
+#[test]
+fn transfers_to_self_stay_inside_registered_memory_on_transfer_threads() {
+    transfers_to_self_stay_inside_registered_memory_with(2);
+}
+
+#[test]
+fn exposed_memory_is_reached_only_through_its_own_descriptor() {
+    exposed_memory_is_reached_only_through_its_own_descriptor_with(0);
+}
+
+#[test]
+fn exposed_memory_is_reached_only_through_its_own_descriptor_on_transfer_threads() {
+    exposed_memory_is_reached_only_through_its_own_descriptor_with(2);
+}
+
+#[test]
+fn transfers_to_another_instance_of_this_process_are_checked_too() {
+    transfers_to_another_instance_of_this_process_are_checked_too_with(0);
+}
+
+#[test]
+fn transfers_to_another_instance_of_this_process_are_checked_too_on_transfer_threads() {
+    transfers_to_another_instance_of_this_process_are_checked_too_with(2);
 }

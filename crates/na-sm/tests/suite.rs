@@ -4,6 +4,8 @@
 //! mode, with the extra roles `hostile` and `envcheck`).
 
 mod common;
+#[path = "suite/rma_pool.rs"]
+mod rma_pool;
 #[path = "suite/sm_only.rs"]
 mod sm_only;
 
@@ -34,11 +36,26 @@ fn transport(dir: PathBuf, guard: Option<Dir>) -> Transport {
 /// `wake`: what this process and its peers are woken by (`None`: the
 /// default, or `$QS_SM_WAKE`).
 fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>) -> Transport {
+    transport_with(dir, guard, wake, None)
+}
+
+/// As [`transport_with_wake`], and `rma_threads`: the RMA transfer
+/// threads of this process and its peers (`None`: the default, or
+/// `$QS_SM_RMA_THREADS`).
+fn transport_with(
+    dir: PathBuf,
+    guard: Option<Dir>,
+    wake: Option<WakeKind>,
+    rma_threads: Option<usize>,
+) -> Transport {
     let d = dir.clone();
     let d2 = dir.clone();
     let mut peer_env = vec![(SOCKET_DIR_ENV.into(), dir.into_os_string())];
     if let Some(k) = wake {
         peer_env.push((WAKE_ENV.into(), k.name().into()));
+    }
+    if let Some(n) = rma_threads {
+        peer_env.push((na_sm::RMA_THREADS_ENV.into(), n.to_string().into()));
     }
     Transport {
         name: "sm",
@@ -46,6 +63,7 @@ fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>)
             let cfg = SmConfig {
                 listen,
                 wake,
+                rma_threads,
                 ..SmConfig::default()
             }
             .with_dir(d.clone());
@@ -56,6 +74,7 @@ fn transport_with_wake(dir: PathBuf, guard: Option<Dir>, wake: Option<WakeKind>)
             move |id, max_backlog_bytes, max_backlog_total| {
                 let cfg = SmConfig {
                     wake,
+                    rma_threads,
                     max_backlog_bytes,
                     max_backlog_total,
                     ..SmConfig::default()
@@ -157,6 +176,6 @@ fn main() {
         setup,
         peer,
         extra_roles,
-        extra_trials: sm_only::trials(),
+        extra_trials: sm_only::trials().into_iter().chain(rma_pool::trials()).collect(),
     });
 }

@@ -344,6 +344,9 @@ impl Plugin for SmPlugin {
         stats.peers = peers;
         stats.peer_entries = peers;
         stats.backlog_bytes = self.backlog_total.bytes() as u64;
+        if let Some(pool) = &self.rma_pool {
+            (stats.rma_jobs_waiting, stats.rma_jobs_running) = pool.counts();
+        }
         stats
     }
 }

@@ -45,6 +45,7 @@ impl SmPlugin {
         let dir = config.resolve_dir()?;
         let wake_kind = config.resolve_wake()?;
         let exit_watch = config.resolve_exit_watch()?;
+        let rma_threads = config.resolve_rma_threads()?;
         let named = |instance| SmName {
             pid: proc::pid(),
             instance,
@@ -123,6 +124,8 @@ impl SmPlugin {
             exit_watch,
             msg_bufs: MsgBufPool::default(),
             iov_lists: IovLists::default(),
+            rma_threads,
+            rma_pool: None,
             pull: false,
             pull_heads: 0,
             pull_last: None,

@@ -20,6 +20,59 @@ pub fn busy_endpoint(dir: &std::path::Path, listen: bool) -> (na_core::Endpoint,
     (ep, id)
 }
 
+/// A busy endpoint as [`busy_endpoint`], with `rma_threads` RMA transfer
+/// threads (`SmConfig::rma_threads`).
+pub fn rma_endpoint(
+    dir: &std::path::Path,
+    listen: bool,
+    rma_threads: usize,
+) -> (na_core::Endpoint, na_core::PluginId) {
+    let cfg = na_sm::SmConfig {
+        listen,
+        rma_threads: Some(rma_threads),
+        ..na_sm::SmConfig::default()
+    }
+    .with_dir(dir);
+    let mut ep = na_core::Endpoint::new(na_core::ProgressMode::Busy).unwrap();
+    let id = ep
+        .add_plugin(|id| Ok(Box::new(na_sm::SmPlugin::new(id, cfg)?) as Box<dyn na_core::Plugin>))
+        .unwrap();
+    (ep, id)
+}
+
+/// A hostile RMA peer (a forked child): a page of memory that stalls every
+/// access, described to the listener at `uri` in an unexpected message;
+/// says on `status` whether it could (`U`: no userfaultfd here, `S`:
+/// sent), then drives its endpoint until it is killed.
+pub fn stalling_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 {
+    use std::os::fd::AsFd;
+    let Ok((_uffd, addr)) = sys::stalling_memory(4096) else {
+        sys::write(status.as_fd(), b"U");
+        return 0;
+    };
+    let (mut ep, _) = busy_endpoint(dir, false);
+    let Ok(to) = ep.lookup(uri) else { return 2 };
+    let seg = na_core::RemoteSegment {
+        addr: addr as u64,
+        len: 4096,
+        key: 0,
+    };
+    let Ok(desc) = na_core::RemoteMem::new(vec![seg], na_core::Access::ReadOnly) else {
+        return 3;
+    };
+    if ep
+        .send_unexpected(&to, 0, &desc.to_bytes(), na_core::OpId(1))
+        .is_err()
+    {
+        return 4;
+    }
+    sys::write(status.as_fd(), b"S");
+    loop {
+        let _ = ep.progress(Some(std::time::Duration::from_millis(10)));
+        while ep.pop_completion().is_some() {}
+    }
+}
+
 /// A new, empty socket directory private to this user (mode 0700, as sm
 /// requires), named by `tag` and this process; the caller removes it.
 pub fn private_dir(tag: &str) -> std::path::PathBuf {

@@ -1,5 +1,13 @@
 //! RMA: batches of puts and gets by cross-memory attach, completed inside
-//! the call and reported through the completion queue.
+//! the call and reported through the completion queue; or, with
+//! `SmConfig::rma_threads` > 0, handed to transfer threads (`pool`, `job`)
+//! whose results progress takes (`offload`).
+
+mod job;
+mod offload;
+mod pool;
+
+pub(crate) use pool::RmaPool;
 
 use std::io;
 
@@ -51,9 +59,14 @@ impl SmPlugin {
         // Our own process (our address, or another sm instance of this
         // process): checked against what is exposed, and the check holds
         // until the transfers end (see `exposed`).
+        // Those transfers stay on this thread: the check must hold until
+        // they end, and the memory is our own.
         let _exposed = if pid == self.name.pid {
             Some(check_self_rma(&mut self.stats, dest, ops)?)
         } else {
+            if self.rma_threads > 0 {
+                return self.rma_offload(dest, pid, ops);
+            }
             None
         };
         // Only for a subscriber that wants it: tracing's `log` feature would
@@ -115,7 +128,7 @@ impl SmPlugin {
     }
 
     /// The error a failed transfer completes with.
-    fn rma_error(&self, e: io::Error, dir: RmaDir, len: u64, pid: u32, dest: &Addr) -> NaError {
+    pub(crate) fn rma_error(&self, e: io::Error, dir: RmaDir, len: u64, pid: u32, dest: &Addr) -> NaError {
         let op = dir.name();
         let rma = |source| NaError::Rma {
             op,
