@@ -294,10 +294,6 @@ impl SmPlugin {
         self.check_not_inherited()
     }
 
-    /// Refuses to work in a process forked from the one that created this
-    /// instance: its rings, peers and address are the parent's (a child
-    /// that polled them would take its parent's messages, and its peers'
-    /// transfers would reach the parent). Dropping it is fine.
     /// RMA transfer threads' results wait to be taken (see
     /// `take_rma_results`): one load when there is no pool.
     #[inline]
@@ -305,6 +301,10 @@ impl SmPlugin {
         self.rma_pool.as_ref().is_some_and(|p| p.has_done())
     }
 
+    /// Refuses to work in a process forked from the one that created this
+    /// instance: its rings, peers and address are the parent's (a child
+    /// that polled them would take its parent's messages, and its peers'
+    /// transfers would reach the parent). Dropping it is fine.
     #[inline]
     pub(crate) fn check_not_inherited(&self) -> Result<()> {
         if crate::sys::fork::generation() == self.generation {
