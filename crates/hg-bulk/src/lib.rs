@@ -50,6 +50,32 @@ pub enum BulkError {
         /// [`MAX_REMOTE_SEGMENTS`].
         max: usize,
     },
+    /// [`Bulk::try_into_buffers`] was called while the memory is still in
+    /// use: another clone of the handle lives (one inside an RPC input
+    /// the caller still holds, one an origin's engine keeps for a call
+    /// until its target answers, see [`collect_lent`]) or a transfer in
+    /// flight holds it. The handle comes back unchanged: drop the other
+    /// holders (or wait for the call or transfer to end) and try again.
+    #[error(
+        "the bulk handle's memory is still in use ({holders} other holders: clones of the handle, \
+         such as one in an RPC input still held or kept for a call in flight, or transfers in flight)"
+    )]
+    InUse {
+        /// The handle, unchanged.
+        handle: Box<Bulk>,
+        /// Other holders of its memory: clones of the handle and
+        /// transfers in flight (each holds a clone).
+        holders: usize,
+    },
+}
+
+/// Lets a handler of `hg-rpc` (whose error is a `String`) use `?` on a
+/// [`Bulk`] call ([`Bulk::read_at`], [`Bulk::try_into_buffers`], ...):
+/// the message is what its caller receives.
+impl From<BulkError> for String {
+    fn from(e: BulkError) -> String {
+        e.to_string()
+    }
 }
 
 /// The serialized form of a [`Bulk`].
@@ -171,6 +197,49 @@ impl Bulk {
     /// The local memory, for handles created here.
     pub fn local(&self) -> Option<&MemHandle> {
         self.local.as_ref()
+    }
+
+    /// The local memory, or [`BulkError::NotLocal`] for a remote handle.
+    fn local_mem(&self) -> Result<&MemHandle, BulkError> {
+        self.local.as_ref().ok_or(BulkError::NotLocal)
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of a handle created here into
+    /// `dst` (what a peer pushed into it, say). A remote handle is
+    /// [`BulkError::NotLocal`]; a range past the end,
+    /// [`NaError::OutOfBounds`] (as [`BulkError::Na`]). Copies, because a
+    /// peer may write the memory at any time.
+    pub fn read_at(&self, offset: u64, dst: &mut [u8]) -> Result<(), BulkError> {
+        Ok(self.local_mem()?.read_at(offset, dst)?)
+    }
+
+    /// Copies `src` into a handle created here at `offset`, whatever its
+    /// access mode (which says what peers may do). Errors as
+    /// [`read_at`](Self::read_at)'s.
+    pub fn write_at(&self, offset: u64, src: &[u8]) -> Result<(), BulkError> {
+        Ok(self.local_mem()?.write_at(offset, src)?)
+    }
+
+    /// The whole contents of a handle created here, as one vector (a
+    /// remote handle is [`BulkError::NotLocal`]).
+    pub fn to_vec(&self) -> Result<Vec<u8>, BulkError> {
+        Ok(self.local_mem()?.to_vec())
+    }
+
+    /// [`into_buffers`](Self::into_buffers) with an error that says why:
+    /// [`BulkError::NotLocal`] for a remote handle (it has no buffers), or
+    /// [`BulkError::InUse`], which gives the handle back and counts what
+    /// still holds its memory.
+    pub fn try_into_buffers(self) -> Result<Vec<Vec<u8>>, BulkError> {
+        if self.local.is_none() {
+            return Err(BulkError::NotLocal);
+        }
+        self.into_buffers().map_err(|handle| {
+            // Itself aside; 0 when only a registration held elsewhere
+            // keeps the memory (see `MemHandle::into_buffers`).
+            let holders = handle.local.as_ref().map_or(0, MemHandle::holders);
+            BulkError::InUse { handle, holders }
+        })
     }
 
     /// The descriptor peers receive. For a small read-only handle created
@@ -625,6 +694,54 @@ mod tests {
         let local = *local.into_buffers().expect_err("a clone holds the memory");
         drop(copy);
         assert_eq!(local.into_buffers().unwrap(), vec![vec![1, 2], vec![3]]);
+    }
+
+    /// `read_at`, `write_at` and `to_vec` reach a local handle's memory
+    /// and say why not for a remote one or a range past the end;
+    /// `try_into_buffers` says what still holds the memory and gives the
+    /// handle back.
+    #[test]
+    fn local_memory_is_read_and_given_back_with_errors_that_say_why() {
+        let local = Bulk {
+            local: Some(MemHandle::new(vec![vec![1, 2], vec![3]], Access::ReadOnly)),
+            plugin: None,
+            desc: desc(3, Access::ReadOnly, None),
+            remote: RemoteMem::new(Vec::new(), Access::ReadOnly).unwrap(),
+            reach_via: None,
+        };
+        // Writes go through whatever peers may do (read-only to them).
+        local.write_at(1, &[9, 8]).unwrap();
+        let mut two = [0; 2];
+        local.read_at(0, &mut two).unwrap();
+        assert_eq!(two, [1, 9]);
+        assert_eq!(local.to_vec().unwrap(), [1, 9, 8]);
+        match local.read_at(2, &mut two) {
+            Err(BulkError::Na(NaError::OutOfBounds { .. })) => {}
+            other => panic!("expected out of bounds, got {other:?}"),
+        }
+        assert!(matches!(
+            local.write_at(3, &[0]),
+            Err(BulkError::Na(NaError::OutOfBounds { .. }))
+        ));
+        let remote = Bulk::from_desc(desc(3, Access::ReadOnly, None)).unwrap();
+        assert!(matches!(remote.read_at(0, &mut two), Err(BulkError::NotLocal)));
+        assert!(matches!(remote.write_at(0, &[0]), Err(BulkError::NotLocal)));
+        assert!(matches!(remote.to_vec(), Err(BulkError::NotLocal)));
+        assert!(matches!(remote.try_into_buffers(), Err(BulkError::NotLocal)));
+        // Two clones besides the one given: counted, and the handle back.
+        let (a, b) = (local.clone(), local.clone());
+        let local = match local.try_into_buffers() {
+            Err(e @ BulkError::InUse { holders: 2, .. }) => {
+                assert!(e.to_string().contains("still in use (2 other holders"), "{e}");
+                let BulkError::InUse { handle, .. } = e else {
+                    unreachable!()
+                };
+                *handle
+            }
+            other => panic!("expected the memory in use by two clones, got {other:?}"),
+        };
+        drop((a, b));
+        assert_eq!(local.try_into_buffers().unwrap(), vec![vec![1, 9], vec![8]]);
     }
 
     #[test]

@@ -56,7 +56,7 @@ fn serve(spec: &str) -> Res<()> {
         let local = ctx.expose(vec![vec![0; size]], Access::WriteOnly)?;
         ctx.transfer(BulkOp::Pull, &blob, 0, &local, 0, blob.size())?;
         // One buffer exposed, one back: no copy.
-        let mut bufs = local.into_buffers().map_err(|_| "buffer still in use")?;
+        let mut bufs = local.try_into_buffers()?;
         let data = bufs.pop().ok_or("no buffer")?;
         let sum = checksum(&data);
         s.lock().map_err(|_| "store poisoned")?.insert(key, data);
@@ -155,7 +155,7 @@ fn run() -> Res<()> {
             Access::WriteOnly,
         )?;
         let len = c.call::<Get>(&srv, &(key.clone(), into.clone()), T)?;
-        let back = into.into_buffers().map_err(|_| "buffer still in use")?.concat();
+        let back = into.try_into_buffers()?.concat();
         let ok = len as usize == whole.len() && checksum(&back) == sum;
         println!(
             "{key}: {} bytes in {} segment(s), put + get, checksum {sum:#018x} {}",

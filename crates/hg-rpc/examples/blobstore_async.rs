@@ -42,14 +42,11 @@ type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
 async fn put(ctx: AsyncBulkCtx, store: Store, key: String, blob: Bulk) -> Result<u64, String> {
     let size = checked_size(blob.size())?;
-    let local = ctx
-        .expose(vec![vec![0; size]], Access::WriteOnly)
-        .map_err(|e| e.to_string())?;
+    let local = ctx.expose(vec![vec![0; size]], Access::WriteOnly)?;
     ctx.transfer(BulkOp::Pull, &blob, 0, &local, 0, blob.size(), T)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     // One buffer exposed, one back: no copy.
-    let mut bufs = local.into_buffers().map_err(|_| "buffer still in use")?;
+    let mut bufs = local.try_into_buffers()?;
     let data = bufs.pop().ok_or("no buffer")?;
     let sum = checksum(&data);
     store.lock().map_err(|_| "store poisoned")?.insert(key, data);
@@ -60,12 +57,8 @@ async fn get(ctx: AsyncBulkCtx, store: Store, key: String, into: Bulk) -> Result
     let data = store.lock().map_err(|_| "store poisoned")?.get(&key).cloned();
     let data = data.ok_or_else(|| format!("no blob {key:?}"))?;
     let len = data.len() as u64;
-    let local = ctx
-        .expose(vec![data], Access::ReadOnly)
-        .map_err(|e| e.to_string())?;
-    ctx.transfer(BulkOp::Push, &into, 0, &local, 0, len, T)
-        .await
-        .map_err(|e| e.to_string())?;
+    let local = ctx.expose(vec![data], Access::ReadOnly)?;
+    ctx.transfer(BulkOp::Push, &into, 0, &local, 0, len, T).await?;
     Ok(len)
 }
 
@@ -122,7 +115,7 @@ async fn round_trip(c: Arc<AsyncEngine>, srv: hg_rpc::Addr, i: usize, parts: Vec
         Access::WriteOnly,
     )?;
     let len = c.call::<Get>(&srv, &(key.clone(), into.clone()), T).await?;
-    let back = into.into_buffers().map_err(|_| "buffer still in use")?.concat();
+    let back = into.try_into_buffers()?.concat();
     let ok = len as usize == whole.len() && checksum(&back) == sum;
     println!(
         "{key}: {} bytes in {} segment(s), put + get, checksum {sum:#018x} {}",

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use hg_bulk::{Bulk, BulkOp, Span, Started};
 use na_core::{Access, Addr, Completion, Endpoint, OpId, PluginId};
 
-use super::bulk_ops::bulk_span;
+use super::bulk_ops::{bulk_err, bulk_span};
 use super::DebugSpan;
 #[cfg(doc)]
 use super::Engine;
+use crate::error::{Result, RpcError};
 use crate::lookup_backoff::LookupBackoff;
+use crate::stats::RpcStats;
 /// How long a handler's transfer may take before it fails, unless set
 /// with [`Engine::set_handler_transfer_timeout`].
 pub const DEFAULT_HANDLER_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,22 +49,38 @@ pub struct BulkCtx<'a> {
     /// How long one call of [`transfer_batch`](Self::transfer_batch) (or
     /// [`transfer`](Self::transfer)) may take.
     pub(super) transfer_timeout: Duration,
+    /// The engine's counters (`bulk_done`, `bulk_failed`, `bulk_bytes`).
+    pub(super) stats: &'a mut RpcStats,
 }
 
 /// Why a window of a handler's transfer failed.
 enum WindowFailure {
-    /// A transfer failed (the others in the window finished first).
-    Failed(String),
+    /// A transfer failed (the others in the window finished first), or
+    /// the window was refused at its start.
+    Failed(RpcError),
     /// The batch cannot go on: the deadline passed (the window's transfers
     /// were canceled and waited for), or the endpoint failed while they
     /// were in flight.
-    Stopped(String),
+    Stopped(RpcError),
 }
 
 impl BulkCtx<'_> {
     /// The address of the caller whose request is being handled.
     pub fn origin(&self) -> &Addr {
         self.origin
+    }
+
+    /// The engine's counters as they stand while this handler runs (this
+    /// request already counted in `handled`, this handler's finished
+    /// transfers in `bulk_done`, `bulk_failed`, `bulk_bytes`): the
+    /// counted fields of [`Engine::stats`]. The gauges `Engine::stats`
+    /// reads off the engine's tables, which a handler's context does not
+    /// reach, are 0 here: `in_flight`, `bulk_in_flight`,
+    /// `exposed_outputs`, `exposed_bytes`, `deferred_in_flight`,
+    /// `abandoned_inputs`, `abandoned_bytes`, `call_slots`,
+    /// `buffer_bytes` (and `driver_sleeps`).
+    pub fn stats(&self) -> RpcStats {
+        *self.stats
     }
 
     /// Lets this handler's transfers use handles owned by processes other
@@ -83,7 +101,7 @@ impl BulkCtx<'_> {
 
     /// Refuses a transfer with a handle the caller does not own (unless
     /// allowed); inline pulls move nothing over the network and pass.
-    fn check_owner(&self, op: BulkOp, remote: &Bulk) -> std::result::Result<(), String> {
+    fn check_owner(&self, op: BulkOp, remote: &Bulk) -> Result<()> {
         check_owner(
             self.any_owner,
             self.origin,
@@ -91,15 +109,26 @@ impl BulkCtx<'_> {
             remote,
             "BulkCtx::allow_any_owner",
         )
+        .map_err(|reason| RpcError::BulkRefused { reason })
     }
 
-    /// Exposes buffers as a local bulk handle.
-    pub fn expose(&mut self, buffers: Vec<Vec<u8>>, access: Access) -> std::result::Result<Bulk, String> {
-        Bulk::expose(self.ep, self.plugin, buffers, access).map_err(|e| e.to_string())
+    /// Exposes buffers as a local bulk handle (more buffers than a handle
+    /// can name are [`RpcError::BulkRefused`]).
+    pub fn expose(&mut self, buffers: Vec<Vec<u8>>, access: Access) -> Result<Bulk> {
+        Bulk::expose(self.ep, self.plugin, buffers, access).map_err(bulk_err)
+    }
+
+    /// The error of a handler's transfer past its timeout.
+    fn timed_out(&self) -> RpcError {
+        RpcError::Timeout {
+            rpc: "bulk transfer".into(),
+            millis: self.transfer_timeout.as_millis(),
+        }
     }
 
     /// Moves `len` bytes between `remote` and `local` and waits for it
-    /// (other work that completes meanwhile is kept for the engine).
+    /// (other work that completes meanwhile is kept for the engine). The
+    /// errors are [`transfer_batch`](Self::transfer_batch)'s.
     pub fn transfer(
         &mut self,
         op: BulkOp,
@@ -108,7 +137,7 @@ impl BulkCtx<'_> {
         local: &Bulk,
         local_offset: u64,
         len: u64,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         let span = Span {
             remote_offset,
             local_offset,
@@ -126,6 +155,15 @@ impl BulkCtx<'_> {
     /// window). The first failure is returned, after every span finished
     /// (unless the call stops early, below).
     ///
+    /// The errors are those of [`AsyncBulkCtx`](crate::AsyncBulkCtx) and
+    /// [`Engine::bulk`]: [`RpcError::BulkRefused`] for a transfer refused
+    /// before anything moved (a handle the caller does not own, a span
+    /// out of bounds, an access mode that forbids the direction),
+    /// [`RpcError::Transport`] for a transfer the transport failed,
+    /// [`RpcError::Timeout`] past the timeout below. A handler returns
+    /// them with `?` (its caller gets the message, see
+    /// [`RpcError`]'s `From` for `String`).
+    ///
     /// The whole call, the lookup of a third-party owner included (see
     /// [`allow_any_owner`](Self::allow_any_owner)), may take the engine's
     /// handler transfer timeout ([`Engine::set_handler_transfer_timeout`],
@@ -133,30 +171,24 @@ impl BulkCtx<'_> {
     /// the transfers in flight are canceled and waited for (so that, once
     /// the handler answers, nothing touches the caller's memory any more:
     /// an RDMA transfer on the wire cannot be recalled), and windows not
-    /// started yet are not started. (Only a failure of the endpoint itself
-    /// while transfers are in flight ends the wait early; it is logged as
-    /// an error.) A transfer's failure before the stop comes first in the
-    /// error. The deadline is also checked before each window after the
+    /// started yet are not started (how many is logged, at debug level).
+    /// (Only a failure of the endpoint itself while transfers are in
+    /// flight ends the wait early, with its [`RpcError::Transport`]; it is
+    /// logged as an error.) A transfer's failure before the stop is the
+    /// error, rather than the stop. The deadline is also checked before each window after the
     /// first, even one that copies in memory (a handle of this process, or
     /// inline data).
-    pub fn transfer_batch(
-        &mut self,
-        op: BulkOp,
-        remote: &Bulk,
-        local: &Bulk,
-        spans: &[Span],
-    ) -> std::result::Result<(), String> {
+    pub fn transfer_batch(&mut self, op: BulkOp, remote: &Bulk, local: &Bulk, spans: &[Span]) -> Result<()> {
         self.check_owner(op, remote)?;
-        hg_bulk::check_spans(remote, local, spans).map_err(|e| e.to_string())?;
+        hg_bulk::check_spans(remote, local, spans).map_err(bulk_err)?;
         let deadline = na_core::deadline_after(self.transfer_timeout);
-        let mut failure: Option<String> = None;
+        let mut failure: Option<RpcError> = None;
         for (i, window) in spans.chunks(BATCH_WINDOW).enumerate() {
             let before = i * BATCH_WINDOW;
             // Why the batch stops here, and how many spans it leaves
             // unstarted.
             let (why, skipped) = if i > 0 && Instant::now() >= deadline {
-                let why = format!("the transfer did not finish within {:?}", self.transfer_timeout);
-                (why, spans.len() - before)
+                (self.timed_out(), spans.len() - before)
             } else {
                 match self.transfer_window(op, remote, local, window, deadline) {
                     Ok(()) => continue,
@@ -167,11 +199,13 @@ impl BulkCtx<'_> {
                     Err(WindowFailure::Stopped(e)) => (e, spans.len() - before - window.len()),
                 }
             };
-            let why = match skipped {
-                0 => why,
-                n => format!("{why}; {n} later spans were not started"),
-            };
-            return Err(with_first(failure, why));
+            tracing::debug!(
+                error = %why,
+                not_started = skipped,
+                spans = spans.len(),
+                "a handler's bulk transfer stopped"
+            );
+            return Err(failure.unwrap_or(why));
         }
         failure.map_or(Ok(()), Err)
     }
@@ -193,7 +227,12 @@ impl BulkCtx<'_> {
             })
             .collect();
         let via = match self.start_window(op, remote, local, &ids, deadline)? {
-            Started::Done => return Ok(()),
+            Started::Done => {
+                for (s, _) in &ids {
+                    self.stats.count_bulk(true, s.len);
+                }
+                return Ok(());
+            }
             Started::Posted(via) => via,
         };
         let (first, last) = (
@@ -206,8 +245,10 @@ impl BulkCtx<'_> {
             while let Some(c) = self.ep.pop_completion() {
                 if (first..=last).contains(&c.op.0) {
                     left -= 1;
+                    self.stats
+                        .count_bulk(c.status.is_ok(), span_len(&ids, first, c.op));
                     if let (Err(e), None) = (c.status, &failure) {
-                        failure = Some(e.to_string());
+                        failure = Some(RpcError::Transport(e));
                     }
                 } else {
                     self.deferred.push_back(c);
@@ -218,20 +259,19 @@ impl BulkCtx<'_> {
             }
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
-                let late = left;
-                let why = format!(
-                    "{late} of {} bulk transfers did not finish within {:?} (canceled)",
-                    ids.len(),
-                    self.transfer_timeout
+                tracing::debug!(
+                    late = left,
+                    window = ids.len(),
+                    "a handler's bulk transfers did not finish within its timeout: canceled"
                 );
-                let why = with_first(failure, why);
-                return Err(match self.cancel_window(via, &ids, first..=last, left) {
-                    Ok(()) => WindowFailure::Stopped(why),
-                    Err(e) => WindowFailure::Stopped(format!("{why}; {e}")),
-                });
+                let why = match self.cancel_window(via, &ids, first..=last, left) {
+                    Ok(()) => self.timed_out(),
+                    Err(e) => e,
+                };
+                return Err(WindowFailure::Stopped(failure.unwrap_or(why)));
             }
             if let Err(e) = self.ep.progress(Some(wait)) {
-                return Err(WindowFailure::Stopped(with_first(failure, stopped_by(&e, left))));
+                return Err(WindowFailure::Stopped(failure.unwrap_or(stopped_by(e, left))));
             }
         }
         failure.map_or(Ok(()), |e| Err(WindowFailure::Failed(e)))
@@ -263,7 +303,7 @@ impl BulkCtx<'_> {
             match started {
                 Ok(started) => return Ok(started),
                 Err(hg_bulk::BulkError::Na(e)) if e.is_would_block() => {}
-                Err(e) => return Err(WindowFailure::Failed(e.to_string())),
+                Err(e) => return Err(WindowFailure::Failed(bulk_err(e))),
             }
             let (ep, deferred) = (&mut *self.ep, &mut *self.deferred);
             let paused = backoff.drive_pause(deadline, |wait| {
@@ -275,17 +315,15 @@ impl BulkCtx<'_> {
                 Ok(true) => {}
                 // Nothing started: later windows are not started either.
                 Ok(false) => {
-                    return Err(WindowFailure::Stopped(format!(
-                        "the lookup of the handle's owner {} did not finish within {:?}",
-                        remote.owner(),
-                        self.transfer_timeout
-                    )))
+                    tracing::debug!(
+                        owner = remote.owner(),
+                        "the lookup of a handler's bulk handle's owner did not finish within its timeout"
+                    );
+                    return Err(WindowFailure::Stopped(self.timed_out()));
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "progress failed while a handler looked up a bulk handle's owner");
-                    return Err(WindowFailure::Stopped(format!(
-                        "progress failed while looking up the handle's owner: {e}"
-                    )));
+                    return Err(WindowFailure::Stopped(RpcError::Transport(e)));
                 }
             }
         }
@@ -307,7 +345,7 @@ impl BulkCtx<'_> {
         ids: &[(Span, OpId)],
         range: std::ops::RangeInclusive<u64>,
         mut left: usize,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         for &(_, op) in ids {
             // Finished ones are unknown to the transport by now: no matter.
             let _ = self.ep.cancel(via, op);
@@ -317,6 +355,8 @@ impl BulkCtx<'_> {
             while let Some(c) = self.ep.pop_completion() {
                 if range.contains(&c.op.0) {
                     left -= 1;
+                    self.stats
+                        .count_bulk(c.status.is_ok(), span_len(ids, *range.start(), c.op));
                 } else {
                     self.deferred.push_back(c);
                 }
@@ -334,7 +374,7 @@ impl BulkCtx<'_> {
             }
             self.ep
                 .progress(Some(Duration::from_millis(100)))
-                .map_err(|e| stopped_by(&e, left))?;
+                .map_err(|e| stopped_by(e, left))?;
         }
     }
 }
@@ -363,22 +403,21 @@ pub(crate) fn check_owner(
     ))
 }
 
-/// `why` a batch stopped, after the first failure before it, if any.
-fn with_first(failure: Option<String>, why: String) -> String {
-    match failure {
-        Some(first) => format!("{first}; then {why}"),
-        None => why,
-    }
+/// The length of the span of `ids` (whose op ids count up from `first`)
+/// under op id `op`.
+fn span_len(ids: &[(Span, OpId)], first: u64, op: OpId) -> u64 {
+    let at = op.0.wrapping_sub(first) as usize;
+    ids.get(at).map_or(0, |(s, _)| s.len)
 }
 
 /// The endpoint failed while `left` transfers of a window were in flight:
 /// they cannot be waited for (so the answer may come before they end),
-/// and nothing more is started. Logged as an error; returns why.
-fn stopped_by(e: &na_core::NaError, left: usize) -> String {
+/// and nothing more is started. Logged as an error; returns the error.
+fn stopped_by(e: na_core::NaError, left: usize) -> RpcError {
     tracing::error!(
         error = %e,
         left,
         "progress failed while a handler's transfers were in flight; answering without them"
     );
-    format!("progress failed with {left} transfers in flight: {e}")
+    RpcError::Transport(e)
 }

@@ -155,12 +155,13 @@ impl<C: Codec> Engine<C> {
             Ok(Started::Posted(via)) => Some(via),
             Ok(Started::Done) => None,
         };
-        for &(_, id) in &ids {
+        for &(s, id) in &ids {
             match posted {
                 Some(via) => {
-                    self.ops.insert(id, OpRole::Bulk(via));
+                    self.ops.insert(id, OpRole::Bulk(via, s.len));
                 }
                 None => {
+                    self.stats.count_bulk(true, s.len);
                     self.bulk_done.insert(id.0, Ok(()));
                 }
             }
@@ -202,7 +203,7 @@ impl<C: Codec> Engine<C> {
     /// recalled, only waited for).
     pub fn cancel_bulk(&mut self, id: BulkId) {
         let op = OpId(id.0);
-        if let Some(&OpRole::Bulk(via)) = self.ops.get(&op) {
+        if let Some(&OpRole::Bulk(via, _)) = self.ops.get(&op) {
             // Best effort: one that finished meanwhile cannot be.
             let _ = self.ep.cancel(via, op);
         }
@@ -217,10 +218,11 @@ impl<C: Codec> Engine<C> {
     /// free it yet. [`bulk`](Self::bulk) waits for a canceled transfer.
     pub fn forget_bulk(&mut self, id: BulkId) {
         let op = OpId(id.0);
-        if let Some(role @ &mut OpRole::Bulk(via)) = self.ops.get_mut(&op) {
+        if let Some(role @ &mut OpRole::Bulk(via, len)) = self.ops.get_mut(&op) {
             // Kept until the transport reports its end (counted in
-            // `bulk_in_flight` until then).
-            *role = OpRole::ForgottenBulk;
+            // `bulk_in_flight` until then, in `bulk_done` or
+            // `bulk_failed` then).
+            *role = OpRole::ForgottenBulk(len);
             // Best effort: a transfer that already finished cannot be.
             let _ = self.ep.cancel(via, op);
         }
@@ -228,11 +230,22 @@ impl<C: Codec> Engine<C> {
     }
 }
 
-fn bulk_err(e: hg_bulk::BulkError) -> RpcError {
+/// An [`hg_bulk::BulkError`] as the engine answers it: the caller's own
+/// mistakes (bounds, access, a local side that is not local, too many
+/// buffers) are [`RpcError::BulkRefused`], which no retry gets past; the
+/// transport's failures stay [`RpcError::Transport`] (a retry may succeed).
+pub(crate) fn bulk_err(e: hg_bulk::BulkError) -> RpcError {
+    use hg_bulk::BulkError;
+    use na_core::NaError;
     match e {
-        hg_bulk::BulkError::Na(e) => RpcError::Transport(e),
-        hg_bulk::BulkError::NotLocal => RpcError::BulkRefused {
-            reason: hg_bulk::BulkError::NotLocal.to_string(),
+        BulkError::Na(e @ (NaError::OutOfBounds { .. } | NaError::AccessDenied { .. })) => {
+            RpcError::BulkRefused {
+                reason: e.to_string(),
+            }
+        }
+        BulkError::Na(e) => RpcError::Transport(e),
+        e @ (BulkError::NotLocal | BulkError::TooManySegments { .. }) => RpcError::BulkRefused {
+            reason: e.to_string(),
         },
         other => RpcError::Malformed {
             reason: other.to_string(),

@@ -181,12 +181,27 @@ impl<C: Codec> Engine<C> {
     /// [`set_max_abandoned_bytes`](Self::set_max_abandoned_bytes)) waits for
     /// room within the same timeout, each refused attempt counted in
     /// `inputs_refused`.
+    ///
+    /// A zero timeout waits for nothing, as
+    /// [`AsyncEngine::call`](crate::AsyncEngine::call)'s does: the request
+    /// is sent and the call answers only if its answer is there already
+    /// (a call to this engine's own address that a plain handler answered
+    /// in place); otherwise it fails at once with [`RpcError::Timeout`],
+    /// given up (a late response is discarded).
     pub fn call<R: Rpc>(&mut self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
         // The timeout covers the whole call, sending included, and a response
         // counts only if it is taken before the deadline: a caller that was
         // descheduled past it gets the timeout, not a late answer.
         let deadline = na_core::deadline_after(timeout);
         let id = self.with_room(deadline, |e| e.forward::<R>(dest, input))?;
+        if timeout.is_zero() {
+            cold_path();
+            // No wait: only an answer already filed counts (below, the
+            // deadline has passed before anything is looked at).
+            if let Some(r) = self.take_response::<R>(id) {
+                return r;
+            }
+        }
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -460,7 +460,7 @@ impl<C: Codec> Engine<C> {
         let bulk_in_flight = self
             .ops
             .values()
-            .filter(|r| matches!(r, OpRole::Bulk(_) | OpRole::ForgottenBulk))
+            .filter(|r| matches!(r, OpRole::Bulk(..) | OpRole::ForgottenBulk(_)))
             .count() as u64;
         RpcStats {
             call_slots: self.calls.capacity() as u64,

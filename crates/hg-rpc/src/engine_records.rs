@@ -21,10 +21,12 @@ pub(super) enum OpRole {
     /// The pull of a spilled response's output (key into `pulls`; cookie).
     PullOutput(u64, u64),
     /// A transfer started with `bulk_start` (its id is the op id), posted
-    /// through this plugin, where a cancel goes.
-    Bulk(PluginId),
-    /// Such a transfer, given up (`forget_bulk`): its outcome is dropped.
-    ForgottenBulk,
+    /// through this plugin, where a cancel goes; its length in bytes (for
+    /// `RpcStats::bulk_bytes`).
+    Bulk(PluginId, u64),
+    /// Such a transfer, given up (`forget_bulk`): its outcome is dropped
+    /// (but counted); its length.
+    ForgottenBulk(u64),
     /// The watch on a peer we call (its token; see `Engine::watches`).
     Watch(u64),
 }

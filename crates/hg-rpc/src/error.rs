@@ -176,7 +176,9 @@ pub enum RpcError {
         /// The timeout.
         millis: u128,
     },
-    /// The NA layer failed (peer gone, bad address, ...).
+    /// The NA layer failed (peer gone, bad address, a transfer the peer's
+    /// memory could not take, ...). A bulk transfer's own mistakes (bounds,
+    /// access) are [`RpcError::BulkRefused`] instead, never this.
     #[error("transport: {0}")]
     Transport(#[from] NaError),
     /// The address is of another plugin of the endpoint than the
@@ -201,9 +203,17 @@ pub enum RpcError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A bulk transfer was refused before anything moved: the local side
-    /// is not a handle of this process, or a handler's transfer names a
-    /// handle its caller does not own.
+    /// A bulk transfer (or the exposing of memory for one) was refused
+    /// before anything moved, for the caller's own arguments, which the
+    /// same call will never get past: a range out of either handle's
+    /// bounds, an access mode that forbids the direction (pushing from a
+    /// write-only handle, pulling into a read-only one, writing a peer's
+    /// read-only handle), a local side that is not a handle of this
+    /// process, more buffers than one handle can name, a handler's
+    /// transfer with a handle its caller does not own, or one through a
+    /// handler's context after the handler returned. Do not retry it: fix
+    /// the call. (A failure of the transport itself, a peer gone or its
+    /// memory not there, is [`RpcError::Transport`].)
     #[error("bulk transfer refused: {reason}")]
     BulkRefused {
         /// Why.
@@ -217,6 +227,18 @@ pub enum RpcError {
         /// Why.
         reason: String,
     },
+}
+
+/// Lets a handler (whose error is a `String`) use `?` on a call that
+/// fails with an [`RpcError`]: a [`BulkCtx`](crate::BulkCtx) or
+/// [`AsyncBulkCtx`](crate::AsyncBulkCtx) transfer, a nested
+/// [`AsyncEngine::call`](crate::AsyncEngine::call), with no
+/// `.map_err(|e| e.to_string())`. The error's message is what the
+/// handler's caller receives ([`RpcError::Handler`]).
+impl From<RpcError> for String {
+    fn from(e: RpcError) -> String {
+        e.to_string()
+    }
 }
 
 /// Result alias of `hg-rpc`.

@@ -74,7 +74,7 @@ pub use engine::{
     OUTPUT_WAIT_RECHECK, POSTED_REQUEST_BUFFERS, SPILLED_OUTPUT_TTL,
 };
 pub use error::{Result, RpcError};
-pub use hg_bulk::{Bulk, BulkDesc, BulkOp, Span};
+pub use hg_bulk::{Bulk, BulkDesc, BulkError, BulkOp, Span};
 /// What a peer may do with exposed memory (`expose` takes one),
 /// re-exported from na-core, as `Addr` is.
 pub use na_core::Access;

@@ -272,7 +272,10 @@ impl<C: Codec> Engine<C> {
     pub(crate) fn file_transfer_ends(&mut self) -> Result<()> {
         self.progress_now()?;
         while let Some(c) = self.ep.pop_completion() {
-            if matches!(self.ops.get(&c.op), Some(OpRole::Bulk(_) | OpRole::ForgottenBulk)) {
+            if matches!(
+                self.ops.get(&c.op),
+                Some(OpRole::Bulk(..) | OpRole::ForgottenBulk(_))
+            ) {
                 self.handle(c)?;
             } else {
                 self.deferred.push_back(c);
@@ -411,8 +414,9 @@ impl<C: Codec> Engine<C> {
                 self.watch_ended(token, c.status);
                 taken?
             }
-            OpRole::ForgottenBulk => {}
-            OpRole::Bulk(_) => {
+            OpRole::ForgottenBulk(len) => self.stats.count_bulk(c.status.is_ok(), len),
+            OpRole::Bulk(_, len) => {
+                self.stats.count_bulk(c.status.is_ok(), len);
                 let id = c.op.0;
                 self.bulk_done.insert(id, c.status.map_err(RpcError::Transport));
                 if let Some(log) = &mut self.finished_bulks {

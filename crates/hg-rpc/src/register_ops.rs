@@ -106,7 +106,14 @@ impl<C: Codec> Engine<C> {
     /// name, or a different name with the same id, is an error. An `Err`
     /// the handler returns reaches the caller as [`RpcError::Handler`]
     /// (cut to fit one message if it is longer); so does a panic in it,
-    /// and the engine serves on.
+    /// and the engine serves on. The error is a `String`, and `?` turns
+    /// this crate's errors into one ([`RpcError`], hg-bulk's
+    /// [`BulkError`](crate::BulkError): their messages), so a handler
+    /// needs no `map_err` for a [`BulkCtx`] transfer or a
+    /// [`Bulk`](crate::Bulk) read; another error type goes through
+    /// `map_err(|e| e.to_string())`. (A handler generic over its error
+    /// type would leave the error of every `?` in an existing handler
+    /// without a type to infer.)
     pub fn register<R: Rpc>(
         &mut self,
         mut handler: impl FnMut(R::Input) -> std::result::Result<R::Output, String> + Send + 'static,

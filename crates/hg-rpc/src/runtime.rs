@@ -571,12 +571,26 @@ impl AsyncEngine {
     }
 
     /// The engine's counters. Panics if called from a plain handler of
-    /// this engine (see [`register`](Self::register)).
+    /// this engine (see [`register`](Self::register)); code that may run
+    /// there uses [`try_stats`](Self::try_stats).
     pub fn stats(&self) -> crate::RpcStats {
         crate::RpcStats {
             driver_sleeps: self.shared.sleeps.load(Ordering::Relaxed),
             ..self.shared.engine_for("AsyncEngine::stats").stats()
         }
+    }
+
+    /// [`stats`](Self::stats), or `None` instead of a panic where the
+    /// engine cannot be read: from a plain handler of this engine, which
+    /// runs with it locked (such a handler has its counters through
+    /// [`BulkCtx::stats`](crate::BulkCtx::stats) if it is registered with
+    /// [`register_with_bulk`](crate::Engine::register_with_bulk)).
+    pub fn try_stats(&self) -> Option<crate::RpcStats> {
+        let e = self.shared.try_engine("AsyncEngine::try_stats").ok()?;
+        Some(crate::RpcStats {
+            driver_sleeps: self.shared.sleeps.load(Ordering::Relaxed),
+            ..e.stats()
+        })
     }
 
     /// The counters of the engine's transport plugin (see

@@ -33,6 +33,13 @@ impl AsyncEngine {
     /// the call fails at once with [`RpcError::DriverStopped`]. A call
     /// dropped while it waits for room has sent nothing and leaves
     /// nothing behind.
+    ///
+    /// A zero timeout waits for nothing, as
+    /// [`Engine::call`](crate::Engine::call)'s does: the request is sent
+    /// and the call answers only if its answer is there already (a call
+    /// to this engine's own address that a plain handler answered in
+    /// place); otherwise it fails at once with [`RpcError::Timeout`]
+    /// (not after the tokio timer's next tick, which a response could beat).
     pub async fn call<R: Rpc>(&self, dest: &Addr, input: &R::Input, timeout: Duration) -> Result<R::Output> {
         let attempt = || {
             let (tx, rx) = oneshot::channel();
@@ -42,7 +49,7 @@ impl AsyncEngine {
                 Err(done) => Ok(Err(done)),
             }
         };
-        let ((id, rx), refused_at) = match self.with_room(timeout, attempt).await {
+        let ((id, mut rx), refused_at) = match self.with_room(timeout, attempt).await {
             Ok((Ok(started), refused_at)) => (started, refused_at),
             Ok((Err(done), _)) => {
                 // Never ready at once without a yield: a caller that
@@ -60,7 +67,22 @@ impl AsyncEngine {
             armed: true,
             failed: false,
         };
-        match self.shared.timer(|| tokio::time::timeout(left, rx)).await {
+        let waited = if left.is_zero() {
+            na_core::hint::cold_path();
+            // No wait: `timeout` would poll `rx` and then a timer that
+            // ends at the tokio timer's next tick, not now.
+            match rx.try_recv() {
+                Ok(()) => Ok(Ok(())),
+                Err(oneshot::error::TryRecvError::Closed) => Ok(Err(())),
+                Err(oneshot::error::TryRecvError::Empty) => Err(()),
+            }
+        } else {
+            match self.shared.timer(|| tokio::time::timeout(left, rx)).await {
+                Ok(r) => Ok(r.map_err(|_| ())),
+                Err(_) => Err(()),
+            }
+        };
+        match waited {
             Ok(Ok(())) => {
                 guard.armed = false;
                 let r = self.shared.engine().take_response::<R>(id);

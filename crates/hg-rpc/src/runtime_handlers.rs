@@ -263,7 +263,10 @@ impl AsyncEngine {
     }
 
     /// Registers an async handler for `R`: each request runs as its own
-    /// tokio task, so a slow handler does not hold up others.
+    /// tokio task, so a slow handler does not hold up others. Its error is
+    /// a `String`, which `?` makes of an [`RpcError`] (a nested
+    /// [`call`](Self::call), an [`AsyncBulkCtx`] transfer) or an hg-bulk
+    /// [`BulkError`](crate::BulkError), as for [`Engine::register`].
     ///
     /// A handler that makes calls on this engine (a nested RPC) needs the
     /// engine in its closure: capture a

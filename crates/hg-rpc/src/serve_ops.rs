@@ -103,6 +103,7 @@ impl<C: Codec> Engine<C> {
             origin: src,
             any_owner: false,
             transfer_timeout: self.handler_transfer_timeout,
+            stats: &mut self.stats,
         };
         let (status, out) = match self.handlers.get_mut(&h.rpc_id) {
             None => {

@@ -155,6 +155,25 @@ pub struct RpcStats {
     /// ([`Engine::forget_bulk`], a dropped future) included: until then
     /// they may still touch their handles' memory.
     pub bulk_in_flight: u64,
+    /// Bulk transfers this engine started that ended successfully, one per
+    /// span: an origin's ([`Engine::bulk_start`] and every transfer built
+    /// on it: [`Engine::bulk`], [`Engine::bulk_batch`],
+    /// [`AsyncEngine::bulk`](crate::AsyncEngine::bulk), ...) and its
+    /// handlers' ([`BulkCtx`](crate::BulkCtx),
+    /// [`AsyncBulkCtx`](crate::AsyncBulkCtx)), given-up ones included,
+    /// when their end comes; those served in memory (a handle of this
+    /// process, inline data) as they start. A transfer refused at its
+    /// start (an error from the call that would start it) counts nowhere,
+    /// nor do the engine's own pulls of spilled inputs and outputs.
+    pub bulk_done: u64,
+    /// Such transfers that ended with an error: failed by the transport,
+    /// or canceled (past a timeout, [`Engine::cancel_bulk`],
+    /// [`Engine::forget_bulk`], a dropped future). Once none is in flight
+    /// (`bulk_in_flight` 0), every transfer started counts in exactly one
+    /// of `bulk_done` and `bulk_failed`.
+    pub bulk_failed: u64,
+    /// Bytes moved by the transfers counted in `bulk_done`.
+    pub bulk_bytes: u64,
     /// Times an [`AsyncEngine`](crate::AsyncEngine)'s driver went to sleep
     /// on the endpoint's fd (each costs a kernel wake-up when work comes);
     /// 0 for an engine driven through the blocking API.
@@ -173,4 +192,16 @@ pub struct RpcStats {
     /// [`set_spare_bytes`](Engine::set_spare_bytes) plus a few messages,
     /// whatever sizes the calls had.
     pub buffer_bytes: u64,
+}
+
+impl RpcStats {
+    /// Counts the end of one bulk transfer of `len` bytes, `ok` or failed.
+    pub(crate) fn count_bulk(&mut self, ok: bool, len: u64) {
+        if ok {
+            self.bulk_done += 1;
+            self.bulk_bytes += len;
+        } else {
+            self.bulk_failed += 1;
+        }
+    }
 }

@@ -102,7 +102,7 @@ async fn pulls_and_pushes_across_segments_with_a_server_process() {
     bad[150].remote_offset = data.len() as u64 - 10;
     let untouched = c.expose(vec![vec![0; 1_500_000]], Access::ReadWrite).unwrap();
     match c.bulk_batch(BulkOp::Pull, &remote, &untouched, &bad, T).await {
-        Err(RpcError::Transport(e)) => assert!(e.to_string().contains("bounds"), "{e}"),
+        Err(RpcError::BulkRefused { reason }) => assert!(reason.contains("bounds"), "{reason}"),
         other => panic!("expected a bounds error, got {other:?}"),
     }
     // na-sm moves data as it posts: a partial start would show here.
@@ -139,7 +139,7 @@ async fn pulls_and_pushes_across_segments_with_a_server_process() {
     // is not ours.
     let end = data.len() as u64;
     match c.bulk(BulkOp::Pull, &remote, end - 10, &local, 0, 11, T).await {
-        Err(RpcError::Transport(e)) => assert!(e.to_string().contains("bounds"), "{e}"),
+        Err(RpcError::BulkRefused { reason }) => assert!(reason.contains("bounds"), "{reason}"),
         other => panic!("expected a bounds error, got {other:?}"),
     }
     match c.bulk(BulkOp::Pull, &remote, 0, &remote, 0, 10, T).await {

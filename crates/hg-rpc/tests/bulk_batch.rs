@@ -71,7 +71,7 @@ fn a_batch_pulls_and_pushes_spans_across_segments_with_a_server_process() {
     bad[150].remote_offset = data.len() as u64 - 10;
     let untouched = c.expose(vec![vec![0; 1_500_000]], Access::ReadWrite).unwrap();
     match c.bulk_batch(BulkOp::Pull, &remote, &untouched, &bad, T) {
-        Err(RpcError::Transport(e)) => assert!(e.to_string().contains("bounds"), "{e}"),
+        Err(RpcError::BulkRefused { reason }) => assert!(reason.contains("bounds"), "{reason}"),
         other => panic!("expected a bounds error, got {other:?}"),
     }
     // na-sm moves data as it posts: a partial start would show here.

@@ -148,7 +148,7 @@ async fn one_call(
         Kind::Spilled => {
             let data = pattern(MIB, i);
             let want = (MIB as u64, checksum(&data));
-            let got = e.call::<Digest>(&to, &data, T).await.map_err(|e| e.to_string())?;
+            let got = e.call::<Digest>(&to, &data, T).await?;
             if got != want {
                 return Err(format!("call {i}: digest {got:?}, expected {want:?}"));
             }
@@ -160,7 +160,7 @@ async fn one_call(
             } else {
                 NO_SLEEP + i as u64
             };
-            let (_, y) = e.call::<Ping>(&to, &x, T).await.map_err(|e| e.to_string())?;
+            let (_, y) = e.call::<Ping>(&to, &x, T).await?;
             if y != x + 1 {
                 return Err(format!("call {i}: ping {x} answered {y}"));
             }
@@ -173,11 +173,9 @@ async fn one_call(
             let whole = segs.concat();
             let (offset, len) = (500u64, 71_000u64);
             let offset = if kind(i) == Kind::OutOfRange { 4000 } else { offset };
-            let src = e.expose(segs, Access::ReadOnly).map_err(|e| e.to_string())?;
+            let src = e.expose(segs, Access::ReadOnly)?;
             let dst_offset = 5u64;
-            let dst = e
-                .expose(vec![vec![0; 10], vec![0; len as usize + 100]], Access::WriteOnly)
-                .map_err(|e| e.to_string())?;
+            let dst = e.expose(vec![vec![0; 10], vec![0; len as usize + 100]], Access::WriteOnly)?;
             let req = TransformReq {
                 src,
                 offset,
@@ -196,8 +194,8 @@ async fn one_call(
                 (Ok(sum), Kind::Transform) => {
                     let want = transform(&whole[offset as usize..(offset + len) as usize]);
                     let back = dst
-                        .into_buffers()
-                        .map_err(|_| format!("call {i}: dst still in use after the answer"))?
+                        .try_into_buffers()
+                        .map_err(|e| format!("call {i}: after the answer, {e}"))?
                         .concat();
                     let at = dst_offset as usize;
                     if back[at..at + len as usize] != want[..] || sum != checksum(&want) {

@@ -239,14 +239,11 @@ fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows_over_ver
     let data: Vec<u8> = (0..spans * 64).map(|i| (i * 31 + 7) as u8).collect();
     let put = c.expose(vec![data], Access::ReadOnly).expect("expose");
     match c.call::<BlobPutChunked>(&s, &("k".into(), put, 64), T) {
+        // `BulkCtx` fails as `Engine::bulk` does: `RpcError::Timeout`
+        // (tests/bulk_transfers.rs checks, by the bytes read, that the
+        // later windows do not start).
         Err(RpcError::Handler { message, .. }) => {
-            let window = hg_rpc::BATCH_WINDOW;
-            let later = spans - window;
-            assert!(
-                message.contains(&format!("of {window} bulk transfers did not finish within 0ns"))
-                    && message.ends_with(&format!("{later} later spans were not started")),
-                "{message}"
-            );
+            assert_eq!(message, "bulk transfer timed out after 0 ms", "{message}");
         }
         other => panic!("expected the handler's timeout, got {other:?}"),
     }

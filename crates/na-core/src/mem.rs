@@ -288,6 +288,14 @@ impl MemHandle {
         regs.retain(|(p, _)| *p != plugin);
     }
 
+    /// How many other clones of this handle live now (operations in
+    /// flight on it hold one each): what keeps
+    /// [`into_buffers`](Self::into_buffers) from giving the buffers back.
+    /// A snapshot: another thread's clone may come or go meanwhile.
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.inner) - 1
+    }
+
     /// True if both values are clones of the same handle.
     pub fn same_as(&self, other: &MemHandle) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -253,7 +253,8 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
                 m.read_at(last, &mut ends[1..]).map_err(|e| e.to_string())?;
             }
             buf = Some(b);
-            r.map(|()| (ends[0], ends[1]))
+            r?;
+            Ok((ends[0], ends[1]))
         };
         match op {
             BulkOp::Pull => e.register_with_bulk::<BulkWrite>(handler)?,

@@ -172,9 +172,8 @@ pub fn blocking_context(dir: &std::path::Path) -> Result<String, Box<dyn std::er
         let local = ctx.expose(vec![vec![0; n]], Access::ReadWrite)?;
         ctx.transfer(BulkOp::Pull, &req.src, req.offset, &local, 0, req.len)?;
         c.add(&c.pulled, req.len);
-        let mem = local.local().ok_or("a handle exposed here is local")?;
-        let out = transform(&mem.to_vec());
-        mem.write_at(0, &out).map_err(|e| e.to_string())?;
+        let out = transform(&local.to_vec()?);
+        local.write_at(0, &out)?;
         ctx.transfer(BulkOp::Push, &req.dst, req.dst_offset, &local, 0, req.len)?;
         c.add(&c.pushed, req.len);
         Ok(checksum(&out))
@@ -232,19 +231,14 @@ pub fn async_context(
             c.add(&c.requests, 1);
             let n = checked_len(req.len)?;
             tokio::time::sleep(Duration::from_millis(req.delay_ms)).await;
-            let local = ctx
-                .expose(vec![vec![0; n]], Access::ReadWrite)
-                .map_err(|e| e.to_string())?;
+            let local = ctx.expose(vec![vec![0; n]], Access::ReadWrite)?;
             ctx.transfer(BulkOp::Pull, &req.src, req.offset, &local, 0, req.len, T)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             c.add(&c.pulled, req.len);
-            let mem = local.local().ok_or("a handle exposed here is local")?;
-            let out = transform(&mem.to_vec());
-            mem.write_at(0, &out).map_err(|e| e.to_string())?;
+            let out = transform(&local.to_vec()?);
+            local.write_at(0, &out)?;
             ctx.transfer(BulkOp::Push, &req.dst, req.dst_offset, &local, 0, req.len, T)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             c.add(&c.pushed, req.len);
             Ok(checksum(&out))
         }
