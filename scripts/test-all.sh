@@ -72,6 +72,11 @@ QS_SM_PIDFD=pid cargo test --quiet -p na-sm --test suite
 step "the na-sm conformance suite again, RMA on transfer threads (QS_SM_RMA_THREADS=2)"
 QS_SM_RMA_THREADS=2 cargo test --quiet -p na-sm --test suite
 
+step "the RPC and bulk tests again over sm's RMA transfer threads (QS_SM_RMA_THREADS=2): spills, transfers, the user story"
+QS_SM_RMA_THREADS=2 cargo test --quiet -p hg-rpc --test spilled_args --test bulk_transfers --test bulk_batch \
+  --test async_bulk --test bulk_given_up --test bulk_misuse --test bulk_counters --test output_pull_budget \
+  --test origin_memory --test user_story --test examples_robust
+
 step "the RPC tests again with posted receives instead of sm's pull mode (QS_RPC_RECV=posted)"
 QS_RPC_RECV=posted cargo test --quiet -p hg-rpc --test rpc --test spilled_args --test bulk_transfers \
   --test response_routing --test abandoned_inputs --test bulk_given_up --test async_rpc --test async_stop \
