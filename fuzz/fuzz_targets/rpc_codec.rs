@@ -1,9 +1,10 @@
 //! Fuzzes the decode of a user's type from peer bytes through hg-rpc's
 //! `Codec` (postcard, the default), with a deliberately nested type:
-//! recursion through boxes, sequences and maps, strings and bytes. Any
-//! bytes give a value or an error, never a panic; a value re-encodes no
-//! longer than its input and decodes back to itself; and a length field
-//! does not make the decoder allocate far more than the input justifies.
+//! recursion through boxes, sequences and maps, strings, bytes and a
+//! collection of zero-sized values. Any bytes give a value or an error,
+//! never a panic nor a hang; a value re-encodes no longer than its input
+//! and decodes back to itself; and a length field does not make the
+//! decoder allocate far more than the input justifies.
 #![no_main]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -25,6 +26,7 @@ enum Tree {
     Map(BTreeMap<String, Tree>),
     Hashed(HashMap<u16, Tree>),
     Opt(Option<Box<Tree>>),
+    Units(Vec<()>),
     Pair { left: Box<Tree>, right: (bool, char) },
 }
 

@@ -4,7 +4,8 @@ use na_core::hint::cold_path;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use crate::codec_guard::MAX_DEPTH;
+use crate::codec_guard::Budget;
+pub use crate::codec_guard::{MAX_DEPTH, ZERO_SIZED_ALLOWANCE};
 
 /// Turns serde values into bytes and back. Errors are strings: the RPC
 /// layer wraps them with the RPC name and direction.
@@ -47,19 +48,17 @@ impl Codec for Postcard {
     /// Decodes through a guard (`codec_guard`): a value nested deeper
     /// than [`MAX_DEPTH`] levels is refused (unbounded, a deeply nested
     /// input of a recursive type overflowed the decoding thread's stack),
-    /// and no claimed length makes serde preallocate for more elements
-    /// than the input has bytes.
+    /// no claimed length makes serde preallocate for more elements than
+    /// the input has bytes, and collections of zero-sized values hold at
+    /// most [`ZERO_SIZED_ALLOWANCE`] more elements than that in all.
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String> {
         let mut de = postcard::Deserializer::from_bytes(bytes);
-        let v = match crate::codec_guard::decode::<T, _>(&mut de, bytes.len()) {
+        let budget = Budget::for_input(bytes.len());
+        let v = match crate::codec_guard::decode::<T, _>(&mut de, bytes.len(), &budget) {
             Ok(v) => v,
-            Err(_) if crate::codec_guard::Limits::tripped() => {
-                cold_path();
-                return Err(format!("nested deeper than {MAX_DEPTH} levels"));
-            }
             Err(e) => {
                 cold_path();
-                return Err(e.to_string());
+                return Err(budget.refused().map_or_else(|| e.to_string(), str::to_owned));
             }
         };
         let rest = de.finalize().map_err(|e| e.to_string())?;
@@ -170,5 +169,37 @@ mod tests {
         assert!(Postcard
             .decode::<std::collections::HashMap<u16, u64>>(&claims_117179)
             .is_err());
+    }
+
+    /// A collection of zero-sized values (no byte per element) that
+    /// claims 2^40 elements in six bytes is refused at once, not decoded
+    /// element by element for a quarter of an hour (2^63 in ten bytes:
+    /// for ever); up to the allowance, such collections decode.
+    #[test]
+    fn zero_sized_elements_are_bounded_by_the_input_plus_an_allowance() {
+        let claims_2_40 = [0x80, 0x80, 0x80, 0x80, 0x80, 0x20];
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(Postcard.decode::<Vec<()>>(&claims_2_40).map(|v| v.len()));
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the decode is still counting zero-sized elements after 30 s");
+        assert!(r.unwrap_err().contains("more collection elements"));
+        let mut fits = Vec::new();
+        Postcard
+            .encode(&vec![(); ZERO_SIZED_ALLOWANCE], &mut fits)
+            .unwrap();
+        let units: Vec<()> = Postcard.decode(&fits).unwrap();
+        assert_eq!(units.len(), ZERO_SIZED_ALLOWANCE);
+        // Elements that take bytes never reach the bound.
+        let mut bytes = Vec::new();
+        Postcard
+            .encode(&vec![7u8; 3 * ZERO_SIZED_ALLOWANCE], &mut bytes)
+            .unwrap();
+        assert_eq!(
+            Postcard.decode::<Vec<u8>>(&bytes).unwrap().len(),
+            3 * ZERO_SIZED_ALLOWANCE
+        );
     }
 }

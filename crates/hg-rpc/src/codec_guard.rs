@@ -12,6 +12,12 @@
 //!   Serde preallocates up to its hint (at most 1 MiB per container), and
 //!   postcard passes a map's claimed length as it is: four bytes of input
 //!   made a 2 MiB allocation, once per nesting level.
+//! * **Elements**: a decode takes at most the input's length plus
+//!   [`ZERO_SIZED_ALLOWANCE`] elements of sequences and maps in all. Every
+//!   element but a zero-sized one (`()`, a unit struct) takes a byte at
+//!   least, so only collections of those can reach it: unbounded, a
+//!   `Vec<()>` that claimed 2^63 elements in ten bytes kept the decoder
+//!   busy for ever.
 //!
 //! Found by the fuzz target `rpc_codec` (`fuzz/`).
 
@@ -24,45 +30,74 @@ use serde::de::{self, DeserializeSeed, Deserializer, Visitor};
 /// variants, newtypes) a decoded value may have: as serde_json's default.
 pub const MAX_DEPTH: usize = 128;
 
-thread_local! {
-    /// Set when a guard refused a value for its depth: the format's own
-    /// error type may drop the message (postcard's does), so the codec
-    /// reads the reason here.
-    static TOO_DEEP: Cell<bool> = const { Cell::new(false) };
+/// Elements of sequences and maps a decode may take beyond one per input
+/// byte: what collections of zero-sized values may hold in all.
+pub const ZERO_SIZED_ALLOWANCE: usize = 1 << 16;
+
+// The message below names the bound.
+const _: () = assert!(MAX_DEPTH == 128);
+/// Why a guard refuses a value nested too deep.
+const TOO_DEEP: &str = "nested deeper than 128 levels (hg_rpc::codec::MAX_DEPTH)";
+/// Why a guard refuses an input with too many elements.
+const TOO_MANY: &str = "more collection elements than the input has bytes (collections of zero-sized values)";
+
+/// What one decode shares among its guards: the elements it may still
+/// take, and why a guard refused the input (the format's own error type
+/// may drop the message: postcard's does).
+pub(crate) struct Budget {
+    elements: Cell<usize>,
+    refused: Cell<Option<&'static str>>,
 }
 
-/// The bounds of one value being decoded: its depth, and the largest
-/// length hint passed on.
-#[derive(Clone, Copy)]
-pub(crate) struct Limits {
-    depth: usize,
-    max_hint: usize,
-}
-
-impl Limits {
-    /// The bounds of a whole input of `len` bytes.
+impl Budget {
+    /// The budget of an input of `len` bytes.
     pub(crate) fn for_input(len: usize) -> Self {
-        TOO_DEEP.with(|t| t.set(false));
-        Limits {
-            depth: 0,
-            max_hint: len,
+        Budget {
+            elements: Cell::new(len.saturating_add(ZERO_SIZED_ALLOWANCE)),
+            refused: Cell::new(None),
         }
     }
 
-    /// True if the last guard on this thread refused a value for its depth.
-    pub(crate) fn tripped() -> bool {
-        TOO_DEEP.with(Cell::get)
+    /// Why a guard refused the input, if one did.
+    pub(crate) fn refused(&self) -> Option<&'static str> {
+        self.refused.get()
     }
 
+    fn refuse<E: de::Error>(&self, why: &'static str) -> E {
+        self.refused.set(Some(why));
+        E::custom(why)
+    }
+}
+
+/// The bounds of one value being decoded: its depth, the largest length
+/// hint passed on, and the decode's budget.
+#[derive(Clone, Copy)]
+struct Limits<'b> {
+    depth: usize,
+    max_hint: usize,
+    budget: &'b Budget,
+}
+
+impl Limits<'_> {
     fn deeper<E: de::Error>(self) -> Result<Self, E> {
         if self.depth >= MAX_DEPTH {
-            TOO_DEEP.with(|t| t.set(true));
-            return Err(E::custom(format_args!("nested deeper than {MAX_DEPTH} levels")));
+            return Err(self.budget.refuse(TOO_DEEP));
         }
         Ok(Limits {
             depth: self.depth + 1,
             ..self
         })
+    }
+
+    /// Takes one element from the budget.
+    fn element<E: de::Error>(self) -> Result<(), E> {
+        match self.budget.elements.get().checked_sub(1) {
+            Some(left) => {
+                self.budget.elements.set(left);
+                Ok(())
+            }
+            None => Err(self.budget.refuse(TOO_MANY)),
+        }
     }
 
     fn hint(self, hint: Option<usize>) -> Option<usize> {
@@ -71,9 +106,9 @@ impl Limits {
 }
 
 /// A deserializer whose nested values are guarded too.
-pub(crate) struct Guard<D> {
-    pub(crate) inner: D,
-    pub(crate) lim: Limits,
+pub(crate) struct Guard<'b, D> {
+    inner: D,
+    lim: Limits<'b>,
 }
 
 /// Passes `deserialize_*` calls to the inner deserializer with a guarded visitor.
@@ -85,7 +120,7 @@ macro_rules! forward {
     )*};
 }
 
-impl<'de, D: Deserializer<'de>> Deserializer<'de> for Guard<D> {
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Guard<'_, D> {
     type Error = D::Error;
 
     forward! {
@@ -107,9 +142,9 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Guard<D> {
 }
 
 /// A visitor that guards what it is handed to go deeper with.
-struct Guarded<V> {
+struct Guarded<'b, V> {
     inner: V,
-    lim: Limits,
+    lim: Limits<'b>,
 }
 
 /// Passes `visit_*` calls of plain values to the inner visitor.
@@ -121,7 +156,7 @@ macro_rules! plain {
     )*};
 }
 
-impl<'de, V: Visitor<'de>> Visitor<'de> for Guarded<V> {
+impl<'de, V: Visitor<'de>> Visitor<'de> for Guarded<'_, V> {
     type Value = V::Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -170,12 +205,12 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Guarded<V> {
 }
 
 /// A seed whose value is decoded through a guard.
-struct Seed<S> {
+struct Seed<'b, S> {
     inner: S,
-    lim: Limits,
+    lim: Limits<'b>,
 }
 
-impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<S> {
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'_, S> {
     type Value = S::Value;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
@@ -188,19 +223,23 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<S> {
 
 /// A sequence's, map's, enum's or variant's access, guarded (at the
 /// depth of its elements).
-struct Access<A> {
+struct Access<'b, A> {
     inner: A,
-    lim: Limits,
+    lim: Limits<'b>,
 }
 
-impl<'de, A: de::SeqAccess<'de>> de::SeqAccess<'de> for Access<A> {
+impl<'de, A: de::SeqAccess<'de>> de::SeqAccess<'de> for Access<'_, A> {
     type Error = A::Error;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, A::Error> {
-        self.inner.next_element_seed(Seed {
+        let v = self.inner.next_element_seed(Seed {
             inner: seed,
             lim: self.lim,
-        })
+        })?;
+        if v.is_some() {
+            self.lim.element()?;
+        }
+        Ok(v)
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -208,14 +247,18 @@ impl<'de, A: de::SeqAccess<'de>> de::SeqAccess<'de> for Access<A> {
     }
 }
 
-impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<A> {
+impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<'_, A> {
     type Error = A::Error;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
-        self.inner.next_key_seed(Seed {
+        let k = self.inner.next_key_seed(Seed {
             inner: seed,
             lim: self.lim,
-        })
+        })?;
+        if k.is_some() {
+            self.lim.element()?;
+        }
+        Ok(k)
     }
 
     fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, A::Error> {
@@ -230,9 +273,9 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<A> {
     }
 }
 
-impl<'de, A: de::EnumAccess<'de>> de::EnumAccess<'de> for Access<A> {
+impl<'b, 'de, A: de::EnumAccess<'de>> de::EnumAccess<'de> for Access<'b, A> {
     type Error = A::Error;
-    type Variant = Access<A::Variant>;
+    type Variant = Access<'b, A::Variant>;
 
     fn variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<(T::Value, Self::Variant), A::Error> {
         let lim = self.lim;
@@ -241,7 +284,7 @@ impl<'de, A: de::EnumAccess<'de>> de::EnumAccess<'de> for Access<A> {
     }
 }
 
-impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Access<A> {
+impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Access<'_, A> {
     type Error = A::Error;
 
     fn unit_variant(self) -> Result<(), A::Error> {
@@ -280,13 +323,17 @@ impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Access<A> {
     }
 }
 
-/// Decodes a `T` through a guard on `d`, an input of `len` bytes.
+/// Decodes a `T` through a guard on `d`, an input of `len` bytes, with
+/// `budget` (made for that input).
 pub(crate) fn decode<'de, T: de::Deserialize<'de>, D: Deserializer<'de>>(
     d: D,
     len: usize,
+    budget: &Budget,
 ) -> Result<T, D::Error> {
-    T::deserialize(Guard {
-        inner: d,
-        lim: Limits::for_input(len),
-    })
+    let lim = Limits {
+        depth: 0,
+        max_hint: len,
+        budget,
+    };
+    T::deserialize(Guard { inner: d, lim })
 }
