@@ -82,6 +82,10 @@ mod debug_span;
 mod drain_ops;
 #[path = "engine_records.rs"]
 mod engine_records;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+#[path = "fuzzing.rs"]
+pub mod fuzzing;
 #[path = "limits_ops.rs"]
 mod limits_ops;
 #[path = "notice_ops.rs"]

@@ -49,6 +49,7 @@
 
 mod call_table;
 pub mod codec;
+mod codec_guard;
 mod deferred;
 pub mod engine;
 mod env_switches;

@@ -53,7 +53,9 @@ impl SmName {
         let pid: u32 = pid
             .parse()
             .ok()
-            .filter(|p| *p > 0 && pid.bytes().all(|b| b.is_ascii_digit()))
+            // Digits only, and no leading zero: one spelling per name
+            // (`uri` gives it back), never "sm://010-a" for "sm://10-a".
+            .filter(|p| *p > 0 && !pid.starts_with('0') && pid.bytes().all(|b| b.is_ascii_digit()))
             .ok_or_else(|| format!("{pid:?} is not a process id"))?;
         check_name(instance)?;
         Ok(SmName {
@@ -351,6 +353,19 @@ mod tests {
             "sm://1-a/b",
         ] {
             assert!(SmName::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// One spelling per name: a pid with a leading zero is refused, so
+    /// that what parses is what `uri` prints (fuzz target
+    /// `sm_handshake`: "sm://010-01" parsed as "sm://10-01").
+    #[test]
+    fn a_name_parses_only_in_the_spelling_it_prints() {
+        for bad in ["sm://010-01", "sm://00-a", "sm://0001-a"] {
+            assert!(SmName::parse(bad).is_err(), "{bad}");
+        }
+        for good in ["sm://10-01", "sm://1-0", "sm://4294967295-a"] {
+            assert_eq!(SmName::parse(good).unwrap().uri(), good);
         }
     }
 }

@@ -175,6 +175,51 @@ pub fn decode_hello(b: &[u8]) -> Result<Hello, String> {
     })
 }
 
+/// What came with a hello, judged before its bytes are read (see
+/// [`check_hello_parts`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum HelloParts {
+    /// Some bytes and exactly the two descriptors a hello carries.
+    Complete,
+    /// Nothing at all: the connector closed before its hello.
+    Departed,
+    /// The peer broke the handshake (a protocol error), for this reason.
+    Broken(String),
+    /// The kernel dropped descriptors it could not give us (our limit):
+    /// not the peer's doing.
+    Dropped(String),
+}
+
+/// Judges a hello's `len` bytes and `fds` descriptors kept (of those
+/// passed, `refused` were no memfd, eventfd or pipe, and `truncated` says
+/// the kernel dropped some): a hello carries bytes and exactly two.
+pub fn check_hello_parts(len: usize, fds: usize, refused: usize, truncated: bool) -> HelloParts {
+    if len == 0 && fds == 0 && refused == 0 && !truncated {
+        return HelloParts::Departed;
+    }
+    if len == 0 {
+        return HelloParts::Broken("closed before its hello, with descriptors passed".into());
+    }
+    if refused > 0 {
+        // Closed on a closing thread already (see `closer`).
+        return HelloParts::Broken(format!(
+            "hello carries {refused} descriptors that are neither a memfd, an eventfd nor a pipe"
+        ));
+    }
+    if truncated && fds < 2 {
+        // Fewer than the two a hello carries, and the kernel says it
+        // dropped some: it could not give them to us (our descriptor
+        // limit; the buffer holds the most one message can carry).
+        return HelloParts::Dropped(format!(
+            "the kernel passed {fds} of the hello's descriptors and dropped the rest (out of descriptors?)"
+        ));
+    }
+    if truncated || fds != 2 {
+        return HelloParts::Broken(format!("hello carries {fds} descriptors, expected 2"));
+    }
+    HelloParts::Complete
+}
+
 /// Encodes the acknowledgement: magic, version, status 0.
 pub fn encode_ack() -> [u8; ACK_LEN] {
     let mut a = [0u8; ACK_LEN];
@@ -245,6 +290,32 @@ mod tests {
         assert!(decode_hello(&encode_hello("x-a")).is_err());
         check_ack(&encode_ack()).unwrap();
         assert!(check_ack(&encode_ack()[..15]).is_err());
+    }
+
+    /// What came with a hello, as `accept_hello` judges it: bytes and two
+    /// descriptors pass; silence is a departure; a dropped descriptor is
+    /// ours to blame only when the kernel says it dropped some.
+    #[test]
+    fn hello_parts_are_judged_before_the_bytes() {
+        assert_eq!(check_hello_parts(20, 2, 0, false), HelloParts::Complete);
+        assert_eq!(check_hello_parts(0, 0, 0, false), HelloParts::Departed);
+        assert!(matches!(check_hello_parts(0, 2, 0, false), HelloParts::Broken(_)));
+        assert!(matches!(check_hello_parts(0, 0, 1, false), HelloParts::Broken(_)));
+        assert!(
+            matches!(check_hello_parts(20, 2, 1, false), HelloParts::Broken(r) if r.contains("1 descriptors"))
+        );
+        assert!(matches!(
+            check_hello_parts(20, 1, 0, true),
+            HelloParts::Dropped(_)
+        ));
+        assert!(matches!(check_hello_parts(20, 2, 0, true), HelloParts::Broken(_)));
+        assert!(
+            matches!(check_hello_parts(20, 3, 0, false), HelloParts::Broken(r) if r.contains("3 descriptors"))
+        );
+        assert!(matches!(
+            check_hello_parts(20, 1, 0, false),
+            HelloParts::Broken(_)
+        ));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (its hello checked: version, then fields, then that it names the
 //! address it comes from; the bounds on held messages and incoming
 //! connections), the accept, and the reasons our rejects carry in their
-//! private data, which the connecting side shows (`reject_reason`).
+//! private data, which the connecting side shows (`wire::reject_reason`).
 //! `connect` holds the rest of a connection's life.
 
 use std::sync::Arc;
@@ -28,26 +28,13 @@ const REJECT_INCOMING_FULL: &[u8] =
 pub(crate) const REJECT_BAD_HELLO: &str = "bad hello";
 
 /// The reject's reason for a hello of another version `theirs`: names
-/// both, as printable text the peer shows (see [`reject_reason`]).
+/// both, as printable text the peer shows (see
+/// [`reject_reason`](crate::wire::reject_reason)).
 fn version_reject_reason(theirs: u8) -> String {
     format!(
         "verbs hello version {theirs} refused: this listener speaks version {HELLO_VERSION} \
          (another build of Quicksilver)"
     )
-}
-
-/// The reason a listener's reject carries in its private data (what
-/// `on_connect_request` passes to `rdma_reject`), if it is one: printable
-/// ASCII after the padding the transport adds (InfiniBand CM delivers its
-/// REJ's whole private data field, zeros after the reason). Peer data:
-/// anything else is no reason, and it is never printed.
-pub(crate) fn reject_reason(private: &[u8]) -> Option<&str> {
-    let end = private.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    let text = &private[..end];
-    if text.is_empty() || text.len() > 128 || !text.iter().all(|b| (0x20..0x7f).contains(b)) {
-        return None;
-    }
-    std::str::from_utf8(text).ok()
 }
 
 impl VerbsPlugin {
@@ -202,7 +189,8 @@ impl VerbsPlugin {
 
 #[cfg(test)]
 mod tests {
-    use super::{reject_reason, version_reject_reason};
+    use super::version_reject_reason;
+    use crate::wire::reject_reason;
 
     #[test]
     fn a_rejects_reason_is_printable_text_or_nothing() {

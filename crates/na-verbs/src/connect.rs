@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 
 use na_core::{NaError, Result};
 
-use crate::accept::{reject_reason, REJECT_BAD_HELLO};
+use crate::accept::REJECT_BAD_HELLO;
 use crate::conn::{Conn, ConnRef, ConnState, GEN_MASK};
 use crate::plugin::{ConnSlot, VerbsPlugin};
 use crate::reads::ReadWindow;
 use crate::sys::{CmEvent, CmEventKind, CmId, ConnParam, PortSpace, QpCaps, QpInitAttr};
+use crate::wire::reject_reason;
 use crate::wire::{Hello, HELLO_VERSION};
 use crate::VerbsError;
 

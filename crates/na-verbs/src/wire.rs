@@ -1,5 +1,6 @@
 //! What travels between two verbs plugins: the 16-byte header in front of
-//! every message, and the hello exchanged in RDMA CM private data.
+//! every message, the hello exchanged in RDMA CM private data, and the
+//! reason a reject carries in its private data.
 //!
 //! Everything here is decoded from untrusted peer bytes: decoding checks
 //! every field and returns an error string, never panics.
@@ -244,6 +245,20 @@ pub fn version_mismatch(b: &[u8]) -> Option<u8> {
         Some(head) if head[..4] == HELLO_MAGIC && head[4] != HELLO_VERSION => Some(head[4]),
         _ => None,
     }
+}
+
+/// The reason a listener's reject carries in its private data (what its
+/// `on_connect_request` passes to `rdma_reject`), if it is one: printable
+/// ASCII after the padding the transport adds (InfiniBand CM delivers its
+/// REJ's whole private data field, zeros after the reason). Peer data:
+/// anything else is no reason, and it is never printed.
+pub fn reject_reason(private: &[u8]) -> Option<&str> {
+    let end = private.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let text = &private[..end];
+    if text.is_empty() || text.len() > 128 || !text.iter().all(|b| (0x20..0x7f).contains(b)) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use crate::addr::SmName;
 use crate::channel::{check_region, RxCursor, TxCursor, REGION_LEN};
 use crate::closer::recv_screened;
 use crate::conn::{
-    decode_hello, encode_ack, encode_refusal, hello_version, Conn, Role, ACK_LEN, MAX_HELLO, PROTO_VERSION,
+    check_hello_parts, decode_hello, encode_ack, encode_refusal, hello_version, Conn, HelloParts, Role,
+    ACK_LEN, MAX_HELLO, PROTO_VERSION,
 };
 use crate::error::SmError;
 use crate::peer_failure::Failure;
@@ -163,30 +164,11 @@ impl SmPlugin {
         buf: &[u8],
     ) -> std::result::Result<String, HelloFailure> {
         let (mut r, refused) = r.map_err(|e| format!("reading hello: {e}"))?;
-        if r.len == 0 && r.fds.is_empty() && refused == 0 && !r.fds_truncated {
-            return Err(HelloFailure::Departed);
-        }
-        if r.len == 0 {
-            return Err("closed before its hello, with descriptors passed".into());
-        }
-        if refused > 0 {
-            // Closed on a closing thread already (see `closer`).
-            return Err(format!(
-                "hello carries {refused} descriptors that are neither a memfd, an eventfd nor a pipe"
-            )
-            .into());
-        }
-        if r.fds_truncated && r.fds.len() < 2 {
-            // Fewer than the two a hello carries, and the kernel says it
-            // dropped some: it could not give them to us (our descriptor
-            // limit; the buffer holds the most one message can carry).
-            return Err(HelloFailure::Local(format!(
-                "the kernel passed {} of the hello's descriptors and dropped the rest (out of descriptors?)",
-                r.fds.len()
-            )));
-        }
-        if r.fds_truncated || r.fds.len() != 2 {
-            return Err(format!("hello carries {} descriptors, expected 2", r.fds.len()).into());
+        match check_hello_parts(r.len, r.fds.len(), refused, r.fds_truncated) {
+            HelloParts::Complete => {}
+            HelloParts::Departed => return Err(HelloFailure::Departed),
+            HelloParts::Broken(reason) => return Err(HelloFailure::Peer(reason)),
+            HelloParts::Dropped(reason) => return Err(HelloFailure::Local(reason)),
         }
         let said = &buf[..r.len.min(buf.len())];
         let hello = match decode_hello(said) {
