@@ -474,6 +474,90 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
     );
 }
 
+/// A peer whose queued transfer is canceled (its queue emptied while it
+/// waits its turn) and who then gets more is still one peer: at most one
+/// of its jobs runs at a time. Two transfer threads, held by two stalling
+/// peers; a third stalling peer's queued get is canceled, then it gets
+/// two more; when the first two peers die, one thread takes the third's
+/// next job (and sticks), and the other must stay free for the honest
+/// peer (it took the third peer's second job beside the first when the
+/// cancel left the peer's turn queued twice).
+#[test]
+fn a_canceled_queued_job_does_not_give_its_peer_a_second_thread() {
+    let dir = private_dir("stalling-rma-turn");
+    let (mut ep, id) = rma_endpoint(&dir, true, 2);
+    let uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let mut kills = Vec::new();
+    let mut stalling = Vec::new();
+    for k in 0..3u64 {
+        let (kill, said) = fork_peer(&dir, &uri, common::stalling_peer);
+        kills.push(kill);
+        if said == b'U' {
+            na_core::testing::report_not_run("na-sm stalling_rma: no userfaultfd for kernel faults here");
+            drop(kills);
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        stalling.push(receive_descriptor(&mut ep, id, OpId(1 + k)));
+    }
+    let (kill, said) = fork_peer(&dir, &uri, honest_peer);
+    assert_eq!(said, b'S', "the honest peer could not start");
+    kills.push(kill);
+    let honest = receive_descriptor(&mut ep, id, OpId(4));
+    let (g_pid, h_pid) = (kills[0].0, kills[1].0);
+    let mut s = Scene {
+        ep,
+        id,
+        hostile: stalling[2].clone(),
+        honest,
+    };
+    let steps = run_steps(2, kills, dir, move |tx| {
+        let mut stash = HashMap::new();
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let wait_running = |s: &mut Scene, n: u64| {
+            let end = Instant::now() + BOUND;
+            while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running < n {
+                assert!(Instant::now() < end, "{n} jobs never ran");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // Both threads held.
+        for (k, (src, remote)) in stalling[..2].iter().enumerate() {
+            s.ep.get(&local, 0, remote, 0, 64, src, OpId(100 + k as u64))
+                .unwrap();
+            wait_running(&mut s, k as u64 + 1);
+        }
+        // The third peer's get waits its turn, and is canceled.
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(102)).unwrap();
+        s.ep.cancel(s.id, OpId(102)).unwrap();
+        let c = wait_op(&mut s.ep, &mut stash, OpId(102));
+        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
+        // Two more for it, behind each other.
+        for op in [103, 104] {
+            s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(op)).unwrap();
+        }
+        // The threads are let go, one after the other.
+        for (pid, op) in [(g_pid, 100), (h_pid, 101)] {
+            sys::kill(pid, libc::SIGKILL);
+            wait_op(&mut s.ep, &mut stash, OpId(op));
+        }
+        let _ = tx.send(Step::Canceled("the first two peers' gets ended".into()));
+        // One thread is free for the honest peer.
+        serve_honest(&mut s, &mut stash, OpId(20), 30);
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        let _ = tx.send(Step::HonestServed(stats));
+    });
+    let [Step::Canceled(_), Step::HonestServed(stats)] = &steps[..] else {
+        panic!("steps out of order: {steps:?}");
+    };
+    assert_eq!(
+        stats.rma_jobs_running, 1,
+        "one job of the third peer runs: {stats:?}"
+    );
+    assert_eq!(stats.rma_jobs_waiting, 1, "its other waits: {stats:?}");
+}
+
 /// Bytes of the big peer's memory: a transfer of it takes a while, so the
 /// owner is asleep before it ends.
 const BIG: usize = 64 << 20;

@@ -216,16 +216,25 @@ impl RmaPool {
             return Some(p.dir);
         }
         let mut st = self.shared.lock();
+        let mut emptied = None;
         if let Some(q) = st.queues.get_mut(&p.peer) {
             if let Some(i) = q.jobs.iter().position(|j| j.id == p.job) {
                 if q.jobs[i].remove(op) && q.jobs[i].ops.is_empty() {
-                    // Dropped here, with its handles.
-                    drop(q.jobs.remove(i));
+                    emptied = q.jobs.remove(i);
                     self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
                 }
             }
+            // Nothing of the peer waits or runs any more: its turn goes
+            // too, or a later submit (finding it idle) would queue a
+            // second turn, and two threads could run its jobs at once.
+            if q.jobs.is_empty() && q.running.is_none() {
+                st.queues.remove(&p.peer);
+                st.ready.retain(|&r| r != p.peer);
+            }
         }
         drop(st);
+        // Dropped out of the lock, with its handles.
+        drop(emptied);
         self.report_stuck();
         Some(p.dir)
     }
@@ -253,6 +262,7 @@ impl RmaPool {
                 let jobs = std::mem::take(&mut q.jobs);
                 if q.running.is_none() {
                     st.queues.remove(&peer);
+                    st.ready.retain(|&r| r != peer);
                 }
                 jobs
             }
@@ -349,7 +359,8 @@ fn worker(shared: &Shared) {
             q.running = Some(Instant::now());
             Some(job)
         }) else {
-            // Emptied by cancels: nothing of it waits any more.
+            // Gone (`peer_gone`, `cancel` take its turn out too; kept as
+            // a guard): nothing of it waits any more.
             st.queues
                 .retain(|p, q| *p != peer || q.running.is_some() || !q.jobs.is_empty());
             continue;
