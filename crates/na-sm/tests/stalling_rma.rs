@@ -474,17 +474,17 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
     );
 }
 
-/// A peer whose queued transfer is canceled (its queue emptied while it
-/// waits its turn) and who then gets more is still one peer: at most one
-/// of its jobs runs at a time. Two transfer threads, held by two stalling
-/// peers; a third stalling peer's queued get is canceled, then it gets
-/// two more; when the first two peers die, one thread takes the third's
-/// next job (and sticks), and the other must stay free for the honest
-/// peer (it took the third peer's second job beside the first when the
-/// cancel left the peer's turn queued twice).
-#[test]
-fn a_canceled_queued_job_does_not_give_its_peer_a_second_thread() {
-    let dir = private_dir("stalling-rma-turn");
+/// A peer whose turn was queued and then left with nothing to run (its
+/// queued get canceled: its queue emptied while it waited its turn; or
+/// an empty batch for it) and who then gets more is still one peer: at
+/// most one of its jobs runs at a time. Two transfer threads, held by two
+/// stalling peers; a third stalling peer is given an empty turn by
+/// `idle_turn`, then two gets; when the first two peers die, one thread
+/// takes the third's next job (and sticks), and the other must stay free
+/// for the honest peer (it took the third peer's second job beside the
+/// first when its turn was queued twice).
+fn one_thread_per_peer_after(tag: &str, idle_turn: fn(&mut Scene, &mut HashMap<OpId, Completion>)) {
+    let dir = private_dir(tag);
     let (mut ep, id) = rma_endpoint(&dir, true, 2);
     let uri = ep.self_addr(id).unwrap().uri().to_owned();
     let mut kills = Vec::new();
@@ -514,26 +514,19 @@ fn a_canceled_queued_job_does_not_give_its_peer_a_second_thread() {
     let steps = run_steps(2, kills, dir, move |tx| {
         let mut stash = HashMap::new();
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
-        let wait_running = |s: &mut Scene, n: u64| {
-            let end = Instant::now() + BOUND;
-            while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running < n {
-                assert!(Instant::now() < end, "{n} jobs never ran");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
         // Both threads held.
         for (k, (src, remote)) in stalling[..2].iter().enumerate() {
             s.ep.get(&local, 0, remote, 0, 64, src, OpId(100 + k as u64))
                 .unwrap();
-            wait_running(&mut s, k as u64 + 1);
+            let end = Instant::now() + BOUND;
+            while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running <= k as u64 {
+                assert!(Instant::now() < end, "{} jobs never ran", k + 1);
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
-        // The third peer's get waits its turn, and is canceled.
+        idle_turn(&mut s, &mut stash);
+        // Two gets for the third peer, behind each other.
         let (src, remote) = s.hostile.clone();
-        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(102)).unwrap();
-        s.ep.cancel(s.id, OpId(102)).unwrap();
-        let c = wait_op(&mut s.ep, &mut stash, OpId(102));
-        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
-        // Two more for it, behind each other.
         for op in [103, 104] {
             s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(op)).unwrap();
         }
@@ -556,6 +549,35 @@ fn a_canceled_queued_job_does_not_give_its_peer_a_second_thread() {
         "one job of the third peer runs: {stats:?}"
     );
     assert_eq!(stats.rma_jobs_waiting, 1, "its other waits: {stats:?}");
+}
+
+/// [`one_thread_per_peer_after`] a get that waits its turn and is
+/// canceled.
+#[test]
+fn a_canceled_queued_job_does_not_give_its_peer_a_second_thread() {
+    one_thread_per_peer_after("stalling-rma-turn", |s, stash| {
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(102)).unwrap();
+        s.ep.cancel(s.id, OpId(102)).unwrap();
+        let c = wait_op(&mut s.ep, stash, OpId(102));
+        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
+    });
+}
+
+/// [`one_thread_per_peer_after`] an empty batch (accepted, nothing to
+/// move, nothing queued).
+#[test]
+fn an_empty_batch_does_not_give_its_peer_a_second_thread() {
+    one_thread_per_peer_after("stalling-rma-empty", |s, _| {
+        let (src, _) = s.hostile.clone();
+        s.ep.rma(&src, &[]).unwrap();
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        assert_eq!(
+            stats.rma_jobs_waiting, 0,
+            "an empty batch queued a job: {stats:?}"
+        );
+    });
 }
 
 /// Bytes of the big peer's memory: a transfer of it takes a while, so the

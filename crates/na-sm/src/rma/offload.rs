@@ -43,6 +43,10 @@ impl SmPlugin {
     #[cold]
     #[inline(never)]
     pub(crate) fn rma_offload(&mut self, dest: &Addr, pid: u32, ops: &[Rma<'_>]) -> Result<()> {
+        if ops.is_empty() {
+            // Nothing to move (as inline): no pool, no job, no count.
+            return Ok(());
+        }
         let tok = dest.token();
         let pidfd = self.peer_pidfd_for_jobs(tok);
         let pool = self.rma_pool()?;

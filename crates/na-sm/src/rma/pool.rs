@@ -147,6 +147,11 @@ impl RmaPool {
     /// allowed. Refused whole (nothing queued) past the peer's bound, or
     /// when no worker runs and none can be started.
     pub fn submit(&mut self, peer: u64, jobs: Vec<Job>) -> Result<()> {
+        if jobs.is_empty() {
+            // Nothing to run: no turn for the peer (an idle queue in the
+            // ready list would get a second turn from its next submit).
+            return Ok(());
+        }
         let mut st = self.shared.lock();
         let q = st.queues.entry(peer).or_default();
         if q.jobs.len() + jobs.len() > RMA_QUEUE_PER_PEER {
