@@ -580,6 +580,47 @@ fn an_empty_batch_does_not_give_its_peer_a_second_thread() {
     });
 }
 
+/// Threads of this process named `name` (the pool names its threads
+/// `qs-sm-rma-K`, K counting from 0 in each pool).
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|comm| comm.trim_end() == name)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The pool starts a thread when a peer's turn finds none free, not all
+/// its threads at the first batch: gets from one peer, one after the
+/// other, run on one thread of the four allowed. (Other tests' pools
+/// have at most two threads: a `qs-sm-rma-3` is this test's.)
+#[test]
+fn a_pool_starts_threads_as_peers_need_them() {
+    let dir = private_dir("rma-pool-lazy");
+    let (mut ep, id) = rma_endpoint(&dir, true, 4);
+    let uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let (kill, said) = fork_peer(&dir, &uri, honest_peer);
+    assert_eq!(said, b'S', "the honest peer could not start");
+    let (to, remote) = receive_descriptor(&mut ep, id, OpId(1));
+    let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+    let mut stash = HashMap::new();
+    for op in 10..13 {
+        ep.get(&local, 0, &remote, 0, LEN as u64, &to, OpId(op)).unwrap();
+        wait_op(&mut ep, &mut stash, OpId(op)).status.expect("the get");
+    }
+    // A thread names itself as it starts: give any the time to.
+    std::thread::sleep(Duration::from_secs(1));
+    let (first, fourth) = (threads_named("qs-sm-rma-0"), threads_named("qs-sm-rma-3"));
+    drop(kill);
+    drop(ep);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(first >= 1, "no transfer thread ran the gets");
+    assert_eq!(fourth, 0, "one peer's gets started a fourth transfer thread");
+}
+
 /// Bytes of the big peer's memory: a transfer of it takes a while, so the
 /// owner is asleep before it ends.
 const BIG: usize = 64 << 20;

@@ -54,6 +54,9 @@ struct State {
     ready: VecDeque<u64>,
     threads: usize,
     idle: usize,
+    /// Threads started that have not taken the lock yet (neither idle nor
+    /// busy: each will look at `ready` first).
+    starting: usize,
     done: Vec<JobResult>,
     closing: bool,
 }
@@ -171,10 +174,14 @@ impl RmaPool {
         if was_idle {
             st.ready.push_back(peer);
         }
-        // Workers: one per ready peer beyond the idle ones, up to the cap.
-        while st.ready.len() > st.idle && st.threads < self.max_threads {
+        // Workers: one per ready peer beyond the idle ones and those
+        // starting, up to the cap.
+        while st.ready.len() > st.idle + st.starting && st.threads < self.max_threads {
             match self.spawn(st.threads) {
-                Ok(()) => st.threads += 1,
+                Ok(()) => {
+                    st.threads += 1;
+                    st.starting += 1;
+                }
                 Err(e) if st.threads == 0 => {
                     // Nobody would run them: take them back.
                     if let Some(q) = st.queues.get_mut(&peer) {
@@ -348,6 +355,7 @@ impl Drop for RmaPool {
 fn worker(shared: &Shared) {
     let mut lists = IovLists::default();
     let mut st = shared.lock();
+    st.starting -= 1;
     loop {
         if st.closing {
             st.threads -= 1;
