@@ -1,6 +1,7 @@
 //! The RMA transfer-thread pool (`SmConfig::rma_threads` > 0): jobs (see
 //! `job`) queued per peer, run by at most N threads named `qs-sm-rma-K`,
-//! started on first use; results queued for the owner, whom a worker
+//! each started when a peer's turn finds no thread idle or starting (none
+//! before the first batch); results queued for the owner, whom a worker
 //! wakes through an eventfd in the plugin's epoll set.
 //!
 //! At most one job per peer runs at a time: a peer whose memory stalls the
