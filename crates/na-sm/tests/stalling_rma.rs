@@ -580,6 +580,50 @@ fn an_empty_batch_does_not_give_its_peer_a_second_thread() {
     });
 }
 
+/// A queued transfer that is canceled lets its local handle go at once
+/// (nothing will ever write it) though other transfers of its batch stay
+/// queued: one thread, held by the stalling peer; a batch of two gets
+/// into two handles waits behind; the first is canceled, and its handle's
+/// buffers come back while the peer still stalls (the second's stays
+/// held by its job).
+#[test]
+fn a_canceled_queued_transfer_gives_its_handle_back() {
+    let Some((mut s, kills, dir)) = scene("stalling-rma-handle", 1) else {
+        return;
+    };
+    let steps = run_steps(1, kills, dir, move |tx| {
+        let mut stash = HashMap::new();
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
+        let end = Instant::now() + BOUND;
+        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
+            assert!(Instant::now() < end, "the stalling get never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (a, b) = (
+            MemHandle::zeroed(64, Access::ReadWrite),
+            MemHandle::zeroed(64, Access::ReadWrite),
+        );
+        let batch = [
+            na_core::Rma::get(&a, 0, &remote, 0, 64, OpId(11)),
+            na_core::Rma::get(&b, 0, &remote, 0, 64, OpId(12)),
+        ];
+        s.ep.rma(&src, &batch).unwrap();
+        s.ep.cancel(s.id, OpId(11)).unwrap();
+        let c = wait_op(&mut s.ep, &mut stash, OpId(11));
+        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        assert_eq!(stats.rma_jobs_waiting, 1, "the other get waits: {stats:?}");
+        a.into_buffers()
+            .expect("a canceled queued get still holds its handle");
+        b.into_buffers()
+            .expect_err("a queued get's handle was given back");
+        let _ = tx.send(Step::HonestServed(stats));
+    });
+    assert!(matches!(&steps[..], [Step::HonestServed(_)]), "{steps:?}");
+}
+
 /// Threads of this process named `name` (the pool names its threads
 /// `qs-sm-rma-K`, K counting from 0 in each pool).
 fn threads_named(name: &str) -> usize {

@@ -230,9 +230,10 @@ impl RmaPool {
         }
         let mut st = self.shared.lock();
         let mut emptied = None;
+        let mut freed = Vec::new();
         if let Some(q) = st.queues.get_mut(&p.peer) {
             if let Some(i) = q.jobs.iter().position(|j| j.id == p.job) {
-                if q.jobs[i].remove(op) && q.jobs[i].ops.is_empty() {
+                if q.jobs[i].remove(op, &mut freed) && q.jobs[i].ops.is_empty() {
                     emptied = q.jobs.remove(i);
                     self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
                 }
@@ -246,8 +247,8 @@ impl RmaPool {
             }
         }
         drop(st);
-        // Dropped out of the lock, with its handles.
-        drop(emptied);
+        // Dropped out of the lock, with their handles.
+        drop((emptied, freed));
         self.report_stuck();
         Some(p.dir)
     }
