@@ -624,6 +624,65 @@ fn a_canceled_queued_transfer_gives_its_handle_back() {
     assert!(matches!(&steps[..], [Step::HonestServed(_)]), "{steps:?}");
 }
 
+/// An op id reused after a cancel names the new transfer only: one
+/// thread, held by the stalling peer's get (op 10), which is canceled;
+/// op 10 again, a get of the honest peer, waits behind it. When the
+/// stalling peer dies its old job ends, and its outcome for op 10 (of
+/// another job) is dropped: op 10 completes once, with the honest get's
+/// bytes, and only those are counted.
+#[test]
+fn an_op_id_reused_after_a_cancel_takes_only_its_own_result() {
+    let Some((mut s, kills, dir)) = scene("stalling-rma-reuse", 1) else {
+        return;
+    };
+    let hostile_pid = kills[0].0;
+    let steps = run_steps(1, kills, dir, move |tx| {
+        let mut stash = HashMap::new();
+        let stuck = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&stuck, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
+        let end = Instant::now() + BOUND;
+        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
+            assert!(Instant::now() < end, "the stalling get never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        s.ep.cancel(s.id, OpId(10)).unwrap();
+        let c = wait_op(&mut s.ep, &mut stash, OpId(10));
+        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (to, honest) = s.honest.clone();
+        s.ep.get(&local, 0, &honest, 0, LEN as u64, &to, OpId(10))
+            .unwrap();
+        sys::kill(hostile_pid, libc::SIGKILL);
+        let c = wait_op(&mut s.ep, &mut stash, OpId(10));
+        c.status.expect("the honest get under the reused id");
+        // Whatever else comes meanwhile (the stalling peer's end).
+        let end = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < end {
+            s.ep.progress(Some(Duration::from_millis(20))).unwrap();
+            while let Some(c) = s.ep.pop_completion() {
+                stash.insert(c.op, c);
+            }
+        }
+        assert!(!stash.contains_key(&OpId(10)), "op 10 completed twice");
+        let mut got = vec![0u8; LEN];
+        local.read_at(0, &mut got).unwrap();
+        assert!(
+            (0..LEN).all(|i| got[i] == pattern(i)),
+            "the honest get moved wrong bytes"
+        );
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        let _ = tx.send(Step::HonestServed(stats));
+    });
+    let [Step::HonestServed(stats)] = &steps[..] else {
+        panic!("steps out of order: {steps:?}");
+    };
+    assert_eq!(
+        stats.get_bytes, LEN as u64,
+        "only the honest get's bytes count (not the canceled job's): {stats:?}"
+    );
+}
+
 /// Threads of this process named `name` (the pool names its threads
 /// `qs-sm-rma-K`, K counting from 0 in each pool).
 fn threads_named(name: &str) -> usize {
