@@ -111,8 +111,8 @@ pub struct SmConfig {
     /// as the stall lasts: with it the whole engine.
     ///
     /// N > 0 (at most [`MAX_RMA_THREADS`]): `rma` checks the batch and
-    /// returns at once; up to N threads (`qs-sm-rma-K`, started on first
-    /// use) move it, at most one job per peer at a time, so a stalled peer
+    /// returns at once; up to N threads (`qs-sm-rma-K`, each started when
+    /// a peer's jobs find none free) move it, at most one job per peer at a time, so a stalled peer
     /// holds one thread and its own queue only, and the caller never
     /// waits. Completions arrive through progress as usual; cancel
     /// completes a transfer at once (see `na_sm`'s crate docs). The

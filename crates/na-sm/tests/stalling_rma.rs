@@ -474,6 +474,256 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
     );
 }
 
+/// A peer whose turn was queued and then left with nothing to run (its
+/// queued get canceled: its queue emptied while it waited its turn; or
+/// an empty batch for it) and who then gets more is still one peer: at
+/// most one of its jobs runs at a time. Two transfer threads, held by two
+/// stalling peers; a third stalling peer is given an empty turn by
+/// `idle_turn`, then two gets; when the first two peers die, one thread
+/// takes the third's next job (and sticks), and the other must stay free
+/// for the honest peer (it took the third peer's second job beside the
+/// first when its turn was queued twice).
+fn one_thread_per_peer_after(tag: &str, idle_turn: fn(&mut Scene, &mut HashMap<OpId, Completion>)) {
+    let dir = private_dir(tag);
+    let (mut ep, id) = rma_endpoint(&dir, true, 2);
+    let uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let mut kills = Vec::new();
+    let mut stalling = Vec::new();
+    for k in 0..3u64 {
+        let (kill, said) = fork_peer(&dir, &uri, common::stalling_peer);
+        kills.push(kill);
+        if said == b'U' {
+            na_core::testing::report_not_run("na-sm stalling_rma: no userfaultfd for kernel faults here");
+            drop(kills);
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        stalling.push(receive_descriptor(&mut ep, id, OpId(1 + k)));
+    }
+    let (kill, said) = fork_peer(&dir, &uri, honest_peer);
+    assert_eq!(said, b'S', "the honest peer could not start");
+    kills.push(kill);
+    let honest = receive_descriptor(&mut ep, id, OpId(4));
+    let (g_pid, h_pid) = (kills[0].0, kills[1].0);
+    let mut s = Scene {
+        ep,
+        id,
+        hostile: stalling[2].clone(),
+        honest,
+    };
+    let steps = run_steps(2, kills, dir, move |tx| {
+        let mut stash = HashMap::new();
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        // Both threads held.
+        for (k, (src, remote)) in stalling[..2].iter().enumerate() {
+            s.ep.get(&local, 0, remote, 0, 64, src, OpId(100 + k as u64))
+                .unwrap();
+            let end = Instant::now() + BOUND;
+            while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running <= k as u64 {
+                assert!(Instant::now() < end, "{} jobs never ran", k + 1);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        idle_turn(&mut s, &mut stash);
+        // Two gets for the third peer, behind each other.
+        let (src, remote) = s.hostile.clone();
+        for op in [103, 104] {
+            s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(op)).unwrap();
+        }
+        // The threads are let go, one after the other.
+        for (pid, op) in [(g_pid, 100), (h_pid, 101)] {
+            sys::kill(pid, libc::SIGKILL);
+            wait_op(&mut s.ep, &mut stash, OpId(op));
+        }
+        let _ = tx.send(Step::Canceled("the first two peers' gets ended".into()));
+        // One thread is free for the honest peer.
+        serve_honest(&mut s, &mut stash, OpId(20), 30);
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        let _ = tx.send(Step::HonestServed(stats));
+    });
+    let [Step::Canceled(_), Step::HonestServed(stats)] = &steps[..] else {
+        panic!("steps out of order: {steps:?}");
+    };
+    assert_eq!(
+        stats.rma_jobs_running, 1,
+        "one job of the third peer runs: {stats:?}"
+    );
+    assert_eq!(stats.rma_jobs_waiting, 1, "its other waits: {stats:?}");
+}
+
+/// [`one_thread_per_peer_after`] a get that waits its turn and is
+/// canceled.
+#[test]
+fn a_canceled_queued_job_does_not_give_its_peer_a_second_thread() {
+    one_thread_per_peer_after("stalling-rma-turn", |s, stash| {
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(102)).unwrap();
+        s.ep.cancel(s.id, OpId(102)).unwrap();
+        let c = wait_op(&mut s.ep, stash, OpId(102));
+        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
+    });
+}
+
+/// [`one_thread_per_peer_after`] an empty batch (accepted, nothing to
+/// move, nothing queued).
+#[test]
+fn an_empty_batch_does_not_give_its_peer_a_second_thread() {
+    one_thread_per_peer_after("stalling-rma-empty", |s, _| {
+        let (src, _) = s.hostile.clone();
+        s.ep.rma(&src, &[]).unwrap();
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        assert_eq!(
+            stats.rma_jobs_waiting, 0,
+            "an empty batch queued a job: {stats:?}"
+        );
+    });
+}
+
+/// A queued transfer that is canceled lets its local handle go at once
+/// (nothing will ever write it) though other transfers of its batch stay
+/// queued: one thread, held by the stalling peer; a batch of two gets
+/// into two handles waits behind; the first is canceled, and its handle's
+/// buffers come back while the peer still stalls (the second's stays
+/// held by its job).
+#[test]
+fn a_canceled_queued_transfer_gives_its_handle_back() {
+    let Some((mut s, kills, dir)) = scene("stalling-rma-handle", 1) else {
+        return;
+    };
+    let steps = run_steps(1, kills, dir, move |tx| {
+        let mut stash = HashMap::new();
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
+        let end = Instant::now() + BOUND;
+        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
+            assert!(Instant::now() < end, "the stalling get never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (a, b) = (
+            MemHandle::zeroed(64, Access::ReadWrite),
+            MemHandle::zeroed(64, Access::ReadWrite),
+        );
+        let batch = [
+            na_core::Rma::get(&a, 0, &remote, 0, 64, OpId(11)),
+            na_core::Rma::get(&b, 0, &remote, 0, 64, OpId(12)),
+        ];
+        s.ep.rma(&src, &batch).unwrap();
+        s.ep.cancel(s.id, OpId(11)).unwrap();
+        let c = wait_op(&mut s.ep, &mut stash, OpId(11));
+        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        assert_eq!(stats.rma_jobs_waiting, 1, "the other get waits: {stats:?}");
+        a.into_buffers()
+            .expect("a canceled queued get still holds its handle");
+        b.into_buffers()
+            .expect_err("a queued get's handle was given back");
+        let _ = tx.send(Step::HonestServed(stats));
+    });
+    assert!(matches!(&steps[..], [Step::HonestServed(_)]), "{steps:?}");
+}
+
+/// An op id reused after a cancel names the new transfer only: one
+/// thread, held by the stalling peer's get (op 10), which is canceled;
+/// op 10 again, a get of the honest peer, waits behind it. When the
+/// stalling peer dies its old job ends, and its outcome for op 10 (of
+/// another job) is dropped: op 10 completes once, with the honest get's
+/// bytes, and only those are counted.
+#[test]
+fn an_op_id_reused_after_a_cancel_takes_only_its_own_result() {
+    let Some((mut s, kills, dir)) = scene("stalling-rma-reuse", 1) else {
+        return;
+    };
+    let hostile_pid = kills[0].0;
+    let steps = run_steps(1, kills, dir, move |tx| {
+        let mut stash = HashMap::new();
+        let stuck = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&stuck, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
+        let end = Instant::now() + BOUND;
+        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
+            assert!(Instant::now() < end, "the stalling get never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        s.ep.cancel(s.id, OpId(10)).unwrap();
+        let c = wait_op(&mut s.ep, &mut stash, OpId(10));
+        assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (to, honest) = s.honest.clone();
+        s.ep.get(&local, 0, &honest, 0, LEN as u64, &to, OpId(10))
+            .unwrap();
+        sys::kill(hostile_pid, libc::SIGKILL);
+        let c = wait_op(&mut s.ep, &mut stash, OpId(10));
+        c.status.expect("the honest get under the reused id");
+        // Whatever else comes meanwhile (the stalling peer's end).
+        let end = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < end {
+            s.ep.progress(Some(Duration::from_millis(20))).unwrap();
+            while let Some(c) = s.ep.pop_completion() {
+                stash.insert(c.op, c);
+            }
+        }
+        assert!(!stash.contains_key(&OpId(10)), "op 10 completed twice");
+        let mut got = vec![0u8; LEN];
+        local.read_at(0, &mut got).unwrap();
+        assert!(
+            (0..LEN).all(|i| got[i] == pattern(i)),
+            "the honest get moved wrong bytes"
+        );
+        let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        let _ = tx.send(Step::HonestServed(stats));
+    });
+    let [Step::HonestServed(stats)] = &steps[..] else {
+        panic!("steps out of order: {steps:?}");
+    };
+    assert_eq!(
+        stats.get_bytes, LEN as u64,
+        "only the honest get's bytes count (not the canceled job's): {stats:?}"
+    );
+}
+
+/// Threads of this process named `name` (the pool names its threads
+/// `qs-sm-rma-K`, K counting from 0 in each pool).
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|comm| comm.trim_end() == name)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The pool starts a thread when a peer's turn finds none free, not all
+/// its threads at the first batch: gets from one peer, one after the
+/// other, run on one thread of the four allowed. (Other tests' pools
+/// have at most two threads: a `qs-sm-rma-3` is this test's.)
+#[test]
+fn a_pool_starts_threads_as_peers_need_them() {
+    let dir = private_dir("rma-pool-lazy");
+    let (mut ep, id) = rma_endpoint(&dir, true, 4);
+    let uri = ep.self_addr(id).unwrap().uri().to_owned();
+    let (kill, said) = fork_peer(&dir, &uri, honest_peer);
+    assert_eq!(said, b'S', "the honest peer could not start");
+    let (to, remote) = receive_descriptor(&mut ep, id, OpId(1));
+    let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+    let mut stash = HashMap::new();
+    for op in 10..13 {
+        ep.get(&local, 0, &remote, 0, LEN as u64, &to, OpId(op)).unwrap();
+        wait_op(&mut ep, &mut stash, OpId(op)).status.expect("the get");
+    }
+    // A thread names itself as it starts: give any the time to.
+    std::thread::sleep(Duration::from_secs(1));
+    let (first, fourth) = (threads_named("qs-sm-rma-0"), threads_named("qs-sm-rma-3"));
+    drop(kill);
+    drop(ep);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(first >= 1, "no transfer thread ran the gets");
+    assert_eq!(fourth, 0, "one peer's gets started a fourth transfer thread");
+}
+
 /// Bytes of the big peer's memory: a transfer of it takes a while, so the
 /// owner is asleep before it ends.
 const BIG: usize = 64 << 20;

@@ -164,14 +164,62 @@ impl Job {
     }
 
     /// Takes transfer `op` out of a job that has not started (canceled):
-    /// true if it was there.
-    pub fn remove(&mut self, op: OpId) -> bool {
-        match self.ops.iter().position(|o| o.op == op) {
-            Some(i) => {
-                self.ops.remove(i);
-                true
+    /// true if it was there. Its local handle, if no other transfer of
+    /// the job names it, goes to `freed` (for the caller to drop out of
+    /// its lock): nothing will write that memory, and
+    /// `MemHandle::into_buffers` must not fail for this job's sake.
+    pub fn remove(&mut self, op: OpId, freed: &mut Vec<MemHandle>) -> bool {
+        let Some(i) = self.ops.iter().position(|o| o.op == op) else {
+            return false;
+        };
+        let gone = self.ops.remove(i);
+        if !self.ops.iter().any(|o| o.local == gone.local) && gone.local < self.locals.len() {
+            freed.push(self.locals.remove(gone.local));
+            for o in &mut self.ops {
+                if o.local > gone.local {
+                    o.local -= 1;
+                }
             }
-            None => false,
         }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use na_core::{Access, RemoteSegment};
+
+    use super::*;
+
+    /// A canceled transfer's handle leaves the job when no other transfer
+    /// names it, and the others still name their own handles.
+    #[test]
+    fn remove_frees_a_handle_no_other_transfer_names() {
+        let [a, b, c] = [1, 2, 3].map(|n| MemHandle::zeroed(n * 8, Access::ReadWrite));
+        let seg = RemoteSegment {
+            addr: 4096,
+            len: 64,
+            key: 0,
+        };
+        let remote = RemoteMem::new(vec![seg], Access::ReadWrite).unwrap();
+        let get = |m, op| Rma::get(m, 0, &remote, 0, 8, OpId(op));
+        let ops = [get(&a, 1), get(&b, 2), get(&c, 3), get(&a, 4)];
+        let mut job = Job::new(7, 1, 1, &ops, None);
+        let mut freed = Vec::new();
+        assert!(!job.remove(OpId(9), &mut freed));
+        assert!(job.remove(OpId(2), &mut freed));
+        assert_eq!(freed.len(), 1);
+        assert!(freed[0].same_as(&b));
+        // `a` twice (op 1 and op 4): op 1 gone, op 4 keeps it.
+        assert!(job.remove(OpId(1), &mut freed));
+        assert_eq!(freed.len(), 2, "op 1's clone of a was only op 1's");
+        let named: Vec<(u64, u64)> = job
+            .ops
+            .iter()
+            .map(|o| (o.op.0, job.locals[o.local].size()))
+            .collect();
+        assert_eq!(named, [(3, 24), (4, 8)]);
+        drop((job, freed));
+        assert!(b.into_buffers().is_ok());
     }
 }

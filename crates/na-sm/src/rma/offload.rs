@@ -16,7 +16,9 @@
 //!
 //! # Cancel
 //! A queued transfer is taken out of its job and completes `Canceled` at
-//! once; so does a running one, whose result is dropped when it comes.
+//! once, and the job lets its local handle go unless another of its
+//! transfers names it; so does a running one, whose result is dropped
+//! when it comes.
 //! The local memory of a running transfer may still be written until its
 //! system call ends, and `MemHandle::into_buffers` fails until then (the
 //! job holds a clone). A peer that departs fails its transfers in the pool
@@ -43,6 +45,10 @@ impl SmPlugin {
     #[cold]
     #[inline(never)]
     pub(crate) fn rma_offload(&mut self, dest: &Addr, pid: u32, ops: &[Rma<'_>]) -> Result<()> {
+        if ops.is_empty() {
+            // Nothing to move (as inline): no pool, no job, no count.
+            return Ok(());
+        }
         let tok = dest.token();
         let pidfd = self.peer_pidfd_for_jobs(tok);
         let pool = self.rma_pool()?;

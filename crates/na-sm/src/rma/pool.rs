@@ -1,6 +1,7 @@
 //! The RMA transfer-thread pool (`SmConfig::rma_threads` > 0): jobs (see
 //! `job`) queued per peer, run by at most N threads named `qs-sm-rma-K`,
-//! started on first use; results queued for the owner, whom a worker
+//! each started when a peer's turn finds no thread idle or starting (none
+//! before the first batch); results queued for the owner, whom a worker
 //! wakes through an eventfd in the plugin's epoll set.
 //!
 //! At most one job per peer runs at a time: a peer whose memory stalls the
@@ -54,6 +55,9 @@ struct State {
     ready: VecDeque<u64>,
     threads: usize,
     idle: usize,
+    /// Threads started that have not taken the lock yet (neither idle nor
+    /// busy: each will look at `ready` first).
+    starting: usize,
     done: Vec<JobResult>,
     closing: bool,
 }
@@ -147,6 +151,11 @@ impl RmaPool {
     /// allowed. Refused whole (nothing queued) past the peer's bound, or
     /// when no worker runs and none can be started.
     pub fn submit(&mut self, peer: u64, jobs: Vec<Job>) -> Result<()> {
+        if jobs.is_empty() {
+            // Nothing to run: no turn for the peer (an idle queue in the
+            // ready list would get a second turn from its next submit).
+            return Ok(());
+        }
         let mut st = self.shared.lock();
         let q = st.queues.entry(peer).or_default();
         if q.jobs.len() + jobs.len() > RMA_QUEUE_PER_PEER {
@@ -166,10 +175,14 @@ impl RmaPool {
         if was_idle {
             st.ready.push_back(peer);
         }
-        // Workers: one per ready peer beyond the idle ones, up to the cap.
-        while st.ready.len() > st.idle && st.threads < self.max_threads {
+        // Workers: one per ready peer beyond the idle ones and those
+        // starting, up to the cap.
+        while st.ready.len() > st.idle + st.starting && st.threads < self.max_threads {
             match self.spawn(st.threads) {
-                Ok(()) => st.threads += 1,
+                Ok(()) => {
+                    st.threads += 1;
+                    st.starting += 1;
+                }
                 Err(e) if st.threads == 0 => {
                     // Nobody would run them: take them back.
                     if let Some(q) = st.queues.get_mut(&peer) {
@@ -216,16 +229,26 @@ impl RmaPool {
             return Some(p.dir);
         }
         let mut st = self.shared.lock();
+        let mut emptied = None;
+        let mut freed = Vec::new();
         if let Some(q) = st.queues.get_mut(&p.peer) {
             if let Some(i) = q.jobs.iter().position(|j| j.id == p.job) {
-                if q.jobs[i].remove(op) && q.jobs[i].ops.is_empty() {
-                    // Dropped here, with its handles.
-                    drop(q.jobs.remove(i));
+                if q.jobs[i].remove(op, &mut freed) && q.jobs[i].ops.is_empty() {
+                    emptied = q.jobs.remove(i);
                     self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
                 }
             }
+            // Nothing of the peer waits or runs any more: its turn goes
+            // too, or a later submit (finding it idle) would queue a
+            // second turn, and two threads could run its jobs at once.
+            if q.jobs.is_empty() && q.running.is_none() {
+                st.queues.remove(&p.peer);
+                st.ready.retain(|&r| r != p.peer);
+            }
         }
         drop(st);
+        // Dropped out of the lock, with their handles.
+        drop((emptied, freed));
         self.report_stuck();
         Some(p.dir)
     }
@@ -253,6 +276,7 @@ impl RmaPool {
                 let jobs = std::mem::take(&mut q.jobs);
                 if q.running.is_none() {
                     st.queues.remove(&peer);
+                    st.ready.retain(|&r| r != peer);
                 }
                 jobs
             }
@@ -333,6 +357,7 @@ impl Drop for RmaPool {
 fn worker(shared: &Shared) {
     let mut lists = IovLists::default();
     let mut st = shared.lock();
+    st.starting -= 1;
     loop {
         if st.closing {
             st.threads -= 1;
@@ -349,7 +374,8 @@ fn worker(shared: &Shared) {
             q.running = Some(Instant::now());
             Some(job)
         }) else {
-            // Emptied by cancels: nothing of it waits any more.
+            // Gone (`peer_gone`, `cancel` take its turn out too; kept as
+            // a guard): nothing of it waits any more.
             st.queues
                 .retain(|p, q| *p != peer || q.running.is_some() || !q.jobs.is_empty());
             continue;
