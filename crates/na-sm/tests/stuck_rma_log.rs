@@ -50,6 +50,13 @@ fn a_stuck_transfer_job_is_logged_once_at_debug_level() {
     let remote = RemoteMem::from_bytes(&desc).unwrap();
     let local = MemHandle::zeroed(4096, Access::ReadWrite);
     ep.get(&local, 0, &remote, 0, 4096, &src, OpId(10)).unwrap();
+    // The thread has taken the job (it starts on the first batch, which on
+    // a loaded box may take a while): the second is counted from then.
+    let end = Instant::now() + Duration::from_secs(10);
+    while ep.plugin_mut(id).unwrap().stats().rma_jobs_running == 0 {
+        assert!(Instant::now() < end, "the stalling get never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // Not stuck long yet: nothing said.
     ep.get(&local, 0, &remote, 0, 64, &src, OpId(11)).unwrap();
     ep.cancel(id, OpId(11)).unwrap();
