@@ -271,6 +271,18 @@ impl BulkCtx<'_> {
                 return Err(WindowFailure::Stopped(failure.unwrap_or(why)));
             }
             if let Err(e) = self.ep.progress(Some(wait)) {
+                // The transport failed: the window's transfers still in
+                // flight are canceled (best effort; their completions may
+                // never come) and counted as failed here, so that every
+                // transfer started counts once in `bulk_done` or
+                // `bulk_failed` (a late completion of one of them is not
+                // this window's any more: the engine drops it unknown).
+                for &(_, op) in &ids {
+                    let _ = self.ep.cancel(via, op);
+                }
+                for _ in 0..left {
+                    self.stats.count_bulk(false, 0);
+                }
                 return Err(WindowFailure::Stopped(failure.unwrap_or(stopped_by(e, left))));
             }
         }
@@ -372,9 +384,13 @@ impl BulkCtx<'_> {
                     "a handler's timed-out transfers are still in flight; its answer waits for them"
                 );
             }
-            self.ep
-                .progress(Some(Duration::from_millis(100)))
-                .map_err(|e| stopped_by(e, left))?;
+            if let Err(e) = self.ep.progress(Some(Duration::from_millis(100))) {
+                // As in `transfer_window`: the rest count as failed.
+                for _ in 0..left {
+                    self.stats.count_bulk(false, 0);
+                }
+                return Err(stopped_by(e, left));
+            }
         }
     }
 }
