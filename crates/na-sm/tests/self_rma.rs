@@ -39,6 +39,19 @@ fn refused(r: na_core::Result<()>) {
     }
 }
 
+/// A plugin in `dir` with `threads` RMA transfer threads.
+fn plugin_with(dir: &std::path::Path, threads: usize) -> SmPlugin {
+    SmPlugin::new(
+        PluginId(1),
+        SmConfig {
+            rma_threads: Some(threads),
+            ..SmConfig::default()
+        }
+        .with_dir(dir),
+    )
+    .unwrap()
+}
+
 fn completions(p: &mut SmPlugin) -> Vec<Completion> {
     p.progress().unwrap();
     let mut out = VecDeque::new();
@@ -48,15 +61,7 @@ fn completions(p: &mut SmPlugin) -> Vec<Completion> {
 
 fn transfers_to_self_stay_inside_registered_memory_with(threads: usize) {
     let dir = private_dir("self-rma");
-    let mut p = SmPlugin::new(
-        PluginId(1),
-        SmConfig {
-            rma_threads: Some(threads),
-            ..SmConfig::default()
-        }
-        .with_dir(&dir),
-    )
-    .unwrap();
+    let mut p = plugin_with(&dir, threads);
     let me = p.self_addr();
     let source = MemHandle::new(vec![vec![0xab; 64]], Access::ReadWrite);
     let sink = MemHandle::zeroed(64, Access::ReadWrite);
@@ -144,15 +149,7 @@ fn transfers_to_self_stay_inside_registered_memory_with(threads: usize) {
 /// back as its own "bulk handle": the client's push is refused.
 fn exposed_memory_is_reached_only_through_its_own_descriptor_with(threads: usize) {
     let dir = private_dir("self-rma-key");
-    let mut p = SmPlugin::new(
-        PluginId(1),
-        SmConfig {
-            rma_threads: Some(threads),
-            ..SmConfig::default()
-        }
-        .with_dir(&dir),
-    )
-    .unwrap();
+    let mut p = plugin_with(&dir, threads);
     let me = p.self_addr();
     let source = MemHandle::new(vec![vec![0xee; 64]], Access::ReadOnly);
     let lent_elsewhere = MemHandle::zeroed(64, Access::WriteOnly);
