@@ -8,7 +8,12 @@
 //! is filed by its cookie, for a call to the peer it came from, and one
 //! watch receive per called peer fails its calls when it goes away (see
 //! `docs/PROTOCOL.md`). Arguments
-//! are encoded by a [`Codec`] ([`Postcard`] by default).
+//! are encoded by a [`Codec`] ([`Postcard`] by default). Postcard decodes
+//! peers' bytes through a guard (nesting depth at most
+//! [`codec::MAX_DEPTH`], length hints no larger than the input, elements
+//! of zero-sized values bounded by [`codec::ZERO_SIZED_ALLOWANCE`]); the
+//! guard protects only that default codec: a [`Codec`] of your own gets
+//! no depth or length limits from hg-rpc (see the trait).
 //!
 //! Two ways to drive it: the blocking API ([`Engine::progress`] +
 //! [`Engine::trigger`]) for code that owns its loop, or tokio
