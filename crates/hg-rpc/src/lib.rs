@@ -35,6 +35,14 @@
 //! This engine's own calls' outputs keep a floor in the pull budget that
 //! others' inputs cannot take ([`Engine::set_output_pull_floor`]).
 //!
+//! Counters: [`Engine::stats`] ([`RpcStats`]: every call ends in one of
+//! `succeeded`, `errors`, `abandoned`; transfers in `bulk_done`,
+//! `bulk_failed`, `bulk_bytes`) and [`Engine::transport_stats`]
+//! ([`PluginStats`], the transport's own); on tokio the same through
+//! [`AsyncEngine`], whose [`try_stats`](AsyncEngine::try_stats) answers
+//! `None` where a plain handler holds the engine ([`BulkCtx::stats`]
+//! reads it there).
+//!
 //! Contexts: a context is an [`Engine`] (one per thread or core), each
 //! with its own plugin instance and address; a caller picks the target
 //! context by its address, and a response comes back to the engine that
