@@ -11,6 +11,15 @@
 //! NA plugin, with no plugin-specific code in the caller. [`start_batch`]
 //! starts many spans of the same two handles at once, which a plugin may
 //! merge (na-sm moves them with one system call).
+//!
+//! The owner reads and writes a local handle's memory by copy
+//! ([`Bulk::read_at`], [`Bulk::write_at`], [`Bulk::to_vec`]: a peer may
+//! write it at any time) and takes its buffers back with
+//! [`Bulk::try_into_buffers`], which says why it cannot
+//! ([`BulkError::InUse`] while another clone or a transfer holds the
+//! memory, [`BulkError::NotLocal`] for a remote handle).
+//! `From<BulkError> for String` lets an hg-rpc handler, whose error is a
+//! `String`, use `?` on these.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

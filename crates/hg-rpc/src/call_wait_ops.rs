@@ -175,7 +175,9 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Calls `R` on `dest` and waits (driving progress) for the result, at
-    /// most `timeout`. On timeout the call is abandoned: a late response is
+    /// most `timeout`. On timeout the call is given up (counted in
+    /// [`RpcStats::errors`](crate::RpcStats::errors), not in `abandoned`,
+    /// which counts [`abandon`](Self::abandon)): a late response is
     /// discarded. A spilled input refused for the inputs held for abandoned
     /// calls ([`RpcError::InputsHeld`], see
     /// [`set_max_abandoned_bytes`](Self::set_max_abandoned_bytes)) waits for

@@ -9,6 +9,16 @@ pub use crate::codec_guard::{MAX_DEPTH, ZERO_SIZED_ALLOWANCE};
 
 /// Turns serde values into bytes and back. Errors are strings: the RPC
 /// layer wraps them with the RPC name and direction.
+///
+/// `decode` is given a peer's bytes. The default codec, [`Postcard`],
+/// decodes through a guard that bounds what those bytes can make it do
+/// (nesting depth, [`MAX_DEPTH`]; length hints; elements of zero-sized
+/// values, [`ZERO_SIZED_ALLOWANCE`]). The guard is private to that codec:
+/// a codec of your own gets none of these limits, and must keep its own
+/// (a format decoder that recurses per nesting level, or preallocates
+/// what a length field claims, lets a peer overflow the stack of the
+/// decoding thread, which aborts the process, or allocate far more than
+/// it sent).
 pub trait Codec: Clone + Send + Sync + 'static {
     /// Appends the encoding of `value` to `out`.
     fn encode<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), String>;

@@ -8,7 +8,12 @@
 //! is filed by its cookie, for a call to the peer it came from, and one
 //! watch receive per called peer fails its calls when it goes away (see
 //! `docs/PROTOCOL.md`). Arguments
-//! are encoded by a [`Codec`] ([`Postcard`] by default).
+//! are encoded by a [`Codec`] ([`Postcard`] by default). Postcard decodes
+//! peers' bytes through a guard (nesting depth at most
+//! [`codec::MAX_DEPTH`], length hints no larger than the input, elements
+//! of zero-sized values bounded by [`codec::ZERO_SIZED_ALLOWANCE`]); the
+//! guard protects only that default codec: a [`Codec`] of your own gets
+//! no depth or length limits from hg-rpc (see the trait).
 //!
 //! Two ways to drive it: the blocking API ([`Engine::progress`] +
 //! [`Engine::trigger`]) for code that owns its loop, or tokio
@@ -29,6 +34,14 @@
 //! deferred one [`DEFAULT_MAX_DEFERRED_PER_PEER`], 4096, by default).
 //! This engine's own calls' outputs keep a floor in the pull budget that
 //! others' inputs cannot take ([`Engine::set_output_pull_floor`]).
+//!
+//! Counters: [`Engine::stats`] ([`RpcStats`]: every call ends in one of
+//! `succeeded`, `errors`, `abandoned`; transfers in `bulk_done`,
+//! `bulk_failed`, `bulk_bytes`) and [`Engine::transport_stats`]
+//! ([`PluginStats`], the transport's own); on tokio the same through
+//! [`AsyncEngine`], whose [`try_stats`](AsyncEngine::try_stats) answers
+//! `None` where a plain handler holds the engine ([`BulkCtx::stats`]
+//! reads it there).
 //!
 //! Contexts: a context is an [`Engine`] (one per thread or core), each
 //! with its own plugin instance and address; a caller picks the target

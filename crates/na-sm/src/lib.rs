@@ -3,12 +3,18 @@
 //! Moves messages between processes of one host through shared memory and
 //! RMA data through cross-memory attach (`process_vm_readv`/`writev`),
 //! sleeping on file descriptors so that one [`na_core::Endpoint`] poll set
-//! drives it with other transports. No internal threads.
+//! drives it with other transports. Messages and (by default) RMA move on
+//! the caller's thread; the plugin's own threads are only the background
+//! closers of descriptors peers hand over (the `closer` module) and,
+//! opt-in, the RMA transfer threads ([`SmConfig::rma_threads`], below).
 //!
 //! ## Addresses
 //! `sm://<pid>-<instance>`: the owner's pid and an instance part, either a
 //! per-process counter (`sm://4242-0`) or a name (`sm://4242-srv`, from
-//! [`SmConfig::name`] or the factory spec `sm://srv`). A listening instance
+//! [`SmConfig::name`] or the factory spec `sm://srv`). A name parses only
+//! in the spelling [`SmName::uri`] prints: a pid with a leading zero
+//! (`sm://010-a`) is refused, so one process never has two spellings.
+//! A listening instance
 //! binds `<dir>/<pid>-<instance>.sock`, where `<dir>` is
 //! [`SmConfig::dir`], else `$QS_SM_DIR`, else `/tmp/qs-sm-<uid>` (created
 //! 0700; refused if others can enter it). Client-only instances have an
@@ -142,10 +148,14 @@
 //! memory stalls the kernel (a hung FUSE or network file system behind
 //! it, a userfaultfd nobody answers) holds the caller for as long as the
 //! stall lasts. With [`SmConfig::rma_threads`] (or [`RMA_THREADS_ENV`])
-//! above 0, `rma` checks the batch and hands it to a bounded pool of
-//! transfer threads, at most one job per peer at a time, each peer's
-//! queue bounded by [`RMA_QUEUE_PER_PEER`]; completions come through
-//! progress, which the threads wake. Each job checks the peer's pidfd
+//! above 0 (at most [`MAX_RMA_THREADS`]), `rma` checks the batch and
+//! hands it to a pool of that many transfer threads at most (started as
+//! peers' jobs need them), at most one job per peer at a time, each
+//! peer's queue bounded by [`RMA_QUEUE_PER_PEER`]; completions come
+//! through progress, which the threads wake. A busy owner whose
+//! transfers are with the threads gives up its core once per
+//! [`spin_wait`](na_core::Plugin::spin_wait) instead of spinning, so a
+//! transfer thread placed on that core runs. Each job checks the peer's pidfd
 //! before it moves anything. Cancel completes a handed-over transfer at
 //! once, even a running one (its local memory may still be written until
 //! the kernel lets go; the job holds a clone of the handle until then,

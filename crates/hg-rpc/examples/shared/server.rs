@@ -1,7 +1,7 @@
 //! The server process an example's client starts, tied to the client both
 //! ways: the client kills and reaps it if it gives up early (an error, a
 //! panic), and it dies when the client does (even of `SIGKILL`). Without
-//! that, an orphaned server keeps its socket and shm files and the
+//! that, an orphaned server keeps its socket and owner files and the
 //! client's stderr (a `./x test | tee log` would never end).
 // Each example uses a subset.
 #![allow(dead_code)]
