@@ -85,8 +85,29 @@ impl AsyncEngine {
         match waited {
             Ok(Ok(())) => {
                 guard.armed = false;
-                let r = self.shared.engine().take_response::<R>(id);
-                r.unwrap_or_else(|| Err(lost(R::NAME)))
+                let mut e = self.shared.engine();
+                let r = e.take_response::<R>(id);
+                // Unreachable: the driver wakes a call only for an id in
+                // the engine's log of calls whose outcome it filed
+                // (`notify_finished`), a filed outcome leaves the engine
+                // only through `take_response` or `give_up` of that id,
+                // which only this future (and its guard, disarmed now)
+                // knows, and a stopped driver drops the senders (the
+                // `Err` arm below) without touching the engine. Log
+                // entries are taken before a call registers its waiter
+                // (`start_call`), and a cookie's generation keeps a
+                // reused slot's id apart. Should it happen anyway, the
+                // call still counts once, in `errors`, so that
+                // `calls == succeeded + errors + abandoned + in_flight`.
+                debug_assert!(
+                    r.is_some(),
+                    "call {id:?} woken without its response in the engine"
+                );
+                r.unwrap_or_else(|| {
+                    na_core::hint::cold_path();
+                    e.count_error();
+                    Err(lost(R::NAME))
+                })
             }
             // The driver stopped: the guard abandons the call (its input
             // stays exposed for the TTL only if the engine is used again).

@@ -39,10 +39,13 @@ pub(super) enum Refusal {
         /// The setting of the bound.
         setting: &'static str,
     },
-    /// The descriptor failed a check.
+    /// The descriptor failed a check (an input's: also one the transport
+    /// refused as the pull started, see `descriptor_fault`).
     Malformed,
     /// The transport refused the pull (the peer gone among others: its
-    /// death, not its data, is then a call's outcome).
+    /// death, not its data, is then a call's outcome; an output's
+    /// descriptor the transport refused is one too, as a pull of it that
+    /// fails later is).
     Transport(NaError),
 }
 
@@ -54,6 +57,24 @@ impl PullRefused {
             Refusal::NoRoom => Status::Busy,
             _ => Status::DecodeError,
         }
+    }
+}
+
+/// Whether `e`, a transport's refusal to start a get from a peer's
+/// descriptor, is that descriptor's fault: a remote range out of its
+/// bounds or an access it does not grant (`spill::parse` checks both, so
+/// only a change there lets them through), a descriptor the transport
+/// cannot read, or one that names the puller's own process outside the
+/// memory it exposes (na-sm's and na-verbs' self-transfer check, an
+/// [`NaError::Rma`] of kind `PermissionDenied`, the only `Rma` error
+/// either returns at a start rather than in a completion). Anything else
+/// (the peer gone, a full queue, a system call) is the transport's.
+fn descriptor_fault(e: &NaError) -> bool {
+    match e {
+        NaError::OutOfBounds { what, .. } | NaError::AccessDenied { what, .. } => *what == "remote",
+        NaError::Malformed { .. } => true,
+        NaError::Rma { source, .. } => source.kind() == std::io::ErrorKind::PermissionDenied,
+        _ => false,
     }
 }
 
@@ -97,8 +118,9 @@ impl<C: Codec> Engine<C> {
             match refused.why {
                 Refusal::NoRoom => self.stats.pulls_refused += 1,
                 // A descriptor that fails its checks (write-only, bad
-                // lengths) is malformed, as garbage is: answered (status
-                // 3) and counted.
+                // lengths) or that the transport refuses at the start
+                // (`descriptor_fault`) is malformed, as garbage is:
+                // answered (status 3) and counted.
                 Refusal::Malformed => {
                     cold_path();
                     self.stats.malformed += 1;
@@ -190,9 +212,20 @@ impl<C: Codec> Engine<C> {
             .plugin_mut(self.plugin)
             .and_then(|p| p.mem_register(&mem))
             .and_then(|()| self.ep.get(&mem, 0, &remote, 0, len + spill::SEAL_LEN, src, op))
-            .map_err(|e| PullRefused {
-                reason: format!("pulling the spilled {what} failed: {e}"),
-                why: Refusal::Transport(e),
+            .map_err(|e| {
+                // An input's descriptor is the origin's word: a transport
+                // that refuses it at the start (see `descriptor_fault`)
+                // refuses malformed peer input, as `parse` does.
+                if !output && descriptor_fault(&e) {
+                    cold_path();
+                    refuse(
+                        Refusal::Malformed,
+                        format!("{what}: the peer's descriptor was refused: {e}"),
+                    )
+                } else {
+                    let reason = format!("pulling the spilled {what} failed: {e}");
+                    refuse(Refusal::Transport(e), reason)
+                }
             })?;
         let role = if output {
             OpRole::PullOutput(op.0, h.cookie)

@@ -46,8 +46,10 @@ pub struct RpcStats {
     /// `stray_responses`.)
     pub abandoned: u64,
     /// Malformed messages received: dropped, or (a request whose spilled
-    /// input's descriptor fails its checks, a write-only one say) answered
-    /// with a decode error (status 3).
+    /// input's descriptor fails its checks, a write-only one say, or is
+    /// refused by the transport as its pull starts, one naming this
+    /// process's memory outside what it exposes say) answered with a
+    /// decode error (status 3).
     pub malformed: u64,
     /// Sends the transport accepted but then failed (at their completion:
     /// na-verbs, a message queued before the connection's hello and too

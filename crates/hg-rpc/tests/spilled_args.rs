@@ -423,3 +423,76 @@ fn a_spilled_input_described_write_only_is_answered_and_counted_malformed() {
         "only the readable input was pulled"
     );
 }
+
+/// A spilled input whose descriptor names the target's own process
+/// outside the memory it exposes (an origin in the same process forging
+/// one) is refused by the transport when the pull starts: that is a bad
+/// descriptor from the peer, so it is answered with a decode error
+/// (status 3) and counted as malformed, as a write-only one is, not
+/// passed off as a transport failure; nothing is pulled, and an honest
+/// request after it is served.
+#[test]
+fn a_spilled_input_forged_to_name_the_target_s_own_memory_is_counted_malformed() {
+    use hg_rpc::header::{crc32c, Header, Status};
+    use na_core::{Access, RemoteMem, RemoteSegment};
+
+    let d = dir("spill-forged-self");
+    let (sep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(sep, sid).unwrap();
+    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
+        .unwrap();
+    let (mut ep, cid) = endpoint(&d, false);
+    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    let input = postcard::to_allocvec(&vec![1u8; 64 << 10]).unwrap();
+    let crc = crc32c(&input);
+    // Mapped memory of this process (so of the target's), never exposed.
+    let hidden = vec![0u8; input.len() + 8];
+    let forged = RemoteMem::new(
+        vec![RemoteSegment {
+            addr: hidden.as_ptr() as u64,
+            len: hidden.len() as u64,
+            key: 0,
+        }],
+        Access::ReadOnly,
+    )
+    .unwrap()
+    .to_bytes();
+    let readable = common::sealed(input.clone());
+    ep.plugin_mut(cid).unwrap().mem_register(&readable).unwrap();
+    let honest = ep
+        .plugin(cid)
+        .unwrap()
+        .mem_describe(&readable)
+        .unwrap()
+        .to_bytes();
+    for (cookie, desc) in [(1u64, &forged), (2, &honest)] {
+        let msg = spilled_digest_request(cookie, input.len() as u64, desc, crc);
+        ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
+        ep.send_unexpected(&s, 0, &msg, OpId(100 + cookie)).unwrap();
+        let end = Instant::now() + T;
+        let (h, p) = loop {
+            assert!(Instant::now() < end, "no reply to {cookie}");
+            ep.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.progress(Some(Duration::from_millis(1))).unwrap();
+            srv.trigger().unwrap();
+            let done = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(cookie));
+            if let Some(buf) = done.and_then(|c| c.buf) {
+                let (h, p) = Header::decode(&buf).unwrap();
+                break (h, p.to_vec());
+            }
+        };
+        let why = String::from_utf8_lossy(&p);
+        if cookie == 1 {
+            assert_eq!(h.status, Status::DecodeError, "{why}");
+            assert!(why.contains("descriptor"), "{why}");
+            let st = srv.stats();
+            assert_eq!((st.malformed, st.pulls_refused), (1, 0), "{st:?}");
+            let t = srv.endpoint().plugin(sid).unwrap().stats();
+            assert_eq!((t.self_rma_refused, t.get_bytes), (1, 0), "{t:?}");
+        } else {
+            assert_eq!(h.status, Status::Ok, "{why}");
+        }
+    }
+    assert_eq!(srv.stats().malformed, 1);
+    drop(hidden);
+}

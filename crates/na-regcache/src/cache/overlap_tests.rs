@@ -227,3 +227,29 @@ fn a_miss_reserves_slots_only_for_the_entries_it_supersedes() {
         e.release();
     }
 }
+
+/// Of a pair that only overlaps, the later entry (the one a lookup finds
+/// first) may lack rights the earlier one has: a request both cover, and
+/// only the earlier with its rights, is a hit on the earlier (it used to
+/// miss and register the union). One neither grants still misses, and
+/// one the later does not cover at its start is not looked for further.
+#[test]
+fn a_lookup_finds_the_earlier_entry_of_a_pair_when_the_later_lacks_the_rights() {
+    let b = backend();
+    let mut t = Table::new(16, usize::MAX);
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_READ;
+    let earlier = entry(&b, (1, 6), rw);
+    let later = entry(&b, (3, 9), W);
+    assert!(insert(&mut t, &earlier).is_empty());
+    assert!(insert(&mut t, &later).is_empty());
+    assert_eq!(t.live(), 2);
+    // Covered by both: the later has the rights of a plain write.
+    assert_eq!(found(&t, (4, 5), W), Some((3, 9)));
+    // Only the earlier grants remote reads.
+    assert_eq!(found(&t, (4, 5), rw), Some((1, 6)));
+    assert_eq!(found(&t, (3, 6), rw), Some((1, 6)));
+    // Past the earlier's end: neither covers it with the rights.
+    assert_eq!(found(&t, (4, 7), rw), None);
+    // Rights neither has.
+    assert_eq!(found(&t, (4, 5), Access::REMOTE_WRITE), None);
+}

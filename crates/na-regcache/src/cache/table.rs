@@ -38,6 +38,11 @@ const RING: usize = 64;
 /// loads at the largest `max_count`, blocking every hit meanwhile.
 pub(crate) const SWEEP_STEP: usize = 256;
 
+/// Entries before the last one starting at or before a request that a
+/// lookup also looks at when that one lacks the request's rights (see
+/// [`Table::lookup_earlier`]).
+const LOOKUP_BACK: usize = 4;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
     Free,
@@ -196,14 +201,25 @@ impl<R: Registrar> Table<R> {
         self.superseded(start, end).len()
     }
 
-    /// The cached entry containing `[start, end)` with at least `access`.
-    /// Only the last entry starting at or before `start` is looked at: no
-    /// entry contains another, so it ends last of those, and covers the
-    /// range if any of them does. (If it lacks the rights and an earlier
-    /// overlapping one has them, this is a miss, which registers the
-    /// union of both and supersedes them: see [`Table::superseded`].)
-    #[inline]
+    /// The cached entry containing `[start, end)` with at least `access`:
+    /// [`lookup_last`](Self::lookup_last), the hit path, then, when that
+    /// finds none, [`lookup_earlier`](Self::lookup_earlier), off it.
+    #[inline(always)]
     pub fn lookup(&self, start: usize, end: usize, access: Access) -> Option<&Arc<Entry<R>>> {
+        // The second look sits where the misses join, which keep the
+        // request's words anyway (for `note_miss`): the hit path keeps
+        // nothing more for it (a first look that called it itself cost
+        // a hit 2 more instructions, callgrind `regcache_counts hits`).
+        self.lookup_last(start, end, access)
+            .or_else(|| self.lookup_earlier(start, end, access))
+    }
+
+    /// The last entry starting at or before `start`, if it contains
+    /// `[start, end)` with at least `access`. No entry contains another,
+    /// so the ends increase with the starts and it ends last of those:
+    /// it covers the range if any of them does.
+    #[inline]
+    fn lookup_last(&self, start: usize, end: usize, access: Access) -> Option<&Arc<Entry<R>>> {
         let pos = self.index.partition_point(|it| it.start <= start);
         let it = self.index.get(pos.checked_sub(1)?)?;
         if it.end < end {
@@ -211,6 +227,41 @@ impl<R: Registrar> Table<R> {
         }
         let e = self.slots[it.slot as usize].entry.as_ref()?;
         e.access.contains(access).then_some(e)
+    }
+
+    /// [`lookup`](Self::lookup)'s second look. Covering is not enough:
+    /// entries that only overlap (two misses of overlapping requests
+    /// registered at once, see [`Table::superseded`]) may hold different
+    /// rights, so when the last entry starting at or before `start`
+    /// covers `[start, end)` but lacks `access`, an earlier one may cover
+    /// it with them (before, that was a miss, which registered the union
+    /// of both and superseded them). The entries before it start earlier
+    /// (so at or before the request) and end earlier, so those that cover
+    /// the request are the run just before it whose ends reach `end`. At
+    /// most [`LOOKUP_BACK`] of them are looked at (each arose from misses
+    /// that raced; past those, a miss registers the union, still correct).
+    #[cold]
+    #[inline(never)]
+    fn lookup_earlier(&self, start: usize, end: usize, access: Access) -> Option<&Arc<Entry<R>>> {
+        let last = self
+            .index
+            .partition_point(|it| it.start <= start)
+            .checked_sub(1)?;
+        if self.index[last].end < end {
+            // Nothing starting at or before `start` covers it.
+            return None;
+        }
+        self.index[..last]
+            .iter()
+            .rev()
+            .take(LOOKUP_BACK)
+            .take_while(|it| it.end >= end)
+            .find_map(|it| {
+                self.slots[it.slot as usize]
+                    .entry
+                    .as_ref()
+                    .filter(|e| e.access.contains(access))
+            })
     }
 
     /// A hit on `e` (read lock suffices): one more user, second chance.
