@@ -307,6 +307,33 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     assert!(got[0].1.contains("bytes exceed the"), "{got:?}");
 }
 
+/// Sends the raw request `msg` from `ep`'s plugin `cid` to `to`, its reply
+/// expected under `cookie`, and drives both sides until the reply comes:
+/// its header and payload.
+fn raw_reply(
+    ep: &mut na_core::Endpoint,
+    cid: na_core::PluginId,
+    to: &na_core::Addr,
+    srv: &mut Engine,
+    cookie: u64,
+    msg: &[u8],
+) -> (hg_rpc::header::Header, Vec<u8>) {
+    ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
+    ep.send_unexpected(to, 0, msg, OpId(100 + cookie)).unwrap();
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "no reply to {cookie}");
+        ep.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.trigger().unwrap();
+        let done = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(cookie));
+        if let Some(buf) = done.and_then(|c| c.buf) {
+            let (h, p) = hg_rpc::header::Header::decode(&buf).unwrap();
+            return (h, p.to_vec());
+        }
+    }
+}
+
 /// A spilled `Digest` request written by hand, with a checksum: the length
 /// of the spilled input, its memory descriptor and its CRC-32C `crc` as
 /// the payload.
@@ -322,7 +349,7 @@ fn spilled_digest_request(cookie: u64, len: u64, desc: &[u8], crc: u32) -> Vec<u
 /// malformed; the right CRC is served.
 #[test]
 fn a_spilled_input_that_fails_its_checksum_is_refused() {
-    use hg_rpc::header::{crc32c, Header, Status};
+    use hg_rpc::header::{crc32c, Status};
 
     let d = dir("spill-crc-in");
     let (sep, sid) = endpoint(&d, true);
@@ -338,20 +365,7 @@ fn a_spilled_input_that_fails_its_checksum_is_refused() {
     let good = crc32c(&input);
     for (cookie, crc) in [(1u64, good ^ 0x10), (2, good)] {
         let msg = spilled_digest_request(cookie, input.len() as u64, &desc, crc);
-        ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
-        ep.send_unexpected(&s, 0, &msg, OpId(100 + cookie)).unwrap();
-        let end = Instant::now() + T;
-        let (h, p) = loop {
-            assert!(Instant::now() < end, "no reply to {cookie}");
-            ep.progress(Some(Duration::from_millis(1))).unwrap();
-            srv.progress(Some(Duration::from_millis(1))).unwrap();
-            srv.trigger().unwrap();
-            let done = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(cookie));
-            if let Some(buf) = done.and_then(|c| c.buf) {
-                let (h, p) = Header::decode(&buf).unwrap();
-                break (h, p.to_vec());
-            }
-        };
+        let (h, p) = raw_reply(&mut ep, cid, &s, &mut srv, cookie, &msg);
         if crc == good {
             assert_eq!(h.status, Status::Ok, "{}", String::from_utf8_lossy(&p));
         } else {
@@ -371,7 +385,7 @@ fn a_spilled_input_that_fails_its_checksum_is_refused() {
 /// one after it is served.
 #[test]
 fn a_spilled_input_described_write_only_is_answered_and_counted_malformed() {
-    use hg_rpc::header::{crc32c, Header, Status};
+    use hg_rpc::header::{crc32c, Status};
 
     let d = dir("spill-write-only-in");
     let (sep, sid) = endpoint(&d, true);
@@ -391,20 +405,7 @@ fn a_spilled_input_described_write_only_is_answered_and_counted_malformed() {
         ep.plugin_mut(cid).unwrap().mem_register(mem).unwrap();
         let desc = ep.plugin(cid).unwrap().mem_describe(mem).unwrap().to_bytes();
         let msg = spilled_digest_request(cookie, input.len() as u64, &desc, crc);
-        ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
-        ep.send_unexpected(&s, 0, &msg, OpId(100 + cookie)).unwrap();
-        let end = Instant::now() + T;
-        let (h, p) = loop {
-            assert!(Instant::now() < end, "no reply to {cookie}");
-            ep.progress(Some(Duration::from_millis(1))).unwrap();
-            srv.progress(Some(Duration::from_millis(1))).unwrap();
-            srv.trigger().unwrap();
-            let done = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(cookie));
-            if let Some(buf) = done.and_then(|c| c.buf) {
-                let (h, p) = Header::decode(&buf).unwrap();
-                break (h, p.to_vec());
-            }
-        };
+        let (h, p) = raw_reply(&mut ep, cid, &s, &mut srv, cookie, &msg);
         let why = String::from_utf8_lossy(&p);
         if cookie == 1 {
             assert_eq!(h.status, Status::DecodeError, "{why}");
@@ -433,7 +434,7 @@ fn a_spilled_input_described_write_only_is_answered_and_counted_malformed() {
 /// request after it is served.
 #[test]
 fn a_spilled_input_forged_to_name_the_target_s_own_memory_is_counted_malformed() {
-    use hg_rpc::header::{crc32c, Header, Status};
+    use hg_rpc::header::{crc32c, Status};
     use na_core::{Access, RemoteMem, RemoteSegment};
 
     let d = dir("spill-forged-self");
@@ -467,20 +468,7 @@ fn a_spilled_input_forged_to_name_the_target_s_own_memory_is_counted_malformed()
         .to_bytes();
     for (cookie, desc) in [(1u64, &forged), (2, &honest)] {
         let msg = spilled_digest_request(cookie, input.len() as u64, desc, crc);
-        ep.post_recv_unexpected(cid, Vec::new(), OpId(cookie)).unwrap();
-        ep.send_unexpected(&s, 0, &msg, OpId(100 + cookie)).unwrap();
-        let end = Instant::now() + T;
-        let (h, p) = loop {
-            assert!(Instant::now() < end, "no reply to {cookie}");
-            ep.progress(Some(Duration::from_millis(1))).unwrap();
-            srv.progress(Some(Duration::from_millis(1))).unwrap();
-            srv.trigger().unwrap();
-            let done = std::iter::from_fn(|| ep.pop_completion()).find(|c| c.op == OpId(cookie));
-            if let Some(buf) = done.and_then(|c| c.buf) {
-                let (h, p) = Header::decode(&buf).unwrap();
-                break (h, p.to_vec());
-            }
-        };
+        let (h, p) = raw_reply(&mut ep, cid, &s, &mut srv, cookie, &msg);
         let why = String::from_utf8_lossy(&p);
         if cookie == 1 {
             assert_eq!(h.status, Status::DecodeError, "{why}");
