@@ -8,16 +8,7 @@ pub mod sys;
 
 /// A busy endpoint with one sm plugin in `dir`, listening or not.
 pub fn busy_endpoint(dir: &std::path::Path, listen: bool) -> (na_core::Endpoint, na_core::PluginId) {
-    let cfg = na_sm::SmConfig {
-        listen,
-        ..na_sm::SmConfig::default()
-    }
-    .with_dir(dir);
-    let mut ep = na_core::Endpoint::new(na_core::ProgressMode::Busy).unwrap();
-    let id = ep
-        .add_plugin(|id| Ok(Box::new(na_sm::SmPlugin::new(id, cfg)?) as Box<dyn na_core::Plugin>))
-        .unwrap();
-    (ep, id)
+    endpoint_with(dir, listen, None)
 }
 
 /// A busy endpoint as [`busy_endpoint`], with `rma_threads` RMA transfer
@@ -27,9 +18,18 @@ pub fn rma_endpoint(
     listen: bool,
     rma_threads: usize,
 ) -> (na_core::Endpoint, na_core::PluginId) {
+    endpoint_with(dir, listen, Some(rma_threads))
+}
+
+/// [`busy_endpoint`] with `SmConfig::rma_threads` as given.
+fn endpoint_with(
+    dir: &std::path::Path,
+    listen: bool,
+    rma_threads: Option<usize>,
+) -> (na_core::Endpoint, na_core::PluginId) {
     let cfg = na_sm::SmConfig {
         listen,
-        rma_threads: Some(rma_threads),
+        rma_threads,
         ..na_sm::SmConfig::default()
     }
     .with_dir(dir);
