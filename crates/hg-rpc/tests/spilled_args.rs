@@ -246,15 +246,10 @@ fn spilled_pulls_beyond_the_budget_are_refused_with_a_clear_error() {
     use hg_rpc::header::{Header, Status};
 
     let d = dir("pull-budget");
-    let (sep, sid) = endpoint(&d, true);
-    let mut srv = Engine::new(sep, sid).unwrap();
-    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
-        .unwrap();
+    // A raw client whose memory holds the spilled inputs (real pulls).
+    let (mut srv, _, mut ep, cid, s) = digest_pair(&d);
     const LEN: u64 = 64 << 10;
     srv.set_max_pull_bytes(LEN + LEN / 2);
-    // A raw client whose memory holds the spilled inputs (real pulls).
-    let (mut ep, cid) = endpoint(&d, false);
-    let s = ep.lookup(srv.self_addr().uri()).unwrap();
     let input = postcard::to_allocvec(&vec![1u8; LEN as usize - 8]).unwrap();
     let mem = common::sealed(input.clone());
     ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
@@ -334,6 +329,27 @@ fn raw_reply(
     }
 }
 
+/// A listening engine in `d` serving `Digest` (length and byte sum) and a
+/// raw client endpoint connected to it: (engine, its plugin, client
+/// endpoint, its plugin, the engine's address).
+fn digest_pair(
+    d: &std::path::Path,
+) -> (
+    Engine,
+    na_core::PluginId,
+    na_core::Endpoint,
+    na_core::PluginId,
+    na_core::Addr,
+) {
+    let (sep, sid) = endpoint(d, true);
+    let mut srv = Engine::new(sep, sid).unwrap();
+    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
+        .unwrap();
+    let (mut ep, cid) = endpoint(d, false);
+    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    (srv, sid, ep, cid, s)
+}
+
 /// A spilled `Digest` request written by hand, with a checksum: the length
 /// of the spilled input, its memory descriptor and its CRC-32C `crc` as
 /// the payload.
@@ -352,12 +368,7 @@ fn a_spilled_input_that_fails_its_checksum_is_refused() {
     use hg_rpc::header::{crc32c, Status};
 
     let d = dir("spill-crc-in");
-    let (sep, sid) = endpoint(&d, true);
-    let mut srv = Engine::new(sep, sid).unwrap();
-    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
-        .unwrap();
-    let (mut ep, cid) = endpoint(&d, false);
-    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    let (mut srv, _, mut ep, cid, s) = digest_pair(&d);
     let input = postcard::to_allocvec(&vec![1u8; 64 << 10]).unwrap();
     let mem = common::sealed(input.clone());
     ep.plugin_mut(cid).unwrap().mem_register(&mem).unwrap();
@@ -388,12 +399,7 @@ fn a_spilled_input_described_write_only_is_answered_and_counted_malformed() {
     use hg_rpc::header::{crc32c, Status};
 
     let d = dir("spill-write-only-in");
-    let (sep, sid) = endpoint(&d, true);
-    let mut srv = Engine::new(sep, sid).unwrap();
-    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
-        .unwrap();
-    let (mut ep, cid) = endpoint(&d, false);
-    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    let (mut srv, sid, mut ep, cid, s) = digest_pair(&d);
     let input = postcard::to_allocvec(&vec![1u8; 64 << 10]).unwrap();
     let crc = crc32c(&input);
     let write_only = na_core::MemHandle::new(
@@ -438,12 +444,7 @@ fn a_spilled_input_forged_to_name_the_target_s_own_memory_is_counted_malformed()
     use na_core::{Access, RemoteMem, RemoteSegment};
 
     let d = dir("spill-forged-self");
-    let (sep, sid) = endpoint(&d, true);
-    let mut srv = Engine::new(sep, sid).unwrap();
-    srv.register::<Digest>(|v| Ok((v.len() as u64, v.iter().map(|&b| u64::from(b)).sum())))
-        .unwrap();
-    let (mut ep, cid) = endpoint(&d, false);
-    let s = ep.lookup(srv.self_addr().uri()).unwrap();
+    let (mut srv, sid, mut ep, cid, s) = digest_pair(&d);
     let input = postcard::to_allocvec(&vec![1u8; 64 << 10]).unwrap();
     let crc = crc32c(&input);
     // Mapped memory of this process (so of the target's), never exposed.
