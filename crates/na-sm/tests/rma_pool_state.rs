@@ -1,7 +1,9 @@
 //! The RMA transfer-thread pool's own state, seen through its test probe
 //! (`SmPlugin::debug_rma_pool`, feature `test-hooks`): a refused batch
-//! leaves no trace of its peer in the pool, and a batch refused because
-//! no thread could start is taken back whole.
+//! leaves no trace of its peer in the pool, a batch refused because no
+//! thread could start is taken back whole, and a child forked while
+//! another thread holds the pool's lock never takes it (it would wait for
+//! ever: the holder is not in the child).
 //!
 //! The peer is a forked child whose memory is never really reached: the
 //! transfers name an address it does not map, and fail there (`EFAULT`),
@@ -17,7 +19,7 @@ use na_core::{
 use na_sm::{SmConfig, SmPlugin, RMA_QUEUE_PER_PEER};
 
 mod common;
-use common::{private_dir, sys, KillOnDrop};
+use common::{private_dir, sys, wait_child, KillOnDrop};
 
 /// How long any step may take (generous: a loaded box).
 const BOUND: Duration = Duration::from_secs(20);
@@ -184,6 +186,59 @@ fn a_batch_refused_for_want_of_a_thread_is_taken_back_whole() {
     p.rma(&peer, &ops).unwrap();
     let ids: Vec<OpId> = ops.iter().map(|o| o.op).collect();
     for c in wait_for(&mut p, &ids) {
+        assert!(matches!(c.status, Err(NaError::Rma { .. })), "{c:?}");
+    }
+    assert_eq!(probe.queue_entries(), 0);
+    drop((p, kill));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child forked while another thread holds the pool's lock, with
+/// transfers in the pool: its inherited plugin cancels one (completing it
+/// `Canceled`) and is dropped without taking that lock (it would wait for
+/// ever: the holder is not in the child). The parent's transfers are
+/// untouched and complete once the lock goes.
+#[test]
+fn a_child_forked_while_the_pool_lock_is_held_never_takes_it() {
+    let (p, peer, kill, dir) = scene("pool-fork");
+    let mut p = Some(p);
+    let parent = p.as_mut().unwrap();
+    let probe = parent.debug_rma_pool().unwrap();
+    let local = MemHandle::zeroed(LEN as usize * 2, Access::ReadWrite);
+    let remote = unmapped_remote(2);
+    parent.rma(&peer, &alternating(&local, &remote, 2, 300)).unwrap();
+    let hold = probe.hold();
+    assert!(probe.locked());
+    let child = sys::fork();
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        // The child's copy of the lock is held by a thread it does not
+        // have; `hold` (its copy) must never be dropped here.
+        let code = (|| {
+            let Some(mut mine) = p.take() else { return 2 };
+            if mine.cancel(OpId(300)).is_err() {
+                return 3;
+            }
+            match mine.pop_completion() {
+                Some(c) if c.op == OpId(300) && matches!(c.status, Err(NaError::Canceled)) => {}
+                _ => return 4,
+            }
+            drop(mine);
+            0
+        })();
+        sys::exit_now(code);
+    }
+    let status = wait_child(child, BOUND);
+    drop(hold);
+    assert_eq!(
+        status,
+        Some(0),
+        "the child hung (None: it waited for the pool's lock) or failed"
+    );
+    // The parent's two transfers were not canceled: both end (failing at
+    // the unmapped address).
+    let parent = p.as_mut().unwrap();
+    for c in wait_for(parent, &[OpId(300), OpId(301)]) {
         assert!(matches!(c.status, Err(NaError::Rma { .. })), "{c:?}");
     }
     assert_eq!(probe.queue_entries(), 0);
