@@ -33,7 +33,7 @@ use na_core::{Addr, Completion, NaError, OpId, Result, Rma, RmaDir};
 use super::job::Job;
 use super::pool::{PoolOp, RmaPool};
 use crate::matching::OpPlace;
-use crate::plugin::{SmPlugin, POOL_TOKEN};
+use crate::plugin::{SmPlugin, POOL_TOKEN, SIDE_RMA_POOL};
 use crate::sys::cma::IOV_MAX;
 use crate::sys::eventfd::EventFd;
 
@@ -105,6 +105,8 @@ impl SmPlugin {
                 // It starts readable (see `EventFd::new`): the set reports
                 // it once, for nothing (see `wake_primed`).
                 self.wake_primed = true;
+                // From now on progress looks for results (`side_turn`).
+                self.side_work |= SIDE_RMA_POOL;
                 Box::new(RmaPool::new(self.rma_threads, wake))
             }
         };
