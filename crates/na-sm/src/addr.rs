@@ -171,7 +171,10 @@ pub(crate) struct Peer {
     pub pid: u32,
     /// Its process's start time (clock ticks since boot), where known:
     /// tells it from a later process that got the same pid, and so the
-    /// same name (see [`PeerTable::same_process`]).
+    /// same name (see [`PeerTable::may_join`]). `None` while no
+    /// connection's reading of it succeeded (the first one's failed on
+    /// our side: out of descriptors, `/proc` unreadable); the first that
+    /// succeeds sets it.
     pub start: Option<u64>,
     /// Connections to this peer: sends use the first, receives poll all
     /// (two exist when both sides looked each other up at once, or for self).
@@ -243,13 +246,24 @@ impl PeerTable {
         self.by_name.get(key).copied()
     }
 
-    /// Whether peer `tok` may be the process that started at `start`: it
-    /// is not only if both start times are known and differ (its process
-    /// exited, and a new one got its pid and so its name).
-    pub fn same_process(&self, tok: u64, start: Option<u64>) -> bool {
-        match (self.get(tok).and_then(|p| p.start), start) {
+    /// Whether a connection of the process that started at `start` may
+    /// join peer `tok` (may be its process): not if both start times are
+    /// known and differ (its process exited, and a new one got its pid
+    /// and so its name). A peer whose start time was not known yet learns
+    /// it from the first connection that knows it: else it could never
+    /// be told from a later process with its pid, for as long as it
+    /// lives.
+    pub fn may_join(&mut self, tok: u64, start: Option<u64>) -> bool {
+        let Some(peer) = self.get_mut(tok) else {
+            return true;
+        };
+        match (peer.start, start) {
             (Some(a), Some(b)) => a == b,
-            _ => true,
+            (None, Some(b)) => {
+                peer.start = Some(b);
+                true
+            }
+            (_, None) => true,
         }
     }
 
@@ -326,15 +340,36 @@ mod tests {
         let mut t = PeerTable::default();
         let name = SmName::parse("sm://123-srv").unwrap();
         let known = t.insert(PluginId(1), name.clone(), 123, Some(500), false);
-        assert!(t.same_process(known, Some(500)));
-        assert!(!t.same_process(known, Some(501)), "pid and name reused");
-        assert!(t.same_process(known, None));
+        assert!(t.may_join(known, Some(500)));
+        assert!(!t.may_join(known, Some(501)), "pid and name reused");
+        assert!(t.may_join(known, None));
+        assert_eq!(t.get(known).unwrap().start, Some(500));
         let unknown = t.insert(PluginId(1), name, 123, None, false);
-        assert!(t.same_process(unknown, Some(501)));
+        assert!(t.may_join(unknown, None));
+        assert!(t.may_join(unknown, Some(501)));
         assert_eq!(
             t.by_name("123-srv"),
             Some(unknown),
             "the newer entry has the name"
+        );
+    }
+
+    /// A peer whose first connection could not read its start time learns
+    /// it from a later connection that could: a process that takes its
+    /// pid after that is told from it.
+    #[test]
+    fn a_peer_entry_learns_its_start_from_a_later_connection() {
+        let mut t = PeerTable::default();
+        let name = SmName::parse("sm://123-srv").unwrap();
+        let tok = t.insert(PluginId(1), name, 123, None, false);
+        assert!(t.may_join(tok, None), "still unknown: nothing to tell");
+        assert_eq!(t.get(tok).unwrap().start, None);
+        assert!(t.may_join(tok, Some(500)));
+        assert_eq!(t.get(tok).unwrap().start, Some(500));
+        assert!(t.may_join(tok, Some(500)));
+        assert!(
+            !t.may_join(tok, Some(501)),
+            "a later process with the pid joined an entry whose start time it could have known"
         );
     }
 

@@ -84,14 +84,16 @@ impl SmPlugin {
     /// time is a process that exited, and whose pid (so name) a new one
     /// has now, before its departure was seen here: it is failed as gone
     /// first (its calls, its outputs), and the new process gets an entry
-    /// of its own (a new token), never the dead one's.
+    /// of its own (a new token), never the dead one's. An entry whose
+    /// start time was not read (our failure, at its first connection)
+    /// takes this connection's, where known.
     fn peer_entry(&mut self, name: &SmName, pid: u32, start: &PeerStart) -> u64 {
         let start = match start {
             PeerStart::Known(t) => Some(*t),
             PeerStart::Unknown(_) | PeerStart::Unreadable(_) => None,
         };
         if let Some(old) = self.peers.by_name(&name.key()) {
-            if self.peers.same_process(old, start) {
+            if self.peers.may_join(old, start) {
                 return old;
             }
             self.fail_peer(

@@ -252,3 +252,6 @@ pub use factory::SmFactory;
 pub use plugin::SmPlugin;
 pub use progress::EVENT_POLL_INTERVAL;
 pub use rma::EPERM_HINT;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use rma::{RmaPoolHold, RmaPoolProbe};

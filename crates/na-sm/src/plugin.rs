@@ -45,6 +45,12 @@ pub(crate) const PIDFD_BIT: u64 = 1 << 60;
 /// Internal epoll token of the RMA transfer threads' wake-up eventfd.
 pub(crate) const POOL_TOKEN: u64 = 1 << 59;
 
+/// [`SmPlugin::side_work`]: some connection may have queued sends.
+pub(crate) const SIDE_BACKLOG: u8 = 1;
+/// [`SmPlugin::side_work`]: the RMA transfer threads exist (made on the
+/// first batch handed to them; never unset).
+pub(crate) const SIDE_RMA_POOL: u8 = 2;
+
 /// An accepted socket whose hello has not arrived yet.
 pub(crate) struct PendingAccept {
     pub sock: crate::closer::PeerSocket,
@@ -130,10 +136,15 @@ pub struct SmPlugin {
     /// descriptor's event ended (for tests: each should be a peer's
     /// signal).
     pub(crate) wakeups: u64,
-    /// Some connection may have queued sends (set when one is queued,
-    /// cleared by a flush that finds every backlog empty), so the busy
-    /// loop skips the walk over all peers when nothing is queued.
-    pub(crate) maybe_backlog: bool,
+    /// Work off the busy path that progress must look at, a bit each:
+    /// [`SIDE_BACKLOG`], some connection may have queued sends (set when
+    /// one is queued, cleared by a flush that finds every backlog empty),
+    /// so the busy loop skips the walk over all peers when nothing is
+    /// queued; [`SIDE_RMA_POOL`], transfer threads exist, whose results
+    /// may wait. One byte tested once per progress and spin turn: with
+    /// neither (no queued sends, inline RMA: the default) the transfer
+    /// threads cost the busy path nothing (`progress.rs`, `side_turn`).
+    pub(crate) side_work: u8,
     /// Bytes queued in all connections' send backlogs (their shared total).
     pub(crate) backlog_total: na_core::BacklogTotal,
     pub(crate) tokens: Vec<u64>,

@@ -18,7 +18,10 @@ use crate::channel::{Channel, MsgKind, RxCursor, RING_SLOTS};
 use crate::conn::Role;
 use crate::connect::AcceptPause;
 use crate::peer_failure::{wake_failure, Failure};
-use crate::plugin::{SmPlugin, SpinFound, LISTENER_TOKEN, PIDFD_BIT, POOL_TOKEN, TIMER_TOKEN, WAKE_BIT};
+use crate::plugin::{
+    SmPlugin, SpinFound, LISTENER_TOKEN, PIDFD_BIT, POOL_TOKEN, SIDE_BACKLOG, SIDE_RMA_POOL, TIMER_TOKEN,
+    WAKE_BIT,
+};
 use crate::sys::wake::PeerWake;
 
 /// Harvests [`SmPlugin::harvest_primed`] makes at most before it sleeps
@@ -35,9 +38,6 @@ pub const EVENT_POLL_INTERVAL: u32 = 1024;
 impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
-        if self.rma_results_wait() {
-            self.take_rma_results();
-        }
         self.tick = self.tick.wrapping_add(1);
         let found = self.spin_found.take().is_some();
         let woken = self.armed;
@@ -74,14 +74,35 @@ impl SmPlugin {
         // harvests them before it arms. That keeps a system call off the
         // path of the reply. Only a wake-up with no message (none
         // completed, none waiting to be taken in pull mode) polls them now.
+        // (With transfer threads the wake-up may be their results'; taken
+        // first, they are what it brought.)
         if woken && !events_due && self.completions.len() == before && !self.pull_ready() {
-            self.poll_events()?;
-            self.poll_rings();
+            if self.rma_results_wait() {
+                self.take_rma_results();
+            }
+            if self.completions.len() == before {
+                self.poll_events()?;
+                self.poll_rings();
+            }
         }
-        if self.maybe_backlog {
-            self.flush_backlogs();
+        if self.side_work != 0 {
+            self.side_turn();
         }
         Ok(self.completions.len() - before)
+    }
+
+    /// Work off the busy path (see `SmPlugin::side_work`): the transfer
+    /// threads' results, queued sends. Out of line, behind one test of
+    /// one byte: with neither (the default) the busy path pays that test
+    /// only, as it did for the backlogs alone.
+    #[inline(never)]
+    fn side_turn(&mut self) {
+        if self.side_work & SIDE_RMA_POOL != 0 && self.rma_results_wait() {
+            self.take_rma_results();
+        }
+        if self.side_work & SIDE_BACKLOG != 0 {
+            self.flush_backlogs();
+        }
     }
 
     /// A listener paused for the queued-message bound goes on once the
@@ -132,14 +153,11 @@ impl SmPlugin {
         if self.armed
             || self.events_owed
             || self.pull_ready()
-            || self.maybe_backlog
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
             || !self.completions.is_empty()
+            || (self.side_work != 0 && self.side_ends_spin())
         {
-            return 0;
-        }
-        if self.rma_pool.is_some() && self.rma_pool_turn() {
             return 0;
         }
         // No check before the first turn: a head that changed since the
@@ -172,14 +190,22 @@ impl SmPlugin {
         max
     }
 
+    /// [`spin_for_work`](Self::spin_for_work) with side work (see
+    /// `SmPlugin::side_work`): true (spin not at all) if sends are queued
+    /// or, with transfer threads, as [`rma_pool_turn`](Self::rma_pool_turn)
+    /// says.
+    #[cold]
+    #[inline(never)]
+    fn side_ends_spin(&self) -> bool {
+        self.side_work & SIDE_BACKLOG != 0 || (self.side_work & SIDE_RMA_POOL != 0 && self.rma_pool_turn())
+    }
+
     /// [`spin_for_work`](Self::spin_for_work) with transfer threads: true
     /// (spin no more) if their results wait, or if transfers are still
     /// with them, after giving up the core once. A busy owner that spun
     /// on would keep a transfer thread placed on its core from running
     /// (the bandwidth of a busy `hg-perf bw` fell to a fifth); yielding
     /// it keeps them close to the inline speed.
-    #[cold]
-    #[inline(never)]
     fn rma_pool_turn(&self) -> bool {
         let Some(pool) = &self.rma_pool else {
             return false;

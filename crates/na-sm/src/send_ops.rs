@@ -10,7 +10,7 @@ use crate::channel::{Channel, MsgKind};
 use crate::conn::{QueuedSend, Role};
 use crate::matching::{Matcher, OpPlace};
 use crate::peer_failure::wake_failure;
-use crate::plugin::SmPlugin;
+use crate::plugin::{SmPlugin, SIDE_BACKLOG};
 
 pub(crate) fn kind_of(k: MsgKind) -> OpKind {
     match k {
@@ -65,7 +65,11 @@ impl SmPlugin {
                 }
             }
         }
-        self.maybe_backlog = left;
+        if left {
+            self.side_work |= SIDE_BACKLOG;
+        } else {
+            self.side_work &= !SIDE_BACKLOG;
+        }
         for (tok, f, reason) in violations {
             self.fail_peer(tok, f, &reason);
         }
@@ -178,7 +182,7 @@ impl SmPlugin {
             tracing::debug!(peer = %peer.addr, error = %e, "sm: send refused");
             return Some(Err(e));
         }
-        self.maybe_backlog = true;
+        self.side_work |= SIDE_BACKLOG;
         conn.backlog.push_back(
             QueuedSend {
                 op,

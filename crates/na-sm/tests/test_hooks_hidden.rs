@@ -1,6 +1,7 @@
 //! The test hooks (`SmPlugin::debug_*`, `sys::eventfd::WakeTamper`,
-//! `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are compiled only with
-//! the `test-hooks` feature: a user's normal build cannot call them. The
+//! `RmaPoolProbe`, `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are
+//! compiled only with the `test-hooks` feature: a user's normal build
+//! cannot call them. The
 //! internal modules the tests and fuzz targets drive directly (`sys`, the
 //! raw OS wrappers; `channel`, the shared-memory ring; `conn`, the
 //! handshake bytes) are public only with it too, and `sys::cma` (whose
@@ -36,6 +37,7 @@ pub fn hooks(p: &mut SmPlugin, a: &Addr, t: Tag) {
     let _ = p.debug_tamper_own_wake(a, WakeTamper::Saturate);
     let _ = p.debug_peer_sleeps(a);
     let _ = p.debug_wakeups();
+    let _: Option<na_sm::RmaPoolProbe> = p.debug_rma_pool().ok();
 }
 
 pub fn by_pid() -> SmConfig {
@@ -79,6 +81,8 @@ const HIDDEN: &[&str] = &[
     "debug_tamper_own_wake",
     "debug_peer_sleeps",
     "debug_wakeups",
+    "debug_rma_pool",
+    "RmaPoolProbe",
     "WakeTamper",
     // The internals: their modules are private (one refusal per path
     // through them).

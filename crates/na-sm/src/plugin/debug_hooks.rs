@@ -116,6 +116,20 @@ impl SmPlugin {
         self.wakeups
     }
 
+    /// Test hook: a probe of the RMA transfer-thread pool's shared state
+    /// (made now if no batch made it yet); an error without transfer
+    /// threads (`SmConfig::rma_threads` 0). Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_rma_pool(&mut self) -> Result<crate::rma::RmaPoolProbe> {
+        if self.rma_threads == 0 {
+            return Err(NaError::Plugin {
+                plugin: "sm",
+                message: "no RMA transfer threads (SmConfig::rma_threads is 0)".into(),
+            });
+        }
+        Ok(self.rma_pool()?.probe())
+    }
+
     fn debug_conn(&mut self, peer: &Addr) -> Result<&mut crate::conn::Conn> {
         let p = self
             .peers

@@ -117,7 +117,7 @@ impl SmPlugin {
             events_owed: false,
             wake_primed: false,
             wakeups: 0,
-            maybe_backlog: false,
+            side_work: 0,
             backlog_total: na_core::BacklogTotal::default(),
             tokens: Vec::with_capacity(32),
             wake_kind,

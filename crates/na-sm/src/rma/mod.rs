@@ -8,6 +8,8 @@ mod offload;
 mod pool;
 
 pub(crate) use pool::RmaPool;
+#[cfg(feature = "test-hooks")]
+pub use pool::{RmaPoolHold, RmaPoolProbe};
 
 use std::io;
 

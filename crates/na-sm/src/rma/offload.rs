@@ -33,7 +33,7 @@ use na_core::{Addr, Completion, NaError, OpId, Result, Rma, RmaDir};
 use super::job::Job;
 use super::pool::{PoolOp, RmaPool};
 use crate::matching::OpPlace;
-use crate::plugin::{SmPlugin, POOL_TOKEN};
+use crate::plugin::{SmPlugin, POOL_TOKEN, SIDE_RMA_POOL};
 use crate::sys::cma::IOV_MAX;
 use crate::sys::eventfd::EventFd;
 
@@ -52,7 +52,8 @@ impl SmPlugin {
         let tok = dest.token();
         let pidfd = self.peer_pidfd_for_jobs(tok);
         let pool = self.rma_pool()?;
-        let mut jobs = Vec::new();
+        // Built in the pool's kept list (no allocation of a list per batch).
+        let mut jobs = pool.take_scratch();
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let run = rest.iter().take_while(|o| o.dir == first.dir).count();
@@ -74,15 +75,18 @@ impl SmPlugin {
                 pool.ops.insert(o.op, place);
             }
         }
-        let ids: Vec<OpId> = ops.iter().map(|o| o.op).collect();
-        if let Err(e) = pool.submit(tok, jobs) {
-            for op in &ids {
-                pool.ops.remove(op);
+        let submitted = pool.submit(tok, &mut jobs);
+        // A refused batch's jobs (and their handles) go here, out of the
+        // pool's lock.
+        pool.put_scratch(jobs);
+        if let Err(e) = submitted {
+            for o in ops {
+                pool.ops.remove(&o.op);
             }
             return Err(e);
         }
-        for op in ids {
-            self.ops.insert(op, OpPlace::Rma(tok));
+        for o in ops {
+            self.ops.insert(o.op, OpPlace::Rma(tok));
         }
         self.stats.rma_offloaded += 1;
         Ok(())
@@ -90,7 +94,7 @@ impl SmPlugin {
 
     /// The pool, made on first use: its wake-up eventfd joins our epoll
     /// set.
-    fn rma_pool(&mut self) -> Result<&mut RmaPool> {
+    pub(crate) fn rma_pool(&mut self) -> Result<&mut RmaPool> {
         let pool = match self.rma_pool.take() {
             Some(p) => p,
             None => {
@@ -101,6 +105,8 @@ impl SmPlugin {
                 // It starts readable (see `EventFd::new`): the set reports
                 // it once, for nothing (see `wake_primed`).
                 self.wake_primed = true;
+                // From now on progress looks for results (`side_turn`).
+                self.side_work |= SIDE_RMA_POOL;
                 Box::new(RmaPool::new(self.rma_threads, wake))
             }
         };
@@ -138,8 +144,8 @@ impl SmPlugin {
         let Some(pool) = self.rma_pool.as_mut() else {
             return;
         };
-        let results = pool.take_done();
-        for r in results {
+        let mut results = pool.take_done();
+        for r in results.drain(..) {
             self.stats.rma_calls += r.calls as u64;
             let dest = self.peers.get(r.peer).map(|p| p.addr.clone());
             let mut bytes = 0u64;
@@ -180,6 +186,10 @@ impl SmPlugin {
                 RmaDir::Put => self.stats.put_bytes += bytes,
                 RmaDir::Get => self.stats.get_bytes += bytes,
             }
+        }
+        // The emptied list goes back for the next results.
+        if let Some(pool) = self.rma_pool.as_mut() {
+            pool.put_done(results);
         }
     }
 

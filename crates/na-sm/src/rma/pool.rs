@@ -18,7 +18,9 @@
 //! `SmPlugin::check_not_inherited`) and its drop does not touch the pool's
 //! lock, which a parent's thread may have held at the fork.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+#[cfg(feature = "test-hooks")]
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -38,6 +40,10 @@ const STUCK_AFTER: Duration = Duration::from_secs(1);
 const STUCK_REPORT_EVERY: Duration = Duration::from_secs(10);
 /// How often submits and cancels look for stuck jobs at most.
 const STUCK_CHECK_EVERY: Duration = Duration::from_millis(250);
+/// The most jobs whose room [`RmaPool::put_scratch`] keeps: a batch of up
+/// to this many jobs (same-direction runs, split at `IOV_MAX`) allocates
+/// no list of them.
+const SCRATCH_KEEP: usize = 64;
 
 /// One peer's jobs.
 #[derive(Default)]
@@ -50,7 +56,9 @@ struct PeerQueue {
 /// What the workers and the owner share, under the lock.
 #[derive(Default)]
 struct State {
-    queues: HashMap<u64, PeerQueue>,
+    /// Peers with jobs queued or running: an entry goes as soon as
+    /// neither is left (none for a peer whose batch was refused).
+    queues: FastMap<u64, PeerQueue>,
     /// Peers with jobs queued and none running, in turn.
     ready: VecDeque<u64>,
     threads: usize,
@@ -73,6 +81,9 @@ struct Shared {
     /// Made readable (a write of 0, see `EventFd::signal`) when results
     /// arrive for an owner that has taken none since.
     wake: EventFd,
+    /// Test hook: starting a thread fails (see [`RmaPoolProbe`]).
+    #[cfg(feature = "test-hooks")]
+    fail_spawns: AtomicBool,
 }
 
 impl Shared {
@@ -98,7 +109,13 @@ pub(crate) struct RmaPool {
     next_job: u64,
     /// Each peer's pidfd, duplicated once for its jobs (`None`: it has
     /// none); dropped when it goes.
-    pub pidfds: HashMap<u64, Option<Arc<std::os::fd::OwnedFd>>>,
+    pub pidfds: FastMap<u64, Option<Arc<std::os::fd::OwnedFd>>>,
+    /// An empty list kept for its capacity: a batch's jobs are built in
+    /// it ([`take_scratch`](Self::take_scratch)) and [`submit`](Self::submit)
+    /// hands it back drained, so a batch allocates no list of its own.
+    scratch: Vec<Job>,
+    /// The same for the results [`take_done`](Self::take_done) swaps out.
+    spare_done: Vec<JobResult>,
     /// The fork generation the pool was made in.
     generation: u64,
     /// When [`report_stuck`](Self::report_stuck) looks next.
@@ -117,11 +134,15 @@ impl RmaPool {
                 waiting: AtomicU64::new(0),
                 running: AtomicU64::new(0),
                 wake,
+                #[cfg(feature = "test-hooks")]
+                fail_spawns: AtomicBool::new(false),
             }),
             max_threads,
             ops: FastMap::default(),
             next_job: 0,
-            pidfds: HashMap::new(),
+            pidfds: FastMap::default(),
+            scratch: Vec::new(),
+            spare_done: Vec::new(),
             generation: crate::sys::fork::generation(),
             next_stuck_check: None,
         }
@@ -147,19 +168,43 @@ impl RmaPool {
         )
     }
 
-    /// Queues `jobs` for `peer`, starting a worker if one is needed and
-    /// allowed. Refused whole (nothing queued) past the peer's bound, or
-    /// when no worker runs and none can be started.
-    pub fn submit(&mut self, peer: u64, jobs: Vec<Job>) -> Result<()> {
+    /// The empty list a batch's jobs are built in (give it back through
+    /// [`submit`](Self::submit), or [`put_scratch`](Self::put_scratch)).
+    pub fn take_scratch(&mut self) -> Vec<Job> {
+        std::mem::take(&mut self.scratch)
+    }
+
+    /// Keeps `jobs` for the next batch, dropping what it still holds (a
+    /// refused batch's jobs, with their handles: here, out of the pool's
+    /// lock). A list grown past [`SCRATCH_KEEP`] jobs is let go.
+    pub fn put_scratch(&mut self, mut jobs: Vec<Job>) {
+        jobs.clear();
+        if jobs.capacity() <= SCRATCH_KEEP {
+            self.scratch = jobs;
+        }
+    }
+
+    /// Queues `jobs` for `peer` (the list comes back empty, for
+    /// [`put_scratch`](Self::put_scratch)), starting a worker if one is
+    /// needed and allowed. Refused whole (nothing queued, the jobs left
+    /// in the list) past the peer's bound, or when no worker runs and none
+    /// can be started. A refusal leaves no trace of the peer: no queue
+    /// entry, no turn.
+    pub fn submit(&mut self, peer: u64, jobs: &mut Vec<Job>) -> Result<()> {
         if jobs.is_empty() {
             // Nothing to run: no turn for the peer (an idle queue in the
             // ready list would get a second turn from its next submit).
             return Ok(());
         }
         let mut st = self.shared.lock();
-        let q = st.queues.entry(peer).or_default();
-        if q.jobs.len() + jobs.len() > RMA_QUEUE_PER_PEER {
-            let (queued, running) = (q.jobs.len(), q.running.is_some());
+        // Looked at before any entry is made: a refused batch must not
+        // leave an empty one behind (it would stay until the peer goes).
+        let (queued, running) = st
+            .queues
+            .get(&peer)
+            .map_or((0, false), |q| (q.jobs.len(), q.running.is_some()));
+        if queued + jobs.len() > RMA_QUEUE_PER_PEER {
+            drop(st);
             return Err(NaError::Plugin {
                 plugin: "sm",
                 message: format!(
@@ -169,9 +214,9 @@ impl RmaPool {
                 ),
             });
         }
-        let was_idle = q.jobs.is_empty() && q.running.is_none();
-        let n = jobs.len() as u64;
-        q.jobs.extend(jobs);
+        let was_idle = queued == 0 && !running;
+        let n = jobs.len();
+        st.queues.entry(peer).or_default().jobs.extend(jobs.drain(..));
         if was_idle {
             st.ready.push_back(peer);
         }
@@ -184,12 +229,18 @@ impl RmaPool {
                     st.starting += 1;
                 }
                 Err(e) if st.threads == 0 => {
-                    // Nobody would run them: take them back.
+                    // Nobody would run them: take them back (into the
+                    // caller's list, dropped out of the lock), and the
+                    // peer's entry and turn if it had nothing before.
                     if let Some(q) = st.queues.get_mut(&peer) {
-                        let keep = q.jobs.len() - n as usize;
-                        q.jobs.truncate(keep);
+                        let keep = q.jobs.len() - n;
+                        jobs.extend(q.jobs.drain(keep..));
                     }
-                    st.ready.retain(|&p| p != peer || !was_idle);
+                    if was_idle {
+                        st.queues.remove(&peer);
+                        st.ready.retain(|&p| p != peer);
+                    }
+                    drop(st);
                     return Err(NaError::sys("starting an sm RMA transfer thread", e));
                 }
                 Err(e) => {
@@ -198,7 +249,7 @@ impl RmaPool {
                 }
             }
         }
-        self.shared.waiting.fetch_add(n, Ordering::Relaxed);
+        self.shared.waiting.fetch_add(n as u64, Ordering::Relaxed);
         drop(st);
         self.shared.work.notify_one();
         self.report_stuck();
@@ -206,6 +257,10 @@ impl RmaPool {
     }
 
     fn spawn(&self, k: usize) -> std::io::Result<()> {
+        #[cfg(feature = "test-hooks")]
+        if self.shared.fail_spawns.load(Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+        }
         let shared = Arc::clone(&self.shared);
         std::thread::Builder::new()
             .name(format!("qs-sm-rma-{k}"))
@@ -213,11 +268,21 @@ impl RmaPool {
             .map(drop)
     }
 
-    /// Takes every result that waits.
+    /// Takes every result that waits (the list comes from an earlier
+    /// call's [`put_done`](Self::put_done): no allocation per take).
     pub fn take_done(&mut self) -> Vec<JobResult> {
+        let mut out = std::mem::take(&mut self.spare_done);
         let mut st = self.shared.lock();
         self.shared.done_len.store(0, Ordering::Release);
-        std::mem::take(&mut st.done)
+        std::mem::swap(&mut out, &mut st.done);
+        out
+    }
+
+    /// Gives back the list [`take_done`](Self::take_done) returned, once
+    /// emptied, for the workers' next results.
+    pub fn put_done(&mut self, mut done: Vec<JobResult>) {
+        done.clear();
+        self.spare_done = done;
     }
 
     /// Cancels `op`: forgotten here (its result, if its job runs, is
@@ -408,5 +473,163 @@ fn worker(shared: &Shared) {
                 tracing::warn!(error = %e, "sm: an RMA transfer thread could not wake its owner");
             }
         }
+    }
+}
+
+/// Test hook (`test-hooks` feature): a view of a pool's shared state from
+/// outside, for tests of what its lock guards (see
+/// `SmPlugin::debug_rma_pool`). It holds the state alive, nothing more.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub struct RmaPoolProbe {
+    shared: Arc<Shared>,
+}
+
+#[cfg(feature = "test-hooks")]
+impl RmaPoolProbe {
+    /// Whether some thread (this one included) holds the pool's lock now.
+    pub fn locked(&self) -> bool {
+        matches!(
+            self.shared.state.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
+
+    /// How many peers have a queue entry (jobs queued or running).
+    pub fn queue_entries(&self) -> usize {
+        self.shared.lock().queues.len()
+    }
+
+    /// Makes every later attempt to start a transfer thread fail (`EAGAIN`),
+    /// or lets them succeed again.
+    pub fn fail_spawns(&self, fail: bool) {
+        self.shared.fail_spawns.store(fail, Ordering::Relaxed);
+    }
+
+    /// Takes the pool's lock on a thread of its own and holds it until
+    /// the returned value is dropped (returns once it is held). A process
+    /// forked meanwhile must not drop that value (its thread is not there).
+    pub fn hold(&self) -> RmaPoolHold {
+        let shared = Arc::clone(&self.shared);
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let st = shared.lock();
+            let _ = held_tx.send(());
+            let _ = release_rx.recv();
+            drop(st);
+        });
+        let _ = held_rx.recv();
+        RmaPoolHold {
+            release: Some(release_tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+/// See [`RmaPoolProbe::hold`]: the lock goes when this does.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub struct RmaPoolHold {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(feature = "test-hooks")]
+impl Drop for RmaPoolHold {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+impl RmaPool {
+    /// See [`RmaPoolProbe`].
+    pub fn probe(&self) -> RmaPoolProbe {
+        RmaPoolProbe {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+#[cfg(all(test, feature = "test-hooks"))]
+mod tests {
+    use std::sync::atomic::AtomicU8;
+
+    use na_core::{Access, MemHandle, PluginId, RemoteMem, RemoteSegment, Rma};
+
+    use super::*;
+
+    /// A registration that records, when it is dropped (with the last
+    /// clone of its handle), whether the pool's lock was held then.
+    struct LockSpy {
+        probe: RmaPoolProbe,
+        seen: Arc<AtomicU8>,
+    }
+
+    const NOT_DROPPED: u8 = 0;
+    const DROPPED_LOCKED: u8 = 1;
+    const DROPPED_FREE: u8 = 2;
+
+    impl Drop for LockSpy {
+        fn drop(&mut self) {
+            let s = if self.probe.locked() {
+                DROPPED_LOCKED
+            } else {
+                DROPPED_FREE
+            };
+            self.seen.store(s, Ordering::SeqCst);
+        }
+    }
+
+    /// A batch refused because no thread could start comes back to the
+    /// caller whole, and its jobs (with the last clone of their handle,
+    /// whose drop may run a plugin's deregistration) are dropped out of
+    /// the pool's lock; nothing of the peer stays in the pool.
+    #[test]
+    fn a_batch_refused_for_want_of_a_thread_is_dropped_out_of_the_lock() {
+        let mut pool = RmaPool::new(2, EventFd::new().unwrap());
+        pool.probe().fail_spawns(true);
+        let seen = Arc::new(AtomicU8::new(NOT_DROPPED));
+        let mut jobs = {
+            let local = MemHandle::zeroed(16, Access::ReadWrite);
+            let spy = LockSpy {
+                probe: pool.probe(),
+                seen: Arc::clone(&seen),
+            };
+            local.attach_registration(PluginId(9), Arc::new(spy));
+            let seg = RemoteSegment {
+                addr: 4096,
+                len: 16,
+                key: 0,
+            };
+            let remote = RemoteMem::new(vec![seg], Access::ReadWrite).unwrap();
+            let ops = [
+                Rma::get(&local, 0, &remote, 0, 8, OpId(1)),
+                Rma::put(&local, 8, &remote, 8, 8, OpId(2)),
+            ];
+            vec![
+                Job::new(1, 7, 1, &ops[..1], None),
+                Job::new(2, 7, 1, &ops[1..], None),
+            ]
+        };
+        let e = pool.submit(7, &mut jobs).expect_err("no thread could start");
+        assert!(
+            e.to_string().contains("starting an sm RMA transfer thread"),
+            "{e}"
+        );
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            NOT_DROPPED,
+            "the refused jobs were dropped inside submit (under its lock)"
+        );
+        assert_eq!(jobs.len(), 2, "the refused jobs come back to the caller");
+        assert_eq!(pool.probe().queue_entries(), 0);
+        assert_eq!(pool.counts(), (0, 0));
+        pool.put_scratch(jobs);
+        assert_eq!(seen.load(Ordering::SeqCst), DROPPED_FREE);
     }
 }

@@ -1,0 +1,247 @@
+//! The RMA transfer-thread pool's own state, seen through its test probe
+//! (`SmPlugin::debug_rma_pool`, feature `test-hooks`): a refused batch
+//! leaves no trace of its peer in the pool, a batch refused because no
+//! thread could start is taken back whole, and a child forked while
+//! another thread holds the pool's lock never takes it (it would wait for
+//! ever: the holder is not in the child).
+//!
+//! The peer is a forked child whose memory is never really reached: the
+//! transfers name an address it does not map, and fail there (`EFAULT`),
+//! which is all a pool's bookkeeping needs.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use na_core::{
+    Access, Addr, Completion, MemHandle, NaError, OpId, Plugin, PluginId, RemoteMem, RemoteSegment, Rma,
+};
+use na_sm::{SmConfig, SmPlugin, RMA_QUEUE_PER_PEER};
+
+mod common;
+use common::{private_dir, sys, wait_child, KillOnDrop};
+
+/// How long any step may take (generous: a loaded box).
+const BOUND: Duration = Duration::from_secs(20);
+
+/// Bytes each transfer moves.
+const LEN: u64 = 8;
+
+/// A peer process (forked): connects to `uri` in `dir`, says hello with an
+/// unexpected message, reports `S` on its pipe, and drives its plugin
+/// until it is killed.
+fn fork_peer(dir: &Path, uri: &str) -> KillOnDrop {
+    let (mut said_r, said_w) = common::pipe();
+    let child = sys::fork();
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        drop(said_r);
+        let code = (|| {
+            use std::os::fd::AsFd;
+            let cfg = SmConfig::default().with_dir(dir).with_name("peer");
+            let Ok(mut p) = SmPlugin::new(PluginId(2), cfg) else {
+                return 2;
+            };
+            let Ok(to) = p.lookup(uri) else { return 3 };
+            if p.send_unexpected(&to, 0, b"hello", OpId(1)).is_err() {
+                return 4;
+            }
+            sys::write(said_w.as_fd(), b"S");
+            loop {
+                let _ = p.progress();
+                while p.pop_completion().is_some() {}
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })();
+        sys::exit_now(code);
+    }
+    let kill = KillOnDrop(child);
+    drop(said_w);
+    let mut said = [0u8; 1];
+    said_r.read_exact(&mut said).expect("the peer said nothing");
+    assert_eq!(said[0], b'S');
+    kill
+}
+
+/// A listening plugin with two transfer threads and a peer process: (the
+/// plugin, the peer's address, its killer, the directory).
+fn scene(tag: &str) -> (SmPlugin, Addr, KillOnDrop, std::path::PathBuf) {
+    let dir = private_dir(tag);
+    let cfg = SmConfig {
+        rma_threads: Some(2),
+        ..SmConfig::listening().with_dir(&dir)
+    };
+    let mut p = SmPlugin::new(PluginId(1), cfg).unwrap();
+    let uri = p.self_addr().uri().to_owned();
+    let kill = fork_peer(&dir, &uri);
+    p.post_recv_unexpected(Vec::with_capacity(64), OpId(1)).unwrap();
+    let hello = wait_for(&mut p, &[OpId(1)]).remove(0);
+    hello.status.expect("the peer's hello");
+    (p, hello.source.expect("a source"), kill, dir)
+}
+
+/// Drives `p` until each of `ops` completed (within [`BOUND`]): their
+/// completions, in the order of `ops`.
+fn wait_for(p: &mut SmPlugin, ops: &[OpId]) -> Vec<Completion> {
+    let end = Instant::now() + BOUND;
+    let mut got: Vec<Completion> = Vec::new();
+    while ops.iter().any(|op| !got.iter().any(|c| c.op == *op)) {
+        assert!(Instant::now() < end, "{ops:?} did not all complete: {got:?}");
+        p.progress().unwrap();
+        got.extend(std::iter::from_fn(|| p.pop_completion()));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ops.iter()
+        .map(|op| {
+            got.iter()
+                .position(|c| c.op == *op)
+                .map(|i| got.remove(i))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Memory of the peer's that it does not map (so every transfer fails
+/// there, once a thread runs it): room for `n` transfers.
+fn unmapped_remote(n: usize) -> RemoteMem {
+    let seg = RemoteSegment {
+        addr: 4096,
+        len: LEN * n as u64,
+        key: 0,
+    };
+    RemoteMem::new(vec![seg], Access::ReadWrite).unwrap()
+}
+
+/// `n` transfers of `local` to or from `remote`, gets and puts in turn (so
+/// that each is a run, and a job, of its own), ids from `first`.
+fn alternating<'a>(local: &'a MemHandle, remote: &'a RemoteMem, n: usize, first: u64) -> Vec<Rma<'a>> {
+    (0..n)
+        .map(|i| {
+            let at = LEN * i as u64;
+            let op = OpId(first + i as u64);
+            if i % 2 == 0 {
+                Rma::get(local, at, remote, at, LEN, op)
+            } else {
+                Rma::put(local, at, remote, at, LEN, op)
+            }
+        })
+        .collect()
+}
+
+/// A batch refused for the peer's queue bound (one job more than it
+/// holds) leaves no queue entry for that peer; nor does a batch that ran.
+#[test]
+fn a_batch_refused_for_the_queue_bound_leaves_no_queue_entry() {
+    let (mut p, peer, kill, dir) = scene("pool-refused-entry");
+    let probe = p.debug_rma_pool().unwrap();
+    assert_eq!(probe.queue_entries(), 0);
+    let n = RMA_QUEUE_PER_PEER + 1;
+    let local = MemHandle::zeroed(LEN as usize * n, Access::ReadWrite);
+    let remote = unmapped_remote(n);
+    let e = p
+        .rma(&peer, &alternating(&local, &remote, n, 100))
+        .expect_err("a batch of one job past the bound");
+    assert!(e.to_string().contains("RMA_QUEUE_PER_PEER"), "{e}");
+    assert_eq!(
+        probe.queue_entries(),
+        0,
+        "the refused batch left its peer a queue entry with nothing in it"
+    );
+    assert_eq!(local.holders(), 0, "the refused jobs' handles are gone");
+    assert_eq!(p.stats().in_flight, 0);
+    // A batch that runs: its entry goes with its last job.
+    let ops = alternating(&local, &remote, 2, 100);
+    p.rma(&peer, &ops).unwrap();
+    for c in wait_for(&mut p, &[OpId(100), OpId(101)]) {
+        assert!(matches!(c.status, Err(NaError::Rma { .. })), "{c:?}");
+    }
+    assert_eq!(probe.queue_entries(), 0);
+    drop((p, kill));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// No transfer thread can start (the probe makes the spawn fail): the
+/// batch is refused whole and taken back: no queue entry, no op in
+/// flight (its ids are free at once), no clone of its handle left, the
+/// pool's lock not held; once threads can start, the same batch runs.
+#[test]
+fn a_batch_refused_for_want_of_a_thread_is_taken_back_whole() {
+    let (mut p, peer, kill, dir) = scene("pool-spawn-fails");
+    let probe = p.debug_rma_pool().unwrap();
+    probe.fail_spawns(true);
+    let local = MemHandle::zeroed(LEN as usize * 4, Access::ReadWrite);
+    let remote = unmapped_remote(4);
+    let ops = alternating(&local, &remote, 4, 200);
+    let e = p.rma(&peer, &ops).expect_err("no thread to run it");
+    assert!(
+        e.to_string().contains("starting an sm RMA transfer thread"),
+        "{e}"
+    );
+    assert_eq!(probe.queue_entries(), 0, "the refused batch left a queue entry");
+    assert!(!probe.locked());
+    assert_eq!(local.holders(), 0, "a refused job's handle clone is left");
+    assert_eq!(p.stats().in_flight, 0);
+    assert_eq!(p.stats().rma_offloaded, 0);
+    probe.fail_spawns(false);
+    p.rma(&peer, &ops).unwrap();
+    let ids: Vec<OpId> = ops.iter().map(|o| o.op).collect();
+    for c in wait_for(&mut p, &ids) {
+        assert!(matches!(c.status, Err(NaError::Rma { .. })), "{c:?}");
+    }
+    assert_eq!(probe.queue_entries(), 0);
+    drop((p, kill));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child forked while another thread holds the pool's lock, with
+/// transfers in the pool: its inherited plugin cancels one (completing it
+/// `Canceled`) and is dropped without taking that lock (it would wait for
+/// ever: the holder is not in the child). The parent's transfers are
+/// untouched and complete once the lock goes.
+#[test]
+fn a_child_forked_while_the_pool_lock_is_held_never_takes_it() {
+    let (p, peer, kill, dir) = scene("pool-fork");
+    let mut p = Some(p);
+    let parent = p.as_mut().unwrap();
+    let probe = parent.debug_rma_pool().unwrap();
+    let local = MemHandle::zeroed(LEN as usize * 2, Access::ReadWrite);
+    let remote = unmapped_remote(2);
+    parent.rma(&peer, &alternating(&local, &remote, 2, 300)).unwrap();
+    let hold = probe.hold();
+    assert!(probe.locked());
+    let child = sys::fork();
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        // The child's copy of the lock is held by a thread it does not
+        // have; `hold` (its copy) must never be dropped here.
+        let code = (|| {
+            let Some(mut mine) = p.take() else { return 2 };
+            if mine.cancel(OpId(300)).is_err() {
+                return 3;
+            }
+            match mine.pop_completion() {
+                Some(c) if c.op == OpId(300) && matches!(c.status, Err(NaError::Canceled)) => {}
+                _ => return 4,
+            }
+            drop(mine);
+            0
+        })();
+        sys::exit_now(code);
+    }
+    let status = wait_child(child, BOUND);
+    drop(hold);
+    assert_eq!(
+        status,
+        Some(0),
+        "the child hung (None: it waited for the pool's lock) or failed"
+    );
+    // The parent's two transfers were not canceled: both end (failing at
+    // the unmapped address).
+    let parent = p.as_mut().unwrap();
+    for c in wait_for(parent, &[OpId(300), OpId(301)]) {
+        assert!(matches!(c.status, Err(NaError::Rma { .. })), "{c:?}");
+    }
+    assert_eq!(probe.queue_entries(), 0);
+    drop((p, kill));
+    let _ = std::fs::remove_dir_all(&dir);
+}
