@@ -207,9 +207,16 @@ pub fn jam_with(path: &Path, jam: UnixStream) {
 /// sockets' peers (keep them: they never read).
 pub fn jam_every_closing_thread(srv: &mut SmPlugin, path: &Path, linger: Duration) -> Vec<TcpListener> {
     let peers = (0..MAX_CLOSING_THREADS)
-        .map(|_| {
+        .map(|started| {
             let (peer, jam) = blocking_close_for(linger);
             jam_with(path, jam);
+            // Until the thread that took this jam runs (a loaded box may
+            // take a while to schedule it), then long enough for it to be
+            // stuck past `CLOSE_STALL`, so the next jam starts another.
+            let end = Instant::now() + linger / 2;
+            while closing_threads() <= started && Instant::now() < end {
+                settle_for(srv, CLOSE_STALL / 4);
+            }
             settle_for(srv, CLOSE_STALL * 2);
             peer
         })
