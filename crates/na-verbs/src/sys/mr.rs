@@ -97,6 +97,19 @@ impl BitOr for AccessFlags {
 /// One scatter/gather entry (`struct ibv_sge`) inside a registered region.
 ///
 /// Only built from a [`MemoryRegion`] (bounds-checked); same layout as `ibv_sge`.
+///
+/// An `Sge` is a plain value (address, length, `lkey`): it borrows
+/// nothing, so it can outlive its region, copied or not (`Copy` adds no
+/// way to). That is sound: the device checks `lkey` and range against
+/// the registrations live when it runs the work request, so a stale
+/// entry fails with a completion error, or, where its `lkey` now names a
+/// new registration covering the range, reaches memory that registration
+/// gave the device (its contract, [`MemoryRegion::register`]). What must
+/// outlive a *posted* work request is the region itself, until its
+/// completion, which no borrow of the entry could express: the plugin
+/// keeps it (a connection's buffers until its flush, a message buffer
+/// until its send completes, a transfer's registrations until its work
+/// requests do).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
