@@ -54,6 +54,11 @@ pub const DEFAULT_SPARE_BYTES: usize = 16 << 20;
 /// small calls pays nothing for peers whose limits differ.
 pub const MIN_EAGER_SIZE: usize = 1024;
 
+// na-verbs refuses a `QS_VERBS_MAX_MSG_SIZE` below this very size, so
+// every value the variable takes makes a plugin an engine accepts.
+#[cfg(feature = "verbs")]
+const _: () = assert!(na_verbs::config_env::ENV_MAX_MSG_SIZE_FLOOR == MIN_EAGER_SIZE);
+
 /// Default largest spilled input a target accepts, and spilled output an
 /// origin accepts (see [`Engine::set_max_spill`]).
 pub const DEFAULT_MAX_SPILL: u64 = 64 << 20;

@@ -134,7 +134,6 @@ impl VerbsPlugin {
         let conn = self.conn_mut(cref).expect("just inserted");
         conn.credits = crate::credits::Credits::new(u32::from(hello.depth), conn.depth);
         conn.peer_max_msg = Some(hello.max_payload as usize);
-        conn.primary = true;
         self.peers[peer].conn = Some(cref);
         tracing::debug!(claimed = %hello.addr, "verbs: accepting a connection (a peer of its own)");
         // The reads the peer serves bound ours, and the reads it issues

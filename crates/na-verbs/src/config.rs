@@ -31,7 +31,11 @@ pub struct VerbsConfig {
     /// receives and sends. Each side tells its own in its hello, and a
     /// message past the peer's fails with `NaError::MessageTooLarge`;
     /// `Plugin::max_unexpected_size_to` tells a sender the smaller of the
-    /// two. (hg-rpc needs at least its `MIN_EAGER_SIZE`, 1 KiB.)
+    /// two. 0 is a size (empty messages only): the 16-byte header has
+    /// room of its own. (hg-rpc needs at least its `MIN_EAGER_SIZE`,
+    /// 1 KiB, and `QS_VERBS_MAX_MSG_SIZE` is refused below that,
+    /// [`ENV_MAX_MSG_SIZE_FLOOR`](crate::config_env::ENV_MAX_MSG_SIZE_FLOOR);
+    /// a value set here is not.)
     pub max_msg_size: usize,
     /// Most connections at once (sizes the completion queue).
     pub max_conns: usize,

@@ -7,7 +7,7 @@
 //! | `QS_VERBS_OUTGOING_RESERVE` | [`outgoing_reserve`](VerbsConfig::outgoing_reserve) | 0 ..= max connections - 1 | `max(1, limit / 8)` |
 //! | `QS_VERBS_RECV_DEPTH` | [`recv_depth`](VerbsConfig::recv_depth) | 4 ..= 4096 | 64 |
 //! | `QS_VERBS_SEND_QUEUE_DEPTH` | [`send_queue_depth`](VerbsConfig::send_queue_depth) | receive depth + 8 ..= 65536 | 256 |
-//! | `QS_VERBS_MAX_MSG_SIZE` | [`max_msg_size`](VerbsConfig::max_msg_size) (the eager size) | bytes, optional `K`/`M` suffix, at most 1M | 4096 |
+//! | `QS_VERBS_MAX_MSG_SIZE` | [`max_msg_size`](VerbsConfig::max_msg_size) (the eager size) | bytes, optional `K`/`M` suffix, 1K ..= 1M | 4096 |
 //! | `QS_VERBS_MAX_RD_ATOMIC` | [`max_rd_atomic`](VerbsConfig::max_rd_atomic) | 0 ..= 255 | 16 |
 //! | `QS_VERBS_SETUP_TIMEOUT_MS` | [`setup_timeout`](VerbsConfig::setup_timeout) | milliseconds, over 10000 | 15000 |
 //! | `QS_VERBS_CANCEL_TIMEOUT_MS` | [`cancel_timeout`](VerbsConfig::cancel_timeout) | milliseconds (at least 1), or `never` | 5000 |
@@ -19,6 +19,17 @@
 //! (before the hello: 0, nothing known). hg-rpc spills whatever its
 //! destination does not take (and, before the hello, anything past its
 //! `MIN_EAGER_SIZE`, 1 KiB, the least limit an engine accepts).
+//!
+//! `QS_VERBS_MAX_MSG_SIZE` is refused below [`ENV_MAX_MSG_SIZE_FLOOR`]
+//! (1 KiB, hg-rpc's `MIN_EAGER_SIZE`). The plugin itself needs no floor
+//! (the 16-byte header has room of its own in every buffer, and a
+//! `max_msg_size` of 0 takes empty messages), but the variable is read
+//! by the default factory, whose users (hg-rpc's `Engine::from_spec`)
+//! cannot work below it: without the floor a small value (`16`, or a
+//! `1` meant as `1M`) was taken here and every engine creation failed
+//! later, naming neither the value nor the variable as the one at fault.
+//! A smaller size set in code ([`VerbsConfig::max_msg_size`]) is still
+//! taken, for raw NA users and tests.
 //!
 //! The variables override the defaults, never a value set in code:
 //! [`VerbsConfig::from_env`] is the defaults with the variables that are
@@ -73,6 +84,12 @@ pub const ENV_VARS: [&str; 8] = [
     ENV_SETUP_TIMEOUT_MS,
     ENV_CANCEL_TIMEOUT_MS,
 ];
+
+/// Least `QS_VERBS_MAX_MSG_SIZE`, in bytes: hg-rpc's `MIN_EAGER_SIZE`
+/// (its engines refuse a plugin whose messages are smaller). Only the
+/// variable is held to it: [`VerbsConfig::max_msg_size`] set in code may
+/// be smaller, down to 0 (see the [module docs](self)).
+pub const ENV_MAX_MSG_SIZE_FLOOR: usize = 1024;
 
 /// Largest `QS_VERBS_SEND_QUEUE_DEPTH` (devices allow less or about this).
 const MAX_SEND_QUEUE_DEPTH: u64 = 65536;
@@ -172,6 +189,16 @@ fn apply(cfg: &mut VerbsConfig, var: &'static str, v: &str) -> Result<()> {
             let n = na_regcache::config::parse_size(v).map_err(|why| bad(var, v, why))?;
             if n > max {
                 return Err(bad(var, v, format!("must be at most {max} bytes (1M)")));
+            }
+            if n < ENV_MAX_MSG_SIZE_FLOOR {
+                return Err(bad(
+                    var,
+                    v,
+                    format!(
+                        "must be at least {ENV_MAX_MSG_SIZE_FLOOR} bytes (1K): hg-rpc's engines need \
+                         messages of that size (a smaller max_msg_size can be set in code)"
+                    ),
+                ));
             }
             cfg.max_msg_size = n;
         }
@@ -276,8 +303,9 @@ mod tests {
         assert_eq!(never.cancel_timeout, Duration::MAX);
         let none = VerbsConfig::from_lookup(env(&[(ENV_OUTGOING_RESERVE, "0")])).unwrap();
         assert_eq!(none.outgoing_reserve, Some(0));
-        let zero = VerbsConfig::from_lookup(env(&[(ENV_MAX_MSG_SIZE, "0")])).unwrap();
-        assert_eq!(zero.max_msg_size, 0);
+        // The floor itself is taken.
+        let floor = VerbsConfig::from_lookup(env(&[(ENV_MAX_MSG_SIZE, "1K")])).unwrap();
+        assert_eq!(floor.max_msg_size, ENV_MAX_MSG_SIZE_FLOOR);
     }
 
     /// Negative control of the tests below: nothing set is the defaults.
@@ -317,6 +345,10 @@ mod tests {
             (ENV_MAX_MSG_SIZE, "12Q", "suffix"),
             (ENV_MAX_MSG_SIZE, "2M", "at most"),
             (ENV_MAX_MSG_SIZE, "big", "number"),
+            (ENV_MAX_MSG_SIZE, "0", "at least 1024"),
+            (ENV_MAX_MSG_SIZE, "1", "at least 1024"),
+            (ENV_MAX_MSG_SIZE, "16", "at least 1024"),
+            (ENV_MAX_MSG_SIZE, "1023", "at least 1024"),
             (ENV_MAX_RD_ATOMIC, "256", "0..=255"),
             (ENV_SETUP_TIMEOUT_MS, "15s", "milliseconds"),
             (ENV_SETUP_TIMEOUT_MS, "5000", "must exceed"),

@@ -124,9 +124,6 @@ pub(crate) struct Conn {
     /// Peer index: the looked-up peer it was made for (active side), or
     /// the peer of its own made for it (passive side).
     pub peer: usize,
-    /// Its peer's sends go through it (set once the connection is its
-    /// peer's; each peer has one connection).
-    pub primary: bool,
     pub active: bool,
     pub state: ConnState,
     pub dead_reason: String,
@@ -186,7 +183,6 @@ impl Conn {
             slot,
             depth,
             peer,
-            primary: false,
             active,
             state: if active {
                 ConnState::Connecting

@@ -229,7 +229,6 @@ impl VerbsPlugin {
         let src = std::net::SocketAddr::new(self.self_key.ip(), 0);
         id.resolve_addr(Some(src), dst, self.cfg.resolve_timeout_ms)?;
         let cref = self.insert_conn(id, peer, true)?;
-        self.conn_mut(cref).expect("just inserted").primary = true;
         self.peers[peer].conn = Some(cref);
         tracing::debug!(peer = %self.peers[peer].uri, "verbs: connecting");
         Ok(cref)
@@ -422,7 +421,7 @@ impl VerbsPlugin {
         // middle of `progress`.
         let _ = conn.id.disconnect();
         let backlog: Vec<_> = conn.msg_backlog.drain().collect();
-        let (peer, primary) = (conn.peer, conn.primary);
+        let peer = conn.peer;
         let uri = self.peers[peer].uri.clone();
         tracing::debug!(peer = %uri, %reason, "verbs: connection dead");
         for m in backlog {
@@ -436,7 +435,7 @@ impl VerbsPlugin {
             self.drop_outgoing(m.body);
         }
         self.fail_rma_backlog(cref, &reason);
-        if primary && self.peers[peer].dead.is_none() {
+        if self.peers[peer].dead.is_none() {
             // A peer has no connection but this one (an incoming one's
             // peer is its own; a looked-up peer's is the one we made): the
             // peer is gone with it, and a later lookup connects afresh.

@@ -242,6 +242,30 @@ mod tests {
         assert_eq!(t.find_or_insert(PluginId(1), key(4), None), (c, false));
     }
 
+    /// A link-local address names a listener only with its scope id (the
+    /// interface): the same IP and port on two interfaces are two peers,
+    /// and each peer's URI parses back to its own key (with the scope, so
+    /// a lookup of it reaches the same interface). A flow label names no
+    /// listener: it is dropped.
+    #[test]
+    fn link_local_addresses_on_two_interfaces_are_two_peers() {
+        let parse = |uri: &str| crate::addr::VerbsUri::parse_peer(uri).unwrap().0;
+        let (eth1, eth2) = (
+            parse("verbs://rxe0/[fe80::1%1]:9"),
+            parse("verbs://rxe0/[fe80::1%2]:9"),
+        );
+        assert_ne!(eth1, eth2, "the scope id was lost in parsing");
+        let mut t = PeerTable::default();
+        let (a, _) = t.find_or_insert(PluginId(1), eth1, Some("rxe0"));
+        let (b, new) = t.find_or_insert(PluginId(1), eth2, Some("rxe0"));
+        assert!(new && a != b, "two interfaces, one peer");
+        assert_ne!(t[a].uri, t[b].uri);
+        assert_eq!((parse(&t[a].uri), parse(&t[b].uri)), (eth1, eth2));
+        let flow = std::net::SocketAddrV6::new("fe80::1".parse().unwrap(), 9, 7, 1);
+        let flow = crate::addr::canonical_sock(flow.into());
+        assert_eq!(t.find_or_insert(PluginId(1), flow, None), (a, false));
+    }
+
     #[test]
     fn a_live_peer_is_never_released() {
         let mut t = PeerTable::default();

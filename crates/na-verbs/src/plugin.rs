@@ -582,7 +582,7 @@ impl Plugin for VerbsPlugin {
             .conns
             .iter()
             .filter_map(|c| c.conn.as_ref())
-            .filter(|c| c.primary && c.state != crate::conn::ConnState::Dead)
+            .filter(|c| c.state != crate::conn::ConnState::Dead)
             .count() as u64;
         s.queued_arrivals = self.matching.held_count() as u64;
         s.peer_entries = self.peers.len() as u64;

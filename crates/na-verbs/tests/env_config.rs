@@ -60,13 +60,13 @@ fn qs_verbs_variables_reach_the_default_factorys_plugins() {
         (default.max_msg_size, default.max_conns)
     );
 
-    std::env::set_var(ENV_MAX_MSG_SIZE, "1000");
+    std::env::set_var(ENV_MAX_MSG_SIZE, "1500");
     std::env::set_var(ENV_MAX_CONNS, "9");
     std::env::set_var(ENV_OUTGOING_RESERVE, "2");
     let cfg = VerbsFactory::default().config_for(&spec, true).expect("config");
     assert_eq!(
         (cfg.max_msg_size, cfg.max_conns, cfg.outgoing_reserve),
-        (1000, 9, Some(2)),
+        (1500, 9, Some(2)),
         "the default factory did not read the variables"
     );
     assert!(cfg.listen, "the spec's settings are kept");
@@ -82,7 +82,7 @@ fn qs_verbs_variables_reach_the_default_factorys_plugins() {
     );
     // ...and what code changes after `from_env` overrides the variable.
     let mut cfg = VerbsConfig::from_env().expect("from_env");
-    assert_eq!(cfg.max_msg_size, 1000);
+    assert_eq!(cfg.max_msg_size, 1500);
     cfg.max_msg_size = 3000;
     let cfg = VerbsFactory::new(cfg).config_for(&spec, true).expect("config");
     assert_eq!((cfg.max_msg_size, cfg.max_conns), (3000, 9));
@@ -93,7 +93,7 @@ fn qs_verbs_variables_reach_the_default_factorys_plugins() {
         let p = ep.plugin_mut(id).expect("plugin");
         assert_eq!(
             p.max_unexpected_size(),
-            1000,
+            1500,
             "QS_VERBS_MAX_MSG_SIZE did not reach the plugin"
         );
     }
@@ -105,6 +105,8 @@ fn qs_verbs_variables_reach_the_default_factorys_plugins() {
         (ENV_MAX_CONNS, "0"),
         (ENV_OUTGOING_RESERVE, "9"),
         (ENV_MAX_MSG_SIZE, "4M"),
+        // Below the floor hg-rpc's engines need (the plugin would take it).
+        (ENV_MAX_MSG_SIZE, "16"),
     ] {
         let keep = std::env::var(var).expect("set above");
         std::env::set_var(var, value);

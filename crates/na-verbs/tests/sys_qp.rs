@@ -1,7 +1,8 @@
 //! RC queue pairs without RDMA CM, on the real soft-RoCE stack: the explicit
 //! RESET → INIT → RTR → RTS state machine (QP numbers and GIDs exchanged in
 //! process), a shared receive queue, two CQs on one completion channel,
-//! SEND with immediate, RDMA WRITE, and flushing by moving a QP to ERROR.
+//! SEND with immediate, RDMA WRITE, flushing by moving a QP to ERROR, and
+//! an SGE whose region is gone failing with a local error.
 //!
 //! Without an RDMA device the RDMA part cannot run: the test says so loudly
 //! and asserts that opening a device fails with the clear "no RDMA device" error.
@@ -177,6 +178,32 @@ fn sys_qp_manual_transitions_with_srq() {
     assert_eq!(wc[0].wr_id, 50);
     assert!(!wc[0].is_ok(), "a flushed receive completes in error: {wc:?}");
     eprintln!("{who}: flushed receive -> {}", wc[0].status_str());
+
+    // An SGE borrows nothing and may outlive its region (see `Sge`): the
+    // device checks its lkey against the live registrations, so one whose
+    // region is gone (deregistered and unmapped) fails on our side and
+    // reads nothing: a local protection error on hardware, a local QP
+    // operation error from soft-RoCE (its failed lkey lookup). Had the
+    // device used the entry, the SEND would have gone to qp_a, which is
+    // in ERROR by now and drops it: a retry error, after the retries.
+    let gone = MemoryRegion::allocate(&pd, BUF, AccessFlags::LOCAL_WRITE).expect("mr");
+    let stale = gone.sge(0, 64).unwrap();
+    drop(gone);
+    match qp_b.post_send(60, SendOp::Send, &[stale], true) {
+        Err(e) => eprintln!("{who}: a stale SGE refused at the post: {e}"),
+        Ok(()) => {
+            let wc = wait_wc(&cq_b, &comp, 1, who);
+            assert_eq!(wc[0].wr_id, 60);
+            // IBV_WC_LOC_QP_OP_ERR, IBV_WC_LOC_PROT_ERR.
+            assert!(
+                matches!(wc[0].status, 2 | 4),
+                "a stale SGE's work request: {} ({:?})",
+                wc[0].status_str(),
+                wc[0]
+            );
+            eprintln!("{who}: stale SGE -> {}", wc[0].status_str());
+        }
+    }
     // Nothing was left unacked: dropping CQs and the channel must not block.
     drop((qp_a, qp_b, srq, cq_a, cq_b, comp));
 }

@@ -221,6 +221,7 @@ pub struct CmEvent {
     /// The id the event is about (for `ConnectRequest`: the new id).
     pub id: CmIdKey,
     /// For `ConnectRequest`: the listening id.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub listen_id: Option<CmIdKey>,
     /// For `ConnectRequest`: the new connection's id, to accept or reject
     /// (dropping it rejects the request).

@@ -21,8 +21,6 @@ use crate::error::{Result, VerbsError};
 pub enum PortSpace {
     /// Reliable connected, TCP-like port numbers (`RDMA_PS_TCP`).
     Tcp,
-    /// InfiniBand port space (`RDMA_PS_IB`).
-    Ib,
 }
 
 /// Connection parameters for [`CmId::connect`] and [`CmId::accept`].
@@ -142,7 +140,6 @@ impl CmId {
     pub fn new(channel: &Arc<EventChannel>, ps: PortSpace) -> Result<Arc<CmId>> {
         let ps_raw = match ps {
             PortSpace::Tcp => rdma_port_space::RDMA_PS_TCP,
-            PortSpace::Ib => rdma_port_space::RDMA_PS_IB,
         };
         let mut raw: *mut rdma_cm_id = std::ptr::null_mut();
         // SAFETY: the channel is live; `raw` is a valid out-pointer; no user context.
@@ -326,6 +323,7 @@ impl CmId {
     /// active side, `rdma_establish` would send the ready-to-use message
     /// (RTU); this crate never calls it (tests use that to leave the
     /// passive side without one).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn modify_qp(&self, qp: &QueuePair, state: QpState) -> Result<()> {
         let (raw_state, name) = match state {
             QpState::Init => (ibv_qp_state::IBV_QPS_INIT, "INIT"),

@@ -67,6 +67,7 @@ impl CompletionChannel {
     }
 
     /// The device context of the channel.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
@@ -240,11 +241,13 @@ impl CompletionQueue {
     }
 
     /// Number of entries the device allocated.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn capacity(&self) -> u32 {
         self.capacity
     }
 
     /// The device context of the CQ.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }

@@ -47,13 +47,19 @@ mod wr;
 pub use cm::{CmEvent, CmEventKind, CmIdKey, EventChannel};
 pub use cm_id::{CmId, ConnParam, PortSpace};
 pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WorkCompletion};
-pub use device::{devices, Context, DeviceAttr, DeviceInfo, Gid, PortAttr};
+pub use device::{devices, Context, DeviceAttr, DeviceInfo, Gid};
 pub use mr::{AccessFlags, MemoryRegion, ProtectionDomain, RemoteRegion, Sge};
-pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, ReadDepths, RtrAttr, RtsAttr};
+pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
 pub use registrar::IbvRegistrar;
 pub use send_buf::SendBuffer;
 pub use srq::SharedReceiveQueue;
 pub use wr::{SendOp, SendWr};
+// Named by the tests only (the plugin uses the values, not the names).
+#[cfg_attr(not(feature = "test-hooks"), allow(unused_imports))]
+pub use {
+    device::PortAttr,
+    qp::{ReadDepths, RtrAttr, RtsAttr},
+};
 
 /// Turns a libibverbs/librdmacm "-1 and errno" return value into `io::Result`.
 macro_rules! syscall {
@@ -105,6 +111,7 @@ pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
 ///
 /// For tests and simple loops; the NA plugin registers the completion and CM
 /// channel fds with the unified poll set instead.
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
 pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
     let ms = timeout.map_or(-1, |t| {
         libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX)

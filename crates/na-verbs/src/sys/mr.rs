@@ -70,9 +70,8 @@ impl AccessFlags {
     pub const REMOTE_WRITE: AccessFlags = AccessFlags(ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0);
     /// Peers may RDMA READ from the region.
     pub const REMOTE_READ: AccessFlags = AccessFlags(ibv_access_flags::IBV_ACCESS_REMOTE_READ.0);
-    /// Peers may perform atomics on the region (requires `LOCAL_WRITE`).
-    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0);
     /// Local write plus remote read and write: the usual flags of an RMA buffer.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub const ALL_RMA: AccessFlags =
         AccessFlags(Self::LOCAL_WRITE.0 | Self::REMOTE_WRITE.0 | Self::REMOTE_READ.0);
 
@@ -98,31 +97,25 @@ impl BitOr for AccessFlags {
 /// One scatter/gather entry (`struct ibv_sge`) inside a registered region.
 ///
 /// Only built from a [`MemoryRegion`] (bounds-checked); same layout as `ibv_sge`.
+///
+/// An `Sge` is a plain value (address, length, `lkey`): it borrows
+/// nothing, so it can outlive its region, copied or not (`Copy` adds no
+/// way to). That is sound: the device checks `lkey` and range against
+/// the registrations live when it runs the work request, so a stale
+/// entry fails with a completion error, or, where its `lkey` now names a
+/// new registration covering the range, reaches memory that registration
+/// gave the device (its contract, [`MemoryRegion::register`]). What must
+/// outlive a *posted* work request is the region itself, until its
+/// completion, which no borrow of the entry could express: the plugin
+/// keeps it (a connection's buffers until its flush, a message buffer
+/// until its send completes, a transfer's registrations until its work
+/// requests do).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
     pub(crate) addr: u64,
     pub(crate) length: u32,
     pub(crate) lkey: u32,
-}
-
-impl Sge {
-    /// Start address.
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-    /// Length in bytes.
-    pub fn len(&self) -> u32 {
-        self.length
-    }
-    /// True for a zero-length entry.
-    pub fn is_empty(&self) -> bool {
-        self.length == 0
-    }
-    /// Local key of the region.
-    pub fn lkey(&self) -> u32 {
-        self.lkey
-    }
 }
 
 /// A remote (or exported local) region: what a peer needs for RDMA READ/WRITE.
@@ -141,6 +134,7 @@ pub struct RemoteRegion {
 
 impl RemoteRegion {
     /// The sub-range `[offset, offset + len)`, bounds-checked.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteRegion> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(RemoteRegion {
@@ -273,10 +267,12 @@ impl MemoryRegion {
         self.addr.as_ptr() as u64
     }
     /// Length in bytes.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn len(&self) -> usize {
         self.len
     }
     /// True if the region is empty (never, for a successful registration).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -320,6 +316,7 @@ impl MemoryRegion {
     }
 
     /// The remote descriptor of `[offset, offset + len)` to send to a peer.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn remote(&self, offset: usize, len: usize) -> Result<RemoteRegion> {
         self.check("MemoryRegion::remote", offset, len)?;
         Ok(RemoteRegion {

@@ -201,6 +201,7 @@ fn mtu_code(bytes: u32) -> Result<u32> {
 
 impl QueuePair {
     /// Creates an RC QP on `pd` (`ibv_create_qp`), in state RESET.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn new_rc(pd: &Arc<ProtectionDomain>, attr: QpInitAttr<'_>) -> Result<QueuePair> {
         let mut raw_attr = attr.to_raw();
         // SAFETY: PD and CQs (and SRQ) are live; `raw_attr` is a valid in/out pointer.
@@ -280,6 +281,7 @@ impl QueuePair {
     }
 
     /// Current state, from the device (`ibv_query_qp`).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn state(&self) -> Result<QpState> {
         Ok(QpState::from_raw(
             self.query(ibv_qp_attr_mask::IBV_QP_STATE)?.qp_state,
@@ -311,6 +313,7 @@ impl QueuePair {
     }
 
     /// RESET → INIT on `port`, granting peers `access` (remote read/write).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn to_init(&self, port: u8, access: AccessFlags) -> Result<()> {
         // SAFETY: plain old data; all-zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -327,6 +330,7 @@ impl QueuePair {
     }
 
     /// INIT → RTR: connect the receive side to the remote QP.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn to_rtr(&self, r: &RtrAttr) -> Result<()> {
         // SAFETY: plain old data; all-zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -353,6 +357,7 @@ impl QueuePair {
     }
 
     /// RTR → RTS: enable the send side.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn to_rts(&self, r: &RtsAttr) -> Result<()> {
         // SAFETY: plain old data; all-zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };

@@ -31,6 +31,7 @@ impl IbvRegistrar {
     /// range is allowed: the registration keeps the old pages pinned, and
     /// the cache's monitor is what notices that they are no longer the
     /// ones mapped there.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub unsafe fn new(pd: &Arc<ProtectionDomain>) -> IbvRegistrar {
         IbvRegistrar { pd: Arc::clone(pd) }
     }
@@ -40,11 +41,6 @@ impl IbvRegistrar {
     /// (`MemHandle::read_at`/`write_at`), which is the contract of [`new`](Self::new).
     pub(crate) fn for_mem_handles(pd: &Arc<ProtectionDomain>) -> IbvRegistrar {
         IbvRegistrar { pd: Arc::clone(pd) }
-    }
-
-    /// The protection domain registrations are made on.
-    pub fn pd(&self) -> &Arc<ProtectionDomain> {
-        &self.pd
     }
 }
 

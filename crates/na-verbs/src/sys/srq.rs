@@ -27,6 +27,7 @@ unsafe impl Sync for SharedReceiveQueue {}
 
 impl SharedReceiveQueue {
     /// Creates an SRQ with room for `max_wr` receives of up to `max_sge` SGEs.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn new(pd: &Arc<ProtectionDomain>, max_wr: u32, max_sge: u32) -> Result<Arc<SharedReceiveQueue>> {
         let mut attr = ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
@@ -56,11 +57,13 @@ impl SharedReceiveQueue {
     }
 
     /// Receives the SRQ can hold (as granted by the device).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn max_wr(&self) -> u32 {
         self.max_wr
     }
 
     /// Posts one receive (`ibv_post_srq_recv`).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         if sges.len() > self.max_sge as usize {
             return Err(VerbsError::InvalidArgument {

@@ -19,10 +19,12 @@ pub enum SendOp {
     /// Two-sided SEND (consumes a receive at the peer).
     Send,
     /// SEND with 32-bit immediate data.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     SendWithImm(u32),
     /// RDMA WRITE of the SGEs into the remote region.
     RdmaWrite(RemoteRegion),
     /// RDMA WRITE with immediate (consumes a receive at the peer).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     RdmaWriteWithImm(RemoteRegion, u32),
     /// RDMA READ of the remote region into the SGEs.
     RdmaRead(RemoteRegion),
