@@ -196,6 +196,12 @@ impl Default for VerbsConfig {
     }
 }
 
+/// True for an IPv6 unicast link-local address (fe80::/10), which names a
+/// host only together with an interface number of the host that uses it.
+fn is_link_local(ip: std::net::IpAddr) -> bool {
+    matches!(ip, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
 impl VerbsConfig {
     /// The defaults with device, port and bind address taken from a listen
     /// spec (`verbs://`, `verbs://rxe0`, `verbs://rxe0:1/10.77.0.1:0`).
@@ -219,6 +225,16 @@ impl VerbsConfig {
                 reason: reason.into(),
             })
         };
+        if let Some(SocketAddr::V6(v6)) = self.bind.filter(|b| is_link_local(b.ip())) {
+            return bad(
+                "bind",
+                v6.to_string(),
+                "a link-local IPv6 address cannot be a listener's address: the hello that \
+                 tells a peer where to answer carries no scope id (a scope is an interface \
+                 number of one host), so peers could not name it back; bind a global or \
+                 unique-local address (or IPv4)",
+            );
+        }
         let (lo, hi) = crate::wire::DEPTH_RANGE;
         if self.recv_depth < lo || self.recv_depth > hi {
             return bad("recv_depth", self.recv_depth.to_string(), "must be 4..=4096");
@@ -295,6 +311,32 @@ pub fn outgoing_reserve(conn_limit: usize, asked: Option<usize>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_local_bind_is_refused_by_name() {
+        for spec in [
+            "verbs://rxe0/[fe80::1%2]:0",
+            "verbs:///[fe80::a:b]:7",
+            "verbs:///[febf::1]:0",
+        ] {
+            let e = VerbsConfig::from_spec(spec, true)
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("bind") && text.contains("link-local"),
+                "{spec}: {text}"
+            );
+        }
+        for spec in [
+            "verbs:///[fd00::1]:0",
+            "verbs:///[2001:db8::1]:0",
+            "verbs:///[fec0::1]:0",
+        ] {
+            VerbsConfig::from_spec(spec, true).unwrap().validate().unwrap();
+        }
+    }
 
     #[test]
     fn specs_and_validation() {
