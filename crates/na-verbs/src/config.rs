@@ -21,7 +21,8 @@ pub struct VerbsConfig {
     /// Port on the device (1-based); `None`: 1.
     pub ib_port: Option<u8>,
     /// IP (of the device's netdev) and RDMA CM port to bind; `None`: the
-    /// port's first IPv4-mapped GID, port 0 (a free port).
+    /// port's first IPv4-mapped GID, port 0 (a free port). A link-local
+    /// IPv6 address is refused (peers could not name it back).
     pub bind: Option<SocketAddr>,
     /// Accept connections from peers.
     pub listen: bool,
