@@ -112,7 +112,7 @@ mod wire_headers;
 
 use crate::env_switches::{checksums_from_env, recv_pull_from_env};
 pub use crate::env_switches::{CHECKSUM_ENV, RECV_MODE_ENV};
-pub use crate::stats::RpcStats;
+pub use crate::stats::{CountedStats, RpcStats};
 pub(crate) use bulk_ctx::{check_owner, CANCEL_WAIT_WARNING};
 pub use bulk_ctx::{BulkCtx, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
 pub use bulk_ops::BulkId;
