@@ -142,6 +142,10 @@ pub struct CallId(u64);
 /// 4. Drive it: [`progress`](Self::progress) waits for network work,
 ///    [`trigger`](Self::trigger) runs handlers and files responses. `call`
 ///    does both itself while it waits.
+/// 5. A server drains before it is dropped ([`begin_drain`](Self::begin_drain),
+///    then drive it until [`drained`](Self::drained)): a drop loses the
+///    answers its transport still queues, the requests it has not
+///    answered and its notices, and logs a warning with their counts.
 pub struct Engine<C: Codec = Postcard> {
     ep: Endpoint,
     plugin: PluginId,
