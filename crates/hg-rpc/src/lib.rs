@@ -41,7 +41,7 @@
 //! ([`PluginStats`], the transport's own); on tokio the same through
 //! [`AsyncEngine`], whose [`try_stats`](AsyncEngine::try_stats) answers
 //! `None` where a plain handler holds the engine ([`BulkCtx::stats`]
-//! reads it there).
+//! reads its counted fields there, a [`CountedStats`]).
 //!
 //! Contexts: a context is an [`Engine`] (one per thread or core), each
 //! with its own plugin instance and address; a caller picks the target
