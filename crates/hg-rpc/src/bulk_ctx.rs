@@ -14,7 +14,7 @@ use super::DebugSpan;
 use super::Engine;
 use crate::error::{Result, RpcError};
 use crate::lookup_backoff::LookupBackoff;
-use crate::stats::RpcStats;
+use crate::stats::{CountedStats, RpcStats};
 /// How long a handler's transfer may take before it fails, unless set
 /// with [`Engine::set_handler_transfer_timeout`].
 pub const DEFAULT_HANDLER_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -72,15 +72,12 @@ impl BulkCtx<'_> {
 
     /// The engine's counters as they stand while this handler runs (this
     /// request already counted in `handled`, this handler's finished
-    /// transfers in `bulk_done`, `bulk_failed`, `bulk_bytes`): the
-    /// counted fields of [`Engine::stats`]. The gauges `Engine::stats`
-    /// reads off the engine's tables, which a handler's context does not
-    /// reach, are 0 here: `in_flight`, `bulk_in_flight`,
-    /// `exposed_outputs`, `exposed_bytes`, `deferred_in_flight`,
-    /// `abandoned_inputs`, `abandoned_bytes`, `call_slots`,
-    /// `buffer_bytes` (and `driver_sleeps`).
-    pub fn stats(&self) -> RpcStats {
-        *self.stats
+    /// transfers in `bulk_done`, `bulk_failed`, `bulk_bytes`): the fields
+    /// of [`Engine::stats`] that the engine counts as it works. The gauges
+    /// `Engine::stats` reads off the engine's tables, which a handler's
+    /// context does not reach, are not in [`CountedStats`] (see there).
+    pub fn stats(&self) -> CountedStats {
+        CountedStats::from(&*self.stats)
     }
 
     /// Lets this handler's transfers use handles owned by processes other

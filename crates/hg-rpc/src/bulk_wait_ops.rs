@@ -50,6 +50,18 @@ impl<C: Codec> Engine<C> {
     ///
     /// [`bulk_batch`](Self::bulk_batch) moves many spans this way, with
     /// one wait.
+    ///
+    /// Owners are not checked, unlike a handler's ([`BulkCtx`](crate::BulkCtx)
+    /// moves data only with its caller by default). `local` may be any
+    /// handle exposed in this process, by another engine too (even one
+    /// dropped since): a handle holds its memory, and the transfer goes
+    /// through this engine's endpoint; a handle of another process as
+    /// `local` is [`RpcError::BulkRefused`]. The transfer goes to the
+    /// owner `remote` names ([`Bulk::owner`]), whom the origin picks: a
+    /// handle a peer sent (in a response, say) names whatever that peer
+    /// wrote in it, so an origin that does not trust the peer to name
+    /// itself compares `remote.owner()` with the peer's
+    /// [`Addr::uri`](na_core::Addr::uri) before the transfer.
     #[allow(clippy::too_many_arguments)]
     pub fn bulk(
         &mut self,

@@ -11,6 +11,14 @@
 //!    grant ([`AsyncEngine::drained`] waits with a grace period).
 //! 3. Drop the engine.
 //!
+//! An engine dropped with such work still in its hands loses it: answers
+//! its transport still queues (a peer's ring full, or no send credit) or
+//! has handed to the device and not seen sent, requests taken and not
+//! answered, release notices and acknowledgements waiting to go again.
+//! Their peers see the engine go (their calls fail with `PeerGone`), and
+//! the drop logs one warning with the counts ([`Engine`]'s `Drop`), so
+//! such a loss is never silent.
+//!
 //! [`AsyncEngine::begin_drain`]: crate::AsyncEngine::begin_drain
 //! [`AsyncEngine::drained`]: crate::AsyncEngine::drained
 //! [`RpcError::Busy`]: crate::RpcError::Busy
@@ -83,6 +91,71 @@ impl<C: Codec> Engine<C> {
                 src,
                 response_header(h, Status::Busy),
                 DRAINING.as_bytes().to_vec(),
+            );
+        }
+    }
+}
+
+/// What a peer is owed that an engine still holds (see
+/// [`Engine::drained`]): what dropping it now would lose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Owed {
+    /// Bytes of sends the engine's transport queues (its send backlog).
+    pub(crate) backlog_bytes: u64,
+    /// Sends handed to the device and not yet reported sent (na-verbs).
+    pub(crate) sends_posted: u64,
+    /// Requests taken and not answered: queued for or running in an
+    /// asynchronous handler, or with their spilled input being pulled.
+    pub(crate) requests: u64,
+    /// Release notices and acknowledgements waiting to be sent again.
+    pub(crate) notices: u64,
+}
+
+impl Owed {
+    /// True if nothing is owed.
+    pub(crate) fn is_nothing(&self) -> bool {
+        *self == Owed::default()
+    }
+}
+
+impl<C: Codec> Engine<C> {
+    /// What the engine holds that a peer is owed (see [`Owed`]).
+    pub(crate) fn owed(&self) -> Owed {
+        let (backlog_bytes, sends_posted) = self.ep.plugin(self.plugin).map_or((0, 0), |p| {
+            let s = p.stats();
+            (s.backlog_bytes, s.sends_posted)
+        });
+        // A pulled request for an asynchronous handler holds a ticket,
+        // counted in the ledger already.
+        let pulled = self
+            .pulls
+            .values()
+            .filter(|p| p.origin.is_some() && p.ticket.is_none())
+            .count();
+        Owed {
+            backlog_bytes,
+            sends_posted,
+            requests: (self.deferred_ledger.total() + pulled) as u64,
+            notices: self.unsent_notices.len() as u64,
+        }
+    }
+}
+
+/// Dropping an engine loses what its peers are still owed (see the
+/// module docs): logged as one warning with the counts, unless nothing is
+/// (a drained engine, [`Engine::drained`], owes nothing).
+impl<C: Codec> Drop for Engine<C> {
+    fn drop(&mut self) {
+        let owed = self.owed();
+        if !owed.is_nothing() {
+            tracing::warn!(
+                addr = %self.me,
+                backlog_bytes = owed.backlog_bytes,
+                sends_posted = owed.sends_posted,
+                requests = owed.requests,
+                notices = owed.notices,
+                "rpc engine dropped with work its peers are owed: queued answers, unanswered requests \
+                 and notices are lost (drain it first: Engine::begin_drain, Engine::drained)"
             );
         }
     }

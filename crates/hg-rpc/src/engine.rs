@@ -117,7 +117,7 @@ mod wire_headers;
 
 use crate::env_switches::{checksums_from_env, recv_pull_from_env};
 pub use crate::env_switches::{CHECKSUM_ENV, RECV_MODE_ENV};
-pub use crate::stats::RpcStats;
+pub use crate::stats::{CountedStats, RpcStats};
 pub(crate) use bulk_ctx::{check_owner, CANCEL_WAIT_WARNING};
 pub use bulk_ctx::{BulkCtx, BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT};
 pub use bulk_ops::BulkId;
@@ -147,6 +147,10 @@ pub struct CallId(u64);
 /// 4. Drive it: [`progress`](Self::progress) waits for network work,
 ///    [`trigger`](Self::trigger) runs handlers and files responses. `call`
 ///    does both itself while it waits.
+/// 5. A server drains before it is dropped ([`begin_drain`](Self::begin_drain),
+///    then drive it until [`drained`](Self::drained)): a drop loses the
+///    answers its transport still queues, the requests it has not
+///    answered and its notices, and logs a warning with their counts.
 pub struct Engine<C: Codec = Postcard> {
     ep: Endpoint,
     plugin: PluginId,

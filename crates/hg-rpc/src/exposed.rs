@@ -45,7 +45,12 @@ struct Entry {
 /// Exposed outputs by (peer address token, cookie), with their byte counts
 /// (per [`Origin`], the peer's process where known, for the bound).
 pub(crate) struct ExposedOutputs {
-    entries: FastMap<(u64, u64), Entry>,
+    /// The outputs, by peer address token, then cookie: a peer that goes
+    /// away has its own released without a visit to any other's (a peer
+    /// with none exposed has no map here).
+    entries: FastMap<u64, FastMap<u64, Entry>>,
+    /// Outputs in `entries`, over all peers.
+    count: usize,
     /// Keys in the order their outputs were exposed (one TTL for all, so
     /// also the order they expire), with when: an entry whose output was
     /// pulled or replaced since stays until the sweep reaches it (or the
@@ -56,17 +61,23 @@ pub(crate) struct ExposedOutputs {
     total: u64,
     max_per_peer: u64,
     max_total: u64,
+    /// Outputs `remove_peer` has looked at (for tests of its cost).
+    #[cfg(test)]
+    peer_visits: usize,
 }
 
 impl Default for ExposedOutputs {
     fn default() -> Self {
         ExposedOutputs {
             entries: FastMap::default(),
+            count: 0,
             order: VecDeque::new(),
             by_peer: FastMap::default(),
             total: 0,
             max_per_peer: DEFAULT_MAX_EXPOSED_PER_PEER,
             max_total: DEFAULT_MAX_EXPOSED_TOTAL,
+            #[cfg(test)]
+            peer_visits: 0,
         }
     }
 }
@@ -76,7 +87,7 @@ impl Default for ExposedOutputs {
 /// of taking what the memory holds next.
 impl Drop for ExposedOutputs {
     fn drop(&mut self) {
-        for e in self.entries.values() {
+        for e in self.entries.values().flat_map(FastMap::values) {
             crate::spill::break_seal(&e.mem);
         }
     }
@@ -124,8 +135,8 @@ impl ExposedOutputs {
         *self.by_peer.entry(origin).or_insert(0) += bytes;
         self.total += bytes;
         let since = Instant::now();
-        self.entries.insert(
-            key,
+        self.entries.entry(key.0).or_default().insert(
+            key.1,
             Entry {
                 mem,
                 since,
@@ -133,17 +144,28 @@ impl ExposedOutputs {
                 origin,
             },
         );
+        self.count += 1;
         self.order.push_back((since, key));
+    }
+
+    /// The output under `key`, if any.
+    fn get(&self, key: (u64, u64)) -> Option<&Entry> {
+        self.entries.get(&key.0)?.get(&key.1)
     }
 
     /// True if `key`'s output is the one exposed at `since`.
     fn is_current(&self, since: Instant, key: (u64, u64)) -> bool {
-        self.entries.get(&key).is_some_and(|e| e.since == since)
+        self.get(key).is_some_and(|e| e.since == since)
     }
 
     /// Releases the output under `key`, if any.
     pub fn remove(&mut self, key: (u64, u64)) -> Option<MemHandle> {
-        let e = self.entries.remove(&key)?;
+        let peer = self.entries.get_mut(&key.0)?;
+        let e = peer.remove(&key.1)?;
+        if peer.is_empty() {
+            self.entries.remove(&key.0);
+        }
+        self.count -= 1;
         self.uncount(e.origin, e.bytes);
         Some(e.mem)
     }
@@ -151,23 +173,27 @@ impl ExposedOutputs {
     /// Releases every output exposed for peer `peer` (an address token:
     /// it went away, nobody will pull them), seals broken first; returns
     /// how many and their bytes. Their places in the order stay until the
-    /// sweep reaches them, as those of pulled outputs do. (One pass over
-    /// the outputs kept, once per departed peer that had a watch.)
+    /// sweep reaches them, as those of pulled outputs do. Costs the peer's
+    /// own outputs, not every one kept (it runs once per departed peer that
+    /// had a watch: many clients gone at once, each with a few outputs
+    /// among many others', each cost a pass over all of them before).
     pub fn remove_peer(&mut self, peer: u64) -> (usize, u64) {
-        let mut gone: Vec<(Origin, u64)> = Vec::new();
-        self.entries.retain(|&(p, _), e| {
-            if p == peer {
-                crate::spill::break_seal(&e.mem);
-                gone.push((e.origin, e.bytes));
-            }
-            p != peer
-        });
+        let Some(gone) = self.entries.remove(&peer) else {
+            return (0, 0);
+        };
+        let n = gone.len();
+        self.count -= n;
         let mut bytes = 0;
-        for &(origin, b) in &gone {
-            self.uncount(origin, b);
-            bytes += b;
+        for e in gone.into_values() {
+            #[cfg(test)]
+            {
+                self.peer_visits += 1;
+            }
+            crate::spill::break_seal(&e.mem);
+            self.uncount(e.origin, e.bytes);
+            bytes += e.bytes;
         }
-        (gone.len(), bytes)
+        (n, bytes)
     }
 
     fn uncount(&mut self, peer: Origin, bytes: u64) {
@@ -202,10 +228,14 @@ impl ExposedOutputs {
         }
         // Pulled outputs behind one kept for its whole TTL: dropped once
         // they pass twice those kept (one visit per entry, amortized).
-        if self.order.len() > 2 * self.entries.len() + MIN_COMPACT {
+        if self.order.len() > 2 * self.count + MIN_COMPACT {
             let entries = &self.entries;
-            self.order
-                .retain(|&(since, key)| entries.get(&key).is_some_and(|e| e.since == since));
+            self.order.retain(|&(since, (peer, cookie))| {
+                entries
+                    .get(&peer)
+                    .and_then(|m| m.get(&cookie))
+                    .is_some_and(|e| e.since == since)
+            });
         }
         expired
     }
@@ -213,7 +243,7 @@ impl ExposedOutputs {
     /// The exposed handles (for tests).
     #[cfg(test)]
     pub fn handles(&self) -> impl Iterator<Item = &MemHandle> + '_ {
-        self.entries.values().map(|e| &e.mem)
+        self.entries.values().flat_map(FastMap::values).map(|e| &e.mem)
     }
 
     /// When the oldest output still in the order was exposed: the
@@ -232,12 +262,12 @@ impl ExposedOutputs {
 
     /// True if none is kept.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.count == 0
     }
 
     /// Outputs kept.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.count
     }
 
     /// Bytes kept, over all origins.
@@ -352,7 +382,7 @@ mod tests {
         x.insert((1, 1), o(1), mem(10), 10);
         std::thread::sleep(Duration::from_millis(2));
         x.insert((1, 2), o(1), mem(10), 10);
-        let second = x.entries[&(1, 2)].since;
+        let second = x.get((1, 2)).unwrap().since;
         assert!(x.remove((1, 1)).is_some(), "pulled");
         assert!(
             x.oldest_since() < Some(second),
@@ -373,6 +403,41 @@ mod tests {
         x.insert((1, 2), o(1), mem(5), 5);
         assert_eq!(x.sweep(Duration::ZERO), 1);
         assert!(x.is_empty() && x.bytes() == 0 && x.oldest_since().is_none());
+    }
+
+    /// A peer that goes away costs its own outputs, not every one kept:
+    /// 100 peers with 20 outputs each leave one by one, and each
+    /// departure looks at its 20 only (a pass over all of them, 2,000 at
+    /// first, before), with the counts and bounds of the others intact.
+    #[test]
+    fn a_peer_gone_costs_its_own_outputs_only() {
+        let mut x = ExposedOutputs::default();
+        x.set_limits(u64::MAX, u64::MAX);
+        for peer in 0..100 {
+            for cookie in 0..20 {
+                x.insert((peer, cookie), o(peer), mem(1), 3);
+            }
+        }
+        assert_eq!((x.len(), x.bytes()), (2000, 6000));
+        for peer in 0..100 {
+            let before = x.peer_visits;
+            assert_eq!(x.remove_peer(peer), (20, 60), "peer {peer}");
+            assert_eq!(
+                x.peer_visits - before,
+                20,
+                "peer {peer}'s departure looked at others' outputs"
+            );
+            assert_eq!(x.remove_peer(peer), (0, 0), "released once");
+            assert_eq!(x.peer_visits - before, 20);
+            let left = (99 - peer) as usize;
+            assert_eq!((x.len(), x.bytes()), (20 * left, 60 * left as u64));
+            assert_eq!(x.by_peer.len(), left);
+        }
+        assert!(x.is_empty() && x.entries.is_empty() && x.by_peer.is_empty());
+        // A peer's last output pulled leaves no map behind.
+        x.insert((7, 1), o(7), mem(1), 1);
+        assert!(x.remove((7, 1)).is_some());
+        assert!(x.entries.is_empty() && x.is_empty());
     }
 
     /// Two peers (addresses) of one process share one bound, and a third

@@ -41,7 +41,7 @@
 //! ([`PluginStats`], the transport's own); on tokio the same through
 //! [`AsyncEngine`], whose [`try_stats`](AsyncEngine::try_stats) answers
 //! `None` where a plain handler holds the engine ([`BulkCtx::stats`]
-//! reads it there).
+//! reads its counted fields there, a [`CountedStats`]).
 //!
 //! Contexts: a context is an [`Engine`] (one per thread or core), each
 //! with its own plugin instance and address; a caller picks the target
@@ -82,10 +82,11 @@ pub mod transport;
 
 pub use codec::{Codec, Postcard};
 pub use engine::{
-    BulkCtx, BulkId, CallId, DeferredRequest, Engine, RpcStats, ABANDONED_INPUT_TTL, BATCH_WINDOW,
-    DEFAULT_HANDLER_TRANSFER_TIMEOUT, DEFAULT_MAX_ABANDONED_BYTES, DEFAULT_MAX_DEFERRED_PER_PEER,
-    DEFAULT_MAX_DEFERRED_TOTAL, DEFAULT_MAX_EXPOSED_PER_PEER, DEFAULT_MAX_EXPOSED_TOTAL, MIN_EAGER_SIZE,
-    OUTPUT_WAIT_RECHECK, POSTED_REQUEST_BUFFERS, SPILLED_OUTPUT_TTL,
+    BulkCtx, BulkId, CallId, CountedStats, DeferredRequest, Engine, RpcStats, ABANDONED_INPUT_TTL,
+    BATCH_WINDOW, DEFAULT_HANDLER_TRANSFER_TIMEOUT, DEFAULT_MAX_ABANDONED_BYTES,
+    DEFAULT_MAX_DEFERRED_PER_PEER, DEFAULT_MAX_DEFERRED_TOTAL, DEFAULT_MAX_EXPOSED_PER_PEER,
+    DEFAULT_MAX_EXPOSED_TOTAL, MIN_EAGER_SIZE, OUTPUT_WAIT_RECHECK, POSTED_REQUEST_BUFFERS,
+    SPILLED_OUTPUT_TTL,
 };
 pub use error::{Result, RpcError};
 pub use hg_bulk::{Bulk, BulkDesc, BulkError, BulkOp, Span};

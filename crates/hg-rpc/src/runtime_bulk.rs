@@ -276,7 +276,33 @@ impl Shared {
                 Some(Ok(())) => {
                     guard.ended += 1;
                     let r = self.engine().take_bulk(*id);
-                    keep_first_failure(&mut failure, *at, r.unwrap_or_else(|| Err(lost(WHAT))));
+                    // Unreachable: the driver fires a waiter only once the
+                    // transfer's outcome is filed (`notify_finished`, under
+                    // the engine lock, for an id of the engine's log of
+                    // ended transfers), and a filed outcome leaves the
+                    // engine only through `take_bulk` or `forget_bulk` of
+                    // that id, which only this future (and its guard, which
+                    // leaves the ids ended so far alone) knows: the engine
+                    // is out of the user's reach behind the driver. A
+                    // stopped driver drops the senders (the `Err` arm
+                    // below) without touching the engine. Should it happen
+                    // anyway, the span fails (its end was counted in
+                    // `bulk_done` or `bulk_failed` when it was filed) and
+                    // the loss is logged, as an error: a transfer whose
+                    // outcome nobody can tell.
+                    debug_assert!(
+                        r.is_some(),
+                        "transfer {id:?} woken without its outcome in the engine"
+                    );
+                    let r = r.unwrap_or_else(|| {
+                        na_core::hint::cold_path();
+                        tracing::error!(
+                            transfer = ?id,
+                            "a bulk transfer's outcome was lost after its wake-up; failing its span"
+                        );
+                        Err(lost(WHAT))
+                    });
+                    keep_first_failure(&mut failure, *at, r);
                 }
                 // The driver stopped: the guard forgets the rest.
                 Some(Err(_)) => return Err(self.stopped_error(WHAT)),

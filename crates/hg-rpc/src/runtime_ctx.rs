@@ -394,9 +394,7 @@ mod tests {
         srv.register_async_with_bulk::<PullIt, _, _>(move |ctx, from| {
             let report = report.lock().unwrap().take();
             async move {
-                let into = ctx
-                    .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-                    .map_err(|e| e.to_string())?;
+                let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
                 // A zero timeout: the start files no end (na-sm's is
                 // ready, not filed), so the transfer is in flight when
                 // the stop is found.

@@ -207,3 +207,150 @@ impl RpcStats {
         }
     }
 }
+
+/// The counters of an engine that it keeps as it works, as a plain
+/// handler reads them through [`BulkCtx::stats`](crate::BulkCtx::stats)
+/// while it runs: each field is the [`RpcStats`] field of the same name
+/// (its meaning is documented there), as it stands at that moment.
+///
+/// [`RpcStats`]'s other fields are not here: the gauges [`Engine::stats`]
+/// reads off the engine's tables as it is called (`in_flight`,
+/// `bulk_in_flight`, `exposed_outputs`, `exposed_bytes`,
+/// `deferred_in_flight`, `abandoned_inputs`, `abandoned_bytes`,
+/// `call_slots`, `buffer_bytes`), which a handler's context does not
+/// reach (reaching them would cost every request a few instructions), and
+/// `driver_sleeps`, which an [`AsyncEngine`](crate::AsyncEngine)'s driver
+/// keeps outside the engine. A handler that needs them reads
+/// [`Engine::stats`] (or [`AsyncEngine::stats`](crate::AsyncEngine::stats))
+/// once it returned, or runs as an async handler, which may read them.
+///
+/// A gauge read in a handler is a compile error, not a misleading 0:
+///
+/// ```compile_fail
+/// fn calls_waiting(ctx: &hg_rpc::BulkCtx<'_>) -> u64 {
+///     ctx.stats().in_flight
+/// }
+/// ```
+///
+/// ```
+/// fn requests_taken(ctx: &hg_rpc::BulkCtx<'_>) -> u64 {
+///     ctx.stats().handled
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CountedStats {
+    /// [`RpcStats::calls`].
+    pub calls: u64,
+    /// [`RpcStats::handled`].
+    pub handled: u64,
+    /// [`RpcStats::errors`].
+    pub errors: u64,
+    /// [`RpcStats::succeeded`].
+    pub succeeded: u64,
+    /// [`RpcStats::abandoned`].
+    pub abandoned: u64,
+    /// [`RpcStats::malformed`].
+    pub malformed: u64,
+    /// [`RpcStats::sends_failed`].
+    pub sends_failed: u64,
+    /// [`RpcStats::version_mismatches`].
+    pub version_mismatches: u64,
+    /// [`RpcStats::bytes_sent`].
+    pub bytes_sent: u64,
+    /// [`RpcStats::stray_responses`].
+    pub stray_responses: u64,
+    /// [`RpcStats::outputs_refused`].
+    pub outputs_refused: u64,
+    /// [`RpcStats::outputs_origin_gone`].
+    pub outputs_origin_gone: u64,
+    /// [`RpcStats::inputs_refused`].
+    pub inputs_refused: u64,
+    /// [`RpcStats::outputs_waited`].
+    pub outputs_waited: u64,
+    /// [`RpcStats::outputs_target_gone`].
+    pub outputs_target_gone: u64,
+    /// [`RpcStats::responses_dropped`].
+    pub responses_dropped: u64,
+    /// [`RpcStats::responses_replaced`].
+    pub responses_replaced: u64,
+    /// [`RpcStats::pulls_refused`].
+    pub pulls_refused: u64,
+    /// [`RpcStats::deferred_refused`].
+    pub deferred_refused: u64,
+    /// [`RpcStats::refused_draining`].
+    pub refused_draining: u64,
+    /// [`RpcStats::bulk_done`].
+    pub bulk_done: u64,
+    /// [`RpcStats::bulk_failed`].
+    pub bulk_failed: u64,
+    /// [`RpcStats::bulk_bytes`].
+    pub bulk_bytes: u64,
+}
+
+impl From<&RpcStats> for CountedStats {
+    /// The counted fields of `s`. Every field of [`RpcStats`] is named
+    /// here, so a field added there must be sorted as counted or not.
+    fn from(s: &RpcStats) -> Self {
+        let RpcStats {
+            calls,
+            handled,
+            errors,
+            succeeded,
+            abandoned,
+            malformed,
+            sends_failed,
+            version_mismatches,
+            bytes_sent,
+            in_flight: _,
+            stray_responses,
+            exposed_outputs: _,
+            exposed_bytes: _,
+            outputs_refused,
+            outputs_origin_gone,
+            abandoned_inputs: _,
+            abandoned_bytes: _,
+            inputs_refused,
+            outputs_waited,
+            outputs_target_gone,
+            responses_dropped,
+            responses_replaced,
+            pulls_refused,
+            deferred_in_flight: _,
+            deferred_refused,
+            refused_draining,
+            bulk_in_flight: _,
+            bulk_done,
+            bulk_failed,
+            bulk_bytes,
+            driver_sleeps: _,
+            call_slots: _,
+            buffer_bytes: _,
+        } = *s;
+        CountedStats {
+            calls,
+            handled,
+            errors,
+            succeeded,
+            abandoned,
+            malformed,
+            sends_failed,
+            version_mismatches,
+            bytes_sent,
+            stray_responses,
+            outputs_refused,
+            outputs_origin_gone,
+            inputs_refused,
+            outputs_waited,
+            outputs_target_gone,
+            responses_dropped,
+            responses_replaced,
+            pulls_refused,
+            deferred_refused,
+            refused_draining,
+            bulk_done,
+            bulk_failed,
+            bulk_bytes,
+        }
+    }
+}

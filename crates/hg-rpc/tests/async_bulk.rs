@@ -260,9 +260,7 @@ impl Rpc for WhoCalls {
 /// Pulls `from` in spans of 64 KiB, last first, as one batch; answers
 /// the hash.
 async fn pull_and_hash(ctx: AsyncBulkCtx, from: Bulk) -> Result<u64, String> {
-    let into = ctx
-        .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-        .map_err(|e| e.to_string())?;
+    let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
     let (size, chunk) = (from.size(), 64 * 1024);
     let spans: Vec<Span> = (0..size.div_ceil(chunk))
         .rev()
@@ -272,9 +270,7 @@ async fn pull_and_hash(ctx: AsyncBulkCtx, from: Bulk) -> Result<u64, String> {
             len: chunk.min(size - k * chunk),
         })
         .collect();
-    ctx.transfer_batch(BulkOp::Pull, &from, &into, &spans, T)
-        .await
-        .map_err(|e| e.to_string())?;
+    ctx.transfer_batch(BulkOp::Pull, &from, &into, &spans, T).await?;
     Ok(fnv(&contents(&into)))
 }
 
@@ -297,9 +293,7 @@ async fn an_async_handler_moves_data_only_with_its_caller() {
     )
     .unwrap();
     srv.register_async_with_bulk::<PanicMidPull, _, _>(|ctx, from| async move {
-        let into = ctx
-            .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-            .map_err(|e| e.to_string())?;
+        let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
         // Two spans, one batch.
         let half = from.size() / 2;
         let spans = [
@@ -397,9 +391,7 @@ async fn a_context_kept_past_its_handler_holds_the_answer_and_moves_nothing_afte
     srv.register_async_with_bulk::<KeptPull, _, _>(move |ctx, from| {
         let (report, resume, late) = (report.clone(), r2.clone(), l2.clone());
         async move {
-            let into = ctx
-                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-                .map_err(|e| e.to_string())?;
+            let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
             let (polled, polled_rx) = tokio::sync::oneshot::channel();
             tokio::spawn(async move {
                 let mut pull =

@@ -102,8 +102,7 @@ async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
             async move {
                 let n = me
                     .call::<Add>(&me.self_addr(), &(data.len() as u64, 1), T)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
                 Ok(vec![n as u8])
             }
         })

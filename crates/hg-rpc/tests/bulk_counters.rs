@@ -2,14 +2,17 @@
 //! `bulk_failed` (`bulk_bytes` adds up what the done ones moved): an
 //! origin's `Engine::bulk*` and `AsyncEngine::bulk`, a plain handler's
 //! `BulkCtx`, an async handler's `AsyncBulkCtx`; one refused at its start
-//! counts nowhere. A handler reads the counters through `BulkCtx::stats`;
+//! counts nowhere. A handler reads the counters through `BulkCtx::stats`
+//! (a `CountedStats`: each as `Engine::stats` has it);
 //! `AsyncEngine::try_stats` answers `None` in a plain handler of its
 //! engine instead of panicking.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use hg_rpc::{Access, AsyncEngine, Bulk, BulkDesc, BulkOp, Engine, Rpc, RpcError, RpcStats, Span};
+use hg_rpc::{
+    Access, AsyncEngine, Bulk, BulkDesc, BulkOp, CountedStats, Engine, Rpc, RpcError, RpcStats, Span,
+};
 use na_core::{RemoteMem, RemoteSegment};
 
 mod common;
@@ -41,6 +44,11 @@ impl Rpc for Peek {
 /// (done, failed, bytes, in flight).
 fn bulk(st: &RpcStats) -> (u64, u64, u64, u64) {
     (st.bulk_done, st.bulk_failed, st.bulk_bytes, st.bulk_in_flight)
+}
+
+/// (done, failed, bytes) as a handler reads them.
+fn counted_bulk(st: &CountedStats) -> (u64, u64, u64) {
+    (st.bulk_done, st.bulk_failed, st.bulk_bytes)
 }
 
 fn data() -> Vec<u8> {
@@ -75,14 +83,14 @@ fn blocking_transfers_count_in_the_engine_that_started_them() {
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
     assert_eq!(
-        (seen[0].handled, bulk(&seen[0])),
-        (1, (1, 0, 64, 0)),
+        (seen[0].handled, counted_bulk(&seen[0])),
+        (1, (1, 0, 64)),
         "{:?}",
         seen[0]
     );
     assert_eq!(
-        (seen[1].handled, bulk(&seen[1])),
-        (2, (1, 0, 64, 0)),
+        (seen[1].handled, counted_bulk(&seen[1])),
+        (2, (1, 0, 64)),
         "{:?}",
         seen[1]
     );
@@ -137,6 +145,45 @@ fn blocking_transfers_count_in_the_engine_that_started_them() {
     // Refused at its start: counted nowhere.
     assert!(c.bulk(BulkOp::Pull, &remote, 8000, &into, 0, 1000, T).is_err());
     assert_eq!(bulk(&c.stats()), (2, 1, 1100, 0));
+}
+
+/// Answers nothing; its handler records `BulkCtx::stats`.
+struct Look;
+impl Rpc for Look {
+    const NAME: &'static str = "bulk_counters.look";
+    type Input = ();
+    type Output = ();
+}
+
+#[test]
+fn a_handler_reads_every_counted_field_as_the_engine_counts_it() {
+    let d = dir("bulk-counters-look");
+    let (ep, sid) = endpoint(&d, true);
+    let mut srv = Engine::new(ep, sid).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    srv.register_with_bulk::<Look>(move |ctx, ()| {
+        s2.lock().unwrap().push(ctx.stats());
+        Ok(())
+    })
+    .unwrap();
+    let mut c = client(&d);
+    // The first answer makes `bytes_sent` non-zero.
+    call_both::<Look>(&mut c, &mut srv, &()).unwrap();
+    let before = srv.stats();
+    assert!(before.bytes_sent > 0 && before.handled == 1, "{before:?}");
+    call_both::<Look>(&mut c, &mut srv, &()).unwrap();
+    let seen = seen.lock().unwrap().clone();
+    // Between the two reads only the second request was counted (its
+    // answer is sent after its handler returns).
+    let mut want = CountedStats::from(&before);
+    want.handled += 1;
+    assert_eq!(
+        seen.last(),
+        Some(&want),
+        "every counted field as the engine had it"
+    );
+    assert_eq!(seen[0].handled, 1);
 }
 
 #[test]

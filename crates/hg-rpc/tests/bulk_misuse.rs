@@ -13,7 +13,11 @@ use std::time::Duration;
 use hg_rpc::{Access, Bulk, BulkOp, Engine, Rpc, RpcError};
 
 mod common;
-use common::{async_engine, call_both, client, dir, endpoint};
+use common::{async_engine, call_both, client, dir, endpoint, Server};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
 
 /// Generous, for a loaded 2-core machine.
 const T: Duration = Duration::from_secs(60);
@@ -159,4 +163,47 @@ fn an_async_handlers_mistakes_are_refused() {
         let r = c.bulk(BulkOp::Pull, &remote, 0, &local, 0, 100, T).await;
         assert_eq!(kind(&r), "refused", "{r:?}");
     });
+}
+
+/// `Engine::bulk` checks no owner of the local side, and needs none: a
+/// handle holds its memory (the buffers live as long as the handle), and
+/// the transfer goes through the transport the engine drives, so a
+/// handle another engine of this process exposed serves as either side,
+/// also once that engine is gone. (An origin picks the remote handle
+/// itself, so its owner is whom it means to move data with; a handle a
+/// peer sent is vetted by its receiver: see `Engine::bulk`'s docs.) What
+/// no process could serve, a remote handle as the local side, is refused
+/// (`an_origins_own_mistakes_are_refused_...`).
+#[test]
+fn a_handle_another_engine_of_this_process_exposed_serves_either_side() {
+    let d = dir("bulk-misuse-other-engine");
+    let peer = Server::start(&d);
+    let mut c = client(&d);
+    let mut other = client(&d);
+    let p = c.lookup(&peer.uri).unwrap();
+    let mine = c.expose(vec![data()], Access::ReadOnly).unwrap();
+    assert_eq!(
+        c.call::<rpcs::BlobPut>(&p, &("k".into(), mine), T).unwrap(),
+        rpcs::fnv(&data())
+    );
+    // The server's copy: 4 KiB, too large to travel inline.
+    let theirs = c.call::<rpcs::BlobExpose>(&p, &("k".into(), 4096), T).unwrap();
+    assert!(theirs.local().is_none() && theirs.desc().inline.is_none());
+    let into = other.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
+    // The other engine's handle as the local side of an RMA.
+    c.bulk(BulkOp::Pull, &theirs, 0, &into, 0, 2048, T).unwrap();
+    drop(other);
+    // The other engine gone: its handle still holds its memory.
+    c.bulk(BulkOp::Pull, &theirs, 2048, &into, 2048, 2048, T).unwrap();
+    assert_eq!(into.to_vec().unwrap(), data());
+    // And as the remote side: a copy in memory.
+    let back = c.expose(vec![vec![0; 4096]], Access::ReadWrite).unwrap();
+    c.bulk(BulkOp::Pull, &into, 0, &back, 0, 4096, T).unwrap();
+    assert_eq!(back.to_vec().unwrap(), data());
+    let st = c.stats();
+    assert_eq!(
+        (st.bulk_done, st.bulk_failed, st.bulk_in_flight),
+        (3, 0, 0),
+        "{st:?}"
+    );
 }

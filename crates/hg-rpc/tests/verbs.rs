@@ -464,9 +464,7 @@ fn a_kept_context_s_read_completes_and_its_answer_follows_over_verbs() {
         srv.register_async_with_bulk::<KeptPull, _, _>(move |ctx, from| {
             let report = report.clone();
             async move {
-                let into = ctx
-                    .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-                    .map_err(|e| e.to_string())?;
+                let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
                 let (started, pending) = tokio::sync::oneshot::channel();
                 tokio::spawn(async move {
                     let mut pull = Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T));
@@ -540,9 +538,7 @@ fn an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs() 
         let srv = async_engine(&spec, true);
         srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
         srv.register_async_with_bulk::<DropPull, _, _>(|ctx, from| async move {
-            let into = ctx
-                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-                .map_err(|e| e.to_string())?;
+            let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
             let mut pull = Box::pin(ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T));
             let first = common::poll_once(&mut pull).await;
             if first.is_some() {
@@ -552,12 +548,9 @@ fn an_async_handler_that_drops_its_transfer_answers_after_it_ended_over_verbs() 
         })
         .expect("register");
         srv.register_async_with_bulk::<PullHash, _, _>(|ctx, from| async move {
-            let into = ctx
-                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-                .map_err(|e| e.to_string())?;
+            let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
             ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             Ok(fnv(&into.local().ok_or("not local")?.to_vec()))
         })
         .expect("register");
@@ -752,23 +745,16 @@ fn an_async_handler_moves_data_with_a_client_that_does_not_listen_over_verbs() {
     runtime().block_on(async {
         let srv = async_engine(&spec, true);
         srv.register_async_with_bulk::<BlobPut, _, _>(|ctx, (_, from)| async move {
-            let into = ctx
-                .expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)
-                .map_err(|e| e.to_string())?;
+            let into = ctx.expose(vec![vec![0; from.size() as usize]], Access::ReadWrite)?;
             ctx.transfer(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             Ok(fnv(&into.local().ok_or("not local")?.to_vec()))
         })
         .expect("register put");
         srv.register_async_with_bulk::<BlobGet, _, _>(|ctx, (_, into, at)| async move {
             let len = into.size() - at;
-            let from = ctx
-                .expose(vec![blob(len as usize)], Access::ReadOnly)
-                .map_err(|e| e.to_string())?;
-            ctx.transfer(BulkOp::Push, &into, at, &from, 0, len, T)
-                .await
-                .map_err(|e| e.to_string())?;
+            let from = ctx.expose(vec![blob(len as usize)], Access::ReadOnly)?;
+            ctx.transfer(BulkOp::Push, &into, at, &from, 0, len, T).await?;
             Ok(len)
         })
         .expect("register get");
