@@ -16,7 +16,7 @@ pub const MIB: usize = 1 << 20;
 /// Every wait of the story: generous, for a loaded 2-core machine.
 pub const T: Duration = Duration::from_secs(60);
 /// A [`Ping`] of this or more does not sleep.
-pub const NO_SLEEP: u64 = 10_000;
+pub const NO_SLEEP: u64 = 100_000;
 
 /// Pull `len` bytes of `src` at `offset`, transform them ([`transform`]),
 /// push the result into `dst` at `dst_offset`; answers the result's
@@ -36,8 +36,9 @@ pub struct TransformReq {
     pub len: u64,
     pub dst: Bulk,
     pub dst_offset: u64,
-    /// Milliseconds the async context waits before it pulls (a call the
-    /// client drops meanwhile; the blocking context ignores it).
+    /// At most this many milliseconds the async context waits for a
+    /// [`Release`] before it pulls (a call the client drops meanwhile;
+    /// the blocking context ignores it).
     pub delay_ms: u64,
 }
 
@@ -49,9 +50,10 @@ impl Rpc for Digest {
     type Output = (u64, u64);
 }
 
-/// Answers the context's index and the input plus one; sleeps the input's
-/// milliseconds first when it is below [`NO_SLEEP`] (a slow call, to be
-/// dropped while the server still runs it).
+/// Answers the context's index and the input plus one; below
+/// [`NO_SLEEP`], first waits the input's milliseconds (the async context:
+/// at most, until a [`Release`]) (a slow call, to be dropped while the
+/// server still runs it).
 pub struct Ping;
 impl Rpc for Ping {
     const NAME: &'static str = "story.ping";
@@ -79,6 +81,16 @@ pub struct Report {
     pub pulled: u64,
     pub pushed: u64,
     pub digests_spilled: u64,
+}
+
+/// Ends the async context's waits in slow calls (the client sends it once
+/// it dropped them all, so that every slow call's answer comes after its
+/// drop, however loaded the machine).
+pub struct Release;
+impl Rpc for Release {
+    const NAME: &'static str = "story.release";
+    type Input = ();
+    type Output = ();
 }
 
 /// A context's [`Report`].
@@ -214,6 +226,11 @@ pub fn blocking_context(dir: &std::path::Path) -> Result<String, Box<dyn std::er
     Ok(uri)
 }
 
+/// A slow call's wait: until `released` says so, at most `millis`.
+async fn slow(mut released: tokio::sync::watch::Receiver<bool>, millis: u64) {
+    let _ = tokio::time::timeout(Duration::from_millis(millis), released.wait_for(|&r| r)).await;
+}
+
 /// Context 1: an [`AsyncEngine`], its transform an async handler with an
 /// [`hg_rpc::AsyncBulkCtx`].
 pub fn async_context(
@@ -224,13 +241,17 @@ pub fn async_context(
     let (ep, id) = endpoint(dir, true);
     let engine = Arc::new(AsyncEngine::spawn(Engine::new(ep, id)?)?);
     let counted = Arc::new(Counted::default());
+    let (release, released) = tokio::sync::watch::channel(false);
     let c = counted.clone();
+    let r = released.clone();
     engine.register_async_with_bulk::<Transform, _, _>(move |ctx, req| {
-        let c = c.clone();
+        let (c, r) = (c.clone(), r.clone());
         async move {
             c.add(&c.requests, 1);
             let n = checked_len(req.len)?;
-            tokio::time::sleep(Duration::from_millis(req.delay_ms)).await;
+            if req.delay_ms > 0 {
+                slow(r, req.delay_ms).await;
+            }
             let local = ctx.expose(vec![vec![0; n]], Access::ReadWrite)?;
             ctx.transfer(BulkOp::Pull, &req.src, req.offset, &local, 0, req.len, T)
                 .await?;
@@ -256,14 +277,20 @@ pub fn async_context(
     })?;
     let c = counted.clone();
     engine.register_async::<Ping, _, _>(move |x| {
-        let c = c.clone();
+        let (c, r) = (c.clone(), released.clone());
         async move {
             c.add(&c.requests, 1);
             if x < NO_SLEEP {
-                tokio::time::sleep(Duration::from_millis(x)).await;
+                slow(r, x).await;
             }
             Ok((1, x + 1))
         }
+    })?;
+    let c = counted.clone();
+    engine.register_async::<Release, _, _>(move |()| {
+        c.add(&c.requests, 1);
+        release.send_replace(true);
+        async { Ok(()) }
     })?;
     let weak = Arc::downgrade(&engine);
     engine.register_async::<Stats, _, _>(move |()| {
