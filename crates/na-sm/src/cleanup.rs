@@ -60,11 +60,14 @@ use crate::error::{SmError, SmResult};
 
 pub(crate) use claim::claim_name;
 use claim::{try_claim, Claim};
+// The owner line's reader and parser, for the fuzz targets (`test-hooks`).
 use judge::{judge, judge_temp, same_file, Verdict};
+#[cfg(feature = "test-hooks")]
+pub use judge::{parse_owner, read_owner, OwnerLine};
 
 /// Version of the owner line we write: 2 means "the owner holds the file's
 /// lock" (version 1 files had no lock and are judged by pid).
-const OWNER_VERSION: u32 = 2;
+pub const OWNER_VERSION: u32 = 2;
 
 /// What [`cleanup_stale`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -208,6 +208,9 @@ mod addr;
 pub mod channel;
 #[cfg(not(feature = "test-hooks"))]
 mod channel;
+#[cfg(feature = "test-hooks")]
+pub mod cleanup;
+#[cfg(not(feature = "test-hooks"))]
 mod cleanup;
 mod closer;
 mod config;

@@ -3,8 +3,9 @@
 //! compiled only with the `test-hooks` feature: a user's normal build
 //! cannot call them. The
 //! internal modules the tests and fuzz targets drive directly (`sys`, the
-//! raw OS wrappers; `channel`, the shared-memory ring; `conn`, the
-//! handshake bytes) are public only with it too, and `sys::cma` (whose
+//! raw OS wrappers, the descriptor screen among them; `channel`, the
+//! shared-memory ring; `conn`, the handshake bytes; `cleanup`'s owner-line
+//! parser) are public only with it too, and `sys::cma` (whose
 //! batch moves memory at whatever addresses a `RemoteMem` names) is
 //! private even then. The crate root's API stays reachable without it.
 //!
@@ -52,7 +53,9 @@ pub fn internals() -> usize {
     let region = na_sm::sys::shm::SharedRegion::create("probe", 4096).unwrap();
     na_sm::channel::init_region(&region, 0);
     let hello = na_sm::conn::encode_hello("probe");
-    usize::from(region.fd().is_some()) + hello.len()
+    let owner = na_sm::cleanup::parse_owner("qs-sm-owner 2 1 1").map_or(0, |l| l.pid as usize);
+    let eventfd = na_sm::sys::screen::is_eventfd_link("anon_inode:[eventfd]".as_ref());
+    usize::from(region.fd().is_some()) + hello.len() + owner + usize::from(eventfd)
 }
 
 // What users need, reachable in every build.
@@ -89,6 +92,9 @@ const HIDDEN: &[&str] = &[
     "sys",
     "channel",
     "conn",
+    "cleanup",
+    // Re-exported by `cleanup` only with the feature.
+    "parse_owner",
     "pidfd_by_pid",
     "exits_by_eof_only",
 ];

@@ -46,7 +46,7 @@
 //! buffers are reposted even while their credits are withheld.
 
 /// Flow-control state of one connection.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credits {
     /// Messages we may still send.
     avail: u32,
@@ -84,7 +84,7 @@ impl Credits {
         self.peer_depth = peer_depth;
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     /// Messages we may send now.
     pub fn available(&self) -> u32 {
         self.avail
@@ -180,10 +180,16 @@ impl Credits {
         self.owed >= self.threshold
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     /// Credits currently owed to the peer.
     pub fn owed(&self) -> u32 {
         self.owed
+    }
+
+    #[cfg(any(test, feature = "fuzzing"))]
+    /// Messages the peer may still send us, as we count them.
+    pub fn peer_available(&self) -> u32 {
+        self.peer_avail
     }
 }
 
@@ -256,8 +262,10 @@ mod tests {
             c.reposted(true);
         }
         assert!(c.arrived().is_err(), "the peer had no credit left");
+        assert_eq!((c.peer_available(), c.owed()), (0, 4));
         // Returning credits gives the peer room again, exactly that much.
         assert_eq!(c.spend(), 4);
+        assert_eq!((c.peer_available(), c.owed()), (4, 0));
         for _ in 0..4 {
             c.arrived().unwrap();
         }

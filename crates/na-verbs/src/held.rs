@@ -30,7 +30,7 @@ use crate::credits::Credits;
 
 /// The two bounds, from the configuration.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeldBounds {
+pub struct HeldBounds {
     /// `VerbsConfig::max_held`.
     pub per_conn: u32,
     /// `VerbsConfig::max_held_total`.
@@ -40,7 +40,7 @@ pub(crate) struct HeldBounds {
 /// Messages held over all connections, and whether some connection may
 /// withhold credits because of their total.
 #[derive(Debug, Default)]
-pub(crate) struct HeldTotal {
+pub struct HeldTotal {
     /// Messages held now (unexpected and expected, of every connection,
     /// those of dead peers included).
     count: usize,
@@ -123,7 +123,7 @@ impl HeldTotal {
 /// gets every withheld credit back; true if it had any (its peer may
 /// send again: drain its queue). One at its own bound keeps them until
 /// its own held messages are taken.
-pub(crate) fn release_for_total(conn_held: u32, credits: &mut Credits, b: HeldBounds) -> bool {
+pub fn release_for_total(conn_held: u32, credits: &mut Credits, b: HeldBounds) -> bool {
     if conn_held >= b.per_conn || credits.withheld() == 0 {
         return false;
     }

@@ -79,7 +79,9 @@
 // feature (off in a user's build; this crate's tests and the fuzz targets
 // turn it on) makes `sys` and `wire` public for the tests and fuzz targets
 // that drive them directly; `tests/test_hooks_hidden.rs` checks that a
-// build without it cannot name them.
+// build without it cannot name them. The `fuzzing` feature (the fuzz
+// targets') adds `fuzzing`, the flow control's bookkeeping (`credits`,
+// `held`), which no test hook reaches.
 mod accept;
 pub mod addr;
 mod cancel;
@@ -91,6 +93,9 @@ mod credits;
 mod device;
 pub mod error;
 mod factory;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod held;
 mod mem;
 mod msg;

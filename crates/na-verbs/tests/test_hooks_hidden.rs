@@ -5,7 +5,8 @@
 //! configuration's test hooks (`VerbsConfig::debug_*`, which make the
 //! plugin fail messages or ignore handshake events on purpose) and
 //! `VerbsPlugin::debug_reads` (a connection's `ReadWindow`);
-//! `credits` is private even then. A user's
+//! `credits` is private even then (the fuzz targets reach it through
+//! `fuzzing`, a feature of its own). A user's
 //! normal build reaches only the API: the root re-exports (`devices`
 //! included) and the `addr`, `config`, `config_env` and `error` modules.
 //!
@@ -16,7 +17,7 @@
 //! does, with `cargo check` in a build of its own: without the feature
 //! each internal path must be refused by name, and nothing else; with it
 //! (the positive control) the probe must compile; `credits` must be
-//! refused with it too.
+//! refused with it too, and so must `fuzzing` without its feature.
 
 use std::path::Path;
 
@@ -56,6 +57,13 @@ pub fn api() -> Option<Vec<na_verbs::DeviceInfo>> {
 pub fn credits() {
     let _ = na_verbs::credits::Credits::new(4, 4);
 }
+
+// The fuzz targets' view of it (the probe's `fuzz_path` feature names it;
+// its `fuzzing` feature adds na-verbs' `fuzzing`).
+#[cfg(feature = "fuzz_path")]
+pub fn fuzzing() {
+    let _ = na_verbs::fuzzing::Credits::new(4, 4);
+}
 "#;
 
 /// What a build without the feature must refuse, each by name.
@@ -76,11 +84,16 @@ fn a_build_without_the_test_hooks_feature_cannot_reach_the_internals() {
         Path::new(env!("CARGO_TARGET_TMPDIR")),
         "na-verbs-hooks-probe",
         &[("na-verbs", Path::new(env!("CARGO_MANIFEST_DIR")))],
-        "hooks = [\"na-verbs/test-hooks\"]\ncredits = [\"hooks\"]",
+        "hooks = [\"na-verbs/test-hooks\"]\ncredits = [\"hooks\"]\n\
+         fuzz_path = [\"hooks\"]\nfuzzing = [\"fuzz_path\", \"na-verbs/fuzzing\"]",
         PROBE_LIB,
     );
 
     probe.assert_refuses_only("", HIDDEN);
     probe.assert_compiles("hooks");
     probe.assert_refuses_only("credits", &["credits"]);
+    // The fuzz targets' module is there only with its own feature, not
+    // with the test hooks.
+    probe.assert_refuses_only("fuzz_path", &["fuzzing"]);
+    probe.assert_compiles("fuzzing");
 }

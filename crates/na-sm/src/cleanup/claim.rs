@@ -7,7 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::judge::{judge, judge_temp, open_owner, read_owner, same_file, Kept, Verdict};
+use super::judge::{judge, judge_temp, open_owner, read_owner, same_file, Kept, OwnerLine, Verdict};
 use super::{remove_dead, OWNER_VERSION};
 use crate::addr::SmName;
 use crate::error::{SmError, SmResult};
@@ -246,7 +246,12 @@ fn create_locked_temp(dir: &Path, name: &SmName) -> io::Result<Option<File>> {
             return Ok(false);
         }
         let start = proc::start_time(name.pid).unwrap_or(0);
-        writeln!(&file, "qs-sm-owner {OWNER_VERSION} {} {start}", name.pid)?;
+        let line = OwnerLine {
+            version: OWNER_VERSION,
+            pid: name.pid,
+            start,
+        };
+        writeln!(&file, "{line}")?;
         Ok(true)
     })();
     match written {

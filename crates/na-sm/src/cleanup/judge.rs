@@ -11,16 +11,26 @@ use super::OWNER_VERSION;
 use crate::addr::SmName;
 use crate::sys::{lock, proc};
 
-/// A parsed owner line.
+/// A parsed owner line: `qs-sm-owner <version> <pid> <start>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct OwnerLine {
-    pub(super) version: u32,
-    pub(super) pid: u32,
-    pub(super) start: u64,
+pub struct OwnerLine {
+    /// 1 (judged by pid and start time) or 2 (judged by the file's lock).
+    pub version: u32,
+    /// The owner's pid.
+    pub pid: u32,
+    /// The owner's start time, in clock ticks since boot.
+    pub start: u64,
+}
+
+/// The line as an owner file holds it (without its newline).
+impl std::fmt::Display for OwnerLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "qs-sm-owner {} {} {}", self.version, self.pid, self.start)
+    }
 }
 
 /// Parses an owner file's text (version 1 or 2).
-pub(super) fn parse_owner(text: &str) -> Option<OwnerLine> {
+pub fn parse_owner(text: &str) -> Option<OwnerLine> {
     let mut w = text.split_ascii_whitespace();
     if w.next()? != "qs-sm-owner" {
         return None;
@@ -57,9 +67,9 @@ pub(super) fn open_owner(path: &Path) -> Result<File, bool> {
     }
 }
 
-/// The owner line of `f`, of which at most 256 bytes are read (a line is
-/// about 40).
-pub(super) fn read_owner(f: &File) -> Option<OwnerLine> {
+/// The owner line of `f` (an owner file), of which at most 256 bytes are
+/// read (a line is about 40).
+pub fn read_owner(f: impl Read) -> Option<OwnerLine> {
     let mut text = String::new();
     f.take(256).read_to_string(&mut text).ok()?;
     parse_owner(&text)

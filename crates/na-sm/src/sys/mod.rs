@@ -16,7 +16,7 @@ pub mod lock;
 pub mod poll;
 pub mod proc;
 pub(crate) mod random;
-pub(crate) mod screen;
+pub mod screen;
 pub mod shm;
 pub mod socket;
 pub mod wake;

@@ -13,7 +13,7 @@
 //! the name `/proc/self/fd` gives it (made by the kernel from what it
 //! holds): its file system is told by its device number, compared with
 //! those of the kernel's own pipes, anonymous inodes and memfds
-//! ([`internal_devices`], learned once per process from descriptors of
+//! (`internal_devices`, learned once per process from descriptors of
 //! each kind it makes itself).
 //!
 //! [fstatfs(2)]: https://man7.org/linux/man-pages/man2/fstatfs.2.html
@@ -23,24 +23,45 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
-/// A file system's device (major, minor) and a file's type bits.
+/// A file system's device (major, minor) and a file's mode (type and
+/// permission bits).
 type DevMode = ((u32, u32), u32);
 
 /// The device numbers of the kernel's internal file systems that hold
 /// what a hello may carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct InternalDevices {
+pub struct InternalDevices {
     /// pipefs: every pipe.
-    pipe: (u32, u32),
+    pub pipe: (u32, u32),
     /// anon_inodefs: every eventfd (and other anonymous inodes).
-    anon: (u32, u32),
+    pub anon: (u32, u32),
     /// The internal tmpfs of `memfd_create` (not hugetlbfs, nor any
     /// mounted tmpfs such as `/dev/shm`).
-    memfd: (u32, u32),
+    pub memfd: (u32, u32),
+}
+
+impl InternalDevices {
+    /// The screen's judgement of a descriptor that [statx(2)] says is of
+    /// type `mode` (`stx_mode`, type and permission bits) on the file
+    /// system of device `fs`: a regular file of the memfd file system, a
+    /// FIFO of pipefs, or an anonymous inode that `eventfd` (asked only
+    /// then: it reads `/proc/self/fd`) says is an eventfd.
+    ///
+    /// [statx(2)]: https://man7.org/linux/man-pages/man2/statx.2.html
+    pub fn harmless(&self, fs: (u32, u32), mode: u32, eventfd: impl FnOnce() -> bool) -> bool {
+        let mode = mode & libc::S_IFMT;
+        if fs == self.memfd {
+            return mode == libc::S_IFREG;
+        }
+        if fs == self.pipe {
+            return mode == libc::S_IFIFO;
+        }
+        fs == self.anon && eventfd()
+    }
 }
 
 /// [statx(2)] of `fd` itself with `AT_STATX_DONT_SYNC`: its file
-/// system's device and its type, from what the kernel holds (no request
+/// system's device and its mode, from what the kernel holds (no request
 /// to a FUSE daemon or a network server). `ENOSYS` on a kernel before
 /// 4.11, which has no statx; `EPERM` where a seccomp filter refuses it.
 ///
@@ -66,10 +87,7 @@ fn dev_and_type(fd: BorrowedFd<'_>) -> std::io::Result<DevMode> {
     if st.stx_mask & libc::STATX_TYPE == 0 {
         return Err(std::io::Error::other("statx gave no file type"));
     }
-    Ok((
-        (st.stx_dev_major, st.stx_dev_minor),
-        u32::from(st.stx_mode) & libc::S_IFMT,
-    ))
+    Ok(((st.stx_dev_major, st.stx_dev_minor), u32::from(st.stx_mode)))
 }
 
 /// The [`InternalDevices`] of this kernel, learned from a pipe, an
@@ -125,7 +143,7 @@ fn probe_devices() -> Option<InternalDevices> {
 /// close. Judged without a request to the descriptor's file system (see
 /// the module docs), except where `statx` is missing (before 4.11) or
 /// refused (`EPERM`: a seccomp filter of an older container runtime):
-/// there [`harmless_by_statfs`] judges it.
+/// there `harmless_by_statfs` judges it.
 pub fn harmless_to_close(fd: BorrowedFd<'_>) -> bool {
     let (fs, mode) = match dev_and_type(fd) {
         Ok(dm) => dm,
@@ -139,20 +157,20 @@ pub fn harmless_to_close(fd: BorrowedFd<'_>) -> bool {
     let Some(dev) = internal_devices() else {
         return false;
     };
-    if fs == dev.memfd {
-        return mode == libc::S_IFREG;
-    }
-    if fs == dev.pipe {
-        return mode == libc::S_IFIFO;
-    }
-    fs == dev.anon && is_eventfd(fd)
+    dev.harmless(fs, mode, || is_eventfd(fd))
 }
 
 /// True if `/proc/self/fd` names `fd` an eventfd (the kernel's name of
 /// an anonymous inode, no file system asked).
 fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
+        .is_ok_and(|l| is_eventfd_link(l.as_os_str()))
+}
+
+/// True if `link`, a descriptor's name in `/proc/self/fd`, is an
+/// eventfd's.
+pub fn is_eventfd_link(link: &std::ffi::OsStr) -> bool {
+    link == "anon_inode:[eventfd]"
 }
 
 /// [`harmless_to_close`] where `statx` is missing or refused: by
@@ -162,9 +180,6 @@ fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
 /// [fstatfs(2)]: https://man7.org/linux/man-pages/man2/fstatfs.2.html
 /// [fstat(2)]: https://man7.org/linux/man-pages/man2/fstat.2.html
 fn harmless_by_statfs(fd: BorrowedFd<'_>) -> bool {
-    const TMPFS_MAGIC: u32 = 0x0102_1994;
-    const ANON_INODE_FS_MAGIC: u32 = 0x0904_1934;
-    const PIPEFS_MAGIC: u32 = 0x5049_5045;
     let raw = fd.as_raw_fd();
     // SAFETY: statfs and stat are plain data (all-zero is a valid value);
     // fstatfs and fstat write one into `fs` and `st`, which live across
@@ -176,13 +191,37 @@ fn harmless_by_statfs(fd: BorrowedFd<'_>) -> bool {
             return false;
         }
         // The magic numbers are 32-bit (f_type is wider on 64-bit targets).
-        (fs.f_type as u32, st.st_mode & libc::S_IFMT)
+        (fs.f_type as u32, st.st_mode)
     };
-    match f_type {
+    harmless_by_magic(
+        f_type,
+        mode,
         // SAFETY: F_GET_SEALS takes no pointer argument.
-        TMPFS_MAGIC => mode == libc::S_IFREG && unsafe { libc::fcntl(raw, libc::F_GET_SEALS) } >= 0,
+        || unsafe { libc::fcntl(raw, libc::F_GET_SEALS) } >= 0,
+        || is_eventfd(fd),
+    )
+}
+
+/// `harmless_by_statfs`'s judgement of a descriptor of type `mode`
+/// (`st_mode`) on a file system of magic number `f_type`: a regular file
+/// of tmpfs that `sealable` says takes seals (a memfd, not a file of a
+/// mounted tmpfs), a FIFO of pipefs, or an anonymous inode that
+/// `eventfd` says is an eventfd. `sealable` and `eventfd` (system calls)
+/// are asked only where they decide.
+pub fn harmless_by_magic(
+    f_type: u32,
+    mode: u32,
+    sealable: impl FnOnce() -> bool,
+    eventfd: impl FnOnce() -> bool,
+) -> bool {
+    const TMPFS_MAGIC: u32 = 0x0102_1994;
+    const ANON_INODE_FS_MAGIC: u32 = 0x0904_1934;
+    const PIPEFS_MAGIC: u32 = 0x5049_5045;
+    let mode = mode & libc::S_IFMT;
+    match f_type {
+        TMPFS_MAGIC => mode == libc::S_IFREG && sealable(),
         PIPEFS_MAGIC => mode == libc::S_IFIFO,
-        ANON_INODE_FS_MAGIC => is_eventfd(fd),
+        ANON_INODE_FS_MAGIC => eventfd(),
         _ => false,
     }
 }
@@ -222,6 +261,45 @@ mod tests {
         assert!(!harmless_to_close(exe.as_fd()), "a file of a mounted file system");
         let dir = std::fs::File::open("/").unwrap();
         assert!(!harmless_to_close(dir.as_fd()), "a directory");
+    }
+
+    /// The judgement statx's answer gets: by the device's file system
+    /// and the file's type, whatever its permission bits, and
+    /// `/proc/self/fd` read only for an anonymous inode.
+    #[test]
+    fn the_judgement_goes_by_device_and_type_alone() {
+        let d = InternalDevices {
+            pipe: (0, 1),
+            anon: (0, 2),
+            memfd: (0, 3),
+        };
+        let never = || -> bool { panic!("/proc/self/fd read for a file that is no anonymous inode") };
+        assert!(d.harmless((0, 3), libc::S_IFREG | 0o644, never));
+        assert!(d.harmless((0, 1), libc::S_IFIFO | 0o600, never));
+        assert!(
+            !d.harmless((0, 3), libc::S_IFDIR | 0o755, never),
+            "a directory of the memfd fs"
+        );
+        assert!(
+            !d.harmless((0, 1), libc::S_IFSOCK | 0o777, never),
+            "a socket on pipefs's device"
+        );
+        assert!(
+            !d.harmless((8, 1), libc::S_IFREG | 0o644, never),
+            "a file of a mounted fs"
+        );
+        assert!(d.harmless((0, 2), 0o600, || true));
+        assert!(!d.harmless((0, 2), 0o600, || false), "another anonymous inode");
+        assert!(is_eventfd_link("anon_inode:[eventfd]".as_ref()));
+        assert!(!is_eventfd_link("anon_inode:[timerfd]".as_ref()));
+        // Without statx: by the file system's magic number.
+        let tmpfs = 0x0102_1994;
+        assert!(harmless_by_magic(tmpfs, libc::S_IFREG | 0o600, || true, never));
+        assert!(
+            !harmless_by_magic(tmpfs, libc::S_IFREG | 0o600, || false, never),
+            "no seals: no memfd"
+        );
+        assert!(!harmless_by_magic(0x6969, libc::S_IFREG, never, never), "NFS");
     }
 
     /// The kernel's internal file systems are told apart: a pipe, an
