@@ -632,10 +632,14 @@ fn needs_driver<T>(what: &str, probe: impl FnOnce() -> io::Result<T>) -> io::Res
     }
 }
 
+/// The error of the (argued unreachable) fallback where a waiter was woken
+/// but the engine held no outcome for it (see `AsyncEngine::call`).
 fn lost(rpc: &str) -> RpcError {
     RpcError::Transport(na_core::NaError::Plugin {
         plugin: "hg-rpc",
-        message: format!("the engine driver stopped before {rpc} finished"),
+        message: format!(
+            "the outcome of {rpc} was lost after its wake-up (an hg-rpc defect: please report it)"
+        ),
     })
 }
 
