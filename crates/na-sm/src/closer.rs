@@ -49,6 +49,8 @@ mod pool;
 pub use nested::{MAX_NESTED_DEPTH, MAX_NESTED_FDS, MAX_NESTED_READS};
 use pool::send;
 pub(crate) use pool::{hold_across_fork, release_after_fork, reset_spawn_failing_in_child};
+#[cfg(feature = "test-hooks")]
+pub use pool::{probe as debug_closing_threads, ClosingThreads};
 #[cfg(test)]
 pub(crate) use pool::{set_spawn_failing, spawn_failing};
 pub use pool::{CLOSE_STALL, MAX_CLOSING_THREADS};
@@ -74,6 +76,7 @@ pub const MAX_PENDING_FDS: usize = 256;
 /// listener's accepts paused) for good.
 pub(crate) fn reset_count_in_child() {
     PENDING_FDS.store(0, Ordering::Relaxed);
+    pool::reset_items_in_child();
 }
 
 /// True while more than [`MAX_PENDING_FDS`] peer-passed descriptors wait

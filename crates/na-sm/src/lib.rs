@@ -242,6 +242,9 @@ mod sys;
 
 pub use addr::SmName;
 pub use cleanup::{cleanup_stale, CleanupReport};
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use closer::{debug_closing_threads, ClosingThreads};
 pub use closer::{
     CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH, MAX_NESTED_FDS, MAX_NESTED_READS, MAX_PENDING_FDS,
 };

@@ -14,15 +14,22 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use na_core::Plugin;
 use na_sm::sys::socket::send_with_fds;
-use na_sm::{CLOSE_STALL, MAX_NESTED_DEPTH, MAX_NESTED_FDS};
+use na_sm::{ClosingThreads, MAX_NESTED_DEPTH, MAX_NESTED_FDS};
 
 mod common;
 mod jam;
 use jam::{
-    alone, closing_threads, flood, lingering_socket, listener, nested, open_fds, serves_an_honest_client,
-    settle_for,
+    alone, closing_threads, flood, lingering_socket, listener, nested, open_fds, refusals_reaching,
+    serves_an_honest_client, settle_for, wait_closers,
 };
+
+/// Every closing thread has nothing to drop: what was handed over is
+/// closed.
+fn idle(c: &ClosingThreads) -> bool {
+    c.threads > 0 && c.idle()
+}
 
 /// Passes `levels` UNIX sockets deep a lingering TCP socket to a
 /// listener in a hello: its closing thread is not held (a hand-off
@@ -34,13 +41,24 @@ fn nested_lingering_socket_is_reset(tag: &str, levels: usize) {
     let (peer, tcp) = lingering_socket();
     let (mut theirs, _) = peer.accept().unwrap();
     let carrier = nested(tcp.into(), levels);
+    let before = srv.stats().handshakes_refused;
     let conn = UnixStream::connect(&path).unwrap();
     send_with_fds(conn.as_fd(), b"hello", &[carrier.as_fd()]).unwrap();
     drop((carrier, conn));
-    settle_for(&mut srv, CLOSE_STALL * 3);
+    refusals_reaching(&mut srv, before + 1);
+    // Its close ends long before the linger time would.
+    let held =
+        format!("the lingering socket {levels} level(s) inside the passed one held its closing thread");
+    wait_closers(&mut srv, &held, jam::LINGER / 2, idle);
     // A hand-off behind it: another thread if the first were stuck.
-    flood(&mut srv, &path, 1);
-    settle_for(&mut srv, CLOSE_STALL);
+    let made = flood(&mut srv, &path, 1);
+    refusals_reaching(&mut srv, before + 1 + made);
+    wait_closers(
+        &mut srv,
+        "the hand-off behind it was not closed",
+        jam::LINGER / 2,
+        idle,
+    );
     assert_eq!(
         closing_threads(),
         1,
@@ -112,14 +130,30 @@ fn reading_out_passed_sockets_is_bounded() {
         }
         drop((feeder, x));
         let t0 = Instant::now();
+        // One at a time: the second is not handed over while the first's
+        // read-out may still run (a loaded box may run it late).
         for carrier in [chain, stuffed] {
+            let before = srv.stats().handshakes_refused;
             let conn = UnixStream::connect(&path).unwrap();
             send_with_fds(conn.as_fd(), b"hello", &[carrier.as_fd()]).unwrap();
             drop((carrier, conn));
+            refusals_reaching(&mut srv, before + 1);
+            wait_closers(
+                &mut srv,
+                "a bounded read-out held its closing thread",
+                jam::LINGER / 2,
+                idle,
+            );
         }
-        settle_for(&mut srv, CLOSE_STALL * 3);
-        flood(&mut srv, &path, 1);
-        settle_for(&mut srv, CLOSE_STALL);
+        let before = srv.stats().handshakes_refused;
+        let made = flood(&mut srv, &path, 1);
+        refusals_reaching(&mut srv, before + made);
+        wait_closers(
+            &mut srv,
+            "the hand-off behind them was not closed",
+            jam::LINGER / 2,
+            idle,
+        );
         assert_eq!(closing_threads(), 1, "a bounded read-out held its closing thread");
         serves_an_honest_client(&mut srv, &dir, &uri);
         assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
@@ -155,9 +189,15 @@ fn a_lingering_socket_past_the_count_bound_still_jams() {
         let (_peer, jam) = jam::stuffed_blocking_close_for(jam::LINGER);
         let jammed = Instant::now();
         jam::jam_with(&path, jam);
-        settle_for(&mut srv, CLOSE_STALL * 3);
+        // Until its thread has been stuck past `CLOSE_STALL` (then a
+        // hand-off behind it starts a second one).
+        let stuck = "the stuffed socket's close did not hold its thread";
+        wait_closers(&mut srv, stuck, jam::LINGER / 2, |c| c.stuck == 1);
         flood(&mut srv, &path, 1);
-        settle_for(&mut srv, CLOSE_STALL);
+        // (Named once it runs: counted in `/proc` a moment after its start.)
+        wait_closers(&mut srv, stuck, jam::LINGER / 2, |c| {
+            c.threads == 2 && closing_threads() == 2
+        });
         assert!(jammed.elapsed() < jam::LINGER / 2);
         assert_eq!(
             closing_threads(),

@@ -5,16 +5,18 @@
 //! A listener refuses its hello, saying which versions, and takes no
 //! peer; the same hello at version 2 is acknowledged (the negative
 //! control). A real listener; the old connector is played by hand over a
-//! real socket, with a real region and eventfd.
+//! real socket, with a real region and eventfd. The other way round, a
+//! version-1 listener closes the connection without a word: the
+//! connector's error names the likely version mismatch.
 
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use na_core::{Plugin, PluginId};
+use na_core::{NaError, OpId, Plugin, PluginId};
 use na_sm::channel::{init_region, REGION_LEN};
-use na_sm::conn::{check_ack, encode_hello, refusal_reason, PROTO_VERSION};
+use na_sm::conn::{check_ack, encode_hello, hello_version, refusal_reason, PROTO_VERSION};
 use na_sm::sys::shm::SharedRegion;
 use na_sm::sys::socket::send_with_fds;
 use na_sm::sys::wake::{OwnWake, WakeKind};
@@ -88,5 +90,46 @@ fn a_version_1_hello_is_refused_naming_both_versions() {
         srv.progress().unwrap();
     }
     drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a connector of this version meets at a version-1 listener, which
+/// reads the hello and closes the connection without a word (it had no
+/// refusal for another version): the connector's error names the
+/// version mismatch as the likely cause, not a bare close. The old
+/// listener is played by hand over a real socket at a real address; the
+/// connector is a real plugin.
+#[test]
+fn a_version_1_listeners_silent_close_is_reported_as_a_version_mismatch() {
+    let dir = private_dir("old-listener");
+    let uri = format!("sm://{}-oldlistener", std::process::id());
+    let sock = dir.join(format!("{}.sock", uri.trim_start_matches("sm://")));
+    let old = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
+    let to = c.lookup(&uri).unwrap();
+    // The old listener: reads the hello (its descriptors go with the
+    // socket), sees another version, closes.
+    let (mut conn, _) = old.accept().unwrap();
+    let mut hello = vec![0u8; 512];
+    let n = conn.read(&mut hello).unwrap();
+    assert_eq!(hello_version(&hello[..n]), Some(PROTO_VERSION), "not our hello");
+    drop(conn);
+    c.post_recv_expected(&to, 1, Vec::new(), OpId(1)).unwrap();
+    let end = Instant::now() + T;
+    let status = loop {
+        assert!(Instant::now() < end, "the closed connection was never noticed");
+        c.progress().unwrap();
+        if let Some(k) = std::iter::from_fn(|| c.pop_completion()).find(|k| k.op == OpId(1)) {
+            break k.status;
+        }
+    };
+    match status {
+        Err(NaError::PeerGone { reason, .. }) => assert!(
+            reason.contains("instead of acknowledging") && reason.contains("older handshake version (1)"),
+            "the error does not name the likely version mismatch: {reason}"
+        ),
+        other => panic!("expected PeerGone, got {other:?}"),
+    }
+    drop((c, old));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,5 @@
 //! The test hooks (`SmPlugin::debug_*`, `sys::eventfd::WakeTamper`,
-//! `RmaPoolProbe`, `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are
+//! `RmaPoolProbe`, `debug_closing_threads`, `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are
 //! compiled only with the `test-hooks` feature: a user's normal build
 //! cannot call them. The
 //! internal modules the tests and fuzz targets drive directly (`sys`, the
@@ -39,6 +39,7 @@ pub fn hooks(p: &mut SmPlugin, a: &Addr, t: Tag) {
     let _ = p.debug_peer_sleeps(a);
     let _ = p.debug_wakeups();
     let _: Option<na_sm::RmaPoolProbe> = p.debug_rma_pool().ok();
+    let _: na_sm::ClosingThreads = na_sm::debug_closing_threads();
 }
 
 pub fn by_pid() -> SmConfig {
@@ -86,6 +87,8 @@ const HIDDEN: &[&str] = &[
     "debug_wakeups",
     "debug_rma_pool",
     "RmaPoolProbe",
+    "debug_closing_threads",
+    "ClosingThreads",
     "WakeTamper",
     // The internals: their modules are private (one refusal per path
     // through them).

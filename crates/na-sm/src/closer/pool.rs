@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -51,6 +51,16 @@ struct Pool {
 }
 
 static CLOSER: Mutex<Option<Pool>> = Mutex::new(None);
+
+/// Items handed to this generation's closing threads and not dropped yet
+/// (counted or not in `PENDING_FDS`): what [`probe`] reports as queued.
+static ITEMS: AtomicUsize = AtomicUsize::new(0);
+
+/// In a forked child: the items queued are its parent's threads' (see
+/// [`super::reset_count_in_child`]).
+pub(crate) fn reset_items_in_child() {
+    ITEMS.store(0, Ordering::Relaxed);
+}
 
 /// Whether the last attempt to start a closing thread failed. Without a
 /// thread every hand-off tries again (and closes in place), so the
@@ -130,6 +140,7 @@ impl Pool {
                 mine.store(now_ticks(), Ordering::Relaxed);
                 close_now(item);
                 mine.store(0, Ordering::Relaxed);
+                ITEMS.fetch_sub(1, Ordering::Relaxed);
             });
         match spawned {
             Ok(_) => {
@@ -164,15 +175,64 @@ impl Pool {
         if self.busy.len() >= MAX_CLOSING_THREADS {
             return;
         }
-        let now = now_ticks();
-        let stall = u64::try_from(CLOSE_STALL.as_nanos()).unwrap_or(u64::MAX);
-        let stuck = |b: &Arc<AtomicU64>| {
-            let since = b.load(Ordering::Relaxed);
-            since != 0 && now.saturating_sub(since) >= stall
-        };
-        if self.busy.iter().all(stuck) {
+        if self.busy.iter().all(stuck_since(now_ticks())) {
             self.spawn();
         }
+    }
+}
+
+/// Whether a thread (its `busy` word) has been in one drop for at least
+/// [`CLOSE_STALL`] at `now` ([`now_ticks`]).
+fn stuck_since(now: u64) -> impl Fn(&Arc<AtomicU64>) -> bool {
+    let stall = u64::try_from(CLOSE_STALL.as_nanos()).unwrap_or(u64::MAX);
+    move |b| {
+        let since = b.load(Ordering::Relaxed);
+        since != 0 && now.saturating_sub(since) >= stall
+    }
+}
+
+/// Where this process's closing threads stand: what tests wait for
+/// instead of sleeping for a fixed time (see [`probe`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg(any(test, feature = "test-hooks"))]
+pub struct ClosingThreads {
+    /// Closing threads started (in this fork generation).
+    pub threads: usize,
+    /// Of them, those in a drop now.
+    pub busy: usize,
+    /// Of them, those in one drop for at least [`CLOSE_STALL`]: with all
+    /// of them so, the next hand-off starts another thread.
+    pub stuck: usize,
+    /// Items handed over and not dropped yet (being dropped included).
+    pub queued: usize,
+}
+
+#[cfg(any(test, feature = "test-hooks"))]
+impl ClosingThreads {
+    /// True when nothing handed over waits or is being dropped.
+    pub fn idle(&self) -> bool {
+        self.queued == 0 && self.busy == 0
+    }
+}
+
+/// Where the closing threads stand now (a test hook: `na_sm::debug_closing_threads`).
+#[cfg(any(test, feature = "test-hooks"))]
+pub fn probe() -> ClosingThreads {
+    let generation = fork::generation();
+    let closer = lock();
+    let Some(pool) = closer.as_ref().filter(|p| p.generation == generation) else {
+        return ClosingThreads::default();
+    };
+    let now = now_ticks();
+    ClosingThreads {
+        threads: pool.busy.len(),
+        busy: pool
+            .busy
+            .iter()
+            .filter(|b| b.load(Ordering::Relaxed) != 0)
+            .count(),
+        stuck: pool.busy.iter().filter(|b| stuck_since(now)(b)).count(),
+        queued: ITEMS.load(Ordering::Relaxed),
     }
 }
 
@@ -203,9 +263,11 @@ pub(super) fn send(item: Item) {
         return;
     };
     pool.relieve();
+    ITEMS.fetch_add(1, Ordering::Relaxed);
     if let Err(returned) = pool.tx.send(item) {
         // Cannot happen while the pool holds the receiver; closed here if
         // it does, and a new pool next time.
+        ITEMS.fetch_sub(1, Ordering::Relaxed);
         *closer = None;
         drop(closer);
         close_now(returned.0);
@@ -274,10 +336,25 @@ mod tests {
         assert!(failing.set(true), "the first failure of a new spell");
     }
 
+    /// Far longer than a hand-off and a drop take, even on a loaded box.
+    const T: Duration = Duration::from_secs(30);
+
+    /// Waits (at most [`T`]) until `cond` holds; panics saying `what` if
+    /// it never does.
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let end = Instant::now() + T;
+        while !cond() {
+            assert!(Instant::now() < end, "never {what}: {:?}", probe());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// With every closing thread stuck in a drop for [`CLOSE_STALL`], the
     /// next hand-off starts another thread, which drops what comes next
     /// while the stuck drops go on; no more than [`MAX_CLOSING_THREADS`]
-    /// are started.
+    /// are started. (Each hand-off waits until the threads holding the
+    /// stuck drops have been stuck that long, as the pool itself judges
+    /// it, not for a fixed time: a loaded box may run a thread late.)
     #[test]
     fn a_stuck_drop_does_not_hold_what_comes_after_it() {
         let mut release = Vec::new();
@@ -285,24 +362,24 @@ mod tests {
             let (go, wait) = channel();
             send((Box::new(Stuck(wait)), 0));
             release.push(go);
-            std::thread::sleep(CLOSE_STALL * 2);
+            let n = release.len();
+            wait_for(&format!("{n} closing threads stuck"), || probe().stuck >= n);
             let (tx, rx) = channel();
             send((Box::new(Report(tx)), 0));
-            let all_stuck = release.len() == MAX_CLOSING_THREADS;
-            let dropped = rx.recv_timeout(Duration::from_secs(if all_stuck { 1 } else { 5 }));
-            let threads = lock().as_ref().map_or(0, |p| p.busy.len());
+            let all_stuck = n == MAX_CLOSING_THREADS;
+            // Held with every thread stuck: a second is plenty to see it
+            // held (it can only fail if it is not).
+            let dropped = rx.recv_timeout(if all_stuck { Duration::from_secs(1) } else { T });
+            let threads = probe().threads;
             assert!(threads <= MAX_CLOSING_THREADS, "{threads} closing threads");
             if !all_stuck {
-                assert!(dropped.is_ok(), "held behind {} stuck drops", release.len());
+                assert!(dropped.is_ok(), "held behind {n} stuck drops");
                 continue;
             }
             // Every thread stuck: it waits for one of them.
             assert!(dropped.is_err(), "dropped with all {threads} threads stuck");
             drop(release.remove(0));
-            assert!(
-                rx.recv_timeout(Duration::from_secs(5)).is_ok(),
-                "held after a drop ended"
-            );
+            assert!(rx.recv_timeout(T).is_ok(), "held after a drop ended");
         }
     }
 }

@@ -9,7 +9,9 @@ use na_core::{Addr, NaError, Result, SendBacklog};
 use crate::addr::SmName;
 use crate::channel::{init_region, RxCursor, TxCursor, REGION_LEN};
 use crate::closer::recv_screened;
-use crate::conn::{check_ack, encode_hello, refusal_reason, Conn, Role, MAX_REFUSAL, REFUSAL_MAGIC};
+use crate::conn::{
+    check_ack, encode_hello, refusal_reason, Conn, Role, MAX_REFUSAL, PROTO_VERSION, REFUSAL_MAGIC,
+};
 use crate::error::{SmError, SmResult};
 use crate::identity::PeerStart;
 use crate::peer_failure::{wake_failure, Failure};
@@ -251,10 +253,7 @@ impl SmPlugin {
             )));
         }
         if r.len == 0 {
-            return Err((
-                Failure::Gone,
-                "closed the connection instead of acknowledging".into(),
-            ));
+            return Err((Failure::Gone, closed_before_ack()));
         }
         if let Some(reason) = refusal_reason(&buf[..r.len]) {
             return Err((Failure::Gone, format!("refused the connection: {reason}")));
@@ -283,6 +282,24 @@ impl SmPlugin {
         }
         Ok(())
     }
+}
+
+/// Why a listener that closed our connection without a word, after our
+/// hello and before its acknowledgement, did. A listener of handshake
+/// version 1 (before wake-ups were writes of 0) does so on a hello of
+/// another version: it has no refusal to say it with, and its version
+/// cannot be changed now; a current one refuses such a hello naming both
+/// versions, and closes unexplained only as it exits, when it runs out of
+/// descriptors or memory, or while too many peer descriptors wait to be
+/// closed (it refuses unread). The version is the likely cause, so the
+/// error names it.
+fn closed_before_ack() -> String {
+    format!(
+        "closed the connection instead of acknowledging our hello (handshake version {PROTO_VERSION}): \
+         a listener of an older handshake version (1) does so on a hello of another version, \
+         which it cannot refuse with a reason; a current one does so only as it exits or \
+         when out of descriptors"
+    )
 }
 
 /// The reason of the refusal a listener queued on `sock` (our end of a

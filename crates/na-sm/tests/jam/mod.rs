@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 
 use na_core::{OpId, Plugin, PluginId};
 use na_sm::sys::socket::send_with_fds;
-use na_sm::{SmConfig, SmPlugin, CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH, MAX_NESTED_FDS};
+use na_sm::{
+    debug_closing_threads, ClosingThreads, SmConfig, SmPlugin, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH,
+    MAX_NESTED_FDS,
+};
 
 use crate::common::private_dir;
 use crate::common::sys::{send_fds, SCM_MAX_FD};
@@ -94,18 +97,42 @@ pub fn listener(tag: &str) -> (PathBuf, SmPlugin, String, PathBuf) {
     (dir, srv, uri, path)
 }
 
-/// Progresses `srv` until its count of refused handshakes has not moved
-/// for 200 ms (at most 10 s), and returns it.
-pub fn settled_refusals(srv: &mut SmPlugin) -> u64 {
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut last = srv.stats().handshakes_refused;
+/// Progresses `srv` until it has refused at least `want` handshakes in
+/// all (at most 30 s: far longer than refusing a flood takes, even on a
+/// loaded box), and returns the count.
+pub fn refusals_reaching(srv: &mut SmPlugin, want: u64) -> u64 {
+    let end = Instant::now() + Duration::from_secs(30);
     loop {
-        settle_for(srv, Duration::from_millis(200));
         let now = srv.stats().handshakes_refused;
-        if now == last || Instant::now() > end {
+        assert!(
+            now >= want || Instant::now() < end,
+            "only {now} of {want} handshakes refused"
+        );
+        if now >= want {
             return now;
         }
-        last = now;
+        settle_for(srv, Duration::from_millis(5));
+    }
+}
+
+/// Progresses `srv` until the closing threads stand as `cond` says (see
+/// [`ClosingThreads`]), at most `limit`, and returns where they stand;
+/// panics saying `what` if they never do. What the tests wait for
+/// instead of a fixed time: a loaded box may run a closing thread late.
+pub fn wait_closers(
+    srv: &mut SmPlugin,
+    what: &str,
+    limit: Duration,
+    cond: impl Fn(&ClosingThreads) -> bool,
+) -> ClosingThreads {
+    let end = Instant::now() + limit;
+    loop {
+        let now = debug_closing_threads();
+        if cond(&now) {
+            return now;
+        }
+        assert!(Instant::now() < end, "{what} within {limit:?}: {now:?}");
+        settle_for(srv, Duration::from_millis(2));
     }
 }
 
@@ -210,14 +237,17 @@ pub fn jam_every_closing_thread(srv: &mut SmPlugin, path: &Path, linger: Duratio
         .map(|started| {
             let (peer, jam) = blocking_close_for(linger);
             jam_with(path, jam);
-            // Until the thread that took this jam runs (a loaded box may
-            // take a while to schedule it), then long enough for it to be
-            // stuck past `CLOSE_STALL`, so the next jam starts another.
-            let end = Instant::now() + linger / 2;
-            while closing_threads() <= started && Instant::now() < end {
-                settle_for(srv, CLOSE_STALL / 4);
-            }
-            settle_for(srv, CLOSE_STALL * 2);
+            // Until the thread that took this jam, and each one before it,
+            // has been stuck past `CLOSE_STALL` as the pool judges it, so
+            // the next jam starts another (a loaded box may take a while
+            // to run the thread: no fixed wait).
+            let n = started + 1;
+            wait_closers(
+                srv,
+                &format!("{n} closing threads stuck in jams"),
+                linger / 2,
+                |c| c.threads == n && c.stuck == n,
+            );
             peer
         })
         .collect();
@@ -239,13 +269,16 @@ pub fn closing_threads() -> usize {
 }
 
 /// Hellos of 4 socket ends each (`count` of them, or as many as the
-/// listener's queue takes), each refused with its descriptors.
-pub fn flood(srv: &mut SmPlugin, path: &Path, count: usize) {
+/// listener's queue takes), each refused with its descriptors. Returns
+/// how many connections it made.
+pub fn flood(srv: &mut SmPlugin, path: &Path, count: usize) -> u64 {
+    let mut made = 0;
     for _ in 0..count {
         let Ok(conn) = UnixStream::connect(path) else {
             // The accept queue is full: accepts are paused.
             break;
         };
+        made += 1;
         let (a, b) = UnixStream::pair().unwrap();
         let (c, d) = UnixStream::pair().unwrap();
         let fds = [a.as_fd(), b.as_fd(), c.as_fd(), d.as_fd()];
@@ -253,6 +286,7 @@ pub fn flood(srv: &mut SmPlugin, path: &Path, count: usize) {
         drop((a, b, c, d, conn));
         srv.progress().unwrap();
     }
+    made
 }
 
 /// Descriptors this process has open.
