@@ -45,9 +45,10 @@ const SECLUSION: usize = 1 << 30;
 /// any thread went there, and the test's own mapping at that address
 /// then failed with `EEXIST` until "range never freed within 8 s": 3
 /// runs of 38 of this binary with the map watch on, two looping at once
-/// at a load of 10 to 20; what had taken the address each time was a
-/// signal stack, a guard page and 12 KiB, of a thread the harness started
-/// for the next test.)
+/// at a load of 10 to 20, and 4 of 100 once these tests stopped waiting
+/// out the stall; what had taken the address each time was a signal
+/// stack, a guard page and 12 KiB, of a thread the harness started for
+/// the next test.)
 fn secluded_buffer(rig: &Rig) -> usize {
     let r = sys::map_anon(None, 2 * SECLUSION + LEN).unwrap();
     sys::unmap(r, SECLUSION).unwrap();
@@ -79,6 +80,24 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     let owner = std::thread::spawn(move || {
         gate.recv().expect("the test went away");
         change(a, LEN)
+    });
+    // The lookup below waits for the change, which waits for the stalled
+    // reader: this thread (made now for the same reason) lets the reader
+    // go once the lookup is seen waiting, instead of the stall running out
+    // its 12 s (each of these tests took that long before 2026-11-29). A
+    // lookup that does not wait fails the asserts below; the stall then
+    // runs out.
+    let (look, looking) = std::sync::mpsc::channel::<()>();
+    let releaser = std::thread::spawn(move || {
+        if looking.recv().is_err() {
+            return sys::stall_release();
+        }
+        let monitor = UffdMonitor::global().expect("the monitor");
+        let t0 = Instant::now();
+        while monitor.counters().inflight_waits == waits_before && t0.elapsed() < Duration::from_secs(12) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sys::stall_release();
     });
     // The reader thread is spawned with the monitor, now idle in poll(2).
     let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
@@ -114,8 +133,10 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     };
     sys::touch(b, LEN, FILL);
     let change_returned = owner.is_finished();
+    look.send(()).expect("the releaser thread ended early");
     let outcome = rig.transfer(b, LEN).unwrap();
     sys::stall_release();
+    releaser.join().unwrap();
     owner.join().unwrap().unwrap();
     let counters = UffdMonitor::global().unwrap().counters();
     eprintln!(
@@ -393,7 +414,8 @@ fn forked_child_gets_its_own_monitor() {
         if Arc::as_ptr(&m) as usize == parent_monitor {
             return 3;
         }
-        let b = primed_buffer(&child);
+        // Its monitor's reader thread may map its signal stack any time.
+        let b = secluded_buffer(&child);
         if sys::unmap(b, LEN).is_err() || sys::map_anon(Some(b), LEN).is_err() {
             return 4;
         }
