@@ -32,6 +32,33 @@ fn primed_buffer(rig: &Rig) -> usize {
     a
 }
 
+/// Free room kept on each side of a [`secluded_buffer`].
+const SECLUSION: usize = 1 << 30;
+
+/// Like [`primed_buffer`], with [`SECLUSION`] bytes left unmapped on each
+/// side. Once the buffer is unmapped, its address lies more than 1 GiB
+/// inside a free gap, and the kernel places a mapping at an end of the
+/// gap it picks (its top, or its bottom in the legacy layout): no other
+/// thread's mapping takes the address while the test waits to map it
+/// again. (Before 2026-11-29 the buffer was where the kernel put it, at
+/// the top of a gap: when the change freed it, the next small mapping of
+/// any thread went there, and the test's own mapping at that address
+/// then failed with `EEXIST` until "range never freed within 8 s": 3
+/// runs of 38 of this binary with the map watch on, two looping at once
+/// at a load of 10 to 20, and 4 of 100 once these tests stopped waiting
+/// out the stall; what had taken the address each time was a signal
+/// stack, a guard page and 12 KiB, of a thread the harness started for
+/// the next test.)
+fn secluded_buffer(rig: &Rig) -> usize {
+    let r = sys::map_anon(None, 2 * SECLUSION + LEN).unwrap();
+    sys::unmap(r, SECLUSION).unwrap();
+    sys::unmap(r + SECLUSION + LEN, SECLUSION).unwrap();
+    let a = r + SECLUSION;
+    sys::touch(a, LEN, FILL);
+    rig.prime(a, LEN);
+    a
+}
+
 /// Caches a registration of a fresh buffer, stalls the reader, lets another
 /// thread `change` the buffer's mapping (which then waits for the stalled
 /// reader), maps new pages at the same address and transfers through the
@@ -40,7 +67,8 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     common::require_io_uring();
     let rig = Rig::new(MonitorChoice::Uffd);
-    let a = primed_buffer(&rig);
+    // Where no other thread's mapping lands once the change freed it.
+    let a = secluded_buffer(&rig);
     let waits_before = UffdMonitor::global().unwrap().counters().inflight_waits;
     // Another thread (the old buffer's owner) will change the mapping; its
     // call returns only once the reader reads the event. It is made now,
@@ -52,6 +80,24 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
     let owner = std::thread::spawn(move || {
         gate.recv().expect("the test went away");
         change(a, LEN)
+    });
+    // The lookup below waits for the change, which waits for the stalled
+    // reader: this thread (made now for the same reason) lets the reader
+    // go once the lookup is seen waiting, instead of the stall running out
+    // its 12 s (each of these tests took that long before 2026-11-29). A
+    // lookup that does not wait fails the asserts below; the stall then
+    // runs out.
+    let (look, looking) = std::sync::mpsc::channel::<()>();
+    let releaser = std::thread::spawn(move || {
+        if looking.recv().is_err() {
+            return sys::stall_release();
+        }
+        let monitor = UffdMonitor::global().expect("the monitor");
+        let t0 = Instant::now();
+        while monitor.counters().inflight_waits == waits_before && t0.elapsed() < Duration::from_secs(12) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sys::stall_release();
     });
     // The reader thread is spawned with the monitor, now idle in poll(2).
     let reader = sys::thread_named("qs-uffd-monitor").expect("uffd reader thread");
@@ -77,16 +123,20 @@ fn reuse_while_change_in_flight(change: fn(usize, usize) -> io::Result<()>) {
             Err(e) => {
                 let waited = t0.elapsed();
                 let change = owner.is_finished().then(|| owner.join());
+                sys::dump_maps_near(a);
                 panic!(
-                    "range never freed within {waited:?}: {e}; the change: {change:?} (None: still running)"
+                    "range never freed within {waited:?}: {e}; the change: {change:?} (None: still running); \
+                     the mappings near it are on stderr"
                 )
             }
         }
     };
     sys::touch(b, LEN, FILL);
     let change_returned = owner.is_finished();
+    look.send(()).expect("the releaser thread ended early");
     let outcome = rig.transfer(b, LEN).unwrap();
     sys::stall_release();
+    releaser.join().unwrap();
     owner.join().unwrap().unwrap();
     let counters = UffdMonitor::global().unwrap().counters();
     eprintln!(
@@ -364,7 +414,8 @@ fn forked_child_gets_its_own_monitor() {
         if Arc::as_ptr(&m) as usize == parent_monitor {
             return 3;
         }
-        let b = primed_buffer(&child);
+        // Its monitor's reader thread may map its signal stack any time.
+        let b = secluded_buffer(&child);
         if sys::unmap(b, LEN).is_err() || sys::map_anon(Some(b), LEN).is_err() {
             return 4;
         }
@@ -408,9 +459,9 @@ fn an_address_freed_in_flight_and_mremapped_is_never_served_stale() {
          (scripts/test-all.sh skips it by name in its map-watch pass)"
     );
     let rig = Rig::new(MonitorChoice::Uffd);
-    let a = sys::map_anon(None, LEN).unwrap();
-    sys::touch(a, LEN, FILL);
-    rig.prime(a, LEN);
+    // Where no other thread's mapping lands once the unmap freed it (the
+    // `mremap` below replaces whatever is there).
+    let a = secluded_buffer(&rig);
     let y = sys::map_anon(None, LEN).unwrap();
     sys::touch(y, LEN, 0x11);
     let reader = sys::thread_named("qs-uffd-monitor").expect("the monitor's reader thread");

@@ -38,6 +38,14 @@ fn found(t: &Table<Noop>, (s, e): (usize, usize), access: Access) -> Option<(usi
         .map(|en| (en.start / PAGE, en.end / PAGE))
 }
 
+/// The span a miss of `[s, e)` pages registers (no entry covers it).
+fn span(t: &Table<Noop>, (s, e): (usize, usize), access: Access) -> (usize, usize, Access) {
+    match t.span_or_cover(s * PAGE, e * PAGE, access) {
+        Ok(span) => span,
+        Err(en) => panic!("covered by {:#x}..{:#x}", en.start, en.end),
+    }
+}
+
 /// Two entries that only overlap both stay cached: each range is a hit on
 /// its own entry, the shared pages on the later one (it ends last), and
 /// a range covered by neither alone misses. (Before, the later insertion
@@ -65,7 +73,7 @@ fn entries_that_only_overlap_both_stay_and_are_found() {
         "covered by the pair, by neither alone"
     );
     // The span of a request covered by neither merges both.
-    let (s, e, _) = t.span(2 * PAGE, 6 * PAGE, W);
+    let (s, e, _) = span(&t, (2, 6), W);
     assert_eq!((s / PAGE, e / PAGE), (1, 8));
 }
 
@@ -148,7 +156,7 @@ fn the_union_of_a_pair_supersedes_both() {
         assert!(insert(&mut t, e).is_empty());
     }
     assert_eq!(found(&t, (2, 6), W), None);
-    let (s, e, acc) = t.span(2 * PAGE, 6 * PAGE, W);
+    let (s, e, acc) = span(&t, (2, 6), W);
     assert_eq!(
         (s / PAGE, e / PAGE),
         (1, 8),
@@ -219,7 +227,7 @@ fn a_miss_reserves_slots_only_for_the_entries_it_supersedes() {
     for e in &held {
         assert!(insert(&mut t, e).is_empty());
     }
-    let ((s, e, _), _, _, want, _) = note_miss(sh, &t, 2 * PAGE, 6 * PAGE, W);
+    let ((s, e, _), _, _, want, _) = note_miss(sh, &t, span(&t, (2, 6), W));
     assert_eq!((s / PAGE, e / PAGE), (1, 8));
     assert_eq!(want, 3, "the pair and the span; not the neighbours at each end");
     drop(t);
@@ -252,4 +260,39 @@ fn a_lookup_finds_the_earlier_entry_of_a_pair_when_the_later_lacks_the_rights() 
     assert_eq!(found(&t, (4, 7), rw), None);
     // Rights neither has.
     assert_eq!(found(&t, (4, 5), Access::REMOTE_WRITE), None);
+}
+
+/// The same pair through the cache: a `get` that the later entry covers
+/// without the rights is a hit on the earlier one, found by the miss
+/// path's walk of the overlapping entries (`Table::span_or_cover`; the
+/// hit path looks only at the later one). Since 2026-11-29 the walk
+/// replaces a second look of its own that every hit's code carried.
+#[test]
+fn a_get_the_later_entry_of_a_pair_lacks_the_rights_for_hits_the_earlier() {
+    let cfg = CacheConfig {
+        monitor: MonitorChoice::None,
+        fork_guard: false,
+        ..CacheConfig::default()
+    };
+    let cache = Cache::new(Noop, cfg).expect("a cache without a monitor");
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_READ;
+    let (earlier, later) = {
+        let sh = &cache.shared;
+        let mut t = sh.lock();
+        let earlier = entry(&sh.backend, (1, 6), rw);
+        let later = entry(&sh.backend, (3, 9), W);
+        assert!(insert(&mut t, &earlier).is_empty());
+        assert!(insert(&mut t, &later).is_empty());
+        (earlier, later)
+    };
+    // Idle, as after their misses returned and their handles dropped.
+    earlier.release();
+    later.release();
+    let reg = cache.get(4 * PAGE, PAGE, rw).expect("get");
+    assert_eq!((reg.addr(), reg.len(), reg.access()), (PAGE, 5 * PAGE, rw));
+    let s = cache.stats();
+    assert_eq!((s.hits, s.misses), (1, 0), "a hit on the earlier entry");
+    let plain = cache.get(4 * PAGE, PAGE, W).expect("get");
+    assert_eq!((plain.addr(), plain.len()), (3 * PAGE, 6 * PAGE), "the later one");
+    assert_eq!(cache.stats().hits, 2);
 }

@@ -120,6 +120,14 @@ impl<R: Registrar> Clone for Registration<R> {
     /// 32-bit targets; only reachable by leaking handles): the count
     /// would otherwise run into the bit that says the entry is cached.
     /// [`Registration::try_clone`] returns an error instead.
+    ///
+    /// A panic, not an abort as `Arc`'s overflow is: the clone takes back
+    /// the one it added before it panics, so the count stays below the
+    /// bit (by 2^30 less the threads cloning at that moment) and the
+    /// registration stays usable; a caller that catches the panic loses
+    /// nothing. Holding that many handles takes 4 GiB of them on a 32-bit
+    /// target (all its address space), so only `mem::forget` gets there;
+    /// on a 64-bit one (2^62) nothing does.
     fn clone(&self) -> Self {
         match self.try_clone() {
             Ok(r) => r,
