@@ -41,8 +41,10 @@ pub const INLINE_MAX: usize = 1024;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BulkError {
-    /// The NA layer refused or failed.
-    #[error("bulk transfer: {0}")]
+    /// The NA layer refused or failed (the [`NaError`] is the
+    /// `source()`, not part of the message: print the chain,
+    /// [`na_core::ErrorChain`]).
+    #[error("bulk transfer failed")]
     Na(#[from] NaError),
     /// A remote handle was given where a local one is needed.
     #[error("the local side of a transfer must be a handle created here")]
@@ -80,10 +82,11 @@ pub enum BulkError {
 
 /// Lets a handler of `hg-rpc` (whose error is a `String`) use `?` on a
 /// [`Bulk`] call ([`Bulk::read_at`], [`Bulk::try_into_buffers`], ...):
-/// the message is what its caller receives.
+/// the message is what its caller receives, so it is the whole chain
+/// ([`na_core::ErrorChain`]: the error and each cause).
 impl From<BulkError> for String {
     fn from(e: BulkError) -> String {
-        e.to_string()
+        na_core::ErrorChain(&e).to_string()
     }
 }
 
@@ -149,7 +152,8 @@ impl Bulk {
 
     /// A remote handle from a received descriptor; checks it.
     pub fn from_desc(desc: BulkDesc) -> Result<Bulk, BulkError> {
-        let remote = RemoteMem::from_bytes(&desc.mem).map_err(|e| BulkError::Malformed(e.to_string()))?;
+        let remote = RemoteMem::from_bytes(&desc.mem)
+            .map_err(|e| BulkError::Malformed(na_core::ErrorChain(&e).to_string()))?;
         if let Some(data) = &desc.inline {
             if data.len() as u64 != remote.size() || remote.access() != Access::ReadOnly {
                 return Err(BulkError::Malformed(format!(
@@ -685,6 +689,28 @@ mod tests {
                 other => panic!("{op:?}: expected nothing done, got {other:?}"),
             }
         }
+    }
+
+    /// `BulkError::Na` leaves the NA error to `source()`: its message
+    /// does not repeat it, the chain and the `String` a handler's `?`
+    /// makes of it (all its caller sees) say it once.
+    #[test]
+    fn the_na_error_is_the_source_and_the_string_carries_the_chain() {
+        let na = || NaError::Rma {
+            op: "get",
+            len: 8,
+            peer: "sm://7-0".into(),
+            source: std::io::Error::other("no such process"),
+        };
+        let e = BulkError::from(na());
+        assert!(!e.to_string().contains("no such process"), "{e}");
+        assert!(!e.to_string().contains("RMA get"), "{e}");
+        let chain = na_core::ErrorChain(&e).to_string();
+        assert_eq!(
+            chain,
+            "bulk transfer failed: RMA get of 8 bytes to sm://7-0 failed: no such process"
+        );
+        assert_eq!(String::from(BulkError::from(na())), chain);
     }
 
     /// `into_buffers` refuses while any clone lives (as its doc says: an

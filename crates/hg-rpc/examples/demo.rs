@@ -239,7 +239,13 @@ fn run() -> Res<()> {
         Err(RpcError::Handler { message, .. }) if message.contains("no key \"missing\"") => {
             println!("get of a missing key: refused as expected ({message})")
         }
-        Err(e) => return Err(format!("get of a missing key: expected the handler's error, got {e}").into()),
+        Err(e) => {
+            return Err(format!(
+                "get of a missing key: expected the handler's error, got {}",
+                na_core::ErrorChain(&e)
+            )
+            .into())
+        }
         Ok(_) => return Err("a missing key returned data".into()),
     }
     c.call::<Quit>(&srv, &(), T)?;

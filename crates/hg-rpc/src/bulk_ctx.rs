@@ -197,7 +197,7 @@ impl BulkCtx<'_> {
                 }
             };
             tracing::debug!(
-                error = %why,
+                error = %na_core::ErrorChain(&why),
                 not_started = skipped,
                 spans = spans.len(),
                 "a handler's bulk transfer stopped"
@@ -331,7 +331,7 @@ impl BulkCtx<'_> {
                     return Err(WindowFailure::Stopped(self.timed_out()));
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "progress failed while a handler looked up a bulk handle's owner");
+                    tracing::error!(error = %na_core::ErrorChain(&e), "progress failed while a handler looked up a bulk handle's owner");
                     return Err(WindowFailure::Stopped(RpcError::Transport(e)));
                 }
             }
@@ -428,7 +428,7 @@ fn span_len(ids: &[(Span, OpId)], first: u64, op: OpId) -> u64 {
 /// and nothing more is started. Logged as an error; returns the error.
 fn stopped_by(e: na_core::NaError, left: usize) -> RpcError {
     tracing::error!(
-        error = %e,
+        error = %na_core::ErrorChain(&e),
         left,
         "progress failed while a handler's transfers were in flight; answering without them"
     );

@@ -248,7 +248,7 @@ pub(crate) fn bulk_err(e: hg_bulk::BulkError) -> RpcError {
             reason: e.to_string(),
         },
         other => RpcError::Malformed {
-            reason: other.to_string(),
+            reason: na_core::ErrorChain(&other).to_string(),
         },
     }
 }

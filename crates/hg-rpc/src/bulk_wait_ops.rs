@@ -221,7 +221,7 @@ impl<C: Codec> Engine<C> {
                 .progress(Some(Duration::from_millis(100)))
                 .and_then(|_| self.trigger())
             {
-                tracing::error!(error = %e, "progress failed while timed-out bulk transfers were in flight");
+                tracing::error!(error = %na_core::ErrorChain(&e), "progress failed while timed-out bulk transfers were in flight");
                 for &id in &left {
                     self.forget_bulk(id);
                 }

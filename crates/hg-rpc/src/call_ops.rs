@@ -310,7 +310,7 @@ impl<C: Codec> Engine<C> {
                     Ok(()) => return,
                     Err(e) => NaError::PeerGone {
                         peer: addr.to_string(),
-                        reason: format!("cannot watch it again: {e}"),
+                        reason: format!("cannot watch it again: {}", na_core::ErrorChain(&e)),
                     },
                 }
             }
@@ -395,7 +395,7 @@ impl<C: Codec> Engine<C> {
                     Returned::Other => {}
                 }
             }
-            tracing::debug!(error = %e, "rpc send failed (a response, notice or one-way request)");
+            tracing::debug!(error = %na_core::ErrorChain(&e), "rpc send failed (a response, notice or one-way request)");
             return;
         }
         let bits = op.0 & CALL_SEND_COOKIE;
@@ -407,7 +407,7 @@ impl<C: Codec> Engine<C> {
         if cookie & CALL_SEND_COOKIE != bits {
             return;
         }
-        tracing::debug!(error = %e, cookie, "rpc request send failed; failing its call");
+        tracing::debug!(error = %na_core::ErrorChain(&e), cookie, "rpc request send failed; failing its call");
         self.file_outcome(cookie, Err(RpcError::Transport(e)));
     }
 

@@ -1,4 +1,10 @@
 //! The one error type of `hg-rpc`.
+//!
+//! As in every crate of the workspace, an error either returns its cause
+//! from `source()` or writes it in its message, never both:
+//! [`RpcError::Transport`] says "transport error" and leaves the
+//! [`NaError`] to `source()`. Print errors with their chain
+//! ([`na_core::ErrorChain`], anyhow's `{:#}`, `std::error::Report`).
 
 use na_core::NaError;
 
@@ -178,8 +184,10 @@ pub enum RpcError {
     },
     /// The NA layer failed (peer gone, bad address, a transfer the peer's
     /// memory could not take, ...). A bulk transfer's own mistakes (bounds,
-    /// access) are [`RpcError::BulkRefused`] instead, never this.
-    #[error("transport: {0}")]
+    /// access) are [`RpcError::BulkRefused`] instead, never this. The
+    /// [`NaError`] is the `source()`, not part of the message: print the
+    /// chain ([`na_core::ErrorChain`]).
+    #[error("transport error")]
     Transport(#[from] NaError),
     /// The address is of another plugin of the endpoint than the
     /// engine's own: its response would arrive where the engine never
@@ -233,11 +241,13 @@ pub enum RpcError {
 /// fails with an [`RpcError`]: a [`BulkCtx`](crate::BulkCtx) or
 /// [`AsyncBulkCtx`](crate::AsyncBulkCtx) transfer, a nested
 /// [`AsyncEngine::call`](crate::AsyncEngine::call), with no
-/// `.map_err(|e| e.to_string())`. The error's message is what the
-/// handler's caller receives ([`RpcError::Handler`]).
+/// `.map_err(|e| e.to_string())`. The string is what the handler's
+/// caller receives ([`RpcError::Handler`]), so it is the whole chain
+/// ([`na_core::ErrorChain`]: the error and each cause), not the error's
+/// message alone.
 impl From<RpcError> for String {
     fn from(e: RpcError) -> String {
-        e.to_string()
+        na_core::ErrorChain(&e).to_string()
     }
 }
 
@@ -253,5 +263,34 @@ pub(crate) fn keep_first_failure(failure: &mut Option<(usize, RpcError)>, at: us
         if failure.as_ref().is_none_or(|(first, _)| at < *first) {
             *failure = Some((at, e));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RpcError;
+    use na_core::{ErrorChain, NaError};
+
+    /// `Transport` leaves its `NaError` to `source()`; the chain, and the
+    /// string a handler's `?` makes of it (all its caller sees), say it
+    /// once.
+    #[test]
+    fn transport_leaves_its_cause_to_the_chain_and_the_string_carries_it() {
+        let gone = || {
+            RpcError::from(NaError::Rma {
+                op: "get",
+                len: 64,
+                peer: "sm://7-0".into(),
+                source: std::io::Error::other("no such process"),
+            })
+        };
+        let e = gone();
+        assert_eq!(e.to_string(), "transport error");
+        let chain = ErrorChain(&e).to_string();
+        assert_eq!(
+            chain,
+            "transport error: RMA get of 64 bytes to sm://7-0 failed: no such process"
+        );
+        assert_eq!(String::from(gone()), chain);
     }
 }

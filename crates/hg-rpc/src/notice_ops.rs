@@ -84,7 +84,7 @@ impl<C: Codec> Engine<C> {
     /// address is no longer valid).
     fn notice_lost(&mut self, peer: &Addr, notice: Notice, e: &NaError) {
         self.notice_given_up(&notice);
-        tracing::debug!(peer = %peer, ?notice, error = %e, "cannot send a notice (peer gone?)");
+        tracing::debug!(peer = %peer, ?notice, error = %na_core::ErrorChain(&e), "cannot send a notice (peer gone?)");
     }
 
     /// `notice` is given up, for whatever reason (lost, past its TTL, past
@@ -117,7 +117,7 @@ impl<C: Codec> Engine<C> {
         if matches!(e, NaError::PeerGone { .. } | NaError::InvalidAddress { .. }) {
             return self.notice_lost(peer, notice, e);
         }
-        tracing::debug!(peer = %peer, ?notice, error = %e, "a notice failed at completion; sending it again");
+        tracing::debug!(peer = %peer, ?notice, error = %na_core::ErrorChain(&e), "a notice failed at completion; sending it again");
         if !self
             .unsent_notices
             .push_returned(peer, notice, self.notice_ttls())

@@ -432,7 +432,10 @@ impl<C: Codec> Engine<C> {
                     let one_way = p.header.is_one_way();
                     let pulled = match c.status {
                         Ok(()) => self.checked_pull(serve_spill_ops::pulled_bytes(p.mem), p.seal, p.crc),
-                        Err(e) => Err(format!("pulling the spilled input failed: {e}")),
+                        Err(e) => Err(format!(
+                            "pulling the spilled input failed: {}",
+                            na_core::ErrorChain(&e)
+                        )),
                     };
                     if one_way {
                         // The origin may release the input now, before the

@@ -145,7 +145,8 @@ impl Shared {
     /// `Result`: a call from a plain handler of this engine panics (its
     /// caller sees a handler error).
     fn engine_for(&self, what: &'static str) -> EngineGuard<'_> {
-        self.try_engine(what).unwrap_or_else(|e| panic!("{e}"))
+        self.try_engine(what)
+            .unwrap_or_else(|e| panic!("{}", na_core::ErrorChain(&e)))
     }
 
     /// Refuses to start a call once the driver stopped (counted as an
@@ -255,14 +256,14 @@ impl Shared {
                         if !waited {
                             tracing::debug!(
                                 peer,
-                                reason = %err,
+                                reason = %na_core::ErrorChain(&err),
                                 "hg-rpc: lookup waits (retrying without the engine lock)"
                             );
                         }
                     }
                     Err(err) => {
                         if waited {
-                            tracing::warn!(peer, waited = ?since.elapsed(), error = %err, "hg-rpc: lookup gave up");
+                            tracing::warn!(peer, waited = ?since.elapsed(), error = %na_core::ErrorChain(&err), "hg-rpc: lookup gave up");
                         }
                         return Err(err);
                     }
@@ -418,7 +419,7 @@ impl Shared {
     /// left the transports unarmed.
     pub(super) fn file_transfer_ends(&self, e: &mut Engine) {
         if let Err(err) = e.file_transfer_ends() {
-            tracing::warn!(error = %err, "hg-rpc: progress failed while filing transfer ends");
+            tracing::warn!(error = %na_core::ErrorChain(&err), "hg-rpc: progress failed while filing transfer ends");
         }
         self.notify_finished(e);
     }

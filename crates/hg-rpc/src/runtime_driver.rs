@@ -124,15 +124,16 @@ pub(super) async fn drive(
                     let (began, last) = match failing {
                         Some((began, last)) if now.duration_since(last) < DRIVER_FAILURE_GAP => (began, now),
                         _ => {
-                            tracing::warn!(error = %err, "hg-rpc driver: progress failed");
+                            tracing::warn!(error = %na_core::ErrorChain(&err), "hg-rpc driver: progress failed");
                             (now, now)
                         }
                     };
                     failing = Some((began, last));
                     if now.duration_since(began) >= DRIVER_FAILURE_LIMIT {
-                        tracing::error!(error = %err, "hg-rpc driver: progress kept failing; the driver stops");
+                        tracing::error!(error = %na_core::ErrorChain(&err), "hg-rpc driver: progress kept failing; the driver stops");
                         exit.reason = Some(format!(
-                            "progress kept failing for {DRIVER_FAILURE_LIMIT:?} (the transport is broken): {err}"
+                            "progress kept failing for {DRIVER_FAILURE_LIMIT:?} (the transport is broken): {}",
+                            na_core::ErrorChain(&err)
                         ));
                         return;
                     }
@@ -169,8 +170,11 @@ pub(super) async fn drive(
                 // an event after the clear sets readiness again.
                 Ok(mut ready) => ready.clear_ready(),
                 Err(e) => {
-                    tracing::error!(error = %e, "hg-rpc driver: waiting on the endpoint fd failed");
-                    exit.reason = Some(format!("waiting on the endpoint fd failed: {e}"));
+                    tracing::error!(error = %na_core::ErrorChain(&e), "hg-rpc driver: waiting on the endpoint fd failed");
+                    exit.reason = Some(format!(
+                        "waiting on the endpoint fd failed: {}",
+                        na_core::ErrorChain(&e)
+                    ));
                     return;
                 }
             }

@@ -184,7 +184,7 @@ impl<C: Codec> Engine<C> {
                 // Garbage is not answered (we cannot trust its cookie); count it.
                 self.stats.malformed += 1;
                 if logged_at(self.stats.malformed) {
-                    tracing::warn!(peer = %src, error = %e, malformed = self.stats.malformed, "dropping malformed RPC message");
+                    tracing::warn!(peer = %src, error = %na_core::ErrorChain(&e), malformed = self.stats.malformed, "dropping malformed RPC message");
                 }
                 return false;
             }

@@ -220,10 +220,13 @@ impl<C: Codec> Engine<C> {
                     cold_path();
                     refuse(
                         Refusal::Malformed,
-                        format!("{what}: the peer's descriptor was refused: {e}"),
+                        format!(
+                            "{what}: the peer's descriptor was refused: {}",
+                            na_core::ErrorChain(&e)
+                        ),
                     )
                 } else {
-                    let reason = format!("pulling the spilled {what} failed: {e}");
+                    let reason = format!("pulling the spilled {what} failed: {}", na_core::ErrorChain(&e));
                     refuse(Refusal::Transport(e), reason)
                 }
             })?;
@@ -409,7 +412,7 @@ impl<C: Codec> Engine<C> {
                         status: Status::HandlerError,
                         ..h
                     },
-                    format!("cannot expose the large output: {e}").into_bytes(),
+                    format!("cannot expose the large output: {}", na_core::ErrorChain(&e)).into_bytes(),
                 ),
             }
         }
@@ -431,7 +434,7 @@ impl<C: Codec> Engine<C> {
         }
         if let Err(e) = self.watch(src) {
             cold_path();
-            tracing::debug!(peer = %src, error = %e, "cannot watch the origin of a spilled output");
+            tracing::debug!(peer = %src, error = %na_core::ErrorChain(&e), "cannot watch the origin of a spilled output");
         }
     }
 

@@ -121,7 +121,7 @@ impl<C: Codec> Engine<C> {
             self.stats.responses_replaced += 1;
             let n = self.stats.responses_replaced;
             if logged_at(n) {
-                tracing::warn!(peer = %dest, error = %e, len, cookie = h.cookie, status = ?h.status, replaced = n,
+                tracing::warn!(peer = %dest, error = %na_core::ErrorChain(&e), len, cookie = h.cookie, status = ?h.status, replaced = n,
                     "cannot send RPC response; told its caller instead");
             }
             return;
@@ -131,9 +131,9 @@ impl<C: Codec> Engine<C> {
         // at 1, 2, 4, 8... of them, not once per request.
         let dropped = self.stats.responses_dropped;
         if logged_at(dropped) {
-            tracing::warn!(peer = %dest, error = %e, dropped, status = ?h.status, "cannot send RPC response");
+            tracing::warn!(peer = %dest, error = %na_core::ErrorChain(&e), dropped, status = ?h.status, "cannot send RPC response");
         } else {
-            tracing::debug!(peer = %dest, error = %e, dropped, status = ?h.status, "cannot send RPC response");
+            tracing::debug!(peer = %dest, error = %na_core::ErrorChain(&e), dropped, status = ?h.status, "cannot send RPC response");
         }
     }
 
@@ -166,7 +166,12 @@ impl<C: Codec> Engine<C> {
             (h.status, reason)
         } else {
             let len = HEADER_LEN + payload.len();
-            let mut reason = format!("its response ({:?}, {len} bytes) failed: {e}", h.status).into_bytes();
+            let mut reason = format!(
+                "its response ({:?}, {len} bytes) failed: {}",
+                h.status,
+                na_core::ErrorChain(&e)
+            )
+            .into_bytes();
             if reason.len() > NOT_SENT_REASON_MAX {
                 truncate_message(&mut reason, NOT_SENT_REASON_MAX);
             }
@@ -185,7 +190,7 @@ impl<C: Codec> Engine<C> {
                 true
             }
             Err(e2) => {
-                tracing::debug!(peer = %dest, error = %e2, ?status,
+                tracing::debug!(peer = %dest, error = %na_core::ErrorChain(&e2), ?status,
                     "cannot send what goes in place of a lost response either");
                 false
             }

@@ -160,7 +160,7 @@ fn a_failed_span_is_the_batchs_answer() {
     let local = c.expose(vec![vec![0; 6096]], Access::ReadWrite).unwrap();
     match c.bulk_batch(BulkOp::Pull, &remote, &local, &spans, T) {
         Err(RpcError::Transport(e)) => {
-            let e = e.to_string();
+            let e = na_core::ErrorChain(&e).to_string();
             assert!(e.contains("4096 bytes") && e.contains("not mapped"), "{e}")
         }
         other => panic!("expected the failed span's transport error, got {other:?}"),

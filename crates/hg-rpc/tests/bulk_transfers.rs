@@ -416,3 +416,49 @@ fn bulk_batches_of_spans_on_both_sides() {
     assert_eq!(na_stats(&mut c).get_bytes, moved, "a refused batch moves nothing");
     assert_eq!(c.call::<Add>(&s, &(1, 1), T).unwrap(), 2);
 }
+
+/// A handler that `?`s a transfer's transport error (its `String` error
+/// made by `From<RpcError> for String`) gives its caller the whole
+/// chain: the caller sees only that text, and "transport error" alone
+/// would not say why. Here the server pulls from a handle of ours whose
+/// segment nothing maps: na-sm's EFAULT hint must arrive.
+#[test]
+fn a_handlers_transport_error_reaches_its_caller_with_its_cause() {
+    use hg_rpc::{Bulk, BulkDesc};
+    use na_core::{Access, RemoteMem, RemoteSegment};
+    let d = dir("handler-chain");
+    let srv = Server::start(&d);
+    let mut c = client(&d);
+    let s = c.lookup(&srv.uri).unwrap();
+    // Our own handle's descriptor, its one segment moved to an address
+    // nothing maps in this process.
+    let real = c.expose(vec![vec![7; 4096]], Access::ReadOnly).unwrap();
+    let desc = real.desc().into_owned();
+    let key = RemoteMem::from_bytes(&desc.mem).unwrap().segments()[0].key;
+    let mem = RemoteMem::new(
+        vec![RemoteSegment {
+            addr: 0x1000,
+            len: 4096,
+            key,
+        }],
+        Access::ReadOnly,
+    )
+    .unwrap()
+    .to_bytes();
+    let forged = Bulk::from_desc(BulkDesc {
+        owner: desc.owner.clone(),
+        mem: serde_bytes::ByteBuf::from(mem),
+        inline: None,
+    })
+    .unwrap();
+    match c.call::<BlobPut>(&s, &("unmapped".into(), forged), T) {
+        Err(RpcError::Handler { message, .. }) => assert!(
+            message.starts_with("transport error: RMA get of 4096 bytes")
+                && message.contains("an address of the remote handle is not mapped"),
+            "{message}"
+        ),
+        other => panic!("expected the handler's transport error, got {other:?}"),
+    }
+    // It serves on.
+    assert_eq!(c.call::<Add>(&s, &(2, 3), T).unwrap(), 5);
+}

@@ -73,7 +73,7 @@ fn rdma_spec(test: &str) -> Option<String> {
             let err = Engine::from_spec("verbs://", false, ProgressMode::default())
                 .err()
                 .expect("without a device, a verbs engine cannot be built");
-            let msg = err.to_string();
+            let msg = na_core::ErrorChain(&err).to_string();
             assert!(
                 msg.contains("no RDMA device found"),
                 "{test}: unclear error: {msg}"

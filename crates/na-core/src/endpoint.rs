@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::addr::{split_uri, Addr, PluginId};
-use crate::error::{NaError, Result};
+use crate::error::{ErrorChain, NaError, Result};
 use crate::mem::{MemHandle, RemoteMem};
 use crate::msgbuf::MsgBuf;
 use crate::op::{Completion, OpId, Report, Tag};
@@ -343,7 +343,7 @@ impl Endpoint {
         let mut first_err = None;
         for p in &mut self.plugins {
             if let Err(e) = p.progress() {
-                tracing::warn!(plugin = p.scheme(), error = %e, "plugin progress failed");
+                tracing::warn!(plugin = p.scheme(), error = %ErrorChain(&e), "plugin progress failed");
                 first_err.get_or_insert(e);
             }
             p.take_completions(&mut self.completions);
@@ -509,7 +509,7 @@ impl AsRawFd for Endpoint {
 #[cold]
 #[inline(never)]
 fn progress_failed(scheme: &str, e: NaError, ready: usize) -> Result<usize> {
-    tracing::warn!(plugin = scheme, error = %e, "plugin progress failed");
+    tracing::warn!(plugin = scheme, error = %ErrorChain(&e), "plugin progress failed");
     if ready == 0 {
         Err(e)
     } else {

@@ -1,5 +1,17 @@
-//! The one error type of `na-core` and of every NA plugin.
+//! The one error type of `na-core` and of every NA plugin, and
+//! [`ErrorChain`], which displays an error with its causes.
+//!
+//! Every error type of the workspace keeps one rule (the Rust API
+//! guideline for error chains): an error either returns its cause from
+//! [`source`](std::error::Error::source) or writes the cause's text in its
+//! own message, never both. Its message holds its own context (the
+//! operation, the peer, the sizes) and the cause is reached through
+//! `source()`, so a printer of the chain (anyhow's `{:#}`, eyre,
+//! `std::error::Report`, [`ErrorChain`]) says each cause once. A log line or
+//! a message that carries an error away as text (to a peer, into another
+//! error's reason) uses [`ErrorChain`], not the error's `Display` alone.
 
+use std::fmt;
 use std::io;
 
 /// Everything that can go wrong in the NA layer.
@@ -28,7 +40,7 @@ pub enum NaError {
         available: String,
     },
     /// Looking up or connecting to a peer failed.
-    #[error("lookup of {uri} failed: {source}")]
+    #[error("lookup of {uri} failed")]
     Lookup {
         /// The address being looked up.
         uri: String,
@@ -161,7 +173,7 @@ pub enum NaError {
     #[error("operation id {0} is already in flight")]
     OpInFlight(u64),
     /// Remote memory access failed in the kernel or in the NIC.
-    #[error("RMA {op} of {len} bytes to {peer} failed: {source}")]
+    #[error("RMA {op} of {len} bytes to {peer} failed")]
     Rma {
         /// `put` or `get`.
         op: &'static str,
@@ -174,7 +186,7 @@ pub enum NaError {
         source: io::Error,
     },
     /// A system call the plugin needs failed.
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed")]
     Sys {
         /// The operation (`epoll_wait`, `eventfd write`, ...).
         op: &'static str,
@@ -230,3 +242,75 @@ impl NaError {
 
 /// Result alias of the NA layer.
 pub type Result<T, E = NaError> = std::result::Result<T, E>;
+
+/// Displays an error followed by each of its causes (the errors
+/// [`source`](std::error::Error::source) leads to), outermost first,
+/// joined with ": ": `lookup of sm://7-0 failed: No such file or
+/// directory (os error 2)`.
+///
+/// An error's own `Display` says only its own context (see the [module
+/// docs](self)); this is what a log line or a text message (one sent to a
+/// peer, or kept as another error's reason) writes, so no cause is lost:
+/// `tracing::warn!(error = %ErrorChain(&e), "...")`, `format!("...: {}",
+/// ErrorChain(&e))`.
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'a));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ErrorChain, NaError};
+    use std::io;
+
+    #[test]
+    fn the_chain_says_each_cause_once_and_display_only_its_own_context() {
+        let e = NaError::Lookup {
+            uri: "sm://7-0".into(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no socket file"),
+        };
+        // Display: the error's own context, not its source's text.
+        assert_eq!(e.to_string(), "lookup of sm://7-0 failed");
+        // The chain: the context, then the cause, once.
+        assert_eq!(
+            ErrorChain(&e).to_string(),
+            "lookup of sm://7-0 failed: no socket file"
+        );
+        assert_eq!(ErrorChain(&e).to_string().matches("no socket file").count(), 1);
+    }
+
+    #[test]
+    fn every_level_of_a_deeper_chain_is_written() {
+        // An io::Error wrapping one of ours: its source is our error's.
+        let inner = NaError::sys("epoll_wait", io::Error::from_raw_os_error(libc::EINTR));
+        let outer = io::Error::other(inner);
+        let chain = ErrorChain(&outer).to_string();
+        assert!(chain.starts_with("epoll_wait failed: "), "{chain}");
+        assert!(
+            chain.contains(&io::Error::from_raw_os_error(libc::EINTR).to_string()),
+            "{chain}"
+        );
+        // An error with no source is its Display.
+        assert_eq!(ErrorChain(&NaError::Canceled).to_string(), "operation canceled");
+        assert_eq!(
+            format!("{:?}", ErrorChain(&NaError::Canceled)),
+            "operation canceled"
+        );
+    }
+}

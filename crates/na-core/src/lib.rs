@@ -44,7 +44,7 @@ pub use backlog::{
 };
 pub use endpoint::Endpoint;
 pub use env::env_var;
-pub use error::{NaError, Result};
+pub use error::{ErrorChain, NaError, Result};
 pub use mem::{Access, MemHandle, RemoteMem, RemoteSegment, MAX_REMOTE_SEGMENTS};
 pub use msgbuf::{MsgBuf, MsgBufPool, MsgMemory};
 pub use op::{Completion, OpId, OpKind, Report, Tag};

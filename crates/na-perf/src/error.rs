@@ -1,4 +1,7 @@
 //! The error type of `na-perf`.
+//!
+//! A variant with a cause returns it from `source()` and leaves its text
+//! out of its message; `main` prints the chain.
 
 use std::io;
 
@@ -6,7 +9,7 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum PerfError {
     /// The peer process could not be started.
-    #[error("starting the peer process {exe}: {source}")]
+    #[error("starting the peer process {exe}")]
     SpawnPeer {
         /// The executable that was run.
         exe: String,
@@ -15,7 +18,7 @@ pub enum PerfError {
         source: io::Error,
     },
     /// The control pipe to or from the peer process failed.
-    #[error("control pipe to the peer process ({what}): {source}")]
+    #[error("control pipe to the peer process ({what})")]
     PeerIo {
         /// What was being done.
         what: &'static str,
@@ -32,7 +35,7 @@ pub enum PerfError {
         reply: String,
     },
     /// A system call of a floor measurement failed.
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed")]
     Sys {
         /// The operation.
         op: &'static str,
@@ -60,7 +63,7 @@ pub enum PerfError {
         secs: u64,
     },
     /// Writing the results failed.
-    #[error("writing results: {0}")]
+    #[error("writing results")]
     Output(#[source] io::Error),
 }
 
@@ -73,3 +76,15 @@ impl PerfError {
 
 /// Result alias of `na-perf`.
 pub type Result<T, E = PerfError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::PerfError;
+
+    #[test]
+    fn display_leaves_the_source_to_the_chain() {
+        let e = PerfError::sys("mmap")(std::io::Error::other("out of memory"));
+        assert_eq!(e.to_string(), "mmap failed");
+        assert_eq!(na_core::ErrorChain(&e).to_string(), "mmap failed: out of memory");
+    }
+}

@@ -78,7 +78,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             break;
         }
         if let Err(e) = command(&words, links.as_ref(), &mut cma_buffers) {
-            answer(&format!("err {e}"))?;
+            answer(&format!("err {}", na_core::ErrorChain(&e)))?;
         }
     }
     Ok(())

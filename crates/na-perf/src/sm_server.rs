@@ -154,7 +154,10 @@ impl Server {
         match (c.kind, c.status) {
             (OpKind::RecvUnexpected, Err(NaError::Canceled)) => Ok(()),
             (OpKind::RecvUnexpected, Err(e)) => {
-                eprintln!("na-perf serve: unexpected receive failed: {e}");
+                eprintln!(
+                    "na-perf serve: unexpected receive failed: {}",
+                    na_core::ErrorChain(&e)
+                );
                 self.post_unexpected(buf)
             }
             (OpKind::RecvUnexpected, Ok(())) => {
@@ -191,7 +194,7 @@ impl Server {
                 }
             }
             (_, Err(e)) => {
-                eprintln!("na-perf serve: {:?} failed: {e}", c.kind);
+                eprintln!("na-perf serve: {:?} failed: {}", c.kind, na_core::ErrorChain(&e));
                 Ok(())
             }
             (_, Ok(())) => {
@@ -246,7 +249,7 @@ impl Server {
             Ok(data) => reply.extend_from_slice(&data),
             Err(e) => {
                 reply[0] = REPLY_ERR;
-                reply.extend_from_slice(e.to_string().as_bytes());
+                reply.extend_from_slice(na_core::ErrorChain(&e).to_string().as_bytes());
             }
         }
         let op = self.send(src, TAG_REPLY, &reply, true)?;
@@ -309,7 +312,7 @@ impl Server {
                     if !forever {
                         return Err(e);
                     }
-                    eprintln!("na-perf serve: {e}");
+                    eprintln!("na-perf serve: {}", na_core::ErrorChain(&e));
                 }
             }
             if self.pull {
@@ -317,7 +320,7 @@ impl Server {
                     if !forever {
                         return Err(e);
                     }
-                    eprintln!("na-perf serve: {e}");
+                    eprintln!("na-perf serve: {}", na_core::ErrorChain(&e));
                 }
             }
         }

@@ -1,5 +1,12 @@
 //! The crate's error type.
+//!
+//! An error either returns its cause from `source()` or writes it in its
+//! message, never both (the Rust error guideline): [`Error::Register`] and
+//! [`Error::MonitorInit`] name what failed and leave the registrar's or
+//! the OS's error to `source()`. Log lines write the whole chain
+//! ([`Chain`]).
 
+use std::fmt;
 use std::io;
 
 /// Errors of `na-regcache`, one variant per failing operation.
@@ -84,3 +91,41 @@ pub enum Error {
 
 /// Result alias of the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Displays an error and its causes, outermost first, joined with ": "
+/// (as `na_core::ErrorChain` does; this crate does not depend on
+/// na-core): what the cache's log lines write, so no cause is lost.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'a));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn display_leaves_the_source_to_the_chain() {
+        let e = Error::Register {
+            addr: 0x1000,
+            len: 4096,
+            source: Box::new(std::io::Error::other("pinning refused")),
+        };
+        let shown = e.to_string();
+        assert!(!shown.contains("pinning refused"), "{shown}");
+        let chain = na_core::ErrorChain(&e).to_string();
+        assert_eq!(
+            chain,
+            "registration of 4096 bytes at 0x1000 failed: pinning refused"
+        );
+    }
+}

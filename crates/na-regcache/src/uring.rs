@@ -190,7 +190,7 @@ impl Registrar for UringRegistrar {
             // every failed read of the pagemap would leak a slot for good.
             Err(e) => {
                 if let Err(undo) = self.deregister(buf) {
-                    tracing::warn!(error = %undo, slot, "uring registrar: undoing a registration failed");
+                    tracing::warn!(error = %crate::error::Chain(&undo), slot, "uring registrar: undoing a registration failed");
                 }
                 Err(e)
             }

@@ -12,7 +12,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use na_core::{Access, Addr, Completion, Endpoint, MemHandle, OpId, OpKind, ProgressMode, RemoteMem};
+use na_core::{
+    Access, Addr, Completion, Endpoint, ErrorChain, MemHandle, OpId, OpKind, ProgressMode, RemoteMem,
+};
 use na_sm::{SmConfig, SmPlugin};
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -50,7 +52,7 @@ fn wait(ep: &mut Endpoint, op: OpId) -> Res<Completion> {
             if c.op == op {
                 c.status
                     .as_ref()
-                    .map_err(|e| format!("{:?} {:?} failed: {e}", c.kind, c.op))?;
+                    .map_err(|e| format!("{:?} {:?} failed: {}", c.kind, c.op, ErrorChain(e)))?;
                 return Ok(c);
             }
         }
@@ -87,7 +89,7 @@ fn serve() -> Res<()> {
             Ok(Some(reply)) => reply,
             Ok(None) => return Ok(()),
             Err(e) => {
-                eprintln!("na_demo server: request from {src} refused: {e}");
+                eprintln!("na_demo server: request from {src} refused: {}", ErrorChain(&*e));
                 Vec::new()
             }
         };
@@ -98,7 +100,7 @@ fn serve() -> Res<()> {
             .map_err(Into::into)
             .and_then(|()| wait(&mut ep, op))
         {
-            eprintln!("na_demo server: reply to {src} not sent: {e}");
+            eprintln!("na_demo server: reply to {src} not sent: {}", ErrorChain(&*e));
         }
     }
 }
@@ -167,7 +169,7 @@ fn call(ep: &mut Endpoint, srv: &Addr, next: &mut u64, req: &[u8]) -> Res<Vec<u8
             Some(c) => {
                 c.status
                     .as_ref()
-                    .map_err(|e| format!("{:?} failed: {e}", c.kind))?;
+                    .map_err(|e| format!("{:?} failed: {}", c.kind, ErrorChain(e)))?;
                 match c.kind {
                     OpKind::RecvExpected if c.op == recv => reply = c.buf,
                     OpKind::SendUnexpected if c.op == send => sent = true,

@@ -129,7 +129,7 @@ impl SmPlugin {
         match self.poll.add_edge_triggered(fd.as_fd(), serial | PIDFD_BIT) {
             Ok(()) => Ok(Some(fd)),
             Err(e) => {
-                tracing::debug!(pid, error = %e, "sm: cannot watch a peer's pidfd");
+                tracing::debug!(pid, error = %na_core::ErrorChain(&e), "sm: cannot watch a peer's pidfd");
                 Ok(None)
             }
         }
@@ -267,7 +267,7 @@ impl SmPlugin {
             earliest(Instant::now());
         }
         if let Err(e) = self.timer.set(next) {
-            tracing::warn!(error = %e, "sm: setting the deadline timer failed");
+            tracing::warn!(error = %na_core::ErrorChain(&e), "sm: setting the deadline timer failed");
         }
     }
 }

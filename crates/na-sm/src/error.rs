@@ -1,4 +1,8 @@
 //! The one error type of `na-sm`, and its mapping onto [`NaError`].
+//!
+//! A variant with a cause returns it from `source()` and leaves its text
+//! out of its own message (see [`na_core::ErrorChain`]); one turned into
+//! [`NaError::Plugin`], whose message is text only, takes the whole chain.
 
 use std::io;
 use std::path::PathBuf;
@@ -20,7 +24,7 @@ pub enum SmError {
         reason: String,
     },
     /// The socket directory could not be created or inspected.
-    #[error("socket directory {path}: {source}")]
+    #[error("socket directory {path}")]
     SocketDir {
         /// The directory.
         path: PathBuf,
@@ -37,7 +41,7 @@ pub enum SmError {
         reason: String,
     },
     /// Creating the listening socket (or its owner file) failed.
-    #[error("cannot listen on {path}: {source}")]
+    #[error("cannot listen on {path}")]
     Listen {
         /// The socket file.
         path: PathBuf,
@@ -53,7 +57,7 @@ pub enum SmError {
         uri: String,
     },
     /// A system call the plugin needs failed.
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed")]
     Sys {
         /// The operation.
         op: &'static str,
@@ -70,7 +74,7 @@ pub enum SmError {
         reason: String,
     },
     /// Connecting to a peer failed.
-    #[error("lookup of {uri} failed: {source}")]
+    #[error("lookup of {uri} failed")]
     Lookup {
         /// The address.
         uri: String,
@@ -127,7 +131,7 @@ pub enum SmError {
         found: u64,
     },
     /// A cross-memory-attach transfer failed.
-    #[error("RMA {op} of {len} bytes to {peer} failed: {source}")]
+    #[error("RMA {op} of {len} bytes to {peer} failed")]
     Rma {
         /// `put` or `get`.
         op: &'static str,
@@ -140,7 +144,7 @@ pub enum SmError {
         source: io::Error,
     },
     /// Removing a stale file failed.
-    #[error("cleanup of {path} failed: {source}")]
+    #[error("cleanup of {path} failed")]
     Cleanup {
         /// The file or directory.
         path: PathBuf,
@@ -201,7 +205,7 @@ impl From<SmError> for NaError {
             | SmError::NameInUse { .. }
             | SmError::Cleanup { .. }) => NaError::Plugin {
                 plugin: "sm",
-                message: e.to_string(),
+                message: na_core::ErrorChain(&e).to_string(),
             },
         }
     }
@@ -209,3 +213,32 @@ impl From<SmError> for NaError {
 
 /// Result alias of this crate.
 pub type SmResult<T> = std::result::Result<T, SmError>;
+
+#[cfg(test)]
+mod tests {
+    use super::{NaError, SmError};
+    use na_core::ErrorChain;
+
+    #[test]
+    fn display_leaves_the_source_to_the_chain_and_na_error_keeps_the_chain() {
+        let listen = || SmError::Listen {
+            path: "/run/qs/7-0".into(),
+            source: std::io::Error::other("address in use by a live process"),
+        };
+        let e = listen();
+        assert!(!e.to_string().contains("live process"), "{e}");
+        assert_eq!(
+            ErrorChain(&e).to_string(),
+            "cannot listen on /run/qs/7-0: address in use by a live process"
+        );
+        // Through the NA API it is a plugin message, text only: the
+        // chain, so the cause is not lost.
+        match NaError::from(listen()) {
+            NaError::Plugin { message, .. } => assert!(
+                message.ends_with(": address in use by a live process"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+}

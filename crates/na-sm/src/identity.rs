@@ -123,7 +123,7 @@ pub(crate) fn peer_pidfd(
         match socket::peer_pidfd(sock) {
             Ok(fd) => return Ok(Some(fd)),
             Err(e) => {
-                tracing::debug!(pid, error = %e, "sm: no SO_PEERPIDFD; the peer's pid is opened and checked")
+                tracing::debug!(pid, error = %na_core::ErrorChain(&e), "sm: no SO_PEERPIDFD; the peer's pid is opened and checked")
             }
         }
     }
@@ -157,7 +157,7 @@ pub(crate) fn open_checked(pid: u32, expected: u64, peer: &str) -> SmResult<Opti
         Ok(fd) => fd,
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Err(exited()),
         Err(e) => {
-            tracing::debug!(pid, error = %e, "sm: no pidfd for a peer (its exit is seen by end-of-file only)");
+            tracing::debug!(pid, error = %na_core::ErrorChain(&e), "sm: no pidfd for a peer (its exit is seen by end-of-file only)");
             return Ok(None);
         }
     };
@@ -173,7 +173,7 @@ pub(crate) fn open_checked(pid: u32, expected: u64, peer: &str) -> SmResult<Opti
         // Our failure (out of descriptors: `pidfd_open` may have taken
         // the last), not the peer's: unchecked, the pidfd is not used.
         Err(e) => {
-            tracing::warn!(%peer, pid, error = %e, "sm: a peer's pidfd could not be checked; its exit is seen by end-of-file only");
+            tracing::warn!(%peer, pid, error = %na_core::ErrorChain(&e), "sm: a peer's pidfd could not be checked; its exit is seen by end-of-file only");
             return Ok(None);
         }
     };

@@ -250,7 +250,9 @@ impl SmPlugin {
     pub(crate) fn wake_owner(&mut self) {
         match self.timer.set(Some(std::time::Instant::now())) {
             Ok(()) => self.owner_woken = true,
-            Err(e) => tracing::warn!(error = %e, "sm: waking the owner through the timer failed"),
+            Err(e) => {
+                tracing::warn!(error = %na_core::ErrorChain(&e), "sm: waking the owner through the timer failed")
+            }
         }
     }
 

@@ -472,7 +472,7 @@ impl SmPlugin {
             // are polled next. An eventfd is not read; a pipe is emptied
             // so that it never fills up.
             if let Err(e) = conn.my_wake.drain() {
-                tracing::warn!(error = %e, "draining the sm wake-up pipe");
+                tracing::warn!(error = %na_core::ErrorChain(&e), "draining the sm wake-up pipe");
             }
             return;
         }

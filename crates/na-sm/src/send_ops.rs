@@ -179,7 +179,7 @@ impl SmPlugin {
         if let Err(e) = conn.backlog.admit(msg.len, max, max_total, &peer.addr) {
             cold_path();
             self.stats.sends_refused += 1;
-            tracing::debug!(peer = %peer.addr, error = %e, "sm: send refused");
+            tracing::debug!(peer = %peer.addr, error = %na_core::ErrorChain(&e), "sm: send refused");
             return Some(Err(e));
         }
         self.side_work |= SIDE_BACKLOG;

@@ -100,7 +100,7 @@ fn a_lock_held_for_good_refuses_the_listen_within_the_bound() {
         panic!("{e}")
     };
     assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
-    let text = e.to_string();
+    let text = na_core::ErrorChain(&e).to_string();
     for says in [
         "stayed locked for 1s",
         &format!("names pid {}, a live process", std::process::id()),
@@ -131,7 +131,7 @@ fn an_owner_file_that_cannot_be_opened_is_named_as_such() {
         panic!("{e}")
     };
     assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
-    let text = e.to_string();
+    let text = na_core::ErrorChain(&e).to_string();
     assert!(text.contains("could not be opened as a regular file"), "{text}");
     assert!(!text.contains("stayed locked"), "{text}");
     assert!(

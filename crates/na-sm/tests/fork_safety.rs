@@ -38,7 +38,7 @@ fn an_inherited_instance_refuses_to_work_and_a_new_one_does() {
     let me = p.self_addr();
     let child = fork_child(|| {
         // Every way in refuses, naming the fork.
-        let says_fork = |r: na_core::Result<()>| matches!(r, Err(e) if e.to_string().contains("fork"));
+        let says_fork = |r: na_core::Result<()>| matches!(r, Err(e) if na_core::ErrorChain(&e).to_string().contains("fork"));
         if !says_fork(p.progress().map(drop)) {
             return 2;
         }
@@ -129,7 +129,7 @@ fn a_child_draws_its_own_tokens_and_old_descriptors_do_not_reach_it() {
         }
         let me = mine.self_addr();
         match mine.rma(&me, &[Rma::put(&source, 0, &old, 0, 64, OpId(1))]) {
-            Err(e) if e.to_string().contains("forged or stale") => {}
+            Err(e) if na_core::ErrorChain(&e).to_string().contains("forged or stale") => {}
             _ => return 5,
         }
         if before.to_vec().iter().any(|&b| b != 0) {

@@ -38,7 +38,7 @@ fn helper_process() {
     let plugin = match SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(dir).with_name(name)) {
         Ok(p) => p,
         Err(e) => {
-            println!("ERR {e}");
+            println!("ERR {}", na_core::ErrorChain(&e));
             return;
         }
     };
@@ -203,7 +203,7 @@ fn owners_in_other_pid_namespaces_are_kept_and_their_names_refused() {
     // by pid, and this one is pid 1 only in its own namespace.
     let mut c = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
     let refused = na_core::Plugin::lookup(&mut c, &format!("sm://{key}")).unwrap_err();
-    let text = refused.to_string();
+    let text = na_core::ErrorChain(&refused).to_string();
     assert!(
         text.contains("pid 1 in its own PID namespace") && text.contains("one PID namespace"),
         "{text}"

@@ -69,6 +69,9 @@ fn a_link_planted_under_a_sockets_name_does_not_hold_a_lookup() {
     );
     for (what, r) in answers {
         let e = r.expect_err("a link is no listener");
-        assert!(e.to_string().contains("not a socket"), "{what}: {e}");
+        assert!(
+            na_core::ErrorChain(&e).to_string().contains("not a socket"),
+            "{what}: {e:?}"
+        );
     }
 }

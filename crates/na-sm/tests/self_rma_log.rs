@@ -41,7 +41,8 @@ fn refused_self_transfers_are_all_counted_and_warned_at_powers_of_two() {
             .rma(&me, &[Rma::put(&src, 0, &forged, 0, 64, OpId(i))])
             .expect_err("a put through a forged descriptor");
         assert!(
-            matches!(&e, NaError::Rma { .. }) && e.to_string().contains("forged or stale"),
+            matches!(&e, NaError::Rma { .. })
+                && na_core::ErrorChain(&e).to_string().contains("forged or stale"),
             "try {i}: {e}"
         );
     }

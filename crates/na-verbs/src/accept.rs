@@ -126,7 +126,7 @@ impl VerbsPlugin {
                 // Its peer goes with it (no address of it was handed out).
                 self.peers.remove_new(peer);
                 if self.stats.refuse_handshake() {
-                    tracing::warn!(error = %e, "verbs: rejecting a connection");
+                    tracing::warn!(error = %na_core::ErrorChain(&e), "verbs: rejecting a connection");
                 }
                 return drop(id.reject(REJECT_TOO_MANY));
             }
@@ -176,12 +176,12 @@ impl VerbsPlugin {
             if self.stats.refuse_handshake() {
                 tracing::warn!(
                     peer = %self.peer_uri_of(cref),
-                    error = %e,
+                    error = %na_core::ErrorChain(&e),
                     accept_errors = self.stats.accept_errors,
                     "verbs: could not accept a connection"
                 );
             }
-            self.kill_conn(cref, format!("accepting failed: {e}"));
+            self.kill_conn(cref, format!("accepting failed: {}", na_core::ErrorChain(&e)));
         }
     }
 }

@@ -150,7 +150,7 @@ impl VerbsPlugin {
                 // Not read yet is not stuck: `progress` reads a bounded
                 // number of completions per call.
                 if let Err(e) = self.poll_cq() {
-                    tracing::warn!(error = %e, "verbs: polling the CQ before a cancel deadline failed");
+                    tracing::warn!(error = %na_core::ErrorChain(&e), "verbs: polling the CQ before a cancel deadline failed");
                 }
                 holding = self.conns_holding_canceled(d.op, d.at);
                 if holding.is_empty() {

@@ -134,7 +134,7 @@ impl VerbsPlugin {
         if let Err(e) = self.deadline_timer.set(at) {
             // `next_deadline` is still checked whenever the plugin is
             // driven; only a sleeper is not woken for it.
-            tracing::warn!(error = %e, "verbs: setting the deadline timer failed");
+            tracing::warn!(error = %na_core::ErrorChain(&e), "verbs: setting the deadline timer failed");
         }
     }
 
@@ -301,7 +301,7 @@ impl VerbsPlugin {
                 // take it while the connection is live (its receives are
                 // matched as usual), then kill it.
                 if let Err(e) = self.poll_cq() {
-                    tracing::warn!(error = %e, "verbs: polling the CQ before a disconnect failed");
+                    tracing::warn!(error = %na_core::ErrorChain(&e), "verbs: polling the CQ before a disconnect failed");
                 }
                 self.kill_conn(cref, "the peer disconnected".into());
                 Ok(())
@@ -330,7 +330,10 @@ impl VerbsPlugin {
             }
         };
         if let Err(e) = step {
-            self.kill_conn(cref, format!("connection set-up failed: {e}"));
+            self.kill_conn(
+                cref,
+                format!("connection set-up failed: {}", na_core::ErrorChain(&e)),
+            );
         }
     }
 
@@ -391,7 +394,7 @@ impl VerbsPlugin {
             // CM may still report the set-up failed later.
             Err(e) => tracing::warn!(
                 peer = %self.peer_uri_of(cref),
-                error = %e,
+                error = %na_core::ErrorChain(&e),
                 "verbs: telling RDMA CM that a connection is in use failed"
             ),
         }

@@ -9,7 +9,9 @@ pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
 ///
 /// Each variant names the failing operation, carries the OS error (libibverbs
 /// and librdmacm report through `errno` or a returned errno value) and a
-/// context string that says which object was involved.
+/// context string that says which object was involved. The OS error is the
+/// variant's `source()`, not part of its message: print the chain
+/// ([`na_core::ErrorChain`]) to see both.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerbsError {
@@ -88,13 +90,13 @@ pub enum VerbsError {
         requested: u8,
     },
     /// `ibv_get_device_list` failed.
-    #[error("ibv_get_device_list failed: {source}")]
+    #[error("ibv_get_device_list failed")]
     DeviceList {
         /// The OS error.
         source: io::Error,
     },
     /// `ibv_open_device` failed.
-    #[error("ibv_open_device({device}) failed: {source}")]
+    #[error("ibv_open_device({device}) failed")]
     OpenDevice {
         /// Device name.
         device: String,
@@ -102,7 +104,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// `ibv_query_device`, `ibv_query_port` or `ibv_query_gid` failed.
-    #[error("{op}({context}) failed: {source}")]
+    #[error("{op}({context}) failed")]
     Query {
         /// The query function.
         op: &'static str,
@@ -112,7 +114,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// Allocating a verbs resource (PD, completion channel, CQ, SRQ, QP) failed.
-    #[error("{op} failed ({context}): {source}")]
+    #[error("{op} failed ({context})")]
     Create {
         /// The verbs function (`ibv_alloc_pd`, `ibv_create_cq`, ...).
         op: &'static str,
@@ -122,7 +124,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// `ibv_reg_mr` failed.
-    #[error("ibv_reg_mr(addr {addr:#x}, len {len}) failed: {source}")]
+    #[error("ibv_reg_mr(addr {addr:#x}, len {len}) failed")]
     RegisterMemory {
         /// Start of the region.
         addr: usize,
@@ -132,7 +134,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// Allocating the memory behind an owned memory region failed.
-    #[error("mmap of {len} bytes for a memory region failed: {source}")]
+    #[error("mmap of {len} bytes for a memory region failed")]
     AllocateMemory {
         /// Requested length.
         len: usize,
@@ -140,7 +142,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// `ibv_modify_qp` (a QP state transition) failed.
-    #[error("ibv_modify_qp(qpn {qpn}, to {to}) failed: {source}")]
+    #[error("ibv_modify_qp(qpn {qpn}, to {to}) failed")]
     ModifyQp {
         /// QP number.
         qpn: u32,
@@ -150,7 +152,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// `ibv_post_send`, `ibv_post_recv` or `ibv_post_srq_recv` failed.
-    #[error("{op}(qpn {qpn}, wr_id {wr_id}) failed: {source}")]
+    #[error("{op}(qpn {qpn}, wr_id {wr_id}) failed")]
     Post {
         /// The post function.
         op: &'static str,
@@ -166,7 +168,7 @@ pub enum VerbsError {
     /// chain's `count` work requests may have been posted. The caller
     /// counts them all as posted and moves the QP to the error state,
     /// which flushes those the device has.
-    #[error("{op}(qpn {qpn}, a chain of {count}) failed without naming the work request: {source}")]
+    #[error("{op}(qpn {qpn}, a chain of {count}) failed without naming the work request")]
     PostUnsure {
         /// The post function.
         op: &'static str,
@@ -178,7 +180,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// Polling, arming or reading events of a completion queue failed.
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed")]
     Completion {
         /// `ibv_poll_cq`, `ibv_req_notify_cq` or `ibv_get_cq_event`.
         op: &'static str,
@@ -186,7 +188,7 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// An RDMA CM call failed.
-    #[error("{op}({context}) failed: {source}")]
+    #[error("{op}({context}) failed")]
     Cm {
         /// The librdmacm function.
         op: &'static str,
@@ -241,9 +243,10 @@ impl VerbsError {
 impl From<VerbsError> for na_core::NaError {
     /// Verbs failures seen through the NA API: device problems keep their
     /// full message (what to install, which ports exist); failed calls keep
-    /// their OS error as the source.
+    /// their OS error's kind in the source, whose text is the whole chain
+    /// (the failed call and the OS error).
     fn from(e: VerbsError) -> Self {
-        let message = e.to_string();
+        let message = na_core::ErrorChain(&e).to_string();
         match e.io_error() {
             Some(io) => na_core::NaError::Sys {
                 op: "verbs",
@@ -254,5 +257,40 @@ impl From<VerbsError> for na_core::NaError {
                 message,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VerbsError;
+    use na_core::{ErrorChain, NaError};
+    use std::io;
+
+    #[test]
+    fn display_leaves_the_os_error_to_the_chain_and_na_error_keeps_the_chain() {
+        let reg = || VerbsError::RegisterMemory {
+            addr: 0x1000,
+            len: 4096,
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        };
+        let os = io::Error::from_raw_os_error(libc::ENOMEM).to_string();
+        let e = reg();
+        assert!(!e.to_string().contains(&os), "{e}");
+        assert_eq!(
+            ErrorChain(&e).to_string(),
+            format!("ibv_reg_mr(addr 0x1000, len 4096) failed: {os}")
+        );
+        // Through the NA API: the OS error's kind, and the whole chain once.
+        let na = NaError::from(reg());
+        let chain = ErrorChain(&na).to_string();
+        assert!(
+            matches!(&na, NaError::Sys { source, .. } if source.kind() == io::ErrorKind::OutOfMemory),
+            "{na:?}"
+        );
+        assert_eq!(chain.matches(&os).count(), 1, "{chain}");
+        assert!(
+            chain.contains("ibv_reg_mr(addr 0x1000, len 4096) failed"),
+            "{chain}"
+        );
     }
 }

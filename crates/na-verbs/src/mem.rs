@@ -174,7 +174,10 @@ impl VerbsPlugin {
                 }
                 get(addr, len, access).map(Some).map_err(|e| NaError::Plugin {
                     plugin: "verbs",
-                    message: format!("registering {len} bytes at {addr:#x}: {e}: {}", error_chain(&e)),
+                    message: format!(
+                        "registering {len} bytes at {addr:#x}: {}",
+                        na_core::ErrorChain(&e)
+                    ),
                 })
             })
             .collect()
@@ -234,7 +237,7 @@ impl VerbsPlugin {
                 Ok(()) => Ok(r),
                 Err(e) if r.exposed().is_some() => Err(e),
                 Err(e) => {
-                    tracing::debug!(reason = %e, "verbs: registering a never-described handle again");
+                    tracing::debug!(reason = %na_core::ErrorChain(&e), "verbs: registering a never-described handle again");
                     self.register_mem(mem)
                 }
             },
@@ -271,15 +274,4 @@ impl VerbsPlugin {
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }
-}
-
-/// The messages of `e`'s sources, outermost first, joined with ": ".
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = Vec::new();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push(s.to_string());
-        cur = s.source();
-    }
-    out.join(": ")
 }

@@ -164,7 +164,7 @@ impl VerbsPlugin {
             );
             if let Err(e) = admitted {
                 self.stats.sends_refused += 1;
-                tracing::debug!(error = %e, "verbs: send refused");
+                tracing::debug!(error = %na_core::ErrorChain(&e), "verbs: send refused");
                 return Err(e);
             }
         }
@@ -296,7 +296,7 @@ impl VerbsPlugin {
         let Some(conn) = self.conn_mut(cref) else { return };
         if conn.credits.wants_update() && conn.can_post_msg(true) {
             if let Err(e) = conn.post_msg(cref, MsgKind::Credit, 0, &[], None, None) {
-                tracing::warn!(error = %e, "posting a credit update failed");
+                tracing::warn!(error = %na_core::ErrorChain(&e), "posting a credit update failed");
             }
         }
     }

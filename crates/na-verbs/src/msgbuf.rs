@@ -53,7 +53,7 @@ impl VerbsPlugin {
         match SendBuffer::new(&self.pd, max) {
             Ok(sb) => Ok(MsgBuf::from_memory(Box::new(Registered(sb)))),
             Err(e) => {
-                tracing::debug!(error = %e, "registering a message buffer failed: heap buffer (copied on send)");
+                tracing::debug!(error = %na_core::ErrorChain(&e), "registering a message buffer failed: heap buffer (copied on send)");
                 Ok(MsgBuf::heap(max))
             }
         }

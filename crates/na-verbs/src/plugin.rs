@@ -408,17 +408,11 @@ impl VerbsPlugin {
 }
 
 pub(crate) fn cache_err(e: na_regcache::Error) -> NaError {
-    // The chain too: "monitor uffd unavailable" alone hides the EPERM or
-    // ENOSYS that says why.
-    let chain = crate::mem::error_chain(&e);
-    let message = if chain.is_empty() {
-        format!("registration cache: {e}")
-    } else {
-        format!("registration cache: {e}: {chain}")
-    };
+    // The chain: "memory monitor uffd unavailable" alone hides the EPERM
+    // or ENOSYS that says why.
     NaError::Plugin {
         plugin: SCHEME,
-        message,
+        message: format!("registration cache: {}", na_core::ErrorChain(&e)),
     }
 }
 

@@ -204,7 +204,7 @@ impl VerbsPlugin {
         }
         let header = conn
             .read_header(slot)
-            .map_err(|e| e.to_string())
+            .map_err(|e| na_core::ErrorChain(&e).to_string())
             .and_then(|b| Header::decode(&b, wc.byte_len as usize, max));
         let header = header.and_then(|h| {
             conn.credits.arrived()?;
@@ -232,7 +232,10 @@ impl VerbsPlugin {
                     self.stats.flow_blocked += 1;
                 }
             }
-            Err(e) => self.kill_conn(cref, format!("reposting a receive failed: {e}")),
+            Err(e) => self.kill_conn(
+                cref,
+                format!("reposting a receive failed: {}", na_core::ErrorChain(&e)),
+            ),
         }
     }
 
@@ -275,7 +278,7 @@ impl VerbsPlugin {
         }
         if let Some(e) = err {
             if self.conn(cref).is_some_and(|c| c.state != ConnState::Dead) {
-                self.kill_conn(cref, e.to_string());
+                self.kill_conn(cref, na_core::ErrorChain(&e).to_string());
             }
         }
     }
@@ -307,7 +310,9 @@ impl VerbsPlugin {
         self.rma_piece_done(idx, err.as_ref().map(clone_err));
         if fatal && self.conn(cref).is_some_and(|c| c.state != ConnState::Dead) {
             // The QP is in ERROR after any failed work request.
-            let e = err.map(|e| e.to_string()).unwrap_or_default();
+            let e = err
+                .map(|e| na_core::ErrorChain(&e).to_string())
+                .unwrap_or_default();
             self.kill_conn(cref, e);
         }
     }
@@ -329,11 +334,11 @@ fn clone_err(e: &NaError) -> NaError {
             op,
             len: *len,
             peer: peer.clone(),
-            source: io::Error::new(source.kind(), source.to_string()),
+            source: io::Error::new(source.kind(), na_core::ErrorChain(source).to_string()),
         },
         other => NaError::Plugin {
             plugin: "verbs",
-            message: other.to_string(),
+            message: na_core::ErrorChain(other).to_string(),
         },
     }
 }

@@ -102,7 +102,7 @@ impl VerbsPlugin {
         let qp = match conn.qp.as_ref().map(|qp| qp.read_depths()) {
             Some(Ok(d)) => Some(u32::from(d.initiator)),
             Some(Err(e)) => {
-                tracing::warn!(%peer, error = %e, "verbs: reading the QP's read depth failed; the plugin bounds reads itself");
+                tracing::warn!(%peer, error = %na_core::ErrorChain(&e), "verbs: reading the QP's read depth failed; the plugin bounds reads itself");
                 None
             }
             None => None,

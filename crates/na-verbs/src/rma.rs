@@ -345,7 +345,10 @@ impl VerbsPlugin {
                 for (w, ..) in ready.rev() {
                     conn.rma_backlog.push_front(w);
                 }
-                self.kill_conn(cref, format!("posting RMA work requests failed: {e}"));
+                self.kill_conn(
+                    cref,
+                    format!("posting RMA work requests failed: {}", na_core::ErrorChain(&e)),
+                );
                 return;
             }
             // The failed work request fails its operation; the ones after

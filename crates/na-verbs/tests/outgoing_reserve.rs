@@ -134,7 +134,7 @@ fn without_a_reserve_idle_incoming_peers_block_calling_out() {
     };
     match scenario(&env, Some(0)) {
         Err(e) => {
-            let msg = e.to_string();
+            let msg = na_core::ErrorChain(&e).to_string();
             eprintln!("{test}: the listener's call out failed, as it must without a reserve: {msg}");
             assert!(
                 msg.contains("connection limit"),

@@ -55,7 +55,10 @@ fn wrong_device_or_port_and_invalidated_registrations_are_clear_errors() {
         .cli
         .put(&h, 0, &desc, 0, 4096, &p.srv_addr, OpId(1))
         .expect_err("RMA through it");
-    assert!(e.to_string().contains("invalidated"), "{e}");
+    assert!(
+        na_core::ErrorChain(&e).to_string().contains("invalidated"),
+        "{e:?}"
+    );
     // Registered again at once, while the discard may still be settling
     // (na_regcache::REMOVE_SETTLE: the kernel drops the pages after the
     // monitor hears of it): the registration waits for that and stays
@@ -146,7 +149,7 @@ fn queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_movin
     for done in &c {
         match &done.status {
             Ok(()) => ok += 1,
-            Err(e) if e.to_string().contains("invalidated") => invalidated += 1,
+            Err(e) if na_core::ErrorChain(&e).to_string().contains("invalidated") => invalidated += 1,
             Err(e) => panic!("op {:?}: unexpected error {e}", done.op),
         }
     }
@@ -204,6 +207,6 @@ fn a_handle_is_exposed_exactly_as_long_as_it_lives() {
         .status
         .as_ref()
         .expect_err("a put through the descriptor of a dropped handle must fail");
-    assert!(e.to_string().contains("wrong rkey"), "{e}");
+    assert!(na_core::ErrorChain(e).to_string().contains("wrong rkey"), "{e:?}");
     eprintln!("put through a dropped handle's descriptor: {e}");
 }

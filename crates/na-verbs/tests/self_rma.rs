@@ -31,14 +31,16 @@ fn transfer(
     } else {
         ep.get(local, 0, desc, 0, len, dest, OpId(op))
     };
-    started.map_err(|e| format!("at start: {e}"))?;
+    started.map_err(|e| format!("at start: {}", na_core::ErrorChain(&e)))?;
     let end = Instant::now() + T;
     loop {
         assert!(Instant::now() < end, "transfer {op} never completed");
         ep.progress(Some(Duration::from_millis(1))).unwrap();
         if let Some(c) = ep.pop_completion() {
             assert_eq!(c.op, OpId(op));
-            return c.status.map_err(|e| format!("at completion: {e}"));
+            return c
+                .status
+                .map_err(|e| format!("at completion: {}", na_core::ErrorChain(&e)));
         }
     }
 }

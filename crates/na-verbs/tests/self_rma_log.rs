@@ -47,7 +47,8 @@ fn refused_self_transfers_are_all_counted_and_warned_at_powers_of_two() {
             .put(&src, 0, &forged, 0, 4096, &own, OpId(i))
             .expect_err("a put through a forged descriptor");
         assert!(
-            matches!(&e, NaError::Rma { .. }) && e.to_string().contains("forged or stale"),
+            matches!(&e, NaError::Rma { .. })
+                && na_core::ErrorChain(&e).to_string().contains("forged or stale"),
             "try {i}: {e}"
         );
     }

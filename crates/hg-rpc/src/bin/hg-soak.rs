@@ -258,7 +258,10 @@ fn run() -> Res<()> {
     let result = soak(&cli, &uri, spid, &dir);
     if let Ok(Some(status)) = server.try_wait() {
         eprintln!("hg-soak: the server exited during the soak: {status}");
-        result.as_ref().map_err(|e| eprintln!("hg-soak: {e}")).ok();
+        result
+            .as_ref()
+            .map_err(|e| eprintln!("hg-soak: {}", na_core::ErrorChain(&**e)))
+            .ok();
         return Err(format!("the server exited during the soak: {status}").into());
     }
     let _ = server.kill();

@@ -46,7 +46,7 @@ impl<R: Registrar> Cache<R> {
                     })
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "userfaultfd unavailable: registration cache disabled");
+                    tracing::warn!(error = %crate::error::Chain(&e), "userfaultfd unavailable: registration cache disabled");
                     return Self::build(registrar, config, None, false);
                 }
             },

@@ -247,7 +247,7 @@ impl<'c, R: Registrar> Miss<'c, R> {
             Some(m) => match m.subscribe(s, e - s, s as u64) {
                 Ok(w) => Some(w),
                 Err(err) => {
-                    tracing::debug!(addr = s, len = e - s, error = %err, "monitor refused range: uncached");
+                    tracing::debug!(addr = s, len = e - s, error = %crate::error::Chain(&err), "monitor refused range: uncached");
                     // Never cached: misses of it waiting for this one
                     // would only wait. Wake them now (they make their own).
                     self.published = None;

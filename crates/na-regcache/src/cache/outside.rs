@@ -90,7 +90,7 @@ impl<R: Registrar> Cache<R> {
             let watch = match m.subscribe(addr, len, addr as u64) {
                 Ok(w) => Some(w),
                 Err(err) => {
-                    tracing::debug!(addr, len, error = %err, "monitor refused range: unwatched");
+                    tracing::debug!(addr, len, error = %crate::error::Chain(&err), "monitor refused range: unwatched");
                     None
                 }
             };

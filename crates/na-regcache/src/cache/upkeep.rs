@@ -27,7 +27,7 @@ impl<R: Registrar> Cache<R> {
                         source: Box::new(first),
                     });
                 }
-                tracing::debug!(evicted, error = %first, "registration failed: evicted idle entries, retrying");
+                tracing::debug!(evicted, error = %crate::error::Chain(&first), "registration failed: evicted idle entries, retrying");
                 b.registrar.register(addr, len, access).map_err(|e| {
                     Stats::bump(&b.stats.register_failures);
                     Error::Register {

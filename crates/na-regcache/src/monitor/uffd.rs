@@ -351,7 +351,7 @@ impl Shared {
             // are left alone by the kernel; an error changes nothing.)
             self.forget(s, e);
             if let Err(err) = self.uffd.unregister(s, e - s) {
-                tracing::debug!(start = s, len = e - s, error = %err, "UFFDIO_UNREGISTER failed");
+                tracing::debug!(start = s, len = e - s, error = %crate::error::Chain(&err), "UFFDIO_UNREGISTER failed");
             }
         }
     }
@@ -403,7 +403,7 @@ impl UffdMonitor {
         let map_watch = if map_watch {
             MapWatch::open()
                 .inspect_err(|e| {
-                    tracing::info!(error = %e, "no perf map watch: every in-flight lookup makes a system call")
+                    tracing::info!(error = %crate::error::Chain(e), "no perf map watch: every in-flight lookup makes a system call")
                 })
                 .ok()
         } else {
@@ -411,7 +411,7 @@ impl UffdMonitor {
         };
         let vmas = Vmas::open()
             .inspect_err(|e| {
-                tracing::warn!(error = %e, "/proc/self/maps unavailable: userfaultfd refuses every range (uncached)")
+                tracing::warn!(error = %crate::error::Chain(e), "/proc/self/maps unavailable: userfaultfd refuses every range (uncached)")
             })
             .ok();
         let shared = Arc::new(Shared {

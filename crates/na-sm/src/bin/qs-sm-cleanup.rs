@@ -16,7 +16,7 @@ fn main() {
         None => match na_sm::default_dir() {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("qs-sm-cleanup: {e}");
+                eprintln!("qs-sm-cleanup: {}", na_core::ErrorChain(&e));
                 std::process::exit(1);
             }
         },
@@ -37,7 +37,7 @@ fn main() {
             );
         }
         Err(e) => {
-            eprintln!("qs-sm-cleanup: {e}");
+            eprintln!("qs-sm-cleanup: {}", na_core::ErrorChain(&e));
             std::process::exit(1);
         }
     }

@@ -122,7 +122,7 @@ pub(super) fn judge(path: &Path, name: &SmName) -> Verdict {
         Err(e) => {
             // No lock to go by (a file system without flock): a version-2
             // owner cannot be judged.
-            tracing::debug!(path = %path.display(), error = %e, "flock on an owner file failed");
+            tracing::debug!(path = %path.display(), error = %na_core::ErrorChain(&e), "flock on an owner file failed");
             return match read_owner(&file) {
                 Some(line) if line.version == 1 => judge_by_pid(name, Some(line), None),
                 _ => Verdict::Alive(Kept::NoLock),

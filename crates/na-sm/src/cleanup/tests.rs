@@ -213,7 +213,7 @@ fn an_owner_name_on_a_fifo_or_a_link_is_kept_without_blocking() {
     std::os::unix::fs::symlink(&target, temp_path(&dir, &link)).unwrap();
     let d = dir.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(cleanup_stale(&d).map_err(|e| e.to_string())));
+    std::thread::spawn(move || tx.send(cleanup_stale(&d).map_err(|e| na_core::ErrorChain(&e).to_string())));
     let r = rx
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("cleanup_stale blocked on a FIFO named as an owner file")
@@ -228,7 +228,7 @@ fn an_owner_name_on_a_fifo_or_a_link_is_kept_without_blocking() {
 /// cleanup), which only that case found.
 fn refused_saying(dir: &Path, name: &SmName, says: &[&str]) {
     let e = claim_name(dir, name).expect_err("the claim was refused");
-    let text = e.to_string();
+    let text = na_core::ErrorChain(&e).to_string();
     assert!(text.contains("is in use"), "{text}");
     for s in says {
         assert!(text.contains(s), "the error does not say {s:?}: {text}");

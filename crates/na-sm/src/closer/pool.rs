@@ -160,7 +160,7 @@ impl Pool {
             Err(e) => {
                 if SPAWN_FAILING.set(true) {
                     tracing::warn!(
-                        error = %e,
+                        error = %na_core::ErrorChain(&e),
                         "sm: cannot start a closing thread (said once until one starts again)"
                     );
                 }

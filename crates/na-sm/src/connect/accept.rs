@@ -66,7 +66,7 @@ impl SmPlugin {
                     // queued and the listener readable; retrying at once
                     // would spin.
                     self.stats.accept_errors += 1;
-                    tracing::warn!(error = %e, pause = ?ACCEPT_RETRY, "sm: accept failed; pausing accepts");
+                    tracing::warn!(error = %na_core::ErrorChain(&e), pause = ?ACCEPT_RETRY, "sm: accept failed; pausing accepts");
                     self.pause_accepts(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
                     return;
                 }
@@ -75,7 +75,7 @@ impl SmPlugin {
                 Ok(c) => c,
                 Err(e) => {
                     if self.stats.refuse_handshake() {
-                        tracing::warn!(error = %e, "SO_PEERCRED failed; dropping connection");
+                        tracing::warn!(error = %na_core::ErrorChain(&e), "SO_PEERCRED failed; dropping connection");
                     }
                     continue;
                 }
@@ -135,7 +135,7 @@ impl SmPlugin {
         self.accept_pause = None;
         if let Some(l) = &self.listener {
             if let Err(e) = self.poll.add(l.as_fd(), LISTENER_TOKEN) {
-                tracing::warn!(error = %e, "sm: re-adding the listener failed; retrying later");
+                tracing::warn!(error = %na_core::ErrorChain(&e), "sm: re-adding the listener failed; retrying later");
                 self.accept_pause = Some(AcceptPause::Until(Instant::now() + ACCEPT_RETRY));
                 return;
             }

@@ -209,7 +209,7 @@ impl SmPlugin {
         // Nothing more comes with descriptors on this connection: the
         // kernel refuses them to the sender where it can (Linux 6.16).
         refuse_passed_fds(p.sock.as_fd());
-        let local = |e: SmError| HelloFailure::Local(e.to_string());
+        let local = |e: SmError| HelloFailure::Local(na_core::ErrorChain(&e).to_string());
         let mut gone = exited.then(|| "exited during the handshake".to_owned());
         let mut pidfd = None;
         if !exited {
@@ -221,7 +221,7 @@ impl SmPlugin {
                 Err(e) => {
                     gone = Some(match NaError::from(e) {
                         NaError::PeerGone { reason, .. } => reason,
-                        e => e.to_string(),
+                        e => na_core::ErrorChain(&e).to_string(),
                     })
                 }
             }

@@ -161,7 +161,7 @@ impl SmPlugin {
                     tracing::info!(removed = r.removed.len(), dir = %self.dir.display(), "removed stale sm files")
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "stale-file cleanup failed"),
+                Err(e) => tracing::warn!(error = %na_core::ErrorChain(&e), "stale-file cleanup failed"),
             }
         }
         // The name is ours once our locked owner file is in place (never
@@ -251,7 +251,8 @@ mod tests {
             panic!("{e}")
         };
         assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
-        assert!(e.to_string().contains("by a live process"), "{e}");
+        let chain = na_core::ErrorChain(&e).to_string();
+        assert!(chain.contains("by a live process"), "{chain}");
         assert!(other.listener.is_none());
         drop(other);
         assert_eq!(state(), before, "the live instance's files changed");

@@ -124,7 +124,7 @@ impl SmPlugin {
     /// Completes `o` with the error `e` stands for.
     fn fail_rma(&mut self, e: io::Error, o: &Rma<'_>, pid: u32, dest: &Addr) {
         let err = self.rma_error(e, o.dir, o.len, pid, dest);
-        tracing::debug!(peer = %dest, error = %err, "sm {} failed", o.dir.name());
+        tracing::debug!(peer = %dest, error = %na_core::ErrorChain(&err), "sm {} failed", o.dir.name());
         self.completions
             .push_back(Completion::failed(o.op, o.dir.kind(), err, None));
     }

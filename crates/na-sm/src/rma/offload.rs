@@ -125,7 +125,7 @@ impl SmPlugin {
             .and_then(|fd| match fd.try_clone() {
                 Ok(fd) => Some(Arc::new(fd)),
                 Err(e) => {
-                    tracing::debug!(error = %e, "sm: no pidfd duplicate for RMA jobs; their pid is not checked");
+                    tracing::debug!(error = %na_core::ErrorChain(&e), "sm: no pidfd duplicate for RMA jobs; their pid is not checked");
                     None
                 }
             });
@@ -168,7 +168,7 @@ impl SmPlugin {
                     }
                     (Some(e), Some(dest)) => {
                         let err = self.rma_error(e, r.dir, len, r.pid, dest);
-                        tracing::debug!(peer = %dest, error = %err, "sm {} failed", r.dir.name());
+                        tracing::debug!(peer = %dest, error = %na_core::ErrorChain(&err), "sm {} failed", r.dir.name());
                         Completion::failed(op, r.dir.kind(), err, None)
                     }
                     (Some(e), None) => {

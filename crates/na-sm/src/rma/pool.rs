@@ -244,7 +244,7 @@ impl RmaPool {
                     return Err(NaError::sys("starting an sm RMA transfer thread", e));
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "sm: starting another RMA transfer thread failed; the running ones go on");
+                    tracing::warn!(error = %na_core::ErrorChain(&e), "sm: starting another RMA transfer thread failed; the running ones go on");
                     break;
                 }
             }
@@ -470,7 +470,7 @@ fn worker(shared: &Shared) {
         shared.done_len.store(st.done.len(), Ordering::Release);
         if first {
             if let Err(e) = shared.wake.signal() {
-                tracing::warn!(error = %e, "sm: an RMA transfer thread could not wake its owner");
+                tracing::warn!(error = %na_core::ErrorChain(&e), "sm: an RMA transfer thread could not wake its owner");
             }
         }
     }

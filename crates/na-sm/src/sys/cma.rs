@@ -153,7 +153,7 @@ fn list(batch: &[Rma<'_>], lists: &mut IovLists, failed: &mut Vec<(usize, io::Er
                         push(remote, a as usize, n as usize)
                     })
                 })
-                .map_err(|e| e.to_string()),
+                .map_err(|e| na_core::ErrorChain(&e).to_string()),
         };
         match listed_ok {
             Ok(()) => {

@@ -7,8 +7,7 @@ use std::error::Error;
 use std::process::ExitCode;
 
 /// Runs a program's body: success, or its error on stderr (prefixed by
-/// `program`, one "caused by" line per source the message does not
-/// already hold) and exit status 1.
+/// `program`, then one "caused by" line per source) and exit status 1.
 pub fn run(program: &str, body: impl FnOnce() -> Result<(), Box<dyn Error>>) -> ExitCode {
     match body() {
         Ok(()) => ExitCode::SUCCESS,
@@ -22,21 +21,14 @@ pub fn run(program: &str, body: impl FnOnce() -> Result<(), Box<dyn Error>>) -> 
 }
 
 /// The lines [`run`] prints for `e`: its message, then a "caused by" line
-/// for each source whose text is not already in the lines before it (an
-/// error that writes its source into its own message, as
-/// `RpcError::Transport` does, and also returns it as its source, would
-/// otherwise print the same words twice).
+/// for each error of its chain. The workspace's errors write their own
+/// context only and leave their cause to `source()` (see
+/// `na_core::ErrorChain`), so each cause is said once.
 fn report(program: &str, e: &dyn Error) -> Vec<String> {
-    let mut said = e.to_string();
-    let mut lines = vec![format!("{program}: error: {said}")];
+    let mut lines = vec![format!("{program}: error: {e}")];
     let mut source = e.source();
     while let Some(s) = source {
-        let text = s.to_string();
-        if !said.contains(&text) {
-            lines.push(format!("  caused by: {text}"));
-            said.push('\n');
-            said.push_str(&text);
-        }
+        lines.push(format!("  caused by: {s}"));
         source = s.source();
     }
     lines
@@ -46,35 +38,39 @@ fn report(program: &str, e: &dyn Error) -> Vec<String> {
 mod exit_tests {
     use super::report;
 
-    /// An error that writes its source into its message, or not.
+    /// An error with a source that keeps its text out of its message.
     #[derive(Debug)]
-    struct Wrap(&'static str, bool, std::io::Error);
+    struct Wrap(&'static str, std::io::Error);
 
     impl std::fmt::Display for Wrap {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            match self.1 {
-                true => write!(f, "{}: {}", self.0, self.2),
-                false => f.write_str(self.0),
-            }
+            f.write_str(self.0)
         }
     }
 
     impl std::error::Error for Wrap {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.2)
+            Some(&self.1)
         }
     }
 
     #[test]
-    fn a_cause_the_message_already_holds_is_not_printed_again() {
-        let inner = || std::io::Error::other("disk on fire");
+    fn each_cause_of_the_chain_is_printed_once() {
+        let e = Wrap("saving", std::io::Error::other("disk on fire"));
+        assert_eq!(report("p", &e), ["p: error: saving", "  caused by: disk on fire"]);
+        // The RPC layer's errors: a transport error over a failed lookup
+        // over the OS error, each said once.
+        let e = hg_rpc::RpcError::Transport(na_core::NaError::Lookup {
+            uri: "sm://7-0".into(),
+            source: std::io::Error::other("no socket file"),
+        });
         assert_eq!(
-            report("p", &Wrap("transport", true, inner())),
-            ["p: error: transport: disk on fire"]
-        );
-        assert_eq!(
-            report("p", &Wrap("saving", false, inner())),
-            ["p: error: saving", "  caused by: disk on fire"]
+            report("p", &e),
+            [
+                "p: error: transport error",
+                "  caused by: lookup of sm://7-0 failed",
+                "  caused by: no socket file",
+            ]
         );
     }
 }

@@ -216,7 +216,7 @@ impl<R: Registrar> Drop for Entry<R> {
             .fetch_sub((self.end - self.start) as u64, Ordering::Relaxed);
         if let Err(e) = b.registrar.deregister(region) {
             Stats::bump(&b.stats.deregister_failures);
-            tracing::warn!(start = self.start, len = self.end - self.start, error = %e, "deregistration failed");
+            tracing::warn!(start = self.start, len = self.end - self.start, error = %crate::error::Chain(&e), "deregistration failed");
         }
     }
 }
