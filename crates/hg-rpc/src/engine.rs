@@ -246,6 +246,9 @@ pub struct Engine<C: Codec = Postcard> {
     /// sets it anew and an emptied queue clears it, so it outlives the
     /// requests that held room by one retry at most.
     deferred_held_at_retry: bool,
+    /// Wakes a sleeper when a deferred request's pulled input comes back
+    /// outside the engine (see `register_ops::ReturnWake`).
+    returned_input_wake: register_ops::ReturnWake,
     max_pull_bytes: u64,
     /// Bytes of the spilled inputs being pulled, per origin (their share,
     /// with what their deferred requests hold; see `pull_share_ops.rs`).
@@ -380,6 +383,7 @@ impl<C: Codec> Engine<C> {
             pull_bytes: 0,
             deferred_bytes: Arc::default(),
             deferred_held_at_retry: false,
+            returned_input_wake: Arc::default(),
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
             input_pulls_by_peer: FastMap::default(),
             max_pull_per_peer: None,

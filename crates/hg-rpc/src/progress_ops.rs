@@ -133,6 +133,26 @@ impl<C: Codec> Engine<C> {
         kept
     }
 
+    /// The deadline of a sleeper that
+    /// [`wake_on_returned_inputs`](Self::wake_on_returned_inputs) wakes
+    /// (the tokio front end's driver): [`next_expiry`](Self::next_expiry)
+    /// without [`OUTPUT_WAIT_RECHECK`](super::OUTPUT_WAIT_RECHECK)'s bound
+    /// while spilled outputs wait for room, since a deferred request
+    /// dropped unanswered wakes it, and every other return of room
+    /// reaches the engine or wakes the fd (a pull's end, a completion; a
+    /// request answered, which tries the outputs again in place; the head
+    /// of the queue given up on, whose release notice's send completion
+    /// wakes the driver to try those behind it). Its sleep then ends only at the kept data's
+    /// TTLs and the notices' retries, not every 10 ms. Unset, the same as
+    /// `next_expiry`.
+    pub(crate) fn driver_expiry(&self) -> Option<Instant> {
+        if self.wakes_on_returned_inputs() {
+            self.kept_expiry()
+        } else {
+            self.next_expiry()
+        }
+    }
+
     /// [`next_expiry`](Self::next_expiry) of the spilled data kept for a
     /// TTL and of the notices that wait to be sent again.
     #[inline]

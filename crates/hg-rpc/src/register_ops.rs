@@ -5,7 +5,7 @@
 //! hold, and their answers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use na_core::fasthash::FastMap;
 use na_core::Addr;
@@ -43,7 +43,8 @@ pub(crate) struct Handler {
 /// [`next_expiry`](Engine::next_expiry) is at most
 /// [`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK) ahead, so a sleep
 /// bounded by it, a blocking `progress`'s included, looks again that
-/// often).
+/// often; an [`AsyncEngine`](crate::AsyncEngine)'s driver is woken by the
+/// drop instead, and sleeps without that bound).
 pub struct DeferredRequest {
     pub(super) src: Addr,
     pub(super) header: Header,
@@ -51,7 +52,7 @@ pub struct DeferredRequest {
     pub payload: Vec<u8>,
     /// A pulled (spilled) input counts against the engine's pull budget
     /// until the request is answered or dropped.
-    _charge: Option<PullCharge>,
+    charge: Option<PullCharge>,
     /// Its place under [`Engine::set_max_deferred`]'s bounds, until then.
     _ticket: DeferredTicket,
 }
@@ -64,12 +65,36 @@ pub(super) struct PullCharge {
     held: Arc<AtomicU64>,
     peer: Origin,
     ledger: DeferredLedger,
+    /// Called when the charge is dropped outside
+    /// [`Engine::respond_deferred`] (which tries the waiting outputs
+    /// itself), once set: see [`ReturnWake`].
+    wake: ReturnWake,
+    /// Given back by `respond_deferred`, under the engine's `&mut`: no
+    /// wake-up needed.
+    answered: bool,
 }
+
+/// What wakes the engine's sleeper when a deferred request's pulled
+/// input gives its room back outside the engine (the request dropped
+/// unanswered, on any thread): set by the tokio front end, whose driver
+/// then sleeps without [`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK)'s
+/// bound (see `Engine::driver_expiry`). Unset, a sleep on the fd cannot be
+/// woken from here, and `next_expiry` bounds it instead. Shared with
+/// every charge, those made before it was set included.
+pub(crate) type ReturnWake = Arc<OnceLock<Box<dyn Fn() + Send + Sync>>>;
 
 impl Drop for PullCharge {
     fn drop(&mut self) {
         self.held.fetch_sub(self.bytes, Ordering::Relaxed);
         self.ledger.release_bytes(self.peer, self.bytes);
+        // After the room is back: a sleeper woken now sees it (a wake-up
+        // that comes before the sleep is kept for it: tokio's
+        // `Notify::notify_one` stores a permit).
+        if !self.answered {
+            if let Some(wake) = self.wake.get() {
+                wake();
+            }
+        }
     }
 }
 
@@ -85,7 +110,7 @@ impl DeferredRequest {
             src: src.clone(),
             header: *header,
             payload,
-            _charge: charge,
+            charge,
             _ticket: ticket,
         }
     }
@@ -220,7 +245,26 @@ impl<C: Codec> Engine<C> {
             held: Arc::clone(&self.deferred_bytes),
             peer,
             ledger: self.deferred_ledger.clone(),
+            wake: Arc::clone(&self.returned_input_wake),
+            answered: false,
         }
+    }
+
+    /// Calls `wake` whenever a deferred request's pulled input gives its
+    /// room in the pull budget back outside
+    /// [`respond_deferred`](Self::respond_deferred) (dropped unanswered,
+    /// on any thread), so that a sleeper it wakes tries the spilled
+    /// outputs that wait for room again. Set once (later calls are
+    /// ignored); the tokio front end sets it to wake its driver, which
+    /// then sleeps until [`driver_expiry`](Self::driver_expiry).
+    pub(crate) fn wake_on_returned_inputs(&mut self, wake: impl Fn() + Send + Sync + 'static) {
+        let _ = self.returned_input_wake.set(Box::new(wake));
+    }
+
+    /// True once [`wake_on_returned_inputs`](Self::wake_on_returned_inputs)
+    /// was set.
+    pub(super) fn wakes_on_returned_inputs(&self) -> bool {
+        self.returned_input_wake.get().is_some()
     }
 
     /// Answers a deferred request: `Ok(encoded output)` or `Err(message)`
@@ -235,7 +279,11 @@ impl<C: Codec> Engine<C> {
             self.answer(&req.src, response_header(&req.header, status), out);
         }
         // A pulled input it held leaves the pull budget with it: room for
-        // spilled outputs that wait for some.
+        // spilled outputs that wait for some, tried here (no wake-up).
+        let mut req = req;
+        if let Some(charge) = req.charge.as_mut() {
+            charge.answered = true;
+        }
         drop(req);
         self.pull_budget_freed();
     }

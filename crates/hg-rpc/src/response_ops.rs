@@ -18,11 +18,12 @@ use crate::header::{Header, Status, FLAG_SPILL};
 
 /// The furthest [`next_expiry`](Engine::next_expiry) lies ahead while
 /// spilled outputs wait for room that deferred requests hold, and so the
-/// longest a blocking [`progress`](Engine::progress), an async driver or
-/// an event loop of the user's own (bounded by `next_expiry`) sleeps
-/// then: a request dropped unanswered on another thread gives its room
-/// back without waking the sleep, so the outputs are tried again at
-/// least this often.
+/// longest a blocking [`progress`](Engine::progress) or an event loop of
+/// the user's own (bounded by `next_expiry`) sleeps then: a request
+/// dropped unanswered on another thread gives its room back without
+/// waking the sleep, so the outputs are tried again at least this often.
+/// (An [`AsyncEngine`](crate::AsyncEngine)'s driver is woken by such a
+/// drop, and sleeps without this bound.)
 pub const OUTPUT_WAIT_RECHECK: Duration = Duration::from_millis(10);
 
 /// Entries the emptied queue of waiting outputs keeps room for: a burst
@@ -205,8 +206,9 @@ impl<C: Codec> Engine<C> {
     /// [`OUTPUT_WAIT_RECHECK`] from now if that is sooner and deferred
     /// requests hold pulled inputs. One of those dropped unanswered gives
     /// its room back in its `Drop`, which cannot reach the engine nor wake
-    /// a sleep on the fd (a blocking `progress`, an async driver, a user's
-    /// own event loop): the sleep ends by this deadline and the outputs
+    /// a sleep on the fd (a blocking `progress`, a user's own event loop;
+    /// the async driver is woken, see `driver_expiry`): the sleep ends by
+    /// this deadline and the outputs
     /// are tried again (`try_wait`, `progress`). With no request holding
     /// an input, only a pull's end, which wakes the sleep, brings room
     /// back. Nor with one that held an input when the last retry of the
@@ -319,7 +321,9 @@ impl<C: Codec> Engine<C> {
     /// Call `cookie` is given up on: if its spilled output waits for room
     /// to be pulled, the target is told to let it go, and the call, which
     /// its target answered (so is done with its input and lent handles),
-    /// is forgotten. False if its output does not wait.
+    /// is forgotten. False if its output does not wait. (Those behind it
+    /// are tried at the next `try_wait`: the release notice's send
+    /// completion wakes a sleeping driver.)
     #[cold]
     #[inline(never)]
     pub(super) fn drop_waiting_output(&mut self, cookie: u64) -> bool {

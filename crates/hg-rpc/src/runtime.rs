@@ -340,15 +340,15 @@ impl Shared {
     }
 
     /// Wakes the driver to work out its deadline again if `e`'s
-    /// [`next_expiry`](Engine::next_expiry) is now sooner than the
+    /// `driver_expiry` (its [`next_expiry`](Engine::next_expiry) without
+    /// the 10 ms rechecks) is now sooner than the
     /// deadline it sleeps until. Call with the engine locked, after any
     /// work done outside the driver's turn that may bring the next expiry
     /// forward: more spilled data kept for a TTL (a spilled one-way call,
     /// an async handler's spilled output, a call given up that keeps its
     /// input), a notice the transport refused that waits for a retry (a
     /// release of a waiting output, sent as an async handler's answer
-    /// gives pull budget back), spilled outputs that start to wait while
-    /// deferred requests hold inputs ([`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK)).
+    /// gives pull budget back).
     /// A driver asleep with a later deadline, or none, would otherwise
     /// let a TTL or a retry pass unnoticed until the next traffic. Nothing
     /// to do while the driver turns: it asks again before it sleeps.
@@ -360,7 +360,7 @@ impl Shared {
         if asleep == AWAKE {
             return;
         }
-        if self.code(e.next_expiry()) < asleep {
+        if self.code(e.driver_expiry()) < asleep {
             // Stored if the driver is not waiting yet (it let the lock go
             // and has still to poll its sleep): that sleep ends at once.
             self.rearm.notify_one();
@@ -505,6 +505,17 @@ impl AsyncEngine {
             // Awake: the driver works before it first sleeps.
             sleeps_until: AtomicU64::new(AWAKE),
             epoch: Instant::now(),
+        });
+        // A deferred request dropped unanswered (on any thread) gives its
+        // pulled input's room back outside the engine: wake the driver to
+        // try the outputs that wait for it (so it needs no 10 ms rechecks
+        // while they wait: `Engine::driver_expiry`). Weak: the engine,
+        // inside `Shared`, keeps the hook.
+        let weak = Arc::downgrade(&shared);
+        shared.engine().wake_on_returned_inputs(move || {
+            if let Some(shared) = weak.upgrade() {
+                shared.rearm.notify_one();
+            }
         });
         // Shared never gives out `&mut Engine` (so the endpoint and its fd
         // cannot be replaced): that is what `sys::async_fd::register` needs.

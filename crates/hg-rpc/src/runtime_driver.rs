@@ -100,7 +100,10 @@ pub(super) async fn drive(
                     }
                     e.try_wait().map(|sleep| {
                         sleep.then(|| {
-                            let at = e.next_expiry();
+                            // `driver_expiry`: woken when room comes
+                            // back, the driver needs no 10 ms rechecks
+                            // while spilled outputs wait for it.
+                            let at = e.driver_expiry();
                             // Under the lock: work done outside this task
                             // from now on knows when we wake.
                             shared.sleeping_until(at);

@@ -203,32 +203,109 @@ fn echo_len_charged(charge: usize) -> usize {
     }
 }
 
+/// The most bytes of reason what goes again in a lost answer's place
+/// carries (hg-rpc's `RESENT_REASON_MAX`): an answer from no handler whose
+/// reason is no longer is not tried again when a full backlog refused it
+/// (the same message would be refused again).
+const RESENT_REASON_MAX: usize = 96;
+
 /// An answer from no handler (busy here: nothing ran, try later) that the
 /// target's full send backlog refuses goes again with its status, its
 /// reason cut short, and the caller's call ends with `Busy`, as a retry
 /// policy keyed on it expects (before: `ResponseNotSent`, "the handler
 /// may have run", and that error, longer than the busy answer, was
-/// refused too here: the call got nothing at all). The backlog is filled
-/// to leave exactly one byte less room than the busy answer takes.
+/// refused too here: the call got nothing at all). Whether it goes again
+/// depends on the busy reason's length, which this test does not pick:
+/// [`no_handler_answer_refused_by_a_full_backlog`] checks the outcome
+/// either length has (the next test always has a long one).
 #[test]
 fn a_busy_answer_refused_by_a_full_backlog_still_arrives_as_busy() {
+    no_handler_answer_refused_by_a_full_backlog::<Sleep>(
+        "busy-refused",
+        |srv| {
+            srv.register_deferred::<Sleep>().unwrap();
+            srv.set_max_deferred(0, 0);
+        },
+        &1,
+        &2,
+        |e| match e {
+            RpcError::Busy { reason, .. } => Some(reason.clone()),
+            _ => None,
+        },
+    );
+}
+
+/// An RPC whose name makes the reason of its decode error (which names
+/// it) longer than [`RESENT_REASON_MAX`] whatever the rest of the text.
+struct LongNamed;
+impl Rpc for LongNamed {
+    const NAME: &'static str = "long_named_rpc_whose_decode_error_reason_names_it_and_so_is_longer_than_what_goes_again_in_a_lost_answers_place";
+    type Input = u64;
+    type Output = u64;
+}
+
+/// [`LongNamed`] as a caller that sends no input at all: no `u64` decodes.
+struct LongNamedNoInput;
+impl Rpc for LongNamedNoInput {
+    const NAME: &'static str = LongNamed::NAME;
+    type Input = ();
+    type Output = u64;
+}
+
+/// As above, with an answer from no handler whose reason is long by
+/// construction (a decode error naming an RPC of a long name): it always
+/// goes again, cut short, and the call ends with `Decode`, whatever the
+/// length of the busy reason.
+#[test]
+fn a_long_decode_error_refused_by_a_full_backlog_goes_again_cut_short() {
+    assert!(LongNamed::NAME.len() > RESENT_REASON_MAX);
+    no_handler_answer_refused_by_a_full_backlog::<LongNamedNoInput>(
+        "decode-refused",
+        |srv| srv.register::<LongNamed>(Ok).unwrap(),
+        &(),
+        &(),
+        |e| match e {
+            RpcError::Decode { reason, .. } => Some(reason.clone()),
+            _ => None,
+        },
+    );
+}
+
+/// A server that answers a call of `R` from no handler (`setup` makes it
+/// so; `reason_of` takes that answer's reason from the caller's error, or
+/// `None` for another error): its answer to `probe` while the caller
+/// reads tells its reason and so its length; then the caller stops
+/// reading, the backlog is filled to leave exactly one byte less room
+/// than that answer takes, and `input` is called. The answer is refused;
+/// if its reason is longer than [`RESENT_REASON_MAX`], the same answer cut
+/// to it goes in its place (`responses_replaced`) and the call ends with
+/// it once the caller reads again; else it is not tried again (the same
+/// message would be refused), the answer is dropped
+/// (`responses_dropped`) and the call gets nothing.
+fn no_handler_answer_refused_by_a_full_backlog<R: Rpc>(
+    tag: &str,
+    setup: impl FnOnce(&mut Engine),
+    probe: &R::Input,
+    input: &R::Input,
+    reason_of: impl Fn(&RpcError) -> Option<String>,
+) {
     const BOUND: usize = 10 << 10;
-    let d = dir("busy-refused");
+    let d = dir(tag);
     let (mut srv, mut c, s) = backlogged(&d, BOUND);
-    srv.register_deferred::<Sleep>().unwrap();
-    srv.set_max_deferred(0, 0);
+    setup(&mut srv);
     let sid = srv.endpoint().plugin_ids().next().unwrap();
     let backlog = |srv: &mut Engine| srv.endpoint().plugin(sid).unwrap().stats().backlog_bytes as usize;
-    // The busy answer while the caller reads: what it says, and so its length.
-    let probe = match call_both::<Sleep>(&mut c, &mut srv, &1) {
-        Err(RpcError::Busy { reason, .. }) => reason,
-        other => panic!("expected Busy, got {other:?}"),
+    // The answer while the caller reads: what it says, and so its length.
+    let probe = match call_both::<R>(&mut c, &mut srv, probe) {
+        Err(e) => reason_of(&e).unwrap_or_else(|| panic!("not the expected answer: {e:?}")),
+        Ok(_) => panic!("the probe succeeded"),
     };
-    let busy_charge = hg_rpc::header::HEADER_LEN + probe.len() + QUEUED;
+    let charge = hg_rpc::header::HEADER_LEN + probe.len() + QUEUED;
+    let cut = probe.len() > RESENT_REASON_MAX;
 
     // The caller stops reading: outputs of 3000 bytes fill its ring until
     // one is queued, then outputs of chosen lengths leave the room the
-    // busy answer needs less one byte.
+    // answer needs less one byte.
     let mut calls = Vec::new();
     let mut handled = srv.stats().handled;
     while backlog(&mut srv) == 0 {
@@ -237,12 +314,12 @@ fn a_busy_answer_refused_by_a_full_backlog_still_arrives_as_busy() {
         handled += 1;
         serve_unread(&mut c, &mut srv, handled);
     }
-    let target = busy_charge - 1;
+    let target = charge - 1;
     loop {
         let queued = backlog(&mut srv);
         let gap = (BOUND - queued)
             .checked_sub(target)
-            .expect("the room left is already under the busy answer's");
+            .expect("the room left is already under the answer's");
         if gap == 0 {
             break;
         }
@@ -263,33 +340,39 @@ fn a_busy_answer_refused_by_a_full_backlog_still_arrives_as_busy() {
         assert_eq!(backlog(&mut srv), queued + charge, "queued {queued}, gap {gap}");
     }
 
-    // The busy answer does not fit; what goes in its place does.
+    // The answer does not fit; what goes in its place (if anything) does.
     let before = srv.stats();
     let refused = srv.endpoint().plugin(sid).unwrap().stats().sends_refused;
-    let busy = c.forward::<Sleep>(&s, &2).unwrap();
+    let lost = c.forward::<R>(&s, input).unwrap();
     serve_unread(&mut c, &mut srv, handled + 1);
     let st = srv.stats();
     let na = srv.endpoint().plugin(sid).unwrap().stats();
     assert_eq!(
         na.sends_refused,
         refused + 1,
-        "refused: the busy answer (once) and what went in its place (never): {na:?}"
+        "refused: the answer (once) and what went in its place (never; cut: {cut}): {na:?}"
     );
+    let (replaced, dropped) = if cut { (1, 0) } else { (0, 1) };
     assert_eq!(
         (st.responses_replaced, st.responses_dropped),
-        (before.responses_replaced + 1, before.responses_dropped),
-        "nothing went in the busy answer's place: {st:?}"
+        (
+            before.responses_replaced + replaced,
+            before.responses_dropped + dropped
+        ),
+        "a reason of {} bytes (cut: {cut}): {st:?}",
+        probe.len()
     );
 
-    // The caller reads again: its outputs, then `Busy`.
+    // The caller reads again: its outputs, then the answer (if it went).
     let mut open = calls;
-    let mut outcome = None;
+    let mut outcome: Option<hg_rpc::Result<R::Output>> = None;
     let end = Instant::now() + T;
-    while !open.is_empty() || outcome.is_none() {
+    while !open.is_empty() || (cut && outcome.is_none()) {
         assert!(
             Instant::now() < end,
-            "{} calls open, busy one: {outcome:?}",
-            open.len()
+            "{} calls open, the lost answer's: {:?}",
+            open.len(),
+            outcome.as_ref().map(|r| r.as_ref().map(|_| ()))
         );
         for e in [&mut c, &mut srv] {
             e.progress(Some(Duration::from_millis(1))).unwrap();
@@ -302,13 +385,35 @@ fn a_busy_answer_refused_by_a_full_backlog_still_arrives_as_busy() {
                 false
             }
         });
-        outcome = outcome.or_else(|| c.take_response::<Sleep>(busy));
+        outcome = outcome.or_else(|| c.take_response::<R>(lost));
+    }
+    if !cut {
+        // Nothing went: the call still waits, once all that was sent
+        // before has been read, and a while after.
+        let end = Instant::now() + Duration::from_millis(300);
+        while outcome.is_none() && Instant::now() < end {
+            for e in [&mut c, &mut srv] {
+                e.progress(Some(Duration::from_millis(1))).unwrap();
+                e.trigger().unwrap();
+            }
+            outcome = c.take_response::<R>(lost);
+        }
+        assert!(
+            outcome.is_none(),
+            "a dropped answer arrived: {:?}",
+            outcome.map(|r| r.map(|_| ()))
+        );
+        c.abandon(lost);
+        return;
     }
     match outcome {
-        Some(Err(RpcError::Busy { reason, .. })) => {
+        Some(Err(e)) => {
+            let reason = reason_of(&e).unwrap_or_else(|| panic!("the lost answer arrived as {e:?}"));
+            assert!(reason.len() <= RESENT_REASON_MAX, "not cut: {reason}");
             assert!(reason.len() < probe.len(), "not cut: {reason}");
-            assert!(reason.starts_with(&probe[..40]), "{reason} (first: {probe})");
+            let head = &probe[..RESENT_REASON_MAX / 2];
+            assert!(reason.starts_with(head), "{reason} (first: {probe})");
         }
-        other => panic!("the busy answer arrived as {other:?}"),
+        other => panic!("the lost answer arrived as {:?}", other.map(|r| r.map(|_| ()))),
     }
 }

@@ -1,0 +1,184 @@
+//! An `AsyncEngine`'s driver while a spilled output of its own call waits
+//! for room in the pull budget that a deferred request's pulled input
+//! holds (a server process, `hg-rpc-testpeer`, over na-sm): the driver
+//! sleeps until something brings room back, instead of waking every
+//! `OUTPUT_WAIT_RECHECK` (10 ms), and no such wake-up is lost: the
+//! request dropped unanswered on another thread, or the output at the
+//! head of the queue given up on (those behind it may fit), lets the
+//! waiting output be pulled.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hg_rpc::{AsyncEngine, DeferredRequest, Engine, RpcError};
+
+#[path = "../src/bin/testpeer/rpcs.rs"]
+#[allow(dead_code)]
+mod rpcs;
+use rpcs::*;
+mod common;
+use common::{client, dir, endpoint, Server};
+
+const MIB: u64 = 1 << 20;
+const T: Duration = Duration::from_secs(30);
+
+/// A client engine whose pull budget (1.5 MiB) is held by a 1 MiB input
+/// it pulled for a deferred handler of its own, the request in hand
+/// (taken with the blocking API, then the engine moved behind a driver),
+/// and the thread of the peer that sent it (its engine, and so its
+/// connection, kept until told to end).
+struct Held {
+    c: Arc<AsyncEngine>,
+    srv: Server,
+    req: Option<DeferredRequest>,
+    end_holder: std::sync::mpsc::Sender<()>,
+    holder: std::thread::JoinHandle<hg_rpc::Result<(u64, u64)>>,
+}
+
+/// Made outside the runtime (blocking progress), spawned inside it.
+fn held_budget(d: &std::path::Path, rt: &tokio::runtime::Runtime) -> Held {
+    let srv = Server::start(d);
+    let (ep, id) = endpoint(d, true);
+    let mut c = Engine::new(ep, id).unwrap();
+    c.set_max_pull_bytes(MIB + MIB / 2);
+    c.register_deferred::<Digest>().unwrap();
+    let c_uri = c.self_addr().uri().to_owned();
+    let (end_holder, ended) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn({
+        let d = d.to_path_buf();
+        move || {
+            let mut h = client(&d);
+            let to = h.lookup(&c_uri).unwrap();
+            // Never answered: it times out.
+            let r = h.call::<Digest>(&to, &fill_pattern(MIB, 5), Duration::from_secs(2));
+            let _ = ended.recv();
+            r
+        }
+    });
+    let end = Instant::now() + T;
+    let req = loop {
+        assert!(
+            Instant::now() < end,
+            "the held input never arrived: {:?}",
+            c.stats()
+        );
+        c.progress(Some(Duration::from_millis(10))).unwrap();
+        c.trigger().unwrap();
+        if let Some(r) = c.take_deferred() {
+            break r;
+        }
+    };
+    let c = Arc::new(rt.block_on(async { AsyncEngine::spawn(c) }).unwrap());
+    Held {
+        c,
+        srv,
+        req: Some(req),
+        end_holder,
+        holder,
+    }
+}
+
+impl Held {
+    /// Waits until `n` outputs in all have waited for room.
+    async fn outputs_waited(&self, n: u64) {
+        let end = Instant::now() + T;
+        while self.c.stats().outputs_waited < n {
+            let st = self.c.stats();
+            assert_eq!(st.errors, 0, "calls failed instead of waiting for room: {st:?}");
+            assert!(Instant::now() < end, "the output did not wait: {st:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The peer whose request was never answered timed out.
+    fn end(self) {
+        let _ = self.end_holder.send(());
+        let r = self.holder.join().unwrap();
+        assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Idle for 2 s with an output waiting for room a deferred request holds:
+/// the driver sleeps a handful of times at most (it slept every 10 ms,
+/// about 200 times, before it was woken by the request's drop). Then the
+/// request, dropped unanswered on another thread, wakes it, and the
+/// output is pulled intact.
+#[test]
+fn the_driver_sleeps_while_an_output_waits_and_wakes_when_a_dropped_request_gives_room_back() {
+    let d = dir("driver-idle-wakes");
+    let rt = runtime();
+    let mut h = held_budget(&d, &rt);
+    rt.block_on(async {
+        let s = h.c.lookup(&h.srv.uri).await.unwrap();
+        let call = tokio::spawn({
+            let (c, s) = (h.c.clone(), s.clone());
+            async move { c.call::<Fill>(&s, &(MIB, 7), T).await }
+        });
+        h.outputs_waited(1).await;
+        // Settled (the turns around the response are over), then idle.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = h.c.stats().driver_sleeps;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let st = h.c.stats();
+        let slept = st.driver_sleeps - before;
+        assert!(
+            slept <= 10,
+            "the driver woke {slept} times in 2 s while an output waited and nothing happened: {st:?}"
+        );
+        assert!(!call.is_finished(), "the output did not wait: {st:?}");
+        let req = h.req.take();
+        std::thread::spawn(move || drop(req)).join().unwrap();
+        let out = call.await.unwrap().unwrap();
+        assert!(out == fill_pattern(MIB, 7), "corrupted");
+        let st = h.c.stats();
+        assert_eq!((st.in_flight, st.errors, st.outputs_waited), (0, 0, 1), "{st:?}");
+    });
+    h.end();
+}
+
+/// Two outputs wait: a 1 MiB head, which finds no room while the request
+/// holds its input, and a 256 KiB one behind it, which would fit. The
+/// head's call times out: the one behind it is pulled then, while the
+/// request still holds its room (no 10 ms recheck moves it: the head's
+/// release, sent as it leaves the queue, wakes the driver by its send
+/// completion, and the driver's `try_wait` tries the outputs again).
+#[test]
+fn an_output_behind_a_head_given_up_on_is_pulled_without_a_recheck() {
+    let d = dir("driver-idle-head");
+    let rt = runtime();
+    let mut h = held_budget(&d, &rt);
+    rt.block_on(async {
+        let s = h.c.lookup(&h.srv.uri).await.unwrap();
+        let head = tokio::spawn({
+            let (c, s) = (h.c.clone(), s.clone());
+            async move { c.call::<Fill>(&s, &(MIB, 7), Duration::from_secs(3)).await }
+        });
+        h.outputs_waited(1).await;
+        let behind = tokio::spawn({
+            let (c, s) = (h.c.clone(), s.clone());
+            async move { c.call::<Fill>(&s, &(MIB / 4, 8), Duration::from_secs(20)).await }
+        });
+        h.outputs_waited(2).await;
+        match head.await.unwrap() {
+            Err(RpcError::Timeout { .. }) => {}
+            other => panic!("expected a timeout, got {:?}", other.map(|v| v.len())),
+        }
+        let out = behind
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the output behind the head given up on: {e}"));
+        assert!(out == fill_pattern(MIB / 4, 8), "corrupted");
+        let st = h.c.stats();
+        assert_eq!((st.in_flight, st.errors, st.outputs_waited), (0, 1, 2), "{st:?}");
+    });
+    drop(h.req.take());
+    h.end();
+}
