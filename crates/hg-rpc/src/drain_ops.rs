@@ -59,7 +59,8 @@ impl<C: Codec> Engine<C> {
     /// [`trigger`](Self::trigger) (a request that came before the drain
     /// began is still answered "busy"), no request waits for or runs in an
     /// asynchronous handler, no spilled input or output is being pulled,
-    /// no spilled output waits for its origin to pull it, and the
+    /// no spilled output waits for its origin to pull it, no release
+    /// notice or acknowledgement waits to be sent again, and the
     /// transport has sent every answer (none in its send backlog, none
     /// posted to a device and not yet completed,
     /// [`PluginStats::sends_posted`](na_core::PluginStats::sends_posted)).
@@ -78,6 +79,7 @@ impl<C: Codec> Engine<C> {
             && self.deferred_ledger.total() == 0
             && self.pulls.is_empty()
             && self.exposed.is_empty()
+            && self.unsent_notices.is_empty()
             && transport_idle
     }
 

@@ -365,4 +365,35 @@ mod tests {
         drop((srv, c));
         let _ = std::fs::remove_dir_all(dir);
     }
+
+    /// A notice that waits to be sent again is owed to its peer (an
+    /// acknowledgement lets it release a spilled input, a release lets it
+    /// free an output): an engine is not drained while one waits, and
+    /// once driven until drained it has sent it and owes nothing (so its
+    /// drop does not warn). (Before, `drained` said true with notices
+    /// waiting: a server dropped then lost them, and its drop warned.)
+    #[test]
+    fn an_engine_with_notices_waiting_is_not_drained() {
+        use std::time::Instant;
+        let (dir, mut srv, mut c, s) = crate::engine::test_support::sm_pair("notice-drain");
+        c.begin_drain();
+        assert!(c.drained(), "an idle engine draining owes nothing");
+        c.queue_notice(&s, ack(9));
+        c.queue_notice(&s, Notice::Release(10));
+        assert_eq!(c.notices_waiting(), 2);
+        assert!(!c.owed().is_nothing());
+        assert!(!c.drained(), "drained with notices waiting to be sent");
+        let end = Instant::now() + Duration::from_secs(30);
+        while !c.drained() {
+            assert!(Instant::now() < end, "never drained: {:?}", c.stats());
+            c.progress_now().unwrap();
+            c.trigger().unwrap();
+            srv.progress_now().unwrap();
+            srv.trigger().unwrap();
+        }
+        assert_eq!(c.notices_waiting(), 0, "drained, and notices still wait");
+        assert!(c.owed().is_nothing(), "{:?}", c.owed());
+        drop((srv, c));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -268,7 +268,10 @@ pub trait Plugin: Send {
     /// the kernel's `SO_PEERCRED` pid (checked against the name the peer's
     /// hello gave) and the start time it read for that pid when the
     /// connection was made (so a reused pid is another process); `None`
-    /// for a peer whose start time it could not read. na-verbs keeps the
+    /// for a peer whose start time it could not read, until a later
+    /// connection of it reads one. So the answer for one address may go
+    /// from `None` to `Some` (never the other way, nor from one `Some` to
+    /// another): state keyed by it keeps the key it was counted under. na-verbs keeps the
     /// default: nothing vouches for a remote process's identity (its
     /// hello says what it likes, and RDMA CM names only an IP address and
     /// port, which many processes, or one process many times, may hold).

@@ -401,8 +401,9 @@ impl VerbsPlugin {
         self.on_established(cref, &[], None);
     }
 
-    /// Marks a connection dead: fails what waits on it, flushes its QP; if
-    /// it carried the peer's sends, the peer is gone too.
+    /// Marks a connection dead: fails what waits on it, flushes its QP;
+    /// its peer is gone too (a peer has this one connection, which
+    /// carries its sends).
     pub(crate) fn kill_conn(&mut self, cref: ConnRef, reason: String) {
         let Some(conn) = self.conn_mut(cref) else { return };
         if conn.state == ConnState::Dead {

@@ -134,7 +134,11 @@ impl Plugin for SmPlugin {
     /// process, under any of its instance names, has one answer, and a
     /// later process with a reused pid another. `None` for an address of
     /// another plugin or of a departed peer, and for a peer whose start
-    /// time we could not read (our failure, not its).
+    /// time we could not read (our failure, not its) until a later
+    /// connection under its name reads it (`PeerTable::may_join`): the
+    /// answer for one address may go from `None` to `Some` (never back,
+    /// nor to another `Some`), so a caller that keys state by it keeps
+    /// the key it used (as hg-rpc's per-origin bounds do).
     fn peer_process(&self, dest: &Addr) -> Option<PeerProcess> {
         if dest.plugin() != self.id {
             return None;
