@@ -10,14 +10,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hg_rpc::{AsyncEngine, DeferredRequest, Engine, RpcError};
+use hg_rpc::{AsyncEngine, DeferredRequest, RpcError};
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
 mod rpcs;
 use rpcs::*;
 mod common;
-use common::{client, dir, endpoint, Server};
+use common::{dir, Server};
+mod held_budget;
+use held_budget::{budget_held, HeldParts};
 
 const MIB: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(30);
@@ -37,37 +39,13 @@ struct Held {
 
 /// Made outside the runtime (blocking progress), spawned inside it.
 fn held_budget(d: &std::path::Path, rt: &tokio::runtime::Runtime) -> Held {
-    let srv = Server::start(d);
-    let (ep, id) = endpoint(d, true);
-    let mut c = Engine::new(ep, id).unwrap();
-    c.set_max_pull_bytes(MIB + MIB / 2);
-    c.register_deferred::<Digest>().unwrap();
-    let c_uri = c.self_addr().uri().to_owned();
-    let (end_holder, ended) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn({
-        let d = d.to_path_buf();
-        move || {
-            let mut h = client(&d);
-            let to = h.lookup(&c_uri).unwrap();
-            // Never answered: it times out.
-            let r = h.call::<Digest>(&to, &fill_pattern(MIB, 5), Duration::from_secs(2));
-            let _ = ended.recv();
-            r
-        }
-    });
-    let end = Instant::now() + T;
-    let req = loop {
-        assert!(
-            Instant::now() < end,
-            "the held input never arrived: {:?}",
-            c.stats()
-        );
-        c.progress(Some(Duration::from_millis(10))).unwrap();
-        c.trigger().unwrap();
-        if let Some(r) = c.take_deferred() {
-            break r;
-        }
-    };
+    let HeldParts {
+        c,
+        srv,
+        req,
+        end_holder,
+        holder,
+    } = budget_held(d);
     let c = Arc::new(rt.block_on(async { AsyncEngine::spawn(c) }).unwrap());
     Held {
         c,

@@ -17,6 +17,8 @@ mod rpcs;
 use rpcs::*;
 mod common;
 use common::{client, dir, endpoint, Server};
+mod held_budget;
+use held_budget::{budget_held, HeldParts};
 
 const MIB: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(30);
@@ -181,37 +183,13 @@ struct HeldBudget {
 }
 
 fn budget_held_by_a_deferred_request(d: &std::path::Path) -> HeldBudget {
-    let srv = Server::start(d);
-    let (ep, id) = endpoint(d, true);
-    let mut c = Engine::new(ep, id).unwrap();
-    c.set_max_pull_bytes(MIB + MIB / 2);
-    c.register_deferred::<Digest>().unwrap();
-    let c_uri = c.self_addr().uri().to_owned();
-    let (end_holder, ended) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn({
-        let d = d.to_path_buf();
-        move || {
-            let mut h = client(&d);
-            let to = h.lookup(&c_uri).unwrap();
-            // Never answered: it times out.
-            let r = h.call::<Digest>(&to, &fill_pattern(MIB, 5), Duration::from_secs(2));
-            let _ = ended.recv();
-            r
-        }
-    });
-    let end = Instant::now() + T;
-    let req = loop {
-        assert!(
-            Instant::now() < end,
-            "the held input never arrived: {:?}",
-            c.stats()
-        );
-        c.progress(Some(Duration::from_millis(10))).unwrap();
-        c.trigger().unwrap();
-        if let Some(r) = c.take_deferred() {
-            break r;
-        }
-    };
+    let HeldParts {
+        mut c,
+        srv,
+        req,
+        end_holder,
+        holder,
+    } = budget_held(d);
     assert_eq!(
         req.payload.len() as u64,
         MIB + 3,
