@@ -60,8 +60,11 @@ use crate::error::{SmError, SmResult};
 
 pub(crate) use claim::claim_name;
 use claim::{try_claim, Claim};
-// The owner line's reader and parser, for the fuzz targets (`test-hooks`).
+// A test's longer claim window (`test-hooks`).
+#[cfg(feature = "test-hooks")]
+pub use claim::debug_set_claim_wait;
 use judge::{judge, judge_temp, same_file, Verdict};
+// The owner line's reader and parser, for the fuzz targets (`test-hooks`).
 #[cfg(feature = "test-hooks")]
 pub use judge::{parse_owner, read_owner, OwnerLine};
 

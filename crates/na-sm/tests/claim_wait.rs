@@ -46,9 +46,16 @@ fn listen_as(dir: &Path, instance: &str) -> na_sm::SmResult<SmPlugin> {
 /// A cleanup holding the name's lock for 150 ms (then removing the dead
 /// owner's files, as `cleanup_stale` does) delays the listen, which then
 /// succeeds under that name.
+///
+/// The listen's claims keep trying for [`TRY_WINDOW`] here (a test hook,
+/// for this thread only) rather than the 1 s a listen has: the cleanup
+/// thread, descheduled on a loaded machine, could otherwise let the lock
+/// go after the listen gave up, a false failure. What the window is for
+/// a lock held for good is the next test's.
 #[test]
 fn a_listen_waits_out_a_cleanup_that_holds_the_names_lock() {
     const HOLD: Duration = Duration::from_millis(150);
+    const TRY_WINDOW: Duration = Duration::from_secs(120);
     let dir = private_dir("claim-wait");
     let (held, files) = dead_owners_files_locked(&dir, "busy");
     let t0 = Instant::now();
@@ -59,7 +66,10 @@ fn a_listen_waits_out_a_cleanup_that_holds_the_names_lock() {
         }
         drop(held);
     });
-    let srv = listen_as(&dir, "busy").expect("the listen gave up while a cleanup held the name's lock");
+    na_sm::cleanup::debug_set_claim_wait(Some(TRY_WINDOW));
+    let srv = listen_as(&dir, "busy");
+    na_sm::cleanup::debug_set_claim_wait(None);
+    let srv = srv.expect("the listen gave up while a cleanup held the name's lock");
     assert!(t0.elapsed() >= HOLD, "listened before the lock was let go");
     cleanup.join().unwrap();
     assert!(

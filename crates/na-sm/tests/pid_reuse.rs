@@ -99,8 +99,15 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
         .read_exact(&mut b)
         .map_err(|e| format!("P did not connect: {e}"))?;
     let p_start = start_time(p as u32).map_err(|e| e.to_string())?;
-    // The listener accepts P's connection (and reads its start time) now.
-    drive(&mut srv, Duration::from_millis(200));
+    // The listener accepts P's connection (and reads its start time) now,
+    // while P lives: progress until it waits for P's hello.
+    let end = Instant::now() + Duration::from_secs(60);
+    while srv.debug_pending_handshakes() == 0 {
+        if Instant::now() > end {
+            return Err("the listener did not accept P's connection within 60 s".into());
+        }
+        drive(&mut srv, Duration::from_millis(5));
+    }
     // A later clock tick for the process that will take P's pid.
     std::thread::sleep(Duration::from_millis(30));
     to_p.write_all(b"g").map_err(|e| e.to_string())?;
@@ -125,7 +132,7 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
     // G sends P's hello: the listener acknowledges, then checks who has
     // the pid now.
     to_g.write_all(b"h").map_err(|e| e.to_string())?;
-    let end = Instant::now() + Duration::from_secs(3);
+    let end = Instant::now() + Duration::from_secs(60);
     let warned = loop {
         drive(&mut srv, Duration::from_millis(20));
         let w = log.lines_at("WARN", "names another process now");

@@ -78,7 +78,22 @@ fn a_refusal_at_accept_fails_the_lookup_with_its_reason() {
     let silent: Vec<UnixStream> = (0..MAX_PENDING_PER_PROCESS)
         .map(|_| UnixStream::connect(&path).unwrap())
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // One more, read to its end: the listener refuses it for the bound
+    // only once it has accepted the silent ones (the accept queue is in
+    // order), so every lookup below is refused as it is accepted.
+    let mut probe = UnixStream::connect(&path).unwrap();
+    probe.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut said = Vec::new();
+    probe
+        .read_to_end(&mut said)
+        .expect("the listener neither refused nor closed the connection past the bound");
+    let reason = na_sm::conn::refusal_reason(&said);
+    assert!(
+        reason.as_deref().is_some_and(|r| r.contains("already has")),
+        "the connection past the bound was not refused for it: {reason:?} ({} bytes)",
+        said.len()
+    );
+    drop(probe);
     let mut failed = Vec::new();
     // Batches of lookups until some lost the race: on a loaded machine
     // (other tests, builds) a batch may see none.

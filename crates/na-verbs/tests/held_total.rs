@@ -108,13 +108,17 @@ fn many_flooding_connections_hold_at_most_the_total_bound_and_all_resume() {
     let bound = u64::from(TOTAL) + u64::from(CLIENTS) * u64::from(DEPTH);
     let mut peak = 0;
     let mut got: HashMap<u32, u32> = HashMap::new();
-    // Drives everything until nothing moves for a second (every
-    // connection is then done or waiting for credits); returns the
+    // Drives everything until nothing moves for a second and for
+    // `STILL_ROUNDS` rounds of progress (every connection is then done
+    // or waiting for credits; the rounds keep a stall of this thread on
+    // a loaded machine from passing for a settled flood); returns the
     // messages held and sent then.
+    const STILL_ROUNDS: u32 = 1000;
     let settle = |srv: &mut Endpoint, clients: &mut [Client], got: &mut HashMap<u32, u32>, peak: &mut u64| {
         let end = Instant::now() + WAIT;
-        let (mut last, mut still_since) = ((0, 0), Instant::now());
-        while still_since.elapsed() < Duration::from_secs(1) {
+        let (mut last, mut still_since, mut still_rounds) = ((0, 0), Instant::now(), 0u32);
+        while still_since.elapsed() < Duration::from_secs(1) || still_rounds < STILL_ROUNDS {
+            still_rounds += 1;
             assert!(Instant::now() < end, "the flood never settled");
             srv.progress_now().unwrap();
             while let Some(done) = srv.pop_completion() {
@@ -125,7 +129,7 @@ fn many_flooding_connections_hold_at_most_the_total_bound_and_all_resume() {
             let now = (held(srv, sid), clients.iter().map(|c| c.sent).sum::<u32>());
             *peak = (*peak).max(now.0);
             if now != last {
-                (last, still_since) = (now, Instant::now());
+                (last, still_since, still_rounds) = (now, Instant::now(), 0);
             }
         }
         last

@@ -23,6 +23,34 @@ use crate::sys::{lock, proc};
 /// PID namespace, or is this process: rare enough to wait for).
 const CLAIM_WAIT: Duration = Duration::from_secs(1);
 
+/// How long this claim keeps trying: [`CLAIM_WAIT`], or (with the
+/// `test-hooks` feature) what [`debug_set_claim_wait`] set for the calling
+/// thread.
+fn claim_wait() -> Duration {
+    #[cfg(feature = "test-hooks")]
+    if let Some(d) = CLAIM_WAIT_OVERRIDE.get() {
+        return d;
+    }
+    CLAIM_WAIT
+}
+
+#[cfg(feature = "test-hooks")]
+thread_local! {
+    static CLAIM_WAIT_OVERRIDE: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// Test hook (`test-hooks` feature): the claims of a listen made on the
+/// calling thread (and only there) keep trying for `wait` instead of
+/// [`CLAIM_WAIT`] (`None`: that again), so that a test that holds a name's
+/// lock for a while cannot see its listen give up because the test's
+/// other thread was descheduled on a loaded machine. Refusals still name
+/// [`CLAIM_WAIT`]. Never use outside tests.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub fn debug_set_claim_wait(wait: Option<Duration>) {
+    CLAIM_WAIT_OVERRIDE.set(wait);
+}
+
 /// First and longest pause between [`claim_name`]'s tries (it doubles).
 const CLAIM_PAUSE: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(50));
 
@@ -51,7 +79,7 @@ pub(crate) fn claim_name(dir: &Path, name: &SmName) -> SmResult<File> {
         path: name.socket_path(dir),
         source,
     };
-    let deadline = Instant::now() + CLAIM_WAIT;
+    let deadline = Instant::now() + claim_wait();
     let mut pause = CLAIM_PAUSE.0;
     // What held us up last: a claim of the name in progress (its
     // temporary file, `None`), or why the owner file's owner was kept (or

@@ -116,6 +116,15 @@ impl SmPlugin {
         self.wakeups
     }
 
+    /// Test hook: how many accepted connections wait for their hello (a
+    /// listener's pending handshakes), so that a test can wait until its
+    /// connection was accepted rather than for a while. Never use outside
+    /// tests.
+    #[doc(hidden)]
+    pub fn debug_pending_handshakes(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Test hook: a probe of the RMA transfer-thread pool's shared state
     /// (made now if no batch made it yet); an error without transfer
     /// threads (`SmConfig::rma_threads` 0). Never use outside tests.
