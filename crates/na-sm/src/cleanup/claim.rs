@@ -26,11 +26,14 @@ const CLAIM_WAIT: Duration = Duration::from_secs(1);
 /// How long this claim keeps trying: [`CLAIM_WAIT`], or (with the
 /// `test-hooks` feature) what [`debug_set_claim_wait`] set for the calling
 /// thread.
+#[cfg(feature = "test-hooks")]
 fn claim_wait() -> Duration {
-    #[cfg(feature = "test-hooks")]
-    if let Some(d) = CLAIM_WAIT_OVERRIDE.get() {
-        return d;
-    }
+    CLAIM_WAIT_OVERRIDE.get().unwrap_or(CLAIM_WAIT)
+}
+
+/// How long this claim keeps trying: [`CLAIM_WAIT`].
+#[cfg(not(feature = "test-hooks"))]
+fn claim_wait() -> Duration {
     CLAIM_WAIT
 }
 
