@@ -14,10 +14,18 @@
 //! An engine dropped with such work still in its hands loses it: answers
 //! its transport still queues (a peer's ring full, or no send credit) or
 //! has handed to the device and not seen sent, requests taken and not
-//! answered, release notices and acknowledgements waiting to go again.
-//! Their peers see the engine go (their calls fail with `PeerGone`), and
-//! the drop logs one warning with the counts ([`Engine`]'s `Drop`), so
-//! such a loss is never silent.
+//! answered, spilled outputs still exposed for their origins to pull (the
+//! drop ends their exposure, so those pulls fail), release notices and
+//! acknowledgements waiting to go again. Their peers see the engine go
+//! (their calls fail with `PeerGone`), and the drop logs one warning with
+//! the counts ([`Engine`]'s `Drop`), so such a loss is never silent.
+//!
+//! Sends handed to the device and not yet seen sent (na-verbs) are
+//! counted in that warning, but alone they do not make one: a client
+//! dropped right after its call was answered may not have polled its
+//! request's send completion, though the message was delivered (its
+//! answer came). With nothing else owed, they are logged at debug level
+//! as sends that *may* be lost.
 //!
 //! [`AsyncEngine::begin_drain`]: crate::AsyncEngine::begin_drain
 //! [`AsyncEngine::drained`]: crate::AsyncEngine::drained
@@ -109,14 +117,30 @@ pub(crate) struct Owed {
     /// Requests taken and not answered: queued for or running in an
     /// asynchronous handler, or with their spilled input being pulled.
     pub(crate) requests: u64,
+    /// Spilled outputs still exposed for their origins to pull: dropping
+    /// the engine ends their exposure, so those pulls fail.
+    pub(crate) exposed: u64,
     /// Release notices and acknowledgements waiting to be sent again.
     pub(crate) notices: u64,
 }
 
 impl Owed {
-    /// True if nothing is owed.
+    /// True if nothing is owed (for tests: the drop looks at
+    /// [`is_certain_loss`](Self::is_certain_loss)).
+    #[cfg(test)]
     pub(crate) fn is_nothing(&self) -> bool {
         *self == Owed::default()
+    }
+
+    /// True if something is owed for certain: anything but sends posted
+    /// to a device and not yet seen complete, which alone may well have
+    /// been delivered already (see the module docs). Dropping the engine
+    /// then warns.
+    pub(crate) fn is_certain_loss(&self) -> bool {
+        Owed {
+            sends_posted: 0,
+            ..*self
+        } != Owed::default()
     }
 }
 
@@ -138,6 +162,7 @@ impl<C: Codec> Engine<C> {
             backlog_bytes,
             sends_posted,
             requests: (self.deferred_ledger.total() + pulled) as u64,
+            exposed: self.exposed.len() as u64,
             notices: self.unsent_notices.len() as u64,
         }
     }
@@ -145,20 +170,73 @@ impl<C: Codec> Engine<C> {
 
 /// Dropping an engine loses what its peers are still owed (see the
 /// module docs): logged as one warning with the counts, unless nothing is
-/// (a drained engine, [`Engine::drained`], owes nothing).
+/// (a drained engine, [`Engine::drained`], owes nothing) or only sends
+/// posted and not yet seen complete are (logged at debug level: they may
+/// have been delivered).
 impl<C: Codec> Drop for Engine<C> {
     fn drop(&mut self) {
         let owed = self.owed();
-        if !owed.is_nothing() {
+        if owed.is_certain_loss() {
             tracing::warn!(
                 addr = %self.me,
                 backlog_bytes = owed.backlog_bytes,
                 sends_posted = owed.sends_posted,
                 requests = owed.requests,
+                exposed = owed.exposed,
                 notices = owed.notices,
-                "rpc engine dropped with work its peers are owed: queued answers, unanswered requests \
-                 and notices are lost (drain it first: Engine::begin_drain, Engine::drained)"
+                "rpc engine dropped with work its peers are owed: queued answers, unanswered requests, \
+                 spilled outputs not yet pulled and notices are lost (drain it first: \
+                 Engine::begin_drain, Engine::drained)"
             );
+        } else if owed.sends_posted > 0 {
+            tracing::debug!(
+                addr = %self.me,
+                sends_posted = owed.sends_posted,
+                "rpc engine dropped with sends posted and not yet seen complete: they may be lost \
+                 (or delivered already; drain it first to know: Engine::begin_drain, Engine::drained)"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Owed;
+
+    /// Sends posted and not yet seen complete alone are no certain loss
+    /// (a client dropped right after its answer came may not have polled
+    /// its request's send completion); with anything else owed, or
+    /// anything else alone, the drop warns.
+    #[test]
+    fn only_posted_sends_are_no_certain_loss() {
+        let posted = Owed {
+            sends_posted: 3,
+            ..Owed::default()
+        };
+        assert!(!posted.is_nothing());
+        assert!(!posted.is_certain_loss());
+        assert!(!Owed::default().is_certain_loss());
+        let others = [
+            Owed {
+                backlog_bytes: 1,
+                ..Owed::default()
+            },
+            Owed {
+                requests: 1,
+                ..Owed::default()
+            },
+            Owed {
+                exposed: 1,
+                ..Owed::default()
+            },
+            Owed {
+                notices: 1,
+                ..Owed::default()
+            },
+        ];
+        for o in others {
+            assert!(o.is_certain_loss(), "{o:?}");
+            assert!(Owed { sends_posted: 2, ..o }.is_certain_loss(), "{o:?}");
         }
     }
 }

@@ -1,5 +1,6 @@
 //! An engine dropped with work its peers are owed (answers its transport
-//! still queues, requests it has not answered) loses that work, and says
+//! still queues, requests it has not answered, spilled outputs not yet
+//! pulled) loses that work, and says
 //! so: one warning with the counts. A drained or idle engine's drop logs
 //! none.
 
@@ -104,6 +105,39 @@ fn a_server_dropped_with_queued_answers_and_unanswered_requests_says_so() {
     assert_eq!(drops.len(), 1, "one warning for the drop: {warned:?}");
     assert_eq!(drops[0]["backlog_bytes"], queued, "{warned:?}");
     assert_eq!(drops[0]["requests"], 1, "{warned:?}");
+    drop(c);
+}
+
+/// A server dropped with a spilled output its origin has not pulled yet
+/// ends that output's exposure (the origin's pull fails): its drop warns,
+/// with the output counted. (Before, `exposed` was not counted, and such
+/// a drop said nothing.)
+#[test]
+fn a_server_dropped_with_a_spilled_output_not_yet_pulled_says_so() {
+    let d = dir("engine-drop-exposed");
+    let mut srv = backlog_engine(&d, true, 64 << 20);
+    srv.register::<Echo>(Ok).unwrap();
+    let mut c = client(&d);
+    let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
+    // Too large for a message both ways: the input is pulled, the output
+    // exposed for the client to pull.
+    let data = vec![5u8; 2 << 20];
+    c.forward::<Echo>(&s, &data).unwrap();
+    let end = Instant::now() + T;
+    while srv.stats().exposed_outputs == 0 {
+        assert!(Instant::now() < end, "never exposed: {:?}", srv.stats());
+        srv.progress(Some(Duration::from_millis(1))).unwrap();
+        srv.trigger().unwrap();
+        // The client moves its own sends but takes no message in (it
+        // would pull the output).
+        c.progress_now().unwrap();
+    }
+    assert_eq!(srv.stats().exposed_outputs, 1);
+    let warned = warnings_of(|| drop(srv));
+    let drops: Vec<_> = warned.iter().filter(|f| f.contains_key("exposed")).collect();
+    assert_eq!(drops.len(), 1, "one warning for the drop: {warned:?}");
+    assert_eq!(drops[0]["exposed"], 1, "{warned:?}");
+    assert_eq!(drops[0]["requests"], 0, "{warned:?}");
     drop(c);
 }
 

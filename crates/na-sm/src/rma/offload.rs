@@ -113,10 +113,14 @@ impl SmPlugin {
         Ok(&mut **self.rma_pool.insert(pool))
     }
 
-    /// A handle to peer `tok`'s pidfd for its jobs (duplicated once).
+    /// A handle to peer `tok`'s pidfd for its jobs (duplicated once, from
+    /// the first of its connections that has one). Only a pidfd is kept:
+    /// a peer with none yet (its connections had none, or the duplicate
+    /// failed) is looked at again for its next batch, so one that gains a
+    /// pidfd through a later connection has its later jobs checked.
     fn peer_pidfd_for_jobs(&mut self, tok: u64) -> Option<Arc<std::os::fd::OwnedFd>> {
         if let Some(fd) = self.rma_pool.as_ref().and_then(|p| p.pidfds.get(&tok)) {
-            return fd.clone();
+            return Some(fd.clone());
         }
         let fd = self
             .peers
@@ -128,11 +132,11 @@ impl SmPlugin {
                     tracing::debug!(error = %na_core::ErrorChain(&e), "sm: no pidfd duplicate for RMA jobs; their pid is not checked");
                     None
                 }
-            });
+            })?;
         if let Some(pool) = self.rma_pool.as_mut() {
             pool.pidfds.insert(tok, fd.clone());
         }
-        fd
+        Some(fd)
     }
 
     /// Takes the transfer threads' results into the completion queue (each

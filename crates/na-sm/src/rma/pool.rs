@@ -107,9 +107,10 @@ pub(crate) struct RmaPool {
     /// Ops handed to the pool and not completed yet.
     pub ops: FastMap<OpId, PoolOp>,
     next_job: u64,
-    /// Each peer's pidfd, duplicated once for its jobs (`None`: it has
-    /// none); dropped when it goes.
-    pub pidfds: FastMap<u64, Option<Arc<std::os::fd::OwnedFd>>>,
+    /// Each peer's pidfd, duplicated once for its jobs (a peer with none
+    /// is not kept: it is looked for again, see `peer_pidfd_for_jobs`);
+    /// dropped when the peer goes.
+    pub pidfds: FastMap<u64, Arc<std::os::fd::OwnedFd>>,
     /// An empty list kept for its capacity: a batch's jobs are built in
     /// it ([`take_scratch`](Self::take_scratch)) and [`submit`](Self::submit)
     /// hands it back drained, so a batch allocates no list of its own.
