@@ -67,7 +67,8 @@ impl AsyncEngine {
 
     /// Waits, at most `grace`, until the engine is drained (see
     /// [`Engine::drained`]: every request it took is answered, every
-    /// spilled output pulled, every answer handed to the transport), while
+    /// spilled output pulled, every answer, release notice and
+    /// acknowledgement handed to the transport and sent), while
     /// the driver goes on serving. True if it is; false if `grace` passed
     /// first (or [`begin_drain`](Self::begin_drain) was never called).
     /// It looks again after each turn of the driver and each answer of an

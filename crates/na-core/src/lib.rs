@@ -17,6 +17,12 @@
 //!
 //! Every operation completes exactly once with a [`Completion`]: success,
 //! error, or [`NaError::Canceled`].
+//!
+//! Errors say their cause once: a variant with a cause returns it from
+//! `source()` and leaves it out of its own message, so where an error
+//! leaves as text (a log line, a reason kept in another error or sent to
+//! a peer) write it with [`ErrorChain`], which adds each cause (see the
+//! [`error`] module).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

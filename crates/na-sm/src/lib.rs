@@ -151,7 +151,8 @@
 //! above 0 (at most [`MAX_RMA_THREADS`]), `rma` checks the batch and
 //! hands it to a pool of that many transfer threads at most (started as
 //! peers' jobs need them), at most one job per peer at a time, each
-//! peer's queue bounded by [`RMA_QUEUE_PER_PEER`]; completions come
+//! peer's queue bounded by [`RMA_QUEUE_PER_PEER`] (a batch past it is
+//! refused whole and leaves nothing queued); completions come
 //! through progress, which the threads wake. A busy owner whose
 //! transfers are with the threads gives up its core once per
 //! [`spin_wait`](na_core::Plugin::spin_wait) instead of spinning, so a
