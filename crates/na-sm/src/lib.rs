@@ -246,6 +246,8 @@ pub use cleanup::{cleanup_stale, CleanupReport};
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use closer::{debug_closing_threads, ClosingThreads};
+#[cfg(any(test, feature = "test-hooks"))]
+mod test_support;
 pub use closer::{
     CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH, MAX_NESTED_FDS, MAX_NESTED_READS, MAX_PENDING_FDS,
 };
@@ -262,3 +264,6 @@ pub use rma::EPERM_HINT;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use rma::{RmaPoolHold, RmaPoolProbe};
+#[cfg(any(test, feature = "test-hooks"))]
+#[doc(hidden)]
+pub use test_support::debug_run_alone;

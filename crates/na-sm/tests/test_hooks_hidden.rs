@@ -40,6 +40,7 @@ pub fn hooks(p: &mut SmPlugin, a: &Addr, t: Tag) {
     let _ = p.debug_wakeups();
     let _: Option<na_sm::RmaPoolProbe> = p.debug_rma_pool().ok();
     let _: na_sm::ClosingThreads = na_sm::debug_closing_threads();
+    na_sm::debug_run_alone("no such test", || ());
 }
 
 pub fn by_pid() -> SmConfig {
@@ -89,6 +90,7 @@ const HIDDEN: &[&str] = &[
     "RmaPoolProbe",
     "debug_closing_threads",
     "ClosingThreads",
+    "debug_run_alone",
     "WakeTamper",
     // The internals: their modules are private (one refusal per path
     // through them).

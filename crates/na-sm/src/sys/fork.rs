@@ -108,45 +108,17 @@ extern "C" fn child() {
 mod tests {
     use super::*;
 
-    /// Set in the process [`alone`] starts for one test.
-    const ALONE_ENV: &str = "QS_SM_UNIT_ALONE";
-
-    /// Runs `body`, the unit test `test` (its full path), in a process of
-    /// its own: this test binary again, running that test only. nextest
-    /// runs each test in a process of its own already; plain `cargo test`
-    /// runs them side by side, where another test's closing threads
-    /// change the process-wide state this one sets up before its fork.
-    fn alone(test: &str, body: impl FnOnce()) {
-        let per_process = std::env::var("NEXTEST_EXECUTION_MODE").is_ok_and(|m| m == "process-per-test");
-        if per_process || std::env::var_os(ALONE_ENV).is_some() {
-            return body();
-        }
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(ALONE_ENV, "1")
-            .output()
-            .unwrap();
-        // libtest exits 0 with "running 0 tests" for a name it does not know.
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("1 passed"),
-            "{test}, alone in a process: {}\n--- stdout\n{stdout}\n--- stderr\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
     /// A child forked while the closing pool's "cannot start a closing
     /// thread" flag is set starts with it cleared (the failing spell was
     /// its parent's: the child would otherwise never say that its own
-    /// starts fail). Alone in its process, and the parent's flag is
+    /// starts fail). Alone in its process ([`crate::debug_run_alone`]), and the parent's flag is
     /// checked still set once the child has exited: the flag is the
     /// process's, and a closing thread started meanwhile (another test's,
     /// under `cargo test`) would clear it before the fork, so that the
     /// child's cleared flag would prove nothing.
     #[test]
     fn a_forked_child_does_not_inherit_a_failing_closing_thread_start() {
-        alone(
+        crate::debug_run_alone(
             "sys::fork::tests::a_forked_child_does_not_inherit_a_failing_closing_thread_start",
             child_starts_without_the_parents_failing_spell,
         );

@@ -30,34 +30,9 @@ use crate::common::sys::{send_fds, SCM_MAX_FD};
 /// How long a close of [`lingering_socket`] (or [`blocking_close`]) would block.
 pub const LINGER: Duration = Duration::from_secs(20);
 
-/// Set in the process [`alone`] starts for one test.
-const ALONE_ENV: &str = "QS_SM_TEST_ALONE";
-
-/// Runs `body`, the test named `test`, in a process of its own: this test
-/// binary again, running that test only (nextest does so anyway; plain
-/// `cargo test` runs a binary's tests side by side in one process, where
-/// one test's jammed closing threads and open descriptors are the
-/// others'). Fails with the process's output if the test failed there.
-pub fn alone(test: &str, body: impl FnOnce()) {
-    // nextest runs each test in a process of its own already.
-    let per_process = std::env::var("NEXTEST_EXECUTION_MODE").is_ok_and(|m| m == "process-per-test");
-    if per_process || std::env::var_os(ALONE_ENV).is_some() {
-        return body();
-    }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ALONE_ENV, "1")
-        .output()
-        .unwrap();
-    // libtest exits 0 with "running 0 tests" for a name it does not know.
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{test}, alone in a process: {}\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+/// Runs a test alone in a process of its own (see [`na_sm::debug_run_alone`]).
+#[allow(unused_imports)] // not every test binary that includes this module runs a test alone
+pub use na_sm::debug_run_alone as alone;
 
 /// A loopback TCP connection whose peer never reads, its send queue full,
 /// with `SO_LINGER` on: its last close waits up to `LINGER`.
