@@ -24,16 +24,13 @@ mod common;
 use common::Server;
 
 /// The client's handshake timeout: how long a lookup of the stuck peer
-/// waits before it fails.
-const HANDSHAKE: Duration = Duration::from_secs(3);
+/// waits before it fails. Long, so that the calls made meanwhile finish
+/// before it even on a loaded 2-core machine (each takes well under a
+/// millisecond unloaded; CI runs the suite in parallel).
+const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// Calls made to the healthy server while the lookup waits.
 const CALLS: u64 = 50;
-
-/// The most those calls may take, with a pause of 100 ms before them: half
-/// the handshake timeout (each takes well under a millisecond; a lookup
-/// that held the engine would hold them for the whole timeout).
-const CALLS_WITHIN: Duration = Duration::from_millis(1500);
 
 const T: Duration = Duration::from_secs(10);
 
@@ -94,25 +91,32 @@ fn assert_lookup_timeout(r: Result<(), RpcError>, stuck: &str) -> NaError {
     }
 }
 
-/// While `what` waits on the stuck peer (its first attempt made by now),
-/// a pause of 100 ms and [`CALLS`] calls finish within [`CALLS_WITHIN`]
-/// (the pause counts: a runtime whose workers are all held up fires no
-/// timer either).
-async fn served_meanwhile(c: &hg_rpc::AsyncEngine, s: &na_core::Addr, what: &str) {
+/// While `what` (the task `waiting`) waits on the stuck peer (its first
+/// attempt made by now), a pause of 100 ms and [`CALLS`] calls finish,
+/// and `what` is still waiting then: a lookup that held the engine (or
+/// the runtime's workers: a pause fires no timer then) would hold the
+/// calls until it ended. No wall-clock bound on the calls: under load
+/// they may be slow, but they cannot finish behind a held engine.
+async fn served_meanwhile<W>(
+    c: &hg_rpc::AsyncEngine,
+    s: &na_core::Addr,
+    waiting: &tokio::task::JoinHandle<W>,
+    what: &str,
+) {
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_millis(100)).await;
     calls(c, s).await;
-    let took = t0.elapsed();
     assert!(
-        took < CALLS_WITHIN,
-        "a pause of 100 ms and {CALLS} calls took {took:?} while {what} waited (handshake timeout {HANDSHAKE:?})"
+        !waiting.is_finished(),
+        "a pause of 100 ms and {CALLS} calls took {:?}, not done before {what} gave up (handshake timeout {HANDSHAKE:?})",
+        t0.elapsed()
     );
 }
 
 /// `what` gave up after about the handshake timeout, not before.
 fn assert_waited_the_timeout(waited: Duration, what: &str) {
     assert!(
-        waited >= HANDSHAKE - Duration::from_millis(100) && waited < HANDSHAKE + Duration::from_secs(5),
+        waited >= HANDSHAKE - Duration::from_millis(100) && waited < HANDSHAKE + Duration::from_secs(30),
         "{what} gave up after {waited:?}, the handshake timeout is {HANDSHAKE:?}"
     );
 }
@@ -139,8 +143,7 @@ async fn a_lookup_of_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
             (r, t0.elapsed())
         })
     };
-    served_meanwhile(&c, &s, "a lookup").await;
-    assert!(!lookup.is_finished(), "the lookup ended before its timeout");
+    served_meanwhile(&c, &s, &lookup, "the lookup").await;
     let (r, waited) = lookup.await.unwrap();
     let e = assert_lookup_timeout(r, &stuck);
     assert_waited_the_timeout(waited, "the lookup");
@@ -177,11 +180,7 @@ async fn a_transfer_with_a_peer_that_never_accepts_does_not_hold_up_other_calls(
             (r, t0.elapsed())
         })
     };
-    served_meanwhile(&c, &s, "a transfer's lookup").await;
-    assert!(
-        !transfer.is_finished(),
-        "the transfer ended before its lookup's timeout"
-    );
+    served_meanwhile(&c, &s, &transfer, "the transfer's lookup").await;
     let (r, waited) = transfer.await.unwrap();
     assert_lookup_timeout(r, &stuck);
     assert_waited_the_timeout(waited, "the transfer");

@@ -15,7 +15,15 @@ use rpcs::*;
 mod common;
 use common::{client, dir, endpoint, posted_ops, Server};
 
-const T: Duration = Duration::from_secs(10);
+/// Deadline of every call and wait here: generous, for a loaded 2-core
+/// machine (CI runs the suite in parallel). Only calls that must succeed
+/// use it, so a longer deadline never hides a failure, it only reports a
+/// hang later. A `Count` queued behind three one-way spills of 1 MiB
+/// waits for the debug-built testpeer to pull, check and decode them:
+/// about 0.1 s idle, 1.5 s at a load of 10, and once over the former 10 s
+/// at a load of 12-15 on 2 cores.
+const T: Duration = Duration::from_secs(60);
+
 #[test]
 fn spilled_data_of_changing_sizes_stays_intact_while_buffers_are_reused() {
     // Both engines keep the buffers of finished spills and pulls for the
