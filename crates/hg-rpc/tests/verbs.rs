@@ -173,7 +173,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     // The server pulls the three segments (RDMA READ).
     let digest = c
         .call::<BlobPut>(&s, &("k".into(), put), T)
-        .unwrap_or_else(|e| panic!("put: {e}; {}", client_state(&mut c)));
+        .unwrap_or_else(|e| panic!("put: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
     assert_eq!(digest, fnv(&data));
     // The server pushes into three uneven segments of ours at offset 100 (RDMA WRITE).
     let into = c

@@ -102,7 +102,10 @@ fn a_spilled_outputs_pull_that_fails_at_completion_ends_its_call_over_verbs() {
         Err(RpcError::Transport(NaError::Rma { op, source, .. })) => {
             assert_eq!(*op, "get", "{r:?}");
             assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied, "{r:?}");
-            r.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
+            r.as_ref()
+                .err()
+                .map(|e| na_core::ErrorChain(e).to_string())
+                .unwrap_or_default()
         }
         other => panic!(
             "expected the failed READ's own error (NaError::Rma), got {:?}; {}",
