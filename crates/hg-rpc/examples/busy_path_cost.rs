@@ -36,6 +36,9 @@ impl Rpc for Noop {
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+#[path = "../src/bin/shared/exit.rs"]
+mod exit;
+
 /// One side's turn: the spin sees the message; progress runs first only
 /// if the spin found nothing to take (as `Endpoint::progress` does).
 fn wake(e: &mut Engine, p: PluginId) -> Res<()> {
@@ -82,7 +85,13 @@ fn client_turn(client: &mut Engine, server: &mut Engine, p: PluginId, id: CallId
     Ok(next)
 }
 
-fn main() -> Res<()> {
+fn main() -> std::process::ExitCode {
+    exit::run("busy_path_cost", run)
+}
+
+/// The measured run: an error ends it with its message and causes on
+/// stderr ([`exit::run`]).
+fn run() -> Res<()> {
     let calls: u64 = match std::env::args().nth(1) {
         Some(n) => n.parse()?,
         None => 1_000_000,

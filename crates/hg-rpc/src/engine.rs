@@ -129,6 +129,9 @@ use engine_records::{
 pub use register_ops::DeferredRequest;
 use register_ops::Handler;
 pub use response_ops::OUTPUT_WAIT_RECHECK;
+#[doc(hidden)]
+pub use unsent_response_ops::RESENT_REASON_MAX;
+
 use wire_headers::{header, response_header, response_outcome};
 
 /// Identifies a call made with [`Engine::forward`].

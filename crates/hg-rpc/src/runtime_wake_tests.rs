@@ -94,7 +94,7 @@ fn an_async_handler_s_answer_that_leaves_a_release_waiting_wakes_the_sleeping_dr
         let full = (0..100_000).any(|_| match c.forward_one_way::<Fill>(&t, &vec![7u8; len]) {
             Ok(()) => false,
             Err(RpcError::Transport(NaError::SendBacklogFull { .. })) => true,
-            Err(e) => panic!("filling the backlog: {e}"),
+            Err(e) => panic!("filling the backlog: {}", na_core::ErrorChain(&e)),
         });
         assert!(full, "the send backlog to the target never filled");
     }

@@ -41,7 +41,12 @@ pub(super) const NOT_SENT_REASON_MAX: usize = 192;
 /// bytes), so that the second try is a shorter message than the first,
 /// as the error in an output's place is; the status, which the caller
 /// acts on, is kept whole.
-pub(super) const RESENT_REASON_MAX: usize = 96;
+///
+/// Public (hidden) only so that the tests of the cut
+/// (`tests/full_backlog.rs`) read this value instead of a copy that a
+/// change of it would leave stale; not a stable API.
+#[doc(hidden)]
+pub const RESENT_REASON_MAX: usize = 96;
 
 /// What a message the transport gave back (a send that failed at its
 /// completion) was, told from its header, decoded once.

@@ -407,7 +407,12 @@ fn answered_abandonments_behind_a_kept_one_do_not_pile_up() {
     for _ in 0..12 {
         for _ in 0..300 {
             while let Err(e) = c.forward_one_way::<RecordBlob>(&live, &big) {
-                assert!(matches!(e, RpcError::InputsHeld { .. }), "{e}");
+                assert!(
+                    matches!(e, RpcError::InputsHeld { .. }),
+                    "{}",
+                    na_core::ErrorChain(&e)
+                );
+
                 assert!(Instant::now() < end, "no room: {:?}", c.stats());
                 turn(&mut c, &mut srv);
             }

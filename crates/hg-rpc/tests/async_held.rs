@@ -53,7 +53,7 @@ async fn a_call_refused_for_held_inputs_waits_for_room() {
     let got = engine.call::<Echo>(&to_live, &big, T).await;
     match got {
         Ok(v) => assert!(v == big, "the echo differs"),
-        Err(e) => panic!("the waiting call: {e}"),
+        Err(e) => panic!("the waiting call: {}", na_core::ErrorChain(&e)),
     }
     let st = engine.stats();
     assert!(st.inputs_refused > refused, "it was refused first: {st:?}");
@@ -311,7 +311,7 @@ async fn ends_with_echo(
         .expect("the waiting task panicked");
     match got {
         Ok(v) => assert!(v == input, "the echo differs"),
-        Err(e) => panic!("the waiting call: {e}"),
+        Err(e) => panic!("the waiting call: {}", na_core::ErrorChain(&e)),
     }
     let st = engine.stats();
     assert_eq!(

@@ -320,7 +320,8 @@ async fn sends_queued_while_the_driver_sleeps_still_go() {
         }
         while let Some(r) = tasks.join_next().await {
             let (i, r) = r.unwrap();
-            let out = r.unwrap_or_else(|e| panic!("round {round}, call {i}: {e}"));
+            let out = r.unwrap_or_else(|e| panic!("round {round}, call {i}: {}", na_core::ErrorChain(&e)));
+
             assert_eq!(out, vec![i as u8; 6 << 10]);
         }
     }

@@ -90,7 +90,8 @@ async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
     let me = server.clone();
     server
         .register::<Fail>(move |_| match me.shutdown() {
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(na_core::ErrorChain(&e).to_string()),
+
             Ok(()) => Ok(()),
         })
         .unwrap();

@@ -149,10 +149,13 @@ fn an_output_behind_a_head_given_up_on_is_pulled_without_a_recheck() {
             Err(RpcError::Timeout { .. }) => {}
             other => panic!("expected a timeout, got {:?}", other.map(|v| v.len())),
         }
-        let out = behind
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("the output behind the head given up on: {e}"));
+        let out = behind.await.unwrap().unwrap_or_else(|e| {
+            panic!(
+                "the output behind the head given up on: {}",
+                na_core::ErrorChain(&e)
+            )
+        });
+
         assert!(out == fill_pattern(MIB / 4, 8), "corrupted");
         let st = h.c.stats();
         assert_eq!((st.in_flight, st.errors, st.outputs_waited), (0, 1, 2), "{st:?}");

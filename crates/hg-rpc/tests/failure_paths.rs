@@ -567,7 +567,8 @@ fn a_release_refused_by_a_full_backlog_is_sent_again() {
     let (sent, refused) = refused.expect("the backlog never filled");
     assert!(
         matches!(refused, RpcError::Transport(NaError::SendBacklogFull { .. })),
-        "{refused}"
+        "{}",
+        na_core::ErrorChain(&refused)
     );
     // The call refused is not counted: Add, Echo and the one-way calls
     // that went out.

@@ -66,7 +66,7 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
                 Ok(()) => break,
                 // Our own bound (the target is slower than us): it reads on.
                 Err(NaError::SendBacklogFull { .. }) => {}
-                Err(e) => panic!("send {i}: {e}"),
+                Err(e) => panic!("send {i}: {}", na_core::ErrorChain(&e)),
             }
             raw.progress(Some(Duration::ZERO)).unwrap();
             srv.progress(Some(Duration::ZERO)).unwrap();
@@ -179,7 +179,7 @@ fn a_response_refused_by_a_full_backlog_is_replaced_by_response_not_sent() {
                 not_sent += 1;
                 false
             }
-            Some(Err(e)) => panic!("a call ended with {e}"),
+            Some(Err(e)) => panic!("a call ended with {}", na_core::ErrorChain(&e)),
         });
     }
     assert_eq!(not_sent as u64, st.responses_replaced, "{st:?}");
@@ -203,11 +203,12 @@ fn echo_len_charged(charge: usize) -> usize {
     }
 }
 
-/// The most bytes of reason what goes again in a lost answer's place
-/// carries (hg-rpc's `RESENT_REASON_MAX`): an answer from no handler whose
-/// reason is no longer is not tried again when a full backlog refused it
-/// (the same message would be refused again).
-const RESENT_REASON_MAX: usize = 96;
+// The most bytes of reason what goes again in a lost answer's place
+// carries (the engine's own value, not a copy a change of it would leave
+// stale): an answer from no handler whose reason is no longer is not
+// tried again when a full backlog refused it (the same message would be
+// refused again).
+use hg_rpc::engine::RESENT_REASON_MAX;
 
 /// An answer from no handler (busy here: nothing ran, try later) that the
 /// target's full send backlog refuses goes again with its status, its
@@ -258,7 +259,12 @@ impl Rpc for LongNamedNoInput {
 /// length of the busy reason.
 #[test]
 fn a_long_decode_error_refused_by_a_full_backlog_goes_again_cut_short() {
-    assert!(LongNamed::NAME.len() > RESENT_REASON_MAX);
+    assert!(
+        LongNamed::NAME.len() > RESENT_REASON_MAX,
+        "LongNamed's name ({} bytes) must be longer than the engine's RESENT_REASON_MAX ({RESENT_REASON_MAX}): lengthen it",
+        LongNamed::NAME.len()
+    );
+
     no_handler_answer_refused_by_a_full_backlog::<LongNamedNoInput>(
         "decode-refused",
         |srv| srv.register::<LongNamed>(Ok).unwrap(),

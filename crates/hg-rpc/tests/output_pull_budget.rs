@@ -62,7 +62,7 @@ fn spilled_outputs_past_the_origin_s_pull_budget_wait_for_room_and_all_arrive() 
             let out = c
                 .take_response::<Fill>(id)
                 .expect("finished")
-                .unwrap_or_else(|e| panic!("round {round}, call {seed}: {e}"));
+                .unwrap_or_else(|e| panic!("round {round}, call {seed}: {}", na_core::ErrorChain(&e)));
             assert!(
                 out == fill_pattern(MIB, seed),
                 "round {round}, call {seed}: corrupted"
@@ -156,7 +156,8 @@ async fn async_calls_whose_outputs_wait_for_an_async_handler_s_input_all_succeed
     go.notify_one();
     while let Some(r) = tasks.join_next().await {
         let (out, seed) = r.unwrap();
-        let out = out.unwrap_or_else(|e| panic!("call {seed}: {e}"));
+        let out = out.unwrap_or_else(|e| panic!("call {seed}: {}", na_core::ErrorChain(&e)));
+
         assert!(out == fill_pattern(MIB, seed), "call {seed}: corrupted");
     }
     let held = tokio::task::spawn_blocking(move || holder.join().unwrap())

@@ -200,7 +200,7 @@ fn own_calls_outputs_keep_a_floor_that_others_inputs_cannot_take() {
         Err(e @ RpcError::Timeout { .. }) => {
             panic!("the output starved behind others' inputs: {e} {:?}", srv.stats())
         }
-        Err(e) => panic!("{e}"),
+        Err(e) => panic!("{}", na_core::ErrorChain(&e)),
     }
     gate.add_permits(CONNS as usize);
 }

@@ -385,7 +385,11 @@ fn a_spilled_output_whose_pull_fails_ends_the_call_with_a_transport_error() {
     drop(mem);
     match wait::<Echo>(&mut c, id) {
         Err(RpcError::Transport(e)) => {
-            assert!(!matches!(e, na_core::NaError::PeerGone { .. }), "{e}")
+            assert!(
+                !matches!(e, na_core::NaError::PeerGone { .. }),
+                "{}",
+                na_core::ErrorChain(&e)
+            )
         }
         other => panic!("{other:?}"),
     }

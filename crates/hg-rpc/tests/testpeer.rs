@@ -33,3 +33,36 @@ fn the_test_server_exits_when_its_test_is_gone() {
     // 4: the exit of the standard-input watch, no other path's.
     assert_eq!(status.code(), Some(4), "{status:?}");
 }
+
+/// A test server that cannot start says why, cause and all: its error
+/// (the RPC layer's "transport error") leaves its cause to `source()`, so
+/// `main` returning it would print the `Debug` form, and its `Display`
+/// alone would say only "transport error"; `exit::run` prints the message
+/// and a "caused by" line per source, in words.
+#[test]
+fn the_test_server_that_cannot_start_prints_its_error_chain() {
+    let d = dir("testpeer-unsafe-dir");
+    // A file where the socket directory should be: na-sm refuses it.
+    let not_a_dir = d.join("not-a-dir");
+    std::fs::write(&not_a_dir, b"").expect("write the file");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hg-rpc-testpeer"))
+        .env("QS_SM_DIR", &not_a_dir)
+        .env_remove("HG_TESTPEER_SPEC")
+        .env_remove("HG_TESTPEER_STALLED_CALL")
+        .env_remove("HG_TESTPEER_CONTEXTS")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run hg-rpc-testpeer");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("hg-rpc-testpeer: error: transport error\n"),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("  caused by: ") && l.contains("not a directory")),
+        "the cause is not printed: {err}"
+    );
+    assert!(!err.contains("Transport("), "the Debug form, not words: {err}");
+}

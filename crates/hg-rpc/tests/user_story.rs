@@ -196,7 +196,7 @@ async fn one_call(
                     let want = transform(&whole[offset as usize..(offset + len) as usize]);
                     let back = dst
                         .try_into_buffers()
-                        .map_err(|e| format!("call {i}: after the answer, {e}"))?
+                        .map_err(|e| format!("call {i}: after the answer, {}", na_core::ErrorChain(&e)))?
                         .concat();
                     let at = dst_offset as usize;
                     if back[at..at + len as usize] != want[..] || sum != checksum(&want) {

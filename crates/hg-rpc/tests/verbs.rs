@@ -184,7 +184,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
         .expect("expose");
     let got = c
         .call::<BlobGet>(&s, &("k".into(), into.clone(), 100), T)
-        .unwrap_or_else(|e| panic!("get: {e}; {}", client_state(&mut c)));
+        .unwrap_or_else(|e| panic!("get: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
     assert_eq!(got, data.len() as u64);
     let mut back = vec![0; data.len()];
     into.local()
@@ -475,7 +475,7 @@ fn a_kept_context_s_read_completes_and_its_answer_follows_over_verbs() {
                         None => pull.await,
                     };
                     let _ = report.send(
-                        r.map_err(|e| e.to_string())
+                        r.map_err(|e| na_core::ErrorChain(&e).to_string())
                             .and_then(|()| Ok(fnv(&into.local().ok_or("not local")?.to_vec()))),
                     );
                 });
@@ -703,7 +703,8 @@ fn a_handler_moves_data_through_its_request_s_source_over_verbs() {
             .expect("expose");
         let hash = common::call_both::<BlobPut>(&mut c, &mut srv, &("k".into(), put)).unwrap_or_else(|e| {
             panic!(
-                "listen {listen}: the server's pull: {e}; {}",
+                "listen {listen}: the server's pull: {}; {}",
+                na_core::ErrorChain(&e),
                 client_state(&mut c)
             )
         });
@@ -714,7 +715,8 @@ fn a_handler_moves_data_through_its_request_s_source_over_verbs() {
         let len = common::call_both::<BlobGet>(&mut c, &mut srv, &("k".into(), into.clone(), 10))
             .unwrap_or_else(|e| {
                 panic!(
-                    "listen {listen}: the server's push: {e}; {}",
+                    "listen {listen}: the server's push: {}; {}",
+                    na_core::ErrorChain(&e),
                     client_state(&mut c)
                 )
             });
@@ -822,7 +824,8 @@ fn a_deferred_request_moves_data_with_a_client_that_does_not_listen_over_verbs()
     srv.bulk(BulkOp::Pull, &from, 0, &into, 0, from.size(), T)
         .unwrap_or_else(|e| {
             panic!(
-                "the pull through the request's source: {e}; {}",
+                "the pull through the request's source: {}; {}",
+                na_core::ErrorChain(&e),
                 client_state(&mut c)
             )
         });

@@ -27,7 +27,19 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 const BULK_SEGMENTS: usize = 16;
 const BULK_SEGMENT: usize = 4 << 20;
 
-fn main() -> Res<()> {
+/// Runs [`run`]; an error ends the process with its whole chain (the
+/// error and each cause, [`ErrorChain`]) on stderr and exit status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("na_demo: error: {}", ErrorChain(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Res<()> {
     if std::env::args().nth(1).as_deref() == Some("serve") {
         return serve();
     }

@@ -92,7 +92,20 @@ fn client_turn(
     Ok(())
 }
 
-fn main() -> Res<()> {
+/// Runs [`run`]; an error ends the process with its whole chain (the
+/// error and each cause, [`na_core::ErrorChain`]) on stderr and exit
+/// status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pull_path_cost: error: {}", na_core::ErrorChain(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Res<()> {
     let pings: u64 = match std::env::args().nth(1) {
         Some(n) => n.parse()?,
         None => 1_000_000,

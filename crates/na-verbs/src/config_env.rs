@@ -390,7 +390,8 @@ mod tests {
             &[(ENV_RECV_DEPTH, "1024"), (ENV_SEND_QUEUE_DEPTH, "1032")],
             &[(ENV_SETUP_TIMEOUT_MS, "10001")],
         ] {
-            VerbsConfig::from_lookup(env(ok)).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+            VerbsConfig::from_lookup(env(ok))
+                .unwrap_or_else(|e| panic!("{ok:?}: {}", na_core::ErrorChain(&e)));
         }
     }
 

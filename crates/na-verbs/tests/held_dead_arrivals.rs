@@ -92,14 +92,19 @@ fn drive(
         cli.progress_now().unwrap();
         while let Some(c) = cli.pop_completion() {
             c.status
-                .unwrap_or_else(|e| panic!("{what}: send {:?} failed: {e}", c.op));
+                .unwrap_or_else(|e| panic!("{what}: send {:?} failed: {}", c.op, na_core::ErrorChain(&e)));
             done += 1;
         }
         if listening {
             srv.progress();
             for c in std::iter::from_fn(|| srv.ep.pop_completion()) {
                 if let Err(e) = &c.status {
-                    panic!("{what}: the listener's {:?} {:?} failed: {e}", c.kind, c.op);
+                    panic!(
+                        "{what}: the listener's {:?} {:?} failed: {}",
+                        c.kind,
+                        c.op,
+                        na_core::ErrorChain(e)
+                    );
                 }
                 got.push(c);
             }

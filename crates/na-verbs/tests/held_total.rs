@@ -46,8 +46,14 @@ fn drive_clients(clients: &mut [Client]) {
                 "{:?}",
                 done.kind
             );
-            done.status
-                .unwrap_or_else(|e| panic!("client {c}: send {:?} failed: {e}", done.op));
+            done.status.unwrap_or_else(|e| {
+                panic!(
+                    "client {c}: send {:?} failed: {}",
+                    done.op,
+                    na_core::ErrorChain(&e)
+                )
+            });
+
             cl.sent += 1;
         }
     }

@@ -144,7 +144,8 @@ fn a_send_the_peer_cannot_receive_fails_as_peer_gone_with_its_length() {
     let err = sent
         .status
         .expect_err("a reply the peer cannot hold was reported sent");
-    eprintln!("listener's send: {err}; peer: {seen}");
+    eprintln!("listener's send: {}; peer: {seen}", na_core::ErrorChain(&err));
+
     assert!(matches!(err, NaError::PeerGone { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("send of 1024 bytes failed"), "{msg}");

@@ -118,11 +118,17 @@ fn the_outgoing_reserve_keeps_slots_idle_incoming_peers_cannot_take() {
     // The default reserve (1 of 4): three idle peers, the fourth refused,
     // our own call out connects.
     if let Err(e) = scenario(&env, None) {
-        panic!("{test}: with the default reserve the listener could not call out: {e}");
+        panic!(
+            "{test}: with the default reserve the listener could not call out: {}",
+            na_core::ErrorChain(&e)
+        );
     }
     // An explicit reserve of 2: two idle peers, the third refused.
     if let Err(e) = scenario(&env, Some(2)) {
-        panic!("{test}: with a reserve of 2 the listener could not call out: {e}");
+        panic!(
+            "{test}: with a reserve of 2 the listener could not call out: {}",
+            na_core::ErrorChain(&e)
+        );
     }
 }
 

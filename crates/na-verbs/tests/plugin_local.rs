@@ -119,7 +119,11 @@ fn verbs_plugin_in_one_process() {
         .cli
         .put(&local, 0, &desc, 2101, 6000, &p.srv_addr, OpId(9003))
         .unwrap_err();
-    assert!(matches!(e, NaError::OutOfBounds { .. }), "{e}");
+    assert!(
+        matches!(e, NaError::OutOfBounds { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     eprintln!("put/get ok");
 }
 
@@ -332,7 +336,11 @@ fn expected_messages_of_a_dead_peer_are_kept_for_a_grace_then_dropped() {
     let e = srv
         .post_recv_expected(&client, 9, Vec::new(), OpId(61))
         .expect_err("nothing held, and the peer is gone");
-    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    assert!(
+        matches!(e, NaError::PeerGone { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     assert_eq!(
         srv.plugin(srv_id).unwrap().stats().peer_entries,
         0,
@@ -392,7 +400,11 @@ fn clients_that_come_and_go_leave_no_peer_entries_behind() {
     // it does not reach whichever peer uses its slot now.
     let old = first_client.unwrap();
     let e = srv.send_expected(&old, 1, b"late", OpId(5000)).unwrap_err();
-    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    assert!(
+        matches!(e, NaError::PeerGone { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     assert!(e.to_string().contains("went earlier"), "{e}");
 
     // A client that leaves an unexpected message nobody took yet: its
@@ -427,7 +439,11 @@ fn clients_that_come_and_go_leave_no_peer_entries_behind() {
     let e = srv
         .send_expected(got.source.as_ref().unwrap(), 1, b"x", OpId(6002))
         .unwrap_err();
-    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    assert!(
+        matches!(e, NaError::PeerGone { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
 }
 
 /// Two listeners that look each other up and send at once hold a
@@ -502,7 +518,11 @@ fn listeners_that_call_each_other_hold_a_connection_each_way() {
     let e = a
         .send_unexpected(&to_b, 2, b"gone", OpId(4))
         .expect_err("the peer whose only connection died is gone");
-    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    assert!(
+        matches!(e, NaError::PeerGone { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     // b's own connection to a still carries b's sends; a new lookup of b
     // connects afresh.
     let to_b = a.lookup(&b_uri).unwrap();

@@ -150,7 +150,7 @@ fn queued_transfers_of_a_handle_whose_pages_were_discarded_fail_instead_of_movin
         match &done.status {
             Ok(()) => ok += 1,
             Err(e) if na_core::ErrorChain(&e).to_string().contains("invalidated") => invalidated += 1,
-            Err(e) => panic!("op {:?}: unexpected error {e}", done.op),
+            Err(e) => panic!("op {:?}: unexpected error {}", done.op, na_core::ErrorChain(e)),
         }
     }
     eprintln!("{ok} posted before the discard completed, {invalidated} queued ones failed");
@@ -208,5 +208,8 @@ fn a_handle_is_exposed_exactly_as_long_as_it_lives() {
         .as_ref()
         .expect_err("a put through the descriptor of a dropped handle must fail");
     assert!(na_core::ErrorChain(e).to_string().contains("wrong rkey"), "{e:?}");
-    eprintln!("put through a dropped handle's descriptor: {e}");
+    eprintln!(
+        "put through a dropped handle's descriptor: {}",
+        na_core::ErrorChain(e)
+    );
 }

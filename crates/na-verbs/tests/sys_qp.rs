@@ -190,7 +190,11 @@ fn sys_qp_manual_transitions_with_srq() {
     let stale = gone.sge(0, 64).unwrap();
     drop(gone);
     match qp_b.post_send(60, SendOp::Send, &[stale], true) {
-        Err(e) => eprintln!("{who}: a stale SGE refused at the post: {e}"),
+        Err(e) => eprintln!(
+            "{who}: a stale SGE refused at the post: {}",
+            na_core::ErrorChain(&e)
+        ),
+
         Ok(()) => {
             let wc = wait_wc(&cq_b, &comp, 1, who);
             assert_eq!(wc[0].wr_id, 60);

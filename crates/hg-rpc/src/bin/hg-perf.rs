@@ -249,8 +249,12 @@ fn serve(spec: &str, cpu: Option<usize>, parent: Option<u32>) -> Res<()> {
             let mut ends = [0u8; 2];
             if let Some(m) = b.local() {
                 let last = bw_extent(len, count) - 1;
-                m.read_at(0, &mut ends[..1]).map_err(|e| e.to_string())?;
-                m.read_at(last, &mut ends[1..]).map_err(|e| e.to_string())?;
+                // The error as text is its whole chain (an `NaError` may
+                // carry a cause, which its message leaves out).
+                m.read_at(0, &mut ends[..1])
+                    .map_err(|e| na_core::ErrorChain(&e).to_string())?;
+                m.read_at(last, &mut ends[1..])
+                    .map_err(|e| na_core::ErrorChain(&e).to_string())?;
             }
             buf = Some(b);
             r?;

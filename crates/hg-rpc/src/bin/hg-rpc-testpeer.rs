@@ -37,6 +37,9 @@ use na_sm::{SmConfig, SmPlugin};
 mod testpeer_rpcs;
 use testpeer_rpcs::*;
 
+#[path = "shared/exit.rs"]
+mod exit;
+
 /// Extra contexts (`HG_TESTPEER_CONTEXTS=n`): each a thread with its own
 /// engine and address, printed as `CTX <i> <uri>`; they serve `WhoAmI`
 /// (answering their index and the caller's token) until the process ends.
@@ -132,7 +135,13 @@ fn stalled_client(spec: &str, server: &str) -> Result<(), Box<dyn std::error::Er
     std::process::exit(3);
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    exit::run("hg-rpc-testpeer", run)
+}
+
+/// The server (or the stalled client): an error ends the process with its
+/// message and causes on stderr ([`exit::run`]).
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     exit_with_stdin();
     let spec = std::env::var("HG_TESTPEER_SPEC").unwrap_or_else(|_| "sm://".into());
     if let Ok(server) = std::env::var("HG_TESTPEER_STALLED_CALL") {

@@ -214,7 +214,8 @@ pub fn blocking_context(dir: &std::path::Path) -> Result<String, Box<dyn std::er
             .progress(Some(Duration::from_millis(50)))
             .and_then(|_| e.trigger())
         {
-            eprintln!("story server context 0: {err}");
+            eprintln!("story server context 0: {}", na_core::ErrorChain(&err));
+
             std::process::exit(3);
         }
         let report = counted.report(&e.stats(), &e.transport_stats());

@@ -131,7 +131,8 @@ fn an_input_past_the_servers_smaller_limit_spills_over_verbs() {
         let sent = c.stats().bytes_sent;
         let got = call::<Digest>(&mut c, &mut srv, &s, &input).unwrap_or_else(|e| {
             panic!(
-                "{round}: an input of {BETWEEN} bytes: {e}; {}",
+                "{round}: an input of {BETWEEN} bytes: {}; {}",
+                na_core::ErrorChain(&e),
                 client_state(&mut c)
             )
         });
@@ -148,7 +149,7 @@ fn an_input_past_the_servers_smaller_limit_spills_over_verbs() {
     // One-way: spilled too, and run once the server pulled it.
     let before = runs.load(Ordering::SeqCst);
     c.forward_one_way::<Digest>(&s, &input)
-        .unwrap_or_else(|e| panic!("one-way: {e}; {}", client_state(&mut c)));
+        .unwrap_or_else(|e| panic!("one-way: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
     let end = Instant::now() + T;
     while runs.load(Ordering::SeqCst) == before {
         assert!(
@@ -179,8 +180,13 @@ fn an_output_past_the_clients_smaller_limit_spills_over_verbs() {
     let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
     assert_eq!(call::<Add>(&mut c, &mut srv, &s, &(1, 2)).expect("add"), 3);
     let sent = srv.stats().bytes_sent;
-    let out = call::<Fill>(&mut c, &mut srv, &s, &(BETWEEN as u64, 7))
-        .unwrap_or_else(|e| panic!("an output of {BETWEEN} bytes: {e}; {}", client_state(&mut c)));
+    let out = call::<Fill>(&mut c, &mut srv, &s, &(BETWEEN as u64, 7)).unwrap_or_else(|e| {
+        panic!(
+            "an output of {BETWEEN} bytes: {}; {}",
+            na_core::ErrorChain(&e),
+            client_state(&mut c)
+        )
+    });
     assert!(out == fill_pattern(BETWEEN as u64, 7), "pulled output differs");
     let response = srv.stats().bytes_sent - sent;
     assert!(
@@ -197,7 +203,12 @@ fn an_output_past_the_clients_smaller_limit_spills_over_verbs() {
     let (ep, id) = verbs_endpoint(&spec, false, MIN_EAGER_SIZE - 1);
     match Engine::new(ep, id) {
         Err(RpcError::Transport(NaError::Config { name, .. })) => assert_eq!(name, "max_unexpected_size"),
-        Err(e) => panic!("an engine on a {}-byte plugin: {e}", MIN_EAGER_SIZE - 1),
+        Err(e) => panic!(
+            "an engine on a {}-byte plugin: {}",
+            MIN_EAGER_SIZE - 1,
+            na_core::ErrorChain(&e)
+        ),
+
         Ok(_) => panic!("an engine on a {}-byte plugin was built", MIN_EAGER_SIZE - 1),
     }
 }

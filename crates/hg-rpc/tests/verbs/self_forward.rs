@@ -28,14 +28,27 @@ fn a_self_forward_carrying_bulk_moves_data_over_verbs() {
             .expect("expose");
         let hash = e
             .call::<BlobPut>(&me, &("k".into(), put), T)
-            .unwrap_or_else(|err| panic!("listen {listen}: self pull: {err}; {}", client_state(&mut e)));
+            .unwrap_or_else(|err| {
+                panic!(
+                    "listen {listen}: self pull: {}; {}",
+                    na_core::ErrorChain(&err),
+                    client_state(&mut e)
+                )
+            });
         assert_eq!(hash, fnv(&data), "listen {listen}: pulled data differs");
         let into = e
             .expose(vec![vec![0; 70_000], vec![0; 30_000]], Access::ReadWrite)
             .expect("expose");
         let len = e
             .call::<BlobGet>(&me, &("k".into(), into.clone(), 10), T)
-            .unwrap_or_else(|err| panic!("listen {listen}: self push: {err}; {}", client_state(&mut e)));
+            .unwrap_or_else(|err| {
+                panic!(
+                    "listen {listen}: self push: {}; {}",
+                    na_core::ErrorChain(&err),
+                    client_state(&mut e)
+                )
+            });
+
         assert_eq!(len, 100_000 - 10);
         let mut back = vec![0; len as usize];
         into.local()

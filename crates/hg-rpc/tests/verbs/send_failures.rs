@@ -61,7 +61,11 @@ fn a_request_send_failing_at_completion_ends_its_call_over_verbs() {
     };
     match outcome {
         Err(RpcError::Transport(NaError::MessageTooLarge { max, .. })) => assert_eq!(max, PEER_MAX),
-        Err(e) => panic!("the call ended with {e}, not the send's MessageTooLarge"),
+        Err(e) => panic!(
+            "the call ended with {}, not the send's MessageTooLarge",
+            na_core::ErrorChain(&e)
+        ),
+
         Ok(v) => panic!("the call succeeded ({v:?}) with no server"),
     }
     let st = c.stats();

@@ -66,8 +66,13 @@ fn a_spilled_outputs_pull_that_fails_at_completion_ends_its_call_over_verbs() {
     let len = 256u64 << 10;
     // Control: the same call works with the default TTL, so the path is
     // sound and the failure below is the deregistration's.
-    let out = common::call_both::<Fill>(&mut c, &mut srv, &(len, 3))
-        .unwrap_or_else(|e| panic!("a spilled output: {e}; {}", client_state(&mut c)));
+    let out = common::call_both::<Fill>(&mut c, &mut srv, &(len, 3)).unwrap_or_else(|e| {
+        panic!(
+            "a spilled output: {}; {}",
+            na_core::ErrorChain(&e),
+            client_state(&mut c)
+        )
+    });
     assert!(out == fill_pattern(len, 3), "pulled output differs");
     let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
 
@@ -141,7 +146,8 @@ fn a_spilled_outputs_pull_that_fails_at_completion_ends_its_call_over_verbs() {
     }
     let out = common::call_both::<Fill>(&mut c, &mut srv, &(len, 9)).unwrap_or_else(|e| {
         panic!(
-            "a spilled output after the failed pull: {e}; {}",
+            "a spilled output after the failed pull: {}; {}",
+            na_core::ErrorChain(&e),
             client_state(&mut c)
         )
     });
@@ -177,8 +183,13 @@ fn a_spilled_inputs_pull_that_fails_at_completion_leaves_the_target_serving_over
     let big = fill_pattern(300_000, 2);
     // Control: the same call works when the input stays, so the path is
     // sound and the failure below is the deregistration's.
-    let back = common::call_both::<Echo>(&mut c, &mut srv, &big)
-        .unwrap_or_else(|e| panic!("a spilled input: {e}; {}", client_state(&mut c)));
+    let back = common::call_both::<Echo>(&mut c, &mut srv, &big).unwrap_or_else(|e| {
+        panic!(
+            "a spilled input: {}; {}",
+            na_core::ErrorChain(&e),
+            client_state(&mut c)
+        )
+    });
     assert!(back == big, "echo differs");
     assert_eq!(ran(&runs), 1);
     let uri = srv.self_addr().uri().to_owned();
@@ -225,7 +236,8 @@ fn a_spilled_inputs_pull_that_fails_at_completion_leaves_the_target_serving_over
     }
     let back = common::call_both::<Echo>(&mut c, &mut srv, &big).unwrap_or_else(|e| {
         panic!(
-            "a spilled input after the failed pull: {e}; {}",
+            "a spilled input after the failed pull: {}; {}",
+            na_core::ErrorChain(&e),
             client_state(&mut c)
         )
     });

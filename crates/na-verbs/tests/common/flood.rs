@@ -136,7 +136,7 @@ pub fn flood(hello_ip: std::net::Ipv4Addr, dst: SocketAddr, attack: Attack) -> F
             if let Err(e) = qp.post_send(u64::from(posted), SendOp::Send, &[sge], true) {
                 return Flood {
                     delivered,
-                    stopped_by: Some(format!("post_send: {e}")),
+                    stopped_by: Some(format!("post_send: {}", na_core::ErrorChain(&e))),
                 };
             }
             posted += 1;

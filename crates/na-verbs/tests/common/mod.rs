@@ -75,7 +75,10 @@ pub fn rdma_env(test: &str) -> Option<RdmaEnv> {
             ));
             None
         }
-        Err(e) => panic!("{test}: listing RDMA devices failed unexpectedly: {e}"),
+        Err(e) => panic!(
+            "{test}: listing RDMA devices failed unexpectedly: {}",
+            na_core::ErrorChain(&e)
+        ),
         Ok(devs) => {
             let ip = std::env::var("RXE_VM_IP")
                 .ok()
@@ -110,7 +113,7 @@ pub fn wait_cm(ch: &Arc<EventChannel>, want: CmEventKind, who: &str) -> CmEvent 
     loop {
         if let Some(ev) = ch
             .get_event()
-            .unwrap_or_else(|e| panic!("{who}: rdma_get_cm_event: {e}"))
+            .unwrap_or_else(|e| panic!("{who}: rdma_get_cm_event: {}", na_core::ErrorChain(&e)))
         {
             assert!(
                 ev.kind == want && ev.status == 0,

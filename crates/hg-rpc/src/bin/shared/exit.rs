@@ -1,5 +1,7 @@
-//! How the command-line programs (hg-perf, hg-soak, the demo and blobstore
-//! examples) end on an error: its message and each cause on stderr, in
+//! How the command-line programs (hg-perf, hg-soak, hg-rpc-testpeer, the
+//! examples but codec_compare, which has no error to report) end on an
+//! error: its message and each cause on stderr, in
+
 //! words (`main` returning `Err` would print the error's `Debug` form,
 //! escaped quotes and all), and a failure exit status.
 
