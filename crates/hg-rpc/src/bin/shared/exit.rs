@@ -1,7 +1,6 @@
 //! How the command-line programs (hg-perf, hg-soak, hg-rpc-testpeer, the
-//! examples but codec_compare, which has no error to report) end on an
+//! examples except codec_compare, which has no error to report) end on an
 //! error: its message and each cause on stderr, in
-
 //! words (`main` returning `Err` would print the error's `Debug` form,
 //! escaped quotes and all), and a failure exit status.
 
