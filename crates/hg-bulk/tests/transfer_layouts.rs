@@ -437,7 +437,9 @@ fn a_batch_naming_one_id_twice_is_refused_on_every_path() {
         let local = Bulk::expose(&mut ep, p, vec![vec![0u8; 64]], Access::ReadWrite).unwrap();
         let here_before = here.local().unwrap().to_vec();
         match start_batch(&mut ep, op, remote, &local, &twice) {
-            Err(e @ BulkError::Na(NaError::OpInFlight(7))) => errors.push(e.to_string()),
+            Err(e @ BulkError::Na(NaError::OpInFlight(7))) => {
+                errors.push(na_core::ErrorChain(&e).to_string())
+            }
             other => panic!("{name}: expected the repeated id 7 refused, got {other:?}"),
         }
         assert!(
@@ -476,10 +478,13 @@ fn a_batch_naming_one_id_twice_is_refused_on_every_path() {
             "{name}: the distinct ids did not move the data"
         );
     }
+    // Every path refuses the batch with the same error, cause and all (the
+    // chain: `BulkError::Na`'s own message leaves the cause to `source()`).
     assert!(
-        errors.windows(2).all(|w| w[0] == w[1]),
+        errors.len() == 4 && errors.windows(2).all(|w| w[0] == w[1]),
         "different errors: {errors:?}"
     );
+    assert!(errors[0].contains('7'), "the chain names no op id: {errors:?}");
     drop(owner);
     let _ = std::fs::remove_dir_all(&dir);
 }

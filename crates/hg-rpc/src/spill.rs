@@ -123,7 +123,8 @@ pub fn parse(payload: &[u8], max: u64, checksum: bool) -> Result<Spilled, String
         .and_then(|b| b.try_into().ok())
         .ok_or("spilled payload shorter than its length field")?;
     let len = u64::from_le_bytes(len_bytes);
-    let (remote, used) = RemoteMem::decode_prefix(&payload[8..]).map_err(|e| format!("spilled data: {e}"))?;
+    let (remote, used) = RemoteMem::decode_prefix(&payload[8..])
+        .map_err(|e| format!("spilled data: {}", na_core::ErrorChain(&e)))?;
     if !remote.access().can_read() {
         // Data to pull: a descriptor that forbids reading it is no
         // description of it (not a transport failure of the pull).
