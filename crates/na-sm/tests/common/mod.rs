@@ -219,6 +219,38 @@ pub fn connection_ends(
     (connector.remove(0), acceptor.remove(0))
 }
 
+/// A copy (`dup`) of this process's listening socket bound to `path`
+/// (found among our open descriptors): readable while connections wait
+/// in its accept queue.
+pub fn listener_copy(path: &std::path::Path) -> std::os::fd::OwnedFd {
+    use std::os::fd::AsFd;
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for entry in entries {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(dup) = sys::dup_number(fd) else {
+            continue;
+        };
+        if na_sm::sys::socket::unix_socket_kind(dup.as_fd()) != Some((libc::SOCK_STREAM, true)) {
+            continue;
+        }
+        let sock = std::os::unix::net::UnixListener::from(dup);
+        if sock
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf))
+            == Some(path.to_path_buf())
+        {
+            return std::os::fd::OwnedFd::from(sock);
+        }
+    }
+    panic!("no listening socket bound to {}", path.display())
+}
+
 /// The socket of listener `uri` (`sm://<name>`) in `dir`.
 pub fn listener_path(dir: &std::path::Path, uri: &str) -> std::path::PathBuf {
     dir.join(format!("{}.sock", uri.trim_start_matches("sm://")))
