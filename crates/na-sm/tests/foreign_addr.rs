@@ -65,11 +65,11 @@ fn an_address_of_another_endpoint_is_refused_not_sent_to_the_peer_it_happens_to_
         }
     };
     assert_eq!((got.tag, got.buf.as_deref()), (6, Some(&b"for B"[..])));
-    // Nothing can reach A later either: what the clients sent is counted
-    // as they send it (a message is in its ring when the call returns, or
-    // queued), and c1, A's only other peer, sent nothing; c2 sent one,
-    // the one B took, and knows no peer but B. (No wait can show an
-    // absence; these counts leave nothing in flight that could end it.)
+    // Nothing can reach A later either, so A is checked now rather than
+    // after a wait: a client counts a message as it sends it (it is in the
+    // peer's ring when the call returns, or queued), and c1, A's only
+    // peer, sent nothing; c2 sent one, the one B took, and knows no peer
+    // but B.
     let sent = |ep: &Endpoint| {
         let s = ep.plugin(ep.plugin_ids().next().unwrap()).unwrap().stats();
         (s.msgs_sent, s.sends_queued, s.peer_entries)
