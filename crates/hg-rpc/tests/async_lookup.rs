@@ -8,12 +8,16 @@
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hg_rpc::{AsyncEngine, Bulk, BulkOp, Engine, RpcError};
 use na_core::{Access, Addr, Endpoint, NaError, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
+use tracing::field::{Field, Visit};
+use tracing::Subscriber;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -55,16 +59,66 @@ fn client(dir: &Path) -> AsyncEngine {
 }
 
 /// A listener at the socket an sm address of this process would use
-/// (`sm://<pid>-stuck` in `dir`) that never accepts, its queue full;
-/// returns its address and what must live as long as it should.
-fn stuck_listener(dir: &Path) -> (String, UnixListener, UnixStream) {
+/// (`sm://<pid>-stuck-<tag>` in `dir`: each test's own, as the waits'
+/// record names them) that never accepts, its queue full; returns its
+/// address and what must live as long as it should.
+fn stuck_listener(dir: &Path, tag: &str) -> (String, UnixListener, UnixStream) {
     let pid = std::process::id();
-    let path = dir.join(format!("{pid}-stuck.sock"));
+    let path = dir.join(format!("{pid}-stuck-{tag}.sock"));
     let listener = UnixListener::bind(&path).unwrap();
     // A backlog of 0 makes one queued connection fill the queue.
     common::sys::listen(listener.as_fd(), 0).expect("listen(2) on our socket");
     let queued = UnixStream::connect(&path).expect("the first connection is queued");
-    (format!("sm://{pid}-stuck"), listener, queued)
+    (format!("sm://{pid}-stuck-{tag}"), listener, queued)
+}
+
+/// The peers of the lookups that found their peer's queue full and wait
+/// (retrying without the engine lock): hg-rpc says so once per lookup, at
+/// debug level, when its first attempt would have blocked.
+static WAITING_FOR: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Records [`WAITING_FOR`] from hg-rpc's log.
+struct Waits;
+
+/// The `peer` and `message` fields of an event.
+#[derive(Default)]
+struct PeerAndMessage(String, String);
+
+impl Visit for PeerAndMessage {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "peer" {
+            self.0 = value.to_owned();
+        }
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.1 = format!("{value:?}");
+        }
+    }
+}
+
+impl<S: Subscriber> Layer<S> for Waits {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        if !event.metadata().target().starts_with("hg_rpc") {
+            return;
+        }
+        let mut f = PeerAndMessage::default();
+        event.record(&mut f);
+        if f.1.contains("lookup waits") {
+            WAITING_FOR.lock().unwrap().push(f.0);
+        }
+    }
+}
+
+/// Installs [`Waits`] as the process's subscriber (once: the tasks that
+/// log run on the runtime's workers, which a thread's own subscriber
+/// would not see).
+fn record_waits() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Waits))
+            .expect("no other subscriber in this test binary");
+    });
 }
 
 /// Makes [`CALLS`] calls to `srv` one after the other.
@@ -91,24 +145,32 @@ fn assert_lookup_timeout(r: Result<(), RpcError>, stuck: &str) -> NaError {
     }
 }
 
-/// While `what` (the task `waiting`) waits on the stuck peer (its first
-/// attempt made by now), a pause of 100 ms and [`CALLS`] calls finish,
-/// and `what` is still waiting then: a lookup that held the engine (or
-/// the runtime's workers: a pause fires no timer then) would hold the
-/// calls until it ended. No wall-clock bound on the calls: under load
-/// they may be slow, but they cannot finish behind a held engine.
+/// While `what` (the task `waiting`) waits on the stuck peer, [`CALLS`]
+/// calls finish, and `what` is still waiting then: a lookup that held the
+/// engine (or the runtime's workers: a pause fires no timer then) would
+/// hold the calls until it ended. The calls start once hg-rpc has said
+/// that `what` waits for `stuck` (its first attempt found the queue full),
+/// or once `what` has ended (a lookup that held the engine through its
+/// wait says nothing, and the check then fails): not after a guessed
+/// pause, which a loaded machine could end before the lookup had even
+/// begun. No wall-clock bound on the calls: under load they may be slow,
+/// but they cannot finish behind a held engine.
 async fn served_meanwhile<W>(
     c: &hg_rpc::AsyncEngine,
     s: &na_core::Addr,
     waiting: &tokio::task::JoinHandle<W>,
+    stuck: &str,
     what: &str,
 ) {
     let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    while !WAITING_FOR.lock().unwrap().iter().any(|p| p == stuck) && !waiting.is_finished() {
+        assert!(t0.elapsed() < 2 * HANDSHAKE, "{what} neither waited nor ended");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     calls(c, s).await;
     assert!(
         !waiting.is_finished(),
-        "a pause of 100 ms and {CALLS} calls took {:?}, not done before {what} gave up (handshake timeout {HANDSHAKE:?})",
+        "{CALLS} calls took {:?} from the start of {what}'s wait, not done before it gave up (handshake timeout {HANDSHAKE:?})",
         t0.elapsed()
     );
 }
@@ -127,7 +189,8 @@ async fn a_lookup_of_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
     let srv = Server::start(&d);
     let c = Arc::new(client(&d));
     let s = c.lookup(&srv.uri).await.unwrap();
-    let (stuck, _listener, _queued) = stuck_listener(&d);
+    let (stuck, _listener, _queued) = stuck_listener(&d, "lookup");
+    record_waits();
 
     // The blocking lookup, from a thread of its own at the same time: the
     // error to expect.
@@ -143,7 +206,7 @@ async fn a_lookup_of_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
             (r, t0.elapsed())
         })
     };
-    served_meanwhile(&c, &s, &lookup, "the lookup").await;
+    served_meanwhile(&c, &s, &lookup, &stuck, "the lookup").await;
     let (r, waited) = lookup.await.unwrap();
     let e = assert_lookup_timeout(r, &stuck);
     assert_waited_the_timeout(waited, "the lookup");
@@ -165,7 +228,8 @@ async fn a_transfer_with_a_peer_that_never_accepts_does_not_hold_up_other_calls(
     let srv = Server::start(&d);
     let c = Arc::new(client(&d));
     let s = c.lookup(&srv.uri).await.unwrap();
-    let (stuck, _listener, _queued) = stuck_listener(&d);
+    let (stuck, _listener, _queued) = stuck_listener(&d, "bulk");
+    record_waits();
     // A descriptor as a peer would send it, naming the stuck owner.
     let theirs = c.expose(vec![vec![7; 4096]], Access::ReadWrite).unwrap();
     let mut desc = theirs.desc().into_owned();
@@ -180,7 +244,7 @@ async fn a_transfer_with_a_peer_that_never_accepts_does_not_hold_up_other_calls(
             (r, t0.elapsed())
         })
     };
-    served_meanwhile(&c, &s, &transfer, "the transfer's lookup").await;
+    served_meanwhile(&c, &s, &transfer, &stuck, "the transfer's lookup").await;
     let (r, waited) = transfer.await.unwrap();
     assert_lookup_timeout(r, &stuck);
     assert_waited_the_timeout(waited, "the transfer");

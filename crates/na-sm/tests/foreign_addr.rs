@@ -65,8 +65,24 @@ fn an_address_of_another_endpoint_is_refused_not_sent_to_the_peer_it_happens_to_
         }
     };
     assert_eq!((got.tag, got.buf.as_deref()), (6, Some(&b"for B"[..])));
-    a.progress(Some(Duration::from_millis(50))).unwrap();
+    // Nothing can reach A later either, so A is checked now rather than
+    // after a wait: a client counts a message as it sends it (it is in the
+    // peer's ring when the call returns, or queued), and c1, A's only
+    // peer, sent nothing; c2 sent one, the one B took, and knows no peer
+    // but B.
+    let sent = |ep: &Endpoint| {
+        let s = ep.plugin(ep.plugin_ids().next().unwrap()).unwrap().stats();
+        (s.msgs_sent, s.sends_queued, s.peer_entries)
+    };
+    assert_eq!(sent(&c1), (0, 0, 1), "c1 sent something (sent, queued, peers)");
+    assert_eq!(
+        sent(&c2),
+        (1, 0, 1),
+        "c2 sent more than B's message (sent, queued, peers)"
+    );
+    a.progress(Some(Duration::ZERO)).unwrap();
     assert!(a.pop_completion().is_none(), "A got a message");
+    assert_eq!(a.plugin(aid).unwrap().stats().msgs_received, 0, "A got a message");
     // The plugin-level check holds too: a plugin given another's address.
     let c2_id = c2.plugin_ids().next().unwrap();
     let e = c2

@@ -190,6 +190,22 @@ fn spawn_peer(srv: &str, dir: &std::path::Path, hold: bool) -> Result<Child, Str
     cmd.spawn().map_err(|e| format!("spawning a peer: {e}"))
 }
 
+/// What the canary says in its hello.
+const CANARY: &str = "canary";
+
+/// A client endpoint of this process that connects to `srv` and sends its
+/// hello ([`CANARY`]); S takes it in only by looking at its events.
+fn canary(srv: &str, dir: &std::path::Path) -> Result<Endpoint, String> {
+    let cfg = SmConfig::default().with_dir(dir);
+    let mut ep = Endpoint::new(ProgressMode::Blocking).map_err(|e| e.to_string())?;
+    ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
+        .map_err(|e| e.to_string())?;
+    let to = ep.lookup(srv).map_err(|e| format!("the canary's lookup: {e}"))?;
+    ep.send_unexpected(&to, HELLO_TAG, CANARY.as_bytes(), OpId(1))
+        .map_err(|e| format!("the canary's hello: {e}"))?;
+    Ok(ep)
+}
+
 /// Kills and reaps child `pid`.
 fn kill_and_reap(pid: libc::pid_t) -> Result<(), String> {
     sys::kill(pid, libc::SIGKILL);
@@ -246,16 +262,23 @@ fn reuse_before_the_death_is_seen(dir: &std::path::Path) -> Result<String, Strin
     s.echo(&p_addr, p_pid)?;
     let p_start = start_time(p_pid).map_err(|e| e.to_string())?;
 
-    // P dies; G holds its socket, so S does not see it go.
+    // P dies; G holds its socket, so S does not see it go. A canary of
+    // this process connects after P is reaped and says hello: S takes the
+    // connection in at a look at its events that began after P's exit, and
+    // a pidfd of P (readable from its exit on, and reported while it stays
+    // so) would have been reported then or before. So once the canary's
+    // hello is in, S has had its chance to see P go.
     kill_and_reap(p_pid as libc::pid_t)?;
     drop(p);
-    s.drive(Duration::from_millis(300))?;
+    let canary = canary(&s.uri, dir)?;
+    s.wait_for(HELLO_TAG, CANARY, Duration::from_secs(10))?;
     let peers = s.ep.plugin(s.id).map_err(|e| e.to_string())?.stats().peers;
-    if peers != 1 {
+    if peers != 2 {
         return Err(format!(
-            "S saw P go (peers: {peers}): exits are not watched by end-of-file only"
+            "S saw P go (peers: {peers}, P's and the canary's expected): exits are not watched by end-of-file only"
         ));
     }
+    drop(canary);
 
     // Q takes P's pid (a later clock tick, so another start time).
     std::thread::sleep(Duration::from_millis(30));

@@ -12,7 +12,6 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use na_core::{Addr, OpId, Plugin, PluginId};
@@ -20,61 +19,28 @@ use na_sm::sys::socket::{peer_closed, refuse_passed_fds, send_with_fds};
 use na_sm::{SmConfig, SmPlugin};
 
 mod common;
-use common::{private_dir, sys};
+use common::{connection_ends, listener_path, private_dir, sys};
 
 /// Descriptors this process has open.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Copies (`dup`) of the two ends of the connection made to the listener
-/// at `path`: (the connector's end, the acceptor's end). Found among our
-/// open sockets by their addresses: the connector's names `path` as its
-/// peer, the acceptor's names it as its own (and, unlike the listener,
-/// has a peer).
-fn connection_ends(path: &Path) -> (UnixStream, UnixStream) {
-    let (mut connector, mut acceptor) = (Vec::new(), Vec::new());
-    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
-        let entry = entry.unwrap();
-        let Ok(link) = std::fs::read_link(entry.path()) else {
-            continue;
-        };
-        if !link.to_string_lossy().starts_with("socket:") {
-            continue;
-        }
-        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        // A descriptor closed since (by the closing thread) makes the dup
-        // fail.
-        let Ok(dup) = sys::dup_number(fd) else {
-            continue;
-        };
-        let sock = UnixStream::from(dup);
-        let named = |a: std::io::Result<std::os::unix::net::SocketAddr>| {
-            a.ok().and_then(|a| a.as_pathname().map(Path::to_path_buf)) == Some(path.to_path_buf())
-        };
-        if named(sock.peer_addr()) {
-            connector.push(sock);
-        } else if named(sock.local_addr()) && sock.peer_addr().is_ok() {
-            acceptor.push(sock);
-        }
-    }
-    assert_eq!(
-        (connector.len(), acceptor.len()),
-        (1, 1),
-        "expected one connection to {}",
-        path.display()
-    );
-    (connector.remove(0), acceptor.remove(0))
+/// Whether bytes (or descriptors) wait to be read on `end`.
+fn queued(end: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    sys::poll_one(end.as_raw_fd(), libc::POLLIN, 0).1 & libc::POLLIN != 0
 }
 
-/// Progresses both for `time`.
+/// Progresses both for `time` (once at least).
 fn settle(a: &mut SmPlugin, b: &mut SmPlugin, time: Duration) {
     let end = Instant::now() + time;
-    while Instant::now() < end {
+    loop {
         a.progress().unwrap();
         b.progress().unwrap();
+        if Instant::now() >= end {
+            break;
+        }
     }
 }
 
@@ -123,23 +89,24 @@ fn kernel_refuses_passed_fds() -> bool {
     refuse_passed_fds(a.as_fd())
 }
 
-fn listener_path(dir: &Path, srv: &SmPlugin) -> PathBuf {
-    let uri = srv.self_addr().uri().to_owned();
-    dir.join(format!("{}.sock", uri.trim_start_matches("sm://")))
-}
-
 #[test]
 fn descriptors_sent_on_an_established_connection_are_refused_and_the_connection_goes_on() {
     let dir = private_dir("passed-rights");
     let mut srv = SmPlugin::new(PluginId(1), SmConfig::listening().with_dir(&dir)).unwrap();
     let mut cli = SmPlugin::new(PluginId(2), SmConfig::default().with_dir(&dir)).unwrap();
-    let path = listener_path(&dir, &srv);
+    let path = listener_path(&dir, srv.self_addr().uri());
     let to = cli.lookup(srv.self_addr().uri()).unwrap();
     let seen_as = round_trip(&mut cli, &mut srv, &to, 1);
-    // Each side has taken in what the handshake carries, the client its
-    // acknowledgement included.
-    settle(&mut cli, &mut srv, Duration::from_millis(50));
     let (connector, acceptor) = connection_ends(&path);
+    // Each side has taken in what the handshake carries: the listener its
+    // hello (the round trip went through it), the client its
+    // acknowledgement once nothing waits on its end (it sets
+    // `SO_PASSRIGHTS` as it reads it).
+    let end = Instant::now() + Duration::from_secs(10);
+    while queued(&connector) {
+        assert!(Instant::now() < end, "the client never read its acknowledgement");
+        settle(&mut cli, &mut srv, Duration::from_millis(1));
+    }
     // What a hostile peer would push: a socket end (whose close may run
     // code of its own, unlike a memfd's).
     let (hostile, _other) = UnixStream::pair().unwrap();
@@ -170,7 +137,12 @@ fn descriptors_sent_on_an_established_connection_are_refused_and_the_connection_
         ));
         assert_eq!(e.raw_os_error(), Some(libc::EPERM), "the {who}'s end: {e}");
     }
-    settle(&mut cli, &mut srv, Duration::from_millis(100));
+    // Nothing of them reached either end (no progress ran since: had any
+    // byte been queued, it would wait there now), so neither plugin has
+    // anything to count or take in, now or later.
+    for (who, end) in [("connector", &connector), ("acceptor", &acceptor)] {
+        assert!(!queued(end), "a refused send left bytes at the {who}'s end");
+    }
     assert_eq!(
         (srv.stats().protocol_errors, cli.stats().protocol_errors),
         errors,

@@ -1,9 +1,10 @@
 //! The RMA transfer-thread pool's own state, seen through its test probe
 //! (`SmPlugin::debug_rma_pool`, feature `test-hooks`): a refused batch
 //! leaves no trace of its peer in the pool, a batch refused because no
-//! thread could start is taken back whole, and a child forked while
+//! thread could start is taken back whole, a child forked while
 //! another thread holds the pool's lock never takes it (it would wait for
-//! ever: the holder is not in the child).
+//! ever: the holder is not in the child), and a peer whose pidfd could
+//! not be duplicated for its jobs has it duplicated for its next batch.
 //!
 //! The peer is a forked child whose memory is never really reached: the
 //! transfers name an address it does not map, and fail there (`EFAULT`),
@@ -242,6 +243,52 @@ fn a_child_forked_while_the_pool_lock_is_held_never_takes_it() {
         assert!(matches!(c.status, Err(NaError::Rma { .. })), "{c:?}");
     }
     assert_eq!(probe.queue_entries(), 0);
+    drop((p, kill));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A peer's pidfd that could not be duplicated for its jobs (the probe
+/// makes the duplicate fail once, as a full descriptor table would) is
+/// not remembered as missing: the peer's next batch duplicates it, and
+/// its job checks it before it moves anything (so do later ones, from the
+/// kept duplicate). (Checked: with the lack of a pidfd cached, as before,
+/// the second job runs unchecked and this fails.)
+#[test]
+fn a_pidfd_whose_duplicate_failed_is_duplicated_for_the_next_batch() {
+    let (mut p, peer, kill, dir) = scene("pool-pidfd-retry");
+    let probe = p.debug_rma_pool().unwrap();
+    probe.fail_pidfd_dups(1);
+    let local = MemHandle::zeroed(LEN as usize, Access::ReadWrite);
+    let remote = unmapped_remote(1);
+    let batch = |p: &mut SmPlugin, op: u64| {
+        p.rma(&peer, &[Rma::get(&local, 0, &remote, 0, LEN, OpId(op))])
+            .unwrap();
+        let c = wait_for(p, &[OpId(op)]).remove(0);
+        assert!(matches!(c.status, Err(NaError::Rma { .. })), "{c:?}");
+    };
+    batch(&mut p, 400);
+    if probe.pidfd_dup_failures_left() > 0 {
+        // Nothing was duplicated: the connection has no pidfd here.
+        na_core::testing::report_not_run(
+            "na-sm rma_pool_state: the peer's connection has no pidfd (a kernel without pidfds)",
+        );
+        drop((p, kill));
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    assert_eq!(
+        probe.pidfd_checked_jobs(),
+        0,
+        "a job checked a pidfd whose duplicate failed"
+    );
+    batch(&mut p, 401);
+    assert_eq!(
+        probe.pidfd_checked_jobs(),
+        1,
+        "the next batch's job ran without the peer's pidfd: its lack was remembered"
+    );
+    batch(&mut p, 402);
+    assert_eq!(probe.pidfd_checked_jobs(), 2, "the kept duplicate was not used");
     drop((p, kill));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -656,13 +656,30 @@ fn an_op_id_reused_after_a_cancel_takes_only_its_own_result() {
         sys::kill(hostile_pid, libc::SIGKILL);
         let c = wait_op(&mut s.ep, &mut stash, OpId(10));
         c.status.expect("the honest get under the reused id");
-        // Whatever else comes meanwhile (the stalling peer's end).
-        let end = Instant::now() + Duration::from_millis(500);
-        while Instant::now() < end {
-            s.ep.progress(Some(Duration::from_millis(20))).unwrap();
+        // What else could complete op 10 has had its chance once both
+        // have been taken in: the stuck job's result (its system call is
+        // counted in `rma_calls` when its result is taken, one call each
+        // for it and the honest get; the one thread ran the stuck job
+        // first, so this holds already) and the stalling peer's end (it
+        // fails what the peer still has in the pool; the honest peer is
+        // left).
+        let end = Instant::now() + BOUND;
+        loop {
+            let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+            if stats.rma_calls >= 2 && stats.peers == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "the stuck job's result or the stalling peer's end was never taken in: {stats:?}"
+            );
+            s.ep.progress(Some(Duration::from_millis(5))).unwrap();
             while let Some(c) = s.ep.pop_completion() {
                 stash.insert(c.op, c);
             }
+        }
+        while let Some(c) = s.ep.pop_completion() {
+            stash.insert(c.op, c);
         }
         assert!(!stash.contains_key(&OpId(10)), "op 10 completed twice");
         let mut got = vec![0u8; LEN];
@@ -698,12 +715,16 @@ fn threads_named(name: &str) -> usize {
 
 /// The pool starts a thread when a peer's turn finds none free, not all
 /// its threads at the first batch: gets from one peer, one after the
-/// other, run on one thread of the four allowed. (Other tests' pools
-/// have at most two threads: a `qs-sm-rma-3` is this test's.)
+/// other, run on one thread of the four allowed. The pool's probe counts
+/// the threads it started (a thread starts within the `rma` call that
+/// needs it, so the count is final when the gets are done), and says
+/// when each has named itself; then the process's threads are looked at.
+/// (Other tests' pools have at most two threads: a `qs-sm-rma-3` is this
+/// test's.)
 #[test]
 fn a_pool_starts_threads_as_peers_need_them() {
     let dir = private_dir("rma-pool-lazy");
-    let (mut ep, id) = rma_endpoint(&dir, true, 4);
+    let (mut ep, id, probe) = common::probed_rma_endpoint(&dir, 4);
     let uri = ep.self_addr(id).unwrap().uri().to_owned();
     let (kill, said) = fork_peer(&dir, &uri, honest_peer);
     assert_eq!(said, b'S', "the honest peer could not start");
@@ -714,12 +735,25 @@ fn a_pool_starts_threads_as_peers_need_them() {
         ep.get(&local, 0, &remote, 0, LEN as u64, &to, OpId(op)).unwrap();
         wait_op(&mut ep, &mut stash, OpId(op)).status.expect("the get");
     }
-    // A thread names itself as it starts: give any the time to.
-    std::thread::sleep(Duration::from_secs(1));
+    let (started, _) = probe.threads();
+    // A thread names itself as it starts, before it takes the pool's lock:
+    // once none is starting, every thread started has its name.
+    let end = Instant::now() + BOUND;
+    while probe.threads().1 > 0 {
+        assert!(
+            Instant::now() < end,
+            "a transfer thread never took the pool's lock"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (first, fourth) = (threads_named("qs-sm-rma-0"), threads_named("qs-sm-rma-3"));
     drop(kill);
     drop(ep);
     let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        started, 1,
+        "one peer's gets, one after the other, started {started} transfer threads"
+    );
     assert!(first >= 1, "no transfer thread ran the gets");
     assert_eq!(fourth, 0, "one peer's gets started a fourth transfer thread");
 }

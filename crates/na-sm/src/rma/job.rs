@@ -163,6 +163,13 @@ impl Job {
         result
     }
 
+    /// Whether the job checks its peer's pidfd before it moves anything
+    /// (a test probe counts those: `RmaPoolProbe::pidfd_checked_jobs`).
+    #[cfg(feature = "test-hooks")]
+    pub fn checks_pidfd(&self) -> bool {
+        self.pidfd.is_some()
+    }
+
     /// Takes transfer `op` out of a job that has not started (canceled):
     /// true if it was there. Its local handle, if no other transfer of
     /// the job names it, goes to `freed` (for the caller to drop out of

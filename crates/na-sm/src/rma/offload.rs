@@ -122,11 +122,12 @@ impl SmPlugin {
         if let Some(fd) = self.rma_pool.as_ref().and_then(|p| p.pidfds.get(&tok)) {
             return Some(fd.clone());
         }
+        let pool = self.rma_pool.as_ref();
         let fd = self
             .peers
             .get(tok)
             .and_then(|p| p.conns.iter().find_map(|c| c.pidfd.as_ref()))
-            .and_then(|fd| match fd.try_clone() {
+            .and_then(|fd| match pool.map_or_else(|| fd.try_clone(), |pool| pool.dup_pidfd(fd)) {
                 Ok(fd) => Some(Arc::new(fd)),
                 Err(e) => {
                     tracing::debug!(error = %na_core::ErrorChain(&e), "sm: no pidfd duplicate for RMA jobs; their pid is not checked");

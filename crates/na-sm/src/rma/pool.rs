@@ -84,6 +84,14 @@ struct Shared {
     /// Test hook: starting a thread fails (see [`RmaPoolProbe`]).
     #[cfg(feature = "test-hooks")]
     fail_spawns: AtomicBool,
+    /// Test hook: how many of the next duplicates of a peer's pidfd for
+    /// its jobs fail (see [`RmaPoolProbe::fail_pidfd_dups`]).
+    #[cfg(feature = "test-hooks")]
+    fail_pidfd_dups: AtomicUsize,
+    /// Test hook: jobs that a thread started with a pidfd to check (see
+    /// [`RmaPoolProbe::pidfd_checked_jobs`]).
+    #[cfg(feature = "test-hooks")]
+    pidfd_checked_jobs: AtomicU64,
 }
 
 impl Shared {
@@ -137,6 +145,10 @@ impl RmaPool {
                 wake,
                 #[cfg(feature = "test-hooks")]
                 fail_spawns: AtomicBool::new(false),
+                #[cfg(feature = "test-hooks")]
+                fail_pidfd_dups: AtomicUsize::new(0),
+                #[cfg(feature = "test-hooks")]
+                pidfd_checked_jobs: AtomicU64::new(0),
             }),
             max_threads,
             ops: FastMap::default(),
@@ -147,6 +159,21 @@ impl RmaPool {
             generation: crate::sys::fork::generation(),
             next_stuck_check: None,
         }
+    }
+
+    /// A duplicate of peer pidfd `fd` for its jobs (a test probe may make
+    /// it fail: `RmaPoolProbe::fail_pidfd_dups`).
+    pub fn dup_pidfd(&self, fd: &std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
+        #[cfg(feature = "test-hooks")]
+        if self
+            .shared
+            .fail_pidfd_dups
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        fd.try_clone()
     }
 
     /// A fresh job serial.
@@ -449,6 +476,10 @@ fn worker(shared: &Shared) {
         shared.waiting.fetch_sub(1, Ordering::Relaxed);
         shared.running.fetch_add(1, Ordering::Relaxed);
         drop(st);
+        #[cfg(feature = "test-hooks")]
+        if job.checks_pidfd() {
+            shared.pidfd_checked_jobs.fetch_add(1, Ordering::Relaxed);
+        }
         let result = job.run(&mut lists);
         // The handles go before the result is reported: once a transfer
         // completes, `MemHandle::into_buffers` must succeed.
@@ -505,6 +536,32 @@ impl RmaPoolProbe {
     /// or lets them succeed again.
     pub fn fail_spawns(&self, fail: bool) {
         self.shared.fail_spawns.store(fail, Ordering::Relaxed);
+    }
+
+    /// (threads started, those of them that have not taken the pool's
+    /// lock yet). A thread names itself (`qs-sm-rma-K`) before it takes
+    /// the lock: with none starting, every thread started has its name.
+    pub fn threads(&self) -> (usize, usize) {
+        let st = self.shared.lock();
+        (st.threads, st.starting)
+    }
+
+    /// Makes the next `n` duplicates of a peer's pidfd for its jobs fail
+    /// (`EMFILE`, as if our descriptors had run out).
+    pub fn fail_pidfd_dups(&self, n: usize) {
+        self.shared.fail_pidfd_dups.store(n, Ordering::Relaxed);
+    }
+
+    /// How many of the failures [`fail_pidfd_dups`](Self::fail_pidfd_dups)
+    /// asked for are still to come.
+    pub fn pidfd_dup_failures_left(&self) -> usize {
+        self.shared.fail_pidfd_dups.load(Ordering::Relaxed)
+    }
+
+    /// Jobs a transfer thread started with their peer's pidfd to check
+    /// (the others run without the pid check).
+    pub fn pidfd_checked_jobs(&self) -> u64 {
+        self.shared.pidfd_checked_jobs.load(Ordering::Relaxed)
     }
 
     /// Takes the pool's lock on a thread of its own and holds it until

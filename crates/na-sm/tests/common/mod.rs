@@ -21,6 +21,32 @@ pub fn rma_endpoint(
     endpoint_with(dir, listen, Some(rma_threads))
 }
 
+/// [`rma_endpoint`] (listening) and a probe of its plugin's transfer-thread
+/// pool (`SmPlugin::debug_rma_pool`, taken before the plugin goes into
+/// the endpoint: the probe shares the pool's state, the endpoint the
+/// plugin).
+pub fn probed_rma_endpoint(
+    dir: &std::path::Path,
+    rma_threads: usize,
+) -> (na_core::Endpoint, na_core::PluginId, na_sm::RmaPoolProbe) {
+    let cfg = na_sm::SmConfig {
+        listen: true,
+        rma_threads: Some(rma_threads),
+        ..na_sm::SmConfig::default()
+    }
+    .with_dir(dir);
+    let mut ep = na_core::Endpoint::new(na_core::ProgressMode::Busy).unwrap();
+    let mut probe = None;
+    let id = ep
+        .add_plugin(|id| {
+            let mut p = na_sm::SmPlugin::new(id, cfg)?;
+            probe = Some(p.debug_rma_pool()?);
+            Ok(Box::new(p) as Box<dyn na_core::Plugin>)
+        })
+        .unwrap();
+    (ep, id, probe.expect("the plugin was made"))
+}
+
 /// [`busy_endpoint`] with `SmConfig::rma_threads` as given.
 fn endpoint_with(
     dir: &std::path::Path,
@@ -140,6 +166,94 @@ pub fn pipe() -> (std::fs::File, std::fs::File) {
     assert!(pipe.is_ok());
     let (r, w) = pipe.unwrap();
     (r.into(), w.into())
+}
+
+/// Copies (`dup`) of the two ends of the connection made to the listener
+/// at `path`: (the connector's end, the acceptor's end). Found among our
+/// open sockets by their addresses: the connector's names `path` as its
+/// peer, the acceptor's names it as its own (and, unlike the listener,
+/// has a peer).
+pub fn connection_ends(
+    path: &std::path::Path,
+) -> (std::os::unix::net::UnixStream, std::os::unix::net::UnixStream) {
+    let (mut connector, mut acceptor) = (Vec::new(), Vec::new());
+    // Listed before any copy is made (a listing read on would find the
+    // copies too).
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for entry in entries {
+        let Ok(link) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        if !link.to_string_lossy().starts_with("socket:") {
+            continue;
+        }
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // A descriptor closed since (by the closing thread) makes the dup
+        // fail.
+        let Ok(dup) = sys::dup_number(fd) else {
+            continue;
+        };
+        let sock = std::os::unix::net::UnixStream::from(dup);
+        let named = |a: std::io::Result<std::os::unix::net::SocketAddr>| {
+            a.ok()
+                .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf))
+                == Some(path.to_path_buf())
+        };
+        if named(sock.peer_addr()) {
+            connector.push(sock);
+        } else if named(sock.local_addr()) && sock.peer_addr().is_ok() {
+            acceptor.push(sock);
+        }
+    }
+    assert_eq!(
+        (connector.len(), acceptor.len()),
+        (1, 1),
+        "expected one connection to {}",
+        path.display()
+    );
+    (connector.remove(0), acceptor.remove(0))
+}
+
+/// A copy (`dup`) of this process's listening socket bound to `path`
+/// (found among our open descriptors): readable while connections wait
+/// in its accept queue.
+pub fn listener_copy(path: &std::path::Path) -> std::os::fd::OwnedFd {
+    use std::os::fd::AsFd;
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for entry in entries {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(dup) = sys::dup_number(fd) else {
+            continue;
+        };
+        if na_sm::sys::socket::unix_socket_kind(dup.as_fd()) != Some((libc::SOCK_STREAM, true)) {
+            continue;
+        }
+        let sock = std::os::unix::net::UnixListener::from(dup);
+        if sock
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf))
+            == Some(path.to_path_buf())
+        {
+            return std::os::fd::OwnedFd::from(sock);
+        }
+    }
+    panic!("no listening socket bound to {}", path.display())
+}
+
+/// The socket of listener `uri` (`sm://<name>`) in `dir`.
+pub fn listener_path(dir: &std::path::Path, uri: &str) -> std::path::PathBuf {
+    dir.join(format!("{}.sock", uri.trim_start_matches("sm://")))
 }
 
 /// Kills (`SIGKILL`) a process the test made, however the test ends; a
