@@ -13,10 +13,6 @@ use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::rpc::Rpc;
 
-/// How long a blocking `call` refused for held inputs drives the engine
-/// before it asks again.
-const INPUTS_HELD_RETRY: Duration = Duration::from_millis(10);
-
 impl<C: Codec> Engine<C> {
     /// The result of call `id` if its response arrived (then the call is
     /// finished and forgotten), `None` if it is still in flight.
@@ -144,10 +140,13 @@ impl<C: Codec> Engine<C> {
 
     /// Runs `attempt` (a send) until it is not refused for held inputs or
     /// `deadline` passes, driving the engine between attempts: held inputs
-    /// come back only as it is driven (their targets answer, or their TTL
-    /// ends in `trigger`). Waiting for room rather than refusing at once
-    /// lets a caller that retries make progress. A failure is counted once
-    /// in `errors`.
+    /// come back only as it is driven (their targets answer or go away,
+    /// which wakes `progress`; or their TTL ends in `trigger`, which
+    /// `progress`'s sleep is bounded by, through `next_expiry`), never
+    /// from another thread, so each sleep lasts until one of those (or
+    /// other traffic), not a fixed recheck. Waiting for room rather than
+    /// refusing at once lets a caller that retries make progress. A
+    /// failure is counted once in `errors`.
     fn with_room<T>(
         &mut self,
         deadline: Instant,
@@ -158,10 +157,7 @@ impl<C: Codec> Engine<C> {
                 Ok(t) => return Ok(t),
                 Err(RpcError::InputsHeld { .. }) if Instant::now() < deadline => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if let Err(e) = self
-                        .progress(Some(left.min(INPUTS_HELD_RETRY)))
-                        .and_then(|_| self.trigger())
-                    {
+                    if let Err(e) = self.progress(Some(left)).and_then(|_| self.trigger()) {
                         self.stats.errors += 1;
                         return Err(e);
                     }

@@ -128,10 +128,8 @@ use engine_records::{
 };
 pub use register_ops::DeferredRequest;
 use register_ops::Handler;
-pub use response_ops::OUTPUT_WAIT_RECHECK;
 #[doc(hidden)]
 pub use unsent_response_ops::RESENT_REASON_MAX;
-
 use wire_headers::{header, response_header, response_outcome};
 
 /// Identifies a call made with [`Engine::forward`].
@@ -239,18 +237,10 @@ pub struct Engine<C: Codec = Postcard> {
     /// Bytes of pulled inputs that deferred requests still hold (see
     /// `PullCharge`).
     deferred_bytes: Arc<AtomicU64>,
-    /// `deferred_bytes` was not zero when the last retry of the waiting
-    /// outputs (`pull_waiting_outputs`, from `try_wait`, `progress`, or
-    /// budget given back) read it, just before it looked at the budget,
-    /// and outputs still wait: a request dropped after that look (on
-    /// another thread) may have given back room no retry saw, so
-    /// [`next_expiry`](Self::next_expiry) still bounds the sleep that
-    /// follows, though `deferred_bytes` reads zero by then. Every retry
-    /// sets it anew and an emptied queue clears it, so it outlives the
-    /// requests that held room by one retry at most.
-    deferred_held_at_retry: bool,
-    /// Wakes a sleeper when a deferred request's pulled input comes back
-    /// outside the engine (see `register_ops::ReturnWake`).
+    /// Wakes the sleeper when a deferred request's pulled input comes
+    /// back outside the engine (see `register_ops::ReturnWake`): set by
+    /// the first `register_deferred` (the endpoint's waker) or by
+    /// `AsyncEngine::spawn` (the driver's), whichever comes first.
     returned_input_wake: register_ops::ReturnWake,
     max_pull_bytes: u64,
     /// Bytes of the spilled inputs being pulled, per origin (their share,
@@ -385,7 +375,6 @@ impl<C: Codec> Engine<C> {
             handler_transfer_timeout: DEFAULT_HANDLER_TRANSFER_TIMEOUT,
             pull_bytes: 0,
             deferred_bytes: Arc::default(),
-            deferred_held_at_retry: false,
             returned_input_wake: Arc::default(),
             max_pull_bytes: DEFAULT_MAX_PULL_BYTES,
             input_pulls_by_peer: FastMap::default(),

@@ -34,7 +34,8 @@ impl<C: Codec> Engine<C> {
     /// [`Endpoint::try_wait`](na_core::Endpoint::try_wait)). Before it says
     /// so, spilled outputs that wait for room in the pull budget are tried
     /// again (a [`DeferredRequest`](super::DeferredRequest) dropped
-    /// unanswered gave room back unseen): false if one moved. An error
+    /// unanswered gave room back, and woke the endpoint): false if one
+    /// moved, and false once after such a wake-up. An error
     /// (receive buffers that cannot be posted again, a transport that
     /// cannot arm its wake-up) means the caller must not sleep: the fd
     /// might never become readable.
@@ -47,9 +48,10 @@ impl<C: Codec> Engine<C> {
             self.calls.shrink();
             // And to try again the spilled outputs that wait for room: a
             // deferred request dropped unanswered since gave some back
-            // without telling the engine. One that moved means work.
-            // (The retry notes whether deferred requests held pulled
-            // inputs as it looked: `deferred_held_at_retry`.)
+            // (its wake-up, taken by the endpoint's `try_wait` above, led
+            // here). One that moved means work. A request dropped after
+            // the endpoint's `try_wait` wakes the fd: the sleep that
+            // follows ends at once.
             if !self.output_waits.is_empty() && self.retry_waiting_outputs() {
                 return Ok(false);
             }
@@ -67,20 +69,17 @@ impl<C: Codec> Engine<C> {
     /// While spilled outputs of this origin's calls wait for room in the
     /// pull budget, it first tries them again (a
     /// [`DeferredRequest`](super::DeferredRequest) dropped unanswered
-    /// gives its pulled input's room back without telling the engine),
-    /// and while deferred requests hold pulled inputs it sleeps at most
-    /// [`OUTPUT_WAIT_RECHECK`](super::OUTPUT_WAIT_RECHECK) (one dropped on
-    /// another thread cannot wake it: [`next_expiry`](Self::next_expiry)
-    /// says so).
+    /// gives its pulled input's room back outside the engine). One
+    /// dropped later, on any thread, wakes the sleep (through the
+    /// endpoint's [`Waker`](na_core::Waker), see
+    /// [`waker`](Self::waker)): this call returns, and the next one tries
+    /// the outputs again. So does any [`Waker::wake`](na_core::Waker::wake)
+    /// of the engine's waker.
     pub fn progress(&mut self, timeout: Option<Duration>) -> Result<usize> {
         self.repost_buffers()?;
         if self.ep.pending_completions() > 0 || !self.finished_self.is_empty() || !self.deferred.is_empty() {
             return Ok(self.ep.pending_completions());
         }
-        // `next_expiry` first: it reads whether deferred requests hold
-        // pulled inputs before the retry below looks at the budget, so a
-        // request dropped after that look still finds this sleep bounded
-        // by OUTPUT_WAIT_RECHECK.
         let mut timeout = match self.next_expiry() {
             Some(at) => {
                 let left = at.saturating_duration_since(Instant::now());
@@ -88,11 +87,29 @@ impl<C: Codec> Engine<C> {
             }
             None => timeout,
         };
+        // A request dropped after this retry looked at the budget wakes
+        // the endpoint's sleep below (or, dropped before its `try_wait`,
+        // keeps it from sleeping).
         if !self.output_waits.is_empty() && self.retry_waiting_outputs() {
             // An output moved: its pull's end is work, no sleep.
             timeout = Some(Duration::ZERO);
         }
         Ok(self.ep.progress(timeout)?)
+    }
+
+    /// A [`Waker`](na_core::Waker) of the engine's endpoint (see
+    /// [`Endpoint::waker`](na_core::Endpoint::waker)), for a loop of your
+    /// own: [`wake`](na_core::Waker::wake), from any thread, ends the
+    /// engine's sleep, a blocking [`progress`](Self::progress) (which
+    /// returns) or a sleep of yours on the endpoint's fd after
+    /// [`try_wait`](Self::try_wait) (the fd becomes readable), or the
+    /// next one if it is not asleep yet (the next `try_wait` says false).
+    /// Change what your loop waits for first, then wake it. The engine
+    /// uses the same waker itself once a deferred handler is registered
+    /// (see [`DeferredRequest`](super::DeferredRequest)). An error if the
+    /// endpoint cannot make it.
+    pub fn waker(&mut self) -> Result<na_core::Waker> {
+        Ok(self.ep.waker()?)
     }
 
     /// Counts a call that failed at the origin outside [`Engine::call`] and
@@ -118,39 +135,17 @@ impl<C: Codec> Engine<C> {
     /// for a client that died never becomes [`drained`](Self::drained).
     /// Ask again after each `trigger` and after giving up on a call.
     ///
-    /// While spilled outputs of this engine's calls wait for room in the
-    /// pull budget and [`DeferredRequest`](super::DeferredRequest)s hold
-    /// pulled inputs, it is at most
-    /// [`OUTPUT_WAIT_RECHECK`](super::OUTPUT_WAIT_RECHECK) from now: a
-    /// request dropped unanswered (on any thread) gives its room back
-    /// without waking a sleep on the fd, and the next
-    /// [`try_wait`](Self::try_wait) (or `progress`) moves the outputs.
+    /// Spilled outputs of this engine's calls that wait for room in the
+    /// pull budget need no deadline: every return of room reaches the
+    /// engine or wakes the fd (a pull's end, a completion; a
+    /// [`DeferredRequest`](super::DeferredRequest) answered, which tries
+    /// them again in place, or dropped unanswered on any thread, which
+    /// wakes the endpoint's [`Waker`](na_core::Waker); the head of the
+    /// queue given up on, whose release notice's send completion wakes
+    /// the sleep), and the next [`try_wait`](Self::try_wait) (or
+    /// `progress`) moves them.
     pub fn next_expiry(&self) -> Option<Instant> {
-        let kept = self.kept_expiry();
-        if !self.output_waits.is_empty() {
-            return self.output_wait_recheck(kept);
-        }
-        kept
-    }
-
-    /// The deadline of a sleeper that
-    /// [`wake_on_returned_inputs`](Self::wake_on_returned_inputs) wakes
-    /// (the tokio front end's driver): [`next_expiry`](Self::next_expiry)
-    /// without [`OUTPUT_WAIT_RECHECK`](super::OUTPUT_WAIT_RECHECK)'s bound
-    /// while spilled outputs wait for room, since a deferred request
-    /// dropped unanswered wakes it, and every other return of room
-    /// reaches the engine or wakes the fd (a pull's end, a completion; a
-    /// request answered, which tries the outputs again in place; the head
-    /// of the queue given up on, whose release notice's send completion
-    /// wakes the driver to try those behind it). Its sleep then ends only at the kept data's
-    /// TTLs and the notices' retries, not every 10 ms. Unset, the same as
-    /// `next_expiry`.
-    pub(crate) fn driver_expiry(&self) -> Option<Instant> {
-        if self.wakes_on_returned_inputs() {
-            self.kept_expiry()
-        } else {
-            self.next_expiry()
-        }
+        self.kept_expiry()
     }
 
     /// [`next_expiry`](Self::next_expiry) of the spilled data kept for a

@@ -36,15 +36,12 @@ pub(crate) struct Handler {
 /// with [`Engine::respond_deferred`].
 ///
 /// Dropped unanswered, its caller gets no answer (it times out), and a
-/// spilled input it held leaves the pull budget: spilled outputs of this
-/// engine's own calls that waited for that room are pulled at the
-/// engine's next [`progress`](Engine::progress) or
-/// [`try_wait`](Engine::try_wait) (while it is held,
-/// [`next_expiry`](Engine::next_expiry) is at most
-/// [`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK) ahead, so a sleep
-/// bounded by it, a blocking `progress`'s included, looks again that
-/// often; an [`AsyncEngine`](crate::AsyncEngine)'s driver is woken by the
-/// drop instead, and sleeps without that bound).
+/// spilled input it held leaves the pull budget: the drop, on any thread,
+/// wakes the engine's sleeper (a blocking [`progress`](Engine::progress),
+/// a loop of your own asleep on the endpoint's fd, an
+/// [`AsyncEngine`](crate::AsyncEngine)'s driver), and spilled outputs of
+/// this engine's own calls that waited for that room are pulled at its
+/// next `progress` or [`try_wait`](Engine::try_wait).
 pub struct DeferredRequest {
     pub(super) src: Addr,
     pub(super) header: Header,
@@ -76,11 +73,14 @@ pub(super) struct PullCharge {
 
 /// What wakes the engine's sleeper when a deferred request's pulled
 /// input gives its room back outside the engine (the request dropped
-/// unanswered, on any thread): set by the tokio front end, whose driver
-/// then sleeps without [`OUTPUT_WAIT_RECHECK`](crate::OUTPUT_WAIT_RECHECK)'s
-/// bound (see `Engine::driver_expiry`). Unset, a sleep on the fd cannot be
-/// woken from here, and `next_expiry` bounds it instead. Shared with
-/// every charge, those made before it was set included.
+/// unanswered, on any thread), so that no sleep needs a deadline while
+/// spilled outputs wait for that room (`Engine::next_expiry`). Set once,
+/// before any request can hold room: by the first
+/// [`Engine::register_deferred`] (only deferred handlers' requests hold
+/// pulled inputs), to the endpoint's [`Waker`](na_core::Waker), which
+/// ends a blocking `progress`'s sleep or a sleep of the user's own on the
+/// endpoint's fd; or earlier by the tokio front end, to wake its driver.
+/// Shared with every charge.
 pub(crate) type ReturnWake = Arc<OnceLock<Box<dyn Fn() + Send + Sync>>>;
 
 impl Drop for PullCharge {
@@ -89,7 +89,8 @@ impl Drop for PullCharge {
         self.ledger.release_bytes(self.peer, self.bytes);
         // After the room is back: a sleeper woken now sees it (a wake-up
         // that comes before the sleep is kept for it: tokio's
-        // `Notify::notify_one` stores a permit).
+        // `Notify::notify_one` stores a permit, the endpoint's `Waker`
+        // keeps its eventfd readable until the endpoint takes it).
         if !self.answered {
             if let Some(wake) = self.wake.get() {
                 wake();
@@ -218,8 +219,26 @@ impl<C: Codec> Engine<C> {
     /// [`take_deferred`](Self::take_deferred) and answered later with
     /// [`respond_deferred`](Self::respond_deferred) (how the tokio front end
     /// runs async handlers).
+    ///
+    /// The first one (outside the tokio front end, which has its own)
+    /// takes the endpoint's [`Waker`](na_core::Waker) (see
+    /// [`waker`](Self::waker)): a request dropped unanswered on another
+    /// thread wakes the engine's sleep with it, so that spilled outputs
+    /// that waited for the room it held are pulled. An error if the
+    /// waker cannot be made (nothing is registered then).
     pub fn register_deferred<R: Rpc>(&mut self) -> Result<()> {
         let id = self.check_free(R::NAME)?;
+        if !self.wakes_on_returned_inputs() {
+            let waker = self.ep.waker()?;
+            self.wake_on_returned_inputs(move || {
+                // In a `Drop`: nothing to return the error to. It cannot
+                // happen in practice (see `Waker::wake`); the outputs
+                // then wait for the next traffic or their call's timeout.
+                if let Err(e) = waker.wake() {
+                    tracing::warn!(error = %na_core::ErrorChain(&e), "waking the engine for returned pull room failed");
+                }
+            });
+        }
         self.handlers.insert(
             id,
             Handler {
@@ -255,15 +274,17 @@ impl<C: Codec> Engine<C> {
     /// [`respond_deferred`](Self::respond_deferred) (dropped unanswered,
     /// on any thread), so that a sleeper it wakes tries the spilled
     /// outputs that wait for room again. Set once (later calls are
-    /// ignored); the tokio front end sets it to wake its driver, which
-    /// then sleeps until [`driver_expiry`](Self::driver_expiry).
+    /// ignored): by the tokio front end to wake its driver, or by the
+    /// first [`register_deferred`](Self::register_deferred) to wake the
+    /// endpoint; either sleeper then sleeps until
+    /// [`next_expiry`](Self::next_expiry).
     pub(crate) fn wake_on_returned_inputs(&mut self, wake: impl Fn() + Send + Sync + 'static) {
         let _ = self.returned_input_wake.set(Box::new(wake));
     }
 
     /// True once [`wake_on_returned_inputs`](Self::wake_on_returned_inputs)
     /// was set.
-    pub(super) fn wakes_on_returned_inputs(&self) -> bool {
+    fn wakes_on_returned_inputs(&self) -> bool {
         self.returned_input_wake.get().is_some()
     }
 

@@ -3,9 +3,6 @@
 //! spilled outputs pulled (or, with no room in the pull budget, waiting
 //! for it), and the outcomes kept for callers.
 
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
-
 use na_core::hint::cold_path;
 use na_core::{Addr, MemHandle, NaError};
 
@@ -15,16 +12,6 @@ use super::{logged_at, response_outcome, Call, CallId, Engine, WaitingOutput};
 use crate::codec::Codec;
 use crate::error::{Result, RpcError};
 use crate::header::{Header, Status, FLAG_SPILL};
-
-/// The furthest [`next_expiry`](Engine::next_expiry) lies ahead while
-/// spilled outputs wait for room that deferred requests hold, and so the
-/// longest a blocking [`progress`](Engine::progress) or an event loop of
-/// the user's own (bounded by `next_expiry`) sleeps then: a request
-/// dropped unanswered on another thread gives its room back without
-/// waking the sleep, so the outputs are tried again at least this often.
-/// (An [`AsyncEngine`](crate::AsyncEngine)'s driver is woken by such a
-/// drop, and sleeps without this bound.)
-pub const OUTPUT_WAIT_RECHECK: Duration = Duration::from_millis(10);
 
 /// Entries the emptied queue of waiting outputs keeps room for: a burst
 /// of waiting outputs (thousands of spilled responses at once) gives the
@@ -186,9 +173,9 @@ impl<C: Codec> Engine<C> {
 
     /// Room in the pull budget may have come back: a pull ended, the
     /// budget was set anew, or a deferred request that held a pulled
-    /// input was answered (or dropped unanswered: `try_wait` and
-    /// `progress` notice those, within
-    /// [`output_wait_recheck`](Self::output_wait_recheck)'s deadline). The
+    /// input was answered (or dropped unanswered: its drop wakes the
+    /// sleeper, see `register_ops::ReturnWake`, and `try_wait` and
+    /// `progress` notice it). The
     /// spilled outputs that wait for room are tried again. Every place
     /// that gives pull budget back calls this one helper, so that no
     /// waiting output is left for an unrelated pull's end or its call's
@@ -199,30 +186,6 @@ impl<C: Codec> Engine<C> {
             cold_path();
             self.pull_waiting_outputs();
         }
-    }
-
-    /// [`next_expiry`](Self::next_expiry) while spilled outputs wait for
-    /// room: `at` (the kept data's and notices' next deadline), or
-    /// [`OUTPUT_WAIT_RECHECK`] from now if that is sooner and deferred
-    /// requests hold pulled inputs. One of those dropped unanswered gives
-    /// its room back in its `Drop`, which cannot reach the engine nor wake
-    /// a sleep on the fd (a blocking `progress`, a user's own event loop;
-    /// the async driver is woken, see `driver_expiry`): the sleep ends by
-    /// this deadline and the outputs
-    /// are tried again (`try_wait`, `progress`). With no request holding
-    /// an input, only a pull's end, which wakes the sleep, brings room
-    /// back. Nor with one that held an input when the last retry of the
-    /// outputs ([`try_wait`](Self::try_wait)'s, `progress`'s, or budget
-    /// given back) began: dropped since (after that retry looked at the
-    /// budget), its room is back unseen.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn output_wait_recheck(&self, at: Option<Instant>) -> Option<Instant> {
-        if self.deferred_bytes.load(Ordering::Relaxed) == 0 && !self.deferred_held_at_retry {
-            return at;
-        }
-        let recheck = Instant::now() + OUTPUT_WAIT_RECHECK;
-        Some(at.map_or(recheck, |t| t.min(recheck)))
     }
 
     /// Tries the waiting spilled outputs again (see
@@ -242,21 +205,9 @@ impl<C: Codec> Engine<C> {
     /// room may have come back. An output whose
     /// call no longer wants it (given up on, or ended by its target's
     /// death) is released instead.
-    ///
-    /// Each such retry notes whether deferred requests held pulled inputs
-    /// as it began (`deferred_held_at_retry`, read before it looks at the
-    /// budget): the last retry's answer is what
-    /// [`output_wait_recheck`](Self::output_wait_recheck) goes by, so the
-    /// 10 ms rechecks end with the first retry that finds none held (or
-    /// with the queue), whichever call made it (`try_wait`, `progress`, a
-    /// pull's end, an answer, `set_max_pull_bytes`).
     #[cold]
     #[inline(never)]
     pub(super) fn pull_waiting_outputs(&mut self) {
-        // Read before the retry looks at the budget: a request dropped
-        // after that look still finds the caller's next `next_expiry`
-        // bounded (`output_wait_recheck`).
-        let held = self.deferred_bytes.load(Ordering::Relaxed) > 0;
         while let Some(w) = self.output_waits.pop_front() {
             let cookie = w.header.cookie;
             let wanted = self
@@ -277,7 +228,6 @@ impl<C: Codec> Engine<C> {
                 }
             }
         }
-        self.deferred_held_at_retry = held && !self.output_waits.is_empty();
         self.shrink_emptied_output_waits();
     }
 
@@ -299,13 +249,9 @@ impl<C: Codec> Engine<C> {
         self.output_waits_left();
     }
 
-    /// Outputs left the queue outside a retry: an empty queue has no
-    /// deferred request to recheck for.
+    /// Outputs left the queue outside a retry.
     #[inline]
     fn output_waits_left(&mut self) {
-        if self.output_waits.is_empty() {
-            self.deferred_held_at_retry = false;
-        }
         self.shrink_emptied_output_waits();
     }
 

@@ -340,8 +340,7 @@ impl Shared {
     }
 
     /// Wakes the driver to work out its deadline again if `e`'s
-    /// `driver_expiry` (its [`next_expiry`](Engine::next_expiry) without
-    /// the 10 ms rechecks) is now sooner than the
+    /// [`next_expiry`](Engine::next_expiry) is now sooner than the
     /// deadline it sleeps until. Call with the engine locked, after any
     /// work done outside the driver's turn that may bring the next expiry
     /// forward: more spilled data kept for a TTL (a spilled one-way call,
@@ -360,7 +359,7 @@ impl Shared {
         if asleep == AWAKE {
             return;
         }
-        if self.code(e.driver_expiry()) < asleep {
+        if self.code(e.next_expiry()) < asleep {
             // Stored if the driver is not waiting yet (it let the lock go
             // and has still to poll its sleep): that sleep ends at once.
             self.rearm.notify_one();
@@ -508,9 +507,12 @@ impl AsyncEngine {
         });
         // A deferred request dropped unanswered (on any thread) gives its
         // pulled input's room back outside the engine: wake the driver to
-        // try the outputs that wait for it (so it needs no 10 ms rechecks
-        // while they wait: `Engine::driver_expiry`). Weak: the engine,
-        // inside `Shared`, keeps the hook.
+        // try the outputs that wait for it (so its sleep needs no deadline
+        // while they wait: `Engine::next_expiry`). Weak: the engine,
+        // inside `Shared`, keeps the hook. (An engine that registered a
+        // deferred handler before it was spawned keeps the hook that
+        // made, the endpoint's `Waker`: its eventfd, in the epoll set the
+        // driver sleeps on, wakes the driver as well.)
         let weak = Arc::downgrade(&shared);
         shared.engine().wake_on_returned_inputs(move || {
             if let Some(shared) = weak.upgrade() {

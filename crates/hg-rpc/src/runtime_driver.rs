@@ -100,10 +100,10 @@ pub(super) async fn drive(
                     }
                     e.try_wait().map(|sleep| {
                         sleep.then(|| {
-                            // `driver_expiry`: woken when room comes
-                            // back, the driver needs no 10 ms rechecks
+                            // Woken when room comes back (the hook
+                            // `spawn` set), the driver needs no deadline
                             // while spilled outputs wait for it.
-                            let at = e.driver_expiry();
+                            let at = e.next_expiry();
                             // Under the lock: work done outside this task
                             // from now on knows when we wake.
                             shared.sleeping_until(at);

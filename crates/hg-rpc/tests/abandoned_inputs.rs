@@ -288,6 +288,32 @@ fn a_blocking_call_waits_for_room_for_its_spilled_input() {
     assert!(c.stats().inputs_refused >= 2, "{:?}", c.stats());
 }
 
+/// A blocking call that waits for room for its spilled input sleeps
+/// until the room comes back (here the held input's TTL, 2 s, ends in
+/// `trigger`; `progress` sleeps until `next_expiry` says so), not in
+/// 10 ms turns: a handful of attempts are refused, where a 10 ms retry
+/// made about 200.
+#[test]
+fn a_blocking_call_waiting_for_room_sleeps_until_the_room_comes_back() {
+    let (t, big) = one_input_held("held-wait-idle");
+    let (mut x, xid, mut c, s, _dir) = (t.x, t.xid, t.c, t.s, t._dir);
+    c.set_abandoned_input_ttl(Duration::from_secs(2));
+    let refused = c.stats().inputs_refused;
+    let t0 = Instant::now();
+    c.call_one_way_within::<Echo>(&s, &big, T)
+        .expect("sent once the held input's TTL ended");
+    let waited = t0.elapsed();
+    let tries = c.stats().inputs_refused - refused;
+    // At least one: it waited (refused at first, as `one_input_held` says).
+    assert!(
+        (1..=10).contains(&tries),
+        "{tries} attempts refused in {waited:?} of waiting for room: {:?}",
+        c.stats()
+    );
+    let (_, cookie) = take_request(&mut x, xid, &mut c, 2);
+    assert_ne!(cookie, 0, "the spilled one-way request reached the target");
+}
+
 /// `call_one_way_within` (blocking) waits for room for its spilled input
 /// as `call` does: it drives the engine until the held input's TTL ends,
 /// then sends; with no room within its timeout it fails with

@@ -2,7 +2,7 @@
 //! for room in the pull budget that a deferred request's pulled input
 //! holds (a server process, `hg-rpc-testpeer`, over na-sm): the driver
 //! sleeps until something brings room back, instead of waking every
-//! `OUTPUT_WAIT_RECHECK` (10 ms), and no such wake-up is lost: the
+//! 10 ms (the recheck it once had), and no such wake-up is lost: the
 //! request dropped unanswered on another thread, or the output at the
 //! head of the queue given up on (those behind it may fit), lets the
 //! waiting output be pulled.

@@ -264,8 +264,8 @@ fn a_deferred_request_dropped_unanswered_lets_the_waiting_output_go_at_try_wait(
 
 /// As above, with the request dropped on another thread while the
 /// client sleeps in a blocking `progress` far longer than the test's
-/// bound: the sleep ends within `OUTPUT_WAIT_RECHECK`s while deferred
-/// requests hold room, and the output is pulled.
+/// bound: the drop wakes the sleep (the endpoint's waker), and the
+/// output is pulled.
 #[test]
 fn a_deferred_request_dropped_on_another_thread_does_not_leave_progress_asleep() {
     let d = dir("out-wait-dropped-thread");
@@ -289,9 +289,9 @@ fn a_deferred_request_dropped_on_another_thread_does_not_leave_progress_asleep()
 /// As above, with the client driven by an event loop of the user's own:
 /// `progress_now`, `trigger`, then `try_wait` and a sleep on the engine's
 /// fd bounded by `next_expiry` (far longer than the test's bound when it
-/// says nothing). While the request holds the room, `next_expiry` is at
-/// most `OUTPUT_WAIT_RECHECK` ahead, so the loop wakes, and its next
-/// `try_wait` moves the output once the request was dropped.
+/// says nothing, as it does here). The drop makes the fd readable (the
+/// endpoint's waker), so the loop wakes, and its next `try_wait` moves
+/// the output.
 #[test]
 fn a_deferred_request_dropped_on_another_thread_does_not_leave_an_own_event_loop_asleep() {
     use std::os::fd::{AsFd, AsRawFd};
@@ -344,12 +344,15 @@ fn a_deferred_request_dropped_on_another_thread_does_not_leave_an_own_event_loop
 
 /// The request holding the room is dropped (on another thread, in a real
 /// loop) in the window between `try_wait`'s retry of the waiting output
-/// (which still found no room) and the loop's `next_expiry`: the room is
-/// back but nothing retries the output, so `next_expiry` must still bound
-/// the sleep by `OUTPUT_WAIT_RECHECK` (it was `None` here: the loop slept
-/// until the next traffic, forever).
+/// (which still found no room) and the loop's sleep: the room is back
+/// but nothing retried the output, and `next_expiry` says nothing (the
+/// client keeps nothing with a TTL), so the drop must make the engine's
+/// fd readable: the sleep ends at once (once it slept until the next
+/// traffic, forever; then `next_expiry` was bounded by a 10 ms recheck
+/// while requests held room, now gone).
 #[test]
-fn a_deferred_request_dropped_between_try_wait_and_next_expiry_still_bounds_the_sleep() {
+fn a_deferred_request_dropped_between_try_wait_and_the_sleep_wakes_the_fd() {
+    use std::os::fd::{AsFd, AsRawFd};
     let d = dir("out-wait-dropped-window");
     let mut h = budget_held_by_a_deferred_request(&d);
     let end = Instant::now() + T;
@@ -366,14 +369,21 @@ fn a_deferred_request_dropped_between_try_wait_and_next_expiry_still_bounds_the_
         }
     }
     assert_eq!(h.c.outputs_waiting(), 1, "the output moved with its room held");
+    let fd = common::sys::dup(h.c.endpoint().as_raw_fd()).expect("dup(2) of the engine's fd");
+    assert!(
+        !common::sys::poll_readable(fd.as_fd(), Some(Duration::ZERO)).expect("poll(2)"),
+        "idle, the fd is not readable yet: the test would not test the drop's wake-up"
+    );
     // The drop lands after try_wait looked at the budget.
     drop(h.req.take());
-    let left =
-        h.c.next_expiry()
-            .map(|at| at.saturating_duration_since(Instant::now()));
+    assert_eq!(
+        h.c.next_expiry(),
+        None,
+        "no deadline: the fd's wake-up is what ends the sleep"
+    );
     assert!(
-        left.is_some_and(|l| l <= hg_rpc::OUTPUT_WAIT_RECHECK),
-        "an own event loop would sleep {left:?} with the waiting output's room back unseen"
+        common::sys::poll_readable(fd.as_fd(), Some(T)).expect("poll(2)"),
+        "an own event loop would sleep with the waiting output's room back unseen"
     );
     h.turn_until_finished("the output still waits", |c| {
         c.progress_now().unwrap();
@@ -592,18 +602,17 @@ fn a_waiting_output_whose_target_died_leaves_the_queue_while_the_head_still_wait
     assert_eq!(h.c.output_wait_bytes(), 0);
 }
 
-/// `next_expiry` goes back to the plain deadline once no deferred request
-/// holds a pulled input: a `try_wait` that retried the waiting output
-/// while the request held its room noted it (so the sleep after it is
-/// bounded by `OUTPUT_WAIT_RECHECK`); the request is dropped, a blocking
-/// `progress` retries and moves the output. Later outputs wait for room
-/// that only pulls in flight hold, with no request left, and the client
-/// is driven without `try_wait`: `next_expiry` must say nothing (the
-/// client keeps nothing with a TTL) rather than a 10 ms recheck for a
-/// request that is gone (the note outlived it until the next idle
-/// `try_wait`: an engine driven by `progress` woke every 10 ms).
+/// `next_expiry` sets no recheck deadline for waiting outputs (the client
+/// keeps nothing with a TTL, so it says nothing): neither while a
+/// deferred request holds their room (its drop wakes the engine), nor
+/// once the request is dropped and a blocking `progress` moved the
+/// output, nor while later outputs wait for room that only pulls in
+/// flight hold, the client driven without `try_wait`. (It once said
+/// 10 ms while requests held room, and the note that they had outlived
+/// them until the next idle `try_wait`: an engine driven by `progress`
+/// woke every 10 ms.)
 #[test]
-fn next_expiry_drops_the_recheck_once_no_deferred_request_holds_room() {
+fn next_expiry_sets_no_recheck_for_waiting_outputs() {
     let d = dir("out-wait-recheck-ends");
     let mut h = budget_held_by_a_deferred_request(&d);
     let end = Instant::now() + T;
@@ -613,6 +622,11 @@ fn next_expiry_drops_the_recheck_once_no_deferred_request_holds_room() {
         h.c.trigger().unwrap();
     }
     assert_eq!(h.c.outputs_waiting(), 1, "the output moved with its room held");
+    assert_eq!(
+        h.c.next_expiry(),
+        None,
+        "a recheck while the request holds the room"
+    );
     drop(h.req.take());
     h.turn_until_finished("the output still waits", |c| {
         c.progress(Some(Duration::from_millis(10))).unwrap();

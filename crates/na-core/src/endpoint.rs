@@ -14,6 +14,11 @@ use crate::plugin::{Plugin, PluginRegistry};
 use crate::progress::{deadline_after, ProgressMode};
 use crate::rma::Rma;
 use crate::sys::epoll::Epoll;
+use crate::waker::Waker;
+
+/// The token of the [`Waker`]'s eventfd in the epoll set (plugins' tokens
+/// are their ids, which fit in 32 bits).
+const WAKER_TOKEN: u64 = u64::MAX;
 
 /// How many polls the spin phase of [`Endpoint::progress`] makes between
 /// two reads of the clock.
@@ -32,6 +37,9 @@ pub const CLOCK_EVERY: u32 = 64;
 ///    [`as_fd`](AsFd::as_fd) with your own event loop (tokio `AsyncFd`,
 ///    `poll(2)`), call [`try_wait`](Self::try_wait) before sleeping on it and
 ///    [`progress_now`](Self::progress_now) when it is readable.
+///
+/// Another thread ends the sleep with a [`Waker`]
+/// ([`waker`](Self::waker)).
 pub struct Endpoint {
     plugins: Vec<Box<dyn Plugin>>,
     /// This endpoint's number, unique in the process: the high bits of
@@ -45,6 +53,20 @@ pub struct Endpoint {
     /// Plugins in pull mode (indices), whose waiting unexpected messages
     /// count as work.
     pulling: Vec<usize>,
+    /// The cross-thread wake-up, once [`waker`](Self::waker) made it
+    /// (its eventfd is then in `poll`).
+    waker: Option<Waker>,
+}
+
+/// What [`Endpoint::try_wait`] found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MaySleep {
+    /// Every plugin armed, nothing pending: sleep on the epoll set.
+    Yes,
+    /// Work is pending (completions, a message to pull, a plugin's).
+    Work,
+    /// A [`Waker`] woke the endpoint (taken now).
+    Woken,
 }
 
 impl Endpoint {
@@ -59,6 +81,7 @@ impl Endpoint {
             tokens: Vec::with_capacity(32),
             recently_active: false,
             pulling: Vec::new(),
+            waker: None,
         })
     }
 
@@ -100,6 +123,41 @@ impl Endpoint {
         let (scheme, _) = split_uri(spec)?;
         let factory = registry.get(scheme)?;
         self.add_plugin(|id| factory.create(id, spec, listen))
+    }
+
+    /// A [`Waker`] for this endpoint: [`Waker::wake`], from any thread,
+    /// ends its sleep (a [`progress`](Self::progress) call returns; a
+    /// sleep of your own on [`as_fd`](AsFd::as_fd) ends, and the next
+    /// [`try_wait`](Self::try_wait) says false), or the next one if none
+    /// is under way. All wakers of an endpoint are clones of one.
+    ///
+    /// The first call makes it: an eventfd added to the endpoint's epoll
+    /// set (the error if that fails). From then on an endpoint with a
+    /// single plugin sleeps on its epoll set rather than on the plugin's
+    /// own primitive ([`Plugin::sleep`], which no other descriptor can
+    /// end): one more level of epoll nesting per wake-up, and one
+    /// `read(2)` of the eventfd in each [`try_wait`](Self::try_wait).
+    /// Busy progress, which never sleeps, reads a flag of the waker every
+    /// [`CLOCK_EVERY`] polls, with the clock, and no system call.
+    pub fn waker(&mut self) -> Result<Waker> {
+        if let Some(w) = &self.waker {
+            return Ok(w.clone());
+        }
+        let w = Waker::new()?;
+        self.poll
+            .add(w.fd(), WAKER_TOKEN)
+            .map_err(|e| NaError::sys("epoll_ctl add waker eventfd", e))?;
+        self.waker = Some(w.clone());
+        Ok(w)
+    }
+
+    /// Takes a wake-up posted through the [`Waker`], if there is one:
+    /// true if one was posted since the last take.
+    fn take_wake(&mut self) -> Result<bool> {
+        match &self.waker {
+            Some(w) => w.take(),
+            None => Ok(false),
+        }
     }
 
     /// The progress mode.
@@ -361,9 +419,24 @@ impl Endpoint {
     /// not sleep then). Until the sleeper wakes, other threads may post
     /// and cancel operations but not progress the endpoint (see
     /// [`Plugin::try_wait`]).
+    ///
+    /// A wake-up posted through the endpoint's [`Waker`] since the last
+    /// call is taken here: false (once), so the caller looks at what the
+    /// waking thread changed before it sleeps; one posted after this call
+    /// makes the fd readable, and the sleep ends at once.
     pub fn try_wait(&mut self) -> Result<bool> {
+        Ok(self.may_sleep()? == MaySleep::Yes)
+    }
+
+    /// [`try_wait`](Self::try_wait), telling a wake-up from other work.
+    fn may_sleep(&mut self) -> Result<MaySleep> {
         if !self.completions.is_empty() || self.pull_ready() > 0 {
-            return Ok(false);
+            return Ok(MaySleep::Work);
+        }
+        // Before the plugins arm: a wake-up after this take writes the
+        // eventfd, which ends the sleep that follows.
+        if self.waker.is_some() && self.take_wake()? {
+            return Ok(MaySleep::Woken);
         }
         // Every plugin must be asked (each arms its wake-up), and each must
         // be able to sleep.
@@ -371,13 +444,15 @@ impl Endpoint {
         for p in &mut self.plugins {
             ok &= p.poll_fd().is_some() && p.try_wait()?;
         }
-        Ok(ok)
+        Ok(if ok { MaySleep::Yes } else { MaySleep::Work })
     }
 
     /// Waits, as the mode says, until at least one completion is queued (or
-    /// an unexpected message waits to be pulled) or `timeout` passes
-    /// (`None`: no limit). Returns the number queued (see
-    /// [`progress_now`](Self::progress_now)).
+    /// an unexpected message waits to be pulled), `timeout` passes
+    /// (`None`: no limit), or the endpoint's [`Waker`] wakes it (one
+    /// posted before the call included). Returns the number queued (see
+    /// [`progress_now`](Self::progress_now)): 0 after a timeout or a
+    /// wake-up with nothing ready.
     ///
     /// The spin phase reads the clock only every [`CLOCK_EVERY`] polls (and
     /// first after that many), so a busy or adaptive loop spends its time
@@ -446,6 +521,12 @@ impl Endpoint {
                     if deadline.is_some_and(|d| now >= d) {
                         return Ok(0);
                     }
+                    // A wake-up from another thread ends the spin too (a
+                    // flag read, with the clock's: none on the busy path).
+                    if self.waker.as_ref().is_some_and(Waker::posted) {
+                        self.take_wake()?;
+                        return Ok(self.completions.len());
+                    }
                     if spin_until.is_some_and(|d| now >= d) {
                         break;
                     }
@@ -457,21 +538,37 @@ impl Endpoint {
         }
         loop {
             let left = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            // A lone plugin sleeps on its own primitive (Plugin::sleep).
+            // A lone plugin sleeps on its own primitive (Plugin::sleep),
+            // unless a waker's eventfd must be able to end the sleep.
             let slept = match self.plugins.as_mut_slice() {
-                [only] if self.completions.is_empty() => only.sleep(left())?,
+                [only] if self.completions.is_empty() && self.waker.is_none() => only.sleep(left())?,
                 _ => false,
             };
-            if !slept && self.try_wait()? {
-                self.tokens.clear();
-                self.poll
-                    .wait(&mut self.tokens, left())
-                    .map_err(|e| NaError::sys("epoll_wait", e))?;
+            let mut woken = false;
+            if !slept {
+                match self.may_sleep()? {
+                    MaySleep::Yes => {
+                        self.tokens.clear();
+                        self.poll
+                            .wait(&mut self.tokens, left())
+                            .map_err(|e| NaError::sys("epoll_wait", e))?;
+                        if self.tokens.contains(&WAKER_TOKEN) {
+                            // Taken now, so the next sleep sleeps.
+                            self.take_wake()?;
+                            woken = true;
+                        }
+                    }
+                    MaySleep::Woken => woken = true,
+                    MaySleep::Work => {}
+                }
             }
             let n = self.progress_now()?;
             if n > 0 {
                 self.recently_active = true;
                 return Ok(n);
+            }
+            if woken {
+                return Ok(0);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(0);
@@ -491,8 +588,9 @@ impl Endpoint {
 }
 
 impl AsFd for Endpoint {
-    /// The endpoint's epoll fd: readable when any plugin has work. Call
-    /// [`Endpoint::try_wait`] before sleeping on it.
+    /// The endpoint's epoll fd: readable when any plugin has work, or a
+    /// [`Waker`] of the endpoint woke it. Call [`Endpoint::try_wait`]
+    /// before sleeping on it.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.poll.as_fd()
     }

@@ -13,7 +13,8 @@
 //! instances, routes each operation by address, and drives them all through
 //! one epoll set: every plugin exposes a pollable fd and a "may I block?"
 //! check ([`Plugin::try_wait`]), so one thread sleeps on all transports at
-//! once without busy waiting, in one of three [`ProgressMode`]s.
+//! once without busy waiting, in one of three [`ProgressMode`]s; a
+//! [`Waker`] ([`Endpoint::waker`]) ends that sleep from another thread.
 //!
 //! Every operation completes exactly once with a [`Completion`]: success,
 //! error, or [`NaError::Canceled`].
@@ -43,6 +44,7 @@ pub mod slab;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod testing;
+pub mod waker;
 
 pub use addr::{scheme_of, split_uri, Addr, PluginId};
 pub use backlog::{
@@ -58,6 +60,7 @@ pub use plugin::{PeerProcess, Plugin, PluginFactory, PluginRegistry, PluginStats
 pub use progress::{deadline_after, ProgressMode, DEFAULT_ADAPTIVE_SPIN};
 pub use rma::{Rma, RmaDir};
 pub use slab::{TokenSlab, TokenState};
+pub use waker::Waker;
 
 /// True for the counts at which a warning that a peer can cause again and
 /// again is logged: 1, 2, 4, 8... A peer repeating it (at ring or connect

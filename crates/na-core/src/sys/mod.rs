@@ -3,6 +3,7 @@
 
 pub mod affinity;
 pub mod epoll;
+pub mod eventfd;
 pub mod process;
 pub mod segment;
 pub mod timer;

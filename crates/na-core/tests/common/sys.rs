@@ -33,3 +33,18 @@ unsafe impl GlobalAlloc for Watching {
         unsafe { System.dealloc(ptr, layout) }
     }
 }
+
+/// True if `fd` is readable within `timeout_ms` (0: now), by
+/// [`poll(2)`](https://man7.org/linux/man-pages/man2/poll.2.html) on it
+/// alone; `EINTR` counts as not readable.
+pub fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, and we pass 1 as the count.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
