@@ -427,6 +427,11 @@ impl<C: Codec> Engine<C> {
     /// takes every completion the endpoint queues: operations posted on it
     /// directly complete unseen (and ids with bit 61, 62 or 63 set are the
     /// engine's own: peer watches, message receives and sends).
+    ///
+    /// Use it in place; never replace it (`std::mem::swap` with another
+    /// endpoint): the engine's posted receives, its peers' addresses and
+    /// its [`waker`](Self::waker) (which dropped requests use to end a
+    /// sleep) all belong to this one.
     pub fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.ep
     }
