@@ -133,6 +133,7 @@ impl<C: Codec> Engine<C> {
     #[cold]
     fn wait_for_room(&mut self, src: &Addr, h: &Header, p: &[u8]) {
         self.stats.outputs_waited += 1;
+        tracing::debug!(peer = %src, cookie = h.cookie, "spilled output waits for room in the pull budget");
         self.output_waits.push_back(WaitingOutput {
             src: src.clone(),
             header: *h,
