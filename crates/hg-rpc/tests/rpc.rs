@@ -274,6 +274,7 @@ fn several_contexts_on_both_sides() {
     let _srv = Server {
         child,
         uri: uris[2].1.clone(),
+        log: None,
     };
     let threads: Vec<_> = (0..2u64)
         .map(|me| {

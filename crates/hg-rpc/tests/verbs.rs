@@ -10,6 +10,11 @@
 //! `verbs/notice_failures.rs`. A self-forward carrying bulk handles:
 //! `verbs/self_forward.rs`.
 //!
+//! Both sides log warnings and na-verbs' connection life (`LOG_FILTER`):
+//! a failing test shows the client's lines with its output, and the bulk
+//! test's failure messages carry the test peer's too (its standard error,
+//! captured), so that a connection that went says why on both sides.
+//!
 //! Without an RDMA device (the host) each test asserts that building an
 //! engine on `verbs://` fails with the clear "no RDMA device found" error,
 //! and says loudly that the RDMA part did not run.
@@ -42,6 +47,14 @@ mod spill_pull_failures;
 /// TCG emulation is slow; nothing legitimate takes this long.
 const T: Duration = Duration::from_secs(60);
 
+/// What the test peers of [`server`] and the client engines log (the
+/// client's through `tracing_subscriber`, shown with a failing test's
+/// output; the peer's captured from its standard error for the failure
+/// message): warnings, and na-verbs' connection life (connects, read
+/// depths, deaths and their reasons), so that a connection that goes
+/// says why on both sides.
+const LOG_FILTER: &str = "warn,na_verbs=debug";
+
 /// Registered nowhere.
 struct Missing;
 impl Rpc for Missing {
@@ -59,7 +72,16 @@ fn rdma_spec(test: &str) -> Option<String> {
         .ok()
         .map(|v| v.split('/').next().unwrap_or_default().to_owned());
     match (na_verbs::devices(), ip) {
-        (Ok(devs), Some(ip)) if !devs.is_empty() => Some(format!("verbs://{}/{ip}:0", devs[0].name)),
+        (Ok(devs), Some(ip)) if !devs.is_empty() => {
+            // Once per process (the first test to get here installs it);
+            // libtest shows a test's lines only if it fails.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(LOG_FILTER))
+                .with_test_writer()
+                .with_ansi(false)
+                .try_init();
+            Some(format!("verbs://{}/{ip}:0", devs[0].name))
+        }
         (Ok(devs), None) => {
             assert!(!in_vm, "{test}: inside the rxe VM but RXE_VM_IP is not set");
             na_core::testing::report_not_run(&format!(
@@ -100,11 +122,17 @@ fn client_state(c: &mut Engine) -> String {
     format!("client {rpc:?}; transport {}", transports.join("; "))
 }
 
-/// The test peer serving `spec`.
+/// The test peer serving `spec`, its log ([`LOG_FILTER`]) captured.
 fn server(spec: &str) -> Server {
-    let srv = Server::with_env("HG_TESTPEER_SPEC", spec);
+    let srv = Server::with_envs_logged(&[("HG_TESTPEER_SPEC", std::ffi::OsStr::new(spec))], LOG_FILTER);
     assert!(srv.uri.starts_with("verbs://"), "{}", srv.uri);
     srv
+}
+
+/// Both sides of a failure, for its message: the client's state
+/// ([`client_state`]) and the last lines of the server's log.
+fn both_sides(c: &mut Engine, srv: &Server) -> String {
+    format!("{}\n{}", client_state(c), srv.log_text(100))
 }
 
 #[test]
@@ -173,7 +201,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     // The server pulls the three segments (RDMA READ).
     let digest = c
         .call::<BlobPut>(&s, &("k".into(), put), T)
-        .unwrap_or_else(|e| panic!("put: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
+        .unwrap_or_else(|e| panic!("put: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
     assert_eq!(digest, fnv(&data));
     // The server pushes into three uneven segments of ours at offset 100 (RDMA WRITE).
     let into = c
@@ -184,7 +212,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
         .expect("expose");
     let got = c
         .call::<BlobGet>(&s, &("k".into(), into.clone(), 100), T)
-        .unwrap_or_else(|e| panic!("get: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
+        .unwrap_or_else(|e| panic!("get: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
     assert_eq!(got, data.len() as u64);
     let mut back = vec![0; data.len()];
     into.local()
@@ -195,20 +223,35 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     // Out of bounds: the server's push fails, says so, and keeps serving.
     match c.call::<BlobGet>(&s, &("k".into(), into.clone(), 200_000), T) {
         Err(RpcError::Handler { message, .. }) => assert!(message.contains("out of bounds"), "{message}"),
-        other => panic!("expected a handler error, got {other:?}"),
+        Err(e) => panic!(
+            "expected a handler error, got: {}; {}",
+            na_core::ErrorChain(&e),
+            both_sides(&mut c, &srv)
+        ),
+        Ok(n) => panic!("expected a handler error, got Ok({n})"),
     }
-    assert_eq!(c.call::<Add>(&s, &(2, 3), T).expect("add"), 5);
+    let sum = c
+        .call::<Add>(&s, &(2, 3), T)
+        .unwrap_or_else(|e| panic!("add: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
+    assert_eq!(sum, 5);
     // Client-driven pull from the server's copy is not exposed by the
     // testpeer; instead pull our own handle through the engine's bulk API.
     let dst = c
         .expose(vec![vec![0; 5000], vec![0; 5000]], Access::ReadWrite)
         .expect("expose");
     c.bulk(BulkOp::Pull, &into, 900, &dst, 4000, 3000, T)
-        .expect("self pull");
+        .unwrap_or_else(|e| {
+            panic!(
+                "self pull: {}; {}",
+                na_core::ErrorChain(&e),
+                both_sides(&mut c, &srv)
+            )
+        });
     let mut got = vec![0; 3000];
     dst.local().expect("local").read_at(4000, &mut got).expect("read");
     assert!(got == data[800..3800], "self pull differs");
-    c.call::<Quit>(&s, &(), T).expect("quit");
+    c.call::<Quit>(&s, &(), T)
+        .unwrap_or_else(|e| panic!("quit: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
 }
 
 /// A handler's transfer that outlasts the engine's handler transfer

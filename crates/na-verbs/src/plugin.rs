@@ -159,6 +159,12 @@ pub struct VerbsPlugin {
     /// The segments our handles expose, by rkey: what a transfer to our
     /// own address may touch (see `mem::exposed`).
     pub(crate) exposed: crate::mem::ExposedSet,
+    /// RDMA CM events read off the channel by the test hook
+    /// [`debug_cm_disconnects_waiting`](Self::debug_cm_disconnects_waiting)
+    /// and not acted on yet: the next call that reads CM events acts on
+    /// them first, in order. Only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) cm_read_ahead: VecDeque<crate::sys::CmEvent>,
 }
 
 impl VerbsPlugin {
@@ -304,6 +310,8 @@ impl VerbsPlugin {
             ready: Vec::with_capacity(32),
             bufs: BufPool::default(),
             exposed: crate::mem::ExposedSet::default(),
+            #[cfg(feature = "test-hooks")]
+            cm_read_ahead: VecDeque::new(),
         })
     }
 

@@ -80,11 +80,37 @@ impl VerbsPlugin {
     /// Reads and handles every pending RDMA CM event; returns how many.
     fn poll_cm(&mut self) -> Result<usize> {
         let mut n = 0;
+        // Those a test hook read ahead come first (their order kept).
+        #[cfg(feature = "test-hooks")]
+        while let Some(ev) = self.cm_read_ahead.pop_front() {
+            n += 1;
+            self.on_cm_event(ev);
+        }
         while let Some(ev) = self.events.get_event()? {
             n += 1;
             self.on_cm_event(ev);
         }
         Ok(n)
+    }
+
+    /// Reads the RDMA CM events waiting on the channel without acting on
+    /// them, and says how many disconnects (`Disconnected` events) read so
+    /// far wait: a test can wait for a peer's disconnect to reach the
+    /// plugin and still choose the call that acts on it (the next that
+    /// reads CM events, `progress` every [`CM_POLL_EVERY`]th call or
+    /// `try_wait`, acts on these first, in order). Reads no completion.
+    /// Only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn debug_cm_disconnects_waiting(&mut self) -> Result<usize> {
+        while let Some(ev) = self.events.get_event()? {
+            self.cm_read_ahead.push_back(ev);
+        }
+        Ok(self
+            .cm_read_ahead
+            .iter()
+            .filter(|e| e.kind == crate::sys::CmEventKind::Disconnected)
+            .count())
     }
 
     fn handle_wcs(&mut self, wcs: &[WorkCompletion]) {

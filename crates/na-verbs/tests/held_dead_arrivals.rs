@@ -14,8 +14,10 @@
 //! listener's CQ with 4095 messages and go before the listener looks
 //! leave it, at the call that reads their disconnects, more completions
 //! than those reads take: the rest come from dead connections. The test
-//! drives the listener with `progress_now` only, so it knows which call
-//! reads CM events.
+//! drives the listener with `progress` only, so it knows which call
+//! reads CM events, and waits for both disconnects to reach the
+//! listener before that call (`VerbsPlugin::debug_cm_disconnects_waiting`,
+//! a test hook that reads CM events without acting on them).
 //!
 //! Without an RDMA device the RDMA part cannot run: the test says so
 //! loudly (and checks the clear "no RDMA device" error).
@@ -25,8 +27,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use na_core::{Addr, Endpoint, OpId, OpKind, PluginId};
-use na_verbs::CM_POLL_EVERY;
+use na_core::{Addr, Completion, Endpoint, OpId, OpKind, Plugin, PluginId};
+use na_verbs::{VerbsConfig, VerbsPlugin, CM_POLL_EVERY};
 
 /// Receive depth of every side: each flooder's credits.
 const DEPTH: u16 = 4096;
@@ -40,22 +42,36 @@ const MATCHED: u32 = 4000;
 /// Messages the steady client sends at the end.
 const AFTER: u32 = 200;
 
-/// The listener, driven by `progress_now` only and counting its calls
-/// (the plugin reads RDMA CM events at every `CM_POLL_EVERY`th).
+/// The listener, a plugin of its own (not in an endpoint: the test uses
+/// its CM hook), driven by `progress` only and counting its calls (the
+/// plugin reads RDMA CM events at every `CM_POLL_EVERY`th).
 struct Listener {
-    ep: Endpoint,
-    id: PluginId,
+    plugin: VerbsPlugin,
     calls: u32,
 }
 
 impl Listener {
     fn progress(&mut self) {
-        self.ep.progress_now().unwrap();
+        self.plugin.progress().unwrap();
         self.calls += 1;
     }
 
+    fn pop(&mut self) -> Option<Completion> {
+        self.plugin.pop_completion()
+    }
+
     fn stats(&self) -> na_core::PluginStats {
-        self.ep.plugin(self.id).unwrap().stats()
+        self.plugin.stats()
+    }
+
+    fn recv_unexpected(&mut self, op: u64) {
+        self.plugin.post_recv_unexpected(Vec::new(), OpId(op)).unwrap();
+    }
+
+    fn recv_expected(&mut self, source: &Addr, tag: u32, op: u64) {
+        self.plugin
+            .post_recv_expected(source, tag, Vec::new(), OpId(op))
+            .unwrap();
     }
 }
 
@@ -97,7 +113,7 @@ fn drive(
         }
         if listening {
             srv.progress();
-            for c in std::iter::from_fn(|| srv.ep.pop_completion()) {
+            for c in std::iter::from_fn(|| srv.pop()) {
                 if let Err(e) = &c.status {
                     panic!(
                         "{what}: the listener's {:?} {:?} failed: {}",
@@ -119,26 +135,31 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
     let Some(env) = rdma_env(test) else {
         return;
     };
-    let (ep, id) = plugin_with(&env, true, |cfg| {
-        cfg.recv_depth = DEPTH;
-        cfg.max_msg_size = 16;
-        cfg.max_held = MAX_HELD;
-        cfg.max_held_total = TOTAL;
-        cfg.send_queue_depth = u32::from(DEPTH) + 8;
+    let spec = format!("verbs://{}/{}:0", env.device, env.ip);
+    let cfg = VerbsConfig {
+        recv_depth: DEPTH,
+        max_msg_size: 16,
+        max_held: MAX_HELD,
+        max_held_total: TOTAL,
+        send_queue_depth: u32::from(DEPTH) + 8,
         // The steady client and the two flooders (the CQ is sized for them),
         // all incoming: this listener never calls out.
-        cfg.max_conns = 3;
-        cfg.outgoing_reserve = Some(0);
-    });
-    let mut srv = Listener { ep, id, calls: 0 };
-    let uri = srv.ep.self_addr(id).unwrap().uri().to_owned();
+        max_conns: 3,
+        outgoing_reserve: Some(0),
+        ..VerbsConfig::from_spec(&spec, true).unwrap()
+    };
+    let mut srv = Listener {
+        plugin: VerbsPlugin::new(PluginId(1), cfg).expect("the listener"),
+        calls: 0,
+    };
+    let uri = srv.plugin.self_addr().uri().to_owned();
 
     // The steady client: a first message tells the listener its address;
     // then MAX_HELD expected messages nobody waits for (held: its own
     // bound), then MATCHED expected messages the listener waits for
     // (taken at once, but withheld: the connection is at its bound).
     let (mut a, a_dest) = client(&env, &uri);
-    srv.ep.post_recv_unexpected(id, Vec::new(), OpId(0)).unwrap();
+    srv.recv_unexpected(0);
     a.send_unexpected(&a_dest, 1, b"a", OpId(0)).unwrap();
     let got = drive(
         &mut srv,
@@ -154,9 +175,7 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
     }
     for t in 0..MATCHED {
         let tag = 1000 + t;
-        srv.ep
-            .post_recv_expected(&a_src, tag, Vec::new(), OpId(1000 + u64::from(tag)))
-            .unwrap();
+        srv.recv_expected(&a_src, tag, 1000 + u64::from(tag));
         a.send_expected(&a_dest, tag, b"matched", OpId(1000 + u64::from(tag)))
             .unwrap();
     }
@@ -174,7 +193,7 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
     let mut flooders = Vec::new();
     for f in 0..2u64 {
         let (mut z, z_dest) = client(&env, &uri);
-        srv.ep.post_recv_unexpected(id, Vec::new(), OpId(10 + f)).unwrap();
+        srv.recv_unexpected(10 + f);
         z.send_unexpected(&z_dest, 2, b"z", OpId(0)).unwrap();
         drive(&mut srv, &mut z, (1, 1), true, "a flooder's first message");
         flooders.push((z, z_dest));
@@ -196,8 +215,22 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
         drive(&mut srv, z, (per_flooder, 0), false, "a flooder");
     }
     drop(flooders);
-    // Their disconnects reach the listener's CM at once; generous.
-    std::thread::sleep(Duration::from_secs(2));
+    // Their disconnects reach the listener's CM: read, not acted on, so
+    // that the next call (which reads CM events) acts on both. Without
+    // this wait that call may find them not there yet and read the
+    // flooders' messages as a live connection's.
+    let end = Instant::now() + WAIT;
+    loop {
+        let waiting = srv.plugin.debug_cm_disconnects_waiting().unwrap();
+        if waiting >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "{test}: {waiting} of the flooders' 2 disconnects reached the listener within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // The call that reads the disconnects, and those that read the
     // rest of the CQ.
     let flood = 2 * u64::from(per_flooder);
@@ -224,9 +257,7 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
     // The application takes the steady client's held messages first
     // (the total stays at its bound meanwhile), then the flooders'.
     for t in 0..MAX_HELD {
-        srv.ep
-            .post_recv_expected(&a_src, 10 + t, Vec::new(), OpId(100 + u64::from(t)))
-            .unwrap();
+        srv.recv_expected(&a_src, 10 + t, 100 + u64::from(t));
     }
     drive(
         &mut srv,
@@ -236,9 +267,7 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
         "the steady client's held messages",
     );
     for i in 0..flood {
-        srv.ep
-            .post_recv_unexpected(id, Vec::new(), OpId(1_000_000 + i))
-            .unwrap();
+        srv.recv_unexpected(1_000_000 + i);
     }
     drive(
         &mut srv,
@@ -253,9 +282,7 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
     // peer must have returned the credits it withheld).
     for t in 0..AFTER {
         let tag = 100_000 + t;
-        srv.ep
-            .post_recv_expected(&a_src, tag, Vec::new(), OpId(u64::from(tag)))
-            .unwrap();
+        srv.recv_expected(&a_src, tag, u64::from(tag));
         a.send_expected(&a_dest, tag, b"after", OpId(u64::from(tag)))
             .unwrap();
     }
@@ -273,9 +300,11 @@ fn credits_withheld_before_dead_connections_filled_the_total_come_back() {
             sent += 1;
         }
         srv.progress();
-        while let Some(c) = srv.ep.pop_completion() {
+        while let Some(c) = srv.pop() {
             assert_eq!(c.kind, OpKind::RecvExpected);
-            c.status.expect("receive");
+            if let Err(e) = c.status {
+                panic!("a receive failed: {}", na_core::ErrorChain(&e));
+            }
             got += 1;
         }
     }

@@ -4,7 +4,8 @@
 //! hg-rpc's verbs tests and the fuzz targets turn on, and so are the
 //! configuration's test hooks (`VerbsConfig::debug_*`, which make the
 //! plugin fail messages or ignore handshake events on purpose) and
-//! `VerbsPlugin::debug_reads` (a connection's `ReadWindow`);
+//! `VerbsPlugin::debug_reads` (a connection's `ReadWindow`) and
+//! `VerbsPlugin::debug_cm_disconnects_waiting` (reads CM events ahead);
 //! `credits` is private even then (the fuzz targets reach it through
 //! `fuzzing`, a feature of its own). A user's
 //! normal build reaches only the API: the root re-exports (`devices`
@@ -44,6 +45,11 @@ pub fn reads() -> Option<na_verbs::ReadWindow> {
     None
 }
 
+// CM events read ahead, for a test that waits for a peer's disconnect.
+pub fn cm_read_ahead() {
+    let _ = na_verbs::VerbsPlugin::debug_cm_disconnects_waiting;
+}
+
 // What users need, reachable in every build.
 pub fn api() -> Option<Vec<na_verbs::DeviceInfo>> {
     let _ = (na_verbs::config_env::ENV_VARS, na_verbs::config::DEFAULT_MAX_RD_ATOMIC);
@@ -76,6 +82,7 @@ const HIDDEN: &[&str] = &[
     "debug_fail_msgs_count",
     "debug_reads",
     "ReadWindow",
+    "debug_cm_disconnects_waiting",
 ];
 
 #[test]

@@ -6,7 +6,8 @@
 //! without a request, or (with `HG_TESTPEER_EXIT_WITH_STDIN=1`) the end of
 //! its standard input. `HG_TESTPEER_TRANSFER_TIMEOUT_MS` sets its handler
 //! transfer timeout. `HG_TESTPEER_MARKER` is what `Marker` answers (tells
-//! servers apart).
+//! servers apart). `HG_TESTPEER_LOG` (`warn,na_verbs=debug`) writes what
+//! the engine and its transport log to standard error (`testpeer/log.rs`).
 //!
 //! With `HG_TESTPEER_STALLED_CALL=<server uri>` it is a client instead, one
 //! that stalls: it calls `Fill` there for 1 MiB (an output that spills),
@@ -32,6 +33,8 @@ use hg_rpc::Engine;
 use na_core::{Endpoint, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
 
+#[path = "testpeer/log.rs"]
+mod log;
 #[path = "testpeer/rpcs.rs"]
 #[allow(dead_code)]
 mod testpeer_rpcs;
@@ -142,6 +145,7 @@ fn main() -> std::process::ExitCode {
 /// The server (or the stalled client): an error ends the process with its
 /// message and causes on stderr ([`exit::run`]).
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    log::init()?;
     exit_with_stdin();
     let spec = std::env::var("HG_TESTPEER_SPEC").unwrap_or_else(|_| "sm://".into());
     if let Ok(server) = std::env::var("HG_TESTPEER_STALLED_CALL") {

@@ -64,6 +64,9 @@ pub struct Server {
     pub child: Child,
     /// Its NA address.
     pub uri: String,
+    /// Its standard error, line by line, when captured
+    /// ([`Server::with_envs_logged`]).
+    pub log: Option<std::sync::Arc<std::sync::Mutex<Vec<String>>>>,
 }
 
 impl Server {
@@ -90,7 +93,64 @@ impl Server {
             .read_line(&mut line)
             .expect("read the server's address");
         let uri = line.trim().strip_prefix("ADDR ").expect("ADDR line").to_owned();
-        Server { child, uri }
+        Server {
+            child,
+            uri,
+            log: None,
+        }
+    }
+
+    /// [`Server::with_envs`], with the server's log on
+    /// (`HG_TESTPEER_LOG=filter`, see the peer's `testpeer/log.rs`) and
+    /// its standard error captured: [`Server::log_text`] gives it to a
+    /// test's failure message.
+    pub fn with_envs_logged(vars: &[(&str, &std::ffi::OsStr)], filter: &str) -> Server {
+        let mut child = testpeer()
+            .envs(vars.iter().copied())
+            .env("HG_TESTPEER_LOG", filter)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hg-rpc-testpeer");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (err, kept) = (child.stderr.take().expect("stderr"), lines.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                kept.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the server's address");
+        let uri = match line.trim().strip_prefix("ADDR ") {
+            Some(uri) => uri.to_owned(),
+            None => panic!(
+                "no ADDR line: {line:?}; server log:\n{}",
+                lines.lock().unwrap().join("\n")
+            ),
+        };
+        Server {
+            child,
+            uri,
+            log: Some(lines),
+        }
+    }
+
+    /// The last `n` lines of the server's captured standard error (none
+    /// unless made by [`Server::with_envs_logged`]), for a failure message.
+    pub fn log_text(&self, n: usize) -> String {
+        let Some(log) = &self.log else {
+            return "(server log not captured)".into();
+        };
+        let lines = log.lock().unwrap_or_else(|p| p.into_inner());
+        let skip = lines.len().saturating_sub(n);
+        format!(
+            "server log ({} lines, last {}):\n{}",
+            lines.len(),
+            lines.len() - skip,
+            lines[skip..].join("\n")
+        )
     }
 }
 
