@@ -426,8 +426,16 @@ fn a_listener_that_never_answers_fails_the_connectors_operations() {
             // Those that fit the ring completed when written to it; the
             // ones waiting behind them fail.
             if let Err(e) = k.status {
-                assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
-                assert!(e.to_string().contains("acknowledgement"), "{e}");
+                assert!(
+                    matches!(e, NaError::PeerGone { .. }),
+                    "{}",
+                    na_core::ErrorChain(&e)
+                );
+                assert!(
+                    e.to_string().contains("acknowledgement"),
+                    "{}",
+                    na_core::ErrorChain(&e)
+                );
                 failed += 1;
             }
         }
@@ -446,7 +454,8 @@ fn a_listener_that_never_answers_fails_the_connectors_operations() {
     let e = c.send_unexpected(&a, 0, b"x", OpId(999)).unwrap_err();
     assert!(
         matches!(e, NaError::PeerGone { .. } | NaError::InvalidAddress { .. }),
-        "{e}"
+        "{}",
+        na_core::ErrorChain(&e)
     );
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -634,7 +643,7 @@ fn a_connection_to_ourselves_survives_a_long_gap_before_progress() {
         ep.progress(Some(Duration::from_millis(20))).unwrap();
         while let Some(c) = ep.pop_completion() {
             if let Err(e) = &c.status {
-                panic!("operation {:?} failed: {e}", c.op);
+                panic!("operation {:?} failed: {}", c.op, na_core::ErrorChain(e));
             }
             done.insert(c.op, c.buf);
         }
