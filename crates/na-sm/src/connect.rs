@@ -11,6 +11,9 @@ mod accept;
 mod dial;
 mod hello;
 
+#[cfg(feature = "test-hooks")]
+pub use accept::ListenerProbe;
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 

@@ -255,6 +255,9 @@ pub use config::{
     default_dir, SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, DEFAULT_MAX_QUEUED_PER_PEER,
     MAX_NAME_LEN, MAX_RMA_THREADS, PIDFD_ENV, RMA_QUEUE_PER_PEER, RMA_THREADS_ENV, SOCKET_DIR_ENV, WAKE_ENV,
 };
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use connect::ListenerProbe;
 pub use connect::{MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_PROCESS};
 pub use error::{SmError, SmResult};
 pub use factory::SmFactory;

@@ -107,9 +107,14 @@ fn a_lock_held_for_good_refuses_the_listen_within_the_bound() {
         "refused after {waited:?}"
     );
     let SmError::Listen { source, .. } = &e else {
-        panic!("{e}")
+        panic!("{}", na_core::ErrorChain(&e))
     };
-    assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    assert_eq!(
+        source.kind(),
+        std::io::ErrorKind::AddrInUse,
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     let text = na_core::ErrorChain(&e).to_string();
     for says in [
         "stayed locked for 1s",
@@ -138,9 +143,14 @@ fn an_owner_file_that_cannot_be_opened_is_named_as_such() {
         Err(e) => e,
     };
     let SmError::Listen { source, .. } = &e else {
-        panic!("{e}")
+        panic!("{}", na_core::ErrorChain(&e))
     };
-    assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    assert_eq!(
+        source.kind(),
+        std::io::ErrorKind::AddrInUse,
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     let text = na_core::ErrorChain(&e).to_string();
     assert!(text.contains("could not be opened as a regular file"), "{text}");
     assert!(!text.contains("stayed locked"), "{text}");

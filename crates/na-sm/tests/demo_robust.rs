@@ -60,14 +60,14 @@ impl Drop for Server {
 fn call(ep: &mut Endpoint, srv: &Addr, tag: u32, req: &[u8]) -> Result<Vec<u8>, String> {
     let (recv, send) = (OpId(u64::from(tag) << 1), OpId(u64::from(tag) << 1 | 1));
     ep.post_recv_expected(srv, tag, Vec::with_capacity(64), recv)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| na_core::ErrorChain(&e).to_string())?;
     ep.send_unexpected(srv, tag, req, send)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| na_core::ErrorChain(&e).to_string())?;
     let end = Instant::now() + T;
     loop {
         while let Some(c) = ep.pop_completion() {
             if let Err(e) = &c.status {
-                return Err(format!("{:?} failed: {e}", c.kind));
+                return Err(format!("{:?} failed: {}", c.kind, na_core::ErrorChain(e)));
             }
             if c.kind == OpKind::RecvExpected && c.op == recv {
                 return c.buf.ok_or_else(|| "no buffer".to_string());
@@ -77,7 +77,7 @@ fn call(ep: &mut Endpoint, srv: &Addr, tag: u32, req: &[u8]) -> Result<Vec<u8>, 
             return Err(format!("no reply within {T:?}"));
         }
         ep.progress(Some(Duration::from_millis(100)))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| na_core::ErrorChain(&e).to_string())?;
     }
 }
 

@@ -109,7 +109,11 @@ fn expected_messages_of_a_departed_peer_are_kept_for_a_while_then_dropped() {
     let e = rx
         .post_recv_expected(&src, 9, Vec::new(), OpId(3))
         .expect_err("nothing queued, and the peer is gone");
-    assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+    assert!(
+        matches!(e, NaError::PeerGone { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -90,7 +90,11 @@ fn an_address_of_another_endpoint_is_refused_not_sent_to_the_peer_it_happens_to_
         .unwrap()
         .send_unexpected(&to_a, 7, b"x", OpId(3))
         .unwrap_err();
-    assert!(matches!(e, NaError::InvalidAddress { .. }), "{e}");
+    assert!(
+        matches!(e, NaError::InvalidAddress { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     drop((c1, c2, a, b));
     let _ = std::fs::remove_dir_all(&dir);
 }

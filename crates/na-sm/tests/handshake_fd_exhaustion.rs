@@ -81,7 +81,7 @@ fn client(server: &str, dir: &str) {
                 return;
             }
             Err(NaError::PeerGone { reason, .. }) => println!("REFUSED {reason}"),
-            Err(e) => panic!("client: unexpected error {e}"),
+            Err(e) => panic!("client: unexpected error {}", na_core::ErrorChain(&e)),
         }
     }
     panic!("client: refused three times");

@@ -15,13 +15,18 @@ fn a_name_in_use_in_this_process_is_refused_until_its_instance_is_dropped() {
     let e = client("dup").map(|_| ()).unwrap_err();
     assert!(
         matches!(&e, SmError::NameInUse { uri } if uri.ends_with("-dup")),
-        "{e}"
+        "{}",
+        na_core::ErrorChain(&e)
     );
     // A listening one may not take a client's name either.
     let e = SmPlugin::new(PluginId(2), SmConfig::listening().with_dir(&dir).with_name("dup"))
         .map(|_| ())
         .unwrap_err();
-    assert!(matches!(e, SmError::NameInUse { .. }), "{e}");
+    assert!(
+        matches!(e, SmError::NameInUse { .. }),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     assert_eq!(
         std::fs::read_dir(&dir).unwrap().count(),
         0,

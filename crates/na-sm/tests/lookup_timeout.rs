@@ -215,7 +215,7 @@ fn try_lookup_does_not_wait_for_a_listener_that_never_accepts() {
         match ep.try_lookup(&stuck, t0) {
             Err(e @ NaError::WouldBlock { .. }) => {
                 assert!(e.is_would_block());
-                assert!(e.to_string().contains(&stuck), "{e}");
+                assert!(e.to_string().contains(&stuck), "{}", na_core::ErrorChain(&e));
             }
             other => panic!("expected WouldBlock, got {other:?}"),
         }

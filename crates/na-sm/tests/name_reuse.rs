@@ -128,10 +128,11 @@ impl Server {
         while Instant::now() < end {
             self.ep
                 .progress(Some(Duration::from_millis(5)))
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| na_core::ErrorChain(&e).to_string())?;
             while let Some(c) = self.ep.pop_completion() {
                 if c.op != OpId(1) {
-                    c.status.map_err(|e| format!("op {:?} failed: {e}", c.op))?;
+                    c.status
+                        .map_err(|e| format!("op {:?} failed: {}", c.op, na_core::ErrorChain(&e)))?;
                     continue;
                 }
                 let found = (c.status.is_ok() && c.tag == tag && c.buf.as_deref() == Some(body.as_bytes()))
@@ -139,7 +140,7 @@ impl Server {
                     .flatten();
                 self.ep
                     .post_recv_unexpected(self.id, c.buf.unwrap_or_default(), OpId(1))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| na_core::ErrorChain(&e).to_string())?;
                 if let Some(src) = found {
                     return Ok(src);
                 }
@@ -164,7 +165,7 @@ impl Server {
         self.next += 1;
         self.ep
             .send_unexpected(to, ECHO_TAG, b"echo", OpId(self.next))
-            .map_err(|e| format!("echo to {}: {e}", to.uri()))?;
+            .map_err(|e| format!("echo to {}: {}", to.uri(), na_core::ErrorChain(&e)))?;
         let from = self.wait_for(ECHO_TAG, &pid.to_string(), Duration::from_secs(10))?;
         if from != *to {
             return Err(format!(
@@ -197,12 +198,14 @@ const CANARY: &str = "canary";
 /// hello ([`CANARY`]); S takes it in only by looking at its events.
 fn canary(srv: &str, dir: &std::path::Path) -> Result<Endpoint, String> {
     let cfg = SmConfig::default().with_dir(dir);
-    let mut ep = Endpoint::new(ProgressMode::Blocking).map_err(|e| e.to_string())?;
+    let mut ep = Endpoint::new(ProgressMode::Blocking).map_err(|e| na_core::ErrorChain(&e).to_string())?;
     ep.add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .map_err(|e| e.to_string())?;
-    let to = ep.lookup(srv).map_err(|e| format!("the canary's lookup: {e}"))?;
+        .map_err(|e| na_core::ErrorChain(&e).to_string())?;
+    let to = ep
+        .lookup(srv)
+        .map_err(|e| format!("the canary's lookup: {}", na_core::ErrorChain(&e)))?;
     ep.send_unexpected(&to, HELLO_TAG, CANARY.as_bytes(), OpId(1))
-        .map_err(|e| format!("the canary's hello: {e}"))?;
+        .map_err(|e| format!("the canary's hello: {}", na_core::ErrorChain(&e)))?;
     Ok(ep)
 }
 
@@ -223,13 +226,17 @@ fn reuse_before_the_death_is_seen(dir: &std::path::Path) -> Result<String, Strin
         exits_by_eof_only: true,
         ..SmConfig::listening().with_dir(dir)
     };
-    let mut ep = Endpoint::new(ProgressMode::Blocking).map_err(|e| e.to_string())?;
+    let mut ep = Endpoint::new(ProgressMode::Blocking).map_err(|e| na_core::ErrorChain(&e).to_string())?;
     let id = ep
         .add_plugin(|id| Ok(Box::new(SmPlugin::new(id, cfg)?) as Box<dyn Plugin>))
-        .map_err(|e| e.to_string())?;
-    let uri = ep.self_addr(id).map_err(|e| e.to_string())?.uri().to_owned();
+        .map_err(|e| na_core::ErrorChain(&e).to_string())?;
+    let uri = ep
+        .self_addr(id)
+        .map_err(|e| na_core::ErrorChain(&e).to_string())?
+        .uri()
+        .to_owned();
     ep.post_recv_unexpected(id, Vec::new(), OpId(1))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| na_core::ErrorChain(&e).to_string())?;
     let mut s = Server {
         ep,
         id,
@@ -272,7 +279,11 @@ fn reuse_before_the_death_is_seen(dir: &std::path::Path) -> Result<String, Strin
     drop(p);
     let canary = canary(&s.uri, dir)?;
     s.wait_for(HELLO_TAG, CANARY, Duration::from_secs(10))?;
-    let peers = s.ep.plugin(s.id).map_err(|e| e.to_string())?.stats().peers;
+    let peers =
+        s.ep.plugin(s.id)
+            .map_err(|e| na_core::ErrorChain(&e).to_string())?
+            .stats()
+            .peers;
     if peers != 2 {
         return Err(format!(
             "S saw P go (peers: {peers}, P's and the canary's expected): exits are not watched by end-of-file only"

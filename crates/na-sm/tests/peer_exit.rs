@@ -159,7 +159,7 @@ impl Peer {
             us.progress().unwrap();
             op += 1;
             if let Err(e) = us.send_unexpected(peer, 0, b"still there?", OpId(op)) {
-                panic!("the live peer was failed: {e}");
+                panic!("the live peer was failed: {}", na_core::ErrorChain(&e));
             }
             if let Some(k) = std::iter::from_fn(|| us.pop_completion()).find(|k| k.status.is_err()) {
                 panic!("the live peer was failed: {:?}", k.status);
@@ -188,7 +188,7 @@ impl Peer {
             op += 1;
             match us.send_unexpected(peer, 0, b"are you there", OpId(op)) {
                 Err(e @ NaError::PeerGone { .. }) => break Some(e),
-                Err(e) => panic!("unexpected error: {e}"),
+                Err(e) => panic!("unexpected error: {}", na_core::ErrorChain(&e)),
                 Ok(()) => {}
             }
             let failed = std::iter::from_fn(|| us.pop_completion())
@@ -205,7 +205,11 @@ impl Peer {
         };
         let e = gone
             .expect("a peer whose process exited was still reachable 5 s later (its socket is held open)");
-        assert!(matches!(e, NaError::PeerGone { .. }), "{e}");
+        assert!(
+            matches!(e, NaError::PeerGone { .. }),
+            "{}",
+            na_core::ErrorChain(&e)
+        );
     }
 }
 

@@ -54,7 +54,7 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
         pidfd_by_pid: true,
         ..SmConfig::listening().with_dir(dir)
     };
-    let mut srv = SmPlugin::new(PluginId(1), cfg).map_err(|e| e.to_string())?;
+    let mut srv = SmPlugin::new(PluginId(1), cfg).map_err(|e| na_core::ErrorChain(&e).to_string())?;
     let sock_path = dir.join(format!(
         "{}.sock",
         srv.self_addr().uri().trim_start_matches("sm://")

@@ -70,7 +70,11 @@ fn a_message_naming_an_unreserved_buffer_is_not_delivered_and_cuts_its_sender_of
             break e;
         }
     };
-    assert!(matches!(err, na_core::NaError::PeerGone { .. }), "{err}");
+    assert!(
+        matches!(err, na_core::NaError::PeerGone { .. }),
+        "{}",
+        na_core::ErrorChain(&err)
+    );
     // Nothing it sent after its violation is taken.
     let mut buf = Vec::new();
     for _ in 0..100 {

@@ -142,7 +142,11 @@ fn a_batch_refused_for_the_queue_bound_leaves_no_queue_entry() {
     let e = p
         .rma(&peer, &alternating(&local, &remote, n, 100))
         .expect_err("a batch of one job past the bound");
-    assert!(e.to_string().contains("RMA_QUEUE_PER_PEER"), "{e}");
+    assert!(
+        e.to_string().contains("RMA_QUEUE_PER_PEER"),
+        "{}",
+        na_core::ErrorChain(&e)
+    );
     assert_eq!(
         probe.queue_entries(),
         0,
@@ -176,7 +180,8 @@ fn a_batch_refused_for_want_of_a_thread_is_taken_back_whole() {
     let e = p.rma(&peer, &ops).expect_err("no thread to run it");
     assert!(
         e.to_string().contains("starting an sm RMA transfer thread"),
-        "{e}"
+        "{}",
+        na_core::ErrorChain(&e)
     );
     assert_eq!(probe.queue_entries(), 0, "the refused batch left a queue entry");
     assert!(!probe.locked());

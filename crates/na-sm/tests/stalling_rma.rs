@@ -401,7 +401,8 @@ fn a_held_thread_leaves_other_peers_jobs_queued_and_the_caller_free() {
         let c = wait_op(&mut s.ep, &mut stash, OpId(10));
         serve_honest(&mut s, &mut stash, OpId(20), 30);
         let _ = tx.send(Step::Canceled(
-            c.status.map_or_else(|e| e.to_string(), |()| "Ok".into()),
+            c.status
+                .map_or_else(|e| na_core::ErrorChain(&e).to_string(), |()| "Ok".into()),
         ));
     });
     let [Step::GetReturned(_), Step::HonestServed(stats), Step::Canceled(hostile_end)] = &steps[..] else {
@@ -441,7 +442,11 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
         let e =
             s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(5000))
                 .expect_err("a get past the peer's queue bound");
-        assert!(e.to_string().contains("RMA_QUEUE_PER_PEER"), "{e}");
+        assert!(
+            e.to_string().contains("RMA_QUEUE_PER_PEER"),
+            "{}",
+            na_core::ErrorChain(&e)
+        );
         serve_honest(&mut s, &mut stash, OpId(20), 30);
         let stats = s.ep.plugin_mut(s.id).unwrap().stats();
         s.ep.send_unexpected(&src, 0, b"leave", OpId(40)).unwrap();

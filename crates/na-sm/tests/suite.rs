@@ -163,7 +163,7 @@ fn hostile(uri: &str) {
         while let Some(c) = plugin.pop_completion() {
             if c.op == OpId(3) {
                 let e = c.status.expect_err("a hostile peer must get an error");
-                println!("HOSTILE got error: {e}");
+                println!("HOSTILE got error: {}", na_core::ErrorChain(&e));
                 return;
             }
         }

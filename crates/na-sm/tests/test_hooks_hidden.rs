@@ -1,5 +1,5 @@
 //! The test hooks (`SmPlugin::debug_*`, `sys::eventfd::WakeTamper`,
-//! `RmaPoolProbe`, `debug_closing_threads`, `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are
+//! `RmaPoolProbe`, `ListenerProbe`, `debug_closing_threads`, `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are
 //! compiled only with the `test-hooks` feature: a user's normal build
 //! cannot call them. The
 //! internal modules the tests and fuzz targets drive directly (`sys`, the
@@ -38,6 +38,8 @@ pub fn hooks(p: &mut SmPlugin, a: &Addr, t: Tag) {
     let _ = p.debug_tamper_own_wake(a, WakeTamper::Saturate);
     let _ = p.debug_peer_sleeps(a);
     let _ = p.debug_wakeups();
+    let _ = p.debug_pending_handshakes();
+    let _: na_sm::ListenerProbe = p.debug_listener_probe();
     let _: Option<na_sm::RmaPoolProbe> = p.debug_rma_pool().ok();
     let _: na_sm::ClosingThreads = na_sm::debug_closing_threads();
     na_sm::debug_run_alone("no such test", || ());
@@ -86,6 +88,9 @@ const HIDDEN: &[&str] = &[
     "debug_tamper_own_wake",
     "debug_peer_sleeps",
     "debug_wakeups",
+    "debug_pending_handshakes",
+    "debug_listener_probe",
+    "ListenerProbe",
     "debug_rma_pool",
     "RmaPoolProbe",
     "debug_closing_threads",

@@ -62,7 +62,7 @@ fn repeated_protocol_violations_are_all_counted_and_logged_at_powers_of_two() {
             op += 1;
             match sender.send_unexpected(&to, 10, b"after", OpId(op)) {
                 Err(NaError::PeerGone { .. }) => break,
-                Err(e) => panic!("{e}"),
+                Err(e) => panic!("{}", na_core::ErrorChain(&e)),
                 Ok(()) => {}
             }
         }

@@ -139,6 +139,18 @@ impl SmPlugin {
         Ok(self.rma_pool()?.probe())
     }
 
+    /// Test hook: a probe of the listener's accept pause (see
+    /// [`ListenerProbe`](crate::connect::ListenerProbe)), to take before
+    /// the plugin goes into an `Endpoint`. Never use outside tests.
+    #[doc(hidden)]
+    pub fn debug_listener_probe(&mut self) -> crate::connect::ListenerProbe {
+        let pause = crate::connect::ListenerProbe::encode(self.accept_pause);
+        let seen = self
+            .listener_probe
+            .get_or_insert_with(|| std::sync::Arc::new(std::sync::atomic::AtomicU8::new(pause)));
+        crate::connect::ListenerProbe::new(std::sync::Arc::clone(seen))
+    }
+
     fn debug_conn(&mut self, peer: &Addr) -> Result<&mut crate::conn::Conn> {
         let p = self
             .peers

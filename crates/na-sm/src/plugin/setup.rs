@@ -101,6 +101,8 @@ impl SmPlugin {
             peers,
             pending: HashMap::new(),
             accept_pause: None,
+            #[cfg(feature = "test-hooks")]
+            listener_probe: None,
             timer,
             timer_fired: false,
             events_at: Instant::now(),

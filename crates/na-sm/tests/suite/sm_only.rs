@@ -73,7 +73,8 @@ pub fn lookup_errors_name_the_cause_and_sizes_are_8_kib(t: &Transport) {
     let e = n.ep.lookup("sm://999999-nope").unwrap_err();
     assert!(
         matches!(e, NaError::Lookup { .. }) && na_core::ErrorChain(&e).to_string().contains("no socket"),
-        "{e}"
+        "{}",
+        na_core::ErrorChain(&e)
     );
     assert!(matches!(
         n.ep.lookup("sm://abc").unwrap_err(),
