@@ -53,7 +53,7 @@ struct Pool {
 static CLOSER: Mutex<Option<Pool>> = Mutex::new(None);
 
 /// Items handed to this generation's closing threads and not dropped yet
-/// (counted or not in `PENDING_FDS`): what [`probe`] reports as queued.
+/// (counted or not in `PENDING_FDS`): what `probe` (test hooks) reports as queued.
 static ITEMS: AtomicUsize = AtomicUsize::new(0);
 
 /// In a forked child: the items queued are its parent's threads' (see
