@@ -35,6 +35,10 @@ pub(crate) const MAX_EVENT_ROUNDS: usize = 4;
 /// nothing asked for one (busy mode).
 pub const EVENT_POLL_INTERVAL: u32 = 1024;
 
+/// While transfers are with the RMA threads, the socket events are owed to
+/// progress once they are this old (see [`SmPlugin::rma_side_turn`]).
+const RMA_EVENTS_EVERY: Duration = Duration::from_millis(1);
+
 impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
@@ -97,11 +101,35 @@ impl SmPlugin {
     /// only, as it did for the backlogs alone.
     #[inline(never)]
     fn side_turn(&mut self) {
-        if self.side_work & SIDE_RMA_POOL != 0 && self.rma_results_wait() {
-            self.take_rma_results();
+        if self.side_work & SIDE_RMA_POOL != 0 {
+            self.rma_side_turn();
         }
         if self.side_work & SIDE_BACKLOG != 0 {
             self.flush_backlogs();
+        }
+    }
+
+    /// The transfer threads' turn of [`side_turn`](Self::side_turn): takes
+    /// their results; and while transfers are still with them, owes the
+    /// socket events to the next call once [`RMA_EVENTS_EVERY`] passed
+    /// since they were last read.
+    ///
+    /// The busy loop's own poll of them comes every
+    /// [`EVENT_POLL_INTERVAL`] spin checks, but with transfers out the spin
+    /// makes no check: it gives up the core and returns at once (see
+    /// [`rma_pool_turn`](Self::rma_pool_turn)), one progress call per
+    /// `yield_now`. On a loaded core each yield may wait a time slice, and
+    /// a peer that left while its job was stuck in a transfer thread (its
+    /// hang-up is what fails its transfers as gone) was seen seconds late.
+    #[cold]
+    #[inline(never)]
+    fn rma_side_turn(&mut self) {
+        if self.rma_results_wait() {
+            self.take_rma_results();
+        }
+        let out = self.rma_pool.as_ref().is_some_and(|p| !p.ops.is_empty());
+        if out && !self.events_owed && self.events_at.elapsed() >= RMA_EVENTS_EVERY {
+            self.events_owed = true;
         }
     }
 

@@ -39,8 +39,8 @@ fn pattern(i: usize) -> u8 {
 }
 
 /// The hostile peer of [`common::stalling_peer`] that, told to (any message),
-/// closes its connection and lives on, its memory still stalling: a
-/// departed peer whose transfer never ends.
+/// closes its connection (says `L` on `status` once it has) and lives on,
+/// its memory still stalling: a departed peer whose transfer never ends.
 fn leaving_hostile_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 {
     use std::os::fd::AsFd;
     let Ok((_uffd, addr)) = sys::stalling_memory(LEN) else {
@@ -72,6 +72,7 @@ fn leaving_hostile_peer(dir: &std::path::Path, uri: &str, status: std::fs::File)
         }
     }
     drop(ep);
+    sys::write(status.as_fd(), b"L");
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
@@ -124,6 +125,8 @@ struct Scene {
     id: PluginId,
     hostile: (Addr, RemoteMem),
     honest: (Addr, RemoteMem),
+    /// The pipe the hostile peer reports on (what it says after `S`).
+    hostile_status: Option<std::fs::File>,
 }
 
 fn scene(tag: &str, threads: usize) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
@@ -141,11 +144,12 @@ fn scene_with(
     let uri = ep.self_addr(id).unwrap().uri().to_owned();
     let mut kills = Vec::new();
     let mut fork_peer = |f: PeerMain| {
-        let (kill, said) = fork_peer(&dir, &uri, f);
+        let (kill, said, status) = fork_peer_with_status(&dir, &uri, f);
         kills.push(kill);
-        said
+        (said, status)
     };
-    if fork_peer(hostile) == b'U' {
+    let (said, hostile_status) = fork_peer(hostile);
+    if said == b'U' {
         na_core::testing::report_not_run(
             "na-sm stalling_rma: the kernel refuses a userfaultfd that handles the kernel's \
              own faults here (vm.unprivileged_userfaultfd 0, no CAP_SYS_PTRACE)",
@@ -154,7 +158,7 @@ fn scene_with(
         return None;
     }
     let hostile = receive_descriptor(&mut ep, id, OpId(1));
-    assert_eq!(fork_peer(honest_peer), b'S', "the honest peer could not start");
+    assert_eq!(fork_peer(honest_peer).0, b'S', "the honest peer could not start");
     let honest = receive_descriptor(&mut ep, id, OpId(2));
     Some((
         Scene {
@@ -162,6 +166,7 @@ fn scene_with(
             id,
             hostile,
             honest,
+            hostile_status: Some(hostile_status),
         },
         kills,
         dir,
@@ -174,6 +179,13 @@ type PeerMain = fn(&std::path::Path, &str, std::fs::File) -> i32;
 
 /// Forks a peer that runs `f`: its killer, and the byte it reported.
 fn fork_peer(dir: &std::path::Path, uri: &str, f: PeerMain) -> (KillOnDrop, u8) {
+    let (kill, said, _) = fork_peer_with_status(dir, uri, f);
+    (kill, said)
+}
+
+/// [`fork_peer`], with the pipe the peer reports on (for what it says
+/// later).
+fn fork_peer_with_status(dir: &std::path::Path, uri: &str, f: PeerMain) -> (KillOnDrop, u8, std::fs::File) {
     let (mut status_r, status_w) = common::pipe();
     let child = sys::fork();
     assert!(child >= 0, "fork");
@@ -185,7 +197,7 @@ fn fork_peer(dir: &std::path::Path, uri: &str, f: PeerMain) -> (KillOnDrop, u8) 
     drop(status_w);
     let mut said = [0u8; 1];
     std::io::Read::read_exact(&mut status_r, &mut said).expect("the peer said nothing");
-    (kill, said[0])
+    (kill, said[0], status_r)
 }
 
 /// The next unexpected message, as a memory descriptor, and its sender.
@@ -413,18 +425,28 @@ fn a_held_thread_leaves_other_peers_jobs_queued_and_the_caller_free() {
     eprintln!("the stuck get ended: {hostile_end}");
 }
 
+/// How many progress calls (each after a pause of over
+/// `RMA_EVENTS_EVERY`, 1 ms) may pass after a peer closed its connection
+/// before its transfers stuck in the threads fail as gone. The busy loop
+/// polls the socket events itself only every `EVENT_POLL_INTERVAL` (1024)
+/// spin checks, and with transfers out it makes none (one `yield_now` per
+/// progress call instead): without the timed poll, such a peer's hang-up
+/// waited for 1024 yields, seconds on a loaded core.
+const GONE_WITHIN_CALLS: usize = 8;
+
 /// A stuck peer's queue is bounded: behind its stuck job,
 /// `RMA_QUEUE_PER_PEER` more wait, and the batch past them is refused
 /// whole (nothing started, counted nowhere); the other peer is served
 /// meanwhile. When the stuck peer closes its connection (and lives on,
 /// its job still stuck), every one of its transfers completes at once as
-/// gone, queued and running alike, once.
+/// gone (within [`GONE_WITHIN_CALLS`] progress calls of a busy endpoint
+/// after the peer says it closed), queued and running alike, once.
 #[test]
 fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
     let Some((mut s, kills, dir)) = scene_with("stalling-rma-bound", 2, leaving_hostile_peer) else {
         return;
     };
-    let steps = run_steps(1, kills, dir, move |tx| {
+    let steps = run_steps(2, kills, dir, move |tx| {
         let mut stash = HashMap::new();
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
         let (src, remote) = s.hostile.clone();
@@ -449,7 +471,29 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
         );
         serve_honest(&mut s, &mut stash, OpId(20), 30);
         let stats = s.ep.plugin_mut(s.id).unwrap().stats();
+        let _ = tx.send(Step::HonestServed(stats));
+        // The peer leaves: wait until it says it closed its connection.
         s.ep.send_unexpected(&src, 0, b"leave", OpId(40)).unwrap();
+        wait_op(&mut s.ep, &mut stash, OpId(40))
+            .status
+            .expect("the leave message");
+        let mut status = s.hostile_status.take().expect("the hostile peer's pipe");
+        let mut said = [0u8; 1];
+        std::io::Read::read_exact(&mut status, &mut said).expect("the leaving peer never closed");
+        assert_eq!(&said, b"L");
+        let mut calls = 0;
+        while calls < GONE_WITHIN_CALLS && !stash.contains_key(&OpId(1000)) {
+            std::thread::sleep(Duration::from_millis(2));
+            s.ep.progress(Some(Duration::ZERO)).unwrap();
+            while let Some(c) = s.ep.pop_completion() {
+                stash.insert(c.op, c);
+            }
+            calls += 1;
+        }
+        assert!(
+            stash.contains_key(&OpId(1000)),
+            "the stuck get of a peer that closed its connection was still pending after {calls} progress calls"
+        );
         let mut gone = 0;
         for k in 0..=max {
             let c = wait_op(&mut s.ep, &mut stash, OpId(1000 + k));
@@ -461,7 +505,7 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
         }
         stash.retain(|op, _| op.0 >= 1000);
         assert!(stash.is_empty(), "completed twice, or never posted: {stash:?}");
-        let _ = tx.send(Step::HonestServed(stats));
+        let _ = tx.send(Step::Canceled(format!("{gone} failed as gone")));
         assert_eq!(
             gone,
             max as usize + 1,
@@ -469,7 +513,7 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
             max + 1
         );
     });
-    let [Step::HonestServed(stats)] = &steps[..] else {
+    let [Step::HonestServed(stats), Step::Canceled(_)] = &steps[..] else {
         panic!("steps out of order: {steps:?}");
     };
     assert_eq!(
@@ -515,6 +559,7 @@ fn one_thread_per_peer_after(tag: &str, idle_turn: fn(&mut Scene, &mut HashMap<O
         id,
         hostile: stalling[2].clone(),
         honest,
+        hostile_status: None,
     };
     let steps = run_steps(2, kills, dir, move |tx| {
         let mut stash = HashMap::new();
