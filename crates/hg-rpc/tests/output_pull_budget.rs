@@ -23,9 +23,15 @@ use held_budget::{budget_held, HeldParts};
 const MIB: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(30);
 
-/// Drives `c` until every call of `ids` has its outcome (at most [`T`]).
+/// How long a round of megabyte calls may take at most: a hang detector.
+/// Their (de)serialization is CPU work, byte by byte in a debug build, and
+/// a loaded 2-core box took up to 50 s for a round of 24 (the server's
+/// answers and the client's pulls together; 30 s was the bound of each).
+const ROUND: Duration = Duration::from_secs(120);
+
+/// Drives `c` until every call of `ids` has its outcome (at most [`ROUND`]).
 fn finish_all(c: &mut Engine, ids: &[hg_rpc::CallId], what: &str) {
-    let end = Instant::now() + T;
+    let end = Instant::now() + ROUND;
     while !ids.iter().all(|id| c.is_finished(*id)) {
         assert!(
             Instant::now() < end,
@@ -37,6 +43,34 @@ fn finish_all(c: &mut Engine, ids: &[hg_rpc::CallId], what: &str) {
     }
 }
 
+/// How many `Fill` calls the server at `uri` has answered (asked by a
+/// client of its own, `probe`, so that the engine under test is not
+/// driven).
+fn fills_answered(probe: &mut Engine, uri: &str) -> u64 {
+    let s = probe.lookup(uri).unwrap();
+    probe.call::<FillsAnswered>(&s, &(), T).unwrap()
+}
+
+/// Waits (at most [`ROUND`]) until the server at `uri` has answered `n`
+/// `Fill` calls in all: their responses have gone out, and wait for the
+/// origin, which is not driven meanwhile, so that they arrive together.
+/// (A fixed pause let a loaded box answer only some of them in time: each
+/// was then pulled as it came, and none ever waited for room.)
+fn wait_fills_answered(probe: &mut Engine, uri: &str, n: u64) {
+    let end = Instant::now() + ROUND;
+    loop {
+        let answered = fills_answered(probe, uri);
+        if answered >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "the server answered {answered} of {n} Fill calls"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn spilled_outputs_past_the_origin_s_pull_budget_wait_for_room_and_all_arrive() {
     let d = dir("out-budget");
@@ -45,7 +79,9 @@ fn spilled_outputs_past_the_origin_s_pull_budget_wait_for_room_and_all_arrive() 
     // Room for two 1 MiB outputs at once; 24 arrive together.
     c.set_max_pull_bytes(2 * MIB + MIB / 2);
     let s = c.lookup(&srv.uri).unwrap();
+    let mut probe = client(&d);
     for round in 0..3u64 {
+        let answered = fills_answered(&mut probe, &srv.uri);
         let calls: Vec<_> = (0..24u64)
             .map(|i| {
                 let seed = round * 100 + i;
@@ -56,7 +92,7 @@ fn spilled_outputs_past_the_origin_s_pull_budget_wait_for_room_and_all_arrive() 
         // Not driven meanwhile: the responses arrive together, as from
         // many targets at once (one by one, each output is pulled before
         // the next comes).
-        std::thread::sleep(Duration::from_secs(1));
+        wait_fills_answered(&mut probe, &srv.uri, answered + 24);
         finish_all(&mut c, &ids, "1 MiB outputs");
         for (id, seed) in calls {
             let out = c
@@ -637,10 +673,13 @@ fn next_expiry_sets_no_recheck_for_waiting_outputs() {
     // Eight 1 MiB outputs at once, room for one: the others wait for the
     // pulls in flight.
     let s = h.c.lookup(&h._srv.uri).unwrap();
+    let mut probe = client(&d);
+    let answered = fills_answered(&mut probe, &h._srv.uri);
     let ids: Vec<_> = (0..8u64)
         .map(|i| h.c.forward::<Fill>(&s, &(MIB, 20 + i)).unwrap())
         .collect();
-    std::thread::sleep(Duration::from_secs(1));
+    // Answered together while the client is not driven.
+    wait_fills_answered(&mut probe, &h._srv.uri, answered + 8);
     let (mut looked, end) = (0u32, Instant::now() + T);
     while !ids.iter().all(|id| h.c.is_finished(*id)) {
         assert!(Instant::now() < end, "calls did not finish: {:?}", h.c.stats());

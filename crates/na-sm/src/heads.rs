@@ -27,12 +27,14 @@
 //! always could (the head word is the message's existence); any other value
 //! reads as a change, and the poll of that ring judges it (a malformed one
 //! fails the peer, as before). Every ring is polled every
-//! [`EVENT_POLL_INTERVAL`] calls all the same.
+//! [`EVENT_POLL_INTERVAL`] calls (or [`EVENT_POLL_MAX_GAP`], whichever
+//! comes first) all the same.
 //! An entry holds its head's word directly (a [`SharedWord`], which keeps
 //! the region mapped even after the connection is gone), so a check is one
 //! load, not a walk through the peer table to the connection.
 //!
 //! [`EVENT_POLL_INTERVAL`]: crate::progress::EVENT_POLL_INTERVAL
+//! [`EVENT_POLL_MAX_GAP`]: crate::progress::EVENT_POLL_MAX_GAP
 
 use std::sync::atomic::Ordering;
 

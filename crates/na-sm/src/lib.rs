@@ -111,7 +111,8 @@
 //! `progress` makes no system call on its fast path: it polls the internal
 //! epoll in `try_wait` (before arming), after a wake-up that brought no
 //! message, while a handshake is in flight, or every
-//! [`EVENT_POLL_INTERVAL`] calls. A wake-up that brought a
+//! [`EVENT_POLL_INTERVAL`] calls or [`EVENT_POLL_MAX_GAP`], whichever
+//! comes first. A wake-up that brought a
 //! message leaves the events to the next `try_wait`, keeping that system
 //! call off the reply's path.
 //!
@@ -262,7 +263,7 @@ pub use connect::{MAX_ACCEPTS_PER_CALL, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_
 pub use error::{SmError, SmResult};
 pub use factory::SmFactory;
 pub use plugin::SmPlugin;
-pub use progress::EVENT_POLL_INTERVAL;
+pub use progress::{EVENT_POLL_INTERVAL, EVENT_POLL_MAX_GAP};
 pub use rma::EPERM_HINT;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]

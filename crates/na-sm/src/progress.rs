@@ -5,8 +5,10 @@
 //! The fast path of `progress` makes no system call: it polls the rings and
 //! retries backlogs. The internal epoll set (listener, connection sockets,
 //! eventfds) is polled by `try_wait` before it arms the wake-ups, while a
-//! handshake is in flight, every [`EVENT_POLL_INTERVAL`] calls, and after a
-//! wake-up that brought no message (one that brought a message leaves the
+//! handshake is in flight, every [`EVENT_POLL_INTERVAL`] calls or
+//! [`EVENT_POLL_MAX_GAP`] (looked at every [`EVENT_CLOCK_INTERVAL`]
+//! calls), whichever comes first, and after a wake-up that brought no
+//! message (one that brought a message leaves the
 //! events to the next `try_wait`).
 
 use std::time::Duration;
@@ -39,6 +41,21 @@ pub const EVENT_POLL_INTERVAL: u32 = 1024;
 /// progress once they are this old (see [`SmPlugin::rma_side_turn`]).
 const RMA_EVENTS_EVERY: Duration = Duration::from_millis(1);
 
+/// Progress calls between two looks at the clock for
+/// [`EVENT_POLL_MAX_GAP`] (a power of two, dividing
+/// [`EVENT_POLL_INTERVAL`]).
+const EVENT_CLOCK_INTERVAL: u32 = 64;
+
+/// The longest time the socket events (a peer's hang-up, a new
+/// connection) wait for a poll while progress calls keep coming, whatever
+/// their rate: checked every 64 calls. A count of
+/// calls alone is a time only while calls are quick: a caller that calls
+/// now and then, or one whose every call gives up the core (transfers
+/// with the RMA threads, on a loaded box), left a departed peer's
+/// transfers unfailed, and a listener's connections unaccepted, for
+/// [`EVENT_POLL_INTERVAL`] calls: ten seconds and more.
+pub const EVENT_POLL_MAX_GAP: Duration = Duration::from_millis(10);
+
 impl SmPlugin {
     pub(crate) fn make_progress(&mut self) -> Result<usize> {
         let before = self.completions.len();
@@ -49,7 +66,7 @@ impl SmPlugin {
         let events_due = std::mem::take(&mut self.events_owed)
             || self.awaiting_ack > 0
             || !self.pending.is_empty()
-            || self.tick.is_multiple_of(EVENT_POLL_INTERVAL);
+            || (self.tick.is_multiple_of(EVENT_CLOCK_INTERVAL) && events_overdue(self.tick, self.events_at));
         if self.accept_pause.is_some() {
             self.maybe_resume_accepts();
         }
@@ -115,12 +132,14 @@ impl SmPlugin {
     /// since they were last read.
     ///
     /// The busy loop's own poll of them comes every
-    /// [`EVENT_POLL_INTERVAL`] spin checks, but with transfers out the spin
-    /// makes no check: it gives up the core and returns at once (see
-    /// [`rma_pool_turn`](Self::rma_pool_turn)), one progress call per
-    /// `yield_now`. On a loaded core each yield may wait a time slice, and
-    /// a peer that left while its job was stuck in a transfer thread (its
-    /// hang-up is what fails its transfers as gone) was seen seconds late.
+    /// [`EVENT_POLL_INTERVAL`] spin checks or [`EVENT_POLL_MAX_GAP`] (the
+    /// clock looked at every [`EVENT_CLOCK_INTERVAL`] calls), but with
+    /// transfers out the spin makes no check: it gives up the core and
+    /// returns at once (see [`rma_pool_turn`](Self::rma_pool_turn)), one
+    /// progress call per `yield_now`. On a loaded core each yield may wait
+    /// a time slice, and a peer that left while its job was stuck in a
+    /// transfer thread (its hang-up is what fails its transfers as gone)
+    /// was seen seconds late.
     #[cold]
     #[inline(never)]
     fn rma_side_turn(&mut self) {
@@ -194,7 +213,7 @@ impl SmPlugin {
         let heads = self.heads.current(&mut self.peers);
         for i in 0..max {
             self.tick = self.tick.wrapping_add(1);
-            if self.tick.is_multiple_of(EVENT_POLL_INTERVAL) {
+            if self.tick.is_multiple_of(EVENT_CLOCK_INTERVAL) && events_overdue(self.tick, self.events_at) {
                 self.events_owed = true;
                 return i;
             }
@@ -764,6 +783,16 @@ pub(crate) fn publish_read(
             None
         }
     }
+}
+
+/// Whether the socket events are due at call `tick` by count
+/// ([`EVENT_POLL_INTERVAL`] calls) or by time ([`EVENT_POLL_MAX_GAP`]
+/// since they were last read, at `events_at`); asked every
+/// [`EVENT_CLOCK_INTERVAL`] calls.
+#[cold]
+#[inline(never)]
+fn events_overdue(tick: u32, events_at: std::time::Instant) -> bool {
+    tick.is_multiple_of(EVENT_POLL_INTERVAL) || events_at.elapsed() >= EVENT_POLL_MAX_GAP
 }
 
 #[cfg(test)]

@@ -30,8 +30,9 @@ use na_sm::{SmPlugin, MAX_PENDING_FDS};
 mod common;
 mod jam;
 use jam::{
-    alone, blocking_close, closing_threads, flood, jam_every_closing_thread, jam_with, lingering_socket,
-    listener, open_fds, refusals_reaching, serves_an_honest_client, settle_for, wait_closers, LINGER,
+    alone, blocking_close, closing_threads, congested_or_all_refused, flood, jam_every_closing_thread,
+    jam_with, lingering_socket, listener, open_fds, refusals_reaching, serves_an_honest_client, settle_for,
+    wait_closers, LINGER,
 };
 
 #[test]
@@ -242,8 +243,12 @@ fn a_jammed_closing_thread_does_not_let_peers_fill_the_descriptor_table() {
             let baseline = open_fds();
             // The jam.
             let peers = jam_every_closing_thread(&mut srv, &path, JAM);
-            // The flood: 400 hellos of 4 socket ends each (1,600 descriptors).
-            flood(&mut srv, &path, 400);
+            // The flood: 400 hellos of 4 socket ends each (1,600 descriptors),
+            // taken in until the accepts pause (or, without the bound, all
+            // read), then a little more time to take in more.
+            let before = srv.stats().handshakes_refused;
+            let made = flood(&mut srv, &path, 400);
+            congested_or_all_refused(&mut srv, before, made);
             settle(&mut srv);
             let grown = open_fds().saturating_sub(baseline);
             assert!(
@@ -327,7 +332,13 @@ fn sockets_closed_past_the_bound_are_not_read_out() {
         let _peers = jam_every_closing_thread(&mut srv, &path, LINGER);
         // Congestion: hellos of 4 socket ends each until the listener stops
         // taking them (accepts pause past the bound).
-        flood(&mut srv, &path, 100);
+        let before = srv.stats().handshakes_refused;
+        let made = flood(&mut srv, &path, 100);
+        let paused = congested_or_all_refused(&mut srv, before, made);
+        assert!(
+            paused > 0,
+            "accepts never paused: the jammed threads did not hold the flood"
+        );
         settle(&mut srv);
         // Connections left in the accept queue, 256 descriptors queued on each.
         let (x, _y) = UnixStream::pair().unwrap();

@@ -196,12 +196,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
     engine.register::<Digest>(|data| Ok((data.len() as u64, fnv(&data))))?;
-    engine.register::<Fill>(|(len, seed)| {
+    let fills = Arc::new(AtomicU64::new(0));
+    let f = fills.clone();
+    engine.register::<Fill>(move |(len, seed)| {
         if len > MAX_BLOB {
             return Err(format!("{len} bytes: at most {MAX_BLOB}"));
         }
-        Ok(fill_pattern(len, seed))
+        let out = fill_pattern(len, seed);
+        f.fetch_add(1, Ordering::Relaxed);
+        Ok(out)
     })?;
+    engine.register::<FillsAnswered>(move |()| Ok(fills.load(Ordering::Relaxed)))?;
     let blobs: Arc<Blobs> = Arc::default();
     let b = blobs.clone();
     engine.register_with_bulk::<BlobPut>(move |ctx, (key, data)| {

@@ -264,6 +264,32 @@ pub fn flood(srv: &mut SmPlugin, path: &Path, count: usize) -> u64 {
     made
 }
 
+/// Progresses `srv` after a [`flood`] of `made` hellos (begun with
+/// `refused_before` handshakes refused) until its accepts have paused
+/// for congestion (`flow_blocked` > 0) or it has refused every hello of
+/// the flood, whichever comes first (at most 30 s), and returns its
+/// `flow_blocked` count. What a test of the bound waits for instead of a
+/// fixed time: a listener driven by busy `progress` calls polls its
+/// socket events only now and then (`EVENT_POLL_INTERVAL`), so on a
+/// loaded box a short settle may see few of the flood's hellos read and
+/// the bound not yet reached; a listener without the bound reads every
+/// hello and never pauses, which ends the wait as soon.
+pub fn congested_or_all_refused(srv: &mut SmPlugin, refused_before: u64, made: u64) -> u64 {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = srv.stats();
+        if st.flow_blocked > 0 || st.handshakes_refused >= refused_before + made {
+            return st.flow_blocked;
+        }
+        assert!(
+            Instant::now() < end,
+            "neither paused nor done with the flood in 30 s: {} of {made} hellos refused",
+            st.handshakes_refused - refused_before
+        );
+        settle_for(srv, Duration::from_millis(5));
+    }
+}
+
 /// Descriptors this process has open.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -155,6 +155,19 @@ impl Rpc for Fill {
     type Output = Vec<u8>;
 }
 
+/// Returns how many `Fill` calls the server has answered with an output
+/// (not refused for their length). Each answer is
+/// sent as its handler returns, before the server handles another
+/// request: a count of `n` says that `n` responses have gone out, which
+/// tests that need responses to arrive together (not driven meanwhile)
+/// wait for instead of a fixed time.
+pub struct FillsAnswered;
+impl Rpc for FillsAnswered {
+    const NAME: &'static str = "test.fills_answered";
+    type Input = ();
+    type Output = u64;
+}
+
 /// `len` bytes that repeat every 251, shifted by `seed`: what `Fill` answers.
 pub fn fill_pattern(len: u64, seed: u64) -> Vec<u8> {
     (0..len).map(|i| ((i + seed) % 251) as u8).collect()
