@@ -135,8 +135,11 @@ impl Endpoint {
     /// set (the error if that fails). From then on an endpoint with a
     /// single plugin sleeps on its epoll set rather than on the plugin's
     /// own primitive ([`Plugin::sleep`], which no other descriptor can
-    /// end): one more level of epoll nesting per wake-up, and one
-    /// `read(2)` of the eventfd in each [`try_wait`](Self::try_wait).
+    /// end): one more level of epoll nesting per wake-up, one `read(2)`
+    /// of the eventfd in each [`try_wait`](Self::try_wait), and before
+    /// each sleep the plugin's own [`Plugin::try_wait`], which its
+    /// `sleep` may do more cheaply (na-sm's harvests its socket events
+    /// first: one more `epoll_wait`).
     /// Busy progress, which never sleeps, reads a flag of the waker every
     /// [`CLOCK_EVERY`] polls, with the clock, and no system call.
     pub fn waker(&mut self) -> Result<Waker> {

@@ -195,7 +195,9 @@ fn a_wake_makes_the_endpoint_fd_readable_for_a_loop_of_ones_own() {
 }
 
 /// A waker outlives its endpoint harmlessly, and every call hands out a
-/// clone of one waker (one eventfd in the set).
+/// clone of one waker (one eventfd in the set); waking it then reaches
+/// no endpoint made since (its eventfd stays open, so no descriptor of
+/// theirs takes its number).
 #[test]
 fn a_waker_outlives_its_endpoint() {
     let (mut ep, d) = endpoint("outlive", ProgressMode::Blocking);
@@ -207,4 +209,78 @@ fn a_waker_outlives_its_endpoint() {
     drop(d);
     a.wake().unwrap();
     b.wake().unwrap();
+    // The old wakers keep their eventfd open, so a new endpoint's
+    // descriptors never take its number: waking them reaches no one else.
+    let (mut other, _d2) = endpoint("outlive-other", ProgressMode::Blocking);
+    let _own = other.waker().unwrap();
+    assert!(other.try_wait().unwrap(), "a new endpoint, nothing pending");
+    for w in [&a, &b, &a] {
+        w.wake().unwrap();
+    }
+    assert!(
+        !readable(other.as_fd(), 0),
+        "a dropped endpoint's waker woke another endpoint"
+    );
+    assert!(other.try_wait().unwrap(), "no wake-up reached the new endpoint");
+}
+
+/// Wake-ups racing the sleeper: another thread posts one per round at
+/// whatever point the sleeper has reached (taking the last one in
+/// `try_wait`, arming, entering `epoll_wait`, asleep), and waits for the
+/// sleeper to see it before the next. Each round's blocking `progress`
+/// must return because of that round's wake-up: one lost in any window
+/// between the take and the sleep would leave the sleep to its (long)
+/// timeout, and the round would fail.
+#[test]
+fn wakes_racing_the_sleep_are_never_lost() {
+    const ROUNDS: u64 = 20_000;
+    let (mut ep, _d) = endpoint("race", ProgressMode::Blocking);
+    let waker = ep.waker().unwrap();
+    let posted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let poster = std::thread::spawn({
+        let (posted, seen, stop) = (posted.clone(), seen.clone(), stop.clone());
+        move || {
+            for round in 1..=ROUNDS {
+                // Vary where the wake-up lands in the sleeper's turn.
+                for _ in 0..(round % 7) * 50 {
+                    std::hint::spin_loop();
+                }
+                if round % 3 == 0 {
+                    std::thread::yield_now();
+                }
+                posted.store(round, Ordering::SeqCst);
+                waker.wake().unwrap();
+                while seen.load(Ordering::SeqCst) < round {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    });
+    let mut round = 0;
+    while round < ROUNDS {
+        let want = round + 1;
+        let t0 = Instant::now();
+        while posted.load(Ordering::SeqCst) < want {
+            ep.progress(Some(Duration::from_secs(60))).unwrap();
+            if posted.load(Ordering::SeqCst) < want && t0.elapsed() >= WOKEN_WITHIN {
+                stop.store(true, Ordering::SeqCst);
+                panic!("round {want}: no wake-up ended the sleep within {WOKEN_WITHIN:?}");
+            }
+        }
+        if t0.elapsed() >= WOKEN_WITHIN {
+            stop.store(true, Ordering::SeqCst);
+            panic!(
+                "round {want}: the wake-up was lost (the sleep ended after {:?}, at its timeout)",
+                t0.elapsed()
+            );
+        }
+        round = want;
+        seen.store(round, Ordering::SeqCst);
+    }
+    poster.join().unwrap();
 }
