@@ -8,16 +8,12 @@
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{AsyncEngine, Bulk, BulkOp, Engine, RpcError};
 use na_core::{Access, Addr, Endpoint, NaError, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
-use tracing::field::{Field, Visit};
-use tracing::Subscriber;
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::Layer;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -25,6 +21,7 @@ mod rpcs;
 use rpcs::*;
 
 mod common;
+mod logged;
 use common::Server;
 
 /// The client's handshake timeout: how long a lookup of the stuck peer
@@ -72,55 +69,6 @@ fn stuck_listener(dir: &Path, tag: &str) -> (String, UnixListener, UnixStream) {
     (format!("sm://{pid}-stuck-{tag}"), listener, queued)
 }
 
-/// The peers of the lookups that found their peer's queue full and wait
-/// (retrying without the engine lock): hg-rpc says so once per lookup, at
-/// debug level, when its first attempt would have blocked.
-static WAITING_FOR: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-/// Records [`WAITING_FOR`] from hg-rpc's log.
-struct Waits;
-
-/// The `peer` and `message` fields of an event.
-#[derive(Default)]
-struct PeerAndMessage(String, String);
-
-impl Visit for PeerAndMessage {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "peer" {
-            self.0 = value.to_owned();
-        }
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.1 = format!("{value:?}");
-        }
-    }
-}
-
-impl<S: Subscriber> Layer<S> for Waits {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
-        if !event.metadata().target().starts_with("hg_rpc") {
-            return;
-        }
-        let mut f = PeerAndMessage::default();
-        event.record(&mut f);
-        if f.1.contains("lookup waits") {
-            WAITING_FOR.lock().unwrap().push(f.0);
-        }
-    }
-}
-
-/// Installs [`Waits`] as the process's subscriber (once: the tasks that
-/// log run on the runtime's workers, which a thread's own subscriber
-/// would not see).
-fn record_waits() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Waits))
-            .expect("no other subscriber in this test binary");
-    });
-}
-
 /// Makes [`CALLS`] calls to `srv` one after the other.
 async fn calls(c: &AsyncEngine, srv: &Addr) {
     for i in 0..CALLS {
@@ -163,7 +111,7 @@ async fn served_meanwhile<W>(
     what: &str,
 ) {
     let t0 = Instant::now();
-    while !WAITING_FOR.lock().unwrap().iter().any(|p| p == stuck) && !waiting.is_finished() {
+    while !logged::said("lookup waits", |p| p == stuck) && !waiting.is_finished() {
         assert!(t0.elapsed() < 2 * HANDSHAKE, "{what} neither waited nor ended");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -190,7 +138,7 @@ async fn a_lookup_of_a_peer_that_never_accepts_does_not_hold_up_other_calls() {
     let c = Arc::new(client(&d));
     let s = c.lookup(&srv.uri).await.unwrap();
     let (stuck, _listener, _queued) = stuck_listener(&d, "lookup");
-    record_waits();
+    logged::install();
 
     // The blocking lookup, from a thread of its own at the same time: the
     // error to expect.
@@ -229,7 +177,7 @@ async fn a_transfer_with_a_peer_that_never_accepts_does_not_hold_up_other_calls(
     let c = Arc::new(client(&d));
     let s = c.lookup(&srv.uri).await.unwrap();
     let (stuck, _listener, _queued) = stuck_listener(&d, "bulk");
-    record_waits();
+    logged::install();
     // A descriptor as a peer would send it, naming the stuck owner.
     let theirs = c.expose(vec![vec![7; 4096]], Access::ReadWrite).unwrap();
     let mut desc = theirs.desc().into_owned();

@@ -13,10 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::RpcError;
-use tracing::field::{Field, Visit};
-use tracing::Subscriber;
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::Layer;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -25,6 +21,7 @@ use rpcs::*;
 mod common;
 use common::dir;
 mod held_budget;
+mod logged;
 use held_budget::{budget_held, HeldParts};
 
 const MIB: u64 = 1 << 20;
@@ -114,55 +111,6 @@ fn a_blocking_progress_sleeps_while_an_output_waits_and_wakes_when_a_dropped_req
     end_holder(end, holder);
 }
 
-/// Peers (as the engine logs them) whose spilled outputs the engine
-/// queued to wait for room in the pull budget.
-static WAITED_FROM: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-/// Records the peer of each "output waits" event of hg-rpc in [`WAITED_FROM`].
-struct OutputWaits;
-
-/// The `peer` field of an event, and whether it is the one about an
-/// output waiting for room.
-#[derive(Default)]
-struct PeerOfWait(String, bool);
-
-impl Visit for PeerOfWait {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "peer" {
-            self.0 = value.to_owned();
-        }
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        match field.name() {
-            "peer" => self.0 = format!("{value:?}"),
-            "message" => self.1 = format!("{value:?}").contains("output waits for room"),
-            _ => {}
-        }
-    }
-}
-
-impl<S: Subscriber> Layer<S> for OutputWaits {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
-        if !event.metadata().target().starts_with("hg_rpc") {
-            return;
-        }
-        let mut f = PeerOfWait::default();
-        event.record(&mut f);
-        if f.1 {
-            WAITED_FROM.lock().unwrap().push(f.0);
-        }
-    }
-}
-
-/// Installs [`OutputWaits`] as the process's subscriber (once).
-fn record_waits() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(OutputWaits))
-            .expect("no other subscriber in this test binary");
-    });
-}
-
 /// A blocking `call` (its own progress loop, a deadline far past the
 /// drop) whose spilled output waits for room a deferred request holds:
 /// the request dropped on another thread wakes it, and it answers with
@@ -182,11 +130,11 @@ fn a_blocking_call_is_answered_when_a_request_dropped_on_another_thread_gives_ro
     // blocks this thread, so its stats cannot be read meanwhile), and a
     // moment later, so the call is most likely asleep by then (a drop
     // before its sleep must end that sleep at once, too).
-    record_waits();
+    logged::install();
     let server = srv.uri.clone();
     let dropper = std::thread::spawn(move || {
         let end = Instant::now() + T;
-        while !WAITED_FROM.lock().unwrap().iter().any(|p| p.contains(&server)) {
+        while !logged::said("output waits for room", |p| p.contains(&server)) {
             if Instant::now() >= end {
                 break; // The stats check below says the output never waited.
             }
