@@ -587,10 +587,20 @@ async fn a_self_call_that_moves_bulk_data_leaves_the_driver_listening() {
             fnv(&data)
         );
         // Long enough for the driver to sleep again, then a call from
-        // another engine: served at once (a deaf driver would only hear it
-        // at its next timer, a second or more later).
+        // another engine: served. The engine keeps nothing for a TTL
+        // (no spilled output, no abandoned input), so its driver sleeps
+        // with no deadline: only the transports can wake it, and a deaf
+        // driver would never answer, however long the wait. The bound is
+        // generous (a loaded machine is slow, not deaf): no speed is
+        // asserted.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let r = c.call::<Echo>(&s, &vec![round], Duration::from_millis(500)).await;
+        let st = a.stats();
+        assert_eq!(
+            (st.exposed_outputs, st.abandoned_inputs),
+            (0, 0),
+            "the driver has a deadline to wake at: a deaf one could still answer"
+        );
+        let r = c.call::<Echo>(&s, &vec![round], Duration::from_secs(30)).await;
         assert_eq!(r.expect("the driver no longer hears the transports"), vec![round]);
     }
 }
