@@ -572,12 +572,18 @@ async fn a_self_call_that_moves_bulk_data_leaves_the_driver_listening() {
     // Whether the self-call's poll lands while the driver sleeps armed is
     // a race: several rounds.
     for round in 0..8u8 {
-        // Idle long enough for the driver to arm the transports and sleep.
+        // Idle long enough for the driver to arm the transports and sleep
+        // (on a loaded machine its first sleep may come later: waited for,
+        // within a generous bound).
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(
-            a.stats().driver_sleeps > 0,
-            "the driver never slept: nothing tested"
-        );
+        let end = std::time::Instant::now() + T;
+        while a.stats().driver_sleeps == 0 {
+            assert!(
+                std::time::Instant::now() < end,
+                "the driver never slept: nothing tested"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         // Too large to travel inline: the handler's pull is a transfer.
         let data = pattern(64 << 10, round.into());
         let h = a.expose(vec![data.clone()], Access::ReadOnly).unwrap();
