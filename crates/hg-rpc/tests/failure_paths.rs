@@ -510,9 +510,23 @@ fn an_output_pulled_after_its_ttl_is_refused_not_taken() {
     // Large enough to spill both ways.
     let id = c.forward::<Echo>(&s, &vec![9u8; 64 << 10]).unwrap();
     c.progress_now().unwrap();
-    // The origin does not look for longer than the TTL and the target's
-    // sweep (at most once a second) take.
-    std::thread::sleep(Duration::from_millis(2500));
+    // The origin does not look until the target has answered and let the
+    // output go (its TTL passed, its sweep ran: at most a second or so),
+    // as a probe engine of our own asks it (`c` must not be driven).
+    let mut probe = client(&d);
+    let ps = probe.endpoint().lookup(&srv.uri).unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (answered, exposed) = probe.call::<EchoOutputs>(&ps, &(), T).unwrap();
+        if answered >= 1 && exposed == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the output was not answered and let go: {answered} answered, {exposed} exposed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     match wait::<Echo>(&mut c, id) {
         Err(RpcError::Decode { what, reason, .. }) => {
             assert_eq!(what, "output");

@@ -174,7 +174,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let quit = Arc::new(AtomicBool::new(false));
     let (records, sum) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     engine.register::<Add>(|(a, b)| a.checked_add(b).ok_or_else(|| "overflow".to_string()))?;
-    engine.register::<Echo>(Ok)?;
+    // Echoes answered, counted as their handler returns; and a snapshot
+    // of that count with the exposed outputs, taken together after each
+    // turn of the loop below (what `EchoOutputs` answers).
+    let echoes = Arc::new(AtomicU64::new(0));
+    let snapshot = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
+    let e = echoes.clone();
+    engine.register::<Echo>(move |data| {
+        e.fetch_add(1, Ordering::Relaxed);
+        Ok(data)
+    })?;
+    let snap = snapshot.clone();
+    engine.register::<EchoOutputs>(move |()| Ok(*snap.lock().map_err(|_| "poisoned")?))?;
     engine.register::<WhoAmI>(|token| Ok((0, token)))?;
     let marker = std::env::var("HG_TESTPEER_MARKER").unwrap_or_default();
     engine.register::<Marker>(move |()| Ok((marker.clone(), std::process::id())))?;
@@ -263,6 +274,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         engine.progress(Some(Duration::from_millis(200)))?;
         if engine.trigger()? > 0 {
             last = Instant::now();
+        }
+        if let Ok(mut snap) = snapshot.lock() {
+            *snap = (echoes.load(Ordering::Relaxed), engine.stats().exposed_outputs);
         }
         if last.elapsed() > Duration::from_secs(60) {
             eprintln!("hg-rpc-testpeer: idle for 60 s, exiting");

@@ -168,6 +168,19 @@ impl Rpc for FillsAnswered {
     type Output = u64;
 }
 
+/// Returns how many `Echo` calls the server has answered and how many
+/// spilled outputs it keeps exposed (`RpcStats::exposed_outputs`), both
+/// as they stood together after the same earlier turn of its loop: tests
+/// that need a spilled output answered and then let go (its TTL passed,
+/// the sweep ran) wait for `(n, 0)` with `n` at least 1, from an engine
+/// of their own, instead of sleeping a fixed time.
+pub struct EchoOutputs;
+impl Rpc for EchoOutputs {
+    const NAME: &'static str = "test.echo_outputs";
+    type Input = ();
+    type Output = (u64, u64);
+}
+
 /// `len` bytes that repeat every 251, shifted by `seed`: what `Fill` answers.
 pub fn fill_pattern(len: u64, seed: u64) -> Vec<u8> {
     (0..len).map(|i| ((i + seed) % 251) as u8).collect()
