@@ -9,8 +9,10 @@
 //! * [`Cache`] is generic over a [`Registrar`] (the verbs plugin plugs in
 //!   `ibv_reg_mr`; [`UringRegistrar`] pins pages with io_uring fixed buffers);
 //!   [`Cache::get`] returns a reference-counted [`Registration`] carrying a
-//!   validity flag ([`Registration::is_valid`], two atomic loads: the
-//!   flag and the fork guard).
+//!   validity flag ([`Registration::is_valid`], three atomic loads for a
+//!   cached one: the flag, the fork guard and whether it is tracked
+//!   outside the cache; one held outside it, uncached or for peers, also
+//!   reads its tracking slot).
 //! * Monitors implement [`Monitor`]: [`UffdMonitor`] (userfaultfd, made
 //!   synchronous; see [`monitor::uffd`] for the argument) and [`AllocMonitor`]
 //!   fed by the opt-in [`InvalidatingAlloc`] global allocator.

@@ -64,7 +64,8 @@
 //! each on its own cache line: the free-buffer mask (the low 32 bits of an
 //! `AtomicU64`; the sender reserves with `fetch_and`, the receiver frees
 //! with `fetch_or`),
-//! the receiver's `rx_waiting` flag and the sender's `tx_waiting` flag. A
+//! the receiver's `rx_waiting` flag, the sender's `tx_waiting` flag and
+//! the receiver's `consumed` count. A
 //! ring has 64 slots of two cache lines each: a header word (sequence
 //! marker, inline flag, kind, buffer index, length, tag) and up to 120
 //! bytes of inline payload. Messages of up to 120 bytes travel inside their
@@ -112,7 +113,8 @@
 //! epoll in `try_wait` (before arming), after a wake-up that brought no
 //! message, while a handshake is in flight, or every
 //! [`EVENT_POLL_INTERVAL`] calls or [`EVENT_POLL_MAX_GAP`], whichever
-//! comes first. A wake-up that brought a
+//! comes first (at most every millisecond while RMA transfers are with
+//! the transfer threads, below). A wake-up that brought a
 //! message leaves the events to the next `try_wait`, keeping that system
 //! call off the reply's path.
 //!

@@ -19,7 +19,7 @@
 //!   kept and described again costs nothing more.
 //!
 //! Describing a handle and every RMA check each registration's validity
-//! flag (one atomic load): a registration the cache's monitor invalidated
+//! flag (a few atomic loads): a registration the cache's monitor invalidated
 //! (its pages were unmapped or remapped) is never used for a new
 //! operation. A handle never described is then registered again (no peer
 //! holds its keys); a described one is an error until the caller

@@ -2,10 +2,11 @@
 //! not a test). Starts its own server process unless `--addr` is given.
 //!
 //! ```text
-//! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--mode busy,adaptive,blocking,tokio,tokio-adaptive]
-//! hg-perf lat  [--sizes 8] [--floors]   (--floors: ratio to the eventfd round trip, via na-perf)
-//! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64]
-//! common: --json  --cpu A,B  --addr URI  --batch-ms 200  --batches 7
+//! hg-perf rate [--sizes 0,8,1K,4K,64K] [--inflight 1,16] [--floors] [--idle-clients 0]
+//! hg-perf lat  [--sizes 0,8,1K] [--floors]   (--floors: ratio to the eventfd round trip, via na-perf)
+//! hg-perf bw   [--op read,write] [--sizes 4K,64K,1M,16M] [--count 64] [--floors]
+//! common: --mode busy,adaptive,blocking (also tokio, tokio-adaptive)  --json  --cpu A,B
+//!         --transport sm://  --addr URI  --batch-ms 200  --batches 7
 //! ```
 #![warn(missing_docs)]
 #![warn(clippy::missing_docs_in_private_items)]
