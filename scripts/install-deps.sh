@@ -54,6 +54,7 @@ PKGS=("${BUILD_PKGS[@]}" "${RDMA_RUNTIME_PKGS[@]}" "${RXE_VM_PKGS[@]}")
 RUST_COMPONENTS=(rustfmt clippy)
 
 STAMP=${QS_DEPS_STAMP:-/var/lib/quicksilver/install-deps.stamp}
+case ${QS_DEPS_FORCE:-0} in 0 | 1) ;; *) die "QS_DEPS_FORCE must be 0 or 1, got '$QS_DEPS_FORCE'" ;; esac
 # The stamp records the package list it was written for: editing the list
 # above invalidates it.
 STAMP_KEY=$(printf '%s\n' "${PKGS[@]}" "${RUST_COMPONENTS[@]}" | sha256sum | cut -c1-16)

@@ -121,7 +121,10 @@ async fn client(path: String, json: bool) -> Res<()> {
 async fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("serve") {
-        return serve(args[2].clone()).await;
+        let Some(path) = args.get(2) else {
+            return Err("usage: tonic-perf serve <socket path>".into());
+        };
+        return serve(path.clone()).await;
     }
     let json = args.iter().any(|a| a == "--json");
     let path = std::env::temp_dir().join(format!("tonic-perf-{}.sock", std::process::id()));

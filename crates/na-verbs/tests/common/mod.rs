@@ -80,11 +80,11 @@ pub fn rdma_env(test: &str) -> Option<RdmaEnv> {
             na_core::ErrorChain(&e)
         ),
         Ok(devs) => {
-            let ip = std::env::var("RXE_VM_IP")
-                .ok()
-                .or_else(|| std::env::var("QS_VERBS_TEST_IP").ok())
-                .map(|v| v.split('/').next().unwrap_or_default().to_owned());
-            let Some(ip) = ip else {
+            let ip = ["RXE_VM_IP", "QS_VERBS_TEST_IP"].into_iter().find_map(|var| {
+                let v = std::env::var(var).ok()?;
+                Some((var, v.split('/').next().unwrap_or_default().to_owned()))
+            });
+            let Some((var, ip)) = ip else {
                 assert!(!in_vm, "{test}: inside the rxe VM but RXE_VM_IP is not set");
                 na_core::testing::report_not_run(&format!(
                     "{test}: RDMA part: devices {devs:?} exist but no IPv4 address for RDMA CM is \
@@ -95,7 +95,7 @@ pub fn rdma_env(test: &str) -> Option<RdmaEnv> {
             };
             let ip: Ipv4Addr = ip
                 .parse()
-                .unwrap_or_else(|e| panic!("{test}: bad RXE_VM_IP `{ip}`: {e}"));
+                .unwrap_or_else(|e| panic!("{test}: bad {var} `{ip}`: {e}"));
             assert!(
                 !ip.is_loopback(),
                 "{test}: RDMA CM needs the device's address, not loopback"
