@@ -31,6 +31,7 @@ die() { log "error: $*"; exit 1; }
 read -r -a CRATES <<< "${QS_VERBS_CRATES:-na-verbs}"
 PER_BIN=${QS_VERBS_TIMEOUT:-300}
 case $PER_BIN in ''|*[!0-9]*) die "QS_VERBS_TIMEOUT must be a number of seconds, got '$PER_BIN'" ;; esac
+case ${QS_VERBS_VM_TIMEOUT:-0} in ''|*[!0-9]*) die "QS_VERBS_VM_TIMEOUT must be a number of seconds, got '$QS_VERBS_VM_TIMEOUT'" ;; esac
 
 SUDO=()
 if [ "$(id -u)" != 0 ]; then
