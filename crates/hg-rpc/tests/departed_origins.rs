@@ -43,7 +43,7 @@ fn target(d: &Path) -> (AsyncEngine, tokio::runtime::Runtime) {
         .build()
         .unwrap();
     let srv = rt.block_on(async { common::async_engine(d, true) });
-    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    srv.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .unwrap();
     (srv, rt)
 }

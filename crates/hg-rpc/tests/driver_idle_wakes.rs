@@ -5,7 +5,11 @@
 //! 10 ms (the recheck it once had), and no such wake-up is lost: the
 //! request dropped unanswered on another thread, or the output at the
 //! head of the queue given up on (those behind it may fit), lets the
-//! waiting output be pulled.
+//! waiting output be pulled. One test pins the path every test here
+//! takes: the deferred handler registered before the engine was spawned,
+//! so that the request's return wakes the driver through the endpoint's
+//! `Waker` (an eventfd in the epoll set it sleeps on), not its own
+//! `Notify`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,6 +122,77 @@ fn the_driver_sleeps_while_an_output_waits_and_wakes_when_a_dropped_request_give
         assert!(out == fill_pattern(MIB, 7), "corrupted");
         let st = h.c.stats();
         assert_eq!((st.in_flight, st.errors, st.outputs_waited), (0, 0, 1), "{st:?}");
+    });
+    h.end();
+}
+
+/// Waits (at most [`T`]) until the driver has slept `at_least` times in
+/// all and its count then stayed put for [`SETTLE`]: asleep, with nothing
+/// due to wake it. Returns the count.
+async fn asleep(c: &AsyncEngine, at_least: u64) -> u64 {
+    let end = Instant::now() + T;
+    loop {
+        let before = c.stats().driver_sleeps;
+        tokio::time::sleep(SETTLE).await;
+        let st = c.stats();
+        if before >= at_least && st.driver_sleeps == before {
+            return before;
+        }
+        assert!(Instant::now() < end, "the driver never settled asleep: {st:?}");
+    }
+}
+
+/// How long the driver's sleep count must stay put to count as asleep.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// The hook a deferred request's return calls is set once: by the first
+/// `Engine::register_deferred` (the endpoint's `Waker`) when it comes
+/// before `AsyncEngine::spawn`, as here (`budget_held`), else by `spawn`
+/// (the driver's `Notify`). With the driver asleep (no deadline: nothing
+/// else would wake it) and an output waiting for the room the request
+/// holds, the request is dropped on another thread: its return must wake
+/// the driver through the eventfd, and the output be pulled, well within
+/// 20 s (a lost wake-up leaves the driver asleep until the call's own
+/// timeout, a minute later), with a handful of sleeps in between (no
+/// recheck loop), and the driver asleep again after. (Had
+/// `register_deferred` set no hook, `spawn`'s `Notify` would wake the
+/// driver instead and this test would pass: what it catches is a hook
+/// set that wakes nothing the driver sleeps on.)
+#[test]
+fn a_request_deferred_before_spawn_wakes_the_sleeping_driver_through_the_endpoint_waker() {
+    let d = dir("driver-wake-before-spawn");
+    let rt = runtime();
+    let mut h = held_budget(&d, &rt);
+    rt.block_on(async {
+        let s = h.c.lookup(&h.srv.uri).await.unwrap();
+        let call = tokio::spawn({
+            let (c, s) = (h.c.clone(), s.clone());
+            async move { c.call::<Fill>(&s, &(MIB, 7), Duration::from_secs(60)).await }
+        });
+        h.outputs_waited(1).await;
+        let before = asleep(&h.c, 1).await;
+        assert!(!call.is_finished(), "the output did not wait: {:?}", h.c.stats());
+        let req = h.req.take();
+        std::thread::spawn(move || drop(req)).join().unwrap();
+        let out = match tokio::time::timeout(Duration::from_secs(20), call).await {
+            Ok(out) => out
+                .unwrap()
+                .unwrap_or_else(|e| panic!("the call: {}", na_core::ErrorChain(&e))),
+            Err(_) => panic!(
+                "the dropped request's return did not wake the sleeping driver: {:?}",
+                h.c.stats()
+            ),
+        };
+        assert!(out == fill_pattern(MIB, 7), "corrupted");
+        let st = h.c.stats();
+        let slept = st.driver_sleeps - before;
+        assert!(
+            slept <= 10,
+            "the driver slept {slept} times between the drop and the answer: {st:?}"
+        );
+        assert_eq!((st.in_flight, st.errors, st.outputs_waited), (0, 0, 1), "{st:?}");
+        // Not left turning: it sleeps again.
+        asleep(&h.c, before + 1).await;
     });
     h.end();
 }

@@ -271,7 +271,7 @@ fn spilled_outputs_not_yet_pulled_are_bounded_per_caller_and_in_all() {
     const K250: u64 = 250_000;
     let d = dir("exposed");
     let mut srv = server(&d);
-    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    srv.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .unwrap();
     srv.set_max_exposed_bytes(1 << 20, 5 << 18);
     let uri = srv.self_addr().uri().to_owned();

@@ -24,9 +24,12 @@ const MIB: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(30);
 
 /// How long a round of megabyte calls may take at most: a hang detector.
-/// Their (de)serialization is CPU work, byte by byte in a debug build, and
-/// a loaded 2-core box took up to 50 s for a round of 24 (the server's
-/// answers and the client's pulls together; 30 s was the bound of each).
+/// Their (de)serialization is CPU work: while `Fill`'s output was a
+/// `Vec<u8>`, (de)serialized byte by byte in a debug build, a loaded
+/// 2-core box took up to 50 s for a round of 24 (the server's answers and
+/// the client's pulls together; 30 s was the bound of each). As one byte
+/// string (`ByteBuf`) a round takes about a second; the bound stays
+/// generous.
 const ROUND: Duration = Duration::from_secs(120);
 
 /// Drives `c` until every call of `ids` has its outcome (at most [`ROUND`]).
@@ -450,7 +453,7 @@ fn a_call_given_up_while_its_output_waits_lets_the_target_release_it_at_once() {
     let d = dir("out-wait-abandon");
     let (ep, id) = endpoint(&d, true);
     let mut srv = Engine::new(ep, id).unwrap();
-    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    srv.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .unwrap();
     let mut c = client(&d);
     // One 1 MiB pull at a time.

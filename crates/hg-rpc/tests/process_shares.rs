@@ -53,7 +53,7 @@ fn target(
     let (ep, id) = common::endpoint(d, true);
     let mut e = Engine::new(ep, id).unwrap();
     setup(&mut e);
-    e.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    e.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .unwrap();
     let srv = rt.block_on(async { AsyncEngine::spawn(e) }).unwrap();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));

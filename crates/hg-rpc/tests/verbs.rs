@@ -11,9 +11,10 @@
 //! `verbs/self_forward.rs`.
 //!
 //! Both sides log warnings and na-verbs' connection life (`LOG_FILTER`):
-//! a failing test shows the client's lines with its output, and the bulk
-//! test's failure messages carry the test peer's too (its standard error,
-//! captured), so that a connection that went says why on both sides.
+//! a failing test shows the client's lines with its output, and every
+//! test that starts a test peer ([`server`]) prints the peer's too (its
+//! standard error, captured) as it fails, so that a connection that went
+//! says why on both sides.
 //!
 //! Without an RDMA device (the host) each test asserts that building an
 //! engine on `verbs://` fails with the clear "no RDMA device found" error,
@@ -49,8 +50,8 @@ const T: Duration = Duration::from_secs(60);
 
 /// What the test peers of [`server`] and the client engines log (the
 /// client's through `tracing_subscriber`, shown with a failing test's
-/// output; the peer's captured from its standard error for the failure
-/// message): warnings, and na-verbs' connection life (connects, read
+/// output; the peer's captured from its standard error, printed as the
+/// test fails): warnings, and na-verbs' connection life (connects, read
 /// depths, deaths and their reasons), so that a connection that goes
 /// says why on both sides.
 const LOG_FILTER: &str = "warn,na_verbs=debug";
@@ -122,17 +123,43 @@ fn client_state(c: &mut Engine) -> String {
     format!("client {rpc:?}; transport {}", transports.join("; "))
 }
 
-/// The test peer serving `spec`, its log ([`LOG_FILTER`]) captured.
-fn server(spec: &str) -> Server {
-    let srv = Server::with_envs_logged(&[("HG_TESTPEER_SPEC", std::ffi::OsStr::new(spec))], LOG_FILTER);
-    assert!(srv.uri.starts_with("verbs://"), "{}", srv.uri);
-    srv
+/// A test peer whose log ([`LOG_FILTER`]) is captured, and printed (its
+/// last [`PEER_LOG_LINES`] lines, once the peer has stopped and all it
+/// wrote is read) if it is dropped while its test panics: a failing test
+/// shows the peer's side with its own lines (the client's log, through
+/// the test writer) whatever assertion failed.
+struct LoggedPeer(Server);
+
+/// How many of its last lines a [`LoggedPeer`] prints.
+const PEER_LOG_LINES: usize = 200;
+
+impl std::ops::Deref for LoggedPeer {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.0
+    }
 }
 
-/// Both sides of a failure, for its message: the client's state
-/// ([`client_state`]) and the last lines of the server's log.
-fn both_sides(c: &mut Engine, srv: &Server) -> String {
-    format!("{}\n{}", client_state(c), srv.log_text(100))
+impl Drop for LoggedPeer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- the test peer's side ---\n{}",
+                self.0.stop_and_log(PEER_LOG_LINES)
+            );
+        }
+    }
+}
+
+/// The test peer serving `spec`, with `envs` in its environment besides,
+/// its log captured ([`LoggedPeer`]): the one way this file starts a
+/// peer.
+fn server(spec: &str, envs: &[(&str, &std::ffi::OsStr)]) -> LoggedPeer {
+    let mut vars = vec![("HG_TESTPEER_SPEC", std::ffi::OsStr::new(spec))];
+    vars.extend_from_slice(envs);
+    let srv = LoggedPeer(Server::with_envs_logged(&vars, LOG_FILTER));
+    assert!(srv.uri.starts_with("verbs://"), "{}", srv.uri);
+    srv
 }
 
 #[test]
@@ -140,7 +167,7 @@ fn typed_calls_error_kinds_and_1mib_spill_over_verbs() {
     let Some(spec) = rdma_spec("typed_calls_error_kinds_and_1mib_spill_over_verbs") else {
         return;
     };
-    let srv = server(&spec);
+    let srv = server(&spec, &[]);
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
     let s = c.endpoint().lookup(&srv.uri).expect("lookup");
     for i in 0..200u64 {
@@ -188,7 +215,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     let Some(spec) = rdma_spec("bulk_push_and_pull_across_segments_over_verbs") else {
         return;
     };
-    let srv = server(&spec);
+    let srv = server(&spec, &[]);
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
     let s = c.endpoint().lookup(&srv.uri).expect("lookup");
     let data: Vec<u8> = (0..3_000_017usize).map(|i| (i * 13 + 5) as u8).collect();
@@ -201,7 +228,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
     // The server pulls the three segments (RDMA READ).
     let digest = c
         .call::<BlobPut>(&s, &("k".into(), put), T)
-        .unwrap_or_else(|e| panic!("put: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
+        .unwrap_or_else(|e| panic!("put: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
     assert_eq!(digest, fnv(&data));
     // The server pushes into three uneven segments of ours at offset 100 (RDMA WRITE).
     let into = c
@@ -212,7 +239,7 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
         .expect("expose");
     let got = c
         .call::<BlobGet>(&s, &("k".into(), into.clone(), 100), T)
-        .unwrap_or_else(|e| panic!("get: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
+        .unwrap_or_else(|e| panic!("get: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
     assert_eq!(got, data.len() as u64);
     let mut back = vec![0; data.len()];
     into.local()
@@ -226,13 +253,13 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
         Err(e) => panic!(
             "expected a handler error, got: {}; {}",
             na_core::ErrorChain(&e),
-            both_sides(&mut c, &srv)
+            client_state(&mut c)
         ),
         Ok(n) => panic!("expected a handler error, got Ok({n})"),
     }
     let sum = c
         .call::<Add>(&s, &(2, 3), T)
-        .unwrap_or_else(|e| panic!("add: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
+        .unwrap_or_else(|e| panic!("add: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
     assert_eq!(sum, 5);
     // Client-driven pull from the server's copy is not exposed by the
     // testpeer; instead pull our own handle through the engine's bulk API.
@@ -240,18 +267,12 @@ fn bulk_push_and_pull_across_segments_over_verbs() {
         .expose(vec![vec![0; 5000], vec![0; 5000]], Access::ReadWrite)
         .expect("expose");
     c.bulk(BulkOp::Pull, &into, 900, &dst, 4000, 3000, T)
-        .unwrap_or_else(|e| {
-            panic!(
-                "self pull: {}; {}",
-                na_core::ErrorChain(&e),
-                both_sides(&mut c, &srv)
-            )
-        });
+        .unwrap_or_else(|e| panic!("self pull: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
     let mut got = vec![0; 3000];
     dst.local().expect("local").read_at(4000, &mut got).expect("read");
     assert!(got == data[800..3800], "self pull differs");
     c.call::<Quit>(&s, &(), T)
-        .unwrap_or_else(|e| panic!("quit: {}; {}", na_core::ErrorChain(&e), both_sides(&mut c, &srv)));
+        .unwrap_or_else(|e| panic!("quit: {}; {}", na_core::ErrorChain(&e), client_state(&mut c)));
 }
 
 /// A handler's transfer that outlasts the engine's handler transfer
@@ -270,10 +291,10 @@ fn a_handler_transfer_past_its_timeout_fails_and_starts_no_more_windows_over_ver
     else {
         return;
     };
-    let srv = Server::with_envs(&[
-        ("HG_TESTPEER_SPEC", std::ffi::OsStr::new(&spec)),
-        ("HG_TESTPEER_TRANSFER_TIMEOUT_MS", std::ffi::OsStr::new("0")),
-    ]);
+    let srv = server(
+        &spec,
+        &[("HG_TESTPEER_TRANSFER_TIMEOUT_MS", std::ffi::OsStr::new("0"))],
+    );
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
     let s = c.endpoint().lookup(&srv.uri).expect("lookup");
     // 2,500 chunks of 64 bytes: three windows of at most BATCH_WINDOW spans.

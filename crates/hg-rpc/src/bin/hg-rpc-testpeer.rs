@@ -213,7 +213,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         if len > MAX_BLOB {
             return Err(format!("{len} bytes: at most {MAX_BLOB}"));
         }
-        let out = fill_pattern(len, seed);
+        let out = fill_output(len, seed);
         f.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     })?;

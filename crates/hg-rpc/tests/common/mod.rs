@@ -66,7 +66,16 @@ pub struct Server {
     pub uri: String,
     /// Its standard error, line by line, when captured
     /// ([`Server::with_envs_logged`]).
-    pub log: Option<std::sync::Arc<std::sync::Mutex<Vec<String>>>>,
+    pub log: Option<ServerLog>,
+}
+
+/// A server's captured standard error.
+pub struct ServerLog {
+    /// Its lines so far.
+    pub lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// The thread that reads them, until the server's end of the pipe
+    /// closes.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -114,7 +123,7 @@ impl Server {
             .expect("spawn hg-rpc-testpeer");
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (err, kept) = (child.stderr.take().expect("stderr"), lines.clone());
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 kept.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
@@ -133,7 +142,10 @@ impl Server {
         Server {
             child,
             uri,
-            log: Some(lines),
+            log: Some(ServerLog {
+                lines,
+                reader: Some(reader),
+            }),
         }
     }
 
@@ -143,7 +155,7 @@ impl Server {
         let Some(log) = &self.log else {
             return "(server log not captured)".into();
         };
-        let lines = log.lock().unwrap_or_else(|p| p.into_inner());
+        let lines = log.lines.lock().unwrap_or_else(|p| p.into_inner());
         let skip = lines.len().saturating_sub(n);
         format!(
             "server log ({} lines, last {}):\n{}",
@@ -151,6 +163,27 @@ impl Server {
             lines.len() - skip,
             lines[skip..].join("\n")
         )
+    }
+
+    /// Stops the server, waits (at most 5 s) until its whole standard
+    /// error has been read, and gives [`Server::log_text`]: for a failing
+    /// test, whose server may have logged why just before it failed.
+    pub fn stop_and_log(&mut self, n: usize) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut cut = "";
+        if let Some(reader) = self.log.as_mut().and_then(|l| l.reader.take()) {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !reader.is_finished() && std::time::Instant::now() < end {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if reader.is_finished() {
+                let _ = reader.join();
+            } else {
+                cut = "\n(still reading it after 5 s: later lines may be missing)";
+            }
+        }
+        format!("{}{cut}", self.log_text(n))
     }
 }
 

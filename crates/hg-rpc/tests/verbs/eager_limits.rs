@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use hg_rpc::{Engine, RpcError, MIN_EAGER_SIZE};
 use na_core::{Addr, Endpoint, NaError, Plugin, PluginId, ProgressMode};
 
-use super::rpcs::{fill_pattern, fnv, Add, Digest, Fill};
+use super::rpcs::{fill_output, fill_pattern, fnv, Add, Digest, Fill};
 use super::{client_state, rdma_spec, T};
 
 /// The small limit (the default).
@@ -57,7 +57,7 @@ fn server(spec: &str, max_msg_size: usize) -> (Engine, Arc<AtomicU64>) {
         Ok((v.len() as u64, fnv(&v)))
     })
     .expect("register");
-    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    srv.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .expect("register");
     (srv, runs)
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use hg_rpc::Engine;
 use na_core::{Endpoint, Plugin, ProgressMode};
 
-use super::rpcs::{fill_pattern, Fill, RecordBlob};
+use super::rpcs::{fill_output, fill_pattern, Fill, RecordBlob};
 use super::{client_state, rdma_spec, T};
 
 /// A client on `spec` whose plugin fails the first `count` messages
@@ -58,7 +58,7 @@ fn a_release_notice_failing_at_completion_is_sent_again_over_verbs() {
         return;
     };
     let mut srv = Engine::from_spec(&spec, true, ProgressMode::default()).expect("server engine");
-    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    srv.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .expect("register");
     // 39 bytes: the request (a 32-byte header and 4 bytes of input)
     // passes; the release (the header and an 8-byte cookie) fails, once.

@@ -17,7 +17,7 @@ use hg_rpc::{CallId, Engine, Rpc, RpcError, RpcStats};
 use na_core::{Endpoint, Plugin, ProgressMode};
 
 use super::eager_limits::call_within;
-use super::rpcs::{fill_pattern, Add, Fill, Sleep};
+use super::rpcs::{fill_output, Add, Fill, Sleep};
 use super::{rdma_spec, T};
 
 /// A listening server on `spec` whose plugin fails every message longer
@@ -40,7 +40,7 @@ fn failing_server_counted(spec: &str, fail_over: usize, count: Option<usize>) ->
         .expect("verbs plugin");
     let mut srv = Engine::new(ep, id).expect("server engine");
     srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
-    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    srv.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .expect("register");
     srv
 }

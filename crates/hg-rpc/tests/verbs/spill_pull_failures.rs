@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use hg_rpc::{Engine, RpcError, SPILLED_OUTPUT_TTL};
 use na_core::{NaError, ProgressMode};
 
-use super::rpcs::{fill_pattern, Add, Echo, Fill};
+use super::rpcs::{fill_output, fill_pattern, Add, Echo, Fill};
 use super::{client_state, common, rdma_spec, T};
 
 /// Drives `e` alone until `done` gives something (within `T`, else
@@ -36,7 +36,7 @@ fn drive_until<X>(e: &mut Engine, what: &str, mut done: impl FnMut(&mut Engine) 
 fn server(spec: &str) -> (Engine, Arc<AtomicU64>) {
     let mut srv = Engine::from_spec(spec, true, ProgressMode::default()).expect("server engine");
     srv.register::<Add>(|(a, b)| Ok(a + b)).expect("register");
-    srv.register::<Fill>(|(len, seed)| Ok(fill_pattern(len, seed)))
+    srv.register::<Fill>(|(len, seed)| Ok(fill_output(len, seed)))
         .expect("register");
     let runs = Arc::new(AtomicU64::new(0));
     let counter = runs.clone();

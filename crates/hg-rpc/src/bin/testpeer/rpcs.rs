@@ -147,12 +147,16 @@ impl Rpc for Marker {
 }
 
 /// Answers `len` bytes of [`fill_pattern`] from `seed` (a large output
-/// for a small input).
+/// for a small input). The output is a `ByteBuf`, which serde encodes as
+/// one byte string: a `Vec<u8>` goes element by element, through the
+/// codec (and its guard) once per byte, which made the megabyte outputs
+/// of the tests that call this many times slow in a debug build. (Either
+/// way postcard writes the same bytes: a length, then the data.)
 pub struct Fill;
 impl Rpc for Fill {
     const NAME: &'static str = "test.fill";
     type Input = (u64, u64);
-    type Output = Vec<u8>;
+    type Output = serde_bytes::ByteBuf;
 }
 
 /// Returns how many `Fill` calls the server has answered with an output
@@ -184,4 +188,9 @@ impl Rpc for EchoOutputs {
 /// `len` bytes that repeat every 251, shifted by `seed`: what `Fill` answers.
 pub fn fill_pattern(len: u64, seed: u64) -> Vec<u8> {
     (0..len).map(|i| ((i + seed) % 251) as u8).collect()
+}
+
+/// [`fill_pattern`] as `Fill`'s output, for its handlers.
+pub fn fill_output(len: u64, seed: u64) -> serde_bytes::ByteBuf {
+    serde_bytes::ByteBuf::from(fill_pattern(len, seed))
 }
