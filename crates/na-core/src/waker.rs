@@ -46,7 +46,9 @@ impl Waker {
     pub(crate) fn new() -> Result<Self> {
         Ok(Waker {
             inner: Arc::new(Inner {
-                fd: EventFd::new().map_err(|e| NaError::sys("eventfd", e))?,
+                // Counter 0: not readable until a wake-up adds 1.
+                fd: EventFd::with_counter(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
+                    .map_err(|e| NaError::sys("eventfd", e))?,
                 woken: AtomicBool::new(false),
             }),
         })
@@ -66,7 +68,10 @@ impl Waker {
             // it ends looks after this call's changes too (`take`).
             return Ok(());
         }
-        self.inner.fd.signal().map_err(|e| {
+        // Adds 1: readable until `take` reads it back to 0. Never blocks
+        // (non-blocking; `EAGAIN` only at the counter's maximum, which
+        // `take` keeps it far from).
+        self.inner.fd.write(1).map_err(|e| {
             // Not written: let the next call try again.
             self.inner.woken.store(false, Ordering::Release);
             NaError::sys("eventfd write (Waker::wake)", e)
@@ -98,7 +103,8 @@ impl Waker {
         let counted = self
             .inner
             .fd
-            .drain()
+            .read()
+            .map(|counter| counter.is_some())
             .map_err(|e| NaError::sys("eventfd read (Waker)", e))?;
         Ok(flagged || counted)
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::cli::CommonArgs;
 use crate::error::{PerfError, Result};
 use crate::sys::affinity;
-use crate::sys::eventfd::EventFd;
+use crate::sys::eventfd::{self, EventFd};
 use crate::sys::shm::{SharedMap, SLOT};
 
 /// Largest payload of the shared-memory floors.
@@ -60,8 +60,8 @@ impl Peer {
         })?;
         let links = if floors {
             Some(FloorLinks {
-                to_peer: EventFd::new(true).map_err(PerfError::sys("eventfd"))?,
-                from_peer: EventFd::new(true).map_err(PerfError::sys("eventfd"))?,
+                to_peer: eventfd::new(true).map_err(PerfError::sys("eventfd"))?,
+                from_peer: eventfd::new(true).map_err(PerfError::sys("eventfd"))?,
                 shm: SharedMap::create(FLOOR_SHM_LEN, true).map_err(PerfError::sys("memfd mapping"))?,
             })
         } else {

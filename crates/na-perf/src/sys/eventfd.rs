@@ -1,79 +1,50 @@
-//! A thin owner of an eventfd ([eventfd(2)]), used for the wake-up floor.
+//! The eventfds ([eventfd(2)]) of the wake-up floor: na-core's wrapper of
+//! the system calls, [`EventFd`], made with na-perf's rules ([`new`]: a
+//! counter at 0, non-blocking, inheritable by the peer process on
+//! request). The floor writes and reads counts ([`EventFd::write`],
+//! [`EventFd::read`]); the peer takes its inherited copies with
+//! [`EventFd::from_owned`] after [`super::fd::take_inherited`] checked
+//! what they are.
 //!
 //! [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-/// A non-blocking eventfd counter.
-#[derive(Debug)]
-pub struct EventFd {
-    fd: OwnedFd,
+pub use na_core::sys::eventfd::EventFd;
+
+/// [eventfd(2)] with `EFD_NONBLOCK` and a counter of 0. With `inheritable`
+/// the descriptor is *not* close-on-exec, so that a child started next
+/// inherits it.
+///
+/// [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
+pub fn new(inheritable: bool) -> io::Result<EventFd> {
+    let flags = libc::EFD_NONBLOCK | if inheritable { 0 } else { libc::EFD_CLOEXEC };
+    EventFd::with_counter(0, flags)
 }
 
-impl EventFd {
-    /// [eventfd(2)] with `EFD_NONBLOCK`. With `inheritable` the descriptor is
-    /// *not* close-on-exec, so that a child started next inherits it.
-    ///
-    /// [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
-    pub fn new(inheritable: bool) -> io::Result<Self> {
-        let flags = libc::EFD_NONBLOCK | if inheritable { 0 } else { libc::EFD_CLOEXEC };
-        // SAFETY: eventfd takes no pointers; on success the returned
-        // descriptor is new and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(na_core::syscall!(eventfd(0, flags))?) };
-        Ok(EventFd { fd })
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    /// Whether the descriptor is close-on-exec (`/proc/self/fdinfo`).
+    fn cloexec(e: &EventFd) -> bool {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", e.as_raw_fd())).unwrap();
+        let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap();
+        i32::from_str_radix(flags.trim(), 8).unwrap() & libc::O_CLOEXEC != 0
     }
 
-    /// Wraps an already owned eventfd descriptor (see
-    /// [`super::fd::take_inherited`]).
-    pub fn from_owned(fd: OwnedFd) -> Self {
-        EventFd { fd }
-    }
-
-    /// Adds `value` to the counter ([write(2)] of 8 bytes).
-    ///
-    /// [write(2)]: https://man7.org/linux/man-pages/man2/write.2.html
-    pub fn write(&self, value: u64) -> io::Result<()> {
-        let buf = value.to_ne_bytes();
-        // SAFETY: `buf` is 8 readable bytes for the duration of the call.
-        let n = unsafe { na_core::syscall!(write(self.fd.as_raw_fd(), buf.as_ptr().cast(), 8))? };
-        short(n)
-    }
-
-    /// Reads and resets the counter; `Ok(None)` if it is zero ([read(2)]).
-    ///
-    /// [read(2)]: https://man7.org/linux/man-pages/man2/read.2.html
-    pub fn read(&self) -> io::Result<Option<u64>> {
-        let mut buf = [0u8; 8];
-        // SAFETY: `buf` is 8 writable bytes for the duration of the call.
-        let res = unsafe { na_core::syscall!(read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), 8)) };
-        match res {
-            Ok(n) => short(n).map(|()| Some(u64::from_ne_bytes(buf))),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-fn short(n: isize) -> io::Result<()> {
-    if n == 8 {
-        Ok(())
-    } else {
-        Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("eventfd moved {n} of 8 bytes"),
-        ))
-    }
-}
-
-impl AsFd for EventFd {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-}
-
-impl AsRawFd for EventFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    #[test]
+    fn inheritable_only_on_request_and_counts_add_up() {
+        assert!(cloexec(&new(false).unwrap()));
+        let e = new(true).unwrap();
+        assert!(!cloexec(&e), "an inheritable one is not close-on-exec");
+        assert_eq!(e.read().unwrap(), None, "made at 0");
+        e.write(1).unwrap();
+        e.write(41).unwrap();
+        assert_eq!(e.read().unwrap(), Some(42));
+        let peer = EventFd::from_owned(e.as_fd().try_clone_to_owned().unwrap());
+        peer.write(7).unwrap();
+        assert_eq!(e.read().unwrap(), Some(7), "one counter behind both");
     }
 }

@@ -1,15 +1,20 @@
-//! Event counters ([eventfd(2)]) used to wake a sleeping peer.
+//! Event counters ([eventfd(2)]) used to wake a sleeping peer: na-sm's
+//! rules (a counter made at 1, a wake-up that is a write of 0, a check of
+//! one a peer passed) over na-core's wrapper of the system calls,
+//! [`na_core::sys::eventfd::EventFd`].
 //!
 //! [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use na_core::sys::eventfd::EventFd as RawEventFd;
 
 /// An eventfd. Ours are created non-blocking and close-on-exec; one received
 /// from a peer is checked with [`EventFd::from_peer`].
 #[derive(Debug)]
 pub struct EventFd {
-    fd: OwnedFd,
+    fd: RawEventFd,
 }
 
 impl EventFd {
@@ -23,12 +28,7 @@ impl EventFd {
     ///
     /// [eventfd(2)]: https://man7.org/linux/man-pages/man2/eventfd.2.html
     pub fn new() -> io::Result<Self> {
-        // SAFETY: eventfd takes no pointers; a successful return is a fresh
-        // descriptor owned by nobody else, so OwnedFd may take it.
-        let fd = unsafe {
-            let fd = super::syscall!(eventfd(1, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
-            OwnedFd::from_raw_fd(fd)
-        };
+        let fd = RawEventFd::with_counter(1, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?;
         Ok(EventFd { fd })
     }
 
@@ -36,14 +36,9 @@ impl EventFd {
     /// is an eventfd (`/proc/self/fd/N` names `anon_inode:[eventfd]`), so a
     /// peer cannot make us write into a file or a pipe.
     pub fn from_peer(fd: OwnedFd) -> io::Result<Self> {
-        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
-        if link.as_os_str() != "anon_inode:[eventfd]" {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("descriptor is {} (expected an eventfd)", link.display()),
-            ));
-        }
-        Ok(EventFd { fd })
+        Ok(EventFd {
+            fd: RawEventFd::from_checked(fd)?,
+        })
     }
 
     /// Wakes whoever polls the fd: writes **0** to the counter.
@@ -62,35 +57,19 @@ impl EventFd {
     ///
     /// (`EAGAIN` cannot come of a write of 0; were it to, the counter is
     /// at its maximum and the fd readable already: success.)
+    #[inline]
     pub fn signal(&self) -> io::Result<()> {
-        let zero: u64 = 0;
-        // SAFETY: we pass a pointer to an 8-byte u64 that lives across the
-        // call and its exact size, as eventfd requires.
-        let r = unsafe { libc::write(self.fd.as_raw_fd(), (&zero as *const u64).cast(), 8) };
-        if r == 8 {
-            return Ok(());
+        match self.fd.write(0) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
         }
-        let err = io::Error::last_os_error();
-        if err.kind() == io::ErrorKind::WouldBlock {
-            return Ok(());
-        }
-        Err(err)
     }
 
     #[cfg(any(test, feature = "test-hooks"))]
     /// Resets the counter to zero; returns whether it was non-zero.
     pub fn drain(&self) -> io::Result<bool> {
-        let mut v: u64 = 0;
-        // SAFETY: `v` is a writable 8-byte buffer for the duration of the call.
-        let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        if r == 8 {
-            return Ok(true);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() == io::ErrorKind::WouldBlock {
-            return Ok(false);
-        }
-        Err(err)
+        self.fd.read().map(|counter| counter.is_some())
     }
 }
 
@@ -122,16 +101,12 @@ impl EventFd {
     /// before [`WakeTamper::Blocking`], or the read may block.
     #[doc(hidden)]
     pub fn tamper(&self, t: WakeTamper) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
         let raw = self.fd.as_raw_fd();
         let write = |v: u64| -> io::Result<()> {
-            // SAFETY: an 8-byte u64 that lives across the call, its size.
-            let r = unsafe { libc::write(raw, (&v as *const u64).cast(), 8) };
-            match r {
-                8 => Ok(()),
-                _ => match io::Error::last_os_error() {
-                    e if e.kind() == io::ErrorKind::WouldBlock && v == 1 => Ok(()),
-                    e => Err(e),
-                },
+            match self.fd.write(v) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && v == 1 => Ok(()),
+                r => r,
             }
         };
         match t {
@@ -159,15 +134,36 @@ impl AsFd for EventFd {
     }
 }
 
-impl AsRawFd for EventFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl EventFd {
+        /// A second descriptor of the same eventfd (the copy a peer holds).
+        fn dup(&self) -> OwnedFd {
+            self.fd.as_fd().try_clone_to_owned().unwrap()
+        }
+    }
+
+    /// What a peer passes is checked: an eventfd is taken (and is the
+    /// peer's counter), a pipe or a file is refused with the text the
+    /// handshake reports.
+    #[test]
+    fn from_peer_takes_only_an_eventfd() {
+        let theirs = EventFd::new().unwrap();
+        let ours = EventFd::from_peer(theirs.dup()).unwrap();
+        assert!(theirs.drain().unwrap(), "created at 1");
+        ours.tamper(WakeTamper::Pulse).unwrap();
+        assert!(theirs.drain().unwrap(), "one counter behind both copies");
+
+        let (read_end, write_end) = std::io::pipe().unwrap();
+        for fd in [OwnedFd::from(read_end), OwnedFd::from(write_end)] {
+            let err = EventFd::from_peer(fd).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+            assert!(err.to_string().starts_with("descriptor is pipe:["), "{err}");
+            assert!(err.to_string().ends_with("(expected an eventfd)"), "{err}");
+        }
+    }
 
     #[test]
     fn signal_and_drain() {
@@ -178,7 +174,7 @@ mod tests {
         e.signal().unwrap();
         e.signal().unwrap();
         assert!(!e.drain().unwrap());
-        let dup = e.fd.try_clone().unwrap();
+        let dup = e.dup();
         assert!(EventFd::from_peer(dup).is_ok());
         let file = OwnedFd::from(std::fs::File::open("/proc/self/stat").unwrap());
         assert!(EventFd::from_peer(file).is_err());
@@ -202,7 +198,7 @@ mod tests {
             epoll.wait(&mut tokens, Some(std::time::Duration::ZERO)).unwrap(),
             1
         );
-        let ours = EventFd::from_peer(theirs.fd.try_clone().unwrap()).unwrap();
+        let ours = EventFd::from_peer(theirs.dup()).unwrap();
         theirs.tamper(WakeTamper::Saturate).unwrap();
         theirs.tamper(WakeTamper::Blocking).unwrap();
         assert_eq!(
@@ -237,7 +233,7 @@ mod tests {
     fn every_signal_is_an_edge() {
         use na_core::sys::epoll::Epoll;
         let theirs = EventFd::new().unwrap();
-        let ours = EventFd::from_peer(theirs.fd.try_clone().unwrap()).unwrap();
+        let ours = EventFd::from_peer(theirs.dup()).unwrap();
         let epoll = Epoll::new().unwrap();
         epoll.add_edge_triggered(theirs.as_fd(), 7).unwrap();
         let mut tokens = Vec::new();
