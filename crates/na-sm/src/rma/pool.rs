@@ -19,8 +19,6 @@
 //! lock, which a parent's thread may have held at the fork.
 
 use std::collections::VecDeque;
-#[cfg(feature = "test-hooks")]
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -28,6 +26,7 @@ use std::time::{Duration, Instant};
 use na_core::fasthash::FastMap;
 use na_core::{NaError, OpId, Result, RmaDir};
 
+use super::hooks::Hooks;
 use super::job::{Job, JobResult};
 use crate::config::RMA_QUEUE_PER_PEER;
 use crate::sys::cma::IovLists;
@@ -81,17 +80,8 @@ struct Shared {
     /// Made readable (a write of 0, see `EventFd::signal`) when results
     /// arrive for an owner that has taken none since.
     wake: EventFd,
-    /// Test hook: starting a thread fails (see [`RmaPoolProbe`]).
-    #[cfg(feature = "test-hooks")]
-    fail_spawns: AtomicBool,
-    /// Test hook: how many of the next duplicates of a peer's pidfd for
-    /// its jobs fail (see [`RmaPoolProbe::fail_pidfd_dups`]).
-    #[cfg(feature = "test-hooks")]
-    fail_pidfd_dups: AtomicUsize,
-    /// Test hook: jobs that a thread started with a pidfd to check (see
-    /// [`RmaPoolProbe::pidfd_checked_jobs`]).
-    #[cfg(feature = "test-hooks")]
-    pidfd_checked_jobs: AtomicU64,
+    /// The test hooks (`hooks`: nothing in a user's build).
+    hooks: Hooks,
 }
 
 impl Shared {
@@ -143,12 +133,7 @@ impl RmaPool {
                 waiting: AtomicU64::new(0),
                 running: AtomicU64::new(0),
                 wake,
-                #[cfg(feature = "test-hooks")]
-                fail_spawns: AtomicBool::new(false),
-                #[cfg(feature = "test-hooks")]
-                fail_pidfd_dups: AtomicUsize::new(0),
-                #[cfg(feature = "test-hooks")]
-                pidfd_checked_jobs: AtomicU64::new(0),
+                hooks: Hooks::new(),
             }),
             max_threads,
             ops: FastMap::default(),
@@ -164,13 +149,7 @@ impl RmaPool {
     /// A duplicate of peer pidfd `fd` for its jobs (a test probe may make
     /// it fail: `RmaPoolProbe::fail_pidfd_dups`).
     pub fn dup_pidfd(&self, fd: &std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
-        #[cfg(feature = "test-hooks")]
-        if self
-            .shared
-            .fail_pidfd_dups
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if self.shared.hooks.pidfd_dup_fails() {
             return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
         }
         fd.try_clone()
@@ -285,8 +264,7 @@ impl RmaPool {
     }
 
     fn spawn(&self, k: usize) -> std::io::Result<()> {
-        #[cfg(feature = "test-hooks")]
-        if self.shared.fail_spawns.load(Ordering::Relaxed) {
+        if self.shared.hooks.spawn_fails() {
             return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
         }
         let shared = Arc::clone(&self.shared);
@@ -476,10 +454,7 @@ fn worker(shared: &Shared) {
         shared.waiting.fetch_sub(1, Ordering::Relaxed);
         shared.running.fetch_add(1, Ordering::Relaxed);
         drop(st);
-        #[cfg(feature = "test-hooks")]
-        if job.checks_pidfd() {
-            shared.pidfd_checked_jobs.fetch_add(1, Ordering::Relaxed);
-        }
+        shared.hooks.job_started(job.checks_pidfd());
         let result = job.run(&mut lists);
         // The handles go before the result is reported: once a transfer
         // completes, `MemHandle::into_buffers` must succeed.
@@ -535,7 +510,7 @@ impl RmaPoolProbe {
     /// Makes every later attempt to start a transfer thread fail (`EAGAIN`),
     /// or lets them succeed again.
     pub fn fail_spawns(&self, fail: bool) {
-        self.shared.fail_spawns.store(fail, Ordering::Relaxed);
+        self.shared.hooks.set_fail_spawns(fail);
     }
 
     /// (threads started, those of them that have not taken the pool's
@@ -549,19 +524,19 @@ impl RmaPoolProbe {
     /// Makes the next `n` duplicates of a peer's pidfd for its jobs fail
     /// (`EMFILE`, as if our descriptors had run out).
     pub fn fail_pidfd_dups(&self, n: usize) {
-        self.shared.fail_pidfd_dups.store(n, Ordering::Relaxed);
+        self.shared.hooks.set_fail_pidfd_dups(n);
     }
 
     /// How many of the failures [`fail_pidfd_dups`](Self::fail_pidfd_dups)
     /// asked for are still to come.
     pub fn pidfd_dup_failures_left(&self) -> usize {
-        self.shared.fail_pidfd_dups.load(Ordering::Relaxed)
+        self.shared.hooks.pidfd_dup_failures_left()
     }
 
     /// Jobs a transfer thread started with their peer's pidfd to check
     /// (the others run without the pid check).
     pub fn pidfd_checked_jobs(&self) -> u64 {
-        self.shared.pidfd_checked_jobs.load(Ordering::Relaxed)
+        self.shared.hooks.pidfd_checked_jobs()
     }
 
     /// Takes the pool's lock on a thread of its own and holds it until
