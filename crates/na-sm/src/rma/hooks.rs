@@ -20,6 +20,9 @@ mod imp {
         /// Jobs that a thread started with a pidfd to check (see
         /// `RmaPoolProbe::pidfd_checked_jobs`).
         pidfd_checked_jobs: AtomicU64,
+        /// Times the owner gave up its core for the transfer threads (see
+        /// `RmaPoolProbe::owner_yields`).
+        owner_yields: AtomicU64,
     }
 
     impl Hooks {
@@ -49,6 +52,11 @@ mod imp {
             }
         }
 
+        /// The owner gives up its core for the transfer threads.
+        pub fn owner_yielded(&self) {
+            self.owner_yields.fetch_add(1, Ordering::Relaxed);
+        }
+
         /// See `RmaPoolProbe::fail_spawns`.
         pub fn set_fail_spawns(&self, fail: bool) {
             self.fail_spawns.store(fail, Ordering::Relaxed);
@@ -67,6 +75,11 @@ mod imp {
         /// See `RmaPoolProbe::pidfd_checked_jobs`.
         pub fn pidfd_checked_jobs(&self) -> u64 {
             self.pidfd_checked_jobs.load(Ordering::Relaxed)
+        }
+
+        /// See `RmaPoolProbe::owner_yields`.
+        pub fn owner_yields(&self) -> u64 {
+            self.owner_yields.load(Ordering::Relaxed)
         }
     }
 }
@@ -98,6 +111,10 @@ mod imp {
         /// Nothing to count.
         #[inline(always)]
         pub fn job_started(&self, _checks_pidfd: bool) {}
+
+        /// Nothing to count.
+        #[inline(always)]
+        pub fn owner_yielded(&self) {}
     }
 }
 
