@@ -159,7 +159,8 @@
 //! through progress, which the threads wake. A busy owner whose
 //! transfers are with the threads gives up its core once per
 //! [`spin_wait`](na_core::Plugin::spin_wait) instead of spinning, so a
-//! transfer thread placed on that core runs. Each job checks the peer's pidfd
+//! transfer thread placed on that core runs, until no job has started or
+//! ended for a second (stuck jobs: a yield does nothing for them). Each job checks the peer's pidfd
 //! before it moves anything. Cancel completes a handed-over transfer at
 //! once, even a running one (its local memory may still be written until
 //! the kernel lets go; the job holds a clone of the handle until then,

@@ -37,10 +37,6 @@ pub(crate) const MAX_EVENT_ROUNDS: usize = 4;
 /// nothing asked for one (busy mode).
 pub const EVENT_POLL_INTERVAL: u32 = 1024;
 
-/// While transfers are with the RMA threads, the socket events are owed to
-/// progress once they are this old (see [`SmPlugin::rma_side_turn`]).
-const RMA_EVENTS_EVERY: Duration = Duration::from_millis(1);
-
 /// Progress calls between two looks at the clock for
 /// [`EVENT_POLL_MAX_GAP`] (a power of two, dividing
 /// [`EVENT_POLL_INTERVAL`]).
@@ -53,7 +49,9 @@ const EVENT_CLOCK_INTERVAL: u32 = 64;
 /// now and then, or one whose every call gives up the core (transfers
 /// with the RMA threads, on a loaded box), left a departed peer's
 /// transfers unfailed, and a listener's connections unaccepted, for
-/// [`EVENT_POLL_INTERVAL`] calls: ten seconds and more.
+/// [`EVENT_POLL_INTERVAL`] calls: ten seconds and more. (While transfers
+/// are with the RMA threads, whose spin may give up the core once per
+/// call, every call looks.)
 pub const EVENT_POLL_MAX_GAP: Duration = Duration::from_millis(10);
 
 impl SmPlugin {
@@ -127,27 +125,33 @@ impl SmPlugin {
     }
 
     /// The transfer threads' turn of [`side_turn`](Self::side_turn): takes
-    /// their results; and while transfers are still with them, owes the
-    /// socket events to the next call once [`RMA_EVENTS_EVERY`] passed
-    /// since they were last read.
+    /// their results; and while transfers are still with them, lets the
+    /// pool see the time (whether the spin yields, see
+    /// [`rma_pool_turn`](Self::rma_pool_turn)) and owes the socket events
+    /// to the next call once [`EVENT_POLL_MAX_GAP`] passed since they were
+    /// last read: the clock is read at every call, not every
+    /// [`EVENT_CLOCK_INTERVAL`].
     ///
     /// The busy loop's own poll of them comes every
     /// [`EVENT_POLL_INTERVAL`] spin checks or [`EVENT_POLL_MAX_GAP`] (the
-    /// clock looked at every [`EVENT_CLOCK_INTERVAL`] calls), but with
-    /// transfers out the spin makes no check: it gives up the core and
-    /// returns at once (see [`rma_pool_turn`](Self::rma_pool_turn)), one
-    /// progress call per `yield_now`. On a loaded core each yield may wait
-    /// a time slice, and a peer that left while its job was stuck in a
-    /// transfer thread (its hang-up is what fails its transfers as gone)
-    /// was seen seconds late.
+    /// clock looked at every [`EVENT_CLOCK_INTERVAL`] checks), but while
+    /// the pool is active the spin makes no check: it gives up the core
+    /// and returns at once, one progress call per `yield_now`. On a
+    /// loaded core each yield may wait a time slice: counted in calls, a
+    /// peer that left while its job was stuck in a transfer thread (its
+    /// hang-up is what fails its transfers as gone) was seen seconds late.
     #[cold]
     #[inline(never)]
     fn rma_side_turn(&mut self) {
         if self.rma_results_wait() {
             self.take_rma_results();
         }
-        let out = self.rma_pool.as_ref().is_some_and(|p| !p.ops.is_empty());
-        if out && !self.events_owed && self.events_at.elapsed() >= RMA_EVENTS_EVERY {
+        let Some(pool) = self.rma_pool.as_mut().filter(|p| !p.ops.is_empty()) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        pool.look(now);
+        if now.saturating_duration_since(self.events_at) >= EVENT_POLL_MAX_GAP {
             self.events_owed = true;
         }
     }
@@ -249,10 +253,11 @@ impl SmPlugin {
 
     /// [`spin_for_work`](Self::spin_for_work) with transfer threads: true
     /// (spin no more) if their results wait, or if transfers are still
-    /// with them, after giving up the core once. A busy owner that spun
-    /// on would keep a transfer thread placed on its core from running
-    /// (the bandwidth of a busy `hg-perf bw` fell to a fifth); yielding
-    /// it keeps them close to the inline speed.
+    /// with them and the pool is active, after giving up the core once
+    /// (see `RmaPool::owner_yield`: a busy owner that spun on would keep a
+    /// transfer thread placed on its core from running). A pool quiet for
+    /// a second (its jobs stuck) is spun on as usual: its results wait at
+    /// most the spin's checks.
     fn rma_pool_turn(&self) -> bool {
         let Some(pool) = &self.rma_pool else {
             return false;
@@ -260,11 +265,7 @@ impl SmPlugin {
         if pool.has_done() {
             return true;
         }
-        if pool.ops.is_empty() {
-            return false;
-        }
-        std::thread::yield_now();
-        true
+        !pool.ops.is_empty() && pool.owner_yield()
     }
 
     /// The unexpected message at the head of ring `ring` (peer slot,

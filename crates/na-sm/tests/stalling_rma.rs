@@ -22,6 +22,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, PluginId, RemoteMem};
+use na_sm::{RmaPoolProbe, EVENT_POLL_MAX_GAP};
 
 mod common;
 use common::{private_dir, rma_endpoint, sys, KillOnDrop};
@@ -127,6 +128,8 @@ struct Scene {
     honest: (Addr, RemoteMem),
     /// The pipe the hostile peer reports on (what it says after `S`).
     hostile_status: Option<std::fs::File>,
+    /// The probe of the plugin's transfer-thread pool.
+    probe: Option<RmaPoolProbe>,
 }
 
 fn scene(tag: &str, threads: usize) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
@@ -140,7 +143,7 @@ fn scene_with(
     hostile: PeerMain,
 ) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
     let dir = private_dir(tag);
-    let (mut ep, id) = rma_endpoint(&dir, true, threads);
+    let (mut ep, id, probe) = common::probed_rma_endpoint(&dir, threads);
     let uri = ep.self_addr(id).unwrap().uri().to_owned();
     let mut kills = Vec::new();
     let mut fork_peer = |f: PeerMain| {
@@ -167,6 +170,7 @@ fn scene_with(
             hostile,
             honest,
             hostile_status: Some(hostile_status),
+            probe: Some(probe),
         },
         kills,
         dir,
@@ -263,6 +267,8 @@ enum Step {
     Canceled(String),
     /// The endpoint was dropped (how long that took, as above).
     Dropped(#[allow(dead_code)] Duration),
+    /// What the scenario counted (shown when a later step fails).
+    Counted(#[allow(dead_code)] String),
 }
 
 /// Runs `body` on a thread of its own and waits for each of `steps`
@@ -425,14 +431,70 @@ fn a_held_thread_leaves_other_peers_jobs_queued_and_the_caller_free() {
     eprintln!("the stuck get ended: {hostile_end}");
 }
 
-/// How many progress calls (each after a pause of over
-/// `RMA_EVENTS_EVERY`, 1 ms) may pass after a peer closed its connection
-/// before its transfers stuck in the threads fail as gone. The busy loop
-/// polls the socket events itself only every `EVENT_POLL_INTERVAL` (1024)
-/// spin checks, and with transfers out it makes none (one `yield_now` per
-/// progress call instead): without the timed poll, such a peer's hang-up
-/// waited for 1024 yields, seconds on a loaded core.
+/// How many progress calls (each after a pause of a quarter of
+/// `EVENT_POLL_MAX_GAP`) may pass after a peer closed its connection
+/// before its transfers stuck in the threads fail as gone (five do, at
+/// the latest). The busy loop polls the socket events itself only every
+/// `EVENT_POLL_INTERVAL` (1024) spin checks, or `EVENT_POLL_MAX_GAP` looked
+/// at every 64, and while the pool is active it makes none (one
+/// `yield_now` per progress call instead): without the look at every
+/// call, such a peer's hang-up waited for 1024 yields, seconds on a
+/// loaded core.
 const GONE_WITHIN_CALLS: usize = 8;
+
+/// Tells the leaving hostile peer (`src`) to go, and waits until it says
+/// it closed its connection.
+fn leave(s: &mut Scene, stash: &mut HashMap<OpId, Completion>, src: &Addr) {
+    s.ep.send_unexpected(src, 0, b"leave", OpId(40)).unwrap();
+    wait_op(&mut s.ep, stash, OpId(40))
+        .status
+        .expect("the leave message");
+    let mut status = s.hostile_status.take().expect("the hostile peer's pipe");
+    let mut said = [0u8; 1];
+    std::io::Read::read_exact(&mut status, &mut said).expect("the leaving peer never closed");
+    assert_eq!(&said, b"L");
+}
+
+/// Makes `turn`s, each after a pause of a quarter of
+/// `EVENT_POLL_MAX_GAP`, until `op` is in `stash`, at most
+/// [`GONE_WITHIN_CALLS`] (and fails if it never is); returns the turns made.
+fn turns_until(
+    s: &mut Scene,
+    stash: &mut HashMap<OpId, Completion>,
+    op: OpId,
+    turn: fn(&mut Scene, &mut HashMap<OpId, Completion>),
+) -> usize {
+    let mut calls = 0;
+    while calls < GONE_WITHIN_CALLS && !stash.contains_key(&op) {
+        std::thread::sleep(EVENT_POLL_MAX_GAP / 4);
+        turn(s, stash);
+        calls += 1;
+    }
+    assert!(
+        stash.contains_key(&op),
+        "the stuck get of a peer that closed its connection was still pending after {calls} progress calls"
+    );
+    calls
+}
+
+/// A zero-timeout progress call of the endpoint (no spin).
+fn poll_turn(s: &mut Scene, stash: &mut HashMap<OpId, Completion>) {
+    s.ep.progress(Some(Duration::ZERO)).unwrap();
+    while let Some(c) = s.ep.pop_completion() {
+        stash.insert(c.op, c);
+    }
+}
+
+/// One turn of a busy endpoint's loop, made on the plugin itself (so that
+/// turns can be counted): a spin of up to 64 checks, then a progress call.
+fn busy_turn(s: &mut Scene, stash: &mut HashMap<OpId, Completion>) {
+    let p = s.ep.plugin_mut(s.id).unwrap();
+    p.spin_wait(64);
+    p.progress().unwrap();
+    while let Some(c) = p.pop_completion() {
+        stash.insert(c.op, c);
+    }
+}
 
 /// A stuck peer's queue is bounded: behind its stuck job,
 /// `RMA_QUEUE_PER_PEER` more wait, and the batch past them is refused
@@ -473,27 +535,9 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
         let stats = s.ep.plugin_mut(s.id).unwrap().stats();
         let _ = tx.send(Step::HonestServed(stats));
         // The peer leaves: wait until it says it closed its connection.
-        s.ep.send_unexpected(&src, 0, b"leave", OpId(40)).unwrap();
-        wait_op(&mut s.ep, &mut stash, OpId(40))
-            .status
-            .expect("the leave message");
-        let mut status = s.hostile_status.take().expect("the hostile peer's pipe");
-        let mut said = [0u8; 1];
-        std::io::Read::read_exact(&mut status, &mut said).expect("the leaving peer never closed");
-        assert_eq!(&said, b"L");
-        let mut calls = 0;
-        while calls < GONE_WITHIN_CALLS && !stash.contains_key(&OpId(1000)) {
-            std::thread::sleep(Duration::from_millis(2));
-            s.ep.progress(Some(Duration::ZERO)).unwrap();
-            while let Some(c) = s.ep.pop_completion() {
-                stash.insert(c.op, c);
-            }
-            calls += 1;
-        }
-        assert!(
-            stash.contains_key(&OpId(1000)),
-            "the stuck get of a peer that closed its connection was still pending after {calls} progress calls"
-        );
+        leave(&mut s, &mut stash, &src);
+        let calls = turns_until(&mut s, &mut stash, OpId(1000), poll_turn);
+        eprintln!("the stuck get failed as gone after {calls} progress calls");
         let mut gone = 0;
         for k in 0..=max {
             let c = wait_op(&mut s.ep, &mut stash, OpId(1000 + k));
@@ -521,6 +565,72 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
         na_sm::RMA_QUEUE_PER_PEER as u64 + 2,
         "{stats:?}"
     );
+}
+
+/// Busy turns watched for yields once the transfer threads' pool has
+/// been quiet for over a second.
+const QUIET_TURNS: u64 = 2000;
+
+/// A busy owner gives up its core to the transfer threads while their
+/// pool is active, not for as long as a stalling peer holds one: its spin
+/// yields after the batch, and none of [`QUIET_TURNS`] busy turns does
+/// once no job has started or ended for over a second (each did before:
+/// a system call per turn, and on a loaded core a time slice, for as
+/// long as the peer stalled). The peer that then closes its connection
+/// is still noticed by such turns: its stuck get fails as gone within
+/// [`GONE_WITHIN_CALLS`] of them.
+#[test]
+fn a_busy_owner_stops_yielding_to_a_stuck_transfer_and_still_sees_its_peer_leave() {
+    let Some((mut s, kills, dir)) = scene_with("stalling-rma-yield", 1, leaving_hostile_peer) else {
+        return;
+    };
+    let steps = run_steps(2, kills, dir, move |tx| {
+        let probe = s.probe.take().expect("the scene's pool probe");
+        let mut stash = HashMap::new();
+        let local = MemHandle::zeroed(LEN, Access::ReadWrite);
+        let (src, remote) = s.hostile.clone();
+        s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
+        let end = Instant::now() + BOUND;
+        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
+            assert!(Instant::now() < end, "the stalling get never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The batch made the pool active: the turn's spin yields, and its
+        // progress call sees the job's start (the last change).
+        busy_turn(&mut s, &mut stash);
+        let active = probe.owner_yields();
+        assert_eq!(active, 1, "the spin after the batch");
+        std::thread::sleep(Duration::from_millis(1500));
+        // This turn's spin still yields; its progress call sees the quiet.
+        busy_turn(&mut s, &mut stash);
+        let before = probe.owner_yields();
+        for _ in 0..QUIET_TURNS {
+            busy_turn(&mut s, &mut stash);
+        }
+        let quiet = probe.owner_yields() - before;
+        let _ = tx.send(Step::Counted(format!(
+            "{active} yield(s) active, {quiet} in {QUIET_TURNS} quiet turns"
+        )));
+        assert_eq!(
+            quiet, 0,
+            "a busy owner yielded {quiet} times in {QUIET_TURNS} turns to a pool quiet for a second"
+        );
+        assert!(!stash.contains_key(&OpId(10)), "the stalling get ended");
+        leave(&mut s, &mut stash, &src);
+        let calls = turns_until(&mut s, &mut stash, OpId(10), busy_turn);
+        let c = stash.remove(&OpId(10)).expect("the stuck get");
+        assert!(
+            matches!(c.status, Err(NaError::PeerGone { .. })),
+            "{:?}",
+            c.status
+        );
+        let _ = tx.send(Step::Counted(format!("gone after {calls} busy turns")));
+    });
+    assert!(
+        matches!(&steps[..], [Step::Counted(_), Step::Counted(_)]),
+        "{steps:?}"
+    );
+    eprintln!("{steps:?}");
 }
 
 /// A peer whose turn was queued and then left with nothing to run (its
@@ -560,6 +670,7 @@ fn one_thread_per_peer_after(tag: &str, idle_turn: fn(&mut Scene, &mut HashMap<O
         hostile: stalling[2].clone(),
         honest,
         hostile_status: None,
+        probe: None,
     };
     let steps = run_steps(2, kills, dir, move |tx| {
         let mut stash = HashMap::new();

@@ -165,7 +165,6 @@ impl Job {
 
     /// Whether the job checks its peer's pidfd before it moves anything
     /// (a test probe counts those: `RmaPoolProbe::pidfd_checked_jobs`).
-    #[cfg(feature = "test-hooks")]
     pub fn checks_pidfd(&self) -> bool {
         self.pidfd.is_some()
     }

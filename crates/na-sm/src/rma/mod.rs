@@ -3,6 +3,7 @@
 //! `SmConfig::rma_threads` > 0, handed to transfer threads (`pool`, `job`)
 //! whose results progress takes (`offload`).
 
+mod hooks;
 mod job;
 mod offload;
 mod pool;

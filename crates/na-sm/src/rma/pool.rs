@@ -19,8 +19,6 @@
 //! lock, which a parent's thread may have held at the fork.
 
 use std::collections::VecDeque;
-#[cfg(feature = "test-hooks")]
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -28,13 +26,16 @@ use std::time::{Duration, Instant};
 use na_core::fasthash::FastMap;
 use na_core::{NaError, OpId, Result, RmaDir};
 
+use super::hooks::Hooks;
 use super::job::{Job, JobResult};
 use crate::config::RMA_QUEUE_PER_PEER;
 use crate::sys::cma::IovLists;
 use crate::sys::eventfd::EventFd;
 
 /// A job running this long is reported (debug level, at most once per
-/// [`STUCK_REPORT_EVERY`]): its peer's memory probably stalls.
+/// [`STUCK_REPORT_EVERY`]): its peer's memory probably stalls. A busy
+/// owner stops yielding its core to a pool in which no job started or
+/// ended for this long (see [`RmaPool::look`]).
 const STUCK_AFTER: Duration = Duration::from_secs(1);
 /// See [`STUCK_AFTER`].
 const STUCK_REPORT_EVERY: Duration = Duration::from_secs(10);
@@ -81,17 +82,11 @@ struct Shared {
     /// Made readable (a write of 0, see `EventFd::signal`) when results
     /// arrive for an owner that has taken none since.
     wake: EventFd,
-    /// Test hook: starting a thread fails (see [`RmaPoolProbe`]).
-    #[cfg(feature = "test-hooks")]
-    fail_spawns: AtomicBool,
-    /// Test hook: how many of the next duplicates of a peer's pidfd for
-    /// its jobs fail (see [`RmaPoolProbe::fail_pidfd_dups`]).
-    #[cfg(feature = "test-hooks")]
-    fail_pidfd_dups: AtomicUsize,
-    /// Test hook: jobs that a thread started with a pidfd to check (see
-    /// [`RmaPoolProbe::pidfd_checked_jobs`]).
-    #[cfg(feature = "test-hooks")]
-    pidfd_checked_jobs: AtomicU64,
+    /// Batches queued, jobs taken up by a thread, jobs ended: what a busy
+    /// owner's yields watch (see [`RmaPool::look`]).
+    activity: AtomicU64,
+    /// The test hooks (`hooks`: nothing in a user's build).
+    hooks: Hooks,
 }
 
 impl Shared {
@@ -129,6 +124,13 @@ pub(crate) struct RmaPool {
     generation: u64,
     /// When [`report_stuck`](Self::report_stuck) looks next.
     next_stuck_check: Option<Instant>,
+    /// `activity` as [`look`](Self::look) last saw it, and when it saw
+    /// it change.
+    seen_activity: u64,
+    changed_at: Option<Instant>,
+    /// Whether a busy owner's spins yield its core (see
+    /// [`owner_yield`](Self::owner_yield)).
+    yielding: bool,
 }
 
 impl RmaPool {
@@ -143,12 +145,8 @@ impl RmaPool {
                 waiting: AtomicU64::new(0),
                 running: AtomicU64::new(0),
                 wake,
-                #[cfg(feature = "test-hooks")]
-                fail_spawns: AtomicBool::new(false),
-                #[cfg(feature = "test-hooks")]
-                fail_pidfd_dups: AtomicUsize::new(0),
-                #[cfg(feature = "test-hooks")]
-                pidfd_checked_jobs: AtomicU64::new(0),
+                activity: AtomicU64::new(0),
+                hooks: Hooks::new(),
             }),
             max_threads,
             ops: FastMap::default(),
@@ -158,19 +156,16 @@ impl RmaPool {
             spare_done: Vec::new(),
             generation: crate::sys::fork::generation(),
             next_stuck_check: None,
+            seen_activity: 0,
+            changed_at: None,
+            yielding: false,
         }
     }
 
     /// A duplicate of peer pidfd `fd` for its jobs (a test probe may make
     /// it fail: `RmaPoolProbe::fail_pidfd_dups`).
     pub fn dup_pidfd(&self, fd: &std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
-        #[cfg(feature = "test-hooks")]
-        if self
-            .shared
-            .fail_pidfd_dups
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if self.shared.hooks.pidfd_dup_fails() {
             return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
         }
         fd.try_clone()
@@ -186,6 +181,41 @@ impl RmaPool {
     #[inline]
     pub fn has_done(&self) -> bool {
         self.shared.done_len.load(Ordering::Acquire) > 0
+    }
+
+    /// The owner's look at the pool at `now`, made by each progress call
+    /// while transfers are out: its spins yield (see
+    /// [`owner_yield`](Self::owner_yield)) until the pool has been quiet
+    /// (no batch queued, no job taken up or ended) for [`STUCK_AFTER`].
+    pub fn look(&mut self, now: Instant) {
+        let activity = self.shared.activity.load(Ordering::Relaxed);
+        let changed_at = match self.changed_at {
+            Some(t) if activity == self.seen_activity => t,
+            _ => {
+                self.seen_activity = activity;
+                *self.changed_at.insert(now)
+            }
+        };
+        self.yielding = now.saturating_duration_since(changed_at) < STUCK_AFTER;
+    }
+
+    /// A busy owner's spin with transfers out and no result waiting:
+    /// gives up the core (true) while the pool is active (see
+    /// [`look`](Self::look)), for a transfer thread placed on the
+    /// owner's core, which a spinning owner would keep from running
+    /// (busy `hg-perf bw` with 2 threads fell to 0.2-0.45x of the CMA
+    /// floor at 1 MiB; with the yield 0.80-0.85x). A pool quiet that long
+    /// has its jobs stuck in the kernel (or moving one huge window): a
+    /// yield does nothing for them, and one per progress call would cost
+    /// a system call each, and on a loaded core a time slice, for as long
+    /// as a stalling peer pleases. Then false: the spin runs its checks.
+    pub fn owner_yield(&self) -> bool {
+        if !self.yielding {
+            return false;
+        }
+        self.shared.hooks.owner_yielded();
+        std::thread::yield_now();
+        true
     }
 
     /// (jobs queued, jobs running).
@@ -278,6 +308,8 @@ impl RmaPool {
             }
         }
         self.shared.waiting.fetch_add(n as u64, Ordering::Relaxed);
+        self.shared.activity.fetch_add(1, Ordering::Relaxed);
+        self.yielding = true;
         drop(st);
         self.shared.work.notify_one();
         self.report_stuck();
@@ -285,8 +317,7 @@ impl RmaPool {
     }
 
     fn spawn(&self, k: usize) -> std::io::Result<()> {
-        #[cfg(feature = "test-hooks")]
-        if self.shared.fail_spawns.load(Ordering::Relaxed) {
+        if self.shared.hooks.spawn_fails() {
             return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
         }
         let shared = Arc::clone(&self.shared);
@@ -475,17 +506,16 @@ fn worker(shared: &Shared) {
         };
         shared.waiting.fetch_sub(1, Ordering::Relaxed);
         shared.running.fetch_add(1, Ordering::Relaxed);
+        shared.activity.fetch_add(1, Ordering::Relaxed);
         drop(st);
-        #[cfg(feature = "test-hooks")]
-        if job.checks_pidfd() {
-            shared.pidfd_checked_jobs.fetch_add(1, Ordering::Relaxed);
-        }
+        shared.hooks.job_started(job.checks_pidfd());
         let result = job.run(&mut lists);
         // The handles go before the result is reported: once a transfer
         // completes, `MemHandle::into_buffers` must succeed.
         drop(job);
         st = shared.lock();
         shared.running.fetch_sub(1, Ordering::Relaxed);
+        shared.activity.fetch_add(1, Ordering::Relaxed);
         if let Some(q) = st.queues.get_mut(&peer) {
             q.running = None;
             if q.jobs.is_empty() {
@@ -535,7 +565,7 @@ impl RmaPoolProbe {
     /// Makes every later attempt to start a transfer thread fail (`EAGAIN`),
     /// or lets them succeed again.
     pub fn fail_spawns(&self, fail: bool) {
-        self.shared.fail_spawns.store(fail, Ordering::Relaxed);
+        self.shared.hooks.set_fail_spawns(fail);
     }
 
     /// (threads started, those of them that have not taken the pool's
@@ -549,19 +579,25 @@ impl RmaPoolProbe {
     /// Makes the next `n` duplicates of a peer's pidfd for its jobs fail
     /// (`EMFILE`, as if our descriptors had run out).
     pub fn fail_pidfd_dups(&self, n: usize) {
-        self.shared.fail_pidfd_dups.store(n, Ordering::Relaxed);
+        self.shared.hooks.set_fail_pidfd_dups(n);
     }
 
     /// How many of the failures [`fail_pidfd_dups`](Self::fail_pidfd_dups)
     /// asked for are still to come.
     pub fn pidfd_dup_failures_left(&self) -> usize {
-        self.shared.fail_pidfd_dups.load(Ordering::Relaxed)
+        self.shared.hooks.pidfd_dup_failures_left()
     }
 
     /// Jobs a transfer thread started with their peer's pidfd to check
     /// (the others run without the pid check).
     pub fn pidfd_checked_jobs(&self) -> u64 {
-        self.shared.pidfd_checked_jobs.load(Ordering::Relaxed)
+        self.shared.hooks.pidfd_checked_jobs()
+    }
+
+    /// How many times a busy owner gave up its core for the transfer
+    /// threads (`yield_now` in its spin while transfers were out).
+    pub fn owner_yields(&self) -> u64 {
+        self.shared.hooks.owner_yields()
     }
 
     /// Takes the pool's lock on a thread of its own and holds it until
