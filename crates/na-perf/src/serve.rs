@@ -46,7 +46,7 @@ fn take_links(fds: &[i32]) -> Result<Option<FloorLinks>> {
             })
         }
     };
-    let efd = |fd| take_inherited(fd, "anon_inode:[eventfd]").map(EventFd::from_owned);
+    let efd = |fd| take_inherited(fd, na_core::sys::eventfd::PROC_LINK).map(EventFd::from_owned);
     Ok(Some(FloorLinks {
         to_peer: efd(to).map_err(PerfError::sys("inherited eventfd"))?,
         from_peer: efd(from).map_err(PerfError::sys("inherited eventfd"))?,

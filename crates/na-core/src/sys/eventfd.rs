@@ -13,8 +13,11 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-/// What `/proc/self/fd/N` names an eventfd.
-const PROC_LINK: &str = "anon_inode:[eventfd]";
+/// What `/proc/self/fd/N` (the target of the link, [proc(5)]) names an
+/// eventfd: how a descriptor received from elsewhere is told to be one.
+///
+/// [proc(5)]: https://man7.org/linux/man-pages/man5/proc.5.html
+pub const PROC_LINK: &str = "anon_inode:[eventfd]";
 
 /// An eventfd: a 64-bit counter behind a descriptor, readable while the
 /// counter is not 0. Its flags and first value are the creator's

@@ -170,7 +170,7 @@ fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
 /// True if `link`, a descriptor's name in `/proc/self/fd`, is an
 /// eventfd's.
 pub fn is_eventfd_link(link: &std::ffi::OsStr) -> bool {
-    link == "anon_inode:[eventfd]"
+    link == na_core::sys::eventfd::PROC_LINK
 }
 
 /// [`harmless_to_close`] where `statx` is missing or refused: by

@@ -201,7 +201,7 @@ impl PeerWake {
     pub fn from_peer(fd: OwnedFd) -> io::Result<PeerWake> {
         let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
         let name = link.to_string_lossy();
-        if name == "anon_inode:[eventfd]" {
+        if name == na_core::sys::eventfd::PROC_LINK {
             return EventFd::from_peer(fd).map(PeerWake::EventFd);
         }
         if name.starts_with("pipe:[") {
