@@ -159,8 +159,9 @@
 //! through progress, which the threads wake. A busy owner whose
 //! transfers are with the threads gives up its core once per
 //! [`spin_wait`](na_core::Plugin::spin_wait) instead of spinning, so a
-//! transfer thread placed on that core runs, until no job has started or
-//! ended for a second (stuck jobs: a yield does nothing for them). Each job checks the peer's pidfd
+//! transfer thread placed on that core runs; once no job has started or
+//! ended for a second (stuck jobs: a yield does nothing for them), only
+//! once per [`RMA_QUIET_YIELD_EVERY`]. Each job checks the peer's pidfd
 //! before it moves anything. Cancel completes a handed-over transfer at
 //! once, even a running one (its local memory may still be written until
 //! the kernel lets go; the job holds a clone of the handle until then,
@@ -257,7 +258,8 @@ pub use closer::{
 };
 pub use config::{
     default_dir, SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, DEFAULT_MAX_QUEUED_PER_PEER,
-    MAX_NAME_LEN, MAX_RMA_THREADS, PIDFD_ENV, RMA_QUEUE_PER_PEER, RMA_THREADS_ENV, SOCKET_DIR_ENV, WAKE_ENV,
+    MAX_NAME_LEN, MAX_RMA_THREADS, PIDFD_ENV, RMA_QUEUE_PER_PEER, RMA_QUIET_YIELD_EVERY, RMA_THREADS_ENV,
+    SOCKET_DIR_ENV, WAKE_ENV,
 };
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
