@@ -113,8 +113,9 @@
 //! epoll in `try_wait` (before arming), after a wake-up that brought no
 //! message, while a handshake is in flight, or every
 //! [`EVENT_POLL_INTERVAL`] calls or [`EVENT_POLL_MAX_GAP`], whichever
-//! comes first (at most every millisecond while RMA transfers are with
-//! the transfer threads, below). A wake-up that brought a
+//! comes first (while RMA transfers are with the transfer threads,
+//! below, every call looks at the clock for [`EVENT_POLL_MAX_GAP`]). A
+//! wake-up that brought a
 //! message leaves the events to the next `try_wait`, keeping that system
 //! call off the reply's path.
 //!
