@@ -455,6 +455,16 @@ fn leave(s: &mut Scene, stash: &mut HashMap<OpId, Completion>, src: &Addr) {
     assert_eq!(&said, b"L");
 }
 
+/// Waits (at most [`BOUND`]) until a transfer thread has taken up the
+/// stalling get just made, and fails if none does.
+fn wait_until_running(s: &mut Scene) {
+    let end = Instant::now() + BOUND;
+    while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
+        assert!(Instant::now() < end, "the stalling get never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Makes `turn`s, each after a pause of a quarter of
 /// `EVENT_POLL_MAX_GAP`, until `op` is in `stash`, at most
 /// [`GONE_WITHIN_CALLS`] (and fails if it never is); returns the turns made.
@@ -516,10 +526,7 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
         // The first runs (and sticks: wait for its thread to take it);
         // then the queue fills.
         s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(1000)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         for k in 1..=max {
             s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(1000 + k)).unwrap();
         }
@@ -594,11 +601,7 @@ fn a_busy_owner_yields_to_a_stuck_transfer_only_now_and_then_and_still_sees_its_
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
         let (src, remote) = s.hostile.clone();
         s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
-            assert!(Instant::now() < end, "the stalling get never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         // The batch made the pool active: the turn's spin yields, and its
         // progress call sees the job's start (the last change).
         busy_turn(&mut s, &mut stash);
@@ -780,11 +783,7 @@ fn a_canceled_queued_transfer_gives_its_handle_back() {
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
         let (src, remote) = s.hostile.clone();
         s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
-            assert!(Instant::now() < end, "the stalling get never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         let (a, b) = (
             MemHandle::zeroed(64, Access::ReadWrite),
             MemHandle::zeroed(64, Access::ReadWrite),
@@ -825,11 +824,7 @@ fn an_op_id_reused_after_a_cancel_takes_only_its_own_result() {
         let stuck = MemHandle::zeroed(LEN, Access::ReadWrite);
         let (src, remote) = s.hostile.clone();
         s.ep.get(&stuck, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
-            assert!(Instant::now() < end, "the stalling get never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         s.ep.cancel(s.id, OpId(10)).unwrap();
         let c = wait_op(&mut s.ep, &mut stash, OpId(10));
         assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);
