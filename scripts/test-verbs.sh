@@ -30,8 +30,11 @@ die() { log "error: $*"; exit 1; }
 
 read -r -a CRATES <<< "${QS_VERBS_CRATES:-na-verbs}"
 PER_BIN=${QS_VERBS_TIMEOUT:-300}
-case $PER_BIN in ''|*[!0-9]*) die "QS_VERBS_TIMEOUT must be a number of seconds, got '$PER_BIN'" ;; esac
-case ${QS_VERBS_VM_TIMEOUT:-0} in ''|*[!0-9]*) die "QS_VERBS_VM_TIMEOUT must be a number of seconds, got '$QS_VERBS_VM_TIMEOUT'" ;; esac
+# A whole number of seconds above 0, no leading zero: `timeout 0` would
+# mean no timeout at all, and bash arithmetic reads 08 as bad octal.
+seconds() { case $2 in ''|0*|*[!0-9]*) die "$1 must be a whole number of seconds above 0, got '$2'" ;; esac; }
+seconds QS_VERBS_TIMEOUT "$PER_BIN"
+[ -z "${QS_VERBS_VM_TIMEOUT:-}" ] || seconds QS_VERBS_VM_TIMEOUT "$QS_VERBS_VM_TIMEOUT"
 
 SUDO=()
 if [ "$(id -u)" != 0 ]; then

@@ -35,6 +35,17 @@ pub const MAX_RMA_THREADS: usize = 64;
 /// a batch that would pass it is refused whole, nothing started.
 pub const RMA_QUEUE_PER_PEER: usize = 1024;
 
+/// While transfers are with the transfer threads but none started or
+/// ended for a second, a busy owner's spin still gives up its core once
+/// per this gap (and not once per progress call, as while jobs come and
+/// go). A transfer thread inherits the owner's CPU set and scheduling
+/// policy: where the owner is pinned to one core with `SCHED_FIFO` or
+/// `SCHED_RR`, a thread whose job slept (a page-in of slow file-backed
+/// memory, say) and woke ready to go on runs only when the owner yields,
+/// so a busy owner that never yielded to a quiet pool held a healthy
+/// transfer forever.
+pub const RMA_QUIET_YIELD_EVERY: Duration = Duration::from_millis(100);
+
 /// Longest instance name accepted in `sm://<name>` and in addresses.
 pub const MAX_NAME_LEN: usize = 64;
 

@@ -113,8 +113,9 @@
 //! epoll in `try_wait` (before arming), after a wake-up that brought no
 //! message, while a handshake is in flight, or every
 //! [`EVENT_POLL_INTERVAL`] calls or [`EVENT_POLL_MAX_GAP`], whichever
-//! comes first (at most every millisecond while RMA transfers are with
-//! the transfer threads, below). A wake-up that brought a
+//! comes first (while RMA transfers are with the transfer threads,
+//! below, every call looks at the clock for [`EVENT_POLL_MAX_GAP`]). A
+//! wake-up that brought a
 //! message leaves the events to the next `try_wait`, keeping that system
 //! call off the reply's path.
 //!
@@ -159,8 +160,9 @@
 //! through progress, which the threads wake. A busy owner whose
 //! transfers are with the threads gives up its core once per
 //! [`spin_wait`](na_core::Plugin::spin_wait) instead of spinning, so a
-//! transfer thread placed on that core runs, until no job has started or
-//! ended for a second (stuck jobs: a yield does nothing for them). Each job checks the peer's pidfd
+//! transfer thread placed on that core runs; once no job has started or
+//! ended for a second (stuck jobs: a yield does nothing for them), only
+//! once per [`RMA_QUIET_YIELD_EVERY`]. Each job checks the peer's pidfd
 //! before it moves anything. Cancel completes a handed-over transfer at
 //! once, even a running one (its local memory may still be written until
 //! the kernel lets go; the job holds a clone of the handle until then,
@@ -257,7 +259,8 @@ pub use closer::{
 };
 pub use config::{
     default_dir, SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, DEFAULT_MAX_QUEUED_PER_PEER,
-    MAX_NAME_LEN, MAX_RMA_THREADS, PIDFD_ENV, RMA_QUEUE_PER_PEER, RMA_THREADS_ENV, SOCKET_DIR_ENV, WAKE_ENV,
+    MAX_NAME_LEN, MAX_RMA_THREADS, PIDFD_ENV, RMA_QUEUE_PER_PEER, RMA_QUIET_YIELD_EVERY, RMA_THREADS_ENV,
+    SOCKET_DIR_ENV, WAKE_ENV,
 };
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]

@@ -256,8 +256,8 @@ impl SmPlugin {
     /// with them and the pool is active, after giving up the core once
     /// (see `RmaPool::owner_yield`: a busy owner that spun on would keep a
     /// transfer thread placed on its core from running). A pool quiet for
-    /// a second (its jobs stuck) is spun on as usual: its results wait at
-    /// most the spin's checks.
+    /// a second (its jobs stuck) is spun on as usual but for a yield per
+    /// `RMA_QUIET_YIELD_EVERY`: its results wait at most the spin's checks.
     fn rma_pool_turn(&self) -> bool {
         let Some(pool) = &self.rma_pool else {
             return false;

@@ -22,7 +22,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, PluginId, RemoteMem};
-use na_sm::{RmaPoolProbe, EVENT_POLL_MAX_GAP};
+use na_sm::{RmaPoolProbe, EVENT_POLL_MAX_GAP, RMA_QUIET_YIELD_EVERY};
 
 mod common;
 use common::{private_dir, rma_endpoint, sys, KillOnDrop};
@@ -455,6 +455,16 @@ fn leave(s: &mut Scene, stash: &mut HashMap<OpId, Completion>, src: &Addr) {
     assert_eq!(&said, b"L");
 }
 
+/// Waits (at most [`BOUND`]) until a transfer thread has taken up the
+/// stalling get just made, and fails if none does.
+fn wait_until_running(s: &mut Scene) {
+    let end = Instant::now() + BOUND;
+    while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
+        assert!(Instant::now() < end, "the stalling get never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Makes `turn`s, each after a pause of a quarter of
 /// `EVENT_POLL_MAX_GAP`, until `op` is in `stash`, at most
 /// [`GONE_WITHIN_CALLS`] (and fails if it never is); returns the turns made.
@@ -516,10 +526,7 @@ fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
         // The first runs (and sticks: wait for its thread to take it);
         // then the queue fills.
         s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(1000)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         for k in 1..=max {
             s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(1000 + k)).unwrap();
         }
@@ -573,28 +580,28 @@ const QUIET_TURNS: u64 = 2000;
 
 /// A busy owner gives up its core to the transfer threads while their
 /// pool is active, not for as long as a stalling peer holds one: its spin
-/// yields after the batch, and none of [`QUIET_TURNS`] busy turns does
-/// once no job has started or ended for over a second (each did before:
-/// a system call per turn, and on a loaded core a time slice, for as
-/// long as the peer stalled). The peer that then closes its connection
-/// is still noticed by such turns: its stuck get fails as gone within
+/// yields after the batch, and of [`QUIET_TURNS`] busy turns made once no
+/// job has started or ended for over a second, at most one per
+/// `RMA_QUIET_YIELD_EVERY` does (each did before: a system call per
+/// turn, and on a loaded core a time slice, for as long as the peer
+/// stalled). Nor does it stop for good: a quiet pool still gets a yield
+/// within that gap (a thread sharing the owner's core at real-time
+/// priority runs only then; a busy owner that never yielded held its
+/// healthy transfer forever). The peer that then closes its connection is
+/// still noticed by such turns: its stuck get fails as gone within
 /// [`GONE_WITHIN_CALLS`] of them.
 #[test]
-fn a_busy_owner_stops_yielding_to_a_stuck_transfer_and_still_sees_its_peer_leave() {
+fn a_busy_owner_yields_to_a_stuck_transfer_only_now_and_then_and_still_sees_its_peer_leave() {
     let Some((mut s, kills, dir)) = scene_with("stalling-rma-yield", 1, leaving_hostile_peer) else {
         return;
     };
-    let steps = run_steps(2, kills, dir, move |tx| {
+    let steps = run_steps(3, kills, dir, move |tx| {
         let probe = s.probe.take().expect("the scene's pool probe");
         let mut stash = HashMap::new();
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
         let (src, remote) = s.hostile.clone();
         s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
-            assert!(Instant::now() < end, "the stalling get never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         // The batch made the pool active: the turn's spin yields, and its
         // progress call sees the job's start (the last change).
         busy_turn(&mut s, &mut stash);
@@ -604,17 +611,36 @@ fn a_busy_owner_stops_yielding_to_a_stuck_transfer_and_still_sees_its_peer_leave
         // This turn's spin still yields; its progress call sees the quiet.
         busy_turn(&mut s, &mut stash);
         let before = probe.owner_yields();
+        let started = Instant::now();
         for _ in 0..QUIET_TURNS {
             busy_turn(&mut s, &mut stash);
         }
+        let took = started.elapsed();
         let quiet = probe.owner_yields() - before;
         let _ = tx.send(Step::Counted(format!(
-            "{active} yield(s) active, {quiet} in {QUIET_TURNS} quiet turns"
+            "{active} yield(s) active, {quiet} in {QUIET_TURNS} quiet turns ({took:?})"
         )));
-        assert_eq!(
-            quiet, 0,
-            "a busy owner yielded {quiet} times in {QUIET_TURNS} turns to a pool quiet for a second"
+        let most = 1 + (took.as_nanos() / RMA_QUIET_YIELD_EVERY.as_nanos()) as u64;
+        assert!(
+            quiet <= most,
+            "a busy owner yielded {quiet} times in {QUIET_TURNS} turns ({took:?}) to a pool quiet for a \
+             second: at most {most}, one per {RMA_QUIET_YIELD_EVERY:?}"
         );
+        // Still quiet: a yield comes within the gap (given generously).
+        let before = probe.owner_yields();
+        let started = Instant::now();
+        while probe.owner_yields() == before {
+            assert!(
+                started.elapsed() < BOUND / 2,
+                "a busy owner made no yield in {:?} to a pool quiet for a second (one per {RMA_QUIET_YIELD_EVERY:?})",
+                BOUND / 2
+            );
+            busy_turn(&mut s, &mut stash);
+        }
+        let _ = tx.send(Step::Counted(format!(
+            "a quiet yield after {:?}",
+            started.elapsed()
+        )));
         assert!(!stash.contains_key(&OpId(10)), "the stalling get ended");
         leave(&mut s, &mut stash, &src);
         let calls = turns_until(&mut s, &mut stash, OpId(10), busy_turn);
@@ -627,7 +653,7 @@ fn a_busy_owner_stops_yielding_to_a_stuck_transfer_and_still_sees_its_peer_leave
         let _ = tx.send(Step::Counted(format!("gone after {calls} busy turns")));
     });
     assert!(
-        matches!(&steps[..], [Step::Counted(_), Step::Counted(_)]),
+        matches!(&steps[..], [Step::Counted(_), Step::Counted(_), Step::Counted(_)]),
         "{steps:?}"
     );
     eprintln!("{steps:?}");
@@ -757,11 +783,7 @@ fn a_canceled_queued_transfer_gives_its_handle_back() {
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
         let (src, remote) = s.hostile.clone();
         s.ep.get(&local, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
-            assert!(Instant::now() < end, "the stalling get never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         let (a, b) = (
             MemHandle::zeroed(64, Access::ReadWrite),
             MemHandle::zeroed(64, Access::ReadWrite),
@@ -802,11 +824,7 @@ fn an_op_id_reused_after_a_cancel_takes_only_its_own_result() {
         let stuck = MemHandle::zeroed(LEN, Access::ReadWrite);
         let (src, remote) = s.hostile.clone();
         s.ep.get(&stuck, 0, &remote, 0, 64, &src, OpId(10)).unwrap();
-        let end = Instant::now() + BOUND;
-        while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
-            assert!(Instant::now() < end, "the stalling get never ran");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_running(&mut s);
         s.ep.cancel(s.id, OpId(10)).unwrap();
         let c = wait_op(&mut s.ep, &mut stash, OpId(10));
         assert!(matches!(c.status, Err(NaError::Canceled)), "{:?}", c.status);

@@ -28,7 +28,7 @@ use na_core::{NaError, OpId, Result, RmaDir};
 
 use super::hooks::Hooks;
 use super::job::{Job, JobResult};
-use crate::config::RMA_QUEUE_PER_PEER;
+use crate::config::{RMA_QUEUE_PER_PEER, RMA_QUIET_YIELD_EVERY};
 use crate::sys::cma::IovLists;
 use crate::sys::eventfd::EventFd;
 
@@ -128,6 +128,9 @@ pub(crate) struct RmaPool {
     /// it change.
     seen_activity: u64,
     changed_at: Option<Instant>,
+    /// While the pool is quiet, when a spin yields next (see
+    /// [`look`](Self::look)); `None` until the quiet is first seen.
+    quiet_yield_at: Option<Instant>,
     /// Whether a busy owner's spins yield its core (see
     /// [`owner_yield`](Self::owner_yield)).
     yielding: bool,
@@ -158,6 +161,7 @@ impl RmaPool {
             next_stuck_check: None,
             seen_activity: 0,
             changed_at: None,
+            quiet_yield_at: None,
             yielding: false,
         }
     }
@@ -186,17 +190,29 @@ impl RmaPool {
     /// The owner's look at the pool at `now`, made by each progress call
     /// while transfers are out: its spins yield (see
     /// [`owner_yield`](Self::owner_yield)) until the pool has been quiet
-    /// (no batch queued, no job taken up or ended) for [`STUCK_AFTER`].
+    /// (no batch queued, no job taken up or ended) for [`STUCK_AFTER`],
+    /// and then once per [`RMA_QUIET_YIELD_EVERY`] (a running job may
+    /// need the owner's core, however long it has run).
     pub fn look(&mut self, now: Instant) {
         let activity = self.shared.activity.load(Ordering::Relaxed);
         let changed_at = match self.changed_at {
             Some(t) if activity == self.seen_activity => t,
             _ => {
                 self.seen_activity = activity;
+                self.quiet_yield_at = None;
                 *self.changed_at.insert(now)
             }
         };
-        self.yielding = now.saturating_duration_since(changed_at) < STUCK_AFTER;
+        if now.saturating_duration_since(changed_at) < STUCK_AFTER {
+            self.yielding = true;
+            return;
+        }
+        // Quiet: the first yield comes a gap after the quiet was seen.
+        let at = *self.quiet_yield_at.get_or_insert(now + RMA_QUIET_YIELD_EVERY);
+        self.yielding = now >= at;
+        if self.yielding {
+            self.quiet_yield_at = Some(now + RMA_QUIET_YIELD_EVERY);
+        }
     }
 
     /// A busy owner's spin with transfers out and no result waiting:
@@ -206,9 +222,11 @@ impl RmaPool {
     /// (busy `hg-perf bw` with 2 threads fell to 0.2-0.45x of the CMA
     /// floor at 1 MiB; with the yield 0.80-0.85x). A pool quiet that long
     /// has its jobs stuck in the kernel (or moving one huge window): a
-    /// yield does nothing for them, and one per progress call would cost
-    /// a system call each, and on a loaded core a time slice, for as long
-    /// as a stalling peer pleases. Then false: the spin runs its checks.
+    /// yield per progress call would cost a system call each, and on a
+    /// loaded core a time slice, for as long as a stalling peer pleases.
+    /// Then false but once per [`RMA_QUIET_YIELD_EVERY`]: the spin runs
+    /// its checks. (Never false for good: a thread that shares the
+    /// owner's core and real-time priority runs only when it yields.)
     pub fn owner_yield(&self) -> bool {
         if !self.yielding {
             return false;
