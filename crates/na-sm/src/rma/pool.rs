@@ -240,7 +240,7 @@ impl RmaPool {
     pub fn counts(&self) -> (u64, u64) {
         (
             self.shared.waiting.load(Ordering::Relaxed),
-            self.shared.running.load(Ordering::Relaxed),
+            self.shared.running.load(Ordering::Acquire),
         )
     }
 
@@ -523,8 +523,10 @@ fn worker(shared: &Shared) {
             continue;
         };
         shared.waiting.fetch_sub(1, Ordering::Relaxed);
-        shared.running.fetch_add(1, Ordering::Relaxed);
+        // Activity first: who sees the job running (`counts`, Acquire)
+        // sees the activity it made too.
         shared.activity.fetch_add(1, Ordering::Relaxed);
+        shared.running.fetch_add(1, Ordering::Release);
         drop(st);
         shared.hooks.job_started(job.checks_pidfd());
         let result = job.run(&mut lists);
