@@ -56,7 +56,7 @@ fn fork_peer(dir: &Path, uri: &str) -> KillOnDrop {
         })();
         sys::exit_now(code);
     }
-    let kill = KillOnDrop(child);
+    let kill = KillOnDrop::new(child);
     drop(said_w);
     let mut said = [0u8; 1];
     said_r.read_exact(&mut said).expect("the peer said nothing");

@@ -197,7 +197,7 @@ fn fork_peer_with_status(dir: &std::path::Path, uri: &str, f: PeerMain) -> (Kill
         drop(status_r);
         sys::exit_now(f(dir, uri, status_w));
     }
-    let kill = KillOnDrop(child);
+    let kill = KillOnDrop::new(child);
     drop(status_w);
     let mut said = [0u8; 1];
     std::io::Read::read_exact(&mut status_r, &mut said).expect("the peer said nothing");
@@ -374,7 +374,7 @@ fn a_held_thread_leaves_other_peers_jobs_queued_and_the_caller_free() {
     };
     // Killed by the endpoint's thread mid-scenario (and by `kills` at the
     // end, or when a step does not come).
-    let hostile_pid = kills[0].0;
+    let hostile_pid = kills[0].pid();
     let steps = run_steps(3, kills, dir, move |tx| {
         let mut stash = HashMap::new();
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
@@ -663,7 +663,7 @@ fn one_thread_per_peer_after(tag: &str, idle_turn: fn(&mut Scene, &mut HashMap<O
     assert_eq!(said, b'S', "the honest peer could not start");
     kills.push(kill);
     let honest = receive_descriptor(&mut ep, id, OpId(4));
-    let (g_pid, h_pid) = (kills[0].0, kills[1].0);
+    let (g_pid, h_pid) = (kills[0].pid(), kills[1].pid());
     let mut s = Scene {
         ep,
         id,
@@ -796,7 +796,7 @@ fn an_op_id_reused_after_a_cancel_takes_only_its_own_result() {
     let Some((mut s, kills, dir)) = scene("stalling-rma-reuse", 1) else {
         return;
     };
-    let hostile_pid = kills[0].0;
+    let hostile_pid = kills[0].pid();
     let steps = run_steps(1, kills, dir, move |tx| {
         let mut stash = HashMap::new();
         let stuck = MemHandle::zeroed(LEN, Access::ReadWrite);
