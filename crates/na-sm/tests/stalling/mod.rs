@@ -115,7 +115,8 @@ pub struct Scene {
     pub honest: (Addr, RemoteMem),
     /// The pipe the hostile peer reports on (what it says after `S`).
     pub hostile_status: Option<std::fs::File>,
-    /// The probe of the plugin's transfer-thread pool.
+    /// The probe of the plugin's transfer-thread pool (`None` in inline
+    /// mode, which has no pool).
     pub probe: Option<RmaPoolProbe>,
 }
 
@@ -135,7 +136,14 @@ pub fn scene_with(
     hostile: PeerMain,
 ) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
     let dir = private_dir(tag);
-    let (mut ep, id, probe) = common::probed_rma_endpoint(&dir, threads);
+    let (mut ep, id, probe) = if threads > 0 {
+        let (ep, id, probe) = common::probed_rma_endpoint(&dir, threads);
+        (ep, id, Some(probe))
+    } else {
+        // Inline mode: no pool to probe (the plugin refuses a probe).
+        let (ep, id) = common::rma_endpoint(&dir, true, 0);
+        (ep, id, None)
+    };
     let uri = ep.self_addr(id).unwrap().uri().to_owned();
     let mut kills = Vec::new();
     let mut fork_peer = |f: PeerMain| {
@@ -162,7 +170,7 @@ pub fn scene_with(
             hostile,
             honest,
             hostile_status: Some(hostile_status),
-            probe: Some(probe),
+            probe,
         },
         kills,
         dir,
