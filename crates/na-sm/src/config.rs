@@ -250,8 +250,7 @@ impl SmConfig {
     /// Whether peers' exits are watched by pid only: [`PIDFD_ENV`] set to
     /// `pid` (or, with the `test-hooks` feature, `pidfd_by_pid`).
     pub fn resolve_pidfd_by_pid(&self) -> SmResult<bool> {
-        #[cfg(feature = "test-hooks")]
-        if self.pidfd_by_pid {
+        if self.hook_pidfd_by_pid() {
             return Ok(true);
         }
         match env_string(PIDFD_ENV)?.as_deref() {
@@ -267,11 +266,7 @@ impl SmConfig {
     /// the socket's pidfd.
     pub(crate) fn resolve_exit_watch(&self) -> SmResult<crate::identity::ExitWatch> {
         use crate::identity::ExitWatch;
-        #[cfg(feature = "test-hooks")]
-        let eof_only = self.exits_by_eof_only;
-        #[cfg(not(feature = "test-hooks"))]
-        let eof_only = false;
-        Ok(if eof_only {
+        Ok(if self.hook_exits_by_eof_only() {
             ExitWatch::EofOnly
         } else if self.resolve_pidfd_by_pid()? {
             ExitWatch::ByPid
@@ -286,6 +281,41 @@ impl SmConfig {
             return Ok(d.clone());
         }
         default_dir()
+    }
+}
+
+/// The exit-watch test hooks (`pidfd_by_pid`, `exits_by_eof_only`), read
+/// here so that no function carries a `cfg`: the fields with the
+/// `test-hooks` feature, `false` without it (`#[inline(always)]`: the
+/// compiler removes the branch).
+#[cfg(feature = "test-hooks")]
+impl SmConfig {
+    /// [`pidfd_by_pid`](Self::pidfd_by_pid).
+    #[inline(always)]
+    fn hook_pidfd_by_pid(&self) -> bool {
+        self.pidfd_by_pid
+    }
+
+    /// [`exits_by_eof_only`](Self::exits_by_eof_only).
+    #[inline(always)]
+    fn hook_exits_by_eof_only(&self) -> bool {
+        self.exits_by_eof_only
+    }
+}
+
+/// See the other `impl` of these (no hooks: never).
+#[cfg(not(feature = "test-hooks"))]
+impl SmConfig {
+    /// Never (no `test-hooks` feature).
+    #[inline(always)]
+    fn hook_pidfd_by_pid(&self) -> bool {
+        false
+    }
+
+    /// Never (no `test-hooks` feature).
+    #[inline(always)]
+    fn hook_exits_by_eof_only(&self) -> bool {
+        false
     }
 }
 

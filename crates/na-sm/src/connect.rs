@@ -10,9 +10,11 @@
 mod accept;
 mod dial;
 mod hello;
+mod hooks;
 
+pub(crate) use hooks::ListenerHooks;
 #[cfg(feature = "test-hooks")]
-pub use accept::ListenerProbe;
+pub use hooks::ListenerProbe;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};

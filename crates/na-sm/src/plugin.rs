@@ -101,10 +101,9 @@ pub struct SmPlugin {
     pub(crate) pending: HashMap<u64, PendingAccept>,
     /// Why the listener is out of the epoll set, while it is.
     pub(crate) accept_pause: Option<crate::connect::AcceptPause>,
-    /// Test hook: where `accept_pause` is mirrored for the
-    /// `ListenerProbe` handed out, if one was.
-    #[cfg(feature = "test-hooks")]
-    pub(crate) listener_probe: Option<std::sync::Arc<std::sync::atomic::AtomicU8>>,
+    /// Test hook: mirrors `accept_pause` for the `ListenerProbe` handed
+    /// out, if one was (a no-op without the `test-hooks` feature).
+    pub(crate) listener_hooks: crate::connect::ListenerHooks,
     /// Fires at the earliest handshake deadline or end of an accept pause.
     pub(crate) timer: Timer,
     /// The timer fired since the last deadline sweep (its expiry was read,

@@ -10,7 +10,7 @@
 
 mod common;
 mod fd_limit;
-use common::sys;
+use common::{sys, KillOnDrop};
 use std::os::fd::{AsFd, AsRawFd};
 
 use std::time::{Duration, Instant};
@@ -73,6 +73,8 @@ fn accepting_without_descriptors_neither_spins_nor_loses_the_client() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // (Its pidfd is taken before the limit is lowered.)
+    let _kill = KillOnDrop::new(child.id() as libc::pid_t);
     // No descriptor left: the lowest free number becomes the limit.
     let lowest_free = {
         let fd = sys::dup(std::io::stderr().as_fd());

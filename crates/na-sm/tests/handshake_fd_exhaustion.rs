@@ -13,7 +13,7 @@
 
 mod common;
 mod fd_limit;
-use common::sys;
+use common::{sys, KillOnDrop};
 use std::os::fd::{AsFd, AsRawFd};
 
 use std::io::BufRead;
@@ -116,6 +116,7 @@ fn running_out_of_descriptors_mid_handshake_is_not_the_peers_fault() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let _kill = KillOnDrop::new(child.id() as libc::pid_t);
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut go = child.stdin.take().unwrap();
     // Two short handshakes: with room for the accepted socket and the

@@ -247,7 +247,7 @@ fn reuse_before_the_death_is_seen(dir: &std::path::Path) -> Result<String, Strin
     // P connects, hands its socket to G, and says who it is.
     let mut p = spawn_peer(&s.uri, dir, true)?;
     let p_pid = p.id();
-    let _p = KillOnDrop(p_pid as libc::pid_t);
+    let _p = KillOnDrop::new(p_pid as libc::pid_t);
     // Read on a thread: P's lookup may wait for S's acknowledgement, which
     // S gives only while it makes progress.
     let out = p.stdout.take().ok_or("no stdout of P")?;
@@ -265,7 +265,7 @@ fn reuse_before_the_death_is_seen(dir: &std::path::Path) -> Result<String, Strin
         .ok()
         .flatten()
         .ok_or("P did not say which child holds its socket")?;
-    let _g = KillOnDrop(g);
+    let _g = KillOnDrop::new(g);
     s.echo(&p_addr, p_pid)?;
     let p_start = start_time(p_pid).map_err(|e| e.to_string())?;
 
@@ -305,7 +305,7 @@ fn reuse_before_the_death_is_seen(dir: &std::path::Path) -> Result<String, Strin
         kill_and_reap(child.id() as libc::pid_t)?;
     }
     let q = q.ok_or(format!("pid {p_pid} did not come round"))?;
-    let _q = KillOnDrop(q.id() as libc::pid_t);
+    let _q = KillOnDrop::new(q.id() as libc::pid_t);
     let q_start = start_time(p_pid).map_err(|e| e.to_string())?;
     if q_start == p_start {
         return Err(format!(

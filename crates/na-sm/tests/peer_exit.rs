@@ -171,7 +171,7 @@ impl Peer {
         self.grandchild_rx
             .read_exact(&mut grandchild)
             .expect("the child reports its grandchild");
-        let _grandchild = KillOnDrop(i32::from_le_bytes(grandchild));
+        let _grandchild = KillOnDrop::new(i32::from_le_bytes(grandchild));
         let mut status = 0;
         let pid = std::mem::replace(&mut self.pid, 0);
         assert_eq!(sys::waitpid(pid, &mut status, 0), pid);

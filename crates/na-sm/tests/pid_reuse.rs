@@ -115,14 +115,14 @@ fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
     from_p
         .read_exact(&mut g)
         .map_err(|e| format!("P did not fork G: {e}"))?;
-    let _g = KillOnDrop(i32::from_le_bytes(g));
+    let _g = KillOnDrop::new(i32::from_le_bytes(g));
     let mut status = 0;
     // Reaps our own child P: its pid is free.
     if sys::waitpid(p, &mut status, 0) != p || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         return Err(format!("P failed: {status:#x}"));
     }
     let q = take_pid(p)?;
-    let _q = KillOnDrop(q);
+    let _q = KillOnDrop::new(q);
     let q_start = start_time(p as u32).map_err(|e| e.to_string())?;
     if q_start == p_start {
         return Err(format!(
@@ -183,9 +183,8 @@ fn take_pid(pid: libc::pid_t) -> Result<libc::pid_t, String> {
         if q == pid {
             return Ok(q);
         }
-        drop(KillOnDrop(q));
-        // Reaps the child that missed.
-        sys::waitpid(q, &mut 0, 0);
+        // Kills and reaps the child that missed.
+        drop(KillOnDrop::new(q));
     }
     Err(format!("pid {pid} did not come round"))
 }

@@ -63,7 +63,7 @@ fn a_refusal_at_accept_fails_the_lookup_with_its_reason() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let _kill = KillOnDrop(child.id() as libc::pid_t);
+    let _kill = KillOnDrop::new(child.id() as libc::pid_t);
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     // (libtest may print "test <name> ... " before it on the same line.)

@@ -21,294 +21,17 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use na_core::{Access, Addr, Completion, Endpoint, MemHandle, NaError, OpId, OpKind, PluginId, RemoteMem};
-use na_sm::{RmaPoolProbe, EVENT_POLL_MAX_GAP, RMA_QUIET_YIELD_EVERY};
+use na_core::{Access, Completion, Endpoint, MemHandle, NaError, OpId, OpKind};
+use na_sm::RMA_QUIET_YIELD_EVERY;
 
 mod common;
-use common::{private_dir, rma_endpoint, sys, KillOnDrop};
-
-/// How long any step may take (generous: a loaded box; an honest transfer
-/// of a page takes microseconds).
-const BOUND: Duration = Duration::from_secs(10);
-
-/// Bytes of each peer's exposed memory.
-const LEN: usize = 4096;
-
-/// What the honest peer's memory holds at byte `i`.
-fn pattern(i: usize) -> u8 {
-    (i * 7 + 3) as u8
-}
-
-/// The hostile peer of [`common::stalling_peer`] that, told to (any message),
-/// closes its connection (says `L` on `status` once it has) and lives on,
-/// its memory still stalling: a departed peer whose transfer never ends.
-fn leaving_hostile_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 {
-    use std::os::fd::AsFd;
-    let Ok((_uffd, addr)) = sys::stalling_memory(LEN) else {
-        sys::write(status.as_fd(), b"U");
-        return 0;
-    };
-    let (mut ep, id) = common::busy_endpoint(dir, false);
-    let Ok(to) = ep.lookup(uri) else { return 2 };
-    let seg = na_core::RemoteSegment {
-        addr: addr as u64,
-        len: LEN as u64,
-        key: 0,
-    };
-    let Ok(desc) = RemoteMem::new(vec![seg], Access::ReadOnly) else {
-        return 3;
-    };
-    if ep
-        .post_recv_unexpected(id, Vec::with_capacity(64), OpId(2))
-        .is_err()
-        || ep.send_unexpected(&to, 0, &desc.to_bytes(), OpId(1)).is_err()
-    {
-        return 4;
-    }
-    sys::write(status.as_fd(), b"S");
-    loop {
-        let _ = ep.progress(Some(Duration::from_millis(10)));
-        if std::iter::from_fn(|| ep.pop_completion()).any(|c| c.op == OpId(2)) {
-            break;
-        }
-    }
-    drop(ep);
-    sys::write(status.as_fd(), b"L");
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-    }
-}
-
-/// The honest peer (a forked child): exposes [`LEN`] bytes of
-/// [`pattern`], sends their descriptor to `uri`, says `S` on `status`,
-/// then answers every unexpected message with an expected one of the same
-/// tag and bytes, until it is killed.
-fn honest_peer(dir: &std::path::Path, uri: &str, status: std::fs::File) -> i32 {
-    use std::os::fd::AsFd;
-    let (mut ep, id) = common::busy_endpoint(dir, false);
-    let Ok(to) = ep.lookup(uri) else { return 2 };
-    let mem = MemHandle::new(vec![(0..LEN).map(pattern).collect()], Access::ReadWrite);
-    let Ok(plugin) = ep.plugin_mut(id) else { return 3 };
-    if plugin.mem_register(&mem).is_err() {
-        return 3;
-    }
-    let Ok(desc) = plugin.mem_describe(&mem) else {
-        return 3;
-    };
-    if ep.send_unexpected(&to, 0, &desc.to_bytes(), OpId(1)).is_err() {
-        return 4;
-    }
-    sys::write(status.as_fd(), b"S");
-    let mut next = 100u64;
-    let _ = ep.post_recv_unexpected(id, Vec::with_capacity(64), OpId(next));
-    loop {
-        let _ = ep.progress(Some(Duration::from_millis(10)));
-        while let Some(c) = ep.pop_completion() {
-            if c.kind == OpKind::RecvUnexpected && c.status.is_ok() {
-                if let (Some(src), Some(buf)) = (&c.source, &c.buf) {
-                    next += 1;
-                    let _ = ep.send_expected(src, c.tag, buf, OpId(next));
-                }
-                next += 1;
-                let _ = ep.post_recv_unexpected(id, Vec::with_capacity(64), OpId(next));
-            }
-        }
-    }
-}
-
-/// A listening endpoint with `threads` transfer threads and the two peers,
-/// forked, with their descriptors received: (endpoint, its plugin, the
-/// hostile peer's address and memory, the honest peer's, the peers'
-/// killers, the directory); `None` where the kernel refuses the hostile
-/// peer its userfaultfd (reported as not run).
-struct Scene {
-    ep: Endpoint,
-    id: PluginId,
-    hostile: (Addr, RemoteMem),
-    honest: (Addr, RemoteMem),
-    /// The pipe the hostile peer reports on (what it says after `S`).
-    hostile_status: Option<std::fs::File>,
-    /// The probe of the plugin's transfer-thread pool.
-    probe: Option<RmaPoolProbe>,
-}
-
-fn scene(tag: &str, threads: usize) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
-    scene_with(tag, threads, common::stalling_peer)
-}
-
-/// [`scene`] with `hostile` as the hostile peer.
-fn scene_with(
-    tag: &str,
-    threads: usize,
-    hostile: PeerMain,
-) -> Option<(Scene, Vec<KillOnDrop>, std::path::PathBuf)> {
-    let dir = private_dir(tag);
-    let (mut ep, id, probe) = common::probed_rma_endpoint(&dir, threads);
-    let uri = ep.self_addr(id).unwrap().uri().to_owned();
-    let mut kills = Vec::new();
-    let mut fork_peer = |f: PeerMain| {
-        let (kill, said, status) = fork_peer_with_status(&dir, &uri, f);
-        kills.push(kill);
-        (said, status)
-    };
-    let (said, hostile_status) = fork_peer(hostile);
-    if said == b'U' {
-        na_core::testing::report_not_run(
-            "na-sm stalling_rma: the kernel refuses a userfaultfd that handles the kernel's \
-             own faults here (vm.unprivileged_userfaultfd 0, no CAP_SYS_PTRACE)",
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-        return None;
-    }
-    let hostile = receive_descriptor(&mut ep, id, OpId(1));
-    assert_eq!(fork_peer(honest_peer).0, b'S', "the honest peer could not start");
-    let honest = receive_descriptor(&mut ep, id, OpId(2));
-    Some((
-        Scene {
-            ep,
-            id,
-            hostile,
-            honest,
-            hostile_status: Some(hostile_status),
-            probe: Some(probe),
-        },
-        kills,
-        dir,
-    ))
-}
-
-/// What a forked peer runs: (socket directory, listener's address, the
-/// pipe it reports on) to its exit code.
-type PeerMain = fn(&std::path::Path, &str, std::fs::File) -> i32;
-
-/// Forks a peer that runs `f`: its killer, and the byte it reported.
-fn fork_peer(dir: &std::path::Path, uri: &str, f: PeerMain) -> (KillOnDrop, u8) {
-    let (kill, said, _) = fork_peer_with_status(dir, uri, f);
-    (kill, said)
-}
-
-/// [`fork_peer`], with the pipe the peer reports on (for what it says
-/// later).
-fn fork_peer_with_status(dir: &std::path::Path, uri: &str, f: PeerMain) -> (KillOnDrop, u8, std::fs::File) {
-    let (mut status_r, status_w) = common::pipe();
-    let child = sys::fork();
-    assert!(child >= 0, "fork");
-    if child == 0 {
-        drop(status_r);
-        sys::exit_now(f(dir, uri, status_w));
-    }
-    let kill = KillOnDrop(child);
-    drop(status_w);
-    let mut said = [0u8; 1];
-    std::io::Read::read_exact(&mut status_r, &mut said).expect("the peer said nothing");
-    (kill, said[0], status_r)
-}
-
-/// The next unexpected message, as a memory descriptor, and its sender.
-fn receive_descriptor(ep: &mut Endpoint, id: PluginId, op: OpId) -> (Addr, RemoteMem) {
-    ep.post_recv_unexpected(id, Vec::with_capacity(LEN), op).unwrap();
-    let c = wait_op(ep, &mut HashMap::new(), op);
-    c.status.expect("a descriptor");
-    let src = c.source.expect("a received message has a source");
-    (
-        src,
-        RemoteMem::from_bytes(&c.buf.expect("its buffer")).expect("a descriptor"),
-    )
-}
-
-/// Drives `ep` until `op` completes (within [`BOUND`]; other completions
-/// are kept in `stash`).
-fn wait_op(ep: &mut Endpoint, stash: &mut HashMap<OpId, Completion>, op: OpId) -> Completion {
-    let end = Instant::now() + BOUND;
-    loop {
-        if let Some(c) = stash.remove(&op) {
-            return c;
-        }
-        assert!(Instant::now() < end, "{op:?} never completed");
-        ep.progress(Some(Duration::from_millis(5))).unwrap();
-        while let Some(c) = ep.pop_completion() {
-            stash.insert(c.op, c);
-        }
-    }
-}
-
-/// A get of the honest peer's memory and a message round trip with it,
-/// both checked.
-fn serve_honest(s: &mut Scene, stash: &mut HashMap<OpId, Completion>, get: OpId, ping: u64) {
-    let local = MemHandle::zeroed(LEN, Access::ReadWrite);
-    let (to, remote) = s.honest.clone();
-    s.ep.get(&local, 0, &remote, 0, LEN as u64, &to, get).unwrap();
-    let c = wait_op(&mut s.ep, stash, get);
-    c.status.expect("the honest peer's get");
-    let mut got = vec![0u8; LEN];
-    local.read_at(0, &mut got).unwrap();
-    assert!(
-        (0..LEN).all(|i| got[i] == pattern(i)),
-        "the honest get moved wrong bytes"
-    );
-    let tag = 5 + ping as u32;
-    s.ep.post_recv_expected(&to, tag, Vec::with_capacity(64), OpId(ping + 1))
-        .unwrap();
-    s.ep.send_unexpected(&to, tag, b"ping", OpId(ping)).unwrap();
-    let c = wait_op(&mut s.ep, stash, OpId(ping + 1));
-    c.status.expect("the honest peer's answer");
-    assert_eq!(c.buf.as_deref(), Some(&b"ping"[..]));
-}
-
-/// The steps a scenario's thread reports, in order.
-#[derive(Debug)]
-enum Step {
-    /// The get of the stalling memory returned (how long it took, shown
-    /// when a later step fails).
-    GetReturned(#[allow(dead_code)] Duration),
-    /// The honest peer was served meanwhile; the plugin's counters then.
-    HonestServed(na_core::PluginStats),
-    /// The stuck get was canceled (or ended): its completion's status.
-    Canceled(String),
-    /// The endpoint was dropped (how long that took, as above).
-    Dropped(#[allow(dead_code)] Duration),
-    /// What the scenario counted (shown when a later step fails).
-    Counted(#[allow(dead_code)] String),
-}
-
-/// Runs `body` on a thread of its own and waits for each of `steps`
-/// steps at most [`BOUND`]; kills the peers (which lets a held thread go)
-/// before it fails or returns.
-fn run_steps(
-    steps: usize,
-    kills: Vec<KillOnDrop>,
-    dir: std::path::PathBuf,
-    body: impl FnOnce(mpsc::Sender<Step>) + Send + 'static,
-) -> Vec<Step> {
-    let (tx, rx) = mpsc::channel();
-    let worker = std::thread::spawn(move || body(tx));
-    let mut got = Vec::new();
-    for _ in 0..steps {
-        match rx.recv_timeout(BOUND) {
-            Ok(s) => got.push(s),
-            Err(e) => {
-                drop(kills);
-                let _ = worker.join();
-                let _ = std::fs::remove_dir_all(&dir);
-                match e {
-                    mpsc::RecvTimeoutError::Timeout => {
-                        panic!(
-                            "a step did not come within {BOUND:?} after {got:?}: the caller's thread is held"
-                        )
-                    }
-                    mpsc::RecvTimeoutError::Disconnected => {
-                        panic!("the endpoint's thread ended (panicked) after {got:?}")
-                    }
-                }
-            }
-        }
-    }
-    drop(kills);
-    let joined = worker.join();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(joined.is_ok(), "the endpoint's thread panicked");
-    got
-}
+mod stalling;
+use common::{private_dir, rma_endpoint, sys};
+use stalling::{
+    busy_turn, fork_peer, honest_peer, leave, leaving_hostile_peer, pattern, poll_turn, receive_descriptor,
+    run_steps, scene, scene_with, serve_honest, turns_until, wait_op, wait_until_running, Scene, Step, BOUND,
+    LEN,
+};
 
 /// Transfer threads on: the get of the stalling memory returns at once;
 /// the honest peer's get and messages complete while it is stuck (one
@@ -374,7 +97,7 @@ fn a_held_thread_leaves_other_peers_jobs_queued_and_the_caller_free() {
     };
     // Killed by the endpoint's thread mid-scenario (and by `kills` at the
     // end, or when a step does not come).
-    let hostile_pid = kills[0].0;
+    let hostile_pid = kills[0].pid();
     let steps = run_steps(3, kills, dir, move |tx| {
         let mut stash = HashMap::new();
         let local = MemHandle::zeroed(LEN, Access::ReadWrite);
@@ -431,87 +154,12 @@ fn a_held_thread_leaves_other_peers_jobs_queued_and_the_caller_free() {
     eprintln!("the stuck get ended: {hostile_end}");
 }
 
-/// How many progress calls (each after a pause of a quarter of
-/// `EVENT_POLL_MAX_GAP`) may pass after a peer closed its connection
-/// before its transfers stuck in the threads fail as gone (five do, at
-/// the latest). The busy loop polls the socket events itself only every
-/// `EVENT_POLL_INTERVAL` (1024) spin checks, or `EVENT_POLL_MAX_GAP` looked
-/// at every 64, and while the pool is active it makes none (one
-/// `yield_now` per progress call instead): without the look at every
-/// call, such a peer's hang-up waited for 1024 yields, seconds on a
-/// loaded core.
-const GONE_WITHIN_CALLS: usize = 8;
-
-/// Tells the leaving hostile peer (`src`) to go, and waits until it says
-/// it closed its connection.
-fn leave(s: &mut Scene, stash: &mut HashMap<OpId, Completion>, src: &Addr) {
-    s.ep.send_unexpected(src, 0, b"leave", OpId(40)).unwrap();
-    wait_op(&mut s.ep, stash, OpId(40))
-        .status
-        .expect("the leave message");
-    let mut status = s.hostile_status.take().expect("the hostile peer's pipe");
-    let mut said = [0u8; 1];
-    std::io::Read::read_exact(&mut status, &mut said).expect("the leaving peer never closed");
-    assert_eq!(&said, b"L");
-}
-
-/// Waits (at most [`BOUND`]) until a transfer thread has taken up the
-/// stalling get just made, and fails if none does.
-fn wait_until_running(s: &mut Scene) {
-    let end = Instant::now() + BOUND;
-    while s.ep.plugin_mut(s.id).unwrap().stats().rma_jobs_running == 0 {
-        assert!(Instant::now() < end, "the stalling get never ran");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Makes `turn`s, each after a pause of a quarter of
-/// `EVENT_POLL_MAX_GAP`, until `op` is in `stash`, at most
-/// [`GONE_WITHIN_CALLS`] (and fails if it never is); returns the turns made.
-fn turns_until(
-    s: &mut Scene,
-    stash: &mut HashMap<OpId, Completion>,
-    op: OpId,
-    turn: fn(&mut Scene, &mut HashMap<OpId, Completion>),
-) -> usize {
-    let mut calls = 0;
-    while calls < GONE_WITHIN_CALLS && !stash.contains_key(&op) {
-        std::thread::sleep(EVENT_POLL_MAX_GAP / 4);
-        turn(s, stash);
-        calls += 1;
-    }
-    assert!(
-        stash.contains_key(&op),
-        "the stuck get of a peer that closed its connection was still pending after {calls} progress calls"
-    );
-    calls
-}
-
-/// A zero-timeout progress call of the endpoint (no spin).
-fn poll_turn(s: &mut Scene, stash: &mut HashMap<OpId, Completion>) {
-    s.ep.progress(Some(Duration::ZERO)).unwrap();
-    while let Some(c) = s.ep.pop_completion() {
-        stash.insert(c.op, c);
-    }
-}
-
-/// One turn of a busy endpoint's loop, made on the plugin itself (so that
-/// turns can be counted): a spin of up to 64 checks, then a progress call.
-fn busy_turn(s: &mut Scene, stash: &mut HashMap<OpId, Completion>) {
-    let p = s.ep.plugin_mut(s.id).unwrap();
-    p.spin_wait(64);
-    p.progress().unwrap();
-    while let Some(c) = p.pop_completion() {
-        stash.insert(c.op, c);
-    }
-}
-
 /// A stuck peer's queue is bounded: behind its stuck job,
 /// `RMA_QUEUE_PER_PEER` more wait, and the batch past them is refused
 /// whole (nothing started, counted nowhere); the other peer is served
 /// meanwhile. When the stuck peer closes its connection (and lives on,
 /// its job still stuck), every one of its transfers completes at once as
-/// gone (within [`GONE_WITHIN_CALLS`] progress calls of a busy endpoint
+/// gone (within [`stalling::GONE_WITHIN_CALLS`] progress calls of a busy endpoint
 /// after the peer says it closed), queued and running alike, once.
 #[test]
 fn a_stuck_peers_queue_is_bounded_and_fails_as_gone_when_it_goes() {
@@ -589,7 +237,7 @@ const QUIET_TURNS: u64 = 2000;
 /// priority runs only then; a busy owner that never yielded held its
 /// healthy transfer forever). The peer that then closes its connection is
 /// still noticed by such turns: its stuck get fails as gone within
-/// [`GONE_WITHIN_CALLS`] of them.
+/// [`stalling::GONE_WITHIN_CALLS`] of them.
 #[test]
 fn a_busy_owner_yields_to_a_stuck_transfer_only_now_and_then_and_still_sees_its_peer_leave() {
     let Some((mut s, kills, dir)) = scene_with("stalling-rma-yield", 1, leaving_hostile_peer) else {
@@ -689,7 +337,7 @@ fn one_thread_per_peer_after(tag: &str, idle_turn: fn(&mut Scene, &mut HashMap<O
     assert_eq!(said, b'S', "the honest peer could not start");
     kills.push(kill);
     let honest = receive_descriptor(&mut ep, id, OpId(4));
-    let (g_pid, h_pid) = (kills[0].0, kills[1].0);
+    let (g_pid, h_pid) = (kills[0].pid(), kills[1].pid());
     let mut s = Scene {
         ep,
         id,
@@ -818,7 +466,7 @@ fn an_op_id_reused_after_a_cancel_takes_only_its_own_result() {
     let Some((mut s, kills, dir)) = scene("stalling-rma-reuse", 1) else {
         return;
     };
-    let hostile_pid = kills[0].0;
+    let hostile_pid = kills[0].pid();
     let steps = run_steps(1, kills, dir, move |tx| {
         let mut stash = HashMap::new();
         let stuck = MemHandle::zeroed(LEN, Access::ReadWrite);

@@ -26,7 +26,7 @@ fn a_stuck_transfer_job_is_logged_once_at_debug_level() {
         drop(status_r);
         sys::exit_now(common::stalling_peer(&dir, &uri, status_w));
     }
-    let kill = KillOnDrop(child);
+    let kill = KillOnDrop::new(child);
     drop(status_w);
     let mut said = [0u8; 1];
     std::io::Read::read_exact(&mut status_r, &mut said).expect("the peer said nothing");

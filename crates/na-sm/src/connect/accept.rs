@@ -144,63 +144,10 @@ impl SmPlugin {
     }
 
     /// Sets [`accept_pause`](SmPlugin::accept_pause) (its only writer after
-    /// set-up), and tells a test's `ListenerProbe` if one was handed out.
+    /// set-up), and tells a test's `ListenerProbe` if one was handed out
+    /// (see `ListenerHooks`).
     fn set_accept_pause(&mut self, pause: Option<AcceptPause>) {
         self.accept_pause = pause;
-        #[cfg(feature = "test-hooks")]
-        if let Some(seen) = &self.listener_probe {
-            seen.store(ListenerProbe::encode(pause), std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-}
-
-/// Test hook (`test-hooks` feature): the listener's accept pause seen from
-/// outside the plugin (see `SmPlugin::debug_listener_probe`), so that a
-/// test can wait until the listener paused, or until it takes connections
-/// in, rather than for a while: a paused listener is out of the epoll set
-/// and nothing happens that a test could wait for instead.
-#[cfg(feature = "test-hooks")]
-#[doc(hidden)]
-#[derive(Clone, Debug)]
-pub struct ListenerProbe {
-    seen: std::sync::Arc<std::sync::atomic::AtomicU8>,
-}
-
-#[cfg(feature = "test-hooks")]
-impl ListenerProbe {
-    const RUNNING: u8 = 0;
-    const HANDSHAKES: u8 = 1;
-    const RETRY: u8 = 2;
-    const QUEUED: u8 = 3;
-
-    /// A probe of `seen`, which holds the pause as [`encode`](Self::encode) puts it.
-    pub(crate) fn new(seen: std::sync::Arc<std::sync::atomic::AtomicU8>) -> Self {
-        ListenerProbe { seen }
-    }
-
-    /// `pause` as the probe keeps it.
-    pub(crate) fn encode(pause: Option<AcceptPause>) -> u8 {
-        match pause {
-            None => Self::RUNNING,
-            Some(AcceptPause::Handshakes) => Self::HANDSHAKES,
-            Some(AcceptPause::Until(_)) => Self::RETRY,
-            Some(AcceptPause::Queued) => Self::QUEUED,
-        }
-    }
-
-    fn now(&self) -> u8 {
-        self.seen.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Whether the listener is paused now (out of the epoll set: new
-    /// connections wait in the kernel's queue), for any reason.
-    pub fn paused(&self) -> bool {
-        self.now() != Self::RUNNING
-    }
-
-    /// Whether it is paused because departed peers' queued messages reached
-    /// `SmConfig::max_queued_total` (until the application takes some).
-    pub fn paused_for_queued_total(&self) -> bool {
-        self.now() == Self::QUEUED
+        self.listener_hooks.pause_set(pause);
     }
 }

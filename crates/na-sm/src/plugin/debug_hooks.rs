@@ -144,11 +144,8 @@ impl SmPlugin {
     /// the plugin goes into an `Endpoint`. Never use outside tests.
     #[doc(hidden)]
     pub fn debug_listener_probe(&mut self) -> crate::connect::ListenerProbe {
-        let pause = crate::connect::ListenerProbe::encode(self.accept_pause);
-        let seen = self
-            .listener_probe
-            .get_or_insert_with(|| std::sync::Arc::new(std::sync::atomic::AtomicU8::new(pause)));
-        crate::connect::ListenerProbe::new(std::sync::Arc::clone(seen))
+        let pause = self.accept_pause;
+        self.listener_hooks.probe(pause)
     }
 
     fn debug_conn(&mut self, peer: &Addr) -> Result<&mut crate::conn::Conn> {

@@ -101,8 +101,7 @@ impl SmPlugin {
             peers,
             pending: HashMap::new(),
             accept_pause: None,
-            #[cfg(feature = "test-hooks")]
-            listener_probe: None,
+            listener_hooks: crate::connect::ListenerHooks::new(),
             timer,
             timer_fired: false,
             events_at: Instant::now(),

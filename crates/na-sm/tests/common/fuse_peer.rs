@@ -8,22 +8,26 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::sys;
+use super::{sys, KillOnDrop};
 
 /// The forked peer, killed (`SIGKILL`, which ends its daemon and so
-/// every request still waiting on it) and its mount point removed when
-/// dropped.
+/// every request still waiting on it) and reaped, then its mount point
+/// removed, when dropped (its fields go in that order).
 pub struct FusePeer {
     /// The peer's pid.
     pub pid: libc::pid_t,
-    mnt: PathBuf,
+    /// Kills and reaps it (see [`KillOnDrop`]).
+    _kill: KillOnDrop,
+    /// Removes the mount point.
+    _mnt: MountPoint,
 }
 
-impl Drop for FusePeer {
+/// A mount point directory, removed when dropped.
+struct MountPoint(PathBuf);
+
+impl Drop for MountPoint {
     fn drop(&mut self) {
-        // (A process this test made.)
-        sys::kill(self.pid, libc::SIGKILL);
-        let _ = std::fs::remove_dir(&self.mnt);
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 
@@ -64,7 +68,11 @@ pub fn fork_fuse_peer(
         };
         sys::exit_now(code);
     }
-    let peer = FusePeer { pid: child, mnt };
+    let peer = FusePeer {
+        pid: child,
+        _kill: KillOnDrop::new(child),
+        _mnt: MountPoint(mnt),
+    };
     drop(status_w);
     let mut said = [0u8; 1];
     status_r

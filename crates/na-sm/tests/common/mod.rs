@@ -256,14 +256,108 @@ pub fn listener_path(dir: &std::path::Path, uri: &str) -> std::path::PathBuf {
     dir.join(format!("{}.sock", uri.trim_start_matches("sm://")))
 }
 
-/// Kills (`SIGKILL`) a process the test made, however the test ends; a
-/// child is not reaped (one no longer ours is reaped by init).
-pub struct KillOnDrop(pub libc::pid_t);
+/// How long a [`KillOnDrop`] waits for its process to end after the kill
+/// (generous: a loaded box; a killed process ends in microseconds).
+pub const REAP_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Kills (`SIGKILL`) a process the test made, however the test ends, and
+/// waits (at most [`REAP_BOUND`]) until it has ended, reaping it if it is
+/// a child of ours: no zombie of it, and nothing it held open (the
+/// test's output pipes, which the test runner waits on), outlives the
+/// value. A process that ended before (reaped by a `wait` of the test's
+/// own, or, a grandchild, by its parent or init) is fine.
+///
+/// The process is held through a pidfd taken when the value is made, so
+/// neither the kill nor the wait reaches another process that took its
+/// pid since (one of ours reaped by the test; a grandchild reaped by
+/// init). Where the kernel has no pidfds, by pid: killed, and reaped if
+/// ours.
+pub struct KillOnDrop {
+    /// The process's pid.
+    pid: libc::pid_t,
+    /// Its pidfd; `ESRCH`: it was gone already when the value was made;
+    /// another error: no pidfds here.
+    pidfd: std::io::Result<std::os::fd::OwnedFd>,
+}
+
+impl KillOnDrop {
+    /// The killer of process `pid` (one this test made, or its child's).
+    pub fn new(pid: libc::pid_t) -> KillOnDrop {
+        KillOnDrop {
+            pid,
+            pidfd: sys::pidfd_open(pid),
+        }
+    }
+
+    /// The process's pid.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Its pidfd (`None` where there is none: see the type's docs).
+    pub fn pidfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.pidfd.as_ref().ok().map(std::os::fd::AsFd::as_fd)
+    }
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        // (A process this test made.)
-        sys::kill(self.0, libc::SIGKILL);
+        let end = std::time::Instant::now() + REAP_BOUND;
+        match &self.pidfd {
+            Ok(fd) => kill_and_reap_pidfd(self.pid, std::os::fd::AsFd::as_fd(fd), end),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(_) => kill_and_reap_pid(self.pid, end),
+        }
+    }
+}
+
+/// [`KillOnDrop`] through pidfd `fd` of process `pid`: kills it, waits
+/// (until `end`) for the pidfd to be readable (the process has ended: a
+/// zombie, or reaped already), then reaps it if it is our child.
+fn kill_and_reap_pidfd(pid: libc::pid_t, fd: std::os::fd::BorrowedFd<'_>, end: std::time::Instant) {
+    use std::os::fd::AsRawFd;
+    // (A process this test made; ESRCH once it has ended.)
+    sys::pidfd_send_signal(fd, libc::SIGKILL);
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        let (n, _) = sys::poll_one(fd.as_raw_fd(), libc::POLLIN, left.as_millis() as libc::c_int);
+        if n > 0 {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if n == 0 {
+            eprintln!("!!! KillOnDrop: pid {pid} had not ended {REAP_BOUND:?} after SIGKILL");
+            return;
+        }
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            eprintln!("!!! KillOnDrop: cannot wait for pid {pid} to end: {err}");
+            return;
+        }
+    }
+    // Ended: reaped now if ours (ECHILD if not, or reaped already).
+    loop {
+        match sys::waitid_pidfd(fd) {
+            Ok(false) if std::time::Instant::now() < end => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return,
+        }
+    }
+}
+
+/// [`KillOnDrop`] without pidfds: kills `pid` and reaps it if it is our
+/// child (`ECHILD`: not ours, or reaped already), waiting until `end`.
+fn kill_and_reap_pid(pid: libc::pid_t, end: std::time::Instant) {
+    // (A process this test made.)
+    sys::kill(pid, libc::SIGKILL);
+    let mut status = 0;
+    loop {
+        match sys::waitpid(pid, &mut status, libc::WNOHANG) {
+            0 if std::time::Instant::now() < end => std::thread::sleep(std::time::Duration::from_millis(1)),
+            -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return,
+        }
     }
 }
 

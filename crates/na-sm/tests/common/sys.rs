@@ -107,6 +107,73 @@ pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> libc::c_int {
     unsafe { libc::kill(pid, sig) }
 }
 
+/// [pidfd_open(2)]: a descriptor (close-on-exec) of process `pid`, for
+/// [`pidfd_send_signal`] and [`waitid_pidfd`], and readable ([poll(2)])
+/// once the process has ended. It names that process for good: once the
+/// process is reaped its pid may be reused, but not the pidfd. An error
+/// (`ESRCH`) for a pid that names no process (or a reaped one), `ENOSYS`
+/// on a kernel without pidfds (before 5.3).
+///
+/// [pidfd_open(2)]: https://man7.org/linux/man-pages/man2/pidfd_open.2.html
+/// [poll(2)]: https://man7.org/linux/man-pages/man2/poll.2.html
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes integers only; a descriptor it returns is
+    // fresh and ours to own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above: new, and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// [pidfd_send_signal(2)]: sends `sig` to the process of pidfd `fd`
+/// (never to another that took its pid since). 0, or -1 (`ESRCH` once
+/// the process has ended).
+///
+/// [pidfd_send_signal(2)]: https://man7.org/linux/man-pages/man2/pidfd_send_signal.2.html
+pub fn pidfd_send_signal(fd: BorrowedFd<'_>, sig: libc::c_int) -> libc::c_int {
+    // SAFETY: a descriptor open for the call, a signal number, a null
+    // siginfo (the kernel makes one, as kill does) and no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) as libc::c_int
+    }
+}
+
+/// [waitid(2)] of the process of pidfd `fd` (`P_PIDFD`, Linux 5.4) with
+/// `WEXITED | WNOHANG`: reaps it if it is a child of ours that has ended.
+/// `Ok(true)`: reaped; `Ok(false)`: still running; an error as waitid's
+/// (`ECHILD`: not our child, or reaped already; `EINTR`).
+///
+/// [waitid(2)]: https://man7.org/linux/man-pages/man2/waitid.2.html
+pub fn waitid_pidfd(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: siginfo_t is plain data: all-zero is a valid value (and
+    // what WNOHANG leaves of it when no child has ended).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a live, writable siginfo_t for the call; the
+    // descriptor is open for it (`fd` borrows it).
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PIDFD,
+            fd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: waitid filled `info` in (or left it zeroed): si_pid reads
+    // a field of the union that it sets for every child state.
+    Ok(unsafe { info.si_pid() } != 0)
+}
+
 /// [pipe(2)]: (read end, write end), inherited across exec.
 ///
 /// [pipe(2)]: https://man7.org/linux/man-pages/man2/pipe.2.html
