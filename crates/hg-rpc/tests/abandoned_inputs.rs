@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc, RpcError};
 use na_core::{Addr, Endpoint, OpId, PluginId};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -48,7 +49,7 @@ struct Big;
 impl Rpc for Big {
     const NAME: &'static str = "test.routing.big";
     type Input = u32;
-    type Output = Vec<u8>;
+    type Output = ByteBuf;
 }
 
 /// A spilled output nobody will pull (its call was abandoned) is released
@@ -60,7 +61,8 @@ fn spilled_outputs_of_abandoned_calls_are_released_not_kept() {
     let d = dir("abandoned-spill");
     let (ep, sid) = endpoint(&d, true);
     let mut srv = Engine::new(ep, sid).unwrap();
-    srv.register::<Big>(|n| Ok(vec![7u8; n as usize])).unwrap();
+    srv.register::<Big>(|n| Ok(ByteBuf::from(vec![7u8; n as usize])))
+        .unwrap();
     srv.register::<Echo>(Ok).unwrap();
     let (ep, cid) = endpoint(&d, false);
     let mut c = Engine::new(ep, cid).unwrap();
@@ -87,7 +89,7 @@ fn spilled_outputs_of_abandoned_calls_are_released_not_kept() {
     // Spilled input: the call stays until the response; the output is
     // released, not pulled.
     let got_before = c.endpoint().plugin(cid).unwrap().stats().get_bytes;
-    let id = c.forward::<Echo>(&s, &vec![3u8; 1 << 20]).unwrap();
+    let id = c.forward::<Echo>(&s, &ByteBuf::from(vec![3u8; 1 << 20])).unwrap();
     c.abandon(id);
     pump_both(&mut c, &mut srv, "late response", |c, _| {
         c.stats().abandoned_inputs == 0
@@ -115,7 +117,7 @@ fn a_silent_target_does_not_keep_abandoned_inputs_forever() {
         _dir,
     } = silent_target("silent");
     c.set_abandoned_input_ttl(Duration::from_millis(300));
-    let big = vec![5u8; 64 << 10];
+    let big = ByteBuf::from(vec![5u8; 64 << 10]);
     let id = c.forward::<Echo>(&s, &big).unwrap();
     take_request(&mut x, xid, &mut c, 1);
     c.abandon(id);
@@ -150,7 +152,7 @@ fn inputs_held_for_abandoned_calls_are_bounded() {
         _dir,
     } = silent_target("held");
     let cid = c.endpoint().plugin_ids().next().unwrap();
-    let big = vec![5u8; 64 << 10];
+    let big = ByteBuf::from(vec![5u8; 64 << 10]);
     let len = postcard::to_allocvec(&big).unwrap().len() as u64;
     c.set_max_abandoned_bytes(3 * len + 1024);
     let mut cookies = Vec::new();
@@ -192,7 +194,7 @@ fn inputs_held_for_abandoned_calls_are_bounded() {
     );
 
     // A call that fits a message is not refused.
-    let small = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let small = c.forward::<Echo>(&s, &ByteBuf::from(vec![1u8; 16])).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 4);
     send_raw(
         &mut x,
@@ -237,7 +239,7 @@ fn an_input_larger_than_the_whole_held_bound_is_refused_at_once() {
     let Silent { mut c, s, _dir, .. } = silent_target("held-never");
     c.set_max_abandoned_bytes(32 << 10);
     let started = Instant::now();
-    match c.call::<Echo>(&s, &vec![5u8; 64 << 10], T) {
+    match c.call::<Echo>(&s, &ByteBuf::from(vec![5u8; 64 << 10]), T) {
         Err(RpcError::TooLarge { what, len, max, .. }) => {
             assert!(what.contains("set_max_abandoned_bytes"), "{what}");
             assert!(len > 64 << 10 && max == 32 << 10, "{len} {max}");
@@ -254,10 +256,10 @@ fn an_input_larger_than_the_whole_held_bound_is_refused_at_once() {
 /// may hold no other of its size: its next such input is refused with
 /// `InputsHeld` until the held one's TTL (300 ms) ends. Returns them and
 /// that input.
-fn one_input_held(tag: &str) -> (Silent, Vec<u8>) {
+fn one_input_held(tag: &str) -> (Silent, ByteBuf) {
     let mut t = silent_target(tag);
     t.c.set_abandoned_input_ttl(Duration::from_millis(300));
-    let big = vec![5u8; 64 << 10];
+    let big = ByteBuf::from(vec![5u8; 64 << 10]);
     let len = postcard::to_allocvec(&big).unwrap().len() as u64;
     t.c.set_max_abandoned_bytes(len + 1024);
     t.c.forward_one_way::<Echo>(&t.s, &big).unwrap();
@@ -357,7 +359,7 @@ fn an_abandoned_input_behind_one_that_was_answered_still_expires_on_time() {
     let live = c.endpoint().lookup(&srv.uri).unwrap();
     let ttl = Duration::from_millis(400);
     c.set_abandoned_input_ttl(ttl);
-    let big = vec![5u8; 64 << 10];
+    let big = ByteBuf::from(vec![5u8; 64 << 10]);
     // First: answered by a real server after it is given up on.
     let answered = c.forward::<Echo>(&live, &big).unwrap();
     c.abandon(answered);
@@ -416,10 +418,12 @@ fn answered_abandonments_behind_a_kept_one_do_not_pile_up() {
     srv.register::<RecordBlob>(|_| Ok(())).unwrap();
     let live = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
     // Past the largest message (8 KiB over na-sm): every input spills.
-    let big = vec![5u8; 9 << 10];
+    let big = ByteBuf::from(vec![5u8; 9 << 10]);
     // The kept input must outlive the test: 3,600 spilled calls take
-    // seconds in a debug build, and over 40 s on a loaded 2-core box (the
-    // default TTL, 60 s, was within reach of it, and so was a 60 s bound).
+    // seconds in a debug build, and took over 40 s on a loaded 2-core box
+    // while `RecordBlob`'s input was a `Vec<u8>`, encoded byte by byte
+    // (the default TTL, 60 s, was within reach of it, and so was a 60 s
+    // bound).
     c.set_abandoned_input_ttl(Duration::from_secs(3600));
     let kept = c.forward::<Echo>(&s, &big).unwrap();
     take_request(&mut x, xid, &mut c, 1);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use hg_rpc::{AsyncBulkCtx, Bulk, BulkOp, Engine, Rpc, RpcError, Span};
 use na_core::Access;
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -568,7 +569,10 @@ async fn a_self_call_that_moves_bulk_data_leaves_the_driver_listening() {
     let a = hg_rpc::AsyncEngine::spawn(e).unwrap();
     let c = common::async_engine(&d, false);
     let s = c.lookup(&a.self_addr().to_string()).await.unwrap();
-    assert_eq!(c.call::<Echo>(&s, &vec![1], T).await.unwrap(), vec![1]);
+    assert_eq!(
+        c.call::<Echo>(&s, &ByteBuf::from(vec![1]), T).await.unwrap(),
+        vec![1]
+    );
     // Whether the self-call's poll lands while the driver sleeps armed is
     // a race: several rounds.
     for round in 0..8u8 {
@@ -606,7 +610,9 @@ async fn a_self_call_that_moves_bulk_data_leaves_the_driver_listening() {
             (0, 0),
             "the driver has a deadline to wake at: a deaf one could still answer"
         );
-        let r = c.call::<Echo>(&s, &vec![round], Duration::from_secs(30)).await;
+        let r = c
+            .call::<Echo>(&s, &ByteBuf::from(vec![round]), Duration::from_secs(30))
+            .await;
         assert_eq!(r.expect("the driver no longer hears the transports"), vec![round]);
     }
 }

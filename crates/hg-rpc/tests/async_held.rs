@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{AsyncEngine, Engine, RpcError};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -94,7 +95,7 @@ struct Held {
     live: AsyncEngine,
     to_live: na_core::Addr,
     records: Arc<std::sync::atomic::AtomicUsize>,
-    big: Vec<u8>,
+    big: ByteBuf,
     silent: common::SilentTarget,
     _dir: TestDir,
 }
@@ -119,7 +120,7 @@ async fn held_input(tag: &str, ttl: Duration) -> Held {
     let engine = AsyncEngine::spawn(e).unwrap();
     let s = engine.lookup(&x_uri).await.unwrap();
     let to_live = engine.lookup(&live.self_addr().to_string()).await.unwrap();
-    let big = vec![7u8; 64 << 10];
+    let big = ByteBuf::from(vec![7u8; 64 << 10]);
     let r = engine.call::<Echo>(&s, &big, Duration::from_millis(100)).await;
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
@@ -247,7 +248,7 @@ async fn a_wait_for_room_ends_when_the_held_input_is_answered() {
     e.set_max_abandoned_bytes(100 << 10);
     let client = Arc::new(AsyncEngine::spawn(e).unwrap());
     let to = client.lookup(&server.self_addr().to_string()).await.unwrap();
-    let big = vec![7u8; 64 << 10];
+    let big = ByteBuf::from(vec![7u8; 64 << 10]);
     // Given up on while its handler waits at the gate: its input is held.
     let r = client.call::<Echo>(&to, &big, Duration::from_millis(100)).await;
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
@@ -290,8 +291,8 @@ async fn wait_for_room(
     engine: &Arc<AsyncEngine>,
     to: &hg_rpc::Addr,
     input: &[u8],
-) -> tokio::task::JoinHandle<Result<Vec<u8>, RpcError>> {
-    let (engine, to, input) = (engine.clone(), to.clone(), input.to_vec());
+) -> tokio::task::JoinHandle<Result<ByteBuf, RpcError>> {
+    let (engine, to, input) = (engine.clone(), to.clone(), ByteBuf::from(input));
     let waiting = tokio::spawn(async move { engine.call::<Echo>(&to, &input, T).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiting.is_finished(), "no room: it waits");
@@ -301,7 +302,7 @@ async fn wait_for_room(
 /// `waiting` ends, within `T`, with the echo of `input`, and `engine` is
 /// left with no call in flight and no input kept.
 async fn ends_with_echo(
-    waiting: tokio::task::JoinHandle<Result<Vec<u8>, RpcError>>,
+    waiting: tokio::task::JoinHandle<Result<ByteBuf, RpcError>>,
     engine: &AsyncEngine,
     input: &[u8],
 ) {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use hg_rpc::{AsyncEngine, Engine, RpcError};
 use na_core::{Endpoint, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -273,9 +274,11 @@ async fn async_handlers_run_concurrently_and_self_forward_works() {
     // An async handler gets a spilled 1 MiB input whole, and its 1 MiB
     // output spills back.
     server
-        .register_async::<Echo, _, _>(|data| async move { Ok(data.into_iter().rev().collect()) })
+        .register_async::<Echo, _, _>(|data| async move {
+            Ok(ByteBuf::from(data.into_iter().rev().collect::<Vec<u8>>()))
+        })
         .unwrap();
-    let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let big = ByteBuf::from((0..1u32 << 20).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
     let back = client.call::<Echo>(&s, &big, T).await.unwrap();
     assert_eq!(back.len(), big.len());
     assert!(back.iter().rev().eq(big.iter()), "echoed data differs");
@@ -307,7 +310,7 @@ async fn sends_queued_while_the_driver_sleeps_still_go() {
     server
         .register_async::<Echo, _, _>(|data| async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
-            Ok(data.repeat(6 << 10))
+            Ok(ByteBuf::from(data.repeat(6 << 10)))
         })
         .unwrap();
     let client = Arc::new(make(false));
@@ -316,7 +319,7 @@ async fn sends_queued_while_the_driver_sleeps_still_go() {
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..200u32 {
             let (c, s) = (client.clone(), s.clone());
-            tasks.spawn(async move { (i, c.call::<Echo>(&s, &vec![i as u8], T).await) });
+            tasks.spawn(async move { (i, c.call::<Echo>(&s, &ByteBuf::from(vec![i as u8]), T).await) });
         }
         while let Some(r) = tasks.join_next().await {
             let (i, r) = r.unwrap();
@@ -426,7 +429,11 @@ async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     let engine = AsyncEngine::spawn(e).unwrap();
     let s = engine.lookup(&silent.uri).await.unwrap();
     let r = engine
-        .call::<Echo>(&s, &vec![7u8; 64 << 10], Duration::from_millis(100))
+        .call::<Echo>(
+            &s,
+            &ByteBuf::from(vec![7u8; 64 << 10]),
+            Duration::from_millis(100),
+        )
         .await;
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
@@ -436,7 +443,9 @@ async fn an_idle_driver_still_lets_abandoned_inputs_go() {
     assert_eq!(stats.abandoned_inputs, 0, "kept while idle: {stats:?}");
     // A spilled one-way call is kept from the start (until acknowledged):
     // made outside the driver, its TTL must still wake it.
-    engine.call_one_way::<Echo>(&s, &vec![8u8; 64 << 10]).unwrap();
+    engine
+        .call_one_way::<Echo>(&s, &ByteBuf::from(vec![8u8; 64 << 10]))
+        .unwrap();
     assert_eq!(engine.stats().abandoned_inputs, 1, "{:?}", engine.stats());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let stats = engine.stats();
@@ -478,7 +487,7 @@ async fn inputs_held_by_async_handlers_count_against_the_pull_budget() {
     let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
     let call = |i: u8| {
         let (c, s) = (client.clone(), s.clone());
-        tokio::spawn(async move { c.call::<Digest>(&s, &vec![i; 1 << 20], T).await })
+        tokio::spawn(async move { c.call::<Digest>(&s, &ByteBuf::from(vec![i; 1 << 20]), T).await })
     };
     let (a, b) = (call(1), call(2));
     let end = Instant::now() + T;
@@ -543,7 +552,7 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
     let c2 = (c2.clone(), c2.lookup(&uri).await.unwrap());
     let call = |c: &(Arc<AsyncEngine>, na_core::Addr), v: Vec<u8>| {
         let (c, s) = c.clone();
-        tokio::spawn(async move { c.call::<Echo>(&s, &v, T).await })
+        tokio::spawn(async move { c.call::<Echo>(&s, &ByteBuf::from(v), T).await })
     };
     let wait_in_flight = |n: u64| {
         let server = &server;
@@ -555,7 +564,7 @@ async fn requests_waiting_for_async_handlers_are_bounded_per_caller_and_in_all()
             }
         }
     };
-    let busy = |r: hg_rpc::Result<Vec<u8>>, what: &str| match r {
+    let busy = |r: hg_rpc::Result<ByteBuf>, what: &str| match r {
         Err(RpcError::Busy { reason, .. }) => assert!(reason.contains(what), "{reason}"),
         other => panic!("expected busy ({what}), got {other:?}"),
     };
@@ -628,7 +637,7 @@ async fn a_plain_handler_calling_its_own_engine_gets_an_error_not_a_hang() {
     let client = common::async_engine(&dir, false);
     let s = client.lookup(&me.to_string()).await.unwrap();
     for _ in 0..2 {
-        match client.call::<Echo>(&s, &vec![1], T).await {
+        match client.call::<Echo>(&s, &ByteBuf::from(vec![1]), T).await {
             Err(RpcError::Handler { message, .. }) => assert!(
                 message.contains("AsyncEngine::call_one_way was called from a plain handler"),
                 "{message}"
@@ -713,7 +722,7 @@ async fn late_self_answers_are_stray_and_refused_one_way_calls_are_errors() {
     let errors = engine.stats().errors;
     let peer = common::async_engine(&dir, true);
     let to = engine.lookup(&peer.self_addr().to_string()).await.unwrap();
-    let r = engine.call_one_way::<RecordBlob>(&to, &vec![1u8; 1 << 20]);
+    let r = engine.call_one_way::<RecordBlob>(&to, &ByteBuf::from(vec![1u8; 1 << 20]));
     assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
     assert_eq!(engine.stats().errors, errors + 1);
 }

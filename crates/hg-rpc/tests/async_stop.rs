@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{AsyncEngine, Engine, RpcError};
 use na_core::ProgressMode;
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -104,13 +105,19 @@ async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
                 let n = me
                     .call::<Add>(&me.self_addr(), &(data.len() as u64, 1), T)
                     .await?;
-                Ok(vec![n as u8])
+                Ok(ByteBuf::from(vec![n as u8]))
             }
         })
         .unwrap();
     let client = common::async_engine(&dir, false);
     let s = client.lookup(&server.self_addr().to_string()).await.unwrap();
-    assert_eq!(client.call::<Echo>(&s, &vec![0; 3], T).await.unwrap(), vec![4]);
+    assert_eq!(
+        client
+            .call::<Echo>(&s, &ByteBuf::from(vec![0; 3]), T)
+            .await
+            .unwrap(),
+        vec![4]
+    );
     match client.call::<Fail>(&s, &String::new(), T).await {
         Err(RpcError::Handler { message, .. }) => {
             assert!(message.contains("AsyncEngine::shutdown"), "{message}")
@@ -118,7 +125,13 @@ async fn shutdown_releases_an_engine_whose_handlers_hold_it() {
         other => panic!("expected the reentry error, got {other:?}"),
     }
     // Unchanged: it serves on.
-    assert_eq!(client.call::<Echo>(&s, &vec![0; 5], T).await.unwrap(), vec![6]);
+    assert_eq!(
+        client
+            .call::<Echo>(&s, &ByteBuf::from(vec![0; 5]), T)
+            .await
+            .unwrap(),
+        vec![6]
+    );
     assert_eq!(sockets(&dir), 1, "the server's socket");
     // Work that needs no driver works while it runs.
     let own_uri = server.self_addr().to_string();

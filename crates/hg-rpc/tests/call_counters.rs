@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use hg_rpc::RpcError;
+use serde_bytes::ByteBuf;
 
 mod common;
 use common::{client, dir, endpoint, Server};
@@ -29,7 +30,10 @@ fn every_call_ends_in_one_counter() {
     let mut c = client(&d);
     let s = c.lookup(&srv.uri).unwrap();
     // One of each end.
-    assert_eq!(c.call::<Echo>(&s, &vec![1, 2, 3], T).unwrap(), vec![1, 2, 3]);
+    assert_eq!(
+        c.call::<Echo>(&s, &ByteBuf::from(vec![1, 2, 3]), T).unwrap(),
+        vec![1, 2, 3]
+    );
     assert!(c.call::<Fail>(&s, &"no".into(), T).is_err());
     assert!(matches!(
         c.call::<Sleep>(&s, &3000, Duration::from_millis(100)),
@@ -40,7 +44,7 @@ fn every_call_ends_in_one_counter() {
     c.abandon(slow);
     // The single-threaded server answers it only after both sleeps (5 s of
     // them): wait with the generous deadline, not `common::wait`'s 10 s.
-    let taken = c.forward::<Echo>(&s, &vec![4]).unwrap();
+    let taken = c.forward::<Echo>(&s, &ByteBuf::from(vec![4])).unwrap();
     assert_eq!(wait_long::<Echo>(&mut c, taken).unwrap(), vec![4]);
     c.abandon(taken);
     let st = c.stats();
@@ -52,8 +56,8 @@ fn every_call_ends_in_one_counter() {
         let (mut other, _) = endpoint(&d, false);
         other.lookup(&srv.uri).unwrap()
     };
-    assert!(c.forward::<Echo>(&foreign, &vec![5]).is_err());
-    assert!(c.call::<Echo>(&foreign, &vec![5], T).is_err());
+    assert!(c.forward::<Echo>(&foreign, &ByteBuf::from(vec![5])).is_err());
+    assert!(c.call::<Echo>(&foreign, &ByteBuf::from(vec![5]), T).is_err());
     let st2 = c.stats();
     assert_eq!((st2.calls, st2.succeeded, st2.abandoned), (5, 2, 1), "{st2:?}");
     // `forward`'s caller has its error; `call` counts it.
@@ -82,7 +86,10 @@ fn async_timeouts_are_errors_and_drops_are_abandoned() {
     rt.block_on(async {
         let (srv, e) = common::async_setup("user-story", hg_rpc::ProgressMode::default(), Duration::ZERO);
         let s = e.lookup(&srv.server.uri).await.unwrap();
-        assert_eq!(e.call::<Echo>(&s, &vec![1], T).await.unwrap(), vec![1]);
+        assert_eq!(
+            e.call::<Echo>(&s, &ByteBuf::from(vec![1]), T).await.unwrap(),
+            vec![1]
+        );
         assert!(matches!(
             e.call::<Sleep>(&s, &3000, Duration::from_millis(100)).await,
             Err(RpcError::Timeout { .. })

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hg_rpc::{Engine, Rpc, RpcError};
+use serde_bytes::ByteBuf;
 use tokio::sync::Notify;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
@@ -69,7 +70,7 @@ async fn a_draining_server_answers_what_it_took_and_refuses_the_rest() {
     srv.begin_drain().unwrap();
     assert_refused_draining(c.call::<Add>(&s, &(1, 2), T).await);
     // 1 MiB: a spilled input, refused before the server pulls it.
-    assert_refused_draining(c.call::<Echo>(&s, &vec![7u8; 1 << 20], T).await);
+    assert_refused_draining(c.call::<Echo>(&s, &ByteBuf::from(vec![7u8; 1 << 20]), T).await);
     assert_eq!(c.stats().abandoned_inputs, 0, "the refused input is still held");
     assert!(
         !srv.drained(Duration::from_millis(200)).await.unwrap(),
@@ -109,7 +110,7 @@ fn a_spilled_output_is_pulled_before_the_engine_is_drained() {
         e.trigger().unwrap();
     };
 
-    let data: Vec<u8> = (0..2usize << 20).map(|i| (i % 253) as u8).collect();
+    let data = ByteBuf::from((0..2usize << 20).map(|i| (i % 253) as u8).collect::<Vec<u8>>());
     let call = c.forward::<Echo>(&s, &data).unwrap();
     // The server pulls the input, runs the handler and exposes the output.
     for _ in 0..1000 {
@@ -150,7 +151,8 @@ fn a_spilled_output_is_pulled_before_the_engine_is_drained() {
     // A one-way request with a spilled input: its origin keeps the input
     // until the target answers; the draining target answers busy at once
     // (nothing pulled), and the origin lets the input go.
-    c.forward_one_way::<Echo>(&s, &vec![1u8; 1 << 20]).unwrap();
+    c.forward_one_way::<Echo>(&s, &ByteBuf::from(vec![1u8; 1 << 20]))
+        .unwrap();
     assert_eq!(c.stats().abandoned_inputs, 1, "the spilled input is not held");
     for _ in 0..1000 {
         turn(&mut srv);
@@ -188,7 +190,9 @@ fn drained_on_a_stopped_driver_says_so_at_once() {
     // A blocking client that never pulls the output.
     let mut c = common::client(&d);
     let s = c.lookup(srv.self_addr().uri()).unwrap();
-    let id = c.forward::<Echo>(&s, &vec![3u8; 64 << 10]).unwrap();
+    let id = c
+        .forward::<Echo>(&s, &ByteBuf::from(vec![3u8; 64 << 10]))
+        .unwrap();
     let end = std::time::Instant::now() + T;
     while srv.stats().exposed_outputs == 0 {
         assert!(std::time::Instant::now() < end, "the output was never exposed");

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use hg_rpc::Engine;
 use na_core::{Endpoint, OpId, PluginId};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -35,13 +36,13 @@ fn spilled(x: &mut Endpoint, xid: PluginId, cookie: u64, data: &[u8]) -> (na_cor
 /// budget, so `b`'s output waits for room; `dup` (a second response to
 /// `b`) comes right behind, in the same batch. Returns what each call got
 /// and the client.
-fn answered_twice(tag: &str, dup: impl FnOnce(u64) -> Vec<u8>) -> (Vec<u8>, Vec<u8>, Engine) {
+fn answered_twice(tag: &str, dup: impl FnOnce(u64) -> Vec<u8>) -> (ByteBuf, ByteBuf, Engine) {
     let d = dir(tag);
     let (mut x, xid, mut c, s) = raw_target_and_client(&d, false);
     // Room for one output's pull at a time.
     c.set_max_pull_bytes((OUT + OUT / 2) as u64);
-    let a = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
-    let b = c.forward::<Echo>(&s, &vec![2u8; 16]).unwrap();
+    let a = c.forward::<Echo>(&s, &ByteBuf::from(vec![1u8; 16])).unwrap();
+    let b = c.forward::<Echo>(&s, &ByteBuf::from(vec![2u8; 16])).unwrap();
     let (origin, ca) = take_request(&mut x, xid, &mut c, 1);
     let (_, cb) = take_request(&mut x, xid, &mut c, 2);
     let (_ma, ra) = spilled(&mut x, xid, ca, &[0xa; OUT]);

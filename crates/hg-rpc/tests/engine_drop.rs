@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hg_rpc::Rpc;
+use serde_bytes::ByteBuf;
 use tracing::field::{Field, Visit};
 use tracing::Subscriber;
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -23,8 +24,8 @@ const T: Duration = Duration::from_secs(60);
 struct Echo;
 impl Rpc for Echo {
     const NAME: &'static str = "engine_drop.echo";
-    type Input = Vec<u8>;
-    type Output = Vec<u8>;
+    type Input = ByteBuf;
+    type Output = ByteBuf;
 }
 
 /// Registered deferred: nobody takes its requests.
@@ -83,7 +84,7 @@ fn a_server_dropped_with_queued_answers_and_unanswered_requests_says_so() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
     for _ in 0..CALLS {
-        c.forward::<Echo>(&s, &vec![7u8; 4000]).unwrap();
+        c.forward::<Echo>(&s, &ByteBuf::from(vec![7u8; 4000])).unwrap();
     }
     c.forward::<Later>(&s, &()).unwrap();
     // The caller moves its own sends but takes no message in.
@@ -121,7 +122,7 @@ fn a_server_dropped_with_a_spilled_output_not_yet_pulled_says_so() {
     let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
     // Too large for a message both ways: the input is pulled, the output
     // exposed for the client to pull.
-    let data = vec![5u8; 2 << 20];
+    let data = ByteBuf::from(vec![5u8; 2 << 20]);
     c.forward::<Echo>(&s, &data).unwrap();
     let end = Instant::now() + T;
     while srv.stats().exposed_outputs == 0 {
@@ -150,7 +151,7 @@ fn an_idle_engine_is_dropped_quietly() {
     srv.register::<Echo>(Ok).unwrap();
     let mut c = client(&d);
     assert_eq!(
-        common::call_both::<Echo>(&mut c, &mut srv, &vec![1, 2, 3]).unwrap(),
+        common::call_both::<Echo>(&mut c, &mut srv, &ByteBuf::from(vec![1, 2, 3])).unwrap(),
         vec![1, 2, 3]
     );
     let warned = warnings_of(|| {

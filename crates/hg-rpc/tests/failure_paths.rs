@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc, RpcError};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -81,7 +82,9 @@ fn a_spilled_response_from_a_target_that_exited_ends_with_peer_gone() {
         let mut c = client(&d);
         assert_eq!(call_both::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
         let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
-        let id = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+        let id = c
+            .forward::<Echo>(&s, &ByteBuf::from(vec![5u8; 64 << 10]))
+            .unwrap();
         serve_until(&mut srv, 2);
         drop(srv);
         std::thread::sleep(Duration::from_millis(50));
@@ -233,14 +236,14 @@ fn an_unknown_rpc_s_spilled_input_is_not_pulled() {
     struct Missing;
     impl Rpc for Missing {
         const NAME: &'static str = "test.failure_paths.missing";
-        type Input = Vec<u8>;
+        type Input = ByteBuf;
         type Output = ();
     }
     let d = dir("unknown-spill");
     let mut srv = server(&d);
     let sid = srv.endpoint().plugin_ids().next().unwrap();
     let mut c = client(&d);
-    match call_both::<Missing>(&mut c, &mut srv, &vec![1u8; 1 << 20]) {
+    match call_both::<Missing>(&mut c, &mut srv, &ByteBuf::from(vec![1u8; 1 << 20])) {
         Err(RpcError::UnknownRpc { .. }) => {}
         other => panic!("expected UnknownRpc, got {other:?}"),
     }
@@ -351,7 +354,7 @@ fn a_spilled_request_past_the_deferred_bound_is_refused_before_its_pull() {
     let uri = srv.self_addr().uri().to_owned();
     let mut c = client(&d);
     let s = c.endpoint().lookup(&uri).unwrap();
-    let (x, y) = (vec![1u8; MIB], vec![2u8; MIB]);
+    let (x, y) = (ByteBuf::from(vec![1u8; MIB]), ByteBuf::from(vec![2u8; MIB]));
     let a = c.forward::<Digest>(&s, &x).unwrap();
     let b = c.forward::<Digest>(&s, &y).unwrap();
     serve_until(&mut srv, 2);
@@ -402,7 +405,7 @@ fn a_deferred_request_holds_a_buffer_that_fits_its_input() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(&uri).unwrap();
     // A large input to a plain handler: its buffer stays as a spare.
-    let big = vec![3u8; 4 * MIB];
+    let big = ByteBuf::from(vec![3u8; 4 * MIB]);
     let echo = c.forward::<Echo>(&s, &big).unwrap();
     let end = Instant::now() + T;
     let mut got = None;
@@ -416,7 +419,7 @@ fn a_deferred_request_holds_a_buffer_that_fits_its_input() {
     }
     assert!(got.unwrap().unwrap() == big);
     // A spilled input (over one message) to the deferred handler.
-    let small = vec![4u8; 64 << 10];
+    let small = ByteBuf::from(vec![4u8; 64 << 10]);
     let _parked = c.forward::<Digest>(&s, &small).unwrap();
     let end = Instant::now() + T;
     let req = loop {
@@ -462,7 +465,8 @@ fn a_late_response_to_a_call_kept_for_its_spilled_input_counts_as_stray() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(&uri).unwrap();
     // The one-way request first: its acknowledgement is no stray.
-    c.forward_one_way::<RecordBlob>(&s, &vec![5u8; 1 << 20]).unwrap();
+    c.forward_one_way::<RecordBlob>(&s, &ByteBuf::from(vec![5u8; 1 << 20]))
+        .unwrap();
     assert_eq!(c.stats().abandoned_inputs, 1);
     pump_until(&mut c, &mut srv, "no acknowledgement", |c| {
         c.stats().abandoned_inputs == 0
@@ -473,7 +477,7 @@ fn a_late_response_to_a_call_kept_for_its_spilled_input_counts_as_stray() {
         "an acknowledgement counted as stray"
     );
     // The server is not driven while the client waits: a timeout.
-    let r = c.call::<Echo>(&s, &vec![6u8; 1 << 20], Duration::from_millis(20));
+    let r = c.call::<Echo>(&s, &ByteBuf::from(vec![6u8; 1 << 20]), Duration::from_millis(20));
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     assert_eq!((c.stats().in_flight, c.stats().abandoned_inputs), (0, 1));
     pump_until(&mut c, &mut srv, "the late response never came", |c| {
@@ -508,7 +512,9 @@ fn an_output_pulled_after_its_ttl_is_refused_not_taken() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
     // Large enough to spill both ways.
-    let id = c.forward::<Echo>(&s, &vec![9u8; 64 << 10]).unwrap();
+    let id = c
+        .forward::<Echo>(&s, &ByteBuf::from(vec![9u8; 64 << 10]))
+        .unwrap();
     c.progress_now().unwrap();
     // The origin does not look until the target has answered and let the
     // output go (its TTL passed, its sweep ran: at most a second or so),
@@ -556,7 +562,9 @@ fn a_release_refused_by_a_full_backlog_is_sent_again() {
     assert_eq!(call_both::<Add>(&mut c, &mut srv, &(1, 1)).unwrap(), 2);
     let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
     // A 64 KiB output: spilled, exposed until the origin releases it.
-    let id = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    let id = c
+        .forward::<Echo>(&s, &ByteBuf::from(vec![5u8; 64 << 10]))
+        .unwrap();
     let end = Instant::now() + T;
     while srv.stats().exposed_outputs == 0 {
         assert!(
@@ -639,7 +647,9 @@ fn a_stuck_target_does_not_hold_back_releases_to_another() {
     let to_x = c.endpoint().lookup(x.self_addr().uri()).unwrap();
     // Y's output exposed, Y stops reading, the backlog to Y fills, and
     // the origin pulls: Y's release waits.
-    let id = c.forward::<Echo>(&to_y, &vec![5u8; 64 << 10]).unwrap();
+    let id = c
+        .forward::<Echo>(&to_y, &ByteBuf::from(vec![5u8; 64 << 10]))
+        .unwrap();
     let end = Instant::now() + T;
     while y.stats().exposed_outputs == 0 {
         assert!(Instant::now() < end, "Y never exposed its output");
@@ -660,7 +670,9 @@ fn a_stuck_target_does_not_hold_back_releases_to_another() {
         c.trigger().unwrap();
     }
     // A spilled call to X, with Y still stuck: X's output is released.
-    let id = c.forward::<Echo>(&to_x, &vec![6u8; 64 << 10]).unwrap();
+    let id = c
+        .forward::<Echo>(&to_x, &ByteBuf::from(vec![6u8; 64 << 10]))
+        .unwrap();
     let end = Instant::now() + Duration::from_secs(5);
     let mut answered = false;
     while !answered || x.stats().exposed_outputs > 0 {

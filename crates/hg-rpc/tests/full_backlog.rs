@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc, RpcError};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -103,7 +104,7 @@ fn a_caller_that_never_reads_cannot_grow_the_targets_send_backlog() {
     // An honest caller is answered while the silent one still holds its share.
     let mut c = client(&d);
     assert_eq!(
-        call_both::<Echo>(&mut c, &mut srv, &vec![1, 2, 3]).unwrap(),
+        call_both::<Echo>(&mut c, &mut srv, &ByteBuf::from(vec![1, 2, 3])).unwrap(),
         vec![1, 2, 3]
     );
     drop(raw);
@@ -145,7 +146,7 @@ fn a_response_refused_by_a_full_backlog_is_replaced_by_response_not_sent() {
     let d = dir("replaced");
     let (mut srv, mut c, s) = backlogged(&d, 10 << 10);
     let ids: Vec<_> = (0..CALLS)
-        .map(|_| c.forward::<Echo>(&s, &vec![7u8; 4000]).unwrap())
+        .map(|_| c.forward::<Echo>(&s, &ByteBuf::from(vec![7u8; 4000])).unwrap())
         .collect();
     serve_unread(&mut c, &mut srv, CALLS as u64);
     let st = srv.stats();
@@ -316,7 +317,7 @@ fn no_handler_answer_refused_by_a_full_backlog<R: Rpc>(
     let mut handled = srv.stats().handled;
     while backlog(&mut srv) == 0 {
         assert!(calls.len() < 10_000, "nothing queued: {:?}", srv.stats());
-        calls.push(c.forward::<Echo>(&s, &vec![7u8; 3000]).unwrap());
+        calls.push(c.forward::<Echo>(&s, &ByteBuf::from(vec![7u8; 3000])).unwrap());
         handled += 1;
         serve_unread(&mut c, &mut srv, handled);
     }
@@ -338,7 +339,7 @@ fn no_handler_answer_refused_by_a_full_backlog<R: Rpc>(
             _ => gap - 150,
         };
         calls.push(
-            c.forward::<Echo>(&s, &vec![7u8; echo_len_charged(charge)])
+            c.forward::<Echo>(&s, &ByteBuf::from(vec![7u8; echo_len_charged(charge)]))
                 .unwrap(),
         );
         handled += 1;

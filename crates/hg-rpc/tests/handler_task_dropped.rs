@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::RpcError;
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -38,7 +39,7 @@ fn a_caller_is_answered_at_once_when_the_handlers_task_is_dropped() {
         .register_async::<Echo, _, _>(move |_| {
             flag.store(true, Ordering::SeqCst);
             // Never answers on its own.
-            std::future::pending::<Result<Vec<u8>, String>>()
+            std::future::pending::<Result<ByteBuf, String>>()
         })
         .unwrap();
     let uri = server.self_addr().uri().to_owned();
@@ -46,7 +47,7 @@ fn a_caller_is_answered_at_once_when_the_handlers_task_is_dropped() {
         let mut c = client(&d);
         let s = c.endpoint().lookup(&uri).unwrap();
         let t0 = Instant::now();
-        let r = c.call::<Echo>(&s, &vec![1, 2, 3], Duration::from_secs(20));
+        let r = c.call::<Echo>(&s, &ByteBuf::from(vec![1, 2, 3]), Duration::from_secs(20));
         (r, t0.elapsed(), d)
     });
     let end = Instant::now() + T;

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use hg_rpc::Engine;
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -48,7 +49,8 @@ fn an_ack_waits(tag: &str) -> (common::TestDir, Engine, Engine) {
         turn(&mut srv);
     }
     // A spilled one-way request: its input stays exposed until the ack.
-    c.forward_one_way::<Echo>(&s, &vec![3u8; 64 << 10]).unwrap();
+    c.forward_one_way::<Echo>(&s, &ByteBuf::from(vec![3u8; 64 << 10]))
+        .unwrap();
     assert_eq!(c.stats().abandoned_inputs, 1, "{:?}", c.stats());
     // The target pulls it (behind the calls still queued): its ack finds
     // the backlog full, and waits.

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, RpcError, ABANDONED_INPUT_TTL};
 use na_core::{Addr, Endpoint, PluginId};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -49,7 +50,9 @@ fn the_ttl_sweep_looks_at_the_inputs_kept_not_at_the_calls_in_flight() {
     let (mut x, xid, mut c, s) = silent_target(&d);
     let ttl = Duration::from_secs(4);
     c.set_abandoned_input_ttl(ttl);
-    let kept = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    let kept = c
+        .forward::<Echo>(&s, &ByteBuf::from(vec![5u8; 64 << 10]))
+        .unwrap();
     take_request(&mut x, xid, &mut c, 1);
     let before = Instant::now();
     c.abandon(kept);
@@ -83,7 +86,9 @@ fn the_ttl_sweep_looks_at_the_inputs_kept_not_at_the_calls_in_flight() {
 fn next_expiry_looks_at_the_oldest_input_kept_not_at_the_calls_in_flight() {
     let d = dir("expiry-cost");
     let (mut x, xid, mut c, s) = silent_target(&d);
-    let kept = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    let kept = c
+        .forward::<Echo>(&s, &ByteBuf::from(vec![5u8; 64 << 10]))
+        .unwrap();
     take_request(&mut x, xid, &mut c, 1);
     let before = Instant::now();
     c.abandon(kept);
@@ -118,7 +123,9 @@ fn a_ttl_set_while_inputs_are_kept_applies_to_them() {
     let d = dir("ttl-set");
     let (mut x, xid, mut c, s) = silent_target(&d);
     c.set_abandoned_input_ttl(Duration::from_millis(300));
-    let kept = c.forward::<Echo>(&s, &vec![5u8; 64 << 10]).unwrap();
+    let kept = c
+        .forward::<Echo>(&s, &ByteBuf::from(vec![5u8; 64 << 10]))
+        .unwrap();
     take_request(&mut x, xid, &mut c, 1);
     let before = Instant::now();
     c.abandon(kept);
@@ -250,12 +257,13 @@ fn large_inputs_that_never_spilled_do_not_stay_in_the_engines_buffers() {
     e.set_spare_bytes(1 << 20);
     e.set_max_abandoned_bytes(1 << 20);
     let bound = (1 << 20) + 8 * 65536;
-    let big = vec![3u8; 4 << 20];
+    let big = ByteBuf::from(vec![3u8; 4 << 20]);
     let me = e.self_addr().clone();
     // A deadline for a hang only: the echo of 4 MiB, encoded and decoded
-    // twice byte by byte in a debug build, takes about a second of CPU,
-    // and a loaded 2-core box gave it less than a tenth of one (it timed
-    // out at 10 s).
+    // twice, while `Echo` took a `Vec<u8>` (byte by byte in a debug build)
+    // took about a second of CPU, and a loaded 2-core box gave it less
+    // than a tenth of one (it timed out at 10 s); as a `ByteBuf` it takes
+    // about a tenth of a second, and the bound stays generous.
     let out = e.call::<Echo>(&me, &big, BIG_T).unwrap();
     assert!(out == big, "the self-call's echo");
     drop(out);

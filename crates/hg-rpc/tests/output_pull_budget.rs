@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, RpcError};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -150,7 +151,7 @@ async fn async_calls_whose_outputs_wait_for_an_async_handler_s_input_all_succeed
         move || {
             let mut h = client(&d);
             let to = h.lookup(&c_uri).unwrap();
-            h.call::<Digest>(&to, &fill_pattern(MIB, 5), T)
+            h.call::<Digest>(&to, &ByteBuf::from(fill_pattern(MIB, 5)), T)
         }
     });
     let end = Instant::now() + T;

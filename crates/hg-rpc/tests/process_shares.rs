@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{AsyncEngine, Engine, RpcError, RpcStats};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -124,7 +125,7 @@ fn many_connections_of_one_process_hold_one_share_of_the_pull_budget() {
     let _h = hostile(&d, &uri, 2, LEN);
     let s = all_taken(&srv, 2 * CONNS, |s| s.deferred_in_flight + s.pulls_refused);
     let (mut c, at) = honest_engine(&d, &uri);
-    let r = c.call::<Digest>(&at, &vec![2u8; LEN], T);
+    let r = c.call::<Digest>(&at, &ByteBuf::from(vec![2u8; LEN]), T);
     assert_eq!(r.unwrap(), (LEN as u64, fnv(&vec![2u8; LEN])), "{s:?}");
     assert_eq!(
         (s.deferred_in_flight, s.pulls_refused),
@@ -145,7 +146,7 @@ fn many_connections_of_one_process_hold_one_origin_s_deferred_requests() {
     let _h = hostile(&d, &uri, 4, 16);
     let s = all_taken(&srv, 4 * CONNS, |s| s.deferred_in_flight + s.deferred_refused);
     let (mut c, at) = honest_engine(&d, &uri);
-    let r = c.call::<Digest>(&at, &vec![2u8; 16], T);
+    let r = c.call::<Digest>(&at, &ByteBuf::from(vec![2u8; 16]), T);
     assert_eq!(r.unwrap(), (16, fnv(&[2u8; 16])), "{s:?}");
     assert_eq!(
         (s.deferred_in_flight, s.deferred_refused),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{AsyncEngine, Engine, RpcError, RpcStats};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -95,7 +96,7 @@ fn greedy_calls_taken(srv: &AsyncEngine) -> RpcStats {
 fn honest_call(d: &std::path::Path, server: &str) -> hg_rpc::Result<(u64, u64)> {
     let mut c = common::client(d);
     let at = c.lookup(server).unwrap();
-    c.call::<Digest>(&at, &vec![2u8; LEN], Duration::from_secs(10))
+    c.call::<Digest>(&at, &ByteBuf::from(vec![2u8; LEN]), Duration::from_secs(10))
 }
 
 #[test]

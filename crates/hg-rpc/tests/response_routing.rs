@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use hg_rpc::header::{Header, Status, FLAG_RESPONSE, FLAG_SPILL};
 use hg_rpc::{Engine, Rpc, RpcError};
 use na_core::{Addr, Endpoint, OpId};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -118,9 +119,9 @@ fn spilled_answer_due(
     Vec<u8>,
 ) {
     let (mut x, xid, mut c, s) = raw_target_and_client(d, true);
-    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let id = c.forward::<Echo>(&s, &ByteBuf::from(vec![1u8; 16])).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
-    let _unanswered = c.forward::<Echo>(&s, &vec![2u8; 16]).unwrap();
+    let _unanswered = c.forward::<Echo>(&s, &ByteBuf::from(vec![2u8; 16])).unwrap();
     let crc = hg_rpc::header::crc32c(&output);
     let (mem, msg) = spilled_echo_response(&mut x, xid, cookie, output, crc);
     (x, c, id, origin, cookie, mem, msg)
@@ -180,8 +181,8 @@ fn a_response_of_another_version_during_the_pull_is_dropped() {
 struct OneWayBig;
 impl Rpc for OneWayBig {
     const NAME: &'static str = "test.routing.one_way_big";
-    type Input = Vec<u8>;
-    type Output = Vec<u8>;
+    type Input = ByteBuf;
+    type Output = ByteBuf;
 }
 
 /// A spilled one-way request is acknowledged as soon as its input is
@@ -192,14 +193,15 @@ fn a_spilled_one_way_ack_is_empty_and_precedes_the_handler() {
     let d = dir("one-way-ack");
     let (ep, sid) = endpoint(&d, true);
     let mut srv = Engine::new(ep, sid).unwrap();
-    srv.register::<OneWayBig>(|v| Ok(vec![1u8; v.len() * 16]))
+    srv.register::<OneWayBig>(|v| Ok(ByteBuf::from(vec![1u8; v.len() * 16])))
         .unwrap();
     let (ep, cid) = endpoint(&d, false);
     let mut c = Engine::new(ep, cid).unwrap();
     let s = c.endpoint().lookup(srv.self_addr().uri()).unwrap();
     let cid = c.endpoint().plugin_ids().next().unwrap();
     let before = c.endpoint().plugin(cid).unwrap().stats().get_bytes;
-    c.forward_one_way::<OneWayBig>(&s, &vec![2u8; 64 << 10]).unwrap();
+    c.forward_one_way::<OneWayBig>(&s, &ByteBuf::from(vec![2u8; 64 << 10]))
+        .unwrap();
     assert_eq!(c.stats().abandoned_inputs, 1, "kept until acknowledged");
     pump_both(&mut c, &mut srv, "acknowledgement", |c, s| {
         c.stats().abandoned_inputs == 0 && s.stats().handled == 1
@@ -244,8 +246,8 @@ fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
     // Warm up both ways: every connection is set up before the test.
     for _ in 0..2 {
         let (x, y) = (
-            a.forward::<Echo>(&to_b, &vec![1]).unwrap(),
-            b.forward::<Echo>(&to_a, &vec![2]).unwrap(),
+            a.forward::<Echo>(&to_b, &ByteBuf::from(vec![1])).unwrap(),
+            b.forward::<Echo>(&to_a, &ByteBuf::from(vec![2])).unwrap(),
         );
         pump_both(&mut a, &mut b, "warm-up", |a, b| {
             a.is_finished(x) && b.is_finished(y)
@@ -255,7 +257,7 @@ fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
     }
     let served = a.stats().handled;
 
-    let call = a.forward::<Echo>(&to_b, &vec![7]).unwrap();
+    let call = a.forward::<Echo>(&to_b, &ByteBuf::from(vec![7])).unwrap();
     let before = b.stats().handled;
     let end = Instant::now() + T;
     while b.stats().handled == before {
@@ -264,7 +266,7 @@ fn a_request_behind_the_only_calls_response_is_served_without_a_sleep() {
         b.trigger().unwrap();
     }
     // b's request goes out after its response: it waits behind it.
-    let back = b.forward::<Echo>(&to_a, &vec![8]).unwrap();
+    let back = b.forward::<Echo>(&to_a, &ByteBuf::from(vec![8])).unwrap();
     let end = Instant::now() + T;
     while !a.is_finished(call) {
         assert!(Instant::now() < end, "a never got its response");
@@ -346,7 +348,7 @@ fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
     let d = dir("spill-crc-out");
     let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
     c.set_checksums(true);
-    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let id = c.forward::<Echo>(&s, &ByteBuf::from(vec![1u8; 16])).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
     let bad_crc = hg_rpc::header::crc32c(&output) ^ 1;
@@ -373,7 +375,7 @@ fn a_spilled_output_that_fails_its_checksum_ends_the_call() {
 fn a_spilled_output_whose_pull_fails_ends_the_call_with_a_transport_error() {
     let d = dir("spill-pull-fails");
     let (mut x, xid, mut c, s) = raw_target_and_client(&d, true);
-    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let id = c.forward::<Echo>(&s, &ByteBuf::from(vec![1u8; 16])).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     // 4 MiB: far above the allocator's mmap threshold, so freeing it
     // unmaps it.
@@ -405,7 +407,7 @@ fn a_spilled_output_whose_pull_fails_ends_the_call_with_a_transport_error() {
 fn a_spilled_output_described_write_only_is_malformed() {
     let d = dir("spill-write-only");
     let (mut x, xid, mut c, s) = raw_target_and_client(&d, false);
-    let id = c.forward::<Echo>(&s, &vec![1u8; 16]).unwrap();
+    let id = c.forward::<Echo>(&s, &ByteBuf::from(vec![1u8; 16])).unwrap();
     let (origin, cookie) = take_request(&mut x, xid, &mut c, 1);
     let output = postcard::to_allocvec(&vec![9u8; 64 << 10]).unwrap();
     let len = output.len() as u64;

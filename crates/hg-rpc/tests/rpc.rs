@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{Rpc, RpcError};
 use na_core::OpId;
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -50,7 +51,10 @@ fn typed_calls_and_each_kind_of_error() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
     assert_eq!(c.call::<Add>(&s, &(40, 2), T).unwrap(), 42);
-    assert_eq!(c.call::<Echo>(&s, &b"hello".to_vec(), T).unwrap(), b"hello");
+    assert_eq!(
+        c.call::<Echo>(&s, &ByteBuf::from(b"hello".to_vec()), T).unwrap(),
+        b"hello"
+    );
     match c.call::<Fail>(&s, &"boom".to_string(), T) {
         Err(RpcError::Handler { message, .. }) => assert_eq!(message, "boom"),
         other => panic!("expected a handler error, got {other:?}"),
@@ -68,7 +72,10 @@ fn typed_calls_and_each_kind_of_error() {
         Err(RpcError::Decode { what: "input", .. })
     ));
     // Inputs and outputs just over the eager size spill both ways.
-    assert_eq!(c.call::<Echo>(&s, &vec![3; 5000], T).unwrap(), vec![3; 5000]);
+    assert_eq!(
+        c.call::<Echo>(&s, &ByteBuf::from(vec![3; 5000]), T).unwrap(),
+        vec![3; 5000]
+    );
     // The server still serves after all of that.
     assert_eq!(c.call::<Add>(&s, &(1, 2), T).unwrap(), 3);
     let st = c.stats();
@@ -243,7 +250,10 @@ fn hostile_input_gets_no_crash_and_the_server_keeps_serving() {
             .unwrap();
     }
     assert_eq!(c.call::<Add>(&s, &(20, 22), T).unwrap(), 42);
-    assert_eq!(c.call::<Echo>(&s, &vec![9; 1000], T).unwrap(), vec![9; 1000]);
+    assert_eq!(
+        c.call::<Echo>(&s, &ByteBuf::from(vec![9; 1000]), T).unwrap(),
+        vec![9; 1000]
+    );
 }
 
 /// Several contexts: the server runs three engines (threads, one address

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, Rpc};
 use na_core::OpId;
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -35,9 +36,11 @@ fn spilled_data_of_changing_sizes_stays_intact_while_buffers_are_reused() {
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
     let pattern = |i: usize, len: usize| {
-        (0..len)
-            .map(|j| (i * 131 + j * 7 + j / 251) as u8)
-            .collect::<Vec<u8>>()
+        ByteBuf::from(
+            (0..len)
+                .map(|j| (i * 131 + j * 7 + j / 251) as u8)
+                .collect::<Vec<u8>>(),
+        )
     };
     let sizes = [
         5000,
@@ -97,8 +100,9 @@ fn echo_responses_of_every_eager_size_stay_intact_and_their_buffers_return() {
     let srv = Server::start(&d);
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
-    let pattern = |i: usize, len: usize| (0..len).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>();
-    // Up to the eager limit over sm (a Vec's length prefix and the header
+    let pattern =
+        |i: usize, len: usize| ByteBuf::from((0..len).map(|j| (i * 31 + j) as u8).collect::<Vec<u8>>());
+    // Up to the eager limit over sm (the bytes' length prefix and the header
     // take the rest of an 8 KiB message), a 4 KiB block among them.
     for (i, len) in [
         0, 1, 100, 1000, 1017, 1018, 1019, 1024, 2000, 4000, 4096, 8000, 8158,
@@ -141,7 +145,11 @@ fn one_mib_arguments_spill_in_both_directions_and_one_way() {
     let srv = Server::start(&d);
     let mut c = client(&d);
     let s = c.endpoint().lookup(&srv.uri).unwrap();
-    let blob: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 13 + i / 4096) as u8).collect();
+    let blob = ByteBuf::from(
+        (0..(1u32 << 20))
+            .map(|i| (i * 13 + i / 4096) as u8)
+            .collect::<Vec<u8>>(),
+    );
     assert_eq!(
         c.call::<Digest>(&s, &blob, T).unwrap(),
         (blob.len() as u64, fnv(&blob))

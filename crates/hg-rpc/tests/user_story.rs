@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hg_rpc::{Access, AsyncEngine, Engine, RpcError};
+use serde_bytes::ByteBuf;
 
 mod common;
 use common::{dir, endpoint, pattern};
@@ -147,7 +148,7 @@ async fn one_call(
     started.store(true, Ordering::SeqCst);
     match kind(i) {
         Kind::Spilled => {
-            let data = pattern(MIB, i);
+            let data = ByteBuf::from(pattern(MIB, i));
             let want = (MIB as u64, checksum(&data));
             let got = e.call::<Digest>(&to, &data, T).await?;
             if got != want {

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{BulkOp, Engine, Rpc, RpcError};
 use na_core::{Access, ProgressMode};
+use serde_bytes::ByteBuf;
 
 #[path = "../src/bin/testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -183,7 +184,11 @@ fn typed_calls_error_kinds_and_1mib_spill_over_verbs() {
     ));
     // 1 MiB both ways: the input and the output spill into bulk handles
     // that the other side pulls with RDMA READ.
-    let big: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let big = ByteBuf::from(
+        (0..1usize << 20)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect::<Vec<u8>>(),
+    );
     assert!(
         c.call::<Echo>(&s, &big, T).expect("1 MiB echo") == big,
         "1 MiB echo differs"

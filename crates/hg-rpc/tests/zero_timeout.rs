@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use hg_rpc::{Engine, RpcError};
+use serde_bytes::ByteBuf;
 
 mod common;
 use common::{async_engine, client, dir, endpoint, Server};
@@ -34,14 +35,14 @@ fn a_blocking_zero_timeout_takes_only_an_answer_already_there() {
     let srv = Server::start(&d);
     let mut c = client(&d);
     let s = c.lookup(&srv.uri).unwrap();
-    assert_eq!(c.call::<Echo>(&s, &vec![1], T).unwrap(), vec![1]);
+    assert_eq!(c.call::<Echo>(&s, &ByteBuf::from(vec![1]), T).unwrap(), vec![1]);
     for i in 0..20u8 {
-        match c.call::<Echo>(&s, &vec![i], ZERO) {
+        match c.call::<Echo>(&s, &ByteBuf::from(vec![i]), ZERO) {
             Err(RpcError::Timeout { millis: 0, .. }) => {}
             other => panic!("call {i}: expected a timeout at once, got {other:?}"),
         }
     }
-    assert_eq!(c.call::<Echo>(&s, &vec![2], T).unwrap(), vec![2]);
+    assert_eq!(c.call::<Echo>(&s, &ByteBuf::from(vec![2]), T).unwrap(), vec![2]);
     let st = c.stats();
     assert_eq!((st.succeeded, st.errors), (2, 20), "{st:?}");
 }
@@ -60,14 +61,20 @@ async fn an_async_zero_timeout_takes_only_an_answer_already_there() {
     let srv = Server::start(&d);
     let c = async_engine(&d, false);
     let s = c.lookup(&srv.uri).await.unwrap();
-    assert_eq!(c.call::<Echo>(&s, &vec![1], T).await.unwrap(), vec![1]);
+    assert_eq!(
+        c.call::<Echo>(&s, &ByteBuf::from(vec![1]), T).await.unwrap(),
+        vec![1]
+    );
     for i in 0..20u8 {
-        match c.call::<Echo>(&s, &vec![i], ZERO).await {
+        match c.call::<Echo>(&s, &ByteBuf::from(vec![i]), ZERO).await {
             Err(RpcError::Timeout { millis: 0, .. }) => {}
             other => panic!("call {i}: expected a timeout at once, got {other:?}"),
         }
     }
-    assert_eq!(c.call::<Echo>(&s, &vec![2], T).await.unwrap(), vec![2]);
+    assert_eq!(
+        c.call::<Echo>(&s, &ByteBuf::from(vec![2]), T).await.unwrap(),
+        vec![2]
+    );
     let st = c.stats();
     assert_eq!((st.succeeded, st.errors), (2, 20), "{st:?}");
 }

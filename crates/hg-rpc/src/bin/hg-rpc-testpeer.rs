@@ -110,7 +110,7 @@ fn stalled_client(spec: &str, server: &str) -> Result<(), Box<dyn std::error::Er
                 let n: u32 = n
                     .parse()
                     .map_err(|e| format!("HG_TESTPEER_STALLED_INPUTS={n:?}: {e}"))?;
-                let input = vec![1u8; len as usize];
+                let input = serde_bytes::ByteBuf::from(vec![1u8; len as usize]);
                 for _ in 0..n {
                     engine.forward::<Digest>(&at, &input)?;
                 }

@@ -27,6 +27,7 @@ use clap::Parser;
 use hg_rpc::{BulkOp, Engine, RpcError};
 use na_core::{Access, Endpoint, Plugin, ProgressMode};
 use na_sm::{SmConfig, SmPlugin};
+use serde_bytes::ByteBuf;
 
 #[path = "testpeer/rpcs.rs"]
 #[allow(dead_code)]
@@ -113,11 +114,11 @@ fn client(uri: &str, secs: u64, slot: u64, seed: u64) -> Res<()> {
                 check(c.call::<Add>(&s, &(a, b), CALL_TIMEOUT)? == a + b, "add")?;
             }
             5..=8 => {
-                let v = rng.bytes(0, MAX_LEN);
+                let v = ByteBuf::from(rng.bytes(0, MAX_LEN));
                 check(c.call::<Echo>(&s, &v, CALL_TIMEOUT)? == v, "echo")?;
             }
             9..=11 => {
-                let v = rng.bytes(0, 64 << 10);
+                let v = ByteBuf::from(rng.bytes(0, 64 << 10));
                 check(
                     c.call::<Digest>(&s, &v, CALL_TIMEOUT)? == (v.len() as u64, fnv(&v)),
                     "digest",

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, RpcError, MIN_EAGER_SIZE};
 use na_core::{Addr, Endpoint, NaError, Plugin, PluginId, ProgressMode};
+use serde_bytes::ByteBuf;
 
 use super::rpcs::{fill_output, fill_pattern, fnv, Add, Digest, Fill};
 use super::{client_state, rdma_spec, T};
@@ -125,7 +126,7 @@ fn an_input_past_the_servers_smaller_limit_spills_over_verbs() {
     let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
     // Not connected yet: the peer's limit is not known.
     assert_eq!(limit_to(&mut c, &s), 0, "a limit before the hello");
-    let input = fill_pattern(BETWEEN as u64, 1);
+    let input = ByteBuf::from(fill_pattern(BETWEEN as u64, 1));
     let want = (input.len() as u64, fnv(&input));
     for round in ["before the hello", "after it"] {
         let sent = c.stats().bytes_sent;

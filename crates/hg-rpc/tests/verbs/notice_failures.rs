@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::Engine;
 use na_core::{Endpoint, Plugin, ProgressMode};
+use serde_bytes::ByteBuf;
 
 use super::rpcs::{fill_output, fill_pattern, Fill, RecordBlob};
 use super::{client_state, rdma_spec, T};
@@ -118,7 +119,7 @@ fn an_acknowledgement_failing_at_completion_is_sent_again_over_verbs() {
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
     let s = c.endpoint().lookup(srv.self_addr().uri()).expect("lookup");
     // An input past the eager limit: exposed, pulled, then acknowledged.
-    let big = vec![9u8; 64 << 10];
+    let big = ByteBuf::from(vec![9u8; 64 << 10]);
     c.forward_one_way::<RecordBlob>(&s, &big)
         .expect("forward one-way");
     assert_eq!(c.stats().abandoned_inputs, 1, "{:?}", c.stats());

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, RpcError, MIN_EAGER_SIZE};
 use na_core::NaError;
+use serde_bytes::ByteBuf;
 
 use super::eager_limits::verbs_endpoint;
 use super::rpcs::{fill_pattern, Digest};
@@ -38,7 +39,7 @@ fn a_request_send_failing_at_completion_ends_its_call_over_verbs() {
     let mut c = Engine::new(ep, id).expect("engine");
     let s = c.endpoint().lookup(&uri).expect("lookup");
     // Eager (under MIN_EAGER_SIZE, header included) but past the peer's limit.
-    let input = fill_pattern(512, 1);
+    let input = ByteBuf::from(fill_pattern(512, 1));
     assert!(input.len() + 64 < MIN_EAGER_SIZE && input.len() > PEER_MAX);
     let call = c
         .forward::<Digest>(&s, &input)

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use hg_rpc::{Engine, RpcError, SPILLED_OUTPUT_TTL};
 use na_core::{NaError, ProgressMode};
+use serde_bytes::ByteBuf;
 
 use super::rpcs::{fill_output, fill_pattern, Add, Echo, Fill};
 use super::{client_state, common, rdma_spec, T};
@@ -152,7 +153,7 @@ fn a_spilled_outputs_pull_that_fails_at_completion_ends_its_call_over_verbs() {
         )
     });
     assert!(out == fill_pattern(len, 9), "pulled output differs");
-    let big = fill_pattern(300_000, 1);
+    let big = ByteBuf::from(fill_pattern(300_000, 1));
     let back =
         common::call_both::<Echo>(&mut c, &mut srv, &big).expect("a spilled echo after the failed pull");
     assert!(back == big, "echo differs");
@@ -180,7 +181,7 @@ fn a_spilled_inputs_pull_that_fails_at_completion_leaves_the_target_serving_over
     let (mut srv, runs) = server(&spec);
     let ran = |runs: &AtomicU64| runs.load(Ordering::SeqCst);
     let mut c = Engine::from_spec(&spec, false, ProgressMode::default()).expect("client engine");
-    let big = fill_pattern(300_000, 2);
+    let big = ByteBuf::from(fill_pattern(300_000, 2));
     // Control: the same call works when the input stays, so the path is
     // sound and the failure below is the deregistration's.
     let back = common::call_both::<Echo>(&mut c, &mut srv, &big).unwrap_or_else(|e| {
@@ -196,7 +197,9 @@ fn a_spilled_inputs_pull_that_fails_at_completion_leaves_the_target_serving_over
     let s = c.endpoint().lookup(&uri).expect("lookup");
 
     c.set_abandoned_input_ttl(Duration::ZERO);
-    let id = c.forward::<Echo>(&s, &fill_pattern(300_000, 4)).expect("forward");
+    let id = c
+        .forward::<Echo>(&s, &ByteBuf::from(fill_pattern(300_000, 4)))
+        .expect("forward");
     c.abandon(id);
     assert_eq!(c.stats().abandoned_inputs, 1, "{:?}", c.stats());
     // The origin alone: the request is on the wire (the target's posted

@@ -1,6 +1,15 @@
 //! RPC definitions shared by `hg-rpc-testpeer` and the integration tests.
+//!
+//! The payloads that may be megabytes (`Echo`'s, `Digest`'s and
+//! `RecordBlob`'s inputs, `Echo`'s and `Fill`'s outputs) are
+//! `serde_bytes::ByteBuf`s, which serde encodes as one byte string: a
+//! `Vec<u8>` goes element by element, through the codec (and its guard)
+//! once per byte, which made the tests that move megabytes through them
+//! slow in a debug build. Postcard writes the same bytes either way (a
+//! length, then the data), so messages written by hand are unchanged.
 
 use hg_rpc::Rpc;
+use serde_bytes::ByteBuf;
 
 /// Adds two numbers.
 pub struct Add;
@@ -14,8 +23,8 @@ impl Rpc for Add {
 pub struct Echo;
 impl Rpc for Echo {
     const NAME: &'static str = "test.echo";
-    type Input = Vec<u8>;
-    type Output = Vec<u8>;
+    type Input = ByteBuf;
+    type Output = ByteBuf;
 }
 
 /// Always fails with the given message.
@@ -62,7 +71,7 @@ impl Rpc for Quit {
 pub struct Digest;
 impl Rpc for Digest {
     const NAME: &'static str = "test.digest";
-    type Input = Vec<u8>;
+    type Input = ByteBuf;
     type Output = (u64, u64);
 }
 
@@ -70,7 +79,7 @@ impl Rpc for Digest {
 pub struct RecordBlob;
 impl Rpc for RecordBlob {
     const NAME: &'static str = "test.record_blob";
-    type Input = Vec<u8>;
+    type Input = ByteBuf;
     type Output = ();
 }
 
@@ -147,16 +156,12 @@ impl Rpc for Marker {
 }
 
 /// Answers `len` bytes of [`fill_pattern`] from `seed` (a large output
-/// for a small input). The output is a `ByteBuf`, which serde encodes as
-/// one byte string: a `Vec<u8>` goes element by element, through the
-/// codec (and its guard) once per byte, which made the megabyte outputs
-/// of the tests that call this many times slow in a debug build. (Either
-/// way postcard writes the same bytes: a length, then the data.)
+/// for a small input).
 pub struct Fill;
 impl Rpc for Fill {
     const NAME: &'static str = "test.fill";
     type Input = (u64, u64);
-    type Output = serde_bytes::ByteBuf;
+    type Output = ByteBuf;
 }
 
 /// Returns how many `Fill` calls the server has answered with an output
@@ -191,6 +196,6 @@ pub fn fill_pattern(len: u64, seed: u64) -> Vec<u8> {
 }
 
 /// [`fill_pattern`] as `Fill`'s output, for its handlers.
-pub fn fill_output(len: u64, seed: u64) -> serde_bytes::ByteBuf {
-    serde_bytes::ByteBuf::from(fill_pattern(len, seed))
+pub fn fill_output(len: u64, seed: u64) -> ByteBuf {
+    ByteBuf::from(fill_pattern(len, seed))
 }
