@@ -6,14 +6,17 @@
 //! and decodes back to itself; and a length field does not make the
 //! decoder allocate far more than the input justifies.
 #![no_main]
+#![deny(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use hg_rpc::{Codec, Postcard};
 use libfuzzer_sys::fuzz_target;
 use serde::{Deserialize, Serialize};
+
+// The allocator that notes the largest allocation (all the unsafe).
+#[allow(unsafe_code)]
+mod sys;
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 enum Tree {
@@ -30,34 +33,13 @@ enum Tree {
     Pair { left: Box<Tree>, right: (bool, char) },
 }
 
-/// The largest single allocation made since the last reset.
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-struct Watch;
-
-// SAFETY: forwards to the system allocator, only noting sizes.
-unsafe impl GlobalAlloc for Watch {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LARGEST.fetch_max(l.size(), Relaxed);
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: allocated by `System` above with this layout.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Watch = Watch;
-
 fuzz_target!(|data: &[u8]| {
-    LARGEST.store(0, Relaxed);
+    sys::alloc::reset_largest();
     let decoded = Postcard.decode::<Tree>(data);
     // Each input byte may become at most one element of the largest
     // element type (a `Tree`, or a map's entry and its table slack).
     let justified = 4096 + data.len() * 4 * std::mem::size_of::<(u16, Tree)>();
-    let largest = LARGEST.load(Relaxed);
+    let largest = sys::alloc::largest();
     assert!(
         largest <= justified,
         "{} input bytes made a {largest}-byte allocation",
