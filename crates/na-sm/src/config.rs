@@ -7,6 +7,9 @@ use std::time::Duration;
 use crate::error::{SmError, SmResult};
 pub use crate::sys::wake::WakeKind;
 
+mod hooks;
+pub use hooks::SmConfigHooks;
+
 /// Environment variable that overrides the default socket directory.
 pub const SOCKET_DIR_ENV: &str = "QS_SM_DIR";
 
@@ -131,21 +134,14 @@ pub struct SmConfig {
     /// exposed memory may be backed by something that can hang.
     /// Transfers to this process itself stay on the caller's thread.
     pub rma_threads: Option<usize>,
-    /// Watch peers' exits as on kernels without `SO_PEERPIDFD`: through
-    /// `pidfd_open` of the peer's pid, checked against its start time
-    /// (`$QS_SM_PIDFD=pid` does the same, in every build). For tests of
-    /// that path: only with the `test-hooks` feature.
-    #[cfg(feature = "test-hooks")]
+    /// Test hooks: with the `test-hooks` feature, the exit-watch
+    /// overrides (`debug.pidfd_by_pid`: watch peers' exits by pid, as on
+    /// kernels without `SO_PEERPIDFD`; `debug.exits_by_eof_only`: by
+    /// their sockets' end-of-file only, as on kernels without pidfds);
+    /// without it, nothing (an empty value a user's build cannot name or
+    /// set). Leave it at its default.
     #[doc(hidden)]
-    pub pidfd_by_pid: bool,
-    /// Watch peers' exits as on kernels without pidfds: by the end-of-file
-    /// of their sockets only (wins over `pidfd_by_pid`). For tests of that
-    /// path (a peer that handed its socket to a child before it died is
-    /// then seen to go only when the child does): only with the
-    /// `test-hooks` feature.
-    #[cfg(feature = "test-hooks")]
-    #[doc(hidden)]
-    pub exits_by_eof_only: bool,
+    pub debug: SmConfigHooks,
 }
 
 /// Default of [`SmConfig::max_conns_per_process`].
@@ -171,10 +167,7 @@ impl Default for SmConfig {
             max_backlog_total: na_core::DEFAULT_MAX_BACKLOG_TOTAL,
             max_conns_per_process: DEFAULT_MAX_CONNS_PER_PROCESS,
             rma_threads: None,
-            #[cfg(feature = "test-hooks")]
-            pidfd_by_pid: false,
-            #[cfg(feature = "test-hooks")]
-            exits_by_eof_only: false,
+            debug: SmConfigHooks::default(),
         }
     }
 }
@@ -248,9 +241,9 @@ impl SmConfig {
     }
 
     /// Whether peers' exits are watched by pid only: [`PIDFD_ENV`] set to
-    /// `pid` (or, with the `test-hooks` feature, `pidfd_by_pid`).
+    /// `pid` (or, with the `test-hooks` feature, `debug.pidfd_by_pid`).
     pub fn resolve_pidfd_by_pid(&self) -> SmResult<bool> {
-        if self.hook_pidfd_by_pid() {
+        if self.debug.by_pid() {
             return Ok(true);
         }
         match env_string(PIDFD_ENV)?.as_deref() {
@@ -261,12 +254,12 @@ impl SmConfig {
     }
 
     /// How peers' exits are watched: by end-of-file only
-    /// (`exits_by_eof_only`, `test-hooks` builds), by pid
+    /// (`debug.exits_by_eof_only`, `test-hooks` builds), by pid
     /// ([`resolve_pidfd_by_pid`](Self::resolve_pidfd_by_pid)), or through
     /// the socket's pidfd.
     pub(crate) fn resolve_exit_watch(&self) -> SmResult<crate::identity::ExitWatch> {
         use crate::identity::ExitWatch;
-        Ok(if self.hook_exits_by_eof_only() {
+        Ok(if self.debug.eof_only() {
             ExitWatch::EofOnly
         } else if self.resolve_pidfd_by_pid()? {
             ExitWatch::ByPid
@@ -281,41 +274,6 @@ impl SmConfig {
             return Ok(d.clone());
         }
         default_dir()
-    }
-}
-
-/// The exit-watch test hooks (`pidfd_by_pid`, `exits_by_eof_only`), read
-/// here so that no function carries a `cfg`: the fields with the
-/// `test-hooks` feature, `false` without it (`#[inline(always)]`: the
-/// compiler removes the branch).
-#[cfg(feature = "test-hooks")]
-impl SmConfig {
-    /// [`pidfd_by_pid`](Self::pidfd_by_pid).
-    #[inline(always)]
-    fn hook_pidfd_by_pid(&self) -> bool {
-        self.pidfd_by_pid
-    }
-
-    /// [`exits_by_eof_only`](Self::exits_by_eof_only).
-    #[inline(always)]
-    fn hook_exits_by_eof_only(&self) -> bool {
-        self.exits_by_eof_only
-    }
-}
-
-/// See the other `impl` of these (no hooks: never).
-#[cfg(not(feature = "test-hooks"))]
-impl SmConfig {
-    /// Never (no `test-hooks` feature).
-    #[inline(always)]
-    fn hook_pidfd_by_pid(&self) -> bool {
-        false
-    }
-
-    /// Never (no `test-hooks` feature).
-    #[inline(always)]
-    fn hook_exits_by_eof_only(&self) -> bool {
-        false
     }
 }
 

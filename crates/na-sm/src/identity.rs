@@ -51,8 +51,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use crate::error::{SmError, SmResult};
 use crate::sys::{proc, socket};
 
-/// How a plugin watches its peers' exits (see `SmConfig::pidfd_by_pid`
-/// and `SmConfig::exits_by_eof_only`).
+/// How a plugin watches its peers' exits (see `SmConfig::debug`'s
+/// `pidfd_by_pid` and `exits_by_eof_only`, and `PIDFD_ENV`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ExitWatch {
     /// `SO_PEERPIDFD`, else (or where it fails) `pidfd_open` checked

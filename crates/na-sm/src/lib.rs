@@ -257,6 +257,9 @@ mod test_support;
 pub use closer::{
     CLOSE_STALL, MAX_CLOSING_THREADS, MAX_NESTED_DEPTH, MAX_NESTED_FDS, MAX_NESTED_READS, MAX_PENDING_FDS,
 };
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use config::SmConfigHooks;
 pub use config::{
     default_dir, SmConfig, WakeKind, DEFAULT_MAX_CONNS_PER_PROCESS, DEFAULT_MAX_QUEUED_PER_PEER,
     MAX_NAME_LEN, MAX_RMA_THREADS, PIDFD_ENV, RMA_QUEUE_PER_PEER, RMA_QUIET_YIELD_EVERY, RMA_THREADS_ENV,

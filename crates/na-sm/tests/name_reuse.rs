@@ -4,7 +4,7 @@
 //!
 //! Real processes (this binary, run again in a peer role): the listener S
 //! watches its peers' exits by end-of-file only
-//! (`SmConfig::exits_by_eof_only`, the path of kernels without pidfds).
+//! (`SmConfig::debug.exits_by_eof_only`, the path of kernels without pidfds).
 //! Peer P connects, forks a child G that holds P's end of the socket, and
 //! is killed: S cannot see P go while G lives. Q takes P's pid (`unshare`
 //! gives us a PID namespace of our own, where S is pid 1 and
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use na_core::{Addr, Endpoint, OpId, Plugin, PluginId, ProgressMode};
 use na_sm::sys::proc::start_time;
-use na_sm::{SmConfig, SmPlugin};
+use na_sm::{SmConfig, SmConfigHooks, SmPlugin};
 
 mod common;
 use common::{run_in_pid_namespace, sys, KillOnDrop};
@@ -223,7 +223,10 @@ fn kill_and_reap(pid: libc::pid_t) -> Result<(), String> {
 fn reuse_before_the_death_is_seen(dir: &std::path::Path) -> Result<String, String> {
     let log = na_testsuite::log::CapturedLog::install_global();
     let cfg = SmConfig {
-        exits_by_eof_only: true,
+        debug: SmConfigHooks {
+            exits_by_eof_only: true,
+            ..SmConfigHooks::default()
+        },
         ..SmConfig::listening().with_dir(dir)
     };
     let mut ep = Endpoint::new(ProgressMode::Blocking).map_err(|e| na_core::ErrorChain(&e).to_string())?;

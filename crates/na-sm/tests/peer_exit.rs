@@ -6,7 +6,7 @@
 //! the peer.
 //!
 //! Each case runs twice: with the kernel's pidfd of the peer
-//! (`SO_PEERPIDFD`), and by pid (`SmConfig::pidfd_by_pid`: `pidfd_open`
+//! (`SO_PEERPIDFD`), and by pid (`SmConfig::debug.pidfd_by_pid`: `pidfd_open`
 //! checked against the start time read at connection time, all there is
 //! on kernels before 6.5). Either way the peer is served while it lives.
 
@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use na_core::{Addr, NaError, OpId, Plugin, PluginId};
-use na_sm::{SmConfig, SmPlugin};
+use na_sm::{SmConfig, SmConfigHooks, SmPlugin};
 
 mod common;
 use common::{pipe, private_dir, sys, KillOnDrop};
@@ -45,7 +45,10 @@ fn a_listener_whose_sockets_outlive_it_is_gone_when_its_process_exits_watched_by
 fn connector_exits(by_pid: bool) {
     let dir = private_dir(&format!("peer-exit-{by_pid}"));
     let cfg = SmConfig {
-        pidfd_by_pid: by_pid,
+        debug: SmConfigHooks {
+            pidfd_by_pid: by_pid,
+            ..SmConfigHooks::default()
+        },
         ..SmConfig::listening().with_dir(&dir)
     };
     let mut srv = SmPlugin::new(PluginId(1), cfg).unwrap();
@@ -90,7 +93,10 @@ fn listener_exits(by_pid: bool) {
     let mut uri = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(uri_rx), &mut uri).expect("the child's address");
     let cfg = SmConfig {
-        pidfd_by_pid: by_pid,
+        debug: SmConfigHooks {
+            pidfd_by_pid: by_pid,
+            ..SmConfigHooks::default()
+        },
         ..SmConfig::default().with_dir(&dir)
     };
     let mut c = SmPlugin::new(PluginId(1), cfg).unwrap();

@@ -1,7 +1,7 @@
 //! A connector exits between its `connect` and its hello (a child it
 //! forked sends the hello on the socket it inherited), and a new process
 //! takes its pid meanwhile. A listener that watches its peers' exits by
-//! pid (`pidfd_open`, as on kernels before 6.5: `SmConfig::pidfd_by_pid`)
+//! pid (`pidfd_open`, as on kernels before 6.5: `SmConfig::debug.pidfd_by_pid`)
 //! must not take that process for the peer: the start time it read at
 //! `accept` is not the new process's, so the peer is gone, with a warning
 //! that says so, and the new process is never watched (nor targeted by
@@ -21,7 +21,7 @@ use na_sm::channel::{init_region, REGION_LEN};
 use na_sm::sys::proc::start_time;
 use na_sm::sys::shm::SharedRegion;
 use na_sm::sys::wake::{OwnWake, WakeKind};
-use na_sm::{SmConfig, SmPlugin};
+use na_sm::{SmConfig, SmConfigHooks, SmPlugin};
 
 mod common;
 use common::{pipe, run_in_pid_namespace, sys, KillOnDrop};
@@ -51,7 +51,10 @@ fn a_pid_reused_between_accept_and_hello_is_not_taken_for_the_peer() {
 fn reuse_during_handshake(dir: &std::path::Path) -> Result<String, String> {
     let log = na_testsuite::log::CapturedLog::install_global();
     let cfg = SmConfig {
-        pidfd_by_pid: true,
+        debug: SmConfigHooks {
+            pidfd_by_pid: true,
+            ..SmConfigHooks::default()
+        },
         ..SmConfig::listening().with_dir(dir)
     };
     let mut srv = SmPlugin::new(PluginId(1), cfg).map_err(|e| na_core::ErrorChain(&e).to_string())?;

@@ -8,7 +8,7 @@
 //!
 //! The listener is a real sm plugin in another process (this binary run
 //! again), progressing without pause so that its refusals race the
-//! lookups; half of them watch its exit by pid (`pidfd_by_pid`, where
+//! lookups; half of them watch its exit by pid (`debug.pidfd_by_pid`, where
 //! the identification reads its start time and so sees the close first),
 //! half through `SO_PEERPIDFD` where the kernel has it (the close then
 //! shows at the hello's send).
@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use na_core::{Plugin, PluginId};
-use na_sm::{SmConfig, SmPlugin, MAX_PENDING_PER_PROCESS};
+use na_sm::{SmConfig, SmConfigHooks, SmPlugin, MAX_PENDING_PER_PROCESS};
 
 mod common;
 use common::{private_dir, KillOnDrop};
@@ -103,7 +103,10 @@ fn a_refusal_at_accept_fails_the_lookup_with_its_reason() {
         made += 1;
         let cfg = SmConfig {
             // Both ways of watching the listener's exit.
-            pidfd_by_pid: i % 2 == 0,
+            debug: SmConfigHooks {
+                pidfd_by_pid: i % 2 == 0,
+                ..SmConfigHooks::default()
+            },
             ..SmConfig::default().with_dir(&dir)
         };
         let mut c = SmPlugin::new(PluginId(2), cfg).unwrap();

@@ -1,7 +1,10 @@
 //! The test hooks (`SmPlugin::debug_*`, `sys::eventfd::WakeTamper`,
-//! `RmaPoolProbe`, `ListenerProbe`, `debug_closing_threads`, `SmConfig::pidfd_by_pid` / `exits_by_eof_only`) are
-//! compiled only with the `test-hooks` feature: a user's normal build
-//! cannot call them. The
+//! `RmaPoolProbe`, `ListenerProbe`, `debug_closing_threads`, and
+//! `SmConfigHooks`, the type of `SmConfig::debug`, with its switches
+//! `pidfd_by_pid` / `exits_by_eof_only`) are compiled only with the
+//! `test-hooks` feature: a user's normal build cannot call them (the
+//! `debug` field is in every build, an empty value without the feature,
+//! so that `SmConfig::default` needs no `cfg`). The
 //! internal modules the tests and fuzz targets drive directly (`sys`, the
 //! raw OS wrappers, the descriptor screen among them; `channel`, the
 //! shared-memory ring; `conn`, the handshake bytes; `cleanup`'s owner-line
@@ -45,12 +48,24 @@ pub fn hooks(p: &mut SmPlugin, a: &Addr, t: Tag) {
     na_sm::debug_run_alone("no such test", || ());
 }
 
+// `SmConfig::debug` is a field of every build (so that no function
+// carries a `cfg`), but without the feature its type is an empty struct
+// the root does not export: no switch to set, no name to build one with.
 pub fn by_pid() -> SmConfig {
-    SmConfig { pidfd_by_pid: true, ..SmConfig::default() }
+    let mut c = SmConfig::default();
+    c.debug.pidfd_by_pid = true;
+    c
 }
 
 pub fn eof_only() -> SmConfig {
-    SmConfig { exits_by_eof_only: true, ..SmConfig::default() }
+    let mut c = SmConfig::default();
+    c.debug.exits_by_eof_only = true;
+    c
+}
+
+pub fn config_hooks() -> SmConfig {
+    use na_sm::SmConfigHooks;
+    SmConfig { debug: SmConfigHooks::default(), ..SmConfig::default() }
 }
 
 pub fn internals() -> usize {
@@ -105,8 +120,13 @@ const HIDDEN: &[&str] = &[
     "cleanup",
     // Re-exported by `cleanup` only with the feature.
     "parse_owner",
+    // `SmConfig::debug`'s switches, and the type that holds them by its
+    // full path (the switches' own errors name the type too, by its
+    // shortest visible path: `SmConfigHooks` alone if the root exported
+    // it, so only the failed import's full path proves it is not).
     "pidfd_by_pid",
     "exits_by_eof_only",
+    "na_sm::SmConfigHooks",
 ];
 
 #[test]
