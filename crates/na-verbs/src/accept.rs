@@ -145,9 +145,8 @@ impl VerbsPlugin {
         let initiator = ev.initiator_depth.min(self.rd_initiator);
         let responder = ev.responder_resources.min(self.rd_responder);
         self.conn_mut(cref).expect("just inserted").reads = ReadWindow::new(initiator);
-        // Test hook (`VerbsConfig::debug_accept_responder_resources`).
-        #[cfg(feature = "test-hooks")]
-        let responder = self.cfg.debug_accept_responder_resources.unwrap_or(responder);
+        // Test hook (`VerbsConfig::debug`, `accept_responder_resources`).
+        let responder = self.cfg.debug.responder(responder);
         let param = self.conn_param(initiator, responder);
         let res = match self.setup_qp(cref) {
             Ok(()) => id.accept(&param).inspect_err(|_| {
@@ -158,7 +157,7 @@ impl VerbsPlugin {
                 // kernel's CM sends once the id is destroyed (when the
                 // dead connection is retired after its flush, or its
                 // grace). Provoked in the VM through
-                // `VerbsConfig::debug_accept_responder_resources`
+                // `VerbsConfig::debug.accept_responder_resources`
                 // (tests/accept_failure.rs).
                 let _ = id.reject(REJECT_ACCEPT_FAILED);
             }),

@@ -8,6 +8,8 @@ use na_regcache::CacheConfig;
 
 use crate::addr::VerbsUri;
 
+pub(crate) mod hooks;
+
 /// Settings of one [`VerbsPlugin`](crate::VerbsPlugin). Build it from a
 /// listen spec with [`VerbsConfig::from_spec`] and adjust fields; or start
 /// from [`VerbsConfig::from_env`], the defaults with the `QS_VERBS_*`
@@ -116,37 +118,17 @@ pub struct VerbsConfig {
     /// back). 0: no RDMA reads (a get fails with `NaError::Unsupported`,
     /// a peer's get of our memory fails on its side).
     pub max_rd_atomic: u8,
-    /// Test hook: the passive side ignores RDMA CM's `Established` events,
-    /// as if the peer's ready-to-use message were lost. Only with the
-    /// `test-hooks` feature (as the other `debug_*` hooks).
-    #[cfg(feature = "test-hooks")]
+    /// Test hooks: with the `test-hooks` feature, the switches that
+    /// provoke failures soft-RoCE cannot (`debug.ignore_established`: the
+    /// passive side ignores `Established` events, as if the peer's
+    /// ready-to-use message were lost; `debug.accept_responder_resources`:
+    /// the responder resources an accept offers, unbounded by the device;
+    /// `debug.fail_msgs_over` / `fail_msgs_count`: messages longer than
+    /// that fail as a failed `ibv_post_send` would); without it, nothing
+    /// (an empty value a user's build cannot name or set). Leave it at its
+    /// default.
     #[doc(hidden)]
-    pub debug_ignore_established: bool,
-    /// Test hook: the responder resources the passive side offers in its
-    /// accept, not bounded by the device. A value past the device's
-    /// `max_qp_rd_atom` makes `rdma_accept` fail after the QP and buffers
-    /// were set up (the failure the accept path must reject on: soft-RoCE
-    /// offers no other way to provoke it). Only with the `test-hooks`
-    /// feature.
-    #[cfg(feature = "test-hooks")]
-    #[doc(hidden)]
-    pub debug_accept_responder_resources: Option<u8>,
-    /// Test hook: a message whose payload is longer than this is not
-    /// posted but fails at its completion as a failed `ibv_post_send`
-    /// would (`ENOMEM`), its connection left up, the message and its
-    /// destination given back in the completion (as every such failure
-    /// gives them; see [`Completion::source`](na_core::Completion)). A
-    /// post error of a queued message is the failure soft-RoCE offers no
-    /// way to provoke. Only with the `test-hooks` feature.
-    #[cfg(feature = "test-hooks")]
-    #[doc(hidden)]
-    pub debug_fail_msgs_over: Option<usize>,
-    /// Test hook: with [`debug_fail_msgs_over`](Self::debug_fail_msgs_over),
-    /// how many messages fail (then the hook lets them all through);
-    /// `None`: every one. Only with the `test-hooks` feature.
-    #[cfg(feature = "test-hooks")]
-    #[doc(hidden)]
-    pub debug_fail_msgs_count: Option<usize>,
+    pub debug: hooks::VerbsConfigHooks,
 }
 
 /// Default of [`VerbsConfig::setup_timeout`]: room for both 5 s
@@ -185,14 +167,7 @@ impl Default for VerbsConfig {
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
             cancel_timeout: DEFAULT_CANCEL_TIMEOUT,
             max_rd_atomic: DEFAULT_MAX_RD_ATOMIC,
-            #[cfg(feature = "test-hooks")]
-            debug_ignore_established: false,
-            #[cfg(feature = "test-hooks")]
-            debug_accept_responder_resources: None,
-            #[cfg(feature = "test-hooks")]
-            debug_fail_msgs_over: None,
-            #[cfg(feature = "test-hooks")]
-            debug_fail_msgs_count: None,
+            debug: hooks::VerbsConfigHooks::default(),
         }
     }
 }

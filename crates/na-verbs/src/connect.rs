@@ -282,11 +282,11 @@ impl VerbsPlugin {
                 self.conn(cref).map_or(Ok(()), |c| c.id.connect(&param))
             }),
             CmEventKind::Established => {
-                // Test hook (`VerbsConfig::debug_ignore_established`).
-                #[cfg(feature = "test-hooks")]
-                let ignored = self.cfg.debug_ignore_established && self.conn(cref).is_some_and(|c| !c.active);
-                #[cfg(not(feature = "test-hooks"))]
-                let ignored = false;
+                // Test hook (`VerbsConfig::debug`, `ignore_established`).
+                let ignored = self
+                    .cfg
+                    .debug
+                    .ignores_established(|| self.conn(cref).is_some_and(|c| !c.active));
                 if !ignored {
                     // On the active side the event carries the accept:
                     // the reads the peer grants us (its responder

@@ -78,10 +78,13 @@
 // `wire` and `credits` are its protocol internals. The `test-hooks`
 // feature (off in a user's build; this crate's tests and the fuzz targets
 // turn it on) makes `sys` and `wire` public for the tests and fuzz targets
-// that drive them directly; `tests/test_hooks_hidden.rs` checks that a
-// build without it cannot name them. The `fuzzing` feature (the fuzz
-// targets') adds `fuzzing`, the flow control's bookkeeping (`credits`,
-// `held`), which no test hook reaches.
+// that drive them directly, and exports `VerbsConfigHooks` (the type of
+// `VerbsConfig::debug`, whose switches exist only with the feature);
+// `tests/test_hooks_hidden.rs` checks that a build without it cannot name
+// them. Hooks are types defined once, real or empty (`config::hooks`,
+// `plugin::hooks`), so that no function body carries a `cfg`. The
+// `fuzzing` feature (the fuzz targets') adds `fuzzing`, the flow
+// control's bookkeeping (`credits`, `held`), which no test hook reaches.
 mod accept;
 pub mod addr;
 mod cancel;
@@ -125,6 +128,9 @@ pub mod wire;
 mod wire;
 
 pub use addr::{VerbsUri, SCHEME};
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use config::hooks::VerbsConfigHooks;
 pub use config::VerbsConfig;
 pub use error::{Result, VerbsError};
 pub use factory::VerbsFactory;

@@ -83,16 +83,10 @@ impl VerbsPlugin {
         };
         self.ops.insert(op, OpLoc::Send(cref));
         self.stats.in_flight += 1;
-        #[cfg(feature = "test-hooks")]
-        if self.cfg.debug_fail_msgs_over.is_some_and(|max| len > max)
-            && self.cfg.debug_fail_msgs_count.is_none_or(|n| n > 0)
-        {
-            // Test hook (`VerbsConfig::debug_fail_msgs_over`, `_count`).
-            if let Some(n) = self.cfg.debug_fail_msgs_count.as_mut() {
-                *n -= 1;
-            }
+        if self.cfg.debug.fail_send(len) {
+            // Test hook (`VerbsConfig::debug`, `fail_msgs_over`, `_count`).
             let e = VerbsError::Post {
-                op: "ibv_post_send (debug_fail_msgs_over)",
+                op: "ibv_post_send (debug.fail_msgs_over)",
                 qpn: 0,
                 wr_id: op.0,
                 source: std::io::Error::from_raw_os_error(libc::ENOMEM),

@@ -25,6 +25,8 @@
 //!   are torn down when their deadline comes, also while the caller
 //!   sleeps.
 
+mod hooks;
+
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -162,9 +164,9 @@ pub struct VerbsPlugin {
     /// RDMA CM events read off the channel by the test hook
     /// [`debug_cm_disconnects_waiting`](Self::debug_cm_disconnects_waiting)
     /// and not acted on yet: the next call that reads CM events acts on
-    /// them first, in order. Only with the `test-hooks` feature.
-    #[cfg(feature = "test-hooks")]
-    pub(crate) cm_read_ahead: VecDeque<crate::sys::CmEvent>,
+    /// them first, in order. Always empty without the `test-hooks`
+    /// feature (its type is then an empty struct).
+    pub(crate) cm_read_ahead: hooks::CmReadAhead,
 }
 
 impl VerbsPlugin {
@@ -310,8 +312,7 @@ impl VerbsPlugin {
             ready: Vec::with_capacity(32),
             bufs: BufPool::default(),
             exposed: crate::mem::ExposedSet::default(),
-            #[cfg(feature = "test-hooks")]
-            cm_read_ahead: VecDeque::new(),
+            cm_read_ahead: hooks::CmReadAhead::default(),
         })
     }
 

@@ -81,8 +81,7 @@ impl VerbsPlugin {
     fn poll_cm(&mut self) -> Result<usize> {
         let mut n = 0;
         // Those a test hook read ahead come first (their order kept).
-        #[cfg(feature = "test-hooks")]
-        while let Some(ev) = self.cm_read_ahead.pop_front() {
+        while let Some(ev) = self.cm_read_ahead.pop() {
             n += 1;
             self.on_cm_event(ev);
         }
@@ -104,13 +103,9 @@ impl VerbsPlugin {
     #[doc(hidden)]
     pub fn debug_cm_disconnects_waiting(&mut self) -> Result<usize> {
         while let Some(ev) = self.events.get_event()? {
-            self.cm_read_ahead.push_back(ev);
+            self.cm_read_ahead.push(ev);
         }
-        Ok(self
-            .cm_read_ahead
-            .iter()
-            .filter(|e| e.kind == crate::sys::CmEventKind::Disconnected)
-            .count())
+        Ok(self.cm_read_ahead.disconnects())
     }
 
     fn handle_wcs(&mut self, wcs: &[WorkCompletion]) {

@@ -3,7 +3,7 @@
 //! private data: the connecting side's send fails promptly with
 //! `PeerGone` naming the listener's reason, instead of waiting for its
 //! CM's retries or its set-up deadline. The failure is provoked with
-//! `VerbsConfig::debug_accept_responder_resources`: an accept that
+//! `VerbsConfig::debug.accept_responder_resources`: an accept that
 //! offers more RDMA read resources than the device has (soft-RoCE offers
 //! no resource limit that fails `rdma_accept` itself).
 //!
@@ -26,7 +26,7 @@ fn a_failed_accept_rejects_the_peer_with_its_reason() {
     let (mut srv, sid) = plugin_with(&env, true, |cfg| {
         // Past any device's max_qp_rd_atom (soft-RoCE: 128); 255 would
         // mean "the most the device has" to librdmacm.
-        cfg.debug_accept_responder_resources = Some(254);
+        cfg.debug.accept_responder_resources = Some(254);
     });
     let uri = srv.self_addr(sid).unwrap().uri().to_owned();
     let (mut cli, _) = plugin_with(&env, false, |cfg| {

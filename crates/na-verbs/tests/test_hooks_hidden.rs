@@ -2,8 +2,12 @@
 //! hand memory to the device; `wire`, the message header and hello) are
 //! public only with the `test-hooks` feature, which this crate's tests,
 //! hg-rpc's verbs tests and the fuzz targets turn on, and so are the
-//! configuration's test hooks (`VerbsConfig::debug_*`, which make the
-//! plugin fail messages or ignore handshake events on purpose) and
+//! configuration's test hooks (`VerbsConfigHooks`, the type of
+//! `VerbsConfig::debug`, with its switches `ignore_established`,
+//! `accept_responder_resources`, `fail_msgs_over` and `fail_msgs_count`,
+//! which make the plugin fail messages or ignore handshake events on
+//! purpose: the `debug` field is in every build, an empty value without
+//! the feature, so that `VerbsConfig::default` needs no `cfg`) and
 //! `VerbsPlugin::debug_reads` (a connection's `ReadWindow`) and
 //! `VerbsPlugin::debug_cm_disconnects_waiting` (reads CM events ahead);
 //! `credits` is private even then (the fuzz targets reach it through
@@ -31,12 +35,26 @@ pub fn internals() -> usize {
 }
 
 // The configuration's test hooks (what the hooks provoke must never
-// happen in a user's build).
+// happen in a user's build). `VerbsConfig::debug` is a field of every
+// build (so that no function carries a `cfg`), but without the feature
+// its type is an empty struct nothing exports: no switch to set, no name
+// to build one with.
 pub fn config_hooks(cfg: &mut na_verbs::VerbsConfig) {
-    cfg.debug_ignore_established = true;
-    cfg.debug_accept_responder_resources = Some(254);
-    cfg.debug_fail_msgs_over = Some(0);
-    cfg.debug_fail_msgs_count = Some(1);
+    cfg.debug.ignore_established = true;
+    cfg.debug.accept_responder_resources = Some(254);
+    cfg.debug.fail_msgs_over = Some(0);
+    cfg.debug.fail_msgs_count = Some(1);
+}
+
+pub fn config_hooks_type() -> na_verbs::VerbsConfig {
+    use na_verbs::VerbsConfigHooks;
+    na_verbs::VerbsConfig { debug: VerbsConfigHooks::default(), ..na_verbs::VerbsConfig::default() }
+}
+
+// (`config` does not re-export it even with the feature: the root does.)
+#[cfg(not(feature = "hooks"))]
+pub fn config_hooks_module_path() {
+    use na_verbs::config::VerbsConfigHooks as _;
 }
 
 // A connection's read window, for the tests of the read depth.
@@ -76,10 +94,17 @@ pub fn fuzzing() {
 const HIDDEN: &[&str] = &[
     "sys",
     "wire",
-    "debug_ignore_established",
-    "debug_accept_responder_resources",
-    "debug_fail_msgs_over",
-    "debug_fail_msgs_count",
+    // `VerbsConfig::debug`'s switches, and the type that holds them by
+    // its full paths (the switches' own errors name the type too, by its
+    // shortest visible path: `VerbsConfigHooks` alone if the root
+    // exported it, so only the failed imports' full paths prove that
+    // neither the root nor `config` does).
+    "ignore_established",
+    "accept_responder_resources",
+    "fail_msgs_over",
+    "fail_msgs_count",
+    "na_verbs::VerbsConfigHooks",
+    "na_verbs::config::VerbsConfigHooks",
     "debug_reads",
     "ReadWindow",
     "debug_cm_disconnects_waiting",

@@ -1,7 +1,7 @@
 //! A release notice whose send fails at its completion while its
 //! connection stays up (na-verbs: a post error; the client's plugin fails
-//! one message over a size as one would, `VerbsConfig::debug_fail_msgs_over`
-//! and `debug_fail_msgs_count`, and gives it back in the completion as for
+//! one message over a size as one would, `VerbsConfig::debug.fail_msgs_over`
+//! and `debug.fail_msgs_count`, and gives it back in the completion as for
 //! a real one). The origin recognises the returned notice and sends it
 //! again through its notice queue, so the target releases the spilled
 //! output at once. (Before: the failure was only logged, and the target
@@ -34,8 +34,8 @@ fn failing_engine(spec: &str, listen: bool, fail_over: usize, count: usize) -> E
     let mut cfg = na_verbs::VerbsFactory::default()
         .config_for(spec, listen)
         .expect("verbs config");
-    cfg.debug_fail_msgs_over = Some(fail_over);
-    cfg.debug_fail_msgs_count = Some(count);
+    cfg.debug.fail_msgs_over = Some(fail_over);
+    cfg.debug.fail_msgs_count = Some(count);
     let mut ep = Endpoint::new(ProgressMode::default()).expect("endpoint");
     let id = ep
         .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))

@@ -1,7 +1,7 @@
 //! A response whose send fails at its completion while its connection
 //! stays up (na-verbs: a post error; soft-RoCE offers no way to provoke
 //! one, so the server's plugin fails every message over a size as one
-//! would, `VerbsConfig::debug_fail_msgs_over`, and gives the message and
+//! would, `VerbsConfig::debug.fail_msgs_over`, and gives the message and
 //! its destination back in the completion as for a real one). The
 //! caller's watch never fires, so only the target can tell it: it sends
 //! a short `ResponseNotSent` error in the response's place, and the call
@@ -32,8 +32,8 @@ fn failing_server_counted(spec: &str, fail_over: usize, count: Option<usize>) ->
     let mut cfg = na_verbs::VerbsFactory::default()
         .config_for(spec, true)
         .expect("verbs config");
-    cfg.debug_fail_msgs_over = Some(fail_over);
-    cfg.debug_fail_msgs_count = count;
+    cfg.debug.fail_msgs_over = Some(fail_over);
+    cfg.debug.fail_msgs_count = count;
     let mut ep = Endpoint::new(ProgressMode::default()).expect("endpoint");
     let id = ep
         .add_plugin(|id| Ok(Box::new(na_verbs::VerbsPlugin::new(id, cfg)?) as Box<dyn Plugin>))
@@ -113,7 +113,7 @@ fn a_response_failing_at_completion_ends_its_call_with_response_not_sent_over_ve
         Err(RpcError::ResponseNotSent { rpc, reason }) => {
             assert_eq!(rpc, "test.fill");
             assert!(
-                reason.contains("debug_fail_msgs_over") && reason.contains("bytes"),
+                reason.contains("debug.fail_msgs_over") && reason.contains("bytes"),
                 "the reason does not say what failed: {reason}"
             );
         }

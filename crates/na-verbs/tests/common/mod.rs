@@ -273,7 +273,7 @@ pub fn setup_plugin(
         cfg.setup_timeout = SETUP;
         // The deadline must exceed both resolutions' timeouts (local here).
         cfg.resolve_timeout_ms = 200;
-        cfg.debug_ignore_established = ignore_established;
+        cfg.debug.ignore_established = ignore_established;
     })
 }
 
