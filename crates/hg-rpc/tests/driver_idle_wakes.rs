@@ -80,6 +80,18 @@ impl Held {
     }
 }
 
+/// Calls `Fill` with `input` (length, seed) from `c` to `s` on a task of
+/// its own, with `timeout`.
+fn spawn_fill(
+    c: &Arc<AsyncEngine>,
+    s: &hg_rpc::Addr,
+    input: (u64, u64),
+    timeout: Duration,
+) -> tokio::task::JoinHandle<Result<serde_bytes::ByteBuf, RpcError>> {
+    let (c, s) = (c.clone(), s.clone());
+    tokio::spawn(async move { c.call::<Fill>(&s, &input, timeout).await })
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -100,10 +112,7 @@ fn the_driver_sleeps_while_an_output_waits_and_wakes_when_a_dropped_request_give
     let mut h = held_budget(&d, &rt);
     rt.block_on(async {
         let s = h.c.lookup(&h.srv.uri).await.unwrap();
-        let call = tokio::spawn({
-            let (c, s) = (h.c.clone(), s.clone());
-            async move { c.call::<Fill>(&s, &(MIB, 7), T).await }
-        });
+        let call = spawn_fill(&h.c, &s, (MIB, 7), T);
         h.outputs_waited(1).await;
         // Settled (the turns around the response are over), then idle.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -165,10 +174,7 @@ fn a_request_deferred_before_spawn_wakes_the_sleeping_driver_through_the_endpoin
     let mut h = held_budget(&d, &rt);
     rt.block_on(async {
         let s = h.c.lookup(&h.srv.uri).await.unwrap();
-        let call = tokio::spawn({
-            let (c, s) = (h.c.clone(), s.clone());
-            async move { c.call::<Fill>(&s, &(MIB, 7), Duration::from_secs(60)).await }
-        });
+        let call = spawn_fill(&h.c, &s, (MIB, 7), Duration::from_secs(60));
         h.outputs_waited(1).await;
         let before = asleep(&h.c, 1).await;
         assert!(!call.is_finished(), "the output did not wait: {:?}", h.c.stats());
@@ -210,15 +216,9 @@ fn an_output_behind_a_head_given_up_on_is_pulled_without_a_recheck() {
     let mut h = held_budget(&d, &rt);
     rt.block_on(async {
         let s = h.c.lookup(&h.srv.uri).await.unwrap();
-        let head = tokio::spawn({
-            let (c, s) = (h.c.clone(), s.clone());
-            async move { c.call::<Fill>(&s, &(MIB, 7), Duration::from_secs(3)).await }
-        });
+        let head = spawn_fill(&h.c, &s, (MIB, 7), Duration::from_secs(3));
         h.outputs_waited(1).await;
-        let behind = tokio::spawn({
-            let (c, s) = (h.c.clone(), s.clone());
-            async move { c.call::<Fill>(&s, &(MIB / 4, 8), Duration::from_secs(20)).await }
-        });
+        let behind = spawn_fill(&h.c, &s, (MIB / 4, 8), Duration::from_secs(20));
         h.outputs_waited(2).await;
         match head.await.unwrap() {
             Err(RpcError::Timeout { .. }) => {}
